@@ -1,0 +1,1 @@
+"""The Warren broker: server, connections, channels and the messaging model."""

@@ -1,0 +1,145 @@
+"""Shared fixtures: a Warren broker on an ephemeral loopback port with a temporary data dir.
+
+Set WARREN_TEST_URL (e.g. amqp://guest:guest@127.0.0.1:35672/%2F) to run the same tests against another
+broker, such as a reference RabbitMQ started with ../shared/tools/rabbitmq-ref.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+EXTERNAL_URL = os.environ.get("WARREN_TEST_URL")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_port(host: str, port: int, process: subprocess.Popen | None, timeout: float = 15.0) -> None:
+    """Block until something accepts TCP connections on host:port (or the process dies)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"broker exited with code {process.returncode} before listening")
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.02)
+    raise TimeoutError(f"nothing listens on {host}:{port} after {timeout}s")
+
+
+@dataclass
+class Broker:
+    """A broker the tests talk to: started here, or an external one named by WARREN_TEST_URL."""
+
+    host: str
+    port: int
+    data_dir: Path | None = None  # None for an external broker
+    extra_args: list[str] = field(default_factory=list)
+    process: subprocess.Popen | None = None
+    log_path: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@{self.host}:{self.port}/%2F"
+
+    @property
+    def external(self) -> bool:
+        return self.data_dir is None
+
+    def start(self) -> None:
+        assert self.data_dir is not None
+        self.log_path = self.data_dir.parent / f"broker-{self.port}.log"
+        log = open(self.log_path, "ab")
+        cmd = [sys.executable, "-m", "broker", "--host", self.host, "--port", str(self.port),
+               "--data-dir", str(self.data_dir), "--log-level", "info", *self.extra_args]
+        self.process = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        wait_for_port(self.host, self.port, self.process)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int | None:
+        """Stop the process with `sig` (SIGKILL for a crash) and return its exit code."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            code = self.process.wait()
+        self.process = None
+        return code
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
+
+
+def _external_broker() -> Broker:
+    parsed = urllib.parse.urlparse(EXTERNAL_URL)
+    return Broker(host=parsed.hostname or "127.0.0.1", port=parsed.port or 5672)
+
+
+@pytest.fixture(scope="session")
+def broker():
+    """One broker for the whole session; tests use unique names so they do not see each other."""
+    if EXTERNAL_URL:
+        yield _external_broker()
+        return
+    root = Path(tempfile.mkdtemp(prefix="warren-test-"))
+    instance = Broker(host="127.0.0.1", port=free_port(), data_dir=root / "data")
+    instance.start()
+    try:
+        yield instance
+    finally:
+        instance.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def own_broker(tmp_path):
+    """A broker of the test's own (for restarts, kills and config), stopped at the end of the test."""
+    if EXTERNAL_URL:
+        pytest.skip("needs a broker process of its own")
+    started: list[Broker] = []
+
+    def start(*extra_args: str, data_dir: Path | None = None) -> Broker:
+        instance = Broker(host="127.0.0.1", port=free_port(), data_dir=data_dir or tmp_path / "data",
+                          extra_args=list(extra_args))
+        instance.start()
+        started.append(instance)
+        return instance
+
+    yield start
+    for instance in started:
+        instance.stop(signal.SIGKILL)
+
+
+@pytest.fixture
+def unique(request):
+    """A name prefix unique to the test, for queues and exchanges on a shared broker."""
+    base = request.node.name.replace("[", "-").replace("]", "")
+    return f"t-{base}-{os.getpid()}-{int(time.monotonic_ns() % 1_000_000)}"
