@@ -1,0 +1,51 @@
+"""Load generator for any AMQP 0-9-1 broker.
+
+    python -m tests.bench.loadgen --url amqp://guest:guest@127.0.0.1:PORT/%2F --scenario NAME [--seconds N]
+
+Prints the scenario's figures; with --json, one JSON object on the last line (what tests.bench.compare reads).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import uvloop
+
+from tests.bench.client import BrokerURL
+from tests.bench.scenarios import SCENARIOS, Options
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tests.bench.loadgen", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", default="amqp://guest:guest@127.0.0.1:5672/%2F")
+    parser.add_argument("--scenario", required=True, choices=sorted(SCENARIOS))
+    parser.add_argument("--seconds", type=float, default=10.0, help="duration of time-bounded scenarios")
+    parser.add_argument("--count", type=int, default=200_000, help="messages pre-filled for 'consume'")
+    parser.add_argument("--window", type=int, default=1000,
+                        help="'confirms': unconfirmed publishes allowed (1 also reports latency p50/p99)")
+    parser.add_argument("--persistent", action="store_true",
+                        help="'confirms': delivery_mode 2 to a durable queue")
+    parser.add_argument("--ack-every", type=int, default=1,
+                        help="'publish-consume-ack': 1 acks each delivery; N > 1 sends one multiple ack every N "
+                             "deliveries (keep N below the prefetch of 100)")
+    parser.add_argument("--connections", type=int, default=500, help="'idle-memory': idle connections to open")
+    parser.add_argument("--broker-pid", type=int, help="'idle-memory': broker process (default: the port's listener)")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON on the last line")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    options = Options(seconds=args.seconds, count=args.count, window=args.window, persistent=args.persistent,
+                      ack_every=args.ack_every, connections=args.connections, broker_pid=args.broker_pid)
+    figures = uvloop.run(SCENARIOS[args.scenario](BrokerURL.parse(args.url), options))
+    if args.json:
+        print(json.dumps({"scenario": args.scenario, "figures": figures}))
+    else:
+        print(f"{args.scenario}: " + ", ".join(f"{value:,.2f} {name}" if isinstance(value, float)
+                                                 else f"{value:,} {name}" for name, value in figures.items()))
+
+
+if __name__ == "__main__":
+    main()

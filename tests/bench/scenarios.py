@@ -1,0 +1,246 @@
+"""The load scenarios. Each runs for a bounded time or count and returns its figures as {metric: value}."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from tests.bench.client import BenchConnection, BrokerURL, ConfirmTracker, DeliveryCounter, message_frames
+from tests.bench.process_memory import listener_pid, resident_kib
+
+PAYLOAD = b"x" * 16  # every scenario publishes 16-byte messages
+BATCH = 100  # messages written per transport.write by an unconfirmed publisher
+PREFETCH = 100  # basic.qos prefetch_count of the manual-ack consumer
+FANOUT_QUEUES = 10
+OPEN_AT_ONCE = 50  # connections handshaking concurrently in idle-memory
+
+
+@dataclass(frozen=True)
+class Options:
+    seconds: float  # how long a time-bounded scenario publishes
+    count: int  # messages pre-filled for "consume"
+    window: int  # unconfirmed publishes allowed in "confirms"
+    persistent: bool  # "confirms" publishes delivery_mode 2 to a durable queue
+    ack_every: int  # "publish-consume-ack": 1 acks each delivery, N > 1 sends one multiple ack every N
+    connections: int  # idle connections opened by "idle-memory"
+    broker_pid: int | None  # process whose RSS "idle-memory" reads; found from the port when None
+
+
+Figures = dict[str, float]
+
+
+def _unique(prefix: str) -> str:
+    return f"bench-{prefix}-{os.getpid()}-{time.monotonic_ns()}"
+
+
+async def _publish_for(connection: BenchConnection, message: bytes, seconds: float) -> tuple[int, float]:
+    """Publish `message` as fast as the broker takes it for `seconds`; returns (messages sent, start time)."""
+    batch = message * BATCH
+    sent = 0
+    start = time.perf_counter()
+    deadline = start + seconds
+    while time.perf_counter() < deadline:
+        await connection.send(batch)
+        sent += BATCH
+    return sent, start
+
+
+async def _publish_confirmed(connection: BenchConnection, channel: int, message: bytes, tracker: ConfirmTracker,
+                             deadline: float, count: int | None = None) -> None:
+    """Keep `tracker.window` publishes unconfirmed until the deadline (or `count` publishes), then await the rest."""
+    while time.perf_counter() < deadline and (count is None or tracker.published < count):
+        room = tracker.window - tracker.outstanding
+        if count is not None:
+            room = min(room, count - tracker.published)
+        if room > 0:
+            tracker.sent_at = time.perf_counter()
+            tracker.published += room
+            await connection.send(message * room)
+        else:
+            await tracker.wait_for_room()
+    await tracker.wait_for_all()
+
+
+async def publish(url: BrokerURL, options: Options) -> Figures:
+    """One publisher, no confirms, to a fresh queue nobody consumes."""
+    connection = await BenchConnection.open(url)
+    channel = await connection.open_channel()
+    queue = _unique("publish")
+    await connection.declare_queue(channel, queue)
+    sent, start = await _publish_for(connection, message_frames(channel, "", queue, PAYLOAD), options.seconds)
+    queued = await connection.declare_queue(channel, queue, passive=True)  # returns once every publish is read
+    elapsed = time.perf_counter() - start
+    await connection.delete_queue(channel, queue)
+    await connection.close()
+    return {"msg/s": sent / elapsed, "published": sent, "queued": queued}
+
+
+async def consume(url: BrokerURL, options: Options) -> Figures:
+    """Drain a queue pre-filled with `count` messages, auto-ack; stops early after `seconds`."""
+    publisher = await BenchConnection.open(url)
+    channel = await publisher.open_channel()
+    queue = _unique("consume")
+    await publisher.declare_queue(channel, queue)
+    tracker = ConfirmTracker(window=1000, record_latency=False)
+    await publisher.select_confirms(channel, tracker)
+    await _publish_confirmed(publisher, channel, message_frames(channel, "", queue, PAYLOAD), tracker,
+                             deadline=time.perf_counter() + 10 * options.seconds + 60, count=options.count)
+    queued = await publisher.declare_queue(channel, queue, passive=True)
+
+    consumer = await BenchConnection.open(url)
+    consumer_channel = await consumer.open_channel()
+    counter = DeliveryCounter(consumer_channel, target=queued)
+    start = time.perf_counter()
+    await consumer.consume(consumer_channel, queue, counter, no_ack=True)
+    try:
+        await asyncio.wait_for(asyncio.shield(counter.reached), options.seconds)
+    except asyncio.TimeoutError:
+        pass
+    elapsed = time.perf_counter() - start
+    delivered = counter.delivered
+    await consumer.close()
+    await publisher.delete_queue(channel, queue)
+    await publisher.close()
+    return {"msg/s": delivered / elapsed, "prefilled": queued, "delivered": delivered}
+
+
+async def _publish_while_consuming(url: BrokerURL, options: Options, exchange: str, routing_key: str,
+                                   queues: list[str], ack_every: int) -> Figures:
+    """One publisher and one consumer per queue (each on its own connection) for `seconds`."""
+    consumers = []
+    counters = []
+    for queue in queues:
+        connection = await BenchConnection.open(url)
+        channel = await connection.open_channel()
+        counter = DeliveryCounter(channel, ack_every=ack_every)
+        if ack_every:
+            await connection.qos(channel, PREFETCH)
+        await connection.consume(channel, queue, counter, no_ack=not ack_every)
+        consumers.append(connection)
+        counters.append(counter)
+    publisher = await BenchConnection.open(url)
+    channel = await publisher.open_channel()
+    sent, start = await _publish_for(publisher, message_frames(channel, exchange, routing_key, PAYLOAD),
+                                     options.seconds)
+    delivered = sum(counter.delivered for counter in counters)
+    elapsed = time.perf_counter() - start
+    for connection in consumers:
+        await connection.close()
+    await publisher.close()
+    return {"msg/s": delivered / elapsed, "published/s": sent / elapsed, "delivered": delivered}
+
+
+async def _with_queue(url: BrokerURL, prefix: str, body: Callable[[str], Awaitable[Figures]]) -> Figures:
+    admin = await BenchConnection.open(url)
+    channel = await admin.open_channel()
+    queue = _unique(prefix)
+    await admin.declare_queue(channel, queue)
+    try:
+        return await body(queue)
+    finally:
+        await admin.delete_queue(channel, queue)
+        await admin.close()
+
+
+async def publish_consume(url: BrokerURL, options: Options) -> Figures:
+    """1 publisher -> 1 queue -> 1 consumer with auto-ack; the figure is deliveries per second."""
+    return await _with_queue(url, "pubsub", lambda queue: _publish_while_consuming(
+        url, options, "", queue, [queue], ack_every=0))
+
+
+async def publish_consume_ack(url: BrokerURL, options: Options) -> Figures:
+    """As publish-consume, with manual acks (see --ack-every) and prefetch 100."""
+    return await _with_queue(url, "pubsub-ack", lambda queue: _publish_while_consuming(
+        url, options, "", queue, [queue], ack_every=options.ack_every))
+
+
+async def fanout(url: BrokerURL, options: Options) -> Figures:
+    """1 publisher -> fanout exchange -> 10 queues, one auto-ack consumer each; the figure is deliveries/s in all."""
+    admin = await BenchConnection.open(url)
+    channel = await admin.open_channel()
+    exchange = _unique("fanout")
+    queues = [f"{exchange}-{index}" for index in range(FANOUT_QUEUES)]
+    await admin.declare_exchange(channel, exchange, "fanout")
+    for queue in queues:
+        await admin.declare_queue(channel, queue)
+        await admin.bind_queue(channel, queue, exchange)
+    try:
+        return await _publish_while_consuming(url, options, exchange, "", queues, ack_every=0)
+    finally:
+        for queue in queues:
+            await admin.delete_queue(channel, queue)
+        await admin.delete_exchange(channel, exchange)
+        await admin.close()
+
+
+async def confirms(url: BrokerURL, options: Options) -> Figures:
+    """Publisher confirms with `window` publishes outstanding; window 1 also reports confirm latency."""
+    connection = await BenchConnection.open(url)
+    channel = await connection.open_channel()
+    queue = _unique("confirms")
+    await connection.declare_queue(channel, queue, durable=options.persistent)
+    tracker = ConfirmTracker(window=options.window, record_latency=options.window == 1)
+    await connection.select_confirms(channel, tracker)
+    message = message_frames(channel, "", queue, PAYLOAD, persistent=options.persistent)
+    start = time.perf_counter()
+    await _publish_confirmed(connection, channel, message, tracker, deadline=start + options.seconds)
+    elapsed = time.perf_counter() - start
+    await connection.delete_queue(channel, queue)
+    await connection.close()
+    figures = {"msg/s": tracker.confirmed / elapsed, "confirmed": tracker.confirmed, "nacked": tracker.nacked}
+    if tracker.latencies:
+        cuts = statistics.quantiles(tracker.latencies, n=100)
+        figures.update({"p50 ms": cuts[49] * 1000, "p99 ms": cuts[98] * 1000})
+    return figures
+
+
+async def churn(url: BrokerURL, options: Options) -> Figures:
+    """Open a connection (full handshake and one channel) and close it, one after another, for `seconds`."""
+    opened = 0
+    start = time.perf_counter()
+    deadline = start + options.seconds
+    while time.perf_counter() < deadline:
+        connection = await BenchConnection.open(url)
+        await connection.open_channel()
+        await connection.close()
+        opened += 1
+    return {"conn/s": opened / (time.perf_counter() - start), "opened": opened}
+
+
+async def _open_idle(url: BrokerURL) -> BenchConnection:
+    connection = await BenchConnection.open(url)
+    await connection.open_channel()
+    return connection
+
+
+async def idle_memory(url: BrokerURL, options: Options) -> Figures:
+    """Broker RSS growth per idle connection (each with one open channel), over `connections` connections."""
+    pid = options.broker_pid or listener_pid(url.port)
+    warm_up = await _open_idle(url)  # the first connection's one-off allocations are not per connection
+    await warm_up.close()
+    before = resident_kib(pid)
+    idle: list[BenchConnection] = []
+    for first in range(0, options.connections, OPEN_AT_ONCE):
+        batch = range(first, min(first + OPEN_AT_ONCE, options.connections))
+        idle.extend(await asyncio.gather(*(_open_idle(url) for _ in batch)))
+    after = resident_kib(pid)
+    for first in range(0, len(idle), OPEN_AT_ONCE):
+        await asyncio.gather(*(connection.close() for connection in idle[first:first + OPEN_AT_ONCE]))
+    return {"KiB/conn": (after - before) / options.connections, "rss before MiB": before / 1024,
+            "rss after MiB": after / 1024}
+
+
+SCENARIOS: dict[str, Callable[[BrokerURL, Options], Awaitable[Figures]]] = {
+    "publish": publish,
+    "consume": consume,
+    "publish-consume": publish_consume,
+    "publish-consume-ack": publish_consume_ack,
+    "fanout": fanout,
+    "confirms": confirms,
+    "churn": churn,
+    "idle-memory": idle_memory,
+}
