@@ -83,6 +83,11 @@ def message_count(ch, queue: str) -> int:
     return ch.queue_declare(queue, passive=True).method.message_count
 
 
+def wait_for_message_count(ch, queue: str, expected: int, timeout: float = EVENT_TIMEOUT) -> None:
+    """Poll `queue` until it holds `expected` ready messages (for effects no event announces, such as a requeue)."""
+    wait_until(ch.connection, lambda: message_count(ch, queue) == expected, timeout)
+
+
 def sync(ch) -> None:
     """A round trip on `ch`: every method sent before it has been handled by the broker when this returns.
 
