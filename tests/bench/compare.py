@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.bench.brokers import REPO_ROOT, BrokerUnavailable, RunningBroker, start_rabbitmq, start_warren
+from tests.bench.loadgen import time_limit
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,8 @@ def run_loadgen(broker: RunningBroker, run: BenchRun, seconds: float) -> dict[st
     command = [sys.executable, "-m", "tests.bench.loadgen", "--url", broker.url, "--scenario", run.scenario,
                "--seconds", str(seconds), "--broker-pid", str(broker.pid), "--json", *run.extra_args]
     try:
-        done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=12 * seconds + 180)
+        done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True,
+                              timeout=time_limit(seconds) + 60)
     except subprocess.TimeoutExpired:
         return "timed out"
     if done.returncode != 0:

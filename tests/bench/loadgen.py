@@ -8,6 +8,7 @@ Prints the scenario's figures; with --json, one JSON object on the last line (wh
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 
 import uvloop
@@ -35,11 +36,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def time_limit(seconds: float) -> float:
+    """The longest a scenario may take in all, pre-filling and cleaning up included."""
+    return 12 * seconds + 120
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     options = Options(seconds=args.seconds, count=args.count, window=args.window, persistent=args.persistent,
                       ack_every=args.ack_every, connections=args.connections, broker_pid=args.broker_pid)
-    figures = uvloop.run(SCENARIOS[args.scenario](BrokerURL.parse(args.url), options))
+    scenario = SCENARIOS[args.scenario](BrokerURL.parse(args.url), options)
+    # A stalled broker (e.g. blocking publishers) must not hang the run; pre-filling may take longer than a run.
+    figures = uvloop.run(asyncio.wait_for(scenario, timeout=time_limit(args.seconds)))
     if args.json:
         print(json.dumps({"scenario": args.scenario, "figures": figures}))
     else:
