@@ -1,0 +1,37 @@
+"""The "amqp" Python data source: entry point that Spark instantiates from the format name."""
+
+from __future__ import annotations
+
+from pyspark.sql.datasource import DataSource, DataSourceReader
+from pyspark.sql.types import StructType
+
+from spark_connector.options import SinkOptions, SourceOptions
+from spark_connector.schema import source_schema
+from spark_connector.sink import AmqpStreamWriter, AmqpWriter
+from spark_connector.source import AmqpStreamReader
+
+
+class AmqpDataSource(DataSource):
+    """Reads a queue as a stream, writes rows as messages (streaming or batch)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "amqp"
+
+    def schema(self) -> StructType:
+        return source_schema(with_text="bodyencoding" in self.options)
+
+    def streamReader(self, schema: StructType) -> AmqpStreamReader:
+        return AmqpStreamReader(SourceOptions.parse(self.options))
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        raise NotImplementedError(
+            'amqp: a queue is read as a stream: use spark.readStream.format("amqp") '
+            "(with Trigger.AvailableNow to drain it once)"
+        )
+
+    def writer(self, schema: StructType, overwrite: bool) -> AmqpWriter:
+        return AmqpWriter(SinkOptions.parse(self.options), schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> AmqpStreamWriter:
+        return AmqpStreamWriter(SinkOptions.parse(self.options), schema)

@@ -1,0 +1,131 @@
+"""Parsing and validation of the options given to the "amqp" format.
+
+Spark hands options to a Python data source with lower-cased keys, so every lookup here is by the
+lower-cased name while error messages use the documented camelCase spelling.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+DEFAULT_PREFETCH = 1000
+DEFAULT_CONFIRM_WINDOW = 1000
+
+
+class AmqpOptionError(ValueError):
+    """An option of the "amqp" format is missing, malformed or contradicts another one."""
+
+
+def _get(options: Mapping[str, str], name: str) -> str | None:
+    value = options.get(name.lower())
+    return None if value is None or value == "" else value
+
+
+def _required(options: Mapping[str, str], name: str, role: str) -> str:
+    value = _get(options, name)
+    if value is None:
+        raise AmqpOptionError(f"amqp {role}: option '{name}' is required")
+    return value
+
+
+def _positive_int(options: Mapping[str, str], name: str, role: str, default: int | None) -> int | None:
+    raw = _get(options, name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise AmqpOptionError(f"amqp {role}: option '{name}' must be a positive integer, got {raw!r}") from None
+    if value <= 0:
+        raise AmqpOptionError(f"amqp {role}: option '{name}' must be a positive integer, got {raw!r}")
+    return value
+
+
+def _bool(options: Mapping[str, str], name: str, role: str, default: bool) -> bool:
+    raw = _get(options, name)
+    if raw is None:
+        return default
+    lowered = raw.strip().lower()
+    if lowered not in ("true", "false"):
+        raise AmqpOptionError(f"amqp {role}: option '{name}' must be 'true' or 'false', got {raw!r}")
+    return lowered == "true"
+
+
+def _uri(options: Mapping[str, str], role: str) -> str:
+    uri = _required(options, "uri", role)
+    if not uri.startswith(("amqp://", "amqps://")):
+        raise AmqpOptionError(f"amqp {role}: option 'uri' must start with amqp:// or amqps://, got {uri!r}")
+    return uri
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """What `spark.readStream.format("amqp")` consumes and how."""
+
+    uri: str
+    queue: str | None  # queue to consume; declared durable and bound when `exchange` is also given
+    exchange: str | None  # exchange to bind `queue` (or a private server-named queue) to
+    binding_key: str  # binding key used with `exchange`
+    prefetch: int  # basic.qos prefetch count: the most messages held unacknowledged at once
+    max_messages_per_batch: int | None  # default read limit of one micro-batch (None: all available)
+    body_encoding: str | None  # when set, a `text` column holds the body decoded with this codec
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> SourceOptions:
+        role = "source"
+        queue = _get(options, "queue")
+        exchange = _get(options, "exchange")
+        if queue is None and exchange is None:
+            raise AmqpOptionError("amqp source: option 'queue' or 'exchange' is required")
+        binding_key = _get(options, "bindingKey")
+        if binding_key is not None and exchange is None:
+            raise AmqpOptionError("amqp source: option 'bindingKey' needs option 'exchange'")
+        encoding = _get(options, "bodyEncoding")
+        if encoding is not None:
+            try:
+                codecs.lookup(encoding)
+            except LookupError:
+                raise AmqpOptionError(f"amqp source: option 'bodyEncoding' names no known codec: {encoding!r}") from None
+        return cls(
+            uri=_uri(options, role),
+            queue=queue,
+            exchange=exchange,
+            binding_key=binding_key or "",
+            prefetch=_positive_int(options, "prefetch", role, DEFAULT_PREFETCH),
+            max_messages_per_batch=_positive_int(options, "maxMessagesPerBatch", role, None),
+            body_encoding=encoding,
+        )
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    """Where and how `df.write(Stream).format("amqp")` publishes."""
+
+    uri: str
+    exchange: str  # exchange every row is published to ("" is the default exchange)
+    routing_key: str  # fixed routing key, used when `routing_key_column` is None
+    routing_key_column: str | None  # column whose value is each row's routing key
+    body_column: str  # column holding the message body (binary or string)
+    mandatory: bool  # publish with the mandatory flag: an unroutable message fails the task
+    persistent: bool  # delivery_mode 2 (persistent) rather than 1
+    confirm_window: int  # most publishes awaiting a broker confirm at once
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> SinkOptions:
+        role = "sink"
+        routing_key = _get(options, "routingKey")
+        routing_key_column = _get(options, "routingKeyColumn")
+        if routing_key is not None and routing_key_column is not None:
+            raise AmqpOptionError("amqp sink: options 'routingKey' and 'routingKeyColumn' exclude each other")
+        return cls(
+            uri=_uri(options, role),
+            exchange=options.get("exchange", "") or "",
+            routing_key=routing_key or "",
+            routing_key_column=routing_key_column,
+            body_column=_get(options, "bodyColumn") or "body",
+            mandatory=_bool(options, "mandatory", role, False),
+            persistent=_bool(options, "persistent", role, True),
+            confirm_window=_positive_int(options, "confirmWindow", role, DEFAULT_CONFIRM_WINDOW),
+        )

@@ -1,0 +1,123 @@
+"""The row shape of the "amqp" format, and conversions between AMQP messages and rows.
+
+The source emits one flat row per message; the sink reads the same column names, so a stream read
+from one broker can be written to another unchanged (apart from the columns listed in
+`SINK_IGNORED_COLUMNS`).
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping
+from typing import Any
+
+import pika
+from pyspark.sql.types import (
+    BinaryType,
+    BooleanType,
+    IntegerType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+# Message properties carried in columns of the same name, in AMQP's property order.
+STRING_PROPERTIES = ("content_type", "content_encoding")
+LATER_STRING_PROPERTIES = ("correlation_id", "reply_to", "expiration", "message_id")
+TRAILING_STRING_PROPERTIES = ("type", "user_id", "app_id")
+
+# Source columns the sink does not copy into the published message: where the message came from,
+# the per-delivery flag, the decoded body, and properties the sink sets itself (message_id is
+# replaced by a stable id, delivery_mode follows the `persistent` option, and user_id must name the
+# publishing connection's user or the broker closes the channel).
+SINK_IGNORED_COLUMNS = frozenset(
+    {"exchange", "routing_key", "redelivered", "text", "message_id", "delivery_mode", "user_id"}
+)
+
+
+def source_schema(with_text: bool) -> StructType:
+    """Columns of the source; `text` only when the `bodyEncoding` option is set."""
+    fields = [StructField("body", BinaryType(), nullable=False)]
+    if with_text:
+        fields.append(StructField("text", StringType()))
+    fields += [
+        StructField("exchange", StringType(), nullable=False),
+        StructField("routing_key", StringType(), nullable=False),
+        StructField("redelivered", BooleanType(), nullable=False),
+        *(StructField(name, StringType()) for name in STRING_PROPERTIES),
+        StructField("headers", MapType(StringType(), StringType())),
+        StructField("delivery_mode", IntegerType()),
+        StructField("priority", IntegerType()),
+        *(StructField(name, StringType()) for name in LATER_STRING_PROPERTIES),
+        StructField("timestamp", TimestampType()),
+        *(StructField(name, StringType()) for name in TRAILING_STRING_PROPERTIES),
+    ]
+    return StructType(fields)
+
+
+def _header_text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def delivery_to_row(
+    method: pika.spec.Basic.Deliver, properties: pika.BasicProperties, body: bytes, encoding: str | None
+) -> tuple:
+    """One source row, in `source_schema` column order."""
+    headers = properties.headers
+    timestamp = properties.timestamp
+    row = [body]
+    if encoding is not None:
+        row.append(body.decode(encoding, errors="replace"))
+    row += [
+        method.exchange,
+        method.routing_key,
+        method.redelivered,
+        properties.content_type,
+        properties.content_encoding,
+        None if headers is None else {str(key): _header_text(value) for key, value in headers.items()},
+        properties.delivery_mode,
+        properties.priority,
+        properties.correlation_id,
+        properties.reply_to,
+        properties.expiration,
+        properties.message_id,
+        None if timestamp is None else datetime.datetime.fromtimestamp(timestamp, datetime.timezone.utc),
+        properties.type,
+        properties.user_id,
+        properties.app_id,
+    ]
+    return tuple(row)
+
+
+def sink_property_columns(schema: StructType, body_column: str, routing_key_column: str | None) -> list[str]:
+    """Columns of `schema` the sink copies into message properties (same names as the source's)."""
+    known = set(STRING_PROPERTIES + LATER_STRING_PROPERTIES + TRAILING_STRING_PROPERTIES)
+    known |= {"headers", "priority", "timestamp"}
+    used = {body_column, routing_key_column}
+    return [name for name in schema.fieldNames() if name in known - SINK_IGNORED_COLUMNS and name not in used]
+
+
+def row_properties(values: Mapping[str, Any], message_id: str, persistent: bool) -> pika.BasicProperties:
+    """Message properties for one sink row, from its property columns (see `sink_property_columns`)."""
+    properties = pika.BasicProperties(message_id=message_id, delivery_mode=2 if persistent else 1)
+    for name, value in values.items():
+        if value is None:
+            continue
+        if name == "timestamp":
+            value = int(value.timestamp()) if isinstance(value, datetime.datetime) else int(value)
+        elif name == "headers":
+            value = dict(value)
+        elif name == "priority":
+            value = int(value)
+        else:
+            value = str(value)
+        setattr(properties, name, value)
+    return properties
