@@ -1,9 +1,8 @@
-"""Small pika helpers shared by the integration tests: connect, declare, publish, wait for events, check closes."""
+"""Small client helpers shared by the integration tests: connect, declare, publish, wait for events, check closes."""
 
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -18,24 +17,12 @@ EVENT_TIMEOUT = 5.0
 # How long a test watches to prove that something does NOT happen.
 QUIET_PERIOD = 0.25
 
-# Behaviour that RabbitMQ 4.x changed on purpose and today's clients expect: such tests assert the 4.x behaviour,
-# so they are skipped when the suite runs against another broker (the 3.10 reference) through WARREN_TEST_URL.
-rabbitmq4 = pytest.mark.skipif(bool(os.environ.get("WARREN_TEST_URL")),
-                               reason="asserts RabbitMQ 4.x behaviour; the reference broker is 3.10")
-
-
-def connect(broker, **parameters) -> pika.BlockingConnection:
-    """A blocking pika connection to the broker under test; keyword arguments tune ConnectionParameters."""
-    params = pika.URLParameters(broker.url)
-    for name, value in parameters.items():
-        setattr(params, name, value)
-    return pika.BlockingConnection(params)
-
 
 @contextlib.contextmanager
-def connection(broker, **parameters) -> Iterator[pika.BlockingConnection]:
-    """A connection closed at the end of the block (quietly, if the broker already closed it)."""
-    conn = connect(broker, **parameters)
+def connection(broker) -> Iterator[pika.BlockingConnection]:
+    """A blocking pika connection to the broker under test, closed at the end of the block (quietly, if the
+    broker already closed it)."""
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
     try:
         yield conn
     finally:
@@ -44,9 +31,9 @@ def connection(broker, **parameters) -> Iterator[pika.BlockingConnection]:
 
 
 @contextlib.contextmanager
-def channel(broker, **parameters) -> Iterator[pika.adapters.blocking_connection.BlockingChannel]:
+def channel(broker) -> Iterator[pika.adapters.blocking_connection.BlockingChannel]:
     """One channel on a connection of its own, both closed at the end of the block."""
-    with connection(broker, **parameters) as conn:
+    with connection(broker) as conn:
         yield conn.channel()
 
 
@@ -113,14 +100,19 @@ def stay_quiet(conn: pika.BlockingConnection, period: float = QUIET_PERIOD) -> N
         conn.process_data_events(time_limit=remaining)
 
 
-def get_all(ch, queue: str, auto_ack: bool = True) -> list[bytes]:
-    """Drain `queue` with basic.get and return the bodies in order."""
+def get_all(ch, queue: str) -> list[bytes]:
+    """Drain `queue` with no-ack basic.get and return the bodies in order."""
+    return [body for body, _redelivered in drain_with_flags(ch, queue)]
+
+
+def drain_with_flags(ch, queue: str) -> list[tuple[bytes, bool]]:
+    """Drain `queue` with no-ack basic.get and return (body, redelivered) pairs in order."""
     drained = []
     while True:
-        method, _properties, body = ch.basic_get(queue, auto_ack=auto_ack)
+        method, _properties, body = ch.basic_get(queue, auto_ack=True)
         if method is None:
             return drained
-        drained.append(body)
+        drained.append((body, method.redelivered))
 
 
 @dataclass

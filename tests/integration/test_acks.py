@@ -14,10 +14,13 @@ from tests.integration.helpers import (
     connection,
     consume,
     declare_queue,
+    drain_with_flags,
     enqueue,
     get_all,
     message_count,
+    stay_quiet,
     sync,
+    wait_for_message_count,
 )
 
 
@@ -29,16 +32,6 @@ def get_unacked(ch, queue: str, count: int) -> list[tuple[int, bytes]]:
         assert method is not None, "queue ran dry"
         fetched.append((method.delivery_tag, body))
     return fetched
-
-
-def get_with_flags(ch, queue: str) -> list[tuple[bytes, bool]]:
-    """Drain `queue` with no-ack gets, returning (body, redelivered) pairs."""
-    drained = []
-    while True:
-        method, _properties, body = ch.basic_get(queue, auto_ack=True)
-        if method is None:
-            return drained
-        drained.append((body, method.redelivered))
 
 
 @pytest.fixture
@@ -68,7 +61,8 @@ def test_ack_removes_exactly_the_acked_message(queue_with):
     ch.basic_ack(2)
     ch.close()  # the other two were never acked: they come back
     check = ch.connection.channel()
-    assert get_with_flags(check, queue) == [(b"m-0", True), (b"m-2", True)]
+    wait_for_message_count(check, queue, 2)
+    assert drain_with_flags(check, queue) == [(b"m-0", True), (b"m-2", True)]
 
 
 def test_multiple_ack_covers_every_tag_up_to_and_including(queue_with):
@@ -77,7 +71,8 @@ def test_multiple_ack_covers_every_tag_up_to_and_including(queue_with):
     ch.basic_ack(3, multiple=True)
     ch.close()
     check = ch.connection.channel()
-    assert get_with_flags(check, queue) == [(b"m-3", True)]
+    wait_for_message_count(check, queue, 1)
+    assert drain_with_flags(check, queue) == [(b"m-3", True)]
 
 
 def test_ack_of_tag_zero_with_multiple_acks_everything_outstanding(queue_with):
@@ -85,8 +80,9 @@ def test_ack_of_tag_zero_with_multiple_acks_everything_outstanding(queue_with):
     get_unacked(ch, queue, 3)
     ch.basic_ack(0, multiple=True)
     sync(ch)
-    ch.close()
+    ch.close()  # anything still unacked would be requeued now
     check = ch.connection.channel()
+    stay_quiet(check.connection)
     assert message_count(check, queue) == 0
 
 
@@ -101,25 +97,23 @@ def test_reject_without_requeue_drops_the_message(queue_with):
     ch, queue = queue_with(2)
     get_unacked(ch, queue, 1)
     ch.basic_reject(1, requeue=False)
-    ch.close()
-    check = ch.connection.channel()
-    assert get_with_flags(check, queue) == [(b"m-1", False)]
+    assert drain_with_flags(ch, queue) == [(b"m-1", False)]
 
 
 def test_nack_multiple_without_requeue_drops_them_all(queue_with):
     ch, queue = queue_with(4)
     get_unacked(ch, queue, 3)
     ch.basic_nack(2, multiple=True, requeue=False)
-    ch.close()
-    check = ch.connection.channel()
-    assert get_with_flags(check, queue) == [(b"m-2", True), (b"m-3", False)]
+    assert drain_with_flags(ch, queue) == [(b"m-3", False)]  # m-2 is still unacked under tag 3
+    ch.basic_ack(3)
+    sync(ch)
 
 
 def test_reject_with_requeue_puts_the_message_back_at_the_head(queue_with):
     ch, queue = queue_with(3)
     get_unacked(ch, queue, 1)
     ch.basic_reject(1, requeue=True)
-    assert get_with_flags(ch, queue) == [(b"m-0", True), (b"m-1", False), (b"m-2", False)]
+    assert drain_with_flags(ch, queue) == [(b"m-0", True), (b"m-1", False), (b"m-2", False)]
 
 
 def test_requeued_messages_return_to_their_original_positions(queue_with):
@@ -129,11 +123,11 @@ def test_requeued_messages_return_to_their_original_positions(queue_with):
     ch.basic_nack(4, requeue=True)  # m-3
     ch.basic_reject(2, requeue=True)  # m-1
     ch.basic_nack(5, requeue=True)  # m-4
-    assert get_with_flags(ch, queue) == [
+    assert drain_with_flags(ch, queue) == [
         (b"m-1", True), (b"m-3", True), (b"m-4", True), (b"m-5", False), (b"m-6", False)]
     ch.basic_ack(3)  # m-2 is still outstanding under its old tag
     ch.basic_nack(1, requeue=True)  # m-0
-    assert get_with_flags(ch, queue) == [(b"m-0", True)]
+    assert drain_with_flags(ch, queue) == [(b"m-0", True)]
 
 
 def test_nack_multiple_with_requeue_redelivers_in_original_order_to_a_consumer(broker, unique):
@@ -223,7 +217,7 @@ def test_recover_requeues_unacked_gets_to_their_original_positions(queue_with):
     ch, queue = queue_with(3)
     get_unacked(ch, queue, 2)
     ch.basic_recover(requeue=True)
-    assert get_with_flags(ch, queue) == [(b"m-0", True), (b"m-1", True), (b"m-2", False)]
+    assert drain_with_flags(ch, queue) == [(b"m-0", True), (b"m-1", True), (b"m-2", False)]
 
 
 def test_recover_without_requeue_is_not_implemented_and_closes_the_connection_540(queue_with):

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pika
 import pytest
 
-from tests.integration.helpers import bodies, channel, declare_queue, enqueue, message_count
+from tests.integration.helpers import (
+    bodies,
+    channel,
+    declare_queue,
+    enqueue,
+    message_count,
+    stay_quiet,
+    wait_for_message_count,
+)
 
 
 def test_get_on_empty_queue_returns_get_empty(broker, unique):
@@ -47,6 +55,7 @@ def test_no_ack_get_is_not_requeued_when_the_channel_closes(broker, unique):
             with channel(broker) as getter:
                 method, _properties, body = getter.basic_get(queue, auto_ack=True)
                 assert (body, method.message_count) == (b"only", 0)
+            stay_quiet(owner.connection)  # time for a (wrong) requeue to show
             assert message_count(owner, queue) == 0
         finally:
             owner.queue_delete(queue)
@@ -65,6 +74,7 @@ def test_manual_ack_get_keeps_the_message_until_acked(broker, unique):
                 method, _properties, body = getter.basic_get(queue, auto_ack=False)
                 assert (body, method.delivery_tag) == (b"second", 2)
             # The second get was never acked: closing its channel put the message back, marked redelivered.
+            wait_for_message_count(owner, queue, 1)
             method, _properties, body = owner.basic_get(queue, auto_ack=True)
             assert (body, method.redelivered, method.message_count) == (b"second", True, 0)
         finally:

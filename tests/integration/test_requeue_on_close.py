@@ -15,6 +15,7 @@ from tests.integration.helpers import (
     connection,
     consume,
     declare_queue,
+    drain_with_flags,
     enqueue,
     wait_for_message_count,
 )
@@ -45,13 +46,6 @@ def hold_three_ack_one(conn, ch, queue: str) -> None:
     assert [(d.delivery_tag, d.body) for d in held] == [(1, b"m-0"), (2, b"m-1"), (3, b"m-2")]
     ch.basic_ack(2)
     assert [(d.delivery_tag, d.body) for d in inbox.wait_for(conn, 4)[3:]] == [(4, b"m-3")]
-
-
-def drain_with_flags(ch, queue: str) -> list[tuple[bytes, bool]]:
-    drained = []
-    while (got := ch.basic_get(queue, auto_ack=True))[0] is not None:
-        drained.append((got[2], got[0].redelivered))
-    return drained
 
 
 def assert_requeued_in_order(observer, queue: str) -> None:
