@@ -135,6 +135,7 @@ def test_no_ack_consumer_messages_leave_the_queue_on_delivery(broker, unique):
         # Nothing unacked comes back: cancelling a no-ack consumer (and closing its channel) requeues nothing.
         ch.close()
         check = conn.channel()
+        stay_quiet(conn)  # time for a (wrong) requeue to show
         assert message_count(check, queue) == 0
         assert inbox.bodies == bodies("m", 3)
 
