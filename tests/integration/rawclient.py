@@ -236,6 +236,20 @@ class RawClient:
                 self.send(0, commands.Connection.CloseOk())
                 return value
 
+    def expect_connection_error(self, code: int, text: str, class_id: int = 0, method_id: int = 0) -> None:
+        """connection.close with exactly this reply and culprit method; after our close-ok the socket closes."""
+        close = self.expect_connection_close()
+        assert (close.reply_code, close.reply_text) == (code, text)
+        assert (close.class_id, close.method_id) == (class_id, method_id)
+        self.expect_closed()
+
+    def expect_channel_error(self, channel: int, code: int, text: str, class_id: int = 0, method_id: int = 0) -> None:
+        """channel.close with exactly this reply on `channel`, answered with close-ok."""
+        close = self.expect(commands.Channel.Close, channel=channel)
+        assert (close.reply_code, close.reply_text) == (code, text)
+        assert (close.class_id, close.method_id) == (class_id, method_id)
+        self.send(channel, commands.Channel.CloseOk())
+
     def close_connection(self) -> None:
         """A polite connection.close, waiting for close-ok."""
         self.send(0, commands.Connection.Close(reply_code=200, reply_text="Goodbye", class_id=0, method_id=0))

@@ -40,14 +40,6 @@ def assert_refused(client: RawClient) -> None:
     client.expect_closed()
 
 
-def expect_hard_error(client: RawClient, code: int, text: str, class_id: int = 0, method_id: int = 0) -> None:
-    """connection.close with exactly this reply; after our close-ok the socket closes."""
-    close = client.expect_connection_close()
-    assert (close.reply_code, close.reply_text) == (code, text)
-    assert (close.class_id, close.method_id) == (class_id, method_id)
-    client.expect_closed()
-
-
 def expect_frame_too_large(client: RawClient, size: int, limit: int) -> None:
     """501 for an oversized frame (the rest of that frame is still in flight, so the socket's end is not awaited)."""
     close = client.expect_connection_close()
@@ -121,7 +113,7 @@ def test_unknown_user_is_refused_like_a_bad_password(broker):
 def test_unknown_vhost_is_refused_with_530(client):
     client.handshake(open_connection=False)
     client.send(0, commands.Connection.Open(virtual_host="no-such-vhost"))
-    expect_hard_error(client, 530, "NOT_ALLOWED - vhost no-such-vhost not found", 10, 40)
+    client.expect_connection_error(530, "NOT_ALLOWED - vhost no-such-vhost not found", 10, 40)
 
 
 def test_pika_sees_unknown_vhost_as_access_denied(broker):
@@ -169,25 +161,6 @@ def test_lower_frame_max_splits_deliveries_and_bounds_incoming_frames(client, un
     assert sizes == [4088, 4088, 2064]
     client.publish(1, "", unique, b"x" * 4097, frame_max=8192)  # one body frame with a 4097-byte payload
     expect_frame_too_large(client, 4097, 4088)
-
-
-def test_channel_max_limits_the_number_of_open_channels(client):
-    client.handshake(channel_max=3)
-    for number in (1, 2, 3):
-        client.open_channel(number)
-    client.send(4, commands.Channel.Open())
-    expect_hard_error(client, 530,
-                      "NOT_ALLOWED - number of channels opened (3) has reached the negotiated channel_max (3)")
-
-
-def test_a_closed_channel_frees_its_place_under_channel_max(client):
-    client.handshake(channel_max=2)
-    client.open_channel(1)
-    client.open_channel(2)
-    client.send(2, commands.Channel.Close(reply_code=200, reply_text="done", class_id=0, method_id=0))
-    client.expect(commands.Channel.CloseOk, channel=2)
-    client.open_channel(2)
-    client.close_connection()
 
 
 def start_ok(client: RawClient, mechanism: str = "PLAIN", response: str = plain_response("guest", "guest"),
@@ -294,7 +267,7 @@ def test_frame_larger_than_frame_max_is_501_frame_error(client, unique):
 def test_unknown_frame_type_is_501_frame_error(client):
     client.handshake()
     client.send_raw(raw_frame(9, 0, b"abc"))
-    expect_hard_error(client, 501, 'FRAME_ERROR - type 9, all octets = <<"abc">>: unknown_frame')
+    client.expect_connection_error(501, 'FRAME_ERROR - type 9, all octets = <<"abc">>: unknown_frame')
 
 
 def test_bad_frame_end_marker_is_501_frame_error(client):
@@ -310,24 +283,24 @@ def test_bad_frame_end_marker_is_501_frame_error(client):
 def test_channel_method_on_channel_zero_is_504(client):
     client.handshake()
     client.send(0, commands.Basic.Qos(prefetch_count=1))
-    expect_hard_error(client, 504, "CHANNEL_ERROR - unexpected method in connection state running", 60, 10)
+    client.expect_connection_error(504, "CHANNEL_ERROR - unexpected method in connection state running", 60, 10)
 
 
 def test_connection_method_on_a_channel_is_503(client):
     client.handshake()
     client.open_channel(1)
     client.send(1, commands.Connection.Open())
-    expect_hard_error(client, 503, "COMMAND_INVALID - unimplemented method", 10, 40)
+    client.expect_connection_error(503, "COMMAND_INVALID - unimplemented method", 10, 40)
 
 
 def test_heartbeat_on_a_channel_other_than_zero_is_505(client):
     client.handshake()
     client.open_channel(1)
     client.send_raw(raw_frame(FRAME_HEARTBEAT, 1, b""))
-    expect_hard_error(client, 505, "UNEXPECTED_FRAME - type 8, all octets = <<>>")
+    client.expect_connection_error(505, "UNEXPECTED_FRAME - type 8, all octets = <<>>")
 
 
 def test_content_on_an_unopened_channel_is_505(client):
     client.handshake()
     client.send_raw(raw_frame(FRAME_BODY, 5, b"x"))
-    expect_hard_error(client, 505, "UNEXPECTED_FRAME - expected method frame, got non method frame instead")
+    client.expect_connection_error(505, "UNEXPECTED_FRAME - expected method frame, got non method frame instead")
