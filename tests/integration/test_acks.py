@@ -8,7 +8,6 @@ import pytest
 
 from tests.integration.helpers import (
     bodies,
-    channel,
     closed_channel_reason,
     closed_connection_reason,
     connection,
@@ -210,7 +209,8 @@ def test_recover_with_requeue_redelivers_unacked_messages_with_new_tags(broker, 
         deliveries = inbox.wait_for(conn, 4)
         assert [(d.delivery_tag, d.body, d.redelivered) for d in deliveries] == [
             (1, b"m-0", False), (2, b"m-1", False), (3, b"m-0", True), (4, b"m-1", True)]
-        assert closed_channel_reason(lambda: ch.basic_ack(1), ch) == (406, "PRECONDITION_FAILED - unknown delivery tag 1")
+        assert closed_channel_reason(lambda: ch.basic_ack(1), ch) == (
+            406, "PRECONDITION_FAILED - unknown delivery tag 1")
 
 
 def test_recover_requeues_unacked_gets_to_their_original_positions(queue_with):

@@ -75,7 +75,8 @@ def test_a_channel_closed_by_an_error_requeues_unacked_deliveries(broker, shared
     with connection(broker) as conn:
         ch = conn.channel()
         hold_three_ack_one(conn, ch, queue)
-        assert closed_channel_reason(lambda: ch.basic_ack(2), ch) == (406, "PRECONDITION_FAILED - unknown delivery tag 2")
+        assert closed_channel_reason(lambda: ch.basic_ack(2), ch) == (
+            406, "PRECONDITION_FAILED - unknown delivery tag 2")
         assert_requeued_in_order(observer, queue)
 
 
