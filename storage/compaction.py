@@ -1,0 +1,96 @@
+"""Rewrite one segment in place, keeping only what is still needed, a slice at a time.
+
+Publishes keep only their live queues (and carry each queue's delivered flag); REMOVED/DELIVERED records keep only
+the ids whose publish sits in an older segment that still needs them. The rewrite is written aside, fsynced and
+renamed over the segment, so a crash leaves either the old file or the new one, and both recover the same state.
+"""
+
+from __future__ import annotations
+
+import os
+from bisect import bisect_right
+from collections.abc import Iterator
+from pathlib import Path
+
+from storage import records
+from storage.index import MessageIndex, Segment
+from storage.segments import fsync_directory, segment_path
+
+SLICE_BYTES = 1 << 20  # input bytes handled per step, so a pending batch never waits long behind a compaction
+
+
+class Compaction:
+    """One segment's rewrite; the writer thread drives ``steps`` between batches."""
+
+    def __init__(self, directory: Path, segment: Segment, index: MessageIndex) -> None:
+        self.segment = segment
+        self.upto = index.seq  # every REMOVED/DELIVERED record up to here is already reflected in the index
+        self._index = index
+        self._path = segment_path(directory, segment.number)
+        self._temporary = self._path.with_suffix(".compacting")
+        self.size: int | None = None  # size of the rewritten file once done
+        self.refers: dict[int, int] = {}  # older segment -> seq, for the records the rewrite kept
+
+    def steps(self) -> Iterator[None]:
+        """Do the rewrite, yielding after each slice; sets ``size`` and ``refers`` when the file is replaced."""
+        firsts, homes = self._index.homes_snapshot()
+        data = self._path.read_bytes()
+        with open(self._temporary, "wb") as target:
+            out = bytearray()
+            mark = 0
+            for start, end, payload in self._intact(data):
+                self._copy(payload, data, start, end, out, firsts, homes)
+                if end - mark >= SLICE_BYTES:
+                    mark = end
+                    target.write(out)
+                    out.clear()
+                    yield
+            target.write(out)
+            target.flush()
+            os.fdatasync(target.fileno())
+            self.size = target.tell()
+        os.replace(self._temporary, self._path)
+        fsync_directory(self._path.parent)
+
+    def abandon(self) -> None:
+        self._temporary.unlink(missing_ok=True)
+
+    @staticmethod
+    def _intact(data: bytes) -> Iterator[tuple[int, int, memoryview]]:
+        """The records up to the first corrupt one (already reported by recovery; the rewrite drops the rest)."""
+        try:
+            yield from records.scan(data)
+        except records.CorruptRecord:
+            return
+
+    def _copy(
+        self, payload: memoryview, data: bytes, start: int, end: int, out: bytearray, firsts: list[int],
+        homes: list[Segment],
+    ) -> None:
+        kind = payload[0]
+        index = self._index
+        segment = self.segment
+        if kind == records.PUBLISH:
+            publish = records.decode_publish(payload)
+            live = index.live_queues(segment, publish.msg_id, publish.queues)
+            if live == publish.queues:
+                out += data[start:end]
+            elif live:
+                out += records.publish_head(
+                    publish.msg_id, live, publish.exchange, publish.routing_key, publish.header_payload, publish.body
+                )
+                out += publish.header_payload
+                out += publish.body
+            return
+        queue, ids = records.decode_id_list(payload)
+        kept = []
+        for msg_id in ids:
+            position = bisect_right(firsts, msg_id) - 1
+            if position < 0:
+                continue
+            older = homes[position].number
+            if older != segment.number and index.depends_on(segment, older):
+                kept.append(msg_id)
+                self.refers[older] = segment.refers[older]
+        if kept:
+            out += records.id_list(kind, queue, kept)

@@ -1,0 +1,310 @@
+"""In-memory index of the message segments: which messages are live, where, and which segments can go.
+
+Message ids increase, and each segment holds the publishes of one contiguous id range (compaction rewrites a
+segment in place, so the range stays). A segment keeps one state byte per id of its range, so the index costs about
+one byte per queued message (more when the broker's ids are sparse, e.g. many transient messages in between).
+
+A segment can only be deleted when nothing older depends on its REMOVED/DELIVERED records: ``refers`` remembers, per
+older segment, the sequence number of the latest such record; the dependency ends when the older segment is deleted,
+or compacted after that record (the compacted file no longer holds the removed publish, and carries the delivered
+flag itself).
+
+The writer thread reads ``states``, ``multi`` and ``deleted_below`` while compacting; the event loop only ever turns
+messages from live to dead there (or sets DELIVERED), and replaces ``multi`` values whole, so a concurrent reader
+sees either the old or the new value and at worst keeps a record that just died (its REMOVED record is newer).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Iterable
+
+LIVE = 1  # the message is live in the one queue of its publish record
+DELIVERED = 2  # (with LIVE) the message was delivered at least once
+MULTI = 4  # the message was routed to several queues: MessageIndex.multi holds their states
+
+
+class Segment:
+    __slots__ = (
+        "number", "first_id", "states", "refs", "queue_refs", "base_refs", "size", "refers", "compacted_upto",
+        "compacting",
+    )
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.first_id: int | None = None  # id of states[0]; None until the segment holds a publish
+        self.states = bytearray()  # LIVE/DELIVERED/MULTI bits per id from first_id; 0 = not live here
+        self.refs = 0  # live (queue, message) pairs published here
+        self.queue_refs: dict[str, int] = {}  # the same, per queue (so deleting a queue needs no message list)
+        self.base_refs = 0  # refs when written or last compacted: the yardstick for "mostly dead"
+        self.size = 0  # bytes in the file, including bytes still in the pending batch
+        self.refers: dict[int, int] = {}  # older segment -> seq of the latest REMOVED/DELIVERED record aimed at it
+        self.compacted_upto = 0  # records aimed here with seq <= this were folded in by the last compaction
+        self.compacting = False  # a compaction job for this segment is queued or running
+
+    def state(self, msg_id: int) -> int:
+        offset = msg_id - self.first_id
+        return self.states[offset] if 0 <= offset < len(self.states) else 0
+
+
+class MessageIndex:
+    def __init__(self) -> None:
+        self.segments: dict[int, Segment] = {}  # by number, oldest first
+        self.head: Segment | None = None  # the segment new records go to
+        self._firsts: list[int] = []  # first ids of segments that hold publishes, ascending
+        self._homes: list[Segment] = []  # the segments of _firsts, same order
+        self.multi: dict[int, tuple[tuple[str, bool], ...]] = {}  # MULTI message -> live (queue, delivered) pairs
+        self.deleted_below: dict[str, int] = {}  # deleted queue -> its messages with lower ids are gone
+        self.last_id = -1  # highest message id seen
+        self.seq = 0  # counts REMOVED/DELIVERED records, to order them against compactions
+        self.live_refs = 0  # live (queue, message) pairs in all segments
+        self.dirty: set[int] = set()  # segments whose refs dropped since the last housekeeping
+        self.waiting: set[int] = set()  # empty segments kept only for records older segments still need
+        self.recheck_waiting = False  # a compaction ended: some waiting segment may be free to go
+
+    # --- segments -------------------------------------------------------------------------------------------
+    def add_segment(self, number: int) -> Segment:
+        segment = Segment(number)
+        self.segments[number] = segment
+        return segment
+
+    def roll(self, number: int) -> Segment:
+        """Make a new head segment; the old head becomes a candidate for compaction."""
+        if self.head is not None:
+            self.dirty.add(self.head.number)
+        self.head = self.add_segment(number)
+        return self.head
+
+    def forget(self, segment: Segment) -> None:
+        """The segment's file is being deleted."""
+        del self.segments[segment.number]
+        if segment.first_id is not None:
+            position = self._homes.index(segment)
+            del self._homes[position]
+            del self._firsts[position]
+        for msg_id in [m for m in self.multi if segment.state(m) & MULTI]:
+            del self.multi[msg_id]
+
+    def homes_snapshot(self) -> tuple[list[int], list[Segment]]:
+        """Copies of the id -> segment lookup lists, for the writer thread."""
+        return list(self._firsts), list(self._homes)
+
+    def home(self, msg_id: int) -> Segment | None:
+        position = bisect_right(self._firsts, msg_id) - 1
+        return self._homes[position] if position >= 0 else None
+
+    # --- publishes ------------------------------------------------------------------------------------------
+    def _slot(self, segment: Segment, msg_id: int) -> bytearray:
+        """The states array of ``segment`` grown so that its next append is the state of ``msg_id``."""
+        if msg_id <= self.last_id:
+            raise ValueError(f"message ids must increase: {msg_id} after {self.last_id}")
+        self.last_id = msg_id
+        if segment.first_id is None:
+            segment.first_id = msg_id
+            self._firsts.append(msg_id)
+            self._homes.append(segment)
+        states = segment.states
+        gap = msg_id - segment.first_id - len(states)
+        if gap:
+            states.extend(bytes(gap))
+        return states
+
+    def add(self, msg_id: int, queues: tuple[str, ...]) -> None:
+        """A fresh publish in the head segment."""
+        segment = self.head
+        states = self._slot(segment, msg_id)
+        queue_refs = segment.queue_refs
+        if len(queues) == 1:
+            states.append(LIVE)
+            queue = queues[0]
+            queue_refs[queue] = queue_refs.get(queue, 0) + 1
+            count = 1
+        else:
+            unique = tuple(dict.fromkeys(queues))
+            states.append(MULTI)
+            self.multi[msg_id] = tuple((queue, False) for queue in unique)
+            for queue in unique:
+                queue_refs[queue] = queue_refs.get(queue, 0) + 1
+            count = len(unique)
+        segment.refs += count
+        segment.base_refs += count
+        self.live_refs += count
+
+    def add_recovered(self, msg_id: int, queues: list[tuple[str, bool]]) -> None:
+        """A publish read back from the head segment during recovery, with its record's (queue, delivered) pairs."""
+        segment = self.head
+        states = self._slot(segment, msg_id)
+        live = [(queue, delivered) for queue, delivered in queues if msg_id >= self.deleted_below.get(queue, -1)]
+        if not live:
+            states.append(0)
+            return
+        if len(queues) == 1:
+            states.append(LIVE | DELIVERED if live[0][1] else LIVE)
+        else:
+            states.append(MULTI)
+            self.multi[msg_id] = tuple(live)
+        for queue, _ in live:
+            segment.queue_refs[queue] = segment.queue_refs.get(queue, 0) + 1
+        segment.refs += len(live)
+        segment.base_refs += len(live)
+        self.live_refs += len(live)
+
+    def undo(self, msg_id: int, queues: tuple[str, ...]) -> None:
+        """Forget a publish whose write failed (its publisher gets a nack)."""
+        segment = self.home(msg_id)
+        if segment is None or not segment.state(msg_id):
+            return
+        segment.states[msg_id - segment.first_id] = 0
+        live = [queue for queue, _ in self.multi.pop(msg_id, ())] or queues[:1]
+        for queue in live:
+            self._unref(segment, queue, 1)
+
+    # --- removals and deliveries ----------------------------------------------------------------------------
+    def remove(self, queue: str, msg_ids: Iterable[int]) -> list[int]:
+        """Mark messages gone from ``queue``; return the ids that were live there."""
+        self.seq += 1
+        below = self.deleted_below.get(queue, -1)
+        removed = []
+        segment = None
+        for msg_id in msg_ids:
+            if msg_id < below:
+                continue
+            if segment is None or not 0 <= msg_id - segment.first_id < len(segment.states):
+                segment = self.home(msg_id)
+                if segment is None:
+                    continue
+            offset = msg_id - segment.first_id
+            if not 0 <= offset < len(segment.states):
+                continue
+            state = segment.states[offset]
+            if state & LIVE:
+                segment.states[offset] = 0
+            elif state & MULTI:
+                entries = self.multi[msg_id]
+                left = tuple(entry for entry in entries if entry[0] != queue)
+                if len(left) == len(entries):
+                    continue
+                if left:
+                    self.multi[msg_id] = left
+                else:
+                    del self.multi[msg_id]
+                    segment.states[offset] = 0
+            else:
+                continue
+            self._unref(segment, queue, 1)
+            removed.append(msg_id)
+            self._refer(segment)
+        return removed
+
+    def _unref(self, segment: Segment, queue: str, count: int) -> None:
+        left = segment.queue_refs.get(queue, 0) - count
+        if left > 0:
+            segment.queue_refs[queue] = left
+        else:
+            segment.queue_refs.pop(queue, None)
+        segment.refs -= count
+        self.live_refs -= count
+        self.dirty.add(segment.number)
+
+    def _refer(self, segment: Segment) -> None:
+        """The head segment now holds a record that ``segment`` depends on until it is compacted or deleted."""
+        if segment is not self.head:
+            self.head.refers[segment.number] = self.seq
+
+    def deliver(self, queue: str, msg_ids: Iterable[int]) -> list[int]:
+        """Mark messages delivered from ``queue``; return the ids that were live there and not yet marked."""
+        self.seq += 1
+        marked = []
+        for msg_id in msg_ids:
+            segment = self.home(msg_id)
+            if segment is None:
+                continue
+            offset = msg_id - segment.first_id
+            if not 0 <= offset < len(segment.states):
+                continue
+            state = segment.states[offset]
+            if state & LIVE:
+                if state & DELIVERED:
+                    continue
+                segment.states[offset] = state | DELIVERED
+            elif state & MULTI:
+                entries = self.multi[msg_id]
+                if (queue, False) not in entries:
+                    continue
+                self.multi[msg_id] = tuple((name, flag or name == queue) for name, flag in entries)
+            else:
+                continue
+            marked.append(msg_id)
+            self._refer(segment)
+        return marked
+
+    def drop_queue(self, queue: str) -> int:
+        """Every message of ``queue`` is gone; return the watermark below which its ids are dead."""
+        below = self.last_id + 1
+        self.deleted_below[queue] = below
+        for segment in self.segments.values():
+            count = segment.queue_refs.get(queue, 0)
+            if count:
+                self._unref(segment, queue, count)
+        return below
+
+    # --- what compaction and recovery ask ------------------------------------------------------------------
+    def live_queues(self, segment: Segment, msg_id: int, queues: list[tuple[str, bool]]) -> list[tuple[str, bool]]:
+        """The (queue, delivered) pairs of a publish record in ``segment`` that are still live."""
+        state = segment.state(msg_id)
+        if state & LIVE:
+            queue = queues[0][0]
+            if msg_id < self.deleted_below.get(queue, -1):
+                return []
+            return [(queue, bool(state & DELIVERED))]
+        if state & MULTI:
+            entries = self.multi.get(msg_id, ())
+            return [(q, flag) for q, flag in entries if msg_id >= self.deleted_below.get(q, -1)]
+        return []
+
+    def depends_on(self, segment: Segment, older: int) -> bool:
+        """Whether ``segment``'s records aimed at segment ``older`` are still needed."""
+        target = self.segments.get(older)
+        return target is not None and segment.refers.get(older, 0) > target.compacted_upto
+
+    def still_needed_below(self) -> int:
+        """Queue-deletion watermarks at or below this id no longer matter (no segment holds such ids)."""
+        return self._firsts[0] if self._firsts else self.last_id + 1
+
+    # --- housekeeping ---------------------------------------------------------------------------------------
+    def housekeeping(self, compact_ratio: float, min_compact_bytes: int) -> tuple[list[Segment], list[Segment]]:
+        """Segments to delete (oldest first, forgotten here) and segments worth compacting (marked compacting)."""
+        candidates = self.dirty | self.waiting if self.recheck_waiting else self.dirty
+        self.dirty = set()
+        self.recheck_waiting = False
+        to_delete: list[Segment] = []
+        to_compact: list[Segment] = []
+        while candidates:
+            deleted_before = len(to_delete)
+            for number in sorted(candidates):
+                segment = self.segments.get(number)
+                if segment is None or segment is self.head or segment.compacting:
+                    continue
+                if segment.refs <= 0:
+                    if any(self.depends_on(segment, older) for older in segment.refers):
+                        self.waiting.add(number)
+                    else:
+                        self.waiting.discard(number)
+                        self.forget(segment)
+                        to_delete.append(segment)
+                        continue
+                dead = segment.base_refs - segment.refs
+                if dead > 0 and dead >= segment.base_refs * compact_ratio and segment.size >= min_compact_bytes:
+                    segment.compacting = True
+                    to_compact.append(segment)
+            # a deletion may free segments that were only waiting for it
+            candidates = set(self.waiting) if len(to_delete) > deleted_before else set()
+        return to_delete, to_compact
+
+    def compacted(self, segment: Segment, size: int, upto: int, refers: dict[int, int]) -> None:
+        segment.compacting = False
+        segment.size = size
+        segment.base_refs = segment.refs
+        segment.compacted_upto = upto
+        segment.refers = refers
+        self.recheck_waiting = True

@@ -1,0 +1,161 @@
+"""Record framing and payload codecs for the message segments and the definitions log.
+
+Every record on disk is ``[length u32][crc32 u32][payload]``; the CRC covers the payload, whose first byte is the
+record type. Integers are little-endian. Names are UTF-8 with a u16 length prefix.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+FRAME = struct.Struct("<II")  # payload length, crc32 of the payload
+FRAME_SIZE = FRAME.size
+MAX_PAYLOAD = 1 << 31  # anything larger is a corrupt length field, not a record
+
+# Segment records
+PUBLISH = 1  # a persistent message routed to one or more durable queues
+REMOVED = 2  # messages left a queue (ack, reject, expiry, purge...)
+DELIVERED = 3  # messages were handed to a consumer and may come back redelivered
+# Definitions-log records
+DEFINITION = 10  # latest state of one definition (or its deletion)
+QUEUE_DELETED = 11  # every message of a queue with an id below a watermark is gone
+
+_PUBLISH_HEAD = struct.Struct("<BQH")  # type, msg id, number of queues
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_ID_LIST_HEAD = struct.Struct("<BH")  # type, queue name length (ids follow the name)
+_QUEUE_DELETED = struct.Struct("<BQH")  # type, watermark, queue name length
+_DEFINITION_HEAD = struct.Struct("<BHH")  # type, kind length, name length
+
+
+class CorruptRecord(Exception):
+    """A record whose frame or payload cannot be trusted."""
+
+
+def frame(payload: bytes) -> bytes:
+    return FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+def publish_head(
+    msg_id: int, queues: tuple[str, ...] | list[tuple[str, bool]], exchange: str, routing_key: str,
+    header_payload: bytes, body: bytes,
+) -> bytes:
+    """Frame header + metadata of a publish record (the frame's CRC covers header_payload and body too).
+
+    The caller writes ``head``, then ``header_payload``, then ``body``: no copy of the body is made here.
+    ``queues`` holds names (fresh publish) or (name, delivered) pairs (a record rewritten by compaction).
+    """
+    parts = [_PUBLISH_HEAD.pack(PUBLISH, msg_id, len(queues))]
+    for queue in queues:
+        name, delivered = (queue, False) if isinstance(queue, str) else queue
+        encoded = name.encode()
+        parts.append(_U16.pack(len(encoded)))
+        parts.append(encoded)
+        parts.append(b"\x01" if delivered else b"\x00")
+    exchange_b = exchange.encode()
+    key_b = routing_key.encode()
+    parts += (_U16.pack(len(exchange_b)), exchange_b, _U16.pack(len(key_b)), key_b, _U32.pack(len(header_payload)))
+    meta = b"".join(parts)
+    crc = zlib.crc32(body, zlib.crc32(header_payload, zlib.crc32(meta)))
+    length = len(meta) + len(header_payload) + len(body)
+    return FRAME.pack(length, crc) + meta
+
+
+def id_list(kind: int, queue: str, msg_ids: list[int]) -> bytes:
+    """A framed REMOVED or DELIVERED record."""
+    name = queue.encode()
+    return frame(_ID_LIST_HEAD.pack(kind, len(name)) + name + array("Q", msg_ids).tobytes())
+
+
+def definition(kind: str, name: str, data_json: bytes) -> bytes:
+    """A framed DEFINITION record; empty ``data_json`` means the definition was deleted."""
+    kind_b = kind.encode()
+    name_b = name.encode()
+    return frame(_DEFINITION_HEAD.pack(DEFINITION, len(kind_b), len(name_b)) + kind_b + name_b + data_json)
+
+
+def queue_deleted(queue: str, below_id: int) -> bytes:
+    name = queue.encode()
+    return frame(_QUEUE_DELETED.pack(QUEUE_DELETED, below_id, len(name)) + name)
+
+
+@dataclass(slots=True)
+class Publish:
+    msg_id: int
+    queues: list[tuple[str, bool]]  # (queue, delivered) pairs
+    exchange: str
+    routing_key: str
+    header_payload: bytes
+    body: bytes
+
+
+def decode_publish(payload: memoryview) -> Publish:
+    _, msg_id, count = _PUBLISH_HEAD.unpack_from(payload)
+    pos = _PUBLISH_HEAD.size
+    queues = []
+    for _ in range(count):
+        (size,) = _U16.unpack_from(payload, pos)
+        pos += 2
+        queues.append((str(payload[pos:pos + size], "utf-8"), payload[pos + size] == 1))
+        pos += size + 1
+    (size,) = _U16.unpack_from(payload, pos)
+    exchange = str(payload[pos + 2:pos + 2 + size], "utf-8")
+    pos += 2 + size
+    (size,) = _U16.unpack_from(payload, pos)
+    routing_key = str(payload[pos + 2:pos + 2 + size], "utf-8")
+    pos += 2 + size
+    (size,) = _U32.unpack_from(payload, pos)
+    pos += 4
+    header_payload = bytes(payload[pos:pos + size])
+    return Publish(msg_id, queues, exchange, routing_key, header_payload, bytes(payload[pos + size:]))
+
+
+def decode_id_list(payload: memoryview) -> tuple[str, array]:
+    _, size = _ID_LIST_HEAD.unpack_from(payload)
+    start = _ID_LIST_HEAD.size
+    ids = array("Q")
+    ids.frombytes(payload[start + size:])
+    return str(payload[start:start + size], "utf-8"), ids
+
+
+def decode_definition(payload: memoryview) -> tuple[str, str, bytes]:
+    _, kind_size, name_size = _DEFINITION_HEAD.unpack_from(payload)
+    pos = _DEFINITION_HEAD.size
+    kind = str(payload[pos:pos + kind_size], "utf-8")
+    pos += kind_size
+    name = str(payload[pos:pos + name_size], "utf-8")
+    return kind, name, bytes(payload[pos + name_size:])
+
+
+def decode_queue_deleted(payload: memoryview) -> tuple[str, int]:
+    _, below_id, size = _QUEUE_DELETED.unpack_from(payload)
+    return str(payload[_QUEUE_DELETED.size:_QUEUE_DELETED.size + size], "utf-8"), below_id
+
+
+def scan(data: bytes | bytearray | memoryview) -> Iterator[tuple[int, int, memoryview]]:
+    """Yield (offset, end, payload) for each intact record; raise CorruptRecord at the first bad one.
+
+    ``CorruptRecord.args[0]`` is the offset of the bad record, where a torn tail gets truncated.
+    """
+    view = memoryview(data)
+    total = len(view)
+    pos = 0
+    unpack = FRAME.unpack_from
+    crc32 = zlib.crc32
+    while pos < total:
+        if total - pos < FRAME_SIZE:
+            raise CorruptRecord(pos, "truncated frame header")
+        length, crc = unpack(view, pos)
+        start = pos + FRAME_SIZE
+        end = start + length
+        if length == 0 or length > MAX_PAYLOAD or end > total:
+            raise CorruptRecord(pos, "length runs past the end of the file")
+        payload = view[start:end]
+        if crc32(payload) != crc:
+            raise CorruptRecord(pos, "CRC mismatch")
+        yield pos, end, payload
+        pos = end

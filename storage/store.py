@@ -1,0 +1,261 @@
+"""MessageStore: the broker's one entry point to durable messages and definitions."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from storage import records
+from storage.compaction import Compaction
+from storage.definitions import DefinitionTable
+from storage.index import MessageIndex, Segment
+from storage.recovery import Recovered, StoredMessage, recover
+from storage.segments import messages_directory, segment_path
+from storage.writer import Batch, Writer
+
+__all__ = ["MessageStore", "Recovered", "StoredMessage"]
+
+log = logging.getLogger(__name__)
+
+SEGMENT_BYTES = 16 << 20  # a segment is closed once this full (records never span two segments)
+COMPACT_RATIO = 0.5  # rewrite a closed segment once this share of its (queue, message) pairs is gone
+MIN_COMPACT_BYTES = 1 << 20  # smaller segments are not worth a rewrite (they go once empty)
+DEFINITIONS_SLACK = 64 << 10  # snapshot the definitions log when it outgrows twice the live state plus this
+
+
+class MessageStore:
+    """Durable messages and definitions in an append-only, segmented log with group commit.
+
+    Every method runs on the event loop thread. ``append_*`` only add bytes to the pending batch; the writer thread
+    turns each batch into one write and one fdatasync per file.
+    """
+
+    def __init__(
+        self, data_dir: Path, loop: asyncio.AbstractEventLoop | None = None, *, segment_bytes: int = SEGMENT_BYTES,
+        compact_ratio: float = COMPACT_RATIO, min_compact_bytes: int = MIN_COMPACT_BYTES,
+    ) -> None:
+        self._data_dir = Path(data_dir)
+        self._segments_dir = messages_directory(self._data_dir)
+        self._loop = loop  # None: the running loop at the first append
+        self._segment_bytes = segment_bytes
+        self._compact_ratio = compact_ratio
+        self._min_compact_bytes = min_compact_bytes
+        self._index: MessageIndex | None = None  # set by recover()
+        self._definitions: DefinitionTable | None = None  # set by recover()
+        self._writer = Writer(self._segments_dir, self._data_dir, self._on_written, self._on_compacted)
+        self._chunks: list[tuple[int, bytearray]] = []  # pending segment bytes, per segment
+        self._buffer = bytearray()  # the last of _chunks: where appends go
+        self._pending_definitions = bytearray()
+        self._callbacks: list[Callable[[bool], None]] = []
+        self._published: list[tuple[int, tuple[str, ...]]] = []  # publishes in the pending batch
+        self._deletions: list[int] = []  # spent segments whose unlink failed with a batch: retried with the next
+        self._definitions_log_bytes = 0  # definitions log size once the pending batch is written
+        self._snapshot_due = False  # rewrite the definitions log with the next batch
+        self._kick_scheduled = False  # a hand-over is queued on the loop for this turn
+        self._busy = False  # the writer holds a batch
+        self._closed = False
+        self.callback_errors = 0  # callbacks that raised (logged)
+
+    # --- start-up -------------------------------------------------------------------------------------------
+    def recover(self) -> Recovered:
+        """Read everything back (synchronously, before serving); truncates a torn tail. Call once, first."""
+        state = recover(self._data_dir, self._segments_dir)
+        self._index = state.index
+        self._definitions = state.definitions
+        self._definitions_log_bytes = state.definitions_log_bytes
+        head = self._index.roll(state.next_segment)
+        self._new_chunk(head.number)
+        self._delete_spent_segments()
+        self._writer.start()
+        report = state.recovered.report
+        log.info(
+            "recovered %d messages, %d records, %d bytes in %.3f s (torn tail: %d bytes)",
+            report["messages"], report["records"], report["bytes"], report["seconds"], report["torn_tail_bytes"],
+        )
+        return state.recovered
+
+    def _delete_spent_segments(self) -> None:
+        """Deletions found at start-up are made before the writer starts; compactions wait for the first batch."""
+        deletions, compactions = self._index.housekeeping(self._compact_ratio, self._min_compact_bytes)
+        for segment in compactions:
+            segment.compacting = False
+            self._index.dirty.add(segment.number)
+        for segment in deletions:
+            segment_path(self._segments_dir, segment.number).unlink(missing_ok=True)
+
+    # --- appends (hot path) ---------------------------------------------------------------------------------
+    def append_message(
+        self, msg_id: int, queues: tuple[str, ...], exchange: str, routing_key: str, header_payload: bytes,
+        body: bytes,
+    ) -> None:
+        """A persistent message routed to durable queues (msg ids must increase from call to call)."""
+        index = self._index
+        segment = index.head
+        if segment.size >= self._segment_bytes:
+            segment = self._roll()
+        index.add(msg_id, queues)
+        head = records.publish_head(msg_id, queues, exchange, routing_key, header_payload, body)
+        segment.size += len(head) + len(header_payload) + len(body)
+        buffer = self._buffer
+        buffer += head
+        buffer += header_payload
+        buffer += body
+        self._published.append((msg_id, queues))
+        if not self._kick_scheduled:
+            self._schedule_kick()
+
+    def append_removed(self, queue: str, msg_ids: Iterable[int]) -> None:
+        """Messages left ``queue`` (acked, dropped, purged, expired...)."""
+        self._roll_if_full()
+        removed = self._index.remove(queue, msg_ids)
+        if removed:
+            self._append_ids(records.REMOVED, queue, removed)
+
+    def append_delivered(self, queue: str, msg_ids: Iterable[int]) -> None:
+        """Messages were delivered from ``queue``; after a restart they come back redelivered. Never waits."""
+        self._roll_if_full()
+        marked = self._index.deliver(queue, msg_ids)
+        if marked:
+            self._append_ids(records.DELIVERED, queue, marked)
+
+    def _append_ids(self, kind: int, queue: str, msg_ids: list[int]) -> None:
+        record = records.id_list(kind, queue, msg_ids)
+        self._index.head.size += len(record)
+        self._buffer += record
+        if not self._kick_scheduled:
+            self._schedule_kick()
+
+    def append_definition(self, kind: str, name: str, data: dict | None) -> None:
+        """Durable definition change; ``data`` None means deleted. kind: exchange/queue/binding/vhost/user/policy."""
+        record = self._definitions.set(kind, name, data)
+        self._pending_definitions += record
+        if not self._kick_scheduled:
+            self._schedule_kick()
+
+    def delete_queue(self, queue: str) -> None:
+        """All messages of ``queue`` are gone, and so is its definition."""
+        below = self._index.drop_queue(queue)
+        self._pending_definitions += records.queue_deleted(queue, below)
+        self.append_definition("queue", queue, None)
+
+    def when_durable(self, callback: Callable[[bool], None]) -> None:
+        """Run callback(ok) on the loop once everything appended so far is on disk; ok=False if the write failed."""
+        self._callbacks.append(callback)
+        if not self._kick_scheduled:
+            self._schedule_kick()
+
+    # --- batches --------------------------------------------------------------------------------------------
+    def _roll_if_full(self) -> None:
+        """Roll before indexing a record, so the index links it to the segment that will hold it."""
+        if self._index.head.size >= self._segment_bytes:
+            self._roll()
+
+    def _roll(self) -> Segment:
+        segment = self._index.roll(self._index.head.number + 1)
+        self._new_chunk(segment.number)
+        return segment
+
+    def _new_chunk(self, number: int) -> None:
+        self._buffer = bytearray()
+        self._chunks.append((number, self._buffer))
+
+    def _schedule_kick(self) -> None:
+        self._kick_scheduled = True
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+            self._writer.loop = self._loop
+        self._loop.call_soon(self._kick)
+
+    def _kick(self) -> None:
+        self._kick_scheduled = False
+        if not self._busy and not self._closed:
+            self._hand_over()
+
+    def _take_batch(self) -> Batch:
+        index = self._index
+        deletions, compactions = index.housekeeping(self._compact_ratio, self._min_compact_bytes)
+        batch = Batch(
+            chunks=self._chunks, definitions=bytes(self._pending_definitions), callbacks=self._callbacks,
+            published=self._published, deletions=self._deletions + [segment.number for segment in deletions],
+            compactions=[Compaction(self._segments_dir, segment, index) for segment in compactions],
+        )
+        self._definitions_log_bytes += len(batch.definitions)
+        if self._snapshot_due or self._definitions_log_bytes > 2 * self._definitions.live_bytes + DEFINITIONS_SLACK:
+            needed_below = index.still_needed_below()
+            for queue in [q for q, below in index.deleted_below.items() if below <= needed_below]:
+                del index.deleted_below[queue]
+            batch.definitions_snapshot = self._definitions.snapshot(index.deleted_below, needed_below)
+            self._definitions_log_bytes = len(batch.definitions_snapshot)
+            self._snapshot_due = False
+        self._chunks = []
+        self._new_chunk(index.head.number)
+        self._pending_definitions = bytearray()
+        self._callbacks = []
+        self._published = []
+        self._deletions = []
+        return batch
+
+    def _hand_over(self) -> None:
+        batch = self._take_batch()
+        if not (any(data for _, data in batch.chunks) or batch.definitions or batch.definitions_snapshot is not None
+                or batch.callbacks or batch.deletions or batch.compactions):
+            return
+        self._busy = True
+        self._writer.submit(batch)
+
+    def _on_written(self, batch: Batch, ok: bool) -> None:
+        self._busy = False
+        if not ok:
+            for msg_id, queues in batch.published:
+                self._index.undo(msg_id, queues)
+            self._snapshot_due = True  # definition changes of the lost batch are rewritten whole
+            self._deletions.extend(batch.deletions)
+            for compaction in batch.compactions:
+                compaction.segment.compacting = False
+                self._index.dirty.add(compaction.segment.number)
+        for callback in batch.callbacks:
+            try:
+                callback(ok)
+            except Exception:
+                self.callback_errors += 1
+                log.exception("store durability callback failed")
+        if not self._closed:
+            self._hand_over()
+
+    def _on_compacted(self, compaction: Compaction) -> None:
+        segment = compaction.segment
+        if compaction.size is None:
+            segment.compacting = False
+        else:
+            self._index.compacted(segment, compaction.size, compaction.upto, compaction.refers)
+        if not self._kick_scheduled and not self._closed:
+            self._schedule_kick()
+
+    # --- shutdown and figures -------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Flush everything, fsync, stop the writer (blocks until done). Pending callbacks run on the loop later."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._index is None:
+            return
+        batch = self._take_batch()
+        batch.final = True
+        self._writer.submit(batch)
+        self._writer.join()
+
+    def stats(self) -> dict:
+        index = self._index
+        segments = list(index.segments.values()) if index else []
+        return {
+            "bytes_on_disk": sum(segment.size for segment in segments) + self._definitions_log_bytes,
+            "segments": len(segments),
+            "live_messages": index.live_refs if index else 0,  # (queue, message) pairs
+            "index_bytes": sum(len(segment.states) for segment in segments),
+            "batches": self._writer.batches,
+            "fsyncs": self._writer.fsyncs,
+            "bytes_written": self._writer.bytes_written,
+            "failed": self._writer.failed,
+        }

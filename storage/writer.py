@@ -1,0 +1,231 @@
+"""The one thread that touches the store's files: write a batch, one fdatasync per file, report back.
+
+The event loop hands over a batch only when the previous one is done, so everything appended meanwhile forms the
+next batch (group commit). Each batch comes back with one ``loop.call_soon_threadsafe``. Between batches the thread
+advances compactions a slice at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from storage.compaction import Compaction
+from storage.segments import CLEAN_MARKER, DEFINITIONS_LOG, fsync_directory, segment_path
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Batch:
+    chunks: list[tuple[int, bytearray]]  # (segment number, bytes to append), in order
+    definitions: bytes = b""  # bytes to append to the definitions log
+    definitions_snapshot: bytes | None = None  # replaces the definitions log (then ``definitions`` is ignored)
+    callbacks: list[Callable[[bool], None]] = field(default_factory=list)  # run with the outcome once written
+    published: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)  # (msg id, queues) to undo on failure
+    deletions: list[int] = field(default_factory=list)  # segments to unlink once this batch is durable
+    compactions: list[Compaction] = field(default_factory=list)  # rewrites to start once this batch is durable
+    final: bool = False  # the store is closing: leave the clean-shutdown marker, then stop
+
+
+class Writer:
+    def __init__(
+        self, segments_dir: Path, data_dir: Path, written: Callable[[Batch, bool], None],
+        compacted: Callable[[Compaction], None],
+    ) -> None:
+        self._segments_dir = segments_dir
+        self._data_dir = data_dir
+        self._written = written  # posted to the loop after each batch
+        self._compacted = compacted  # posted to the loop after each compaction (size None if it failed)
+        self.loop = None  # the event loop reports go to (set by the store before the first batch)
+        self._inbox: queue.SimpleQueue[Batch] = queue.SimpleQueue()
+        self._files: dict[int, int] = {}  # segment number -> open fd (the head, and the previous head briefly)
+        self._sizes: dict[int, int] = {}  # segment number -> durable size of the open file
+        self._definitions_fd = -1
+        self._definitions_size = 0
+        self._jobs: deque[tuple[Compaction, object]] = deque()  # compactions and their step iterators
+        self.failed = False  # a write failed and could not be undone: every later batch fails too
+        self.batches = 0  # batches written
+        self.fsyncs = 0  # fdatasync/fsync calls made for batches
+        self.bytes_written = 0
+        self._thread = threading.Thread(target=self._run, name="warren-store-writer", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, batch: Batch) -> None:
+        self._inbox.put(batch)
+
+    def join(self) -> None:
+        self._thread.join()
+
+    # --- the thread -----------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            if self._jobs:
+                try:
+                    batch = self._inbox.get_nowait()
+                except queue.Empty:
+                    self._step_compaction()
+                    continue
+            else:
+                batch = self._inbox.get()
+            ok = self._write(batch)
+            self._post(self._written, batch, ok)
+            if batch.final:
+                self._stop(clean=ok)
+                return
+
+    def _post(self, function: Callable, *args: object) -> None:
+        if self.loop is None:
+            return
+        try:
+            self.loop.call_soon_threadsafe(function, *args)
+        except RuntimeError:  # the loop is closed: nobody is left to tell
+            pass
+
+    def _write(self, batch: Batch) -> bool:
+        if self.failed:
+            return False
+        touched: dict[int, int] = {}  # fd -> size before this batch
+        created = False
+        try:
+            for number, data in batch.chunks:
+                if not data:
+                    continue
+                fd = self._files.get(number)
+                if fd is None:
+                    fd = os.open(segment_path(self._segments_dir, number), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+                    self._files[number] = fd
+                    self._sizes[number] = os.fstat(fd).st_size
+                    created = True
+                touched.setdefault(fd, self._sizes[number])
+                self._write_all(fd, data)
+                self._sizes[number] += len(data)
+            if batch.definitions_snapshot is not None:
+                self._replace_definitions(batch.definitions_snapshot)
+            elif batch.definitions:
+                fd = self._open_definitions()
+                touched.setdefault(fd, self._definitions_size)
+                self._write_all(fd, batch.definitions)
+                self._definitions_size += len(batch.definitions)
+            for fd in touched:
+                os.fdatasync(fd)
+                self.fsyncs += 1
+            if created:
+                fsync_directory(self._segments_dir)
+                self.fsyncs += 1
+        except OSError as error:
+            log.error("store write failed, %d callbacks get a failure: %s", len(batch.callbacks), error)
+            self._roll_back(touched)
+            return False
+        self.batches += 1
+        self._close_old_segments()
+        self._apply_deletions(batch.deletions)
+        for job in batch.compactions:
+            self._jobs.append((job, job.steps()))
+        return True
+
+    def _write_all(self, fd: int, data: bytes | bytearray) -> None:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        self.bytes_written += len(data)
+
+    def _roll_back(self, touched: dict[int, int]) -> None:
+        """Cut every file back to its size before the failed batch, so no torn record sits mid-log."""
+        try:
+            for fd, size in touched.items():
+                os.ftruncate(fd, size)
+                os.fdatasync(fd)
+        except OSError as error:
+            log.critical("store cannot undo a failed write, refusing further writes: %s", error)
+            self.failed = True
+            return
+        for number, fd in self._files.items():
+            if fd in touched:
+                self._sizes[number] = touched[fd]
+        if self._definitions_fd in touched:
+            self._definitions_size = touched[self._definitions_fd]
+
+    def _close_old_segments(self) -> None:
+        newest = max(self._files, default=None)
+        for number in [n for n in self._files if n != newest]:
+            os.close(self._files.pop(number))
+            del self._sizes[number]
+
+    def _open_definitions(self) -> int:
+        if self._definitions_fd < 0:
+            path = self._data_dir / DEFINITIONS_LOG
+            self._definitions_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            self._definitions_size = os.fstat(self._definitions_fd).st_size
+        return self._definitions_fd
+
+    def _replace_definitions(self, content: bytes) -> None:
+        path = self._data_dir / DEFINITIONS_LOG
+        temporary = path.with_suffix(".snapshot")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            self._write_all(fd, content)
+            os.fdatasync(fd)
+            self.fsyncs += 1
+        finally:
+            os.close(fd)
+        os.replace(temporary, path)
+        fsync_directory(self._data_dir)
+        self.fsyncs += 1
+        if self._definitions_fd >= 0:
+            os.close(self._definitions_fd)
+            self._definitions_fd = -1
+
+    def _apply_deletions(self, numbers: list[int]) -> None:
+        if not numbers:
+            return
+        try:
+            for number in numbers:
+                fd = self._files.pop(number, None)
+                if fd is not None:
+                    os.close(fd)
+                    del self._sizes[number]
+                segment_path(self._segments_dir, number).unlink(missing_ok=True)
+            fsync_directory(self._segments_dir)
+        except OSError as error:
+            log.error("store could not delete a spent segment: %s", error)
+
+    def _step_compaction(self) -> None:
+        job, steps = self._jobs[0]
+        try:
+            next(steps)
+            return
+        except StopIteration:
+            log.debug("compacted segment %d to %d bytes", job.segment.number, job.size)
+        except OSError as error:
+            log.error("compaction of segment %d failed: %s", job.segment.number, error)
+            job.abandon()
+            job.size = None
+        self._jobs.popleft()
+        self._post(self._compacted, job)
+
+    def _stop(self, clean: bool) -> None:
+        for job, steps in self._jobs:
+            steps.close()
+            job.abandon()
+        self._jobs.clear()
+        for fd in self._files.values():
+            os.close(fd)
+        self._files.clear()
+        if self._definitions_fd >= 0:
+            os.close(self._definitions_fd)
+        if clean:
+            try:
+                (self._data_dir / CLEAN_MARKER).touch()
+                fsync_directory(self._data_dir)
+            except OSError as error:
+                log.error("store could not mark its clean shutdown: %s", error)
