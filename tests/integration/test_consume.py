@@ -10,6 +10,7 @@ import amqp.exceptions
 import pika
 import pika.exceptions
 import pytest
+from pamqp import commands
 
 from tests.integration.helpers import (
     QUIET_PERIOD,
@@ -27,6 +28,7 @@ from tests.integration.helpers import (
     sync,
     wait_until,
 )
+from tests.integration.rawclient import RawClient
 
 SERVER_TAG = re.compile(r"amq\.ctag-[A-Za-z0-9_-]{22}")
 
@@ -253,3 +255,21 @@ def test_consume_on_missing_queue_closes_the_channel_404(broker, unique):
             ch.basic_consume(f"{unique}-missing", Inbox())
         assert (closed.value.reply_code, closed.value.reply_text) == (
             404, f"NOT_FOUND - no queue '{unique}-missing' in vhost '/'")
+
+
+@pytest.mark.parametrize("notify", [True, False], ids=["consumer_cancel_notify", "no-capability"])
+def test_basic_cancel_is_sent_only_to_clients_that_announce_consumer_cancel_notify(broker, unique, notify):
+    capabilities = {"consumer_cancel_notify": True} if notify else {}
+    with RawClient.connect(broker) as client, channel(broker) as other:
+        client.handshake(client_properties={"capabilities": capabilities})
+        client.open_channel(1)
+        queue = declare_queue(other, unique)
+        client.send(1, commands.Basic.Consume(queue=queue, consumer_tag="doomed"))
+        client.expect(commands.Basic.ConsumeOk, channel=1)
+        other.queue_delete(queue)
+        if notify:
+            cancel = client.expect(commands.Basic.Cancel, channel=1)
+            assert (cancel.consumer_tag, cancel.nowait) == ("doomed", True)
+        else:
+            client.assert_silent(QUIET_PERIOD)
+        client.open_channel(2)  # the connection is still healthy
