@@ -1,0 +1,153 @@
+"""Split an AMQP byte stream into frames (the protocol header is stripped by the connection beforehand).
+
+Checks follow rabbit_reader: the frame size as soon as a frame header arrives, then the end byte, then the
+frame type (rabbit_command_assembler:analyze_frame). Each failure raises FrameError with RabbitMQ's reply text.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from protocol.constants import (
+    DEFAULT_FRAME_MAX,
+    FRAME_BODY,
+    FRAME_END,
+    FRAME_ERROR,
+    FRAME_HEADER,
+    FRAME_HEADER_SIZE,
+    FRAME_HEARTBEAT,
+    FRAME_METHOD,
+    FRAME_OVERHEAD,
+    REPLY_NAMES,
+    UNEXPECTED_FRAME,
+)
+from protocol.erlang_terms import Atom, column_after, pretty, to_text
+
+Frame = tuple[int, int, bytes]  # (frame_type, channel, payload)
+
+_FRAME_HEADER = struct.Struct(">BHI")
+_NO_LIMIT = 1 << 32  # above any 32-bit payload size
+# Shortest payload analyze_frame accepts per frame type; other types are unknown frames.
+_MIN_PAYLOAD = {FRAME_METHOD: 4, FRAME_HEADER: 12, FRAME_BODY: 0, FRAME_HEARTBEAT: 0}
+
+
+class FrameError(Exception):
+    """A malformed frame; the connection must be closed with connection.close(reply_code, text)."""
+
+    def __init__(self, reply_code: int, text: str, class_id: int = 0, method_id: int = 0, send_close: bool = True):
+        super().__init__(text)
+        self.reply_code = reply_code  # 501 FRAME_ERROR unless stated otherwise
+        self.text = text  # full reply text, e.g. "FRAME_ERROR - type 1, all octets = <<>>: {frame_too_large,...}"
+        self.class_id = class_id  # class of the method that could not be decoded, 0 for framing errors
+        self.method_id = method_id  # method of that class, 0 for framing errors
+        self.send_close = send_close  # False where RabbitMQ drops the socket without a connection.close
+        self.frames: list[Frame] = []  # complete frames that preceded the bad one in the same feed(), in order
+
+
+def reply_text(reply_code: int, explanation: str) -> str:
+    """"NAME - explanation", cut to 255 bytes as RabbitMQ does (252 bytes and "...")."""
+    text = f"{REPLY_NAMES[reply_code]} - {explanation}"
+    encoded = text.encode()
+    if len(encoded) <= 255:
+        return text
+    return encoded[:252].decode(errors="ignore") + "..."
+
+
+def describe_frame(frame_type: int, payload: bytes) -> str:
+    """RabbitMQ's "type ~tp, ~ts octets = ~tp" (rabbit_reader:payload_snippet), as Erlang chars."""
+    which = "all" if len(payload) <= 16 else "first 16"
+    prefix = f"type {frame_type}, {which} octets = "
+    return prefix + pretty(payload[:16], column_after(prefix))
+
+
+def frame_error(reason: object, frame_type: int, payload: bytes) -> FrameError:
+    """rabbit_reader:frame_error: 501 with the frame described and the reason as an Erlang term."""
+    described = describe_frame(frame_type, payload) + ": "
+    explanation = described + pretty(reason, column_after(described))
+    return FrameError(FRAME_ERROR, reply_text(FRAME_ERROR, to_text(explanation)))
+
+
+def unexpected_frame_error(frame_type: int, payload: bytes) -> FrameError:
+    """rabbit_reader:unexpected_frame: 505, e.g. a heartbeat on a channel other than 0."""
+    explanation = describe_frame(frame_type, payload)
+    return FrameError(UNEXPECTED_FRAME, reply_text(UNEXPECTED_FRAME, to_text(explanation)))
+
+
+class FrameReader:
+    """Splits a byte stream into frames, reading each chunk from an offset without copying it first.
+
+    Only a frame cut off at the end of a chunk is kept, in a bytearray that is topped up by later chunks and
+    emptied as soon as that frame is complete; nothing is ever scanned twice or read a byte at a time.
+    """
+
+    __slots__ = ("frame_max", "_partial")
+
+    def __init__(self, frame_max: int = DEFAULT_FRAME_MAX):
+        self.frame_max = frame_max  # largest frame (header + payload + end byte) accepted; 0 = no limit
+        self._partial = bytearray()  # the start of a frame whose remaining bytes have not arrived yet
+
+    def feed(self, data: bytes) -> list[Frame]:
+        """Append data; return every now-complete frame as (frame_type, channel, payload). Raises FrameError."""
+        if type(data) is not bytes:
+            data = bytes(data)
+        frames: list[Frame] = []
+        try:
+            start = 0
+            if self._partial:
+                start = self._complete_partial(data)
+                if start < 0:
+                    return frames
+                self._read_frames(bytes(self._partial), 0, frames)
+                self._partial.clear()
+            offset = self._read_frames(data, start, frames)
+        except FrameError as error:
+            error.frames = frames
+            raise
+        if offset < len(data):
+            self._partial += memoryview(data)[offset:]
+        return frames
+
+    def _complete_partial(self, data: bytes) -> int:
+        """Top up the partial frame from data; how many bytes of data it took, or -1 if still incomplete."""
+        partial = self._partial
+        taken = max(0, FRAME_HEADER_SIZE - len(partial))
+        if taken:
+            partial += memoryview(data)[:taken]
+            if len(partial) < FRAME_HEADER_SIZE:
+                return -1
+        frame_type, _, size = _FRAME_HEADER.unpack_from(partial)
+        self._check_size(frame_type, size)
+        missing = FRAME_OVERHEAD + size - len(partial)
+        partial += memoryview(data)[taken : taken + missing]
+        if len(data) - taken < missing:
+            return -1
+        return taken + missing
+
+    def _check_size(self, frame_type: int, size: int) -> None:
+        # RabbitMQ lets the payload exceed frame_max - 8 by up to 8 bytes, since clients often get it
+        # wrong (rabbit_reader's FRAME_SIZE_FUDGE), but reports frame_max - 8 as the limit.
+        if self.frame_max and size > self.frame_max:
+            reason = (Atom("frame_too_large"), size, self.frame_max - FRAME_OVERHEAD)
+            raise frame_error(reason, frame_type, b"")
+
+    def _read_frames(self, source: bytes, offset: int, frames: list[Frame]) -> int:
+        """Append the complete frames of source from offset on; return the offset of the first incomplete one."""
+        end = len(source)
+        limit = self.frame_max or _NO_LIMIT
+        unpack_header = _FRAME_HEADER.unpack_from
+        append = frames.append
+        while end - offset >= FRAME_HEADER_SIZE:
+            frame_type, channel, size = unpack_header(source, offset)
+            if size > limit:
+                self._check_size(frame_type, size)
+            stop = offset + FRAME_HEADER_SIZE + size
+            if stop >= end:
+                break
+            payload = source[offset + FRAME_HEADER_SIZE : stop]
+            if source[stop] != FRAME_END:
+                raise frame_error((Atom("invalid_frame_end_marker"), source[stop]), frame_type, payload)
+            if size < _MIN_PAYLOAD.get(frame_type, _NO_LIMIT) or (size and frame_type == FRAME_HEARTBEAT):
+                raise frame_error(Atom("unknown_frame"), frame_type, payload)
+            append((frame_type, channel, payload))
+            offset = stop + 1
+        return offset

@@ -1,0 +1,107 @@
+"""Read the few message properties the broker routes on straight from a raw content-header payload.
+
+The payload is kept as received and forwarded to consumers unchanged; this walk validates it the way
+RabbitMQ's generated decoder does (one flag word, every field complete, no trailing bytes) and picks out
+delivery_mode, priority and expiration without building pamqp objects.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple
+
+from protocol.constants import INTERNAL_ERROR, REPLY_NAMES
+from protocol.framing import FrameError
+
+# Property flag bits of the basic class, in wire order (AMQP 0-9-1).
+CONTENT_TYPE = 1 << 15
+CONTENT_ENCODING = 1 << 14
+HEADERS = 1 << 13
+DELIVERY_MODE = 1 << 12
+PRIORITY = 1 << 11
+CORRELATION_ID = 1 << 10
+REPLY_TO = 1 << 9
+EXPIRATION = 1 << 8
+MESSAGE_ID = 1 << 7
+TIMESTAMP = 1 << 6
+TYPE = 1 << 5
+USER_ID = 1 << 4
+APP_ID = 1 << 3
+CLUSTER_ID = 1 << 2
+# The two low bits (continuation, reserved) are ignored, as RabbitMQ's decoder does for the basic class.
+PROPERTY_FLAGS_MASK = 0xFFFC
+
+PROPERTIES_OFFSET = 12  # class_id (2) + weight (2) + body_size (8) precede the property flags
+_FLAGS = struct.Struct(">H")
+_TABLE_SIZE = struct.Struct(">I")
+_TIMESTAMP_SIZE = 8
+
+
+class PropertyScan(NamedTuple):
+    delivery_mode: int | None
+    priority: int | None
+    expiration: str | None
+    has_headers: bool
+
+
+def malformed_properties_error() -> FrameError:
+    """What RabbitMQ answers to a content header whose properties do not parse: its channel crashes."""
+    return FrameError(INTERNAL_ERROR, REPLY_NAMES[INTERNAL_ERROR])
+
+
+def property_flags(header_payload: bytes) -> int:
+    """The property flag word of a content-header payload, reserved bits cleared."""
+    try:
+        return _FLAGS.unpack_from(header_payload, PROPERTIES_OFFSET)[0] & PROPERTY_FLAGS_MASK
+    except struct.error:
+        raise malformed_properties_error() from None
+
+
+def scan_properties(header_payload: bytes) -> PropertyScan:
+    """Walk the property flags and skip over fields without building pamqp objects.
+
+    Raises FrameError (541 INTERNAL_ERROR, as RabbitMQ) when the properties are truncated or followed by
+    extra bytes, or when expiration is not UTF-8 (pamqp rejects such a short string too)."""
+    flags = property_flags(header_payload)
+    delivery_mode = priority = expiration = None
+    offset = PROPERTIES_OFFSET + 2
+    try:
+        if flags & CONTENT_TYPE:
+            offset += 1 + header_payload[offset]
+        if flags & CONTENT_ENCODING:
+            offset += 1 + header_payload[offset]
+        if flags & HEADERS:
+            offset += 4 + _TABLE_SIZE.unpack_from(header_payload, offset)[0]
+        if flags & DELIVERY_MODE:
+            delivery_mode = header_payload[offset]
+            offset += 1
+        if flags & PRIORITY:
+            priority = header_payload[offset]
+            offset += 1
+        if flags & CORRELATION_ID:
+            offset += 1 + header_payload[offset]
+        if flags & REPLY_TO:
+            offset += 1 + header_payload[offset]
+        if flags & EXPIRATION:
+            end = offset + 1 + header_payload[offset]
+            expiration = header_payload[offset + 1 : end].decode()
+            offset = end
+        if flags & (MESSAGE_ID | TIMESTAMP | TYPE | USER_ID | APP_ID | CLUSTER_ID):
+            offset = _skip_trailing_properties(header_payload, offset, flags)
+    except (IndexError, struct.error, UnicodeDecodeError):
+        raise malformed_properties_error() from None
+    if offset != len(header_payload):
+        raise malformed_properties_error()
+    return PropertyScan(delivery_mode, priority, expiration, bool(flags & HEADERS))
+
+
+def _skip_trailing_properties(header_payload: bytes, offset: int, flags: int) -> int:
+    """Skip message_id .. cluster_id; return the offset after them."""
+    if flags & MESSAGE_ID:
+        offset += 1 + header_payload[offset]
+    if flags & TIMESTAMP:
+        offset += _TIMESTAMP_SIZE
+    for flag in (TYPE, USER_ID, APP_ID, CLUSTER_ID):
+        if flags & flag:
+            offset += 1 + header_payload[offset]
+    return offset
