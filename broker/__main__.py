@@ -1,0 +1,59 @@
+"""Daemon entry point: `warren-server` / `python -m broker`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+import uvloop
+
+from broker.config import LOG_LEVELS, ConfigError, load_config
+from broker.server import Server
+
+log = logging.getLogger("broker")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="warren-server", description="Warren, an AMQP 0-9-1 message broker")
+    parser.add_argument("--config", help="TOML config file (see docker/warren.toml)")
+    parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="AMQP port (default 5672; 0 picks a free one)")
+    parser.add_argument("--data-dir", dest="data_dir", help="directory for durable state (default ./data)")
+    parser.add_argument("--log-level", dest="log_level", choices=LOG_LEVELS, help="default info")
+    return parser.parse_args(argv)
+
+
+async def serve(config) -> None:
+    server = Server(config)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down")
+    await server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    overrides = {key: getattr(args, key) for key in ("host", "port", "data_dir", "log_level")}
+    try:
+        config = load_config(args.config, overrides)
+    except ConfigError as error:
+        print(f"warren-server: {error}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        uvloop.run(serve(config))
+    except OSError as error:
+        log.error("cannot listen on %s:%d: %s", config.host, config.port, error.strerror or error)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

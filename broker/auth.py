@@ -1,0 +1,43 @@
+"""Authentication: the SASL mechanisms PLAIN and AMQPLAIN against the configured users."""
+
+from __future__ import annotations
+
+import hmac
+
+from pamqp import decode
+
+from broker.config import Config
+
+
+def parse_response(mechanism: str, response: bytes | str) -> tuple[str, str] | None:
+    """(username, password) from a start-ok response, or None if it cannot be read."""
+    raw = response.encode("utf-8", "surrogateescape") if isinstance(response, str) else bytes(response)
+    if mechanism == "PLAIN":
+        parts = raw.split(b"\x00")
+        if len(parts) != 3:
+            return None
+        return parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")
+    if mechanism == "AMQPLAIN":
+        try:
+            # The response is a field table without its 4-byte length prefix.
+            _, table = decode.field_table(len(raw).to_bytes(4, "big") + raw)
+        except Exception:
+            return None
+        login, password = table.get("LOGIN"), table.get("PASSWORD")
+        if not isinstance(login, (str, bytes)) or not isinstance(password, (str, bytes)):
+            return None
+        as_text = lambda value: value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+        return as_text(login), as_text(password)
+    return None
+
+
+def authenticate(config: Config, mechanism: str, response: bytes | str) -> str | None:
+    """The authenticated user name, or None when the login is refused."""
+    credentials = parse_response(mechanism, response)
+    if credentials is None:
+        return None
+    user, password = credentials
+    expected = config.users.get(user)
+    if expected is None or not hmac.compare_digest(expected.encode(), password.encode()):
+        return None
+    return user

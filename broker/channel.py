@@ -1,0 +1,526 @@
+"""One AMQP channel: the state machine for publish, consume, acks, prefetch, confirms and transactions."""
+
+from __future__ import annotations
+
+import struct
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Callable, NamedTuple
+
+from pamqp import commands as spec
+
+from broker import errors
+from broker.confirms import ConfirmTracker
+from broker.consumer import Consumer
+from broker.message import Message, QueueEntry
+from broker.queue import Queue
+from broker.vhost import generated_name
+from protocol.codec import decode_method, encode_content, encode_method
+from protocol.constants import (
+    BASIC_ACK, BASIC_PUBLISH, FRAME_BODY, FRAME_HEADER, FRAME_METHOD, NO_ROUTE, REPLY_SUCCESS,
+)
+from protocol.fastpath import decode_ack, decode_content_header, decode_publish, encode_ack, encode_deliver, encode_nack
+
+if TYPE_CHECKING:
+    from broker.connection import Connection
+
+MAX_MESSAGE_SIZE = 134217728  # RabbitMQ's default max_message_size (128 MiB)
+_METHOD_ID = struct.Struct(">I")
+
+
+class Unacked(NamedTuple):
+    """A delivery awaiting ack: where it came from and who got it."""
+    entry: QueueEntry
+    queue: Queue
+    consumer: Consumer | None  # None for basic.get
+
+
+class PendingPublish:
+    """A basic.publish whose content header and body frames are still arriving."""
+    __slots__ = ("exchange", "routing_key", "mandatory", "header", "body_size", "parts", "received")
+
+    def __init__(self, exchange: str, routing_key: str, mandatory: bool):
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.mandatory = mandatory
+        self.header = b""  # raw content-header payload, once it arrives
+        self.body_size = -1  # announced by the content header; -1 until it arrives
+        self.parts: list[bytes] = []  # body frames received so far
+        self.received = 0  # bytes of body received so far
+
+
+class Channel:
+    def __init__(self, connection: "Connection", number: int):
+        self.connection = connection
+        self.number = number
+        self.vhost = connection.vhost
+        self.open = True  # False once closing: every frame but close/close-ok is then ignored
+        self.pending: PendingPublish | None = None  # publish being assembled from its content frames
+        self.next_tag = 1  # delivery tag of the next delivery on this channel
+        self.unacked: OrderedDict[int, Unacked] = OrderedDict()  # delivery tag -> unacked delivery, tag order
+        self.consumers: dict[str, Consumer] = {}  # consumer tag -> consumer
+        self.consumer_prefetch = connection.server.config.default_consumer_prefetch  # for consumers started next
+        self.global_prefetch = 0  # channel-wide limit of unacked consumer deliveries (basic.qos global), 0 = none
+        self.consumer_unacked = 0  # unacked deliveries made to consumers (what the global limit counts)
+        self.flow_active = True  # channel.flow from the client
+        self.confirms: ConfirmTracker | None = None  # set by confirm.select
+        self.tx: list[Callable[[], None]] | None = None  # set by tx.select: publishes and acks held until commit
+        self.last_queue = ""  # name of the last queue declared, for methods that name the queue ""
+
+    # --- frames in -----------------------------------------------------------------------------------------
+    def handle_frame(self, frame_type: int, payload: bytes) -> None:
+        pending = self.pending
+        if frame_type == FRAME_METHOD:
+            if pending is not None:
+                raise errors.unexpected_frame(
+                    f"expected content {'header' if pending.body_size < 0 else 'body'}, got non content "
+                    f"{'header' if pending.body_size < 0 else 'body'} frame instead")
+            method_id = _METHOD_ID.unpack_from(payload)[0]
+            if method_id == BASIC_PUBLISH:
+                exchange, routing_key, mandatory, immediate = decode_publish(payload)
+                if immediate:
+                    raise errors.not_implemented("immediate=true")
+                self.pending = PendingPublish(exchange, routing_key, mandatory)
+            elif method_id == BASIC_ACK:
+                self.ack(*decode_ack(payload))
+            else:
+                self.handle_method(decode_method(payload))
+        elif frame_type == FRAME_HEADER:
+            if pending is None or pending.body_size >= 0:
+                raise errors.unexpected_frame(f"expected content body, got non content body frame instead"
+                                              if pending else "expected method frame, got non method frame "
+                                                              "instead")
+            class_id, body_size = decode_content_header(payload)
+            if class_id != 60:
+                raise errors.unexpected_frame(
+                    f"expected content header for class 60, got one for class {class_id} instead")
+            if body_size > MAX_MESSAGE_SIZE:
+                self.pending = None
+                raise errors.precondition_failed(
+                    f"message size {body_size} is larger than configured max size {MAX_MESSAGE_SIZE}")
+            pending.header = payload
+            pending.body_size = body_size
+            if body_size == 0:
+                self.pending = None
+                self.publish(pending.exchange, pending.routing_key, pending.mandatory, payload, b"")
+        elif frame_type == FRAME_BODY:
+            if pending is None or pending.body_size < 0:
+                raise errors.unexpected_frame("expected content header for class 60, got non content header "
+                                              "frame instead" if pending else
+                                              "expected method frame, got non method frame instead")
+            pending.received += len(payload)
+            if pending.received > pending.body_size:
+                raise errors.frame_error(f"type 3, all octets = <<>>: {{content_too_large,{pending.received},"
+                                         f"{pending.body_size}}}")
+            if pending.received == pending.body_size and not pending.parts:
+                body = payload
+            else:
+                pending.parts.append(payload)
+                if pending.received < pending.body_size:
+                    return
+                body = b"".join(pending.parts)
+            self.pending = None
+            self.publish(pending.exchange, pending.routing_key, pending.mandatory, pending.header, body)
+
+    def handle_method(self, method) -> None:
+        handler = _HANDLERS.get(type(method))
+        if handler is None:
+            raise errors.command_invalid(f"unexpected method {method.name} on channel {self.number}")
+        handler(self, method)
+
+    def send_method(self, method) -> None:
+        self.connection.write(encode_method(self.number, method))
+
+    # --- publishing ----------------------------------------------------------------------------------------
+    def publish(self, exchange_name: str, routing_key: str, mandatory: bool, header: bytes, body: bytes) -> None:
+        vhost = self.vhost
+        exchange = vhost.exchanges.get(exchange_name)
+        if exchange is None:
+            raise errors.not_found(f"no exchange '{exchange_name}' in vhost '{vhost.name}'")
+        if exchange.internal:
+            raise errors.access_refused(f"cannot publish to internal exchange '{exchange_name}' in vhost "
+                                        f"'{vhost.name}'")
+        message = Message(exchange_name, routing_key, header, body)
+        routing_keys = [routing_key]
+        if message.scan.has_headers:
+            message, routing_keys = _sender_selected(message, routing_key)
+        if self.tx is not None:
+            self.tx.append(lambda: self._route(exchange, routing_keys, mandatory, message, None))
+            return
+        seq = self.confirms.next_seq() if self.confirms is not None else None
+        self._route(exchange, routing_keys, mandatory, message, seq)
+
+    def _route(self, exchange, routing_keys, mandatory, message: Message, seq: int | None) -> None:
+        queues = self.vhost.route(exchange, routing_keys, message)
+        if not queues:
+            if mandatory:
+                self.send_method(spec.Basic.Return(NO_ROUTE, "NO_ROUTE", message.exchange, message.routing_key))
+                self.connection.write(encode_content(self.number, message.header_payload, message.body,
+                                                     self.connection.frame_max))
+        else:
+            for queue in queues:
+                queue.enqueue(message)
+        if seq is not None:
+            self.confirms.settle(seq)
+            self.connection.confirms_to_send(self)
+
+    def send_confirms(self) -> None:
+        """Write the publisher confirms settled since the last call (coalesced into multiple acks)."""
+        write = self.connection.write
+        for tag, multiple, is_ack in self.confirms.drain():
+            write(encode_ack(self.number, tag, multiple) if is_ack else encode_nack(self.number, tag, multiple))
+
+    # --- delivering ----------------------------------------------------------------------------------------
+    def can_deliver(self) -> bool:
+        return self.open and self.flow_active and not self.connection.write_paused
+
+    def deliver(self, consumer: Consumer, queue: Queue, entry: QueueEntry) -> None:
+        tag = self.next_tag
+        self.next_tag = tag + 1
+        if consumer.no_ack:
+            queue.forget((entry,))
+        else:
+            self.unacked[tag] = Unacked(entry, queue, consumer)
+            consumer.unacked += 1
+            self.consumer_unacked += 1
+        message = entry.message
+        connection = self.connection
+        connection.write(encode_deliver(self.number, consumer.tag_bytes, tag, entry.redelivered,
+                                        message.exchange_bytes, message.routing_key_bytes))
+        connection.write(encode_content(self.number, message.header_payload, message.body, connection.frame_max))
+
+    # --- acknowledgements ----------------------------------------------------------------------------------
+    def _take_unacked(self, tag: int, multiple: bool) -> list[Unacked]:
+        """Remove and return the deliveries an ack/nack/reject names (RabbitMQ's collect_acks)."""
+        unacked = self.unacked
+        if multiple and tag == 0:
+            taken = list(unacked.values())
+            unacked.clear()
+        elif tag not in unacked:
+            raise errors.precondition_failed(f"unknown delivery tag {tag}")
+        elif not multiple:
+            taken = [unacked.pop(tag)]
+        else:
+            taken = []
+            while unacked:
+                first = next(iter(unacked))
+                if first > tag:
+                    break
+                taken.append(unacked.popitem(last=False)[1])
+        for delivery in taken:
+            consumer = delivery.consumer
+            if consumer is not None:
+                consumer.unacked -= 1
+                self.consumer_unacked -= 1
+        return taken
+
+    def ack(self, tag: int, multiple: bool) -> None:
+        taken = self._take_unacked(tag, multiple)
+        if self.tx is not None:
+            self.tx.append(lambda: self._settle(taken, requeue=None))
+        else:
+            self._settle(taken, requeue=None)
+
+    def reject(self, tag: int, multiple: bool, requeue: bool) -> None:
+        taken = self._take_unacked(tag, multiple)
+        if self.tx is not None:
+            self.tx.append(lambda: self._settle(taken, requeue))
+        else:
+            self._settle(taken, requeue)
+
+    def _settle(self, taken: list[Unacked], requeue: bool | None) -> None:
+        """Finish deliveries: acked (requeue None), requeued, or dropped; then let consumers take more."""
+        by_queue: dict[Queue, list[QueueEntry]] = {}
+        for delivery in taken:
+            by_queue.setdefault(delivery.queue, []).append(delivery.entry)
+        for queue, entries in by_queue.items():
+            if requeue:
+                queue.requeue(entries)
+            else:
+                queue.forget(entries)
+        self._credit_freed(by_queue)
+
+    def _credit_freed(self, queues) -> None:
+        dispatcher = self.vhost.dispatcher
+        if self.global_prefetch:
+            queues = {consumer.queue for consumer in self.consumers.values()}
+        for queue in queues:
+            if queue.consumers and queue.entries:
+                dispatcher.mark(queue)
+
+    def requeue_all(self) -> None:
+        """Every unacked delivery goes back to its queue, in original order, flagged redelivered."""
+        if self.unacked:
+            self._settle(self._take_unacked(0, True), requeue=True)
+
+    # --- consumers -----------------------------------------------------------------------------------------
+    def cancel_consumer(self, consumer: Consumer) -> None:
+        del self.consumers[consumer.tag]
+        consumer.queue.remove_consumer(consumer)
+
+    def consumer_cancelled_by_server(self, consumer: Consumer) -> None:
+        """The consumer's queue went away: tell a client that understands basic.cancel from the server."""
+        self.consumers.pop(consumer.tag, None)
+        if self.open and self.connection.client_capabilities.get("consumer_cancel_notify"):
+            self.send_method(spec.Basic.Cancel(consumer_tag=consumer.tag))
+
+    # --- closing -------------------------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """The channel is gone (closed, or its connection): cancel consumers, requeue unacked deliveries."""
+        self.open = False
+        self.pending = None
+        for consumer in list(self.consumers.values()):
+            self.cancel_consumer(consumer)
+        self.requeue_all()
+        self.tx = None
+
+
+def _sender_selected(message: Message, routing_key: str) -> tuple[Message, list[str]]:
+    """CC and BCC headers add routing keys; BCC is removed from what consumers see."""
+    headers = message.properties.headers or {}
+    keys = [routing_key]
+    for name in ("CC", "BCC"):
+        value = headers.get(name)
+        if isinstance(value, list):
+            keys.extend(str(key.decode() if isinstance(key, bytes) else key) for key in value)
+    if "BCC" in headers:
+        properties = message.properties
+        properties.headers = {key: value for key, value in headers.items() if key != "BCC"}
+        message = message.with_properties(properties)
+    return message, keys
+
+
+# --- method handlers (one per AMQP method the client may send on a channel) ---------------------------------
+
+def _channel_close(channel: Channel, method: spec.Channel.Close) -> None:
+    channel.connection.close_channel(channel.number, send_close_ok=True)
+
+
+def _channel_flow(channel: Channel, method: spec.Channel.Flow) -> None:
+    if not method.active:
+        raise errors.not_implemented("active=false")
+    channel.send_method(spec.Channel.FlowOk(active=True))
+
+
+def _exchange_declare(channel: Channel, method: spec.Exchange.Declare) -> None:
+    channel.vhost.declare_exchange(method.exchange, method.exchange_type, method.passive, method.durable,
+                                   method.auto_delete, method.internal, method.arguments or {})
+    if not method.nowait:
+        channel.send_method(spec.Exchange.DeclareOk())
+
+
+def _exchange_delete(channel: Channel, method: spec.Exchange.Delete) -> None:
+    channel.vhost.delete_exchange(method.exchange, method.if_unused)
+    if not method.nowait:
+        channel.send_method(spec.Exchange.DeleteOk())
+
+
+def _exchange_bind(channel: Channel, method: spec.Exchange.Bind) -> None:
+    vhost = channel.vhost
+    destination = vhost.get_exchange(method.destination)
+    vhost.bind(vhost.get_exchange(method.source), destination, method.routing_key, method.arguments or {})
+    if not method.nowait:
+        channel.send_method(spec.Exchange.BindOk())
+
+
+def _exchange_unbind(channel: Channel, method: spec.Exchange.Unbind) -> None:
+    vhost = channel.vhost
+    destination = vhost.get_exchange(method.destination)
+    vhost.unbind(vhost.get_exchange(method.source), destination, method.routing_key, method.arguments or {})
+    if not method.nowait:
+        channel.send_method(spec.Exchange.UnbindOk())
+
+
+def _queue_name(channel: Channel, name: str) -> str:
+    """An empty queue name means the channel's last declared queue."""
+    if name:
+        return name
+    if not channel.last_queue:
+        raise errors.not_found("no previously declared queue")
+    return channel.last_queue
+
+
+def _queue_declare(channel: Channel, method: spec.Queue.Declare) -> None:
+    name = method.queue if not (method.passive and not method.queue) else _queue_name(channel, "")
+    queue = channel.vhost.declare_queue(name, channel.connection, method.passive, method.durable,
+                                        method.exclusive, method.auto_delete, method.arguments or {})
+    channel.last_queue = queue.name
+    if not method.nowait:
+        channel.send_method(spec.Queue.DeclareOk(queue.name, queue.message_count, len(queue.consumers)))
+
+
+def _queue_bind(channel: Channel, method: spec.Queue.Bind) -> None:
+    vhost = channel.vhost
+    queue = vhost.get_queue(_queue_name(channel, method.queue), channel.connection)
+    routing_key = method.routing_key if (method.routing_key or method.queue) else queue.name
+    vhost.bind(vhost.get_exchange(method.exchange), queue, routing_key, method.arguments or {})
+    if not method.nowait:
+        channel.send_method(spec.Queue.BindOk())
+
+
+def _queue_unbind(channel: Channel, method: spec.Queue.Unbind) -> None:
+    vhost = channel.vhost
+    queue = vhost.get_queue(_queue_name(channel, method.queue), channel.connection)
+    vhost.unbind(vhost.get_exchange(method.exchange), queue, method.routing_key, method.arguments or {})
+    channel.send_method(spec.Queue.UnbindOk())
+
+
+def _queue_purge(channel: Channel, method: spec.Queue.Purge) -> None:
+    queue = channel.vhost.get_queue(_queue_name(channel, method.queue), channel.connection)
+    count = queue.purge()
+    if not method.nowait:
+        channel.send_method(spec.Queue.PurgeOk(message_count=count))
+
+
+def _queue_delete(channel: Channel, method: spec.Queue.Delete) -> None:
+    vhost = channel.vhost
+    queue = vhost.queues.get(_queue_name(channel, method.queue))
+    count = 0
+    if queue is not None:
+        vhost.check_exclusive_access(queue, channel.connection)
+        if method.if_unused and queue.consumers:
+            raise errors.precondition_failed(f"queue '{queue.name}' in vhost '{vhost.name}' in use")
+        if method.if_empty and queue.entries:
+            raise errors.precondition_failed(f"queue '{queue.name}' in vhost '{vhost.name}' not empty")
+        count = vhost.delete_queue(queue)
+    if not method.nowait:
+        channel.send_method(spec.Queue.DeleteOk(message_count=count))
+
+
+def _basic_qos(channel: Channel, method: spec.Basic.Qos) -> None:
+    if method.prefetch_size:
+        raise errors.not_implemented(f"prefetch_size!=0 ({method.prefetch_size})")
+    if method.global_:
+        channel.global_prefetch = method.prefetch_count
+        channel._credit_freed({consumer.queue for consumer in channel.consumers.values()})
+    else:
+        channel.consumer_prefetch = method.prefetch_count
+    channel.send_method(spec.Basic.QosOk())
+
+
+def _basic_consume(channel: Channel, method: spec.Basic.Consume) -> None:
+    vhost = channel.vhost
+    queue = vhost.get_queue(_queue_name(channel, method.queue), channel.connection)
+    tag = method.consumer_tag or generated_name("amq.ctag-")
+    if tag in channel.consumers:
+        raise errors.not_allowed(f"attempt to reuse consumer tag '{tag}'")
+    if queue.has_exclusive_consumer() or (method.exclusive and queue.consumers):
+        raise errors.access_refused(f"queue '{queue.name}' in vhost '{vhost.name}' in exclusive use")
+    consumer = Consumer(tag, channel, queue, method.no_ack, method.exclusive, method.arguments or {},
+                        channel.consumer_prefetch)
+    channel.consumers[tag] = consumer
+    if not method.nowait:
+        channel.send_method(spec.Basic.ConsumeOk(consumer_tag=tag))
+    queue.add_consumer(consumer)
+
+
+def _basic_cancel(channel: Channel, method: spec.Basic.Cancel) -> None:
+    consumer = channel.consumers.get(method.consumer_tag)
+    if consumer is not None:
+        channel.cancel_consumer(consumer)
+    if not method.nowait:
+        channel.send_method(spec.Basic.CancelOk(consumer_tag=method.consumer_tag))
+
+
+def _basic_get(channel: Channel, method: spec.Basic.Get) -> None:
+    queue = channel.vhost.get_queue(_queue_name(channel, method.queue), channel.connection)
+    entry = queue.take()
+    if entry is None:
+        channel.send_method(spec.Basic.GetEmpty())
+        return
+    tag = channel.next_tag
+    channel.next_tag += 1
+    if method.no_ack:
+        queue.forget((entry,))
+    else:
+        channel.unacked[tag] = Unacked(entry, queue, None)
+    message = entry.message
+    channel.send_method(spec.Basic.GetOk(tag, entry.redelivered, message.exchange, message.routing_key,
+                                         queue.message_count))
+    channel.connection.write(encode_content(channel.number, message.header_payload, message.body,
+                                            channel.connection.frame_max))
+
+
+def _basic_ack(channel: Channel, method: spec.Basic.Ack) -> None:
+    channel.ack(method.delivery_tag, method.multiple)
+
+
+def _basic_reject(channel: Channel, method: spec.Basic.Reject) -> None:
+    channel.reject(method.delivery_tag, False, method.requeue)
+
+
+def _basic_nack(channel: Channel, method: spec.Basic.Nack) -> None:
+    channel.reject(method.delivery_tag, method.multiple, method.requeue)
+
+
+def _basic_recover(channel: Channel, method: spec.Basic.Recover) -> None:
+    if not method.requeue:
+        raise errors.not_implemented("requeue=false")
+    channel.requeue_all()
+    channel.send_method(spec.Basic.RecoverOk())
+
+
+def _basic_recover_async(channel: Channel, method: spec.Basic.RecoverAsync) -> None:
+    if not method.requeue:
+        raise errors.not_implemented("requeue=false")
+    channel.requeue_all()
+
+
+def _confirm_select(channel: Channel, method: spec.Confirm.Select) -> None:
+    if channel.tx is not None:
+        raise errors.precondition_failed("cannot switch from tx to confirm mode")
+    if channel.confirms is None:
+        channel.confirms = ConfirmTracker()
+    if not method.nowait:
+        channel.send_method(spec.Confirm.SelectOk())
+
+
+def _tx_select(channel: Channel, method: spec.Tx.Select) -> None:
+    if channel.confirms is not None:
+        raise errors.precondition_failed("cannot switch from confirm to tx mode")
+    if channel.tx is None:
+        channel.tx = []
+    channel.send_method(spec.Tx.SelectOk())
+
+
+def _tx_commit(channel: Channel, method: spec.Tx.Commit) -> None:
+    if channel.tx is None:
+        raise errors.precondition_failed("channel is not transactional")
+    actions, channel.tx = channel.tx, []
+    for action in actions:
+        action()
+    channel.send_method(spec.Tx.CommitOk())
+
+
+def _tx_rollback(channel: Channel, method: spec.Tx.Rollback) -> None:
+    if channel.tx is None:
+        raise errors.precondition_failed("channel is not transactional")
+    channel.tx = []
+    channel.send_method(spec.Tx.RollbackOk())
+
+
+_HANDLERS: dict[type, Callable[[Channel, object], None]] = {
+    spec.Channel.Close: _channel_close,
+    spec.Channel.Flow: _channel_flow,
+    spec.Exchange.Declare: _exchange_declare,
+    spec.Exchange.Delete: _exchange_delete,
+    spec.Exchange.Bind: _exchange_bind,
+    spec.Exchange.Unbind: _exchange_unbind,
+    spec.Queue.Declare: _queue_declare,
+    spec.Queue.Bind: _queue_bind,
+    spec.Queue.Unbind: _queue_unbind,
+    spec.Queue.Purge: _queue_purge,
+    spec.Queue.Delete: _queue_delete,
+    spec.Basic.Qos: _basic_qos,
+    spec.Basic.Consume: _basic_consume,
+    spec.Basic.Cancel: _basic_cancel,
+    spec.Basic.Get: _basic_get,
+    spec.Basic.Ack: _basic_ack,
+    spec.Basic.Reject: _basic_reject,
+    spec.Basic.Nack: _basic_nack,
+    spec.Basic.Recover: _basic_recover,
+    spec.Basic.RecoverAsync: _basic_recover_async,
+    spec.Confirm.Select: _confirm_select,
+    spec.Tx.Select: _tx_select,
+    spec.Tx.Commit: _tx_commit,
+    spec.Tx.Rollback: _tx_rollback,
+}

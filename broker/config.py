@@ -1,0 +1,95 @@
+"""Broker configuration: embedded defaults, an optional TOML file, then command-line overrides."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from protocol.constants import DEFAULT_CHANNEL_MAX, DEFAULT_FRAME_MAX, DEFAULT_HEARTBEAT, FRAME_MIN_SIZE
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class ConfigError(Exception):
+    """A configuration value or file that cannot be used; the message says which and why."""
+
+
+@dataclass
+class Config:
+    host: str = "127.0.0.1"
+    port: int = 5672
+    data_dir: str = "./data"
+    log_level: str = "info"
+    frame_max: int = DEFAULT_FRAME_MAX  # largest frame offered in connection.tune
+    channel_max: int = DEFAULT_CHANNEL_MAX  # most channels per connection offered in connection.tune
+    heartbeat: int = DEFAULT_HEARTBEAT  # heartbeat seconds offered in connection.tune (0 = off)
+    default_consumer_prefetch: int = 0  # prefetch of consumers on channels that never sent basic.qos (0 = none)
+    default_user: str = "guest"
+    default_pass: str = "guest"
+    default_vhost: str = "/"
+    cluster_name: str = "warren"  # reported in connection.start's server properties
+    users: dict[str, str] = field(default_factory=dict)  # user -> password, derived from default_user/pass
+
+    def __post_init__(self) -> None:
+        self.users = {self.default_user: self.default_pass}
+
+
+# Which TOML section each key lives in.
+SECTIONS = {
+    "server": ("host", "port", "data_dir", "log_level", "cluster_name"),
+    "amqp": ("frame_max", "channel_max", "heartbeat", "default_consumer_prefetch", "default_user",
+             "default_pass", "default_vhost"),
+}
+
+
+def load_config(path: str | Path | None = None, overrides: dict | None = None) -> Config:
+    """Defaults, then the TOML file at path (if any), then overrides (e.g. from the command line)."""
+    values: dict = {}
+    if path is not None:
+        values.update(_read_toml(Path(path)))
+    values.update({key: value for key, value in (overrides or {}).items() if value is not None})
+    types = {f.name: f.type for f in fields(Config)}
+    for key, value in values.items():
+        expected = int if types[key] in ("int", int) else str
+        if not isinstance(value, expected) or isinstance(value, bool):
+            raise ConfigError(f"{key} must be {'an integer' if expected is int else 'a string'}, got {value!r}")
+    config = Config(**values)
+    _validate(config)
+    return config
+
+
+def _read_toml(path: Path) -> dict:
+    try:
+        document = tomllib.loads(path.read_text())
+    except OSError as error:
+        raise ConfigError(f"cannot read config file {path}: {error.strerror}") from error
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"config file {path} is not valid TOML: {error}") from error
+    values = {}
+    for section, content in document.items():
+        if section not in SECTIONS or not isinstance(content, dict):
+            raise ConfigError(f"config file {path}: unknown section [{section}] (known: "
+                              f"{', '.join(SECTIONS)})")
+        for key, value in content.items():
+            if key not in SECTIONS[section]:
+                raise ConfigError(f"config file {path}: unknown key '{key}' in [{section}] (known: "
+                                  f"{', '.join(SECTIONS[section])})")
+            values[key] = value
+    return values
+
+
+def _validate(config: Config) -> None:
+    if not 0 <= config.port <= 65535:
+        raise ConfigError(f"port must be between 0 and 65535, got {config.port}")
+    if config.log_level not in LOG_LEVELS:
+        raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {config.log_level!r}")
+    if config.frame_max < FRAME_MIN_SIZE:
+        raise ConfigError(f"frame_max must be at least {FRAME_MIN_SIZE}, got {config.frame_max}")
+    if not 1 <= config.channel_max <= 65535:
+        raise ConfigError(f"channel_max must be between 1 and 65535, got {config.channel_max}")
+    if not 0 <= config.heartbeat <= 65535:
+        raise ConfigError(f"heartbeat must be between 0 and 65535, got {config.heartbeat}")
+    if not 0 <= config.default_consumer_prefetch <= 65535:
+        raise ConfigError(f"default_consumer_prefetch must be between 0 and 65535, got "
+                          f"{config.default_consumer_prefetch}")

@@ -1,0 +1,372 @@
+"""One client connection: handshake, heartbeats, the channel table, error handling and the write buffer."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import struct
+from typing import TYPE_CHECKING
+
+from pamqp import commands as spec
+
+from broker import errors
+from broker.auth import authenticate
+from broker.channel import Channel
+from broker.errors import AMQPError
+from protocol.codec import HEARTBEAT_FRAME, decode_method, encode_method
+from protocol.constants import (
+    CONNECTION_FORCED, FRAME_HEARTBEAT, FRAME_METHOD, FRAME_MIN_SIZE, PROTOCOL_HEADER,
+    SERVER_CAPABILITIES,
+)
+from protocol.framing import FrameError, FrameReader
+
+if TYPE_CHECKING:
+    from broker.server import Server
+
+log = logging.getLogger(__name__)
+
+_CLASS_METHOD = struct.Struct(">HH")
+_CHANNEL_OPEN = (20, 10)
+_CHANNEL_CLOSE = (20, 40)
+_CHANNEL_CLOSE_OK = (20, 41)
+_BASIC_PUBLISH = (60, 40)
+
+# Connection states, in handshake order.
+AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED = range(7)
+
+HANDSHAKE_TIMEOUT = 10.0  # seconds a client has to complete the handshake (RabbitMQ's default)
+CLOSE_OK_TIMEOUT = 3.0  # seconds we wait for connection.close-ok after sending connection.close
+
+
+class Connection(asyncio.Protocol):
+    def __init__(self, server: "Server"):
+        self.server = server
+        config = server.config
+        self.vhost = server.vhost
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.state = AWAIT_HEADER
+        self.header = b""  # protocol header bytes received so far
+        self.reader = FrameReader(config.frame_max)
+        self.frame_max = config.frame_max  # negotiated in tune-ok
+        self.channel_max = config.channel_max  # negotiated in tune-ok
+        self.heartbeat = 0  # negotiated seconds, 0 = off
+        self.channels: dict[int, Channel] = {}  # open channels by number
+        self.closing_channels: set[int] = set()  # channels we sent channel.close on, awaiting close-ok
+        self.out: list[bytes] = []  # frames to write at the end of this loop turn
+        self.flush_scheduled = False  # a flush is queued on the loop
+        self.confirming: dict[Channel, None] = {}  # channels with publisher confirms to send at the next flush
+        self.write_paused = False  # the transport's buffer is full: no deliveries until it drains
+        self.exclusive_queues: set = set()  # exclusive queues this connection owns, deleted with it
+        self.client_properties: dict = {}
+        self.client_capabilities: dict = {}
+        self.user = ""
+        self.last_received = 0.0  # loop time of the last bytes from the client
+        self.sent_since_tick = False  # whether anything was written since the last heartbeat tick
+        self.timer: asyncio.TimerHandle | None = None  # handshake timeout, then heartbeat ticks, then close wait
+        self.peer = ""
+
+    # --- transport callbacks -------------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.server.connections.add(self)
+        self.timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
+
+    def data_received(self, data: bytes) -> None:
+        self.last_received = self.loop.time()
+        if self.state == AWAIT_HEADER:
+            data = self._protocol_header(data)
+            if not data:
+                return
+        if self.state >= CLOSED:
+            return
+        try:
+            frames = self.reader.feed(data)
+        except FrameError as error:
+            self._fail_connection(AMQPError(error.reply_code, error.text.split(" - ", 1)[-1]))
+            return
+        channels = self.channels
+        for frame_type, number, payload in frames:
+            if self.state >= CLOSING and not (number == 0 and frame_type == FRAME_METHOD):
+                continue
+            channel = channels.get(number)
+            if channel is not None and self.state == OPEN:
+                try:
+                    channel.handle_frame(frame_type, payload)
+                except AMQPError as error:
+                    self._channel_failed(channel, error, frame_type, payload)
+                except Exception:
+                    log.exception("internal error on channel %d of %s", number, self.peer)
+                    self._channel_failed(channel, errors.internal_error("internal error"), frame_type, payload)
+            else:
+                try:
+                    self._other_frame(frame_type, number, payload)
+                except AMQPError as error:
+                    self._fill_method(error, frame_type, payload)
+                    self._fail_connection(error)
+            if self.state == CLOSED:
+                return
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.state = CLOSED
+        if self.timer is not None:
+            self.timer.cancel()
+        for channel in list(self.channels.values()):
+            channel.shutdown()
+        self.channels.clear()
+        self.vhost.connection_closed(self)
+        self.server.connections.discard(self)
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        for channel in self.channels.values():
+            channel._credit_freed({consumer.queue for consumer in channel.consumers.values()})
+
+    # --- writing -------------------------------------------------------------------------------------------
+    def write(self, data: bytes) -> None:
+        self.out.append(data)
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            self.loop.call_soon(self.flush)
+
+    def confirms_to_send(self, channel: Channel) -> None:
+        self.confirming[channel] = None
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            self.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Write everything queued this loop turn in one transport.write."""
+        if self.confirming:
+            confirming, self.confirming = self.confirming, {}
+            for channel in confirming:
+                if channel.open:
+                    channel.send_confirms()
+        self.flush_scheduled = False
+        if self.out and self.transport is not None and not self.transport.is_closing():
+            data = b"".join(self.out)
+            self.transport.write(data)
+            self.sent_since_tick = True
+        self.out.clear()
+
+    def send_method(self, channel: int, method) -> None:
+        self.write(encode_method(channel, method))
+
+    # --- handshake -----------------------------------------------------------------------------------------
+    def _protocol_header(self, data: bytes) -> bytes:
+        """Collect the 8-byte protocol header; answer a wrong one with ours and close. Returns what follows."""
+        self.header += data
+        if len(self.header) < 8:
+            if PROTOCOL_HEADER.startswith(self.header):
+                return b""
+        elif self.header[:8] == PROTOCOL_HEADER:
+            rest = self.header[8:]
+            self.header = b""
+            self.state = AWAIT_START_OK
+            self._send_start()
+            return rest
+        self.transport.write(PROTOCOL_HEADER)
+        self.state = CLOSED
+        self.transport.close()
+        return b""
+
+    def _send_start(self) -> None:
+        properties = {
+            "product": "Warren",
+            "version": self.server.version,
+            "platform": self.server.platform,
+            "copyright": "Warren contributors",
+            "information": "An AMQP 0-9-1 broker; licensed under the Apache License 2.0",
+            "capabilities": dict(SERVER_CAPABILITIES),
+            "cluster_name": self.server.config.cluster_name,
+        }
+        self.send_method(0, spec.Connection.Start(version_major=0, version_minor=9, server_properties=properties,
+                                                  mechanisms="PLAIN AMQPLAIN", locales="en_US"))
+
+    def _other_frame(self, frame_type: int, number: int, payload: bytes) -> None:
+        """Frames on channel 0, on channels not open, and everything before the connection is open."""
+        if frame_type == FRAME_HEARTBEAT:
+            return
+        if number == 0:
+            if frame_type != FRAME_METHOD:
+                raise errors.unexpected_frame(f"expected method frame, got non method frame instead")
+            self._connection_method(decode_method(payload))
+            return
+        if self.state != OPEN:
+            raise errors.command_invalid("channel frame received before the connection was opened")
+        if number in self.closing_channels:
+            if frame_type == FRAME_METHOD and _CLASS_METHOD.unpack_from(payload) in (_CHANNEL_CLOSE_OK,
+                                                                                     _CHANNEL_CLOSE):
+                self.closing_channels.discard(number)
+                if _CLASS_METHOD.unpack_from(payload) == _CHANNEL_CLOSE:
+                    self.send_method(number, spec.Channel.CloseOk())
+            return
+        if frame_type != FRAME_METHOD or _CLASS_METHOD.unpack_from(payload) != _CHANNEL_OPEN:
+            raise errors.channel_error("expected 'channel.open'")
+        if number > self.channel_max:
+            raise errors.not_allowed(f"channel number {number} exceeds the negotiated channel_max "
+                                     f"({self.channel_max})")
+        self.channels[number] = Channel(self, number)
+        self.send_method(number, spec.Channel.OpenOk())
+
+    def _connection_method(self, method) -> None:
+        state = self.state
+        if isinstance(method, spec.Connection.StartOk) and state == AWAIT_START_OK:
+            self._start_ok(method)
+        elif isinstance(method, spec.Connection.TuneOk) and state == AWAIT_TUNE_OK:
+            self._tune_ok(method)
+        elif isinstance(method, spec.Connection.Open) and state == AWAIT_OPEN:
+            self._open(method)
+        elif isinstance(method, spec.Connection.Close):
+            self.send_method(0, spec.Connection.CloseOk())
+            self.flush()
+            self._terminate()
+        elif isinstance(method, spec.Connection.CloseOk) and state == CLOSING:
+            self._terminate()
+        elif isinstance(method, (spec.Connection.Blocked, spec.Connection.Unblocked, spec.Connection.UpdateSecret)):
+            if isinstance(method, spec.Connection.UpdateSecret):
+                self.send_method(0, spec.Connection.UpdateSecretOk())
+        elif state == OPEN:
+            raise errors.command_invalid(f"unexpected method {method.name} on channel 0")
+        else:
+            raise errors.command_invalid(f"expected connection handshake method, got {method.name}")
+
+    def _start_ok(self, method: spec.Connection.StartOk) -> None:
+        self.client_properties = method.client_properties or {}
+        self.client_capabilities = self.client_properties.get("capabilities") or {}
+        user = authenticate(self.server.config, method.mechanism, method.response)
+        if user is None:
+            text = (f"Login was refused using authentication mechanism {method.mechanism}. For details see the "
+                    "broker logfile.")
+            log.warning("login refused for %s (mechanism %s)", self.peer, method.mechanism)
+            if self.client_capabilities.get("authentication_failure_close"):
+                self._fail_connection(errors.access_refused(text))
+            else:
+                self._terminate()
+            return
+        self.user = user
+        config = self.server.config
+        self.state = AWAIT_TUNE_OK
+        self.send_method(0, spec.Connection.Tune(channel_max=config.channel_max, frame_max=config.frame_max,
+                                                 heartbeat=config.heartbeat))
+
+    def _tune_ok(self, method: spec.Connection.TuneOk) -> None:
+        config = self.server.config
+        self.frame_max = _negotiate("frame_max", method.frame_max, config.frame_max, FRAME_MIN_SIZE)
+        self.channel_max = _negotiate("channel_max", method.channel_max, config.channel_max, 1)
+        self.reader.frame_max = self.frame_max
+        self.heartbeat = method.heartbeat
+        self.state = AWAIT_OPEN
+
+    def _open(self, method: spec.Connection.Open) -> None:
+        if method.virtual_host != self.vhost.name:
+            raise errors.not_allowed(f"vhost {method.virtual_host} not found")
+        self.state = OPEN
+        self.send_method(0, spec.Connection.OpenOk())
+        self._start_heartbeats()
+
+    def _handshake_timeout(self) -> None:
+        if self.state < OPEN:
+            log.warning("closing %s: handshake timeout", self.peer)
+            self._terminate()
+
+    # --- heartbeats ----------------------------------------------------------------------------------------
+    def _start_heartbeats(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.heartbeat:
+            self.timer = self.loop.call_later(self.heartbeat / 2, self._heartbeat_tick)
+
+    def _heartbeat_tick(self) -> None:
+        if self.state != OPEN:
+            return
+        now = self.loop.time()
+        if now - self.last_received > 2 * self.heartbeat:
+            log.warning("closing %s: missed heartbeats from client, timeout: %ds", self.peer, self.heartbeat)
+            self._terminate()
+            return
+        if not self.sent_since_tick:
+            self.write(HEARTBEAT_FRAME)
+        self.sent_since_tick = False
+        self.timer = self.loop.call_later(self.heartbeat / 2, self._heartbeat_tick)
+
+    # --- errors and closing --------------------------------------------------------------------------------
+    @staticmethod
+    def _fill_method(error: AMQPError, frame_type: int, payload: bytes) -> None:
+        """Name the method an error answers (for content frames: basic.publish), unless the handler did."""
+        if error.class_id == 0:
+            if frame_type == FRAME_METHOD and len(payload) >= 4:
+                error.class_id, error.method_id = _CLASS_METHOD.unpack_from(payload)
+            elif frame_type in (2, 3):
+                error.class_id, error.method_id = _BASIC_PUBLISH
+
+    def _channel_failed(self, channel: Channel, error: AMQPError, frame_type: int, payload: bytes) -> None:
+        """The one place that turns a handler's error into channel.close (soft) or connection.close (hard)."""
+        self._fill_method(error, frame_type, payload)
+        if error.closes_connection:
+            self._fail_connection(error)
+            return
+        self.close_channel(channel.number, send_close_ok=False)
+        self.closing_channels.add(channel.number)
+        self.send_method(channel.number, spec.Channel.Close(error.reply_code, error.reply_text, error.class_id,
+                                                            error.method_id))
+
+    def close_channel(self, number: int, send_close_ok: bool) -> None:
+        channel = self.channels.pop(number)
+        channel.shutdown()
+        self.confirming.pop(channel, None)
+        if send_close_ok:
+            self.send_method(number, spec.Channel.CloseOk())
+
+    def _fail_connection(self, error: AMQPError) -> None:
+        """Send connection.close for a hard error and wait (briefly) for close-ok."""
+        if self.state >= CLOSING:
+            return
+        log.warning("closing %s: %s", self.peer, error.reply_text)
+        self.close(error.reply_code, error.reply_text, error.class_id, error.method_id)
+
+    def close(self, reply_code: int, reply_text: str, class_id: int = 0, method_id: int = 0) -> None:
+        """Start a server-initiated close: channels go at once, the socket after close-ok or a timeout."""
+        if self.transport is None or self.state >= CLOSING:
+            return
+        for channel in list(self.channels.values()):
+            channel.shutdown()
+        self.channels.clear()
+        self.confirming.clear()
+        self.send_method(0, spec.Connection.Close(reply_code, reply_text, class_id, method_id))
+        self.flush()
+        self.state = CLOSING
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = self.loop.call_later(CLOSE_OK_TIMEOUT, self._terminate)
+
+    def close_for_shutdown(self) -> None:
+        self.close(CONNECTION_FORCED, "CONNECTION_FORCED - broker forced connection closure with reason "
+                                      "'shutdown'")
+
+    def _terminate(self) -> None:
+        self.state = CLOSED
+        if self.transport is not None:
+            self.transport.close()
+
+
+def _negotiate(name: str, client_value: int, server_max: int, minimum: int) -> int:
+    """RabbitMQ's rules for tune-ok: 0 means 'no limit', which we cap at our maximum."""
+    if client_value == 0:
+        return server_max
+    if client_value > server_max:
+        raise errors.not_allowed(f"{name}={client_value} > {server_max} max size")
+    if client_value < minimum:
+        raise errors.not_allowed(f"{name}={client_value} < {minimum} min size")
+    return client_value
+

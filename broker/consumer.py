@@ -1,0 +1,39 @@
+"""A consumer: a queue subscription of one channel, with its prefetch window."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from broker.channel import Channel
+    from broker.queue import Queue
+
+UNLIMITED = 1 << 30  # credit of a consumer that no prefetch limit holds back
+
+
+class Consumer:
+    __slots__ = ("tag", "tag_bytes", "channel", "queue", "no_ack", "exclusive", "arguments", "prefetch", "unacked")
+
+    def __init__(self, tag: str, channel: "Channel", queue: "Queue", no_ack: bool, exclusive: bool,
+                 arguments: dict, prefetch: int):
+        self.tag = tag
+        self.tag_bytes = tag.encode()  # pre-encoded for basic.deliver
+        self.channel = channel
+        self.queue = queue
+        self.no_ack = no_ack
+        self.exclusive = exclusive
+        self.arguments = arguments
+        self.prefetch = prefetch  # per-consumer limit of unacked deliveries (basic.qos global=false), 0 = none
+        self.unacked = 0  # deliveries to this consumer not yet acked
+
+    def credit(self) -> int:
+        """How many more messages this consumer may be sent right now."""
+        channel = self.channel
+        if not channel.can_deliver():
+            return 0
+        if self.no_ack:
+            return UNLIMITED
+        credit = self.prefetch - self.unacked if self.prefetch else UNLIMITED
+        if channel.global_prefetch:
+            credit = min(credit, channel.global_prefetch - channel.consumer_unacked)
+        return credit

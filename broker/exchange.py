@@ -1,0 +1,171 @@
+"""Exchanges and their routing: direct, fanout, topic (trie), headers; bindings to queues or other exchanges."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable, NamedTuple, Union
+
+from broker.headers_match import headers_match
+from broker.topic import TopicTrie
+
+if TYPE_CHECKING:
+    from broker.message import Message
+    from broker.queue import Queue
+
+Destination = Union["Queue", "Exchange"]
+
+
+def canonical_arguments(arguments: dict | None) -> str:
+    """A hashable, order-independent form of binding arguments (bindings differ by their arguments too)."""
+    return repr(sorted((arguments or {}).items(), key=lambda item: item[0])) if arguments else ""
+
+
+class Binding(NamedTuple):
+    source: "Exchange"
+    destination: Destination
+    routing_key: str
+    arguments_key: str  # canonical_arguments(arguments): part of the binding's identity
+    arguments: dict
+
+
+class Exchange:
+    kind = ""
+
+    def __init__(self, name: str, durable: bool = True, auto_delete: bool = False, internal: bool = False,
+                 arguments: dict | None = None):
+        self.name = name
+        self.durable = durable
+        self.auto_delete = auto_delete
+        self.internal = internal
+        self.arguments = arguments or {}
+        self.bindings: dict[tuple, Binding] = {}  # (destination, routing_key, arguments_key) -> binding
+        self.inbound: set[Binding] = set()  # exchange-to-exchange bindings that route into this exchange
+        self.deleted = False
+
+    @property
+    def alternate_exchange(self) -> str | None:
+        value = self.arguments.get("alternate-exchange")
+        return value if isinstance(value, str) else None
+
+    def add_binding(self, binding: Binding) -> bool:
+        """Record a binding; False if it already existed."""
+        key = (binding.destination, binding.routing_key, binding.arguments_key)
+        if key in self.bindings:
+            return False
+        self.bindings[key] = binding
+        self._index(binding)
+        return True
+
+    def remove_binding(self, binding: Binding) -> bool:
+        key = (binding.destination, binding.routing_key, binding.arguments_key)
+        if self.bindings.pop(key, None) is None:
+            return False
+        self._unindex(binding)
+        return True
+
+    def find_binding(self, destination: Destination, routing_key: str, arguments: dict | None) -> Binding | None:
+        return self.bindings.get((destination, routing_key, canonical_arguments(arguments)))
+
+    def route(self, routing_key: str, message: "Message") -> Iterable[Destination]:
+        raise NotImplementedError
+
+    def _index(self, binding: Binding) -> None:
+        raise NotImplementedError
+
+    def _unindex(self, binding: Binding) -> None:
+        raise NotImplementedError
+
+
+class _CountedIndex:
+    """destination -> number of bindings that lead to it, per lookup key."""
+
+    @staticmethod
+    def add(index: dict, key, destination) -> None:
+        counts = index.setdefault(key, {})
+        counts[destination] = counts.get(destination, 0) + 1
+
+    @staticmethod
+    def remove(index: dict, key, destination) -> bool:
+        """Returns True when the last binding of destination under key went."""
+        counts = index[key]
+        counts[destination] -= 1
+        if counts[destination]:
+            return False
+        del counts[destination]
+        if not counts:
+            del index[key]
+        return True
+
+
+class DirectExchange(Exchange):
+    kind = "direct"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._by_key: dict[str, dict[Destination, int]] = {}  # routing key -> destinations (binding counts)
+
+    def route(self, routing_key, message):
+        return self._by_key.get(routing_key, ())
+
+    def _index(self, binding):
+        _CountedIndex.add(self._by_key, binding.routing_key, binding.destination)
+
+    def _unindex(self, binding):
+        _CountedIndex.remove(self._by_key, binding.routing_key, binding.destination)
+
+
+class FanoutExchange(Exchange):
+    kind = "fanout"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._all: dict[None, dict[Destination, int]] = {}  # the single key None -> destinations (counts)
+
+    def route(self, routing_key, message):
+        return self._all.get(None, ())
+
+    def _index(self, binding):
+        _CountedIndex.add(self._all, None, binding.destination)
+
+    def _unindex(self, binding):
+        _CountedIndex.remove(self._all, None, binding.destination)
+
+
+class TopicExchange(Exchange):
+    kind = "topic"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._trie = TopicTrie()
+        self._counts: dict[str, dict[Destination, int]] = {}  # pattern -> destinations (counts)
+
+    def route(self, routing_key, message):
+        return self._trie.match(routing_key)
+
+    def _index(self, binding):
+        if binding.destination not in self._counts.get(binding.routing_key, ()):
+            self._trie.bind(binding.routing_key, binding.destination)
+        _CountedIndex.add(self._counts, binding.routing_key, binding.destination)
+
+    def _unindex(self, binding):
+        if _CountedIndex.remove(self._counts, binding.routing_key, binding.destination):
+            self._trie.unbind(binding.routing_key, binding.destination)
+
+
+class HeadersExchange(Exchange):
+    kind = "headers"
+
+    def route(self, routing_key, message):
+        headers = message.headers
+        return {binding.destination for binding in self.bindings.values()
+                if headers_match(binding.arguments, headers)}
+
+    def _index(self, binding):
+        pass  # matching walks every binding: headers exchanges are rarely large
+
+    def _unindex(self, binding):
+        pass
+
+
+EXCHANGE_TYPES: dict[str, type[Exchange]] = {
+    cls.kind: cls for cls in (DirectExchange, FanoutExchange, TopicExchange, HeadersExchange)
+}

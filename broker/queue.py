@@ -1,0 +1,135 @@
+"""A queue: messages in order, its consumers served round-robin, requeues back to their original position."""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from typing import TYPE_CHECKING, Iterable
+
+from broker.message import Message, QueueEntry
+
+if TYPE_CHECKING:
+    from broker.connection import Connection
+    from broker.consumer import Consumer
+    from broker.exchange import Binding
+    from broker.vhost import VirtualHost
+
+# Deliveries handed to consumers per dispatch round, so one busy queue cannot starve the event loop or flood a
+# socket before the transport can signal back-pressure; the rest goes in the next loop turn.
+DISPATCH_BATCH = 512
+
+
+class Queue:
+    def __init__(self, vhost: "VirtualHost", name: str, durable: bool, exclusive_owner: "Connection | None",
+                 auto_delete: bool, arguments: dict):
+        self.vhost = vhost
+        self.name = name
+        self.durable = durable
+        self.exclusive_owner = exclusive_owner  # the connection of an exclusive queue, else None
+        self.auto_delete = auto_delete
+        self.arguments = arguments
+        self.entries: deque[QueueEntry] = deque()  # ready messages, in queue order (by seq)
+        self.next_seq = 0  # seq of the next enqueued entry
+        self.consumers: list[Consumer] = []  # round-robin order
+        self.next_consumer = 0  # index in consumers of the next to serve
+        self.bindings: set[Binding] = set()  # bindings that route to this queue, removed with it
+        self.deleted = False  # set once deleted; late acks and requeues for it are ignored
+
+    @property
+    def message_count(self) -> int:
+        return len(self.entries)
+
+    @property
+    def persistent_store(self) -> bool:
+        return self.durable and self.vhost.store is not None
+
+    # --- messages ---------------------------------------------------------------------------------------
+    def enqueue(self, message: Message) -> None:
+        self.entries.append(QueueEntry(self.next_seq, message))
+        self.next_seq += 1
+        if self.consumers:
+            self.vhost.dispatcher.mark(self)
+
+    def requeue(self, requeued: list[QueueEntry]) -> None:
+        """Put delivered entries back at their original positions, flagged redelivered."""
+        if self.deleted or not requeued:
+            return
+        for entry in requeued:
+            entry.redelivered = True
+        requeued.sort(key=lambda entry: entry.seq)
+        entries = self.entries
+        if not entries or requeued[-1].seq < entries[0].seq:
+            entries.extendleft(reversed(requeued))
+        else:
+            self.entries = deque(heapq.merge(requeued, entries, key=lambda entry: entry.seq))
+        if self.consumers:
+            self.vhost.dispatcher.mark(self)
+
+    def take(self) -> QueueEntry | None:
+        """Remove and return the head entry (basic.get)."""
+        return self.entries.popleft() if self.entries else None
+
+    def purge(self) -> int:
+        count = len(self.entries)
+        self.forget(self.entries)
+        self.entries = deque()
+        return count
+
+    def forget(self, entries: Iterable[QueueEntry]) -> None:
+        """Entries are done with (acked, dropped, purged): durable storage may let them go."""
+        store = self.vhost.store
+        if store is not None and self.durable:
+            ids = [entry.message.msg_id for entry in entries if entry.message.msg_id]
+            if ids:
+                store.append_removed(self.name, ids)
+
+    # --- consumers --------------------------------------------------------------------------------------
+    def add_consumer(self, consumer: "Consumer") -> None:
+        self.consumers.append(consumer)
+        self.vhost.dispatcher.mark(self)
+
+    def remove_consumer(self, consumer: "Consumer") -> None:
+        """Drop a consumer; an auto-delete queue goes away with its last one."""
+        index = self.consumers.index(consumer)
+        del self.consumers[index]
+        if index < self.next_consumer:
+            self.next_consumer -= 1
+        if not self.consumers:
+            self.next_consumer = 0
+            if self.auto_delete and not self.deleted:
+                self.vhost.delete_queue(self)
+
+    def has_exclusive_consumer(self) -> bool:
+        return any(consumer.exclusive for consumer in self.consumers)
+
+    def dispatch(self) -> None:
+        """Hand ready messages to consumers with credit, round-robin, at most DISPATCH_BATCH this round."""
+        entries = self.entries
+        consumers = self.consumers
+        budget = DISPATCH_BATCH
+        if len(consumers) == 1:
+            consumer = consumers[0]
+            count = min(consumer.credit(), len(entries), budget)
+            deliver = consumer.channel.deliver
+            for _ in range(count):
+                deliver(consumer, self, entries.popleft())
+            budget -= count
+        else:
+            while entries and consumers and budget:
+                consumer = self._next_consumer_with_credit()
+                if consumer is None:
+                    break
+                consumer.channel.deliver(consumer, self, entries.popleft())
+                budget -= 1
+        if not budget and entries:
+            self.vhost.dispatcher.mark(self)
+
+    def _next_consumer_with_credit(self) -> "Consumer | None":
+        consumers = self.consumers
+        count = len(consumers)
+        for step in range(count):
+            index = (self.next_consumer + step) % count
+            if consumers[index].credit() > 0:
+                self.next_consumer = (index + 1) % count
+                return consumers[index]
+        return None

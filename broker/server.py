@@ -1,0 +1,60 @@
+"""The TCP server: accepts connections, owns the virtual host, shuts down cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import platform
+from importlib import metadata
+
+from broker.config import Config
+from broker.connection import Connection
+from broker.vhost import VirtualHost
+
+log = logging.getLogger(__name__)
+
+SHUTDOWN_GRACE = 3.0  # seconds clients get to answer connection.close before their sockets are closed
+
+
+def _version() -> str:
+    try:
+        return metadata.version("warren")
+    except metadata.PackageNotFoundError:
+        return "0.0.0"
+
+
+class Server:
+    def __init__(self, config: Config, store=None):
+        self.config = config
+        self.vhost = VirtualHost(config.default_vhost, store)
+        self.connections: set[Connection] = set()
+        self.version = _version()
+        self.platform = f"Python {platform.python_version()}"
+        self.listener: asyncio.base_events.Server | None = None
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.listener = await loop.create_server(lambda: Connection(self), self.config.host, self.config.port,
+                                                 reuse_address=True, backlog=1024)
+        host, port = self.listener.sockets[0].getsockname()[:2]
+        log.info("Warren %s listening on %s:%d", self.version, host, port)
+
+    @property
+    def port(self) -> int:
+        return self.listener.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        """Stop accepting, send every client connection.close 320 CONNECTION_FORCED, wait for them to go."""
+        if self.listener is not None:
+            self.listener.close()
+        connections = list(self.connections)
+        for connection in connections:
+            connection.close_for_shutdown()
+        deadline = asyncio.get_running_loop().time() + SHUTDOWN_GRACE
+        while self.connections and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+        for connection in list(self.connections):
+            connection._terminate()
+        if self.listener is not None:
+            await self.listener.wait_closed()
+        log.info("Warren stopped")
