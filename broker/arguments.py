@@ -80,8 +80,15 @@ def _from_bytes(raw: bytes) -> str:
 
 
 _ERLANG_ESCAPES = {
-    ord('"'): '\\"', ord("\\"): "\\\\", ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t",
-    ord("\v"): "\\v", ord("\b"): "\\b", ord("\f"): "\\f", 27: "\\e",
+    ord('"'): '\\"',
+    ord("\\"): "\\\\",
+    ord("\n"): "\\n",
+    ord("\r"): "\\r",
+    ord("\t"): "\\t",
+    ord("\v"): "\\v",
+    ord("\b"): "\\b",
+    ord("\f"): "\\f",
+    27: "\\e",
 }
 
 
@@ -159,7 +166,8 @@ def erlang_term(value) -> str:
     if isinstance(value, float):
         return _erlang_float(value)
     if isinstance(value, decimal.Decimal):
-        return "{%d,%d}" % _decimal_parts(value)
+        scale, unscaled = _decimal_parts(value)
+        return f"{{{scale},{unscaled}}}"
     if isinstance(value, (str, bytes, bytearray)):
         return _erlang_binary(_as_bytes(value))
     if isinstance(value, datetime.datetime):
@@ -184,24 +192,53 @@ def _plain(value) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 # New queues: rabbit_amqqueue:check_declare_arguments
 
-QUEUE_TYPE_MODULES = {"classic": "rabbit_classic_queue", "quorum": "rabbit_quorum_queue", "stream": "rabbit_stream_queue"}
+QUEUE_TYPE_MODULES = {
+    "classic": "rabbit_classic_queue",
+    "quorum": "rabbit_quorum_queue",
+    "stream": "rabbit_stream_queue",
+}
 
 # queue_arguments of each queue type's capabilities(), in RabbitMQ's order (also the equivalence-check order)
 QUEUE_TYPE_ARGUMENTS = {
     "classic": (
-        "x-expires", "x-message-ttl", "x-dead-letter-exchange", "x-dead-letter-routing-key", "x-max-length",
-        "x-max-length-bytes", "x-max-priority", "x-overflow", "x-queue-mode", "x-queue-version",
-        "x-single-active-consumer", "x-queue-type", "x-queue-master-locator",
+        "x-expires",
+        "x-message-ttl",
+        "x-dead-letter-exchange",
+        "x-dead-letter-routing-key",
+        "x-max-length",
+        "x-max-length-bytes",
+        "x-max-priority",
+        "x-overflow",
+        "x-queue-mode",
+        "x-queue-version",
+        "x-single-active-consumer",
+        "x-queue-type",
+        "x-queue-master-locator",
     ),
     "quorum": (
-        "x-dead-letter-exchange", "x-dead-letter-routing-key", "x-dead-letter-strategy", "x-expires", "x-max-length",
-        "x-max-length-bytes", "x-max-in-memory-length", "x-max-in-memory-bytes", "x-overflow",
-        "x-single-active-consumer", "x-queue-type", "x-quorum-initial-group-size", "x-delivery-limit",
-        "x-message-ttl", "x-queue-leader-locator",
+        "x-dead-letter-exchange",
+        "x-dead-letter-routing-key",
+        "x-dead-letter-strategy",
+        "x-expires",
+        "x-max-length",
+        "x-max-length-bytes",
+        "x-max-in-memory-length",
+        "x-max-in-memory-bytes",
+        "x-overflow",
+        "x-single-active-consumer",
+        "x-queue-type",
+        "x-quorum-initial-group-size",
+        "x-delivery-limit",
+        "x-message-ttl",
+        "x-queue-leader-locator",
     ),
     "stream": (
-        "x-max-length-bytes", "x-queue-type", "x-max-age", "x-stream-max-segment-size-bytes",
-        "x-initial-cluster-size", "x-queue-leader-locator",
+        "x-max-length-bytes",
+        "x-queue-type",
+        "x-max-age",
+        "x-stream-max-segment-size-bytes",
+        "x-initial-cluster-size",
+        "x-queue-leader-locator",
     ),
 }
 _ALL_QUEUE_ARGUMENTS = frozenset(name for names in QUEUE_TYPE_ARGUMENTS.values() for name in names)
@@ -400,7 +437,10 @@ def validate_exchange_arguments(exchange: str, vhost: str, arguments: dict) -> N
 _MISSING = object()  # an argument absent from a table (Erlang's undefined)
 
 _TYPE_CLASSES = {  # rabbit_misc:type_class/1; other types are their own class
-    "signedint": "int", "long": "int", "decimal": "int", "double": "float",
+    "signedint": "int",
+    "long": "int",
+    "decimal": "int",
+    "double": "float",
 }
 
 
@@ -483,7 +523,9 @@ def check_queue_equivalent(queue: str, vhost: str, existing: dict, requested: di
     _check_flag(resource, "durable", _durable(existing), _durable(requested))
     _check_flag(resource, "auto_delete", bool(existing["auto_delete"]), bool(requested["auto_delete"]))
     current = existing.get("arguments") or {}
-    _check_args_equivalent(resource, current, requested.get("arguments") or {}, QUEUE_TYPE_ARGUMENTS[queue_type_of(current)])
+    _check_args_equivalent(
+        resource, current, requested.get("arguments") or {}, QUEUE_TYPE_ARGUMENTS[queue_type_of(current)]
+    )
 
 
 def _durable(declaration: dict) -> bool:

@@ -140,7 +140,11 @@ EQ_QUEUE = "queue 'eq-q' in vhost '/'"
     [
         (queue(), queue(durable=True), "inequivalent arg 'durable' for {}: received 'true' but current is 'false'"),
         (queue(durable=True), queue(), "inequivalent arg 'durable' for {}: received 'false' but current is 'true'"),
-        (queue(), queue(auto_delete=True), "inequivalent arg 'auto_delete' for {}: received 'true' but current is 'false'"),
+        (
+            queue(),
+            queue(auto_delete=True),
+            "inequivalent arg 'auto_delete' for {}: received 'true' but current is 'false'",
+        ),
         (
             queue(durable=True, auto_delete=True),
             queue(),
@@ -234,7 +238,10 @@ def test_inequivalent_queue_redeclaration(existing, requested, explanation):
         (queue(exclusive=True, durable=True), queue(exclusive=True, durable=False)),
         (queue(exclusive=True, durable=True), queue(exclusive=True, durable=True)),
         (queue(arguments={"x-message-ttl": 1000}), queue(arguments={"x-message-ttl": 1000})),
-        (queue(arguments={"x-dead-letter-exchange": "d"}), queue(arguments={"x-dead-letter-exchange": bytearray(b"d")})),
+        (
+            queue(arguments={"x-dead-letter-exchange": "d"}),
+            queue(arguments={"x-dead-letter-exchange": bytearray(b"d")}),
+        ),
         (queue(), queue(arguments={"x-queue-type": "classic"})),
         (queue(arguments={"x-queue-type": "classic"}), queue()),
         (queue(arguments={"x-foo": 1}), queue(arguments={"x-foo": 2})),
@@ -266,16 +273,38 @@ def test_exclusivity_mismatch_is_resource_locked(existing, requested):
 
 
 def exchange(type="direct", durable=False, auto_delete=False, internal=False, arguments=None):
-    return dict(type=type, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments or {})
+    return {
+        "type": type,
+        "durable": durable,
+        "auto_delete": auto_delete,
+        "internal": internal,
+        "arguments": arguments or {},
+    }
 
 
 @pytest.mark.parametrize(
     "existing, requested, explanation",
     [
-        (exchange(), exchange(type="topic"), "inequivalent arg 'type' for {}: received 'topic' but current is 'direct'"),
-        (exchange(), exchange(durable=True), "inequivalent arg 'durable' for {}: received 'true' but current is 'false'"),
-        (exchange(), exchange(auto_delete=True), "inequivalent arg 'auto_delete' for {}: received 'true' but current is 'false'"),
-        (exchange(), exchange(internal=True), "inequivalent arg 'internal' for {}: received 'true' but current is 'false'"),
+        (
+            exchange(),
+            exchange(type="topic"),
+            "inequivalent arg 'type' for {}: received 'topic' but current is 'direct'",
+        ),
+        (
+            exchange(),
+            exchange(durable=True),
+            "inequivalent arg 'durable' for {}: received 'true' but current is 'false'",
+        ),
+        (
+            exchange(),
+            exchange(auto_delete=True),
+            "inequivalent arg 'auto_delete' for {}: received 'true' but current is 'false'",
+        ),
+        (
+            exchange(),
+            exchange(internal=True),
+            "inequivalent arg 'internal' for {}: received 'true' but current is 'false'",
+        ),
         (
             exchange(arguments={"alternate-exchange": "a"}),
             exchange(arguments={"alternate-exchange": "b"}),
@@ -300,12 +329,17 @@ def exchange(type="direct", durable=False, auto_delete=False, internal=False, ar
 )
 def test_inequivalent_exchange_redeclaration(existing, requested, explanation):
     error = refusal(check_exchange_equivalent, "eq-x", "/", existing, requested)
-    assert (error.reply_code, error.text) == (406, "PRECONDITION_FAILED - " + explanation.replace("{}", "exchange 'eq-x' in vhost '/'"))
+    assert (error.reply_code, error.text) == (
+        406,
+        "PRECONDITION_FAILED - " + explanation.replace("{}", "exchange 'eq-x' in vhost '/'"),
+    )
 
 
 def test_equivalent_exchange_redeclaration_ignores_other_arguments():
     check_exchange_equivalent("x", "/", exchange(arguments={"x-foo": 1}), exchange(arguments={"x-foo": 2}))
-    check_exchange_equivalent("x", "/", exchange(arguments={"alternate-exchange": "a"}), exchange(arguments={"alternate-exchange": "a"}))
+    check_exchange_equivalent(
+        "x", "/", exchange(arguments={"alternate-exchange": "a"}), exchange(arguments={"alternate-exchange": "a"})
+    )
 
 
 @pytest.mark.parametrize(

@@ -138,7 +138,5 @@ def test_one_drain_needs_one_ack_frame_per_nack_plus_one_per_ack_run(count, nack
     for seq in range(1, count + 1):
         tracker.settle(seq, ack=seq not in nacked)
     frames = tracker.drain()
-    ack_runs = sum(
-        1 for seq in range(1, count + 1) if seq not in nacked and (seq == count or seq + 1 in nacked)
-    )
+    ack_runs = sum(1 for seq in range(1, count + 1) if seq not in nacked and (seq == count or seq + 1 in nacked))
     assert len(frames) == len(nacked) + ack_runs
