@@ -1,0 +1,161 @@
+"""What goes into the store comes back after a restart: messages, flags, definitions, deleted queues."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import decimal
+from pathlib import Path
+
+from storage.store import MessageStore
+
+
+def run(data_dir: Path, work, **options) -> None:
+    """Open the store, recover, run ``work(store)`` on a loop, wait until durable, close."""
+
+    async def main() -> None:
+        store = MessageStore(data_dir, **options)
+        store.recover()
+        work(store)
+        done = asyncio.get_running_loop().create_future()
+        store.when_durable(done.set_result)
+        assert await done is True
+        store.close()
+
+    asyncio.run(main())
+
+
+def reopen(data_dir: Path):
+    store = MessageStore(data_dir)
+    recovered = store.recover()
+    store.close()
+    return recovered
+
+
+def bodies(recovered, queue: str) -> list[bytes]:
+    return [message.body for message in recovered.messages.get(queue, [])]
+
+
+def test_messages_come_back_in_order_with_all_fields(tmp_path):
+    def work(store):
+        for msg_id in range(5):
+            store.append_message(msg_id, ("orders",), "shop", "order.new", b"\x00\x3c" + bytes([msg_id]), b"b%d" % msg_id)
+
+    run(tmp_path, work)
+    recovered = reopen(tmp_path)
+    messages = recovered.messages["orders"]
+    assert [m.msg_id for m in messages] == [0, 1, 2, 3, 4]
+    assert messages[3].exchange == "shop"
+    assert messages[3].routing_key == "order.new"
+    assert messages[3].header_payload == b"\x00\x3c\x03"
+    assert messages[3].body == b"b3"
+    assert not any(m.redelivered for m in messages)
+    assert recovered.next_msg_id == 5
+    assert recovered.report["messages"] == 5
+    assert recovered.report["clean_shutdown"] is True
+
+
+def test_removed_messages_stay_gone_and_delivered_ones_come_back_redelivered(tmp_path):
+    def work(store):
+        for msg_id in range(6):
+            store.append_message(msg_id, ("q",), "", "q", b"h", b"m%d" % msg_id)
+        store.append_delivered("q", [0, 1, 2])
+        store.append_removed("q", [0, 1])
+
+    run(tmp_path, work)
+    messages = reopen(tmp_path).messages["q"]
+    assert [(m.msg_id, m.redelivered) for m in messages] == [(2, True), (3, False), (4, False), (5, False)]
+
+
+def test_a_message_in_several_queues_leaves_each_queue_separately(tmp_path):
+    def work(store):
+        store.append_message(10, ("a", "b", "c"), "fan", "", b"h", b"shared")
+        store.append_message(11, ("a",), "fan", "", b"h", b"only-a")
+        store.append_delivered("b", [10])
+        store.append_removed("a", [10])
+
+    run(tmp_path, work)
+    recovered = reopen(tmp_path)
+    assert bodies(recovered, "a") == [b"only-a"]
+    assert [(m.body, m.redelivered) for m in recovered.messages["b"]] == [(b"shared", True)]
+    assert [(m.body, m.redelivered) for m in recovered.messages["c"]] == [(b"shared", False)]
+    assert recovered.next_msg_id == 12
+
+
+def test_state_survives_several_restarts_without_duplicates(tmp_path):
+    run(tmp_path, lambda store: [store.append_message(i, ("q",), "", "q", b"h", b"%d" % i) for i in range(3)])
+    run(tmp_path, lambda store: store.append_removed("q", [1]))
+    run(tmp_path, lambda store: store.append_message(3, ("q",), "", "q", b"h", b"3"))
+    assert bodies(reopen(tmp_path), "q") == [b"0", b"2", b"3"]
+    assert bodies(reopen(tmp_path), "q") == [b"0", b"2", b"3"]
+
+
+def test_definitions_keep_creation_order_latest_state_and_deletions(tmp_path):
+    arguments = {"x-bytes": b"\x01\x02", "x-decimal": decimal.Decimal("1.25"),
+                 "x-when": datetime.datetime(2024, 5, 1, 12, 0), "x-list": [1, "two", None], "x-flag": True}
+
+    def work(store):
+        store.append_definition("exchange", "/|logs", {"name": "logs", "type": "fanout"})
+        store.append_definition("exchange", "/|jobs", {"name": "jobs", "type": "direct"})
+        store.append_definition("queue", "/|q1", {"name": "q1", "arguments": arguments})
+        store.append_definition("exchange", "/|logs", {"name": "logs", "type": "topic"})  # update keeps position
+        store.append_definition("binding", "/|jobs|q1|k", {"source": "jobs", "destination": "q1", "key": "k"})
+        store.append_definition("exchange", "/|jobs", None)
+        store.append_definition("vhost", "/", {"name": "/"})
+        store.append_definition("user", "guest", {"name": "guest", "tags": ["administrator"]})
+        store.append_definition("policy", "/|ttl", {"pattern": ".*", "definition": {"message-ttl": 1000}})
+
+    run(tmp_path, work)
+    recovered = reopen(tmp_path)
+    assert recovered.exchanges == [{"name": "logs", "type": "topic"}]
+    assert recovered.queues == [{"name": "q1", "arguments": arguments}]
+    assert recovered.bindings == [{"source": "jobs", "destination": "q1", "key": "k"}]
+    assert recovered.vhosts == [{"name": "/"}]
+    assert recovered.users == [{"name": "guest", "tags": ["administrator"]}]
+    assert recovered.policies == [{"pattern": ".*", "definition": {"message-ttl": 1000}}]
+
+
+def test_deleted_queue_loses_its_messages_even_when_declared_again(tmp_path):
+    def work(store):
+        store.append_definition("queue", "q", {"name": "q"})
+        store.append_message(0, ("q",), "", "q", b"h", b"old-0")
+        store.append_message(1, ("q", "other"), "", "q", b"h", b"old-1")
+        store.delete_queue("q")
+        store.append_definition("queue", "q", {"name": "q", "again": True})
+        store.append_message(2, ("q",), "", "q", b"h", b"new")
+
+    run(tmp_path, work)
+    recovered = reopen(tmp_path)
+    assert recovered.queues == [{"name": "q", "again": True}]
+    assert bodies(recovered, "q") == [b"new"]
+    assert bodies(recovered, "other") == [b"old-1"]
+
+
+def test_definitions_log_is_snapshotted_when_it_outgrows_the_live_state(tmp_path):
+    def work(store):
+        for round_ in range(3000):
+            store.append_definition("queue", "churn", {"name": "churn", "round": round_})
+            store.append_definition("queue", "churn", None)
+        store.append_definition("queue", "kept", {"name": "kept"})
+
+    run(tmp_path, work)
+    appended = 6001 * 40  # every record is at least this long
+    assert (tmp_path / "definitions.log").stat().st_size < appended / 10
+    assert reopen(tmp_path).queues == [{"name": "kept"}]
+    run(tmp_path, lambda store: store.append_definition("queue", "later", {"name": "later"}))
+    assert reopen(tmp_path).queues == [{"name": "kept"}, {"name": "later"}]
+
+
+def test_message_ids_must_increase(tmp_path):
+    errors = []
+
+    def work(store):
+        store.append_message(5, ("q",), "", "q", b"h", b"x")
+        try:
+            store.append_message(5, ("q",), "", "q", b"h", b"again")
+        except ValueError as error:
+            errors.append(error)
+
+    run(tmp_path, work)
+    assert errors
+    assert bodies(reopen(tmp_path), "q") == [b"x"]

@@ -1,0 +1,145 @@
+"""A failed write reports callback(False), keeps what was already durable, and lets later batches succeed."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from storage.store import MessageStore
+
+
+class FailingDisk:
+    """Stands in for os.write (and optionally os.ftruncate) while ``failing`` is set."""
+
+    def __init__(self, monkeypatch, partial: bool = False, truncate_fails: bool = False) -> None:
+        self.failing = False
+        self._partial = partial  # write half the bytes before failing, like a disk filling up mid-write
+        self._write = os.write
+        self._truncate = os.ftruncate
+        monkeypatch.setattr(os, "write", self.write)
+        if truncate_fails:
+            monkeypatch.setattr(os, "ftruncate", self.ftruncate)
+
+    def write(self, fd: int, data) -> int:
+        if not self.failing:
+            return self._write(fd, data)
+        if self._partial and len(data) > 1:
+            self._partial = False
+            return self._write(fd, bytes(data[: len(data) // 2]))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def ftruncate(self, fd: int, size: int) -> None:
+        if self.failing:
+            raise OSError(errno.EIO, "Input/output error")
+        self._truncate(fd, size)
+
+
+async def durable(store: MessageStore) -> bool:
+    done = asyncio.get_running_loop().create_future()
+    store.when_durable(done.set_result)
+    return await done
+
+
+def publish(store: MessageStore, msg_id: int) -> None:
+    store.append_message(msg_id, ("q",), "", "q", b"h", b"m%d" % msg_id)
+
+
+def reopen(data_dir: Path):
+    store = MessageStore(data_dir)
+    recovered = store.recover()
+    store.close()
+    return recovered
+
+
+@pytest.mark.parametrize("partial", [False, True], ids=["nothing-written", "half-written"])
+def test_failed_batch_is_nacked_and_later_batches_succeed(tmp_path, monkeypatch, partial):
+    disk = FailingDisk(monkeypatch, partial=partial)
+
+    async def main() -> None:
+        store = MessageStore(tmp_path)
+        store.recover()
+        publish(store, 0)
+        assert await durable(store) is True
+        disk.failing = True
+        publish(store, 1)
+        store.append_definition("queue", "made-during-failure", {"name": "made-during-failure"})
+        assert await durable(store) is False
+        disk.failing = False
+        publish(store, 2)
+        store.append_removed("q", [1])  # the broker drops the nacked message; the store already forgot it
+        assert await durable(store) is True
+        assert store.stats()["failed"] is False
+        store.close()
+
+    asyncio.run(main())
+    recovered = reopen(tmp_path)
+    assert [m.body for m in recovered.messages["q"]] == [b"m0", b"m2"]
+    assert recovered.queues == [{"name": "made-during-failure"}]
+    assert recovered.report["torn_tail_bytes"] == 0
+
+
+def test_a_write_that_cannot_be_undone_fails_every_later_batch_but_keeps_earlier_ones(tmp_path, monkeypatch):
+    disk = FailingDisk(monkeypatch, partial=True, truncate_fails=True)
+
+    async def main() -> None:
+        store = MessageStore(tmp_path)
+        store.recover()
+        publish(store, 0)
+        assert await durable(store) is True
+        disk.failing = True
+        publish(store, 1)
+        assert await durable(store) is False
+        disk.failing = False
+        publish(store, 2)
+        assert await durable(store) is False
+        assert store.stats()["failed"] is True
+        store.close()
+
+    asyncio.run(main())
+    recovered = reopen(tmp_path)
+    assert [m.body for m in recovered.messages["q"]] == [b"m0"]
+    assert recovered.report["clean_shutdown"] is False
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path):
+    mount_point = tmp_path / "tiny"
+    mount_point.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount_point)],
+                            capture_output=True)
+    if result.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    yield mount_point
+    subprocess.run(["umount", "--lazy", str(mount_point)], check=True)
+
+
+def test_a_full_disk_nacks_and_the_store_recovers_when_space_returns(tiny_tmpfs):
+    filler = tiny_tmpfs / "filler"
+
+    async def main() -> None:
+        store = MessageStore(tiny_tmpfs / "data")
+        store.recover()
+        publish(store, 0)
+        assert await durable(store) is True
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+        try:  # take every byte that is left
+            while os.write(fd, b"\0" * 4096):
+                pass
+        except OSError as error:
+            assert error.errno == errno.ENOSPC
+        finally:
+            os.close(fd)
+        store.append_message(1, ("q",), "", "q", b"h", b"big" * 20_000)
+        assert await durable(store) is False
+        filler.unlink()
+        publish(store, 2)
+        assert await durable(store) is True
+        store.close()
+
+    asyncio.run(main())
+    assert [m.body for m in reopen(tiny_tmpfs / "data").messages["q"]] == [b"m0", b"m2"]
