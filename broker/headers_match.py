@@ -26,7 +26,7 @@ def validate_x_match(binding_arguments: dict) -> str | None:
         return None
     value = binding_arguments["x-match"]
     if isinstance(value, (str, bytes)):
-        if value in _X_MATCH_KINDS or value in (b"all", b"any", b"all-with-x", b"any-with-x"):
+        if (value if isinstance(value, str) else value.decode("utf-8", errors="replace")) in _X_MATCH_KINDS:
             return None
         return (
             f"PRECONDITION_FAILED - Invalid x-match field value {erlang_term(value)}; "
