@@ -1,0 +1,133 @@
+"""Spark fixtures: one local SparkSession for the whole test session, and AMQP helpers.
+
+Spark's Python workers must import pika and this package, so they run the same interpreter as the
+tests (PYSPARK_PYTHON) with the repository on their path.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pika
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BOUNDED_WAIT_SECONDS = 60.0
+
+
+@pytest.fixture(scope="session")
+def spark():
+    if shutil.which("java") is None:
+        pytest.skip("Spark tests need a Java runtime (java not found on PATH)")
+    pytest.importorskip("pyarrow", reason="the Python data source API needs pyarrow")
+    from pyspark.sql import SparkSession
+
+    import spark_connector
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("warren-spark-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "1")
+        .config("spark.sql.streaming.pollingDelay", "50ms")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    spark_connector.register(session)
+    yield session
+    session.stop()
+
+
+class Amqp:
+    """A blocking pika connection for setting up queues and checking what the connector did."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.connection = pika.BlockingConnection(pika.URLParameters(url))
+        self.channel = self.connection.channel()
+
+    def declare(self, queue: str, **arguments) -> str:
+        return self.channel.queue_declare(queue, durable=True, arguments=arguments or None).method.queue
+
+    def publish(self, queue: str, bodies: list[bytes], **properties) -> None:
+        self.channel.confirm_delivery()
+        for body in bodies:
+            self.channel.basic_publish("", queue, body, pika.BasicProperties(**properties))
+
+    def counts(self, queue: str) -> tuple[int, int]:
+        """(ready messages, consumers) of a queue."""
+        method = self.channel.queue_declare(queue, passive=True).method
+        return method.message_count, method.consumer_count
+
+    def wait_for_no_consumer(self, queue: str) -> int:
+        """Wait (bounded) until nobody consumes `queue`, so unacked messages are back; return ready count."""
+        return self.wait_until(lambda: self.counts(queue)[1] == 0 and self.counts(queue)[0])
+
+    def wait_until(self, probe: Callable[[], object], timeout: float = BOUNDED_WAIT_SECONDS):
+        """Poll the broker until `probe()` returns something other than False/None (bounded)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = probe()
+            if value is not False and value is not None:
+                return value
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"broker state not reached within {timeout}s")
+            self.connection.sleep(0.05)
+
+    def drain(self, queue: str) -> list[tuple[pika.spec.Basic.GetOk, pika.BasicProperties, bytes]]:
+        messages = []
+        while (got := self.channel.basic_get(queue, auto_ack=True))[0] is not None:
+            messages.append(got)
+        return messages
+
+    def close(self) -> None:
+        if self.connection.is_open:
+            self.connection.close()
+
+
+@pytest.fixture
+def amqp(broker) -> Iterator[Amqp]:
+    client = Amqp(broker.url)
+    yield client
+    client.close()
+
+
+class Collector:
+    """A foreachBatch function that keeps every row it sees, per batch, and can fail one batch."""
+
+    def __init__(self, fail_batch: int | None = None) -> None:
+        self.batches: list[tuple[int, list]] = []  # (batch id, rows) in the order Spark ran them
+        self.fail_batch = fail_batch  # batch id whose rows are kept and then made to fail
+        self._changed = threading.Condition()
+
+    def __call__(self, frame, batch_id: int) -> None:
+        rows = frame.collect()
+        with self._changed:
+            self.batches.append((batch_id, rows))
+            self._changed.notify_all()
+        if batch_id == self.fail_batch:
+            raise RuntimeError(f"batch {batch_id} fails on purpose")
+
+    @property
+    def rows(self) -> list:
+        return [row for _, rows in self.batches for row in rows]
+
+    def wait_for_rows(self, count: int, timeout: float = BOUNDED_WAIT_SECONDS) -> None:
+        with self._changed:
+            if not self._changed.wait_for(lambda: len(self.rows) >= count, timeout):
+                raise TimeoutError(f"{len(self.rows)} rows of {count} after {timeout}s")
+
+
+def read_queue(spark, url: str, queue: str, **options):
+    reader = spark.readStream.format("amqp").option("uri", url).option("queue", queue)
+    for key, value in options.items():
+        reader = reader.option(key, str(value))
+    return reader.load()

@@ -1,0 +1,197 @@
+"""The amqp streaming source: exact counts, row contents, acknowledgement after commit, restarts."""
+
+from __future__ import annotations
+
+import datetime
+from collections import Counter
+
+import pika
+import pika.exceptions
+import pytest
+from pyspark.errors import StreamingQueryException
+
+from tests.spark.conftest import BOUNDED_WAIT_SECONDS, Collector, read_queue
+
+pytestmark = pytest.mark.spark
+
+
+def run_available_now(spark, url, queue, checkpoint, collector, **options):
+    query = (
+        read_queue(spark, url, queue, **options)
+        .writeStream.foreachBatch(collector)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(BOUNDED_WAIT_SECONDS), "AvailableNow query did not finish"
+    return query
+
+
+def test_available_now_reads_each_message_once_and_acks_them_all(spark, broker, amqp, unique, tmp_path):
+    queue = amqp.declare(unique)
+    bodies = [f"m{i}".encode() for i in range(250)]
+    amqp.publish(queue, bodies)
+
+    collector = Collector()
+    # A prefetch smaller than the queue: batches fill the window and must be acked to go on.
+    run_available_now(spark, broker.url, queue, tmp_path / "checkpoint", collector, prefetch=100)
+
+    assert sorted(row.body for row in collector.rows) == sorted(bodies)
+    assert not any(row.redelivered for row in collector.rows)
+    assert amqp.wait_for_no_consumer(queue) == 0, "messages were requeued: not all were acked"
+
+
+def test_rows_carry_the_message_properties(spark, broker, amqp, unique, tmp_path):
+    queue = amqp.declare(unique)
+    amqp.publish(
+        queue,
+        ["héllo".encode()],
+        content_type="text/plain",
+        content_encoding="utf-8",
+        headers={"tenant": "acme", "attempt": 3, "raw": b"bytes"},
+        delivery_mode=2,
+        priority=7,
+        correlation_id="corr-1",
+        reply_to="replies",
+        expiration="60000",
+        message_id="msg-1",
+        timestamp=1_700_000_000,
+        type="greeting",
+        app_id="tests",
+    )
+    collector = Collector()
+    run_available_now(spark, broker.url, queue, tmp_path / "checkpoint", collector, bodyEncoding="utf-8")
+
+    [row] = collector.rows
+    assert row.body == "héllo".encode()
+    assert row.text == "héllo"
+    assert (row.exchange, row.routing_key, row.redelivered) == ("", queue, False)
+    assert row.headers == {"tenant": "acme", "attempt": "3", "raw": "bytes"}
+    assert (row.content_type, row.content_encoding, row.delivery_mode, row.priority) == ("text/plain", "utf-8", 2, 7)
+    assert (row.correlation_id, row.reply_to, row.expiration, row.message_id) == ("corr-1", "replies", "60000", "msg-1")
+    assert row.timestamp.astimezone(datetime.timezone.utc) == datetime.datetime(2023, 11, 14, 22, 13, 20, tzinfo=datetime.timezone.utc)
+    assert (row.type, row.user_id, row.app_id) == ("greeting", None, "tests")
+
+
+def test_max_messages_per_batch_bounds_every_batch(spark, broker, amqp, unique, tmp_path):
+    queue = amqp.declare(unique)
+    amqp.publish(queue, [str(i).encode() for i in range(95)])
+    collector = Collector()
+    run_available_now(spark, broker.url, queue, tmp_path / "checkpoint", collector, maxMessagesPerBatch=30)
+
+    sizes = [len(rows) for _, rows in collector.batches if rows]
+    assert sizes == [30, 30, 30, 5]
+    assert amqp.wait_for_no_consumer(queue) == 0
+
+
+def test_streaming_query_acks_its_last_batch_once_the_queue_is_idle(spark, broker, amqp, unique, tmp_path):
+    queue = amqp.declare(unique)
+    collector = Collector()
+    query = (
+        read_queue(spark, broker.url, queue)
+        .writeStream.foreachBatch(collector)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(processingTime="100 milliseconds")
+        .start()
+    )
+    try:
+        amqp.publish(queue, [b"a", b"b", b"c"])
+        collector.wait_for_rows(3)
+        amqp.publish(queue, [b"d", b"e"])
+        collector.wait_for_rows(5)
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    assert sorted(row.body for row in collector.rows) == [b"a", b"b", b"c", b"d", b"e"]
+    assert amqp.wait_for_no_consumer(queue) == 0, "the last batch was never acknowledged"
+
+
+def test_restart_after_a_failed_batch_loses_nothing_and_flags_the_duplicates(spark, broker, amqp, unique, tmp_path):
+    queue = amqp.declare(unique)
+    bodies = [str(i).encode() for i in range(100)]
+    amqp.publish(queue, bodies)
+    checkpoint = tmp_path / "checkpoint"
+
+    failing = Collector(fail_batch=1)
+    with pytest.raises(StreamingQueryException, match="fails on purpose"):
+        run_available_now(spark, broker.url, queue, checkpoint, failing, maxMessagesPerBatch=30)
+    committed = [row.body for batch_id, rows in failing.batches if batch_id == 0 for row in rows]
+    uncommitted = [row.body for batch_id, rows in failing.batches if batch_id == 1 for row in rows]
+    assert len(committed) == len(uncommitted) == 30
+    assert amqp.wait_for_no_consumer(queue) == 70, "only the committed batch may be acknowledged"
+
+    resumed = Collector()
+    run_available_now(spark, broker.url, queue, checkpoint, resumed, maxMessagesPerBatch=30)
+
+    second_run = {row.body: row for row in resumed.rows}
+    assert len(second_run) == len(resumed.rows) == 70
+    assert sorted(committed + list(second_run)) == sorted(bodies), "a message was lost or read twice after commit"
+    seen = Counter(committed + uncommitted + list(second_run))
+    duplicates = sorted(body for body, count in seen.items() if count > 1)
+    assert duplicates == sorted(uncommitted)
+    assert all(second_run[body].redelivered for body in duplicates)
+    assert amqp.wait_for_no_consumer(queue) == 0
+
+
+def test_stopping_mid_stream_and_restarting_loses_nothing(spark, broker, amqp, unique, tmp_path):
+    queue = amqp.declare(unique)
+    bodies = [str(i).encode() for i in range(200)]
+    amqp.publish(queue, bodies)
+    checkpoint = tmp_path / "checkpoint"
+
+    first = Collector()
+    query = (
+        read_queue(spark, broker.url, queue, maxMessagesPerBatch=20)
+        .writeStream.foreachBatch(first)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="0 seconds")
+        .start()
+    )
+    first.wait_for_rows(40)
+    query.stop()
+    assert 40 <= len(first.rows) < len(bodies), "the query was meant to stop mid-stream"
+    amqp.wait_for_no_consumer(queue)
+
+    second = Collector()
+    run_available_now(spark, broker.url, queue, checkpoint, second, maxMessagesPerBatch=20)
+
+    assert set(row.body for row in first.rows + second.rows) == set(bodies)
+    first_bodies = {row.body for row in first.rows}
+    assert all(row.redelivered for row in second.rows if row.body in first_bodies)
+    assert amqp.wait_for_no_consumer(queue) == 0
+
+
+def test_exchange_and_binding_key_consume_a_private_queue(spark, broker, amqp, unique, tmp_path):
+    exchange = f"{unique}-x"
+    amqp.channel.exchange_declare(exchange, "topic", auto_delete=True)
+    collector = Collector()
+    query = (
+        spark.readStream.format("amqp")
+        .option("uri", broker.url)
+        .option("exchange", exchange)
+        .option("bindingKey", "orders.*")
+        .load()
+        .writeStream.foreachBatch(collector)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(processingTime="100 milliseconds")
+        .start()
+    )
+    amqp.channel.confirm_delivery()
+
+    def routable(key: str) -> bool:
+        try:
+            amqp.channel.basic_publish(exchange, key, key.encode(), mandatory=True)
+        except pika.exceptions.UnroutableError:
+            return False
+        return True
+
+    try:
+        amqp.wait_until(lambda: routable("orders.new"))  # the private queue is bound once the query consumes
+        for key in ("orders.paid", "invoices.paid", "orders.shipped"):
+            amqp.channel.basic_publish(exchange, key, key.encode())
+        collector.wait_for_rows(3)
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    assert sorted(row.routing_key for row in collector.rows) == ["orders.new", "orders.paid", "orders.shipped"]
+    assert all(row.exchange == exchange for row in collector.rows)
