@@ -61,7 +61,7 @@ def scan_properties(header_payload: bytes) -> PropertyScan:
     """Walk the property flags and skip over fields without building pamqp objects.
 
     Raises FrameError (541 INTERNAL_ERROR, as RabbitMQ) when the properties are truncated or followed by
-    extra bytes, or when expiration is not UTF-8 (pamqp rejects such a short string too)."""
+    extra bytes. Field tables are skipped whole; their entries are checked when decode_properties parses them."""
     flags = property_flags(header_payload)
     delivery_mode = priority = expiration = None
     offset = PROPERTIES_OFFSET + 2
@@ -84,11 +84,13 @@ def scan_properties(header_payload: bytes) -> PropertyScan:
             offset += 1 + header_payload[offset]
         if flags & EXPIRATION:
             end = offset + 1 + header_payload[offset]
-            expiration = header_payload[offset + 1 : end].decode()
+            # RabbitMQ takes any bytes here and then fails them as "invalid expiration '...': no_integer";
+            # bytes that are not UTF-8 become U+FFFD, as a client reading that reply text would see them.
+            expiration = header_payload[offset + 1 : end].decode(errors="replace")
             offset = end
         if flags & (MESSAGE_ID | TIMESTAMP | TYPE | USER_ID | APP_ID | CLUSTER_ID):
             offset = _skip_trailing_properties(header_payload, offset, flags)
-    except (IndexError, struct.error, UnicodeDecodeError):
+    except (IndexError, struct.error):
         raise malformed_properties_error() from None
     if offset != len(header_payload):
         raise malformed_properties_error()
