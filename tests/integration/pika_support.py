@@ -53,6 +53,12 @@ def open_channel(broker: Any) -> Iterator[BlockingChannel]:
             connection.close()
 
 
+def reply_text(text: str) -> str:
+    """A reply text as RabbitMQ sends it: a shortstr, so longer texts are cut to 252 bytes followed by '...'."""
+    encoded = text.encode()
+    return text if len(encoded) <= 255 else encoded[:252].decode(errors="ignore") + "..."
+
+
 def channel_error(action: Callable[[], Any]) -> tuple[int, str]:
     """Run `action`, which must make the broker close the channel; return (reply code, reply text)."""
     with pytest.raises(pika.exceptions.ChannelClosedByBroker) as error:
