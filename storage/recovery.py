@@ -113,16 +113,17 @@ class _Reader:
                     publish.msg_id, publish.exchange, publish.routing_key, publish.header_payload, publish.body,
                     delivered,
                 )
-        elif kind == records.REMOVED:
+        elif kind in (records.REMOVED, records.DELIVERED):
+            # a compacted publish lists only its live queues, so an older record may name a queue it has left
             queue, ids = records.decode_id_list(payload)
             messages = self.queues.get(queue, {})
-            for msg_id in index.remove(queue, ids):
-                del messages[msg_id]
-        elif kind == records.DELIVERED:
-            queue, ids = records.decode_id_list(payload)
-            messages = self.queues.get(queue, {})
-            for msg_id in index.deliver(queue, ids):
-                messages[msg_id].redelivered = True
+            present = [msg_id for msg_id in ids if msg_id in messages]
+            if kind == records.REMOVED:
+                for msg_id in index.remove(queue, present):
+                    del messages[msg_id]
+            else:
+                for msg_id in index.deliver(queue, present):
+                    messages[msg_id].redelivered = True
         else:
             raise ValueError(f"unknown segment record type {kind}")
 
