@@ -57,7 +57,7 @@ def describe_frame(frame_type: int, payload: bytes) -> str:
     """RabbitMQ's "type ~tp, ~ts octets = ~tp" (rabbit_reader:payload_snippet), as Erlang chars."""
     which = "all" if len(payload) <= 16 else "first 16"
     prefix = f"type {frame_type}, {which} octets = "
-    return prefix + pretty(payload[:16], column_after(prefix))
+    return prefix + pretty(bytes(payload[:16]), column_after(prefix))
 
 
 def frame_error(reason: object, frame_type: int, payload: bytes) -> FrameError:
@@ -97,8 +97,7 @@ class FrameReader:
                 start = self._complete_partial(data)
                 if start < 0:
                     return frames
-                self._read_frames(bytes(self._partial), 0, frames)
-                self._partial.clear()
+                self._read_partial_frame(frames)
             offset = self._read_frames(data, start, frames)
         except FrameError as error:
             error.frames = frames
@@ -123,6 +122,15 @@ class FrameReader:
             return -1
         return taken + missing
 
+    def _read_partial_frame(self, frames: list[Frame]) -> None:
+        """Append the now-complete frame held in _partial, copying its payload once, and empty _partial."""
+        with memoryview(self._partial) as view:
+            self._read_frames(view, 0, frames)
+        frame_type, channel, payload_view = frames[-1]
+        frames[-1] = (frame_type, channel, payload_view.tobytes())
+        del payload_view  # the last view on _partial: it may be resized again
+        self._partial.clear()
+
     def _check_size(self, frame_type: int, size: int) -> None:
         # RabbitMQ lets the payload exceed frame_max - 8 by up to 8 bytes, since clients often get it
         # wrong (rabbit_reader's FRAME_SIZE_FUDGE), but reports frame_max - 8 as the limit.
@@ -130,7 +138,7 @@ class FrameReader:
             reason = (Atom("frame_too_large"), size, self.frame_max - FRAME_OVERHEAD)
             raise frame_error(reason, frame_type, b"")
 
-    def _read_frames(self, source: bytes, offset: int, frames: list[Frame]) -> int:
+    def _read_frames(self, source: bytes | memoryview, offset: int, frames: list[Frame]) -> int:
         """Append the complete frames of source from offset on; return the offset of the first incomplete one."""
         end = len(source)
         limit = self.frame_max or _NO_LIMIT
