@@ -239,15 +239,17 @@ class RawClient:
     def expect_connection_error(self, code: int, text: str, class_id: int = 0, method_id: int = 0) -> None:
         """connection.close with exactly this reply and culprit method; after our close-ok the socket closes."""
         close = self.expect_connection_close()
-        assert (close.reply_code, close.reply_text) == (code, text)
-        assert (close.class_id, close.method_id) == (class_id, method_id)
+        expected = (code, text, class_id, method_id)
+        got = (close.reply_code, close.reply_text, close.class_id, close.method_id)
+        assert got == expected, f"connection.close {got} != expected {expected}"
         self.expect_closed()
 
     def expect_channel_error(self, channel: int, code: int, text: str, class_id: int = 0, method_id: int = 0) -> None:
         """channel.close with exactly this reply on `channel`, answered with close-ok."""
         close = self.expect(commands.Channel.Close, channel=channel)
-        assert (close.reply_code, close.reply_text) == (code, text)
-        assert (close.class_id, close.method_id) == (class_id, method_id)
+        expected = (code, text, class_id, method_id)
+        got = (close.reply_code, close.reply_text, close.class_id, close.method_id)
+        assert got == expected, f"channel.close {got} != expected {expected}"
         self.send(channel, commands.Channel.CloseOk())
 
     def close_connection(self) -> None:
