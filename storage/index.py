@@ -307,4 +307,5 @@ class MessageIndex:
         segment.base_refs = segment.refs
         segment.compacted_upto = upto
         segment.refers = refers
+        self.dirty.add(segment.number)  # it may have emptied meanwhile
         self.recheck_waiting = True

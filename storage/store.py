@@ -254,6 +254,7 @@ class MessageStore:
             "segments": len(segments),
             "live_messages": index.live_refs if index else 0,  # (queue, message) pairs
             "index_bytes": sum(len(segment.states) for segment in segments),
+            "compactions_running": sum(segment.compacting for segment in segments),
             "batches": self._writer.batches,
             "fsyncs": self._writer.fsyncs,
             "bytes_written": self._writer.bytes_written,
