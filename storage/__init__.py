@@ -1,1 +1,42 @@
-"""Durable storage for messages and definitions."""
+"""Durable storage for messages and definitions.
+
+Public API (``storage.store``)::
+
+    store = MessageStore(data_dir, loop=None)   # loop None: the running loop at the first append
+    recovered = store.recover()                 # once, synchronously, before serving
+    store.append_message(msg_id, queues, exchange, routing_key, header_payload, body)
+    store.append_removed(queue, msg_ids)        # acked / rejected / expired / purged from that queue
+    store.append_delivered(queue, msg_ids)      # never waits; the message comes back redelivered
+    store.append_definition(kind, name, data)   # kind: exchange/queue/binding/vhost/user/policy; data None = deleted
+    store.delete_queue(queue)                   # its messages and its "queue" definition are gone
+    store.when_durable(callback)                # callback(ok) on the loop once all the above is fsynced
+    store.close()                               # flush, fsync, stop the writer (blocks)
+    store.stats()                               # bytes_on_disk, segments, live_messages, index_bytes, fsyncs ...
+
+``Recovered`` holds exchanges/queues/bindings (plus vhosts/users/policies): the ``data`` dicts last given to
+``append_definition``, in creation order; ``messages``: queue -> ``StoredMessage`` list in queue (= msg id) order;
+``next_msg_id``; ``report`` (records, bytes, segments, torn_tail_bytes, corrupt_segments, messages,
+clean_shutdown, seconds).
+
+Contract with the broker:
+- Every method runs on the event loop thread. ``append_*`` make no syscall: they add framed records to the pending
+  batch. One writer thread writes each batch and calls fdatasync once per file touched, then hands the batch's
+  callbacks back with one ``call_soon_threadsafe``. A lone append is handed over on the next loop turn; appends made
+  while a batch is being written form the next batch (group commit, no timer).
+- ``msg_id`` must increase from one ``append_message`` to the next (ValueError otherwise); ids are what the index
+  is built on. Use the same queue key (e.g. "vhost|name") in ``append_message``/``append_removed`` as the name of
+  the queue's definition, since ``delete_queue`` drops both.
+- callback(False) means the batch could not be written (disk full, EIO): nack those publishes. The store has
+  already forgotten the messages of that batch, and later batches are tried again normally. If even undoing the
+  partial write fails, every later batch fails too (``stats()["failed"]``); what was confirmed before is kept.
+- Redelivered flag: tracked through ``append_delivered``. A recovered message is redelivered=True iff a delivery
+  of it from that queue reached the disk, after a clean close or a crash alike. DELIVERED records ride with the
+  next batch without being waited for, so a delivery made just before a crash may come back redelivered=False.
+- After ``close()`` a restart shows exactly the state before. After kill -9, every message whose callback ran is
+  back; a removal whose callback had not run yet may or may not be undone (at-least-once).
+
+Layout on disk (``data_dir``): ``messages/NNNNNNNNNN.seg`` segments of about 16 MiB, ``definitions.log``, and
+``clean-shutdown`` between a graceful close and the next start. Records are ``[length u32][crc32 u32][payload]``.
+Segments whose messages are all gone are deleted; closed segments with half their messages gone are rewritten in
+place by the writer thread, a slice at a time between batches. The index costs about one byte per queued message.
+"""

@@ -4,9 +4,9 @@ Message ids increase, and each segment holds the publishes of one contiguous id 
 segment in place, so the range stays). A segment keeps one state byte per id of its range, so the index costs about
 one byte per queued message (more when the broker's ids are sparse, e.g. many transient messages in between).
 
-A segment can only be deleted when nothing older depends on its REMOVED/DELIVERED records: ``refers`` remembers, per
-older segment, the sequence number of the latest such record; the dependency ends when the older segment is deleted,
-or compacted after that record (the compacted file no longer holds the removed publish, and carries the delivered
+An empty segment can only be deleted once no older segment needs its REMOVED/DELIVERED records: ``refers``
+remembers, per older segment, the sequence number of the latest such record; the need ends when the older segment is
+deleted, or compacted after that record (the rewrite no longer holds the removed publish, and carries the delivered
 flag itself).
 
 The writer thread reads ``states``, ``multi`` and ``deleted_below`` while compacting; the event loop only ever turns

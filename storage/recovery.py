@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,11 +60,9 @@ class _Reader:
         self.index = MessageIndex()
         self.definitions = DefinitionTable()
         self.queues: dict[str, dict[int, StoredMessage]] = {}  # queue -> live messages by id, in order
-        self.report = {
-            "records": 0, "bytes": 0, "segments": 0, "torn_tail_bytes": 0, "corrupt_segments": 0,
-        }
+        self.report = {"records": 0, "bytes": 0, "torn_tail_bytes": 0, "corrupt_segments": 0}
 
-    def read_file(self, path: Path, is_tail: bool, apply) -> int:
+    def read_file(self, path: Path, is_tail: bool, apply: Callable[[memoryview], None]) -> int:
         """Apply each intact record of ``path``; return the size of its intact prefix."""
         data = path.read_bytes()
         self.report["bytes"] += len(data)

@@ -45,6 +45,7 @@ class MessageStore:
         self._index: MessageIndex | None = None  # set by recover()
         self._definitions: DefinitionTable | None = None  # set by recover()
         self._writer = Writer(self._segments_dir, self._data_dir, self._on_written, self._on_compacted)
+        self._writer.loop = loop
         self._chunks: list[tuple[int, bytearray]] = []  # pending segment bytes, per segment
         self._buffer = bytearray()  # the last of _chunks: where appends go
         self._pending_definitions = bytearray()

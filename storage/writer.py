@@ -7,12 +7,13 @@ advances compactions a slice at a time.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,13 +44,13 @@ class Writer:
         self._data_dir = data_dir
         self._written = written  # posted to the loop after each batch
         self._compacted = compacted  # posted to the loop after each compaction (size None if it failed)
-        self.loop = None  # the event loop reports go to (set by the store before the first batch)
+        self.loop: asyncio.AbstractEventLoop | None = None  # where reports go (set by the store before any batch)
         self._inbox: queue.SimpleQueue[Batch] = queue.SimpleQueue()
         self._files: dict[int, int] = {}  # segment number -> open fd (the head, and the previous head briefly)
         self._sizes: dict[int, int] = {}  # segment number -> durable size of the open file
         self._definitions_fd = -1
         self._definitions_size = 0
-        self._jobs: deque[tuple[Compaction, object]] = deque()  # compactions and their step iterators
+        self._jobs: deque[tuple[Compaction, Iterator[None]]] = deque()  # compactions and their step iterators
         self.failed = False  # a write failed and could not be undone: every later batch fails too
         self.batches = 0  # batches written
         self.fsyncs = 0  # fdatasync/fsync calls made for batches

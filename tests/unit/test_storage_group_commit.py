@@ -121,3 +121,17 @@ def test_when_durable_with_nothing_pending_still_answers(tmp_path):
         return ok
 
     assert asyncio.run(main()) is True
+
+
+def test_a_store_given_its_loop_explicitly_reports_on_it(tmp_path):
+    async def main() -> bool:
+        store = MessageStore(tmp_path, asyncio.get_running_loop())
+        store.recover()
+        store.append_message(0, ("q",), "", "q", b"h", b"x")
+        done = asyncio.get_running_loop().create_future()
+        store.when_durable(done.set_result)
+        ok = await asyncio.wait_for(done, timeout=10)
+        store.close()
+        return ok
+
+    assert asyncio.run(main()) is True
