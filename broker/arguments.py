@@ -21,24 +21,19 @@ import datetime
 import decimal
 import re
 
-PRECONDITION_FAILED = 406
-RESOURCE_LOCKED = 405
+from broker.errors import AMQPError
+from protocol.constants import PRECONDITION_FAILED, RESOURCE_LOCKED
 
 _INT32 = range(-(2**31), 2**31)
 _MAX_EXPIRY = 315360000000  # rabbit_misc:check_expiry: ten years in milliseconds
 
 
-class ArgumentError(Exception):
-    """A declaration RabbitMQ refuses; the channel closes with reply_code and text."""
-
-    def __init__(self, reply_code: int, text: str) -> None:
-        super().__init__(text)
-        self.reply_code = reply_code  # 406 PRECONDITION_FAILED, or 405 RESOURCE_LOCKED for exclusivity
-        self.text = text  # full reply text, "PRECONDITION_FAILED - ..."
+class ArgumentError(AMQPError):
+    """A declaration RabbitMQ refuses (406 PRECONDITION_FAILED, or 405 RESOURCE_LOCKED for exclusivity)."""
 
 
 def _precondition_failed(explanation: str) -> ArgumentError:
-    return ArgumentError(PRECONDITION_FAILED, "PRECONDITION_FAILED - " + explanation)
+    return ArgumentError(PRECONDITION_FAILED, explanation)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -516,7 +511,7 @@ def check_queue_equivalent(queue: str, vhost: str, existing: dict, requested: di
     if not same_owner:
         raise ArgumentError(
             RESOURCE_LOCKED,
-            f"RESOURCE_LOCKED - cannot obtain exclusive access to locked {resource}. It could be originally "
+            f"cannot obtain exclusive access to locked {resource}. It could be originally "
             "declared on another connection or the exclusive property value does not match that of the "
             "original declaration.",
         )

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple
 from pamqp import commands as spec
 
 from broker import errors
+from broker.arguments import amqp_type_name
 from broker.confirms import ConfirmTracker
 from broker.consumer import Consumer
 from broker.message import Message, QueueEntry
@@ -18,6 +19,7 @@ from protocol.codec import decode_method, encode_content, encode_method
 from protocol.constants import (
     BASIC_ACK, BASIC_PUBLISH, FRAME_BODY, FRAME_HEADER, FRAME_METHOD, NO_ROUTE, REPLY_SUCCESS,
 )
+from protocol.properties import USER_ID, property_flags
 from protocol.fastpath import decode_ack, decode_content_header, decode_publish, encode_ack, encode_deliver, encode_nack
 
 if TYPE_CHECKING:
@@ -29,9 +31,19 @@ _METHOD_ID = struct.Struct(">I")
 
 class Unacked(NamedTuple):
     """A delivery awaiting ack: where it came from and who got it."""
+    tag: int
     entry: QueueEntry
     queue: Queue
     consumer: Consumer | None  # None for basic.get
+
+
+class Transaction:
+    """What a transactional channel holds until tx.commit."""
+    __slots__ = ("publishes", "settles")
+
+    def __init__(self):
+        self.publishes: list[Callable[[], None]] = []  # routings to run at commit, in order
+        self.settles: list[tuple[list[Unacked], bool | None]] = []  # (deliveries, requeue) acked/rejected
 
 
 class PendingPublish:
@@ -63,7 +75,7 @@ class Channel:
         self.consumer_unacked = 0  # unacked deliveries made to consumers (what the global limit counts)
         self.flow_active = True  # channel.flow from the client
         self.confirms: ConfirmTracker | None = None  # set by confirm.select
-        self.tx: list[Callable[[], None]] | None = None  # set by tx.select: publishes and acks held until commit
+        self.tx: Transaction | None = None  # set by tx.select: publishes and acks held until commit
         self.last_queue = ""  # name of the last queue declared, for methods that name the queue ""
 
     # --- frames in -----------------------------------------------------------------------------------------
@@ -124,7 +136,7 @@ class Channel:
     def handle_method(self, method) -> None:
         handler = _HANDLERS.get(type(method))
         if handler is None:
-            raise errors.command_invalid(f"unexpected method {method.name} on channel {self.number}")
+            raise errors.command_invalid("unimplemented method")
         handler(self, method)
 
     def send_method(self, method) -> None:
@@ -140,11 +152,16 @@ class Channel:
             raise errors.access_refused(f"cannot publish to internal exchange '{exchange_name}' in vhost "
                                         f"'{vhost.name}'")
         message = Message(exchange_name, routing_key, header, body)
+        if property_flags(header) & USER_ID:
+            user_id = message.properties.user_id
+            if user_id != self.connection.user:
+                raise errors.precondition_failed(f"user_id property set to '{user_id}' but authenticated user was "
+                                                 f"'{self.connection.user}'")
         routing_keys = [routing_key]
         if message.scan.has_headers:
             message, routing_keys = _sender_selected(message, routing_key)
         if self.tx is not None:
-            self.tx.append(lambda: self._route(exchange, routing_keys, mandatory, message, None))
+            self.tx.publishes.append(lambda: self._route(exchange, routing_keys, mandatory, message, None))
             return
         seq = self.confirms.next_seq() if self.confirms is not None else None
         self._route(exchange, routing_keys, mandatory, message, seq)
@@ -179,7 +196,7 @@ class Channel:
         if consumer.no_ack:
             queue.forget((entry,))
         else:
-            self.unacked[tag] = Unacked(entry, queue, consumer)
+            self.unacked[tag] = Unacked(tag, entry, queue, consumer)
             consumer.unacked += 1
             self.consumer_unacked += 1
         message = entry.message
@@ -216,14 +233,14 @@ class Channel:
     def ack(self, tag: int, multiple: bool) -> None:
         taken = self._take_unacked(tag, multiple)
         if self.tx is not None:
-            self.tx.append(lambda: self._settle(taken, requeue=None))
+            self.tx.settles.append((taken, None))
         else:
             self._settle(taken, requeue=None)
 
     def reject(self, tag: int, multiple: bool, requeue: bool) -> None:
         taken = self._take_unacked(tag, multiple)
         if self.tx is not None:
-            self.tx.append(lambda: self._settle(taken, requeue))
+            self.tx.settles.append((taken, requeue))
         else:
             self._settle(taken, requeue)
 
@@ -247,6 +264,30 @@ class Channel:
             if queue.consumers and queue.entries:
                 dispatcher.mark(queue)
 
+    def restore_unacked(self, deliveries: list[Unacked]) -> None:
+        """Acks or rejects that a rollback undid: the deliveries are unacked again, in tag order."""
+        for delivery in deliveries:
+            self.unacked[delivery.tag] = delivery
+            if delivery.consumer is not None:
+                delivery.consumer.unacked += 1
+                self.consumer_unacked += 1
+        self.unacked = OrderedDict(sorted(self.unacked.items()))
+
+    def rollback(self) -> None:
+        """Drop the transaction's publishes; its acks and rejects are undone."""
+        tx = self.tx
+        self.tx = Transaction()
+        for deliveries, _ in tx.settles:
+            self.restore_unacked(deliveries)
+
+    def commit(self) -> None:
+        tx = self.tx
+        self.tx = Transaction()
+        for deliveries, requeue in tx.settles:
+            self._settle(deliveries, requeue)
+        for publish in tx.publishes:
+            publish()
+
     def requeue_all(self) -> None:
         """Every unacked delivery goes back to its queue, in original order, flagged redelivered."""
         if self.unacked:
@@ -261,7 +302,7 @@ class Channel:
         """The consumer's queue went away: tell a client that understands basic.cancel from the server."""
         self.consumers.pop(consumer.tag, None)
         if self.open and self.connection.client_capabilities.get("consumer_cancel_notify"):
-            self.send_method(spec.Basic.Cancel(consumer_tag=consumer.tag))
+            self.send_method(spec.Basic.Cancel(consumer_tag=consumer.tag, nowait=True))
 
     # --- closing -------------------------------------------------------------------------------------------
     def shutdown(self) -> None:
@@ -270,8 +311,10 @@ class Channel:
         self.pending = None
         for consumer in list(self.consumers.values()):
             self.cancel_consumer(consumer)
+        if self.tx is not None:
+            self.rollback()
+            self.tx = None
         self.requeue_all()
-        self.tx = None
 
 
 def _sender_selected(message: Message, routing_key: str) -> tuple[Message, list[str]]:
@@ -293,6 +336,10 @@ def _sender_selected(message: Message, routing_key: str) -> tuple[Message, list[
 
 def _channel_close(channel: Channel, method: spec.Channel.Close) -> None:
     channel.connection.close_channel(channel.number, send_close_ok=True)
+
+
+def _channel_open(channel: Channel, method: spec.Channel.Open) -> None:
+    raise errors.channel_error("second 'channel.open' seen")
 
 
 def _channel_flow(channel: Channel, method: spec.Channel.Flow) -> None:
@@ -324,8 +371,8 @@ def _exchange_bind(channel: Channel, method: spec.Exchange.Bind) -> None:
 
 def _exchange_unbind(channel: Channel, method: spec.Exchange.Unbind) -> None:
     vhost = channel.vhost
-    destination = vhost.get_exchange(method.destination)
-    vhost.unbind(vhost.get_exchange(method.source), destination, method.routing_key, method.arguments or {})
+    vhost.unbind(vhost.exchanges.get(method.source), vhost.exchanges.get(method.destination), method.routing_key,
+                 method.arguments or {})
     if not method.nowait:
         channel.send_method(spec.Exchange.UnbindOk())
 
@@ -359,8 +406,10 @@ def _queue_bind(channel: Channel, method: spec.Queue.Bind) -> None:
 
 def _queue_unbind(channel: Channel, method: spec.Queue.Unbind) -> None:
     vhost = channel.vhost
-    queue = vhost.get_queue(_queue_name(channel, method.queue), channel.connection)
-    vhost.unbind(vhost.get_exchange(method.exchange), queue, method.routing_key, method.arguments or {})
+    queue = vhost.queues.get(_queue_name(channel, method.queue))
+    if queue is not None:
+        vhost.check_exclusive_access(queue, channel.connection)
+    vhost.unbind(vhost.exchanges.get(method.exchange), queue, method.routing_key, method.arguments or {})
     channel.send_method(spec.Queue.UnbindOk())
 
 
@@ -403,10 +452,14 @@ def _basic_consume(channel: Channel, method: spec.Basic.Consume) -> None:
     tag = method.consumer_tag or generated_name("amq.ctag-")
     if tag in channel.consumers:
         raise errors.not_allowed(f"attempt to reuse consumer tag '{tag}'")
+    arguments = method.arguments or {}
+    priority = arguments.get("x-priority", 0)
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise errors.precondition_failed(f"invalid arg 'x-priority' for queue '{queue.name}' in vhost "
+                                         f"'{vhost.name}': \"expected integer, got {amqp_type_name(priority)}\"")
     if queue.has_exclusive_consumer() or (method.exclusive and queue.consumers):
         raise errors.access_refused(f"queue '{queue.name}' in vhost '{vhost.name}' in exclusive use")
-    consumer = Consumer(tag, channel, queue, method.no_ack, method.exclusive, method.arguments or {},
-                        channel.consumer_prefetch)
+    consumer = Consumer(tag, channel, queue, method.no_ack, method.exclusive, arguments, channel.consumer_prefetch)
     channel.consumers[tag] = consumer
     if not method.nowait:
         channel.send_method(spec.Basic.ConsumeOk(consumer_tag=tag))
@@ -432,7 +485,7 @@ def _basic_get(channel: Channel, method: spec.Basic.Get) -> None:
     if method.no_ack:
         queue.forget((entry,))
     else:
-        channel.unacked[tag] = Unacked(entry, queue, None)
+        channel.unacked[tag] = Unacked(tag, entry, queue, None)
     message = entry.message
     channel.send_method(spec.Basic.GetOk(tag, entry.redelivered, message.exchange, message.routing_key,
                                          queue.message_count))
@@ -478,27 +531,26 @@ def _tx_select(channel: Channel, method: spec.Tx.Select) -> None:
     if channel.confirms is not None:
         raise errors.precondition_failed("cannot switch from confirm to tx mode")
     if channel.tx is None:
-        channel.tx = []
+        channel.tx = Transaction()
     channel.send_method(spec.Tx.SelectOk())
 
 
 def _tx_commit(channel: Channel, method: spec.Tx.Commit) -> None:
     if channel.tx is None:
         raise errors.precondition_failed("channel is not transactional")
-    actions, channel.tx = channel.tx, []
-    for action in actions:
-        action()
+    channel.commit()
     channel.send_method(spec.Tx.CommitOk())
 
 
 def _tx_rollback(channel: Channel, method: spec.Tx.Rollback) -> None:
     if channel.tx is None:
         raise errors.precondition_failed("channel is not transactional")
-    channel.tx = []
+    channel.rollback()
     channel.send_method(spec.Tx.RollbackOk())
 
 
 _HANDLERS: dict[type, Callable[[Channel, object], None]] = {
+    spec.Channel.Open: _channel_open,
     spec.Channel.Close: _channel_close,
     spec.Channel.Flow: _channel_flow,
     spec.Exchange.Declare: _exchange_declare,

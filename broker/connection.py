@@ -16,7 +16,7 @@ from broker.channel import Channel
 from broker.errors import AMQPError
 from protocol.codec import HEARTBEAT_FRAME, decode_method, encode_method
 from protocol.constants import (
-    CONNECTION_FORCED, FRAME_HEARTBEAT, FRAME_METHOD, FRAME_MIN_SIZE, PROTOCOL_HEADER,
+    CONNECTION_FORCED, FRAME_END, FRAME_HEARTBEAT, NOT_ALLOWED, FRAME_METHOD, FRAME_MIN_SIZE, PROTOCOL_HEADER,
     SERVER_CAPABILITIES,
 )
 from protocol.framing import FrameError, FrameReader
@@ -31,6 +31,7 @@ _CHANNEL_OPEN = (20, 10)
 _CHANNEL_CLOSE = (20, 40)
 _CHANNEL_CLOSE_OK = (20, 41)
 _BASIC_PUBLISH = (60, 40)
+_OPEN_OK_PAYLOAD = struct.pack(">HHI", 20, 11, 0)  # channel.open-ok with an empty channel_id longstr
 
 # Connection states, in handshake order.
 AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED = range(7)
@@ -48,7 +49,7 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.state = AWAIT_HEADER
         self.header = b""  # protocol header bytes received so far
-        self.reader = FrameReader(config.frame_max)
+        self.reader = FrameReader(FRAME_MIN_SIZE)  # RabbitMQ accepts only 4096-byte frames until tune-ok
         self.frame_max = config.frame_max  # negotiated in tune-ok
         self.channel_max = config.channel_max  # negotiated in tune-ok
         self.heartbeat = 0  # negotiated seconds, 0 = off
@@ -88,30 +89,50 @@ class Connection(asyncio.Protocol):
             return
         try:
             frames = self.reader.feed(data)
+            failure = None
         except FrameError as error:
-            self._fail_connection(AMQPError(error.reply_code, error.text.split(" - ", 1)[-1]))
-            return
+            frames, failure = error.frames, error  # RabbitMQ acts on the good frames before the bad one
+        self._process(frames)
+        if failure is not None:
+            self._frame_failed(failure)
+
+    def _process(self, frames) -> None:
         channels = self.channels
         for frame_type, number, payload in frames:
             if self.state >= CLOSING and not (number == 0 and frame_type == FRAME_METHOD):
                 continue
             channel = channels.get(number)
-            if channel is not None and self.state == OPEN:
-                try:
-                    channel.handle_frame(frame_type, payload)
-                except AMQPError as error:
-                    self._channel_failed(channel, error, frame_type, payload)
-                except Exception:
-                    log.exception("internal error on channel %d of %s", number, self.peer)
-                    self._channel_failed(channel, errors.internal_error("internal error"), frame_type, payload)
-            else:
-                try:
-                    self._other_frame(frame_type, number, payload)
-                except AMQPError as error:
-                    self._fill_method(error, frame_type, payload)
-                    self._fail_connection(error)
+            try:
+                if channel is not None and self.state == OPEN and frame_type != FRAME_HEARTBEAT:
+                    try:
+                        channel.handle_frame(frame_type, payload)
+                    except AMQPError as error:
+                        self._channel_failed(channel, error, frame_type, payload)
+                else:
+                    try:
+                        self._other_frame(frame_type, number, payload)
+                    except AMQPError as error:
+                        if frame_type == FRAME_METHOD:
+                            self._fill_method(error, frame_type, payload)
+                        self._fail_connection(error)
+            except FrameError as error:
+                self._frame_failed(error)
+            except Exception:
+                log.exception("internal error on channel %d of %s", number, self.peer)
+                self._fail_connection(errors.internal_error("internal error"))
             if self.state == CLOSED:
                 return
+
+    def _frame_failed(self, error: FrameError) -> None:
+        """A frame that cannot be decoded: connection.close with RabbitMQ's text, or (as it does for some) a
+        dropped socket."""
+        if self.state >= CLOSING:
+            return
+        log.warning("closing %s: %s", self.peer, error.text)
+        if error.send_close:
+            self.close(error.reply_code, error.text, error.class_id, error.method_id)
+        else:
+            self._terminate()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.state = CLOSED
@@ -195,11 +216,16 @@ class Connection(asyncio.Protocol):
     def _other_frame(self, frame_type: int, number: int, payload: bytes) -> None:
         """Frames on channel 0, on channels not open, and everything before the connection is open."""
         if frame_type == FRAME_HEARTBEAT:
+            if number != 0:
+                raise errors.unexpected_frame("type 8, all octets = <<>>")
             return
         if number == 0:
             if frame_type != FRAME_METHOD:
-                raise errors.unexpected_frame(f"expected method frame, got non method frame instead")
-            self._connection_method(decode_method(payload))
+                raise errors.unexpected_frame("expected method frame, got non method frame instead")
+            method = decode_method(payload)
+            if method.name.split(".")[0] != "Connection":
+                raise errors.channel_error("unexpected method in connection state running")
+            self._connection_method(method)
             return
         if self.state != OPEN:
             raise errors.command_invalid("channel frame received before the connection was opened")
@@ -210,13 +236,18 @@ class Connection(asyncio.Protocol):
                 if _CLASS_METHOD.unpack_from(payload) == _CHANNEL_CLOSE:
                     self.send_method(number, spec.Channel.CloseOk())
             return
-        if frame_type != FRAME_METHOD or _CLASS_METHOD.unpack_from(payload) != _CHANNEL_OPEN:
+        if frame_type != FRAME_METHOD:
+            raise errors.unexpected_frame("expected method frame, got non method frame instead")
+        if _CLASS_METHOD.unpack_from(payload) != _CHANNEL_OPEN:
             raise errors.channel_error("expected 'channel.open'")
-        if number > self.channel_max:
-            raise errors.not_allowed(f"channel number {number} exceeds the negotiated channel_max "
-                                     f"({self.channel_max})")
+        opened = len(self.channels) + len(self.closing_channels)
+        if opened >= self.channel_max:
+            raise AMQPError(NOT_ALLOWED, f"number of channels opened ({opened}) has reached the negotiated "
+                                         f"channel_max ({self.channel_max})", 0, 0)
         self.channels[number] = Channel(self, number)
-        self.send_method(number, spec.Channel.OpenOk())
+        # RabbitMQ sends an empty channel_id, which pamqp's Channel.OpenOk refuses to encode.
+        self.write(struct.pack(">BHI", FRAME_METHOD, number, len(_OPEN_OK_PAYLOAD)) + _OPEN_OK_PAYLOAD
+                   + bytes((FRAME_END,)))
 
     def _connection_method(self, method) -> None:
         state = self.state
@@ -304,10 +335,10 @@ class Connection(asyncio.Protocol):
     @staticmethod
     def _fill_method(error: AMQPError, frame_type: int, payload: bytes) -> None:
         """Name the method an error answers (for content frames: basic.publish), unless the handler did."""
-        if error.class_id == 0:
+        if error.class_id is None:
             if frame_type == FRAME_METHOD and len(payload) >= 4:
                 error.class_id, error.method_id = _CLASS_METHOD.unpack_from(payload)
-            elif frame_type in (2, 3):
+            else:
                 error.class_id, error.method_id = _BASIC_PUBLISH
 
     def _channel_failed(self, channel: Channel, error: AMQPError, frame_type: int, payload: bytes) -> None:
@@ -318,8 +349,8 @@ class Connection(asyncio.Protocol):
             return
         self.close_channel(channel.number, send_close_ok=False)
         self.closing_channels.add(channel.number)
-        self.send_method(channel.number, spec.Channel.Close(error.reply_code, error.reply_text, error.class_id,
-                                                            error.method_id))
+        self.send_method(channel.number, spec.Channel.Close(error.reply_code, error.reply_text, error.class_id or 0,
+                                                            error.method_id or 0))
 
     def close_channel(self, number: int, send_close_ok: bool) -> None:
         channel = self.channels.pop(number)
@@ -333,7 +364,7 @@ class Connection(asyncio.Protocol):
         if self.state >= CLOSING:
             return
         log.warning("closing %s: %s", self.peer, error.reply_text)
-        self.close(error.reply_code, error.reply_text, error.class_id, error.method_id)
+        self.close(error.reply_code, error.reply_text, error.class_id or 0, error.method_id or 0)
 
     def close(self, reply_code: int, reply_text: str, class_id: int = 0, method_id: int = 0) -> None:
         """Start a server-initiated close: channels go at once, the socket after close-ok or a timeout."""
@@ -361,10 +392,8 @@ class Connection(asyncio.Protocol):
 
 
 def _negotiate(name: str, client_value: int, server_max: int, minimum: int) -> int:
-    """RabbitMQ's rules for tune-ok: 0 means 'no limit', which we cap at our maximum."""
-    if client_value == 0:
-        return server_max
-    if client_value > server_max:
+    """RabbitMQ's rules for tune-ok: 0 means 'no limit', which is above any maximum we offer."""
+    if client_value == 0 or client_value > server_max:
         raise errors.not_allowed(f"{name}={client_value} > {server_max} max size")
     if client_value < minimum:
         raise errors.not_allowed(f"{name}={client_value} < {minimum} min size")

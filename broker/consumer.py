@@ -12,7 +12,8 @@ UNLIMITED = 1 << 30  # credit of a consumer that no prefetch limit holds back
 
 
 class Consumer:
-    __slots__ = ("tag", "tag_bytes", "channel", "queue", "no_ack", "exclusive", "arguments", "prefetch", "unacked")
+    __slots__ = ("tag", "tag_bytes", "channel", "queue", "no_ack", "exclusive", "arguments", "priority", "prefetch",
+                 "unacked")
 
     def __init__(self, tag: str, channel: "Channel", queue: "Queue", no_ack: bool, exclusive: bool,
                  arguments: dict, prefetch: int):
@@ -23,6 +24,7 @@ class Consumer:
         self.no_ack = no_ack
         self.exclusive = exclusive
         self.arguments = arguments
+        self.priority = arguments.get("x-priority", 0)  # higher-priority consumers are served first
         self.prefetch = prefetch  # per-consumer limit of unacked deliveries (basic.qos global=false), 0 = none
         self.unacked = 0  # deliveries to this consumer not yet acked
 

@@ -4,23 +4,25 @@ from __future__ import annotations
 
 from protocol.constants import (
     ACCESS_REFUSED, CHANNEL_ERROR, COMMAND_INVALID, FRAME_ERROR, HARD_ERRORS, INTERNAL_ERROR, NOT_ALLOWED,
-    NOT_FOUND, NOT_IMPLEMENTED, PRECONDITION_FAILED, REPLY_NAMES, RESOURCE_LOCKED, SYNTAX_ERROR, UNEXPECTED_FRAME,
+    NOT_FOUND, NOT_IMPLEMENTED, PRECONDITION_FAILED, RESOURCE_LOCKED, SYNTAX_ERROR, UNEXPECTED_FRAME,
 )
+from protocol.framing import reply_text
 
 
 class AMQPError(Exception):
     """A protocol error: reply_code and the text after RabbitMQ's 'NAME - ' prefix."""
 
-    def __init__(self, reply_code: int, text: str, class_id: int = 0, method_id: int = 0):
+    def __init__(self, reply_code: int, text: str, class_id: int | None = None, method_id: int | None = None):
         super().__init__(text)
         self.reply_code = reply_code
         self.text = text
-        self.class_id = class_id  # the method that failed, filled in by the dispatcher when left 0
+        self.class_id = class_id  # the method that failed; None: the dispatcher names the frame being handled
         self.method_id = method_id
 
     @property
     def reply_text(self) -> str:
-        return f"{REPLY_NAMES[self.reply_code]} - {self.text}"
+        """'NAME - text', cut like RabbitMQ's to fit a shortstr."""
+        return reply_text(self.reply_code, self.text)
 
     @property
     def closes_connection(self) -> bool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, NamedTuple, Union
+from typing import TYPE_CHECKING, Iterable, Union
 
 from broker.headers_match import headers_match
 from broker.topic import TopicTrie
@@ -19,12 +19,21 @@ def canonical_arguments(arguments: dict | None) -> str:
     return repr(sorted((arguments or {}).items(), key=lambda item: item[0])) if arguments else ""
 
 
-class Binding(NamedTuple):
-    source: "Exchange"
-    destination: Destination
-    routing_key: str
-    arguments_key: str  # canonical_arguments(arguments): part of the binding's identity
-    arguments: dict
+class Binding:
+    """A route from a source exchange to a queue or exchange; hashed by identity (one object per binding)."""
+
+    __slots__ = ("source", "destination", "routing_key", "arguments_key", "arguments")
+
+    def __init__(self, source: "Exchange", destination: Destination, routing_key: str, arguments: dict):
+        self.source = source
+        self.destination = destination
+        self.routing_key = routing_key
+        self.arguments = arguments
+        self.arguments_key = canonical_arguments(arguments)  # part of the binding's identity
+
+    @property
+    def key(self) -> tuple:
+        return (self.destination, self.routing_key, self.arguments_key)
 
 
 class Exchange:
@@ -48,16 +57,14 @@ class Exchange:
 
     def add_binding(self, binding: Binding) -> bool:
         """Record a binding; False if it already existed."""
-        key = (binding.destination, binding.routing_key, binding.arguments_key)
-        if key in self.bindings:
+        if binding.key in self.bindings:
             return False
-        self.bindings[key] = binding
+        self.bindings[binding.key] = binding
         self._index(binding)
         return True
 
     def remove_binding(self, binding: Binding) -> bool:
-        key = (binding.destination, binding.routing_key, binding.arguments_key)
-        if self.bindings.pop(key, None) is None:
+        if self.bindings.pop(binding.key, None) is None:
             return False
         self._unindex(binding)
         return True

@@ -30,8 +30,7 @@ class Queue:
         self.arguments = arguments
         self.entries: deque[QueueEntry] = deque()  # ready messages, in queue order (by seq)
         self.next_seq = 0  # seq of the next enqueued entry
-        self.consumers: list[Consumer] = []  # round-robin order
-        self.next_consumer = 0  # index in consumers of the next to serve
+        self.consumers: list[Consumer] = []  # highest priority first; within a priority, next to serve first
         self.bindings: set[Binding] = set()  # bindings that route to this queue, removed with it
         self.deleted = False  # set once deleted; late acks and requeues for it are ignored
 
@@ -85,17 +84,20 @@ class Queue:
 
     # --- consumers --------------------------------------------------------------------------------------
     def add_consumer(self, consumer: "Consumer") -> None:
-        self.consumers.append(consumer)
+        self._place_last_of_its_priority(consumer)
         self.vhost.dispatcher.mark(self)
+
+    def _place_last_of_its_priority(self, consumer: "Consumer") -> None:
+        consumers = self.consumers
+        index = len(consumers)
+        while index and consumers[index - 1].priority < consumer.priority:
+            index -= 1
+        consumers.insert(index, consumer)
 
     def remove_consumer(self, consumer: "Consumer") -> None:
         """Drop a consumer; an auto-delete queue goes away with its last one."""
-        index = self.consumers.index(consumer)
-        del self.consumers[index]
-        if index < self.next_consumer:
-            self.next_consumer -= 1
+        self.consumers.remove(consumer)
         if not self.consumers:
-            self.next_consumer = 0
             if self.auto_delete and not self.deleted:
                 self.vhost.delete_queue(self)
 
@@ -125,11 +127,11 @@ class Queue:
             self.vhost.dispatcher.mark(self)
 
     def _next_consumer_with_credit(self) -> "Consumer | None":
+        """The first consumer able to take a message; it then moves behind the others of its priority."""
         consumers = self.consumers
-        count = len(consumers)
-        for step in range(count):
-            index = (self.next_consumer + step) % count
-            if consumers[index].credit() > 0:
-                self.next_consumer = (index + 1) % count
-                return consumers[index]
+        for index, consumer in enumerate(consumers):
+            if consumer.credit() > 0:
+                del consumers[index]
+                self._place_last_of_its_priority(consumer)
+                return consumer
         return None

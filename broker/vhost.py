@@ -11,7 +11,7 @@ from broker import errors
 from broker.arguments import (
     check_exchange_equivalent, check_queue_equivalent, validate_exchange_arguments, validate_queue_arguments,
 )
-from broker.exchange import EXCHANGE_TYPES, Binding, DirectExchange, Exchange, canonical_arguments
+from broker.exchange import EXCHANGE_TYPES, Binding, DirectExchange, Exchange
 from broker.headers_match import validate_x_match
 from broker.queue import Queue
 
@@ -99,19 +99,17 @@ class VirtualHost:
     # --- exchanges ------------------------------------------------------------------------------------------
     def declare_exchange(self, name: str, kind: str, passive: bool, durable: bool, auto_delete: bool,
                          internal: bool, arguments: dict) -> Exchange:
+        if name == "":
+            raise errors.access_refused("operation not permitted on the default exchange")
         if passive:
-            if not name:
-                return self.default_exchange
             return self.get_exchange(name)
         if name.startswith("amq.") and name not in self.exchanges:
             raise errors.access_refused(f"exchange name '{name}' contains reserved prefix 'amq.*'")
-        if name == "":
-            raise errors.access_refused("operation not permitted on the default exchange")
         existing = self.exchanges.get(name)
         if kind not in EXCHANGE_TYPES:
             # RabbitMQ 4.x closes the channel with 406 for an unknown type (3.x closed the connection with 503);
             # today's clients expect the 4.x behaviour.
-            raise errors.precondition_failed(f"invalid type '{kind}' for arg 'type'")
+            raise errors.precondition_failed(f"unknown exchange type '{kind}'")
         if existing is not None:
             check_exchange_equivalent(
                 name, self.name,
@@ -194,13 +192,16 @@ class VirtualHost:
             problem = validate_x_match(arguments)
             if problem:
                 raise errors.precondition_failed(problem)
-        binding = Binding(source, destination, routing_key, canonical_arguments(arguments), arguments)
+        binding = Binding(source, destination, routing_key, arguments)
         if source.add_binding(binding):
             (destination.bindings if isinstance(destination, Queue) else destination.inbound).add(binding)
 
-    def unbind(self, source: Exchange, destination, routing_key: str, arguments: dict) -> None:
+    def unbind(self, source: Exchange | None, destination, routing_key: str, arguments: dict) -> None:
+        """Remove a binding; like RabbitMQ, a missing binding, source or destination is not an error."""
         if source is self.default_exchange or destination is self.default_exchange:
             raise errors.access_refused("operation not permitted on the default exchange")
+        if source is None or destination is None:
+            return
         binding = source.find_binding(destination, routing_key, arguments)
         if binding is not None:
             self._drop_binding(binding)

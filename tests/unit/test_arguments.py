@@ -27,7 +27,7 @@ def refusal(call, *args) -> ArgumentError:
 def queue_refusal(arguments: dict) -> str:
     error = refusal(validate_queue_arguments, "probe-q", "/", arguments)
     assert error.reply_code == 406
-    return error.text
+    return error.reply_text
 
 
 @pytest.mark.parametrize(
@@ -121,7 +121,7 @@ def test_invalid_stream_max_age(max_age):
 
 def test_alternate_exchange_must_be_a_string():
     error = refusal(validate_exchange_arguments, "eq-x2", "/", {"alternate-exchange": 5})
-    assert (error.reply_code, error.text) == (
+    assert (error.reply_code, error.reply_text) == (
         406,
         "PRECONDITION_FAILED - invalid type 'signedint' for arg 'alternate-exchange' in exchange 'eq-x2' in vhost '/'",
     )
@@ -229,7 +229,7 @@ EQ_QUEUE = "queue 'eq-q' in vhost '/'"
 )
 def test_inequivalent_queue_redeclaration(existing, requested, explanation):
     error = refusal(check_queue_equivalent, "eq-q", "/", existing, requested)
-    assert (error.reply_code, error.text) == (406, "PRECONDITION_FAILED - " + explanation.replace("{}", EQ_QUEUE))
+    assert (error.reply_code, error.reply_text) == (406, "PRECONDITION_FAILED - " + explanation.replace("{}", EQ_QUEUE))
 
 
 @pytest.mark.parametrize(
@@ -269,7 +269,7 @@ LOCKED = (
 )
 def test_exclusivity_mismatch_is_resource_locked(existing, requested):
     error = refusal(check_queue_equivalent, "eq-q", "/", existing, requested)
-    assert (error.reply_code, error.text) == (405, LOCKED)
+    assert (error.reply_code, error.reply_text) == (405, LOCKED)
 
 
 def exchange(type="direct", durable=False, auto_delete=False, internal=False, arguments=None):
@@ -329,7 +329,7 @@ def exchange(type="direct", durable=False, auto_delete=False, internal=False, ar
 )
 def test_inequivalent_exchange_redeclaration(existing, requested, explanation):
     error = refusal(check_exchange_equivalent, "eq-x", "/", existing, requested)
-    assert (error.reply_code, error.text) == (
+    assert (error.reply_code, error.reply_text) == (
         406,
         "PRECONDITION_FAILED - " + explanation.replace("{}", "exchange 'eq-x' in vhost '/'"),
     )
