@@ -37,7 +37,11 @@ class BenchRun:
     rows: tuple[Row, ...]
 
 
+# idle-memory runs first: after message-heavy scenarios freed memory makes RSS growth meaningless.
 RUNS = (
+    BenchRun("idle-memory", "idle-memory", ("--connections", "500"),
+             (Row("memory per idle connection (KiB)", "KiB/conn", higher_is_better=False),)),
+    BenchRun("churn", "churn", (), (Row("connection open+close (conn/s)", "conn/s"),)),
     BenchRun("publish", "publish", (), (Row("publish, 1 publisher (msg/s)", "msg/s"),)),
     BenchRun("consume", "consume", (), (Row("consume pre-filled queue, auto-ack (msg/s)", "msg/s"),)),
     BenchRun("publish-consume", "publish-consume", (), (Row("publish -> consume, auto-ack (msg/s)", "msg/s"),)),
@@ -50,9 +54,6 @@ RUNS = (
     BenchRun("confirm-latency", "confirms", ("--window", "1"),
              (Row("confirm latency p50, window 1 (ms)", "p50 ms", higher_is_better=False),
               Row("confirm latency p99, window 1 (ms)", "p99 ms", higher_is_better=False))),
-    BenchRun("churn", "churn", (), (Row("connection open+close (conn/s)", "conn/s"),)),
-    BenchRun("idle-memory", "idle-memory", ("--connections", "500"),
-             (Row("memory per idle connection (KiB)", "KiB/conn", higher_is_better=False),)),
 )
 RUNS_BY_NAME = {run.name: run for run in RUNS}
 
@@ -78,7 +79,7 @@ def _cell(figures: dict[str, float] | str | None, metric: str) -> str:
     if isinstance(figures, str):
         return "failed"
     value = figures[metric]
-    return f"{value:,.0f}" if value >= 100 else f"{value:,.2f}"
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
 def _ratio(warren: dict | str | None, rabbitmq: dict | str | None, metric: str) -> str:

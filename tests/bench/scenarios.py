@@ -218,7 +218,10 @@ async def _open_idle(url: BrokerURL) -> BenchConnection:
 
 
 async def idle_memory(url: BrokerURL, options: Options) -> Figures:
-    """Broker RSS growth per idle connection (each with one open channel), over `connections` connections."""
+    """Broker RSS growth per idle connection (each with one open channel), over `connections` connections.
+
+    Meaningful on a freshly started broker: after heavy traffic, freed memory is reused and RSS may even shrink.
+    """
     pid = options.broker_pid or listener_pid(url.port)
     warm_up = await _open_idle(url)  # the first connection's one-off allocations are not per connection
     await warm_up.close()
