@@ -175,7 +175,8 @@ class Channel:
                                                      self.connection.frame_max))
         else:
             for queue in queues:
-                queue.enqueue(message)
+                if queue.enqueue(message):
+                    queue.throttle(self.connection)
         if seq is not None:
             self.confirms.settle(seq)
             self.connection.confirms_to_send(self)

@@ -38,6 +38,12 @@ AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED =
 
 HANDSHAKE_TIMEOUT = 10.0  # seconds a client has to complete the handshake (RabbitMQ's default)
 CLOSE_OK_TIMEOUT = 3.0  # seconds we wait for connection.close-ok after sending connection.close
+# Bytes one connection may hand us per event-loop turn before it waits for the next turn; without this limit the
+# loop reads a fast publisher's socket for megabytes on end while deliveries and other clients wait.
+READ_BUDGET = 128 * 1024
+# Longest a queue's flow control holds a publisher back at a time. Consumers that wait for acks from a paused
+# connection (an RPC client, or two connections feeding each other) would otherwise wait for ever.
+FLOW_MAX_PAUSE = 0.1
 
 
 class Connection(asyncio.Protocol):
@@ -64,6 +70,10 @@ class Connection(asyncio.Protocol):
         self.client_capabilities: dict = {}
         self.user = ""
         self.last_received = 0.0  # loop time of the last bytes from the client
+        self.read_this_turn = 0  # bytes received in the current event-loop turn (see READ_BUDGET)
+        self.turn_paused = False  # reading paused until the next loop turn (READ_BUDGET)
+        self.throttled_by: set = set()  # queues over their flow-control limit that this connection publishes to
+        self.flow_timer: asyncio.TimerHandle | None = None  # ends a flow-control pause after FLOW_MAX_PAUSE
         self.sent_since_tick = False  # whether anything was written since the last heartbeat tick
         self.timer: asyncio.TimerHandle | None = None  # handshake timeout, then heartbeat ticks, then close wait
         self.peer = ""
@@ -95,6 +105,46 @@ class Connection(asyncio.Protocol):
         self._process(frames)
         if failure is not None:
             self._frame_failed(failure)
+        self.read_this_turn += len(data)
+        if self.read_this_turn > READ_BUDGET and self.state == OPEN:
+            self.turn_paused = True
+            self._update_reading()
+            self.loop.call_soon(self._next_turn)
+
+    def _next_turn(self) -> None:
+        self.read_this_turn = 0
+        self.turn_paused = False
+        self._update_reading()
+
+    def throttle(self, queue) -> None:
+        self.throttled_by.add(queue)
+        if self.flow_timer is None:
+            self.flow_timer = self.loop.call_later(FLOW_MAX_PAUSE, self._flow_pause_over)
+        self._update_reading()
+
+    def unthrottle(self, queue) -> None:
+        self.throttled_by.discard(queue)
+        if not self.throttled_by and self.flow_timer is not None:
+            self.flow_timer.cancel()
+            self.flow_timer = None
+        self._update_reading()
+
+    def _flow_pause_over(self) -> None:
+        self.flow_timer = None
+        for queue in list(self.throttled_by):
+            queue.throttled.discard(self)
+        self.throttled_by.clear()
+        self._update_reading()
+
+    def _update_reading(self) -> None:
+        """Read from the socket unless the turn's budget is spent or a queue holds this publisher back."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if self.turn_paused or self.throttled_by:
+            transport.pause_reading()
+        else:
+            transport.resume_reading()
 
     def _process(self, frames) -> None:
         channels = self.channels
@@ -141,6 +191,10 @@ class Connection(asyncio.Protocol):
         for channel in list(self.channels.values()):
             channel.shutdown()
         self.channels.clear()
+        for queue in self.throttled_by:
+            queue.throttled.discard(self)
+        if self.flow_timer is not None:
+            self.flow_timer.cancel()
         self.vhost.connection_closed(self)
         self.server.connections.discard(self)
 

@@ -14,6 +14,11 @@ if TYPE_CHECKING:
     from broker.exchange import Binding
     from broker.vhost import VirtualHost
 
+# Publisher flow control: while a queue with consumers holds more than FLOW_HIGH ready messages, the connections
+# publishing to it are not read; they are read again once deliveries bring it under FLOW_LOW. Consumers that
+# cannot keep up thus slow their publishers down instead of letting the backlog (and memory) grow without end.
+FLOW_HIGH = 2000
+FLOW_LOW = 1000
 # Deliveries handed to consumers per dispatch round, so one busy queue cannot starve the event loop or flood a
 # socket before the transport can signal back-pressure; the rest goes in the next loop turn.
 DISPATCH_BATCH = 512
@@ -33,6 +38,7 @@ class Queue:
         self.consumers: list[Consumer] = []  # highest priority first; within a priority, next to serve first
         self.bindings: set[Binding] = set()  # bindings that route to this queue, removed with it
         self.deleted = False  # set once deleted; late acks and requeues for it are ignored
+        self.throttled: set[Connection] = set()  # publishing connections paused until the backlog shrinks
 
     @property
     def message_count(self) -> int:
@@ -43,11 +49,24 @@ class Queue:
         return self.durable and self.vhost.store is not None
 
     # --- messages ---------------------------------------------------------------------------------------
-    def enqueue(self, message: Message) -> None:
+    def enqueue(self, message: Message) -> bool:
+        """Add a message at the tail; True when the queue is over its flow-control limit."""
         self.entries.append(QueueEntry(self.next_seq, message))
         self.next_seq += 1
         if self.consumers:
             self.vhost.dispatcher.mark(self)
+            return len(self.entries) > FLOW_HIGH
+        return False
+
+    def throttle(self, connection: "Connection") -> None:
+        if connection not in self.throttled:
+            self.throttled.add(connection)
+            connection.throttle(self)
+
+    def release_publishers(self) -> None:
+        throttled, self.throttled = self.throttled, set()
+        for connection in throttled:
+            connection.unthrottle(self)
 
     def requeue(self, requeued: list[QueueEntry]) -> None:
         """Put delivered entries back at their original positions, flagged redelivered."""
@@ -98,6 +117,7 @@ class Queue:
         """Drop a consumer; an auto-delete queue goes away with its last one."""
         self.consumers.remove(consumer)
         if not self.consumers:
+            self.release_publishers()
             if self.auto_delete and not self.deleted:
                 self.vhost.delete_queue(self)
 
@@ -125,6 +145,8 @@ class Queue:
                 budget -= 1
         if not budget and entries:
             self.vhost.dispatcher.mark(self)
+        if self.throttled and len(entries) < FLOW_LOW:
+            self.release_publishers()
 
     def _next_consumer_with_credit(self) -> "Consumer | None":
         """The first consumer able to take a message; it then moves behind the others of its priority."""

@@ -178,6 +178,7 @@ class VirtualHost:
         for consumer in list(queue.consumers):
             consumer.channel.consumer_cancelled_by_server(consumer)
         queue.consumers.clear()
+        queue.release_publishers()
         for binding in list(queue.bindings):
             self._drop_binding(binding)
         if queue.exclusive_owner is not None:
