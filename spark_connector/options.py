@@ -10,7 +10,7 @@ import codecs
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-DEFAULT_PREFETCH = 1000
+DEFAULT_PREFETCH = 10000
 DEFAULT_CONFIRM_WINDOW = 1000
 
 
@@ -69,7 +69,7 @@ class SourceOptions:
     exchange: str | None  # exchange to bind `queue` (or a private server-named queue) to
     binding_key: str  # binding key used with `exchange`
     prefetch: int  # basic.qos prefetch count: the most messages held unacknowledged at once
-    max_messages_per_batch: int | None  # default read limit of one micro-batch (None: all available)
+    max_messages_per_batch: int  # most messages in one micro-batch (the default read limit)
     body_encoding: str | None  # when set, a `text` column holds the body decoded with this codec
 
     @classmethod
@@ -88,13 +88,15 @@ class SourceOptions:
                 codecs.lookup(encoding)
             except LookupError:
                 raise AmqpOptionError(f"amqp source: option 'bodyEncoding' names no known codec: {encoding!r}") from None
+        prefetch = _positive_int(options, "prefetch", role, DEFAULT_PREFETCH)
         return cls(
             uri=_uri(options, role),
             queue=queue,
             exchange=exchange,
             binding_key=binding_key or "",
-            prefetch=_positive_int(options, "prefetch", role, DEFAULT_PREFETCH),
-            max_messages_per_batch=_positive_int(options, "maxMessagesPerBatch", role, None),
+            prefetch=prefetch,
+            # Half the window by default: the broker keeps delivering the next batch while one runs.
+            max_messages_per_batch=_positive_int(options, "maxMessagesPerBatch", role, max(1, prefetch // 2)),
             body_encoding=encoding,
         )
 

@@ -20,7 +20,6 @@ from collections.abc import Iterator, Sequence
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
     ReadLimit,
     ReadMaxRows,
     SupportsTriggerAvailableNow,
@@ -51,6 +50,7 @@ class AmqpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._consumer: BackgroundConsumer | None = None  # started by the first offset request
         self._acked = 0  # highest sequence number acknowledged to the broker
         self._target: int | None = None  # under Trigger.AvailableNow, the last sequence to plan
+        self._initial_ready = 0  # messages ready in the queue when consuming started
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_consumer": None}
@@ -70,13 +70,13 @@ class AmqpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {"run": self._run, "seq": 0, "flush": 0}
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        limit = self._options.max_messages_per_batch
-        return ReadAllAvailable() if limit is None else ReadMaxRows(limit)
+        return ReadMaxRows(self._options.max_messages_per_batch)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        # Consuming starts here, so the ready count taken just before it is exactly what is available now.
+        # Consuming starts here, right after the queue's ready count was taken: that count is exactly
+        # what is available now.
         self._connected()
-        self._target = self._consumer.received + self._initial_ready
+        self._target = self._initial_ready
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         consumer = self._connected()

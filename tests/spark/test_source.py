@@ -33,8 +33,8 @@ def test_available_now_reads_each_message_once_and_acks_them_all(spark, broker, 
     amqp.publish(queue, bodies)
 
     collector = Collector()
-    # A prefetch smaller than the queue: batches fill the window and must be acked to go on.
-    run_available_now(spark, broker.url, queue, tmp_path / "checkpoint", collector, prefetch=100)
+    # Batches as large as the prefetch window: each fills it and must be acked for the next to come.
+    run_available_now(spark, broker.url, queue, tmp_path / "checkpoint", collector, prefetch=100, maxMessagesPerBatch=100)
 
     assert sorted(row.body for row in collector.rows) == sorted(bodies)
     assert not any(row.redelivered for row in collector.rows)
