@@ -75,6 +75,8 @@ class Channel:
         self.consumer_unacked = 0  # unacked deliveries made to consumers (what the global limit counts)
         self.flow_active = True  # channel.flow from the client
         self.confirms: ConfirmTracker | None = None  # set by confirm.select
+        self.awaiting_disk: list[int] = []  # confirm seqs of this turn's persistent publishes, to wait for the disk
+        self.unsynced = False  # a publish without confirms went to disk this turn (a write error closes us)
         self.tx: Transaction | None = None  # set by tx.select: publishes and acks held until commit
         self.last_queue = ""  # name of the last queue declared, for methods that name the queue ""
 
@@ -166,8 +168,10 @@ class Channel:
         seq = self.confirms.next_seq() if self.confirms is not None else None
         self._route(exchange, routing_keys, mandatory, message, seq)
 
-    def _route(self, exchange, routing_keys, mandatory, message: Message, seq: int | None) -> None:
+    def _route(self, exchange, routing_keys, mandatory, message: Message, seq: int | None) -> bool:
+        """Route and enqueue a message; True when it went to durable storage (its confirm waits for the disk)."""
         queues = self.vhost.route(exchange, routing_keys, message)
+        persisted = False
         if not queues:
             if mandatory:
                 self.send_method(spec.Basic.Return(NO_ROUTE, "NO_ROUTE", message.exchange, message.routing_key))
@@ -177,15 +181,54 @@ class Channel:
             for queue in queues:
                 if queue.enqueue(message):
                     queue.throttle(self.connection)
+            if self.vhost.store is not None and message.persistent:
+                persisted = self._persist(message, queues)
         if seq is not None:
-            self.confirms.settle(seq)
-            self.connection.confirms_to_send(self)
+            if persisted:
+                self.awaiting_disk.append(seq)
+            else:
+                self.confirms.settle(seq)
+            self.connection.settle_at_flush(self)
+        elif persisted:
+            self.unsynced = True
+            self.connection.settle_at_flush(self)
+        return persisted
 
-    def send_confirms(self) -> None:
-        """Write the publisher confirms settled since the last call (coalesced into multiple acks)."""
-        write = self.connection.write
-        for tag, multiple, is_ack in self.confirms.drain():
-            write(encode_ack(self.number, tag, multiple) if is_ack else encode_nack(self.number, tag, multiple))
+    def _persist(self, message: Message, queues: list[Queue]) -> bool:
+        keys = tuple(queue.store_key for queue in queues if queue.stored)
+        if not keys:
+            return False
+        vhost = self.vhost
+        message.msg_id = vhost.next_msg_id
+        vhost.next_msg_id += 1
+        vhost.store.append_message(message.msg_id, keys, message.exchange, message.routing_key,
+                                   message.header_payload, message.body)
+        return True
+
+    def settle_publishes(self) -> None:
+        """At the end of a loop turn: ask the store to report on this turn's persistent publishes (one callback
+        for all of them), and write the confirms settled so far (coalesced into multiple acks)."""
+        if self.awaiting_disk or self.unsynced:
+            seqs, self.awaiting_disk = self.awaiting_disk, []
+            self.unsynced = False
+            self.vhost.store.when_durable(lambda ok: self._on_disk(seqs, ok))
+        if self.confirms is not None:
+            write = self.connection.write
+            for tag, multiple, is_ack in self.confirms.drain():
+                write(encode_ack(self.number, tag, multiple) if is_ack else encode_nack(self.number, tag, multiple))
+
+    def _on_disk(self, seqs: list[int], ok: bool) -> None:
+        """The store wrote (or failed to write) a turn's persistent publishes: confirm (or nack) them."""
+        if not self.open:
+            return
+        if self.confirms is not None:
+            settle = self.confirms.settle
+            for seq in seqs:
+                settle(seq, ok)
+            self.connection.settle_at_flush(self)
+        elif not ok:
+            self.connection.channel_failed(self, errors.internal_error("persistent messages could not be written "
+                                                                       "to disk"))
 
     # --- delivering ----------------------------------------------------------------------------------------
     def can_deliver(self) -> bool:
@@ -194,13 +237,15 @@ class Channel:
     def deliver(self, consumer: Consumer, queue: Queue, entry: QueueEntry) -> None:
         tag = self.next_tag
         self.next_tag = tag + 1
+        message = entry.message
         if consumer.no_ack:
             queue.forget((entry,))
         else:
             self.unacked[tag] = Unacked(tag, entry, queue, consumer)
             consumer.unacked += 1
             self.consumer_unacked += 1
-        message = entry.message
+            if message.msg_id and queue.stored:
+                self.vhost.store.append_delivered(queue.store_key, (message.msg_id,))
         connection = self.connection
         connection.write(encode_deliver(self.number, consumer.tag_bytes, tag, entry.redelivered,
                                         message.exchange_bytes, message.routing_key_bytes))
@@ -281,13 +326,16 @@ class Channel:
         for deliveries, _ in tx.settles:
             self.restore_unacked(deliveries)
 
-    def commit(self) -> None:
+    def commit(self) -> bool:
+        """Apply the transaction; True when some of its publishes went to disk (commit-ok waits for it)."""
         tx = self.tx
         self.tx = Transaction()
         for deliveries, requeue in tx.settles:
             self._settle(deliveries, requeue)
+        persisted = False
         for publish in tx.publishes:
-            publish()
+            persisted = publish() or persisted
+        return persisted
 
     def requeue_all(self) -> None:
         """Every unacked delivery goes back to its queue, in original order, flagged redelivered."""
@@ -483,11 +531,13 @@ def _basic_get(channel: Channel, method: spec.Basic.Get) -> None:
         return
     tag = channel.next_tag
     channel.next_tag += 1
+    message = entry.message
     if method.no_ack:
         queue.forget((entry,))
     else:
         channel.unacked[tag] = Unacked(tag, entry, queue, None)
-    message = entry.message
+        if message.msg_id and queue.stored:
+            channel.vhost.store.append_delivered(queue.store_key, (message.msg_id,))
     channel.send_method(spec.Basic.GetOk(tag, entry.redelivered, message.exchange, message.routing_key,
                                          queue.message_count))
     channel.connection.write(encode_content(channel.number, message.header_payload, message.body,
@@ -539,8 +589,21 @@ def _tx_select(channel: Channel, method: spec.Tx.Select) -> None:
 def _tx_commit(channel: Channel, method: spec.Tx.Commit) -> None:
     if channel.tx is None:
         raise errors.precondition_failed("channel is not transactional")
-    channel.commit()
-    channel.send_method(spec.Tx.CommitOk())
+    if not channel.commit():
+        channel.send_method(spec.Tx.CommitOk())
+        return
+
+    def on_disk(ok: bool) -> None:
+        if not channel.open:
+            return
+        if ok:
+            channel.send_method(spec.Tx.CommitOk())
+        else:
+            channel.connection.channel_failed(channel, errors.internal_error(
+                "persistent messages could not be written to disk"))
+
+    channel.unsynced = False  # the commit's own wait covers these publishes
+    channel.vhost.store.when_durable(on_disk)
 
 
 def _tx_rollback(channel: Channel, method: spec.Tx.Rollback) -> None:

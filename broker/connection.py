@@ -63,7 +63,7 @@ class Connection(asyncio.Protocol):
         self.closing_channels: set[int] = set()  # channels we sent channel.close on, awaiting close-ok
         self.out: list[bytes] = []  # frames to write at the end of this loop turn
         self.flush_scheduled = False  # a flush is queued on the loop
-        self.confirming: dict[Channel, None] = {}  # channels with publisher confirms to send at the next flush
+        self.settling: dict[Channel, None] = {}  # channels with confirms or disk waits to arrange at the next flush
         self.write_paused = False  # the transport's buffer is full: no deliveries until it drains
         self.exclusive_queues: set = set()  # exclusive queues this connection owns, deleted with it
         self.client_properties: dict = {}
@@ -213,19 +213,19 @@ class Connection(asyncio.Protocol):
             self.flush_scheduled = True
             self.loop.call_soon(self.flush)
 
-    def confirms_to_send(self, channel: Channel) -> None:
-        self.confirming[channel] = None
+    def settle_at_flush(self, channel: Channel) -> None:
+        self.settling[channel] = None
         if not self.flush_scheduled:
             self.flush_scheduled = True
             self.loop.call_soon(self.flush)
 
     def flush(self) -> None:
         """Write everything queued this loop turn in one transport.write."""
-        if self.confirming:
-            confirming, self.confirming = self.confirming, {}
-            for channel in confirming:
+        if self.settling:
+            settling, self.settling = self.settling, {}
+            for channel in settling:
                 if channel.open:
-                    channel.send_confirms()
+                    channel.settle_publishes()
         self.flush_scheduled = False
         if self.out and self.transport is not None and not self.transport.is_closing():
             data = b"".join(self.out)
@@ -396,8 +396,11 @@ class Connection(asyncio.Protocol):
                 error.class_id, error.method_id = _BASIC_PUBLISH
 
     def _channel_failed(self, channel: Channel, error: AMQPError, frame_type: int, payload: bytes) -> None:
-        """The one place that turns a handler's error into channel.close (soft) or connection.close (hard)."""
         self._fill_method(error, frame_type, payload)
+        self.channel_failed(channel, error)
+
+    def channel_failed(self, channel: Channel, error: AMQPError) -> None:
+        """The one place that turns a handler's error into channel.close (soft) or connection.close (hard)."""
         if error.closes_connection:
             self._fail_connection(error)
             return
@@ -409,7 +412,7 @@ class Connection(asyncio.Protocol):
     def close_channel(self, number: int, send_close_ok: bool) -> None:
         channel = self.channels.pop(number)
         channel.shutdown()
-        self.confirming.pop(channel, None)
+        self.settling.pop(channel, None)
         if send_close_ok:
             self.send_method(number, spec.Channel.CloseOk())
 
@@ -427,7 +430,7 @@ class Connection(asyncio.Protocol):
         for channel in list(self.channels.values()):
             channel.shutdown()
         self.channels.clear()
-        self.confirming.clear()
+        self.settling.clear()
         self.send_method(0, spec.Connection.Close(reply_code, reply_text, class_id, method_id))
         self.flush()
         self.state = CLOSING

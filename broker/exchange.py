@@ -32,6 +32,10 @@ class Binding:
         self.arguments_key = canonical_arguments(arguments)  # part of the binding's identity
 
     @property
+    def destination_is_exchange(self) -> bool:
+        return isinstance(self.destination, Exchange)
+
+    @property
     def key(self) -> tuple:
         return (self.destination, self.routing_key, self.arguments_key)
 

@@ -6,6 +6,7 @@ import heapq
 from collections import deque
 from typing import TYPE_CHECKING, Iterable
 
+from broker.durability import queue_key
 from broker.message import Message, QueueEntry
 
 if TYPE_CHECKING:
@@ -39,14 +40,14 @@ class Queue:
         self.bindings: set[Binding] = set()  # bindings that route to this queue, removed with it
         self.deleted = False  # set once deleted; late acks and requeues for it are ignored
         self.throttled: set[Connection] = set()  # publishing connections paused until the backlog shrinks
+        # Whether persistent messages in this queue go to disk: durable, not exclusive, and a store to go to.
+        self.stored = durable and exclusive_owner is None and vhost.store is not None
+        self.store_key = queue_key(vhost.name, name)  # the queue's name in the store
 
     @property
     def message_count(self) -> int:
         return len(self.entries)
 
-    @property
-    def persistent_store(self) -> bool:
-        return self.durable and self.vhost.store is not None
 
     # --- messages ---------------------------------------------------------------------------------------
     def enqueue(self, message: Message) -> bool:
@@ -95,11 +96,10 @@ class Queue:
 
     def forget(self, entries: Iterable[QueueEntry]) -> None:
         """Entries are done with (acked, dropped, purged): durable storage may let them go."""
-        store = self.vhost.store
-        if store is not None and self.durable:
+        if self.stored:
             ids = [entry.message.msg_id for entry in entries if entry.message.msg_id]
             if ids:
-                store.append_removed(self.name, ids)
+                self.vhost.store.append_removed(self.store_key, ids)
 
     # --- consumers --------------------------------------------------------------------------------------
     def add_consumer(self, consumer: "Consumer") -> None:

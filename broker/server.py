@@ -6,10 +6,13 @@ import asyncio
 import logging
 import platform
 from importlib import metadata
+from pathlib import Path
 
 from broker.config import Config
 from broker.connection import Connection
+from broker.durability import restore
 from broker.vhost import VirtualHost
+from storage.store import MessageStore
 
 log = logging.getLogger(__name__)
 
@@ -24,15 +27,18 @@ def _version() -> str:
 
 
 class Server:
-    def __init__(self, config: Config, store=None):
+    def __init__(self, config: Config):
         self.config = config
-        self.vhost = VirtualHost(config.default_vhost, store)
+        self.store = MessageStore(Path(config.data_dir))
+        self.vhost = VirtualHost(config.default_vhost, self.store)
         self.connections: set[Connection] = set()
         self.version = _version()
         self.platform = f"Python {platform.python_version()}"
         self.listener: asyncio.base_events.Server | None = None
 
     async def start(self) -> None:
+        """Recover durable state from the data dir, then listen."""
+        restore(self.vhost, self.store.recover())
         loop = asyncio.get_running_loop()
         self.listener = await loop.create_server(lambda: Connection(self), self.config.host, self.config.port,
                                                  reuse_address=True, backlog=1024)
@@ -57,4 +63,5 @@ class Server:
             connection._terminate()
         if self.listener is not None:
             await self.listener.wait_closed()
+        self.store.close()
         log.info("Warren stopped")

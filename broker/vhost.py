@@ -7,7 +7,7 @@ import base64
 import os
 from typing import TYPE_CHECKING
 
-from broker import errors
+from broker import durability, errors
 from broker.arguments import (
     check_exchange_equivalent, check_queue_equivalent, validate_exchange_arguments, validate_queue_arguments,
 )
@@ -67,6 +67,7 @@ class VirtualHost:
     def __init__(self, name: str = "/", store=None):
         self.name = name
         self.store = store  # durable storage (storage.MessageStore) or None for a broker kept in memory
+        self.next_msg_id = 1  # id of the next persistent message written to the store
         self.dispatcher = Dispatcher()
         self.queues: dict[str, Queue] = {}
         self.default_exchange = DefaultExchange(self)
@@ -121,7 +122,15 @@ class VirtualHost:
         validate_exchange_arguments(name, self.name, arguments)
         exchange = EXCHANGE_TYPES[kind](name, durable, auto_delete, internal, arguments)
         self.exchanges[name] = exchange
+        if durable and self.store is not None:
+            self.store.append_definition("exchange", name, durability.exchange_definition(self, exchange))
         return exchange
+
+    def restore_exchange(self, name: str, kind: str, auto_delete: bool, internal: bool, arguments: dict) -> None:
+        self.exchanges[name] = EXCHANGE_TYPES[kind](name, True, auto_delete, internal, arguments)
+
+    def restore_queue(self, name: str, auto_delete: bool, arguments: dict) -> None:
+        self.queues[name] = Queue(self, name, True, None, auto_delete, arguments)
 
     def delete_exchange(self, name: str, if_unused: bool) -> None:
         if name == "" or name.startswith("amq."):
@@ -138,6 +147,8 @@ class VirtualHost:
     def _remove_exchange(self, exchange: Exchange) -> None:
         exchange.deleted = True
         del self.exchanges[exchange.name]
+        if exchange.durable and self.store is not None:
+            self.store.append_definition("exchange", exchange.name, None)
         for binding in list(exchange.bindings.values()):
             self._drop_binding(binding, auto_delete_source=False)
         for binding in list(exchange.inbound):
@@ -164,6 +175,8 @@ class VirtualHost:
         validate_queue_arguments(name, self.name, arguments)
         queue = Queue(self, name, durable, connection if exclusive else None, auto_delete, arguments)
         self.queues[name] = queue
+        if queue.stored:
+            self.store.append_definition("queue", queue.store_key, durability.queue_definition(self, queue))
         if exclusive:
             connection.exclusive_queues.add(queue)
         return queue
@@ -174,7 +187,8 @@ class VirtualHost:
             return 0
         queue.deleted = True
         self.queues.pop(queue.name, None)
-        count = queue.purge()
+        count = len(queue.entries)
+        queue.entries.clear()
         for consumer in list(queue.consumers):
             consumer.channel.consumer_cancelled_by_server(consumer)
         queue.consumers.clear()
@@ -183,10 +197,12 @@ class VirtualHost:
             self._drop_binding(binding)
         if queue.exclusive_owner is not None:
             queue.exclusive_owner.exclusive_queues.discard(queue)
+        if queue.stored:
+            self.store.delete_queue(queue.store_key)
         return count
 
     # --- bindings -------------------------------------------------------------------------------------------
-    def bind(self, source: Exchange, destination, routing_key: str, arguments: dict) -> None:
+    def bind(self, source: Exchange, destination, routing_key: str, arguments: dict, record: bool = True) -> None:
         if source is self.default_exchange or destination is self.default_exchange:
             raise errors.access_refused("operation not permitted on the default exchange")
         if source.kind == "headers":
@@ -196,6 +212,9 @@ class VirtualHost:
         binding = Binding(source, destination, routing_key, arguments)
         if source.add_binding(binding):
             (destination.bindings if isinstance(destination, Queue) else destination.inbound).add(binding)
+            if record and self.store is not None and durability.binding_is_durable(binding):
+                self.store.append_definition("binding", durability.binding_key(self, binding),
+                                             durability.binding_definition(self, binding))
 
     def unbind(self, source: Exchange | None, destination, routing_key: str, arguments: dict) -> None:
         """Remove a binding; like RabbitMQ, a missing binding, source or destination is not an error."""
@@ -210,6 +229,8 @@ class VirtualHost:
     def _drop_binding(self, binding: Binding, auto_delete_source: bool = True) -> None:
         source = binding.source
         source.remove_binding(binding)
+        if self.store is not None and durability.binding_is_durable(binding):
+            self.store.append_definition("binding", durability.binding_key(self, binding), None)
         destination = binding.destination
         (destination.bindings if isinstance(destination, Queue) else destination.inbound).discard(binding)
         if auto_delete_source and source.auto_delete and not source.bindings and not source.deleted:
