@@ -12,12 +12,13 @@ from broker import errors
 from broker.arguments import amqp_type_name
 from broker.confirms import ConfirmTracker
 from broker.consumer import Consumer
+from broker.errors import AMQPError
 from broker.message import Message, QueueEntry
 from broker.queue import Queue
 from broker.vhost import generated_name
 from protocol.codec import decode_method, encode_content, encode_method
 from protocol.constants import (
-    BASIC_ACK, BASIC_PUBLISH, FRAME_BODY, FRAME_HEADER, FRAME_METHOD, NO_ROUTE, REPLY_SUCCESS,
+    BASIC_ACK, BASIC_PUBLISH, FRAME_BODY, FRAME_HEADER, FRAME_METHOD, NO_ROUTE, UNEXPECTED_FRAME,
 )
 from protocol.properties import USER_ID, property_flags
 from protocol.fastpath import decode_ack, decode_content_header, decode_publish, encode_ack, encode_deliver, encode_nack
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 
 MAX_MESSAGE_SIZE = 134217728  # RabbitMQ's default max_message_size (128 MiB)
 _METHOD_ID = struct.Struct(">I")
+_PUBLISH_ID = (60, 40)  # class and method of basic.publish, named by errors in its content frames
 
 
 class Unacked(NamedTuple):
@@ -85,9 +87,7 @@ class Channel:
         pending = self.pending
         if frame_type == FRAME_METHOD:
             if pending is not None:
-                raise errors.unexpected_frame(
-                    f"expected content {'header' if pending.body_size < 0 else 'body'}, got non content "
-                    f"{'header' if pending.body_size < 0 else 'body'} frame instead")
+                raise self._out_of_order()
             method_id = _METHOD_ID.unpack_from(payload)[0]
             if method_id == BASIC_PUBLISH:
                 exchange, routing_key, mandatory, immediate = decode_publish(payload)
@@ -100,13 +100,11 @@ class Channel:
                 self.handle_method(decode_method(payload))
         elif frame_type == FRAME_HEADER:
             if pending is None or pending.body_size >= 0:
-                raise errors.unexpected_frame(f"expected content body, got non content body frame instead"
-                                              if pending else "expected method frame, got non method frame "
-                                                              "instead")
+                raise self._out_of_order()
             class_id, body_size = decode_content_header(payload)
             if class_id != 60:
-                raise errors.unexpected_frame(
-                    f"expected content header for class 60, got one for class {class_id} instead")
+                raise AMQPError(UNEXPECTED_FRAME, f"expected content header for class 60, got one for class "
+                                                  f"{class_id} instead", *_PUBLISH_ID)
             if body_size > MAX_MESSAGE_SIZE:
                 self.pending = None
                 raise errors.precondition_failed(
@@ -118,9 +116,7 @@ class Channel:
                 self.publish(pending.exchange, pending.routing_key, pending.mandatory, payload, b"")
         elif frame_type == FRAME_BODY:
             if pending is None or pending.body_size < 0:
-                raise errors.unexpected_frame("expected content header for class 60, got non content header "
-                                              "frame instead" if pending else
-                                              "expected method frame, got non method frame instead")
+                raise self._out_of_order()
             pending.received += len(payload)
             if pending.received > pending.body_size:
                 raise errors.frame_error(f"type 3, all octets = <<>>: {{content_too_large,{pending.received},"
@@ -134,6 +130,17 @@ class Channel:
                 body = b"".join(pending.parts)
             self.pending = None
             self.publish(pending.exchange, pending.routing_key, pending.mandatory, pending.header, body)
+
+    def _out_of_order(self) -> AMQPError:
+        """A frame other than the one the content being assembled needs, with RabbitMQ's texts."""
+        pending = self.pending
+        if pending is None:
+            return AMQPError(UNEXPECTED_FRAME, "expected method frame, got non method frame instead", 0, 0)
+        if pending.body_size < 0:
+            return AMQPError(UNEXPECTED_FRAME, "expected content header for class 60, got non content header "
+                                               "frame instead", *_PUBLISH_ID)
+        return AMQPError(UNEXPECTED_FRAME, "expected content body, got non content body frame instead",
+                         *_PUBLISH_ID)
 
     def handle_method(self, method) -> None:
         handler = _HANDLERS.get(type(method))
