@@ -24,7 +24,7 @@ import pika
 ORDER_SCHEMA = "id INT, customer STRING, amount DOUBLE, currency STRING"
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--uri", default="amqp://guest:guest@127.0.0.1:5672/%2F", help="broker to read from and write to")
     parser.add_argument("--source", default="orders", help="queue the orders are read from")
@@ -33,7 +33,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="publish this many sample orders before starting")
     parser.add_argument("--max-per-batch", type=int, default=None, help="maxMessagesPerBatch of the source")
     parser.add_argument("--continuous", action="store_true", help="keep running instead of draining once")
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
 def declare_and_seed(uri: str, source: str, target: str, count: int) -> None:

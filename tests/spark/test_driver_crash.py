@@ -1,0 +1,57 @@
+"""A driver killed mid-stream (SIGKILL of the whole Spark process tree) resumes without loss."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections import Counter
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests.spark.conftest import BOUNDED_WAIT_SECONDS, REPO_ROOT
+
+pytestmark = pytest.mark.spark
+
+PIPELINE = REPO_ROOT / "examples" / "pipeline.py"
+
+
+def load_pipeline():
+    spec = importlib.util.spec_from_file_location("example_pipeline", PIPELINE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_killed_driver_resumes_from_checkpoint_without_loss(spark, broker, amqp, unique, tmp_path):
+    pipeline = load_pipeline()
+    source, target = f"{unique}-orders", f"{unique}-enriched"
+    orders = 2000
+    pipeline.declare_and_seed(broker.url, source, target, orders)
+    arguments = ["--uri", broker.url, "--source", source, "--target", target, "--checkpoint", str(tmp_path / "checkpoint")]
+
+    driver = subprocess.Popen(
+        [sys.executable, str(PIPELINE), *arguments, "--max-per-batch", "100", "--continuous"],
+        cwd=REPO_ROOT, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        amqp.wait_until(lambda: amqp.counts(target)[0] >= 300 or driver.poll() is not None, timeout=120)
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver, its JVM and Spark's Python workers
+        driver.wait()
+    assert driver.returncode == -signal.SIGKILL, "the driver ended before it was killed"
+    assert amqp.wait_for_no_consumer(source) > 0, "the driver was meant to die mid-stream"
+
+    query = pipeline.start_pipeline(spark, pipeline.parse_args(arguments))  # Trigger.AvailableNow
+    assert query.awaitTermination(BOUNDED_WAIT_SECONDS)
+
+    published = [(json.loads(body)["id"], properties.headers["redelivered"]) for _, properties, body in amqp.drain(target)]
+    ids = [order_id for order_id, _ in published]
+    assert set(ids) == set(range(orders)), "an order was lost"
+    duplicated = {order_id for order_id, count in Counter(ids).items() if count > 1}
+    flagged = {order_id for order_id, redelivered in published if redelivered == "true"}
+    assert duplicated <= flagged, "a duplicate was not flagged redelivered"
+    assert amqp.wait_for_no_consumer(source) == 0
