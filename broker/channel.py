@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple
 
 from pamqp import commands as spec
 
-from broker import errors
+from broker import direct_reply, errors
 from broker.arguments import amqp_type_name
 from broker.confirms import ConfirmTracker
 from broker.consumer import Consumer
@@ -20,7 +20,7 @@ from protocol.codec import decode_method, encode_content, encode_method
 from protocol.constants import (
     BASIC_ACK, BASIC_PUBLISH, FRAME_BODY, FRAME_HEADER, FRAME_METHOD, NO_ROUTE, UNEXPECTED_FRAME,
 )
-from protocol.properties import USER_ID, property_flags
+from protocol.properties import REPLY_TO, USER_ID, property_flags
 from protocol.fastpath import decode_ack, decode_content_header, decode_publish, encode_ack, encode_deliver, encode_nack
 
 if TYPE_CHECKING:
@@ -81,6 +81,7 @@ class Channel:
         self.unsynced = False  # a publish without confirms went to disk this turn (a write error closes us)
         self.tx: Transaction | None = None  # set by tx.select: publishes and acks held until commit
         self.last_queue = ""  # name of the last queue declared, for methods that name the queue ""
+        self.reply_consumer: direct_reply.ReplyConsumer | None = None  # consumer of amq.rabbitmq.reply-to
 
     # --- frames in -----------------------------------------------------------------------------------------
     def handle_frame(self, frame_type: int, payload: bytes) -> None:
@@ -161,11 +162,23 @@ class Channel:
             raise errors.access_refused(f"cannot publish to internal exchange '{exchange_name}' in vhost "
                                         f"'{vhost.name}'")
         message = Message(exchange_name, routing_key, header, body)
-        if property_flags(header) & USER_ID:
+        flags = property_flags(header)
+        if flags & USER_ID:
             user_id = message.properties.user_id
             if user_id != self.connection.user:
                 raise errors.precondition_failed(f"user_id property set to '{user_id}' but authenticated user was "
                                                  f"'{self.connection.user}'")
+        if flags & REPLY_TO and message.properties.reply_to == direct_reply.PSEUDO_QUEUE:
+            properties = message.properties
+            properties.reply_to = direct_reply.reply_address(self)
+            message = message.with_properties(properties)
+        if not exchange_name and routing_key.startswith(direct_reply.REPLY_PREFIX):
+            if not direct_reply.deliver_reply(vhost.reply_channels, routing_key, message) and mandatory:
+                self._return_unroutable(message)
+            if self.confirms is not None:
+                self.confirms.settle(self.confirms.next_seq())
+                self.connection.settle_at_flush(self)
+            return
         routing_keys = [routing_key]
         if message.scan.has_headers:
             message, routing_keys = _sender_selected(message, routing_key)
@@ -181,9 +194,7 @@ class Channel:
         persisted = False
         if not queues:
             if mandatory:
-                self.send_method(spec.Basic.Return(NO_ROUTE, "NO_ROUTE", message.exchange, message.routing_key))
-                self.connection.write(encode_content(self.number, message.header_payload, message.body,
-                                                     self.connection.frame_max))
+                self._return_unroutable(message)
         else:
             for queue in queues:
                 if queue.enqueue(message):
@@ -200,6 +211,11 @@ class Channel:
             self.unsynced = True
             self.connection.settle_at_flush(self)
         return persisted
+
+    def _return_unroutable(self, message: Message) -> None:
+        self.send_method(spec.Basic.Return(NO_ROUTE, "NO_ROUTE", message.exchange, message.routing_key))
+        self.connection.write(encode_content(self.number, message.header_payload, message.body,
+                                             self.connection.frame_max))
 
     def _persist(self, message: Message, queues: list[Queue]) -> bool:
         keys = tuple(queue.store_key for queue in queues if queue.stored)
@@ -255,6 +271,15 @@ class Channel:
                 self.vhost.store.append_delivered(queue.store_key, (message.msg_id,))
         connection = self.connection
         connection.write(encode_deliver(self.number, consumer.tag_bytes, tag, entry.redelivered,
+                                        message.exchange_bytes, message.routing_key_bytes))
+        connection.write(encode_content(self.number, message.header_payload, message.body, connection.frame_max))
+
+    def deliver_reply(self, message: Message) -> None:
+        """A direct reply-to reply: straight to this channel's reply consumer, never acked."""
+        tag = self.next_tag
+        self.next_tag = tag + 1
+        connection = self.connection
+        connection.write(encode_deliver(self.number, self.reply_consumer.tag_bytes, tag, False,
                                         message.exchange_bytes, message.routing_key_bytes))
         connection.write(encode_content(self.number, message.header_payload, message.body, connection.frame_max))
 
@@ -367,6 +392,7 @@ class Channel:
         self.pending = None
         for consumer in list(self.consumers.values()):
             self.cancel_consumer(consumer)
+        direct_reply.stop(self)
         if self.tx is not None:
             self.rollback()
             self.tx = None
@@ -443,6 +469,10 @@ def _queue_name(channel: Channel, name: str) -> str:
 
 
 def _queue_declare(channel: Channel, method: spec.Queue.Declare) -> None:
+    if method.queue == direct_reply.PSEUDO_QUEUE:
+        if not method.nowait:
+            channel.send_method(spec.Queue.DeclareOk(method.queue, 0, int(channel.reply_consumer is not None)))
+        return
     name = method.queue if not (method.passive and not method.queue) else _queue_name(channel, "")
     queue = channel.vhost.declare_queue(name, channel.connection, method.passive, method.durable,
                                         method.exclusive, method.auto_delete, method.arguments or {})
@@ -504,10 +534,15 @@ def _basic_qos(channel: Channel, method: spec.Basic.Qos) -> None:
 
 def _basic_consume(channel: Channel, method: spec.Basic.Consume) -> None:
     vhost = channel.vhost
-    queue = vhost.get_queue(_queue_name(channel, method.queue), channel.connection)
     tag = method.consumer_tag or generated_name("amq.ctag-")
-    if tag in channel.consumers:
+    if tag in channel.consumers or (channel.reply_consumer is not None and channel.reply_consumer.tag == tag):
         raise errors.not_allowed(f"attempt to reuse consumer tag '{tag}'")
+    if method.queue == direct_reply.PSEUDO_QUEUE:
+        direct_reply.start(channel, tag, method.no_ack)
+        if not method.nowait:
+            channel.send_method(spec.Basic.ConsumeOk(consumer_tag=tag))
+        return
+    queue = vhost.get_queue(_queue_name(channel, method.queue), channel.connection)
     arguments = method.arguments or {}
     priority = arguments.get("x-priority", 0)
     if not isinstance(priority, int) or isinstance(priority, bool):
@@ -526,6 +561,8 @@ def _basic_cancel(channel: Channel, method: spec.Basic.Cancel) -> None:
     consumer = channel.consumers.get(method.consumer_tag)
     if consumer is not None:
         channel.cancel_consumer(consumer)
+    elif channel.reply_consumer is not None and channel.reply_consumer.tag == method.consumer_tag:
+        direct_reply.stop(channel)
     if not method.nowait:
         channel.send_method(spec.Basic.CancelOk(consumer_tag=method.consumer_tag))
 

@@ -16,6 +16,7 @@ from broker.headers_match import validate_x_match
 from broker.queue import Queue
 
 if TYPE_CHECKING:
+    from broker.channel import Channel
     from broker.connection import Connection
     from broker.message import Message
 
@@ -69,6 +70,7 @@ class VirtualHost:
         self.store = store  # durable storage (storage.MessageStore) or None for a broker kept in memory
         self.next_msg_id = 1  # id of the next persistent message written to the store
         self.dispatcher = Dispatcher()
+        self.reply_channels: dict[str, Channel] = {}  # direct reply-to token -> the channel consuming replies
         self.queues: dict[str, Queue] = {}
         self.default_exchange = DefaultExchange(self)
         self.exchanges: dict[str, Exchange] = {"": self.default_exchange}
