@@ -1,0 +1,57 @@
+"""Configuration: defaults, the TOML file, command-line overrides, and clear errors for bad values."""
+
+import subprocess
+import sys
+
+import pytest
+
+from broker.config import ConfigError, load_config
+from tests.conftest import REPO_ROOT
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "warren.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_match_rabbitmq():
+    config = load_config()
+    assert (config.port, config.frame_max, config.channel_max, config.heartbeat) == (5672, 131072, 2047, 60)
+    assert config.users == {"guest": "guest"}
+
+
+def test_file_then_overrides(tmp_path):
+    path = write(tmp_path, '[server]\nport = 6000\nlog_level = "debug"\n[amqp]\ndefault_consumer_prefetch = 7\n')
+    config = load_config(path, {"port": 6001, "host": None})
+    assert (config.port, config.log_level, config.default_consumer_prefetch, config.host) == (
+        6001, "debug", 7, "127.0.0.1")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[server]\nprot = 1\n", "unknown key 'prot' in [server]"),
+    ("[sever]\nport = 1\n", "unknown section [sever]"),
+    ('[server]\nport = "many"\n', "port must be an integer, got 'many'"),
+    ("[server]\nport = 70000\n", "port must be between 0 and 65535, got 70000"),
+    ("[amqp]\nframe_max = 1024\n", "frame_max must be at least 4096, got 1024"),
+    ('[server]\nlog_level = "loud"\n', "log_level must be one of debug, info, warning, error, got 'loud'"),
+    ("[amqp]\nheartbeat = true\n", "heartbeat must be an integer, got True"),
+    ("[server\n", "is not valid TOML"),
+])
+def test_bad_config_is_refused_with_a_message_naming_the_problem(tmp_path, text, message):
+    with pytest.raises(ConfigError) as error:
+        load_config(write(tmp_path, text))
+    assert message in str(error.value)
+
+
+def test_missing_file_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(tmp_path / "absent.toml")
+
+
+def test_the_server_exits_2_with_the_message_on_bad_config(tmp_path):
+    path = write(tmp_path, "[amqp]\nchannel_max = 0\n")
+    result = subprocess.run([sys.executable, "-m", "broker", "--config", str(path), "--data-dir", str(tmp_path)],
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    assert "warren-server: channel_max must be between 1 and 65535, got 0" in result.stderr
