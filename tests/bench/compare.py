@@ -54,6 +54,10 @@ RUNS = (
     BenchRun("confirm-latency", "confirms", ("--window", "1"),
              (Row("confirm latency p50, window 1 (ms)", "p50 ms", higher_is_better=False),
               Row("confirm latency p99, window 1 (ms)", "p99 ms", higher_is_better=False))),
+    BenchRun("confirm-latency-persistent", "confirms", ("--window", "1", "--persistent"),
+             (Row("persistent confirms, window 1 (msg/s)", "msg/s"),
+              Row("persistent confirm latency p50, window 1 (ms)", "p50 ms", higher_is_better=False),
+              Row("persistent confirm latency p99, window 1 (ms)", "p99 ms", higher_is_better=False))),
 )
 RUNS_BY_NAME = {run.name: run for run in RUNS}
 
