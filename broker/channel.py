@@ -9,13 +9,12 @@ from typing import TYPE_CHECKING, Callable, NamedTuple
 from pamqp import commands as spec
 
 from broker import direct_reply, errors
-from broker.arguments import amqp_type_name
 from broker.confirms import ConfirmTracker
 from broker.consumer import Consumer
 from broker.errors import AMQPError
 from broker.message import Message, QueueEntry
+from broker.methods import HANDLERS
 from broker.queue import Queue
-from broker.vhost import generated_name
 from protocol.codec import decode_method, encode_content, encode_method
 from protocol.constants import (
     BASIC_ACK, BASIC_PUBLISH, FRAME_BODY, FRAME_HEADER, FRAME_METHOD, NO_ROUTE, UNEXPECTED_FRAME,
@@ -144,7 +143,7 @@ class Channel:
                          *_PUBLISH_ID)
 
     def handle_method(self, method) -> None:
-        handler = _HANDLERS.get(type(method))
+        handler = HANDLERS.get(type(method))
         if handler is None:
             raise errors.command_invalid("unimplemented method")
         handler(self, method)
@@ -250,8 +249,11 @@ class Channel:
                 settle(seq, ok)
             self.connection.settle_at_flush(self)
         elif not ok:
-            self.connection.channel_failed(self, errors.internal_error("persistent messages could not be written "
-                                                                       "to disk"))
+            self._disk_failed()
+
+    def _disk_failed(self) -> None:
+        self.connection.channel_failed(self, errors.internal_error("persistent messages could not be written to "
+                                                                   "disk"))
 
     # --- delivering ----------------------------------------------------------------------------------------
     def can_deliver(self) -> bool:
@@ -369,6 +371,63 @@ class Channel:
             persisted = publish() or persisted
         return persisted
 
+    def get(self, queue: Queue, no_ack: bool) -> None:
+        """basic.get: the head of the queue as get-ok with its content, or get-empty."""
+        entry = queue.take()
+        if entry is None:
+            self.send_method(spec.Basic.GetEmpty())
+            return
+        tag = self.next_tag
+        self.next_tag += 1
+        message = entry.message
+        if no_ack:
+            queue.forget((entry,))
+        else:
+            self.unacked[tag] = Unacked(tag, entry, queue, None)
+            if message.msg_id and queue.stored:
+                self.vhost.store.append_delivered(queue.store_key, (message.msg_id,))
+        self.send_method(spec.Basic.GetOk(tag, entry.redelivered, message.exchange, message.routing_key,
+                                          queue.message_count))
+        self.connection.write(encode_content(self.number, message.header_payload, message.body,
+                                             self.connection.frame_max))
+
+    def select_confirms(self) -> None:
+        if self.tx is not None:
+            raise errors.precondition_failed("cannot switch from tx to confirm mode")
+        if self.confirms is None:
+            self.confirms = ConfirmTracker()
+
+    def select_tx(self) -> None:
+        if self.confirms is not None:
+            raise errors.precondition_failed("cannot switch from confirm to tx mode")
+        if self.tx is None:
+            self.tx = Transaction()
+
+    def commit_tx(self) -> None:
+        """tx.commit; commit-ok waits for the disk when the transaction's publishes went there."""
+        if self.tx is None:
+            raise errors.precondition_failed("channel is not transactional")
+        if not self.commit():
+            self.send_method(spec.Tx.CommitOk())
+            return
+
+        def on_disk(ok: bool) -> None:
+            if not self.open:
+                return
+            if ok:
+                self.send_method(spec.Tx.CommitOk())
+            else:
+                self._disk_failed()
+
+        self.unsynced = False  # the commit's own wait covers these publishes
+        self.vhost.store.when_durable(on_disk)
+
+    def rollback_tx(self) -> None:
+        if self.tx is None:
+            raise errors.precondition_failed("channel is not transactional")
+        self.rollback()
+        self.send_method(spec.Tx.RollbackOk())
+
     def requeue_all(self) -> None:
         """Every unacked delivery goes back to its queue, in original order, flagged redelivered."""
         if self.unacked:
@@ -412,275 +471,3 @@ def _sender_selected(message: Message, routing_key: str) -> tuple[Message, list[
         properties.headers = {key: value for key, value in headers.items() if key != "BCC"}
         message = message.with_properties(properties)
     return message, keys
-
-
-# --- method handlers (one per AMQP method the client may send on a channel) ---------------------------------
-
-def _channel_close(channel: Channel, method: spec.Channel.Close) -> None:
-    channel.connection.close_channel(channel.number, send_close_ok=True)
-
-
-def _channel_open(channel: Channel, method: spec.Channel.Open) -> None:
-    raise errors.channel_error("second 'channel.open' seen")
-
-
-def _channel_flow(channel: Channel, method: spec.Channel.Flow) -> None:
-    if not method.active:
-        raise errors.not_implemented("active=false")
-    channel.send_method(spec.Channel.FlowOk(active=True))
-
-
-def _exchange_declare(channel: Channel, method: spec.Exchange.Declare) -> None:
-    channel.vhost.declare_exchange(method.exchange, method.exchange_type, method.passive, method.durable,
-                                   method.auto_delete, method.internal, method.arguments or {})
-    if not method.nowait:
-        channel.send_method(spec.Exchange.DeclareOk())
-
-
-def _exchange_delete(channel: Channel, method: spec.Exchange.Delete) -> None:
-    channel.vhost.delete_exchange(method.exchange, method.if_unused)
-    if not method.nowait:
-        channel.send_method(spec.Exchange.DeleteOk())
-
-
-def _exchange_bind(channel: Channel, method: spec.Exchange.Bind) -> None:
-    vhost = channel.vhost
-    destination = vhost.get_exchange(method.destination)
-    vhost.bind(vhost.get_exchange(method.source), destination, method.routing_key, method.arguments or {})
-    if not method.nowait:
-        channel.send_method(spec.Exchange.BindOk())
-
-
-def _exchange_unbind(channel: Channel, method: spec.Exchange.Unbind) -> None:
-    vhost = channel.vhost
-    vhost.unbind(vhost.exchanges.get(method.source), vhost.exchanges.get(method.destination), method.routing_key,
-                 method.arguments or {})
-    if not method.nowait:
-        channel.send_method(spec.Exchange.UnbindOk())
-
-
-def _queue_name(channel: Channel, name: str) -> str:
-    """An empty queue name means the channel's last declared queue."""
-    if name:
-        return name
-    if not channel.last_queue:
-        raise errors.not_found("no previously declared queue")
-    return channel.last_queue
-
-
-def _queue_declare(channel: Channel, method: spec.Queue.Declare) -> None:
-    if method.queue == direct_reply.PSEUDO_QUEUE:
-        if not method.nowait:
-            channel.send_method(spec.Queue.DeclareOk(method.queue, 0, int(channel.reply_consumer is not None)))
-        return
-    name = method.queue if not (method.passive and not method.queue) else _queue_name(channel, "")
-    queue = channel.vhost.declare_queue(name, channel.connection, method.passive, method.durable,
-                                        method.exclusive, method.auto_delete, method.arguments or {})
-    channel.last_queue = queue.name
-    if not method.nowait:
-        channel.send_method(spec.Queue.DeclareOk(queue.name, queue.message_count, len(queue.consumers)))
-
-
-def _queue_bind(channel: Channel, method: spec.Queue.Bind) -> None:
-    vhost = channel.vhost
-    queue = vhost.get_queue(_queue_name(channel, method.queue), channel.connection)
-    routing_key = method.routing_key if (method.routing_key or method.queue) else queue.name
-    vhost.bind(vhost.get_exchange(method.exchange), queue, routing_key, method.arguments or {})
-    if not method.nowait:
-        channel.send_method(spec.Queue.BindOk())
-
-
-def _queue_unbind(channel: Channel, method: spec.Queue.Unbind) -> None:
-    vhost = channel.vhost
-    queue = vhost.queues.get(_queue_name(channel, method.queue))
-    if queue is not None:
-        vhost.check_exclusive_access(queue, channel.connection)
-    vhost.unbind(vhost.exchanges.get(method.exchange), queue, method.routing_key, method.arguments or {})
-    channel.send_method(spec.Queue.UnbindOk())
-
-
-def _queue_purge(channel: Channel, method: spec.Queue.Purge) -> None:
-    queue = channel.vhost.get_queue(_queue_name(channel, method.queue), channel.connection)
-    count = queue.purge()
-    if not method.nowait:
-        channel.send_method(spec.Queue.PurgeOk(message_count=count))
-
-
-def _queue_delete(channel: Channel, method: spec.Queue.Delete) -> None:
-    vhost = channel.vhost
-    queue = vhost.queues.get(_queue_name(channel, method.queue))
-    count = 0
-    if queue is not None:
-        vhost.check_exclusive_access(queue, channel.connection)
-        if method.if_unused and queue.consumers:
-            raise errors.precondition_failed(f"queue '{queue.name}' in vhost '{vhost.name}' in use")
-        if method.if_empty and queue.entries:
-            raise errors.precondition_failed(f"queue '{queue.name}' in vhost '{vhost.name}' not empty")
-        count = vhost.delete_queue(queue)
-    if not method.nowait:
-        channel.send_method(spec.Queue.DeleteOk(message_count=count))
-
-
-def _basic_qos(channel: Channel, method: spec.Basic.Qos) -> None:
-    if method.prefetch_size:
-        raise errors.not_implemented(f"prefetch_size!=0 ({method.prefetch_size})")
-    if method.global_:
-        channel.global_prefetch = method.prefetch_count
-        channel._credit_freed({consumer.queue for consumer in channel.consumers.values()})
-    else:
-        channel.consumer_prefetch = method.prefetch_count
-    channel.send_method(spec.Basic.QosOk())
-
-
-def _basic_consume(channel: Channel, method: spec.Basic.Consume) -> None:
-    vhost = channel.vhost
-    tag = method.consumer_tag or generated_name("amq.ctag-")
-    if tag in channel.consumers or (channel.reply_consumer is not None and channel.reply_consumer.tag == tag):
-        raise errors.not_allowed(f"attempt to reuse consumer tag '{tag}'")
-    if method.queue == direct_reply.PSEUDO_QUEUE:
-        direct_reply.start(channel, tag, method.no_ack)
-        if not method.nowait:
-            channel.send_method(spec.Basic.ConsumeOk(consumer_tag=tag))
-        return
-    queue = vhost.get_queue(_queue_name(channel, method.queue), channel.connection)
-    arguments = method.arguments or {}
-    priority = arguments.get("x-priority", 0)
-    if not isinstance(priority, int) or isinstance(priority, bool):
-        raise errors.precondition_failed(f"invalid arg 'x-priority' for queue '{queue.name}' in vhost "
-                                         f"'{vhost.name}': \"expected integer, got {amqp_type_name(priority)}\"")
-    if queue.has_exclusive_consumer() or (method.exclusive and queue.consumers):
-        raise errors.access_refused(f"queue '{queue.name}' in vhost '{vhost.name}' in exclusive use")
-    consumer = Consumer(tag, channel, queue, method.no_ack, method.exclusive, arguments, channel.consumer_prefetch)
-    channel.consumers[tag] = consumer
-    if not method.nowait:
-        channel.send_method(spec.Basic.ConsumeOk(consumer_tag=tag))
-    queue.add_consumer(consumer)
-
-
-def _basic_cancel(channel: Channel, method: spec.Basic.Cancel) -> None:
-    consumer = channel.consumers.get(method.consumer_tag)
-    if consumer is not None:
-        channel.cancel_consumer(consumer)
-    elif channel.reply_consumer is not None and channel.reply_consumer.tag == method.consumer_tag:
-        direct_reply.stop(channel)
-    if not method.nowait:
-        channel.send_method(spec.Basic.CancelOk(consumer_tag=method.consumer_tag))
-
-
-def _basic_get(channel: Channel, method: spec.Basic.Get) -> None:
-    queue = channel.vhost.get_queue(_queue_name(channel, method.queue), channel.connection)
-    entry = queue.take()
-    if entry is None:
-        channel.send_method(spec.Basic.GetEmpty())
-        return
-    tag = channel.next_tag
-    channel.next_tag += 1
-    message = entry.message
-    if method.no_ack:
-        queue.forget((entry,))
-    else:
-        channel.unacked[tag] = Unacked(tag, entry, queue, None)
-        if message.msg_id and queue.stored:
-            channel.vhost.store.append_delivered(queue.store_key, (message.msg_id,))
-    channel.send_method(spec.Basic.GetOk(tag, entry.redelivered, message.exchange, message.routing_key,
-                                         queue.message_count))
-    channel.connection.write(encode_content(channel.number, message.header_payload, message.body,
-                                            channel.connection.frame_max))
-
-
-def _basic_ack(channel: Channel, method: spec.Basic.Ack) -> None:
-    channel.ack(method.delivery_tag, method.multiple)
-
-
-def _basic_reject(channel: Channel, method: spec.Basic.Reject) -> None:
-    channel.reject(method.delivery_tag, False, method.requeue)
-
-
-def _basic_nack(channel: Channel, method: spec.Basic.Nack) -> None:
-    channel.reject(method.delivery_tag, method.multiple, method.requeue)
-
-
-def _basic_recover(channel: Channel, method: spec.Basic.Recover) -> None:
-    if not method.requeue:
-        raise errors.not_implemented("requeue=false")
-    channel.requeue_all()
-    channel.send_method(spec.Basic.RecoverOk())
-
-
-def _basic_recover_async(channel: Channel, method: spec.Basic.RecoverAsync) -> None:
-    if not method.requeue:
-        raise errors.not_implemented("requeue=false")
-    channel.requeue_all()
-
-
-def _confirm_select(channel: Channel, method: spec.Confirm.Select) -> None:
-    if channel.tx is not None:
-        raise errors.precondition_failed("cannot switch from tx to confirm mode")
-    if channel.confirms is None:
-        channel.confirms = ConfirmTracker()
-    if not method.nowait:
-        channel.send_method(spec.Confirm.SelectOk())
-
-
-def _tx_select(channel: Channel, method: spec.Tx.Select) -> None:
-    if channel.confirms is not None:
-        raise errors.precondition_failed("cannot switch from confirm to tx mode")
-    if channel.tx is None:
-        channel.tx = Transaction()
-    channel.send_method(spec.Tx.SelectOk())
-
-
-def _tx_commit(channel: Channel, method: spec.Tx.Commit) -> None:
-    if channel.tx is None:
-        raise errors.precondition_failed("channel is not transactional")
-    if not channel.commit():
-        channel.send_method(spec.Tx.CommitOk())
-        return
-
-    def on_disk(ok: bool) -> None:
-        if not channel.open:
-            return
-        if ok:
-            channel.send_method(spec.Tx.CommitOk())
-        else:
-            channel.connection.channel_failed(channel, errors.internal_error(
-                "persistent messages could not be written to disk"))
-
-    channel.unsynced = False  # the commit's own wait covers these publishes
-    channel.vhost.store.when_durable(on_disk)
-
-
-def _tx_rollback(channel: Channel, method: spec.Tx.Rollback) -> None:
-    if channel.tx is None:
-        raise errors.precondition_failed("channel is not transactional")
-    channel.rollback()
-    channel.send_method(spec.Tx.RollbackOk())
-
-
-_HANDLERS: dict[type, Callable[[Channel, object], None]] = {
-    spec.Channel.Open: _channel_open,
-    spec.Channel.Close: _channel_close,
-    spec.Channel.Flow: _channel_flow,
-    spec.Exchange.Declare: _exchange_declare,
-    spec.Exchange.Delete: _exchange_delete,
-    spec.Exchange.Bind: _exchange_bind,
-    spec.Exchange.Unbind: _exchange_unbind,
-    spec.Queue.Declare: _queue_declare,
-    spec.Queue.Bind: _queue_bind,
-    spec.Queue.Unbind: _queue_unbind,
-    spec.Queue.Purge: _queue_purge,
-    spec.Queue.Delete: _queue_delete,
-    spec.Basic.Qos: _basic_qos,
-    spec.Basic.Consume: _basic_consume,
-    spec.Basic.Cancel: _basic_cancel,
-    spec.Basic.Get: _basic_get,
-    spec.Basic.Ack: _basic_ack,
-    spec.Basic.Reject: _basic_reject,
-    spec.Basic.Nack: _basic_nack,
-    spec.Basic.Recover: _basic_recover,
-    spec.Basic.RecoverAsync: _basic_recover_async,
-    spec.Confirm.Select: _confirm_select,
-    spec.Tx.Select: _tx_select,
-    spec.Tx.Commit: _tx_commit,
-    spec.Tx.Rollback: _tx_rollback,
-}
