@@ -29,6 +29,8 @@ class Config:
     default_pass: str = "guest"
     default_vhost: str = "/"
     cluster_name: str = "warren"  # reported in connection.start's server properties
+    memory_high_watermark: float = 0.4  # share of the machine's memory above which publishers are blocked
+    memory_limit: int = 0  # bytes of broker memory above which publishers are blocked; 0 = use the watermark
     users: dict[str, str] = field(default_factory=dict)  # user -> password, derived from default_user/pass
 
     def __post_init__(self) -> None:
@@ -37,10 +39,13 @@ class Config:
 
 # Which TOML section each key lives in.
 SECTIONS = {
-    "server": ("host", "port", "data_dir", "log_level", "cluster_name"),
+    "server": ("host", "port", "data_dir", "log_level", "cluster_name", "memory_high_watermark", "memory_limit"),
     "amqp": ("frame_max", "channel_max", "heartbeat", "default_consumer_prefetch", "default_user",
              "default_pass", "default_vhost"),
 }
+
+
+_EXPECTED_TYPES = {"int": (int, "an integer"), "str": (str, "a string"), "float": ((int, float), "a number")}
 
 
 def load_config(path: str | Path | None = None, overrides: dict | None = None) -> Config:
@@ -51,9 +56,9 @@ def load_config(path: str | Path | None = None, overrides: dict | None = None) -
     values.update({key: value for key, value in (overrides or {}).items() if value is not None})
     types = {f.name: f.type for f in fields(Config)}
     for key, value in values.items():
-        expected = int if types[key] in ("int", int) else str
-        if not isinstance(value, expected) or isinstance(value, bool):
-            raise ConfigError(f"{key} must be {'an integer' if expected is int else 'a string'}, got {value!r}")
+        expected = _EXPECTED_TYPES[types[key]]
+        if not isinstance(value, expected[0]) or isinstance(value, bool):
+            raise ConfigError(f"{key} must be {expected[1]}, got {value!r}")
     config = Config(**values)
     _validate(config)
     return config
@@ -90,6 +95,10 @@ def _validate(config: Config) -> None:
         raise ConfigError(f"channel_max must be between 1 and 65535, got {config.channel_max}")
     if not 0 <= config.heartbeat <= 65535:
         raise ConfigError(f"heartbeat must be between 0 and 65535, got {config.heartbeat}")
+    if not 0 < config.memory_high_watermark <= 1:
+        raise ConfigError(f"memory_high_watermark must be above 0 and at most 1, got {config.memory_high_watermark}")
+    if config.memory_limit < 0:
+        raise ConfigError(f"memory_limit must not be negative, got {config.memory_limit}")
     if not 0 <= config.default_consumer_prefetch <= 65535:
         raise ConfigError(f"default_consumer_prefetch must be between 0 and 65535, got "
                           f"{config.default_consumer_prefetch}")

@@ -74,6 +74,7 @@ class Connection(asyncio.Protocol):
         self.turn_paused = False  # reading paused until the next loop turn (READ_BUDGET)
         self.throttled_by: set = set()  # queues over their flow-control limit that this connection publishes to
         self.flow_timer: asyncio.TimerHandle | None = None  # ends a flow-control pause after FLOW_MAX_PAUSE
+        self.blocked = False  # published while the memory alarm was on: not read until it clears
         self.sent_since_tick = False  # whether anything was written since the last heartbeat tick
         self.timer: asyncio.TimerHandle | None = None  # handshake timeout, then heartbeat ticks, then close wait
         self.peer = ""
@@ -136,12 +137,27 @@ class Connection(asyncio.Protocol):
         self.throttled_by.clear()
         self._update_reading()
 
+    def block(self) -> None:
+        """A publish arrived during a memory alarm: stop reading, and say why to clients that listen."""
+        if not self.blocked:
+            self.blocked = True
+            self._update_reading()
+            if self.client_capabilities.get("connection.blocked"):
+                self.send_method(0, spec.Connection.Blocked(reason="low on memory"))
+
+    def unblock(self) -> None:
+        if self.blocked:
+            self.blocked = False
+            self._update_reading()
+            if self.client_capabilities.get("connection.blocked"):
+                self.send_method(0, spec.Connection.Unblocked())
+
     def _update_reading(self) -> None:
         """Read from the socket unless the turn's budget is spent or a queue holds this publisher back."""
         transport = self.transport
         if transport is None or transport.is_closing():
             return
-        if self.turn_paused or self.throttled_by:
+        if self.turn_paused or self.throttled_by or self.blocked:
             transport.pause_reading()
         else:
             transport.resume_reading()

@@ -11,6 +11,7 @@ from pathlib import Path
 from broker.config import Config
 from broker.connection import Connection
 from broker.durability import restore
+from broker.memory_alarm import MemoryAlarm, memory_limit
 from broker.vhost import VirtualHost
 from storage.store import MessageStore
 
@@ -35,10 +36,22 @@ class Server:
         self.version = _version()
         self.platform = f"Python {platform.python_version()}"
         self.listener: asyncio.base_events.Server | None = None
+        limit = memory_limit(config.memory_high_watermark, config.memory_limit)
+        self.memory_alarm = MemoryAlarm(limit, self._memory_alarm_changed)  # blocks publishers above the limit
+
+    def _memory_alarm_changed(self, active: bool) -> None:
+        if active:
+            log.warning("memory alarm: resident memory above %d bytes; publishing connections are blocked",
+                        self.memory_alarm.limit)
+        else:
+            log.warning("memory alarm cleared; publishing connections may go on")
+            for connection in list(self.connections):
+                connection.unblock()
 
     async def start(self) -> None:
         """Recover durable state from the data dir, then listen."""
         restore(self.vhost, self.store.recover())
+        self.memory_alarm.start()
         loop = asyncio.get_running_loop()
         self.listener = await loop.create_server(lambda: Connection(self), self.config.host, self.config.port,
                                                  reuse_address=True, backlog=1024)
@@ -63,5 +76,6 @@ class Server:
             connection._terminate()
         if self.listener is not None:
             await self.listener.wait_closed()
+        self.memory_alarm.stop()
         self.store.close()
         log.info("Warren stopped")
