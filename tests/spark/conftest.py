@@ -53,12 +53,12 @@ class Amqp:
         self.url = url
         self.connection = pika.BlockingConnection(pika.URLParameters(url))
         self.channel = self.connection.channel()
+        self.channel.confirm_delivery()  # every publish below returns once the broker confirmed it
 
     def declare(self, queue: str, **arguments) -> str:
         return self.channel.queue_declare(queue, durable=True, arguments=arguments or None).method.queue
 
     def publish(self, queue: str, bodies: list[bytes], **properties) -> None:
-        self.channel.confirm_delivery()
         for body in bodies:
             self.channel.basic_publish("", queue, body, pika.BasicProperties(**properties))
 

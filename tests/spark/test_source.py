@@ -176,8 +176,6 @@ def test_exchange_and_binding_key_consume_a_private_queue(spark, broker, amqp, u
         .trigger(processingTime="100 milliseconds")
         .start()
     )
-    amqp.channel.confirm_delivery()
-
     def routable(key: str) -> bool:
         try:
             amqp.channel.basic_publish(exchange, key, key.encode(), mandatory=True)
