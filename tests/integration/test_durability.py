@@ -15,8 +15,7 @@ import signal
 import pika
 import pytest
 
-from tests.integration.helpers import (connection, consume, drain_with_flags, enqueue, message_count, sync,
-                                      wait_until)
+from tests.integration.helpers import connection, consume, drain_with_flags, enqueue, message_count, sync, wait_until
 from tests.integration.pika_support import channel_error, get
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
@@ -122,15 +121,15 @@ def test_restored_definitions_keep_their_type_flags_and_arguments(own_broker):
 
     with connection(broker) as conn:
         code, text = channel_error(lambda: conn.channel().exchange_declare("d.topic", "direct", durable=True))
-        assert (code, text) == (406, "PRECONDITION_FAILED - inequivalent arg 'type' for exchange 'd.topic' in vhost "
-                                     "'/': received 'direct' but current is 'topic'")
+        assert (code, text) == (406, ("PRECONDITION_FAILED - inequivalent arg 'type' for exchange 'd.topic' in vhost "
+                                      "'/': received 'direct' but current is 'topic'"))
         code, text = channel_error(lambda: conn.channel().queue_declare("q.direct", durable=True,
                                                                          arguments={"x-max-length": 5}))
-        assert (code, text) == (406, "PRECONDITION_FAILED - inequivalent arg 'x-max-length' for queue 'q.direct' in "
-                                     "vhost '/': received '5' but current is '100'")
+        assert (code, text) == (406, ("PRECONDITION_FAILED - inequivalent arg 'x-max-length' for queue 'q.direct' in "
+                                      "vhost '/': received '5' but current is '100'"))
         code, text = channel_error(lambda: conn.channel().queue_declare("q.topic", durable=False))
-        assert (code, text) == (406, "PRECONDITION_FAILED - inequivalent arg 'durable' for queue 'q.topic' in vhost "
-                                     "'/': received 'false' but current is 'true'")
+        assert (code, text) == (406, ("PRECONDITION_FAILED - inequivalent arg 'durable' for queue 'q.topic' in vhost "
+                                      "'/': received 'false' but current is 'true'"))
         publisher = conn.channel()
         code, _ = channel_error(lambda: (publisher.basic_publish("d.internal", "", b"x"), sync(publisher)))
         assert code == 403  # still internal: clients cannot publish to it
@@ -155,7 +154,7 @@ def test_non_durable_and_exclusive_definitions_do_not_survive(own_broker):
         for action in (lambda c: c.exchange_declare("transient-x", passive=True),
                        lambda c: c.queue_declare("transient-q", passive=True),
                        lambda c: c.queue_declare("exclusive-durable-q", passive=True)):
-            assert not_found(lambda: action(conn.channel())) == (404, "NOT_FOUND")
+            assert not_found(lambda action=action: action(conn.channel())) == (404, "NOT_FOUND")
         ch = conn.channel()
         # the same names declared again start without the old bindings
         ch.exchange_declare("transient-x", "direct")
