@@ -59,7 +59,8 @@ class BackgroundConsumer:
         self._thread.start()
         if not self._started.wait(CONNECT_TIMEOUT_SECONDS):
             raise AmqpConnectionLost(f"amqp source: no connection to the broker after {CONNECT_TIMEOUT_SECONDS}s")
-        self._raise_if_failed()
+        if self._error is not None:
+            raise AmqpConnectionLost(f"amqp source: cannot start consuming: {self._error!r}") from self._error
         return self._initial_ready
 
     def close(self) -> None:

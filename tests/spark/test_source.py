@@ -193,3 +193,15 @@ def test_exchange_and_binding_key_consume_a_private_queue(spark, broker, amqp, u
         query.stop()
     assert sorted(row.routing_key for row in collector.rows) == ["orders.new", "orders.paid", "orders.shipped"]
     assert all(row.exchange == exchange for row in collector.rows)
+
+
+def test_a_missing_queue_fails_the_query_with_the_brokers_reason(spark, broker, unique, tmp_path):
+    query = (
+        read_queue(spark, broker.url, f"{unique}-missing")
+        .writeStream.foreachBatch(Collector())
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    with pytest.raises(StreamingQueryException, match=f"NOT_FOUND - no queue '{unique}-missing' in vhost '/'"):
+        query.awaitTermination(BOUNDED_WAIT_SECONDS)
