@@ -76,8 +76,9 @@ class Channel:
         self.consumer_unacked = 0  # unacked deliveries made to consumers (what the global limit counts)
         self.flow_active = True  # channel.flow from the client
         self.confirms: ConfirmTracker | None = None  # set by confirm.select
-        self.awaiting_disk: list[int] = []  # confirm seqs of this turn's persistent publishes, to wait for the disk
-        self.unsynced = False  # a publish without confirms went to disk this turn (a write error closes us)
+        # Confirm seqs of this loop turn's persistent publishes, waiting for the disk under one store callback;
+        # None until the turn's first persistent publish.
+        self.awaiting_disk: list[int] | None = None
         self.tx: Transaction | None = None  # set by tx.select: publishes and acks held until commit
         self.last_queue = ""  # name of the last queue declared, for methods that name the queue ""
         self.reply_consumer: direct_reply.ReplyConsumer | None = None  # consumer of amq.rabbitmq.reply-to
@@ -202,16 +203,23 @@ class Channel:
                     queue.throttle(self.connection)
             if self.vhost.store is not None and message.persistent:
                 persisted = self._persist(message, queues)
-        if seq is not None:
-            if persisted:
-                self.awaiting_disk.append(seq)
-            else:
-                self.confirms.settle(seq)
-            self.connection.settle_at_flush(self)
-        elif persisted:
-            self.unsynced = True
+        if persisted:
+            self._await_disk(seq)
+        elif seq is not None:
+            self.confirms.settle(seq)
             self.connection.settle_at_flush(self)
         return persisted
+
+    def _await_disk(self, seq: int | None) -> None:
+        """Confirm seq (None without confirms) once this turn's persistent publishes are on disk. The store
+        callback is asked for right after the turn's first write, so that it belongs to the same batch."""
+        awaiting = self.awaiting_disk
+        if awaiting is None:
+            awaiting = self.awaiting_disk = []
+            self.vhost.store.when_durable(lambda ok: self._on_disk(awaiting, ok))
+            self.connection.settle_at_flush(self)  # where the turn ends
+        if seq is not None:
+            awaiting.append(seq)
 
     def _return_unroutable(self, message: Message) -> None:
         self.send_method(spec.Basic.Return(NO_ROUTE, "NO_ROUTE", message.exchange, message.routing_key))
@@ -230,12 +238,9 @@ class Channel:
         return True
 
     def settle_publishes(self) -> None:
-        """At the end of a loop turn: ask the store to report on this turn's persistent publishes (one callback
-        for all of them), and write the confirms settled so far (coalesced into multiple acks)."""
-        if self.awaiting_disk or self.unsynced:
-            seqs, self.awaiting_disk = self.awaiting_disk, []
-            self.unsynced = False
-            self.vhost.store.when_durable(lambda ok: self._on_disk(seqs, ok))
+        """At the end of a loop turn: close the turn's disk wait and write the confirms settled so far
+        (coalesced into multiple acks)."""
+        self.awaiting_disk = None
         if self.confirms is not None:
             write = self.connection.write
             for tag, multiple, is_ack in self.confirms.drain():
@@ -421,7 +426,6 @@ class Channel:
             else:
                 self._disk_failed()
 
-        self.unsynced = False  # the commit's own wait covers these publishes
         self.vhost.store.when_durable(on_disk)
 
     def rollback_tx(self) -> None:
