@@ -12,6 +12,7 @@ from broker import direct_reply, errors
 from broker.confirms import ConfirmTracker
 from broker.consumer import Consumer
 from broker.errors import AMQPError
+from broker.length_limit import ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, REFUSED
 from broker.message import Message, QueueEntry
 from broker.methods import HANDLERS
 from broker.queue import Queue
@@ -193,16 +194,27 @@ class Channel:
     def _route(self, exchange, routing_keys, mandatory, message: Message, seq: int | None) -> bool:
         """Route and enqueue a message; True when it went to durable storage (its confirm waits for the disk)."""
         queues = self.vhost.route(exchange, routing_keys, message)
-        persisted = False
+        persisted = refused = False
         if not queues:
             if mandatory:
                 self._return_unroutable(message)
         else:
+            not_kept = None  # queues whose length limit turned the message away
             for queue in queues:
-                if queue.enqueue(message):
+                status = queue.enqueue(message)
+                if status == ENQUEUED_OVER_FLOW_LIMIT:
                     queue.throttle(self.connection)
+                elif status != ENQUEUED:
+                    not_kept = not_kept or set()
+                    not_kept.add(queue)
+                    refused = refused or status == REFUSED
             if self.vhost.store is not None and message.persistent:
-                persisted = self._persist(message, queues)
+                kept = queues if not_kept is None else [queue for queue in queues if queue not in not_kept]
+                persisted = self._persist(message, kept)
+        if seq is not None and refused:
+            self.confirms.settle(seq, ack=False)  # reject-publish: the publisher is told with a nack
+            self.connection.settle_at_flush(self)
+            seq = None
         if persisted:
             self._await_disk(seq)
         elif seq is not None:

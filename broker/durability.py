@@ -77,6 +77,8 @@ def restore(vhost: "VirtualHost", recovered: "Recovered") -> None:
             message = Message(item.exchange, item.routing_key, item.header_payload, item.body, item.msg_id)
             queue.entries.append(QueueEntry(queue.next_seq, message, item.redelivered))
             queue.next_seq += 1
+        if queue.limit is not None:
+            queue.limit.returned(queue.entries)
         restored += len(stored)
     known = {queue.store_key for queue in vhost.queues.values()}
     for key in recovered.messages:

@@ -7,6 +7,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Iterable
 
 from broker.durability import queue_key
+from broker.length_limit import ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, LengthLimit
 from broker.message import Message, QueueEntry
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ class Queue:
         # Whether persistent messages in this queue go to disk: durable, not exclusive, and a store to go to.
         self.stored = durable and exclusive_owner is None and vhost.store is not None
         self.store_key = queue_key(vhost.name, name)  # the queue's name in the store
+        self.limit = LengthLimit.from_arguments(arguments)  # x-max-length(-bytes), None when unlimited
 
     @property
     def message_count(self) -> int:
@@ -50,14 +52,21 @@ class Queue:
 
 
     # --- messages ---------------------------------------------------------------------------------------
-    def enqueue(self, message: Message) -> bool:
-        """Add a message at the tail; True when the queue is over its flow-control limit."""
+    def enqueue(self, message: Message) -> int:
+        """Add a message at the tail; says whether it was kept (see broker.length_limit)."""
+        if self.limit is not None:
+            status, dropped = self.limit.admit(self.entries, message)
+            if dropped:
+                self.forget(dropped)
+            if status != ENQUEUED:
+                return status
         self.entries.append(QueueEntry(self.next_seq, message))
         self.next_seq += 1
         if self.consumers:
             self.vhost.dispatcher.mark(self)
-            return len(self.entries) > FLOW_HIGH
-        return False
+            if len(self.entries) > FLOW_HIGH:
+                return ENQUEUED_OVER_FLOW_LIMIT
+        return ENQUEUED
 
     def throttle(self, connection: "Connection") -> None:
         if connection not in self.throttled:
@@ -81,17 +90,25 @@ class Queue:
             entries.extendleft(reversed(requeued))
         else:
             self.entries = deque(heapq.merge(requeued, entries, key=lambda entry: entry.seq))
+        if self.limit is not None:
+            self.limit.returned(requeued)
+            self.forget(self.limit.trim(self.entries))
         if self.consumers:
             self.vhost.dispatcher.mark(self)
 
     def take(self) -> QueueEntry | None:
         """Remove and return the head entry (basic.get)."""
-        return self.entries.popleft() if self.entries else None
+        if not self.entries:
+            return None
+        entry = self.entries.popleft()
+        return self.limit.removed(entry) if self.limit is not None else entry
 
     def purge(self) -> int:
         count = len(self.entries)
         self.forget(self.entries)
         self.entries = deque()
+        if self.limit is not None:
+            self.limit.cleared()
         return count
 
     def forget(self, entries: Iterable[QueueEntry]) -> None:
@@ -129,7 +146,8 @@ class Queue:
         entries = self.entries
         consumers = self.consumers
         budget = DISPATCH_BATCH
-        if len(consumers) == 1:
+        limit = self.limit
+        if len(consumers) == 1 and limit is None:
             consumer = consumers[0]
             count = min(consumer.credit(), len(entries), budget)
             deliver = consumer.channel.deliver
@@ -141,7 +159,10 @@ class Queue:
                 consumer = self._next_consumer_with_credit()
                 if consumer is None:
                     break
-                consumer.channel.deliver(consumer, self, entries.popleft())
+                entry = entries.popleft()
+                if limit is not None:
+                    limit.removed(entry)
+                consumer.channel.deliver(consumer, self, entry)
                 budget -= 1
         if not budget and entries:
             self.vhost.dispatcher.mark(self)

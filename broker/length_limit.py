@@ -1,0 +1,70 @@
+"""Queue length limits: x-max-length and x-max-length-bytes over a queue's ready messages, with x-overflow
+drop-head (the oldest make room) or reject-publish (the new one is refused), as RabbitMQ applies them."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Iterable
+
+from broker.message import Message, QueueEntry
+
+# What Queue.enqueue reports.
+ENQUEUED = 0
+ENQUEUED_OVER_FLOW_LIMIT = 1  # kept; the queue's backlog asks its publishers to wait (flow control)
+REFUSED = 2  # reject-publish: not kept, the publisher gets a nack
+DROPPED = 3  # drop-head with no room even for this message alone: not kept, yet the publish is confirmed
+
+
+class LengthLimit:
+    def __init__(self, max_length: int | None, max_bytes: int | None, overflow: str):
+        self.max_length = max_length  # most ready messages kept, None = no limit
+        self.max_bytes = max_bytes  # most body bytes of ready messages kept, None = no limit
+        self.drop_head = overflow == "drop-head"  # else reject-publish (and reject-publish-dlx)
+        self.ready_bytes = 0  # body bytes of the queue's ready messages
+
+    @classmethod
+    def from_arguments(cls, arguments: dict) -> "LengthLimit | None":
+        max_length = arguments.get("x-max-length")
+        max_bytes = arguments.get("x-max-length-bytes")
+        if max_length is None and max_bytes is None:
+            return None
+        return cls(max_length, max_bytes, arguments.get("x-overflow", "drop-head"))
+
+    def _over(self, count: int, size: int) -> bool:
+        return ((self.max_length is not None and count > self.max_length)
+                or (self.max_bytes is not None and size > self.max_bytes))
+
+    def admit(self, entries: deque[QueueEntry], message: Message) -> tuple[int, list[QueueEntry]]:
+        """Whether message may join entries, and the head entries dropped to make room for it."""
+        size = len(message.body)
+        if not self._over(len(entries) + 1, self.ready_bytes + size):
+            self.ready_bytes += size
+            return ENQUEUED, []
+        if not self.drop_head:
+            return REFUSED, []
+        if self._over(1, size):
+            return DROPPED, []
+        dropped = []
+        while self._over(len(entries) + 1, self.ready_bytes + size):
+            dropped.append(self.removed(entries.popleft()))
+        self.ready_bytes += size
+        return ENQUEUED, dropped
+
+    def removed(self, entry: QueueEntry) -> QueueEntry:
+        self.ready_bytes -= len(entry.message.body)
+        return entry
+
+    def returned(self, entries: Iterable[QueueEntry]) -> None:
+        """Requeued entries count again."""
+        self.ready_bytes += sum(len(entry.message.body) for entry in entries)
+
+    def trim(self, entries: deque[QueueEntry]) -> list[QueueEntry]:
+        """After a requeue: drop-head queues drop their oldest messages until they are within the limit again."""
+        dropped = []
+        if self.drop_head:
+            while entries and self._over(len(entries), self.ready_bytes):
+                dropped.append(self.removed(entries.popleft()))
+        return dropped
+
+    def cleared(self) -> None:
+        self.ready_bytes = 0
