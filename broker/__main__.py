@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
+import os
 import signal
 import sys
 
@@ -26,7 +28,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+# The cyclic garbage collector's first threshold: a full collection walks every queued message, so collections
+# are made rarer than CPython's default of 700 allocations (the broker's objects seldom form cycles).
+GC_THRESHOLD = 50_000
+
+
 async def serve(config) -> None:
+    gc.set_threshold(GC_THRESHOLD)
     server = Server(config)
     await server.start()
     stop = asyncio.Event()
@@ -52,7 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as error:
         log.error("cannot listen on %s:%d: %s", config.host, config.port, error.strerror or error)
         return 1
-    return 0
+    # Everything is flushed and closed: skip freeing millions of queued messages one by one on the way out.
+    logging.shutdown()
+    os._exit(0)
 
 
 if __name__ == "__main__":

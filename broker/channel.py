@@ -13,7 +13,7 @@ from broker.confirms import ConfirmTracker
 from broker.consumer import Consumer
 from broker.errors import AMQPError
 from broker.length_limit import ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, REFUSED
-from broker.message import Message, QueueEntry
+from broker.message import Address, Header, Message, QueueEntry
 from broker.methods import HANDLERS
 from broker.queue import Queue
 from protocol.codec import decode_method, encode_content, encode_method
@@ -83,6 +83,8 @@ class Channel:
         self.tx: Transaction | None = None  # set by tx.select: publishes and acks held until commit
         self.last_queue = ""  # name of the last queue declared, for methods that name the queue ""
         self.reply_consumer: direct_reply.ReplyConsumer | None = None  # consumer of amq.rabbitmq.reply-to
+        self.last_address = Address("", "")  # of the last publish, shared by the next ones that repeat it
+        self.last_header = Header(b"")  # content header of the last publish, shared likewise
 
     # --- frames in -----------------------------------------------------------------------------------------
     def handle_frame(self, frame_type: int, payload: bytes) -> None:
@@ -164,15 +166,20 @@ class Channel:
         if exchange.internal:
             raise errors.access_refused(f"cannot publish to internal exchange '{exchange_name}' in vhost "
                                         f"'{vhost.name}'")
-        message = Message(exchange_name, routing_key, header, body)
+        address = self.last_address
+        if address.routing_key != routing_key or address.exchange != exchange_name:
+            address = self.last_address = Address(exchange_name, routing_key)
+        shared_header = self.last_header
+        if shared_header.payload != header:
+            shared_header = self.last_header = Header(header)
+        message = Message(address, shared_header, body)
         flags = property_flags(header)
         if flags & USER_ID:
             user_id = message.properties.user_id
             if user_id != self.connection.user:
                 raise errors.precondition_failed(f"user_id property set to '{user_id}' but authenticated user was "
                                                  f"'{self.connection.user}'")
-        if flags & REPLY_TO and message.properties.reply_to == direct_reply.PSEUDO_QUEUE:
-            properties = message.properties
+        if flags & REPLY_TO and (properties := message.properties).reply_to == direct_reply.PSEUDO_QUEUE:
             properties.reply_to = direct_reply.reply_address(self)
             message = message.with_properties(properties)
         if not exchange_name and routing_key.startswith(direct_reply.REPLY_PREFIX):
@@ -292,7 +299,7 @@ class Channel:
                 self.vhost.store.append_delivered(queue.store_key, (message.msg_id,))
         connection = self.connection
         connection.write(encode_deliver(self.number, consumer.tag_bytes, tag, entry.redelivered,
-                                        message.exchange_bytes, message.routing_key_bytes))
+                                        message.address.exchange_bytes, message.address.routing_key_bytes))
         connection.write(encode_content(self.number, message.header_payload, message.body, connection.frame_max))
 
     def deliver_reply(self, message: Message) -> None:
@@ -301,7 +308,7 @@ class Channel:
         self.next_tag = tag + 1
         connection = self.connection
         connection.write(encode_deliver(self.number, self.reply_consumer.tag_bytes, tag, False,
-                                        message.exchange_bytes, message.routing_key_bytes))
+                                        message.address.exchange_bytes, message.address.routing_key_bytes))
         connection.write(encode_content(self.number, message.header_payload, message.body, connection.frame_max))
 
     # --- acknowledgements ----------------------------------------------------------------------------------
@@ -478,14 +485,14 @@ class Channel:
 
 def _sender_selected(message: Message, routing_key: str) -> tuple[Message, list[str]]:
     """CC and BCC headers add routing keys; BCC is removed from what consumers see."""
-    headers = message.properties.headers or {}
+    properties = message.properties
+    headers = properties.headers or {}
     keys = [routing_key]
     for name in ("CC", "BCC"):
         value = headers.get(name)
         if isinstance(value, list):
             keys.extend(str(key.decode() if isinstance(key, bytes) else key) for key in value)
     if "BCC" in headers:
-        properties = message.properties
         properties.headers = {key: value for key, value in headers.items() if key != "BCC"}
         message = message.with_properties(properties)
     return message, keys

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from broker.message import Message, QueueEntry
+from broker.message import Address, Header, Message, QueueEntry
 
 if TYPE_CHECKING:
     from broker.exchange import Binding, Exchange
@@ -71,10 +71,18 @@ def restore(vhost: "VirtualHost", recovered: "Recovered") -> None:
             continue
         vhost.bind(source, destination, data["routing_key"], data["arguments"], record=False)
     restored = 0
+    addresses: dict[tuple[str, str], Address] = {}  # shared by the messages that have the same one
+    headers: dict[bytes, Header] = {}
     for queue in vhost.queues.values():
         stored = recovered.messages.get(queue.store_key, ())
         for item in stored:
-            message = Message(item.exchange, item.routing_key, item.header_payload, item.body, item.msg_id)
+            address = addresses.get((item.exchange, item.routing_key))
+            if address is None:
+                address = addresses[item.exchange, item.routing_key] = Address(item.exchange, item.routing_key)
+            header = headers.get(item.header_payload)
+            if header is None:
+                header = headers[item.header_payload] = Header(item.header_payload)
+            message = Message(address, header, item.body, item.msg_id)
             queue.entries.append(QueueEntry(queue.next_seq, message, item.redelivered))
             queue.next_seq += 1
         if queue.limit is not None:

@@ -1,4 +1,7 @@
-"""A published message as the broker keeps it: the raw content header and body, properties decoded on demand."""
+"""A published message as the broker keeps it: the raw content header and body, properties decoded on demand.
+
+Messages published one after another with the same exchange, routing key and content header (the usual case)
+share one Address and one Header object, so each queued message costs little more than its body."""
 
 from __future__ import annotations
 
@@ -8,47 +11,77 @@ from protocol.codec import decode_properties, encode_header_payload
 from protocol.properties import PropertyScan, scan_properties
 
 
-class Message:
-    """One published message; shared (not copied) by every queue it is routed to."""
+class Address:
+    """Where a message was published: exchange and routing key, also pre-encoded for basic.deliver."""
 
-    __slots__ = ("exchange", "routing_key", "exchange_bytes", "routing_key_bytes", "header_payload", "body",
-                 "msg_id", "_scan", "_properties")
+    __slots__ = ("exchange", "routing_key", "exchange_bytes", "routing_key_bytes")
 
-    def __init__(self, exchange: str, routing_key: str, header_payload: bytes, body: bytes, msg_id: int = 0):
+    def __init__(self, exchange: str, routing_key: str):
         self.exchange = exchange
         self.routing_key = routing_key
-        self.exchange_bytes = exchange.encode()  # pre-encoded for basic.deliver
+        self.exchange_bytes = exchange.encode()
         self.routing_key_bytes = routing_key.encode()
-        self.header_payload = header_payload  # raw content-header payload, forwarded to consumers as it came
-        self.body = body
-        self.msg_id = msg_id  # broker-wide id, used by durable storage (0 while not stored)
+
+
+class Header:
+    """A raw content-header payload, forwarded to consumers as it came, with its properties scanned on demand."""
+
+    __slots__ = ("payload", "_scan")
+
+    def __init__(self, payload: bytes):
+        self.payload = payload
         self._scan: PropertyScan | None = None  # delivery_mode/priority/expiration, scanned on first use
-        self._properties: Basic.Properties | None = None  # fully decoded properties, on first use
 
     @property
     def scan(self) -> PropertyScan:
         if self._scan is None:
-            self._scan = scan_properties(self.header_payload)
+            self._scan = scan_properties(self.payload)
         return self._scan
+
+
+class Message:
+    """One published message; shared (not copied) by every queue it is routed to."""
+
+    __slots__ = ("address", "header", "body", "msg_id")
+
+    def __init__(self, address: Address, header: Header, body: bytes, msg_id: int = 0):
+        self.address = address
+        self.header = header
+        self.body = body
+        self.msg_id = msg_id  # broker-wide id, used by durable storage (0 while not stored)
+
+    @property
+    def exchange(self) -> str:
+        return self.address.exchange
+
+    @property
+    def routing_key(self) -> str:
+        return self.address.routing_key
+
+    @property
+    def header_payload(self) -> bytes:
+        return self.header.payload
+
+    @property
+    def scan(self) -> PropertyScan:
+        return self.header.scan
 
     @property
     def properties(self) -> Basic.Properties:
-        if self._properties is None:
-            self._properties = decode_properties(self.header_payload)
-        return self._properties
+        """The decoded properties: a fresh object each call, the caller's to change."""
+        return decode_properties(self.header.payload)
 
     @property
     def persistent(self) -> bool:
-        return self.scan.delivery_mode == 2
+        return self.header.scan.delivery_mode == 2
 
     @property
     def headers(self) -> dict | None:
-        return self.properties.headers if self.scan.has_headers else None
+        return self.properties.headers if self.header.scan.has_headers else None
 
     def with_properties(self, properties: Basic.Properties) -> "Message":
         """A copy carrying other properties (the content header is encoded anew)."""
-        header = encode_header_payload(len(self.body), properties)
-        return Message(self.exchange, self.routing_key, header, self.body)
+        return Message(self.address, Header(encode_header_payload(len(self.body), properties)), self.body)
 
 
 class QueueEntry:

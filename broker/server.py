@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import platform
 from importlib import metadata
@@ -50,7 +51,14 @@ class Server:
 
     async def start(self) -> None:
         """Recover durable state from the data dir, then listen."""
-        restore(self.vhost, self.store.recover())
+        # Recovery makes millions of long-lived objects at once: collecting meanwhile only walks them again and
+        # again, and once frozen they stay out of every later full collection.
+        gc.disable()
+        try:
+            restore(self.vhost, self.store.recover())
+        finally:
+            gc.freeze()
+            gc.enable()
         self.memory_alarm.start()
         loop = asyncio.get_running_loop()
         self.listener = await loop.create_server(lambda: Connection(self), self.config.host, self.config.port,
