@@ -37,6 +37,8 @@ Contract with the broker:
 
 Layout on disk (``data_dir``): ``messages/NNNNNNNNNN.seg`` segments of about 16 MiB, ``definitions.log``, and
 ``clean-shutdown`` between a graceful close and the next start. Records are ``[length u32][crc32 u32][payload]``.
-Segments whose messages are all gone are deleted; closed segments with half their messages gone are rewritten in
-place by the writer thread, a slice at a time between batches. The index costs about one byte per queued message.
+Segments whose messages are all gone are deleted (even while being rewritten); closed segments with half their
+messages gone are rewritten in place by the writer thread once they stop losing messages for a batch, a slice at a
+time between batches and at least twice as fast as batches are written, so disk use stays near what is queued plus
+a few segments however fast publishers go. The index costs about one byte per queued message.
 """

@@ -26,25 +26,30 @@ class Compaction:
         self.segment = segment
         self.upto = index.seq  # every REMOVED/DELIVERED record up to here is already reflected in the index
         self._index = index
+        # Which older segments exist, taken on the loop when the job is made: one forgotten later is still on disk
+        # until the batch that deletes it is written, so the rewrite must keep the records aimed at it.
+        firsts, homes = index.homes_snapshot()
+        self._firsts = firsts  # first ids of the segments holding publishes, ascending
+        self._homes = [home.number for home in homes]  # the segments of _firsts
+        self._compacted_upto = {number: older.compacted_upto for number, older in index.segments.items()}
         self._path = segment_path(directory, segment.number)
         self._temporary = self._path.with_suffix(".compacting")
         self.size: int | None = None  # size of the rewritten file once done
         self.refers: dict[int, int] = {}  # older segment -> seq, for the records the rewrite kept
 
-    def steps(self) -> Iterator[None]:
-        """Do the rewrite, yielding after each slice; sets ``size`` and ``refers`` when the file is replaced."""
-        firsts, homes = self._index.homes_snapshot()
+    def steps(self) -> Iterator[int]:
+        """Do the rewrite, yielding the input bytes of each slice; sets ``size`` and ``refers`` once replaced."""
         data = self._path.read_bytes()
         with open(self._temporary, "wb") as target:
             out = bytearray()
             mark = 0
             for start, end, payload in self._intact(data):
-                self._copy(payload, data, start, end, out, firsts, homes)
+                self._copy(payload, data, start, end, out)
                 if end - mark >= SLICE_BYTES:
-                    mark = end
                     target.write(out)
                     out.clear()
-                    yield
+                    yield end - mark
+                    mark = end
             target.write(out)
             target.flush()
             os.fdatasync(target.fileno())
@@ -63,10 +68,7 @@ class Compaction:
         except records.CorruptRecord:
             return
 
-    def _copy(
-        self, payload: memoryview, data: bytes, start: int, end: int, out: bytearray, firsts: list[int],
-        homes: list[Segment],
-    ) -> None:
+    def _copy(self, payload: memoryview, data: bytes, start: int, end: int, out: bytearray) -> None:
         kind = payload[0]
         index = self._index
         segment = self.segment
@@ -85,12 +87,18 @@ class Compaction:
         queue, ids = records.decode_id_list(payload)
         kept = []
         for msg_id in ids:
-            position = bisect_right(firsts, msg_id) - 1
+            position = bisect_right(self._firsts, msg_id) - 1
             if position < 0:
                 continue
-            older = homes[position].number
-            if older != segment.number and index.depends_on(segment, older):
+            older = self._homes[position]
+            if older != segment.number and self._still_needed_by(older):
                 kept.append(msg_id)
                 self.refers[older] = segment.refers[older]
         if kept:
             out += records.id_list(kind, queue, kept)
+
+    def _still_needed_by(self, older: int) -> bool:
+        """Whether this segment's records aimed at segment ``older`` matter (``MessageIndex.depends_on``, as of
+        the job's making)."""
+        upto = self._compacted_upto.get(older)
+        return upto is not None and self.segment.refers.get(older, 0) > upto

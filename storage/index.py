@@ -9,6 +9,10 @@ remembers, per older segment, the sequence number of the latest such record; the
 deleted, or compacted after that record (the rewrite no longer holds the removed publish, and carries the delivered
 flag itself).
 
+Compaction waits until a segment has stopped losing messages for one batch: a segment being consumed (typically
+the one closed last, mostly consumed already when the head rolls) would be rewritten only to be deleted soon
+after. A segment that empties is deleted even while its compaction is queued or running (the writer drops the job).
+
 The writer thread reads ``states``, ``multi`` and ``deleted_below`` while compacting; the event loop only ever turns
 messages from live to dead there (or sets DELIVERED), and replaces ``multi`` values whole, so a concurrent reader
 sees either the old or the new value and at worst keeps a record that just died (its REMOVED record is newer).
@@ -60,6 +64,7 @@ class MessageIndex:
         self.live_refs = 0  # live (queue, message) pairs in all segments
         self.dirty: set[int] = set()  # segments whose refs dropped since the last housekeeping
         self.waiting: set[int] = set()  # empty segments kept only for records older segments still need
+        self.draining: set[int] = set()  # worth compacting, but they were still losing messages at the last look
         self.recheck_waiting = False  # a compaction ended: some waiting segment may be free to go
 
     # --- segments -------------------------------------------------------------------------------------------
@@ -273,9 +278,17 @@ class MessageIndex:
 
     # --- housekeeping ---------------------------------------------------------------------------------------
     def housekeeping(self, compact_ratio: float, min_compact_bytes: int) -> tuple[list[Segment], list[Segment]]:
-        """Segments to delete (oldest first, forgotten here) and segments worth compacting (marked compacting)."""
-        candidates = self.dirty | self.waiting if self.recheck_waiting else self.dirty
+        """Segments to delete (oldest first, forgotten here) and segments worth compacting (marked compacting).
+
+        An empty segment goes even while it is being compacted. One that is worth compacting but lost messages since
+        the last call is only noted in ``draining``: the next call compacts it unless it lost more meanwhile.
+        """
+        losing = self.dirty  # segments that lost messages (or were closed, or compacted) since the last call
+        candidates = losing | self.draining
+        if self.recheck_waiting:
+            candidates |= self.waiting
         self.dirty = set()
+        self.draining = set()
         self.recheck_waiting = False
         to_delete: list[Segment] = []
         to_compact: list[Segment] = []
@@ -283,7 +296,7 @@ class MessageIndex:
             deleted_before = len(to_delete)
             for number in sorted(candidates):
                 segment = self.segments.get(number)
-                if segment is None or segment is self.head or segment.compacting:
+                if segment is None or segment is self.head:
                     continue
                 if segment.refs <= 0:
                     if any(self.depends_on(segment, older) for older in segment.refers):
@@ -293,10 +306,15 @@ class MessageIndex:
                         self.forget(segment)
                         to_delete.append(segment)
                         continue
+                if segment.compacting:
+                    continue
                 dead = segment.base_refs - segment.refs
                 if dead > 0 and dead >= segment.base_refs * compact_ratio and segment.size >= min_compact_bytes:
-                    segment.compacting = True
-                    to_compact.append(segment)
+                    if number in losing:
+                        self.draining.add(number)
+                    else:
+                        segment.compacting = True
+                        to_compact.append(segment)
             # a deletion may free segments that were only waiting for it
             candidates = set(self.waiting) if len(to_delete) > deleted_before else set()
         return to_delete, to_compact

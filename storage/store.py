@@ -78,11 +78,9 @@ class MessageStore:
         return state.recovered
 
     def _delete_spent_segments(self) -> None:
-        """Deletions found at start-up are made before the writer starts; compactions wait for the first batch."""
-        deletions, compactions = self._index.housekeeping(self._compact_ratio, self._min_compact_bytes)
-        for segment in compactions:
-            segment.compacting = False
-            self._index.dirty.add(segment.number)
+        """Deletions found at start-up are made before the writer starts. Every segment counts as changed then, so
+        compactions are only noted as due (``draining``), and start with the first batch."""
+        deletions, _ = self._index.housekeeping(self._compact_ratio, self._min_compact_bytes)
         for segment in deletions:
             segment_path(self._segments_dir, segment.number).unlink(missing_ok=True)
 
@@ -200,11 +198,18 @@ class MessageStore:
 
     def _hand_over(self) -> None:
         batch = self._take_batch()
-        if not (any(data for _, data in batch.chunks) or batch.definitions or batch.definitions_snapshot is not None
-                or batch.callbacks or batch.deletions or batch.compactions):
+        if self._is_empty(batch) and self._index.draining:
+            # nothing was appended while the last batch was written: the segments that were draining are quiet now
+            batch = self._take_batch()
+        if self._is_empty(batch):
             return
         self._busy = True
         self._writer.submit(batch)
+
+    @staticmethod
+    def _is_empty(batch: Batch) -> bool:
+        return not (any(data for _, data in batch.chunks) or batch.definitions or batch.definitions_snapshot is not None
+                    or batch.callbacks or batch.deletions or batch.compactions)
 
     def _on_written(self, batch: Batch, ok: bool) -> None:
         self._busy = False
@@ -227,6 +232,8 @@ class MessageStore:
 
     def _on_compacted(self, compaction: Compaction) -> None:
         segment = compaction.segment
+        if self._index.segments.get(segment.number) is not segment:
+            return  # it emptied and was deleted (with its rewrite) meanwhile; the deletion's batch kicks anyway
         if compaction.size is None:
             segment.compacting = False
         else:

@@ -2,7 +2,8 @@
 
 The event loop hands over a batch only when the previous one is done, so everything appended meanwhile forms the
 next batch (group commit). Each batch comes back with one ``loop.call_soon_threadsafe``. Between batches the thread
-advances compactions a slice at a time.
+advances compactions a slice at a time: whenever no batch is waiting, and in any case by ``COMPACTION_PACE`` input
+bytes per byte written, so that compactions keep up with publishers that keep the writer busy without a pause.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from storage.compaction import Compaction
 from storage.segments import CLEAN_MARKER, DEFINITIONS_LOG, fsync_directory, segment_path
 
 log = logging.getLogger(__name__)
+
+COMPACTION_PACE = 2  # compaction input bytes owed per byte written: a segment may be rewritten twice as it empties
 
 
 @dataclass(slots=True)
@@ -50,7 +53,8 @@ class Writer:
         self._sizes: dict[int, int] = {}  # segment number -> durable size of the open file
         self._definitions_fd = -1
         self._definitions_size = 0
-        self._jobs: deque[tuple[Compaction, Iterator[None]]] = deque()  # compactions and their step iterators
+        self._jobs: deque[tuple[Compaction, Iterator[int]]] = deque()  # compactions and their step iterators
+        self._compaction_owed = 0  # input bytes compactions get before the next batch, even if one is waiting
         self.failed = False  # a write failed and could not be undone: every later batch fails too
         self.batches = 0  # batches written
         self.fsyncs = 0  # fdatasync/fsync calls made for batches
@@ -70,12 +74,16 @@ class Writer:
     def _run(self) -> None:
         while True:
             if self._jobs:
+                if self._compaction_owed > 0:
+                    self._compaction_owed -= self._step_compaction()
+                    continue
                 try:
                     batch = self._inbox.get_nowait()
                 except queue.Empty:
                     self._step_compaction()
                     continue
             else:
+                self._compaction_owed = 0
                 batch = self._inbox.get()
             ok = self._write(batch)
             self._post(self._written, batch, ok)
@@ -131,6 +139,8 @@ class Writer:
         self._apply_deletions(batch.deletions)
         for job in batch.compactions:
             self._jobs.append((job, job.steps()))
+        if self._jobs:
+            self._compaction_owed += COMPACTION_PACE * sum(len(data) for _, data in batch.chunks)
         return True
 
     def _write_all(self, fd: int, data: bytes | bytearray) -> None:
@@ -189,6 +199,7 @@ class Writer:
     def _apply_deletions(self, numbers: list[int]) -> None:
         if not numbers:
             return
+        self._drop_compactions(set(numbers))
         try:
             for number in numbers:
                 fd = self._files.pop(number, None)
@@ -200,11 +211,18 @@ class Writer:
         except OSError as error:
             log.error("store could not delete a spent segment: %s", error)
 
-    def _step_compaction(self) -> None:
+    def _drop_compactions(self, numbers: set[int]) -> None:
+        """Segments about to be deleted need no rewrite: stop theirs (the store has forgotten them already)."""
+        for job, steps in [(job, steps) for job, steps in self._jobs if job.segment.number in numbers]:
+            steps.close()
+            job.abandon()
+            self._jobs.remove((job, steps))
+
+    def _step_compaction(self) -> int:
+        """Advance the oldest compaction by a slice; return the input bytes it handled."""
         job, steps = self._jobs[0]
         try:
-            next(steps)
-            return
+            return next(steps)
         except StopIteration:
             log.debug("compacted segment %d to %d bytes", job.segment.number, job.size)
         except OSError as error:
@@ -213,6 +231,7 @@ class Writer:
             job.size = None
         self._jobs.popleft()
         self._post(self._compacted, job)
+        return 0
 
     def _stop(self, clean: bool) -> None:
         for job, steps in self._jobs:
