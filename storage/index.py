@@ -135,24 +135,33 @@ class MessageIndex:
         segment.base_refs += count
         self.live_refs += count
 
-    def add_recovered(self, msg_id: int, queues: list[tuple[str, bool]]) -> None:
-        """A publish read back from the head segment during recovery, with its record's (queue, delivered) pairs."""
+    def add_recovered(self, msg_id: int, queues: tuple[tuple[str, bool], ...]) -> tuple[tuple[str, bool], ...]:
+        """A publish read back from the head segment during recovery, with its record's (queue, delivered) pairs;
+        returns the pairs still live (``queues`` itself unless one of them was deleted since)."""
         segment = self.head
         states = self._slot(segment, msg_id)
-        live = [(queue, delivered) for queue, delivered in queues if msg_id >= self.deleted_below.get(queue, -1)]
+        live = queues
+        if self.deleted_below:
+            deleted_below = self.deleted_below
+            live = tuple(pair for pair in queues if msg_id >= deleted_below.get(pair[0], -1))
         if not live:
             states.append(0)
-            return
+            return live
+        queue_refs = segment.queue_refs
         if len(queues) == 1:
-            states.append(LIVE | DELIVERED if live[0][1] else LIVE)
+            queue, delivered = live[0]
+            states.append(LIVE | DELIVERED if delivered else LIVE)
+            queue_refs[queue] = queue_refs.get(queue, 0) + 1
         else:
             states.append(MULTI)
-            self.multi[msg_id] = tuple(live)
-        for queue, _ in live:
-            segment.queue_refs[queue] = segment.queue_refs.get(queue, 0) + 1
-        segment.refs += len(live)
-        segment.base_refs += len(live)
-        self.live_refs += len(live)
+            self.multi[msg_id] = live
+            for queue, _ in live:
+                queue_refs[queue] = queue_refs.get(queue, 0) + 1
+        count = len(live)
+        segment.refs += count
+        segment.base_refs += count
+        self.live_refs += count
+        return live
 
     def undo(self, msg_id: int, queues: tuple[str, ...]) -> None:
         """Forget a publish whose write failed (its publisher gets a nack)."""

@@ -25,6 +25,7 @@ DEFINITION = 10  # latest state of one definition (or its deletion)
 QUEUE_DELETED = 11  # every message of a queue with an id below a watermark is gone
 
 _PUBLISH_HEAD = struct.Struct("<BQH")  # type, msg id, number of queues
+_MSG_ID = struct.Struct("<Q")
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _ID_LIST_HEAD = struct.Struct("<BH")  # type, queue name length (ids follow the name)
@@ -83,6 +84,9 @@ def queue_deleted(queue: str, below_id: int) -> bytes:
     return frame(_QUEUE_DELETED.pack(QUEUE_DELETED, below_id, len(name)) + name)
 
 
+Metadata = tuple[tuple[tuple[str, bool], ...], str, str, bytes]  # (queue, delivered) pairs, exchange, key, header
+
+
 @dataclass(slots=True)
 class Publish:
     msg_id: int
@@ -112,6 +116,73 @@ def decode_publish(payload: memoryview) -> Publish:
     pos += 4
     header_payload = bytes(payload[pos:pos + size])
     return Publish(msg_id, queues, exchange, routing_key, header_payload, bytes(payload[pos + size:]))
+
+
+class PublishReader:
+    """Decodes the publish records of a log read back whole, sharing equal values across records.
+
+    What sits between a record's msg id and its body (queues, exchange, routing key, content header) is usually the
+    same as in the record before: then it is recognised by comparing bytes, and the decoded values of that record
+    are returned again, the same objects. Otherwise names and headers seen recently are still shared.
+    """
+
+    CACHE_ENTRIES = 4096  # distinct names and headers remembered (forgotten all at once beyond this)
+
+    def __init__(self) -> None:
+        self._meta: bytes | None = None  # the metadata bytes of the last record decoded
+        self._decoded: Metadata = ((), "", "", b"")  # what they decode to
+        self._names: dict[bytes, str] = {}
+        self._headers: dict[bytes, bytes] = {}
+
+    def read(self, data: bytes, start: int, end: int) -> tuple[int, Metadata, bytes]:
+        """(msg id, (queues, exchange, routing key, header payload), body) of the record ``data[start:end]``."""
+        (msg_id,) = _MSG_ID.unpack_from(data, start + 1)
+        meta_start = start + _PUBLISH_HEAD.size - 2  # the queue count is part of the metadata
+        meta = self._meta
+        if meta is not None and data.startswith(meta, meta_start):
+            return msg_id, self._decoded, data[meta_start + len(meta):end]
+        body_start = self._decode_metadata(data, meta_start)
+        return msg_id, self._decoded, data[body_start:end]
+
+    def _decode_metadata(self, data: bytes, pos: int) -> int:
+        meta_start = pos
+        (count,) = _U16.unpack_from(data, pos)
+        pos += 2
+        queues = []
+        for _ in range(count):
+            (size,) = _U16.unpack_from(data, pos)
+            pos += 2
+            queues.append((self._name(data[pos:pos + size]), data[pos + size] == 1))
+            pos += size + 1
+        (size,) = _U16.unpack_from(data, pos)
+        exchange = self._name(data[pos + 2:pos + 2 + size])
+        pos += 2 + size
+        (size,) = _U16.unpack_from(data, pos)
+        routing_key = self._name(data[pos + 2:pos + 2 + size])
+        pos += 2 + size
+        (size,) = _U32.unpack_from(data, pos)
+        pos += 4
+        header_payload = self._header(data[pos:pos + size])
+        pos += size
+        self._meta = data[meta_start:pos]
+        self._decoded = (tuple(queues), exchange, routing_key, header_payload)
+        return pos
+
+    def _name(self, encoded: bytes) -> str:
+        name = self._names.get(encoded)
+        if name is None:
+            if len(self._names) >= self.CACHE_ENTRIES:
+                self._names.clear()
+            name = self._names[encoded] = str(encoded, "utf-8")
+        return name
+
+    def _header(self, payload: bytes) -> bytes:
+        shared = self._headers.get(payload)
+        if shared is None:
+            if len(self._headers) >= self.CACHE_ENTRIES:
+                self._headers.clear()
+            shared = self._headers[payload] = payload
+        return shared
 
 
 def decode_id_list(payload: memoryview) -> tuple[str, array]:

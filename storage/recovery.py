@@ -60,16 +60,19 @@ class _Reader:
         self.index = MessageIndex()
         self.definitions = DefinitionTable()
         self.queues: dict[str, dict[int, StoredMessage]] = {}  # queue -> live messages by id, in order
+        self.publishes = records.PublishReader()  # shared by all segments, so equal values are shared across them
         self.report = {"records": 0, "bytes": 0, "torn_tail_bytes": 0, "corrupt_segments": 0}
 
-    def read_file(self, path: Path, is_tail: bool, apply: Callable[[memoryview], None]) -> int:
-        """Apply each intact record of ``path``; return the size of its intact prefix."""
+    def read_file(self, path: Path, is_tail: bool, apply: Callable[[bytes, memoryview, int, int], None]) -> int:
+        """Apply each intact record of ``path`` (the file's bytes, the payload, and where the payload starts and ends
+        in them); return the size of its intact prefix."""
         data = path.read_bytes()
         self.report["bytes"] += len(data)
         count = 0
+        frame_size = records.FRAME_SIZE
         try:
-            for _, _, payload in records.scan(data):
-                apply(payload)
+            for pos, end, payload in records.scan(data):
+                apply(data, payload, pos + frame_size, end)
                 count += 1
             intact = len(data)
         except records.CorruptRecord as corrupt:
@@ -85,7 +88,7 @@ class _Reader:
         self.report["records"] += count
         return intact
 
-    def definition_record(self, payload: memoryview) -> None:
+    def definition_record(self, data: bytes, payload: memoryview, start: int, end: int) -> None:
         kind = payload[0]
         if kind == records.DEFINITION:
             self.definitions.apply_recovered(*records.decode_definition(payload))
@@ -95,23 +98,16 @@ class _Reader:
         else:
             raise ValueError(f"unknown definitions record type {kind}")
 
-    def segment_record(self, payload: memoryview) -> None:
-        kind = payload[0]
+    def segment_record(self, data: bytes, payload: memoryview, start: int, end: int) -> None:
+        kind = data[start]
         index = self.index
         if kind == records.PUBLISH:
-            publish = records.decode_publish(payload)
-            index.add_recovered(publish.msg_id, publish.queues)
-            deleted_below = index.deleted_below
-            for queue, delivered in publish.queues:
-                if publish.msg_id < deleted_below.get(queue, -1):
-                    continue
+            msg_id, (queues, exchange, routing_key, header_payload), body = self.publishes.read(data, start, end)
+            for queue, delivered in index.add_recovered(msg_id, queues):
                 messages = self.queues.get(queue)
                 if messages is None:
                     messages = self.queues[queue] = {}
-                messages[publish.msg_id] = StoredMessage(
-                    publish.msg_id, publish.exchange, publish.routing_key, publish.header_payload, publish.body,
-                    delivered,
-                )
+                messages[msg_id] = StoredMessage(msg_id, exchange, routing_key, header_payload, body, delivered)
         elif kind in (records.REMOVED, records.DELIVERED):
             # a compacted publish lists only its live queues, so an older record may name a queue it has left
             queue, ids = records.decode_id_list(payload)

@@ -55,6 +55,42 @@ def test_messages_come_back_in_order_with_all_fields(tmp_path):
     assert recovered.report["clean_shutdown"] is True
 
 
+def test_interleaved_addresses_and_headers_come_back_exactly_with_equal_values_shared(tmp_path):
+    """Consecutive records that differ only slightly (a longer key, a longer header, another queue, a delivered
+    flag) each come back as written; equal names and headers come back as one object each."""
+    variants = [
+        (("q",), "ex", "k", b"h"),
+        (("q",), "ex", "kk", b"h"),
+        (("q",), "ex", "k", b"hh"),
+        (("q", "r"), "ex", "k", b"h"),
+        (("r",), "", "k", b"h"),
+        (("q",), "échange", "clé", b"\x00\x3c"),
+    ]
+    expected: dict[str, list[tuple]] = {"q": [], "r": []}
+
+    def work(store):
+        for msg_id in range(60):
+            queues, exchange, routing_key, header = variants[msg_id * 7 % len(variants)]
+            body = header + routing_key.encode() if msg_id % 2 else b""  # bodies that resemble what precedes them
+            store.append_message(msg_id, queues, exchange, routing_key, header, body)
+            for queue in queues:
+                expected[queue].append((msg_id, exchange, routing_key, header, body, msg_id % 3 == 0))
+            if msg_id % 3 == 0:
+                store.append_delivered(queues[0], [msg_id])
+            if msg_id % 3 == 0 and len(queues) > 1:
+                store.append_delivered(queues[1], [msg_id])
+
+    run(tmp_path, work)
+    recovered = reopen(tmp_path)
+    for queue, messages in expected.items():
+        assert [(m.msg_id, m.exchange, m.routing_key, m.header_payload, m.body, m.redelivered)
+                for m in recovered.messages[queue]] == messages
+    every = [m for queue in expected for m in recovered.messages[queue]]
+    assert len({id(m.header_payload) for m in every}) == 3
+    assert len({id(m.routing_key) for m in every}) == 3
+    assert len({id(m.exchange) for m in every}) == 3
+
+
 def test_removed_messages_stay_gone_and_delivered_ones_come_back_redelivered(tmp_path):
     def work(store):
         for msg_id in range(6):
