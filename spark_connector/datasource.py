@@ -5,7 +5,7 @@ from __future__ import annotations
 from pyspark.sql.datasource import DataSource, DataSourceReader
 from pyspark.sql.types import StructType
 
-from spark_connector.options import SinkOptions, SourceOptions
+from spark_connector.options import SinkOptions, SourceOptions, body_encoding
 from spark_connector.schema import source_schema
 from spark_connector.sink import AmqpStreamWriter, AmqpWriter
 from spark_connector.source import AmqpStreamReader
@@ -19,7 +19,7 @@ class AmqpDataSource(DataSource):
         return "amqp"
 
     def schema(self) -> StructType:
-        return source_schema(with_text="bodyencoding" in self.options)
+        return source_schema(with_text=body_encoding(self.options) is not None)
 
     def streamReader(self, schema: StructType) -> AmqpStreamReader:
         return AmqpStreamReader(SourceOptions.parse(self.options))

@@ -6,7 +6,6 @@ lower-cased name while error messages use the documented camelCase spelling.
 
 from __future__ import annotations
 
-import codecs
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -60,6 +59,17 @@ def _uri(options: Mapping[str, str], role: str) -> str:
     return uri
 
 
+def body_encoding(options: Mapping[str, str]) -> str | None:
+    """The source's `bodyEncoding` option: a text codec the body is decoded with, or None."""
+    encoding = _get(options, "bodyEncoding")
+    if encoding is not None:
+        try:
+            b"?".decode(encoding, errors="replace")  # also refuses codecs that do not make text (hex, zlib...)
+        except LookupError:
+            raise AmqpOptionError(f"amqp source: option 'bodyEncoding' names no known text codec: {encoding!r}") from None
+    return encoding
+
+
 @dataclass(frozen=True)
 class SourceOptions:
     """What `spark.readStream.format("amqp")` consumes and how."""
@@ -82,12 +92,6 @@ class SourceOptions:
         binding_key = _get(options, "bindingKey")
         if binding_key is not None and exchange is None:
             raise AmqpOptionError("amqp source: option 'bindingKey' needs option 'exchange'")
-        encoding = _get(options, "bodyEncoding")
-        if encoding is not None:
-            try:
-                codecs.lookup(encoding)
-            except LookupError:
-                raise AmqpOptionError(f"amqp source: option 'bodyEncoding' names no known codec: {encoding!r}") from None
         prefetch = _positive_int(options, "prefetch", role, DEFAULT_PREFETCH)
         return cls(
             uri=_uri(options, role),
@@ -97,7 +101,7 @@ class SourceOptions:
             prefetch=prefetch,
             # Half the window by default: the broker keeps delivering the next batch while one runs.
             max_messages_per_batch=_positive_int(options, "maxMessagesPerBatch", role, max(1, prefetch // 2)),
-            body_encoding=encoding,
+            body_encoding=body_encoding(options),
         )
 
 
@@ -123,7 +127,7 @@ class SinkOptions:
             raise AmqpOptionError("amqp sink: options 'routingKey' and 'routingKeyColumn' exclude each other")
         return cls(
             uri=_uri(options, role),
-            exchange=options.get("exchange", "") or "",
+            exchange=_get(options, "exchange") or "",
             routing_key=routing_key or "",
             routing_key_column=routing_key_column,
             body_column=_get(options, "bodyColumn") or "body",

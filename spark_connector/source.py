@@ -122,5 +122,7 @@ class AmqpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._acked = end["seq"]
 
     def stop(self) -> None:
+        # Not called when a query stops normally (Spark ends the worker process that runs this reader);
+        # the broker requeues the unacknowledged messages when the connection drops either way.
         if self._consumer is not None:
             self._consumer.close()

@@ -131,3 +131,9 @@ def read_queue(spark, url: str, queue: str, **options):
     for key, value in options.items():
         reader = reader.option(key, str(value))
     return reader.load()
+
+
+def collect(stream, collector: Collector, checkpoint, **trigger):
+    """Start `stream` into `collector` with one trigger (e.g. availableNow=True) and a checkpoint."""
+    writer = stream.writeStream.foreachBatch(collector).option("checkpointLocation", str(checkpoint))
+    return writer.trigger(**trigger).start()

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from collections import Counter
 import os
 import signal
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
 

@@ -9,7 +9,6 @@ import pytest
 from pyspark.errors import StreamingQueryException
 from pyspark.sql.types import MapType, StringType, StructField, StructType, TimestampType
 
-from spark_connector import AmqpOptionError
 from tests.spark.conftest import BOUNDED_WAIT_SECONDS, read_queue
 
 pytestmark = pytest.mark.spark
@@ -136,16 +135,3 @@ def test_invalid_sink_options_are_reported_clearly(spark, options, message):
         write = write.option(key, value)
     with pytest.raises(Exception, match=re.escape(message)):
         write.save()
-
-
-def test_invalid_source_options_are_reported_clearly():
-    from spark_connector.options import SourceOptions
-
-    with pytest.raises(AmqpOptionError, match="option 'queue' or 'exchange' is required"):
-        SourceOptions.parse({"uri": "amqp://x"})
-    with pytest.raises(AmqpOptionError, match="'prefetch' must be a positive integer"):
-        SourceOptions.parse({"uri": "amqp://x", "queue": "q", "prefetch": "many"})
-    with pytest.raises(AmqpOptionError, match="'bindingKey' needs option 'exchange'"):
-        SourceOptions.parse({"uri": "amqp://x", "queue": "q", "bindingkey": "a.*"})
-    with pytest.raises(AmqpOptionError, match="names no known codec"):
-        SourceOptions.parse({"uri": "amqp://x", "queue": "q", "bodyencoding": "klingon"})

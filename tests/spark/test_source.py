@@ -10,19 +10,15 @@ import pika.exceptions
 import pytest
 from pyspark.errors import StreamingQueryException
 
-from tests.spark.conftest import BOUNDED_WAIT_SECONDS, Collector, read_queue
+from spark_connector import AmqpOptionError
+from spark_connector.options import SourceOptions
+from tests.spark.conftest import BOUNDED_WAIT_SECONDS, Collector, collect, read_queue
 
 pytestmark = pytest.mark.spark
 
 
 def run_available_now(spark, url, queue, checkpoint, collector, **options):
-    query = (
-        read_queue(spark, url, queue, **options)
-        .writeStream.foreachBatch(collector)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
+    query = collect(read_queue(spark, url, queue, **options), collector, checkpoint, availableNow=True)
     assert query.awaitTermination(BOUNDED_WAIT_SECONDS), "AvailableNow query did not finish"
     return query
 
@@ -87,13 +83,7 @@ def test_max_messages_per_batch_bounds_every_batch(spark, broker, amqp, unique, 
 def test_streaming_query_acks_its_last_batch_once_the_queue_is_idle(spark, broker, amqp, unique, tmp_path):
     queue = amqp.declare(unique)
     collector = Collector()
-    query = (
-        read_queue(spark, broker.url, queue)
-        .writeStream.foreachBatch(collector)
-        .option("checkpointLocation", str(tmp_path / "checkpoint"))
-        .trigger(processingTime="100 milliseconds")
-        .start()
-    )
+    query = collect(read_queue(spark, broker.url, queue), collector, tmp_path / "checkpoint", processingTime="100 milliseconds")
     try:
         amqp.publish(queue, [b"a", b"b", b"c"])
         collector.wait_for_rows(3)
@@ -140,22 +130,18 @@ def test_stopping_mid_stream_and_restarting_loses_nothing(spark, broker, amqp, u
     checkpoint = tmp_path / "checkpoint"
 
     first = Collector()
-    query = (
-        read_queue(spark, broker.url, queue, maxMessagesPerBatch=20)
-        .writeStream.foreachBatch(first)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(processingTime="0 seconds")
-        .start()
-    )
-    first.wait_for_rows(40)
-    query.stop()
+    query = collect(read_queue(spark, broker.url, queue, maxMessagesPerBatch=20), first, checkpoint, processingTime="0 seconds")
+    try:
+        first.wait_for_rows(40)
+    finally:
+        query.stop()
     assert 40 <= len(first.rows) < len(bodies), "the query was meant to stop mid-stream"
     amqp.wait_for_no_consumer(queue)
 
     second = Collector()
     run_available_now(spark, broker.url, queue, checkpoint, second, maxMessagesPerBatch=20)
 
-    assert set(row.body for row in first.rows + second.rows) == set(bodies)
+    assert {row.body for row in first.rows + second.rows} == set(bodies)
     first_bodies = {row.body for row in first.rows}
     assert all(row.redelivered for row in second.rows if row.body in first_bodies)
     assert amqp.wait_for_no_consumer(queue) == 0
@@ -165,17 +151,9 @@ def test_exchange_and_binding_key_consume_a_private_queue(spark, broker, amqp, u
     exchange = f"{unique}-x"
     amqp.channel.exchange_declare(exchange, "topic", auto_delete=True)
     collector = Collector()
-    query = (
-        spark.readStream.format("amqp")
-        .option("uri", broker.url)
-        .option("exchange", exchange)
-        .option("bindingKey", "orders.*")
-        .load()
-        .writeStream.foreachBatch(collector)
-        .option("checkpointLocation", str(tmp_path / "checkpoint"))
-        .trigger(processingTime="100 milliseconds")
-        .start()
-    )
+    stream = spark.readStream.format("amqp").option("uri", broker.url).option("exchange", exchange).option("bindingKey", "orders.*")
+    query = collect(stream.load(), collector, tmp_path / "checkpoint", processingTime="100 milliseconds")
+
     def routable(key: str) -> bool:
         try:
             amqp.channel.basic_publish(exchange, key, key.encode(), mandatory=True)
@@ -196,12 +174,62 @@ def test_exchange_and_binding_key_consume_a_private_queue(spark, broker, amqp, u
 
 
 def test_a_missing_queue_fails_the_query_with_the_brokers_reason(spark, broker, unique, tmp_path):
-    query = (
-        read_queue(spark, broker.url, f"{unique}-missing")
-        .writeStream.foreachBatch(Collector())
-        .option("checkpointLocation", str(tmp_path / "checkpoint"))
-        .trigger(availableNow=True)
-        .start()
-    )
+    query = collect(read_queue(spark, broker.url, f"{unique}-missing"), Collector(), tmp_path / "checkpoint", availableNow=True)
     with pytest.raises(StreamingQueryException, match=f"NOT_FOUND - no queue '{unique}-missing' in vhost '/'"):
+        query.awaitTermination(BOUNDED_WAIT_SECONDS)
+
+
+def test_a_lost_broker_connection_fails_the_query(spark, own_broker, unique, tmp_path):
+    broker = own_broker()
+    with pika.BlockingConnection(pika.URLParameters(broker.url)) as connection:
+        channel = connection.channel()
+        channel.queue_declare(unique, durable=True)
+        channel.basic_publish("", unique, b"a")
+    collector = Collector()
+    query = collect(read_queue(spark, broker.url, unique), collector, tmp_path / "checkpoint", processingTime="100 milliseconds")
+    try:
+        collector.wait_for_rows(1)
+        broker.kill()
+        with pytest.raises(StreamingQueryException, match=f"consuming from queue '{unique}' failed: StreamLostError"):
+            query.awaitTermination(BOUNDED_WAIT_SECONDS)
+    finally:
+        query.stop()
+
+
+def test_deleting_the_consumed_queue_fails_the_query(spark, broker, amqp, unique, tmp_path):
+    queue = amqp.declare(unique)
+    amqp.publish(queue, [b"a"])
+    collector = Collector()
+    query = collect(read_queue(spark, broker.url, queue), collector, tmp_path / "checkpoint", processingTime="100 milliseconds")
+    try:
+        collector.wait_for_rows(1)
+        amqp.channel.queue_delete(queue)
+        with pytest.raises(StreamingQueryException, match=f"the broker cancelled the consumer of queue '{queue}'"):
+            query.awaitTermination(BOUNDED_WAIT_SECONDS)
+    finally:
+        query.stop()
+
+
+def test_invalid_source_options_are_reported_clearly():
+    with pytest.raises(AmqpOptionError, match="option 'queue' or 'exchange' is required"):
+        SourceOptions.parse({"uri": "amqp://x"})
+    with pytest.raises(AmqpOptionError, match="'prefetch' must be a positive integer"):
+        SourceOptions.parse({"uri": "amqp://x", "queue": "q", "prefetch": "many"})
+    with pytest.raises(AmqpOptionError, match="'maxMessagesPerBatch' must be a positive integer"):
+        SourceOptions.parse({"uri": "amqp://x", "queue": "q", "maxmessagesperbatch": "0"})
+    with pytest.raises(AmqpOptionError, match="'bindingKey' needs option 'exchange'"):
+        SourceOptions.parse({"uri": "amqp://x", "queue": "q", "bindingkey": "a.*"})
+    with pytest.raises(AmqpOptionError, match="'bodyEncoding' names no known text codec: 'klingon'"):
+        SourceOptions.parse({"uri": "amqp://x", "queue": "q", "bodyencoding": "klingon"})
+    with pytest.raises(AmqpOptionError, match="'bodyEncoding' names no known text codec: 'hex'"):
+        SourceOptions.parse({"uri": "amqp://x", "queue": "q", "bodyencoding": "hex"})
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [("bodyEncoding", "zlib", "'bodyEncoding' names no known text codec"), ("prefetch", "0", "'prefetch' must be a positive integer")],
+)
+def test_a_bad_source_option_fails_the_query_naming_it(spark, broker, unique, tmp_path, option, value, message):
+    with pytest.raises(Exception, match=message):
+        query = collect(read_queue(spark, broker.url, unique, **{option: value}), Collector(), tmp_path / "checkpoint", availableNow=True)
         query.awaitTermination(BOUNDED_WAIT_SECONDS)
