@@ -2,8 +2,9 @@
 
 A blocking pika channel in confirm mode waits for each confirm before the next publish, so this
 drives an asynchronous `SelectConnection` instead: up to `window` messages are in flight, and every
-confirm lets more out. A nack, a returned message (with mandatory) or a lost connection ends the
-publishing with `PublishFailed`, which fails the Spark task so Spark retries it.
+confirm lets more out. A nack, a returned message (with mandatory), a message that cannot be
+encoded or a lost connection ends the publishing with `PublishFailed` (the connection closed), which
+fails the Spark task so Spark retries it.
 """
 
 from __future__ import annotations
@@ -108,7 +109,11 @@ class ConfirmedPublisher:
                 self._upstream_error = error
                 self._fail(f"reading the rows to publish failed: {error!r}")
                 return
-            publish(self._exchange, routing_key, body, properties, mandatory=self._mandatory)
+            try:
+                publish(self._exchange, routing_key, body, properties, mandatory=self._mandatory)
+            except Exception as error:  # nothing was sent (e.g. a property out of range): fail the task
+                self._fail(f"message {properties.message_id!r} cannot be published: {error!r}")
+                return
             self._published += 1
             self._unconfirmed.append(self._published)
         if self._done() and self._connection.is_open:

@@ -135,3 +135,10 @@ def test_invalid_sink_options_are_reported_clearly(spark, options, message):
         write = write.option(key, value)
     with pytest.raises(Exception, match=re.escape(message)):
         write.save()
+
+
+def test_a_row_that_cannot_be_encoded_fails_the_write_naming_its_message(spark, broker, amqp, unique):
+    queue = amqp.declare(unique)
+    frame = spark.createDataFrame([("fine", 1), ("out of range", 300)], "body string, priority int").coalesce(1)
+    with pytest.raises(Exception, match=r"message '[0-9a-f]{32}-0-1' cannot be published: error\('ubyte format"):
+        writer(frame, broker.url, routingKey=queue).save()
