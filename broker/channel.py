@@ -11,7 +11,9 @@ from pamqp import commands as spec
 from broker import direct_reply, errors
 from broker.confirms import ConfirmTracker
 from broker.consumer import Consumer
+from broker.dead_letter import REJECTED, dead_letter
 from broker.errors import AMQPError
+from broker.expiry import parse_expiration
 from broker.length_limit import ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, REFUSED
 from broker.message import Address, Header, Message, QueueEntry
 from broker.methods import HANDLERS
@@ -20,7 +22,7 @@ from protocol.codec import decode_method, encode_content, encode_method
 from protocol.constants import (
     BASIC_ACK, BASIC_PUBLISH, FRAME_BODY, FRAME_HEADER, FRAME_METHOD, NO_ROUTE, UNEXPECTED_FRAME,
 )
-from protocol.properties import REPLY_TO, USER_ID, property_flags
+from protocol.properties import EXPIRATION, REPLY_TO, USER_ID, property_flags
 from protocol.fastpath import decode_ack, decode_content_header, decode_publish, encode_ack, encode_deliver, encode_nack
 
 if TYPE_CHECKING:
@@ -174,6 +176,8 @@ class Channel:
             shared_header = self.last_header = Header(header)
         message = Message(address, shared_header, body)
         flags = property_flags(header)
+        if flags & EXPIRATION:
+            parse_expiration(shared_header.scan.expiration)
         if flags & USER_ID:
             user_id = message.properties.user_id
             if user_id != self.connection.user:
@@ -217,7 +221,7 @@ class Channel:
                     refused = refused or status == REFUSED
             if self.vhost.store is not None and message.persistent:
                 kept = queues if not_kept is None else [queue for queue in queues if queue not in not_kept]
-                persisted = self._persist(message, kept)
+                persisted = self.vhost.persist(message, kept)
         if seq is not None and refused:
             self.confirms.settle(seq, ack=False)  # reject-publish: the publisher is told with a nack
             self.connection.settle_at_flush(self)
@@ -244,17 +248,6 @@ class Channel:
         self.send_method(spec.Basic.Return(NO_ROUTE, "NO_ROUTE", message.exchange, message.routing_key))
         self.connection.write(encode_content(self.number, message.header_payload, message.body,
                                              self.connection.frame_max))
-
-    def _persist(self, message: Message, queues: list[Queue]) -> bool:
-        keys = tuple(queue.store_key for queue in queues if queue.stored)
-        if not keys:
-            return False
-        vhost = self.vhost
-        message.msg_id = vhost.next_msg_id
-        vhost.next_msg_id += 1
-        vhost.store.append_message(message.msg_id, keys, message.exchange, message.routing_key,
-                                   message.header_payload, message.body)
-        return True
 
     def settle_publishes(self) -> None:
         """At the end of a loop turn: close the turn's disk wait and write the confirms settled so far
@@ -360,6 +353,8 @@ class Channel:
                 queue.requeue(entries)
             else:
                 queue.forget(entries)
+                if requeue is False:
+                    dead_letter(queue, entries, REJECTED)
         self._credit_freed(by_queue)
 
     def _credit_freed(self, queues) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from broker.message import Address, Header, Message, QueueEntry
+from broker.message import Address, Header, Message
 
 if TYPE_CHECKING:
     from broker.exchange import Binding, Exchange
@@ -75,6 +75,7 @@ def restore(vhost: "VirtualHost", recovered: "Recovered") -> None:
     headers: dict[bytes, Header] = {}
     for queue in vhost.queues.values():
         stored = recovered.messages.get(queue.store_key, ())
+        messages = []
         for item in stored:
             address = addresses.get((item.exchange, item.routing_key))
             if address is None:
@@ -82,12 +83,9 @@ def restore(vhost: "VirtualHost", recovered: "Recovered") -> None:
             header = headers.get(item.header_payload)
             if header is None:
                 header = headers[item.header_payload] = Header(item.header_payload)
-            message = Message(address, header, item.body, item.msg_id)
-            queue.entries.append(QueueEntry(queue.next_seq, message, item.redelivered))
-            queue.next_seq += 1
-        if queue.limit is not None:
-            queue.limit.returned(queue.entries)
-        restored += len(stored)
+            messages.append((Message(address, header, item.body, item.msg_id), item.redelivered))
+        queue.restore(messages)
+        restored += len(messages)
     known = {queue.store_key for queue in vhost.queues.values()}
     for key in recovered.messages:
         if key not in known and key.startswith(f"{vhost.name}|"):

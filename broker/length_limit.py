@@ -20,6 +20,7 @@ class LengthLimit:
         self.max_length = max_length  # most ready messages kept, None = no limit
         self.max_bytes = max_bytes  # most body bytes of ready messages kept, None = no limit
         self.drop_head = overflow == "drop-head"  # else reject-publish (and reject-publish-dlx)
+        self.dead_letter_refused = overflow == "reject-publish-dlx"  # refused messages are also dead-lettered
         self.ready_bytes = 0  # body bytes of the queue's ready messages
 
     @classmethod

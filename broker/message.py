@@ -87,9 +87,10 @@ class Message:
 class QueueEntry:
     """A message's place in one queue."""
 
-    __slots__ = ("seq", "message", "redelivered")
+    __slots__ = ("seq", "message", "redelivered", "expires_at")
 
-    def __init__(self, seq: int, message: Message, redelivered: bool = False):
+    def __init__(self, seq: int, message: Message, redelivered: bool = False, expires_at: int = 0):
         self.seq = seq  # enqueue order within the queue; requeued entries go back to this position
         self.message = message
         self.redelivered = redelivered  # set once the entry has been delivered and requeued
+        self.expires_at = expires_at  # loop time in ms after which the message expires; 0 = never

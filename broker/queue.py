@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 from collections import deque
 from typing import TYPE_CHECKING, Iterable
 
+from broker.dead_letter import EXPIRED, MAXLEN, dead_letter
 from broker.durability import queue_key
-from broker.length_limit import ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, LengthLimit
+from broker.expiry import message_ttl
+from broker.length_limit import ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, REFUSED, LengthLimit
 from broker.message import Message, QueueEntry
 
 if TYPE_CHECKING:
@@ -24,6 +27,10 @@ FLOW_LOW = 1000
 # Deliveries handed to consumers per dispatch round, so one busy queue cannot starve the event loop or flood a
 # socket before the transport can signal back-pressure; the rest goes in the next loop turn.
 DISPATCH_BATCH = 512
+
+
+def _now_ms() -> int:
+    return int(asyncio.get_running_loop().time() * 1000)
 
 
 class Queue:
@@ -45,10 +52,59 @@ class Queue:
         self.stored = durable and exclusive_owner is None and vhost.store is not None
         self.store_key = queue_key(vhost.name, name)  # the queue's name in the store
         self.limit = LengthLimit.from_arguments(arguments)  # x-max-length(-bytes), None when unlimited
+        self.message_ttl: int | None = arguments.get("x-message-ttl")  # ms a message may wait here; None = ever
+        self.expiry_timer: asyncio.TimerHandle | None = None  # expires the head message when its time comes
+        self.unused_ttl: int | None = arguments.get("x-expires")  # ms unused before the queue deletes itself
+        self.unused_timer: asyncio.TimerHandle | None = None  # deletes the queue once unused for unused_ttl
+        self.touch()
 
     @property
     def message_count(self) -> int:
+        self.drop_expired()
         return len(self.entries)
+
+    # --- expiry -----------------------------------------------------------------------------------------
+    def drop_expired(self) -> None:
+        """Expired messages at the head leave (dead-lettered as 'expired'); like RabbitMQ's classic queues, a
+        message expires once it reaches the head."""
+        entries = self.entries
+        if not entries or not entries[0].expires_at:
+            return
+        now = _now_ms()
+        expired = []
+        while entries and 0 < entries[0].expires_at < now:
+            entry = entries.popleft()
+            expired.append(self.limit.removed(entry) if self.limit is not None else entry)
+        if expired:
+            self.forget(expired)
+            dead_letter(self, expired, EXPIRED)
+        self._schedule_expiry()
+
+    def _schedule_expiry(self) -> None:
+        if self.expiry_timer is not None:
+            self.expiry_timer.cancel()
+            self.expiry_timer = None
+        if self.entries and self.entries[0].expires_at and not self.deleted:
+            loop = asyncio.get_running_loop()
+            self.expiry_timer = loop.call_at((self.entries[0].expires_at + 1) / 1000, self.drop_expired)
+
+    def touch(self) -> None:
+        """The queue is used (declared, read, consumed): an x-expires queue starts counting again."""
+        if self.unused_ttl is None or self.deleted:
+            return
+        if self.unused_timer is not None:
+            self.unused_timer.cancel()
+        self.unused_timer = asyncio.get_running_loop().call_later(self.unused_ttl / 1000, self._expire_if_unused)
+
+    def _expire_if_unused(self) -> None:
+        self.unused_timer = None
+        if not self.consumers and not self.deleted:
+            self.vhost.delete_queue(self)
+
+    def stop_timers(self) -> None:
+        for timer in (self.expiry_timer, self.unused_timer):
+            if timer is not None:
+                timer.cancel()
 
 
     # --- messages ---------------------------------------------------------------------------------------
@@ -58,15 +114,40 @@ class Queue:
             status, dropped = self.limit.admit(self.entries, message)
             if dropped:
                 self.forget(dropped)
+                dead_letter(self, dropped, MAXLEN)
             if status != ENQUEUED:
+                if status == REFUSED and self.limit.dead_letter_refused:
+                    dead_letter(self, [QueueEntry(0, message)], MAXLEN)
                 return status
-        self.entries.append(QueueEntry(self.next_seq, message))
+        entry = QueueEntry(self.next_seq, message)
         self.next_seq += 1
+        if self.message_ttl is not None or message.header.scan.expiration is not None:
+            ttl = message_ttl(self.message_ttl, message)
+            if ttl is not None:
+                entry.expires_at = _now_ms() + ttl
+        entries = self.entries
+        entries.append(entry)
+        if entry.expires_at and len(entries) == 1:
+            self._schedule_expiry()
         if self.consumers:
             self.vhost.dispatcher.mark(self)
-            if len(self.entries) > FLOW_HIGH:
+            if len(entries) > FLOW_HIGH:
                 return ENQUEUED_OVER_FLOW_LIMIT
         return ENQUEUED
+
+    def restore(self, messages: list[tuple[Message, bool]]) -> None:
+        """Messages recovered from disk with their redelivered flags, in order; TTLs count again from now."""
+        now = _now_ms()
+        for message, redelivered in messages:
+            entry = QueueEntry(self.next_seq, message, redelivered)
+            self.next_seq += 1
+            ttl = message_ttl(self.message_ttl, message)
+            if ttl is not None:
+                entry.expires_at = now + ttl
+            self.entries.append(entry)
+        if self.limit is not None:
+            self.limit.returned(self.entries)
+        self._schedule_expiry()
 
     def throttle(self, connection: "Connection") -> None:
         if connection not in self.throttled:
@@ -92,12 +173,17 @@ class Queue:
             self.entries = deque(heapq.merge(requeued, entries, key=lambda entry: entry.seq))
         if self.limit is not None:
             self.limit.returned(requeued)
-            self.forget(self.limit.trim(self.entries))
+            dropped = self.limit.trim(self.entries)
+            self.forget(dropped)
+            dead_letter(self, dropped, MAXLEN)
+        self._schedule_expiry()
         if self.consumers:
             self.vhost.dispatcher.mark(self)
 
     def take(self) -> QueueEntry | None:
         """Remove and return the head entry (basic.get)."""
+        self.touch()
+        self.drop_expired()
         if not self.entries:
             return None
         entry = self.entries.popleft()
@@ -120,6 +206,7 @@ class Queue:
 
     # --- consumers --------------------------------------------------------------------------------------
     def add_consumer(self, consumer: "Consumer") -> None:
+        self.touch()
         self._place_last_of_its_priority(consumer)
         self.vhost.dispatcher.mark(self)
 
@@ -134,6 +221,7 @@ class Queue:
         """Drop a consumer; an auto-delete queue goes away with its last one."""
         self.consumers.remove(consumer)
         if not self.consumers:
+            self.touch()
             self.release_publishers()
             if self.auto_delete and not self.deleted:
                 self.vhost.delete_queue(self)
@@ -143,11 +231,12 @@ class Queue:
 
     def dispatch(self) -> None:
         """Hand ready messages to consumers with credit, round-robin, at most DISPATCH_BATCH this round."""
+        self.drop_expired()
         entries = self.entries
         consumers = self.consumers
         budget = DISPATCH_BATCH
         limit = self.limit
-        if len(consumers) == 1 and limit is None:
+        if len(consumers) == 1 and limit is None and self.message_ttl is None:
             consumer = consumers[0]
             count = min(consumer.credit(), len(entries), budget)
             deliver = consumer.channel.deliver
@@ -159,6 +248,10 @@ class Queue:
                 consumer = self._next_consumer_with_credit()
                 if consumer is None:
                     break
+                if entries[0].expires_at:
+                    self.drop_expired()
+                    if not entries:
+                        break
                 entry = entries.popleft()
                 if limit is not None:
                     limit.removed(entry)

@@ -160,13 +160,16 @@ class VirtualHost:
     def declare_queue(self, name: str, connection: "Connection", passive: bool, durable: bool, exclusive: bool,
                       auto_delete: bool, arguments: dict) -> Queue:
         if passive:
-            return self.get_queue(name, connection)
+            queue = self.get_queue(name, connection)
+            queue.touch()  # a redeclare renews an x-expires lease, a passive one too
+            return queue
         if not name:
             name = generated_name("amq.gen-")
         elif name.startswith("amq."):
             raise errors.access_refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
         existing = self.queues.get(name)
         if existing is not None:
+            existing.touch()
             self.check_exclusive_access(existing, connection)
             check_queue_equivalent(
                 name, self.name,
@@ -188,6 +191,7 @@ class VirtualHost:
         if queue.deleted:
             return 0
         queue.deleted = True
+        queue.stop_timers()
         self.queues.pop(queue.name, None)
         count = len(queue.entries)
         queue.entries.clear()
@@ -237,6 +241,17 @@ class VirtualHost:
         (destination.bindings if isinstance(destination, Queue) else destination.inbound).discard(binding)
         if auto_delete_source and source.auto_delete and not source.bindings and not source.deleted:
             self._remove_exchange(source)
+
+    def persist(self, message: "Message", queues: list[Queue]) -> bool:
+        """Write a persistent message for those of queues that keep messages on disk; True if it was written."""
+        keys = tuple(queue.store_key for queue in queues if queue.stored)
+        if not keys:
+            return False
+        message.msg_id = self.next_msg_id
+        self.next_msg_id += 1
+        self.store.append_message(message.msg_id, keys, message.exchange, message.routing_key,
+                                  message.header_payload, message.body)
+        return True
 
     # --- routing --------------------------------------------------------------------------------------------
     def route(self, exchange: Exchange, routing_keys: list[str], message: "Message") -> list[Queue]:

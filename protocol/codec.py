@@ -5,6 +5,7 @@ from __future__ import annotations
 import struct
 
 from pamqp import base, commands
+from pamqp import encode as pamqp_encode
 
 from protocol.constants import (
     BASIC_CLASS_ID,
@@ -28,6 +29,23 @@ _LONG_SIZE = struct.Struct(">I")
 _END = bytes((FRAME_END,))
 
 HEARTBEAT_FRAME = _FRAME_HEADER.pack(FRAME_HEARTBEAT, 0, 0) + _END
+
+
+class LongLong(int):
+    """An integer that field tables carry as a signed 64-bit 'l', whatever its size, as RabbitMQ sends x-death
+    counts (clients such as Spring AMQP read them as Long). pamqp otherwise picks the smallest integer type."""
+
+
+_smallest_table_integer = pamqp_encode.table_integer
+
+
+def _table_integer(value: int) -> bytes:
+    if type(value) is LongLong:
+        return b"l" + pamqp_encode.long_long_int(value)
+    return _smallest_table_integer(value)
+
+
+pamqp_encode.table_integer = _table_integer  # pamqp's table encoder looks it up at call time
 
 # Encoded sizes of the fixed-size AMQP field types.
 _FIXED_SIZES = {"octet": 1, "short": 2, "long": 4, "longlong": 8, "timestamp": 8}

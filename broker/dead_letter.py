@@ -1,0 +1,98 @@
+"""Dead-lettering: messages rejected without requeue, expired, or pushed out by a length limit are republished to
+the queue's dead-letter exchange with an x-death history, as RabbitMQ 3.x does it."""
+
+from __future__ import annotations
+
+import datetime
+from typing import TYPE_CHECKING, Iterable
+
+from broker.length_limit import ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT
+from broker.message import Address, Header, Message
+from protocol.codec import LongLong, encode_header_payload
+
+if TYPE_CHECKING:
+    from broker.message import QueueEntry
+    from broker.queue import Queue
+
+REJECTED, EXPIRED, MAXLEN = "rejected", "expired", "maxlen"  # the reasons x-death records
+
+
+def sender_routing_keys(message: Message, headers: dict) -> list[str]:
+    """The routing key a message was published with, and its CC keys."""
+    keys = [message.routing_key]
+    carbon_copies = headers.get("CC")
+    if isinstance(carbon_copies, list):
+        keys.extend(key.decode() if isinstance(key, bytes) else str(key) for key in carbon_copies)
+    return keys
+
+
+def record_death(headers: dict, queue: str, reason: str, exchange: str, routing_keys: list[str],
+                 original_expiration: str | None, now: datetime.datetime) -> dict:
+    """The headers of a dead-lettered message: x-death gains (or counts again) an entry for queue and reason,
+    moved to the front; x-first-death-* are set once; CC and BCC go (their keys are in routing-keys)."""
+    deaths = [death for death in headers.get("x-death") or [] if isinstance(death, dict)]
+    for index, death in enumerate(deaths):
+        if death.get("queue") == queue and death.get("reason") == reason:
+            death = dict(death, count=LongLong(int(death.get("count", 0)) + 1))
+            deaths = [death] + deaths[:index] + deaths[index + 1:]
+            break
+    else:
+        death = {"count": LongLong(1), "reason": reason, "queue": queue, "time": now, "exchange": exchange,
+                 "routing-keys": routing_keys}
+        if original_expiration is not None:
+            death["original-expiration"] = original_expiration
+        deaths = [death] + deaths
+    result = {key: value for key, value in headers.items() if key not in ("CC", "BCC")}
+    result["x-death"] = deaths
+    result.setdefault("x-first-death-exchange", exchange)
+    result.setdefault("x-first-death-queue", queue)
+    result.setdefault("x-first-death-reason", reason)
+    return result
+
+
+def dead_lettered(message: Message, queue: str, reason: str, exchange: str,
+                  routing_key: str | None) -> tuple[Message, list[str]]:
+    """The message as it is published to the dead-letter exchange (with x-death recorded and its expiration
+    removed), and the routing keys to publish it with: the queue's dead-letter routing key, else its own keys."""
+    properties = message.properties
+    headers = properties.headers or {}
+    keys = sender_routing_keys(message, headers)
+    now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+    properties.headers = record_death(headers, queue, reason, message.exchange, keys, properties.expiration, now)
+    properties.expiration = None
+    keys = [routing_key] if routing_key else keys
+    header = Header(encode_header_payload(len(message.body), properties))
+    return Message(Address(exchange, keys[0]), header, message.body), keys
+
+
+def _is_cycle(deaths: list[dict], queue: "Queue") -> bool:
+    """RabbitMQ's cycle check: walking the history from the newest death, the message reaches a death in this
+    queue before any rejection by a client (a client can break a cycle; expiries and length limits cannot)."""
+    for death in deaths:
+        if death.get("reason") == REJECTED:
+            return False
+        if death.get("queue") == queue.name:
+            return True
+    return False
+
+
+def dead_letter(queue: "Queue", entries: Iterable["QueueEntry"], reason: str) -> None:
+    """Republish entries that left queue for reason to its dead-letter exchange, if it has one."""
+    exchange_name = queue.arguments.get("x-dead-letter-exchange")
+    if exchange_name is None:
+        return
+    vhost = queue.vhost
+    exchange = vhost.exchanges.get(exchange_name)
+    if exchange is None:
+        return  # as in RabbitMQ, a dead-letter exchange that does not exist drops the message
+    routing_key = queue.arguments.get("x-dead-letter-routing-key")
+    for entry in entries:
+        message, keys = dead_lettered(entry.message, queue.name, reason, exchange_name, routing_key)
+        targets = vhost.route(exchange, keys, message)
+        if reason != REJECTED:
+            deaths = message.properties.headers["x-death"]
+            targets = [target for target in targets if not _is_cycle(deaths, target)]
+        kept = [target for target in targets if target.enqueue(message) in (ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT)]
+        if message.persistent:
+            vhost.persist(message, kept)
+
