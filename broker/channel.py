@@ -14,16 +14,18 @@ from broker.consumer import Consumer
 from broker.dead_letter import REJECTED, dead_letter
 from broker.errors import AMQPError
 from broker.expiry import parse_expiration
-from broker.length_limit import ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, REFUSED
 from broker.message import Address, Header, Message, QueueEntry
 from broker.methods import HANDLERS
 from broker.queue import Queue
 from protocol.codec import decode_method, encode_content, encode_method
 from protocol.constants import (
-    BASIC_ACK, BASIC_PUBLISH, FRAME_BODY, FRAME_HEADER, FRAME_METHOD, NO_ROUTE, UNEXPECTED_FRAME,
+    BASIC_ACK, BASIC_NACK, BASIC_PUBLISH, BASIC_REJECT, FRAME_BODY, FRAME_HEADER, FRAME_METHOD, NO_ROUTE, UNEXPECTED_FRAME,
 )
 from protocol.properties import EXPIRATION, REPLY_TO, USER_ID, property_flags
-from protocol.fastpath import decode_ack, decode_content_header, decode_publish, encode_ack, encode_deliver, encode_nack
+from protocol.fastpath import (
+    decode_ack, decode_content_header, decode_nack, decode_publish, decode_reject, encode_ack, encode_deliver,
+    encode_nack,
+)
 
 if TYPE_CHECKING:
     from broker.connection import Connection
@@ -77,7 +79,6 @@ class Channel:
         self.consumer_prefetch = connection.server.config.default_consumer_prefetch  # for consumers started next
         self.global_prefetch = 0  # channel-wide limit of unacked consumer deliveries (basic.qos global), 0 = none
         self.consumer_unacked = 0  # unacked deliveries made to consumers (what the global limit counts)
-        self.flow_active = True  # channel.flow from the client
         self.confirms: ConfirmTracker | None = None  # set by confirm.select
         # Confirm seqs of this loop turn's persistent publishes, waiting for the disk under one store callback;
         # None until the turn's first persistent publish.
@@ -102,6 +103,12 @@ class Channel:
                 self.pending = PendingPublish(exchange, routing_key, mandatory)
             elif method_id == BASIC_ACK:
                 self.ack(*decode_ack(payload))
+            elif method_id == BASIC_NACK:
+                tag, multiple, requeue = decode_nack(payload)
+                self.reject(tag, multiple, requeue)
+            elif method_id == BASIC_REJECT:
+                tag, requeue = decode_reject(payload)
+                self.reject(tag, False, requeue)
             else:
                 self.handle_method(decode_method(payload))
         elif frame_type == FRAME_HEADER:
@@ -210,18 +217,7 @@ class Channel:
             if mandatory:
                 self._return_unroutable(message)
         else:
-            not_kept = None  # queues whose length limit turned the message away
-            for queue in queues:
-                status = queue.enqueue(message)
-                if status == ENQUEUED_OVER_FLOW_LIMIT:
-                    queue.throttle(self.connection)
-                elif status != ENQUEUED:
-                    not_kept = not_kept or set()
-                    not_kept.add(queue)
-                    refused = refused or status == REFUSED
-            if self.vhost.store is not None and message.persistent:
-                kept = queues if not_kept is None else [queue for queue in queues if queue not in not_kept]
-                persisted = self.vhost.persist(message, kept)
+            persisted, refused = self.vhost.publish_to(queues, message, self.connection)
         if seq is not None and refused:
             self.confirms.settle(seq, ack=False)  # reject-publish: the publisher is told with a nack
             self.connection.settle_at_flush(self)
@@ -276,7 +272,7 @@ class Channel:
 
     # --- delivering ----------------------------------------------------------------------------------------
     def can_deliver(self) -> bool:
-        return self.open and self.flow_active and not self.connection.write_paused
+        return self.open and not self.connection.write_paused
 
     def deliver(self, consumer: Consumer, queue: Queue, entry: QueueEntry) -> None:
         tag = self.next_tag
@@ -322,42 +318,61 @@ class Channel:
                 if first > tag:
                     break
                 taken.append(unacked.popitem(last=False)[1])
-        for delivery in taken:
+        return taken
+
+    def _release(self, deliveries: list[Unacked]) -> None:
+        """Deliveries are settled: their consumers' prefetch windows open up again."""
+        for delivery in deliveries:
             consumer = delivery.consumer
             if consumer is not None:
                 consumer.unacked -= 1
                 self.consumer_unacked -= 1
-        return taken
 
     def ack(self, tag: int, multiple: bool) -> None:
-        taken = self._take_unacked(tag, multiple)
-        if self.tx is not None:
-            self.tx.settles.append((taken, None))
-        else:
-            self._settle(taken, requeue=None)
+        if not multiple and self.tx is None:  # the common case, without the lists and dicts of the general one
+            delivery = self.unacked.pop(tag, None)
+            if delivery is None:
+                raise errors.precondition_failed(f"unknown delivery tag {tag}")
+            consumer = delivery.consumer
+            if consumer is not None:
+                consumer.unacked -= 1
+                self.consumer_unacked -= 1
+            queue = delivery.queue
+            if queue.stored and not queue.deleted:
+                queue.forget((delivery.entry,))
+            self.offer_credit((queue,))
+            return
+        self.reject(tag, multiple, None)
 
-    def reject(self, tag: int, multiple: bool, requeue: bool) -> None:
+    def reject(self, tag: int, multiple: bool, requeue: bool | None) -> None:
+        """basic.reject/nack (requeue True or False), or a multiple ack (requeue None)."""
         taken = self._take_unacked(tag, multiple)
         if self.tx is not None:
-            self.tx.settles.append((taken, requeue))
+            self.tx.settles.append((taken, requeue))  # prefetch stays taken until the commit, as in RabbitMQ
         else:
+            self._release(taken)
             self._settle(taken, requeue)
 
     def _settle(self, taken: list[Unacked], requeue: bool | None) -> None:
-        """Finish deliveries: acked (requeue None), requeued, or dropped; then let consumers take more."""
+        """Finish deliveries: acked (requeue None), requeued, or dropped; then let consumers take more. Deliveries
+        from a queue deleted meanwhile just go."""
         by_queue: dict[Queue, list[QueueEntry]] = {}
         for delivery in taken:
             by_queue.setdefault(delivery.queue, []).append(delivery.entry)
         for queue, entries in by_queue.items():
+            if queue.deleted:
+                continue
             if requeue:
                 queue.requeue(entries)
             else:
                 queue.forget(entries)
                 if requeue is False:
                     dead_letter(queue, entries, REJECTED)
-        self._credit_freed(by_queue)
+        self.offer_credit(by_queue)
 
-    def _credit_freed(self, queues) -> None:
+    def offer_credit(self, queues) -> None:
+        """Prefetch room opened up on these queues (or, under a channel-wide limit, on all this channel consumes
+        from): let them deliver at the end of this loop turn."""
         dispatcher = self.vhost.dispatcher
         if self.global_prefetch:
             queues = {consumer.queue for consumer in self.consumers.values()}
@@ -369,23 +384,21 @@ class Channel:
         """Acks or rejects that a rollback undid: the deliveries are unacked again, in tag order."""
         for delivery in deliveries:
             self.unacked[delivery.tag] = delivery
-            if delivery.consumer is not None:
-                delivery.consumer.unacked += 1
-                self.consumer_unacked += 1
         self.unacked = OrderedDict(sorted(self.unacked.items()))
 
-    def rollback(self) -> None:
+    def undo_tx(self) -> None:
         """Drop the transaction's publishes; its acks and rejects are undone."""
         tx = self.tx
         self.tx = Transaction()
         for deliveries, _ in tx.settles:
             self.restore_unacked(deliveries)
 
-    def commit(self) -> bool:
+    def apply_tx(self) -> bool:
         """Apply the transaction; True when some of its publishes went to disk (commit-ok waits for it)."""
         tx = self.tx
         self.tx = Transaction()
         for deliveries, requeue in tx.settles:
+            self._release(deliveries)
             self._settle(deliveries, requeue)
         persisted = False
         for publish in tx.publishes:
@@ -408,7 +421,7 @@ class Channel:
             if message.msg_id and queue.stored:
                 self.vhost.store.append_delivered(queue.store_key, (message.msg_id,))
         self.send_method(spec.Basic.GetOk(tag, entry.redelivered, message.exchange, message.routing_key,
-                                          queue.message_count))
+                                          queue.count_ready()))
         self.connection.write(encode_content(self.number, message.header_payload, message.body,
                                              self.connection.frame_max))
 
@@ -428,7 +441,7 @@ class Channel:
         """tx.commit; commit-ok waits for the disk when the transaction's publishes went there."""
         if self.tx is None:
             raise errors.precondition_failed("channel is not transactional")
-        if not self.commit():
+        if not self.apply_tx():
             self.send_method(spec.Tx.CommitOk())
             return
 
@@ -445,13 +458,15 @@ class Channel:
     def rollback_tx(self) -> None:
         if self.tx is None:
             raise errors.precondition_failed("channel is not transactional")
-        self.rollback()
+        self.undo_tx()
         self.send_method(spec.Tx.RollbackOk())
 
     def requeue_all(self) -> None:
         """Every unacked delivery goes back to its queue, in original order, flagged redelivered."""
         if self.unacked:
-            self._settle(self._take_unacked(0, True), requeue=True)
+            taken = self._take_unacked(0, True)
+            self._release(taken)
+            self._settle(taken, requeue=True)
 
     # --- consumers -----------------------------------------------------------------------------------------
     def cancel_consumer(self, consumer: Consumer) -> None:
@@ -473,7 +488,7 @@ class Channel:
             self.cancel_consumer(consumer)
         direct_reply.stop(self)
         if self.tx is not None:
-            self.rollback()
+            self.undo_tx()
             self.tx = None
         self.requeue_all()
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime
 from typing import TYPE_CHECKING, Iterable
 
-from broker.length_limit import ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT
 from broker.message import Address, Header, Message
 from protocol.codec import LongLong, encode_header_payload
 
@@ -76,23 +75,26 @@ def _is_cycle(deaths: list[dict], queue: "Queue") -> bool:
     return False
 
 
+def _text(value) -> str | None:
+    """A longstr argument as text (field tables may carry bytes that are not UTF-8)."""
+    return value.decode(errors="replace") if isinstance(value, (bytes, bytearray)) else value
+
+
 def dead_letter(queue: "Queue", entries: Iterable["QueueEntry"], reason: str) -> None:
     """Republish entries that left queue for reason to its dead-letter exchange, if it has one."""
-    exchange_name = queue.arguments.get("x-dead-letter-exchange")
+    exchange_name = _text(queue.arguments.get("x-dead-letter-exchange"))
     if exchange_name is None:
         return
     vhost = queue.vhost
     exchange = vhost.exchanges.get(exchange_name)
     if exchange is None:
         return  # as in RabbitMQ, a dead-letter exchange that does not exist drops the message
-    routing_key = queue.arguments.get("x-dead-letter-routing-key")
+    routing_key = _text(queue.arguments.get("x-dead-letter-routing-key"))
     for entry in entries:
         message, keys = dead_lettered(entry.message, queue.name, reason, exchange_name, routing_key)
         targets = vhost.route(exchange, keys, message)
         if reason != REJECTED:
             deaths = message.properties.headers["x-death"]
             targets = [target for target in targets if not _is_cycle(deaths, target)]
-        kept = [target for target in targets if target.enqueue(message) in (ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT)]
-        if message.persistent:
-            vhost.persist(message, kept)
+        vhost.publish_to(targets, message)
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Iterable
 from broker.dead_letter import EXPIRED, MAXLEN, dead_letter
 from broker.durability import queue_key
 from broker.expiry import message_ttl
-from broker.length_limit import ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, REFUSED, LengthLimit
+from broker.length_limit import DROPPED, ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, LengthLimit
 from broker.message import Message, QueueEntry
 
 if TYPE_CHECKING:
@@ -58,8 +58,8 @@ class Queue:
         self.unused_timer: asyncio.TimerHandle | None = None  # deletes the queue once unused for unused_ttl
         self.touch()
 
-    @property
-    def message_count(self) -> int:
+    def count_ready(self) -> int:
+        """Ready messages, once the expired ones at the head have left (and been dead-lettered)."""
         self.drop_expired()
         return len(self.entries)
 
@@ -109,18 +109,25 @@ class Queue:
 
     # --- messages ---------------------------------------------------------------------------------------
     def enqueue(self, message: Message) -> int:
-        """Add a message at the tail; says whether it was kept (see broker.length_limit)."""
+        """Take a message: straight to an idle consumer when nothing waits before it (as RabbitMQ does, so that
+        neither a length limit nor a TTL of 0 stands in its way), else at the tail. Says whether it was kept (see
+        broker.length_limit)."""
+        entry = QueueEntry(self.next_seq, message)
+        self.next_seq += 1
+        if not self.entries and self.consumers:
+            consumer = self._next_consumer_with_credit()
+            if consumer is not None:
+                consumer.channel.deliver(consumer, self, entry)
+                return ENQUEUED
         if self.limit is not None:
             status, dropped = self.limit.admit(self.entries, message)
             if dropped:
                 self.forget(dropped)
                 dead_letter(self, dropped, MAXLEN)
             if status != ENQUEUED:
-                if status == REFUSED and self.limit.dead_letter_refused:
-                    dead_letter(self, [QueueEntry(0, message)], MAXLEN)
+                if status == DROPPED or self.limit.dead_letter_refused:
+                    dead_letter(self, [entry], MAXLEN)
                 return status
-        entry = QueueEntry(self.next_seq, message)
-        self.next_seq += 1
         if self.message_ttl is not None or message.header.scan.expiration is not None:
             ttl = message_ttl(self.message_ttl, message)
             if ttl is not None:
@@ -230,35 +237,42 @@ class Queue:
         return any(consumer.exclusive for consumer in self.consumers)
 
     def dispatch(self) -> None:
-        """Hand ready messages to consumers with credit, round-robin, at most DISPATCH_BATCH this round."""
+        """Hand ready messages to consumers with credit, round-robin, at most DISPATCH_BATCH this round; messages
+        found expired on the way leave instead."""
         self.drop_expired()
         entries = self.entries
         consumers = self.consumers
-        budget = DISPATCH_BATCH
         limit = self.limit
-        if len(consumers) == 1 and limit is None and self.message_ttl is None:
-            consumer = consumers[0]
-            count = min(consumer.credit(), len(entries), budget)
-            deliver = consumer.channel.deliver
-            for _ in range(count):
-                deliver(consumer, self, entries.popleft())
-            budget -= count
-        else:
-            while entries and consumers and budget:
+        expired = []
+        budget = DISPATCH_BATCH
+        while entries and budget:
+            if len(consumers) == 1:
+                consumer = consumers[0]
+                credit = min(consumer.credit(), budget)
+            else:
                 consumer = self._next_consumer_with_credit()
-                if consumer is None:
-                    break
-                if entries[0].expires_at:
-                    self.drop_expired()
-                    if not entries:
-                        break
+                credit = 1 if consumer is not None else 0
+            if not credit:
+                break
+            deliver = consumer.channel.deliver
+            while credit and entries:
                 entry = entries.popleft()
                 if limit is not None:
                     limit.removed(entry)
-                consumer.channel.deliver(consumer, self, entry)
+                if entry.expires_at and entry.expires_at < _now_ms():
+                    expired.append(entry)
+                    continue
+                deliver(consumer, self, entry)
+                credit -= 1
                 budget -= 1
-        if not budget and entries:
-            self.vhost.dispatcher.mark(self)
+        if expired:
+            self.forget(expired)
+            dead_letter(self, expired, EXPIRED)
+        if entries:
+            if entries[0].expires_at:
+                self._schedule_expiry()
+            if not budget:
+                self.vhost.dispatcher.mark(self)
         if self.throttled and len(entries) < FLOW_LOW:
             self.release_publishers()
 

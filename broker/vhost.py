@@ -13,6 +13,7 @@ from broker.arguments import (
 )
 from broker.exchange import EXCHANGE_TYPES, Binding, DirectExchange, Exchange
 from broker.headers_match import validate_x_match
+from broker.length_limit import ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, REFUSED
 from broker.queue import Queue
 
 if TYPE_CHECKING:
@@ -222,14 +223,18 @@ class VirtualHost:
                 self.store.append_definition("binding", durability.binding_key(self, binding),
                                              durability.binding_definition(self, binding))
 
-    def unbind(self, source: Exchange | None, destination, routing_key: str, arguments: dict) -> None:
-        """Remove a binding; like RabbitMQ, a missing binding, source or destination is not an error."""
+    def unbind(self, source: Exchange | None, destination, routing_key: str, arguments: dict,
+               connection: "Connection | None" = None) -> None:
+        """Remove a binding; like RabbitMQ, a missing binding, source or destination is not an error (not even on
+        another connection's exclusive queue: access is checked once the binding is found)."""
         if source is self.default_exchange or destination is self.default_exchange:
             raise errors.access_refused("operation not permitted on the default exchange")
         if source is None or destination is None:
             return
         binding = source.find_binding(destination, routing_key, arguments)
         if binding is not None:
+            if connection is not None and isinstance(destination, Queue):
+                self.check_exclusive_access(destination, connection)
             self._drop_binding(binding)
 
     def _drop_binding(self, binding: Binding, auto_delete_source: bool = True) -> None:
@@ -241,6 +246,24 @@ class VirtualHost:
         (destination.bindings if isinstance(destination, Queue) else destination.inbound).discard(binding)
         if auto_delete_source and source.auto_delete and not source.bindings and not source.deleted:
             self._remove_exchange(source)
+
+    def publish_to(self, queues: list[Queue], message: "Message",
+                   publisher: "Connection | None" = None) -> tuple[bool, bool]:
+        """Hand a routed message to its queues: (went to disk, refused by a length limit). A persistent message
+        is written before any queue delivers it, so that a delivery's record never precedes the message's own in
+        the log; queues that turn it away then let their copy go."""
+        persisted = self.store is not None and message.persistent and self.persist(message, queues)
+        refused = False
+        for queue in queues:
+            status = queue.enqueue(message)
+            if status == ENQUEUED_OVER_FLOW_LIMIT:
+                if publisher is not None:
+                    queue.throttle(publisher)
+            elif status != ENQUEUED:
+                refused = refused or status == REFUSED
+                if persisted and queue.stored:
+                    self.store.append_removed(queue.store_key, (message.msg_id,))
+        return persisted, refused
 
     def persist(self, message: "Message", queues: list[Queue]) -> bool:
         """Write a persistent message for those of queues that keep messages on disk; True if it was written."""

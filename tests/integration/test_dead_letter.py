@@ -4,7 +4,7 @@ x-death history, as RabbitMQ 3.x records it."""
 import pika
 import pytest
 
-from tests.integration.helpers import closed_channel_reason, connection, wait_until
+from tests.integration.helpers import closed_channel_reason, connection, stay_quiet, wait_until
 
 
 class DeadLetters:
@@ -144,3 +144,51 @@ def test_a_missing_dead_letter_exchange_drops_the_message(broker, unique):
         method, _properties, _body = ch.basic_get(unique)
         ch.basic_reject(method.delivery_tag, requeue=False)
         assert ch.queue_declare(unique, passive=True).method.message_count == 0
+
+
+def test_a_message_behind_the_head_expires_on_time_once_the_head_is_delivered(dead, unique):
+    source = dead.source(unique)
+    dead.ch.basic_publish("", source, b"head")
+    dead.ch.basic_publish("", source, b"behind", pika.BasicProperties(expiration="100"))
+    consumer = dead.conn.channel()
+    consumer.basic_qos(prefetch_count=1)
+    consumer.basic_consume(source, lambda *args: None)  # takes "head" and keeps it unacked
+    _method, properties, body = dead.next()
+    assert (body, properties.headers["x-death"][0]["reason"]) == (b"behind", "expired")
+
+
+def test_an_expired_message_is_not_delivered_even_behind_a_live_one(broker, unique):
+    with connection(broker) as conn:
+        ch = conn.channel()
+        ch.queue_declare(unique, exclusive=True)
+        ch.basic_qos(prefetch_count=1)
+        got = []
+        ch.basic_consume(unique, lambda _ch, method, _props, body: got.append((method.delivery_tag, body)))
+        publisher = conn.channel()
+        publisher.confirm_delivery()
+        publisher.basic_publish("", unique, b"first")
+        wait_until(conn, lambda: got)
+        publisher.basic_publish("", unique, b"lives")
+        publisher.basic_publish("", unique, b"expires", pika.BasicProperties(expiration="50"))
+        conn.sleep(0.2)  # "expires" runs out of time while it waits behind "lives"
+        ch.basic_ack(got[0][0])
+        wait_until(conn, lambda: len(got) == 2)
+        ch.basic_ack(got[1][0])
+        stay_quiet(conn)
+        assert [body for _, body in got] == [b"first", b"lives"]
+
+
+def test_a_length_limit_that_keeps_nothing_dead_letters_the_message(dead, unique):
+    source = dead.source(unique, **{"x-max-length": 0})
+    dead.ch.basic_publish("", source, b"no room")
+    _method, properties, body = dead.next()
+    assert (body, properties.headers["x-death"][0]["reason"]) == (b"no room", "maxlen")
+
+
+def test_a_rejected_delivery_of_a_deleted_queue_is_not_dead_lettered(dead, unique):
+    source = dead.source(unique)
+    dead.ch.basic_publish("", source, b"orphan")
+    method, _properties, _body = dead.ch.basic_get(source)
+    dead.conn.channel().queue_delete(source)
+    dead.ch.basic_reject(method.delivery_tag, requeue=False)
+    assert dead.ch.queue_declare(dead.collected, passive=True).method.message_count == 0
