@@ -77,7 +77,7 @@ def _queue_declare(channel: Channel, method: spec.Queue.Declare) -> None:
                                         method.exclusive, method.auto_delete, method.arguments or {})
     channel.last_queue = queue.name
     if not method.nowait:
-        channel.send_method(spec.Queue.DeclareOk(queue.name, queue.message_count, len(queue.consumers)))
+        channel.send_method(spec.Queue.DeclareOk(queue.name, queue.count_ready(), len(queue.consumers)))
 
 
 def _queue_bind(channel: Channel, method: spec.Queue.Bind) -> None:
@@ -92,9 +92,8 @@ def _queue_bind(channel: Channel, method: spec.Queue.Bind) -> None:
 def _queue_unbind(channel: Channel, method: spec.Queue.Unbind) -> None:
     vhost = channel.vhost
     queue = vhost.queues.get(_queue_name(channel, method.queue))
-    if queue is not None:
-        vhost.check_exclusive_access(queue, channel.connection)
-    vhost.unbind(vhost.exchanges.get(method.exchange), queue, method.routing_key, method.arguments or {})
+    vhost.unbind(vhost.exchanges.get(method.exchange), queue, method.routing_key, method.arguments or {},
+                 channel.connection)
     channel.send_method(spec.Queue.UnbindOk())
 
 
@@ -125,7 +124,7 @@ def _basic_qos(channel: Channel, method: spec.Basic.Qos) -> None:
         raise errors.not_implemented(f"prefetch_size!=0 ({method.prefetch_size})")
     if method.global_:
         channel.global_prefetch = method.prefetch_count
-        channel._credit_freed({consumer.queue for consumer in channel.consumers.values()})
+        channel.offer_credit({consumer.queue for consumer in channel.consumers.values()})
     else:
         channel.consumer_prefetch = method.prefetch_count
     channel.send_method(spec.Basic.QosOk())
@@ -170,18 +169,6 @@ def _basic_get(channel: Channel, method: spec.Basic.Get) -> None:
     channel.get(channel.vhost.get_queue(_queue_name(channel, method.queue), channel.connection), method.no_ack)
 
 
-def _basic_ack(channel: Channel, method: spec.Basic.Ack) -> None:
-    channel.ack(method.delivery_tag, method.multiple)
-
-
-def _basic_reject(channel: Channel, method: spec.Basic.Reject) -> None:
-    channel.reject(method.delivery_tag, False, method.requeue)
-
-
-def _basic_nack(channel: Channel, method: spec.Basic.Nack) -> None:
-    channel.reject(method.delivery_tag, method.multiple, method.requeue)
-
-
 def _basic_recover(channel: Channel, method: spec.Basic.Recover) -> None:
     if not method.requeue:
         raise errors.not_implemented("requeue=false")
@@ -214,7 +201,8 @@ def _tx_rollback(channel: Channel, method: spec.Tx.Rollback) -> None:
     channel.rollback_tx()
 
 
-HANDLERS: dict[type, Callable[[Channel, object], None]] = {  # method class -> handler
+# method class -> handler; basic.publish, ack, nack and reject never get here: the channel decodes them on a fast path
+HANDLERS: dict[type, Callable[[Channel, object], None]] = {
     spec.Channel.Open: _channel_open,
     spec.Channel.Close: _channel_close,
     spec.Channel.Flow: _channel_flow,
@@ -231,9 +219,6 @@ HANDLERS: dict[type, Callable[[Channel, object], None]] = {  # method class -> h
     spec.Basic.Consume: _basic_consume,
     spec.Basic.Cancel: _basic_cancel,
     spec.Basic.Get: _basic_get,
-    spec.Basic.Ack: _basic_ack,
-    spec.Basic.Reject: _basic_reject,
-    spec.Basic.Nack: _basic_nack,
     spec.Basic.Recover: _basic_recover,
     spec.Basic.RecoverAsync: _basic_recover_async,
     spec.Confirm.Select: _confirm_select,

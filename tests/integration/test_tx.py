@@ -17,6 +17,7 @@ from tests.integration.helpers import (
     stay_quiet,
     sync,
     wait_for_message_count,
+    wait_until,
 )
 
 
@@ -114,3 +115,24 @@ def test_commit_or_rollback_without_select_is_refused_406(broker, finish):
             getattr(ch, finish)()
         assert (closed.value.reply_code, closed.value.reply_text) == (
             406, "PRECONDITION_FAILED - channel is not transactional")
+
+
+def test_an_ack_in_a_transaction_frees_prefetch_only_at_commit(broker, unique):
+    with connection(broker) as conn:
+        ch = conn.channel()
+        ch.queue_declare(unique, exclusive=True)
+        ch.basic_qos(prefetch_count=1)
+        got = []
+        ch.basic_consume(unique, lambda _ch, method, _props, body: got.append((method.delivery_tag, body)))
+        publisher = conn.channel()
+        publisher.confirm_delivery()
+        publisher.basic_publish("", unique, b"m1")
+        wait_until(conn, lambda: got)
+        ch.tx_select()
+        ch.basic_ack(got[0][0])
+        publisher.basic_publish("", unique, b"m2")
+        stay_quiet(conn)
+        assert [body for _, body in got] == [b"m1"]  # the ack is not committed: the window is still full
+        ch.tx_commit()
+        wait_until(conn, lambda: len(got) == 2)
+        assert got[1] == (2, b"m2")
