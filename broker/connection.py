@@ -152,12 +152,16 @@ class Connection(asyncio.Protocol):
             if self.client_capabilities.get("connection.blocked"):
                 self.send_method(0, spec.Connection.Unblocked())
 
+    def reading_paused(self) -> bool:
+        return self.turn_paused or bool(self.throttled_by) or self.blocked
+
     def _update_reading(self) -> None:
-        """Read from the socket unless the turn's budget is spent or a queue holds this publisher back."""
+        """Read from the socket unless the turn's budget is spent, a queue holds this publisher back, or the
+        memory alarm blocks it."""
         transport = self.transport
         if transport is None or transport.is_closing():
             return
-        if self.turn_paused or self.throttled_by or self.blocked:
+        if self.reading_paused():
             transport.pause_reading()
         else:
             transport.resume_reading()
@@ -220,7 +224,7 @@ class Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self.write_paused = False
         for channel in self.channels.values():
-            channel._credit_freed({consumer.queue for consumer in channel.consumers.values()})
+            channel.offer_credit({consumer.queue for consumer in channel.consumers.values()})
 
     # --- writing -------------------------------------------------------------------------------------------
     def write(self, data: bytes) -> None:
@@ -392,7 +396,9 @@ class Connection(asyncio.Protocol):
         if self.state != OPEN:
             return
         now = self.loop.time()
-        if now - self.last_received > 2 * self.heartbeat:
+        if self.reading_paused():
+            self.last_received = now  # we are not reading: the client's heartbeats wait in the socket
+        elif now - self.last_received > 2 * self.heartbeat:
             log.warning("closing %s: missed heartbeats from client, timeout: %ds", self.peer, self.heartbeat)
             self._terminate()
             return

@@ -4,12 +4,26 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import os
 from typing import Callable
 
 CHECK_INTERVAL = 1.0  # seconds between two readings of the resident memory
 CLEAR_RATIO = 0.9  # the alarm clears once memory is below this share of the limit (no flapping at the edge)
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _trimmer() -> Callable[[], object]:
+    """glibc's malloc_trim, which hands freed heap back to the system (else RSS stays high after queues drain and
+    the alarm would never clear); a no-op where there is no glibc."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return lambda *args: None
+
+
+_malloc_trim = _trimmer()
 
 
 def resident_bytes() -> int:
@@ -45,6 +59,8 @@ class MemoryAlarm:
             self.timer = None
 
     def check(self) -> None:
+        if self.active:
+            _malloc_trim(0)
         used = self.read_memory()
         if not self.active and used > self.limit:
             self.active = True

@@ -25,3 +25,21 @@ def test_publishers_are_blocked_and_consumers_go_on(own_broker, tmp_path, unique
     assert consumer_channel.queue_declare(unique, passive=True).method.message_count == 0
     assert "memory alarm" in broker.log()
     consumer.close()
+
+
+def test_a_blocked_connection_is_not_dropped_for_missed_heartbeats(own_broker, tmp_path, unique):
+    config = tmp_path / "warren.toml"
+    config.write_text("[server]\nmemory_limit = 1\n")
+    broker = own_broker("--config", str(config))
+    parameters = pika.URLParameters(broker.url)
+    parameters.heartbeat = 1  # the broker stops reading a blocked connection, heartbeats included
+    publisher = pika.BlockingConnection(parameters)
+    blocked = []
+    publisher.add_on_connection_blocked_callback(lambda connection, frame: blocked.append(frame))
+    publisher.channel().basic_publish("", unique, b"blocks")
+    wait_until(publisher, lambda: blocked)
+    publisher.sleep(3.5)  # more than twice the heartbeat interval, while the broker reads nothing from it
+    assert publisher.is_open
+    assert "missed heartbeats" not in broker.log()
+    # No close: as with RabbitMQ, a blocked connection is not read, so its connection.close would wait for the
+    # alarm to clear; the broker is stopped at the end of the test instead.
