@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from protocol.constants import (
     ACCESS_REFUSED, CHANNEL_ERROR, COMMAND_INVALID, FRAME_ERROR, HARD_ERRORS, INTERNAL_ERROR, NOT_ALLOWED,
-    NOT_FOUND, NOT_IMPLEMENTED, PRECONDITION_FAILED, RESOURCE_LOCKED, SYNTAX_ERROR, UNEXPECTED_FRAME,
+    NOT_FOUND, NOT_IMPLEMENTED, PRECONDITION_FAILED, RESOURCE_LOCKED, UNEXPECTED_FRAME,
 )
 from protocol.framing import reply_text
 
@@ -63,10 +63,6 @@ def unexpected_frame(text: str) -> AMQPError:
 
 def frame_error(text: str) -> AMQPError:
     return AMQPError(FRAME_ERROR, text)
-
-
-def syntax_error(text: str) -> AMQPError:
-    return AMQPError(SYNTAX_ERROR, text)
 
 
 def not_implemented(text: str) -> AMQPError:

@@ -246,6 +246,16 @@ def test_unbind_of_a_missing_binding_queue_or_exchange_is_ok(channel, unique):
     channel.queue_unbind(queue, f"{unique}-missing", "key")
 
 
+def test_unbinding_another_connections_exclusive_queue_is_405_only_where_there_is_a_binding(broker, channel, unique):
+    owner = connect(broker)
+    owner_channel = owner.channel()
+    owner_channel.queue_declare(unique, exclusive=True)
+    owner_channel.queue_bind(unique, "amq.direct", "bound")
+    channel.queue_unbind(unique, "amq.direct", "not-bound")  # nothing to remove: nothing to refuse
+    assert channel_error(lambda: channel.queue_unbind(unique, "amq.direct", "bound")) == (405, locked(unique))
+    owner.close()
+
+
 def test_default_exchange_bindings_cannot_be_changed(channel, unique):
     queue = declare_queue(channel, unique)
     text = "ACCESS_REFUSED - operation not permitted on the default exchange"
