@@ -52,6 +52,7 @@ class Exchange:
         self.arguments = arguments or {}
         self.bindings: dict[tuple, Binding] = {}  # (destination, routing_key, arguments_key) -> binding
         self.inbound: set[Binding] = set()  # exchange-to-exchange bindings that route into this exchange
+        self.exchange_bindings = 0  # how many of this exchange's bindings lead to another exchange
         self.deleted = False
 
     @property
@@ -65,12 +66,16 @@ class Exchange:
             return False
         self.bindings[binding.key] = binding
         self._index(binding)
+        if binding.destination_is_exchange:
+            self.exchange_bindings += 1
         return True
 
     def remove_binding(self, binding: Binding) -> bool:
         if self.bindings.pop(binding.key, None) is None:
             return False
         self._unindex(binding)
+        if binding.destination_is_exchange:
+            self.exchange_bindings -= 1
         return True
 
     def find_binding(self, destination: Destination, routing_key: str, arguments: dict | None) -> Binding | None:

@@ -280,6 +280,11 @@ class VirtualHost:
     def route(self, exchange: Exchange, routing_keys: list[str], message: "Message") -> list[Queue]:
         """Queues a message published to exchange with these routing keys reaches (each once), following
         exchange-to-exchange bindings and alternate exchanges."""
+        if len(routing_keys) == 1 and not exchange.exchange_bindings:
+            # the usual case: one key, bindings to queues only; each queue appears once in what route() returns
+            destinations = exchange.route(routing_keys[0], message)
+            if destinations:
+                return list(destinations)
         queues: dict[Queue, None] = {}
         seen: set[Exchange] = set()
         pending = [exchange]
