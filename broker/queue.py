@@ -106,7 +106,6 @@ class Queue:
             if timer is not None:
                 timer.cancel()
 
-
     # --- messages ---------------------------------------------------------------------------------------
     def enqueue(self, message: Message) -> int:
         """Take a message: straight to an idle consumer when nothing waits before it (as RabbitMQ does, so that
