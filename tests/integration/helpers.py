@@ -176,3 +176,15 @@ def amqp_connection(broker) -> Iterator[amqp.Connection]:
     with amqp.Connection(host=f"{broker.host}:{broker.port}", userid="guest", password="guest",
                          virtual_host="/") as conn:
         yield conn
+
+
+def prefetch_one_consumer(conn: pika.BlockingConnection, queue: str):
+    """A consumer of `queue` with prefetch 1 and manual acks, and a publisher channel in confirm mode on the same
+    connection; returns (consumer channel, list of (delivery tag, body) received, publisher channel)."""
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=1)
+    received: list[tuple[int, bytes]] = []
+    ch.basic_consume(queue, lambda _ch, method, _props, body: received.append((method.delivery_tag, body)))
+    publisher = conn.channel()
+    publisher.confirm_delivery()
+    return ch, received, publisher

@@ -53,6 +53,11 @@ def open_channel(broker: Any) -> Iterator[BlockingChannel]:
             connection.close()
 
 
+def fresh(channel: BlockingChannel) -> BlockingChannel:
+    """Another channel on the same connection, for use after a channel error."""
+    return channel.connection.channel()
+
+
 def reply_text(text: str) -> str:
     """A reply text as RabbitMQ sends it: a shortstr, so longer texts are cut to 252 bytes followed by '...'."""
     encoded = text.encode()

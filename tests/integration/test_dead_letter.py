@@ -4,7 +4,9 @@ x-death history, as RabbitMQ 3.x records it."""
 import pika
 import pytest
 
-from tests.integration.helpers import closed_channel_reason, connection, stay_quiet, wait_until
+from tests.integration.helpers import (
+    closed_channel_reason, connection, prefetch_one_consumer, stay_quiet, wait_until,
+)
 
 
 class DeadLetters:
@@ -159,13 +161,8 @@ def test_a_message_behind_the_head_expires_on_time_once_the_head_is_delivered(de
 
 def test_an_expired_message_is_not_delivered_even_behind_a_live_one(broker, unique):
     with connection(broker) as conn:
-        ch = conn.channel()
-        ch.queue_declare(unique, exclusive=True)
-        ch.basic_qos(prefetch_count=1)
-        got = []
-        ch.basic_consume(unique, lambda _ch, method, _props, body: got.append((method.delivery_tag, body)))
-        publisher = conn.channel()
-        publisher.confirm_delivery()
+        conn.channel().queue_declare(unique, exclusive=True)
+        ch, got, publisher = prefetch_one_consumer(conn, unique)
         publisher.basic_publish("", unique, b"first")
         wait_until(conn, lambda: got)
         publisher.basic_publish("", unique, b"lives")

@@ -4,18 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.pika_support import bodies, channel_error, declare_queue, open_channel, rabbitmq4
-
-
-@pytest.fixture
-def channel(broker):
-    with open_channel(broker) as opened:
-        yield opened
-
-
-def fresh(channel):
-    """Another channel on the same connection, for use after a channel error."""
-    return channel.connection.channel()
+from tests.integration.pika_support import bodies, channel_error, declare_queue, fresh, rabbitmq4
 
 
 def exists(channel, exchange: str) -> bool:

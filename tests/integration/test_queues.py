@@ -7,7 +7,7 @@ import re
 import pytest
 
 from tests.integration.pika_support import (
-    bodies, channel_error, connect, declare_queue, open_channel, reply_text, wait_until,
+    bodies, channel_error, connect, declare_queue, fresh, reply_text, wait_until,
 )
 
 LOCKED_TEXT = ("RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '{}' in vhost '/'. It could be originally "
@@ -17,17 +17,6 @@ LOCKED_TEXT = ("RESOURCE_LOCKED - cannot obtain exclusive access to locked queue
 
 def locked(queue: str) -> str:
     return reply_text(LOCKED_TEXT.format(queue))
-
-
-@pytest.fixture
-def channel(broker):
-    with open_channel(broker) as opened:
-        yield opened
-
-
-def fresh(channel):
-    """Another channel on the same connection, for use after a channel error."""
-    return channel.connection.channel()
 
 
 def queue_exists(channel, name: str) -> bool:

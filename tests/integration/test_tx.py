@@ -13,6 +13,7 @@ from tests.integration.helpers import (
     enqueue,
     get_all,
     message_count,
+    prefetch_one_consumer,
     publish,
     stay_quiet,
     sync,
@@ -119,13 +120,8 @@ def test_commit_or_rollback_without_select_is_refused_406(broker, finish):
 
 def test_an_ack_in_a_transaction_frees_prefetch_only_at_commit(broker, unique):
     with connection(broker) as conn:
-        ch = conn.channel()
-        ch.queue_declare(unique, exclusive=True)
-        ch.basic_qos(prefetch_count=1)
-        got = []
-        ch.basic_consume(unique, lambda _ch, method, _props, body: got.append((method.delivery_tag, body)))
-        publisher = conn.channel()
-        publisher.confirm_delivery()
+        conn.channel().queue_declare(unique, exclusive=True)
+        ch, got, publisher = prefetch_one_consumer(conn, unique)
         publisher.basic_publish("", unique, b"m1")
         wait_until(conn, lambda: got)
         ch.tx_select()
