@@ -198,7 +198,7 @@ def test_deliveries_unacked_at_a_kill_come_back_redelivered(own_broker):
 
 def test_acked_messages_come_back_only_if_the_ack_had_not_reached_the_disk(own_broker):
     broker = own_broker()
-    count = 4000
+    count = 50000  # enough that acks are still flowing when the broker is killed, however fast it drains
     with connection(broker) as conn:
         conn.channel().queue_declare("jobs", durable=True)
     asyncio.run(publish_numbered(broker, "jobs", count))
