@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import ipaddress
 
 from pamqp import decode
 
@@ -31,13 +32,22 @@ def parse_response(mechanism: str, response: bytes | str) -> tuple[str, str] | N
     return None
 
 
-def authenticate(config: Config, mechanism: str, response: bytes | str) -> str | None:
-    """The authenticated user name, or None when the login is refused."""
+def is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def authenticate(config: Config, mechanism: str, response: bytes | str, peer_address: str) -> str | None:
+    """The authenticated user name, or None when the login is refused (loopback users from elsewhere included)."""
     credentials = parse_response(mechanism, response)
     if credentials is None:
         return None
     user, password = credentials
     expected = config.users.get(user)
     if expected is None or not hmac.compare_digest(expected.encode(), password.encode()):
+        return None
+    if user in config.loopback_users and not is_loopback(peer_address):
         return None
     return user

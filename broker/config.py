@@ -31,6 +31,8 @@ class Config:
     cluster_name: str = "warren"  # reported in connection.start's server properties
     memory_high_watermark: float = 0.4  # share of the machine's memory above which publishers are blocked
     memory_limit: int = 0  # bytes of broker memory above which publishers are blocked; 0 = use the watermark
+    # Users who may log in only from this machine, as with RabbitMQ's loopback_users (guest by default).
+    loopback_users: list[str] = field(default_factory=lambda: ["guest"])
     users: dict[str, str] = field(default_factory=dict)  # user -> password, derived from default_user/pass
 
     def __post_init__(self) -> None:
@@ -41,11 +43,12 @@ class Config:
 SECTIONS = {
     "server": ("host", "port", "data_dir", "log_level", "cluster_name", "memory_high_watermark", "memory_limit"),
     "amqp": ("frame_max", "channel_max", "heartbeat", "default_consumer_prefetch", "default_user",
-             "default_pass", "default_vhost"),
+             "default_pass", "default_vhost", "loopback_users"),
 }
 
 
-_EXPECTED_TYPES = {"int": (int, "an integer"), "str": (str, "a string"), "float": ((int, float), "a number")}
+_EXPECTED_TYPES = {"int": (int, "an integer"), "str": (str, "a string"), "float": ((int, float), "a number"),
+                   "list[str]": (list, "a list of strings")}
 
 
 def load_config(path: str | Path | None = None, overrides: dict | None = None) -> Config:
@@ -57,7 +60,8 @@ def load_config(path: str | Path | None = None, overrides: dict | None = None) -
     types = {f.name: f.type for f in fields(Config)}
     for key, value in values.items():
         expected = _EXPECTED_TYPES[types[key]]
-        if not isinstance(value, expected[0]) or isinstance(value, bool):
+        if (not isinstance(value, expected[0]) or isinstance(value, bool)
+                or (isinstance(value, list) and not all(isinstance(item, str) for item in value))):
             raise ConfigError(f"{key} must be {expected[1]}, got {value!r}")
     config = Config(**values)
     _validate(config)

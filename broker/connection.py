@@ -77,7 +77,8 @@ class Connection(asyncio.Protocol):
         self.blocked = False  # published while the memory alarm was on: not read until it clears
         self.sent_since_tick = False  # whether anything was written since the last heartbeat tick
         self.timer: asyncio.TimerHandle | None = None  # handshake timeout, then heartbeat ticks, then close wait
-        self.peer = ""
+        self.peer = ""  # host:port of the client, for logs
+        self.peer_address = ""  # the client's IP address
 
     # --- transport callbacks -------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:
@@ -86,6 +87,7 @@ class Connection(asyncio.Protocol):
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         peer = transport.get_extra_info("peername")
+        self.peer_address = peer[0] if peer else ""
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.server.connections.add(self)
         self.timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
@@ -348,7 +350,7 @@ class Connection(asyncio.Protocol):
     def _start_ok(self, method: spec.Connection.StartOk) -> None:
         self.client_properties = method.client_properties or {}
         self.client_capabilities = self.client_properties.get("capabilities") or {}
-        user = authenticate(self.server.config, method.mechanism, method.response)
+        user = authenticate(self.server.config, method.mechanism, method.response, self.peer_address)
         if user is None:
             text = (f"Login was refused using authentication mechanism {method.mechanism}. For details see the "
                     "broker logfile.")

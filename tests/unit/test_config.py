@@ -55,3 +55,8 @@ def test_the_server_exits_2_with_the_message_on_bad_config(tmp_path):
                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
     assert "warren-server: channel_max must be between 1 and 65535, got 0" in result.stderr
+
+
+def test_loopback_users_must_be_a_list_of_names(tmp_path):
+    with pytest.raises(ConfigError, match="loopback_users must be a list of strings, got"):
+        load_config(write(tmp_path, '[amqp]\nloopback_users = "guest"\n'))
