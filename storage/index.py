@@ -83,10 +83,11 @@ class MessageIndex:
     def forget(self, segment: Segment) -> None:
         """The segment's file is being deleted."""
         del self.segments[segment.number]
-        if segment.first_id is not None:
-            position = self._homes.index(segment)
-            del self._homes[position]
-            del self._firsts[position]
+        if segment.first_id is None:
+            return  # it held no publish (only removal or delivery records): nothing of it is indexed
+        position = self._homes.index(segment)
+        del self._homes[position]
+        del self._firsts[position]
         for msg_id in [m for m in self.multi if segment.state(m) & MULTI]:
             del self.multi[msg_id]
 
