@@ -14,7 +14,7 @@ from broker.consumer import Consumer
 from broker.dead_letter import REJECTED, dead_letter
 from broker.errors import AMQPError
 from broker.expiry import parse_expiration
-from broker.message import Address, Header, Message, QueueEntry
+from broker.message import Address, Header, Message, QueueEntry, carbon_copy_keys
 from broker.methods import HANDLERS
 from broker.queue import Queue
 from protocol.codec import decode_method, encode_content, encode_method
@@ -497,11 +497,7 @@ def _sender_selected(message: Message, routing_key: str) -> tuple[Message, list[
     """CC and BCC headers add routing keys; BCC is removed from what consumers see."""
     properties = message.properties
     headers = properties.headers or {}
-    keys = [routing_key]
-    for name in ("CC", "BCC"):
-        value = headers.get(name)
-        if isinstance(value, list):
-            keys.extend(str(key.decode() if isinstance(key, bytes) else key) for key in value)
+    keys = [routing_key, *carbon_copy_keys(headers, "CC"), *carbon_copy_keys(headers, "BCC")]
     if "BCC" in headers:
         properties.headers = {key: value for key, value in headers.items() if key != "BCC"}
         message = message.with_properties(properties)

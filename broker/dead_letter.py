@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime
 from typing import TYPE_CHECKING, Iterable
 
-from broker.message import Address, Header, Message
+from broker.message import Address, Header, Message, carbon_copy_keys
 from protocol.codec import LongLong, encode_header_payload
 
 if TYPE_CHECKING:
@@ -14,15 +14,6 @@ if TYPE_CHECKING:
     from broker.queue import Queue
 
 REJECTED, EXPIRED, MAXLEN = "rejected", "expired", "maxlen"  # the reasons x-death records
-
-
-def sender_routing_keys(message: Message, headers: dict) -> list[str]:
-    """The routing key a message was published with, and its CC keys."""
-    keys = [message.routing_key]
-    carbon_copies = headers.get("CC")
-    if isinstance(carbon_copies, list):
-        keys.extend(key.decode() if isinstance(key, bytes) else str(key) for key in carbon_copies)
-    return keys
 
 
 def record_death(headers: dict, queue: str, reason: str, exchange: str, routing_keys: list[str],
@@ -55,7 +46,7 @@ def dead_lettered(message: Message, queue: str, reason: str, exchange: str,
     removed), and the routing keys to publish it with: the queue's dead-letter routing key, else its own keys."""
     properties = message.properties
     headers = properties.headers or {}
-    keys = sender_routing_keys(message, headers)
+    keys = [message.routing_key, *carbon_copy_keys(headers, "CC")]  # the keys it was published with
     now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
     properties.headers = record_death(headers, queue, reason, message.exchange, keys, properties.expiration, now)
     properties.expiration = None

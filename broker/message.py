@@ -11,6 +11,14 @@ from protocol.codec import decode_properties, encode_header_payload
 from protocol.properties import PropertyScan, scan_properties
 
 
+def carbon_copy_keys(headers: dict, name: str) -> list[str]:
+    """The routing keys a CC or BCC header names (RabbitMQ's sender-selected distribution)."""
+    value = headers.get(name)
+    if not isinstance(value, list):
+        return []
+    return [key.decode() if isinstance(key, bytes) else str(key) for key in value]
+
+
 class Address:
     """Where a message was published: exchange and routing key, also pre-encoded for basic.deliver."""
 
