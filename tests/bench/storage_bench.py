@@ -11,7 +11,6 @@ import asyncio
 import gc
 import os
 import shutil
-import statistics
 import tempfile
 import time
 from pathlib import Path
