@@ -166,8 +166,9 @@ class Channel:
 
     # --- publishing ----------------------------------------------------------------------------------------
     def publish(self, exchange_name: str, routing_key: str, mandatory: bool, header: bytes, body: bytes) -> None:
-        if self.connection.server.memory_alarm.active:
-            self.connection.block()  # this publish goes through; the connection is not read again until it clears
+        alarm = self.connection.server.alarm
+        if alarm is not None:
+            self.connection.block(alarm)  # this publish goes through; the connection is not read again until it clears
         vhost = self.vhost
         exchange = vhost.exchanges.get(exchange_name)
         if exchange is None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from protocol.constants import DEFAULT_CHANNEL_MAX, DEFAULT_FRAME_MAX, DEFAULT_HEARTBEAT, FRAME_MIN_SIZE
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+MAX_MESSAGE_SIZE_LIMIT = 536870912  # RabbitMQ refuses a max_message_size above 512 MiB
 
 
 class ConfigError(Exception):
@@ -25,6 +26,7 @@ class Config:
     channel_max: int = DEFAULT_CHANNEL_MAX  # most channels per connection offered in connection.tune
     heartbeat: int = DEFAULT_HEARTBEAT  # heartbeat seconds offered in connection.tune (0 = off)
     default_consumer_prefetch: int = 0  # prefetch of consumers on channels that never sent basic.qos (0 = none)
+    max_message_size: int = 134217728  # largest message body accepted, as RabbitMQ's max_message_size (128 MiB)
     default_user: str = "guest"
     default_pass: str = "guest"
     default_vhost: str = "/"
@@ -42,8 +44,8 @@ class Config:
 # Which TOML section each key lives in.
 SECTIONS = {
     "server": ("host", "port", "data_dir", "log_level", "cluster_name", "memory_high_watermark", "memory_limit"),
-    "amqp": ("frame_max", "channel_max", "heartbeat", "default_consumer_prefetch", "default_user",
-             "default_pass", "default_vhost", "loopback_users"),
+    "amqp": ("frame_max", "channel_max", "heartbeat", "default_consumer_prefetch", "max_message_size",
+             "default_user", "default_pass", "default_vhost", "loopback_users"),
 }
 
 
@@ -103,6 +105,9 @@ def _validate(config: Config) -> None:
         raise ConfigError(f"memory_high_watermark must be above 0 and at most 1, got {config.memory_high_watermark}")
     if config.memory_limit < 0:
         raise ConfigError(f"memory_limit must not be negative, got {config.memory_limit}")
+    if not 1 <= config.max_message_size <= MAX_MESSAGE_SIZE_LIMIT:
+        raise ConfigError(f"max_message_size must be between 1 and {MAX_MESSAGE_SIZE_LIMIT}, got "
+                          f"{config.max_message_size}")
     if not 0 <= config.default_consumer_prefetch <= 65535:
         raise ConfigError(f"default_consumer_prefetch must be between 0 and 65535, got "
                           f"{config.default_consumer_prefetch}")

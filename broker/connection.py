@@ -139,13 +139,14 @@ class Connection(asyncio.Protocol):
         self.throttled_by.clear()
         self._update_reading()
 
-    def block(self) -> None:
-        """A publish arrived during a memory alarm: stop reading, and say why to clients that listen."""
+    def block(self, reason: str) -> None:
+        """A publish arrived during a resource alarm: stop reading, and say why ("low on memory") to clients that
+        listen."""
         if not self.blocked:
             self.blocked = True
             self._update_reading()
             if self.client_capabilities.get("connection.blocked"):
-                self.send_method(0, spec.Connection.Blocked(reason="low on memory"))
+                self.send_method(0, spec.Connection.Blocked(reason=reason))
 
     def unblock(self) -> None:
         if self.blocked:

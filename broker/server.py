@@ -39,8 +39,11 @@ class Server:
         self.listener: asyncio.base_events.Server | None = None
         limit = memory_limit(config.memory_high_watermark, config.memory_limit)
         self.memory_alarm = MemoryAlarm(limit, self._memory_alarm_changed)  # blocks publishers above the limit
+        # Why publishing connections are blocked (connection.blocked's reason, e.g. "low on memory"); None = not
+        self.alarm: str | None = None
 
     def _memory_alarm_changed(self, active: bool) -> None:
+        self.alarm = "low on memory" if active else None
         if active:
             log.warning("memory alarm: resident memory above %d bytes; publishing connections are blocked",
                         self.memory_alarm.limit)
