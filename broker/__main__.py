@@ -13,7 +13,7 @@ import sys
 import uvloop
 
 from broker.config import LOG_LEVELS, ConfigError, load_config
-from broker.server import Server
+from broker.server import Server, StartupError
 
 log = logging.getLogger("broker")
 
@@ -26,6 +26,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data-dir", dest="data_dir", help="directory for durable state (default ./data)")
     parser.add_argument("--log-level", dest="log_level", choices=LOG_LEVELS, help="default info")
     return parser.parse_args(argv)
+
+
+# Settings that may come from the environment (above the config file, below the command line), so that a password
+# need not appear in a config file or on a command line (the Docker image's WARREN_DEFAULT_USER/PASS).
+ENVIRONMENT = {"default_user": "WARREN_DEFAULT_USER", "default_pass": "WARREN_DEFAULT_PASS"}
+COMMAND_LINE = ("host", "port", "data_dir", "log_level")
+
+
+def config_overrides(args: argparse.Namespace, environ: dict[str, str]) -> dict:
+    """Values that override the config file: non-empty environment variables, then command-line options."""
+    overrides = {key: environ.get(variable) or None for key, variable in ENVIRONMENT.items()}
+    overrides.update({key: getattr(args, key) for key in COMMAND_LINE})
+    return overrides
 
 
 # The cyclic garbage collector's first threshold: a full collection walks every queued message, so collections
@@ -48,17 +61,16 @@ async def serve(config) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    overrides = {key: getattr(args, key) for key in ("host", "port", "data_dir", "log_level")}
     try:
-        config = load_config(args.config, overrides)
+        config = load_config(args.config, config_overrides(args, os.environ))
     except ConfigError as error:
         print(f"warren-server: {error}", file=sys.stderr)
         return 2
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         uvloop.run(serve(config))
-    except OSError as error:
-        log.error("cannot listen on %s:%d: %s", config.host, config.port, error.strerror or error)
+    except StartupError as error:
+        print(f"warren-server: {error}", file=sys.stderr)
         return 1
     # Everything is flushed and closed: skip freeing millions of queued messages one by one on the way out.
     logging.shutdown()

@@ -1,11 +1,14 @@
-"""The TCP server: accepts connections, owns the virtual host, shuts down cleanly."""
+"""The TCP server: accepts connections, owns the virtual host, holds the resource alarms, shuts down cleanly."""
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import logging
+import os
 import platform
+import socket
 from importlib import metadata
 from pathlib import Path
 
@@ -19,6 +22,13 @@ from storage.store import MessageStore
 log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE = 3.0  # seconds clients get to answer connection.close before their sockets are closed
+# Resource alarms in priority order, each with its connection.blocked reason (RabbitMQ's texts).
+ALARM_REASONS = {"memory": "low on memory", "disk": "low on disk"}
+WRITE_PROBE = ".write-probe"  # created and removed at start to prove the data dir writable
+
+
+class StartupError(Exception):
+    """The broker cannot start; the message tells the operator why (shown without a traceback)."""
 
 
 def _version() -> str:
@@ -28,10 +38,45 @@ def _version() -> str:
         return "0.0.0"
 
 
+def _reason(error: OSError) -> str:
+    """An OSError's reason alone ("Address already in use"), without the text asyncio wraps around it."""
+    if isinstance(error, socket.gaierror) or not error.errno or error.errno < 0:
+        return error.strerror or str(error)
+    return os.strerror(error.errno)
+
+
+def data_dir_error(data_dir: Path, error: OSError) -> StartupError:
+    """An OSError met in the data dir, naming it (and the file inside it, if that is where it happened)."""
+    inside = error.filename is not None and Path(error.filename) != data_dir
+    where = f" ({error.filename})" if inside else ""
+    return StartupError(f"cannot use data dir {data_dir}: {_reason(error)}{where}")
+
+
+def prepare_data_dir(data_dir: Path) -> None:
+    """Create the data dir (and its parents) if missing, and prove that it is a writable directory."""
+    if data_dir.exists() and not data_dir.is_dir():
+        raise StartupError(f"cannot use data dir {data_dir}: {os.strerror(errno.ENOTDIR)}")
+    probe = data_dir / WRITE_PROBE
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
+        probe.unlink()
+    except OSError as error:
+        raise StartupError(f"cannot use data dir {data_dir}: {_reason(error)}") from error
+
+
+def _startup_refusals() -> tuple[type[Exception], ...]:
+    """Exceptions by which the store refuses a data dir (another broker holds it, an unknown format): their
+    message is meant for the operator as it stands."""
+    return ()
+
+
 class Server:
     def __init__(self, config: Config):
         self.config = config
-        self.store = MessageStore(Path(config.data_dir))
+        self.data_dir = Path(config.data_dir).absolute()
+        self.store = MessageStore(self.data_dir)
+        self.store.on_health = self._store_health_changed
         self.vhost = VirtualHost(config.default_vhost, self.store)
         self.connections: set[Connection] = set()
         self.version = _version()
@@ -39,35 +84,73 @@ class Server:
         self.listener: asyncio.base_events.Server | None = None
         limit = memory_limit(config.memory_high_watermark, config.memory_limit)
         self.memory_alarm = MemoryAlarm(limit, self._memory_alarm_changed)  # blocks publishers above the limit
+        self.alarms: set[str] = set()  # resources whose alarm is on (keys of ALARM_REASONS)
         # Why publishing connections are blocked (connection.blocked's reason, e.g. "low on memory"); None = not
         self.alarm: str | None = None
 
+    # --- resource alarms ------------------------------------------------------------------------------------
+    def _set_alarm(self, resource: str, active: bool) -> None:
+        """Turn one resource's alarm on or off; publishers are unblocked once no alarm is left."""
+        if active:
+            self.alarms.add(resource)
+        else:
+            self.alarms.discard(resource)
+        self.alarm = next((reason for name, reason in ALARM_REASONS.items() if name in self.alarms), None)
+        if self.alarm is None:
+            for connection in list(self.connections):
+                connection.unblock()
+
     def _memory_alarm_changed(self, active: bool) -> None:
-        self.alarm = "low on memory" if active else None
         if active:
             log.warning("memory alarm: resident memory above %d bytes; publishing connections are blocked",
                         self.memory_alarm.limit)
         else:
-            log.warning("memory alarm cleared; publishing connections may go on")
-            for connection in list(self.connections):
-                connection.unblock()
+            log.warning("memory alarm cleared")
+        self._set_alarm("memory", active)
 
+    def _store_health_changed(self, healthy: bool) -> None:
+        """The store's durable writes started failing (False) or work again (True): the disk alarm follows."""
+        if healthy == ("disk" not in self.alarms):
+            return  # no change
+        if healthy:
+            log.warning("disk alarm cleared: durable writes to %s work again", self.data_dir)
+        else:
+            log.critical("disk alarm: durable writes to %s are failing; persistent messages are refused and "
+                         "publishing connections are blocked", self.data_dir)
+        self._set_alarm("disk", not healthy)
+
+    # --- start and stop -------------------------------------------------------------------------------------
     async def start(self) -> None:
-        """Recover durable state from the data dir, then listen."""
+        """Take the port (so that one in use is reported at once), recover durable state, then serve."""
+        self.listener = await self._listen()
+        self._recover()
+        self.memory_alarm.start()
+        await self.listener.start_serving()
+        host, port = self.listener.sockets[0].getsockname()[:2]
+        log.info("Warren %s listening on %s:%d", self.version, host, port)
+
+    async def _listen(self) -> asyncio.base_events.Server:
+        host, port = self.config.host, self.config.port
+        try:
+            return await asyncio.get_running_loop().create_server(
+                lambda: Connection(self), host, port, reuse_address=True, backlog=1024, start_serving=False)
+        except OSError as error:
+            raise StartupError(f"cannot listen on {host}:{port}: {_reason(error)}") from error
+
+    def _recover(self) -> None:
+        prepare_data_dir(self.data_dir)
         # Recovery makes millions of long-lived objects at once: collecting meanwhile only walks them again and
         # again, and once frozen they stay out of every later full collection.
         gc.disable()
         try:
             restore(self.vhost, self.store.recover())
+        except OSError as error:
+            raise data_dir_error(self.data_dir, error) from error
+        except _startup_refusals() as refusal:
+            raise StartupError(str(refusal)) from refusal
         finally:
             gc.freeze()
             gc.enable()
-        self.memory_alarm.start()
-        loop = asyncio.get_running_loop()
-        self.listener = await loop.create_server(lambda: Connection(self), self.config.host, self.config.port,
-                                                 reuse_address=True, backlog=1024)
-        host, port = self.listener.sockets[0].getsockname()[:2]
-        log.info("Warren %s listening on %s:%d", self.version, host, port)
 
     @property
     def port(self) -> int:
