@@ -75,7 +75,7 @@ class Connection(asyncio.Protocol):
         self.throttled_by: set = set()  # queues over their flow-control limit that this connection publishes to
         self.flow_timer: asyncio.TimerHandle | None = None  # ends a flow-control pause after FLOW_MAX_PAUSE
         self.blocked = False  # published while the memory alarm was on: not read until it clears
-        self.sent_since_tick = False  # whether anything was written since the last heartbeat tick
+        self.sent_since_tick = False  # whether any traffic but our own heartbeats was written since the last tick
         self.timer: asyncio.TimerHandle | None = None  # handshake timeout, then heartbeat ticks, then close wait
         self.peer = ""  # host:port of the client, for logs
         self.peer_address = ""  # the client's IP address
@@ -406,7 +406,9 @@ class Connection(asyncio.Protocol):
             self._terminate()
             return
         if not self.sent_since_tick:
-            self.write(HEARTBEAT_FRAME)
+            # Written at once and not counted as traffic, as rabbit_heartbeat counts only what was sent between two
+            # checks: an idle connection gets a heartbeat every half interval.
+            self.transport.write(HEARTBEAT_FRAME)
         self.sent_since_tick = False
         self.timer = self.loop.call_later(self.heartbeat / 2, self._heartbeat_tick)
 
