@@ -54,10 +54,10 @@ def data_dir_error(data_dir: Path, error: OSError) -> StartupError:
 
 def prepare_data_dir(data_dir: Path) -> None:
     """Create the data dir (and its parents) if missing, and prove that it is a writable directory."""
-    if data_dir.exists() and not data_dir.is_dir():
-        raise StartupError(f"cannot use data dir {data_dir}: {os.strerror(errno.ENOTDIR)}")
     probe = data_dir / WRITE_PROBE
     try:
+        if data_dir.exists() and not data_dir.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
         data_dir.mkdir(parents=True, exist_ok=True)
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
         probe.unlink()

@@ -1,0 +1,115 @@
+"""What an operator sees when the broker cannot start: one line naming the data dir or the address and why, exit
+code 1, no traceback. A port in use is reported before the data dir is touched. Runs only against Warren."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import EXTERNAL_URL, REPO_ROOT, Broker, free_port, wait_for_port
+from tests.integration.pika_support import connect
+
+pytestmark = pytest.mark.skipif(bool(EXTERNAL_URL), reason="starts broker processes of its own")
+
+EXIT_TIMEOUT = 30  # seconds a broker that cannot start gets to say so (it normally takes a fraction of one)
+
+
+def run_broker(data_dir: Path, port: int | None = None, user: int | None = None) -> subprocess.CompletedProcess:
+    """Run a broker that is expected to exit at once; `user` runs it under that uid (and gid)."""
+    command = [sys.executable, "-m", "broker", "--host", "127.0.0.1", "--port", str(port or free_port()),
+               "--data-dir", str(data_dir)]
+    if user is not None:
+        command = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *command]
+    return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=EXIT_TIMEOUT)
+
+
+def assert_refused(result: subprocess.CompletedProcess, message: str) -> None:
+    assert (result.returncode, result.stderr) == (1, f"warren-server: {message}\n")
+    assert "Traceback" not in result.stdout
+
+
+@contextlib.contextmanager
+def tmpfs(mount_point: Path, options: str) -> Iterator[Path]:
+    """A tmpfs mounted at mount_point for the block (the test is skipped where mounting is not allowed)."""
+    mount_point.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount_point)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=True)
+
+
+def test_a_missing_data_dir_is_created_with_its_parents(tmp_path):
+    data_dir = tmp_path / "not" / "yet" / "data"
+    port = free_port()
+    command = [sys.executable, "-m", "broker", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(data_dir)]
+    broker = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port("127.0.0.1", port, broker)
+        connect(Broker("127.0.0.1", port)).close()
+    finally:
+        broker.terminate()
+        assert broker.wait(EXIT_TIMEOUT) == 0
+    assert data_dir.is_dir()
+
+
+@pytest.mark.parametrize("where", ["file", "file/data"], ids=["a file", "below a file"])
+def test_a_data_dir_that_is_not_a_directory(tmp_path, where):
+    (tmp_path / "file").write_text("not a directory")
+    data_dir = tmp_path / where
+    assert_refused(run_broker(data_dir), f"cannot use data dir {data_dir}: Not a directory")
+
+
+@pytest.mark.parametrize("where", ["", "new/data"], ids=["the dir", "a dir to create"])
+def test_a_read_only_data_dir(tmp_path, where):
+    with tmpfs(tmp_path / "ro", "ro,size=1m") as mount_point:
+        data_dir = mount_point / where
+        assert_refused(run_broker(data_dir), f"cannot use data dir {data_dir}: Read-only file system")
+
+
+@pytest.mark.parametrize("mode, where", [(0o555, "data"), (0o700, "data/sub")],
+                         ids=["not writable", "not searchable"])
+def test_a_data_dir_the_broker_may_not_use(mode, where):
+    user = None
+    if os.geteuid() == 0:  # root may write anywhere: run the broker as nobody
+        if shutil.which("setpriv") is None:
+            pytest.skip("runs as root, and setpriv (util-linux) is missing to run the broker as another user")
+        user = 65534
+    root = Path(tempfile.mkdtemp(prefix="warren-startup-"))  # outside pytest's tmp dirs, which only root may enter
+    try:
+        root.chmod(0o755)
+        (root / "data").mkdir(mode)
+        data_dir = root / where
+        assert_refused(run_broker(data_dir, user=user), f"cannot use data dir {data_dir}: Permission denied")
+    finally:
+        shutil.rmtree(root)
+
+
+def test_an_error_while_recovering_names_the_data_dir_and_the_file(tmp_path):
+    data_dir = tmp_path / "data"
+    (data_dir / "definitions.log").mkdir(parents=True)  # a directory where the definitions log should be
+    assert_refused(run_broker(data_dir),
+                   f"cannot use data dir {data_dir}: Is a directory ({data_dir / 'definitions.log'})")
+
+
+def test_a_port_in_use_is_reported_before_the_data_dir_is_touched(tmp_path):
+    data_dir = tmp_path / "data"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_broker(data_dir, port=port)
+    assert_refused(result, f"cannot listen on 127.0.0.1:{port}: Address already in use")
+    assert not data_dir.exists()  # neither created nor recovered: the port was checked first
