@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple
 from pamqp import commands as spec
 
 from broker import direct_reply, errors
+from broker.assembly import assembly_budget
 from broker.confirms import ConfirmTracker
 from broker.consumer import Consumer
 from broker.dead_letter import REJECTED, dead_letter
@@ -19,7 +20,8 @@ from broker.methods import HANDLERS
 from broker.queue import Queue
 from protocol.codec import decode_method, encode_content, encode_method
 from protocol.constants import (
-    BASIC_ACK, BASIC_NACK, BASIC_PUBLISH, BASIC_REJECT, FRAME_BODY, FRAME_HEADER, FRAME_METHOD, NO_ROUTE, UNEXPECTED_FRAME,
+    BASIC_ACK, BASIC_NACK, BASIC_PUBLISH, BASIC_REJECT, FRAME_BODY, FRAME_HEADER, FRAME_METHOD, INTERNAL_ERROR, NO_ROUTE,
+    UNEXPECTED_FRAME,
 )
 from protocol.properties import EXPIRATION, REPLY_TO, USER_ID, property_flags
 from protocol.fastpath import (
@@ -30,7 +32,6 @@ from protocol.fastpath import (
 if TYPE_CHECKING:
     from broker.connection import Connection
 
-MAX_MESSAGE_SIZE = 134217728  # RabbitMQ's default max_message_size (128 MiB)
 _METHOD_ID = struct.Struct(">I")
 _PUBLISH_ID = (60, 40)  # class and method of basic.publish, named by errors in its content frames
 
@@ -71,6 +72,10 @@ class Channel:
         self.connection = connection
         self.number = number
         self.vhost = connection.vhost
+        server = connection.server
+        self.max_message_size = server.config.max_message_size  # largest body accepted (RabbitMQ's max_message_size)
+        # Bytes of bodies in assembly, broker-wide, above which connections sending parts are blocked
+        self.assembly_budget = assembly_budget(server.memory_alarm.limit, self.max_message_size)
         self.open = True  # False once closing: every frame but close/close-ok is then ignored
         self.pending: PendingPublish | None = None  # publish being assembled from its content frames
         self.next_tag = 1  # delivery tag of the next delivery on this channel
@@ -88,6 +93,15 @@ class Channel:
         self.reply_consumer: direct_reply.ReplyConsumer | None = None  # consumer of amq.rabbitmq.reply-to
         self.last_address = Address("", "")  # of the last publish, shared by the next ones that repeat it
         self.last_header = Header(b"")  # content header of the last publish, shared likewise
+        # Frames the method being handled sends (its reply), written once it is done: at once, or after the disk
+        # has its durable changes. None between methods.
+        self.replies: list[bytes] | None = None
+        self.notices: list[bytes] = []  # server-sent basic.cancel for our consumers meanwhile, sent after the replies
+        self.deliverable = True  # open, and not waiting for the disk before a reply (deliveries would overtake it)
+        # Frames received while a reply waits for the disk, handled once it is sent (as RabbitMQ's channel process,
+        # blocked in the call, leaves them in its mailbox); None when not waiting.
+        self.backlog: list[tuple[int, int, bytes]] | None = None
+        self.undo: Callable[[], None] | None = None  # takes back the change of a method whose records were not written
 
     # --- frames in -----------------------------------------------------------------------------------------
     def handle_frame(self, frame_type: int, payload: bytes) -> None:
@@ -118,10 +132,10 @@ class Channel:
             if class_id != 60:
                 raise AMQPError(UNEXPECTED_FRAME, f"expected content header for class 60, got one for class "
                                                   f"{class_id} instead", *_PUBLISH_ID)
-            if body_size > MAX_MESSAGE_SIZE:
+            if body_size > self.max_message_size:
                 self.pending = None
                 raise errors.precondition_failed(
-                    f"message size {body_size} is larger than configured max size {MAX_MESSAGE_SIZE}")
+                    f"message size {body_size} is larger than configured max size {self.max_message_size}")
             pending.header = payload
             pending.body_size = body_size
             if body_size == 0:
@@ -139,10 +153,28 @@ class Channel:
             else:
                 pending.parts.append(payload)
                 if pending.received < pending.body_size:
+                    self._assembling(pending, len(payload))
                     return
                 body = b"".join(pending.parts)
+                self._assembled(pending)
             self.pending = None
             self.publish(pending.exchange, pending.routing_key, pending.mandatory, pending.header, body)
+
+    def _assembling(self, pending: PendingPublish, size: int) -> None:
+        """A part of a body arrived: block the connection while memory runs short (the alarm, or bodies in
+        assembly over their budget)."""
+        connection = self.connection
+        over_budget = self.vhost.assembly.grew(pending, connection, size, self.assembly_budget)
+        alarm = connection.server.alarm
+        if alarm is not None or over_budget:
+            connection.block(alarm or "low on memory")
+
+    def _assembled(self, pending: PendingPublish) -> None:
+        """A body in assembly completed or was dropped: connections blocked for the budget may go on."""
+        released = self.vhost.assembly.finished(pending, self.assembly_budget)
+        if released and self.connection.server.alarm is None:
+            for connection in released:
+                connection.unblock()
 
     def _out_of_order(self) -> AMQPError:
         """A frame other than the one the content being assembled needs, with RabbitMQ's texts."""
@@ -156,13 +188,73 @@ class Channel:
                          *_PUBLISH_ID)
 
     def handle_method(self, method) -> None:
+        """Run a method's handler. Its reply follows the fsync of the durable changes it made (definitions,
+        purges), as confirms follow their messages; until then the channel handles no further frame and delivers
+        nothing, so no later reply or delivery overtakes it."""
         handler = HANDLERS.get(type(method))
         if handler is None:
             raise errors.command_invalid("unimplemented method")
-        handler(self, method)
+        vhost = self.vhost
+        changes = vhost.durable_changes
+        self.replies = []
+        self.undo = None
+        try:
+            handler(self, method)
+        except BaseException:
+            self._send_replies()
+            raise
+        if vhost.durable_changes != changes and self.open:
+            self._wait_for_disk(method)
+        else:
+            self._send_replies()
+
+    def _wait_for_disk(self, method) -> None:
+        self.deliverable = False
+        self.backlog = []
+        self.handle_frame = self._hold_frame  # shadows the method until the reply is sent: no cost otherwise
+        self.vhost.store.when_durable(lambda ok: self._written(method, ok))
+
+    def _hold_frame(self, frame_type: int, payload: bytes) -> None:
+        self.backlog.append((frame_type, self.number, payload))
+
+    def _written(self, method, ok: bool) -> None:
+        """The durable changes of a method are on disk (or failed to get there): reply, then handle what waited."""
+        if not self.open:
+            return
+        del self.handle_frame
+        self.deliverable = True
+        backlog, self.backlog = self.backlog, None
+        if ok:
+            self._send_replies()
+        else:
+            self.replies = None
+            if self.undo is not None:
+                self.undo()
+            self.connection.channel_failed(self, AMQPError(
+                INTERNAL_ERROR, f"{method.name.lower()} could not be written to disk", *divmod(method.index, 65536)))
+        self.undo = None
+        self.offer_credit({consumer.queue for consumer in self.consumers.values()})
+        if backlog:
+            self.connection._process(backlog)  # the connection's own path: state checks and error handling
+
+    def _send_replies(self) -> None:
+        replies, self.replies = self.replies, None
+        notices, self.notices = self.notices, []
+        write = self.connection.write
+        for data in replies:
+            write(data)
+        for data in notices:
+            write(data)
+
+    def write(self, data: bytes) -> None:
+        """Frames of the method being handled wait with its reply; the rest go out at once."""
+        if self.replies is not None:
+            self.replies.append(data)
+        else:
+            self.connection.write(data)
 
     def send_method(self, method) -> None:
-        self.connection.write(encode_method(self.number, method))
+        self.write(encode_method(self.number, method))
 
     # --- publishing ----------------------------------------------------------------------------------------
     def publish(self, exchange_name: str, routing_key: str, mandatory: bool, header: bytes, body: bytes) -> None:
@@ -243,7 +335,7 @@ class Channel:
 
     def _return_unroutable(self, message: Message) -> None:
         self.send_method(spec.Basic.Return(NO_ROUTE, "NO_ROUTE", message.exchange, message.routing_key))
-        self.connection.write(encode_content(self.number, message.header_payload, message.body,
+        self.write(encode_content(self.number, message.header_payload, message.body,
                                              self.connection.frame_max))
 
     def settle_publishes(self) -> None:
@@ -273,7 +365,7 @@ class Channel:
 
     # --- delivering ----------------------------------------------------------------------------------------
     def can_deliver(self) -> bool:
-        return self.open and not self.connection.write_paused
+        return self.deliverable and not self.connection.write_paused
 
     def deliver(self, consumer: Consumer, queue: Queue, entry: QueueEntry) -> None:
         tag = self.next_tag
@@ -423,7 +515,7 @@ class Channel:
                 self.vhost.store.append_delivered(queue.store_key, (message.msg_id,))
         self.send_method(spec.Basic.GetOk(tag, entry.redelivered, message.exchange, message.routing_key,
                                           queue.count_ready()))
-        self.connection.write(encode_content(self.number, message.header_payload, message.body,
+        self.write(encode_content(self.number, message.header_payload, message.body,
                                              self.connection.frame_max))
 
     def select_confirms(self) -> None:
@@ -449,8 +541,8 @@ class Channel:
         def on_disk(ok: bool) -> None:
             if not self.open:
                 return
-            if ok:
-                self.send_method(spec.Tx.CommitOk())
+            if ok:  # straight out: a reply held for a later method's disk write must not overtake it
+                self.connection.write(encode_method(self.number, spec.Tx.CommitOk()))
             else:
                 self._disk_failed()
 
@@ -478,13 +570,20 @@ class Channel:
         """The consumer's queue went away: tell a client that understands basic.cancel from the server."""
         self.consumers.pop(consumer.tag, None)
         if self.open and self.connection.client_capabilities.get("consumer_cancel_notify"):
-            self.send_method(spec.Basic.Cancel(consumer_tag=consumer.tag, nowait=True))
+            cancel = encode_method(self.number, spec.Basic.Cancel(consumer_tag=consumer.tag, nowait=True))
+            if self.replies is not None:
+                self.notices.append(cancel)  # after the reply of the method at hand (RabbitMQ's delete-ok first)
+            else:
+                self.connection.write(cancel)
 
     # --- closing -------------------------------------------------------------------------------------------
     def shutdown(self) -> None:
         """The channel is gone (closed, or its connection): cancel consumers, requeue unacked deliveries."""
         self.open = False
-        self.pending = None
+        self.deliverable = False
+        if self.pending is not None:
+            self._assembled(self.pending)
+            self.pending = None
         for consumer in list(self.consumers.values()):
             self.cancel_consumer(consumer)
         direct_reply.stop(self)

@@ -30,8 +30,12 @@ def _channel_flow(channel: Channel, method: spec.Channel.Flow) -> None:
 
 
 def _exchange_declare(channel: Channel, method: spec.Exchange.Declare) -> None:
-    channel.vhost.declare_exchange(method.exchange, method.exchange_type, method.passive, method.durable,
-                                   method.auto_delete, method.internal, method.arguments or {})
+    vhost = channel.vhost
+    existed = method.exchange in vhost.exchanges
+    exchange = vhost.declare_exchange(method.exchange, method.exchange_type, method.passive, method.durable,
+                                      method.auto_delete, method.internal, method.arguments or {})
+    if not existed:
+        channel.undo = lambda: vhost.delete_exchange(exchange.name, if_unused=False)
     if not method.nowait:
         channel.send_method(spec.Exchange.DeclareOk())
 
@@ -44,8 +48,9 @@ def _exchange_delete(channel: Channel, method: spec.Exchange.Delete) -> None:
 
 def _exchange_bind(channel: Channel, method: spec.Exchange.Bind) -> None:
     vhost = channel.vhost
-    destination = vhost.get_exchange(method.destination)
-    vhost.bind(vhost.get_exchange(method.source), destination, method.routing_key, method.arguments or {})
+    source, destination = vhost.get_exchange(method.source), vhost.get_exchange(method.destination)
+    vhost.bind(source, destination, method.routing_key, method.arguments or {})
+    channel.undo = lambda: vhost.unbind(source, destination, method.routing_key, method.arguments or {})
     if not method.nowait:
         channel.send_method(spec.Exchange.BindOk())
 
@@ -72,9 +77,13 @@ def _queue_declare(channel: Channel, method: spec.Queue.Declare) -> None:
         if not method.nowait:
             channel.send_method(spec.Queue.DeclareOk(method.queue, 0, int(channel.reply_consumer is not None)))
         return
+    vhost = channel.vhost
     name = method.queue if not (method.passive and not method.queue) else _queue_name(channel, "")
-    queue = channel.vhost.declare_queue(name, channel.connection, method.passive, method.durable,
-                                        method.exclusive, method.auto_delete, method.arguments or {})
+    existed = name in vhost.queues
+    queue = vhost.declare_queue(name, channel.connection, method.passive, method.durable, method.exclusive,
+                                method.auto_delete, method.arguments or {})
+    if not existed:
+        channel.undo = lambda: vhost.delete_queue(queue)
     channel.last_queue = queue.name
     if not method.nowait:
         channel.send_method(spec.Queue.DeclareOk(queue.name, queue.count_ready(), len(queue.consumers)))
@@ -84,7 +93,9 @@ def _queue_bind(channel: Channel, method: spec.Queue.Bind) -> None:
     vhost = channel.vhost
     queue = vhost.get_queue(_queue_name(channel, method.queue), channel.connection)
     routing_key = method.routing_key if (method.routing_key or method.queue) else queue.name
-    vhost.bind(vhost.get_exchange(method.exchange), queue, routing_key, method.arguments or {})
+    exchange = vhost.get_exchange(method.exchange)
+    vhost.bind(exchange, queue, routing_key, method.arguments or {})
+    channel.undo = lambda: vhost.unbind(exchange, queue, routing_key, method.arguments or {})
     if not method.nowait:
         channel.send_method(spec.Queue.BindOk())
 

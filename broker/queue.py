@@ -197,18 +197,21 @@ class Queue:
 
     def purge(self) -> int:
         count = len(self.entries)
-        self.forget(self.entries)
+        if self.forget(self.entries):
+            self.vhost.durable_changes += 1  # purge-ok waits for the removals to be on disk
         self.entries = deque()
         if self.limit is not None:
             self.limit.cleared()
         return count
 
-    def forget(self, entries: Iterable[QueueEntry]) -> None:
-        """Entries are done with (acked, dropped, purged): durable storage may let them go."""
+    def forget(self, entries: Iterable[QueueEntry]) -> bool:
+        """Entries are done with (acked, dropped, purged): durable storage may let them go. True if it was told."""
         if self.stored:
             ids = [entry.message.msg_id for entry in entries if entry.message.msg_id]
             if ids:
                 self.vhost.store.append_removed(self.store_key, ids)
+                return True
+        return False
 
     # --- consumers --------------------------------------------------------------------------------------
     def add_consumer(self, consumer: "Consumer") -> None:

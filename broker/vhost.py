@@ -8,6 +8,7 @@ import os
 from typing import TYPE_CHECKING
 
 from broker import durability, errors
+from broker.assembly import BodiesInAssembly
 from broker.arguments import (
     check_exchange_equivalent, check_queue_equivalent, validate_exchange_arguments, validate_queue_arguments,
 )
@@ -72,6 +73,10 @@ class VirtualHost:
         self.next_msg_id = 1  # id of the next persistent message written to the store
         self.dispatcher = Dispatcher()
         self.reply_channels: dict[str, Channel] = {}  # direct reply-to token -> the channel consuming replies
+        # Durable changes (definition records, purges) appended to the store so far: a method that raises it has
+        # its reply wait for the disk.
+        self.durable_changes = 0
+        self.assembly = BodiesInAssembly()  # message bodies received in part on every connection
         self.queues: dict[str, Queue] = {}
         self.default_exchange = DefaultExchange(self)
         self.exchanges: dict[str, Exchange] = {"": self.default_exchange}
@@ -126,7 +131,7 @@ class VirtualHost:
         exchange = EXCHANGE_TYPES[kind](name, durable, auto_delete, internal, arguments)
         self.exchanges[name] = exchange
         if durable and self.store is not None:
-            self.store.append_definition("exchange", name, durability.exchange_definition(self, exchange))
+            self._record("exchange", name, durability.exchange_definition(self, exchange))
         return exchange
 
     def restore_exchange(self, name: str, kind: str, auto_delete: bool, internal: bool, arguments: dict) -> None:
@@ -151,7 +156,7 @@ class VirtualHost:
         exchange.deleted = True
         del self.exchanges[exchange.name]
         if exchange.durable and self.store is not None:
-            self.store.append_definition("exchange", exchange.name, None)
+            self._record("exchange", exchange.name, None)
         for binding in list(exchange.bindings.values()):
             self._drop_binding(binding, auto_delete_source=False)
         for binding in list(exchange.inbound):
@@ -182,7 +187,7 @@ class VirtualHost:
         queue = Queue(self, name, durable, connection if exclusive else None, auto_delete, arguments)
         self.queues[name] = queue
         if queue.stored:
-            self.store.append_definition("queue", queue.store_key, durability.queue_definition(self, queue))
+            self._record("queue", queue.store_key, durability.queue_definition(self, queue))
         if exclusive:
             connection.exclusive_queues.add(queue)
         return queue
@@ -206,6 +211,7 @@ class VirtualHost:
             queue.exclusive_owner.exclusive_queues.discard(queue)
         if queue.stored:
             self.store.delete_queue(queue.store_key)
+            self.durable_changes += 1
         return count
 
     # --- bindings -------------------------------------------------------------------------------------------
@@ -220,8 +226,8 @@ class VirtualHost:
         if source.add_binding(binding):
             (destination.bindings if isinstance(destination, Queue) else destination.inbound).add(binding)
             if record and self.store is not None and durability.binding_is_durable(binding):
-                self.store.append_definition("binding", durability.binding_key(self, binding),
-                                             durability.binding_definition(self, binding))
+                self._record("binding", durability.binding_key(self, binding),
+                             durability.binding_definition(self, binding))
 
     def unbind(self, source: Exchange | None, destination, routing_key: str, arguments: dict,
                connection: "Connection | None" = None) -> None:
@@ -241,11 +247,16 @@ class VirtualHost:
         source = binding.source
         source.remove_binding(binding)
         if self.store is not None and durability.binding_is_durable(binding):
-            self.store.append_definition("binding", durability.binding_key(self, binding), None)
+            self._record("binding", durability.binding_key(self, binding), None)
         destination = binding.destination
         (destination.bindings if isinstance(destination, Queue) else destination.inbound).discard(binding)
         if auto_delete_source and source.auto_delete and not source.bindings and not source.deleted:
             self._remove_exchange(source)
+
+    def _record(self, kind: str, name: str, data: dict | None) -> None:
+        """A durable definition changed (data None: it is gone)."""
+        self.store.append_definition(kind, name, data)
+        self.durable_changes += 1
 
     def publish_to(self, queues: list[Queue], message: "Message",
                    publisher: "Connection | None" = None) -> tuple[bool, bool]:
