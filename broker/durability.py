@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+import reprlib
+from typing import TYPE_CHECKING, Callable
 
+from broker.arguments import validate_exchange_arguments, validate_queue_arguments
+from broker.errors import AMQPError
+from broker.exchange import EXCHANGE_TYPES
 from broker.message import Address, Header, Message
 
 if TYPE_CHECKING:
@@ -51,25 +55,24 @@ def binding_definition(vhost: "VirtualHost", binding: "Binding") -> dict:
 
 
 def restore(vhost: "VirtualHost", recovered: "Recovered") -> None:
-    """Rebuild the durable exchanges, queues, bindings and queued messages of vhost."""
+    """Rebuild the durable exchanges, queues, bindings and queued messages of vhost. A definition that cannot be
+    used (a missing key, a wrong type, an unknown exchange type, arguments that no longer validate, a binding whose
+    ends are gone) is logged as an error and skipped: start-up never fails on one, and the rest is restored."""
+    exchanges = queues = bindings = 0
+    skipped_queues: set[str] = set()  # store keys of queues left out: their messages are kept, not deleted
     for data in recovered.exchanges:
-        if data["vhost"] == vhost.name and data["name"] not in vhost.exchanges:
-            vhost.restore_exchange(data["name"], data["type"], data["auto_delete"], data["internal"],
-                                   data["arguments"])
+        if _ours("exchange", data, vhost) and _restored("exchange", data, lambda: _restore_exchange(vhost, data)):
+            exchanges += 1
     for data in recovered.queues:
-        if data["vhost"] == vhost.name:
-            vhost.restore_queue(data["name"], data["auto_delete"], data["arguments"])
+        if not _ours("queue", data, vhost):
+            continue
+        if _restored("queue", data, lambda: _restore_queue(vhost, data)):
+            queues += 1
+        elif isinstance(data.get("name"), str):
+            skipped_queues.add(queue_key(vhost.name, data["name"]))
     for data in recovered.bindings:
-        if data["vhost"] != vhost.name:
-            continue
-        source = vhost.exchanges.get(data["source"])
-        table = vhost.exchanges if data["destination_kind"] == "exchange" else vhost.queues
-        destination = table.get(data["destination"])
-        if source is None or destination is None:
-            log.warning("dropping a stored binding whose ends are gone: %s -> %s", data["source"],
-                        data["destination"])
-            continue
-        vhost.bind(source, destination, data["routing_key"], data["arguments"], record=False)
+        if _ours("binding", data, vhost) and _restored("binding", data, lambda: _restore_binding(vhost, data)):
+            bindings += 1
     restored = 0
     addresses: dict[tuple[str, str], Address] = {}  # shared by the messages that have the same one
     headers: dict[bytes, Header] = {}
@@ -86,10 +89,70 @@ def restore(vhost: "VirtualHost", recovered: "Recovered") -> None:
             messages.append((Message(address, header, item.body, item.msg_id), item.redelivered))
         queue.restore(messages)
         restored += len(messages)
-    known = {queue.store_key for queue in vhost.queues.values()}
+    known = {queue.store_key for queue in vhost.queues.values()} | skipped_queues
     for key in recovered.messages:
         if key not in known and key.startswith(f"{vhost.name}|"):
             vhost.store.delete_queue(key)  # messages of a queue whose definition did not survive
     vhost.next_msg_id = max(recovered.next_msg_id, 1)  # 0 marks a message that is not stored
-    log.info("vhost '%s': %d exchanges, %d queues, %d bindings, %d messages restored", vhost.name,
-             len(recovered.exchanges), len(recovered.queues), len(recovered.bindings), restored)
+    log.info("vhost '%s': %d exchanges, %d queues, %d bindings, %d messages restored", vhost.name, exchanges,
+             queues, bindings, restored)
+
+
+def _ours(kind: str, data, vhost: "VirtualHost") -> bool:
+    """Whether a stored definition belongs to vhost (one that is not even a table is logged and skipped)."""
+    if not isinstance(data, dict):
+        log.error("skipping stored %s %s: not a table", kind, reprlib.repr(data))
+        return False
+    return data.get("vhost") == vhost.name
+
+
+def _restored(kind: str, data: dict, restore_one: Callable[[], None]) -> bool:
+    """Run restore_one; on any failure, log one line naming the definition and say it was skipped."""
+    try:
+        restore_one()
+    except Exception as error:
+        described = reprlib.repr(data)
+        reason = error.reply_text if isinstance(error, AMQPError) else f"{type(error).__name__}: {error}"
+        log.error("skipping stored %s %s: %s", kind, described, reason)
+        return False
+    return True
+
+
+def _field(data: dict, key: str, kind: type):
+    value = data[key]
+    if not isinstance(value, kind):
+        raise TypeError(f"'{key}' is {type(value).__name__}, not {kind.__name__}")
+    return value
+
+
+def _restore_exchange(vhost: "VirtualHost", data: dict) -> None:
+    name = _field(data, "name", str)
+    if name in vhost.exchanges:
+        return
+    kind = _field(data, "type", str)
+    if kind not in EXCHANGE_TYPES:
+        raise ValueError(f"unknown exchange type '{kind}'")
+    arguments = _field(data, "arguments", dict)
+    validate_exchange_arguments(name, vhost.name, arguments)
+    vhost.restore_exchange(name, kind, _field(data, "auto_delete", bool), _field(data, "internal", bool), arguments)
+
+
+def _restore_queue(vhost: "VirtualHost", data: dict) -> None:
+    name = _field(data, "name", str)
+    if name in vhost.queues:
+        raise ValueError("a queue of that name was already restored")
+    arguments = _field(data, "arguments", dict)
+    validate_queue_arguments(name, vhost.name, arguments)
+    vhost.restore_queue(name, _field(data, "auto_delete", bool), arguments)
+
+
+def _restore_binding(vhost: "VirtualHost", data: dict) -> None:
+    source = vhost.exchanges.get(_field(data, "source", str))
+    destination_kind = _field(data, "destination_kind", str)
+    if destination_kind not in ("exchange", "queue"):
+        raise ValueError(f"unknown destination kind '{destination_kind}'")
+    table = vhost.exchanges if destination_kind == "exchange" else vhost.queues
+    destination = table.get(_field(data, "destination", str))
+    if source is None or destination is None:
+        raise ValueError("its source or destination is gone")
+    vhost.bind(source, destination, _field(data, "routing_key", str), _field(data, "arguments", dict), record=False)
