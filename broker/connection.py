@@ -33,11 +33,16 @@ _CHANNEL_CLOSE_OK = (20, 41)
 _BASIC_PUBLISH = (60, 40)
 _OPEN_OK_PAYLOAD = struct.pack(">HHI", 20, 11, 0)  # channel.open-ok with an empty channel_id longstr
 
-# Connection states, in handshake order.
-AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED = range(7)
+# Connection states, in handshake order. CLOSING: we sent connection.close and wait for close-ok; DRAINING: the
+# close exchange is over and we read and discard until the peer closes its socket.
+AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, DRAINING, CLOSED = range(8)
 
 HANDSHAKE_TIMEOUT = 10.0  # seconds a client has to complete the handshake (RabbitMQ's default)
 CLOSE_OK_TIMEOUT = 3.0  # seconds we wait for connection.close-ok after sending connection.close
+# Seconds we go on reading (and discarding) after the close exchange, until the peer closes its socket: closing
+# ours while its frames are still arriving would reset the connection and lose our close-ok (RabbitMQ's
+# CLOSING_TIMEOUT).
+DRAIN_TIMEOUT = 30.0
 # Bytes one connection may hand us per event-loop turn before it waits for the next turn; without this limit the
 # loop reads a fast publisher's socket for megabytes on end while deliveries and other clients wait.
 READ_BUDGET = 128 * 1024
@@ -98,7 +103,7 @@ class Connection(asyncio.Protocol):
             data = self._protocol_header(data)
             if not data:
                 return
-        if self.state >= CLOSED:
+        if self.state >= DRAINING:
             return
         try:
             frames = self.reader.feed(data)
@@ -156,11 +161,11 @@ class Connection(asyncio.Protocol):
                 self.send_method(0, spec.Connection.Unblocked())
 
     def reading_paused(self) -> bool:
-        return self.turn_paused or bool(self.throttled_by) or self.blocked
+        return self.state < DRAINING and (self.turn_paused or bool(self.throttled_by) or self.blocked)
 
     def _update_reading(self) -> None:
         """Read from the socket unless the turn's budget is spent, a queue holds this publisher back, or the
-        memory alarm blocks it."""
+        memory alarm blocks it. A connection draining after its close reads (and discards) everything."""
         transport = self.transport
         if transport is None or transport.is_closing():
             return
@@ -211,14 +216,11 @@ class Connection(asyncio.Protocol):
         self.state = CLOSED
         if self.timer is not None:
             self.timer.cancel()
-        for channel in list(self.channels.values()):
-            channel.shutdown()
-        self.channels.clear()
+        self._release()
         for queue in self.throttled_by:
             queue.throttled.discard(self)
         if self.flow_timer is not None:
             self.flow_timer.cancel()
-        self.vhost.connection_closed(self)
         self.server.connections.discard(self)
 
     def pause_writing(self) -> None:
@@ -250,7 +252,7 @@ class Connection(asyncio.Protocol):
                 if channel.open:
                     channel.settle_publishes()
         self.flush_scheduled = False
-        if self.out and self.transport is not None and not self.transport.is_closing():
+        if self.out and self.state < DRAINING and self.transport is not None and not self.transport.is_closing():
             data = b"".join(self.out)
             self.transport.write(data)
             self.sent_since_tick = True
@@ -335,11 +337,14 @@ class Connection(asyncio.Protocol):
         elif isinstance(method, spec.Connection.Open) and state == AWAIT_OPEN:
             self._open(method)
         elif isinstance(method, spec.Connection.Close):
-            self.send_method(0, spec.Connection.CloseOk())
-            self.flush()
-            self._terminate()
+            if state == CLOSING:  # both sides closed at once: answer, and still wait for the peer's close-ok
+                self.send_method(0, spec.Connection.CloseOk())
+            else:
+                self._release()
+                self.send_method(0, spec.Connection.CloseOk())
+                self._drain()
         elif isinstance(method, spec.Connection.CloseOk) and state == CLOSING:
-            self._terminate()
+            self._drain()
         elif isinstance(method, (spec.Connection.Blocked, spec.Connection.Unblocked, spec.Connection.UpdateSecret)):
             if isinstance(method, spec.Connection.UpdateSecret):
                 self.send_method(0, spec.Connection.UpdateSecretOk())
@@ -454,10 +459,7 @@ class Connection(asyncio.Protocol):
         """Start a server-initiated close: channels go at once, the socket after close-ok or a timeout."""
         if self.transport is None or self.state >= CLOSING:
             return
-        for channel in list(self.channels.values()):
-            channel.shutdown()
-        self.channels.clear()
-        self.settling.clear()
+        self._release()
         self.send_method(0, spec.Connection.Close(reply_code, reply_text, class_id, method_id))
         self.flush()
         self.state = CLOSING
@@ -468,6 +470,29 @@ class Connection(asyncio.Protocol):
     def close_for_shutdown(self) -> None:
         self.close(CONNECTION_FORCED, "CONNECTION_FORCED - broker forced connection closure with reason "
                                       "'shutdown'")
+
+    def _release(self) -> None:
+        """Channels and exclusive queues go as soon as the connection closes (before close-ok, as in RabbitMQ), not
+        when the socket goes: a client may declare the same exclusive queue again right after its close-ok."""
+        for channel in list(self.channels.values()):
+            channel.shutdown()
+        self.channels.clear()
+        self.settling.clear()
+        self.vhost.connection_closed(self)
+        self.exclusive_queues.clear()
+
+    def _drain(self) -> None:
+        """The close exchange is over: send what is queued (close-ok included) and our end of the stream, then
+        read and discard until the peer closes its socket, or DRAIN_TIMEOUT passes."""
+        self.flush()
+        self.state = DRAINING
+        transport = self.transport
+        if transport.can_write_eof():
+            transport.write_eof()
+        transport.resume_reading()
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = self.loop.call_later(DRAIN_TIMEOUT, self._terminate)
 
     def _terminate(self) -> None:
         self.state = CLOSED

@@ -1,0 +1,78 @@
+"""The connection.close handshake with frames still in flight: as rabbit_reader, the broker answers close-ok and goes
+on reading (and discarding) until the client closes its socket, so the client gets its close-ok and a clean end of
+stream, never a reset."""
+
+from __future__ import annotations
+
+import pika
+import pytest
+from pamqp import body, commands, frame, header
+
+from tests.integration.rawclient import RawClient
+
+IN_FLIGHT = 2000  # publishes a client still had queued when it closed
+
+
+def publishes(routing_key: str, count: int, size: int = 1024) -> bytes:
+    """`count` basic.publish frame sets on channel 1, as one buffer."""
+    frames = (commands.Basic.Publish(exchange="", routing_key=routing_key),
+              header.ContentHeader(0, size, commands.Basic.Properties()), body.ContentBody(b"x" * size))
+    return b"".join(frame.marshal(value, 1) for value in frames) * count
+
+
+def close_frame() -> bytes:
+    return frame.marshal(commands.Connection.Close(reply_code=200, reply_text="Goodbye", class_id=0, method_id=0), 0)
+
+
+def assert_not_reset(client: RawClient) -> None:
+    """The broker has not reset the connection: what follows is its end of stream (Warren) or silence (RabbitMQ,
+    until we close our socket; it then resets, as it closes every socket with SO_LINGER 0)."""
+    client.sock.settimeout(1.0)
+    try:
+        assert client.sock.recv(65536) == b""
+    except TimeoutError:
+        pass
+
+
+@pytest.fixture
+def client(broker):
+    with RawClient.connect(broker, timeout=10) as raw:
+        raw.handshake()
+        raw.open_channel(1)
+        yield raw
+
+
+def test_frames_behind_a_client_close_are_discarded_and_close_ok_arrives(client, unique):
+    # A client library writes its close while earlier publishes are still queued behind it (amqplib does).
+    client.send_raw(publishes(unique, IN_FLIGHT) + close_frame() + publishes(unique, IN_FLIGHT))
+    client.expect(commands.Connection.CloseOk, channel=0)
+    client.send_raw(publishes(unique, IN_FLIGHT))  # still flushing its queue: these writes must not fail
+    assert_not_reset(client)
+
+
+def test_frames_after_a_server_close_are_discarded_until_close_ok(client, unique):
+    client.send(0, commands.Basic.Qos(prefetch_count=1))  # a channel method on channel 0 is a connection error
+    client.send_raw(publishes(unique, IN_FLIGHT))
+    close = client.expect_connection_close()  # answered with close-ok
+    assert close.reply_code == 504
+    client.expect_closed()
+
+
+def test_exclusive_queues_are_gone_when_close_ok_arrives(broker, client, unique):
+    client.send(1, commands.Queue.Declare(queue=unique, exclusive=True))
+    client.expect(commands.Queue.DeclareOk, channel=1)
+    client.close_connection()  # the socket stays open: the broker waits for us to close it
+    with RawClient.connect(broker) as other:
+        other.handshake()
+        other.open_channel(1)
+        other.send(1, commands.Queue.Declare(queue=unique, exclusive=True))
+        other.expect(commands.Queue.DeclareOk, channel=1)
+
+
+def test_pika_closes_cleanly_after_a_burst_of_publishes(broker, unique):
+    connection = pika.BlockingConnection(pika.URLParameters(broker.url))
+    channel = connection.channel()
+    for _ in range(IN_FLIGHT):
+        channel.basic_publish(exchange="", routing_key=unique, body=b"x" * 1024)
+    connection.close()
+    assert connection.is_closed
