@@ -1,4 +1,6 @@
-# Warren, an AMQP 0-9-1 message broker: docker build -t warren . && docker run -p 5672:5672 warren
+# Warren, an AMQP 0-9-1 message broker:
+#   docker build -t warren . && docker run -p 5672:5672 -e WARREN_DEFAULT_USER=app -e WARREN_DEFAULT_PASS=... warren
+# Without WARREN_DEFAULT_PASS (or a config file with a password), the entrypoint generates one and logs it once.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
