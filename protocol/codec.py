@@ -19,6 +19,7 @@ from protocol.constants import (
     NOT_IMPLEMENTED,
 )
 from protocol.erlang_terms import Atom, write
+from protocol.field_table import decode_long_string, decode_table, decode_timestamp
 from protocol.framing import FrameError, frame_error, reply_text
 from protocol.properties import PROPERTIES_OFFSET, malformed_properties_error, property_flags, scan_properties
 
@@ -47,8 +48,6 @@ def _table_integer(value: int) -> bytes:
 
 pamqp_encode.table_integer = _table_integer  # pamqp's table encoder looks it up at call time
 
-# Encoded sizes of the fixed-size AMQP field types.
-_FIXED_SIZES = {"octet": 1, "short": 2, "long": 4, "longlong": 8, "timestamp": 8}
 # Bytes of the fields that "cannot decode" quotes: enough to fill the 255-byte reply text.
 _QUOTED_FIELD_BYTES = 128
 
@@ -59,6 +58,8 @@ def decode_method(payload: bytes) -> base.Frame:
     Raises FrameError as RabbitMQ fails such a frame: 501 "FRAME_ERROR - cannot decode <<...>>" when the
     fields do not parse or leave bytes over, 501 unknown_frame when the id itself is cut short. An unknown
     method id makes RabbitMQ drop the socket without a connection.close: that error has send_close False.
+    The fields are read in one pass from offsets (field tables by protocol.field_table, linear and
+    depth-limited), giving what pamqp's unmarshal gives.
     """
     if len(payload) < 4:
         raise frame_error(Atom("unknown_frame"), FRAME_METHOD, payload)
@@ -68,37 +69,84 @@ def decode_method(payload: bytes) -> base.Frame:
     if method_class is None:
         text = reply_text(NOT_IMPLEMENTED, f"unknown method id {{{class_id},{method_id}}}")
         raise FrameError(NOT_IMPLEMENTED, text, class_id, method_id, send_close=False)
-    fields = payload[4:]
     method = method_class()
     try:
-        if _encoded_length(method_class, fields) != len(fields):
-            raise ValueError("field lengths do not add up to the payload")
-        method.unmarshal(fields)
+        if _read_fields(method, _METHOD_FIELDS[index], payload, 4) != len(payload):
+            raise ValueError("bytes left over after the fields")
     except (IndexError, ValueError, struct.error):
-        text = reply_text(FRAME_ERROR, "cannot decode " + write(fields[:_QUOTED_FIELD_BYTES]))
+        text = reply_text(FRAME_ERROR, "cannot decode " + write(payload[4 : 4 + _QUOTED_FIELD_BYTES]))
         raise FrameError(FRAME_ERROR, text, class_id, method_id) from None
     return method
 
 
-def _encoded_length(method_class: type[base.Frame], fields: bytes) -> int:
-    """How many bytes the method's fields occupy at the start of ``fields`` (RabbitMQ accepts no extra bytes)."""
-    offset = 0
-    bits = 0  # consecutive bit fields so far; each group of 8 shares one octet
-    for name in method_class.__slots__:
-        kind = method_class.amqp_type(name)
+def _read_fields(target: object, fields: tuple[tuple[str, str], ...], data: bytes, offset: int) -> int:
+    """Set target's fields (name, AMQP type), read in order from data[offset:]; return the offset after them.
+
+    Raises IndexError, ValueError or struct.error when a field is cut short or does not parse."""
+    bit = 0  # position of the next bit field in the current octet; consecutive bits share one octet
+    octet = 0
+    for name, kind in fields:
         if kind == "bit":
-            if bits % 8 == 0:
+            if bit == 0:
+                octet = data[offset]
                 offset += 1
-            bits += 1
+            setattr(target, name, bool(octet >> bit & 1))
+            bit = (bit + 1) % 8
             continue
-        bits = 0
-        if kind == "shortstr":
-            offset += 1 + fields[offset]
-        elif kind in ("longstr", "table"):
-            offset += 4 + _LONG_SIZE.unpack_from(fields, offset)[0]
-        else:
-            offset += _FIXED_SIZES[kind]
+        bit = 0
+        value, offset = _FIELD_READERS[kind](data, offset)
+        setattr(target, name, value)
     return offset
+
+
+def _read_shortstr(data: bytes, offset: int) -> tuple[str, int]:
+    end = offset + 1 + data[offset]
+    if end > len(data):
+        raise ValueError("short string cut short")
+    return data[offset + 1 : end].decode(), end
+
+
+def _read_longstr(data: bytes, offset: int) -> tuple[str | bytes, int]:
+    start = offset + 4
+    end = start + _LONG_SIZE.unpack_from(data, offset)[0]
+    if end > len(data):
+        raise ValueError("long string cut short")
+    return decode_long_string(data, start, end), end
+
+
+def _read_timestamp(data: bytes, offset: int) -> tuple[object, int]:
+    end = offset + 8
+    if end > len(data):
+        raise ValueError("timestamp cut short")
+    return decode_timestamp(data, offset), end
+
+
+def _fixed_reader(layout: struct.Struct):
+    unpack_from = layout.unpack_from
+    size = layout.size
+    return lambda data, offset: (unpack_from(data, offset)[0], offset + size)
+
+
+# Readers of method and property fields by AMQP type: (data, offset) -> (value, offset after it), as pamqp
+# decodes them (its "longlong" is signed).
+_FIELD_READERS = {
+    "octet": _fixed_reader(struct.Struct(">B")),
+    "short": _fixed_reader(struct.Struct(">H")),
+    "long": _fixed_reader(struct.Struct(">L")),
+    "longlong": _fixed_reader(struct.Struct(">q")),
+    "shortstr": _read_shortstr,
+    "longstr": _read_longstr,
+    "table": decode_table,
+    "timestamp": _read_timestamp,
+}
+# Every method's fields in wire order: method id -> ((name, AMQP type), ...).
+_METHOD_FIELDS = {
+    index: tuple((name, method_class.amqp_type(name)) for name in method_class.__slots__)
+    for index, method_class in commands.INDEX_MAPPING.items()
+}
+_PROPERTIES = commands.Basic.Properties
+# The basic class's properties in wire order: (flag bit, name, AMQP type).
+_PROPERTY_FIELDS = tuple((_PROPERTIES.flags[name], name, _PROPERTIES.amqp_type(name)) for name in _PROPERTIES.__slots__)
 
 
 def encode_method(channel: int, method: base.Frame) -> bytes:
@@ -135,9 +183,14 @@ def decode_properties(header_payload: bytes) -> commands.Basic.Properties:
 
     Raises FrameError 541 INTERNAL_ERROR on malformed properties, as RabbitMQ does."""
     scan_properties(header_payload)
+    flags = property_flags(header_payload)
     properties = commands.Basic.Properties()
+    offset = PROPERTIES_OFFSET + 2
     try:
-        properties.unmarshal(property_flags(header_payload), header_payload[PROPERTIES_OFFSET + 2 :])
-    except (ValueError, struct.error):
+        for flag, name, kind in _PROPERTY_FIELDS:
+            if flags & flag:
+                value, offset = _FIELD_READERS[kind](header_payload, offset)
+                setattr(properties, name, value)
+    except (IndexError, ValueError, struct.error):
         raise malformed_properties_error() from None
     return properties

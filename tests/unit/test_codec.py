@@ -167,3 +167,50 @@ def test_malformed_properties_fail_like_rabbitmq(properties):
     with pytest.raises(FrameError) as caught:
         decode_properties(b"\x00\x3c\x00\x00" + bytes(8) + properties)
     assert (caught.value.reply_code, caught.value.text) == (INTERNAL_ERROR, "INTERNAL_ERROR")
+
+
+def nested_table(depth: int) -> bytes:
+    """A field table nesting `depth` tables in all (each holds the next under the key "k")."""
+    inner = b""
+    for _ in range(depth - 1):
+        inner = b"\x01kF" + len(inner).to_bytes(4) + inner
+    return len(inner).to_bytes(4) + inner
+
+
+QUEUE_DECLARE_ID = b"\x00\x32\x00\x0a"
+
+
+@pytest.mark.parametrize("depth", [101, 1_000, 20_000])
+def test_deeply_nested_arguments_are_a_frame_error_not_a_recursion_error(depth):
+    # ticket, queue "q", no flags, then the arguments
+    fields = b"\x00\x00\x01q\x00" + nested_table(depth)
+    error = decode_error(QUEUE_DECLARE_ID + fields)
+    assert (error.reply_code, error.class_id, error.method_id) == (FRAME_ERROR, 50, 10)
+    assert error.text.startswith("FRAME_ERROR - cannot decode <<0,0,1,113,0,")
+
+
+def test_arguments_nested_100_deep_decode():
+    method = decode_method(QUEUE_DECLARE_ID + b"\x00\x00\x01q\x00" + nested_table(100))
+    assert method.queue == "q" and "k" in method.arguments
+
+
+def test_deeply_nested_client_properties_are_a_frame_error():
+    # a 3.5 KB start-ok that used to raise RecursionError before authentication
+    response = b"\0guest\0guest"
+    fields = nested_table(580) + b"\x05PLAIN" + len(response).to_bytes(4) + response + b"\x05en_US"
+    assert len(fields) < 4096
+    error = decode_error(b"\x00\x0a\x00\x0b" + fields)
+    assert (error.reply_code, error.class_id, error.method_id) == (FRAME_ERROR, 10, 11)
+
+
+def test_deeply_nested_headers_are_malformed_properties():
+    properties = b"\x20\x00" + nested_table(1_000)
+    with pytest.raises(FrameError) as caught:
+        decode_properties(b"\x00\x3c\x00\x00" + bytes(8) + properties)
+    assert (caught.value.reply_code, caught.value.text) == (INTERNAL_ERROR, "INTERNAL_ERROR")
+
+
+def test_timestamp_past_the_year_9999_is_malformed_properties_not_an_overflow():
+    with pytest.raises(FrameError) as caught:
+        decode_properties(b"\x00\x3c\x00\x00" + bytes(8) + b"\x00\x40" + b"\xff" * 8)
+    assert caught.value.reply_code == INTERNAL_ERROR
