@@ -2,11 +2,20 @@
 
 They live in their own small log, ``definitions.log``. When the log has grown well past the live state, the writer
 replaces it by a snapshot (written aside, fsynced, renamed over).
+
+A definition's data is JSON in which every object is a one-key wrapper naming the type of what it holds:
+``{"m": {...}}`` a table (its values wrapped the same way), ``{"b": base64}`` bytes, ``{"d": "1.50"}`` a Decimal,
+``{"t": isoformat}`` a datetime. Strings, numbers, booleans, null and arrays stay plain JSON. A table a client
+sends is always inside an ``"m"`` wrapper, so no client value can pass for a wrapper. Records of the first format
+(``records.LEGACY_DEFINITION``) tagged only the values JSON cannot hold, with one-key objects such as
+``{"__warren_bytes__": ...}``; they are still read, and a tag whose value does not decode is kept as the table the
+client sent.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import datetime
 import decimal
 import json
@@ -16,13 +25,35 @@ from storage import records
 
 KINDS = ("exchange", "queue", "binding", "vhost", "user", "policy")
 
-# AMQP field-table values JSON cannot hold are stored as one-key objects tagged with these keys.
-_BYTES = "__warren_bytes__"
-_DECIMAL = "__warren_decimal__"
-_DATETIME = "__warren_datetime__"
+# Wrappers of the typed format
+_TABLE = "m"
+_BYTES = "b"
+_DECIMAL = "d"
+_DATETIME = "t"
+
+# Tags of the legacy format
+_LEGACY_BYTES = "__warren_bytes__"
+_LEGACY_DECIMAL = "__warren_decimal__"
+_LEGACY_DATETIME = "__warren_datetime__"
 
 
-def _encode_value(value: Any) -> Any:
+class UndecodableDefinition(ValueError):
+    """A definition record whose data is not what any version of the encoder writes."""
+
+
+def _typed(value: Any) -> Any:
+    """``value`` as the JSON-ready structure of the typed format."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, dict):
+        table = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise TypeError(f"cannot store a table key of type {type(key).__name__} in a definition")
+            table[key] = _typed(item)
+        return {_TABLE: table}
+    if isinstance(value, (list, tuple)):
+        return [_typed(item) for item in value]
     if isinstance(value, (bytes, bytearray, memoryview)):
         return {_BYTES: base64.b64encode(bytes(value)).decode("ascii")}
     if isinstance(value, decimal.Decimal):
@@ -32,25 +63,71 @@ def _encode_value(value: Any) -> Any:
     raise TypeError(f"cannot store a {type(value).__name__} in a definition")
 
 
-def _decode_object(obj: dict) -> Any:
-    if len(obj) == 1:
-        if _BYTES in obj:
-            return base64.b64decode(obj[_BYTES])
-        if _DECIMAL in obj:
-            return decimal.Decimal(obj[_DECIMAL])
-        if _DATETIME in obj:
-            return datetime.datetime.fromisoformat(obj[_DATETIME])
-    return obj
+def _untyped(value: Any) -> Any:
+    """The value a JSON-decoded structure of the typed format stands for."""
+    if isinstance(value, list):
+        return [_untyped(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    if len(value) != 1:
+        raise UndecodableDefinition(f"an object with {len(value)} keys where a one-key wrapper belongs")
+    ((tag, inner),) = value.items()
+    if tag == _TABLE and isinstance(inner, dict):
+        return {key: _untyped(item) for key, item in inner.items()}
+    try:
+        if tag == _BYTES and isinstance(inner, str):
+            return base64.b64decode(inner, validate=True)
+        if tag == _DECIMAL and isinstance(inner, str):
+            return decimal.Decimal(inner)
+        if tag == _DATETIME and isinstance(inner, str):
+            return datetime.datetime.fromisoformat(inner)
+    except (binascii.Error, decimal.InvalidOperation, ValueError) as error:
+        raise UndecodableDefinition(f"bad {tag!r} value: {error}") from None
+    raise UndecodableDefinition(f"unknown wrapper {tag!r}")
 
 
 def encode_data(data: dict | None) -> bytes:
+    """The typed-format bytes of a definition's data; empty for a deleted definition."""
     if data is None:
         return b""
-    return json.dumps(data, default=_encode_value, separators=(",", ":")).encode()
+    return json.dumps(_typed(data), separators=(",", ":")).encode()
 
 
 def decode_data(raw: bytes) -> dict | None:
-    return json.loads(raw, object_hook=_decode_object) if raw else None
+    """Inverse of ``encode_data``; raises ``UndecodableDefinition`` (or another ValueError) for bytes it never
+    makes."""
+    if not raw:
+        return None
+    data = _untyped(json.loads(raw))
+    if not isinstance(data, dict):
+        raise UndecodableDefinition(f"a definition must be a table, not a {type(data).__name__}")
+    return data
+
+
+def _decode_legacy_object(obj: dict) -> Any:
+    if len(obj) == 1:
+        ((tag, value),) = obj.items()
+        try:
+            if tag == _LEGACY_BYTES:
+                return base64.b64decode(value, validate=True)
+            if tag == _LEGACY_DECIMAL:
+                return decimal.Decimal(value)
+            if tag == _LEGACY_DATETIME:
+                return datetime.datetime.fromisoformat(value)
+        except (binascii.Error, decimal.InvalidOperation, TypeError, ValueError):
+            pass  # the encoder never wrote this tag: it is a client's table
+    return obj
+
+
+def decode_legacy_data(raw: bytes) -> dict | None:
+    """The data of a ``records.LEGACY_DEFINITION`` record. A client's one-key table with a well-formed tag (e.g.
+    ``{"__warren_bytes__": "QUJD"}``) comes back decoded: the legacy format cannot tell them apart."""
+    if not raw:
+        return None
+    data = json.loads(raw, object_hook=_decode_legacy_object)
+    if not isinstance(data, dict):
+        raise UndecodableDefinition(f"a definition must be a table, not a {type(data).__name__}")
+    return data
 
 
 class DefinitionTable:
@@ -69,9 +146,17 @@ class DefinitionTable:
         self._apply(kind, name, data, record)
         return record
 
-    def apply_recovered(self, kind: str, name: str, raw: bytes) -> None:
-        data = decode_data(raw)
-        self._apply(kind, name, data, records.definition(kind, name, raw) if data is not None else b"")
+    def apply_recovered(self, record_type: int, kind: str, name: str, raw: bytes, record: bytes) -> None:
+        """A definition record read back (``record`` is the framed record itself). Raises ValueError (left
+        unapplied) if it cannot be decoded. A legacy record is kept re-encoded, so the next snapshot migrates it."""
+        if kind not in KINDS:
+            raise UndecodableDefinition(f"unknown definition kind {kind!r}")
+        if record_type == records.LEGACY_DEFINITION:
+            data = decode_legacy_data(raw)
+            record = records.definition(kind, name, encode_data(data)) if data is not None else b""
+        else:
+            data = decode_data(raw)
+        self._apply(kind, name, data, record)
 
     def _apply(self, kind: str, name: str, data: dict | None, record: bytes) -> None:
         key = (kind, name)

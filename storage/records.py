@@ -1,7 +1,8 @@
 """Record framing and payload codecs for the message segments and the definitions log.
 
 Every record on disk is ``[length u32][crc32 u32][payload]``; the CRC covers the payload, whose first byte is the
-record type. Integers are little-endian. Names are UTF-8 with a u16 length prefix.
+record type. Integers are little-endian. Names are UTF-8 with a u16 length prefix. ``plausible_end`` and
+``record_end`` tell a record's head from stray bytes, for finding the next record after a damaged one.
 """
 
 from __future__ import annotations
@@ -21,8 +22,13 @@ PUBLISH = 1  # a persistent message routed to one or more durable queues
 REMOVED = 2  # messages left a queue (ack, reject, expiry, purge...)
 DELIVERED = 3  # messages were handed to a consumer and may come back redelivered
 # Definitions-log records
-DEFINITION = 10  # latest state of one definition (or its deletion)
+LEGACY_DEFINITION = 10  # a DEFINITION of the first format (data: JSON with tagged values; still read)
 QUEUE_DELETED = 11  # every message of a queue with an id below a watermark is gone
+DEFINITION = 12  # latest state of one definition (or its deletion); data in the typed format of definitions.py
+
+SEGMENT_TYPES = frozenset((PUBLISH, REMOVED, DELIVERED))
+DEFINITIONS_TYPES = frozenset((LEGACY_DEFINITION, QUEUE_DELETED, DEFINITION))
+MAX_PLAUSIBLE_ID = 1 << 48  # message ids count up from 1: a larger one is a stray byte pattern, not an id
 
 _PUBLISH_HEAD = struct.Struct("<BQH")  # type, msg id, number of queues
 _MSG_ID = struct.Struct("<Q")
@@ -73,7 +79,7 @@ def id_list(kind: int, queue: str, msg_ids: list[int]) -> bytes:
 
 
 def definition(kind: str, name: str, data_json: bytes) -> bytes:
-    """A framed DEFINITION record; empty ``data_json`` means the definition was deleted."""
+    """A framed DEFINITION record; empty ``data_json`` (typed format) means the definition was deleted."""
     kind_b = kind.encode()
     name_b = name.encode()
     return frame(_DEFINITION_HEAD.pack(DEFINITION, len(kind_b), len(name_b)) + kind_b + name_b + data_json)
@@ -207,14 +213,14 @@ def decode_queue_deleted(payload: memoryview) -> tuple[str, int]:
     return str(payload[_QUEUE_DELETED.size:_QUEUE_DELETED.size + size], "utf-8"), below_id
 
 
-def scan(data: bytes | bytearray | memoryview) -> Iterator[tuple[int, int, memoryview]]:
-    """Yield (offset, end, payload) for each intact record; raise CorruptRecord at the first bad one.
+def scan(data: bytes | bytearray | memoryview, offset: int = 0) -> Iterator[tuple[int, int, memoryview]]:
+    """Yield (offset, end, payload) for each intact record from ``offset``; raise CorruptRecord at the first bad one.
 
-    ``CorruptRecord.args[0]`` is the offset of the bad record, where a torn tail gets truncated.
+    ``CorruptRecord.args`` are the offset of the bad record and the reason.
     """
     view = memoryview(data)
     total = len(view)
-    pos = 0
+    pos = offset
     unpack = FRAME.unpack_from
     crc32 = zlib.crc32
     while pos < total:
@@ -230,3 +236,81 @@ def scan(data: bytes | bytearray | memoryview) -> Iterator[tuple[int, int, memor
             raise CorruptRecord(pos, "CRC mismatch")
         yield pos, end, payload
         pos = end
+
+
+# --- telling a record header from stray bytes (resynchronising after corruption) -------------------------------
+def plausible_end(view: memoryview, pos: int, types: frozenset[int]) -> int | None:
+    """Where the record at ``pos`` ends if its frame and payload layout hold together (a known type, sizes that fit,
+    flags that are 0 or 1, ids in range); None if they do not. Costs no more than reading the record's head."""
+    total = len(view)
+    if total - pos < FRAME_SIZE + 1:
+        return None
+    (length,) = _U32.unpack_from(view, pos)
+    start = pos + FRAME_SIZE
+    end = start + length
+    if length == 0 or end > total:
+        return None
+    kind = view[start]
+    if kind not in types or not _LAYOUTS[kind](view, start, end):
+        return None
+    return end
+
+
+def record_end(view: memoryview, pos: int, types: frozenset[int]) -> int | None:
+    """Where the record at ``pos`` ends if it is an intact record of one of ``types``, else None."""
+    end = plausible_end(view, pos, types)
+    if end is None or zlib.crc32(view[pos + FRAME_SIZE:end]) != _U32.unpack_from(view, pos + 4)[0]:
+        return None
+    return end
+
+
+def _publish_layout(view: memoryview, start: int, end: int) -> bool:
+    if end - start < _PUBLISH_HEAD.size:
+        return False
+    _, msg_id, count = _PUBLISH_HEAD.unpack_from(view, start)
+    if msg_id >= MAX_PLAUSIBLE_ID or count == 0:
+        return False
+    pos = start + _PUBLISH_HEAD.size
+    for _ in range(count):
+        if pos + 2 > end:
+            return False
+        pos += 2 + _U16.unpack_from(view, pos)[0]
+        if pos >= end or view[pos] > 1:
+            return False
+        pos += 1
+    for _ in range(2):  # exchange, routing key
+        if pos + 2 > end:
+            return False
+        pos += 2 + _U16.unpack_from(view, pos)[0]
+    return pos + 4 <= end and pos + 4 + _U32.unpack_from(view, pos)[0] <= end
+
+
+def _id_list_layout(view: memoryview, start: int, end: int) -> bool:
+    if end - start < _ID_LIST_HEAD.size:
+        return False
+    ids_start = start + _ID_LIST_HEAD.size + _ID_LIST_HEAD.unpack_from(view, start)[1]
+    if ids_start > end or (end - ids_start) % _MSG_ID.size:
+        return False
+    return ids_start == end or _MSG_ID.unpack_from(view, ids_start)[0] < MAX_PLAUSIBLE_ID
+
+
+def _definition_layout(view: memoryview, start: int, end: int) -> bool:
+    if end - start < _DEFINITION_HEAD.size:
+        return False
+    _, kind_size, name_size = _DEFINITION_HEAD.unpack_from(view, start)
+    kind_start = start + _DEFINITION_HEAD.size
+    return kind_start + kind_size + name_size <= end and bytes(view[kind_start:kind_start + kind_size]) in _KINDS
+
+
+def _queue_deleted_layout(view: memoryview, start: int, end: int) -> bool:
+    if end - start < _QUEUE_DELETED.size:
+        return False
+    _, below_id, size = _QUEUE_DELETED.unpack_from(view, start)
+    return below_id < MAX_PLAUSIBLE_ID and start + _QUEUE_DELETED.size + size == end
+
+
+_KINDS = frozenset((b"exchange", b"queue", b"binding", b"vhost", b"user", b"policy"))  # definitions.KINDS, encoded
+_LAYOUTS = {
+    PUBLISH: _publish_layout, REMOVED: _id_list_layout, DELIVERED: _id_list_layout,
+    LEGACY_DEFINITION: _definition_layout, DEFINITION: _definition_layout, QUEUE_DELETED: _queue_deleted_layout,
+}

@@ -1,7 +1,12 @@
 """Start-up: read the definitions log and the segments in order, rebuild the queues and the index.
 
-A torn or corrupt record at the end of a file (a write cut short by a crash) is truncated away with a warning.
-Corruption inside an older segment is reported as an error; the records before it are kept.
+Damage never costs intact records: after a bad record, reading goes on at the next intact one (``storage.salvage``).
+A damaged range that runs to the end of the last segment or of the definitions log is a torn tail (a write cut
+short by a crash): it is cut with a warning. Any other is corruption, logged as an error with what was lost. Either
+way its bytes are kept under ``data_dir/quarantine/`` and the file is repaired once everything is read, so the next
+start reads the same state without meeting the damage again. A record that is intact but cannot be used (a
+definition that does not decode) is set aside the same way. A publish whose id does not increase (two brokers
+once wrote one data dir) gets a fresh id and moves to a segment of its own, so every message stays readable.
 """
 
 from __future__ import annotations
@@ -13,10 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from storage import records
+from storage import format, records, salvage
 from storage.definitions import DefinitionTable
 from storage.index import MessageIndex
-from storage.segments import CLEAN_MARKER, DEFINITIONS_LOG, segment_numbers, segment_path
+from storage.segments import CLEAN_MARKER, DEFINITIONS_LOG, fsync_directory, segment_numbers, segment_path
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +47,9 @@ class Recovered:
     vhosts: list[dict] = field(default_factory=list)
     users: list[dict] = field(default_factory=list)
     policies: list[dict] = field(default_factory=list)
+    # (kind, name) of definitions whose latest record could not be decoded and was set aside (in quarantine/):
+    # the broker should keep the messages of such a queue rather than drop them as a queue's that is gone
+    set_aside_definitions: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -55,43 +63,106 @@ class RecoveredState:
     next_segment: int  # number for the first segment written from now on
 
 
+@dataclass(slots=True)
+class _Misplaced:
+    """A publish read after one with a higher or equal id: it is given a fresh id and moved."""
+
+    msg_id: int  # the id in its record
+    metadata: records.Metadata  # (queue, delivered) pairs, exchange, routing key, header payload
+    body: bytes
+
+
 class _Reader:
-    def __init__(self) -> None:
+    def __init__(self, data_dir: Path) -> None:
         self.index = MessageIndex()
         self.definitions = DefinitionTable()
         self.queues: dict[str, dict[int, StoredMessage]] = {}  # queue -> live messages by id, in order
         self.publishes = records.PublishReader()  # shared by all segments, so equal values are shared across them
-        self.report = {"records": 0, "bytes": 0, "torn_tail_bytes": 0, "corrupt_segments": 0}
+        self.quarantine = salvage.Quarantine(data_dir)
+        self.repairs: list[tuple[Path, bytes, list[tuple[int, int]]]] = []  # files to repair once all is read
+        self.misplaced: list[_Misplaced] = []  # publishes whose ids did not increase, in the order read
+        self.moved: list[tuple[int, int]] = []  # byte ranges of the current file's misplaced publishes
+        self.set_aside_definitions: list[tuple[str, str]] = []
+        self.report = {
+            "records": 0, "bytes": 0, "torn_tail_bytes": 0, "corrupt_segments": 0, "corrupt_ranges": 0,
+            "quarantined_bytes": 0, "set_aside_records": 0, "rehomed_messages": 0,
+        }
 
-    def read_file(self, path: Path, is_tail: bool, apply: Callable[[bytes, memoryview, int, int], None]) -> int:
+    def read_file(
+        self, path: Path, is_tail: bool, types: frozenset[int], apply: Callable[[bytes, memoryview, int, int], None],
+    ) -> int:
         """Apply each intact record of ``path`` (the file's bytes, the payload, and where the payload starts and ends
-        in them); return the size of its intact prefix."""
+        in them), reading past damage; return the file's size once repaired."""
         data = path.read_bytes()
         self.report["bytes"] += len(data)
         count = 0
         frame_size = records.FRAME_SIZE
-        try:
-            for pos, end, payload in records.scan(data):
-                apply(data, payload, pos + frame_size, end)
-                count += 1
-            intact = len(data)
-        except records.CorruptRecord as corrupt:
-            intact, reason = corrupt.args
-            if is_tail:
-                log.warning("%s: %s at offset %d, truncating %d bytes", path, reason, intact, len(data) - intact)
-                os.truncate(path, intact)
-                self.report["torn_tail_bytes"] += len(data) - intact
-            else:
-                log.error("%s: %s at offset %d, ignoring the %d bytes after it", path, reason, intact,
-                          len(data) - intact)
-                self.report["corrupt_segments"] += 1
+        drop: list[tuple[int, int]] = []  # byte ranges the repaired file leaves out
+        self.moved = []
+        corrupt = False
+        offset = 0
+        while offset < len(data):
+            pos = end = offset
+            try:
+                for pos, end, payload in records.scan(data, offset):
+                    apply(data, payload, pos + frame_size, end)
+                    count += 1
+                break
+            except records.CorruptRecord as bad:
+                damage = salvage.damage_at(data, *bad.args, types)
+                corrupt |= self._damaged(path, data, damage, is_tail)
+                drop.append((damage.start, damage.end))
+                offset = damage.end
+            except Exception as error:  # whatever the decoders raise for an intact record they cannot make sense of
+                self._set_aside(path, data, pos, end, error)
+                drop.append((pos, end))
+                offset = end
         self.report["records"] += count
-        return intact
+        self.report["corrupt_segments"] += corrupt and types is records.SEGMENT_TYPES
+        drop = sorted(drop + self.moved)
+        if drop:
+            self.repairs.append((path, data, drop))
+        return len(data) - sum(stop - start for start, stop in drop)
+
+    def _damaged(self, path: Path, data: bytes, damage: salvage.Damage, is_tail: bool) -> bool:
+        """Keep and report a damaged range; return whether it is corruption (not a torn tail)."""
+        kept = self.quarantine.keep(path, damage.start, memoryview(data)[damage.start:damage.end])
+        self.report["quarantined_bytes"] += damage.size
+        if is_tail and damage.end == len(data) and not damage.gave_up:
+            log.warning("%s: torn tail at offset %d (%s): truncating %d bytes (%s), kept in %s", path, damage.start,
+                        damage.reason, damage.size, damage.describe(), kept)
+            self.report["torn_tail_bytes"] += damage.size
+            return False
+        lost = "messages, acks and deliveries" if path.name != DEFINITIONS_LOG else "definitions and queue deletions"
+        log.error("%s: corrupt record at offset %d (%s): %d bytes unreadable (%s)%s; the %s in them are lost; the "
+                  "bytes are kept in %s", path, damage.start, damage.reason, damage.size, damage.describe(),
+                  ", no intact record found in the rest of the file" if damage.end == len(data) else "", lost, kept)
+        self.report["corrupt_ranges"] += 1
+        return True
+
+    def _set_aside(self, path: Path, data: bytes, start: int, end: int, error: Exception) -> None:
+        """An intact record that cannot be applied: keep it in quarantine and go on without it."""
+        kept = self.quarantine.keep(path, start, memoryview(data)[start:end])
+        self.report["quarantined_bytes"] += end - start
+        self.report["set_aside_records"] += 1
+        payload = memoryview(data)[start + records.FRAME_SIZE:end]
+        what = f"record of type {payload[0]}"
+        if payload[0] in (records.DEFINITION, records.LEGACY_DEFINITION):
+            try:
+                kind, name, _ = records.decode_definition(payload)
+            except ValueError:
+                what = "definition record (kind and name unreadable)"
+            else:
+                what = f"{kind} definition {name!r}"
+                self.set_aside_definitions.append((kind, name))
+        log.error("%s: %s at offset %d cannot be used (%s: %s); set aside in %s", path, what, start,
+                  type(error).__name__, error, kept)
 
     def definition_record(self, data: bytes, payload: memoryview, start: int, end: int) -> None:
         kind = payload[0]
-        if kind == records.DEFINITION:
-            self.definitions.apply_recovered(*records.decode_definition(payload))
+        if kind in (records.DEFINITION, records.LEGACY_DEFINITION):
+            self.definitions.apply_recovered(kind, *records.decode_definition(payload),
+                                             data[start - records.FRAME_SIZE:end])
         elif kind == records.QUEUE_DELETED:
             queue, below = records.decode_queue_deleted(payload)
             self.index.deleted_below[queue] = max(below, self.index.deleted_below.get(queue, 0))
@@ -102,7 +173,12 @@ class _Reader:
         kind = data[start]
         index = self.index
         if kind == records.PUBLISH:
-            msg_id, (queues, exchange, routing_key, header_payload), body = self.publishes.read(data, start, end)
+            msg_id, metadata, body = self.publishes.read(data, start, end)
+            if msg_id <= index.last_id:
+                self.misplaced.append(_Misplaced(msg_id, metadata, body))
+                self.moved.append((start - records.FRAME_SIZE, end))
+                return
+            queues, exchange, routing_key, header_payload = metadata
             for queue, delivered in index.add_recovered(msg_id, queues):
                 messages = self.queues.get(queue)
                 if messages is None:
@@ -122,26 +198,76 @@ class _Reader:
         else:
             raise ValueError(f"unknown segment record type {kind}")
 
+    def rehome(self, segments_dir: Path, number: int) -> int:
+        """Give the misplaced publishes fresh ids (in the order read) in a new segment ``number``, written and
+        fsynced before their old copies are repaired away; return its size."""
+        index = self.index
+        segment = index.roll(number)
+        first_id = index.last_id + 1
+        out = bytearray()
+        for message in self.misplaced:
+            queues, exchange, routing_key, header_payload = message.metadata
+            # the queue deletions that were made after the message's publish are those above its own id
+            queues = tuple(pair for pair in queues if message.msg_id >= index.deleted_below.get(pair[0], -1))
+            msg_id = index.last_id + 1
+            for queue, delivered in index.add_recovered(msg_id, queues):
+                self.queues.setdefault(queue, {})[msg_id] = StoredMessage(
+                    msg_id, exchange, routing_key, header_payload, message.body, delivered
+                )
+            if queues:
+                out += records.publish_head(msg_id, queues, exchange, routing_key, header_payload, message.body)
+                out += header_payload
+                out += message.body
+        path = segment_path(segments_dir, number)
+        with open(path, "wb") as file:
+            file.write(out)
+            file.flush()
+            os.fsync(file.fileno())
+        fsync_directory(segments_dir)
+        log.error(
+            "%d messages were stored with ids that do not increase (two brokers on one data dir?): they keep their "
+            "queues with the new ids %d..%d in %s; an ack recorded for an old id counts for the first message that "
+            "had it", len(self.misplaced), first_id, index.last_id, path,
+        )
+        self.report["rehomed_messages"] = len(self.misplaced)
+        segment.size = len(out)
+        return segment.size
+
+    def repair(self) -> None:
+        """Take the damaged, set-aside and moved ranges out of their files (all are kept elsewhere by now)."""
+        for path, data, drop in self.repairs:
+            suffix = ".snapshot" if path.name == DEFINITIONS_LOG else ".compacting"
+            salvage.repair(path, data, drop, suffix)
+
 
 def recover(data_dir: Path, segments_dir: Path) -> RecoveredState:
     started = time.perf_counter()
+    format.check_and_mark(data_dir)
     segments_dir.mkdir(parents=True, exist_ok=True)
     for leftover in [*segments_dir.glob("*.compacting"), *data_dir.glob("*.snapshot")]:
         leftover.unlink()  # a rewrite interrupted before its rename: the original is intact
     clean_marker = data_dir / CLEAN_MARKER
     clean = clean_marker.exists()
-    reader = _Reader()
+    reader = _Reader(data_dir)
     definitions_log = data_dir / DEFINITIONS_LOG
     definitions_bytes = 0
     if definitions_log.exists():
-        definitions_bytes = reader.read_file(definitions_log, True, reader.definition_record)
+        definitions_bytes = reader.read_file(
+            definitions_log, True, records.DEFINITIONS_TYPES, reader.definition_record
+        )
     numbers = segment_numbers(segments_dir)
     index = reader.index
     for position, number in enumerate(numbers):
         segment = index.roll(number)
         segment.size = reader.read_file(
-            segment_path(segments_dir, number), position == len(numbers) - 1, reader.segment_record
+            segment_path(segments_dir, number), position == len(numbers) - 1, records.SEGMENT_TYPES,
+            reader.segment_record,
         )
+    next_segment = (numbers[-1] + 1) if numbers else 0
+    if reader.misplaced:
+        reader.rehome(segments_dir, next_segment)
+        next_segment += 1
+    reader.repair()
     index.head = None
     index.dirty = set(index.segments)
     clean_marker.unlink(missing_ok=True)
@@ -160,6 +286,6 @@ def recover(data_dir: Path, segments_dir: Path) -> RecoveredState:
         exchanges=definitions.of_kind("exchange"), queues=definitions.of_kind("queue"),
         bindings=definitions.of_kind("binding"), messages=messages, next_msg_id=next_msg_id, report=report,
         vhosts=definitions.of_kind("vhost"), users=definitions.of_kind("user"),
-        policies=definitions.of_kind("policy"),
+        policies=definitions.of_kind("policy"), set_aside_definitions=reader.set_aside_definitions,
     )
-    return RecoveredState(recovered, index, definitions, definitions_bytes, (numbers[-1] + 1) if numbers else 0)
+    return RecoveredState(recovered, index, definitions, definitions_bytes, next_segment)

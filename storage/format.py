@@ -1,0 +1,57 @@
+"""The store's format version, kept in ``data_dir/format`` so that a later version can tell what it reads.
+
+1. the first format (no ``format`` file): definitions as JSON with tagged values (``records.LEGACY_DEFINITION``).
+2. definitions in the typed format (``records.DEFINITION``); everything of format 1 is still read.
+
+A data dir of format 1 is marked 2 at the first start (its old records stay readable). A version newer than this
+code knows is refused: its records may mean what this code cannot tell.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from storage.segments import fsync_directory
+
+FORMAT_FILE = "format"
+CURRENT = 2  # the version this code writes
+_FIRST = 1  # what a data dir without a format file holds
+
+
+class UnsupportedFormat(Exception):
+    """The data dir was written by a store format this version cannot read; the text says what to do."""
+
+
+def check_and_mark(data_dir: Path) -> int:
+    """The data dir's format version (before this start); raise UnsupportedFormat for one this code cannot read.
+    Leaves ``data_dir/format`` saying ``CURRENT``."""
+    path = data_dir / FORMAT_FILE
+    try:
+        text = path.read_text(encoding="ascii")
+    except FileNotFoundError:
+        found = _FIRST
+    except (OSError, UnicodeDecodeError) as error:
+        raise UnsupportedFormat(f"cannot read the store format of data dir {data_dir} ({path}): {error}") from None
+    else:
+        if not text.strip().isdigit():
+            raise UnsupportedFormat(f"{path} does not hold a store format version (found {text[:40]!r}); "
+                                    f"refusing to start rather than misread data dir {data_dir}")
+        found = int(text)
+    if found > CURRENT:
+        raise UnsupportedFormat(f"data dir {data_dir} has store format {found}, written by a newer Warren; this "
+                                f"version reads formats up to {CURRENT}: refusing to start (run the newer version)")
+    if found != CURRENT:
+        _write(path, f"{CURRENT}\n")
+    return found
+
+
+def _write(path: Path, text: str) -> None:
+    """Replace ``path`` atomically and durably."""
+    temporary = path.with_suffix(".snapshot")
+    with open(temporary, "w", encoding="ascii") as file:
+        file.write(text)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)
+    fsync_directory(path.parent)
