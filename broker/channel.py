@@ -200,7 +200,7 @@ class Channel:
         self.undo = None
         try:
             handler(self, method)
-        except BaseException:
+        except Exception:
             self._send_replies()
             raise
         if vhost.durable_changes != changes and self.open:
@@ -335,8 +335,7 @@ class Channel:
 
     def _return_unroutable(self, message: Message) -> None:
         self.send_method(spec.Basic.Return(NO_ROUTE, "NO_ROUTE", message.exchange, message.routing_key))
-        self.write(encode_content(self.number, message.header_payload, message.body,
-                                             self.connection.frame_max))
+        self.write(encode_content(self.number, message.header_payload, message.body, self.connection.frame_max))
 
     def settle_publishes(self) -> None:
         """At the end of a loop turn: close the turn's disk wait and write the confirms settled so far
@@ -515,8 +514,7 @@ class Channel:
                 self.vhost.store.append_delivered(queue.store_key, (message.msg_id,))
         self.send_method(spec.Basic.GetOk(tag, entry.redelivered, message.exchange, message.routing_key,
                                           queue.count_ready()))
-        self.write(encode_content(self.number, message.header_payload, message.body,
-                                             self.connection.frame_max))
+        self.write(encode_content(self.number, message.header_payload, message.body, self.connection.frame_max))
 
     def select_confirms(self) -> None:
         if self.tx is not None:
@@ -541,7 +539,7 @@ class Channel:
         def on_disk(ok: bool) -> None:
             if not self.open:
                 return
-            if ok:  # straight out: a reply held for a later method's disk write must not overtake it
+            if ok:  # written directly: it answers a method older than any reply held for the disk now
                 self.connection.write(encode_method(self.number, spec.Tx.CommitOk()))
             else:
                 self._disk_failed()
