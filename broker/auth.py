@@ -4,18 +4,29 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+from typing import NamedTuple
 
 from pamqp import decode
 
 from broker.config import Config
 
 
+class Login(NamedTuple):
+    """What a start-ok asked for, and the verdict."""
+
+    user: str  # the user name the client gave, for the log ("" when its response cannot be read)
+    accepted: bool
+
+
 def parse_response(mechanism: str, response: bytes | str) -> tuple[str, str] | None:
     """(username, password) from a start-ok response, or None if it cannot be read."""
     raw = response.encode("utf-8", "surrogateescape") if isinstance(response, str) else bytes(response)
     if mechanism == "PLAIN":
+        # RabbitMQ's rabbit_auth_mechanism_plain (3.10 and 4.x alike) reads "\0user\0password" only: a response
+        # that names an authorization identity (RFC 4616's "authzid\0user\0password") is refused, whatever the
+        # identity, so that no client can log in as one user and act as another.
         parts = raw.split(b"\x00")
-        if len(parts) != 3:
+        if len(parts) != 3 or parts[0]:
             return None
         return parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")
     if mechanism == "AMQPLAIN":
@@ -39,15 +50,13 @@ def is_loopback(address: str) -> bool:
         return False
 
 
-def authenticate(config: Config, mechanism: str, response: bytes | str, peer_address: str) -> str | None:
-    """The authenticated user name, or None when the login is refused (loopback users from elsewhere included)."""
+def authenticate(config: Config, mechanism: str, response: bytes | str, peer_address: str) -> Login:
+    """Check a login against the configured users (loopback users from elsewhere are refused)."""
     credentials = parse_response(mechanism, response)
     if credentials is None:
-        return None
+        return Login("", False)
     user, password = credentials
     expected = config.users.get(user)
     if expected is None or not hmac.compare_digest(expected.encode(), password.encode()):
-        return None
-    if user in config.loopback_users and not is_loopback(peer_address):
-        return None
-    return user
+        return Login(user, False)
+    return Login(user, user not in config.loopback_users or is_loopback(peer_address))

@@ -6,6 +6,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from broker.login_throttle import MAX_DELAY as MAX_FAILED_LOGIN_DELAY
 from protocol.constants import DEFAULT_CHANNEL_MAX, DEFAULT_FRAME_MAX, DEFAULT_HEARTBEAT, FRAME_MIN_SIZE
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -30,6 +31,9 @@ class Config:
     default_user: str = "guest"
     default_pass: str = "guest"
     default_vhost: str = "/"
+    # Seconds before the second consecutive refused login from one address is answered; each further one waits
+    # twice as long, up to 10 s; the first is answered at once, and 0 turns the slowdown off.
+    failed_login_delay: float = 1.0
     cluster_name: str = "warren"  # reported in connection.start's server properties
     memory_high_watermark: float = 0.4  # share of the machine's memory above which publishers are blocked
     memory_limit: int = 0  # bytes of broker memory above which publishers are blocked; 0 = use the watermark
@@ -45,7 +49,7 @@ class Config:
 SECTIONS = {
     "server": ("host", "port", "data_dir", "log_level", "cluster_name", "memory_high_watermark", "memory_limit"),
     "amqp": ("frame_max", "channel_max", "heartbeat", "default_consumer_prefetch", "max_message_size",
-             "default_user", "default_pass", "default_vhost", "loopback_users"),
+             "default_user", "default_pass", "default_vhost", "loopback_users", "failed_login_delay"),
 }
 
 
@@ -108,6 +112,9 @@ def _validate(config: Config) -> None:
     if not 1 <= config.max_message_size <= MAX_MESSAGE_SIZE_LIMIT:
         raise ConfigError(f"max_message_size must be between 1 and {MAX_MESSAGE_SIZE_LIMIT}, got "
                           f"{config.max_message_size}")
+    if not 0 <= config.failed_login_delay <= MAX_FAILED_LOGIN_DELAY:
+        raise ConfigError(f"failed_login_delay must be between 0 and {MAX_FAILED_LOGIN_DELAY:g}, got "
+                          f"{config.failed_login_delay}")
     if not 0 <= config.default_consumer_prefetch <= 65535:
         raise ConfigError(f"default_consumer_prefetch must be between 0 and 65535, got "
                           f"{config.default_consumer_prefetch}")

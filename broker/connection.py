@@ -14,17 +14,22 @@ from broker import errors
 from broker.auth import authenticate
 from broker.channel import Channel
 from broker.errors import AMQPError
+from broker.login_throttle import LoginThrottle
+from broker.peer_log import PeerLog
 from protocol.codec import HEARTBEAT_FRAME, decode_method, encode_method
 from protocol.constants import (
-    CONNECTION_FORCED, FRAME_END, FRAME_HEARTBEAT, NOT_ALLOWED, FRAME_METHOD, FRAME_MIN_SIZE, PROTOCOL_HEADER,
-    SERVER_CAPABILITIES,
+    ACCESS_REFUSED, CONNECTION_FORCED, FRAME_END, FRAME_ERROR, FRAME_HEARTBEAT, NOT_ALLOWED, FRAME_METHOD, FRAME_MIN_SIZE,
+    PROTOCOL_HEADER, SERVER_CAPABILITIES,
 )
-from protocol.framing import FrameError, FrameReader
+from protocol.erlang_terms import write as erlang_term
+from protocol.framing import FrameError, FrameReader, reply_text
 
 if TYPE_CHECKING:
     from broker.server import Server
 
 log = logging.getLogger(__name__)
+peer_log = PeerLog(log)  # every line about one client goes through here, so that no client can flood the log
+failed_logins = LoginThrottle()  # consecutive refused logins per address, to answer them more and more slowly
 
 _CLASS_METHOD = struct.Struct(">HH")
 _CHANNEL_OPEN = (20, 10)
@@ -196,7 +201,7 @@ class Connection(asyncio.Protocol):
             except FrameError as error:
                 self._frame_failed(error)
             except Exception:
-                log.exception("internal error on channel %d of %s", number, self.peer)
+                peer_log.internal_error(self.peer_address, "internal error on channel %d of %s", number, self.peer)
                 self._fail_connection(errors.internal_error("internal error"))
             if self.state == CLOSED:
                 return
@@ -206,7 +211,7 @@ class Connection(asyncio.Protocol):
         dropped socket."""
         if self.state >= CLOSING:
             return
-        log.warning("closing %s: %s", self.peer, error.text)
+        peer_log.warning(self.peer_address, "closing %s: %s", self.peer, error.text)
         if error.send_close:
             self.close(error.reply_code, error.text, error.class_id, error.method_id)
         else:
@@ -301,7 +306,7 @@ class Connection(asyncio.Protocol):
         if number == 0:
             if frame_type != FRAME_METHOD:
                 raise errors.unexpected_frame("expected method frame, got non method frame instead")
-            method = decode_method(payload)
+            method = _decode_connection_method(payload)
             if method.name.split(".")[0] != "Connection":
                 raise errors.channel_error("unexpected method in connection state running")
             self._connection_method(method)
@@ -354,23 +359,44 @@ class Connection(asyncio.Protocol):
             raise errors.command_invalid(f"expected connection handshake method, got {method.name}")
 
     def _start_ok(self, method: spec.Connection.StartOk) -> None:
-        self.client_properties = method.client_properties or {}
-        self.client_capabilities = self.client_properties.get("capabilities") or {}
-        user = authenticate(self.server.config, method.mechanism, method.response, self.peer_address)
-        if user is None:
-            text = (f"Login was refused using authentication mechanism {method.mechanism}. For details see the "
-                    "broker logfile.")
-            log.warning("login refused for %s (mechanism %s)", self.peer, method.mechanism)
-            if self.client_capabilities.get("authentication_failure_close"):
-                self._fail_connection(errors.access_refused(text))
-            else:
-                self._terminate()
-            return
-        self.user = user
         config = self.server.config
+        properties = method.client_properties or {}
+        login = authenticate(config, method.mechanism, method.response, self.peer_address)
+        if not login.accepted:
+            self._refuse_login(method.mechanism, login.user, properties.get("capabilities") or {})
+            return
+        failed_logins.accepted(self.peer_address)
+        self.user = login.user
+        self.client_properties = properties  # kept only once the client has logged in
+        self.client_capabilities = properties.get("capabilities") or {}
         self.state = AWAIT_TUNE_OK
         self.send_method(0, spec.Connection.Tune(channel_max=config.channel_max, frame_max=config.frame_max,
                                                  heartbeat=config.heartbeat))
+
+    def _refuse_login(self, mechanism: str, user: str, capabilities: dict) -> None:
+        """One log line naming the user, the peer and the mechanism; the answer (403 to clients that announce
+        authentication_failure_close, a closed socket to others, as RabbitMQ) waits longer after each consecutive
+        failure from the address. Nothing the client sends meanwhile is read."""
+        peer_log.warning(self.peer_address, "login refused for user %.100r from %s (mechanism %.40r)", user,
+                         self.peer, mechanism)
+        text = None  # no connection.close for clients that do not expect one
+        if capabilities.get("authentication_failure_close"):
+            text = reply_text(ACCESS_REFUSED, f"Login was refused using authentication mechanism {mechanism}. For "
+                                              "details see the broker logfile.")
+        delay = failed_logins.refused(self.peer_address, self.server.config.failed_login_delay)
+        if not delay:
+            self._answer_refused(text)
+            return
+        self.transport.pause_reading()
+        self.timer.cancel()  # the handshake timeout: the throttle bounds the wait
+        self.timer = self.loop.call_later(delay, self._answer_refused, text)
+
+    def _answer_refused(self, text: str | None) -> None:
+        if text is None:
+            self._terminate()
+            return
+        self.transport.resume_reading()  # for the close-ok
+        self.close(ACCESS_REFUSED, text)
 
     def _tune_ok(self, method: spec.Connection.TuneOk) -> None:
         config = self.server.config
@@ -389,7 +415,7 @@ class Connection(asyncio.Protocol):
 
     def _handshake_timeout(self) -> None:
         if self.state < OPEN:
-            log.warning("closing %s: handshake timeout", self.peer)
+            peer_log.warning(self.peer_address, "closing %s: handshake timeout", self.peer)
             self._terminate()
 
     # --- heartbeats ----------------------------------------------------------------------------------------
@@ -407,7 +433,8 @@ class Connection(asyncio.Protocol):
         if self.reading_paused():
             self.last_received = now  # we are not reading: the client's heartbeats wait in the socket
         elif now - self.last_received > 2 * self.heartbeat:
-            log.warning("closing %s: missed heartbeats from client, timeout: %ds", self.peer, self.heartbeat)
+            peer_log.warning(self.peer_address, "closing %s: missed heartbeats from client, timeout: %ds", self.peer,
+                             self.heartbeat)
             self._terminate()
             return
         if not self.sent_since_tick:
@@ -452,7 +479,7 @@ class Connection(asyncio.Protocol):
         """Send connection.close for a hard error and wait (briefly) for close-ok."""
         if self.state >= CLOSING:
             return
-        log.warning("closing %s: %s", self.peer, error.reply_text)
+        peer_log.warning(self.peer_address, "closing %s: %s", self.peer, error.reply_text)
         self.close(error.reply_code, error.reply_text, error.class_id or 0, error.method_id or 0)
 
     def close(self, reply_code: int, reply_text: str, class_id: int = 0, method_id: int = 0) -> None:
@@ -498,6 +525,18 @@ class Connection(asyncio.Protocol):
         self.state = CLOSED
         if self.transport is not None:
             self.transport.close()
+
+
+def _decode_connection_method(payload: bytes):
+    """decode_method for channel 0, whose handshake tables arrive before login: whatever escapes the decoder is the
+    client's malformed frame (501 and one log line), never an internal error with a traceback."""
+    try:
+        return decode_method(payload)
+    except FrameError:
+        raise
+    except Exception:
+        text = reply_text(FRAME_ERROR, "cannot decode " + erlang_term(payload[4:132]))
+        raise FrameError(FRAME_ERROR, text, *_CLASS_METHOD.unpack_from(payload)) from None
 
 
 def _negotiate(name: str, client_value: int, server_max: int, minimum: int) -> int:

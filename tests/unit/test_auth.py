@@ -3,7 +3,7 @@
 import pytest
 from pamqp import encode
 
-from broker.auth import authenticate
+from broker.auth import Login, authenticate, parse_response
 from broker.config import load_config
 
 
@@ -13,7 +13,7 @@ def amqplain(login: str, password: str) -> bytes:
 
 @pytest.mark.parametrize("mechanism, response", [("PLAIN", "\0guest\0guest"), ("AMQPLAIN", amqplain("guest", "guest"))])
 def test_the_default_user_logs_in_with_either_mechanism(mechanism, response):
-    assert authenticate(load_config(), mechanism, response, "127.0.0.1") == "guest"
+    assert authenticate(load_config(), mechanism, response, "127.0.0.1") == Login("guest", True)
 
 
 @pytest.mark.parametrize("mechanism, response", [
@@ -21,16 +21,36 @@ def test_the_default_user_logs_in_with_either_mechanism(mechanism, response):
     ("AMQPLAIN", b"\xff\xff"),
 ])
 def test_bad_credentials_are_refused(mechanism, response):
-    assert authenticate(load_config(), mechanism, response, "127.0.0.1") is None
+    assert not authenticate(load_config(), mechanism, response, "127.0.0.1").accepted
 
 
 def test_guest_may_log_in_only_from_this_machine():
     config = load_config()
-    assert authenticate(config, "PLAIN", "\0guest\0guest", "::1") == "guest"
-    assert authenticate(config, "PLAIN", "\0guest\0guest", "192.0.2.7") is None
+    assert authenticate(config, "PLAIN", "\0guest\0guest", "::1") == Login("guest", True)
+    assert authenticate(config, "PLAIN", "\0guest\0guest", "192.0.2.7") == Login("guest", False)
 
 
 def test_loopback_users_can_be_configured(tmp_path):
     path = tmp_path / "warren.toml"
     path.write_text('[amqp]\ndefault_user = "app"\ndefault_pass = "secret"\nloopback_users = []\n')
-    assert authenticate(load_config(path), "PLAIN", "\0app\0secret", "192.0.2.7") == "app"
+    assert authenticate(load_config(path), "PLAIN", "\0app\0secret", "192.0.2.7") == Login("app", True)
+
+
+@pytest.mark.parametrize("response, expected", [
+    (b"\0guest\0guest", ("guest", "guest")),
+    (b"\0guest\0", ("guest", "")),  # an empty password is read; the check refuses it
+    (b"\0\xc3\xa9l\xc3\xa8ve\0p\xc3\xa4ss", ("\u00e9l\u00e8ve", "p\u00e4ss")),  # UTF-8 names and passwords
+    (b"guest\0guest\0guest", None),  # an authorization identity, even the user's own (as RabbitMQ)
+    (b"admin\0guest\0guest", None),  # an authorization identity other than the user
+    (b"\0guest\0guest\0x", None),  # a NUL in the password
+    (b"\0guest", None),  # no password
+    (b"guest", None),
+    (b"", None),
+])
+def test_plain_reads_only_user_and_password_without_an_authorization_identity(response, expected):
+    assert parse_response("PLAIN", response) == expected
+
+
+def test_a_refused_login_names_the_user_when_its_response_can_be_read():
+    assert authenticate(load_config(), "PLAIN", "admin\0guest\0guest", "127.0.0.1") == Login("", False)
+    assert authenticate(load_config(), "PLAIN", "\0guest\0wrong", "127.0.0.1") == Login("guest", False)

@@ -19,6 +19,7 @@ def test_defaults_match_rabbitmq():
     config = load_config()
     assert (config.port, config.frame_max, config.channel_max, config.heartbeat) == (5672, 131072, 2047, 60)
     assert config.users == {"guest": "guest"}
+    assert config.failed_login_delay == 1.0
 
 
 def test_file_then_overrides(tmp_path):
@@ -37,6 +38,9 @@ def test_file_then_overrides(tmp_path):
     ('[server]\nlog_level = "loud"\n', "log_level must be one of debug, info, warning, error, got 'loud'"),
     ("[amqp]\nheartbeat = true\n", "heartbeat must be an integer, got True"),
     ("[server\n", "is not valid TOML"),
+    ("[amqp]\nfailed_login_delay = -1\n", "failed_login_delay must be between 0 and 10, got -1"),
+    ("[amqp]\nfailed_login_delay = 11.5\n", "failed_login_delay must be between 0 and 10, got 11.5"),
+    ('[amqp]\nfailed_login_delay = "1s"\n', "failed_login_delay must be a number, got '1s'"),
 ])
 def test_bad_config_is_refused_with_a_message_naming_the_problem(tmp_path, text, message):
     with pytest.raises(ConfigError) as error:
