@@ -51,6 +51,12 @@ DRAIN_TIMEOUT = 30.0
 # Bytes one connection may hand us per event-loop turn before it waits for the next turn; without this limit the
 # loop reads a fast publisher's socket for megabytes on end while deliveries and other clients wait.
 READ_BUDGET = 128 * 1024
+# Unread bytes queued to one client (what its transport still holds plus this turn's frames) above which we stop
+# reading it until it has read them. Deliveries already wait at the transport's 64 KiB high-water mark, so this
+# bounds replies (get-ok, confirms, returns): a client that publishes with confirms while deliveries flow to it has a
+# few KiB of them unread at a time, and a client that gets large messages stays busy; a client that never reads can
+# make us hold this much plus one reply, instead of a copy of a message per basic.get for as long as it sends them.
+OUTPUT_LIMIT = 4 * 1024 * 1024
 # Longest a queue's flow control holds a publisher back at a time. Consumers that wait for acks from a paused
 # connection (an RPC client, or two connections feeding each other) would otherwise wait for ever.
 FLOW_MAX_PAUSE = 0.1
@@ -72,6 +78,12 @@ class Connection(asyncio.Protocol):
         self.channels: dict[int, Channel] = {}  # open channels by number
         self.closing_channels: set[int] = set()  # channels we sent channel.close on, awaiting close-ok
         self.out: list[bytes] = []  # frames to write at the end of this loop turn
+        self.out_size = 0  # bytes in out
+        self.output_room = OUTPUT_LIMIT  # bytes out may hold before we stop processing frames (see OUTPUT_LIMIT)
+        # Frames read but not processed while the client's unread output is over OUTPUT_LIMIT, and the frame error
+        # that followed them; reading stops until the transport drains.
+        self.held: tuple[list, FrameError | None] | None = None
+        self.unread_at_tick = 0  # bytes the transport held at the last heartbeat tick, while frames are held
         self.flush_scheduled = False  # a flush is queued on the loop
         self.settling: dict[Channel, None] = {}  # channels with confirms or disk waits to arrange at the next flush
         self.write_paused = False  # the transport's buffer is full: no deliveries until it drains
@@ -115,9 +127,7 @@ class Connection(asyncio.Protocol):
             failure = None
         except FrameError as error:
             frames, failure = error.frames, error  # RabbitMQ acts on the good frames before the bad one
-        self._process(frames)
-        if failure is not None:
-            self._frame_failed(failure)
+        self._handle(frames, failure)
         self.read_this_turn += len(data)
         if self.read_this_turn > READ_BUDGET and self.state == OPEN:
             self.turn_paused = True
@@ -166,11 +176,13 @@ class Connection(asyncio.Protocol):
                 self.send_method(0, spec.Connection.Unblocked())
 
     def reading_paused(self) -> bool:
-        return self.state < DRAINING and (self.turn_paused or bool(self.throttled_by) or self.blocked)
+        return self.state < DRAINING and (self.turn_paused or bool(self.throttled_by) or self.blocked
+                                          or self.held is not None)
 
     def _update_reading(self) -> None:
-        """Read from the socket unless the turn's budget is spent, a queue holds this publisher back, or the
-        memory alarm blocks it. A connection draining after its close reads (and discards) everything."""
+        """Read from the socket unless the turn's budget is spent, a queue holds this publisher back, the memory
+        alarm blocks it, or it has not read what we sent. A connection draining after its close reads (and
+        discards) everything."""
         transport = self.transport
         if transport is None or transport.is_closing():
             return
@@ -179,9 +191,32 @@ class Connection(asyncio.Protocol):
         else:
             transport.resume_reading()
 
-    def _process(self, frames) -> None:
+    def _handle(self, frames: list, failure: FrameError | None) -> None:
+        """Process frames, then the frame error that cut them short; hold what is left once the client's unread
+        output passes OUTPUT_LIMIT."""
+        self.output_room = OUTPUT_LIMIT - self.transport.get_write_buffer_size()
+        rest = self._process(frames)
+        if rest is not None:
+            self.held = (rest, failure)
+            self.unread_at_tick = self.transport.get_write_buffer_size()
+            self._update_reading()
+        elif failure is not None:
+            self._frame_failed(failure)
+
+    def _resume_held(self) -> None:
+        """The client has read enough of its output: process the held frames, then read again."""
+        if self.held is None or self.state >= DRAINING:
+            return
+        (frames, failure), self.held = self.held, None
+        self._handle(frames, failure)
+        self._update_reading()
+
+    def _process(self, frames: list) -> list | None:
+        """Dispatch frames; return those left unprocessed because the output passed its room, if any."""
         channels = self.channels
-        for frame_type, number, payload in frames:
+        for index, (frame_type, number, payload) in enumerate(frames):
+            if self.out_size > self.output_room:
+                return frames[index:]
             if self.state >= CLOSING and not (number == 0 and frame_type == FRAME_METHOD):
                 continue
             channel = channels.get(number)
@@ -203,8 +238,9 @@ class Connection(asyncio.Protocol):
             except Exception:
                 peer_log.internal_error(self.peer_address, "internal error on channel %d of %s", number, self.peer)
                 self._fail_connection(errors.internal_error("internal error"))
-            if self.state == CLOSED:
-                return
+            if self.state >= DRAINING:
+                return None
+        return None
 
     def _frame_failed(self, error: FrameError) -> None:
         """A frame that cannot be decoded: connection.close with RabbitMQ's text, or (as it does for some) a
@@ -233,12 +269,14 @@ class Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        self._resume_held()
         for channel in self.channels.values():
             channel.offer_credit({consumer.queue for consumer in channel.consumers.values()})
 
     # --- writing -------------------------------------------------------------------------------------------
     def write(self, data: bytes) -> None:
         self.out.append(data)
+        self.out_size += len(data)
         if not self.flush_scheduled:
             self.flush_scheduled = True
             self.loop.call_soon(self.flush)
@@ -262,6 +300,9 @@ class Connection(asyncio.Protocol):
             self.transport.write(data)
             self.sent_since_tick = True
         self.out.clear()
+        self.out_size = 0
+        if self.held is not None and not self.write_paused:  # it all went out at once: go on at the next turn
+            self.loop.call_soon(self._resume_held)
 
     def send_method(self, channel: int, method) -> None:
         self.write(encode_method(channel, method))
@@ -430,9 +471,14 @@ class Connection(asyncio.Protocol):
         if self.state != OPEN:
             return
         now = self.loop.time()
-        if self.reading_paused():
+        if self.held is not None:  # we stopped reading because the client does not read: alive while it drains
+            unread = self.transport.get_write_buffer_size()
+            if unread < self.unread_at_tick:
+                self.last_received = now
+            self.unread_at_tick = unread
+        elif self.reading_paused():
             self.last_received = now  # we are not reading: the client's heartbeats wait in the socket
-        elif now - self.last_received > 2 * self.heartbeat:
+        if now - self.last_received > 2 * self.heartbeat:
             peer_log.warning(self.peer_address, "closing %s: missed heartbeats from client, timeout: %ds", self.peer,
                              self.heartbeat)
             self._terminate()
