@@ -1,0 +1,61 @@
+"""One store per data dir: an exclusive ``flock`` on ``data_dir/.lock``, held from recovery until the store closes.
+
+The lock belongs to the open file, so the kernel drops it when the process exits, however it exits: a stale
+``.lock`` file left by a crash never blocks the next start. The file holds the owner's pid, for the message the
+next contender gets.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+LOCK_FILE = ".lock"
+
+
+class DataDirLocked(Exception):
+    """Another store (in this process or another one) holds the data dir."""
+
+
+class DataDirLock:
+    def __init__(self, data_dir: Path) -> None:
+        self._data_dir = data_dir
+        self._fd = -1  # the open lock file while we hold the lock
+
+    @property
+    def held(self) -> bool:
+        return self._fd >= 0
+
+    def acquire(self) -> None:
+        """Take the lock or raise DataDirLocked naming the holder; OSError if the dir cannot be used at all."""
+        self._data_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self._data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_pid(fd)
+            os.close(fd)
+            raise DataDirLocked(f"data dir {self._data_dir} is in use by another Warren ({holder})") from None
+        except OSError:
+            os.close(fd)
+            raise
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, b"%d\n" % os.getpid(), 0)
+        except OSError:
+            pass  # a full disk must not stop the start: the pid is only for the message above
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)  # drops the lock; the file stays (unlinking it would race with a new owner)
+            self._fd = -1
+
+
+def _read_pid(fd: int) -> str:
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    except OSError:
+        text = ""
+    return f"pid {text}" if text.isdigit() else "pid unknown"
