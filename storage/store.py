@@ -11,11 +11,12 @@ from storage import records
 from storage.compaction import Compaction
 from storage.definitions import DefinitionTable
 from storage.index import MessageIndex, Segment
+from storage.lock import DataDirLock, DataDirLocked
 from storage.recovery import Recovered, StoredMessage, recover
 from storage.segments import messages_directory, segment_path
 from storage.writer import Batch, Writer
 
-__all__ = ["MessageStore", "Recovered", "StoredMessage"]
+__all__ = ["DataDirLocked", "MessageStore", "Recovered", "StoredMessage"]
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +24,7 @@ SEGMENT_BYTES = 16 << 20  # a segment is closed once this full (records never sp
 COMPACT_RATIO = 0.5  # rewrite a closed segment once this share of its (queue, message) pairs is gone
 MIN_COMPACT_BYTES = 1 << 20  # smaller segments are not worth a rewrite (they go once empty)
 DEFINITIONS_SLACK = 64 << 10  # snapshot the definitions log when it outgrows twice the live state plus this
+STOP_TIMEOUT = 60.0  # seconds close() waits for the writer to write the last batch and stop
 
 
 class MessageStore:
@@ -30,11 +32,16 @@ class MessageStore:
 
     Every method runs on the event loop thread. ``append_*`` only add bytes to the pending batch; the writer thread
     turns each batch into one write and one fdatasync per file.
+
+    Health: a batch that cannot be written makes the store unhealthy, and the next batch that writes anything makes
+    it healthy again; ``on_health(healthy)`` is called on the loop at each change (before the batch's callbacks).
+    Every batch is still tried while unhealthy, so ``when_durable`` callbacks get their answer (False) promptly.
     """
 
     def __init__(
         self, data_dir: Path, loop: asyncio.AbstractEventLoop | None = None, *, segment_bytes: int = SEGMENT_BYTES,
         compact_ratio: float = COMPACT_RATIO, min_compact_bytes: int = MIN_COMPACT_BYTES,
+        on_health: Callable[[bool], None] | None = None, stop_timeout: float = STOP_TIMEOUT,
     ) -> None:
         self._data_dir = Path(data_dir)
         self._segments_dir = messages_directory(self._data_dir)
@@ -42,9 +49,13 @@ class MessageStore:
         self._segment_bytes = segment_bytes
         self._compact_ratio = compact_ratio
         self._min_compact_bytes = min_compact_bytes
+        self._stop_timeout = stop_timeout
+        self._lock = DataDirLock(self._data_dir)  # held from recover() until close()
         self._index: MessageIndex | None = None  # set by recover()
         self._definitions: DefinitionTable | None = None  # set by recover()
-        self._writer = Writer(self._segments_dir, self._data_dir, self._on_written, self._on_compacted)
+        self._writer = Writer(
+            self._segments_dir, self._data_dir, self._on_written, self._on_compacted, self._on_writer_died
+        )
         self._writer.loop = loop
         self._chunks: list[tuple[int, bytearray]] = []  # pending segment bytes, per segment
         self._buffer = bytearray()  # the last of _chunks: where appends go
@@ -55,13 +66,27 @@ class MessageStore:
         self._definitions_log_bytes = 0  # definitions log size once the pending batch is written
         self._snapshot_due = False  # rewrite the definitions log with the next batch
         self._kick_scheduled = False  # a hand-over is queued on the loop for this turn
-        self._busy = False  # the writer holds a batch
+        self._in_flight: Batch | None = None  # the batch the writer holds (one at a time)
+        self._writer_dead = False  # the writer thread died: every batch fails at once
+        self._head_on_disk = False  # a batch wrote to the head segment: a failed write rolls away from it
         self._closed = False
+        self._healthy = True  # the last batch that wrote something (or failed) was written
+        self.on_health = on_health  # called with the new health on each change
         self.callback_errors = 0  # callbacks that raised (logged)
 
     # --- start-up -------------------------------------------------------------------------------------------
     def recover(self) -> Recovered:
-        """Read everything back (synchronously, before serving); truncates a torn tail. Call once, first."""
+        """Read everything back (synchronously, before serving); truncates a torn tail. Call once, first.
+
+        Locks the data dir first: DataDirLocked if another store holds it."""
+        self._lock.acquire()
+        try:
+            return self._recover()
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _recover(self) -> Recovered:
         state = recover(self._data_dir, self._segments_dir)
         self._index = state.index
         self._definitions = state.definitions
@@ -154,6 +179,7 @@ class MessageStore:
     def _roll(self) -> Segment:
         segment = self._index.roll(self._index.head.number + 1)
         self._new_chunk(segment.number)
+        self._head_on_disk = False
         return segment
 
     def _new_chunk(self, number: int) -> None:
@@ -169,7 +195,7 @@ class MessageStore:
 
     def _kick(self) -> None:
         self._kick_scheduled = False
-        if not self._busy and not self._closed:
+        if self._in_flight is None and not self._closed:
             self._hand_over()
 
     def _take_batch(self) -> Batch:
@@ -203,24 +229,33 @@ class MessageStore:
             batch = self._take_batch()
         if self._is_empty(batch):
             return
-        self._busy = True
-        self._writer.submit(batch)
+        self._in_flight = batch
+        if self._writer_dead:
+            self._loop.call_soon(self._on_written, batch, False)
+        else:
+            self._writer.submit(batch)
 
     @staticmethod
     def _is_empty(batch: Batch) -> bool:
         return not (any(data for _, data in batch.chunks) or batch.definitions or batch.definitions_snapshot is not None
                     or batch.callbacks or batch.deletions or batch.compactions)
 
+    @staticmethod
+    def _writes_bytes(batch: Batch) -> bool:
+        return (any(data for _, data in batch.chunks) or bool(batch.definitions)
+                or batch.definitions_snapshot is not None)
+
     def _on_written(self, batch: Batch, ok: bool) -> None:
-        self._busy = False
-        if not ok:
-            for msg_id, queues in batch.published:
-                self._index.undo(msg_id, queues)
-            self._snapshot_due = True  # definition changes of the lost batch are rewritten whole
-            self._deletions.extend(batch.deletions)
-            for compaction in batch.compactions:
-                compaction.segment.compacting = False
-                self._index.dirty.add(compaction.segment.number)
+        self._in_flight = None
+        if ok:
+            if self._writes_bytes(batch):
+                self._head_on_disk = self._head_on_disk or any(
+                    data for number, data in batch.chunks if number == self._index.head.number
+                )
+                self._set_health(True)
+        else:
+            self._forget_failed(batch)
+            self._set_health(False)
         for callback in batch.callbacks:
             try:
                 callback(ok)
@@ -229,6 +264,49 @@ class MessageStore:
                 log.exception("store durability callback failed")
         if not self._closed:
             self._hand_over()
+
+    def _forget_failed(self, batch: Batch) -> None:
+        """Undo what the index took from a batch that is not on disk (its files were cut back)."""
+        index = self._index
+        for msg_id, queues in batch.published:
+            index.undo(msg_id, queues)
+        for number, data in batch.chunks:
+            segment = index.segments.get(number)
+            if segment is not None:
+                segment.size -= len(data)
+        self._snapshot_due = True  # definition changes of the lost batch are rewritten whole
+        self._deletions.extend(batch.deletions)
+        for compaction in batch.compactions:
+            compaction.segment.compacting = False
+            index.dirty.add(compaction.segment.number)
+        if self._head_on_disk:
+            # a segment that filled the disk must be able to go once consumed: new records go to a fresh one
+            self._roll()
+
+    def _set_health(self, healthy: bool) -> None:
+        if healthy == self._healthy:
+            return
+        self._healthy = healthy
+        if healthy:
+            log.warning("store writes succeed again")
+        else:
+            log.error("store writes are failing: durable writes are refused until one succeeds")
+        if self.on_health is not None:
+            try:
+                self.on_health(healthy)
+            except Exception:
+                log.exception("store health callback failed")
+
+    @property
+    def healthy(self) -> bool:
+        """Whether writes succeed: the last batch that wrote something was written."""
+        return self._healthy
+
+    def _on_writer_died(self) -> None:
+        """The writer thread is gone (logged CRITICAL there): fail its batch and, from now on, every batch."""
+        self._writer_dead = True
+        if self._in_flight is not None:
+            self._on_written(self._in_flight, False)
 
     def _on_compacted(self, compaction: Compaction) -> None:
         segment = compaction.segment
@@ -243,7 +321,8 @@ class MessageStore:
 
     # --- shutdown and figures -------------------------------------------------------------------------------
     def close(self) -> None:
-        """Flush everything, fsync, stop the writer (blocks until done). Pending callbacks run on the loop later."""
+        """Flush everything, fsync, stop the writer, unlock the data dir (blocks, at most ``stop_timeout`` seconds
+        for the writer). Pending callbacks run on the loop later."""
         if self._closed:
             return
         self._closed = True
@@ -252,7 +331,10 @@ class MessageStore:
         batch = self._take_batch()
         batch.final = True
         self._writer.submit(batch)
-        self._writer.join()
+        if self._writer.join(self._stop_timeout):
+            self._lock.release()
+        else:  # the data dir stays locked until the process exits, since the writer may still write to it
+            log.critical("store writer did not stop within %.0f s: closing without flushing", self._stop_timeout)
 
     def stats(self) -> dict:
         index = self._index
@@ -267,4 +349,5 @@ class MessageStore:
             "fsyncs": self._writer.fsyncs,
             "bytes_written": self._writer.bytes_written,
             "failed": self._writer.failed,
+            "healthy": self._healthy,
         }

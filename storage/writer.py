@@ -4,6 +4,11 @@ The event loop hands over a batch only when the previous one is done, so everyth
 next batch (group commit). Each batch comes back with one ``loop.call_soon_threadsafe``. Between batches the thread
 advances compactions a slice at a time: whenever no batch is waiting, and in any case by ``COMPACTION_PACE`` input
 bytes per byte written, so that compactions keep up with publishers that keep the writer busy without a pause.
+
+The thread never stops serving before the final batch: a failed write (OSError: disk full, EIO) or a bug (any other
+exception, logged CRITICAL with its traceback) fails that batch, whose callbacks get False, and a failed compaction
+step abandons that compaction. Should the thread die all the same, it says so (``died``) and the store refuses
+every later batch itself.
 """
 
 from __future__ import annotations
@@ -41,12 +46,13 @@ class Batch:
 class Writer:
     def __init__(
         self, segments_dir: Path, data_dir: Path, written: Callable[[Batch, bool], None],
-        compacted: Callable[[Compaction], None],
+        compacted: Callable[[Compaction], None], died: Callable[[], None],
     ) -> None:
         self._segments_dir = segments_dir
         self._data_dir = data_dir
         self._written = written  # posted to the loop after each batch
         self._compacted = compacted  # posted to the loop after each compaction (size None if it failed)
+        self._died = died  # posted to the loop if the thread ends other than after the final batch
         self.loop: asyncio.AbstractEventLoop | None = None  # where reports go (set by the store before any batch)
         self._inbox: queue.SimpleQueue[Batch] = queue.SimpleQueue()
         self._files: dict[int, int] = {}  # segment number -> open fd (the head, and the previous head briefly)
@@ -67,11 +73,20 @@ class Writer:
     def submit(self, batch: Batch) -> None:
         self._inbox.put(batch)
 
-    def join(self) -> None:
-        self._thread.join()
+    def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the thread to end; whether it did."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     # --- the thread -----------------------------------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException:
+            log.critical("store writer thread died: every later durable write is refused", exc_info=True)
+            self._post(self._died)
+
+    def _serve(self) -> None:
         while True:
             if self._jobs:
                 if self._compaction_owed > 0:
@@ -100,48 +115,63 @@ class Writer:
             pass
 
     def _write(self, batch: Batch) -> bool:
+        """Write and fdatasync the batch, then act on it; on any failure cut the files back and return False."""
         if self.failed:
             return False
         touched: dict[int, int] = {}  # fd -> size before this batch
-        created = False
         try:
-            for number, data in batch.chunks:
-                if not data:
-                    continue
-                fd = self._files.get(number)
-                if fd is None:
-                    fd = os.open(segment_path(self._segments_dir, number), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-                    self._files[number] = fd
-                    self._sizes[number] = os.fstat(fd).st_size
-                    created = True
-                touched.setdefault(fd, self._sizes[number])
-                self._write_all(fd, data)
-                self._sizes[number] += len(data)
-            if batch.definitions_snapshot is not None:
-                self._replace_definitions(batch.definitions_snapshot)
-            elif batch.definitions:
-                fd = self._open_definitions()
-                touched.setdefault(fd, self._definitions_size)
-                self._write_all(fd, batch.definitions)
-                self._definitions_size += len(batch.definitions)
-            for fd in touched:
-                os.fdatasync(fd)
-                self.fsyncs += 1
-            if created:
-                fsync_directory(self._segments_dir)
-                self.fsyncs += 1
-        except OSError as error:
-            log.error("store write failed, %d callbacks get a failure: %s", len(batch.callbacks), error)
+            self._append(batch, touched)
+        except Exception as error:
+            if isinstance(error, OSError):
+                log.error("store write failed, %d callbacks get a failure: %s", len(batch.callbacks), error)
+            else:
+                log.critical("store write failed, %d callbacks get a failure", len(batch.callbacks), exc_info=True)
             self._roll_back(touched)
             return False
         self.batches += 1
-        self._close_old_segments()
-        self._apply_deletions(batch.deletions)
+        try:
+            self._after_durable(batch)
+        except Exception:
+            log.critical("store housekeeping after a batch failed (the batch itself is on disk)", exc_info=True)
+        return True
+
+    def _append(self, batch: Batch, touched: dict[int, int]) -> None:
+        """Write the batch's bytes and make them durable; ``touched`` gets each fd's size before, as it goes."""
+        created = False
+        for number, data in batch.chunks:
+            if not data:
+                continue
+            fd = self._files.get(number)
+            if fd is None:
+                fd = os.open(segment_path(self._segments_dir, number), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+                self._files[number] = fd
+                self._sizes[number] = os.fstat(fd).st_size
+                created = True
+            touched.setdefault(fd, self._sizes[number])
+            self._write_all(fd, data)
+            self._sizes[number] += len(data)
+        if batch.definitions_snapshot is not None:
+            self._replace_definitions(batch.definitions_snapshot)
+        elif batch.definitions:
+            fd = self._open_definitions()
+            touched.setdefault(fd, self._definitions_size)
+            self._write_all(fd, batch.definitions)
+            self._definitions_size += len(batch.definitions)
+        for fd in touched:
+            os.fdatasync(fd)
+            self.fsyncs += 1
+        if created:
+            fsync_directory(self._segments_dir)
+            self.fsyncs += 1
+
+    def _after_durable(self, batch: Batch) -> None:
+        """Start the batch's compactions, close segments left behind, unlink the spent ones."""
         for job in batch.compactions:
             self._jobs.append((job, job.steps()))
         if self._jobs:
             self._compaction_owed += COMPACTION_PACE * sum(len(data) for _, data in batch.chunks)
-        return True
+        self._close_old_segments()
+        self._apply_deletions(batch.deletions)
 
     def _write_all(self, fd: int, data: bytes | bytearray) -> None:
         view = memoryview(data)
@@ -180,6 +210,9 @@ class Writer:
         return self._definitions_fd
 
     def _replace_definitions(self, content: bytes) -> None:
+        if self._definitions_fd >= 0:  # closed first: appends must never go to the file the rename replaces
+            os.close(self._definitions_fd)
+            self._definitions_fd = -1
         path = self._data_dir / DEFINITIONS_LOG
         temporary = path.with_suffix(".snapshot")
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
@@ -192,9 +225,6 @@ class Writer:
         os.replace(temporary, path)
         fsync_directory(self._data_dir)
         self.fsyncs += 1
-        if self._definitions_fd >= 0:
-            os.close(self._definitions_fd)
-            self._definitions_fd = -1
 
     def _apply_deletions(self, numbers: list[int]) -> None:
         if not numbers:
@@ -227,6 +257,10 @@ class Writer:
             log.debug("compacted segment %d to %d bytes", job.segment.number, job.size)
         except OSError as error:
             log.error("compaction of segment %d failed: %s", job.segment.number, error)
+            job.abandon()
+            job.size = None
+        except Exception:
+            log.critical("compaction of segment %d failed", job.segment.number, exc_info=True)
             job.abandon()
             job.size = None
         self._jobs.popleft()

@@ -18,29 +18,37 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # Publishes to two queues in confirm windows, acks (removes) old messages, marks some delivered, and prints each
 # confirmation as it arrives: "P <ids>" publishes confirmed, "R <queue> <ids>" removals, "D <queue> <ids>"
 # deliveries; "A <queue> <ids>" announces removals before they are appended. Runs until killed.
+# The window matters: a publisher that never waits outgrows a slow disk, and each batch then holds everything
+# appended while the previous one was written, so batches (and the wait for the next confirmation) grow without end.
 CHILD = textwrap.dedent(
     """
     import asyncio, sys
     from pathlib import Path
     from storage.store import MessageStore
 
+    WINDOW = 20  # publish rounds (of 50 messages) awaiting their confirmation at most
+
     async def main():
         store = MessageStore(Path(sys.argv[1]), segment_bytes=256 * 1024, min_compact_bytes=32 * 1024)
         next_id = store.recover().next_msg_id
         out = sys.stdout
-        def reporter(line):
+        window = asyncio.Semaphore(WINDOW)
+        def reporter(line, frees_window=False):
             def confirmed(ok):
+                if frees_window:
+                    window.release()
                 if ok:
                     out.write(line)
                     out.flush()
             return confirmed
         while True:
+            await window.acquire()
             ids = list(range(next_id, next_id + 50))
             next_id += 50
             for msg_id in ids:
                 queues = ("a", "b") if msg_id % 7 == 0 else ("a",)
                 store.append_message(msg_id, queues, "ex", "rk", b"header", b"%d" % msg_id * 40)
-            store.when_durable(reporter("P " + " ".join(map(str, ids)) + "\\n"))
+            store.when_durable(reporter("P " + " ".join(map(str, ids)) + "\\n", frees_window=True))
             delivered = ids[::5]
             store.append_delivered("a", delivered)
             store.when_durable(reporter("D a " + " ".join(map(str, delivered)) + "\\n"))
