@@ -18,8 +18,8 @@ from broker.login_throttle import LoginThrottle
 from broker.peer_log import PeerLog
 from protocol.codec import HEARTBEAT_FRAME, decode_method, encode_method
 from protocol.constants import (
-    ACCESS_REFUSED, CONNECTION_FORCED, FRAME_END, FRAME_ERROR, FRAME_HEARTBEAT, NOT_ALLOWED, FRAME_METHOD, FRAME_MIN_SIZE,
-    PROTOCOL_HEADER, SERVER_CAPABILITIES,
+    ACCESS_REFUSED, CONNECTION_FORCED, FRAME_END, FRAME_ERROR, FRAME_HEARTBEAT, NOT_ALLOWED, FRAME_METHOD,
+    FRAME_MIN_SIZE, PROTOCOL_HEADER, SERVER_CAPABILITIES,
 )
 from protocol.erlang_terms import write as erlang_term
 from protocol.framing import FrameError, FrameReader, reply_text

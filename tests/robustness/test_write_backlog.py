@@ -5,7 +5,6 @@ other clients are served meanwhile."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 from pamqp import commands, frame
@@ -42,7 +41,8 @@ def test_a_client_that_never_reads_its_replies_cannot_grow_the_broker(own_broker
         greedy.publish(1, "", unique, b"m" * MESSAGE)
         round_trip(other, unique)
         baseline = resident_bytes(pid)
-        pair = (frame.marshal(commands.Basic.Get(queue=unique), 1) + frame.marshal(commands.Basic.Recover(requeue=True), 1))
+        pair = b"".join(frame.marshal(method, 1) for method in (commands.Basic.Get(queue=unique),
+                                                                 commands.Basic.Recover(requeue=True)))
         greedy.sock.settimeout(1.0)
         sent = 0
         for _ in range(ROUNDS):
