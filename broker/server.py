@@ -14,6 +14,7 @@ from pathlib import Path
 
 from broker.config import Config
 from broker.connection import Connection
+from broker.disk_alarm import DiskAlarm
 from broker.durability import restore
 from broker.memory_alarm import MemoryAlarm, memory_limit
 from broker.vhost import VirtualHost
@@ -75,8 +76,10 @@ class Server:
     def __init__(self, config: Config):
         self.config = config
         self.data_dir = Path(config.data_dir).absolute()
+        # raised while the store's durable writes fail, until they work again with room to spare
+        self.disk_alarm = DiskAlarm(self.data_dir, self._disk_alarm_changed)
         self.store = MessageStore(self.data_dir)
-        self.store.on_health = self._store_health_changed
+        self.store.on_health = self.disk_alarm.store_health_changed
         self.vhost = VirtualHost(config.default_vhost, self.store)
         self.connections: set[Connection] = set()
         self.version = _version()
@@ -108,16 +111,13 @@ class Server:
             log.warning("memory alarm cleared")
         self._set_alarm("memory", active)
 
-    def _store_health_changed(self, healthy: bool) -> None:
-        """The store's durable writes started failing (False) or work again (True): the disk alarm follows."""
-        if healthy == ("disk" not in self.alarms):
-            return  # no change
-        if healthy:
-            log.warning("disk alarm cleared: durable writes to %s work again", self.data_dir)
-        else:
+    def _disk_alarm_changed(self, active: bool) -> None:
+        if active:
             log.critical("disk alarm: durable writes to %s are failing; persistent messages are refused and "
                          "publishing connections are blocked", self.data_dir)
-        self._set_alarm("disk", not healthy)
+        else:
+            log.warning("disk alarm cleared: durable writes to %s work again", self.data_dir)
+        self._set_alarm("disk", active)
 
     # --- start and stop -------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -171,5 +171,6 @@ class Server:
         if self.listener is not None:
             await self.listener.wait_closed()
         self.memory_alarm.stop()
+        self.disk_alarm.stop()
         self.store.close()
         log.info("Warren stopped")

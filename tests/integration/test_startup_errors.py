@@ -3,20 +3,19 @@ code 1, no traceback. A port in use is reported before the data dir is touched. 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import EXTERNAL_URL, REPO_ROOT, Broker, free_port, wait_for_port
 from tests.integration.pika_support import connect
+from tests.integration.startup_tmpfs import tmpfs
 
 pytestmark = pytest.mark.skipif(bool(EXTERNAL_URL), reason="starts broker processes of its own")
 
@@ -35,20 +34,6 @@ def run_broker(data_dir: Path, port: int | None = None, user: int | None = None)
 def assert_refused(result: subprocess.CompletedProcess, message: str) -> None:
     assert (result.returncode, result.stderr) == (1, f"warren-server: {message}\n")
     assert "Traceback" not in result.stdout
-
-
-@contextlib.contextmanager
-def tmpfs(mount_point: Path, options: str) -> Iterator[Path]:
-    """A tmpfs mounted at mount_point for the block (the test is skipped where mounting is not allowed)."""
-    mount_point.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount_point)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.strip()}")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", str(mount_point)], check=True)
 
 
 def test_a_missing_data_dir_is_created_with_its_parents(tmp_path):

@@ -1,0 +1,24 @@
+"""A tmpfs of the test's own (a read-only or a tiny file system), for the start-up and disk-alarm tests."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+@contextlib.contextmanager
+def tmpfs(mount_point: Path, options: str) -> Iterator[Path]:
+    """A tmpfs mounted at mount_point for the block (the test is skipped where mounting is not allowed)."""
+    mount_point.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount_point)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=True)
