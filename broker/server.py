@@ -18,7 +18,8 @@ from broker.disk_alarm import DiskAlarm
 from broker.durability import restore
 from broker.memory_alarm import MemoryAlarm, memory_limit
 from broker.vhost import VirtualHost
-from storage.store import MessageStore
+from storage.format import UnsupportedFormat
+from storage.store import DataDirLocked, MessageStore
 
 log = logging.getLogger(__name__)
 
@@ -61,15 +62,9 @@ def prepare_data_dir(data_dir: Path) -> None:
             raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
         data_dir.mkdir(parents=True, exist_ok=True)
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
-        probe.unlink()
+        probe.unlink(missing_ok=True)  # another broker starting on this dir may have removed it
     except OSError as error:
         raise StartupError(f"cannot use data dir {data_dir}: {_reason(error)}") from error
-
-
-def _startup_refusals() -> tuple[type[Exception], ...]:
-    """Exceptions by which the store refuses a data dir (another broker holds it, an unknown format): their
-    message is meant for the operator as it stands."""
-    return ()
 
 
 class Server:
@@ -78,8 +73,7 @@ class Server:
         self.data_dir = Path(config.data_dir).absolute()
         # raised while the store's durable writes fail, until they work again with room to spare
         self.disk_alarm = DiskAlarm(self.data_dir, self._disk_alarm_changed)
-        self.store = MessageStore(self.data_dir)
-        self.store.on_health = self.disk_alarm.store_health_changed
+        self.store = MessageStore(self.data_dir, on_health=self.disk_alarm.store_health_changed)
         self.vhost = VirtualHost(config.default_vhost, self.store)
         self.connections: set[Connection] = set()
         self.version = _version()
@@ -146,7 +140,7 @@ class Server:
             restore(self.vhost, self.store.recover())
         except OSError as error:
             raise data_dir_error(self.data_dir, error) from error
-        except _startup_refusals() as refusal:
+        except (DataDirLocked, UnsupportedFormat) as refusal:  # their text is meant for the operator as it is
             raise StartupError(str(refusal)) from refusal
         finally:
             gc.freeze()

@@ -98,3 +98,26 @@ def test_a_port_in_use_is_reported_before_the_data_dir_is_touched(tmp_path):
         result = run_broker(data_dir, port=port)
     assert_refused(result, f"cannot listen on 127.0.0.1:{port}: Address already in use")
     assert not data_dir.exists()  # neither created nor recovered: the port was checked first
+
+
+def test_a_second_broker_on_the_same_data_dir_is_refused_and_the_first_goes_on(own_broker):
+    first = own_broker()
+    assert_refused(run_broker(first.data_dir),
+                   f"data dir {first.data_dir} is in use by another Warren (pid {first.process.pid})")
+    connection = connect(first)
+    channel = connection.channel()
+    channel.confirm_delivery()
+    channel.queue_declare("still-served", durable=True)
+    channel.basic_publish("", "still-served", b"kept")
+    assert channel.basic_get("still-served", auto_ack=True)[2] == b"kept"
+    connection.close()
+
+
+def test_a_store_format_from_a_newer_version_is_refused(tmp_path):
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    (data_dir / "format").write_text("99\n")
+    result = run_broker(data_dir)
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"warren-server: data dir {data_dir} has store format 99, written by a newer")
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stdout
