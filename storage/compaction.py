@@ -58,7 +58,10 @@ class Compaction:
         fsync_directory(self._path.parent)
 
     def abandon(self) -> None:
-        self._temporary.unlink(missing_ok=True)
+        try:
+            self._temporary.unlink(missing_ok=True)
+        except OSError:
+            pass  # recovery removes a leftover rewrite at the next start
 
     @staticmethod
     def _intact(data: bytes) -> Iterator[tuple[int, int, memoryview]]:

@@ -186,8 +186,8 @@ class Writer:
             for fd, size in touched.items():
                 os.ftruncate(fd, size)
                 os.fdatasync(fd)
-        except OSError as error:
-            log.critical("store cannot undo a failed write, refusing further writes: %s", error)
+        except Exception:
+            log.critical("store cannot undo a failed write, refusing further writes", exc_info=True)
             self.failed = True
             return
         for number, fd in self._files.items():

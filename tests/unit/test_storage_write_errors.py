@@ -59,9 +59,10 @@ def reopen(data_dir: Path):
 @pytest.mark.parametrize("partial", [False, True], ids=["nothing-written", "half-written"])
 def test_failed_batch_is_nacked_and_later_batches_succeed(tmp_path, monkeypatch, partial):
     disk = FailingDisk(monkeypatch, partial=partial)
+    health: list[bool] = []
 
     async def main() -> None:
-        store = MessageStore(tmp_path)
+        store = MessageStore(tmp_path, on_health=health.append)
         store.recover()
         publish(store, 0)
         assert await durable(store) is True
@@ -69,14 +70,17 @@ def test_failed_batch_is_nacked_and_later_batches_succeed(tmp_path, monkeypatch,
         publish(store, 1)
         store.append_definition("queue", "made-during-failure", {"name": "made-during-failure"})
         assert await durable(store) is False
+        assert store.healthy is False
         disk.failing = False
         publish(store, 2)
         store.append_removed("q", [1])  # the broker drops the nacked message; the store already forgot it
         assert await durable(store) is True
         assert store.stats()["failed"] is False
+        assert store.healthy is True
         store.close()
 
     asyncio.run(main())
+    assert health == [False, True]
     recovered = reopen(tmp_path)
     assert [m.body for m in recovered.messages["q"]] == [b"m0", b"m2"]
     assert recovered.queues == [{"name": "made-during-failure"}]
@@ -85,9 +89,10 @@ def test_failed_batch_is_nacked_and_later_batches_succeed(tmp_path, monkeypatch,
 
 def test_a_write_that_cannot_be_undone_fails_every_later_batch_but_keeps_earlier_ones(tmp_path, monkeypatch):
     disk = FailingDisk(monkeypatch, partial=True, truncate_fails=True)
+    health: list[bool] = []
 
     async def main() -> None:
-        store = MessageStore(tmp_path)
+        store = MessageStore(tmp_path, on_health=health.append)
         store.recover()
         publish(store, 0)
         assert await durable(store) is True
@@ -97,10 +102,14 @@ def test_a_write_that_cannot_be_undone_fails_every_later_batch_but_keeps_earlier
         disk.failing = False
         publish(store, 2)
         assert await durable(store) is False
+        store.when_durable(lambda ok: None)  # a batch that writes nothing says nothing about the disk
+        assert await durable(store) is False
         assert store.stats()["failed"] is True
+        assert store.healthy is False
         store.close()
 
     asyncio.run(main())
+    assert health == [False]
     recovered = reopen(tmp_path)
     assert [m.body for m in recovered.messages["q"]] == [b"m0"]
     assert recovered.report["clean_shutdown"] is False
@@ -143,3 +152,30 @@ def test_a_full_disk_nacks_and_the_store_recovers_when_space_returns(tiny_tmpfs)
 
     asyncio.run(main())
     assert [m.body for m in reopen(tiny_tmpfs / "data").messages["q"]] == [b"m0", b"m2"]
+
+
+def test_the_segment_that_filled_the_disk_goes_once_consumed(tiny_tmpfs):
+    """Nothing else frees space here: the store must stop appending to the full segment so that it can delete it."""
+    data_dir = tiny_tmpfs / "data"
+
+    async def main() -> None:
+        store = MessageStore(data_dir)
+        store.recover()
+        stored = []
+        for msg_id in range(1000):
+            store.append_message(msg_id, ("q",), "", "q", b"h", b"%d:" % msg_id + b"x" * 4000)
+            if not await durable(store):
+                break
+            stored.append(msg_id)
+        else:
+            pytest.fail("the disk never filled")
+        store.append_removed("q", stored)  # consumed
+        await durable(store)  # may fail for want of room, but the spent segment goes with the batch after it
+        await durable(store)
+        publish(store, 2000)
+        assert await durable(store) is True
+        assert store.healthy is True
+        store.close()
+
+    asyncio.run(main())
+    assert [m.msg_id for m in reopen(data_dir).messages["q"]] == [2000]
