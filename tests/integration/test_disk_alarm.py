@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pika
 import pika.exceptions
-import pytest
 
 from tests.integration.pika_support import connect, wait_until
 from tests.integration.startup_tmpfs import tmpfs
