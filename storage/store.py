@@ -25,6 +25,7 @@ COMPACT_RATIO = 0.5  # rewrite a closed segment once this share of its (queue, m
 MIN_COMPACT_BYTES = 1 << 20  # smaller segments are not worth a rewrite (they go once empty)
 DEFINITIONS_SLACK = 64 << 10  # snapshot the definitions log when it outgrows twice the live state plus this
 STOP_TIMEOUT = 60.0  # seconds close() waits for the writer to write the last batch and stop
+PROBE_INTERVAL = 1.0  # seconds between two tries of the disk while writes fail and nothing else is written
 
 
 class MessageStore:
@@ -35,7 +36,9 @@ class MessageStore:
 
     Health: a batch that cannot be written makes the store unhealthy, and the next batch that writes anything makes
     it healthy again; ``on_health(healthy)`` is called on the loop at each change (before the batch's callbacks).
-    Every batch is still tried while unhealthy, so ``when_durable`` callbacks get their answer (False) promptly.
+    Every batch is still tried while unhealthy, so ``when_durable`` callbacks get their answer (False) promptly, and
+    a record that changes nothing is written every ``PROBE_INTERVAL`` seconds, so that health comes back once the
+    disk takes writes again even if nothing else is written (publishers are blocked by then).
     """
 
     def __init__(
@@ -71,6 +74,7 @@ class MessageStore:
         self._head_on_disk = False  # a batch wrote to the head segment: a failed write rolls away from it
         self._closed = False
         self._healthy = True  # the last batch that wrote something (or failed) was written
+        self._probe_timer: asyncio.TimerHandle | None = None  # the next try of the disk while unhealthy
         self.on_health = on_health  # called with the new health on each change
         self.callback_errors = 0  # callbacks that raised (logged)
 
@@ -228,6 +232,8 @@ class MessageStore:
             # nothing was appended while the last batch was written: the segments that were draining are quiet now
             batch = self._take_batch()
         if self._is_empty(batch):
+            if batch.definitions_snapshot is not None:
+                self._snapshot_due = True  # a rewrite retried after a failure waits for something else to write
             return
         self._in_flight = batch
         if self._writer_dead:
@@ -237,8 +243,8 @@ class MessageStore:
 
     @staticmethod
     def _is_empty(batch: Batch) -> bool:
-        return not (any(data for _, data in batch.chunks) or batch.definitions or batch.definitions_snapshot is not None
-                    or batch.callbacks or batch.deletions or batch.compactions)
+        return not (any(data for _, data in batch.chunks) or batch.definitions or batch.callbacks or batch.deletions
+                    or batch.compactions)
 
     @staticmethod
     def _writes_bytes(batch: Batch) -> bool:
@@ -289,13 +295,23 @@ class MessageStore:
         self._healthy = healthy
         if healthy:
             log.warning("store writes succeed again")
+            self._probe_timer.cancel()
         else:
             log.error("store writes are failing: durable writes are refused until one succeeds")
+            self._probe_timer = self._loop.call_later(PROBE_INTERVAL, self._probe)
         if self.on_health is not None:
             try:
                 self.on_health(healthy)
             except Exception:
                 log.exception("store health callback failed")
+
+    def _probe(self) -> None:
+        """While unhealthy: append a record that changes nothing, to try the disk again; then again later."""
+        if self._closed:
+            return
+        self._roll_if_full()
+        self._append_ids(records.DELIVERED, "", [])
+        self._probe_timer = self._loop.call_later(PROBE_INTERVAL, self._probe)
 
     @property
     def healthy(self) -> bool:

@@ -62,6 +62,7 @@ class Writer:
         self._jobs: deque[tuple[Compaction, Iterator[int]]] = deque()  # compactions and their step iterators
         self._compaction_owed = 0  # input bytes compactions get before the next batch, even if one is waiting
         self.failed = False  # a write failed and could not be undone: every later batch fails too
+        self._failing = False  # the last batch failed (an OSError is logged once per run of failures)
         self.batches = 0  # batches written
         self.fsyncs = 0  # fdatasync/fsync calls made for batches
         self.bytes_written = 0
@@ -122,12 +123,14 @@ class Writer:
         try:
             self._append(batch, touched)
         except Exception as error:
-            if isinstance(error, OSError):
-                log.error("store write failed, %d callbacks get a failure: %s", len(batch.callbacks), error)
-            else:
+            if not isinstance(error, OSError):
                 log.critical("store write failed, %d callbacks get a failure", len(batch.callbacks), exc_info=True)
+            elif not self._failing:
+                log.error("store write failed, %d callbacks get a failure: %s", len(batch.callbacks), error)
+            self._failing = True
             self._roll_back(touched)
             return False
+        self._failing = False
         self.batches += 1
         try:
             self._after_durable(batch)

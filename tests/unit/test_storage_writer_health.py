@@ -4,6 +4,7 @@ close() never hangs on a writer that is gone or stuck."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import threading
@@ -157,3 +158,56 @@ def test_close_does_not_wait_for_ever_on_a_stuck_writer(tmp_path, monkeypatch, c
             MessageStore(tmp_path).recover()
     finally:
         release.set()
+
+
+def test_health_comes_back_when_the_disk_does_even_if_nothing_is_written(tmp_path, monkeypatch):
+    real_write = os.write
+    full = threading.Event()
+
+    def write(fd: int, data) -> int:
+        if full.is_set():
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    health: list[bool] = []
+
+    async def main() -> None:
+        healthy_again = asyncio.Event()
+
+        def on_health(healthy: bool) -> None:
+            health.append(healthy)
+            if healthy:
+                healthy_again.set()
+
+        store = MessageStore(tmp_path, on_health=on_health)
+        store.recover()
+        publish(store, 0)
+        assert await durable(store) is True
+        full.set()
+        publish(store, 1)
+        assert await durable(store) is False
+        full.clear()
+        await asyncio.wait_for(healthy_again.wait(), HANG_GUARD)
+        store.close()
+
+    asyncio.run(main())
+    assert health == [False, True]
+    assert [m.msg_id for m in reopen(tmp_path).messages["q"]] == [0]
+
+
+def test_a_failed_batch_is_not_retried_in_a_loop(tmp_path, monkeypatch, caplog):
+    async def main() -> None:
+        store = MessageStore(tmp_path)
+        store.recover()
+        store.append_definition("queue", "q", {"name": "q"})
+        assert await durable(store) is True
+        monkeypatch.setattr(os, "write", lambda fd, data: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error")))
+        publish(store, 1)
+        assert await durable(store) is False
+        await asyncio.sleep(0.2)  # room for retries that should not happen
+        store.close()
+
+    asyncio.run(main())
+    failures = [r for r in caplog.records if r.name == "storage.writer" and "write failed" in r.getMessage()]
+    assert len(failures) == 1
