@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.topic import TopicTrie, split_words
+from broker.topic import TopicTrie, canonical_words, split_words
 
 
 def reference_match(pattern: str, routing_key: str) -> bool:
@@ -72,6 +72,7 @@ def test_split_words_follows_rabbitmq():
 )
 def test_rabbitmq_examples(pattern, routing_key, expected):
     assert reference_match(pattern, routing_key) is expected
+    assert dp_match(pattern, routing_key) is expected
     assert (trie_with(pattern).match(routing_key) == {pattern}) is expected
 
 
@@ -164,3 +165,89 @@ def test_bind_unbind_agrees_with_a_set_of_pairs(patterns, removed, routing_keys)
     for pattern, destination in pairs:
         trie.unbind(pattern, destination)
     assert trie._root.children == {} and not trie._root.destinations
+
+
+def dp_match(pattern: str, routing_key: str) -> bool:
+    """Topic matching by dynamic programming over (pattern words, key words): polynomial, for long inputs."""
+    p, w = split_words(pattern), split_words(routing_key)
+    # matches[j]: whether the pattern words read so far match the first j key words
+    matches = [True] + [False] * len(w)
+    for word in p:
+        if word == "#":
+            for j in range(1, len(w) + 1):
+                matches[j] = matches[j] or matches[j - 1]
+        else:
+            matches = [False] + [matches[j] and (word == "*" or word == w[j]) for j in range(len(w))]
+    return matches[-1]
+
+
+@pytest.mark.parametrize(
+    "pattern, canonical",
+    [
+        ("#.#", ["#"]), ("#.#.#.#", ["#"]), ("#.*", ["*", "#"]), ("*.#.*.#", ["*", "*", "#"]),
+        ("a.#.#.b.#", ["a", "#", "b", "#"]), ("#.a.#", ["#", "a", "#"]), ("*.*", ["*", "*"]), ("", []),
+        ("a..#.#", ["a", "", "#"]),
+    ],
+)
+def test_runs_of_wildcards_holding_a_hash_are_collapsed(pattern, canonical):
+    assert canonical_words(pattern) == canonical
+
+
+def test_patterns_that_collapse_alike_stay_distinct_bindings():
+    trie = TopicTrie()
+    trie.bind("#.#", "q")
+    trie.bind("#", "q")
+    trie.bind("#.*", "q2")
+    trie.bind("*.#", "q2")
+    assert len(trie) == 4
+    trie.unbind("#.#", "q")
+    assert trie.match("a.b") == {"q", "q2"}  # "#" still binds q
+    trie.unbind("#.*", "q2")
+    assert trie.match("a") == {"q", "q2"}
+    trie.unbind("#", "q")
+    trie.unbind("*.#", "q2")
+    assert len(trie) == 0 and trie.match("a") == set() and trie._root.children == {}
+
+
+def longest(unit: list[str], limit: int = 255) -> str:
+    """Repeat the words of unit as long as the joined key stays within limit bytes (AMQP short strings)."""
+    words: list[str] = []
+    while len(".".join(words + [unit[len(words) % len(unit)]])) <= limit:
+        words.append(unit[len(words) % len(unit)])
+    return ".".join(words)
+
+
+ADVERSARIAL_SETS = {
+    "#.#.#": [longest(["#"])],
+    "*.#.*.#": [longest(["*", "#"])],
+    "#.a.#.a": [longest(["#", "a"])],
+    "#.a.b.#.a.b": [longest(["#", "a", "b"])],
+    "#.*.a": [longest(["#", "*", "a"])],
+    "ladder #.a...#.b": [".".join(["#.a"] * k + ["b"]) for k in range(1, 64)],
+    "ladder #.a...#.*.b": [".".join(["#.a"] * k + ["*", "b"]) for k in range(1, 63)],
+}
+LONG_KEYS = [longest(["a"]), longest(["a", "b"]), longest(["a", "b", "c"]), longest(["a"], 200) + ".b",
+             longest(["a"], 250) + ".b.c", longest(["b"])]
+
+
+@pytest.mark.parametrize("name", ADVERSARIAL_SETS)
+def test_adversarial_patterns_match_as_the_definition_says(name):
+    patterns = ADVERSARIAL_SETS[name]
+    trie = TopicTrie()
+    for pattern in patterns:
+        trie.bind(pattern, pattern)
+    for routing_key in LONG_KEYS:
+        assert trie.match(routing_key) == {p for p in patterns if dp_match(p, routing_key)}, routing_key
+
+
+long_words = st.sampled_from(["a", "b", "*", "#", "#", ""])
+
+
+@settings(max_examples=200, deadline=None)
+@given(patterns=st.lists(st.lists(long_words, max_size=25).map(".".join), max_size=8),
+       routing_key=st.lists(st.sampled_from(["a", "b", "", "*", "#"]), max_size=40).map(".".join))
+def test_trie_agrees_with_the_definition_on_long_keys(patterns, routing_key):
+    trie = TopicTrie()
+    for index, pattern in enumerate(patterns):
+        trie.bind(pattern, index)
+    assert trie.match(routing_key) == {i for i, p in enumerate(patterns) if dp_match(p, routing_key)}
