@@ -32,7 +32,8 @@ _DECIMAL = struct.Struct(">Bi")  # scale (digits after the point), then a signed
 _TIMESTAMP = struct.Struct(">Q")
 _MILLISECONDS_ABOVE = 0xFFFFFFFF  # pamqp reads timestamps above this (past 2106) as milliseconds
 
-_VOIDS = (ord("V"), 0)  # NUL is not in the spec; pamqp reads it as void, as some clients send it
+_VOID = ord("V")
+_NUL = 0  # not in the spec; pamqp reads it as void, as some clients send it
 
 
 def field_table(value: bytes) -> tuple[int, dict]:
@@ -74,14 +75,15 @@ def _table(data: bytes, offset: int, end: int, depth: int) -> dict:
     if depth > MAX_DEPTH:
         raise ValueError(f"field tables nested deeper than {MAX_DEPTH}")
     table = {}
-    decoders, voids = _DECODERS, _VOIDS
+    decoders = _DECODERS
     while offset < end:
-        key_end = offset + 1 + data[offset]
+        key_size = data[offset]
+        key_end = offset + 1 + key_size
         if key_end >= end:
             raise ValueError("field table entry exceeds its table")
-        key = data[offset + 1 : key_end].decode()
+        key = data[offset + 1 : key_end].decode() if key_size else ""  # decoding b"" costs more than this test
         kind = data[key_end]
-        if kind in voids:  # the cheapest value there is: keep it off the general path
+        if kind == _VOID or kind == _NUL:  # the cheapest value there is: keep it off the general path
             table[key] = None
             offset = key_end + 1
         else:
@@ -95,10 +97,10 @@ def _array(data: bytes, offset: int, end: int, depth: int) -> list:
         raise ValueError(f"field tables nested deeper than {MAX_DEPTH}")
     values = []
     append = values.append
-    decoders, voids = _DECODERS, _VOIDS
+    decoders = _DECODERS
     while offset < end:
         kind = data[offset]
-        if kind in voids:
+        if kind == _VOID or kind == _NUL:
             append(None)
             offset += 1
         else:
