@@ -6,9 +6,8 @@ import hmac
 import ipaddress
 from typing import NamedTuple
 
-from pamqp import decode
-
 from broker.config import Config
+from protocol.field_table import field_table
 
 
 class Login(NamedTuple):
@@ -32,8 +31,8 @@ def parse_response(mechanism: str, response: bytes | str) -> tuple[str, str] | N
     if mechanism == "AMQPLAIN":
         try:
             # The response is a field table without its 4-byte length prefix.
-            _, table = decode.field_table(len(raw).to_bytes(4, "big") + raw)
-        except Exception:
+            _, table = field_table(len(raw).to_bytes(4, "big") + raw)
+        except ValueError:
             return None
         login, password = table.get("LOGIN"), table.get("PASSWORD")
         if not isinstance(login, (str, bytes)) or not isinstance(password, (str, bytes)):
