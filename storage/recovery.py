@@ -134,9 +134,13 @@ class _Reader:
             self.report["torn_tail_bytes"] += damage.size
             return False
         lost = "messages, acks and deliveries" if path.name != DEFINITIONS_LOG else "definitions and queue deletions"
+        if damage.gave_up:
+            extent = ", the search for an intact record after it gave up (some may be in the range)"
+        else:
+            extent = ", no intact record found in the rest of the file" if damage.end == len(data) else ""
         log.error("%s: corrupt record at offset %d (%s): %d bytes unreadable (%s)%s; the %s in them are lost; the "
-                  "bytes are kept in %s", path, damage.start, damage.reason, damage.size, damage.describe(),
-                  ", no intact record found in the rest of the file" if damage.end == len(data) else "", lost, kept)
+                  "bytes are kept in %s", path, damage.start, damage.reason, damage.size, damage.describe(), extent,
+                  lost, kept)
         self.report["corrupt_ranges"] += 1
         return True
 
@@ -242,8 +246,8 @@ class _Reader:
 
 def recover(data_dir: Path, segments_dir: Path) -> RecoveredState:
     started = time.perf_counter()
-    format.check_and_mark(data_dir)
     segments_dir.mkdir(parents=True, exist_ok=True)
+    format.check_and_mark(data_dir)
     for leftover in [*segments_dir.glob("*.compacting"), *data_dir.glob("*.snapshot")]:
         leftover.unlink()  # a rewrite interrupted before its rename: the original is intact
     clean_marker = data_dir / CLEAN_MARKER
