@@ -15,8 +15,10 @@ Public API (``storage.store``)::
 
 ``Recovered`` holds exchanges/queues/bindings (plus vhosts/users/policies): the ``data`` dicts last given to
 ``append_definition``, in creation order; ``messages``: queue -> ``StoredMessage`` list in queue (= msg id) order;
-``next_msg_id``; ``report`` (records, bytes, segments, torn_tail_bytes, corrupt_segments, messages,
-clean_shutdown, seconds).
+``next_msg_id``; ``set_aside_definitions``: (kind, name) of definitions whose record could not be decoded (keep
+such a queue's messages); ``report`` (records, bytes, segments, torn_tail_bytes, corrupt_segments, corrupt_ranges,
+quarantined_bytes, set_aside_records, rehomed_messages, messages, clean_shutdown, seconds). ``recover()`` raises
+``storage.format.UnsupportedFormat`` (its text says why) for a data dir written by a newer store format.
 
 Contract with the broker:
 - Every method runs on the event loop thread. ``append_*`` make no syscall: they add framed records to the pending
@@ -24,7 +26,7 @@ Contract with the broker:
   callbacks back with one ``call_soon_threadsafe``. A lone append is handed over on the next loop turn; appends made
   while a batch is being written form the next batch (group commit, no timer).
 - ``msg_id`` must increase from one ``append_message`` to the next (ValueError otherwise); ids are what the index
-  is built on. Use the same queue key (e.g. "vhost|name") in ``append_message``/``append_removed`` as the name of
+  is built on. Recovery never fails on ids that do not increase on disk: such publishes get fresh ids. Use the same queue key (e.g. "vhost|name") in ``append_message``/``append_removed`` as the name of
   the queue's definition, since ``delete_queue`` drops both.
 - callback(False) means the batch could not be written (disk full, EIO): nack those publishes. The store has
   already forgotten the messages of that batch, and later batches are tried again normally. If even undoing the
@@ -35,8 +37,13 @@ Contract with the broker:
 - After ``close()`` a restart shows exactly the state before. After kill -9, every message whose callback ran is
   back; a removal whose callback had not run yet may or may not be undone (at-least-once).
 
-Layout on disk (``data_dir``): ``messages/NNNNNNNNNN.seg`` segments of about 16 MiB, ``definitions.log``, and
-``clean-shutdown`` between a graceful close and the next start. Records are ``[length u32][crc32 u32][payload]``.
+Layout on disk (``data_dir``): ``messages/NNNNNNNNNN.seg`` segments of about 16 MiB, ``definitions.log``,
+``format`` (the store format version, ``storage.format``), ``clean-shutdown`` between a graceful close and the next
+start, and ``quarantine/<file>@<offset>``: damaged or unusable bytes recovery took out of a file (kept for
+forensics; safe to delete). Records are ``[length u32][crc32 u32][payload]``. Recovery reads past a damaged record
+to the next intact one and never drops intact records: damage that ends a file still being written is a torn tail
+(cut, WARNING), any other is corruption (ERROR with file, offset, size and what was lost); either way the file is
+repaired so the next start does not meet it again (``storage.recovery``, ``storage.salvage``).
 Segments whose messages are all gone are deleted (even while being rewritten); closed segments with half their
 messages gone are rewritten in place by the writer thread once they stop losing messages for a batch, a slice at a
 time between batches and at least twice as fast as batches are written, so disk use stays near what is queued plus
