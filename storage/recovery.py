@@ -82,6 +82,7 @@ class _Reader:
         self.repairs: list[tuple[Path, bytes, list[tuple[int, int]]]] = []  # files to repair once all is read
         self.misplaced: list[_Misplaced] = []  # publishes whose ids did not increase, in the order read
         self.moved: list[tuple[int, int]] = []  # byte ranges of the current file's misplaced publishes
+        self.unkept = False  # some damaged bytes of the current file could not be put in quarantine
         self.set_aside_definitions: list[tuple[str, str]] = []
         self.report = {
             "records": 0, "bytes": 0, "torn_tail_bytes": 0, "corrupt_segments": 0, "corrupt_ranges": 0,
@@ -99,6 +100,7 @@ class _Reader:
         frame_size = records.FRAME_SIZE
         drop: list[tuple[int, int]] = []  # byte ranges the repaired file leaves out
         self.moved = []
+        self.unkept = False
         corrupt = False
         offset = 0
         while offset < len(data):
@@ -120,14 +122,23 @@ class _Reader:
         self.report["records"] += count
         self.report["corrupt_segments"] += corrupt and types is records.SEGMENT_TYPES
         drop = sorted(drop + self.moved)
-        if drop:
-            self.repairs.append((path, data, drop))
+        if not drop or self.unkept:
+            return len(data)  # intact, or damaged bytes that could not be kept elsewhere stay where they are
+        self.repairs.append((path, data, drop))
         return len(data) - sum(stop - start for start, stop in drop)
+
+    def _keep(self, path: Path, data: bytes, start: int, end: int) -> Path | str:
+        """Put ``data[start:end]`` of ``path`` in quarantine; return where, for the log."""
+        kept = self.quarantine.keep(path, start, memoryview(data)[start:end])
+        if kept is None:
+            self.unkept = True
+            return f"{path} (not repaired)"
+        self.report["quarantined_bytes"] += end - start
+        return kept
 
     def _damaged(self, path: Path, data: bytes, damage: salvage.Damage, is_tail: bool) -> bool:
         """Keep and report a damaged range; return whether it is corruption (not a torn tail)."""
-        kept = self.quarantine.keep(path, damage.start, memoryview(data)[damage.start:damage.end])
-        self.report["quarantined_bytes"] += damage.size
+        kept = self._keep(path, data, damage.start, damage.end)
         if is_tail and damage.end == len(data) and not damage.gave_up:
             log.warning("%s: torn tail at offset %d (%s): truncating %d bytes (%s), kept in %s", path, damage.start,
                         damage.reason, damage.size, damage.describe(), kept)
@@ -146,8 +157,7 @@ class _Reader:
 
     def _set_aside(self, path: Path, data: bytes, start: int, end: int, error: Exception) -> None:
         """An intact record that cannot be applied: keep it in quarantine and go on without it."""
-        kept = self.quarantine.keep(path, start, memoryview(data)[start:end])
-        self.report["quarantined_bytes"] += end - start
+        kept = self._keep(path, data, start, end)
         self.report["set_aside_records"] += 1
         payload = memoryview(data)[start + records.FRAME_SIZE:end]
         what = f"record of type {payload[0]}"

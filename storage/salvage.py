@@ -8,6 +8,7 @@ same state without meeting the damage again.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -15,6 +16,8 @@ from pathlib import Path
 
 from storage import records
 from storage.segments import fsync_directory
+
+log = logging.getLogger(__name__)
 
 QUARANTINE_DIRECTORY = "quarantine"
 CANDIDATE_COST = 256  # search budget spent on each position whose head looked like a record's (in CRC'd bytes)
@@ -99,50 +102,55 @@ def _count_frames(data: bytes, start: int, stop: int) -> tuple[int, bool]:
 
 
 class Quarantine:
-    """Where damaged bytes are kept (``data_dir/quarantine``), with the figures for the recovery report."""
+    """Where damaged bytes are kept: ``data_dir/quarantine``."""
 
     def __init__(self, data_dir: Path) -> None:
         self.directory = data_dir / QUARANTINE_DIRECTORY
-        self.ranges = 0  # ranges kept this start
-        self.bytes = 0  # bytes kept this start
 
-    def keep(self, source: Path, offset: int, content: bytes | memoryview) -> Path:
-        """Store ``content`` (found at ``offset`` of ``source``) durably; return the file it went to."""
-        self.directory.mkdir(exist_ok=True)
+    def keep(self, source: Path, offset: int, content: bytes | memoryview) -> Path | None:
+        """Store ``content`` (found at ``offset`` of ``source``) durably; return the file it went to, or None if it
+        could not be written (logged: then ``source`` must keep the bytes)."""
         target = self.directory / f"{source.name}@{offset}"
         copy = 0
-        while target.exists():  # the same offset damaged again after a repair, or a repair cut short by a crash
-            copy += 1
-            target = self.directory / f"{source.name}@{offset}.{copy}"
-        with open(target, "wb") as file:
-            file.write(content)
-            file.flush()
-            os.fsync(file.fileno())
-        fsync_directory(self.directory)
-        self.ranges += 1
-        self.bytes += len(content)
+        try:
+            self.directory.mkdir(exist_ok=True)
+            while target.exists():  # the same offset damaged again after a repair, or a repair cut short by a crash
+                copy += 1
+                target = self.directory / f"{source.name}@{offset}.{copy}"
+            with open(target, "wb") as file:
+                file.write(content)
+                file.flush()
+                os.fsync(file.fileno())
+            fsync_directory(self.directory)
+        except OSError as error:
+            log.error("cannot keep %d damaged bytes of %s in %s (%s): the file stays as it is", len(content), source,
+                      self.directory, error)
+            return None
         return target
 
 
-def repair(path: Path, data: bytes, drop: list[tuple[int, int]], temporary_suffix: str) -> int:
+def repair(path: Path, data: bytes, drop: list[tuple[int, int]], temporary_suffix: str) -> None:
     """Remove the sorted, disjoint byte ranges ``drop`` from the file ``path`` (whose content is ``data``): a cut
-    when one range runs to the end, else a rewrite aside then renamed over. Returns the new size."""
-    if len(drop) == 1 and drop[0][1] == len(data):
-        with open(path, "r+b") as file:
-            file.truncate(drop[0][0])
+    when one range runs to the end, else a rewrite aside then renamed over. A failure is logged, not raised: the
+    file keeps the ranges, and the next start reads past them again."""
+    try:
+        if len(drop) == 1 and drop[0][1] == len(data):
+            with open(path, "r+b") as file:
+                file.truncate(drop[0][0])
+                os.fsync(file.fileno())
+            return
+        view = memoryview(data)
+        temporary = path.with_suffix(temporary_suffix)
+        with open(temporary, "wb") as file:
+            kept_from = 0
+            for start, end in drop:
+                file.write(view[kept_from:start])
+                kept_from = end
+            file.write(view[kept_from:])
+            file.flush()
             os.fsync(file.fileno())
-        return drop[0][0]
-    view = memoryview(data)
-    temporary = path.with_suffix(temporary_suffix)
-    size = 0
-    with open(temporary, "wb") as file:
-        kept_from = 0
-        for start, end in drop:
-            size += file.write(view[kept_from:start])
-            kept_from = end
-        size += file.write(view[kept_from:])
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, path)
-    fsync_directory(path.parent)
-    return size
+        os.replace(temporary, path)
+        fsync_directory(path.parent)
+    except OSError as error:
+        log.error("cannot take %d damaged or moved ranges out of %s (%s): the next start reads past them again",
+                  len(drop), path, error)
