@@ -178,3 +178,20 @@ def test_the_broker_starts_and_serves_after_a_flipped_byte_in_its_last_segment(o
         assert get_all(conn.channel(), "kept") == [body for body in bodies if body != lost]
     assert f"corrupt record at offset {start}" in broker.log()
     assert (broker.data_dir / "quarantine" / f"{path.name}@{start}").exists()
+
+
+def test_damaged_bytes_that_cannot_be_quarantined_stay_where_they_are(tmp_path, caplog):
+    populate(tmp_path)
+    path = target_file(tmp_path, "closed segment")
+    data = bytearray(path.read_bytes())
+    start, end, payload = record_around(bytes(data), len(data) // 2)
+    lost_id = records.decode_publish(payload).msg_id
+    data[(start + end) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    (tmp_path / "quarantine").write_text("a file where the directory belongs")
+    for _ in range(2):  # the damage is read past at every start, and nothing else is lost
+        with caplog.at_level(logging.ERROR, logger="storage"):
+            recovered = reopen(tmp_path)
+        assert stored(recovered) == {msg_id: body_of(msg_id) for msg_id in range(1, MESSAGES + 1) if msg_id != lost_id}
+        assert path.read_bytes() == bytes(data)
+        assert "cannot keep" in caplog.text
