@@ -90,9 +90,15 @@ def restore(vhost: "VirtualHost", recovered: "Recovered") -> None:
         queue.restore(messages)
         restored += len(messages)
     known = {queue.store_key for queue in vhost.queues.values()} | skipped_queues
-    for key in recovered.messages:
-        if key not in known and key.startswith(f"{vhost.name}|"):
-            vhost.store.delete_queue(key)  # messages of a queue whose definition did not survive
+    known.update(name for kind, name in recovered.set_aside_definitions if kind == "queue")
+    orphans = [key for key in recovered.messages if key not in known and key.startswith(f"{vhost.name}|")]
+    if orphans and recovered.report.get("definitions_damaged"):
+        # a damaged definitions log may have lost the definitions of these queues: their messages stay on disk
+        log.error("vhost '%s': keeping the stored messages of %d queues whose definitions are missing (the "
+                  "definitions log was damaged): %s", vhost.name, len(orphans), reprlib.repr(orphans))
+    else:
+        for key in orphans:
+            vhost.store.delete_queue(key)  # messages of a queue deleted before its removal records were written
     vhost.next_msg_id = max(recovered.next_msg_id, 1)  # 0 marks a message that is not stored
     log.info("vhost '%s': %d exchanges, %d queues, %d bindings, %d messages restored", vhost.name, exchanges,
              queues, bindings, restored)

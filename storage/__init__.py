@@ -17,7 +17,8 @@ Public API (``storage.store``)::
 ``append_definition``, in creation order; ``messages``: queue -> ``StoredMessage`` list in queue (= msg id) order;
 ``next_msg_id``; ``set_aside_definitions``: (kind, name) of definitions whose record could not be decoded (keep
 such a queue's messages); ``report`` (records, bytes, segments, torn_tail_bytes, corrupt_segments, corrupt_ranges,
-quarantined_bytes, set_aside_records, rehomed_messages, messages, clean_shutdown, seconds). ``recover()`` raises
+quarantined_bytes, set_aside_records, rehomed_messages, definitions_damaged (definitions may be missing that
+nobody can name: keep every queue's messages), messages, clean_shutdown, seconds). ``recover()`` raises
 ``storage.format.UnsupportedFormat`` (its text says why) for a data dir written by a newer store format.
 
 Contract with the broker:

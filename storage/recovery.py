@@ -87,6 +87,7 @@ class _Reader:
         self.report = {
             "records": 0, "bytes": 0, "torn_tail_bytes": 0, "corrupt_segments": 0, "corrupt_ranges": 0,
             "quarantined_bytes": 0, "set_aside_records": 0, "rehomed_messages": 0,
+            "definitions_damaged": False,
         }
 
     def read_file(
@@ -153,6 +154,8 @@ class _Reader:
                   "bytes are kept in %s", path, damage.start, damage.reason, damage.size, damage.describe(), extent,
                   lost, kept)
         self.report["corrupt_ranges"] += 1
+        if path.name == DEFINITIONS_LOG:
+            self.report["definitions_damaged"] = True  # definitions may be missing that nobody can name
         return True
 
     def _set_aside(self, path: Path, data: bytes, start: int, end: int, error: Exception) -> None:
@@ -166,6 +169,7 @@ class _Reader:
                 kind, name, _ = records.decode_definition(payload)
             except ValueError:
                 what = "definition record (kind and name unreadable)"
+                self.report["definitions_damaged"] = True
             else:
                 what = f"{kind} definition {name!r}"
                 self.set_aside_definitions.append((kind, name))

@@ -123,6 +123,23 @@ def test_the_messages_of_a_skipped_queue_are_kept_on_disk_and_the_others_restore
     assert "q-bad" in _one_error_line(caplog)
 
 
+def test_the_messages_of_a_queue_whose_definition_was_set_aside_are_kept_on_disk():
+    data = recovered([], [queue("q")], messages={queue_key("/", "q-undecodable"): [message(1, b"kept")],
+                                                 queue_key("/", "q-deleted"): [message(2, b"orphan")]})
+    data.set_aside_definitions = [("queue", queue_key("/", "q-undecodable"))]
+    _, store = restored(data)
+    assert store.deleted_queues == [queue_key("/", "q-deleted")]
+
+
+def test_no_stored_messages_are_deleted_when_the_definitions_log_was_damaged(caplog):
+    data = recovered([], [queue("q")], messages={queue_key("/", "q-lost"): [message(1, b"kept")]})
+    data.report = {"definitions_damaged": True}
+    with caplog.at_level(logging.ERROR, logger="broker.durability"):
+        _, store = restored(data)
+    assert store.deleted_queues == []
+    assert "q-lost" in _one_error_line(caplog)
+
+
 def _one_error_line(caplog) -> str:
     errors = [record for record in caplog.records if record.levelno >= logging.ERROR]
     assert len(errors) == 1, [record.getMessage() for record in errors]
