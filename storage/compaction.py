@@ -3,6 +3,8 @@
 Publishes keep only their live queues (and carry each queue's delivered flag); REMOVED/DELIVERED records keep only
 the ids whose publish sits in an older segment that still needs them. The rewrite is written aside, fsynced and
 renamed over the segment, so a crash leaves either the old file or the new one, and both recover the same state.
+Recovery repairs every file it reads, so a damaged record met here appeared since start: ``steps`` raises
+``CorruptRecord`` and the writer abandons the rewrite, keeping the segment whole.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ class Compaction:
         with open(self._temporary, "wb") as target:
             out = bytearray()
             mark = 0
-            for start, end, payload in self._intact(data):
+            for start, end, payload in records.scan(data):
                 self._copy(payload, data, start, end, out)
                 if end - mark >= SLICE_BYTES:
                     target.write(out)
@@ -62,14 +64,6 @@ class Compaction:
             self._temporary.unlink(missing_ok=True)
         except OSError:
             pass  # recovery removes a leftover rewrite at the next start
-
-    @staticmethod
-    def _intact(data: bytes) -> Iterator[tuple[int, int, memoryview]]:
-        """The records up to the first corrupt one (already reported by recovery; the rewrite drops the rest)."""
-        try:
-            yield from records.scan(data)
-        except records.CorruptRecord:
-            return
 
     def _copy(self, payload: memoryview, data: bytes, start: int, end: int, out: bytearray) -> None:
         kind = payload[0]

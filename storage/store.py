@@ -101,8 +101,10 @@ class MessageStore:
         self._writer.start()
         report = state.recovered.report
         log.info(
-            "recovered %d messages, %d records, %d bytes in %.3f s (torn tail: %d bytes)",
-            report["messages"], report["records"], report["bytes"], report["seconds"], report["torn_tail_bytes"],
+            "recovered %d messages, %d records, %d bytes in %.3f s (torn tail: %d bytes; corrupt ranges: %d; set "
+            "aside: %d records; quarantined: %d bytes)", report["messages"], report["records"], report["bytes"],
+            report["seconds"], report["torn_tail_bytes"], report["corrupt_ranges"], report["set_aside_records"],
+            report["quarantined_bytes"],
         )
         return state.recovered
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from storage.compaction import Compaction
+from storage.records import CorruptRecord
 from storage.segments import CLEAN_MARKER, DEFINITIONS_LOG, fsync_directory, segment_path
 
 log = logging.getLogger(__name__)
@@ -260,6 +261,13 @@ class Writer:
             log.debug("compacted segment %d to %d bytes", job.segment.number, job.size)
         except OSError as error:
             log.error("compaction of segment %d failed: %s", job.segment.number, error)
+            job.abandon()
+            job.size = None
+        except CorruptRecord as error:
+            offset, reason = error.args
+            log.error("compaction of segment %d stopped at damage (%s at offset %d) that appeared since start: the "
+                      "segment is kept as it is, and the next start reads past the damage", job.segment.number,
+                      reason, offset)
             job.abandon()
             job.size = None
         except Exception:

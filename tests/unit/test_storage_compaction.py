@@ -146,3 +146,34 @@ def test_deleting_a_queue_frees_its_segments(tmp_path):
     recovered = reopen(tmp_path)
     assert recovered.queues == []
     assert list(recovered.messages) == ["other"]
+
+
+def test_damage_that_appears_while_running_stops_a_compaction_and_keeps_the_segment(tmp_path, caplog):
+    """A compaction that meets a damaged record keeps the segment whole instead of dropping what follows the
+    damage; the next start reads past the one damaged record."""
+    body = b"y" * 500
+
+    async def main() -> tuple[Path, bytes]:
+        store = MessageStore(tmp_path, **SMALL)
+        store.recover()
+        for msg_id in range(1, 401):  # about three segments
+            store.append_message(msg_id, ("q",), "", "q", b"h", body)
+        await durable(store)
+        first = sorted(messages_directory(tmp_path).iterdir())[0]
+        damaged = bytearray(first.read_bytes())
+        damaged[len(damaged) // 2] ^= 0xFF
+        first.write_bytes(damaged)  # bit rot after start
+        gone = [msg_id for msg_id in range(1, 121) if msg_id % 4]  # most of the first segment: due for a rewrite
+        store.append_removed("q", gone)
+        await settle(store)
+        await settle(store)
+        store.close()
+        return first, bytes(damaged)
+
+    gone = {msg_id for msg_id in range(1, 121) if msg_id % 4}
+    first, damaged = asyncio.run(main())
+    assert first.read_bytes() == damaged  # kept whole, not rewritten without what followed the damage
+    assert any("stopped at damage" in record.getMessage() for record in caplog.records)
+    live = set(range(1, 401)) - gone
+    back = {message.msg_id for message in reopen(tmp_path).messages["q"]}
+    assert len(live - back) <= 1  # only the record holding the flipped byte is lost
