@@ -2,15 +2,16 @@
 
 Public API (``storage.store``)::
 
-    store = MessageStore(data_dir, loop=None)   # loop None: the running loop at the first append
-    recovered = store.recover()                 # once, synchronously, before serving
+    store = MessageStore(data_dir, loop=None, on_health=None)  # on_health(healthy: bool), also store.on_health
+    recovered = store.recover()                 # once, before serving; locks data_dir/.lock first (DataDirLocked)
     store.append_message(msg_id, queues, exchange, routing_key, header_payload, body)
     store.append_removed(queue, msg_ids)        # acked / rejected / expired / purged from that queue
     store.append_delivered(queue, msg_ids)      # never waits; the message comes back redelivered
     store.append_definition(kind, name, data)   # kind: exchange/queue/binding/vhost/user/policy; data None = deleted
     store.delete_queue(queue)                   # its messages and its "queue" definition are gone
     store.when_durable(callback)                # callback(ok) on the loop once all the above is fsynced
-    store.close()                               # flush, fsync, stop the writer (blocks)
+    store.healthy                               # False while writes fail (then every callback gets False)
+    store.close()                               # flush, fsync, stop the writer (at most stop_timeout=60 s), unlock
     store.stats()                               # bytes_on_disk, segments, live_messages, index_bytes, fsyncs ...
 
 ``Recovered`` holds exchanges/queues/bindings (plus vhosts/users/policies): the ``data`` dicts last given to
@@ -27,18 +28,31 @@ Contract with the broker:
   callbacks back with one ``call_soon_threadsafe``. A lone append is handed over on the next loop turn; appends made
   while a batch is being written form the next batch (group commit, no timer).
 - ``msg_id`` must increase from one ``append_message`` to the next (ValueError otherwise); ids are what the index
-  is built on. Recovery never fails on ids that do not increase on disk: such publishes get fresh ids. Use the same queue key (e.g. "vhost|name") in ``append_message``/``append_removed`` as the name of
-  the queue's definition, since ``delete_queue`` drops both.
+  is built on. Recovery never fails on ids that do not increase on disk: such publishes get fresh ids. Use the same
+  queue key (e.g. "vhost|name") in ``append_message``/``append_removed`` as the name of the queue's definition,
+  since ``delete_queue`` drops both.
 - callback(False) means the batch could not be written (disk full, EIO): nack those publishes. The store has
   already forgotten the messages of that batch, and later batches are tried again normally. If even undoing the
   partial write fails, every later batch fails too (``stats()["failed"]``); what was confirmed before is kept.
+- Health: a batch that cannot be written makes the store unhealthy: ``on_health(False)`` runs on the loop before
+  that batch's callbacks (False); the next batch that writes bytes makes it healthy again (``on_health(True)``).
+  While unhealthy every batch is still tried, so callbacks get False promptly, and a record that changes nothing is
+  written once a second, so health comes back without other traffic. After a failed batch the store moves on to a
+  fresh segment, so the segment that filled the disk can be deleted once its messages are consumed. A bug in the
+  writer (any exception) fails only its batch or its compaction and is logged CRITICAL; if the writer thread dies,
+  every later batch fails at once. ``close()`` waits at most ``stop_timeout`` for the writer and logs CRITICAL if it
+  did not stop (the lock is then kept until the process exits).
+- One store per data dir: ``recover()`` takes an exclusive ``flock`` on ``data_dir/.lock`` (which holds the owner's
+  pid) and raises ``storage.lock.DataDirLocked`` ('data dir X is in use by another Warren (pid N)') while another
+  process holds it. ``close()`` or the end of the process releases it; a recovery that raises releases it too.
 - Redelivered flag: tracked through ``append_delivered``. A recovered message is redelivered=True iff a delivery
   of it from that queue reached the disk, after a clean close or a crash alike. DELIVERED records ride with the
   next batch without being waited for, so a delivery made just before a crash may come back redelivered=False.
 - After ``close()`` a restart shows exactly the state before. After kill -9, every message whose callback ran is
   back; a removal whose callback had not run yet may or may not be undone (at-least-once).
 
-Layout on disk (``data_dir``): ``messages/NNNNNNNNNN.seg`` segments of about 16 MiB, ``definitions.log``,
+Layout on disk (``data_dir``): ``messages/NNNNNNNNNN.seg`` segments of about 16 MiB, ``definitions.log``, ``.lock``
+(the owner's pid; never deleted),
 ``format`` (the store format version, ``storage.format``), ``clean-shutdown`` between a graceful close and the next
 start, and ``quarantine/<file>@<offset>``: damaged or unusable bytes recovery took out of a file (kept for
 forensics; safe to delete). Records are ``[length u32][crc32 u32][payload]``. Recovery reads past a damaged record
