@@ -157,8 +157,8 @@ def small_disk(tmp_path):
 
 
 def publish_until_nacked(ch, queue: str, first: int, body_size: int, limit: int) -> tuple[list[int], list[int]]:
-    """Publish numbered persistent messages one at a time in confirm mode until three in a row are nacked (or
-    `limit` were sent); return the numbers acked and nacked."""
+    """Publish numbered persistent messages one at a time in confirm mode until one is nacked (then the disk alarm
+    blocks the connection until there is room again) or `limit` were sent; return the numbers acked and nacked."""
     acked, nacked = [], []
     for number in range(first, first + limit):
         try:
@@ -166,8 +166,7 @@ def publish_until_nacked(ch, queue: str, first: int, body_size: int, limit: int)
             acked.append(number)
         except pika.exceptions.NackError:
             nacked.append(number)
-            if nacked[-3:] == [number - 2, number - 1, number]:
-                break
+            break
     return acked, nacked
 
 
@@ -190,10 +189,13 @@ def test_a_full_disk_nacks_publishes_and_loses_nothing_confirmed(own_broker, sma
     assert broker.process.poll() is None
     assert "No space left on device" in broker.log()
 
-    # the broker goes on serving what needs no disk
-    ch.queue_declare("transient-q")
-    ch.basic_publish("", "transient-q", b"in memory")
-    assert ch.basic_get("transient-q", auto_ack=True)[2] == b"in memory"
+    # the disk alarm blocks the publishing connection (as RabbitMQ's does); the broker goes on serving what needs
+    # no disk to the others
+    with connection(broker) as other:
+        other_ch = other.channel()
+        other_ch.queue_declare("transient-q")
+        method, _, body = other_ch.basic_get("q")  # not acked: back in the queue when this connection closes
+        assert int(body[:6]) == acked[0]
     # and writes again once there is room
     ballast.unlink()
     acked_later, nacked_later = publish_until_nacked(ch, "q", 10_000, body_size, limit=10)
