@@ -9,7 +9,7 @@ import pika
 import pika.exceptions
 
 from tests.integration.pika_support import connect, wait_until
-from tests.integration.startup_tmpfs import tmpfs
+from tests.tmpfs import tmpfs
 
 DISK = "size=2m"  # a tiny file system for the data dir
 LEFT_FREE = 256 << 10  # bytes a filler file leaves free for the store, which persistent messages then fill

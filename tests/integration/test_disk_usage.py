@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 from storage.store import SEGMENT_BYTES
 from tests.bench.client import BenchConnection, BrokerURL, ConfirmTracker, DeliveryCounter, message_frames
 from tests.integration.helpers import connection, get_all, message_count
+from tests.tmpfs import tmpfs
 
 MIB = 1 << 20
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
@@ -146,14 +146,8 @@ TMPFS_BYTES = 24 * MIB
 @pytest.fixture
 def small_disk(tmp_path):
     """A 24 MiB tmpfs of the test's own (needs root, or the right to mount); unmounted at the end."""
-    mount_point = tmp_path / "small-disk"
-    mount_point.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_BYTES}", "tmpfs", str(mount_point)],
-                             check=False, capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs to fill up (needs root): {mounted.stderr.strip()}")
-    yield mount_point
-    subprocess.run(["umount", "-l", str(mount_point)], check=True)
+    with tmpfs(tmp_path / "small-disk", f"size={TMPFS_BYTES}") as mount_point:
+        yield mount_point
 
 
 def publish_until_nacked(ch, queue: str, first: int, body_size: int, limit: int) -> tuple[list[int], list[int]]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 
 import pika
 import pika.exceptions
@@ -16,6 +15,7 @@ from pamqp import body, commands, header
 
 from tests.integration.helpers import closed_connection_reason
 from tests.integration.rawclient import RawClient, describe
+from tests.tmpfs import tmpfs
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 
@@ -97,19 +97,6 @@ def test_deliveries_wait_behind_a_held_reply(broker, unique):
         assert seen.count("declare-ok") == 3
 
 
-@contextlib.contextmanager
-def tiny_tmpfs(path, size: str = "1m"):
-    path.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs to fill up (needs root): {mounted.stderr.strip()}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
-
-
 def fill(directory) -> None:
     """Take every free byte of the file system under directory."""
     filler = os.open(directory / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
@@ -123,7 +110,7 @@ def fill(directory) -> None:
 
 
 def test_a_durable_declare_on_a_full_disk_is_refused_and_leaves_nothing_behind(own_broker, tmp_path):
-    with tiny_tmpfs(tmp_path / "disk") as disk:
+    with tmpfs(tmp_path / "disk", "size=1m") as disk:
         broker = own_broker(data_dir=disk / "data")
         connection = pika.BlockingConnection(pika.URLParameters(broker.url))
         channel = connection.channel()

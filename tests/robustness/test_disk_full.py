@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
 from pathlib import Path
 
 import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker, ConnectionClosedByBroker, NackError
+
+from tests.tmpfs import tmpfs
 
 BODY = 20_000  # bytes per persistent message: about a hundred fill the disk
 GUARD = 30  # seconds a blocked connection may wait before pika gives up (only a broker that never unblocks)
@@ -18,16 +19,8 @@ GUARD = 30  # seconds a blocked connection may wait before pika gives up (only a
 
 @pytest.fixture
 def tiny_disk(tmp_path) -> Path:
-    mount_point = tmp_path / "disk"
-    mount_point.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount_point)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a 2 MiB tmpfs for a full disk (needs root): {mounted.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path / "disk", "size=2m") as mount_point:
         yield mount_point  # the data dir itself: the broker's log goes to its parent, off the tiny disk
-    finally:
-        subprocess.run(["umount", "--lazy", str(mount_point)], check=True)
 
 
 def connect(broker) -> pika.BlockingConnection:

@@ -7,14 +7,9 @@ from pathlib import Path
 
 from storage.segments import messages_directory
 from storage.store import MessageStore
+from tests.unit.storage_support import durable, reopen
 
 SMALL = {"segment_bytes": 64 * 1024, "min_compact_bytes": 8 * 1024}
-
-
-async def durable(store: MessageStore) -> bool:
-    done = asyncio.get_running_loop().create_future()
-    store.when_durable(done.set_result)
-    return await done
 
 
 async def settle(store: MessageStore) -> None:
@@ -29,13 +24,6 @@ async def settle(store: MessageStore) -> None:
 
 def disk_bytes(data_dir: Path) -> int:
     return sum(path.stat().st_size for path in messages_directory(data_dir).iterdir())
-
-
-def reopen(data_dir: Path):
-    store = MessageStore(data_dir)
-    recovered = store.recover()
-    store.close()
-    return recovered
 
 
 def test_steady_publish_and_consume_keeps_disk_use_flat(tmp_path):

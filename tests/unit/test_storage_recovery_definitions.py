@@ -3,14 +3,12 @@ old-format records are still read, and a record that cannot be decoded is set as
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import decimal
 import json
 import logging
 import math
 import struct
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -20,26 +18,7 @@ from storage import records
 from storage.definitions import DefinitionTable, decode_data, encode_data
 from storage.format import CURRENT, UnsupportedFormat
 from storage.store import MessageStore
-
-
-def run(data_dir: Path, work) -> None:
-    async def main() -> None:
-        store = MessageStore(data_dir)
-        store.recover()
-        work(store)
-        done = asyncio.get_running_loop().create_future()
-        store.when_durable(done.set_result)
-        assert await done is True
-        store.close()
-
-    asyncio.run(main())
-
-
-def reopen(data_dir: Path):
-    store = MessageStore(data_dir)
-    recovered = store.recover()
-    store.close()
-    return recovered
+from tests.unit.storage_support import reopen, run
 
 
 def same(a, b) -> bool:

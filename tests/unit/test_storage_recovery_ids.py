@@ -5,18 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from pathlib import Path
 
 from storage import records
 from storage.segments import messages_directory, segment_path
 from storage.store import MessageStore
-
-
-def reopen(data_dir: Path):
-    store = MessageStore(data_dir)
-    recovered = store.recover()
-    store.close()
-    return recovered
+from tests.unit.storage_support import reopen
 
 
 def publish(msg_id: int, queues: tuple[str, ...], body: bytes) -> bytes:

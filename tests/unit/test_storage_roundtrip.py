@@ -2,34 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import decimal
-from pathlib import Path
 
-from storage.store import MessageStore
-
-
-def run(data_dir: Path, work, **options) -> None:
-    """Open the store, recover, run ``work(store)`` on a loop, wait until durable, close."""
-
-    async def main() -> None:
-        store = MessageStore(data_dir, **options)
-        store.recover()
-        work(store)
-        done = asyncio.get_running_loop().create_future()
-        store.when_durable(done.set_result)
-        assert await done is True
-        store.close()
-
-    asyncio.run(main())
-
-
-def reopen(data_dir: Path):
-    store = MessageStore(data_dir)
-    recovered = store.recover()
-    store.close()
-    return recovered
+from tests.unit.storage_support import reopen, run
 
 
 def bodies(recovered, queue: str) -> list[bytes]:

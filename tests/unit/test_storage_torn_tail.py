@@ -8,6 +8,7 @@ from pathlib import Path
 
 from storage.segments import messages_directory, segment_numbers, segment_path
 from storage.store import MessageStore
+from tests.unit.storage_support import reopen
 
 
 def write(data_dir: Path, count: int, body_size: int = 10, **options) -> None:
@@ -20,13 +21,6 @@ def write(data_dir: Path, count: int, body_size: int = 10, **options) -> None:
         store.close()
 
     asyncio.run(main())
-
-
-def reopen(data_dir: Path):
-    store = MessageStore(data_dir)
-    recovered = store.recover()
-    store.close()
-    return recovered
 
 
 def last_segment(data_dir: Path) -> Path:

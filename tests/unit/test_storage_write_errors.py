@@ -6,11 +6,11 @@ import asyncio
 import errno
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from storage.store import MessageStore
+from tests.unit.storage_support import durable, reopen
 
 
 class FailingDisk:
@@ -39,21 +39,8 @@ class FailingDisk:
         self._truncate(fd, size)
 
 
-async def durable(store: MessageStore) -> bool:
-    done = asyncio.get_running_loop().create_future()
-    store.when_durable(done.set_result)
-    return await done
-
-
 def publish(store: MessageStore, msg_id: int) -> None:
     store.append_message(msg_id, ("q",), "", "q", b"h", b"m%d" % msg_id)
-
-
-def reopen(data_dir: Path):
-    store = MessageStore(data_dir)
-    recovered = store.recover()
-    store.close()
-    return recovered
 
 
 @pytest.mark.parametrize("partial", [False, True], ids=["nothing-written", "half-written"])

@@ -15,6 +15,7 @@ from storage.compaction import Compaction
 from storage.lock import DataDirLocked
 from storage.store import MessageStore
 from storage.writer import Writer
+from tests.unit.storage_support import reopen
 
 HANG_GUARD = 30.0  # seconds: only a writer that stopped answering takes this long
 
@@ -27,13 +28,6 @@ async def durable(store: MessageStore) -> bool:
 
 def publish(store: MessageStore, msg_id: int, size: int = 10) -> None:
     store.append_message(msg_id, ("q",), "", "q", b"h", b"%d:" % msg_id + b"x" * size)
-
-
-def reopen(data_dir):
-    store = MessageStore(data_dir)
-    recovered = store.recover()
-    store.close()
-    return recovered
 
 
 def critical_records(caplog) -> list[logging.LogRecord]:

@@ -1,4 +1,5 @@
-"""A tmpfs of the test's own (a read-only or a tiny file system), for the start-up and disk-alarm tests."""
+"""A tmpfs of the test's own (a read-only or a tiny file system), for the start-up, disk-full and disk-alarm
+tests."""
 
 from __future__ import annotations
 
@@ -21,4 +22,4 @@ def tmpfs(mount_point: Path, options: str) -> Iterator[Path]:
     try:
         yield mount_point
     finally:
-        subprocess.run(["umount", str(mount_point)], check=True)
+        subprocess.run(["umount", "--lazy", str(mount_point)], check=True)  # lazy: a broker may still hold a file
