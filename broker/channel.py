@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 
 _METHOD_ID = struct.Struct(">I")
 _PUBLISH_ID = (60, 40)  # class and method of basic.publish, named by errors in its content frames
+# Frames a channel holds while a reply waits for the disk before its connection stops being read (RabbitMQ's credit
+# flow lets a reader run about as far ahead of a busy channel).
+BACKLOG_LIMIT = 400
 
 
 class Unacked(NamedTuple):
@@ -215,7 +218,10 @@ class Channel:
         self.vhost.store.when_durable(lambda ok: self._written(method, ok))
 
     def _hold_frame(self, frame_type: int, payload: bytes) -> None:
-        self.backlog.append((frame_type, self.number, payload))
+        backlog = self.backlog
+        backlog.append((frame_type, self.number, payload))
+        if len(backlog) == BACKLOG_LIMIT:
+            self.connection.hold_reading_for(self)
 
     def _written(self, method, ok: bool) -> None:
         """The durable changes of a method are on disk (or failed to get there): reply, then handle what waited."""
@@ -234,8 +240,7 @@ class Channel:
                 INTERNAL_ERROR, f"{method.name.lower()} could not be written to disk", *divmod(method.index, 65536)))
         self.undo = None
         self.offer_credit({consumer.queue for consumer in self.consumers.values()})
-        if backlog:
-            self.connection._process(backlog)  # the connection's own path: state checks and error handling
+        self.connection.replay(self, backlog)  # the connection's own path: state checks and error handling
 
     def _send_replies(self) -> None:
         replies, self.replies = self.replies, None

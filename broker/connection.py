@@ -84,6 +84,8 @@ class Connection(asyncio.Protocol):
         # that followed them; reading stops until the transport drains.
         self.held: tuple[list, FrameError | None] | None = None
         self.unread_at_tick = 0  # bytes the transport held at the last heartbeat tick, while frames are held
+        # Channels that hold many frames while a reply of theirs waits for the disk: not read until they are done
+        self.waiting_channels: set[Channel] = set()
         self.flush_scheduled = False  # a flush is queued on the loop
         self.settling: dict[Channel, None] = {}  # channels with confirms or disk waits to arrange at the next flush
         self.write_paused = False  # the transport's buffer is full: no deliveries until it drains
@@ -177,7 +179,7 @@ class Connection(asyncio.Protocol):
 
     def reading_paused(self) -> bool:
         return self.state < DRAINING and (self.turn_paused or bool(self.throttled_by) or self.blocked
-                                          or self.held is not None)
+                                          or self.held is not None or bool(self.waiting_channels))
 
     def _update_reading(self) -> None:
         """Read from the socket unless the turn's budget is spent, a queue holds this publisher back, the memory
@@ -202,6 +204,23 @@ class Connection(asyncio.Protocol):
             self._update_reading()
         elif failure is not None:
             self._frame_failed(failure)
+
+    def hold_reading_for(self, channel: Channel) -> None:
+        """A channel waiting for the disk holds many frames already: read nothing more until it is done."""
+        self.waiting_channels.add(channel)
+        self._update_reading()
+
+    def replay(self, channel: Channel, frames: list) -> None:
+        """The frames a channel held while it waited for the disk, processed now (ahead of any frames held for
+        the client's output, which were read after them); then reading goes on."""
+        self.waiting_channels.discard(channel)
+        if frames:
+            if self.held is not None:
+                held, failure = self.held
+                self.held = (frames + held, failure)
+            else:
+                self._handle(frames, None)
+        self._update_reading()
 
     def _resume_held(self) -> None:
         """The client has read enough of its output: process the held frames, then read again."""
@@ -518,6 +537,9 @@ class Connection(asyncio.Protocol):
         channel = self.channels.pop(number)
         channel.shutdown()
         self.settling.pop(channel, None)
+        if channel in self.waiting_channels:
+            self.waiting_channels.discard(channel)
+            self._update_reading()
         if send_close_ok:
             self.send_method(number, spec.Channel.CloseOk())
 
@@ -551,6 +573,7 @@ class Connection(asyncio.Protocol):
             channel.shutdown()
         self.channels.clear()
         self.settling.clear()
+        self.waiting_channels.clear()
         self.vhost.connection_closed(self)
         self.exclusive_queues.clear()
 
