@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.integration.pika_support import open_channel
+from tests.integration.helpers import open_channel
 
 
 @pytest.fixture

@@ -8,9 +8,9 @@ import pytest
 
 from tests.integration.helpers import (
     bodies,
-    closed_channel_reason,
-    closed_connection_reason,
-    connection,
+    channel_error,
+    connect,
+    connection_error,
     consume,
     declare_queue,
     drain_with_flags,
@@ -38,7 +38,7 @@ def queue_with(broker, unique):
     """Makes a channel and an exclusive queue holding `count` messages m-0, m-1, ... on a connection of its own."""
     with contextlib.ExitStack() as connections:
         def make(count: int):
-            ch = connections.enter_context(connection(broker)).channel()
+            ch = connections.enter_context(connect(broker)).channel()
             queue = declare_queue(ch, unique, exclusive=True)
             enqueue(ch.connection, queue, bodies("m", count))
             return ch, queue
@@ -130,7 +130,7 @@ def test_requeued_messages_return_to_their_original_positions(queue_with):
 
 
 def test_nack_multiple_with_requeue_redelivers_in_original_order_to_a_consumer(broker, unique):
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         ch = conn.channel()
         queue = declare_queue(ch, unique, exclusive=True)
         enqueue(conn, queue, bodies("m", 5))
@@ -156,34 +156,34 @@ def test_nack_multiple_with_requeue_redelivers_in_original_order_to_a_consumer(b
 def test_settling_an_unknown_tag_closes_the_channel_406(queue_with, settle):
     ch, queue = queue_with(2)
     get_unacked(ch, queue, 2)
-    assert closed_channel_reason(lambda: settle(ch, 5), ch) == (406, "PRECONDITION_FAILED - unknown delivery tag 5")
+    assert channel_error(lambda: settle(ch, 5), ch) == (406, "PRECONDITION_FAILED - unknown delivery tag 5")
 
 
 def test_double_ack_closes_the_channel_406(queue_with):
     ch, queue = queue_with(3)
     get_unacked(ch, queue, 3)
     ch.basic_ack(2)
-    assert closed_channel_reason(lambda: ch.basic_ack(2), ch) == (406, "PRECONDITION_FAILED - unknown delivery tag 2")
+    assert channel_error(lambda: ch.basic_ack(2), ch) == (406, "PRECONDITION_FAILED - unknown delivery tag 2")
 
 
 def test_multiple_ack_of_an_already_acked_tag_closes_the_channel_406(queue_with):
     ch, queue = queue_with(3)
     get_unacked(ch, queue, 3)
     ch.basic_ack(2, multiple=True)
-    assert closed_channel_reason(lambda: ch.basic_ack(1, multiple=True), ch) == (
+    assert channel_error(lambda: ch.basic_ack(1, multiple=True), ch) == (
         406, "PRECONDITION_FAILED - unknown delivery tag 1")
 
 
 def test_ack_of_tag_zero_without_multiple_is_an_unknown_tag(queue_with):
     ch, queue = queue_with(1)
     get_unacked(ch, queue, 1)
-    assert closed_channel_reason(lambda: ch.basic_ack(0), ch) == (406, "PRECONDITION_FAILED - unknown delivery tag 0")
+    assert channel_error(lambda: ch.basic_ack(0), ch) == (406, "PRECONDITION_FAILED - unknown delivery tag 0")
 
 
 def test_no_ack_deliveries_have_nothing_to_ack(queue_with):
     ch, queue = queue_with(1)
     method, _properties, _body = ch.basic_get(queue, auto_ack=True)
-    assert closed_channel_reason(lambda: ch.basic_ack(method.delivery_tag), ch) == (
+    assert channel_error(lambda: ch.basic_ack(method.delivery_tag), ch) == (
         406, "PRECONDITION_FAILED - unknown delivery tag 1")
 
 
@@ -191,7 +191,7 @@ def test_acking_another_channels_tag_is_an_unknown_tag(queue_with):
     ch, queue = queue_with(2)
     get_unacked(ch, queue, 1)
     other = ch.connection.channel()
-    assert closed_channel_reason(lambda: other.basic_ack(1), other) == (
+    assert channel_error(lambda: other.basic_ack(1), other) == (
         406, "PRECONDITION_FAILED - unknown delivery tag 1")
     ch.basic_ack(1)  # still valid on the channel that received it
     sync(ch)
@@ -199,7 +199,7 @@ def test_acking_another_channels_tag_is_an_unknown_tag(queue_with):
 
 
 def test_recover_with_requeue_redelivers_unacked_messages_with_new_tags(broker, unique):
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         ch = conn.channel()
         queue = declare_queue(ch, unique, exclusive=True)
         enqueue(conn, queue, bodies("m", 2))
@@ -209,7 +209,7 @@ def test_recover_with_requeue_redelivers_unacked_messages_with_new_tags(broker, 
         deliveries = inbox.wait_for(conn, 4)
         assert [(d.delivery_tag, d.body, d.redelivered) for d in deliveries] == [
             (1, b"m-0", False), (2, b"m-1", False), (3, b"m-0", True), (4, b"m-1", True)]
-        assert closed_channel_reason(lambda: ch.basic_ack(1), ch) == (
+        assert channel_error(lambda: ch.basic_ack(1), ch) == (
             406, "PRECONDITION_FAILED - unknown delivery tag 1")
 
 
@@ -223,5 +223,5 @@ def test_recover_requeues_unacked_gets_to_their_original_positions(queue_with):
 def test_recover_without_requeue_is_not_implemented_and_closes_the_connection_540(queue_with):
     ch, queue = queue_with(1)
     get_unacked(ch, queue, 1)
-    assert closed_connection_reason(lambda: ch.basic_recover(requeue=False), ch.connection) == (
+    assert connection_error(lambda: ch.basic_recover(requeue=False), ch.connection) == (
         540, "NOT_IMPLEMENTED - requeue=false")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pamqp import commands
 
-from tests.integration.pika_support import channel_error, connect, declare_queue, get, wait_until
+from tests.integration.helpers import channel_error, connect, declare_queue, get, wait_until
 from tests.integration.rawclient import RawClient
 
 
@@ -43,7 +43,7 @@ def test_a_channel_number_can_be_reopened_after_close_and_starts_afresh(broker, 
     connection = connect(broker)
     try:
         channel = connection.channel(channel_number=3)
-        queue = declare_queue(channel, unique)
+        queue = declare_queue(channel, unique, exclusive=True)
         channel.basic_publish("", queue, b"first")
         channel.basic_publish("", queue, b"second")
         delivered = []
@@ -158,7 +158,7 @@ def test_pika_soft_error_closes_only_that_channel(broker, unique):
         assert channel_error(lambda: doomed.queue_declare(unique, passive=True)) == (
             404, f"NOT_FOUND - no queue '{unique}' in vhost '/'")
         assert doomed.is_closed and survivor.is_open
-        queue = declare_queue(survivor, unique)
+        queue = declare_queue(survivor, unique, exclusive=True)
         survivor.basic_publish("", queue, b"still here")
         assert get(survivor, queue).body == b"still here"
     finally:

@@ -10,7 +10,7 @@ import pika.exceptions
 import pytest
 from pamqp import commands
 
-from tests.integration.helpers import channel, declare_queue, get_all
+from tests.integration.helpers import declare_queue, get_all, open_channel
 from tests.integration.rawclient import RawClient, describe
 
 
@@ -57,7 +57,7 @@ def test_confirm_select_answers_select_ok(broker):
 
 
 def test_every_publish_is_confirmed_exactly_once_with_sequence_numbers_from_one(broker, unique):
-    with channel(broker) as ch, raw_channel(broker) as client:
+    with open_channel(broker) as ch, raw_channel(broker) as client:
         queue = declare_queue(ch, unique)
         try:
             select_confirms(client)
@@ -103,7 +103,7 @@ def test_mandatory_return_comes_before_the_ack_of_that_message(broker, unique):
 
 
 def test_mixed_routable_returned_and_dropped_publishes_are_all_confirmed(broker, unique):
-    with channel(broker) as ch, raw_channel(broker) as client:
+    with open_channel(broker) as ch, raw_channel(broker) as client:
         queue = declare_queue(ch, unique)
         try:
             select_confirms(client)
@@ -128,7 +128,7 @@ def test_mixed_routable_returned_and_dropped_publishes_are_all_confirmed(broker,
 
 
 def test_pika_confirmed_publish_succeeds_and_unroutable_mandatory_raises(broker, unique):
-    with channel(broker) as ch:
+    with open_channel(broker) as ch:
         queue = declare_queue(ch, unique, exclusive=True)
         ch.confirm_delivery()
         ch.basic_publish("", queue, b"kept")
@@ -138,7 +138,7 @@ def test_pika_confirmed_publish_succeeds_and_unroutable_mandatory_raises(broker,
 
 
 def test_confirm_select_on_a_transactional_channel_is_refused_406(broker):
-    with channel(broker) as ch:
+    with open_channel(broker) as ch:
         ch.tx_select()
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
             ch.confirm_delivery()
@@ -147,7 +147,7 @@ def test_confirm_select_on_a_transactional_channel_is_refused_406(broker):
 
 
 def test_tx_select_on_a_confirm_channel_is_refused_406(broker):
-    with channel(broker) as ch:
+    with open_channel(broker) as ch:
         ch.confirm_delivery()
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
             ch.tx_select()

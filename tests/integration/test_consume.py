@@ -17,12 +17,12 @@ from tests.integration.helpers import (
     Inbox,
     amqp_connection,
     bodies,
-    channel,
-    connection,
+    connect,
     consume,
     declare_queue,
     enqueue,
     message_count,
+    open_channel,
     publish,
     stay_quiet,
     sync,
@@ -59,7 +59,7 @@ def test_empty_consumer_tag_gets_a_server_generated_one(broker, unique):
 
 
 def test_client_chosen_tag_is_echoed_in_consume_ok_and_deliveries(broker, unique):
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         ch = conn.channel()
         queue = declare_queue(ch, unique, exclusive=True)
         tag, inbox = consume(ch, queue, auto_ack=True, consumer_tag=f"{unique}-mine")
@@ -83,7 +83,7 @@ def test_reusing_a_consumer_tag_on_the_channel_closes_the_connection_530(broker,
 
 
 def test_same_tag_on_another_channel_is_allowed(broker, unique):
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         first, second = conn.channel(), conn.channel()
         queue = declare_queue(first, unique, exclusive=True)
         assert first.basic_consume(queue, Inbox(), consumer_tag="shared") == "shared"
@@ -91,7 +91,7 @@ def test_same_tag_on_another_channel_is_allowed(broker, unique):
 
 
 def test_second_consumer_on_an_exclusively_consumed_queue_is_refused_403(broker, unique):
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         owner = conn.channel()
         queue = declare_queue(owner, unique, exclusive=True)
         owner.basic_consume(queue, Inbox(), exclusive=True)
@@ -104,7 +104,7 @@ def test_second_consumer_on_an_exclusively_consumed_queue_is_refused_403(broker,
 
 
 def test_exclusive_consume_on_a_queue_that_has_consumers_is_refused_403(broker, unique):
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         owner = conn.channel()
         queue = declare_queue(owner, unique, exclusive=True)
         owner.basic_consume(queue, Inbox())
@@ -116,7 +116,7 @@ def test_exclusive_consume_on_a_queue_that_has_consumers_is_refused_403(broker, 
 
 
 def test_exclusive_consumer_gone_lets_others_consume(broker, unique):
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         ch = conn.channel()
         queue = declare_queue(ch, unique, exclusive=True)
         tag = ch.basic_consume(queue, Inbox(), exclusive=True)
@@ -127,7 +127,7 @@ def test_exclusive_consumer_gone_lets_others_consume(broker, unique):
 
 
 def test_no_ack_consumer_messages_leave_the_queue_on_delivery(broker, unique):
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         ch = conn.channel()
         queue = declare_queue(ch, unique, exclusive=True)
         tag, inbox = consume(ch, queue, auto_ack=True)
@@ -160,7 +160,7 @@ def test_nowait_consume_and_cancel(broker, unique):
 
 
 def test_consumer_priority_argument_prefers_the_higher_priority_consumer(broker, unique):
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         ch = conn.channel()
         queue = declare_queue(ch, unique, exclusive=True)
         inbox = Inbox()
@@ -172,7 +172,7 @@ def test_consumer_priority_argument_prefers_the_higher_priority_consumer(broker,
 
 
 def test_consumer_priority_must_be_an_integer(broker, unique):
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         ch = conn.channel()
         queue = declare_queue(ch, unique, exclusive=True)
         consumer_channel = conn.channel()
@@ -184,7 +184,7 @@ def test_consumer_priority_must_be_an_integer(broker, unique):
 
 
 def test_cancel_stops_deliveries_and_keeps_unacked_ones_ackable(broker, unique):
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         ch = conn.channel()
         queue = declare_queue(ch, unique, exclusive=True)
         tag, inbox = consume(ch, queue)
@@ -208,13 +208,13 @@ def test_cancel_of_an_unknown_tag_is_answered_with_cancel_ok(broker, unique):
 
 
 def test_deleting_the_queue_sends_basic_cancel_to_its_consumers(broker, unique):
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         ch = conn.channel()
         queue = declare_queue(ch, unique)
         cancelled = []
         ch.add_on_cancel_callback(lambda frame: cancelled.append(frame.method))
         tag, _inbox = consume(ch, queue)
-        with channel(broker) as other:
+        with open_channel(broker) as other:
             other.queue_delete(queue)
         wait_until(conn, lambda: cancelled)
         assert isinstance(cancelled[0], pika.spec.Basic.Cancel)
@@ -224,7 +224,7 @@ def test_deleting_the_queue_sends_basic_cancel_to_its_consumers(broker, unique):
 
 
 def test_consumers_on_one_queue_are_served_round_robin(broker, unique):
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         ch = conn.channel()
         queue = declare_queue(ch, unique, exclusive=True)
         inbox = Inbox()
@@ -236,7 +236,7 @@ def test_consumers_on_one_queue_are_served_round_robin(broker, unique):
 
 
 def test_consumers_on_different_channels_are_served_round_robin(broker, unique):
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         publisher = conn.channel()
         queue = declare_queue(publisher, unique, exclusive=True)
         inbox = Inbox()
@@ -250,7 +250,7 @@ def test_consumers_on_different_channels_are_served_round_robin(broker, unique):
 
 
 def test_consume_on_missing_queue_closes_the_channel_404(broker, unique):
-    with channel(broker) as ch:
+    with open_channel(broker) as ch:
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
             ch.basic_consume(f"{unique}-missing", Inbox())
         assert (closed.value.reply_code, closed.value.reply_text) == (
@@ -260,7 +260,7 @@ def test_consume_on_missing_queue_closes_the_channel_404(broker, unique):
 @pytest.mark.parametrize("notify", [True, False], ids=["consumer_cancel_notify", "no-capability"])
 def test_basic_cancel_is_sent_only_to_clients_that_announce_consumer_cancel_notify(broker, unique, notify):
     capabilities = {"consumer_cancel_notify": True} if notify else {}
-    with RawClient.connect(broker) as client, channel(broker) as other:
+    with RawClient.connect(broker) as client, open_channel(broker) as other:
         client.handshake(client_properties={"capabilities": capabilities})
         client.open_channel(1)
         queue = declare_queue(other, unique)

@@ -19,7 +19,7 @@ import pika.exceptions
 import pytest
 
 from tests.bench.client import BenchConnection, BrokerClosed, BrokerURL, ConfirmTracker, message_frames
-from tests.integration.helpers import connection, enqueue, message_count, sync, wait_until
+from tests.integration.helpers import connect, enqueue, message_count, sync, wait_until
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 BODY_PADDING = b"." * 100  # bodies of about 110 bytes: a numbered prefix, then padding
@@ -41,7 +41,7 @@ def abandon(conn: pika.BlockingConnection) -> None:
 
 def read_queue(broker, queue: str) -> list[tuple[bytes, bool]]:
     """Every message of `queue` as (body, redelivered), in queue order, taken by a no-ack consumer."""
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         ch = conn.channel()
         expected = message_count(ch, queue)
         received: list[tuple[bytes, bool]] = []
@@ -104,7 +104,7 @@ async def publish_numbered(broker, queue: str, count: int, window: int = 500,
 
 def test_kill_mid_publish_loses_no_confirmed_message(own_broker):
     broker = own_broker()
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         conn.channel().queue_declare("orders", durable=True)
     tracker = asyncio.run(publish_numbered(broker, "orders", count=6000, window=500, kill_after=3000))
     broker.stop()
@@ -199,7 +199,7 @@ def test_deliveries_unacked_at_a_kill_come_back_redelivered(own_broker):
 def test_acked_messages_come_back_only_if_the_ack_had_not_reached_the_disk(own_broker):
     broker = own_broker()
     count = 50000  # enough that acks are still flowing when the broker is killed, however fast it drains
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         conn.channel().queue_declare("jobs", durable=True)
     asyncio.run(publish_numbered(broker, "jobs", count))
 
@@ -285,7 +285,7 @@ TAIL_DAMAGE = {
 @pytest.mark.parametrize("damage, lost", TAIL_DAMAGE.values(), ids=TAIL_DAMAGE.keys())
 def test_a_torn_tail_is_truncated_and_what_came_before_is_served(own_broker, damage, lost):
     broker = own_broker()
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         conn.channel().queue_declare("q", durable=True)
         enqueue(conn, "q", [numbered(index) for index in range(50)], properties=PERSISTENT)
     broker.kill()
@@ -301,7 +301,7 @@ def test_a_torn_tail_is_truncated_and_what_came_before_is_served(own_broker, dam
         assert segment.stat().st_size < intact_size
     assert [body for body, _ in read_queue(broker, "q")] == [numbered(index) for index in range(50 - lost)]
     # the log goes on cleanly after the cut: new messages follow the old ones across another restart
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         enqueue(conn, "q", [numbered(index) for index in range(100, 105)], properties=PERSISTENT)
     broker.restart()
     assert [body for body, _ in read_queue(broker, "q")] == [numbered(index) for index in range(100, 105)]
@@ -309,7 +309,7 @@ def test_a_torn_tail_is_truncated_and_what_came_before_is_served(own_broker, dam
 
 def test_a_torn_tail_in_the_definitions_log_is_truncated(own_broker):
     broker = own_broker()
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         ch = conn.channel()
         ch.exchange_declare("kept-x", "topic", durable=True)
         ch.queue_declare("kept-q", durable=True)
@@ -320,7 +320,7 @@ def test_a_torn_tail_in_the_definitions_log_is_truncated(own_broker):
     broker.start()
 
     assert "truncating" in broker.log()
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         ch = conn.channel()
         ch.exchange_declare("kept-x", "topic", durable=True, passive=True)
         publisher = conn.channel()

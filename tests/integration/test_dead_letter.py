@@ -4,9 +4,7 @@ x-death history, as RabbitMQ 3.x records it."""
 import pika
 import pytest
 
-from tests.integration.helpers import (
-    closed_channel_reason, connection, prefetch_one_consumer, stay_quiet, wait_until,
-)
+from tests.integration.helpers import channel_error, connect, prefetch_one_consumer, stay_quiet, wait_until
 
 
 class DeadLetters:
@@ -35,7 +33,7 @@ class DeadLetters:
 
 @pytest.fixture
 def dead(broker, unique):
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         yield DeadLetters(conn, unique)
 
 
@@ -97,9 +95,9 @@ def test_a_per_message_expiration_expires_it(dead, unique):
     ("-5", "PRECONDITION_FAILED - invalid expiration '-5': {value_negative,-5}"),
 ])
 def test_an_invalid_expiration_closes_the_channel(broker, unique, expiration, text):
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         ch = conn.channel()
-        assert closed_channel_reason(
+        assert channel_error(
             lambda: ch.basic_publish("", unique, b"x", pika.BasicProperties(expiration=expiration)), ch) == (406, text)
 
 
@@ -118,7 +116,7 @@ def test_length_limits_dead_letter_as_maxlen(dead, unique):
 
 
 def test_an_expiry_cycle_is_dropped_but_a_rejection_cycle_is_not(broker, unique):
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         ch = conn.channel()
         ch.confirm_delivery()
         # expires into the default exchange with its own name as routing key: straight back into itself
@@ -139,7 +137,7 @@ def test_an_expiry_cycle_is_dropped_but_a_rejection_cycle_is_not(broker, unique)
 
 
 def test_a_missing_dead_letter_exchange_drops_the_message(broker, unique):
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         ch = conn.channel()
         ch.queue_declare(unique, exclusive=True, arguments={"x-dead-letter-exchange": f"{unique}-nowhere"})
         ch.basic_publish("", unique, b"lost")
@@ -160,7 +158,7 @@ def test_a_message_behind_the_head_expires_on_time_once_the_head_is_delivered(de
 
 
 def test_an_expired_message_is_not_delivered_even_behind_a_live_one(broker, unique):
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         conn.channel().queue_declare(unique, exclusive=True)
         ch, got, publisher = prefetch_one_consumer(conn, unique)
         publisher.basic_publish("", unique, b"first")

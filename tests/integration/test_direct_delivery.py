@@ -4,7 +4,7 @@ applies to messages that have to wait in the queue."""
 import pika
 import pytest
 
-from tests.integration.helpers import connection, wait_until
+from tests.integration.helpers import connect, wait_until
 
 COUNT = 50
 
@@ -16,7 +16,7 @@ COUNT = 50
     ({"x-max-length": 1, "x-overflow": "reject-publish"}, None),
 ], ids=["queue-ttl-0", "message-expiration-0", "max-length-0", "max-length-1-reject"])
 def test_an_idle_consumer_gets_every_message(broker, unique, arguments, properties):
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         ch = conn.channel()
         ch.queue_declare(unique, exclusive=True, arguments=arguments)
         received = []

@@ -3,14 +3,14 @@
 import pika
 import pytest
 
-from tests.integration.helpers import closed_channel_reason, connection, wait_until
+from tests.integration.helpers import channel_error, connect, wait_until
 
 PSEUDO_QUEUE = "amq.rabbitmq.reply-to"
 
 
 def test_a_reply_reaches_the_requesting_consumer(broker):
     replies = []
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         client = conn.channel()
         client.basic_consume(PSEUDO_QUEUE, lambda ch, method, properties, body: replies.append((method, body)),
                              auto_ack=True)
@@ -41,13 +41,13 @@ def test_a_reply_reaches_the_requesting_consumer(broker):
      "PRECONDITION_FAILED - reply consumer already set"),
 ], ids=["with-acks", "request-without-consumer", "second-consumer"])
 def test_misuse_closes_the_channel_with_406(broker, action, text):
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         ch = conn.channel()
-        assert closed_channel_reason(lambda: action(ch), ch) == (406, text)
+        assert channel_error(lambda: action(ch), ch) == (406, text)
 
 
 def test_a_reply_to_an_unknown_token_is_dropped_silently(broker):
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         ch = conn.channel()
         ch.basic_publish("", PSEUDO_QUEUE + ".no-such-channel", b"lost")
         ch.basic_qos(prefetch_count=1)  # a round trip: the channel is still open

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pika
 import pika.exceptions
 
-from tests.integration.pika_support import connect, wait_until
+from tests.integration.helpers import connect, wait_until
 from tests.tmpfs import tmpfs
 
 DISK = "size=2m"  # a tiny file system for the data dir

@@ -16,7 +16,7 @@ import pytest
 
 from storage.store import SEGMENT_BYTES
 from tests.bench.client import BenchConnection, BrokerURL, ConfirmTracker, DeliveryCounter, message_frames
-from tests.integration.helpers import connection, get_all, message_count
+from tests.integration.helpers import connect, get_all, message_count
 from tests.tmpfs import tmpfs
 
 MIB = 1 << 20
@@ -106,12 +106,12 @@ def test_steady_publish_and_consume_keeps_disk_use_flat(own_broker, park_every):
     broker = own_broker()
     body_size, max_queued = 16 << 10, 512
     count = 8 * SEGMENT_BYTES // body_size  # eight segments' worth of messages
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         conn.channel().queue_declare("steady", durable=True)
         conn.channel().queue_declare("parked", durable=True)
     samples = asyncio.run(steady_run(broker, "steady", count, body_size, max_queued, sample_every=count // 48,
                                      park_every=park_every))
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         remaining = message_count(conn.channel(), "steady")
         parked = message_count(conn.channel(), "parked")
     # once all is consumed: the head segment and what is parked (spent segments go, compactions finish in the
@@ -185,7 +185,7 @@ def test_a_full_disk_nacks_publishes_and_loses_nothing_confirmed(own_broker, sma
 
     # the disk alarm blocks the publishing connection (as RabbitMQ's does); the broker goes on serving what needs
     # no disk to the others
-    with connection(broker) as other:
+    with connect(broker) as other:
         other_ch = other.channel()
         other_ch.queue_declare("transient-q")
         method, _, body = other_ch.basic_get("q")  # not acked: back in the queue when this connection closes
@@ -196,7 +196,7 @@ def test_a_full_disk_nacks_publishes_and_loses_nothing_confirmed(own_broker, sma
     conn.close()
 
     broker.restart()
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         recovered = [int(body[:6]) for body in get_all(conn.channel(), "q")]
     confirmed = acked + acked_later
     lost = sorted(set(confirmed) - set(recovered))

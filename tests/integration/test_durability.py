@@ -15,8 +15,18 @@ import signal
 import pika
 import pytest
 
-from tests.integration.helpers import connection, consume, drain_with_flags, enqueue, message_count, sync, wait_until
-from tests.integration.pika_support import channel_error, get
+from tests.integration.helpers import (
+    channel_error,
+    connect,
+    consume,
+    drain_with_flags,
+    enqueue,
+    get,
+    get_all,
+    message_count,
+    sync,
+    wait_until,
+)
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 TRANSIENT = pika.BasicProperties(delivery_mode=1)
@@ -46,7 +56,7 @@ def routed_to(ch, publishes, queues) -> dict[str, list[bytes]]:
     for exchange, routing_key, body, headers in publishes:
         publisher.basic_publish(exchange, routing_key, body, pika.BasicProperties(headers=headers))
     publisher.close()
-    return {queue: [body for body, _ in drain_with_flags(ch, queue)] for queue in queues}
+    return {queue: get_all(ch, queue) for queue in queues}
 
 
 def not_found(action) -> tuple[int, str]:
@@ -101,13 +111,13 @@ TOPOLOGY_ROUTES = {
 
 def test_durable_exchanges_queues_and_bindings_survive_a_restart(own_broker):
     broker = own_broker()
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         ch = conn.channel()
         declare_durable_topology(ch)
         assert routed_to(ch, TOPOLOGY_PUBLISHES, TOPOLOGY_QUEUES) == TOPOLOGY_ROUTES
 
     graceful_restart(broker)
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         ch = conn.channel()
         declare_durable_topology(ch)  # an equivalent re-declaration is accepted: same types, flags, arguments
         assert routed_to(ch, TOPOLOGY_PUBLISHES, TOPOLOGY_QUEUES) == TOPOLOGY_ROUTES
@@ -115,11 +125,11 @@ def test_durable_exchanges_queues_and_bindings_survive_a_restart(own_broker):
 
 def test_restored_definitions_keep_their_type_flags_and_arguments(own_broker):
     broker = own_broker()
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         declare_durable_topology(conn.channel())
     graceful_restart(broker)
 
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         code, text = channel_error(lambda: conn.channel().exchange_declare("d.topic", "direct", durable=True))
         assert (code, text) == (406, ("PRECONDITION_FAILED - inequivalent arg 'type' for exchange 'd.topic' in vhost "
                                       "'/': received 'direct' but current is 'topic'"))
@@ -150,7 +160,7 @@ def test_non_durable_and_exclusive_definitions_do_not_survive(own_broker):
     ch.queue_bind("durable-q", "durable-x", "to-durable-q")  # the one binding that stays
     graceful_restart(broker, holder)
 
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         for action in (lambda c: c.exchange_declare("transient-x", passive=True),
                        lambda c: c.queue_declare("transient-q", passive=True),
                        lambda c: c.queue_declare("exclusive-durable-q", passive=True)):
@@ -176,7 +186,7 @@ def test_exclusive_durable_queue_does_not_come_back_after_a_crash(own_broker):
     broker.kill()
     abandon(owner)
     broker.start()
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         assert not_found(lambda: conn.channel().queue_declare("exclusive-durable-q", passive=True)) == \
             (404, "NOT_FOUND")
         assert message_count(conn.channel(), "durable-q") == 1
@@ -184,7 +194,7 @@ def test_exclusive_durable_queue_does_not_come_back_after_a_crash(own_broker):
 
 def test_deleted_definitions_stay_deleted(own_broker):
     broker = own_broker()
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         ch = conn.channel()
         ch.exchange_declare("src", "direct", durable=True)
         ch.exchange_declare("dst", "fanout", durable=True)
@@ -198,7 +208,7 @@ def test_deleted_definitions_stay_deleted(own_broker):
         enqueue(conn, "doomed", [b"old-1", b"old-2"], properties=PERSISTENT)
     graceful_restart(broker)
 
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         ch = conn.channel()
         assert message_count(ch, "doomed") == 2
         ch.queue_delete("doomed")
@@ -207,7 +217,7 @@ def test_deleted_definitions_stay_deleted(own_broker):
         ch.exchange_delete("dst")
     graceful_restart(broker)
 
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         assert not_found(lambda: conn.channel().queue_declare("doomed", passive=True)) == (404, "NOT_FOUND")
         assert not_found(lambda: conn.channel().exchange_declare("dst", passive=True)) == (404, "NOT_FOUND")
         ch = conn.channel()
@@ -220,11 +230,11 @@ def test_deleted_definitions_stay_deleted(own_broker):
             {"doomed": [], "kept": [b"d"], "via-dst": []}
     graceful_restart(broker)  # a re-declared queue of a deleted one's name is a new durable queue
 
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         ch = conn.channel()
         enqueue(conn, "doomed", [b"new"], properties=PERSISTENT)
     graceful_restart(broker)
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         assert drain_with_flags(conn.channel(), "doomed") == [(b"new", False)]
 
 
@@ -240,7 +250,7 @@ RICH_PROPERTIES = pika.BasicProperties(
 
 def test_persistent_messages_on_durable_queues_survive_and_nothing_else_does(own_broker):
     broker = own_broker()
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         ch = conn.channel()
         ch.exchange_declare("fan", "fanout", durable=True)
         ch.queue_declare("durable-q", durable=True)
@@ -259,7 +269,7 @@ def test_persistent_messages_on_durable_queues_survive_and_nothing_else_does(own
         assert message_count(ch, "durable-q") == 6 * 3 + 3
     graceful_restart(broker)
 
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         ch = conn.channel()
         assert not_found(lambda: conn.channel().queue_declare("transient-q", passive=True)) == (404, "NOT_FOUND")
         survivors = []
@@ -304,7 +314,7 @@ def test_graceful_stop_then_restart_shows_exactly_the_previous_state(own_broker)
     expected_untouched = [(body, False) for body in names]
 
     graceful_restart(broker, client)
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         ch = conn.channel()
         assert message_count(ch, "untouched") == len(expected_untouched)
         assert drain_with_flags(ch, "worked") == expected_worked
@@ -314,12 +324,12 @@ def test_graceful_stop_then_restart_shows_exactly_the_previous_state(own_broker)
             publisher.basic_publish("fan", "", body, PERSISTENT)
 
     graceful_restart(broker)  # a second restart: no duplicates, nothing drained comes back, flags unchanged
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         ch = conn.channel()
         after = [(b"after-1", False), (b"after-2", False)]
         assert drain_with_flags(ch, "worked") == after
         assert drain_with_flags(ch, "untouched") == expected_untouched + after
     graceful_restart(broker)
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         ch = conn.channel()
         assert (message_count(ch, "worked"), message_count(ch, "untouched")) == (0, 0)

@@ -13,7 +13,7 @@ import pika.exceptions
 import pytest
 from pamqp import body, commands, header
 
-from tests.integration.helpers import closed_connection_reason
+from tests.integration.helpers import connection_error
 from tests.integration.rawclient import RawClient, describe
 from tests.tmpfs import tmpfs
 
@@ -119,7 +119,7 @@ def test_a_durable_declare_on_a_full_disk_is_refused_and_leaves_nothing_behind(o
         channel.queue_declare("transient", exclusive=True)  # nothing to write: served as usual
         # larger than a page, so it cannot fit in what is left of the last page of a file either
         padding = {"x-padding": "p" * 10000}
-        code, text = closed_connection_reason(
+        code, text = connection_error(
             lambda: channel.queue_declare("full", durable=True, arguments=padding), connection)
         assert (code, text) == (541, "INTERNAL_ERROR - queue.declare could not be written to disk")
         os.unlink(disk / "filler")

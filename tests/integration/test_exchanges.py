@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.pika_support import bodies, channel_error, declare_queue, fresh, rabbitmq4
+from tests.integration.helpers import channel_error, declare_queue, fresh, get_all, rabbitmq4
 
 
 def exists(channel, exchange: str) -> bool:
@@ -128,7 +128,7 @@ def test_delete_of_a_missing_exchange_is_ok(channel, unique):
 
 def test_delete_if_unused_refuses_an_exchange_with_bindings(channel, unique):
     channel.exchange_declare(unique, "direct")
-    queue = declare_queue(channel, "")
+    queue = declare_queue(channel, exclusive=True)
     channel.queue_bind(queue, unique, "key")
     assert channel_error(lambda: channel.exchange_delete(unique, if_unused=True)) == (
         406, f"PRECONDITION_FAILED - exchange '{unique}' in vhost '/' in use")
@@ -147,12 +147,12 @@ def test_delete_if_unused_ignores_bindings_where_the_exchange_is_the_destination
 
 def test_delete_removes_bindings_and_unconditional_delete_works_with_bindings(channel, unique):
     channel.exchange_declare(unique, "fanout")
-    queue = declare_queue(channel, "")
+    queue = declare_queue(channel, exclusive=True)
     channel.queue_bind(queue, unique)
     channel.exchange_delete(unique)
     channel.exchange_declare(unique, "fanout", auto_delete=True)  # recreated: the old binding is gone
     channel.basic_publish(unique, "", b"lost")
-    assert bodies(channel, queue) == []
+    assert get_all(channel, queue) == []
     channel.exchange_delete(unique)
 
 
@@ -160,15 +160,15 @@ def test_exchange_to_exchange_binding_routes_and_unbinding_stops_it(channel, uni
     source, destination = f"{unique}-src", f"{unique}-dst"
     channel.exchange_declare(source, "topic")
     channel.exchange_declare(destination, "fanout")
-    queue = declare_queue(channel, "")
+    queue = declare_queue(channel, exclusive=True)
     channel.queue_bind(queue, destination)
     channel.exchange_bind(destination, source, "orders.*")
     channel.basic_publish(source, "orders.new", b"matched")
     channel.basic_publish(source, "invoices.new", b"not matched")
-    assert bodies(channel, queue) == [b"matched"]
+    assert get_all(channel, queue) == [b"matched"]
     channel.exchange_unbind(destination, source, "orders.*")
     channel.basic_publish(source, "orders.new", b"after unbind")
-    assert bodies(channel, queue) == []
+    assert get_all(channel, queue) == []
     channel.exchange_delete(source)
     channel.exchange_delete(destination)
 
@@ -193,7 +193,7 @@ def test_auto_delete_exchange_stays_until_it_had_a_binding(channel, unique):
 
 def test_auto_delete_exchange_goes_when_its_last_queue_binding_is_removed(channel, unique):
     channel.exchange_declare(unique, "direct", auto_delete=True)
-    queue = declare_queue(channel, "")
+    queue = declare_queue(channel, exclusive=True)
     channel.queue_bind(queue, unique, "a")
     channel.queue_bind(queue, unique, "b")
     channel.queue_unbind(queue, unique, "a")
@@ -204,7 +204,7 @@ def test_auto_delete_exchange_goes_when_its_last_queue_binding_is_removed(channe
 
 def test_auto_delete_exchange_goes_when_its_bound_queue_is_deleted(channel, unique):
     channel.exchange_declare(unique, "fanout", auto_delete=True)
-    queue = declare_queue(channel, "")
+    queue = declare_queue(channel, exclusive=True)
     channel.queue_bind(queue, unique)
     channel.queue_delete(queue)
     assert not exists(channel, unique)
@@ -230,9 +230,9 @@ def test_internal_exchange_routes_what_other_exchanges_forward(channel, unique):
     channel.exchange_declare(internal, "fanout", auto_delete=True, internal=True)
     channel.exchange_declare(unique, "fanout", auto_delete=True)
     channel.exchange_bind(internal, unique)
-    queue = declare_queue(channel, "")
+    queue = declare_queue(channel, exclusive=True)
     channel.queue_bind(queue, internal)
     channel.basic_publish(unique, "", b"forwarded")
-    assert bodies(channel, queue) == [b"forwarded"]
+    assert get_all(channel, queue) == [b"forwarded"]
     channel.exchange_delete(unique)
     channel.exchange_delete(internal)

@@ -1,13 +1,13 @@
 """Publisher flow control must never stall a client that publishes to a queue it also consumes from."""
 
-from tests.integration.helpers import connection, declare_queue, wait_until
+from tests.integration.helpers import connect, declare_queue, wait_until
 
 MESSAGES = 20_000  # well above the backlog at which a queue holds its publishers back
 
 
 def test_a_connection_publishing_to_its_own_manual_ack_consumer_gets_everything(broker, unique):
     received = []
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         ch = conn.channel()
         queue = declare_queue(ch, unique, exclusive=True)
         ch.basic_qos(prefetch_count=10)

@@ -7,24 +7,24 @@ import pytest
 
 from tests.integration.helpers import (
     bodies,
-    channel,
     declare_queue,
     enqueue,
     message_count,
+    open_channel,
     stay_quiet,
     wait_for_message_count,
 )
 
 
 def test_get_on_empty_queue_returns_get_empty(broker, unique):
-    with channel(broker) as ch:
+    with open_channel(broker) as ch:
         queue = declare_queue(ch, unique, exclusive=True)
         method, properties, body = ch.basic_get(queue)
         assert (method, properties, body) == (None, None, None)
 
 
 def test_get_ok_reports_messages_left_behind(broker, unique):
-    with channel(broker) as ch:
+    with open_channel(broker) as ch:
         queue = declare_queue(ch, unique, exclusive=True)
         enqueue(ch.connection, queue, bodies("m", 3))
         seen = []
@@ -37,7 +37,7 @@ def test_get_ok_reports_messages_left_behind(broker, unique):
 
 
 def test_get_ok_carries_routing_information_and_properties(broker, unique):
-    with channel(broker) as ch:
+    with open_channel(broker) as ch:
         queue = declare_queue(ch, unique, exclusive=True)
         properties = pika.BasicProperties(content_type="text/plain", headers={"k": "v"}, message_id="id-1")
         enqueue(ch.connection, queue, [b"hello"], properties=properties)
@@ -48,11 +48,11 @@ def test_get_ok_carries_routing_information_and_properties(broker, unique):
 
 
 def test_no_ack_get_is_not_requeued_when_the_channel_closes(broker, unique):
-    with channel(broker) as owner:
+    with open_channel(broker) as owner:
         queue = declare_queue(owner, unique)
         try:
             enqueue(owner.connection, queue, [b"only"])
-            with channel(broker) as getter:
+            with open_channel(broker) as getter:
                 method, _properties, body = getter.basic_get(queue, auto_ack=True)
                 assert (body, method.message_count) == (b"only", 0)
             stay_quiet(owner.connection)  # time for a (wrong) requeue to show
@@ -62,11 +62,11 @@ def test_no_ack_get_is_not_requeued_when_the_channel_closes(broker, unique):
 
 
 def test_manual_ack_get_keeps_the_message_until_acked(broker, unique):
-    with channel(broker) as owner:
+    with open_channel(broker) as owner:
         queue = declare_queue(owner, unique)
         try:
             enqueue(owner.connection, queue, [b"first", b"second"])
-            with channel(broker) as getter:
+            with open_channel(broker) as getter:
                 method, _properties, body = getter.basic_get(queue, auto_ack=False)
                 assert (body, method.message_count, method.delivery_tag) == (b"first", 1, 1)
                 assert message_count(owner, queue) == 1  # ready messages exclude the unacked one
@@ -82,7 +82,7 @@ def test_manual_ack_get_keeps_the_message_until_acked(broker, unique):
 
 
 def test_get_on_missing_queue_closes_the_channel_with_404(broker, unique):
-    with channel(broker) as ch:
+    with open_channel(broker) as ch:
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
             ch.basic_get(unique + "-missing")
         assert closed.value.reply_code == 404

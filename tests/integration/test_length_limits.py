@@ -3,7 +3,7 @@
 import pika
 import pytest
 
-from tests.integration.helpers import channel, get_all
+from tests.integration.helpers import get_all, open_channel
 
 
 def publish_confirmed(ch, exchange: str, routing_key: str, body: bytes) -> str:
@@ -16,7 +16,7 @@ def publish_confirmed(ch, exchange: str, routing_key: str, body: bytes) -> str:
 
 @pytest.fixture
 def confirmed(broker):
-    with channel(broker) as ch:
+    with open_channel(broker) as ch:
         ch.confirm_delivery()
         yield ch
 

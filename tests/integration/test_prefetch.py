@@ -7,19 +7,19 @@ import pytest
 from tests.integration.helpers import (
     Inbox,
     bodies,
-    channel,
-    connection,
+    connect,
     consume,
     declare_queue,
     enqueue,
     message_count,
+    open_channel,
     stay_quiet,
 )
 
 
 @pytest.fixture
 def conn(broker):
-    with connection(broker) as opened:
+    with connect(broker) as opened:
         yield opened
 
 
@@ -169,14 +169,14 @@ def test_configured_default_consumer_prefetch_applies_without_basic_qos(own_brok
     config = tmp_path / "warren.toml"
     config.write_text("[amqp]\ndefault_consumer_prefetch = 3\n")
     warren = own_broker("--config", str(config))
-    with connection(warren) as conn:
+    with connect(warren) as conn:
         queue = filled_queue(conn, unique, 6)
         ch = conn.channel()
         _tag, inbox = consume(ch, queue)
         assert settled_count(conn, inbox, 3) == 3
         ch.basic_ack(1)
         assert settled_count(conn, inbox, 4) == 4
-    with channel(warren) as ch:
+    with open_channel(warren) as ch:
         ch.basic_qos(prefetch_count=0)  # an explicit basic.qos still overrides the default
         queue = filled_queue(ch.connection, unique + "-explicit", 6)
         _tag, inbox = consume(ch, queue)

@@ -10,14 +10,8 @@ import pika
 import pytest
 from pamqp import body, commands, header
 
-from tests.integration.pika_support import bodies, channel_error, declare_queue, get, open_channel, wait_until
+from tests.integration.helpers import channel_error, declare_queue, get, get_all, wait_until
 from tests.integration.rawclient import RawClient
-
-
-@pytest.fixture
-def channel(broker):
-    with open_channel(broker) as opened:
-        yield opened
 
 
 @pytest.fixture
@@ -59,9 +53,9 @@ def test_pika_sees_the_return_and_the_channel_stays_usable(channel, unique):
     method, payload = returned[0]
     assert (method.reply_code, method.reply_text, method.exchange, method.routing_key, payload) == (
         312, "NO_ROUTE", "", unique, b"to a queue that does not exist")
-    queue = declare_queue(channel, unique)
+    queue = declare_queue(channel, unique, exclusive=True)
     channel.basic_publish("", queue, b"routable", mandatory=True)
-    assert bodies(channel, queue) == [b"routable"]
+    assert get_all(channel, queue) == [b"routable"]
     assert len(returned) == 1
 
 
@@ -112,7 +106,7 @@ def test_immediate_flag_is_not_implemented(client, unique):
 
 
 def test_user_id_must_match_the_authenticated_user(channel, unique):
-    queue = declare_queue(channel, unique)
+    queue = declare_queue(channel, unique, exclusive=True)
     channel.basic_publish("", queue, b"mine", pika.BasicProperties(user_id="guest"))
     assert get(channel, queue).properties.user_id == "guest"
     assert channel_error(lambda: (channel.basic_publish("", queue, b"forged", pika.BasicProperties(user_id="admin")),
@@ -124,7 +118,8 @@ def test_user_id_must_match_the_authenticated_user(channel, unique):
 
 
 def test_cc_and_bcc_add_routing_keys_and_bcc_is_stripped(channel, unique):
-    queues = {name: declare_queue(channel, f"{unique}-{name}") for name in ("main", "cc", "bcc", "other")}
+    queues = {name: declare_queue(channel, f"{unique}-{name}", exclusive=True)
+              for name in ("main", "cc", "bcc", "other")}
     for name, queue in queues.items():
         channel.queue_bind(queue, "amq.direct", f"{unique}.{name}")
     headers = {"CC": [f"{unique}.cc"], "BCC": [f"{unique}.bcc"], "kept": "yes"}
@@ -138,19 +133,19 @@ def test_cc_and_bcc_add_routing_keys_and_bcc_is_stripped(channel, unique):
 
 
 def test_cc_on_the_default_exchange_names_queues(channel, unique):
-    first, second = declare_queue(channel, f"{unique}-1"), declare_queue(channel, f"{unique}-2")
+    first, second = (declare_queue(channel, f"{unique}-{index}", exclusive=True) for index in (1, 2))
     channel.basic_publish("", first, b"both", pika.BasicProperties(headers={"CC": [second]}))
-    assert (bodies(channel, first), bodies(channel, second)) == ([b"both"], [b"both"])
+    assert (get_all(channel, first), get_all(channel, second)) == ([b"both"], [b"both"])
 
 
 def test_cc_and_bcc_deliver_one_copy_per_queue(channel, unique):
-    queue = declare_queue(channel, unique)
+    queue = declare_queue(channel, unique, exclusive=True)
     channel.basic_publish("", queue, b"once", pika.BasicProperties(headers={"CC": [queue, queue], "BCC": [queue]}))
-    assert bodies(channel, queue) == [b"once"]
+    assert get_all(channel, queue) == [b"once"]
 
 
 def test_bcc_only_is_stripped_and_headers_table_kept(channel, unique):
-    queue = declare_queue(channel, unique)
+    queue = declare_queue(channel, unique, exclusive=True)
     channel.basic_publish("", "nowhere", b"secret", pika.BasicProperties(headers={"BCC": [queue]}))
     message = get(channel, queue)
     assert (message.body, message.routing_key, message.properties.headers) == (b"secret", "nowhere", {})
@@ -176,7 +171,7 @@ def test_large_body_is_split_at_frame_max_minus_8_and_reassembled(client, unique
 
 
 def test_multi_megabyte_body_round_trips_through_pika(channel, unique):
-    queue = declare_queue(channel, unique)
+    queue = declare_queue(channel, unique, exclusive=True)
     payload = bytes(range(251)) * 12000  # about 3 MB, not a multiple of the frame size
     channel.basic_publish("", queue, payload)
     assert get(channel, queue).body == payload
@@ -208,7 +203,7 @@ def test_body_sent_in_many_small_frames_is_reassembled(client, unique):
 
 
 def test_every_basic_property_round_trips_unchanged(channel, unique):
-    queue = declare_queue(channel, unique)
+    queue = declare_queue(channel, unique, exclusive=True)
     headers = {
         "string": "text",
         "bytes": b"\x00\x01binary",
@@ -237,7 +232,7 @@ def test_every_basic_property_round_trips_unchanged(channel, unique):
 
 
 def test_absent_properties_stay_absent(channel, unique):
-    queue = declare_queue(channel, unique)
+    queue = declare_queue(channel, unique, exclusive=True)
     channel.basic_publish("", queue, b"bare")
     received = get(channel, queue).properties
     assert vars(received) == vars(pika.BasicProperties())

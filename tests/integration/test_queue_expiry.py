@@ -2,7 +2,7 @@
 
 import pika
 
-from tests.integration.helpers import connection, wait_until
+from tests.integration.helpers import connect, wait_until
 
 
 def exists(conn: pika.BlockingConnection, queue: str) -> bool:
@@ -19,13 +19,13 @@ def exists(conn: pika.BlockingConnection, queue: str) -> bool:
 
 
 def test_an_unused_queue_expires(broker, unique):
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         conn.channel().queue_declare(unique, arguments={"x-expires": 200})
         wait_until(conn, lambda: not exists(conn, unique), timeout=10)
 
 
 def test_a_consumer_keeps_a_queue_until_it_leaves(broker, unique):
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         ch = conn.channel()
         ch.queue_declare(unique, arguments={"x-expires": 200})
         tag = ch.basic_consume(unique, lambda *args: None, auto_ack=True)

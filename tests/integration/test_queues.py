@@ -6,9 +6,7 @@ import re
 
 import pytest
 
-from tests.integration.pika_support import (
-    bodies, channel_error, connect, declare_queue, fresh, reply_text, wait_until,
-)
+from tests.integration.helpers import channel_error, connect, declare_queue, fresh, get_all, reply_text, wait_until
 
 LOCKED_TEXT = ("RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '{}' in vhost '/'. It could be originally "
           "declared on another connection or the exclusive property value does not match that of the original "
@@ -36,11 +34,11 @@ def test_server_named_queues_start_with_amq_gen(channel):
     assert re.fullmatch(r"amq\.gen-[A-Za-z0-9_-]{22}", first), first
     assert first != second
     channel.basic_publish("", first, b"reachable by its name")
-    assert bodies(channel, first) == [b"reachable by its name"]
+    assert get_all(channel, first) == [b"reachable by its name"]
 
 
 def test_declare_ok_counts_ready_messages_and_consumers(channel, unique):
-    queue = declare_queue(channel, unique)
+    queue = declare_queue(channel, unique, exclusive=True)
     channel.confirm_delivery()  # a confirmed message is in the queue
     for index in range(3):
         channel.basic_publish("", queue, str(index).encode())
@@ -60,7 +58,7 @@ def test_passive_declare_of_a_missing_queue_is_404(channel, unique):
 
 
 def test_passive_declare_ignores_flags_and_reports_counts(channel, unique):
-    queue = declare_queue(channel, unique)
+    queue = declare_queue(channel, unique, exclusive=True)
     channel.confirm_delivery()  # counts are taken once the queue has the messages
     channel.basic_publish("", queue, b"one")
     channel.basic_publish("", queue, b"two")
@@ -160,7 +158,7 @@ def test_exclusive_queue_is_locked_to_its_connection(broker, channel, unique):
     finally:
         other.close()
     channel.basic_publish("", unique, b"owner still uses it")
-    assert bodies(channel, unique) == [b"owner still uses it"]
+    assert get_all(channel, unique) == [b"owner still uses it"]
 
 
 def test_exclusive_flag_mismatch_on_the_owning_connection_is_405(channel, unique):
@@ -203,25 +201,25 @@ def test_auto_delete_queue_goes_when_its_consumers_channel_closes(channel, uniqu
 
 
 def test_bind_and_unbind(channel, unique):
-    queue = declare_queue(channel, unique)
+    queue = declare_queue(channel, unique, exclusive=True)
     channel.queue_bind(queue, "amq.direct", unique)
     channel.basic_publish("amq.direct", unique, b"bound")
     channel.queue_unbind(queue, "amq.direct", unique)
     channel.basic_publish("amq.direct", unique, b"unbound")
-    assert bodies(channel, queue) == [b"bound"]
+    assert get_all(channel, queue) == [b"bound"]
 
 
 def test_binding_twice_is_one_binding(channel, unique):
-    queue = declare_queue(channel, unique)
+    queue = declare_queue(channel, unique, exclusive=True)
     channel.queue_bind(queue, "amq.direct", unique)
     channel.queue_bind(queue, "amq.direct", unique)
     channel.queue_unbind(queue, "amq.direct", unique)
     channel.basic_publish("amq.direct", unique, b"no binding left")
-    assert bodies(channel, queue) == []
+    assert get_all(channel, queue) == []
 
 
 def test_bind_to_missing_queue_or_exchange_is_404(channel, unique):
-    queue = declare_queue(channel, unique)
+    queue = declare_queue(channel, unique, exclusive=True)
     assert channel_error(lambda: channel.queue_bind(f"{unique}-missing", "amq.direct", "key")) == (
         404, f"NOT_FOUND - no queue '{unique}-missing' in vhost '/'")
     assert channel_error(lambda: fresh(channel).queue_bind(queue, f"{unique}-missing", "key")) == (
@@ -229,7 +227,7 @@ def test_bind_to_missing_queue_or_exchange_is_404(channel, unique):
 
 
 def test_unbind_of_a_missing_binding_queue_or_exchange_is_ok(channel, unique):
-    queue = declare_queue(channel, unique)
+    queue = declare_queue(channel, unique, exclusive=True)
     channel.queue_unbind(queue, "amq.direct", "never-bound")
     channel.queue_unbind(f"{unique}-missing", "amq.direct", "key")
     channel.queue_unbind(queue, f"{unique}-missing", "key")
@@ -246,24 +244,24 @@ def test_unbinding_another_connections_exclusive_queue_is_405_only_where_there_i
 
 
 def test_default_exchange_bindings_cannot_be_changed(channel, unique):
-    queue = declare_queue(channel, unique)
+    queue = declare_queue(channel, unique, exclusive=True)
     text = "ACCESS_REFUSED - operation not permitted on the default exchange"
     assert channel_error(lambda: channel.queue_bind(queue, "", "other")) == (403, text)
     assert channel_error(lambda: fresh(channel).queue_unbind(queue, "", queue)) == (403, text)
 
 
 def test_purge_returns_the_number_of_ready_messages(channel, unique):
-    queue = declare_queue(channel, unique)
+    queue = declare_queue(channel, unique, exclusive=True)
     channel.confirm_delivery()
     for index in range(4):
         channel.basic_publish("", queue, str(index).encode())
     assert channel.queue_purge(queue).method.message_count == 4
     assert channel.queue_purge(queue).method.message_count == 0
-    assert bodies(channel, queue) == []
+    assert get_all(channel, queue) == []
 
 
 def test_purge_keeps_unacked_messages(channel, unique):
-    queue = declare_queue(channel, unique)
+    queue = declare_queue(channel, unique, exclusive=True)
     channel.confirm_delivery()
     for body in (b"taken", b"ready-1", b"ready-2"):
         channel.basic_publish("", queue, body)
@@ -292,19 +290,19 @@ def test_delete_of_a_missing_queue_is_ok(channel, unique):
 
 
 def test_delete_if_empty_refuses_a_queue_with_messages(channel, unique):
-    queue = declare_queue(channel, unique)
+    queue = declare_queue(channel, unique, exclusive=True)
     channel.confirm_delivery()
     channel.basic_publish("", queue, b"still here")
     assert channel_error(lambda: channel.queue_delete(queue, if_empty=True)) == (
         406, f"PRECONDITION_FAILED - queue '{queue}' in vhost '/' not empty")
     retry = fresh(channel)
-    assert bodies(retry, queue) == [b"still here"]
+    assert get_all(retry, queue) == [b"still here"]
     retry.queue_delete(queue, if_empty=True)
     assert not queue_exists(channel, queue)
 
 
 def test_delete_if_unused_refuses_a_queue_with_consumers(channel, unique):
-    queue = declare_queue(channel, unique)
+    queue = declare_queue(channel, unique, exclusive=True)
     tag = channel.basic_consume(queue, lambda *args: None)
     assert channel_error(lambda: fresh(channel).queue_delete(queue, if_unused=True)) == (
         406, f"PRECONDITION_FAILED - queue '{queue}' in vhost '/' in use")
@@ -317,13 +315,13 @@ def test_deleting_a_queue_removes_its_bindings(channel, unique):
     channel.queue_declare(unique)
     channel.queue_bind(unique, "amq.direct", unique)
     channel.queue_delete(unique)
-    queue = declare_queue(channel, unique)  # same name, new queue
+    queue = declare_queue(channel, unique, exclusive=True)  # same name, new queue
     channel.basic_publish("amq.direct", unique, b"old binding is gone")
-    assert bodies(channel, queue) == []
+    assert get_all(channel, queue) == []
 
 
 def test_consumer_count_follows_consumers(channel, unique):
-    queue = declare_queue(channel, unique)
+    queue = declare_queue(channel, unique, exclusive=True)
     tags = [channel.basic_consume(queue, lambda *args: None) for _ in range(3)]
     assert channel.queue_declare(queue, passive=True).method.consumer_count == 3
     channel.basic_cancel(tags[0])

@@ -10,13 +10,13 @@ from pamqp import commands
 
 from tests.integration.helpers import (
     bodies,
-    channel,
-    closed_channel_reason,
-    connection,
+    channel_error,
+    connect,
     consume,
     declare_queue,
     drain_with_flags,
     enqueue,
+    open_channel,
     wait_for_message_count,
 )
 from tests.integration.rawclient import RawClient
@@ -29,7 +29,7 @@ EXPECTED_AFTER_REQUEUE = [(b"m-0", True), (b"m-2", True), (b"m-3", True), (b"m-4
 @pytest.fixture
 def shared_queue(broker, unique):
     """A queue any connection may consume from, with m-0..m-5 in it; yields (observer channel, queue name)."""
-    with channel(broker) as observer:
+    with open_channel(broker) as observer:
         queue = declare_queue(observer, unique)
         try:
             enqueue(observer.connection, queue, bodies("m", 6))
@@ -55,7 +55,7 @@ def assert_requeued_in_order(observer, queue: str) -> None:
 
 def test_closing_the_channel_requeues_unacked_deliveries(broker, shared_queue):
     observer, queue = shared_queue
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         ch = conn.channel()
         hold_three_ack_one(conn, ch, queue)
         ch.close()
@@ -64,7 +64,7 @@ def test_closing_the_channel_requeues_unacked_deliveries(broker, shared_queue):
 
 def test_closing_the_connection_requeues_unacked_deliveries(broker, shared_queue):
     observer, queue = shared_queue
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         ch = conn.channel()
         hold_three_ack_one(conn, ch, queue)
     assert_requeued_in_order(observer, queue)
@@ -72,17 +72,17 @@ def test_closing_the_connection_requeues_unacked_deliveries(broker, shared_queue
 
 def test_a_channel_closed_by_an_error_requeues_unacked_deliveries(broker, shared_queue):
     observer, queue = shared_queue
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         ch = conn.channel()
         hold_three_ack_one(conn, ch, queue)
-        assert closed_channel_reason(lambda: ch.basic_ack(2), ch) == (
+        assert channel_error(lambda: ch.basic_ack(2), ch) == (
             406, "PRECONDITION_FAILED - unknown delivery tag 2")
         assert_requeued_in_order(observer, queue)
 
 
 def test_unacked_basic_get_messages_are_requeued_too(broker, shared_queue):
     observer, queue = shared_queue
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         ch = conn.channel()
         tags = [ch.basic_get(queue)[0].delivery_tag for _ in range(4)]
         assert tags == [1, 2, 3, 4]

@@ -9,7 +9,7 @@ import pika
 import pytest
 from pamqp import commands
 
-from tests.integration.pika_support import connect
+from tests.integration.helpers import connect
 from tests.integration.rawclient import RawClient
 
 SHUTDOWN_TEXT = "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'"

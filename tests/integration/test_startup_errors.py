@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import EXTERNAL_URL, REPO_ROOT, Broker, free_port, wait_for_port
-from tests.integration.pika_support import connect
+from tests.integration.helpers import connect
 from tests.tmpfs import tmpfs
 
 pytestmark = pytest.mark.skipif(bool(EXTERNAL_URL), reason="starts broker processes of its own")

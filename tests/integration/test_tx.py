@@ -7,12 +7,12 @@ import pytest
 
 from tests.integration.helpers import (
     bodies,
-    channel,
-    connection,
+    connect,
     declare_queue,
     enqueue,
     get_all,
     message_count,
+    open_channel,
     prefetch_one_consumer,
     publish,
     stay_quiet,
@@ -25,7 +25,7 @@ from tests.integration.helpers import (
 @pytest.fixture
 def tx_and_observer(broker, unique):
     """(transactional channel, observer channel, queue): the two channels are on separate connections."""
-    with connection(broker) as tx_conn, channel(broker) as observer:
+    with connect(broker) as tx_conn, open_channel(broker) as observer:
         queue = declare_queue(observer, unique)
         try:
             tx = tx_conn.channel()
@@ -111,7 +111,7 @@ def test_reject_with_requeue_waits_for_commit(tx_and_observer):
 
 @pytest.mark.parametrize("finish", ["tx_commit", "tx_rollback"])
 def test_commit_or_rollback_without_select_is_refused_406(broker, finish):
-    with channel(broker) as ch:
+    with open_channel(broker) as ch:
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
             getattr(ch, finish)()
         assert (closed.value.reply_code, closed.value.reply_text) == (
@@ -119,7 +119,7 @@ def test_commit_or_rollback_without_select_is_refused_406(broker, finish):
 
 
 def test_an_ack_in_a_transaction_frees_prefetch_only_at_commit(broker, unique):
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         conn.channel().queue_declare(unique, exclusive=True)
         ch, got, publisher = prefetch_one_consumer(conn, unique)
         publisher.basic_publish("", unique, b"m1")

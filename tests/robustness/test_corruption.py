@@ -16,7 +16,7 @@ import pytest
 from storage import records
 from storage.segments import messages_directory, segment_numbers, segment_path
 from storage.store import MessageStore
-from tests.integration.helpers import connection, enqueue, get_all
+from tests.integration.helpers import connect, enqueue, get_all
 
 MESSAGES = 60
 QUEUES = 12
@@ -159,7 +159,7 @@ def test_a_segment_of_16_mib_of_random_bytes_is_read_past_quickly(tmp_path, wher
 def test_the_broker_starts_and_serves_after_a_flipped_byte_in_its_last_segment(own_broker):
     broker = own_broker()
     bodies = [b"%04d" % number + b"." * 300 for number in range(300)]
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         ch = conn.channel()
         ch.queue_declare("kept", durable=True)
         enqueue(conn, "kept", bodies, properties=pika.BasicProperties(delivery_mode=2))
@@ -174,7 +174,7 @@ def test_the_broker_starts_and_serves_after_a_flipped_byte_in_its_last_segment(o
     path.write_bytes(bytes(data))
 
     broker.start()
-    with connection(broker) as conn:
+    with connect(broker) as conn:
         assert get_all(conn.channel(), "kept") == [body for body in bodies if body != lost]
     assert f"corrupt record at offset {start}" in broker.log()
     assert (broker.data_dir / "quarantine" / f"{path.name}@{start}").exists()
