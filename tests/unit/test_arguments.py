@@ -5,7 +5,7 @@ import decimal
 
 import pytest
 
-from broker.arguments import (
+from broker.model.arguments import (
     ArgumentError,
     amqp_type_name,
     check_exchange_equivalent,

@@ -6,13 +6,14 @@ from typing import TYPE_CHECKING, Callable
 
 from pamqp import commands as spec
 
-from broker import direct_reply, errors
-from broker.arguments import amqp_type_name
-from broker.consumer import Consumer
-from broker.vhost import generated_name
+from broker.model.arguments import amqp_type_name
+from broker.model.vhost import generated_name
+from broker.session import direct_reply
+from broker.session.consumer import Consumer
+from protocol import errors
 
 if TYPE_CHECKING:
-    from broker.channel import Channel
+    from broker.session.channel import Channel
 
 
 def _channel_close(channel: Channel, method: spec.Channel.Close) -> None:

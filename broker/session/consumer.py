@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from broker.channel import Channel
-    from broker.queue import Queue
+    from broker.model.queue import Queue
+    from broker.session.channel import Channel
 
 UNLIMITED = 1 << 30  # credit of a consumer that no prefetch limit holds back
 

@@ -21,8 +21,8 @@ import datetime
 import decimal
 import re
 
-from broker.errors import AMQPError
 from protocol.constants import PRECONDITION_FAILED, RESOURCE_LOCKED
+from protocol.errors import AMQPError
 
 _INT32 = range(-(2**31), 2**31)
 _MAX_EXPIRY = 315360000000  # rabbit_misc:check_expiry: ten years in milliseconds

@@ -8,29 +8,30 @@ from typing import TYPE_CHECKING, Callable, NamedTuple
 
 from pamqp import commands as spec
 
-from broker import direct_reply, errors
-from broker.assembly import assembly_budget
-from broker.confirms import ConfirmTracker
-from broker.consumer import Consumer
-from broker.dead_letter import REJECTED, dead_letter
-from broker.errors import AMQPError
-from broker.expiry import parse_expiration
-from broker.message import Address, Header, Message, QueueEntry, carbon_copy_keys
-from broker.methods import HANDLERS
-from broker.queue import Queue
+from broker.model.features.dead_letter import REJECTED, dead_letter
+from broker.model.features.expiry import parse_expiration
+from broker.model.message import Address, Header, Message, QueueEntry, carbon_copy_keys
+from broker.model.queue import Queue
+from broker.session import direct_reply
+from broker.session.assembly import assembly_budget
+from broker.session.confirms import ConfirmTracker
+from broker.session.consumer import Consumer
+from broker.session.handlers import HANDLERS
+from protocol import errors
 from protocol.codec import decode_method, encode_content, encode_method
 from protocol.constants import (
     BASIC_ACK, BASIC_NACK, BASIC_PUBLISH, BASIC_REJECT, FRAME_BODY, FRAME_HEADER, FRAME_METHOD, INTERNAL_ERROR, NO_ROUTE,
     UNEXPECTED_FRAME,
 )
-from protocol.properties import EXPIRATION, REPLY_TO, USER_ID, property_flags
+from protocol.errors import AMQPError
 from protocol.fastpath import (
     decode_ack, decode_content_header, decode_nack, decode_publish, decode_reject, encode_ack, encode_deliver,
     encode_nack,
 )
+from protocol.properties import EXPIRATION, REPLY_TO, USER_ID, property_flags
 
 if TYPE_CHECKING:
-    from broker.connection import Connection
+    from broker.connection.connection import Connection
 
 _METHOD_ID = struct.Struct(">I")
 _PUBLISH_ID = (60, 40)  # class and method of basic.publish, named by errors in its content frames
@@ -167,14 +168,14 @@ class Channel:
         """A part of a body arrived: block the connection while memory runs short (the alarm, or bodies in
         assembly over their budget)."""
         connection = self.connection
-        over_budget = self.vhost.assembly.grew(pending, connection, size, self.assembly_budget)
+        over_budget = connection.server.assembly.grew(pending, connection, size, self.assembly_budget)
         alarm = connection.server.alarm
         if alarm is not None or over_budget:
             connection.block(alarm or "low on memory")
 
     def _assembled(self, pending: PendingPublish) -> None:
         """A body in assembly completed or was dropped: connections blocked for the budget may go on."""
-        released = self.vhost.assembly.finished(pending, self.assembly_budget)
+        released = self.connection.server.assembly.finished(pending, self.assembly_budget)
         if released and self.connection.server.alarm is None:
             for connection in released:
                 connection.unblock()

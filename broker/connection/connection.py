@@ -10,22 +10,22 @@ from typing import TYPE_CHECKING
 
 from pamqp import commands as spec
 
-from broker import errors
-from broker.auth import authenticate
-from broker.channel import Channel
-from broker.errors import AMQPError
-from broker.login_throttle import LoginThrottle
-from broker.peer_log import PeerLog
+from broker.connection.auth import authenticate
+from broker.connection.login_throttle import LoginThrottle
+from broker.connection.peer_log import PeerLog
+from broker.session.channel import Channel
+from protocol import errors
 from protocol.codec import HEARTBEAT_FRAME, decode_method, encode_method
 from protocol.constants import (
     ACCESS_REFUSED, CONNECTION_FORCED, FRAME_END, FRAME_ERROR, FRAME_HEARTBEAT, NOT_ALLOWED, FRAME_METHOD,
     FRAME_MIN_SIZE, PROTOCOL_HEADER, SERVER_CAPABILITIES,
 )
 from protocol.erlang_terms import write as erlang_term
+from protocol.errors import AMQPError
 from protocol.framing import FrameError, FrameReader, reply_text
 
 if TYPE_CHECKING:
-    from broker.server import Server
+    from broker.connection.server import Server
 
 log = logging.getLogger(__name__)
 peer_log = PeerLog(log)  # every line about one client goes through here, so that no client can flood the log
