@@ -15,12 +15,12 @@ from broker.connection.login_throttle import LoginThrottle
 from broker.connection.peer_log import PeerLog
 from broker.session.channel import Channel
 from protocol import errors
+from protocol import erlang_terms
 from protocol.codec import HEARTBEAT_FRAME, decode_method, encode_method
 from protocol.constants import (
     ACCESS_REFUSED, CONNECTION_FORCED, FRAME_END, FRAME_ERROR, FRAME_HEARTBEAT, NOT_ALLOWED, FRAME_METHOD,
     FRAME_MIN_SIZE, PROTOCOL_HEADER, SERVER_CAPABILITIES,
 )
-from protocol.erlang_terms import write as erlang_term
 from protocol.errors import AMQPError
 from protocol.framing import FrameError, FrameReader, reply_text
 
@@ -604,7 +604,7 @@ def _decode_connection_method(payload: bytes):
     except FrameError:
         raise
     except Exception:
-        text = reply_text(FRAME_ERROR, "cannot decode " + erlang_term(payload[4:132]))
+        text = reply_text(FRAME_ERROR, "cannot decode " + erlang_terms.write(payload[4:132]))
         raise FrameError(FRAME_ERROR, text, *_CLASS_METHOD.unpack_from(payload)) from None
 
 

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import struct
-from collections import OrderedDict
-from typing import TYPE_CHECKING, Callable, NamedTuple
+from typing import TYPE_CHECKING, Callable
 
 from pamqp import commands as spec
 
@@ -17,6 +16,8 @@ from broker.session.assembly import assembly_budget
 from broker.session.confirms import ConfirmTracker
 from broker.session.consumer import Consumer
 from broker.session.handlers import HANDLERS
+from broker.session.transaction import Transaction
+from broker.session.unacked import Unacked, UnackedStore
 from protocol import errors
 from protocol.codec import decode_method, encode_content, encode_method
 from protocol.constants import (
@@ -38,23 +39,6 @@ _PUBLISH_ID = (60, 40)  # class and method of basic.publish, named by errors in 
 # Frames a channel holds while a reply waits for the disk before its connection stops being read (RabbitMQ's credit
 # flow lets a reader run about as far ahead of a busy channel).
 BACKLOG_LIMIT = 400
-
-
-class Unacked(NamedTuple):
-    """A delivery awaiting ack: where it came from and who got it."""
-    tag: int
-    entry: QueueEntry
-    queue: Queue
-    consumer: Consumer | None  # None for basic.get
-
-
-class Transaction:
-    """What a transactional channel holds until tx.commit."""
-    __slots__ = ("publishes", "settles")
-
-    def __init__(self):
-        self.publishes: list[Callable[[], None]] = []  # routings to run at commit, in order
-        self.settles: list[tuple[list[Unacked], bool | None]] = []  # (deliveries, requeue) acked/rejected
 
 
 class PendingPublish:
@@ -83,11 +67,9 @@ class Channel:
         self.open = True  # False once closing: every frame but close/close-ok is then ignored
         self.pending: PendingPublish | None = None  # publish being assembled from its content frames
         self.next_tag = 1  # delivery tag of the next delivery on this channel
-        self.unacked: OrderedDict[int, Unacked] = OrderedDict()  # delivery tag -> unacked delivery, tag order
+        self.unacked = UnackedStore()  # deliveries awaiting ack, and the prefetch counts they hold
         self.consumers: dict[str, Consumer] = {}  # consumer tag -> consumer
         self.consumer_prefetch = connection.server.config.default_consumer_prefetch  # for consumers started next
-        self.global_prefetch = 0  # channel-wide limit of unacked consumer deliveries (basic.qos global), 0 = none
-        self.consumer_unacked = 0  # unacked deliveries made to consumers (what the global limit counts)
         self.confirms: ConfirmTracker | None = None  # set by confirm.select
         # Confirm seqs of this loop turn's persistent publishes, waiting for the disk under one store callback;
         # None until the turn's first persistent publish.
@@ -379,9 +361,7 @@ class Channel:
         if consumer.no_ack:
             queue.forget((entry,))
         else:
-            self.unacked[tag] = Unacked(tag, entry, queue, consumer)
-            consumer.unacked += 1
-            self.consumer_unacked += 1
+            self.unacked.push(Unacked(tag, entry, queue, consumer))
             if message.msg_id and queue.stored:
                 self.vhost.store.append_delivered(queue.store_key, (message.msg_id,))
         connection = self.connection
@@ -399,42 +379,9 @@ class Channel:
         connection.write(encode_content(self.number, message.header_payload, message.body, connection.frame_max))
 
     # --- acknowledgements ----------------------------------------------------------------------------------
-    def _take_unacked(self, tag: int, multiple: bool) -> list[Unacked]:
-        """Remove and return the deliveries an ack/nack/reject names (RabbitMQ's collect_acks)."""
-        unacked = self.unacked
-        if multiple and tag == 0:
-            taken = list(unacked.values())
-            unacked.clear()
-        elif tag not in unacked:
-            raise errors.precondition_failed(f"unknown delivery tag {tag}")
-        elif not multiple:
-            taken = [unacked.pop(tag)]
-        else:
-            taken = []
-            while unacked:
-                first = next(iter(unacked))
-                if first > tag:
-                    break
-                taken.append(unacked.popitem(last=False)[1])
-        return taken
-
-    def _release(self, deliveries: list[Unacked]) -> None:
-        """Deliveries are settled: their consumers' prefetch windows open up again."""
-        for delivery in deliveries:
-            consumer = delivery.consumer
-            if consumer is not None:
-                consumer.unacked -= 1
-                self.consumer_unacked -= 1
-
     def ack(self, tag: int, multiple: bool) -> None:
         if not multiple and self.tx is None:  # the common case, without the lists and dicts of the general one
-            delivery = self.unacked.pop(tag, None)
-            if delivery is None:
-                raise errors.precondition_failed(f"unknown delivery tag {tag}")
-            consumer = delivery.consumer
-            if consumer is not None:
-                consumer.unacked -= 1
-                self.consumer_unacked -= 1
+            delivery = self.unacked.pop(tag)
             queue = delivery.queue
             if queue.stored and not queue.deleted:
                 queue.forget((delivery.entry,))
@@ -444,11 +391,11 @@ class Channel:
 
     def reject(self, tag: int, multiple: bool, requeue: bool | None) -> None:
         """basic.reject/nack (requeue True or False), or a multiple ack (requeue None)."""
-        taken = self._take_unacked(tag, multiple)
+        taken = self.unacked.take(tag, multiple)
         if self.tx is not None:
             self.tx.settles.append((taken, requeue))  # prefetch stays taken until the commit, as in RabbitMQ
         else:
-            self._release(taken)
+            self.unacked.release(taken)
             self._settle(taken, requeue)
 
     def _settle(self, taken: list[Unacked], requeue: bool | None) -> None:
@@ -472,31 +419,25 @@ class Channel:
         """Prefetch room opened up on these queues (or, under a channel-wide limit, on all this channel consumes
         from): let them deliver at the end of this loop turn."""
         dispatcher = self.vhost.dispatcher
-        if self.global_prefetch:
+        if self.unacked.global_prefetch:
             queues = {consumer.queue for consumer in self.consumers.values()}
         for queue in queues:
             if queue.consumers and queue.entries:
                 dispatcher.mark(queue)
-
-    def restore_unacked(self, deliveries: list[Unacked]) -> None:
-        """Acks or rejects that a rollback undid: the deliveries are unacked again, in tag order."""
-        for delivery in deliveries:
-            self.unacked[delivery.tag] = delivery
-        self.unacked = OrderedDict(sorted(self.unacked.items()))
 
     def undo_tx(self) -> None:
         """Drop the transaction's publishes; its acks and rejects are undone."""
         tx = self.tx
         self.tx = Transaction()
         for deliveries, _ in tx.settles:
-            self.restore_unacked(deliveries)
+            self.unacked.restore(deliveries)
 
     def apply_tx(self) -> bool:
         """Apply the transaction; True when some of its publishes went to disk (commit-ok waits for it)."""
         tx = self.tx
         self.tx = Transaction()
         for deliveries, requeue in tx.settles:
-            self._release(deliveries)
+            self.unacked.release(deliveries)
             self._settle(deliveries, requeue)
         persisted = False
         for publish in tx.publishes:
@@ -515,7 +456,7 @@ class Channel:
         if no_ack:
             queue.forget((entry,))
         else:
-            self.unacked[tag] = Unacked(tag, entry, queue, None)
+            self.unacked.push(Unacked(tag, entry, queue, None))
             if message.msg_id and queue.stored:
                 self.vhost.store.append_delivered(queue.store_key, (message.msg_id,))
         self.send_method(spec.Basic.GetOk(tag, entry.redelivered, message.exchange, message.routing_key,
@@ -561,8 +502,8 @@ class Channel:
     def requeue_all(self) -> None:
         """Every unacked delivery goes back to its queue, in original order, flagged redelivered."""
         if self.unacked:
-            taken = self._take_unacked(0, True)
-            self._release(taken)
+            taken = self.unacked.take(0, True)
+            self.unacked.release(taken)
             self._settle(taken, requeue=True)
 
     # --- consumers -----------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ class Consumer:
         if self.no_ack:
             return UNLIMITED
         credit = self.prefetch - self.unacked if self.prefetch else UNLIMITED
-        if channel.global_prefetch:
-            credit = min(credit, channel.global_prefetch - channel.consumer_unacked)
+        unacked = channel.unacked
+        if unacked.global_prefetch:
+            credit = min(credit, unacked.global_prefetch - unacked.consumer_count)
         return credit

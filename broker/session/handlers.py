@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING, Callable
 
 from pamqp import commands as spec
 
-from broker.model.arguments import amqp_type_name
 from broker.model.vhost import generated_name
 from broker.session import direct_reply
 from broker.session.consumer import Consumer
 from protocol import errors
+from protocol.erlang_terms import amqp_type_name
 
 if TYPE_CHECKING:
     from broker.session.channel import Channel
@@ -135,7 +135,7 @@ def _basic_qos(channel: Channel, method: spec.Basic.Qos) -> None:
     if method.prefetch_size:
         raise errors.not_implemented(f"prefetch_size!=0 ({method.prefetch_size})")
     if method.global_:
-        channel.global_prefetch = method.prefetch_count
+        channel.unacked.global_prefetch = method.prefetch_count
         channel.offer_credit({consumer.queue for consumer in channel.consumers.values()})
     else:
         channel.consumer_prefetch = method.prefetch_count
