@@ -219,8 +219,8 @@ class Channel:
             self.replies = None
             if self.undo is not None:
                 self.undo()
-            self.connection.channel_failed(self, AMQPError(
-                INTERNAL_ERROR, f"{method.name.lower()} could not be written to disk", *divmod(method.index, 65536)))
+            self.connection.failed(AMQPError(
+                INTERNAL_ERROR, f"{method.name.lower()} could not be written to disk", *divmod(method.index, 65536)), self)
         self.undo = None
         self.offer_credit({consumer.queue for consumer in self.consumers.values()})
         self.connection.replay(self, backlog)  # the connection's own path: state checks and error handling
@@ -347,8 +347,7 @@ class Channel:
             self._disk_failed()
 
     def _disk_failed(self) -> None:
-        self.connection.channel_failed(self, errors.internal_error("persistent messages could not be written to "
-                                                                   "disk"))
+        self.connection.failed(errors.internal_error("persistent messages could not be written to disk"), self)
 
     # --- delivering ----------------------------------------------------------------------------------------
     def can_deliver(self) -> bool:
