@@ -86,7 +86,7 @@ class Connection(asyncio.Protocol):
         # Channels that hold many frames while a reply of theirs waits for the disk: not read until they are done
         self.waiting_channels: set[Channel] = set()
         self.flush_scheduled = False  # a flush is queued on the loop
-        self.settling: dict[Channel, None] = {}  # channels with confirms or disk waits to arrange at the next flush
+        self.handled: dict[Channel, None] = {}  # channels that handled frames of the read being processed
         self.write_paused = False  # the transport's buffer is full: no deliveries until it drains
         self.exclusive_queues: set = set()  # exclusive queues this connection owns, deleted with it
         self.client_properties: dict = {}
@@ -194,7 +194,8 @@ class Connection(asyncio.Protocol):
 
     def _handle(self, frames: list, failure: AMQPError | None) -> None:
         """Process frames, then the frame error that cut them short; hold what is left once the client's unread
-        output passes OUTPUT_LIMIT."""
+        output passes OUTPUT_LIMIT. Then each channel that handled frames sends its confirms (as rabbit_channel's
+        next_state after each message)."""
         self.output_room = OUTPUT_LIMIT - self.transport.get_write_buffer_size()
         rest = self._process(frames)
         if rest is not None:
@@ -203,6 +204,10 @@ class Connection(asyncio.Protocol):
             self._update_reading()
         elif failure is not None:
             self.failed(failure, None)
+        handled, self.handled = self.handled, {}
+        for channel in handled:
+            if channel.open:
+                channel.read_processed()
 
     def hold_reading_for(self, channel: Channel) -> None:
         """A channel waiting for the disk holds many frames already: read nothing more until it is done."""
@@ -242,6 +247,7 @@ class Connection(asyncio.Protocol):
                 channel = None  # the connection's own frame
             try:
                 if channel is not None:
+                    self.handled[channel] = None
                     channel.handle_frame(frame_type, payload)
                 else:
                     self._other_frame(frame_type, number, payload)
@@ -282,19 +288,8 @@ class Connection(asyncio.Protocol):
             self.flush_scheduled = True
             self.loop.call_soon(self.flush)
 
-    def settle_at_flush(self, channel: Channel) -> None:
-        self.settling[channel] = None
-        if not self.flush_scheduled:
-            self.flush_scheduled = True
-            self.loop.call_soon(self.flush)
-
     def flush(self) -> None:
         """Write everything queued this loop turn in one transport.write."""
-        if self.settling:
-            settling, self.settling = self.settling, {}
-            for channel in settling:
-                if channel.open:
-                    channel.settle_publishes()
         self.flush_scheduled = False
         if self.out and self.state < DRAINING and self.transport is not None and not self.transport.is_closing():
             data = b"".join(self.out)
@@ -515,7 +510,6 @@ class Connection(asyncio.Protocol):
     def close_channel(self, number: int, send_close_ok: bool) -> None:
         channel = self.channels.pop(number)
         channel.shutdown()
-        self.settling.pop(channel, None)
         if channel in self.waiting_channels:
             self.waiting_channels.discard(channel)
             self._update_reading()
@@ -544,7 +538,6 @@ class Connection(asyncio.Protocol):
         for channel in list(self.channels.values()):
             channel.shutdown()
         self.channels.clear()
-        self.settling.clear()
         self.waiting_channels.clear()
         self.vhost.connection_closed(self)
         self.exclusive_queues.clear()

@@ -19,15 +19,14 @@ from broker.session.handlers import HANDLERS
 from broker.session.transaction import Transaction
 from broker.session.unacked import Unacked, UnackedStore
 from protocol import errors
+from protocol.assembler import Content, content_body, content_header, out_of_order
 from protocol.codec import decode_method, encode_content, encode_method
 from protocol.constants import (
     BASIC_ACK, BASIC_NACK, BASIC_PUBLISH, BASIC_REJECT, FRAME_BODY, FRAME_HEADER, FRAME_METHOD, INTERNAL_ERROR, NO_ROUTE,
-    UNEXPECTED_FRAME,
 )
 from protocol.errors import AMQPError
 from protocol.fastpath import (
-    decode_ack, decode_content_header, decode_nack, decode_publish, decode_reject, encode_ack, encode_deliver,
-    encode_nack,
+    decode_ack, decode_nack, decode_publish, decode_reject, encode_ack, encode_deliver, encode_nack,
 )
 from protocol.properties import EXPIRATION, REPLY_TO, USER_ID, property_flags
 
@@ -35,24 +34,9 @@ if TYPE_CHECKING:
     from broker.connection.connection import Connection
 
 _METHOD_ID = struct.Struct(">I")
-_PUBLISH_ID = (60, 40)  # class and method of basic.publish, named by errors in its content frames
 # Frames a channel holds while a reply waits for the disk before its connection stops being read (RabbitMQ's credit
 # flow lets a reader run about as far ahead of a busy channel).
 BACKLOG_LIMIT = 400
-
-
-class PendingPublish:
-    """A basic.publish whose content header and body frames are still arriving."""
-    __slots__ = ("exchange", "routing_key", "mandatory", "header", "body_size", "parts", "received")
-
-    def __init__(self, exchange: str, routing_key: str, mandatory: bool):
-        self.exchange = exchange
-        self.routing_key = routing_key
-        self.mandatory = mandatory
-        self.header = b""  # raw content-header payload, once it arrives
-        self.body_size = -1  # announced by the content header; -1 until it arrives
-        self.parts: list[bytes] = []  # body frames received so far
-        self.received = 0  # bytes of body received so far
 
 
 class Channel:
@@ -65,14 +49,14 @@ class Channel:
         # Bytes of bodies in assembly, broker-wide, above which connections sending parts are blocked
         self.assembly_budget = assembly_budget(server.memory_alarm.limit, self.max_message_size)
         self.open = True  # False once closing: every frame but close/close-ok is then ignored
-        self.pending: PendingPublish | None = None  # publish being assembled from its content frames
+        self.pending: Content | None = None  # publish being assembled from its content frames
         self.next_tag = 1  # delivery tag of the next delivery on this channel
         self.unacked = UnackedStore()  # deliveries awaiting ack, and the prefetch counts they hold
         self.consumers: dict[str, Consumer] = {}  # consumer tag -> consumer
         self.consumer_prefetch = connection.server.config.default_consumer_prefetch  # for consumers started next
         self.confirms: ConfirmTracker | None = None  # set by confirm.select
-        # Confirm seqs of this loop turn's persistent publishes, waiting for the disk under one store callback;
-        # None until the turn's first persistent publish.
+        # Confirm seqs of this read's persistent publishes, waiting for the disk under one store callback;
+        # None until the read's first persistent publish.
         self.awaiting_disk: list[int] | None = None
         self.tx: Transaction | None = None  # set by tx.select: publishes and acks held until commit
         self.last_queue = ""  # name of the last queue declared, for methods that name the queue ""
@@ -94,13 +78,13 @@ class Channel:
         pending = self.pending
         if frame_type == FRAME_METHOD:
             if pending is not None:
-                raise self._out_of_order()
+                raise out_of_order(pending)
             method_id = _METHOD_ID.unpack_from(payload)[0]
             if method_id == BASIC_PUBLISH:
                 exchange, routing_key, mandatory, immediate = decode_publish(payload)
                 if immediate:
                     raise errors.not_implemented("immediate=true")
-                self.pending = PendingPublish(exchange, routing_key, mandatory)
+                self.pending = Content(exchange, routing_key, mandatory)
             elif method_id == BASIC_ACK:
                 self.ack(*decode_ack(payload))
             elif method_id == BASIC_NACK:
@@ -112,41 +96,20 @@ class Channel:
             else:
                 self.handle_method(decode_method(payload))
         elif frame_type == FRAME_HEADER:
-            if pending is None or pending.body_size >= 0:
-                raise self._out_of_order()
-            class_id, body_size = decode_content_header(payload)
-            if class_id != 60:
-                raise AMQPError(UNEXPECTED_FRAME, f"expected content header for class 60, got one for class "
-                                                  f"{class_id} instead", *_PUBLISH_ID)
-            if body_size > self.max_message_size:
-                self.pending = None
-                raise errors.precondition_failed(
-                    f"message size {body_size} is larger than configured max size {self.max_message_size}")
-            pending.header = payload
-            pending.body_size = body_size
-            if body_size == 0:
+            if not content_header(pending, payload, self.max_message_size):
                 self.pending = None
                 self.publish(pending.exchange, pending.routing_key, pending.mandatory, payload, b"")
         elif frame_type == FRAME_BODY:
-            if pending is None or pending.body_size < 0:
-                raise self._out_of_order()
-            pending.received += len(payload)
-            if pending.received > pending.body_size:
-                raise errors.frame_error(f"type 3, all octets = <<>>: {{content_too_large,{pending.received},"
-                                         f"{pending.body_size}}}")
-            if pending.received == pending.body_size and not pending.parts:
-                body = payload
-            else:
-                pending.parts.append(payload)
-                if pending.received < pending.body_size:
-                    self._assembling(pending, len(payload))
-                    return
-                body = b"".join(pending.parts)
+            body = content_body(pending, payload)
+            if body is None:
+                self._assembling(pending, len(payload))
+                return
+            if pending.parts:
                 self._assembled(pending)
             self.pending = None
             self.publish(pending.exchange, pending.routing_key, pending.mandatory, pending.header, body)
 
-    def _assembling(self, pending: PendingPublish, size: int) -> None:
+    def _assembling(self, pending: Content, size: int) -> None:
         """A part of a body arrived: block the connection while memory runs short (the alarm, or bodies in
         assembly over their budget)."""
         connection = self.connection
@@ -155,23 +118,12 @@ class Channel:
         if alarm is not None or over_budget:
             connection.block(alarm or "low on memory")
 
-    def _assembled(self, pending: PendingPublish) -> None:
+    def _assembled(self, pending: Content) -> None:
         """A body in assembly completed or was dropped: connections blocked for the budget may go on."""
         released = self.connection.server.assembly.finished(pending, self.assembly_budget)
         if released and self.connection.server.alarm is None:
             for connection in released:
                 connection.unblock()
-
-    def _out_of_order(self) -> AMQPError:
-        """A frame other than the one the content being assembled needs, with RabbitMQ's texts."""
-        pending = self.pending
-        if pending is None:
-            return AMQPError(UNEXPECTED_FRAME, "expected method frame, got non method frame instead", 0, 0)
-        if pending.body_size < 0:
-            return AMQPError(UNEXPECTED_FRAME, "expected content header for class 60, got non content header "
-                                               "frame instead", *_PUBLISH_ID)
-        return AMQPError(UNEXPECTED_FRAME, "expected content body, got non content body frame instead",
-                         *_PUBLISH_ID)
 
     def handle_method(self, method) -> None:
         """Run a method's handler. Its reply follows the fsync of the durable changes it made (definitions,
@@ -279,7 +231,6 @@ class Channel:
                 self._return_unroutable(message)
             if self.confirms is not None:
                 self.confirms.settle(self.confirms.next_seq())
-                self.connection.settle_at_flush(self)
             return
         routing_keys = [routing_key]
         if message.scan.has_headers:
@@ -301,23 +252,20 @@ class Channel:
             persisted, refused = self.vhost.publish_to(queues, message, self.connection)
         if seq is not None and refused:
             self.confirms.settle(seq, ack=False)  # reject-publish: the publisher is told with a nack
-            self.connection.settle_at_flush(self)
             seq = None
         if persisted:
             self._await_disk(seq)
         elif seq is not None:
             self.confirms.settle(seq)
-            self.connection.settle_at_flush(self)
         return persisted
 
     def _await_disk(self, seq: int | None) -> None:
-        """Confirm seq (None without confirms) once this turn's persistent publishes are on disk. The store
-        callback is asked for right after the turn's first write, so that it belongs to the same batch."""
+        """Confirm seq (None without confirms) once this read's persistent publishes are on disk. The store
+        callback is asked for right after the read's first write, so that it belongs to the same batch."""
         awaiting = self.awaiting_disk
         if awaiting is None:
             awaiting = self.awaiting_disk = []
-            self.vhost.store.when_durable(lambda ok: self._on_disk(awaiting, ok))
-            self.connection.settle_at_flush(self)  # where the turn ends
+            self.vhost.store.when_durable(lambda ok: self._on_disk(awaiting, ok))  # closed by read_processed
         if seq is not None:
             awaiting.append(seq)
 
@@ -325,14 +273,18 @@ class Channel:
         self.send_method(spec.Basic.Return(NO_ROUTE, "NO_ROUTE", message.exchange, message.routing_key))
         self.write(encode_content(self.number, message.header_payload, message.body, self.connection.frame_max))
 
-    def settle_publishes(self) -> None:
-        """At the end of a loop turn: close the turn's disk wait and write the confirms settled so far
-        (coalesced into multiple acks)."""
+    def read_processed(self) -> None:
+        """The connection has processed a read that had frames for this channel: close the read's disk wait and
+        send the confirms settled so far (rabbit_channel's next_state -> send_confirms_and_nacks)."""
         self.awaiting_disk = None
         if self.confirms is not None:
-            write = self.connection.write
-            for tag, multiple, is_ack in self.confirms.drain():
-                write(encode_ack(self.number, tag, multiple) if is_ack else encode_nack(self.number, tag, multiple))
+            self.send_confirms()
+
+    def send_confirms(self) -> None:
+        """Write the confirms settled so far, coalesced into multiple acks."""
+        write = self.connection.write
+        for tag, multiple, is_ack in self.confirms.drain():
+            write(encode_ack(self.number, tag, multiple) if is_ack else encode_nack(self.number, tag, multiple))
 
     def _on_disk(self, seqs: list[int], ok: bool) -> None:
         """The store wrote (or failed to write) a turn's persistent publishes: confirm (or nack) them."""
@@ -342,7 +294,7 @@ class Channel:
             settle = self.confirms.settle
             for seq in seqs:
                 settle(seq, ok)
-            self.connection.settle_at_flush(self)
+            self.send_confirms()
         elif not ok:
             self._disk_failed()
 
