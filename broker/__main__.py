@@ -13,7 +13,7 @@ import sys
 import uvloop
 
 from broker.config import LOG_LEVELS, ConfigError, load_config
-from broker.server import Server, StartupError
+from broker.connection.server import Server, StartupError
 
 log = logging.getLogger("broker")
 

@@ -6,7 +6,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from broker.login_throttle import MAX_DELAY as MAX_FAILED_LOGIN_DELAY
+from broker.connection.login_throttle import MAX_DELAY as MAX_FAILED_LOGIN_DELAY
 from protocol.constants import DEFAULT_CHANNEL_MAX, DEFAULT_FRAME_MAX, DEFAULT_HEARTBEAT, FRAME_MIN_SIZE
 
 LOG_LEVELS = ("debug", "info", "warning", "error")

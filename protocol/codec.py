@@ -19,8 +19,9 @@ from protocol.constants import (
     NOT_IMPLEMENTED,
 )
 from protocol.erlang_terms import Atom, write
+from protocol.errors import AMQPError
 from protocol.field_table import decode_long_string, decode_table, decode_timestamp
-from protocol.framing import FrameError, frame_error, reply_text
+from protocol.framing import frame_error
 from protocol.properties import PROPERTIES_OFFSET, malformed_properties_error, property_flags, scan_properties
 
 _FRAME_HEADER = struct.Struct(">BHI")
@@ -55,7 +56,7 @@ _QUOTED_FIELD_BYTES = 128
 def decode_method(payload: bytes) -> base.Frame:
     """Decode a method frame payload (it starts with the 4-byte class/method id) into a pamqp method.
 
-    Raises FrameError as RabbitMQ fails such a frame: 501 "FRAME_ERROR - cannot decode <<...>>" when the
+    Raises AMQPError as RabbitMQ fails such a frame: 501 "FRAME_ERROR - cannot decode <<...>>" when the
     fields do not parse or leave bytes over, 501 unknown_frame when the id itself is cut short. An unknown
     method id makes RabbitMQ drop the socket without a connection.close: that error has send_close False.
     The fields are read in one pass from offsets (field tables by protocol.field_table, linear and
@@ -67,15 +68,15 @@ def decode_method(payload: bytes) -> base.Frame:
     class_id, method_id = index >> 16, index & 0xFFFF
     method_class = commands.INDEX_MAPPING.get(index)
     if method_class is None:
-        text = reply_text(NOT_IMPLEMENTED, f"unknown method id {{{class_id},{method_id}}}")
-        raise FrameError(NOT_IMPLEMENTED, text, class_id, method_id, send_close=False)
+        text = f"unknown method id {{{class_id},{method_id}}}"
+        raise AMQPError(NOT_IMPLEMENTED, text, class_id, method_id, send_close=False)
     method = method_class()
     try:
         if _read_fields(method, _METHOD_FIELDS[index], payload, 4) != len(payload):
             raise ValueError("bytes left over after the fields")
     except (IndexError, ValueError, struct.error):
-        text = reply_text(FRAME_ERROR, "cannot decode " + write(payload[4 : 4 + _QUOTED_FIELD_BYTES]))
-        raise FrameError(FRAME_ERROR, text, class_id, method_id) from None
+        text = "cannot decode " + write(payload[4 : 4 + _QUOTED_FIELD_BYTES])
+        raise AMQPError(FRAME_ERROR, text, class_id, method_id) from None
     return method
 
 
@@ -181,7 +182,7 @@ def encode_header_payload(body_size: int, properties: commands.Basic.Properties)
 def decode_properties(header_payload: bytes) -> commands.Basic.Properties:
     """The message properties of a raw content-header payload.
 
-    Raises FrameError 541 INTERNAL_ERROR on malformed properties, as RabbitMQ does."""
+    Raises AMQPError 541 INTERNAL_ERROR on malformed properties, as RabbitMQ does."""
     scan_properties(header_payload)
     flags = property_flags(header_payload)
     properties = commands.Basic.Properties()

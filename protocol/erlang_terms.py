@@ -4,9 +4,17 @@ RabbitMQ builds texts such as ``FRAME_ERROR - type 1, all octets = <<0,60>>: {in
 with ``~w`` (flat) and ``~tp`` (pretty, 80-column lines). ``~tp`` prints printable binaries as strings and
 breaks long binaries and tagged tuples over several lines; clients see those line breaks, so we reproduce them.
 Supported terms: ``int``, :class:`Atom`, ``bytes`` and tuples of atoms and ints (the shapes RabbitMQ uses here).
+
+Reply texts about arguments and headers (406 PRECONDITION_FAILED and the like) print decoded field-table values
+instead: amqp_type_name() and erlang_term() below.
 """
 
 from __future__ import annotations
+
+import calendar
+import datetime
+import decimal
+import re
 
 LINE_LENGTH = 80  # io_lib's default line length for ~p
 
@@ -141,3 +149,135 @@ def _pp_tail(elements: list[str], start: int, column: int, indent: str, total: i
             column = start + used
             width = used
     return "".join(out)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Field-table values, as RabbitMQ holds and prints them in reply texts (argument checks, headers matching)
+#
+# pamqp decodes field-table values into plain Python values and forgets their AMQP type, yet RabbitMQ names the
+# type in several texts. amqp_type_name() infers it the way pika and the Java client encode values:
+#
+#     bool -> bool            int -> signedint (32-bit range) or long       float -> double
+#     decimal.Decimal -> decimal      str -> longstr      bytes -> longstr (a long string that is not UTF-8)
+#     bytearray -> binary     datetime -> timestamp       dict -> table     list -> array     None -> void
+#
+# A pamqp-based client (aio-pika) sends the narrowest integer type instead (5 is a 'byte'), so RabbitMQ would name
+# that type where Warren says 'signedint'.
+
+_INT32 = range(-(2**31), 2**31)
+
+
+def amqp_type_name(value) -> str:
+    """RabbitMQ's name for the field-table type a client most likely used for value (see above)."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "signedint" if value in _INT32 else "long"
+    if isinstance(value, float):
+        return "double"
+    if isinstance(value, decimal.Decimal):
+        return "decimal"
+    if isinstance(value, (str, bytes)):
+        return "longstr"
+    if isinstance(value, bytearray):
+        return "binary"
+    if isinstance(value, datetime.datetime):
+        return "timestamp"
+    if isinstance(value, dict):
+        return "table"
+    if isinstance(value, list):
+        return "array"
+    if value is None:
+        return "void"
+    raise TypeError(f"not a field-table value: {value!r}")
+
+
+def as_bytes(value: str | bytes | bytearray) -> bytes:
+    """The bytes of a string value as the wire carried them."""
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
+def from_bytes(raw: bytes) -> str:
+    """Erlang formats binaries byte by byte and sends the bytes on: decoding them as UTF-8 gives the same text."""
+    return raw.decode("utf-8", errors="replace")
+
+
+def _chars(raw: bytes, open_quote: str, close_quote: str, as_integers) -> str:
+    if not _is_printable(raw):
+        return as_integers(",".join(str(b) for b in raw))
+    escaped = bytearray()
+    for b in raw:
+        escaped += _ESCAPES[b].encode() if b in _ESCAPES else bytes((b,))
+    return open_quote + from_bytes(bytes(escaped)) + close_quote
+
+
+def erlang_string(text: str) -> str:
+    """~p of an Erlang string (a character list), as RabbitMQ prints error reasons built with format/2."""
+    return _chars(text.encode(), '"', '"', lambda ints: f"[{ints}]")
+
+
+def _binary(raw: bytes) -> str:
+    return _chars(raw, '<<"', '">>', lambda ints: f"<<{ints}>>")
+
+
+def erlang_atom(name: str) -> str:
+    """~p of an atom: bare when it is a plain lower-case word, otherwise single-quoted."""
+    if re.fullmatch(r"[a-z][A-Za-z0-9_@]*", name):
+        return name
+    return "'" + name.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _float(value: float) -> str:
+    """~p of a float: shortest round-trip digits, placed as io_lib_format:fwrite_g places them (integral floats
+    from 2**53 up always take the exponent form)."""
+    if value == 0.0:
+        return "-0.0" if str(value).startswith("-") else "0.0"
+    sign = "-" if value < 0 else ""
+    exact = decimal.Decimal(repr(abs(value))).normalize()
+    digits = "".join(map(str, exact.as_tuple().digits))
+    length = len(digits)
+    place = length + exact.as_tuple().exponent  # value == 0.<digits> * 10**place
+    if 0 < place < length:
+        return sign + digits[:place] + "." + digits[place:]
+    if place == 0:
+        return sign + "0." + digits
+    exponent = str(place - 1)
+    exponent_cost = len(exponent) + 1 + (2 if length == 1 else 1)
+    if place < 0 and 2 - place <= exponent_cost:
+        return sign + "0." + "0" * -place + digits
+    if place >= length and place - length + 2 <= exponent_cost and abs(value) < 2.0**53:
+        return sign + digits + "0" * (place - length) + ".0"
+    mantissa = digits[0] + "." + (digits[1:] or "0")
+    return sign + mantissa + "e" + exponent
+
+
+def _decimal_parts(value: decimal.Decimal) -> tuple[int, int]:
+    """RabbitMQ's decimal {Scale, Unscaled} as the wire carried it (pamqp keeps the scale in the exponent)."""
+    sign, digits, exponent = value.as_tuple()
+    unscaled = int("".join(map(str, digits)) or "0") * (-1 if sign else 1)
+    return (-exponent, unscaled) if exponent <= 0 else (0, unscaled * 10**exponent)
+
+
+def erlang_term(value) -> str:
+    """~p of the Erlang term RabbitMQ holds for a decoded field-table value."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return _float(value)
+    if isinstance(value, decimal.Decimal):
+        scale, unscaled = _decimal_parts(value)
+        return f"{{{scale},{unscaled}}}"
+    if isinstance(value, (str, bytes, bytearray)):
+        return _binary(as_bytes(value))
+    if isinstance(value, datetime.datetime):
+        return str(calendar.timegm(value.utctimetuple()))
+    if isinstance(value, dict):
+        fields = (f"{{{_binary(as_bytes(k))},{amqp_type_name(v)},{erlang_term(v)}}}" for k, v in value.items())
+        return "[" + ",".join(fields) + "]"
+    if isinstance(value, list):
+        return "[" + ",".join(f"{{{amqp_type_name(v)},{erlang_term(v)}}}" for v in value) + "]"
+    if value is None:
+        return "undefined"
+    raise TypeError(f"not a field-table value: {value!r}")

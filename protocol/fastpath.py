@@ -1,7 +1,7 @@
 """Struct-based codecs for the hottest frames; each gives the same result as pamqp, byte for byte.
 
 Decoders take a method frame payload (starting with the 4-byte class/method id, already checked by the
-caller) and are as strict as RabbitMQ: fields cut short or followed by extra bytes raise FrameError
+caller) and are as strict as RabbitMQ: fields cut short or followed by extra bytes raise AMQPError
 "cannot decode", like codec.decode_method. Short strings decode as UTF-8; invalid UTF-8 raises that same
 error, because pamqp rejects it too.
 """
@@ -20,7 +20,8 @@ from protocol.constants import (
     FRAME_METHOD,
 )
 from protocol.erlang_terms import Atom, write
-from protocol.framing import FrameError, frame_error, reply_text
+from protocol.errors import AMQPError
+from protocol.framing import frame_error
 
 # basic.deliver: frame header, method id, consumer_tag length | consumer_tag | delivery_tag, redelivered,
 # exchange length | exchange | routing_key length | routing_key | end byte.
@@ -37,10 +38,10 @@ _TAG_FIELDS = struct.Struct(">QB")  # delivery_tag, bit octet; after the method 
 _CONTENT_HEADER_PREFIX = struct.Struct(">HxxQ")  # class_id, (weight), body_size
 
 
-def _cannot_decode(payload: bytes) -> FrameError:
+def _cannot_decode(payload: bytes) -> AMQPError:
     method_index = int.from_bytes(payload[:4])
-    text = reply_text(FRAME_ERROR, "cannot decode " + write(payload[4:132]))
-    return FrameError(FRAME_ERROR, text, method_index >> 16, method_index & 0xFFFF)
+    text = "cannot decode " + write(payload[4:132])
+    return AMQPError(FRAME_ERROR, text, method_index >> 16, method_index & 0xFFFF)
 
 
 def decode_publish(payload: bytes) -> tuple[str, str, bool, bool]:
@@ -83,7 +84,7 @@ def decode_reject(payload: bytes) -> tuple[int, bool]:
 
 
 def decode_content_header(payload: bytes) -> tuple[int, int]:
-    """Content header payload -> (class_id, body_size); FrameError (501 unknown_frame, as RabbitMQ's
+    """Content header payload -> (class_id, body_size); AMQPError (501 unknown_frame, as RabbitMQ's
     analyze_frame) on input shorter than 12 bytes."""
     try:
         return _CONTENT_HEADER_PREFIX.unpack_from(payload)

@@ -1,7 +1,7 @@
 """Split an AMQP byte stream into frames (the protocol header is stripped by the connection beforehand).
 
 Checks follow rabbit_reader: the frame size as soon as a frame header arrives, then the end byte, then the
-frame type (rabbit_command_assembler:analyze_frame). Each failure raises FrameError with RabbitMQ's reply text.
+frame type (rabbit_command_assembler:analyze_frame). Each failure raises AMQPError with RabbitMQ's reply text.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from protocol.constants import (
     FRAME_HEARTBEAT,
     FRAME_METHOD,
     FRAME_OVERHEAD,
-    REPLY_NAMES,
     UNEXPECTED_FRAME,
 )
 from protocol.erlang_terms import Atom, column_after, pretty, to_text
+from protocol.errors import AMQPError
 
 Frame = tuple[int, int, bytes]  # (frame_type, channel, payload)
 
@@ -31,28 +31,6 @@ _NO_LIMIT = 1 << 32  # above any 32-bit payload size
 _MIN_PAYLOAD = {FRAME_METHOD: 4, FRAME_HEADER: 12, FRAME_BODY: 0, FRAME_HEARTBEAT: 0}
 
 
-class FrameError(Exception):
-    """A malformed frame; the connection must be closed with connection.close(reply_code, text)."""
-
-    def __init__(self, reply_code: int, text: str, class_id: int = 0, method_id: int = 0, send_close: bool = True):
-        super().__init__(text)
-        self.reply_code = reply_code  # 501 FRAME_ERROR unless stated otherwise
-        self.text = text  # full reply text, e.g. "FRAME_ERROR - type 1, all octets = <<>>: {frame_too_large,...}"
-        self.class_id = class_id  # class of the method that could not be decoded, 0 for framing errors
-        self.method_id = method_id  # method of that class, 0 for framing errors
-        self.send_close = send_close  # False where RabbitMQ drops the socket without a connection.close
-        self.frames: list[Frame] = []  # complete frames that preceded the bad one in the same feed(), in order
-
-
-def reply_text(reply_code: int, explanation: str) -> str:
-    """"NAME - explanation", cut to 255 bytes as RabbitMQ does (252 bytes and "...")."""
-    text = f"{REPLY_NAMES[reply_code]} - {explanation}"
-    encoded = text.encode()
-    if len(encoded) <= 255:
-        return text
-    return encoded[:252].decode(errors="ignore") + "..."
-
-
 def describe_frame(frame_type: int, payload: bytes) -> str:
     """RabbitMQ's "type ~tp, ~ts octets = ~tp" (rabbit_reader:payload_snippet), as Erlang chars."""
     which = "all" if len(payload) <= 16 else "first 16"
@@ -60,17 +38,17 @@ def describe_frame(frame_type: int, payload: bytes) -> str:
     return prefix + pretty(bytes(payload[:16]), column_after(prefix))
 
 
-def frame_error(reason: object, frame_type: int, payload: bytes) -> FrameError:
+def frame_error(reason: object, frame_type: int, payload: bytes) -> AMQPError:
     """rabbit_reader:frame_error: 501 with the frame described and the reason as an Erlang term."""
     described = describe_frame(frame_type, payload) + ": "
     explanation = described + pretty(reason, column_after(described))
-    return FrameError(FRAME_ERROR, reply_text(FRAME_ERROR, to_text(explanation)))
+    return AMQPError(FRAME_ERROR, to_text(explanation), 0, 0)
 
 
-def unexpected_frame_error(frame_type: int, payload: bytes) -> FrameError:
+def unexpected_frame_error(frame_type: int, payload: bytes) -> AMQPError:
     """rabbit_reader:unexpected_frame: 505, e.g. a heartbeat on a channel other than 0."""
     explanation = describe_frame(frame_type, payload)
-    return FrameError(UNEXPECTED_FRAME, reply_text(UNEXPECTED_FRAME, to_text(explanation)))
+    return AMQPError(UNEXPECTED_FRAME, to_text(explanation), 0, 0)
 
 
 class FrameReader:
@@ -87,7 +65,7 @@ class FrameReader:
         self._partial = bytearray()  # the start of a frame whose remaining bytes have not arrived yet
 
     def feed(self, data: bytes) -> list[Frame]:
-        """Append data; return every now-complete frame as (frame_type, channel, payload). Raises FrameError."""
+        """Append data; return every now-complete frame as (frame_type, channel, payload). Raises AMQPError."""
         if type(data) is not bytes:
             data = bytes(data)
         frames: list[Frame] = []
@@ -99,7 +77,7 @@ class FrameReader:
                     return frames
                 self._read_partial_frame(frames)
             offset = self._read_frames(data, start, frames)
-        except FrameError as error:
+        except AMQPError as error:
             error.frames = frames
             raise
         if offset < len(data):

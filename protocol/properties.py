@@ -10,8 +10,8 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-from protocol.constants import INTERNAL_ERROR, REPLY_NAMES
-from protocol.framing import FrameError
+from protocol.constants import INTERNAL_ERROR
+from protocol.errors import AMQPError
 
 # Property flag bits of the basic class, in wire order (AMQP 0-9-1).
 CONTENT_TYPE = 1 << 15
@@ -44,9 +44,9 @@ class PropertyScan(NamedTuple):
     has_headers: bool
 
 
-def malformed_properties_error() -> FrameError:
+def malformed_properties_error() -> AMQPError:
     """What RabbitMQ answers to a content header whose properties do not parse: its channel crashes."""
-    return FrameError(INTERNAL_ERROR, REPLY_NAMES[INTERNAL_ERROR])
+    return AMQPError(INTERNAL_ERROR, None, 0, 0)
 
 
 def property_flags(header_payload: bytes) -> int:
@@ -60,7 +60,7 @@ def property_flags(header_payload: bytes) -> int:
 def scan_properties(header_payload: bytes) -> PropertyScan:
     """Walk the property flags and skip over fields without building pamqp objects.
 
-    Raises FrameError (541 INTERNAL_ERROR, as RabbitMQ) when the properties are truncated or followed by
+    Raises AMQPError (541 INTERNAL_ERROR, as RabbitMQ) when the properties are truncated or followed by
     extra bytes. Field tables are skipped whole; their entries are checked when decode_properties parses them."""
     flags = property_flags(header_payload)
     delivery_mode = priority = expiration = None

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pika
 
-from broker.topic import TopicTrie
+from broker.model.routing.topic import TopicTrie
 from protocol.field_table import MAX_DEPTH, field_table
 from tests.bench.brokers import start_warren
 from tests.unit.test_topic import ADVERSARIAL_SETS, LONG_KEYS

@@ -12,9 +12,9 @@ from types import SimpleNamespace
 
 from pamqp import commands
 
-from broker.channel import BACKLOG_LIMIT
 from broker.config import load_config
-from broker.server import Server
+from broker.connection.server import Server
+from broker.session.channel import BACKLOG_LIMIT
 from tests.integration.rawclient import RawClient
 
 PUBLISHES = 200_000  # about 15 MB of frames: far more than the socket buffers and the broker may hold

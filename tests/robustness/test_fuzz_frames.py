@@ -1,7 +1,7 @@
 """Fuzzing the decoding layers: random and mutated frames, method payloads and field tables.
 
 In process, FrameReader.feed, decode_method, decode_properties and the fast-path decoders only ever raise
-FrameError, whatever the bytes (a few seconds in the default suite; 100,000 frames in a slow-marked run). Against a
+AMQPError, whatever the bytes (a few seconds in the default suite; 100,000 frames in a slow-marked run). Against a
 real broker, every connection fed such frames gets an answer (a protocol error, a close or an EOF) within a bound,
 nothing is logged as a traceback, and a well-behaved pika client is served at the end. Garbage after the handshake
 in general is tests/integration/test_malformed_input.py's subject; this module adds hostile field tables
@@ -23,7 +23,8 @@ from pamqp import commands, frame, header
 from protocol import fastpath
 from protocol.codec import decode_method, decode_properties
 from protocol.constants import FRAME_HEADER, FRAME_METHOD
-from protocol.framing import FrameError, FrameReader
+from protocol.errors import AMQPError
+from protocol.framing import FrameReader
 from protocol.properties import scan_properties
 from tests.integration.rawclient import PeerClosed, RawClient, raw_frame
 
@@ -131,7 +132,7 @@ frames = st.one_of(
 
 
 def decode_frame(frame_type: int, payload: bytes) -> None:
-    """Everything the broker decodes from one frame, as it would; raises FrameError only."""
+    """Everything the broker decodes from one frame, as it would; raises AMQPError only."""
     if frame_type == FRAME_METHOD:
         if payload[:4] == b"\x00\x3c\x00\x28":
             fastpath.decode_publish(payload)
@@ -145,13 +146,13 @@ def decode_frame(frame_type: int, payload: bytes) -> None:
 
 
 def feed_and_decode(stream: bytes, chunk: int) -> None:
-    """Feed the stream in chunks; decode every frame read; stop at the first FrameError, as a connection does."""
+    """Feed the stream in chunks; decode every frame read; stop at the first AMQPError, as a connection does."""
     reader = FrameReader()
     try:
         for start in range(0, len(stream), chunk):
             for frame_type, _, payload in reader.feed(stream[start : start + chunk]):
                 decode_frame(frame_type, bytes(payload))
-    except FrameError:
+    except AMQPError:
         pass
 
 

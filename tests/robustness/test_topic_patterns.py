@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from broker.topic import TopicTrie
+from broker.model.routing.topic import TopicTrie
 from tests.unit.test_topic import ADVERSARIAL_SETS, LONG_KEYS
 
 SINGLE_BINDING_SETS = [name for name, patterns in ADVERSARIAL_SETS.items() if len(patterns) == 1]

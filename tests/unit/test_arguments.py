@@ -5,15 +5,14 @@ import decimal
 
 import pytest
 
-from broker.arguments import (
+from broker.model.arguments import (
     ArgumentError,
-    amqp_type_name,
     check_exchange_equivalent,
     check_queue_equivalent,
-    erlang_term,
     validate_exchange_arguments,
     validate_queue_arguments,
 )
+from protocol.erlang_terms import amqp_type_name, erlang_term
 
 QUEUE = "queue 'probe-q' in vhost '/'"
 

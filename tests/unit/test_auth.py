@@ -3,8 +3,8 @@
 import pytest
 from pamqp import encode
 
-from broker.auth import Login, authenticate, parse_response
 from broker.config import load_config
+from broker.connection.auth import Login, authenticate, parse_response
 
 
 def amqplain(login: str, password: str) -> bytes:

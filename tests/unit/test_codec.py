@@ -17,7 +17,8 @@ from protocol.codec import (
     encode_method,
 )
 from protocol.constants import FRAME_ERROR, INTERNAL_ERROR, NOT_IMPLEMENTED
-from protocol.framing import FrameError, FrameReader
+from protocol.errors import AMQPError
+from protocol.framing import FrameReader
 
 SAMPLE_METHODS = [
     commands.Connection.StartOk(client_properties={"product": "x", "capabilities": {"basic.nack": True}},
@@ -38,8 +39,8 @@ def method_payload(method) -> bytes:
     return frame.marshal(method, 1)[7:-1]
 
 
-def decode_error(payload: bytes) -> FrameError:
-    with pytest.raises(FrameError) as caught:
+def decode_error(payload: bytes) -> AMQPError:
+    with pytest.raises(AMQPError) as caught:
         decode_method(payload)
     return caught.value
 
@@ -164,7 +165,7 @@ def test_properties_round_trip():
     ids=["delivery-mode-missing", "extra-bytes", "short-string-overrun", "continuation-flag", "table-overrun"],
 )
 def test_malformed_properties_fail_like_rabbitmq(properties):
-    with pytest.raises(FrameError) as caught:
+    with pytest.raises(AMQPError) as caught:
         decode_properties(b"\x00\x3c\x00\x00" + bytes(8) + properties)
     assert (caught.value.reply_code, caught.value.text) == (INTERNAL_ERROR, "INTERNAL_ERROR")
 
@@ -205,12 +206,12 @@ def test_deeply_nested_client_properties_are_a_frame_error():
 
 def test_deeply_nested_headers_are_malformed_properties():
     properties = b"\x20\x00" + nested_table(1_000)
-    with pytest.raises(FrameError) as caught:
+    with pytest.raises(AMQPError) as caught:
         decode_properties(b"\x00\x3c\x00\x00" + bytes(8) + properties)
     assert (caught.value.reply_code, caught.value.text) == (INTERNAL_ERROR, "INTERNAL_ERROR")
 
 
 def test_timestamp_past_the_year_9999_is_malformed_properties_not_an_overflow():
-    with pytest.raises(FrameError) as caught:
+    with pytest.raises(AMQPError) as caught:
         decode_properties(b"\x00\x3c\x00\x00" + bytes(8) + b"\x00\x40" + b"\xff" * 8)
     assert caught.value.reply_code == INTERNAL_ERROR

@@ -1,7 +1,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.confirms import ConfirmTracker
+from broker.session.confirms import ConfirmTracker
 
 
 def publish(tracker: ConfirmTracker, count: int) -> list[int]:

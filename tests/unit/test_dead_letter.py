@@ -6,8 +6,8 @@ import datetime
 from pamqp.commands import Basic
 
 # The modules under test, named once: the rest of the file uses only these names.
-from broker import dead_letter as deaths
-from broker import message as messages
+from broker.model.features import dead_letter as deaths
+from broker.model import message as messages
 from protocol.codec import LongLong, encode_header_payload
 
 MONDAY = datetime.datetime(2026, 11, 23, 9, 0, tzinfo=datetime.timezone.utc)

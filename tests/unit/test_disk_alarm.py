@@ -3,7 +3,7 @@ however often the store's health flaps at the edge of a full disk."""
 
 import asyncio
 
-from broker.disk_alarm import CLEAR_FREE_BYTES, DiskAlarm
+from broker.connection.alarms.disk import CLEAR_FREE_BYTES, DiskAlarm
 
 
 def run(steps, free):

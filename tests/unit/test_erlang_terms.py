@@ -7,7 +7,7 @@ import decimal
 import pytest
 
 # The modules under test, named once: the rest of the file uses only these names.
-from broker import arguments as field_terms  # ~p of decoded field-table values, atoms, strings
+from protocol import erlang_terms as field_terms  # ~p of decoded field-table values, atoms, strings
 from protocol import erlang_terms as frame_terms  # ~w and ~tp of the terms of frame errors
 
 Atom = frame_terms.Atom

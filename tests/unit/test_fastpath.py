@@ -11,7 +11,7 @@ from pamqp import commands, frame, header
 
 from protocol import fastpath
 from protocol.codec import decode_method
-from protocol.framing import FrameError
+from protocol.errors import AMQPError
 
 short_text = st.text(max_size=80).filter(lambda s: len(s.encode()) <= 255)
 # Names pamqp's own validation accepts when it encodes (exchange-name domain, at most 127 chars).
@@ -31,10 +31,10 @@ def publish_payload(exchange: bytes, routing_key: bytes, bits: int) -> bytes:
 
 
 def outcome(function, payload: bytes):
-    """The value, or the FrameError's (code, text, class_id, method_id)."""
+    """The value, or the AMQPError's (code, text, class_id, method_id)."""
     try:
         return function(payload)
-    except FrameError as error:
+    except AMQPError as error:
         return ("error", error.reply_code, error.text, error.class_id, error.method_id)
 
 
@@ -72,7 +72,7 @@ def test_invalid_utf8_in_publish_is_rejected_as_pamqp_does():
     payload = publish_payload(b"\xff\xfe", b"", 0)
     with pytest.raises(ValueError):
         commands.Basic.Publish().unmarshal(payload[4:])
-    with pytest.raises(FrameError) as caught:
+    with pytest.raises(AMQPError) as caught:
         fastpath.decode_publish(payload)
     assert caught.value.text == "FRAME_ERROR - cannot decode <<0,0,2,255,254,0,0>>"
 
@@ -113,7 +113,7 @@ def test_decode_content_header_matches_pamqp(body_size, content_type):
 
 
 def test_decode_content_header_rejects_short_input():
-    with pytest.raises(FrameError) as caught:
+    with pytest.raises(AMQPError) as caught:
         fastpath.decode_content_header(b"\x00\x3c\x00\x00")
     assert caught.value.text == "FRAME_ERROR - type 2, all octets = <<0,60,0,0>>: unknown_frame"
 

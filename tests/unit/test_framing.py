@@ -9,15 +9,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from protocol.constants import FRAME_ERROR, UNEXPECTED_FRAME
-from protocol.framing import FrameError, FrameReader, reply_text, unexpected_frame_error
+from protocol.errors import AMQPError, reply_text
+from protocol.framing import FrameReader, unexpected_frame_error
 
 
 def frame(frame_type: int, channel: int, payload: bytes, end: int = 0xCE) -> bytes:
     return struct.pack(">BHI", frame_type, channel, len(payload)) + payload + bytes((end,))
 
 
-def feed_error(reader: FrameReader, data: bytes) -> FrameError:
-    with pytest.raises(FrameError) as caught:
+def feed_error(reader: FrameReader, data: bytes) -> AMQPError:
+    with pytest.raises(AMQPError) as caught:
         reader.feed(data)
     return caught.value
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.headers_match import headers_match, validate_x_match
+from broker.model.routing.headers import headers_match, validate_x_match
 
 
 @pytest.mark.parametrize(

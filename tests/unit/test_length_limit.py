@@ -6,8 +6,8 @@ from collections import deque
 from pamqp.commands import Basic
 
 # The modules under test, named once: the rest of the file uses only these names.
-from broker import length_limit as limits
-from broker import message as messages
+from broker.model.features import length_limit as limits
+from broker.model import message as messages
 from protocol.codec import encode_header_payload
 
 

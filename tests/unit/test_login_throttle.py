@@ -1,7 +1,7 @@
 """Slowing down repeated failed logins: the delay per consecutive failure, the reset, and bounded memory."""
 
-from broker import login_throttle
-from broker.login_throttle import MAX_DELAY, LoginThrottle
+from broker.connection import login_throttle
+from broker.connection.login_throttle import MAX_DELAY, LoginThrottle
 
 
 class Clock:

@@ -2,7 +2,7 @@
 
 import asyncio
 
-from broker.memory_alarm import MemoryAlarm, memory_limit, resident_bytes
+from broker.connection.alarms.memory import MemoryAlarm, memory_limit, resident_bytes
 
 
 def test_alarm_goes_off_above_the_limit_and_clears_below_90_percent():

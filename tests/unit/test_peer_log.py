@@ -3,8 +3,8 @@
 import asyncio
 import logging
 
-from broker import peer_log
-from broker.peer_log import LINES_PER_WINDOW, PeerLog
+from broker.connection import peer_log
+from broker.connection.peer_log import LINES_PER_WINDOW, PeerLog
 
 
 class Clock:

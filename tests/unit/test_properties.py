@@ -11,7 +11,7 @@ from pamqp import commands, header
 
 from protocol.codec import encode_header_payload
 from protocol.constants import INTERNAL_ERROR
-from protocol.framing import FrameError
+from protocol.errors import AMQPError
 from protocol.properties import PropertyScan, scan_properties
 
 short_text = st.text(max_size=40).filter(lambda s: len(s.encode()) <= 255)
@@ -57,8 +57,8 @@ def test_scan_of_typical_persistent_message():
     assert scan_properties(encode_header_payload(5, properties)) == (2, 4, "1500", True)
 
 
-def scan_error(properties: bytes) -> FrameError:
-    with pytest.raises(FrameError) as caught:
+def scan_error(properties: bytes) -> AMQPError:
+    with pytest.raises(AMQPError) as caught:
         scan_properties(b"\x00\x3c\x00\x00" + bytes(8) + properties)
     return caught.value
 

@@ -8,8 +8,8 @@ import logging
 
 import pytest
 
-from broker.durability import queue_key, restore
-from broker.vhost import VirtualHost
+from broker.model.durability import queue_key, restore
+from broker.model.vhost import VirtualHost
 from storage.recovery import Recovered, StoredMessage
 
 
@@ -85,7 +85,7 @@ BAD_BINDINGS = {
 
 @pytest.mark.parametrize("bad", BAD_EXCHANGES.values(), ids=BAD_EXCHANGES.keys())
 def test_an_unusable_exchange_is_skipped_and_the_rest_restored(bad, caplog):
-    with caplog.at_level(logging.ERROR, logger="broker.durability"):
+    with caplog.at_level(logging.ERROR, logger="broker.model.durability"):
         vhost, _ = restored(recovered([exchange("x"), bad, exchange("x2")], [queue("q")], [binding("x", "q")]))
     assert {"x", "x2"} <= set(vhost.exchanges)
     assert "x-bad" not in vhost.exchanges
@@ -95,7 +95,7 @@ def test_an_unusable_exchange_is_skipped_and_the_rest_restored(bad, caplog):
 
 @pytest.mark.parametrize("bad", BAD_QUEUES.values(), ids=BAD_QUEUES.keys())
 def test_an_unusable_queue_is_skipped_and_the_rest_restored(bad, caplog):
-    with caplog.at_level(logging.ERROR, logger="broker.durability"):
+    with caplog.at_level(logging.ERROR, logger="broker.model.durability"):
         vhost, _ = restored(recovered([exchange("x")], [queue("q"), bad, queue("q2")], [binding("x", "q")]))
     assert set(vhost.queues) == {"q", "q2"}
     assert len(vhost.queues["q"].bindings) == 1
@@ -105,7 +105,7 @@ def test_an_unusable_queue_is_skipped_and_the_rest_restored(bad, caplog):
 @pytest.mark.parametrize("bad", BAD_BINDINGS.values(), ids=BAD_BINDINGS.keys())
 def test_an_unusable_binding_is_skipped_and_the_rest_restored(bad, caplog):
     exchanges = [exchange("x"), exchange("h", type="headers")]
-    with caplog.at_level(logging.ERROR, logger="broker.durability"):
+    with caplog.at_level(logging.ERROR, logger="broker.model.durability"):
         vhost, _ = restored(recovered(exchanges, [queue("q"), queue("q2")], [bad, binding("x", "q2")]))
     assert [b.routing_key for b in vhost.queues["q2"].bindings] == ["q2"]
     assert not vhost.queues["q"].bindings
@@ -115,7 +115,7 @@ def test_an_unusable_binding_is_skipped_and_the_rest_restored(bad, caplog):
 def test_the_messages_of_a_skipped_queue_are_kept_on_disk_and_the_others_restored(caplog):
     messages = {queue_key("/", "q-bad"): [message(1, b"kept")], queue_key("/", "q"): [message(2, b"restored")],
                 queue_key("/", "q-deleted"): [message(3, b"orphan")]}
-    with caplog.at_level(logging.ERROR, logger="broker.durability"):
+    with caplog.at_level(logging.ERROR, logger="broker.model.durability"):
         vhost, store = restored(recovered([], [queue("q"), queue("q-bad", arguments={"x-max-length": "ten"})],
                                           messages=messages))
     assert [entry.message.body for entry in vhost.queues["q"].entries] == [b"restored"]
@@ -134,7 +134,7 @@ def test_the_messages_of_a_queue_whose_definition_was_set_aside_are_kept_on_disk
 def test_no_stored_messages_are_deleted_when_the_definitions_log_was_damaged(caplog):
     data = recovered([], [queue("q")], messages={queue_key("/", "q-lost"): [message(1, b"kept")]})
     data.report = {"definitions_damaged": True}
-    with caplog.at_level(logging.ERROR, logger="broker.durability"):
+    with caplog.at_level(logging.ERROR, logger="broker.model.durability"):
         _, store = restored(data)
     assert store.deleted_queues == []
     assert "q-lost" in _one_error_line(caplog)

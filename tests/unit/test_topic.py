@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.topic import TopicTrie, canonical_words, split_words
+from broker.model.routing.topic import TopicTrie, canonical_words, split_words
 
 
 def reference_match(pattern: str, routing_key: str) -> bool:

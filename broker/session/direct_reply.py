@@ -11,11 +11,11 @@ import base64
 import os
 from typing import TYPE_CHECKING
 
-from broker import errors
+from protocol import errors
 
 if TYPE_CHECKING:
-    from broker.channel import Channel
-    from broker.message import Message
+    from broker.model.message import Message
+    from broker.session.channel import Channel
 
 PSEUDO_QUEUE = "amq.rabbitmq.reply-to"
 REPLY_PREFIX = PSEUDO_QUEUE + "."

@@ -6,15 +6,15 @@ import logging
 import reprlib
 from typing import TYPE_CHECKING, Callable
 
-from broker.arguments import validate_exchange_arguments, validate_queue_arguments
-from broker.errors import AMQPError
-from broker.exchange import EXCHANGE_TYPES
-from broker.message import Address, Header, Message
+from broker.model.arguments import validate_exchange_arguments, validate_queue_arguments
+from broker.model.exchange import EXCHANGE_TYPES
+from broker.model.message import Address, Header, Message
+from protocol.errors import AMQPError
 
 if TYPE_CHECKING:
-    from broker.exchange import Binding, Exchange
-    from broker.queue import Queue
-    from broker.vhost import VirtualHost
+    from broker.model.exchange import Binding, Exchange
+    from broker.model.queue import Queue
+    from broker.model.vhost import VirtualHost
     from storage.recovery import Recovered
 
 log = logging.getLogger(__name__)

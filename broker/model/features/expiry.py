@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from broker import errors
-from broker.message import Message
+from broker.model.message import Message
+from protocol import errors
 
 MAX_EXPIRY_MS = 315360000000  # RabbitMQ's upper bound for TTLs: ten years in milliseconds
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Iterable
 
-from broker.message import Message, QueueEntry
+from broker.model.message import Message, QueueEntry
 
 # What Queue.enqueue reports.
 ENQUEUED = 0

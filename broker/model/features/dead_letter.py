@@ -6,12 +6,12 @@ from __future__ import annotations
 import datetime
 from typing import TYPE_CHECKING, Iterable
 
-from broker.message import Address, Header, Message, carbon_copy_keys
+from broker.model.message import Address, Header, Message, carbon_copy_keys
 from protocol.codec import LongLong, encode_header_payload
 
 if TYPE_CHECKING:
-    from broker.message import QueueEntry
-    from broker.queue import Queue
+    from broker.model.message import QueueEntry
+    from broker.model.queue import Queue
 
 REJECTED, EXPIRED, MAXLEN = "rejected", "expired", "maxlen"  # the reasons x-death records
 

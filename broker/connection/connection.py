@@ -10,22 +10,22 @@ from typing import TYPE_CHECKING
 
 from pamqp import commands as spec
 
-from broker import errors
-from broker.auth import authenticate
-from broker.channel import Channel
-from broker.errors import AMQPError
-from broker.login_throttle import LoginThrottle
-from broker.peer_log import PeerLog
+from broker.connection.auth import authenticate
+from broker.connection.login_throttle import LoginThrottle
+from broker.connection.peer_log import PeerLog
+from broker.session.channel import Channel
+from protocol import errors
+from protocol import erlang_terms
 from protocol.codec import HEARTBEAT_FRAME, decode_method, encode_method
 from protocol.constants import (
     ACCESS_REFUSED, CONNECTION_FORCED, FRAME_END, FRAME_ERROR, FRAME_HEARTBEAT, NOT_ALLOWED, FRAME_METHOD,
     FRAME_MIN_SIZE, PROTOCOL_HEADER, SERVER_CAPABILITIES,
 )
-from protocol.erlang_terms import write as erlang_term
-from protocol.framing import FrameError, FrameReader, reply_text
+from protocol.errors import AMQPError, close_for, reply_text
+from protocol.framing import FrameReader
 
 if TYPE_CHECKING:
-    from broker.server import Server
+    from broker.connection.server import Server
 
 log = logging.getLogger(__name__)
 peer_log = PeerLog(log)  # every line about one client goes through here, so that no client can flood the log
@@ -35,7 +35,6 @@ _CLASS_METHOD = struct.Struct(">HH")
 _CHANNEL_OPEN = (20, 10)
 _CHANNEL_CLOSE = (20, 40)
 _CHANNEL_CLOSE_OK = (20, 41)
-_BASIC_PUBLISH = (60, 40)
 _OPEN_OK_PAYLOAD = struct.pack(">HHI", 20, 11, 0)  # channel.open-ok with an empty channel_id longstr
 
 # Connection states, in handshake order. CLOSING: we sent connection.close and wait for close-ok; DRAINING: the
@@ -82,12 +81,12 @@ class Connection(asyncio.Protocol):
         self.output_room = OUTPUT_LIMIT  # bytes out may hold before we stop processing frames (see OUTPUT_LIMIT)
         # Frames read but not processed while the client's unread output is over OUTPUT_LIMIT, and the frame error
         # that followed them; reading stops until the transport drains.
-        self.held: tuple[list, FrameError | None] | None = None
+        self.held: tuple[list, AMQPError | None] | None = None
         self.unread_at_tick = 0  # bytes the transport held at the last heartbeat tick, while frames are held
         # Channels that hold many frames while a reply of theirs waits for the disk: not read until they are done
         self.waiting_channels: set[Channel] = set()
         self.flush_scheduled = False  # a flush is queued on the loop
-        self.settling: dict[Channel, None] = {}  # channels with confirms or disk waits to arrange at the next flush
+        self.handled: dict[Channel, None] = {}  # channels that handled frames of the read being processed
         self.write_paused = False  # the transport's buffer is full: no deliveries until it drains
         self.exclusive_queues: set = set()  # exclusive queues this connection owns, deleted with it
         self.client_properties: dict = {}
@@ -127,7 +126,7 @@ class Connection(asyncio.Protocol):
         try:
             frames = self.reader.feed(data)
             failure = None
-        except FrameError as error:
+        except AMQPError as error:
             frames, failure = error.frames, error  # RabbitMQ acts on the good frames before the bad one
         self._handle(frames, failure)
         self.read_this_turn += len(data)
@@ -193,9 +192,10 @@ class Connection(asyncio.Protocol):
         else:
             transport.resume_reading()
 
-    def _handle(self, frames: list, failure: FrameError | None) -> None:
+    def _handle(self, frames: list, failure: AMQPError | None) -> None:
         """Process frames, then the frame error that cut them short; hold what is left once the client's unread
-        output passes OUTPUT_LIMIT."""
+        output passes OUTPUT_LIMIT. Then each channel that handled frames sends its confirms (as rabbit_channel's
+        next_state after each message)."""
         self.output_room = OUTPUT_LIMIT - self.transport.get_write_buffer_size()
         rest = self._process(frames)
         if rest is not None:
@@ -203,7 +203,11 @@ class Connection(asyncio.Protocol):
             self.unread_at_tick = self.transport.get_write_buffer_size()
             self._update_reading()
         elif failure is not None:
-            self._frame_failed(failure)
+            self.failed(failure, None)
+        handled, self.handled = self.handled, {}
+        for channel in handled:
+            if channel.open:
+                channel.read_processed()
 
     def hold_reading_for(self, channel: Channel) -> None:
         """A channel waiting for the disk holds many frames already: read nothing more until it is done."""
@@ -239,38 +243,22 @@ class Connection(asyncio.Protocol):
             if self.state >= CLOSING and not (number == 0 and frame_type == FRAME_METHOD):
                 continue
             channel = channels.get(number)
+            if channel is not None and (self.state != OPEN or frame_type == FRAME_HEARTBEAT):
+                channel = None  # the connection's own frame
             try:
-                if channel is not None and self.state == OPEN and frame_type != FRAME_HEARTBEAT:
-                    try:
-                        channel.handle_frame(frame_type, payload)
-                    except AMQPError as error:
-                        self._channel_failed(channel, error, frame_type, payload)
+                if channel is not None:
+                    self.handled[channel] = None
+                    channel.handle_frame(frame_type, payload)
                 else:
-                    try:
-                        self._other_frame(frame_type, number, payload)
-                    except AMQPError as error:
-                        if frame_type == FRAME_METHOD:
-                            self._fill_method(error, frame_type, payload)
-                        self._fail_connection(error)
-            except FrameError as error:
-                self._frame_failed(error)
+                    self._other_frame(frame_type, number, payload)
+            except AMQPError as error:
+                self.failed(error, channel, frame_type, payload)
             except Exception:
                 peer_log.internal_error(self.peer_address, "internal error on channel %d of %s", number, self.peer)
-                self._fail_connection(errors.internal_error("internal error"))
+                self.failed(errors.internal_error("internal error"), None)
             if self.state >= DRAINING:
                 return None
         return None
-
-    def _frame_failed(self, error: FrameError) -> None:
-        """A frame that cannot be decoded: connection.close with RabbitMQ's text, or (as it does for some) a
-        dropped socket."""
-        if self.state >= CLOSING:
-            return
-        peer_log.warning(self.peer_address, "closing %s: %s", self.peer, error.text)
-        if error.send_close:
-            self.close(error.reply_code, error.text, error.class_id, error.method_id)
-        else:
-            self._terminate()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.state = CLOSED
@@ -300,19 +288,8 @@ class Connection(asyncio.Protocol):
             self.flush_scheduled = True
             self.loop.call_soon(self.flush)
 
-    def settle_at_flush(self, channel: Channel) -> None:
-        self.settling[channel] = None
-        if not self.flush_scheduled:
-            self.flush_scheduled = True
-            self.loop.call_soon(self.flush)
-
     def flush(self) -> None:
         """Write everything queued this loop turn in one transport.write."""
-        if self.settling:
-            settling, self.settling = self.settling, {}
-            for channel in settling:
-                if channel.open:
-                    channel.settle_publishes()
         self.flush_scheduled = False
         if self.out and self.state < DRAINING and self.transport is not None and not self.transport.is_closing():
             data = b"".join(self.out)
@@ -509,46 +486,35 @@ class Connection(asyncio.Protocol):
         self.sent_since_tick = False
         self.timer = self.loop.call_later(self.heartbeat / 2, self._heartbeat_tick)
 
-    # --- errors and closing --------------------------------------------------------------------------------
-    @staticmethod
-    def _fill_method(error: AMQPError, frame_type: int, payload: bytes) -> None:
-        """Name the method an error answers (for content frames: basic.publish), unless the handler did."""
-        if error.class_id is None:
-            if frame_type == FRAME_METHOD and len(payload) >= 4:
-                error.class_id, error.method_id = _CLASS_METHOD.unpack_from(payload)
-            else:
-                error.class_id, error.method_id = _BASIC_PUBLISH
-
-    def _channel_failed(self, channel: Channel, error: AMQPError, frame_type: int, payload: bytes) -> None:
-        self._fill_method(error, frame_type, payload)
-        self.channel_failed(channel, error)
-
-    def channel_failed(self, channel: Channel, error: AMQPError) -> None:
-        """The one place that turns a handler's error into channel.close (soft) or connection.close (hard)."""
-        if error.closes_connection:
-            self._fail_connection(error)
+    # --- errors and closing ---------------------------------------------------------------------------------
+    def failed(self, error: AMQPError, channel: Channel | None, frame_type: int = 0, payload: bytes = b"") -> None:
+        """The one place errors close things, as protocol.errors.close_for decides: channel.close for a soft error
+        on an open channel, else connection.close (or, where RabbitMQ does so, a dropped socket)."""
+        close = close_for(error, channel is not None, frame_type, payload)
+        if not close.connection:
+            peer_log.info(self.peer_address, "closing channel %d of %s: %s", channel.number, self.peer,
+                          close.reply_text)
+            self.close_channel(channel.number, send_close_ok=False)
+            self.closing_channels.add(channel.number)
+            self.send_method(channel.number, spec.Channel.Close(close.reply_code, close.reply_text, close.class_id,
+                                                                close.method_id))
             return
-        self.close_channel(channel.number, send_close_ok=False)
-        self.closing_channels.add(channel.number)
-        self.send_method(channel.number, spec.Channel.Close(error.reply_code, error.reply_text, error.class_id or 0,
-                                                            error.method_id or 0))
+        if self.state >= CLOSING:
+            return
+        peer_log.warning(self.peer_address, "closing %s: %s", self.peer, close.reply_text)
+        if close.send_close:
+            self.close(close.reply_code, close.reply_text, close.class_id, close.method_id)
+        else:
+            self._terminate()
 
     def close_channel(self, number: int, send_close_ok: bool) -> None:
         channel = self.channels.pop(number)
         channel.shutdown()
-        self.settling.pop(channel, None)
         if channel in self.waiting_channels:
             self.waiting_channels.discard(channel)
             self._update_reading()
         if send_close_ok:
             self.send_method(number, spec.Channel.CloseOk())
-
-    def _fail_connection(self, error: AMQPError) -> None:
-        """Send connection.close for a hard error and wait (briefly) for close-ok."""
-        if self.state >= CLOSING:
-            return
-        peer_log.warning(self.peer_address, "closing %s: %s", self.peer, error.reply_text)
-        self.close(error.reply_code, error.reply_text, error.class_id or 0, error.method_id or 0)
 
     def close(self, reply_code: int, reply_text: str, class_id: int = 0, method_id: int = 0) -> None:
         """Start a server-initiated close: channels go at once, the socket after close-ok or a timeout."""
@@ -572,7 +538,6 @@ class Connection(asyncio.Protocol):
         for channel in list(self.channels.values()):
             channel.shutdown()
         self.channels.clear()
-        self.settling.clear()
         self.waiting_channels.clear()
         self.vhost.connection_closed(self)
         self.exclusive_queues.clear()
@@ -601,11 +566,11 @@ def _decode_connection_method(payload: bytes):
     client's malformed frame (501 and one log line), never an internal error with a traceback."""
     try:
         return decode_method(payload)
-    except FrameError:
+    except AMQPError:
         raise
     except Exception:
-        text = reply_text(FRAME_ERROR, "cannot decode " + erlang_term(payload[4:132]))
-        raise FrameError(FRAME_ERROR, text, *_CLASS_METHOD.unpack_from(payload)) from None
+        text = "cannot decode " + erlang_terms.write(payload[4:132])
+        raise AMQPError(FRAME_ERROR, text, *_CLASS_METHOD.unpack_from(payload)) from None
 
 
 def _negotiate(name: str, client_value: int, server_max: int, minimum: int) -> int:

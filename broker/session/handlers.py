@@ -6,13 +6,14 @@ from typing import TYPE_CHECKING, Callable
 
 from pamqp import commands as spec
 
-from broker import direct_reply, errors
-from broker.arguments import amqp_type_name
-from broker.consumer import Consumer
-from broker.vhost import generated_name
+from broker.model.vhost import generated_name
+from broker.session import direct_reply
+from broker.session.consumer import Consumer
+from protocol import errors
+from protocol.erlang_terms import amqp_type_name
 
 if TYPE_CHECKING:
-    from broker.channel import Channel
+    from broker.session.channel import Channel
 
 
 def _channel_close(channel: Channel, method: spec.Channel.Close) -> None:
@@ -134,7 +135,7 @@ def _basic_qos(channel: Channel, method: spec.Basic.Qos) -> None:
     if method.prefetch_size:
         raise errors.not_implemented(f"prefetch_size!=0 ({method.prefetch_size})")
     if method.global_:
-        channel.global_prefetch = method.prefetch_count
+        channel.unacked.global_prefetch = method.prefetch_count
         channel.offer_credit({consumer.queue for consumer in channel.consumers.values()})
     else:
         channel.consumer_prefetch = method.prefetch_count

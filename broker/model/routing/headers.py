@@ -14,7 +14,7 @@ compare with the types amqp_type_name() infers for their elements.
 import datetime
 import decimal
 
-from broker.arguments import amqp_type_name, erlang_term
+from protocol.erlang_terms import amqp_type_name, erlang_term
 
 _X_MATCH_KINDS = ("all", "any", "all-with-x", "any-with-x")
 _EXACT_TYPES = (str, int, bool)  # two values of one of these types are equal exactly when Python says so

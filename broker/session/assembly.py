@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Hashable, Iterable
 
 if TYPE_CHECKING:
-    from broker.connection import Connection
+    from broker.connection.connection import Connection
 
 ASSEMBLY_SHARE = 0.5  # share of the memory limit that bodies in assembly may take
 

@@ -7,20 +7,19 @@ import base64
 import os
 from typing import TYPE_CHECKING
 
-from broker import durability, errors
-from broker.assembly import BodiesInAssembly
-from broker.arguments import (
+from broker.model import durability
+from broker.model.arguments import (
     check_exchange_equivalent, check_queue_equivalent, validate_exchange_arguments, validate_queue_arguments,
 )
-from broker.exchange import EXCHANGE_TYPES, Binding, DirectExchange, Exchange
-from broker.headers_match import validate_x_match
-from broker.length_limit import ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, REFUSED
-from broker.queue import Queue
+from broker.model.exchange import EXCHANGE_TYPES, Binding, DirectExchange, Exchange
+from broker.model.features.length_limit import ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, REFUSED
+from broker.model.queue import Queue
+from broker.model.routing.headers import validate_x_match
+from protocol import errors
 
 if TYPE_CHECKING:
-    from broker.channel import Channel
-    from broker.connection import Connection
-    from broker.message import Message
+    from broker.model.interfaces import Publisher, QueueOwner, ReplyReceiver
+    from broker.model.message import Message
 
 PREDECLARED_EXCHANGES = {
     "amq.direct": "direct", "amq.fanout": "fanout", "amq.topic": "topic",
@@ -72,11 +71,10 @@ class VirtualHost:
         self.store = store  # durable storage (storage.MessageStore) or None for a broker kept in memory
         self.next_msg_id = 1  # id of the next persistent message written to the store
         self.dispatcher = Dispatcher()
-        self.reply_channels: dict[str, Channel] = {}  # direct reply-to token -> the channel consuming replies
+        self.reply_channels: dict[str, ReplyReceiver] = {}  # direct reply-to token -> the channel consuming replies
         # Durable changes (definition records, purges) appended to the store so far: a method that raises it has
         # its reply wait for the disk.
         self.durable_changes = 0
-        self.assembly = BodiesInAssembly()  # message bodies received in part on every connection
         self.queues: dict[str, Queue] = {}
         self.default_exchange = DefaultExchange(self)
         self.exchanges: dict[str, Exchange] = {"": self.default_exchange}
@@ -90,7 +88,7 @@ class VirtualHost:
             raise errors.not_found(f"no exchange '{name}' in vhost '{self.name}'")
         return exchange
 
-    def get_queue(self, name: str, connection: "Connection | None" = None) -> Queue:
+    def get_queue(self, name: str, connection: "QueueOwner | None" = None) -> Queue:
         queue = self.queues.get(name)
         if queue is None:
             raise errors.not_found(f"no queue '{name}' in vhost '{self.name}'")
@@ -98,7 +96,7 @@ class VirtualHost:
             self.check_exclusive_access(queue, connection)
         return queue
 
-    def check_exclusive_access(self, queue: Queue, connection: "Connection") -> None:
+    def check_exclusive_access(self, queue: Queue, connection: "QueueOwner") -> None:
         if queue.exclusive_owner is not None and queue.exclusive_owner is not connection:
             raise errors.resource_locked(
                 f"cannot obtain exclusive access to locked queue '{queue.name}' in vhost '{self.name}'. "
@@ -163,7 +161,7 @@ class VirtualHost:
             self._drop_binding(binding)
 
     # --- queues ---------------------------------------------------------------------------------------------
-    def declare_queue(self, name: str, connection: "Connection", passive: bool, durable: bool, exclusive: bool,
+    def declare_queue(self, name: str, connection: "QueueOwner", passive: bool, durable: bool, exclusive: bool,
                       auto_delete: bool, arguments: dict) -> Queue:
         if passive:
             queue = self.get_queue(name, connection)
@@ -230,7 +228,7 @@ class VirtualHost:
                              durability.binding_definition(self, binding))
 
     def unbind(self, source: Exchange | None, destination, routing_key: str, arguments: dict,
-               connection: "Connection | None" = None) -> None:
+               connection: "QueueOwner | None" = None) -> None:
         """Remove a binding; like RabbitMQ, a missing binding, source or destination is not an error (not even on
         another connection's exclusive queue: access is checked once the binding is found)."""
         if source is self.default_exchange or destination is self.default_exchange:
@@ -259,7 +257,7 @@ class VirtualHost:
         self.durable_changes += 1
 
     def publish_to(self, queues: list[Queue], message: "Message",
-                   publisher: "Connection | None" = None) -> tuple[bool, bool]:
+                   publisher: "Publisher | None" = None) -> tuple[bool, bool]:
         """Hand a routed message to its queues: (went to disk, refused by a length limit). A persistent message
         is written before any queue delivers it, so that a delivery's record never precedes the message's own in
         the log; queues that turn it away then let their copy go."""
@@ -319,6 +317,6 @@ class VirtualHost:
         return list(queues)
 
     # --- connections ----------------------------------------------------------------------------------------
-    def connection_closed(self, connection: "Connection") -> None:
+    def connection_closed(self, connection: "QueueOwner") -> None:
         for queue in list(connection.exclusive_queues):
             self.delete_queue(queue)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable, Union
 
-from broker.headers_match import headers_match
-from broker.topic import TopicTrie
+from broker.model.routing.headers import headers_match
+from broker.model.routing.topic import TopicTrie
 
 if TYPE_CHECKING:
-    from broker.message import Message
-    from broker.queue import Queue
+    from broker.model.message import Message
+    from broker.model.queue import Queue
 
 Destination = Union["Queue", "Exchange"]
 

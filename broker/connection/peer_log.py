@@ -24,7 +24,7 @@ class _Window:
 
 
 class PeerLog:
-    """A logger's warning and error lines about one peer address, LINES_PER_WINDOW per WINDOW at most; when lines
+    """A logger's lines about one peer address, LINES_PER_WINDOW per WINDOW at most; when lines
     were left out, one line says how many once the window has passed."""
 
     def __init__(self, logger: logging.Logger, clock=time.monotonic):
@@ -32,6 +32,9 @@ class PeerLog:
         self.clock = clock
         self.windows: dict[str, _Window] = {}  # address -> its current window, oldest first
         self.last_traceback = float("-inf")  # clock time of the last traceback logged
+
+    def info(self, address: str, message: str, *args: object) -> None:
+        self._log(logging.INFO, address, message, args)
 
     def warning(self, address: str, message: str, *args: object) -> None:
         self._log(logging.WARNING, address, message, args)

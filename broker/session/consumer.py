@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from broker.channel import Channel
-    from broker.queue import Queue
+    from broker.model.queue import Queue
+    from broker.session.channel import Channel
 
 UNLIMITED = 1 << 30  # credit of a consumer that no prefetch limit holds back
 
@@ -36,6 +36,7 @@ class Consumer:
         if self.no_ack:
             return UNLIMITED
         credit = self.prefetch - self.unacked if self.prefetch else UNLIMITED
-        if channel.global_prefetch:
-            credit = min(credit, channel.global_prefetch - channel.consumer_unacked)
+        unacked = channel.unacked
+        if unacked.global_prefetch:
+            credit = min(credit, unacked.global_prefetch - unacked.consumer_count)
         return credit

@@ -7,17 +7,16 @@ import heapq
 from collections import deque
 from typing import TYPE_CHECKING, Iterable
 
-from broker.dead_letter import EXPIRED, MAXLEN, dead_letter
-from broker.durability import queue_key
-from broker.expiry import message_ttl
-from broker.length_limit import DROPPED, ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, LengthLimit
-from broker.message import Message, QueueEntry
+from broker.model.durability import queue_key
+from broker.model.features.dead_letter import EXPIRED, MAXLEN, dead_letter
+from broker.model.features.expiry import message_ttl
+from broker.model.features.length_limit import DROPPED, ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, LengthLimit
+from broker.model.message import Message, QueueEntry
 
 if TYPE_CHECKING:
-    from broker.connection import Connection
-    from broker.consumer import Consumer
-    from broker.exchange import Binding
-    from broker.vhost import VirtualHost
+    from broker.model.exchange import Binding
+    from broker.model.vhost import VirtualHost
+    from broker.model.interfaces import Publisher, QueueOwner, Subscriber
 
 # Publisher flow control: while a queue with consumers holds more than FLOW_HIGH ready messages, the connections
 # publishing to it are not read; they are read again once deliveries bring it under FLOW_LOW. Consumers that
@@ -34,7 +33,7 @@ def _now_ms() -> int:
 
 
 class Queue:
-    def __init__(self, vhost: "VirtualHost", name: str, durable: bool, exclusive_owner: "Connection | None",
+    def __init__(self, vhost: "VirtualHost", name: str, durable: bool, exclusive_owner: "QueueOwner | None",
                  auto_delete: bool, arguments: dict):
         self.vhost = vhost
         self.name = name
@@ -44,10 +43,10 @@ class Queue:
         self.arguments = arguments
         self.entries: deque[QueueEntry] = deque()  # ready messages, in queue order (by seq)
         self.next_seq = 0  # seq of the next enqueued entry
-        self.consumers: list[Consumer] = []  # highest priority first; within a priority, next to serve first
+        self.consumers: list[Subscriber] = []  # highest priority first; within a priority, next to serve first
         self.bindings: set[Binding] = set()  # bindings that route to this queue, removed with it
         self.deleted = False  # set once deleted; late acks and requeues for it are ignored
-        self.throttled: set[Connection] = set()  # publishing connections paused until the backlog shrinks
+        self.throttled: set[Publisher] = set()  # publishers (connections) paused until the backlog shrinks
         # Whether persistent messages in this queue go to disk: durable, not exclusive, and a store to go to.
         self.stored = durable and exclusive_owner is None and vhost.store is not None
         self.store_key = queue_key(vhost.name, name)  # the queue's name in the store
@@ -155,15 +154,15 @@ class Queue:
             self.limit.returned(self.entries)
         self._schedule_expiry()
 
-    def throttle(self, connection: "Connection") -> None:
-        if connection not in self.throttled:
-            self.throttled.add(connection)
-            connection.throttle(self)
+    def throttle(self, publisher: "Publisher") -> None:
+        if publisher not in self.throttled:
+            self.throttled.add(publisher)
+            publisher.throttle(self)
 
     def release_publishers(self) -> None:
         throttled, self.throttled = self.throttled, set()
-        for connection in throttled:
-            connection.unthrottle(self)
+        for publisher in throttled:
+            publisher.unthrottle(self)
 
     def requeue(self, requeued: list[QueueEntry]) -> None:
         """Put delivered entries back at their original positions, flagged redelivered."""
@@ -214,19 +213,19 @@ class Queue:
         return False
 
     # --- consumers --------------------------------------------------------------------------------------
-    def add_consumer(self, consumer: "Consumer") -> None:
+    def add_consumer(self, consumer: "Subscriber") -> None:
         self.touch()
         self._place_last_of_its_priority(consumer)
         self.vhost.dispatcher.mark(self)
 
-    def _place_last_of_its_priority(self, consumer: "Consumer") -> None:
+    def _place_last_of_its_priority(self, consumer: "Subscriber") -> None:
         consumers = self.consumers
         index = len(consumers)
         while index and consumers[index - 1].priority < consumer.priority:
             index -= 1
         consumers.insert(index, consumer)
 
-    def remove_consumer(self, consumer: "Consumer") -> None:
+    def remove_consumer(self, consumer: "Subscriber") -> None:
         """Drop a consumer; an auto-delete queue goes away with its last one."""
         self.consumers.remove(consumer)
         if not self.consumers:
@@ -278,7 +277,7 @@ class Queue:
         if self.throttled and len(entries) < FLOW_LOW:
             self.release_publishers()
 
-    def _next_consumer_with_credit(self) -> "Consumer | None":
+    def _next_consumer_with_credit(self) -> "Subscriber | None":
         """The first consumer able to take a message; it then moves behind the others of its priority."""
         consumers = self.consumers
         for index, consumer in enumerate(consumers):

@@ -3,71 +3,40 @@
 from __future__ import annotations
 
 import struct
-from collections import OrderedDict
-from typing import TYPE_CHECKING, Callable, NamedTuple
+from typing import TYPE_CHECKING, Callable
 
 from pamqp import commands as spec
 
-from broker import direct_reply, errors
-from broker.assembly import assembly_budget
-from broker.confirms import ConfirmTracker
-from broker.consumer import Consumer
-from broker.dead_letter import REJECTED, dead_letter
-from broker.errors import AMQPError
-from broker.expiry import parse_expiration
-from broker.message import Address, Header, Message, QueueEntry, carbon_copy_keys
-from broker.methods import HANDLERS
-from broker.queue import Queue
+from broker.model.features.dead_letter import REJECTED, dead_letter
+from broker.model.features.expiry import parse_expiration
+from broker.model.message import Address, Header, Message, QueueEntry, carbon_copy_keys
+from broker.model.queue import Queue
+from broker.session import direct_reply
+from broker.session.assembly import assembly_budget
+from broker.session.confirms import ConfirmTracker
+from broker.session.consumer import Consumer
+from broker.session.handlers import HANDLERS
+from broker.session.transaction import Transaction
+from broker.session.unacked import Unacked, UnackedStore
+from protocol import errors
+from protocol.assembler import Content, content_body, content_header, out_of_order
 from protocol.codec import decode_method, encode_content, encode_method
 from protocol.constants import (
     BASIC_ACK, BASIC_NACK, BASIC_PUBLISH, BASIC_REJECT, FRAME_BODY, FRAME_HEADER, FRAME_METHOD, INTERNAL_ERROR, NO_ROUTE,
-    UNEXPECTED_FRAME,
+)
+from protocol.errors import AMQPError
+from protocol.fastpath import (
+    decode_ack, decode_nack, decode_publish, decode_reject, encode_ack, encode_deliver, encode_nack,
 )
 from protocol.properties import EXPIRATION, REPLY_TO, USER_ID, property_flags
-from protocol.fastpath import (
-    decode_ack, decode_content_header, decode_nack, decode_publish, decode_reject, encode_ack, encode_deliver,
-    encode_nack,
-)
 
 if TYPE_CHECKING:
-    from broker.connection import Connection
+    from broker.connection.connection import Connection
 
 _METHOD_ID = struct.Struct(">I")
-_PUBLISH_ID = (60, 40)  # class and method of basic.publish, named by errors in its content frames
 # Frames a channel holds while a reply waits for the disk before its connection stops being read (RabbitMQ's credit
 # flow lets a reader run about as far ahead of a busy channel).
 BACKLOG_LIMIT = 400
-
-
-class Unacked(NamedTuple):
-    """A delivery awaiting ack: where it came from and who got it."""
-    tag: int
-    entry: QueueEntry
-    queue: Queue
-    consumer: Consumer | None  # None for basic.get
-
-
-class Transaction:
-    """What a transactional channel holds until tx.commit."""
-    __slots__ = ("publishes", "settles")
-
-    def __init__(self):
-        self.publishes: list[Callable[[], None]] = []  # routings to run at commit, in order
-        self.settles: list[tuple[list[Unacked], bool | None]] = []  # (deliveries, requeue) acked/rejected
-
-
-class PendingPublish:
-    """A basic.publish whose content header and body frames are still arriving."""
-    __slots__ = ("exchange", "routing_key", "mandatory", "header", "body_size", "parts", "received")
-
-    def __init__(self, exchange: str, routing_key: str, mandatory: bool):
-        self.exchange = exchange
-        self.routing_key = routing_key
-        self.mandatory = mandatory
-        self.header = b""  # raw content-header payload, once it arrives
-        self.body_size = -1  # announced by the content header; -1 until it arrives
-        self.parts: list[bytes] = []  # body frames received so far
-        self.received = 0  # bytes of body received so far
 
 
 class Channel:
@@ -80,16 +49,14 @@ class Channel:
         # Bytes of bodies in assembly, broker-wide, above which connections sending parts are blocked
         self.assembly_budget = assembly_budget(server.memory_alarm.limit, self.max_message_size)
         self.open = True  # False once closing: every frame but close/close-ok is then ignored
-        self.pending: PendingPublish | None = None  # publish being assembled from its content frames
+        self.pending: Content | None = None  # publish being assembled from its content frames
         self.next_tag = 1  # delivery tag of the next delivery on this channel
-        self.unacked: OrderedDict[int, Unacked] = OrderedDict()  # delivery tag -> unacked delivery, tag order
+        self.unacked = UnackedStore()  # deliveries awaiting ack, and the prefetch counts they hold
         self.consumers: dict[str, Consumer] = {}  # consumer tag -> consumer
         self.consumer_prefetch = connection.server.config.default_consumer_prefetch  # for consumers started next
-        self.global_prefetch = 0  # channel-wide limit of unacked consumer deliveries (basic.qos global), 0 = none
-        self.consumer_unacked = 0  # unacked deliveries made to consumers (what the global limit counts)
         self.confirms: ConfirmTracker | None = None  # set by confirm.select
-        # Confirm seqs of this loop turn's persistent publishes, waiting for the disk under one store callback;
-        # None until the turn's first persistent publish.
+        # Confirm seqs of this read's persistent publishes, waiting for the disk under one store callback;
+        # None until the read's first persistent publish.
         self.awaiting_disk: list[int] | None = None
         self.tx: Transaction | None = None  # set by tx.select: publishes and acks held until commit
         self.last_queue = ""  # name of the last queue declared, for methods that name the queue ""
@@ -111,13 +78,13 @@ class Channel:
         pending = self.pending
         if frame_type == FRAME_METHOD:
             if pending is not None:
-                raise self._out_of_order()
+                raise out_of_order(pending)
             method_id = _METHOD_ID.unpack_from(payload)[0]
             if method_id == BASIC_PUBLISH:
                 exchange, routing_key, mandatory, immediate = decode_publish(payload)
                 if immediate:
                     raise errors.not_implemented("immediate=true")
-                self.pending = PendingPublish(exchange, routing_key, mandatory)
+                self.pending = Content(exchange, routing_key, mandatory)
             elif method_id == BASIC_ACK:
                 self.ack(*decode_ack(payload))
             elif method_id == BASIC_NACK:
@@ -129,66 +96,34 @@ class Channel:
             else:
                 self.handle_method(decode_method(payload))
         elif frame_type == FRAME_HEADER:
-            if pending is None or pending.body_size >= 0:
-                raise self._out_of_order()
-            class_id, body_size = decode_content_header(payload)
-            if class_id != 60:
-                raise AMQPError(UNEXPECTED_FRAME, f"expected content header for class 60, got one for class "
-                                                  f"{class_id} instead", *_PUBLISH_ID)
-            if body_size > self.max_message_size:
-                self.pending = None
-                raise errors.precondition_failed(
-                    f"message size {body_size} is larger than configured max size {self.max_message_size}")
-            pending.header = payload
-            pending.body_size = body_size
-            if body_size == 0:
+            if not content_header(pending, payload, self.max_message_size):
                 self.pending = None
                 self.publish(pending.exchange, pending.routing_key, pending.mandatory, payload, b"")
         elif frame_type == FRAME_BODY:
-            if pending is None or pending.body_size < 0:
-                raise self._out_of_order()
-            pending.received += len(payload)
-            if pending.received > pending.body_size:
-                raise errors.frame_error(f"type 3, all octets = <<>>: {{content_too_large,{pending.received},"
-                                         f"{pending.body_size}}}")
-            if pending.received == pending.body_size and not pending.parts:
-                body = payload
-            else:
-                pending.parts.append(payload)
-                if pending.received < pending.body_size:
-                    self._assembling(pending, len(payload))
-                    return
-                body = b"".join(pending.parts)
+            body = content_body(pending, payload)
+            if body is None:
+                self._assembling(pending, len(payload))
+                return
+            if pending.parts:
                 self._assembled(pending)
             self.pending = None
             self.publish(pending.exchange, pending.routing_key, pending.mandatory, pending.header, body)
 
-    def _assembling(self, pending: PendingPublish, size: int) -> None:
+    def _assembling(self, pending: Content, size: int) -> None:
         """A part of a body arrived: block the connection while memory runs short (the alarm, or bodies in
         assembly over their budget)."""
         connection = self.connection
-        over_budget = self.vhost.assembly.grew(pending, connection, size, self.assembly_budget)
+        over_budget = connection.server.assembly.grew(pending, connection, size, self.assembly_budget)
         alarm = connection.server.alarm
         if alarm is not None or over_budget:
             connection.block(alarm or "low on memory")
 
-    def _assembled(self, pending: PendingPublish) -> None:
+    def _assembled(self, pending: Content) -> None:
         """A body in assembly completed or was dropped: connections blocked for the budget may go on."""
-        released = self.vhost.assembly.finished(pending, self.assembly_budget)
+        released = self.connection.server.assembly.finished(pending, self.assembly_budget)
         if released and self.connection.server.alarm is None:
             for connection in released:
                 connection.unblock()
-
-    def _out_of_order(self) -> AMQPError:
-        """A frame other than the one the content being assembled needs, with RabbitMQ's texts."""
-        pending = self.pending
-        if pending is None:
-            return AMQPError(UNEXPECTED_FRAME, "expected method frame, got non method frame instead", 0, 0)
-        if pending.body_size < 0:
-            return AMQPError(UNEXPECTED_FRAME, "expected content header for class 60, got non content header "
-                                               "frame instead", *_PUBLISH_ID)
-        return AMQPError(UNEXPECTED_FRAME, "expected content body, got non content body frame instead",
-                         *_PUBLISH_ID)
 
     def handle_method(self, method) -> None:
         """Run a method's handler. Its reply follows the fsync of the durable changes it made (definitions,
@@ -236,8 +171,8 @@ class Channel:
             self.replies = None
             if self.undo is not None:
                 self.undo()
-            self.connection.channel_failed(self, AMQPError(
-                INTERNAL_ERROR, f"{method.name.lower()} could not be written to disk", *divmod(method.index, 65536)))
+            self.connection.failed(AMQPError(
+                INTERNAL_ERROR, f"{method.name.lower()} could not be written to disk", *divmod(method.index, 65536)), self)
         self.undo = None
         self.offer_credit({consumer.queue for consumer in self.consumers.values()})
         self.connection.replay(self, backlog)  # the connection's own path: state checks and error handling
@@ -296,7 +231,6 @@ class Channel:
                 self._return_unroutable(message)
             if self.confirms is not None:
                 self.confirms.settle(self.confirms.next_seq())
-                self.connection.settle_at_flush(self)
             return
         routing_keys = [routing_key]
         if message.scan.has_headers:
@@ -318,23 +252,20 @@ class Channel:
             persisted, refused = self.vhost.publish_to(queues, message, self.connection)
         if seq is not None and refused:
             self.confirms.settle(seq, ack=False)  # reject-publish: the publisher is told with a nack
-            self.connection.settle_at_flush(self)
             seq = None
         if persisted:
             self._await_disk(seq)
         elif seq is not None:
             self.confirms.settle(seq)
-            self.connection.settle_at_flush(self)
         return persisted
 
     def _await_disk(self, seq: int | None) -> None:
-        """Confirm seq (None without confirms) once this turn's persistent publishes are on disk. The store
-        callback is asked for right after the turn's first write, so that it belongs to the same batch."""
+        """Confirm seq (None without confirms) once this read's persistent publishes are on disk. The store
+        callback is asked for right after the read's first write, so that it belongs to the same batch."""
         awaiting = self.awaiting_disk
         if awaiting is None:
             awaiting = self.awaiting_disk = []
-            self.vhost.store.when_durable(lambda ok: self._on_disk(awaiting, ok))
-            self.connection.settle_at_flush(self)  # where the turn ends
+            self.vhost.store.when_durable(lambda ok: self._on_disk(awaiting, ok))  # closed by read_processed
         if seq is not None:
             awaiting.append(seq)
 
@@ -342,14 +273,18 @@ class Channel:
         self.send_method(spec.Basic.Return(NO_ROUTE, "NO_ROUTE", message.exchange, message.routing_key))
         self.write(encode_content(self.number, message.header_payload, message.body, self.connection.frame_max))
 
-    def settle_publishes(self) -> None:
-        """At the end of a loop turn: close the turn's disk wait and write the confirms settled so far
-        (coalesced into multiple acks)."""
+    def read_processed(self) -> None:
+        """The connection has processed a read that had frames for this channel: close the read's disk wait and
+        send the confirms settled so far (rabbit_channel's next_state -> send_confirms_and_nacks)."""
         self.awaiting_disk = None
         if self.confirms is not None:
-            write = self.connection.write
-            for tag, multiple, is_ack in self.confirms.drain():
-                write(encode_ack(self.number, tag, multiple) if is_ack else encode_nack(self.number, tag, multiple))
+            self.send_confirms()
+
+    def send_confirms(self) -> None:
+        """Write the confirms settled so far, coalesced into multiple acks."""
+        write = self.connection.write
+        for tag, multiple, is_ack in self.confirms.drain():
+            write(encode_ack(self.number, tag, multiple) if is_ack else encode_nack(self.number, tag, multiple))
 
     def _on_disk(self, seqs: list[int], ok: bool) -> None:
         """The store wrote (or failed to write) a turn's persistent publishes: confirm (or nack) them."""
@@ -359,13 +294,12 @@ class Channel:
             settle = self.confirms.settle
             for seq in seqs:
                 settle(seq, ok)
-            self.connection.settle_at_flush(self)
+            self.send_confirms()
         elif not ok:
             self._disk_failed()
 
     def _disk_failed(self) -> None:
-        self.connection.channel_failed(self, errors.internal_error("persistent messages could not be written to "
-                                                                   "disk"))
+        self.connection.failed(errors.internal_error("persistent messages could not be written to disk"), self)
 
     # --- delivering ----------------------------------------------------------------------------------------
     def can_deliver(self) -> bool:
@@ -378,9 +312,7 @@ class Channel:
         if consumer.no_ack:
             queue.forget((entry,))
         else:
-            self.unacked[tag] = Unacked(tag, entry, queue, consumer)
-            consumer.unacked += 1
-            self.consumer_unacked += 1
+            self.unacked.push(Unacked(tag, entry, queue, consumer))
             if message.msg_id and queue.stored:
                 self.vhost.store.append_delivered(queue.store_key, (message.msg_id,))
         connection = self.connection
@@ -398,42 +330,9 @@ class Channel:
         connection.write(encode_content(self.number, message.header_payload, message.body, connection.frame_max))
 
     # --- acknowledgements ----------------------------------------------------------------------------------
-    def _take_unacked(self, tag: int, multiple: bool) -> list[Unacked]:
-        """Remove and return the deliveries an ack/nack/reject names (RabbitMQ's collect_acks)."""
-        unacked = self.unacked
-        if multiple and tag == 0:
-            taken = list(unacked.values())
-            unacked.clear()
-        elif tag not in unacked:
-            raise errors.precondition_failed(f"unknown delivery tag {tag}")
-        elif not multiple:
-            taken = [unacked.pop(tag)]
-        else:
-            taken = []
-            while unacked:
-                first = next(iter(unacked))
-                if first > tag:
-                    break
-                taken.append(unacked.popitem(last=False)[1])
-        return taken
-
-    def _release(self, deliveries: list[Unacked]) -> None:
-        """Deliveries are settled: their consumers' prefetch windows open up again."""
-        for delivery in deliveries:
-            consumer = delivery.consumer
-            if consumer is not None:
-                consumer.unacked -= 1
-                self.consumer_unacked -= 1
-
     def ack(self, tag: int, multiple: bool) -> None:
         if not multiple and self.tx is None:  # the common case, without the lists and dicts of the general one
-            delivery = self.unacked.pop(tag, None)
-            if delivery is None:
-                raise errors.precondition_failed(f"unknown delivery tag {tag}")
-            consumer = delivery.consumer
-            if consumer is not None:
-                consumer.unacked -= 1
-                self.consumer_unacked -= 1
+            delivery = self.unacked.pop(tag)
             queue = delivery.queue
             if queue.stored and not queue.deleted:
                 queue.forget((delivery.entry,))
@@ -443,11 +342,11 @@ class Channel:
 
     def reject(self, tag: int, multiple: bool, requeue: bool | None) -> None:
         """basic.reject/nack (requeue True or False), or a multiple ack (requeue None)."""
-        taken = self._take_unacked(tag, multiple)
+        taken = self.unacked.take(tag, multiple)
         if self.tx is not None:
             self.tx.settles.append((taken, requeue))  # prefetch stays taken until the commit, as in RabbitMQ
         else:
-            self._release(taken)
+            self.unacked.release(taken)
             self._settle(taken, requeue)
 
     def _settle(self, taken: list[Unacked], requeue: bool | None) -> None:
@@ -471,31 +370,25 @@ class Channel:
         """Prefetch room opened up on these queues (or, under a channel-wide limit, on all this channel consumes
         from): let them deliver at the end of this loop turn."""
         dispatcher = self.vhost.dispatcher
-        if self.global_prefetch:
+        if self.unacked.global_prefetch:
             queues = {consumer.queue for consumer in self.consumers.values()}
         for queue in queues:
             if queue.consumers and queue.entries:
                 dispatcher.mark(queue)
-
-    def restore_unacked(self, deliveries: list[Unacked]) -> None:
-        """Acks or rejects that a rollback undid: the deliveries are unacked again, in tag order."""
-        for delivery in deliveries:
-            self.unacked[delivery.tag] = delivery
-        self.unacked = OrderedDict(sorted(self.unacked.items()))
 
     def undo_tx(self) -> None:
         """Drop the transaction's publishes; its acks and rejects are undone."""
         tx = self.tx
         self.tx = Transaction()
         for deliveries, _ in tx.settles:
-            self.restore_unacked(deliveries)
+            self.unacked.restore(deliveries)
 
     def apply_tx(self) -> bool:
         """Apply the transaction; True when some of its publishes went to disk (commit-ok waits for it)."""
         tx = self.tx
         self.tx = Transaction()
         for deliveries, requeue in tx.settles:
-            self._release(deliveries)
+            self.unacked.release(deliveries)
             self._settle(deliveries, requeue)
         persisted = False
         for publish in tx.publishes:
@@ -514,7 +407,7 @@ class Channel:
         if no_ack:
             queue.forget((entry,))
         else:
-            self.unacked[tag] = Unacked(tag, entry, queue, None)
+            self.unacked.push(Unacked(tag, entry, queue, None))
             if message.msg_id and queue.stored:
                 self.vhost.store.append_delivered(queue.store_key, (message.msg_id,))
         self.send_method(spec.Basic.GetOk(tag, entry.redelivered, message.exchange, message.routing_key,
@@ -560,8 +453,8 @@ class Channel:
     def requeue_all(self) -> None:
         """Every unacked delivery goes back to its queue, in original order, flagged redelivered."""
         if self.unacked:
-            taken = self._take_unacked(0, True)
-            self._release(taken)
+            taken = self.unacked.take(0, True)
+            self.unacked.release(taken)
             self._settle(taken, requeue=True)
 
     # --- consumers -----------------------------------------------------------------------------------------

@@ -13,11 +13,12 @@ from importlib import metadata
 from pathlib import Path
 
 from broker.config import Config
-from broker.connection import Connection
-from broker.disk_alarm import DiskAlarm
-from broker.durability import restore
-from broker.memory_alarm import MemoryAlarm, memory_limit
-from broker.vhost import VirtualHost
+from broker.connection.alarms.disk import DiskAlarm
+from broker.connection.alarms.memory import MemoryAlarm, memory_limit
+from broker.connection.connection import Connection
+from broker.model.durability import restore
+from broker.model.vhost import VirtualHost
+from broker.session.assembly import BodiesInAssembly
 from storage.format import UnsupportedFormat
 from storage.store import DataDirLocked, MessageStore
 
@@ -76,6 +77,7 @@ class Server:
         self.store = MessageStore(self.data_dir, on_health=self.disk_alarm.store_health_changed)
         self.vhost = VirtualHost(config.default_vhost, self.store)
         self.connections: set[Connection] = set()
+        self.assembly = BodiesInAssembly()  # message bodies received in part on every connection
         self.version = _version()
         self.platform = f"Python {platform.python_version()}"
         self.listener: asyncio.base_events.Server | None = None

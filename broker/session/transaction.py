@@ -1,0 +1,16 @@
+"""What a transactional channel (tx.select) holds until tx.commit or tx.rollback."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from broker.session.unacked import Unacked
+
+
+class Transaction:
+    __slots__ = ("publishes", "settles")
+
+    def __init__(self) -> None:
+        self.publishes: list[Callable[[], None]] = []  # routings to run at commit, in order
+        self.settles: list[tuple[list[Unacked], bool | None]] = []  # (deliveries, requeue) acked/rejected
