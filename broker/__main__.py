@@ -14,6 +14,7 @@ import uvloop
 
 from broker.config import LOG_LEVELS, ConfigError, load_config
 from broker.connection.server import Server, StartupError
+from broker.management.server import start_management
 
 log = logging.getLogger("broker")
 
@@ -25,13 +26,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, help="AMQP port (default 5672; 0 picks a free one)")
     parser.add_argument("--data-dir", dest="data_dir", help="directory for durable state (default ./data)")
     parser.add_argument("--log-level", dest="log_level", choices=LOG_LEVELS, help="default info")
+    parser.add_argument("--management-port", dest="management_port", type=int,
+                        help="management HTTP API port (default 15672; 0 = no API)")
     return parser.parse_args(argv)
 
 
 # Settings that may come from the environment (above the config file, below the command line), so that a password
 # need not appear in a config file or on a command line (the Docker image's WARREN_DEFAULT_USER/PASS).
 ENVIRONMENT = {"default_user": "WARREN_DEFAULT_USER", "default_pass": "WARREN_DEFAULT_PASS"}
-COMMAND_LINE = ("host", "port", "data_dir", "log_level")
+COMMAND_LINE = ("host", "port", "data_dir", "log_level", "management_port")
 
 
 def config_overrides(args: argparse.Namespace, environ: dict[str, str]) -> dict:
@@ -50,12 +53,15 @@ async def serve(config) -> None:
     gc.set_threshold(GC_THRESHOLD)
     server = Server(config)
     await server.start()
+    management = await start_management(server) if config.management_port else None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("shutting down")
+    if management is not None:
+        await management.stop()
     await server.stop()
 
 

@@ -28,7 +28,7 @@ class Config:
     heartbeat: int = DEFAULT_HEARTBEAT  # heartbeat seconds offered in connection.tune (0 = off)
     default_consumer_prefetch: int = 0  # prefetch of consumers on channels that never sent basic.qos (0 = none)
     max_message_size: int = 134217728  # largest message body accepted, as RabbitMQ's max_message_size (128 MiB)
-    default_user: str = "guest"
+    default_user: str = "guest"  # created with default_pass and full rights on default_vhost at first start
     default_pass: str = "guest"
     default_vhost: str = "/"
     # Seconds before the second consecutive refused login from one address is answered; each further one waits
@@ -37,17 +37,17 @@ class Config:
     cluster_name: str = "warren"  # reported in connection.start's server properties
     memory_high_watermark: float = 0.4  # share of the machine's memory above which publishers are blocked
     memory_limit: int = 0  # bytes of broker memory above which publishers are blocked; 0 = use the watermark
+    management_host: str = "127.0.0.1"  # address of the management HTTP API
+    management_port: int = 15672  # port of the management HTTP API (0 = no API), as RabbitMQ's plugin
     # Users who may log in only from this machine, as with RabbitMQ's loopback_users (guest by default).
     loopback_users: list[str] = field(default_factory=lambda: ["guest"])
-    users: dict[str, str] = field(default_factory=dict)  # user -> password, derived from default_user/pass
-
-    def __post_init__(self) -> None:
-        self.users = {self.default_user: self.default_pass}
 
 
-# Which TOML section each key lives in.
+# Which TOML section each key lives in. A key of [management] is the Config field of the same name prefixed
+# "management_" ([management] port = management_port).
 SECTIONS = {
     "server": ("host", "port", "data_dir", "log_level", "cluster_name", "memory_high_watermark", "memory_limit"),
+    "management": ("host", "port"),
     "amqp": ("frame_max", "channel_max", "heartbeat", "default_consumer_prefetch", "max_message_size",
              "default_user", "default_pass", "default_vhost", "loopback_users", "failed_login_delay"),
 }
@@ -90,13 +90,15 @@ def _read_toml(path: Path) -> dict:
             if key not in SECTIONS[section]:
                 raise ConfigError(f"config file {path}: unknown key '{key}' in [{section}] (known: "
                                   f"{', '.join(SECTIONS[section])})")
-            values[key] = value
+            values[f"management_{key}" if section == "management" else key] = value
     return values
 
 
 def _validate(config: Config) -> None:
     if not 0 <= config.port <= 65535:
         raise ConfigError(f"port must be between 0 and 65535, got {config.port}")
+    if not 0 <= config.management_port <= 65535:
+        raise ConfigError(f"management_port must be between 0 and 65535, got {config.management_port}")
     if config.log_level not in LOG_LEVELS:
         raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {config.log_level!r}")
     if config.frame_max < FRAME_MIN_SIZE:

@@ -1,4 +1,4 @@
-"""Durable definitions (exchanges, queues, bindings, vhosts, users, policies) and queue-deletion watermarks.
+"""Durable definitions (exchanges, queues, bindings, vhosts, users, permissions, policies) and queue-deletion watermarks.
 
 They live in their own small log, ``definitions.log``. When the log has grown well past the live state, the writer
 replaces it by a snapshot (written aside, fsynced, renamed over).
@@ -23,7 +23,7 @@ from typing import Any
 
 from storage import records
 
-KINDS = ("exchange", "queue", "binding", "vhost", "user", "policy")
+KINDS = ("exchange", "queue", "binding", "vhost", "user", "policy", "permission", "operator_policy")
 
 # Wrappers of the typed format
 _TABLE = "m"

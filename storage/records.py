@@ -309,7 +309,8 @@ def _queue_deleted_layout(view: memoryview, start: int, end: int) -> bool:
     return below_id < MAX_PLAUSIBLE_ID and start + _QUEUE_DELETED.size + size == end
 
 
-_KINDS = frozenset((b"exchange", b"queue", b"binding", b"vhost", b"user", b"policy"))  # definitions.KINDS, encoded
+_KINDS = frozenset((b"exchange", b"queue", b"binding", b"vhost", b"user", b"policy", b"permission",
+                    b"operator_policy"))  # definitions.KINDS, encoded
 _LAYOUTS = {
     PUBLISH: _publish_layout, REMOVED: _id_list_layout, DELIVERED: _id_list_layout,
     LEGACY_DEFINITION: _definition_layout, DEFINITION: _definition_layout, QUEUE_DELETED: _queue_deleted_layout,

@@ -47,6 +47,8 @@ class Recovered:
     vhosts: list[dict] = field(default_factory=list)
     users: list[dict] = field(default_factory=list)
     policies: list[dict] = field(default_factory=list)
+    permissions: list[dict] = field(default_factory=list)
+    operator_policies: list[dict] = field(default_factory=list)
     # (kind, name) of definitions whose latest record could not be decoded and was set aside (in quarantine/):
     # the broker should keep the messages of such a queue rather than drop them as a queue's that is gone
     set_aside_definitions: list[tuple[str, str]] = field(default_factory=list)
@@ -304,6 +306,7 @@ def recover(data_dir: Path, segments_dir: Path) -> RecoveredState:
         exchanges=definitions.of_kind("exchange"), queues=definitions.of_kind("queue"),
         bindings=definitions.of_kind("binding"), messages=messages, next_msg_id=next_msg_id, report=report,
         vhosts=definitions.of_kind("vhost"), users=definitions.of_kind("user"),
-        policies=definitions.of_kind("policy"), set_aside_definitions=reader.set_aside_definitions,
+        policies=definitions.of_kind("policy"), permissions=definitions.of_kind("permission"),
+        operator_policies=definitions.of_kind("operator_policy"), set_aside_definitions=reader.set_aside_definitions,
     )
     return RecoveredState(recovered, index, definitions, definitions_bytes, next_segment)

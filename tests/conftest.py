@@ -1,7 +1,8 @@
 """Shared fixtures: a Warren broker on an ephemeral loopback port with a temporary data dir.
 
 Set WARREN_TEST_URL (e.g. amqp://guest:guest@127.0.0.1:35672/%2F) to run the same tests against another
-broker, such as a reference RabbitMQ started with ../shared/tools/rabbitmq-ref.
+broker, such as a reference RabbitMQ started with ../shared/tools/rabbitmq-ref; its management API is taken to be
+on the AMQP port + 10000 (rabbitmq-ref's --management), or at WARREN_TEST_MANAGEMENT_URL.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXTERNAL_URL = os.environ.get("WARREN_TEST_URL")
+EXTERNAL_MANAGEMENT_URL = os.environ.get("WARREN_TEST_MANAGEMENT_URL")
 
 
 def free_port() -> int:
@@ -54,10 +56,18 @@ class Broker:
     extra_args: list[str] = field(default_factory=list)
     process: subprocess.Popen | None = None
     log_path: Path | None = None
+    management_port: int = 0  # the management API's port (an ephemeral one for a broker started here)
 
     @property
     def url(self) -> str:
         return f"amqp://guest:guest@{self.host}:{self.port}/%2F"
+
+    @property
+    def management_url(self) -> str:
+        """Base URL of the management HTTP API (no trailing slash)."""
+        if self.external and EXTERNAL_MANAGEMENT_URL:
+            return EXTERNAL_MANAGEMENT_URL.rstrip("/")
+        return f"http://{self.host}:{self.management_port}"
 
     @property
     def external(self) -> bool:
@@ -67,8 +77,11 @@ class Broker:
         assert self.data_dir is not None
         self.log_path = self.data_dir.parent / f"broker-{self.port}.log"
         log = open(self.log_path, "ab")
+        if not self.management_port:
+            self.management_port = free_port()
         cmd = [sys.executable, "-m", "broker", "--host", self.host, "--port", str(self.port),
-               "--data-dir", str(self.data_dir), "--log-level", "info", *self.extra_args]
+               "--data-dir", str(self.data_dir), "--log-level", "info",
+               "--management-port", str(self.management_port), *self.extra_args]
         self.process = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         wait_for_port(self.host, self.port, self.process)
@@ -100,7 +113,8 @@ class Broker:
 
 def _external_broker() -> Broker:
     parsed = urllib.parse.urlparse(EXTERNAL_URL)
-    return Broker(host=parsed.hostname or "127.0.0.1", port=parsed.port or 5672)
+    port = parsed.port or 5672
+    return Broker(host=parsed.hostname or "127.0.0.1", port=port, management_port=port + 10000)
 
 
 @pytest.fixture(scope="session")

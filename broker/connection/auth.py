@@ -1,12 +1,11 @@
-"""Authentication: the SASL mechanisms PLAIN and AMQPLAIN against the configured users."""
+"""Authentication: the SASL mechanisms PLAIN and AMQPLAIN against the node's users."""
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
 from typing import NamedTuple
 
-from broker.config import Config
+from broker.model.node import Node
 from protocol.field_table import field_table
 
 
@@ -49,13 +48,13 @@ def is_loopback(address: str) -> bool:
         return False
 
 
-def authenticate(config: Config, mechanism: str, response: bytes | str, peer_address: str) -> Login:
-    """Check a login against the configured users (loopback users from elsewhere are refused)."""
+def authenticate(node: Node, loopback_users: list[str], mechanism: str, response: bytes | str,
+                 peer_address: str) -> Login:
+    """Check a login against the node's users (loopback users from elsewhere are refused)."""
     credentials = parse_response(mechanism, response)
     if credentials is None:
         return Login("", False)
     user, password = credentials
-    expected = config.users.get(user)
-    if expected is None or not hmac.compare_digest(expected.encode(), password.encode()):
+    if node.authenticate(user, password) is None:
         return Login(user, False)
-    return Login(user, user not in config.loopback_users or is_loopback(peer_address))
+    return Login(user, user not in loopback_users or is_loopback(peer_address))

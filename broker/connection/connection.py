@@ -65,7 +65,7 @@ class Connection(asyncio.Protocol):
     def __init__(self, server: "Server"):
         self.server = server
         config = server.config
-        self.vhost = server.vhost
+        self.vhost = None  # the VirtualHost connection.open chose
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.state = AWAIT_HEADER
@@ -398,7 +398,7 @@ class Connection(asyncio.Protocol):
     def _start_ok(self, method: spec.Connection.StartOk) -> None:
         config = self.server.config
         properties = method.client_properties or {}
-        login = authenticate(config, method.mechanism, method.response, self.peer_address)
+        login = authenticate(self.server.node, config.loopback_users, method.mechanism, method.response, self.peer_address)
         if not login.accepted:
             self._refuse_login(method.mechanism, login.user, properties.get("capabilities") or {})
             return
@@ -444,8 +444,7 @@ class Connection(asyncio.Protocol):
         self.state = AWAIT_OPEN
 
     def _open(self, method: spec.Connection.Open) -> None:
-        if method.virtual_host != self.vhost.name:
-            raise errors.not_allowed(f"vhost {method.virtual_host} not found")
+        self.vhost = self.server.node.open_vhost(self.user, method.virtual_host)
         self.state = OPEN
         self.send_method(0, spec.Connection.OpenOk())
         self._start_heartbeats()
@@ -539,7 +538,8 @@ class Connection(asyncio.Protocol):
             channel.shutdown()
         self.channels.clear()
         self.waiting_channels.clear()
-        self.vhost.connection_closed(self)
+        if self.vhost is not None:
+            self.vhost.connection_closed(self)
         self.exclusive_queues.clear()
 
     def _drain(self) -> None:

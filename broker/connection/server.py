@@ -1,4 +1,4 @@
-"""The TCP server: accepts connections, owns the virtual host, holds the resource alarms, shuts down cleanly."""
+"""The TCP server: accepts connections, owns the node (vhosts, users), holds the resource alarms, shuts down cleanly."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from broker.connection.alarms.disk import DiskAlarm
 from broker.connection.alarms.memory import MemoryAlarm, memory_limit
 from broker.connection.connection import Connection
 from broker.model.durability import restore
-from broker.model.vhost import VirtualHost
+from broker.model.node import Node
 from broker.session.assembly import BodiesInAssembly
 from storage.format import UnsupportedFormat
 from storage.store import DataDirLocked, MessageStore
@@ -75,7 +75,7 @@ class Server:
         # raised while the store's durable writes fail, until they work again with room to spare
         self.disk_alarm = DiskAlarm(self.data_dir, self._disk_alarm_changed)
         self.store = MessageStore(self.data_dir, on_health=self.disk_alarm.store_health_changed)
-        self.vhost = VirtualHost(config.default_vhost, self.store)
+        self.node = Node(self.store)  # vhosts, users and permissions
         self.connections: set[Connection] = set()
         self.assembly = BodiesInAssembly()  # message bodies received in part on every connection
         self.version = _version()
@@ -139,7 +139,10 @@ class Server:
         # again, and once frozen they stay out of every later full collection.
         gc.disable()
         try:
-            restore(self.vhost, self.store.recover())
+            recovered = self.store.recover()
+            self.node.restore_definitions(recovered.vhosts, recovered.users, recovered.permissions)
+            self.node.bootstrap(self.config.default_vhost, self.config.default_user, self.config.default_pass)
+            restore(self.node, recovered)
         except OSError as error:
             raise data_dir_error(self.data_dir, error) from error
         except (DataDirLocked, UnsupportedFormat) as refusal:  # their text is meant for the operator as it is

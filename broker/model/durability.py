@@ -13,6 +13,7 @@ from protocol.errors import AMQPError
 
 if TYPE_CHECKING:
     from broker.model.exchange import Binding, Exchange
+    from broker.model.node import Node
     from broker.model.queue import Queue
     from broker.model.vhost import VirtualHost
     from storage.recovery import Recovered
@@ -54,12 +55,36 @@ def binding_definition(vhost: "VirtualHost", binding: "Binding") -> dict:
             "routing_key": binding.routing_key, "arguments": binding.arguments}
 
 
-def restore(vhost: "VirtualHost", recovered: "Recovered") -> None:
-    """Rebuild the durable exchanges, queues, bindings and queued messages of vhost. A definition that cannot be
-    used (a missing key, a wrong type, an unknown exchange type, arguments that no longer validate, a binding whose
-    ends are gone) is logged as an error and skipped: start-up never fails on one, and the rest is restored."""
-    exchanges = queues = bindings = 0
+def restore(node: "Node", recovered: "Recovered") -> None:
+    """Rebuild the durable exchanges, queues, bindings and queued messages of every vhost of node (its vhosts,
+    users and permissions are restored first, by the node). A definition that cannot be used (a missing key, a
+    wrong type, an unknown exchange type, arguments that no longer validate, a binding whose ends are gone, a vhost
+    that is gone) is logged as an error and skipped: start-up never fails on one, and the rest is restored."""
     skipped_queues: set[str] = set()  # store keys of queues left out: their messages are kept, not deleted
+    for vhost in node.vhosts.values():
+        _restore_vhost(vhost, recovered, skipped_queues)
+    for kind, stored in (("exchange", recovered.exchanges), ("queue", recovered.queues),
+                         ("binding", recovered.bindings)):
+        for data in stored:
+            if isinstance(data, dict) and data.get("vhost") not in node.vhosts:
+                log.error("skipping stored %s %s: its vhost is gone", kind, reprlib.repr(data))
+                if kind == "queue" and isinstance(data.get("name"), str):
+                    skipped_queues.add(queue_key(str(data.get("vhost")), data["name"]))
+    known = {queue.store_key for vhost in node.vhosts.values() for queue in vhost.queues.values()} | skipped_queues
+    known.update(name for kind, name in recovered.set_aside_definitions if kind == "queue")
+    orphans = [key for key in recovered.messages if key not in known]
+    if orphans and recovered.report.get("definitions_damaged"):
+        # a damaged definitions log may have lost the definitions of these queues: their messages stay on disk
+        log.error("keeping the stored messages of %d queues whose definitions are missing (the definitions log "
+                  "was damaged): %s", len(orphans), reprlib.repr(orphans))
+    elif node.store is not None:
+        for key in orphans:
+            node.store.delete_queue(key)  # messages of a queue deleted before its removal records were written
+    node.next_msg_id = max(recovered.next_msg_id, 1)  # 0 marks a message that is not stored
+
+
+def _restore_vhost(vhost: "VirtualHost", recovered: "Recovered", skipped_queues: set[str]) -> None:
+    exchanges = queues = bindings = 0
     for data in recovered.exchanges:
         if _ours("exchange", data, vhost) and _restored("exchange", data, lambda: _restore_exchange(vhost, data)):
             exchanges += 1
@@ -89,17 +114,6 @@ def restore(vhost: "VirtualHost", recovered: "Recovered") -> None:
             messages.append((Message(address, header, item.body, item.msg_id), item.redelivered))
         queue.restore(messages)
         restored += len(messages)
-    known = {queue.store_key for queue in vhost.queues.values()} | skipped_queues
-    known.update(name for kind, name in recovered.set_aside_definitions if kind == "queue")
-    orphans = [key for key in recovered.messages if key not in known and key.startswith(f"{vhost.name}|")]
-    if orphans and recovered.report.get("definitions_damaged"):
-        # a damaged definitions log may have lost the definitions of these queues: their messages stay on disk
-        log.error("vhost '%s': keeping the stored messages of %d queues whose definitions are missing (the "
-                  "definitions log was damaged): %s", vhost.name, len(orphans), reprlib.repr(orphans))
-    else:
-        for key in orphans:
-            vhost.store.delete_queue(key)  # messages of a queue deleted before its removal records were written
-    vhost.next_msg_id = max(recovered.next_msg_id, 1)  # 0 marks a message that is not stored
     log.info("vhost '%s': %d exchanges, %d queues, %d bindings, %d messages restored", vhost.name, exchanges,
              queues, bindings, restored)
 

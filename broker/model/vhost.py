@@ -20,6 +20,7 @@ from protocol import errors
 if TYPE_CHECKING:
     from broker.model.interfaces import Publisher, QueueOwner, ReplyReceiver
     from broker.model.message import Message
+    from broker.model.node import Node
 
 PREDECLARED_EXCHANGES = {
     "amq.direct": "direct", "amq.fanout": "fanout", "amq.topic": "topic",
@@ -44,6 +45,13 @@ class DefaultExchange(DirectExchange):
         return (queue,) if queue is not None else ()
 
 
+class _MessageIds:
+    """The message-id counter of a vhost made without a node."""
+
+    def __init__(self):
+        self.next_msg_id = 1
+
+
 class Dispatcher:
     """Queues that have deliveries to make, served together once per event-loop turn."""
 
@@ -66,10 +74,15 @@ class Dispatcher:
 
 
 class VirtualHost:
-    def __init__(self, name: str = "/", store=None):
+    def __init__(self, name: str = "/", store=None, node: "Node | None" = None):
         self.name = name
         self.store = store  # durable storage (storage.MessageStore) or None for a broker kept in memory
-        self.next_msg_id = 1  # id of the next persistent message written to the store
+        # The node that numbers persistent messages (ids increase across every vhost of one store); a vhost made
+        # on its own numbers its own.
+        self.node = node if node is not None else _MessageIds()
+        self.description = ""  # free text shown by the management API
+        self.tags: list[str] = []  # operator-defined labels, as RabbitMQ's vhost tags
+        self.default_queue_type: str | None = None  # as given when the vhost was created (shown, exported)
         self.dispatcher = Dispatcher()
         self.reply_channels: dict[str, ReplyReceiver] = {}  # direct reply-to token -> the channel consuming replies
         # Durable changes (definition records, purges) appended to the store so far: a method that raises it has
@@ -80,6 +93,22 @@ class VirtualHost:
         self.exchanges: dict[str, Exchange] = {"": self.default_exchange}
         for name, kind in PREDECLARED_EXCHANGES.items():
             self.exchanges[name] = EXCHANGE_TYPES[kind](name, durable=True)
+
+    def definition(self) -> dict:
+        """The vhost as RabbitMQ's definitions export shows it."""
+        metadata = {"description": self.description, "tags": list(self.tags)}
+        if self.default_queue_type:
+            metadata["default_queue_type"] = self.default_queue_type
+        return {"name": self.name, "description": self.description, "tags": list(self.tags),
+                "default_queue_type": self.default_queue_type, "metadata": metadata}
+
+    def delete_everything(self) -> None:
+        """The vhost is being deleted: its queues go (with their messages and consumers), then its exchanges."""
+        for queue in list(self.queues.values()):
+            self.delete_queue(queue)
+        for exchange in list(self.exchanges.values()):
+            if exchange is not self.default_exchange:
+                self._remove_exchange(exchange)
 
     # --- lookups with RabbitMQ's errors --------------------------------------------------------------------
     def get_exchange(self, name: str) -> Exchange:
@@ -279,8 +308,9 @@ class VirtualHost:
         keys = tuple(queue.store_key for queue in queues if queue.stored)
         if not keys:
             return False
-        message.msg_id = self.next_msg_id
-        self.next_msg_id += 1
+        node = self.node
+        message.msg_id = node.next_msg_id
+        node.next_msg_id += 1
         self.store.append_message(message.msg_id, keys, message.exchange, message.routing_key,
                                   message.header_payload, message.body)
         return True

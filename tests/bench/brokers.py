@@ -121,7 +121,7 @@ def start_warren(workdir: Path) -> RunningBroker:
     with open(log, "wb") as output:
         process = subprocess.Popen(
             [sys.executable, "-m", "broker", "--host", "127.0.0.1", "--port", str(port),
-             "--data-dir", str(workdir / "warren-data"), "--log-level", "warning"],
+             "--data-dir", str(workdir / "warren-data"), "--log-level", "warning", "--management-port", "0"],
             cwd=REPO_ROOT, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
     return _wait_until_ready("Warren", process, port, log, WARREN_START_SECONDS)
 

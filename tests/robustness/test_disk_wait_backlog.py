@@ -82,7 +82,7 @@ def test_frames_held_behind_a_slow_disk_stop_the_reading(tmp_path):
             client.expect(commands.Queue.DeclareOk, channel=1)  # the held reply comes first
             client.sock.sendall(frames[sent:])
             deadline = time.monotonic() + 30
-            while broker.read(lambda: len(broker.server.vhost.queues["held"].entries)) < PUBLISHES:
+            while broker.read(lambda: len(broker.server.node.vhosts["/"].queues["held"].entries)) < PUBLISHES:
                 assert time.monotonic() < deadline, "the held publishes were not all handled"
                 time.sleep(0.05)
     finally:

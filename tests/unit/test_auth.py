@@ -1,10 +1,18 @@
-"""Logins: PLAIN and AMQPLAIN against the configured user, and loopback-only users (guest, as in RabbitMQ)."""
+"""Logins: PLAIN and AMQPLAIN against the node's users (the configured default user on a new node), and loopback-only users (guest, as in RabbitMQ)."""
 
 import pytest
 from pamqp import encode
 
 from broker.config import load_config
-from broker.connection.auth import Login, authenticate, parse_response
+from broker.connection.auth import Login, authenticate as authenticate_with_node, parse_response
+from broker.model.node import Node
+
+
+def authenticate(config, mechanism, response, peer_address):
+    """A login to a new node bootstrapped from config."""
+    node = Node()
+    node.bootstrap(config.default_vhost, config.default_user, config.default_pass)
+    return authenticate_with_node(node, config.loopback_users, mechanism, response, peer_address)
 
 
 def amqplain(login: str, password: str) -> bytes:

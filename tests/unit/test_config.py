@@ -18,7 +18,7 @@ def write(tmp_path, text: str):
 def test_defaults_match_rabbitmq():
     config = load_config()
     assert (config.port, config.frame_max, config.channel_max, config.heartbeat) == (5672, 131072, 2047, 60)
-    assert config.users == {"guest": "guest"}
+    assert (config.default_user, config.default_pass, config.default_vhost) == ("guest", "guest", "/")
     assert config.failed_login_delay == 1.0
 
 
@@ -55,7 +55,8 @@ def test_missing_file_is_refused(tmp_path):
 
 def test_the_server_exits_2_with_the_message_on_bad_config(tmp_path):
     path = write(tmp_path, "[amqp]\nchannel_max = 0\n")
-    result = subprocess.run([sys.executable, "-m", "broker", "--config", str(path), "--data-dir", str(tmp_path)],
+    result = subprocess.run([sys.executable, "-m", "broker", "--config", str(path), "--data-dir", str(tmp_path),
+                             "--management-port", "0"],
                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
     assert "warren-server: channel_max must be between 1 and 65535, got 0" in result.stderr

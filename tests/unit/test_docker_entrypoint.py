@@ -91,6 +91,8 @@ def test_the_broker_takes_the_default_credentials_from_the_environment(tmp_path)
     config.write_text('[amqp]\ndefault_user = "file-user"\ndefault_pass = "file-pass"\n')
     args = parse_args(["--config", str(config)])
     environ = {"WARREN_DEFAULT_USER": "app", "WARREN_DEFAULT_PASS": "s3cret"}
-    assert load_config(args.config, config_overrides(args, environ)).users == {"app": "s3cret"}
+    config = load_config(args.config, config_overrides(args, environ))
+    assert (config.default_user, config.default_pass) == ("app", "s3cret")
     unset = {"WARREN_DEFAULT_USER": "", "WARREN_DEFAULT_PASS": ""}  # empty is unset: the config file applies
-    assert load_config(args.config, config_overrides(args, unset)).users == {"file-user": "file-pass"}
+    config = load_config(args.config, config_overrides(args, unset))
+    assert (config.default_user, config.default_pass) == ("file-user", "file-pass")

@@ -9,6 +9,7 @@ import logging
 import pytest
 
 from broker.model.durability import queue_key, restore
+from broker.model.node import Node
 from broker.model.vhost import VirtualHost
 from storage.recovery import Recovered, StoredMessage
 
@@ -49,8 +50,9 @@ def recovered(exchanges=(), queues=(), bindings=(), messages=None) -> Recovered:
 def restored(data: Recovered) -> tuple[VirtualHost, FakeStore]:
     async def run() -> tuple[VirtualHost, FakeStore]:
         store = FakeStore()
-        vhost = VirtualHost("/", store)
-        restore(vhost, data)
+        node = Node(store)
+        vhost = node.vhosts["/"] = VirtualHost("/", store, node)
+        restore(node, data)
         return vhost, store
     return asyncio.run(run())
 

@@ -1,0 +1,108 @@
+"""Users, their password hashes and tags, and per-vhost permissions, with RabbitMQ's checks and refusal texts."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import os
+import re
+from dataclasses import dataclass, field
+
+from protocol import errors
+
+# RabbitMQ's password hashing modules, by the name its definitions export gives them, and the digest each uses.
+HASHING_ALGORITHMS = {
+    "rabbit_password_hashing_sha256": hashlib.sha256,
+    "rabbit_password_hashing_sha512": hashlib.sha512,
+    "rabbit_password_hashing_md5": hashlib.md5,
+}
+DEFAULT_HASHING = "rabbit_password_hashing_sha256"  # RabbitMQ's default since 3.6
+SALT_BYTES = 4  # RabbitMQ salts each hash with 4 random bytes
+KNOWN_TAGS = ("administrator", "monitoring", "policymaker", "management", "impersonator")
+ACCESS_KINDS = ("configure", "write", "read")
+
+
+def hash_password(password: str, algorithm: str = DEFAULT_HASHING, salt: bytes | None = None) -> str:
+    """RabbitMQ's scheme: base64(salt + digest(salt + utf-8 password)), salt 4 random bytes."""
+    salt = os.urandom(SALT_BYTES) if salt is None else salt
+    digest = HASHING_ALGORITHMS[algorithm](salt + password.encode("utf-8")).digest()
+    return base64.b64encode(salt + digest).decode("ascii")
+
+
+def valid_password_hash(password_hash: str, algorithm: str) -> bool:
+    """Whether password_hash can be checked: base64 of a salt and a digest of the algorithm's size (or empty: a
+    user without a password, who cannot log in with one)."""
+    if password_hash == "":
+        return True
+    try:
+        raw = base64.b64decode(password_hash, validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    return len(raw) == SALT_BYTES + HASHING_ALGORITHMS[algorithm]().digest_size
+
+
+@dataclass
+class User:
+    name: str
+    password_hash: str  # base64(salt + digest); "" = no password login
+    hashing_algorithm: str = DEFAULT_HASHING  # a key of HASHING_ALGORITHMS
+    tags: list[str] = field(default_factory=list)  # administrator, monitoring, policymaker, management...
+    limits: dict = field(default_factory=dict)  # RabbitMQ's user limits as exported (kept, not enforced yet)
+
+    def check_password(self, password: str) -> bool:
+        if not self.password_hash:
+            return False
+        raw = base64.b64decode(self.password_hash)
+        salt = raw[:SALT_BYTES]
+        return hmac.compare_digest(raw, salt + HASHING_ALGORITHMS[self.hashing_algorithm](
+            salt + password.encode("utf-8")).digest())
+
+    def definition(self) -> dict:
+        """The user as RabbitMQ's definitions export shows it."""
+        return {"name": self.name, "password_hash": self.password_hash,
+                "hashing_algorithm": self.hashing_algorithm, "tags": list(self.tags), "limits": dict(self.limits)}
+
+
+def compile_pattern(pattern: str) -> re.Pattern | None:
+    """A permission regex as RabbitMQ reads it (searched anywhere in the name); "" grants nothing (None)."""
+    return re.compile(pattern) if pattern else None
+
+
+@dataclass
+class Permission:
+    """What one user may do in one vhost: three regular expressions over resource names."""
+
+    user: str
+    vhost: str
+    configure: str  # declare and delete queues and exchanges
+    write: str  # publish to exchanges, bind queues and exchanges to something
+    read: str  # consume, get and purge queues; bind from exchanges
+    patterns: dict = field(default_factory=dict, repr=False, compare=False)  # access kind -> compiled, or None
+
+    def __post_init__(self) -> None:
+        self.patterns = {kind: compile_pattern(getattr(self, kind)) for kind in ACCESS_KINDS}
+
+    def allows(self, access: str, name: str) -> bool:
+        pattern = self.patterns[access]
+        return pattern is not None and pattern.search(name) is not None
+
+    def definition(self) -> dict:
+        return {"user": self.user, "vhost": self.vhost, "configure": self.configure, "write": self.write,
+                "read": self.read}
+
+
+def permission_name(name: str) -> str:
+    """The name a resource's permission is checked against: the default exchange is 'amq.default'."""
+    return name or "amq.default"
+
+
+def check_resource(permission: Permission | None, user: str, vhost: str, kind: str, name: str,
+                   access: str) -> None:
+    """Raise RabbitMQ's 403 unless permission grants access ('configure', 'write' or 'read') to the queue or
+    exchange called name."""
+    name = permission_name(name)
+    if permission is None or not permission.allows(access, name):
+        raise errors.access_refused(
+            f"access to {kind} '{name}' in vhost '{vhost}' refused for user '{user}'")

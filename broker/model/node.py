@@ -1,0 +1,185 @@
+"""The node: its virtual hosts, users and permissions, kept durable in the definitions log.
+
+Every change an operator makes (AMQP never makes these) goes through here, whether it comes from the management
+API, a definitions import or the boot-time bootstrap. Closing the connections a change affects (a deleted user's,
+a deleted vhost's) is the caller's part: the model knows no connections.
+"""
+
+from __future__ import annotations
+
+import logging
+import reprlib
+
+from broker.model.access import (
+    DEFAULT_HASHING, HASHING_ALGORITHMS, Permission, User, hash_password, valid_password_hash,
+)
+from broker.model.vhost import VirtualHost
+from protocol import errors
+
+log = logging.getLogger(__name__)
+
+FULL_ACCESS = ".*"  # the configure/write/read pattern that grants everything
+
+
+def permission_key(vhost: str, user: str) -> str:
+    """The name a permission has in the definitions log."""
+    return f"{vhost}\x00{user}"
+
+
+class Node:
+    def __init__(self, store=None):
+        self.store = store  # durable storage (storage.MessageStore) or None for a node kept in memory
+        self.vhosts: dict[str, VirtualHost] = {}
+        self.users: dict[str, User] = {}
+        self.permissions: dict[tuple[str, str], Permission] = {}  # (vhost, user) -> what user may do there
+        # Bumped on every permission change, so that channels caching access decisions know to drop them.
+        self.permissions_version = 0
+        self.next_msg_id = 1  # id of the next persistent message written to the store (shared by every vhost)
+
+    # --- durability ------------------------------------------------------------------------------------------
+    def _record(self, kind: str, name: str, data: dict | None) -> None:
+        if self.store is not None:
+            self.store.append_definition(kind, name, data)
+
+    # --- vhosts ----------------------------------------------------------------------------------------------
+    def vhost(self, name: str) -> VirtualHost:
+        vhost = self.vhosts.get(name)
+        if vhost is None:
+            raise errors.not_found(f"no vhost '{name}'")
+        return vhost
+
+    def add_vhost(self, name: str, description: str = "", tags: list[str] | None = None,
+                  default_queue_type: str | None = None) -> VirtualHost:
+        """Create a vhost (or update the description and tags of an existing one)."""
+        vhost = self.vhosts.get(name)
+        if vhost is None:
+            vhost = self.vhosts[name] = VirtualHost(name, self.store, self)
+        vhost.description = description
+        vhost.tags = list(tags or [])
+        vhost.default_queue_type = default_queue_type
+        self._record("vhost", name, vhost.definition())
+        return vhost
+
+    def delete_vhost(self, name: str) -> VirtualHost:
+        """Remove a vhost with its queues (and their messages), exchanges, policies and permissions. The caller
+        closes its connections."""
+        vhost = self.vhost(name)
+        vhost.delete_everything()
+        del self.vhosts[name]
+        for key in [key for key in self.permissions if key[0] == name]:
+            self._drop_permission(key)
+        self._record("vhost", name, None)
+        return vhost
+
+    # --- users -----------------------------------------------------------------------------------------------
+    def put_user(self, name: str, password: str | None = None, password_hash: str | None = None,
+                 hashing_algorithm: str = DEFAULT_HASHING, tags: list[str] | None = None) -> User:
+        """Create or replace a user from a password (hashed here) or a RabbitMQ password hash; with neither, an
+        existing user keeps its password and a new one has none."""
+        if hashing_algorithm not in HASHING_ALGORITHMS:
+            raise ValueError(f"unknown hashing algorithm '{hashing_algorithm}'")
+        if password is not None:
+            password_hash = hash_password(password, hashing_algorithm)
+        elif password_hash is None:
+            existing = self.users.get(name)
+            password_hash = existing.password_hash if existing is not None else ""
+            hashing_algorithm = existing.hashing_algorithm if existing is not None else hashing_algorithm
+        elif not valid_password_hash(password_hash, hashing_algorithm):
+            raise ValueError("password_hash is not a base64-encoded salted hash of the hashing algorithm")
+        user = User(name, password_hash, hashing_algorithm, list(tags or []))
+        self.users[name] = user
+        self._record("user", name, user.definition())
+        return user
+
+    def delete_user(self, name: str) -> User:
+        """Remove a user and its permissions. The caller closes its connections."""
+        user = self.users.pop(name, None)
+        if user is None:
+            raise errors.not_found(f"no user '{name}'")
+        for key in [key for key in self.permissions if key[1] == name]:
+            self._drop_permission(key)
+        self._record("user", name, None)
+        return user
+
+    def authenticate(self, name: str, password: str) -> User | None:
+        user = self.users.get(name)
+        return user if user is not None and user.check_password(password) else None
+
+    # --- permissions -----------------------------------------------------------------------------------------
+    def set_permissions(self, user: str, vhost: str, configure: str, write: str, read: str) -> Permission:
+        if user not in self.users:
+            raise errors.not_found(f"no user '{user}'")
+        self.vhost(vhost)
+        permission = Permission(user, vhost, configure, write, read)  # raises re.error for a bad pattern
+        self.permissions[vhost, user] = permission
+        self.permissions_version += 1
+        self._record("permission", permission_key(vhost, user), permission.definition())
+        return permission
+
+    def clear_permissions(self, user: str, vhost: str) -> None:
+        if (vhost, user) not in self.permissions:
+            raise errors.not_found(f"no permissions for user '{user}' in vhost '{vhost}'")
+        self._drop_permission((vhost, user))
+
+    def _drop_permission(self, key: tuple[str, str]) -> None:
+        del self.permissions[key]
+        self.permissions_version += 1
+        self._record("permission", permission_key(*key), None)
+
+    def open_vhost(self, user: str, name: str) -> VirtualHost:
+        """The vhost a connection.open names, if user may use it (any permission entry there), else RabbitMQ's
+        530."""
+        vhost = self.vhosts.get(name)
+        if vhost is None:
+            raise errors.not_allowed(f"vhost {name} not found")
+        if (name, user) not in self.permissions:
+            raise errors.not_allowed(f"access to vhost '{name}' refused for user '{user}'")
+        return vhost
+
+    # --- boot ------------------------------------------------------------------------------------------------
+    def bootstrap(self, vhost: str, user: str, password: str) -> None:
+        """On a node with no vhost and no user yet (first start), create the default vhost and an administrator
+        with full permissions on it, as RabbitMQ does with its default_vhost/default_user."""
+        if self.vhosts or self.users:
+            return
+        self.add_vhost(vhost, "Default virtual host")
+        self.put_user(user, password, tags=["administrator"])
+        self.set_permissions(user, vhost, FULL_ACCESS, FULL_ACCESS, FULL_ACCESS)
+        log.info("created the default vhost '%s' and user '%s'", vhost, user)
+
+    def restore_definitions(self, vhosts: list, users: list, permissions: list) -> None:
+        """Rebuild vhosts, users and permissions from their stored definitions; one that cannot be used is logged
+        and skipped."""
+        for data in vhosts:
+            self._restore_one("vhost", data, lambda d: self._restore_vhost(d))
+        for data in users:
+            self._restore_one("user", data, lambda d: self._restore_user(d))
+        for data in permissions:
+            self._restore_one("permission", data, lambda d: self._restore_permission(d))
+
+    def _restore_one(self, kind: str, data, restore) -> None:
+        try:
+            if not isinstance(data, dict):
+                raise TypeError("not a table")
+            restore(data)
+        except Exception as error:
+            log.error("skipping stored %s %s: %s: %s", kind, reprlib.repr(data), type(error).__name__, error)
+
+    def _restore_vhost(self, data: dict) -> None:
+        vhost = self.vhosts[data["name"]] = VirtualHost(data["name"], self.store, self)
+        vhost.description = data.get("description", "")
+        vhost.tags = list(data.get("tags", []))
+        vhost.default_queue_type = data.get("default_queue_type")
+
+    def _restore_user(self, data: dict) -> None:
+        algorithm = data.get("hashing_algorithm", DEFAULT_HASHING)
+        if algorithm not in HASHING_ALGORITHMS or not valid_password_hash(data["password_hash"], algorithm):
+            raise ValueError("unusable password hash")
+        self.users[data["name"]] = User(data["name"], data["password_hash"], algorithm, list(data.get("tags", [])),
+                                        dict(data.get("limits", {})))
+
+    def _restore_permission(self, data: dict) -> None:
+        if data["vhost"] not in self.vhosts or data["user"] not in self.users:
+            raise ValueError("its user or vhost is gone")
+        self.permissions[data["vhost"], data["user"]] = Permission(
+            data["user"], data["vhost"], data["configure"], data["write"], data["read"])

@@ -1,0 +1,1 @@
+"""warrenctl: rabbitmqctl's verbs over Warren's management HTTP API."""
