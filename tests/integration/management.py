@@ -1,0 +1,82 @@
+"""A small client of the management HTTP API for tests: the same calls work against Warren and RabbitMQ."""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any, NamedTuple
+
+
+class Reply(NamedTuple):
+    status: int
+    body: Any  # the decoded JSON body, the raw text when it is not JSON, or None when empty
+
+
+def quote(name: str) -> str:
+    """A vhost or object name as one path segment ('/' becomes %2F, as the API expects)."""
+    return urllib.parse.quote(name, safe="")
+
+
+def request(broker: Any, method: str, path: str, body: Any = None, user: str = "guest", password: str = "guest",
+            timeout: float = 10.0, raw_body: bytes | None = None) -> Reply:
+    """Send one request to broker's management API (path starts with /api/) and return its reply; an HTTP error
+    status is returned, not raised. user=None sends no credentials."""
+    data = raw_body if raw_body is not None else (json.dumps(body).encode() if body is not None else None)
+    headers = {"content-type": "application/json"} if data is not None else {}
+    if user is not None:
+        headers["authorization"] = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+    call = urllib.request.Request(broker.management_url + path, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(call, timeout=timeout) as response:
+            return Reply(response.status, _decoded(response.read()))
+    except urllib.error.HTTPError as error:
+        return Reply(error.code, _decoded(error.read()))
+
+
+def _decoded(raw: bytes) -> Any:
+    if not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw.decode(errors="replace")
+
+
+def add_user(broker: Any, name: str, password: str, tags: str = "") -> None:
+    reply = request(broker, "PUT", f"/api/users/{quote(name)}", {"password": password, "tags": tags})
+    assert reply.status in (201, 204), reply
+
+
+def delete_user(broker: Any, name: str) -> None:
+    request(broker, "DELETE", f"/api/users/{quote(name)}")
+
+
+def add_vhost(broker: Any, name: str) -> None:
+    reply = request(broker, "PUT", f"/api/vhosts/{quote(name)}")
+    assert reply.status in (201, 204), reply
+
+
+def delete_vhost(broker: Any, name: str) -> None:
+    request(broker, "DELETE", f"/api/vhosts/{quote(name)}")
+
+
+def set_permissions(broker: Any, vhost: str, user: str, configure: str = ".*", write: str = ".*",
+                    read: str = ".*") -> None:
+    reply = request(broker, "PUT", f"/api/permissions/{quote(vhost)}/{quote(user)}",
+                    {"configure": configure, "write": write, "read": read})
+    assert reply.status in (201, 204), reply
+
+
+def set_policy(broker: Any, vhost: str, name: str, pattern: str, definition: dict, priority: int = 0,
+               apply_to: str = "all", kind: str = "policies") -> None:
+    """kind "operator-policies" sets an operator policy."""
+    reply = request(broker, "PUT", f"/api/{kind}/{quote(vhost)}/{quote(name)}",
+                    {"pattern": pattern, "definition": definition, "priority": priority, "apply-to": apply_to})
+    assert reply.status in (201, 204), reply
+
+
+def clear_policy(broker: Any, vhost: str, name: str, kind: str = "policies") -> None:
+    request(broker, "DELETE", f"/api/{kind}/{quote(vhost)}/{quote(name)}")
