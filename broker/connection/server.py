@@ -41,7 +41,7 @@ def _version() -> str:
         return "0.0.0"
 
 
-def _reason(error: OSError) -> str:
+def reason_of(error: OSError) -> str:
     """An OSError's reason alone ("Address already in use"), without the text asyncio wraps around it."""
     if isinstance(error, socket.gaierror) or not error.errno or error.errno < 0:
         return error.strerror or str(error)
@@ -52,7 +52,7 @@ def data_dir_error(data_dir: Path, error: OSError) -> StartupError:
     """An OSError met in the data dir, naming it (and the file inside it, if that is where it happened)."""
     inside = error.filename is not None and Path(error.filename) != data_dir
     where = f" ({error.filename})" if inside else ""
-    return StartupError(f"cannot use data dir {data_dir}: {_reason(error)}{where}")
+    return StartupError(f"cannot use data dir {data_dir}: {reason_of(error)}{where}")
 
 
 def prepare_data_dir(data_dir: Path) -> None:
@@ -65,7 +65,7 @@ def prepare_data_dir(data_dir: Path) -> None:
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
         probe.unlink(missing_ok=True)  # another broker starting on this dir may have removed it
     except OSError as error:
-        raise StartupError(f"cannot use data dir {data_dir}: {_reason(error)}") from error
+        raise StartupError(f"cannot use data dir {data_dir}: {reason_of(error)}") from error
 
 
 class Server:
@@ -131,7 +131,7 @@ class Server:
             return await asyncio.get_running_loop().create_server(
                 lambda: Connection(self), host, port, reuse_address=True, backlog=1024, start_serving=False)
         except OSError as error:
-            raise StartupError(f"cannot listen on {host}:{port}: {_reason(error)}") from error
+            raise StartupError(f"cannot listen on {host}:{port}: {reason_of(error)}") from error
 
     def _recover(self) -> None:
         prepare_data_dir(self.data_dir)

@@ -2,12 +2,42 @@
 
 from __future__ import annotations
 
+import logging
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from broker.connection.server import StartupError, reason_of
+from broker.management.app import make_app
+
+if TYPE_CHECKING:
+    from broker.connection.server import Server
+
+log = logging.getLogger(__name__)
+
 
 class ManagementServer:
+    def __init__(self, runner: web.AppRunner, port: int):
+        self.runner = runner  # the aiohttp application runner
+        self.port = port  # the port it listens on (the configured one, or the one picked for 0)
+
     async def stop(self) -> None:
         """Stop listening and finish the requests under way."""
+        await self.runner.cleanup()
 
 
-async def start_management(server) -> ManagementServer:
-    """Listen on the configured management host and port (raises StartupError when that fails)."""
-    return ManagementServer()
+async def start_management(server: "Server") -> ManagementServer:
+    """Listen on the configured management host and port (StartupError when that fails)."""
+    config = server.config
+    runner = web.AppRunner(make_app(server), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, config.management_host, config.management_port, reuse_address=True)
+    try:
+        await site.start()
+    except OSError as error:
+        await runner.cleanup()
+        raise StartupError(f"cannot listen on {config.management_host}:{config.management_port} for the "
+                           f"management API: {reason_of(error)}") from error
+    port = runner.addresses[0][1]
+    log.info("management API listening on %s:%d", config.management_host, port)
+    return ManagementServer(runner, port)

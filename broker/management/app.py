@@ -1,0 +1,55 @@
+"""The management API application: authentication, RabbitMQ-shaped errors, and the routes of every view."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from broker.management import http
+from broker.management.views import (
+    bindings, connections, definitions, exchanges, health, nodes, overview, permissions, policies, queues, users,
+    vhosts,
+)
+
+if TYPE_CHECKING:
+    from broker.connection.server import Server
+
+log = logging.getLogger(__name__)
+
+VIEWS = (overview, nodes, vhosts, users, permissions, policies, exchanges, queues, bindings, connections,
+         definitions, health)
+
+
+@web.middleware
+async def authenticated(request: web.Request, handler):
+    """Every /api/ call needs HTTP basic credentials of a user with a management tag (as RabbitMQ's)."""
+    if request.path.startswith("/api/"):
+        request["user"] = http.authenticate(request)
+    return await handler(request)
+
+
+@web.middleware
+async def rabbitmq_errors(request: web.Request, handler):
+    """Errors as RabbitMQ's API gives them: a JSON body {"error": ..., "reason": ...} with the status code."""
+    try:
+        return await handler(request)
+    except http.ApiError as error:
+        return error.response()
+    except web.HTTPException as error:
+        if error.status < 400:
+            raise
+        reason = "Not Found" if error.status == 404 else error.reason
+        return http.error_response(error.status, http.ERROR_NAMES.get(error.status, "error"), reason)
+    except json.JSONDecodeError as error:
+        return http.error_response(400, "bad_request", f"invalid JSON: {error}")
+
+
+def make_app(server: "Server") -> web.Application:
+    app = web.Application(middlewares=[rabbitmq_errors, authenticated], client_max_size=http.MAX_BODY)
+    app[http.SERVER] = server
+    for view in VIEWS:
+        app.add_routes(view.routes)
+    return app

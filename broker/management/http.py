@@ -1,0 +1,161 @@
+"""What every view of the management API shares: the server it reads, authentication and tag checks, JSON bodies
+and RabbitMQ's error replies."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from broker.model.access import User
+
+if TYPE_CHECKING:
+    from broker.connection.server import Server
+    from broker.model.node import Node
+    from broker.model.vhost import VirtualHost
+
+SERVER = web.AppKey("server", object)  # the AMQP Server (its node, connections and config)
+MAX_BODY = 64 * 1024 * 1024  # largest request body accepted (a definitions import of a big deployment)
+ERROR_NAMES = {400: "bad_request", 401: "not_authorised", 403: "not_authorised", 404: "Object Not Found",
+               405: "method_not_allowed"}
+
+# Which tags grant which tag's rights (RabbitMQ's: administrator > monitoring > management, policymaker >
+# management).
+IMPLIED_TAGS = {
+    "administrator": {"administrator", "monitoring", "policymaker", "management"},
+    "monitoring": {"monitoring", "management"},
+    "policymaker": {"policymaker", "management"},
+    "management": {"management"},
+}
+
+
+class ApiError(Exception):
+    """An error reply: status, RabbitMQ's error name, and the reason shown to the client."""
+
+    def __init__(self, status: int, error: str, reason: str):
+        super().__init__(reason)
+        self.status, self.error, self.reason = status, error, reason
+
+    def response(self) -> web.Response:
+        return error_response(self.status, self.error, self.reason)
+
+
+def error_response(status: int, error: str, reason: str) -> web.Response:
+    headers = {"WWW-Authenticate": 'Basic realm="RabbitMQ Management"'} if status == 401 else None
+    return web.json_response({"error": error, "reason": reason}, status=status, headers=headers)
+
+
+def bad_request(reason: str) -> ApiError:
+    return ApiError(400, "bad_request", reason)
+
+
+def not_found() -> ApiError:
+    return ApiError(404, "Object Not Found", "Not Found")
+
+
+# --- the server and its node -----------------------------------------------------------------------------------
+def server_of(request: web.Request) -> "Server":
+    return request.app[SERVER]
+
+
+def node_of(request: web.Request) -> "Node":
+    return request.app[SERVER].node
+
+
+def vhost_of(request: web.Request, key: str = "vhost") -> "VirtualHost":
+    """The vhost named in the path (404 if there is none of that name, or the user may not see it)."""
+    name = request.match_info[key]
+    vhost = node_of(request).vhosts.get(name)
+    if vhost is None or not may_see_vhost(request, name):
+        raise not_found()
+    return vhost
+
+
+async def on_disk(request: web.Request) -> None:
+    """Wait until every durable change made so far (definitions, purges) is on disk, as an AMQP declare-ok waits;
+    500 if the write failed."""
+    store = node_of(request).store
+    if store is None:
+        return
+    done = asyncio.get_running_loop().create_future()
+    store.when_durable(lambda ok: done.done() or done.set_result(ok))
+    if not await done:
+        raise ApiError(500, "internal_error", "the change could not be written to disk")
+
+
+# --- authentication and tags -----------------------------------------------------------------------------------
+def authenticate(request: web.Request) -> User:
+    """The user named by the request's basic credentials (401 as RabbitMQ when absent, wrong, or without a
+    management tag)."""
+    header = request.headers.get("Authorization", "")
+    scheme, _, encoded = header.partition(" ")
+    if scheme.lower() != "basic":
+        raise ApiError(401, "not_authorised", "Not_Authorized")
+    try:
+        name, _, password = base64.b64decode(encoded, validate=True).decode("utf-8").partition(":")
+    except (binascii.Error, ValueError):
+        raise ApiError(401, "not_authorised", "Not_Authorized") from None
+    user = node_of(request).authenticate(name, password)
+    if user is None:
+        raise ApiError(401, "not_authorised", "Login failed")
+    if not rights_of(user):
+        raise ApiError(401, "not_authorised", "Not management user")
+    return user
+
+
+def rights_of(user: User) -> set[str]:
+    """Every tag right user has, the implied ones included."""
+    rights: set[str] = set()
+    for tag in user.tags:
+        rights |= IMPLIED_TAGS.get(tag, set())
+    return rights
+
+
+def require(request: web.Request, tag: str) -> User:
+    """The request's user, if its tags grant tag's rights; else RabbitMQ's refusal."""
+    user: User = request["user"]
+    if tag not in rights_of(user):
+        raise ApiError(403 if tag != "management" else 401, "not_authorised", f"Not {tag} user")
+    return user
+
+
+def may_see_vhost(request: web.Request, vhost: str) -> bool:
+    """Monitoring users see every vhost; other users the vhosts they have permissions in."""
+    user: User = request["user"]
+    return "monitoring" in rights_of(user) or (vhost, user.name) in node_of(request).permissions
+
+
+def visible_vhosts(request: web.Request) -> list["VirtualHost"]:
+    return [vhost for name, vhost in node_of(request).vhosts.items() if may_see_vhost(request, name)]
+
+
+# --- bodies ----------------------------------------------------------------------------------------------------
+async def json_body(request: web.Request) -> dict:
+    """The request's JSON object (an empty body is {}); 400 for anything else."""
+    raw = await request.read()
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise bad_request(f"failed to decode JSON: {error}") from None
+    if not isinstance(body, dict):
+        raise bad_request("not a JSON object")
+    return body
+
+
+def reply(data: Any, status: int = 200) -> web.Response:
+    return web.json_response(data, status=status)
+
+
+def created_or_updated(existed: bool) -> web.Response:
+    """RabbitMQ answers a PUT with 201 Created for a new object, 204 No Content for an update."""
+    return web.Response(status=204 if existed else 201)
+
+
+def no_content() -> web.Response:
+    return web.Response(status=204)

@@ -1,0 +1,5 @@
+"""The management API: bindings."""
+
+from aiohttp import web
+
+routes = web.RouteTableDef()

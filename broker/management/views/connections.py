@@ -1,0 +1,5 @@
+"""The management API: connections."""
+
+from aiohttp import web
+
+routes = web.RouteTableDef()

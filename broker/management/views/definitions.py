@@ -1,0 +1,5 @@
+"""The management API: definitions."""
+
+from aiohttp import web
+
+routes = web.RouteTableDef()

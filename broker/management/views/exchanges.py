@@ -1,0 +1,5 @@
+"""The management API: exchanges."""
+
+from aiohttp import web
+
+routes = web.RouteTableDef()

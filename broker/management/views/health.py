@@ -1,0 +1,5 @@
+"""The management API: health."""
+
+from aiohttp import web
+
+routes = web.RouteTableDef()

@@ -1,0 +1,5 @@
+"""The management API: nodes."""
+
+from aiohttp import web
+
+routes = web.RouteTableDef()

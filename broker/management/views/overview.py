@@ -1,0 +1,5 @@
+"""The management API: overview."""
+
+from aiohttp import web
+
+routes = web.RouteTableDef()

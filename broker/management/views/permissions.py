@@ -1,0 +1,5 @@
+"""The management API: permissions."""
+
+from aiohttp import web
+
+routes = web.RouteTableDef()

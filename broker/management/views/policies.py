@@ -1,0 +1,5 @@
+"""The management API: policies."""
+
+from aiohttp import web
+
+routes = web.RouteTableDef()

@@ -1,0 +1,5 @@
+"""The management API: queues."""
+
+from aiohttp import web
+
+routes = web.RouteTableDef()

@@ -1,0 +1,5 @@
+"""The management API: users."""
+
+from aiohttp import web
+
+routes = web.RouteTableDef()

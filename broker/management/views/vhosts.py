@@ -1,0 +1,5 @@
+"""The management API: vhosts."""
+
+from aiohttp import web
+
+routes = web.RouteTableDef()
