@@ -9,8 +9,12 @@ import hmac
 import os
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from protocol import errors
+
+if TYPE_CHECKING:
+    from broker.model.node import Node
 
 # RabbitMQ's password hashing modules, by the name its definitions export gives them, and the digest each uses.
 HASHING_ALGORITHMS = {
@@ -21,7 +25,10 @@ HASHING_ALGORITHMS = {
 DEFAULT_HASHING = "rabbit_password_hashing_sha256"  # RabbitMQ's default since 3.6
 SALT_BYTES = 4  # RabbitMQ salts each hash with 4 random bytes
 KNOWN_TAGS = ("administrator", "monitoring", "policymaker", "management", "impersonator")
-ACCESS_KINDS = ("configure", "write", "read")
+CONFIGURE, WRITE, READ = ACCESS_KINDS = ("configure", "write", "read")
+QUEUE, EXCHANGE = "queue", "exchange"  # the kinds of resource a permission covers, as refusal texts name them
+# Exchanges a channel remembers it may publish to (RabbitMQ's channels remember 12 decisions); past that it starts over
+PUBLISH_CACHE_SIZE = 64
 
 
 def hash_password(password: str, algorithm: str = DEFAULT_HASHING, salt: bytes | None = None) -> str:
@@ -106,3 +113,38 @@ def check_resource(permission: Permission | None, user: str, vhost: str, kind: s
     if permission is None or not permission.allows(access, name):
         raise errors.access_refused(
             f"access to {kind} '{name}' in vhost '{vhost}' refused for user '{user}'")
+
+
+class ChannelAccess:
+    """What one channel's user may do in its vhost: RabbitMQ's check_configure/write/read_permitted. Publishing
+    checks no regex per message: the exchanges it may publish to are remembered (as rabbit_channel's permission
+    cache) until the node's permissions change, so that a change applies to open channels at once."""
+
+    __slots__ = ("node", "user", "vhost", "version", "permission", "writable")
+
+    def __init__(self, node: "Node", user: str, vhost: str):
+        self.node = node
+        self.user = user
+        self.vhost = vhost
+        self.version = -1  # the node's permissions_version that permission and writable were taken at
+        self.permission: Permission | None = None  # the user's permission in the vhost (None: it has none)
+        self.writable: set[str] = set()  # exchanges this channel may publish to, checked under version
+
+    def _permission(self) -> Permission | None:
+        node = self.node
+        if self.version != node.permissions_version:
+            self.version = node.permissions_version
+            self.permission = node.permissions.get((self.vhost, self.user))
+            self.writable = set()
+        return self.permission
+
+    def check(self, access: str, kind: str, name: str) -> None:
+        """Raise RabbitMQ's 403 unless the user has access ('configure', 'write' or 'read') to the resource."""
+        check_resource(self._permission(), self.user, self.vhost, kind, name, access)
+
+    def check_publish(self, exchange: str) -> None:
+        """basic.publish's write check; callers skip it while exchange is in writable at the current version."""
+        self.check(WRITE, EXCHANGE, exchange)
+        if len(self.writable) >= PUBLISH_CACHE_SIZE:
+            self.writable.clear()
+        self.writable.add(exchange)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Callable
 
 from pamqp import commands as spec
 
+from broker.model.access import ChannelAccess
 from broker.model.features.dead_letter import REJECTED, dead_letter
 from broker.model.features.expiry import parse_expiration
 from broker.model.message import Address, Header, Message, QueueEntry, carbon_copy_keys
@@ -45,6 +46,7 @@ class Channel:
         self.number = number
         self.vhost = connection.vhost
         server = connection.server
+        self.access = ChannelAccess(server.node, connection.user, self.vhost.name)  # the user's permission checks
         self.max_message_size = server.config.max_message_size  # largest body accepted (RabbitMQ's max_message_size)
         # Bytes of bodies in assembly, broker-wide, above which connections sending parts are blocked
         self.assembly_budget = assembly_budget(server.memory_alarm.limit, self.max_message_size)
@@ -201,6 +203,9 @@ class Channel:
         alarm = self.connection.server.alarm
         if alarm is not None:
             self.connection.block(alarm)  # this publish goes through; the connection is not read again until it clears
+        access = self.access
+        if exchange_name not in access.writable or access.version != access.node.permissions_version:
+            access.check_publish(exchange_name)  # before the exchange is looked up, as in RabbitMQ
         vhost = self.vhost
         exchange = vhost.exchanges.get(exchange_name)
         if exchange is None:

@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING, Callable
 
 from pamqp import commands as spec
 
+from broker.model.access import CONFIGURE, EXCHANGE, QUEUE, READ, WRITE
+from broker.model.exchange import EXCHANGE_TYPES
 from broker.model.vhost import generated_name
 from broker.session import direct_reply
 from broker.session.consumer import Consumer
@@ -33,6 +35,11 @@ def _channel_flow(channel: Channel, method: spec.Channel.Flow) -> None:
 def _exchange_declare(channel: Channel, method: spec.Exchange.Declare) -> None:
     vhost = channel.vhost
     existed = method.exchange in vhost.exchanges
+    # RabbitMQ checks the type and refuses the default exchange before permissions; a passive declare needs none
+    if not method.passive and method.exchange and method.exchange_type in EXCHANGE_TYPES:
+        channel.access.check(CONFIGURE, EXCHANGE, method.exchange)
+        if not existed and not method.exchange.startswith("amq."):  # a reserved name is refused before the AE
+            _check_alternate_exchange(channel, method)
     exchange = vhost.declare_exchange(method.exchange, method.exchange_type, method.passive, method.durable,
                                       method.auto_delete, method.internal, method.arguments or {})
     if not existed:
@@ -41,13 +48,34 @@ def _exchange_declare(channel: Channel, method: spec.Exchange.Declare) -> None:
         channel.send_method(spec.Exchange.DeclareOk())
 
 
+def _check_alternate_exchange(channel: Channel, method: spec.Exchange.Declare) -> None:
+    """A new exchange with an alternate exchange: its messages may end up there, so RabbitMQ wants read on it and
+    write on the alternate."""
+    alternate = (method.arguments or {}).get("alternate-exchange")
+    if isinstance(alternate, str):  # another type is refused by the argument checks
+        channel.access.check(READ, EXCHANGE, method.exchange)
+        channel.access.check(WRITE, EXCHANGE, alternate)
+
+
 def _exchange_delete(channel: Channel, method: spec.Exchange.Delete) -> None:
+    if method.exchange and not method.exchange.startswith("amq."):  # those are refused first, whatever the rights
+        channel.access.check(CONFIGURE, EXCHANGE, method.exchange)
     channel.vhost.delete_exchange(method.exchange, method.if_unused)
     if not method.nowait:
         channel.send_method(spec.Exchange.DeleteOk())
 
 
+def _check_binding(channel: Channel, source: str, kind: str, destination: str) -> None:
+    """(Un)binding needs write on the destination and read on the source exchange, checked before either is
+    looked up, as in RabbitMQ, which refuses the default exchange between the two checks."""
+    channel.access.check(WRITE, kind, destination)
+    if not source or not destination:
+        raise errors.access_refused("operation not permitted on the default exchange")
+    channel.access.check(READ, EXCHANGE, source)
+
+
 def _exchange_bind(channel: Channel, method: spec.Exchange.Bind) -> None:
+    _check_binding(channel, method.source, EXCHANGE, method.destination)
     vhost = channel.vhost
     source, destination = vhost.get_exchange(method.source), vhost.get_exchange(method.destination)
     vhost.bind(source, destination, method.routing_key, method.arguments or {})
@@ -57,6 +85,7 @@ def _exchange_bind(channel: Channel, method: spec.Exchange.Bind) -> None:
 
 
 def _exchange_unbind(channel: Channel, method: spec.Exchange.Unbind) -> None:
+    _check_binding(channel, method.source, EXCHANGE, method.destination)
     vhost = channel.vhost
     vhost.unbind(vhost.exchanges.get(method.source), vhost.exchanges.get(method.destination), method.routing_key,
                  method.arguments or {})
@@ -81,18 +110,40 @@ def _queue_declare(channel: Channel, method: spec.Queue.Declare) -> None:
     vhost = channel.vhost
     name = method.queue if not (method.passive and not method.queue) else _queue_name(channel, "")
     existed = name in vhost.queues
+    if not method.passive and name and not name.startswith("amq."):  # a reserved name is refused first
+        _check_queue_declare(channel, name, existed, method.arguments)
     queue = vhost.declare_queue(name, channel.connection, method.passive, method.durable, method.exclusive,
                                 method.auto_delete, method.arguments or {})
     if not existed:
         channel.undo = lambda: vhost.delete_queue(queue)
+    if not method.passive and not name:
+        # The vhost names a server-named queue and RabbitMQ checks the name it gets: check it now, and take the
+        # declaration back if it is refused.
+        try:
+            _check_queue_declare(channel, queue.name, False, method.arguments)
+        except errors.AMQPError:
+            vhost.delete_queue(queue)
+            raise
     channel.last_queue = queue.name
     if not method.nowait:
         channel.send_method(spec.Queue.DeclareOk(queue.name, queue.count_ready(), len(queue.consumers)))
 
 
+def _check_queue_declare(channel: Channel, name: str, existed: bool, arguments: dict | None) -> None:
+    """Declaring a queue needs configure on it; a new one with a dead-letter exchange also needs read on the queue
+    and write on that exchange (the DLX guide)."""
+    channel.access.check(CONFIGURE, QUEUE, name)
+    dead_letter_exchange = (arguments or {}).get("x-dead-letter-exchange")
+    if not existed and isinstance(dead_letter_exchange, str):  # another type is refused by the argument checks
+        channel.access.check(READ, QUEUE, name)
+        channel.access.check(WRITE, EXCHANGE, dead_letter_exchange)
+
+
 def _queue_bind(channel: Channel, method: spec.Queue.Bind) -> None:
     vhost = channel.vhost
-    queue = vhost.get_queue(_queue_name(channel, method.queue), channel.connection)
+    name = _queue_name(channel, method.queue)
+    _check_binding(channel, method.exchange, QUEUE, name)
+    queue = vhost.get_queue(name, channel.connection)
     routing_key = method.routing_key if (method.routing_key or method.queue) else queue.name
     exchange = vhost.get_exchange(method.exchange)
     vhost.bind(exchange, queue, routing_key, method.arguments or {})
@@ -103,14 +154,23 @@ def _queue_bind(channel: Channel, method: spec.Queue.Bind) -> None:
 
 def _queue_unbind(channel: Channel, method: spec.Queue.Unbind) -> None:
     vhost = channel.vhost
-    queue = vhost.queues.get(_queue_name(channel, method.queue))
+    name = _queue_name(channel, method.queue)
+    _check_binding(channel, method.exchange, QUEUE, name)
+    queue = vhost.queues.get(name)
     vhost.unbind(vhost.exchanges.get(method.exchange), queue, method.routing_key, method.arguments or {},
                  channel.connection)
     channel.send_method(spec.Queue.UnbindOk())
 
 
+def _readable_queue(channel: Channel, name: str):
+    """The queue a purge, get or consume names, which needs read on it (checked before the queue is looked up)."""
+    name = _queue_name(channel, name)
+    channel.access.check(READ, QUEUE, name)
+    return channel.vhost.get_queue(name, channel.connection)
+
+
 def _queue_purge(channel: Channel, method: spec.Queue.Purge) -> None:
-    queue = channel.vhost.get_queue(_queue_name(channel, method.queue), channel.connection)
+    queue = _readable_queue(channel, method.queue)
     count = queue.purge()
     if not method.nowait:
         channel.send_method(spec.Queue.PurgeOk(message_count=count))
@@ -118,7 +178,9 @@ def _queue_purge(channel: Channel, method: spec.Queue.Purge) -> None:
 
 def _queue_delete(channel: Channel, method: spec.Queue.Delete) -> None:
     vhost = channel.vhost
-    queue = vhost.queues.get(_queue_name(channel, method.queue))
+    name = _queue_name(channel, method.queue)
+    channel.access.check(CONFIGURE, QUEUE, name)
+    queue = vhost.queues.get(name)
     count = 0
     if queue is not None:
         vhost.check_exclusive_access(queue, channel.connection)
@@ -152,7 +214,7 @@ def _basic_consume(channel: Channel, method: spec.Basic.Consume) -> None:
         if not method.nowait:
             channel.send_method(spec.Basic.ConsumeOk(consumer_tag=tag))
         return
-    queue = vhost.get_queue(_queue_name(channel, method.queue), channel.connection)
+    queue = _readable_queue(channel, method.queue)
     arguments = method.arguments or {}
     priority = arguments.get("x-priority", 0)
     if not isinstance(priority, int) or isinstance(priority, bool):
@@ -178,7 +240,7 @@ def _basic_cancel(channel: Channel, method: spec.Basic.Cancel) -> None:
 
 
 def _basic_get(channel: Channel, method: spec.Basic.Get) -> None:
-    channel.get(channel.vhost.get_queue(_queue_name(channel, method.queue), channel.connection), method.no_ack)
+    channel.get(_readable_queue(channel, method.queue), method.no_ack)
 
 
 def _basic_recover(channel: Channel, method: spec.Basic.Recover) -> None:
