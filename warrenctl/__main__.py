@@ -1,11 +1,39 @@
 """The warrenctl console script."""
 
+from __future__ import annotations
+
 import sys
+
+from warrenctl.client import Client
+from warrenctl.commands import VERBS, Context
+from warrenctl.errors import EX_OK, EX_SOFTWARE, CommandError, UsageError
+from warrenctl.parser import parse, verb_help
 
 
 def main(argv: list[str] | None = None) -> int:
-    print("warrenctl: not implemented yet", file=sys.stderr)
-    return 64
+    try:
+        args = parse(sys.argv[1:] if argv is None else argv)
+        if args.verb == "help":
+            sys.stdout.write(verb_help(args.topic))
+            return EX_OK
+        client = Client(args.url, args.username, args.password, args.timeout)
+        context = Context(client, args.quiet, args.formatter == "json", not args.no_table_headers)
+        VERBS[args.verb].run(context, args)
+    except SystemExit as done:  # --help printed its text
+        return done.code if isinstance(done.code, int) else EX_OK
+    except UsageError as error:
+        print(f"Error: {error.message}", file=sys.stderr)
+        if error.usage:
+            print(error.usage, file=sys.stderr)
+        return error.exit_code
+    except CommandError as error:
+        print(f"Error: {error.message}", file=sys.stderr)
+        return error.exit_code
+    except (AttributeError, KeyError, TypeError) as error:  # an answer without the shape of RabbitMQ's API
+        print(f"Error: unexpected answer from the management API ({type(error).__name__}: {error})",
+              file=sys.stderr)
+        return EX_SOFTWARE
+    return EX_OK
 
 
 if __name__ == "__main__":

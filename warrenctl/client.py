@@ -1,0 +1,94 @@
+"""A small client of the management HTTP API (stdlib only): JSON in, JSON out, failures as CommandError."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import socket
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+from warrenctl.errors import EX_DATAERR, EX_NOPERM, EX_SOFTWARE, EX_TEMPFAIL, EX_UNAVAILABLE, CommandError
+
+
+def quote(name: str) -> str:
+    """A vhost or object name as one path segment ('/' becomes %2F, as the API expects)."""
+    return urllib.parse.quote(name, safe="")
+
+
+class NotFound(CommandError):
+    """The API answered 404: the verb turns it into a message naming what is missing."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"{path} not found", EX_UNAVAILABLE)
+
+
+class Client:
+    """Talks to one management API as one user."""
+
+    def __init__(self, base_url: str, username: str, password: str, timeout: float) -> None:
+        self.base_url = base_url.rstrip("/")  # e.g. http://127.0.0.1:15672
+        self.timeout = timeout  # seconds to wait for each answer
+        credentials = base64.b64encode(f"{username}:{password}".encode()).decode()
+        self.authorization = f"Basic {credentials}"  # the same header on every request
+
+    def get(self, path: str) -> Any:
+        return self.request("GET", path)
+
+    def put(self, path: str, body: Any = None) -> Any:
+        return self.request("PUT", path, {} if body is None else body)
+
+    def post(self, path: str, body: Any) -> Any:
+        return self.request("POST", path, body)
+
+    def delete(self, path: str, headers: dict[str, str] | None = None) -> Any:
+        return self.request("DELETE", path, headers=headers)
+
+    def request(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> Any:
+        """Send one request (path starts with /api/) and return its decoded JSON body (None when empty)."""
+        data = None if body is None else json.dumps(body).encode()
+        sent = {"authorization": self.authorization, **(headers or {})}
+        if data is not None:
+            sent["content-type"] = "application/json"
+        call = urllib.request.Request(self.base_url + path, data=data, method=method, headers=sent)
+        try:
+            with urllib.request.urlopen(call, timeout=self.timeout) as response:
+                return _decoded(response.read())
+        except urllib.error.HTTPError as error:
+            raise _refusal(error.code, path, _decoded(error.read())) from None
+        except (socket.timeout, TimeoutError):
+            raise CommandError(f"no answer from {self.base_url} within {self.timeout:g} s", EX_TEMPFAIL) from None
+        except urllib.error.URLError as error:
+            raise CommandError(f"cannot reach the management API at {self.base_url}: {_reason(error)}",
+                               EX_UNAVAILABLE) from None
+        except (OSError, ValueError) as error:  # a reset mid-answer, a body that is not JSON
+            raise CommandError(f"bad answer from the management API at {self.base_url}: {error}",
+                               EX_UNAVAILABLE) from None
+
+
+def _decoded(raw: bytes) -> Any:
+    return json.loads(raw) if raw.strip() else None
+
+
+def _reason(error: urllib.error.URLError) -> str:
+    reason = error.reason
+    return getattr(reason, "strerror", None) or str(reason)
+
+
+def _refusal(status: int, path: str, body: Any) -> CommandError:
+    """The CommandError for an HTTP error status, with the broker's reason when it gave one."""
+    if status == 404:
+        return NotFound(path)
+    reason = body.get("reason") if isinstance(body, dict) else body
+    text = html.unescape(reason if isinstance(reason, str) else json.dumps(reason)).strip()
+    text = " ".join(line.strip() for line in text.splitlines() if line.strip())
+    if status == 401:
+        return CommandError(f"the management API refused the credentials: {text}", EX_NOPERM)
+    if status == 403:
+        return CommandError(f"not allowed: {text}", EX_NOPERM)
+    if status == 400:
+        return CommandError(text, EX_DATAERR)
+    return CommandError(f"the management API answered {status}: {text}", EX_SOFTWARE)

@@ -1,0 +1,357 @@
+"""One function per verb: each makes its calls to the management API and prints what rabbitmqctl prints."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, TextIO
+
+from warrenctl import output
+from warrenctl.client import Client, NotFound, quote
+from warrenctl.errors import EX_DATAERR, EX_NOUSER, EX_SOFTWARE, EX_UNAVAILABLE, CommandError, UsageError
+from warrenctl.listings import LISTINGS, rows
+
+
+@dataclass
+class Context:
+    """What every verb gets besides its own arguments."""
+
+    client: Client
+    quiet: bool  # -q: no informational lines, only results
+    as_json: bool  # --formatter json
+    headers: bool  # False with --no-table-headers
+    out: TextIO = field(default_factory=lambda: sys.stdout)
+
+    def say(self, line: str) -> None:
+        """An informational line (rabbitmqctl's "Adding user ..."): not with -q, nor around JSON output."""
+        if not self.quiet and not self.as_json:
+            self.out.write(line + "\n")
+
+
+@dataclass(frozen=True)
+class Verb:
+    run: Callable[[Context, Any], None]  # does the work, given the context and the parsed arguments
+    summary: str  # one line for --help
+    arguments: tuple[str, ...]  # positional arguments; a trailing "..." takes any number
+    per_vhost: bool  # takes -p/--vhost
+    options: tuple[Option, ...] = ()  # the verb's own options
+
+
+@dataclass(frozen=True)
+class Option:
+    flags: tuple[str, ...]  # e.g. ("-u", "--if-unused")
+    settings: dict[str, Any]  # argparse's add_argument keywords
+
+
+VERBS: dict[str, Verb] = {}
+
+
+def verb(name: str, summary: str, *arguments: str, per_vhost: bool = False, options: tuple[Option, ...] = ()):
+    def register(run: Callable[[Context, Any], None]) -> Callable[[Context, Any], None]:
+        VERBS[name] = Verb(run, summary, arguments, per_vhost, options)
+        return run
+    return register
+
+
+def user_missing(name: str) -> CommandError:
+    return CommandError(f'User "{name}" does not exist', EX_NOUSER)
+
+
+def vhost_missing(name: str) -> CommandError:
+    return CommandError(f"Virtual host '{name}' does not exist", EX_DATAERR)
+
+
+def exists(client: Client, path: str) -> bool:
+    try:
+        client.get(path)
+    except NotFound:
+        return False
+    return True
+
+
+def require_vhost(client: Client, vhost: str) -> None:
+    if not exists(client, f"/api/vhosts/{quote(vhost)}"):
+        raise vhost_missing(vhost)
+
+
+def require_user_and_vhost(client: Client, user: str, vhost: str) -> None:
+    """Name which of the two is missing (the API says only "vhost_or_user_not_found" or 404)."""
+    if not exists(client, f"/api/users/{quote(user)}"):
+        raise user_missing(user)
+    require_vhost(client, vhost)
+
+
+def user_record(client: Client, name: str) -> dict:
+    try:
+        return client.get(f"/api/users/{quote(name)}")
+    except NotFound:
+        raise user_missing(name) from None
+
+
+def tag_list(record: dict) -> list[str]:
+    value = record.get("tags") or []
+    return [tag for tag in value.split(",") if tag] if isinstance(value, str) else list(value)
+
+
+# --- listings --------------------------------------------------------------------------------------------------
+
+def list_verb(name: str) -> None:
+    listing = LISTINGS[name]
+    noun = name.removeprefix("list_")
+
+    def run(ctx: Context, args: Any) -> None:
+        columns = [column for given in args.columns for column in given.split(",") if column]
+        unknown = [column for column in columns if column not in listing.columns]
+        if unknown:
+            raise UsageError(f"Info key(s) {','.join(unknown)} are not supported")
+        columns = columns or list(listing.defaults)
+        vhost = getattr(args, "vhost", "/")
+        ctx.say(listing.banner.format(vhost=vhost))
+        try:
+            items = ctx.client.get(listing.path.format(vhost=quote(vhost)))
+        except NotFound:
+            raise vhost_missing(vhost) from None
+        table = rows(listing, columns, items)
+        if ctx.as_json:
+            output.json_rows(columns, table, ctx.out)
+        else:
+            output.table(columns, table, ctx.headers, ctx.out)
+
+    VERBS[name] = Verb(run, f"Lists {noun} and their properties", ("columns...",), listing.per_vhost)
+
+
+for _name in LISTINGS:
+    list_verb(_name)
+
+
+# --- node ------------------------------------------------------------------------------------------------------
+
+@verb("status", "Displays the node's version, alarms, listeners and totals")
+def status(ctx: Context, args: Any) -> None:
+    overview = ctx.client.get("/api/overview")
+    node = overview.get("node", "")
+    alarms = node_alarms(ctx.client, node)
+    if ctx.as_json:
+        ctx.out.write(output.compact({
+            "node": node, "product_name": overview.get("product_name"),
+            "product_version": overview.get("product_version"), "alarms": alarms,
+            "listeners": overview.get("listeners", []), "totals": overview.get("object_totals", {}),
+            "queue_totals": overview.get("queue_totals", {})}) + "\n")
+        return
+    totals = overview.get("object_totals", {})
+    lines = [f"Status of node {node} ...", "Runtime", "",
+             f"Node name: {node}",
+             f"Product name: {overview.get('product_name', '')}",
+             f"Product version: {overview.get('product_version', '')}", "",
+             "Alarms", "", *(alarms or ["(none)"]), "",
+             "Totals", "",
+             f"Connection count: {totals.get('connections', 0)}",
+             f"Queue count: {totals.get('queues', 0)}",
+             f"Virtual host count: {len(ctx.client.get('/api/vhosts'))}", "",
+             "Listeners", ""]
+    lines += [f"Interface: {listener.get('ip_address')}, port: {listener.get('port')}, "
+              f"protocol: {listener.get('protocol')}" for listener in overview.get("listeners", [])]
+    ctx.out.write("\n".join(lines) + "\n")
+
+
+def node_alarms(client: Client, node: str) -> list[str]:
+    """The node's resource alarms, as rabbitmqctl status names them."""
+    alarms = []
+    for entry in client.get("/api/nodes"):
+        if entry.get("name") != node:
+            continue
+        if entry.get("mem_alarm"):
+            alarms.append("Memory alarm")
+        if entry.get("disk_free_alarm"):
+            alarms.append("Free disk space alarm")
+    return alarms
+
+
+# --- users -----------------------------------------------------------------------------------------------------
+
+@verb("add_user", "Creates a new user", "username", "password")
+def add_user(ctx: Context, args: Any) -> None:
+    ctx.say(f'Adding user "{args.username}" ...')
+    path = f"/api/users/{quote(args.username)}"
+    if exists(ctx.client, path):
+        raise CommandError(f'User "{args.username}" already exists', EX_SOFTWARE)
+    ctx.client.put(path, {"password": args.password, "tags": ""})
+
+
+@verb("delete_user", "Removes a user, closing its connections", "username")
+def delete_user(ctx: Context, args: Any) -> None:
+    ctx.say(f'Deleting user "{args.username}" ...')
+    try:
+        ctx.client.delete(f"/api/users/{quote(args.username)}")
+    except NotFound:
+        raise user_missing(args.username) from None
+
+
+@verb("change_password", "Changes a user's password", "username", "password")
+def change_password(ctx: Context, args: Any) -> None:
+    ctx.say(f'Changing password for user "{args.username}" ...')
+    record = user_record(ctx.client, args.username)
+    ctx.client.put(f"/api/users/{quote(args.username)}",
+                   {"password": args.password, "tags": ",".join(tag_list(record))})
+
+
+@verb("set_user_tags", "Sets a user's tags (none clears them)", "username", "tags...")
+def set_user_tags(ctx: Context, args: Any) -> None:
+    ctx.say(f'Setting tags for user "{args.username}" to [{", ".join(args.tags)}] ...')
+    record = user_record(ctx.client, args.username)
+    ctx.client.put(f"/api/users/{quote(args.username)}",
+                   {"password_hash": record.get("password_hash", ""),
+                    "hashing_algorithm": record.get("hashing_algorithm", "rabbit_password_hashing_sha256"),
+                    "tags": ",".join(args.tags)})
+
+
+# --- virtual hosts and permissions -----------------------------------------------------------------------------
+
+@verb("add_vhost", "Creates a virtual host", "vhost", options=(
+    Option(("--description",), {"help": "a description of the virtual host"}),
+    Option(("--tags",), {"help": "comma-separated tags"}),
+    Option(("--default-queue-type",), {"help": "the queue type of queues declared without one"})))
+def add_vhost(ctx: Context, args: Any) -> None:
+    ctx.say(f'Adding vhost "{args.vhost}" ...')
+    body = {key: value for key, value in (("description", args.description), ("tags", args.tags),
+                                          ("default_queue_type", args.default_queue_type)) if value is not None}
+    ctx.client.put(f"/api/vhosts/{quote(args.vhost)}", body)
+
+
+@verb("delete_vhost", "Deletes a virtual host, its queues and exchanges, closing its connections", "vhost")
+def delete_vhost(ctx: Context, args: Any) -> None:
+    ctx.say(f'Deleting vhost "{args.vhost}" ...')
+    try:
+        ctx.client.delete(f"/api/vhosts/{quote(args.vhost)}")
+    except NotFound:
+        raise vhost_missing(args.vhost) from None
+
+
+@verb("set_permissions", "Sets a user's configure, write and read permissions in a virtual host",
+      "username", "conf", "write", "read", per_vhost=True)
+def set_permissions(ctx: Context, args: Any) -> None:
+    ctx.say(f'Setting permissions for user "{args.username}" in vhost "{args.vhost}" ...')
+    body = {"configure": args.conf, "write": args.write, "read": args.read}
+    try:
+        ctx.client.put(f"/api/permissions/{quote(args.vhost)}/{quote(args.username)}", body)
+    except CommandError as error:
+        if error.exit_code == EX_DATAERR and "not_found" in error.message:
+            require_user_and_vhost(ctx.client, args.username, args.vhost)
+        raise
+
+
+@verb("clear_permissions", "Revokes a user's permissions in a virtual host", "username", per_vhost=True)
+def clear_permissions(ctx: Context, args: Any) -> None:
+    ctx.say(f'Clearing permissions for user "{args.username}" in vhost "{args.vhost}" ...')
+    try:
+        ctx.client.delete(f"/api/permissions/{quote(args.vhost)}/{quote(args.username)}")
+    except NotFound:
+        require_user_and_vhost(ctx.client, args.username, args.vhost)  # else: there was nothing to clear
+
+
+# --- policies --------------------------------------------------------------------------------------------------
+
+@verb("set_policy", "Sets a policy: the definition (JSON) applies to objects whose name matches the pattern",
+      "name", "pattern", "definition", per_vhost=True, options=(
+          Option(("--priority",), {"type": int, "default": 0, "help": "the highest priority wins (default 0)"}),
+          Option(("--apply-to",), {"choices": ("queues", "exchanges", "all"), "default": "all",
+                                   "help": "the kind of object the policy applies to (default all)"})))
+def set_policy(ctx: Context, args: Any) -> None:
+    ctx.say(f'Setting policy "{args.name}" for pattern "{args.pattern}" to "{args.definition}" '
+            f'with priority "{args.priority}" for vhost "{args.vhost}" ...')
+    try:
+        definition = json.loads(args.definition)
+    except ValueError as error:
+        raise CommandError(f"JSON decoding error in the policy definition: {error}", EX_DATAERR) from None
+    body = {"pattern": args.pattern, "definition": definition, "priority": args.priority, "apply-to": args.apply_to}
+    try:
+        ctx.client.put(f"/api/policies/{quote(args.vhost)}/{quote(args.name)}", body)
+    except NotFound:
+        raise vhost_missing(args.vhost) from None
+
+
+@verb("clear_policy", "Clears a policy", "name", per_vhost=True)
+def clear_policy(ctx: Context, args: Any) -> None:
+    ctx.say(f'Clearing policy "{args.name}" on vhost "{args.vhost}" ...')
+    try:
+        ctx.client.delete(f"/api/policies/{quote(args.vhost)}/{quote(args.name)}")
+    except NotFound:
+        raise CommandError(f'Policy "{args.name}" does not exist in vhost "{args.vhost}"', EX_UNAVAILABLE) from None
+
+
+# --- queues and connections ------------------------------------------------------------------------------------
+
+def queue_missing(name: str, vhost: str) -> CommandError:
+    return CommandError(f"Queue '{name}' does not exist in vhost '{vhost}'", EX_UNAVAILABLE)
+
+
+@verb("purge_queue", "Removes every ready message from a queue", "queue", per_vhost=True)
+def purge_queue(ctx: Context, args: Any) -> None:
+    ctx.say(f"Purging queue '{args.queue}' in vhost '{args.vhost}' ...")
+    try:
+        ctx.client.delete(f"/api/queues/{quote(args.vhost)}/{quote(args.queue)}/contents")
+    except NotFound:
+        raise queue_missing(args.queue, args.vhost) from None
+
+
+@verb("delete_queue", "Deletes a queue", "queue", per_vhost=True, options=(
+    Option(("-u", "--if-unused"), {"action": "store_true", "help": "only if the queue has no consumers"}),
+    Option(("-e", "--if-empty"), {"action": "store_true", "help": "only if the queue has no ready messages"})))
+def delete_queue(ctx: Context, args: Any) -> None:
+    ctx.say(f"Deleting queue '{args.queue}' on vhost '{args.vhost}' ...")
+    path = f"/api/queues/{quote(args.vhost)}/{quote(args.queue)}"
+    conditions = [f"{name}=true" for name, wanted in (("if-unused", args.if_unused), ("if-empty", args.if_empty))
+                  if wanted]
+    try:
+        ready = ctx.client.get(path).get("messages_ready", 0)
+        ctx.client.delete(path + ("?" + "&".join(conditions) if conditions else ""))
+    except NotFound:
+        raise queue_missing(args.queue, args.vhost) from None
+    ctx.say(f"Queue was successfully deleted with {ready} ready messages")
+
+
+@verb("close_connection", "Closes a connection (named as list_connections name shows it) with a reason",
+      "connection", "reason")
+def close_connection(ctx: Context, args: Any) -> None:
+    ctx.say(f"Closing connection {args.connection}, reason: {args.reason}...")
+    try:
+        ctx.client.delete(f"/api/connections/{quote(args.connection)}", headers={"X-Reason": args.reason})
+    except NotFound:
+        raise CommandError(f"Connection '{args.connection}' does not exist", EX_UNAVAILABLE) from None
+
+
+# --- definitions -----------------------------------------------------------------------------------------------
+
+@verb("export_definitions", "Exports users, vhosts, permissions, policies, queues, exchanges and bindings as JSON "
+      "to a file, or to standard output with -", "file")
+def export_definitions(ctx: Context, args: Any) -> None:
+    definitions = output.compact(ctx.client.get("/api/definitions"))
+    if args.file == "-":
+        ctx.out.write(definitions + "\n")
+        return
+    ctx.say(f'Exporting definitions in JSON to a file at "{args.file}" ...')
+    try:
+        with open(args.file, "w", encoding="utf-8") as target:
+            target.write(definitions + "\n")
+    except OSError as error:
+        raise CommandError(f"cannot write {args.file}: {error.strerror}", EX_DATAERR) from None
+
+
+@verb("import_definitions", "Imports definitions in JSON from a file, or from standard input with -", "file")
+def import_definitions(ctx: Context, args: Any) -> None:
+    source = "standard input" if args.file == "-" else f'a file at "{args.file}"'
+    ctx.say(f"Importing definitions in JSON from {source} ...")
+    try:
+        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise CommandError(f"cannot read {args.file}: {getattr(error, 'strerror', None) or error}",
+                           EX_DATAERR) from None
+    try:
+        definitions = json.loads(text)
+    except ValueError as error:
+        raise CommandError(f"{args.file} is not valid JSON: {error}", EX_DATAERR) from None
+    if not isinstance(definitions, dict):
+        raise CommandError(f"{args.file} does not hold a JSON object of definitions", EX_DATAERR)
+    ctx.client.post("/api/definitions", definitions)
