@@ -78,12 +78,21 @@ def _reason(error: urllib.error.URLError) -> str:
     return getattr(reason, "strerror", None) or str(reason)
 
 
+def _readable(reason: Any) -> Any:
+    """An Erlang term as the API encodes it, with its strings (lists of character codes) turned back to text."""
+    if isinstance(reason, list):
+        if reason and all(isinstance(item, int) and 32 <= item < 127 for item in reason):
+            return "".join(map(chr, reason))
+        return [_readable(item) for item in reason]
+    return reason
+
+
 def _refusal(status: int, path: str, body: Any) -> CommandError:
     """The CommandError for an HTTP error status, with the broker's reason when it gave one."""
     if status == 404:
         return NotFound(path)
     reason = body.get("reason") if isinstance(body, dict) else body
-    text = html.unescape(reason if isinstance(reason, str) else json.dumps(reason)).strip()
+    text = html.unescape(reason if isinstance(reason, str) else json.dumps(_readable(reason))).strip()
     text = " ".join(line.strip() for line in text.splitlines() if line.strip())
     if status == 401:
         return CommandError(f"the management API refused the credentials: {text}", EX_NOPERM)

@@ -90,8 +90,8 @@ LISTINGS: dict[str, Listing] = {
         {"user": field("name"), "tags": tags}),
     "list_vhosts": Listing(
         "/api/vhosts", "Listing vhosts ...", ("name",),
-        {"tags": tags, **same_names("name", "description", "default_queue_type", "tracing", "messages", "messages_ready",
-                   "messages_unacknowledged")}),
+        {"tags": tags, **same_names("name", "description", "default_queue_type", "tracing", "messages",
+                                    "messages_ready", "messages_unacknowledged")}),
     "list_permissions": Listing(
         "/api/vhosts/{vhost}/permissions", 'Listing permissions for vhost "{vhost}" ...',
         ("user", "configure", "write", "read"),

@@ -13,9 +13,9 @@ DEFAULT_URL = "http://127.0.0.1:15672"
 DEFAULTS: dict[str, Any] = {  # the common options' values when neither the command line nor the environment sets them
     "host": None, "port": None, "timeout": 60.0, "quiet": False, "formatter": "table", "no_table_headers": False,
 }
-ENVIRONMENT = {  # option -> the environment variable that gives its default
-    "username": ("WARREN_MANAGEMENT_USER", "guest"),
-    "password": ("WARREN_MANAGEMENT_PASSWORD", "guest"),
+ENVIRONMENT = {  # option -> the environment variable that gives its default, and the default without it
+    "api_user": ("WARREN_MANAGEMENT_USER", "guest"),
+    "api_password": ("WARREN_MANAGEMENT_PASSWORD", "guest"),
     "url": ("WARREN_MANAGEMENT_URL", DEFAULT_URL),
 }
 EPILOG = ("The management API is at --host/--port (default 127.0.0.1:15672), or at $WARREN_MANAGEMENT_URL; "
@@ -38,8 +38,8 @@ def common_options() -> argparse.ArgumentParser:
     group = common.add_argument_group("connection and output")
     group.add_argument("--host", help="host of the management API (default 127.0.0.1)")
     group.add_argument("--port", type=int, help="port of the management API (default 15672)")
-    group.add_argument("--username", help="user to call the API as (default guest)")
-    group.add_argument("--password", help="that user's password (default guest)")
+    group.add_argument("--username", dest="api_user", help="user to call the API as (default guest)")
+    group.add_argument("--password", dest="api_password", help="that user's password (default guest)")
     group.add_argument("-t", "--timeout", type=float, help="seconds to wait for each answer (default 60)")
     group.add_argument("-q", "--quiet", action="store_true", help="print results only, no informational lines")
     group.add_argument("--formatter", choices=("table", "json"), help="output format (default table)")
