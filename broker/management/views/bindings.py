@@ -1,5 +1,126 @@
-"""The management API: bindings."""
+"""The management API: bindings (list, show, create, delete), and the bindings of one exchange or queue."""
+
+import urllib.parse
 
 from aiohttp import web
 
+from broker.management import http
+from broker.management.resources import (
+    api_error, arguments_of, check_access, default_binding_json, exchange_name, explicit_binding_json,
+    find_exchange, find_queue, properties_key, sorted_bindings, vhost_bindings,
+)
+from protocol.errors import AMQPError
+
 routes = web.RouteTableDef()
+
+DESTINATION_KINDS = {"q": "queue", "e": "exchange"}  # the path letter of a binding's destination -> its kind
+
+
+@routes.get("/api/bindings")
+async def list_all(request: web.Request) -> web.Response:
+    http.require(request, "management")
+    return http.reply(sorted_bindings(binding for vhost in http.visible_vhosts(request)
+                                      for binding in vhost_bindings(vhost)))
+
+
+@routes.get("/api/bindings/{vhost}")
+async def list_vhost(request: web.Request) -> web.Response:
+    http.require(request, "management")
+    return http.reply(sorted_bindings(vhost_bindings(http.vhost_of(request))))
+
+
+@routes.get("/api/exchanges/{vhost}/{name}/bindings/{direction:source|destination}")
+async def of_exchange(request: web.Request) -> web.Response:
+    """The bindings an exchange is the source of, or the destination of."""
+    http.require(request, "management")
+    vhost = http.vhost_of(request)
+    exchange = find_exchange(vhost, exchange_name(request))
+    bindings = exchange.bindings.values() if request.match_info["direction"] == "source" else exchange.inbound
+    return http.reply(sorted_bindings(explicit_binding_json(vhost, binding) for binding in bindings))
+
+
+@routes.get("/api/queues/{vhost}/{name}/bindings")
+async def of_queue(request: web.Request) -> web.Response:
+    """A queue's bindings, its implicit one to the default exchange first."""
+    http.require(request, "management")
+    vhost = http.vhost_of(request)
+    queue = find_queue(vhost, request.match_info["name"])
+    return http.reply(sorted_bindings([default_binding_json(vhost, queue.name),
+                                       *(explicit_binding_json(vhost, binding) for binding in queue.bindings)]))
+
+
+@routes.get("/api/bindings/{vhost}/e/{source}/{kind:q|e}/{destination}")
+async def between(request: web.Request) -> web.Response:
+    """The bindings from one exchange to one queue or exchange (none when either is missing)."""
+    http.require(request, "management")
+    vhost = http.vhost_of(request)
+    return http.reply(sorted_bindings(explicit_binding_json(vhost, binding) for binding in _between(request, vhost)))
+
+
+@routes.post("/api/bindings/{vhost}/e/{source}/{kind:q|e}/{destination}")
+async def create(request: web.Request) -> web.Response:
+    """Bind, as queue.bind or exchange.bind would; 201 with the new binding's address (relative to this path)."""
+    http.require(request, "management")
+    vhost = http.vhost_of(request)
+    body = await http.json_body(request)
+    routing_key, arguments = str(body.get("routing_key", "")), arguments_of(body)
+    source_name, destination_name = exchange_name(request, "source"), request.match_info["destination"]
+    kind = DESTINATION_KINDS[request.match_info["kind"]]
+    check_access(request, vhost, kind, destination_name, "write")
+    check_access(request, vhost, "exchange", source_name, "read")
+    try:
+        source = vhost.get_exchange(source_name)
+        destination = (vhost.get_queue(destination_name) if kind == "queue"
+                       else vhost.get_exchange(exchange_name(request, "destination")))
+        vhost.bind(source, destination, routing_key, arguments)
+    except AMQPError as error:
+        raise api_error(error) from None
+    await http.on_disk(request)
+    location = "/".join(urllib.parse.quote(part, safe="")
+                        for part in (destination_name, properties_key(routing_key, arguments)))
+    return web.Response(status=201, headers={"Location": location})
+
+
+@routes.get("/api/bindings/{vhost}/e/{source}/{kind:q|e}/{destination}/{props}")
+async def show(request: web.Request) -> web.Response:
+    http.require(request, "management")
+    vhost = http.vhost_of(request)
+    return http.reply(explicit_binding_json(vhost, _named(request, vhost)))
+
+
+@routes.delete("/api/bindings/{vhost}/e/{source}/{kind:q|e}/{destination}/{props}")
+async def delete(request: web.Request) -> web.Response:
+    """Unbind, as queue.unbind or exchange.unbind would."""
+    http.require(request, "management")
+    vhost = http.vhost_of(request)
+    binding = _named(request, vhost)
+    kind = DESTINATION_KINDS[request.match_info["kind"]]
+    check_access(request, vhost, kind, binding.destination.name, "write")
+    check_access(request, vhost, "exchange", binding.source.name, "read")
+    try:
+        vhost.unbind(binding.source, binding.destination, binding.routing_key, binding.arguments)
+    except AMQPError as error:
+        raise api_error(error) from None
+    await http.on_disk(request)
+    return http.no_content()
+
+
+def _between(request: web.Request, vhost) -> list:
+    """The bindings from the path's source exchange to its destination."""
+    source = vhost.exchanges.get(exchange_name(request, "source"))
+    if request.match_info["kind"] == "q":
+        destination = vhost.queues.get(request.match_info["destination"])
+    else:
+        destination = vhost.exchanges.get(exchange_name(request, "destination"))
+    if source is None or destination is None:
+        return []
+    return [binding for binding in source.bindings.values() if binding.destination is destination]
+
+
+def _named(request: web.Request, vhost):
+    """The binding the path names by its properties key (404 when there is none)."""
+    props = request.match_info["props"]
+    for binding in _between(request, vhost):
+        if properties_key(binding.routing_key, binding.arguments) == props:
+            return binding
+    raise http.not_found()

@@ -1,5 +1,96 @@
-"""The management API: exchanges."""
+"""The management API: exchanges (list, show, declare, delete, publish)."""
 
 from aiohttp import web
 
+from broker.management import http, messages
+from broker.management.resources import (
+    api_error, arguments_of, check_access, check_permission, exchange_json, exchange_name, find_exchange, flag,
+    parse_bool,
+)
+from protocol import errors
+from protocol.errors import AMQPError
+
 routes = web.RouteTableDef()
+
+
+@routes.get("/api/exchanges")
+async def list_all(request: web.Request) -> web.Response:
+    http.require(request, "management")
+    return http.reply([exchange_json(vhost, exchange) for vhost in http.visible_vhosts(request)
+                       for exchange in sorted(vhost.exchanges.values(), key=lambda exchange: exchange.name)])
+
+
+@routes.get("/api/exchanges/{vhost}")
+async def list_vhost(request: web.Request) -> web.Response:
+    http.require(request, "management")
+    vhost = http.vhost_of(request)
+    return http.reply([exchange_json(vhost, exchange)
+                       for exchange in sorted(vhost.exchanges.values(), key=lambda exchange: exchange.name)])
+
+
+@routes.get("/api/exchanges/{vhost}/{name}")
+async def show(request: web.Request) -> web.Response:
+    http.require(request, "management")
+    vhost = http.vhost_of(request)
+    data = exchange_json(vhost, find_exchange(vhost, exchange_name(request)))
+    data.update(incoming=[], outgoing=[])  # publishing rates per peer: Warren keeps no such statistics
+    return http.reply(data)
+
+
+@routes.put("/api/exchanges/{vhost}/{name}")
+async def declare(request: web.Request) -> web.Response:
+    http.require(request, "management")
+    vhost = http.vhost_of(request)
+    name = exchange_name(request)
+    body = await http.json_body(request)
+    kind = body.get("type", "direct")
+    durable, auto_delete, internal = (parse_bool(body, key) for key in ("durable", "auto_delete", "internal"))
+    if not name:
+        raise http.ApiError(401, "not_authorised", "Access refused.")
+    check_access(request, vhost, "exchange", name, "configure")
+    existed = name in vhost.exchanges
+    try:
+        vhost.declare_exchange(name, str(kind), False, durable, auto_delete, internal, arguments_of(body))
+    except AMQPError as error:
+        raise api_error(error) from None
+    await http.on_disk(request)
+    return http.created_or_updated(existed)
+
+
+@routes.delete("/api/exchanges/{vhost}/{name}")
+async def delete(request: web.Request) -> web.Response:
+    http.require(request, "management")
+    vhost = http.vhost_of(request)
+    name = exchange_name(request)
+    if name and name not in vhost.exchanges:
+        raise http.not_found()
+    check_access(request, vhost, "exchange", name, "configure")
+    try:
+        vhost.delete_exchange(name, flag(request, "if-unused"))
+    except AMQPError as error:
+        raise api_error(error) from None
+    await http.on_disk(request)
+    return http.no_content()
+
+
+@routes.post("/api/exchanges/{vhost}/{name}/publish")
+async def publish(request: web.Request) -> web.Response:
+    """Publish one message through the exchange, as basic.publish would; {"routed": false} when no queue took it.
+    A persistent message is on disk before the reply. What a channel would refuse is a 400 naming the AMQP error."""
+    http.require(request, "management")
+    vhost = http.vhost_of(request)
+    name = exchange_name(request)
+    body = await http.json_body(request)
+    try:
+        routing_key, message = messages.from_request(body, name, request["user"].name)
+        check_permission(request, vhost, "exchange", name, "write")
+        exchange = vhost.get_exchange(name)
+        if exchange.internal:
+            raise errors.access_refused(f"cannot publish to internal exchange '{name}' in vhost '{vhost.name}'")
+        queues = vhost.route(exchange, [routing_key], message)
+    except AMQPError as error:
+        raise http.bad_request(f"{error.reply_code} {error.text}") from None
+    if queues:
+        vhost.publish_to(queues, message)
+        await http.on_disk(request)
+    return http.reply({"routed": bool(queues)})

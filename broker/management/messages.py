@@ -1,0 +1,149 @@
+"""Messages through the management API: a message from a publish request's JSON, and a queued message as the
+JSON of a get reply, both with RabbitMQ's field names, encodings and errors."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime
+from decimal import Decimal
+
+from pamqp.commands import Basic
+
+from broker.management import http
+from broker.model.features.expiry import parse_expiration
+from broker.model.message import Address, Header, Message
+from protocol import errors
+from protocol.codec import encode_header_payload
+
+# JSON property name -> pamqp's attribute name, in RabbitMQ's order
+PROPERTY_NAMES = {
+    "content_type": "content_type", "content_encoding": "content_encoding", "headers": "headers",
+    "delivery_mode": "delivery_mode", "priority": "priority", "correlation_id": "correlation_id",
+    "reply_to": "reply_to", "expiration": "expiration", "message_id": "message_id", "timestamp": "timestamp",
+    "type": "message_type", "user_id": "user_id", "app_id": "app_id", "cluster_id": "cluster_id",
+}
+INTEGER_PROPERTIES = ("delivery_mode", "priority", "timestamp")
+
+
+def required(body: dict, key: str):
+    if key not in body:
+        raise http.bad_request(f"[{{key_missing,{key}}}]")
+    return body[key]
+
+
+# --- publish requests ------------------------------------------------------------------------------------------
+def from_request(body: dict, exchange: str, user: str) -> tuple[str, Message]:
+    """The routing key and message a publish request describes. Its shape is checked here (400); what basic.publish
+    would refuse (the user_id, the expiration) raises the AMQPError the channel would raise."""
+    properties_json = required(body, "properties")
+    routing_key = required(body, "routing_key")
+    payload = _payload(required(body, "payload"), required(body, "payload_encoding"))
+    if not isinstance(properties_json, dict):
+        raise http.bad_request("properties must be a JSON object")
+    properties = _properties(properties_json)
+    if properties.user_id is not None and properties.user_id != user:
+        raise errors.precondition_failed(f"user_id property set to '{properties.user_id}' but authenticated user "
+                                         f"was '{user}'")
+    if properties.expiration is not None:
+        parse_expiration(properties.expiration)
+    header = Header(encode_header_payload(len(payload), properties))
+    return str(routing_key), Message(Address(exchange, str(routing_key)), header, payload)
+
+
+def _payload(payload, encoding) -> bytes:
+    if not isinstance(payload, str):
+        raise http.bad_request("payload_not_string")
+    if encoding == "string":
+        return payload.encode()
+    if encoding == "base64":
+        try:
+            return base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError):
+            raise http.ApiError(400, "bad_request", ["not_base64", payload]) from None
+    raise http.ApiError(400, "bad_request", ["unsupported_encoding", encoding])
+
+
+def _properties(data: dict) -> Basic.Properties:
+    """Message properties from JSON; unknown names are ignored, as RabbitMQ ignores them."""
+    properties = Basic.Properties()
+    for key, attribute in PROPERTY_NAMES.items():
+        value = data.get(key)
+        if value is None:
+            continue
+        if key == "headers":
+            value = _table(value) if isinstance(value, dict) else None
+        elif key in INTEGER_PROPERTIES:
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise http.ApiError(400, "bad_request", ["not_int", key])
+            if key == "timestamp":
+                value = datetime.datetime.fromtimestamp(value, datetime.UTC)
+        elif not isinstance(value, str):
+            raise http.ApiError(400, "bad_request", ["not_string", key])
+        setattr(properties, attribute, value)
+    return properties
+
+
+def _table(data: dict) -> dict:
+    return {str(key): _field_value(value) for key, value in data.items()}
+
+
+def _field_value(value):
+    """A JSON value as an AMQP field value; null has no field type (RabbitMQ refuses it)."""
+    if value is None:
+        raise http.bad_request("null_not_allowed")
+    if isinstance(value, dict):
+        return _table(value)
+    if isinstance(value, list):
+        return [_field_value(item) for item in value]
+    return value
+
+
+# --- get replies -----------------------------------------------------------------------------------------------
+def properties_json(properties: Basic.Properties) -> dict | list:
+    """The properties a message carries; none at all is [] (RabbitMQ's empty proplist)."""
+    data = {}
+    for key, attribute in PROPERTY_NAMES.items():
+        value = getattr(properties, attribute)
+        if value is None or (key == "cluster_id" and value == ""):
+            continue
+        if key == "headers":
+            value = _json_value(value)
+        elif key == "timestamp":
+            value = int(value.timestamp()) if value.tzinfo else int(value.replace(tzinfo=datetime.UTC).timestamp())
+        data[key] = value
+    return data or []
+
+
+def _json_value(value):
+    """An AMQP field value as RabbitMQ's API shows it."""
+    if isinstance(value, dict):
+        return {key: _json_value(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_json_value(item) for item in value]
+    if isinstance(value, (bytes, bytearray)):
+        try:
+            return bytes(value).decode()
+        except UnicodeDecodeError:
+            return f"Not UTF-8, base64 is: {base64.b64encode(value).decode()}"
+    if isinstance(value, datetime.datetime):
+        return int(value.timestamp())
+    if isinstance(value, Decimal):
+        # RabbitMQ prints its {Scale, Value} pair as the number Scale.Value (Value as an unsigned 32-bit integer)
+        scale = max(0, -value.as_tuple().exponent)
+        return float(f"{scale}.{int(value.scaleb(scale)) & 0xFFFFFFFF}")
+    if value is None:
+        return "undefined"
+    return value
+
+
+def payload_json(body: bytes, encoding: str, truncate: int | None) -> dict:
+    """payload and payload_encoding of a get reply: the body (cut to truncate bytes) as text when it is UTF-8 and
+    encoding is auto, else in base64."""
+    shown = body if truncate is None else body[:truncate]
+    if encoding == "auto":
+        try:
+            return {"payload": shown.decode(), "payload_encoding": "string"}
+        except UnicodeDecodeError:
+            pass
+    return {"payload": base64.b64encode(shown).decode(), "payload_encoding": "base64"}

@@ -1,0 +1,247 @@
+"""What the queue, exchange and binding views share: the JSON RabbitMQ's API gives for each, RabbitMQ's binding
+properties keys, the AMQP permission a change needs, and model errors as the API reports them."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import socket
+import urllib.parse
+from typing import TYPE_CHECKING, Iterable
+
+from aiohttp import web
+
+from broker.management import http
+from broker.model.access import check_resource
+from broker.model.queue import Queue
+from protocol.constants import ACCESS_REFUSED, NOT_FOUND, REPLY_NAMES
+from protocol.errors import AMQPError
+
+if TYPE_CHECKING:
+    from broker.model.exchange import Binding, Exchange
+    from broker.model.vhost import VirtualHost
+
+DEFAULT_EXCHANGE_ALIAS = "amq.default"  # the name the API gives the nameless default exchange in paths
+QUEUE_MEMORY = 2048  # bytes a queue is taken to cost empty, for the memory estimate
+ENTRY_MEMORY = 120  # bytes a queued message is taken to cost besides its body, for the memory estimate
+
+
+def node_name() -> str:
+    """The node's name as RabbitMQ's API shows it (name@host)."""
+    return f"warren@{socket.gethostname().split('.')[0]}"
+
+
+# --- names in paths --------------------------------------------------------------------------------------------
+def exchange_name(request: web.Request, key: str = "name") -> str:
+    """An exchange named in the path; amq.default is the default exchange."""
+    name = request.match_info[key]
+    return "" if name == DEFAULT_EXCHANGE_ALIAS else name
+
+
+def find_exchange(vhost: "VirtualHost", name: str) -> "Exchange":
+    exchange = vhost.exchanges.get(name)
+    if exchange is None:
+        raise http.not_found()
+    return exchange
+
+
+def find_queue(vhost: "VirtualHost", name: str) -> Queue:
+    queue = vhost.queues.get(name)
+    if queue is None:
+        raise http.not_found()
+    return queue
+
+
+# --- permissions and errors ------------------------------------------------------------------------------------
+def check_permission(request: web.Request, vhost: "VirtualHost", kind: str, name: str, access: str) -> None:
+    """The AMQP permission an operation through the API needs (RabbitMQ's API acts as the user on a channel):
+    AMQPError 403 as a channel refuses it."""
+    user = request["user"]
+    check_resource(http.node_of(request).permissions.get((vhost.name, user.name)), user.name, vhost.name, kind,
+                   name, access)
+
+
+def check_access(request: web.Request, vhost: "VirtualHost", kind: str, name: str, access: str) -> None:
+    """check_permission for a declare, delete or bind, refused as RabbitMQ's API refuses those."""
+    try:
+        check_permission(request, vhost, kind, name, access)
+    except AMQPError:
+        raise access_refused() from None
+
+
+def access_refused() -> http.ApiError:
+    return http.ApiError(401, "not_authorised", "Access refused.")
+
+
+def explanation(error: AMQPError) -> str:
+    """An AMQP error's text without its "NAME - " prefix."""
+    prefix = f"{REPLY_NAMES[error.reply_code]} - "
+    return error.text[len(prefix):] if error.text.startswith(prefix) else error.text
+
+
+def api_error(error: AMQPError) -> http.ApiError:
+    """A model error as RabbitMQ's API reports a failed declare, delete or bind: 404 and 401 for a missing or
+    refused resource, 400 with the bare explanation for the rest."""
+    if error.reply_code == NOT_FOUND:
+        return http.ApiError(404, "not_found", explanation(error))
+    if error.reply_code == ACCESS_REFUSED:
+        return access_refused()
+    return http.bad_request(explanation(error))
+
+
+def parse_bool(body: dict, key: str, default: bool = False) -> bool:
+    """A boolean field of a request body, as RabbitMQ reads it (true/false or their strings)."""
+    value = body.get(key, default)
+    if value in (True, "true"):
+        return True
+    if value in (False, "false"):
+        return False
+    raise http.ApiError(400, "bad_request", ["not_boolean", value])
+
+
+def arguments_of(body: dict) -> dict:
+    """The arguments table of a request body; RabbitMQ ignores one that is not an object."""
+    arguments = body.get("arguments")
+    return dict(arguments) if isinstance(arguments, dict) else {}
+
+
+def flag(request: web.Request, name: str) -> bool:
+    """A query flag such as if-unused=true."""
+    return request.query.get(name) == "true"
+
+
+# --- exchanges -------------------------------------------------------------------------------------------------
+def exchange_json(vhost: "VirtualHost", exchange: "Exchange") -> dict:
+    data = {"name": exchange.name, "vhost": vhost.name, "type": exchange.kind, "durable": exchange.durable,
+            "auto_delete": exchange.auto_delete, "internal": exchange.internal,
+            "arguments": dict(exchange.arguments)}
+    policy = getattr(exchange, "policy", None)
+    if policy is not None:
+        data["policy"] = getattr(policy, "name", policy)
+    return data
+
+
+# --- queues ----------------------------------------------------------------------------------------------------
+class Unacked:
+    """Deliveries awaiting ack per queue, counted over every channel of the server once per request."""
+
+    def __init__(self, connections: Iterable):
+        self.counts: dict[Queue, int] = {}  # queue -> its unacked deliveries
+        self.bytes: dict[Queue, int] = {}  # queue -> the body bytes of those deliveries
+        for connection in connections:
+            for channel in connection.channels.values():
+                for delivery in channel.unacked.deliveries.values():
+                    queue = delivery.queue
+                    self.counts[queue] = self.counts.get(queue, 0) + 1
+                    self.bytes[queue] = self.bytes.get(queue, 0) + len(delivery.entry.message.body)
+
+
+def queue_json(vhost: "VirtualHost", queue: Queue, unacked: Unacked) -> dict:
+    """A queue as RabbitMQ's /api/queues lists it (without the rates and Erlang process details)."""
+    ready = queue.count_ready()
+    ready_bytes = persistent = persistent_bytes = 0
+    for entry in queue.entries:
+        size = len(entry.message.body)
+        ready_bytes += size
+        if entry.message.persistent:
+            persistent += 1
+            persistent_bytes += size
+    unacked_count, unacked_bytes = unacked.counts.get(queue, 0), unacked.bytes.get(queue, 0)
+    policy = getattr(queue, "policy", None)
+    operator_policy = getattr(queue, "operator_policy", None)
+    effective = getattr(queue, "effective_policy_definition", None)
+    exclusive_consumer = next((consumer.tag for consumer in queue.consumers if consumer.exclusive), None)
+    return {
+        "name": queue.name, "vhost": vhost.name, "durable": queue.durable, "auto_delete": queue.auto_delete,
+        "exclusive": queue.exclusive_owner is not None, "arguments": dict(queue.arguments), "node": node_name(),
+        "state": "running", "type": "classic",
+        "messages": ready + unacked_count, "messages_ready": ready, "messages_unacknowledged": unacked_count,
+        "messages_ram": ready + unacked_count, "messages_ready_ram": ready,
+        "messages_unacknowledged_ram": unacked_count, "messages_persistent": persistent, "messages_paged_out": 0,
+        "message_bytes": ready_bytes + unacked_bytes, "message_bytes_ready": ready_bytes,
+        "message_bytes_unacknowledged": unacked_bytes, "message_bytes_ram": ready_bytes + unacked_bytes,
+        "message_bytes_persistent": persistent_bytes, "message_bytes_paged_out": 0,
+        "consumers": len(queue.consumers), "exclusive_consumer_tag": exclusive_consumer,
+        "single_active_consumer_tag": None, "head_message_timestamp": None,
+        "memory": QUEUE_MEMORY + ENTRY_MEMORY * (ready + unacked_count) + ready_bytes + unacked_bytes,
+        "policy": getattr(policy, "name", policy), "operator_policy": getattr(operator_policy, "name", operator_policy),
+        "effective_policy_definition": effective() if callable(effective) else {},
+    }
+
+
+def consumer_json(vhost: "VirtualHost", queue: Queue, consumer) -> dict:
+    """A consumer as a queue's consumer_details list it."""
+    channel = consumer.channel
+    connection = channel.connection
+    name = connection_name(connection)
+    host, _, port = connection.peer.rpartition(":")
+    return {
+        "consumer_tag": consumer.tag, "exclusive": consumer.exclusive, "ack_required": not consumer.no_ack,
+        "prefetch_count": consumer.prefetch, "arguments": dict(consumer.arguments), "active": True,
+        "activity_status": "up", "queue": {"name": queue.name, "vhost": vhost.name},
+        "channel_details": {"name": f"{name} ({channel.number})", "number": channel.number,
+                            "connection_name": name, "peer_host": host,
+                            "peer_port": int(port) if port.isdigit() else port, "user": connection.user,
+                            "node": node_name()},
+    }
+
+
+def connection_name(connection) -> str:
+    """RabbitMQ's name of a connection: "client host:port -> server host:port"."""
+    transport = connection.transport
+    local = transport.get_extra_info("sockname") if transport is not None else None
+    return f"{connection.peer} -> {local[0]}:{local[1]}" if local else connection.peer
+
+
+# --- bindings --------------------------------------------------------------------------------------------------
+def properties_key(routing_key: str, arguments: dict) -> str:
+    """RabbitMQ's name of a binding among those between the same ends: "~" for an empty key without arguments,
+    else the quoted routing key, followed by "~" and a hash of the arguments when there are some."""
+    if not routing_key and not arguments:
+        return "~"
+    key = _quoted(routing_key)
+    if not arguments:
+        return key
+    return f"{key}~{_quoted(_arguments_hash(arguments))}"
+
+
+def _quoted(text: str) -> str:
+    return urllib.parse.quote_plus(text, safe="").replace("~", "%7E")
+
+
+def _arguments_hash(arguments: dict) -> str:
+    """Six characters naming a binding's arguments (RabbitMQ hashes them to 32 bits and base64url-encodes)."""
+    canonical = repr(sorted(arguments.items(), key=lambda item: item[0])).encode()
+    return base64.urlsafe_b64encode(hashlib.sha256(canonical).digest()[:4]).rstrip(b"=").decode()
+
+
+def binding_json(vhost: "VirtualHost", source: str, destination: str, destination_type: str, routing_key: str,
+                 arguments: dict) -> dict:
+    return {"source": source, "vhost": vhost.name, "destination": destination,
+            "destination_type": destination_type, "routing_key": routing_key, "arguments": dict(arguments),
+            "properties_key": properties_key(routing_key, arguments)}
+
+
+def explicit_binding_json(vhost: "VirtualHost", binding: "Binding") -> dict:
+    kind = "exchange" if binding.destination_is_exchange else "queue"
+    return binding_json(vhost, binding.source.name, binding.destination.name, kind, binding.routing_key,
+                        binding.arguments)
+
+
+def default_binding_json(vhost: "VirtualHost", queue_name: str) -> dict:
+    """The implicit binding of every queue to the default exchange, by its own name."""
+    return binding_json(vhost, "", queue_name, "queue", queue_name, {})
+
+
+def sorted_bindings(bindings: Iterable[dict]) -> list[dict]:
+    """In RabbitMQ's order: vhost, source, destination, routing key."""
+    return sorted(bindings, key=lambda binding: (binding["vhost"], binding["source"], binding["destination"],
+                                                 binding["routing_key"], binding["properties_key"]))
+
+
+def vhost_bindings(vhost: "VirtualHost") -> list[dict]:
+    """Every binding of a vhost, the default exchange's implicit ones included."""
+    bindings = [default_binding_json(vhost, name) for name in vhost.queues]
+    for exchange in vhost.exchanges.values():
+        bindings.extend(explicit_binding_json(vhost, binding) for binding in exchange.bindings.values())
+    return bindings
