@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Callable
 from broker.model.arguments import validate_exchange_arguments, validate_queue_arguments
 from broker.model.exchange import EXCHANGE_TYPES
 from broker.model.message import Address, Header, Message
+from broker.model.policy import PolicyError
 from protocol.errors import AMQPError
 
 if TYPE_CHECKING:
@@ -24,6 +25,11 @@ log = logging.getLogger(__name__)
 def queue_key(vhost_name: str, queue_name: str) -> str:
     """The name a queue's messages and definition have in the store."""
     return f"{vhost_name}|{queue_name}"
+
+
+def policy_key(vhost_name: str, policy_name: str) -> str:
+    """The name a policy (or operator policy) has in the definitions log."""
+    return f"{vhost_name}\x00{policy_name}"
 
 
 def exchange_definition(vhost: "VirtualHost", exchange: "Exchange") -> dict:
@@ -56,14 +62,16 @@ def binding_definition(vhost: "VirtualHost", binding: "Binding") -> dict:
 
 
 def restore(node: "Node", recovered: "Recovered") -> None:
-    """Rebuild the durable exchanges, queues, bindings and queued messages of every vhost of node (its vhosts,
-    users and permissions are restored first, by the node). A definition that cannot be used (a missing key, a
-    wrong type, an unknown exchange type, arguments that no longer validate, a binding whose ends are gone, a vhost
-    that is gone) is logged as an error and skipped: start-up never fails on one, and the rest is restored."""
+    """Rebuild the policies, durable exchanges, queues, bindings and queued messages of every vhost of node (its
+    vhosts, users and permissions are restored first, by the node). A definition that cannot be used (a missing
+    key, a wrong type, an unknown exchange type, arguments or a policy that no longer validate, a binding whose
+    ends are gone, a vhost that is gone) is logged as an error and skipped: start-up never fails on one, and the
+    rest is restored."""
     skipped_queues: set[str] = set()  # store keys of queues left out: their messages are kept, not deleted
     for vhost in node.vhosts.values():
         _restore_vhost(vhost, recovered, skipped_queues)
-    for kind, stored in (("exchange", recovered.exchanges), ("queue", recovered.queues),
+    for kind, stored in (("policy", recovered.policies), ("operator policy", recovered.operator_policies),
+                         ("exchange", recovered.exchanges), ("queue", recovered.queues),
                          ("binding", recovered.bindings)):
         for data in stored:
             if isinstance(data, dict) and data.get("vhost") not in node.vhosts:
@@ -84,7 +92,12 @@ def restore(node: "Node", recovered: "Recovered") -> None:
 
 
 def _restore_vhost(vhost: "VirtualHost", recovered: "Recovered", skipped_queues: set[str]) -> None:
-    exchanges = queues = bindings = 0
+    exchanges = queues = bindings = policies = 0
+    for operator, stored in ((False, recovered.policies), (True, recovered.operator_policies)):
+        kind = "operator policy" if operator else "policy"
+        for data in stored:
+            if _ours(kind, data, vhost) and _restored(kind, data, lambda: vhost.restore_policy(data, operator)):
+                policies += 1
     for data in recovered.exchanges:
         if _ours("exchange", data, vhost) and _restored("exchange", data, lambda: _restore_exchange(vhost, data)):
             exchanges += 1
@@ -114,8 +127,8 @@ def _restore_vhost(vhost: "VirtualHost", recovered: "Recovered", skipped_queues:
             messages.append((Message(address, header, item.body, item.msg_id), item.redelivered))
         queue.restore(messages)
         restored += len(messages)
-    log.info("vhost '%s': %d exchanges, %d queues, %d bindings, %d messages restored", vhost.name, exchanges,
-             queues, bindings, restored)
+    log.info("vhost '%s': %d policies, %d exchanges, %d queues, %d bindings, %d messages restored", vhost.name,
+             policies, exchanges, queues, bindings, restored)
 
 
 def _ours(kind: str, data, vhost: "VirtualHost") -> bool:
@@ -132,7 +145,12 @@ def _restored(kind: str, data: dict, restore_one: Callable[[], None]) -> bool:
         restore_one()
     except Exception as error:
         described = reprlib.repr(data)
-        reason = error.reply_text if isinstance(error, AMQPError) else f"{type(error).__name__}: {error}"
+        if isinstance(error, AMQPError):
+            reason = error.reply_text
+        elif isinstance(error, PolicyError):
+            reason = error.problem
+        else:
+            reason = f"{type(error).__name__}: {error}"
         log.error("skipping stored %s %s: %s", kind, described, reason)
         return False
     return True

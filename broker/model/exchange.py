@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable, Union
 
+from broker.model.policy import effective_settings, merged_definition
 from broker.model.routing.headers import headers_match
 from broker.model.routing.topic import TopicTrie
 
 if TYPE_CHECKING:
     from broker.model.message import Message
+    from broker.model.policy import Policy
     from broker.model.queue import Queue
 
 Destination = Union["Queue", "Exchange"]
@@ -54,11 +56,16 @@ class Exchange:
         self.inbound: set[Binding] = set()  # exchange-to-exchange bindings that route into this exchange
         self.exchange_bindings = 0  # how many of this exchange's bindings lead to another exchange
         self.deleted = False
+        self.policy: Policy | None = None  # the policy that applies (the vhost chooses it)
+        self.operator_policy: Policy | None = None  # the operator policy that applies
+        self.alternate_exchange: str | None = None  # where unroutable messages go: argument, else policy
+        self.apply_policies(None, None)
 
-    @property
-    def alternate_exchange(self) -> str | None:
-        value = self.arguments.get("alternate-exchange")
-        return value if isinstance(value, str) else None
+    def apply_policies(self, policy: "Policy | None", operator_policy: "Policy | None") -> None:
+        self.policy, self.operator_policy = policy, operator_policy
+        settings = effective_settings(self.arguments, merged_definition(policy, operator_policy), "exchanges")
+        value = settings.get("alternate-exchange")
+        self.alternate_exchange = value if isinstance(value, str) else None
 
     def add_binding(self, binding: Binding) -> bool:
         """Record a binding; False if it already existed."""

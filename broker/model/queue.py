@@ -12,9 +12,11 @@ from broker.model.features.dead_letter import EXPIRED, MAXLEN, dead_letter
 from broker.model.features.expiry import message_ttl
 from broker.model.features.length_limit import DROPPED, ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, LengthLimit
 from broker.model.message import Message, QueueEntry
+from broker.model.policy import effective_settings, merged_definition
 
 if TYPE_CHECKING:
     from broker.model.exchange import Binding
+    from broker.model.policy import Policy
     from broker.model.vhost import VirtualHost
     from broker.model.interfaces import Publisher, QueueOwner, Subscriber
 
@@ -26,6 +28,11 @@ FLOW_LOW = 1000
 # Deliveries handed to consumers per dispatch round, so one busy queue cannot starve the event loop or flood a
 # socket before the transport can signal back-pressure; the rest goes in the next loop turn.
 DISPATCH_BATCH = 512
+
+
+def _text(value) -> str | None:
+    """A longstr argument as text (field tables may carry bytes that are not UTF-8)."""
+    return value.decode(errors="replace") if isinstance(value, (bytes, bytearray)) else value
 
 
 def _now_ms() -> int:
@@ -50,12 +57,52 @@ class Queue:
         # Whether persistent messages in this queue go to disk: durable, not exclusive, and a store to go to.
         self.stored = durable and exclusive_owner is None and vhost.store is not None
         self.store_key = queue_key(vhost.name, name)  # the queue's name in the store
-        self.limit = LengthLimit.from_arguments(arguments)  # x-max-length(-bytes), None when unlimited
-        self.message_ttl: int | None = arguments.get("x-message-ttl")  # ms a message may wait here; None = ever
+        self.policy, self.operator_policy = vhost.policies_for("queues", name)  # those that apply, or None
+        # The settings below come from the arguments and the policies (policy.effective_settings); they are
+        # worked out again whenever a policy that applies changes.
+        self.limit: LengthLimit | None = None  # max-length(-bytes) and overflow, None when unlimited
+        self.message_ttl: int | None = None  # ms a message may wait here; None = for ever
+        self.unused_ttl: int | None = None  # ms unused before the queue deletes itself (expires)
+        self.dead_letter_exchange: str | None = None  # where messages that leave unconsumed are republished
+        self.dead_letter_routing_key: str | None = None  # the key they are republished with, else their own
         self.expiry_timer: asyncio.TimerHandle | None = None  # expires the head message when its time comes
-        self.unused_ttl: int | None = arguments.get("x-expires")  # ms unused before the queue deletes itself
         self.unused_timer: asyncio.TimerHandle | None = None  # deletes the queue once unused for unused_ttl
+        self._configure(self._settings())
         self.touch()
+
+    # --- policies ---------------------------------------------------------------------------------------
+    def effective_policy_definition(self) -> dict:
+        """The keys of the policy and operator policy together, as RabbitMQ's API shows them."""
+        return merged_definition(self.policy, self.operator_policy)
+
+    def _settings(self) -> dict:
+        return effective_settings(self.arguments, self.effective_policy_definition(), "queues")
+
+    def _configure(self, settings: dict) -> None:
+        self.limit = LengthLimit.from_settings(settings)
+        self.message_ttl = settings.get("message-ttl")
+        self.unused_ttl = settings.get("expires")
+        self.dead_letter_exchange = _text(settings.get("dead-letter-exchange"))
+        self.dead_letter_routing_key = _text(settings.get("dead-letter-routing-key"))
+
+    def apply_policies(self, policy: "Policy | None", operator_policy: "Policy | None") -> None:
+        """Other policies apply from now on, as RabbitMQ applies them to a live queue: a lower length limit drops
+        (and dead-letters) the oldest messages at once, a new expires lease starts now, a new message TTL applies
+        to messages enqueued from now on."""
+        self.policy, self.operator_policy = policy, operator_policy
+        unused_ttl = self.unused_ttl
+        self._configure(self._settings())
+        if self.limit is not None:
+            self.limit.returned(self.entries)
+            dropped = self.limit.trim(self.entries)
+            if dropped:
+                self.forget(dropped)
+                dead_letter(self, dropped, MAXLEN)
+        if self.unused_ttl != unused_ttl:
+            if self.unused_timer is not None:
+                self.unused_timer.cancel()
+                self.unused_timer = None
+            self.touch()
 
     def count_ready(self) -> int:
         """Ready messages, once the expired ones at the head have left (and been dead-lettered)."""

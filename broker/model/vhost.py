@@ -13,6 +13,7 @@ from broker.model.arguments import (
 )
 from broker.model.exchange import EXCHANGE_TYPES, Binding, DirectExchange, Exchange
 from broker.model.features.length_limit import ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, REFUSED
+from broker.model.policy import Policy, choose, make_policy
 from broker.model.queue import Queue
 from broker.model.routing.headers import validate_x_match
 from protocol import errors
@@ -88,11 +89,13 @@ class VirtualHost:
         # Durable changes (definition records, purges) appended to the store so far: a method that raises it has
         # its reply wait for the disk.
         self.durable_changes = 0
+        self.policies: dict[str, Policy] = {}  # name -> policy
+        self.operator_policies: dict[str, Policy] = {}  # name -> operator policy (caps what policies set)
         self.queues: dict[str, Queue] = {}
         self.default_exchange = DefaultExchange(self)
         self.exchanges: dict[str, Exchange] = {"": self.default_exchange}
         for name, kind in PREDECLARED_EXCHANGES.items():
-            self.exchanges[name] = EXCHANGE_TYPES[kind](name, durable=True)
+            self._add_exchange(EXCHANGE_TYPES[kind](name, durable=True))
 
     def definition(self) -> dict:
         """The vhost as RabbitMQ's definitions export shows it."""
@@ -103,12 +106,67 @@ class VirtualHost:
                 "default_queue_type": self.default_queue_type, "metadata": metadata}
 
     def delete_everything(self) -> None:
-        """The vhost is being deleted: its queues go (with their messages and consumers), then its exchanges."""
+        """The vhost is being deleted: its queues go (with their messages and consumers), then its exchanges and
+        policies."""
         for queue in list(self.queues.values()):
             self.delete_queue(queue)
         for exchange in list(self.exchanges.values()):
             if exchange is not self.default_exchange:
                 self._remove_exchange(exchange)
+        for operator in (False, True):
+            for name in list(self._policy_table(operator)):
+                self._drop_policy(name, operator)
+
+    # --- policies -------------------------------------------------------------------------------------------
+    def policies_for(self, kind: str, name: str) -> tuple[Policy | None, Policy | None]:
+        """The policy and operator policy that apply to the queue or exchange kind ("queues"/"exchanges")."""
+        return choose(self.policies.values(), kind, name), choose(self.operator_policies.values(), kind, name)
+
+    def set_policy(self, name: str, pattern, definition, priority=0, apply_to="all",
+                   operator: bool = False) -> Policy:
+        """Add or replace a policy and apply it at once; raises policy.PolicyError (a ValueError) with
+        RabbitMQ's reason for bad input."""
+        policy = make_policy(self.name, name, pattern, definition, priority, apply_to, operator)
+        self._policy_table(operator)[name] = policy
+        self._record_policy(name, operator, policy.export())
+        self.reapply_policies()
+        return policy
+
+    def clear_policy(self, name: str, operator: bool = False) -> None:
+        if name not in self._policy_table(operator):
+            raise errors.not_found(f"no {'operator policy' if operator else 'policy'} '{name}' in vhost "
+                                   f"'{self.name}'")
+        self._drop_policy(name, operator)
+        self.reapply_policies()
+
+    def restore_policy(self, data: dict, operator: bool) -> None:
+        """A stored policy (RabbitMQ's export shape), before the queues and exchanges it may apply to."""
+        policy = make_policy(self.name, data["name"], data["pattern"], data["definition"], data["priority"],
+                             data["apply-to"], operator)
+        self._policy_table(operator)[policy.name] = policy
+
+    def reapply_policies(self) -> None:
+        """Every queue and exchange takes the policies that now apply to it, if they changed."""
+        for queue in list(self.queues.values()):
+            chosen = self.policies_for("queues", queue.name)
+            if chosen != (queue.policy, queue.operator_policy) and not queue.deleted:
+                queue.apply_policies(*chosen)
+        for exchange in self.exchanges.values():
+            if exchange is not self.default_exchange:
+                chosen = self.policies_for("exchanges", exchange.name)
+                if chosen != (exchange.policy, exchange.operator_policy):
+                    exchange.apply_policies(*chosen)
+
+    def _policy_table(self, operator: bool) -> dict[str, Policy]:
+        return self.operator_policies if operator else self.policies
+
+    def _drop_policy(self, name: str, operator: bool) -> None:
+        del self._policy_table(operator)[name]
+        self._record_policy(name, operator, None)
+
+    def _record_policy(self, name: str, operator: bool, data: dict | None) -> None:
+        if self.store is not None:
+            self._record("operator_policy" if operator else "policy", durability.policy_key(self.name, name), data)
 
     # --- lookups with RabbitMQ's errors --------------------------------------------------------------------
     def get_exchange(self, name: str) -> Exchange:
@@ -155,14 +213,18 @@ class VirtualHost:
                  "arguments": arguments})
             return existing
         validate_exchange_arguments(name, self.name, arguments)
-        exchange = EXCHANGE_TYPES[kind](name, durable, auto_delete, internal, arguments)
-        self.exchanges[name] = exchange
+        exchange = self._add_exchange(EXCHANGE_TYPES[kind](name, durable, auto_delete, internal, arguments))
         if durable and self.store is not None:
             self._record("exchange", name, durability.exchange_definition(self, exchange))
         return exchange
 
     def restore_exchange(self, name: str, kind: str, auto_delete: bool, internal: bool, arguments: dict) -> None:
-        self.exchanges[name] = EXCHANGE_TYPES[kind](name, True, auto_delete, internal, arguments)
+        self._add_exchange(EXCHANGE_TYPES[kind](name, True, auto_delete, internal, arguments))
+
+    def _add_exchange(self, exchange: Exchange) -> Exchange:
+        exchange.apply_policies(*self.policies_for("exchanges", exchange.name))
+        self.exchanges[exchange.name] = exchange
+        return exchange
 
     def restore_queue(self, name: str, auto_delete: bool, arguments: dict) -> None:
         self.queues[name] = Queue(self, name, True, None, auto_delete, arguments)

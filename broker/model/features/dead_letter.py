@@ -66,21 +66,17 @@ def _is_cycle(deaths: list[dict], queue: "Queue") -> bool:
     return False
 
 
-def _text(value) -> str | None:
-    """A longstr argument as text (field tables may carry bytes that are not UTF-8)."""
-    return value.decode(errors="replace") if isinstance(value, (bytes, bytearray)) else value
-
-
 def dead_letter(queue: "Queue", entries: Iterable["QueueEntry"], reason: str) -> None:
-    """Republish entries that left queue for reason to its dead-letter exchange, if it has one."""
-    exchange_name = _text(queue.arguments.get("x-dead-letter-exchange"))
+    """Republish entries that left queue for reason to its dead-letter exchange (from its arguments or policy), if
+    it has one."""
+    exchange_name = queue.dead_letter_exchange
     if exchange_name is None:
         return
     vhost = queue.vhost
     exchange = vhost.exchanges.get(exchange_name)
     if exchange is None:
         return  # as in RabbitMQ, a dead-letter exchange that does not exist drops the message
-    routing_key = _text(queue.arguments.get("x-dead-letter-routing-key"))
+    routing_key = queue.dead_letter_routing_key
     for entry in entries:
         message, keys = dead_lettered(entry.message, queue.name, reason, exchange_name, routing_key)
         targets = vhost.route(exchange, keys, message)

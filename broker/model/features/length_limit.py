@@ -24,12 +24,18 @@ class LengthLimit:
         self.ready_bytes = 0  # body bytes of the queue's ready messages
 
     @classmethod
-    def from_arguments(cls, arguments: dict) -> "LengthLimit | None":
-        max_length = arguments.get("x-max-length")
-        max_bytes = arguments.get("x-max-length-bytes")
+    def from_settings(cls, settings: dict) -> "LengthLimit | None":
+        """From a queue's settings (policy keys: max-length, max-length-bytes, overflow)."""
+        max_length = settings.get("max-length")
+        max_bytes = settings.get("max-length-bytes")
         if max_length is None and max_bytes is None:
             return None
-        return cls(max_length, max_bytes, arguments.get("x-overflow", "drop-head"))
+        return cls(max_length, max_bytes, settings.get("overflow", "drop-head"))
+
+    @classmethod
+    def from_arguments(cls, arguments: dict) -> "LengthLimit | None":
+        """From a queue's x-arguments alone."""
+        return cls.from_settings({name[2:]: value for name, value in arguments.items() if name.startswith("x-")})
 
     def _over(self, count: int, size: int) -> bool:
         return ((self.max_length is not None and count > self.max_length)
