@@ -6,6 +6,7 @@ import asyncio
 import logging
 import socket
 import struct
+import time
 from typing import TYPE_CHECKING
 
 from pamqp import commands as spec
@@ -102,6 +103,7 @@ class Connection(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None  # handshake timeout, then heartbeat ticks, then close wait
         self.peer = ""  # host:port of the client, for logs
         self.peer_address = ""  # the client's IP address
+        self.connected_at = 0  # wall-clock milliseconds when the socket was accepted (shown by the management API)
 
     # --- transport callbacks -------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:
@@ -112,6 +114,7 @@ class Connection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer_address = peer[0] if peer else ""
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.connected_at = int(time.time() * 1000)
         self.server.connections.add(self)
         self.timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
 
@@ -530,6 +533,11 @@ class Connection(asyncio.Protocol):
     def close_for_shutdown(self) -> None:
         self.close(CONNECTION_FORCED, "CONNECTION_FORCED - broker forced connection closure with reason "
                                       "'shutdown'")
+
+    def close_by_operator(self, reason: str) -> None:
+        """An operator closed the connection, or deleted its user or vhost: 320 with reason, as RabbitMQ."""
+        peer_log.warning(self.peer_address, "closing %s: %s", self.peer, reason)
+        self.close(CONNECTION_FORCED, f"CONNECTION_FORCED - {reason}")
 
     def _release(self) -> None:
         """Channels and exclusive queues go as soon as the connection closes (before close-ok, as in RabbitMQ), not

@@ -41,6 +41,8 @@ async def rabbitmq_errors(request: web.Request, handler):
     except web.HTTPException as error:
         if error.status < 400:
             raise
+        if error.status == 405:
+            return web.Response(status=405)  # RabbitMQ answers a method a path does not take with no body
         reason = "Not Found" if error.status == 404 else error.reason
         return http.error_response(error.status, http.ERROR_NAMES.get(error.status, "error"), reason)
     except json.JSONDecodeError as error:

@@ -7,6 +7,7 @@ import asyncio
 import base64
 import binascii
 import json
+import socket
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -34,7 +35,8 @@ IMPLIED_TAGS = {
 
 
 class ApiError(Exception):
-    """An error reply: status, RabbitMQ's error name, and the reason shown to the client."""
+    """An error reply: status, RabbitMQ's error name, and the reason shown to the client (no body when error is
+    empty, as RabbitMQ's 401 to a request without credentials)."""
 
     def __init__(self, status: int, error: str, reason: str):
         super().__init__(reason)
@@ -46,7 +48,14 @@ class ApiError(Exception):
 
 def error_response(status: int, error: str, reason: str) -> web.Response:
     headers = {"WWW-Authenticate": 'Basic realm="RabbitMQ Management"'} if status == 401 else None
-    return web.json_response({"error": error, "reason": reason}, status=status, headers=headers)
+    if not error:
+        return web.Response(status=status, headers=headers)
+    return web.json_response({"error": error, "reason": reason}, status=status, headers=headers, dumps=compact_json)
+
+
+def not_authorised(reason: str) -> ApiError:
+    """RabbitMQ 3.10 refuses a call the user's tags or permissions do not allow with 401 (not 403)."""
+    return ApiError(401, "not_authorised", reason)
 
 
 def bad_request(reason: str) -> ApiError:
@@ -66,12 +75,39 @@ def node_of(request: web.Request) -> "Node":
     return request.app[SERVER].node
 
 
+def node_name() -> str:
+    """The node's name as RabbitMQ's API shows it (name@host)."""
+    return f"warren@{socket.gethostname().split('.')[0]}"
+
+
+def connection_name(connection) -> str:
+    """RabbitMQ's name of a connection: "client host:port -> server host:port"."""
+    transport = connection.transport
+    local = transport.get_extra_info("sockname") if transport is not None else None
+    return f"{connection.peer} -> {local[0]}:{local[1]}" if local else connection.peer
+
+
 def vhost_of(request: web.Request, key: str = "vhost") -> "VirtualHost":
-    """The vhost named in the path (404 if there is none of that name, or the user may not see it)."""
+    """The vhost named in the path, if the user may see it (monitoring users see every vhost, others those they
+    have permissions in): 404 if there is none of that name, RabbitMQ's 401 if it is hidden from the user."""
     name = request.match_info[key]
     vhost = node_of(request).vhosts.get(name)
-    if vhost is None or not may_see_vhost(request, name):
+    if vhost is None:
         raise not_found()
+    if not may_see_vhost(request, name):
+        raise not_authorised("User not authorised to access virtual host")
+    return vhost
+
+
+def login_vhost_of(request: web.Request, key: str = "vhost") -> "VirtualHost":
+    """The vhost named in the path, for calls RabbitMQ allows only administrators and users with permissions there
+    (policies): 404 if there is none of that name, 401 for anyone else."""
+    name = request.match_info[key]
+    vhost = node_of(request).vhosts.get(name)
+    if vhost is None:
+        raise not_found()
+    if "administrator" not in rights_of(request["user"]) and not has_permissions(request, name):
+        raise not_authorised("User not authorised to access virtual host")
     return vhost
 
 
@@ -89,21 +125,21 @@ async def on_disk(request: web.Request) -> None:
 
 # --- authentication and tags -----------------------------------------------------------------------------------
 def authenticate(request: web.Request) -> User:
-    """The user named by the request's basic credentials (401 as RabbitMQ when absent, wrong, or without a
-    management tag)."""
+    """The user named by the request's basic credentials; RabbitMQ's 401 when they are absent, wrong, or name a
+    user without a management tag."""
     header = request.headers.get("Authorization", "")
     scheme, _, encoded = header.partition(" ")
     if scheme.lower() != "basic":
-        raise ApiError(401, "not_authorised", "Not_Authorized")
+        raise ApiError(401, "", "")
     try:
         name, _, password = base64.b64decode(encoded, validate=True).decode("utf-8").partition(":")
     except (binascii.Error, ValueError):
-        raise ApiError(401, "not_authorised", "Not_Authorized") from None
+        raise ApiError(401, "not_authorized", "Login failed") from None
     user = node_of(request).authenticate(name, password)
     if user is None:
-        raise ApiError(401, "not_authorised", "Login failed")
+        raise ApiError(401, "not_authorized", "Login failed")
     if not rights_of(user):
-        raise ApiError(401, "not_authorised", "Not management user")
+        raise not_authorised("Not management user")
     return user
 
 
@@ -116,21 +152,48 @@ def rights_of(user: User) -> set[str]:
 
 
 def require(request: web.Request, tag: str) -> User:
-    """The request's user, if its tags grant tag's rights; else RabbitMQ's refusal."""
+    """The request's user, if its tags grant tag's rights; else RabbitMQ's refusal (401 "Not administrator
+    user")."""
     user: User = request["user"]
     if tag not in rights_of(user):
-        raise ApiError(403 if tag != "management" else 401, "not_authorised", f"Not {tag} user")
+        raise not_authorised(f"Not {tag} user")
     return user
+
+
+def has_permissions(request: web.Request, vhost: str) -> bool:
+    """Whether the request's user has a permission entry in vhost (may log in there)."""
+    return (vhost, request["user"].name) in node_of(request).permissions
 
 
 def may_see_vhost(request: web.Request, vhost: str) -> bool:
     """Monitoring users see every vhost; other users the vhosts they have permissions in."""
-    user: User = request["user"]
-    return "monitoring" in rights_of(user) or (vhost, user.name) in node_of(request).permissions
+    return "monitoring" in rights_of(request["user"]) or has_permissions(request, vhost)
 
 
 def visible_vhosts(request: web.Request) -> list["VirtualHost"]:
     return [vhost for name, vhost in node_of(request).vhosts.items() if may_see_vhost(request, name)]
+
+
+def login_vhosts(request: web.Request) -> list["VirtualHost"]:
+    """The vhosts the user has permissions in, whatever its tags (RabbitMQ's filter for listings of policies)."""
+    return [vhost for name, vhost in node_of(request).vhosts.items() if has_permissions(request, name)]
+
+
+def tag_list(value: Any, what: str) -> list[str]:
+    """Tags as RabbitMQ accepts them: a comma-separated string or a list of strings."""
+    if isinstance(value, str):
+        return [tag.strip() for tag in value.split(",") if tag.strip()]
+    if isinstance(value, list) and all(isinstance(tag, str) for tag in value):
+        return [tag.strip() for tag in value if tag.strip()]
+    raise bad_request(f"{what} must be a comma-separated string or a list of strings")
+
+
+def string_field(body: dict, key: str, default: str | None = None) -> str | None:
+    """body[key] if it is a string (default when absent); 400 naming the key otherwise."""
+    value = body.get(key, default)
+    if value is not None and not isinstance(value, str):
+        raise bad_request(f"{key} must be a string")
+    return value
 
 
 # --- bodies ----------------------------------------------------------------------------------------------------
@@ -148,8 +211,13 @@ async def json_body(request: web.Request) -> dict:
     return body
 
 
+def compact_json(data: Any) -> str:
+    """JSON without spaces, as RabbitMQ writes it."""
+    return json.dumps(data, separators=(",", ":"))
+
+
 def reply(data: Any, status: int = 200) -> web.Response:
-    return web.json_response(data, status=status)
+    return web.json_response(data, status=status, dumps=compact_json)
 
 
 def created_or_updated(existed: bool) -> web.Response:
