@@ -10,7 +10,7 @@ from typing import Any, Callable, TextIO
 
 from warrenctl import output
 from warrenctl.client import Client, NotFound, quote
-from warrenctl.errors import EX_DATAERR, EX_NOUSER, EX_SOFTWARE, EX_UNAVAILABLE, CommandError, UsageError
+from warrenctl.errors import EX_DATAERR, EX_NOUSER, EX_SOFTWARE, EX_UNAVAILABLE, CommandError
 from warrenctl.listings import LISTINGS, rows
 
 
@@ -102,22 +102,17 @@ def list_verb(name: str) -> None:
     noun = name.removeprefix("list_")
 
     def run(ctx: Context, args: Any) -> None:
-        columns = [column for given in args.columns for column in given.split(",") if column]
-        unknown = [column for column in columns if column not in listing.columns]
-        if unknown:
-            raise UsageError(f"Info key(s) {','.join(unknown)} are not supported")
-        columns = columns or list(listing.defaults)
         vhost = getattr(args, "vhost", "/")
         ctx.say(listing.banner.format(vhost=vhost))
         try:
             items = ctx.client.get(listing.path.format(vhost=quote(vhost)))
         except NotFound:
             raise vhost_missing(vhost) from None
-        table = rows(listing, columns, items)
+        table = rows(listing, args.columns, items)  # the parser checked the columns
         if ctx.as_json:
-            output.json_rows(columns, table, ctx.out)
+            output.json_rows(args.columns, table, ctx.out)
         else:
-            output.table(columns, table, ctx.headers, ctx.out)
+            output.table(args.columns, table, ctx.headers, ctx.out)
 
     VERBS[name] = Verb(run, f"Lists {noun} and their properties", ("columns...",), listing.per_vhost)
 

@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 from warrenctl.commands import VERBS, Verb
+from warrenctl.listings import LISTINGS
 from warrenctl.errors import UsageError
 
 DEFAULT_URL = "http://127.0.0.1:15672"
@@ -38,8 +39,8 @@ def common_options() -> argparse.ArgumentParser:
     group = common.add_argument_group("connection and output")
     group.add_argument("--host", help="host of the management API (default 127.0.0.1)")
     group.add_argument("--port", type=int, help="port of the management API (default 15672)")
-    group.add_argument("--username", dest="api_user", help="user to call the API as (default guest)")
-    group.add_argument("--password", dest="api_password", help="that user's password (default guest)")
+    group.add_argument("--username", dest="api_user", metavar="USER", help="user to call the API as (default guest)")
+    group.add_argument("--password", dest="api_password", metavar="PASSWORD", help="that user's password (default guest)")
     group.add_argument("-t", "--timeout", type=float, help="seconds to wait for each answer (default 60)")
     group.add_argument("-q", "--quiet", action="store_true", help="print results only, no informational lines")
     group.add_argument("--formatter", choices=("table", "json"), help="output format (default table)")
@@ -75,7 +76,10 @@ def add_verb(verbs: Any, name: str, spec: Verb, common: argparse.ArgumentParser)
 
 def parse(argv: list[str]) -> argparse.Namespace:
     """The parsed command line with every common option set (a usage error raises UsageError)."""
-    args = build().parse_args(argv)
+    parser = build()
+    args = parser.parse_args(argv)
+    if args.verb in LISTINGS:
+        args.columns = listing_columns(args.columns, args.verb, verb_parser(parser, args.verb))
     for name, value in DEFAULTS.items():
         if not hasattr(args, name):
             setattr(args, name, value)
@@ -87,9 +91,21 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def listing_columns(given: list[str], verb: str, parser: Parser) -> list[str]:
+    """The columns named ("name messages" or "name,messages"), or the listing's defaults; unknown ones are refused."""
+    listing = LISTINGS[verb]
+    columns = [column for argument in given for column in argument.split(",") if column]
+    unknown = [column for column in columns if column not in listing.columns]
+    if unknown:
+        parser.error(f"Info key(s) {','.join(unknown)} are not supported")
+    return columns or list(listing.defaults)
+
+
+def verb_parser(parser: Parser, verb: str) -> Parser:
+    return parser._subparsers._group_actions[0].choices[verb]  # argparse keeps the sub-parsers there
+
+
 def verb_help(topic: str | None) -> str:
     """`warrenctl help VERB`: the verb's help, or the list of verbs."""
     parser = build()
-    if topic is None:
-        return parser.format_help()
-    return parser._subparsers._group_actions[0].choices[topic].format_help()  # the verb's own parser
+    return parser.format_help() if topic is None else verb_parser(parser, topic).format_help()
