@@ -122,7 +122,7 @@ _PCRE_ERRORS = {
 }
 _AT_END = {"missing terminating ] for character class", "missing )"}  # PCRE reports these at the pattern's end
 _REGEX_PROBLEM = "pattern should be regular expression but is invalid: "
-_LINE_WIDTH = 80  # io_lib's ~p breaks a term that does not fit
+_LINE_WIDTH = 80  # io_lib's ~p breaks a term that does not end before this column
 
 
 def _check_regex(pattern: str) -> None:
@@ -132,7 +132,7 @@ def _check_regex(pattern: str) -> None:
         message = _PCRE_ERRORS.get(error.msg, error.msg)
         offset = len(pattern.encode()) if message in _AT_END else (error.pos or 0)
         flat = f'{{"{message}",{offset}}}'
-        if len(_REGEX_PROBLEM) + len(flat) > _LINE_WIDTH:
+        if len(_REGEX_PROBLEM) + len(flat) >= _LINE_WIDTH:
             flat = f'{{"{message}",\n{" " * (len(_REGEX_PROBLEM) + 1)}{offset}}}'
         raise PolicyError(_REGEX_PROBLEM + flat) from None
 

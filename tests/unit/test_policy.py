@@ -1,0 +1,240 @@
+"""Policies: validation with RabbitMQ 3.10's texts (checked against its PUT /api/policies replies), matching,
+choosing one per object, merging with operator policies and queue arguments, and live re-application.
+Modules under test: broker.model.policy, broker.model.vhost (policies), broker.model.queue (apply_policies)."""
+
+import asyncio
+import functools
+
+import pytest
+from pamqp.commands import Basic
+
+from broker.model import policy as policies
+from broker.model.message import Address, Header, Message
+from broker.model.policy import PolicyError, choose, effective_settings, make_policy, merged_definition
+from broker.model.vhost import VirtualHost
+from protocol.codec import encode_header_payload
+from protocol.errors import AMQPError
+
+
+def refusal(pattern=".*", definition=None, priority=0, apply_to="all", operator=False) -> str:
+    with pytest.raises(PolicyError) as raised:
+        make_policy("/", "p", pattern, {"max-length": 1} if definition is None else definition, priority, apply_to,
+                    operator)
+    return str(raised.value)
+
+
+@pytest.mark.parametrize("definition, text", [
+    ({"foo": 1}, '[{<<"foo">>,1}] are not recognised policy settings'),
+    ({"foo": 1, "bar": 2, "max-length": 1}, '[{<<"bar">>,2},{<<"foo">>,1}] are not recognised policy settings'),
+    ({"max-length": "x"}, '<<"x">> is not a valid maximum length'),
+    ({"max-length": -1}, "-1 is not a valid maximum length"),
+    ({"max-length": True}, "true is not a valid maximum length"),
+    ({"max-length": 1e3}, "1.0e3 is not a valid maximum length"),
+    ({"max-length": "é€"}, "<<195,169,226,130,172>> is not a valid maximum length"),
+    ({"max-length": [1, {"a": None}]}, '[1,#{<<"a">> => null}] is not a valid maximum length'),
+    ({"message-ttl": 1.5}, "1.5 is not a valid message TTL"),
+    ({"expires": 0}, "0 is not a valid queue expiry"),
+    ({"dead-letter-exchange": 5}, "5 is not a valid dead letter exchange name"),
+    ({"alternate-exchange": True}, "true is not a valid alternate exchange name"),
+    ({"overflow": "x"}, '<<"x">> is not a valid overflow value'),
+    ({"message-ttl": "a", "max-length": "b"}, '<<"b">> is not a valid maximum length'),  # keys in sorted order
+    ({}, "no policy provided"),
+])
+def test_a_bad_definition_is_refused_with_rabbitmqs_text(definition, text):
+    assert refusal(definition=definition) == f"Validation failed\n\n{text}\n"
+
+
+@pytest.mark.parametrize("fields, text", [
+    ({"priority": "5"}, 'priority should be a number, actually was <<"5">>'),
+    ({"priority": None}, "priority should be a number, actually was null"),
+    ({"pattern": 5}, "pattern should be a binary but was 5"),
+    ({"pattern": "*"}, 'pattern should be regular expression but is invalid: {"nothing to repeat",0}'),
+    ({"pattern": "("}, 'pattern should be regular expression but is invalid: {"missing )",1}'),
+    ({"pattern": ")"}, 'pattern should be regular expression but is invalid: {"unmatched parentheses",\n'
+                       + " " * 54 + "0}"),
+    ({"apply_to": "bogus"}, "apply-to 'bogus' unrecognised; should be 'queues', 'exchanges' or 'all'"),
+])
+def test_bad_fields_are_refused_with_rabbitmqs_text(fields, text):
+    assert refusal(**fields) == f"Validation failed\n\n{text}\n"
+
+
+def test_operator_policies_only_take_limits():
+    assert refusal(definition={"dead-letter-exchange": "x"}, operator=True) == (
+        'Validation failed\n\n[{<<"dead-letter-exchange">>,<<"x">>}] are not recognised policy settings\n')
+    assert make_policy("/", "op", ".*", {"max-length": 3, "message-ttl": 5, "expires": 9, "max-length-bytes": 1},
+                       operator=True).definition["max-length"] == 3
+
+
+def test_a_policy_error_is_a_value_error():
+    assert issubclass(PolicyError, ValueError)
+
+
+def test_a_fractional_priority_is_accepted_as_rabbitmq_does():
+    assert make_policy("/", "p", ".*", {"max-length": 1}, 1.5).priority == 1.5
+
+
+def test_the_pattern_is_searched_for_and_apply_to_restricts_the_kind():
+    policy = make_policy("/", "p", "^orders\\.", {"max-length": 1}, apply_to="queues")
+    assert policy.applies_to("queues", "orders.eu")
+    assert not policy.applies_to("queues", "eu.orders.x")
+    assert not policy.applies_to("exchanges", "orders.eu")
+    anywhere = make_policy("/", "p", "ord", {"max-length": 1})
+    assert anywhere.applies_to("queues", "my-orders") and anywhere.applies_to("exchanges", "orders")
+
+
+def test_the_highest_priority_wins_and_a_tie_goes_to_the_greatest_name():
+    low = make_policy("/", "zz", ".*", {"max-length": 1}, 1)
+    high = make_policy("/", "aa", ".*", {"max-length": 2}, 5)
+    other = make_policy("/", "mm", "^nomatch$", {"max-length": 3}, 9)
+    assert choose([low, high, other], "queues", "q") is high
+    tie = [make_policy("/", name, ".*", {"max-length": 1}, 3) for name in ("aa-t", "zz-t", "mm-t")]
+    assert choose(tie, "queues", "q").name == "zz-t"
+    assert choose([other], "queues", "q") is None
+
+
+def test_an_operator_policy_caps_the_policys_limits():
+    policy = make_policy("/", "p", ".*", {"max-length": 10, "expires": 100000, "message-ttl": 1000})
+    operator = make_policy("/", "op", ".*", {"max-length": 3, "message-ttl": 5000}, operator=True)
+    assert merged_definition(policy, operator) == {"expires": 100000, "max-length": 3, "message-ttl": 1000}
+    assert merged_definition(None, operator) == {"max-length": 3, "message-ttl": 5000}
+    assert merged_definition(None, None) == {}
+
+
+def test_queue_arguments_win_for_names_and_the_lower_limit_wins():
+    definition = {"max-length": 2, "message-ttl": 60000, "overflow": "drop-head", "dead-letter-exchange": "pol"}
+    arguments = {"x-max-length": 10, "x-message-ttl": 1000, "x-overflow": "reject-publish",
+                 "x-dead-letter-exchange": "arg"}
+    assert effective_settings(arguments, definition, "queues") == {
+        "dead-letter-exchange": "arg", "message-ttl": 1000, "max-length": 2, "overflow": "reject-publish"}
+    assert effective_settings({"alternate-exchange": "arg"}, {"alternate-exchange": "pol"}, "exchanges") == {
+        "alternate-exchange": "arg"}
+    assert effective_settings({}, {"alternate-exchange": "pol", "max-length": 1}, "exchanges") == {
+        "alternate-exchange": "pol"}
+
+
+def test_every_key_has_a_refusal_text_and_operator_keys_are_lowest_wins():
+    for key, spec in policies.KEYS.items():
+        assert spec.refusal.startswith("is not a valid"), key
+        assert not spec.operator or spec.lowest_wins, key
+
+
+# --- on a vhost ---------------------------------------------------------------------------------------------
+class Owner:
+    exclusive_queues: set = set()
+
+
+@pytest.fixture
+def vhost():
+    return VirtualHost("/")
+
+
+def in_loop(test):
+    """Run a test inside an event loop (queues start their timers on the running loop)."""
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        async def body():
+            return test(*args, **kwargs)
+        return asyncio.run(body())
+    return run
+
+
+def declare(vhost, name, arguments=None):
+    return vhost.declare_queue(name, Owner(), False, False, False, False, arguments or {})
+
+
+@in_loop
+def test_a_policy_applies_to_new_and_existing_queues_and_goes_when_cleared(vhost):
+    before = declare(vhost, "orders.1")
+    vhost.set_policy("limit", "^orders", {"max-length": 5, "dead-letter-exchange": "dlx"})
+    after = declare(vhost, "orders.2")
+    for queue in (before, after):
+        assert queue.policy.name == "limit"
+        assert queue.limit.max_length == 5 and queue.dead_letter_exchange == "dlx"
+        assert queue.effective_policy_definition() == {"dead-letter-exchange": "dlx", "max-length": 5}
+    assert declare(vhost, "other").policy is None
+    vhost.clear_policy("limit")
+    assert before.policy is None and before.limit is None and before.dead_letter_exchange is None
+
+
+@in_loop
+def test_clearing_an_unknown_policy_is_not_found(vhost):
+    with pytest.raises(AMQPError) as raised:
+        vhost.clear_policy("nope")
+    assert raised.value.reply_code == 404
+    with pytest.raises(AMQPError):
+        vhost.clear_policy("nope", operator=True)
+
+
+def message(body: bytes) -> Message:
+    return Message(Address("", "q"), Header(encode_header_payload(len(body), Basic.Properties())), body)
+
+
+@in_loop
+def test_a_lower_max_length_drops_the_oldest_at_once_to_the_dead_letter_exchange(vhost):
+    queue = declare(vhost, "q")
+    dead = declare(vhost, "dead")
+    for body in (b"1", b"22", b"333", b"4444"):
+        vhost.publish_to([queue], message(body))
+    vhost.set_policy("dlx", "^q$", {"dead-letter-exchange": "", "dead-letter-routing-key": "dead"})
+    vhost.set_policy("dlx", "^q$", {"dead-letter-exchange": "", "dead-letter-routing-key": "dead",
+                                    "max-length": 1})
+    assert [entry.message.body for entry in queue.entries] == [b"4444"]
+    assert [entry.message.body for entry in dead.entries] == [b"1", b"22", b"333"]
+    assert queue.limit.ready_bytes == 4
+    vhost.set_policy("bytes", "^q$", {"max-length-bytes": 2}, priority=1)  # outranks the other: no DLX now
+    assert not queue.entries and len(dead.entries) == 3
+
+
+@in_loop
+def test_a_reject_publish_queue_keeps_what_it_has_under_a_lower_limit(vhost):
+    queue = declare(vhost, "q", {"x-overflow": "reject-publish"})
+    for body in (b"1", b"2", b"3"):
+        vhost.publish_to([queue], message(body))
+    vhost.set_policy("limit", "^q$", {"max-length": 1})
+    assert len(queue.entries) == 3
+    assert vhost.publish_to([queue], message(b"4")) == (False, True)  # refused
+
+
+@in_loop
+def test_a_message_ttl_policy_applies_to_messages_enqueued_from_then_on(vhost):
+    queue = declare(vhost, "q")
+    vhost.publish_to([queue], message(b"old"))
+    vhost.set_policy("ttl", "^q$", {"message-ttl": 60000})
+    vhost.publish_to([queue], message(b"new"))
+    assert [bool(entry.expires_at) for entry in queue.entries] == [False, True]
+
+
+@in_loop
+def test_an_expires_policy_starts_a_lease_and_clearing_it_stops_it(vhost):
+    queue = declare(vhost, "q")
+    vhost.set_policy("exp", "^q$", {"expires": 60000})
+    assert queue.unused_ttl == 60000 and queue.unused_timer is not None
+    vhost.clear_policy("exp")
+    assert queue.unused_ttl is None and queue.unused_timer is None
+
+
+@in_loop
+def test_a_policy_sets_an_exchanges_alternate_exchange_unless_its_argument_does(vhost):
+    own = vhost.declare_exchange("ae-own", "fanout", False, False, False, False, {"alternate-exchange": "mine"})
+    plain = vhost.declare_exchange("ae-plain", "fanout", False, False, False, False, {})
+    vhost.set_policy("ae", "^ae-", {"alternate-exchange": "theirs"}, apply_to="exchanges")
+    assert own.alternate_exchange == "mine" and own.policy.name == "ae"
+    assert plain.alternate_exchange == "theirs"
+    assert vhost.default_exchange.policy is None
+    vhost.clear_policy("ae")
+    assert plain.alternate_exchange is None
+
+
+@in_loop
+def test_a_queue_redeclared_with_other_arguments_than_its_policy_is_equivalent(vhost):
+    declare(vhost, "q", {"x-max-length": 10})
+    vhost.set_policy("limit", "^q$", {"max-length": 2})
+    assert declare(vhost, "q", {"x-max-length": 10}).limit.max_length == 2
+
+
+@in_loop
+def test_a_bad_policy_changes_nothing(vhost):
+    queue = declare(vhost, "q")
+    with pytest.raises(PolicyError):
+        vhost.set_policy("bad", ".*", {"max-length": -1})
+    assert vhost.policies == {} and queue.policy is None
