@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -41,20 +42,39 @@ class Config:
     management_port: int = 15672  # port of the management HTTP API (0 = no API), as RabbitMQ's plugin
     # Users who may log in only from this machine, as with RabbitMQ's loopback_users (guest by default).
     loopback_users: list[str] = field(default_factory=lambda: ["guest"])
+    # A RabbitMQ definitions file (JSON) imported at every start, after recovery ("" = none), as RabbitMQ's
+    # load_definitions.
+    load_definitions: str = ""
+    # [[vhosts]], [[users]] and [[permissions]] tables: definitions made at every start, after load_definitions.
+    vhosts: list[dict] = field(default_factory=list)
+    users: list[dict] = field(default_factory=list)
+    permissions: list[dict] = field(default_factory=list)
 
 
 # Which TOML section each key lives in. A key of [management] is the Config field of the same name prefixed
 # "management_" ([management] port = management_port).
 SECTIONS = {
-    "server": ("host", "port", "data_dir", "log_level", "cluster_name", "memory_high_watermark", "memory_limit"),
+    "server": ("host", "port", "data_dir", "log_level", "cluster_name", "memory_high_watermark", "memory_limit",
+               "load_definitions"),
     "management": ("host", "port"),
     "amqp": ("frame_max", "channel_max", "heartbeat", "default_consumer_prefetch", "max_message_size",
              "default_user", "default_pass", "default_vhost", "loopback_users", "failed_login_delay"),
 }
 
 
-_EXPECTED_TYPES = {"int": (int, "an integer"), "str": (str, "a string"), "float": ((int, float), "a number"),
-                   "list[str]": (list, "a list of strings")}
+# The keys of each [[table]] array, and whether each is required; each table is one item of RabbitMQ's
+# definitions of that kind, so these are the keys a definitions file has too.
+TABLE_ARRAYS = {
+    "vhosts": {"name": True, "description": False, "tags": False},
+    "users": {"name": True, "password": False, "password_hash": False, "hashing_algorithm": False, "tags": False},
+    "permissions": {"user": True, "vhost": True, "configure": True, "write": True, "read": True},
+}
+TABLE_KEY_TYPES = {"tags": (list, "a list of strings")}  # other keys of the tables are strings
+
+# Config field type -> (Python type, how an error names it, the type of a list's items).
+_EXPECTED_TYPES = {"int": (int, "an integer", None), "str": (str, "a string", None),
+                   "float": ((int, float), "a number", None), "list[str]": (list, "a list of strings", str),
+                   "list[dict]": (list, "a list of tables", dict)}
 
 
 def load_config(path: str | Path | None = None, overrides: dict | None = None) -> Config:
@@ -65,13 +85,50 @@ def load_config(path: str | Path | None = None, overrides: dict | None = None) -
     values.update({key: value for key, value in (overrides or {}).items() if value is not None})
     types = {f.name: f.type for f in fields(Config)}
     for key, value in values.items():
-        expected = _EXPECTED_TYPES[types[key]]
-        if (not isinstance(value, expected[0]) or isinstance(value, bool)
-                or (isinstance(value, list) and not all(isinstance(item, str) for item in value))):
-            raise ConfigError(f"{key} must be {expected[1]}, got {value!r}")
+        kind, described, item_kind = _EXPECTED_TYPES[types[key]]
+        if (not isinstance(value, kind) or isinstance(value, bool)
+                or (item_kind is not None and not all(isinstance(item, item_kind) for item in value))):
+            raise ConfigError(f"{key} must be {described}, got {value!r}")
     config = Config(**values)
     _validate(config)
+    for array in TABLE_ARRAYS:
+        for table in getattr(config, array):
+            _validate_table(array, table)
+    if config.load_definitions:
+        read_definitions(config.load_definitions)
     return config
+
+
+def read_definitions(path: str) -> dict:
+    """The definitions file named by load_definitions: a JSON object, or a ConfigError saying why not."""
+    try:
+        document = json.loads(Path(path).read_bytes())
+    except OSError as error:
+        raise ConfigError(f"cannot read load_definitions file {path}: {error.strerror}") from error
+    except ValueError as error:
+        raise ConfigError(f"load_definitions file {path} is not valid JSON: {error}") from error
+    if not isinstance(document, dict):
+        raise ConfigError(f"load_definitions file {path} must hold a JSON object, not {type(document).__name__}")
+    return document
+
+
+def _validate_table(array: str, table: dict) -> None:
+    """One [[vhosts]], [[users]] or [[permissions]] table: known keys of the right types, required ones present,
+    and a password (or password hash) for a user."""
+    keys = TABLE_ARRAYS[array]
+    name = table.get("name", table.get("user"))
+    where = f"[[{array}]] '{name}'" if isinstance(name, str) else f"[[{array}]]"
+    for key, value in table.items():
+        if key not in keys:
+            raise ConfigError(f"{where}: unknown key '{key}' (known: {', '.join(keys)})")
+        kind, described = TABLE_KEY_TYPES.get(key, (str, "a string"))
+        if not isinstance(value, kind) or (kind is list and not all(isinstance(item, str) for item in value)):
+            raise ConfigError(f"{where}: {key} must be {described}, got {value!r}")
+    missing = [key for key, required in keys.items() if required and key not in table]
+    if missing:
+        raise ConfigError(f"{where}: {', '.join(missing)} missing")
+    if array == "users" and "password" not in table and "password_hash" not in table:
+        raise ConfigError(f"{where}: needs a password or a password_hash")
 
 
 def _read_toml(path: Path) -> dict:
@@ -83,9 +140,12 @@ def _read_toml(path: Path) -> dict:
         raise ConfigError(f"config file {path} is not valid TOML: {error}") from error
     values = {}
     for section, content in document.items():
+        if section in TABLE_ARRAYS and isinstance(content, list):
+            values[section] = content  # [[section]] tables, checked with the other values
+            continue
         if section not in SECTIONS or not isinstance(content, dict):
             raise ConfigError(f"config file {path}: unknown section [{section}] (known: "
-                              f"{', '.join(SECTIONS)})")
+                              f"{', '.join(SECTIONS)}, and [[{']], [['.join(TABLE_ARRAYS)}]])")
         for key, value in content.items():
             if key not in SECTIONS[section]:
                 raise ConfigError(f"config file {path}: unknown key '{key}' in [{section}] (known: "

@@ -65,3 +65,79 @@ def test_the_server_exits_2_with_the_message_on_bad_config(tmp_path):
 def test_loopback_users_must_be_a_list_of_names(tmp_path):
     with pytest.raises(ConfigError, match="loopback_users must be a list of strings, got"):
         load_config(write(tmp_path, '[amqp]\nloopback_users = "guest"\n'))
+
+
+def test_users_vhosts_and_permissions_tables(tmp_path):
+    config = load_config(write(tmp_path, """
+[[vhosts]]
+name = "prod"
+description = "production"
+[[users]]
+name = "app"
+password = "s3cret"
+tags = ["management"]
+[[users]]
+name = "ops"
+password_hash = "rKXnUP4htXFEykdVetqYH4AoIDOS/HGdFMHuHAL5nRHjmQIF"
+hashing_algorithm = "rabbit_password_hashing_sha256"
+[[permissions]]
+user = "app"
+vhost = "prod"
+configure = "^app\\\\."
+write = ".*"
+read = ".*"
+"""))
+    assert config.vhosts == [{"name": "prod", "description": "production"}]
+    assert [user["name"] for user in config.users] == ["app", "ops"]
+    assert config.permissions == [{"user": "app", "vhost": "prod", "configure": "^app\\.", "write": ".*",
+                                   "read": ".*"}]
+
+
+def test_load_definitions_names_a_json_file(tmp_path):
+    definitions = tmp_path / "definitions.json"
+    definitions.write_text('{"vhosts": [{"name": "prod"}]}')
+    config = load_config(write(tmp_path, f'[server]\nload_definitions = "{definitions}"\n'))
+    assert config.load_definitions == str(definitions)
+
+
+@pytest.mark.parametrize("text, message", [
+    ('[[users]]\nname = "app"\n', "[[users]] 'app': needs a password or a password_hash"),
+    ('[[users]]\nname = "app"\npassword = "x"\nrole = "admin"\n', "[[users]] 'app': unknown key 'role'"),
+    ('[[users]]\nname = "app"\npassword = 7\n', "[[users]] 'app': password must be a string, got 7"),
+    ('[[users]]\nname = "app"\npassword = "x"\ntags = "administrator"\n',
+     "[[users]] 'app': tags must be a list of strings, got 'administrator'"),
+    ('[[users]]\npassword = "x"\n', "[[users]]: name missing"),
+    ('[[vhosts]]\ndescription = "x"\n', "[[vhosts]]: name missing"),
+    ('[[permissions]]\nuser = "app"\nvhost = "/"\nconfigure = ".*"\n',
+     "[[permissions]] 'app': write, read missing"),
+    ('[users]\nname = "app"\n', "unknown section [users]"),
+    ("users = 3\n", "unknown section [users]"),
+    ('[server]\nload_definitions = 3\n', "load_definitions must be a string, got 3"),
+])
+def test_bad_users_vhosts_and_permissions_are_refused_by_name(tmp_path, text, message):
+    with pytest.raises(ConfigError) as error:
+        load_config(write(tmp_path, text))
+    assert message in str(error.value)
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "cannot read load_definitions file {path}: No such file or directory"),
+    ("{not json", "load_definitions file {path} is not valid JSON"),
+    ("[]", "load_definitions file {path} must hold a JSON object, not list"),
+])
+def test_an_unusable_definitions_file_is_refused(tmp_path, content, message):
+    path = tmp_path / "definitions.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ConfigError) as error:
+        load_config(write(tmp_path, f'[server]\nload_definitions = "{path}"\n'))
+    assert message.format(path=path) in str(error.value)
+
+
+def test_the_server_exits_2_when_a_user_has_no_password(tmp_path):
+    path = write(tmp_path, '[[users]]\nname = "app"\ntags = ["administrator"]\n')
+    result = subprocess.run([sys.executable, "-m", "broker", "--config", str(path), "--data-dir", str(tmp_path),
+                             "--management-port", "0"],
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "warren-server: [[users]] 'app': needs a password or a password_hash"
