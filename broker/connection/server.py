@@ -12,10 +12,11 @@ import socket
 from importlib import metadata
 from pathlib import Path
 
-from broker.config import Config
+from broker.config import TABLE_ARRAYS, Config, ConfigError, read_definitions
 from broker.connection.alarms.disk import DiskAlarm
 from broker.connection.alarms.memory import MemoryAlarm, memory_limit
 from broker.connection.connection import Connection
+from broker.model.definitions import DefinitionsError, import_definitions
 from broker.model.durability import restore
 from broker.model.node import Node
 from broker.session.assembly import BodiesInAssembly
@@ -141,8 +142,10 @@ class Server:
         try:
             recovered = self.store.recover()
             self.node.restore_definitions(recovered.vhosts, recovered.users, recovered.permissions)
-            self.node.bootstrap(self.config.default_vhost, self.config.default_user, self.config.default_pass)
+            boot_definitions = self._boot_definitions()
+            self._bootstrap(defines_users=bool(boot_definitions.get("users")))
             restore(self.node, recovered)
+            self._import_boot_definitions(boot_definitions)
         except OSError as error:
             raise data_dir_error(self.data_dir, error) from error
         except (DataDirLocked, UnsupportedFormat) as refusal:  # their text is meant for the operator as it is
@@ -150,6 +153,41 @@ class Server:
         finally:
             gc.freeze()
             gc.enable()
+
+    def _boot_definitions(self) -> dict:
+        """What every start applies once recovery is done: the load_definitions file's definitions, then the
+        config's [[vhosts]], [[users]] and [[permissions]] (so that these win)."""
+        path = self.config.load_definitions
+        try:
+            document = read_definitions(path) if path else {}
+        except ConfigError as error:
+            raise StartupError(str(error)) from error
+        for section in TABLE_ARRAYS:
+            tables = getattr(self.config, section)
+            existing = document.get(section, [])
+            if tables and isinstance(existing, list):  # a file's non-list is reported by the import
+                document[section] = existing + tables
+        return document
+
+    def _bootstrap(self, defines_users: bool) -> None:
+        """On a node's first start, the default vhost and user (RabbitMQ's default_vhost/default_user); boot
+        definitions that define users replace the default user, as in RabbitMQ."""
+        if not defines_users:
+            self.node.bootstrap(self.config.default_vhost, self.config.default_user, self.config.default_pass)
+        elif not self.node.vhosts and not self.node.users:
+            self.node.add_vhost(self.config.default_vhost, "Default virtual host")
+
+    def _import_boot_definitions(self, document: dict) -> None:
+        if not document:
+            return
+        sources = ([f"load_definitions file {self.config.load_definitions}"] if self.config.load_definitions else [])
+        sources += [f"[[{section}]]" for section in TABLE_ARRAYS if getattr(self.config, section)]
+        try:
+            import_definitions(self.node, document)
+        except DefinitionsError as error:
+            reason = " ".join(str(error).split())  # one line (some of RabbitMQ's policy texts span several)
+            raise StartupError(f"cannot apply the definitions of {' and '.join(sources)}: {reason}") from error
+        log.info("applied the definitions of %s", " and ".join(sources))
 
     @property
     def port(self) -> int:

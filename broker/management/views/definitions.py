@@ -1,5 +1,80 @@
-"""The management API: definitions."""
+"""The management API: definitions (RabbitMQ's export and import JSON), for the node or one vhost."""
+
+from __future__ import annotations
+
+import json
 
 from aiohttp import web
 
+from broker.management import http
+from broker.model.definitions import DefinitionsError, export_node, export_vhost, import_definitions
+
 routes = web.RouteTableDef()
+
+PRODUCT_NAME = "Warren"  # product_name of an export (RabbitMQ's says "RabbitMQ")
+
+
+@routes.get("/api/definitions")
+async def export_all(request: web.Request) -> web.Response:
+    http.require(request, "administrator")
+    server = http.server_of(request)
+    return _exported(request, export_node(server.node, PRODUCT_NAME, server.version))
+
+
+@routes.get("/api/definitions/{vhost}")
+async def export_one(request: web.Request) -> web.Response:
+    http.require(request, "administrator")
+    vhost = http.node_of(request).vhosts.get(request.match_info["vhost"])
+    if vhost is None:
+        raise http.bad_request("vhost_not_found")  # RabbitMQ's answer here (a 400, not a 404)
+    return _exported(request, export_vhost(vhost))
+
+
+@routes.post("/api/definitions")
+async def import_all(request: web.Request) -> web.Response:
+    http.require(request, "administrator")
+    return await _imported(request, None)
+
+
+@routes.post("/api/definitions/{vhost}")
+async def import_one(request: web.Request) -> web.Response:
+    http.require(request, "administrator")
+    name = request.match_info["vhost"]
+    if name not in http.node_of(request).vhosts:
+        raise http.ApiError(404, "not_found", "vhost_not_found")
+    return await _imported(request, name)
+
+
+def _exported(request: web.Request, definitions: dict) -> web.Response:
+    """The export; with ?download=NAME, as a file of that name (what RabbitMQ's UI asks for)."""
+    response = http.reply(definitions)
+    download = request.query.get("download")
+    if download:
+        response.headers["Content-Disposition"] = f"attachment; filename={download}"
+    return response
+
+
+async def _imported(request: web.Request, vhost: str | None) -> web.Response:
+    """Import the request's definitions (a JSON body, or a form's "file" field as RabbitMQ's UI uploads it); 204
+    once they are on disk, 400 naming the first item that cannot be applied."""
+    try:
+        import_definitions(http.node_of(request), await _document(request), vhost)
+    except DefinitionsError as error:
+        raise http.bad_request(str(error)) from None
+    await http.on_disk(request)
+    return http.no_content()
+
+
+async def _document(request: web.Request):
+    if request.content_type == "multipart/form-data":
+        form = await request.post()
+        upload = form.get("file")
+        if upload is None:
+            raise http.bad_request("no 'file' field in the form")
+        raw = upload.file.read() if isinstance(upload, web.FileField) else upload.encode()
+    else:
+        raw = await request.read()
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise http.bad_request(f"failed to decode JSON: {error}") from None
