@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
+
+import pika
 
 
 class Reply(NamedTuple):
@@ -21,11 +24,13 @@ def quote(name: str) -> str:
 
 
 def request(broker: Any, method: str, path: str, body: Any = None, user: str = "guest", password: str = "guest",
-            timeout: float = 10.0, raw_body: bytes | None = None) -> Reply:
+            timeout: float = 10.0, raw_body: bytes | None = None, headers: dict | None = None) -> Reply:
     """Send one request to broker's management API (path starts with /api/) and return its reply; an HTTP error
     status is returned, not raised. user=None sends no credentials."""
     data = raw_body if raw_body is not None else (json.dumps(body).encode() if body is not None else None)
-    headers = {"content-type": "application/json"} if data is not None else {}
+    headers = dict(headers or {})
+    if data is not None:
+        headers["content-type"] = "application/json"
     if user is not None:
         headers["authorization"] = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
     call = urllib.request.Request(broker.management_url + path, data=data, method=method, headers=headers)
@@ -80,3 +85,22 @@ def set_policy(broker: Any, vhost: str, name: str, pattern: str, definition: dic
 
 def clear_policy(broker: Any, vhost: str, name: str, kind: str = "policies") -> None:
     request(broker, "DELETE", f"/api/{kind}/{quote(vhost)}/{quote(name)}")
+
+
+def connect_as(broker: Any, user: str, password: str, vhost: str = "/") -> pika.BlockingConnection:
+    """A pika connection to the broker as user, in vhost."""
+    return pika.BlockingConnection(pika.ConnectionParameters(
+        broker.host, broker.port, vhost, pika.PlainCredentials(user, password)))
+
+
+def wait_for(broker: Any, path: str, condition: Callable[[Any], bool], timeout: float = 15.0) -> Any:
+    """GET path until condition holds for its body (RabbitMQ lists connections, channels and consumers only after
+    its next statistics emission, every 5 s); fail after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        reply = request(broker, "GET", path)
+        if reply.status == 200 and condition(reply.body):
+            return reply.body
+        if time.monotonic() > deadline:
+            raise AssertionError(f"GET {path} did not satisfy the condition within {timeout}s: {reply}")
+        time.sleep(0.1)
