@@ -142,6 +142,11 @@ class ChannelAccess:
         """Raise RabbitMQ's 403 unless the user has access ('configure', 'write' or 'read') to the resource."""
         check_resource(self._permission(), self.user, self.vhost, kind, name, access)
 
+    def may_impersonate(self) -> bool:
+        """Whether the user may publish with another user's user_id (RabbitMQ's impersonator tag)."""
+        user = self.node.users.get(self.user)
+        return user is not None and "impersonator" in user.tags
+
     def check_publish(self, exchange: str) -> None:
         """basic.publish's write check; callers skip it while exchange is in writable at the current version."""
         self.check(WRITE, EXCHANGE, exchange)

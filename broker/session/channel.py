@@ -225,7 +225,7 @@ class Channel:
             parse_expiration(shared_header.scan.expiration)
         if flags & USER_ID:
             user_id = message.properties.user_id
-            if user_id != self.connection.user:
+            if user_id != self.connection.user and not access.may_impersonate():
                 raise errors.precondition_failed(f"user_id property set to '{user_id}' but authenticated user was "
                                                  f"'{self.connection.user}'")
         if flags & REPLY_TO and (properties := message.properties).reply_to == direct_reply.PSEUDO_QUEUE:

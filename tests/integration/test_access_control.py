@@ -217,6 +217,17 @@ def test_operations_within_the_permissions_pass(account, setup):
         assert channel_error(lambda: ch.queue_declare("other")) == account.refusal("queue", "other")
 
 
+def test_redeclaring_with_a_dead_letter_or_alternate_exchange_needs_configure_only(account, setup):
+    """The DLX and alternate-exchange rules apply when the queue or exchange is created, not to a redeclare."""
+    setup.queue_declare("dl-q", arguments={"x-dead-letter-exchange": "x"})
+    setup.exchange_declare("ae-x", "direct", arguments={"alternate-exchange": "x"})
+    account.grant(EVERYTHING, NOTHING, NOTHING)
+    with account.connect() as conn:
+        ch = conn.channel()
+        assert ch.queue_declare("dl-q", arguments={"x-dead-letter-exchange": "x"}).method.queue == "dl-q"
+        ch.exchange_declare("ae-x", "direct", arguments={"alternate-exchange": "x"})
+
+
 def test_direct_reply_to_needs_no_read_permission(account, setup):
     account.grant(NOTHING, "^amq.default$", NOTHING)
     with account.connect() as conn:
@@ -293,3 +304,19 @@ def test_deleting_a_user_closes_its_connections(account, setup):
         management.delete_user(account.broker, account.user)
         assert connection_error(lambda: wait_until(conn, lambda: conn.is_closed), conn) == (
             320, f"CONNECTION_FORCED - user '{account.user}' is deleted")
+
+
+@pytest.mark.parametrize("tags, accepted", [("", False), ("impersonator", True)])
+def test_only_an_impersonator_may_publish_another_users_user_id(account, setup, tags, accepted):
+    management.add_user(account.broker, account.user, account.password, tags)
+    account.grant(EVERYTHING, EVERYTHING, EVERYTHING)
+    with account.connect() as conn:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        publish = lambda: ch.basic_publish("", "q", b"m", pika.BasicProperties(user_id="someone-else"))
+        if accepted:
+            publish()
+            assert get(setup, "q").properties.user_id == "someone-else"
+        else:
+            assert channel_error(publish) == (406, "PRECONDITION_FAILED - user_id property set to 'someone-else' "
+                                                   f"but authenticated user was '{account.user}'")
