@@ -1,0 +1,270 @@
+"""warrenctl end to end: the real console script (python -m warrenctl) against the broker's management API.
+
+The same tests pass against a reference RabbitMQ's API (rabbitmqctl's output formats and exit codes are
+warrenctl's). RabbitMQ's API shows message counts, connections and consumers from statistics emitted every few
+seconds, so those checks poll the command until the expected line shows, with a generous bound.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import pika
+import pika.exceptions
+import pytest
+
+from tests.conftest import REPO_ROOT
+from tests.integration.helpers import (connect, connection_error, declare_queue, publish, wait_for_message_count,
+                                      wait_until)
+
+# RabbitMQ's statistics interval is 5 s: listings of counts, connections and consumers may lag that long.
+STATS_TIMEOUT = 15.0
+
+
+def ctl(broker, *argv: str, stdin: str | None = None, password: str = "guest") -> subprocess.CompletedProcess:
+    """Run warrenctl against broker's management API and return its exit code, stdout and stderr."""
+    env = {**os.environ, "WARREN_MANAGEMENT_URL": broker.management_url, "WARREN_MANAGEMENT_USER": "guest",
+           "WARREN_MANAGEMENT_PASSWORD": password}
+    return subprocess.run([sys.executable, "-m", "warrenctl", *argv], cwd=REPO_ROOT, env=env, input=stdin,
+                          capture_output=True, text=True, timeout=60)
+
+
+def ok(broker, *argv: str, stdin: str | None = None) -> str:
+    """Run warrenctl, check it succeeded without complaint, and return its stdout."""
+    done = ctl(broker, *argv, stdin=stdin)
+    assert (done.returncode, done.stderr) == (0, ""), done
+    return done.stdout
+
+
+def failed(broker, *argv: str) -> tuple[int, str]:
+    """Run warrenctl, which must fail with one error line, and return its exit code and that line."""
+    done = ctl(broker, *argv)
+    assert done.returncode != 0 and done.stderr.startswith("Error: "), done
+    assert "Traceback" not in done.stderr
+    return done.returncode, done.stderr.splitlines()[0]
+
+
+def eventually(run: Callable[[], str], expected: Callable[[str], bool], timeout: float = STATS_TIMEOUT) -> str:
+    """Run `run` until its output satisfies `expected`; fail with the last output after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        out = run()
+        if expected(out):
+            return out
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not seen within {timeout}s; last output:\n{out}")
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def conn(broker):
+    connection = connect(broker)
+    yield connection
+    if connection.is_open:
+        connection.close()
+
+
+def queue_exists(conn, name: str) -> bool:
+    channel = conn.channel()
+    try:
+        channel.queue_declare(name, passive=True)
+    except pika.exceptions.ChannelClosedByBroker:
+        return False
+    channel.close()
+    return True
+
+
+def test_list_queues_prints_rabbitmqctls_banner_header_and_rows(broker, conn, unique):
+    channel = conn.channel()
+    queue = declare_queue(channel, unique, arguments={"x-max-length": 5})
+    publish(channel, queue, [b"a", b"b"])
+    out = eventually(lambda: ok(broker, "list_queues"), lambda out: f"\n{queue}\t2\n" in out)
+    assert out.startswith("Listing queues for vhost / ...\nname\tmessages\n")
+    quiet = ok(broker, "list_queues", "-q", "--no-table-headers", "name,durable", "arguments")
+    assert f'{queue}\tfalse\t[{{"x-max-length",5}}]\n' in quiet.splitlines(keepends=True)
+    assert not quiet.startswith("Listing") and "name\tdurable" not in quiet
+
+
+def test_json_formatter_prints_one_object_per_line_and_no_banner(broker, conn, unique):
+    queue = declare_queue(conn.channel(), unique, durable=True)
+    out = ok(broker, "list_queues", "name", "durable", "--formatter", "json")
+    assert out.startswith("[\n") and out.endswith("]\n")
+    assert {"name": queue, "durable": True} in json.loads(out)
+    ok(broker, "delete_queue", queue)
+
+
+def test_exchanges_and_bindings(broker, conn, unique):
+    channel = conn.channel()
+    queue = declare_queue(channel, unique)
+    channel.exchange_declare(f"{unique}-x", "topic", auto_delete=True)
+    channel.queue_bind(queue, f"{unique}-x", "a.#")
+    assert f"{unique}-x\ttopic\n" in ok(broker, "list_exchanges", "-q")
+    out = ok(broker, "list_bindings")
+    assert out.startswith("Listing bindings for vhost /...\n"
+                          "source_name\tsource_kind\tdestination_name\tdestination_kind\trouting_key\targuments\n")
+    assert f"{unique}-x\texchange\t{queue}\tqueue\ta.#\t[]\n" in out
+    assert f"\texchange\t{queue}\tqueue\t{queue}\t[]\n" in out  # the default exchange's binding
+
+
+def test_consumers_and_channels(broker, conn, unique):
+    channel = conn.channel()
+    queue = declare_queue(channel, unique)
+    tag = channel.basic_consume(queue, lambda *delivery: None, consumer_tag=f"{unique}-tag")
+    out = eventually(lambda: ok(broker, "list_consumers", "-q", "--no-table-headers",
+                                "queue_name", "consumer_tag", "ack_required", "prefetch_count", "active"),
+                     lambda out: f"{queue}\t{tag}\ttrue\t0\ttrue\n" in out)
+    assert out
+    channels = eventually(lambda: ok(broker, "list_channels", "--formatter", "json", "user", "consumer_count"),
+                          lambda out: {"user": "guest", "consumer_count": 1} in json.loads(out))
+    assert channels
+
+
+def test_users_added_tagged_given_a_new_password_and_deleted(broker, unique):
+    user = f"{unique}-u"
+    assert ok(broker, "add_user", user, "first") == f'Adding user "{user}" ...\n'
+    assert failed(broker, "add_user", user, "again") == (70, f'Error: User "{user}" already exists')
+    assert ok(broker, "set_user_tags", user, "monitoring", "management") == \
+        f'Setting tags for user "{user}" to [monitoring, management] ...\n'
+    assert f"{user}\t[monitoring, management]\n" in ok(broker, "list_users")
+    ok(broker, "change_password", user, "second")
+    ok(broker, "set_permissions", user, ".*", ".*", ".*")
+    with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+        pika.BlockingConnection(pika.URLParameters(f"amqp://{user}:first@{broker.host}:{broker.port}/%2F"))
+    pika.BlockingConnection(pika.URLParameters(f"amqp://{user}:second@{broker.host}:{broker.port}/%2F")).close()
+    assert f"{user}\t[monitoring, management]\n" in ok(broker, "list_users"), "tags survive a new password"
+    ok(broker, "set_user_tags", user)
+    assert f"{user}\t[]\n" in ok(broker, "list_users")
+    pika.BlockingConnection(pika.URLParameters(f"amqp://{user}:second@{broker.host}:{broker.port}/%2F")).close()
+    assert ok(broker, "delete_user", user) == f'Deleting user "{user}" ...\n'
+    assert failed(broker, "delete_user", user) == (67, f'Error: User "{user}" does not exist')
+    assert failed(broker, "change_password", user, "x") == (67, f'Error: User "{user}" does not exist')
+
+
+def test_vhosts_and_permissions(broker, unique):
+    vhost, user = f"{unique}-v", f"{unique}-u"
+    ok(broker, "add_vhost", vhost)
+    ok(broker, "add_user", user, "pw")
+    try:
+        assert f"\n{vhost}\n" in ok(broker, "list_vhosts")
+        assert ok(broker, "set_permissions", "-p", vhost, user, "^a", ".*", "") == \
+            f'Setting permissions for user "{user}" in vhost "{vhost}" ...\n'
+        listed = ok(broker, "list_permissions", "-p", vhost)
+        assert listed.startswith(f'Listing permissions for vhost "{vhost}" ...\nuser\tconfigure\twrite\tread\n')
+        assert f"\n{user}\t^a\t.*\t\n" in listed
+        assert ok(broker, "list_queues", "-p", vhost) == f"Listing queues for vhost {vhost} ...\n"
+        assert failed(broker, "set_permissions", "-p", vhost, f"{user}-x", ".*", ".*", ".*") == \
+            (67, f'Error: User "{user}-x" does not exist')
+        assert failed(broker, "set_permissions", "-p", f"{vhost}-x", user, ".*", ".*", ".*") == \
+            (65, f"Error: Virtual host '{vhost}-x' does not exist")
+        assert failed(broker, "set_permissions", "-p", vhost, user, "(", ".*", ".*")[0] == 65
+        ok(broker, "clear_permissions", "-p", vhost, user)
+        assert f"\n{user}\t" not in ok(broker, "list_permissions", "-p", vhost)
+    finally:
+        ok(broker, "delete_user", user)
+        ok(broker, "delete_vhost", vhost)
+    assert f"\n{vhost}\n" not in ok(broker, "list_vhosts")
+    assert failed(broker, "delete_vhost", vhost) == (65, f"Error: Virtual host '{vhost}' does not exist")
+    assert failed(broker, "list_queues", "-p", vhost) == (65, f"Error: Virtual host '{vhost}' does not exist")
+
+
+def test_policies_set_listed_and_cleared(broker, unique):
+    name = f"{unique}-p"
+    assert ok(broker, "set_policy", name, f"^{unique}", '{"max-length":10,"dead-letter-exchange":"dlx"}',
+              "--priority", "3", "--apply-to", "queues") == (
+        f'Setting policy "{name}" for pattern "^{unique}" to "{{"max-length":10,"dead-letter-exchange":"dlx"}}" '
+        f'with priority "3" for vhost "/" ...\n')
+    listed = json.loads(ok(broker, "list_policies", "--formatter", "json"))
+    assert {"vhost": "/", "name": name, "pattern": f"^{unique}", "apply-to": "queues",
+            "definition": '{"dead-letter-exchange":"dlx","max-length":10}', "priority": 3} in listed
+    table = ok(broker, "list_policies", "-q")
+    assert f'/\t{name}\t^{unique}\tqueues\t{{"dead-letter-exchange":"dlx","max-length":10}}\t3\n' in table
+    assert ok(broker, "clear_policy", name) == f'Clearing policy "{name}" on vhost "/" ...\n'
+    assert failed(broker, "clear_policy", name) == (69, f'Error: Policy "{name}" does not exist in vhost "/"')
+    assert failed(broker, "set_policy", name, ".*", "{bad")[0] == 65
+    code, line = failed(broker, "set_policy", name, "(", '{"max-length":1}')
+    assert code == 65 and "\n" not in line
+    assert name not in ok(broker, "list_policies")
+
+
+def test_purge_and_delete_queue(broker, conn, unique):
+    channel = conn.channel()
+    queue = declare_queue(channel, unique)
+    publish(channel, queue, [b"1", b"2", b"3"])
+    wait_for_message_count(channel, queue, 3)
+    assert ok(broker, "purge_queue", queue) == f"Purging queue '{queue}' in vhost '/' ...\n"
+    assert channel.queue_declare(queue, passive=True).method.message_count == 0
+    publish(channel, queue, [b"4"])
+    wait_for_message_count(channel, queue, 1)
+    assert failed(broker, "delete_queue", queue, "--if-empty")[0] == 65
+    assert queue_exists(conn, queue)
+    out = ok(broker, "delete_queue", queue)
+    assert out.startswith(f"Deleting queue '{queue}' on vhost '/' ...\nQueue was successfully deleted with ")
+    assert not queue_exists(conn, queue)
+    assert failed(broker, "delete_queue", queue) == (69, f"Error: Queue '{queue}' does not exist in vhost '/'")
+    assert failed(broker, "purge_queue", queue) == (69, f"Error: Queue '{queue}' does not exist in vhost '/'")
+
+
+def test_close_connection_closes_it_with_320_and_the_reason(broker, unique):
+    params = pika.URLParameters(broker.url)
+    params.client_properties = {"connection_name": unique}
+    target = pika.BlockingConnection(params)
+
+    def named() -> list[dict]:
+        listed = json.loads(ok(broker, "list_connections", "name", "client_properties", "--formatter", "json"))
+        return [row["name"] for row in listed if (row["client_properties"] or {}).get("connection_name") == unique]
+
+    name = eventually(lambda: json.dumps(named()), lambda out: json.loads(out) != [])
+    name = json.loads(name)[0]
+    assert ok(broker, "close_connection", name, "go away") == f"Closing connection {name}, reason: go away...\n"
+    assert connection_error(lambda: wait_until(target, lambda: target.is_closed), target) == \
+        (320, "CONNECTION_FORCED - go away")
+    assert failed(broker, "close_connection", name, "again")[0] == 69
+
+
+def test_definitions_exported_and_imported(broker, conn, unique, tmp_path):
+    queue = declare_queue(conn.channel(), unique, durable=True)
+    try:
+        target = tmp_path / "definitions.json"
+        assert ok(broker, "export_definitions", str(target)) == \
+            f'Exporting definitions in JSON to a file at "{target}" ...\n'
+        exported = json.loads(target.read_text())
+        assert any(item["name"] == queue for item in exported["queues"])
+        assert json.loads(ok(broker, "export_definitions", "-"))["users"]
+    finally:
+        ok(broker, "delete_queue", queue)
+    user, vhost = f"{unique}-u", f"{unique}-v"
+    definitions = {"users": [{"name": user, "password": "pw", "tags": "monitoring"}], "vhosts": [{"name": vhost}],
+                   "permissions": [{"user": user, "vhost": vhost, "configure": ".*", "write": ".*", "read": ".*"}]}
+    source = tmp_path / "import.json"
+    source.write_text(json.dumps(definitions))
+    assert ok(broker, "import_definitions", str(source)) == \
+        f'Importing definitions in JSON from a file at "{source}" ...\n'
+    try:
+        assert f"{user}\t[monitoring]\n" in ok(broker, "list_users")
+        assert f"{user}\t.*\t.*\t.*\n" in ok(broker, "list_permissions", "-p", vhost)
+        ok(broker, "delete_user", user)
+        ok(broker, "import_definitions", "-", stdin=json.dumps(definitions))
+        assert f"{user}\t[monitoring]\n" in ok(broker, "list_users")
+    finally:
+        ctl(broker, "delete_user", user)
+        ctl(broker, "delete_vhost", vhost)
+    source.write_text("{not json")
+    assert failed(broker, "import_definitions", str(source))[0] == 65
+    assert failed(broker, "import_definitions", str(tmp_path / "missing.json")) == \
+        (65, f"Error: cannot read {tmp_path / 'missing.json'}: No such file or directory")
+
+
+def test_status_names_the_node(broker):
+    out = ok(broker, "status")
+    assert out.startswith("Status of node ") and "\nAlarms\n\n(none)\n" in out
+
+
+def test_refused_credentials_exit_77(broker):
+    done = ctl(broker, "list_users", password="not-the-password")
+    assert done.returncode == 77 and done.stdout == "Listing users ...\n"
+    assert done.stderr.startswith("Error: the management API refused the credentials")
