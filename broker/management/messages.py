@@ -108,19 +108,19 @@ def properties_json(properties: Basic.Properties) -> dict | list:
         if value is None or (key == "cluster_id" and value == ""):
             continue
         if key == "headers":
-            value = _json_value(value)
+            value = json_value(value)
         elif key == "timestamp":
             value = int(value.timestamp()) if value.tzinfo else int(value.replace(tzinfo=datetime.UTC).timestamp())
         data[key] = value
     return data or []
 
 
-def _json_value(value):
+def json_value(value):
     """An AMQP field value as RabbitMQ's API shows it."""
     if isinstance(value, dict):
-        return {key: _json_value(item) for key, item in value.items()}
+        return {key: json_value(item) for key, item in value.items()}
     if isinstance(value, list):
-        return [_json_value(item) for item in value]
+        return [json_value(item) for item in value]
     if isinstance(value, (bytes, bytearray)):
         try:
             return bytes(value).decode()

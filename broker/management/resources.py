@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import socket
 import urllib.parse
 from typing import TYPE_CHECKING, Iterable
 
 from aiohttp import web
 
 from broker.management import http
+from broker.management.messages import json_value
 from broker.model.access import check_resource
 from broker.model.queue import Queue
 from protocol.constants import ACCESS_REFUSED, NOT_FOUND, REPLY_NAMES
@@ -24,11 +24,6 @@ if TYPE_CHECKING:
 DEFAULT_EXCHANGE_ALIAS = "amq.default"  # the name the API gives the nameless default exchange in paths
 QUEUE_MEMORY = 2048  # bytes a queue is taken to cost empty, for the memory estimate
 ENTRY_MEMORY = 120  # bytes a queued message is taken to cost besides its body, for the memory estimate
-
-
-def node_name() -> str:
-    """The node's name as RabbitMQ's API shows it (name@host)."""
-    return f"warren@{socket.gethostname().split('.')[0]}"
 
 
 # --- names in paths --------------------------------------------------------------------------------------------
@@ -114,10 +109,9 @@ def flag(request: web.Request, name: str) -> bool:
 def exchange_json(vhost: "VirtualHost", exchange: "Exchange") -> dict:
     data = {"name": exchange.name, "vhost": vhost.name, "type": exchange.kind, "durable": exchange.durable,
             "auto_delete": exchange.auto_delete, "internal": exchange.internal,
-            "arguments": dict(exchange.arguments)}
-    policy = getattr(exchange, "policy", None)
-    if policy is not None:
-        data["policy"] = getattr(policy, "name", policy)
+            "arguments": json_value(exchange.arguments)}
+    if exchange.policy is not None:
+        data["policy"] = exchange.policy.name
     return data
 
 
@@ -137,24 +131,22 @@ class Unacked:
 
 
 def queue_json(vhost: "VirtualHost", queue: Queue, unacked: Unacked) -> dict:
-    """A queue as RabbitMQ's /api/queues lists it (without the rates and Erlang process details)."""
+    """A queue as RabbitMQ's /api/queues lists it (without the rates and Erlang process details). The ready
+    messages are counted by walking them: the model keeps no byte counters."""
     ready = queue.count_ready()
     ready_bytes = persistent = persistent_bytes = 0
     for entry in queue.entries:
         size = len(entry.message.body)
         ready_bytes += size
-        if entry.message.persistent:
+        if queue.durable and entry.message.persistent:
             persistent += 1
             persistent_bytes += size
     unacked_count, unacked_bytes = unacked.counts.get(queue, 0), unacked.bytes.get(queue, 0)
-    policy = getattr(queue, "policy", None)
-    operator_policy = getattr(queue, "operator_policy", None)
-    effective = getattr(queue, "effective_policy_definition", None)
     exclusive_consumer = next((consumer.tag for consumer in queue.consumers if consumer.exclusive), None)
     return {
         "name": queue.name, "vhost": vhost.name, "durable": queue.durable, "auto_delete": queue.auto_delete,
-        "exclusive": queue.exclusive_owner is not None, "arguments": dict(queue.arguments), "node": node_name(),
-        "state": "running", "type": "classic",
+        "exclusive": queue.exclusive_owner is not None, "arguments": json_value(queue.arguments),
+        "node": http.node_name(), "state": "running", "type": "classic",
         "messages": ready + unacked_count, "messages_ready": ready, "messages_unacknowledged": unacked_count,
         "messages_ram": ready + unacked_count, "messages_ready_ram": ready,
         "messages_unacknowledged_ram": unacked_count, "messages_persistent": persistent, "messages_paged_out": 0,
@@ -164,33 +156,30 @@ def queue_json(vhost: "VirtualHost", queue: Queue, unacked: Unacked) -> dict:
         "consumers": len(queue.consumers), "exclusive_consumer_tag": exclusive_consumer,
         "single_active_consumer_tag": None, "head_message_timestamp": None,
         "memory": QUEUE_MEMORY + ENTRY_MEMORY * (ready + unacked_count) + ready_bytes + unacked_bytes,
-        "policy": getattr(policy, "name", policy), "operator_policy": getattr(operator_policy, "name", operator_policy),
-        "effective_policy_definition": effective() if callable(effective) else {},
+        "policy": _name_of(queue.policy), "operator_policy": _name_of(queue.operator_policy),
+        "effective_policy_definition": queue.effective_policy_definition(),
     }
+
+
+def _name_of(policy) -> str | None:
+    return policy.name if policy is not None else None
 
 
 def consumer_json(vhost: "VirtualHost", queue: Queue, consumer) -> dict:
     """A consumer as a queue's consumer_details list it."""
     channel = consumer.channel
     connection = channel.connection
-    name = connection_name(connection)
+    name = http.connection_name(connection)
     host, _, port = connection.peer.rpartition(":")
     return {
         "consumer_tag": consumer.tag, "exclusive": consumer.exclusive, "ack_required": not consumer.no_ack,
-        "prefetch_count": consumer.prefetch, "arguments": dict(consumer.arguments), "active": True,
+        "prefetch_count": consumer.prefetch, "arguments": json_value(consumer.arguments), "active": True,
         "activity_status": "up", "queue": {"name": queue.name, "vhost": vhost.name},
         "channel_details": {"name": f"{name} ({channel.number})", "number": channel.number,
                             "connection_name": name, "peer_host": host,
                             "peer_port": int(port) if port.isdigit() else port, "user": connection.user,
-                            "node": node_name()},
+                            "node": http.node_name()},
     }
-
-
-def connection_name(connection) -> str:
-    """RabbitMQ's name of a connection: "client host:port -> server host:port"."""
-    transport = connection.transport
-    local = transport.get_extra_info("sockname") if transport is not None else None
-    return f"{connection.peer} -> {local[0]}:{local[1]}" if local else connection.peer
 
 
 # --- bindings --------------------------------------------------------------------------------------------------
@@ -218,7 +207,7 @@ def _arguments_hash(arguments: dict) -> str:
 def binding_json(vhost: "VirtualHost", source: str, destination: str, destination_type: str, routing_key: str,
                  arguments: dict) -> dict:
     return {"source": source, "vhost": vhost.name, "destination": destination,
-            "destination_type": destination_type, "routing_key": routing_key, "arguments": dict(arguments),
+            "destination_type": destination_type, "routing_key": routing_key, "arguments": json_value(arguments),
             "properties_key": properties_key(routing_key, arguments)}
 
 

@@ -1,0 +1,246 @@
+"""The management API's queues: declare, show, list, delete, purge and get, with RabbitMQ's JSON and status codes,
+checked against what AMQP clients see of the same queues."""
+
+from __future__ import annotations
+
+import time
+
+import pika
+import pytest
+
+from tests.integration.helpers import (
+    EVENT_TIMEOUT, consume, declare_queue, drain, message_count, open_channel, publish, wait_for_message_count,
+)
+from tests.integration.management import add_user, delete_user, quote, request, set_permissions
+
+# RabbitMQ's API shows queue counts from statistics emitted every 5 seconds: counts are polled this long.
+STATS_TIMEOUT = 15.0
+
+
+def queue_path(name: str, vhost: str = "/") -> str:
+    return f"/api/queues/{quote(vhost)}/{quote(name)}"
+
+
+def queue_with(broker, name: str, **expected) -> dict:
+    """The queue's JSON once its fields have the expected values (RabbitMQ's statistics lag behind)."""
+    deadline = time.monotonic() + STATS_TIMEOUT
+    while True:
+        reply = request(broker, "GET", queue_path(name))
+        assert reply.status == 200, reply
+        if all(reply.body.get(key) == value for key, value in expected.items()):
+            return reply.body
+        assert time.monotonic() < deadline, (expected, reply.body)
+        time.sleep(0.2)
+
+
+def wait_for_api(broker) -> None:
+    """Wait until a started broker's management API answers (it starts listening after the AMQP port)."""
+    deadline = time.monotonic() + EVENT_TIMEOUT
+    while True:
+        try:
+            request(broker, "GET", "/api/queues")
+            return
+        except OSError:
+            assert time.monotonic() < deadline, "the management API does not answer"
+            time.sleep(0.05)
+
+
+def get_messages(broker, name: str, count: int, ackmode: str, encoding: str = "auto", **extra) -> list[dict]:
+    reply = request(broker, "POST", f"{queue_path(name)}/get",
+                    {"count": count, "ackmode": ackmode, "encoding": encoding, **extra})
+    assert reply.status == 200, reply
+    return reply.body
+
+
+def test_declare_show_and_delete(broker, unique):
+    assert request(broker, "PUT", queue_path(unique), {"durable": True, "arguments": {"x-max-length": 10}}).status \
+        == 201
+    assert request(broker, "PUT", queue_path(unique), {"durable": True, "arguments": {"x-max-length": 10}}).status \
+        == 204
+    queue = queue_with(broker, unique, state="running")
+    assert {key: queue[key] for key in ("name", "vhost", "durable", "auto_delete", "exclusive", "arguments", "type",
+                                        "state")} == {
+        "name": unique, "vhost": "/", "durable": True, "auto_delete": False, "exclusive": False,
+        "arguments": {"x-max-length": 10}, "type": "classic", "state": "running"}
+    assert isinstance(queue["node"], str) and queue["consumer_details"] == []
+    listed = request(broker, "GET", "/api/queues/%2F").body
+    assert unique in [item["name"] for item in listed]
+    assert unique in [item["name"] for item in request(broker, "GET", "/api/queues").body]
+    assert request(broker, "DELETE", queue_path(unique)).status == 204
+    assert request(broker, "GET", queue_path(unique)) == (404, {"error": "Object Not Found", "reason": "Not Found"})
+    assert request(broker, "DELETE", queue_path(unique)).status == 404
+
+
+def test_declared_queue_is_the_amqp_queue(broker, unique):
+    assert request(broker, "PUT", queue_path(unique), {"auto_delete": "false"}).status == 201
+    with open_channel(broker) as ch:
+        publish(ch, unique, [b"one"])
+        wait_for_message_count(ch, unique, 1)
+
+
+def test_inequivalent_redeclare_and_bad_values(broker, unique):
+    assert request(broker, "PUT", queue_path(unique), {"durable": True}).status == 201
+    assert request(broker, "PUT", queue_path(unique), {"durable": False}) == (400, {
+        "error": "bad_request",
+        "reason": f"inequivalent arg 'durable' for queue '{unique}' in vhost '/': received 'false' but current is "
+                  "'true'"})
+    assert request(broker, "PUT", queue_path(unique + "-2"), {"durable": 5}) == (
+        400, {"error": "bad_request", "reason": ["not_boolean", 5]})
+    assert request(broker, "PUT", queue_path(unique + "-3"), {"arguments": {"x-max-length": "abc"}}) == (400, {
+        "error": "bad_request",
+        "reason": f"invalid arg 'x-max-length' for queue '{unique}-3' in vhost '/': \"expected integer, got "
+                  "longstr\""})
+    assert request(broker, "PUT", queue_path("amq.reserved-" + unique), {}) == (
+        401, {"error": "not_authorised", "reason": "Access refused."})
+    assert request(broker, "DELETE", queue_path(unique)).status == 204
+
+
+def test_counts_follow_amqp_traffic(broker, unique):
+    with open_channel(broker) as ch:
+        declare_queue(ch, unique, durable=True)
+        publish(ch, unique, [b"a" * 10, b"b" * 20], properties=pika.BasicProperties(delivery_mode=2))
+        publish(ch, unique, [b"c" * 30])
+        method, _, _ = ch.basic_get(unique)  # held unacked while the counts are read
+        queue = queue_with(broker, unique, messages=3, messages_ready=2, messages_unacknowledged=1)
+        assert queue["message_bytes"] == 60 and queue["message_bytes_unacknowledged"] == 10
+        assert queue["message_bytes_ready"] == 50 and queue["consumers"] == 0
+        assert isinstance(queue["memory"], int) and queue["memory"] > 0
+        ch.basic_ack(method.delivery_tag)
+        queue_with(broker, unique, messages=2, messages_unacknowledged=0)
+        ch.queue_delete(unique)
+
+
+def test_consumer_details(broker, unique):
+    with open_channel(broker) as ch:
+        declare_queue(ch, unique)
+        ch.basic_qos(prefetch_count=7)
+        tag, _ = consume(ch, unique, arguments={"x-priority": 3})
+        queue = queue_with(broker, unique, consumers=1)
+        [consumer] = queue["consumer_details"]
+        assert {key: consumer[key] for key in ("consumer_tag", "exclusive", "ack_required", "prefetch_count",
+                                               "arguments", "queue")} == {
+            "consumer_tag": tag, "exclusive": False, "ack_required": True, "prefetch_count": 7,
+            "arguments": {"x-priority": 3}, "queue": {"name": unique, "vhost": "/"}}
+        assert consumer["channel_details"]["number"] == ch.channel_number
+        assert consumer["channel_details"]["user"] == "guest"
+        assert request(broker, "DELETE", queue_path(unique) + "?if-unused=true") == (
+            400, {"error": "bad_request", "reason": f"queue '{unique}' in vhost '/' in use"})
+
+
+def test_purge(broker, unique):
+    with open_channel(broker) as ch:
+        declare_queue(ch, unique)
+        publish(ch, unique, [b"1", b"2", b"3"])
+        wait_for_message_count(ch, unique, 3)
+        assert request(broker, "DELETE", queue_path(unique) + "?if-empty=true") == (
+            400, {"error": "bad_request", "reason": f"queue '{unique}' in vhost '/' not empty"})
+        assert request(broker, "DELETE", queue_path(unique) + "/contents").status == 204
+        assert message_count(ch, unique) == 0
+        assert request(broker, "DELETE", queue_path(unique) + "?if-empty=true").status == 204
+
+
+def test_get_with_requeue_puts_messages_back_redelivered(broker, unique):
+    with open_channel(broker) as ch:
+        declare_queue(ch, unique)
+        publish(ch, unique, [b"first", b"second", b"third"])
+        wait_for_message_count(ch, unique, 3)
+        got = get_messages(broker, unique, 2, "ack_requeue_true")
+        assert [(m["payload"], m["payload_encoding"], m["redelivered"], m["message_count"], m["routing_key"],
+                 m["exchange"], m["payload_bytes"]) for m in got] == [
+            ("first", "string", False, 2, unique, "", 5), ("second", "string", False, 1, unique, "", 6)]
+        assert [(m.body, m.redelivered) for m in drain(ch, unique)] == [
+            (b"first", True), (b"second", True), (b"third", False)]
+
+
+def test_get_ack_and_reject_modes(broker, unique):
+    dead = unique + "-dead"
+    with open_channel(broker) as ch:
+        declare_queue(ch, dead)
+        declare_queue(ch, unique, arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead})
+        publish(ch, unique, [b"acked", b"rejected", b"requeued", b"kept"])
+        wait_for_message_count(ch, unique, 4)
+        assert [m["payload"] for m in get_messages(broker, unique, 1, "ack_requeue_false")] == ["acked"]
+        assert [m["payload"] for m in get_messages(broker, unique, 1, "reject_requeue_false")] == ["rejected"]
+        assert [m["payload"] for m in get_messages(broker, unique, 1, "reject_requeue_true")] == ["requeued"]
+        assert [(m.body, m.redelivered) for m in drain(ch, unique)] == [(b"requeued", True), (b"kept", False)]
+        [dead_lettered] = drain(ch, dead)
+        assert dead_lettered.body == b"rejected"
+        assert dead_lettered.properties.headers["x-death"][0]["reason"] == "rejected"
+
+
+def test_get_encodings_truncation_and_properties(broker, unique):
+    with open_channel(broker) as ch:
+        declare_queue(ch, unique)
+        properties = pika.BasicProperties(content_type="text/plain", delivery_mode=2, priority=3,
+                                          correlation_id="c1", message_id="m1", timestamp=1700000000,
+                                          headers={"n": 1, "s": "x", "list": [1, "y"], "raw": b"\xff\x01"})
+        publish(ch, unique, ["héllo wörld".encode()], properties=properties)
+        publish(ch, unique, [b"\x00\x01\xff"])
+        wait_for_message_count(ch, unique, 2)
+        first, second = get_messages(broker, unique, -1, "ack_requeue_true", truncate=8)
+        assert (first["payload"], first["payload_encoding"], first["payload_bytes"]) == ("héllo w", "string", 13)
+        assert first["properties"] == {
+            "content_type": "text/plain", "delivery_mode": 2, "priority": 3, "correlation_id": "c1",
+            "message_id": "m1", "timestamp": 1700000000,
+            "headers": {"n": 1, "s": "x", "list": [1, "y"], "raw": "Not UTF-8, base64 is: /wE="}}
+        assert (second["payload"], second["payload_encoding"], second["properties"]) == ("AAH/", "base64", [])
+        [again, _] = get_messages(broker, unique, 2, "ack_requeue_false", encoding="base64")
+        assert (again["payload"], again["redelivered"]) == ("aMOpbGxvIHfDtnJsZA==", True)
+
+
+def test_get_refusals(broker, unique):
+    with open_channel(broker) as ch:
+        declare_queue(ch, unique)
+        body = {"count": 1, "ackmode": "ack_requeue_true", "encoding": "auto"}
+        assert request(broker, "POST", f"{queue_path(unique)}/get", {**body, "encoding": "x"}) == (
+            400, {"error": "bad_request", "reason": "Unsupported encoding. Please use auto or base64."})
+        assert request(broker, "POST", f"{queue_path(unique)}/get", {"ackmode": "ack_requeue_true",
+                                                                    "encoding": "auto"}) == (
+            400, {"error": "bad_request", "reason": "[{key_missing,count}]"})
+        assert request(broker, "POST", f"{queue_path(unique + '-missing')}/get", body) == (
+            404, {"error": "not_found", "reason": f"NOT_FOUND - no queue '{unique}-missing' in vhost '/'"})
+        assert get_messages(broker, unique, 1, "ack_requeue_true") == []
+
+
+@pytest.fixture
+def limited_user(broker, unique):
+    """A management user who may configure, write and read only names starting with "ok-"."""
+    name = unique + "-user"
+    add_user(broker, name, "secret", "management")
+    set_permissions(broker, "/", name, "^ok-", "^ok-", "^ok-")
+    yield name
+    delete_user(broker, name)
+
+
+def test_changes_need_the_amqp_permissions(broker, unique, limited_user):
+    refused = (401, {"error": "not_authorised", "reason": "Access refused."})
+    as_user = {"user": limited_user, "password": "secret"}
+    with open_channel(broker) as ch:
+        declare_queue(ch, unique)
+        publish(ch, unique, [b"x"])
+        wait_for_message_count(ch, unique, 1)
+        assert request(broker, "PUT", queue_path(unique + "-new"), {}, **as_user) == refused
+        assert request(broker, "DELETE", queue_path(unique), **as_user) == refused
+        assert request(broker, "DELETE", queue_path(unique) + "/contents", **as_user) == refused
+        reply = request(broker, "POST", f"{queue_path(unique)}/get",
+                        {"count": 1, "ackmode": "ack_requeue_false", "encoding": "auto"}, **as_user)
+        assert reply == (401, {"error": "not_authorised",
+                               "reason": f"ACCESS_REFUSED - access to queue '{unique}' in vhost '/' refused for "
+                                         f"user '{limited_user}'"})
+        assert request(broker, "GET", queue_path(unique), **as_user).status == 200  # reading needs no permission
+        assert message_count(ch, unique) == 1
+        own = "ok-" + unique
+        assert request(broker, "PUT", queue_path(own), {}, **as_user).status == 201
+        assert request(broker, "DELETE", queue_path(own), **as_user).status == 204
+
+
+def test_durable_queue_and_its_messages_survive_a_restart(own_broker, unique):
+    broker = own_broker()
+    assert request(broker, "PUT", queue_path(unique), {"durable": True}).status == 201
+    message = {"routing_key": unique, "properties": {"delivery_mode": 2}, "payload": "kept",
+               "payload_encoding": "string"}
+    assert request(broker, "POST", "/api/exchanges/%2F/amq.default/publish", message).body == {"routed": True}
+    broker.kill()  # the message was on disk before the publish was answered
+    broker.start()
+    wait_for_api(broker)
+    assert [m["payload"] for m in get_messages(broker, unique, 1, "ack_requeue_false")] == ["kept"]
