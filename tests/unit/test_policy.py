@@ -1,19 +1,24 @@
 """Policies: validation with RabbitMQ 3.10's texts (checked against its PUT /api/policies replies), matching,
 choosing one per object, merging with operator policies and queue arguments, and live re-application.
-Modules under test: broker.model.policy, broker.model.vhost (policies), broker.model.queue (apply_policies)."""
+Modules under test: broker.model.policy, broker.model.vhost (policies), broker.model.queue (apply_policies),
+broker.model.durability (restore)."""
 
 import asyncio
 import functools
+import logging
 
 import pytest
 from pamqp.commands import Basic
 
 from broker.model import policy as policies
+from broker.model.durability import restore
 from broker.model.message import Address, Header, Message
+from broker.model.node import Node
 from broker.model.policy import PolicyError, choose, effective_settings, make_policy, merged_definition
 from broker.model.vhost import VirtualHost
 from protocol.codec import encode_header_payload
 from protocol.errors import AMQPError
+from storage.recovery import Recovered
 
 
 def refusal(pattern=".*", definition=None, priority=0, apply_to="all", operator=False) -> str:
@@ -238,3 +243,32 @@ def test_a_bad_policy_changes_nothing(vhost):
     with pytest.raises(PolicyError):
         vhost.set_policy("bad", ".*", {"max-length": -1})
     assert vhost.policies == {} and queue.policy is None
+
+
+# --- restored from the definitions log ----------------------------------------------------------------------
+def stored_policy(name: str, **changes) -> dict:
+    return {"vhost": "/", "name": name, "pattern": "^q", "apply-to": "queues", "definition": {"max-length": 1},
+            "priority": 0, **changes}
+
+
+def test_policies_are_restored_before_the_queues_and_a_bad_one_is_logged_and_skipped(caplog):
+    stored = Recovered([], [{"vhost": "/", "name": "q1", "durable": True, "auto_delete": False, "arguments": {}}],
+                       [], {}, 10, {})
+    stored.policies = [stored_policy("good"), stored_policy("bad", definition={"max-length": -1}),
+                       stored_policy("elsewhere", vhost="gone")]
+    stored.operator_policies = [stored_policy("cap", definition={"max-length": 0}, priority=1)]
+
+    async def run():
+        node = Node()
+        vhost = node.vhosts["/"] = VirtualHost("/", None, node)
+        with caplog.at_level(logging.ERROR):
+            restore(node, stored)
+        return vhost
+    vhost = asyncio.run(run())
+    assert list(vhost.policies) == ["good"] and list(vhost.operator_policies) == ["cap"]
+    queue = vhost.queues["q1"]
+    assert queue.policy.name == "good" and queue.operator_policy.name == "cap" and queue.limit.max_length == 0
+    errors = [record.getMessage() for record in caplog.records if record.levelno == logging.ERROR]
+    assert len(errors) == 2
+    assert "'bad'" in errors[0] and errors[0].endswith("-1 is not a valid maximum length")
+    assert "'elsewhere'" in errors[1] and "vhost is gone" in errors[1]
