@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -52,6 +53,7 @@ async def rabbitmq_errors(request: web.Request, handler):
 def make_app(server: "Server") -> web.Application:
     app = web.Application(middlewares=[rabbitmq_errors, authenticated], client_max_size=http.MAX_BODY)
     app[http.SERVER] = server
+    app[http.STARTED] = time.monotonic()
     for view in VIEWS:
         app.add_routes(view.routes)
     return app

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from broker.model.vhost import VirtualHost
 
 SERVER = web.AppKey("server", object)  # the AMQP Server (its node, connections and config)
+STARTED = web.AppKey("started", float)  # time.monotonic() when the API started (the node's uptime counts from it)
 MAX_BODY = 64 * 1024 * 1024  # largest request body accepted (a definitions import of a big deployment)
 ERROR_NAMES = {400: "bad_request", 401: "not_authorised", 403: "not_authorised", 404: "Object Not Found",
                405: "method_not_allowed"}
@@ -32,6 +33,8 @@ IMPLIED_TAGS = {
     "policymaker": {"policymaker", "management"},
     "management": {"management"},
 }
+
+REFUSAL_NAMES = {"monitoring": "monitor"}  # how RabbitMQ's refusals name a tag, where not by the tag itself
 
 
 class ApiError(Exception):
@@ -156,7 +159,7 @@ def require(request: web.Request, tag: str) -> User:
     user")."""
     user: User = request["user"]
     if tag not in rights_of(user):
-        raise not_authorised(f"Not {tag} user")
+        raise not_authorised(f"Not {REFUSAL_NAMES.get(tag, tag)} user")
     return user
 
 

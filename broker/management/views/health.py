@@ -1,5 +1,94 @@
-"""The management API: health."""
+"""The management API: health checks, as RabbitMQ's /api/health/checks/... and /api/aliveness-test."""
+
+from __future__ import annotations
 
 from aiohttp import web
 
+from broker.management import http
+
 routes = web.RouteTableDef()
+
+# How RabbitMQ's alarm checks name each resource whose alarm is on.
+ALARM_RESOURCES = {"memory": "memory", "disk": "disk space"}
+PROTOCOL_ALIASES = {"amqp": "amqp", "amqp091": "amqp", "amqp0-9-1": "amqp", "http": "http"}
+
+
+def ok(**details) -> web.Response:
+    return http.reply({"status": "ok", **details})
+
+
+def failed(reason: str, **details) -> web.Response:
+    """A failed check: 503 with its reason, as RabbitMQ."""
+    return http.reply({"status": "failed", "reason": reason, **details}, status=503)
+
+
+def listeners(request: web.Request) -> dict[str, int]:
+    """Protocol -> port of what this node listens on."""
+    management_port = request.transport.get_extra_info("sockname")[1] if request.transport else 0
+    return {"amqp": http.server_of(request).port, "http": management_port}
+
+
+async def alarms(request: web.Request, reason: str) -> web.Response:
+    active = sorted(http.server_of(request).alarms)
+    if not active:
+        return ok()
+    return failed(reason, alarms=[{"resource": ALARM_RESOURCES[name], "node": http.node_name()} for name in active])
+
+
+@routes.get("/api/health/checks/alarms")
+async def cluster_alarms(request: web.Request) -> web.Response:
+    return await alarms(request, "There are alarms in effect in the cluster")
+
+
+@routes.get("/api/health/checks/local-alarms")
+async def local_alarms(request: web.Request) -> web.Response:
+    return await alarms(request, "There are alarms in effect on the node")
+
+
+@routes.get("/api/health/checks/virtual-hosts")
+async def virtual_hosts(request: web.Request) -> web.Response:
+    return ok()  # every vhost of a Warren node runs in the broker's one process
+
+
+@routes.get("/api/health/checks/node-is-quorum-critical")
+@routes.get("/api/health/checks/node-is-mirror-sync-critical")
+async def single_node(request: web.Request) -> web.Response:
+    return ok(reason="single node cluster")
+
+
+@routes.get("/api/health/checks/certificate-expiration/{within}/{unit}")
+async def certificates(request: web.Request) -> web.Response:
+    return ok()  # Warren serves no TLS listener, so no certificate can expire
+
+
+@routes.get("/api/health/checks/port-listener/{port}")
+async def port_listener(request: web.Request) -> web.Response:
+    port = request.match_info["port"]
+    ports = sorted(set(listeners(request).values()), reverse=True)
+    if not port.isdigit():
+        raise http.bad_request(f"invalid port '{port}'")
+    if int(port) in ports:
+        return ok(port=int(port))
+    return failed("No active listener", missing=int(port), ports=ports)
+
+
+@routes.get("/api/health/checks/protocol-listener/{protocol}")
+async def protocol_listener(request: web.Request) -> web.Response:
+    asked = request.match_info["protocol"]
+    protocol = PROTOCOL_ALIASES.get(asked.lower(), asked)
+    if protocol in listeners(request):
+        return ok(protocol=protocol)
+    return failed("No active listener", missing=asked, protocols=sorted(listeners(request)))
+
+
+@routes.get("/api/aliveness-test/{vhost}")
+async def aliveness(request: web.Request) -> web.Response:
+    """The vhost exists and the broker's loop answers (RabbitMQ also sends a message through a queue
+    "aliveness-test" there; Warren's model runs in this same loop)."""
+    http.login_vhost_of(request)
+    return ok()
+
+
+@routes.get("/api/healthchecks/node")
+async def node_health(request: web.Request) -> web.Response:
+    return ok()

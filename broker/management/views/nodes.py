@@ -1,5 +1,83 @@
-"""The management API: nodes."""
+"""The management API: the node (Warren runs as a cluster of one) and its name."""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from broker.connection.alarms.disk import free_bytes
+from broker.connection.alarms.memory import resident_bytes
+from broker.management import http
+from broker.model.exchange import EXCHANGE_TYPES
+
+if TYPE_CHECKING:
+    from broker.connection.server import Server
+
 routes = web.RouteTableDef()
+
+RATES_MODE = "none"  # Warren keeps no message rates (RabbitMQ's rates_mode with statistics off)
+# The descriptions RabbitMQ gives its exchange types and login mechanisms.
+EXCHANGE_TYPE_DESCRIPTIONS = {
+    "direct": "AMQP direct exchange, as per the AMQP specification",
+    "fanout": "AMQP fanout exchange, as per the AMQP specification",
+    "headers": "AMQP headers exchange, as per the AMQP specification",
+    "topic": "AMQP topic exchange, as per the AMQP specification",
+}
+AUTH_MECHANISMS = [
+    {"name": "PLAIN", "description": "SASL PLAIN authentication mechanism", "enabled": True},
+    {"name": "AMQPLAIN", "description": "QPid AMQPLAIN mechanism", "enabled": True},
+]
+
+
+def exchange_types() -> list[dict]:
+    return [{"name": kind, "description": EXCHANGE_TYPE_DESCRIPTIONS.get(kind, ""), "enabled": True}
+            for kind in sorted(EXCHANGE_TYPES)]
+
+
+def open_files() -> int:
+    """File descriptors this process has open (0 where /proc cannot tell)."""
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 0
+
+
+def node_json(request: web.Request) -> dict:
+    """The node as RabbitMQ's /api/nodes shows it: its resources, limits and alarms (no rates, no Erlang VM)."""
+    server: "Server" = http.server_of(request)
+    file_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return {
+        "name": http.node_name(), "type": "disc", "running": True, "partitions": [], "cluster_links": [],
+        "os_pid": str(os.getpid()), "processors": os.cpu_count() or 1,
+        "uptime": int((time.monotonic() - request.app[http.STARTED]) * 1000),
+        "mem_used": resident_bytes(), "mem_limit": server.memory_alarm.limit,
+        "mem_alarm": "memory" in server.alarms, "mem_calculation_strategy": "rss",
+        "disk_free": free_bytes(server.data_dir) or 0, "disk_free_limit": 0, "disk_free_alarm": "disk" in server.alarms,
+        "fd_used": open_files(), "fd_total": file_limit, "sockets_used": len(server.connections),
+        "sockets_total": file_limit, "rates_mode": RATES_MODE, "db_dir": str(server.data_dir),
+        "exchange_types": exchange_types(), "auth_mechanisms": AUTH_MECHANISMS,
+        "enabled_plugins": ["rabbitmq_management"],
+    }
+
+
+@routes.get("/api/nodes")
+async def list_nodes(request: web.Request) -> web.Response:
+    http.require(request, "monitoring")
+    return http.reply([node_json(request)])
+
+
+@routes.get("/api/nodes/{name}")
+async def get_node(request: web.Request) -> web.Response:
+    http.require(request, "monitoring")
+    if request.match_info["name"] != http.node_name():
+        raise http.not_found()
+    return http.reply(node_json(request))
+
+
+@routes.get("/api/cluster-name")
+async def cluster_name(request: web.Request) -> web.Response:
+    return http.reply({"name": http.server_of(request).config.cluster_name})
