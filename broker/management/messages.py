@@ -14,7 +14,7 @@ from broker.management import http
 from broker.model.features.expiry import parse_expiration
 from broker.model.message import Address, Header, Message
 from protocol import errors
-from protocol.codec import encode_header_payload
+from protocol.codec import LongLong, encode_header_payload
 
 # JSON property name -> pamqp's attribute name, in RabbitMQ's order
 PROPERTY_NAMES = {
@@ -89,9 +89,12 @@ def _table(data: dict) -> dict:
 
 
 def _field_value(value):
-    """A JSON value as an AMQP field value; null has no field type (RabbitMQ refuses it)."""
+    """A JSON value as an AMQP field value, integers as 64-bit ones as RabbitMQ makes them; null has no field type
+    (RabbitMQ refuses it)."""
     if value is None:
         raise http.bad_request("null_not_allowed")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return LongLong(value)
     if isinstance(value, dict):
         return _table(value)
     if isinstance(value, list):
