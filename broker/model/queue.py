@@ -87,10 +87,9 @@ class Queue:
 
     def apply_policies(self, policy: "Policy | None", operator_policy: "Policy | None") -> None:
         """Other policies apply from now on, as RabbitMQ applies them to a live queue: a lower length limit drops
-        (and dead-letters) the oldest messages at once, a new expires lease starts now, a new message TTL applies
-        to messages enqueued from now on."""
+        (and dead-letters) the oldest messages at once, the expires lease starts again, a new message TTL applies to
+        messages enqueued from now on."""
         self.policy, self.operator_policy = policy, operator_policy
-        unused_ttl = self.unused_ttl
         self._configure(self._settings())
         if self.limit is not None:
             self.limit.returned(self.entries)
@@ -98,11 +97,10 @@ class Queue:
             if dropped:
                 self.forget(dropped)
                 dead_letter(self, dropped, MAXLEN)
-        if self.unused_ttl != unused_ttl:
-            if self.unused_timer is not None:
-                self.unused_timer.cancel()
-                self.unused_timer = None
-            self.touch()
+        if self.unused_timer is not None:
+            self.unused_timer.cancel()
+            self.unused_timer = None
+        self.touch()
 
     def count_ready(self) -> int:
         """Ready messages, once the expired ones at the head have left (and been dead-lettered)."""
