@@ -20,10 +20,10 @@ def quote(name: str) -> str:
 
 
 class NotFound(CommandError):
-    """The API answered 404: the verb turns it into a message naming what is missing."""
+    """The API answered 404: a verb that knows what is missing says so; otherwise the path is unknown to the API."""
 
-    def __init__(self, path: str) -> None:
-        super().__init__(f"{path} not found", EX_UNAVAILABLE)
+    def __init__(self, base_url: str, path: str) -> None:
+        super().__init__(f"the management API at {base_url} has no {path}", EX_UNAVAILABLE)
 
 
 class Client:
@@ -58,7 +58,9 @@ class Client:
             with urllib.request.urlopen(call, timeout=self.timeout) as response:
                 return _decoded(response.read())
         except urllib.error.HTTPError as error:
-            raise _refusal(error.code, path, _decoded(error.read())) from None
+            if error.code == 404:
+                raise NotFound(self.base_url, path) from None
+            raise _refusal(error.code, _error_body(error.read())) from None
         except (socket.timeout, TimeoutError):
             raise CommandError(f"no answer from {self.base_url} within {self.timeout:g} s", EX_TEMPFAIL) from None
         except urllib.error.URLError as error:
@@ -71,6 +73,14 @@ class Client:
 
 def _decoded(raw: bytes) -> Any:
     return json.loads(raw) if raw.strip() else None
+
+
+def _error_body(raw: bytes) -> Any:
+    """An error's body: RabbitMQ's {"error": ..., "reason": ...}, or whatever text a proxy put there."""
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw.decode(errors="replace")
 
 
 def _reason(error: urllib.error.URLError) -> str:
@@ -87,17 +97,13 @@ def _readable(reason: Any) -> Any:
     return reason
 
 
-def _refusal(status: int, path: str, body: Any) -> CommandError:
-    """The CommandError for an HTTP error status, with the broker's reason when it gave one."""
-    if status == 404:
-        return NotFound(path)
+def _refusal(status: int, body: Any) -> CommandError:
+    """The CommandError for an HTTP error status other than 404, with the broker's reason when it gave one."""
     reason = body.get("reason") if isinstance(body, dict) else body
     text = html.unescape(reason if isinstance(reason, str) else json.dumps(_readable(reason))).strip()
     text = " ".join(line.strip() for line in text.splitlines() if line.strip())
-    if status == 401:
-        return CommandError(f"the management API refused the credentials: {text}", EX_NOPERM)
-    if status == 403:
-        return CommandError(f"not allowed: {text}", EX_NOPERM)
+    if status in (401, 403):  # "Login failed", or a user whose tags do not allow the call
+        return CommandError(f"refused by the management API: {text}", EX_NOPERM)
     if status == 400:
         return CommandError(text, EX_DATAERR)
     return CommandError(f"the management API answered {status}: {text}", EX_SOFTWARE)

@@ -107,7 +107,9 @@ def list_verb(name: str) -> None:
         try:
             items = ctx.client.get(listing.path.format(vhost=quote(vhost)))
         except NotFound:
-            raise vhost_missing(vhost) from None
+            if listing.per_vhost:
+                require_vhost(ctx.client, vhost)
+            raise
         table = rows(listing, args.columns, items)  # the parser checked the columns
         if ctx.as_json:
             output.json_rows(args.columns, table, ctx.out)
@@ -264,7 +266,8 @@ def set_policy(ctx: Context, args: Any) -> None:
     try:
         ctx.client.put(f"/api/policies/{quote(args.vhost)}/{quote(args.name)}", body)
     except NotFound:
-        raise vhost_missing(args.vhost) from None
+        require_vhost(ctx.client, args.vhost)
+        raise
 
 
 @verb("clear_policy", "Clears a policy", "name", per_vhost=True)

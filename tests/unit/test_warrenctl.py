@@ -3,8 +3,10 @@ the management API gives. Under test: warrenctl.parser, warrenctl.output, warren
 
 from __future__ import annotations
 
+import http.server
 import io
 import socket
+import threading
 
 import pytest
 
@@ -143,15 +145,65 @@ def test_json_rows_are_rabbitmqctls_one_object_per_line():
 
 
 def test_the_apis_refusals_become_one_line_and_an_exit_code():
-    policy = _refusal(400, "/api/policies/%2F/p", {"error": "bad_request", "reason":
+    policy = _refusal(400, {"error": "bad_request", "reason":
                       "Validation failed\n\n[{&lt;&lt;\"bogus\"&gt;&gt;,1}] are not recognised policy settings\n"})
     assert (policy.message, policy.exit_code) == (
         'Validation failed [{<<"bogus">>,1}] are not recognised policy settings', EX_DATAERR)
-    regexp = _refusal(400, "/api/permissions/%2F/u", {"error": "bad_request",
+    regexp = _refusal(400, {"error": "bad_request",
                       "reason": ["invalid_regexp", [40], [[109, 105, 115, 115, 105, 110, 103, 32, 41], 1]]})
     assert regexp.message == '["invalid_regexp", "(", ["missing )", 1]]'
-    login = _refusal(401, "/api/overview", {"error": "not_authorized", "reason": "Login failed"})
-    assert (login.message, login.exit_code) == ("the management API refused the credentials: Login failed",
-                                                EX_NOPERM)
-    assert _refusal(403, "/api/users", {"error": "not_authorised", "reason": "Not administrator user"}).exit_code \
-        == EX_NOPERM
+    login = _refusal(401, {"error": "not_authorized", "reason": "Login failed"})
+    assert (login.message, login.exit_code) == ("refused by the management API: Login failed", EX_NOPERM)
+    tags = _refusal(401, {"error": "not_authorised", "reason": "Not administrator user"})
+    assert (tags.message, tags.exit_code) == ("refused by the management API: Not administrator user", EX_NOPERM)
+    assert _refusal(500, {"error": "internal", "reason": "boom"}).exit_code == 70
+
+
+class StubApi(http.server.BaseHTTPRequestHandler):
+    """Answers every GET with the status and body set for its path (404 for any other path)."""
+
+    answers: dict[str, tuple[int, bytes]] = {}
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        status, body = self.answers.get(self.path, (404, b'{"error":"Object Not Found","reason":"Not Found"}'))
+        self.send_response(status)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def stub_api():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), StubApi)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1], StubApi.answers
+    server.shutdown()
+    server.server_close()
+    StubApi.answers.clear()
+
+
+def test_a_missing_endpoint_is_named_not_taken_for_a_missing_vhost(stub_api, capsys):
+    port, answers = stub_api
+    answers["/api/vhosts/%2F"] = (200, b'{"name":"/"}')
+    assert main(["list_consumers", "-q", "--port", str(port)]) == EX_UNAVAILABLE
+    assert capsys.readouterr().err == \
+        f"Error: the management API at http://127.0.0.1:{port} has no /api/consumers/%2F\n"
+    assert main(["list_queues", "-q", "-p", "gone", "--port", str(port)]) == EX_DATAERR
+    assert capsys.readouterr().err == "Error: Virtual host 'gone' does not exist\n"
+
+
+def test_an_answer_that_is_not_the_apis_is_one_error_line(stub_api, capsys):
+    port, answers = stub_api
+    answers["/api/users"] = (200, b"<html>not an API</html>")
+    assert main(["list_users", "-q", "--port", str(port)]) == EX_UNAVAILABLE
+    assert capsys.readouterr().err.startswith(f"Error: bad answer from the management API at http://127.0.0.1:{port}")
+    answers["/api/users"] = (200, b'{"not": "a list"}')
+    assert main(["list_users", "-q", "--port", str(port)]) == 70
+    assert capsys.readouterr().err.startswith("Error: unexpected answer from the management API")
+    answers["/api/users"] = (503, b"busy")
+    assert main(["list_users", "-q", "--port", str(port)]) == 70
+    assert capsys.readouterr().err == "Error: the management API answered 503: busy\n"
