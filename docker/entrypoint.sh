@@ -13,13 +13,15 @@ CONFIG=${WARREN_CONFIG:-/etc/warren/warren.toml}
 GENERATED_PASS_FILE=${WARREN_GENERATED_PASS_FILE:-/var/lib/warren/generated-default-pass}
 
 # The config file's default user and password, one per line (nothing if it cannot be read: warren-server then
-# reports why).
+# reports why; nothing either if its [[users]] or load_definitions file define users, which replace the default
+# user).
 configured_credentials() {
     python -c 'import sys
-from broker.config import load_config
+from broker.config import load_config, read_definitions
 config = load_config(sys.argv[1])
-print(config.default_user)
-print(config.default_pass)' "$CONFIG" 2>/dev/null || true
+if not config.users and not (config.load_definitions and read_definitions(config.load_definitions).get("users")):
+    print(config.default_user)
+    print(config.default_pass)' "$CONFIG" 2>/dev/null || true
 }
 
 if [ -z "${WARREN_DEFAULT_PASS:-}" ]; then
