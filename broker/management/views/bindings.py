@@ -76,7 +76,7 @@ async def create(request: web.Request) -> web.Response:
     except AMQPError as error:
         raise api_error(error) from None
     await http.on_disk(request)
-    location = "/".join(urllib.parse.quote(part, safe="")
+    location = "/".join(urllib.parse.quote_plus(part, safe="")
                         for part in (destination_name, properties_key(routing_key, arguments)))
     return web.Response(status=201, headers={"Location": location})
 
