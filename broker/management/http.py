@@ -191,6 +191,13 @@ def tag_list(value: Any, what: str) -> list[str]:
     raise bad_request(f"{what} must be a comma-separated string or a list of strings")
 
 
+def require_keys(body: dict, keys: tuple[str, ...]) -> None:
+    """400 naming the missing keys as RabbitMQ does ("[{key_missing,write},{key_missing,read}]")."""
+    missing = [key for key in keys if key not in body]
+    if missing:
+        raise bad_request("[" + ",".join(f"{{key_missing,{key}}}" for key in missing) + "]")
+
+
 def string_field(body: dict, key: str, default: str | None = None) -> str | None:
     """body[key] if it is a string (default when absent); 400 naming the key otherwise."""
     value = body.get(key, default)
@@ -221,6 +228,12 @@ def compact_json(data: Any) -> str:
 
 def reply(data: Any, status: int = 200) -> web.Response:
     return web.json_response(data, status=status, dumps=compact_json)
+
+
+def reply_list(items: list[dict], *keys: str) -> web.Response:
+    """A JSON list sorted as RabbitMQ sorts it: by the given fields ("name" unless told)."""
+    keys = keys or ("name",)
+    return reply(sorted(items, key=lambda item: tuple(item.get(key) for key in keys)))
 
 
 def created_or_updated(existed: bool) -> web.Response:

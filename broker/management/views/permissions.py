@@ -23,7 +23,8 @@ def permission_of(request: web.Request):
 @routes.get("/api/permissions")
 async def list_permissions(request: web.Request) -> web.Response:
     http.require(request, "administrator")
-    return http.reply([permission.definition() for permission in http.node_of(request).permissions.values()])
+    return http.reply_list([permission.definition() for permission in http.node_of(request).permissions.values()],
+                           "vhost", "user")
 
 
 @routes.get("/api/permissions/{vhost}/{user}")
@@ -37,9 +38,7 @@ async def put_permission(request: web.Request) -> web.Response:
     """Set a user's configure, write and read patterns in a vhost (all three required, as RabbitMQ)."""
     http.require(request, "administrator")
     body = await http.json_body(request)
-    missing = [kind for kind in ACCESS_KINDS if kind not in body]
-    if missing:
-        raise http.bad_request("[" + ",".join(f"{{key_missing,{kind}}}" for kind in missing) + "]")
+    http.require_keys(body, ACCESS_KINDS)
     patterns = [http.string_field(body, kind) for kind in ACCESS_KINDS]
     node = http.node_of(request)
     vhost, user = request.match_info["vhost"], request.match_info["user"]

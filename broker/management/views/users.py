@@ -27,7 +27,7 @@ async def whoami(request: web.Request) -> web.Response:
 @routes.get("/api/users")
 async def list_users(request: web.Request) -> web.Response:
     http.require(request, "administrator")
-    return http.reply([user.definition() for user in http.node_of(request).users.values()])
+    return http.reply_list([user.definition() for user in http.node_of(request).users.values()])
 
 
 @routes.get("/api/users/{name}")
@@ -74,5 +74,5 @@ async def delete_user(request: web.Request) -> web.Response:
 async def user_permissions(request: web.Request) -> web.Response:
     http.require(request, "administrator")
     name = user_of(request).name
-    return http.reply([permission.definition() for (_, user), permission in
-                       http.node_of(request).permissions.items() if user == name])
+    return http.reply_list([permission.definition() for (_, user), permission in
+                            http.node_of(request).permissions.items() if user == name], "vhost", "user")

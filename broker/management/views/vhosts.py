@@ -46,7 +46,7 @@ def existing_vhost(request: web.Request) -> "VirtualHost":
 @routes.get("/api/vhosts")
 async def list_vhosts(request: web.Request) -> web.Response:
     unacked = unacked_by_vhost(http.server_of(request))
-    return http.reply([vhost_json(vhost, unacked.get(vhost.name, 0)) for vhost in http.visible_vhosts(request)])
+    return http.reply_list([vhost_json(vhost, unacked.get(vhost.name, 0)) for vhost in http.visible_vhosts(request)])
 
 
 @routes.get("/api/vhosts/{vhost}")
@@ -92,5 +92,5 @@ async def delete_vhost(request: web.Request) -> web.Response:
 async def vhost_permissions(request: web.Request) -> web.Response:
     http.require(request, "administrator")
     name = existing_vhost(request).name
-    return http.reply([permission.definition() for (vhost, _), permission in
-                       http.node_of(request).permissions.items() if vhost == name])
+    return http.reply_list([permission.definition() for (vhost, _), permission in
+                            http.node_of(request).permissions.items() if vhost == name], "vhost", "user")
