@@ -11,7 +11,7 @@ from typing import Any, Callable, TextIO
 from warrenctl import output
 from warrenctl.client import Client, NotFound, quote
 from warrenctl.errors import EX_DATAERR, EX_NOUSER, EX_SOFTWARE, EX_UNAVAILABLE, CommandError
-from warrenctl.listings import LISTINGS, rows
+from warrenctl.listings import LISTINGS, rows, tags
 
 
 @dataclass
@@ -31,18 +31,19 @@ class Context:
 
 
 @dataclass(frozen=True)
+class Option:
+    flags: tuple[str, ...]  # e.g. ("-u", "--if-unused")
+    settings: dict[str, Any]  # argparse's add_argument keywords
+
+
+@dataclass(frozen=True)
 class Verb:
     run: Callable[[Context, Any], None]  # does the work, given the context and the parsed arguments
     summary: str  # one line for --help
     arguments: tuple[str, ...]  # positional arguments; a trailing "..." takes any number
     per_vhost: bool  # takes -p/--vhost
     options: tuple[Option, ...] = ()  # the verb's own options
-
-
-@dataclass(frozen=True)
-class Option:
-    flags: tuple[str, ...]  # e.g. ("-u", "--if-unused")
-    settings: dict[str, Any]  # argparse's add_argument keywords
+    details: str = ""  # more help, under the usage
 
 
 VERBS: dict[str, Verb] = {}
@@ -90,11 +91,6 @@ def user_record(client: Client, name: str) -> dict:
         raise user_missing(name) from None
 
 
-def tag_list(record: dict) -> list[str]:
-    value = record.get("tags") or []
-    return [tag for tag in value.split(",") if tag] if isinstance(value, str) else list(value)
-
-
 # --- listings --------------------------------------------------------------------------------------------------
 
 def list_verb(name: str) -> None:
@@ -116,7 +112,9 @@ def list_verb(name: str) -> None:
         else:
             output.table(args.columns, table, ctx.headers, ctx.out)
 
-    VERBS[name] = Verb(run, f"Lists {noun} and their properties", ("columns...",), listing.per_vhost)
+    details = (f"Columns (rabbitmqctl's info keys; default {' '.join(listing.defaults)}): "
+               f"{' '.join(listing.columns)}.")
+    VERBS[name] = Verb(run, f"Lists {noun} and their properties", ("columns...",), listing.per_vhost, (), details)
 
 
 for _name in LISTINGS:
@@ -191,7 +189,7 @@ def change_password(ctx: Context, args: Any) -> None:
     ctx.say(f'Changing password for user "{args.username}" ...')
     record = user_record(ctx.client, args.username)
     ctx.client.put(f"/api/users/{quote(args.username)}",
-                   {"password": args.password, "tags": ",".join(tag_list(record))})
+                   {"password": args.password, "tags": ",".join(tags(record))})
 
 
 @verb("set_user_tags", "Sets a user's tags (none clears them)", "username", "tags...")

@@ -62,7 +62,8 @@ def build() -> Parser:
 
 
 def add_verb(verbs: Any, name: str, spec: Verb, common: argparse.ArgumentParser) -> None:
-    sub = verbs.add_parser(name, help=spec.summary, description=spec.summary, parents=[common], epilog=EPILOG)
+    description = f"{spec.summary}. {spec.details}" if spec.details else spec.summary
+    sub = verbs.add_parser(name, help=spec.summary, description=description, parents=[common], epilog=EPILOG)
     for argument in spec.arguments:
         if argument.endswith("..."):
             sub.add_argument(argument.removesuffix("..."), nargs="*", metavar=argument.removesuffix("...").upper())
