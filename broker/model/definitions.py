@@ -278,13 +278,18 @@ class _Planner:
     def _vhost(self, item: _Item) -> None:
         name = item.get("name", str)
         item.label = f"vhost '{name}'"
-        metadata = item.get("metadata", dict, {})  # where RabbitMQ 3.11+ also puts description and tags
-        description = item.get("description", str, metadata.get("description", ""))
-        tags = item.tags(item.data.get("tags", metadata.get("tags", [])))
+        # What the item leaves out stays as it is (a RabbitMQ 3.10 export names its vhosts only); RabbitMQ 3.11+
+        # also puts the description and tags in "metadata".
+        current = self.node.vhosts.get(name)
+        metadata = item.get("metadata", dict, {})
+        description = item.get("description", str, metadata.get("description", current.description if current
+                                                                 else ""))
+        tags = item.tags(item.data.get("tags", metadata.get("tags", current.tags if current else [])))
+        queue_type = item.get("default_queue_type", str, current.default_queue_type if current else None)
         self.vhost_names.add(name)
         self.exchange_kinds.update(((name, exchange), kind) for exchange, kind in PREDECLARED_EXCHANGES.items())
         self.result.vhosts.append((item.label, {"name": name, "description": description, "tags": tags,
-                                                "default_queue_type": item.get("default_queue_type", str, None)}))
+                                                "default_queue_type": queue_type}))
 
     def _user(self, item: _Item) -> None:
         name = item.get("name", str)

@@ -133,6 +133,14 @@ def test_tags_may_be_a_comma_separated_string_and_a_user_may_come_with_a_passwor
     assert node.authenticate("carol", "pass") is not None
 
 
+def test_a_vhost_keeps_the_description_and_tags_an_import_leaves_out():
+    node = imported({"vhosts": [{"name": "v", "description": "production", "tags": ["eu"]}]})
+    import_definitions(node, {"vhosts": [{"name": "v"}]})
+    assert (node.vhosts["v"].description, node.vhosts["v"].tags) == ("production", ["eu"])
+    import_definitions(node, {"vhosts": [{"name": "v", "metadata": {"description": "staging", "tags": []}}]})
+    assert (node.vhosts["v"].description, node.vhosts["v"].tags) == ("staging", [])
+
+
 def test_an_import_overwrites_what_it_names_and_leaves_the_rest():
     node = imported(RABBITMQ_EXPORT)
     import_definitions(node, {"users": [{**ALICE, "tags": ["administrator"]}]})
