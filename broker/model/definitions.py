@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 RABBITMQ_VERSION = "3.10.8"  # the RabbitMQ release whose definitions format exports follow (its version keys)
 OPERATOR_POLICY = "operator_policy"  # the component of an operator policy among RabbitMQ's "parameters"
 RESERVED_PREFIX = "amq."  # names of queues and exchanges only the broker may create
+# RabbitMQ releases whose exports name no hashing_algorithm because their hashes are all MD5 (before 3.6).
+MD5_RELEASES = ("2.", "3.0.", "3.1.", "3.2.", "3.3.", "3.4.", "3.5.")
 
 
 class DefinitionsError(ValueError):
@@ -239,6 +241,10 @@ class _Planner:
         self.result = _Plan()
         self.vhost_names = set(node.vhosts)  # vhosts that exist once the import is applied
         self.user_names = set(node.users)
+        version = document.get("rabbit_version")
+        # the hashing of users whose item names none: MD5 in an export of a RabbitMQ older than 3.6, as RabbitMQ
+        self.default_hashing = ("rabbit_password_hashing_md5" if isinstance(version, str)
+                                and version.startswith(MD5_RELEASES) else DEFAULT_HASHING)
         self.exchange_kinds: dict[tuple[str, str], str] = {  # (vhost, exchange) -> type, once applied
             (vhost_name, name): exchange.kind
             for vhost_name, existing in node.vhosts.items() for name, exchange in existing.exchanges.items()}
@@ -296,7 +302,7 @@ class _Planner:
         item.label = f"user '{name}'"
         password = item.get("password", str, None)
         password_hash = item.get("password_hash", str, None)
-        algorithm = item.get("hashing_algorithm", str, DEFAULT_HASHING)
+        algorithm = item.get("hashing_algorithm", str, self.default_hashing)
         if algorithm not in HASHING_ALGORITHMS:
             raise item.error(f"unknown hashing_algorithm '{algorithm}' (known: {', '.join(HASHING_ALGORITHMS)})")
         if password is None and password_hash is not None and not valid_password_hash(password_hash, algorithm):

@@ -9,6 +9,7 @@ import logging
 
 import pytest
 
+from broker.model.access import hash_password
 from broker.model.definitions import DefinitionsError, export_node, export_vhost, import_definitions
 from broker.model.node import Node
 
@@ -139,6 +140,15 @@ def test_a_vhost_keeps_the_description_and_tags_an_import_leaves_out():
     assert (node.vhosts["v"].description, node.vhosts["v"].tags) == ("production", ["eu"])
     import_definitions(node, {"vhosts": [{"name": "v", "metadata": {"description": "staging", "tags": []}}]})
     assert (node.vhosts["v"].description, node.vhosts["v"].tags) == ("staging", [])
+
+
+def test_users_of_an_export_older_than_rabbitmq_3_6_have_md5_hashes():
+    md5_hash = hash_password("old", "rabbit_password_hashing_md5")
+    node = imported({"rabbit_version": "3.5.7", "users": [{"name": "old", "password_hash": md5_hash, "tags": ""}]})
+    assert node.authenticate("old", "old") is not None
+    with pytest.raises(DefinitionsError, match="password_hash is not a base64-encoded salted hash of "
+                                               "rabbit_password_hashing_sha256"):
+        imported({"rabbit_version": "3.10.8", "users": [{"name": "old", "password_hash": md5_hash}]})
 
 
 def test_an_import_overwrites_what_it_names_and_leaves_the_rest():
