@@ -29,8 +29,26 @@ EPILOG = ("The management API is at --host/--port (default 127.0.0.1:15672), or 
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose usage errors exit 64 (rabbitmqctl's code) instead of argparse's 2."""
 
+    verb_parsers: dict[str, Parser]  # the top-level parser's sub-parser of each verb, by name
+
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(message, self.format_usage().strip())
+
+
+def port_number(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}")
+    return int(text)
+
+
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"not a positive number of seconds: {text!r}")
+    return value
 
 
 def common_options() -> argparse.ArgumentParser:
@@ -38,10 +56,11 @@ def common_options() -> argparse.ArgumentParser:
     common = Parser(add_help=False, argument_default=argparse.SUPPRESS)
     group = common.add_argument_group("connection and output")
     group.add_argument("--host", help="host of the management API (default 127.0.0.1)")
-    group.add_argument("--port", type=int, help="port of the management API (default 15672)")
+    group.add_argument("--port", type=port_number, help="port of the management API (default 15672)")
     group.add_argument("--username", dest="api_user", metavar="USER", help="user to call the API as (default guest)")
-    group.add_argument("--password", dest="api_password", metavar="PASSWORD", help="that user's password (default guest)")
-    group.add_argument("-t", "--timeout", type=float, help="seconds to wait for each answer (default 60)")
+    group.add_argument("--password", dest="api_password", metavar="PASSWORD",
+                       help="that user's password (default guest)")
+    group.add_argument("-t", "--timeout", type=seconds, help="seconds to wait for each answer (default 60)")
     group.add_argument("-q", "--quiet", action="store_true", help="print results only, no informational lines")
     group.add_argument("--formatter", choices=("table", "json"), help="output format (default table)")
     group.add_argument("--no-table-headers", action="store_true", help="tables without their header row")
@@ -54,14 +73,13 @@ def build() -> Parser:
                     description="rabbitmqctl's verbs over Warren's (or RabbitMQ's) management HTTP API.")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=Parser)
     verbs.required = True
-    for name, spec in VERBS.items():
-        add_verb(verbs, name, spec, common)
+    parser.verb_parsers = {name: add_verb(verbs, name, spec, common) for name, spec in VERBS.items()}
     helper = verbs.add_parser("help", help="shows a verb's usage", parents=[common])
     helper.add_argument("topic", nargs="?", choices=sorted(VERBS), metavar="VERB")
     return parser
 
 
-def add_verb(verbs: Any, name: str, spec: Verb, common: argparse.ArgumentParser) -> None:
+def add_verb(verbs: Any, name: str, spec: Verb, common: argparse.ArgumentParser) -> Parser:
     description = f"{spec.summary}. {spec.details}" if spec.details else spec.summary
     sub = verbs.add_parser(name, help=spec.summary, description=description, parents=[common], epilog=EPILOG)
     for argument in spec.arguments:
@@ -73,6 +91,7 @@ def add_verb(verbs: Any, name: str, spec: Verb, common: argparse.ArgumentParser)
         sub.add_argument("-p", "--vhost", default="/", help="the virtual host (default /)")
     for option in spec.options:
         sub.add_argument(*option.flags, **option.settings)
+    return sub
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -80,7 +99,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser = build()
     args = parser.parse_args(argv)
     if args.verb in LISTINGS:
-        args.columns = listing_columns(args.columns, args.verb, verb_parser(parser, args.verb))
+        args.columns = listing_columns(args.columns, args.verb, parser.verb_parsers[args.verb])
     for name, value in DEFAULTS.items():
         if not hasattr(args, name):
             setattr(args, name, value)
@@ -89,6 +108,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
             setattr(args, name, os.environ.get(variable) or default)
     if args.host is not None or args.port is not None:
         args.url = f"http://{args.host or '127.0.0.1'}:{args.port or 15672}"
+    if not args.url.startswith(("http://", "https://")):
+        raise UsageError(f"the management API's URL must start with http:// or https://, got {args.url!r}")
     return args
 
 
@@ -102,11 +123,7 @@ def listing_columns(given: list[str], verb: str, parser: Parser) -> list[str]:
     return columns or list(listing.defaults)
 
 
-def verb_parser(parser: Parser, verb: str) -> Parser:
-    return parser._subparsers._group_actions[0].choices[verb]  # argparse keeps the sub-parsers there
-
-
 def verb_help(topic: str | None) -> str:
     """`warrenctl help VERB`: the verb's help, or the list of verbs."""
     parser = build()
-    return parser.format_help() if topic is None else verb_parser(parser, topic).format_help()
+    return parser.format_help() if topic is None else parser.verb_parsers[topic].format_help()

@@ -83,6 +83,23 @@ def test_usage_errors_exit_64_with_one_error_line_and_the_usage(argv, expected, 
     assert err[1].startswith("usage: warrenctl")
 
 
+@pytest.mark.parametrize("argv, expected", [
+    (["status", "--port", "99999"], "argument --port: not a port number: '99999'"),
+    (["status", "--timeout", "0"], "argument -t/--timeout: not a positive number of seconds: '0'"),
+    (["status", "-t", "soon"], "argument -t/--timeout: not a positive number of seconds: 'soon'"),
+])
+def test_bad_option_values_are_usage_errors(argv, expected, capsys):
+    assert main(argv) == EX_USAGE
+    assert capsys.readouterr().err.splitlines()[0] == f"Error: {expected}"
+
+
+def test_a_url_without_its_scheme_is_a_usage_error(monkeypatch, capsys):
+    monkeypatch.setenv("WARREN_MANAGEMENT_URL", "localhost:15672")
+    assert main(["status"]) == EX_USAGE
+    assert capsys.readouterr().err == \
+        "Error: the management API's URL must start with http:// or https://, got 'localhost:15672'\n"
+
+
 @pytest.mark.parametrize("verb", sorted(VERBS))
 def test_every_verb_has_help(verb, capsys):
     assert main([verb, "--help"]) == 0
