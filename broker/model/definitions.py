@@ -308,8 +308,9 @@ class _Planner:
         if password is None and password_hash is not None and not valid_password_hash(password_hash, algorithm):
             raise item.error(f"password_hash is not a base64-encoded salted hash of {algorithm}")
         self.user_names.add(name)
-        self.result.users.append((item.label, {"name": name, "password": password, "password_hash": password_hash,
-                                               "hashing_algorithm": algorithm, "tags": item.tags(item.data.get("tags", []))}))
+        self.result.users.append((item.label, {
+            "name": name, "password": password, "password_hash": password_hash, "hashing_algorithm": algorithm,
+            "tags": item.tags(item.data.get("tags", []))}))
 
     def _permission(self, item: _Item) -> None:
         user = item.get("user", str)

@@ -20,7 +20,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from tests.conftest import REPO_ROOT, free_port, wait_for_port
+from tests.conftest import REPO_ROOT, wait_for_port
 from tests.integration.helpers import EVENT_TIMEOUT, channel_error, get, wait_for_message_count
 from tests.integration.management import quote, request
 

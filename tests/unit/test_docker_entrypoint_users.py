@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 
-from tests.unit.test_docker_entrypoint import entrypoint  # noqa: F401 (the fixture)
+from tests.unit import test_docker_entrypoint
+
+entrypoint = test_docker_entrypoint.entrypoint  # the fixture that runs the entrypoint with a fake warren-server
 
 
-def test_users_from_the_config_replace_the_generated_password(entrypoint, tmp_path):  # noqa: F811
+def test_users_from_the_config_replace_the_generated_password(entrypoint, tmp_path):
     config = tmp_path / "warren.toml"
     config.write_text('[[users]]\nname = "app"\npassword = "chosen"\n')
     given, log = entrypoint(WARREN_CONFIG=str(config))
@@ -16,7 +18,7 @@ def test_users_from_the_config_replace_the_generated_password(entrypoint, tmp_pa
     assert not (tmp_path / "generated-pass").exists()
 
 
-def test_users_from_a_definitions_file_replace_the_generated_password(entrypoint, tmp_path):  # noqa: F811
+def test_users_from_a_definitions_file_replace_the_generated_password(entrypoint, tmp_path):
     definitions = tmp_path / "definitions.json"
     definitions.write_text(json.dumps({"users": [{"name": "app", "password": "chosen"}]}))
     config = tmp_path / "warren.toml"
@@ -25,7 +27,7 @@ def test_users_from_a_definitions_file_replace_the_generated_password(entrypoint
     assert given["password"] is None and "generated" not in log
 
 
-def test_a_definitions_file_without_users_keeps_the_generated_password(entrypoint, tmp_path):  # noqa: F811
+def test_a_definitions_file_without_users_keeps_the_generated_password(entrypoint, tmp_path):
     definitions = tmp_path / "definitions.json"
     definitions.write_text(json.dumps({"vhosts": [{"name": "prod"}]}))
     config = tmp_path / "warren.toml"
