@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 import urllib.parse
 from typing import TYPE_CHECKING, Iterable
 
@@ -234,3 +235,54 @@ def vhost_bindings(vhost: "VirtualHost") -> list[dict]:
     for exchange in vhost.exchanges.values():
         bindings.extend(explicit_binding_json(vhost, binding) for binding in exchange.bindings.values())
     return bindings
+
+
+# --- pagination ------------------------------------------------------------------------------------------------
+DEFAULT_PAGE_SIZE = 100  # RabbitMQ's page size when a page is asked for without one
+MAX_PAGE_SIZE = 500  # the largest page RabbitMQ serves
+
+
+def listing(request: web.Request, items: list[dict]) -> web.Response:
+    """A list reply; with a page query parameter, RabbitMQ's page of it instead: the items whose name contains the
+    name parameter (or matches it as a regex with use_regex=true), both case-insensitively, page_size at a time."""
+    if "page" not in request.query:
+        return http.reply(items)
+    page, page_size = _pagination(request.query)
+    matches = _name_filter(request.query)
+    chosen = [item for item in items if matches(item["name"])]
+    start = (page - 1) * page_size
+    if start > len(chosen):
+        raise http.ApiError(400, "page_out_of_range",
+                            f"Page out of range, page: {page} page size: {page_size}, len: {len(chosen)}")
+    shown = chosen[start:start + page_size]
+    return http.reply({"filtered_count": len(chosen), "item_count": len(shown), "items": shown, "page": page,
+                       "page_count": -(-len(chosen) // page_size), "page_size": page_size,
+                       "total_count": len(items)})
+
+
+def _pagination(query) -> tuple[int, int]:
+    try:
+        page = int(query["page"])
+        page_size = int(query["page_size"]) if "page_size" in query else None
+    except ValueError:
+        raise http.bad_request("Pagination parameters are invalid") from None
+    if page < 1 or (page_size is not None and not 0 < page_size <= MAX_PAGE_SIZE):
+        shown_size = "undefined" if page_size is None else page_size
+        raise http.ApiError(400, "invalid_pagination_parameters",
+                            f"Invalid pagination parameters: page number {page}, page size {shown_size}")
+    return page, page_size or DEFAULT_PAGE_SIZE
+
+
+def _name_filter(query):
+    """What the name parameter keeps of a listing (everything without one)."""
+    wanted = query.get("name", "")
+    if not wanted:
+        return lambda name: True
+    if query.get("use_regex") == "true":
+        try:
+            pattern = re.compile(wanted, re.IGNORECASE)
+        except re.error:
+            raise http.bad_request("Pagination parameters are invalid") from None
+        return lambda name: pattern.search(name) is not None
+    wanted = wanted.lower()
+    return lambda name: wanted in name.lower()

@@ -244,3 +244,23 @@ def test_durable_queue_and_its_messages_survive_a_restart(own_broker, unique):
     broker.start()
     wait_for_api(broker)
     assert [m["payload"] for m in get_messages(broker, unique, 1, "ack_requeue_false")] == ["kept"]
+
+
+def test_pages_of_the_listing(broker, unique):
+    names = [f"{unique}-{letter}" for letter in "abc"]
+    for name in names:
+        assert request(broker, "PUT", queue_path(name), {}).status == 201
+    page = request(broker, "GET", f"/api/queues/%2F?page=2&page_size=2&name={quote(unique.upper())}").body
+    assert {key: page[key] for key in ("filtered_count", "item_count", "page", "page_count", "page_size")} == {
+        "filtered_count": 3, "item_count": 1, "page": 2, "page_count": 2, "page_size": 2}
+    assert [item["name"] for item in page["items"]] == names[2:] and page["total_count"] >= 3
+    regex = quote(f"^{unique}-[ab]$")
+    page = request(broker, "GET", f"/api/queues?page=1&name={regex}&use_regex=true").body
+    assert ([item["name"] for item in page["items"]], page["page_size"]) == (names[:2], 100)
+    assert request(broker, "GET", f"/api/queues?page=3&page_size=2&name={unique}") == (400, {
+        "error": "page_out_of_range", "reason": "Page out of range, page: 3 page size: 2, len: 3"})
+    assert request(broker, "GET", "/api/queues?page=1&page_size=501") == (400, {
+        "error": "invalid_pagination_parameters",
+        "reason": "Invalid pagination parameters: page number 1, page size 501"})
+    for name in names:
+        assert request(broker, "DELETE", queue_path(name)).status == 204

@@ -5,7 +5,7 @@ from aiohttp import web
 from broker.management import http, messages
 from broker.management.resources import (
     api_error, arguments_of, check_access, check_permission, exchange_json, exchange_name, find_exchange, flag,
-    parse_bool,
+    listing, parse_bool,
 )
 from protocol import errors
 from protocol.errors import AMQPError
@@ -16,7 +16,7 @@ routes = web.RouteTableDef()
 @routes.get("/api/exchanges")
 async def list_all(request: web.Request) -> web.Response:
     http.require(request, "management")
-    return http.reply([exchange_json(vhost, exchange) for vhost in http.visible_vhosts(request)
+    return listing(request, [exchange_json(vhost, exchange) for vhost in http.visible_vhosts(request)
                        for exchange in sorted(vhost.exchanges.values(), key=lambda exchange: exchange.name)])
 
 
@@ -24,7 +24,7 @@ async def list_all(request: web.Request) -> web.Response:
 async def list_vhost(request: web.Request) -> web.Response:
     http.require(request, "management")
     vhost = http.vhost_of(request)
-    return http.reply([exchange_json(vhost, exchange)
+    return listing(request, [exchange_json(vhost, exchange)
                        for exchange in sorted(vhost.exchanges.values(), key=lambda exchange: exchange.name)])
 
 

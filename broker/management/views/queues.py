@@ -4,8 +4,8 @@ from aiohttp import web
 
 from broker.management import http, messages
 from broker.management.resources import (
-    Unacked, api_error, arguments_of, check_access, check_permission, consumer_json, find_queue, flag, parse_bool,
-    queue_json,
+    Unacked, api_error, arguments_of, check_access, check_permission, consumer_json, find_queue, flag, listing,
+    parse_bool, queue_json,
 )
 from broker.model.features.dead_letter import REJECTED, dead_letter
 from protocol.constants import ACCESS_REFUSED, NOT_FOUND
@@ -36,7 +36,7 @@ API_OWNER = ApiOwner()
 async def list_all(request: web.Request) -> web.Response:
     http.require(request, "management")
     unacked = Unacked(http.server_of(request).connections)
-    return http.reply([queue_json(vhost, queue, unacked) for vhost in http.visible_vhosts(request)
+    return listing(request, [queue_json(vhost, queue, unacked) for vhost in http.visible_vhosts(request)
                        for queue in sorted(vhost.queues.values(), key=lambda queue: queue.name)])
 
 
@@ -45,7 +45,7 @@ async def list_vhost(request: web.Request) -> web.Response:
     http.require(request, "management")
     vhost = http.vhost_of(request)
     unacked = Unacked(http.server_of(request).connections)
-    return http.reply([queue_json(vhost, queue, unacked)
+    return listing(request, [queue_json(vhost, queue, unacked)
                        for queue in sorted(vhost.queues.values(), key=lambda queue: queue.name)])
 
 
