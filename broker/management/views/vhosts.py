@@ -33,7 +33,8 @@ def vhost_json(vhost: "VirtualHost", unacked: int) -> dict:
     return {"name": vhost.name, "description": vhost.description, "tags": list(vhost.tags),
             "default_queue_type": vhost.default_queue_type or "undefined",
             "metadata": {"description": vhost.description, "tags": list(vhost.tags)}, "tracing": False,
-            "cluster_state": {http.node_name(): "running"}, "messages": ready + unacked, "messages_ready": ready, "messages_unacknowledged": unacked}
+            "cluster_state": {http.node_name(): "running"},
+            "messages": ready + unacked, "messages_ready": ready, "messages_unacknowledged": unacked}
 
 
 def existing_vhost(request: web.Request) -> "VirtualHost":
