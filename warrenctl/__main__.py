@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 from warrenctl.client import Client
@@ -33,6 +34,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Error: unexpected answer from the management API ({type(error).__name__}: {error})",
               file=sys.stderr)
         return EX_SOFTWARE
+    except BrokenPipeError:  # the reader went away (| head): stop quietly, as a filter does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except KeyboardInterrupt:
+        return 130
     return EX_OK
 
 
