@@ -92,6 +92,24 @@ def test_a_lower_max_length_policy_drops_the_oldest_messages_at_once(broker, con
     assert get_all(ch, queue) == [b"4", b"5"]
 
 
+def test_the_lower_of_argument_and_policy_limits_applies_and_the_arguments_overflow_wins(broker, conn, policies,
+                                                                                          unique):
+    """As RabbitMQ: for max-length (and message-ttl, expires) the lower value applies, not the argument's."""
+    policies(f"{unique}-limit", f"^{re.escape(unique)}\\.q$", {"max-length": 2, "overflow": "drop-head"})
+    ch = conn.channel()
+    queue = declare_queue(ch, f"{unique}.q", exclusive=True,
+                          arguments={"x-max-length": 10, "x-overflow": "reject-publish"})
+    ch.confirm_delivery()
+    refused = 0
+    for body in (b"1", b"2", b"3", b"4"):
+        try:
+            ch.basic_publish("", queue, body)
+        except pika.exceptions.NackError:
+            refused += 1
+    assert refused == 2
+    assert get_all(ch, queue) == [b"1", b"2"]
+
+
 def test_of_two_matching_policies_the_higher_priority_applies(broker, conn, policies, unique):
     pattern = f"^{re.escape(unique)}\\."
     policies(f"{unique}-low", pattern, {"max-length": 1}, priority=1)
