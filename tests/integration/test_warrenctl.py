@@ -19,24 +19,11 @@ import pika.exceptions
 import pytest
 
 from tests.conftest import REPO_ROOT
-from tests.integration import management
 from tests.integration.helpers import (connect, connection_error, declare_queue, publish, wait_for_message_count,
                                       wait_until)
 
 # RabbitMQ's statistics interval is 5 s: listings of counts, connections and consumers may lag that long.
 STATS_TIMEOUT = 15.0
-# Endpoints of Warren's management API still being built alongside warrenctl (issue #9): while Warren answers 404
-# for one of them, a test that needs it is an expected failure that names it. Empty this once they have all landed.
-PENDING_ENDPOINTS = ("/api/overview", "/api/nodes", "/api/policies/%2F", "/api/connections", "/api/channels",
-                     "/api/consumers/%2F")
-
-
-def needs(broker, *paths: str) -> None:
-    """Mark the running test as an expected failure if Warren does not serve one of these pending endpoints yet."""
-    for path in paths:
-        assert path in PENDING_ENDPOINTS
-        if not broker.external and management.request(broker, "GET", path).status == 404:
-            pytest.xfail(f"Warren's management API has no {path} yet")
 
 
 def ctl(broker, *argv: str, stdin: str | None = None, password: str = "guest") -> subprocess.CompletedProcess:
@@ -125,7 +112,6 @@ def test_exchanges_and_bindings(broker, conn, unique):
 
 
 def test_consumers_and_channels(broker, conn, unique):
-    needs(broker, "/api/consumers/%2F", "/api/channels")
     channel = conn.channel()
     queue = declare_queue(channel, unique)
     tag = channel.basic_consume(queue, lambda *delivery: None, consumer_tag=f"{unique}-tag")
@@ -187,7 +173,6 @@ def test_vhosts_and_permissions(broker, unique):
 
 
 def test_policies_set_listed_and_cleared(broker, unique):
-    needs(broker, "/api/policies/%2F")
     name = f"{unique}-p"
     assert ok(broker, "set_policy", name, f"^{unique}", '{"max-length":10,"dead-letter-exchange":"dlx"}',
               "--priority", "3", "--apply-to", "queues") == (
@@ -225,7 +210,6 @@ def test_purge_and_delete_queue(broker, conn, unique):
 
 
 def test_close_connection_closes_it_with_320_and_the_reason(broker, unique):
-    needs(broker, "/api/connections")
     params = pika.URLParameters(broker.url)
     params.client_properties = {"connection_name": unique}
     target = pika.BlockingConnection(params)
@@ -276,7 +260,6 @@ def test_definitions_exported_and_imported(broker, conn, unique, tmp_path):
 
 
 def test_status_names_the_node(broker):
-    needs(broker, "/api/overview", "/api/nodes")
     out = ok(broker, "status")
     assert out.startswith("Status of node ") and "\nAlarms\n\n(none)\n" in out
 
