@@ -98,10 +98,10 @@ def test_a_monitoring_user_lists_every_vhost(broker, unique):
 
 
 def test_bad_json_is_400_bad_request(broker, unique):
-    reply = request(broker, "PUT", f"/api/users/{unique}", raw_body=b"{not json")
+    reply = request(broker, "PUT", f"/api/users/{quote(unique)}", raw_body=b"{not json")
     assert reply.status == 400
     assert reply.body["error"] == "bad_request"
-    assert request(broker, "GET", f"/api/users/{unique}").status == 404
+    assert request(broker, "GET", f"/api/users/{quote(unique)}").status == 404
 
 
 def test_an_unknown_path_is_404_object_not_found(broker):
@@ -110,9 +110,9 @@ def test_an_unknown_path_is_404_object_not_found(broker):
 
 # --- users -----------------------------------------------------------------------------------------------------
 def test_a_user_is_created_updated_shown_and_deleted(broker, unique):
-    assert request(broker, "PUT", f"/api/users/{unique}", {"password": "one", "tags": "management,monitoring"}) \
+    assert request(broker, "PUT", f"/api/users/{quote(unique)}", {"password": "one", "tags": "management,monitoring"}) \
         .status == 201
-    reply = request(broker, "GET", f"/api/users/{unique}")
+    reply = request(broker, "GET", f"/api/users/{quote(unique)}")
     assert reply.status == 200
     assert reply.body["name"] == unique
     assert reply.body["tags"] == ["management", "monitoring"]
@@ -120,25 +120,25 @@ def test_a_user_is_created_updated_shown_and_deleted(broker, unique):
     assert reply.body["limits"] == {}
     assert len(base64.b64decode(reply.body["password_hash"])) == 4 + 32
 
-    assert request(broker, "PUT", f"/api/users/{unique}", {"password": "two", "tags": ["policymaker"]}).status == 204
-    assert request(broker, "GET", f"/api/users/{unique}").body["tags"] == ["policymaker"]
+    assert request(broker, "PUT", f"/api/users/{quote(unique)}", {"password": "two", "tags": ["policymaker"]}).status == 204
+    assert request(broker, "GET", f"/api/users/{quote(unique)}").body["tags"] == ["policymaker"]
     assert request(broker, "GET", "/api/whoami", user=unique, password="two").body == {
         "name": unique, "tags": ["policymaker"]}
     assert request(broker, "GET", "/api/whoami", user=unique, password="one").status == 401
     assert unique in [u["name"] for u in request(broker, "GET", "/api/users").body]
 
-    assert request(broker, "DELETE", f"/api/users/{unique}").status == 204
-    assert request(broker, "GET", f"/api/users/{unique}") == (404, NOT_FOUND)
-    assert request(broker, "DELETE", f"/api/users/{unique}") == (404, NOT_FOUND)
+    assert request(broker, "DELETE", f"/api/users/{quote(unique)}").status == 204
+    assert request(broker, "GET", f"/api/users/{quote(unique)}") == (404, NOT_FOUND)
+    assert request(broker, "DELETE", f"/api/users/{quote(unique)}") == (404, NOT_FOUND)
 
 
 def test_a_user_made_from_a_rabbitmq_password_hash_logs_in_with_its_password(broker, unique):
-    reply = request(broker, "PUT", f"/api/users/{unique}", {
+    reply = request(broker, "PUT", f"/api/users/{quote(unique)}", {
         "password_hash": rabbitmq_hash("from-a-hash"), "hashing_algorithm": "rabbit_password_hashing_sha256",
         "tags": "management"})
     try:
         assert reply.status == 201
-        assert request(broker, "GET", f"/api/users/{unique}").body["password_hash"] == rabbitmq_hash("from-a-hash")
+        assert request(broker, "GET", f"/api/users/{quote(unique)}").body["password_hash"] == rabbitmq_hash("from-a-hash")
         assert request(broker, "GET", "/api/whoami", user=unique, password="from-a-hash").status == 200
         set_permissions(broker, "/", unique)
         with connect_as(broker, unique, "from-a-hash") as conn:
@@ -148,23 +148,23 @@ def test_a_user_made_from_a_rabbitmq_password_hash_logs_in_with_its_password(bro
 
 
 def test_a_user_needs_tags(broker, unique):
-    reply = request(broker, "PUT", f"/api/users/{unique}", {"password": "x"})
+    reply = request(broker, "PUT", f"/api/users/{quote(unique)}", {"password": "x"})
     assert reply == (400, {"error": "bad_request", "reason": "tags_not_present"})
-    assert request(broker, "GET", f"/api/users/{unique}").status == 404
+    assert request(broker, "GET", f"/api/users/{quote(unique)}").status == 404
 
 
 def test_a_password_hash_that_is_not_base64_is_400(broker, unique):
-    reply = request(broker, "PUT", f"/api/users/{unique}", {"password_hash": "not base64!", "tags": ""})
+    reply = request(broker, "PUT", f"/api/users/{quote(unique)}", {"password_hash": "not base64!", "tags": ""})
     assert reply.status == 400
     assert reply.body["error"] == "bad_request"
-    assert request(broker, "GET", f"/api/users/{unique}").status == 404
+    assert request(broker, "GET", f"/api/users/{quote(unique)}").status == 404
 
 
 def test_deleting_a_user_closes_its_connections(broker, unique):
     add_user(broker, unique, "pw")
     set_permissions(broker, "/", unique)
     conn = connect_as(broker, unique, "pw")
-    code, text = connection_error(lambda: request(broker, "DELETE", f"/api/users/{unique}"), conn)
+    code, text = connection_error(lambda: request(broker, "DELETE", f"/api/users/{quote(unique)}"), conn)
     assert (code, text) == (320, f"CONNECTION_FORCED - user '{unique}' is deleted")
     assert request(broker, "GET", "/api/permissions/%2F/" + quote(unique)).status == 404
 
@@ -278,3 +278,242 @@ def test_a_permission_that_is_not_a_regular_expression_is_400(broker, unique):
         assert reply.status == 400
         assert reply.body["error"] == "bad_request"
         assert request(broker, "GET", path).status == 404
+
+
+# --- policies --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["policies", "operator-policies"])
+def test_a_policy_is_set_shown_listed_and_cleared(broker, unique, kind):
+    with vhost(broker, unique):
+        path = f"/api/{kind}/{quote(unique)}/limit"
+        body = {"pattern": "^q", "definition": {"max-length": 5}, "priority": 2, "apply-to": "queues"}
+        assert request(broker, "PUT", path, body).status == 201
+        expected = {"vhost": unique, "name": "limit", "pattern": "^q", "apply-to": "queues",
+                    "definition": {"max-length": 5}, "priority": 2}
+        assert request(broker, "GET", path) == (200, expected)
+        assert request(broker, "GET", f"/api/{kind}/{quote(unique)}") == (200, [expected])
+        assert expected in request(broker, "GET", f"/api/{kind}").body
+        assert request(broker, "PUT", path, {"pattern": "^r", "definition": {"max-length": 1}}).status == 204
+        assert request(broker, "GET", path).body["apply-to"] == "all"
+        assert request(broker, "GET", path).body["priority"] == 0
+        assert request(broker, "DELETE", path).status == 204
+        assert request(broker, "GET", path) == (404, NOT_FOUND)
+        assert request(broker, "DELETE", path) == (404, NOT_FOUND)
+
+
+def test_a_policy_is_listed_by_priority(broker, unique):
+    with vhost(broker, unique):
+        for name, priority in (("b", 9), ("a", 1), ("c", 5)):
+            request(broker, "PUT", f"/api/policies/{quote(unique)}/{name}",
+                    {"pattern": "x", "definition": {"max-length": 1}, "priority": priority})
+        listed = request(broker, "GET", f"/api/policies/{quote(unique)}").body
+        assert [policy["name"] for policy in listed] == ["a", "c", "b"]
+
+
+def test_a_policy_needs_a_pattern_and_a_definition(broker, unique):
+    reply = request(broker, "PUT", f"/api/policies/%2F/{quote(unique)}", {})
+    assert reply == (400, {"error": "bad_request", "reason": "[{key_missing,pattern},{key_missing,definition}]"})
+
+
+@pytest.mark.parametrize("body, reason", [
+    ({"pattern": "x", "definition": {"max-length": -1}}, "-1 is not a valid maximum length"),
+    ({"pattern": "x", "definition": {"max-length": 1}, "apply-to": "bogus"},
+     "apply-to 'bogus' unrecognised; should be 'queues', 'exchanges' or 'all'"),
+    ({"pattern": "x", "definition": {}}, "no policy provided"),
+], ids=["max-length", "apply-to", "empty"])
+def test_a_bad_policy_is_400_with_rabbitmqs_reason(broker, unique, body, reason):
+    reply = request(broker, "PUT", f"/api/policies/%2F/{quote(unique)}", body)
+    assert reply == (400, {"error": "bad_request", "reason": f"Validation failed\n\n{reason}\n"})
+    assert request(broker, "GET", f"/api/policies/%2F/{quote(unique)}").status == 404
+
+
+def test_an_operator_policy_takes_only_limits(broker, unique):
+    reply = request(broker, "PUT", f"/api/operator-policies/%2F/{quote(unique)}",
+                    {"pattern": "x", "definition": {"dead-letter-exchange": "dlx"}})
+    assert reply.status == 400
+    assert "are not recognised policy settings" in reply.body["reason"]
+
+
+def test_a_policy_in_a_missing_vhost_is_404(broker, unique):
+    reply = request(broker, "PUT", f"/api/policies/{quote(unique)}/p", {"pattern": "x", "definition": {"max-length": 1}})
+    assert reply == (404, {"error": "not_found", "reason": "vhost_not_found"})
+    assert request(broker, "GET", f"/api/policies/{quote(unique)}") == (404, NOT_FOUND)
+
+
+def test_policymakers_set_policies_in_their_vhosts_only(broker, unique):
+    refused = (401, {"error": "not_authorised", "reason": "User not authorised to access object"})
+    body = {"pattern": "x", "definition": {"max-length": 1}}
+    with user(broker, unique, "pw", "policymaker"), user(broker, unique + "-m", "pw", "management"), \
+            vhost(broker, unique):
+        set_permissions(broker, unique, unique)
+        set_permissions(broker, unique, unique + "-m")
+        path = f"/api/policies/{quote(unique)}/p"
+        assert request(broker, "PUT", path, body, user=unique, password="pw").status == 201
+        assert request(broker, "PUT", f"/api/policies/%2F/{quote(unique)}", body, user=unique, password="pw") == refused
+        assert request(broker, "PUT", path, body, user=unique + "-m", password="pw") == refused
+        assert request(broker, "GET", path, user=unique + "-m", password="pw") == refused
+        # a management user lists the policies of its vhosts, but reads or changes none
+        assert [p["name"] for p in request(broker, "GET", f"/api/policies/{quote(unique)}", user=unique + "-m",
+                                           password="pw").body] == ["p"]
+        assert request(broker, "PUT", f"/api/operator-policies/{quote(unique)}/o", body, user=unique,
+                       password="pw") == (401, NOT_ADMINISTRATOR)
+        assert request(broker, "DELETE", path, user=unique, password="pw").status == 204
+
+
+def test_a_policy_lists_only_the_vhosts_the_user_has_permissions_in(broker, unique):
+    with user(broker, unique, "pw", "monitoring"), vhost(broker, unique):
+        request(broker, "PUT", f"/api/policies/{quote(unique)}/p", {"pattern": "x", "definition": {"max-length": 1}})
+        assert unique not in [p["vhost"] for p in request(broker, "GET", "/api/policies", user=unique,
+                                                             password="pw").body]
+        reply = request(broker, "GET", f"/api/policies/{quote(unique)}", user=unique, password="pw")
+        assert reply == (401, {"error": "not_authorised", "reason": "User not authorised to access virtual host"})
+
+
+# --- the node --------------------------------------------------------------------------------------------------
+def test_the_overview_names_versions_and_counts_objects(broker, unique):
+    with vhost(broker, unique):
+        body = request(broker, "GET", "/api/overview").body
+        for key in ("management_version", "rabbitmq_version", "product_name", "product_version", "cluster_name",
+                    "node"):
+            assert isinstance(body[key], str) and body[key]
+        assert {"direct", "fanout", "topic", "headers"} <= {kind["name"] for kind in body["exchange_types"]}
+        assert {"messages", "messages_ready", "messages_unacknowledged"} <= set(body["queue_totals"]) or \
+            body["queue_totals"] == {}
+        assert body["object_totals"]["exchanges"] >= 2 * 6  # the amq.* set of two vhosts at least
+        assert "amqp" in {listener["protocol"] for listener in body["listeners"]}
+        assert broker.port in {listener["port"] for listener in body["listeners"]}
+
+
+def test_nodes_show_the_one_node_with_its_alarms(broker):
+    nodes = request(broker, "GET", "/api/nodes").body
+    assert len(nodes) == 1
+    node = nodes[0]
+    assert node["running"] is True
+    assert node["mem_alarm"] is False and node["disk_free_alarm"] is False
+    assert node["mem_used"] > 0 and node["mem_limit"] > 0 and node["fd_total"] > 0
+    assert request(broker, "GET", f"/api/nodes/{quote(node['name'])}").body["name"] == node["name"]
+
+
+def test_nodes_are_for_monitoring_users(broker, unique):
+    with user(broker, unique, "pw", "management"):
+        reply = request(broker, "GET", "/api/nodes", user=unique, password="pw")
+    assert reply == (401, {"error": "not_authorised", "reason": "Not monitor user"})
+
+
+def test_the_cluster_name(broker):
+    reply = request(broker, "GET", "/api/cluster-name")
+    assert reply.status == 200 and isinstance(reply.body["name"], str) and reply.body["name"]
+
+
+@pytest.mark.parametrize("check", ["alarms", "local-alarms", "virtual-hosts"])
+def test_health_checks_pass_on_a_healthy_node(broker, check):
+    assert request(broker, "GET", f"/api/health/checks/{check}") == (200, {"status": "ok"})
+
+
+def test_the_port_listener_check_knows_the_amqp_port(broker):
+    assert request(broker, "GET", f"/api/health/checks/port-listener/{broker.port}") == (
+        200, {"status": "ok", "port": broker.port})
+    reply = request(broker, "GET", "/api/health/checks/port-listener/1")
+    assert reply.status == 503
+    assert reply.body["status"] == "failed" and reply.body["reason"] == "No active listener"
+    assert broker.port in reply.body["ports"]
+
+
+def test_the_protocol_listener_check(broker):
+    assert request(broker, "GET", "/api/health/checks/protocol-listener/amqp091") == (
+        200, {"status": "ok", "protocol": "amqp"})
+    reply = request(broker, "GET", "/api/health/checks/protocol-listener/mqtt")
+    assert reply.status == 503 and reply.body["missing"] == "mqtt"
+
+
+def test_the_aliveness_test(broker, unique):
+    assert request(broker, "GET", "/api/aliveness-test/%2F") == (200, {"status": "ok"})
+    assert request(broker, "GET", f"/api/aliveness-test/{quote(unique)}") == (404, NOT_FOUND)
+    with user(broker, unique, "pw", "monitoring"):
+        reply = request(broker, "GET", "/api/aliveness-test/%2F", user=unique, password="pw")
+    assert reply == (401, {"error": "not_authorised", "reason": "User not authorised to access virtual host"})
+
+
+# --- connections, channels, consumers --------------------------------------------------------------------------
+def own_connection(broker, conn, path="/api/connections"):
+    """The API's view of conn, found by its client-provided name (RabbitMQ lists it after its next stats tick)."""
+    name = conn._impl.params.client_properties["connection_name"]
+    listed = wait_for(broker, path, lambda body: any(c.get("user_provided_name") == name for c in body))
+    return next(c for c in listed if c.get("user_provided_name") == name)
+
+
+def named_connection(broker, unique, user="guest", password="guest", vhost="/"):
+    return pika.BlockingConnection(pika.ConnectionParameters(
+        broker.host, broker.port, vhost, pika.PlainCredentials(user, password),
+        client_properties={"connection_name": unique}))
+
+
+def test_a_connection_its_channels_and_consumers_are_listed(broker, unique):
+    with named_connection(broker, unique) as conn:
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=7)
+        queue = declare_queue(ch, unique, auto_delete=True)
+        ch.basic_consume(queue, lambda *args: None, consumer_tag="tag-1", arguments={"x-priority": 3})
+        listed = own_connection(broker, conn)
+        assert listed["vhost"] == "/" and listed["user"] == "guest" and listed["protocol"] == "AMQP 0-9-1"
+        assert listed["name"] == f"{listed['peer_host']}:{listed['peer_port']} -> {listed['host']}:{broker.port}"
+        assert listed["client_properties"]["connection_name"] == unique
+        name = listed["name"]
+        assert request(broker, "GET", f"/api/connections/{quote(name)}").body["name"] == name
+        assert name in [c["name"] for c in request(broker, "GET", "/api/vhosts/%2F/connections").body]
+
+        channel_name = f"{name} (1)"
+        channels = wait_for(broker, f"/api/connections/{quote(name)}/channels", lambda body: len(body) == 1)
+        assert channels[0]["name"] == channel_name and channels[0]["number"] == 1
+        assert channels[0]["prefetch_count"] == 7 and channels[0]["consumer_count"] == 1
+        assert channels[0]["connection_details"]["name"] == name
+        assert channel_name in [c["name"] for c in request(broker, "GET", "/api/channels").body]
+        detail = request(broker, "GET", f"/api/channels/{quote(channel_name)}").body
+        assert [c["consumer_tag"] for c in detail["consumer_details"]] == ["tag-1"]
+
+        consumers = wait_for(broker, "/api/consumers/%2F",
+                             lambda body: any(c["queue"]["name"] == queue for c in body))
+        consumer = next(c for c in consumers if c["queue"]["name"] == queue)
+        assert consumer["consumer_tag"] == "tag-1" and consumer["arguments"] == {"x-priority": 3}
+        assert consumer["ack_required"] is True and consumer["prefetch_count"] == 7
+        assert consumer["channel_details"]["name"] == channel_name
+
+
+def test_closing_a_connection_sends_320_with_the_given_reason(broker, unique):
+    conn = named_connection(broker, unique)
+    name = own_connection(broker, conn)["name"]
+    code, text = connection_error(lambda: request(broker, "DELETE", f"/api/connections/{quote(name)}",
+                                                  headers={"X-Reason": "maintenance window"}), conn)
+    assert (code, text) == (320, "CONNECTION_FORCED - maintenance window")
+
+
+def test_closing_a_connection_without_a_reason_says_it_came_from_the_api(broker, unique):
+    conn = named_connection(broker, unique)
+    name = own_connection(broker, conn)["name"]
+    code, text = connection_error(lambda: request(broker, "DELETE", f"/api/connections/{quote(name)}"), conn)
+    assert (code, text) == (320, "CONNECTION_FORCED - Closed via management plugin")
+
+
+def test_a_missing_connection_is_404(broker):
+    path = "/api/connections/" + quote("127.0.0.1:1 -> 127.0.0.1:2")
+    assert request(broker, "GET", path) == (404, NOT_FOUND)
+    assert request(broker, "GET", "/api/channels/" + quote("127.0.0.1:1 -> 127.0.0.1:2 (1)")) == (404, NOT_FOUND)
+
+
+def test_a_management_user_sees_and_closes_only_its_own_connections(broker, unique):
+    refused = (401, {"error": "not_authorised", "reason": "User not authorised to access object"})
+    with user(broker, unique, "pw", "management"):
+        set_permissions(broker, "/", unique)
+        with named_connection(broker, unique + "-guest") as guests, \
+                named_connection(broker, unique + "-own", unique, "pw") as own:
+            guest_name = own_connection(broker, guests)["name"]
+            own_name = own_connection(broker, own)["name"]
+            listed = [c["name"] for c in request(broker, "GET", "/api/connections", user=unique, password="pw").body]
+            assert own_name in listed and guest_name not in listed
+            assert request(broker, "GET", f"/api/connections/{quote(guest_name)}", user=unique,
+                           password="pw") == refused
+            assert request(broker, "DELETE", f"/api/connections/{quote(guest_name)}", user=unique,
+                           password="pw") == refused
+            assert guests.is_open
+            code, _ = connection_error(lambda: request(broker, "DELETE", f"/api/connections/{quote(own_name)}",
+                                                       user=unique, password="pw"), own)
+            assert code == 320
