@@ -242,14 +242,18 @@ DEFAULT_PAGE_SIZE = 100  # RabbitMQ's page size when a page is asked for without
 MAX_PAGE_SIZE = 500  # the largest page RabbitMQ serves
 
 
-def listing(request: web.Request, items: list[dict]) -> web.Response:
-    """A list reply; with a page query parameter, RabbitMQ's page of it instead: the items whose name contains the
-    name parameter (or matches it as a regex with use_regex=true), both case-insensitively, page_size at a time."""
-    if "page" not in request.query:
+def listing(request: web.Request, items: list[dict], pageable: bool = True) -> web.Response:
+    """A list reply, with only the fields the columns query parameter names (dotted for nested ones) when it is
+    given. With a page parameter, a pageable listing is RabbitMQ's page of it instead: the items whose name
+    contains the name parameter (or matches it as a regex with use_regex=true), both case-insensitively, page_size
+    at a time."""
+    if "columns" in request.query:
+        items = [_columns(item, request.query["columns"].split(",")) for item in items]
+    if not pageable or "page" not in request.query:
         return http.reply(items)
     page, page_size = _pagination(request.query)
     matches = _name_filter(request.query)
-    chosen = [item for item in items if matches(item["name"])]
+    chosen = [item for item in items if matches(item.get("name", ""))]
     start = (page - 1) * page_size
     if start > len(chosen):
         raise http.ApiError(400, "page_out_of_range",
@@ -258,6 +262,23 @@ def listing(request: web.Request, items: list[dict]) -> web.Response:
     return http.reply({"filtered_count": len(chosen), "item_count": len(shown), "items": shown, "page": page,
                        "page_count": -(-len(chosen) // page_size), "page_size": page_size,
                        "total_count": len(items)})
+
+
+def _columns(item: dict, columns: list[str]) -> dict:
+    """The fields of item that columns name ("a.b" for field b of a), those it has."""
+    kept: dict = {}
+    for column in columns:
+        source, target = item, kept
+        *parents, last = column.split(".")
+        for parent in parents:
+            source = source.get(parent)
+            if not isinstance(source, dict):
+                break
+            target = target.setdefault(parent, {})
+        else:
+            if last in source:
+                target[last] = source[last]
+    return kept
 
 
 def _pagination(query) -> tuple[int, int]:

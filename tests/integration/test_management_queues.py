@@ -3,7 +3,11 @@ checked against what AMQP clients see of the same queues."""
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
 import time
+import urllib.parse
 
 import pika
 import pytest
@@ -264,3 +268,37 @@ def test_pages_of_the_listing(broker, unique):
         "reason": "Invalid pagination parameters: page number 1, page size 501"})
     for name in names:
         assert request(broker, "DELETE", queue_path(name)).status == 204
+
+
+def rabbitmqadmin(broker, *arguments: str) -> str:
+    """Run Debian's rabbitmqadmin against the broker's API; its output."""
+    address = urllib.parse.urlparse(broker.management_url)
+    done = subprocess.run(["rabbitmqadmin", "-H", address.hostname, "-P", str(address.port), "-u", "guest", "-p",
+                           "guest", *arguments], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.skipif(shutil.which("rabbitmqadmin") is None, reason="rabbitmqadmin (Debian's rabbitmq-server) is "
+                                                                  "not installed")
+def test_rabbitmqadmin_declares_publishes_gets_purges_and_deletes(broker, unique):
+    assert rabbitmqadmin(broker, "declare", "queue", f"name={unique}", "durable=true").strip() == "queue declared"
+    rabbitmqadmin(broker, "declare", "exchange", f"name={unique}", "type=fanout")
+    rabbitmqadmin(broker, "declare", "binding", f"source={unique}", f"destination={unique}", "routing_key=rk")
+    bindings = json.loads(rabbitmqadmin(broker, "-f", "raw_json", "list", "bindings"))
+    assert {"source": unique, "destination": unique, "routing_key": "rk"}.items() <= next(
+        binding for binding in bindings if binding["source"] == unique).items()
+    assert rabbitmqadmin(broker, "publish", f"exchange={unique}", "routing_key=x", "payload=hi").strip() == \
+        "Message published"
+    queue_with(broker, unique, messages=1)
+    [got] = json.loads(rabbitmqadmin(broker, "-f", "raw_json", "get", f"queue={unique}", "ackmode=ack_requeue_true"))
+    assert (got["payload"], got["exchange"], got["routing_key"]) == ("hi", unique, "x")
+    listed = json.loads(rabbitmqadmin(broker, "-f", "raw_json", "list", "queues", "name", "messages"))
+    assert {"name": unique, "messages": 1} in listed
+    rabbitmqadmin(broker, "purge", "queue", f"name={unique}")
+    queue_with(broker, unique, messages=0)
+    rabbitmqadmin(broker, "delete", "binding", f"source={unique}", "destination_type=queue",
+                  f"destination={unique}", "properties_key=rk")
+    rabbitmqadmin(broker, "delete", "exchange", f"name={unique}")
+    rabbitmqadmin(broker, "delete", "queue", f"name={unique}")
+    assert request(broker, "GET", queue_path(unique)).status == 404

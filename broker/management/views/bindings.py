@@ -7,7 +7,7 @@ from aiohttp import web
 from broker.management import http
 from broker.management.resources import (
     api_error, arguments_of, check_access, default_binding_json, exchange_name, explicit_binding_json,
-    find_exchange, find_queue, properties_key, sorted_bindings, vhost_bindings,
+    find_exchange, find_queue, listing, properties_key, sorted_bindings, vhost_bindings,
 )
 from protocol.errors import AMQPError
 
@@ -19,14 +19,14 @@ DESTINATION_KINDS = {"q": "queue", "e": "exchange"}  # the path letter of a bind
 @routes.get("/api/bindings")
 async def list_all(request: web.Request) -> web.Response:
     http.require(request, "management")
-    return http.reply(sorted_bindings(binding for vhost in http.visible_vhosts(request)
-                                      for binding in vhost_bindings(vhost)))
+    return bindings_listing(request, (binding for vhost in http.visible_vhosts(request)
+                                       for binding in vhost_bindings(vhost)))
 
 
 @routes.get("/api/bindings/{vhost}")
 async def list_vhost(request: web.Request) -> web.Response:
     http.require(request, "management")
-    return http.reply(sorted_bindings(vhost_bindings(http.vhost_of(request))))
+    return bindings_listing(request, vhost_bindings(http.vhost_of(request)))
 
 
 @routes.get("/api/exchanges/{vhost}/{name}/bindings/{direction:source|destination}")
@@ -36,7 +36,7 @@ async def of_exchange(request: web.Request) -> web.Response:
     vhost = http.vhost_of(request)
     exchange = find_exchange(vhost, exchange_name(request))
     bindings = exchange.bindings.values() if request.match_info["direction"] == "source" else exchange.inbound
-    return http.reply(sorted_bindings(explicit_binding_json(vhost, binding) for binding in bindings))
+    return bindings_listing(request, (explicit_binding_json(vhost, binding) for binding in bindings))
 
 
 @routes.get("/api/queues/{vhost}/{name}/bindings")
@@ -45,8 +45,8 @@ async def of_queue(request: web.Request) -> web.Response:
     http.require(request, "management")
     vhost = http.vhost_of(request)
     queue = find_queue(vhost, request.match_info["name"])
-    return http.reply(sorted_bindings([default_binding_json(vhost, queue.name),
-                                       *(explicit_binding_json(vhost, binding) for binding in queue.bindings)]))
+    return bindings_listing(request, [default_binding_json(vhost, queue.name),
+                                      *(explicit_binding_json(vhost, binding) for binding in queue.bindings)])
 
 
 @routes.get("/api/bindings/{vhost}/e/{source}/{kind:q|e}/{destination}")
@@ -54,7 +54,7 @@ async def between(request: web.Request) -> web.Response:
     """The bindings from one exchange to one queue or exchange (none when either is missing)."""
     http.require(request, "management")
     vhost = http.vhost_of(request)
-    return http.reply(sorted_bindings(explicit_binding_json(vhost, binding) for binding in _between(request, vhost)))
+    return bindings_listing(request, (explicit_binding_json(vhost, binding) for binding in _between(request, vhost)))
 
 
 @routes.post("/api/bindings/{vhost}/e/{source}/{kind:q|e}/{destination}")
@@ -103,6 +103,11 @@ async def delete(request: web.Request) -> web.Response:
         raise api_error(error) from None
     await http.on_disk(request)
     return http.no_content()
+
+
+def bindings_listing(request: web.Request, bindings) -> web.Response:
+    """Bindings in RabbitMQ's order; RabbitMQ serves no pages of them."""
+    return listing(request, sorted_bindings(bindings), pageable=False)
 
 
 def _between(request: web.Request, vhost) -> list:
