@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -264,12 +265,22 @@ class Reference:
         self.management_url = f"http://127.0.0.1:{port + 10000}"
 
 
+def listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
 @pytest.fixture(scope="module")
 def reference():
     if os.environ.get("WARREN_TEST_URL"):
         pytest.skip("imports into a Warren of its own")
     if shutil.which("rabbitmq-server") is None or not REFERENCE_SCRIPT.exists():
         pytest.skip(f"needs rabbitmq-server (apt-get install -y rabbitmq-server) and {REFERENCE_SCRIPT}")
+    if listening(REFERENCE_PORT) or listening(REFERENCE_PORT + 10000):
+        pytest.skip(f"port {REFERENCE_PORT} or {REFERENCE_PORT + 10000} is taken: the reference RabbitMQ needs both")
     root = Path(tempfile.mkdtemp(prefix="warren-reference-"))
     root.chmod(0o755)  # the node may run as the rabbitmq user, who must reach its data dir
     log = open(root / "rabbitmq.log", "wb")
@@ -280,10 +291,21 @@ def reference():
         wait_for_port("127.0.0.1", REFERENCE_PORT + 10000, process, timeout=60)
         yield Reference(REFERENCE_PORT)
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(30)
+        stop_reference(process, root / "node" / "pid")
         shutil.rmtree(root, ignore_errors=True)
+
+
+def stop_reference(process: subprocess.Popen, pid_file: Path, timeout: float = 30.0) -> None:
+    """Stop the node through the pid it wrote (rabbitmq-server runs it under su, in a session of its own, which
+    a signal to the launcher's process group would not reach), then the launcher."""
+    if pid_file.exists():
+        os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while listening(REFERENCE_PORT) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout)
 
 
 def wait_for_api(broker, timeout: float = 30.0) -> None:
