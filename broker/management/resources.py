@@ -27,6 +27,15 @@ QUEUE_MEMORY = 2048  # bytes a queue is taken to cost empty, for the memory esti
 ENTRY_MEMORY = 120  # bytes a queued message is taken to cost besides its body, for the memory estimate
 
 
+# --- vhosts a user may read ---------------------------------------------------------------------------------
+def readable_vhosts(request: web.Request) -> list["VirtualHost"]:
+    """The vhosts whose queues, exchanges and bindings the user is shown: every one for an administrator, else
+    those it has permissions in (RabbitMQ 3.10; monitoring does not widen these views)."""
+    if "administrator" in http.rights_of(request["user"]):
+        return list(http.node_of(request).vhosts.values())
+    return http.login_vhosts(request)
+
+
 # --- names in paths --------------------------------------------------------------------------------------------
 def exchange_name(request: web.Request, key: str = "name") -> str:
     """An exchange named in the path; amq.default is the default exchange."""

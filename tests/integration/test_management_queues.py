@@ -15,7 +15,9 @@ import pytest
 from tests.integration.helpers import (
     EVENT_TIMEOUT, consume, declare_queue, drain, message_count, open_channel, publish, wait_for_message_count,
 )
-from tests.integration.management import add_user, delete_user, quote, request, set_permissions
+from tests.integration.management import (
+    add_user, add_vhost, delete_user, delete_vhost, quote, request, set_permissions,
+)
 
 # RabbitMQ's API shows queue counts from statistics emitted every 5 seconds: counts are polled this long.
 STATS_TIMEOUT = 15.0
@@ -302,3 +304,28 @@ def test_rabbitmqadmin_declares_publishes_gets_purges_and_deletes(broker, unique
     rabbitmqadmin(broker, "delete", "exchange", f"name={unique}")
     rabbitmqadmin(broker, "delete", "queue", f"name={unique}")
     assert request(broker, "GET", queue_path(unique)).status == 404
+
+
+def test_who_sees_the_queues_of_a_vhost(broker, unique, limited_user):
+    vhost, admin = unique + "-vhost", unique + "-admin"
+    add_vhost(broker, vhost)
+    set_permissions(broker, vhost, "guest")
+    add_user(broker, admin, "secret", "administrator")
+    try:
+        assert request(broker, "PUT", queue_path("hidden", vhost), {}).status == 201
+        hidden = (401, {"error": "not_authorised", "reason": "User not authorised to access virtual host"})
+        as_user = {"user": limited_user, "password": "secret"}
+        assert vhost not in {queue["vhost"] for queue in request(broker, "GET", "/api/queues", **as_user).body}
+        assert request(broker, "GET", queue_path("hidden", vhost), **as_user) == hidden
+        assert request(broker, "GET", f"/api/queues/{quote(vhost)}", **as_user) == hidden
+        assert request(broker, "PUT", queue_path("other", vhost), {}, **as_user) == hidden
+        # an administrator sees every vhost, but changes things only where it has permissions
+        as_admin = {"user": admin, "password": "secret"}
+        assert ("hidden", vhost) in {(queue["name"], queue["vhost"])
+                                     for queue in request(broker, "GET", "/api/queues", **as_admin).body}
+        assert request(broker, "GET", queue_path("hidden", vhost), **as_admin).status == 200
+        assert request(broker, "PUT", queue_path("other", vhost), {}, **as_admin) == (
+            401, {"error": "not_authorised", "reason": "Access refused."})
+    finally:
+        delete_user(broker, admin)
+        delete_vhost(broker, vhost)

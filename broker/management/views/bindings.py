@@ -7,7 +7,7 @@ from aiohttp import web
 from broker.management import http
 from broker.management.resources import (
     api_error, arguments_of, check_access, default_binding_json, exchange_name, explicit_binding_json,
-    find_exchange, find_queue, listing, properties_key, sorted_bindings, vhost_bindings,
+    find_exchange, find_queue, listing, properties_key, readable_vhosts, sorted_bindings, vhost_bindings,
 )
 from protocol.errors import AMQPError
 
@@ -19,21 +19,21 @@ DESTINATION_KINDS = {"q": "queue", "e": "exchange"}  # the path letter of a bind
 @routes.get("/api/bindings")
 async def list_all(request: web.Request) -> web.Response:
     http.require(request, "management")
-    return bindings_listing(request, (binding for vhost in http.visible_vhosts(request)
+    return bindings_listing(request, (binding for vhost in readable_vhosts(request)
                                        for binding in vhost_bindings(vhost)))
 
 
 @routes.get("/api/bindings/{vhost}")
 async def list_vhost(request: web.Request) -> web.Response:
     http.require(request, "management")
-    return bindings_listing(request, vhost_bindings(http.vhost_of(request)))
+    return bindings_listing(request, vhost_bindings(http.login_vhost_of(request)))
 
 
 @routes.get("/api/exchanges/{vhost}/{name}/bindings/{direction:source|destination}")
 async def of_exchange(request: web.Request) -> web.Response:
     """The bindings an exchange is the source of, or the destination of."""
     http.require(request, "management")
-    vhost = http.vhost_of(request)
+    vhost = http.login_vhost_of(request)
     exchange = find_exchange(vhost, exchange_name(request))
     bindings = exchange.bindings.values() if request.match_info["direction"] == "source" else exchange.inbound
     return bindings_listing(request, (explicit_binding_json(vhost, binding) for binding in bindings))
@@ -43,7 +43,7 @@ async def of_exchange(request: web.Request) -> web.Response:
 async def of_queue(request: web.Request) -> web.Response:
     """A queue's bindings, its implicit one to the default exchange first."""
     http.require(request, "management")
-    vhost = http.vhost_of(request)
+    vhost = http.login_vhost_of(request)
     queue = find_queue(vhost, request.match_info["name"])
     return bindings_listing(request, [default_binding_json(vhost, queue.name),
                                       *(explicit_binding_json(vhost, binding) for binding in queue.bindings)])
@@ -53,7 +53,7 @@ async def of_queue(request: web.Request) -> web.Response:
 async def between(request: web.Request) -> web.Response:
     """The bindings from one exchange to one queue or exchange (none when either is missing)."""
     http.require(request, "management")
-    vhost = http.vhost_of(request)
+    vhost = http.login_vhost_of(request)
     return bindings_listing(request, (explicit_binding_json(vhost, binding) for binding in _between(request, vhost)))
 
 
@@ -61,7 +61,7 @@ async def between(request: web.Request) -> web.Response:
 async def create(request: web.Request) -> web.Response:
     """Bind, as queue.bind or exchange.bind would; 201 with the new binding's address (relative to this path)."""
     http.require(request, "management")
-    vhost = http.vhost_of(request)
+    vhost = http.login_vhost_of(request)
     body = await http.json_body(request)
     routing_key, arguments = str(body.get("routing_key", "")), arguments_of(body)
     source_name, destination_name = exchange_name(request, "source"), request.match_info["destination"]
@@ -84,7 +84,7 @@ async def create(request: web.Request) -> web.Response:
 @routes.get("/api/bindings/{vhost}/e/{source}/{kind:q|e}/{destination}/{props}")
 async def show(request: web.Request) -> web.Response:
     http.require(request, "management")
-    vhost = http.vhost_of(request)
+    vhost = http.login_vhost_of(request)
     return http.reply(explicit_binding_json(vhost, _named(request, vhost)))
 
 
@@ -92,7 +92,7 @@ async def show(request: web.Request) -> web.Response:
 async def delete(request: web.Request) -> web.Response:
     """Unbind, as queue.unbind or exchange.unbind would."""
     http.require(request, "management")
-    vhost = http.vhost_of(request)
+    vhost = http.login_vhost_of(request)
     binding = _named(request, vhost)
     kind = DESTINATION_KINDS[request.match_info["kind"]]
     check_access(request, vhost, kind, binding.destination.name, "write")

@@ -5,7 +5,7 @@ from aiohttp import web
 from broker.management import http, messages
 from broker.management.resources import (
     api_error, arguments_of, check_access, check_permission, exchange_json, exchange_name, find_exchange, flag,
-    listing, parse_bool,
+    listing, parse_bool, readable_vhosts,
 )
 from protocol import errors
 from protocol.errors import AMQPError
@@ -16,14 +16,14 @@ routes = web.RouteTableDef()
 @routes.get("/api/exchanges")
 async def list_all(request: web.Request) -> web.Response:
     http.require(request, "management")
-    return listing(request, [exchange_json(vhost, exchange) for vhost in http.visible_vhosts(request)
+    return listing(request, [exchange_json(vhost, exchange) for vhost in readable_vhosts(request)
                        for exchange in sorted(vhost.exchanges.values(), key=lambda exchange: exchange.name)])
 
 
 @routes.get("/api/exchanges/{vhost}")
 async def list_vhost(request: web.Request) -> web.Response:
     http.require(request, "management")
-    vhost = http.vhost_of(request)
+    vhost = http.login_vhost_of(request)
     return listing(request, [exchange_json(vhost, exchange)
                        for exchange in sorted(vhost.exchanges.values(), key=lambda exchange: exchange.name)])
 
@@ -31,7 +31,7 @@ async def list_vhost(request: web.Request) -> web.Response:
 @routes.get("/api/exchanges/{vhost}/{name}")
 async def show(request: web.Request) -> web.Response:
     http.require(request, "management")
-    vhost = http.vhost_of(request)
+    vhost = http.login_vhost_of(request)
     data = exchange_json(vhost, find_exchange(vhost, exchange_name(request)))
     data.update(incoming=[], outgoing=[])  # publishing rates per peer: Warren keeps no such statistics
     return http.reply(data)
@@ -40,7 +40,7 @@ async def show(request: web.Request) -> web.Response:
 @routes.put("/api/exchanges/{vhost}/{name}")
 async def declare(request: web.Request) -> web.Response:
     http.require(request, "management")
-    vhost = http.vhost_of(request)
+    vhost = http.login_vhost_of(request)
     name = exchange_name(request)
     body = await http.json_body(request)
     kind = body.get("type", "direct")
@@ -60,7 +60,7 @@ async def declare(request: web.Request) -> web.Response:
 @routes.delete("/api/exchanges/{vhost}/{name}")
 async def delete(request: web.Request) -> web.Response:
     http.require(request, "management")
-    vhost = http.vhost_of(request)
+    vhost = http.login_vhost_of(request)
     name = exchange_name(request)
     if name and name not in vhost.exchanges:
         raise http.not_found()
@@ -78,7 +78,7 @@ async def publish(request: web.Request) -> web.Response:
     """Publish one message through the exchange, as basic.publish would; {"routed": false} when no queue took it.
     A persistent message is on disk before the reply. What a channel would refuse is a 400 naming the AMQP error."""
     http.require(request, "management")
-    vhost = http.vhost_of(request)
+    vhost = http.login_vhost_of(request)
     name = exchange_name(request)
     body = await http.json_body(request)
     try:

@@ -5,7 +5,7 @@ from aiohttp import web
 from broker.management import http, messages
 from broker.management.resources import (
     Unacked, api_error, arguments_of, check_access, check_permission, consumer_json, find_queue, flag, listing,
-    parse_bool, queue_json,
+    parse_bool, queue_json, readable_vhosts,
 )
 from broker.model.features.dead_letter import REJECTED, dead_letter
 from protocol.constants import ACCESS_REFUSED, NOT_FOUND
@@ -36,14 +36,14 @@ API_OWNER = ApiOwner()
 async def list_all(request: web.Request) -> web.Response:
     http.require(request, "management")
     unacked = Unacked(http.server_of(request).connections)
-    return listing(request, [queue_json(vhost, queue, unacked) for vhost in http.visible_vhosts(request)
+    return listing(request, [queue_json(vhost, queue, unacked) for vhost in readable_vhosts(request)
                        for queue in sorted(vhost.queues.values(), key=lambda queue: queue.name)])
 
 
 @routes.get("/api/queues/{vhost}")
 async def list_vhost(request: web.Request) -> web.Response:
     http.require(request, "management")
-    vhost = http.vhost_of(request)
+    vhost = http.login_vhost_of(request)
     unacked = Unacked(http.server_of(request).connections)
     return listing(request, [queue_json(vhost, queue, unacked)
                        for queue in sorted(vhost.queues.values(), key=lambda queue: queue.name)])
@@ -52,7 +52,7 @@ async def list_vhost(request: web.Request) -> web.Response:
 @routes.get("/api/queues/{vhost}/{name}")
 async def show(request: web.Request) -> web.Response:
     http.require(request, "management")
-    vhost = http.vhost_of(request)
+    vhost = http.login_vhost_of(request)
     queue = find_queue(vhost, request.match_info["name"])
     data = queue_json(vhost, queue, Unacked(http.server_of(request).connections))
     data["consumer_details"] = [consumer_json(vhost, queue, consumer) for consumer in queue.consumers]
@@ -63,7 +63,7 @@ async def show(request: web.Request) -> web.Response:
 @routes.put("/api/queues/{vhost}/{name}")
 async def declare(request: web.Request) -> web.Response:
     http.require(request, "management")
-    vhost = http.vhost_of(request)
+    vhost = http.login_vhost_of(request)
     name = request.match_info["name"]
     body = await http.json_body(request)
     durable, auto_delete = parse_bool(body, "durable"), parse_bool(body, "auto_delete")
@@ -80,7 +80,7 @@ async def declare(request: web.Request) -> web.Response:
 @routes.delete("/api/queues/{vhost}/{name}")
 async def delete(request: web.Request) -> web.Response:
     http.require(request, "management")
-    vhost = http.vhost_of(request)
+    vhost = http.login_vhost_of(request)
     queue = find_queue(vhost, request.match_info["name"])
     check_access(request, vhost, "queue", queue.name, "configure")
     if flag(request, "if-unused") and queue.consumers:
@@ -95,7 +95,7 @@ async def delete(request: web.Request) -> web.Response:
 @routes.delete("/api/queues/{vhost}/{name}/contents")
 async def purge(request: web.Request) -> web.Response:
     http.require(request, "management")
-    vhost = http.vhost_of(request)
+    vhost = http.login_vhost_of(request)
     queue = find_queue(vhost, request.match_info["name"])
     check_access(request, vhost, "queue", queue.name, "read")
     queue.purge()
@@ -108,7 +108,7 @@ async def get(request: web.Request) -> web.Response:
     """Take up to count messages from the head of the queue, as basic.get would, then ack, reject or requeue them
     (requeued ones go back to their places, flagged redelivered)."""
     http.require(request, "management")
-    vhost = http.vhost_of(request)
+    vhost = http.login_vhost_of(request)
     body = await http.json_body(request)
     count = _integer(messages.required(body, "count"))
     requeue, reject = _ack_mode(messages.required(body, "ackmode"))
