@@ -216,6 +216,8 @@ async def json_body(request: web.Request) -> dict:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as error:
         raise bad_request(f"failed to decode JSON: {error}") from None
+    except RecursionError:
+        raise bad_request("failed to decode JSON: nested too deeply") from None
     if not isinstance(body, dict):
         raise bad_request("not a JSON object")
     return body

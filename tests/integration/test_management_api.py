@@ -97,8 +97,9 @@ def test_a_monitoring_user_lists_every_vhost(broker, unique):
         assert "/" in names and unique + "-v" in names
 
 
-def test_bad_json_is_400_bad_request(broker, unique):
-    reply = request(broker, "PUT", f"/api/users/{quote(unique)}", raw_body=b"{not json")
+@pytest.mark.parametrize("body", [b"{not json", b"[" * 100_000, b'["a list"]'], ids=["broken", "deep", "list"])
+def test_bad_json_is_400_bad_request(broker, unique, body):
+    reply = request(broker, "PUT", f"/api/users/{quote(unique)}", raw_body=body)
     assert reply.status == 400
     assert reply.body["error"] == "bad_request"
     assert request(broker, "GET", f"/api/users/{quote(unique)}").status == 404
@@ -379,8 +380,6 @@ def test_the_overview_names_versions_and_counts_objects(broker, unique):
                     "node"):
             assert isinstance(body[key], str) and body[key]
         assert {"direct", "fanout", "topic", "headers"} <= {kind["name"] for kind in body["exchange_types"]}
-        assert {"messages", "messages_ready", "messages_unacknowledged"} <= set(body["queue_totals"]) or \
-            body["queue_totals"] == {}
         assert body["object_totals"]["exchanges"] >= 2 * 6  # the amq.* set of two vhosts at least
         assert "amqp" in {listener["protocol"] for listener in body["listeners"]}
         assert broker.port in {listener["port"] for listener in body["listeners"]}
