@@ -257,7 +257,7 @@ def listing(request: web.Request, items: list[dict], pageable: bool = True) -> w
     contains the name parameter (or matches it as a regex with use_regex=true), both case-insensitively, page_size
     at a time."""
     if "columns" in request.query:
-        items = [_columns(item, request.query["columns"].split(",")) for item in items]
+        items = [columns_of(item, request.query["columns"].split(",")) for item in items]
     if not pageable or "page" not in request.query:
         return http.reply(items)
     page, page_size = _pagination(request.query)
@@ -273,7 +273,7 @@ def listing(request: web.Request, items: list[dict], pageable: bool = True) -> w
                        "total_count": len(items)})
 
 
-def _columns(item: dict, columns: list[str]) -> dict:
+def columns_of(item: dict, columns: list[str]) -> dict:
     """The fields of item that columns name ("a.b" for field b of a), those it has."""
     kept: dict = {}
     for column in columns:
