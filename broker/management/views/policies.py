@@ -22,6 +22,11 @@ routes = web.RouteTableDef()
 KINDS = {"policies": False, "operator-policies": True}  # path segment -> whether it names operator policies
 
 
+def escape_html_tags(text: str) -> str:
+    """RabbitMQ's policy view escapes these in its refusals (its operator policy view does not)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def policy_table(vhost: "VirtualHost", operator: bool) -> dict[str, "Policy"]:
     return vhost.operator_policies if operator else vhost.policies
 
@@ -87,7 +92,7 @@ async def put_policy(request: web.Request) -> web.Response:
         vhost.set_policy(name, body["pattern"], body["definition"], body.get("priority", 0),
                          body.get("apply-to", "all"), operator)
     except PolicyError as error:
-        raise http.bad_request(str(error)) from None
+        raise http.bad_request(str(error) if operator else escape_html_tags(str(error))) from None
     await http.on_disk(request)
     return http.created_or_updated(existed)
 
