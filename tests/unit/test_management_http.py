@@ -1,0 +1,62 @@
+"""The management API's shared request helpers that need no server: tag rights, tags and required keys as RabbitMQ
+reads them, and the escaping of policy refusals. Under test: broker.management.http,
+broker.management.views.policies."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.management import http
+from broker.management.views.policies import escape_html_tags
+from broker.model.access import User
+
+
+@pytest.mark.parametrize("tags, rights", [
+    (["administrator"], {"administrator", "monitoring", "policymaker", "management"}),
+    (["monitoring"], {"monitoring", "management"}),
+    (["policymaker"], {"policymaker", "management"}),
+    (["management"], {"management"}),
+    (["impersonator"], set()),
+    ([], set()),
+    (["monitoring", "policymaker"], {"monitoring", "policymaker", "management"}),
+])
+def test_tags_grant_the_rights_rabbitmq_gives_them(tags, rights):
+    assert http.rights_of(User("u", "", tags=tags)) == rights
+
+
+@pytest.mark.parametrize("value, tags", [
+    ("management,monitoring", ["management", "monitoring"]),
+    (" management , ,monitoring ", ["management", "monitoring"]),
+    ("", []),
+    (["policymaker", " administrator "], ["policymaker", "administrator"]),
+    ([], []),
+])
+def test_tags_are_a_comma_separated_string_or_a_list(value, tags):
+    assert http.tag_list(value, "tags") == tags
+
+
+@pytest.mark.parametrize("value", [5, None, ["a", 1], {"a": "b"}])
+def test_other_tags_are_a_bad_request_naming_the_field(value):
+    with pytest.raises(http.ApiError) as refused:
+        http.tag_list(value, "tags")
+    assert (refused.value.status, refused.value.error) == (400, "bad_request")
+    assert "tags" in refused.value.reason
+
+
+def test_missing_keys_are_named_as_rabbitmq_names_them():
+    with pytest.raises(http.ApiError) as refused:
+        http.require_keys({"configure": ".*"}, ("configure", "write", "read"))
+    assert refused.value.reason == "[{key_missing,write},{key_missing,read}]"
+    http.require_keys({"pattern": "x", "definition": {}}, ("pattern", "definition"))
+
+
+def test_a_string_field_must_be_a_string():
+    assert http.string_field({}, "description", "") == ""
+    assert http.string_field({"description": "d"}, "description") == "d"
+    with pytest.raises(http.ApiError) as refused:
+        http.string_field({"password": 1}, "password")
+    assert refused.value.reason == "password must be a string"
+
+
+def test_policy_refusals_escape_html_tags():
+    assert escape_html_tags('was <<"5">> & more') == 'was &lt;&lt;"5"&gt;&gt; &amp; more'
