@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
-import os
 
 import pika
 import pika.exceptions
@@ -521,3 +520,14 @@ def test_a_management_user_sees_and_closes_only_its_own_connections(broker, uniq
             code, _ = connection_error(lambda: request(broker, "DELETE", f"/api/connections/{quote(own_name)}",
                                                        user=unique, password="pw"), own)
             assert code == 320
+
+
+def test_the_alarm_checks_fail_while_an_alarm_is_on(own_broker, tmp_path):
+    config = tmp_path / "warren.toml"
+    config.write_text("[server]\nmemory_limit = 1\n")  # any broker is above one byte: the alarm is on from the start
+    alarmed = own_broker("--config", str(config))
+    body = wait_for(alarmed, "/api/nodes", lambda nodes: nodes[0]["mem_alarm"])[0]
+    for check, reason in (("alarms", "There are alarms in effect in the cluster"),
+                          ("local-alarms", "There are alarms in effect on the node")):
+        assert request(alarmed, "GET", f"/api/health/checks/{check}") == (503, {
+            "status": "failed", "reason": reason, "alarms": [{"resource": "memory", "node": body["name"]}]})
