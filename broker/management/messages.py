@@ -23,7 +23,9 @@ PROPERTY_NAMES = {
     "reply_to": "reply_to", "expiration": "expiration", "message_id": "message_id", "timestamp": "timestamp",
     "type": "message_type", "user_id": "user_id", "app_id": "app_id", "cluster_id": "cluster_id",
 }
-INTEGER_PROPERTIES = ("delivery_mode", "priority", "timestamp")
+# integer properties -> the values their field types hold (a timestamp as a datetime Python can make)
+INTEGER_PROPERTIES = {"delivery_mode": (0, 255), "priority": (0, 255), "timestamp": (0, 253402300799)}
+LONG_MIN, LONG_MAX = -(1 << 63), (1 << 63) - 1  # the range of a 64-bit field value
 
 
 def required(body: dict, key: str):
@@ -72,10 +74,13 @@ def _properties(data: dict) -> Basic.Properties:
         if value is None:
             continue
         if key == "headers":
-            value = _table(value) if isinstance(value, dict) else None
+            value = field_table(value, LongLong) if isinstance(value, dict) else None
         elif key in INTEGER_PROPERTIES:
             if not isinstance(value, int) or isinstance(value, bool):
                 raise http.ApiError(400, "bad_request", ["not_int", key])
+            low, high = INTEGER_PROPERTIES[key]
+            if not low <= value <= high:
+                raise http.bad_request(f"{key} must be between {low} and {high}, got {value}")
             if key == "timestamp":
                 value = datetime.datetime.fromtimestamp(value, datetime.UTC)
         elif not isinstance(value, str):
@@ -84,21 +89,23 @@ def _properties(data: dict) -> Basic.Properties:
     return properties
 
 
-def _table(data: dict) -> dict:
-    return {str(key): _field_value(value) for key, value in data.items()}
+def field_table(data: dict, integer=int) -> dict:
+    """A JSON object as an AMQP field table, integers made with integer (RabbitMQ's API makes them 64-bit); 400
+    for what no field type holds: null (RabbitMQ's refusal) or an integer beyond 64 bits."""
+    return {str(key): _field_value(value, integer) for key, value in data.items()}
 
 
-def _field_value(value):
-    """A JSON value as an AMQP field value, integers as 64-bit ones as RabbitMQ makes them; null has no field type
-    (RabbitMQ refuses it)."""
+def _field_value(value, integer):
     if value is None:
         raise http.bad_request("null_not_allowed")
-    if isinstance(value, int) and not isinstance(value, bool):
-        return LongLong(value)
     if isinstance(value, dict):
-        return _table(value)
+        return field_table(value, integer)
     if isinstance(value, list):
-        return [_field_value(item) for item in value]
+        return [_field_value(item, integer) for item in value]
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not LONG_MIN <= value <= LONG_MAX:
+            raise http.bad_request(f"integer {value} does not fit in a 64-bit field value")
+        return integer(value)
     return value
 
 

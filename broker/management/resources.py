@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Iterable
 from aiohttp import web
 
 from broker.management import http
-from broker.management.messages import json_value
+from broker.management.messages import field_table, json_value
 from broker.model.access import check_resource
 from broker.model.queue import Queue
 from protocol.constants import ACCESS_REFUSED, NOT_FOUND, REPLY_NAMES
@@ -79,9 +79,12 @@ def access_refused() -> http.ApiError:
 
 
 def explanation(error: AMQPError) -> str:
-    """An AMQP error's text without its "NAME - " prefix."""
-    prefix = f"{REPLY_NAMES[error.reply_code]} - "
-    return error.text[len(prefix):] if error.text.startswith(prefix) else error.text
+    """An AMQP error's text without its "NAME - " prefix (the model repeats it in some texts, as RabbitMQ's AMQP
+    replies do; its API shows none)."""
+    prefix, text = f"{REPLY_NAMES[error.reply_code]} - ", error.text
+    while text.startswith(prefix):
+        text = text[len(prefix):]
+    return text
 
 
 def api_error(error: AMQPError) -> http.ApiError:
@@ -97,17 +100,17 @@ def api_error(error: AMQPError) -> http.ApiError:
 def parse_bool(body: dict, key: str, default: bool = False) -> bool:
     """A boolean field of a request body, as RabbitMQ reads it (true/false or their strings)."""
     value = body.get(key, default)
-    if value in (True, "true"):
+    if value is True or value == "true":
         return True
-    if value in (False, "false"):
+    if value is False or value == "false":
         return False
     raise http.ApiError(400, "bad_request", ["not_boolean", value])
 
 
 def arguments_of(body: dict) -> dict:
-    """The arguments table of a request body; RabbitMQ ignores one that is not an object."""
+    """The arguments table of a request body (RabbitMQ ignores one that is not an object)."""
     arguments = body.get("arguments")
-    return dict(arguments) if isinstance(arguments, dict) else {}
+    return field_table(arguments) if isinstance(arguments, dict) else {}
 
 
 def flag(request: web.Request, name: str) -> bool:

@@ -4,6 +4,7 @@ checked against what AMQP clients see of the same exchanges."""
 from __future__ import annotations
 
 import pika
+import pytest
 
 from tests.integration.helpers import declare_queue, drain, open_channel, wait_for_message_count
 from tests.integration.management import add_user, delete_user, quote, request, set_permissions
@@ -144,3 +145,13 @@ def test_publish_needs_write_permission(broker, unique):
         assert request(broker, "DELETE", exchange_path("ok-" + unique), user=user, password="secret").status == 204
     finally:
         delete_user(broker, user)
+
+
+def test_publish_refuses_values_amqp_cannot_carry(broker):
+    if broker.external:
+        pytest.skip("Warren's refusal: RabbitMQ keeps such values in memory and sends them on malformed")
+    default = exchange_path("amq.default") + "/publish"
+    assert request(broker, "POST", default, publish_body("k", priority=1000)) == (
+        400, {"error": "bad_request", "reason": "priority must be between 0 and 255, got 1000"})
+    assert request(broker, "POST", default, publish_body("k", headers={"n": 1 << 64})) == (
+        400, {"error": "bad_request", "reason": f"integer {1 << 64} does not fit in a 64-bit field value"})

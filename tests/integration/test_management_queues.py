@@ -96,6 +96,8 @@ def test_inequivalent_redeclare_and_bad_values(broker, unique):
         "error": "bad_request",
         "reason": f"invalid arg 'x-max-length' for queue '{unique}-3' in vhost '/': \"expected integer, got "
                   "longstr\""})
+    assert request(broker, "PUT", queue_path(unique + "-4"), {"arguments": {"x-anything": None}}) == (
+        400, {"error": "bad_request", "reason": "null_not_allowed"})
     assert request(broker, "PUT", queue_path("amq.reserved-" + unique), {}) == (
         401, {"error": "not_authorised", "reason": "Access refused."})
     assert request(broker, "DELETE", queue_path(unique)).status == 204
