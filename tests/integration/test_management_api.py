@@ -531,3 +531,23 @@ def test_the_alarm_checks_fail_while_an_alarm_is_on(own_broker, tmp_path):
                           ("local-alarms", "There are alarms in effect on the node")):
         assert request(alarmed, "GET", f"/api/health/checks/{check}") == (503, {
             "status": "failed", "reason": reason, "alarms": [{"resource": "memory", "node": body["name"]}]})
+
+
+def test_changes_are_on_disk_when_the_api_answers(own_broker, unique):
+    """Killed right after the replies, the broker comes back with every user, vhost, permission and policy."""
+    node = own_broker()
+    add_vhost(node, unique)
+    add_user(node, unique, "pw", "policymaker")
+    set_permissions(node, unique, unique, "^c", ".*", ".*")
+    assert request(node, "PUT", f"/api/policies/{quote(unique)}/p", {"pattern": "^q", "definition": {
+        "max-length": 2}}).status == 201
+    assert request(node, "DELETE", "/api/permissions/%2F/guest").status == 204
+    node.kill()
+    node.start()
+    assert request(node, "GET", f"/api/vhosts/{quote(unique)}").status == 200
+    assert request(node, "GET", "/api/whoami", user=unique, password="pw").body["tags"] == ["policymaker"]
+    assert request(node, "GET", f"/api/permissions/{quote(unique)}/{quote(unique)}").body["configure"] == "^c"
+    assert request(node, "GET", f"/api/policies/{quote(unique)}/p").body["definition"] == {"max-length": 2}
+    assert request(node, "GET", "/api/permissions/%2F/guest").status == 404
+    with connect_as(node, unique, "pw", unique) as conn:
+        assert conn.is_open
