@@ -428,6 +428,15 @@ def test_the_protocol_listener_check(broker):
     assert reply.status == 503 and reply.body["missing"] == "mqtt"
 
 
+def test_the_aliveness_test_sends_a_message_through_a_queue_of_its_own(broker, unique):
+    with vhost(broker, unique):
+        assert request(broker, "GET", f"/api/aliveness-test/{quote(unique)}") == (200, {"status": "ok"})
+        # the message went through it and back: RabbitMQ's stats show an empty queue after their next tick
+        queue = wait_for(broker, f"/api/queues/{quote(unique)}/aliveness-test",
+                         lambda body: body.get("messages_ready") == 0)
+        assert queue["durable"] is False
+
+
 def test_the_aliveness_test(broker, unique):
     assert request(broker, "GET", "/api/aliveness-test/%2F") == (200, {"status": "ok"})
     assert request(broker, "GET", f"/api/aliveness-test/{quote(unique)}") == (404, NOT_FOUND)

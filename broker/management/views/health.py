@@ -4,12 +4,17 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from broker.management import http
+from broker.management import http, messages
+from broker.management.views.queues import API_OWNER
+from protocol.errors import AMQPError
 
 routes = web.RouteTableDef()
 
 # How RabbitMQ's alarm checks name each resource whose alarm is on.
 ALARM_RESOURCES = {"memory": "memory", "disk": "disk space"}
+ALIVENESS_QUEUE = "aliveness-test"  # the queue RabbitMQ's aliveness test goes through
+ALIVENESS_MESSAGE = {"properties": {}, "routing_key": ALIVENESS_QUEUE, "payload": "test_message",
+                     "payload_encoding": "string"}  # what it publishes there, as a publish request's body
 PROTOCOL_ALIASES = {"amqp": "amqp", "amqp091": "amqp", "amqp0-9-1": "amqp", "http": "http"}
 
 
@@ -84,9 +89,18 @@ async def protocol_listener(request: web.Request) -> web.Response:
 
 @routes.get("/api/aliveness-test/{vhost}")
 async def aliveness(request: web.Request) -> web.Response:
-    """The vhost exists and the broker's loop answers (RabbitMQ also sends a message through a queue
-    "aliveness-test" there; Warren's model runs in this same loop)."""
-    http.login_vhost_of(request)
+    """As RabbitMQ: declare the queue aliveness-test in the vhost, send it a message and take it back."""
+    vhost = http.login_vhost_of(request)
+    try:
+        queue = vhost.declare_queue(ALIVENESS_QUEUE, API_OWNER, False, False, False, False, {})
+        _, message = messages.from_request(ALIVENESS_MESSAGE, "", request["user"].name)
+        vhost.publish_to([queue], message)
+    except AMQPError as error:
+        return failed(error.text)
+    entry = queue.take()
+    if entry is None:
+        return failed("aliveness-test queue is empty")
+    queue.forget([entry])
     return ok()
 
 
