@@ -7,7 +7,7 @@ import base64
 import hashlib
 import re
 import urllib.parse
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from aiohttp import web
 
@@ -95,6 +95,17 @@ def api_error(error: AMQPError) -> http.ApiError:
     if error.reply_code == ACCESS_REFUSED:
         return access_refused()
     return http.bad_request(explanation(error))
+
+
+async def on_disk_or_undo(request: web.Request, undo: Callable[[], None] | None) -> None:
+    """Wait for a change's records to be on disk; when they could not be written, take the change back (as the AMQP
+    methods do) before the 500."""
+    try:
+        await http.on_disk(request)
+    except http.ApiError:
+        if undo is not None:
+            undo()
+        raise
 
 
 def parse_bool(body: dict, key: str, default: bool = False) -> bool:

@@ -3,7 +3,9 @@ checked against what AMQP clients see of the same queues."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -18,6 +20,7 @@ from tests.integration.helpers import (
 from tests.integration.management import (
     add_user, add_vhost, delete_user, delete_vhost, quote, request, set_permissions,
 )
+from tests.tmpfs import tmpfs
 
 # RabbitMQ's API shows queue counts from statistics emitted every 5 seconds: counts are polled this long.
 STATS_TIMEOUT = 15.0
@@ -331,3 +334,28 @@ def test_who_sees_the_queues_of_a_vhost(broker, unique, limited_user):
     finally:
         delete_user(broker, admin)
         delete_vhost(broker, vhost)
+
+
+def fill(directory) -> None:
+    """Take every free byte of the file system under directory."""
+    filler = os.open(directory / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for chunk in (65536, 1):
+            with contextlib.suppress(OSError):
+                while True:
+                    os.write(filler, b"\0" * chunk)
+    finally:
+        os.close(filler)
+
+
+def test_a_declare_the_disk_cannot_take_is_a_500_and_taken_back(own_broker, tmp_path):
+    with tmpfs(tmp_path / "disk", "size=1m") as disk:
+        broker = own_broker(data_dir=disk / "data")
+        wait_for_api(broker)
+        fill(disk)
+        padding = {"x-padding": "p" * 10000}  # larger than what is left of the last page of a file
+        assert request(broker, "PUT", queue_path("full"), {"durable": True, "arguments": padding}) == (
+            500, {"error": "internal_error", "reason": "the change could not be written to disk"})
+        os.unlink(disk / "filler")
+        assert request(broker, "GET", queue_path("full")).status == 404
+        broker.stop()

@@ -7,7 +7,8 @@ from aiohttp import web
 from broker.management import http
 from broker.management.resources import (
     api_error, arguments_of, check_access, default_binding_json, exchange_name, explicit_binding_json,
-    find_exchange, find_queue, listing, properties_key, readable_vhosts, sorted_bindings, vhost_bindings,
+    find_exchange, find_queue, listing, on_disk_or_undo, properties_key, readable_vhosts, sorted_bindings,
+    vhost_bindings,
 )
 from protocol.errors import AMQPError
 
@@ -72,10 +73,12 @@ async def create(request: web.Request) -> web.Response:
         source = vhost.get_exchange(source_name)
         destination = (vhost.get_queue(destination_name) if kind == "queue"
                        else vhost.get_exchange(exchange_name(request, "destination")))
+        existed = source.find_binding(destination, routing_key, arguments) is not None
         vhost.bind(source, destination, routing_key, arguments)
     except AMQPError as error:
         raise api_error(error) from None
-    await http.on_disk(request)
+    undo = None if existed else lambda: vhost.unbind(source, destination, routing_key, arguments)
+    await on_disk_or_undo(request, undo)
     location = "/".join(urllib.parse.quote_plus(part, safe="")
                         for part in (destination_name, properties_key(routing_key, arguments)))
     return web.Response(status=201, headers={"Location": location})

@@ -5,7 +5,7 @@ from aiohttp import web
 from broker.management import http, messages
 from broker.management.resources import (
     api_error, arguments_of, check_access, check_permission, exchange_json, exchange_name, find_exchange, flag,
-    listing, parse_bool, readable_vhosts,
+    listing, on_disk_or_undo, parse_bool, readable_vhosts,
 )
 from protocol import errors
 from protocol.errors import AMQPError
@@ -53,7 +53,7 @@ async def declare(request: web.Request) -> web.Response:
         vhost.declare_exchange(name, str(kind), False, durable, auto_delete, internal, arguments_of(body))
     except AMQPError as error:
         raise api_error(error) from None
-    await http.on_disk(request)
+    await on_disk_or_undo(request, None if existed else lambda: vhost.delete_exchange(name, if_unused=False))
     return http.created_or_updated(existed)
 
 

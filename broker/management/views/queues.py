@@ -5,7 +5,7 @@ from aiohttp import web
 from broker.management import http, messages
 from broker.management.resources import (
     Unacked, api_error, arguments_of, check_access, check_permission, consumer_json, find_queue, flag, listing,
-    parse_bool, queue_json, readable_vhosts,
+    on_disk_or_undo, parse_bool, queue_json, readable_vhosts,
 )
 from broker.model.features.dead_letter import REJECTED, dead_letter
 from protocol.constants import ACCESS_REFUSED, NOT_FOUND
@@ -70,10 +70,10 @@ async def declare(request: web.Request) -> web.Response:
     check_access(request, vhost, "queue", name, "configure")
     existed = name in vhost.queues
     try:
-        vhost.declare_queue(name, API_OWNER, False, durable, False, auto_delete, arguments_of(body))
+        queue = vhost.declare_queue(name, API_OWNER, False, durable, False, auto_delete, arguments_of(body))
     except AMQPError as error:
         raise api_error(error) from None
-    await http.on_disk(request)
+    await on_disk_or_undo(request, None if existed else lambda: vhost.delete_queue(queue))
     return http.created_or_updated(existed)
 
 
