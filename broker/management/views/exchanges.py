@@ -17,15 +17,14 @@ routes = web.RouteTableDef()
 async def list_all(request: web.Request) -> web.Response:
     http.require(request, "management")
     return listing(request, [exchange_json(vhost, exchange) for vhost in readable_vhosts(request)
-                       for exchange in sorted(vhost.exchanges.values(), key=lambda exchange: exchange.name)])
+                             for exchange in _by_name(vhost)])
 
 
 @routes.get("/api/exchanges/{vhost}")
 async def list_vhost(request: web.Request) -> web.Response:
     http.require(request, "management")
     vhost = http.login_vhost_of(request)
-    return listing(request, [exchange_json(vhost, exchange)
-                       for exchange in sorted(vhost.exchanges.values(), key=lambda exchange: exchange.name)])
+    return listing(request, [exchange_json(vhost, exchange) for exchange in _by_name(vhost)])
 
 
 @routes.get("/api/exchanges/{vhost}/{name}")
@@ -45,8 +44,6 @@ async def declare(request: web.Request) -> web.Response:
     body = await http.json_body(request)
     kind = body.get("type", "direct")
     durable, auto_delete, internal = (parse_bool(body, key) for key in ("durable", "auto_delete", "internal"))
-    if not name:
-        raise http.ApiError(401, "not_authorised", "Access refused.")
     check_access(request, vhost, "exchange", name, "configure")
     existed = name in vhost.exchanges
     try:
@@ -94,3 +91,8 @@ async def publish(request: web.Request) -> web.Response:
         vhost.publish_to(queues, message)
         await http.on_disk(request)
     return http.reply({"routed": bool(queues)})
+
+
+def _by_name(vhost) -> list:
+    """A vhost's exchanges in RabbitMQ's listing order."""
+    return sorted(vhost.exchanges.values(), key=lambda exchange: exchange.name)

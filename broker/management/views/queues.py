@@ -37,7 +37,7 @@ async def list_all(request: web.Request) -> web.Response:
     http.require(request, "management")
     unacked = Unacked(http.server_of(request).connections)
     return listing(request, [queue_json(vhost, queue, unacked) for vhost in readable_vhosts(request)
-                       for queue in sorted(vhost.queues.values(), key=lambda queue: queue.name)])
+                             for queue in _by_name(vhost)])
 
 
 @routes.get("/api/queues/{vhost}")
@@ -45,8 +45,7 @@ async def list_vhost(request: web.Request) -> web.Response:
     http.require(request, "management")
     vhost = http.login_vhost_of(request)
     unacked = Unacked(http.server_of(request).connections)
-    return listing(request, [queue_json(vhost, queue, unacked)
-                       for queue in sorted(vhost.queues.values(), key=lambda queue: queue.name)])
+    return listing(request, [queue_json(vhost, queue, unacked) for queue in _by_name(vhost)])
 
 
 @routes.get("/api/queues/{vhost}/{name}")
@@ -137,6 +136,11 @@ async def get(request: web.Request) -> web.Response:
     _settle(queue, taken, requeue, reject)
     await http.on_disk(request)
     return http.reply(replies)
+
+
+def _by_name(vhost) -> list:
+    """A vhost's queues in RabbitMQ's listing order."""
+    return sorted(vhost.queues.values(), key=lambda queue: queue.name)
 
 
 def _settle(queue, taken: list, requeue: bool, reject: bool) -> None:
