@@ -12,7 +12,7 @@ from pamqp.commands import Basic
 
 from broker.management import http
 from broker.model.features.expiry import parse_expiration
-from broker.model.message import Address, Header, Message
+from broker.model.message import Address, Header, Message, carbon_copy_keys
 from protocol import errors
 from protocol.codec import LongLong, encode_header_payload
 
@@ -35,9 +35,10 @@ def required(body: dict, key: str):
 
 
 # --- publish requests ------------------------------------------------------------------------------------------
-def from_request(body: dict, exchange: str, user: str) -> tuple[str, Message]:
-    """The routing key and message a publish request describes. Its shape is checked here (400); what basic.publish
-    would refuse (the user_id, the expiration) raises the AMQPError the channel would raise."""
+def from_request(body: dict, exchange: str, user: str) -> tuple[list[str], Message]:
+    """The routing keys (the CC and BCC headers' too: sender-selected distribution) and the message a publish
+    request describes, BCC removed. Its shape is checked here (400); what basic.publish would refuse (the user_id,
+    the expiration) raises the AMQPError the channel would raise."""
     properties_json = required(body, "properties")
     routing_key = required(body, "routing_key")
     payload = _payload(required(body, "payload"), required(body, "payload_encoding"))
@@ -49,8 +50,11 @@ def from_request(body: dict, exchange: str, user: str) -> tuple[str, Message]:
                                          f"was '{user}'")
     if properties.expiration is not None:
         parse_expiration(properties.expiration)
+    headers = properties.headers or {}
+    routing_keys = [str(routing_key), *carbon_copy_keys(headers, "CC"), *carbon_copy_keys(headers, "BCC")]
+    headers.pop("BCC", None)
     header = Header(encode_header_payload(len(payload), properties))
-    return str(routing_key), Message(Address(exchange, str(routing_key)), header, payload)
+    return routing_keys, Message(Address(exchange, str(routing_key)), header, payload)
 
 
 def _payload(payload, encoding) -> bytes:

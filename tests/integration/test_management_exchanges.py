@@ -99,6 +99,21 @@ def test_publish_reaches_amqp_consumers(broker, unique):
         assert (second.body, second.exchange) == (b"\x00\x01\xff", "")
 
 
+def test_publish_with_sender_selected_distribution(broker, unique):
+    copy, blind = unique + "-cc", unique + "-bcc"
+    with open_channel(broker) as ch:
+        for queue in (unique, copy, blind):
+            declare_queue(ch, queue)
+        sent = publish_body(unique, "copied", headers={"CC": [copy], "BCC": [blind], "kept": "yes"})
+        assert request(broker, "POST", exchange_path("amq.default") + "/publish", sent) == (200, {"routed": True})
+        for queue in (unique, copy, blind):
+            wait_for_message_count(ch, queue, 1)
+            [message] = drain(ch, queue)
+            assert (message.body, message.routing_key) == (b"copied", unique)
+            assert message.properties.headers == {"CC": [copy], "kept": "yes"}
+            ch.queue_delete(queue)
+
+
 def test_publish_refusals(broker, unique):
     with open_channel(broker) as ch:
         ch.exchange_declare(unique, "direct", internal=True)

@@ -79,12 +79,12 @@ async def publish(request: web.Request) -> web.Response:
     name = exchange_name(request)
     body = await http.json_body(request)
     try:
-        routing_key, message = messages.from_request(body, name, request["user"].name)
+        routing_keys, message = messages.from_request(body, name, request["user"].name)
         check_permission(request, vhost, "exchange", name, "write")
         exchange = vhost.get_exchange(name)
         if exchange.internal:
             raise errors.access_refused(f"cannot publish to internal exchange '{name}' in vhost '{vhost.name}'")
-        queues = vhost.route(exchange, [routing_key], message)
+        queues = vhost.route(exchange, routing_keys, message)
     except AMQPError as error:
         raise http.bad_request(f"{error.reply_code} {error.text}") from None
     if queues:
