@@ -101,6 +101,12 @@ def test_queue_and_vhost_listings(broker, unique):
         listed = summary(request(broker, "GET", "/api/bindings/%2F").body)
         assert (unique, unique, "queue", "one", {}) in listed and ("", unique, "queue", unique, {}) in listed
         assert (unique, unique, "queue", "one", {}) in summary(request(broker, "GET", "/api/bindings").body)
+        implicit = bindings_path("amq.default", unique)
+        assert summary(request(broker, "GET", implicit).body) == [("", unique, "queue", unique, {})]
+        assert request(broker, "GET", f"{implicit}/{quote(unique)}").body["source"] == ""
+        assert request(broker, "DELETE", f"{implicit}/{quote(unique)}") == REFUSED
+        assert ("", unique, "queue", unique, {}) in summary(
+            request(broker, "GET", "/api/exchanges/%2F/amq.default/bindings/source").body)
         ch.queue_delete(unique)
         ch.exchange_delete(unique)
 

@@ -6,7 +6,7 @@ from aiohttp import web
 
 from broker.management import http
 from broker.management.resources import (
-    api_error, arguments_of, check_access, default_binding_json, exchange_name, explicit_binding_json,
+    access_refused, api_error, arguments_of, check_access, default_binding_json, exchange_name, explicit_binding_json,
     find_exchange, find_queue, listing, on_disk_or_undo, properties_key, readable_vhosts, sorted_bindings,
     vhost_bindings,
 )
@@ -36,8 +36,11 @@ async def of_exchange(request: web.Request) -> web.Response:
     http.require(request, "management")
     vhost = http.login_vhost_of(request)
     exchange = find_exchange(vhost, exchange_name(request))
-    bindings = exchange.bindings.values() if request.match_info["direction"] == "source" else exchange.inbound
-    return bindings_listing(request, (explicit_binding_json(vhost, binding) for binding in bindings))
+    if request.match_info["direction"] == "destination":
+        return bindings_listing(request, (explicit_binding_json(vhost, binding) for binding in exchange.inbound))
+    if exchange is vhost.default_exchange:
+        return bindings_listing(request, (default_binding_json(vhost, name) for name in vhost.queues))
+    return bindings_listing(request, (explicit_binding_json(vhost, binding) for binding in exchange.bindings.values()))
 
 
 @routes.get("/api/queues/{vhost}/{name}/bindings")
@@ -55,7 +58,8 @@ async def between(request: web.Request) -> web.Response:
     """The bindings from one exchange to one queue or exchange (none when either is missing)."""
     http.require(request, "management")
     vhost = http.login_vhost_of(request)
-    return bindings_listing(request, (explicit_binding_json(vhost, binding) for binding in _between(request, vhost)))
+    return bindings_listing(request, [*_implicit(request, vhost),
+                                      *(explicit_binding_json(vhost, binding) for binding in _between(request, vhost))])
 
 
 @routes.post("/api/bindings/{vhost}/e/{source}/{kind:q|e}/{destination}")
@@ -88,7 +92,9 @@ async def create(request: web.Request) -> web.Response:
 async def show(request: web.Request) -> web.Response:
     http.require(request, "management")
     vhost = http.login_vhost_of(request)
-    return http.reply(explicit_binding_json(vhost, _named(request, vhost)))
+    implicit = [binding for binding in _implicit(request, vhost)
+                if binding["properties_key"] == request.match_info["props"]]
+    return http.reply(implicit[0] if implicit else explicit_binding_json(vhost, _named(request, vhost)))
 
 
 @routes.delete("/api/bindings/{vhost}/e/{source}/{kind:q|e}/{destination}/{props}")
@@ -96,6 +102,8 @@ async def delete(request: web.Request) -> web.Response:
     """Unbind, as queue.unbind or exchange.unbind would."""
     http.require(request, "management")
     vhost = http.login_vhost_of(request)
+    if _implicit(request, vhost):
+        raise access_refused()  # the default exchange's bindings are no one's to remove
     binding = _named(request, vhost)
     kind = DESTINATION_KINDS[request.match_info["kind"]]
     check_access(request, vhost, kind, binding.destination.name, "write")
@@ -111,6 +119,14 @@ async def delete(request: web.Request) -> web.Response:
 def bindings_listing(request: web.Request, bindings) -> web.Response:
     """Bindings in RabbitMQ's order; RabbitMQ serves no pages of them."""
     return listing(request, sorted_bindings(bindings), pageable=False)
+
+
+def _implicit(request: web.Request, vhost) -> list[dict]:
+    """The default exchange's implicit binding to the path's queue, when the path names those two."""
+    name = request.match_info["destination"]
+    if exchange_name(request, "source") or request.match_info["kind"] != "q" or name not in vhost.queues:
+        return []
+    return [default_binding_json(vhost, name)]
 
 
 def _between(request: web.Request, vhost) -> list:
