@@ -7,7 +7,9 @@ import pika
 import pytest
 
 from tests.integration.helpers import declare_queue, drain, open_channel, wait_for_message_count
-from tests.integration.management import add_user, delete_user, quote, request, set_permissions
+from tests.integration.management import (
+    add_user, clear_policy, delete_user, quote, request, set_permissions, set_policy,
+)
 
 REFUSED = (401, {"error": "not_authorised", "reason": "Access refused."})
 
@@ -170,3 +172,14 @@ def test_publish_refuses_values_amqp_cannot_carry(broker):
         400, {"error": "bad_request", "reason": "priority must be between 0 and 255, got 1000"})
     assert request(broker, "POST", default, publish_body("k", headers={"n": 1 << 64})) == (
         400, {"error": "bad_request", "reason": f"integer {1 << 64} does not fit in a 64-bit field value"})
+
+
+def test_the_policy_that_applies_is_shown(broker, unique):
+    set_policy(broker, "/", unique, f"^{unique}$", {"alternate-exchange": "amq.direct"}, apply_to="exchanges")
+    try:
+        assert request(broker, "PUT", exchange_path(unique), {"type": "direct"}).status == 201
+        assert request(broker, "GET", exchange_path(unique)).body["policy"] == unique
+        assert "policy" not in request(broker, "GET", exchange_path("amq.direct")).body
+    finally:
+        clear_policy(broker, "/", unique)
+        request(broker, "DELETE", exchange_path(unique))

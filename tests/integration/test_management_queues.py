@@ -18,7 +18,7 @@ from tests.integration.helpers import (
     EVENT_TIMEOUT, consume, declare_queue, drain, message_count, open_channel, publish, wait_for_message_count,
 )
 from tests.integration.management import (
-    add_user, add_vhost, delete_user, delete_vhost, quote, request, set_permissions,
+    add_user, add_vhost, clear_policy, delete_user, delete_vhost, quote, request, set_permissions, set_policy,
 )
 from tests.tmpfs import tmpfs
 
@@ -359,3 +359,16 @@ def test_a_declare_the_disk_cannot_take_is_a_500_and_taken_back(own_broker, tmp_
         os.unlink(disk / "filler")
         assert request(broker, "GET", queue_path("full")).status == 404
         broker.stop()
+
+
+def test_policies_that_apply_are_shown(broker, unique):
+    set_policy(broker, "/", unique, f"^{unique}$", {"max-length": 5}, apply_to="queues")
+    set_policy(broker, "/", unique, f"^{unique}$", {"max-length": 3}, apply_to="queues", kind="operator-policies")
+    try:
+        assert request(broker, "PUT", queue_path(unique), {}).status == 201
+        queue = queue_with(broker, unique, policy=unique)
+        assert (queue["operator_policy"], queue["effective_policy_definition"]) == (unique, {"max-length": 3})
+    finally:
+        clear_policy(broker, "/", unique)
+        clear_policy(broker, "/", unique, kind="operator-policies")
+        request(broker, "DELETE", queue_path(unique))
