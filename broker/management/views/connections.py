@@ -1,7 +1,8 @@
 """The management API: connections, channels and consumers (read, and connections closed by an operator).
 
-As RabbitMQ: monitoring users see every connection and channel, other users their own; a connection is closed by
-an administrator or its own user."""
+As RabbitMQ: monitoring users see every connection, channel and consumer, other users their own; the listings of
+one vhost's connections and channels are for administrators and users with permissions there; a connection is
+closed by an administrator or its own user."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from broker.management.resources import consumer_json
 if TYPE_CHECKING:
     from broker.connection.connection import Connection
     from broker.connection.server import Server
+    from broker.model.vhost import VirtualHost
     from broker.session.channel import Channel
 
 routes = web.RouteTableDef()
@@ -128,8 +130,7 @@ def channel_of(request: web.Request) -> "Channel":
     return found
 
 
-def in_vhost(request: web.Request) -> list["Connection"]:
-    vhost = http.vhost_of(request)
+def in_vhost(request: web.Request, vhost: "VirtualHost") -> list["Connection"]:
     return [connection for connection in open_connections(request) if connection.vhost is vhost]
 
 
@@ -141,7 +142,8 @@ async def list_connections(request: web.Request) -> web.Response:
 
 @routes.get("/api/vhosts/{vhost}/connections")
 async def vhost_connections(request: web.Request) -> web.Response:
-    return http.reply([connection_json(connection) for connection in in_vhost(request)])
+    vhost = http.login_vhost_of(request)  # RabbitMQ: administrators, and users with permissions there
+    return http.reply([connection_json(connection) for connection in in_vhost(request, vhost)])
 
 
 @routes.get("/api/connections/{name}")
@@ -171,7 +173,8 @@ async def list_channels(request: web.Request) -> web.Response:
 
 @routes.get("/api/vhosts/{vhost}/channels")
 async def vhost_channels(request: web.Request) -> web.Response:
-    return http.reply([channel_json(channel) for channel in channels_of(in_vhost(request))])
+    vhost = http.login_vhost_of(request)
+    return http.reply([channel_json(channel) for channel in channels_of(in_vhost(request, vhost))])
 
 
 @routes.get("/api/channels/{name}")
@@ -189,4 +192,7 @@ async def list_consumers(request: web.Request) -> web.Response:
 
 @routes.get("/api/consumers/{vhost}")
 async def vhost_consumers(request: web.Request) -> web.Response:
-    return http.reply(consumers_json(channels_of(in_vhost(request))))
+    vhost = http.node_of(request).vhosts.get(request.match_info["vhost"])
+    if vhost is None:
+        raise http.not_found()
+    return http.reply(consumers_json(channels_of(in_vhost(request, vhost))))
