@@ -90,18 +90,6 @@ def connection_name(connection) -> str:
     return f"{connection.peer} -> {local[0]}:{local[1]}" if local else connection.peer
 
 
-def vhost_of(request: web.Request, key: str = "vhost") -> "VirtualHost":
-    """The vhost named in the path, if the user may see it (monitoring users see every vhost, others those they
-    have permissions in): 404 if there is none of that name, RabbitMQ's 401 if it is hidden from the user."""
-    name = request.match_info[key]
-    vhost = node_of(request).vhosts.get(name)
-    if vhost is None:
-        raise not_found()
-    if not may_see_vhost(request, name):
-        raise not_authorised("User not authorised to access virtual host")
-    return vhost
-
-
 def login_vhost_of(request: web.Request, key: str = "vhost") -> "VirtualHost":
     """The vhost named in the path, for calls RabbitMQ allows only administrators and users with permissions there
     (policies): 404 if there is none of that name, 401 for anyone else."""
