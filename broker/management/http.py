@@ -220,10 +220,10 @@ def reply(data: Any, status: int = 200) -> web.Response:
     return web.json_response(data, status=status, dumps=compact_json)
 
 
-def reply_list(items: list[dict], *keys: str) -> web.Response:
-    """A JSON list sorted as RabbitMQ sorts it: by the given fields ("name" unless told)."""
+def sorted_by(items: list[dict], *keys: str) -> list[dict]:
+    """A listing sorted as RabbitMQ sorts it: by the given fields ("name" unless told)."""
     keys = keys or ("name",)
-    return reply(sorted(items, key=lambda item: tuple(item.get(key) for key in keys)))
+    return sorted(items, key=lambda item: tuple(item.get(key) for key in keys))
 
 
 def created_or_updated(existed: bool) -> web.Response:

@@ -577,3 +577,19 @@ def test_a_vhosts_connections_and_channels_need_permissions_there(broker, unique
         for path in (f"/api/vhosts/{quote(unique)}/connections", f"/api/vhosts/{quote(unique)}/channels"):
             assert request(broker, "GET", path, user=unique, password="pw") == (200, [])
         assert request(broker, "GET", f"/api/consumers/{quote(unique)}-missing") == (404, NOT_FOUND)
+
+
+def test_listings_keep_only_the_columns_asked_for(broker):
+    assert {"name": "guest"} in request(broker, "GET", "/api/users?columns=name").body
+    assert {"name": "/", "tags": []} in request(broker, "GET", "/api/vhosts?columns=name,tags").body
+    assert {"vhost": "/", "user": "guest"} in request(broker, "GET", "/api/permissions?columns=vhost,user").body
+
+
+def test_vhosts_connections_and_channels_come_in_pages(broker, unique):
+    with vhost(broker, unique + "-a"), vhost(broker, unique + "-b"):
+        page = request(broker, "GET", f"/api/vhosts?page=1&page_size=1&name={quote(unique)}").body
+        assert (page["filtered_count"], page["item_count"], page["page_count"]) == (2, 1, 2)
+        assert [v["name"] for v in page["items"]] == [unique + "-a"]
+    for path in ("/api/connections", "/api/channels"):
+        page = request(broker, "GET", f"{path}?page=1&name={quote(unique)}").body
+        assert (page["page"], page["filtered_count"], page["items"]) == (1, 0, [])

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from broker.management import http
 from broker.management.messages import json_value
-from broker.management.resources import consumer_json
+from broker.management.resources import consumer_json, listing
 
 if TYPE_CHECKING:
     from broker.connection.connection import Connection
@@ -137,13 +137,13 @@ def in_vhost(request: web.Request, vhost: "VirtualHost") -> list["Connection"]:
 # --- connections -----------------------------------------------------------------------------------------------
 @routes.get("/api/connections")
 async def list_connections(request: web.Request) -> web.Response:
-    return http.reply([connection_json(connection) for connection in open_connections(request)])
+    return listing(request, [connection_json(connection) for connection in open_connections(request)])
 
 
 @routes.get("/api/vhosts/{vhost}/connections")
 async def vhost_connections(request: web.Request) -> web.Response:
     vhost = http.login_vhost_of(request)  # RabbitMQ: administrators, and users with permissions there
-    return http.reply([connection_json(connection) for connection in in_vhost(request, vhost)])
+    return listing(request, [connection_json(connection) for connection in in_vhost(request, vhost)])
 
 
 @routes.get("/api/connections/{name}")
@@ -168,13 +168,13 @@ async def connection_channels(request: web.Request) -> web.Response:
 # --- channels --------------------------------------------------------------------------------------------------
 @routes.get("/api/channels")
 async def list_channels(request: web.Request) -> web.Response:
-    return http.reply([channel_json(channel) for channel in channels_of(open_connections(request))])
+    return listing(request, [channel_json(channel) for channel in channels_of(open_connections(request))])
 
 
 @routes.get("/api/vhosts/{vhost}/channels")
 async def vhost_channels(request: web.Request) -> web.Response:
     vhost = http.login_vhost_of(request)
-    return http.reply([channel_json(channel) for channel in channels_of(in_vhost(request, vhost))])
+    return listing(request, [channel_json(channel) for channel in channels_of(in_vhost(request, vhost))])
 
 
 @routes.get("/api/channels/{name}")
@@ -187,7 +187,7 @@ async def get_channel(request: web.Request) -> web.Response:
 # --- consumers -------------------------------------------------------------------------------------------------
 @routes.get("/api/consumers")
 async def list_consumers(request: web.Request) -> web.Response:
-    return http.reply(consumers_json(channels_of(open_connections(request))))
+    return listing(request, consumers_json(channels_of(open_connections(request))), pageable=False)
 
 
 @routes.get("/api/consumers/{vhost}")
@@ -195,4 +195,4 @@ async def vhost_consumers(request: web.Request) -> web.Response:
     vhost = http.node_of(request).vhosts.get(request.match_info["vhost"])
     if vhost is None:
         raise http.not_found()
-    return http.reply(consumers_json(channels_of(in_vhost(request, vhost))))
+    return listing(request, consumers_json(channels_of(in_vhost(request, vhost))), pageable=False)

@@ -7,6 +7,7 @@ import re
 from aiohttp import web
 
 from broker.management import http
+from broker.management.resources import listing
 from broker.model.access import ACCESS_KINDS
 
 routes = web.RouteTableDef()
@@ -23,8 +24,8 @@ def permission_of(request: web.Request):
 @routes.get("/api/permissions")
 async def list_permissions(request: web.Request) -> web.Response:
     http.require(request, "administrator")
-    return http.reply_list([permission.definition() for permission in http.node_of(request).permissions.values()],
-                           "vhost", "user")
+    permissions = [permission.definition() for permission in http.node_of(request).permissions.values()]
+    return listing(request, http.sorted_by(permissions, "vhost", "user"), pageable=False)
 
 
 @routes.get("/api/permissions/{vhost}/{user}")

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from broker.management import http
+from broker.management.resources import listing
 from broker.model.policy import PolicyError
 
 if TYPE_CHECKING:
@@ -44,10 +45,11 @@ def authorise_one(request: web.Request, operator: bool) -> None:
         raise http.not_authorised("User not authorised to access object")
 
 
-def listing(request: web.Request, vhosts: list["VirtualHost"]) -> web.Response:
+def policies_of(request: web.Request, vhosts: list["VirtualHost"]) -> web.Response:
     operator = KINDS[request.match_info["kind"]]
-    return http.reply_list([policy.export() for vhost in vhosts
-                            for policy in policy_table(vhost, operator).values()], "priority")
+    return listing(request, http.sorted_by([policy.export() for vhost in vhosts
+                                            for policy in policy_table(vhost, operator).values()], "priority"),
+                   pageable=False)
 
 
 def existing_policy(request: web.Request, operator: bool) -> "Policy":
@@ -60,13 +62,13 @@ def existing_policy(request: web.Request, operator: bool) -> "Policy":
 
 @routes.get("/api/{kind:policies|operator-policies}")
 async def list_all(request: web.Request) -> web.Response:
-    return listing(request, http.login_vhosts(request))
+    return policies_of(request, http.login_vhosts(request))
 
 
 @routes.get("/api/{kind:policies|operator-policies}/{vhost}")
 async def list_vhost(request: web.Request) -> web.Response:
     vhost = http.login_vhost_of(request)
-    return listing(request, [vhost] if http.has_permissions(request, vhost.name) else [])
+    return policies_of(request, [vhost] if http.has_permissions(request, vhost.name) else [])
 
 
 @routes.get("/api/{kind:policies|operator-policies}/{vhost}/{name}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from broker.management import http
+from broker.management.resources import listing
 from broker.management.views.connections import close_connections
 from broker.model.access import DEFAULT_HASHING
 
@@ -27,7 +28,8 @@ async def whoami(request: web.Request) -> web.Response:
 @routes.get("/api/users")
 async def list_users(request: web.Request) -> web.Response:
     http.require(request, "administrator")
-    return http.reply_list([user.definition() for user in http.node_of(request).users.values()])
+    return listing(request, http.sorted_by([user.definition() for user in http.node_of(request).users.values()]),
+                   pageable=False)
 
 
 @routes.get("/api/users/{name}")
@@ -74,5 +76,6 @@ async def delete_user(request: web.Request) -> web.Response:
 async def user_permissions(request: web.Request) -> web.Response:
     http.require(request, "administrator")
     name = user_of(request).name
-    return http.reply_list([permission.definition() for (_, user), permission in
-                            http.node_of(request).permissions.items() if user == name], "vhost", "user")
+    return listing(request, http.sorted_by([permission.definition() for (_, user), permission in
+                                            http.node_of(request).permissions.items() if user == name],
+                                           "vhost", "user"), pageable=False)

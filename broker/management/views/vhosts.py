@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from broker.management import http
+from broker.management.resources import listing
 from broker.management.views.connections import close_connections
 from broker.model.node import FULL_ACCESS
 
@@ -47,7 +48,8 @@ def existing_vhost(request: web.Request) -> "VirtualHost":
 @routes.get("/api/vhosts")
 async def list_vhosts(request: web.Request) -> web.Response:
     unacked = unacked_by_vhost(http.server_of(request))
-    return http.reply_list([vhost_json(vhost, unacked.get(vhost.name, 0)) for vhost in http.visible_vhosts(request)])
+    return listing(request, http.sorted_by([vhost_json(vhost, unacked.get(vhost.name, 0))
+                                            for vhost in http.visible_vhosts(request)]))
 
 
 @routes.get("/api/vhosts/{vhost}")
@@ -93,5 +95,6 @@ async def delete_vhost(request: web.Request) -> web.Response:
 async def vhost_permissions(request: web.Request) -> web.Response:
     http.require(request, "administrator")
     name = existing_vhost(request).name
-    return http.reply_list([permission.definition() for (vhost, _), permission in
-                            http.node_of(request).permissions.items() if vhost == name], "vhost", "user")
+    return listing(request, http.sorted_by([permission.definition() for (vhost, _), permission in
+                                            http.node_of(request).permissions.items() if vhost == name],
+                                           "vhost", "user"), pageable=False)
