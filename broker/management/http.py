@@ -90,14 +90,19 @@ def connection_name(connection) -> str:
     return f"{connection.peer} -> {local[0]}:{local[1]}" if local else connection.peer
 
 
-def login_vhost_of(request: web.Request, key: str = "vhost") -> "VirtualHost":
-    """The vhost named in the path, for calls RabbitMQ allows only administrators and users with permissions there
-    (policies): 404 if there is none of that name, 401 for anyone else."""
-    name = request.match_info[key]
-    vhost = node_of(request).vhosts.get(name)
+def named_vhost(request: web.Request, key: str = "vhost") -> "VirtualHost":
+    """The vhost named in the path (404 if there is none of that name)."""
+    vhost = node_of(request).vhosts.get(request.match_info[key])
     if vhost is None:
         raise not_found()
-    if "administrator" not in rights_of(request["user"]) and not has_permissions(request, name):
+    return vhost
+
+
+def login_vhost_of(request: web.Request, key: str = "vhost") -> "VirtualHost":
+    """The vhost named in the path, for calls RabbitMQ allows only administrators and users with permissions there
+    (most vhost-scoped ones): 404 if there is none of that name, 401 for anyone else."""
+    vhost = named_vhost(request, key)
+    if "administrator" not in rights_of(request["user"]) and not has_permissions(request, vhost.name):
         raise not_authorised("User not authorised to access virtual host")
     return vhost
 

@@ -192,7 +192,5 @@ async def list_consumers(request: web.Request) -> web.Response:
 
 @routes.get("/api/consumers/{vhost}")
 async def vhost_consumers(request: web.Request) -> web.Response:
-    vhost = http.node_of(request).vhosts.get(request.match_info["vhost"])
-    if vhost is None:
-        raise http.not_found()
+    vhost = http.named_vhost(request)  # no permission needed: the consumers shown are filtered by owner
     return listing(request, consumers_json(channels_of(in_vhost(request, vhost))), pageable=False)

@@ -38,13 +38,6 @@ def vhost_json(vhost: "VirtualHost", unacked: int) -> dict:
             "messages": ready + unacked, "messages_ready": ready, "messages_unacknowledged": unacked}
 
 
-def existing_vhost(request: web.Request) -> "VirtualHost":
-    vhost = http.node_of(request).vhosts.get(request.match_info["vhost"])
-    if vhost is None:
-        raise http.not_found()
-    return vhost
-
-
 @routes.get("/api/vhosts")
 async def list_vhosts(request: web.Request) -> web.Response:
     unacked = unacked_by_vhost(http.server_of(request))
@@ -55,7 +48,7 @@ async def list_vhosts(request: web.Request) -> web.Response:
 @routes.get("/api/vhosts/{vhost}")
 async def get_vhost(request: web.Request) -> web.Response:
     http.require(request, "administrator")
-    vhost = existing_vhost(request)
+    vhost = http.named_vhost(request)
     return http.reply(vhost_json(vhost, unacked_by_vhost(http.server_of(request)).get(vhost.name, 0)))
 
 
@@ -83,7 +76,7 @@ async def put_vhost(request: web.Request) -> web.Response:
 async def delete_vhost(request: web.Request) -> web.Response:
     """Delete a vhost with everything in it, and close its connections."""
     http.require(request, "administrator")
-    vhost = existing_vhost(request)
+    vhost = http.named_vhost(request)
     close_connections(http.server_of(request), f"vhost '{vhost.name}' is deleted",
                       lambda connection: connection.vhost is vhost)
     http.node_of(request).delete_vhost(vhost.name)
@@ -94,7 +87,7 @@ async def delete_vhost(request: web.Request) -> web.Response:
 @routes.get("/api/vhosts/{vhost}/permissions")
 async def vhost_permissions(request: web.Request) -> web.Response:
     http.require(request, "administrator")
-    name = existing_vhost(request).name
+    name = http.named_vhost(request).name
     return listing(request, http.sorted_by([permission.definition() for (vhost, _), permission in
                                             http.node_of(request).permissions.items() if vhost == name],
                                            "vhost", "user"), pageable=False)
