@@ -593,3 +593,11 @@ def test_vhosts_connections_and_channels_come_in_pages(broker, unique):
     for path in ("/api/connections", "/api/channels"):
         page = request(broker, "GET", f"{path}?page=1&name={quote(unique)}").body
         assert (page["page"], page["filtered_count"], page["items"]) == (1, 0, [])
+
+
+def test_a_user_updated_without_a_password_can_no_longer_log_in_with_one(broker, unique):
+    with user(broker, unique, "old", "management"):
+        assert request(broker, "PUT", f"/api/users/{quote(unique)}", {"tags": "monitoring"}).status == 204
+        assert request(broker, "GET", "/api/whoami", user=unique, password="old") == (
+            401, {"error": "not_authorized", "reason": "Login failed"})
+        assert request(broker, "GET", f"/api/users/{quote(unique)}").body["tags"] == ["monitoring"]

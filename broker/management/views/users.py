@@ -41,20 +41,21 @@ async def get_user(request: web.Request) -> web.Response:
 @routes.put("/api/users/{name}")
 async def put_user(request: web.Request) -> web.Response:
     """Create or replace a user: "tags" is required (as RabbitMQ), with "password", or "password_hash" and
-    "hashing_algorithm", or neither (a new user then cannot log in with a password; an existing one keeps its)."""
+    "hashing_algorithm", or neither: then, as in RabbitMQ, the user cannot log in with a password (an existing
+    user loses its password)."""
     http.require(request, "administrator")
     body = await http.json_body(request)
     if "tags" not in body:
         raise http.bad_request("tags_not_present")
     tags = http.tag_list(body["tags"], "tags")
     password = http.string_field(body, "password")
-    password_hash = http.string_field(body, "password_hash")
+    password_hash = http.string_field(body, "password_hash", "")
     algorithm = http.string_field(body, "hashing_algorithm", DEFAULT_HASHING)
     node = http.node_of(request)
     name = request.match_info["name"]
     existed = name in node.users
     try:
-        node.put_user(name, password, None if password is not None else password_hash, algorithm, tags)
+        node.put_user(name, password, password_hash, algorithm, tags)
     except ValueError as error:
         raise http.bad_request(str(error)) from None
     await http.on_disk(request)
