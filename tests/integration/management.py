@@ -93,7 +93,7 @@ def connect_as(broker: Any, user: str, password: str, vhost: str = "/") -> pika.
         broker.host, broker.port, vhost, pika.PlainCredentials(user, password)))
 
 
-def wait_for(broker: Any, path: str, condition: Callable[[Any], bool], timeout: float = 15.0) -> Any:
+def wait_for(broker: Any, path: str, condition: Callable[[Any], bool], timeout: float = 30.0) -> Any:
     """GET path until condition holds for its body (RabbitMQ lists connections, channels and consumers only after
     its next statistics emission, every 5 s); fail after timeout seconds."""
     deadline = time.monotonic() + timeout

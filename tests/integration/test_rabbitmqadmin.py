@@ -138,7 +138,7 @@ def test_list_and_close_connections(broker, unique):
     conn = pika.BlockingConnection(pika.ConnectionParameters(
         broker.host, broker.port, client_properties={"connection_name": unique}))
     conn.channel()
-    deadline = time.monotonic() + 15  # RabbitMQ lists connections and channels after its next statistics emission
+    deadline = time.monotonic() + 30  # RabbitMQ lists connections and channels after its next statistics emission
     while True:
         mine = [c["name"] for c in listing(broker, "connections") if c.get("user_provided_name") == unique]
         channels = [c["connection_details"]["name"] for c in listing(broker, "channels")]
