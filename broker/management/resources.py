@@ -140,7 +140,7 @@ def exchange_json(vhost: "VirtualHost", exchange: "Exchange") -> dict:
 
 
 # --- queues ----------------------------------------------------------------------------------------------------
-class Unacked:
+class UnackedCounts:
     """Deliveries awaiting ack per queue, counted over every channel of the server once per request."""
 
     def __init__(self, connections: Iterable):
@@ -154,7 +154,7 @@ class Unacked:
                     self.bytes[queue] = self.bytes.get(queue, 0) + len(delivery.entry.message.body)
 
 
-def queue_json(vhost: "VirtualHost", queue: Queue, unacked: Unacked) -> dict:
+def queue_json(vhost: "VirtualHost", queue: Queue, unacked: UnackedCounts) -> dict:
     """A queue as RabbitMQ's /api/queues lists it (without the rates and Erlang process details). The ready
     messages are counted by walking them: the model keeps no byte counters."""
     ready = queue.count_ready()

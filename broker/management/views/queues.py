@@ -4,7 +4,7 @@ from aiohttp import web
 
 from broker.management import http, messages
 from broker.management.resources import (
-    Unacked, api_error, arguments_of, check_access, check_permission, consumer_json, find_queue, flag, listing,
+    UnackedCounts, api_error, arguments_of, check_access, check_permission, consumer_json, find_queue, flag, listing,
     on_disk_or_undo, parse_bool, queue_json, readable_vhosts,
 )
 from broker.model.features.dead_letter import REJECTED, dead_letter
@@ -35,7 +35,7 @@ API_OWNER = ApiOwner()
 @routes.get("/api/queues")
 async def list_all(request: web.Request) -> web.Response:
     http.require(request, "management")
-    unacked = Unacked(http.server_of(request).connections)
+    unacked = UnackedCounts(http.server_of(request).connections)
     return listing(request, [queue_json(vhost, queue, unacked) for vhost in readable_vhosts(request)
                              for queue in _by_name(vhost)])
 
@@ -44,7 +44,7 @@ async def list_all(request: web.Request) -> web.Response:
 async def list_vhost(request: web.Request) -> web.Response:
     http.require(request, "management")
     vhost = http.login_vhost_of(request)
-    unacked = Unacked(http.server_of(request).connections)
+    unacked = UnackedCounts(http.server_of(request).connections)
     return listing(request, [queue_json(vhost, queue, unacked) for queue in _by_name(vhost)])
 
 
@@ -53,7 +53,7 @@ async def show(request: web.Request) -> web.Response:
     http.require(request, "management")
     vhost = http.login_vhost_of(request)
     queue = find_queue(vhost, request.match_info["name"])
-    data = queue_json(vhost, queue, Unacked(http.server_of(request).connections))
+    data = queue_json(vhost, queue, UnackedCounts(http.server_of(request).connections))
     data["consumer_details"] = [consumer_json(vhost, queue, consumer) for consumer in queue.consumers]
     data.update(deliveries=[], incoming=[])  # rates per peer: Warren keeps no such statistics
     return http.reply(data)
