@@ -93,7 +93,7 @@ async def show(request: web.Request) -> web.Response:
     http.require(request, "management")
     vhost = http.login_vhost_of(request)
     implicit = [binding for binding in _implicit(request, vhost)
-                if binding["properties_key"] == request.match_info["props"]]
+                if _same_key(binding["properties_key"], request.match_info["props"])]
     return http.reply(implicit[0] if implicit else explicit_binding_json(vhost, _named(request, vhost)))
 
 
@@ -145,6 +145,12 @@ def _named(request: web.Request, vhost):
     """The binding the path names by its properties key (404 when there is none)."""
     props = request.match_info["props"]
     for binding in _between(request, vhost):
-        if properties_key(binding.routing_key, binding.arguments) == props:
+        if _same_key(properties_key(binding.routing_key, binding.arguments), props):
             return binding
     raise http.not_found()
+
+
+def _same_key(key: str, named: str) -> bool:
+    """Whether a path segment names a binding's properties key: as listed (the quoted key, quoted again in the
+    path) or as a client that quotes the key's own text sends it (rabbitmqadmin's properties_key=job.*)."""
+    return urllib.parse.unquote_plus(key) == urllib.parse.unquote_plus(named)
