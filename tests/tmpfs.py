@@ -4,6 +4,7 @@ tests."""
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,3 +24,15 @@ def tmpfs(mount_point: Path, options: str) -> Iterator[Path]:
         yield mount_point
     finally:
         subprocess.run(["umount", "--lazy", str(mount_point)], check=True)  # lazy: a broker may still hold a file
+
+
+def fill(directory: Path) -> None:
+    """Take every free byte of the file system under directory."""
+    filler = os.open(directory / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for chunk in (65536, 1):
+            with contextlib.suppress(OSError):
+                while True:
+                    os.write(filler, b"\0" * chunk)
+    finally:
+        os.close(filler)

@@ -15,7 +15,7 @@ from pamqp import body, commands, header
 
 from tests.integration.helpers import connection_error
 from tests.integration.rawclient import RawClient, describe
-from tests.tmpfs import tmpfs
+from tests.tmpfs import fill, tmpfs
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 
@@ -95,18 +95,6 @@ def test_deliveries_wait_behind_a_held_reply(broker, unique):
                 delivered_before = seen[:position].count("deliver")
                 assert seen[:position].count("declare-ok") >= delivered_before, seen
         assert seen.count("declare-ok") == 3
-
-
-def fill(directory) -> None:
-    """Take every free byte of the file system under directory."""
-    filler = os.open(directory / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        for chunk in (65536, 1):
-            with contextlib.suppress(OSError):
-                while True:
-                    os.write(filler, b"\0" * chunk)
-    finally:
-        os.close(filler)
 
 
 def test_a_durable_declare_on_a_full_disk_is_refused_and_leaves_nothing_behind(own_broker, tmp_path):

@@ -3,7 +3,6 @@ checked against what AMQP clients see of the same queues."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -20,7 +19,7 @@ from tests.integration.helpers import (
 from tests.integration.management import (
     add_user, add_vhost, clear_policy, delete_user, delete_vhost, quote, request, set_permissions, set_policy,
 )
-from tests.tmpfs import tmpfs
+from tests.tmpfs import fill, tmpfs
 
 # RabbitMQ's API shows queue counts from statistics emitted every 5 seconds: counts are polled this long.
 STATS_TIMEOUT = 15.0
@@ -334,18 +333,6 @@ def test_who_sees_the_queues_of_a_vhost(broker, unique, limited_user):
     finally:
         delete_user(broker, admin)
         delete_vhost(broker, vhost)
-
-
-def fill(directory) -> None:
-    """Take every free byte of the file system under directory."""
-    filler = os.open(directory / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        for chunk in (65536, 1):
-            with contextlib.suppress(OSError):
-                while True:
-                    os.write(filler, b"\0" * chunk)
-    finally:
-        os.close(filler)
 
 
 def test_a_declare_the_disk_cannot_take_is_a_500_and_taken_back(own_broker, tmp_path):

@@ -26,14 +26,6 @@ def policies(broker):
         management.clear_policy(broker, "/", name, kind)
 
 
-@pytest.fixture
-def conn(broker):
-    connection = connect(broker)
-    yield connection
-    if connection.is_open:
-        connection.close()
-
-
 def rejected_into(ch, queue: str) -> None:
     """Take the next message of queue and reject it without requeue (it is dead-lettered)."""
     method, _, _ = ch.basic_get(queue)

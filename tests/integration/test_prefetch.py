@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 
 from tests.integration.helpers import (
     Inbox,
@@ -15,12 +14,6 @@ from tests.integration.helpers import (
     open_channel,
     stay_quiet,
 )
-
-
-@pytest.fixture
-def conn(broker):
-    with connect(broker) as opened:
-        yield opened
 
 
 def filled_queue(conn, name: str, count: int) -> str:

@@ -19,7 +19,7 @@ import pika.exceptions
 import pytest
 
 from tests.conftest import REPO_ROOT
-from tests.integration.helpers import (connect, connection_error, declare_queue, publish, wait_for_message_count,
+from tests.integration.helpers import (connection_error, declare_queue, publish, wait_for_message_count,
                                       wait_until)
 
 # RabbitMQ's statistics interval is 5 s: listings of counts, connections and consumers may lag that long.
@@ -59,14 +59,6 @@ def eventually(run: Callable[[], str], expected: Callable[[str], bool], timeout:
         if time.monotonic() > deadline:
             raise AssertionError(f"not seen within {timeout}s; last output:\n{out}")
         time.sleep(0.2)
-
-
-@pytest.fixture
-def conn(broker):
-    connection = connect(broker)
-    yield connection
-    if connection.is_open:
-        connection.close()
 
 
 def queue_exists(conn, name: str) -> bool:
