@@ -108,22 +108,16 @@ def _queue_declare(channel: Channel, method: spec.Queue.Declare) -> None:
             channel.send_method(spec.Queue.DeclareOk(method.queue, 0, int(channel.reply_consumer is not None)))
         return
     vhost = channel.vhost
-    name = method.queue if not (method.passive and not method.queue) else _queue_name(channel, "")
+    server_named = not method.passive and not method.queue
+    # RabbitMQ checks a server-named queue's permissions on the name it is about to get, before it exists
+    name = generated_name("amq.gen-") if server_named else _queue_name(channel, method.queue)
     existed = name in vhost.queues
-    if not method.passive and name and not name.startswith("amq."):  # a reserved name is refused first
+    if not method.passive and (server_named or not name.startswith("amq.")):  # a reserved name is refused first
         _check_queue_declare(channel, name, existed, method.arguments)
     queue = vhost.declare_queue(name, channel.connection, method.passive, method.durable, method.exclusive,
-                                method.auto_delete, method.arguments or {})
+                                method.auto_delete, method.arguments or {}, server_named)
     if not existed:
         channel.undo = lambda: vhost.delete_queue(queue)
-    if not method.passive and not name:
-        # The vhost names a server-named queue and RabbitMQ checks the name it gets: check it now, and take the
-        # declaration back if it is refused.
-        try:
-            _check_queue_declare(channel, queue.name, False, method.arguments)
-        except errors.AMQPError:
-            vhost.delete_queue(queue)
-            raise
     channel.last_queue = queue.name
     if not method.nowait:
         channel.send_method(spec.Queue.DeclareOk(queue.name, queue.count_ready(), len(queue.consumers)))

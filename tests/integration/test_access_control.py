@@ -170,6 +170,13 @@ def test_a_server_named_queue_needs_configure_on_its_generated_name(account, set
     assert channel_error(lambda: setup.queue_declare(match.group(1), passive=True))[0] == 404
 
 
+def test_a_server_named_queue_is_refused_before_its_arguments_are_checked(account, setup):
+    account.grant("^q$", EVERYTHING, EVERYTHING)
+    code, text = refused(account, lambda ch: ch.queue_declare("", exclusive=True,
+                                                             arguments={"x-max-length": "not a number"}))
+    assert code == 403 and text.startswith("ACCESS_REFUSED - access to queue 'amq.gen-"), text
+
+
 def test_passive_declares_need_no_permission(account, setup):
     account.grant(NOTHING, NOTHING, NOTHING)
     with account.connect() as conn:
