@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import heapq
-from collections import deque
 from typing import TYPE_CHECKING, Iterable
 
 from broker.model.durability import queue_key
 from broker.model.features.dead_letter import EXPIRED, MAXLEN, dead_letter
 from broker.model.features.expiry import message_ttl
 from broker.model.features.length_limit import DROPPED, ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, LengthLimit
+from broker.model.features.priority import ready_entries
 from broker.model.message import Message, QueueEntry
 from broker.model.policy import effective_settings, merged_definition
 
@@ -48,7 +47,7 @@ class Queue:
         self.exclusive_owner = exclusive_owner  # the connection of an exclusive queue, else None
         self.auto_delete = auto_delete
         self.arguments = arguments
-        self.entries: deque[QueueEntry] = deque()  # ready messages, in queue order (by seq)
+        self.entries = ready_entries(arguments)  # ready messages in delivery order (by priority with x-max-priority)
         self.next_seq = 0  # seq of the next enqueued entry
         self.consumers: list[Subscriber] = []  # highest priority first; within a priority, next to serve first
         self.bindings: set[Binding] = set()  # bindings that route to this queue, removed with it
@@ -216,11 +215,7 @@ class Queue:
         for entry in requeued:
             entry.redelivered = True
         requeued.sort(key=lambda entry: entry.seq)
-        entries = self.entries
-        if not entries or requeued[-1].seq < entries[0].seq:
-            entries.extendleft(reversed(requeued))
-        else:
-            self.entries = deque(heapq.merge(requeued, entries, key=lambda entry: entry.seq))
+        self.entries.put_back(requeued)
         if self.limit is not None:
             self.limit.returned(requeued)
             dropped = self.limit.trim(self.entries)
@@ -243,7 +238,7 @@ class Queue:
         count = len(self.entries)
         if self.forget(self.entries):
             self.vhost.durable_changes += 1  # purge-ok waits for the removals to be on disk
-        self.entries = deque()
+        self.entries.clear()
         if self.limit is not None:
             self.limit.cleared()
         return count

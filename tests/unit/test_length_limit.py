@@ -1,12 +1,11 @@
 """Queue length limits as RabbitMQ applies them: x-max-length and x-max-length-bytes count ready messages and
 their body bytes; drop-head drops the oldest to make room, reject-publish refuses the newcomer."""
 
-from collections import deque
-
 from pamqp.commands import Basic
 
 # The modules under test, named once: the rest of the file uses only these names.
 from broker.model.features import length_limit as limits
+from broker.model.features.priority import FifoEntries
 from broker.model import message as messages
 from protocol.codec import encode_header_payload
 
@@ -18,9 +17,9 @@ def entry(seq: int, size: int = 1) -> messages.QueueEntry:
     return messages.QueueEntry(seq, messages.Message(messages.Address("", "q"), header, body))
 
 
-def queue_of(limit: limits.LengthLimit, count: int, size: int = 1) -> deque[messages.QueueEntry]:
+def queue_of(limit: limits.LengthLimit, count: int, size: int = 1) -> FifoEntries:
     """A queue holding `count` messages admitted one by one under `limit`."""
-    entries: deque[messages.QueueEntry] = deque()
+    entries = FifoEntries()
     for seq in range(count):
         newcomer = entry(seq, size)
         assert limit.admit(entries, newcomer.message) == (limits.ENQUEUED, [])
@@ -86,8 +85,8 @@ def test_a_message_larger_than_the_byte_limit_is_dropped_without_emptying_the_qu
 
 def test_a_zero_length_limit_keeps_nothing():
     limit = limits.LengthLimit(0, None, "drop-head")
-    assert limit.admit(deque(), entry(0).message) == (limits.DROPPED, [])
-    assert limits.LengthLimit(0, None, "reject-publish").admit(deque(), entry(0).message) == (limits.REFUSED, [])
+    assert limit.admit(FifoEntries(), entry(0).message) == (limits.DROPPED, [])
+    assert limits.LengthLimit(0, None, "reject-publish").admit(FifoEntries(), entry(0).message) == (limits.REFUSED, [])
 
 
 def test_after_a_requeue_drop_head_trims_the_oldest_back_to_the_limit():
@@ -107,7 +106,7 @@ def test_after_a_requeue_drop_head_trims_the_oldest_back_to_the_limit():
 
 def test_reject_publish_never_trims():
     limit = limits.LengthLimit(1, None, "reject-publish")
-    entries = deque([entry(0), entry(1)])
+    entries = FifoEntries([entry(0), entry(1)])
     limit.returned(entries)
     assert limit.trim(entries) == []
     assert seqs(entries) == [0, 1]

@@ -1,12 +1,16 @@
 """Queue length limits: x-max-length and x-max-length-bytes over a queue's ready messages, with x-overflow
-drop-head (the oldest make room) or reject-publish (the new one is refused), as RabbitMQ applies them."""
+drop-head (the head makes room: the oldest, or in a priority queue the next to be delivered, as RabbitMQ 3.10) or reject-publish (the new one is refused), as RabbitMQ applies them."""
 
 from __future__ import annotations
 
-from collections import deque
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from broker.model.message import Message, QueueEntry
+
+if TYPE_CHECKING:
+    from broker.model.features.priority import FifoEntries, PriorityEntries
+
+    ReadyEntries = FifoEntries | PriorityEntries
 
 # What Queue.enqueue reports.
 ENQUEUED = 0
@@ -41,7 +45,7 @@ class LengthLimit:
         return ((self.max_length is not None and count > self.max_length)
                 or (self.max_bytes is not None and size > self.max_bytes))
 
-    def admit(self, entries: deque[QueueEntry], message: Message) -> tuple[int, list[QueueEntry]]:
+    def admit(self, entries: "ReadyEntries", message: Message) -> tuple[int, list[QueueEntry]]:
         """Whether message may join entries, and the head entries dropped to make room for it."""
         size = len(message.body)
         if not self._over(len(entries) + 1, self.ready_bytes + size):
@@ -65,7 +69,7 @@ class LengthLimit:
         """Requeued entries count again."""
         self.ready_bytes += sum(len(entry.message.body) for entry in entries)
 
-    def trim(self, entries: deque[QueueEntry]) -> list[QueueEntry]:
+    def trim(self, entries: "ReadyEntries") -> list[QueueEntry]:
         """After a requeue: drop-head queues drop their oldest messages until they are within the limit again."""
         dropped = []
         if self.drop_head:

@@ -1,0 +1,101 @@
+"""A queue's ready messages in delivery order: first in, first out, or by priority (x-max-priority).
+
+Both kinds offer what the queue asks of its ready messages: append, popleft (the next to deliver; also the one a
+drop-head length limit drops, in a priority queue too, as RabbitMQ 3.10 drops it), [0] (that one, for its expiry),
+len, iteration in delivery order, clear and put_back (requeued entries back to their places)."""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from typing import Iterator
+
+from broker.model.message import QueueEntry
+
+
+def _by_seq(entry: QueueEntry) -> int:
+    return entry.seq
+
+
+class FifoEntries(deque):
+    """The ready entries of a queue without priorities, oldest first (a deque, so the hot path stays in C)."""
+
+    __slots__ = ()
+
+    def put_back(self, requeued: list[QueueEntry]) -> None:
+        """Requeued entries (sorted by seq) go back to their original positions."""
+        if not self or requeued[-1].seq < self[0].seq:
+            self.extendleft(reversed(requeued))
+            return
+        merged = list(heapq.merge(requeued, self, key=_by_seq))
+        self.clear()
+        self.extend(merged)
+
+
+class PriorityEntries:
+    """The ready entries of a priority queue: the highest priority first, first in first out within a priority.
+    A message's priority property is capped at the queue's maximum; no property counts as 0 (as RabbitMQ)."""
+
+    __slots__ = ("levels", "size", "top")
+
+    def __init__(self, max_priority: int):
+        self.levels = [FifoEntries() for _ in range(max_priority + 1)]  # entries of each priority, by priority
+        self.size = 0  # entries in every level
+        self.top = 0  # no level above this one holds entries
+
+    def _level_of(self, entry: QueueEntry) -> int:
+        priority = entry.message.header.scan.priority or 0
+        return min(priority, len(self.levels) - 1)
+
+    def append(self, entry: QueueEntry) -> None:
+        level = self._level_of(entry)
+        self.levels[level].append(entry)
+        self.size += 1
+        if level > self.top:
+            self.top = level
+
+    def _highest(self) -> FifoEntries:
+        levels = self.levels
+        while not levels[self.top]:
+            if self.top == 0:
+                raise IndexError("no ready entries")
+            self.top -= 1
+        return levels[self.top]
+
+    def popleft(self) -> QueueEntry:
+        entry = self._highest().popleft()
+        self.size -= 1
+        return entry
+
+    def __getitem__(self, index: int) -> QueueEntry:
+        if index != 0:
+            raise IndexError("only the next entry can be looked at")
+        return self._highest()[0]
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __iter__(self) -> Iterator[QueueEntry]:
+        for level in reversed(self.levels):
+            yield from level
+
+    def clear(self) -> None:
+        for level in self.levels:
+            level.clear()
+        self.size = 0
+
+    def put_back(self, requeued: list[QueueEntry]) -> None:
+        """Requeued entries (sorted by seq) go back to their places within their priorities."""
+        by_level: dict[int, list[QueueEntry]] = {}
+        for entry in requeued:
+            by_level.setdefault(self._level_of(entry), []).append(entry)
+        for level, entries in by_level.items():
+            self.levels[level].put_back(entries)
+            self.top = max(self.top, level)
+        self.size += len(requeued)
+
+
+def ready_entries(arguments: dict) -> FifoEntries | PriorityEntries:
+    """The ready-message structure a queue declared with these arguments needs."""
+    max_priority = arguments.get("x-max-priority")
+    return PriorityEntries(max_priority) if isinstance(max_priority, int) and max_priority > 0 else FifoEntries()

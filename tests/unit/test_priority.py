@@ -1,0 +1,55 @@
+"""The ready entries of a priority queue: highest priority first, FIFO within a priority, requeues back in place."""
+
+from pamqp.commands import Basic
+
+from broker.model import message as messages
+from broker.model.features.priority import FifoEntries, PriorityEntries, ready_entries
+from protocol.codec import encode_header_payload
+
+
+def entry(seq: int, priority: int | None) -> messages.QueueEntry:
+    header = messages.Header(encode_header_payload(1, Basic.Properties(priority=priority)))
+    return messages.QueueEntry(seq, messages.Message(messages.Address("", "q"), header, b"x"))
+
+
+def filled(max_priority: int, priorities: list[int | None]) -> tuple[PriorityEntries, list[messages.QueueEntry]]:
+    entries = PriorityEntries(max_priority)
+    made = [entry(seq, priority) for seq, priority in enumerate(priorities)]
+    for item in made:
+        entries.append(item)
+    return entries, made
+
+
+def test_highest_priority_first_then_first_in_first_out():
+    entries, made = filled(9, [1, 9, None, 9, 1, 5])
+    assert [entries[0] is made[1], len(entries)] == [True, 6]
+    assert [entries.popleft().seq for _ in range(6)] == [1, 3, 5, 0, 4, 2]
+    assert not entries
+
+
+def test_priorities_above_the_maximum_share_the_top_level():
+    entries, _ = filled(3, [3, 200, 2, 4])
+    assert [item.seq for item in entries] == [0, 1, 3, 2]
+
+
+def test_requeued_entries_go_back_to_their_places_within_their_priorities():
+    entries, made = filled(9, [5, 5, 5, 1])
+    first, second = entries.popleft(), entries.popleft()
+    entries.put_back([first, second])
+    assert [item.seq for item in entries] == [0, 1, 2, 3]
+    low = entries.popleft(), entries.popleft(), entries.popleft(), entries.popleft()
+    entries.append(made[0])
+    entries.put_back([low[3]])
+    assert [item.seq for item in entries] == [0, 3] and len(entries) == 2
+
+
+def test_clear_empties_every_level():
+    entries, _ = filled(4, [1, 2, 3])
+    entries.clear()
+    assert (len(entries), list(entries)) == (0, [])
+
+
+def test_a_queue_gets_priorities_only_with_a_positive_x_max_priority():
+    assert isinstance(ready_entries({"x-max-priority": 10}), PriorityEntries)
+    assert type(ready_entries({"x-max-priority": 0})) is FifoEntries
+    assert type(ready_entries({})) is FifoEntries
