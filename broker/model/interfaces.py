@@ -27,6 +27,7 @@ class Subscriber(Protocol):
     priority: int  # higher-priority subscribers are served first
     exclusive: bool  # no other subscriber may join the queue
     channel: DeliveryTarget  # where its deliveries go
+    unacked: int  # deliveries sent to it and not yet settled
 
     def credit(self) -> int:
         """How many more messages it may be sent right now."""

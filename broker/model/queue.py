@@ -50,6 +50,13 @@ class Queue:
         self.entries = ready_entries(arguments)  # ready messages in delivery order (by priority with x-max-priority)
         self.next_seq = 0  # seq of the next enqueued entry
         self.consumers: list[Subscriber] = []  # highest priority first; within a priority, next to serve first
+        # x-single-active-consumer: only active_consumer is served; the others wait in self.consumers, which is then
+        # never rotated, so that it stays in priority, then registration, order
+        self.single_active = arguments.get("x-single-active-consumer") is True
+        self.active_consumer: Subscriber | None = None
+        # The active consumer that went while it still had unacked deliveries: its successor waits until they are
+        # settled, so that the requeued ones are delivered first
+        self.leaving: Subscriber | None = None
         self.bindings: set[Binding] = set()  # bindings that route to this queue, removed with it
         self.deleted = False  # set once deleted; late acks and requeues for it are ignored
         self.throttled: set[Publisher] = set()  # publishers (connections) paused until the backlog shrinks
@@ -268,6 +275,10 @@ class Queue:
     def remove_consumer(self, consumer: "Subscriber") -> None:
         """Drop a consumer; an auto-delete queue goes away with its last one."""
         self.consumers.remove(consumer)
+        if consumer is self.active_consumer:
+            self.active_consumer = None
+            self.leaving = consumer if consumer.unacked else None
+            self.vhost.dispatcher.mark(self)
         if not self.consumers:
             self.touch()
             self.release_publishers()
@@ -287,9 +298,9 @@ class Queue:
         expired = []
         budget = DISPATCH_BATCH
         while entries and budget:
-            if len(consumers) == 1:
-                consumer = consumers[0]
-                credit = min(consumer.credit(), budget)
+            if len(consumers) == 1 or self.single_active:
+                consumer = self.current_active_consumer() if self.single_active else consumers[0]
+                credit = min(consumer.credit(), budget) if consumer is not None else 0
             else:
                 consumer = self._next_consumer_with_credit()
                 credit = 1 if consumer is not None else 0
@@ -317,8 +328,23 @@ class Queue:
         if self.throttled and len(entries) < FLOW_LOW:
             self.release_publishers()
 
+    def current_active_consumer(self) -> "Subscriber | None":
+        """The single active consumer: once the last one's unacked deliveries are settled, the next in line (the
+        highest priority, then the earliest registered)."""
+        if self.active_consumer is None:
+            leaving = self.leaving
+            if leaving is not None and leaving.unacked:
+                return None
+            self.leaving = None
+            self.active_consumer = self.consumers[0] if self.consumers else None
+        return self.active_consumer
+
     def _next_consumer_with_credit(self) -> "Subscriber | None":
-        """The first consumer able to take a message; it then moves behind the others of its priority."""
+        """The first consumer able to take a message; it then moves behind the others of its priority (with a
+        single active consumer: that one, if it can)."""
+        if self.single_active:
+            active = self.current_active_consumer()
+            return active if active is not None and active.credit() > 0 else None
         consumers = self.consumers
         for index, consumer in enumerate(consumers):
             if consumer.credit() > 0:
