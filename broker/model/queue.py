@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Iterable
 
+from broker.model.arguments.common import text_of
 from broker.model.durability import queue_key
 from broker.model.features.dead_letter import EXPIRED, MAXLEN, dead_letter
 from broker.model.features.expiry import message_ttl
@@ -27,11 +28,6 @@ FLOW_LOW = 1000
 # Deliveries handed to consumers per dispatch round, so one busy queue cannot starve the event loop or flood a
 # socket before the transport can signal back-pressure; the rest goes in the next loop turn.
 DISPATCH_BATCH = 512
-
-
-def _text(value) -> str | None:
-    """A longstr argument as text (field tables may carry bytes that are not UTF-8)."""
-    return value.decode(errors="replace") if isinstance(value, (bytes, bytearray)) else value
 
 
 def _now_ms() -> int:
@@ -88,8 +84,9 @@ class Queue:
         self.limit = LengthLimit.from_settings(settings)
         self.message_ttl = settings.get("message-ttl")
         self.unused_ttl = settings.get("expires")
-        self.dead_letter_exchange = _text(settings.get("dead-letter-exchange"))
-        self.dead_letter_routing_key = _text(settings.get("dead-letter-routing-key"))
+        exchange, routing_key = settings.get("dead-letter-exchange"), settings.get("dead-letter-routing-key")
+        self.dead_letter_exchange = text_of(exchange) if exchange is not None else None
+        self.dead_letter_routing_key = text_of(routing_key) if routing_key is not None else None
 
     def apply_policies(self, policy: "Policy | None", operator_policy: "Policy | None") -> None:
         """Other policies apply from now on, as RabbitMQ applies them to a live queue: a lower length limit drops
