@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -10,10 +9,13 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from broker.management import http
+from broker.management.resources import api_error
 from broker.management.views import (
     bindings, connections, definitions, exchanges, health, nodes, overview, permissions, policies, queues, users,
     vhosts,
 )
+
+from protocol.errors import AMQPError
 
 if TYPE_CHECKING:
     from broker.connection.server import Server
@@ -39,6 +41,8 @@ async def rabbitmq_errors(request: web.Request, handler):
         return await handler(request)
     except http.ApiError as error:
         return error.response()
+    except AMQPError as error:  # a model call refused what the request asked (a permission, a missing resource...)
+        return api_error(error).response()
     except web.HTTPException as error:
         if error.status < 400:
             raise
@@ -46,8 +50,6 @@ async def rabbitmq_errors(request: web.Request, handler):
             return web.Response(status=405)  # RabbitMQ answers a method a path does not take with no body
         reason = "Not Found" if error.status == 404 else error.reason
         return http.error_response(error.status, http.ERROR_NAMES.get(error.status, "error"), reason)
-    except json.JSONDecodeError as error:
-        return http.error_response(400, "bad_request", f"invalid JSON: {error}")
 
 
 def make_app(server: "Server") -> web.Application:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import functools
 import json
 import socket
 from typing import TYPE_CHECKING, Any
@@ -22,8 +23,7 @@ if TYPE_CHECKING:
 SERVER = web.AppKey("server", object)  # the AMQP Server (its node, connections and config)
 STARTED = web.AppKey("started", float)  # time.monotonic() when the API started (the node's uptime counts from it)
 MAX_BODY = 64 * 1024 * 1024  # largest request body accepted (a definitions import of a big deployment)
-ERROR_NAMES = {400: "bad_request", 401: "not_authorised", 403: "not_authorised", 404: "Object Not Found",
-               405: "method_not_allowed"}
+ERROR_NAMES = {400: "bad_request", 401: "not_authorised", 403: "not_authorised", 404: "Object Not Found"}
 
 # Which tags grant which tag's rights (RabbitMQ's: administrator > monitoring > management, policymaker >
 # management).
@@ -78,8 +78,9 @@ def node_of(request: web.Request) -> "Node":
     return request.app[SERVER].node
 
 
+@functools.cache
 def node_name() -> str:
-    """The node's name as RabbitMQ's API shows it (name@host)."""
+    """The node's name as RabbitMQ's API shows it (name@host), read once."""
     return f"warren@{socket.gethostname().split('.')[0]}"
 
 
@@ -122,7 +123,7 @@ async def on_disk(request: web.Request) -> None:
 # --- authentication and tags -----------------------------------------------------------------------------------
 def authenticate(request: web.Request) -> User:
     """The user named by the request's basic credentials; RabbitMQ's 401 when they are absent, wrong, or name a
-    user without a management tag."""
+    user without a management tag. Every tag right implies management's, so views check only higher rights."""
     header = request.headers.get("Authorization", "")
     scheme, _, encoded = header.partition(" ")
     if scheme.lower() != "basic":

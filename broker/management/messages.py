@@ -29,8 +29,7 @@ LONG_MIN, LONG_MAX = -(1 << 63), (1 << 63) - 1  # the range of a 64-bit field va
 
 
 def required(body: dict, key: str):
-    if key not in body:
-        raise http.bad_request(f"[{{key_missing,{key}}}]")
+    http.require_keys(body, (key,))
     return body[key]
 
 

@@ -25,7 +25,7 @@ from broker.model.arguments import (
 from broker.model.exchange import EXCHANGE_TYPES
 from broker.model.policy import PolicyError, make_policy
 from broker.model.routing.headers import validate_x_match
-from broker.model.vhost import PREDECLARED_EXCHANGES
+from broker.model.vhost import OPERATOR_OWNER, PREDECLARED_EXCHANGES
 from protocol.errors import AMQPError
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ def export_node(node: "Node", product_name: str, product_version: str) -> dict:
         "rabbitmq_version": RABBITMQ_VERSION,
         "product_name": product_name,
         "product_version": product_version,
-        "users": [_user_definition(user) for user in node.users.values()],
+        "users": [user.definition() for user in node.users.values()],
         "vhosts": [_vhost_definition(vhost) for vhost in vhosts],
         "permissions": [permission.definition() for permission in node.permissions.values()],
         "topic_permissions": [],
@@ -78,11 +78,6 @@ def export_vhost(vhost: "VirtualHost") -> dict:
         "exchanges": list(_exchanges(vhost, with_vhost=False)),
         "bindings": list(_bindings(vhost, with_vhost=False)),
     }
-
-
-def _user_definition(user) -> dict:
-    return {"name": user.name, "password_hash": user.password_hash, "hashing_algorithm": user.hashing_algorithm,
-            "tags": list(user.tags), "limits": dict(user.limits)}
 
 
 def _vhost_definition(vhost: "VirtualHost") -> dict:
@@ -212,13 +207,6 @@ class _Plan:
     queues: list[tuple[str, dict]] = field(default_factory=list)
     exchanges: list[tuple[str, dict]] = field(default_factory=list)
     bindings: list[tuple[str, dict]] = field(default_factory=list)
-
-
-class _NoConnection:
-    """The owner an import declares queues for: none (an import never declares an exclusive queue)."""
-
-    def __init__(self):
-        self.exclusive_queues: set["Queue"] = set()
 
 
 def import_definitions(node: "Node", document, vhost: str | None = None) -> None:
@@ -444,7 +432,6 @@ class _Planner:
 def _apply(node: "Node", plan: _Plan) -> None:
     """Apply a checked plan in RabbitMQ's order: vhosts, users, permissions, policies, queues, exchanges,
     bindings."""
-    owner = _NoConnection()
     for label, vhost in plan.vhosts:
         _applying(label, lambda: node.add_vhost(**vhost))
     for label, user in plan.users:
@@ -455,7 +442,7 @@ def _apply(node: "Node", plan: _Plan) -> None:
         _applying(label, lambda: node.vhosts[vhost_name].set_policy(**policy))
     for label, queue in plan.queues:
         vhost = node.vhosts[queue["vhost"]]
-        _applying(label, lambda: vhost.declare_queue(queue["name"], owner, False, queue["durable"], False,
+        _applying(label, lambda: vhost.declare_queue(queue["name"], OPERATOR_OWNER, False, queue["durable"], False,
                                                      queue["auto_delete"], queue["arguments"]))
     for label, exchange in plan.exchanges:
         vhost = node.vhosts[exchange["vhost"]]

@@ -34,6 +34,17 @@ def generated_name(prefix: str) -> str:
     return prefix + base64.urlsafe_b64encode(os.urandom(16)).rstrip(b"=").decode()
 
 
+class OperatorOwner:
+    """The QueueOwner of declares and gets an operator makes (the management API, a definitions import): it owns
+    no exclusive queue, so another connection's exclusive queue is locked to it as to any other connection."""
+
+    def __init__(self):
+        self.exclusive_queues: set[Queue] = set()  # stays empty
+
+
+OPERATOR_OWNER = OperatorOwner()
+
+
 class DefaultExchange(DirectExchange):
     """The nameless exchange: every queue is bound to it by its own name, implicitly."""
 
@@ -114,7 +125,7 @@ class VirtualHost:
             if exchange is not self.default_exchange:
                 self._remove_exchange(exchange)
         for operator in (False, True):
-            for name in list(self._policy_table(operator)):
+            for name in list(self.policy_table(operator)):
                 self._drop_policy(name, operator)
 
     # --- policies -------------------------------------------------------------------------------------------
@@ -127,13 +138,13 @@ class VirtualHost:
         """Add or replace a policy and apply it at once; raises policy.PolicyError (a ValueError) with
         RabbitMQ's reason for bad input."""
         policy = make_policy(self.name, name, pattern, definition, priority, apply_to, operator)
-        self._policy_table(operator)[name] = policy
+        self.policy_table(operator)[name] = policy
         self._record_policy(name, operator, policy.export())
         self.reapply_policies()
         return policy
 
     def clear_policy(self, name: str, operator: bool = False) -> None:
-        if name not in self._policy_table(operator):
+        if name not in self.policy_table(operator):
             raise errors.not_found(f"no {'operator policy' if operator else 'policy'} '{name}' in vhost "
                                    f"'{self.name}'")
         self._drop_policy(name, operator)
@@ -143,7 +154,7 @@ class VirtualHost:
         """A stored policy (RabbitMQ's export shape), before the queues and exchanges it may apply to."""
         policy = make_policy(self.name, data["name"], data["pattern"], data["definition"], data["priority"],
                              data["apply-to"], operator)
-        self._policy_table(operator)[policy.name] = policy
+        self.policy_table(operator)[policy.name] = policy
 
     def reapply_policies(self) -> None:
         """Every queue and exchange takes the policies that now apply to it, if they changed."""
@@ -157,11 +168,12 @@ class VirtualHost:
                 if chosen != (exchange.policy, exchange.operator_policy):
                     exchange.apply_policies(*chosen)
 
-    def _policy_table(self, operator: bool) -> dict[str, Policy]:
+    def policy_table(self, operator: bool) -> dict[str, Policy]:
+        """The vhost's operator policies, or its policies, by name."""
         return self.operator_policies if operator else self.policies
 
     def _drop_policy(self, name: str, operator: bool) -> None:
-        del self._policy_table(operator)[name]
+        del self.policy_table(operator)[name]
         self._record_policy(name, operator, None)
 
     def _record_policy(self, name: str, operator: bool, data: dict | None) -> None:

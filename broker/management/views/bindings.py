@@ -6,11 +6,10 @@ from aiohttp import web
 
 from broker.management import http
 from broker.management.resources import (
-    access_refused, api_error, arguments_of, check_access, default_binding_json, exchange_name, explicit_binding_json,
+    access_refused, arguments_of, check_permission, default_binding_json, exchange_name, explicit_binding_json,
     find_exchange, find_queue, listing, on_disk_or_undo, properties_key, readable_vhosts, sorted_bindings,
     vhost_bindings,
 )
-from protocol.errors import AMQPError
 
 routes = web.RouteTableDef()
 
@@ -19,21 +18,18 @@ DESTINATION_KINDS = {"q": "queue", "e": "exchange"}  # the path letter of a bind
 
 @routes.get("/api/bindings")
 async def list_all(request: web.Request) -> web.Response:
-    http.require(request, "management")
     return bindings_listing(request, (binding for vhost in readable_vhosts(request)
                                        for binding in vhost_bindings(vhost)))
 
 
 @routes.get("/api/bindings/{vhost}")
 async def list_vhost(request: web.Request) -> web.Response:
-    http.require(request, "management")
     return bindings_listing(request, vhost_bindings(http.login_vhost_of(request)))
 
 
 @routes.get("/api/exchanges/{vhost}/{name}/bindings/{direction:source|destination}")
 async def of_exchange(request: web.Request) -> web.Response:
     """The bindings an exchange is the source of, or the destination of."""
-    http.require(request, "management")
     vhost = http.login_vhost_of(request)
     exchange = find_exchange(vhost, exchange_name(request))
     if request.match_info["direction"] == "destination":
@@ -46,7 +42,6 @@ async def of_exchange(request: web.Request) -> web.Response:
 @routes.get("/api/queues/{vhost}/{name}/bindings")
 async def of_queue(request: web.Request) -> web.Response:
     """A queue's bindings, its implicit one to the default exchange first."""
-    http.require(request, "management")
     vhost = http.login_vhost_of(request)
     queue = find_queue(vhost, request.match_info["name"])
     return bindings_listing(request, [default_binding_json(vhost, queue.name),
@@ -56,7 +51,6 @@ async def of_queue(request: web.Request) -> web.Response:
 @routes.get("/api/bindings/{vhost}/e/{source}/{kind:q|e}/{destination}")
 async def between(request: web.Request) -> web.Response:
     """The bindings from one exchange to one queue or exchange (none when either is missing)."""
-    http.require(request, "management")
     vhost = http.login_vhost_of(request)
     return bindings_listing(request, [*_implicit(request, vhost),
                                       *(explicit_binding_json(vhost, binding) for binding in _between(request, vhost))])
@@ -65,22 +59,18 @@ async def between(request: web.Request) -> web.Response:
 @routes.post("/api/bindings/{vhost}/e/{source}/{kind:q|e}/{destination}")
 async def create(request: web.Request) -> web.Response:
     """Bind, as queue.bind or exchange.bind would; 201 with the new binding's address (relative to this path)."""
-    http.require(request, "management")
     vhost = http.login_vhost_of(request)
     body = await http.json_body(request)
     routing_key, arguments = str(body.get("routing_key", "")), arguments_of(body)
     source_name, destination_name = exchange_name(request, "source"), request.match_info["destination"]
     kind = DESTINATION_KINDS[request.match_info["kind"]]
-    check_access(request, vhost, kind, destination_name, "write")
-    check_access(request, vhost, "exchange", source_name, "read")
-    try:
-        source = vhost.get_exchange(source_name)
-        destination = (vhost.get_queue(destination_name) if kind == "queue"
-                       else vhost.get_exchange(exchange_name(request, "destination")))
-        existed = source.find_binding(destination, routing_key, arguments) is not None
-        vhost.bind(source, destination, routing_key, arguments)
-    except AMQPError as error:
-        raise api_error(error) from None
+    check_permission(request, vhost, kind, destination_name, "write")
+    check_permission(request, vhost, "exchange", source_name, "read")
+    source = vhost.get_exchange(source_name)
+    destination = (vhost.get_queue(destination_name) if kind == "queue"
+                   else vhost.get_exchange(exchange_name(request, "destination")))
+    existed = source.find_binding(destination, routing_key, arguments) is not None
+    vhost.bind(source, destination, routing_key, arguments)
     undo = None if existed else lambda: vhost.unbind(source, destination, routing_key, arguments)
     await on_disk_or_undo(request, undo)
     location = "/".join(urllib.parse.quote_plus(part, safe="")
@@ -90,7 +80,6 @@ async def create(request: web.Request) -> web.Response:
 
 @routes.get("/api/bindings/{vhost}/e/{source}/{kind:q|e}/{destination}/{props}")
 async def show(request: web.Request) -> web.Response:
-    http.require(request, "management")
     vhost = http.login_vhost_of(request)
     implicit = [binding for binding in _implicit(request, vhost)
                 if _same_key(binding["properties_key"], request.match_info["props"])]
@@ -100,18 +89,14 @@ async def show(request: web.Request) -> web.Response:
 @routes.delete("/api/bindings/{vhost}/e/{source}/{kind:q|e}/{destination}/{props}")
 async def delete(request: web.Request) -> web.Response:
     """Unbind, as queue.unbind or exchange.unbind would."""
-    http.require(request, "management")
     vhost = http.login_vhost_of(request)
     if _implicit(request, vhost):
         raise access_refused()  # the default exchange's bindings are no one's to remove
     binding = _named(request, vhost)
     kind = DESTINATION_KINDS[request.match_info["kind"]]
-    check_access(request, vhost, kind, binding.destination.name, "write")
-    check_access(request, vhost, "exchange", binding.source.name, "read")
-    try:
-        vhost.unbind(binding.source, binding.destination, binding.routing_key, binding.arguments)
-    except AMQPError as error:
-        raise api_error(error) from None
+    check_permission(request, vhost, kind, binding.destination.name, "write")
+    check_permission(request, vhost, "exchange", binding.source.name, "read")
+    vhost.unbind(binding.source, binding.destination, binding.routing_key, binding.arguments)
     await http.on_disk(request)
     return http.no_content()
 

@@ -4,8 +4,8 @@ from aiohttp import web
 
 from broker.management import http, messages
 from broker.management.resources import (
-    api_error, arguments_of, check_access, check_permission, exchange_json, exchange_name, find_exchange, flag,
-    listing, on_disk_or_undo, parse_bool, readable_vhosts,
+    arguments_of, check_permission, exchange_json, exchange_name, find_exchange, flag, listing, on_disk_or_undo,
+    parse_bool, readable_vhosts,
 )
 from protocol import errors
 from protocol.errors import AMQPError
@@ -15,21 +15,18 @@ routes = web.RouteTableDef()
 
 @routes.get("/api/exchanges")
 async def list_all(request: web.Request) -> web.Response:
-    http.require(request, "management")
     return listing(request, [exchange_json(vhost, exchange) for vhost in readable_vhosts(request)
                              for exchange in _by_name(vhost)])
 
 
 @routes.get("/api/exchanges/{vhost}")
 async def list_vhost(request: web.Request) -> web.Response:
-    http.require(request, "management")
     vhost = http.login_vhost_of(request)
     return listing(request, [exchange_json(vhost, exchange) for exchange in _by_name(vhost)])
 
 
 @routes.get("/api/exchanges/{vhost}/{name}")
 async def show(request: web.Request) -> web.Response:
-    http.require(request, "management")
     vhost = http.login_vhost_of(request)
     data = exchange_json(vhost, find_exchange(vhost, exchange_name(request)))
     data.update(incoming=[], outgoing=[])  # publishing rates per peer: Warren keeps no such statistics
@@ -38,34 +35,26 @@ async def show(request: web.Request) -> web.Response:
 
 @routes.put("/api/exchanges/{vhost}/{name}")
 async def declare(request: web.Request) -> web.Response:
-    http.require(request, "management")
     vhost = http.login_vhost_of(request)
     name = exchange_name(request)
     body = await http.json_body(request)
     kind = body.get("type", "direct")
     durable, auto_delete, internal = (parse_bool(body, key) for key in ("durable", "auto_delete", "internal"))
-    check_access(request, vhost, "exchange", name, "configure")
+    check_permission(request, vhost, "exchange", name, "configure")
     existed = name in vhost.exchanges
-    try:
-        vhost.declare_exchange(name, str(kind), False, durable, auto_delete, internal, arguments_of(body))
-    except AMQPError as error:
-        raise api_error(error) from None
+    vhost.declare_exchange(name, str(kind), False, durable, auto_delete, internal, arguments_of(body))
     await on_disk_or_undo(request, None if existed else lambda: vhost.delete_exchange(name, if_unused=False))
     return http.created_or_updated(existed)
 
 
 @routes.delete("/api/exchanges/{vhost}/{name}")
 async def delete(request: web.Request) -> web.Response:
-    http.require(request, "management")
     vhost = http.login_vhost_of(request)
     name = exchange_name(request)
     if name and name not in vhost.exchanges:
         raise http.not_found()
-    check_access(request, vhost, "exchange", name, "configure")
-    try:
-        vhost.delete_exchange(name, flag(request, "if-unused"))
-    except AMQPError as error:
-        raise api_error(error) from None
+    check_permission(request, vhost, "exchange", name, "configure")
+    vhost.delete_exchange(name, flag(request, "if-unused"))
     await http.on_disk(request)
     return http.no_content()
 
@@ -74,7 +63,6 @@ async def delete(request: web.Request) -> web.Response:
 async def publish(request: web.Request) -> web.Response:
     """Publish one message through the exchange, as basic.publish would; {"routed": false} when no queue took it.
     A persistent message is on disk before the reply. What a channel would refuse is a 400 naming the AMQP error."""
-    http.require(request, "management")
     vhost = http.login_vhost_of(request)
     name = exchange_name(request)
     body = await http.json_body(request)

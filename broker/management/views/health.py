@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from broker.management import http, messages
-from broker.management.views.queues import API_OWNER
+from broker.model.vhost import OPERATOR_OWNER
 from protocol.errors import AMQPError
 
 routes = web.RouteTableDef()
@@ -92,7 +92,7 @@ async def aliveness(request: web.Request) -> web.Response:
     """As RabbitMQ: declare the queue aliveness-test in the vhost, send it a message and take it back."""
     vhost = http.login_vhost_of(request)
     try:
-        queue = vhost.declare_queue(ALIVENESS_QUEUE, API_OWNER, False, False, False, False, {})
+        queue = vhost.declare_queue(ALIVENESS_QUEUE, OPERATOR_OWNER, False, False, False, False, {})
         _, message = messages.from_request(ALIVENESS_MESSAGE, "", request["user"].name)
         vhost.publish_to([queue], message)
     except AMQPError as error:

@@ -7,7 +7,6 @@ from aiohttp import web
 from broker.management import http
 from broker.management.views.health import listeners
 from broker.management.views.nodes import RATES_MODE, exchange_types
-from broker.management.views.vhosts import unacked_by_vhost
 
 routes = web.RouteTableDef()
 
@@ -23,7 +22,7 @@ def totals(request: web.Request) -> tuple[dict, dict]:
     connections = [c for c in server.connections if c.vhost is not None and c.vhost.name in names]
     channels = [channel for connection in connections for channel in connection.channels.values()]
     ready = sum(queue.count_ready() for vhost in vhosts for queue in vhost.queues.values())
-    unacked = sum(count for name, count in unacked_by_vhost(server).items() if name in names)
+    unacked = sum(len(channel.unacked) for channel in channels)
     queue_totals = {"messages": ready + unacked, "messages_ready": ready, "messages_unacknowledged": unacked}
     object_totals = {"connections": len(connections), "channels": len(channels),
                      "consumers": sum(len(channel.consumers) for channel in channels),

@@ -28,10 +28,6 @@ def escape_html_tags(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def policy_table(vhost: "VirtualHost", operator: bool) -> dict[str, "Policy"]:
-    return vhost.operator_policies if operator else vhost.policies
-
-
 def authorise_one(request: web.Request, operator: bool) -> None:
     """RabbitMQ's refusal unless the user may read and change one (operator) policy of the vhost in the path."""
     if operator:
@@ -48,13 +44,13 @@ def authorise_one(request: web.Request, operator: bool) -> None:
 def policies_of(request: web.Request, vhosts: list["VirtualHost"]) -> web.Response:
     operator = KINDS[request.match_info["kind"]]
     return listing(request, http.sorted_by([policy.export() for vhost in vhosts
-                                            for policy in policy_table(vhost, operator).values()], "priority"),
+                                            for policy in vhost.policy_table(operator).values()], "priority"),
                    pageable=False)
 
 
 def existing_policy(request: web.Request, operator: bool) -> "Policy":
     vhost = http.node_of(request).vhosts.get(request.match_info["vhost"])
-    policy = policy_table(vhost, operator).get(request.match_info["name"]) if vhost is not None else None
+    policy = vhost.policy_table(operator).get(request.match_info["name"]) if vhost is not None else None
     if policy is None:
         raise http.not_found()
     return policy
@@ -89,7 +85,7 @@ async def put_policy(request: web.Request) -> web.Response:
     if vhost is None:
         raise http.ApiError(404, "not_found", "vhost_not_found")
     name = request.match_info["name"]
-    existed = name in policy_table(vhost, operator)
+    existed = name in vhost.policy_table(operator)
     try:
         vhost.set_policy(name, body["pattern"], body["definition"], body.get("priority", 0),
                          body.get("apply-to", "all"), operator)

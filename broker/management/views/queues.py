@@ -4,10 +4,11 @@ from aiohttp import web
 
 from broker.management import http, messages
 from broker.management.resources import (
-    UnackedCounts, api_error, arguments_of, check_access, check_permission, consumer_json, find_queue, flag, listing,
-    on_disk_or_undo, parse_bool, queue_json, readable_vhosts,
+    UnackedCounts, arguments_of, check_permission, consumer_json, find_queue, flag, listing, on_disk_or_undo,
+    parse_bool, queue_json, readable_vhosts,
 )
 from broker.model.features.dead_letter import REJECTED, dead_letter
+from broker.model.vhost import OPERATOR_OWNER
 from protocol.constants import ACCESS_REFUSED, NOT_FOUND
 from protocol.errors import AMQPError
 
@@ -21,20 +22,9 @@ ACK_MODES = {
 }
 
 
-class ApiOwner:
-    """The connection the model asks of a declare or get: the API owns no exclusive queue (it declares none), so
-    another connection's exclusive queue is locked to it, as to any other connection."""
-
-    def __init__(self):
-        self.exclusive_queues: set = set()  # stays empty
-
-
-API_OWNER = ApiOwner()
-
 
 @routes.get("/api/queues")
 async def list_all(request: web.Request) -> web.Response:
-    http.require(request, "management")
     unacked = UnackedCounts(http.server_of(request).connections)
     return listing(request, [queue_json(vhost, queue, unacked) for vhost in readable_vhosts(request)
                              for queue in _by_name(vhost)])
@@ -42,7 +32,6 @@ async def list_all(request: web.Request) -> web.Response:
 
 @routes.get("/api/queues/{vhost}")
 async def list_vhost(request: web.Request) -> web.Response:
-    http.require(request, "management")
     vhost = http.login_vhost_of(request)
     unacked = UnackedCounts(http.server_of(request).connections)
     return listing(request, [queue_json(vhost, queue, unacked) for queue in _by_name(vhost)])
@@ -50,7 +39,6 @@ async def list_vhost(request: web.Request) -> web.Response:
 
 @routes.get("/api/queues/{vhost}/{name}")
 async def show(request: web.Request) -> web.Response:
-    http.require(request, "management")
     vhost = http.login_vhost_of(request)
     queue = find_queue(vhost, request.match_info["name"])
     data = queue_json(vhost, queue, UnackedCounts(http.server_of(request).connections))
@@ -61,27 +49,22 @@ async def show(request: web.Request) -> web.Response:
 
 @routes.put("/api/queues/{vhost}/{name}")
 async def declare(request: web.Request) -> web.Response:
-    http.require(request, "management")
     vhost = http.login_vhost_of(request)
     name = request.match_info["name"]
     body = await http.json_body(request)
     durable, auto_delete = parse_bool(body, "durable"), parse_bool(body, "auto_delete")
-    check_access(request, vhost, "queue", name, "configure")
+    check_permission(request, vhost, "queue", name, "configure")
     existed = name in vhost.queues
-    try:
-        queue = vhost.declare_queue(name, API_OWNER, False, durable, False, auto_delete, arguments_of(body))
-    except AMQPError as error:
-        raise api_error(error) from None
+    queue = vhost.declare_queue(name, OPERATOR_OWNER, False, durable, False, auto_delete, arguments_of(body))
     await on_disk_or_undo(request, None if existed else lambda: vhost.delete_queue(queue))
     return http.created_or_updated(existed)
 
 
 @routes.delete("/api/queues/{vhost}/{name}")
 async def delete(request: web.Request) -> web.Response:
-    http.require(request, "management")
     vhost = http.login_vhost_of(request)
     queue = find_queue(vhost, request.match_info["name"])
-    check_access(request, vhost, "queue", queue.name, "configure")
+    check_permission(request, vhost, "queue", queue.name, "configure")
     if flag(request, "if-unused") and queue.consumers:
         raise http.bad_request(f"queue '{queue.name}' in vhost '{vhost.name}' in use")
     if flag(request, "if-empty") and queue.entries:
@@ -93,10 +76,9 @@ async def delete(request: web.Request) -> web.Response:
 
 @routes.delete("/api/queues/{vhost}/{name}/contents")
 async def purge(request: web.Request) -> web.Response:
-    http.require(request, "management")
     vhost = http.login_vhost_of(request)
     queue = find_queue(vhost, request.match_info["name"])
-    check_access(request, vhost, "queue", queue.name, "read")
+    check_permission(request, vhost, "queue", queue.name, "read")
     queue.purge()
     await http.on_disk(request)
     return http.no_content()
@@ -106,7 +88,6 @@ async def purge(request: web.Request) -> web.Response:
 async def get(request: web.Request) -> web.Response:
     """Take up to count messages from the head of the queue, as basic.get would, then ack, reject or requeue them
     (requeued ones go back to their places, flagged redelivered)."""
-    http.require(request, "management")
     vhost = http.login_vhost_of(request)
     body = await http.json_body(request)
     count = _integer(messages.required(body, "count"))
@@ -118,7 +99,7 @@ async def get(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     try:
         check_permission(request, vhost, "queue", name, "read")
-        queue = vhost.get_queue(name, API_OWNER)
+        queue = vhost.get_queue(name, OPERATOR_OWNER)
     except AMQPError as error:
         raise _get_error(error) from None
     taken, replies = [], []
