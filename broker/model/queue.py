@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Iterable
 
 from broker.model.arguments.common import text_of
 from broker.model.durability import queue_key
-from broker.model.features.dead_letter import EXPIRED, MAXLEN, dead_letter
+from broker.model.features.dead_letter import EXPIRED, MAXLEN, REJECTED, dead_letter
 from broker.model.features.expiry import message_ttl
 from broker.model.features.length_limit import DROPPED, ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, LengthLimit
 from broker.model.features.priority import ready_entries
@@ -246,6 +246,23 @@ class Queue:
         if self.limit is not None:
             self.limit.cleared()
         return count
+
+    def settle(self, entries: list[QueueEntry], requeue: bool | None) -> None:
+        """Delivered entries are done with: requeued (True), acked (None), or rejected and dead-lettered (False)."""
+        if requeue:
+            self.requeue(entries)
+            return
+        self.forget(entries)
+        if requeue is False:
+            dead_letter(self, entries, REJECTED)
+
+    def mark_delivered(self, entries: Iterable[QueueEntry]) -> None:
+        """Entries handed out and not settled yet: durable storage notes it, so that they come back redelivered
+        after a restart."""
+        if self.stored:
+            ids = tuple(entry.message.msg_id for entry in entries if entry.message.msg_id)
+            if ids:
+                self.vhost.store.append_delivered(self.store_key, ids)
 
     def forget(self, entries: Iterable[QueueEntry]) -> bool:
         """Entries are done with (acked, dropped, purged): durable storage may let them go. True if it was told."""

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Callable
 from pamqp import commands as spec
 
 from broker.model.access import ChannelAccess
-from broker.model.features.dead_letter import REJECTED, dead_letter
 from broker.model.features.expiry import parse_expiration
 from broker.model.message import Address, Header, Message, QueueEntry, carbon_copy_keys
 from broker.model.queue import Queue
@@ -361,14 +360,8 @@ class Channel:
         for delivery in taken:
             by_queue.setdefault(delivery.queue, []).append(delivery.entry)
         for queue, entries in by_queue.items():
-            if queue.deleted:
-                continue
-            if requeue:
-                queue.requeue(entries)
-            else:
-                queue.forget(entries)
-                if requeue is False:
-                    dead_letter(queue, entries, REJECTED)
+            if not queue.deleted:
+                queue.settle(entries, requeue)
         self.offer_credit(by_queue)
 
     def offer_credit(self, queues) -> None:
@@ -413,8 +406,7 @@ class Channel:
             queue.forget((entry,))
         else:
             self.unacked.push(Unacked(tag, entry, queue, None))
-            if message.msg_id and queue.stored:
-                self.vhost.store.append_delivered(queue.store_key, (message.msg_id,))
+            queue.mark_delivered((entry,))
         self.send_method(spec.Basic.GetOk(tag, entry.redelivered, message.exchange, message.routing_key,
                                           queue.count_ready()))
         self.write(encode_content(self.number, message.header_payload, message.body, self.connection.frame_max))

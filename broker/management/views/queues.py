@@ -7,7 +7,6 @@ from broker.management.resources import (
     UnackedCounts, arguments_of, check_permission, consumer_json, find_queue, flag, listing, on_disk_or_undo,
     parse_bool, queue_json, readable_vhosts,
 )
-from broker.model.features.dead_letter import REJECTED, dead_letter
 from broker.model.vhost import OPERATOR_OWNER
 from protocol.constants import ACCESS_REFUSED, NOT_FOUND
 from protocol.errors import AMQPError
@@ -130,15 +129,8 @@ def _settle(queue, taken: list, requeue: bool, reject: bool) -> None:
     if not taken:
         return
     if requeue:
-        if queue.stored:
-            ids = tuple(entry.message.msg_id for entry in taken if entry.message.msg_id)
-            if ids:
-                queue.vhost.store.append_delivered(queue.store_key, ids)
-        queue.requeue(taken)
-        return
-    queue.forget(taken)
-    if reject:
-        dead_letter(queue, taken, REJECTED)
+        queue.mark_delivered(taken)
+    queue.settle(taken, True if requeue else False if reject else None)
 
 
 def _ack_mode(mode) -> tuple[bool, bool]:
