@@ -11,9 +11,9 @@ from decimal import Decimal
 from pamqp.commands import Basic
 
 from broker.management import http
+from broker.model.access import user_id_refusal
 from broker.model.features.expiry import parse_expiration
 from broker.model.message import Address, Header, Message, carbon_copy_keys
-from protocol import errors
 from protocol.codec import LongLong, encode_header_payload
 
 # JSON property name -> pamqp's attribute name, in RabbitMQ's order
@@ -45,8 +45,7 @@ def from_request(body: dict, exchange: str, user: str) -> tuple[list[str], Messa
         raise http.bad_request("properties must be a JSON object")
     properties = _properties(properties_json)
     if properties.user_id is not None and properties.user_id != user:
-        raise errors.precondition_failed(f"user_id property set to '{properties.user_id}' but authenticated user "
-                                         f"was '{user}'")
+        raise user_id_refusal(properties.user_id, user)
     if properties.expiration is not None:
         parse_expiration(properties.expiration)
     headers = properties.headers or {}

@@ -115,6 +115,16 @@ def check_resource(permission: Permission | None, user: str, vhost: str, kind: s
             f"access to {kind} '{name}' in vhost '{vhost}' refused for user '{user}'")
 
 
+def internal_exchange_refusal(exchange: str, vhost: str) -> errors.AMQPError:
+    """RabbitMQ's refusal of a publish to an internal exchange (by a client or through the management API)."""
+    return errors.access_refused(f"cannot publish to internal exchange '{exchange}' in vhost '{vhost}'")
+
+
+def user_id_refusal(user_id: str, user: str) -> errors.AMQPError:
+    """RabbitMQ's refusal of a publish whose user_id property names another user than the one logged in."""
+    return errors.precondition_failed(f"user_id property set to '{user_id}' but authenticated user was '{user}'")
+
+
 class ChannelAccess:
     """What one channel's user may do in its vhost: RabbitMQ's check_configure/write/read_permitted. Publishing
     checks no regex per message: the exchanges it may publish to are remembered (as rabbit_channel's permission

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Callable
 
 from pamqp import commands as spec
 
-from broker.model.access import ChannelAccess
+from broker.model.access import ChannelAccess, internal_exchange_refusal, user_id_refusal
 from broker.model.features.expiry import parse_expiration
 from broker.model.message import Address, Header, Message, QueueEntry, carbon_copy_keys
 from broker.model.queue import Queue
@@ -210,8 +210,7 @@ class Channel:
         if exchange is None:
             raise errors.not_found(f"no exchange '{exchange_name}' in vhost '{vhost.name}'")
         if exchange.internal:
-            raise errors.access_refused(f"cannot publish to internal exchange '{exchange_name}' in vhost "
-                                        f"'{vhost.name}'")
+            raise internal_exchange_refusal(exchange_name, vhost.name)
         address = self.last_address
         if address.routing_key != routing_key or address.exchange != exchange_name:
             address = self.last_address = Address(exchange_name, routing_key)
@@ -225,8 +224,7 @@ class Channel:
         if flags & USER_ID:
             user_id = message.properties.user_id
             if user_id != self.connection.user and not access.may_impersonate():
-                raise errors.precondition_failed(f"user_id property set to '{user_id}' but authenticated user was "
-                                                 f"'{self.connection.user}'")
+                raise user_id_refusal(user_id, self.connection.user)
         if flags & REPLY_TO and (properties := message.properties).reply_to == direct_reply.PSEUDO_QUEUE:
             properties.reply_to = direct_reply.reply_address(self)
             message = message.with_properties(properties)

@@ -7,7 +7,7 @@ from broker.management.resources import (
     arguments_of, check_permission, exchange_json, exchange_name, find_exchange, flag, listing, on_disk_or_undo,
     parse_bool, readable_vhosts,
 )
-from protocol import errors
+from broker.model.access import internal_exchange_refusal
 from protocol.errors import AMQPError
 
 routes = web.RouteTableDef()
@@ -71,7 +71,7 @@ async def publish(request: web.Request) -> web.Response:
         check_permission(request, vhost, "exchange", name, "write")
         exchange = vhost.get_exchange(name)
         if exchange.internal:
-            raise errors.access_refused(f"cannot publish to internal exchange '{name}' in vhost '{vhost.name}'")
+            raise internal_exchange_refusal(name, vhost.name)
         queues = vhost.route(exchange, routing_keys, message)
     except AMQPError as error:
         raise http.bad_request(f"{error.reply_code} {error.text}") from None
