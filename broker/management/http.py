@@ -91,6 +91,17 @@ def connection_name(connection) -> str:
     return f"{connection.peer} -> {local[0]}:{local[1]}" if local else connection.peer
 
 
+def channel_name(channel) -> str:
+    """RabbitMQ's name of a channel: its connection's name and its number in parentheses."""
+    return f"{connection_name(channel.connection)} ({channel.number})"
+
+
+def peer(connection) -> dict:
+    """The client's address as RabbitMQ's API gives it."""
+    host, _, port = connection.peer.rpartition(":")
+    return {"peer_host": host, "peer_port": int(port) if port.isdigit() else port}
+
+
 def named_vhost(request: web.Request, key: str = "vhost") -> "VirtualHost":
     """The vhost named in the path (404 if there is none of that name)."""
     vhost = node_of(request).vhosts.get(request.match_info[key])

@@ -186,18 +186,15 @@ def consumer_json(vhost: "VirtualHost", queue: Queue, consumer) -> dict:
     """A consumer as a queue's consumer_details list it."""
     channel = consumer.channel
     connection = channel.connection
-    name = http.connection_name(connection)
-    host, _, port = connection.peer.rpartition(":")
     active = not queue.single_active or consumer is queue.current_active_consumer()
     status = "up" if not queue.single_active else "single_active" if active else "waiting"  # RabbitMQ's values
     return {
         "consumer_tag": consumer.tag, "exclusive": consumer.exclusive, "ack_required": not consumer.no_ack,
         "prefetch_count": consumer.prefetch, "arguments": json_value(consumer.arguments), "active": active,
         "activity_status": status, "queue": {"name": queue.name, "vhost": vhost.name},
-        "channel_details": {"name": f"{name} ({channel.number})", "number": channel.number,
-                            "connection_name": name, "peer_host": host,
-                            "peer_port": int(port) if port.isdigit() else port, "user": connection.user,
-                            "node": http.node_name()},
+        "channel_details": {"name": http.channel_name(channel), "number": channel.number,
+                            "connection_name": http.connection_name(connection), **http.peer(connection),
+                            "user": connection.user, "node": http.node_name()},
     }
 
 

@@ -42,11 +42,6 @@ def open_connections(request: web.Request) -> list["Connection"]:
     return sorted(found, key=http.connection_name)
 
 
-def peer(connection: "Connection") -> dict:
-    host, _, port = connection.peer.rpartition(":")
-    return {"peer_host": host, "peer_port": int(port) if port.isdigit() else port}
-
-
 def connection_json(connection: "Connection") -> dict:
     """A connection as RabbitMQ's /api/connections shows it (without the byte and Erlang process counters)."""
     local = connection.transport.get_extra_info("sockname") if connection.transport is not None else None
@@ -54,7 +49,7 @@ def connection_json(connection: "Connection") -> dict:
         "name": http.connection_name(connection), "node": http.node_name(), "vhost": connection.vhost.name,
         "user": connection.user, "user_who_performed_action": connection.user, "state": connection_state(connection),
         "type": "network", "protocol": "AMQP 0-9-1", "ssl": False,
-        "host": local[0] if local else None, "port": local[1] if local else None, **peer(connection),
+        "host": local[0] if local else None, "port": local[1] if local else None, **http.peer(connection),
         "channels": len(connection.channels), "channel_max": connection.channel_max,
         "frame_max": connection.frame_max, "timeout": connection.heartbeat, "connected_at": connection.connected_at,
         "client_properties": json_value(connection.client_properties),
@@ -71,17 +66,12 @@ def connection_state(connection: "Connection") -> str:
     return "blocked" if connection.blocked else "running"
 
 
-def channel_name(channel: "Channel") -> str:
-    """RabbitMQ's name of a channel: its connection's name and its number in parentheses."""
-    return f"{http.connection_name(channel.connection)} ({channel.number})"
-
-
 def channel_json(channel: "Channel") -> dict:
     """A channel as RabbitMQ's /api/channels shows it (without rates)."""
     connection = channel.connection
     tx = channel.tx
     return {
-        "name": channel_name(channel), "number": channel.number, "node": http.node_name(),
+        "name": http.channel_name(channel), "number": channel.number, "node": http.node_name(),
         "vhost": connection.vhost.name, "user": connection.user, "user_who_performed_action": connection.user,
         "state": "running", "confirm": channel.confirms is not None, "transactional": tx is not None,
         "consumer_count": len(channel.consumers), "prefetch_count": channel.consumer_prefetch,
@@ -89,7 +79,7 @@ def channel_json(channel: "Channel") -> dict:
         "messages_unacknowledged": len(channel.unacked.deliveries),
         "messages_uncommitted": len(tx.publishes) if tx is not None else 0,
         "acks_uncommitted": sum(len(deliveries) for deliveries, _ in tx.settles) if tx is not None else 0,
-        "connection_details": {"name": http.connection_name(connection), **peer(connection)},
+        "connection_details": {"name": http.connection_name(connection), **http.peer(connection)},
     }
 
 
@@ -121,7 +111,7 @@ def connection_of(request: web.Request, may: str) -> "Connection":
 def channel_of(request: web.Request) -> "Channel":
     name = request.match_info["name"]
     found = next((channel for channel in channels_of(http.server_of(request).connections)
-                  if channel.connection.vhost is not None and channel_name(channel) == name), None)
+                  if channel.connection.vhost is not None and http.channel_name(channel) == name), None)
     user = request["user"]
     if "monitoring" not in http.rights_of(user) and (found is None or found.connection.user != user.name):
         raise http.not_authorised("User not authorised to access object")
