@@ -17,7 +17,7 @@ RABBITMQ_VERSION = "3.10.8"
 def totals(request: web.Request) -> tuple[dict, dict]:
     """Queue totals (messages) and object totals over the vhosts the user may see."""
     server = http.server_of(request)
-    vhosts = http.visible_vhosts(request)
+    vhosts = http.vhosts_for(request, "monitoring")
     names = {vhost.name for vhost in vhosts}
     connections = [c for c in server.connections if c.vhost is not None and c.vhost.name in names]
     channels = [channel for connection in connections for channel in connection.channels.values()]

@@ -58,7 +58,7 @@ def existing_policy(request: web.Request, operator: bool) -> "Policy":
 
 @routes.get("/api/{kind:policies|operator-policies}")
 async def list_all(request: web.Request) -> web.Response:
-    return policies_of(request, http.login_vhosts(request))
+    return policies_of(request, http.vhosts_for(request, None))
 
 
 @routes.get("/api/{kind:policies|operator-policies}/{vhost}")

@@ -42,7 +42,7 @@ def vhost_json(vhost: "VirtualHost", unacked: int) -> dict:
 async def list_vhosts(request: web.Request) -> web.Response:
     unacked = unacked_by_vhost(http.server_of(request))
     return listing(request, http.sorted_by([vhost_json(vhost, unacked.get(vhost.name, 0))
-                                            for vhost in http.visible_vhosts(request)]))
+                                            for vhost in http.vhosts_for(request, "monitoring")]))
 
 
 @routes.get("/api/vhosts/{vhost}")
