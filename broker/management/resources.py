@@ -121,9 +121,7 @@ def flag(request: web.Request, name: str) -> bool:
 
 # --- exchanges -------------------------------------------------------------------------------------------------
 def exchange_json(vhost: "VirtualHost", exchange: "Exchange") -> dict:
-    data = {"name": exchange.name, "vhost": vhost.name, "type": exchange.kind, "durable": exchange.durable,
-            "auto_delete": exchange.auto_delete, "internal": exchange.internal,
-            "arguments": json_value(exchange.arguments)}
+    data = {**exchange.definition(), "vhost": vhost.name, "arguments": json_value(exchange.arguments)}
     if exchange.policy is not None:
         data["policy"] = exchange.policy.name
     return data
@@ -225,9 +223,8 @@ def binding_json(vhost: "VirtualHost", source: str, destination: str, destinatio
 
 
 def explicit_binding_json(vhost: "VirtualHost", binding: "Binding") -> dict:
-    kind = "exchange" if binding.destination_is_exchange else "queue"
-    return binding_json(vhost, binding.source.name, binding.destination.name, kind, binding.routing_key,
-                        binding.arguments)
+    return binding_json(vhost, binding.source.name, binding.destination.name, binding.destination_type,
+                        binding.routing_key, binding.arguments)
 
 
 def default_binding_json(vhost: "VirtualHost", queue_name: str) -> dict:

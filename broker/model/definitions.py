@@ -106,8 +106,8 @@ def _queues(vhost: "VirtualHost", with_vhost: bool):
     """Every queue but exclusive ones (they belong to a connection), durable or not, as RabbitMQ exports them."""
     for queue in vhost.queues.values():
         if queue.exclusive_owner is None:
-            yield _scoped({"name": queue.name, "vhost": vhost.name, "durable": queue.durable,
-                           "auto_delete": queue.auto_delete, "arguments": json_safe(queue.arguments)}, with_vhost)
+            yield _scoped({"vhost": vhost.name, **queue.definition(), "arguments": json_safe(queue.arguments)},
+                          with_vhost)
 
 
 def _exported_exchange(name: str) -> bool:
@@ -118,9 +118,8 @@ def _exported_exchange(name: str) -> bool:
 def _exchanges(vhost: "VirtualHost", with_vhost: bool):
     for exchange in vhost.exchanges.values():
         if _exported_exchange(exchange.name):
-            yield _scoped({"name": exchange.name, "vhost": vhost.name, "type": exchange.kind,
-                           "durable": exchange.durable, "auto_delete": exchange.auto_delete,
-                           "internal": exchange.internal, "arguments": json_safe(exchange.arguments)}, with_vhost)
+            yield _scoped({"vhost": vhost.name, **exchange.definition(), "arguments": json_safe(exchange.arguments)},
+                          with_vhost)
 
 
 def _bindings(vhost: "VirtualHost", with_vhost: bool):
@@ -133,7 +132,7 @@ def _bindings(vhost: "VirtualHost", with_vhost: bool):
             if not binding.destination_is_exchange and destination.exclusive_owner is not None:
                 continue
             yield _scoped({"source": exchange.name, "vhost": vhost.name, "destination": destination.name,
-                           "destination_type": "exchange" if binding.destination_is_exchange else "queue",
+                           "destination_type": binding.destination_type,
                            "routing_key": binding.routing_key, "arguments": json_safe(binding.arguments)},
                           with_vhost)
 
@@ -353,8 +352,7 @@ class _Planner:
         existing = self._existing_queue(vhost, name)
         if existing is not None:
             self._keep_existing(item, lambda: check_queue_equivalent(
-                name, vhost, {"durable": existing.durable, "exclusive": existing.exclusive_owner is not None,
-                              "auto_delete": existing.auto_delete, "arguments": existing.arguments},
+                name, vhost, {**existing.definition(), "exclusive": existing.exclusive_owner is not None},
                 {"exclusive": False, **declared}))
             return
         self.queue_names.add((vhost, name))
@@ -377,9 +375,7 @@ class _Planner:
         existing = self.node.vhosts[vhost].exchanges.get(name) if vhost in self.node.vhosts else None
         if existing is not None:
             self._keep_existing(item, lambda: check_exchange_equivalent(
-                name, vhost, {"type": existing.kind, "durable": existing.durable, "auto_delete": existing.auto_delete,
-                              "internal": existing.internal, "arguments": existing.arguments},
-                {"type": kind, **declared}))
+                name, vhost, existing.definition(), {"type": kind, **declared}))
             return
         self.exchange_kinds[vhost, name] = kind
         self.result.exchanges.append((item.label, {"vhost": vhost, "name": name, "kind": kind, **declared}))

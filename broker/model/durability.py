@@ -33,13 +33,11 @@ def policy_key(vhost_name: str, policy_name: str) -> str:
 
 
 def exchange_definition(vhost: "VirtualHost", exchange: "Exchange") -> dict:
-    return {"vhost": vhost.name, "name": exchange.name, "type": exchange.kind, "durable": True,
-            "auto_delete": exchange.auto_delete, "internal": exchange.internal, "arguments": exchange.arguments}
+    return {"vhost": vhost.name, **exchange.definition()}
 
 
 def queue_definition(vhost: "VirtualHost", queue: "Queue") -> dict:
-    return {"vhost": vhost.name, "name": queue.name, "durable": True, "auto_delete": queue.auto_delete,
-            "arguments": queue.arguments}
+    return {"vhost": vhost.name, **queue.definition()}
 
 
 def binding_is_durable(binding: "Binding") -> bool:
@@ -50,14 +48,13 @@ def binding_is_durable(binding: "Binding") -> bool:
 
 
 def binding_key(vhost: "VirtualHost", binding: "Binding") -> str:
-    kind = "exchange" if binding.destination_is_exchange else "queue"
-    return "\x00".join((vhost.name, binding.source.name, kind, binding.destination.name, binding.routing_key,
+    return "\x00".join((vhost.name, binding.source.name, binding.destination_type, binding.destination.name, binding.routing_key,
                         binding.arguments_key))
 
 
 def binding_definition(vhost: "VirtualHost", binding: "Binding") -> dict:
     return {"vhost": vhost.name, "source": binding.source.name, "destination": binding.destination.name,
-            "destination_kind": "exchange" if binding.destination_is_exchange else "queue",
+            "destination_kind": binding.destination_type,
             "routing_key": binding.routing_key, "arguments": binding.arguments}
 
 

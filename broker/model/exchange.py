@@ -38,6 +38,11 @@ class Binding:
         return isinstance(self.destination, Exchange)
 
     @property
+    def destination_type(self) -> str:
+        """"exchange" or "queue", as RabbitMQ names a binding's destination."""
+        return "exchange" if self.destination_is_exchange else "queue"
+
+    @property
     def key(self) -> tuple:
         return (self.destination, self.routing_key, self.arguments_key)
 
@@ -60,6 +65,11 @@ class Exchange:
         self.operator_policy: Policy | None = None  # the operator policy that applies
         self.alternate_exchange: str | None = None  # where unroutable messages go: argument, else policy
         self.apply_policies(None, None)
+
+    def definition(self) -> dict:
+        """What declared the exchange, in RabbitMQ's keys (stored, exported, compared with a redeclaration)."""
+        return {"name": self.name, "type": self.kind, "durable": self.durable, "auto_delete": self.auto_delete,
+                "internal": self.internal, "arguments": self.arguments}
 
     def apply_policies(self, policy: "Policy | None", operator_policy: "Policy | None") -> None:
         self.policy, self.operator_policy = policy, operator_policy

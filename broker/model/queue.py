@@ -72,6 +72,11 @@ class Queue:
         self._configure(self._settings())
         self.touch()
 
+    def definition(self) -> dict:
+        """What declared the queue, in RabbitMQ's keys (stored, exported, compared with a redeclaration)."""
+        return {"name": self.name, "durable": self.durable, "auto_delete": self.auto_delete,
+                "arguments": self.arguments}
+
     # --- policies ---------------------------------------------------------------------------------------
     def effective_policy_definition(self) -> dict:
         """The keys of the policy and operator policy together, as RabbitMQ's API shows them."""

@@ -219,8 +219,7 @@ class VirtualHost:
         if existing is not None:
             check_exchange_equivalent(
                 name, self.name,
-                {"type": existing.kind, "durable": existing.durable, "auto_delete": existing.auto_delete,
-                 "internal": existing.internal, "arguments": existing.arguments},
+                existing.definition(),
                 {"type": kind, "durable": durable, "auto_delete": auto_delete, "internal": internal,
                  "arguments": arguments})
             return existing
@@ -282,8 +281,7 @@ class VirtualHost:
             self.check_exclusive_access(existing, connection)
             check_queue_equivalent(
                 name, self.name,
-                {"durable": existing.durable, "exclusive": existing.exclusive_owner is not None,
-                 "auto_delete": existing.auto_delete, "arguments": existing.arguments},
+                {**existing.definition(), "exclusive": existing.exclusive_owner is not None},
                 {"durable": durable, "exclusive": exclusive, "auto_delete": auto_delete, "arguments": arguments})
             return existing
         validate_queue_arguments(name, self.name, arguments)
