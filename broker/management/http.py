@@ -213,15 +213,20 @@ async def json_body(request: web.Request) -> dict:
     raw = await request.read()
     if not raw.strip():
         return {}
+    body = decode_json(raw)
+    if not isinstance(body, dict):
+        raise bad_request("not a JSON object")
+    return body
+
+
+def decode_json(raw: bytes | str) -> Any:
+    """A request body's JSON; 400 naming what is wrong when it is not JSON."""
     try:
-        body = json.loads(raw)
+        return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as error:
         raise bad_request(f"failed to decode JSON: {error}") from None
     except RecursionError:
         raise bad_request("failed to decode JSON: nested too deeply") from None
-    if not isinstance(body, dict):
-        raise bad_request("not a JSON object")
-    return body
 
 
 def compact_json(data: Any) -> str:

@@ -152,6 +152,14 @@ def test_only_administrators_export_and_import(broker, unique, cleanup):
 
 
 # --- Warren only ---------------------------------------------------------------------------------------------------
+def test_a_document_nested_too_deeply_is_a_400_without_a_traceback(own_broker):
+    broker = own_broker()
+    reply = request(broker, "POST", "/api/definitions", raw_body=b"[" * 100_000 + b"]" * 100_000)
+    assert (reply.status, reply.body) == (400, {"error": "bad_request",
+                                                "reason": "failed to decode JSON: nested too deeply"})
+    assert "Traceback" not in broker.log()
+
+
 def test_an_import_is_all_or_nothing_and_names_the_bad_item(own_broker):
     warren = start_warren(own_broker)
     document = definitions("shop", "clerk", "pw")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 
 from aiohttp import web
 
@@ -74,7 +73,4 @@ async def _document(request: web.Request):
         raw = upload.file.read() if isinstance(upload, web.FileField) else upload.encode()
     else:
         raw = await request.read()
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as error:
-        raise http.bad_request(f"failed to decode JSON: {error}") from None
+    return http.decode_json(raw)
