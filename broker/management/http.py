@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 SERVER = web.AppKey("server", object)  # the AMQP Server (its node, connections and config)
 STARTED = web.AppKey("started", float)  # time.monotonic() when the API started (the node's uptime counts from it)
 MAX_BODY = 64 * 1024 * 1024  # largest request body accepted (a definitions import of a big deployment)
+PRODUCT_NAME = "Warren"  # product_name in the overview and in exports (RabbitMQ's says "RabbitMQ")
 ERROR_NAMES = {400: "bad_request", 401: "not_authorised", 403: "not_authorised", 404: "Object Not Found"}
 
 # Which tags grant which tag's rights (RabbitMQ's: administrator > monitoring > management, policymaker >

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-RABBITMQ_VERSION = "3.10.8"  # the RabbitMQ release whose definitions format exports follow (its version keys)
+RABBITMQ_VERSION = "3.10.8"  # the RabbitMQ release whose definitions format and management API Warren follows
 OPERATOR_POLICY = "operator_policy"  # the component of an operator policy among RabbitMQ's "parameters"
 RESERVED_PREFIX = "amq."  # names of queues and exchanges only the broker may create
 # RabbitMQ releases whose exports name no hashing_algorithm because their hashes are all MD5 (before 3.6).

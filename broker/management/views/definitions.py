@@ -10,14 +10,13 @@ from broker.model.definitions import DefinitionsError, export_node, export_vhost
 
 routes = web.RouteTableDef()
 
-PRODUCT_NAME = "Warren"  # product_name of an export (RabbitMQ's says "RabbitMQ")
 
 
 @routes.get("/api/definitions")
 async def export_all(request: web.Request) -> web.Response:
     http.require(request, "administrator")
     server = http.server_of(request)
-    return _exported(request, export_node(server.node, PRODUCT_NAME, server.version))
+    return _exported(request, export_node(server.node, http.PRODUCT_NAME, server.version))
 
 
 @routes.get("/api/definitions/{vhost}")

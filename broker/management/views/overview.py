@@ -7,11 +7,11 @@ from aiohttp import web
 from broker.management import http
 from broker.management.views.health import listeners
 from broker.management.views.nodes import RATES_MODE, exchange_types
+from broker.model.definitions import RABBITMQ_VERSION
 
 routes = web.RouteTableDef()
 
 # The RabbitMQ release whose management API Warren answers as (tools look at these fields).
-RABBITMQ_VERSION = "3.10.8"
 
 
 def totals(request: web.Request) -> tuple[dict, dict]:
@@ -37,7 +37,7 @@ async def overview(request: web.Request) -> web.Response:
     queue_totals, object_totals = totals(request)
     data = {
         "management_version": RABBITMQ_VERSION, "rabbitmq_version": RABBITMQ_VERSION,
-        "product_name": "Warren", "product_version": server.version, "rates_mode": RATES_MODE,
+        "product_name": http.PRODUCT_NAME, "product_version": server.version, "rates_mode": RATES_MODE,
         "cluster_name": server.config.cluster_name, "exchange_types": exchange_types(), "disable_stats": False,
         "enable_queue_totals": False, "message_stats": {}, "queue_totals": queue_totals,
         "object_totals": object_totals, "statistics_db_event_queue": 0,
