@@ -1,0 +1,86 @@
+"""Items due at given times, kept in one heap and served by one event-loop timer: a queue or exchange that waits
+for many things (message expiries, delayed requeues, delayed messages) holds one of these, never a timer per item."""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+from typing import Callable, Generic, Iterator, TypeVar
+
+Item = TypeVar("Item")
+
+
+def now_ms() -> int:
+    """The event loop's clock in whole milliseconds (what due times are measured in)."""
+    return int(asyncio.get_running_loop().time() * 1000)
+
+
+class Deadlines(Generic[Item]):
+    """A min-heap of (due time, arrival order, item) with one timer armed for the earliest due time. When it fires,
+    on_due gets every item whose time has come, earliest first (items due at the same time in arrival order).
+
+    Items are not removed when they stop mattering (a message consumed before it expires): on_due is expected to
+    skip those, and an owner that drops many of them early calls prune() to let them go."""
+
+    __slots__ = ("heap", "timer", "on_due", "arrivals")
+
+    def __init__(self, on_due: Callable[[list[Item]], None]):
+        self.heap: list[tuple[int, int, Item]] = []  # (due ms, arrival number, item), earliest first
+        self.timer: asyncio.TimerHandle | None = None  # armed for heap[0]'s due time while the heap is not empty
+        self.on_due = on_due  # takes the items whose time has come
+        self.arrivals = 0  # numbers items in arrival order, so that equal due times keep it (and items never compare)
+
+    def __len__(self) -> int:
+        return len(self.heap)
+
+    def __iter__(self) -> Iterator[Item]:
+        """The items waiting, in no particular order."""
+        return (item for _, _, item in self.heap)
+
+    def add(self, due_ms: int, item: Item) -> None:
+        heap = self.heap
+        earliest = heap[0][0] if heap else None
+        heapq.heappush(heap, (due_ms, self.arrivals, item))
+        self.arrivals += 1
+        if earliest is None or due_ms < earliest:
+            self._arm()
+
+    def next_due(self) -> int | None:
+        """The earliest due time, or None when nothing waits."""
+        return self.heap[0][0] if self.heap else None
+
+    def take_due(self, now: int) -> list[Item]:
+        """Remove and return the items due at or before now, earliest first (without waiting for the timer)."""
+        heap = self.heap
+        due = []
+        while heap and heap[0][0] <= now:
+            due.append(heapq.heappop(heap)[2])
+        return due
+
+    def prune(self, keep: Callable[[Item], bool]) -> None:
+        """Drop the items keep() says no longer matter."""
+        self.heap = [entry for entry in self.heap if keep(entry[2])]
+        heapq.heapify(self.heap)
+        self._arm()
+
+    def clear(self) -> None:
+        self.heap.clear()
+        self._disarm()
+
+    def _disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _arm(self) -> None:
+        self._disarm()
+        if self.heap:
+            # +1 ms: the loop may wake a little early, and an item is due only once its whole millisecond has passed
+            self.timer = asyncio.get_running_loop().call_at((self.heap[0][0] + 1) / 1000, self._fire)
+
+    def _fire(self) -> None:
+        self.timer = None
+        due = self.take_due(now_ms())
+        self._arm()
+        if due:
+            self.on_due(due)

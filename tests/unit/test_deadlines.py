@@ -1,0 +1,70 @@
+"""Deadlines: one timer serves many due times, in due order, arrival order on ties."""
+
+import asyncio
+
+from broker.model.features.deadlines import Deadlines, now_ms
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+def test_items_come_due_in_due_order_with_arrival_order_on_ties():
+    async def scenario():
+        fired: list[list[str]] = []
+        done = asyncio.Event()
+
+        def on_due(items):
+            fired.append(items)
+            if sum(map(len, fired)) == 4:
+                done.set()
+
+        deadlines = Deadlines(on_due)
+        start = now_ms()
+        deadlines.add(start + 40, "late")
+        deadlines.add(start + 10, "first")
+        deadlines.add(start + 10, "second")
+        deadlines.add(start + 20, "middle")
+        await asyncio.wait_for(done.wait(), 2)
+        return [item for items in fired for item in items], len(deadlines), deadlines.timer
+
+    order, left, timer = run(scenario())
+    assert order == ["first", "second", "middle", "late"]
+    assert left == 0 and timer is None
+
+
+def test_an_earlier_item_rearms_the_one_timer():
+    async def scenario():
+        deadlines = Deadlines(lambda items: None)
+        start = now_ms()
+        deadlines.add(start + 10_000, "far")
+        far_timer = deadlines.timer
+        deadlines.add(start + 5, "near")
+        near_timer = deadlines.timer
+        deadlines.add(start + 20_000, "farther")  # not the earliest: the timer stays
+        result = (far_timer.cancelled(), near_timer is not far_timer, deadlines.timer is near_timer,
+                  deadlines.next_due() == start + 5)
+        deadlines.clear()
+        return result, deadlines.timer, len(deadlines)
+
+    (far_cancelled, rearmed, kept, next_due), timer, left = run(scenario())
+    assert far_cancelled and rearmed and kept
+    assert timer is None and left == 0
+    assert next_due
+
+
+def test_take_due_and_prune():
+    async def scenario():
+        deadlines = Deadlines(lambda items: None)
+        start = now_ms()
+        for offset, name in ((5, "a"), (6, "b"), (10_000, "c"), (20_000, "d")):
+            deadlines.add(start + offset, name)
+        taken = deadlines.take_due(start + 6)
+        deadlines.prune(lambda item: item != "d")
+        rest = sorted(deadlines)
+        deadlines.clear()
+        return taken, rest
+
+    taken, rest = run(scenario())
+    assert taken == ["a", "b"]
+    assert rest == ["c"]
