@@ -95,10 +95,11 @@ class Message:
 class QueueEntry:
     """A message's place in one queue."""
 
-    __slots__ = ("seq", "message", "redelivered", "expires_at")
+    __slots__ = ("seq", "message", "redelivered", "expires_at", "delivery_count")
 
     def __init__(self, seq: int, message: Message, redelivered: bool = False, expires_at: int = 0):
         self.seq = seq  # enqueue order within the queue; requeued entries go back to this position
         self.message = message
         self.redelivered = redelivered  # set once the entry has been delivered and requeued
         self.expires_at = expires_at  # loop time in ms after which the message expires; 0 = never
+        self.delivery_count = 0  # times the entry came back to the queue after a delivery (requeued)

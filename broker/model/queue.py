@@ -223,6 +223,7 @@ class Queue:
             return
         for entry in requeued:
             entry.redelivered = True
+            entry.delivery_count += 1
         requeued.sort(key=lambda entry: entry.seq)
         self.entries.put_back(requeued)
         if self.limit is not None:
