@@ -158,8 +158,9 @@ def queue_json(vhost: "VirtualHost", queue: Queue, unacked: UnackedCounts) -> di
     return {
         "name": queue.name, "vhost": vhost.name, "durable": queue.durable, "auto_delete": queue.auto_delete,
         "exclusive": queue.exclusive_owner is not None, "arguments": json_value(queue.arguments),
-        "node": http.node_name(), "state": "running", "type": "classic",
-        "messages": ready + unacked_count, "messages_ready": ready, "messages_unacknowledged": unacked_count,
+        "node": http.node_name(), "state": "running",
+        "type": "quorum" if queue.quorum else "classic",
+        "messages": ready + unacked_count + queue.count_retrying(), "messages_ready": ready, "messages_unacknowledged": unacked_count,
         "messages_ram": ready + unacked_count, "messages_ready_ram": ready,
         "messages_unacknowledged_ram": unacked_count, "messages_persistent": persistent, "messages_paged_out": 0,
         "message_bytes": ready_bytes + unacked_bytes, "message_bytes_ready": ready_bytes,
@@ -170,7 +171,21 @@ def queue_json(vhost: "VirtualHost", queue: Queue, unacked: UnackedCounts) -> di
         "memory": QUEUE_MEMORY + ENTRY_MEMORY * (ready + unacked_count) + ready_bytes + unacked_bytes,
         "policy": _name_of(queue.policy), "operator_policy": _name_of(queue.operator_policy),
         "effective_policy_definition": queue.effective_policy_definition(),
+        **_redelivery_json(queue),
     }
+
+
+def _redelivery_json(queue: Queue) -> dict:
+    """RabbitMQ 4.3's quorum-queue keys for delivery limits and delayed retry (Warren has them on every queue),
+    and a quorum queue's replica keys (its one node)."""
+    retry = queue.delayed_retry
+    data = {"delivery_limit": "unlimited" if queue.delivery_limit is None else queue.delivery_limit,
+            "delayed_retry": "disabled" if retry is None else f"{retry.kind} (min: {retry.min_ms}ms, max: "
+                                                              f"{retry.max_ms}ms)",
+            "messages_delayed": queue.count_retrying()}
+    if queue.quorum:
+        data.update({"leader": http.node_name(), "members": [http.node_name()], "online": [http.node_name()]})
+    return data
 
 
 def _name_of(policy) -> str | None:

@@ -88,18 +88,30 @@ class Message:
         return self.properties.headers if self.header.scan.has_headers else None
 
     def with_properties(self, properties: Basic.Properties) -> "Message":
-        """A copy carrying other properties (the content header is encoded anew)."""
+        """A copy carrying other properties (the content header is encoded anew), as a new message."""
         return Message(self.address, Header(encode_header_payload(len(self.body), properties)), self.body)
+
+    def unstored(self) -> "Message":
+        """The same message for a queue that does not keep it on disk (no store id)."""
+        return Message(self.address, self.header, self.body)
+
+    def with_headers(self, headers: dict) -> "Message":
+        """The same message (same store id) with these headers set in its properties."""
+        properties = self.properties
+        properties.headers = {**(properties.headers or {}), **headers}
+        header = Header(encode_header_payload(len(self.body), properties))
+        return Message(self.address, header, self.body, self.msg_id)
 
 
 class QueueEntry:
     """A message's place in one queue."""
 
-    __slots__ = ("seq", "message", "redelivered", "expires_at", "delivery_count")
+    __slots__ = ("seq", "message", "redelivered", "expires_at", "acquired_count", "delivery_count")
 
     def __init__(self, seq: int, message: Message, redelivered: bool = False, expires_at: int = 0):
         self.seq = seq  # enqueue order within the queue; requeued entries go back to this position
         self.message = message
         self.redelivered = redelivered  # set once the entry has been delivered and requeued
         self.expires_at = expires_at  # loop time in ms after which the message expires; 0 = never
-        self.delivery_count = 0  # times the entry came back to the queue after a delivery (requeued)
+        self.acquired_count = 0  # times the entry came back to the queue after a delivery (requeued)
+        self.delivery_count = 0  # of those, the returns that failed (features.redelivery): what a delivery limit counts

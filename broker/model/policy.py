@@ -32,6 +32,10 @@ class PolicyKey(NamedTuple):
     kind: str  # "queues" or "exchanges": what it configures
     lowest_wins: bool  # True: the lower of policy, operator policy and argument applies; else the argument wins
     operator: bool  # an operator policy may set it
+    # (policy value, operator policy value) -> the one that applies, where it is not the lower one
+    merge: Callable[[object, object], object] | None = None
+    # (policy value, argument) -> the one that applies, where lowest_wins does not say it
+    resolve: Callable[[object, object], object] | None = None
 
 
 def _integer_from(low: int) -> Callable[[object], bool]:
@@ -46,6 +50,24 @@ def _name(value) -> bool:
     return isinstance(value, str)
 
 
+def _integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _limit_or_unlimited(first, second):
+    """RabbitMQ 4's delivery-limit: a negative value means no limit; when one side sets none, the other side's
+    limit is kept (the more conservative), else the lower limit applies."""
+    return max(first, second) if first < 0 or second < 0 else min(first, second)
+
+
+def _second(first, second):
+    return second
+
+
+def _first(first, second):
+    return first
+
+
 # rabbit_policies' validators, for the keys Warren acts on; a later feature adds its own line.
 KEYS: dict[str, PolicyKey] = {
     "alternate-exchange": PolicyKey(_name, "is not a valid alternate exchange name", "exchanges", False, False),
@@ -57,6 +79,17 @@ KEYS: dict[str, PolicyKey] = {
     "max-length-bytes": PolicyKey(_integer_from(0), "is not a valid maximum length in bytes", "queues", True, True),
     "overflow": PolicyKey(_one_of("drop-head", "reject-publish", "reject-publish-dlx"),
                           "is not a valid overflow value", "queues", False, False),
+    # RabbitMQ 4's quorum-queue keys (rabbit_policies, rabbit_quorum_queue), which Warren applies to every queue
+    "delivery-limit": PolicyKey(_integer, "is not a valid delivery limit", "queues", True, True,
+                                _limit_or_unlimited, _limit_or_unlimited),
+    "delayed-retry-type": PolicyKey(
+        _one_of("all", "failed", "returned", "disabled"),
+        "is not a valid delayed retry type. Must be one of: all, failed, returned, disabled", "queues", False, True,
+        _second, _first),  # the operator policy's wins, then the policy's over the argument (4.3)
+    "delayed-retry-min": PolicyKey(_integer_from(1), "is not a valid delayed retry minimum delay. Must be a positive "
+                                   "integer", "queues", True, True, max),  # an operator raises the minimum
+    "delayed-retry-max": PolicyKey(_integer_from(1), "is not a valid delayed retry maximum delay. Must be a positive "
+                                   "integer", "queues", True, True),
 }
 
 
@@ -109,6 +142,17 @@ def _check_definition(definition, operator: bool) -> None:
     if unknown:
         printed = ",".join(f"{{{erlang_json(key)},{erlang_json(value)}}}" for key, value in unknown)
         raise PolicyError(f"[{printed}] are not recognised policy settings")
+    _check_delayed_retry(definition)
+
+
+def _check_delayed_retry(definition: dict) -> None:
+    """rabbit_quorum_queue:validate_delayed_retry_constraints: a retry type needs a minimum delay, and the maximum
+    is not below it."""
+    kind, low, high = (definition.get(f"delayed-retry-{key}") for key in ("type", "min", "max"))
+    if kind not in (None, "disabled") and low is None:
+        raise PolicyError(f"delayed-retry-min is required when delayed-retry-type is {kind}")
+    if low is not None and high is not None and high < low:
+        raise PolicyError(f"delayed-retry-max ({high}) must not be smaller than delayed-retry-min ({low})")
 
 
 # Python's re errors as PCRE words them (RabbitMQ compiles patterns with re:compile).
@@ -204,7 +248,11 @@ def merged_definition(policy: Policy | None, operator_policy: Policy | None) -> 
     merged = dict(policy.definition) if policy is not None else {}
     if operator_policy is not None:
         for key, value in operator_policy.definition.items():
-            merged[key] = min(merged[key], value) if key in merged else value
+            if key not in merged:
+                merged[key] = value
+            else:
+                merge = KEYS[key].merge if key in KEYS else None
+                merged[key] = (merge or min)(merged[key], value)
     return dict(sorted(merged.items()))
 
 
@@ -220,10 +268,12 @@ def effective_settings(arguments: dict, definition: dict, kind: str) -> dict:
         value = definition.get(key)
         if argument is None:
             chosen = value
-        elif value is None or not spec.lowest_wins:
+        elif value is None:
             chosen = argument
+        elif spec.resolve is not None:
+            chosen = spec.resolve(value, argument)
         else:
-            chosen = min(value, argument)
+            chosen = min(value, argument) if spec.lowest_wins else argument
         if chosen is not None:
             settings[key] = chosen
     return settings

@@ -6,11 +6,14 @@ import asyncio
 from typing import TYPE_CHECKING, Iterable
 
 from broker.model.arguments.common import text_of
+from broker.model.arguments.queue import queue_type_of
 from broker.model.durability import queue_key
-from broker.model.features.dead_letter import EXPIRED, MAXLEN, REJECTED, dead_letter
+from broker.model.features.dead_letter import DELIVERY_LIMIT, EXPIRED, MAXLEN, REJECTED, dead_letter
+from broker.model.features.deadlines import Deadlines, now_ms
 from broker.model.features.expiry import message_ttl
 from broker.model.features.length_limit import DROPPED, ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, LengthLimit
 from broker.model.features.priority import ready_entries
+from broker.model.features.redelivery import DelayedRetry, count_return, delayed_retry, delivery_limit
 from broker.model.message import Message, QueueEntry
 from broker.model.policy import effective_settings, merged_definition
 
@@ -30,10 +33,6 @@ FLOW_LOW = 1000
 DISPATCH_BATCH = 512
 
 
-def _now_ms() -> int:
-    return int(asyncio.get_running_loop().time() * 1000)
-
-
 class Queue:
     def __init__(self, vhost: "VirtualHost", name: str, durable: bool, exclusive_owner: "QueueOwner | None",
                  auto_delete: bool, arguments: dict):
@@ -43,6 +42,8 @@ class Queue:
         self.exclusive_owner = exclusive_owner  # the connection of an exclusive queue, else None
         self.auto_delete = auto_delete
         self.arguments = arguments
+        self.quorum = queue_type_of(arguments) == "quorum"  # a quorum queue (one node: a durable classic one that
+        # keeps every message on disk, counts returns and has a delivery limit of 20 unless told otherwise)
         self.entries = ready_entries(arguments)  # ready messages in delivery order (by priority with x-max-priority)
         self.next_seq = 0  # seq of the next enqueued entry
         self.consumers: list[Subscriber] = []  # highest priority first; within a priority, next to serve first
@@ -58,6 +59,7 @@ class Queue:
         self.throttled: set[Publisher] = set()  # publishers (connections) paused until the backlog shrinks
         # Whether persistent messages in this queue go to disk: durable, not exclusive, and a store to go to.
         self.stored = durable and exclusive_owner is None and vhost.store is not None
+        self.stores_all = self.stored and self.quorum  # transient messages go to disk too
         self.store_key = queue_key(vhost.name, name)  # the queue's name in the store
         self.policy, self.operator_policy = vhost.policies_for("queues", name)  # those that apply, or None
         # The settings below come from the arguments and the policies (policy.effective_settings); they are
@@ -67,6 +69,11 @@ class Queue:
         self.unused_ttl: int | None = None  # ms unused before the queue deletes itself (expires)
         self.dead_letter_exchange: str | None = None  # where messages that leave unconsumed are republished
         self.dead_letter_routing_key: str | None = None  # the key they are republished with, else their own
+        self.delivery_limit: int | None = None  # failed returns past which a message is dead-lettered; None = never
+        self.delayed_retry: DelayedRetry | None = None  # how long returned messages wait before they are ready again
+        self.counts_returns = False  # returned messages show x-acquired-count / x-delivery-count headers
+        # returned entries waiting out their retry delay (not ready meanwhile); made on first use
+        self.retrying: Deadlines[QueueEntry] | None = None
         self.expiry_timer: asyncio.TimerHandle | None = None  # expires the head message when its time comes
         self.unused_timer: asyncio.TimerHandle | None = None  # deletes the queue once unused for unused_ttl
         self._configure(self._settings())
@@ -92,6 +99,9 @@ class Queue:
         exchange, routing_key = settings.get("dead-letter-exchange"), settings.get("dead-letter-routing-key")
         self.dead_letter_exchange = text_of(exchange) if exchange is not None else None
         self.dead_letter_routing_key = text_of(routing_key) if routing_key is not None else None
+        self.delivery_limit = delivery_limit(settings, self.quorum)
+        self.delayed_retry = delayed_retry(settings)
+        self.counts_returns = self.quorum or self.delivery_limit is not None or self.delayed_retry is not None
 
     def apply_policies(self, policy: "Policy | None", operator_policy: "Policy | None") -> None:
         """Other policies apply from now on, as RabbitMQ applies them to a live queue: a lower length limit drops
@@ -115,6 +125,10 @@ class Queue:
         self.drop_expired()
         return len(self.entries)
 
+    def count_retrying(self) -> int:
+        """Returned messages waiting out a retry delay."""
+        return len(self.retrying) if self.retrying is not None else 0
+
     # --- expiry -----------------------------------------------------------------------------------------
     def drop_expired(self) -> None:
         """Expired messages at the head leave (dead-lettered as 'expired'); like RabbitMQ's classic queues, a
@@ -122,7 +136,7 @@ class Queue:
         entries = self.entries
         if not entries or not entries[0].expires_at:
             return
-        now = _now_ms()
+        now = now_ms()
         expired = []
         while entries and 0 < entries[0].expires_at < now:
             entry = entries.popleft()
@@ -157,6 +171,8 @@ class Queue:
         for timer in (self.expiry_timer, self.unused_timer):
             if timer is not None:
                 timer.cancel()
+        if self.retrying is not None:
+            self.retrying.clear()
 
     # --- messages ---------------------------------------------------------------------------------------
     def enqueue(self, message: Message) -> int:
@@ -182,7 +198,7 @@ class Queue:
         if self.message_ttl is not None or message.header.scan.expiration is not None:
             ttl = message_ttl(self.message_ttl, message)
             if ttl is not None:
-                entry.expires_at = _now_ms() + ttl
+                entry.expires_at = now_ms() + ttl
         entries = self.entries
         entries.append(entry)
         if entry.expires_at and len(entries) == 1:
@@ -195,7 +211,7 @@ class Queue:
 
     def restore(self, messages: list[tuple[Message, bool]]) -> None:
         """Messages recovered from disk with their redelivered flags, in order; TTLs count again from now."""
-        now = _now_ms()
+        now = now_ms()
         for message, redelivered in messages:
             entry = QueueEntry(self.next_seq, message, redelivered)
             self.next_seq += 1
@@ -217,13 +233,39 @@ class Queue:
         for publisher in throttled:
             publisher.unthrottle(self)
 
-    def requeue(self, requeued: list[QueueEntry]) -> None:
-        """Put delivered entries back at their original positions, flagged redelivered."""
+    def requeue(self, requeued: list[QueueEntry], failed: bool = False, retry: DelayedRetry | None = None) -> None:
+        """Delivered entries come back, flagged redelivered and counted (failed: the return counts towards the
+        delivery limit): dead-lettered past the limit, else back at their original positions, at once or once their
+        retry delay (retry, else the queue's) has passed."""
         if self.deleted or not requeued:
             return
+        limit, annotate, retry = self.delivery_limit, self.counts_returns, retry or self.delayed_retry
+        back, over_limit = [], []
         for entry in requeued:
-            entry.redelivered = True
-            entry.delivery_count += 1
+            count_return(entry, failed, annotate)
+            if limit is not None and entry.delivery_count > limit:
+                over_limit.append(entry)
+            elif retry is not None and (delay := retry.delay_ms(entry, failed)):
+                self._retry_later(entry, delay)
+            else:
+                back.append(entry)
+        if over_limit:
+            self.forget(over_limit)
+            dead_letter(self, over_limit, DELIVERY_LIMIT)
+        if back:
+            self._put_back(back)
+
+    def _retry_later(self, entry: QueueEntry, delay_ms: int) -> None:
+        if self.retrying is None:
+            self.retrying = Deadlines(self._retry_due)
+        self.retrying.add(now_ms() + delay_ms, entry)
+
+    def _retry_due(self, entries: list[QueueEntry]) -> None:
+        if not self.deleted:
+            self._put_back(entries)
+
+    def _put_back(self, requeued: list[QueueEntry]) -> None:
+        """Returned entries are ready again, at their original positions."""
         requeued.sort(key=lambda entry: entry.seq)
         self.entries.put_back(requeued)
         if self.limit is not None:
@@ -245,18 +287,24 @@ class Queue:
         return self.limit.removed(entry) if self.limit is not None else entry
 
     def purge(self) -> int:
-        count = len(self.entries)
-        if self.forget(self.entries):
+        """Drop the ready messages, and those waiting out a retry delay (as RabbitMQ 4.3)."""
+        waiting = list(self.retrying) if self.retrying is not None else []
+        count = len(self.entries) + len(waiting)
+        if self.forget(self.entries) | self.forget(waiting):
             self.vhost.durable_changes += 1  # purge-ok waits for the removals to be on disk
+        if waiting:
+            self.retrying.clear()
         self.entries.clear()
         if self.limit is not None:
             self.limit.cleared()
         return count
 
-    def settle(self, entries: list[QueueEntry], requeue: bool | None) -> None:
-        """Delivered entries are done with: requeued (True), acked (None), or rejected and dead-lettered (False)."""
+    def settle(self, entries: list[QueueEntry], requeue: bool | None, failed: bool = False,
+               retry: DelayedRetry | None = None) -> None:
+        """Delivered entries are done with: requeued (True; see requeue), acked (None), or rejected and
+        dead-lettered (False)."""
         if requeue:
-            self.requeue(entries)
+            self.requeue(entries, failed, retry)
             return
         self.forget(entries)
         if requeue is False:
@@ -331,7 +379,7 @@ class Queue:
                 entry = entries.popleft()
                 if limit is not None:
                     limit.removed(entry)
-                if entry.expires_at and entry.expires_at < _now_ms():
+                if entry.expires_at and entry.expires_at < now_ms():
                     expired.append(entry)
                     continue
                 deliver(consumer, self, entry)

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 
 from broker.model import durability
 from broker.model.arguments import (
-    check_exchange_equivalent, check_queue_equivalent, validate_exchange_arguments, validate_queue_arguments,
+    check_exchange_equivalent, check_queue_equivalent, check_queue_type_properties, queue_type_of,
+    validate_exchange_arguments, validate_queue_arguments,
 )
 from broker.model.exchange import EXCHANGE_TYPES, Binding, DirectExchange, Exchange
 from broker.model.features.length_limit import ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, REFUSED
@@ -103,6 +104,7 @@ class VirtualHost:
         self.policies: dict[str, Policy] = {}  # name -> policy
         self.operator_policies: dict[str, Policy] = {}  # name -> operator policy (caps what policies set)
         self.queues: dict[str, Queue] = {}
+        self.queues_storing_all = 0  # queues that store transient messages too (quorum queues)
         self.default_exchange = DefaultExchange(self)
         self.exchanges: dict[str, Exchange] = {"": self.default_exchange}
         for name, kind in PREDECLARED_EXCHANGES.items():
@@ -238,7 +240,12 @@ class VirtualHost:
         return exchange
 
     def restore_queue(self, name: str, auto_delete: bool, arguments: dict) -> None:
-        self.queues[name] = Queue(self, name, True, None, auto_delete, arguments)
+        self._add_queue(Queue(self, name, True, None, auto_delete, arguments))
+
+    def _add_queue(self, queue: Queue) -> None:
+        self.queues[queue.name] = queue
+        if queue.stores_all:
+            self.queues_storing_all += 1
 
     def delete_exchange(self, name: str, if_unused: bool) -> None:
         if name == "" or name.startswith("amq."):
@@ -271,8 +278,10 @@ class VirtualHost:
             queue = self.get_queue(name, connection)
             queue.touch()  # a redeclare renews an x-expires lease, a passive one too
             return queue
-        if not name:
-            name = generated_name("amq.gen-")
+        if not name or server_named:
+            if queue_type_of(arguments) == "quorum":
+                raise errors.precondition_failed("Cannot declare a server-named queue for type rabbit_quorum_queue")
+            name = name or generated_name("amq.gen-")
         elif name.startswith("amq.") and not server_named:
             raise errors.access_refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
         existing = self.queues.get(name)
@@ -285,8 +294,9 @@ class VirtualHost:
                 {"durable": durable, "exclusive": exclusive, "auto_delete": auto_delete, "arguments": arguments})
             return existing
         validate_queue_arguments(name, self.name, arguments)
+        check_queue_type_properties(name, self.name, arguments, durable, exclusive, auto_delete)
         queue = Queue(self, name, durable, connection if exclusive else None, auto_delete, arguments)
-        self.queues[name] = queue
+        self._add_queue(queue)
         if queue.stored:
             self._record("queue", queue.store_key, durability.queue_definition(self, queue))
         if exclusive:
@@ -300,6 +310,8 @@ class VirtualHost:
         queue.deleted = True
         queue.stop_timers()
         self.queues.pop(queue.name, None)
+        if queue.stores_all:
+            self.queues_storing_all -= 1
         count = len(queue.entries)
         queue.entries.clear()
         for consumer in list(queue.consumers):
@@ -363,23 +375,31 @@ class VirtualHost:
                    publisher: "Publisher | None" = None) -> tuple[bool, bool]:
         """Hand a routed message to its queues: (went to disk, refused by a length limit). A persistent message
         is written before any queue delivers it, so that a delivery's record never precedes the message's own in
-        the log; queues that turn it away then let their copy go."""
-        persisted = self.store is not None and message.persistent and self.persist(message, queues)
+        the log; queues that turn it away then let their copy go. A transient message is written too when it goes
+        to a quorum queue, for those queues only."""
+        persistent = message.persistent
+        persisted = (self.store is not None and (persistent or self.queues_storing_all > 0)
+                     and self.persist(message, queues))
         refused = False
         for queue in queues:
-            status = queue.enqueue(message)
+            queued = message
+            if persisted and not persistent and not queue.stores_all:
+                queued = message.unstored()  # this queue's copy is not on disk: no store records for it
+            status = queue.enqueue(queued)
             if status == ENQUEUED_OVER_FLOW_LIMIT:
                 if publisher is not None:
                     queue.throttle(publisher)
             elif status != ENQUEUED:
                 refused = refused or status == REFUSED
-                if persisted and queue.stored:
+                if queued.msg_id and queue.stored:
                     self.store.append_removed(queue.store_key, (message.msg_id,))
         return persisted, refused
 
     def persist(self, message: "Message", queues: list[Queue]) -> bool:
-        """Write a persistent message for those of queues that keep messages on disk; True if it was written."""
-        keys = tuple(queue.store_key for queue in queues if queue.stored)
+        """Write a message for those of queues that keep it on disk (a persistent one in every durable queue, a
+        transient one in quorum queues); True if it was written."""
+        persistent = message.persistent
+        keys = tuple(queue.store_key for queue in queues if queue.stored and (persistent or queue.stores_all))
         if not keys:
             return False
         node = self.node

@@ -9,6 +9,7 @@ from pamqp import commands as spec
 
 from broker.model.access import ChannelAccess, internal_exchange_refusal, user_id_refusal
 from broker.model.features.expiry import parse_expiration
+from broker.model.features.redelivery import DelayedRetry
 from broker.model.message import Address, Header, Message, QueueEntry, carbon_copy_keys
 from broker.model.queue import Queue
 from broker.session import direct_reply
@@ -93,7 +94,7 @@ class Channel:
                 self.reject(tag, multiple, requeue)
             elif method_id == BASIC_REJECT:
                 tag, requeue = decode_reject(payload)
-                self.reject(tag, False, requeue)
+                self.reject(tag, False, requeue, failed=True)
             else:
                 self.handle_method(decode_method(payload))
         elif frame_type == FRAME_HEADER:
@@ -342,25 +343,29 @@ class Channel:
             return
         self.reject(tag, multiple, None)
 
-    def reject(self, tag: int, multiple: bool, requeue: bool | None) -> None:
-        """basic.reject/nack (requeue True or False), or a multiple ack (requeue None)."""
+    def reject(self, tag: int, multiple: bool, requeue: bool | None, failed: bool = False) -> None:
+        """basic.reject (failed: its requeue counts towards a delivery limit) or basic.nack (requeue True or False),
+        or a multiple ack (requeue None)."""
         taken = self.unacked.take(tag, multiple)
         if self.tx is not None:
-            self.tx.settles.append((taken, requeue))  # prefetch stays taken until the commit, as in RabbitMQ
+            self.tx.settles.append((taken, requeue, failed))  # prefetch stays taken until the commit, as in RabbitMQ
         else:
             self.unacked.release(taken)
-            self._settle(taken, requeue)
+            self._settle(taken, requeue, failed)
 
-    def _settle(self, taken: list[Unacked], requeue: bool | None) -> None:
-        """Finish deliveries: acked (requeue None), requeued, or dropped; then let consumers take more. Deliveries
-        from a queue deleted meanwhile just go."""
-        by_queue: dict[Queue, list[QueueEntry]] = {}
+    def _settle(self, taken: list[Unacked], requeue: bool | None, failed: bool = False) -> None:
+        """Finish deliveries: acked (requeue None), requeued (failed or not), or dropped; then let consumers take
+        more. Deliveries from a queue deleted meanwhile just go. A requeue follows the delayed retry of the consumer
+        that had the delivery, if it set its own."""
+        by_queue: dict[tuple[Queue, DelayedRetry | None], list[QueueEntry]] = {}
         for delivery in taken:
-            by_queue.setdefault(delivery.queue, []).append(delivery.entry)
-        for queue, entries in by_queue.items():
+            consumer = delivery.consumer
+            retry = consumer.delayed_retry if requeue and consumer is not None else None
+            by_queue.setdefault((delivery.queue, retry), []).append(delivery.entry)
+        for (queue, retry), entries in by_queue.items():
             if not queue.deleted:
-                queue.settle(entries, requeue)
-        self.offer_credit(by_queue)
+                queue.settle(entries, requeue, failed, retry)
+        self.offer_credit({queue for queue, _ in by_queue})
 
     def offer_credit(self, queues) -> None:
         """Prefetch room opened up on these queues (or, under a channel-wide limit, on all this channel consumes
@@ -376,16 +381,16 @@ class Channel:
         """Drop the transaction's publishes; its acks and rejects are undone."""
         tx = self.tx
         self.tx = Transaction()
-        for deliveries, _ in tx.settles:
+        for deliveries, *_ in tx.settles:
             self.unacked.restore(deliveries)
 
     def apply_tx(self) -> bool:
         """Apply the transaction; True when some of its publishes went to disk (commit-ok waits for it)."""
         tx = self.tx
         self.tx = Transaction()
-        for deliveries, requeue in tx.settles:
+        for deliveries, requeue, failed in tx.settles:
             self.unacked.release(deliveries)
-            self._settle(deliveries, requeue)
+            self._settle(deliveries, requeue, failed)
         persisted = False
         for publish in tx.publishes:
             persisted = publish() or persisted
@@ -445,12 +450,13 @@ class Channel:
         self.undo_tx()
         self.send_method(spec.Tx.RollbackOk())
 
-    def requeue_all(self) -> None:
-        """Every unacked delivery goes back to its queue, in original order, flagged redelivered."""
+    def requeue_all(self, failed: bool) -> None:
+        """Every unacked delivery goes back to its queue, in original order, flagged redelivered (failed: the
+        returns count towards delivery limits, as when the channel goes with them)."""
         if self.unacked:
             taken = self.unacked.take(0, True)
             self.unacked.release(taken)
-            self._settle(taken, requeue=True)
+            self._settle(taken, True, failed)
 
     # --- consumers -----------------------------------------------------------------------------------------
     def cancel_consumer(self, consumer: Consumer) -> None:
@@ -481,7 +487,7 @@ class Channel:
         if self.tx is not None:
             self.undo_tx()
             self.tx = None
-        self.requeue_all()
+        self.requeue_all(failed=True)
 
 
 def _sender_selected(message: Message, routing_key: str) -> tuple[Message, list[str]]:

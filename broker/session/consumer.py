@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from broker.model.features.redelivery import consumer_delayed_retry
+
 if TYPE_CHECKING:
     from broker.model.queue import Queue
     from broker.session.channel import Channel
@@ -13,7 +15,7 @@ UNLIMITED = 1 << 30  # credit of a consumer that no prefetch limit holds back
 
 class Consumer:
     __slots__ = ("tag", "tag_bytes", "channel", "queue", "no_ack", "exclusive", "arguments", "priority", "prefetch",
-                 "unacked")
+                 "unacked", "delayed_retry")
 
     def __init__(self, tag: str, channel: "Channel", queue: "Queue", no_ack: bool, exclusive: bool,
                  arguments: dict, prefetch: int):
@@ -27,6 +29,7 @@ class Consumer:
         self.priority = arguments.get("x-priority", 0)  # higher-priority consumers are served first
         self.prefetch = prefetch  # per-consumer limit of unacked deliveries (basic.qos global=false), 0 = none
         self.unacked = 0  # deliveries to this consumer not yet acked
+        self.delayed_retry = consumer_delayed_retry(arguments)  # its own, over its queue's; None: the queue's
 
     def credit(self) -> int:
         """How many more messages this consumer may be sent right now."""

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Callable
 from pamqp import commands as spec
 
 from broker.model.access import CONFIGURE, EXCHANGE, QUEUE, READ, WRITE
+from broker.model.arguments import validate_consume_arguments
 from broker.model.exchange import EXCHANGE_TYPES
 from broker.model.vhost import generated_name
 from broker.session import direct_reply
@@ -214,6 +215,7 @@ def _basic_consume(channel: Channel, method: spec.Basic.Consume) -> None:
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise errors.precondition_failed(f"invalid arg 'x-priority' for queue '{queue.name}' in vhost "
                                          f"'{vhost.name}': \"expected integer, got {amqp_type_name(priority)}\"")
+    validate_consume_arguments(queue.name, vhost.name, arguments)
     if queue.has_exclusive_consumer() or (method.exclusive and queue.consumers):
         raise errors.access_refused(f"queue '{queue.name}' in vhost '{vhost.name}' in exclusive use")
     consumer = Consumer(tag, channel, queue, method.no_ack, method.exclusive, arguments, channel.consumer_prefetch)
@@ -240,14 +242,14 @@ def _basic_get(channel: Channel, method: spec.Basic.Get) -> None:
 def _basic_recover(channel: Channel, method: spec.Basic.Recover) -> None:
     if not method.requeue:
         raise errors.not_implemented("requeue=false")
-    channel.requeue_all()
+    channel.requeue_all(failed=False)
     channel.send_method(spec.Basic.RecoverOk())
 
 
 def _basic_recover_async(channel: Channel, method: spec.Basic.RecoverAsync) -> None:
     if not method.requeue:
         raise errors.not_implemented("requeue=false")
-    channel.requeue_all()
+    channel.requeue_all(failed=False)
 
 
 def _confirm_select(channel: Channel, method: spec.Confirm.Select) -> None:

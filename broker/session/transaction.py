@@ -13,4 +13,5 @@ class Transaction:
 
     def __init__(self) -> None:
         self.publishes: list[Callable[[], None]] = []  # routings to run at commit, in order
-        self.settles: list[tuple[list[Unacked], bool | None]] = []  # (deliveries, requeue) acked/rejected
+        # (deliveries, requeue, failed) acked or rejected, as Channel.reject takes them
+        self.settles: list[tuple[list[Unacked], bool | None, bool]] = []

@@ -30,6 +30,12 @@ def rabbitmq4(test: Callable) -> Callable:
     return pytest.mark.rabbitmq4(skip(test))
 
 
+def beyond_rabbitmq(test: Callable) -> Callable:
+    """Marks a test of what Warren does beyond RabbitMQ: skipped when the suite runs against an external broker."""
+    skip = pytest.mark.skipif(bool(os.environ.get("WARREN_TEST_URL")), reason="Warren goes beyond RabbitMQ here")
+    return skip(test)
+
+
 # --- connections and channels -------------------------------------------------------------------------------
 def connect(broker: Any) -> pika.BlockingConnection:
     """A blocking pika connection to the broker under test. Used as a context manager (`with connect(broker) as

@@ -85,7 +85,7 @@ def test_dead_letter_exchange_of_the_wrong_type_is_checked_first(value, type_nam
     "arguments, key, module",
     [
         ({"x-max-age": "1D"}, "x-max-age", "rabbit_classic_queue"),
-        ({"x-delivery-limit": 5}, "x-delivery-limit", "rabbit_classic_queue"),
+        ({"x-quorum-initial-group-size": 3}, "x-quorum-initial-group-size", "rabbit_classic_queue"),
         ({"x-dead-letter-strategy": "at-least-once"}, "x-dead-letter-strategy", "rabbit_classic_queue"),
         ({"x-queue-type": "quorum", "x-max-priority": 5}, "x-max-priority", "rabbit_quorum_queue"),
         ({"x-queue-type": "stream", "x-message-ttl": 5}, "x-message-ttl", "rabbit_stream_queue"),

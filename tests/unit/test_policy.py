@@ -117,10 +117,41 @@ def test_queue_arguments_win_for_names_and_the_lower_limit_wins():
         "alternate-exchange": "pol"}
 
 
-def test_every_key_has_a_refusal_text_and_operator_keys_are_lowest_wins():
+def test_every_key_has_a_refusal_text_and_operator_keys_cap_or_say_how_they_merge():
     for key, spec in policies.KEYS.items():
         assert spec.refusal.startswith("is not a valid"), key
-        assert not spec.operator or spec.lowest_wins, key
+        assert not spec.operator or spec.lowest_wins or spec.merge is not None, key
+
+
+def test_delivery_limit_and_delayed_retry_merge_as_rabbitmq_4():
+    """rabbit_policies / rabbit_quorum_queue merge strategies: a negative delivery limit (none) gives way to a
+    limit; an operator's delayed-retry type wins, its minimum raises, its maximum caps."""
+    policy = policies.make_policy("/", "p", ".*", {"delivery-limit": -1, "delayed-retry-type": "all",
+                                                   "delayed-retry-min": 100, "delayed-retry-max": 5000})
+    operator = policies.make_policy("/", "o", ".*", {"delivery-limit": 7, "delayed-retry-type": "failed",
+                                                     "delayed-retry-min": 500, "delayed-retry-max": 1000},
+                                    operator=True)
+    assert policies.merged_definition(policy, operator) == {
+        "delayed-retry-max": 1000, "delayed-retry-min": 500, "delayed-retry-type": "failed", "delivery-limit": 7}
+    merged = policies.merged_definition(policy, None)
+    assert effective_settings({"x-delivery-limit": 3, "x-delayed-retry-type": "returned", "x-delayed-retry-min": 50},
+                              merged, "queues") == {
+        "delivery-limit": 3, "delayed-retry-type": "all", "delayed-retry-min": 50, "delayed-retry-max": 5000}
+
+
+@pytest.mark.parametrize("definition, problem", [
+    ({"delayed-retry-type": "all"}, "delayed-retry-min is required when delayed-retry-type is all"),
+    ({"delayed-retry-min": 10, "delayed-retry-max": 5},
+     "delayed-retry-max (5) must not be smaller than delayed-retry-min (10)"),
+    ({"delayed-retry-type": "never"}, '<<"never">> is not a valid delayed retry type. Must be one of: all, failed, '
+                                      'returned, disabled'),
+    ({"delayed-retry-min": 0}, "0 is not a valid delayed retry minimum delay. Must be a positive integer"),
+    ({"delivery-limit": "5"}, '<<"5">> is not a valid delivery limit'),
+])
+def test_delivery_limit_and_delayed_retry_refusals(definition, problem):
+    with pytest.raises(policies.PolicyError) as caught:
+        policies.make_policy("/", "p", ".*", definition)
+    assert caught.value.problem == problem
 
 
 # --- on a vhost ---------------------------------------------------------------------------------------------

@@ -78,7 +78,7 @@ def channel_json(channel: "Channel") -> dict:
         "global_prefetch_count": channel.unacked.global_prefetch,
         "messages_unacknowledged": len(channel.unacked.deliveries),
         "messages_uncommitted": len(tx.publishes) if tx is not None else 0,
-        "acks_uncommitted": sum(len(deliveries) for deliveries, _ in tx.settles) if tx is not None else 0,
+        "acks_uncommitted": sum(len(deliveries) for deliveries, *_ in tx.settles) if tx is not None else 0,
         "connection_details": {"name": http.connection_name(connection), **http.peer(connection)},
     }
 

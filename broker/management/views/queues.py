@@ -130,7 +130,7 @@ def _settle(queue, taken: list, requeue: bool, reject: bool) -> None:
         return
     if requeue:
         queue.mark_delivered(taken)
-    queue.settle(taken, True if requeue else False if reject else None)
+    queue.settle(taken, True if requeue else False if reject else None, failed=reject)
 
 
 def _ack_mode(mode) -> tuple[bool, bool]:

@@ -37,6 +37,11 @@ QUEUE_TYPE_ARGUMENTS = {
         "x-single-active-consumer",
         "x-queue-type",
         "x-queue-master-locator",
+        # beyond RabbitMQ, which has these for quorum queues only
+        "x-delivery-limit",
+        "x-delayed-retry-type",
+        "x-delayed-retry-min",
+        "x-delayed-retry-max",
     ),
     "quorum": (
         "x-dead-letter-exchange",
@@ -54,6 +59,9 @@ QUEUE_TYPE_ARGUMENTS = {
         "x-delivery-limit",
         "x-message-ttl",
         "x-queue-leader-locator",
+        "x-delayed-retry-type",  # RabbitMQ 4.3's delayed retry
+        "x-delayed-retry-min",
+        "x-delayed-retry-max",
     ),
     "stream": (
         "x-max-length-bytes",
@@ -67,8 +75,12 @@ QUEUE_TYPE_ARGUMENTS = {
 _ALL_QUEUE_ARGUMENTS = frozenset(name for names in QUEUE_TYPE_ARGUMENTS.values() for name in names)
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _int_error(value) -> str | None:
-    if isinstance(value, int) and not isinstance(value, bool):
+    if _is_int(value):
         return None
     return erlang_string(f"expected integer, got {amqp_type_name(value)}")
 
@@ -108,6 +120,10 @@ def _check_max_priority(value, arguments) -> str | None:
     if error is None and value > 255:
         return f"{{max_value_exceeded,{value}}}"
     return error
+
+
+def _check_int(value, arguments) -> str | None:
+    return _int_error(value)
 
 
 def _check_positive_size(value, arguments) -> str | None:
@@ -162,6 +178,30 @@ def _check_queue_version(value, arguments) -> str | None:
     return error
 
 
+DELAYED_RETRY_TYPES = ("all", "failed", "returned", "disabled")
+
+
+_check_delayed_retry_type_name = _one_of(DELAYED_RETRY_TYPES, _quoted(
+    "'{}' is not a valid delayed retry type. Must be one of: " + ", ".join(DELAYED_RETRY_TYPES)))
+
+
+def _check_delayed_retry_type(value, arguments) -> str | None:
+    """Warren checks what RabbitMQ 4.3 takes unchecked (and then ignores when wrong), with its policy texts."""
+    error = _check_delayed_retry_type_name(value, arguments)
+    if error is not None or text_of(value) == "disabled" or "x-delayed-retry-min" in arguments:
+        return error
+    return erlang_string(f"x-delayed-retry-min is required when x-delayed-retry-type is {text_of(value)}")
+
+
+def _check_delayed_retry_max(value, arguments) -> str | None:
+    error = _check_positive_size(value, arguments)
+    low = arguments.get("x-delayed-retry-min")
+    if error is None and _is_int(low) and value < low:
+        return erlang_string(f"x-delayed-retry-max ({value}) must not be smaller than x-delayed-retry-min ({low})")
+    return error
+
+
+
 _MAX_AGE_UNITS = ("Y", "M", "D", "h", "m", "s")
 
 
@@ -198,12 +238,29 @@ _DECLARE_VALIDATORS = {
     "x-queue-leader-locator": _one_of(
         ("client-local", "balanced", "random", "least-leaders"), _atom("invalid_queue_locator_arg")
     ),
+    # RabbitMQ 4 takes these without a check (a value it cannot use falls back to its default); Warren refuses one
+    # it could not use rather than ignore it
+    "x-delivery-limit": _check_int,
+    "x-delayed-retry-type": _check_delayed_retry_type,
+    "x-delayed-retry-min": _check_positive_size,
+    "x-delayed-retry-max": _check_delayed_retry_max,
 }
 
 
 # Queue types whose arguments are checked as RabbitMQ checks them but which Warren does not build yet: a declare is
 # refused after those checks.
 UNBUILT_QUEUE_TYPES = ("stream",)
+
+
+def check_queue_type_properties(queue: str, vhost: str, arguments: dict, durable: bool, exclusive: bool,
+                                auto_delete: bool) -> None:
+    """A quorum queue is durable, neither exclusive nor auto-delete (rabbit_queue_type_util's checks, in 4.x's
+    order)."""
+    if queue_type_of(arguments) != "quorum":
+        return
+    for refused, name in ((auto_delete, "auto-delete"), (exclusive, "exclusive-owner"), (not durable, "non-durable")):
+        if refused:
+            raise precondition_failed(f"invalid property '{name}' for {_queue_resource(queue, vhost)}")
 
 
 def _queue_resource(queue: str, vhost: str) -> str:
@@ -242,6 +299,12 @@ def validate_queue_arguments(queue: str, vhost: str, arguments: dict) -> None:
         # refused rather than made a classic queue that would not behave as the type promises
         raise precondition_failed(
             f"invalid arg 'x-queue-type' for {resource}: \"unsupported queue type '{queue_type}'\"")
+
+
+def validate_consume_arguments(queue: str, vhost: str, arguments: dict) -> None:
+    """Check a basic.consume's own delayed retry (beyond RabbitMQ) as the queue arguments of that name."""
+    _run_validators(_queue_resource(queue, vhost), arguments,
+                    ("x-delayed-retry-type", "x-delayed-retry-min", "x-delayed-retry-max"))
 
 
 # ---------------------------------------------------------------------------------------------------------------

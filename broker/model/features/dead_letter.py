@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from broker.model.queue import Queue
 
 REJECTED, EXPIRED, MAXLEN = "rejected", "expired", "maxlen"  # the reasons x-death records
+DELIVERY_LIMIT = "delivery_limit"  # returned more often than the queue's delivery limit (RabbitMQ 4)
 
 
 def record_death(headers: dict, queue: str, reason: str, exchange: str, routing_keys: list[str],
