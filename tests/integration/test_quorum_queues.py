@@ -10,6 +10,7 @@ import pytest
 from tests.integration import management
 from tests.integration.helpers import (
     Inbox, beyond_rabbitmq, channel_error, connect, consume, declare_queue, enqueue, get, rabbitmq4, reply_text,
+    wait_for_message_count,
 )
 
 QUORUM = {"x-queue-type": "quorum"}
@@ -82,6 +83,7 @@ def test_the_default_delivery_limit_is_20(conn, unique):
     for _ in range(21):
         method, _, _ = channel.basic_get(unique)
         channel.basic_reject(method.delivery_tag, requeue=True)
+    wait_for_message_count(channel, f"{unique}-dead", 1)  # RabbitMQ dead-letters in the background
     dead = get(channel, f"{unique}-dead")
     assert dead.body == b"poison"
     assert dead.properties.headers["x-death"][0]["reason"] == "delivery_limit"
