@@ -30,10 +30,9 @@ def rabbitmq4(test: Callable) -> Callable:
     return pytest.mark.rabbitmq4(skip(test))
 
 
-def beyond_rabbitmq(test: Callable) -> Callable:
-    """Marks a test of what Warren does beyond RabbitMQ: skipped when the suite runs against an external broker."""
-    skip = pytest.mark.skipif(bool(os.environ.get("WARREN_TEST_URL")), reason="Warren goes beyond RabbitMQ here")
-    return skip(test)
+# Marks a test (or a module, as pytestmark) of what Warren does beyond RabbitMQ: skipped when the suite runs
+# against an external broker.
+beyond_rabbitmq = pytest.mark.skipif(bool(os.environ.get("WARREN_TEST_URL")), reason="Warren goes beyond RabbitMQ here")
 
 
 # --- connections and channels -------------------------------------------------------------------------------
