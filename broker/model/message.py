@@ -106,12 +106,13 @@ class Message:
 class QueueEntry:
     """A message's place in one queue."""
 
-    __slots__ = ("seq", "message", "redelivered", "expires_at", "acquired_count", "delivery_count")
+    __slots__ = ("seq", "message", "redelivered", "expires_at", "acquired_count", "delivery_count", "place")
 
-    def __init__(self, seq: int, message: Message, redelivered: bool = False, expires_at: int = 0):
+    def __init__(self, seq: int, message: Message | None, redelivered: bool = False, expires_at: int = 0):
         self.seq = seq  # enqueue order within the queue; requeued entries go back to this position
-        self.message = message
+        self.message = message  # None once it expired in the ready list (a tombstone, see features.expiry)
         self.redelivered = redelivered  # set once the entry has been delivered and requeued
         self.expires_at = expires_at  # loop time in ms after which the message expires; 0 = never
         self.acquired_count = 0  # times the entry came back to the queue after a delivery (requeued)
         self.delivery_count = 0  # of those, the returns that failed (features.redelivery): what a delivery limit counts
+        self.place = 0  # for an entry with a TTL: in the ready list, out of it, or expired there (features.expiry)

@@ -10,7 +10,7 @@ from broker.model.arguments.queue import queue_type_of
 from broker.model.durability import queue_key
 from broker.model.features.dead_letter import DELIVERY_LIMIT, EXPIRED, MAXLEN, REJECTED, dead_letter
 from broker.model.features.deadlines import Deadlines, now_ms
-from broker.model.features.expiry import message_ttl
+from broker.model.features.expiry import READY, ExpiringEntries, message_ttl
 from broker.model.features.length_limit import DROPPED, ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, LengthLimit
 from broker.model.features.priority import ready_entries
 from broker.model.features.redelivery import DelayedRetry, count_return, delayed_retry, delivery_limit
@@ -74,7 +74,8 @@ class Queue:
         self.counts_returns = False  # returned messages show x-acquired-count / x-delivery-count headers
         # returned entries waiting out their retry delay (not ready meanwhile); made on first use
         self.retrying: Deadlines[QueueEntry] | None = None
-        self.expiry_timer: asyncio.TimerHandle | None = None  # expires the head message when its time comes
+        # entries with a TTL by expiry time, made with the first one (then self.entries is ExpiringEntries)
+        self.expiries: Deadlines[QueueEntry] | None = None
         self.unused_timer: asyncio.TimerHandle | None = None  # deletes the queue once unused for unused_ttl
         self._configure(self._settings())
         self.touch()
@@ -121,8 +122,8 @@ class Queue:
         self.touch()
 
     def count_ready(self) -> int:
-        """Ready messages, once the expired ones at the head have left (and been dead-lettered)."""
-        self.drop_expired()
+        """Ready messages, once the expired ones have left (and been dead-lettered)."""
+        self.expire_due()
         return len(self.entries)
 
     def count_retrying(self) -> int:
@@ -130,29 +131,35 @@ class Queue:
         return len(self.retrying) if self.retrying is not None else 0
 
     # --- expiry -----------------------------------------------------------------------------------------
-    def drop_expired(self) -> None:
-        """Expired messages at the head leave (dead-lettered as 'expired'); like RabbitMQ's classic queues, a
-        message expires once it reaches the head."""
-        entries = self.entries
-        if not entries or not entries[0].expires_at:
-            return
-        now = now_ms()
-        expired = []
-        while entries and 0 < entries[0].expires_at < now:
-            entry = entries.popleft()
-            expired.append(self.limit.removed(entry) if self.limit is not None else entry)
-        if expired:
-            self.forget(expired)
-            dead_letter(self, expired, EXPIRED)
-        self._schedule_expiry()
+    def _will_expire(self, entry: QueueEntry, ttl: int, now: int) -> None:
+        """entry, about to join the ready list, expires ttl ms from now wherever it then is in the queue."""
+        entry.expires_at = now + ttl
+        if self.expiries is None:
+            self.entries = ExpiringEntries(self.entries)
+            self.expiries = Deadlines(self._expire)
+        self.expiries.add(entry.expires_at, entry)
 
-    def _schedule_expiry(self) -> None:
-        if self.expiry_timer is not None:
-            self.expiry_timer.cancel()
-            self.expiry_timer = None
-        if self.entries and self.entries[0].expires_at and not self.deleted:
-            loop = asyncio.get_running_loop()
-            self.expiry_timer = loop.call_at((self.entries[0].expires_at + 1) / 1000, self.drop_expired)
+    def expire_due(self) -> None:
+        """Messages whose TTL has passed leave now, though their timer may not have fired yet."""
+        expiries = self.expiries
+        if expiries is not None and expiries.heap:
+            now = now_ms()
+            if expiries.next_due() < now:
+                self._expire(expiries.take_due(now - 1))
+
+    def _expire(self, due: list[QueueEntry]) -> None:
+        """Entries whose TTL passed: those still in the ready list are dead-lettered as 'expired' and left there as
+        tombstones (unlike RabbitMQ's classic queues, where a message expires only once it reaches the head)."""
+        expired = [entry for entry in due if entry.place == READY]
+        if not expired or self.deleted:
+            return
+        if self.limit is not None:
+            for entry in expired:
+                self.limit.removed(entry)
+        self.forget(expired)
+        dead_letter(self, expired, EXPIRED)
+        for entry in expired:
+            self.entries.bury(entry)
 
     def touch(self) -> None:
         """The queue is used (declared, read, consumed): an x-expires queue starts counting again."""
@@ -168,11 +175,11 @@ class Queue:
             self.vhost.delete_queue(self)
 
     def stop_timers(self) -> None:
-        for timer in (self.expiry_timer, self.unused_timer):
-            if timer is not None:
-                timer.cancel()
-        if self.retrying is not None:
-            self.retrying.clear()
+        if self.unused_timer is not None:
+            self.unused_timer.cancel()
+        for deadlines in (self.expiries, self.retrying):
+            if deadlines is not None:
+                deadlines.clear()
 
     # --- messages ---------------------------------------------------------------------------------------
     def enqueue(self, message: Message) -> int:
@@ -198,11 +205,9 @@ class Queue:
         if self.message_ttl is not None or message.header.scan.expiration is not None:
             ttl = message_ttl(self.message_ttl, message)
             if ttl is not None:
-                entry.expires_at = now_ms() + ttl
+                self._will_expire(entry, ttl, now_ms())
         entries = self.entries
         entries.append(entry)
-        if entry.expires_at and len(entries) == 1:
-            self._schedule_expiry()
         if self.consumers:
             self.vhost.dispatcher.mark(self)
             if len(entries) > FLOW_HIGH:
@@ -217,11 +222,10 @@ class Queue:
             self.next_seq += 1
             ttl = message_ttl(self.message_ttl, message)
             if ttl is not None:
-                entry.expires_at = now + ttl
+                self._will_expire(entry, ttl, now)
             self.entries.append(entry)
         if self.limit is not None:
             self.limit.returned(self.entries)
-        self._schedule_expiry()
 
     def throttle(self, publisher: "Publisher") -> None:
         if publisher not in self.throttled:
@@ -265,7 +269,17 @@ class Queue:
             self._put_back(entries)
 
     def _put_back(self, requeued: list[QueueEntry]) -> None:
-        """Returned entries are ready again, at their original positions."""
+        """Returned entries are ready again, at their original positions; those whose TTL passed meanwhile leave
+        (dead-lettered as 'expired')."""
+        if self.expiries is not None:
+            now = now_ms()
+            expired = [entry for entry in requeued if 0 < entry.expires_at < now]
+            if expired:
+                self.forget(expired)
+                dead_letter(self, expired, EXPIRED)
+                requeued = [entry for entry in requeued if not 0 < entry.expires_at < now]
+                if not requeued:
+                    return
         requeued.sort(key=lambda entry: entry.seq)
         self.entries.put_back(requeued)
         if self.limit is not None:
@@ -273,14 +287,13 @@ class Queue:
             dropped = self.limit.trim(self.entries)
             self.forget(dropped)
             dead_letter(self, dropped, MAXLEN)
-        self._schedule_expiry()
         if self.consumers:
             self.vhost.dispatcher.mark(self)
 
     def take(self) -> QueueEntry | None:
         """Remove and return the head entry (basic.get)."""
         self.touch()
-        self.drop_expired()
+        self.expire_due()
         if not self.entries:
             return None
         entry = self.entries.popleft()
@@ -359,7 +372,7 @@ class Queue:
     def dispatch(self) -> None:
         """Hand ready messages to consumers with credit, round-robin, at most DISPATCH_BATCH this round; messages
         found expired on the way leave instead."""
-        self.drop_expired()
+        self.expire_due()
         entries = self.entries
         consumers = self.consumers
         limit = self.limit
@@ -388,11 +401,8 @@ class Queue:
         if expired:
             self.forget(expired)
             dead_letter(self, expired, EXPIRED)
-        if entries:
-            if entries[0].expires_at:
-                self._schedule_expiry()
-            if not budget:
-                self.vhost.dispatcher.mark(self)
+        if entries and not budget:
+            self.vhost.dispatcher.mark(self)
         if self.throttled and len(entries) < FLOW_LOW:
             self.release_publishers()
 

@@ -1,8 +1,11 @@
-"""Message TTL (x-message-ttl, the expiration property) and queue TTL (x-expires), in whole milliseconds."""
+"""Message TTL (x-message-ttl, the expiration property) and queue TTL (x-expires), in whole milliseconds; and the
+ready list of a queue whose messages expire where they are (not only at the head, as RabbitMQ's classic queues)."""
 
 from __future__ import annotations
 
-from broker.model.message import Message
+from typing import Iterator
+
+from broker.model.message import Message, QueueEntry
 from protocol import errors
 
 MAX_EXPIRY_MS = 315360000000  # RabbitMQ's upper bound for TTLs: ten years in milliseconds
@@ -28,3 +31,60 @@ def message_ttl(queue_ttl: int | None, message: Message) -> int | None:
         return queue_ttl
     own = parse_expiration(expiration)
     return own if queue_ttl is None else min(own, queue_ttl)
+
+
+# Where an entry with a TTL is, for its expiry (QueueEntry.place): only an entry still waiting in the ready list
+# expires in place.
+READY = 0  # waiting in its queue's ready list
+TAKEN = 1  # out of the ready list: delivered, waiting for a retry, or gone
+BURIED = 2  # expired while in the ready list: dead-lettered already, skipped when the list reaches it
+
+
+class ExpiringEntries:
+    """The ready list of a queue that has held messages with a TTL: the queue's own structure (FIFO or by priority)
+    with expired entries left in place as tombstones (no scan to remove them), skipped and let go when they reach
+    the head. Only such queues pay for it: a queue switches to it on its first message with a TTL."""
+
+    __slots__ = ("inner", "buried")
+
+    def __init__(self, inner):
+        self.inner = inner  # the FifoEntries or PriorityEntries holding live entries and tombstones
+        self.buried = 0  # tombstones in inner
+
+    def __len__(self) -> int:
+        return len(self.inner) - self.buried
+
+    def __bool__(self) -> bool:
+        return len(self.inner) > self.buried
+
+    def __iter__(self) -> Iterator[QueueEntry]:
+        return (entry for entry in self.inner if entry.place != BURIED)
+
+    def append(self, entry: QueueEntry) -> None:
+        self.inner.append(entry)
+
+    def popleft(self) -> QueueEntry:
+        inner = self.inner
+        while True:
+            entry = inner.popleft()
+            if entry.place != BURIED:
+                entry.place = TAKEN
+                return entry
+            self.buried -= 1
+
+    def put_back(self, requeued: list[QueueEntry]) -> None:
+        for entry in requeued:
+            entry.place = READY
+        self.inner.put_back(requeued)
+
+    def clear(self) -> None:
+        for entry in self.inner:
+            entry.place = TAKEN
+        self.inner.clear()
+        self.buried = 0
+
+    def bury(self, entry: QueueEntry) -> None:
+        """entry expired in place: it stays in the list, without its message, until the head reaches it."""
+        entry.place = BURIED
+        entry.message = None
+        self.buried += 1
