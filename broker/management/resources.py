@@ -150,7 +150,7 @@ def queue_json(vhost: "VirtualHost", queue: Queue, unacked: UnackedCounts) -> di
     for entry in queue.entries:
         size = len(entry.message.body)
         ready_bytes += size
-        if queue.durable and entry.message.persistent:
+        if queue.durable and (entry.message.persistent or queue.quorum):
             persistent += 1
             persistent_bytes += size
     unacked_count, unacked_bytes = unacked.counts.get(queue, 0), unacked.bytes.get(queue, 0)

@@ -218,6 +218,8 @@ def _basic_consume(channel: Channel, method: spec.Basic.Consume) -> None:
     validate_consume_arguments(queue.name, vhost.name, arguments)
     if queue.has_exclusive_consumer() or (method.exclusive and queue.consumers):
         raise errors.access_refused(f"queue '{queue.name}' in vhost '{vhost.name}' in exclusive use")
+    if queue.quorum and channel.unacked.global_prefetch:
+        raise errors.not_implemented(f"queue '{queue.name}' in vhost '{vhost.name}' does not support global qos")
     consumer = Consumer(tag, channel, queue, method.no_ack, method.exclusive, arguments, channel.consumer_prefetch)
     channel.consumers[tag] = consumer
     if not method.nowait:

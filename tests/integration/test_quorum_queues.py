@@ -9,7 +9,7 @@ import pytest
 
 from tests.integration import management
 from tests.integration.helpers import (
-    Inbox, beyond_rabbitmq, channel_error, connect, consume, declare_queue, enqueue, get, rabbitmq4, reply_text,
+    Inbox, beyond_rabbitmq, channel_error, connect, connection_error, consume, declare_queue, enqueue, get, rabbitmq4, reply_text,
     wait_for_message_count,
 )
 
@@ -47,6 +47,17 @@ def test_consumers_and_basic_get_work_as_usual(conn, unique):
     _, inbox = consume(channel, unique, auto_ack=True)
     assert [delivery.body for delivery in inbox.wait_for(conn, 1)] == [b"second"]
     channel.queue_delete(unique)
+
+
+def test_consuming_under_a_global_prefetch_closes_the_connection(broker, unique):
+    with connect(broker) as conn:
+        channel = conn.channel()
+        declare_queue(channel, unique, durable=True, arguments=QUORUM)
+        channel.basic_qos(prefetch_count=5, global_qos=True)
+        assert connection_error(lambda: channel.basic_consume(unique, print), conn) == (
+            540, f"NOT_IMPLEMENTED - queue '{unique}' in vhost '/' does not support global qos")
+    with connect(broker) as conn:
+        conn.channel().queue_delete(unique)
 
 
 @rabbitmq4
