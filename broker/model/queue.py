@@ -31,6 +31,8 @@ FLOW_LOW = 1000
 # Deliveries handed to consumers per dispatch round, so one busy queue cannot starve the event loop or flood a
 # socket before the transport can signal back-pressure; the rest goes in the next loop turn.
 DISPATCH_BATCH = 512
+# Expiry times of entries that left the ready list tolerated beyond twice the ready ones before they are let go.
+STALE_EXPIRIES = 1024
 
 
 class Queue:
@@ -137,7 +139,14 @@ class Queue:
         if self.expiries is None:
             self.entries = ExpiringEntries(self.entries)
             self.expiries = Deadlines(self._expire)
-        self.expiries.add(entry.expires_at, entry)
+        self._watch_expiry(entry)
+
+    def _watch_expiry(self, entry: QueueEntry) -> None:
+        expiries = self.expiries
+        if len(expiries) > 2 * len(self.entries) + STALE_EXPIRIES:
+            # most are of entries that left (delivered, acked): let them go rather than keep them until their time
+            expiries.prune(lambda waiting: waiting.place == READY)
+        expiries.add(entry.expires_at, entry)
 
     def expire_due(self) -> None:
         """Messages whose TTL has passed leave now, though their timer may not have fired yet."""
@@ -280,6 +289,9 @@ class Queue:
                 requeued = [entry for entry in requeued if not 0 < entry.expires_at < now]
                 if not requeued:
                     return
+            for entry in requeued:
+                if entry.expires_at:
+                    self._watch_expiry(entry)  # its earlier expiry time may have been pruned
         requeued.sort(key=lambda entry: entry.seq)
         self.entries.put_back(requeued)
         if self.limit is not None:
