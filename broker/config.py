@@ -28,6 +28,8 @@ class Config:
     channel_max: int = DEFAULT_CHANNEL_MAX  # most channels per connection offered in connection.tune
     heartbeat: int = DEFAULT_HEARTBEAT  # heartbeat seconds offered in connection.tune (0 = off)
     default_consumer_prefetch: int = 0  # prefetch of consumers on channels that never sent basic.qos (0 = none)
+    # ms a delivery may wait for its ack before its channel is closed (RabbitMQ's consumer_timeout; 0 = no limit)
+    consumer_timeout: int = 1800000
     max_message_size: int = 134217728  # largest message body accepted, as RabbitMQ's max_message_size (128 MiB)
     default_user: str = "guest"  # created with default_pass and full rights on default_vhost at first start
     default_pass: str = "guest"
@@ -57,8 +59,9 @@ SECTIONS = {
     "server": ("host", "port", "data_dir", "log_level", "cluster_name", "memory_high_watermark", "memory_limit",
                "load_definitions"),
     "management": ("host", "port"),
-    "amqp": ("frame_max", "channel_max", "heartbeat", "default_consumer_prefetch", "max_message_size",
-             "default_user", "default_pass", "default_vhost", "loopback_users", "failed_login_delay"),
+    "amqp": ("frame_max", "channel_max", "heartbeat", "default_consumer_prefetch", "consumer_timeout",
+             "max_message_size", "default_user", "default_pass", "default_vhost", "loopback_users",
+             "failed_login_delay"),
 }
 
 
@@ -177,6 +180,8 @@ def _validate(config: Config) -> None:
     if not 0 <= config.failed_login_delay <= MAX_FAILED_LOGIN_DELAY:
         raise ConfigError(f"failed_login_delay must be between 0 and {MAX_FAILED_LOGIN_DELAY:g}, got "
                           f"{config.failed_login_delay}")
+    if config.consumer_timeout < 0:
+        raise ConfigError(f"consumer_timeout must be 0 (no limit) or more milliseconds, got {config.consumer_timeout}")
     if not 0 <= config.default_consumer_prefetch <= 65535:
         raise ConfigError(f"default_consumer_prefetch must be between 0 and 65535, got "
                           f"{config.default_consumer_prefetch}")

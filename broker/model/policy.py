@@ -79,6 +79,7 @@ KEYS: dict[str, PolicyKey] = {
     "max-length-bytes": PolicyKey(_integer_from(0), "is not a valid maximum length in bytes", "queues", True, True),
     "overflow": PolicyKey(_one_of("drop-head", "reject-publish", "reject-publish-dlx"),
                           "is not a valid overflow value", "queues", False, False),
+    "consumer-timeout": PolicyKey(_integer_from(0), "is not a valid consumer timeout", "queues", True, False),
     # RabbitMQ 4's quorum-queue keys (rabbit_policies, rabbit_quorum_queue), which Warren applies to every queue
     "delivery-limit": PolicyKey(_integer, "is not a valid delivery limit", "queues", True, True,
                                 _limit_or_unlimited, _limit_or_unlimited),

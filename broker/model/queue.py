@@ -71,6 +71,7 @@ class Queue:
         self.unused_ttl: int | None = None  # ms unused before the queue deletes itself (expires)
         self.dead_letter_exchange: str | None = None  # where messages that leave unconsumed are republished
         self.dead_letter_routing_key: str | None = None  # the key they are republished with, else their own
+        self.consumer_timeout: int | None = None  # ms its deliveries may wait for an ack (0: none; None: the broker's)
         self.delivery_limit: int | None = None  # failed returns past which a message is dead-lettered; None = never
         self.delayed_retry: DelayedRetry | None = None  # how long returned messages wait before they are ready again
         self.counts_returns = False  # returned messages show x-acquired-count / x-delivery-count headers
@@ -102,6 +103,7 @@ class Queue:
         exchange, routing_key = settings.get("dead-letter-exchange"), settings.get("dead-letter-routing-key")
         self.dead_letter_exchange = text_of(exchange) if exchange is not None else None
         self.dead_letter_routing_key = text_of(routing_key) if routing_key is not None else None
+        self.consumer_timeout = settings.get("consumer-timeout")
         self.delivery_limit = delivery_limit(settings, self.quorum)
         self.delayed_retry = delayed_retry(settings)
         self.counts_returns = self.quorum or self.delivery_limit is not None or self.delayed_retry is not None

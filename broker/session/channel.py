@@ -13,6 +13,7 @@ from broker.model.features.redelivery import DelayedRetry
 from broker.model.message import Address, Header, Message, QueueEntry, carbon_copy_keys
 from broker.model.queue import Queue
 from broker.session import direct_reply
+from broker.session.ack_timeout import AckTimer, log_timeout, timeout_of
 from broker.session.assembly import assembly_budget
 from broker.session.confirms import ConfirmTracker
 from broker.session.consumer import Consumer
@@ -56,6 +57,8 @@ class Channel:
         self.unacked = UnackedStore()  # deliveries awaiting ack, and the prefetch counts they hold
         self.consumers: dict[str, Consumer] = {}  # consumer tag -> consumer
         self.consumer_prefetch = connection.server.config.default_consumer_prefetch  # for consumers started next
+        self.default_ack_timeout = server.config.consumer_timeout  # ms, where neither consumer nor queue sets one
+        self.ack_timer = AckTimer(self)  # closes the channel when a delivery waits for its ack too long
         self.confirms: ConfirmTracker | None = None  # set by confirm.select
         # Confirm seqs of this read's persistent publishes, waiting for the disk under one store callback;
         # None until the read's first persistent publish.
@@ -318,6 +321,8 @@ class Channel:
             self.unacked.push(Unacked(tag, entry, queue, consumer))
             if message.msg_id and queue.stored:
                 self.vhost.store.append_delivered(queue.store_key, (message.msg_id,))
+            if consumer.ack_timeout < self.ack_timer.shortest:
+                self.ack_timer.watch(consumer.ack_timeout)
         connection = self.connection
         connection.write(encode_deliver(self.number, consumer.tag_bytes, tag, entry.redelivered,
                                         message.address.exchange_bytes, message.address.routing_key_bytes))
@@ -410,9 +415,27 @@ class Channel:
         else:
             self.unacked.push(Unacked(tag, entry, queue, None))
             queue.mark_delivered((entry,))
+            timeout = timeout_of(None, queue, self.default_ack_timeout)
+            if timeout < self.ack_timer.shortest:
+                self.ack_timer.watch(timeout)
         self.send_method(spec.Basic.GetOk(tag, entry.redelivered, message.exchange, message.routing_key,
                                           queue.count_ready()))
         self.write(encode_content(self.number, message.header_payload, message.body, self.connection.frame_max))
+
+    def ack_timeout(self, delivery: Unacked) -> float:
+        """The ms a delivery may wait for its ack (see ack_timeout)."""
+        if delivery.consumer is not None:
+            return delivery.consumer.ack_timeout
+        return timeout_of(None, delivery.queue, self.default_ack_timeout)
+
+    def ack_timed_out(self, delivery: Unacked, timeout: float) -> None:
+        """delivery waited longer than timeout for its ack: its deliveries go back (a timeout is not a failed
+        delivery, as in RabbitMQ 4.3) and the channel is closed with RabbitMQ's 406."""
+        log_timeout(self, delivery, timeout)
+        self.requeue_all(failed=False)
+        self.connection.failed(errors.precondition_failed(
+            f"delivery acknowledgement on channel {self.number} timed out. Timeout value used: {timeout} ms. "
+            "This timeout value can be configured, see consumers doc guide to learn more"), self)
 
     def select_confirms(self) -> None:
         if self.tx is not None:
@@ -478,6 +501,7 @@ class Channel:
         """The channel is gone (closed, or its connection): cancel consumers, requeue unacked deliveries."""
         self.open = False
         self.deliverable = False
+        self.ack_timer.stop()
         if self.pending is not None:
             self._assembled(self.pending)
             self.pending = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from broker.model.features.redelivery import consumer_delayed_retry
+from broker.session.ack_timeout import timeout_of
 
 if TYPE_CHECKING:
     from broker.model.queue import Queue
@@ -15,7 +16,8 @@ UNLIMITED = 1 << 30  # credit of a consumer that no prefetch limit holds back
 
 class Consumer:
     __slots__ = ("tag", "tag_bytes", "channel", "queue", "no_ack", "exclusive", "arguments", "priority", "prefetch",
-                 "unacked", "delayed_retry")
+                 "unacked", "delayed_retry",
+                 "ack_timeout")
 
     def __init__(self, tag: str, channel: "Channel", queue: "Queue", no_ack: bool, exclusive: bool,
                  arguments: dict, prefetch: int):
@@ -30,6 +32,8 @@ class Consumer:
         self.prefetch = prefetch  # per-consumer limit of unacked deliveries (basic.qos global=false), 0 = none
         self.unacked = 0  # deliveries to this consumer not yet acked
         self.delayed_retry = consumer_delayed_retry(arguments)  # its own, over its queue's; None: the queue's
+        # ms a delivery to it may wait for its ack (ack_timeout.NONE: for ever)
+        self.ack_timeout = timeout_of(arguments.get("x-consumer-timeout"), queue, channel.default_ack_timeout)
 
     def credit(self) -> int:
         """How many more messages this consumer may be sent right now."""

@@ -237,6 +237,15 @@ def channel_error(action: Callable[[], object], ch: BlockingChannel | None = Non
     return closed.value.reply_code, closed.value.reply_text
 
 
+def closed_later(conn: pika.BlockingConnection, ch: BlockingChannel, timeout: float = EVENT_TIMEOUT) -> tuple[int, str]:
+    """Wait for the broker to close `ch` of its own accord (no method of ours provokes it) and return the close's
+    (reply code, reply text), as pika recorded it."""
+    wait_until(conn, lambda: ch.is_closed, timeout)
+    reason = ch._closing_reason  # pika keeps the broker's close there; no public accessor
+    assert isinstance(reason, pika.exceptions.ChannelClosedByBroker), reason
+    return reason.reply_code, reason.reply_text
+
+
 def connection_error(action: Callable[[], object], conn: pika.BlockingConnection) -> tuple[int, str]:
     """Run `action`, which must make the broker close `conn`, and return the close's (reply code, reply text)."""
     with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:

@@ -20,6 +20,7 @@ def test_defaults_match_rabbitmq():
     assert (config.port, config.frame_max, config.channel_max, config.heartbeat) == (5672, 131072, 2047, 60)
     assert (config.default_user, config.default_pass, config.default_vhost) == ("guest", "guest", "/")
     assert config.failed_login_delay == 1.0
+    assert config.consumer_timeout == 1800000  # RabbitMQ's 30 minutes
 
 
 def test_file_then_overrides(tmp_path):
@@ -39,6 +40,7 @@ def test_file_then_overrides(tmp_path):
     ("[amqp]\nheartbeat = true\n", "heartbeat must be an integer, got True"),
     ("[server\n", "is not valid TOML"),
     ("[amqp]\nfailed_login_delay = -1\n", "failed_login_delay must be between 0 and 10, got -1"),
+    ("[amqp]\nconsumer_timeout = -1\n", "consumer_timeout must be 0 (no limit) or more milliseconds, got -1"),
     ("[amqp]\nfailed_login_delay = 11.5\n", "failed_login_delay must be between 0 and 10, got 11.5"),
     ('[amqp]\nfailed_login_delay = "1s"\n', "failed_login_delay must be a number, got '1s'"),
 ])

@@ -37,6 +37,7 @@ QUEUE_TYPE_ARGUMENTS = {
         "x-single-active-consumer",
         "x-queue-type",
         "x-queue-master-locator",
+        "x-consumer-timeout",  # RabbitMQ 3.12
         # beyond RabbitMQ, which has these for quorum queues only
         "x-delivery-limit",
         "x-delayed-retry-type",
@@ -59,6 +60,7 @@ QUEUE_TYPE_ARGUMENTS = {
         "x-delivery-limit",
         "x-message-ttl",
         "x-queue-leader-locator",
+        "x-consumer-timeout",
         "x-delayed-retry-type",  # RabbitMQ 4.3's delayed retry
         "x-delayed-retry-min",
         "x-delayed-retry-max",
@@ -230,6 +232,7 @@ _DECLARE_VALIDATORS = {
     "x-queue-mode": _one_of(("default", "lazy"), _quoted("unsupported queue mode '{}'")),
     "x-queue-version": _check_queue_version,
     "x-single-active-consumer": _check_bool,
+    "x-consumer-timeout": _check_non_negative_int,
     "x-queue-type": _one_of(tuple(QUEUE_TYPE_MODULES), _quoted("unsupported queue type '{}'")),
     "x-quorum-initial-group-size": _check_positive_size,
     "x-max-age": _check_max_age,
@@ -302,9 +305,10 @@ def validate_queue_arguments(queue: str, vhost: str, arguments: dict) -> None:
 
 
 def validate_consume_arguments(queue: str, vhost: str, arguments: dict) -> None:
-    """Check a basic.consume's own delayed retry (beyond RabbitMQ) as the queue arguments of that name."""
+    """Check a basic.consume's own acknowledgement timeout (RabbitMQ 4's) and delayed retry (beyond RabbitMQ) as
+    the queue arguments of those names."""
     _run_validators(_queue_resource(queue, vhost), arguments,
-                    ("x-delayed-retry-type", "x-delayed-retry-min", "x-delayed-retry-max"))
+                    ("x-consumer-timeout", "x-delayed-retry-type", "x-delayed-retry-min", "x-delayed-retry-max"))
 
 
 # ---------------------------------------------------------------------------------------------------------------
