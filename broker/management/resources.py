@@ -124,6 +124,8 @@ def exchange_json(vhost: "VirtualHost", exchange: "Exchange") -> dict:
     data = {**exchange.definition(), "vhost": vhost.name, "arguments": json_value(exchange.arguments)}
     if exchange.policy is not None:
         data["policy"] = exchange.policy.name
+    if exchange.holds_delayed:
+        data["messages_delayed"] = len(exchange.delayed)  # as the delayed message plugin reports it
     return data
 
 

@@ -371,7 +371,7 @@ class _Planner:
         if not name or name.startswith(RESERVED_PREFIX):
             log.warning("definitions import: skipping %s: the name is reserved", item.label)
             return
-        self._check(item, lambda: validate_exchange_arguments(name, vhost, declared["arguments"]))
+        self._check(item, lambda: validate_exchange_arguments(name, vhost, kind, declared["arguments"]))
         existing = self.node.vhosts[vhost].exchanges.get(name) if vhost in self.node.vhosts else None
         if existing is not None:
             self._keep_existing(item, lambda: check_exchange_equivalent(

@@ -7,6 +7,7 @@ import reprlib
 from typing import TYPE_CHECKING, Callable
 
 from broker.model.arguments import validate_exchange_arguments, validate_queue_arguments
+from broker.model.arguments.exchange import DELAYED_TYPE
 from broker.model.exchange import EXCHANGE_TYPES
 from broker.model.message import Address, Header, Message
 from broker.model.policy import PolicyError
@@ -25,6 +26,26 @@ log = logging.getLogger(__name__)
 def queue_key(vhost_name: str, queue_name: str) -> str:
     """The name a queue's messages and definition have in the store."""
     return f"{vhost_name}|{queue_name}"
+
+
+DELAYED_PREFIX = "\x00delayed|"  # the leading NUL keeps delayed exchanges' store keys apart from queues'
+
+
+def delayed_key(vhost_name: str, exchange_name: str) -> str:
+    """The name the waiting messages of a delayed exchange have in the store."""
+    return f"{DELAYED_PREFIX}{vhost_name}|{exchange_name}"
+
+
+def _store_keys(kind: str, vhost_name: str, data: dict) -> set[str]:
+    """The store key of the messages of a stored queue or delayed exchange definition (none for other ones)."""
+    name = data.get("name")
+    if not isinstance(name, str):
+        return set()
+    if kind == "queue":
+        return {queue_key(vhost_name, name)}
+    if kind == "exchange" and data.get("type") == DELAYED_TYPE:
+        return {delayed_key(vhost_name, name)}
+    return set()
 
 
 def policy_key(vhost_name: str, policy_name: str) -> str:
@@ -64,20 +85,23 @@ def restore(node: "Node", recovered: "Recovered") -> None:
     key, a wrong type, an unknown exchange type, arguments or a policy that no longer validate, a binding whose
     ends are gone, a vhost that is gone) is logged as an error and skipped: start-up never fails on one, and the
     rest is restored."""
-    skipped_queues: set[str] = set()  # store keys of queues left out: their messages are kept, not deleted
+    skipped: set[str] = set()  # store keys of queues and delayed exchanges left out: their messages are kept
     for vhost in node.vhosts.values():
-        _restore_vhost(vhost, recovered, skipped_queues)
+        _restore_vhost(vhost, recovered, skipped)
     for kind, stored in (("policy", recovered.policies), ("operator policy", recovered.operator_policies),
                          ("exchange", recovered.exchanges), ("queue", recovered.queues),
                          ("binding", recovered.bindings)):
         for data in stored:
             if isinstance(data, dict) and data.get("vhost") not in node.vhosts:
                 log.error("skipping stored %s %s: its vhost is gone", kind, reprlib.repr(data))
-                if kind == "queue" and isinstance(data.get("name"), str):
-                    skipped_queues.add(queue_key(str(data.get("vhost")), data["name"]))
-    known = {queue.store_key for vhost in node.vhosts.values() for queue in vhost.queues.values()} | skipped_queues
+                skipped |= _store_keys(kind, str(data.get("vhost")), data)
+    known = {queue.store_key for vhost in node.vhosts.values() for queue in vhost.queues.values()} | skipped
+    known.update(exchange.delayed.store_key for vhost in node.vhosts.values() for exchange in vhost.exchanges.values()
+                 if exchange.holds_delayed)
     known.update(name for kind, name in recovered.set_aside_definitions if kind == "queue")
-    orphans = [key for key in recovered.messages if key not in known]
+    set_aside_exchanges = {name for kind, name in recovered.set_aside_definitions if kind == "exchange"}
+    orphans = [key for key in recovered.messages if key not in known
+               and not (key.startswith(DELAYED_PREFIX) and key.rpartition("|")[2] in set_aside_exchanges)]
     if orphans and recovered.report.get("definitions_damaged"):
         # a damaged definitions log may have lost the definitions of these queues: their messages stay on disk
         log.error("keeping the stored messages of %d queues whose definitions are missing (the definitions log "
@@ -88,7 +112,7 @@ def restore(node: "Node", recovered: "Recovered") -> None:
     node.next_msg_id = max(recovered.next_msg_id, 1)  # 0 marks a message that is not stored
 
 
-def _restore_vhost(vhost: "VirtualHost", recovered: "Recovered", skipped_queues: set[str]) -> None:
+def _restore_vhost(vhost: "VirtualHost", recovered: "Recovered", skipped: set[str]) -> None:
     exchanges = queues = bindings = policies = 0
     for operator, stored in ((False, recovered.policies), (True, recovered.operator_policies)):
         kind = "operator policy" if operator else "policy"
@@ -96,15 +120,19 @@ def _restore_vhost(vhost: "VirtualHost", recovered: "Recovered", skipped_queues:
             if _ours(kind, data, vhost) and _restored(kind, data, lambda: vhost.restore_policy(data, operator)):
                 policies += 1
     for data in recovered.exchanges:
-        if _ours("exchange", data, vhost) and _restored("exchange", data, lambda: _restore_exchange(vhost, data)):
+        if not _ours("exchange", data, vhost):
+            continue
+        if _restored("exchange", data, lambda: _restore_exchange(vhost, data)):
             exchanges += 1
+        else:
+            skipped |= _store_keys("exchange", vhost.name, data)
     for data in recovered.queues:
         if not _ours("queue", data, vhost):
             continue
         if _restored("queue", data, lambda: _restore_queue(vhost, data)):
             queues += 1
-        elif isinstance(data.get("name"), str):
-            skipped_queues.add(queue_key(vhost.name, data["name"]))
+        else:
+            skipped |= _store_keys("queue", vhost.name, data)
     for data in recovered.bindings:
         if _ours("binding", data, vhost) and _restored("binding", data, lambda: _restore_binding(vhost, data)):
             bindings += 1
@@ -124,6 +152,11 @@ def _restore_vhost(vhost: "VirtualHost", recovered: "Recovered", skipped_queues:
             messages.append((Message(address, header, item.body, item.msg_id), item.redelivered))
         queue.restore(messages)
         restored += len(messages)
+    for exchange in vhost.exchanges.values():
+        if exchange.holds_delayed:
+            stored = recovered.messages.get(exchange.delayed.store_key, ())
+            exchange.delayed.restore(stored)
+            restored += len(stored)
     log.info("vhost '%s': %d policies, %d exchanges, %d queues, %d bindings, %d messages restored", vhost.name,
              policies, exchanges, queues, bindings, restored)
 
@@ -168,7 +201,7 @@ def _restore_exchange(vhost: "VirtualHost", data: dict) -> None:
     if kind not in EXCHANGE_TYPES:
         raise ValueError(f"unknown exchange type '{kind}'")
     arguments = _field(data, "arguments", dict)
-    validate_exchange_arguments(name, vhost.name, arguments)
+    validate_exchange_arguments(name, vhost.name, kind, arguments)
     vhost.restore_exchange(name, kind, _field(data, "auto_delete", bool), _field(data, "internal", bool), arguments)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable, Union
 
+from broker.model.arguments.common import text_of
 from broker.model.policy import effective_settings, merged_definition
 from broker.model.routing.headers import headers_match
 from broker.model.routing.topic import TopicTrie
@@ -49,6 +50,7 @@ class Binding:
 
 class Exchange:
     kind = ""
+    holds_delayed = False  # an x-delayed-message exchange: messages with an x-delay wait before they are routed
 
     def __init__(self, name: str, durable: bool = True, auto_delete: bool = False, internal: bool = False,
                  arguments: dict | None = None):
@@ -97,6 +99,11 @@ class Exchange:
 
     def find_binding(self, destination: Destination, routing_key: str, arguments: dict | None) -> Binding | None:
         return self.bindings.get((destination, routing_key, canonical_arguments(arguments)))
+
+    @property
+    def routing_kind(self) -> str:
+        """The type whose rules route its messages (its own, but for a delayed exchange)."""
+        return self.kind
 
     def route(self, routing_key: str, message: "Message") -> Iterable[Destination]:
         raise NotImplementedError
@@ -199,6 +206,38 @@ class HeadersExchange(Exchange):
         pass
 
 
-EXCHANGE_TYPES: dict[str, type[Exchange]] = {
+ROUTING_TYPES: dict[str, type[Exchange]] = {
     cls.kind: cls for cls in (DirectExchange, FanoutExchange, TopicExchange, HeadersExchange)
 }
+
+
+class DelayedExchange(Exchange):
+    """x-delayed-message (the community plugin's type): routes as its x-delayed-type does, through a router of
+    that type holding the same bindings; features.delayed_messages holds the messages that wait."""
+
+    kind = "x-delayed-message"
+    holds_delayed = True
+
+    def __init__(self, name: str, durable: bool = True, auto_delete: bool = False, internal: bool = False,
+                 arguments: dict | None = None):
+        self.router = ROUTING_TYPES[text_of((arguments or {})["x-delayed-type"])](name)  # indexes the bindings
+        self.delayed = None  # the messages waiting (features.delayed_messages.DelayedMessages), set by the vhost
+        super().__init__(name, durable, auto_delete, internal, arguments)
+
+    @property
+    def routing_kind(self) -> str:
+        return self.router.kind
+
+    def route(self, routing_key, message):
+        return self.router.route(routing_key, message)
+
+    def _index(self, binding):
+        self.router.bindings[binding.key] = binding  # a headers router matches against its bindings
+        self.router._index(binding)
+
+    def _unindex(self, binding):
+        del self.router.bindings[binding.key]
+        self.router._unindex(binding)
+
+
+EXCHANGE_TYPES: dict[str, type[Exchange]] = {**ROUTING_TYPES, DelayedExchange.kind: DelayedExchange}

@@ -13,6 +13,7 @@ from broker.model.arguments import (
     validate_exchange_arguments, validate_queue_arguments,
 )
 from broker.model.exchange import EXCHANGE_TYPES, Binding, DirectExchange, Exchange
+from broker.model.features.delayed_messages import DelayedMessages
 from broker.model.features.length_limit import ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, REFUSED
 from broker.model.policy import Policy, choose, make_policy
 from broker.model.queue import Queue
@@ -225,7 +226,7 @@ class VirtualHost:
                 {"type": kind, "durable": durable, "auto_delete": auto_delete, "internal": internal,
                  "arguments": arguments})
             return existing
-        validate_exchange_arguments(name, self.name, arguments)
+        validate_exchange_arguments(name, self.name, kind, arguments)
         exchange = self._add_exchange(EXCHANGE_TYPES[kind](name, durable, auto_delete, internal, arguments))
         if durable and self.store is not None:
             self._record("exchange", name, durability.exchange_definition(self, exchange))
@@ -235,6 +236,8 @@ class VirtualHost:
         self._add_exchange(EXCHANGE_TYPES[kind](name, True, auto_delete, internal, arguments))
 
     def _add_exchange(self, exchange: Exchange) -> Exchange:
+        if exchange.holds_delayed:
+            exchange.delayed = DelayedMessages(self, exchange, durability.delayed_key(self.name, exchange.name))
         exchange.apply_policies(*self.policies_for("exchanges", exchange.name))
         self.exchanges[exchange.name] = exchange
         return exchange
@@ -264,6 +267,10 @@ class VirtualHost:
         del self.exchanges[exchange.name]
         if exchange.durable and self.store is not None:
             self._record("exchange", exchange.name, None)
+        if exchange.holds_delayed:
+            exchange.delayed.drop()
+            if exchange.durable and self.store is not None:
+                self.store.delete_queue(exchange.delayed.store_key)  # its stored waiting messages
         for binding in list(exchange.bindings.values()):
             self._drop_binding(binding, auto_delete_source=False)
         for binding in list(exchange.inbound):
@@ -331,7 +338,7 @@ class VirtualHost:
     def bind(self, source: Exchange, destination, routing_key: str, arguments: dict, record: bool = True) -> None:
         if source is self.default_exchange or destination is self.default_exchange:
             raise errors.access_refused("operation not permitted on the default exchange")
-        if source.kind == "headers":
+        if source.routing_kind == "headers":
             problem = validate_x_match(arguments)
             if problem:
                 raise errors.precondition_failed(problem)

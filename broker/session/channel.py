@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Callable
 from pamqp import commands as spec
 
 from broker.model.access import ChannelAccess, internal_exchange_refusal, user_id_refusal
+from broker.model.features.delayed_messages import delay_of
 from broker.model.features.expiry import parse_expiration
 from broker.model.features.redelivery import DelayedRetry
 from broker.model.message import Address, Header, Message, QueueEntry, carbon_copy_keys
@@ -248,10 +249,13 @@ class Channel:
         self._route(exchange, routing_keys, mandatory, message, seq)
 
     def _route(self, exchange, routing_keys, mandatory, message: Message, seq: int | None) -> bool:
-        """Route and enqueue a message; True when it went to durable storage (its confirm waits for the disk)."""
-        queues = self.vhost.route(exchange, routing_keys, message)
+        """Route and enqueue a message (or hold it in a delayed exchange); True when it went to durable storage
+        (its confirm waits for the disk)."""
         persisted = refused = False
-        if not queues:
+        if exchange.holds_delayed and (delay := delay_of(message)):
+            # held, never returned: the plugin returns a mandatory one at once, though it is routed later
+            persisted = exchange.delayed.hold(message, routing_keys, delay)
+        elif not (queues := self.vhost.route(exchange, routing_keys, message)):
             if mandatory:
                 self._return_unroutable(message)
         else:

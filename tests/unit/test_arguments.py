@@ -123,12 +123,12 @@ def test_invalid_stream_max_age(max_age):
 
 
 def test_alternate_exchange_must_be_a_string():
-    error = refusal(validate_exchange_arguments, "eq-x2", "/", {"alternate-exchange": 5})
+    error = refusal(validate_exchange_arguments, "eq-x2", "/", "direct", {"alternate-exchange": 5})
     assert (error.reply_code, error.reply_text) == (
         406,
         "PRECONDITION_FAILED - invalid type 'signedint' for arg 'alternate-exchange' in exchange 'eq-x2' in vhost '/'",
     )
-    validate_exchange_arguments("x", "/", {"alternate-exchange": "ae", "x-anything": [1]})
+    validate_exchange_arguments("x", "/", "direct", {"alternate-exchange": "ae", "x-anything": [1]})
 
 
 def queue(durable=False, exclusive=False, auto_delete=False, arguments=None, **extra):

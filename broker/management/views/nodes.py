@@ -26,6 +26,7 @@ EXCHANGE_TYPE_DESCRIPTIONS = {
     "fanout": "AMQP fanout exchange, as per the AMQP specification",
     "headers": "AMQP headers exchange, as per the AMQP specification",
     "topic": "AMQP topic exchange, as per the AMQP specification",
+    "x-delayed-message": "Delayed Message Exchange.",  # the community plugin's description
 }
 AUTH_MECHANISMS = [
     {"name": "PLAIN", "description": "SASL PLAIN authentication mechanism", "enabled": True},

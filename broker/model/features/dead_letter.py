@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 from typing import TYPE_CHECKING, Iterable
 
+from broker.model.features.delayed_messages import delay_of
 from broker.model.message import Address, Header, Message, carbon_copy_keys
 from protocol.codec import LongLong, encode_header_payload
 
@@ -80,6 +81,9 @@ def dead_letter(queue: "Queue", entries: Iterable["QueueEntry"], reason: str) ->
     routing_key = queue.dead_letter_routing_key
     for entry in entries:
         message, keys = dead_lettered(entry.message, queue.name, reason, exchange_name, routing_key)
+        if exchange.holds_delayed and (delay := delay_of(message)):
+            exchange.delayed.hold(message, keys, delay)  # a delayed dead-letter exchange: routed when due
+            continue
         targets = vhost.route(exchange, keys, message)
         if reason != REJECTED:
             deaths = message.properties.headers["x-death"]
