@@ -417,9 +417,10 @@ class Channel:
         if no_ack:
             queue.forget((entry,))
         else:
-            self.unacked.push(Unacked(tag, entry, queue, None))
+            delivery = Unacked(tag, entry, queue, None)
+            self.unacked.push(delivery)
             queue.mark_delivered((entry,))
-            timeout = timeout_of(None, queue, self.default_ack_timeout)
+            timeout = self.ack_timeout(delivery)
             if timeout < self.ack_timer.shortest:
                 self.ack_timer.watch(timeout)
         self.send_method(spec.Basic.GetOk(tag, entry.redelivered, message.exchange, message.routing_key,

@@ -16,8 +16,7 @@ UNLIMITED = 1 << 30  # credit of a consumer that no prefetch limit holds back
 
 class Consumer:
     __slots__ = ("tag", "tag_bytes", "channel", "queue", "no_ack", "exclusive", "arguments", "priority", "prefetch",
-                 "unacked", "delayed_retry",
-                 "ack_timeout")
+                 "unacked", "delayed_retry", "ack_timeout")
 
     def __init__(self, tag: str, channel: "Channel", queue: "Queue", no_ack: bool, exclusive: bool,
                  arguments: dict, prefetch: int):

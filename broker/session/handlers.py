@@ -13,7 +13,6 @@ from broker.model.vhost import generated_name
 from broker.session import direct_reply
 from broker.session.consumer import Consumer
 from protocol import errors
-from protocol.erlang_terms import amqp_type_name
 
 if TYPE_CHECKING:
     from broker.session.channel import Channel
@@ -211,10 +210,6 @@ def _basic_consume(channel: Channel, method: spec.Basic.Consume) -> None:
         return
     queue = _readable_queue(channel, method.queue)
     arguments = method.arguments or {}
-    priority = arguments.get("x-priority", 0)
-    if not isinstance(priority, int) or isinstance(priority, bool):
-        raise errors.precondition_failed(f"invalid arg 'x-priority' for queue '{queue.name}' in vhost "
-                                         f"'{vhost.name}': \"expected integer, got {amqp_type_name(priority)}\"")
     validate_consume_arguments(queue.name, vhost.name, arguments)
     if queue.has_exclusive_consumer() or (method.exclusive and queue.consumers):
         raise errors.access_refused(f"queue '{queue.name}' in vhost '{vhost.name}' in exclusive use")

@@ -277,10 +277,10 @@ def queue_type_of(arguments: dict) -> str:
     return text if text in QUEUE_TYPE_MODULES else "classic"
 
 
-def _run_validators(resource: str, arguments: dict, names) -> None:
+def _run_validators(resource: str, arguments: dict, names, validators: dict = _DECLARE_VALIDATORS) -> None:
     for name in names:
         if name in arguments:
-            error = _DECLARE_VALIDATORS[name](arguments[name], arguments)
+            error = validators[name](arguments[name], arguments)
             if error is not None:
                 raise precondition_failed(f"invalid arg '{name}' for {resource}: {error}")
 
@@ -304,11 +304,20 @@ def validate_queue_arguments(queue: str, vhost: str, arguments: dict) -> None:
             f"invalid arg 'x-queue-type' for {resource}: \"unsupported queue type '{queue_type}'\"")
 
 
+# rabbit_amqqueue:consume_args(), with Warren's own delayed retry after RabbitMQ's
+_CONSUME_VALIDATORS = {
+    "x-priority": _check_int,
+    "x-consumer-timeout": _check_non_negative_int,
+    "x-delayed-retry-type": _check_delayed_retry_type,
+    "x-delayed-retry-min": _check_positive_size,
+    "x-delayed-retry-max": _check_delayed_retry_max,
+}
+
+
 def validate_consume_arguments(queue: str, vhost: str, arguments: dict) -> None:
-    """Check a basic.consume's own acknowledgement timeout (RabbitMQ 4's) and delayed retry (beyond RabbitMQ) as
-    the queue arguments of those names."""
-    _run_validators(_queue_resource(queue, vhost), arguments,
-                    ("x-consumer-timeout", "x-delayed-retry-type", "x-delayed-retry-min", "x-delayed-retry-max"))
+    """Check a basic.consume's arguments: its priority, its own acknowledgement timeout (RabbitMQ 4's) and delayed
+    retry (beyond RabbitMQ), with the texts of queue arguments."""
+    _run_validators(_queue_resource(queue, vhost), arguments, _CONSUME_VALIDATORS, _CONSUME_VALIDATORS)
 
 
 # ---------------------------------------------------------------------------------------------------------------
