@@ -9,8 +9,8 @@ import pytest
 
 from tests.integration import management
 from tests.integration.helpers import (
-    Inbox, beyond_rabbitmq, channel_error, connect, connection_error, consume, declare_queue, enqueue, get, rabbitmq4, reply_text,
-    wait_for_message_count,
+    Inbox, beyond_rabbitmq, channel_error, connect, connection_error, consume, declare_queue, enqueue, get, rabbitmq4,
+    reply_text, wait_for_message_count,
 )
 
 QUORUM = {"x-queue-type": "quorum"}

@@ -1,4 +1,5 @@
-"""Return counts, delivery limits and delayed retry as RabbitMQ 4.3 works them out (rabbit_fifo, rabbit_quorum_queue)."""
+"""Return counts, delivery limits and delayed retry as RabbitMQ 4.3 works them out (rabbit_fifo,
+rabbit_quorum_queue)."""
 
 import pytest
 from pamqp.commands import Basic
