@@ -172,6 +172,10 @@ class DefinitionTable:
     def of_kind(self, kind: str) -> list[dict]:
         return [data for (k, _), data in self._data.items() if k == kind]
 
+    def __contains__(self, key: tuple[str, str]) -> bool:
+        """Whether a (kind, name) definition is live."""
+        return key in self._data
+
     def snapshot(self, deleted_below: dict[str, int], needed_below: int) -> bytes:
         """The whole log's content as a fresh file: live definitions, then the watermarks that still matter."""
         watermarks = [

@@ -164,6 +164,9 @@ class MessageStore:
         if not self._kick_scheduled:
             self._schedule_kick()
 
+    def has_definition(self, kind: str, name: str) -> bool:
+        return (kind, name) in self._definitions
+
     def delete_queue(self, queue: str) -> None:
         """All messages of ``queue`` are gone, and so is its definition."""
         below = self._index.drop_queue(queue)

@@ -28,12 +28,18 @@ def queue_key(vhost_name: str, queue_name: str) -> str:
     return f"{vhost_name}|{queue_name}"
 
 
+def exchange_key(vhost_name: str, exchange_name: str) -> str:
+    """The name an exchange's definition has in the definitions log. Earlier data dirs have it under the bare
+    exchange name, which two vhosts' exchanges of the same name shared: restoring moves such a record here."""
+    return f"{vhost_name}|{exchange_name}"
+
+
 DELAYED_PREFIX = "\x00delayed|"  # the leading NUL keeps delayed exchanges' store keys apart from queues'
 
 
 def delayed_key(vhost_name: str, exchange_name: str) -> str:
     """The name the waiting messages of a delayed exchange have in the store."""
-    return f"{DELAYED_PREFIX}{vhost_name}|{exchange_name}"
+    return DELAYED_PREFIX + exchange_key(vhost_name, exchange_name)
 
 
 def _store_keys(kind: str, vhost_name: str, data: dict) -> set[str]:
@@ -100,8 +106,7 @@ def restore(node: "Node", recovered: "Recovered") -> None:
                  if exchange.holds_delayed)
     known.update(name for kind, name in recovered.set_aside_definitions if kind == "queue")
     set_aside_exchanges = {name for kind, name in recovered.set_aside_definitions if kind == "exchange"}
-    orphans = [key for key in recovered.messages if key not in known
-               and not (key.startswith(DELAYED_PREFIX) and key.rpartition("|")[2] in set_aside_exchanges)]
+    orphans = [key for key in recovered.messages if key not in known and not _set_aside(key, set_aside_exchanges)]
     if orphans and recovered.report.get("definitions_damaged"):
         # a damaged definitions log may have lost the definitions of these queues: their messages stay on disk
         log.error("keeping the stored messages of %d queues whose definitions are missing (the definitions log "
@@ -110,6 +115,15 @@ def restore(node: "Node", recovered: "Recovered") -> None:
         for key in orphans:
             node.store.delete_queue(key)  # messages of a queue deleted before its removal records were written
     node.next_msg_id = max(recovered.next_msg_id, 1)  # 0 marks a message that is not stored
+
+
+def _set_aside(store_key: str, set_aside_exchanges: set[str]) -> bool:
+    """Whether store_key holds the waiting messages of a delayed exchange whose definition was set aside (named
+    vhost|exchange, or by the bare exchange name in earlier data dirs)."""
+    if not store_key.startswith(DELAYED_PREFIX):
+        return False
+    name = store_key[len(DELAYED_PREFIX):]
+    return name in set_aside_exchanges or name.rpartition("|")[2] in set_aside_exchanges
 
 
 def _restore_vhost(vhost: "VirtualHost", recovered: "Recovered", skipped: set[str]) -> None:
@@ -197,6 +211,10 @@ def _restore_exchange(vhost: "VirtualHost", data: dict) -> None:
     name = _field(data, "name", str)
     if name in vhost.exchanges:
         return
+    store = vhost.store
+    if store is not None and not store.has_definition("exchange", exchange_key(vhost.name, name)):
+        store.append_definition("exchange", name, None)  # a record under the bare name: moved to the vhost's key
+        store.append_definition("exchange", exchange_key(vhost.name, name), data)
     kind = _field(data, "type", str)
     if kind not in EXCHANGE_TYPES:
         raise ValueError(f"unknown exchange type '{kind}'")

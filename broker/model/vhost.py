@@ -229,7 +229,8 @@ class VirtualHost:
         validate_exchange_arguments(name, self.name, kind, arguments)
         exchange = self._add_exchange(EXCHANGE_TYPES[kind](name, durable, auto_delete, internal, arguments))
         if durable and self.store is not None:
-            self._record("exchange", name, durability.exchange_definition(self, exchange))
+            self._record("exchange", durability.exchange_key(self.name, name),
+                         durability.exchange_definition(self, exchange))
         return exchange
 
     def restore_exchange(self, name: str, kind: str, auto_delete: bool, internal: bool, arguments: dict) -> None:
@@ -266,7 +267,7 @@ class VirtualHost:
         exchange.deleted = True
         del self.exchanges[exchange.name]
         if exchange.durable and self.store is not None:
-            self._record("exchange", exchange.name, None)
+            self._record("exchange", durability.exchange_key(self.name, exchange.name), None)
         if exchange.holds_delayed:
             exchange.delayed.drop()
             if exchange.durable and self.store is not None:

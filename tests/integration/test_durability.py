@@ -15,6 +15,7 @@ import signal
 import pika
 import pytest
 
+from tests.integration import management
 from tests.integration.helpers import (
     channel_error,
     connect,
@@ -236,6 +237,31 @@ def test_deleted_definitions_stay_deleted(own_broker):
     graceful_restart(broker)
     with connect(broker) as conn:
         assert drain_with_flags(conn.channel(), "doomed") == [(b"new", False)]
+
+
+def test_same_named_exchanges_of_two_vhosts_both_survive(own_broker):
+    """Each vhost's durable exchange keeps its own definition, and deleting one leaves the other."""
+    broker = own_broker()
+    management.add_vhost(broker, "other")
+    management.set_permissions(broker, "other", "guest")
+    other_url = broker.url.rsplit("/", 1)[0] + "/other"
+    with connect(broker) as conn:
+        conn.channel().exchange_declare("shared", "topic", durable=True)
+    with pika.BlockingConnection(pika.URLParameters(other_url)) as conn:
+        conn.channel().exchange_declare("shared", "fanout", durable=True)
+    graceful_restart(broker)
+
+    with connect(broker) as conn:
+        conn.channel().exchange_declare("shared", "topic", durable=True)  # still a topic exchange: equivalent
+    with pika.BlockingConnection(pika.URLParameters(other_url)) as conn:
+        conn.channel().exchange_declare("shared", "fanout", durable=True)
+        conn.channel().exchange_delete("shared")
+    graceful_restart(broker)
+
+    with connect(broker) as conn:
+        conn.channel().exchange_declare("shared", "topic", passive=True)
+    with pika.BlockingConnection(pika.URLParameters(other_url)) as conn:
+        assert not_found(lambda: conn.channel().exchange_declare("shared", passive=True)) == (404, "NOT_FOUND")
 
 
 # --- messages --------------------------------------------------------------------------------------------------

@@ -15,13 +15,23 @@ from storage.recovery import Recovered, StoredMessage
 
 
 class FakeStore:
-    """The part of the store restore() uses: what it was asked to delete."""
+    """The part of the store restore() uses: what it was asked to delete, the definitions it holds and rewrites."""
 
-    def __init__(self) -> None:
+    def __init__(self, definitions: dict | None = None) -> None:
         self.deleted_queues: list[str] = []
+        self.definitions: dict[tuple[str, str], dict] = definitions or {}  # (kind, name) -> data, live ones
 
     def delete_queue(self, key: str) -> None:
         self.deleted_queues.append(key)
+
+    def has_definition(self, kind: str, name: str) -> bool:
+        return (kind, name) in self.definitions
+
+    def append_definition(self, kind: str, name: str, data: dict | None) -> None:
+        if data is None:
+            self.definitions.pop((kind, name), None)
+        else:
+            self.definitions[kind, name] = data
 
 
 def exchange(name: str, **changes) -> dict:
@@ -47,9 +57,10 @@ def recovered(exchanges=(), queues=(), bindings=(), messages=None) -> Recovered:
     return Recovered(list(exchanges), list(queues), list(bindings), messages or {}, 10, {})
 
 
-def restored(data: Recovered) -> tuple[VirtualHost, FakeStore]:
+def restored(data: Recovered, store: FakeStore | None = None) -> tuple[VirtualHost, FakeStore]:
     async def run() -> tuple[VirtualHost, FakeStore]:
-        store = FakeStore()
+        nonlocal store
+        store = store or FakeStore()
         node = Node(store)
         vhost = node.vhosts["/"] = VirtualHost("/", store, node)
         restore(node, data)
@@ -149,3 +160,16 @@ def _one_error_line(caplog) -> str:
     message = errors[0].getMessage()
     assert "\n" not in message
     return message
+
+
+def test_an_exchange_recorded_under_its_bare_name_moves_to_its_vhosts_key():
+    """Earlier data dirs keyed exchange definitions by name alone, shared by two vhosts' exchanges of that name."""
+    legacy = exchange("ex")
+    _, store = restored(recovered(exchanges=[legacy]), FakeStore({("exchange", "ex"): legacy}))
+    assert store.definitions == {("exchange", "/|ex"): legacy}
+
+
+def test_an_exchange_under_its_vhosts_key_is_left_as_it_is():
+    current = exchange("ex")
+    _, store = restored(recovered(exchanges=[current]), FakeStore({("exchange", "/|ex"): current}))
+    assert store.definitions == {("exchange", "/|ex"): current}
