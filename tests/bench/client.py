@@ -19,8 +19,10 @@ _FRAME_HEADER = struct.Struct(">BHI")  # frame type, channel, payload size
 _METHOD_ID = struct.Struct(">I")  # class id and method id read as one number
 _DELIVERY_TAG = struct.Struct(">Q")
 _ACK_FRAME = struct.Struct(">BHIHHQBB")  # a whole basic.ack frame: header, class, method, tag, multiple, frame end
+STAMP = struct.Struct(">Q")  # a latency-stamped body starts with the monotonic clock (ns) at its publishing
 
 FRAME_METHOD = 1
+FRAME_BODY = 3
 FRAME_END = 0xCE
 BASIC_DELIVER = (60 << 16) | 60
 BASIC_ACK = (60 << 16) | 80
@@ -61,8 +63,10 @@ def message_frames(channel: int, exchange: str, routing_key: str, payload: bytes
 class DeliveryCounter:
     """Counts the deliveries of one consumer and, with manual acks, acknowledges them as they arrive."""
 
-    def __init__(self, channel: int, ack_every: int = 0, target: int | None = None) -> None:
+    def __init__(self, channel: int, ack_every: int = 0, target: int | None = None, stamped: bool = False) -> None:
         self.delivered = 0  # deliveries received so far
+        # seconds from publishing to arrival, when bodies start with their publishing time (tests.bench.roles)
+        self.latencies: list[float] | None = [] if stamped else None
         self._channel = channel
         self._ack_every = ack_every  # 0: auto-ack; 1: ack each delivery; N > 1: one multiple ack every N deliveries
         self._since_ack = 0  # deliveries received since the last ack sent
@@ -79,6 +83,10 @@ class DeliveryCounter:
                 self._since_ack = 0
         if self.delivered == self._target and not self.reached.done():
             self.reached.set_result(None)
+
+    def on_body(self, body: bytearray, offset: int) -> None:
+        """A body that starts with the monotonic clock (ns) at its publishing arrived."""
+        self.latencies.append((time.monotonic_ns() - STAMP.unpack_from(body, offset)[0]) / 1e9)
 
     def fail(self, error: Exception) -> None:
         if not self.reached.done():
@@ -211,7 +219,11 @@ class BenchConnection(asyncio.Protocol):
                                                           bool(buffer[offset + 19] & 1), method_id == BASIC_ACK)
                 else:
                     self._on_method(channel, frame.unmarshal(bytes(buffer[offset:frame_end + 1]))[2])
-            offset = frame_end + 1  # content headers, bodies and heartbeats are skipped
+            elif frame_type == FRAME_BODY:
+                counter = channels[channel].counter
+                if counter is not None and counter.latencies is not None:
+                    counter.on_body(buffer, offset + 7)
+            offset = frame_end + 1  # content headers, other bodies and heartbeats are skipped
         del buffer[:offset]
         if self._outgoing:
             self.transport.write(b"".join(self._outgoing))

@@ -3,13 +3,16 @@
     python -m tests.bench.compare [--seconds N] [--scenario NAME ...]
 
 Starts Warren and a throwaway RabbitMQ on free loopback ports, runs each scenario against both (the load generator
-in its own process, scenario by scenario so that drift on a shared machine touches both alike), prints a table of
-figures with the ratio Warren / RabbitMQ, and stops both brokers.
+in its own process, scenario by scenario, brokers alternated W R R W and each broker's two figures averaged, so that
+drift on a shared machine touches both alike), prints a table of figures with the ratio Warren / RabbitMQ, and stops
+both brokers. Scenarios with a publisher and a consumer run them as two processes, the publisher unthrottled (as
+RabbitMQ's PerfTest does), and report the broker's CPU time per message delivered (its process and children).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -20,6 +23,7 @@ from pathlib import Path
 
 from tests.bench.brokers import REPO_ROOT, BrokerUnavailable, RunningBroker, start_rabbitmq, start_warren
 from tests.bench.loadgen import time_limit
+from tests.bench.process_memory import cpu_seconds
 
 
 @dataclass(frozen=True)
@@ -32,25 +36,42 @@ class Row:
 @dataclass(frozen=True)
 class BenchRun:
     name: str  # what --scenario selects
-    scenario: str  # the load generator's scenario
-    extra_args: tuple[str, ...]
+    scenario: str  # the load generator's scenario, or "split": a consumer and a producer process
+    extra_args: tuple[str, ...]  # for the load generator (both processes of a split run)
     rows: tuple[Row, ...]
+    alternate: bool = True  # run W R R W and average; False: once each (a fresh broker's memory)
+
+
+def _split(name: str, label: str, extra_args: tuple[str, ...] = ()) -> BenchRun:
+    """A producer process -> broker -> consumer process run: delivery rate and broker CPU per message."""
+    return BenchRun(name, "split", extra_args, (
+        Row(label, "msg/s"),
+        Row("  broker CPU per message (µs)", "cpu us/msg", higher_is_better=False)))
 
 
 # idle-memory runs first: after message-heavy scenarios freed memory makes RSS growth meaningless.
 RUNS = (
     BenchRun("idle-memory", "idle-memory", ("--connections", "500"),
-             (Row("memory per idle connection (KiB)", "KiB/conn", higher_is_better=False),)),
+             (Row("memory per idle connection (KiB)", "KiB/conn", higher_is_better=False),), alternate=False),
     BenchRun("churn", "churn", (), (Row("connection open+close (conn/s)", "conn/s"),)),
     BenchRun("publish", "publish", (), (Row("publish, 1 publisher (msg/s)", "msg/s"),)),
     BenchRun("consume", "consume", (), (Row("consume pre-filled queue, auto-ack (msg/s)", "msg/s"),)),
-    BenchRun("publish-consume", "publish-consume", (), (Row("publish -> consume, auto-ack (msg/s)", "msg/s"),)),
-    BenchRun("publish-consume-ack", "publish-consume-ack", ("--ack-every", "1"),
-             (Row("publish -> consume, ack each, prefetch 100 (msg/s)", "msg/s"),)),
-    BenchRun("fanout", "fanout", (), (Row("fanout to 10 queues (deliveries/s)", "msg/s"),)),
+    _split("pubsub", "publisher -> queue -> consumer, auto-ack, 16 B (msg/s)", ("--window", "0")),
+    _split("pubsub-ack", "the same, manual acks: prefetch 100, multiple ack every 50 (msg/s)",
+           ("--window", "0", "--ack-every", "50")),
+    _split("pubsub-1k", "publisher -> queue -> consumer, auto-ack, 1 KiB (msg/s)",
+           ("--window", "0", "--size", "1024")),
+    _split("pubsub-ack-1k", "the same, manual acks, 1 KiB (msg/s)",
+           ("--window", "0", "--ack-every", "50", "--size", "1024")),
+    _split("fanout", "fanout to 10 queues, a consumer each (deliveries/s)", ("--window", "0", "--queues", "10")),
     BenchRun("confirms", "confirms", ("--window", "1000"), (Row("confirms, window 1000 (msg/s)", "msg/s"),)),
     BenchRun("confirms-persistent", "confirms", ("--window", "1000", "--persistent"),
              (Row("confirms, persistent, durable queue (msg/s)", "msg/s"),)),
+    _split("confirms-persistent-consumed", "the same, consumed with manual acks meanwhile (msg/s)",
+           ("--window", "1000", "--persistent", "--ack-every", "50")),
+    BenchRun("latency", "split", ("--window", "0", "--rate", "1000", "--latency"), (
+        Row("end-to-end latency p50 at 1,000 msg/s (ms)", "p50 ms", higher_is_better=False),
+        Row("end-to-end latency p99 at 1,000 msg/s (ms)", "p99 ms", higher_is_better=False))),
     BenchRun("confirm-latency", "confirms", ("--window", "1"),
              (Row("confirm latency p50, window 1 (ms)", "p50 ms", higher_is_better=False),
               Row("confirm latency p99, window 1 (ms)", "p99 ms", higher_is_better=False))),
@@ -62,19 +83,84 @@ RUNS = (
 RUNS_BY_NAME = {run.name: run for run in RUNS}
 
 
+_names = itertools.count()  # numbers the queues and exchanges of split runs
+
+
+def _loadgen(broker: RunningBroker, scenario: str, seconds: float, args) -> list[str]:
+    return [sys.executable, "-m", "tests.bench.loadgen", "--url", broker.url, "--scenario", scenario,
+            "--seconds", str(seconds), "--broker-pid", str(broker.pid), "--json", *args]
+
+
+def _figures(output: str) -> dict[str, float]:
+    return json.loads(output.strip().splitlines()[-1])["figures"]
+
+
+def _failure(stderr: str, returncode: int) -> str:
+    lines = stderr.strip().splitlines()
+    return lines[-1] if lines else f"exit code {returncode}"
+
+
 def run_loadgen(broker: RunningBroker, run: BenchRun, seconds: float) -> dict[str, float] | str:
     """The figures of one scenario against one broker, or the reason it failed."""
-    command = [sys.executable, "-m", "tests.bench.loadgen", "--url", broker.url, "--scenario", run.scenario,
-               "--seconds", str(seconds), "--broker-pid", str(broker.pid), "--json", *run.extra_args]
+    if run.scenario == "split":
+        return run_split(broker, run, seconds)
     try:
-        done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True,
-                              timeout=time_limit(seconds) + 60)
+        done = subprocess.run(_loadgen(broker, run.scenario, seconds, run.extra_args), cwd=REPO_ROOT,
+                              capture_output=True, text=True, timeout=time_limit(seconds) + 60)
     except subprocess.TimeoutExpired:
         return "timed out"
     if done.returncode != 0:
-        lines = done.stderr.strip().splitlines()
-        return lines[-1] if lines else f"exit code {done.returncode}"
-    return json.loads(done.stdout.strip().splitlines()[-1])["figures"]
+        return _failure(done.stderr, done.returncode)
+    return _figures(done.stdout)
+
+
+def run_split(broker: RunningBroker, run: BenchRun, seconds: float) -> dict[str, float] | str:
+    """A consumer process and a producer process, started together once both are ready; the broker's CPU time is
+    read around the producer's run."""
+    name = f"bench-{run.name}-{os.getpid()}-{next(_names)}"
+    args = [*run.extra_args, "--queue", name]
+    if "--queues" in run.extra_args:
+        args += ["--exchange", name]
+    sides = [subprocess.Popen(_loadgen(broker, role, seconds, args), cwd=REPO_ROOT, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for role in ("consumer", "producer")]
+    consumer, producer = sides
+    try:
+        for side in sides:
+            if side.stdout.readline().strip() != "ready":
+                side.kill()
+                return _failure(side.communicate()[1], side.wait())
+        before = cpu_seconds(broker.pid)
+        for side in sides:
+            side.stdin.write("go\n")
+            side.stdin.flush()
+        produced, errors = producer.communicate(timeout=time_limit(seconds))
+        if producer.returncode != 0:
+            return _failure(errors, producer.returncode)
+        consumer.stdin.write("stop\n")
+        consumer.stdin.flush()
+        cpu = cpu_seconds(broker.pid) - before
+        consumed, errors = consumer.communicate(timeout=time_limit(seconds))
+        if consumer.returncode != 0:
+            return _failure(errors, consumer.returncode)
+    except subprocess.TimeoutExpired:
+        return "timed out"
+    finally:
+        for side in sides:
+            if side.poll() is None:
+                side.kill()
+    figures = {**_figures(produced), **_figures(consumed)}
+    figures["cpu us/msg"] = cpu * 1e6 / figures["delivered"] if figures["delivered"] else 0.0
+    return figures
+
+
+def _mean(first: dict[str, float] | str, second: dict[str, float] | str) -> dict[str, float] | str:
+    """Two runs' figures averaged (a failure of either stands)."""
+    if isinstance(first, str):
+        return first
+    if isinstance(second, str):
+        return second
+    return {metric: (value + second[metric]) / 2 for metric, value in first.items()}
 
 
 def _cell(figures: dict[str, float] | str | None, metric: str) -> str:
@@ -135,11 +221,14 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             results: dict[str, dict[str, dict | str]] = {}
             for run in runs:
-                results[run.name] = {}
-                for broker in brokers:
+                outcomes: dict[str, list] = {broker.name: [] for broker in brokers}
+                order = brokers + brokers[::-1] if run.alternate else brokers  # W R R W
+                for broker in order:
                     outcome = run_loadgen(broker, run, args.seconds)
-                    results[run.name][broker.name] = outcome
+                    outcomes[broker.name].append(outcome)
                     print(f"{run.name} / {broker.name}: {outcome}", file=sys.stderr, flush=True)
+                results[run.name] = {name: _mean(*figures) if len(figures) == 2 else figures[0]
+                                     for name, figures in outcomes.items()}
             print_table(results, runs)
         finally:
             for broker in brokers:

@@ -1,4 +1,4 @@
-"""Find a broker's process and read its resident memory, from /proc (Linux only)."""
+"""Find a broker's process and read its resident memory and CPU time, from /proc (Linux only)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,19 @@ def resident_kib(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     raise LookupError(f"no VmRSS for process {pid}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) spent so far by the process and its live descendants (Warren's disk writer)."""
+    ticks = 0
+    for process in (pid, *descendants(pid)):
+        try:
+            with open(f"/proc/{process}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def listener_pid(port: int) -> int:

@@ -14,8 +14,6 @@ from tests.bench.process_memory import listener_pid, resident_kib
 
 PAYLOAD = b"x" * 16  # every scenario publishes 16-byte messages
 BATCH = 100  # messages written per transport.write by an unconfirmed publisher
-PREFETCH = 100  # basic.qos prefetch_count of the manual-ack consumer
-FANOUT_QUEUES = 10
 OPEN_AT_ONCE = 50  # connections handshaking concurrently in idle-memory
 
 
@@ -25,7 +23,6 @@ class Options:
     count: int  # messages pre-filled for "consume"
     window: int  # unconfirmed publishes allowed in "confirms"
     persistent: bool  # "confirms" publishes delivery_mode 2 to a durable queue
-    ack_every: int  # "publish-consume-ack": 1 acks each delivery, N > 1 sends one multiple ack every N
     connections: int  # idle connections opened by "idle-memory"
     broker_pid: int | None  # process whose RSS "idle-memory" reads; found from the port when None
 
@@ -108,75 +105,6 @@ async def consume(url: BrokerURL, options: Options) -> Figures:
     return {"msg/s": delivered / elapsed, "prefilled": queued, "delivered": delivered}
 
 
-async def _publish_while_consuming(url: BrokerURL, options: Options, exchange: str, routing_key: str,
-                                   queues: list[str], ack_every: int) -> Figures:
-    """One publisher and one consumer per queue (each on its own connection) for `seconds`."""
-    consumers = []
-    counters = []
-    for queue in queues:
-        connection = await BenchConnection.open(url)
-        channel = await connection.open_channel()
-        counter = DeliveryCounter(channel, ack_every=ack_every)
-        if ack_every:
-            await connection.qos(channel, PREFETCH)
-        await connection.consume(channel, queue, counter, no_ack=not ack_every)
-        consumers.append(connection)
-        counters.append(counter)
-    publisher = await BenchConnection.open(url)
-    channel = await publisher.open_channel()
-    sent, start = await _publish_for(publisher, message_frames(channel, exchange, routing_key, PAYLOAD),
-                                     options.seconds)
-    delivered = sum(counter.delivered for counter in counters)
-    elapsed = time.perf_counter() - start
-    for connection in consumers:
-        await connection.close()
-    await publisher.close()
-    return {"msg/s": delivered / elapsed, "published/s": sent / elapsed, "delivered": delivered}
-
-
-async def _with_queue(url: BrokerURL, prefix: str, body: Callable[[str], Awaitable[Figures]]) -> Figures:
-    admin = await BenchConnection.open(url)
-    channel = await admin.open_channel()
-    queue = _unique(prefix)
-    await admin.declare_queue(channel, queue)
-    try:
-        return await body(queue)
-    finally:
-        await admin.delete_queue(channel, queue)
-        await admin.close()
-
-
-async def publish_consume(url: BrokerURL, options: Options) -> Figures:
-    """1 publisher -> 1 queue -> 1 consumer with auto-ack; the figure is deliveries per second."""
-    return await _with_queue(url, "pubsub", lambda queue: _publish_while_consuming(
-        url, options, "", queue, [queue], ack_every=0))
-
-
-async def publish_consume_ack(url: BrokerURL, options: Options) -> Figures:
-    """As publish-consume, with manual acks (see --ack-every) and prefetch 100."""
-    return await _with_queue(url, "pubsub-ack", lambda queue: _publish_while_consuming(
-        url, options, "", queue, [queue], ack_every=options.ack_every))
-
-
-async def fanout(url: BrokerURL, options: Options) -> Figures:
-    """1 publisher -> fanout exchange -> 10 queues, one auto-ack consumer each; the figure is deliveries/s in all."""
-    admin = await BenchConnection.open(url)
-    channel = await admin.open_channel()
-    exchange = _unique("fanout")
-    queues = [f"{exchange}-{index}" for index in range(FANOUT_QUEUES)]
-    await admin.declare_exchange(channel, exchange, "fanout")
-    for queue in queues:
-        await admin.declare_queue(channel, queue)
-        await admin.bind_queue(channel, queue, exchange)
-    try:
-        return await _publish_while_consuming(url, options, exchange, "", queues, ack_every=0)
-    finally:
-        for queue in queues:
-            await admin.delete_queue(channel, queue)
-        await admin.delete_exchange(channel, exchange)
-        await admin.close()
-
-
 async def confirms(url: BrokerURL, options: Options) -> Figures:
     """Publisher confirms with `window` publishes outstanding; window 1 also reports confirm latency."""
     connection = await BenchConnection.open(url)
@@ -240,9 +168,6 @@ async def idle_memory(url: BrokerURL, options: Options) -> Figures:
 SCENARIOS: dict[str, Callable[[BrokerURL, Options], Awaitable[Figures]]] = {
     "publish": publish,
     "consume": consume,
-    "publish-consume": publish_consume,
-    "publish-consume-ack": publish_consume_ack,
-    "fanout": fanout,
     "confirms": confirms,
     "churn": churn,
     "idle-memory": idle_memory,

@@ -1,0 +1,142 @@
+"""The two sides of a split scenario, each run as a load-generator process of its own (as RabbitMQ's PerfTest runs
+them): a consumer that declares the queues, consumes and counts, and a producer that publishes unthrottled (or at a
+given rate) for a given time.
+
+Each side talks to the process that started it over stdio: it prints "ready" once connected (the consumer: once
+it consumes) and starts on the "go" line it reads on stdin; the producer publishes for the given time and prints its
+figures, the consumer counts until the "stop" line, then prints its figures and deletes what it declared."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+from tests.bench.client import STAMP, BenchConnection, BrokerURL, ConfirmTracker, DeliveryCounter, message_frames
+
+BATCH = 100  # messages written per transport.write by an unthrottled producer
+
+
+@dataclass(frozen=True)
+class Split:
+    """What both sides agree on."""
+    exchange: str  # "" for the default exchange
+    queue: str  # the queue, or the prefix of the fanout queues
+    queues: int  # 1, or how many queues a fanout exchange feeds (one consumer each)
+    size: int  # body bytes
+    persistent: bool  # delivery_mode 2, durable queues
+    ack_every: int  # 0: auto-ack; 1: ack each; N > 1: one multiple ack every N deliveries
+    prefetch: int  # basic.qos of a manual-ack consumer
+    window: int  # producer: unconfirmed publishes allowed, 0 for no confirms
+    rate: int  # producer: messages per second, 0 for as fast as the broker takes them
+    latency: bool  # bodies carry their publishing time; the consumer reports p50/p99 end to end
+
+
+def queue_names(split: Split) -> list[str]:
+    return [split.queue] if split.queues == 1 else [f"{split.queue}-{index}" for index in range(split.queues)]
+
+
+def routing_key(split: Split) -> str:
+    return "" if split.exchange else split.queue
+
+
+async def _read_line() -> str:
+    return (await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)).strip()
+
+
+async def _ready_and_go() -> None:
+    print("ready", flush=True)
+    await _read_line()  # go
+
+
+async def consumer(url: BrokerURL, split: Split) -> dict[str, float]:
+    admin = await BenchConnection.open(url)
+    channel = await admin.open_channel()
+    if split.exchange:
+        await admin.declare_exchange(channel, split.exchange, "fanout")
+    connections, counters = [], []
+    for queue in queue_names(split):
+        await admin.declare_queue(channel, queue, durable=split.persistent)
+        if split.exchange:
+            await admin.bind_queue(channel, queue, split.exchange)
+        connection = await BenchConnection.open(url)
+        consuming = await connection.open_channel()
+        counter = DeliveryCounter(consuming, ack_every=split.ack_every, stamped=split.latency)
+        if split.ack_every:
+            await connection.qos(consuming, split.prefetch)
+        await connection.consume(consuming, queue, counter, no_ack=not split.ack_every)
+        connections.append(connection)
+        counters.append(counter)
+    await _ready_and_go()
+    before = sum(counter.delivered for counter in counters)
+    start = time.perf_counter()
+    await _read_line()  # stop
+    elapsed = time.perf_counter() - start
+    delivered = sum(counter.delivered for counter in counters) - before
+    figures = {"msg/s": delivered / elapsed, "delivered": delivered}
+    latencies = [latency for counter in counters for latency in counter.latencies or ()]
+    if latencies:
+        cuts = statistics.quantiles(latencies, n=100)
+        figures.update({"p50 ms": cuts[49] * 1000, "p99 ms": cuts[98] * 1000})
+    for connection in connections:
+        await connection.close()
+    for queue in queue_names(split):
+        await admin.delete_queue(channel, queue)
+    if split.exchange:
+        await admin.delete_exchange(channel, split.exchange)
+    await admin.close()
+    return figures
+
+
+async def producer(url: BrokerURL, split: Split, seconds: float) -> dict[str, float]:
+    connection = await BenchConnection.open(url)
+    channel = await connection.open_channel()
+    tracker = None
+    if split.window:
+        tracker = ConfirmTracker(window=split.window, record_latency=False)
+        await connection.select_confirms(channel, tracker)
+    await _ready_and_go()
+    start = time.perf_counter()
+    deadline = start + seconds
+    if split.latency:
+        sent = await _publish_stamped(connection, channel, split, deadline)
+    else:
+        sent = await _publish_unthrottled(connection, channel, split, tracker, deadline)
+    elapsed = time.perf_counter() - start
+    if tracker is not None:
+        await tracker.wait_for_all()
+    await connection.close()
+    return {"published/s": sent / elapsed, "published": sent}
+
+
+async def _publish_unthrottled(connection: BenchConnection, channel: int, split: Split,
+                               tracker: ConfirmTracker | None, deadline: float) -> int:
+    message = message_frames(channel, split.exchange, routing_key(split), b"x" * split.size, split.persistent)
+    batch = message * BATCH
+    sent = 0
+    while time.perf_counter() < deadline:
+        if tracker is not None:
+            await tracker.wait_for_room(split.window - BATCH + 1)
+            tracker.published += BATCH
+        await connection.send(batch)
+        sent += BATCH
+    return sent
+
+
+async def _publish_stamped(connection: BenchConnection, channel: int, split: Split, deadline: float) -> int:
+    """split.rate messages per second, each stamped with its publishing time."""
+    padding = b"x" * max(0, split.size - STAMP.size)
+    interval = 1 / split.rate
+    sent = 0
+    next_at = time.perf_counter()
+    while next_at < deadline:
+        delay = next_at - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        body = STAMP.pack(time.monotonic_ns()) + padding
+        await connection.send(message_frames(channel, split.exchange, routing_key(split), body, split.persistent))
+        sent += 1
+        next_at += interval
+    return sent
