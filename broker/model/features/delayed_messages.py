@@ -12,6 +12,7 @@ time after a restart, or at once if that has passed. Waiting messages sit in one
 
 from __future__ import annotations
 
+import math
 import time
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -39,7 +40,7 @@ def delay_of(message: Message) -> int:
         except ValueError:
             return 0
     elif isinstance(value, float):
-        value = int(value)
+        value = int(value) if math.isfinite(value) else 0
     if not isinstance(value, int) or not 0 < value <= MAX_DELAY_MS:
         return 0
     return value
