@@ -31,7 +31,8 @@ FLOW_LOW = 1000
 # Deliveries handed to consumers per dispatch round, so one busy queue cannot starve the event loop or flood a
 # socket before the transport can signal back-pressure; the rest goes in the next loop turn.
 DISPATCH_BATCH = 512
-# Expiry times of entries that left the ready list tolerated beyond twice the ready ones before they are let go.
+# Expiry times of entries that left the ready list tolerated beyond twice the ready ones before they are let go
+# (checked once every so many expiry times added).
 STALE_EXPIRIES = 1024
 
 
@@ -145,7 +146,7 @@ class Queue:
 
     def _watch_expiry(self, entry: QueueEntry) -> None:
         expiries = self.expiries
-        if len(expiries) > 2 * len(self.entries) + STALE_EXPIRIES:
+        if not expiries.arrivals % STALE_EXPIRIES and len(expiries) > 2 * len(self.entries) + STALE_EXPIRIES:
             # most are of entries that left (delivered, acked): let them go rather than keep them until their time
             expiries.prune(lambda waiting: waiting.place == READY)
         expiries.add(entry.expires_at, entry)
@@ -153,9 +154,9 @@ class Queue:
     def expire_due(self) -> None:
         """Messages whose TTL has passed leave now, though their timer may not have fired yet."""
         expiries = self.expiries
-        if expiries is not None and expiries.heap:
-            now = now_ms()
-            if expiries.next_due() < now:
+        if expiries is not None:
+            due = expiries.next_due()
+            if due is not None and due < (now := now_ms()):
                 self._expire(expiries.take_due(now - 1))
 
     def _expire(self, due: list[QueueEntry]) -> None:
