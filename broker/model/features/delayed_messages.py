@@ -73,7 +73,7 @@ class DelayedMessages:
             node = self.vhost.node
             message.msg_id = node.next_msg_id
             node.next_msg_id += 1
-            due_wall_ms = int(time.time() * 1000) + delay_ms
+            due_wall_ms = math.ceil(time.time() * 1000) + delay_ms  # rounded up: never routed early after a restart
             self.vhost.store.append_message(message.msg_id, (self.store_key,), str(due_wall_ms),
                                             message.routing_key, message.header_payload, message.body)
         self.waiting.add(now_ms() + delay_ms, Waiting(message, routing_keys))
@@ -82,7 +82,7 @@ class DelayedMessages:
     def restore(self, stored) -> None:
         """Messages read back from the store (storage.recovery.StoredMessage), their due times in their exchange
         field; BCC keys, which the message no longer names, are not restored."""
-        now_wall, now = int(time.time() * 1000), now_ms()
+        now_wall, now = math.floor(time.time() * 1000), now_ms()
         for item in stored:
             message = Message(Address(self.exchange.name, item.routing_key), Header(item.header_payload), item.body,
                               item.msg_id)
