@@ -40,6 +40,8 @@ class Config:
     cluster_name: str = "warren"  # reported in connection.start's server properties
     memory_high_watermark: float = 0.4  # share of the machine's memory above which publishers are blocked
     memory_limit: int = 0  # bytes of broker memory above which publishers are blocked; 0 = use the watermark
+    # Ready messages a queue keeps in memory; those that arrive after them wait in page files until it shrinks
+    queue_messages_in_memory: int = 10000
     management_host: str = "127.0.0.1"  # address of the management HTTP API
     management_port: int = 15672  # port of the management HTTP API (0 = no API), as RabbitMQ's plugin
     # Users who may log in only from this machine, as with RabbitMQ's loopback_users (guest by default).
@@ -57,7 +59,7 @@ class Config:
 # "management_" ([management] port = management_port).
 SECTIONS = {
     "server": ("host", "port", "data_dir", "log_level", "cluster_name", "memory_high_watermark", "memory_limit",
-               "load_definitions"),
+               "queue_messages_in_memory", "load_definitions"),
     "management": ("host", "port"),
     "amqp": ("frame_max", "channel_max", "heartbeat", "default_consumer_prefetch", "consumer_timeout",
              "max_message_size", "default_user", "default_pass", "default_vhost", "loopback_users",
@@ -174,6 +176,8 @@ def _validate(config: Config) -> None:
         raise ConfigError(f"memory_high_watermark must be above 0 and at most 1, got {config.memory_high_watermark}")
     if config.memory_limit < 0:
         raise ConfigError(f"memory_limit must not be negative, got {config.memory_limit}")
+    if config.queue_messages_in_memory < 1:
+        raise ConfigError(f"queue_messages_in_memory must be at least 1, got {config.queue_messages_in_memory}")
     if not 1 <= config.max_message_size <= MAX_MESSAGE_SIZE_LIMIT:
         raise ConfigError(f"max_message_size must be between 1 and {MAX_MESSAGE_SIZE_LIMIT}, got "
                           f"{config.max_message_size}")

@@ -18,9 +18,11 @@ from broker.connection.alarms.memory import MemoryAlarm, memory_limit
 from broker.connection.connection import Connection
 from broker.model.definitions import DefinitionsError, import_definitions
 from broker.model.durability import restore
+from broker.model.features.paging import Paging
 from broker.model.node import Node
 from broker.session.assembly import BodiesInAssembly
 from storage.format import UnsupportedFormat
+from storage.pages import PageStore
 from storage.store import DataDirLocked, MessageStore
 
 log = logging.getLogger(__name__)
@@ -76,7 +78,9 @@ class Server:
         # raised while the store's durable writes fail, until they work again with room to spare
         self.disk_alarm = DiskAlarm(self.data_dir, self._disk_alarm_changed)
         self.store = MessageStore(self.data_dir, on_health=self.disk_alarm.store_health_changed)
-        self.node = Node(self.store)  # vhosts, users and permissions
+        # where deep queues set their ready messages aside (emptied at every start)
+        self.paging = Paging(PageStore(self.data_dir / "pages"), config.queue_messages_in_memory)
+        self.node = Node(self.store, self.paging)  # vhosts, users and permissions
         self.connections: set[Connection] = set()
         self.assembly = BodiesInAssembly()  # message bodies received in part on every connection
         self.version = _version()
@@ -140,7 +144,8 @@ class Server:
         # again, and once frozen they stay out of every later full collection.
         gc.disable()
         try:
-            recovered = self.store.recover()
+            recovered = self.store.recover()  # takes the data dir's lock first
+            self.paging.store.start()
             self.node.restore_definitions(recovered.vhosts, recovered.users, recovered.permissions)
             boot_definitions = self._boot_definitions()
             self._bootstrap(defines_users=bool(boot_definitions.get("users")))
@@ -210,4 +215,5 @@ class Server:
         self.memory_alarm.stop()
         self.disk_alarm.stop()
         self.store.close()
+        self.paging.store.close()
         log.info("Warren stopped")

@@ -146,7 +146,8 @@ class UnackedCounts:
 
 def queue_json(vhost: "VirtualHost", queue: Queue, unacked: UnackedCounts) -> dict:
     """A queue as RabbitMQ's /api/queues lists it (without the rates and Erlang process details). The ready
-    messages are counted by walking them: the model keeps no byte counters."""
+    messages in memory are counted by walking them (the model keeps no byte counters for them); the paged ones
+    have counters."""
     ready = queue.count_ready()
     ready_bytes = persistent = persistent_bytes = 0
     for entry in queue.entries:
@@ -155,6 +156,13 @@ def queue_json(vhost: "VirtualHost", queue: Queue, unacked: UnackedCounts) -> di
         if queue.durable and (entry.message.persistent or queue.quorum):
             persistent += 1
             persistent_bytes += size
+    paged = paged_bytes = 0
+    if queue.paging is not None:
+        paged, paged_bytes = queue.paging.paged, queue.paging.paged_bytes
+        ready_bytes += paged_bytes
+        if queue.durable:
+            persistent += paged if queue.quorum else queue.paging.paged_persistent
+            persistent_bytes += paged_bytes if queue.quorum else queue.paging.paged_persistent_bytes
     unacked_count, unacked_bytes = unacked.counts.get(queue, 0), unacked.bytes.get(queue, 0)
     exclusive_consumer = next((consumer.tag for consumer in queue.consumers if consumer.exclusive), None)
     return {
@@ -164,14 +172,15 @@ def queue_json(vhost: "VirtualHost", queue: Queue, unacked: UnackedCounts) -> di
         "type": "quorum" if queue.quorum else "classic",
         "messages": ready + unacked_count + queue.count_retrying(), "messages_ready": ready,
         "messages_unacknowledged": unacked_count,
-        "messages_ram": ready + unacked_count, "messages_ready_ram": ready,
-        "messages_unacknowledged_ram": unacked_count, "messages_persistent": persistent, "messages_paged_out": 0,
+        "messages_ram": ready - paged + unacked_count, "messages_ready_ram": ready - paged,
+        "messages_unacknowledged_ram": unacked_count, "messages_persistent": persistent, "messages_paged_out": paged,
         "message_bytes": ready_bytes + unacked_bytes, "message_bytes_ready": ready_bytes,
-        "message_bytes_unacknowledged": unacked_bytes, "message_bytes_ram": ready_bytes + unacked_bytes,
-        "message_bytes_persistent": persistent_bytes, "message_bytes_paged_out": 0,
+        "message_bytes_unacknowledged": unacked_bytes, "message_bytes_ram": ready_bytes - paged_bytes + unacked_bytes,
+        "message_bytes_persistent": persistent_bytes, "message_bytes_paged_out": paged_bytes,
         "consumers": len(queue.consumers), "exclusive_consumer_tag": exclusive_consumer,
         "single_active_consumer_tag": None, "head_message_timestamp": None,
-        "memory": QUEUE_MEMORY + ENTRY_MEMORY * (ready + unacked_count) + ready_bytes + unacked_bytes,
+        "memory": (QUEUE_MEMORY + ENTRY_MEMORY * (ready - paged + unacked_count)
+                   + ready_bytes - paged_bytes + unacked_bytes),
         "policy": _name_of(queue.policy), "operator_policy": _name_of(queue.operator_policy),
         "effective_policy_definition": queue.effective_policy_definition(),
         **_redelivery_json(queue),

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import logging
 import reprlib
+from typing import TYPE_CHECKING
 
 from broker.model.access import (
     DEFAULT_HASHING, HASHING_ALGORITHMS, Permission, User, hash_password, valid_password_hash,
 )
 from broker.model.vhost import VirtualHost
 from protocol import errors
+
+if TYPE_CHECKING:
+    from broker.model.features.paging import Paging
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +31,9 @@ def permission_key(vhost: str, user: str) -> str:
 
 
 class Node:
-    def __init__(self, store=None):
+    def __init__(self, store=None, paging: "Paging | None" = None):
         self.store = store  # durable storage (storage.MessageStore) or None for a node kept in memory
+        self.paging = paging  # where deep queues page their ready messages, None: they keep them all in memory
         self.vhosts: dict[str, VirtualHost] = {}
         self.users: dict[str, User] = {}
         self.permissions: dict[tuple[str, str], Permission] = {}  # (vhost, user) -> what user may do there
@@ -53,7 +58,7 @@ class Node:
         """Create a vhost (or update the description and tags of an existing one)."""
         vhost = self.vhosts.get(name)
         if vhost is None:
-            vhost = self.vhosts[name] = VirtualHost(name, self.store, self)
+            vhost = self.vhosts[name] = VirtualHost(name, self.store, self, self.paging)
         vhost.description = description
         vhost.tags = list(tags or [])
         vhost.default_queue_type = default_queue_type
@@ -166,7 +171,7 @@ class Node:
             log.error("skipping stored %s %s: %s: %s", kind, reprlib.repr(data), type(error).__name__, error)
 
     def _restore_vhost(self, data: dict) -> None:
-        vhost = self.vhosts[data["name"]] = VirtualHost(data["name"], self.store, self)
+        vhost = self.vhosts[data["name"]] = VirtualHost(data["name"], self.store, self, self.paging)
         vhost.description = data.get("description", "")
         vhost.tags = list(data.get("tags", []))
         vhost.default_queue_type = data.get("default_queue_type")

@@ -12,7 +12,8 @@ from broker.model.features.dead_letter import DELIVERY_LIMIT, EXPIRED, MAXLEN, R
 from broker.model.features.deadlines import Deadlines, now_ms
 from broker.model.features.expiry import READY, ExpiringEntries, message_ttl
 from broker.model.features.length_limit import DROPPED, ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, LengthLimit
-from broker.model.features.priority import ready_entries
+from broker.model.features.paging import PagedEntries
+from broker.model.features.priority import FifoEntries, ready_entries
 from broker.model.features.redelivery import DelayedRetry, count_return, delayed_retry, delivery_limit
 from broker.model.message import Message, QueueEntry
 from broker.model.policy import effective_settings, merged_definition
@@ -48,6 +49,10 @@ class Queue:
         self.quorum = queue_type_of(arguments) == "quorum"  # a quorum queue (one node: a durable classic one that
         # keeps every message on disk, counts returns and has a delivery limit of 20 unless told otherwise)
         self.entries = ready_entries(arguments)  # ready messages in delivery order (by priority with x-max-priority)
+        # ready messages kept in memory before later ones are paged (features.paging); None: never paged
+        self.page_after = (vhost.paging.messages_in_memory
+                           if vhost.paging is not None and isinstance(self.entries, FifoEntries) else None)
+        self.paging: PagedEntries | None = None  # the ready list's paged part, made when the queue first pages
         self.next_seq = 0  # seq of the next enqueued entry
         self.consumers: list[Subscriber] = []  # highest priority first; within a priority, next to serve first
         # x-single-active-consumer: only active_consumer is served; the others wait in self.consumers, which is then
@@ -78,7 +83,8 @@ class Queue:
         self.counts_returns = False  # returned messages show x-acquired-count / x-delivery-count headers
         # returned entries waiting out their retry delay (not ready meanwhile); made on first use
         self.retrying: Deadlines[QueueEntry] | None = None
-        # entries with a TTL by expiry time, made with the first one (then self.entries is ExpiringEntries)
+        # entries with a TTL by expiry time, made with the first one (then the ready list in memory is
+        # ExpiringEntries: self.entries, or the part in memory of a queue that pages)
         self.expiries: Deadlines[QueueEntry] | None = None
         self.unused_timer: asyncio.TimerHandle | None = None  # deletes the queue once unused for unused_ttl
         self._configure(self._settings())
@@ -116,7 +122,7 @@ class Queue:
         self.policy, self.operator_policy = policy, operator_policy
         self._configure(self._settings())
         if self.limit is not None:
-            self.limit.returned(self.entries)
+            self._count_limit_bytes()
             dropped = self.limit.trim(self.entries)
             if dropped:
                 self.forget(dropped)
@@ -137,12 +143,15 @@ class Queue:
 
     # --- expiry -----------------------------------------------------------------------------------------
     def _will_expire(self, entry: QueueEntry, ttl: int, now: int) -> None:
-        """entry, about to join the ready list, expires ttl ms from now wherever it then is in the queue."""
+        """entry, about to join the ready list, expires ttl ms from now wherever it then is in the queue (once
+        _watch_expiry is told, unless it is paged)."""
         entry.expires_at = now + ttl
         if self.expiries is None:
-            self.entries = ExpiringEntries(self.entries)
+            if self.paging is not None:
+                self.paging.inner = ExpiringEntries(self.paging.inner)
+            else:
+                self.entries = ExpiringEntries(self.entries)
             self.expiries = Deadlines(self._expire)
-        self._watch_expiry(entry)
 
     def _watch_expiry(self, entry: QueueEntry) -> None:
         expiries = self.expiries
@@ -172,6 +181,8 @@ class Queue:
         dead_letter(self, expired, EXPIRED)
         for entry in expired:
             self.entries.bury(entry)
+        if self.paging is not None:
+            self.paging.top_up()
 
     def touch(self) -> None:
         """The queue is used (declared, read, consumed): an x-expires queue starts counting again."""
@@ -218,13 +229,35 @@ class Queue:
             ttl = message_ttl(self.message_ttl, message)
             if ttl is not None:
                 self._will_expire(entry, ttl, now_ms())
+        self._add_ready(entry)
         entries = self.entries
-        entries.append(entry)
         if self.consumers:
             self.vhost.dispatcher.mark(self)
             if len(entries) > FLOW_HIGH:
                 return ENQUEUED_OVER_FLOW_LIMIT
         return ENQUEUED
+
+    def _add_ready(self, entry: QueueEntry) -> None:
+        """entry joins the tail of the ready list: in memory, or paged once enough wait there."""
+        if self.paging is None and self.page_after is not None and len(self.entries) >= self.page_after:
+            self._start_paging()
+        if not self.entries.append(entry) and entry.expires_at:  # append says True when it paged the entry
+            self._watch_expiry(entry)
+
+    def _start_paging(self) -> None:
+        """The queue is deep: later arrivals go to its page file (features.paging)."""
+        self.entries = self.paging = PagedEntries(self.entries, self.vhost.paging.store.open(), self.page_after,
+                                                  self._paged_in)
+
+    def _paged_in(self, entries: list[QueueEntry]) -> None:
+        """Paged entries are back in memory: those with a TTL are watched again (an expired one leaves as soon as
+        the timer fires), and consumers are served."""
+        if self.expiries is not None:
+            for entry in entries:
+                if entry.expires_at:
+                    self._watch_expiry(entry)
+        if self.consumers:
+            self.vhost.dispatcher.mark(self)
 
     def restore(self, messages: list[tuple[Message, bool]]) -> None:
         """Messages recovered from disk with their redelivered flags, in order; TTLs count again from now."""
@@ -235,9 +268,16 @@ class Queue:
             ttl = message_ttl(self.message_ttl, message)
             if ttl is not None:
                 self._will_expire(entry, ttl, now)
-            self.entries.append(entry)
+            self._add_ready(entry)
         if self.limit is not None:
-            self.limit.returned(self.entries)
+            self._count_limit_bytes()
+
+    def _count_limit_bytes(self) -> None:
+        """The length limit counts the body bytes of every ready message anew (in memory and paged)."""
+        self.limit.cleared()
+        self.limit.returned(self.entries)
+        if self.paging is not None:
+            self.limit.ready_bytes += self.paging.paged_bytes
 
     def throttle(self, publisher: "Publisher") -> None:
         if publisher not in self.throttled:
@@ -318,7 +358,7 @@ class Queue:
         """Drop the ready messages, and those waiting out a retry delay (as RabbitMQ 4.3)."""
         waiting = list(self.retrying) if self.retrying is not None else []
         count = len(self.entries) + len(waiting)
-        if self.forget(self.entries) | self.forget(waiting):
+        if self.forget(self.entries) | self.forget(waiting) | self._forget_paged():
             self.vhost.durable_changes += 1  # purge-ok waits for the removals to be on disk
         if waiting:
             self.retrying.clear()
@@ -345,6 +385,15 @@ class Queue:
             ids = tuple(entry.message.msg_id for entry in entries if entry.message.msg_id)
             if ids:
                 self.vhost.store.append_delivered(self.store_key, ids)
+
+    def _forget_paged(self) -> bool:
+        """The paged messages are dropped: durable storage may let them go. True if it was told."""
+        if self.stored and self.paging is not None:
+            ids = list(self.paging.stored_ids())
+            if ids:
+                self.vhost.store.append_removed(self.store_key, ids)
+                return True
+        return False
 
     def forget(self, entries: Iterable[QueueEntry]) -> bool:
         """Entries are done with (acked, dropped, purged): durable storage may let them go. True if it was told."""

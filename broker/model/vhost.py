@@ -21,6 +21,7 @@ from broker.model.routing.headers import validate_x_match
 from protocol import errors
 
 if TYPE_CHECKING:
+    from broker.model.features.paging import Paging
     from broker.model.interfaces import Publisher, QueueOwner, ReplyReceiver
     from broker.model.message import Message
     from broker.model.node import Node
@@ -88,9 +89,10 @@ class Dispatcher:
 
 
 class VirtualHost:
-    def __init__(self, name: str = "/", store=None, node: "Node | None" = None):
+    def __init__(self, name: str = "/", store=None, node: "Node | None" = None, paging: "Paging | None" = None):
         self.name = name
         self.store = store  # durable storage (storage.MessageStore) or None for a broker kept in memory
+        self.paging = paging  # where deep queues page their ready messages (features.paging); None: never
         # The node that numbers persistent messages (ids increase across every vhost of one store); a vhost made
         # on its own numbers its own.
         self.node = node if node is not None else _MessageIds()

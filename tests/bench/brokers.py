@@ -115,13 +115,15 @@ def _tail(log: Path, lines: int = 5) -> str:
     return " | ".join(log.read_text(errors="replace").strip().splitlines()[-lines:]) or "(no output)"
 
 
-def start_warren(workdir: Path) -> RunningBroker:
+def start_warren(workdir: Path, *extra_args: str) -> RunningBroker:
+    """Warren on a free port, its data dir in workdir (extra_args: more command-line options, e.g. --config)."""
     port = free_port()
     log = workdir / "warren.log"
-    with open(log, "wb") as output:
+    with open(log, "ab") as output:
         process = subprocess.Popen(
             [sys.executable, "-m", "broker", "--host", "127.0.0.1", "--port", str(port),
-             "--data-dir", str(workdir / "warren-data"), "--log-level", "warning", "--management-port", "0"],
+             "--data-dir", str(workdir / "warren-data"), "--log-level", "warning", "--management-port", "0",
+             *extra_args],
             cwd=REPO_ROOT, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
     return _wait_until_ready("Warren", process, port, log, WARREN_START_SECONDS)
 

@@ -1,10 +1,13 @@
 """One large durable queue on a Warren: publish rate, memory and disk per message, recovery time, drain rate.
 
     python -m tests.bench.durable_queue [--messages 1000000] [--size 1024] [--window 1000] [--timeout 3600]
+                                        [--in-memory N] [--baseline-messages M]
 
 Starts a Warren on a temporary data dir, fills one durable queue with persistent messages under publisher confirms,
 reads the broker's RSS before and after, restarts it after a SIGTERM and again after a SIGKILL (timing each
 recovery and checking that every message is back), drains the queue with a manual-ack consumer, and prints a table.
+--in-memory sets the broker's queue_messages_in_memory (past which a queue pages); --baseline-messages then also
+fills and drains M messages on a second Warren that keeps them all in memory, for the drain rate to compare with.
 Traffic goes to 127.0.0.1 only; the temporary directory is removed at the end, also on failure or timeout.
 """
 
@@ -32,6 +35,7 @@ from tests.bench.process_memory import resident_kib
 from tests.bench.scenarios import _publish_confirmed
 
 QUEUE = "bench-durable-queue"
+CONFIG_FILE = "warren.toml"  # written beside the data dir when --in-memory is given
 PREFETCH = 1000  # basic.qos prefetch_count of the draining consumer
 ACK_EVERY = 100  # the consumer sends one multiple ack per this many deliveries
 PORT_POLL_SECONDS = 0.01  # a starting process gives no event to await: its port is polled this often
@@ -41,8 +45,8 @@ LOG_TIME = "%Y-%m-%d %H:%M:%S,%f"  # asctime in the broker's log format
 _LINE_START = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO "
 STORE_RECOVERED = re.compile(_LINE_START + r"storage\.store: recovered (\d+) messages, (\d+) records, (\d+) bytes "
                                            r"in ([\d.]+) s", re.MULTILINE)
-VHOST_RESTORED = re.compile(_LINE_START + r"broker\.durability: vhost '/': .* (\d+) messages restored", re.MULTILINE)
-LISTENING = re.compile(_LINE_START + r"broker\.server: Warren .* listening on", re.MULTILINE)
+VHOST_RESTORED = re.compile(_LINE_START + r"broker\.model\.durability: vhost '/': .* (\d+) messages restored", re.MULTILINE)
+LISTENING = re.compile(_LINE_START + r"broker\.connection\.server: Warren .* listening on", re.MULTILINE)
 
 
 class BenchFailed(Exception):
@@ -68,13 +72,15 @@ class Restart:
 
 
 def start_warren(data_dir: Path, log: Path, seconds: float) -> tuple[RunningBroker, float]:
-    """Start a Warren on `data_dir`; returns it and the seconds from process start to its port accepting."""
+    """Start a Warren on `data_dir` (with the config file beside it, if any); returns it and the seconds from process
+    start to its port accepting."""
     port = free_port()
     started = time.monotonic()
+    config = data_dir.parent / CONFIG_FILE
     with open(log, "wb") as output:
         process = subprocess.Popen(
             [sys.executable, "-m", "broker", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(data_dir),
-             "--log-level", "info", "--management-port", "0"],
+             "--log-level", "info", "--management-port", "0", *(["--config", str(config)] if config.exists() else [])],
             cwd=REPO_ROOT, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = started + seconds
     while not _accepts(port):
@@ -195,7 +201,13 @@ async def drain(url: BrokerURL, messages: int) -> float:
 # --- the run --------------------------------------------------------------------------------------------------
 
 
-def measure(workdir: Path, messages: int, size: int, window: int, timeout: float) -> list[tuple[str, str]]:
+def write_config(workdir: Path, in_memory: int | None) -> None:
+    if in_memory is not None:
+        (workdir / CONFIG_FILE).write_text(f"[server]\nqueue_messages_in_memory = {in_memory}\n")
+
+
+def measure(workdir: Path, messages: int, size: int, window: int, timeout: float, in_memory: int | None = None,
+            baseline_messages: int = 0) -> list[tuple[str, str]]:
     """Every phase in turn; returns the table's rows."""
     deadline = time.monotonic() + timeout
 
@@ -206,6 +218,7 @@ def measure(workdir: Path, messages: int, size: int, window: int, timeout: float
         return left
 
     data_dir = workdir / "data"
+    write_config(workdir, in_memory)
     rows: list[tuple[str, str]] = []
     broker, _ = start_warren(data_dir, workdir / "warren-fill.log", remaining())
     try:
@@ -216,6 +229,7 @@ def measure(workdir: Path, messages: int, size: int, window: int, timeout: float
             raise BenchFailed(f"{filled['queued']:,} of {messages:,} confirmed messages in the queue")
         growth = (filled["rss_after_kib"] - filled["rss_before_kib"]) * 1024
         on_disk = disk_bytes(data_dir)
+        paged = disk_bytes(data_dir / "pages") if (data_dir / "pages").exists() else 0
         rows += [
             ("publish, confirmed",
              f"{messages / filled['seconds']:,.0f} msg/s ({filled['seconds']:,.1f} s)"),
@@ -223,6 +237,7 @@ def measure(workdir: Path, messages: int, size: int, window: int, timeout: float
              f"{filled['rss_before_kib'] / 1024:,.1f} / {filled['rss_after_kib'] / 1024:,.1f} MiB"),
             ("RSS growth per queued message", f"{growth / messages:,.0f} B (payload {size:,} B)"),
             ("data dir on disk", f"{on_disk / 2**20:,.1f} MiB ({on_disk / messages:,.0f} B/message)"),
+            ("  of which page files", f"{paged / 2**20:,.1f} MiB"),
         ]
 
         stop_seconds, code = stop_gracefully(broker)
@@ -240,7 +255,24 @@ def measure(workdir: Path, messages: int, size: int, window: int, timeout: float
         rows.append(("data dir on disk, drained", f"{disk_bytes(data_dir) / 2**20:,.1f} MiB"))
     finally:
         broker.stop()
+    if baseline_messages:
+        rate = in_memory_drain_rate(workdir / "baseline", baseline_messages, size, window, remaining)
+        rows.append((f"baseline: {baseline_messages:,} messages kept in memory, drain",
+                     f"{rate:,.0f} msg/s; the drain above is {messages / drained / rate:.2f}x that"))
     return rows
+
+
+def in_memory_drain_rate(workdir: Path, messages: int, size: int, window: int, remaining) -> float:
+    """Fill and drain a queue on a Warren that keeps every message in memory; the drain's msg/s."""
+    workdir.mkdir()
+    write_config(workdir, messages + 1)
+    broker, _ = start_warren(workdir / "data", workdir / "warren.log", remaining())
+    try:
+        url = BrokerURL.parse(broker.url)
+        run(fill(url, broker.pid, messages, size, window, deadline=time.perf_counter() + remaining()), remaining())
+        return messages / run(drain(url, messages), remaining())
+    finally:
+        broker.stop()
 
 
 def _restart_rows(label: str, figures: Restart, messages: int, empty_rss_kib: int) -> list[tuple[str, str]]:
@@ -266,6 +298,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--size", type=int, default=1024, help="payload bytes per message")
     parser.add_argument("--window", type=int, default=1000, help="unconfirmed publishes allowed at once")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds the whole run may take")
+    parser.add_argument("--in-memory", type=int, help="the broker's queue_messages_in_memory (default: its own)")
+    parser.add_argument("--baseline-messages", type=int, default=0,
+                        help="also drain this many messages kept in memory, to compare (0 = no)")
     args = parser.parse_args(argv)
     if args.messages < 1 or args.size < 0 or args.window < 1:
         parser.error("--messages and --window must be positive, --size not negative")
@@ -276,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="warren-durable-queue-"))
     try:
-        rows = measure(workdir, args.messages, args.size, args.window, args.timeout)
+        rows = measure(workdir, args.messages, args.size, args.window, args.timeout, args.in_memory,
+                       args.baseline_messages)
     except (BenchFailed, BrokerUnavailable, TimeoutError) as error:
         print(f"durable_queue: {error}", file=sys.stderr)
         return 1

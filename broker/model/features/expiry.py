@@ -84,7 +84,12 @@ class ExpiringEntries:
         self.buried = 0
 
     def bury(self, entry: QueueEntry) -> None:
-        """entry expired in place: it stays in the list, without its message, until the head reaches it."""
+        """entry expired in place: it stays in the list, without its message, until the head reaches it (at once if
+        it is the head, as in a queue whose messages all have one TTL and so expire from the head)."""
         entry.place = BURIED
         entry.message = None
         self.buried += 1
+        inner = self.inner
+        while inner and inner[0].place == BURIED:
+            inner.popleft()
+            self.buried -= 1

@@ -56,7 +56,7 @@ class LengthLimit:
         if self._over(1, size):
             return DROPPED, []
         dropped = []
-        while self._over(len(entries) + 1, self.ready_bytes + size):
+        while entries and self._over(len(entries) + 1, self.ready_bytes + size):
             dropped.append(self.removed(entries.popleft()))
         self.ready_bytes += size
         return ENQUEUED, dropped

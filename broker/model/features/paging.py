@@ -1,0 +1,259 @@
+"""Backlogs bigger than memory: once a queue holds ``messages_in_memory`` ready messages, the ones that arrive after
+them wait on disk in the queue's page file (storage.pages), in pages of about PAGE_BYTES, and memory keeps only a
+few counters per page. The part in memory is topped up ahead of consumers: when it falls under half the threshold
+the next page is read back on the page thread, so deliveries rarely wait for the disk (when they must, the page is
+read at once). Pages go to disk in arrival order and come back in that order, behind everything in memory, so
+delivery order is the queue's order; requeued messages go back into the part in memory, to their original
+positions, which always lie before the paged part.
+
+A paged message keeps what its queue entry knew (place in the queue, redelivered flag, return counts, expiry time);
+one with a TTL expires once it is back in memory (as a message in RabbitMQ's classic queues expires only at the
+head). Persistent messages also stay in the message store as before; the page copy is the one delivered, and the
+store's copy is what a restart recovers (page files are emptied at every start). Priority queues keep every
+message in memory."""
+
+from __future__ import annotations
+
+import struct
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterator
+
+from broker.model.message import Address, Header, Message, QueueEntry
+
+if TYPE_CHECKING:
+    from broker.model.features.expiry import ExpiringEntries
+    from broker.model.features.priority import FifoEntries
+    from storage.pages import PageFile, PageLocation, PageStore
+
+PAGE_BYTES = 256 << 10  # a page is sealed and written once its records reach this size
+
+# A record: seq, msg_id, expires_at, acquired_count, delivery_count, redelivered, and the lengths of the exchange,
+# routing key, content header and body that follow it.
+RECORD = struct.Struct("<QQqIIBHIIQ")
+
+
+@dataclass
+class Paging:
+    """Where a node's queues page and past how many ready messages in memory."""
+    store: "PageStore"
+    messages_in_memory: int  # ready messages a queue keeps in memory before later ones are paged
+
+
+def encode(entry: QueueEntry, into: bytearray) -> None:
+    message = entry.message
+    address, header, body = message.address, message.header.payload, message.body
+    exchange, routing_key = address.exchange_bytes, address.routing_key_bytes
+    into += RECORD.pack(entry.seq, message.msg_id, entry.expires_at, entry.acquired_count, entry.delivery_count,
+                        entry.redelivered, len(exchange), len(routing_key), len(header), len(body))
+    into += exchange
+    into += routing_key
+    into += header
+    into += body
+
+
+def decode(data: bytes) -> list[QueueEntry]:
+    """The entries of a page, in order; consecutive messages with the same address or header share one object."""
+    entries = []
+    view = memoryview(data)
+    unpack, size = RECORD.unpack_from, RECORD.size
+    position, end = 0, len(data)
+    address = header = None
+    while position < end:
+        (seq, msg_id, expires_at, acquired, delivered, redelivered, exchange_length, key_length, header_length,
+         body_length) = unpack(data, position)
+        position += size
+        exchange = data[position:position + exchange_length]
+        position += exchange_length
+        routing_key = data[position:position + key_length]
+        position += key_length
+        if address is None or address.exchange_bytes != exchange or address.routing_key_bytes != routing_key:
+            address = Address(exchange.decode(), routing_key.decode())
+        payload = view[position:position + header_length]
+        position += header_length
+        if header is None or header.payload != payload:
+            header = Header(bytes(payload))
+        body = data[position:position + body_length]
+        position += body_length
+        entry = QueueEntry(seq, Message(address, header, body, msg_id), bool(redelivered), expires_at)
+        entry.acquired_count, entry.delivery_count = acquired, delivered
+        entries.append(entry)
+    return entries
+
+
+class Page:
+    """A run of paged entries: its bytes while being written (or if the write failed), else where they are."""
+
+    __slots__ = ("data", "location", "count", "body_bytes", "persistent", "persistent_bytes", "stored_ids",
+                 "taken")
+
+    def __init__(self):
+        self.data: bytearray | bytes | None = bytearray()  # the encoded entries, None once safely on disk
+        self.location: "PageLocation | None" = None  # where it was written, None while it fills
+        self.count = 0  # entries in it
+        self.body_bytes = 0  # their body bytes
+        self.persistent = 0  # entries whose message is marked persistent (delivery mode 2)
+        self.persistent_bytes = 0  # their body bytes
+        self.stored_ids: list[int] = []  # store ids of entries whose message is in the message store
+        self.taken = False  # read back (a read still under way is then ignored)
+
+
+class PagedEntries:
+    """The ready list of a queue that has paged: its part in memory (inner: FIFO, wrapped in ExpiringEntries once
+    the queue has held a message with a TTL) followed by pages. Offers what a queue asks of its ready list (append,
+    popleft, put_back, clear, bury, len, truth, iteration); iteration walks the part in memory only, the pages being
+    summed up by the counters below. Asked whether it is empty while the part in memory is, it reads the next page
+    at once, so that the answer holds for the popleft that follows even if a page cannot be read."""
+
+    __slots__ = ("inner", "file", "in_memory", "low", "pages", "filling", "paged", "paged_bytes",
+                 "paged_persistent", "paged_persistent_bytes", "reading", "paged_in")
+
+    def __init__(self, inner: "FifoEntries | ExpiringEntries", file: "PageFile", in_memory: int,
+                 paged_in: Callable[[list[QueueEntry]], None]):
+        self.inner = inner  # the entries in memory, in delivery order (requeued ones merged in by seq)
+        self.file = file  # where sealed pages go
+        self.in_memory = in_memory  # entries in memory past which arrivals are paged
+        self.low = max(1, in_memory // 2)  # entries in memory under which the next page is read back
+        self.pages: deque[Page] = deque()  # sealed pages, oldest first
+        self.filling = Page()  # the page arrivals go to (read back from memory if reached before it is sealed)
+        self.paged = 0  # entries in pages (including filling)
+        self.paged_bytes = 0  # their body bytes
+        self.paged_persistent = 0  # of them, messages marked persistent
+        self.paged_persistent_bytes = 0  # their body bytes
+        self.reading: Page | None = None  # the page being read back on the page thread
+        self.paged_in = paged_in  # told of entries back in memory (before they are delivered)
+
+    def __len__(self) -> int:
+        return len(self.inner) + self.paged
+
+    def __bool__(self) -> bool:
+        if not self.inner and self.paged:
+            self._page_in_now()
+        return bool(self.inner)
+
+    def __iter__(self) -> Iterator[QueueEntry]:
+        """The entries in memory (the paged ones are in the counters)."""
+        return iter(self.inner)
+
+    def append(self, entry: QueueEntry) -> bool:
+        """Add entry at the tail; True if it was paged (the queue then keeps no reference to it)."""
+        if not self.paged and len(self.inner) < self.in_memory:
+            self.inner.append(entry)
+            return False
+        page = self.filling
+        encode(entry, page.data)
+        message = entry.message
+        size = len(message.body)
+        page.count += 1
+        page.body_bytes += size
+        self.paged += 1
+        self.paged_bytes += size
+        if message.header.scan.delivery_mode == 2:
+            page.persistent += 1
+            page.persistent_bytes += size
+            self.paged_persistent += 1
+            self.paged_persistent_bytes += size
+        if message.msg_id:
+            page.stored_ids.append(message.msg_id)
+        if len(page.data) >= PAGE_BYTES:
+            self._seal()
+        return True
+
+    def _seal(self) -> None:
+        page, self.filling = self.filling, Page()
+        page.data = bytes(page.data)
+        self.pages.append(page)
+
+        def written(ok: bool) -> None:
+            if ok and not page.taken:
+                page.data = None  # on disk: memory lets it go
+            else:  # back already, or kept in memory since the write failed: the disk copy is not needed
+                self.file.release(page.location)
+
+        page.location = self.file.write(page.data, written)
+
+    def popleft(self) -> QueueEntry:
+        inner = self.inner
+        if not inner and self.paged:
+            self._page_in_now()
+        entry = inner.popleft()
+        if self.paged and self.reading is None and len(inner) < self.low:
+            self._read_ahead()
+        return entry
+
+    def top_up(self) -> None:
+        """Entries left the part in memory other than from the head (they expired): read the next page if it runs
+        low."""
+        if self.paged and self.reading is None and len(self.inner) < self.low:
+            self._read_ahead()
+
+    def _next_page(self) -> Page:
+        return self.pages[0] if self.pages else self.filling
+
+    def _read_ahead(self) -> None:
+        """Bring the next page back: from memory at once if it is still there, else on the page thread."""
+        page = self._next_page()
+        if page.data is not None:
+            self._arrived(page, page.data)
+            return
+        self.reading = page
+        self.file.read(page.location, lambda data: self._read_done(page, data))
+
+    def _read_done(self, page: Page, data: bytes | None) -> None:
+        if page.taken:
+            return  # taken meanwhile (read at once, or dropped by a purge)
+        self.reading = None
+        self._arrived(page, data)
+        if self.paged and len(self.inner) < self.low:
+            self._read_ahead()
+
+    def _page_in_now(self) -> None:
+        """The part in memory is empty and the next page is needed now: read it here, on the loop."""
+        while not self.inner and self.paged:
+            page = self._next_page()
+            self.reading = None
+            self._arrived(page, page.data if page.data is not None else self.file.read_now(page.location))
+
+    def _arrived(self, page: Page, data: bytes | None) -> None:
+        """page is back (data None: it could not be read, and its messages are lost to this run; persistent ones
+        come back after a restart, from the message store)."""
+        page.taken = True
+        if page is self.filling:
+            self.filling = Page()
+        else:
+            self.pages.popleft()
+        if page.location is not None and page.data is None:
+            self.file.release(page.location)  # else written() releases it once its write ends
+        self.paged -= page.count
+        self.paged_bytes -= page.body_bytes
+        self.paged_persistent -= page.persistent
+        self.paged_persistent_bytes -= page.persistent_bytes
+        if data is None:
+            return
+        entries = decode(bytes(data) if isinstance(data, bytearray) else data)  # a filling page is a bytearray
+        inner = self.inner
+        for entry in entries:
+            inner.append(entry)
+        self.paged_in(entries)
+
+    def stored_ids(self) -> Iterator[int]:
+        """Store ids of the paged messages that are in the message store."""
+        for page in (*self.pages, self.filling):
+            yield from page.stored_ids
+
+    def put_back(self, requeued: list[QueueEntry]) -> None:
+        self.inner.put_back(requeued)
+
+    def bury(self, entry: QueueEntry) -> None:
+        """entry expired in the part in memory (see features.expiry)."""
+        self.inner.bury(entry)
+
+    def clear(self) -> None:
+        self.inner.clear()
+        for page in (*self.pages, self.filling):
+            page.taken = True
+        self.pages.clear()
+        self.filling = Page()
+        self.file.discard()
+        self.reading = None
+        self.paged = self.paged_bytes = self.paged_persistent = self.paged_persistent_bytes = 0
