@@ -14,7 +14,7 @@ from pathlib import Path
 
 from broker.config import TABLE_ARRAYS, Config, ConfigError, read_definitions
 from broker.connection.alarms.disk import DiskAlarm
-from broker.connection.alarms.memory import MemoryAlarm, memory_limit
+from broker.connection.alarms.memory import MemoryAlarm, memory_limit, release_freed_memory
 from broker.connection.connection import Connection
 from broker.model.definitions import DefinitionsError, import_definitions
 from broker.model.durability import restore
@@ -125,6 +125,7 @@ class Server:
         """Take the port (so that one in use is reported at once), recover durable state, then serve."""
         self.listener = await self._listen()
         self._recover()
+        release_freed_memory()
         self.memory_alarm.start()
         await self.listener.start_serving()
         host, port = self.listener.sockets[0].getsockname()[:2]

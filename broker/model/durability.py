@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import reprlib
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from broker.model.arguments import validate_exchange_arguments, validate_queue_arguments
 from broker.model.arguments.exchange import DELAYED_TYPE
@@ -153,19 +153,24 @@ def _restore_vhost(vhost: "VirtualHost", recovered: "Recovered", skipped: set[st
     restored = 0
     addresses: dict[tuple[str, str], Address] = {}  # shared by the messages that have the same one
     headers: dict[bytes, Header] = {}
-    for queue in vhost.queues.values():
-        stored = recovered.messages.get(queue.store_key, ())
-        messages = []
-        for item in stored:
+
+    def messages_of(stored: list) -> Iterator[tuple[Message, bool]]:
+        """The queue's stored messages as broker messages, each let go by the recovered list once made (a deep
+        queue pages them as they come, so they need not all be in memory twice)."""
+        nonlocal restored
+        for position, item in enumerate(stored):
+            stored[position] = None
             address = addresses.get((item.exchange, item.routing_key))
             if address is None:
                 address = addresses[item.exchange, item.routing_key] = Address(item.exchange, item.routing_key)
             header = headers.get(item.header_payload)
             if header is None:
                 header = headers[item.header_payload] = Header(item.header_payload)
-            messages.append((Message(address, header, item.body, item.msg_id), item.redelivered))
-        queue.restore(messages)
-        restored += len(messages)
+            restored += 1
+            yield Message(address, header, item.body, item.msg_id), item.redelivered
+
+    for queue in vhost.queues.values():
+        queue.restore(messages_of(recovered.messages.pop(queue.store_key, [])))
     for exchange in vhost.exchanges.values():
         if exchange.holds_delayed:
             stored = recovered.messages.get(exchange.delayed.store_key, ())

@@ -259,8 +259,9 @@ class Queue:
         if self.consumers:
             self.vhost.dispatcher.mark(self)
 
-    def restore(self, messages: list[tuple[Message, bool]]) -> None:
-        """Messages recovered from disk with their redelivered flags, in order; TTLs count again from now."""
+    def restore(self, messages: Iterable[tuple[Message, bool]]) -> None:
+        """Messages recovered from disk with their redelivered flags, in order; TTLs count again from now. Pages are
+        written as they fill, so that a deep queue's messages do not all wait in memory for the loop to start."""
         now = now_ms()
         for message, redelivered in messages:
             entry = QueueEntry(self.next_seq, message, redelivered)
@@ -269,6 +270,10 @@ class Queue:
             if ttl is not None:
                 self._will_expire(entry, ttl, now)
             self._add_ready(entry)
+            if self.paging is not None:
+                self.paging.write_now = True
+        if self.paging is not None:
+            self.paging.write_now = False
         if self.limit is not None:
             self._count_limit_bytes()
 

@@ -1,7 +1,7 @@
 """One large durable queue on a Warren: publish rate, memory and disk per message, recovery time, drain rate.
 
     python -m tests.bench.durable_queue [--messages 1000000] [--size 1024] [--window 1000] [--timeout 3600]
-                                        [--in-memory N] [--baseline-messages M]
+                                        [--in-memory N] [--baseline-messages M] [--no-restarts]
 
 Starts a Warren on a temporary data dir, fills one durable queue with persistent messages under publisher confirms,
 reads the broker's RSS before and after, restarts it after a SIGTERM and again after a SIGKILL (timing each
@@ -207,7 +207,7 @@ def write_config(workdir: Path, in_memory: int | None) -> None:
 
 
 def measure(workdir: Path, messages: int, size: int, window: int, timeout: float, in_memory: int | None = None,
-            baseline_messages: int = 0) -> list[tuple[str, str]]:
+            baseline_messages: int = 0, restarts: bool = True) -> list[tuple[str, str]]:
     """Every phase in turn; returns the table's rows."""
     deadline = time.monotonic() + timeout
 
@@ -240,14 +240,15 @@ def measure(workdir: Path, messages: int, size: int, window: int, timeout: float
             ("  of which page files", f"{paged / 2**20:,.1f} MiB"),
         ]
 
-        stop_seconds, code = stop_gracefully(broker)
-        rows.append(("SIGTERM stop", f"{stop_seconds:,.2f} s (exit code {code})"))
-        broker, after_term = restart(data_dir, workdir / "warren-after-sigterm.log", remaining())
-        rows += _restart_rows("after SIGTERM", after_term, messages, filled["rss_before_kib"])
+        if restarts:
+            stop_seconds, code = stop_gracefully(broker)
+            rows.append(("SIGTERM stop", f"{stop_seconds:,.2f} s (exit code {code})"))
+            broker, after_term = restart(data_dir, workdir / "warren-after-sigterm.log", remaining())
+            rows += _restart_rows("after SIGTERM", after_term, messages, filled["rss_before_kib"])
 
-        kill(broker)
-        broker, after_kill = restart(data_dir, workdir / "warren-after-sigkill.log", remaining())
-        rows += _restart_rows("after SIGKILL", after_kill, messages, filled["rss_before_kib"])
+            kill(broker)
+            broker, after_kill = restart(data_dir, workdir / "warren-after-sigkill.log", remaining())
+            rows += _restart_rows("after SIGKILL", after_kill, messages, filled["rss_before_kib"])
 
         drained = run(drain(BrokerURL.parse(broker.url), messages), remaining())
         rows.append((f"drain (prefetch {PREFETCH}, multiple ack per {ACK_EVERY})",
@@ -299,6 +300,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--window", type=int, default=1000, help="unconfirmed publishes allowed at once")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds the whole run may take")
     parser.add_argument("--in-memory", type=int, help="the broker's queue_messages_in_memory (default: its own)")
+    parser.add_argument("--no-restarts", dest="restarts", action="store_false",
+                        help="drain without restarting the broker first")
     parser.add_argument("--baseline-messages", type=int, default=0,
                         help="also drain this many messages kept in memory, to compare (0 = no)")
     args = parser.parse_args(argv)
@@ -312,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="warren-durable-queue-"))
     try:
         rows = measure(workdir, args.messages, args.size, args.window, args.timeout, args.in_memory,
-                       args.baseline_messages)
+                       args.baseline_messages, args.restarts)
     except (BenchFailed, BrokerUnavailable, TimeoutError) as error:
         print(f"durable_queue: {error}", file=sys.stderr)
         return 1

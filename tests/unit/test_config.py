@@ -41,6 +41,7 @@ def test_file_then_overrides(tmp_path):
     ("[server\n", "is not valid TOML"),
     ("[amqp]\nfailed_login_delay = -1\n", "failed_login_delay must be between 0 and 10, got -1"),
     ("[amqp]\nconsumer_timeout = -1\n", "consumer_timeout must be 0 (no limit) or more milliseconds, got -1"),
+    ("[server]\nqueue_messages_in_memory = 0\n", "queue_messages_in_memory must be at least 1, got 0"),
     ("[amqp]\nfailed_login_delay = 11.5\n", "failed_login_delay must be between 0 and 10, got 11.5"),
     ('[amqp]\nfailed_login_delay = "1s"\n', "failed_login_delay must be a number, got '1s'"),
 ])

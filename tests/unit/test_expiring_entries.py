@@ -52,9 +52,20 @@ def test_clearing_marks_every_entry_taken():
     made = [entry(seq) for seq in range(3)]
     for item in made:
         entries.append(item)
-    entries.bury(made[0])
+    entries.bury(made[1])  # a tombstone between two live entries
     entries.clear()
     assert (len(entries), [item.place for item in made]) == (0, [TAKEN, TAKEN, TAKEN])
+
+
+def test_tombstones_at_the_head_are_let_go_at_once():
+    entries = ExpiringEntries(FifoEntries())
+    made = [entry(seq) for seq in range(4)]
+    for item in made:
+        entries.append(item)
+    entries.bury(made[1])
+    assert (len(entries.inner), entries.buried) == (4, 1)  # behind a live entry it waits
+    entries.bury(made[0])
+    assert (len(entries.inner), entries.buried, [item.seq for item in entries.inner]) == (2, 0, [2, 3])
 
 
 def test_a_priority_queue_skips_tombstones_at_every_level():

@@ -106,7 +106,7 @@ class PagedEntries:
     at once, so that the answer holds for the popleft that follows even if a page cannot be read."""
 
     __slots__ = ("inner", "file", "in_memory", "low", "pages", "filling", "paged", "paged_bytes",
-                 "paged_persistent", "paged_persistent_bytes", "reading", "paged_in")
+                 "paged_persistent", "paged_persistent_bytes", "reading", "paged_in", "write_now")
 
     def __init__(self, inner: "FifoEntries | ExpiringEntries", file: "PageFile", in_memory: int,
                  paged_in: Callable[[list[QueueEntry]], None]):
@@ -122,6 +122,7 @@ class PagedEntries:
         self.paged_persistent_bytes = 0  # their body bytes
         self.reading: Page | None = None  # the page being read back on the page thread
         self.paged_in = paged_in  # told of entries back in memory (before they are delivered)
+        self.write_now = False  # pages are written on the loop's thread (recovery, before the loop serves)
 
     def __len__(self) -> int:
         return len(self.inner) + self.paged
@@ -163,6 +164,11 @@ class PagedEntries:
         page, self.filling = self.filling, Page()
         page.data = bytes(page.data)
         self.pages.append(page)
+        if self.write_now:
+            page.location = self.file.write_now(page.data)
+            if page.location is not None:
+                page.data = None
+            return
 
         def written(ok: bool) -> None:
             if ok and not page.taken:
