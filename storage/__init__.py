@@ -15,7 +15,8 @@ Public API (``storage.store``)::
     store.stats()                               # bytes_on_disk, segments, live_messages, index_bytes, fsyncs ...
 
 ``Recovered`` holds exchanges/queues/bindings (plus vhosts/users/policies): the ``data`` dicts last given to
-``append_definition``, in creation order; ``messages``: queue -> ``StoredMessage`` list in queue (= msg id) order;
+``append_definition``, in creation order; ``messages``: queue -> ``StoredMessage`` list in queue (= msg id) order
+(a ``StoredMessage``'s body is read from its segment when first asked for: take it before the store changes more);
 ``next_msg_id``; ``set_aside_definitions``: (kind, name) of definitions whose record could not be decoded (keep
 such a queue's messages); ``report`` (records, bytes, segments, torn_tail_bytes, corrupt_segments, corrupt_ranges,
 quarantined_bytes, set_aside_records, rehomed_messages, definitions_damaged (definitions may be missing that

@@ -140,15 +140,16 @@ class PublishReader:
         self._names: dict[bytes, str] = {}
         self._headers: dict[bytes, bytes] = {}
 
-    def read(self, data: bytes, start: int, end: int) -> tuple[int, Metadata, bytes]:
-        """(msg id, (queues, exchange, routing key, header payload), body) of the record ``data[start:end]``."""
+    def read(self, data: bytes, start: int, end: int) -> tuple[int, Metadata, int]:
+        """(msg id, (queues, exchange, routing key, header payload), where the body starts) of the record
+        ``data[start:end]`` (its body runs to end)."""
         (msg_id,) = _MSG_ID.unpack_from(data, start + 1)
         meta_start = start + _PUBLISH_HEAD.size - 2  # the queue count is part of the metadata
         meta = self._meta
         if meta is not None and data.startswith(meta, meta_start):
-            return msg_id, self._decoded, data[meta_start + len(meta):end]
+            return msg_id, self._decoded, meta_start + len(meta)
         body_start = self._decode_metadata(data, meta_start)
-        return msg_id, self._decoded, data[body_start:end]
+        return msg_id, self._decoded, body_start
 
     def _decode_metadata(self, data: bytes, pos: int) -> int:
         meta_start = pos

@@ -12,6 +12,7 @@ once wrote one data dir) gets a fresh id and moves to a segment of its own, so e
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import time
 from collections.abc import Callable
@@ -21,19 +22,61 @@ from pathlib import Path
 from storage import format, records, salvage
 from storage.definitions import DefinitionTable
 from storage.index import MessageIndex
-from storage.segments import CLEAN_MARKER, DEFINITIONS_LOG, fsync_directory, segment_numbers, segment_path
+from storage.segments import (
+    CLEAN_MARKER, DEFINITIONS_LOG, fsync_directory, messages_directory, segment_numbers, segment_path,
+)
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)
+class SegmentBodies:
+    """The bodies of recovered messages, read from their segment files when asked for, so that recovery never holds
+    every queued body in memory at once. A segment is mapped on its first read (once recovery has repaired the
+    files) and unmapped when this object goes; a mapping keeps reading the file it mapped even if the store later
+    compacts or deletes it."""
+
+    def __init__(self, segments_dir: Path) -> None:
+        self.segments_dir = segments_dir
+        self.maps: dict[int, mmap.mmap] = {}  # segment number -> its mapping
+
+    def read(self, number: int, start: int, end: int) -> bytes:
+        mapping = self.maps.get(number)
+        if mapping is None:
+            with open(segment_path(self.segments_dir, number), "rb") as file:
+                mapping = self.maps[number] = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+        return mapping[start:end]
+
+
 class StoredMessage:
-    msg_id: int  # broker-wide id, assigned by the broker, increasing
-    exchange: str
-    routing_key: str
-    header_payload: bytes  # raw AMQP content-header payload (class 60, weight, body size, flags, properties)
-    body: bytes
-    redelivered: bool  # it had been delivered from this queue before the stop
+    """A message read back from the store, for one queue; its body is read from its segment when first asked for
+    (bodies is None when it is in hand already)."""
+
+    __slots__ = ("msg_id", "exchange", "routing_key", "header_payload", "redelivered", "_body", "_bodies", "_where")
+
+    def __init__(self, msg_id: int, exchange: str, routing_key: str, header_payload: bytes, body: bytes | None,
+                 redelivered: bool, bodies: SegmentBodies | None = None, where: tuple[int, int, int] = (0, 0, 0)):
+        self.msg_id = msg_id  # broker-wide id, assigned by the broker, increasing
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.header_payload = header_payload  # raw AMQP content-header payload (class 60, ... , properties)
+        self.redelivered = redelivered  # it had been delivered from this queue before the stop
+        self._body = body  # the body, or None while it is only in its segment
+        self._bodies = bodies  # where to read it from then
+        self._where = where  # (segment number, start, end) of the body in that segment
+
+    @property
+    def body(self) -> bytes:
+        if self._body is not None:
+            return self._body
+        return self._bodies.read(*self._where)
+
+    def keep_body(self, rewritten: dict[int, bytes]) -> None:
+        """Keep the body in hand if its segment is about to be rewritten (rewritten: number -> its content)."""
+        if self._body is None:
+            number, start, end = self._where
+            data = rewritten.get(number)
+            if data is not None:
+                self._body = data[start:end]
 
 
 @dataclass
@@ -79,6 +122,8 @@ class _Reader:
         self.index = MessageIndex()
         self.definitions = DefinitionTable()
         self.queues: dict[str, dict[int, StoredMessage]] = {}  # queue -> live messages by id, in order
+        self.bodies = SegmentBodies(messages_directory(data_dir))  # where the bodies of those messages are read
+        self.segment = 0  # number of the segment being read
         self.publishes = records.PublishReader()  # shared by all segments, so equal values are shared across them
         self.quarantine = salvage.Quarantine(data_dir)
         self.repairs: list[tuple[Path, bytes, list[tuple[int, int]]]] = []  # files to repair once all is read
@@ -193,17 +238,19 @@ class _Reader:
         kind = data[start]
         index = self.index
         if kind == records.PUBLISH:
-            msg_id, metadata, body = self.publishes.read(data, start, end)
+            msg_id, metadata, body_start = self.publishes.read(data, start, end)
             if msg_id <= index.last_id:
-                self.misplaced.append(_Misplaced(msg_id, metadata, body))
+                self.misplaced.append(_Misplaced(msg_id, metadata, data[body_start:end]))
                 self.moved.append((start - records.FRAME_SIZE, end))
                 return
             queues, exchange, routing_key, header_payload = metadata
+            where = (self.segment, body_start, end)
             for queue, delivered in index.add_recovered(msg_id, queues):
                 messages = self.queues.get(queue)
                 if messages is None:
                     messages = self.queues[queue] = {}
-                messages[msg_id] = StoredMessage(msg_id, exchange, routing_key, header_payload, body, delivered)
+                messages[msg_id] = StoredMessage(msg_id, exchange, routing_key, header_payload, None, delivered,
+                                                 self.bodies, where)
         elif kind in (records.REMOVED, records.DELIVERED):
             # a compacted publish lists only its live queues, so an older record may name a queue it has left
             queue, ids = records.decode_id_list(payload)
@@ -254,7 +301,14 @@ class _Reader:
         return segment.size
 
     def repair(self) -> None:
-        """Take the damaged, set-aside and moved ranges out of their files (all are kept elsewhere by now)."""
+        """Take the damaged, set-aside and moved ranges out of their files (all are kept elsewhere by now). The
+        bodies of live messages in a segment rewritten so are kept in hand first: their places in it change."""
+        rewritten = {int(path.stem): data for path, data, drop in self.repairs
+                     if path.name != DEFINITIONS_LOG and not (len(drop) == 1 and drop[0][1] == len(data))}
+        if rewritten:
+            for messages in self.queues.values():
+                for message in messages.values():
+                    message.keep_body(rewritten)
         for path, data, drop in self.repairs:
             suffix = ".snapshot" if path.name == DEFINITIONS_LOG else ".compacting"
             salvage.repair(path, data, drop, suffix)
@@ -278,6 +332,7 @@ def recover(data_dir: Path, segments_dir: Path) -> RecoveredState:
     numbers = segment_numbers(segments_dir)
     index = reader.index
     for position, number in enumerate(numbers):
+        reader.segment = number
         segment = index.roll(number)
         segment.size = reader.read_file(
             segment_path(segments_dir, number), position == len(numbers) - 1, records.SEGMENT_TYPES,

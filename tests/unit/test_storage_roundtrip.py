@@ -171,3 +171,24 @@ def test_message_ids_must_increase(tmp_path):
     run(tmp_path, work)
     assert errors
     assert bodies(reopen(tmp_path), "q") == [b"x"]
+
+
+def test_recovery_reads_bodies_when_asked_so_a_big_backlog_is_not_all_in_memory_at_once(tmp_path):
+    import tracemalloc
+
+    body_size, count = 64 * 1024, 1000  # 64 MiB of bodies in four segments
+
+    def work(store):
+        for msg_id in range(count):
+            store.append_message(msg_id, ("big",), "", "big", b"\x00\x3c", bytes([msg_id % 256]) * body_size)
+
+    run(tmp_path, work)
+    tracemalloc.start()
+    try:
+        recovered = reopen(tmp_path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 40 * 2**20  # about one segment read at a time, not the 64 MiB of bodies
+    messages = recovered.messages["big"]
+    assert [len(messages), messages[300].body] == [count, bytes([300 % 256]) * body_size]
