@@ -15,6 +15,7 @@ message in memory."""
 from __future__ import annotations
 
 import struct
+from array import array
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator
@@ -94,7 +95,7 @@ class Page:
         self.body_bytes = 0  # their body bytes
         self.persistent = 0  # entries whose message is marked persistent (delivery mode 2)
         self.persistent_bytes = 0  # their body bytes
-        self.stored_ids: list[int] = []  # store ids of entries whose message is in the message store
+        self.stored_ids = array("Q")  # store ids of entries whose message is in the message store (8 bytes each)
         self.taken = False  # read back (a read still under way is then ignored)
 
 
