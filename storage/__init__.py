@@ -49,6 +49,7 @@ Contract with the broker:
 - Redelivered flag: tracked through ``append_delivered``. A recovered message is redelivered=True iff a delivery
   of it from that queue reached the disk, after a clean close or a crash alike. DELIVERED records ride with the
   next batch without being waited for, so a delivery made just before a crash may come back redelivered=False.
+  The removals (and deliveries) of one queue gathered in a batch are written as one record.
 - After ``close()`` a restart shows exactly the state before. After kill -9, every message whose callback ran is
   back; a removal whose callback had not run yet may or may not be undone (at-least-once).
 

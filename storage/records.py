@@ -72,10 +72,11 @@ def publish_head(
     return FRAME.pack(length, crc) + meta
 
 
-def id_list(kind: int, queue: str, msg_ids: list[int]) -> bytes:
+def id_list(kind: int, queue: str, msg_ids: "list[int] | array") -> bytes:
     """A framed REMOVED or DELIVERED record."""
     name = queue.encode()
-    return frame(_ID_LIST_HEAD.pack(kind, len(name)) + name + array("Q", msg_ids).tobytes())
+    ids = msg_ids if isinstance(msg_ids, array) else array("Q", msg_ids)
+    return frame(_ID_LIST_HEAD.pack(kind, len(name)) + name + ids.tobytes())
 
 
 def definition(kind: str, name: str, data_json: bytes) -> bytes:

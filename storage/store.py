@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from array import array
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -65,6 +66,9 @@ class MessageStore:
         self._pending_definitions = bytearray()
         self._callbacks: list[Callable[[bool], None]] = []
         self._published: list[tuple[int, tuple[str, ...]]] = []  # publishes in the pending batch
+        # REMOVED/DELIVERED ids by (record type, queue), gathered until the batch is taken (or the head rolls), so
+        # that a turn's acks or deliveries from one queue make one record rather than one each
+        self._pending_ids: dict[tuple[int, str], array] = {}
         self._deletions: list[int] = []  # spent segments whose unlink failed with a batch: retried with the next
         self._definitions_log_bytes = 0  # definitions log size once the pending batch is written
         self._snapshot_due = False  # rewrite the definitions log with the next batch
@@ -151,11 +155,23 @@ class MessageStore:
             self._append_ids(records.DELIVERED, queue, marked)
 
     def _append_ids(self, kind: int, queue: str, msg_ids: list[int]) -> None:
-        record = records.id_list(kind, queue, msg_ids)
-        self._index.head.size += len(record)
-        self._buffer += record
+        pending = self._pending_ids.get((kind, queue))
+        if pending is None:
+            pending = self._pending_ids[kind, queue] = array("Q")
+        pending.extend(msg_ids)
         if not self._kick_scheduled:
             self._schedule_kick()
+
+    def _flush_ids(self) -> None:
+        """Write the gathered ids into the head segment, the one the index linked them to."""
+        if not self._pending_ids:
+            return
+        head, buffer = self._index.head, self._buffer
+        for (kind, queue), msg_ids in self._pending_ids.items():
+            record = records.id_list(kind, queue, msg_ids)
+            head.size += len(record)
+            buffer += record
+        self._pending_ids = {}
 
     def append_definition(self, kind: str, name: str, data: dict | None) -> None:
         """Durable definition change; ``data`` None means deleted. kind: exchange/queue/binding/vhost/user/policy."""
@@ -186,6 +202,7 @@ class MessageStore:
             self._roll()
 
     def _roll(self) -> Segment:
+        self._flush_ids()
         segment = self._index.roll(self._index.head.number + 1)
         self._new_chunk(segment.number)
         self._head_on_disk = False
@@ -208,6 +225,7 @@ class MessageStore:
             self._hand_over()
 
     def _take_batch(self) -> Batch:
+        self._flush_ids()
         index = self._index
         deletions, compactions = index.housekeeping(self._compact_ratio, self._min_compact_bytes)
         batch = Batch(

@@ -192,3 +192,19 @@ def test_recovery_reads_bodies_when_asked_so_a_big_backlog_is_not_all_in_memory_
     assert peak < 40 * 2**20  # about one segment read at a time, not the 64 MiB of bodies
     messages = recovered.messages["big"]
     assert [len(messages), messages[300].body] == [count, bytes([300 % 256]) * body_size]
+
+
+def test_removals_and_deliveries_from_one_queue_in_one_batch_are_written_as_one_record_each(tmp_path):
+    run(tmp_path, lambda store: [store.append_message(i, ("q",), "", "q", b"h", b"%d" % i) for i in range(10)])
+
+    def settle_one_by_one(store):
+        for msg_id in range(5):
+            store.append_removed("q", [msg_id])
+        for msg_id in range(5, 8):
+            store.append_delivered("q", [msg_id])
+
+    run(tmp_path, settle_one_by_one)
+    recovered = reopen(tmp_path)
+    assert [(m.msg_id, m.redelivered) for m in recovered.messages["q"]] == [
+        (5, True), (6, True), (7, True), (8, False), (9, False)]
+    assert recovered.report["records"] == 10 + 2
