@@ -12,8 +12,9 @@ import sys
 
 import uvloop
 
-from broker.config import LOG_LEVELS, ConfigError, load_config
-from broker.connection.server import Server, StartupError
+from broker import logs
+from broker.config import LOG_FORMATS, LOG_LEVELS, ConfigError, load_config
+from broker.connection.server import Server, StartupError, version
 from broker.management.server import start_management
 
 log = logging.getLogger("broker")
@@ -26,15 +27,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, help="AMQP port (default 5672; 0 picks a free one)")
     parser.add_argument("--data-dir", dest="data_dir", help="directory for durable state (default ./data)")
     parser.add_argument("--log-level", dest="log_level", choices=LOG_LEVELS, help="default info")
+    parser.add_argument("--log-format", dest="log_format", choices=LOG_FORMATS,
+                        help="text lines (default) or one JSON object per line")
     parser.add_argument("--management-port", dest="management_port", type=int,
                         help="management HTTP API port (default 15672; 0 = no API)")
+    parser.add_argument("--version", action="version", version=f"warren-server {version()}")
     return parser.parse_args(argv)
 
 
 # Settings that may come from the environment (above the config file, below the command line), so that a password
 # need not appear in a config file or on a command line (the Docker image's WARREN_DEFAULT_USER/PASS).
 ENVIRONMENT = {"default_user": "WARREN_DEFAULT_USER", "default_pass": "WARREN_DEFAULT_PASS"}
-COMMAND_LINE = ("host", "port", "data_dir", "log_level", "management_port")
+COMMAND_LINE = ("host", "port", "data_dir", "log_level", "log_format", "management_port")
 
 
 def config_overrides(args: argparse.Namespace, environ: dict[str, str]) -> dict:
@@ -72,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"warren-server: {error}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(config.log_level, config.log_format)
     try:
         uvloop.run(serve(config))
     except StartupError as error:

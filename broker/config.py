@@ -11,6 +11,7 @@ from broker.connection.login_throttle import MAX_DELAY as MAX_FAILED_LOGIN_DELAY
 from protocol.constants import DEFAULT_CHANNEL_MAX, DEFAULT_FRAME_MAX, DEFAULT_HEARTBEAT, FRAME_MIN_SIZE
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")  # plain lines, or one JSON object per line
 MAX_MESSAGE_SIZE_LIMIT = 536870912  # RabbitMQ refuses a max_message_size above 512 MiB
 
 
@@ -24,6 +25,7 @@ class Config:
     port: int = 5672
     data_dir: str = "./data"
     log_level: str = "info"
+    log_format: str = "text"  # one of LOG_FORMATS
     frame_max: int = DEFAULT_FRAME_MAX  # largest frame offered in connection.tune
     channel_max: int = DEFAULT_CHANNEL_MAX  # most channels per connection offered in connection.tune
     heartbeat: int = DEFAULT_HEARTBEAT  # heartbeat seconds offered in connection.tune (0 = off)
@@ -58,7 +60,7 @@ class Config:
 # Which TOML section each key lives in. A key of [management] is the Config field of the same name prefixed
 # "management_" ([management] port = management_port).
 SECTIONS = {
-    "server": ("host", "port", "data_dir", "log_level", "cluster_name", "memory_high_watermark", "memory_limit",
+    "server": ("host", "port", "data_dir", "log_level", "log_format", "cluster_name", "memory_high_watermark", "memory_limit",
                "queue_messages_in_memory", "load_definitions"),
     "management": ("host", "port"),
     "amqp": ("frame_max", "channel_max", "heartbeat", "default_consumer_prefetch", "consumer_timeout",
@@ -166,6 +168,8 @@ def _validate(config: Config) -> None:
         raise ConfigError(f"management_port must be between 0 and 65535, got {config.management_port}")
     if config.log_level not in LOG_LEVELS:
         raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {config.log_level!r}")
+    if config.log_format not in LOG_FORMATS:
+        raise ConfigError(f"log_format must be one of {', '.join(LOG_FORMATS)}, got {config.log_format!r}")
     if config.frame_max < FRAME_MIN_SIZE:
         raise ConfigError(f"frame_max must be at least {FRAME_MIN_SIZE}, got {config.frame_max}")
     if not 1 <= config.channel_max <= 65535:

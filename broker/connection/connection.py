@@ -102,6 +102,7 @@ class Connection(asyncio.Protocol):
         self.sent_since_tick = False  # whether any traffic but our own heartbeats was written since the last tick
         self.timer: asyncio.TimerHandle | None = None  # handshake timeout, then heartbeat ticks, then close wait
         self.peer = ""  # host:port of the client, for logs
+        self.name = ""  # RabbitMQ's name of the connection: "client host:port -> server host:port"
         self.peer_address = ""  # the client's IP address
         self.connected_at = 0  # wall-clock milliseconds when the socket was accepted (shown by the management API)
 
@@ -114,6 +115,8 @@ class Connection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer_address = peer[0] if peer else ""
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        local = transport.get_extra_info("sockname")
+        self.name = f"{self.peer} -> {local[0]}:{local[1]}" if local else self.peer
         self.connected_at = int(time.time() * 1000)
         self.server.connections.add(self)
         self.timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
@@ -264,6 +267,9 @@ class Connection(asyncio.Protocol):
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if AWAIT_HEADER < self.state < CLOSING:
+            peer_log.warning(self.peer_address, "closing AMQP connection %s: client unexpectedly closed TCP "
+                             "connection", self.described())
         self.state = CLOSED
         if self.timer is not None:
             self.timer.cancel()
@@ -317,6 +323,8 @@ class Connection(asyncio.Protocol):
             rest = self.header[8:]
             self.header = b""
             self.state = AWAIT_START_OK
+            # logged once the client speaks AMQP, so that port probes (load balancers' health checks) leave no line
+            peer_log.info(self.peer_address, "accepting AMQP connection %s", self.name)
             self._send_start()
             return rest
         self.transport.write(PROTOCOL_HEADER)
@@ -385,6 +393,8 @@ class Connection(asyncio.Protocol):
             if state == CLOSING:  # both sides closed at once: answer, and still wait for the peer's close-ok
                 self.send_method(0, spec.Connection.CloseOk())
             else:
+                peer_log.info(self.peer_address, "closing AMQP connection %s: the client closed it (%d %.200r)",
+                              self.described(), method.reply_code, method.reply_text)
                 self._release()
                 self.send_method(0, spec.Connection.CloseOk())
                 self._drain()
@@ -449,12 +459,16 @@ class Connection(asyncio.Protocol):
     def _open(self, method: spec.Connection.Open) -> None:
         self.vhost = self.server.node.open_vhost(self.user, method.virtual_host)
         self.state = OPEN
+        provided = self.client_properties.get("connection_name")
+        peer_log.info(self.peer_address, "connection %s: user '%s' authenticated and granted access to vhost '%s'%s",
+                      self.name, self.user, self.vhost.name,
+                      f" (client-provided name: {provided[:200]!r})" if isinstance(provided, str) else "")
         self.send_method(0, spec.Connection.OpenOk())
         self._start_heartbeats()
 
     def _handshake_timeout(self) -> None:
         if self.state < OPEN:
-            peer_log.warning(self.peer_address, "closing %s: handshake timeout", self.peer)
+            peer_log.warning(self.peer_address, "closing AMQP connection %s: handshake timeout", self.name)
             self._terminate()
 
     # --- heartbeats ----------------------------------------------------------------------------------------
@@ -477,8 +491,8 @@ class Connection(asyncio.Protocol):
         elif self.reading_paused():
             self.last_received = now  # we are not reading: the client's heartbeats wait in the socket
         if now - self.last_received > 2 * self.heartbeat:
-            peer_log.warning(self.peer_address, "closing %s: missed heartbeats from client, timeout: %ds", self.peer,
-                             self.heartbeat)
+            peer_log.warning(self.peer_address, "closing AMQP connection %s: missed heartbeats from client, "
+                             "timeout: %ds", self.described(), self.heartbeat)
             self._terminate()
             return
         if not self.sent_since_tick:
@@ -494,8 +508,8 @@ class Connection(asyncio.Protocol):
         on an open channel, else connection.close (or, where RabbitMQ does so, a dropped socket)."""
         close = close_for(error, channel is not None, frame_type, payload)
         if not close.connection:
-            peer_log.info(self.peer_address, "closing channel %d of %s: %s", channel.number, self.peer,
-                          close.reply_text)
+            peer_log.info(self.peer_address, "channel error on connection %s, channel %d: %d %s",
+                          self.described(), channel.number, close.reply_code, close.reply_text)
             self.close_channel(channel.number, send_close_ok=False)
             self.closing_channels.add(channel.number)
             self.send_method(channel.number, spec.Channel.Close(close.reply_code, close.reply_text, close.class_id,
@@ -503,7 +517,8 @@ class Connection(asyncio.Protocol):
             return
         if self.state >= CLOSING:
             return
-        peer_log.warning(self.peer_address, "closing %s: %s", self.peer, close.reply_text)
+        peer_log.warning(self.peer_address, "closing AMQP connection %s: %d %s", self.described(), close.reply_code,
+                         close.reply_text)
         if close.send_close:
             self.close(close.reply_code, close.reply_text, close.class_id, close.method_id)
         else:
@@ -536,8 +551,15 @@ class Connection(asyncio.Protocol):
 
     def close_by_operator(self, reason: str) -> None:
         """An operator closed the connection, or deleted its user or vhost: 320 with reason, as RabbitMQ."""
-        peer_log.warning(self.peer_address, "closing %s: %s", self.peer, reason)
+        peer_log.warning(self.peer_address, "closing AMQP connection %s: %d %s", self.described(), CONNECTION_FORCED,
+                         reason)
         self.close(CONNECTION_FORCED, f"CONNECTION_FORCED - {reason}")
+
+    def described(self) -> str:
+        """The connection's name, with its vhost and user once it has them, for log lines."""
+        if self.vhost is None:
+            return f"{self.name} (user '{self.user}')" if self.user else self.name
+        return f"{self.name} (vhost '{self.vhost.name}', user '{self.user}')"
 
     def _release(self) -> None:
         """Channels and exclusive queues go as soon as the connection closes (before close-ok, as in RabbitMQ), not

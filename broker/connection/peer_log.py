@@ -8,7 +8,8 @@ import logging
 import sys
 import time
 
-LINES_PER_WINDOW = 5  # lines about one address per WINDOW; the others are counted and summed up in one line
+LINES_PER_WINDOW = 20  # lines about one address per WINDOW (an application opening its connections is logged whole);
+# the others are counted and summed up in one line
 WINDOW = 1.0  # seconds
 TRACEBACK_INTERVAL = 60.0  # seconds between two logged tracebacks of internal errors; the others get one line
 MAX_ADDRESSES = 10_000  # addresses with a window open at most; the oldest window is dropped first

@@ -37,7 +37,8 @@ class StartupError(Exception):
     """The broker cannot start; the message tells the operator why (shown without a traceback)."""
 
 
-def _version() -> str:
+def version() -> str:
+    """The installed package's version ("0.0.0" when run from a tree that is not installed)."""
     try:
         return metadata.version("warren")
     except metadata.PackageNotFoundError:
@@ -83,7 +84,7 @@ class Server:
         self.node = Node(self.store, self.paging)  # vhosts, users and permissions
         self.connections: set[Connection] = set()
         self.assembly = BodiesInAssembly()  # message bodies received in part on every connection
-        self.version = _version()
+        self.version = version()
         self.platform = f"Python {platform.python_version()}"
         self.listener: asyncio.base_events.Server | None = None
         limit = memory_limit(config.memory_high_watermark, config.memory_limit)

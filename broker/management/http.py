@@ -85,16 +85,9 @@ def node_name() -> str:
     return f"warren@{socket.gethostname().split('.')[0]}"
 
 
-def connection_name(connection) -> str:
-    """RabbitMQ's name of a connection: "client host:port -> server host:port"."""
-    transport = connection.transport
-    local = transport.get_extra_info("sockname") if transport is not None else None
-    return f"{connection.peer} -> {local[0]}:{local[1]}" if local else connection.peer
-
-
 def channel_name(channel) -> str:
     """RabbitMQ's name of a channel: its connection's name and its number in parentheses."""
-    return f"{connection_name(channel.connection)} ({channel.number})"
+    return f"{channel.connection.name} ({channel.number})"
 
 
 def peer(connection) -> dict:

@@ -215,7 +215,7 @@ def consumer_json(vhost: "VirtualHost", queue: Queue, consumer) -> dict:
         "prefetch_count": consumer.prefetch, "arguments": json_value(consumer.arguments), "active": active,
         "activity_status": status, "queue": {"name": queue.name, "vhost": vhost.name},
         "channel_details": {"name": http.channel_name(channel), "number": channel.number,
-                            "connection_name": http.connection_name(connection), **http.peer(connection),
+                            "connection_name": connection.name, **http.peer(connection),
                             "user": connection.user, "node": http.node_name()},
     }
 

@@ -214,8 +214,12 @@ def import_definitions(node: "Node", document, vhost: str | None = None) -> None
     DefinitionsError, before anything changed, if an item cannot be applied."""
     if not isinstance(document, dict):
         raise DefinitionsError("the definitions must be a JSON object")
-    planner = _Planner(node, document, vhost)
-    _apply(node, planner.plan())
+    plan = _Planner(node, document, vhost).plan()
+    _apply(node, plan)
+    log.info("definitions imported%s: %d vhosts, %d users, %d permissions, %d policies, %d queues, %d exchanges, "
+             "%d bindings", f" into vhost {vhost[:200]!r}" if vhost is not None else "", len(plan.vhosts),
+             len(plan.users), len(plan.permissions), len(plan.policies), len(plan.queues), len(plan.exchanges),
+             len(plan.bindings))
 
 
 class _Planner:

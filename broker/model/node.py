@@ -57,6 +57,7 @@ class Node:
                   default_queue_type: str | None = None) -> VirtualHost:
         """Create a vhost (or update the description and tags of an existing one)."""
         vhost = self.vhosts.get(name)
+        log.info("vhost %.200r %s", name, "added" if vhost is None else "updated")
         if vhost is None:
             vhost = self.vhosts[name] = VirtualHost(name, self.store, self, self.paging)
         vhost.description = description
@@ -74,6 +75,7 @@ class Node:
         for key in [key for key in self.permissions if key[0] == name]:
             self._drop_permission(key)
         self._record("vhost", name, None)
+        log.info("vhost %.200r deleted", name)
         return vhost
 
     # --- users -----------------------------------------------------------------------------------------------
@@ -92,6 +94,8 @@ class Node:
         elif not valid_password_hash(password_hash, hashing_algorithm):
             raise ValueError("password_hash is not a base64-encoded salted hash of the hashing algorithm")
         user = User(name, password_hash, hashing_algorithm, list(tags or []))
+        log.info("user %.200r %s (tags: %.200s)", name, "updated" if name in self.users else "added",
+                 ", ".join(user.tags) or "none")
         self.users[name] = user
         self._record("user", name, user.definition())
         return user
@@ -104,6 +108,7 @@ class Node:
         for key in [key for key in self.permissions if key[1] == name]:
             self._drop_permission(key)
         self._record("user", name, None)
+        log.info("user %.200r deleted", name)
         return user
 
     def authenticate(self, name: str, password: str) -> User | None:
@@ -119,12 +124,15 @@ class Node:
         self.permissions[vhost, user] = permission
         self.permissions_version += 1
         self._record("permission", permission_key(vhost, user), permission.definition())
+        log.info("permissions of user %.200r in vhost %.200r set: configure %.200r, write %.200r, read %.200r", user,
+                 vhost, configure, write, read)
         return permission
 
     def clear_permissions(self, user: str, vhost: str) -> None:
         if (vhost, user) not in self.permissions:
             raise errors.not_found(f"no permissions for user '{user}' in vhost '{vhost}'")
         self._drop_permission((vhost, user))
+        log.info("permissions of user %.200r in vhost %.200r cleared", user, vhost)
 
     def _drop_permission(self, key: tuple[str, str]) -> None:
         del self.permissions[key]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
+import logging
 import os
 from typing import TYPE_CHECKING
 
@@ -25,6 +27,8 @@ if TYPE_CHECKING:
     from broker.model.interfaces import Publisher, QueueOwner, ReplyReceiver
     from broker.model.message import Message
     from broker.model.node import Node
+
+log = logging.getLogger(__name__)
 
 PREDECLARED_EXCHANGES = {
     "amq.direct": "direct", "amq.fanout": "fanout", "amq.topic": "topic",
@@ -145,6 +149,9 @@ class VirtualHost:
         policy = make_policy(self.name, name, pattern, definition, priority, apply_to, operator)
         self.policy_table(operator)[name] = policy
         self._record_policy(name, operator, policy.export())
+        log.info("%s %.200r set in vhost %.200r: pattern %.200r, apply-to %s, priority %s, definition %.500s",
+                 "operator policy" if operator else "policy", name, self.name, policy.pattern, policy.apply_to,
+                 policy.priority, json.dumps(policy.definition))
         self.reapply_policies()
         return policy
 
@@ -153,6 +160,7 @@ class VirtualHost:
             raise errors.not_found(f"no {'operator policy' if operator else 'policy'} '{name}' in vhost "
                                    f"'{self.name}'")
         self._drop_policy(name, operator)
+        log.info("%s %.200r cleared in vhost %.200r", "operator policy" if operator else "policy", name, self.name)
         self.reapply_policies()
 
     def restore_policy(self, data: dict, operator: bool) -> None:

@@ -39,14 +39,14 @@ def open_connections(request: web.Request) -> list["Connection"]:
     monitor = "monitoring" in http.rights_of(user)
     found = [connection for connection in http.server_of(request).connections
              if connection.vhost is not None and (monitor or connection.user == user.name)]
-    return sorted(found, key=http.connection_name)
+    return sorted(found, key=lambda connection: connection.name)
 
 
 def connection_json(connection: "Connection") -> dict:
     """A connection as RabbitMQ's /api/connections shows it (without the byte and Erlang process counters)."""
     local = connection.transport.get_extra_info("sockname") if connection.transport is not None else None
     data = {
-        "name": http.connection_name(connection), "node": http.node_name(), "vhost": connection.vhost.name,
+        "name": connection.name, "node": http.node_name(), "vhost": connection.vhost.name,
         "user": connection.user, "user_who_performed_action": connection.user, "state": connection_state(connection),
         "type": "network", "protocol": "AMQP 0-9-1", "ssl": False,
         "host": local[0] if local else None, "port": local[1] if local else None, **http.peer(connection),
@@ -79,7 +79,7 @@ def channel_json(channel: "Channel") -> dict:
         "messages_unacknowledged": len(channel.unacked.deliveries),
         "messages_uncommitted": len(tx.publishes) if tx is not None else 0,
         "acks_uncommitted": sum(len(deliveries) for deliveries, *_ in tx.settles) if tx is not None else 0,
-        "connection_details": {"name": http.connection_name(connection), **http.peer(connection)},
+        "connection_details": {"name": connection.name, **http.peer(connection)},
     }
 
 
@@ -99,7 +99,7 @@ def connection_of(request: web.Request, may: str) -> "Connection":
     see every connection."""
     name = request.match_info["name"]
     found = next((c for c in http.server_of(request).connections
-                  if c.vhost is not None and http.connection_name(c) == name), None)
+                  if c.vhost is not None and c.name == name), None)
     user = request["user"]
     if may not in http.rights_of(user) and (found is None or found.user != user.name):
         raise http.not_authorised("User not authorised to access object")
