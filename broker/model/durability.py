@@ -155,11 +155,12 @@ def _restore_vhost(vhost: "VirtualHost", recovered: "Recovered", skipped: set[st
     headers: dict[bytes, Header] = {}
 
     def messages_of(stored: list) -> Iterator[tuple[Message, bool]]:
-        """The queue's stored messages as broker messages, each let go by the recovered list once made (a deep
-        queue pages them as they come, so they need not all be in memory twice)."""
+        """The queue's stored messages as broker messages. The recovered ones are let go together once the queue is
+        rebuilt, not one by one: the objects a deep queue keeps (its pages) would otherwise fill the holes they
+        leave, scattered over the whole heap, and the heap could not be handed back to the system (2M messages:
+        86 B of RSS per message after a restart instead of 182)."""
         nonlocal restored
-        for position, item in enumerate(stored):
-            stored[position] = None
+        for item in stored:
             address = addresses.get((item.exchange, item.routing_key))
             if address is None:
                 address = addresses[item.exchange, item.routing_key] = Address(item.exchange, item.routing_key)
