@@ -15,7 +15,7 @@ import uvloop
 from broker import logs
 from broker.config import LOG_FORMATS, LOG_LEVELS, ConfigError, load_config
 from broker.connection.server import Server, StartupError, version
-from broker.management.server import start_management
+from broker.management.server import start_management, start_prometheus
 
 log = logging.getLogger("broker")
 
@@ -31,6 +31,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="text lines (default) or one JSON object per line")
     parser.add_argument("--management-port", dest="management_port", type=int,
                         help="management HTTP API port (default 15672; 0 = no API)")
+    parser.add_argument("--prometheus-port", dest="prometheus_port", type=int,
+                        help="Prometheus metrics port (default 15692; 0 = no metrics endpoint)")
     parser.add_argument("--version", action="version", version=f"warren-server {version()}")
     return parser.parse_args(argv)
 
@@ -38,7 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # Settings that may come from the environment (above the config file, below the command line), so that a password
 # need not appear in a config file or on a command line (the Docker image's WARREN_DEFAULT_USER/PASS).
 ENVIRONMENT = {"default_user": "WARREN_DEFAULT_USER", "default_pass": "WARREN_DEFAULT_PASS"}
-COMMAND_LINE = ("host", "port", "data_dir", "log_level", "log_format", "management_port")
+COMMAND_LINE = ("host", "port", "data_dir", "log_level", "log_format", "management_port", "prometheus_port")
 
 
 def config_overrides(args: argparse.Namespace, environ: dict[str, str]) -> dict:
@@ -58,14 +60,16 @@ async def serve(config) -> None:
     server = Server(config)
     await server.start()
     management = await start_management(server) if config.management_port else None
+    prometheus = await start_prometheus(server) if config.prometheus_port else None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("shutting down")
-    if management is not None:
-        await management.stop()
+    for listener in (management, prometheus):
+        if listener is not None:
+            await listener.stop()
     await server.stop()
 
 

@@ -46,6 +46,8 @@ class Config:
     queue_messages_in_memory: int = 10000
     management_host: str = "127.0.0.1"  # address of the management HTTP API
     management_port: int = 15672  # port of the management HTTP API (0 = no API), as RabbitMQ's plugin
+    prometheus_host: str = "127.0.0.1"  # address of the Prometheus metrics endpoint
+    prometheus_port: int = 15692  # port of the Prometheus metrics endpoint (0 = none), as RabbitMQ's plugin
     # Users who may log in only from this machine, as with RabbitMQ's loopback_users (guest by default).
     loopback_users: list[str] = field(default_factory=lambda: ["guest"])
     # A RabbitMQ definitions file (JSON) imported at every start, after recovery ("" = none), as RabbitMQ's
@@ -57,17 +59,20 @@ class Config:
     permissions: list[dict] = field(default_factory=list)
 
 
-# Which TOML section each key lives in. A key of [management] is the Config field of the same name prefixed
-# "management_" ([management] port = management_port).
+# Which TOML section each key lives in. A key of [management] or [prometheus] is the Config field of the same name
+# prefixed with the section's ([management] port = management_port).
 SECTIONS = {
     "server": ("host", "port", "data_dir", "log_level", "log_format", "cluster_name", "memory_high_watermark", "memory_limit",
                "queue_messages_in_memory", "load_definitions"),
     "management": ("host", "port"),
+    "prometheus": ("host", "port"),
     "amqp": ("frame_max", "channel_max", "heartbeat", "default_consumer_prefetch", "consumer_timeout",
              "max_message_size", "default_user", "default_pass", "default_vhost", "loopback_users",
              "failed_login_delay"),
 }
 
+
+PREFIXED_SECTIONS = ("management", "prometheus")  # sections whose keys are prefixed with the section's name
 
 # The keys of each [[table]] array, and whether each is required; each table is one item of RabbitMQ's
 # definitions of that kind, so these are the keys a definitions file has too.
@@ -157,7 +162,7 @@ def _read_toml(path: Path) -> dict:
             if key not in SECTIONS[section]:
                 raise ConfigError(f"config file {path}: unknown key '{key}' in [{section}] (known: "
                                   f"{', '.join(SECTIONS[section])})")
-            values[f"management_{key}" if section == "management" else key] = value
+            values[f"{section}_{key}" if section in PREFIXED_SECTIONS else key] = value
     return values
 
 
@@ -166,6 +171,8 @@ def _validate(config: Config) -> None:
         raise ConfigError(f"port must be between 0 and 65535, got {config.port}")
     if not 0 <= config.management_port <= 65535:
         raise ConfigError(f"management_port must be between 0 and 65535, got {config.management_port}")
+    if not 0 <= config.prometheus_port <= 65535:
+        raise ConfigError(f"prometheus_port must be between 0 and 65535, got {config.prometheus_port}")
     if config.log_level not in LOG_LEVELS:
         raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {config.log_level!r}")
     if config.log_format not in LOG_FORMATS:

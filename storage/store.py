@@ -389,4 +389,6 @@ class MessageStore:
             "bytes_written": self._writer.bytes_written,
             "failed": self._writer.failed,
             "healthy": self._healthy,
+            "batch_messages": self._writer.batch_messages,  # storage.histogram.Histogram of messages per batch
+            "sync_seconds": self._writer.sync_seconds,  # Histogram of each batch's fdatasync time
         }

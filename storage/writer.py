@@ -18,12 +18,14 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from storage.compaction import Compaction
+from storage.histogram import Histogram
 from storage.records import CorruptRecord
 from storage.segments import CLEAN_MARKER, DEFINITIONS_LOG, fsync_directory, segment_path
 
@@ -42,6 +44,10 @@ class Batch:
     deletions: list[int] = field(default_factory=list)  # segments to unlink once this batch is durable
     compactions: list[Compaction] = field(default_factory=list)  # rewrites to start once this batch is durable
     final: bool = False  # the store is closing: leave the clean-shutdown marker, then stop
+
+
+BATCH_MESSAGES_BOUNDS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+SYNC_SECONDS_BOUNDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 class Writer:
@@ -67,6 +73,8 @@ class Writer:
         self.batches = 0  # batches written
         self.fsyncs = 0  # fdatasync/fsync calls made for batches
         self.bytes_written = 0
+        self.batch_messages = Histogram(BATCH_MESSAGES_BOUNDS)  # messages written per batch (group commit size)
+        self.sync_seconds = Histogram(SYNC_SECONDS_BOUNDS)  # time each batch's fdatasync calls took together
         self._thread = threading.Thread(target=self._run, name="warren-store-writer", daemon=True)
 
     def start(self) -> None:
@@ -161,9 +169,12 @@ class Writer:
             touched.setdefault(fd, self._definitions_size)
             self._write_all(fd, batch.definitions)
             self._definitions_size += len(batch.definitions)
+        started = time.perf_counter()
         for fd in touched:
             os.fdatasync(fd)
             self.fsyncs += 1
+        self.sync_seconds.observe(time.perf_counter() - started)
+        self.batch_messages.observe(len(batch.published))
         if created:
             fsync_directory(self._segments_dir)
             self.fsyncs += 1

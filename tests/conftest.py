@@ -57,6 +57,7 @@ class Broker:
     process: subprocess.Popen | None = None
     log_path: Path | None = None
     management_port: int = 0  # the management API's port (an ephemeral one for a broker started here)
+    prometheus_port: int = 0  # the Prometheus endpoint's port (likewise)
 
     @property
     def url(self) -> str:
@@ -79,13 +80,17 @@ class Broker:
         log = open(self.log_path, "ab")
         if not self.management_port:
             self.management_port = free_port()
+        if not self.prometheus_port:
+            self.prometheus_port = free_port()
         cmd = [sys.executable, "-m", "broker", "--host", self.host, "--port", str(self.port),
                "--data-dir", str(self.data_dir), "--log-level", "info",
-               "--management-port", str(self.management_port), *self.extra_args]
+               "--management-port", str(self.management_port), "--prometheus-port", str(self.prometheus_port),
+               *self.extra_args]
         self.process = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         wait_for_port(self.host, self.port, self.process)
         wait_for_port(self.host, self.management_port, self.process)  # it starts listening just after AMQP
+        wait_for_port(self.host, self.prometheus_port, self.process)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int | None:
         """Stop the process with `sig` (SIGKILL for a crash) and return its exit code."""
@@ -115,7 +120,8 @@ class Broker:
 def _external_broker() -> Broker:
     parsed = urllib.parse.urlparse(EXTERNAL_URL)
     port = parsed.port or 5672
-    return Broker(host=parsed.hostname or "127.0.0.1", port=port, management_port=port + 10000)
+    return Broker(host=parsed.hostname or "127.0.0.1", port=port, management_port=port + 10000,
+                  prometheus_port=port + 20000)
 
 
 @pytest.fixture(scope="session")

@@ -271,6 +271,8 @@ class Connection(asyncio.Protocol):
             peer_log.warning(self.peer_address, "closing AMQP connection %s: client unexpectedly closed TCP "
                              "connection", self.described())
         self.state = CLOSED
+        if self.vhost is not None:
+            self.vhost.counters.connections_closed += 1
         if self.timer is not None:
             self.timer.cancel()
         self._release()
@@ -412,7 +414,10 @@ class Connection(asyncio.Protocol):
         config = self.server.config
         properties = method.client_properties or {}
         login = authenticate(self.server.node, config.loopback_users, method.mechanism, method.response, self.peer_address)
+        counters = self.server.node.counters
+        counters.auth_attempts += 1
         if not login.accepted:
+            counters.auth_failed += 1
             self._refuse_login(method.mechanism, login.user, properties.get("capabilities") or {})
             return
         failed_logins.accepted(self.peer_address)
@@ -459,6 +464,7 @@ class Connection(asyncio.Protocol):
     def _open(self, method: spec.Connection.Open) -> None:
         self.vhost = self.server.node.open_vhost(self.user, method.virtual_host)
         self.state = OPEN
+        self.vhost.counters.connections_opened += 1
         provided = self.client_properties.get("connection_name")
         peer_log.info(self.peer_address, "connection %s: user '%s' authenticated and granted access to vhost '%s'%s",
                       self.name, self.user, self.vhost.name,

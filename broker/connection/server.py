@@ -9,6 +9,7 @@ import logging
 import os
 import platform
 import socket
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -92,6 +93,9 @@ class Server:
         self.alarms: set[str] = set()  # resources whose alarm is on (keys of ALARM_REASONS)
         # Why publishing connections are blocked (connection.blocked's reason, e.g. "low on memory"); None = not
         self.alarm: str | None = None
+        self.started_at = time.time()  # wall-clock seconds the broker was made
+        self.recovery_report: dict = {}  # what the store recovered at start (storage.recovery's report)
+        self.recovery_seconds = 0.0  # from reading the store to every queue rebuilt, at start
 
     # --- resource alarms ------------------------------------------------------------------------------------
     def _set_alarm(self, resource: str, active: bool) -> None:
@@ -145,14 +149,17 @@ class Server:
         # Recovery makes millions of long-lived objects at once: collecting meanwhile only walks them again and
         # again, and once frozen they stay out of every later full collection.
         gc.disable()
+        started = time.perf_counter()
         try:
             recovered = self.store.recover()  # takes the data dir's lock first
+            self.recovery_report = recovered.report
             self.paging.store.start()
             self.node.restore_definitions(recovered.vhosts, recovered.users, recovered.permissions)
             boot_definitions = self._boot_definitions()
             self._bootstrap(defines_users=bool(boot_definitions.get("users")))
             restore(self.node, recovered)
             self._import_boot_definitions(boot_definitions)
+            self.recovery_seconds = time.perf_counter() - started
         except OSError as error:
             raise data_dir_error(self.data_dir, error) from error
         except (DataDirLocked, UnsupportedFormat) as refusal:  # their text is meant for the operator as it is

@@ -7,7 +7,7 @@ import base64
 import hashlib
 import re
 import urllib.parse
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable, NamedTuple
 
 from aiohttp import web
 
@@ -144,10 +144,22 @@ class UnackedCounts:
                     self.bytes[queue] = self.bytes.get(queue, 0) + len(delivery.entry.message.body)
 
 
-def queue_json(vhost: "VirtualHost", queue: Queue, unacked: UnackedCounts) -> dict:
-    """A queue as RabbitMQ's /api/queues lists it (without the rates and Erlang process details). The ready
-    messages in memory are counted by walking them (the model keeps no byte counters for them); the paged ones
-    have counters."""
+class QueueCounts(NamedTuple):
+    """A queue's messages as RabbitMQ counts them: ready (paged ones included), unacked, persistent, paged."""
+
+    ready: int
+    ready_bytes: int
+    unacked: int
+    unacked_bytes: int
+    persistent: int
+    persistent_bytes: int
+    paged: int
+    paged_bytes: int
+
+
+def queue_counts(queue: Queue, unacked: UnackedCounts) -> QueueCounts:
+    """The ready messages in memory are counted by walking them (at most queue_messages_in_memory: the model keeps
+    no byte counters for them); the paged ones have counters."""
     ready = queue.count_ready()
     ready_bytes = persistent = persistent_bytes = 0
     for entry in queue.entries:
@@ -163,7 +175,14 @@ def queue_json(vhost: "VirtualHost", queue: Queue, unacked: UnackedCounts) -> di
         if queue.durable:
             persistent += paged if queue.quorum else queue.paging.paged_persistent
             persistent_bytes += paged_bytes if queue.quorum else queue.paging.paged_persistent_bytes
-    unacked_count, unacked_bytes = unacked.counts.get(queue, 0), unacked.bytes.get(queue, 0)
+    return QueueCounts(ready, ready_bytes, unacked.counts.get(queue, 0), unacked.bytes.get(queue, 0), persistent,
+                       persistent_bytes, paged, paged_bytes)
+
+
+def queue_json(vhost: "VirtualHost", queue: Queue, unacked: UnackedCounts) -> dict:
+    """A queue as RabbitMQ's /api/queues lists it (without the rates and Erlang process details)."""
+    ready, ready_bytes, unacked_count, unacked_bytes, persistent, persistent_bytes, paged, paged_bytes = (
+        queue_counts(queue, unacked))
     exclusive_consumer = next((consumer.tag for consumer in queue.consumers if consumer.exclusive), None)
     return {
         "name": queue.name, "vhost": vhost.name, "durable": queue.durable, "auto_delete": queue.auto_delete,

@@ -1,4 +1,5 @@
-"""The management HTTP API's listener, started beside the AMQP server in the same event loop."""
+"""The HTTP listeners of the management API and of the Prometheus metrics, started beside the AMQP server in the same
+event loop."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from aiohttp import web
 
 from broker.connection.server import StartupError, reason_of
 from broker.management.app import make_app
+from broker.management.prometheus import make_prometheus_app
 
 if TYPE_CHECKING:
     from broker.connection.server import Server
@@ -29,15 +31,25 @@ class ManagementServer:
 async def start_management(server: "Server") -> ManagementServer:
     """Listen on the configured management host and port (StartupError when that fails)."""
     config = server.config
-    runner = web.AppRunner(make_app(server), access_log=None, handle_signals=False)
+    return await _listen(make_app(server), config.management_host, config.management_port, "management API")
+
+
+async def start_prometheus(server: "Server") -> ManagementServer:
+    """Listen on the configured Prometheus host and port (StartupError when that fails)."""
+    config = server.config
+    return await _listen(make_prometheus_app(server), config.prometheus_host, config.prometheus_port,
+                         "Prometheus metrics")
+
+
+async def _listen(app: web.Application, host: str, port: int, what: str) -> ManagementServer:
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, config.management_host, config.management_port, reuse_address=True)
+    site = web.TCPSite(runner, host, port, reuse_address=True)
     try:
         await site.start()
     except OSError as error:
         await runner.cleanup()
-        raise StartupError(f"cannot listen on {config.management_host}:{config.management_port} for the "
-                           f"management API: {reason_of(error)}") from error
+        raise StartupError(f"cannot listen on {host}:{port} for the {what}: {reason_of(error)}") from error
     port = runner.addresses[0][1]
-    log.info("management API listening on %s:%d", config.management_host, port)
+    log.info("%s listening on %s:%d", what, host, port)
     return ManagementServer(runner, port)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from broker.model.access import (
     DEFAULT_HASHING, HASHING_ALGORITHMS, Permission, User, hash_password, valid_password_hash,
 )
+from broker.model.counters import NodeCounters
 from broker.model.vhost import VirtualHost
 from protocol import errors
 
@@ -40,6 +41,7 @@ class Node:
         # Bumped on every permission change, so that channels caching access decisions know to drop them.
         self.permissions_version = 0
         self.next_msg_id = 1  # id of the next persistent message written to the store (shared by every vhost)
+        self.counters = NodeCounters()  # what the node did since it started, for the Prometheus endpoint
 
     # --- durability ------------------------------------------------------------------------------------------
     def _record(self, kind: str, name: str, data: dict | None) -> None:

@@ -54,6 +54,10 @@ class Queue:
                            if vhost.paging is not None and isinstance(self.entries, FifoEntries) else None)
         self.paging: PagedEntries | None = None  # the ready list's paged part, made when the queue first pages
         self.next_seq = 0  # seq of the next enqueued entry
+        # what the queue counted of its messages since it was made: see model.counters.QUEUE_COUNTERS
+        self.published = self.delivered_consume_manual_ack = self.delivered_consume_auto_ack = 0
+        self.delivered_get_manual_ack = self.delivered_get_auto_ack = self.get_empty = 0
+        self.redelivered = self.acknowledged = 0
         self.consumers: list[Subscriber] = []  # highest priority first; within a priority, next to serve first
         # x-single-active-consumer: only active_consumer is served; the others wait in self.consumers, which is then
         # never rotated, so that it stays in priority, then registration, order

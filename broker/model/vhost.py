@@ -14,6 +14,7 @@ from broker.model.arguments import (
     check_exchange_equivalent, check_queue_equivalent, check_queue_type_properties, queue_type_of,
     validate_exchange_arguments, validate_queue_arguments,
 )
+from broker.model.counters import NodeCounters
 from broker.model.exchange import EXCHANGE_TYPES, Binding, DirectExchange, Exchange
 from broker.model.features.delayed_messages import DelayedMessages
 from broker.model.features.length_limit import ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, REFUSED
@@ -100,6 +101,7 @@ class VirtualHost:
         # The node that numbers persistent messages (ids increase across every vhost of one store); a vhost made
         # on its own numbers its own.
         self.node = node if node is not None else _MessageIds()
+        self.counters = node.counters if node is not None else NodeCounters()  # the node's (see model.counters)
         self.description = ""  # free text shown by the management API
         self.tags: list[str] = []  # operator-defined labels, as RabbitMQ's vhost tags
         self.default_queue_type: str | None = None  # as given when the vhost was created (shown, exported)
@@ -310,11 +312,14 @@ class VirtualHost:
                 name, self.name,
                 {**existing.definition(), "exclusive": existing.exclusive_owner is not None},
                 {"durable": durable, "exclusive": exclusive, "auto_delete": auto_delete, "arguments": arguments})
+            self.counters.queues_declared += 1
             return existing
         validate_queue_arguments(name, self.name, arguments)
         check_queue_type_properties(name, self.name, arguments, durable, exclusive, auto_delete)
         queue = Queue(self, name, durable, connection if exclusive else None, auto_delete, arguments)
         self._add_queue(queue)
+        self.counters.queues_declared += 1
+        self.counters.queues_created += 1
         if queue.stored:
             self._record("queue", queue.store_key, durability.queue_definition(self, queue))
         if exclusive:
@@ -326,6 +331,7 @@ class VirtualHost:
         if queue.deleted:
             return 0
         queue.deleted = True
+        self.counters.queue_deleted("quorum" if queue.quorum else "classic", queue)
         queue.stop_timers()
         self.queues.pop(queue.name, None)
         if queue.stores_all:
@@ -403,6 +409,7 @@ class VirtualHost:
             queued = message
             if persisted and not persistent and not queue.stores_all:
                 queued = message.unstored()  # this queue's copy is not on disk: no store records for it
+            queue.published += 1
             status = queue.enqueue(queued)
             if status == ENQUEUED_OVER_FLOW_LIMIT:
                 if publisher is not None:

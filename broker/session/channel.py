@@ -47,6 +47,9 @@ class Channel:
         self.connection = connection
         self.number = number
         self.vhost = connection.vhost
+        self.counters = self.vhost.counters  # the node's (model.counters)
+        self.counters.channels_opened += 1
+        self.published = False  # whether a message was published on the channel (it counts as a publisher)
         server = connection.server
         self.access = ChannelAccess(server.node, connection.user, self.vhost.name)  # the user's permission checks
         self.max_message_size = server.config.max_message_size  # largest body accepted (RabbitMQ's max_message_size)
@@ -204,6 +207,11 @@ class Channel:
 
     # --- publishing ----------------------------------------------------------------------------------------
     def publish(self, exchange_name: str, routing_key: str, mandatory: bool, header: bytes, body: bytes) -> None:
+        counters = self.counters
+        counters.received += 1
+        if self.confirms is not None:
+            counters.received_confirm += 1
+        self.published = True
         alarm = self.connection.server.alarm
         if alarm is not None:
             self.connection.block(alarm)  # this publish goes through; the connection is not read again until it clears
@@ -257,9 +265,16 @@ class Channel:
             persisted = exchange.delayed.hold(message, routing_keys, delay)
         elif not (queues := self.vhost.route(exchange, routing_keys, message)):
             if mandatory:
+                self.counters.unroutable_returned += 1
                 self._return_unroutable(message)
+            else:
+                self.counters.unroutable_dropped += 1
+            if seq is not None:
+                self.confirms.settle(seq)
+            return False
         else:
             persisted, refused = self.vhost.publish_to(queues, message, self.connection)
+        self.counters.routed += 1
         if seq is not None and refused:
             self.confirms.settle(seq, ack=False)  # reject-publish: the publisher is told with a nack
             seq = None
@@ -319,9 +334,13 @@ class Channel:
         tag = self.next_tag
         self.next_tag = tag + 1
         message = entry.message
+        if entry.redelivered:
+            queue.redelivered += 1
         if consumer.no_ack:
+            queue.delivered_consume_auto_ack += 1
             queue.forget((entry,))
         else:
+            queue.delivered_consume_manual_ack += 1
             self.unacked.push(Unacked(tag, entry, queue, consumer))
             if message.msg_id and queue.stored:
                 self.vhost.store.append_delivered(queue.store_key, (message.msg_id,))
@@ -346,6 +365,7 @@ class Channel:
         if not multiple and self.tx is None:  # the common case, without the lists and dicts of the general one
             delivery = self.unacked.pop(tag)
             queue = delivery.queue
+            queue.acknowledged += 1
             if queue.stored and not queue.deleted:
                 queue.forget((delivery.entry,))
             self.offer_credit((queue,))
@@ -372,6 +392,8 @@ class Channel:
             retry = consumer.delayed_retry if requeue and consumer is not None else None
             by_queue.setdefault((delivery.queue, retry), []).append(delivery.entry)
         for (queue, retry), entries in by_queue.items():
+            if requeue is None:
+                queue.acknowledged += len(entries)
             if not queue.deleted:
                 queue.settle(entries, requeue, failed, retry)
         self.offer_credit({queue for queue, _ in by_queue})
@@ -409,14 +431,19 @@ class Channel:
         """basic.get: the head of the queue as get-ok with its content, or get-empty."""
         entry = queue.take()
         if entry is None:
+            queue.get_empty += 1
             self.send_method(spec.Basic.GetEmpty())
             return
         tag = self.next_tag
         self.next_tag += 1
         message = entry.message
+        if entry.redelivered:
+            queue.redelivered += 1
         if no_ack:
+            queue.delivered_get_auto_ack += 1
             queue.forget((entry,))
         else:
+            queue.delivered_get_manual_ack += 1
             delivery = Unacked(tag, entry, queue, None)
             self.unacked.push(delivery)
             queue.mark_delivered((entry,))
@@ -446,7 +473,7 @@ class Channel:
         if self.tx is not None:
             raise errors.precondition_failed("cannot switch from tx to confirm mode")
         if self.confirms is None:
-            self.confirms = ConfirmTracker()
+            self.confirms = ConfirmTracker(self.counters)
 
     def select_tx(self) -> None:
         if self.confirms is not None:
@@ -504,6 +531,7 @@ class Channel:
     # --- closing -------------------------------------------------------------------------------------------
     def shutdown(self) -> None:
         """The channel is gone (closed, or its connection): cancel consumers, requeue unacked deliveries."""
+        self.counters.channels_closed += 1
         self.open = False
         self.deliverable = False
         self.ack_timer.stop()

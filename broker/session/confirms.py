@@ -17,7 +17,8 @@ a multiple ack that covers a seq it is still waiting on, other than the acks bei
 class ConfirmTracker:
     """Publisher-confirm sequence numbers of one channel (like RabbitMQ's rabbit_confirms)."""
 
-    def __init__(self) -> None:
+    def __init__(self, counters) -> None:
+        self.counters = counters  # the node's (model.counters.NodeCounters): counts the acks
         self._next_seq = 1  # seq the next publish receives
         self._outstanding: set[int] = set()  # seqs issued and not yet settled
         self._lowest_candidate = 1  # no seq below this is outstanding (advanced lazily)
@@ -35,6 +36,8 @@ class ConfirmTracker:
         if seq in self._outstanding:
             self._outstanding.remove(seq)
             self._settled.append((seq, ack))
+            if ack:
+                self.counters.confirmed += 1
 
     def drain(self) -> list[tuple[int, bool, bool]]:
         """Frames to send now, in order, as (delivery_tag, multiple, is_ack); answers every settled seq once."""

@@ -25,7 +25,7 @@ EXIT_TIMEOUT = 30  # seconds a broker that cannot start gets to say so (it norma
 def run_broker(data_dir: Path, port: int | None = None, user: int | None = None) -> subprocess.CompletedProcess:
     """Run a broker that is expected to exit at once; `user` runs it under that uid (and gid)."""
     command = [sys.executable, "-m", "broker", "--host", "127.0.0.1", "--port", str(port or free_port()),
-               "--data-dir", str(data_dir), "--management-port", "0"]
+               "--data-dir", str(data_dir), "--management-port", "0", "--prometheus-port", "0"]
     if user is not None:
         command = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *command]
     return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=EXIT_TIMEOUT)
@@ -40,7 +40,7 @@ def test_a_missing_data_dir_is_created_with_its_parents(tmp_path):
     data_dir = tmp_path / "not" / "yet" / "data"
     port = free_port()
     command = [sys.executable, "-m", "broker", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(data_dir),
-               "--management-port", "0"]
+               "--management-port", "0", "--prometheus-port", "0"]
     broker = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for_port("127.0.0.1", port, broker)

@@ -21,13 +21,16 @@ def test_defaults_match_rabbitmq():
     assert (config.default_user, config.default_pass, config.default_vhost) == ("guest", "guest", "/")
     assert config.failed_login_delay == 1.0
     assert config.consumer_timeout == 1800000  # RabbitMQ's 30 minutes
+    assert (config.management_port, config.prometheus_port) == (15672, 15692)  # as RabbitMQ's plugins
 
 
 def test_file_then_overrides(tmp_path):
-    path = write(tmp_path, '[server]\nport = 6000\nlog_level = "debug"\n[amqp]\ndefault_consumer_prefetch = 7\n')
+    path = write(tmp_path, '[server]\nport = 6000\nlog_level = "debug"\n[amqp]\ndefault_consumer_prefetch = 7\n'
+                           '[prometheus]\nhost = "0.0.0.0"\nport = 9419\n')
     config = load_config(path, {"port": 6001, "host": None})
     assert (config.port, config.log_level, config.default_consumer_prefetch, config.host) == (
         6001, "debug", 7, "127.0.0.1")
+    assert (config.prometheus_host, config.prometheus_port) == ("0.0.0.0", 9419)
 
 
 @pytest.mark.parametrize("text, message", [
@@ -42,6 +45,8 @@ def test_file_then_overrides(tmp_path):
     ("[amqp]\nfailed_login_delay = -1\n", "failed_login_delay must be between 0 and 10, got -1"),
     ("[amqp]\nconsumer_timeout = -1\n", "consumer_timeout must be 0 (no limit) or more milliseconds, got -1"),
     ("[server]\nqueue_messages_in_memory = 0\n", "queue_messages_in_memory must be at least 1, got 0"),
+    ("[prometheus]\nport = 99999\n", "prometheus_port must be between 0 and 65535, got 99999"),
+    ('[server]\nlog_format = "xml"\n', "log_format must be one of text, json, got 'xml'"),
     ("[amqp]\nfailed_login_delay = 11.5\n", "failed_login_delay must be between 0 and 10, got 11.5"),
     ('[amqp]\nfailed_login_delay = "1s"\n', "failed_login_delay must be a number, got '1s'"),
 ])
@@ -59,7 +64,7 @@ def test_missing_file_is_refused(tmp_path):
 def test_the_server_exits_2_with_the_message_on_bad_config(tmp_path):
     path = write(tmp_path, "[amqp]\nchannel_max = 0\n")
     result = subprocess.run([sys.executable, "-m", "broker", "--config", str(path), "--data-dir", str(tmp_path),
-                             "--management-port", "0"],
+                             "--management-port", "0", "--prometheus-port", "0"],
                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
     assert "warren-server: channel_max must be between 1 and 65535, got 0" in result.stderr
@@ -140,7 +145,7 @@ def test_an_unusable_definitions_file_is_refused(tmp_path, content, message):
 def test_the_server_exits_2_when_a_user_has_no_password(tmp_path):
     path = write(tmp_path, '[[users]]\nname = "app"\ntags = ["administrator"]\n')
     result = subprocess.run([sys.executable, "-m", "broker", "--config", str(path), "--data-dir", str(tmp_path),
-                             "--management-port", "0"],
+                             "--management-port", "0", "--prometheus-port", "0"],
                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
     assert result.stderr.strip() == "warren-server: [[users]] 'app': needs a password or a password_hash"

@@ -1,6 +1,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from broker.model.counters import NodeCounters
 from broker.session.confirms import ConfirmTracker
 
 
@@ -9,14 +10,14 @@ def publish(tracker: ConfirmTracker, count: int) -> list[int]:
 
 
 def test_sequence_numbers_start_at_one_and_are_outstanding():
-    tracker = ConfirmTracker()
+    tracker = ConfirmTracker(NodeCounters())
     assert publish(tracker, 3) == [1, 2, 3]
     assert tracker.outstanding() == 3
     assert tracker.drain() == []
 
 
 def test_in_order_acks_coalesce_into_one_multiple_ack():
-    tracker = ConfirmTracker()
+    tracker = ConfirmTracker(NodeCounters())
     for seq in publish(tracker, 100):
         tracker.settle(seq)
     assert tracker.drain() == [(100, True, True)]
@@ -25,14 +26,14 @@ def test_in_order_acks_coalesce_into_one_multiple_ack():
 
 
 def test_a_single_ack_is_not_multiple():
-    tracker = ConfirmTracker()
+    tracker = ConfirmTracker(NodeCounters())
     publish(tracker, 2)
     tracker.settle(1)
     assert tracker.drain() == [(1, False, True)]
 
 
 def test_acks_above_an_outstanding_seq_are_sent_individually_at_once():
-    tracker = ConfirmTracker()
+    tracker = ConfirmTracker(NodeCounters())
     publish(tracker, 5)
     for seq in (4, 2, 5, 3):
         tracker.settle(seq)
@@ -42,7 +43,7 @@ def test_acks_above_an_outstanding_seq_are_sent_individually_at_once():
 
 
 def test_acks_below_the_lowest_outstanding_coalesce_the_rest_go_singly():
-    tracker = ConfirmTracker()
+    tracker = ConfirmTracker(NodeCounters())
     publish(tracker, 6)
     for seq in (1, 2, 3, 5):
         tracker.settle(seq)
@@ -51,7 +52,7 @@ def test_acks_below_the_lowest_outstanding_coalesce_the_rest_go_singly():
 
 
 def test_nacks_are_individual_and_never_covered_by_a_multiple_ack():
-    tracker = ConfirmTracker()
+    tracker = ConfirmTracker(NodeCounters())
     publish(tracker, 7)
     for seq in (1, 2, 4, 5, 6):
         tracker.settle(seq)
@@ -61,7 +62,7 @@ def test_nacks_are_individual_and_never_covered_by_a_multiple_ack():
 
 
 def test_first_settlement_wins_and_unknown_seqs_are_ignored():
-    tracker = ConfirmTracker()
+    tracker = ConfirmTracker(NodeCounters())
     publish(tracker, 2)
     tracker.settle(1, ack=False)
     tracker.settle(1, ack=True)
@@ -105,7 +106,7 @@ operations = st.lists(
 @settings(max_examples=400, deadline=None)
 @given(operations)
 def test_every_settled_seq_is_answered_exactly_once_as_settled(ops):
-    tracker = ConfirmTracker()
+    tracker = ConfirmTracker(NodeCounters())
     client = Client()
     issued: list[int] = []
     settled_as: dict[int, bool] = {}
@@ -132,7 +133,7 @@ def test_every_settled_seq_is_answered_exactly_once_as_settled(ops):
 @settings(max_examples=200, deadline=None)
 @given(st.integers(1, 50), st.sets(st.integers(1, 50)))
 def test_one_drain_needs_one_ack_frame_per_nack_plus_one_per_ack_run(count, nacked):
-    tracker = ConfirmTracker()
+    tracker = ConfirmTracker(NodeCounters())
     publish(tracker, count)
     nacked = {seq for seq in nacked if seq <= count}
     for seq in range(1, count + 1):

@@ -72,6 +72,9 @@ def dead_letter(queue: "Queue", entries: Iterable["QueueEntry"], reason: str) ->
     """Republish entries that left queue for reason to its dead-letter exchange (from its arguments or policy), if
     it has one."""
     exchange_name = queue.dead_letter_exchange
+    entries = entries if isinstance(entries, (list, tuple)) else list(entries)
+    queue.vhost.counters.count_dead_lettered(reason, "quorum" if queue.quorum else "classic",
+                                            exchange_name is not None, len(entries))
     if exchange_name is None:
         return
     vhost = queue.vhost

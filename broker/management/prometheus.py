@@ -1,0 +1,373 @@
+"""The Prometheus endpoint (its own listener, as RabbitMQ's rabbitmq_prometheus plugin on 15692): ``/metrics`` with
+the node's totals and ``/metrics/per-object`` with a series per queue, under RabbitMQ's metric names and labels so
+that its Grafana dashboards work, plus Warren's own (store batches and fsync time, store size, recovery).
+
+A scrape reads the broker in two steps: on the event loop, the numbers are copied queue by queue, letting other
+work run every SLICE seconds; then a worker thread turns the copy into the text format (prometheus_client), which
+is where the time of a large scrape goes."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import resource
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
+
+from aiohttp import web
+from prometheus_client import generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, UnknownMetricFamily,
+)
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+
+from broker.connection.alarms.disk import free_bytes
+from broker.connection.alarms.memory import resident_bytes
+from broker.management import http
+from broker.management.resources import QueueCounts, UnackedCounts, queue_counts
+from broker.management.views.nodes import open_files
+from broker.model.counters import QUEUE_COUNTERS
+from broker.model.definitions import RABBITMQ_VERSION
+
+if TYPE_CHECKING:
+    from broker.connection.server import Server
+    from storage.histogram import Histogram
+
+SLICE = 0.005  # seconds of event-loop time a scrape takes at a stretch before letting other work run
+PROTOCOL = ["amqp091"]  # the protocol label of RabbitMQ's global counters
+# Warren's queue types under RabbitMQ's names (the queue_type label); streams are listed with zeros, as RabbitMQ
+# lists every type it knows.
+QUEUE_TYPES = {"classic": "rabbit_classic_queue", "quorum": "rabbit_quorum_queue", "stream": "rabbit_stream_queue"}
+DEAD_LETTER_REASONS = ("expired", "rejected", "maxlen", "delivery_limit")
+
+
+class QueueSample(NamedTuple):
+    vhost: str
+    name: str
+    queue_type: str  # a key of QUEUE_TYPES
+    counts: QueueCounts
+    consumers: int
+    counters: tuple[int, ...]  # the queue's QUEUE_COUNTERS, in that order
+
+
+@dataclass
+class Snapshot:
+    """What a scrape reports, copied off the broker's objects on the event loop."""
+
+    server: "Server"
+    queues: list[QueueSample] = field(default_factory=list)
+    connections: int = 0
+    channels: int = 0
+    consumers: int = 0
+    publishers: int = 0
+    counters: dict[str, int] = field(default_factory=dict)  # NodeCounters' plain counters
+    # queue type -> QUEUE_COUNTERS summed over its queues, live and deleted
+    queue_counters: dict[str, dict[str, int]] = field(default_factory=dict)
+    dead_lettered: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    store: dict = field(default_factory=dict)  # storage.store.MessageStore.stats()
+    resident_bytes: int = 0
+    disk_free: int = 0
+    open_files: int = 0
+
+
+async def take_snapshot(server: "Server") -> Snapshot:
+    """Copy the numbers a scrape needs, yielding to the event loop every SLICE seconds."""
+    snapshot = Snapshot(server)
+    connections = [connection for connection in server.connections if connection.vhost is not None]
+    channels = [channel for connection in connections for channel in connection.channels.values()]
+    snapshot.connections, snapshot.channels = len(connections), len(channels)
+    snapshot.consumers = sum(len(channel.consumers) for channel in channels)
+    snapshot.publishers = sum(channel.published for channel in channels)
+    counters = server.node.counters
+    snapshot.counters = {name: getattr(counters, name) for name in counters.__slots__
+                         if isinstance(getattr(counters, name), int)}
+    snapshot.dead_lettered = dict(counters.dead_lettered)
+    sums = snapshot.queue_counters
+    for queue_type in QUEUE_TYPES:
+        deleted = counters.deleted_queues.get(queue_type)
+        sums[queue_type] = dict(deleted) if deleted else dict.fromkeys(QUEUE_COUNTERS, 0)
+    unacked = UnackedCounts(connections)
+    started = time.perf_counter()
+    for vhost in list(server.node.vhosts.values()):
+        for queue in list(vhost.queues.values()):
+            if queue.deleted:
+                continue
+            queue_type = "quorum" if queue.quorum else "classic"
+            values = tuple(getattr(queue, name) for name in QUEUE_COUNTERS)
+            snapshot.queues.append(QueueSample(vhost.name, queue.name, queue_type, queue_counts(queue, unacked),
+                                               len(queue.consumers), values))
+            type_sums = sums[queue_type]
+            for name, value in zip(QUEUE_COUNTERS, values):
+                type_sums[name] += value
+            if time.perf_counter() - started > SLICE:
+                await asyncio.sleep(0)
+                started = time.perf_counter()
+    snapshot.store = server.store.stats()
+    snapshot.resident_bytes = resident_bytes()
+    snapshot.disk_free = free_bytes(server.data_dir) or 0
+    snapshot.open_files = open_files()
+    return snapshot
+
+
+# --- the families ------------------------------------------------------------------------------------------------
+def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, value=value)
+
+
+def _counter(name: str, documentation: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, documentation, value=value)
+
+
+# (name, help, how a QueueSample gives the value): RabbitMQ's queue gauges
+QUEUE_GAUGES = (
+    ("rabbitmq_queue_messages_ready", "Messages ready to be delivered to consumers", lambda q: q.counts.ready),
+    ("rabbitmq_queue_messages_unacked", "Messages delivered to consumers but not yet acknowledged",
+     lambda q: q.counts.unacked),
+    ("rabbitmq_queue_messages", "Sum of ready and unacknowledged messages - total queue depth",
+     lambda q: q.counts.ready + q.counts.unacked),
+    ("rabbitmq_queue_consumers", "Consumers on a queue", lambda q: q.consumers),
+    ("rabbitmq_queue_messages_ram", "Ready and unacknowledged messages stored in memory",
+     lambda q: q.counts.ready - q.counts.paged + q.counts.unacked),
+    ("rabbitmq_queue_messages_ram_bytes", "Size of ready and unacknowledged messages stored in memory",
+     lambda q: q.counts.ready_bytes - q.counts.paged_bytes + q.counts.unacked_bytes),
+    ("rabbitmq_queue_messages_ready_ram", "Ready messages stored in memory", lambda q: q.counts.ready - q.counts.paged),
+    ("rabbitmq_queue_messages_unacked_ram", "Unacknowledged messages stored in memory", lambda q: q.counts.unacked),
+    ("rabbitmq_queue_messages_persistent", "Persistent messages", lambda q: q.counts.persistent),
+    ("rabbitmq_queue_messages_persistent_bytes", "Size in bytes of persistent messages",
+     lambda q: q.counts.persistent_bytes),
+    ("rabbitmq_queue_messages_bytes", "Size in bytes of ready and unacknowledged messages",
+     lambda q: q.counts.ready_bytes + q.counts.unacked_bytes),
+    ("rabbitmq_queue_messages_ready_bytes", "Size in bytes of ready messages", lambda q: q.counts.ready_bytes),
+    ("rabbitmq_queue_messages_unacked_bytes", "Size in bytes of all unacknowledged messages",
+     lambda q: q.counts.unacked_bytes),
+    ("rabbitmq_queue_messages_paged_out", "Messages paged out to disk", lambda q: q.counts.paged),
+    ("rabbitmq_queue_messages_paged_out_bytes", "Size in bytes of messages paged out to disk",
+     lambda q: q.counts.paged_bytes),
+)
+PUBLISHED = QUEUE_COUNTERS.index("published")
+
+# (RabbitMQ's global counter, its help, the QUEUE_COUNTERS it sums) per queue type
+GLOBAL_QUEUE_COUNTERS = (
+    ("rabbitmq_global_messages_delivered_total", "Total number of messages delivered to consumers",
+     ("delivered_consume_manual_ack", "delivered_consume_auto_ack", "delivered_get_manual_ack",
+      "delivered_get_auto_ack")),
+    ("rabbitmq_global_messages_delivered_consume_manual_ack_total", "Total number of messages delivered to "
+     "consumers using basic.consume with manual acknowledgment", ("delivered_consume_manual_ack",)),
+    ("rabbitmq_global_messages_delivered_consume_auto_ack_total", "Total number of messages delivered to consumers "
+     "using basic.consume with automatic acknowledgment", ("delivered_consume_auto_ack",)),
+    ("rabbitmq_global_messages_delivered_get_manual_ack_total", "Total number of messages delivered to consumers "
+     "using basic.get with manual acknowledgment", ("delivered_get_manual_ack",)),
+    ("rabbitmq_global_messages_delivered_get_auto_ack_total", "Total number of messages delivered to consumers "
+     "using basic.get with automatic acknowledgment", ("delivered_get_auto_ack",)),
+    ("rabbitmq_global_messages_get_empty_total", "Total number of times basic.get operations fetched no message",
+     ("get_empty",)),
+    ("rabbitmq_global_messages_redelivered_total", "Total number of messages redelivered to consumers",
+     ("redelivered",)),
+    ("rabbitmq_global_messages_acknowledged_total", "Total number of messages acknowledged by consumers",
+     ("acknowledged",)),
+)
+# (RabbitMQ's global counter, its help, the NodeCounters field)
+GLOBAL_COUNTERS = (
+    ("rabbitmq_global_messages_received_total", "Total number of messages received from publishers", "received"),
+    ("rabbitmq_global_messages_received_confirm_total", "Total number of messages received from publishers "
+     "expecting confirmations", "received_confirm"),
+    ("rabbitmq_global_messages_routed_total", "Total number of messages routed to queues or streams", "routed"),
+    ("rabbitmq_global_messages_unroutable_dropped_total", "Total number of messages published as non-mandatory "
+     "into an exchange and dropped as unroutable", "unroutable_dropped"),
+    ("rabbitmq_global_messages_unroutable_returned_total", "Total number of messages published as mandatory into "
+     "an exchange and returned to the publisher as unroutable", "unroutable_returned"),
+    ("rabbitmq_global_messages_confirmed_total", "Total number of messages confirmed to publishers", "confirmed"),
+)
+NODE_COUNTERS = (
+    ("rabbitmq_connections_opened_total", "Total number of connections opened", "connections_opened"),
+    ("rabbitmq_connections_closed_total", "Total number of connections closed or terminated", "connections_closed"),
+    ("rabbitmq_channels_opened_total", "Total number of channels opened", "channels_opened"),
+    ("rabbitmq_channels_closed_total", "Total number of channels closed", "channels_closed"),
+    ("rabbitmq_queues_declared_total", "Total number of queues declared", "queues_declared"),
+    ("rabbitmq_queues_created_total", "Total number of queues created", "queues_created"),
+    ("rabbitmq_queues_deleted_total", "Total number of queues deleted", "queues_deleted"),
+)
+
+
+def families(snapshot: Snapshot, per_object: bool) -> list:
+    """The metric families of a scrape: per queue (labels vhost and queue) when per_object, else summed."""
+    server = snapshot.server
+    counters = snapshot.counters
+    result: list = [_identity(server)]
+    build = UnknownMetricFamily("rabbitmq_build_info", "RabbitMQ & Erlang/OTP version info",
+                                labels=["rabbitmq_version", "prometheus_plugin_version", "prometheus_client_version",
+                                        "erlang_version", "product_name", "product_version"])
+    build.add_metric([RABBITMQ_VERSION, RABBITMQ_VERSION, "", "", http.PRODUCT_NAME, server.version], 1)
+    result.append(build)
+    for resource_name, alarm, documentation in (
+            ("file_descriptor_limit", None, "is 1 if file descriptor limit alarm is in effect"),
+            ("free_disk_space_watermark", "disk", "is 1 if free disk space watermark alarm is in effect"),
+            ("memory_used_watermark", "memory", "is 1 if VM memory watermark alarm is in effect")):
+        family = UnknownMetricFamily(f"rabbitmq_alarms_{resource_name}", documentation)
+        family.add_metric([], int(alarm in server.alarms))
+        result.append(family)
+    result += [_counter(name, documentation, counters[key]) for name, documentation, key in NODE_COUNTERS]
+    file_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    result += [
+        _gauge("rabbitmq_process_open_fds", "Open file descriptors", snapshot.open_files),
+        _gauge("rabbitmq_process_open_tcp_sockets", "Open TCP sockets", len(server.connections)),
+        _gauge("rabbitmq_process_resident_memory_bytes", "Memory used in bytes", snapshot.resident_bytes),
+        _gauge("rabbitmq_disk_space_available_bytes", "Disk space available in bytes", snapshot.disk_free),
+        _gauge("rabbitmq_process_max_fds", "Open file descriptors limit", file_limit),
+        _gauge("rabbitmq_process_max_tcp_sockets", "Open TCP sockets limit", file_limit),
+        _gauge("rabbitmq_resident_memory_limit_bytes", "Memory high watermark in bytes", server.memory_alarm.limit),
+        _gauge("rabbitmq_disk_space_available_limit_bytes", "Free disk space low watermark in bytes", 0),
+        _gauge("rabbitmq_erlang_uptime_seconds", "Node uptime", time.time() - server.started_at),
+    ]
+    for name, documentation, value in (
+            ("rabbitmq_auth_attempts_total", "Total number of authorization attempts", counters["auth_attempts"]),
+            ("rabbitmq_auth_attempts_succeeded_total", "Total number of successful authentication attempts",
+             counters["auth_attempts"] - counters["auth_failed"]),
+            ("rabbitmq_auth_attempts_failed_total", "Total number of failed authentication attempts",
+             counters["auth_failed"])):
+        family = CounterMetricFamily(name, documentation, labels=["protocol"])
+        family.add_metric(PROTOCOL, value)
+        result.append(family)
+    result += _queue_families(snapshot.queues, per_object)
+    result += [
+        _gauge("rabbitmq_connections", "Connections currently open", snapshot.connections),
+        _gauge("rabbitmq_channels", "Channels currently open", snapshot.channels),
+        _gauge("rabbitmq_consumers", "Consumers currently connected", snapshot.consumers),
+        _gauge("rabbitmq_queues", "Queues available", len(snapshot.queues)),
+    ]
+    result += _global_families(snapshot)
+    result += _warren_families(snapshot)
+    return result
+
+
+def _identity(server: "Server") -> UnknownMetricFamily:
+    """The labels RabbitMQ's dashboards join every series on. The permanent cluster id is derived from the cluster
+    name, so that it stays the same across restarts."""
+    cluster = server.config.cluster_name
+    family = UnknownMetricFamily("rabbitmq_identity_info", "RabbitMQ node & cluster identity info",
+                                 labels=["rabbitmq_node", "rabbitmq_cluster", "rabbitmq_cluster_permanent_id"])
+    permanent_id = "warren-cluster-id-" + hashlib.sha256(cluster.encode()).hexdigest()[:22]
+    family.add_metric([http.node_name(), cluster, permanent_id], 1)
+    return family
+
+
+def _queue_families(queues: list[QueueSample], per_object: bool) -> list:
+    result = []
+    labels = ["vhost", "queue"] if per_object else []
+    for name, documentation, value_of in QUEUE_GAUGES:
+        family = GaugeMetricFamily(name, documentation, labels=labels)
+        if per_object:
+            for queue in queues:
+                family.add_metric([queue.vhost, queue.name], value_of(queue))
+        else:
+            family.add_metric([], sum(value_of(queue) for queue in queues))
+        result.append(family)
+    published = CounterMetricFamily("rabbitmq_queue_messages_published_total",
+                                    "Total number of messages published to queues", labels=labels)
+    if per_object:
+        for queue in queues:
+            published.add_metric([queue.vhost, queue.name], queue.counters[PUBLISHED])
+    else:
+        published.add_metric([], sum(queue.counters[PUBLISHED] for queue in queues))
+    result.append(published)
+    return result
+
+
+def _global_families(snapshot: Snapshot) -> list:
+    counters = snapshot.counters
+    consumers = GaugeMetricFamily("rabbitmq_global_consumers", "Current number of consumers", labels=["protocol"])
+    consumers.add_metric(PROTOCOL, snapshot.consumers)
+    publishers = GaugeMetricFamily("rabbitmq_global_publishers", "Current number of publishers", labels=["protocol"])
+    publishers.add_metric(PROTOCOL, snapshot.publishers)
+    result = [consumers, publishers]
+    for name, documentation, key in GLOBAL_COUNTERS:
+        family = CounterMetricFamily(name, documentation, labels=["protocol"])
+        family.add_metric(PROTOCOL, counters[key])
+        result.append(family)
+    for name, documentation, keys in GLOBAL_QUEUE_COUNTERS:
+        family = CounterMetricFamily(name, documentation, labels=["protocol", "queue_type"])
+        for queue_type, label in QUEUE_TYPES.items():
+            sums = snapshot.queue_counters[queue_type]
+            family.add_metric([*PROTOCOL, label], sum(sums[key] for key in keys))
+        result.append(family)
+    for reason in DEAD_LETTER_REASONS:
+        family = CounterMetricFamily(f"rabbitmq_global_messages_dead_lettered_{reason}_total",
+                                     f"Total number of messages dead-lettered due to {reason}",
+                                     labels=["queue_type", "dead_letter_strategy"])
+        for queue_type in ("classic", "quorum"):
+            for strategy in ("at_most_once", "disabled"):
+                family.add_metric([QUEUE_TYPES[queue_type], strategy],
+                                  snapshot.dead_lettered.get((reason, queue_type, strategy), 0))
+        result.append(family)
+    return result
+
+
+def _histogram(name: str, documentation: str, histogram: "Histogram") -> HistogramMetricFamily:
+    buckets = [("+Inf" if bound == float("inf") else repr(bound), count) for bound, count in histogram.cumulative()]
+    return HistogramMetricFamily(name, documentation, buckets=buckets, sum_value=histogram.sum)
+
+
+def _warren_families(snapshot: Snapshot) -> list:
+    """Warren's own: the message store's group commit and size, and the last recovery."""
+    store = snapshot.store
+    report = snapshot.server.recovery_report
+    return [
+        _histogram("warren_store_batch_messages", "Messages written per store batch (one group commit)",
+                   store["batch_messages"]),
+        _histogram("warren_store_sync_seconds", "Time the fdatasync calls of a store batch took", store["sync_seconds"]),
+        _counter("warren_store_batches_total", "Store batches written", store["batches"]),
+        _counter("warren_store_fsyncs_total", "fdatasync and fsync calls made for store batches", store["fsyncs"]),
+        _counter("warren_store_written_bytes_total", "Bytes written to the message store", store["bytes_written"]),
+        _gauge("warren_store_bytes", "Bytes of the message store on disk (segments and definitions log)",
+               store["bytes_on_disk"]),
+        _gauge("warren_store_segments", "Segment files of the message store", store["segments"]),
+        _gauge("warren_store_healthy", "1 while durable writes succeed, 0 while they fail", int(store["healthy"])),
+        _gauge("warren_recovery_seconds", "Seconds the last start took to read the store and rebuild every queue",
+               snapshot.server.recovery_seconds),
+        _gauge("warren_recovery_messages", "Messages the last start recovered", report.get("messages", 0)),
+        _gauge("warren_recovery_torn_tail_bytes", "Bytes of torn tails the last start cut off",
+               report.get("torn_tail_bytes", 0)),
+    ]
+
+
+class _Collected:
+    """What prometheus_client's generate_latest reads: an object whose collect() gives the families."""
+
+    def __init__(self, metric_families: list):
+        self.metric_families = metric_families
+
+    def collect(self):
+        return self.metric_families
+
+
+def exposition(snapshot: Snapshot, per_object: bool) -> bytes:
+    """The text format of a scrape (run on a worker thread)."""
+    return generate_latest(_Collected(families(snapshot, per_object)))
+
+
+# --- the listener's routes -----------------------------------------------------------------------------------------
+routes = web.RouteTableDef()
+
+
+async def _scrape(request: web.Request, per_object: bool) -> web.Response:
+    snapshot = await take_snapshot(http.server_of(request))
+    body = await asyncio.get_running_loop().run_in_executor(None, exposition, snapshot, per_object)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4})
+
+
+@routes.get("/metrics")
+async def metrics(request: web.Request) -> web.Response:
+    return await _scrape(request, per_object=False)
+
+
+@routes.get("/metrics/per-object")
+async def per_object_metrics(request: web.Request) -> web.Response:
+    return await _scrape(request, per_object=True)
+
+
+def make_prometheus_app(server: "Server") -> web.Application:
+    app = web.Application()
+    app[http.SERVER] = server
+    app.add_routes(routes)
+    return app
