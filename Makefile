@@ -5,6 +5,7 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 5672
 MANAGEMENT_PORT ?= 15672
+PROMETHEUS_PORT ?= 15692
 DATA_DIR ?= ./data
 LOG_LEVEL ?= info
 
@@ -24,7 +25,7 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	touch $@ $(VENV)/.installed-run
 
 run: $(VENV)/.installed-run
-	$(BIN)/python -m broker --host $(HOST) --port $(PORT) --management-port $(MANAGEMENT_PORT) --data-dir $(DATA_DIR) --log-level $(LOG_LEVEL)
+	$(BIN)/python -m broker --host $(HOST) --port $(PORT) --management-port $(MANAGEMENT_PORT) --prometheus-port $(PROMETHEUS_PORT) --data-dir $(DATA_DIR) --log-level $(LOG_LEVEL)
 
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -31,6 +31,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="text lines (default) or one JSON object per line")
     parser.add_argument("--management-port", dest="management_port", type=int,
                         help="management HTTP API port (default 15672; 0 = no API)")
+    parser.add_argument("--tls-port", dest="tls_port", type=int,
+                        help="amqps port, used once [tls] names a certificate (default 5671; 0 picks a free one)")
     parser.add_argument("--prometheus-port", dest="prometheus_port", type=int,
                         help="Prometheus metrics port (default 15692; 0 = no metrics endpoint)")
     parser.add_argument("--version", action="version", version=f"warren-server {version()}")
@@ -40,7 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # Settings that may come from the environment (above the config file, below the command line), so that a password
 # need not appear in a config file or on a command line (the Docker image's WARREN_DEFAULT_USER/PASS).
 ENVIRONMENT = {"default_user": "WARREN_DEFAULT_USER", "default_pass": "WARREN_DEFAULT_PASS"}
-COMMAND_LINE = ("host", "port", "data_dir", "log_level", "log_format", "management_port", "prometheus_port")
+COMMAND_LINE = ("host", "port", "data_dir", "log_level", "log_format", "management_port", "prometheus_port",
+                "tls_port")
 
 
 def config_overrides(args: argparse.Namespace, environ: dict[str, str]) -> dict:

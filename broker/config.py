@@ -46,6 +46,14 @@ class Config:
     queue_messages_in_memory: int = 10000
     management_host: str = "127.0.0.1"  # address of the management HTTP API
     management_port: int = 15672  # port of the management HTTP API (0 = no API), as RabbitMQ's plugin
+    management_tls: bool = False  # the management API speaks HTTPS with the [tls] certificate
+    # [tls]: an amqps listener on tls_port, once a certificate and its key are given (as RabbitMQ's ssl_options)
+    tls_port: int = 5671
+    tls_certfile: str = ""  # the server's certificate chain (PEM)
+    tls_keyfile: str = ""  # its private key (PEM)
+    tls_cacertfile: str = ""  # CA certificates that client certificates are checked against (PEM)
+    tls_verify: str = "verify_none"  # "verify_peer": ask clients for a certificate and check it
+    tls_fail_if_no_peer_cert: bool = False  # with verify_peer: refuse clients that present no certificate
     prometheus_host: str = "127.0.0.1"  # address of the Prometheus metrics endpoint
     prometheus_port: int = 15692  # port of the Prometheus metrics endpoint (0 = none), as RabbitMQ's plugin
     # Users who may log in only from this machine, as with RabbitMQ's loopback_users (guest by default).
@@ -64,15 +72,16 @@ class Config:
 SECTIONS = {
     "server": ("host", "port", "data_dir", "log_level", "log_format", "cluster_name", "memory_high_watermark", "memory_limit",
                "queue_messages_in_memory", "load_definitions"),
-    "management": ("host", "port"),
+    "management": ("host", "port", "tls"),
     "prometheus": ("host", "port"),
+    "tls": ("port", "certfile", "keyfile", "cacertfile", "verify", "fail_if_no_peer_cert"),
     "amqp": ("frame_max", "channel_max", "heartbeat", "default_consumer_prefetch", "consumer_timeout",
              "max_message_size", "default_user", "default_pass", "default_vhost", "loopback_users",
              "failed_login_delay"),
 }
 
 
-PREFIXED_SECTIONS = ("management", "prometheus")  # sections whose keys are prefixed with the section's name
+PREFIXED_SECTIONS = ("management", "prometheus", "tls")  # sections whose keys are prefixed with the section's name
 
 # The keys of each [[table]] array, and whether each is required; each table is one item of RabbitMQ's
 # definitions of that kind, so these are the keys a definitions file has too.
@@ -85,7 +94,7 @@ TABLE_KEY_TYPES = {"tags": (list, "a list of strings")}  # other keys of the tab
 
 # Config field type -> (Python type, how an error names it, the type of a list's items).
 _EXPECTED_TYPES = {"int": (int, "an integer", None), "str": (str, "a string", None),
-                   "float": ((int, float), "a number", None), "list[str]": (list, "a list of strings", str),
+                   "float": ((int, float), "a number", None), "bool": (bool, "true or false", None), "list[str]": (list, "a list of strings", str),
                    "list[dict]": (list, "a list of tables", dict)}
 
 
@@ -98,7 +107,7 @@ def load_config(path: str | Path | None = None, overrides: dict | None = None) -
     types = {f.name: f.type for f in fields(Config)}
     for key, value in values.items():
         kind, described, item_kind = _EXPECTED_TYPES[types[key]]
-        if (not isinstance(value, kind) or isinstance(value, bool)
+        if (not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool)
                 or (item_kind is not None and not all(isinstance(item, item_kind) for item in value))):
             raise ConfigError(f"{key} must be {described}, got {value!r}")
     config = Config(**values)
@@ -166,11 +175,32 @@ def _read_toml(path: Path) -> dict:
     return values
 
 
+TLS_VERIFY = ("verify_none", "verify_peer")  # RabbitMQ's ssl_options.verify values
+
+
+def _validate_tls(config: Config) -> None:
+    """The [tls] keys go together: a key with a certificate, a CA to check client certificates against."""
+    if not 0 <= config.tls_port <= 65535:
+        raise ConfigError(f"tls port must be between 0 and 65535, got {config.tls_port}")
+    if config.tls_verify not in TLS_VERIFY:
+        raise ConfigError(f"tls verify must be one of {', '.join(TLS_VERIFY)}, got {config.tls_verify!r}")
+    if bool(config.tls_certfile) != bool(config.tls_keyfile):
+        raise ConfigError("tls certfile and keyfile go together: give both or neither")
+    if config.tls_verify == "verify_peer" and not config.tls_cacertfile:
+        raise ConfigError("tls verify = \"verify_peer\" needs a cacertfile to check client certificates against")
+    if config.tls_fail_if_no_peer_cert and config.tls_verify != "verify_peer":
+        raise ConfigError("tls fail_if_no_peer_cert needs verify = \"verify_peer\"")
+    if (config.tls_verify == "verify_peer" or config.management_tls) and not config.tls_certfile:
+        raise ConfigError("[tls] needs a certfile and a keyfile for " + (
+            "management tls" if config.management_tls else "verify_peer"))
+
+
 def _validate(config: Config) -> None:
     if not 0 <= config.port <= 65535:
         raise ConfigError(f"port must be between 0 and 65535, got {config.port}")
     if not 0 <= config.management_port <= 65535:
         raise ConfigError(f"management_port must be between 0 and 65535, got {config.management_port}")
+    _validate_tls(config)
     if not 0 <= config.prometheus_port <= 65535:
         raise ConfigError(f"prometheus_port must be between 0 and 65535, got {config.prometheus_port}")
     if config.log_level not in LOG_LEVELS:

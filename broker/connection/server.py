@@ -9,6 +9,7 @@ import logging
 import os
 import platform
 import socket
+import ssl
 import time
 from importlib import metadata
 from pathlib import Path
@@ -16,7 +17,8 @@ from pathlib import Path
 from broker.config import TABLE_ARRAYS, Config, ConfigError, read_definitions
 from broker.connection.alarms.disk import DiskAlarm
 from broker.connection.alarms.memory import MemoryAlarm, memory_limit, release_freed_memory
-from broker.connection.connection import Connection
+from broker.connection.connection import HANDSHAKE_TIMEOUT, Connection
+from broker.connection.tls import TlsError, server_context
 from broker.model.definitions import DefinitionsError, import_definitions
 from broker.model.durability import restore
 from broker.model.features.paging import Paging
@@ -88,6 +90,8 @@ class Server:
         self.version = version()
         self.platform = f"Python {platform.python_version()}"
         self.listener: asyncio.base_events.Server | None = None
+        self.tls_listener: asyncio.base_events.Server | None = None  # amqps, when [tls] names a certificate
+        self.tls_context: ssl.SSLContext | None = None  # the amqps listener's (the management API's too, if asked)
         limit = memory_limit(config.memory_high_watermark, config.memory_limit)
         self.memory_alarm = MemoryAlarm(limit, self._memory_alarm_changed)  # blocks publishers above the limit
         self.alarms: set[str] = set()  # resources whose alarm is on (keys of ALARM_REASONS)
@@ -128,19 +132,30 @@ class Server:
     # --- start and stop -------------------------------------------------------------------------------------
     async def start(self) -> None:
         """Take the port (so that one in use is reported at once), recover durable state, then serve."""
-        self.listener = await self._listen()
+        config = self.config
+        if config.tls_certfile:
+            try:
+                self.tls_context = server_context(config)
+            except TlsError as error:
+                raise StartupError(str(error)) from error
+        self.listener = await self._listen(config.port)
+        if self.tls_context is not None:
+            self.tls_listener = await self._listen(config.tls_port, self.tls_context)
         self._recover()
         release_freed_memory()
         self.memory_alarm.start()
-        await self.listener.start_serving()
-        host, port = self.listener.sockets[0].getsockname()[:2]
-        log.info("Warren %s listening on %s:%d", self.version, host, port)
+        for listener, what in ((self.tls_listener, " (AMQP over TLS)"), (self.listener, "")):
+            if listener is not None:
+                await listener.start_serving()
+                host, port = listener.sockets[0].getsockname()[:2]
+                log.info("Warren %s listening on %s:%d%s", self.version, host, port, what)
 
-    async def _listen(self) -> asyncio.base_events.Server:
-        host, port = self.config.host, self.config.port
+    async def _listen(self, port: int, tls: ssl.SSLContext | None = None) -> asyncio.base_events.Server:
+        host = self.config.host
         try:
             return await asyncio.get_running_loop().create_server(
-                lambda: Connection(self), host, port, reuse_address=True, backlog=1024, start_serving=False)
+                lambda: Connection(self), host, port, reuse_address=True, backlog=1024, start_serving=False,
+                ssl=tls, ssl_handshake_timeout=HANDSHAKE_TIMEOUT if tls is not None else None)
         except OSError as error:
             raise StartupError(f"cannot listen on {host}:{port}: {reason_of(error)}") from error
 
@@ -207,10 +222,15 @@ class Server:
     def port(self) -> int:
         return self.listener.sockets[0].getsockname()[1]
 
+    @property
+    def tls_port(self) -> int | None:
+        return self.tls_listener.sockets[0].getsockname()[1] if self.tls_listener is not None else None
+
     async def stop(self) -> None:
         """Stop accepting, send every client connection.close 320 CONNECTION_FORCED, wait for them to go."""
-        if self.listener is not None:
-            self.listener.close()
+        for listener in (self.listener, self.tls_listener):
+            if listener is not None:
+                listener.close()
         connections = list(self.connections)
         for connection in connections:
             connection.close_for_shutdown()
@@ -219,8 +239,9 @@ class Server:
             await asyncio.sleep(0.01)
         for connection in list(self.connections):
             connection._terminate()
-        if self.listener is not None:
-            await self.listener.wait_closed()
+        for listener in (self.listener, self.tls_listener):
+            if listener is not None:
+                await listener.wait_closed()
         self.memory_alarm.stop()
         self.disk_alarm.stop()
         self.store.close()

@@ -4,6 +4,7 @@ event loop."""
 from __future__ import annotations
 
 import logging
+import ssl
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -31,7 +32,9 @@ class ManagementServer:
 async def start_management(server: "Server") -> ManagementServer:
     """Listen on the configured management host and port (StartupError when that fails)."""
     config = server.config
-    return await _listen(make_app(server), config.management_host, config.management_port, "management API")
+    tls = server.tls_context if config.management_tls else None  # HTTPS with the amqps listener's certificate
+    return await _listen(make_app(server), config.management_host, config.management_port,
+                         "management API" + (" (HTTPS)" if tls is not None else ""), tls)
 
 
 async def start_prometheus(server: "Server") -> ManagementServer:
@@ -41,10 +44,11 @@ async def start_prometheus(server: "Server") -> ManagementServer:
                          "Prometheus metrics")
 
 
-async def _listen(app: web.Application, host: str, port: int, what: str) -> ManagementServer:
+async def _listen(app: web.Application, host: str, port: int, what: str,
+                  tls: ssl.SSLContext | None = None) -> ManagementServer:
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True)
+    site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=tls)
     try:
         await site.start()
     except OSError as error:

@@ -122,8 +122,8 @@ def start_warren(workdir: Path, *extra_args: str) -> RunningBroker:
     with open(log, "ab") as output:
         process = subprocess.Popen(
             [sys.executable, "-m", "broker", "--host", "127.0.0.1", "--port", str(port),
-             "--data-dir", str(workdir / "warren-data"), "--log-level", "warning", "--management-port", "0", "--prometheus-port", "0",
-             *extra_args],
+             "--data-dir", str(workdir / "warren-data"), "--log-level", "warning", "--management-port", "0",
+             "--prometheus-port", "0", *extra_args],
             cwd=REPO_ROOT, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
     return _wait_until_ready("Warren", process, port, log, WARREN_START_SECONDS)
 

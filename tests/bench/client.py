@@ -8,6 +8,7 @@ without being decoded. The client's own cost per message stays far below a broke
 from __future__ import annotations
 
 import asyncio
+import ssl
 import struct
 import time
 from dataclasses import dataclass
@@ -41,13 +42,14 @@ class BrokerURL:
     user: str
     password: str
     vhost: str
+    tls: bool = False  # amqps: over TLS, the server's certificate not checked (loopback benchmarks only)
 
     @classmethod
     def parse(cls, url: str) -> BrokerURL:
         parts = urlsplit(url)
         vhost = unquote(parts.path[1:]) if len(parts.path) > 1 else "/"
         return cls(parts.hostname or "127.0.0.1", parts.port or 5672, unquote(parts.username or "guest"),
-                   unquote(parts.password or "guest"), vhost)
+                   unquote(parts.password or "guest"), vhost, parts.scheme == "amqps")
 
 
 def message_frames(channel: int, exchange: str, routing_key: str, payload: bytes, persistent: bool = False) -> bytes:
@@ -170,7 +172,11 @@ class BenchConnection(asyncio.Protocol):
 
     @classmethod
     async def open(cls, url: BrokerURL) -> BenchConnection:
-        _, connection = await asyncio.get_running_loop().create_connection(cls, url.host, url.port)
+        tls = None
+        if url.tls:
+            tls = ssl.create_default_context()
+            tls.check_hostname, tls.verify_mode = False, ssl.CERT_NONE
+        _, connection = await asyncio.get_running_loop().create_connection(cls, url.host, url.port, ssl=tls)
         try:
             await connection._handshake(url)
         except BaseException:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import datetime
+
 from aiohttp import web
+
+from broker.connection.tls import expiring
 
 from broker.management import http, messages
 from broker.model.vhost import OPERATOR_OWNER
@@ -15,7 +19,8 @@ ALARM_RESOURCES = {"memory": "memory", "disk": "disk space"}
 ALIVENESS_QUEUE = "aliveness-test"  # the queue RabbitMQ's aliveness test goes through
 ALIVENESS_MESSAGE = {"properties": {}, "routing_key": ALIVENESS_QUEUE, "payload": "test_message",
                      "payload_encoding": "string"}  # what it publishes there, as a publish request's body
-PROTOCOL_ALIASES = {"amqp": "amqp", "amqp091": "amqp", "amqp0-9-1": "amqp", "http": "http"}
+PROTOCOL_ALIASES = {"amqp": "amqp", "amqp091": "amqp", "amqp0-9-1": "amqp", "http": "http", "https": "https",
+                    "amqps": "amqp/ssl", "amqp/ssl": "amqp/ssl"}
 
 
 def ok(**details) -> web.Response:
@@ -28,9 +33,13 @@ def failed(reason: str, **details) -> web.Response:
 
 
 def listeners(request: web.Request) -> dict[str, int]:
-    """Protocol -> port of what this node listens on."""
+    """Protocol -> port of what this node listens on (RabbitMQ's protocol names)."""
+    server = http.server_of(request)
     management_port = request.transport.get_extra_info("sockname")[1] if request.transport else 0
-    return {"amqp": http.server_of(request).port, "http": management_port}
+    found = {"amqp": server.port, "http" if not server.config.management_tls else "https": management_port}
+    if server.tls_port is not None:
+        found["amqp/ssl"] = server.tls_port
+    return found
 
 
 def alarms(request: web.Request, reason: str) -> web.Response:
@@ -62,9 +71,24 @@ async def single_node(request: web.Request) -> web.Response:
     return ok(reason="single node cluster")
 
 
+# RabbitMQ's units of the certificate-expiration check, in days
+EXPIRY_UNITS = {"days": 1, "weeks": 7, "months": 30, "years": 365}
+
+
 @routes.get("/api/health/checks/certificate-expiration/{within}/{unit}")
 async def certificates(request: web.Request) -> web.Response:
-    return ok()  # Warren serves no TLS listener, so no certificate can expire
+    """503 listing the served certificates (the amqps listener's, and its CA file) that expire within the given
+    time, as RabbitMQ's check."""
+    within, unit = request.match_info["within"], request.match_info["unit"]
+    if not within.isdigit() or unit not in EXPIRY_UNITS:
+        raise http.bad_request(f"invalid time period '{within} {unit}': a whole number of "
+                               f"{', '.join(EXPIRY_UNITS)}")
+    config = http.server_of(request).config
+    files = [path for path in (config.tls_certfile, config.tls_cacertfile) if path]
+    found = expiring(files, datetime.timedelta(days=int(within) * EXPIRY_UNITS[unit]))
+    if not found:
+        return ok()
+    return failed("Certificates expiring", expired=found)
 
 
 @routes.get("/api/health/checks/port-listener/{port}")

@@ -44,7 +44,9 @@ async def overview(request: web.Request) -> web.Response:
     }
     if "monitoring" in http.rights_of(request["user"]):
         data["node"] = http.node_name()
-        hosts = {"amqp": server.config.host, "http": server.config.management_host}
+        config = server.config
+        hosts = {"amqp": config.host, "amqp/ssl": config.host, "http": config.management_host,
+                 "https": config.management_host}
         data["listeners"] = [{"node": http.node_name(), "protocol": protocol, "ip_address": hosts[protocol],
                               "port": port} for protocol, port in listeners(request).items()]
     return http.reply(data)

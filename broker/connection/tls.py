@@ -1,0 +1,62 @@
+"""TLS for the amqps listener and the management API: the server's SSL context from the [tls] keys (as RabbitMQ's
+ssl_options), and when the certificates it serves expire."""
+
+from __future__ import annotations
+
+import datetime
+import ssl
+from typing import TYPE_CHECKING
+
+from cryptography import x509
+
+if TYPE_CHECKING:
+    from broker.config import Config
+
+
+class TlsError(Exception):
+    """A certificate, key or CA file that cannot be used; the message names the file and says why."""
+
+
+def server_context(config: "Config") -> ssl.SSLContext:
+    """TLS 1.2 and 1.3 (RabbitMQ's defaults), the certificate chain and its key, and with verify_peer the client
+    certificates checked against the CA file (required with fail_if_no_peer_cert, else only checked when sent)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(config.tls_certfile, config.tls_keyfile)
+    except OSError as error:  # ssl.SSLError is one too
+        raise TlsError(f"cannot use TLS certificate {config.tls_certfile} with key {config.tls_keyfile}: "
+                       f"{_reason(error)}") from error
+    if config.tls_cacertfile:
+        try:
+            context.load_verify_locations(config.tls_cacertfile)
+        except OSError as error:
+            raise TlsError(f"cannot use TLS CA certificates {config.tls_cacertfile}: {_reason(error)}") from error
+    if config.tls_verify == "verify_peer":
+        context.verify_mode = ssl.CERT_REQUIRED if config.tls_fail_if_no_peer_cert else ssl.CERT_OPTIONAL
+    return context
+
+
+def _reason(error: OSError) -> str:
+    if isinstance(error, ssl.SSLError):
+        return error.reason or str(error)
+    return error.strerror or str(error)
+
+
+def expiring(paths: list[str], within: datetime.timedelta) -> list[dict]:
+    """The certificates in these PEM files that expire within the given time from now, as RabbitMQ's
+    certificate-expiration check lists them (a file that cannot be read is listed with the reason)."""
+    deadline = datetime.datetime.now(datetime.timezone.utc) + within
+    found = []
+    for path in paths:
+        try:
+            with open(path, "rb") as file:
+                certificates = x509.load_pem_x509_certificates(file.read())
+        except (OSError, ValueError) as error:
+            found.append({"certfile": path, "error": str(error)})
+            continue
+        for certificate in certificates:
+            if certificate.not_valid_after_utc <= deadline:
+                found.append({"certfile": path, "subject": certificate.subject.rfc4514_string(),
+                              "expires": certificate.not_valid_after_utc.isoformat()})
+    return found
