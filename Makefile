@@ -9,7 +9,7 @@ PROMETHEUS_PORT ?= 15692
 DATA_DIR ?= ./data
 LOG_LEVEL ?= info
 
-.PHONY: run test bench clean
+.PHONY: run test bench clean browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,8 +27,17 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 run: $(VENV)/.installed-run
 	$(BIN)/python -m broker --host $(HOST) --port $(PORT) --management-port $(MANAGEMENT_PORT) --prometheus-port $(PROMETHEUS_PORT) --data-dir $(DATA_DIR) --log-level $(LOG_LEVEL)
 
-test: $(VENV)/.installed-test
+test: $(VENV)/.installed-test browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The console tests drive Chromium: installed here where apt-get may be used (root, as in CI); elsewhere they are
+# skipped, saying so. The one line to run by hand: apt-get install -y chromium chromium-driver
+browser:
+	@command -v chromedriver >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  { DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 || \
+	    { timeout 300 apt-get update -q >/dev/null 2>&1 && \
+	      DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y -q chromium chromium-driver >/dev/null 2>&1; }; } \
+	  || echo "Chromium not installed: the console tests will be skipped"; }
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python -m tests.bench.compare $(BENCH_ARGS)

@@ -46,6 +46,9 @@ class Config:
     queue_messages_in_memory: int = 10000
     management_host: str = "127.0.0.1"  # address of the management HTTP API
     management_port: int = 15672  # port of the management HTTP API (0 = no API), as RabbitMQ's plugin
+    # ms between two samples of the message counters behind the management API's rates (RabbitMQ's
+    # collect_statistics_interval)
+    management_collect_statistics_interval: int = 5000
     management_tls: bool = False  # the management API speaks HTTPS with the [tls] certificate
     # [tls]: an amqps listener on tls_port, once a certificate and its key are given (as RabbitMQ's ssl_options)
     tls_port: int = 5671
@@ -72,7 +75,7 @@ class Config:
 SECTIONS = {
     "server": ("host", "port", "data_dir", "log_level", "log_format", "cluster_name", "memory_high_watermark", "memory_limit",
                "queue_messages_in_memory", "load_definitions"),
-    "management": ("host", "port", "tls"),
+    "management": ("host", "port", "tls", "collect_statistics_interval"),
     "prometheus": ("host", "port"),
     "tls": ("port", "certfile", "keyfile", "cacertfile", "verify", "fail_if_no_peer_cert"),
     "amqp": ("frame_max", "channel_max", "heartbeat", "default_consumer_prefetch", "consumer_timeout",
@@ -201,6 +204,9 @@ def _validate(config: Config) -> None:
     if not 0 <= config.management_port <= 65535:
         raise ConfigError(f"management_port must be between 0 and 65535, got {config.management_port}")
     _validate_tls(config)
+    if not 10 <= config.management_collect_statistics_interval <= 3600000:
+        raise ConfigError(f"collect_statistics_interval must be between 10 and 3600000 ms, got "
+                          f"{config.management_collect_statistics_interval}")
     if not 0 <= config.prometheus_port <= 65535:
         raise ConfigError(f"prometheus_port must be between 0 and 65535, got {config.prometheus_port}")
     if config.log_level not in LOG_LEVELS:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from broker.management import http
+from broker.management.rates import Rates
 from broker.management.resources import api_error
 from broker.management.views import (
     bindings, connections, definitions, exchanges, health, nodes, overview, permissions, policies, queues, users,
@@ -21,6 +23,8 @@ if TYPE_CHECKING:
     from broker.connection.server import Server
 
 log = logging.getLogger(__name__)
+
+CONSOLE = Path(__file__).parent / "console"  # the web console's static files (no build step)
 
 VIEWS = (overview, nodes, vhosts, users, permissions, policies, exchanges, queues, bindings, connections,
          definitions, health)
@@ -40,7 +44,11 @@ async def rabbitmq_errors(request: web.Request, handler):
     try:
         return await handler(request)
     except http.ApiError as error:
-        return error.response()
+        response = error.response()
+        if request.headers.get("X-Requested-With") == "XMLHttpRequest":
+            # a page's own request (the console's): no challenge, or the browser would put up its login dialog
+            response.headers.pop("WWW-Authenticate", None)
+        return response
     except AMQPError as error:  # a model call refused what the request asked (a permission, a missing resource...)
         return api_error(error).response()
     except web.HTTPException as error:
@@ -56,6 +64,23 @@ def make_app(server: "Server") -> web.Application:
     app = web.Application(middlewares=[rabbitmq_errors, authenticated], client_max_size=http.MAX_BODY)
     app[http.SERVER] = server
     app[http.STARTED] = time.monotonic()
+    rates = app[http.RATES] = Rates(server, server.config.management_collect_statistics_interval)
+
+    async def start_sampling(_app: web.Application) -> None:
+        rates.start()
+
+    async def stop_sampling(_app: web.Application) -> None:
+        rates.stop()
+
+    app.on_startup.append(start_sampling)
+    app.on_cleanup.append(stop_sampling)
     for view in VIEWS:
         app.add_routes(view.routes)
+    app.router.add_get("/", console_page)
+    app.router.add_static("/console/", CONSOLE)
     return app
+
+
+async def console_page(request: web.Request) -> web.FileResponse:
+    """The web console: one page of static files that calls this API with the user's credentials."""
+    return web.FileResponse(CONSOLE / "index.html")

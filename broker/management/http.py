@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from broker.model.vhost import VirtualHost
 
 SERVER = web.AppKey("server", object)  # the AMQP Server (its node, connections and config)
+RATES = web.AppKey("rates", object)  # management.rates.Rates: the sampled message counters
 STARTED = web.AppKey("started", float)  # time.monotonic() when the API started (the node's uptime counts from it)
 MAX_BODY = 64 * 1024 * 1024  # largest request body accepted (a definitions import of a big deployment)
 PRODUCT_NAME = "Warren"  # product_name in the overview and in exports (RabbitMQ's says "RabbitMQ")
@@ -73,6 +74,19 @@ def not_found() -> ApiError:
 # --- the server and its node -----------------------------------------------------------------------------------
 def server_of(request: web.Request) -> "Server":
     return request.app[SERVER]
+
+
+def message_stats(request: web.Request, history) -> dict:
+    """A management.rates.History as RabbitMQ's message_stats, with the samples of the last msg_rates_age seconds
+    every msg_rates_incr seconds when the request asks for them (as RabbitMQ's UI does for its charts)."""
+    if history is None:
+        return {}
+    age, increment = request.query.get("msg_rates_age"), request.query.get("msg_rates_incr", "5")
+    if age is None:
+        return history.message_stats()
+    if not age.isdigit() or not increment.isdigit() or int(increment) == 0:
+        raise bad_request("msg_rates_age and msg_rates_incr must be whole numbers of seconds")
+    return history.message_stats(int(age), request.app[RATES].every(int(increment)))
 
 
 def node_of(request: web.Request) -> "Node":

@@ -6,12 +6,16 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import urllib.error
+import urllib.request
 
 import pika
 import pika.exceptions
 import pytest
 
-from tests.integration.helpers import connection_error, declare_queue, publish, wait_for_message_count
+from tests.integration.helpers import (
+    beyond_rabbitmq, connection_error, declare_queue, publish, wait_for_message_count,
+)
 from tests.integration.management import (
     add_user, add_vhost, connect_as, delete_user, delete_vhost, quote, request, set_permissions, wait_for,
 )
@@ -55,6 +59,20 @@ def test_a_request_without_credentials_is_401_with_a_basic_challenge(broker):
 def test_a_wrong_password_is_401_login_failed(broker):
     reply = request(broker, "GET", "/api/whoami", password="not-the-password")
     assert reply == (401, {"error": "not_authorized", "reason": "Login failed"})
+
+
+@beyond_rabbitmq
+def test_a_pages_own_request_gets_no_basic_challenge_so_the_browser_shows_no_login_dialog(broker):
+    def challenge(headers: dict) -> str | None:
+        call = urllib.request.Request(broker.management_url + "/api/whoami", headers={
+            "authorization": "Basic " + base64.b64encode(b"guest:wrong").decode(), **headers})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(call, timeout=10)
+        assert refused.value.code == 401
+        return refused.value.headers.get("WWW-Authenticate")
+
+    assert challenge({}) == 'Basic realm="RabbitMQ Management"'
+    assert challenge({"X-Requested-With": "XMLHttpRequest"}) is None
 
 
 def test_whoami_names_the_caller_and_its_tags(broker):

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 routes = web.RouteTableDef()
 
-RATES_MODE = "none"  # Warren keeps no message rates (RabbitMQ's rates_mode with statistics off)
+RATES_MODE = "basic"  # message rates of the node and of each queue (management.rates), as RabbitMQ's default
 # The descriptions RabbitMQ gives its exchange types and login mechanisms.
 EXCHANGE_TYPE_DESCRIPTIONS = {
     "direct": "AMQP direct exchange, as per the AMQP specification",

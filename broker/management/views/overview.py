@@ -39,7 +39,8 @@ async def overview(request: web.Request) -> web.Response:
         "management_version": RABBITMQ_VERSION, "rabbitmq_version": RABBITMQ_VERSION,
         "product_name": http.PRODUCT_NAME, "product_version": server.version, "rates_mode": RATES_MODE,
         "cluster_name": server.config.cluster_name, "exchange_types": exchange_types(), "disable_stats": False,
-        "enable_queue_totals": False, "message_stats": {}, "queue_totals": queue_totals,
+        "enable_queue_totals": False,
+        "message_stats": http.message_stats(request, request.app[http.RATES].node), "queue_totals": queue_totals,
         "object_totals": object_totals, "statistics_db_event_queue": 0,
     }
     if "monitoring" in http.rights_of(request["user"]):

@@ -22,25 +22,34 @@ ACK_MODES = {
 
 
 
+def _with_rates(request: web.Request, queue, data: dict) -> dict:
+    """The queue's JSON with its message_stats (left out until the queue has been sampled, as RabbitMQ)."""
+    stats = http.message_stats(request, request.app[http.RATES].queues.get(queue))
+    if stats:
+        data["message_stats"] = stats
+    return data
+
+
 @routes.get("/api/queues")
 async def list_all(request: web.Request) -> web.Response:
     unacked = UnackedCounts(http.server_of(request).connections)
-    return listing(request, [queue_json(vhost, queue, unacked) for vhost in readable_vhosts(request)
-                             for queue in _by_name(vhost)])
+    return listing(request, [_with_rates(request, queue, queue_json(vhost, queue, unacked))
+                             for vhost in readable_vhosts(request) for queue in _by_name(vhost)])
 
 
 @routes.get("/api/queues/{vhost}")
 async def list_vhost(request: web.Request) -> web.Response:
     vhost = http.login_vhost_of(request)
     unacked = UnackedCounts(http.server_of(request).connections)
-    return listing(request, [queue_json(vhost, queue, unacked) for queue in _by_name(vhost)])
+    return listing(request, [_with_rates(request, queue, queue_json(vhost, queue, unacked))
+                             for queue in _by_name(vhost)])
 
 
 @routes.get("/api/queues/{vhost}/{name}")
 async def show(request: web.Request) -> web.Response:
     vhost = http.login_vhost_of(request)
     queue = find_queue(vhost, request.match_info["name"])
-    data = queue_json(vhost, queue, UnackedCounts(http.server_of(request).connections))
+    data = _with_rates(request, queue, queue_json(vhost, queue, UnackedCounts(http.server_of(request).connections)))
     data["consumer_details"] = [consumer_json(vhost, queue, consumer) for consumer in queue.consumers]
     data.update(deliveries=[], incoming=[])  # rates per peer: Warren keeps no such statistics
     return http.reply(data)

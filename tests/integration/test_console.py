@@ -1,0 +1,158 @@
+"""The web console in a real browser (headless Chromium driven by Selenium): log in, create a queue, publish, see
+the count change, purge, see a rate chart draw, close a connection; what a user's tags do not allow is not shown.
+Screenshots go to test-artifacts/console/."""
+
+from __future__ import annotations
+
+import shutil
+
+import pika
+import pika.exceptions
+import pytest
+
+from tests.conftest import REPO_ROOT
+from tests.integration.helpers import EVENT_TIMEOUT, connect
+from tests.integration.management import add_user, set_permissions
+
+webdriver = pytest.importorskip("selenium.webdriver", reason="the console tests need selenium (pip install selenium)")
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException  # noqa: E402
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = shutil.which("chromedriver")
+pytestmark = pytest.mark.skipif(
+    not (CHROMIUM and DRIVER),
+    reason="the console tests need Chromium and its driver: apt-get install -y chromium chromium-driver")
+ARTIFACTS = REPO_ROOT / "test-artifacts" / "console"
+WAIT = 15  # seconds for anything the page shows after a refresh (the console reads the API every 5 s)
+
+
+@pytest.fixture
+def browser():
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--window-size=1400,1000"):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(DRIVER), options=options)
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture
+def console_broker(own_broker, tmp_path):
+    config = tmp_path / "warren.toml"
+    config.write_text("[management]\ncollect_statistics_interval = 250\n")
+    return own_broker("--config", str(config))
+
+
+def screenshot(driver, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    driver.save_screenshot(str(ARTIFACTS / f"{name}.png"))
+
+
+def log_in(driver, broker, username: str = "guest", password: str = "guest") -> None:
+    driver.get(f"http://127.0.0.1:{broker.management_port}/")
+    driver.find_element(By.NAME, "username").send_keys(username)
+    driver.find_element(By.NAME, "password").send_keys(password)
+    driver.find_element(By.CSS_SELECTOR, "#login button").click()
+
+
+def wait(driver, condition, timeout: float = WAIT):
+    """Until condition(driver) is true, trying again when the page was redrawn under it meanwhile."""
+    return WebDriverWait(driver, timeout, ignored_exceptions=(StaleElementReferenceException,
+                                                              NoSuchElementException)).until(condition)
+
+
+def submit(driver, form_id: str, **fields: str) -> None:
+    """Fill in a form of the page and submit it (again, if the page was redrawn in between)."""
+    def fill_and_submit(d) -> bool:
+        form = d.find_element(By.ID, form_id)
+        for name, value in fields.items():
+            field = form.find_element(By.NAME, name)
+            field.clear()
+            field.send_keys(value)
+        form.find_element(By.CSS_SELECTOR, "button").click()
+        return True
+    wait(driver, fill_and_submit)
+
+
+def click(driver, by: str, value: str) -> None:
+    wait(driver, lambda d: d.find_element(by, value).click() or True)
+
+
+def text_of(driver, selector: str) -> str:
+    return driver.find_element(By.CSS_SELECTOR, selector).text
+
+
+def test_create_a_queue_publish_see_the_count_purge_and_a_rate_chart(browser, console_broker, unique):
+    log_in(browser, console_broker)
+    wait(browser, lambda d: d.find_element(By.CSS_SELECTOR, "main[data-page=overview] .tiles"))
+    screenshot(browser, "overview")
+
+    click(browser, By.LINK_TEXT, "Queues")
+    submit(browser, "add-queue", name=unique)
+    wait(browser, lambda d: d.find_element(By.LINK_TEXT, unique))
+    screenshot(browser, "queues")
+    click(browser, By.LINK_TEXT, unique)
+
+    for n in range(3):
+        submit(browser, "publish-message", payload=f"hello {n}")
+        wait(browser, lambda d, n=n: f"Ready {n + 1}" in text_of(d, "#queue-details"))
+    with connect(console_broker) as conn:  # the count follows what clients do too
+        conn.channel().basic_publish("", unique, b"from pika")
+    wait(browser, lambda d: "Ready 4" in text_of(d, "#queue-details"))
+
+    # the chart draws a publish rate above 0 once the broker has samples a chart interval (5 s) apart on both
+    # sides of the publishes
+    def publish_line_drawn(d) -> bool:
+        line = d.find_element(By.CSS_SELECTOR, "svg.chart polyline[data-key=publish]")
+        return int(line.get_attribute("data-count")) >= 2 and float(line.get_attribute("data-peak")) > 0
+    wait(browser, publish_line_drawn, timeout=30)
+    screenshot(browser, "queue")
+
+    submit(browser, "get-messages")
+    wait(browser, lambda d: text_of(d, "#queue-output") == f"{unique}: hello 0")
+
+    click(browser, By.ID, "purge")
+    wait(browser, lambda d: "Ready 0" in text_of(d, "#queue-details"))
+    with connect(console_broker) as conn:
+        assert conn.channel().queue_declare(unique, passive=True).method.message_count == 0
+
+    click(browser, By.ID, "delete")
+    wait(browser, lambda d: d.find_element(By.CSS_SELECTOR, "main[data-page=queues]"))
+    assert not browser.find_elements(By.LINK_TEXT, unique)
+
+
+def test_an_administrator_closes_a_connection_and_adds_a_user(browser, console_broker, unique):
+    conn = connect(console_broker)
+    log_in(browser, console_broker)
+    wait(browser, lambda d: d.find_element(By.CSS_SELECTOR, "main[data-page=overview]"))
+    click(browser, By.LINK_TEXT, "Connections")
+    wait(browser, lambda d: d.find_element(By.CSS_SELECTOR, "button.close-connection"))
+    screenshot(browser, "connections")
+    click(browser, By.CSS_SELECTOR, "button.close-connection")
+    wait(browser, lambda d: not d.find_elements(By.CSS_SELECTOR, "button.close-connection"))
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker, match="Closed via management plugin"):
+        conn.process_data_events(time_limit=EVENT_TIMEOUT)
+
+    click(browser, By.LINK_TEXT, "Admin")
+    submit(browser, "add-user", name=unique, password="s3cret", tags="monitoring")
+    wait(browser, lambda d: unique in text_of(d, "#users"))
+    screenshot(browser, "admin")
+
+
+def test_a_monitoring_user_sees_no_admin_pages_and_a_wrong_password_is_refused(browser, console_broker, unique):
+    add_user(console_broker, unique, "watch", tags="monitoring")
+    set_permissions(console_broker, "/", unique)
+    log_in(browser, console_broker, unique, "wrong")
+    wait(browser, lambda d: "Login failed" in text_of(d, "#login-error"))
+
+    browser.refresh()
+    log_in(browser, console_broker, unique, "watch")
+    wait(browser, lambda d: d.find_element(By.CSS_SELECTOR, "main[data-page=overview] #alarms"))
+    assert text_of(browser, "#who").startswith(f"{unique} (monitoring)")
+    visible = [link.text for link in browser.find_elements(By.CSS_SELECTOR, "#nav a") if link.is_displayed()]
+    assert visible == ["Overview", "Queues", "Exchanges", "Connections"]
