@@ -95,6 +95,8 @@ class Connection(asyncio.Protocol):
         self.user = ""
         self.last_received = 0.0  # loop time of the last bytes from the client
         self.read_this_turn = 0  # bytes received in the current event-loop turn (see READ_BUDGET)
+        self.received_bytes = 0  # since the socket was accepted (RabbitMQ's recv_oct)
+        self.sent_bytes = 0  # likewise written (send_oct)
         self.turn_paused = False  # reading paused until the next loop turn (READ_BUDGET)
         self.throttled_by: set = set()  # queues over their flow-control limit that this connection publishes to
         self.flow_timer: asyncio.TimerHandle | None = None  # ends a flow-control pause after FLOW_MAX_PAUSE
@@ -136,6 +138,7 @@ class Connection(asyncio.Protocol):
             frames, failure = error.frames, error  # RabbitMQ acts on the good frames before the bad one
         self._handle(frames, failure)
         self.read_this_turn += len(data)
+        self.received_bytes += len(data)
         if self.read_this_turn > READ_BUDGET and self.state == OPEN:
             self.turn_paused = True
             self._update_reading()
@@ -305,6 +308,7 @@ class Connection(asyncio.Protocol):
         if self.out and self.state < DRAINING and self.transport is not None and not self.transport.is_closing():
             data = b"".join(self.out)
             self.transport.write(data)
+            self.sent_bytes += len(data)
             self.sent_since_tick = True
         self.out.clear()
         self.out_size = 0

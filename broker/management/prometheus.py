@@ -78,7 +78,7 @@ async def take_snapshot(server: "Server") -> Snapshot:
     channels = [channel for connection in connections for channel in connection.channels.values()]
     snapshot.connections, snapshot.channels = len(connections), len(channels)
     snapshot.consumers = sum(len(channel.consumers) for channel in channels)
-    snapshot.publishers = sum(channel.published for channel in channels)
+    snapshot.publishers = sum(channel.publish_count > 0 for channel in channels)
     counters = server.node.counters
     snapshot.counters = {name: getattr(counters, name) for name in counters.__slots__
                          if isinstance(getattr(counters, name), int)}

@@ -14,8 +14,10 @@ from typing import TYPE_CHECKING
 from broker.model.counters import QUEUE_COUNTERS
 
 if TYPE_CHECKING:
+    from broker.connection.connection import Connection
     from broker.connection.server import Server
     from broker.model.queue import Queue
+    from broker.session.channel import Channel
 
 HISTORY = 120  # samples kept per node and per queue (ten minutes at RabbitMQ's default interval)
 
@@ -39,6 +41,10 @@ NODE_STATS = {
     "return_unroutable": "unroutable_returned",
     "drop_unroutable": "unroutable_dropped",
 }
+
+
+CHANNEL_STATS = ("publish", "deliver_get", "ack")  # a channel's message_stats keys
+CONNECTION_STATS = ("recv_oct", "send_oct")  # a connection's byte counters, RabbitMQ's names
 
 
 class History:
@@ -91,6 +97,8 @@ class Rates:
         self.interval = interval_ms / 1000  # seconds between samples
         self.node = History([*QUEUE_STATS, *NODE_STATS])
         self.queues: dict["Queue", History] = {}
+        self.channels: dict["Channel", History] = {}
+        self.connections: dict["Connection", History] = {}
         self._timer: asyncio.TimerHandle | None = None
 
     def every(self, increment: float) -> int:
@@ -121,10 +129,26 @@ class Rates:
                 history.add(now_ms, _stats(values))
                 live[queue] = history
         self.queues = live  # deleted queues' histories go
+        self._sample_connections(now_ms)
         node_values = _stats(sums)
         node_values.update({key: getattr(counters, field) for key, field in NODE_STATS.items()})
         self.node.add(now_ms, node_values)
         self._timer = asyncio.get_running_loop().call_later(self.interval, self._sample)
+
+
+    def _sample_connections(self, now_ms: int) -> None:
+        """Each open connection's bytes in and out, and each of its channels' publishes, deliveries and acks."""
+        connections, channels = {}, {}
+        for connection in self.server.connections:
+            history = self.connections.get(connection) or History(CONNECTION_STATS)
+            history.add(now_ms, {"recv_oct": connection.received_bytes, "send_oct": connection.sent_bytes})
+            connections[connection] = history
+            for channel in connection.channels.values():
+                history = self.channels.get(channel) or History(CHANNEL_STATS)
+                history.add(now_ms, {"publish": channel.publish_count, "deliver_get": channel.next_tag - 1,
+                                     "ack": channel.ack_count})
+                channels[channel] = history
+        self.connections, self.channels = connections, channels
 
 
 def _stats(counters: dict[str, int]) -> dict[str, int]:

@@ -49,7 +49,8 @@ class Channel:
         self.vhost = connection.vhost
         self.counters = self.vhost.counters  # the node's (model.counters)
         self.counters.channels_opened += 1
-        self.published = False  # whether a message was published on the channel (it counts as a publisher)
+        self.publish_count = 0  # messages published on the channel (it counts as a publisher once it has one)
+        self.ack_count = 0  # deliveries acknowledged on the channel (its deliveries are counted by next_tag)
         server = connection.server
         self.access = ChannelAccess(server.node, connection.user, self.vhost.name)  # the user's permission checks
         self.max_message_size = server.config.max_message_size  # largest body accepted (RabbitMQ's max_message_size)
@@ -211,7 +212,7 @@ class Channel:
         counters.received += 1
         if self.confirms is not None:
             counters.received_confirm += 1
-        self.published = True
+        self.publish_count += 1
         alarm = self.connection.server.alarm
         if alarm is not None:
             self.connection.block(alarm)  # this publish goes through; the connection is not read again until it clears
@@ -366,6 +367,7 @@ class Channel:
             delivery = self.unacked.pop(tag)
             queue = delivery.queue
             queue.acknowledged += 1
+            self.ack_count += 1
             if queue.stored and not queue.deleted:
                 queue.forget((delivery.entry,))
             self.offer_credit((queue,))
@@ -394,6 +396,7 @@ class Channel:
         for (queue, retry), entries in by_queue.items():
             if requeue is None:
                 queue.acknowledged += len(entries)
+                self.ack_count += len(entries)
             if not queue.deleted:
                 queue.settle(entries, requeue, failed, retry)
         self.offer_credit({queue for queue, _ in by_queue})

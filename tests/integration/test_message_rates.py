@@ -44,6 +44,25 @@ def test_the_overview_and_each_queue_report_totals_and_rates(own_broker, tmp_pat
         assert "avg_rate" in charted["publish_details"]
 
 
+def test_channels_report_publish_deliver_and_ack_rates_and_connections_their_bytes(own_broker, tmp_path, unique):
+    broker = rates_broker(own_broker, tmp_path)
+    with connect(broker) as conn:
+        ch = conn.channel()
+        queue = declare_queue(ch, unique)
+        publish(ch, queue, [b"m" * 100] * 10)
+        for _ in range(4):
+            method, _, _ = ch.basic_get(queue)
+            ch.basic_ack(method.delivery_tag)
+        [channel] = wait_for(broker, "/api/channels",
+                             lambda body: len(body) == 1 and body[0].get("message_stats", {}).get("ack") == 4)
+        stats = channel["message_stats"]
+        assert (stats["publish"], stats["deliver_get"], stats["ack"]) == (10, 4, 4)
+        assert set(stats["publish_details"]) == {"rate"}
+        [connection] = request(broker, "GET", "/api/connections").body
+        assert connection["recv_oct"] > 10 * 100 and connection["send_oct"] > 4 * 100
+        assert set(connection["recv_oct_details"]) == {"rate"}
+
+
 def test_a_bad_rates_period_is_a_400(own_broker, tmp_path):
     broker = rates_broker(own_broker, tmp_path)
     reply = request(broker, "GET", "/api/overview?msg_rates_age=abc")

@@ -41,6 +41,8 @@ const has = (...tags) => user && user.tags.some((tag) => tags.includes(tag));
 const number = (value) => (value === undefined || value === null ? "" : Number(value).toLocaleString("en"));
 const rate = (stats, key) => (stats && stats[key + "_details"] ? stats[key + "_details"].rate.toFixed(1) + "/s" : "");
 
+const bytesRate = (details) => (details ? `${(details.rate / 1024).toFixed(1)} KiB/s` : "");
+
 function showError(error) {
   document.getElementById("status").textContent = error ? String(error.message || error) : "";
 }
@@ -349,6 +351,8 @@ async function connections() {
     {title: "Virtual host", value: (c) => c.vhost},
     {title: "TLS", value: (c) => (c.ssl ? "yes" : "no")},
     {title: "Channels", value: (c) => c.channels, number: true},
+    {title: "From client", value: (c) => bytesRate(c.recv_oct_details)},
+    {title: "To client", value: (c) => bytesRate(c.send_oct_details)},
     {title: "", value: () => "", render: (c) => el("button", {
       class: "close-connection",
       onclick: () => act(() => api("DELETE", `/connections/${enc(c.name)}`)),
@@ -359,6 +363,9 @@ async function connections() {
     {title: "Prefetch", value: (c) => c.prefetch_count, number: true},
     {title: "Unacked", value: (c) => c.messages_unacknowledged, number: true},
     {title: "Consumers", value: (c) => c.consumer_count, number: true},
+    {title: "Publish", value: (c) => rate(c.message_stats, "publish")},
+    {title: "Deliver/get", value: (c) => rate(c.message_stats, "deliver_get")},
+    {title: "Ack", value: (c) => rate(c.message_stats, "ack")},
   ], channels, {sortable: true, id: "channels"}));
 }
 connections.refresh = true;

@@ -42,7 +42,7 @@ def open_connections(request: web.Request) -> list["Connection"]:
     return sorted(found, key=lambda connection: connection.name)
 
 
-def connection_json(connection: "Connection") -> dict:
+def connection_json(request: web.Request, connection: "Connection") -> dict:
     """A connection as RabbitMQ's /api/connections shows it (without the byte and Erlang process counters)."""
     local = connection.transport.get_extra_info("sockname") if connection.transport is not None else None
     data = {
@@ -58,6 +58,10 @@ def connection_json(connection: "Connection") -> dict:
     provided = connection.client_properties.get("connection_name")
     if provided is not None:
         data["user_provided_name"] = json_value(provided)
+    stats = http.message_stats(request, request.app[http.RATES].connections.get(connection))
+    for key, value in (("recv_oct", connection.received_bytes), ("send_oct", connection.sent_bytes)):
+        data[key] = value  # bytes so far, and their rate at the last sample
+        data[f"{key}_details"] = stats.get(f"{key}_details", {"rate": 0.0})
     return data
 
 
@@ -67,7 +71,7 @@ def connection_state(connection: "Connection") -> str:
     return "blocked" if connection.blocked else "running"
 
 
-def channel_json(channel: "Channel") -> dict:
+def channel_json(request: web.Request, channel: "Channel") -> dict:
     """A channel as RabbitMQ's /api/channels shows it (without rates)."""
     connection = channel.connection
     tx = channel.tx
@@ -81,7 +85,14 @@ def channel_json(channel: "Channel") -> dict:
         "messages_uncommitted": len(tx.publishes) if tx is not None else 0,
         "acks_uncommitted": sum(len(deliveries) for deliveries, *_ in tx.settles) if tx is not None else 0,
         "connection_details": {"name": connection.name, **http.peer(connection)},
+        **_message_stats(request, channel),
     }
+
+
+def _message_stats(request: web.Request, channel: "Channel") -> dict:
+    """The channel's publish, deliver_get and ack totals and rates, once it has been sampled."""
+    stats = http.message_stats(request, request.app[http.RATES].channels.get(channel))
+    return {"message_stats": stats} if stats else {}
 
 
 def consumers_json(channels: Iterable["Channel"]) -> list[dict]:
@@ -128,18 +139,18 @@ def in_vhost(request: web.Request, vhost: "VirtualHost") -> list["Connection"]:
 # --- connections -----------------------------------------------------------------------------------------------
 @routes.get("/api/connections")
 async def list_connections(request: web.Request) -> web.Response:
-    return listing(request, [connection_json(connection) for connection in open_connections(request)])
+    return listing(request, [connection_json(request, connection) for connection in open_connections(request)])
 
 
 @routes.get("/api/vhosts/{vhost}/connections")
 async def vhost_connections(request: web.Request) -> web.Response:
     vhost = http.login_vhost_of(request)  # RabbitMQ: administrators, and users with permissions there
-    return listing(request, [connection_json(connection) for connection in in_vhost(request, vhost)])
+    return listing(request, [connection_json(request, connection) for connection in in_vhost(request, vhost)])
 
 
 @routes.get("/api/connections/{name}")
 async def get_connection(request: web.Request) -> web.Response:
-    return http.reply(connection_json(connection_of(request, "monitoring")))
+    return http.reply(connection_json(request, connection_of(request, "monitoring")))
 
 
 @routes.delete("/api/connections/{name}")
@@ -153,25 +164,25 @@ async def close_connection(request: web.Request) -> web.Response:
 @routes.get("/api/connections/{name}/channels")
 async def connection_channels(request: web.Request) -> web.Response:
     connection = connection_of(request, "monitoring")
-    return http.reply([channel_json(channel) for channel in channels_of([connection])])
+    return http.reply([channel_json(request, channel) for channel in channels_of([connection])])
 
 
 # --- channels --------------------------------------------------------------------------------------------------
 @routes.get("/api/channels")
 async def list_channels(request: web.Request) -> web.Response:
-    return listing(request, [channel_json(channel) for channel in channels_of(open_connections(request))])
+    return listing(request, [channel_json(request, channel) for channel in channels_of(open_connections(request))])
 
 
 @routes.get("/api/vhosts/{vhost}/channels")
 async def vhost_channels(request: web.Request) -> web.Response:
     vhost = http.login_vhost_of(request)
-    return listing(request, [channel_json(channel) for channel in channels_of(in_vhost(request, vhost))])
+    return listing(request, [channel_json(request, channel) for channel in channels_of(in_vhost(request, vhost))])
 
 
 @routes.get("/api/channels/{name}")
 async def get_channel(request: web.Request) -> web.Response:
     channel = channel_of(request)
-    return http.reply({**channel_json(channel), "consumer_details": consumers_json([channel]), "deliveries": [],
+    return http.reply({**channel_json(request, channel), "consumer_details": consumers_json([channel]), "deliveries": [],
                        "publishes": []})
 
 
