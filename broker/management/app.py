@@ -70,7 +70,7 @@ def make_app(server: "Server") -> web.Application:
         rates.start()
 
     async def stop_sampling(_app: web.Application) -> None:
-        rates.stop()
+        await rates.stop()
 
     app.on_startup.append(start_sampling)
     app.on_cleanup.append(stop_sampling)

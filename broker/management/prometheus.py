@@ -9,10 +9,13 @@ is where the time of a large scrape goes."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import resource
+import threading
 import time
 from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, NamedTuple
 
 from aiohttp import web
@@ -190,26 +193,27 @@ NODE_COUNTERS = (
 )
 
 
-def families(snapshot: Snapshot, per_object: bool) -> list:
-    """The metric families of a scrape: per queue (labels vhost and queue) when per_object, else summed."""
+def families(snapshot: Snapshot, per_object: bool) -> Iterator:
+    """The metric families of a scrape, one at a time (each is formatted and let go before the next is made): per
+    queue (labels vhost and queue) when per_object, else summed."""
     server = snapshot.server
     counters = snapshot.counters
-    result: list = [_identity(server)]
+    yield _identity(server)
     build = UnknownMetricFamily("rabbitmq_build_info", "RabbitMQ & Erlang/OTP version info",
                                 labels=["rabbitmq_version", "prometheus_plugin_version", "prometheus_client_version",
                                         "erlang_version", "product_name", "product_version"])
     build.add_metric([RABBITMQ_VERSION, RABBITMQ_VERSION, "", "", http.PRODUCT_NAME, server.version], 1)
-    result.append(build)
+    yield build
     for resource_name, alarm, documentation in (
             ("file_descriptor_limit", None, "is 1 if file descriptor limit alarm is in effect"),
             ("free_disk_space_watermark", "disk", "is 1 if free disk space watermark alarm is in effect"),
             ("memory_used_watermark", "memory", "is 1 if VM memory watermark alarm is in effect")):
         family = UnknownMetricFamily(f"rabbitmq_alarms_{resource_name}", documentation)
         family.add_metric([], int(alarm in server.alarms))
-        result.append(family)
-    result += [_counter(name, documentation, counters[key]) for name, documentation, key in NODE_COUNTERS]
+        yield family
+    yield from [_counter(name, documentation, counters[key]) for name, documentation, key in NODE_COUNTERS]
     file_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    result += [
+    yield from [
         _gauge("rabbitmq_process_open_fds", "Open file descriptors", snapshot.open_files),
         _gauge("rabbitmq_process_open_tcp_sockets", "Open TCP sockets", len(server.connections)),
         _gauge("rabbitmq_process_resident_memory_bytes", "Memory used in bytes", snapshot.resident_bytes),
@@ -228,17 +232,16 @@ def families(snapshot: Snapshot, per_object: bool) -> list:
              counters["auth_failed"])):
         family = CounterMetricFamily(name, documentation, labels=["protocol"])
         family.add_metric(PROTOCOL, value)
-        result.append(family)
-    result += _queue_families(snapshot.queues, per_object)
-    result += [
+        yield family
+    yield from _queue_families(snapshot.queues, per_object)
+    yield from [
         _gauge("rabbitmq_connections", "Connections currently open", snapshot.connections),
         _gauge("rabbitmq_channels", "Channels currently open", snapshot.channels),
         _gauge("rabbitmq_consumers", "Consumers currently connected", snapshot.consumers),
         _gauge("rabbitmq_queues", "Queues available", len(snapshot.queues)),
     ]
-    result += _global_families(snapshot)
-    result += _warren_families(snapshot)
-    return result
+    yield from _global_families(snapshot)
+    yield from _warren_families(snapshot)
 
 
 def _identity(server: "Server") -> UnknownMetricFamily:
@@ -252,8 +255,7 @@ def _identity(server: "Server") -> UnknownMetricFamily:
     return family
 
 
-def _queue_families(queues: list[QueueSample], per_object: bool) -> list:
-    result = []
+def _queue_families(queues: list[QueueSample], per_object: bool) -> Iterator:
     labels = ["vhost", "queue"] if per_object else []
     for name, documentation, value_of in QUEUE_GAUGES:
         family = GaugeMetricFamily(name, documentation, labels=labels)
@@ -262,7 +264,7 @@ def _queue_families(queues: list[QueueSample], per_object: bool) -> list:
                 family.add_metric([queue.vhost, queue.name], value_of(queue))
         else:
             family.add_metric([], sum(value_of(queue) for queue in queues))
-        result.append(family)
+        yield family
     published = CounterMetricFamily("rabbitmq_queue_messages_published_total",
                                     "Total number of messages published to queues", labels=labels)
     if per_object:
@@ -270,8 +272,7 @@ def _queue_families(queues: list[QueueSample], per_object: bool) -> list:
             published.add_metric([queue.vhost, queue.name], queue.counters[PUBLISHED])
     else:
         published.add_metric([], sum(queue.counters[PUBLISHED] for queue in queues))
-    result.append(published)
-    return result
+    yield published
 
 
 def _global_families(snapshot: Snapshot) -> list:
@@ -334,16 +335,29 @@ def _warren_families(snapshot: Snapshot) -> list:
 class _Collected:
     """What prometheus_client's generate_latest reads: an object whose collect() gives the families."""
 
-    def __init__(self, metric_families: list):
+    def __init__(self, metric_families: Iterator):
         self.metric_families = metric_families
 
     def collect(self):
         return self.metric_families
 
 
+_formatting = threading.Lock()  # one scrape formats at a time
+
+
 def exposition(snapshot: Snapshot, per_object: bool) -> bytes:
-    """The text format of a scrape (run on a worker thread)."""
-    return generate_latest(_Collected(families(snapshot, per_object)))
+    """The text format of a scrape (run on a worker thread). The cyclic garbage collector is paused meanwhile: the
+    scrape makes millions of short-lived objects (none in cycles), which would otherwise set off full collections
+    of the whole heap, each holding the event loop up for as long as it takes. Families are made one at a time, so
+    that the scrape's memory stays that of one family."""
+    with _formatting:
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            return generate_latest(_Collected(families(snapshot, per_object)))
+        finally:
+            if collecting:
+                gc.enable()
 
 
 # --- the listener's routes -----------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ Sampling walks every queue once per interval (a few attribute reads each); nothi
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from typing import TYPE_CHECKING
@@ -19,7 +20,10 @@ if TYPE_CHECKING:
     from broker.model.queue import Queue
     from broker.session.channel import Channel
 
+log = logging.getLogger(__name__)
+
 HISTORY = 120  # samples kept per node and per queue (ten minutes at RabbitMQ's default interval)
+SLICE = 0.005  # seconds of event-loop time a sampling takes at a stretch before letting other work run
 
 # RabbitMQ's message_stats keys of a queue -> the queue counters (model.counters.QUEUE_COUNTERS) they sum
 QUEUE_STATS = {
@@ -48,109 +52,128 @@ CONNECTION_STATS = ("recv_oct", "send_oct")  # a connection's byte counters, Rab
 
 
 class History:
-    """Totals sampled over time: the sample times (ms since the epoch) and each key's totals, oldest first."""
+    """Totals sampled over time, oldest first: (time in ms since the epoch, the totals in ``keys`` order) per
+    sample, one tuple each so that a sample costs one append."""
 
-    __slots__ = ("times", "totals")
+    __slots__ = ("keys", "samples")
 
-    def __init__(self, keys) -> None:
-        self.times: deque[int] = deque(maxlen=HISTORY)
-        self.totals: dict[str, deque[int]] = {key: deque(maxlen=HISTORY) for key in keys}
+    def __init__(self, keys: tuple[str, ...]) -> None:
+        self.keys = keys
+        self.samples: deque[tuple[int, tuple[int, ...]]] = deque(maxlen=HISTORY)
 
-    def add(self, now_ms: int, values: dict[str, int]) -> None:
-        self.times.append(now_ms)
-        for key, series in self.totals.items():
-            series.append(values[key])
+    def add(self, now_ms: int, values: tuple[int, ...]) -> None:
+        self.samples.append((now_ms, values))
 
     def message_stats(self, age: float | None = None, every: int = 1) -> dict:
         """RabbitMQ's message_stats: each key's latest total and {"rate": per second over the last interval};
         with age (seconds), also that period's samples (newest first, every ``every``-th one) and its average."""
+        samples = self.samples
+        if not samples:
+            return {}
+        last_time, last_values = samples[-1]
+        recent = sum(1 for at, _ in samples if at >= last_time - age * 1000) if age is not None else 0
         stats: dict = {}
-        times = self.times
-        if not times:
-            return stats
-        recent = sum(1 for at in times if at >= times[-1] - age * 1000) if age is not None else 0
-        for key, series in self.totals.items():
-            details: dict = {"rate": _rate(times, series, 2)}
+        for index, key in enumerate(self.keys):
+            details: dict = {"rate": _rate(samples, index, 2)}
             if age is not None:
-                samples = [{"sample": series[-1 - n], "timestamp": times[-1 - n]} for n in range(0, recent, every)]
-                details.update(samples=samples, avg_rate=_rate(times, series, recent),
-                               avg=sum(sample["sample"] for sample in samples) / len(samples))
-            stats[key] = series[-1]
+                chosen = [{"sample": samples[-1 - n][1][index], "timestamp": samples[-1 - n][0]}
+                          for n in range(0, recent, every)]
+                details.update(samples=chosen, avg_rate=_rate(samples, index, recent),
+                               avg=sum(sample["sample"] for sample in chosen) / len(chosen))
+            stats[key] = last_values[index]
             stats[f"{key}_details"] = details
         return stats
 
 
-def _rate(times: deque, series: deque, span: int) -> float:
-    """Per second over the last ``span`` samples (0.0 with fewer than two)."""
-    span = min(span, len(times))
+def _rate(samples: deque, index: int, span: int) -> float:
+    """Per second over the last ``span`` samples of the key at ``index`` (0.0 with fewer than two)."""
+    span = min(span, len(samples))
     if span < 2:
         return 0.0
-    elapsed = (times[-1] - times[-span]) / 1000
-    return (series[-1] - series[-span]) / elapsed if elapsed > 0 else 0.0
+    (first_time, first), (last_time, last) = samples[-span], samples[-1]
+    elapsed = (last_time - first_time) / 1000
+    return (last[index] - first[index]) / elapsed if elapsed > 0 else 0.0
 
 
 class Rates:
-    """The node's history and one per live queue, sampled on a timer of the event loop."""
+    """The node's history and one per live queue, channel and connection, sampled by a task of the event loop
+    that walks them in slices of SLICE seconds, so that many queues never hold other work up for long."""
 
     def __init__(self, server: "Server", interval_ms: int):
         self.server = server
         self.interval = interval_ms / 1000  # seconds between samples
-        self.node = History([*QUEUE_STATS, *NODE_STATS])
+        self.node = History((*QUEUE_STATS, *NODE_STATS))
         self.queues: dict["Queue", History] = {}
         self.channels: dict["Channel", History] = {}
         self.connections: dict["Connection", History] = {}
-        self._timer: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task | None = None
 
     def every(self, increment: float) -> int:
         """How many samples apart two samples ``increment`` seconds apart are (at least 1)."""
         return max(1, round(increment / self.interval))
 
     def start(self) -> None:
-        self._sample()
+        self._task = asyncio.get_running_loop().create_task(self._run())
 
-    def stop(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
 
-    def _sample(self) -> None:
-        now_ms = int(time.time() * 1000)
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            try:
+                await self._sample()
+            except Exception:  # a bug here must not stop the rates for good
+                log.exception("sampling the message rates failed")
+            await asyncio.sleep(max(0.0, started + self.interval - loop.time()))
+
+    async def _sample(self) -> None:
         counters = self.server.node.counters
-        sums = dict.fromkeys(QUEUE_COUNTERS, 0)
+        sums = [0] * len(QUEUE_COUNTERS)
         for per_type in counters.deleted_queues.values():
-            for name, value in per_type.items():
-                sums[name] += value
-        live = {}
-        for vhost in self.server.node.vhosts.values():
-            for queue in vhost.queues.values():
-                values = {name: getattr(queue, name) for name in QUEUE_COUNTERS}
-                for name, value in values.items():
-                    sums[name] += value
-                history = self.queues.get(queue) or History(QUEUE_STATS)
-                history.add(now_ms, _stats(values))
+            for index, name in enumerate(QUEUE_COUNTERS):
+                sums[index] += per_type[name]
+        live: dict["Queue", History] = {}
+        slice_started = time.perf_counter()
+        for vhost in list(self.server.node.vhosts.values()):
+            for queue in list(vhost.queues.values()):
+                values = tuple(getattr(queue, name) for name in QUEUE_COUNTERS)
+                for index, value in enumerate(values):
+                    sums[index] += value
+                history = self.queues.get(queue) or History(QUEUE_KEYS)
+                history.add(int(time.time() * 1000), _queue_stats(values))
                 live[queue] = history
+                if time.perf_counter() - slice_started > SLICE:
+                    await asyncio.sleep(0)
+                    slice_started = time.perf_counter()
         self.queues = live  # deleted queues' histories go
-        self._sample_connections(now_ms)
-        node_values = _stats(sums)
-        node_values.update({key: getattr(counters, field) for key, field in NODE_STATS.items()})
+        node_values = _queue_stats(tuple(sums)) + tuple(getattr(counters, field) for field in NODE_STATS.values())
+        now_ms = int(time.time() * 1000)
         self.node.add(now_ms, node_values)
-        self._timer = asyncio.get_running_loop().call_later(self.interval, self._sample)
-
+        self._sample_connections(now_ms)
 
     def _sample_connections(self, now_ms: int) -> None:
         """Each open connection's bytes in and out, and each of its channels' publishes, deliveries and acks."""
         connections, channels = {}, {}
         for connection in self.server.connections:
             history = self.connections.get(connection) or History(CONNECTION_STATS)
-            history.add(now_ms, {"recv_oct": connection.received_bytes, "send_oct": connection.sent_bytes})
+            history.add(now_ms, (connection.received_bytes, connection.sent_bytes))
             connections[connection] = history
             for channel in connection.channels.values():
                 history = self.channels.get(channel) or History(CHANNEL_STATS)
-                history.add(now_ms, {"publish": channel.publish_count, "deliver_get": channel.next_tag - 1,
-                                     "ack": channel.ack_count})
+                history.add(now_ms, (channel.publish_count, channel.next_tag - 1, channel.ack_count))
                 channels[channel] = history
         self.connections, self.channels = connections, channels
 
 
-def _stats(counters: dict[str, int]) -> dict[str, int]:
-    """A queue's (or the node's summed) counters as RabbitMQ's message_stats keys."""
-    return {key: sum(counters[name] for name in names) for key, names in QUEUE_STATS.items()}
+QUEUE_KEYS = tuple(QUEUE_STATS)  # the order of a queue history's totals
+# for each of QUEUE_KEYS, the positions in QUEUE_COUNTERS of the counters it sums
+_SUMMED = tuple(tuple(QUEUE_COUNTERS.index(name) for name in names) for names in QUEUE_STATS.values())
+
+
+def _queue_stats(counters: tuple[int, ...]) -> tuple[int, ...]:
+    """A queue's (or the node's summed) QUEUE_COUNTERS as the totals of QUEUE_KEYS."""
+    return tuple(sum(counters[index] for index in positions) for positions in _SUMMED)
