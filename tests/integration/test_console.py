@@ -4,6 +4,7 @@ Screenshots go to test-artifacts/console/."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pika
@@ -142,6 +143,22 @@ def test_an_administrator_closes_a_connection_and_adds_a_user(browser, console_b
     submit(browser, "add-user", name=unique, password="s3cret", tags="monitoring")
     wait(browser, lambda d: unique in text_of(d, "#users"))
     screenshot(browser, "admin")
+
+
+def test_definitions_uploaded_through_the_console_are_imported(browser, console_broker, unique, tmp_path):
+    definitions = tmp_path / "definitions.json"
+    definitions.write_text(json.dumps({"queues": [{"name": unique, "vhost": "/", "durable": True,
+                                                   "auto_delete": False, "arguments": {"x-max-length": 7}}]}))
+    log_in(browser, console_broker)
+    click(browser, By.LINK_TEXT, "Definitions")
+    wait(browser, lambda d: d.find_element(By.CSS_SELECTOR, "#upload-definitions input[type=file]")).send_keys(
+        str(definitions))
+    click(browser, By.CSS_SELECTOR, "#upload-definitions button")
+    wait(browser, lambda d: text_of(d, "#status") == "Definitions imported")
+    with connect(console_broker) as conn:
+        conn.channel().queue_declare(unique, passive=True)  # it exists now
+    click(browser, By.LINK_TEXT, "Queues")
+    wait(browser, lambda d: "Lim" in d.find_element(By.XPATH, f"//a[text()='{unique}']/../..").text)
 
 
 def test_a_monitoring_user_sees_no_admin_pages_and_a_wrong_password_is_refused(browser, console_broker, unique):
