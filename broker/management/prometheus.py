@@ -3,8 +3,8 @@ the node's totals and ``/metrics/per-object`` with a series per queue, under Rab
 that its Grafana dashboards work, plus Warren's own (store batches and fsync time, store size, recovery).
 
 A scrape reads the broker in two steps: on the event loop, the numbers are copied queue by queue, letting other
-work run every SLICE seconds; then a worker thread turns the copy into the text format (prometheus_client), which
-is where the time of a large scrape goes."""
+work run every SLICE seconds (as the rates sampler does); then a worker thread turns the copy into the text format
+(prometheus_client), which is where the time of a large scrape goes."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from broker.connection.alarms.disk import free_bytes
 from broker.connection.alarms.memory import resident_bytes
 from broker.management import http
+from broker.management.rates import SLICE
 from broker.management.resources import QueueCounts, UnackedCounts, queue_counts
 from broker.management.views.nodes import open_files
 from broker.model.counters import QUEUE_COUNTERS
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
     from broker.connection.server import Server
     from storage.histogram import Histogram
 
-SLICE = 0.005  # seconds of event-loop time a scrape takes at a stretch before letting other work run
 PROTOCOL = ["amqp091"]  # the protocol label of RabbitMQ's global counters
 # Warren's queue types under RabbitMQ's names (the queue_type label); streams are listed with zeros, as RabbitMQ
 # lists every type it knows.
