@@ -316,7 +316,8 @@ def _warren_families(snapshot: Snapshot) -> list:
     return [
         _histogram("warren_store_batch_messages", "Messages written per store batch (one group commit)",
                    store["batch_messages"]),
-        _histogram("warren_store_sync_seconds", "Time the fdatasync calls of a store batch took", store["sync_seconds"]),
+        _histogram("warren_store_sync_seconds", "Time the fdatasync calls of a store batch took",
+                   store["sync_seconds"]),
         _counter("warren_store_batches_total", "Store batches written", store["batches"]),
         _counter("warren_store_fsyncs_total", "fdatasync and fsync calls made for store batches", store["fsyncs"]),
         _counter("warren_store_written_bytes_total", "Bytes written to the message store", store["bytes_written"]),
