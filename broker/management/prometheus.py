@@ -23,7 +23,6 @@ from prometheus_client import generate_latest
 from prometheus_client.core import (
     CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, UnknownMetricFamily,
 )
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from broker.connection.alarms.disk import free_bytes
 from broker.connection.alarms.memory import resident_bytes
@@ -38,6 +37,7 @@ if TYPE_CHECKING:
     from broker.connection.server import Server
     from storage.histogram import Histogram
 
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # the text format generate_latest writes, as RabbitMQ's
 PROTOCOL = ["amqp091"]  # the protocol label of RabbitMQ's global counters
 # Warren's queue types under RabbitMQ's names (the queue_type label); streams are listed with zeros, as RabbitMQ
 # lists every type it knows.
@@ -368,7 +368,7 @@ routes = web.RouteTableDef()
 async def _scrape(request: web.Request, per_object: bool) -> web.Response:
     snapshot = await take_snapshot(http.server_of(request))
     body = await asyncio.get_running_loop().run_in_executor(None, exposition, snapshot, per_object)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4})
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
 @routes.get("/metrics")

@@ -213,5 +213,5 @@ def test_a_scrape_of_ten_thousand_queues_is_quick_and_other_clients_are_not_held
         seconds, longest, text = scrape_while_another_client_works(broker, ch, "/metrics/per-object",
                                                                    f"{unique}-0")
         assert text.count("rabbitmq_queue_messages_ready{") == count
-        assert seconds < 5.0, f"/metrics/per-object took {seconds:.2f} s"
+        assert seconds < 2.0, f"/metrics/per-object took {seconds:.2f} s"  # 0.75 to 0.85 s measured
         assert longest < 0.05, f"longest round trip during /metrics/per-object {longest * 1000:.1f} ms"
