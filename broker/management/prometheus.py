@@ -48,7 +48,6 @@ DEAD_LETTER_REASONS = ("expired", "rejected", "maxlen", "delivery_limit")
 class QueueSample(NamedTuple):
     vhost: str
     name: str
-    queue_type: str  # a key of QUEUE_TYPES
     counts: QueueCounts
     consumers: int
     counters: tuple[int, ...]  # the queue's QUEUE_COUNTERS, in that order
@@ -96,11 +95,10 @@ async def take_snapshot(server: "Server") -> Snapshot:
         for queue in list(vhost.queues.values()):
             if queue.deleted:
                 continue
-            queue_type = "quorum" if queue.quorum else "classic"
             values = tuple(getattr(queue, name) for name in QUEUE_COUNTERS)
-            snapshot.queues.append(QueueSample(vhost.name, queue.name, queue_type, queue_counts(queue, unacked),
+            snapshot.queues.append(QueueSample(vhost.name, queue.name, queue_counts(queue, unacked),
                                                len(queue.consumers), values))
-            type_sums = sums[queue_type]
+            type_sums = sums[queue.queue_type]
             for name, value in zip(QUEUE_COUNTERS, values):
                 type_sums[name] += value
             if time.perf_counter() - started > SLICE:
@@ -122,33 +120,40 @@ def _counter(name: str, documentation: str, value: float) -> CounterMetricFamily
     return CounterMetricFamily(name, documentation, value=value)
 
 
-# (name, help, how a QueueSample gives the value): RabbitMQ's queue gauges
-QUEUE_GAUGES = (
-    ("rabbitmq_queue_messages_ready", "Messages ready to be delivered to consumers", lambda q: q.counts.ready),
-    ("rabbitmq_queue_messages_unacked", "Messages delivered to consumers but not yet acknowledged",
-     lambda q: q.counts.unacked),
-    ("rabbitmq_queue_messages", "Sum of ready and unacknowledged messages - total queue depth",
-     lambda q: q.counts.ready + q.counts.unacked),
-    ("rabbitmq_queue_consumers", "Consumers on a queue", lambda q: q.consumers),
-    ("rabbitmq_queue_messages_ram", "Ready and unacknowledged messages stored in memory",
-     lambda q: q.counts.ready - q.counts.paged + q.counts.unacked),
-    ("rabbitmq_queue_messages_ram_bytes", "Size of ready and unacknowledged messages stored in memory",
-     lambda q: q.counts.ready_bytes - q.counts.paged_bytes + q.counts.unacked_bytes),
-    ("rabbitmq_queue_messages_ready_ram", "Ready messages stored in memory", lambda q: q.counts.ready - q.counts.paged),
-    ("rabbitmq_queue_messages_unacked_ram", "Unacknowledged messages stored in memory", lambda q: q.counts.unacked),
-    ("rabbitmq_queue_messages_persistent", "Persistent messages", lambda q: q.counts.persistent),
-    ("rabbitmq_queue_messages_persistent_bytes", "Size in bytes of persistent messages",
-     lambda q: q.counts.persistent_bytes),
-    ("rabbitmq_queue_messages_bytes", "Size in bytes of ready and unacknowledged messages",
-     lambda q: q.counts.ready_bytes + q.counts.unacked_bytes),
-    ("rabbitmq_queue_messages_ready_bytes", "Size in bytes of ready messages", lambda q: q.counts.ready_bytes),
-    ("rabbitmq_queue_messages_unacked_bytes", "Size in bytes of all unacknowledged messages",
-     lambda q: q.counts.unacked_bytes),
-    ("rabbitmq_queue_messages_paged_out", "Messages paged out to disk", lambda q: q.counts.paged),
-    ("rabbitmq_queue_messages_paged_out_bytes", "Size in bytes of messages paged out to disk",
-     lambda q: q.counts.paged_bytes),
-)
 PUBLISHED = QUEUE_COUNTERS.index("published")
+
+# (family type, name, help, how a QueueSample gives the value): RabbitMQ's queue metrics
+GAUGE, COUNTER = GaugeMetricFamily, CounterMetricFamily
+QUEUE_METRICS = (
+    (GAUGE, "rabbitmq_queue_messages_ready", "Messages ready to be delivered to consumers",
+     lambda q: q.counts.ready),
+    (GAUGE, "rabbitmq_queue_messages_unacked", "Messages delivered to consumers but not yet acknowledged",
+     lambda q: q.counts.unacked),
+    (GAUGE, "rabbitmq_queue_messages", "Sum of ready and unacknowledged messages - total queue depth",
+     lambda q: q.counts.ready + q.counts.unacked),
+    (GAUGE, "rabbitmq_queue_consumers", "Consumers on a queue", lambda q: q.consumers),
+    (GAUGE, "rabbitmq_queue_messages_ram", "Ready and unacknowledged messages stored in memory",
+     lambda q: q.counts.ready - q.counts.paged + q.counts.unacked),
+    (GAUGE, "rabbitmq_queue_messages_ram_bytes", "Size of ready and unacknowledged messages stored in memory",
+     lambda q: q.counts.ready_bytes - q.counts.paged_bytes + q.counts.unacked_bytes),
+    (GAUGE, "rabbitmq_queue_messages_ready_ram", "Ready messages stored in memory",
+     lambda q: q.counts.ready - q.counts.paged),
+    (GAUGE, "rabbitmq_queue_messages_unacked_ram", "Unacknowledged messages stored in memory",
+     lambda q: q.counts.unacked),
+    (GAUGE, "rabbitmq_queue_messages_persistent", "Persistent messages", lambda q: q.counts.persistent),
+    (GAUGE, "rabbitmq_queue_messages_persistent_bytes", "Size in bytes of persistent messages",
+     lambda q: q.counts.persistent_bytes),
+    (GAUGE, "rabbitmq_queue_messages_bytes", "Size in bytes of ready and unacknowledged messages",
+     lambda q: q.counts.ready_bytes + q.counts.unacked_bytes),
+    (GAUGE, "rabbitmq_queue_messages_ready_bytes", "Size in bytes of ready messages", lambda q: q.counts.ready_bytes),
+    (GAUGE, "rabbitmq_queue_messages_unacked_bytes", "Size in bytes of all unacknowledged messages",
+     lambda q: q.counts.unacked_bytes),
+    (GAUGE, "rabbitmq_queue_messages_paged_out", "Messages paged out to disk", lambda q: q.counts.paged),
+    (GAUGE, "rabbitmq_queue_messages_paged_out_bytes", "Size in bytes of messages paged out to disk",
+     lambda q: q.counts.paged_bytes),
+    (COUNTER, "rabbitmq_queue_messages_published_total", "Total number of messages published to queues",
+     lambda q: q.counters[PUBLISHED]),
+)
 
 # (RabbitMQ's global counter, its help, the QUEUE_COUNTERS it sums) per queue type
 GLOBAL_QUEUE_COUNTERS = (
@@ -257,22 +262,14 @@ def _identity(server: "Server") -> UnknownMetricFamily:
 
 def _queue_families(queues: list[QueueSample], per_object: bool) -> Iterator:
     labels = ["vhost", "queue"] if per_object else []
-    for name, documentation, value_of in QUEUE_GAUGES:
-        family = GaugeMetricFamily(name, documentation, labels=labels)
+    for family_type, name, documentation, value_of in QUEUE_METRICS:
+        family = family_type(name, documentation, labels=labels)
         if per_object:
             for queue in queues:
                 family.add_metric([queue.vhost, queue.name], value_of(queue))
         else:
             family.add_metric([], sum(value_of(queue) for queue in queues))
         yield family
-    published = CounterMetricFamily("rabbitmq_queue_messages_published_total",
-                                    "Total number of messages published to queues", labels=labels)
-    if per_object:
-        for queue in queues:
-            published.add_metric([queue.vhost, queue.name], queue.counters[PUBLISHED])
-    else:
-        published.add_metric([], sum(queue.counters[PUBLISHED] for queue in queues))
-    yield published
 
 
 def _global_families(snapshot: Snapshot) -> list:

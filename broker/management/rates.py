@@ -138,17 +138,19 @@ class Rates:
                 sums[index] += per_type[name]
         live: dict["Queue", History] = {}
         slice_started = time.perf_counter()
+        now_ms = int(time.time() * 1000)  # the time of the samples of this slice
         for vhost in list(self.server.node.vhosts.values()):
             for queue in list(vhost.queues.values()):
                 values = tuple(getattr(queue, name) for name in QUEUE_COUNTERS)
                 for index, value in enumerate(values):
                     sums[index] += value
                 history = self.queues.get(queue) or History(QUEUE_KEYS)
-                history.add(int(time.time() * 1000), _queue_stats(values))
+                history.add(now_ms, _queue_stats(values))
                 live[queue] = history
                 if time.perf_counter() - slice_started > SLICE:
                     await asyncio.sleep(0)
                     slice_started = time.perf_counter()
+                    now_ms = int(time.time() * 1000)
         self.queues = live  # deleted queues' histories go
         node_values = _queue_stats(tuple(sums)) + tuple(getattr(counters, field) for field in NODE_STATS.values())
         now_ms = int(time.time() * 1000)

@@ -188,7 +188,7 @@ def queue_json(vhost: "VirtualHost", queue: Queue, unacked: UnackedCounts) -> di
         "name": queue.name, "vhost": vhost.name, "durable": queue.durable, "auto_delete": queue.auto_delete,
         "exclusive": queue.exclusive_owner is not None, "arguments": json_value(queue.arguments),
         "node": http.node_name(), "state": "running",
-        "type": "quorum" if queue.quorum else "classic",
+        "type": queue.queue_type,
         "messages": ready + unacked_count + queue.count_retrying(), "messages_ready": ready,
         "messages_unacknowledged": unacked_count,
         "messages_ram": ready - paged + unacked_count, "messages_ready_ram": ready - paged,

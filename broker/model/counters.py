@@ -4,6 +4,11 @@ total is computed from these when scraped."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from broker.model.queue import Queue
+
 # What each queue counts of its own messages (attributes of broker.model.queue.Queue, 0 when it is made); the
 # node keeps the sums of the queues deleted since it started, by queue type.
 QUEUE_COUNTERS = (
@@ -48,13 +53,14 @@ class NodeCounters:
         # queue type ("classic"/"quorum") -> the QUEUE_COUNTERS summed over the queues of that type deleted so far
         self.deleted_queues: dict[str, dict[str, int]] = {}
 
-    def count_dead_lettered(self, reason: str, queue_type: str, has_exchange: bool, count: int) -> None:
-        key = (reason, queue_type, "at_most_once" if has_exchange else "disabled")
+    def count_dead_lettered(self, reason: str, queue: "Queue", count: int) -> None:
+        """count messages left queue for reason: dead-lettered if it has a dead-letter exchange, else dropped."""
+        key = (reason, queue.queue_type, "at_most_once" if queue.dead_letter_exchange is not None else "disabled")
         self.dead_lettered[key] = self.dead_lettered.get(key, 0) + count
 
-    def queue_deleted(self, queue_type: str, queue: object) -> None:
+    def queue_deleted(self, queue: "Queue") -> None:
         """Keep a deleted queue's counters in its type's sums, so that totals never go down."""
         self.queues_deleted += 1
-        sums = self.deleted_queues.setdefault(queue_type, dict.fromkeys(QUEUE_COUNTERS, 0))
+        sums = self.deleted_queues.setdefault(queue.queue_type, dict.fromkeys(QUEUE_COUNTERS, 0))
         for name in QUEUE_COUNTERS:
             sums[name] += getattr(queue, name)

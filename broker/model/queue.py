@@ -48,6 +48,7 @@ class Queue:
         self.arguments = arguments
         self.quorum = queue_type_of(arguments) == "quorum"  # a quorum queue (one node: a durable classic one that
         # keeps every message on disk, counts returns and has a delivery limit of 20 unless told otherwise)
+        self.queue_type = "quorum" if self.quorum else "classic"  # as the management API and the metrics name it
         self.entries = ready_entries(arguments)  # ready messages in delivery order (by priority with x-max-priority)
         # ready messages kept in memory before later ones are paged (features.paging); None: never paged
         self.page_after = (vhost.paging.messages_in_memory

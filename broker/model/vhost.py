@@ -331,7 +331,7 @@ class VirtualHost:
         if queue.deleted:
             return 0
         queue.deleted = True
-        self.counters.queue_deleted("quorum" if queue.quorum else "classic", queue)
+        self.counters.queue_deleted(queue)
         queue.stop_timers()
         self.queues.pop(queue.name, None)
         if queue.stores_all:

@@ -264,18 +264,16 @@ class Channel:
         if exchange.holds_delayed and (delay := delay_of(message)):
             # held, never returned: the plugin returns a mandatory one at once, though it is routed later
             persisted = exchange.delayed.hold(message, routing_keys, delay)
+            self.counters.routed += 1
         elif not (queues := self.vhost.route(exchange, routing_keys, message)):
             if mandatory:
                 self.counters.unroutable_returned += 1
                 self._return_unroutable(message)
             else:
                 self.counters.unroutable_dropped += 1
-            if seq is not None:
-                self.confirms.settle(seq)
-            return False
         else:
             persisted, refused = self.vhost.publish_to(queues, message, self.connection)
-        self.counters.routed += 1
+            self.counters.routed += 1
         if seq is not None and refused:
             self.confirms.settle(seq, ack=False)  # reject-publish: the publisher is told with a nack
             seq = None

@@ -4,7 +4,7 @@ the queue's dead-letter exchange with an x-death history, as RabbitMQ 3.x does i
 from __future__ import annotations
 
 import datetime
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 from broker.model.features.delayed_messages import delay_of
 from broker.model.message import Address, Header, Message, carbon_copy_keys
@@ -68,13 +68,11 @@ def _is_cycle(deaths: list[dict], queue: "Queue") -> bool:
     return False
 
 
-def dead_letter(queue: "Queue", entries: Iterable["QueueEntry"], reason: str) -> None:
+def dead_letter(queue: "Queue", entries: list["QueueEntry"], reason: str) -> None:
     """Republish entries that left queue for reason to its dead-letter exchange (from its arguments or policy), if
     it has one."""
     exchange_name = queue.dead_letter_exchange
-    entries = entries if isinstance(entries, (list, tuple)) else list(entries)
-    queue.vhost.counters.count_dead_lettered(reason, "quorum" if queue.quorum else "classic",
-                                            exchange_name is not None, len(entries))
+    queue.vhost.counters.count_dead_lettered(reason, queue, len(entries))
     if exchange_name is None:
         return
     vhost = queue.vhost
