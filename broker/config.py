@@ -70,11 +70,11 @@ class Config:
     permissions: list[dict] = field(default_factory=list)
 
 
-# Which TOML section each key lives in. A key of [management] or [prometheus] is the Config field of the same name
+# Which TOML section each key lives in. A key of a section in PREFIXED_SECTIONS is the Config field of the same name
 # prefixed with the section's ([management] port = management_port).
 SECTIONS = {
-    "server": ("host", "port", "data_dir", "log_level", "log_format", "cluster_name", "memory_high_watermark", "memory_limit",
-               "queue_messages_in_memory", "load_definitions"),
+    "server": ("host", "port", "data_dir", "log_level", "log_format", "cluster_name", "memory_high_watermark",
+               "memory_limit", "queue_messages_in_memory", "load_definitions"),
     "management": ("host", "port", "tls", "collect_statistics_interval"),
     "prometheus": ("host", "port"),
     "tls": ("port", "certfile", "keyfile", "cacertfile", "verify", "fail_if_no_peer_cert"),
@@ -97,7 +97,8 @@ TABLE_KEY_TYPES = {"tags": (list, "a list of strings")}  # other keys of the tab
 
 # Config field type -> (Python type, how an error names it, the type of a list's items).
 _EXPECTED_TYPES = {"int": (int, "an integer", None), "str": (str, "a string", None),
-                   "float": ((int, float), "a number", None), "bool": (bool, "true or false", None), "list[str]": (list, "a list of strings", str),
+                   "float": ((int, float), "a number", None), "bool": (bool, "true or false", None),
+                   "list[str]": (list, "a list of strings", str),
                    "list[dict]": (list, "a list of tables", dict)}
 
 
@@ -178,13 +179,12 @@ def _read_toml(path: Path) -> dict:
     return values
 
 
+PORTS = ("port", "management_port", "prometheus_port", "tls_port")  # the listeners' ports (0 picks a free one)
 TLS_VERIFY = ("verify_none", "verify_peer")  # RabbitMQ's ssl_options.verify values
 
 
 def _validate_tls(config: Config) -> None:
     """The [tls] keys go together: a key with a certificate, a CA to check client certificates against."""
-    if not 0 <= config.tls_port <= 65535:
-        raise ConfigError(f"tls port must be between 0 and 65535, got {config.tls_port}")
     if config.tls_verify not in TLS_VERIFY:
         raise ConfigError(f"tls verify must be one of {', '.join(TLS_VERIFY)}, got {config.tls_verify!r}")
     if bool(config.tls_certfile) != bool(config.tls_keyfile):
@@ -199,16 +199,13 @@ def _validate_tls(config: Config) -> None:
 
 
 def _validate(config: Config) -> None:
-    if not 0 <= config.port <= 65535:
-        raise ConfigError(f"port must be between 0 and 65535, got {config.port}")
-    if not 0 <= config.management_port <= 65535:
-        raise ConfigError(f"management_port must be between 0 and 65535, got {config.management_port}")
+    for key in PORTS:
+        if not 0 <= getattr(config, key) <= 65535:
+            raise ConfigError(f"{key} must be between 0 and 65535, got {getattr(config, key)}")
     _validate_tls(config)
     if not 10 <= config.management_collect_statistics_interval <= 3600000:
         raise ConfigError(f"collect_statistics_interval must be between 10 and 3600000 ms, got "
                           f"{config.management_collect_statistics_interval}")
-    if not 0 <= config.prometheus_port <= 65535:
-        raise ConfigError(f"prometheus_port must be between 0 and 65535, got {config.prometheus_port}")
     if config.log_level not in LOG_LEVELS:
         raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {config.log_level!r}")
     if config.log_format not in LOG_FORMATS:
