@@ -15,8 +15,10 @@ Public API (``storage.store``)::
     store.stats()                               # bytes_on_disk, segments, live_messages, index_bytes, fsyncs ...
 
 ``Recovered`` holds exchanges/queues/bindings (plus vhosts/users/policies): the ``data`` dicts last given to
-``append_definition``, in creation order; ``messages``: queue -> ``StoredMessage`` list in queue (= msg id) order
-(a ``StoredMessage``'s body is read from its segment when first asked for: take it before the store changes more);
+``append_definition``, in creation order; ``messages``: queue -> ``RecoveredMessages`` in queue (= msg id) order,
+kept as columns (id, place of the record, body size) and read back as ``StoredMessage`` objects, all of them
+(iteration), a slice (``read(start, stop)``) or in runs a deep queue pages in one at a time (``runs()``,
+``StoredRun.read()`` on any thread), from mappings of the segments as recovery found them (``storage.recovered``);
 ``next_msg_id``; ``set_aside_definitions``: (kind, name) of definitions whose record could not be decoded (keep
 such a queue's messages); ``report`` (records, bytes, segments, torn_tail_bytes, corrupt_segments, corrupt_ranges,
 quarantined_bytes, set_aside_records, rehomed_messages, definitions_damaged (definitions may be missing that

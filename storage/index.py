@@ -164,6 +164,21 @@ class MessageIndex:
         self.live_refs += count
         return live
 
+    def add_recovered_more(self, queue: str, state: int, count: int) -> None:
+        """count publishes read back from the head segment with the ids after the last one, each live in queue
+        alone with state (what a run of a queue's messages that follow one another in a segment adds)."""
+        segment = self.head
+        segment.states.extend(bytes((state,)) * count)
+        segment.queue_refs[queue] += count
+        segment.refs += count
+        segment.base_refs += count
+        self.live_refs += count
+        self.last_id += count
+
+    def state_of(self, msg_id: int) -> int:
+        segment = self.home(msg_id)
+        return segment.state(msg_id) if segment is not None else 0
+
     def undo(self, msg_id: int, queues: tuple[str, ...]) -> None:
         """Forget a publish whose write failed (its publisher gets a nack)."""
         segment = self.home(msg_id)

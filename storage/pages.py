@@ -136,21 +136,6 @@ class PageFile:
         self.store.submit(_write_at, chunk.fd, data, location.offset, done=written)
         return location
 
-    def write_now(self, data: bytes) -> PageLocation | None:
-        """Write data on the calling thread (while the loop does not run yet: at recovery); None if it failed."""
-        number, chunk = self._chunk_for(len(data))
-        location = PageLocation(number, chunk.size, len(data))
-        chunk.size += len(data)
-        chunk.pages += 1
-        try:
-            _write_at(chunk.fd, data, location.offset)
-        except OSError as error:
-            self.store.write_outcome(chunk.path, error)
-            self.release(location)
-            return None
-        self.store.write_outcome(chunk.path, None)
-        return location
-
     def read(self, location: PageLocation, done: Callable[[bytes | None], None]) -> None:
         """Fetch a written page; done(data) on the loop, or done(None) if it cannot be read (logged)."""
         chunk = self.chunks[location.chunk]

@@ -125,6 +125,26 @@ def decode_publish(payload: memoryview) -> Publish:
     return Publish(msg_id, queues, exchange, routing_key, header_payload, bytes(payload[pos + size:]))
 
 
+_CONTENT_HEADER = struct.Struct(">HHQH")  # class id, weight, body size, property flags (big-endian, as on the wire)
+_TABLE_SIZE = struct.Struct(">I")
+
+
+def is_persistent(header_payload: bytes) -> bool:
+    """Whether a content header says delivery mode 2 (persistent). Its properties come in flag order: content type
+    and encoding (short strings) and headers (a table) before the delivery mode."""
+    try:
+        flags = _CONTENT_HEADER.unpack_from(header_payload)[3]
+        pos = _CONTENT_HEADER.size
+        for flag in (0x8000, 0x4000):  # content type, content encoding
+            if flags & flag:
+                pos += 1 + header_payload[pos]
+        if flags & 0x2000:  # headers
+            pos += 4 + _TABLE_SIZE.unpack_from(header_payload, pos)[0]
+        return bool(flags & 0x1000) and header_payload[pos] == 2
+    except (struct.error, IndexError):
+        return False
+
+
 class PublishReader:
     """Decodes the publish records of a log read back whole, sharing equal values across records.
 
@@ -151,6 +171,11 @@ class PublishReader:
             return msg_id, self._decoded, meta_start + len(meta)
         body_start = self._decode_metadata(data, meta_start)
         return msg_id, self._decoded, body_start
+
+    @property
+    def metadata_bytes(self) -> bytes:
+        """The metadata bytes of the record read last."""
+        return self._meta or b""
 
     def _decode_metadata(self, data: bytes, pos: int) -> int:
         meta_start = pos

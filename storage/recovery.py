@@ -12,9 +12,11 @@ once wrote one data dir) gets a fresh id and moves to a segment of its own, so e
 from __future__ import annotations
 
 import logging
-import mmap
 import os
+import struct
 import time
+import zlib
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,73 +24,12 @@ from pathlib import Path
 from storage import format, records, salvage
 from storage.definitions import DefinitionTable
 from storage.index import MessageIndex
+from storage.recovered import RecoveredMessages, SegmentMaps, place
 from storage.segments import (
-    CLEAN_MARKER, DEFINITIONS_LOG, fsync_directory, messages_directory, segment_numbers, segment_path,
+    CLEAN_MARKER, DEFINITIONS_LOG, fsync_directory, segment_numbers, segment_path,
 )
 
 log = logging.getLogger(__name__)
-
-
-class SegmentBodies:
-    """The bodies of recovered messages, read from their segment files when asked for, so that recovery never holds
-    every queued body in memory at once. A segment is mapped on its first read (once recovery has repaired the
-    files) and unmapped when this object goes; a mapping keeps reading the file it mapped even if the store later
-    compacts or deletes it."""
-
-    def __init__(self, segments_dir: Path) -> None:
-        self.segments_dir = segments_dir
-        self.maps: dict[int, mmap.mmap] = {}  # segment number -> its mapping
-
-    def read(self, number: int, start: int, end: int) -> bytes:
-        mapping = self.maps.get(number)
-        if mapping is None:
-            with open(segment_path(self.segments_dir, number), "rb") as file:
-                mapping = self.maps[number] = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-        return mapping[start:end]
-
-
-class StoredMessage:
-    """A message read back from the store, for one queue; its body is read from its segment when first asked for
-    (bodies is None when it is in hand already)."""
-
-    __slots__ = ("msg_id", "exchange", "routing_key", "header_payload", "redelivered", "_body", "_bodies", "_where")
-
-    def __init__(self, msg_id: int, exchange: str, routing_key: str, header_payload: bytes, body: bytes | None,
-                 redelivered: bool, bodies: SegmentBodies | None = None, where: int = 0):
-        self.msg_id = msg_id  # broker-wide id, assigned by the broker, increasing
-        self.exchange = exchange
-        self.routing_key = routing_key
-        self.header_payload = header_payload  # raw AMQP content-header payload (class 60, ... , properties)
-        self.redelivered = redelivered  # it had been delivered from this queue before the stop
-        self._body = body  # the body, or None while it is only in its segment
-        self._bodies = bodies  # where to read it from then
-        self._where = where  # where the body is: segment number, start and end in it, in one int (body_place)
-
-    @property
-    def body(self) -> bytes:
-        if self._body is not None:
-            return self._body
-        return self._bodies.read(*_place_of(self._where))
-
-    def keep_body(self, rewritten: dict[int, bytes]) -> None:
-        """Keep the body in hand if its segment is about to be rewritten (rewritten: number -> its content)."""
-        if self._body is None:
-            number, start, end = _place_of(self._where)
-            data = rewritten.get(number)
-            if data is not None:
-                self._body = data[start:end]
-
-
-def body_place(number: int, start: int, end: int) -> int:
-    """Segment number, start and end of a body as one int: one small object per message rather than four."""
-    return (number << 80) | (start << 40) | end
-
-
-def _place_of(place: int) -> tuple[int, int, int]:
-    return place >> 80, (place >> 40) & _OFFSET_MASK, place & _OFFSET_MASK
-
-
-_OFFSET_MASK = (1 << 40) - 1
 
 
 @dataclass
@@ -96,7 +37,7 @@ class Recovered:
     exchanges: list[dict]  # definitions as given to append_definition, latest state, in creation order
     queues: list[dict]
     bindings: list[dict]
-    messages: dict[str, list[StoredMessage]]  # durable queue name -> messages in queue order
+    messages: dict[str, RecoveredMessages]  # durable queue name -> its messages, in queue order
     next_msg_id: int  # the broker continues numbering from here
     report: dict  # figures: records read, bytes, seconds, torn-tail bytes truncated ...
     vhosts: list[dict] = field(default_factory=list)
@@ -129,12 +70,38 @@ class _Misplaced:
     body: bytes
 
 
+class _Unusable(Exception):
+    """An intact record that cannot be applied: args are its offset, its end and the error."""
+
+
+@dataclass(slots=True)
+class _Follow:
+    """A publish for a single queue that later ones may follow (see _Reader._segment_records)."""
+
+    meta: bytes  # its metadata bytes (queue count, queues, exchange, routing key, content header)
+    head_size: int  # payload bytes before the body: type, id, metadata
+    queue: str
+    state: int  # its state in the index, which the run's messages share
+    messages: RecoveredMessages  # the queue's
+    delivered: bool
+    persistent: bool
+    ids: array  # messages' columns, for the loop
+    places: array
+    sizes: array
+
+
+_MSG_ID = struct.Struct("<Q")
+
+
 class _Reader:
     def __init__(self, data_dir: Path) -> None:
         self.index = MessageIndex()
         self.definitions = DefinitionTable()
-        self.queues: dict[str, dict[int, StoredMessage]] = {}  # queue -> live messages by id, in order
-        self.bodies = SegmentBodies(messages_directory(data_dir))  # where the bodies of those messages are read
+        self.queues: dict[str, RecoveredMessages] = {}  # queue -> its live messages
+        self.segments = SegmentMaps()  # where their records are read back from
+        self.persistent: dict[bytes, bool] = {}  # content header -> whether it marks the message persistent
+        self.follow: _Follow | None = None  # the run of publishes the last segment record began, if any
+        self.count = 0  # records applied from the file being read
         self.segment = 0  # number of the segment being read
         self.publishes = records.PublishReader()  # shared by all segments, so equal values are shared across them
         self.quarantine = salvage.Quarantine(data_dir)
@@ -156,29 +123,30 @@ class _Reader:
         in them), reading past damage; return the file's size once repaired."""
         data = path.read_bytes()
         self.report["bytes"] += len(data)
-        count = 0
-        frame_size = records.FRAME_SIZE
+        self.count = 0
         drop: list[tuple[int, int]] = []  # byte ranges the repaired file leaves out
         self.moved = []
         self.unkept = False
         corrupt = False
         offset = 0
         while offset < len(data):
-            pos = end = offset
             try:
-                for pos, end, payload in records.scan(data, offset):
-                    apply(data, payload, pos + frame_size, end)
-                    count += 1
+                if types is records.SEGMENT_TYPES:
+                    self._segment_records(data, offset)
+                else:
+                    self._records(data, offset, apply)
                 break
             except records.CorruptRecord as bad:
                 damage = salvage.damage_at(data, *bad.args, types)
                 corrupt |= self._damaged(path, data, damage, is_tail)
                 drop.append((damage.start, damage.end))
                 offset = damage.end
-            except Exception as error:  # whatever the decoders raise for an intact record they cannot make sense of
+            except _Unusable as unusable:
+                pos, end, error = unusable.args
                 self._set_aside(path, data, pos, end, error)
                 drop.append((pos, end))
                 offset = end
+        count = self.count
         self.report["records"] += count
         self.report["corrupt_segments"] += corrupt and types is records.SEGMENT_TYPES
         drop = sorted(drop + self.moved)
@@ -186,6 +154,75 @@ class _Reader:
             return len(data)  # intact, or damaged bytes that could not be kept elsewhere stay where they are
         self.repairs.append((path, data, drop))
         return len(data) - sum(stop - start for start, stop in drop)
+
+    def _records(self, data: bytes, offset: int, apply: Callable[[bytes, memoryview, int, int], None]) -> None:
+        """Apply the records from offset on; raise CorruptRecord at a damaged one, _Unusable at one apply refuses."""
+        frame_size = records.FRAME_SIZE
+        for pos, end, payload in records.scan(data, offset):
+            try:
+                apply(data, payload, pos + frame_size, end)
+            except Exception as error:  # whatever the decoders raise for an intact record they cannot make sense of
+                raise _Unusable(pos, end, error) from None
+            self.count += 1
+
+    def _segment_records(self, data: bytes, offset: int) -> None:
+        """The same for a segment's records (checked as records.scan checks them). A publish that follows one for a
+        single queue with the next id and the same metadata, as a queue's messages usually lie in a segment, is
+        taken in this loop: its message joins the queue's columns, and the index learns of the run in bulk."""
+        view = memoryview(data)
+        total = len(data)
+        unpack_frame, frame_size, crc32 = records.FRAME.unpack_from, records.FRAME_SIZE, zlib.crc32
+        unpack_id = _MSG_ID.unpack_from
+        max_payload, publish = records.MAX_PAYLOAD, records.PUBLISH
+        base = place(self.segment, 0)
+        pos = offset
+        follow: _Follow | None = None  # the run publishes may continue (None: the last record began none)
+        meta = b""
+        next_id = taken = 0
+        try:
+            while pos < total:
+                if total - pos < frame_size:
+                    raise records.CorruptRecord(pos, "truncated frame header")
+                length, crc = unpack_frame(data, pos)
+                start = pos + frame_size
+                end = start + length
+                if length == 0 or length > max_payload or end > total:
+                    raise records.CorruptRecord(pos, "length runs past the end of the file")
+                if crc32(view[start:end]) != crc:
+                    raise records.CorruptRecord(pos, "CRC mismatch")
+                if (follow is not None and data[start] == publish and data.startswith(meta, start + 9)
+                        and unpack_id(data, start + 1)[0] == next_id):
+                    follow.ids.append(next_id)
+                    follow.places.append(base | pos)
+                    follow.sizes.append(end - start - follow.head_size)
+                    next_id += 1
+                    taken += 1
+                else:
+                    if taken:
+                        self._took(follow, taken)
+                        taken = 0
+                    try:
+                        self.segment_record(data, view[start:end], start, end)
+                    except Exception as error:  # what the decoders raise for an intact record they cannot use
+                        raise _Unusable(pos, end, error) from None
+                    follow = self.follow
+                    if follow is not None:
+                        meta, next_id = follow.meta, self.index.last_id + 1
+                self.count += 1
+                pos = end
+        finally:
+            if taken:
+                self._took(follow, taken)
+
+    def _took(self, follow: "_Follow", count: int) -> None:
+        """count publishes were taken in _segment_records's loop after the one that began follow's run."""
+        last_id = self.index.last_id
+        self.index.add_recovered_more(follow.queue, follow.state, count)
+        fresh = range(last_id + 1, last_id + 1 + count)
+        if follow.delivered:
+            follow.messages.redelivered.update(fresh)
+        if not follow.persistent:
+            follow.messages.transient.update(fresh)
 
     def _keep(self, path: Path, data: bytes, start: int, end: int) -> Path | str:
         """Put ``data[start:end]`` of ``path`` in quarantine; return where, for the log."""
@@ -247,6 +284,7 @@ class _Reader:
             raise ValueError(f"unknown definitions record type {kind}")
 
     def segment_record(self, data: bytes, payload: memoryview, start: int, end: int) -> None:
+        self.follow = None
         kind = data[start]
         index = self.index
         if kind == records.PUBLISH:
@@ -255,27 +293,43 @@ class _Reader:
                 self.misplaced.append(_Misplaced(msg_id, metadata, data[body_start:end]))
                 self.moved.append((start - records.FRAME_SIZE, end))
                 return
-            queues, exchange, routing_key, header_payload = metadata
-            where = body_place(self.segment, body_start, end)
-            for queue, delivered in index.add_recovered(msg_id, queues):
-                messages = self.queues.get(queue)
-                if messages is None:
-                    messages = self.queues[queue] = {}
-                messages[msg_id] = StoredMessage(msg_id, exchange, routing_key, header_payload, None, delivered,
-                                                 self.bodies, where)
+            queues, _, _, header_payload = metadata
+            live = index.add_recovered(msg_id, queues)
+            self._add(msg_id, live, place(self.segment, start - records.FRAME_SIZE), end - body_start, header_payload)
+            if len(queues) == 1 and live:
+                (queue, delivered), = live
+                messages = self.queues[queue]
+                self.follow = _Follow(self.publishes.metadata_bytes, body_start - start, queue,
+                                      index.state_of(msg_id), messages, delivered, msg_id not in messages.transient,
+                                      messages.ids, messages.places, messages.sizes)
+                return
         elif kind in (records.REMOVED, records.DELIVERED):
             # a compacted publish lists only its live queues, so an older record may name a queue it has left
             queue, ids = records.decode_id_list(payload)
-            messages = self.queues.get(queue, {})
+            messages = self.queues.get(queue)
+            if messages is None:
+                return
             present = [msg_id for msg_id in ids if msg_id in messages]
             if kind == records.REMOVED:
-                for msg_id in index.remove(queue, present):
-                    del messages[msg_id]
+                messages.removed.update(index.remove(queue, present))
             else:
-                for msg_id in index.deliver(queue, present):
-                    messages[msg_id].redelivered = True
+                messages.redelivered.update(index.deliver(queue, present))
         else:
             raise ValueError(f"unknown segment record type {kind}")
+
+    def _add(self, msg_id: int, live: tuple[tuple[str, bool], ...], where: int, size: int,
+             header_payload: bytes) -> None:
+        """A publish's message joins the queues it is live in."""
+        persistent = self.persistent.get(header_payload)
+        if persistent is None:
+            if len(self.persistent) >= records.PublishReader.CACHE_ENTRIES:
+                self.persistent.clear()
+            persistent = self.persistent[header_payload] = records.is_persistent(header_payload)
+        for queue, delivered in live:
+            messages = self.queues.get(queue)
+            if messages is None:
+                messages = self.queues[queue] = RecoveredMessages(self.segments)
+            messages.add(msg_id, where, size, persistent, delivered)
 
     def rehome(self, segments_dir: Path, number: int) -> int:
         """Give the misplaced publishes fresh ids (in the order read) in a new segment ``number``, written and
@@ -284,16 +338,15 @@ class _Reader:
         segment = index.roll(number)
         first_id = index.last_id + 1
         out = bytearray()
+        placed = []  # (msg id, live pairs, offset in the new segment, body size, header) to add once it is mapped
         for message in self.misplaced:
             queues, exchange, routing_key, header_payload = message.metadata
             # the queue deletions that were made after the message's publish are those above its own id
             queues = tuple(pair for pair in queues if message.msg_id >= index.deleted_below.get(pair[0], -1))
             msg_id = index.last_id + 1
-            for queue, delivered in index.add_recovered(msg_id, queues):
-                self.queues.setdefault(queue, {})[msg_id] = StoredMessage(
-                    msg_id, exchange, routing_key, header_payload, message.body, delivered
-                )
+            live = index.add_recovered(msg_id, queues)
             if queues:
+                placed.append((msg_id, live, len(out), len(message.body), header_payload))
                 out += records.publish_head(msg_id, queues, exchange, routing_key, header_payload, message.body)
                 out += header_payload
                 out += message.body
@@ -303,6 +356,9 @@ class _Reader:
             file.flush()
             os.fsync(file.fileno())
         fsync_directory(segments_dir)
+        self.segments.map(path, number)
+        for msg_id, live, offset, size, header_payload in placed:
+            self._add(msg_id, live, place(number, offset), size, header_payload)
         log.error(
             "%d messages were stored with ids that do not increase (two brokers on one data dir?): they keep their "
             "queues with the new ids %d..%d in %s; an ack recorded for an old id counts for the first message that "
@@ -313,14 +369,8 @@ class _Reader:
         return segment.size
 
     def repair(self) -> None:
-        """Take the damaged, set-aside and moved ranges out of their files (all are kept elsewhere by now). The
-        bodies of live messages in a segment rewritten so are kept in hand first: their places in it change."""
-        rewritten = {int(path.stem): data for path, data, drop in self.repairs
-                     if path.name != DEFINITIONS_LOG and not (len(drop) == 1 and drop[0][1] == len(data))}
-        if rewritten:
-            for messages in self.queues.values():
-                for message in messages.values():
-                    message.keep_body(rewritten)
+        """Take the damaged, set-aside and moved ranges out of their files (all are kept elsewhere by now). Their
+        messages' places stay right: they are read from the mappings of the files as they were."""
         for path, data, drop in self.repairs:
             suffix = ".snapshot" if path.name == DEFINITIONS_LOG else ".compacting"
             salvage.repair(path, data, drop, suffix)
@@ -346,8 +396,10 @@ def recover(data_dir: Path, segments_dir: Path) -> RecoveredState:
     for position, number in enumerate(numbers):
         reader.segment = number
         segment = index.roll(number)
+        path = segment_path(segments_dir, number)
+        reader.segments.map(path, number)
         segment.size = reader.read_file(
-            segment_path(segments_dir, number), position == len(numbers) - 1, records.SEGMENT_TYPES,
+            path, position == len(numbers) - 1, records.SEGMENT_TYPES,
             reader.segment_record,
         )
     next_segment = (numbers[-1] + 1) if numbers else 0
@@ -360,7 +412,7 @@ def recover(data_dir: Path, segments_dir: Path) -> RecoveredState:
     clean_marker.unlink(missing_ok=True)
 
     next_msg_id = max([index.last_id + 1, *index.deleted_below.values()])
-    messages = {queue: list(by_id.values()) for queue, by_id in reader.queues.items() if by_id}
+    messages = {queue: stored for queue, stored in reader.queues.items() if stored.finish()}
     definitions = reader.definitions
     report = reader.report
     report.update(

@@ -13,11 +13,12 @@ from storage.compaction import Compaction
 from storage.definitions import DefinitionTable
 from storage.index import MessageIndex, Segment
 from storage.lock import DataDirLock, DataDirLocked
-from storage.recovery import Recovered, StoredMessage, recover
+from storage.recovered import RecoveredMessages, StoredMessage
+from storage.recovery import Recovered, recover
 from storage.segments import messages_directory, segment_path
 from storage.writer import Batch, Writer
 
-__all__ = ["DataDirLocked", "MessageStore", "Recovered", "StoredMessage"]
+__all__ = ["DataDirLocked", "MessageStore", "Recovered", "RecoveredMessages", "StoredMessage"]
 
 log = logging.getLogger(__name__)
 

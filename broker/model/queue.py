@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Iterable
+from functools import partial
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from broker.model.arguments.common import text_of
 from broker.model.arguments.queue import queue_type_of
@@ -12,7 +13,7 @@ from broker.model.features.dead_letter import DELIVERY_LIMIT, EXPIRED, MAXLEN, R
 from broker.model.features.deadlines import Deadlines, now_ms
 from broker.model.features.expiry import READY, ExpiringEntries, message_ttl
 from broker.model.features.length_limit import DROPPED, ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, LengthLimit
-from broker.model.features.paging import PagedEntries
+from broker.model.features.paging import PAGE_BYTES, PagedEntries
 from broker.model.features.priority import FifoEntries, ready_entries
 from broker.model.features.redelivery import DelayedRetry, count_return, delayed_retry, delivery_limit
 from broker.model.message import Message, QueueEntry
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from broker.model.policy import Policy
     from broker.model.vhost import VirtualHost
     from broker.model.interfaces import Publisher, QueueOwner, Subscriber
+    from storage.recovered import RecoveredMessages, StoredMessage
 
 # Publisher flow control: while a queue with consumers holds more than FLOW_HIGH ready messages, the connections
 # publishing to it are not read; they are read again once deliveries bring it under FLOW_LOW. Consumers that
@@ -264,23 +266,37 @@ class Queue:
         if self.consumers:
             self.vhost.dispatcher.mark(self)
 
-    def restore(self, messages: Iterable[tuple[Message, bool]]) -> None:
-        """Messages recovered from disk with their redelivered flags, in order; TTLs count again from now. Pages are
-        written as they fill, so that a deep queue's messages do not all wait in memory for the loop to start."""
+    def restore(self, stored: "RecoveredMessages", as_message: Callable[["StoredMessage"], Message]) -> None:
+        """Messages recovered from disk, in order; TTLs count again from now. A deep queue reads only what it keeps
+        in memory now: the rest waits in the store's segments and is paged in from there in runs (features.paging),
+        so a restart neither builds an object per queued message nor copies their bodies to page files."""
         now = now_ms()
-        for message, redelivered in messages:
-            entry = QueueEntry(self.next_seq, message, redelivered)
+        in_memory = len(stored) if self.page_after is None else min(len(stored), self.page_after)
+        for item in stored.read(0, in_memory):
+            self._add_ready(self._restored_entry(self.next_seq, as_message(item), item.redelivered, now))
             self.next_seq += 1
-            ttl = message_ttl(self.message_ttl, message)
-            if ttl is not None:
-                self._will_expire(entry, ttl, now)
-            self._add_ready(entry)
-            if self.paging is not None:
-                self.paging.write_now = True
-        if self.paging is not None:
-            self.paging.write_now = False
+        if in_memory < len(stored):
+            if self.paging is None:
+                self._start_paging()
+            for run in stored.runs(in_memory, PAGE_BYTES):
+                self.paging.add_stored(run, partial(self._restored_entries, self.next_seq, now, as_message))
+                self.next_seq += len(run)
         if self.limit is not None:
             self._count_limit_bytes()
+
+    def _restored_entry(self, seq: int, message: Message, redelivered: bool, restored_at: int) -> QueueEntry:
+        entry = QueueEntry(seq, message, redelivered)
+        ttl = message_ttl(self.message_ttl, message)
+        if ttl is not None:
+            self._will_expire(entry, ttl, restored_at)
+        return entry
+
+    def _restored_entries(self, first_seq: int, restored_at: int, as_message: Callable[["StoredMessage"], Message],
+                          stored: list["StoredMessage"]) -> list[QueueEntry]:
+        """Entries for a run of recovered messages paged in from the store (their places in the queue were kept
+        from first_seq on at restore, their TTLs count from then)."""
+        return [self._restored_entry(seq, as_message(item), item.redelivered, restored_at)
+                for seq, item in enumerate(stored, first_seq)]
 
     def _count_limit_bytes(self) -> None:
         """The length limit counts the body bytes of every ready message anew (in memory and paged)."""

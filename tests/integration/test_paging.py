@@ -162,6 +162,76 @@ def test_paged_persistent_messages_survive_a_kill_in_order_with_their_flags(pagi
     assert [redelivered for _, redelivered in drained] == [True] * 3 + [False] * (COUNT - 3)
 
 
+def test_a_restarted_deep_queue_pages_its_messages_in_from_the_store_without_copying_them(paging_broker, unique):
+    """After a restart the paged part of a queue is read back from the message store's own records: no page file is
+    written at start, the counts are those before, and later arrivals queue up behind."""
+    with connect(paging_broker) as conn:
+        channel = conn.channel()
+        declare_queue(channel, unique, durable=True)
+        fill(channel, unique, persistent_every=1)
+    paging_broker.stop()
+    paging_broker.start()
+    assert pages_dir(paging_broker) == []
+    info = queue_info(paging_broker, unique)
+    assert (info["messages"], info["messages_paged_out"], info["messages_ram"], info["messages_persistent"]) == (
+        COUNT, COUNT - IN_MEMORY, IN_MEMORY, COUNT)
+    assert (info["message_bytes_paged_out"], info["message_bytes_ready"]) == (
+        (COUNT - IN_MEMORY) * BODY_SIZE, COUNT * BODY_SIZE)
+    with connect(paging_broker) as conn:
+        channel = conn.channel()
+        fill(channel, unique, count=5, persistent_every=0)
+        channel.basic_qos(prefetch_count=50)
+        received = []
+        for method, _, data in channel.consume(unique, inactivity_timeout=5):
+            received.append(number_of(data))
+            channel.basic_ack(method.delivery_tag)
+            if len(received) == COUNT + 5:
+                break
+        channel.cancel()
+    assert received == list(range(COUNT)) + list(range(5))
+
+
+def test_recovered_paged_messages_expire_from_the_restart_on_and_are_dead_lettered_in_order(paging_broker, unique):
+    dead = f"{unique}-dead"
+    with connect(paging_broker) as conn:
+        channel = conn.channel()
+        declare_queue(channel, dead, durable=True)
+        declare_queue(channel, unique, durable=True, arguments={
+            "x-message-ttl": 3000, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead})
+        fill(channel, unique, persistent_every=1)
+    paging_broker.kill()
+    paging_broker.start()
+    with connect(paging_broker) as conn:
+        channel = conn.channel()
+        assert message_count(channel, unique) == COUNT  # the TTL counts again from the restart
+        wait_for_message_count(channel, dead, COUNT, timeout=15)
+        assert message_count(channel, unique) == 0
+        assert [number_of(data) for data in get_all(channel, dead)] == list(range(COUNT))
+
+
+def test_a_purge_or_delete_after_a_restart_drops_the_messages_still_in_the_store(paging_broker, unique):
+    purged, deleted = f"{unique}-purged", f"{unique}-deleted"
+    with connect(paging_broker) as conn:
+        channel = conn.channel()
+        for queue in (purged, deleted):
+            declare_queue(channel, queue, durable=True)
+            fill(channel, queue, persistent_every=1)
+    paging_broker.kill()
+    paging_broker.start()
+    with connect(paging_broker) as conn:
+        channel = conn.channel()
+        assert channel.queue_purge(purged).method.message_count == COUNT
+        assert channel.queue_delete(deleted).method.message_count == COUNT
+        declare_queue(channel, deleted, durable=True)
+        fill(channel, purged, count=2, persistent_every=1)  # confirmed: the removals before it are on disk
+    paging_broker.kill()
+    paging_broker.start()
+    with connect(paging_broker) as conn:
+        channel = conn.channel()
+        assert [number_of(data) for data in get_all(channel, purged)] == [0, 1]
+        assert message_count(channel, deleted) == 0
+
+
 def test_a_purge_drops_the_paged_messages_for_good(paging_broker, unique):
     with connect(paging_broker) as conn:
         channel = conn.channel()

@@ -172,13 +172,3 @@ async def test_a_page_that_cannot_be_read_back_is_logged_and_its_entries_are_gon
     assert len(entries) == 0  # the unreadable pages' entries left the count with them
 
 
-@in_loop
-async def test_pages_written_at_once_at_recovery_leave_memory_before_the_loop_turns(store):
-    entries, _ = paged_list(store, in_memory=1)
-    entries.write_now = True
-    for seq in range(7):
-        entries.append(entry(seq))
-    assert [page.data for page in entries.pages] == [None, None]  # both sealed pages are on disk already
-    assert page_files(store)
-    entries.write_now = False
-    assert [entries.popleft().seq for _ in range(7)] == list(range(7))

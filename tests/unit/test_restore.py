@@ -11,7 +11,8 @@ import pytest
 from broker.model.durability import queue_key, restore
 from broker.model.node import Node
 from broker.model.vhost import VirtualHost
-from storage.recovery import Recovered, StoredMessage
+from storage.recovered import StoredMessage
+from storage.recovery import Recovered
 
 
 class FakeStore:
@@ -48,9 +49,17 @@ def binding(source: str, destination: str, **changes) -> dict:
             "routing_key": destination, "arguments": {}, **changes}
 
 
-def message(msg_id: int, body: bytes) -> StoredMessage:
+class StoredList(list):
+    """Recovered messages as restore() reads those of a queue that keeps them all in memory
+    (storage.recovered.RecoveredMessages), from a list."""
+
+    def read(self, start: int, stop: int) -> list[StoredMessage]:
+        return self[start:stop]
+
+
+def one_message(msg_id: int, body: bytes) -> StoredList:
     header = b"\x00\x3c\x00\x00" + len(body).to_bytes(8, "big") + b"\x00\x00"
-    return StoredMessage(msg_id, "", "q", header, body, False)
+    return StoredList([StoredMessage(msg_id, "", "q", header, body, False)])
 
 
 def recovered(exchanges=(), queues=(), bindings=(), messages=None) -> Recovered:
@@ -126,8 +135,8 @@ def test_an_unusable_binding_is_skipped_and_the_rest_restored(bad, caplog):
 
 
 def test_the_messages_of_a_skipped_queue_are_kept_on_disk_and_the_others_restored(caplog):
-    messages = {queue_key("/", "q-bad"): [message(1, b"kept")], queue_key("/", "q"): [message(2, b"restored")],
-                queue_key("/", "q-deleted"): [message(3, b"orphan")]}
+    messages = {queue_key("/", "q-bad"): one_message(1, b"kept"), queue_key("/", "q"): one_message(2, b"restored"),
+                queue_key("/", "q-deleted"): one_message(3, b"orphan")}
     with caplog.at_level(logging.ERROR, logger="broker.model.durability"):
         vhost, store = restored(recovered([], [queue("q"), queue("q-bad", arguments={"x-max-length": "ten"})],
                                           messages=messages))
@@ -137,15 +146,15 @@ def test_the_messages_of_a_skipped_queue_are_kept_on_disk_and_the_others_restore
 
 
 def test_the_messages_of_a_queue_whose_definition_was_set_aside_are_kept_on_disk():
-    data = recovered([], [queue("q")], messages={queue_key("/", "q-undecodable"): [message(1, b"kept")],
-                                                 queue_key("/", "q-deleted"): [message(2, b"orphan")]})
+    data = recovered([], [queue("q")], messages={queue_key("/", "q-undecodable"): one_message(1, b"kept"),
+                                                 queue_key("/", "q-deleted"): one_message(2, b"orphan")})
     data.set_aside_definitions = [("queue", queue_key("/", "q-undecodable"))]
     _, store = restored(data)
     assert store.deleted_queues == [queue_key("/", "q-deleted")]
 
 
 def test_no_stored_messages_are_deleted_when_the_definitions_log_was_damaged(caplog):
-    data = recovered([], [queue("q")], messages={queue_key("/", "q-lost"): [message(1, b"kept")]})
+    data = recovered([], [queue("q")], messages={queue_key("/", "q-lost"): one_message(1, b"kept")})
     data.report = {"definitions_damaged": True}
     with caplog.at_level(logging.ERROR, logger="broker.model.durability"):
         _, store = restored(data)

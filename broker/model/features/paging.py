@@ -9,11 +9,14 @@ positions, which always lie before the paged part.
 A paged message keeps what its queue entry knew (place in the queue, redelivered flag, return counts, expiry time);
 one with a TTL expires once it is back in memory (as a message in RabbitMQ's classic queues expires only at the
 head). Persistent messages also stay in the message store as before; the page copy is the one delivered, and the
-store's copy is what a restart recovers (page files are emptied at every start). Priority queues keep every
-message in memory."""
+store's copy is what a restart recovers (page files are emptied at every start). After a restart, a deep queue's
+recovered messages past the threshold are pages too, but pages of the message store's own records (runs of
+storage.recovered): nothing is copied to a page file, and a run is read back from its segment like a page. Priority
+queues keep every message in memory."""
 
 from __future__ import annotations
 
+import logging
 import struct
 from array import array
 from collections import deque
@@ -26,6 +29,9 @@ if TYPE_CHECKING:
     from broker.model.features.expiry import ExpiringEntries
     from broker.model.features.priority import FifoEntries
     from storage.pages import PageFile, PageLocation, PageStore
+    from storage.recovered import StoredMessage, StoredRun
+
+log = logging.getLogger(__name__)
 
 PAGE_BYTES = 256 << 10  # a page is sealed and written once its records reach this size
 
@@ -83,10 +89,11 @@ def decode(data: bytes) -> list[QueueEntry]:
 
 
 class Page:
-    """A run of paged entries: its bytes while being written (or if the write failed), else where they are."""
+    """A run of paged entries: its bytes while being written (or if the write failed), else where they are; or
+    recovered messages still in the message store (run)."""
 
     __slots__ = ("data", "location", "count", "body_bytes", "persistent", "persistent_bytes", "stored_ids",
-                 "taken")
+                 "taken", "run", "restore")
 
     def __init__(self):
         self.data: bytearray | bytes | None = bytearray()  # the encoded entries, None once safely on disk
@@ -97,6 +104,9 @@ class Page:
         self.persistent_bytes = 0  # their body bytes
         self.stored_ids = array("Q")  # store ids of entries whose message is in the message store (8 bytes each)
         self.taken = False  # read back (a read still under way is then ignored)
+        self.run: "StoredRun | None" = None  # the recovered messages it stands for, read from the store's segments
+        # makes the run's entries once read (their places in the queue and TTLs were settled at restore)
+        self.restore: Callable[[list["StoredMessage"]], list[QueueEntry]] | None = None
 
 
 class PagedEntries:
@@ -107,7 +117,7 @@ class PagedEntries:
     at once, so that the answer holds for the popleft that follows even if a page cannot be read."""
 
     __slots__ = ("inner", "file", "in_memory", "low", "pages", "filling", "paged", "paged_bytes",
-                 "paged_persistent", "paged_persistent_bytes", "reading", "paged_in", "write_now")
+                 "paged_persistent", "paged_persistent_bytes", "reading", "paged_in")
 
     def __init__(self, inner: "FifoEntries | ExpiringEntries", file: "PageFile", in_memory: int,
                  paged_in: Callable[[list[QueueEntry]], None]):
@@ -123,7 +133,6 @@ class PagedEntries:
         self.paged_persistent_bytes = 0  # their body bytes
         self.reading: Page | None = None  # the page being read back on the page thread
         self.paged_in = paged_in  # told of entries back in memory (before they are delivered)
-        self.write_now = False  # pages are written on the loop's thread (recovery, before the loop serves)
 
     def __len__(self) -> int:
         return len(self.inner) + self.paged
@@ -161,15 +170,25 @@ class PagedEntries:
             self._seal()
         return True
 
+    def add_stored(self, run: "StoredRun", restore: Callable[[list["StoredMessage"]], list[QueueEntry]]) -> None:
+        """Recovered messages still in the message store join the tail as a page (at restore, before any arrival
+        is paged); restore makes their entries once they are read."""
+        page = Page()
+        page.data = None
+        page.run, page.restore = run, restore
+        page.count = len(run)
+        page.body_bytes, page.persistent, page.persistent_bytes = run.body_bytes, run.persistent, run.persistent_bytes
+        page.stored_ids = run.ids
+        self.pages.append(page)
+        self.paged += page.count
+        self.paged_bytes += page.body_bytes
+        self.paged_persistent += page.persistent
+        self.paged_persistent_bytes += page.persistent_bytes
+
     def _seal(self) -> None:
         page, self.filling = self.filling, Page()
         page.data = bytes(page.data)
         self.pages.append(page)
-        if self.write_now:
-            page.location = self.file.write_now(page.data)
-            if page.location is not None:
-                page.data = None
-            return
 
         def written(ok: bool) -> None:
             if ok and not page.taken:
@@ -204,7 +223,10 @@ class PagedEntries:
             self._arrived(page, page.data)
             return
         self.reading = page
-        self.file.read(page.location, lambda data: self._read_done(page, data))
+        if page.run is not None:
+            self.file.store.submit(page.run.read, done=lambda stored, error: self._read_done(page, stored))
+        else:
+            self.file.read(page.location, lambda data: self._read_done(page, data))
 
     def _read_done(self, page: Page, data: bytes | None) -> None:
         if page.taken:
@@ -219,11 +241,16 @@ class PagedEntries:
         while not self.inner and self.paged:
             page = self._next_page()
             self.reading = None
-            self._arrived(page, page.data if page.data is not None else self.file.read_now(page.location))
+            if page.data is not None:
+                self._arrived(page, page.data)
+            elif page.run is not None:
+                self._arrived(page, _read_run(page.run))
+            else:
+                self._arrived(page, self.file.read_now(page.location))
 
-    def _arrived(self, page: Page, data: bytes | None) -> None:
-        """page is back (data None: it could not be read, and its messages are lost to this run; persistent ones
-        come back after a restart, from the message store)."""
+    def _arrived(self, page: Page, data: "bytes | list[StoredMessage] | None") -> None:
+        """page is back: its bytes, or a run's messages (data None: it could not be read, and its messages are lost
+        to this run; persistent ones come back after a restart, from the message store)."""
         page.taken = True
         if page is self.filling:
             self.filling = Page()
@@ -237,8 +264,12 @@ class PagedEntries:
         self.paged_persistent_bytes -= page.persistent_bytes
         if data is None:
             return
-        entries = decode(bytes(data) if isinstance(data, bytearray) else data)  # a filling page is a bytearray
-        inner = self.inner
+        if page.run is not None:
+            entries = page.restore(data)
+            page.run = page.restore = None
+        else:
+            entries = decode(bytes(data) if isinstance(data, bytearray) else data)  # a filling page is a bytearray
+        inner = self.inner  # (after restore, which may have made it an ExpiringEntries)
         for entry in entries:
             inner.append(entry)
         self.paged_in(entries)
@@ -259,8 +290,18 @@ class PagedEntries:
         self.inner.clear()
         for page in (*self.pages, self.filling):
             page.taken = True
+            page.run = page.restore = None
         self.pages.clear()
         self.filling = Page()
         self.file.discard()
         self.reading = None
         self.paged = self.paged_bytes = self.paged_persistent = self.paged_persistent_bytes = 0
+
+
+def _read_run(run: "StoredRun") -> "list[StoredMessage] | None":
+    """A run read on the loop, when its messages are needed at once; None if its segment cannot be read."""
+    try:
+        return run.read()
+    except (OSError, ValueError) as error:
+        log.error("cannot read recovered messages back from the message store: %s", error)
+        return None

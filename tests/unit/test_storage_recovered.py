@@ -1,0 +1,168 @@
+"""Recovered messages are kept as columns and read back from their segments in runs (storage.recovered): what comes
+back is exactly what was stored, however the records lie, and the index recovery builds on the way is the same as
+one built record by record."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+
+from storage import records
+from storage.store import MessageStore
+from tests.unit.storage_support import durable, reopen, run
+from tests.unit.test_storage_compaction import SMALL as COMPACTING, disk_bytes, settle
+
+SMALL_SEGMENTS = {"segment_bytes": 4096}  # many segments, so runs and removals cross their boundaries
+
+
+def header(delivery_mode: int | None, body_size: int = 0, content_type: str = "", headers_table: bytes = b"") -> bytes:
+    """A content header payload with the properties asked for (class 60)."""
+    flags, properties = 0, b""
+    if content_type:
+        flags |= 0x8000
+        properties += bytes([len(content_type)]) + content_type.encode()
+    if headers_table:
+        flags |= 0x2000
+        properties += struct.pack(">I", len(headers_table)) + headers_table
+    if delivery_mode is not None:
+        flags |= 0x1000
+        properties += bytes([delivery_mode])
+    return struct.pack(">HHQH", 60, 0, body_size, flags) + properties
+
+
+def test_a_content_header_says_whether_its_message_is_persistent():
+    table = b"\x01kS\x00\x00\x00\x02v2"  # {"k": "v2"}: a table whose bytes hold a 2 where a mode could be misread
+    assert records.is_persistent(header(2))
+    assert records.is_persistent(header(2, content_type="text/plain", headers_table=table))
+    assert not records.is_persistent(header(1, content_type="text/plain", headers_table=table))
+    assert not records.is_persistent(header(None, headers_table=table))
+    assert not records.is_persistent(b"\x00\x3c")  # too short to hold flags: not persistent, no error
+
+
+def test_messages_come_back_exactly_however_their_records_lie(tmp_path):
+    """Runs of one queue's publishes broken by gaps in the ids, other queues' publishes, a changed routing key,
+    publishes to two queues, deliveries and removals (some in later segments) all come back as stored, and the
+    index agrees: removing every message afterwards leaves nothing live and deletes the segments."""
+    expected: dict[str, dict[int, list]] = {"a": {}, "b": {}}  # queue -> id -> [routing key, body, redelivered]
+
+    def work(store):
+        msg_id = 0
+        for block in range(12):
+            for _ in range(25):
+                msg_id += 1 + (block % 3 == 2 and msg_id % 7 == 0)  # now and then an id is skipped
+                queues = ("a", "b") if msg_id % 50 == 0 else ("b",) if block % 4 == 3 else ("a",)
+                key = f"key-{block // 2}"
+                body = b"m%d" % msg_id * (1 + msg_id % 5)
+                store.append_message(msg_id, queues, "ex", key, header(2, len(body)), body)
+                for queue in queues:
+                    expected[queue][msg_id] = [key, body, False]
+            delivered = [i for i in expected["a"] if i % 3 == 0 and not expected["a"][i][2]]
+            store.append_delivered("a", delivered)
+            for i in delivered:
+                expected["a"][i][2] = True
+            removed = [i for i in list(expected["a"]) if i % 4 == 1][:5]
+            store.append_removed("a", removed)
+            for i in removed:
+                del expected["a"][i]
+
+    run(tmp_path, work, **SMALL_SEGMENTS)
+    recovered = reopen(tmp_path, **SMALL_SEGMENTS)
+    for queue in ("a", "b"):
+        assert [(m.msg_id, m.routing_key, m.body, m.redelivered) for m in recovered.messages[queue]] == [
+            (msg_id, *fields) for msg_id, fields in expected[queue].items()]
+
+    async def remove_everything() -> dict:
+        store = MessageStore(tmp_path, **SMALL_SEGMENTS)
+        again = store.recover()
+        assert store.stats()["live_messages"] == sum(len(messages) for messages in expected.values())
+        for queue, stored in again.messages.items():
+            store.append_removed(queue, list(stored.ids))
+        assert await durable(store)
+        store.append_removed("a", [])  # one more batch, for the housekeeping of the last one
+        assert await durable(store)
+        stats = store.stats()
+        store.close()
+        return stats
+
+    stats = asyncio.run(remove_everything())
+    assert stats["live_messages"] == 0
+    assert stats["segments"] <= 2  # the spent ones were deleted
+    assert reopen(tmp_path, **SMALL_SEGMENTS).messages == {}
+
+
+def test_runs_count_bodies_and_persistent_messages(tmp_path):
+    def work(store):
+        for msg_id in range(100):
+            mode = 1 if msg_id % 10 == 3 else 2  # a quorum queue stores transient messages too
+            store.append_message(msg_id, ("q",), "", "q", header(mode, 100), bytes(100))
+
+    run(tmp_path, work, **SMALL_SEGMENTS)
+    stored = reopen(tmp_path, **SMALL_SEGMENTS).messages["q"]
+    runs = list(stored.runs(10, max_bytes=1000))
+    assert sum(len(run) for run in runs) == 90
+    assert all(len(run) <= 1000 // 100 for run in runs)  # a run spans at most max_bytes of its segment
+    assert sum(run.body_bytes for run in runs) == 9000
+    assert sum(run.persistent for run in runs) == 81  # 13, 23, ... 93 are transient
+    assert sum(run.persistent_bytes for run in runs) == 8100
+    assert [m.msg_id for run in runs for m in run.read()] == list(range(10, 100))
+
+
+def test_a_record_damaged_after_recovery_is_left_out_when_read_back_and_named_in_an_error(tmp_path, caplog):
+    run(tmp_path, lambda store: [store.append_message(i, ("q",), "", "q", b"h", b"body-%d" % i) for i in range(5)])
+    stored = reopen(tmp_path).messages["q"]
+    segment = next((tmp_path / "messages").glob("*.seg"))
+    data = segment.read_bytes()
+    with open(segment, "r+b") as file:  # a bit flips in message 2's body, in place
+        position = data.index(b"body-2")
+        file.seek(position)
+        file.write(b"c")
+    with caplog.at_level(logging.ERROR, logger="storage.recovered"):
+        assert [m.body for m in stored] == [b"body-0", b"body-1", b"body-3", b"body-4"]
+    assert "message 2 is damaged in segment" in caplog.text
+
+
+def test_runs_read_their_segments_as_recovery_found_them_even_once_the_files_are_gone(tmp_path):
+    """What the store does to a segment after recovery (compacting it, deleting it) cannot move what a queue
+    has yet to page in."""
+    run(tmp_path, lambda store: [store.append_message(i, ("q",), "", "q", b"h", b"%d" % i) for i in range(300)],
+        **SMALL_SEGMENTS)
+    stored = reopen(tmp_path, **SMALL_SEGMENTS).messages["q"]
+    for segment in (tmp_path / "messages").glob("*.seg"):
+        segment.unlink()
+    assert [m.body for m in stored] == [b"%d" % i for i in range(300)]
+
+
+def test_runs_of_compacted_records_come_back_redelivered_and_a_deleted_queue_frees_their_segments(tmp_path):
+    """A compacted segment's publishes carry their delivered flags: runs of them come back redelivered; deleting
+    their queue after the restart lets every such segment go (the index counted the runs' messages per queue)."""
+    kept = [msg_id for msg_id in range(2000) if msg_id // 50 % 3 == 0]  # blocks of 50 consecutive ids
+
+    async def deliver_all_and_remove_half() -> None:
+        store = MessageStore(tmp_path, **COMPACTING)
+        store.recover()
+        for msg_id in range(2000):
+            store.append_message(msg_id, ("q",), "", "q", b"h", b"w" * 200)
+        store.append_delivered("q", range(2000))
+        await durable(store)
+        store.append_removed("q", sorted(set(range(2000)) - set(kept)))
+        for _ in range(3):  # the segments stop losing messages, their compactions start, then end
+            await settle(store)
+        store.close()
+
+    asyncio.run(deliver_all_and_remove_half())
+    recovered = reopen(tmp_path, **COMPACTING)
+    assert [(m.msg_id, m.redelivered) for m in recovered.messages["q"]] == [(msg_id, True) for msg_id in kept]
+    assert disk_bytes(tmp_path) < 2000 * 230 // 2  # the segments were compacted
+
+    async def delete_the_queue() -> dict:
+        store = MessageStore(tmp_path, **COMPACTING)
+        store.recover()
+        store.delete_queue("q")
+        await settle(store)
+        stats = store.stats()
+        store.close()
+        return stats
+
+    stats = asyncio.run(delete_the_queue())
+    assert (stats["live_messages"], stats["segments"]) == (0, 1)  # only the head segment is left
