@@ -31,7 +31,7 @@ MULTI = 4  # the message was routed to several queues: MessageIndex.multi holds 
 class Segment:
     __slots__ = (
         "number", "first_id", "states", "refs", "queue_refs", "base_refs", "size", "refers", "compacted_upto",
-        "compacting",
+        "compacting", "pinned",
     )
 
     def __init__(self, number: int) -> None:
@@ -45,6 +45,9 @@ class Segment:
         self.refers: dict[int, int] = {}  # older segment -> seq of the latest REMOVED/DELIVERED record aimed at it
         self.compacted_upto = 0  # records aimed here with seq <= this were folded in by the last compaction
         self.compacting = False  # a compaction job for this segment is queued or running
+        # queue -> its recovered messages in this segment that it has yet to read back (storage.recovered): the
+        # segment is not compacted meanwhile, since their records would move
+        self.pinned: dict[str, int] = {}
 
     def state(self, msg_id: int) -> int:
         offset = msg_id - self.first_id
@@ -276,7 +279,26 @@ class MessageIndex:
             count = segment.queue_refs.get(queue, 0)
             if count:
                 self._unref(segment, queue, count)
+            segment.pinned.pop(queue, None)  # nobody will read its recovered messages back
         return below
+
+    def pin(self, number: int, queue: str, count: int) -> None:
+        """count recovered messages of queue in segment number are yet to be read back: it waits with compaction."""
+        pinned = self.segments[number].pinned
+        pinned[queue] = pinned.get(queue, 0) + count
+
+    def unpin(self, number: int, queue: str, count: int) -> None:
+        """count of those were read back (or dropped unread)."""
+        segment = self.segments.get(number)
+        if segment is None or queue not in segment.pinned:
+            return  # the segment or the queue is gone
+        left = segment.pinned[queue] - count
+        if left > 0:
+            segment.pinned[queue] = left
+            return
+        del segment.pinned[queue]
+        if not segment.pinned:
+            self.dirty.add(number)  # worth compacting now, maybe
 
     # --- what compaction and recovery ask ------------------------------------------------------------------
     def live_queues(self, segment: Segment, msg_id: int, queues: list[tuple[str, bool]]) -> list[tuple[str, bool]]:
@@ -331,7 +353,7 @@ class MessageIndex:
                         self.forget(segment)
                         to_delete.append(segment)
                         continue
-                if segment.compacting:
+                if segment.compacting or segment.pinned:
                     continue
                 dead = segment.base_refs - segment.refs
                 if dead > 0 and dead >= segment.base_refs * compact_ratio and segment.size >= min_compact_bytes:

@@ -3,17 +3,17 @@ than as one object per message, and read back from their segments when the broke
 that a deep queue pages in one at a time. So a restart with millions of queued messages neither builds millions of
 objects nor copies their bodies anywhere before the broker serves.
 
-Every segment is mapped (mmap) as recovery reads it, before it repairs anything and before the store may compact or
-delete a segment: a mapping keeps reading the file it mapped, so the places recorded stay right whatever happens to
-the file afterwards. A mapping goes with the last run (or list of messages) that needs it; nothing of it is read
-until then, and a run reads only its own byte range. A record is checked against its CRC again when read back: one
+A segment holding recovered messages that are yet to be read back is pinned in the index for their queue: the store
+does not compact it meanwhile, since that would move their records (it may still delete it, once nothing in it is
+live: then nobody reads it). Deleting the queue unpins it. A run reads only its own byte range, with a file opened for that read alone, so a deep backlog
+holds no file descriptor and no memory mapping. A record is checked against its CRC again when read back: one
 damaged since the start is logged and left out, never delivered.
 """
 
 from __future__ import annotations
 
 import logging
-import mmap
+import os
 import zlib
 from array import array
 from bisect import bisect_left, bisect_right
@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from storage import records
+from storage.index import MessageIndex
+from storage.segments import segment_path
 
 log = logging.getLogger(__name__)
 
@@ -47,24 +49,13 @@ class StoredMessage:
         self.redelivered = redelivered  # it had been delivered from this queue before the stop
 
 
-class SegmentMaps:
-    """The mapping of every segment recovery read, by segment number."""
-
-    def __init__(self) -> None:
-        self.maps: dict[int, mmap.mmap] = {}
-
-    def map(self, path: Path, number: int) -> None:
-        with open(path, "rb") as file:
-            if file.seek(0, 2):  # an empty file cannot be mapped (and holds no record)
-                self.maps[number] = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-
-
 class RecoveredMessages:
     """One queue's recovered messages in queue order (= id order, as are their places)."""
 
-    __slots__ = ("ids", "places", "sizes", "redelivered", "transient", "removed", "segments")
+    __slots__ = ("queue", "ids", "places", "sizes", "redelivered", "transient", "removed", "segments_dir", "index")
 
-    def __init__(self, segments: SegmentMaps) -> None:
+    def __init__(self, queue: str, segments_dir: Path, index: MessageIndex) -> None:
+        self.queue = queue  # the queue's name in the store
         self.ids = array("Q")  # message ids, ascending
         self.places = array("Q")  # where each record is (place()), ascending too
         self.sizes = array("I")  # body bytes of each
@@ -72,7 +63,8 @@ class RecoveredMessages:
         # ids of messages not marked persistent (a quorum queue stores them too): a set, sorted by finish()
         self.transient: set[int] | array = set()
         self.removed: set[int] = set()  # ids removed by a later record (dropped from the columns by finish())
-        self.segments = segments
+        self.segments_dir = segments_dir
+        self.index = index  # the store's, where the segments holding these messages are pinned
 
     def add(self, msg_id: int, where: int, size: int, persistent: bool, delivered: bool) -> None:
         self.ids.append(msg_id)
@@ -88,8 +80,20 @@ class RecoveredMessages:
         position = bisect_left(ids, msg_id)
         return position < len(ids) and ids[position] == msg_id
 
+    def moved(self, number: int, dropped: list[tuple[int, int]]) -> None:
+        """Byte ranges (sorted, disjoint) were taken out of segment number: its records after them moved up."""
+        places = self.places
+        starts = [start for start, _ in dropped]
+        shifts = [0]  # bytes taken out before each range's end
+        for start, end in dropped:
+            shifts.append(shifts[-1] + end - start)
+        for position in range(bisect_left(places, place(number, 0)), bisect_left(places, place(number + 1, 0))):
+            offset = places[position] & _OFFSET_MASK
+            places[position] -= shifts[bisect_right(starts, offset)]
+
     def finish(self) -> int:
-        """Drop the removed messages from the columns; return how many are left."""
+        """Drop the removed messages from the columns and pin the segments of the rest; return how many are
+        left."""
         removed = self.removed
         if removed:
             kept = [position for position, msg_id in enumerate(self.ids) if msg_id not in removed]
@@ -100,6 +104,12 @@ class RecoveredMessages:
             self.transient -= removed
             self.removed = set()
         self.transient = array("Q", sorted(self.transient))
+        places, start = self.places, 0
+        while start < len(places):
+            number = places[start] >> PLACE_BITS
+            end = bisect_left(places, place(number + 1, 0), start)
+            self.index.pin(number, self.queue, end - start)
+            start = end
         return len(self.ids)
 
     def __len__(self) -> int:
@@ -110,15 +120,16 @@ class RecoveredMessages:
 
     def __iter__(self) -> Iterator[StoredMessage]:
         for run in self.runs(0):
-            yield from run.read()
+            yield from run.read_and_release()
 
     def read(self, start: int, stop: int) -> list[StoredMessage]:
         """Messages start..stop-1, read now."""
-        return [message for run in self.runs(start, stop=stop) for message in run.read()]
+        return [message for run in self.runs(start, stop=stop) for message in run.read_and_release()]
 
     def runs(self, start: int, max_bytes: int = 1 << 20, stop: int | None = None) -> Iterator["StoredRun"]:
         """Messages start..stop-1 (to the end by default) as runs of records that lie within max_bytes of each other
-        in one segment (a run holds at least one message)."""
+        in one segment (a run holds at least one message). Each run must be released once read, or once its
+        messages are dropped unread."""
         places = self.places
         stop = len(places) if stop is None else stop
         while start < stop:
@@ -135,22 +146,23 @@ class RecoveredMessages:
         sizes = self.sizes[start:end]
         body_bytes = sum(sizes)
         transient_bytes = sum(sizes[bisect_left(ids, msg_id)] for msg_id in transient)
-        mapping = self.segments.maps[self.places[start] >> PLACE_BITS]
-        return StoredRun(ids, self.places[start:end], mapping, self.redelivered, body_bytes,
-                         len(ids) - len(transient), body_bytes - transient_bytes)
+        number = self.places[start] >> PLACE_BITS
+        return StoredRun(ids, self.places[start:end], segment_path(self.segments_dir, number), self,
+                         self.redelivered, body_bytes, len(ids) - len(transient), body_bytes - transient_bytes)
 
 
 class StoredRun:
     """Recovered messages of one queue whose records lie close together in one segment: what a deep queue pages in
-    at once. read() may run on any thread."""
+    at once. read() may run on any thread; release() runs on the store's (the event loop's)."""
 
-    __slots__ = ("ids", "places", "mapping", "redelivered", "body_bytes", "persistent", "persistent_bytes")
+    __slots__ = ("ids", "places", "path", "owner", "redelivered", "body_bytes", "persistent", "persistent_bytes")
 
-    def __init__(self, ids: array, places: array, mapping: mmap.mmap, redelivered: set[int], body_bytes: int,
-                 persistent: int, persistent_bytes: int):
+    def __init__(self, ids: array, places: array, path: Path, owner: RecoveredMessages | None,
+                 redelivered: set[int], body_bytes: int, persistent: int, persistent_bytes: int):
         self.ids = ids  # message ids, ascending
-        self.places = places  # where their records are in the segment mapped by mapping
-        self.mapping = mapping
+        self.places = places  # where their records are in the segment file path
+        self.path = path
+        self.owner = owner  # the queue's recovered messages, whose segment is pinned until release(); then None
         self.redelivered = redelivered  # the queue's set of ids delivered before the stop (read, never changed)
         self.body_bytes = body_bytes  # body bytes of the run's messages
         self.persistent = persistent  # of them, messages marked persistent
@@ -159,13 +171,33 @@ class StoredRun:
     def __len__(self) -> int:
         return len(self.ids)
 
+    def release(self) -> None:
+        """The run's messages are read back or dropped: their segment may be compacted again."""
+        owner = self.owner
+        if owner is not None:
+            owner.index.unpin(self.places[0] >> PLACE_BITS, owner.queue, len(self.ids))
+            self.owner = None
+
+    def read_and_release(self) -> list[StoredMessage]:
+        try:
+            return self.read()
+        finally:
+            self.release()
+
     def read(self) -> list[StoredMessage]:
         """The run's messages, each checked against its record's CRC (a damaged one is logged and left out)."""
-        mapping, places = self.mapping, self.places
+        places = self.places
         first = places[0] & _OFFSET_MASK
         last = places[-1] & _OFFSET_MASK
-        (length, _) = records.FRAME.unpack_from(mapping, last)
-        data = mapping[first:last + records.FRAME_SIZE + length]
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            frame = os.pread(fd, records.FRAME_SIZE, last)
+            if len(frame) < records.FRAME_SIZE:
+                raise OSError(f"{self.path} ends before offset {last + records.FRAME_SIZE}")
+            (length, _) = records.FRAME.unpack(frame)
+            data = os.pread(fd, last + records.FRAME_SIZE + length - first, first)
+        finally:
+            os.close(fd)
         reader = records.PublishReader()
         unpack, frame_size, crc32 = records.FRAME.unpack_from, records.FRAME_SIZE, zlib.crc32
         view = memoryview(data)
@@ -173,17 +205,20 @@ class StoredRun:
         messages = []
         for msg_id, where in zip(self.ids, places):
             offset = (where & _OFFSET_MASK) - first
-            length, crc = unpack(data, offset)
+            if offset + frame_size > len(data):
+                length = crc = 0
+            else:
+                length, crc = unpack(data, offset)
             start = offset + frame_size
             end = start + length
-            if end > len(data) or crc32(view[start:end]) != crc or data[start] != records.PUBLISH:
-                log.error("message %d is damaged in segment %d at offset %d since the start (CRC mismatch): it is "
-                          "left out", msg_id, where >> PLACE_BITS, where & _OFFSET_MASK)
+            if not length or end > len(data) or crc32(view[start:end]) != crc or data[start] != records.PUBLISH:
+                log.error("message %d is damaged in %s at offset %d since the start (CRC mismatch): it is left out",
+                          msg_id, self.path, where & _OFFSET_MASK)
                 continue
             found, (_, exchange, routing_key, header_payload), body_start = reader.read(data, start, end)
             if found != msg_id:
-                log.error("segment %d at offset %d holds message %d where message %d was: it is left out",
-                          where >> PLACE_BITS, where & _OFFSET_MASK, found, msg_id)
+                log.error("%s holds message %d at offset %d where message %d was: it is left out", self.path, found,
+                          where & _OFFSET_MASK, msg_id)
                 continue
             messages.append(StoredMessage(msg_id, exchange, routing_key, header_payload, data[body_start:end],
                                           msg_id in redelivered))

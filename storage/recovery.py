@@ -24,7 +24,7 @@ from pathlib import Path
 from storage import format, records, salvage
 from storage.definitions import DefinitionTable
 from storage.index import MessageIndex
-from storage.recovered import RecoveredMessages, SegmentMaps, place
+from storage.recovered import RecoveredMessages, place
 from storage.segments import (
     CLEAN_MARKER, DEFINITIONS_LOG, fsync_directory, segment_numbers, segment_path,
 )
@@ -94,11 +94,11 @@ _MSG_ID = struct.Struct("<Q")
 
 
 class _Reader:
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, segments_dir: Path) -> None:
         self.index = MessageIndex()
         self.definitions = DefinitionTable()
         self.queues: dict[str, RecoveredMessages] = {}  # queue -> its live messages
-        self.segments = SegmentMaps()  # where their records are read back from
+        self.segments_dir = segments_dir  # where their records are read back from
         self.persistent: dict[bytes, bool] = {}  # content header -> whether it marks the message persistent
         self.follow: _Follow | None = None  # the run of publishes the last segment record began, if any
         self.count = 0  # records applied from the file being read
@@ -328,7 +328,7 @@ class _Reader:
         for queue, delivered in live:
             messages = self.queues.get(queue)
             if messages is None:
-                messages = self.queues[queue] = RecoveredMessages(self.segments)
+                messages = self.queues[queue] = RecoveredMessages(queue, self.segments_dir, self.index)
             messages.add(msg_id, where, size, persistent, delivered)
 
     def rehome(self, segments_dir: Path, number: int) -> int:
@@ -356,7 +356,6 @@ class _Reader:
             file.flush()
             os.fsync(file.fileno())
         fsync_directory(segments_dir)
-        self.segments.map(path, number)
         for msg_id, live, offset, size, header_payload in placed:
             self._add(msg_id, live, place(number, offset), size, header_payload)
         log.error(
@@ -369,11 +368,14 @@ class _Reader:
         return segment.size
 
     def repair(self) -> None:
-        """Take the damaged, set-aside and moved ranges out of their files (all are kept elsewhere by now). Their
-        messages' places stay right: they are read from the mappings of the files as they were."""
+        """Take the damaged, set-aside and moved ranges out of their files (all are kept elsewhere by now); the
+        places of the messages after them in a segment move up with them."""
         for path, data, drop in self.repairs:
-            suffix = ".snapshot" if path.name == DEFINITIONS_LOG else ".compacting"
-            salvage.repair(path, data, drop, suffix)
+            if path.name == DEFINITIONS_LOG:
+                salvage.repair(path, data, drop, ".snapshot")
+            elif salvage.repair(path, data, drop, ".compacting"):
+                for messages in self.queues.values():
+                    messages.moved(int(path.stem), drop)
 
 
 def recover(data_dir: Path, segments_dir: Path) -> RecoveredState:
@@ -384,7 +386,7 @@ def recover(data_dir: Path, segments_dir: Path) -> RecoveredState:
         leftover.unlink()  # a rewrite interrupted before its rename: the original is intact
     clean_marker = data_dir / CLEAN_MARKER
     clean = clean_marker.exists()
-    reader = _Reader(data_dir)
+    reader = _Reader(data_dir, segments_dir)
     definitions_log = data_dir / DEFINITIONS_LOG
     definitions_bytes = 0
     if definitions_log.exists():
@@ -397,7 +399,6 @@ def recover(data_dir: Path, segments_dir: Path) -> RecoveredState:
         reader.segment = number
         segment = index.roll(number)
         path = segment_path(segments_dir, number)
-        reader.segments.map(path, number)
         segment.size = reader.read_file(
             path, position == len(numbers) - 1, records.SEGMENT_TYPES,
             reader.segment_record,

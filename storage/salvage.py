@@ -129,16 +129,16 @@ class Quarantine:
         return target
 
 
-def repair(path: Path, data: bytes, drop: list[tuple[int, int]], temporary_suffix: str) -> None:
+def repair(path: Path, data: bytes, drop: list[tuple[int, int]], temporary_suffix: str) -> bool:
     """Remove the sorted, disjoint byte ranges ``drop`` from the file ``path`` (whose content is ``data``): a cut
-    when one range runs to the end, else a rewrite aside then renamed over. A failure is logged, not raised: the
-    file keeps the ranges, and the next start reads past them again."""
+    when one range runs to the end, else a rewrite aside then renamed over; True once done. A failure is logged, not
+    raised: the file keeps the ranges, and the next start reads past them again."""
     try:
         if len(drop) == 1 and drop[0][1] == len(data):
             with open(path, "r+b") as file:
                 file.truncate(drop[0][0])
                 os.fsync(file.fileno())
-            return
+            return True
         view = memoryview(data)
         temporary = path.with_suffix(temporary_suffix)
         with open(temporary, "wb") as file:
@@ -154,3 +154,5 @@ def repair(path: Path, data: bytes, drop: list[tuple[int, int]], temporary_suffi
     except OSError as error:
         log.error("cannot take %d damaged or moved ranges out of %s (%s): the next start reads past them again",
                   len(drop), path, error)
+        return False
+    return True

@@ -258,6 +258,8 @@ class PagedEntries:
             self.pages.popleft()
         if page.location is not None and page.data is None:
             self.file.release(page.location)  # else written() releases it once its write ends
+        if page.run is not None:
+            page.run.release()  # the store may compact its segment again
         self.paged -= page.count
         self.paged_bytes -= page.body_bytes
         self.paged_persistent -= page.persistent
@@ -290,6 +292,8 @@ class PagedEntries:
         self.inner.clear()
         for page in (*self.pages, self.filling):
             page.taken = True
+            if page.run is not None:
+                page.run.release()
             page.run = page.restore = None
         self.pages.clear()
         self.filling = Page()
