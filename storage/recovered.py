@@ -5,8 +5,8 @@ objects nor copies their bodies anywhere before the broker serves.
 
 A segment holding recovered messages that are yet to be read back is pinned in the index for their queue: the store
 does not compact it meanwhile, since that would move their records (it may still delete it, once nothing in it is
-live: then nobody reads it). Deleting the queue unpins it. A run reads only its own byte range, with a file opened for that read alone, so a deep backlog
-holds no file descriptor and no memory mapping. A record is checked against its CRC again when read back: one
+live: then nobody reads it). Deleting the queue unpins it. A run reads only its own byte range, with a file opened
+for that read alone, so a deep backlog holds no file descriptor and no memory mapping. A record is checked against its CRC again when read back: one
 damaged since the start is logged and left out, never delivered.
 """
 
@@ -17,8 +17,9 @@ import os
 import zlib
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 from storage import records
 from storage.index import MessageIndex
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 
 PLACE_BITS = 40  # a place is (segment number << PLACE_BITS) | offset of the record's frame in the segment
 _OFFSET_MASK = (1 << PLACE_BITS) - 1
+T = TypeVar("T")
 
 
 def place(number: int, offset: int) -> int:
@@ -185,7 +187,10 @@ class StoredRun:
             self.release()
 
     def read(self) -> list[StoredMessage]:
-        """The run's messages, each checked against its record's CRC (a damaged one is logged and left out)."""
+        return self.messages(self.fetch())
+
+    def fetch(self) -> bytes:
+        """The bytes of the run's records (and of whatever lies between them): file work only, for any thread."""
         places = self.places
         first = places[0] & _OFFSET_MASK
         last = places[-1] & _OFFSET_MASK
@@ -195,9 +200,16 @@ class StoredRun:
             if len(frame) < records.FRAME_SIZE:
                 raise OSError(f"{self.path} ends before offset {last + records.FRAME_SIZE}")
             (length, _) = records.FRAME.unpack(frame)
-            data = os.pread(fd, last + records.FRAME_SIZE + length - first, first)
+            return os.pread(fd, last + records.FRAME_SIZE + length - first, first)
         finally:
             os.close(fd)
+
+    def messages(self, data: bytes, make: Callable[[int, str, str, bytes, bytes, bool], T] = StoredMessage) -> list[T]:
+        """The run's messages from what fetch() read, each checked against its record's CRC (a damaged one is
+        logged and left out); each made by make(msg_id, exchange, routing_key, header_payload, body, redelivered),
+        a StoredMessage unless the caller makes its own objects at once."""
+        places = self.places
+        first = places[0] & _OFFSET_MASK
         reader = records.PublishReader()
         unpack, frame_size, crc32 = records.FRAME.unpack_from, records.FRAME_SIZE, zlib.crc32
         view = memoryview(data)
@@ -220,7 +232,7 @@ class StoredRun:
                 log.error("%s holds message %d at offset %d where message %d was: it is left out", self.path, found,
                           where & _OFFSET_MASK, msg_id)
                 continue
-            messages.append(StoredMessage(msg_id, exchange, routing_key, header_payload, data[body_start:end],
-                                          msg_id in redelivered))
+            messages.append(make(msg_id, exchange, routing_key, header_payload, data[body_start:end],
+                                 msg_id in redelivered))
         view.release()
         return messages

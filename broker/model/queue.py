@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from broker.model.policy import Policy
     from broker.model.vhost import VirtualHost
     from broker.model.interfaces import Publisher, QueueOwner, Subscriber
-    from storage.recovered import RecoveredMessages, StoredMessage
+    from broker.model.durability import StoredToMessage
+    from storage.recovered import RecoveredMessages, StoredRun
 
 # Publisher flow control: while a queue with consumers holds more than FLOW_HIGH ready messages, the connections
 # publishing to it are not read; they are read again once deliveries bring it under FLOW_LOW. Consumers that
@@ -266,7 +267,7 @@ class Queue:
         if self.consumers:
             self.vhost.dispatcher.mark(self)
 
-    def restore(self, stored: "RecoveredMessages", as_message: Callable[["StoredMessage"], Message]) -> None:
+    def restore(self, stored: "RecoveredMessages", as_message: "StoredToMessage") -> None:
         """Messages recovered from disk, in order; TTLs count again from now. A deep queue reads only what it keeps
         in memory now: the rest waits in the store's segments and is paged in from there in runs (features.paging),
         so a restart neither builds an object per queued message nor copies their bodies to page files."""
@@ -291,12 +292,23 @@ class Queue:
             self._will_expire(entry, ttl, restored_at)
         return entry
 
-    def _restored_entries(self, first_seq: int, restored_at: int, as_message: Callable[["StoredMessage"], Message],
-                          stored: list["StoredMessage"]) -> list[QueueEntry]:
-        """Entries for a run of recovered messages paged in from the store (their places in the queue were kept
-        from first_seq on at restore, their TTLs count from then)."""
-        return [self._restored_entry(seq, as_message(item), item.redelivered, restored_at)
-                for seq, item in enumerate(stored, first_seq)]
+    def _restored_entries(self, first_seq: int, restored_at: int, as_message: "StoredToMessage", run: "StoredRun",
+                          data: bytes) -> list[QueueEntry]:
+        """Entries for a run of recovered messages paged in from the store, from the bytes it read (their places
+        in the queue were kept from first_seq on at restore, their TTLs count from then)."""
+        new_message = as_message.message
+
+        def new_entry(msg_id: int, exchange: str, routing_key: str, header_payload: bytes, body: bytes,
+                      redelivered: bool) -> QueueEntry:
+            return QueueEntry(0, new_message(msg_id, exchange, routing_key, header_payload, body), redelivered)
+
+        entries = run.messages(data, new_entry)
+        queue_ttl = self.message_ttl
+        for seq, entry in enumerate(entries, first_seq):
+            entry.seq = seq
+            if queue_ttl is not None or entry.message.header.scan.expiration is not None:
+                self._will_expire(entry, message_ttl(queue_ttl, entry.message), restored_at)
+        return entries
 
     def _count_limit_bytes(self) -> None:
         """The length limit counts the body bytes of every ready message anew (in memory and paged)."""

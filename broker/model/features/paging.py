@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from broker.model.features.expiry import ExpiringEntries
     from broker.model.features.priority import FifoEntries
     from storage.pages import PageFile, PageLocation, PageStore
-    from storage.recovered import StoredMessage, StoredRun
+    from storage.recovered import StoredRun
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +105,9 @@ class Page:
         self.stored_ids = array("Q")  # store ids of entries whose message is in the message store (8 bytes each)
         self.taken = False  # read back (a read still under way is then ignored)
         self.run: "StoredRun | None" = None  # the recovered messages it stands for, read from the store's segments
-        # makes the run's entries once read (their places in the queue and TTLs were settled at restore)
-        self.restore: Callable[[list["StoredMessage"]], list[QueueEntry]] | None = None
+        # makes the entries of the run from the bytes it read (their places in the queue and TTLs were settled at
+        # restore)
+        self.restore: Callable[["StoredRun", bytes], list[QueueEntry]] | None = None
 
 
 class PagedEntries:
@@ -117,7 +118,7 @@ class PagedEntries:
     at once, so that the answer holds for the popleft that follows even if a page cannot be read."""
 
     __slots__ = ("inner", "file", "in_memory", "low", "pages", "filling", "paged", "paged_bytes",
-                 "paged_persistent", "paged_persistent_bytes", "reading", "paged_in")
+                 "paged_persistent", "paged_persistent_bytes", "requested", "requested_entries", "paged_in")
 
     def __init__(self, inner: "FifoEntries | ExpiringEntries", file: "PageFile", in_memory: int,
                  paged_in: Callable[[list[QueueEntry]], None]):
@@ -131,7 +132,8 @@ class PagedEntries:
         self.paged_bytes = 0  # their body bytes
         self.paged_persistent = 0  # of them, messages marked persistent
         self.paged_persistent_bytes = 0  # their body bytes
-        self.reading: Page | None = None  # the page being read back on the page thread
+        self.requested: deque[Page] = deque()  # the oldest pages, being read back on the page thread in order
+        self.requested_entries = 0  # entries in them
         self.paged_in = paged_in  # told of entries back in memory (before they are delivered)
 
     def __len__(self) -> int:
@@ -170,7 +172,7 @@ class PagedEntries:
             self._seal()
         return True
 
-    def add_stored(self, run: "StoredRun", restore: Callable[[list["StoredMessage"]], list[QueueEntry]]) -> None:
+    def add_stored(self, run: "StoredRun", restore: Callable[["StoredRun", bytes], list[QueueEntry]]) -> None:
         """Recovered messages still in the message store join the tail as a page (at restore, before any arrival
         is paged); restore makes their entries once they are read."""
         page = Page()
@@ -203,59 +205,71 @@ class PagedEntries:
         if not inner and self.paged:
             self._page_in_now()
         entry = inner.popleft()
-        if self.paged and self.reading is None and len(inner) < self.low:
+        if self.paged and len(inner) + self.requested_entries < self.low:
             self._read_ahead()
         return entry
 
     def top_up(self) -> None:
-        """Entries left the part in memory other than from the head (they expired): read the next page if it runs
+        """Entries left the part in memory other than from the head (they expired): read pages back if it runs
         low."""
-        if self.paged and self.reading is None and len(self.inner) < self.low:
+        if self.paged and len(self.inner) + self.requested_entries < self.low:
             self._read_ahead()
 
-    def _next_page(self) -> Page:
-        return self.pages[0] if self.pages else self.filling
-
     def _read_ahead(self) -> None:
-        """Bring the next page back: from memory at once if it is still there, else on the page thread."""
-        page = self._next_page()
-        if page.data is not None:
-            self._arrived(page, page.data)
-            return
-        self.reading = page
-        if page.run is not None:
-            self.file.store.submit(page.run.read, done=lambda stored, error: self._read_done(page, stored))
-        else:
-            self.file.read(page.location, lambda data: self._read_done(page, data))
+        """Ask for the pages after those asked for already, until they would bring the part in memory back over
+        its low mark: those on disk are read on the page thread, one after the other (several may be on their
+        way, so that one loop turn need not wait for the next); one still in memory comes back at once, once
+        nothing before it is on its way."""
+        requested, pages = self.requested, self.pages
+        while len(self.inner) + self.requested_entries < self.low:
+            if len(requested) < len(pages):
+                page = pages[len(requested)]
+            elif self.filling.count and not requested:
+                page = self.filling
+            else:
+                return
+            if page.data is not None:
+                if requested:
+                    return  # after the pages on their way
+                self._arrived(page, page.data)
+                continue
+            requested.append(page)
+            self.requested_entries += page.count
+            if page.run is not None:  # only the file work on the thread: decoding there would wait for the loop
+                self.file.store.submit(_fetch_run, page.run,
+                                       done=lambda data, _, page=page: self._read_done(page, data))
+            else:
+                self.file.read(page.location, lambda data, page=page: self._read_done(page, data))
 
     def _read_done(self, page: Page, data: bytes | None) -> None:
         if page.taken:
             return  # taken meanwhile (read at once, or dropped by a purge)
-        self.reading = None
         self._arrived(page, data)
-        if self.paged and len(self.inner) < self.low:
-            self._read_ahead()
+        if self.paged:
+            self.top_up()
 
     def _page_in_now(self) -> None:
         """The part in memory is empty and the next page is needed now: read it here, on the loop."""
         while not self.inner and self.paged:
-            page = self._next_page()
-            self.reading = None
+            page = self.pages[0] if self.pages else self.filling
             if page.data is not None:
                 self._arrived(page, page.data)
             elif page.run is not None:
-                self._arrived(page, _read_run(page.run))
+                self._arrived(page, _fetch_run(page.run))
             else:
                 self._arrived(page, self.file.read_now(page.location))
 
-    def _arrived(self, page: Page, data: "bytes | list[StoredMessage] | None") -> None:
-        """page is back: its bytes, or a run's messages (data None: it could not be read, and its messages are lost
-        to this run; persistent ones come back after a restart, from the message store)."""
+    def _arrived(self, page: Page, data: bytes | None) -> None:
+        """page is back: its bytes, or its run's (data None: it could not be read, and its messages are lost to this
+        run; persistent ones come back after a restart, from the message store)."""
         page.taken = True
         if page is self.filling:
             self.filling = Page()
         else:
             self.pages.popleft()
+        if self.requested and self.requested[0] is page:
+            self.requested.popleft()
+            self.requested_entries -= page.count
         if page.location is not None and page.data is None:
             self.file.release(page.location)  # else written() releases it once its write ends
         if page.run is not None:
@@ -267,7 +281,7 @@ class PagedEntries:
         if data is None:
             return
         if page.run is not None:
-            entries = page.restore(data)
+            entries = page.restore(page.run, data)
             page.run = page.restore = None
         else:
             entries = decode(bytes(data) if isinstance(data, bytearray) else data)  # a filling page is a bytearray
@@ -298,14 +312,15 @@ class PagedEntries:
         self.pages.clear()
         self.filling = Page()
         self.file.discard()
-        self.reading = None
+        self.requested.clear()
+        self.requested_entries = 0
         self.paged = self.paged_bytes = self.paged_persistent = self.paged_persistent_bytes = 0
 
 
-def _read_run(run: "StoredRun") -> "list[StoredMessage] | None":
-    """A run read on the loop, when its messages are needed at once; None if its segment cannot be read."""
+def _fetch_run(run: "StoredRun") -> bytes | None:
+    """A run's bytes read on the loop, when its messages are needed at once; None if its segment cannot be read."""
     try:
-        return run.read()
-    except (OSError, ValueError) as error:
+        return run.fetch()
+    except OSError as error:
         log.error("cannot read recovered messages back from the message store: %s", error)
         return None
