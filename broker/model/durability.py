@@ -174,28 +174,20 @@ class StoredToMessage:
     def __init__(self) -> None:
         self.addresses: dict[tuple[str, str], Address] = {}
         self.headers: dict[bytes, Header] = {}
-        # the last address and header made, by the very values they were made of: a run of a queue's messages
-        # read back together shares them (storage.records.PublishReader returns the same objects)
-        self._last_address: tuple[str, str, Address] = ("", "", Address("", ""))
-        self._last_header: tuple[bytes, Header | None] = (b"", None)
 
     def __call__(self, item: "StoredMessage") -> Message:
-        return self.message(item.msg_id, item.exchange, item.routing_key, item.header_payload, item.body)
+        address, header = self.shared(item.exchange, item.routing_key, item.header_payload)
+        return Message(address, header, item.body, item.msg_id)
 
-    def message(self, msg_id: int, exchange: str, routing_key: str, header_payload: bytes, body: bytes) -> Message:
-        last_exchange, last_routing_key, address = self._last_address
-        if exchange is not last_exchange or routing_key is not last_routing_key:
-            address = self.addresses.get((exchange, routing_key))
-            if address is None:
-                address = self.addresses[exchange, routing_key] = Address(exchange, routing_key)
-            self._last_address = (exchange, routing_key, address)
-        last_payload, header = self._last_header
-        if header_payload is not last_payload or header is None:
-            header = self.headers.get(header_payload)
-            if header is None:
-                header = self.headers[header_payload] = Header(header_payload)
-            self._last_header = (header_payload, header)
-        return Message(address, header, body, msg_id)
+    def shared(self, exchange: str, routing_key: str, header_payload: bytes) -> tuple[Address, Header]:
+        """The address and header objects for these values."""
+        address = self.addresses.get((exchange, routing_key))
+        if address is None:
+            address = self.addresses[exchange, routing_key] = Address(exchange, routing_key)
+        header = self.headers.get(header_payload)
+        if header is None:
+            header = self.headers[header_payload] = Header(header_payload)
+        return address, header
 
 
 def _ours(kind: str, data, vhost: "VirtualHost") -> bool:

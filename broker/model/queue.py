@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from functools import partial
+from itertools import count
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from broker.model.arguments.common import text_of
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from broker.model.vhost import VirtualHost
     from broker.model.interfaces import Publisher, QueueOwner, Subscriber
     from broker.model.durability import StoredToMessage
+    from storage.records import Metadata
     from storage.recovered import RecoveredMessages, StoredRun
 
 # Publisher flow control: while a queue with consumers holds more than FLOW_HIGH ready messages, the connections
@@ -296,19 +298,24 @@ class Queue:
                           data: bytes) -> list[QueueEntry]:
         """Entries for a run of recovered messages paged in from the store, from the bytes it read (their places
         in the queue were kept from first_seq on at restore, their TTLs count from then)."""
-        new_message = as_message.message
-
-        def new_entry(msg_id: int, exchange: str, routing_key: str, header_payload: bytes, body: bytes,
-                      redelivered: bool) -> QueueEntry:
-            return QueueEntry(0, new_message(msg_id, exchange, routing_key, header_payload, body), redelivered)
-
-        entries = run.messages(data, new_entry)
+        next_seq = count(first_seq).__next__
         queue_ttl = self.message_ttl
-        for seq, entry in enumerate(entries, first_seq):
-            entry.seq = seq
-            if queue_ttl is not None or entry.message.header.scan.expiration is not None:
+        last: "Metadata | None" = None  # the metadata of the message before, and what was made of it
+        address = header = None
+        expires = False
+
+        def new_entry(msg_id: int, metadata: "Metadata", body: bytes, redelivered: bool) -> QueueEntry:
+            nonlocal last, address, header, expires
+            if metadata is not last:
+                _, exchange, routing_key, header_payload = last = metadata
+                address, header = as_message.shared(exchange, routing_key, header_payload)
+                expires = queue_ttl is not None or header.scan.expiration is not None
+            entry = QueueEntry(next_seq(), Message(address, header, body, msg_id), redelivered)
+            if expires:
                 self._will_expire(entry, message_ttl(queue_ttl, entry.message), restored_at)
-        return entries
+            return entry
+
+        return run.messages(data, new_entry)
 
     def _count_limit_bytes(self) -> None:
         """The length limit counts the body bytes of every ready message anew (in memory and paged)."""

@@ -108,18 +108,22 @@ def test_runs_count_bodies_and_persistent_messages(tmp_path):
     assert [m.msg_id for run in runs for m in run.read()] == list(range(10, 100))
 
 
-def test_a_record_damaged_after_recovery_is_left_out_when_read_back_and_named_in_an_error(tmp_path, caplog):
+def test_a_record_that_is_not_the_expected_publish_when_read_back_is_left_out_and_named_in_an_error(tmp_path, caplog):
     run(tmp_path, lambda store: [store.append_message(i, ("q",), "", "q", b"h", b"body-%d" % i) for i in range(5)])
     stored = reopen(tmp_path).messages["q"]
     segment = next((tmp_path / "messages").glob("*.seg"))
     data = segment.read_bytes()
-    with open(segment, "r+b") as file:  # a bit flips in message 2's body, in place
-        position = data.index(b"body-2")
-        file.seek(position)
-        file.write(b"c")
+    second, third = (data.index(struct.pack("<BQ", records.PUBLISH, msg_id)) for msg_id in (2, 3))
+    with open(segment, "r+b") as file:  # since the start, message 2's id became 7 and message 3's type byte 0
+        file.seek(second + 1)
+        file.write(struct.pack("<Q", 7))
+        file.seek(third)
+        file.write(b"\x00")
     with caplog.at_level(logging.ERROR, logger="storage.recovered"):
-        assert [m.body for m in stored] == [b"body-0", b"body-1", b"body-3", b"body-4"]
-    assert f"message 2 is damaged in {segment} at offset" in caplog.text
+        assert [m.body for m in stored] == [b"body-0", b"body-1", b"body-4"]
+    assert f"{segment} holds message 7 at offset {second - records.FRAME_SIZE} where message 2 was" in caplog.text
+    assert (f"{segment} holds no publish record at offset {third - records.FRAME_SIZE}, where message 3 was"
+            in caplog.text)
 
 
 def test_a_segment_is_not_compacted_while_recovered_messages_in_it_wait_to_be_read_back(tmp_path):
