@@ -200,3 +200,28 @@ def test_runs_of_compacted_records_come_back_redelivered_and_a_deleted_queue_fre
 
     stats = asyncio.run(delete_the_queue())
     assert (stats["live_messages"], stats["segments"]) == (0, 1)  # only the head segment is left
+
+
+def test_deleting_a_queue_that_never_read_its_recovered_messages_back_lets_their_segments_be_compacted(tmp_path):
+    def work(store):
+        for msg_id in range(3000):
+            store.append_message(msg_id, ("deep",) if msg_id % 3 == 0 else ("other",), "", "", b"h", b"%05d" % msg_id)
+
+    async def main() -> tuple[int, int]:
+        store = MessageStore(tmp_path, **COMPACTING)
+        recovered = store.recover()
+        other = [message.msg_id for message in recovered.messages["other"]]  # read back at once
+        store.append_removed("other", other[: len(other) // 2])  # a third of every segment dies
+        for _ in range(3):
+            await settle(store)
+        before = disk_bytes(tmp_path)
+        store.delete_queue("deep")  # its messages were never read back: another third dies
+        for _ in range(3):
+            await settle(store)
+        after = disk_bytes(tmp_path)
+        store.close()
+        return before, after
+
+    run(tmp_path, work, **COMPACTING)
+    before, after = asyncio.run(main())
+    assert after < before * 0.6  # compacted: the deleted queue's pins went with it
