@@ -155,7 +155,8 @@ class RecoveredMessages:
         if end < len(places) and places[end] >> PLACE_BITS == number:
             stop = places[end] & _OFFSET_MASK  # the next message's record: the run's last one ends before it
         else:
-            stop = self.index.segments[number].size  # the segment's size, which a pinned segment keeps
+            segment = self.index.segments.get(number)
+            stop = segment.size if segment is not None else None  # the size a pinned segment keeps
         return StoredRun(ids, places[start:end], stop, segment_path(self.segments_dir, number), self,
                          self.redelivered, body_bytes, len(ids) - len(transient), body_bytes - transient_bytes)
 
@@ -175,11 +176,11 @@ class StoredRun:
     __slots__ = ("ids", "places", "stop", "path", "owner", "redelivered", "body_bytes", "persistent",
                  "persistent_bytes")
 
-    def __init__(self, ids: array, places: array, stop: int, path: Path, owner: RecoveredMessages | None,
+    def __init__(self, ids: array, places: array, stop: int | None, path: Path, owner: RecoveredMessages | None,
                  redelivered: set[int], body_bytes: int, persistent: int, persistent_bytes: int):
         self.ids = ids  # message ids, ascending
         self.places = places  # where their records are in the segment file path
-        self.stop = stop  # an offset in it at or after the end of the last one
+        self.stop = stop  # an offset in it at or after the end of the last one (None: the file's end)
         self.path = path
         self.owner = owner  # the queue's recovered messages, whose segment is pinned until release(); then None
         self.redelivered = redelivered  # the queue's set of ids delivered before the stop (read, never changed)
@@ -211,13 +212,15 @@ class StoredRun:
         first = self.places[0] & _OFFSET_MASK
         fd = os.open(self.path, os.O_RDONLY)
         try:
-            return os.pread(fd, self.stop - first, first)
+            stop = os.fstat(fd).st_size if self.stop is None else self.stop
+            return os.pread(fd, max(0, stop - first), first)
         finally:
             os.close(fd)
 
-    def messages(self, data: bytes, make: Callable[[int, records.Metadata, bytes, bool], T] = None) -> list[T]:
-        """The run's messages from what fetch() read, each checked to be the publish of its id (one that is not is
-        logged and left out); each made by make(msg_id, metadata, body, redelivered), where metadata is (queues,
+    def messages(self, data: bytes,
+                 make: Callable[[int, records.Metadata, bytes, bool], T] | None = None) -> list[T]:
+        """The run's messages from what fetch() read, each checked to be the publish of its id (those that are not
+        are logged, in one line, and left out); each made by make(msg_id, metadata, body, redelivered), where metadata is (queues,
         exchange, routing key, content header payload), one object for the records in a row that have the same:
         StoredMessage objects, unless the caller makes its own at once."""
         make = make or _stored_message
@@ -231,14 +234,14 @@ class StoredRun:
         meta = b""  # the metadata bytes of the record before, and what they decode to
         metadata: records.Metadata = ((), "", "", b"")
         messages = []
+        left_out: list[str] = []  # what was found instead of each message left out
         for msg_id, where in zip(self.ids, places):
             offset = (where & _OFFSET_MASK) - first
             length = unpack(data, offset)[0] if offset + frame_size <= size else 0
             start = offset + frame_size
             end = start + length
             if not length or end > size or data[start] != publish:
-                log.error("%s holds no publish record at offset %d, where message %d was: it is left out",
-                          self.path, where & _OFFSET_MASK, msg_id)
+                left_out.append(f"no publish record at offset {where & _OFFSET_MASK}, where message {msg_id} was")
                 continue
             if meta and data.startswith(meta, start + 9):  # after the type and the id
                 found, body_start = unpack_id(data, start + 1)[0], start + 9 + len(meta)
@@ -246,8 +249,11 @@ class StoredRun:
                 found, metadata, body_start = reader.read(data, start, end)
                 meta = reader.metadata_bytes
             if found != msg_id:
-                log.error("%s holds message %d at offset %d where message %d was: it is left out", self.path, found,
-                          where & _OFFSET_MASK, msg_id)
+                left_out.append(f"message {found} at offset {where & _OFFSET_MASK} where message {msg_id} was")
                 continue
             messages.append(make(msg_id, metadata, data[body_start:end], msg_id in redelivered))
+        if left_out:  # one line per run, however many it lost
+            log.error("%s no longer holds %d of the %d recovered messages a queue read back from it (%s%s): they are "
+                      "left out", self.path, len(left_out), len(places), "; ".join(left_out[:3]),
+                      "; ..." if len(left_out) > 3 else "")
         return messages

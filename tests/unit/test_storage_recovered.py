@@ -121,9 +121,21 @@ def test_a_record_that_is_not_the_expected_publish_when_read_back_is_left_out_an
         file.write(b"\x00")
     with caplog.at_level(logging.ERROR, logger="storage.recovered"):
         assert [m.body for m in stored] == [b"body-0", b"body-1", b"body-4"]
-    assert f"{segment} holds message 7 at offset {second - records.FRAME_SIZE} where message 2 was" in caplog.text
-    assert (f"{segment} holds no publish record at offset {third - records.FRAME_SIZE}, where message 3 was"
-            in caplog.text)
+    assert caplog.messages == [
+        f"{segment} no longer holds 2 of the 5 recovered messages a queue read back from it (message 7 at offset "
+        f"{second - records.FRAME_SIZE} where message 2 was; no publish record at offset {third - records.FRAME_SIZE},"
+        f" where message 3 was): they are left out"]
+
+
+def test_a_segment_cut_short_since_the_start_costs_the_messages_it_lost_and_one_error_line(tmp_path, caplog):
+    run(tmp_path, lambda store: [store.append_message(i, ("q",), "", "q", b"h", b"body-%d" % i) for i in range(50)])
+    stored = reopen(tmp_path).messages["q"]
+    segment = next((tmp_path / "messages").glob("*.seg"))
+    data = segment.read_bytes()
+    segment.write_bytes(data[:data.index(b"body-10") + 7])  # messages 0..10 are intact, 11..49 are gone
+    with caplog.at_level(logging.ERROR, logger="storage.recovered"):
+        assert [m.body for m in stored] == [b"body-%d" % i for i in range(11)]
+    assert len(caplog.messages) == 1 and "no longer holds 39 of the 50 recovered messages" in caplog.messages[0]
 
 
 def test_a_segment_is_not_compacted_while_recovered_messages_in_it_wait_to_be_read_back(tmp_path):
