@@ -31,7 +31,7 @@ DEFINITIONS_TYPES = frozenset((LEGACY_DEFINITION, QUEUE_DELETED, DEFINITION))
 MAX_PLAUSIBLE_ID = 1 << 48  # message ids count up from 1: a larger one is a stray byte pattern, not an id
 
 _PUBLISH_HEAD = struct.Struct("<BQH")  # type, msg id, number of queues
-_MSG_ID = struct.Struct("<Q")
+MSG_ID = struct.Struct("<Q")  # a message id (in a publish record, after its type byte)
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _ID_LIST_HEAD = struct.Struct("<BH")  # type, queue name length (ids follow the name)
@@ -164,7 +164,7 @@ class PublishReader:
     def read(self, data: bytes, start: int, end: int) -> tuple[int, Metadata, int]:
         """(msg id, (queues, exchange, routing key, header payload), where the body starts) of the record
         ``data[start:end]`` (its body runs to end)."""
-        (msg_id,) = _MSG_ID.unpack_from(data, start + 1)
+        (msg_id,) = MSG_ID.unpack_from(data, start + 1)
         meta_start = start + _PUBLISH_HEAD.size - 2  # the queue count is part of the metadata
         meta = self._meta
         if meta is not None and data.startswith(meta, meta_start):
@@ -316,9 +316,9 @@ def _id_list_layout(view: memoryview, start: int, end: int) -> bool:
     if end - start < _ID_LIST_HEAD.size:
         return False
     ids_start = start + _ID_LIST_HEAD.size + _ID_LIST_HEAD.unpack_from(view, start)[1]
-    if ids_start > end or (end - ids_start) % _MSG_ID.size:
+    if ids_start > end or (end - ids_start) % MSG_ID.size:
         return False
-    return ids_start == end or _MSG_ID.unpack_from(view, ids_start)[0] < MAX_PLAUSIBLE_ID
+    return ids_start == end or MSG_ID.unpack_from(view, ids_start)[0] < MAX_PLAUSIBLE_ID
 
 
 def _definition_layout(view: memoryview, start: int, end: int) -> bool:

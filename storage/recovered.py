@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
@@ -166,8 +165,6 @@ def _stored_message(msg_id: int, metadata: records.Metadata, body: bytes, redeli
     return StoredMessage(msg_id, exchange, routing_key, header_payload, body, redelivered)
 
 
-_MSG_ID = struct.Struct("<Q")
-
 
 class StoredRun:
     """Recovered messages of one queue whose records lie close together in one segment: what a deep queue pages in
@@ -228,7 +225,7 @@ class StoredRun:
         first = places[0] & _OFFSET_MASK
         reader = records.PublishReader()
         unpack, frame_size = records.FRAME.unpack_from, records.FRAME_SIZE
-        unpack_id, publish = _MSG_ID.unpack_from, records.PUBLISH
+        unpack_id, publish = records.MSG_ID.unpack_from, records.PUBLISH
         size = len(data)
         redelivered = self.redelivered
         meta = b""  # the metadata bytes of the record before, and what they decode to

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 import time
 import zlib
 from array import array
@@ -76,7 +75,7 @@ class _Unusable(Exception):
 
 @dataclass(slots=True)
 class _Follow:
-    """A publish for a single queue that later ones may follow (see _Reader._segment_records)."""
+    """A publish for a single queue that later ones may follow (see _Reader.segment_records)."""
 
     meta: bytes  # its metadata bytes (queue count, queues, exchange, routing key, content header)
     head_size: int  # payload bytes before the body: type, id, metadata
@@ -89,8 +88,6 @@ class _Follow:
     places: array
     sizes: array
 
-
-_MSG_ID = struct.Struct("<Q")
 
 
 class _Reader:
@@ -116,11 +113,9 @@ class _Reader:
             "definitions_damaged": False,
         }
 
-    def read_file(
-        self, path: Path, is_tail: bool, types: frozenset[int], apply: Callable[[bytes, memoryview, int, int], None],
-    ) -> int:
-        """Apply each intact record of ``path`` (the file's bytes, the payload, and where the payload starts and ends
-        in them), reading past damage; return the file's size once repaired."""
+    def read_file(self, path: Path, is_tail: bool, types: frozenset[int], read: Callable[[bytes, int], None]) -> int:
+        """Apply each intact record of ``path`` with read(the file's bytes, the offset to start at), reading past
+        damage; return the file's size once repaired."""
         data = path.read_bytes()
         self.report["bytes"] += len(data)
         self.count = 0
@@ -131,10 +126,7 @@ class _Reader:
         offset = 0
         while offset < len(data):
             try:
-                if types is records.SEGMENT_TYPES:
-                    self._segment_records(data, offset)
-                else:
-                    self._records(data, offset, apply)
+                read(data, offset)
                 break
             except records.CorruptRecord as bad:
                 damage = salvage.damage_at(data, *bad.args, types)
@@ -155,24 +147,25 @@ class _Reader:
         self.repairs.append((path, data, drop))
         return len(data) - sum(stop - start for start, stop in drop)
 
-    def _records(self, data: bytes, offset: int, apply: Callable[[bytes, memoryview, int, int], None]) -> None:
-        """Apply the records from offset on; raise CorruptRecord at a damaged one, _Unusable at one apply refuses."""
+    def definition_records(self, data: bytes, offset: int) -> None:
+        """Apply the definitions log's records from offset on; raise CorruptRecord at a damaged one, _Unusable at
+        one that cannot be applied."""
         frame_size = records.FRAME_SIZE
         for pos, end, payload in records.scan(data, offset):
             try:
-                apply(data, payload, pos + frame_size, end)
+                self.definition_record(data, payload, pos + frame_size, end)
             except Exception as error:  # whatever the decoders raise for an intact record they cannot make sense of
                 raise _Unusable(pos, end, error) from None
             self.count += 1
 
-    def _segment_records(self, data: bytes, offset: int) -> None:
+    def segment_records(self, data: bytes, offset: int) -> None:
         """The same for a segment's records (checked as records.scan checks them). A publish that follows one for a
         single queue with the next id and the same metadata, as a queue's messages usually lie in a segment, is
         taken in this loop: its message joins the queue's columns, and the index learns of the run in bulk."""
         view = memoryview(data)
         total = len(data)
         unpack_frame, frame_size, crc32 = records.FRAME.unpack_from, records.FRAME_SIZE, zlib.crc32
-        unpack_id = _MSG_ID.unpack_from
+        unpack_id = records.MSG_ID.unpack_from
         max_payload, publish = records.MAX_PAYLOAD, records.PUBLISH
         base = place(self.segment, 0)
         pos = offset
@@ -215,7 +208,7 @@ class _Reader:
                 self._took(follow, taken)
 
     def _took(self, follow: "_Follow", count: int) -> None:
-        """count publishes were taken in _segment_records's loop after the one that began follow's run."""
+        """count publishes were taken in segment_records's loop after the one that began follow's run."""
         last_id = self.index.last_id
         self.index.add_recovered_more(follow.queue, follow.state, count)
         fresh = range(last_id + 1, last_id + 1 + count)
@@ -391,7 +384,7 @@ def recover(data_dir: Path, segments_dir: Path) -> RecoveredState:
     definitions_bytes = 0
     if definitions_log.exists():
         definitions_bytes = reader.read_file(
-            definitions_log, True, records.DEFINITIONS_TYPES, reader.definition_record
+            definitions_log, True, records.DEFINITIONS_TYPES, reader.definition_records
         )
     numbers = segment_numbers(segments_dir)
     index = reader.index
@@ -400,8 +393,7 @@ def recover(data_dir: Path, segments_dir: Path) -> RecoveredState:
         segment = index.roll(number)
         path = segment_path(segments_dir, number)
         segment.size = reader.read_file(
-            path, position == len(numbers) - 1, records.SEGMENT_TYPES,
-            reader.segment_record,
+            path, position == len(numbers) - 1, records.SEGMENT_TYPES, reader.segment_records
         )
     next_segment = (numbers[-1] + 1) if numbers else 0
     if reader.misplaced:
