@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from functools import partial
 from itertools import count
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from broker.model.arguments.common import text_of
 from broker.model.arguments.queue import queue_type_of

@@ -318,7 +318,8 @@ class PagedEntries:
 
 
 def _fetch_run(run: "StoredRun") -> bytes | None:
-    """A run's bytes read on the loop, when its messages are needed at once; None if its segment cannot be read."""
+    """A run's bytes (on the page thread, or on the loop when its messages are needed at once); None if its segment
+    cannot be read (logged)."""
     try:
         return run.fetch()
     except OSError as error:
