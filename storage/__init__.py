@@ -17,8 +17,10 @@ Public API (``storage.store``)::
 ``Recovered`` holds exchanges/queues/bindings (plus vhosts/users/policies): the ``data`` dicts last given to
 ``append_definition``, in creation order; ``messages``: queue -> ``RecoveredMessages`` in queue (= msg id) order,
 kept as columns (id, place of the record, body size) and read back as ``StoredMessage`` objects, all of them
-(iteration), a slice (``read(start, stop)``) or in runs a deep queue pages in one at a time (``runs()``,
-``StoredRun.read()`` on any thread), from mappings of the segments as recovery found them (``storage.recovered``);
+(iteration), a slice (``read(start, stop)``) or in runs a deep queue pages in one at a time (``runs()``:
+``StoredRun.fetch()`` reads the bytes on any thread, ``messages(data, make)`` decodes them, ``release()`` once read
+or dropped); until then their segments are pinned for the queue (not compacted; ``delete_queue`` unpins them)
+(``storage.recovered``);
 ``next_msg_id``; ``set_aside_definitions``: (kind, name) of definitions whose record could not be decoded (keep
 such a queue's messages); ``report`` (records, bytes, segments, torn_tail_bytes, corrupt_segments, corrupt_ranges,
 quarantined_bytes, set_aside_records, rehomed_messages, definitions_damaged (definitions may be missing that
