@@ -155,9 +155,10 @@ class RecoveredMessages:
             stop = places[end] & _OFFSET_MASK  # the next message's record: the run's last one ends before it
         else:
             segment = self.index.segments.get(number)
-            stop = segment.size if segment is not None else None  # the size a pinned segment keeps
-        return StoredRun(ids, places[start:end], stop, segment_path(self.segments_dir, number), self,
-                         self.redelivered, body_bytes, len(ids) - len(transient), body_bytes - transient_bytes)
+            stop = segment.size if segment is not None else None  # the size a recovered segment keeps
+        return StoredRun(ids, places[start:end], stop, segment_path(self.segments_dir, number), self.index,
+                         self.queue, self.redelivered, body_bytes, len(ids) - len(transient),
+                         body_bytes - transient_bytes)
 
 
 def _stored_message(msg_id: int, metadata: records.Metadata, body: bytes, redelivered: bool) -> StoredMessage:
@@ -167,19 +168,22 @@ def _stored_message(msg_id: int, metadata: records.Metadata, body: bytes, redeli
 
 
 class StoredRun:
-    """Recovered messages of one queue whose records lie close together in one segment: what a deep queue pages in
-    at once. read() may run on any thread; release() runs on the store's (the event loop's)."""
+    """Messages of one queue whose records lie close together in one segment, pinned there for it: what a deep
+    queue pages in at once from the store (recovered ones, or ones it paged while running). fetch() may run on any
+    thread; release() runs on the store's (the event loop's)."""
 
-    __slots__ = ("ids", "places", "stop", "path", "owner", "redelivered", "body_bytes", "persistent",
+    __slots__ = ("ids", "places", "stop", "path", "index", "queue", "redelivered", "body_bytes", "persistent",
                  "persistent_bytes")
 
-    def __init__(self, ids: array, places: array, stop: int | None, path: Path, owner: RecoveredMessages | None,
-                 redelivered: set[int], body_bytes: int, persistent: int, persistent_bytes: int):
+    def __init__(self, ids: array, places: array, stop: int | None, path: Path, index: MessageIndex | None,
+                 queue: str, redelivered: set[int] | frozenset[int], body_bytes: int, persistent: int,
+                 persistent_bytes: int):
         self.ids = ids  # message ids, ascending
         self.places = places  # where their records are in the segment file path
-        self.stop = stop  # an offset in it at or after the end of the last one (None: the file's end)
+        self.stop = stop  # an offset in it at or after the end of the last one (None: found from the last one)
         self.path = path
-        self.owner = owner  # the queue's recovered messages, whose segment is pinned until release(); then None
+        self.index = index  # where the segment is pinned for queue until release(); None once released
+        self.queue = queue
         self.redelivered = redelivered  # the queue's set of ids delivered before the stop (read, never changed)
         self.body_bytes = body_bytes  # body bytes of the run's messages
         self.persistent = persistent  # of them, messages marked persistent
@@ -190,10 +194,9 @@ class StoredRun:
 
     def release(self) -> None:
         """The run's messages are read back or dropped: their segment may be compacted again."""
-        owner = self.owner
-        if owner is not None:
-            owner.index.unpin(self.places[0] >> PLACE_BITS, owner.queue, len(self.ids))
-            self.owner = None
+        if self.index is not None:
+            self.index.unpin(self.places[0] >> PLACE_BITS, self.queue, len(self.ids))
+            self.index = None
 
     def read_and_release(self) -> list[StoredMessage]:
         try:
@@ -209,7 +212,11 @@ class StoredRun:
         first = self.places[0] & _OFFSET_MASK
         fd = os.open(self.path, os.O_RDONLY)
         try:
-            stop = os.fstat(fd).st_size if self.stop is None else self.stop
+            stop = self.stop
+            if stop is None:  # the last record's frame says where it ends
+                last = self.places[-1] & _OFFSET_MASK
+                frame = os.pread(fd, records.FRAME_SIZE, last)
+                stop = last + records.FRAME_SIZE + (records.FRAME.unpack(frame)[0] if len(frame) == 8 else 0)
             return os.pread(fd, max(0, stop - first), first)
         finally:
             os.close(fd)
@@ -217,9 +224,9 @@ class StoredRun:
     def messages(self, data: bytes,
                  make: Callable[[int, records.Metadata, bytes, bool], T] | None = None) -> list[T]:
         """The run's messages from what fetch() read, each checked to be the publish of its id (those that are not
-        are logged, in one line, and left out); each made by make(msg_id, metadata, body, redelivered), where metadata is (queues,
-        exchange, routing key, content header payload), one object for the records in a row that have the same:
-        StoredMessage objects, unless the caller makes its own at once."""
+        are logged, in one line, and left out); each made by make(msg_id, metadata, body, redelivered), where
+        metadata is (queues, exchange, routing key, content header payload), one object for the records in a row
+        that have the same: StoredMessage objects, unless the caller makes its own at once."""
         make = make or _stored_message
         places = self.places
         first = places[0] & _OFFSET_MASK

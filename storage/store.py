@@ -13,7 +13,7 @@ from storage.compaction import Compaction
 from storage.definitions import DefinitionTable
 from storage.index import MessageIndex, Segment
 from storage.lock import DataDirLock, DataDirLocked
-from storage.recovered import RecoveredMessages, StoredMessage
+from storage.recovered import PLACE_BITS, RecoveredMessages, StoredMessage, StoredRun, place
 from storage.recovery import Recovered, recover
 from storage.segments import messages_directory, segment_path
 from storage.writer import Batch, Writer
@@ -124,13 +124,15 @@ class MessageStore:
     def append_message(
         self, msg_id: int, queues: tuple[str, ...], exchange: str, routing_key: str, header_payload: bytes,
         body: bytes,
-    ) -> None:
-        """A persistent message routed to durable queues (msg ids must increase from call to call)."""
+    ) -> int:
+        """A persistent message routed to durable queues (msg ids must increase from call to call); returns where
+        its record is (storage.recovered.place), for a queue that pages it to read it back from there."""
         index = self._index
         segment = index.head
         if segment.size >= self._segment_bytes:
             segment = self._roll()
         index.add(msg_id, queues)
+        where = place(segment.number, segment.size)
         head = records.publish_head(msg_id, queues, exchange, routing_key, header_payload, body)
         segment.size += len(head) + len(header_payload) + len(body)
         buffer = self._buffer
@@ -140,6 +142,23 @@ class MessageStore:
         self._published.append((msg_id, queues))
         if not self._kick_scheduled:
             self._schedule_kick()
+        return where
+
+    # --- messages a paging queue reads back from the store -----------------------------------------------------
+    def pin(self, queue: str, where: int) -> None:
+        """A queue will read the record at where back (once it is durable): its segment waits with compaction."""
+        self._index.pin(where >> PLACE_BITS, queue, 1)
+
+    def unpin(self, queue: str, where: int, count: int) -> None:
+        """count records pinned for queue in where's segment are no longer to be read back."""
+        self._index.unpin(where >> PLACE_BITS, queue, count)
+
+    def run_of(self, queue: str, ids: array, places: array, body_bytes: int, persistent: int,
+               persistent_bytes: int) -> StoredRun:
+        """Records pinned for queue in one segment, written already, as a run to read them back by (its release()
+        unpins them)."""
+        return StoredRun(ids, places, None, segment_path(self._segments_dir, places[0] >> PLACE_BITS), self._index,
+                         queue, frozenset(), body_bytes, persistent, persistent_bytes)
 
     def append_removed(self, queue: str, msg_ids: Iterable[int]) -> None:
         """Messages left ``queue`` (acked, dropped, purged, expired...)."""

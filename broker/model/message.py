@@ -50,13 +50,14 @@ class Header:
 class Message:
     """One published message; shared (not copied) by every queue it is routed to."""
 
-    __slots__ = ("address", "header", "body", "msg_id")
+    __slots__ = ("address", "header", "body", "msg_id", "place")
 
     def __init__(self, address: Address, header: Header, body: bytes, msg_id: int = 0):
         self.address = address
         self.header = header
         self.body = body
         self.msg_id = msg_id  # broker-wide id, used by durable storage (0 while not stored)
+        self.place = -1  # where the store wrote this very message (storage.recovered.place); -1 if it did not
 
     @property
     def exchange(self) -> str:

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Iterable
 
 from broker.model.arguments.common import text_of
 from broker.model.arguments.queue import queue_type_of
-from broker.model.durability import queue_key
+from broker.model.durability import StoredToMessage, queue_key
 from broker.model.features.dead_letter import DELIVERY_LIMIT, EXPIRED, MAXLEN, REJECTED, dead_letter
 from broker.model.features.deadlines import Deadlines, now_ms
 from broker.model.features.expiry import READY, ExpiringEntries, message_ttl
 from broker.model.features.length_limit import DROPPED, ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, LengthLimit
-from broker.model.features.paging import PAGE_BYTES, PagedEntries
+from broker.model.features.paging import PAGE_BYTES, PagedEntries, StoreBacking
 from broker.model.features.priority import FifoEntries, ready_entries
 from broker.model.features.redelivery import DelayedRetry, count_return, delayed_retry, delivery_limit
 from broker.model.message import Message, QueueEntry
@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from broker.model.policy import Policy
     from broker.model.vhost import VirtualHost
     from broker.model.interfaces import Publisher, QueueOwner, Subscriber
-    from broker.model.durability import StoredToMessage
     from storage.records import Metadata
     from storage.recovered import RecoveredMessages, StoredRun
 
@@ -255,9 +254,15 @@ class Queue:
             self._watch_expiry(entry)
 
     def _start_paging(self) -> None:
-        """The queue is deep: later arrivals go to its page file (features.paging)."""
+        """The queue is deep: later arrivals go to its page file (features.paging), or stay in the message store if
+        it holds them for this queue anyway."""
+        backing = None
+        if self.stored:
+            as_message = StoredToMessage()
+            backing = StoreBacking(self.vhost.store, self.store_key, self.stores_all,
+                                   lambda first_seq: partial(self._restored_entries, first_seq, now_ms(), as_message))
         self.entries = self.paging = PagedEntries(self.entries, self.vhost.paging.store.open(), self.page_after,
-                                                  self._paged_in)
+                                                  self._paged_in, backing)
 
     def _paged_in(self, entries: list[QueueEntry]) -> None:
         """Paged entries are back in memory: those with a TTL are watched again (an expired one leaves as soon as

@@ -430,8 +430,8 @@ class VirtualHost:
         node = self.node
         message.msg_id = node.next_msg_id
         node.next_msg_id += 1
-        self.store.append_message(message.msg_id, keys, message.exchange, message.routing_key,
-                                  message.header_payload, message.body)
+        message.place = self.store.append_message(message.msg_id, keys, message.exchange, message.routing_key,
+                                                  message.header_payload, message.body)
         return True
 
     # --- routing --------------------------------------------------------------------------------------------

@@ -162,6 +162,37 @@ def test_paged_persistent_messages_survive_a_kill_in_order_with_their_flags(pagi
     assert [redelivered for _, redelivered in drained] == [True] * 3 + [False] * (COUNT - 3)
 
 
+def test_persistent_messages_of_a_durable_queue_page_out_to_no_page_file(paging_broker, unique):
+    """The store holds a durable queue's persistent messages already: its pages of them stay there (no second copy
+    on disk), and come back in order with their counts; transient messages, or ones with a TTL, still go to the
+    queue's page file."""
+    with connect(paging_broker) as conn:
+        channel = conn.channel()
+        declare_queue(channel, unique, durable=True)
+        fill(channel, unique, persistent_every=1)
+        info = queue_info(paging_broker, unique)
+        assert (info["messages"], info["messages_paged_out"], info["messages_persistent"]) == (
+            COUNT, COUNT - IN_MEMORY, COUNT)
+        assert info["message_bytes_paged_out"] == (COUNT - IN_MEMORY) * BODY_SIZE
+        assert pages_dir(paging_broker) == []
+        for queue, arguments, persistent_every in ((f"{unique}-transient", {}, 0),
+                                                   (f"{unique}-ttl", {"x-message-ttl": 600000}, 1)):
+            declare_queue(channel, queue, durable=True, arguments=arguments)
+            fill(channel, queue, persistent_every=persistent_every)
+        assert len(pages_dir(paging_broker)) == 2  # one page file each
+        channel.basic_qos(prefetch_count=50)
+        received = []
+        for method, _, data in channel.consume(unique, inactivity_timeout=5):
+            received.append(number_of(data))
+            channel.basic_ack(method.delivery_tag)
+            if len(received) == COUNT:
+                break
+        channel.cancel()
+        assert received == list(range(COUNT))
+        for queue in (f"{unique}-transient", f"{unique}-ttl"):
+            assert [number_of(data) for data in get_all(channel, queue)] == list(range(COUNT))
+
+
 def test_a_restarted_deep_queue_pages_its_messages_in_from_the_store_without_copying_them(paging_broker, unique):
     """After a restart the paged part of a queue is read back from the message store's own records: no page file is
     written at start, the counts are those before, and later arrivals queue up behind."""

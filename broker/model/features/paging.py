@@ -24,12 +24,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from broker.model.message import Address, Header, Message, QueueEntry
+from storage.recovered import PLACE_BITS
 
 if TYPE_CHECKING:
     from broker.model.features.expiry import ExpiringEntries
     from broker.model.features.priority import FifoEntries
     from storage.pages import PageFile, PageLocation, PageStore
     from storage.recovered import StoredRun
+    from storage.store import MessageStore
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +95,7 @@ class Page:
     recovered messages still in the message store (run)."""
 
     __slots__ = ("data", "location", "count", "body_bytes", "persistent", "persistent_bytes", "stored_ids",
-                 "taken", "run", "restore")
+                 "taken", "run", "restore", "places", "first_seq")
 
     def __init__(self):
         self.data: bytearray | bytes | None = bytearray()  # the encoded entries, None once safely on disk
@@ -108,6 +110,21 @@ class Page:
         # makes the entries of the run from the bytes it read (their places in the queue and TTLs were settled at
         # restore)
         self.restore: Callable[["StoredRun", bytes], list[QueueEntry]] | None = None
+        # while every entry so far can be read back from the message store: where their records are (each pinned
+        # there for the queue); None once one cannot, or once the run holds the pins
+        self.places: array | None = None
+        self.first_seq = 0  # the seq of its first entry (those after it follow one by one while places is kept)
+
+
+@dataclass
+class StoreBacking:
+    """How the pages of a queue kept on disk stand for messages that the message store holds for it anyway: such a
+    page goes to no page file; once its records are durable it becomes a run of the store (storage.recovered)."""
+
+    store: "MessageStore"
+    key: str  # the queue's name in the store
+    stores_all: bool  # the store holds every message of the queue (a quorum queue's), not only persistent ones
+    restore: Callable[[int], Callable[["StoredRun", bytes], list[QueueEntry]]]  # first seq -> makes a run's entries
 
 
 class PagedEntries:
@@ -118,16 +135,15 @@ class PagedEntries:
     at once, so that the answer holds for the popleft that follows even if a page cannot be read."""
 
     __slots__ = ("inner", "file", "in_memory", "low", "pages", "filling", "paged", "paged_bytes",
-                 "paged_persistent", "paged_persistent_bytes", "requested", "requested_entries", "paged_in")
+                 "paged_persistent", "paged_persistent_bytes", "requested", "requested_entries", "paged_in", "backing")
 
     def __init__(self, inner: "FifoEntries | ExpiringEntries", file: "PageFile", in_memory: int,
-                 paged_in: Callable[[list[QueueEntry]], None]):
+                 paged_in: Callable[[list[QueueEntry]], None], backing: StoreBacking | None = None):
         self.inner = inner  # the entries in memory, in delivery order (requeued ones merged in by seq)
         self.file = file  # where sealed pages go
         self.in_memory = in_memory  # entries in memory past which arrivals are paged
         self.low = max(1, in_memory // 2)  # entries in memory under which the next page is read back
         self.pages: deque[Page] = deque()  # sealed pages, oldest first
-        self.filling = Page()  # the page arrivals go to (read back from memory if reached before it is sealed)
         self.paged = 0  # entries in pages (including filling)
         self.paged_bytes = 0  # their body bytes
         self.paged_persistent = 0  # of them, messages marked persistent
@@ -135,6 +151,9 @@ class PagedEntries:
         self.requested: deque[Page] = deque()  # the oldest pages, being read back on the page thread in order
         self.requested_entries = 0  # entries in them
         self.paged_in = paged_in  # told of entries back in memory (before they are delivered)
+        self.backing = backing  # for a queue kept on disk: how pages of stored messages stay in the store
+        # the page arrivals go to (read back from memory if reached before it is sealed)
+        self.filling = self._new_page()
 
     def __len__(self) -> int:
         return len(self.inner) + self.paged
@@ -168,9 +187,41 @@ class PagedEntries:
             self.paged_persistent_bytes += size
         if message.msg_id:
             page.stored_ids.append(message.msg_id)
+        if page.places is not None:
+            if self._in_store(entry, page):
+                page.places.append(message.place)
+                self.backing.store.pin(self.backing.key, message.place)
+            else:
+                self._unpin(page)
         if len(page.data) >= PAGE_BYTES:
             self._seal()
         return True
+
+    def _new_page(self) -> Page:
+        page = Page()
+        if self.backing is not None:
+            page.places = array("Q")
+        return page
+
+    def _in_store(self, entry: QueueEntry, page: Page) -> bool:
+        """Whether entry, just added to page, can be read back from the message store as the page's next record:
+        its very message was written there for this queue, in the segment of the page's other records, and the
+        entry is fresh (no TTL, never delivered, the next seq)."""
+        message = entry.message
+        places = page.places
+        if not places:
+            page.first_seq = entry.seq
+        elif entry.seq != page.first_seq + len(places) or places[0] >> PLACE_BITS != message.place >> PLACE_BITS:
+            return False
+        return (message.place >= 0 and (self.backing.stores_all or message.header.scan.delivery_mode == 2)
+                and not entry.expires_at and not entry.redelivered and not entry.acquired_count)
+
+    def _unpin(self, page: Page) -> None:
+        """page is no longer to be read back from the store."""
+        places = page.places
+        if places:
+            self.backing.store.unpin(self.backing.key, places[0], len(places))
+        page.places = None
 
     def add_stored(self, run: "StoredRun", restore: Callable[["StoredRun", bytes], list[QueueEntry]]) -> None:
         """Recovered messages still in the message store join the tail as a page (at restore, before any arrival
@@ -188,10 +239,31 @@ class PagedEntries:
         self.paged_persistent_bytes += page.persistent_bytes
 
     def _seal(self) -> None:
-        page, self.filling = self.filling, Page()
+        page, self.filling = self.filling, self._new_page()
         page.data = bytes(page.data)
         self.pages.append(page)
+        if page.places:  # every entry is in the store: the page waits in memory until their records are durable
+            self.backing.store.when_durable(lambda ok: self._stored(page, ok))
+        else:
+            self._write(page)
 
+    def _stored(self, page: Page, ok: bool) -> None:
+        """The records of page's messages are durable (ok) or could not be written: it becomes a run of the store,
+        or goes to the page file after all."""
+        if page.taken:
+            return  # read back from memory meanwhile (its pins went then)
+        if not ok:
+            self._unpin(page)
+            self._write(page)
+            return
+        backing = self.backing
+        page.run = backing.store.run_of(backing.key, page.stored_ids, page.places, page.body_bytes, page.persistent,
+                                        page.persistent_bytes)
+        page.restore = backing.restore(page.first_seq)
+        page.places = None  # the run holds the pins now
+        page.data = None
+
+    def _write(self, page: Page) -> None:
         def written(ok: bool) -> None:
             if ok and not page.taken:
                 page.data = None  # on disk: memory lets it go
@@ -264,7 +336,7 @@ class PagedEntries:
         run; persistent ones come back after a restart, from the message store)."""
         page.taken = True
         if page is self.filling:
-            self.filling = Page()
+            self.filling = self._new_page()
         else:
             self.pages.popleft()
         if self.requested and self.requested[0] is page:
@@ -274,6 +346,8 @@ class PagedEntries:
             self.file.release(page.location)  # else written() releases it once its write ends
         if page.run is not None:
             page.run.release()  # the store may compact its segment again
+        elif page.places:
+            self._unpin(page)
         self.paged -= page.count
         self.paged_bytes -= page.body_bytes
         self.paged_persistent -= page.persistent
@@ -308,9 +382,11 @@ class PagedEntries:
             page.taken = True
             if page.run is not None:
                 page.run.release()
+            elif page.places:
+                self._unpin(page)
             page.run = page.restore = None
         self.pages.clear()
-        self.filling = Page()
+        self.filling = self._new_page()
         self.file.discard()
         self.requested.clear()
         self.requested_entries = 0
