@@ -48,6 +48,19 @@ def fill(channel, queue: str, count: int = COUNT, persistent_every: int = 2, **p
         channel.basic_publish("", queue, body(number), pika.BasicProperties(delivery_mode=mode, **properties))
 
 
+def consume_acking(channel, queue: str, count: int) -> list[int]:
+    """The numbers of count messages consumed from queue with acks (prefetch 50), in delivery order."""
+    channel.basic_qos(prefetch_count=50)
+    received = []
+    for method, _, data in channel.consume(queue, inactivity_timeout=5):
+        received.append(number_of(data))
+        channel.basic_ack(method.delivery_tag)
+        if len(received) == count:
+            break
+    channel.cancel()
+    return received
+
+
 def queue_info(broker, queue: str) -> dict:
     return management.request(broker, "GET", f"/api/queues/%2F/{management.quote(queue)}").body
 
@@ -66,14 +79,7 @@ def test_a_deep_queue_keeps_its_order_and_reports_its_paged_messages(paging_brok
         assert info["messages_persistent"] == COUNT // 2
         assert pages_dir(paging_broker)  # full pages went to disk
 
-        channel.basic_qos(prefetch_count=50)
-        received = []
-        for method, _, data in channel.consume(unique, inactivity_timeout=5):
-            received.append(number_of(data))
-            channel.basic_ack(method.delivery_tag)
-            if len(received) == COUNT:
-                break
-        channel.cancel()
+        received = consume_acking(channel, unique, COUNT)
         assert received == list(range(COUNT))
         assert message_count(channel, unique) == 0
     management.wait_for(paging_broker, f"/api/queues/%2F/{unique}", lambda queue: queue["messages_paged_out"] == 0)
@@ -180,14 +186,7 @@ def test_persistent_messages_of_a_durable_queue_page_out_to_no_page_file(paging_
             declare_queue(channel, queue, durable=True, arguments=arguments)
             fill(channel, queue, persistent_every=persistent_every)
         assert len(pages_dir(paging_broker)) == 2  # one page file each
-        channel.basic_qos(prefetch_count=50)
-        received = []
-        for method, _, data in channel.consume(unique, inactivity_timeout=5):
-            received.append(number_of(data))
-            channel.basic_ack(method.delivery_tag)
-            if len(received) == COUNT:
-                break
-        channel.cancel()
+        received = consume_acking(channel, unique, COUNT)
         assert received == list(range(COUNT))
         for queue in (f"{unique}-transient", f"{unique}-ttl"):
             assert [number_of(data) for data in get_all(channel, queue)] == list(range(COUNT))
@@ -211,14 +210,7 @@ def test_a_restarted_deep_queue_pages_its_messages_in_from_the_store_without_cop
     with connect(paging_broker) as conn:
         channel = conn.channel()
         fill(channel, unique, count=5, persistent_every=0)
-        channel.basic_qos(prefetch_count=50)
-        received = []
-        for method, _, data in channel.consume(unique, inactivity_timeout=5):
-            received.append(number_of(data))
-            channel.basic_ack(method.delivery_tag)
-            if len(received) == COUNT + 5:
-                break
-        channel.cancel()
+        received = consume_acking(channel, unique, COUNT + 5)
     assert received == list(range(COUNT)) + list(range(5))
 
 

@@ -54,6 +54,14 @@ def stored_entry(message_store: MessageStore, seq: int, persistent: bool = True)
     return queued
 
 
+def twelve_paged(message_store: MessageStore, page_store: PageStore) -> PagedEntries:
+    """A list with 4 entries in memory and 8 of stored messages in pages."""
+    entries = paged_list(message_store, page_store)
+    for seq in range(12):
+        entries.append(stored_entry(message_store, seq))
+    return entries
+
+
 def pins(message_store: MessageStore) -> list[dict]:
     return [segment.pinned for segment in message_store._index.segments.values() if segment.pinned]
 
@@ -62,9 +70,7 @@ def test_pages_of_stored_messages_are_read_back_from_the_store_and_no_page_file_
     message_store, page_store = stores
 
     async def scenario() -> None:
-        entries = paged_list(message_store, page_store)
-        for seq in range(12):
-            entries.append(stored_entry(message_store, seq))
+        entries = twelve_paged(message_store, page_store)
         assert pins(message_store) == [{QUEUE: 8}]  # the 8 paged ones
         assert await durable(message_store)
         await settle(page_store)
@@ -81,9 +87,7 @@ def test_a_page_read_back_from_memory_before_its_records_are_durable_lets_its_pi
     message_store, page_store = stores
 
     async def scenario() -> None:
-        entries = paged_list(message_store, page_store)
-        for seq in range(12):
-            entries.append(stored_entry(message_store, seq))
+        entries = twelve_paged(message_store, page_store)
         assert [entries.popleft().seq for _ in range(12)] == list(range(12))  # before any batch was written
         assert pins(message_store) == []
         assert await durable(message_store)
@@ -118,9 +122,7 @@ def test_dropping_the_pages_lets_their_pins_go(stores):
     message_store, page_store = stores
 
     async def scenario() -> None:
-        entries = paged_list(message_store, page_store)
-        for seq in range(12):
-            entries.append(stored_entry(message_store, seq))
+        entries = twelve_paged(message_store, page_store)
         assert await durable(message_store)
         await settle(page_store)
         entries.clear()
