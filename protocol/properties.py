@@ -107,3 +107,27 @@ def _skip_trailing_properties(header_payload: bytes, offset: int, flags: int) ->
         if flags & flag:
             offset += 1 + header_payload[offset]
     return offset
+
+
+_LONG_FIELD = struct.Struct(">cq")  # field type 'l' (signed 64-bit, RabbitMQ's long) and its value
+
+
+def with_long_header(header_payload: bytes, name: bytes, value: int) -> bytes:
+    """The content-header payload with one more entry, name = value as a long, at the end of its headers table (a
+    table is added if it has none); the rest of the properties are kept byte for byte. The payload must be one
+    scan_properties accepted."""
+    flags = _FLAGS.unpack_from(header_payload, PROPERTIES_OFFSET)[0]
+    offset = PROPERTIES_OFFSET + 2
+    if flags & CONTENT_TYPE:
+        offset += 1 + header_payload[offset]
+    if flags & CONTENT_ENCODING:
+        offset += 1 + header_payload[offset]
+    entry = bytes((len(name),)) + name + _LONG_FIELD.pack(b"l", value)
+    if flags & HEADERS:
+        size = _TABLE_SIZE.unpack_from(header_payload, offset)[0]
+        end = offset + 4 + size
+        return b"".join((header_payload[:offset], _TABLE_SIZE.pack(size + len(entry)),
+                         header_payload[offset + 4:end], entry, header_payload[end:]))
+    return b"".join((header_payload[:PROPERTIES_OFFSET], _FLAGS.pack(flags | HEADERS),
+                     header_payload[PROPERTIES_OFFSET + 2:offset], _TABLE_SIZE.pack(len(entry)), entry,
+                     header_payload[offset:]))

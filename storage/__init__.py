@@ -12,6 +12,10 @@ Public API (``storage.store``)::
     store.append_definition(kind, name, data)   # kind: exchange/queue/binding/vhost/user/policy; data None = deleted
     store.delete_queue(queue)                   # its messages and its "queue" definition are gone
     store.when_durable(callback)                # callback(ok) on the loop once all the above is fsynced
+    log = store.streams.open(key, max_segment_bytes, max_bytes, max_age_ms, fresh)  # a stream queue's own log
+    log.append(exchange, routing_key, header_payload, body)  # written with the next batch; log.on_durable() after
+    log.read(offset, limit); log.first_offset; log.next_offset  # durable messages by offset (storage.streams)
+    store.streams.delete(key); store.streams.remove_orphans()   # a deleted stream; at start, what deleted ones left
     store.healthy                               # False while writes fail (then every callback gets False)
     store.close()                               # flush, fsync, stop the writer (at most stop_timeout=60 s), unlock
     store.stats()                               # bytes_on_disk, segments, live_messages, index_bytes, fsyncs ...
@@ -59,7 +63,8 @@ Contract with the broker:
 - After ``close()`` a restart shows exactly the state before. After kill -9, every message whose callback ran is
   back; a removal whose callback had not run yet may or may not be undone (at-least-once).
 
-Layout on disk (``data_dir``): ``messages/NNNNNNNNNN.seg`` segments of about 16 MiB, ``definitions.log``, ``.lock``
+Layout on disk (``data_dir``): ``messages/NNNNNNNNNN.seg`` segments of about 16 MiB, ``definitions.log``,
+``streams/<hash of the key>/<first offset>.seg`` (stream logs, written and fsynced with each batch), ``.lock``
 (the owner's pid; never deleted),
 ``format`` (the store format version, ``storage.format``), ``clean-shutdown`` between a graceful close and the next
 start, and ``quarantine/<file>@<offset>``: damaged or unusable bytes recovery took out of a file (kept for

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from functools import partial
 from array import array
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -16,6 +17,7 @@ from storage.lock import DataDirLock, DataDirLocked
 from storage.recovered import PLACE_BITS, RecoveredMessages, StoredMessage, StoredRun, place
 from storage.recovery import Recovered, recover
 from storage.segments import messages_directory, segment_path
+from storage.streams import StreamLog, StreamLogs
 from storage.writer import Batch, Writer
 
 __all__ = ["DataDirLocked", "MessageStore", "Recovered", "RecoveredMessages", "StoredMessage"]
@@ -81,6 +83,7 @@ class MessageStore:
         self._healthy = True  # the last batch that wrote something (or failed) was written
         self._probe_timer: asyncio.TimerHandle | None = None  # the next try of the disk while unhealthy
         self.on_health = on_health  # called with the new health on each change
+        self.streams = StreamLogs(self._data_dir / "streams", self._wake)  # stream queues' own logs
         self.callback_errors = 0  # callbacks that raised (logged)
 
     # --- start-up -------------------------------------------------------------------------------------------
@@ -215,6 +218,11 @@ class MessageStore:
         if not self._kick_scheduled:
             self._schedule_kick()
 
+    def _wake(self) -> None:
+        """Something (a stream's log) has bytes for the next batch."""
+        if not self._kick_scheduled and not self._closed:
+            self._schedule_kick()
+
     # --- batches --------------------------------------------------------------------------------------------
     def _roll_if_full(self) -> None:
         """Roll before indexing a record, so the index links it to the segment that will hold it."""
@@ -253,6 +261,10 @@ class MessageStore:
             published=self._published, deletions=self._deletions + [segment.number for segment in deletions],
             compactions=[Compaction(self._segments_dir, segment, index) for segment in compactions],
         )
+        if self.streams.has_work():
+            batch.files, batch.unlinks, streams = self.streams.take()
+            if streams:
+                batch.callbacks.insert(0, partial(_streams_written, streams))
         self._definitions_log_bytes += len(batch.definitions)
         if self._snapshot_due or self._definitions_log_bytes > 2 * self._definitions.live_bytes + DEFINITIONS_SLACK:
             needed_below = index.still_needed_below()
@@ -287,11 +299,11 @@ class MessageStore:
     @staticmethod
     def _is_empty(batch: Batch) -> bool:
         return not (any(data for _, data in batch.chunks) or batch.definitions or batch.callbacks or batch.deletions
-                    or batch.compactions)
+                    or batch.compactions or batch.unlinks)
 
     @staticmethod
     def _writes_bytes(batch: Batch) -> bool:
-        return (any(data for _, data in batch.chunks) or bool(batch.definitions)
+        return (any(data for _, data in batch.chunks) or bool(batch.definitions) or bool(batch.files)
                 or batch.definitions_snapshot is not None)
 
     def _on_written(self, batch: Batch, ok: bool) -> None:
@@ -325,6 +337,7 @@ class MessageStore:
                 segment.size -= len(data)
         self._snapshot_due = True  # definition changes of the lost batch are rewritten whole
         self._deletions.extend(batch.deletions)
+        self.streams.retry_unlinks(batch.unlinks)
         for compaction in batch.compactions:
             compaction.segment.compacting = False
             index.dirty.add(compaction.segment.number)
@@ -412,3 +425,10 @@ class MessageStore:
             "batch_messages": self._writer.batch_messages,  # storage.histogram.Histogram of messages per batch
             "sync_seconds": self._writer.sync_seconds,  # Histogram of each batch's fdatasync time
         }
+
+
+def _streams_written(streams: list[StreamLog], ok: bool) -> None:
+    """A batch holding chunks of these streams is durable (ok) or was cut back: their logs take note first, so
+    that consumers may read the chunks before the publishers' confirms go out."""
+    for stream in streams:
+        stream.written(ok)

@@ -17,6 +17,7 @@ import asyncio
 import logging
 import os
 import queue
+import shutil
 import threading
 import time
 from collections import deque
@@ -43,6 +44,8 @@ class Batch:
     published: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)  # (msg id, queues) to undo on failure
     deletions: list[int] = field(default_factory=list)  # segments to unlink once this batch is durable
     compactions: list[Compaction] = field(default_factory=list)  # rewrites to start once this batch is durable
+    files: list[tuple[Path, bytes]] = field(default_factory=list)  # appends to stream segments (storage.streams)
+    unlinks: list[Path] = field(default_factory=list)  # stream segments or directories to remove once durable
     final: bool = False  # the store is closing: leave the clean-shutdown marker, then stop
 
 
@@ -65,6 +68,8 @@ class Writer:
         self._files: dict[int, int] = {}  # segment number -> open fd (the head, and the previous head briefly)
         self._sizes: dict[int, int] = {}  # segment number -> durable size of the open file
         self._definitions_fd = -1
+        self._stream_files: dict[Path, int] = {}  # stream segment -> open fd (those the last batch appended to)
+        self._stream_sizes: dict[Path, int] = {}  # stream segment -> durable size of the open file
         self._definitions_size = 0
         self._jobs: deque[tuple[Compaction, Iterator[int]]] = deque()  # compactions and their step iterators
         self._compaction_owed = 0  # input bytes compactions get before the next batch, even if one is waiting
@@ -162,6 +167,7 @@ class Writer:
             touched.setdefault(fd, self._sizes[number])
             self._write_all(fd, data)
             self._sizes[number] += len(data)
+        new_directories = self._append_stream_chunks(batch.files, touched)
         if batch.definitions_snapshot is not None:
             self._replace_definitions(batch.definitions_snapshot)
         elif batch.definitions:
@@ -178,6 +184,36 @@ class Writer:
         if created:
             fsync_directory(self._segments_dir)
             self.fsyncs += 1
+        for directory in new_directories:
+            fsync_directory(directory)
+            self.fsyncs += 1
+
+    def _append_stream_chunks(self, files: list[tuple[Path, bytes]], touched: dict[int, int]) -> list[Path]:
+        """Append stream chunks to their segments (closing those no longer appended to); returns the directories
+        whose entries changed (a segment, or a stream's directory, was made)."""
+        if not files and not self._stream_files:
+            return []
+        changed: list[Path] = []
+        appended = set()
+        for path, data in files:
+            fd = self._stream_files.get(path)
+            if fd is None:
+                if not path.parent.exists():
+                    path.parent.mkdir(parents=True)
+                    changed.append(path.parent.parent)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+                self._stream_files[path] = fd
+                self._stream_sizes[path] = os.fstat(fd).st_size
+                if path.parent not in changed:
+                    changed.append(path.parent)
+            touched.setdefault(fd, self._stream_sizes[path])
+            self._write_all(fd, data)
+            self._stream_sizes[path] += len(data)
+            appended.add(path)
+        for path in [path for path in self._stream_files if path not in appended]:
+            os.close(self._stream_files.pop(path))
+            del self._stream_sizes[path]
+        return changed
 
     def _after_durable(self, batch: Batch) -> None:
         """Start the batch's compactions, close segments left behind, unlink the spent ones."""
@@ -187,6 +223,7 @@ class Writer:
             self._compaction_owed += COMPACTION_PACE * sum(len(data) for _, data in batch.chunks)
         self._close_old_segments()
         self._apply_deletions(batch.deletions)
+        self._apply_unlinks(batch.unlinks)
 
     def _write_all(self, fd: int, data: bytes | bytearray) -> None:
         view = memoryview(data)
@@ -208,6 +245,9 @@ class Writer:
         for number, fd in self._files.items():
             if fd in touched:
                 self._sizes[number] = touched[fd]
+        for path, fd in self._stream_files.items():
+            if fd in touched:
+                self._stream_sizes[path] = touched[fd]
         if self._definitions_fd in touched:
             self._definitions_size = touched[self._definitions_fd]
 
@@ -256,6 +296,25 @@ class Writer:
         except OSError as error:
             log.error("store could not delete a spent segment: %s", error)
 
+    def _apply_unlinks(self, paths: list[Path]) -> None:
+        """Remove stream segments retention let go and the directories of deleted streams."""
+        if not paths:
+            return
+        try:
+            for path in paths:
+                fd = self._stream_files.pop(path, None)
+                if fd is not None:
+                    os.close(fd)
+                    del self._stream_sizes[path]
+                if path.is_dir():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink(missing_ok=True)
+            for directory in {path.parent for path in paths}:
+                fsync_directory(directory)
+        except OSError as error:
+            log.error("store could not remove %s: %s", path, error)
+
     def _drop_compactions(self, numbers: set[int]) -> None:
         """Segments about to be deleted need no rewrite: stop theirs (the store has forgotten them already)."""
         for job, steps in [(job, steps) for job, steps in self._jobs if job.segment.number in numbers]:
@@ -294,9 +353,10 @@ class Writer:
             steps.close()
             job.abandon()
         self._jobs.clear()
-        for fd in self._files.values():
+        for fd in [*self._files.values(), *self._stream_files.values()]:
             os.close(fd)
         self._files.clear()
+        self._stream_files.clear()
         if self._definitions_fd >= 0:
             os.close(self._definitions_fd)
         if clean:

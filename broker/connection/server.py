@@ -173,6 +173,7 @@ class Server:
             boot_definitions = self._boot_definitions()
             self._bootstrap(defines_users=bool(boot_definitions.get("users")))
             restore(self.node, recovered)
+            self.store.streams.remove_orphans()  # what deleted streams left behind
             self._import_boot_definitions(boot_definitions)
             self.recovery_seconds = time.perf_counter() - started
         except OSError as error:

@@ -161,6 +161,10 @@ def queue_counts(queue: Queue, unacked: UnackedCounts) -> QueueCounts:
     """The ready messages in memory are counted by walking them (at most queue_messages_in_memory: the model keeps
     no byte counters for them); the paged ones have counters."""
     ready = queue.count_ready()
+    if queue.queue_type == "stream":  # every message of a stream is on disk, and none is held in memory for it
+        stored = queue.log.total_bytes
+        return QueueCounts(ready, stored, unacked.counts.get(queue, 0), unacked.bytes.get(queue, 0), ready, stored,
+                           ready, stored)
     ready_bytes = persistent = persistent_bytes = 0
     for entry in queue.entries:
         size = len(entry.message.body)
@@ -214,8 +218,12 @@ def _redelivery_json(queue: Queue) -> dict:
             "delayed_retry": "disabled" if retry is None else f"{retry.kind} (min: {retry.min_ms}ms, max: "
                                                               f"{retry.max_ms}ms)",
             "messages_delayed": queue.count_retrying()}
-    if queue.quorum:
+    if queue.quorum or queue.queue_type == "stream":
         data.update({"leader": http.node_name(), "members": [http.node_name()], "online": [http.node_name()]})
+    if queue.queue_type == "stream":  # the offsets a consumer can read: the oldest retention kept, the newest
+        log = queue.log
+        data.update({"first_offset": log.first_offset, "committed_offset": log.next_offset - 1,
+                     "segments": len(log.segments)})
     return data
 
 

@@ -71,7 +71,7 @@ def queue_definition(vhost: "VirtualHost", queue: "Queue") -> dict:
 def binding_is_durable(binding: "Binding") -> bool:
     """RabbitMQ keeps a binding across restarts when both its ends are durable."""
     destination = binding.destination
-    durable_destination = destination.durable if binding.destination_is_exchange else destination.stored
+    durable_destination = destination.durable if binding.destination_is_exchange else destination.recorded
     return binding.source.durable and durable_destination
 
 

@@ -8,7 +8,7 @@ from itertools import count
 from typing import TYPE_CHECKING, Iterable
 
 from broker.model.arguments.common import text_of
-from broker.model.arguments.queue import queue_type_of
+from broker.model.arguments.queue import queue_type_of, validate_consume_arguments
 from broker.model.durability import StoredToMessage, queue_key
 from broker.model.features.dead_letter import DELIVERY_LIMIT, EXPIRED, MAXLEN, REJECTED, dead_letter
 from broker.model.features.deadlines import Deadlines, now_ms
@@ -19,6 +19,7 @@ from broker.model.features.priority import FifoEntries, ready_entries
 from broker.model.features.redelivery import DelayedRetry, count_return, delayed_retry, delivery_limit
 from broker.model.message import Message, QueueEntry
 from broker.model.policy import effective_settings, merged_definition
+from protocol import errors
 
 if TYPE_CHECKING:
     from broker.model.exchange import Binding
@@ -74,8 +75,9 @@ class Queue:
         self.bindings: set[Binding] = set()  # bindings that route to this queue, removed with it
         self.deleted = False  # set once deleted; late acks and requeues for it are ignored
         self.throttled: set[Publisher] = set()  # publishers (connections) paused until the backlog shrinks
-        # Whether persistent messages in this queue go to disk: durable, not exclusive, and a store to go to.
-        self.stored = durable and exclusive_owner is None and vhost.store is not None
+        # Whether the queue's definition is in the store: durable, not exclusive, and a store to go to.
+        self.recorded = durable and exclusive_owner is None and vhost.store is not None
+        self.stored = self.recorded  # whether its persistent messages go to the message store
         self.stores_all = self.stored and self.quorum  # transient messages go to disk too
         self.store_key = queue_key(vhost.name, name)  # the queue's name in the store
         self.policy, self.operator_policy = vhost.policies_for("queues", name)  # those that apply, or None
@@ -328,6 +330,17 @@ class Queue:
         self.limit.returned(self.entries)
         if self.paging is not None:
             self.limit.ready_bytes += self.paging.paged_bytes
+
+    def check_consume(self, no_ack: bool, prefetch: int, global_prefetch: int, arguments: dict) -> None:
+        """Whether a basic.consume with these settings may subscribe (its arguments checked with RabbitMQ's texts,
+        a quorum queue refusing a channel-wide prefetch limit)."""
+        validate_consume_arguments(self.name, self.vhost.name, arguments)
+        if self.quorum and global_prefetch:
+            raise errors.not_implemented(f"queue '{self.name}' in vhost '{self.vhost.name}' does not support global qos")
+
+    def drop_all(self) -> None:
+        """The queue is deleted: its ready messages go."""
+        self.entries.clear()
 
     def throttle(self, publisher: "Publisher") -> None:
         if publisher not in self.throttled:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from broker.model import durability
 from broker.model.arguments import (
-    check_exchange_equivalent, check_queue_equivalent, check_queue_type_properties, queue_type_of,
+    QUEUE_TYPE_MODULES, check_exchange_equivalent, check_queue_equivalent, check_queue_type_properties, queue_type_of,
     validate_exchange_arguments, validate_queue_arguments,
 )
 from broker.model.counters import NodeCounters
@@ -20,6 +20,7 @@ from broker.model.features.delayed_messages import DelayedMessages
 from broker.model.features.length_limit import ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, REFUSED
 from broker.model.policy import Policy, choose, make_policy
 from broker.model.queue import Queue
+from broker.model.stream import APPENDED, Stream
 from broker.model.routing.headers import validate_x_match
 from protocol import errors
 
@@ -256,7 +257,10 @@ class VirtualHost:
         return exchange
 
     def restore_queue(self, name: str, auto_delete: bool, arguments: dict) -> None:
-        self._add_queue(Queue(self, name, True, None, auto_delete, arguments))
+        if queue_type_of(arguments) == "stream":
+            self._add_queue(Stream(self, name, True, None, auto_delete, arguments, fresh=False))
+        else:
+            self._add_queue(Queue(self, name, True, None, auto_delete, arguments))
 
     def _add_queue(self, queue: Queue) -> None:
         self.queues[queue.name] = queue
@@ -299,8 +303,9 @@ class VirtualHost:
             queue.touch()  # a redeclare renews an x-expires lease, a passive one too
             return queue
         if not name or server_named:
-            if queue_type_of(arguments) == "quorum":
-                raise errors.precondition_failed("Cannot declare a server-named queue for type rabbit_quorum_queue")
+            if queue_type_of(arguments) != "classic":
+                raise errors.precondition_failed(
+                    f"Cannot declare a server-named queue for type {QUEUE_TYPE_MODULES[queue_type_of(arguments)]}")
             name = name or generated_name("amq.gen-")
         elif name.startswith("amq.") and not server_named:
             raise errors.access_refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
@@ -316,11 +321,12 @@ class VirtualHost:
             return existing
         validate_queue_arguments(name, self.name, arguments)
         check_queue_type_properties(name, self.name, arguments, durable, exclusive, auto_delete)
-        queue = Queue(self, name, durable, connection if exclusive else None, auto_delete, arguments)
+        kind = Stream if queue_type_of(arguments) == "stream" else Queue
+        queue = kind(self, name, durable, connection if exclusive else None, auto_delete, arguments)
         self._add_queue(queue)
         self.counters.queues_declared += 1
         self.counters.queues_created += 1
-        if queue.stored:
+        if queue.recorded:
             self._record("queue", queue.store_key, durability.queue_definition(self, queue))
         if exclusive:
             connection.exclusive_queues.add(queue)
@@ -337,7 +343,7 @@ class VirtualHost:
         if queue.stores_all:
             self.queues_storing_all -= 1
         count = len(queue.entries)
-        queue.entries.clear()
+        queue.drop_all()
         for consumer in list(queue.consumers):
             consumer.channel.consumer_cancelled_by_server(consumer)
         queue.consumers.clear()
@@ -346,7 +352,7 @@ class VirtualHost:
             self._drop_binding(binding)
         if queue.exclusive_owner is not None:
             queue.exclusive_owner.exclusive_queues.discard(queue)
-        if queue.stored:
+        if queue.recorded:
             self.store.delete_queue(queue.store_key)
             self.durable_changes += 1
         return count
@@ -414,6 +420,8 @@ class VirtualHost:
             if status == ENQUEUED_OVER_FLOW_LIMIT:
                 if publisher is not None:
                     queue.throttle(publisher)
+            elif status == APPENDED:
+                persisted = True  # a stream's log writes it with the next batch: a confirm waits for that
             elif status != ENQUEUED:
                 refused = refused or status == REFUSED
                 if queued.msg_id and queue.stored:

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Callable
 from pamqp import commands as spec
 
 from broker.model.access import CONFIGURE, EXCHANGE, QUEUE, READ, WRITE
-from broker.model.arguments import validate_consume_arguments
 from broker.model.exchange import EXCHANGE_TYPES
 from broker.model.vhost import generated_name
 from broker.session import direct_reply
@@ -210,11 +209,9 @@ def _basic_consume(channel: Channel, method: spec.Basic.Consume) -> None:
         return
     queue = _readable_queue(channel, method.queue)
     arguments = method.arguments or {}
-    validate_consume_arguments(queue.name, vhost.name, arguments)
+    queue.check_consume(method.no_ack, channel.consumer_prefetch, channel.unacked.global_prefetch, arguments)
     if queue.has_exclusive_consumer() or (method.exclusive and queue.consumers):
         raise errors.access_refused(f"queue '{queue.name}' in vhost '{vhost.name}' in exclusive use")
-    if queue.quorum and channel.unacked.global_prefetch:
-        raise errors.not_implemented(f"queue '{queue.name}' in vhost '{vhost.name}' does not support global qos")
     consumer = Consumer(tag, channel, queue, method.no_ack, method.exclusive, arguments, channel.consumer_prefetch)
     channel.consumers[tag] = consumer
     if not method.nowait:

@@ -326,13 +326,3 @@ def test_consumer_count_follows_consumers(channel, unique):
     assert channel.queue_declare(queue, passive=True).method.consumer_count == 3
     channel.basic_cancel(tags[0])
     assert channel.queue_declare(queue, passive=True).method.consumer_count == 2
-
-
-def test_a_stream_queue_is_refused_until_warren_has_streams(broker, channel, unique):
-    """Warren would otherwise make a classic queue that keeps none of a stream's promises (replay, offsets)."""
-    if broker.external:
-        pytest.skip("RabbitMQ has stream queues")
-    assert channel_error(lambda: channel.queue_declare(unique, durable=True, arguments={"x-queue-type": "stream"})) == (
-        406, reply_text(f"PRECONDITION_FAILED - invalid arg 'x-queue-type' for queue '{unique}' in vhost '/': "
-                        "\"unsupported queue type 'stream'\""))
-    assert not queue_exists(channel, unique)

@@ -105,15 +105,12 @@ def test_argument_of_another_queue_type(arguments, key, module):
         {"x-queue-mode": "lazy", "x-queue-version": 2, "x-single-active-consumer": True, "x-queue-type": "classic"},
         {"x-queue-type": "quorum", "x-delivery-limit": 3, "x-dead-letter-strategy": "at-least-once"},
         {"x-message-ttl": 315360000000},
+        {"x-queue-type": "stream", "x-max-age": "7D", "x-queue-leader-locator": "balanced",
+         "x-max-length-bytes": 10, "x-stream-max-segment-size-bytes": 3_000_000_000},
     ],
 )
 def test_valid_queue_arguments_pass(arguments):
     validate_queue_arguments("q", "/", arguments)
-
-
-def test_a_stream_with_valid_arguments_is_refused_until_streams_exist():
-    assert queue_refusal({"x-queue-type": "stream", "x-max-age": "7D", "x-queue-leader-locator": "balanced"}) == (
-        f"PRECONDITION_FAILED - invalid arg 'x-queue-type' for {QUEUE}: \"unsupported queue type 'stream'\"")
 
 
 @pytest.mark.parametrize("max_age", ["0D", "D", "7d", "7", 7])

@@ -91,3 +91,21 @@ def test_reserved_flag_bits_are_ignored():
 def test_expiration_that_is_not_utf8_is_passed_on_for_the_broker_to_refuse():
     # RabbitMQ 3.10 answers "PRECONDITION_FAILED - invalid expiration '\xff\xfe': no_integer" (raw bytes).
     assert scan_properties(b"\x00\x3c\x00\x00" + bytes(8) + b"\x01\x00\x02\xff\xfe").expiration == "\ufffd\ufffd"
+
+
+def test_a_long_header_is_added_after_the_headers_a_message_has_or_in_a_table_of_its_own():
+    from pamqp.commands import Basic
+
+    from protocol.codec import decode_properties, encode_header_payload
+    from protocol.properties import with_long_header
+
+    with_table = encode_header_payload(3, Basic.Properties(content_type="text/plain", headers={"a": "b"},
+                                                           delivery_mode=2, app_id="app"))
+    spliced = decode_properties(with_long_header(with_table, b"x-stream-offset", 2 ** 40))
+    assert (spliced.content_type, spliced.headers, spliced.delivery_mode, spliced.app_id) == (
+        "text/plain", {"a": "b", "x-stream-offset": 2 ** 40}, 2, "app")
+    without = encode_header_payload(3, Basic.Properties(content_encoding="gzip", priority=4))
+    spliced = decode_properties(with_long_header(without, b"x-stream-offset", 7))
+    assert (spliced.content_encoding, spliced.headers, spliced.priority) == ("gzip", {"x-stream-offset": 7}, 4)
+    assert decode_properties(with_long_header(encode_header_payload(0, Basic.Properties()), b"k", -1)).headers == {
+        "k": -1}

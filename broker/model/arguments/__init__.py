@@ -12,12 +12,12 @@ for equivalence instead, so callers use validate_* for a new entity and check_*_
 from broker.model.arguments.common import ArgumentError
 from broker.model.arguments.exchange import check_exchange_equivalent, validate_exchange_arguments
 from broker.model.arguments.queue import (
-    check_queue_equivalent, check_queue_type_properties, queue_type_of, validate_consume_arguments,
+    QUEUE_TYPE_MODULES, check_queue_equivalent, check_queue_type_properties, queue_type_of, validate_consume_arguments,
     validate_queue_arguments,
 )
 
 __all__ = [
-    "ArgumentError", "check_exchange_equivalent", "check_queue_equivalent", "check_queue_type_properties",
+    "QUEUE_TYPE_MODULES", "ArgumentError", "check_exchange_equivalent", "check_queue_equivalent", "check_queue_type_properties",
     "queue_type_of", "validate_consume_arguments",
     "validate_exchange_arguments", "validate_queue_arguments",
 ]

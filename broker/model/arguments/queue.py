@@ -10,6 +10,7 @@ from protocol.constants import RESOURCE_LOCKED
 from protocol.erlang_terms import amqp_type_name, erlang_string
 
 _MAX_EXPIRY = 315360000000  # rabbit_misc:check_expiry: ten years in milliseconds
+MAX_STREAM_SEGMENT_BYTES = 3_000_000_000  # rabbit_stream_queue's ?MAX_STREAM_MAX_SEGMENT_SIZE
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -250,20 +251,18 @@ _DECLARE_VALIDATORS = {
 }
 
 
-# Queue types whose arguments are checked as RabbitMQ checks them but which Warren does not build yet: a declare is
-# refused after those checks.
-UNBUILT_QUEUE_TYPES = ("stream",)
-
-
 def check_queue_type_properties(queue: str, vhost: str, arguments: dict, durable: bool, exclusive: bool,
                                 auto_delete: bool) -> None:
-    """A quorum queue is durable, neither exclusive nor auto-delete (rabbit_queue_type_util's checks, in 4.x's
-    order)."""
-    if queue_type_of(arguments) != "quorum":
+    """A quorum queue or a stream is durable, neither exclusive nor auto-delete (rabbit_queue_type_util's checks,
+    in 4.x's order)."""
+    queue_type = queue_type_of(arguments)
+    if queue_type == "classic":
         return
     for refused, name in ((auto_delete, "auto-delete"), (exclusive, "exclusive-owner"), (not durable, "non-durable")):
         if refused:
             raise precondition_failed(f"invalid property '{name}' for {_queue_resource(queue, vhost)}")
+    if queue_type == "stream" and arguments.get("x-stream-max-segment-size-bytes", 0) > MAX_STREAM_SEGMENT_BYTES:
+        raise precondition_failed("Exceeded max value for x-stream-max-segment-size-bytes")
 
 
 def _queue_resource(queue: str, vhost: str) -> str:
@@ -298,10 +297,6 @@ def validate_queue_arguments(queue: str, vhost: str, arguments: dict) -> None:
             raise precondition_failed(
                 f"invalid arg '{name}' for {resource} of queue type {QUEUE_TYPE_MODULES[queue_type]}"
             )
-    if queue_type in UNBUILT_QUEUE_TYPES:
-        # refused rather than made a classic queue that would not behave as the type promises
-        raise precondition_failed(
-            f"invalid arg 'x-queue-type' for {resource}: \"unsupported queue type '{queue_type}'\"")
 
 
 # rabbit_amqqueue:consume_args(), with Warren's own delayed retry after RabbitMQ's

@@ -1,0 +1,209 @@
+"""A stream queue (x-queue-type=stream): an append-only log read by offset. Every consumer reads on its own from the
+offset it asked for, reading never removes a message, and acks only give prefetch credit back; retention by size
+or age drops the oldest segments (storage.streams keeps the log).
+
+RabbitMQ's stream queues over AMQP 0-9-1 are the reference (3.10, with 3.13's settling of nack and reject)."""
+
+from __future__ import annotations
+
+import datetime
+import re
+import time
+from typing import TYPE_CHECKING
+
+from broker.model.arguments.common import is_longstr, text_of
+from broker.model.message import Address, Header, Message, QueueEntry
+from broker.model.queue import DISPATCH_BATCH, Queue
+from protocol import errors
+from protocol.properties import with_long_header
+
+if TYPE_CHECKING:
+    from broker.model.interfaces import QueueOwner, Subscriber
+    from broker.model.vhost import VirtualHost
+
+OFFSET_HEADER = b"x-stream-offset"  # the header every delivery carries: the message's offset (a long)
+DEFAULT_SEGMENT_BYTES = 500_000_000  # RabbitMQ's default x-stream-max-segment-size-bytes
+# seconds per unit of an x-max-age or an x-stream-offset interval (rabbit_amqqueue:check_max_age)
+AGE_UNITS = {"Y": 365 * 86400, "M": 30 * 86400, "D": 86400, "h": 3600, "m": 60, "s": 1}
+_AGE = re.compile(r"([0-9]+)([YMDhms])")
+APPENDED = "appended"  # what enqueue says of a message a stream's log took (a confirm waits for its write)
+ADDRESSES_KEPT = 1024  # (exchange, routing key) pairs whose Address a stream reuses for its deliveries
+
+
+def age_ms(text: str) -> int | None:
+    """Milliseconds of an age such as '7D' or '30m' (x-max-age, x-stream-offset intervals); None if not one."""
+    match = _AGE.fullmatch(text)
+    if match is None or int(match.group(1)) == 0:
+        return None
+    return int(match.group(1)) * AGE_UNITS[match.group(2)] * 1000
+
+
+class StreamLength:
+    """A stream's stand-in for a ready list: its length is the number of messages the log holds."""
+
+    __slots__ = ("log",)
+
+    def __init__(self, log) -> None:
+        self.log = log
+
+    def __len__(self) -> int:
+        return self.log.next_offset - self.log.first_offset
+
+    def clear(self) -> None:
+        """Messages of a stream leave by retention only."""
+
+
+class Stream(Queue):
+    def __init__(self, vhost: "VirtualHost", name: str, durable: bool, exclusive_owner: "QueueOwner | None",
+                 auto_delete: bool, arguments: dict, fresh: bool = True):
+        if vhost.store is None:
+            raise errors.not_implemented("stream queues need a data dir")
+        super().__init__(vhost, name, durable, exclusive_owner, auto_delete, arguments)
+        self.queue_type = "stream"
+        self.stored = False  # the message store keeps none of its messages: its own log does
+        self.log = vhost.store.streams.open(self.store_key, self.segment_bytes, self.max_bytes, self.max_age_ms, fresh)
+        self.log.on_durable = self._readable
+        self.entries = StreamLength(self.log)
+        self.cursors: dict[Subscriber, int] = {}  # consumer -> the next offset it reads
+        self._addresses: dict[tuple[str, str], Address] = {}  # reused for deliveries of the same exchange and key
+
+    # --- settings ---------------------------------------------------------------------------------------------
+    def _configure(self, settings: dict) -> None:
+        arguments = self.arguments
+        # retention by size: a policy's value wins over the argument for a stream (rabbit_stream_queue's
+        # policy_precedence), whichever is lower
+        self.max_bytes = self.effective_policy_definition().get("max-length-bytes",
+                                                                  arguments.get("x-max-length-bytes"))
+        max_age = arguments.get("x-max-age")
+        self.max_age_ms = age_ms(text_of(max_age)) if max_age is not None else None  # retention by age
+        self.segment_bytes = arguments.get("x-stream-max-segment-size-bytes", DEFAULT_SEGMENT_BYTES)
+        log = getattr(self, "log", None)
+        if log is not None:
+            log.max_bytes = self.max_bytes
+            log.apply_retention()
+
+    def apply_policies(self, policy, operator_policy) -> None:
+        self.policy, self.operator_policy = policy, operator_policy
+        self._configure(self._settings())
+
+    # --- publishing ---------------------------------------------------------------------------------------------
+    def enqueue(self, message: Message) -> int:
+        """Append to the log (whatever the message's delivery mode; a per-message TTL does not apply)."""
+        self.log.append(message.exchange, message.routing_key, message.header_payload, message.body)
+        return APPENDED
+
+    def _readable(self) -> None:
+        """New chunks are durable: consumers waiting at the end may read on."""
+        if self.consumers and not self.deleted:
+            self.vhost.dispatcher.mark(self)
+
+    # --- what a stream refuses (RabbitMQ's texts) ---------------------------------------------------------------
+    def take(self) -> QueueEntry | None:
+        raise errors.not_implemented(f"basic.get not supported by stream queues {self._resource()}")
+
+    def purge(self) -> int:
+        raise errors.not_implemented(f"purge not supported by {self._resource()}")
+
+    def _resource(self) -> str:
+        return f"queue '{self.name}' in vhost '{self.vhost.name}'"
+
+    def check_consume(self, no_ack: bool, prefetch: int, global_prefetch: int, arguments: dict) -> None:
+        if not prefetch:  # checked first, as RabbitMQ does
+            raise errors.precondition_failed(f"consumer prefetch count is not set for '{self._resource()}'")
+        if no_ack:
+            raise errors.not_implemented(f"automatic acknowledgement not supported by stream queues {self._resource()}")
+        if global_prefetch:
+            raise errors.not_implemented(f"{self._resource()} does not support global qos")
+        if "x-stream-offset" in arguments:
+            self._start_offset(arguments["x-stream-offset"])
+
+    # --- consumers ------------------------------------------------------------------------------------------
+    def add_consumer(self, consumer: "Subscriber") -> None:
+        self.cursors[consumer] = self._start_offset(consumer.arguments.get("x-stream-offset", "next"))
+        super().add_consumer(consumer)
+
+    def remove_consumer(self, consumer: "Subscriber") -> None:
+        self.cursors.pop(consumer, None)
+        super().remove_consumer(consumer)
+
+    def _start_offset(self, spec) -> int:
+        """The offset a consumer starts at: 'first', 'last' (the newest chunk), 'next' (what comes after now), an
+        offset (negative: the first; past the end: waits for it), a timestamp (seconds) or an interval back from
+        now ('1h'); 406 for anything else."""
+        log = self.log
+        if is_longstr(spec):
+            text = text_of(spec)
+            if text == "first":
+                return log.first_offset
+            if text == "last":
+                return log.last_chunk_offset()
+            if text == "next":
+                return log.next_offset
+            interval = age_ms(text)
+            if interval is not None:
+                return log.offset_at_time(int(time.time() * 1000) - interval)
+        elif isinstance(spec, int) and not isinstance(spec, bool):
+            return max(spec, log.first_offset)
+        elif isinstance(spec, datetime.datetime):
+            return log.offset_at_time(int(spec.replace(tzinfo=spec.tzinfo or datetime.timezone.utc).timestamp()) * 1000)
+        raise errors.precondition_failed(
+            f"invalid arg 'x-stream-offset' for {self._resource()}: {spec!r} is not an offset: use first, last, next, "
+            "an offset, a timestamp or an interval such as 1h")
+
+    # --- delivering -------------------------------------------------------------------------------------------
+    def dispatch(self) -> None:
+        """Each consumer with credit reads on from its own offset, DISPATCH_BATCH deliveries at most this round."""
+        log = self.log
+        budget = DISPATCH_BATCH
+        cursors = self.cursors
+        for consumer in self.consumers:
+            cursor = cursors[consumer]
+            if cursor >= log.next_offset:
+                continue
+            credit = consumer.credit()
+            deliver = consumer.channel.deliver
+            while credit > 0 and budget > 0:
+                first, messages = log.read(cursor, min(credit, budget))
+                cursor = first
+                if not messages:
+                    break
+                for exchange, routing_key, header, body in messages:
+                    message = Message(self._address(exchange, routing_key),
+                                      Header(with_long_header(header, OFFSET_HEADER, cursor)), body)
+                    deliver(consumer, self, QueueEntry(cursor, message))
+                    cursor += 1
+                credit -= len(messages)
+                budget -= len(messages)
+            cursors[consumer] = cursor
+            if not budget:
+                self.vhost.dispatcher.mark(self)  # the rest in the next loop turn
+                return
+
+    def _address(self, exchange: str, routing_key: str) -> Address:
+        address = self._addresses.get((exchange, routing_key))
+        if address is None:
+            if len(self._addresses) >= ADDRESSES_KEPT:
+                self._addresses.clear()
+            address = self._addresses[exchange, routing_key] = Address(exchange, routing_key)
+        return address
+
+    def settle(self, entries, requeue, failed: bool = False, retry=None) -> None:
+        """Acks only give credit back (the channel did); a nack or reject settles like an ack, requeue or not
+        (RabbitMQ 3.13+: 3.10 closes the channel, which kills a consumer that cancels with deliveries in flight)."""
+
+    def requeue(self, requeued, failed: bool = False, retry=None) -> None:
+        """Nothing goes back to a stream: every consumer reads it on its own."""
+
+    def forget(self, entries) -> bool:
+        return False
+
+    def mark_delivered(self, entries) -> None:
+        """Deliveries leave no trace in a stream."""
+
+    def drop_all(self) -> None:
+        """The stream is deleted: so is its log."""
+        self.cursors.clear()
+        self.vhost.store.streams.delete(self.store_key)
+
+    def expire_due(self) -> None:
+        """A stream's messages do not expire (retention drops them)."""
