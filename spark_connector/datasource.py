@@ -2,26 +2,35 @@
 
 from __future__ import annotations
 
-from pyspark.sql.datasource import DataSource, DataSourceReader
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader
 from pyspark.sql.types import StructType
 
-from spark_connector.options import SinkOptions, SourceOptions, body_encoding
-from spark_connector.schema import source_schema
+from spark_connector.options import SinkOptions, SourceOptions, StreamSourceOptions, body_encoding
+from spark_connector.schema import source_schema, stream_schema
 from spark_connector.sink import AmqpStreamWriter, AmqpWriter
 from spark_connector.source import AmqpStreamReader
+from spark_connector.stream_source import AmqpStreamOffsetsReader
 
 
 class AmqpDataSource(DataSource):
-    """Reads a queue as a stream, writes rows as messages (streaming or batch)."""
+    """Reads a queue (option `queue` or `exchange`) or a stream queue (option `stream`) as a stream, writes rows as
+    messages (streaming or batch)."""
 
     @classmethod
     def name(cls) -> str:
         return "amqp"
 
+    def _reads_stream(self) -> bool:
+        return bool(self.options.get("stream"))
+
     def schema(self) -> StructType:
+        if self._reads_stream():
+            return stream_schema()
         return source_schema(with_text=body_encoding(self.options) is not None)
 
-    def streamReader(self, schema: StructType) -> AmqpStreamReader:
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        if self._reads_stream():
+            return AmqpStreamOffsetsReader(StreamSourceOptions.parse(self.options))
         return AmqpStreamReader(SourceOptions.parse(self.options))
 
     def reader(self, schema: StructType) -> DataSourceReader:

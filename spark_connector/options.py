@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 DEFAULT_PREFETCH = 10000
 DEFAULT_CONFIRM_WINDOW = 1000
+DEFAULT_STREAM_PREFETCH = 1000
 
 
 class AmqpOptionError(ValueError):
@@ -102,6 +103,83 @@ class SourceOptions:
             # Half the window by default: the broker keeps delivering the next batch while one runs.
             max_messages_per_batch=_positive_int(options, "maxMessagesPerBatch", role, max(1, prefetch // 2)),
             body_encoding=body_encoding(options),
+        )
+
+
+def _non_negative_int(options: Mapping[str, str], name: str, role: str) -> int | None:
+    raw = _get(options, name)
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise AmqpOptionError(f"amqp {role}: option '{name}' must be a non-negative integer, got {raw!r}")
+    return value
+
+
+DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+
+
+def _duration_seconds(options: Mapping[str, str], name: str, role: str, default: float) -> float:
+    """A duration such as '15m', '30s', '500ms' or a bare number of seconds (Kafka's maxTriggerDelay format)."""
+    raw = _get(options, name)
+    if raw is None:
+        return default
+    text = raw.strip().lower()
+    number, unit = text.rstrip("abcdefghijklmnopqrstuvwxyz ").strip(), text.lstrip("0123456789. ").strip() or "s"
+    try:
+        value = float(number) * DURATION_UNITS[unit]
+    except (KeyError, ValueError):
+        raise AmqpOptionError(f"amqp {role}: option '{name}' must be a duration such as '15m' or '30s', got "
+                              f"{raw!r}") from None
+    return value
+
+
+@dataclass(frozen=True)
+class StreamSourceOptions:
+    """What `spark.readStream.format("amqp").option("stream", ...)` reads and how; the option names are those of
+    Spark's Kafka source wherever one exists."""
+
+    uri: str
+    stream: str  # the stream queue to read
+    starting_offsets: str  # "earliest", "latest" or a JSON object {stream: offset}
+    starting_timestamp: int | None  # ms since the epoch: start at the first chunk written then or later
+    max_offsets_per_trigger: int | None  # most offsets one micro-batch covers
+    min_offsets_per_trigger: int | None  # fewest offsets worth a micro-batch, until max_trigger_delay passed
+    max_trigger_delay: float  # seconds a micro-batch waits for min_offsets_per_trigger
+    min_partitions: int  # fewest Spark tasks (offset ranges) per micro-batch
+    max_records_per_partition: int | None  # most offsets one task reads
+    fail_on_data_loss: bool  # a range retention already dropped fails the query (else it is logged)
+    prefetch: int  # basic.qos prefetch count of the tasks' (and the tail follower's) consumers
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> StreamSourceOptions:
+        role = "source"
+        if _get(options, "queue") is not None or _get(options, "exchange") is not None:
+            raise AmqpOptionError("amqp source: option 'stream' excludes options 'queue' and 'exchange'")
+        starting = (_get(options, "startingOffsets") or "latest").strip()
+        if starting.lower() in ("earliest", "latest"):
+            starting = starting.lower()
+        elif not starting.startswith("{"):
+            raise AmqpOptionError("amqp source: option 'startingOffsets' must be 'earliest', 'latest' or a JSON "
+                                  f"object such as {{\"stream\": 42}}, got {starting!r}")
+        timestamp = _non_negative_int(options, "startingTimestamp", role)
+        if timestamp is not None and _get(options, "startingOffsets") is not None:
+            raise AmqpOptionError("amqp source: options 'startingOffsets' and 'startingTimestamp' exclude each other")
+        return cls(
+            uri=_uri(options, role),
+            stream=_required(options, "stream", role),
+            starting_offsets=starting,
+            starting_timestamp=timestamp,
+            max_offsets_per_trigger=_positive_int(options, "maxOffsetsPerTrigger", role, None),
+            min_offsets_per_trigger=_positive_int(options, "minOffsetsPerTrigger", role, None),
+            max_trigger_delay=_duration_seconds(options, "maxTriggerDelay", role, 15 * 60.0),
+            min_partitions=_positive_int(options, "minPartitions", role, 1),
+            max_records_per_partition=_positive_int(options, "maxRecordsPerPartition", role, None),
+            fail_on_data_loss=_bool(options, "failOnDataLoss", role, True),
+            prefetch=_positive_int(options, "prefetch", role, DEFAULT_STREAM_PREFETCH),
         )
 
 

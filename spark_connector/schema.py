@@ -16,6 +16,7 @@ from pyspark.sql.types import (
     BinaryType,
     BooleanType,
     IntegerType,
+    LongType,
     MapType,
     StringType,
     StructField,
@@ -121,3 +122,42 @@ def row_properties(values: Mapping[str, Any], message_id: str, persistent: bool)
             value = str(value)
         setattr(properties, name, value)
     return properties
+
+
+# Message properties a stream row carries in its `properties` map (headers and timestamp have columns of their own)
+STREAM_PROPERTIES = ("content_type", "content_encoding", "delivery_mode", "priority", "correlation_id", "reply_to",
+                     "expiration", "message_id", "type", "user_id", "app_id")
+OFFSET_HEADER = "x-stream-offset"  # the header the broker adds to every delivery from a stream
+
+
+def stream_schema() -> StructType:
+    """Columns of the stream source: one row per message, keyed by (stream, offset)."""
+    return StructType([
+        StructField("stream", StringType(), nullable=False),
+        StructField("offset", LongType(), nullable=False),
+        StructField("body", BinaryType(), nullable=False),
+        StructField("routing_key", StringType(), nullable=False),
+        StructField("exchange", StringType(), nullable=False),
+        StructField("properties", MapType(StringType(), StringType())),
+        StructField("headers", MapType(StringType(), StringType())),
+        StructField("timestamp", TimestampType()),
+    ])
+
+
+def stream_delivery_to_row(stream: str, offset: int, method: pika.spec.Basic.Deliver,
+                           properties: pika.BasicProperties, body: bytes) -> tuple:
+    """One stream source row, in `stream_schema` column order (the offset header is the `offset` column)."""
+    headers = {str(key): _header_text(value) for key, value in (properties.headers or {}).items()
+               if key != OFFSET_HEADER}
+    timestamp = properties.timestamp
+    return (
+        stream,
+        offset,
+        body,
+        method.routing_key,
+        method.exchange,
+        {name: _header_text(getattr(properties, name)) for name in STREAM_PROPERTIES
+         if getattr(properties, name) is not None},
+        headers,
+        None if timestamp is None else datetime.datetime.fromtimestamp(timestamp, datetime.timezone.utc),
+    )

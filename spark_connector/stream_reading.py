@@ -1,0 +1,218 @@
+"""Reading a stream queue over AMQP 0-9-1 with pika: the tail follower the driver keeps, the probes that turn
+"earliest" or a timestamp into an offset, and the range read an executor task makes.
+
+A stream is read with basic.consume and the argument x-stream-offset; every delivery carries its offset in the
+header of that name. Reading never removes anything, so a range read twice yields the same messages in the same
+order, as long as retention has not dropped them. Offsets may have gaps (RabbitMQ leaves some between segments):
+they are bounds, never counts.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pika
+import pika.exceptions
+
+from spark_connector.schema import OFFSET_HEADER, stream_delivery_to_row
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_SECONDS = 30.0
+FIRST_DELIVERY_SECONDS = 2.0  # how long a probe waits for a first delivery before it takes the stream as empty
+READ_TIMEOUT_SECONDS = 60.0  # a task that receives nothing for this long fails (and Spark retries it)
+POLL_SECONDS = 0.2  # the tail follower's turn on its connection
+QUIET_SECONDS = 0.25  # deliveries paused this long: the tail follower has read the newest chunk
+CATCH_UP_SECONDS = 5.0  # the most the tail follower waits for that at start
+
+
+class StreamReadError(RuntimeError):
+    """A stream cannot be read as asked: gone, unreachable, or its data lost to retention."""
+
+
+def _connect(uri: str) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.URLParameters(uri))
+
+
+def _close(connection: pika.BlockingConnection) -> None:
+    """Close without caring how the broker takes it: pika rejects deliveries still in its buffer on the way out,
+    which RabbitMQ 3.10 answers by closing the connection (540)."""
+    try:
+        if connection.is_open:
+            connection.close()
+    except Exception:  # the connection is going either way
+        pass
+
+
+def _offset_of(properties: pika.BasicProperties) -> int:
+    headers = properties.headers or {}
+    if OFFSET_HEADER not in headers:
+        raise StreamReadError(f"a delivery carries no {OFFSET_HEADER} header: is the queue a stream?")
+    return int(headers[OFFSET_HEADER])
+
+
+def probe_offset(uri: str, stream: str, spec: Any, timeout: float = FIRST_DELIVERY_SECONDS) -> int | None:
+    """The offset of the first message a consumer starting at spec ('first', a timestamp...) receives, or None if
+    none arrives within timeout."""
+    connection = _connect(uri)
+    try:
+        channel = connection.channel()
+        channel.queue_declare(stream, passive=True)
+        channel.basic_qos(prefetch_count=1)
+        for method, properties, _ in channel.consume(stream, arguments={"x-stream-offset": spec},
+                                                      inactivity_timeout=timeout):
+            return None if method is None else _offset_of(properties)
+        return None
+    except pika.exceptions.ChannelClosedByBroker as error:
+        raise StreamReadError(f"cannot read stream {stream!r}: {error.reply_text}") from error
+    finally:
+        _close(connection)
+
+
+def timestamp_spec(milliseconds: int) -> datetime.datetime:
+    """An AMQP timestamp for x-stream-offset (seconds: a start time is rounded down to the second)."""
+    return datetime.datetime.fromtimestamp(milliseconds // 1000, datetime.timezone.utc)
+
+
+class TailFollower:
+    """Follows the end of a stream on a thread of its own, to know the offset after the newest message (what a
+    micro-batch may read up to). It consumes from the newest chunk on, acknowledging as it goes."""
+
+    def __init__(self, uri: str, stream: str, prefetch: int) -> None:
+        self._uri = uri
+        self.stream = stream
+        self._prefetch = prefetch
+        self._changed = threading.Condition()  # guards the fields below
+        self._next_offset = 0  # one past the newest offset seen
+        self._seen = False  # a delivery arrived
+        self._started = False
+        self._failure: str | None = None  # why following stopped
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="amqp-stream-tail", daemon=True)
+
+    def start(self) -> None:
+        """Connect and follow; returns once the newest chunk was read (deliveries paused for QUIET_SECONDS, or
+        CATCH_UP_SECONDS passed while a publisher keeps appending), or the stream was found empty."""
+        self._thread.start()
+        with self._changed:
+            if not self._changed.wait_for(lambda: self._started or self._failure, CONNECT_TIMEOUT_SECONDS):
+                self._closing = True
+                raise StreamReadError(f"amqp source: not following stream {self.stream!r} after "
+                                      f"{CONNECT_TIMEOUT_SECONDS}s")
+            if self._changed.wait_for(lambda: self._seen or self._failure, FIRST_DELIVERY_SECONDS):
+                deadline = time.monotonic() + CATCH_UP_SECONDS
+                while self._failure is None and time.monotonic() < deadline:
+                    seen = self._next_offset
+                    self._changed.wait(QUIET_SECONDS)
+                    if self._next_offset == seen:
+                        break
+        self._raise_if_failed()
+
+    def next_offset(self) -> int:
+        """One past the newest offset the stream holds (as far as seen)."""
+        self._raise_if_failed()
+        with self._changed:
+            return self._next_offset
+
+    def _raise_if_failed(self) -> None:
+        if self._failure is not None:
+            raise StreamReadError(f"amqp source: {self._failure}")
+
+    def close(self) -> None:
+        self._closing = True
+        if self._thread.is_alive():
+            self._thread.join(CONNECT_TIMEOUT_SECONDS)
+
+    def _run(self) -> None:
+        connection = None
+        failure = "the tail follower was closed"
+        try:
+            connection = _connect(self._uri)
+            channel = connection.channel()
+            channel.queue_declare(self.stream, passive=True)
+            channel.basic_qos(prefetch_count=self._prefetch)
+            channel.add_on_cancel_callback(lambda _frame: self._fail(
+                f"the broker cancelled the consumer of stream {self.stream!r} (was it deleted?)"))
+            channel.basic_consume(self.stream, self._on_message, arguments={"x-stream-offset": "last"})
+            with self._changed:
+                self._started = True
+                self._changed.notify_all()
+            while not self._closing and self._failure is None:
+                connection.process_data_events(time_limit=POLL_SECONDS)
+        except pika.exceptions.ChannelClosedByBroker as error:
+            failure = f"cannot follow stream {self.stream!r}: {error.reply_text}"
+        except BaseException as error:  # reported to the driver at its next call
+            failure = f"following stream {self.stream!r} failed: {error!r}"
+        finally:
+            if connection is not None:
+                _close(connection)
+            if not self._closing:
+                self._fail(failure)
+
+    def _on_message(self, channel: Any, method: Any, properties: Any, _body: bytes) -> None:
+        offset = _offset_of(properties)
+        with self._changed:
+            self._next_offset = max(self._next_offset, offset + 1)
+            self._seen = True
+            self._changed.notify_all()
+        if method.delivery_tag % max(1, self._prefetch // 2) == 0:  # credit back for the next deliveries
+            channel.basic_ack(method.delivery_tag, multiple=True)
+
+    def _fail(self, reason: str) -> None:
+        with self._changed:
+            if self._failure is None:
+                self._failure = reason
+            self._changed.notify_all()
+
+
+def read_range(uri: str, stream: str, low: int, high: int, prefetch: int, fail_on_data_loss: bool,
+               deadline_seconds: float = READ_TIMEOUT_SECONDS) -> Iterator[tuple]:
+    """Rows of the messages with offsets in [low, high), in offset order. The range was planned below the tail,
+    so a message at or past high - 1 exists (or retention dropped it): reading stops there. A first message above
+    low is a loss when retention dropped low (the stream's first offset is above it); else a gap."""
+    connection = _connect(uri)
+    try:
+        channel = connection.channel()
+        channel.basic_qos(prefetch_count=prefetch)
+        first = True
+        unacked = 0
+        for method, properties, body in channel.consume(stream, arguments={"x-stream-offset": low},
+                                                        inactivity_timeout=deadline_seconds):
+            if method is None:
+                raise StreamReadError(f"stream {stream!r}: nothing received for {deadline_seconds:.0f}s while "
+                                      f"reading offsets {low} to {high - 1}")
+            offset = _offset_of(properties)
+            if first and offset > low:
+                _check_loss(uri, stream, low, offset, fail_on_data_loss)
+            first = False
+            if offset >= high:
+                break
+            if offset >= low:
+                yield stream_delivery_to_row(stream, offset, method, properties, body)
+            unacked += 1
+            if unacked >= prefetch // 2 or offset >= high - 1:
+                channel.basic_ack(method.delivery_tag, multiple=True)
+                unacked = 0
+            if offset >= high - 1:
+                break
+    except pika.exceptions.ChannelClosedByBroker as error:
+        raise StreamReadError(f"cannot read stream {stream!r}: {error.reply_text}") from error
+    finally:
+        _close(connection)
+
+
+def _check_loss(uri: str, stream: str, low: int, delivered: int, fail_on_data_loss: bool) -> None:
+    available = probe_offset(uri, stream, "first")
+    if available is None or available <= low:
+        return  # the offsets between low and what came first do not exist (a gap), nothing was lost
+    lost = min(available, delivered) - low
+    message = (f"stream {stream!r}: offsets {low} to {min(available, delivered) - 1} are gone (retention dropped "
+               f"them before they were read): expected offset {low}, the first available is {available}")
+    if fail_on_data_loss:
+        raise StreamReadError(message + " (set failOnDataLoss to false to go on without them)")
+    log.warning("%s: %d offsets lost, going on (failOnDataLoss is false)", message, lost)
