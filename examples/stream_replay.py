@@ -40,6 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--min-partitions", type=int, default=4, help="minPartitions of the source")
     parser.add_argument("--continuous", action="store_true", help="keep running instead of stopping at the tail")
     parser.add_argument("--fresh", action="store_true", help="delete the output and the checkpoint first")
+    parser.add_argument("--master", default="local[4]", help="Spark master (local[4,3]: 4 threads, a task tried 3 "
+                                                               "times)")
     return parser.parse_args(argv)
 
 
@@ -71,13 +73,13 @@ def start_query(spark, args: argparse.Namespace):
     return writer.start()
 
 
-def session():
+def session(master: str):
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # Spark's Python workers must import pika and the connector
     from pyspark.sql import SparkSession
 
     import spark_connector
 
-    spark = (SparkSession.builder.master("local[4]").appName("warren-stream-replay")
+    spark = (SparkSession.builder.master(master).appName("warren-stream-replay")
              .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "1").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     spark_connector.register(spark)
@@ -94,7 +96,7 @@ def main() -> None:
         started = time.monotonic()
         published = publish(args.uri, args.stream, 0, args.seed)
         print(f"published {published} events in {time.monotonic() - started:.1f} s")
-    spark = session()
+    spark = session(args.master)
     started = time.monotonic()
     query = start_query(spark, args)
     query.awaitTermination()

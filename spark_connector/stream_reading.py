@@ -35,8 +35,11 @@ class StreamReadError(RuntimeError):
     """A stream cannot be read as asked: gone, unreachable, or its data lost to retention."""
 
 
-def _connect(uri: str) -> pika.BlockingConnection:
-    return pika.BlockingConnection(pika.URLParameters(uri))
+def _connect(uri: str, name: str) -> pika.BlockingConnection:
+    """A connection that names itself (the management API shows it as the client-provided name)."""
+    parameters = pika.URLParameters(uri)
+    parameters.client_properties = {"connection_name": name}
+    return pika.BlockingConnection(parameters)
 
 
 def _close(connection: pika.BlockingConnection) -> None:
@@ -59,7 +62,7 @@ def _offset_of(properties: pika.BasicProperties) -> int:
 def probe_offset(uri: str, stream: str, spec: Any, timeout: float = FIRST_DELIVERY_SECONDS) -> int | None:
     """The offset of the first message a consumer starting at spec ('first', a timestamp...) receives, or None if
     none arrives within timeout."""
-    connection = _connect(uri)
+    connection = _connect(uri, f"spark amqp source: probe of stream {stream} at {spec}")
     try:
         channel = connection.channel()
         channel.queue_declare(stream, passive=True)
@@ -132,7 +135,7 @@ class TailFollower:
         connection = None
         failure = "the tail follower was closed"
         try:
-            connection = _connect(self._uri)
+            connection = _connect(self._uri, f"spark amqp source: tail of stream {self.stream}")
             channel = connection.channel()
             channel.queue_declare(self.stream, passive=True)
             channel.basic_qos(prefetch_count=self._prefetch)
@@ -175,7 +178,7 @@ def read_range(uri: str, stream: str, low: int, high: int, prefetch: int, fail_o
     """Rows of the messages with offsets in [low, high), in offset order. The range was planned below the tail,
     so a message at or past high - 1 exists (or retention dropped it): reading stops there. A first message above
     low is a loss when retention dropped low (the stream's first offset is above it); else a gap."""
-    connection = _connect(uri)
+    connection = _connect(uri, f"spark amqp source: stream {stream} offsets [{low}, {high})")
     try:
         channel = connection.channel()
         channel.basic_qos(prefetch_count=prefetch)

@@ -13,7 +13,7 @@ import pytest
 
 from tests.integration import management
 from tests.integration.helpers import (
-    EVENT_TIMEOUT, beyond_rabbitmq, channel_error, connect, connection_error, declare_queue, rabbitmq4, reply_text,
+    beyond_rabbitmq, channel_error, connect, connection_error, declare_queue, rabbitmq4, reply_text,
     stay_quiet, wait_until,
 )
 

@@ -126,6 +126,14 @@ class Collector:
                 raise TimeoutError(f"{len(self.rows)} rows of {count} after {timeout}s")
 
 
+def replay_module():
+    """examples/stream_replay.py, imported (its publish and declare helpers; it also runs as a driver script)."""
+    sys.path.insert(0, str(REPO_ROOT / "examples"))
+    import stream_replay
+
+    return stream_replay
+
+
 def read_queue(spark, url: str, queue: str, **options):
     reader = spark.readStream.format("amqp").option("uri", url).option("queue", queue)
     for key, value in options.items():

@@ -1,6 +1,7 @@
-"""Exactly once from a stream queue through a driver killed at random points: the replay example
-(examples/stream_replay.py) writes each micro-batch whole to Parquet under its batch id, and restarted from its
-checkpoint after every SIGKILL it ends with each published message in its output exactly once."""
+"""Exactly once from a stream queue through failures: the replay example (examples/stream_replay.py) writes each
+micro-batch whole to Parquet under its batch id, and whatever fails — the driver killed at random points, task
+connections closed mid-read, the broker killed — it ends with each published message in its output exactly once,
+each task's range in offset order."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.spark.conftest import BOUNDED_WAIT_SECONDS, REPO_ROOT
+from tests.integration import management
+from tests.spark.conftest import BOUNDED_WAIT_SECONDS, REPO_ROOT, replay_module
 
 pytestmark = pytest.mark.spark
 
@@ -28,6 +30,21 @@ def batches_written(output: Path) -> int:
     return sum(1 for path in output.glob("batch=*/_SUCCESS")) if output.exists() else 0
 
 
+def check_output(output: Path, messages: int, context: str = "") -> None:
+    """Each of the messages event-0 .. once in the output, and each part file (one task's range) in offset
+    order without a hole."""
+    pyarrow_parquet = pytest.importorskip("pyarrow.parquet")
+    table = pyarrow_parquet.read_table(output, columns=["stream", "offset", "body"]).to_pydict()
+    assert len(table["offset"]) == messages, context
+    assert len(set(zip(table["stream"], table["offset"]))) == messages, context
+    bodies = Counter(table["body"])
+    assert set(bodies) == {f"event-{number}".encode() for number in range(messages)}, context
+    assert max(bodies.values()) == 1, context
+    for part in output.glob("batch=*/*.parquet"):
+        offsets = pyarrow_parquet.read_table(part, columns=["offset"]).column("offset").to_pylist()
+        assert offsets == list(range(offsets[0], offsets[0] + len(offsets))) if offsets else True, part
+
+
 def run_replay(arguments: list[str], continuous: bool) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(REPLAY), *arguments, *(["--continuous"] if continuous else [])],
                             cwd=REPO_ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
@@ -36,10 +53,7 @@ def run_replay(arguments: list[str], continuous: bool) -> subprocess.Popen:
 
 def test_every_message_reaches_the_output_once_though_the_driver_is_killed_three_times(spark, broker, unique,
                                                                                          tmp_path):
-    pyarrow_parquet = pytest.importorskip("pyarrow.parquet")
-    sys.path.insert(0, str(REPO_ROOT / "examples"))
-    import stream_replay
-
+    stream_replay = replay_module()
     output = tmp_path / "output"
     arguments = ["--uri", broker.url, "--stream", unique, "--output", str(output), "--checkpoint",
                  str(tmp_path / "checkpoint"), "--max-per-trigger", "5000", "--min-partitions", "4"]
@@ -68,8 +82,73 @@ def test_every_message_reaches_the_output_once_though_the_driver_is_killed_three
     final = run_replay(arguments, continuous=False)  # Trigger.AvailableNow: up to the tail, then stop
     assert final.wait(BOUNDED_WAIT_SECONDS * 3) == 0
 
-    table = pyarrow_parquet.read_table(output, columns=["stream", "offset", "body"]).to_pydict()
-    assert len(table["offset"]) == MESSAGES, f"seed {seed}"
-    assert len(set(zip(table["stream"], table["offset"]))) == MESSAGES
-    bodies = Counter(table["body"])
-    assert set(bodies) == {f"event-{number}".encode() for number in range(MESSAGES)} and max(bodies.values()) == 1
+    check_output(output, MESSAGES, f"seed {seed}")
+
+
+def task_connections(broker, stream: str) -> list[dict]:
+    """The connections the source's tasks read ranges of the stream on (named by their range)."""
+    prefix = f"spark amqp source: stream {stream} offsets ["
+    return [connection for connection in management.request(broker, "GET", "/api/connections").body
+            if str(connection.get("user_provided_name", "")).startswith(prefix)]
+
+
+def test_a_task_whose_connection_is_closed_mid_read_is_retried_and_reads_its_range_again(spark, broker, unique,
+                                                                                           tmp_path):
+    """Five batches of four ranges; in each batch one task loses its connection (closed through the management
+    API, as an operator would) while it reads, and Spark runs it again."""
+    stream_replay = replay_module()
+    batch_size, batches = 40_000, 5
+    stream_replay.declare(broker.url, unique)
+    assert stream_replay.publish(broker.url, unique, 0, batch_size * batches) == batch_size * batches
+    output = tmp_path / "output"
+    arguments = ["--uri", broker.url, "--stream", unique, "--output", str(output), "--checkpoint",
+                 str(tmp_path / "checkpoint"), "--max-per-trigger", str(batch_size), "--min-partitions", "4",
+                 "--master", "local[4,3]"]
+    driver = run_replay(arguments, continuous=False)
+    closed: dict[int, str] = {}  # batch (first offset // batch size) -> the range whose connection was closed
+    try:
+        deadline = time.monotonic() + BOUNDED_WAIT_SECONDS * 3
+        while len(closed) < batches and driver.poll() is None and time.monotonic() < deadline:
+            for connection in task_connections(broker, unique):
+                name = connection["user_provided_name"]
+                low = int(name.rsplit("[", 1)[1].split(",")[0])
+                if low // batch_size not in closed:
+                    management.request(broker, "DELETE", f"/api/connections/{management.quote(connection['name'])}")
+                    closed[low // batch_size] = name
+            time.sleep(0.02)
+        assert driver.wait(BOUNDED_WAIT_SECONDS * 3) == 0
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+    assert sorted(closed) == list(range(batches)), closed
+    check_output(output, batch_size * batches)
+
+
+def test_a_broker_killed_mid_query_fails_it_and_a_restart_resumes_with_every_message_once(spark, own_broker,
+                                                                                           unique, tmp_path):
+    stream_replay = replay_module()
+    broker = own_broker()
+    messages = 60_000
+    stream_replay.declare(broker.url, unique)
+    assert stream_replay.publish(broker.url, unique, 0, messages) == messages
+    output = tmp_path / "output"
+    arguments = ["--uri", broker.url, "--stream", unique, "--output", str(output), "--checkpoint",
+                 str(tmp_path / "checkpoint"), "--max-per-trigger", "5000", "--min-partitions", "4"]
+    driver = run_replay(arguments, continuous=True)
+    try:
+        deadline = time.monotonic() + BOUNDED_WAIT_SECONDS * 2
+        while batches_written(output) < 2 and driver.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert batches_written(output) >= 2
+        broker.kill()
+        assert driver.wait(BOUNDED_WAIT_SECONDS * 2) != 0  # the query fails: its broker is gone
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+    assert batches_written(output) < messages // 5000, "the broker was meant to die mid-query"
+    broker.start()  # the same data dir and port
+    final = run_replay(arguments, continuous=False)
+    assert final.wait(BOUNDED_WAIT_SECONDS * 3) == 0
+    check_output(output, messages)

@@ -3,9 +3,15 @@ range, Trigger.AvailableNow stopping at the tail recorded at start, and retentio
 
 from __future__ import annotations
 
-import pytest
+import re
+import threading
 
-from tests.spark.conftest import BOUNDED_WAIT_SECONDS, Collector, collect
+import pytest
+from pyspark.errors import StreamingQueryException
+
+from spark_connector.options import AmqpOptionError, StreamSourceOptions
+from spark_connector.stream_source import split
+from tests.spark.conftest import BOUNDED_WAIT_SECONDS, Collector, collect, replay_module
 
 pytestmark = pytest.mark.spark
 
@@ -39,3 +45,89 @@ def test_available_now_reads_from_the_earliest_offset_in_ranges_and_stops_at_the
     assert [row.body for row in sorted(rows, key=lambda row: row.offset)] == bodies(0, len(offsets))
     assert {row.stream for row in rows} == {unique}
     assert all(len(batch) <= 500 for _, batch in collector.batches)
+
+
+def test_available_now_stops_at_the_tail_recorded_at_start_while_a_publisher_keeps_appending(
+        spark, broker, amqp, unique, tmp_path):
+    amqp.declare(unique, **STREAM)
+    stream_replay = replay_module()
+    assert stream_replay.publish(broker.url, unique, 0, 50_000) == 50_000
+    stop = threading.Event()
+    appended = []
+
+    def keep_appending() -> None:
+        start = 50_000
+        while not stop.is_set():
+            appended.append(stream_replay.publish(broker.url, unique, start, 500))
+            start += 500
+
+    publisher = threading.Thread(target=keep_appending)
+    publisher.start()
+    try:
+        collector = Collector()
+        frame = read_stream(spark, broker.url, unique, startingOffsets="earliest", maxOffsetsPerTrigger=10_000,
+                            minPartitions=2)
+        query = collect(frame, collector, tmp_path / "checkpoint", availableNow=True)
+        assert query.awaitTermination(BOUNDED_WAIT_SECONDS)  # it ends though the stream keeps growing
+    finally:
+        stop.set()
+        publisher.join(BOUNDED_WAIT_SECONDS)
+    offsets = sorted(row.offset for row in collector.rows)
+    assert offsets == list(range(len(offsets))) and len(offsets) >= 50_000
+    assert len(offsets) < 50_000 + sum(appended)  # what came after the start was left for later
+
+
+def test_retention_during_a_pause_fails_the_restarted_query_naming_the_lost_offsets_unless_told_to_go_on(
+        spark, broker, amqp, unique, tmp_path):
+    amqp.declare(unique, **STREAM, **{"x-max-length-bytes": 60_000, "x-stream-max-segment-size-bytes": 10_000})
+    stream_replay = replay_module()
+    stream_replay.publish(broker.url, unique, 0, 1000)
+    checkpoint = tmp_path / "checkpoint"
+    first = Collector()
+    query = collect(read_stream(spark, broker.url, unique, startingOffsets="latest"), first, checkpoint,
+                    availableNow=True)
+    assert query.awaitTermination(BOUNDED_WAIT_SECONDS)  # starts at the tail: nothing read, offset 1000 kept
+    stream_replay.publish(broker.url, unique, 1000, 5000)  # the query is stopped; retention drops the head
+    with pytest.raises(StreamingQueryException, match=f"stream '{unique}': offsets 1000 to [0-9]+ are gone .*"
+                                                      "expected offset 1000, the first available is [0-9]+"):
+        collect(read_stream(spark, broker.url, unique), Collector(), checkpoint,
+                availableNow=True).awaitTermination(BOUNDED_WAIT_SECONDS)
+    going_on = Collector()
+    query = collect(read_stream(spark, broker.url, unique, failOnDataLoss="false"), going_on, checkpoint,
+                    availableNow=True)
+    assert query.awaitTermination(BOUNDED_WAIT_SECONDS)
+    offsets = sorted(row.offset for row in going_on.rows)
+    assert 1000 < offsets[0] and offsets == list(range(offsets[0], 6000))
+
+
+def test_a_deleted_stream_fails_the_query(spark, broker, amqp, unique, tmp_path):
+    amqp.declare(unique, **STREAM)
+    amqp.publish(unique, bodies(0, 10))
+    collector = Collector()
+    query = collect(read_stream(spark, broker.url, unique, startingOffsets="earliest"), collector,
+                    tmp_path / "checkpoint", processingTime="100 milliseconds")
+    collector.wait_for_rows(10)
+    amqp.channel.queue_delete(unique)
+    with pytest.raises(StreamingQueryException, match=f"stream '{unique}'"):
+        query.awaitTermination(BOUNDED_WAIT_SECONDS)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"stream": "s", "queue": "q"}, "option 'stream' excludes options 'queue' and 'exchange'"),
+    ({"stream": "s", "startingOffsets": "sometime"}, "option 'startingOffsets' must be 'earliest', 'latest' or a JSON"),
+    ({"stream": "s", "startingOffsets": "earliest", "startingTimestamp": "0"},
+     "options 'startingOffsets' and 'startingTimestamp' exclude each other"),
+    ({"stream": "s", "maxOffsetsPerTrigger": "0"}, "option 'maxOffsetsPerTrigger' must be a positive integer"),
+    ({"stream": "s", "maxTriggerDelay": "soon"}, "option 'maxTriggerDelay' must be a duration"),
+    ({"stream": "s", "failOnDataLoss": "maybe"}, "option 'failOnDataLoss' must be 'true' or 'false'"),
+])
+def test_invalid_stream_options_are_reported_clearly(options, message):
+    with pytest.raises(AmqpOptionError, match=re.escape(message)):
+        StreamSourceOptions.parse({key.lower(): value for key, value in {"uri": "amqp://h/", **options}.items()})
+
+
+def test_ranges_split_a_batch_evenly_and_never_exceed_the_records_per_partition():
+    assert split(0, 10, 4, None) == [(0, 2), (2, 5), (5, 7), (7, 10)]
+    assert split(100, 103, 4, None) == [(100, 101), (101, 102), (102, 103)]  # never an empty range
+    assert split(0, 10, 1, 3) == [(0, 2), (2, 5), (5, 7), (7, 10)]
+    assert split(5, 5, 4, None) == []
