@@ -102,7 +102,7 @@ class Stream(Queue):
         raise errors.not_implemented(f"basic.get not supported by stream queues {self._resource()}")
 
     def purge(self) -> int:
-        raise errors.not_implemented(f"purge not supported by {self._resource()}")
+        raise errors.not_implemented(f"queue.purge not supported by stream queues {self._resource()}")
 
     def _resource(self) -> str:
         return f"queue '{self.name}' in vhost '{self.vhost.name}'"
