@@ -427,3 +427,37 @@ def test_the_management_api_shows_the_first_offset_retention_kept(broker, conn, 
 def test_a_segment_size_above_three_gigabytes_is_refused(channel, unique):
     assert channel_error(lambda: declare_stream(channel, unique, **{"x-stream-max-segment-size-bytes": 3_000_000_001})) == (
         406, "PRECONDITION_FAILED - Exceeded max value for x-stream-max-segment-size-bytes")
+
+
+@beyond_rabbitmq
+def test_reading_a_large_stream_from_the_start_does_not_load_it_into_memory(own_broker):
+    """200,000 messages of 1 KiB (200 MB), the broker restarted so none is in memory, read from `first` with
+    prefetch 1000: the broker's resident memory grows by less than 50 MB (it reads a chunk at a time and keeps at
+    most 8 MiB of them decoded)."""
+    from tests.bench.process_memory import resident_kib
+
+    broker = own_broker()
+    count, body = 200_000, b"x" * 1024
+    with connect(broker) as conn:
+        channel = conn.channel()
+        declare_stream(channel, "big")
+        for _ in range(count):
+            channel.basic_publish("", "big", body)
+        wait_until(conn, lambda: channel.queue_declare("big", passive=True).method.message_count == count, 60)
+    broker.restart()
+    with connect(broker) as conn:
+        channel = conn.channel()
+        before = resident_kib(broker.process.pid)
+        received = 0
+
+        def on_message(ch, method, properties, _body):
+            nonlocal received
+            received += 1
+            if received % 500 == 0:
+                ch.basic_ack(method.delivery_tag, multiple=True)
+
+        channel.basic_qos(prefetch_count=1000)
+        channel.basic_consume("big", on_message, arguments={"x-stream-offset": "first"})
+        wait_until(conn, lambda: received == count, 120)
+        growth_mib = (resident_kib(broker.process.pid) - before) / 1024
+    assert growth_mib < 50, f"resident memory grew by {growth_mib:.0f} MiB"

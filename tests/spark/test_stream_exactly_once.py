@@ -24,6 +24,8 @@ pytestmark = pytest.mark.spark
 
 REPLAY = REPO_ROOT / "examples" / "stream_replay.py"
 MESSAGES = 100_000
+# These scenarios start Spark drivers several times over 100,000-message streams: a minute or two each here
+LONG_SCENARIO = pytest.mark.timeout(480)
 
 
 def batches_written(output: Path) -> int:
@@ -51,6 +53,7 @@ def run_replay(arguments: list[str], continuous: bool) -> subprocess.Popen:
                             stderr=subprocess.DEVNULL)
 
 
+@LONG_SCENARIO
 def test_every_message_reaches_the_output_once_though_the_driver_is_killed_three_times(spark, broker, unique,
                                                                                          tmp_path):
     stream_replay = replay_module()
@@ -92,6 +95,9 @@ def task_connections(broker, stream: str) -> list[dict]:
             if str(connection.get("user_provided_name", "")).startswith(prefix)]
 
 
+@LONG_SCENARIO
+@pytest.mark.skipif(bool(os.environ.get("WARREN_TEST_URL")),
+                    reason="RabbitMQ's API lists connections seconds late: a task's connection is gone before it shows")
 def test_a_task_whose_connection_is_closed_mid_read_is_retried_and_reads_its_range_again(spark, broker, unique,
                                                                                            tmp_path):
     """Five batches of four ranges; in each batch one task loses its connection (closed through the management
@@ -125,6 +131,7 @@ def test_a_task_whose_connection_is_closed_mid_read_is_retried_and_reads_its_ran
     check_output(output, batch_size * batches)
 
 
+@LONG_SCENARIO
 def test_a_broker_killed_mid_query_fails_it_and_a_restart_resumes_with_every_message_once(spark, own_broker,
                                                                                            unique, tmp_path):
     stream_replay = replay_module()
