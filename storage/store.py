@@ -262,7 +262,7 @@ class MessageStore:
             compactions=[Compaction(self._segments_dir, segment, index) for segment in compactions],
         )
         if self.streams.has_work():
-            batch.files, batch.unlinks, streams = self.streams.take()
+            batch.resets, batch.files, batch.unlinks, streams = self.streams.take()
             if streams:
                 batch.callbacks.insert(0, partial(_streams_written, streams))
         self._definitions_log_bytes += len(batch.definitions)
@@ -299,7 +299,7 @@ class MessageStore:
     @staticmethod
     def _is_empty(batch: Batch) -> bool:
         return not (any(data for _, data in batch.chunks) or batch.definitions or batch.callbacks or batch.deletions
-                    or batch.compactions or batch.unlinks)
+                    or batch.compactions or batch.unlinks or batch.resets)
 
     @staticmethod
     def _writes_bytes(batch: Batch) -> bool:
@@ -337,7 +337,7 @@ class MessageStore:
                 segment.size -= len(data)
         self._snapshot_due = True  # definition changes of the lost batch are rewritten whole
         self._deletions.extend(batch.deletions)
-        self.streams.retry_unlinks(batch.unlinks)
+        self.streams.retry(batch.resets, batch.unlinks)
         for compaction in batch.compactions:
             compaction.segment.compacting = False
             index.dirty.add(compaction.segment.number)

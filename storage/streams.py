@@ -32,7 +32,6 @@ import zlib
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable
-from itertools import count
 from pathlib import Path
 
 from storage.records import FRAME, FRAME_SIZE, MAX_PAYLOAD
@@ -45,7 +44,6 @@ CHUNK_BYTES = 1 << 20  # a chunk is closed once this full (a batch may write sev
 CACHED_BYTES = 8 << 20  # decoded chunks a stream keeps, newest first out of the way last
 MAX_OPEN_SEGMENTS = 4  # read descriptors a stream keeps open (oldest closed first)
 SEGMENT_SUFFIX = ".seg"
-DELETED_SUFFIX = ".deleted"  # a deleted stream's directory, renamed at once and removed by the writer
 
 StreamMessage = tuple[str, str, bytes, bytes]  # exchange, routing key, content header payload, body
 
@@ -369,8 +367,11 @@ class StreamLogs:
         self._wake = wake
         self.logs: dict[str, StreamLog] = {}  # stream key -> its log
         self._waiting: set[StreamLog] = set()  # logs with pending messages
-        self._unlinks: list[Path] = []  # deleted streams' directories (renamed), removed with the next batch
-        self._deletions = count()
+        # directories of deleted streams (or left by an earlier stream of a name declared anew): the writer removes
+        # them with the next batch, before it appends that batch's chunks, so a stream's files never mix with those
+        # of one of the same name before it
+        self._resets: list[Path] = []
+        self._retention_unlinks: list[Path] = []  # segments whose removal failed with a batch, tried again
 
     def path_of(self, key: str) -> Path:
         return self.directory / hashlib.sha256(key.encode()).hexdigest()[:32]
@@ -380,10 +381,11 @@ class StreamLogs:
         """The log of a stream: read back from disk (fresh False, at start-up) or made anew (fresh: a new
         declaration; anything a deleted stream of that name left behind goes first)."""
         path = self.path_of(key)
-        if fresh and path.exists():
-            shutil.rmtree(path)
         stream = StreamLog(path, max_segment_bytes, max_bytes, max_age_ms, lambda: self._ready(stream))
-        if not fresh and path.exists():
+        if fresh:
+            self._resets.append(path)
+            self._wake()
+        elif path.exists():
             stream.load()
             stream.apply_retention()
         self.logs[key] = stream
@@ -394,17 +396,15 @@ class StreamLogs:
         self._wake()
 
     def delete(self, key: str) -> None:
-        """The stream is gone: its directory is renamed at once and removed with the next batch."""
+        """The stream is gone: its messages not yet handed to the writer are dropped, its directory is removed with
+        the next batch (after the chunks of the batch being written, if any)."""
         stream = self.logs.pop(key, None)
         if stream is None:
             return
         stream.deleted = True
         stream.close()
         self._waiting.discard(stream)
-        if stream.directory.exists():
-            gone = stream.directory.with_name(f"{stream.directory.name}{DELETED_SUFFIX}{next(self._deletions)}")
-            os.rename(stream.directory, gone)
-            self._unlinks.append(gone)
+        self._resets.append(stream.directory)
         self._wake()
 
     def remove_orphans(self) -> None:
@@ -416,10 +416,12 @@ class StreamLogs:
             if path not in owned:
                 shutil.rmtree(path, ignore_errors=True)
 
-    def take(self) -> tuple[list[tuple[Path, bytes]], list[Path], list[StreamLog]]:
-        """What the next batch writes for streams: chunk appends, paths to remove, and the logs to tell."""
+    def take(self) -> tuple[list[Path], list[tuple[Path, bytes]], list[Path], list[StreamLog]]:
+        """What the next batch does for streams: directories to remove first, chunk appends, segments retention let
+        go (removed once the batch is durable), and the logs to tell."""
         files: list[tuple[Path, bytes]] = []
-        unlinks, self._unlinks = self._unlinks, []
+        unlinks, self._retention_unlinks = self._retention_unlinks, []
+        resets, self._resets = self._resets, []
         written = []
         for stream in self._waiting:
             if stream.pending:
@@ -428,13 +430,14 @@ class StreamLogs:
             unlinks += stream.unlinks
             stream.unlinks = []
         self._waiting = set()
-        return files, unlinks, written
+        return resets, files, unlinks, written
 
-    def retry_unlinks(self, paths: list[Path]) -> None:
+    def retry(self, resets: list[Path], unlinks: list[Path]) -> None:
         """The batch that was to remove these failed: the next one tries again."""
-        if paths:
-            self._unlinks += paths
+        if resets or unlinks:
+            self._resets[:0] = resets
+            self._retention_unlinks += unlinks
             self._wake()
 
     def has_work(self) -> bool:
-        return bool(self._waiting or self._unlinks)
+        return bool(self._waiting or self._resets or self._retention_unlinks)

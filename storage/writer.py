@@ -44,8 +44,9 @@ class Batch:
     published: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)  # (msg id, queues) to undo on failure
     deletions: list[int] = field(default_factory=list)  # segments to unlink once this batch is durable
     compactions: list[Compaction] = field(default_factory=list)  # rewrites to start once this batch is durable
+    resets: list[Path] = field(default_factory=list)  # stream directories to remove before the appends below
     files: list[tuple[Path, bytes]] = field(default_factory=list)  # appends to stream segments (storage.streams)
-    unlinks: list[Path] = field(default_factory=list)  # stream segments or directories to remove once durable
+    unlinks: list[Path] = field(default_factory=list)  # stream segments to remove once durable (retention)
     final: bool = False  # the store is closing: leave the clean-shutdown marker, then stop
 
 
@@ -167,6 +168,7 @@ class Writer:
             touched.setdefault(fd, self._sizes[number])
             self._write_all(fd, data)
             self._sizes[number] += len(data)
+        self._remove_stream_directories(batch.resets)
         new_directories = self._append_stream_chunks(batch.files, touched)
         if batch.definitions_snapshot is not None:
             self._replace_definitions(batch.definitions_snapshot)
@@ -186,6 +188,19 @@ class Writer:
             self.fsyncs += 1
         for directory in new_directories:
             fsync_directory(directory)
+            self.fsyncs += 1
+
+    def _remove_stream_directories(self, directories: list[Path]) -> None:
+        """Deleted streams (or what an earlier stream of a name declared anew left) go before any chunk of the batch
+        is appended, and the removal is durable before the batch's definitions are."""
+        for path in [path for path in self._stream_files if path.parent in directories]:
+            os.close(self._stream_files.pop(path))
+            del self._stream_sizes[path]
+        removed = [directory for directory in dict.fromkeys(directories) if directory.exists()]
+        for directory in removed:
+            shutil.rmtree(directory)
+        if removed:
+            fsync_directory(removed[0].parent)
             self.fsyncs += 1
 
     def _append_stream_chunks(self, files: list[tuple[Path, bytes]], touched: dict[int, int]) -> list[Path]:
@@ -297,7 +312,7 @@ class Writer:
             log.error("store could not delete a spent segment: %s", error)
 
     def _apply_unlinks(self, paths: list[Path]) -> None:
-        """Remove stream segments retention let go and the directories of deleted streams."""
+        """Remove the stream segments retention let go."""
         if not paths:
             return
         try:
@@ -306,10 +321,7 @@ class Writer:
                 if fd is not None:
                     os.close(fd)
                     del self._stream_sizes[path]
-                if path.is_dir():
-                    shutil.rmtree(path)
-                else:
-                    path.unlink(missing_ok=True)
+                path.unlink(missing_ok=True)
             for directory in {path.parent for path in paths}:
                 fsync_directory(directory)
         except OSError as error:

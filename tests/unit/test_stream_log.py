@@ -238,3 +238,25 @@ def test_a_failed_write_gives_its_offsets_back(tmp_path):
         return read_all(log)
 
     assert in_store(tmp_path, work, fresh=True) == [*((n, body(n)) for n in range(3)), (3, body("kept"))]
+
+
+def test_a_stream_deleted_and_declared_again_while_a_batch_is_written_keeps_only_its_own_messages(tmp_path):
+    async def work(store, log):
+        append(log, range(5))
+        written = asyncio.get_running_loop().create_future()
+        store.when_durable(written.set_result)
+        await asyncio.sleep(0)  # the batch with those five goes to the writer
+        assert store._in_flight is not None
+        store.streams.delete(KEY)
+        again = store.streams.open(KEY, fresh=True, **NO_LIMITS)
+        append(again, ["new"])
+        assert await written
+        assert await durable(store)
+        return read_all(again)
+
+    assert in_store(tmp_path, work, fresh=True) == [(0, body("new"))]
+
+    async def reread(store, log):
+        return read_all(log)
+
+    assert in_store(tmp_path, reread) == [(0, body("new"))]
