@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import struct
 
 from pamqp import base, commands
+from pamqp import constants as pamqp_constants
 from pamqp import encode as pamqp_encode
 
 from protocol.constants import (
@@ -48,6 +50,11 @@ def _table_integer(value: int) -> bytes:
 
 
 pamqp_encode.table_integer = _table_integer  # pamqp's table encoder looks it up at call time
+
+# RabbitMQ takes any name of up to 255 bytes for a queue or an exchange; pamqp's validators, run when a method is
+# made, allow only [a-zA-Z0-9-_.:@#,/+ ], so a reply naming a queue called 'a{b}' (declare-ok, get-ok...) would fail.
+# Names reach here only from frames already decoded (shortstrs, so never too long).
+pamqp_constants.DOMAIN_REGEX["queue-name"] = pamqp_constants.DOMAIN_REGEX["exchange-name"] = re.compile(".*", re.S)
 
 # Bytes of the fields that "cannot decode" quotes: enough to fill the 255-byte reply text.
 _QUOTED_FIELD_BYTES = 128

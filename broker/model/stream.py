@@ -15,6 +15,7 @@ from broker.model.arguments.common import is_longstr, text_of
 from broker.model.message import Address, Header, Message, QueueEntry
 from broker.model.queue import DISPATCH_BATCH, Queue
 from protocol import errors
+from protocol.erlang_terms import amqp_type_name, erlang_term
 from protocol.properties import with_long_header
 
 if TYPE_CHECKING:
@@ -27,6 +28,10 @@ DEFAULT_SEGMENT_BYTES = 500_000_000  # RabbitMQ's default x-stream-max-segment-s
 AGE_UNITS = {"Y": 365 * 86400, "M": 30 * 86400, "D": 86400, "h": 3600, "m": 60, "s": 1}
 _AGE = re.compile(r"([0-9]+)([YMDhms])")
 APPENDED = "appended"  # what enqueue says of a message a stream's log took (a confirm waits for its write)
+# basic.consume arguments of other queue types, which a stream refuses (RabbitMQ: "... of queue type
+# rabbit_stream_queue") rather than ignore
+OTHER_QUEUE_TYPES_CONSUME_ARGUMENTS = ("x-priority", "x-consumer-timeout", "x-delayed-retry-type", "x-delayed-retry-min",
+                                       "x-delayed-retry-max", "x-cancel-on-ha-failover")
 ADDRESSES_KEPT = 1024  # (exchange, routing key) pairs whose Address a stream reuses for its deliveries
 
 
@@ -108,14 +113,20 @@ class Stream(Queue):
         return f"queue '{self.name}' in vhost '{self.vhost.name}'"
 
     def check_consume(self, no_ack: bool, prefetch: int, global_prefetch: int, arguments: dict) -> None:
-        if not prefetch:  # checked first, as RabbitMQ does
+        """RabbitMQ's order: the consume arguments (a stream takes x-stream-offset only), the prefetch count, manual
+        acks, no channel-wide prefetch."""
+        for name in arguments:
+            if name in OTHER_QUEUE_TYPES_CONSUME_ARGUMENTS:
+                raise errors.precondition_failed(
+                    f"invalid arg '{name}' for {self._resource()} of queue type rabbit_stream_queue")
+        if "x-stream-offset" in arguments:
+            self._start_offset(arguments["x-stream-offset"])
+        if not prefetch:
             raise errors.precondition_failed(f"consumer prefetch count is not set for '{self._resource()}'")
         if no_ack:
             raise errors.not_implemented(f"automatic acknowledgement not supported by stream queues {self._resource()}")
         if global_prefetch:
             raise errors.not_implemented(f"{self._resource()} does not support global qos")
-        if "x-stream-offset" in arguments:
-            self._start_offset(arguments["x-stream-offset"])
 
     # --- consumers ------------------------------------------------------------------------------------------
     def add_consumer(self, consumer: "Subscriber") -> None:
@@ -146,9 +157,10 @@ class Stream(Queue):
             return max(spec, log.first_offset)
         elif isinstance(spec, datetime.datetime):
             return log.offset_at_time(int(spec.replace(tzinfo=spec.tzinfo or datetime.timezone.utc).timestamp()) * 1000)
-        raise errors.precondition_failed(
-            f"invalid arg 'x-stream-offset' for {self._resource()}: {spec!r} is not an offset: use first, last, next, "
-            "an offset, a timestamp or an interval such as 1h")
+        # RabbitMQ's text for a string it cannot read as an interval (3.10 crashes the channel with 541 on other
+        # values and on strings without a leading digit: Warren answers those alike)
+        raise errors.precondition_failed(f"invalid arg 'x-stream-offset' for {self._resource()}: "
+                                         f"{{invalid_stream_offset_arg,{{{amqp_type_name(spec)},{erlang_term(spec)}}}}}")
 
     # --- delivering -------------------------------------------------------------------------------------------
     def dispatch(self) -> None:
@@ -168,8 +180,11 @@ class Stream(Queue):
                 if not messages:
                     break
                 for exchange, routing_key, header, body in messages:
-                    message = Message(self._address(exchange, routing_key),
-                                      Header(with_long_header(header, OFFSET_HEADER, cursor)), body)
+                    message = Message(self._address(exchange, routing_key), Header(header), body)
+                    if OFFSET_HEADER in header:  # the publisher set one: it is replaced, as RabbitMQ does
+                        message = message.with_headers({OFFSET_HEADER.decode(): cursor})
+                    else:
+                        message.header = Header(with_long_header(header, OFFSET_HEADER, cursor))
                     deliver(consumer, self, QueueEntry(cursor, message))
                     cursor += 1
                 credit -= len(messages)

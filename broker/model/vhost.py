@@ -342,7 +342,7 @@ class VirtualHost:
         self.queues.pop(queue.name, None)
         if queue.stores_all:
             self.queues_storing_all -= 1
-        count = len(queue.entries)
+        count = len(queue.entries) if queue.queue_type != "stream" else 0  # RabbitMQ's delete-ok counts no stream
         queue.drop_all()
         for consumer in list(queue.consumers):
             consumer.channel.consumer_cancelled_by_server(consumer)

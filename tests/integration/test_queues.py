@@ -326,3 +326,15 @@ def test_consumer_count_follows_consumers(channel, unique):
     assert channel.queue_declare(queue, passive=True).method.consumer_count == 3
     channel.basic_cancel(tags[0])
     assert channel.queue_declare(queue, passive=True).method.consumer_count == 2
+
+
+def test_queue_and_exchange_names_may_hold_any_character(channel, unique):
+    """RabbitMQ takes any name: the replies that carry one (declare-ok, get-ok) name it as it is."""
+    queue, exchange = f'{unique}-q{{<"é">}}', f'{unique}-x{{<"é">}}'
+    assert channel.queue_declare(queue, exclusive=True).method.queue == queue
+    channel.exchange_declare(exchange, "fanout", auto_delete=True)
+    channel.queue_bind(queue, exchange)
+    channel.basic_publish(exchange, "", b"m")
+    method, _, body = channel.basic_get(queue, auto_ack=True)
+    assert (method.exchange, body) == (exchange, b"m")
+    channel.exchange_delete(exchange)

@@ -196,17 +196,73 @@ def test_a_timestamp_or_an_interval_starts_at_what_was_written_since(conn, uniqu
     channel.queue_delete(unique)
 
 
-@beyond_rabbitmq
-@pytest.mark.parametrize("spec", ["foo", decimal.Decimal("1.5"), True, "10x", {"offset": 1}])
-def test_an_offset_that_is_none_of_those_is_refused(channel, unique, spec):
-    """RabbitMQ 3.10 crashes the channel with 541 here; Warren names the argument."""
+@pytest.mark.parametrize("spec, shown", [
+    ("10x", '{longstr,<<"10x">>}'), ("0s", '{longstr,<<"0s">>}'), ("10", '{longstr,<<"10">>}'),
+    pytest.param("foo", '{longstr,<<"foo">>}', marks=beyond_rabbitmq),
+    pytest.param(decimal.Decimal("1.5"), "{decimal,{1,15}}", marks=beyond_rabbitmq),
+    pytest.param(True, "{bool,true}", marks=beyond_rabbitmq),
+])
+def test_an_offset_that_is_none_of_those_is_refused(channel, unique, spec, shown):
+    """RabbitMQ's text for a string that is no interval; RabbitMQ 3.10 crashes the connection with 541 on a string
+    without a leading digit and on other types, where Warren gives the same 406."""
     declare_stream(channel, unique)
     channel.basic_qos(prefetch_count=10)
-    code, text = channel_error(lambda: channel.basic_consume(unique, print, arguments={"x-stream-offset": spec}))
-    assert code == 406 and text.startswith(
-        f"PRECONDITION_FAILED - invalid arg 'x-stream-offset' for queue '{unique}' in vhost '/'")
+    assert channel_error(lambda: channel.basic_consume(unique, print, arguments={"x-stream-offset": spec})) == (
+        406, f"PRECONDITION_FAILED - invalid arg 'x-stream-offset' for queue '{unique}' in vhost '/': "
+             f"{{invalid_stream_offset_arg,{shown}}}")
     with connect_again(channel) as other:
         other.channel().queue_delete(unique)
+
+
+def test_the_offset_argument_is_checked_before_the_prefetch_count(channel, unique):
+    declare_stream(channel, unique)
+    assert channel_error(lambda: channel.basic_consume(unique, print, arguments={"x-stream-offset": "5x"}))[0] == 406
+    fresh_delete(channel, unique)
+
+
+@pytest.mark.parametrize("argument, value", [
+    ("x-priority", 5),
+    pytest.param("x-consumer-timeout", 1000, marks=beyond_rabbitmq),  # RabbitMQ 3.10 has no such consume argument
+])
+def test_consume_arguments_of_other_queue_types_are_refused(channel, unique, argument, value):
+    declare_stream(channel, unique)
+    channel.basic_qos(prefetch_count=10)
+    assert channel_error(lambda: channel.basic_consume(unique, print, arguments={argument: value})) == (
+        406, f"PRECONDITION_FAILED - invalid arg '{argument}' for queue '{unique}' in vhost '/' of queue type "
+             "rabbit_stream_queue")
+    fresh_delete(channel, unique)
+
+
+def test_a_classic_queue_refuses_an_offset_to_consume_from(channel, unique):
+    declare_queue(channel, unique, exclusive=True)
+    assert channel_error(lambda: channel.basic_consume(unique, print, arguments={"x-stream-offset": "first"})) == (
+        406, f"PRECONDITION_FAILED - invalid arg 'x-stream-offset' for queue '{unique}' in vhost '/' of queue type "
+             "rabbit_classic_queue")
+
+
+def test_an_offset_header_the_publisher_set_is_replaced(conn, unique):
+    channel = conn.channel()
+    declare_stream(channel, unique)
+    append(conn, unique, [b"m"], headers={"x-stream-offset": 99, "kept": "yes"})
+    reader = Reader(conn, unique, "first")
+    reader.wait_for(1)
+    assert reader.deliveries[0][1].headers == {"kept": "yes", "x-stream-offset": 0}
+    channel.queue_delete(unique)
+
+
+def test_redeclaring_a_stream_with_other_arguments_is_refused(channel, unique):
+    declare_stream(channel, unique, **{"x-max-age": "1h"})
+    assert channel_error(lambda: declare_stream(channel, unique, **{"x-max-age": "2h"})) == (
+        406, f"PRECONDITION_FAILED - inequivalent arg 'x-max-age' for queue '{unique}' in vhost '/': received '2h' "
+             "but current is '1h'")
+    fresh_delete(channel, unique)
+
+
+def test_delete_ok_counts_no_message_of_a_stream(conn, unique):
+    channel = conn.channel()
+    declare_stream(channel, unique)
+    append(conn, unique, numbered(3))
+    assert channel.queue_delete(unique).method.message_count == 0
 
 
 def connect_again(channel):

@@ -159,3 +159,32 @@ def test_a_broker_killed_mid_query_fails_it_and_a_restart_resumes_with_every_mes
     final = run_replay(arguments, continuous=False)
     assert final.wait(BOUNDED_WAIT_SECONDS * 3) == 0
     check_output(output, messages)
+
+
+@LONG_SCENARIO
+@pytest.mark.skipif(bool(os.environ.get("WARREN_TEST_URL")),
+                    reason="RabbitMQ's API lists connections seconds late: a task's connection is gone before it shows")
+def test_a_batch_is_read_by_four_tasks_at_once(spark, broker, unique, tmp_path):
+    """minPartitions 4 on four task slots: the four ranges of a batch are read at the same time (their connections
+    are open together), and the output is complete."""
+    stream_replay = replay_module()
+    messages = 100_000
+    stream_replay.declare(broker.url, unique)
+    assert stream_replay.publish(broker.url, unique, 0, messages) == messages
+    output = tmp_path / "output"
+    arguments = ["--uri", broker.url, "--stream", unique, "--output", str(output), "--checkpoint",
+                 str(tmp_path / "checkpoint"), "--max-per-trigger", "50000", "--min-partitions", "4"]
+    driver = run_replay(arguments, continuous=False)
+    most = 0
+    try:
+        deadline = time.monotonic() + BOUNDED_WAIT_SECONDS * 3
+        while driver.poll() is None and time.monotonic() < deadline:
+            most = max(most, len(task_connections(broker, unique)))
+            time.sleep(0.02)
+        assert driver.wait(BOUNDED_WAIT_SECONDS) == 0
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+    assert most == 4
+    check_output(output, messages)
