@@ -160,3 +160,25 @@ def test_a_policy_survives_a_restart(own_broker, unique):
             ch.queue_declare(queue, durable=True)
             publish(ch, queue, [b"1", b"2", b"3"], properties=pika.BasicProperties(delivery_mode=2))
             assert get_all(ch, queue) == [b"3"]
+
+
+def test_a_max_length_bytes_policy_is_a_streams_retention(broker, conn, policies, unique):
+    """For a stream the policy's max-length-bytes wins over the argument (RabbitMQ's precedence for streams): the
+    oldest segments go once the stream outgrows it."""
+    channel = conn.channel()
+    declare_queue(channel, unique, durable=True, arguments={
+        "x-queue-type": "stream", "x-max-length-bytes": 10_000_000, "x-stream-max-segment-size-bytes": 1000})
+    policies(f"{unique}-retention", f"^{re.escape(unique)}$", {"max-length-bytes": 5000}, apply_to="queues")
+    publisher = conn.channel()
+    publisher.confirm_delivery()
+    for start in range(0, 200, 20):
+        for number in range(start, start + 20):
+            publisher.basic_publish("", unique, f"m{number}".encode())
+    seen = []
+    reader = conn.channel()
+    reader.basic_qos(prefetch_count=500)
+    reader.basic_consume(unique, lambda ch, method, properties, body: seen.append(body),
+                         arguments={"x-stream-offset": "first"})
+    wait_until(conn, lambda: seen and seen[-1] == b"m199")
+    assert 0 < len(seen) < 100  # about 5,000 bytes of the newest messages
+    channel.queue_delete(unique)

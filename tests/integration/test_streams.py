@@ -388,33 +388,34 @@ def test_deleting_a_stream_in_use_with_if_unused_is_refused(conn, unique):
 
 
 # --- retention and durability ------------------------------------------------------------------------------------
-def test_retention_drops_the_oldest_segments_and_readers_start_at_the_first_kept(conn, unique):
-    channel = conn.channel()
-    declare_stream(channel, unique, **{"x-max-length-bytes": 5000, "x-stream-max-segment-size-bytes": 1000})
+def read_after_retention(conn, stream: str) -> Reader:
+    """200 messages appended 20 at a time to a stream of 1,000-byte segments limited to 5,000 bytes, then read from
+    offset 0 up to the last one."""
+    declare_stream(conn.channel(), stream, **{"x-max-length-bytes": 5000, "x-stream-max-segment-size-bytes": 1000})
     for start in range(0, 200, 20):
-        append(conn, unique, numbered(20, start))
-    reader = Reader(conn, unique, 0)
+        append(conn, stream, numbered(20, start))
+    reader = Reader(conn, stream, 0)
     wait_until(conn, lambda: reader.seen and reader.seen[-1][1] == b"m199")
+    return reader
+
+
+def test_retention_drops_the_oldest_segments_and_readers_start_at_the_first_kept(conn, unique):
+    reader = read_after_retention(conn, unique)
     offsets = reader.offsets()
     kept = [body for _, body in reader.seen]
     assert offsets[0] > 0 and len(kept) < 200  # the head went
     assert kept == numbered(len(kept), 200 - len(kept))  # the newest ones are kept, in order
     assert offsets == sorted(set(offsets))  # offsets only grow (RabbitMQ leaves gaps between segments)
-    channel.queue_delete(unique)
+    conn.channel().queue_delete(unique)
 
 
 @beyond_rabbitmq
 def test_retention_keeps_offsets_without_gaps(conn, unique):
-    channel = conn.channel()
-    declare_stream(channel, unique, **{"x-max-length-bytes": 5000, "x-stream-max-segment-size-bytes": 1000})
-    for start in range(0, 200, 20):
-        append(conn, unique, numbered(20, start))
-    reader = Reader(conn, unique, 0)
-    wait_until(conn, lambda: reader.seen and reader.seen[-1][0] == 199)
+    reader = read_after_retention(conn, unique)
     offsets = reader.offsets()
     assert offsets == list(range(offsets[0], 200))
     assert [body for _, body in reader.seen] == numbered(200 - offsets[0], offsets[0])  # never renumbered
-    channel.queue_delete(unique)
+    conn.channel().queue_delete(unique)
 
 
 @beyond_rabbitmq

@@ -47,6 +47,18 @@ def check_output(output: Path, messages: int, context: str = "") -> None:
         assert offsets == list(range(offsets[0], offsets[0] + len(offsets))) if offsets else True, part
 
 
+def seeded_replay(url: str, stream: str, tmp_path: Path, messages: int, per_trigger: int,
+                  *extra: str) -> tuple[Path, list[str]]:
+    """A stream holding events 0 .. messages-1 (confirmed), and the replay example's output dir and arguments."""
+    stream_replay = replay_module()
+    stream_replay.declare(url, stream)
+    assert stream_replay.publish(url, stream, 0, messages) == messages
+    output = tmp_path / "output"
+    return output, ["--uri", url, "--stream", stream, "--output", str(output), "--checkpoint",
+                    str(tmp_path / "checkpoint"), "--max-per-trigger", str(per_trigger), "--min-partitions", "4",
+                    *extra]
+
+
 def run_replay(arguments: list[str], continuous: bool) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(REPLAY), *arguments, *(["--continuous"] if continuous else [])],
                             cwd=REPO_ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
@@ -102,14 +114,9 @@ def test_a_task_whose_connection_is_closed_mid_read_is_retried_and_reads_its_ran
                                                                                            tmp_path):
     """Five batches of four ranges; in each batch one task loses its connection (closed through the management
     API, as an operator would) while it reads, and Spark runs it again."""
-    stream_replay = replay_module()
     batch_size, batches = 40_000, 5
-    stream_replay.declare(broker.url, unique)
-    assert stream_replay.publish(broker.url, unique, 0, batch_size * batches) == batch_size * batches
-    output = tmp_path / "output"
-    arguments = ["--uri", broker.url, "--stream", unique, "--output", str(output), "--checkpoint",
-                 str(tmp_path / "checkpoint"), "--max-per-trigger", str(batch_size), "--min-partitions", "4",
-                 "--master", "local[4,3]"]
+    output, arguments = seeded_replay(broker.url, unique, tmp_path, batch_size * batches, batch_size,
+                                      "--master", "local[4,3]")
     driver = run_replay(arguments, continuous=False)
     closed: dict[int, str] = {}  # batch (first offset // batch size) -> the range whose connection was closed
     try:
@@ -134,14 +141,9 @@ def test_a_task_whose_connection_is_closed_mid_read_is_retried_and_reads_its_ran
 @LONG_SCENARIO
 def test_a_broker_killed_mid_query_fails_it_and_a_restart_resumes_with_every_message_once(spark, own_broker,
                                                                                            unique, tmp_path):
-    stream_replay = replay_module()
     broker = own_broker()
     messages = 60_000
-    stream_replay.declare(broker.url, unique)
-    assert stream_replay.publish(broker.url, unique, 0, messages) == messages
-    output = tmp_path / "output"
-    arguments = ["--uri", broker.url, "--stream", unique, "--output", str(output), "--checkpoint",
-                 str(tmp_path / "checkpoint"), "--max-per-trigger", "5000", "--min-partitions", "4"]
+    output, arguments = seeded_replay(broker.url, unique, tmp_path, messages, 5000)
     driver = run_replay(arguments, continuous=True)
     try:
         deadline = time.monotonic() + BOUNDED_WAIT_SECONDS * 2
@@ -167,13 +169,8 @@ def test_a_broker_killed_mid_query_fails_it_and_a_restart_resumes_with_every_mes
 def test_a_batch_is_read_by_four_tasks_at_once(spark, broker, unique, tmp_path):
     """minPartitions 4 on four task slots: the four ranges of a batch are read at the same time (their connections
     are open together), and the output is complete."""
-    stream_replay = replay_module()
-    messages = 100_000
-    stream_replay.declare(broker.url, unique)
-    assert stream_replay.publish(broker.url, unique, 0, messages) == messages
-    output = tmp_path / "output"
-    arguments = ["--uri", broker.url, "--stream", unique, "--output", str(output), "--checkpoint",
-                 str(tmp_path / "checkpoint"), "--max-per-trigger", "50000", "--min-partitions", "4"]
+    messages = 40_000
+    output, arguments = seeded_replay(broker.url, unique, tmp_path, messages, messages)  # one batch, 4 tasks
     driver = run_replay(arguments, continuous=False)
     most = 0
     try:
