@@ -312,12 +312,15 @@ class StreamLog:
                 end = position + FRAME_SIZE + length
                 if length < CHUNK.size or length > MAX_PAYLOAD or end > size or first < expected or messages == 0:
                     break
-                if check_all:
-                    file.seek(position + FRAME_SIZE)
-                    if zlib.crc32(file.read(length)) != crc:
-                        break
-                self._add_chunk(first, position, end - position, stamp)
                 expected = self.next_offset = first + messages
+                if check_all and not _crc_matches(file, position, length, crc):
+                    if not _chunk_follows(file, end, size, expected):
+                        self.next_offset = first  # a torn last write: cut off from here
+                        break
+                    log.error("stream %s: chunk at offset %d of segment %s is damaged (checksum mismatch): its %d "
+                              "messages are skipped", self.directory.name, first, path.name, messages)
+                else:
+                    self._add_chunk(first, position, end - position, stamp)
                 position = end
         if position or not self.segments:
             self.segments.append(number)
@@ -326,6 +329,24 @@ class StreamLog:
         elif check_all:
             path.unlink()  # made for a write that never reached it
         return position
+
+
+def _crc_matches(file, position: int, length: int, crc: int) -> bool:
+    file.seek(position + FRAME_SIZE)
+    return zlib.crc32(file.read(length)) == crc
+
+
+def _chunk_follows(file, position: int, size: int, expected: int) -> bool:
+    """Whether an intact chunk of offset expected or later starts at position (then the damage before it is a bit
+    flip in a chunk that was written whole, not a torn last write)."""
+    if position + FRAME_SIZE + CHUNK.size > size:
+        return False
+    file.seek(position)
+    head = file.read(FRAME_SIZE + CHUNK.size)
+    length, crc = FRAME.unpack_from(head)
+    first, _, messages = CHUNK.unpack_from(head, FRAME_SIZE)
+    return (CHUNK.size <= length and position + FRAME_SIZE + length <= size and first >= expected and messages > 0
+            and _crc_matches(file, position, length, crc))
 
 
 def decode_chunk(data: bytes, first: int) -> list[StreamMessage]:

@@ -260,3 +260,27 @@ def test_a_stream_deleted_and_declared_again_while_a_batch_is_written_keeps_only
         return read_all(log)
 
     assert in_store(tmp_path, reread) == [(0, body("new"))]
+
+
+def test_a_bit_flip_in_the_newest_segment_loses_that_chunk_only(tmp_path, caplog):
+    async def write(store, log):
+        for start in range(0, 30, 10):
+            append(log, range(start, start + 10))
+            assert await durable(store)
+        return log.directory, [log.chunk_positions[1], log.chunk_sizes[1]]
+
+    directory, (position, size) = in_store(tmp_path, write, fresh=True)
+    segment = next(directory.glob("*.seg"))
+    data = bytearray(segment.read_bytes())
+    data[position + size - 2] ^= 0x01  # the middle chunk's last body byte
+    segment.write_bytes(bytes(data))
+
+    async def reread(store, log):
+        append(log, ["after"])
+        assert await durable(store)
+        return [offset for offset, _ in read_all(log)]
+
+    with caplog.at_level(logging.ERROR, logger="storage.streams"):
+        offsets = in_store(tmp_path, reread)
+    assert offsets == [*range(10), *range(20, 31)]  # offsets 10-19 were in the damaged chunk; 30 comes after
+    assert "chunk at offset 10" in caplog.text and "damaged" in caplog.text
