@@ -67,10 +67,10 @@ def probe_offset(uri: str, stream: str, spec: Any, timeout: float = FIRST_DELIVE
         channel = connection.channel()
         channel.queue_declare(stream, passive=True)
         channel.basic_qos(prefetch_count=1)
-        for method, properties, _ in channel.consume(stream, arguments={"x-stream-offset": spec},
-                                                      inactivity_timeout=timeout):
-            return None if method is None else _offset_of(properties)
-        return None
+        deliveries = channel.consume(stream, arguments={"x-stream-offset": spec}, inactivity_timeout=timeout)
+        method, properties, _ = next(deliveries)
+        _take_the_rest(connection, channel, deliveries)  # RabbitMQ sends a whole chunk, prefetch 1 or not
+        return None if method is None else _offset_of(properties)
     except pika.exceptions.ChannelClosedByBroker as error:
         raise StreamReadError(f"cannot read stream {stream!r}: {error.reply_text}") from error
     finally:
@@ -177,15 +177,21 @@ def read_range(uri: str, stream: str, low: int, high: int, prefetch: int, fail_o
                deadline_seconds: float = READ_TIMEOUT_SECONDS) -> Iterator[tuple]:
     """Rows of the messages with offsets in [low, high), in offset order. The range was planned below the tail,
     so a message at or past high - 1 exists (or retention dropped it): reading stops there. A first message above
-    low is a loss when retention dropped low (the stream's first offset is above it); else a gap."""
+    low is a loss when retention dropped low (the stream's first offset is above it); else a gap.
+
+    Credit is given back so that the broker sends little past high - 1: the window is at most the range, and an
+    ack through offset o is sent only while o + window stays below high. What still comes (RabbitMQ sends whole
+    chunks, and its offsets have gaps) is taken without an ack before the task leaves, so closing rejects nothing
+    (RabbitMQ 3.10 answers a basic.reject on a stream with 540)."""
+    window = max(1, min(prefetch, high - low))
     connection = _connect(uri, f"spark amqp source: stream {stream} offsets [{low}, {high})")
     try:
         channel = connection.channel()
-        channel.basic_qos(prefetch_count=prefetch)
+        channel.basic_qos(prefetch_count=window)
         first = True
         unacked = 0
-        for method, properties, body in channel.consume(stream, arguments={"x-stream-offset": low},
-                                                        inactivity_timeout=deadline_seconds):
+        deliveries = channel.consume(stream, arguments={"x-stream-offset": low}, inactivity_timeout=deadline_seconds)
+        for method, properties, body in deliveries:
             if method is None:
                 raise StreamReadError(f"stream {stream!r}: nothing received for {deadline_seconds:.0f}s while "
                                       f"reading offsets {low} to {high - 1}")
@@ -197,16 +203,36 @@ def read_range(uri: str, stream: str, low: int, high: int, prefetch: int, fail_o
                 break
             if offset >= low:
                 yield stream_delivery_to_row(stream, offset, method, properties, body)
-            unacked += 1
-            if unacked >= prefetch // 2 or offset >= high - 1:
-                channel.basic_ack(method.delivery_tag, multiple=True)
-                unacked = 0
             if offset >= high - 1:
                 break
+            unacked += 1
+            # near the end, credit goes back message by message: the last ack allowed must not be skipped
+            if offset + window < high and (unacked >= window // 2 or offset + window + window // 2 >= high):
+                channel.basic_ack(method.delivery_tag, multiple=True)
+                unacked = 0
+        _take_the_rest(connection, channel, deliveries)
     except pika.exceptions.ChannelClosedByBroker as error:
         raise StreamReadError(f"cannot read stream {stream!r}: {error.reply_text}") from error
+    except StreamReadError:
+        try:
+            _take_the_rest(connection, channel, deliveries)  # leaving on data loss (or a stall): no reject either
+        except pika.exceptions.AMQPError:  # the connection went meanwhile: nothing to reject
+            pass
+        raise
     finally:
         _close(connection)
+
+
+def _take_the_rest(connection: pika.BlockingConnection, channel: Any, deliveries: Iterator) -> None:
+    """Take the deliveries still on their way (their credit was given before the range ended) until none came for
+    QUIET_SECONDS, so that none is left for pika to reject when the channel closes."""
+    while True:
+        connection.process_data_events(time_limit=QUIET_SECONDS)
+        waiting = channel.get_waiting_message_count()
+        if not waiting:
+            return
+        for _ in range(waiting):
+            next(deliveries)
 
 
 def _check_loss(uri: str, stream: str, low: int, delivered: int, fail_on_data_loss: bool) -> None:

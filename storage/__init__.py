@@ -13,8 +13,9 @@ Public API (``storage.store``)::
     store.delete_queue(queue)                   # its messages and its "queue" definition are gone
     store.when_durable(callback)                # callback(ok) on the loop once all the above is fsynced
     log = store.streams.open(key, max_segment_bytes, max_bytes, max_age_ms, fresh)  # a stream queue's own log
-    log.append(exchange, routing_key, header_payload, body)  # written with the next batch; log.on_durable() after
-    log.read(offset, limit); log.first_offset; log.next_offset  # durable messages by offset (storage.streams)
+    log.append(exchange, routing_key, header_payload, body)  # written with the next batch; log.on_readable() after
+    log.read(offset, limit, wait); log.first_offset; log.next_offset  # durable messages by offset (storage.streams;
+                                                # wait: a chunk not in memory is read on a thread, on_readable() then)
     store.streams.delete(key); store.streams.remove_orphans()   # a deleted stream; at start, what deleted ones left
     store.healthy                               # False while writes fail (then every callback gets False)
     store.close()                               # flush, fsync, stop the writer (at most stop_timeout=60 s), unlock

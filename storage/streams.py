@@ -13,14 +13,15 @@ size), and the writer thread appends them and fdatasyncs their files with the re
 Readers only see chunks once they are durable: an offset a consumer saw is never given to another message after a
 crash. A failed batch gives its offsets back to the messages appended after it.
 
-Reading is by chunk: a chunk is read with one ``pread``, checked against its CRC and decoded; a few chunks per
-stream are kept decoded (``CACHED_BYTES``), the newest ones among them, so consumers that follow the tail read
-nothing back. Start-up reads each segment's chunk heads only, and checks every chunk of the newest segment (where a
+Reading is by chunk: a chunk is read with one ``pread`` (on a worker thread for the broker, so the loop goes on
+meanwhile), checked against its CRC and decoded; a few chunks per stream are kept decoded (``CACHED_BYTES``), the
+newest ones among them, so consumers that follow the tail read nothing back. Start-up reads each segment's chunk heads only, and checks every chunk of the newest segment (where a
 crash may have torn the last write); damage found later, on a read, skips that chunk with an ERROR line.
 """
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import hashlib
 import logging
@@ -42,7 +43,6 @@ CHUNK = struct.Struct("<QqI")  # first offset, timestamp (ms since the epoch), m
 ENTRY = struct.Struct("<BBII")  # exchange length, routing key length, content header length, body length
 CHUNK_BYTES = 1 << 20  # a chunk is closed once this full (a batch may write several for one stream)
 CACHED_BYTES = 8 << 20  # decoded chunks a stream keeps, newest first out of the way last
-MAX_OPEN_SEGMENTS = 4  # read descriptors a stream keeps open (oldest closed first)
 SEGMENT_SUFFIX = ".seg"
 
 StreamMessage = tuple[str, str, bytes, bytes]  # exchange, routing key, content header payload, body
@@ -82,8 +82,8 @@ class StreamLog:
         self._cache: OrderedDict[int, list[StreamMessage]] = OrderedDict()  # chunk offset -> messages, LRU
         self._cache_sizes: dict[int, int] = {}
         self._cached_bytes = 0
-        self._fds: OrderedDict[int, int] = OrderedDict()  # segment first offset -> read descriptor, LRU
-        self.on_durable: Callable[[], None] | None = None  # called once new chunks are readable
+        self._loading: set[int] = set()  # chunks (by first offset) being read back on a worker thread
+        self.on_readable: Callable[[], None] | None = None  # new chunks are durable, or a chunk was read back
         self.unlinks: list[Path] = []  # segments retention let go, removed with the next batch
         self.deleted = False
 
@@ -149,8 +149,8 @@ class StreamLog:
             self.next_offset = first + len(messages)
             self._remember(first, messages, size)
         self.apply_retention()
-        if self.on_durable is not None:
-            self.on_durable()
+        if self.on_readable is not None:
+            self.on_readable()
 
     def _add_chunk(self, first: int, position: int, size: int, stamp: int) -> None:
         self.chunk_offsets.append(first)
@@ -185,9 +185,6 @@ class StreamLog:
         for column in (self.chunk_offsets, self.chunk_positions, self.chunk_sizes, self.chunk_times):
             del column[:chunks]
         for first in self.segments[:drop]:
-            fd = self._fds.pop(first, None)
-            if fd is not None:
-                os.close(fd)
             self.unlinks.append(self.directory / segment_name(first))
         self.total_bytes -= sum(self.segment_bytes[:drop])
         del self.segments[:drop]
@@ -209,50 +206,70 @@ class StreamLog:
         index = bisect.bisect_left(self.chunk_times, stamp_ms)
         return self.chunk_offsets[index] if index < len(self.chunk_offsets) else self.next_offset
 
-    def read(self, offset: int, limit: int) -> tuple[int, list[StreamMessage]]:
+    def read(self, offset: int, limit: int, wait: bool = False) -> tuple[int, list[StreamMessage] | None]:
         """Up to limit durable messages from offset on (from the oldest retained one if offset is older), as
-        (offset of the first one, messages); none once offset reaches the end. Damaged chunks are skipped."""
+        (offset of the first one, messages); none once offset reaches the end. Damaged chunks are skipped. A chunk
+        not in memory is read here, or with wait, on a worker thread: then messages is None, and on_readable is
+        called once it can be read."""
         offset = max(offset, self.first_offset)
         while offset < self.next_offset:
             index = bisect.bisect_right(self.chunk_offsets, offset) - 1
             if index < 0:
                 index, offset = 0, self.chunk_offsets[0]
             first = self.chunk_offsets[index]
-            messages = self._chunk_messages(index)
+            messages = self._cache.get(first)
+            if messages is not None:
+                self._cache.move_to_end(first)
+            elif wait:
+                self._load_later(index)
+                return offset, None
+            else:
+                messages = self._loaded(first, self._chunk_source(index))
             start = offset - first
             if start < len(messages):
                 return offset, messages[start:start + limit]
             offset = self.chunk_offsets[index + 1] if index + 1 < len(self.chunk_offsets) else self.next_offset
         return offset, []
 
-    def _chunk_messages(self, index: int) -> list[StreamMessage]:
+    def _chunk_source(self, index: int) -> tuple[Path, int, int, int]:
+        """Where chunk index lies: (segment path, position, size, first offset)."""
         first = self.chunk_offsets[index]
-        messages = self._cache.get(first)
-        if messages is not None:
-            self._cache.move_to_end(first)
-            return messages
-        size = self.chunk_sizes[index]
         segment = self.segments[bisect.bisect_right(self.segments, first) - 1]
+        return self.directory / segment_name(segment), self.chunk_positions[index], self.chunk_sizes[index], first
+
+    def _loaded(self, first: int, source: tuple[Path, int, int, int]) -> list[StreamMessage]:
         try:
-            data = os.pread(self._fd(segment), size, self.chunk_positions[index])
-            messages = decode_chunk(data, first)
+            messages = read_chunk(*source)
         except (OSError, ValueError) as error:
             log.error("stream %s: chunk at offset %d of segment %s cannot be read (%s): its messages are skipped",
-                      self.directory.name, first, segment_name(segment), error)
+                      self.directory.name, first, source[0].name, error)
             messages = []
-        self._remember(first, messages, size)
+        self._remember(first, messages, source[2])
         return messages
 
-    def _fd(self, segment: int) -> int:
-        fd = self._fds.get(segment)
-        if fd is None:
-            fd = os.open(self.directory / segment_name(segment), os.O_RDONLY)
-            self._fds[segment] = fd
-            if len(self._fds) > MAX_OPEN_SEGMENTS:
-                os.close(self._fds.popitem(last=False)[1])
+    def _load_later(self, index: int) -> None:
+        """Read the chunk on a worker thread (the loop goes on meanwhile); on_readable once it is in memory."""
+        source = self._chunk_source(index)
+        first = source[3]
+        if first in self._loading:
+            return
+        self._loading.add(first)
+        future = asyncio.get_running_loop().run_in_executor(None, read_chunk, *source)
+        future.add_done_callback(lambda done: self._chunk_read(first, source, done))
+
+    def _chunk_read(self, first: int, source: tuple[Path, int, int, int], done: asyncio.Future) -> None:
+        self._loading.discard(first)
+        if self.deleted or first < self.first_offset:
+            return  # retention or deletion dropped it meanwhile
+        error = done.exception()
+        if error is None:
+            self._remember(first, done.result(), source[2])
         else:
-            self._fds.move_to_end(segment)
-        return fd
+            log.error("stream %s: chunk at offset %d of segment %s cannot be read (%s): its messages are skipped",
+                      self.directory.name, first, source[0].name, error)
+            self._remember(first, [], source[2])
+        if self.on_readable is not None:
+            self.on_readable()
 
     def _remember(self, first: int, messages: list[StreamMessage], size: int) -> None:
         self._cache[first] = messages
@@ -266,9 +283,6 @@ class StreamLog:
         self._cached_bytes -= self._cache_sizes.pop(first)
 
     def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
         self._cache.clear()
         self._cache_sizes.clear()
         self._cached_bytes = 0
@@ -347,6 +361,17 @@ def _chunk_follows(file, position: int, size: int, expected: int) -> bool:
     first, _, messages = CHUNK.unpack_from(head, FRAME_SIZE)
     return (CHUNK.size <= length and position + FRAME_SIZE + length <= size and first >= expected and messages > 0
             and _crc_matches(file, position, length, crc))
+
+
+def read_chunk(path: Path, position: int, size: int, first: int) -> list[StreamMessage]:
+    """The messages of the chunk at position in the segment at path (on any thread: the file is opened for this
+    read, so retention may remove it meanwhile)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        data = os.pread(fd, size, position)
+    finally:
+        os.close(fd)
+    return decode_chunk(data, first)
 
 
 def decode_chunk(data: bytes, first: int) -> list[StreamMessage]:

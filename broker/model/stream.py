@@ -67,7 +67,7 @@ class Stream(Queue):
         self.queue_type = "stream"
         self.stored = False  # the message store keeps none of its messages: its own log does
         self.log = vhost.store.streams.open(self.store_key, self.segment_bytes, self.max_bytes, self.max_age_ms, fresh)
-        self.log.on_durable = self._readable
+        self.log.on_readable = self._readable
         self.entries = StreamLength(self.log)
         self.cursors: dict[Subscriber, int] = {}  # consumer -> the next offset it reads
         self._addresses: dict[tuple[str, str], Address] = {}  # reused for deliveries of the same exchange and key
@@ -98,7 +98,7 @@ class Stream(Queue):
         return APPENDED
 
     def _readable(self) -> None:
-        """New chunks are durable: consumers waiting at the end may read on."""
+        """New chunks are durable, or one was read back from disk: consumers waiting for it may read on."""
         if self.consumers and not self.deleted:
             self.vhost.dispatcher.mark(self)
 
@@ -175,9 +175,9 @@ class Stream(Queue):
             credit = consumer.credit()
             deliver = consumer.channel.deliver
             while credit > 0 and budget > 0:
-                first, messages = log.read(cursor, min(credit, budget))
+                first, messages = log.read(cursor, min(credit, budget), wait=True)
                 cursor = first
-                if not messages:
+                if not messages:  # the end, or a chunk being read from disk (_readable marks the stream again)
                     break
                 for exchange, routing_key, header, body in messages:
                     message = Message(self._address(exchange, routing_key), Header(header), body)

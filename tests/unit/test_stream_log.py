@@ -284,3 +284,22 @@ def test_a_bit_flip_in_the_newest_segment_loses_that_chunk_only(tmp_path, caplog
         offsets = in_store(tmp_path, reread)
     assert offsets == [*range(10), *range(20, 31)]  # offsets 10-19 were in the damaged chunk; 30 comes after
     assert "chunk at offset 10" in caplog.text and "damaged" in caplog.text
+
+
+def test_a_chunk_not_in_memory_is_read_on_a_worker_thread_and_the_log_says_when(tmp_path):
+    async def write(store, log):
+        for start in range(0, 30, 10):
+            append(log, range(start, start + 10))
+            assert await durable(store)
+
+    in_store(tmp_path, write, fresh=True)
+
+    async def reread(store, log):  # a fresh start: nothing in memory
+        readable = asyncio.Event()
+        log.on_readable = readable.set
+        assert log.read(12, 5, wait=True) == (12, None)
+        await asyncio.wait_for(readable.wait(), 10)
+        first, messages = log.read(12, 5, wait=True)
+        return first, [message[3] for message in messages]
+
+    assert in_store(tmp_path, reread) == (12, [body(n) for n in range(12, 17)])
