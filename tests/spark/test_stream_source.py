@@ -1,16 +1,20 @@
-"""The stream source (option `stream`): offset ranges read by several tasks at once, the same rows for a replayed
-range, Trigger.AvailableNow stopping at the tail recorded at start, and retention found out as data loss."""
+"""The stream source (option `stream`): where a query starts (earliest, JSON offsets, a timestamp), offset ranges,
+read limits (maxOffsetsPerTrigger, minOffsetsPerTrigger with maxTriggerDelay), Trigger.AvailableNow stopping at the
+tail recorded at start, retention found out as data loss, a deleted stream, bad options."""
 
 from __future__ import annotations
 
+import json
 import re
 import threading
+import time
 
 import pytest
 from pyspark.errors import StreamingQueryException
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, ReadMinRows
 
 from spark_connector.options import AmqpOptionError, StreamSourceOptions
-from spark_connector.stream_source import split
+from spark_connector.stream_source import AmqpStreamOffsetsReader, split
 from tests.spark.conftest import BOUNDED_WAIT_SECONDS, Collector, collect, replay_module
 
 pytestmark = pytest.mark.spark
@@ -136,3 +140,46 @@ def test_ranges_split_a_batch_evenly_and_never_exceed_the_records_per_partition(
     assert split(100, 103, 4, None) == [(100, 101), (101, 102), (102, 103)]  # never an empty range
     assert split(0, 10, 1, 3) == [(0, 2), (2, 5), (5, 7), (7, 10)]
     assert split(5, 5, 4, None) == []
+
+
+def test_starting_offsets_as_json_and_a_starting_timestamp_pick_where_a_new_query_starts(
+        spark, broker, amqp, unique, tmp_path):
+    amqp.declare(unique, **STREAM)
+    amqp.publish(unique, bodies(0, 5))
+    time.sleep(1.05 - time.time() % 1)  # a new second: startingTimestamp is rounded down to the second
+    since = int(time.time() * 1000)
+    amqp.publish(unique, bodies(5, 10))
+    from_json, from_time = Collector(), Collector()
+    for collector, options, checkpoint in (
+            (from_json, {"startingOffsets": json.dumps({unique: 3})}, "json"),
+            (from_time, {"startingTimestamp": since}, "time")):
+        query = collect(read_stream(spark, broker.url, unique, **options), collector, tmp_path / checkpoint,
+                        availableNow=True)
+        assert query.awaitTermination(BOUNDED_WAIT_SECONDS)
+    assert sorted(row.body for row in from_json.rows) == bodies(3, 10)
+    assert sorted(row.body for row in from_time.rows) == bodies(5, 10)
+
+
+class FixedTail:
+    """A tail follower that says the stream ends at a given offset."""
+
+    def __init__(self, end: int) -> None:
+        self.end = end
+
+    def next_offset(self) -> int:
+        return self.end
+
+
+def test_min_offsets_per_trigger_waits_for_enough_new_offsets_or_for_max_trigger_delay():
+    options = StreamSourceOptions.parse({"uri": "amqp://h/", "stream": "s", "minoffsetspertrigger": "50",
+                                         "maxtriggerdelay": "200ms", "maxoffsetspertrigger": "80"})
+    reader = AmqpStreamOffsetsReader(options)
+    reader._follower = tail = FixedTail(10)
+    start = {"s": 0}
+    assert reader.latestOffset(start, reader.getDefaultReadLimit()) == start  # 10 new offsets: too few, wait
+    assert reader.latestOffset(start, ReadMinRows(50)) == start
+    time.sleep(0.25)  # maxTriggerDelay has passed since the batch was first put off
+    assert reader.latestOffset(start, ReadMinRows(50)) == {"s": 10}
+    tail.end = 200
+    assert reader.latestOffset({"s": 10}, ReadMaxRows(80)) == {"s": 90}  # enough at once, up to the maximum
+    assert reader.latestOffset({"s": 90}, ReadAllAvailable()) == {"s": 200}  # no limit: to the tail
