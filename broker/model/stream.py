@@ -76,13 +76,13 @@ class Stream(Queue):
     def _configure(self, settings: dict) -> None:
         arguments = self.arguments
         # retention by size: a policy's value wins over the argument for a stream (rabbit_stream_queue's
-        # policy_precedence), whichever is lower
+        # policy_precedence)
         self.max_bytes = self.effective_policy_definition().get("max-length-bytes",
                                                                   arguments.get("x-max-length-bytes"))
         max_age = arguments.get("x-max-age")
         self.max_age_ms = age_ms(text_of(max_age)) if max_age is not None else None  # retention by age
         self.segment_bytes = arguments.get("x-stream-max-segment-size-bytes", DEFAULT_SEGMENT_BYTES)
-        log = getattr(self, "log", None)
+        log = getattr(self, "log", None)  # None while Queue.__init__ configures, before the log is opened
         if log is not None:
             log.max_bytes = self.max_bytes
             log.apply_retention()
