@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pika
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
 
 from spark_connector.publisher import ConfirmedPublisher  # noqa: E402
 
@@ -74,7 +75,10 @@ def start_query(spark, args: argparse.Namespace):
 
 
 def session(master: str):
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # Spark's Python workers must import pika and the connector
+    """A SparkSession with the connector registered, whose Python workers import pika and the connector as this
+    process does."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     from pyspark.sql import SparkSession
 
     import spark_connector

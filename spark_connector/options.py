@@ -6,6 +6,7 @@ lower-cased name while error messages use the documented camelCase spelling.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -30,17 +31,22 @@ def _required(options: Mapping[str, str], name: str, role: str) -> str:
     return value
 
 
-def _positive_int(options: Mapping[str, str], name: str, role: str, default: int | None) -> int | None:
+def _int_at_least(options: Mapping[str, str], name: str, role: str, default: int | None, minimum: int) -> int | None:
     raw = _get(options, name)
     if raw is None:
         return default
     try:
         value = int(raw)
     except ValueError:
-        raise AmqpOptionError(f"amqp {role}: option '{name}' must be a positive integer, got {raw!r}") from None
-    if value <= 0:
-        raise AmqpOptionError(f"amqp {role}: option '{name}' must be a positive integer, got {raw!r}")
+        value = minimum - 1
+    if value < minimum:
+        kind = "positive" if minimum > 0 else "non-negative"
+        raise AmqpOptionError(f"amqp {role}: option '{name}' must be a {kind} integer, got {raw!r}")
     return value
+
+
+def _positive_int(options: Mapping[str, str], name: str, role: str, default: int | None) -> int | None:
+    return _int_at_least(options, name, role, default, 1)
 
 
 def _bool(options: Mapping[str, str], name: str, role: str, default: bool) -> bool:
@@ -106,19 +112,6 @@ class SourceOptions:
         )
 
 
-def _non_negative_int(options: Mapping[str, str], name: str, role: str) -> int | None:
-    raw = _get(options, name)
-    if raw is None:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise AmqpOptionError(f"amqp {role}: option '{name}' must be a non-negative integer, got {raw!r}")
-    return value
-
-
 DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
 
 
@@ -127,14 +120,10 @@ def _duration_seconds(options: Mapping[str, str], name: str, role: str, default:
     raw = _get(options, name)
     if raw is None:
         return default
-    text = raw.strip().lower()
-    number, unit = text.rstrip("abcdefghijklmnopqrstuvwxyz ").strip(), text.lstrip("0123456789. ").strip() or "s"
-    try:
-        value = float(number) * DURATION_UNITS[unit]
-    except (KeyError, ValueError):
-        raise AmqpOptionError(f"amqp {role}: option '{name}' must be a duration such as '15m' or '30s', got "
-                              f"{raw!r}") from None
-    return value
+    match = re.fullmatch(r"([0-9]+(?:\.[0-9]*)?)\s*([a-z]*)", raw.strip().lower())
+    if match is None or (match.group(2) or "s") not in DURATION_UNITS:
+        raise AmqpOptionError(f"amqp {role}: option '{name}' must be a duration such as '15m' or '30s', got {raw!r}")
+    return float(match.group(1)) * DURATION_UNITS[match.group(2) or "s"]
 
 
 @dataclass(frozen=True)
@@ -165,7 +154,7 @@ class StreamSourceOptions:
         elif not starting.startswith("{"):
             raise AmqpOptionError("amqp source: option 'startingOffsets' must be 'earliest', 'latest' or a JSON "
                                   f"object such as {{\"stream\": 42}}, got {starting!r}")
-        timestamp = _non_negative_int(options, "startingTimestamp", role)
+        timestamp = _int_at_least(options, "startingTimestamp", role, None, 0)
         if timestamp is not None and _get(options, "startingOffsets") is not None:
             raise AmqpOptionError("amqp source: options 'startingOffsets' and 'startingTimestamp' exclude each other")
         return cls(

@@ -73,7 +73,6 @@ class StreamLog:
         self.next_offset = 0  # one past the last durable message
         self.total_bytes = 0  # durable bytes in all segments
         self.pending: list[StreamMessage] = []  # appended, not yet handed to the writer
-        self.pending_bytes = 0
         self._in_flight: list[tuple[int, int, int, int, list[StreamMessage]]] = []  # chunks the writer holds:
         # (first offset, position, framed size, timestamp, messages)
         self._write_offset = 0  # offset the next chunk handed to the writer starts at
@@ -91,14 +90,13 @@ class StreamLog:
     def append(self, exchange: str, routing_key: str, header_payload: bytes, body: bytes) -> None:
         """A message for the log; it is written with the store's next batch and readable once durable."""
         self.pending.append((exchange, routing_key, header_payload, body))
-        self.pending_bytes += len(header_payload) + len(body) + 8
         if len(self.pending) == 1:
             self._wake()
 
     def take_chunks(self) -> list[tuple[Path, bytes]]:
         """The pending messages as framed chunks for the writer: (segment path, bytes) in order."""
         files: list[tuple[Path, bytes]] = []
-        pending, self.pending, self.pending_bytes = self.pending, [], 0
+        pending, self.pending = self.pending, []
         start = 0
         while start < len(pending):
             stop, size = start, 0
@@ -241,9 +239,7 @@ class StreamLog:
         try:
             messages = read_chunk(*source)
         except (OSError, ValueError) as error:
-            log.error("stream %s: chunk at offset %d of segment %s cannot be read (%s): its messages are skipped",
-                      self.directory.name, first, source[0].name, error)
-            messages = []
+            messages = self._unreadable(source, error)
         self._remember(first, messages, source[2])
         return messages
 
@@ -262,14 +258,15 @@ class StreamLog:
         if self.deleted or first < self.first_offset:
             return  # retention or deletion dropped it meanwhile
         error = done.exception()
-        if error is None:
-            self._remember(first, done.result(), source[2])
-        else:
-            log.error("stream %s: chunk at offset %d of segment %s cannot be read (%s): its messages are skipped",
-                      self.directory.name, first, source[0].name, error)
-            self._remember(first, [], source[2])
+        self._remember(first, done.result() if error is None else self._unreadable(source, error), source[2])
         if self.on_readable is not None:
             self.on_readable()
+
+    def _unreadable(self, source: tuple[Path, int, int, int], error: BaseException) -> list[StreamMessage]:
+        """A chunk that cannot be read back: logged, and its messages skipped (no messages stand for it)."""
+        log.error("stream %s: chunk at offset %d of segment %s cannot be read (%s): its messages are skipped",
+                  self.directory.name, source[3], source[0].name, error)
+        return []
 
     def _remember(self, first: int, messages: list[StreamMessage], size: int) -> None:
         self._cache[first] = messages
@@ -318,14 +315,9 @@ class StreamLog:
         position = 0
         with open(path, "rb") as file:
             size = os.fstat(file.fileno()).st_size
-            while position + FRAME_SIZE + CHUNK.size <= size:
-                file.seek(position)
-                head = file.read(FRAME_SIZE + CHUNK.size)
-                length, crc = FRAME.unpack_from(head)
-                first, stamp, messages = CHUNK.unpack_from(head, FRAME_SIZE)
+            while (head := _chunk_head(file, position, size, expected)) is not None:
+                length, crc, first, stamp, messages = head
                 end = position + FRAME_SIZE + length
-                if length < CHUNK.size or length > MAX_PAYLOAD or end > size or first < expected or messages == 0:
-                    break
                 expected = self.next_offset = first + messages
                 if check_all and not _crc_matches(file, position, length, crc):
                     if not _chunk_follows(file, end, size, expected):
@@ -350,17 +342,26 @@ def _crc_matches(file, position: int, length: int, crc: int) -> bool:
     return zlib.crc32(file.read(length)) == crc
 
 
-def _chunk_follows(file, position: int, size: int, expected: int) -> bool:
-    """Whether an intact chunk of offset expected or later starts at position (then the damage before it is a bit
-    flip in a chunk that was written whole, not a torn last write)."""
+def _chunk_head(file, position: int, size: int, expected: int) -> tuple[int, int, int, int, int] | None:
+    """(length, crc, first offset, timestamp, count) of a plausible chunk head at position (one that fits in the
+    file and starts at offset expected or later), else None."""
     if position + FRAME_SIZE + CHUNK.size > size:
-        return False
+        return None
     file.seek(position)
     head = file.read(FRAME_SIZE + CHUNK.size)
     length, crc = FRAME.unpack_from(head)
-    first, _, messages = CHUNK.unpack_from(head, FRAME_SIZE)
-    return (CHUNK.size <= length and position + FRAME_SIZE + length <= size and first >= expected and messages > 0
-            and _crc_matches(file, position, length, crc))
+    first, stamp, messages = CHUNK.unpack_from(head, FRAME_SIZE)
+    if length < CHUNK.size or length > MAX_PAYLOAD or position + FRAME_SIZE + length > size or first < expected \
+            or messages == 0:
+        return None
+    return length, crc, first, stamp, messages
+
+
+def _chunk_follows(file, position: int, size: int, expected: int) -> bool:
+    """Whether an intact chunk of offset expected or later starts at position (then the damage before it is a bit
+    flip in a chunk that was written whole, not a torn last write)."""
+    head = _chunk_head(file, position, size, expected)
+    return head is not None and _crc_matches(file, position, head[0], head[1])
 
 
 def read_chunk(path: Path, position: int, size: int, first: int) -> list[StreamMessage]:

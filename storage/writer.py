@@ -194,8 +194,7 @@ class Writer:
         """Deleted streams (or what an earlier stream of a name declared anew left) go before any chunk of the batch
         is appended, and the removal is durable before the batch's definitions are."""
         for path in [path for path in self._stream_files if path.parent in directories]:
-            os.close(self._stream_files.pop(path))
-            del self._stream_sizes[path]
+            self._close_stream_file(path)
         removed = [directory for directory in dict.fromkeys(directories) if directory.exists()]
         for directory in removed:
             shutil.rmtree(directory)
@@ -226,9 +225,12 @@ class Writer:
             self._stream_sizes[path] += len(data)
             appended.add(path)
         for path in [path for path in self._stream_files if path not in appended]:
-            os.close(self._stream_files.pop(path))
-            del self._stream_sizes[path]
+            self._close_stream_file(path)
         return changed
+
+    def _close_stream_file(self, path: Path) -> None:
+        os.close(self._stream_files.pop(path))
+        del self._stream_sizes[path]
 
     def _after_durable(self, batch: Batch) -> None:
         """Start the batch's compactions, close segments left behind, unlink the spent ones."""
@@ -317,10 +319,8 @@ class Writer:
             return
         try:
             for path in paths:
-                fd = self._stream_files.pop(path, None)
-                if fd is not None:
-                    os.close(fd)
-                    del self._stream_sizes[path]
+                if path in self._stream_files:
+                    self._close_stream_file(path)
                 path.unlink(missing_ok=True)
             for directory in {path.parent for path in paths}:
                 fsync_directory(directory)

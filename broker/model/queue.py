@@ -8,7 +8,9 @@ from itertools import count
 from typing import TYPE_CHECKING, Iterable
 
 from broker.model.arguments.common import text_of
-from broker.model.arguments.queue import QUEUE_TYPE_MODULES, queue_type_of, validate_consume_arguments
+from broker.model.arguments.queue import (
+    QUEUE_TYPE_MODULES, queue_resource, queue_type_of, validate_consume_arguments,
+)
 from broker.model.durability import StoredToMessage, queue_key
 from broker.model.features.dead_letter import DELIVERY_LIMIT, EXPIRED, MAXLEN, REJECTED, dead_letter
 from broker.model.features.deadlines import Deadlines, now_ms
@@ -335,15 +337,18 @@ class Queue:
         """Whether a basic.consume with these settings may subscribe (its arguments checked with RabbitMQ's texts,
         a quorum queue refusing a channel-wide prefetch limit)."""
         validate_consume_arguments(self.name, self.vhost.name, arguments)
+        resource = queue_resource(self.name, self.vhost.name)
         if "x-stream-offset" in arguments:  # a stream's argument: refused rather than ignored, as RabbitMQ does
-            raise errors.precondition_failed(f"invalid arg 'x-stream-offset' for queue '{self.name}' in vhost "
-                                             f"'{self.vhost.name}' of queue type {QUEUE_TYPE_MODULES[self.queue_type]}")
+            raise errors.precondition_failed(
+                f"invalid arg 'x-stream-offset' for {resource} of queue type {QUEUE_TYPE_MODULES[self.queue_type]}")
         if self.quorum and global_prefetch:
-            raise errors.not_implemented(f"queue '{self.name}' in vhost '{self.vhost.name}' does not support global qos")
+            raise errors.not_implemented(f"{resource} does not support global qos")
 
-    def drop_all(self) -> None:
-        """The queue is deleted: its ready messages go."""
+    def drop_all(self) -> int:
+        """The queue is deleted: its ready messages go. Returns how many (what delete-ok counts)."""
+        count = len(self.entries)
         self.entries.clear()
+        return count
 
     def throttle(self, publisher: "Publisher") -> None:
         if publisher not in self.throttled:

@@ -7,11 +7,11 @@ RabbitMQ's stream queues over AMQP 0-9-1 are the reference (3.10, with 3.13's se
 from __future__ import annotations
 
 import datetime
-import re
 import time
 from typing import TYPE_CHECKING
 
 from broker.model.arguments.common import is_longstr, text_of
+from broker.model.arguments.queue import age_ms, queue_resource
 from broker.model.message import Address, Header, Message, QueueEntry
 from broker.model.queue import DISPATCH_BATCH, Queue
 from protocol import errors
@@ -24,23 +24,12 @@ if TYPE_CHECKING:
 
 OFFSET_HEADER = b"x-stream-offset"  # the header every delivery carries: the message's offset (a long)
 DEFAULT_SEGMENT_BYTES = 500_000_000  # RabbitMQ's default x-stream-max-segment-size-bytes
-# seconds per unit of an x-max-age or an x-stream-offset interval (rabbit_amqqueue:check_max_age)
-AGE_UNITS = {"Y": 365 * 86400, "M": 30 * 86400, "D": 86400, "h": 3600, "m": 60, "s": 1}
-_AGE = re.compile(r"([0-9]+)([YMDhms])")
 APPENDED = "appended"  # what enqueue says of a message a stream's log took (a confirm waits for its write)
 # basic.consume arguments of other queue types, which a stream refuses (RabbitMQ: "... of queue type
 # rabbit_stream_queue") rather than ignore
 OTHER_QUEUE_TYPES_CONSUME_ARGUMENTS = ("x-priority", "x-consumer-timeout", "x-delayed-retry-type", "x-delayed-retry-min",
                                        "x-delayed-retry-max", "x-cancel-on-ha-failover")
 ADDRESSES_KEPT = 1024  # (exchange, routing key) pairs whose Address a stream reuses for its deliveries
-
-
-def age_ms(text: str) -> int | None:
-    """Milliseconds of an age such as '7D' or '30m' (x-max-age, x-stream-offset intervals); None if not one."""
-    match = _AGE.fullmatch(text)
-    if match is None or int(match.group(1)) == 0:
-        return None
-    return int(match.group(1)) * AGE_UNITS[match.group(2)] * 1000
 
 
 class StreamLength:
@@ -110,7 +99,7 @@ class Stream(Queue):
         raise errors.not_implemented(f"queue.purge not supported by stream queues {self._resource()}")
 
     def _resource(self) -> str:
-        return f"queue '{self.name}' in vhost '{self.vhost.name}'"
+        return queue_resource(self.name, self.vhost.name)
 
     def check_consume(self, no_ack: bool, prefetch: int, global_prefetch: int, arguments: dict) -> None:
         """RabbitMQ's order: the consume arguments (a stream takes x-stream-offset only), the prefetch count, manual
@@ -180,11 +169,11 @@ class Stream(Queue):
                 if not messages:  # the end, or a chunk being read from disk (_readable marks the stream again)
                     break
                 for exchange, routing_key, header, body in messages:
-                    message = Message(self._address(exchange, routing_key), Header(header), body)
+                    address = self._address(exchange, routing_key)
                     if OFFSET_HEADER in header:  # the publisher set one: it is replaced, as RabbitMQ does
-                        message = message.with_headers({OFFSET_HEADER.decode(): cursor})
+                        message = Message(address, Header(header), body).with_headers({OFFSET_HEADER.decode(): cursor})
                     else:
-                        message.header = Header(with_long_header(header, OFFSET_HEADER, cursor))
+                        message = Message(address, Header(with_long_header(header, OFFSET_HEADER, cursor)), body)
                     deliver(consumer, self, QueueEntry(cursor, message))
                     cursor += 1
                 credit -= len(messages)
@@ -215,10 +204,11 @@ class Stream(Queue):
     def mark_delivered(self, entries) -> None:
         """Deliveries leave no trace in a stream."""
 
-    def drop_all(self) -> None:
-        """The stream is deleted: so is its log."""
+    def drop_all(self) -> int:
+        """The stream is deleted: so is its log. Its delete-ok counts no message, as RabbitMQ's does."""
         self.cursors.clear()
         self.vhost.store.streams.delete(self.store_key)
+        return 0
 
     def expire_due(self) -> None:
         """A stream's messages do not expire (retention drops them)."""

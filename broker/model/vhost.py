@@ -303,9 +303,10 @@ class VirtualHost:
             queue.touch()  # a redeclare renews an x-expires lease, a passive one too
             return queue
         if not name or server_named:
-            if queue_type_of(arguments) != "classic":
+            queue_type = queue_type_of(arguments)
+            if queue_type != "classic":
                 raise errors.precondition_failed(
-                    f"Cannot declare a server-named queue for type {QUEUE_TYPE_MODULES[queue_type_of(arguments)]}")
+                    f"Cannot declare a server-named queue for type {QUEUE_TYPE_MODULES[queue_type]}")
             name = name or generated_name("amq.gen-")
         elif name.startswith("amq.") and not server_named:
             raise errors.access_refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
@@ -342,8 +343,7 @@ class VirtualHost:
         self.queues.pop(queue.name, None)
         if queue.stores_all:
             self.queues_storing_all -= 1
-        count = len(queue.entries) if queue.queue_type != "stream" else 0  # RabbitMQ's delete-ok counts no stream
-        queue.drop_all()
+        count = queue.drop_all()
         for consumer in list(queue.consumers):
             consumer.channel.consumer_cancelled_by_server(consumer)
         queue.consumers.clear()

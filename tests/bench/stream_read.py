@@ -12,7 +12,6 @@ consumers, less the tail follower). Needs the `spark` extra and Java for the Spa
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 import tempfile
@@ -91,19 +90,8 @@ def read_with_spark(spark, url: str, messages: int, workdir: Path) -> tuple[floa
 
 
 def spark_session():
-    if shutil.which("java") is None:
-        return None
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-    from pyspark.sql import SparkSession
-
-    import spark_connector
-
-    spark = (SparkSession.builder.master("local[4]").appName("warren-stream-bench")
-             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "1").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    spark_connector.register(spark)
-    return spark
+    """The replay example's session on four task slots; None without Java."""
+    return stream_replay.session("local[4]") if shutil.which("java") is not None else None
 
 
 def one_round(name: str, messages: int, spark) -> dict:

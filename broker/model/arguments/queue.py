@@ -205,16 +205,23 @@ def _check_delayed_retry_max(value, arguments) -> str | None:
 
 
 
-_MAX_AGE_UNITS = ("Y", "M", "D", "h", "m", "s")
+# seconds per unit of an age such as x-max-age's '7D' (rabbit_amqqueue:check_max_age; also x-stream-offset intervals)
+AGE_UNITS = {"Y": 365 * 86400, "M": 30 * 86400, "D": 86400, "h": 3600, "m": 60, "s": 1}
+_AGE = re.compile(r"([0-9]+)([YMDhms])")
+
+
+def age_ms(text: str) -> int | None:
+    """Milliseconds of an age: a positive number and one unit of AGE_UNITS ('7D', '30m'); None if it is not one."""
+    match = _AGE.fullmatch(text)
+    if match is None or int(match.group(1)) == 0:
+        return None
+    return int(match.group(1)) * AGE_UNITS[match.group(2)] * 1000
 
 
 def _check_max_age(value, arguments) -> str | None:
     if not is_longstr(value):
         return _unacceptable_type(value)
-    number, unit = re.match(r"([0-9]*)(.*)", text_of(value)).groups()
-    if number and int(number) > 0 and unit in _MAX_AGE_UNITS:
-        return None
-    return "invalid_max_age"
+    return None if age_ms(text_of(value)) is not None else "invalid_max_age"
 
 
 # rabbit_amqqueue:declare_args(), in RabbitMQ's order; x-queue-master-locator has no validator in 3.10
@@ -260,12 +267,12 @@ def check_queue_type_properties(queue: str, vhost: str, arguments: dict, durable
         return
     for refused, name in ((auto_delete, "auto-delete"), (exclusive, "exclusive-owner"), (not durable, "non-durable")):
         if refused:
-            raise precondition_failed(f"invalid property '{name}' for {_queue_resource(queue, vhost)}")
+            raise precondition_failed(f"invalid property '{name}' for {queue_resource(queue, vhost)}")
     if queue_type == "stream" and arguments.get("x-stream-max-segment-size-bytes", 0) > MAX_STREAM_SEGMENT_BYTES:
         raise precondition_failed("Exceeded max value for x-stream-max-segment-size-bytes")
 
 
-def _queue_resource(queue: str, vhost: str) -> str:
+def queue_resource(queue: str, vhost: str) -> str:
     return f"queue '{queue}' in vhost '{vhost}'"
 
 
@@ -286,7 +293,7 @@ def _run_validators(resource: str, arguments: dict, names, validators: dict = _D
 
 def validate_queue_arguments(queue: str, vhost: str, arguments: dict) -> None:
     """Check the arguments of a queue about to be created; raises ArgumentError with RabbitMQ's text."""
-    resource = _queue_resource(queue, vhost)
+    resource = queue_resource(queue, vhost)
     check_name_type(arguments, "x-dead-letter-exchange", resource)
     _run_validators(resource, arguments, ("x-queue-type",))
     queue_type = queue_type_of(arguments)
@@ -312,7 +319,7 @@ _CONSUME_VALIDATORS = {
 def validate_consume_arguments(queue: str, vhost: str, arguments: dict) -> None:
     """Check a basic.consume's arguments: its priority, its own acknowledgement timeout (RabbitMQ 4's) and delayed
     retry (beyond RabbitMQ), with the texts of queue arguments."""
-    _run_validators(_queue_resource(queue, vhost), arguments, _CONSUME_VALIDATORS, _CONSUME_VALIDATORS)
+    _run_validators(queue_resource(queue, vhost), arguments, _CONSUME_VALIDATORS, _CONSUME_VALIDATORS)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -328,7 +335,7 @@ def check_queue_equivalent(queue: str, vhost: str, existing: dict, requested: di
     which is enough when the caller has already refused other connections access to an exclusive queue. A durable
     exclusive declaration is not durable, as in RabbitMQ.
     """
-    resource = _queue_resource(queue, vhost)
+    resource = queue_resource(queue, vhost)
     if "owner" in existing and "owner" in requested:
         same_owner = existing["owner"] == requested["owner"]
     else:
