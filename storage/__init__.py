@@ -5,7 +5,7 @@ Public API (``storage.store``)::
     store = MessageStore(data_dir, loop=None, on_health=None)  # on_health(healthy: bool), also store.on_health
     recovered = store.recover()                 # once, before serving; locks data_dir/.lock first (DataDirLocked)
     place = store.append_message(msg_id, queues, exchange, routing_key, header_payload, body)  # where its record is
-    store.pin(queue, place); store.unpin(queue, place, count)  # a paging queue will read the record back from there
+    store.pin(queue, place, count); store.unpin(queue, place, count)  # a paging queue will read the record back from there
     run = store.run_of(queue, ids, places, ...)  # such records, once durable, as a run (storage.recovered.StoredRun)
     store.append_removed(queue, msg_ids)        # acked / rejected / expired / purged from that queue
     store.append_delivered(queue, msg_ids)      # never waits; the message comes back redelivered

@@ -148,9 +148,10 @@ class MessageStore:
         return where
 
     # --- messages a paging queue reads back from the store -----------------------------------------------------
-    def pin(self, queue: str, where: int) -> None:
-        """A queue will read the record at where back (once it is durable): its segment waits with compaction."""
-        self._index.pin(where >> PLACE_BITS, queue, 1)
+    def pin(self, queue: str, where: int, count: int) -> None:
+        """A queue will read count records back from where's segment (once they are durable): it waits with
+        compaction."""
+        self._index.pin(where >> PLACE_BITS, queue, count)
 
     def unpin(self, queue: str, where: int, count: int) -> None:
         """count records pinned for queue in where's segment are no longer to be read back."""

@@ -95,7 +95,7 @@ class Page:
     recovered messages still in the message store (run)."""
 
     __slots__ = ("data", "location", "count", "body_bytes", "persistent", "persistent_bytes", "stored_ids",
-                 "taken", "run", "restore", "places", "first_seq")
+                 "taken", "run", "restore", "places", "pins", "first_seq")
 
     def __init__(self):
         self.data: bytearray | bytes | None = bytearray()  # the encoded entries, None once safely on disk
@@ -110,9 +110,10 @@ class Page:
         # makes the entries of the run from the bytes it read (their places in the queue and TTLs were settled at
         # restore)
         self.restore: Callable[["StoredRun", bytes], list[QueueEntry]] | None = None
-        # while every entry so far can be read back from the message store: where their records are (each pinned
-        # there for the queue); None once one cannot, or once the run holds the pins
+        # while every entry so far can be read back from the message store: where their records are (all in one
+        # segment, pinned there for the queue); None once one cannot, or once the run holds the pins
         self.places: array | None = None
+        self.pins = 0  # pins it holds on their segment: one while it fills, one per record once sealed
         self.first_seq = 0  # the seq of its first entry (those after it follow one by one while places is kept)
 
 
@@ -187,10 +188,17 @@ class PagedEntries:
             self.paged_persistent_bytes += size
         if message.msg_id:
             page.stored_ids.append(message.msg_id)
-        if page.places is not None:
-            if self._in_store(entry, page):
-                page.places.append(message.place)
-                self.backing.store.pin(self.backing.key, message.place)
+        places = page.places
+        if places is not None:
+            where = message.place
+            if (places and entry.seq == page.first_seq + len(places)
+                    and where >> PLACE_BITS == places[0] >> PLACE_BITS and self._readable_from_store(entry)):
+                places.append(where)  # the next record of the page's segment
+            elif not places and self._readable_from_store(entry):
+                places.append(where)
+                page.first_seq = entry.seq
+                self.backing.store.pin(self.backing.key, where, 1)  # the segment waits while the page fills
+                page.pins = 1
             else:
                 self._unpin(page)
         if len(page.data) >= PAGE_BYTES:
@@ -203,24 +211,19 @@ class PagedEntries:
             page.places = array("Q")
         return page
 
-    def _in_store(self, entry: QueueEntry, page: Page) -> bool:
-        """Whether entry, just added to page, can be read back from the message store as the page's next record:
-        its very message was written there for this queue, in the segment of the page's other records, and the
-        entry is fresh (no TTL, never delivered, the next seq)."""
+    def _readable_from_store(self, entry: QueueEntry) -> bool:
+        """Whether entry, added to a page, can be read back from the message store (if it follows the page's other
+        records there, which the caller checks): its very message was written there for this queue, and the entry
+        is fresh (no TTL, never delivered)."""
         message = entry.message
-        places = page.places
-        if not places:
-            page.first_seq = entry.seq
-        elif entry.seq != page.first_seq + len(places) or places[0] >> PLACE_BITS != message.place >> PLACE_BITS:
-            return False
         return (message.place >= 0 and (self.backing.stores_all or message.header.scan.delivery_mode == 2)
                 and not entry.expires_at and not entry.redelivered and not entry.acquired_count)
 
     def _unpin(self, page: Page) -> None:
         """page is no longer to be read back from the store."""
-        places = page.places
-        if places:
-            self.backing.store.unpin(self.backing.key, places[0], len(places))
+        if page.pins:
+            self.backing.store.unpin(self.backing.key, page.places[0], page.pins)
+            page.pins = 0
         page.places = None
 
     def add_stored(self, run: "StoredRun", restore: Callable[["StoredRun", bytes], list[QueueEntry]]) -> None:
@@ -243,6 +246,8 @@ class PagedEntries:
         page.data = bytes(page.data)
         self.pages.append(page)
         if page.places:  # every entry is in the store: the page waits in memory until their records are durable
+            self.backing.store.pin(self.backing.key, page.places[0], len(page.places) - page.pins)
+            page.pins = len(page.places)
             self.backing.store.when_durable(lambda ok: self._stored(page, ok))
         else:
             self._write(page)
@@ -260,7 +265,7 @@ class PagedEntries:
         page.run = backing.store.run_of(backing.key, page.stored_ids, page.places, page.body_bytes, page.persistent,
                                         page.persistent_bytes)
         page.restore = backing.restore(page.first_seq)
-        page.places = None  # the run holds the pins now
+        page.places, page.pins = None, 0  # the run holds the pins now
         page.data = None
 
     def _write(self, page: Page) -> None:
