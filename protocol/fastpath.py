@@ -14,11 +14,14 @@ from protocol.constants import (
     BASIC_ACK,
     BASIC_DELIVER,
     BASIC_NACK,
+    FRAME_BODY,
     FRAME_END,
     FRAME_ERROR,
     FRAME_HEADER,
     FRAME_METHOD,
+    FRAME_OVERHEAD,
 )
+from protocol.codec import encode_content
 from protocol.erlang_terms import Atom, write
 from protocol.errors import AMQPError
 from protocol.framing import frame_error
@@ -29,6 +32,7 @@ _DELIVER_HEAD = struct.Struct(">BHIIB")
 _DELIVER_MIDDLE = struct.Struct(">QBB")
 _DELIVER_FIXED_SIZE = 16  # payload bytes besides the three strings: id 4, 3 lengths, tag 8, bit octet 1
 _END = bytes((FRAME_END,))
+_END_THEN_FRAME_HEAD = struct.Struct(">BBHI")  # the end byte of one frame, then the next frame's header
 
 # basic.ack / basic.nack: complete frame with a 13-byte payload (id, delivery_tag, bit octet).
 _TAG_FRAME = struct.Struct(">BHIIQBB")
@@ -107,6 +111,35 @@ def encode_deliver(
             exchange,
             routing_key_size.to_bytes(),
             routing_key,
+            _END,
+        )
+    )
+
+
+def encode_delivery(
+    channel: int, consumer_tag: bytes, delivery_tag: int, redelivered: bool, exchange: bytes, routing_key: bytes,
+    header_payload: bytes, body: bytes, frame_max: int,
+) -> bytes:
+    """basic.deliver (as encode_deliver) with its content frames (as codec.encode_content), as one bytes: a body
+    that fits one frame is joined in a single pass."""
+    size = len(body)
+    if not size or (frame_max and size > frame_max - FRAME_OVERHEAD):
+        return (encode_deliver(channel, consumer_tag, delivery_tag, redelivered, exchange, routing_key)
+                + encode_content(channel, header_payload, body, frame_max))
+    routing_key_size = len(routing_key)
+    payload_size = _DELIVER_FIXED_SIZE + len(consumer_tag) + len(exchange) + routing_key_size
+    return b"".join(
+        (
+            _DELIVER_HEAD.pack(FRAME_METHOD, channel, payload_size, BASIC_DELIVER, len(consumer_tag)),
+            consumer_tag,
+            _DELIVER_MIDDLE.pack(delivery_tag, redelivered, len(exchange)),
+            exchange,
+            routing_key_size.to_bytes(),
+            routing_key,
+            _END_THEN_FRAME_HEAD.pack(FRAME_END, FRAME_HEADER, channel, len(header_payload)),
+            header_payload,
+            _END_THEN_FRAME_HEAD.pack(FRAME_END, FRAME_BODY, channel, size),
+            body,
             _END,
         )
     )

@@ -29,7 +29,7 @@ from protocol.constants import (
 )
 from protocol.errors import AMQPError
 from protocol.fastpath import (
-    decode_ack, decode_nack, decode_publish, decode_reject, encode_ack, encode_deliver, encode_nack,
+    decode_ack, decode_nack, decode_publish, decode_reject, encode_ack, encode_delivery, encode_nack,
 )
 from protocol.properties import EXPIRATION, REPLY_TO, USER_ID, property_flags
 
@@ -345,19 +345,19 @@ class Channel:
                 self.vhost.store.append_delivered(queue.store_key, (message.msg_id,))
             if consumer.ack_timeout < self.ack_timer.shortest:
                 self.ack_timer.watch(consumer.ack_timeout)
-        connection = self.connection
-        connection.write(encode_deliver(self.number, consumer.tag_bytes, tag, entry.redelivered,
-                                        message.address.exchange_bytes, message.address.routing_key_bytes))
-        connection.write(encode_content(self.number, message.header_payload, message.body, connection.frame_max))
+        address = message.address
+        self.connection.write(encode_delivery(self.number, consumer.tag_bytes, tag, entry.redelivered,
+                                              address.exchange_bytes, address.routing_key_bytes,
+                                              message.header_payload, message.body, self.connection.frame_max))
 
     def deliver_reply(self, message: Message) -> None:
         """A direct reply-to reply: straight to this channel's reply consumer, never acked."""
         tag = self.next_tag
         self.next_tag = tag + 1
-        connection = self.connection
-        connection.write(encode_deliver(self.number, self.reply_consumer.tag_bytes, tag, False,
-                                        message.address.exchange_bytes, message.address.routing_key_bytes))
-        connection.write(encode_content(self.number, message.header_payload, message.body, connection.frame_max))
+        address = message.address
+        self.connection.write(encode_delivery(self.number, self.reply_consumer.tag_bytes, tag, False,
+                                              address.exchange_bytes, address.routing_key_bytes,
+                                              message.header_payload, message.body, self.connection.frame_max))
 
     # --- acknowledgements ----------------------------------------------------------------------------------
     def ack(self, tag: int, multiple: bool) -> None:

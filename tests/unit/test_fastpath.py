@@ -8,6 +8,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 from pamqp import commands, frame, header
+from pamqp.body import ContentBody
 
 from protocol import fastpath
 from protocol.codec import decode_method
@@ -136,6 +137,27 @@ def test_encode_deliver_round_trips_through_pamqp(consumer_tag, tag, redelivered
     assert (consumed, channel_number) == (len(encoded), 9)
     assert dict(method) == {"consumer_tag": consumer_tag, "delivery_tag": tag, "redelivered": redelivered,
                             "exchange": exchange, "routing_key": routing_key}
+
+
+@given(channel=channel, tag=delivery_tag, redelivered=st.booleans(), routing_key=short_text,
+       body=st.binary(max_size=300), frame_max=st.sampled_from([0, 4096, 50, 9]),
+       properties=st.builds(commands.Basic.Properties, content_type=st.sampled_from([None, "text/plain"]),
+                            delivery_mode=st.sampled_from([None, 1, 2]), priority=st.integers(0, 9)))
+@example(channel=1, tag=1, redelivered=False, routing_key="k", body=b"", frame_max=4096,
+         properties=commands.Basic.Properties())
+def test_encode_delivery_matches_pamqp_deliver_header_and_body_frames(channel, tag, redelivered, routing_key, body,
+                                                                      frame_max, properties):
+    """Bodies that fit one frame (joined in one pass), that need several (frame_max - 8 bytes each) or none."""
+    content_header = header.ContentHeader(0, len(body), properties)
+    header_payload = content_header.marshal()
+    largest = frame_max - 8 if frame_max else max(len(body), 1)
+    expected = frame.marshal(commands.Basic.Deliver("ctag", tag, redelivered, "amq.direct", routing_key), channel)
+    expected += frame.marshal(content_header, channel)
+    expected += b"".join(frame.marshal(ContentBody(body[start:start + largest]), channel)
+                         for start in range(0, len(body), largest))
+    encoded = fastpath.encode_delivery(channel, b"ctag", tag, redelivered, b"amq.direct", routing_key.encode(),
+                                       header_payload, body, frame_max)
+    assert encoded == expected
 
 
 @given(channel=channel, tag=delivery_tag, multiple=st.booleans())
