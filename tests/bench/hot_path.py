@@ -4,8 +4,9 @@
 A publishing connection is fed pre-encoded publishes in 64 KiB pieces, as a socket hands them over, and a consuming
 connection's writes are counted and dropped; the event loop runs between pieces, so that writes are flushed and
 queues dispatched as they are when serving sockets. The figure (process CPU time per message delivered) leaves out
-the kernel and the clients, and moves by a few per cent between runs where the split scenarios of `make bench` move
-by 15: it tells code changes apart; `make bench` says where Warren stands against RabbitMQ.
+the kernel and the clients; a round the machine disturbs comes out higher, never lower, so the least of several
+rounds tells code changes apart where the split scenarios of `make bench` move by 15 % between runs. `make bench`
+says where Warren stands against RabbitMQ.
 """
 
 from __future__ import annotations
