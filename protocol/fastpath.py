@@ -96,46 +96,29 @@ def decode_content_header(payload: bytes) -> tuple[int, int]:
         raise frame_error(Atom("unknown_frame"), FRAME_HEADER, payload) from None
 
 
-def encode_deliver(
-    channel: int, consumer_tag: bytes, delivery_tag: int, redelivered: bool, exchange: bytes, routing_key: bytes
-) -> bytes:
-    """Complete basic.deliver method frame. consumer_tag/exchange/routing_key are already UTF-8 encoded bytes
-    (the broker caches them), each <= 255 bytes."""
-    routing_key_size = len(routing_key)
-    payload_size = _DELIVER_FIXED_SIZE + len(consumer_tag) + len(exchange) + routing_key_size
-    return b"".join(
-        (
-            _DELIVER_HEAD.pack(FRAME_METHOD, channel, payload_size, BASIC_DELIVER, len(consumer_tag)),
-            consumer_tag,
-            _DELIVER_MIDDLE.pack(delivery_tag, redelivered, len(exchange)),
-            exchange,
-            routing_key_size.to_bytes(),
-            routing_key,
-            _END,
-        )
-    )
-
-
 def encode_delivery(
     channel: int, consumer_tag: bytes, delivery_tag: int, redelivered: bool, exchange: bytes, routing_key: bytes,
     header_payload: bytes, body: bytes, frame_max: int,
 ) -> bytes:
-    """basic.deliver (as encode_deliver) with its content frames (as codec.encode_content), as one bytes: a body
-    that fits one frame is joined in a single pass."""
-    size = len(body)
-    if not size or (frame_max and size > frame_max - FRAME_OVERHEAD):
-        return (encode_deliver(channel, consumer_tag, delivery_tag, redelivered, exchange, routing_key)
-                + encode_content(channel, header_payload, body, frame_max))
+    """A complete basic.deliver method frame followed by its content frames (as codec.encode_content), as one bytes;
+    a body that fits one frame is joined with the rest in a single pass. consumer_tag/exchange/routing_key are
+    already UTF-8 encoded bytes (the broker caches them), each <= 255 bytes."""
     routing_key_size = len(routing_key)
     payload_size = _DELIVER_FIXED_SIZE + len(consumer_tag) + len(exchange) + routing_key_size
+    method = (
+        _DELIVER_HEAD.pack(FRAME_METHOD, channel, payload_size, BASIC_DELIVER, len(consumer_tag)),
+        consumer_tag,
+        _DELIVER_MIDDLE.pack(delivery_tag, redelivered, len(exchange)),
+        exchange,
+        routing_key_size.to_bytes(),
+        routing_key,
+    )  # the method frame but its end byte
+    size = len(body)
+    if not size or (frame_max and size > frame_max - FRAME_OVERHEAD):
+        return b"".join((*method, _END)) + encode_content(channel, header_payload, body, frame_max)
     return b"".join(
         (
-            _DELIVER_HEAD.pack(FRAME_METHOD, channel, payload_size, BASIC_DELIVER, len(consumer_tag)),
-            consumer_tag,
-            _DELIVER_MIDDLE.pack(delivery_tag, redelivered, len(exchange)),
-            exchange,
-            routing_key_size.to_bytes(),
-            routing_key,
+            *method,
             _END_THEN_FRAME_HEAD.pack(FRAME_END, FRAME_HEADER, channel, len(header_payload)),
             header_payload,
             _END_THEN_FRAME_HEAD.pack(FRAME_END, FRAME_BODY, channel, size),

@@ -119,22 +119,26 @@ def test_decode_content_header_rejects_short_input():
     assert caught.value.text == "FRAME_ERROR - type 2, all octets = <<0,60,0,0>>: unknown_frame"
 
 
+EMPTY_HEADER = header.ContentHeader(0, 0, commands.Basic.Properties())
+
+
 @given(channel=channel, consumer_tag=short_text, tag=delivery_tag, redelivered=st.booleans(),
        exchange=exchange_name, routing_key=short_text)
-def test_encode_deliver_matches_pamqp(channel, consumer_tag, tag, redelivered, exchange, routing_key):
+def test_encode_delivery_of_an_empty_body_matches_pamqp(channel, consumer_tag, tag, redelivered, exchange,
+                                                         routing_key):
     method = commands.Basic.Deliver(consumer_tag, tag, redelivered, exchange, routing_key)
-    encoded = fastpath.encode_deliver(channel, consumer_tag.encode(), tag, redelivered, exchange.encode(),
-                                      routing_key.encode())
-    assert encoded == frame.marshal(method, channel)
+    encoded = fastpath.encode_delivery(channel, consumer_tag.encode(), tag, redelivered, exchange.encode(),
+                                       routing_key.encode(), EMPTY_HEADER.marshal(), b"", 4096)
+    assert encoded == frame.marshal(method, channel) + frame.marshal(EMPTY_HEADER, channel)
 
 
 @given(consumer_tag=short_text, tag=delivery_tag, redelivered=st.booleans(), exchange=short_text,
        routing_key=short_text)
-def test_encode_deliver_round_trips_through_pamqp(consumer_tag, tag, redelivered, exchange, routing_key):
-    encoded = fastpath.encode_deliver(9, consumer_tag.encode(), tag, redelivered, exchange.encode(),
-                                      routing_key.encode())
+def test_encode_delivery_round_trips_through_pamqp(consumer_tag, tag, redelivered, exchange, routing_key):
+    encoded = fastpath.encode_delivery(9, consumer_tag.encode(), tag, redelivered, exchange.encode(),
+                                       routing_key.encode(), EMPTY_HEADER.marshal(), b"", 0)
     consumed, channel_number, method = frame.unmarshal(encoded)
-    assert (consumed, channel_number) == (len(encoded), 9)
+    assert channel_number == 9 and encoded[consumed:] == frame.marshal(EMPTY_HEADER, 9)
     assert dict(method) == {"consumer_tag": consumer_tag, "delivery_tag": tag, "redelivered": redelivered,
                             "exchange": exchange, "routing_key": routing_key}
 
@@ -175,6 +179,6 @@ def test_encode_nack_does_not_requeue_by_default():
     assert fastpath.encode_nack(1, 5, False) == frame.marshal(commands.Basic.Nack(5, False, False), 1)
 
 
-def test_encode_deliver_refuses_strings_over_255_bytes():
+def test_encode_delivery_refuses_strings_over_255_bytes():
     with pytest.raises((struct.error, OverflowError)):
-        fastpath.encode_deliver(1, b"c", 1, False, b"", b"k" * 256)
+        fastpath.encode_delivery(1, b"c", 1, False, b"", b"k" * 256, EMPTY_HEADER.marshal(), b"x", 0)
