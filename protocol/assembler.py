@@ -36,9 +36,9 @@ def out_of_order(content: Content | None) -> AMQPError:
     return AMQPError(UNEXPECTED_FRAME, "expected content body, got non content body frame instead", *PUBLISH)
 
 
-def content_header(content: Content | None, payload: bytes, max_message_size: int) -> int:
+def content_header(content: Content, payload: bytes, max_message_size: int) -> int:
     """A content header frame for content: its body size, once RabbitMQ's checks pass (else their error)."""
-    if content is None or content.body_size >= 0:
+    if content.body_size >= 0:
         raise out_of_order(content)
     class_id, body_size = decode_content_header(payload)
     if class_id != 60:
@@ -52,10 +52,10 @@ def content_header(content: Content | None, payload: bytes, max_message_size: in
     return body_size
 
 
-def content_body(content: Content | None, payload: bytes) -> bytes | None:
+def content_body(content: Content, payload: bytes) -> bytes | None:
     """A body frame for content: the whole body once it is complete (the frame itself when it carries all of it),
     None while parts are missing."""
-    if content is None or content.body_size < 0:
+    if content.body_size < 0:
         raise out_of_order(content)
     received = content.received = content.received + len(payload)
     if received > content.body_size:

@@ -7,6 +7,7 @@ frame type (rabbit_command_assembler:analyze_frame). Each failure raises AMQPErr
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 from protocol.constants import (
     DEFAULT_FRAME_MAX,
@@ -31,14 +32,14 @@ _NO_LIMIT = 1 << 32  # above any 32-bit payload size
 _MIN_PAYLOAD = {FRAME_METHOD: 4, FRAME_HEADER: 12, FRAME_BODY: 0, FRAME_HEARTBEAT: 0}
 
 
-def describe_frame(frame_type: int, payload: bytes) -> str:
+def describe_frame(frame_type: int, payload: bytes | memoryview) -> str:
     """RabbitMQ's "type ~tp, ~ts octets = ~tp" (rabbit_reader:payload_snippet), as Erlang chars."""
     which = "all" if len(payload) <= 16 else "first 16"
     prefix = f"type {frame_type}, {which} octets = "
     return prefix + pretty(bytes(payload[:16]), column_after(prefix))
 
 
-def frame_error(reason: object, frame_type: int, payload: bytes) -> AMQPError:
+def frame_error(reason: object, frame_type: int, payload: bytes | memoryview) -> AMQPError:
     """rabbit_reader:frame_error: 501 with the frame described and the reason as an Erlang term."""
     described = describe_frame(frame_type, payload) + ": "
     explanation = described + pretty(reason, column_after(described))
@@ -64,7 +65,7 @@ class FrameReader:
         self.frame_max = frame_max  # largest frame (header + payload + end byte) accepted; 0 = no limit
         self._partial = bytearray()  # the start of a frame whose remaining bytes have not arrived yet
 
-    def feed(self, data: bytes) -> list[Frame]:
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         """Append data; return every now-complete frame as (frame_type, channel, payload). Raises AMQPError."""
         if type(data) is not bytes:
             data = bytes(data)
@@ -102,11 +103,12 @@ class FrameReader:
 
     def _read_partial_frame(self, frames: list[Frame]) -> None:
         """Append the now-complete frame held in _partial, copying its payload once, and empty _partial."""
+        read: list[tuple[int, int, memoryview]] = []
         with memoryview(self._partial) as view:
-            self._read_frames(view, 0, frames)
-        frame_type, channel, payload_view = frames[-1]
-        frames[-1] = (frame_type, channel, payload_view.tobytes())
-        del payload_view  # the last view on _partial: it may be resized again
+            self._read_frames(view, 0, read)
+        frame_type, channel, payload_view = read[0]
+        frames.append((frame_type, channel, bytes(payload_view)))
+        del payload_view, read  # the last views on _partial: it may be resized again
         self._partial.clear()
 
     def _check_size(self, frame_type: int, size: int) -> None:
@@ -116,8 +118,9 @@ class FrameReader:
             reason = (Atom("frame_too_large"), size, self.frame_max - FRAME_OVERHEAD)
             raise frame_error(reason, frame_type, b"")
 
-    def _read_frames(self, source: bytes | memoryview, offset: int, frames: list[Frame]) -> int:
-        """Append the complete frames of source from offset on; return the offset of the first incomplete one."""
+    def _read_frames(self, source: bytes | memoryview, offset: int, frames: list[tuple[int, int, Any]]) -> int:
+        """Append the complete frames of source from offset on; return the offset of the first incomplete one (their
+        payloads are slices of source: bytes, or memoryviews the caller copies)."""
         end = len(source)
         limit = self.frame_max or _NO_LIMIT
         unpack_header = _FRAME_HEADER.unpack_from

@@ -7,7 +7,7 @@ import logging
 import socket
 import struct
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from pamqp import commands as spec
 
@@ -26,7 +26,10 @@ from protocol.errors import AMQPError, close_for, reply_text
 from protocol.framing import FrameReader
 
 if TYPE_CHECKING:
+    from pamqp.common import FieldTable
+
     from broker.connection.server import Server
+    from broker.model.vhost import VirtualHost
 
 log = logging.getLogger(__name__)
 peer_log = PeerLog(log)  # every line about one client goes through here, so that no client can flood the log
@@ -37,6 +40,21 @@ _CHANNEL_OPEN = (20, 10)
 _CHANNEL_CLOSE = (20, 40)
 _CHANNEL_CLOSE_OK = (20, 41)
 _OPEN_OK_PAYLOAD = struct.pack(">HHI", 20, 11, 0)  # channel.open-ok with an empty channel_id longstr
+
+
+class Transport(Protocol):
+    """What a connection asks of its transport (uvloop's, or asyncio's for TLS; uvloop's is no asyncio.Transport)."""
+
+    def write(self, data: bytes) -> None: ...
+    def close(self) -> None: ...
+    def is_closing(self) -> bool: ...
+    def pause_reading(self) -> None: ...
+    def resume_reading(self) -> None: ...
+    def get_write_buffer_size(self) -> int: ...
+    def can_write_eof(self) -> bool: ...
+    def write_eof(self) -> None: ...
+    def get_extra_info(self, name: str, default: Any = None) -> Any: ...
+
 
 # Connection states, in handshake order. CLOSING: we sent connection.close and wait for close-ok; DRAINING: the
 # close exchange is over and we read and discard until the peer closes its socket.
@@ -66,15 +84,15 @@ class Connection(asyncio.Protocol):
     def __init__(self, server: "Server"):
         self.server = server
         config = server.config
-        self.vhost = None  # the VirtualHost connection.open chose
+        self.vhost: VirtualHost | None = None  # the VirtualHost connection.open chose
         self.loop = asyncio.get_running_loop()
-        self.transport: asyncio.Transport | None = None
-        self.state = AWAIT_HEADER
+        self.transport: Transport | None = None  # from connection_made on
+        self.state: int = AWAIT_HEADER  # one of AWAIT_HEADER .. CLOSED, in that order
         self.header = b""  # protocol header bytes received so far
         self.reader = FrameReader(FRAME_MIN_SIZE)  # RabbitMQ accepts only 4096-byte frames until tune-ok
-        self.frame_max = config.frame_max  # negotiated in tune-ok
-        self.channel_max = config.channel_max  # negotiated in tune-ok
-        self.heartbeat = 0  # negotiated seconds, 0 = off
+        self.frame_max: int = config.frame_max  # negotiated in tune-ok
+        self.channel_max: int = config.channel_max  # negotiated in tune-ok
+        self.heartbeat: int = 0  # negotiated seconds, 0 = off
         self.channels: dict[int, Channel] = {}  # open channels by number
         self.closing_channels: set[int] = set()  # channels we sent channel.close on, awaiting close-ok
         self.out: list[bytes] = []  # frames to write at the end of this loop turn
@@ -88,11 +106,11 @@ class Connection(asyncio.Protocol):
         self.waiting_channels: set[Channel] = set()
         self.flush_scheduled = False  # a flush is queued on the loop
         self.handled: dict[Channel, None] = {}  # channels that handled frames of the read being processed
-        self.write_paused = False  # the transport's buffer is full: no deliveries until it drains
+        self.write_paused: bool = False  # the transport's buffer is full: no deliveries until it drains
         self.exclusive_queues: set = set()  # exclusive queues this connection owns, deleted with it
         self.client_properties: dict = {}
         self.client_capabilities: dict = {}
-        self.user = ""
+        self.user: str = ""  # who logged in
         self.last_received = 0.0  # loop time of the last bytes from the client
         self.read_this_turn = 0  # bytes received in the current event-loop turn (see READ_BUDGET)
         self.received_bytes = 0  # since the socket was accepted (RabbitMQ's recv_oct)
@@ -109,8 +127,8 @@ class Connection(asyncio.Protocol):
         self.connected_at = 0  # wall-clock milliseconds when the socket was accepted (shown by the management API)
 
     # --- transport callbacks -------------------------------------------------------------------------------
-    def connection_made(self, transport: asyncio.Transport) -> None:
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(Transport, transport)  # a stream transport: this protocol is served over TCP
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -205,11 +223,13 @@ class Connection(asyncio.Protocol):
         """Process frames, then the frame error that cut them short; hold what is left once the client's unread
         output passes OUTPUT_LIMIT. Then each channel that handled frames sends its confirms (as rabbit_channel's
         next_state after each message)."""
-        self.output_room = OUTPUT_LIMIT - self.transport.get_write_buffer_size()
+        transport = self.transport
+        assert transport is not None, "frames come from it"
+        self.output_room = OUTPUT_LIMIT - transport.get_write_buffer_size()
         rest = self._process(frames)
         if rest is not None:
             self.held = (rest, failure)
-            self.unread_at_tick = self.transport.get_write_buffer_size()
+            self.unread_at_tick = transport.get_write_buffer_size()
             self._update_reading()
         elif failure is not None:
             self.failed(failure, None)
@@ -333,13 +353,15 @@ class Connection(asyncio.Protocol):
             peer_log.info(self.peer_address, "accepting AMQP connection %s", self.name)
             self._send_start()
             return rest
-        self.transport.write(PROTOCOL_HEADER)
+        transport = self.transport
+        assert transport is not None, "the header came from it"
+        transport.write(PROTOCOL_HEADER)
         self.state = CLOSED
-        self.transport.close()
+        transport.close()
         return b""
 
     def _send_start(self) -> None:
-        properties = {
+        properties: FieldTable = {
             "product": "Warren",
             "version": self.server.version,
             "platform": self.server.platform,
@@ -422,12 +444,12 @@ class Connection(asyncio.Protocol):
         counters.auth_attempts += 1
         if not login.accepted:
             counters.auth_failed += 1
-            self._refuse_login(method.mechanism, login.user, properties.get("capabilities") or {})
+            self._refuse_login(method.mechanism, login.user, _capabilities(properties))
             return
         failed_logins.accepted(self.peer_address)
         self.user = login.user
         self.client_properties = properties  # kept only once the client has logged in
-        self.client_capabilities = properties.get("capabilities") or {}
+        self.client_capabilities = _capabilities(properties)
         self.state = AWAIT_TUNE_OK
         self.send_method(0, spec.Connection.Tune(channel_max=config.channel_max, frame_max=config.frame_max,
                                                  heartbeat=config.heartbeat))
@@ -446,6 +468,7 @@ class Connection(asyncio.Protocol):
         if not delay:
             self._answer_refused(text)
             return
+        assert self.transport is not None and self.timer is not None, "the handshake runs on a transport, timed"
         self.transport.pause_reading()
         self.timer.cancel()  # the handshake timeout: the throttle bounds the wait
         self.timer = self.loop.call_later(delay, self._answer_refused, text)
@@ -454,6 +477,7 @@ class Connection(asyncio.Protocol):
         if text is None:
             self._terminate()
             return
+        assert self.transport is not None, "the handshake runs on a transport"
         self.transport.resume_reading()  # for the close-ok
         self.close(ACCESS_REFUSED, text)
 
@@ -466,12 +490,12 @@ class Connection(asyncio.Protocol):
         self.state = AWAIT_OPEN
 
     def _open(self, method: spec.Connection.Open) -> None:
-        self.vhost = self.server.node.open_vhost(self.user, method.virtual_host)
+        vhost = self.vhost = self.server.node.open_vhost(self.user, method.virtual_host)
         self.state = OPEN
-        self.vhost.counters.connections_opened += 1
+        vhost.counters.connections_opened += 1
         provided = self.client_properties.get("connection_name")
         peer_log.info(self.peer_address, "connection %s: user '%s' authenticated and granted access to vhost '%s'%s",
-                      self.name, self.user, self.vhost.name,
+                      self.name, self.user, vhost.name,
                       f" (client-provided name: {provided[:200]!r})" if isinstance(provided, str) else "")
         self.send_method(0, spec.Connection.OpenOk())
         self._start_heartbeats()
@@ -490,11 +514,12 @@ class Connection(asyncio.Protocol):
             self.timer = self.loop.call_later(self.heartbeat / 2, self._heartbeat_tick)
 
     def _heartbeat_tick(self) -> None:
-        if self.state != OPEN:
+        transport = self.transport
+        if self.state != OPEN or transport is None:
             return
         now = self.loop.time()
         if self.held is not None:  # we stopped reading because the client does not read: alive while it drains
-            unread = self.transport.get_write_buffer_size()
+            unread = transport.get_write_buffer_size()
             if unread < self.unread_at_tick:
                 self.last_received = now
             self.unread_at_tick = unread
@@ -508,7 +533,7 @@ class Connection(asyncio.Protocol):
         if not self.sent_since_tick:
             # Written at once and not counted as traffic, as rabbit_heartbeat counts only what was sent between two
             # checks: an idle connection gets a heartbeat every half interval.
-            self.transport.write(HEARTBEAT_FRAME)
+            transport.write(HEARTBEAT_FRAME)
         self.sent_since_tick = False
         self.timer = self.loop.call_later(self.heartbeat / 2, self._heartbeat_tick)
 
@@ -517,7 +542,7 @@ class Connection(asyncio.Protocol):
         """The one place errors close things, as protocol.errors.close_for decides: channel.close for a soft error
         on an open channel, else connection.close (or, where RabbitMQ does so, a dropped socket)."""
         close = close_for(error, channel is not None, frame_type, payload)
-        if not close.connection:
+        if not close.connection and channel is not None:  # (close_for closes the connection when there is none)
             peer_log.info(self.peer_address, "channel error on connection %s, channel %d: %d %s",
                           self.described(), channel.number, close.reply_code, close.reply_text)
             self.close_channel(channel.number, send_close_ok=False)
@@ -588,6 +613,7 @@ class Connection(asyncio.Protocol):
         self.flush()
         self.state = DRAINING
         transport = self.transport
+        assert transport is not None, "a close exchange ran on it"
         if transport.can_write_eof():
             transport.write_eof()
         transport.resume_reading()
@@ -599,6 +625,12 @@ class Connection(asyncio.Protocol):
         self.state = CLOSED
         if self.transport is not None:
             self.transport.close()
+
+
+def _capabilities(client_properties: dict) -> dict:
+    """The capabilities table of a client's properties ({} if it sent none, or sent something else by that name)."""
+    capabilities = client_properties.get("capabilities")
+    return capabilities if isinstance(capabilities, dict) else {}
 
 
 def _decode_connection_method(payload: bytes):

@@ -26,8 +26,11 @@ class Subscriber(Protocol):
 
     priority: int  # higher-priority subscribers are served first
     exclusive: bool  # no other subscriber may join the queue
-    channel: DeliveryTarget  # where its deliveries go
     unacked: int  # deliveries sent to it and not yet settled
+
+    @property
+    def channel(self) -> DeliveryTarget:
+        """Where its deliveries go (read only, so that a subscriber may name a narrower kind of target)."""
 
     def credit(self) -> int:
         """How many more messages it may be sent right now."""

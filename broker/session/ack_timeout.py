@@ -28,9 +28,9 @@ TICKS_PER_TIMEOUT = 10  # ticks within the shortest timeout: how late past its t
 SHORTEST_TICK = 0.005  # seconds
 
 
-def timeout_of(own, queue: "Queue", default: int) -> float:
+def timeout_of(own, queue: "Queue", default: int) -> int | float:
     """The timeout in ms of a delivery from queue: own (a consumer's argument, or None), else the queue's, else the
-    broker's default; NONE for 0."""
+    broker's default; NONE for 0. (An int, or NONE: RabbitMQ's texts print it as given.)"""
     for timeout in (own, queue.consumer_timeout, default):
         if timeout is not None:
             return timeout or NONE
@@ -105,7 +105,7 @@ class AckTimer:
         return None
 
 
-def log_timeout(channel: "Channel", delivery: "Unacked", timeout: float) -> None:
+def log_timeout(channel: "Channel", delivery: "Unacked", timeout: int | float) -> None:
     """RabbitMQ's warning for a delivery that waited too long."""
     consumer = f"Consumer '{delivery.consumer.tag}'" if delivery.consumer is not None else "A basic.get"
     log.warning("%s on channel %d and queue '%s' in vhost '%s' has timed out waiting for a consumer acknowledgement "

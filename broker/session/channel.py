@@ -35,6 +35,8 @@ from protocol.properties import EXPIRATION, REPLY_TO, USER_ID, property_flags
 
 if TYPE_CHECKING:
     from broker.connection.connection import Connection
+    from broker.model.counters import NodeCounters
+    from broker.model.vhost import VirtualHost
 
 _METHOD_ID = struct.Struct(">I")
 # Frames a channel holds while a reply waits for the disk before its connection stops being read (RabbitMQ's credit
@@ -44,40 +46,45 @@ BACKLOG_LIMIT = 400
 
 class Channel:
     def __init__(self, connection: "Connection", number: int):
-        self.connection = connection
-        self.number = number
-        self.vhost = connection.vhost
-        self.counters = self.vhost.counters  # the node's (model.counters)
+        self.connection: Connection = connection
+        self.number: int = number
+        vhost = connection.vhost
+        assert vhost is not None, "a channel opens on a connection that chose its vhost"
+        self.vhost: VirtualHost = vhost
+        self.counters: NodeCounters = self.vhost.counters  # the node's (model.counters)
         self.counters.channels_opened += 1
-        self.publish_count = 0  # messages published on the channel (it counts as a publisher once it has one)
-        self.ack_count = 0  # deliveries acknowledged on the channel (its deliveries are counted by next_tag)
+        self.publish_count: int = 0  # messages published on the channel (it counts as a publisher once it has one)
+        self.ack_count: int = 0  # deliveries acknowledged on the channel (its deliveries are counted by next_tag)
         server = connection.server
-        self.access = ChannelAccess(server.node, connection.user, self.vhost.name)  # the user's permission checks
-        self.max_message_size = server.config.max_message_size  # largest body accepted (RabbitMQ's max_message_size)
+        # the user's permission checks
+        self.access: ChannelAccess = ChannelAccess(server.node, connection.user, self.vhost.name)
+        # largest body accepted (RabbitMQ's max_message_size)
+        self.max_message_size: int = server.config.max_message_size
         # Bytes of bodies in assembly, broker-wide, above which connections sending parts are blocked
-        self.assembly_budget = assembly_budget(server.memory_alarm.limit, self.max_message_size)
-        self.open = True  # False once closing: every frame but close/close-ok is then ignored
+        self.assembly_budget: int = assembly_budget(server.memory_alarm.limit, self.max_message_size)
+        self.open: bool = True  # False once closing: every frame but close/close-ok is then ignored
         self.pending: Content | None = None  # publish being assembled from its content frames
-        self.next_tag = 1  # delivery tag of the next delivery on this channel
-        self.unacked = UnackedStore()  # deliveries awaiting ack, and the prefetch counts they hold
+        self.next_tag: int = 1  # delivery tag of the next delivery on this channel
+        self.unacked: UnackedStore = UnackedStore()  # deliveries awaiting ack, and the prefetch counts they hold
         self.consumers: dict[str, Consumer] = {}  # consumer tag -> consumer
-        self.consumer_prefetch = connection.server.config.default_consumer_prefetch  # for consumers started next
-        self.default_ack_timeout = server.config.consumer_timeout  # ms, where neither consumer nor queue sets one
-        self.ack_timer = AckTimer(self)  # closes the channel when a delivery waits for its ack too long
+        self.consumer_prefetch: int = connection.server.config.default_consumer_prefetch  # for consumers started next
+        self.default_ack_timeout: int = server.config.consumer_timeout  # ms, where neither consumer nor queue sets one
+        self.ack_timer: AckTimer = AckTimer(self)  # closes the channel when a delivery waits for its ack too long
         self.confirms: ConfirmTracker | None = None  # set by confirm.select
         # Confirm seqs of this read's persistent publishes, waiting for the disk under one store callback;
         # None until the read's first persistent publish.
         self.awaiting_disk: list[int] | None = None
         self.tx: Transaction | None = None  # set by tx.select: publishes and acks held until commit
-        self.last_queue = ""  # name of the last queue declared, for methods that name the queue ""
+        self.last_queue: str = ""  # name of the last queue declared, for methods that name the queue ""
         self.reply_consumer: direct_reply.ReplyConsumer | None = None  # consumer of amq.rabbitmq.reply-to
-        self.last_address = Address("", "")  # of the last publish, shared by the next ones that repeat it
-        self.last_header = Header(b"")  # content header of the last publish, shared likewise
+        self.last_address: Address = Address("", "")  # of the last publish, shared by the next ones that repeat it
+        self.last_header: Header = Header(b"")  # content header of the last publish, shared likewise
         # Frames the method being handled sends (its reply), written once it is done: at once, or after the disk
         # has its durable changes. None between methods.
         self.replies: list[bytes] | None = None
         self.notices: list[bytes] = []  # server-sent basic.cancel for our consumers meanwhile, sent after the replies
-        self.deliverable = True  # open, and not waiting for the disk before a reply (deliveries would overtake it)
+        # open, and not waiting for the disk before a reply (deliveries would overtake it)
+        self.deliverable: bool = True
         # Frames received while a reply waits for the disk, handled once it is sent (as RabbitMQ's channel process,
         # blocked in the call, leaves them in its mailbox); None when not waiting.
         self.backlog: list[tuple[int, int, bytes]] | None = None
@@ -85,7 +92,11 @@ class Channel:
 
     # --- frames in -----------------------------------------------------------------------------------------
     def handle_frame(self, frame_type: int, payload: bytes) -> None:
-        pending = self.pending
+        backlog = self.backlog
+        if backlog is not None:  # a reply waits for the disk: so does every frame after it
+            self._hold_frame(backlog, frame_type, payload)
+            return
+        pending: Content | None = self.pending
         if frame_type == FRAME_METHOD:
             if pending is not None:
                 raise out_of_order(pending)
@@ -105,6 +116,8 @@ class Channel:
                 self.reject(tag, False, requeue, failed=True)
             else:
                 self.handle_method(decode_method(payload))
+        elif pending is None:
+            raise out_of_order(pending)
         elif frame_type == FRAME_HEADER:
             if not content_header(pending, payload, self.max_message_size):
                 self.pending = None
@@ -159,11 +172,9 @@ class Channel:
     def _wait_for_disk(self, method) -> None:
         self.deliverable = False
         self.backlog = []
-        self.handle_frame = self._hold_frame  # shadows the method until the reply is sent: no cost otherwise
         self.vhost.store.when_durable(lambda ok: self._written(method, ok))
 
-    def _hold_frame(self, frame_type: int, payload: bytes) -> None:
-        backlog = self.backlog
+    def _hold_frame(self, backlog: list[tuple[int, int, bytes]], frame_type: int, payload: bytes) -> None:
         backlog.append((frame_type, self.number, payload))
         if len(backlog) == BACKLOG_LIMIT:
             self.connection.hold_reading_for(self)
@@ -172,9 +183,8 @@ class Channel:
         """The durable changes of a method are on disk (or failed to get there): reply, then handle what waited."""
         if not self.open:
             return
-        del self.handle_frame
         self.deliverable = True
-        backlog, self.backlog = self.backlog, None
+        backlog, self.backlog = self.backlog or [], None
         if ok:
             self._send_replies()
         else:
@@ -191,7 +201,7 @@ class Channel:
         replies, self.replies = self.replies, None
         notices, self.notices = self.notices, []
         write = self.connection.write
-        for data in replies:
+        for data in replies or ():
             write(data)
         for data in notices:
             write(data)
@@ -234,9 +244,9 @@ class Channel:
         message = Message(address, shared_header, body)
         flags = property_flags(header)
         if flags & EXPIRATION:
-            parse_expiration(shared_header.scan.expiration)
+            parse_expiration(shared_header.scan.expiration or "")
         if flags & USER_ID:
-            user_id = message.properties.user_id
+            user_id = message.properties.user_id or ""
             if user_id != self.connection.user and not access.may_impersonate():
                 raise user_id_refusal(user_id, self.connection.user)
         if flags & REPLY_TO and (properties := message.properties).reply_to == direct_reply.PSEUDO_QUEUE:
@@ -245,14 +255,14 @@ class Channel:
         if not exchange_name and routing_key.startswith(direct_reply.REPLY_PREFIX):
             if not direct_reply.deliver_reply(vhost.reply_channels, routing_key, message) and mandatory:
                 self._return_unroutable(message)
-            if self.confirms is not None:
-                self.confirms.settle(self.confirms.next_seq())
+            if (confirms := self.confirms) is not None:
+                confirms.settle(confirms.next_seq())
             return
         routing_keys = [routing_key]
         if message.scan.has_headers:
             message, routing_keys = _sender_selected(message, routing_key)
-        if self.tx is not None:
-            self.tx.publishes.append(lambda: self._route(exchange, routing_keys, mandatory, message, None))
+        if (tx := self.tx) is not None:
+            tx.publishes.append(lambda: self._route(exchange, routing_keys, mandatory, message, None))
             return
         seq = self.confirms.next_seq() if self.confirms is not None else None
         self._route(exchange, routing_keys, mandatory, message, seq)
@@ -274,13 +284,14 @@ class Channel:
         else:
             persisted, refused = self.vhost.publish_to(queues, message, self.connection)
             self.counters.routed += 1
-        if seq is not None and refused:
-            self.confirms.settle(seq, ack=False)  # reject-publish: the publisher is told with a nack
+        confirms = self.confirms  # set whenever seq is
+        if seq is not None and refused and confirms is not None:
+            confirms.settle(seq, ack=False)  # reject-publish: the publisher is told with a nack
             seq = None
         if persisted:
             self._await_disk(seq)
-        elif seq is not None:
-            self.confirms.settle(seq)
+        elif seq is not None and confirms is not None:
+            confirms.settle(seq)
         return persisted
 
     def _await_disk(self, seq: int | None) -> None:
@@ -307,7 +318,9 @@ class Channel:
     def send_confirms(self) -> None:
         """Write the confirms settled so far, coalesced into multiple acks."""
         write = self.connection.write
-        for tag, multiple, is_ack in self.confirms.drain():
+        confirms = self.confirms
+        assert confirms is not None, "confirm.select came first"
+        for tag, multiple, is_ack in confirms.drain():
             write(encode_ack(self.number, tag, multiple) if is_ack else encode_nack(self.number, tag, multiple))
 
     def _on_disk(self, seqs: list[int], ok: bool) -> None:
@@ -333,6 +346,7 @@ class Channel:
         tag = self.next_tag
         self.next_tag = tag + 1
         message = entry.message
+        assert message is not None, "a live entry"
         if entry.redelivered:
             queue.redelivered += 1
         if consumer.no_ack:
@@ -355,7 +369,9 @@ class Channel:
         tag = self.next_tag
         self.next_tag = tag + 1
         address = message.address
-        self.connection.write(encode_delivery(self.number, self.reply_consumer.tag_bytes, tag, False,
+        reply_consumer = self.reply_consumer
+        assert reply_consumer is not None, "replies are routed to channels that consume them"
+        self.connection.write(encode_delivery(self.number, reply_consumer.tag_bytes, tag, False,
                                               address.exchange_bytes, address.routing_key_bytes,
                                               message.header_payload, message.body, self.connection.frame_max))
 
@@ -412,6 +428,7 @@ class Channel:
     def undo_tx(self) -> None:
         """Drop the transaction's publishes; its acks and rejects are undone."""
         tx = self.tx
+        assert tx is not None, "tx.select came first"
         self.tx = Transaction()
         for deliveries, *_ in tx.settles:
             self.unacked.restore(deliveries)
@@ -419,6 +436,7 @@ class Channel:
     def apply_tx(self) -> bool:
         """Apply the transaction; True when some of its publishes went to disk (commit-ok waits for it)."""
         tx = self.tx
+        assert tx is not None, "tx.select came first"
         self.tx = Transaction()
         for deliveries, requeue, failed in tx.settles:
             self.unacked.release(deliveries)
@@ -438,6 +456,7 @@ class Channel:
         tag = self.next_tag
         self.next_tag += 1
         message = entry.message
+        assert message is not None, "take() gives live entries"
         if entry.redelivered:
             queue.redelivered += 1
         if no_ack:
@@ -455,13 +474,13 @@ class Channel:
                                           queue.count_ready()))
         self.write(encode_content(self.number, message.header_payload, message.body, self.connection.frame_max))
 
-    def ack_timeout(self, delivery: Unacked) -> float:
+    def ack_timeout(self, delivery: Unacked) -> int | float:
         """The ms a delivery may wait for its ack (see ack_timeout)."""
         if delivery.consumer is not None:
             return delivery.consumer.ack_timeout
         return timeout_of(None, delivery.queue, self.default_ack_timeout)
 
-    def ack_timed_out(self, delivery: Unacked, timeout: float) -> None:
+    def ack_timed_out(self, delivery: Unacked, timeout: int | float) -> None:
         """delivery waited longer than timeout for its ack: its deliveries go back (a timeout is not a failed
         delivery, as in RabbitMQ 4.3) and the channel is closed with RabbitMQ's 406."""
         log_timeout(self, delivery, timeout)
@@ -517,7 +536,9 @@ class Channel:
     # --- consumers -----------------------------------------------------------------------------------------
     def cancel_consumer(self, consumer: Consumer) -> None:
         del self.consumers[consumer.tag]
-        consumer.queue.remove_consumer(consumer)
+        # (a Consumer is the queue's Subscriber, though its channel takes only Consumers where a Subscriber's target
+        # takes any Subscriber: the queue hands each target back its own)
+        consumer.queue.remove_consumer(consumer)  # type: ignore[arg-type]
 
     def consumer_cancelled_by_server(self, consumer: Consumer) -> None:
         """The consumer's queue went away: tell a client that understands basic.cancel from the server."""

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from protocol import errors
 
 if TYPE_CHECKING:
+    from broker.model.interfaces import ReplyReceiver
     from broker.model.message import Message
     from broker.session.channel import Channel
 
@@ -56,7 +57,7 @@ def reply_address(channel: "Channel") -> str:
     return REPLY_PREFIX + channel.reply_consumer.token
 
 
-def deliver_reply(channels: dict[str, "Channel"], routing_key: str, message: "Message") -> bool:
+def deliver_reply(channels: dict[str, "ReplyReceiver"], routing_key: str, message: "Message") -> bool:
     """Hand a reply to the channel its routing key names; False if that channel is gone (the reply is dropped)."""
     channel = channels.get(routing_key[len(REPLY_PREFIX):])
     if channel is None or not channel.open:

@@ -12,6 +12,7 @@ class Transaction:
     __slots__ = ("publishes", "settles")
 
     def __init__(self) -> None:
-        self.publishes: list[Callable[[], None]] = []  # routings to run at commit, in order
+        # routings to run at commit, in order (each says whether its message went to disk)
+        self.publishes: list[Callable[[], bool]] = []
         # (deliveries, requeue, failed) acked or rejected, as Channel.reject takes them
         self.settles: list[tuple[list[Unacked], bool | None, bool]] = []

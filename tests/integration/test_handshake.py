@@ -126,6 +126,24 @@ def test_pika_sees_unknown_vhost_as_access_denied(broker):
 # ---- tune
 
 
+def test_capabilities_that_are_not_a_table_count_as_none(broker, unique):
+    """A client whose client_properties name something other than a table "capabilities" still works, as one with
+    no capabilities: its consumer is not told when its queue goes, and the connection stays open."""
+    parameters = pika.URLParameters(broker.url)
+    parameters.client_properties = {"capabilities": "none of them"}
+    with pika.BlockingConnection(parameters) as conn:
+        ch = conn.channel()
+        queue = ch.queue_declare(f"{unique}-q").method.queue
+        cancelled = []
+        ch.add_on_cancel_callback(cancelled.append)
+        ch.basic_consume(queue, lambda *_: None)
+        other = conn.channel()
+        other.queue_delete(queue)  # the server would send basic.cancel to a client that can take it
+        ch.queue_declare(f"{unique}-after")  # the connection and the channel are still there
+        assert cancelled == []
+        assert conn.is_open
+
+
 def test_tune_offers_rabbitmq_defaults(client):
     agreed = client.handshake()
     assert (agreed.tune.frame_max, agreed.tune.channel_max, agreed.tune.heartbeat) == (131072, 2047, 60)

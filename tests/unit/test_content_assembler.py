@@ -63,7 +63,8 @@ def test_a_header_of_another_class_is_unexpected():
 
 
 def test_frames_out_of_order_get_rabbitmqs_texts():
-    assert error_of(content_header, None, header(1), 1000) == (
+    error = out_of_order(None)  # a content frame with no publish before it
+    assert (error.reply_code, error.reply_text, error.class_id, error.method_id) == (
         505, "UNEXPECTED_FRAME - expected method frame, got non method frame instead", 0, 0)
     assert error_of(content_body, started(), b"x") == (
         505, "UNEXPECTED_FRAME - expected content header for class 60, got non content header frame instead", 60, 40)
