@@ -24,10 +24,18 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[test,spark]'
 	touch $@ $(VENV)/.installed-run
 
-run: $(VENV)/.installed-run
+# mypyc compiles the modules broker/compiled.py names, again whenever one of them changes; where it cannot (no C
+# compiler or Python headers), Warren runs as pure Python.
+COMPILED_SOURCES := $(shell $(PYTHON) -c 'from broker.compiled import COMPILED; print(*COMPILED)') broker/compiled.py
+$(VENV)/.compiled: $(COMPILED_SOURCES) | $(VENV)/.installed-run
+	$(BIN)/pip install --quiet 'mypy>=1.15' || echo "mypy not installed: Warren runs as pure Python"
+	$(BIN)/python -m broker.compiled
+	touch $@
+
+run: $(VENV)/.installed-run $(VENV)/.compiled
 	$(BIN)/python -m broker --host $(HOST) --port $(PORT) --management-port $(MANAGEMENT_PORT) --prometheus-port $(PROMETHEUS_PORT) --data-dir $(DATA_DIR) --log-level $(LOG_LEVEL)
 
-test: $(VENV)/.installed-test browser
+test: $(VENV)/.installed-test browser $(VENV)/.compiled
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The console tests drive Chromium: installed here where apt-get may be used (root, as in CI); elsewhere they are
@@ -39,8 +47,9 @@ browser:
 	      DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y -q chromium chromium-driver >/dev/null 2>&1; }; } \
 	  || echo "Chromium not installed: the console tests will be skipped"; }
 
-bench: $(VENV)/.installed-test
+bench: $(VENV)/.installed-test $(VENV)/.compiled
 	$(BIN)/python -m tests.bench.compare $(BENCH_ARGS)
 
 clean:
+	python3 -m broker.compiled --clean
 	rm -rf $(VENV) build *.egg-info

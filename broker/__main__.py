@@ -12,7 +12,7 @@ import sys
 
 import uvloop
 
-from broker import logs
+from broker import compiled, logs
 from broker.config import LOG_FORMATS, LOG_LEVELS, ConfigError, load_config
 from broker.connection.server import Server, StartupError, version
 from broker.management.server import start_management, start_prometheus
@@ -78,6 +78,11 @@ async def serve(config) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if outdated := compiled.stale():
+        print(f"warren-server: the compiled modules of {', '.join(outdated)} are older than their sources, which "
+              "would not run: rebuild them (make, or python -m broker.compiled) or remove them "
+              "(python -m broker.compiled --clean)", file=sys.stderr)
+        return 2
     try:
         config = load_config(args.config, config_overrides(args, os.environ))
     except ConfigError as error:

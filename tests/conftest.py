@@ -22,6 +22,14 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_sessionstart(session) -> None:
+    """Tests of a compiled module older than its source would test the old code: refuse, saying how to rebuild."""
+    from broker.compiled import stale
+    if outdated := stale():
+        pytest.exit(f"compiled modules older than their sources: {', '.join(outdated)}; rebuild them (make test, or "
+                    "python -m broker.compiled) or remove them (python -m broker.compiled --clean)", returncode=2)
 EXTERNAL_URL = os.environ.get("WARREN_TEST_URL")
 EXTERNAL_MANAGEMENT_URL = os.environ.get("WARREN_TEST_MANAGEMENT_URL")
 
