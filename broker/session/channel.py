@@ -284,14 +284,16 @@ class Channel:
         else:
             persisted, refused = self.vhost.publish_to(queues, message, self.connection)
             self.counters.routed += 1
-        confirms = self.confirms  # set whenever seq is
-        if seq is not None and refused and confirms is not None:
-            confirms.settle(seq, ack=False)  # reject-publish: the publisher is told with a nack
-            seq = None
+        if seq is not None:
+            confirms = self.confirms
+            assert confirms is not None, "seq is its next number"
+            if refused:
+                confirms.settle(seq, ack=False)  # reject-publish: the publisher is told with a nack
+                seq = None
+            elif not persisted:
+                confirms.settle(seq)
         if persisted:
             self._await_disk(seq)
-        elif seq is not None and confirms is not None:
-            confirms.settle(seq)
         return persisted
 
     def _await_disk(self, seq: int | None) -> None:

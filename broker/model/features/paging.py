@@ -191,14 +191,14 @@ class PagedEntries:
         places = page.places
         if places is not None:
             where = message.place
-            if (places and entry.seq == page.first_seq + len(places)
-                    and where >> PLACE_BITS == places[0] >> PLACE_BITS and self._readable_from_store(entry)):
-                places.append(where)  # the next record of the page's segment
-            elif not places and self._readable_from_store(entry):
+            follows = not places or (entry.seq == page.first_seq + len(places)
+                                     and where >> PLACE_BITS == places[0] >> PLACE_BITS)  # the segment's next record
+            if follows and self._readable_from_store(entry):
+                if not places:
+                    page.first_seq = entry.seq
+                    self.backing.store.pin(self.backing.key, where, 1)  # the segment waits while the page fills
+                    page.pins = 1
                 places.append(where)
-                page.first_seq = entry.seq
-                self.backing.store.pin(self.backing.key, where, 1)  # the segment waits while the page fills
-                page.pins = 1
             else:
                 self._unpin(page)
         if len(page.data) >= PAGE_BYTES:
