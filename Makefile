@@ -51,5 +51,5 @@ bench: $(VENV)/.installed-test $(VENV)/.compiled
 	$(BIN)/python -m tests.bench.compare $(BENCH_ARGS)
 
 clean:
-	python3 -m broker.compiled --clean
+	$(PYTHON) -m broker.compiled --clean
 	rm -rf $(VENV) build *.egg-info

@@ -78,10 +78,8 @@ async def serve(config) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if outdated := compiled.stale():
-        print(f"warren-server: the compiled modules of {', '.join(outdated)} are older than their sources, which "
-              "would not run: rebuild them (make, or python -m broker.compiled) or remove them "
-              "(python -m broker.compiled --clean)", file=sys.stderr)
+    if refused := compiled.refusal():
+        print(f"warren-server: {refused}", file=sys.stderr)
         return 2
     try:
         config = load_config(args.config, config_overrides(args, os.environ))

@@ -36,6 +36,16 @@ def _shared_libraries() -> list[Path]:
     return sorted(REPO_ROOT.glob("*__mypyc.*"))
 
 
+def refusal() -> str | None:
+    """Why the modules cannot run as they are (compiled ones older than their sources, which would run instead of
+    the edits), saying how to rebuild or remove them; None when they can."""
+    outdated = stale()
+    if not outdated:
+        return None
+    return (f"the compiled modules of {', '.join(outdated)} are older than their sources: rebuild them (make, or "
+            "python -m broker.compiled) or remove them (python -m broker.compiled --clean)")
+
+
 def stale() -> list[str]:
     """Sources edited since their compiled module was built: the compiled module would run instead of the edit."""
     found = []
@@ -54,8 +64,8 @@ def clean() -> None:
         library.unlink()
 
 
-def build() -> bool:
-    """Compile COMPILED in place; False (and every module pure Python) if that cannot be done here."""
+def build() -> None:
+    """Compile COMPILED in place; where that cannot be done here, say so and leave every module pure Python."""
     clean()
     try:
         from mypyc.build import mypycify
@@ -71,8 +81,6 @@ def build() -> bool:
         clean()
         print(f"warren: modules not compiled, Warren runs as pure Python ({type(error).__name__}: {error})",
               file=sys.stderr)
-        return False
-    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,8 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.clean:
         clean()
         return 0
-    build()
-    return 0  # a failed build leaves a working pure-Python Warren
+    build()  # one that fails leaves a working pure-Python Warren
+    return 0
 
 
 if __name__ == "__main__":

@@ -22,16 +22,15 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+EXTERNAL_URL = os.environ.get("WARREN_TEST_URL")
+EXTERNAL_MANAGEMENT_URL = os.environ.get("WARREN_TEST_MANAGEMENT_URL")
 
 
 def pytest_sessionstart(session) -> None:
     """Tests of a compiled module older than its source would test the old code: refuse, saying how to rebuild."""
-    from broker.compiled import stale
-    if outdated := stale():
-        pytest.exit(f"compiled modules older than their sources: {', '.join(outdated)}; rebuild them (make test, or "
-                    "python -m broker.compiled) or remove them (python -m broker.compiled --clean)", returncode=2)
-EXTERNAL_URL = os.environ.get("WARREN_TEST_URL")
-EXTERNAL_MANAGEMENT_URL = os.environ.get("WARREN_TEST_MANAGEMENT_URL")
+    from broker.compiled import refusal
+    if refused := refusal():
+        pytest.exit(refused, returncode=2)
 
 
 def free_port() -> int:

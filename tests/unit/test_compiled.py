@@ -24,6 +24,7 @@ def test_a_source_edited_after_its_compiled_module_was_built_is_stale(tmp_path, 
     (tmp_path / f"0123__mypyc{suffix}").write_bytes(b"")
 
     assert compiled.stale() == ["pkg/edited.py"]  # a source without a compiled module is simply pure Python
+    assert "pkg/edited.py" in compiled.refusal() and "python -m broker.compiled" in compiled.refusal()
     compiled.clean()
-    assert compiled.stale() == []
+    assert compiled.stale() == [] and compiled.refusal() is None
     assert sorted(path.name for path in tmp_path.rglob("*") if path.is_file()) == ["built.py", "edited.py", "pure.py"]
