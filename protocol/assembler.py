@@ -5,11 +5,13 @@ decodes methods itself (the fast path); a body that arrives in one frame is neve
 
 from __future__ import annotations
 
+from typing import Final
+
 from protocol.constants import PRECONDITION_FAILED, UNEXPECTED_FRAME
 from protocol.errors import AMQPError, frame_error
 from protocol.fastpath import decode_content_header
 
-PUBLISH = (60, 40)  # class and method of basic.publish, named by errors in its content frames
+PUBLISH: Final = (60, 40)  # class and method of basic.publish, named by errors in its content frames
 
 
 class Content:

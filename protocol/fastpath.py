@@ -9,6 +9,7 @@ error, because pamqp rejects it too.
 from __future__ import annotations
 
 import struct
+from typing import Final
 
 from protocol.constants import (
     BASIC_ACK,
@@ -28,18 +29,18 @@ from protocol.framing import frame_error
 
 # basic.deliver: frame header, method id, consumer_tag length | consumer_tag | delivery_tag, redelivered,
 # exchange length | exchange | routing_key length | routing_key | end byte.
-_DELIVER_HEAD = struct.Struct(">BHIIB")
-_DELIVER_MIDDLE = struct.Struct(">QBB")
-_DELIVER_FIXED_SIZE = 16  # payload bytes besides the three strings: id 4, 3 lengths, tag 8, bit octet 1
-_END = bytes((FRAME_END,))
-_END_THEN_FRAME_HEAD = struct.Struct(">BBHI")  # the end byte of one frame, then the next frame's header
+_DELIVER_HEAD: Final = struct.Struct(">BHIIB")
+_DELIVER_MIDDLE: Final = struct.Struct(">QBB")
+_DELIVER_FIXED_SIZE: Final = 16  # payload bytes besides the three strings: id 4, 3 lengths, tag 8, bit octet 1
+_END: Final = bytes((FRAME_END,))
+_END_THEN_FRAME_HEAD: Final = struct.Struct(">BBHI")  # the end byte of one frame, then the next frame's header
 
 # basic.ack / basic.nack: complete frame with a 13-byte payload (id, delivery_tag, bit octet).
-_TAG_FRAME = struct.Struct(">BHIIQBB")
-_TAG_PAYLOAD_SIZE = 13
-_TAG_FIELDS = struct.Struct(">QB")  # delivery_tag, bit octet; after the method id
+_TAG_FRAME: Final = struct.Struct(">BHIIQBB")
+_TAG_PAYLOAD_SIZE: Final = 13
+_TAG_FIELDS: Final = struct.Struct(">QB")  # delivery_tag, bit octet; after the method id
 
-_CONTENT_HEADER_PREFIX = struct.Struct(">HxxQ")  # class_id, (weight), body_size
+_CONTENT_HEADER_PREFIX: Final = struct.Struct(">HxxQ")  # class_id, (weight), body_size
 
 
 def _cannot_decode(payload: bytes) -> AMQPError:

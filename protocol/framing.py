@@ -7,7 +7,7 @@ frame type (rabbit_command_assembler:analyze_frame). Each failure raises AMQPErr
 from __future__ import annotations
 
 import struct
-from typing import Any
+from typing import Any, Final
 
 from protocol.constants import (
     DEFAULT_FRAME_MAX,
@@ -26,10 +26,10 @@ from protocol.errors import AMQPError
 
 Frame = tuple[int, int, bytes]  # (frame_type, channel, payload)
 
-_FRAME_HEADER = struct.Struct(">BHI")
-_NO_LIMIT = 1 << 32  # above any 32-bit payload size
+_FRAME_HEADER: Final = struct.Struct(">BHI")
+_NO_LIMIT: Final = 1 << 32  # above any 32-bit payload size
 # Shortest payload analyze_frame accepts per frame type; other types are unknown frames.
-_MIN_PAYLOAD = {FRAME_METHOD: 4, FRAME_HEADER: 12, FRAME_BODY: 0, FRAME_HEARTBEAT: 0}
+_MIN_PAYLOAD: Final = {FRAME_METHOD: 4, FRAME_HEADER: 12, FRAME_BODY: 0, FRAME_HEARTBEAT: 0}
 
 
 def describe_frame(frame_type: int, payload: bytes | memoryview) -> str:

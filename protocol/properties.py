@@ -8,33 +8,33 @@ delivery_mode, priority and expiration without building pamqp objects.
 from __future__ import annotations
 
 import struct
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from protocol.constants import INTERNAL_ERROR
 from protocol.errors import AMQPError
 
 # Property flag bits of the basic class, in wire order (AMQP 0-9-1).
-CONTENT_TYPE = 1 << 15
-CONTENT_ENCODING = 1 << 14
-HEADERS = 1 << 13
-DELIVERY_MODE = 1 << 12
-PRIORITY = 1 << 11
-CORRELATION_ID = 1 << 10
-REPLY_TO = 1 << 9
-EXPIRATION = 1 << 8
-MESSAGE_ID = 1 << 7
-TIMESTAMP = 1 << 6
-TYPE = 1 << 5
-USER_ID = 1 << 4
-APP_ID = 1 << 3
-CLUSTER_ID = 1 << 2
+CONTENT_TYPE: Final = 1 << 15
+CONTENT_ENCODING: Final = 1 << 14
+HEADERS: Final = 1 << 13
+DELIVERY_MODE: Final = 1 << 12
+PRIORITY: Final = 1 << 11
+CORRELATION_ID: Final = 1 << 10
+REPLY_TO: Final = 1 << 9
+EXPIRATION: Final = 1 << 8
+MESSAGE_ID: Final = 1 << 7
+TIMESTAMP: Final = 1 << 6
+TYPE: Final = 1 << 5
+USER_ID: Final = 1 << 4
+APP_ID: Final = 1 << 3
+CLUSTER_ID: Final = 1 << 2
 # The two low bits (continuation, reserved) are ignored, as RabbitMQ's decoder does for the basic class.
-PROPERTY_FLAGS_MASK = 0xFFFC
+PROPERTY_FLAGS_MASK: Final = 0xFFFC
 
-PROPERTIES_OFFSET = 12  # class_id (2) + weight (2) + body_size (8) precede the property flags
-_FLAGS = struct.Struct(">H")
-_TABLE_SIZE = struct.Struct(">I")
-_TIMESTAMP_SIZE = 8
+PROPERTIES_OFFSET: Final = 12  # class_id (2) + weight (2) + body_size (8) precede the property flags
+_FLAGS: Final = struct.Struct(">H")
+_TABLE_SIZE: Final = struct.Struct(">I")
+_TIMESTAMP_SIZE: Final = 8
 
 
 class PropertyScan(NamedTuple):
@@ -109,7 +109,7 @@ def _skip_trailing_properties(header_payload: bytes, offset: int, flags: int) ->
     return offset
 
 
-_LONG_FIELD = struct.Struct(">cq")  # field type 'l' (signed 64-bit, RabbitMQ's long) and its value
+_LONG_FIELD: Final = struct.Struct(">cq")  # field type 'l' (signed 64-bit, RabbitMQ's long) and its value
 
 
 def with_long_header(header_payload: bytes, name: bytes, value: int) -> bytes:

@@ -7,7 +7,7 @@ import logging
 import socket
 import struct
 import time
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
 from pamqp import commands as spec
 
@@ -35,11 +35,11 @@ log = logging.getLogger(__name__)
 peer_log = PeerLog(log)  # every line about one client goes through here, so that no client can flood the log
 failed_logins = LoginThrottle()  # consecutive refused logins per address, to answer them more and more slowly
 
-_CLASS_METHOD = struct.Struct(">HH")
-_CHANNEL_OPEN = (20, 10)
-_CHANNEL_CLOSE = (20, 40)
-_CHANNEL_CLOSE_OK = (20, 41)
-_OPEN_OK_PAYLOAD = struct.pack(">HHI", 20, 11, 0)  # channel.open-ok with an empty channel_id longstr
+_CLASS_METHOD: Final = struct.Struct(">HH")
+_CHANNEL_OPEN: Final = (20, 10)
+_CHANNEL_CLOSE: Final = (20, 40)
+_CHANNEL_CLOSE_OK: Final = (20, 41)
+_OPEN_OK_PAYLOAD: Final = struct.pack(">HHI", 20, 11, 0)  # channel.open-ok with an empty channel_id longstr
 
 
 class Transport(Protocol):
@@ -58,26 +58,33 @@ class Transport(Protocol):
 
 # Connection states, in handshake order. CLOSING: we sent connection.close and wait for close-ok; DRAINING: the
 # close exchange is over and we read and discard until the peer closes its socket.
-AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, DRAINING, CLOSED = range(8)
+AWAIT_HEADER: Final = 0
+AWAIT_START_OK: Final = 1
+AWAIT_TUNE_OK: Final = 2
+AWAIT_OPEN: Final = 3
+OPEN: Final = 4
+CLOSING: Final = 5
+DRAINING: Final = 6
+CLOSED: Final = 7
 
-HANDSHAKE_TIMEOUT = 10.0  # seconds a client has to complete the handshake (RabbitMQ's default)
-CLOSE_OK_TIMEOUT = 3.0  # seconds we wait for connection.close-ok after sending connection.close
+HANDSHAKE_TIMEOUT: Final = 10.0  # seconds a client has to complete the handshake (RabbitMQ's default)
+CLOSE_OK_TIMEOUT: Final = 3.0  # seconds we wait for connection.close-ok after sending connection.close
 # Seconds we go on reading (and discarding) after the close exchange, until the peer closes its socket: closing
 # ours while its frames are still arriving would reset the connection and lose our close-ok (RabbitMQ's
 # CLOSING_TIMEOUT).
-DRAIN_TIMEOUT = 30.0
+DRAIN_TIMEOUT: Final = 30.0
 # Bytes one connection may hand us per event-loop turn before it waits for the next turn; without this limit the
 # loop reads a fast publisher's socket for megabytes on end while deliveries and other clients wait.
-READ_BUDGET = 128 * 1024
+READ_BUDGET: Final = 128 * 1024
 # Unread bytes queued to one client (what its transport still holds plus this turn's frames) above which we stop
 # reading it until it has read them. Deliveries already wait at the transport's 64 KiB high-water mark, so this
 # bounds replies (get-ok, confirms, returns): a client that publishes with confirms while deliveries flow to it has a
 # few KiB of them unread at a time, and a client that gets large messages stays busy; a client that never reads can
 # make us hold this much plus one reply, instead of a copy of a message per basic.get for as long as it sends them.
-OUTPUT_LIMIT = 4 * 1024 * 1024
+OUTPUT_LIMIT: Final = 4 * 1024 * 1024
 # Longest a queue's flow control holds a publisher back at a time. Consumers that wait for acks from a paused
 # connection (an RPC client, or two connections feeding each other) would otherwise wait for ever.
-FLOW_MAX_PAUSE = 0.1
+FLOW_MAX_PAUSE: Final = 0.1
 
 
 class Connection(asyncio.Protocol):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Final
 
 from pamqp import commands as spec
 
@@ -38,10 +38,10 @@ if TYPE_CHECKING:
     from broker.model.counters import NodeCounters
     from broker.model.vhost import VirtualHost
 
-_METHOD_ID = struct.Struct(">I")
+_METHOD_ID: Final = struct.Struct(">I")
 # Frames a channel holds while a reply waits for the disk before its connection stops being read (RabbitMQ's credit
 # flow lets a reader run about as far ahead of a busy channel).
-BACKLOG_LIMIT = 400
+BACKLOG_LIMIT: Final = 400
 
 
 class Channel:

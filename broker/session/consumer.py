@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from broker.model.features.redelivery import consumer_delayed_retry
 from broker.session.ack_timeout import timeout_of
@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from broker.model.queue import Queue
     from broker.session.channel import Channel
 
-UNLIMITED = 1 << 30  # credit of a consumer that no prefetch limit holds back
+UNLIMITED: Final = 1 << 30  # credit of a consumer that no prefetch limit holds back
 
 
 class Consumer:
