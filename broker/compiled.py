@@ -20,7 +20,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # Typed for mypyc (tests/unit/test_types.py keeps them clean under mypy): mypyc trusts these annotations.
 COMPILED = (
     "protocol/framing.py", "protocol/fastpath.py", "protocol/assembler.py", "protocol/properties.py",
-    "broker/model/message.py", "broker/session/channel.py", "broker/session/consumer.py",
+    "broker/model/message.py", "broker/model/queue.py", "broker/model/stream.py", "broker/model/exchange.py",
+    "broker/model/vhost.py", "broker/session/channel.py", "broker/session/consumer.py", "broker/session/unacked.py",
     "broker/connection/connection.py",
 )
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Union
+from typing import TYPE_CHECKING, ClassVar, Iterable, Union
 
 from broker.model.arguments.common import text_of
 from broker.model.policy import effective_settings, merged_definition
@@ -10,6 +10,7 @@ from broker.model.routing.headers import headers_match
 from broker.model.routing.topic import TopicTrie
 
 if TYPE_CHECKING:
+    from broker.model.features.delayed_messages import DelayedMessages
     from broker.model.message import Message
     from broker.model.policy import Policy
     from broker.model.queue import Queue
@@ -49,8 +50,9 @@ class Binding:
 
 
 class Exchange:
-    kind = ""
-    holds_delayed = False  # an x-delayed-message exchange: messages with an x-delay wait before they are routed
+    kind: ClassVar[str] = ""  # its type, as exchange.declare names it
+    # an x-delayed-message exchange: messages with an x-delay wait before they are routed
+    holds_delayed: ClassVar[bool] = False
 
     def __init__(self, name: str, durable: bool = True, auto_delete: bool = False, internal: bool = False,
                  arguments: dict | None = None):
@@ -139,8 +141,9 @@ class _CountedIndex:
 class DirectExchange(Exchange):
     kind = "direct"
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, name: str, durable: bool = True, auto_delete: bool = False, internal: bool = False,
+                 arguments: dict | None = None):
+        super().__init__(name, durable, auto_delete, internal, arguments)
         self._by_key: dict[str, dict[Destination, int]] = {}  # routing key -> destinations (binding counts)
 
     def route(self, routing_key, message):
@@ -156,8 +159,9 @@ class DirectExchange(Exchange):
 class FanoutExchange(Exchange):
     kind = "fanout"
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, name: str, durable: bool = True, auto_delete: bool = False, internal: bool = False,
+                 arguments: dict | None = None):
+        super().__init__(name, durable, auto_delete, internal, arguments)
         self._all: dict[None, dict[Destination, int]] = {}  # the single key None -> destinations (counts)
 
     def route(self, routing_key, message):
@@ -173,8 +177,9 @@ class FanoutExchange(Exchange):
 class TopicExchange(Exchange):
     kind = "topic"
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, name: str, durable: bool = True, auto_delete: bool = False, internal: bool = False,
+                 arguments: dict | None = None):
+        super().__init__(name, durable, auto_delete, internal, arguments)
         self._trie = TopicTrie()
         self._counts: dict[str, dict[Destination, int]] = {}  # pattern -> destinations (counts)
 
@@ -221,7 +226,7 @@ class DelayedExchange(Exchange):
     def __init__(self, name: str, durable: bool = True, auto_delete: bool = False, internal: bool = False,
                  arguments: dict | None = None):
         self.router = ROUTING_TYPES[text_of((arguments or {})["x-delayed-type"])](name)  # indexes the bindings
-        self.delayed = None  # the messages waiting (features.delayed_messages.DelayedMessages), set by the vhost
+        self.delayed: DelayedMessages | None = None  # the messages waiting, set by the vhost
         super().__init__(name, durable, auto_delete, internal, arguments)
 
     @property

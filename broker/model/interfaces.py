@@ -27,6 +27,7 @@ class Subscriber(Protocol):
     priority: int  # higher-priority subscribers are served first
     exclusive: bool  # no other subscriber may join the queue
     unacked: int  # deliveries sent to it and not yet settled
+    arguments: dict  # those of its basic.consume
 
     @property
     def channel(self) -> DeliveryTarget:

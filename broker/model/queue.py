@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from functools import partial
 from itertools import count
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Final, Iterable
 
 from broker.model.arguments.common import text_of
 from broker.model.arguments.queue import (
@@ -17,9 +17,9 @@ from broker.model.features.deadlines import Deadlines, now_ms
 from broker.model.features.expiry import READY, ExpiringEntries, message_ttl
 from broker.model.features.length_limit import DROPPED, ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, LengthLimit
 from broker.model.features.paging import PAGE_BYTES, PagedEntries, StoreBacking
-from broker.model.features.priority import FifoEntries, ready_entries
+from broker.model.features.priority import FifoEntries, ReadyList, ready_entries
 from broker.model.features.redelivery import DelayedRetry, count_return, delayed_retry, delivery_limit
-from broker.model.message import Message, QueueEntry
+from broker.model.message import Address, Header, Message, QueueEntry
 from broker.model.policy import effective_settings, merged_definition
 from protocol import errors
 
@@ -34,14 +34,14 @@ if TYPE_CHECKING:
 # Publisher flow control: while a queue with consumers holds more than FLOW_HIGH ready messages, the connections
 # publishing to it are not read; they are read again once deliveries bring it under FLOW_LOW. Consumers that
 # cannot keep up thus slow their publishers down instead of letting the backlog (and memory) grow without end.
-FLOW_HIGH = 2000
-FLOW_LOW = 1000
+FLOW_HIGH: Final = 2000
+FLOW_LOW: Final = 1000
 # Deliveries handed to consumers per dispatch round, so one busy queue cannot starve the event loop or flood a
 # socket before the transport can signal back-pressure; the rest goes in the next loop turn.
-DISPATCH_BATCH = 512
+DISPATCH_BATCH: Final = 512
 # Expiry times of entries that left the ready list tolerated beyond twice the ready ones before they are let go
 # (checked once every so many expiry times added).
-STALE_EXPIRIES = 1024
+STALE_EXPIRIES: Final = 1024
 
 
 class Queue:
@@ -56,7 +56,8 @@ class Queue:
         self.quorum = queue_type_of(arguments) == "quorum"  # a quorum queue (one node: a durable classic one that
         # keeps every message on disk, counts returns and has a delivery limit of 20 unless told otherwise)
         self.queue_type = "quorum" if self.quorum else "classic"  # as the management API and the metrics name it
-        self.entries = ready_entries(arguments)  # ready messages in delivery order (by priority with x-max-priority)
+        # ready messages in delivery order (by priority with x-max-priority)
+        self.entries: ReadyList = ready_entries(arguments)
         # ready messages kept in memory before later ones are paged (features.paging); None: never paged
         self.page_after = (vhost.paging.messages_in_memory
                            if vhost.paging is not None and isinstance(self.entries, FifoEntries) else None)
@@ -135,7 +136,7 @@ class Queue:
         self.policy, self.operator_policy = policy, operator_policy
         self._configure(self._settings())
         if self.limit is not None:
-            self._count_limit_bytes()
+            self._count_limit_bytes(self.limit)
             dropped = self.limit.trim(self.entries)
             if dropped:
                 self.forget(dropped)
@@ -149,6 +150,10 @@ class Queue:
         """Ready messages, once the expired ones have left (and been dead-lettered)."""
         self.expire_due()
         return len(self.entries)
+
+    def has_ready(self) -> bool:
+        """Whether a message waits to be delivered (expired ones may still count until they leave)."""
+        return bool(self.entries)
 
     def count_retrying(self) -> int:
         """Returned messages waiting out a retry delay."""
@@ -168,6 +173,7 @@ class Queue:
 
     def _watch_expiry(self, entry: QueueEntry) -> None:
         expiries = self.expiries
+        assert expiries is not None, "made by _will_expire"
         if not expiries.arrivals % STALE_EXPIRIES and len(expiries) > 2 * len(self.entries) + STALE_EXPIRIES:
             # most are of entries that left (delivered, acked): let them go rather than keep them until their time
             expiries.prune(lambda waiting: waiting.place == READY)
@@ -192,8 +198,10 @@ class Queue:
                 self.limit.removed(entry)
         self.forget(expired)
         dead_letter(self, expired, EXPIRED)
+        entries = self.entries
+        assert isinstance(entries, (ExpiringEntries, PagedEntries)), "made so by _will_expire"
         for entry in expired:
-            self.entries.bury(entry)
+            entries.bury(entry)
         if self.paging is not None:
             self.paging.top_up()
 
@@ -257,16 +265,19 @@ class Queue:
         if not self.entries.append(entry) and entry.expires_at:  # append says True when it paged the entry
             self._watch_expiry(entry)
 
-    def _start_paging(self) -> None:
+    def _start_paging(self) -> PagedEntries:
         """The queue is deep: later arrivals go to its page file (features.paging), or stay in the message store if
         it holds them for this queue anyway."""
+        paging, in_memory, entries = self.vhost.paging, self.page_after, self.entries
+        assert paging is not None and in_memory is not None and isinstance(entries, (FifoEntries, ExpiringEntries)), \
+            "only a FIFO queue of a vhost that pages has page_after set"
         backing = None
         if self.stored:
             as_message = StoredToMessage()
             backing = StoreBacking(self.vhost.store, self.store_key, self.stores_all,
                                    lambda first_seq: partial(self._restored_entries, first_seq, now_ms(), as_message))
-        self.entries = self.paging = PagedEntries(self.entries, self.vhost.paging.store.open(), self.page_after,
-                                                  self._paged_in, backing)
+        self.entries = self.paging = PagedEntries(entries, paging.store.open(), in_memory, self._paged_in, backing)
+        return self.paging
 
     def _paged_in(self, entries: list[QueueEntry]) -> None:
         """Paged entries are back in memory: those with a TTL are watched again (an expired one leaves as soon as
@@ -288,13 +299,12 @@ class Queue:
             self._add_ready(self._restored_entry(self.next_seq, as_message(item), item.redelivered, now))
             self.next_seq += 1
         if in_memory < len(stored):
-            if self.paging is None:
-                self._start_paging()
+            paging = self.paging if self.paging is not None else self._start_paging()
             for run in stored.runs(in_memory, PAGE_BYTES):
-                self.paging.add_stored(run, partial(self._restored_entries, self.next_seq, now, as_message))
+                paging.add_stored(run, partial(self._restored_entries, self.next_seq, now, as_message))
                 self.next_seq += len(run)
         if self.limit is not None:
-            self._count_limit_bytes()
+            self._count_limit_bytes(self.limit)
 
     def _restored_entry(self, seq: int, message: Message, redelivered: bool, restored_at: int) -> QueueEntry:
         entry = QueueEntry(seq, message, redelivered)
@@ -308,30 +318,25 @@ class Queue:
         """Entries for a run of recovered messages paged in from the store, from the bytes it read (their places
         in the queue were kept from first_seq on at restore, their TTLs count from then)."""
         next_seq = count(first_seq).__next__
-        queue_ttl = self.message_ttl
         last: "Metadata | None" = None  # the metadata of the message before, and what was made of it
-        address = header = None
-        expires = False
+        shared: tuple[Address, Header] | None = None
 
         def new_entry(msg_id: int, metadata: "Metadata", body: bytes, redelivered: bool) -> QueueEntry:
-            nonlocal last, address, header, expires
-            if metadata is not last:
+            nonlocal last, shared
+            if metadata is not last or shared is None:
                 _, exchange, routing_key, header_payload = last = metadata
-                address, header = as_message.shared(exchange, routing_key, header_payload)
-                expires = queue_ttl is not None or header.scan.expiration is not None
-            entry = QueueEntry(next_seq(), Message(address, header, body, msg_id), redelivered)
-            if expires:
-                self._will_expire(entry, message_ttl(queue_ttl, entry.message), restored_at)
-            return entry
+                shared = as_message.shared(exchange, routing_key, header_payload)
+            address, header = shared
+            return self._restored_entry(next_seq(), Message(address, header, body, msg_id), redelivered, restored_at)
 
         return run.messages(data, new_entry)
 
-    def _count_limit_bytes(self) -> None:
+    def _count_limit_bytes(self, limit: LengthLimit) -> None:
         """The length limit counts the body bytes of every ready message anew (in memory and paged)."""
-        self.limit.cleared()
-        self.limit.returned(self.entries)
+        limit.cleared()
+        limit.returned(self.entries)
         if self.paging is not None:
-            self.limit.ready_bytes += self.paging.paged_bytes
+            limit.ready_bytes += self.paging.paged_bytes
 
     def check_consume(self, no_ack: bool, prefetch: int, global_prefetch: int, arguments: dict) -> None:
         """Whether a basic.consume with these settings may subscribe (its arguments checked with RabbitMQ's texts,
@@ -431,7 +436,7 @@ class Queue:
         count = len(self.entries) + len(waiting)
         if self.forget(self.entries) | self.forget(waiting) | self._forget_paged():
             self.vhost.durable_changes += 1  # purge-ok waits for the removals to be on disk
-        if waiting:
+        if self.retrying is not None:
             self.retrying.clear()
         self.entries.clear()
         if self.limit is not None:
@@ -453,7 +458,8 @@ class Queue:
         """Entries handed out and not settled yet: durable storage notes it, so that they come back redelivered
         after a restart."""
         if self.stored:
-            ids = tuple(entry.message.msg_id for entry in entries if entry.message.msg_id)
+            ids = tuple(message.msg_id for entry in entries
+                        if (message := entry.message) is not None and message.msg_id)
             if ids:
                 self.vhost.store.append_delivered(self.store_key, ids)
 
@@ -469,7 +475,7 @@ class Queue:
     def forget(self, entries: Iterable[QueueEntry]) -> bool:
         """Entries are done with (acked, dropped, purged): durable storage may let them go. True if it was told."""
         if self.stored:
-            ids = [entry.message.msg_id for entry in entries if entry.message.msg_id]
+            ids = [message.msg_id for entry in entries if (message := entry.message) is not None and message.msg_id]
             if ids:
                 self.vhost.store.append_removed(self.store_key, ids)
                 return True
@@ -519,8 +525,8 @@ class Queue:
                 credit = min(consumer.credit(), budget) if consumer is not None else 0
             else:
                 consumer = self._next_consumer_with_credit()
-                credit = 1 if consumer is not None else 0
-            if not credit:
+                credit = 1
+            if consumer is None or not credit:
                 break
             deliver = consumer.channel.deliver
             while credit and entries:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import datetime
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from broker.model.arguments.common import is_longstr, text_of
 from broker.model.arguments.queue import age_ms, queue_resource
+from broker.model.features.length_limit import APPENDED
 from broker.model.message import Address, Header, Message, QueueEntry
 from broker.model.queue import DISPATCH_BATCH, Queue
 from protocol import errors
@@ -22,29 +23,13 @@ if TYPE_CHECKING:
     from broker.model.interfaces import QueueOwner, Subscriber
     from broker.model.vhost import VirtualHost
 
-OFFSET_HEADER = b"x-stream-offset"  # the header every delivery carries: the message's offset (a long)
-DEFAULT_SEGMENT_BYTES = 500_000_000  # RabbitMQ's default x-stream-max-segment-size-bytes
-APPENDED = "appended"  # what enqueue says of a message a stream's log took (a confirm waits for its write)
+OFFSET_HEADER: Final = b"x-stream-offset"  # the header every delivery carries: the message's offset (a long)
+DEFAULT_SEGMENT_BYTES: Final = 500_000_000  # RabbitMQ's default x-stream-max-segment-size-bytes
 # basic.consume arguments of other queue types, which a stream refuses (RabbitMQ: "... of queue type
 # rabbit_stream_queue") rather than ignore
 OTHER_QUEUE_TYPES_CONSUME_ARGUMENTS = ("x-priority", "x-consumer-timeout", "x-delayed-retry-type", "x-delayed-retry-min",
                                        "x-delayed-retry-max", "x-cancel-on-ha-failover")
-ADDRESSES_KEPT = 1024  # (exchange, routing key) pairs whose Address a stream reuses for its deliveries
-
-
-class StreamLength:
-    """A stream's stand-in for a ready list: its length is the number of messages the log holds."""
-
-    __slots__ = ("log",)
-
-    def __init__(self, log) -> None:
-        self.log = log
-
-    def __len__(self) -> int:
-        return self.log.next_offset - self.log.first_offset
-
-    def clear(self) -> None:
-        """Messages of a stream leave by retention only."""
+ADDRESSES_KEPT: Final = 1024  # (exchange, routing key) pairs whose Address a stream reuses for its deliveries
 
 
 class Stream(Queue):
@@ -57,7 +42,6 @@ class Stream(Queue):
         self.stored = False  # the message store keeps none of its messages: its own log does
         self.log = vhost.store.streams.open(self.store_key, self.segment_bytes, self.max_bytes, self.max_age_ms, fresh)
         self.log.on_readable = self._readable
-        self.entries = StreamLength(self.log)
         self.cursors: dict[Subscriber, int] = {}  # consumer -> the next offset it reads
         self._addresses: dict[tuple[str, str], Address] = {}  # reused for deliveries of the same exchange and key
 
@@ -75,6 +59,13 @@ class Stream(Queue):
         if log is not None:
             log.max_bytes = self.max_bytes
             log.apply_retention()
+
+    def count_ready(self) -> int:
+        """The messages the log holds (a stream's messages stay for every consumer to read)."""
+        return self.log.next_offset - self.log.first_offset
+
+    def has_ready(self) -> bool:
+        return self.log.next_offset > self.log.first_offset
 
     def apply_policies(self, policy, operator_policy) -> None:
         self.policy, self.operator_policy = policy, operator_policy

@@ -7,7 +7,7 @@ import base64
 import json
 import logging
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from broker.model import durability
 from broker.model.arguments import (
@@ -15,12 +15,12 @@ from broker.model.arguments import (
     validate_exchange_arguments, validate_queue_arguments,
 )
 from broker.model.counters import NodeCounters
-from broker.model.exchange import EXCHANGE_TYPES, Binding, DirectExchange, Exchange
+from broker.model.exchange import EXCHANGE_TYPES, Binding, DelayedExchange, DirectExchange, Exchange
 from broker.model.features.delayed_messages import DelayedMessages
-from broker.model.features.length_limit import ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, REFUSED
+from broker.model.features.length_limit import APPENDED, ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, REFUSED
 from broker.model.policy import Policy, choose, make_policy
 from broker.model.queue import Queue
-from broker.model.stream import APPENDED, Stream
+from broker.model.stream import Stream
 from broker.model.routing.headers import validate_x_match
 from protocol import errors
 
@@ -250,7 +250,7 @@ class VirtualHost:
         self._add_exchange(EXCHANGE_TYPES[kind](name, True, auto_delete, internal, arguments))
 
     def _add_exchange(self, exchange: Exchange) -> Exchange:
-        if exchange.holds_delayed:
+        if isinstance(exchange, DelayedExchange):
             exchange.delayed = DelayedMessages(self, exchange, durability.delayed_key(self.name, exchange.name))
         exchange.apply_policies(*self.policies_for("exchanges", exchange.name))
         self.exchanges[exchange.name] = exchange
@@ -284,7 +284,7 @@ class VirtualHost:
         del self.exchanges[exchange.name]
         if exchange.durable and self.store is not None:
             self._record("exchange", durability.exchange_key(self.name, exchange.name), None)
-        if exchange.holds_delayed:
+        if isinstance(exchange, DelayedExchange) and exchange.delayed is not None:
             exchange.delayed.drop()
             if exchange.durable and self.store is not None:
                 self.store.delete_queue(exchange.delayed.store_key)  # its stored waiting messages
@@ -450,7 +450,7 @@ class VirtualHost:
             # the usual case: one key, bindings to queues only; each queue appears once in what route() returns
             destinations = exchange.route(routing_keys[0], message)
             if destinations:
-                return list(destinations)
+                return cast("list[Queue]", list(destinations))
         queues: dict[Queue, None] = {}
         seen: set[Exchange] = set()
         pending = [exchange]

@@ -424,7 +424,7 @@ class Channel:
         if self.unacked.global_prefetch:
             queues = {consumer.queue for consumer in self.consumers.values()}
         for queue in queues:
-            if queue.consumers and queue.entries:
+            if queue.consumers and queue.has_ready():
                 dispatcher.mark(queue)
 
     def undo_tx(self) -> None:

@@ -179,7 +179,7 @@ def _queue_delete(channel: Channel, method: spec.Queue.Delete) -> None:
         vhost.check_exclusive_access(queue, channel.connection)
         if method.if_unused and queue.consumers:
             raise errors.precondition_failed(f"queue '{queue.name}' in vhost '{vhost.name}' in use")
-        if method.if_empty and queue.entries:
+        if method.if_empty and queue.has_ready():
             raise errors.precondition_failed(f"queue '{queue.name}' in vhost '{vhost.name}' not empty")
         count = vhost.delete_queue(queue)
     if not method.nowait:

@@ -75,7 +75,7 @@ async def delete(request: web.Request) -> web.Response:
     check_permission(request, vhost, "queue", queue.name, "configure")
     if flag(request, "if-unused") and queue.consumers:
         raise http.bad_request(f"queue '{queue.name}' in vhost '{vhost.name}' in use")
-    if flag(request, "if-empty") and queue.entries:
+    if flag(request, "if-empty") and queue.has_ready():
         raise http.bad_request(f"queue '{queue.name}' in vhost '{vhost.name}' not empty")
     vhost.delete_queue(queue)
     await http.on_disk(request)

@@ -3,20 +3,19 @@ drop-head (the head makes room: the oldest, or in a priority queue the next to b
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Final, Iterable
 
 from broker.model.message import Message, QueueEntry
 
 if TYPE_CHECKING:
-    from broker.model.features.priority import FifoEntries, PriorityEntries
-
-    ReadyEntries = FifoEntries | PriorityEntries
+    from broker.model.features.priority import ReadyList
 
 # What Queue.enqueue reports.
-ENQUEUED = 0
-ENQUEUED_OVER_FLOW_LIMIT = 1  # kept; the queue's backlog asks its publishers to wait (flow control)
-REFUSED = 2  # reject-publish: not kept, the publisher gets a nack
-DROPPED = 3  # drop-head with no room even for this message alone: not kept, yet the publish is confirmed
+ENQUEUED: Final = 0
+ENQUEUED_OVER_FLOW_LIMIT: Final = 1  # kept; the queue's backlog asks its publishers to wait (flow control)
+REFUSED: Final = 2  # reject-publish: not kept, the publisher gets a nack
+DROPPED: Final = 3  # drop-head with no room even for this message alone: not kept, yet the publish is confirmed
+APPENDED: Final = 4  # a stream's log took it (no limit applies there); its confirm waits for the log's write
 
 
 class LengthLimit:
@@ -45,7 +44,7 @@ class LengthLimit:
         return ((self.max_length is not None and count > self.max_length)
                 or (self.max_bytes is not None and size > self.max_bytes))
 
-    def admit(self, entries: "ReadyEntries", message: Message) -> tuple[int, list[QueueEntry]]:
+    def admit(self, entries: "ReadyList", message: Message) -> tuple[int, list[QueueEntry]]:
         """Whether message may join entries, and the head entries dropped to make room for it."""
         size = len(message.body)
         if not self._over(len(entries) + 1, self.ready_bytes + size):
@@ -69,7 +68,7 @@ class LengthLimit:
         """Requeued entries count again."""
         self.ready_bytes += sum(len(entry.message.body) for entry in entries)
 
-    def trim(self, entries: "ReadyEntries") -> list[QueueEntry]:
+    def trim(self, entries: "ReadyList") -> list[QueueEntry]:
         """After a requeue: drop-head queues drop their oldest messages until they are within the limit again."""
         dropped = []
         if self.drop_head:

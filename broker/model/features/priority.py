@@ -8,9 +8,21 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from typing import Iterator
+from typing import Iterator, Protocol
 
 from broker.model.message import QueueEntry
+
+
+class ReadyList(Protocol):
+    """What a queue asks of its ready list, whichever kind it is: this module's, features.expiry's ExpiringEntries
+    or features.paging's PagedEntries."""
+
+    def append(self, entry: QueueEntry) -> bool | None: ...  # True: the entry was paged (features.paging)
+    def popleft(self) -> QueueEntry: ...
+    def __len__(self) -> int: ...
+    def __iter__(self) -> Iterator[QueueEntry]: ...
+    def clear(self) -> None: ...
+    def put_back(self, requeued: list[QueueEntry]) -> None: ...
 
 
 def _by_seq(entry: QueueEntry) -> int:
