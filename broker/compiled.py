@@ -21,7 +21,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 COMPILED = (
     "protocol/framing.py", "protocol/fastpath.py", "protocol/assembler.py", "protocol/properties.py",
     "broker/model/message.py", "broker/session/channel.py", "broker/session/consumer.py",
-    "broker/connection/connection.py",
+    "broker/connection/connection.py", "broker/session/confirms.py", "storage/records.py", "storage/index.py",
+    "storage/store.py",
 )
 
 
