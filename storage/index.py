@@ -22,10 +22,11 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Iterable
+from typing import Final
 
-LIVE = 1  # the message is live in the one queue of its publish record
-DELIVERED = 2  # (with LIVE) the message was delivered at least once
-MULTI = 4  # the message was routed to several queues: MessageIndex.multi holds their states
+LIVE: Final = 1  # the message is live in the one queue of its publish record
+DELIVERED: Final = 2  # (with LIVE) the message was delivered at least once
+MULTI: Final = 4  # the message was routed to several queues: MessageIndex.multi holds their states
 
 
 class Segment:
@@ -36,7 +37,7 @@ class Segment:
 
     def __init__(self, number: int) -> None:
         self.number = number
-        self.first_id: int | None = None  # id of states[0]; None until the segment holds a publish
+        self.first_id = -1  # id of states[0]; -1 until the segment holds a publish (message ids are never negative)
         self.states = bytearray()  # LIVE/DELIVERED/MULTI bits per id from first_id; 0 = not live here
         self.refs = 0  # live (queue, message) pairs published here
         self.queue_refs: dict[str, int] = {}  # the same, per queue (so deleting a queue needs no message list)
@@ -86,7 +87,7 @@ class MessageIndex:
     def forget(self, segment: Segment) -> None:
         """The segment's file is being deleted."""
         del self.segments[segment.number]
-        if segment.first_id is None:
+        if segment.first_id < 0:
             return  # it held no publish (only removal or delivery records): nothing of it is indexed
         position = self._homes.index(segment)
         del self._homes[position]
@@ -108,7 +109,7 @@ class MessageIndex:
         if msg_id <= self.last_id:
             raise ValueError(f"message ids must increase: {msg_id} after {self.last_id}")
         self.last_id = msg_id
-        if segment.first_id is None:
+        if segment.first_id < 0:
             segment.first_id = msg_id
             self._firsts.append(msg_id)
             self._homes.append(segment)
@@ -121,6 +122,7 @@ class MessageIndex:
     def add(self, msg_id: int, queues: tuple[str, ...]) -> None:
         """A fresh publish in the head segment."""
         segment = self.head
+        assert segment is not None, "roll() first"
         states = self._slot(segment, msg_id)
         queue_refs = segment.queue_refs
         if len(queues) == 1:
@@ -143,6 +145,7 @@ class MessageIndex:
         """A publish read back from the head segment during recovery, with its record's (queue, delivered) pairs;
         returns the pairs still live (``queues`` itself unless one of them was deleted since)."""
         segment = self.head
+        assert segment is not None, "roll() first"
         states = self._slot(segment, msg_id)
         live = queues
         if self.deleted_below:
@@ -171,6 +174,7 @@ class MessageIndex:
         """count publishes read back from the head segment with the ids after the last one, each live in queue
         alone with state (what a run of a queue's messages that follow one another in a segment adds)."""
         segment = self.head
+        assert segment is not None, "roll() first"
         segment.states.extend(bytes((state,)) * count)
         segment.queue_refs[queue] += count
         segment.refs += count
@@ -241,8 +245,10 @@ class MessageIndex:
 
     def _refer(self, segment: Segment) -> None:
         """The head segment now holds a record that ``segment`` depends on until it is compacted or deleted."""
-        if segment is not self.head:
-            self.head.refers[segment.number] = self.seq
+        head = self.head
+        assert head is not None, "roll() first"
+        if segment is not head:
+            head.refers[segment.number] = self.seq
 
     def deliver(self, queue: str, msg_ids: Iterable[int]) -> list[int]:
         """Mark messages delivered from ``queue``; return the ids that were live there and not yet marked."""

@@ -10,33 +10,34 @@ from __future__ import annotations
 import struct
 import zlib
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Final
 
-FRAME = struct.Struct("<II")  # payload length, crc32 of the payload
-FRAME_SIZE = FRAME.size
-MAX_PAYLOAD = 1 << 31  # anything larger is a corrupt length field, not a record
+FRAME: Final = struct.Struct("<II")  # payload length, crc32 of the payload
+FRAME_SIZE: Final = FRAME.size
+MAX_PAYLOAD: Final = 1 << 31  # anything larger is a corrupt length field, not a record
 
 # Segment records
-PUBLISH = 1  # a persistent message routed to one or more durable queues
-REMOVED = 2  # messages left a queue (ack, reject, expiry, purge...)
-DELIVERED = 3  # messages were handed to a consumer and may come back redelivered
+PUBLISH: Final = 1  # a persistent message routed to one or more durable queues
+REMOVED: Final = 2  # messages left a queue (ack, reject, expiry, purge...)
+DELIVERED: Final = 3  # messages were handed to a consumer and may come back redelivered
 # Definitions-log records
-LEGACY_DEFINITION = 10  # a DEFINITION of the first format (data: JSON with tagged values; still read)
-QUEUE_DELETED = 11  # every message of a queue with an id below a watermark is gone
-DEFINITION = 12  # latest state of one definition (or its deletion); data in the typed format of definitions.py
+LEGACY_DEFINITION: Final = 10  # a DEFINITION of the first format (data: JSON with tagged values; still read)
+QUEUE_DELETED: Final = 11  # every message of a queue with an id below a watermark is gone
+DEFINITION: Final = 12  # latest state of one definition (or its deletion); data in the typed format of definitions.py
 
-SEGMENT_TYPES = frozenset((PUBLISH, REMOVED, DELIVERED))
-DEFINITIONS_TYPES = frozenset((LEGACY_DEFINITION, QUEUE_DELETED, DEFINITION))
-MAX_PLAUSIBLE_ID = 1 << 48  # message ids count up from 1: a larger one is a stray byte pattern, not an id
+SEGMENT_TYPES: Final = frozenset((PUBLISH, REMOVED, DELIVERED))
+DEFINITIONS_TYPES: Final = frozenset((LEGACY_DEFINITION, QUEUE_DELETED, DEFINITION))
+MAX_PLAUSIBLE_ID: Final = 1 << 48  # message ids count up from 1: a larger one is a stray byte pattern, not an id
 
-_PUBLISH_HEAD = struct.Struct("<BQH")  # type, msg id, number of queues
-MSG_ID = struct.Struct("<Q")  # a message id (in a publish record, after its type byte)
-_U16 = struct.Struct("<H")
-_U32 = struct.Struct("<I")
-_ID_LIST_HEAD = struct.Struct("<BH")  # type, queue name length (ids follow the name)
-_QUEUE_DELETED = struct.Struct("<BQH")  # type, watermark, queue name length
-_DEFINITION_HEAD = struct.Struct("<BHH")  # type, kind length, name length
+_PUBLISH_HEAD: Final = struct.Struct("<BQH")  # type, msg id, number of queues
+MSG_ID: Final = struct.Struct("<Q")  # a message id (in a publish record, after its type byte)
+_U16: Final = struct.Struct("<H")
+_U32: Final = struct.Struct("<I")
+_ID_LIST_HEAD: Final = struct.Struct("<BH")  # type, queue name length (ids follow the name)
+_QUEUE_DELETED: Final = struct.Struct("<BQH")  # type, watermark, queue name length
+_DEFINITION_HEAD: Final = struct.Struct("<BHH")  # type, kind length, name length
 
 
 class CorruptRecord(Exception):
@@ -48,7 +49,7 @@ def frame(payload: bytes) -> bytes:
 
 
 def publish_head(
-    msg_id: int, queues: tuple[str, ...] | list[tuple[str, bool]], exchange: str, routing_key: str,
+    msg_id: int, queues: Sequence[str] | Sequence[tuple[str, bool]], exchange: str, routing_key: str,
     header_payload: bytes, body: bytes,
 ) -> bytes:
     """Frame header + metadata of a publish record (the frame's CRC covers header_payload and body too).
@@ -72,7 +73,7 @@ def publish_head(
     return FRAME.pack(length, crc) + meta
 
 
-def id_list(kind: int, queue: str, msg_ids: "list[int] | array") -> bytes:
+def id_list(kind: int, queue: str, msg_ids: list[int] | array[int]) -> bytes:
     """A framed REMOVED or DELIVERED record."""
     name = queue.encode()
     ids = msg_ids if isinstance(msg_ids, array) else array("Q", msg_ids)
@@ -125,8 +126,9 @@ def decode_publish(payload: memoryview) -> Publish:
     return Publish(msg_id, queues, exchange, routing_key, header_payload, bytes(payload[pos + size:]))
 
 
-_CONTENT_HEADER = struct.Struct(">HHQH")  # class id, weight, body size, property flags (big-endian, as on the wire)
-_TABLE_SIZE = struct.Struct(">I")
+# class id, weight, body size, property flags (big-endian, as on the wire)
+_CONTENT_HEADER: Final = struct.Struct(">HHQH")
+_TABLE_SIZE: Final = struct.Struct(">I")
 
 
 def is_persistent(header_payload: bytes) -> bool:
@@ -153,7 +155,7 @@ class PublishReader:
     are returned again, the same objects. Otherwise names and headers seen recently are still shared.
     """
 
-    CACHE_ENTRIES = 4096  # distinct names and headers remembered (forgotten all at once beyond this)
+    CACHE_ENTRIES: Final = 4096  # distinct names and headers remembered (forgotten all at once beyond this)
 
     def __init__(self) -> None:
         self._meta: bytes | None = None  # the metadata bytes of the last record decoded
@@ -218,7 +220,7 @@ class PublishReader:
         return shared
 
 
-def decode_id_list(payload: memoryview) -> tuple[str, array]:
+def decode_id_list(payload: memoryview) -> tuple[str, array[int]]:
     _, size = _ID_LIST_HEAD.unpack_from(payload)
     start = _ID_LIST_HEAD.size
     ids = array("Q")
@@ -336,9 +338,9 @@ def _queue_deleted_layout(view: memoryview, start: int, end: int) -> bool:
     return below_id < MAX_PLAUSIBLE_ID and start + _QUEUE_DELETED.size + size == end
 
 
-_KINDS = frozenset((b"exchange", b"queue", b"binding", b"vhost", b"user", b"policy", b"permission",
-                    b"operator_policy"))  # definitions.KINDS, encoded
-_LAYOUTS = {
+_KINDS: Final = frozenset((b"exchange", b"queue", b"binding", b"vhost", b"user", b"policy", b"permission",
+                           b"operator_policy"))  # definitions.KINDS, encoded
+_LAYOUTS: Final[dict[int, Callable[[memoryview, int, int], bool]]] = {
     PUBLISH: _publish_layout, REMOVED: _id_list_layout, DELIVERED: _id_list_layout,
     LEGACY_DEFINITION: _definition_layout, DEFINITION: _definition_layout, QUEUE_DELETED: _queue_deleted_layout,
 }

@@ -8,6 +8,7 @@ from functools import partial
 from array import array
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Final
 
 from storage import records
 from storage.compaction import Compaction
@@ -24,12 +25,12 @@ __all__ = ["DataDirLocked", "MessageStore", "Recovered", "RecoveredMessages", "S
 
 log = logging.getLogger(__name__)
 
-SEGMENT_BYTES = 16 << 20  # a segment is closed once this full (records never span two segments)
-COMPACT_RATIO = 0.5  # rewrite a closed segment once this share of its (queue, message) pairs is gone
-MIN_COMPACT_BYTES = 1 << 20  # smaller segments are not worth a rewrite (they go once empty)
-DEFINITIONS_SLACK = 64 << 10  # snapshot the definitions log when it outgrows twice the live state plus this
-STOP_TIMEOUT = 60.0  # seconds close() waits for the writer to write the last batch and stop
-PROBE_INTERVAL = 1.0  # seconds between two tries of the disk while writes fail and nothing else is written
+SEGMENT_BYTES: Final = 16 << 20  # a segment is closed once this full (records never span two segments)
+COMPACT_RATIO: Final = 0.5  # rewrite a closed segment once this share of its (queue, message) pairs is gone
+MIN_COMPACT_BYTES: Final = 1 << 20  # smaller segments are not worth a rewrite (they go once empty)
+DEFINITIONS_SLACK: Final = 64 << 10  # snapshot the definitions log when it outgrows twice the live state plus this
+STOP_TIMEOUT: Final = 60.0  # seconds close() waits for the writer to write the last batch and stop
+PROBE_INTERVAL: Final = 1.0  # seconds between two tries of the disk while writes fail and nothing else is written
 
 
 class MessageStore:
@@ -119,7 +120,9 @@ class MessageStore:
     def _delete_spent_segments(self) -> None:
         """Deletions found at start-up are made before the writer starts. Every segment counts as changed then, so
         compactions are only noted as due (``draining``), and start with the first batch."""
-        deletions, _ = self._index.housekeeping(self._compact_ratio, self._min_compact_bytes)
+        index = self._index
+        assert index is not None, "recover() first"
+        deletions, _ = index.housekeeping(self._compact_ratio, self._min_compact_bytes)
         for segment in deletions:
             segment_path(self._segments_dir, segment.number).unlink(missing_ok=True)
 
@@ -131,7 +134,9 @@ class MessageStore:
         """A persistent message routed to durable queues (msg ids must increase from call to call); returns where
         its record is (storage.recovered.place), for a queue that pages it to read it back from there."""
         index = self._index
+        assert index is not None, "recover() first"
         segment = index.head
+        assert segment is not None, "recover() rolls a head"
         if segment.size >= self._segment_bytes:
             segment = self._roll()
         index.add(msg_id, queues)
@@ -151,10 +156,12 @@ class MessageStore:
     def pin(self, queue: str, where: int, count: int) -> None:
         """A queue will read count records back from where's segment (once they are durable): it waits with
         compaction."""
+        assert self._index is not None, "recover() first"
         self._index.pin(where >> PLACE_BITS, queue, count)
 
     def unpin(self, queue: str, where: int, count: int) -> None:
         """count records pinned for queue in where's segment are no longer to be read back."""
+        assert self._index is not None, "recover() first"
         self._index.unpin(where >> PLACE_BITS, queue, count)
 
     def run_of(self, queue: str, ids: array, places: array, body_bytes: int, persistent: int,
@@ -167,6 +174,7 @@ class MessageStore:
     def append_removed(self, queue: str, msg_ids: Iterable[int]) -> None:
         """Messages left ``queue`` (acked, dropped, purged, expired...)."""
         self._roll_if_full()
+        assert self._index is not None, "recover() first"
         removed = self._index.remove(queue, msg_ids)
         if removed:
             self._append_ids(records.REMOVED, queue, removed)
@@ -174,6 +182,7 @@ class MessageStore:
     def append_delivered(self, queue: str, msg_ids: Iterable[int]) -> None:
         """Messages were delivered from ``queue``; after a restart they come back redelivered. Never waits."""
         self._roll_if_full()
+        assert self._index is not None, "recover() first"
         marked = self._index.deliver(queue, msg_ids)
         if marked:
             self._append_ids(records.DELIVERED, queue, marked)
@@ -190,7 +199,7 @@ class MessageStore:
         """Write the gathered ids into the head segment, the one the index linked them to."""
         if not self._pending_ids:
             return
-        head, buffer = self._index.head, self._buffer
+        head, buffer = self._head(), self._buffer
         for (kind, queue), msg_ids in self._pending_ids.items():
             record = records.id_list(kind, queue, msg_ids)
             head.size += len(record)
@@ -199,16 +208,19 @@ class MessageStore:
 
     def append_definition(self, kind: str, name: str, data: dict | None) -> None:
         """Durable definition change; ``data`` None means deleted. kind: exchange/queue/binding/vhost/user/policy."""
+        assert self._definitions is not None, "recover() first"
         record = self._definitions.set(kind, name, data)
         self._pending_definitions += record
         if not self._kick_scheduled:
             self._schedule_kick()
 
     def has_definition(self, kind: str, name: str) -> bool:
+        assert self._definitions is not None, "recover() first"
         return (kind, name) in self._definitions
 
     def delete_queue(self, queue: str) -> None:
         """All messages of ``queue`` are gone, and so is its definition."""
+        assert self._index is not None, "recover() first"
         below = self._index.drop_queue(queue)
         self._pending_definitions += records.queue_deleted(queue, below)
         self.append_definition("queue", queue, None)
@@ -225,14 +237,23 @@ class MessageStore:
             self._schedule_kick()
 
     # --- batches --------------------------------------------------------------------------------------------
+    def _head(self) -> Segment:
+        """The segment records go to (recover() rolls the first one)."""
+        index = self._index
+        assert index is not None and index.head is not None, "recover() first"
+        return index.head
+
     def _roll_if_full(self) -> None:
         """Roll before indexing a record, so the index links it to the segment that will hold it."""
-        if self._index.head.size >= self._segment_bytes:
+        index = self._index
+        assert index is not None and index.head is not None, "recover() first"
+        if index.head.size >= self._segment_bytes:
             self._roll()
 
     def _roll(self) -> Segment:
         self._flush_ids()
-        segment = self._index.roll(self._index.head.number + 1)
+        assert self._index is not None, "recover() first"
+        segment = self._index.roll(self._head().number + 1)
         self._new_chunk(segment.number)
         self._head_on_disk = False
         return segment
@@ -255,7 +276,8 @@ class MessageStore:
 
     def _take_batch(self) -> Batch:
         self._flush_ids()
-        index = self._index
+        index, definitions = self._index, self._definitions
+        assert index is not None and definitions is not None, "recover() first"
         deletions, compactions = index.housekeeping(self._compact_ratio, self._min_compact_bytes)
         batch = Batch(
             chunks=self._chunks, definitions=bytes(self._pending_definitions), callbacks=self._callbacks,
@@ -267,15 +289,15 @@ class MessageStore:
             if streams:
                 batch.callbacks.insert(0, partial(_streams_written, streams))
         self._definitions_log_bytes += len(batch.definitions)
-        if self._snapshot_due or self._definitions_log_bytes > 2 * self._definitions.live_bytes + DEFINITIONS_SLACK:
+        if self._snapshot_due or self._definitions_log_bytes > 2 * definitions.live_bytes + DEFINITIONS_SLACK:
             needed_below = index.still_needed_below()
             for queue in [q for q, below in index.deleted_below.items() if below <= needed_below]:
                 del index.deleted_below[queue]
-            batch.definitions_snapshot = self._definitions.snapshot(index.deleted_below, needed_below)
+            batch.definitions_snapshot = definitions.snapshot(index.deleted_below, needed_below)
             self._definitions_log_bytes = len(batch.definitions_snapshot)
             self._snapshot_due = False
         self._chunks = []
-        self._new_chunk(index.head.number)
+        self._new_chunk(self._head().number)
         self._pending_definitions = bytearray()
         self._callbacks = []
         self._published = []
@@ -284,6 +306,7 @@ class MessageStore:
 
     def _hand_over(self) -> None:
         batch = self._take_batch()
+        assert self._index is not None, "recover() first"
         if self._is_empty(batch) and self._index.draining:
             # nothing was appended while the last batch was written: the segments that were draining are quiet now
             batch = self._take_batch()
@@ -293,6 +316,7 @@ class MessageStore:
             return
         self._in_flight = batch
         if self._writer_dead:
+            assert self._loop is not None, "batches are handed over on the loop"
             self._loop.call_soon(self._on_written, batch, False)
         else:
             self._writer.submit(batch)
@@ -311,9 +335,8 @@ class MessageStore:
         self._in_flight = None
         if ok:
             if self._writes_bytes(batch):
-                self._head_on_disk = self._head_on_disk or any(
-                    data for number, data in batch.chunks if number == self._index.head.number
-                )
+                head = self._head().number
+                self._head_on_disk = self._head_on_disk or any(data for number, data in batch.chunks if number == head)
                 self._set_health(True)
         else:
             self._forget_failed(batch)
@@ -330,6 +353,7 @@ class MessageStore:
     def _forget_failed(self, batch: Batch) -> None:
         """Undo what the index took from a batch that is not on disk (its files were cut back)."""
         index = self._index
+        assert index is not None, "recover() first"
         for msg_id, queues in batch.published:
             index.undo(msg_id, queues)
         for number, data in batch.chunks:
@@ -352,9 +376,11 @@ class MessageStore:
         self._healthy = healthy
         if healthy:
             log.warning("store writes succeed again")
+            assert self._probe_timer is not None, "set when writes began to fail"
             self._probe_timer.cancel()
         else:
             log.error("store writes are failing: durable writes are refused until one succeeds")
+            assert self._loop is not None, "batches are handed over on the loop"
             self._probe_timer = self._loop.call_later(PROBE_INTERVAL, self._probe)
         if self.on_health is not None:
             try:
@@ -368,6 +394,7 @@ class MessageStore:
             return
         self._roll_if_full()
         self._append_ids(records.DELIVERED, "", [])
+        assert self._loop is not None, "batches are handed over on the loop"
         self._probe_timer = self._loop.call_later(PROBE_INTERVAL, self._probe)
 
     @property
@@ -383,6 +410,7 @@ class MessageStore:
 
     def _on_compacted(self, compaction: Compaction) -> None:
         segment = compaction.segment
+        assert self._index is not None, "recover() first"
         if self._index.segments.get(segment.number) is not segment:
             return  # it emptied and was deleted (with its rewrite) meanwhile; the deletion's batch kicks anyway
         if compaction.size is None:

@@ -13,11 +13,18 @@ Under load publishes settle roughly in order, so a drain usually costs a single 
 a multiple ack that covers a seq it is still waiting on, other than the acks being sent.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from broker.model.counters import NodeCounters
+
 
 class ConfirmTracker:
     """Publisher-confirm sequence numbers of one channel (like RabbitMQ's rabbit_confirms)."""
 
-    def __init__(self, counters) -> None:
+    def __init__(self, counters: NodeCounters) -> None:
         self.counters = counters  # the node's (model.counters.NodeCounters): counts the acks
         self._next_seq = 1  # seq the next publish receives
         self._outstanding: set[int] = set()  # seqs issued and not yet settled

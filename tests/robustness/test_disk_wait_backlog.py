@@ -1,11 +1,13 @@
 """A channel whose reply waits for the disk holds the frames that arrive for it meanwhile; past a bound its
 connection is not read until the reply is sent, so a client cannot fill the broker's memory behind a slow fsync.
 
-The broker runs in this process (on a thread of its own) so that the test can hold back the disk's answer."""
+The broker runs in this process (on a thread of its own) so that the test can hold back the disk's answer: the store's
+fdatasync waits until the test lets it return."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from types import SimpleNamespace
@@ -21,18 +23,26 @@ PUBLISHES = 200_000  # about 15 MB of frames: far more than the socket buffers a
 
 
 class BrokerThread:
-    """A Server on an event loop of its own thread, whose store answers when_durable only when told to."""
+    """A Server on an event loop of its own thread, whose disk syncs only when told to."""
 
-    def __init__(self, data_dir) -> None:
+    def __init__(self, data_dir, monkeypatch) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.server = Server(load_config(None, {"host": "127.0.0.1", "port": 0, "data_dir": str(data_dir)}))
-        self.held: list = []  # when_durable callbacks not answered yet
+        self.disk = threading.Event()  # set while the disk answers: fdatasync waits for it
+        self.disk.set()
+        fdatasync = os.fdatasync
+
+        def held_fdatasync(fd: int) -> None:
+            self.disk.wait()
+            fdatasync(fd)
+
+        monkeypatch.setattr(os, "fdatasync", held_fdatasync)
 
     def start(self) -> SimpleNamespace:
         self.thread.start()
         self.call(self.server.start())
-        self.server.store.when_durable = self.held.append
+        self.disk.clear()
         return SimpleNamespace(host="127.0.0.1", port=self.server.port)
 
     def call(self, coroutine):
@@ -44,21 +54,17 @@ class BrokerThread:
         return self.call(run())
 
     def answer_the_disk(self) -> None:
-        async def run() -> None:
-            held, self.held[:] = list(self.held), []
-            for callback in held:
-                callback(True)
-        self.call(run())
+        self.disk.set()
 
     def stop(self) -> None:
-        self.server.store.when_durable = type(self.server.store).when_durable.__get__(self.server.store)
+        self.disk.set()
         self.call(self.server.stop())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=30)
 
 
-def test_frames_held_behind_a_slow_disk_stop_the_reading(tmp_path):
-    broker = BrokerThread(tmp_path / "data")
+def test_frames_held_behind_a_slow_disk_stop_the_reading(tmp_path, monkeypatch):
+    broker = BrokerThread(tmp_path / "data", monkeypatch)
     address = broker.start()
     try:
         with RawClient.connect(address) as client:

@@ -3,6 +3,8 @@ written; once their records are durable they are read back from the store's segm
 they pin are let go once they are read (or the page came back from memory first, or was dropped)."""
 
 import asyncio
+import errno
+import os
 
 import pytest
 
@@ -102,16 +104,28 @@ def test_a_page_read_back_from_memory_before_its_records_are_durable_lets_its_pi
 
 def test_pages_the_store_cannot_hold_or_did_not_write_go_to_the_page_file(stores, monkeypatch):
     message_store, page_store = stores
+    disk_full = False  # while set, the message store's writes fail (the page store writes with os.pwrite)
+    write = os.write
+
+    def store_write(fd: int, data) -> int:
+        if disk_full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write(fd, data)
+
+    monkeypatch.setattr(os, "write", store_write)
 
     async def scenario() -> None:
+        nonlocal disk_full
         entries = paged_list(message_store, page_store)
         for seq in range(10):  # 0-3 stay in memory; pages of 3: 4-6, then 7-9 with a transient message, 8
             entries.append(stored_entry(message_store, seq, persistent=seq != 8))
         assert await durable(message_store)
         await settle(page_store)
-        monkeypatch.setattr(message_store, "when_durable", lambda callback: callback(False))  # a failed write
+        disk_full = True
         for seq in range(10, 14):  # a page of 10-12 whose records were not written; 13 waits in the filling page
             entries.append(stored_entry(message_store, seq))
+        assert not await durable(message_store)
+        disk_full = False
         await settle(page_store)
         assert [(page.run is not None, page.location is not None) for page in entries.pages] == [
             (True, False), (False, True), (False, True)]
