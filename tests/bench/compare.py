@@ -42,20 +42,22 @@ class BenchRun:
     alternate: bool = True  # run W R R W and average; False: once each (a fresh broker's memory)
 
 
+CPU_PER_MESSAGE = Row("  broker CPU per message (µs)", "cpu us/msg", higher_is_better=False)
+
+
 def _split(name: str, label: str, extra_args: tuple[str, ...] = ()) -> BenchRun:
     """A producer process -> broker -> consumer process run: delivery rate and broker CPU per message."""
-    return BenchRun(name, "split", extra_args, (
-        Row(label, "msg/s"),
-        Row("  broker CPU per message (µs)", "cpu us/msg", higher_is_better=False)))
+    return BenchRun(name, "split", extra_args, (Row(label, "msg/s"), CPU_PER_MESSAGE))
 
 
 # idle-memory runs first: after message-heavy scenarios freed memory makes RSS growth meaningless.
 RUNS = (
     BenchRun("idle-memory", "idle-memory", ("--connections", "500"),
              (Row("memory per idle connection (KiB)", "KiB/conn", higher_is_better=False),), alternate=False),
-    BenchRun("churn", "churn", (), (Row("connection open+close (conn/s)", "conn/s"),)),
-    BenchRun("publish", "publish", (), (Row("publish, 1 publisher (msg/s)", "msg/s"),)),
-    BenchRun("consume", "consume", (), (Row("consume pre-filled queue, auto-ack (msg/s)", "msg/s"),)),
+    BenchRun("churn", "churn", (), (Row("connection open+close (conn/s)", "conn/s"),
+                                    Row("  broker CPU per connection (µs)", "cpu us/conn", higher_is_better=False))),
+    BenchRun("publish", "publish", (), (Row("publish, 1 publisher (msg/s)", "msg/s"), CPU_PER_MESSAGE)),
+    BenchRun("consume", "consume", (), (Row("consume pre-filled queue, auto-ack (msg/s)", "msg/s"), CPU_PER_MESSAGE)),
     _split("pubsub", "publisher -> queue -> consumer, auto-ack, 16 B (msg/s)", ("--window", "0")),
     _split("pubsub-ack", "the same, manual acks: prefetch 100, multiple ack every 50 (msg/s)",
            ("--window", "0", "--ack-every", "50")),
@@ -64,9 +66,10 @@ RUNS = (
     _split("pubsub-ack-1k", "the same, manual acks, 1 KiB (msg/s)",
            ("--window", "0", "--ack-every", "50", "--size", "1024")),
     _split("fanout", "fanout to 10 queues, a consumer each (deliveries/s)", ("--window", "0", "--queues", "10")),
-    BenchRun("confirms", "confirms", ("--window", "1000"), (Row("confirms, window 1000 (msg/s)", "msg/s"),)),
+    BenchRun("confirms", "confirms", ("--window", "1000"),
+             (Row("confirms, window 1000 (msg/s)", "msg/s"), CPU_PER_MESSAGE)),
     BenchRun("confirms-persistent", "confirms", ("--window", "1000", "--persistent"),
-             (Row("confirms, persistent, durable queue (msg/s)", "msg/s"),)),
+             (Row("confirms, persistent, durable queue (msg/s)", "msg/s"), CPU_PER_MESSAGE)),
     _split("confirms-persistent-consumed", "the same, consumed with manual acks meanwhile (msg/s)",
            ("--window", "1000", "--persistent", "--ack-every", "50")),
     BenchRun("latency", "split", ("--window", "0", "--rate", "1000", "--latency"), (
@@ -76,7 +79,7 @@ RUNS = (
              (Row("confirm latency p50, window 1 (ms)", "p50 ms", higher_is_better=False),
               Row("confirm latency p99, window 1 (ms)", "p99 ms", higher_is_better=False))),
     BenchRun("confirm-latency-persistent", "confirms", ("--window", "1", "--persistent"),
-             (Row("persistent confirms, window 1 (msg/s)", "msg/s"),
+             (Row("persistent confirms, window 1 (msg/s)", "msg/s"), CPU_PER_MESSAGE,
               Row("persistent confirm latency p50, window 1 (ms)", "p50 ms", higher_is_better=False),
               Row("persistent confirm latency p99, window 1 (ms)", "p99 ms", higher_is_better=False))),
 )

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from tests.bench.client import BenchConnection, BrokerURL, ConfirmTracker, DeliveryCounter, message_frames
-from tests.bench.process_memory import listener_pid, resident_kib
+from tests.bench.process_memory import cpu_seconds, listener_pid, resident_kib
 
 PAYLOAD = b"x" * 16  # every scenario publishes 16-byte messages
 BATCH = 100  # messages written per transport.write by an unconfirmed publisher
@@ -24,7 +24,7 @@ class Options:
     window: int  # unconfirmed publishes allowed in "confirms"
     persistent: bool  # "confirms" publishes delivery_mode 2 to a durable queue
     connections: int  # idle connections opened by "idle-memory"
-    broker_pid: int | None  # process whose RSS "idle-memory" reads; found from the port when None
+    broker_pid: int | None  # process whose RSS and CPU time the scenarios read; found from the port when None
 
 
 Figures = dict[str, float]
@@ -32,6 +32,14 @@ Figures = dict[str, float]
 
 def _unique(prefix: str) -> str:
     return f"bench-{prefix}-{os.getpid()}-{time.monotonic_ns()}"
+
+
+def _broker_cpu(url: BrokerURL, options: Options) -> Callable[[int], float]:
+    """Starts counting the broker's CPU time (its process and children); the function returned gives the µs of it
+    per item (message, connection) since then."""
+    pid = options.broker_pid or listener_pid(url.port)
+    before = cpu_seconds(pid)
+    return lambda items: (cpu_seconds(pid) - before) * 1e6 / items if items else 0.0
 
 
 async def _publish_for(connection: BenchConnection, message: bytes, seconds: float) -> tuple[int, float]:
@@ -68,12 +76,14 @@ async def publish(url: BrokerURL, options: Options) -> Figures:
     channel = await connection.open_channel()
     queue = _unique("publish")
     await connection.declare_queue(channel, queue)
+    cpu_per = _broker_cpu(url, options)
     sent, start = await _publish_for(connection, message_frames(channel, "", queue, PAYLOAD), options.seconds)
     queued = await connection.declare_queue(channel, queue, passive=True)  # returns once every publish is read
     elapsed = time.perf_counter() - start
+    cpu = cpu_per(sent)
     await connection.delete_queue(channel, queue)
     await connection.close()
-    return {"msg/s": sent / elapsed, "published": sent, "queued": queued}
+    return {"msg/s": sent / elapsed, "published": sent, "queued": queued, "cpu us/msg": cpu}
 
 
 async def consume(url: BrokerURL, options: Options) -> Figures:
@@ -91,6 +101,7 @@ async def consume(url: BrokerURL, options: Options) -> Figures:
     consumer = await BenchConnection.open(url)
     consumer_channel = await consumer.open_channel()
     counter = DeliveryCounter(consumer_channel, target=queued)
+    cpu_per = _broker_cpu(url, options)
     start = time.perf_counter()
     await consumer.consume(consumer_channel, queue, counter, no_ack=True)
     try:
@@ -99,10 +110,11 @@ async def consume(url: BrokerURL, options: Options) -> Figures:
         pass
     elapsed = time.perf_counter() - start
     delivered = counter.delivered
+    cpu = cpu_per(delivered)
     await consumer.close()
     await publisher.delete_queue(channel, queue)
     await publisher.close()
-    return {"msg/s": delivered / elapsed, "prefilled": queued, "delivered": delivered}
+    return {"msg/s": delivered / elapsed, "prefilled": queued, "delivered": delivered, "cpu us/msg": cpu}
 
 
 async def confirms(url: BrokerURL, options: Options) -> Figures:
@@ -114,12 +126,15 @@ async def confirms(url: BrokerURL, options: Options) -> Figures:
     tracker = ConfirmTracker(window=options.window, record_latency=options.window == 1)
     await connection.select_confirms(channel, tracker)
     message = message_frames(channel, "", queue, PAYLOAD, persistent=options.persistent)
+    cpu_per = _broker_cpu(url, options)
     start = time.perf_counter()
     await _publish_confirmed(connection, channel, message, tracker, deadline=start + options.seconds)
     elapsed = time.perf_counter() - start
+    cpu = cpu_per(tracker.confirmed)
     await connection.delete_queue(channel, queue)
     await connection.close()
-    figures = {"msg/s": tracker.confirmed / elapsed, "confirmed": tracker.confirmed, "nacked": tracker.nacked}
+    figures = {"msg/s": tracker.confirmed / elapsed, "confirmed": tracker.confirmed, "nacked": tracker.nacked,
+               "cpu us/msg": cpu}
     if tracker.latencies:
         cuts = statistics.quantiles(tracker.latencies, n=100)
         figures.update({"p50 ms": cuts[49] * 1000, "p99 ms": cuts[98] * 1000})
@@ -129,6 +144,7 @@ async def confirms(url: BrokerURL, options: Options) -> Figures:
 async def churn(url: BrokerURL, options: Options) -> Figures:
     """Open a connection (full handshake and one channel) and close it, one after another, for `seconds`."""
     opened = 0
+    cpu_per = _broker_cpu(url, options)
     start = time.perf_counter()
     deadline = start + options.seconds
     while time.perf_counter() < deadline:
@@ -136,7 +152,7 @@ async def churn(url: BrokerURL, options: Options) -> Figures:
         await connection.open_channel()
         await connection.close()
         opened += 1
-    return {"conn/s": opened / (time.perf_counter() - start), "opened": opened}
+    return {"conn/s": opened / (time.perf_counter() - start), "opened": opened, "cpu us/conn": cpu_per(opened)}
 
 
 async def _open_idle(url: BrokerURL) -> BenchConnection:
