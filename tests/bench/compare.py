@@ -6,7 +6,8 @@ Starts Warren and a throwaway RabbitMQ on free loopback ports, runs each scenari
 in its own process, scenario by scenario, brokers alternated W R R W and each broker's two figures averaged, so that
 drift on a shared machine touches both alike), prints a table of figures with the ratio Warren / RabbitMQ, and stops
 both brokers. Scenarios with a publisher and a consumer run them as two processes, the publisher unthrottled (as
-RabbitMQ's PerfTest does), and report the broker's CPU time per message delivered (its process and children).
+RabbitMQ's PerfTest does). Every rate comes with the broker's CPU time (its process and children) per message
+delivered or confirmed, or per connection.
 """
 
 from __future__ import annotations
