@@ -120,9 +120,7 @@ class MessageStore:
     def _delete_spent_segments(self) -> None:
         """Deletions found at start-up are made before the writer starts. Every segment counts as changed then, so
         compactions are only noted as due (``draining``), and start with the first batch."""
-        index = self._index
-        assert index is not None, "recover() first"
-        deletions, _ = index.housekeeping(self._compact_ratio, self._min_compact_bytes)
+        deletions, _ = self._recovered_index().housekeeping(self._compact_ratio, self._min_compact_bytes)
         for segment in deletions:
             segment_path(self._segments_dir, segment.number).unlink(missing_ok=True)
 
@@ -133,10 +131,7 @@ class MessageStore:
     ) -> int:
         """A persistent message routed to durable queues (msg ids must increase from call to call); returns where
         its record is (storage.recovered.place), for a queue that pages it to read it back from there."""
-        index = self._index
-        assert index is not None, "recover() first"
-        segment = index.head
-        assert segment is not None, "recover() rolls a head"
+        index, segment = self._recovered_index(), self._head()
         if segment.size >= self._segment_bytes:
             segment = self._roll()
         index.add(msg_id, queues)
@@ -156,13 +151,11 @@ class MessageStore:
     def pin(self, queue: str, where: int, count: int) -> None:
         """A queue will read count records back from where's segment (once they are durable): it waits with
         compaction."""
-        assert self._index is not None, "recover() first"
-        self._index.pin(where >> PLACE_BITS, queue, count)
+        self._recovered_index().pin(where >> PLACE_BITS, queue, count)
 
     def unpin(self, queue: str, where: int, count: int) -> None:
         """count records pinned for queue in where's segment are no longer to be read back."""
-        assert self._index is not None, "recover() first"
-        self._index.unpin(where >> PLACE_BITS, queue, count)
+        self._recovered_index().unpin(where >> PLACE_BITS, queue, count)
 
     def run_of(self, queue: str, ids: array, places: array, body_bytes: int, persistent: int,
                persistent_bytes: int) -> StoredRun:
@@ -174,16 +167,14 @@ class MessageStore:
     def append_removed(self, queue: str, msg_ids: Iterable[int]) -> None:
         """Messages left ``queue`` (acked, dropped, purged, expired...)."""
         self._roll_if_full()
-        assert self._index is not None, "recover() first"
-        removed = self._index.remove(queue, msg_ids)
+        removed = self._recovered_index().remove(queue, msg_ids)
         if removed:
             self._append_ids(records.REMOVED, queue, removed)
 
     def append_delivered(self, queue: str, msg_ids: Iterable[int]) -> None:
         """Messages were delivered from ``queue``; after a restart they come back redelivered. Never waits."""
         self._roll_if_full()
-        assert self._index is not None, "recover() first"
-        marked = self._index.deliver(queue, msg_ids)
+        marked = self._recovered_index().deliver(queue, msg_ids)
         if marked:
             self._append_ids(records.DELIVERED, queue, marked)
 
@@ -208,20 +199,17 @@ class MessageStore:
 
     def append_definition(self, kind: str, name: str, data: dict | None) -> None:
         """Durable definition change; ``data`` None means deleted. kind: exchange/queue/binding/vhost/user/policy."""
-        assert self._definitions is not None, "recover() first"
-        record = self._definitions.set(kind, name, data)
+        record = self._recovered_definitions().set(kind, name, data)
         self._pending_definitions += record
         if not self._kick_scheduled:
             self._schedule_kick()
 
     def has_definition(self, kind: str, name: str) -> bool:
-        assert self._definitions is not None, "recover() first"
-        return (kind, name) in self._definitions
+        return (kind, name) in self._recovered_definitions()
 
     def delete_queue(self, queue: str) -> None:
         """All messages of ``queue`` are gone, and so is its definition."""
-        assert self._index is not None, "recover() first"
-        below = self._index.drop_queue(queue)
+        below = self._recovered_index().drop_queue(queue)
         self._pending_definitions += records.queue_deleted(queue, below)
         self.append_definition("queue", queue, None)
 
@@ -237,23 +225,31 @@ class MessageStore:
             self._schedule_kick()
 
     # --- batches --------------------------------------------------------------------------------------------
+    def _recovered_index(self) -> MessageIndex:
+        """The index recover() built: every method but recover, close and stats comes after it."""
+        index = self._index
+        assert index is not None, "recover() first"
+        return index
+
+    def _recovered_definitions(self) -> DefinitionTable:
+        definitions = self._definitions
+        assert definitions is not None, "recover() first"
+        return definitions
+
     def _head(self) -> Segment:
         """The segment records go to (recover() rolls the first one)."""
-        index = self._index
-        assert index is not None and index.head is not None, "recover() first"
-        return index.head
+        head = self._recovered_index().head
+        assert head is not None, "recover() rolls the first segment"
+        return head
 
     def _roll_if_full(self) -> None:
         """Roll before indexing a record, so the index links it to the segment that will hold it."""
-        index = self._index
-        assert index is not None and index.head is not None, "recover() first"
-        if index.head.size >= self._segment_bytes:
+        if self._head().size >= self._segment_bytes:
             self._roll()
 
     def _roll(self) -> Segment:
         self._flush_ids()
-        assert self._index is not None, "recover() first"
-        segment = self._index.roll(self._head().number + 1)
+        segment = self._recovered_index().roll(self._head().number + 1)
         self._new_chunk(segment.number)
         self._head_on_disk = False
         return segment
@@ -276,8 +272,7 @@ class MessageStore:
 
     def _take_batch(self) -> Batch:
         self._flush_ids()
-        index, definitions = self._index, self._definitions
-        assert index is not None and definitions is not None, "recover() first"
+        index, definitions = self._recovered_index(), self._recovered_definitions()
         deletions, compactions = index.housekeeping(self._compact_ratio, self._min_compact_bytes)
         batch = Batch(
             chunks=self._chunks, definitions=bytes(self._pending_definitions), callbacks=self._callbacks,
@@ -306,8 +301,7 @@ class MessageStore:
 
     def _hand_over(self) -> None:
         batch = self._take_batch()
-        assert self._index is not None, "recover() first"
-        if self._is_empty(batch) and self._index.draining:
+        if self._is_empty(batch) and self._recovered_index().draining:
             # nothing was appended while the last batch was written: the segments that were draining are quiet now
             batch = self._take_batch()
         if self._is_empty(batch):
@@ -352,8 +346,7 @@ class MessageStore:
 
     def _forget_failed(self, batch: Batch) -> None:
         """Undo what the index took from a batch that is not on disk (its files were cut back)."""
-        index = self._index
-        assert index is not None, "recover() first"
+        index = self._recovered_index()
         for msg_id, queues in batch.published:
             index.undo(msg_id, queues)
         for number, data in batch.chunks:
@@ -410,13 +403,13 @@ class MessageStore:
 
     def _on_compacted(self, compaction: Compaction) -> None:
         segment = compaction.segment
-        assert self._index is not None, "recover() first"
-        if self._index.segments.get(segment.number) is not segment:
+        index = self._recovered_index()
+        if index.segments.get(segment.number) is not segment:
             return  # it emptied and was deleted (with its rewrite) meanwhile; the deletion's batch kicks anyway
         if compaction.size is None:
             segment.compacting = False
         else:
-            self._index.compacted(segment, compaction.size, compaction.upto, compaction.refers)
+            index.compacted(segment, compaction.size, compaction.upto, compaction.refers)
         if not self._kick_scheduled and not self._closed:
             self._schedule_kick()
 
