@@ -65,7 +65,7 @@ class Stream(Queue):
         return self.log.next_offset - self.log.first_offset
 
     def has_ready(self) -> bool:
-        return self.log.next_offset > self.log.first_offset
+        return self.count_ready() > 0
 
     def apply_policies(self, policy, operator_policy) -> None:
         self.policy, self.operator_policy = policy, operator_policy
