@@ -129,7 +129,7 @@ class EtcdCoordinator:
                     await self._watch_leader_until_not(epoch)
                 return
             except TimeoutError:
-                return
+                continue  # uvloop's timers may fire a millisecond early: the loop's condition decides
             except CoordinatorUnavailable:
                 await asyncio.sleep(min(_WATCH_RETRY_DELAY, max(deadline - time.monotonic(), 0.0)))
 
