@@ -52,6 +52,11 @@ class EtcdServer:
     def endpoint(self) -> str:
         return f"127.0.0.1:{self.client_port}"
 
+    @property
+    def pid(self) -> int:
+        assert self.process is not None, "etcd was never started"
+        return self.process.pid
+
     def start(self) -> None:
         """Start on fresh free ports, trying others when another process takes them first."""
         for _ in range(START_ATTEMPTS):
@@ -70,6 +75,18 @@ class EtcdServer:
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGKILL)
             self.process.wait(timeout=10)
+
+    def pause(self) -> None:
+        """SIGSTOP, returning once every thread of etcd has stopped: a hung etcd, its connections open."""
+        os.kill(self.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 5
+        while not self._stopped():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"etcd {self.pid} did not stop")
+            time.sleep(0.01)
+
+    def resume(self) -> None:
+        os.kill(self.pid, signal.SIGCONT)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -98,6 +115,11 @@ class EtcdServer:
             time.sleep(0.05)
         self.kill()
         raise RuntimeError(f"etcd on {self.endpoint} not healthy after {HEALTHY_TIMEOUT}s; see {self.log_path}")
+
+    def _stopped(self) -> bool:
+        """Whether every thread is in the stopped state (a group stop reaches the threads one by one)."""
+        tasks = Path(f"/proc/{self.pid}/task")
+        return all((task / "stat").read_text().rsplit(")", 1)[1].split()[0] == "T" for task in tasks.iterdir())
 
     def _healthy(self) -> bool:
         try:

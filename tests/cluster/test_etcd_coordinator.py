@@ -5,7 +5,6 @@ shows: leases that lapse by etcd's clock, an etcd that dies or hangs, and endpoi
 from __future__ import annotations
 
 import asyncio
-import signal
 import time
 
 import aetcd  # only to end a lease from outside, as its TTL passing would
@@ -144,7 +143,7 @@ def test_calls_time_out_while_etcd_hangs(own_etcd, etcd_prefix) -> None:
     async def scenario(nodes: EtcdNodes) -> None:
         a = await nodes.start("a", lease_ttl=2)
         epoch = await won(a)
-        own_etcd.process.send_signal(signal.SIGSTOP)
+        own_etcd.pause()
         try:
             await fails_promptly(a, a.leader())
             await fails_promptly(a, a.set_isr(["a"], epoch))
@@ -152,7 +151,7 @@ def test_calls_time_out_while_etcd_hangs(own_etcd, etcd_prefix) -> None:
             assert not await a.refresh()
             assert time.monotonic() - started < a.lease_ttl / 3 + PROMPT
         finally:
-            own_etcd.process.send_signal(signal.SIGCONT)
+            own_etcd.resume()
         await answers_within(5, a)
 
     run(own_etcd.endpoint, etcd_prefix, scenario)
