@@ -37,8 +37,8 @@ NO_ETCD_REASON = ("no etcd binary: set WARREN_ETCD, put etcd on PATH, or run `ma
 
 
 class EtcdServer:
-    """An etcd process the tests own. kill() and restart() make an outage: it comes back on the same ports with
-    the same data, so its keys and leases are still there."""
+    """An etcd process the tests own. kill() and restart() make an outage (it comes back on the same ports with the
+    same data, so its keys and leases are still there); pause() and resume() make it hang."""
 
     def __init__(self, binary: str, workdir: Path):
         self.binary = binary
