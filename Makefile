@@ -9,7 +9,7 @@ PROMETHEUS_PORT ?= 15692
 DATA_DIR ?= ./data
 LOG_LEVEL ?= info
 
-.PHONY: run test bench clean browser
+.PHONY: run test bench clean browser etcd
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,8 +35,23 @@ $(VENV)/.compiled: $(COMPILED_SOURCES) | $(VENV)/.installed-run
 run: $(VENV)/.installed-run $(VENV)/.compiled
 	$(BIN)/python -m broker --host $(HOST) --port $(PORT) --management-port $(MANAGEMENT_PORT) --prometheus-port $(PROMETHEUS_PORT) --data-dir $(DATA_DIR) --log-level $(LOG_LEVEL)
 
-test: $(VENV)/.installed-test browser $(VENV)/.compiled
+test: $(VENV)/.installed-test browser etcd $(VENV)/.compiled
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The cluster tests (and the cluster demo) run one etcd: Debian's etcd-server package, downloaded and unpacked into
+# .cache/etcd, not installed (no service, nothing outside the repo). An etcd named by WARREN_ETCD or found on PATH
+# is used instead. Where apt-get cannot download it, the cluster tests are skipped, saying so.
+ETCD := .cache/etcd/usr/bin/etcd
+etcd:
+	@[ -n "$$WARREN_ETCD" ] || command -v etcd >/dev/null || [ -x $(ETCD) ] || $(MAKE) --no-print-directory $(ETCD)
+
+$(ETCD):
+	@rm -rf .cache/etcd && mkdir -p .cache/etcd && cd .cache/etcd && \
+	{ timeout 300 apt-get download -q etcd-server >/dev/null 2>&1 || \
+	  { [ "$$(id -u)" = 0 ] && timeout 300 apt-get update -q >/dev/null 2>&1 && \
+	    timeout 300 apt-get download -q etcd-server >/dev/null 2>&1; }; } && \
+	dpkg -x etcd-server_*.deb . && rm etcd-server_*.deb && echo "etcd unpacked: $(ETCD)" || \
+	echo "etcd not unpacked (apt-get download etcd-server failed): the cluster tests will be skipped"
 
 # The console tests drive Chromium: installed here where apt-get may be used (root, as in CI); elsewhere they are
 # skipped, saying so. The one line to run by hand: apt-get install -y chromium chromium-driver

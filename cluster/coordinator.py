@@ -1,0 +1,354 @@
+"""The coordination interface: a lease, the election, membership and the in-sync replica set (SCALE-OUT.md §4.2).
+
+Every key lives under a cluster's prefix:
+  {prefix}/leader          the leader's Member as JSON, bound to its lease; its create_revision is the epoch
+  {prefix}/isr             the in-sync replica set, a JSON list of node ids, written only by the leader (fenced)
+  {prefix}/members/{id}    each node's Member as JSON, bound to that node's lease
+  {prefix}/secret          the replication secret, written once by whichever node comes first
+
+Coordinator is what the cluster code speaks; EtcdCoordinator (cluster/etcd.py) is the real one, MemoryCoordinator
+below an in-memory fake for unit tests, several of which share one MemoryEtcd.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import secrets
+import time
+from dataclasses import asdict, dataclass
+from typing import NamedTuple, Protocol
+
+
+class CoordinatorError(Exception):
+    """The coordination service refused or could not do what was asked."""
+
+
+class CoordinatorUnavailable(CoordinatorError):
+    """etcd did not answer in time (down, unreachable or too slow): nothing was learnt and nothing may be assumed."""
+
+
+class LeaseExpired(CoordinatorError):
+    """This node's lease is gone, so nothing can be bound to it any more: the node has to start over."""
+
+
+@dataclass(frozen=True)
+class Member:
+    """A node's addresses, as clients and the other nodes reach it."""
+
+    node_id: str
+    amqp_host: str
+    amqp_port: int
+    replication_host: str
+    replication_port: int
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Member:
+        return cls(**json.loads(text))
+
+
+class Leader(NamedTuple):
+    """The leader key as read: who leads, and which leadership this is."""
+
+    member: Member
+    epoch: int  # the key's create_revision: etcd assigns it, and every new leadership gets a higher one
+
+
+class Keys:
+    """Where each thing lives under a cluster's prefix."""
+
+    def __init__(self, prefix: str):
+        prefix = prefix.rstrip("/")
+        self.leader = f"{prefix}/leader"
+        self.isr = f"{prefix}/isr"
+        self.members = f"{prefix}/members/"
+        self.secret = f"{prefix}/secret"
+
+    def member(self, node_id: str) -> str:
+        return self.members + node_id
+
+
+def new_secret() -> str:
+    return secrets.token_hex(32)
+
+
+class LeaseProof:
+    """Until when this node can prove its lease alive: the TTL etcd last granted, counted from the moment that
+    grant or keepalive was sent (etcd renewed it later than that, so the lease lives at least this long)."""
+
+    def __init__(self) -> None:
+        self.deadline = 0.0  # time.monotonic() until which the lease surely lives; 0 before a grant and once lost
+
+    @property
+    def alive(self) -> bool:
+        return time.monotonic() < self.deadline
+
+    def renewed(self, sent_at: float, ttl: float) -> None:
+        self.deadline = sent_at + ttl
+
+    def lost(self) -> None:
+        self.deadline = 0.0
+
+
+class Coordinator(Protocol):
+    """One node's view of the cluster's coordination state. Every call is bounded in time: when etcd cannot be
+    reached it raises CoordinatorUnavailable promptly (refresh() returns False instead, wait_leader_change() keeps
+    trying until its timeout). Nothing runs in the background: the caller keeps the lease alive with refresh()."""
+
+    node_id: str
+    lease_ttl: float  # seconds the lease lives without a keepalive
+
+    @property
+    def lease_id(self) -> int:
+        """The lease start() granted (0 before)."""
+
+    @property
+    def lease_alive(self) -> bool:
+        """Whether the lease can still be proven alive: granted or renewed less than its TTL ago, counted from
+        when the request was sent. A node that leads stops serving once this turns False."""
+
+    async def start(self) -> None:
+        """Connect and grant this node's lease."""
+
+    async def refresh(self) -> bool:
+        """One keepalive of the lease. False when the lease is gone (lease_alive turns False at once) or etcd did
+        not answer within about lease_ttl/3 (lease_alive then lapses on its own unless a later refresh succeeds)."""
+
+    async def register(self, member: Member) -> None:
+        """Publish this node's addresses under members/, bound to the lease (gone when the lease goes).
+        Raises LeaseExpired when the lease is gone."""
+
+    async def members(self) -> dict[str, Member]:
+        """The registered members by node id."""
+
+    async def campaign(self, leader: Member) -> int | None:
+        """One attempt to become leader: create the leader key bound to the lease if there is none. The epoch
+        when won, None when someone else leads. Raises LeaseExpired when the lease is gone."""
+
+    async def leader(self) -> Leader | None:
+        """The current leader and its epoch, None when nobody leads."""
+
+    async def wait_leader_change(self, epoch: int | None, timeout: float) -> None:
+        """Return once the leader key's epoch differs from epoch (the key deleted, or created anew; with None: once
+        somebody leads), or when timeout seconds have passed. Rides out etcd being unreachable meanwhile."""
+
+    async def isr(self) -> list[str] | None:
+        """The in-sync replica set; None when none was ever written (a fresh cluster)."""
+
+    async def set_isr(self, members: list[str], epoch: int) -> bool:
+        """Write the in-sync replica set, but only while this node holds the leader key of that epoch with its
+        lease. False when it does not (stale: the caller stops leading)."""
+
+    async def secret(self) -> str:
+        """The cluster's shared replication secret, created by whichever node asks first."""
+
+    async def resign(self) -> None:
+        """Give up leadership: delete the leader key if this node's lease holds it."""
+
+    async def close(self) -> None:
+        """Revoke the lease (its keys go with it) and disconnect. Never raises for an unreachable etcd."""
+
+
+@dataclass
+class _Entry:
+    """One key of the in-memory etcd."""
+
+    value: str
+    create_revision: int  # the revision that created the key, as etcd's create_revision
+    lease: int  # the lease the key is bound to, 0 for none
+
+
+@dataclass
+class _Lease:
+    ttl: float  # seconds a keepalive grants
+    lapses_at: float  # time.monotonic() at which the lease and its keys go
+
+
+class MemoryEtcd:
+    """The state of one etcd, shared by the MemoryCoordinators of one process: keys with etcd's revisions, leases
+    that lapse by time.monotonic(), and a switch that makes it unreachable. Whatever a coordinator does between
+    two awaits is atomic, as an etcd transaction is."""
+
+    def __init__(self) -> None:
+        self.revision = 0  # etcd's store revision: one more at every write
+        self.keys: dict[str, _Entry] = {}
+        self.leases: dict[int, _Lease] = {}
+        self.reachable = True  # False: every coordinator call fails as with an etcd that does not answer
+        self._lease_ids = itertools.count(1)
+        self._changed = asyncio.Event()  # set at every write (then replaced): what wait_change() sleeps on
+
+    def set_reachable(self, reachable: bool) -> None:
+        """Cut every coordinator off, or let them through again. As etcd does when it comes back, every lease then
+        gets its whole TTL anew: none lapses for want of keepalives that could not reach it."""
+        if reachable and not self.reachable:
+            for lease in self.leases.values():
+                lease.lapses_at = time.monotonic() + lease.ttl
+        self.reachable = reachable
+        self._notify()
+
+    def expire_lease(self, lease_id: int) -> None:
+        """Let a lease lapse now, as if its TTL had passed without a keepalive."""
+        self.revoke(lease_id)
+
+    def check(self) -> None:
+        """Every coordinator call starts here: fail as an unreachable etcd would, and let lapsed leases go."""
+        if not self.reachable:
+            raise CoordinatorUnavailable("the in-memory etcd is set unreachable")
+        now = time.monotonic()
+        for lease_id in [lease_id for lease_id, lease in self.leases.items() if lease.lapses_at <= now]:
+            self.revoke(lease_id)
+
+    def grant(self, ttl: float) -> int:
+        lease_id = next(self._lease_ids)
+        self.leases[lease_id] = _Lease(ttl, time.monotonic() + ttl)
+        return lease_id
+
+    def keepalive(self, lease_id: int) -> bool:
+        lease = self.leases.get(lease_id)
+        if lease is None:
+            return False
+        lease.lapses_at = time.monotonic() + lease.ttl
+        return True
+
+    def revoke(self, lease_id: int) -> None:
+        self.leases.pop(lease_id, None)
+        for key in [key for key, entry in self.keys.items() if entry.lease == lease_id]:
+            self.delete(key)
+
+    def get(self, key: str) -> _Entry | None:
+        return self.keys.get(key)
+
+    def get_prefix(self, prefix: str) -> dict[str, _Entry]:
+        return {key: entry for key, entry in self.keys.items() if key.startswith(prefix)}
+
+    def put(self, key: str, value: str, lease: int = 0) -> _Entry:
+        if lease and lease not in self.leases:
+            raise LeaseExpired(f"lease {lease} is gone")
+        self.revision += 1
+        previous = self.keys.get(key)
+        entry = _Entry(value, previous.create_revision if previous else self.revision, lease)
+        self.keys[key] = entry
+        self._notify()
+        return entry
+
+    def delete(self, key: str) -> None:
+        if self.keys.pop(key, None) is not None:
+            self.revision += 1
+            self._notify()
+
+    async def wait_change(self, timeout: float) -> None:
+        """Sleep until the next write, the next lease lapse, or timeout, whichever comes first. Nothing lapses
+        while unreachable."""
+        lapses = [lease.lapses_at for lease in self.leases.values()] if self.reachable else []
+        next_lapse = min(lapses, default=float("inf"))
+        try:
+            await asyncio.wait_for(self._changed.wait(), min(timeout, max(next_lapse - time.monotonic(), 0.0)))
+        except TimeoutError:
+            pass
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+
+class MemoryCoordinator:
+    """A Coordinator on a MemoryEtcd, for unit tests: the same answers as EtcdCoordinator, without a server."""
+
+    def __init__(self, etcd: MemoryEtcd, prefix: str, node_id: str, lease_ttl: float):
+        self.etcd = etcd  # shared with the other nodes' coordinators
+        self.keys = Keys(prefix)
+        self.node_id = node_id
+        self.lease_ttl = lease_ttl
+        self._lease_id = 0  # granted by start()
+        self._proof = LeaseProof()
+
+    @property
+    def lease_id(self) -> int:
+        return self._lease_id
+
+    @property
+    def lease_alive(self) -> bool:
+        return self._proof.alive
+
+    async def start(self) -> None:
+        self.etcd.check()
+        self._lease_id = self.etcd.grant(self.lease_ttl)
+        self._proof.renewed(time.monotonic(), self.lease_ttl)
+
+    async def refresh(self) -> bool:
+        sent_at = time.monotonic()
+        try:
+            self.etcd.check()
+        except CoordinatorUnavailable:
+            return False
+        if not self.etcd.keepalive(self._lease_id):
+            self._proof.lost()
+            return False
+        self._proof.renewed(sent_at, self.lease_ttl)
+        return True
+
+    async def register(self, member: Member) -> None:
+        self.etcd.check()
+        self.etcd.put(self.keys.member(member.node_id), member.to_json(), self._lease_id)
+
+    async def members(self) -> dict[str, Member]:
+        self.etcd.check()
+        entries = self.etcd.get_prefix(self.keys.members)
+        return {key.removeprefix(self.keys.members): Member.from_json(entry.value) for key, entry in entries.items()}
+
+    async def campaign(self, leader: Member) -> int | None:
+        self.etcd.check()
+        if self.etcd.get(self.keys.leader) is not None:
+            return None
+        return self.etcd.put(self.keys.leader, leader.to_json(), self._lease_id).create_revision
+
+    async def leader(self) -> Leader | None:
+        self.etcd.check()
+        entry = self.etcd.get(self.keys.leader)
+        return Leader(Member.from_json(entry.value), entry.create_revision) if entry else None
+
+    async def wait_leader_change(self, epoch: int | None, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            if self.etcd.reachable and self._leader_epoch() != epoch:
+                return
+            await self.etcd.wait_change(remaining)
+
+    async def isr(self) -> list[str] | None:
+        self.etcd.check()
+        entry = self.etcd.get(self.keys.isr)
+        return json.loads(entry.value) if entry else None
+
+    async def set_isr(self, members: list[str], epoch: int) -> bool:
+        self.etcd.check()
+        held = self.etcd.get(self.keys.leader)
+        if held is None or held.create_revision != epoch or held.lease != self._lease_id:
+            return False
+        self.etcd.put(self.keys.isr, json.dumps(members))
+        return True
+
+    async def secret(self) -> str:
+        self.etcd.check()
+        if (entry := self.etcd.get(self.keys.secret)) is None:
+            entry = self.etcd.put(self.keys.secret, new_secret())
+        return entry.value
+
+    async def resign(self) -> None:
+        self.etcd.check()
+        held = self.etcd.get(self.keys.leader)
+        if held is not None and held.lease == self._lease_id:
+            self.etcd.delete(self.keys.leader)
+
+    async def close(self) -> None:
+        if self.etcd.reachable:
+            self.etcd.revoke(self._lease_id)
+        self._proof.lost()
+
+    def _leader_epoch(self) -> int | None:
+        self.etcd.check()
+        entry = self.etcd.get(self.keys.leader)
+        return entry.create_revision if entry else None

@@ -1,0 +1,236 @@
+"""The Coordinator on etcd's v3 API (kv, txn, lease, watch) through aetcd, an asyncio gRPC client.
+
+This is the only module that knows the client library: swapping it (for etcd3gw, or a small client of etcd's
+HTTP/JSON gateway) touches nothing else. Every request carries a deadline of call_timeout, and every way a request
+can fail becomes CoordinatorUnavailable (or LeaseExpired), so an etcd that is down or stopped never hangs a caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import time
+from typing import Any, Awaitable, Callable, TypeVar
+
+import aetcd
+from aetcd import rpc, transactions
+
+from cluster.coordinator import (
+    CoordinatorError,
+    CoordinatorUnavailable,
+    Keys,
+    Leader,
+    LeaseExpired,
+    LeaseProof,
+    Member,
+    new_secret,
+)
+
+Result = TypeVar("Result")
+
+# gRPC's reconnect backoff grows to 120 s by default: an etcd back after an outage would go unseen for minutes
+_CHANNEL_OPTIONS = {
+    "grpc.initial_reconnect_backoff_ms": 100,
+    "grpc.min_reconnect_backoff_ms": 100,
+    "grpc.max_reconnect_backoff_ms": 500,
+}
+_WATCH_RETRY_DELAY = 0.2  # seconds between attempts to watch the leader key while etcd does not answer
+_LEASE_NOT_FOUND = "requested lease not found"  # etcd's text when a key is to be bound to a lease that is gone
+
+
+class _LeaseIs(transactions.BaseCompare):
+    """A comparison of the lease a key is bound to (etcd's Compare.LEASE, which aetcd does not offer)."""
+
+    def build_compare(self, compare: Any) -> None:
+        compare.target = rpc.Compare.LEASE
+        compare.lease = int(self.value)
+
+
+class EtcdCoordinator:
+    """A Coordinator on etcd. endpoints are etcd's client addresses as "host:port"; when the one in use stops
+    answering, the next request goes to the next one."""
+
+    def __init__(self, endpoints: list[str], prefix: str, node_id: str, lease_ttl: float,
+                 call_timeout: float | None = None):
+        if not endpoints:
+            raise ValueError("no etcd endpoint given")
+        self.endpoints = list(endpoints)
+        self.keys = Keys(prefix)
+        self.node_id = node_id
+        self.lease_ttl = lease_ttl
+        self.call_timeout = call_timeout or lease_ttl / 3  # the longest any one request to etcd may take
+        self._endpoint = 0  # index in endpoints of the one the client talks to
+        self._client = self._new_client()
+        self._lease_id = 0  # granted by start()
+        self._proof = LeaseProof()
+
+    @property
+    def lease_id(self) -> int:
+        return self._lease_id
+
+    @property
+    def lease_alive(self) -> bool:
+        return self._proof.alive
+
+    async def start(self) -> None:
+        """Grant the lease, trying each endpoint once."""
+        for attempt in range(len(self.endpoints)):
+            try:
+                await self._grant()
+                return
+            except CoordinatorUnavailable:
+                if attempt == len(self.endpoints) - 1:
+                    raise
+
+    async def refresh(self) -> bool:
+        sent_at = time.monotonic()
+        try:
+            reply = await self._call(lambda client: client.refresh_lease(self._lease_id))
+        except CoordinatorUnavailable:
+            return False
+        if reply is None or reply.TTL <= 0:  # etcd answers a keepalive of an unknown lease with TTL 0
+            self._proof.lost()
+            return False
+        self._proof.renewed(sent_at, reply.TTL)
+        return True
+
+    async def register(self, member: Member) -> None:
+        key = self.keys.member(member.node_id).encode()
+        await self._call(lambda client: client.put(key, member.to_json().encode(), lease=self._lease_id))
+
+    async def members(self) -> dict[str, Member]:
+        found = await self._call(lambda client: client.get_prefix(self.keys.members.encode()))
+        return {kv.key.decode().removeprefix(self.keys.members): Member.from_json(kv.value) for kv in found}
+
+    async def campaign(self, leader: Member) -> int | None:
+        key = self.keys.leader.encode()
+        won, responses = await self._call(lambda client: client.transaction(
+            compare=[client.transactions.create(key) == 0],
+            success=[client.transactions.put(key, leader.to_json().encode(), lease=self._lease_id),
+                     client.transactions.get(key)],
+            failure=[],
+        ))
+        if not won:
+            return None
+        [(_, created)] = responses[1]
+        return created.create_revision
+
+    async def leader(self) -> Leader | None:
+        found = await self._call(lambda client: client.get(self.keys.leader.encode()))
+        return Leader(Member.from_json(found.value), found.create_revision) if found else None
+
+    async def wait_leader_change(self, epoch: int | None, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            try:
+                async with asyncio.timeout(remaining):
+                    await self._watch_leader_until_not(epoch)
+                return
+            except TimeoutError:
+                continue  # uvloop's timers may fire a millisecond early: the loop's condition decides
+            except CoordinatorUnavailable:
+                await asyncio.sleep(min(_WATCH_RETRY_DELAY, max(deadline - time.monotonic(), 0.0)))
+
+    async def isr(self) -> list[str] | None:
+        found = await self._call(lambda client: client.get(self.keys.isr.encode()))
+        return json.loads(found.value) if found else None
+
+    async def set_isr(self, members: list[str], epoch: int) -> bool:
+        leader = self.keys.leader.encode()
+        fenced, _ = await self._call(lambda client: client.transaction(
+            compare=[client.transactions.create(leader) == epoch, _LeaseIs(leader) == self._lease_id],
+            success=[client.transactions.put(self.keys.isr.encode(), json.dumps(members).encode())],
+            failure=[],
+        ))
+        return fenced
+
+    async def secret(self) -> str:
+        key = self.keys.secret.encode()
+        _, responses = await self._call(lambda client: client.transaction(
+            compare=[client.transactions.create(key) == 0],
+            success=[client.transactions.put(key, new_secret().encode()), client.transactions.get(key)],
+            failure=[client.transactions.get(key)],
+        ))
+        [(stored, _)] = responses[-1]
+        return stored.decode()
+
+    async def resign(self) -> None:
+        key = self.keys.leader.encode()
+        await self._call(lambda client: client.transaction(
+            compare=[_LeaseIs(key) == self._lease_id],
+            success=[client.transactions.delete(key)],
+            failure=[],
+        ))
+
+    async def close(self) -> None:
+        if self._lease_id:
+            with contextlib.suppress(CoordinatorError):
+                await self._call(lambda client: client.revoke_lease(self._lease_id))
+        self._proof.lost()
+        await self._close_client(self._client)
+
+    async def _grant(self) -> None:
+        sent_at = time.monotonic()
+        lease = await self._call(lambda client: client.lease(math.ceil(self.lease_ttl)))
+        self._lease_id = lease.id
+        self._proof.renewed(sent_at, lease.ttl)  # etcd may grant more than asked (its minimum is 1.5 x election)
+
+    async def _watch_leader_until_not(self, epoch: int | None) -> None:
+        """Return once the leader key's epoch is not epoch. The key is read first, and watched from the revision
+        after that read, so no change between the two is missed."""
+        key = self.keys.leader.encode()
+        found = await self._call(lambda client: client.get_range(key, key + b"\0"))
+        if (found[0].create_revision if found else None) != epoch:
+            return
+        watch = await self._call(lambda client: client.watch(key, start_revision=found.header.revision + 1))
+        try:
+            async for event in watch:
+                if event.kind == aetcd.EventKind.DELETE or event.kv.create_revision != epoch:
+                    return
+        except aetcd.ClientError as error:
+            raise CoordinatorUnavailable(f"the watch of {self.keys.leader} failed: {error}") from error
+        finally:
+            await self._quietly(watch.cancel())
+        raise CoordinatorUnavailable(f"the watch of {self.keys.leader} ended")
+
+    async def _call(self, request: Callable[[aetcd.Client], Awaitable[Result]]) -> Result:
+        """Make one request of etcd within call_timeout; every way it can fail becomes a CoordinatorError."""
+        client, endpoint = self._client, self.endpoints[self._endpoint]
+        try:
+            async with asyncio.timeout(self.call_timeout):
+                return await request(client)
+        except (aetcd.ClientError, rpc.BaseError, TimeoutError) as error:
+            if _LEASE_NOT_FOUND in str(error):
+                raise LeaseExpired(f"lease {self._lease_id:x} of {self.node_id} is gone") from error
+            await self._next_endpoint(client)
+            raise CoordinatorUnavailable(f"etcd at {endpoint}: {error!r}") from error
+        except asyncio.CancelledError as error:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the caller is being cancelled, not the request
+            raise CoordinatorUnavailable(f"etcd at {endpoint}: the client was closed") from error
+
+    async def _next_endpoint(self, failed: aetcd.Client) -> None:
+        """After a request on `failed` went unanswered, move on to the next endpoint (once, however many
+        requests on it fail)."""
+        if len(self.endpoints) == 1 or failed is not self._client:
+            return
+        self._endpoint = (self._endpoint + 1) % len(self.endpoints)
+        self._client = self._new_client()
+        await self._close_client(failed)
+
+    def _new_client(self) -> aetcd.Client:
+        host, port = self.endpoints[self._endpoint].rsplit(":", 1)
+        return aetcd.Client(host=host, port=int(port), timeout=self.call_timeout, options=_CHANNEL_OPTIONS,
+                            connect_wait_timeout=self.call_timeout)
+
+    async def _close_client(self, client: aetcd.Client) -> None:
+        await self._quietly(client.close())
+
+    async def _quietly(self, step: Awaitable[Any]) -> None:
+        """Wind something down within call_timeout, whatever happens (the client is being left anyway)."""
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(self.call_timeout):
+                await step
