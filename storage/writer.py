@@ -450,10 +450,10 @@ class Writer:
             for relative in replicated_files(self._data_dir):
                 fd, size = _open_sized(self._data_dir / relative)
                 held.append((relative.as_posix(), fd, size))
-        except OSError as error:
+        except Exception as error:  # OSError (say too many open files) or a bug: the thread goes on either way
             for _, fd, _ in held:
                 os.close(fd)
-            log.error("store cannot take a cut of its files for a joining follower (it is not answered): %s", error)
+            log.error("store cannot take a cut of its files for a joining follower (it is not answered): %r", error)
             return
         try:
             cut(self.sequence, held)

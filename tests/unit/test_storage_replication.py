@@ -331,3 +331,24 @@ def test_without_replication_the_writer_makes_no_frames_and_takes_no_cut(tmp_pat
         store.close()
 
     asyncio.run(main())
+
+
+def test_a_cut_that_cannot_be_taken_is_logged_and_the_writer_goes_on(tmp_path, monkeypatch, caplog):
+    def too_many_open_files(data_dir: Path) -> list[Path]:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(writer_module, "replicated_files", too_many_open_files)
+
+    async def main() -> list[int]:
+        leader = Leader(tmp_path)
+        leader.store.request_cut(lambda sequence, held: leader.cuts.append((sequence, held)))
+        leader.store.append_message(0, ("q",), "", "q", b"h", b"m")
+        assert await durable(leader.store) is True
+        leader.store.append_message(1, ("q",), "", "q", b"h", b"m")
+        assert await durable(leader.store) is True
+        leader.store.close()
+        return [sequence for sequence, _ in leader.cuts]
+
+    assert asyncio.run(main()) == []
+    assert "cannot take a cut of its files for a joining follower" in caplog.text
+    assert [m.msg_id for m in reopen(tmp_path).messages["q"]] == [0, 1]
