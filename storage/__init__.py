@@ -64,6 +64,20 @@ Contract with the broker:
 - After ``close()`` a restart shows exactly the state before. After kill -9, every message whose callback ran is
   back; a removal whose callback had not run yet may or may not be undone (at-least-once).
 
+Replication (``storage.replica``; nothing of it runs unless ``replicate`` is called): ``store.replicate(tap, gate)``,
+once start-up is done, has the writer thread hand ``tap(sequence, ops)`` every change it makes to the data dir, as
+frames numbered 1, 2, ...: a batch's appends (and stream resets, definitions rewrite) before its own fdatasync, then
+its unlinks, each finished compaction (REPLACE with the rewritten segment), and the TRUNCATEs that undo a failed
+batch. Each batch's callbacks (failed ones too) then run only inside ``release()`` of ``gate(sequence, release)``,
+called on the loop in order, ``sequence`` being the last frame covering the batch; stream logs and health are told
+at once. ``store.request_cut(callback)`` has the writer, between two batches, call ``callback(sequence, [(path, fd,
+size), ...])`` with every replicated file (``replica.replicated_files``) held open for reading and its size: those
+bytes, then the frames after ``sequence``, rebuild the data dir even if files are renamed over or unlinked meanwhile;
+the callback owns the fds. On a follower ``replica.ReplicaWriter`` applies frames with group commit (one fdatasync
+per file per group) and reports the highest sequence durable; its data dir stays byte-identical to the leader's
+(all but ``.lock``, ``clean-shutdown``, ``cluster-state`` and ``quarantine/``), so promotion is ``recover()``.
+``store.writer_progress()`` is ``time.monotonic()`` of the last batch the writer finished, to tell a stuck disk.
+
 Layout on disk (``data_dir``): ``messages/NNNNNNNNNN.seg`` segments of about 16 MiB, ``definitions.log``,
 ``streams/<hash of the key>/<first offset>.seg`` (stream logs, written and fsynced with each batch), ``.lock``
 (the owner's pid; never deleted),

@@ -18,8 +18,8 @@ from storage.lock import DataDirLock, DataDirLocked
 from storage.recovered import PLACE_BITS, RecoveredMessages, StoredMessage, StoredRun, place
 from storage.recovery import Recovered, recover
 from storage.segments import messages_directory, segment_path
-from storage.streams import StreamLog, StreamLogs
-from storage.writer import Batch, Writer
+from storage.streams import StreamLogs
+from storage.writer import Batch, Cut, Tap, Writer
 
 __all__ = ["DataDirLocked", "MessageStore", "Recovered", "RecoveredMessages", "StoredMessage"]
 
@@ -86,6 +86,10 @@ class MessageStore:
         self.on_health = on_health  # called with the new health on each change
         self.streams = StreamLogs(self._data_dir / "streams", self._wake)  # stream queues' own logs
         self.callback_errors = 0  # callbacks that raised (logged)
+        # replication: gate(sequence, release) holds a batch's callbacks until release() (None: they run at once)
+        self._gate: Callable[[int, Callable[[], None]], None] | None = None
+        self._sequence = 0  # the writer's frame sequence as of the last batch reported (what a gate waits for)
+        self._cuts: list[Cut] = []  # cuts requested, one per batch from the next on
 
     # --- start-up -------------------------------------------------------------------------------------------
     def recover(self) -> Recovered:
@@ -281,8 +285,9 @@ class MessageStore:
         )
         if self.streams.has_work():
             batch.resets, batch.files, batch.unlinks, streams = self.streams.take()
-            if streams:
-                batch.callbacks.insert(0, partial(_streams_written, streams))
+            batch.streams = [stream.written for stream in streams]
+        if self._cuts:
+            batch.cut = self._cuts.pop(0)
         self._definitions_log_bytes += len(batch.definitions)
         if self._snapshot_due or self._definitions_log_bytes > 2 * definitions.live_bytes + DEFINITIONS_SLACK:
             needed_below = index.still_needed_below()
@@ -318,7 +323,7 @@ class MessageStore:
     @staticmethod
     def _is_empty(batch: Batch) -> bool:
         return not (any(data for _, data in batch.chunks) or batch.definitions or batch.callbacks or batch.deletions
-                    or batch.compactions or batch.unlinks or batch.resets)
+                    or batch.compactions or batch.unlinks or batch.resets or batch.files or batch.cut is not None)
 
     @staticmethod
     def _writes_bytes(batch: Batch) -> bool:
@@ -335,14 +340,24 @@ class MessageStore:
         else:
             self._forget_failed(batch)
             self._set_health(False)
-        for callback in batch.callbacks:
+        # stream logs take note first (and at once: the next batch's chunks follow on from these), so that consumers
+        # may read the chunks before the publishers' confirms go out
+        self._run_callbacks(batch.streams, ok)
+        self._sequence = max(self._sequence, batch.sequence)
+        if self._gate is None:
+            self._run_callbacks(batch.callbacks, ok)
+        elif batch.callbacks:
+            self._gate(self._sequence, partial(self._run_callbacks, batch.callbacks, ok))
+        if not self._closed:
+            self._hand_over()
+
+    def _run_callbacks(self, callbacks: list[Callable[[bool], None]], ok: bool) -> None:
+        for callback in callbacks:
             try:
                 callback(ok)
             except Exception:
                 self.callback_errors += 1
                 log.exception("store durability callback failed")
-        if not self._closed:
-            self._hand_over()
 
     def _forget_failed(self, batch: Batch) -> None:
         """Undo what the index took from a batch that is not on disk (its files were cut back)."""
@@ -413,6 +428,27 @@ class MessageStore:
         if not self._kick_scheduled and not self._closed:
             self._schedule_kick()
 
+    # --- replication ----------------------------------------------------------------------------------------
+    def replicate(self, tap: Tap, gate: Callable[[int, Callable[[], None]], None]) -> None:
+        """From the next batch on, the writer hands every change to the files to ``tap(sequence, ops)`` on its
+        thread (storage.replica), and each batch's callbacks wait for ``gate(sequence, release)``, called on the
+        loop, to call ``release()`` (once, in sequence order: callbacks of a later batch never run before those of
+        an earlier one). Call it after start-up (recovery, the streams opened), before serving."""
+        self._writer.tap = tap
+        self._gate = gate
+
+    def request_cut(self, callback: Cut) -> None:
+        """The next batch is followed, on the writer thread, by ``callback(sequence, [(path, fd, size), ...])``: every
+        replicated file held open for reading with its size, which with the frames after ``sequence`` make the data
+        dir. The callback owns the fds. A batch is made for it even if nothing else is pending."""
+        self._cuts.append(callback)
+        if not self._kick_scheduled and not self._closed:
+            self._schedule_kick()
+
+    def writer_progress(self) -> float:
+        """time.monotonic() when the writer thread last finished a batch (written or failed)."""
+        return self._writer.progress
+
     # --- shutdown and figures -------------------------------------------------------------------------------
     def close(self) -> None:
         """Flush everything, fsync, stop the writer, unlock the data dir (blocks, at most ``stop_timeout`` seconds
@@ -447,10 +483,3 @@ class MessageStore:
             "batch_messages": self._writer.batch_messages,  # storage.histogram.Histogram of messages per batch
             "sync_seconds": self._writer.sync_seconds,  # Histogram of each batch's fdatasync time
         }
-
-
-def _streams_written(streams: list[StreamLog], ok: bool) -> None:
-    """A batch holding chunks of these streams is durable (ok) or was cut back: their logs take note first, so
-    that consumers may read the chunks before the publishers' confirms go out."""
-    for stream in streams:
-        stream.written(ok)

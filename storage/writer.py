@@ -9,6 +9,12 @@ The thread never stops serving before the final batch: a failed write (OSError: 
 exception, logged CRITICAL with its traceback) fails that batch, whose callbacks get False, and a failed compaction
 step abandons that compaction. Should the thread die all the same, it says so (``died``) and the store refuses
 every later batch itself.
+
+Replication (``tap``, ``storage.replica``): with a tap set, every change the thread makes to the data dir is also
+handed to it as a frame of ops with the next ``sequence``: a batch's writes before its own fdatasync (so that
+followers write while the leader syncs), then its deletions, a finished compaction, or the TRUNCATEs that undo a
+failed batch. A batch asking for a ``cut`` gets it once written: the replicated files, opened and sized between two
+batches, so that what they hold up to those sizes plus every later frame is the leader's data dir.
 """
 
 from __future__ import annotations
@@ -28,11 +34,16 @@ from pathlib import Path
 from storage.compaction import Compaction
 from storage.histogram import Histogram
 from storage.records import CorruptRecord
+from storage.replica import APPEND, DELETE, REPLACE, RMTREE, Op, replicated_files, truncate_op
 from storage.segments import CLEAN_MARKER, DEFINITIONS_LOG, fsync_directory, segment_path
 
 log = logging.getLogger(__name__)
 
 COMPACTION_PACE = 2  # compaction input bytes owed per byte written: a segment may be rewritten twice as it empties
+
+Tap = Callable[[int, list[Op]], None]  # tap(sequence, ops), on the writer thread
+# cut(sequence, [(relative path, fd open for reading, size)]): the files as of that sequence; the receiver closes fds
+Cut = Callable[[int, list[tuple[str, int, int]]], None]
 
 
 @dataclass(slots=True)
@@ -47,7 +58,10 @@ class Batch:
     resets: list[Path] = field(default_factory=list)  # stream directories to remove before the appends below
     files: list[tuple[Path, bytes]] = field(default_factory=list)  # appends to stream segments (storage.streams)
     unlinks: list[Path] = field(default_factory=list)  # stream segments to remove once durable (retention)
+    streams: list[Callable[[bool], None]] = field(default_factory=list)  # stream logs told the outcome first
     final: bool = False  # the store is closing: leave the clean-shutdown marker, then stop
+    cut: Cut | None = None  # given the replicated files held open once this batch is written (a joining follower)
+    sequence: int = 0  # the writer's frame sequence once this batch was written: the last frame covering it
 
 
 BATCH_MESSAGES_BOUNDS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
@@ -81,6 +95,10 @@ class Writer:
         self.bytes_written = 0
         self.batch_messages = Histogram(BATCH_MESSAGES_BOUNDS)  # messages written per batch (group commit size)
         self.sync_seconds = Histogram(SYNC_SECONDS_BOUNDS)  # time each batch's fdatasync calls took together
+        self.progress = time.monotonic()  # when the thread last finished a batch (written or failed)
+        self.tap: Tap | None = None  # handed every change to the files as a frame (set once, by the store)
+        self.sequence = 0  # the last frame's sequence
+        self._frame: list[Op] | None = None  # ops not yet handed to the tap (None: no tap for this batch)
         self._thread = threading.Thread(target=self._run, name="warren-store-writer", daemon=True)
 
     def start(self) -> None:
@@ -117,6 +135,10 @@ class Writer:
                 self._compaction_owed = 0
                 batch = self._inbox.get()
             ok = self._write(batch)
+            if batch.cut is not None:
+                self._take_cut(batch.cut)
+            batch.sequence = self.sequence
+            self.progress = time.monotonic()
             self._post(self._written, batch, ok)
             if batch.final:
                 self._stop(clean=ok)
@@ -135,6 +157,7 @@ class Writer:
         if self.failed:
             return False
         touched: dict[int, int] = {}  # fd -> size before this batch
+        self._frame = None if self.tap is None else []
         try:
             self._append(batch, touched)
         except Exception as error:
@@ -151,6 +174,7 @@ class Writer:
             self._after_durable(batch)
         except Exception:
             log.critical("store housekeeping after a batch failed (the batch itself is on disk)", exc_info=True)
+        self._tell_tap("the deletions after a batch")
         return True
 
     def _append(self, batch: Batch, touched: dict[int, int]) -> None:
@@ -168,6 +192,8 @@ class Writer:
             touched.setdefault(fd, self._sizes[number])
             self._write_all(fd, data)
             self._sizes[number] += len(data)
+            if self._frame is not None:
+                self._frame.append((APPEND, self._relative(segment_path(self._segments_dir, number)), bytes(data)))
         self._remove_stream_directories(batch.resets)
         new_directories = self._append_stream_chunks(batch.files, touched)
         if batch.definitions_snapshot is not None:
@@ -177,6 +203,9 @@ class Writer:
             touched.setdefault(fd, self._definitions_size)
             self._write_all(fd, batch.definitions)
             self._definitions_size += len(batch.definitions)
+            if self._frame is not None:
+                self._frame.append((APPEND, DEFINITIONS_LOG, batch.definitions))
+        self._flush_frame()
         started = time.perf_counter()
         for fd in touched:
             os.fdatasync(fd)
@@ -197,6 +226,8 @@ class Writer:
             self._close_stream_file(path)
         removed = [directory for directory in dict.fromkeys(directories) if directory.exists()]
         for directory in removed:
+            if self._frame is not None:  # told even if the removal fails halfway: the store retries it
+                self._frame.append((RMTREE, self._relative(directory), b""))
             shutil.rmtree(directory)
         if removed:
             fsync_directory(removed[0].parent)
@@ -224,6 +255,8 @@ class Writer:
             self._write_all(fd, data)
             self._stream_sizes[path] += len(data)
             appended.add(path)
+            if self._frame is not None:
+                self._frame.append((APPEND, self._relative(path), data))
         for path in [path for path in self._stream_files if path not in appended]:
             self._close_stream_file(path)
         return changed
@@ -259,14 +292,22 @@ class Writer:
             log.critical("store cannot undo a failed write, refusing further writes", exc_info=True)
             self.failed = True
             return
+        cut_back: list[Op] = []  # TRUNCATE ops, for the tap
         for number, fd in self._files.items():
             if fd in touched:
                 self._sizes[number] = touched[fd]
+                cut_back.append(truncate_op(self._relative(segment_path(self._segments_dir, number)), touched[fd]))
         for path, fd in self._stream_files.items():
             if fd in touched:
                 self._stream_sizes[path] = touched[fd]
+                cut_back.append(truncate_op(self._relative(path), touched[fd]))
         if self._definitions_fd in touched:
             self._definitions_size = touched[self._definitions_fd]
+            cut_back.append(truncate_op(DEFINITIONS_LOG, self._definitions_size))
+        if self._frame is not None:
+            # what the tap was not told yet, less the appends the cut undid
+            self._frame = [op for op in self._frame if op[0] != APPEND] + cut_back
+            self._tell_tap("the undoing of a failed batch")
 
     def _close_old_segments(self) -> None:
         newest = max(self._files, default=None)
@@ -295,6 +336,8 @@ class Writer:
         finally:
             os.close(fd)
         os.replace(temporary, path)
+        if self._frame is not None:
+            self._frame.append((REPLACE, DEFINITIONS_LOG, content))
         fsync_directory(self._data_dir)
         self.fsyncs += 1
 
@@ -308,7 +351,10 @@ class Writer:
                 if fd is not None:
                     os.close(fd)
                     del self._sizes[number]
-                segment_path(self._segments_dir, number).unlink(missing_ok=True)
+                path = segment_path(self._segments_dir, number)
+                path.unlink(missing_ok=True)
+                if self._frame is not None:
+                    self._frame.append((DELETE, self._relative(path), b""))
             fsync_directory(self._segments_dir)
         except OSError as error:
             log.error("store could not delete a spent segment: %s", error)
@@ -322,6 +368,8 @@ class Writer:
                 if path in self._stream_files:
                     self._close_stream_file(path)
                 path.unlink(missing_ok=True)
+                if self._frame is not None:
+                    self._frame.append((DELETE, self._relative(path), b""))
             for directory in {path.parent for path in paths}:
                 fsync_directory(directory)
         except OSError as error:
@@ -341,6 +389,7 @@ class Writer:
             return next(steps)
         except StopIteration:
             log.debug("compacted segment %d to %d bytes", job.segment.number, job.size)
+            self._tell_compacted(job)
         except OSError as error:
             log.error("compaction of segment %d failed: %s", job.segment.number, error)
             job.abandon()
@@ -360,6 +409,57 @@ class Writer:
         self._post(self._compacted, job)
         return 0
 
+    # --- replication --------------------------------------------------------------------------------------------
+    def _relative(self, path: Path) -> str:
+        return path.relative_to(self._data_dir).as_posix()
+
+    def _flush_frame(self) -> None:
+        """Hand the ops made since the last frame to the tap as the next frame (an exception is the caller's)."""
+        frame, tap = self._frame, self.tap
+        if not frame or tap is None:
+            return
+        self.sequence += 1
+        tap(self.sequence, frame)
+        self._frame = []
+
+    def _tell_tap(self, what: str) -> None:
+        """_flush_frame where nothing can be undone any more: a failing tap is logged, and what it missed is lost."""
+        try:
+            self._flush_frame()
+        except Exception:
+            log.critical("store replication tap failed on %s: followers miss that frame", what, exc_info=True)
+            self._frame = []
+
+    def _tell_compacted(self, job: Compaction) -> None:
+        """A segment's rewrite is renamed into place: the tap gets its new content."""
+        if self.tap is None:
+            return
+        path = segment_path(self._segments_dir, job.segment.number)
+        try:
+            self._frame = [(REPLACE, self._relative(path), path.read_bytes())]
+        except OSError as error:
+            log.error("store cannot read back compacted segment %s for its followers, they keep the segment as it "
+                      "was: %s", path, error)
+            return
+        self._tell_tap("a compaction")
+
+    def _take_cut(self, cut: Cut) -> None:
+        """Hand ``cut`` the replicated files, each held open with its size as of now, between two batches."""
+        held: list[tuple[str, int, int]] = []
+        try:
+            for relative in replicated_files(self._data_dir):
+                fd, size = _open_sized(self._data_dir / relative)
+                held.append((relative.as_posix(), fd, size))
+        except Exception as error:  # OSError (say too many open files) or a bug: the thread goes on either way
+            for _, fd, _ in held:
+                os.close(fd)
+            log.error("store cannot take a cut of its files for a joining follower (it is not answered): %r", error)
+            return
+        try:
+            cut(self.sequence, held)
+        except Exception:
+            log.critical("store cut receiver failed", exc_info=True)
+
     def _stop(self, clean: bool) -> None:
         for job, steps in self._jobs:
             steps.close()
@@ -377,3 +477,13 @@ class Writer:
                 fsync_directory(self._data_dir)
             except OSError as error:
                 log.error("store could not mark its clean shutdown: %s", error)
+
+
+def _open_sized(path: Path) -> tuple[int, int]:
+    """The file open for reading, and its size."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return fd, os.fstat(fd).st_size
+    except BaseException:
+        os.close(fd)
+        raise

@@ -1,0 +1,404 @@
+"""Replication of the store's files: the ops a leader's writer hands to its tap, and the writer that applies them.
+
+The leader's writer thread (``storage.writer``) reports every change it makes to the data dir as a frame: a
+sequence number and a list of ops. A follower applies the frames in order with ``ReplicaWriter`` and ends up with a
+data dir byte-identical to the leader's (as listed by ``replicated_files``), so that promotion is today's recovery.
+
+An op is ``(kind, path, data)``: ``path`` is relative to the data dir (POSIX, never absolute, no ``..``, never the
+node's own ``.lock``, ``cluster-state`` or ``quarantine/``):
+
+- ``APPEND``: ``data`` goes at the end of the file, made (with its directories) if missing;
+- ``REPLACE``: ``data`` is the file's whole new content (written aside, fdatasynced, renamed over);
+- ``DELETE``: the file goes (missing ok); ``RMTREE``: the directory tree goes (missing ok);
+- ``TRUNCATE``: the file is cut back to the size ``data`` holds (8 bytes big-endian, ``truncate_op``), made empty
+  if missing and the size is 0 (a leader's write that failed may have made a file it then cut back to nothing);
+- ``RESET`` (path ``""``): every replicated file of the data dir goes, before a full copy.
+
+``encode_ops``/``decode_ops`` turn a frame's ops into bytes and back: ``[op count u32]`` then per op
+``[kind u8][path length u16][data length u32][path UTF-8][data]``. Decoding checks every op and raises
+``ReplicaError`` for anything malformed, never returning part of a frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import shutil
+import struct
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final, TypeAlias
+
+from storage.lock import LOCK_FILE
+from storage.salvage import QUARANTINE_DIRECTORY
+from storage.segments import CLEAN_MARKER, SEGMENT_SUFFIX, fsync_directory
+
+log = logging.getLogger(__name__)
+
+APPEND: Final = 1
+REPLACE: Final = 2
+DELETE: Final = 3
+RMTREE: Final = 4
+TRUNCATE: Final = 5
+RESET: Final = 6
+KIND_NAMES: Final = {APPEND: "APPEND", REPLACE: "REPLACE", DELETE: "DELETE", RMTREE: "RMTREE",
+                     TRUNCATE: "TRUNCATE", RESET: "RESET"}
+
+Op: TypeAlias = tuple[int, str, bytes]  # (kind, path relative to the data dir, data)
+
+CLUSTER_STATE: Final = "cluster-state"  # the node's own cluster bookkeeping (the epoch it follows), never replicated
+KEPT_BY_RESET: Final = frozenset({LOCK_FILE, CLUSTER_STATE, QUARANTINE_DIRECTORY})  # the node's own, never in an op
+NOT_REPLICATED: Final = KEPT_BY_RESET | {CLEAN_MARKER}  # top-level names a full copy leaves out
+TEMPORARY_SUFFIXES: Final = (".compacting", ".snapshot")  # rewrites in progress (recovery removes leftovers)
+
+COUNT: Final = struct.Struct(">I")
+HEAD: Final = struct.Struct(">BHI")  # kind, path length, data length
+SIZE: Final = struct.Struct(">Q")  # a TRUNCATE op's size
+MAX_PATH_BYTES: Final = 0xFFFF
+MAX_DATA_BYTES: Final = 0xFFFFFFFF
+
+
+class ReplicaError(ValueError):
+    """A frame's ops are malformed, or an op cannot be applied as asked; the text says which and why."""
+
+
+def truncate_op(path: str, size: int) -> Op:
+    return (TRUNCATE, path, SIZE.pack(size))
+
+
+def truncated_size(op: Op) -> int:
+    """The size a TRUNCATE op cuts its file back to."""
+    (size,) = SIZE.unpack(op[2])
+    return size
+
+
+# --- the codec ------------------------------------------------------------------------------------------------
+def encode_ops(ops: list[Op]) -> bytes:
+    """The ops as bytes (ReplicaError for an op that is not well formed)."""
+    parts = [COUNT.pack(len(ops))]
+    for kind, path, data in ops:
+        check_op(kind, path, len(data))
+        encoded = path.encode()
+        if len(encoded) > MAX_PATH_BYTES or len(data) > MAX_DATA_BYTES:
+            raise ReplicaError(f"{KIND_NAMES[kind]} of {path[:80]!r}: path or data too long to encode")
+        parts += (HEAD.pack(kind, len(encoded), len(data)), encoded, data)
+    return b"".join(parts)
+
+
+def decode_ops(data: bytes) -> list[Op]:
+    """The ops ``encode_ops`` made; ReplicaError (naming the op and what is wrong) for anything else."""
+    view = memoryview(data)
+    if len(view) < COUNT.size:
+        raise ReplicaError(f"ops truncated: {len(view)} bytes cannot hold the op count")
+    (count,) = COUNT.unpack_from(view)
+    position = COUNT.size
+    ops: list[Op] = []
+    for number in range(count):
+        if len(view) - position < HEAD.size:
+            raise ReplicaError(f"ops truncated: op {number} of {count} has no complete head")
+        kind, path_length, data_length = HEAD.unpack_from(view, position)
+        position += HEAD.size
+        end = position + path_length + data_length
+        if end > len(view):
+            raise ReplicaError(f"ops truncated: op {number} of {count} needs {end - position} bytes, "
+                               f"{len(view) - position} are left")
+        try:
+            path = str(view[position:position + path_length], "utf-8")
+        except UnicodeDecodeError:
+            raise ReplicaError(f"op {number} of {count}: its path is not UTF-8") from None
+        try:
+            check_op(kind, path, data_length)
+        except ReplicaError as error:
+            raise ReplicaError(f"op {number} of {count}: {error}") from None
+        ops.append((kind, path, bytes(view[position + path_length:end])))
+        position = end
+    if position != len(view):
+        raise ReplicaError(f"{len(view) - position} bytes follow the last of {count} ops")
+    return ops
+
+
+def check_op(kind: int, path: str, data_length: int) -> None:
+    """ReplicaError unless (kind, path, data of that length) is an op a follower may apply."""
+    name = KIND_NAMES.get(kind)
+    if name is None:
+        raise ReplicaError(f"unknown op kind {kind}")
+    if kind == RESET:
+        if path or data_length:
+            raise ReplicaError("a RESET op takes no path and no data")
+        return
+    check_path(path, name)
+    if kind == TRUNCATE and data_length != SIZE.size:
+        raise ReplicaError(f"TRUNCATE of {path!r} carries {data_length} bytes instead of an 8-byte size")
+    if kind in (DELETE, RMTREE) and data_length:
+        raise ReplicaError(f"{name} of {path!r} carries {data_length} bytes of data")
+
+
+def check_path(path: str, name: str) -> None:
+    if not path:
+        raise ReplicaError(f"{name} without a path")
+    parts = path.split("/")
+    if path.startswith("/") or "\0" in path or any(part in ("", ".", "..") for part in parts):
+        raise ReplicaError(f"{name} of {path[:200]!r}: not a plain relative path inside the data dir")
+    if parts[0] in KEPT_BY_RESET:
+        raise ReplicaError(f"{name} of {path[:200]!r}: that is the node's own, never replicated")
+
+
+# --- what a full copy holds -----------------------------------------------------------------------------------
+def replicated_files(data_dir: Path) -> list[Path]:
+    """The regular files a full copy of ``data_dir`` includes (paths relative to it, sorted): everything but the
+    node's own (``.lock``, ``cluster-state``, ``quarantine/``), the clean-shutdown marker and rewrites in progress."""
+    found: list[Path] = []
+    _gather(Path(data_dir), Path(), found)
+    return sorted(found)
+
+
+def _gather(directory: Path, relative: Path, found: list[Path]) -> None:
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if not relative.parts and entry.name in NOT_REPLICATED:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                _gather(directory / entry.name, relative / entry.name, found)
+            elif entry.is_file(follow_symlinks=False) and not entry.name.endswith(TEMPORARY_SUFFIXES):
+                found.append(relative / entry.name)
+
+
+# --- the follower's writer ------------------------------------------------------------------------------------
+Frame: TypeAlias = tuple[int, list[Op]]  # (sequence, ops)
+
+
+class ReplicaWriter:
+    """Applies frames to a follower's data dir on its own thread, with group commit.
+
+    ``submit`` (on the loop) queues a frame; the thread takes every frame waiting, applies them in order, fdatasyncs
+    each file written once and fsyncs each directory whose entries changed once, then posts ``applied(highest
+    sequence)`` to ``loop``. Before it removes or replaces anything it first syncs what the group wrote so far, as
+    the leader's writer does. The first error (OSError, a malformed op, an op that does not fit the files) posts
+    ``failed(text)`` once; every frame after it is refused. Files appended to stay open for the next group.
+    """
+
+    def __init__(self, data_dir: Path, applied: Callable[[int], None], failed: Callable[[str], None]) -> None:
+        self._data_dir = Path(data_dir)
+        self._applied = applied  # posted with the highest sequence of each group once durable
+        self._failed = failed  # posted once, with the reason, when a frame cannot be applied
+        self.loop: asyncio.AbstractEventLoop | None = None  # where reports go (set before start)
+        self._inbox: queue.SimpleQueue[Frame | None] = queue.SimpleQueue()  # None: stop after what came before
+        self._files: dict[str, int] = {}  # relative path -> fd open for appending (those the last group touched)
+        self._unsynced: dict[str, int] = {}  # relative path -> its fd, written since the last fdatasync
+        self._directories: set[Path] = set()  # directories whose entries changed since the last sync
+        self.broken = False  # a frame failed: everything after it is refused
+        self.groups = 0  # groups applied and synced
+        self.fsyncs = 0  # fdatasync/fsync calls made
+        self._thread = threading.Thread(target=self._run, name="warren-replica-writer", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, sequence: int, ops: list[Op]) -> None:
+        """Queue a frame (sequences never decrease); ignored once the writer has failed."""
+        if not self.broken:
+            self._inbox.put((sequence, ops))
+
+    def stop(self, timeout: float = 60.0) -> bool:
+        """Apply what was submitted, close every file and end the thread; whether it ended within ``timeout``."""
+        if self._thread.ident is None:
+            return True
+        self._inbox.put(None)
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    # --- the thread -------------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while True:
+                frames, stop = self._take_group()
+                if frames and not self.broken:
+                    self._apply_group(frames)
+                if stop:
+                    return
+        except BaseException as error:
+            self._fail(f"replica writer thread died: {error!r}")
+            raise
+        finally:
+            self._close_files()
+
+    def _take_group(self) -> tuple[list[Frame], bool]:
+        """Every frame waiting (waits for one at least), and whether stop() came after them."""
+        frames: list[Frame] = []
+        item = self._inbox.get()
+        while item is not None:
+            frames.append(item)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return frames, False
+        return frames, True
+
+    def _apply_group(self, frames: list[Frame]) -> None:
+        sequence = frames[0][0]
+        appended: set[str] = set()
+        try:
+            for sequence, ops in frames:
+                for op in ops:
+                    self._apply(op, appended)
+            self._sync()
+            self._close_all_but(appended)
+        except Exception as error:
+            self._fail(f"replica could not apply frame {sequence}: {error}")
+            return
+        self.groups += 1
+        self._post(self._applied, sequence)
+
+    def _fail(self, text: str) -> None:
+        if self.broken:
+            return
+        self.broken = True
+        log.error("%s; refusing every later frame", text)
+        self._close_files()
+        self._post(self._failed, text)
+
+    def _post(self, function: Callable, *args: object) -> None:
+        if self.loop is None:
+            return
+        try:
+            self.loop.call_soon_threadsafe(function, *args)
+        except RuntimeError:  # the loop is closed: nobody is left to tell
+            pass
+
+    def _apply(self, op: Op, appended: set[str]) -> None:
+        kind, path, data = op
+        check_op(kind, path, len(data))
+        if kind == APPEND:
+            fd = self._open(path)
+            self._write_all(fd, data)
+            self._unsynced[path] = fd
+            appended.add(path)
+        elif kind == TRUNCATE:
+            self._truncate(path, truncated_size(op))
+        else:
+            self._sync()  # what came before is on disk before anything is removed or replaced, as on the leader
+            if kind == REPLACE:
+                self._replace(path, data)
+            elif kind == DELETE:
+                self._delete(path)
+            elif kind == RMTREE:
+                self._remove_tree(path)
+            else:
+                self._reset()
+
+    def _open(self, path: str) -> int:
+        """The file open for appending (kept open), made with its directories if missing."""
+        fd = self._files.get(path)
+        if fd is not None:
+            return fd
+        target = self._data_dir / path
+        try:
+            fd = os.open(target, os.O_WRONLY | os.O_APPEND)
+        except FileNotFoundError:
+            self._make_parents(target)
+            fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            self._directories.add(target.parent)
+        self._files[path] = fd
+        return fd
+
+    def _make_parents(self, target: Path) -> None:
+        missing = []
+        directory = target.parent
+        while not directory.is_dir():
+            missing.append(directory)
+            directory = directory.parent
+        for directory in reversed(missing):
+            directory.mkdir()
+            self._directories.add(directory.parent)
+
+    def _truncate(self, path: str, size: int) -> None:
+        fd = self._open(path)
+        held = os.fstat(fd).st_size
+        if held < size:
+            raise ReplicaError(f"TRUNCATE of {path!r} to {size} bytes, but it holds only {held}")
+        os.ftruncate(fd, size)
+        self._unsynced[path] = fd
+
+    def _replace(self, path: str, data: bytes) -> None:
+        """Written aside under the name the store's own rewrites use (recovery removes a leftover), then renamed."""
+        self._close(path)
+        target = self._data_dir / path
+        self._make_parents(target)
+        temporary = target.with_suffix(".compacting" if target.suffix == SEGMENT_SUFFIX else ".snapshot")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            self._write_all(fd, data)
+            os.fdatasync(fd)
+            self.fsyncs += 1
+        finally:
+            os.close(fd)
+        os.replace(temporary, target)
+        self._directories.add(target.parent)
+
+    def _delete(self, path: str) -> None:
+        self._close(path)
+        target = self._data_dir / path
+        target.unlink(missing_ok=True)
+        self._directories.add(target.parent)
+
+    def _remove_tree(self, path: str) -> None:
+        for open_path in [open_path for open_path in self._files if open_path.startswith(path + "/")]:
+            self._close(open_path)
+        target = self._data_dir / path
+        if target.is_dir():
+            shutil.rmtree(target)
+            self._directories.add(target.parent)
+
+    def _reset(self) -> None:
+        self._close_files()
+        self._data_dir.mkdir(parents=True, exist_ok=True)
+        for entry in self._data_dir.iterdir():
+            if entry.name in KEPT_BY_RESET:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        self._directories.add(self._data_dir)
+
+    def _sync(self) -> None:
+        """fdatasync every file written, then fsync every directory changed (those removed since need none)."""
+        for fd in self._unsynced.values():
+            os.fdatasync(fd)
+            self.fsyncs += 1
+        self._unsynced.clear()
+        for directory in self._directories:
+            try:
+                fsync_directory(directory)
+            except FileNotFoundError:
+                continue
+            self.fsyncs += 1
+        self._directories.clear()
+
+    def _write_all(self, fd: int, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+
+    def _close(self, path: str) -> None:
+        fd = self._files.pop(path, None)
+        if fd is not None:
+            self._unsynced.pop(path, None)
+            os.close(fd)
+
+    def _close_all_but(self, kept: set[str]) -> None:
+        for path in [path for path in self._files if path not in kept]:
+            self._close(path)
+
+    def _close_files(self) -> None:
+        """Close every file (on failure or stop: errors closing are of no use to anyone then)."""
+        for fd in self._files.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._files.clear()
+        self._unsynced.clear()
