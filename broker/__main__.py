@@ -58,16 +58,34 @@ def config_overrides(args: argparse.Namespace, environ: dict[str, str]) -> dict:
 GC_THRESHOLD = 50_000
 
 
+def stop_on_signals() -> asyncio.Event:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def serve_clustered(config) -> None:
+    """One node of a cluster ([cluster] etcd_endpoints): it follows or leads as etcd decides (cluster.node)."""
+    from cluster.node import ClusterNode, make_coordinator  # a single node never loads the cluster's packages
+
+    gc.set_threshold(GC_THRESHOLD)
+    stop = stop_on_signals()
+    await ClusterNode(config, make_coordinator(config)).run(stop)
+    log.info("shutting down")
+
+
 async def serve(config) -> None:
+    if config.cluster_etcd_endpoints:
+        await serve_clustered(config)
+        return
     gc.set_threshold(GC_THRESHOLD)
     server = Server(config)
     await server.start()
     management = await start_management(server) if config.management_port else None
     prometheus = await start_prometheus(server) if config.prometheus_port else None
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     await stop.wait()
     log.info("shutting down")
     for listener in (management, prometheus):

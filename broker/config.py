@@ -68,6 +68,15 @@ class Config:
     vhosts: list[dict] = field(default_factory=list)
     users: list[dict] = field(default_factory=list)
     permissions: list[dict] = field(default_factory=list)
+    # [cluster]: this node is one of a replicated group coordinated through etcd (cluster/); no endpoints = one node
+    cluster_etcd_endpoints: list[str] = field(default_factory=list)  # etcd client addresses, "host:port"
+    cluster_node_id: str = ""  # this node's name in the cluster, unique and stable across restarts
+    cluster_replication_port: int = 5680  # where followers stream the leader's writes (0 picks a free one)
+    cluster_advertise_host: str = ""  # the address other nodes and forwarded clients reach this node at ("" = host)
+    cluster_lease_ttl: float = 5.0  # seconds a node's etcd lease lives without a renewal: the failover time
+    cluster_ack_timeout: float = 3.0  # seconds a follower may leave written frames unacknowledged before it is
+    # dropped from the in-sync replicas
+    cluster_min_insync: int = 2  # in-sync copies (the leader's included) a confirm waits for
 
 
 # Which TOML section each key lives in. A key of a section in PREFIXED_SECTIONS is the Config field of the same name
@@ -77,6 +86,8 @@ SECTIONS = {
                "memory_limit", "queue_messages_in_memory", "load_definitions"),
     "management": ("host", "port", "tls", "collect_statistics_interval"),
     "prometheus": ("host", "port"),
+    "cluster": ("etcd_endpoints", "node_id", "replication_port", "advertise_host", "lease_ttl", "ack_timeout",
+                "min_insync"),
     "tls": ("port", "certfile", "keyfile", "cacertfile", "verify", "fail_if_no_peer_cert"),
     "amqp": ("frame_max", "channel_max", "heartbeat", "default_consumer_prefetch", "consumer_timeout",
              "max_message_size", "default_user", "default_pass", "default_vhost", "loopback_users",
@@ -84,7 +95,7 @@ SECTIONS = {
 }
 
 
-PREFIXED_SECTIONS = ("management", "prometheus", "tls")  # sections whose keys are prefixed with the section's name
+PREFIXED_SECTIONS = ("management", "prometheus", "tls", "cluster")  # sections whose keys are prefixed with the section's name
 
 # The keys of each [[table]] array, and whether each is required; each table is one item of RabbitMQ's
 # definitions of that kind, so these are the keys a definitions file has too.
@@ -179,7 +190,8 @@ def _read_toml(path: Path) -> dict:
     return values
 
 
-PORTS = ("port", "management_port", "prometheus_port", "tls_port")  # the listeners' ports (0 picks a free one)
+# the listeners' ports (0 picks a free one)
+PORTS = ("port", "management_port", "prometheus_port", "tls_port", "cluster_replication_port")
 TLS_VERIFY = ("verify_none", "verify_peer")  # RabbitMQ's ssl_options.verify values
 
 
@@ -198,7 +210,32 @@ def _validate_tls(config: Config) -> None:
             "management tls" if config.management_tls else "verify_peer"))
 
 
+NODE_ID_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+
+
+def _validate_cluster(config: Config) -> None:
+    """[cluster] keys matter once etcd endpoints are given; then a node id is required."""
+    if not config.cluster_etcd_endpoints:
+        return
+    for endpoint in config.cluster_etcd_endpoints:
+        host, _, port = endpoint.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) <= 65535:
+            raise ConfigError(f"cluster etcd_endpoints must be \"host:port\" addresses, got {endpoint!r}")
+    node_id = config.cluster_node_id
+    if not node_id or len(node_id) > 64 or not set(node_id) <= NODE_ID_CHARACTERS:
+        raise ConfigError(f"cluster node_id must be 1 to 64 letters, digits, '-', '_' or '.', got {node_id!r}")
+    if not config.port or not config.cluster_replication_port:
+        raise ConfigError("a cluster node needs a fixed port and replication_port (0 would hide it from the others)")
+    if not 1 <= config.cluster_lease_ttl <= 60:
+        raise ConfigError(f"cluster lease_ttl must be between 1 and 60 seconds, got {config.cluster_lease_ttl}")
+    if not 0.1 <= config.cluster_ack_timeout <= 60:
+        raise ConfigError(f"cluster ack_timeout must be between 0.1 and 60 seconds, got {config.cluster_ack_timeout}")
+    if not 1 <= config.cluster_min_insync <= 9:
+        raise ConfigError(f"cluster min_insync must be between 1 and 9, got {config.cluster_min_insync}")
+
+
 def _validate(config: Config) -> None:
+    _validate_cluster(config)
     for key in PORTS:
         if not 0 <= getattr(config, key) <= 65535:
             raise ConfigError(f"{key} must be between 0 and 65535, got {getattr(config, key)}")

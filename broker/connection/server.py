@@ -227,15 +227,16 @@ class Server:
     def tls_port(self) -> int | None:
         return self.tls_listener.sockets[0].getsockname()[1] if self.tls_listener is not None else None
 
-    async def stop(self) -> None:
-        """Stop accepting, send every client connection.close 320 CONNECTION_FORCED, wait for them to go."""
+    async def stop(self, grace: float = SHUTDOWN_GRACE) -> None:
+        """Stop accepting, send every client connection.close 320 CONNECTION_FORCED, wait at most ``grace`` seconds
+        for them to go (a cluster leader that lost its lease gives none)."""
         for listener in (self.listener, self.tls_listener):
             if listener is not None:
                 listener.close()
         connections = list(self.connections)
         for connection in connections:
             connection.close_for_shutdown()
-        deadline = asyncio.get_running_loop().time() + SHUTDOWN_GRACE
+        deadline = asyncio.get_running_loop().time() + grace
         while self.connections and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.01)
         for connection in list(self.connections):

@@ -1,0 +1,115 @@
+"""The replication stream between a leader and a follower, as bytes (no I/O here).
+
+Every message is ``[kind u8][length u32][crc32 u32 of the payload][payload]``. A follower opens with HELLO; the
+leader then sends FRAMEs (the store writer's batches, ``storage.replica`` ops) and the follower answers ACKs of the
+highest sequence it has made durable. REFUSE says why one side is closing. A message whose checksum does not match,
+whose kind is unknown or whose length is out of bounds raises ``FrameError``: the reader stops there and the stream
+is closed, so a torn or corrupt frame is never applied, not even in part.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Final
+
+HELLO: Final = 1  # follower -> leader: {"node", "secret", "epoch"} as JSON
+FRAME: Final = 2  # leader -> follower: epoch, sequence, ops
+ACK: Final = 3  # follower -> leader: the highest sequence on its disk
+REFUSE: Final = 4  # either way: why the sender closes the stream (UTF-8 text)
+KINDS: Final = (HELLO, FRAME, ACK, REFUSE)
+
+HEADER: Final = struct.Struct(">BII")
+FRAME_HEAD: Final = struct.Struct(">qq")  # epoch, sequence (-1 for the files of a join before its cut)
+ACK_BODY: Final = struct.Struct(">q")
+MAX_HELLO: Final = 4096  # bytes a peer may send before it has proven it knows the cluster's secret
+MAX_PAYLOAD: Final = 1 << 30  # a batch holding the largest messages, or a compacted segment, fits well below
+
+
+class FrameError(ValueError):
+    """The stream holds something that is not a valid message: it must be closed."""
+
+
+def encode(kind: int, payload: bytes | bytearray | memoryview) -> bytes:
+    return HEADER.pack(kind, len(payload), zlib.crc32(payload)) + payload
+
+
+def encode_frame(epoch: int, sequence: int, ops: bytes) -> bytes:
+    return encode(FRAME, FRAME_HEAD.pack(epoch, sequence) + ops)
+
+
+def encode_hello(node: str, secret: str, epoch: int) -> bytes:
+    return encode(HELLO, json.dumps({"node": node, "secret": secret, "epoch": epoch}).encode())
+
+
+def encode_ack(sequence: int) -> bytes:
+    return encode(ACK, ACK_BODY.pack(sequence))
+
+
+def encode_refuse(reason: str) -> bytes:
+    return encode(REFUSE, reason.encode()[:1000])
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    node: str  # the follower's node id
+    secret: str  # the cluster's shared secret, as the follower read it from etcd
+    epoch: int  # the newest leader epoch the follower has accepted frames of (0: none)
+
+
+def decode_hello(payload: bytes) -> Hello:
+    try:
+        fields = json.loads(payload)
+        hello = Hello(fields["node"], fields["secret"], fields["epoch"])
+    except (ValueError, TypeError, KeyError) as error:
+        raise FrameError(f"malformed hello: {error}") from None
+    if not (isinstance(hello.node, str) and isinstance(hello.secret, str) and type(hello.epoch) is int):
+        raise FrameError("malformed hello: node and secret must be strings, epoch an integer")
+    return hello
+
+
+def decode_frame(payload: bytes) -> tuple[int, int, bytes]:
+    """(epoch, sequence, ops bytes) of a FRAME."""
+    if len(payload) < FRAME_HEAD.size:
+        raise FrameError(f"frame of {len(payload)} bytes is shorter than its head")
+    epoch, sequence = FRAME_HEAD.unpack_from(payload)
+    return epoch, sequence, payload[FRAME_HEAD.size:]
+
+
+def decode_ack(payload: bytes) -> int:
+    if len(payload) != ACK_BODY.size:
+        raise FrameError(f"ack of {len(payload)} bytes, expected {ACK_BODY.size}")
+    return ACK_BODY.unpack(payload)[0]
+
+
+class Reader:
+    """Cuts a byte stream into (kind, payload) messages, checking each; the first bad one raises FrameError."""
+
+    def __init__(self, limit: int = MAX_HELLO) -> None:
+        self._buffer = bytearray()
+        self.limit = limit  # the largest payload accepted now (raised once the peer is known)
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        buffer = self._buffer
+        buffer += data
+        messages = []
+        start = 0
+        while len(buffer) - start >= HEADER.size:
+            kind, length, crc = HEADER.unpack_from(buffer, start)
+            if kind not in KINDS:
+                raise FrameError(f"unknown message kind {kind}")
+            if length > self.limit:
+                raise FrameError(f"message of {length} bytes exceeds the limit of {self.limit}")
+            end = start + HEADER.size + length
+            if len(buffer) < end:
+                break
+            payload = bytes(buffer[start + HEADER.size:end])
+            if zlib.crc32(payload) != crc:
+                raise FrameError(f"checksum mismatch in a message of {length} bytes")
+            messages.append((kind, payload))
+            start = end
+        if start:
+            del buffer[:start]
+        return messages

@@ -1,0 +1,469 @@
+"""Shipping the leader's store writes to followers, and holding confirms until the in-sync replicas have them.
+
+Leader side (``ReplicationServer``): the store's writer thread hands each batch's file operations to ``_tap``
+before its own fdatasync; they are framed once and written to every follower's socket on the loop. A confirm (any
+``store.when_durable`` callback) is released by ``_gate`` only once the leader's own fsync is done (the store calls
+the gate after it), every member of the in-sync replica set (ISR) *as last committed to etcd* has acked the batch,
+and the ISR has at least ``min_insync`` members. A follower that leaves, or leaves frames unacked for
+``ack_timeout``, is dropped: the shrunk ISR is committed to etcd (fenced on the leader's lease) before any confirm
+that did not wait for it. A joining follower gets a full copy of the data dir as of a cut the writer thread takes
+between two batches, then every frame after the cut; it enters the ISR once it has acked all frames sent up to the
+end of its copy. One join runs at a time.
+
+Follower side (``ReplicaClient``): frames go to a ``storage.replica.ReplicaWriter`` (group commit on its thread);
+the highest sequence it has made durable is acked. The newest leader epoch seen is kept in ``cluster-state`` in the
+data dir, written durably before a frame of a newer epoch is applied; frames of an older epoch are refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+from cluster import frames
+from cluster.coordinator import Coordinator, CoordinatorUnavailable
+from storage.replica import APPEND, CLUSTER_STATE, RESET, ReplicaError, ReplicaWriter, decode_ops, encode_ops
+from storage.segments import fsync_directory
+
+log = logging.getLogger("cluster.replication")
+
+COPY_CHUNK = 1 << 20  # bytes of a file sent per frame of a join's copy
+ISR_RETRY = 0.2  # seconds between attempts to write the ISR while etcd does not answer
+END_OF_COPY = encode_ops([])  # the ops of the frame that closes a join's copy (it carries the cut's sequence)
+
+
+def read_epoch(data_dir: Path) -> int:
+    """The newest epoch this data dir has accepted frames of, 0 if none (or the state file is damaged)."""
+    try:
+        return int(json.loads((data_dir / CLUSTER_STATE).read_bytes())["epoch"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def write_epoch(data_dir: Path, epoch: int) -> None:
+    """Durably record that this data dir follows epoch ``epoch`` now (before any of its frames is acked)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / CLUSTER_STATE
+    temporary = path.with_suffix(".tmp")
+    with open(temporary, "wb") as file:
+        file.write(json.dumps({"epoch": epoch}).encode())
+        file.flush()
+        os.fdatasync(file.fileno())
+    os.replace(temporary, path)
+    fsync_directory(data_dir)
+
+
+class Follower:
+    """The leader's view of one follower connection."""
+
+    def __init__(self, node: str, writer: asyncio.StreamWriter) -> None:
+        self.node = node
+        self.writer = writer
+        self.cut: int | None = None  # the sequence its copy stands at, once the writer took the cut
+        self.buffered: list[bytes] = []  # frames after the cut, held while the copy is being sent
+        self.streaming = False  # the copy is sent: frames go straight to the socket
+        self.target = -1  # the sequence to ack before it may enter the ISR
+        self.in_sync = False  # caught up: the leader wants it in the ISR
+        self.acked = -1  # the highest sequence it has made durable
+        self.sent = -1  # the highest sequence written to its socket
+        self.waiting_since: float | None = None  # monotonic time since which frames are sent but unacked
+        self.closed = False
+
+    def send(self, sequence: int, frame: bytes) -> None:
+        if self.waiting_since is None and sequence > self.acked:
+            self.waiting_since = time.monotonic()
+        self.sent = max(self.sent, sequence)
+        self.writer.write(frame)
+
+    def close(self) -> None:
+        self.closed = True
+        self.writer.close()
+
+
+class ReplicationServer:
+    """The leader's end: accepts followers, streams the store's writes to them, gates confirms on their acks."""
+
+    def __init__(self, store, coordinator: Coordinator, node: str, epoch: int, secret: str, min_insync: int,
+                 ack_timeout: float, lost: Callable[[str], None]) -> None:
+        self._store = store  # storage.store.MessageStore of the leader, not yet recovered
+        self._coordinator = coordinator
+        self._node = node
+        self._epoch = epoch
+        self._secret = secret
+        self._min_insync = min_insync
+        self._ack_timeout = ack_timeout
+        self._lost = lost  # called once if etcd says another node leads now
+        self._loop = asyncio.get_running_loop()
+        self._followers: dict[str, Follower] = {}
+        self._committed: tuple[str, ...] = ()  # the ISR as last written to etcd (confirms wait for all of it)
+        self._held: deque[tuple[int, Callable[[], None]]] = deque()  # (batch sequence, release) not confirmed yet
+        self._latest = 0  # the highest sequence the writer has tapped
+        self._isr_changed = asyncio.Event()  # the wanted ISR may differ from the committed one
+        self._join_lock = asyncio.Lock()  # one join at a time
+        self.store_ready = asyncio.Event()  # set once the store is recovered: cuts can be taken
+        self._listener: asyncio.base_events.Server | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._connections: set[asyncio.Task] = set()  # each follower connection's task
+        self._stopped = False
+
+    # --- lifecycle ------------------------------------------------------------------------------------------
+    async def start(self, host: str, port: int) -> None:
+        """Listen for followers and commit ISR = {this node}; call before the store recovers."""
+        self._store.replicate(self._tap, self._gate)
+        self._listener = await asyncio.start_server(self._serve_follower, host, port, reuse_address=True)
+        if not await self._write_isr((self._node,)):
+            raise LeadershipLost("etcd refused this node's ISR: another node leads")
+        self._tasks = [asyncio.ensure_future(self._keep_isr()), asyncio.ensure_future(self._check_deadlines())]
+
+    @property
+    def port(self) -> int:
+        assert self._listener is not None, "start() first"
+        return self._listener.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        """Confirm nothing more, drop every follower, stop listening."""
+        self._stopped = True
+        self._held.clear()
+        for task in self._tasks:
+            task.cancel()
+        for follower in list(self._followers.values()):
+            follower.close()
+        self._followers.clear()
+        if self._listener is not None:
+            self._listener.close()
+        if self._connections:  # they end as their sockets close
+            await asyncio.wait(self._connections, timeout=5)
+        if self._listener is not None:
+            await self._listener.wait_closed()
+
+    def status(self) -> dict:
+        """For logs and the management API: the committed ISR and each follower's progress."""
+        return {"epoch": self._epoch, "isr": list(self._committed), "latest": self._latest,
+                "followers": {node: {"acked": f.acked, "in_sync": f.in_sync, "copying": not f.streaming}
+                              for node, f in self._followers.items()}}
+
+    # --- the writer thread's frames -------------------------------------------------------------------------
+    def _tap(self, sequence: int, ops: list) -> None:
+        """On the writer thread, before its fdatasync: one frame per call, sent on the loop."""
+        frame = frames.encode_frame(self._epoch, sequence, encode_ops(ops))
+        try:
+            self._loop.call_soon_threadsafe(self._broadcast, sequence, frame)
+        except RuntimeError:  # the loop is closed: nobody is left to send to
+            pass
+
+    def _broadcast(self, sequence: int, frame: bytes) -> None:
+        self._latest = sequence
+        for follower in self._followers.values():
+            if follower.streaming:
+                follower.send(sequence, frame)
+            elif follower.cut is not None:
+                follower.buffered.append(frame)
+                follower.sent = sequence
+
+    # --- confirms -------------------------------------------------------------------------------------------
+    def _gate(self, sequence: int, release: Callable[[], None]) -> None:
+        """Called by the store on the loop once a batch is on the leader's disk."""
+        if self._stopped:
+            return
+        if not self._held and self._replicated(sequence):
+            release()
+        else:
+            self._held.append((sequence, release))
+
+    def _replicated(self, sequence: int) -> bool:
+        committed = self._committed
+        if len(committed) < self._min_insync:
+            return False
+        for node in committed:
+            if node != self._node:
+                follower = self._followers.get(node)
+                if follower is None or follower.acked < sequence:
+                    return False
+        return True
+
+    def _release_ready(self) -> None:
+        held = self._held
+        while held and self._replicated(held[0][0]):
+            held.popleft()[1]()
+
+    # --- the ISR --------------------------------------------------------------------------------------------
+    def _wanted_isr(self) -> tuple[str, ...]:
+        return (self._node, *sorted(node for node, f in self._followers.items() if f.in_sync))
+
+    async def _keep_isr(self) -> None:
+        """Write the wanted ISR to etcd whenever it changes; confirms wait meanwhile."""
+        while True:
+            await self._isr_changed.wait()
+            self._isr_changed.clear()
+            wanted = self._wanted_isr()
+            if wanted != self._committed and not await self._write_isr(wanted):
+                self._lost("etcd refused the ISR write: another node leads now")
+                return
+
+    async def _write_isr(self, isr: tuple[str, ...]) -> bool:
+        """Commit ``isr`` (fenced on this node's leadership), retrying while etcd is unreachable; False if stale."""
+        while True:
+            try:
+                if not await self._coordinator.set_isr(list(isr), self._epoch):
+                    return False
+                break
+            except CoordinatorUnavailable as error:
+                log.warning("cannot write the in-sync replicas %s to etcd (%s): confirms wait", list(isr), error)
+                await asyncio.sleep(ISR_RETRY)
+        if isr != self._committed:
+            log.info("in-sync replicas: %s", ", ".join(isr))
+        self._committed = isr
+        self._release_ready()
+        return True
+
+    def _drop(self, follower: Follower, reason: str) -> None:
+        if follower.closed:
+            return
+        log.warning("follower %s dropped: %s", follower.node, reason)
+        follower.close()
+        if self._followers.get(follower.node) is follower:
+            del self._followers[follower.node]
+        self._isr_changed.set()
+
+    async def _check_deadlines(self) -> None:
+        while True:
+            await asyncio.sleep(self._ack_timeout / 4)
+            now = time.monotonic()
+            for follower in list(self._followers.values()):
+                since = follower.waiting_since
+                if follower.streaming and since is not None and now - since > self._ack_timeout:
+                    self._drop(follower, f"no ack for {now - since:.1f} s")
+
+    # --- one follower's connection --------------------------------------------------------------------------
+    async def _serve_follower(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        try:
+            await self._serve(reader, writer)
+        finally:
+            self._connections.discard(task)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        try:
+            hello = await asyncio.wait_for(self._read_hello(reader), self._ack_timeout * 5)
+        except (frames.FrameError, asyncio.TimeoutError, ConnectionError, asyncio.IncompleteReadError) as error:
+            log.warning("replication connection from %s refused: %s", peer, error or "no hello in time")
+            writer.close()
+            return
+        if not hmac.compare_digest(hello.secret, self._secret):
+            log.warning("replication connection from %s refused: wrong cluster secret", peer)
+            writer.write(frames.encode_refuse("wrong cluster secret"))
+            writer.close()
+            return
+        if hello.epoch > self._epoch:
+            writer.write(frames.encode_refuse(f"this leader's epoch {self._epoch} is older than {hello.epoch}"))
+            writer.close()
+            self._lost(f"follower {hello.node} has seen epoch {hello.epoch}, newer than this leader's")
+            return
+        if (old := self._followers.get(hello.node)) is not None:
+            self._drop(old, "it connected again")
+        follower = Follower(hello.node, writer)
+        self._followers[hello.node] = follower
+        join = asyncio.ensure_future(self._join(follower))
+        try:
+            await self._read_acks(follower, reader)
+        except ConnectionError:
+            pass  # dropped below, as a follower that closes
+        finally:
+            join.cancel()
+            self._drop(follower, "its connection closed")
+
+    @staticmethod
+    async def _read_hello(reader: asyncio.StreamReader) -> frames.Hello:
+        stream = frames.Reader()
+        while True:
+            data = await reader.read(frames.MAX_HELLO)
+            if not data:
+                raise ConnectionError("closed before its hello")
+            for kind, payload in stream.feed(data):
+                if kind != frames.HELLO:
+                    raise frames.FrameError(f"expected a hello, got message kind {kind}")
+                return frames.decode_hello(payload)
+
+    async def _read_acks(self, follower: Follower, reader: asyncio.StreamReader) -> None:
+        stream = frames.Reader(limit=1000)
+        while not follower.closed:
+            data = await reader.read(65536)
+            if not data:
+                return
+            try:
+                for kind, payload in stream.feed(data):
+                    if kind == frames.ACK:
+                        self._on_ack(follower, frames.decode_ack(payload))
+                    elif kind == frames.REFUSE:
+                        log.warning("follower %s refused the stream: %s", follower.node, payload.decode(errors="replace"))
+                        return
+                    else:
+                        raise frames.FrameError(f"unexpected message kind {kind} from a follower")
+            except frames.FrameError as error:
+                log.warning("follower %s sent a bad message: %s", follower.node, error)
+                return
+
+    def _on_ack(self, follower: Follower, sequence: int) -> None:
+        if sequence <= follower.acked:
+            return
+        follower.acked = sequence
+        follower.waiting_since = None if sequence >= follower.sent else time.monotonic()
+        if not follower.in_sync and follower.streaming and sequence >= follower.target:
+            follower.in_sync = True
+            log.info("follower %s caught up at sequence %d", follower.node, sequence)
+            self._isr_changed.set()
+        if self._held:
+            self._release_ready()
+
+    # --- a join ---------------------------------------------------------------------------------------------
+    async def _join(self, follower: Follower) -> None:
+        async with self._join_lock:
+            while follower.node in self._committed:  # it must leave the ISR before its copy is rewritten
+                self._isr_changed.set()
+                await asyncio.sleep(ISR_RETRY / 4)
+            await self.store_ready.wait()
+            taken: asyncio.Future[tuple[int, list[tuple[str, int, int]]]] = self._loop.create_future()
+            self._store.request_cut(lambda sequence, files: self._loop.call_soon_threadsafe(
+                self._cut_taken, follower, taken, sequence, files))
+            sequence, files = await taken
+            started = time.monotonic()
+            try:
+                sent = await self._copy(follower, files)
+            finally:
+                for _, fd, _ in files:
+                    os.close(fd)
+            follower.send(sequence, frames.encode_frame(self._epoch, sequence, END_OF_COPY))
+            for frame in follower.buffered:
+                follower.writer.write(frame)
+            follower.buffered = []
+            follower.streaming = True
+            follower.target = max(sequence, follower.sent)
+            log.info("follower %s got a copy of %d files (%d bytes) at sequence %d in %.2f s", follower.node,
+                     len(files), sent, sequence, time.monotonic() - started)
+
+    def _cut_taken(self, follower: Follower, taken: asyncio.Future, sequence: int,
+                   files: list[tuple[str, int, int]]) -> None:
+        if taken.cancelled() or follower.closed:
+            for _, fd, _ in files:
+                os.close(fd)
+            return
+        follower.cut = sequence
+        follower.sent = sequence
+        taken.set_result((sequence, files))
+
+    async def _copy(self, follower: Follower, files: list[tuple[str, int, int]]) -> int:
+        """Send the files as they were at the cut: a RESET, then their bytes; returns the bytes sent."""
+        writer = follower.writer
+        writer.write(frames.encode_frame(self._epoch, -1, encode_ops([(RESET, "", b"")])))
+        sent = 0
+        for path, fd, size in files:
+            offset = 0
+            while True:
+                count = min(COPY_CHUNK, size - offset)
+                data = await self._loop.run_in_executor(None, os.pread, fd, count, offset) if count else b""
+                if len(data) != count:
+                    raise ReplicaError(f"{path} shrank below its size at the cut")
+                writer.write(frames.encode_frame(self._epoch, -1, encode_ops([(APPEND, path, data)])))
+                await writer.drain()
+                offset += count
+                sent += count
+                if offset >= size:
+                    break
+        return sent
+
+
+class LeadershipLost(Exception):
+    """etcd says this node is not (or no longer) the leader."""
+
+
+class ReplicaClient:
+    """The follower's end: receives a leader's frames into the data dir and acks what is durable."""
+
+    def __init__(self, data_dir: Path, node: str, secret: str) -> None:
+        self._data_dir = data_dir
+        self._node = node
+        self._secret = secret
+        self._epoch = read_epoch(data_dir)  # the newest epoch accepted
+        self._writer: ReplicaWriter | None = None
+        self._stream: asyncio.StreamWriter | None = None
+        self.acked = -1  # the highest sequence acked to the current leader
+        self.failure: str | None = None  # why the last stream ended, for the log
+
+    async def follow(self, host: str, port: int, epoch: int) -> None:
+        """Follow the leader of ``epoch`` at host:port until the stream ends (returns; ``failure`` says why)."""
+        self.failure = None
+        if epoch < self._epoch:
+            self.failure = f"the leader's epoch {epoch} is older than {self._epoch}, seen before"
+            return
+        try:
+            reader, self._stream = await asyncio.wait_for(asyncio.open_connection(host, port), 2.0)
+        except (OSError, asyncio.TimeoutError) as error:
+            self.failure = f"cannot reach the leader's replication port {host}:{port}: {error or 'timeout'}"
+            return
+        writer = ReplicaWriter(self._data_dir, self._applied, self._failed)
+        writer.loop = asyncio.get_running_loop()
+        writer.start()
+        self._writer = writer
+        try:
+            self._stream.write(frames.encode_hello(self._node, self._secret, self._epoch))
+            await self._receive(reader)
+        except (ConnectionError, OSError) as error:
+            self.failure = self.failure or f"replication connection lost: {error}"
+        finally:
+            self._stream.close()
+            self._writer = None
+            await asyncio.get_running_loop().run_in_executor(None, writer.stop)
+
+    def stop(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+
+    async def _receive(self, reader: asyncio.StreamReader) -> None:
+        stream = frames.Reader(limit=frames.MAX_PAYLOAD)
+        while self.failure is None:
+            data = await reader.read(1 << 20)
+            if not data:
+                self.failure = self.failure or "the leader closed the replication connection"
+                return
+            try:
+                for kind, payload in stream.feed(data):
+                    self._on_message(kind, payload)
+            except (frames.FrameError, ReplicaError) as error:
+                self.failure = f"bad message from the leader, stream closed: {error}"
+                return
+
+    def _on_message(self, kind: int, payload: bytes) -> None:
+        if kind == frames.REFUSE:
+            raise frames.FrameError(f"the leader refused: {payload.decode(errors='replace')}")
+        if kind != frames.FRAME:
+            raise frames.FrameError(f"unexpected message kind {kind} from the leader")
+        epoch, sequence, ops = frames.decode_frame(payload)
+        if epoch < self._epoch:
+            assert self._stream is not None
+            self._stream.write(frames.encode_refuse(f"epoch {epoch} is older than {self._epoch}"))
+            raise frames.FrameError(f"a frame of epoch {epoch}, older than {self._epoch}")
+        if epoch > self._epoch:
+            write_epoch(self._data_dir, epoch)  # durable before any frame of the new epoch is acked
+            self._epoch = epoch
+        assert self._writer is not None
+        self._writer.submit(sequence, decode_ops(ops))
+
+    def _applied(self, sequence: int) -> None:
+        if sequence >= 0 and sequence > self.acked and self._stream is not None and not self._stream.is_closing():
+            self.acked = sequence
+            self._stream.write(frames.encode_ack(sequence))
+
+    def _failed(self, reason: str) -> None:
+        self.failure = f"cannot write the leader's frames: {reason}"
+        log.error("follower %s: %s", self._node, self.failure)
+        self.stop()

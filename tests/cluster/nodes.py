@@ -1,0 +1,172 @@
+"""Three Warren processes on 127.0.0.1 forming one cluster on a test's etcd, and an observer of its etcd keys."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.conftest import REPO_ROOT, free_port
+
+LEASE_TTL = 2.0  # the acceptance tests' lease (seconds)
+ACK_TIMEOUT = 1.0  # and follower ack deadline
+
+
+class Node:
+    """One Warren process of the cluster; its ports and data dir stay the same across restarts."""
+
+    def __init__(self, root: Path, name: str, cluster: str, etcd: str, **settings: object) -> None:
+        self.name = name
+        self.port = free_port()
+        self.management_port = free_port()
+        self.replication_port = free_port()
+        self.data_dir = root / name
+        self.config_path = root / f"{name}.toml"
+        self.log_path = root / f"{name}.log"
+        self.process: subprocess.Popen | None = None
+        cluster_settings = {"lease_ttl": LEASE_TTL, "ack_timeout": ACK_TIMEOUT, "min_insync": 2, **settings}
+        self.config_path.write_text("\n".join([
+            "[server]", 'host = "127.0.0.1"', f"port = {self.port}", f'data_dir = "{self.data_dir}"',
+            f'cluster_name = "{cluster}"', "[management]", f"port = {self.management_port}", "[prometheus]", "port = 0",
+            "[cluster]", f'etcd_endpoints = ["{etcd}"]', f'node_id = "{name}"',
+            f"replication_port = {self.replication_port}",
+            *(f"{key} = {value!r}" for key, value in cluster_settings.items()), ""]))
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        assert self.process is None or self.process.poll() is not None, f"{self.name} runs already"
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen([sys.executable, "-m", "broker", "--config", str(self.config_path)],
+                                            cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
+
+    def signal(self, sig: int) -> None:
+        assert self.process is not None
+        self.process.send_signal(sig)
+
+    def kill(self) -> None:
+        """kill -9, and wait until the process is gone."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+    def stop(self) -> int | None:
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        return self.process.wait(10)
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+class Observer:
+    """Reads the cluster's keys in etcd from a loop of its own, for tests written as plain functions."""
+
+    def __init__(self, etcd: str, cluster: str) -> None:
+        from cluster.etcd import EtcdCoordinator
+
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="etcd-observer", daemon=True)
+        self._thread.start()
+        self._coordinator = EtcdCoordinator([etcd], f"/warren/{cluster}", "observer", 10.0)
+        self._run(self._coordinator.start())
+
+    def _run(self, coroutine, timeout: float = 10.0):
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
+
+    def leader(self) -> tuple[str, int] | None:
+        """(node id, epoch) of the leader, or None; None too while etcd does not answer."""
+        from cluster.coordinator import CoordinatorUnavailable
+
+        try:
+            current = self._run(self._coordinator.leader())
+        except CoordinatorUnavailable:
+            return None
+        return None if current is None else (current[0].node_id, current[1])
+
+    def isr(self) -> list[str] | None:
+        from cluster.coordinator import CoordinatorUnavailable
+
+        try:
+            return self._run(self._coordinator.isr())
+        except CoordinatorUnavailable:
+            return None
+
+    def close(self) -> None:
+        try:
+            self._run(self._coordinator.close())
+        except Exception:
+            pass
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+
+def wait_for(condition: Callable[[], object], timeout: float, what: str, step: float = 0.02) -> object:
+    """Poll ``condition`` (a read of etcd or of a process) until it is true; its value, or TimeoutError."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {timeout} s")
+        time.sleep(step)
+
+
+class Cluster:
+    """Three nodes a, b, c; ``ready()`` waits for a leader with every running node in the ISR."""
+
+    def __init__(self, root: Path, cluster: str, etcd: str, **settings: object) -> None:
+        self.nodes = {name: Node(root, name, cluster, etcd, **settings) for name in ("a", "b", "c")}
+        self.observer = Observer(etcd, cluster)
+
+    def start(self) -> None:
+        for node in self.nodes.values():
+            node.start()
+
+    @property
+    def addresses(self) -> list[str]:
+        return [node.address for node in self.nodes.values()]
+
+    def leader(self) -> Node | None:
+        current = self.observer.leader()
+        return self.nodes[current[0]] if current else None
+
+    def followers(self) -> list[Node]:
+        leader = self.leader()
+        return [node for node in self.nodes.values() if node is not leader]
+
+    def ready(self, timeout: float = 30.0) -> Node:
+        """Wait until a leader serves and every running node is in the ISR; the leader."""
+        def settled():
+            leader = self.leader()
+            isr = self.observer.isr() or []
+            running = {name for name, node in self.nodes.items() if node.running}
+            return leader if leader is not None and running <= set(isr) else None
+        return wait_for(settled, timeout, "a leader with every running node in the ISR")
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {name}\n{node.log()[-6000:]}" for name, node in self.nodes.items())
+
+    def stop(self) -> None:
+        for node in self.nodes.values():
+            node.stop()
+        self.observer.close()

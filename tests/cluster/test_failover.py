@@ -1,0 +1,218 @@
+"""A three-node cluster under confirmed persistent publishing: nothing confirmed is ever lost, whatever fails.
+
+One etcd, three Warren processes on 127.0.0.1, lease_ttl 2 s, ack_timeout 1 s, min_insync 2. A publisher process
+(tests.cluster.publisher) keeps 500 publishes unconfirmed, reconnects to any node on failure and republishes what
+was not confirmed; at the end every queue is drained through any node and compared with every confirmed id.
+"""
+
+from __future__ import annotations
+
+import signal
+import statistics
+import threading
+import time
+import uuid
+
+import pika
+import pytest
+
+from tests.cluster.drain import drain, verify
+from tests.cluster.nodes import ACK_TIMEOUT, LEASE_TTL, Cluster, wait_for
+from tests.cluster.publisher import start_publisher
+
+pytestmark = pytest.mark.slow
+
+WINDOW = 500
+FAILOVER_LIMIT = 5.0  # seconds from a leader's kill -9 to the first confirm from the new one
+PROGRESS_PERIOD = 0.2  # the publisher's progress file is this stale at most
+
+
+@pytest.fixture
+def cluster(tmp_path, etcd_endpoint):
+    instance = Cluster(tmp_path, f"t{uuid.uuid4().hex[:10]}", etcd_endpoint)
+    instance.start()
+    try:
+        instance.ready()
+        yield instance
+    except BaseException:
+        print(instance.logs())
+        raise
+    finally:
+        instance.stop()
+
+
+def publisher_on(cluster: Cluster, tmp_path, body_size: int = 16, **options):
+    return start_publisher(cluster.addresses, "orders", body_size, WINDOW, tmp_path / f"pub-{uuid.uuid4().hex[:6]}",
+                           until_file=tmp_path / "stop-publishing", **options)
+
+
+def check_nothing_lost(cluster: Cluster, result: dict, rounds: int = 1) -> object:
+    drained = drain(cluster.addresses, "orders", timeout=30)
+    report = verify(result["confirmed"], drained)
+    print(report.summary)
+    assert report.missing_count == 0, report.summary
+    assert report.duplicates <= WINDOW * rounds, report.summary
+    return report
+
+
+def first_confirm_after(result: dict, moment: float) -> float:
+    """Seconds from ``moment`` (time.time()) to the first confirm after the connection loss that followed it."""
+    losses = [loss for loss in result["losses"] if loss["at"] >= moment - 0.05 and loss["gap"] is not None]
+    assert losses, f"no connection loss recorded after {moment}: {result['losses']}"
+    return losses[0]["at"] + losses[0]["gap"] - moment
+
+
+@pytest.mark.parametrize("body_size", [16, 1024])
+def test_kill_9_of_the_leader_loses_no_confirmed_message(cluster, tmp_path, body_size):
+    """Acceptance 1-3: five rounds of kill -9 of the leader under load; the killed node restarts and is back in the
+    ISR before the next round; every confirmed id is read back; failover stays within 5 s."""
+    publisher = publisher_on(cluster, tmp_path, body_size)
+    kills = []
+    for _ in range(5):
+        publisher.wait_confirmed(publisher.confirmed + 2000, timeout=30)
+        leader = cluster.leader()
+        assert leader is not None
+        kills.append(time.time())
+        leader.kill()
+        losses = publisher.progress()["losses"]
+        publisher.wait_for(lambda progress, before=losses: progress["losses"] > before, timeout=10)
+        publisher.wait_confirmed(publisher.confirmed + WINDOW + 1, timeout=FAILOVER_LIMIT + 5)
+        leader.start()
+        new_leader = cluster.ready(timeout=30)
+        assert new_leader is not leader
+    (tmp_path / "stop-publishing").touch()
+    result = publisher.wait(timeout=30)
+    failovers = [first_confirm_after(result, moment) for moment in kills]
+    print(f"failover after kill -9 ({body_size} B): p50 {statistics.median(failovers):.2f} s, "
+          f"max {max(failovers):.2f} s, all {[round(f, 2) for f in failovers]}")
+    assert max(failovers) <= FAILOVER_LIMIT
+    report = check_nothing_lost(cluster, result, rounds=5)
+    print(f"{result['confirmed_count']} confirmed, {report.duplicates} duplicates over 5 rounds")
+
+
+def test_kill_9_of_a_follower_stalls_confirms_briefly_and_it_rejoins(cluster, tmp_path):
+    """Acceptance 4: confirms stall at most ack_timeout + 1 s; the ISR in etcd shrinks before they resume."""
+    publisher = publisher_on(cluster, tmp_path)
+    publisher.wait_confirmed(2000, timeout=30)
+    follower = cluster.followers()[0]
+    killed_at = time.monotonic()
+    follower.kill()
+    count = publisher.confirmed
+    publisher.wait_confirmed(count + 2 * WINDOW, timeout=10)
+    stall = time.monotonic() - killed_at
+    assert follower.name not in cluster.observer.isr()
+    assert stall <= ACK_TIMEOUT + 1.0 + PROGRESS_PERIOD, f"confirms stalled {stall:.2f} s"
+    follower.start()
+    cluster.ready()
+    (tmp_path / "stop-publishing").touch()
+    check_nothing_lost(cluster, publisher.wait(timeout=30))
+
+
+def test_a_stopped_follower_is_dropped_after_the_ack_deadline(cluster, tmp_path):
+    """Acceptance 4 for a follower that hangs rather than dies: the ack deadline drops it."""
+    publisher = publisher_on(cluster, tmp_path)
+    publisher.wait_confirmed(2000, timeout=30)
+    follower = cluster.followers()[0]
+    stopped_at = time.monotonic()
+    follower.signal(signal.SIGSTOP)
+    try:
+        publisher.wait_confirmed(publisher.confirmed + 2 * WINDOW, timeout=10)
+        stall = time.monotonic() - stopped_at
+        assert follower.name not in cluster.observer.isr()
+        assert stall <= ACK_TIMEOUT + 1.0 + PROGRESS_PERIOD, f"confirms stalled {stall:.2f} s"
+    finally:
+        follower.signal(signal.SIGCONT)
+    cluster.ready()
+    (tmp_path / "stop-publishing").touch()
+    check_nothing_lost(cluster, publisher.wait(timeout=30))
+
+
+def test_no_confirm_without_min_insync_copies(cluster, tmp_path):
+    """Acceptance 5: with both followers down nothing is confirmed; one back, confirms resume within 5 s."""
+    publisher = publisher_on(cluster, tmp_path)
+    publisher.wait_confirmed(2000, timeout=30)
+    followers = cluster.followers()
+    for follower in followers:
+        follower.kill()
+    leader = cluster.leader()
+    wait_for(lambda: cluster.observer.isr() == [leader.name], 5, "the ISR shrinks to the leader")
+    time.sleep(PROGRESS_PERIOD * 2)  # the progress file catches up with the last confirm before the shrink
+    count = publisher.confirmed
+    time.sleep(5)  # nothing may happen meanwhile: no event to wait for
+    assert publisher.confirmed == count, "a confirm went out with fewer than min_insync copies"
+    returned_at = time.monotonic()
+    followers[0].start()
+    publisher.wait_confirmed(count + 1, timeout=15)
+    assert time.monotonic() - returned_at <= 5.0 + PROGRESS_PERIOD
+    followers[1].start()
+    cluster.ready()
+    (tmp_path / "stop-publishing").touch()
+    check_nothing_lost(cluster, publisher.wait(timeout=30))
+
+
+def test_a_paused_leader_is_replaced_and_confirms_nothing_after(cluster, tmp_path):
+    """Acceptance 6: SIGSTOP of the leader for two leases; a new leader serves; after SIGCONT the old one confirms
+    nothing more and stops serving within one lease; every confirmed message is read back."""
+    publisher = publisher_on(cluster, tmp_path, stall_timeout=1.0)
+    publisher.wait_confirmed(2000, timeout=30)
+    old = cluster.leader()
+    direct = pika.BlockingConnection(pika.URLParameters(f"amqp://guest:guest@{old.address}/%2F"))
+    channel = direct.channel()
+    channel.confirm_delivery()
+    channel.queue_declare("late", durable=True)
+    old.signal(signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    outcome: dict = {}
+
+    def publish_into_the_paused_leader():
+        try:
+            channel.basic_publish("", "late", b"sent while paused", pika.BasicProperties(delivery_mode=2))
+            outcome["confirmed"] = True
+        except Exception as error:  # nacked, or the connection closed: not confirmed either way
+            outcome["error"] = repr(error)
+
+    sender = threading.Thread(target=publish_into_the_paused_leader)
+    sender.start()
+    try:
+        wait_for(lambda: (current := cluster.leader()) is not None and current is not old, LEASE_TTL * 3,
+                 "a new leader")
+        publisher.wait_confirmed(publisher.confirmed + WINDOW + 1, timeout=10)
+        time.sleep(max(0.0, stopped_at + 2 * LEASE_TTL - time.monotonic()))  # the pause lasts two leases
+    finally:
+        old.signal(signal.SIGCONT)
+    resumed = time.monotonic()
+    sender.join(LEASE_TTL + 5)
+    assert not sender.is_alive(), "the old leader neither confirmed nor closed the connection"
+    assert "confirmed" not in outcome, "the deposed leader confirmed a publish after it resumed"
+    assert time.monotonic() - resumed <= LEASE_TTL + PROGRESS_PERIOD
+    cluster.ready()
+    (tmp_path / "stop-publishing").touch()
+    check_nothing_lost(cluster, publisher.wait(timeout=30))
+
+
+def test_etcd_outage_stops_the_leader_until_etcd_returns(tmp_path, own_etcd):
+    """Acceptance 7: etcd killed for 10 s: the leader serves only while its lease can be proven, then stops;
+    service returns with etcd; nothing confirmed is lost."""
+    cluster = Cluster(tmp_path, f"t{uuid.uuid4().hex[:10]}", own_etcd.endpoint)
+    cluster.start()
+    try:
+        cluster.ready()
+        publisher = publisher_on(cluster, tmp_path)
+        publisher.wait_confirmed(2000, timeout=30)
+        killed_at = time.time()
+        own_etcd.kill()
+        publisher.wait_for(lambda progress: progress["last_confirm_at"] is not None
+                           and time.time() - progress["last_confirm_at"] > 1.0, timeout=LEASE_TTL + 5)
+        last = publisher.progress()["last_confirm_at"]
+        assert last - killed_at <= LEASE_TTL + PROGRESS_PERIOD, "the leader confirmed after its lease lapsed"
+        time.sleep(max(0.0, killed_at + 10 - time.time()))  # the outage lasts 10 s
+        own_etcd.restart()
+        publisher.wait_confirmed(publisher.confirmed + 1000, timeout=20)
+        cluster.ready()
+        (tmp_path / "stop-publishing").touch()
+        check_nothing_lost(cluster, publisher.wait(timeout=30))
+    except BaseException:
+        print(cluster.logs())
+        raise
+    finally:
+        cluster.stop()

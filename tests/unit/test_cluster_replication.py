@@ -1,0 +1,198 @@
+"""A leader's store streamed to followers in this process, with the in-memory coordinator: confirms wait for
+min_insync copies and for every in-sync follower's ack; a follower's data dir ends byte-identical to the leader's;
+an ISR shrink is committed to etcd before the confirms that no longer wait for the dropped follower; a follower
+refuses frames of an older epoch; a deposed leader's ISR write is refused."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from cluster.coordinator import MemoryCoordinator, MemoryEtcd, Member
+from cluster.replication import ReplicaClient, ReplicationServer, read_epoch
+from storage.replica import replicated_files
+from storage.store import MessageStore
+
+SECRET = "cluster-secret"
+TIMEOUT = 10.0
+
+
+def member(node: str) -> Member:
+    return Member(node, "127.0.0.1", 5672, "127.0.0.1", 5680)
+
+
+class Rig:
+    """A leader (store + ReplicationServer) on etcd's fake, and followers that connect to it."""
+
+    def __init__(self, root: Path, min_insync: int = 2, ack_timeout: float = 1.0) -> None:
+        self.root = root
+        self.etcd = MemoryEtcd()
+        self.min_insync = min_insync
+        self.ack_timeout = ack_timeout
+        self.lost: list[str] = []
+        self.followers: dict[str, tuple[ReplicaClient, asyncio.Task]] = {}
+        self.next_id = 1
+
+    async def lead(self) -> None:
+        self.coordinator = MemoryCoordinator(self.etcd, "/w", "a", 5.0)
+        await self.coordinator.start()
+        self.epoch = await self.coordinator.campaign(member("a"))
+        assert self.epoch is not None
+        self.store = MessageStore(self.root / "a")
+        self.server = ReplicationServer(self.store, self.coordinator, "a", self.epoch, SECRET, self.min_insync,
+                                        self.ack_timeout, self.lost.append)
+        await self.server.start("127.0.0.1", 0)
+        self.store.recover()
+        self.server.store_ready.set()
+
+    def follow(self, node: str, secret: str = SECRET, epoch: int | None = None) -> ReplicaClient:
+        client = ReplicaClient(self.root / node, node, secret)
+        task = asyncio.ensure_future(client.follow("127.0.0.1", self.server.port, epoch or self.epoch))
+        self.followers[node] = (client, task)
+        return client
+
+    async def stop_follower(self, node: str) -> None:
+        client, task = self.followers.pop(node)
+        client.stop()
+        await asyncio.wait_for(task, TIMEOUT)
+
+    def publish(self, count: int = 1, body: bytes = b"x" * 100) -> asyncio.Future:
+        """Persistent messages to queue q; a future resolved with the batch outcome once confirmed."""
+        for _ in range(count):
+            self.store.append_message(self.next_id, ("/|q",), "", "q", b"", body)
+            self.next_id += 1
+        confirmed = asyncio.get_running_loop().create_future()
+        self.store.when_durable(lambda ok: confirmed.done() or confirmed.set_result(ok))
+        return confirmed
+
+    async def isr(self) -> list[str] | None:
+        return await self.coordinator.isr()
+
+    async def wait_isr(self, wanted: list[str]) -> None:
+        async def settled():
+            while await self.isr() != wanted:
+                await asyncio.sleep(0.01)
+        await asyncio.wait_for(settled(), TIMEOUT)
+
+    async def close(self) -> None:
+        for node in list(self.followers):
+            await self.stop_follower(node)
+        await self.server.stop()
+        self.store.close()
+
+
+def same_files(leader: Path, follower: Path) -> None:
+    names = replicated_files(leader)
+    assert names == replicated_files(follower)
+    for name in names:
+        assert (leader / name).read_bytes() == (follower / name).read_bytes(), name
+
+
+@pytest.fixture
+def rig(tmp_path):
+    return Rig(tmp_path)
+
+
+async def not_within(future: asyncio.Future, seconds: float) -> bool:
+    done, _ = await asyncio.wait({future}, timeout=seconds)
+    return not done
+
+
+def test_a_confirm_waits_for_min_insync_copies_and_the_follower_ends_identical(rig):
+    async def main():
+        await rig.lead()
+        assert await rig.isr() == ["a"]
+        first = rig.publish(10)
+        assert await not_within(first, 0.3), "confirmed with one copy while min_insync is 2"
+        rig.follow("b")
+        await rig.wait_isr(["a", "b"])
+        assert await asyncio.wait_for(first, TIMEOUT) is True
+        later = rig.publish(50)
+        assert await asyncio.wait_for(later, TIMEOUT) is True
+        assert rig.server.status()["followers"]["b"]["acked"] >= 1
+        await rig.close()
+        same_files(rig.root / "a", rig.root / "b")
+        assert read_epoch(rig.root / "b") == rig.epoch
+    asyncio.run(main())
+
+
+def test_a_dropped_follower_leaves_the_isr_in_etcd_before_confirms_go_on(rig):
+    async def main():
+        rig.min_insync = 2
+        await rig.lead()
+        rig.follow("b")
+        rig.follow("c")
+        await rig.wait_isr(["a", "b", "c"])
+        await asyncio.wait_for(rig.publish(5), TIMEOUT)
+        await rig.stop_follower("c")
+        pending = rig.publish(5)
+        ok = await asyncio.wait_for(pending, TIMEOUT)
+        assert ok is True
+        assert await rig.isr() == ["a", "b"], "the confirm went out before the shrink was committed"
+        await rig.close()
+    asyncio.run(main())
+
+
+def test_a_follower_that_stops_acking_is_dropped_after_the_deadline(rig):
+    async def main():
+        rig.ack_timeout = 0.3
+        await rig.lead()
+        client = rig.follow("b")
+        muted = []
+        acknowledge = client._applied
+        client._applied = lambda sequence: None if muted else acknowledge(sequence)  # when muted, b acks nothing
+        rig.follow("c")
+        await rig.wait_isr(["a", "b", "c"])
+        muted.append(True)
+        started = asyncio.get_running_loop().time()
+        assert await asyncio.wait_for(rig.publish(3), TIMEOUT) is True
+        waited = asyncio.get_running_loop().time() - started
+        assert 0.3 <= waited <= 0.3 + 1.0
+        assert await rig.isr() == ["a", "c"]
+        await rig.close()
+    asyncio.run(main())
+
+
+def test_a_follower_with_the_wrong_secret_is_refused(rig):
+    async def main():
+        await rig.lead()
+        client = rig.follow("b", secret="guess")
+        await asyncio.wait_for(rig.followers["b"][1], TIMEOUT)
+        assert "wrong cluster secret" in (client.failure or "")
+        assert await rig.isr() == ["a"]
+        rig.followers.pop("b")
+        await rig.close()
+    asyncio.run(main())
+
+
+def test_a_follower_refuses_a_leader_of_an_older_epoch(rig):
+    async def main():
+        await rig.lead()
+        rig.follow("b")
+        await rig.wait_isr(["a", "b"])
+        await rig.stop_follower("b")
+        follower = ReplicaClient(rig.root / "b", "b", SECRET)
+        await asyncio.wait_for(follower.follow("127.0.0.1", rig.server.port, rig.epoch - 1), TIMEOUT)
+        assert "older" in (follower.failure or "")
+        await rig.close()
+    asyncio.run(main())
+
+
+def test_a_deposed_leader_cannot_write_the_isr_and_confirms_nothing_more(rig):
+    async def main():
+        await rig.lead()
+        rig.follow("b")
+        await rig.wait_isr(["a", "b"])
+        rig.etcd.expire_lease(rig.coordinator.lease_id)  # a pause longer than the lease: the key is gone
+        other = MemoryCoordinator(rig.etcd, "/w", "b", 5.0)
+        await other.start()
+        assert await other.campaign(member("b")) is not None
+        await rig.stop_follower("b")  # b leads now: the old leader must shrink its ISR to go on, and cannot
+        stuck = rig.publish(1)
+        assert await not_within(stuck, 0.5)
+        assert rig.lost and "another node leads" in rig.lost[0]
+        await rig.close()
+    asyncio.run(main())
+
