@@ -1,0 +1,1 @@
+"""Warren on several machines: coordination, replication, forwarding."""
