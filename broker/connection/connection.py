@@ -17,6 +17,7 @@ from broker.connection.peer_log import PeerLog
 from broker.session.channel import Channel
 from protocol import errors
 from protocol import erlang_terms
+from protocol import proxy_header
 from protocol.codec import HEARTBEAT_FRAME, decode_method, encode_method
 from protocol.constants import (
     ACCESS_REFUSED, CONNECTION_FORCED, FRAME_END, FRAME_ERROR, FRAME_HEARTBEAT, NOT_ALLOWED, FRAME_METHOD,
@@ -131,6 +132,8 @@ class Connection(asyncio.Protocol):
         self.peer = ""  # host:port of the client, for logs
         self.name = ""  # RabbitMQ's name of the connection: "client host:port -> server host:port"
         self.peer_address = ""  # the client's IP address
+        self.local: tuple[Any, ...] | None = None  # (host, port) the client connected to: ours, or its proxy's
+        self.proxy_allowed = False  # the socket's peer is a trusted proxy and may send a PROXY header first
         self.connected_at = 0  # wall-clock milliseconds when the socket was accepted (shown by the management API)
 
     # --- transport callbacks -------------------------------------------------------------------------------
@@ -139,14 +142,18 @@ class Connection(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        peer = transport.get_extra_info("peername")
-        self.peer_address = peer[0] if peer else ""
-        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
-        local = transport.get_extra_info("sockname")
-        self.name = f"{self.peer} -> {local[0]}:{local[1]}" if local else self.peer
+        self._set_ends(transport.get_extra_info("peername"), transport.get_extra_info("sockname"))
+        self.proxy_allowed = self.peer_address in self.server.trusted_proxies
         self.connected_at = int(time.time() * 1000)
         self.server.connections.add(self)
         self.timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
+
+    def _set_ends(self, peer: tuple[Any, ...] | None, local: tuple[Any, ...] | None) -> None:
+        """The client's address and the one it connected to, as logs, access checks and the management API see them."""
+        self.peer_address = peer[0] if peer else ""
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.local = local
+        self.name = f"{self.peer} -> {local[0]}:{local[1]}" if local else self.peer
 
     def data_received(self, data: bytes) -> None:
         self.last_received = self.loop.time()
@@ -347,8 +354,11 @@ class Connection(asyncio.Protocol):
 
     # --- handshake -----------------------------------------------------------------------------------------
     def _protocol_header(self, data: bytes) -> bytes:
-        """Collect the 8-byte protocol header; answer a wrong one with ours and close. Returns what follows."""
+        """Collect the 8-byte protocol header (after a trusted proxy's PROXY header, if it sends one); answer a wrong
+        one with ours and close. Returns what follows."""
         self.header += data
+        if self.proxy_allowed and not self._proxy_header():
+            return b""
         if len(self.header) < 8:
             if PROTOCOL_HEADER.startswith(self.header):
                 return b""
@@ -366,6 +376,26 @@ class Connection(asyncio.Protocol):
         self.state = CLOSED
         transport.close()
         return b""
+
+    def _proxy_header(self) -> bool:
+        """A trusted proxy's PROXY v1 header, if the stream starts with one: the client it names becomes this
+        connection's peer. False while the header is incomplete, or once a malformed one closed the socket."""
+        if not proxy_header.SIGNATURE.startswith(self.header[:len(proxy_header.SIGNATURE)]):
+            self.proxy_allowed = False
+            return True
+        try:
+            parsed = proxy_header.parse(self.header)
+        except proxy_header.ProxyHeaderError as error:
+            peer_log.warning(self.peer_address, "closing connection %s: malformed PROXY header: %s", self.name, error)
+            self._terminate()
+            return False
+        if parsed is None:
+            return False
+        ends, self.header = parsed
+        self.proxy_allowed = False
+        if ends is not None:  # UNKNOWN: the proxy could not name the client, the socket's addresses stand
+            self._set_ends(*ends)
+        return True
 
     def _send_start(self) -> None:
         properties: FieldTable = {

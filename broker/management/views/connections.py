@@ -44,7 +44,7 @@ def open_connections(request: web.Request) -> list["Connection"]:
 
 def connection_json(request: web.Request, connection: "Connection") -> dict:
     """A connection as RabbitMQ's /api/connections shows it (without the byte and Erlang process counters)."""
-    local = connection.transport.get_extra_info("sockname") if connection.transport is not None else None
+    local = connection.local
     data = {
         "name": connection.name, "node": http.node_name(), "vhost": connection.vhost.name,
         "user": connection.user, "user_who_performed_action": connection.user, "state": connection_state(connection),

@@ -1,0 +1,140 @@
+"""A follower's AMQP port: each client's TCP stream goes to the leader, after a PROXY v1 header that names the client
+(the leader believes that header from the cluster's members only). Plain TCP only: the amqps port is not forwarded.
+
+Bytes are copied as they come, with back-pressure both ways: when one socket holds more than its high-water mark
+unsent, the other is not read until it drains. Either socket closing closes the other."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Callable
+from typing import cast
+
+from broker.connection.peer_log import PeerLog
+from protocol import proxy_header
+
+log = logging.getLogger(__name__)
+peer_log = PeerLog(log)  # lines about one address at a time: clients retrying fast cannot flood the log
+
+CONNECT_TIMEOUT = 2.0  # seconds the leader has to accept a forwarded connection before the client is dropped
+
+
+class _End(asyncio.Protocol):
+    """One socket of a forwarded connection: what it reads is written to the other end's socket."""
+
+    transport: asyncio.Transport  # this end's socket, from connection_made on
+
+    def __init__(self, other: _End | None) -> None:
+        self.other = other  # the other socket's end (a client's, once the leader's socket is connected)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        assert self.other is not None, "an end is read once both are connected"
+        self.other.transport.write(data)
+
+    def pause_writing(self) -> None:
+        """This socket holds more than its high-water mark unsent: stop reading what would add to it."""
+        assert self.other is not None, "only the other end writes to this one"
+        self.other.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        assert self.other is not None, "only the other end writes to this one"
+        self.other.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.other is not None:
+            self.other.transport.close()  # once it has sent what it holds
+
+
+class _Client(_End):
+    """A client's socket: accepted, it waits unread while a connection to the leader is made, then is forwarded."""
+
+    def __init__(self, forwarder: AmqpForwarder) -> None:
+        super().__init__(None)
+        self.forwarder = forwarder
+        self.connecting: asyncio.Task | None = None  # makes the connection to the leader (done once forwarding)
+        self.first = b""  # what the leader's socket gets first: the PROXY header, then what the client sent meanwhile
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        leader = self.forwarder.leader()
+        if leader is None:
+            transport.close()  # no leader known: the client tries another node
+            return
+        self.first = proxy_header.encode(transport.get_extra_info("peername"), transport.get_extra_info("sockname"))
+        self.forwarder.clients.add(self)
+        self.transport.pause_reading()  # until the leader's socket takes the client's bytes (uvloop reads once more)
+        self.connecting = asyncio.get_running_loop().create_task(self._connect(leader))
+
+    def data_received(self, data: bytes) -> None:
+        if self.other is None:
+            self.first += data
+            self.transport.pause_reading()
+        else:
+            super().data_received(data)
+
+    async def _connect(self, leader: tuple[str, int]) -> None:
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT):
+                transport, end = await asyncio.get_running_loop().create_connection(lambda: _End(self), *leader)
+        except OSError as error:  # TimeoutError included
+            reason = "no answer in time" if isinstance(error, TimeoutError) else error.strerror or str(error)
+            peer_log.warning(leader[0], "cannot forward a client to the leader at %s:%d: %s", *leader, reason)
+            self.transport.close()
+            return
+        self.other = end
+        transport.write(self.first)
+        self.first = b""
+        self.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.forwarder.clients.discard(self)
+        if self.connecting is not None:
+            self.connecting.cancel()
+        super().connection_lost(exc)
+
+    def abort(self) -> None:
+        """Drop both sockets at once, whatever they hold unsent."""
+        if self.connecting is not None:
+            self.connecting.cancel()
+        self.transport.abort()
+        if self.other is not None:
+            self.other.transport.abort()
+
+
+class AmqpForwarder:
+    """A TCP listener whose every client is forwarded to the leader's AMQP address, as leader() names it when the
+    client connects; while it names none, clients are closed at once so that they try another node."""
+
+    def __init__(self, leader: Callable[[], tuple[str, int] | None]) -> None:
+        self.leader = leader
+        self.listener: asyncio.Server | None = None
+        self.clients: set[_Client] = set()  # accepted and not closed yet: forwarded, or waiting for the leader
+
+    async def start(self, host: str, port: int) -> None:
+        self.listener = await asyncio.get_running_loop().create_server(
+            lambda: _Client(self), host, port, reuse_address=True, backlog=1024)
+
+    @property
+    def port(self) -> int:
+        assert self.listener is not None, "started"
+        return self.listener.sockets[0].getsockname()[1]
+
+    def close_all(self) -> None:
+        """Drop every forwarded connection at once (the leader changed: its clients reconnect)."""
+        for client in list(self.clients):
+            client.abort()
+
+    async def stop(self) -> None:
+        """Stop listening and drop every forwarded connection."""
+        assert self.listener is not None, "started"
+        self.listener.close()
+        self.close_all()
+        await self.listener.wait_closed()

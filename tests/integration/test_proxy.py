@@ -1,0 +1,396 @@
+"""Client forwarding: a follower's AmqpForwarder carries each client's connection to the leader behind a PROXY v1
+header, and the leader takes the client's address from that header only when the forwarder's address is one it
+trusts. The leader runs in this process, on an event loop of its own thread, so that the test sets its
+trusted_proxies as the cluster layer does; the forwarder runs on the same loop, and the clients (pika, or raw
+sockets) block in the test's thread."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import pika
+import pika.exceptions
+import pytest
+import uvloop
+from pamqp import commands
+
+from broker.config import Config
+from broker.connection.server import Server
+from broker.management.server import start_management
+from cluster.proxy import AmqpForwarder
+from tests.conftest import free_port
+from tests.integration.helpers import (
+    EVENT_TIMEOUT, beyond_rabbitmq, connect, consume, declare_queue, publish, wait_for_message_count,
+)
+from tests.integration.management import add_user, delete_user, request, set_permissions
+from tests.integration.rawclient import AMQP_0_9_1_HEADER, PeerClosed, RawClient, describe, plain_response
+
+pytestmark = beyond_rabbitmq
+
+TRUSTED = "127.0.0.1"  # the forwarder's address as the leader sees it
+UNTRUSTED = "127.0.0.3"  # another loopback address, from which a client can send a header of its own
+
+
+class LoopThread:
+    """An event loop running on a thread of its own while the test's clients block."""
+
+    def __init__(self) -> None:
+        self.loop = uvloop.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(EVENT_TIMEOUT * 3)
+
+    def call(self, function: Callable[[], Any]) -> Any:
+        """function() run on the loop, for a look at what the loop's objects hold."""
+        async def called() -> Any:
+            return function()
+        return self.run(called())
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+        self.loop.close()
+
+
+@dataclass
+class Endpoint:
+    """Where a client connects, in the shape the helpers take: the leader, or a forwarder."""
+
+    host: str
+    port: int
+    management_port: int  # the leader's management API
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@{self.host}:{self.port}/%2F"
+
+    @property
+    def management_url(self) -> str:
+        return f"http://127.0.0.1:{self.management_port}"
+
+
+@dataclass
+class Leader:
+    """The leader broker, running on the test's loop thread."""
+
+    server: Server
+    endpoint: Endpoint  # its AMQP port and management API
+
+
+class Leadership:
+    """What the follower knows of the leader, as the forwarder asks it: None while no leader is known."""
+
+    def __init__(self, address: tuple[str, int] | None) -> None:
+        self.address = address
+
+    def __call__(self) -> tuple[str, int] | None:
+        return self.address
+
+
+@pytest.fixture(scope="module")
+def loop_thread():
+    thread = LoopThread()
+    yield thread
+    thread.close()
+
+
+@pytest.fixture(scope="module")
+def leader(loop_thread, tmp_path_factory):
+    config = Config(port=0, data_dir=str(tmp_path_factory.mktemp("leader")), management_port=free_port(),
+                    prometheus_port=0, failed_login_delay=0)
+    server = Server(config)
+    server.trusted_proxies = frozenset({TRUSTED})
+
+    async def start():
+        await server.start()
+        return await start_management(server)
+
+    management = loop_thread.run(start())
+    yield Leader(server, Endpoint("127.0.0.1", server.port, config.management_port))
+
+    async def stop():
+        await management.stop()
+        await server.stop()
+
+    loop_thread.run(stop())
+
+
+@pytest.fixture
+def leadership(leader):
+    return Leadership(("127.0.0.1", leader.server.port))
+
+
+@pytest.fixture
+def start_forwarder(loop_thread, leader, leadership):
+    """start(host) -> the endpoint of a forwarder listening on host, stopped at the end of the test."""
+    started: list[AmqpForwarder] = []
+
+    def start(host: str = "127.0.0.1") -> tuple[AmqpForwarder, Endpoint]:
+        forwarder = AmqpForwarder(leadership)
+        loop_thread.run(forwarder.start(host, 0))
+        started.append(forwarder)
+        return forwarder, Endpoint(host, forwarder.port, leader.endpoint.management_port)
+
+    yield start
+    for forwarder in started:
+        loop_thread.run(forwarder.stop())
+
+
+@pytest.fixture
+def forwarded(start_forwarder):
+    return start_forwarder()
+
+
+@pytest.fixture
+def broker_log(caplog):
+    caplog.set_level(logging.INFO, logger="broker")
+    caplog.set_level(logging.INFO, logger="cluster")
+    return caplog
+
+
+def forwarded_pairs(loop_thread: LoopThread, forwarder: AmqpForwarder) -> list[tuple[tuple, tuple]]:
+    """(the client's address, the forwarder's address towards the leader) of each forwarded connection."""
+    return loop_thread.call(lambda: [
+        (client.transport.get_extra_info("peername")[:2], client.other.transport.get_extra_info("sockname")[:2])
+        for client in forwarder.clients if client.other is not None])
+
+
+def leader_connections(loop_thread: LoopThread, leader: Leader, port: int) -> list:
+    """The leader's connections whose client connected to port (the forwarder's, when it forwards them)."""
+    return loop_thread.call(lambda: [connection for connection in leader.server.connections
+                                     if connection.local is not None and connection.local[1] == port])
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = EVENT_TIMEOUT) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (result := condition()):
+        assert time.monotonic() < deadline, f"condition not met within {timeout}s"
+        time.sleep(0.02)
+    return result
+
+
+def connect_from(endpoint: Endpoint, address: str) -> RawClient:
+    """A raw client whose socket comes from the given loopback address."""
+    return RawClient(socket.create_connection((endpoint.host, endpoint.port), timeout=5, source_address=(address, 0)))
+
+
+def login(client: RawClient, username: str = "guest", password: str = "guest") -> str:
+    """Protocol header and start-ok; what the broker answers: 'tune', or 'refused' (403)."""
+    client.send_protocol_header()
+    client.expect(commands.Connection.Start)
+    client.send(0, commands.Connection.StartOk(
+        client_properties={"capabilities": {"authentication_failure_close": True}}, mechanism="PLAIN",
+        response=plain_response(username, password)))
+    _, answer = client.read_frame()
+    if isinstance(answer, commands.Connection.Tune):
+        return "tune"
+    assert isinstance(answer, commands.Connection.Close) and answer.reply_code == 403, describe(answer)
+    return "refused"
+
+
+def machine_address() -> str | None:
+    """An IPv4 address of this machine other than loopback (the one its default route leaves from), if any."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("203.0.113.1", 9))  # a documentation address: nothing is sent
+        except OSError:
+            return None
+        address = probe.getsockname()[0]
+    return None if ipaddress.ip_address(address).is_loopback else address
+
+
+# ---- forwarding
+
+
+def test_publish_and_consume_through_the_forwarder(forwarded, unique):
+    _, endpoint = forwarded
+    messages = [b"small", bytes(range(256)) * 4096, b""]  # a 1 MiB one among them
+    with connect(endpoint) as conn:
+        ch = conn.channel()
+        queue = declare_queue(ch, unique)
+        publish(ch, queue, messages)
+        _, inbox = consume(ch, queue)
+        inbox.wait_for(conn, len(messages))
+        assert inbox.bodies == messages
+
+
+def test_the_leader_names_the_client_not_the_forwarder(loop_thread, forwarded, broker_log):
+    forwarder, endpoint = forwarded
+    with connect(endpoint):
+        [(client, outgoing)] = forwarded_pairs(loop_thread, forwarder)
+        assert client != outgoing  # two sockets: the client's to the forwarder, the forwarder's to the leader
+        reply = request(endpoint, "GET", "/api/connections")
+        [shown] = [view for view in reply.body if view["port"] == forwarder.port]
+    # As RabbitMQ names a connection that came through a proxy: the client, and the address it connected to
+    assert shown["name"] == f"{client[0]}:{client[1]} -> 127.0.0.1:{forwarder.port}"
+    assert (shown["peer_host"], shown["peer_port"]) == client
+    assert (shown["host"], shown["port"]) == ("127.0.0.1", forwarder.port)
+    assert f"accepting AMQP connection {shown['name']}" in broker_log.text
+
+
+def test_a_direct_client_of_a_trusted_address_is_served_as_before(leader, unique):
+    with connect(leader.endpoint) as conn:
+        ch = conn.channel()
+        publish(ch, declare_queue(ch, unique), [b"direct"])
+        wait_for_message_count(ch, unique, 1)
+
+
+# ---- the trust rule
+
+
+@pytest.mark.parametrize("source, answer", [
+    ("192.0.2.77", "refused"),  # guest is a loopback user: the header's client is elsewhere
+    ("127.0.0.9", "tune"),
+], ids=["remote-client", "loopback-client"])
+def test_loopback_users_are_checked_against_the_client_the_header_names(leader, source, answer, broker_log):
+    with connect_from(leader.endpoint, TRUSTED) as client:
+        client.send_raw(f"PROXY TCP4 {source} 127.0.0.1 40000 5672\r\n".encode())
+        assert login(client) == answer
+    if answer == "refused":
+        assert f"login refused for user 'guest' from {source}:40000" in broker_log.text
+
+
+def test_an_unknown_header_keeps_the_sockets_own_address(leader):
+    with connect_from(leader.endpoint, TRUSTED) as client:
+        client.send_raw(b"PROXY UNKNOWN\r\n")
+        assert login(client) == "tune"
+
+
+def test_a_header_in_pieces_is_read_whole(loop_thread, leader):
+    with connect_from(leader.endpoint, TRUSTED) as client:
+        for piece in (b"PRO", b"XY TCP4 192.0.2.", b"77 127.0.0.1 40000 5672\r", b"\nAMQP", b"\x00\x00\x09\x01"):
+            client.send_raw(piece)
+            time.sleep(0.02)
+        client.expect(commands.Connection.Start)
+        [connection] = loop_thread.call(lambda: [c for c in leader.server.connections if c.peer == "192.0.2.77:40000"])
+        assert connection.name == "192.0.2.77:40000 -> 127.0.0.1:5672"
+
+
+def test_loopback_users_through_the_forwarder_see_a_remote_client(leader, start_forwarder, unique, broker_log):
+    """The forwarder reaches the leader over loopback, but its client does not come from this machine: guest is
+    refused, a user who may log in from anywhere is not."""
+    address = machine_address()
+    if address is None:
+        pytest.skip("this machine has no address but loopback")
+    _, endpoint = start_forwarder(address)
+    with pytest.raises(pika.exceptions.AMQPConnectionError):
+        connect(endpoint)
+    assert f"login refused for user 'guest' from {address}:" in broker_log.text
+    add_user(leader.endpoint, unique, "secret")
+    set_permissions(leader.endpoint, "/", unique)
+    try:
+        with pika.BlockingConnection(pika.ConnectionParameters(
+                endpoint.host, endpoint.port, "/", pika.PlainCredentials(unique, "secret"))) as conn:
+            assert conn.is_open
+    finally:
+        delete_user(leader.endpoint, unique)
+
+
+def test_an_untrusted_peer_sending_a_header_gets_the_bad_protocol_header_answer(leader):
+    with connect_from(leader.endpoint, UNTRUSTED) as client:
+        client.send_raw(b"PROXY TCP4 127.0.0.1 127.0.0.1 40000 5672\r\n" + AMQP_0_9_1_HEADER)
+        assert client.recv_raw(8) == AMQP_0_9_1_HEADER  # as any header that is not AMQP 0-9-1's, then closed
+        client.expect_closed()
+
+
+@pytest.mark.parametrize("header, reason", [
+    (b"PROXY TCP4 1.2.3 127.0.0.1 40000 5672\r\n", "'1.2.3' is not a TCP4 address"),
+    (b"PROXY TCP4 192.0.2.77 127.0.0.1 40000 5672\n", "a line feed without a carriage return before it"),
+    (b"PROXY UNKNOWN " + b"x" * 100, "no CRLF in its first 107 bytes"),
+], ids=["bad-address", "bare-lf", "too-long"])
+def test_a_malformed_header_from_a_trusted_peer_closes_the_socket_with_one_log_line(leader, header, reason,
+                                                                                    broker_log):
+    with connect_from(leader.endpoint, TRUSTED) as client:
+        client.send_raw(header + AMQP_0_9_1_HEADER)
+        client.expect_closed()  # nothing answered: the peer is a proxy, not an AMQP client
+    lines = [record.getMessage() for record in broker_log.records if "PROXY" in record.getMessage()]
+    assert len(lines) == 1 and lines[0].endswith(f"malformed PROXY header: {reason}"), lines
+
+
+# ---- no leader, and dropping forwarded connections
+
+
+def test_with_no_leader_known_the_client_is_closed_at_once(forwarded, leadership):
+    _, endpoint = forwarded
+    leadership.address = None
+    started = time.monotonic()
+    with pytest.raises(pika.exceptions.AMQPConnectionError):
+        connect(endpoint)
+    assert time.monotonic() - started < 0.5
+
+
+def test_an_unreachable_leader_closes_the_client(forwarded, leadership, broker_log):
+    _, endpoint = forwarded
+    leadership.address = ("127.0.0.1", free_port())  # nothing listens there
+    with RawClient.connect(endpoint) as client:
+        client.send_protocol_header()
+        client.expect_closed()
+    assert f"cannot forward a client to the leader at 127.0.0.1:{leadership.address[1]}" in broker_log.text
+
+
+def test_stopping_the_forwarder_closes_its_clients_and_their_leader_connections(loop_thread, leader, forwarded):
+    forwarder, endpoint = forwarded
+    with connect(endpoint) as conn:
+        wait_for(lambda: leader_connections(loop_thread, leader, endpoint.port))
+        loop_thread.run(forwarder.stop())
+        with pytest.raises(pika.exceptions.AMQPConnectionError):
+            conn.process_data_events(time_limit=EVENT_TIMEOUT)
+    wait_for(lambda: not leader_connections(loop_thread, leader, endpoint.port))
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((endpoint.host, endpoint.port), timeout=1)
+
+
+def test_close_all_drops_the_forwarded_connections_and_goes_on_forwarding(loop_thread, leader, forwarded,
+                                                                           leadership):
+    forwarder, endpoint = forwarded
+    with connect(endpoint) as first, connect(endpoint) as second:
+        loop_thread.call(forwarder.close_all)  # the leader changed
+        for conn in (first, second):
+            with pytest.raises(pika.exceptions.AMQPConnectionError):
+                conn.process_data_events(time_limit=EVENT_TIMEOUT)
+    wait_for(lambda: not leader_connections(loop_thread, leader, forwarder.port))
+    with connect(endpoint) as conn:  # new clients go to the leader leader() names now
+        assert conn.is_open
+
+
+# ---- back-pressure
+
+
+def test_a_consumer_that_does_not_read_holds_the_leader_back_through_the_forwarder(loop_thread, leader, forwarded,
+                                                                                    unique):
+    forwarder, endpoint = forwarded
+    body, count = bytes(64 * 1024), 640  # 40 MiB: far more than the sockets on the way hold
+    with connect(leader.endpoint) as conn:
+        ch = conn.channel()
+        queue = declare_queue(ch, unique)
+        publish(ch, queue, [body] * count)
+        wait_for_message_count(ch, queue, count)
+    with RawClient.connect(endpoint, timeout=30) as client:
+        client.handshake()
+        client.open_channel(1)
+        client.send(1, commands.Basic.Consume(queue=queue, no_ack=True))
+        client.expect(commands.Basic.ConsumeOk, channel=1)
+        # The client reads nothing more: the forwarder stops reading the leader, which stops delivering.
+        [pair] = loop_thread.call(lambda: list(forwarder.clients))
+        wait_for(lambda: loop_thread.call(lambda: not pair.other.transport.is_reading()))
+        [served] = leader_connections(loop_thread, leader, forwarder.port)
+        wait_for(lambda: loop_thread.call(lambda: served.write_paused))
+        for _ in range(10):
+            held = loop_thread.call(lambda: pair.transport.get_write_buffer_size()
+                                    + pair.other.transport.get_write_buffer_size())
+            assert held < 1024 * 1024, f"the forwarder holds {held} bytes"
+            time.sleep(0.05)
+        delivered = 0
+        while delivered < count:  # reading again, the client gets every message
+            _, frame = client.read_frame()
+            delivered += isinstance(frame, commands.Basic.Deliver)
