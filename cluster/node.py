@@ -80,7 +80,7 @@ class ClusterNode:
         await self._join_cluster()
         keeper = asyncio.ensure_future(self._keep_lease())
         try:
-            while True:
+            while not self._stopping:
                 try:
                     await self._step()
                 except CoordinatorUnavailable as error:

@@ -371,6 +371,7 @@ class Publisher:
             "ids_published": ledger.next_id,
             "losses": len(ledger.losses),
             "node": None if self.session is None else self.session.node,  # where it publishes now
+            "written_at": time.time(),  # so that a reader can wait for figures taken after a moment of its own
         })
 
     def result(self) -> dict[str, Any]:
