@@ -13,6 +13,7 @@ COPY pyproject.toml README.md /tmp/warren-src/
 COPY protocol/ /tmp/warren-src/protocol/
 COPY broker/ /tmp/warren-src/broker/
 COPY storage/ /tmp/warren-src/storage/
+COPY cluster/ /tmp/warren-src/cluster/
 COPY spark_connector/ /tmp/warren-src/spark_connector/
 RUN pip install /tmp/warren-src && rm -rf /tmp/warren-src
 

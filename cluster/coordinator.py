@@ -48,7 +48,25 @@ class Member:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Member:
-        return cls(**json.loads(text))
+        try:
+            member = cls(**json.loads(text))
+        except (ValueError, TypeError) as error:
+            raise CoordinatorError(f"a member or leader key in etcd holds no member: {error}") from None
+        if not (isinstance(member.node_id, str) and type(member.amqp_port) is int
+                and type(member.replication_port) is int):
+            raise CoordinatorError(f"a member or leader key in etcd holds a malformed member: {text!r:.200}")
+        return member
+
+
+def isr_from_json(text: str | bytes) -> list[str]:
+    """The ISR key's value: a JSON list of node ids, or CoordinatorError naming what is wrong."""
+    try:
+        isr = json.loads(text)
+    except ValueError as error:
+        raise CoordinatorError(f"the ISR key in etcd is not JSON: {error}") from None
+    if not isinstance(isr, list) or not all(isinstance(node, str) for node in isr):
+        raise CoordinatorError(f"the ISR key in etcd is not a list of node ids: {text!r:.200}")
+    return isr
 
 
 class Leader(NamedTuple):
@@ -321,7 +339,7 @@ class MemoryCoordinator:
     async def isr(self) -> list[str] | None:
         self.etcd.check()
         entry = self.etcd.get(self.keys.isr)
-        return json.loads(entry.value) if entry else None
+        return isr_from_json(entry.value) if entry else None
 
     async def set_isr(self, members: list[str], epoch: int) -> bool:
         self.etcd.check()

@@ -25,6 +25,7 @@ from cluster.coordinator import (
     LeaseExpired,
     LeaseProof,
     Member,
+    isr_from_json,
     new_secret,
 )
 
@@ -135,7 +136,7 @@ class EtcdCoordinator:
 
     async def isr(self) -> list[str] | None:
         found = await self._call(lambda client: client.get(self.keys.isr.encode()))
-        return json.loads(found.value) if found else None
+        return isr_from_json(found.value) if found else None
 
     async def set_isr(self, members: list[str], epoch: int) -> bool:
         leader = self.keys.leader.encode()

@@ -21,7 +21,7 @@ from pathlib import Path
 from broker.config import Config
 from broker.connection.server import Server
 from broker.management.server import start_management, start_prometheus
-from cluster.coordinator import Coordinator, CoordinatorUnavailable, Member
+from cluster.coordinator import Coordinator, CoordinatorError, CoordinatorUnavailable, Member
 from cluster.proxy import AmqpForwarder
 from cluster.replication import LeadershipLost, ReplicaClient, ReplicationServer, write_epoch
 from storage.lock import DataDirLock, DataDirLocked
@@ -86,6 +86,9 @@ class ClusterNode:
                 except CoordinatorUnavailable as error:
                     log.warning("etcd unreachable: %s", error)
                     await asyncio.sleep(RETRY)
+                except CoordinatorError as error:  # a damaged key or a lapsed lease: said once per attempt
+                    log.error("cannot take part in the cluster: %s", error)
+                    await asyncio.sleep(RETRY * 5)
         finally:
             keeper.cancel()
 

@@ -1,5 +1,6 @@
 """Configuration: defaults, the TOML file, command-line overrides, and clear errors for bad values."""
 
+import re
 import subprocess
 import sys
 
@@ -152,3 +153,33 @@ def test_the_server_exits_2_when_a_user_has_no_password(tmp_path):
                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
     assert result.stderr.strip() == "warren-server: [[users]] 'app': needs a password or a password_hash"
+
+
+CLUSTER = '[cluster]\netcd_endpoints = ["127.0.0.1:2379"]\nnode_id = "n1"\n'
+
+
+def test_a_cluster_section_makes_a_clustered_node(tmp_path):
+    path = tmp_path / "warren.toml"
+    path.write_text(CLUSTER + "replication_port = 5690\nlease_ttl = 2\nack_timeout = 1.5\nmin_insync = 3\n")
+    config = load_config(path)
+    assert (config.cluster_etcd_endpoints, config.cluster_node_id, config.cluster_replication_port) == (
+        ["127.0.0.1:2379"], "n1", 5690)
+    assert (config.cluster_lease_ttl, config.cluster_ack_timeout, config.cluster_min_insync) == (2, 1.5, 3)
+    assert load_config().cluster_etcd_endpoints == []  # no [cluster]: one node, as before
+
+
+@pytest.mark.parametrize("text, message", [
+    ('[cluster]\netcd_endpoints = ["127.0.0.1:2379"]\n', "cluster node_id must be 1 to 64 letters"),
+    ('[cluster]\netcd_endpoints = ["etcd"]\nnode_id = "n1"\n', "etcd_endpoints must be \"host:port\" addresses"),
+    (CLUSTER + 'lease_ttl = 0.5\n', "cluster lease_ttl must be between 1 and 60 seconds, got 0.5"),
+    (CLUSTER + 'ack_timeout = 0\n', "cluster ack_timeout must be between 0.1 and 60 seconds, got 0"),
+    (CLUSTER + 'min_insync = 0\n', "cluster min_insync must be between 1 and 9, got 0"),
+    (CLUSTER + 'replication_port = 0\n', "a cluster node needs a fixed port and replication_port"),
+    ('[server]\nport = 0\n' + CLUSTER, "a cluster node needs a fixed port and replication_port"),
+    ('[cluster]\nleader = "me"\n', "unknown key 'leader' in [cluster]"),
+])
+def test_bad_cluster_settings_are_refused_by_name(tmp_path, text, message):
+    path = tmp_path / "warren.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(path)

@@ -1,0 +1,136 @@
+"""A node's roles on the in-memory coordinator: a node of a fresh cluster leads; a node outside the ISR never
+campaigns, and resigns if it wins all the same; a leader whose lease is gone, or whose disk makes no progress,
+stops serving at once and campaigns again with a new epoch."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from broker.config import load_config
+from cluster.coordinator import MemoryCoordinator, MemoryEtcd
+from cluster.node import ClusterNode
+from storage import writer as writer_module
+from tests.conftest import free_port
+
+TTL = 1.0
+TIMEOUT = 10.0
+
+
+def make_node(root: Path, etcd: MemoryEtcd, name: str = "n1") -> ClusterNode:
+    config = load_config(None, {
+        "host": "127.0.0.1", "port": free_port(), "data_dir": str(root / name), "management_port": 0,
+        "prometheus_port": 0, "cluster_etcd_endpoints": ["127.0.0.1:1"], "cluster_node_id": name,
+        "cluster_replication_port": free_port(), "cluster_lease_ttl": TTL, "cluster_ack_timeout": 1.0,
+        "cluster_min_insync": 1})
+    return ClusterNode(config, MemoryCoordinator(etcd, "/warren/test", name, TTL))
+
+
+def serves(node: ClusterNode) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", node.config.port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+async def until(condition, what: str) -> None:
+    async def poll():
+        while not condition():
+            await asyncio.sleep(0.01)
+    try:
+        await asyncio.wait_for(poll(), TIMEOUT)
+    except asyncio.TimeoutError:
+        raise AssertionError(f"{what}: not within {TIMEOUT} s") from None
+
+
+class Running:
+    """A node's run() as a task, stopped at the end."""
+
+    def __init__(self, node: ClusterNode) -> None:
+        self.node = node
+        self.stop = asyncio.Event()
+        self.task = asyncio.ensure_future(node.run(self.stop))
+
+    async def close(self) -> None:
+        self.stop.set()
+        await asyncio.wait_for(self.task, TIMEOUT)
+
+
+async def leader_epoch(etcd: MemoryEtcd) -> int | None:
+    observer = MemoryCoordinator(etcd, "/warren/test", "observer", TTL)
+    current = await observer.leader()
+    return None if current is None else current.epoch
+
+
+def test_the_node_of_a_fresh_cluster_leads_and_serves(tmp_path):
+    async def main():
+        etcd = MemoryEtcd()
+        running = Running(make_node(tmp_path, etcd))
+        await until(lambda: running.node.role == "leader" and running.node.server is not None, "leading")
+        assert serves(running.node)
+        assert await MemoryCoordinator(etcd, "/warren/test", "x", TTL).isr() == ["n1"]
+        await running.close()
+        assert not serves(running.node)
+    asyncio.run(main())
+
+
+def test_a_node_outside_the_isr_never_campaigns(tmp_path):
+    async def main():
+        etcd = MemoryEtcd()
+        etcd.put("/warren/test/isr", '["other"]')  # a cluster whose in-sync replica is another node
+        running = Running(make_node(tmp_path, etcd))
+        await asyncio.sleep(3 * TTL)  # nothing may happen: no event to wait for
+        assert running.node.role != "leader"
+        assert await leader_epoch(etcd) is None
+        await running.close()
+    asyncio.run(main())
+
+
+def test_a_winner_outside_the_isr_resigns(tmp_path):
+    async def main():
+        etcd = MemoryEtcd()
+        node = make_node(tmp_path, etcd)
+        await node.coordinator.start()
+        epoch = await node.coordinator.campaign(node.member)
+        assert epoch is not None
+        etcd.put("/warren/test/isr", '["other"]')  # dropped from the ISR while it campaigned
+        await node._lead_or_resign(epoch)
+        assert await leader_epoch(etcd) is None
+        assert node.server is None
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("failure", ["lease expired", "disk stalled"])
+def test_a_leader_that_cannot_prove_its_lease_stops_serving_and_campaigns_again(tmp_path, failure, monkeypatch):
+    disk = threading.Event()  # set: the disk answers again
+
+    def hung_fdatasync(fd: int) -> None:
+        disk.wait(TIMEOUT)
+
+    async def main():
+        etcd = MemoryEtcd()
+        running = Running(make_node(tmp_path, etcd))
+        node = running.node
+        await until(lambda: node.server is not None, "leading")
+        first = await leader_epoch(etcd)
+        server = node.server
+        if failure == "lease expired":
+            etcd.expire_lease(node.coordinator.lease_id)
+        else:
+            monkeypatch.setattr(writer_module.os, "fdatasync", hung_fdatasync)
+            server.store.append_definition("vhost", "written-to-a-hung-disk", {"name": "written-to-a-hung-disk"})
+        await until(lambda: node.server is not server, "leadership given up")
+        assert not server.listener.is_serving()
+        disk.set()
+        await until(lambda: node.server is not None, "leading again")
+        assert await leader_epoch(etcd) > first
+        await running.close()
+    try:
+        asyncio.run(main())
+    finally:
+        disk.set()
