@@ -34,7 +34,7 @@ from typing import Final, TypeAlias
 
 from storage.lock import LOCK_FILE
 from storage.salvage import QUARANTINE_DIRECTORY
-from storage.segments import CLEAN_MARKER, SEGMENT_SUFFIX, fsync_directory
+from storage.segments import CLEAN_MARKER, SEGMENT_SUFFIX, fsync_directory, write_synced
 
 log = logging.getLogger(__name__)
 
@@ -328,13 +328,8 @@ class ReplicaWriter:
         target = self._data_dir / path
         self._make_parents(target)
         temporary = target.with_suffix(".compacting" if target.suffix == SEGMENT_SUFFIX else ".snapshot")
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        try:
-            self._write_all(fd, data)
-            os.fdatasync(fd)
-            self.fsyncs += 1
-        finally:
-            os.close(fd)
+        write_synced(temporary, data)
+        self.fsyncs += 1
         os.replace(temporary, target)
         self._directories.add(target.parent)
 

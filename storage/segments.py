@@ -29,3 +29,15 @@ def fsync_directory(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_synced(path: Path, data: bytes) -> None:
+    """Create (or empty) ``path`` and write ``data`` to it, fdatasync'd: a rewrite's copy, renamed into place next."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)

@@ -35,7 +35,7 @@ from storage.compaction import Compaction
 from storage.histogram import Histogram
 from storage.records import CorruptRecord
 from storage.replica import APPEND, DELETE, REPLACE, RMTREE, Op, replicated_files, truncate_op
-from storage.segments import CLEAN_MARKER, DEFINITIONS_LOG, fsync_directory, segment_path
+from storage.segments import CLEAN_MARKER, DEFINITIONS_LOG, fsync_directory, segment_path, write_synced
 
 log = logging.getLogger(__name__)
 
@@ -328,13 +328,9 @@ class Writer:
             self._definitions_fd = -1
         path = self._data_dir / DEFINITIONS_LOG
         temporary = path.with_suffix(".snapshot")
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        try:
-            self._write_all(fd, content)
-            os.fdatasync(fd)
-            self.fsyncs += 1
-        finally:
-            os.close(fd)
+        write_synced(temporary, content)
+        self.bytes_written += len(content)
+        self.fsyncs += 1
         os.replace(temporary, path)
         if self._frame is not None:
             self._frame.append((REPLACE, DEFINITIONS_LOG, content))
