@@ -64,6 +64,7 @@ class EtcdCoordinator:
         self.call_timeout = call_timeout or lease_ttl / 3  # the longest any one request to etcd may take
         self._endpoint = 0  # index in endpoints of the one the client talks to
         self._client = self._new_client()
+        self._closed = False  # close() closed the client: start() makes a new one
         self._lease_id = 0  # granted by start()
         self._proof = LeaseProof()
 
@@ -76,7 +77,10 @@ class EtcdCoordinator:
         return self._proof.alive
 
     async def start(self) -> None:
-        """Grant the lease, trying each endpoint once."""
+        """Grant the lease, trying each endpoint once (after close(), on a new client)."""
+        if self._closed:
+            self._client = self._new_client()
+            self._closed = False
         for attempt in range(len(self.endpoints)):
             try:
                 await self._grant()
@@ -170,6 +174,7 @@ class EtcdCoordinator:
             with contextlib.suppress(CoordinatorError):
                 await self._call(lambda client: client.revoke_lease(self._lease_id))
         self._proof.lost()
+        self._closed = True
         await self._close_client(self._client)
 
     async def _grant(self) -> None:

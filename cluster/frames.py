@@ -62,9 +62,11 @@ class Hello:
 def decode_hello(payload: bytes) -> Hello:
     try:
         fields = json.loads(payload)
-        hello = Hello(fields["node"], fields["secret"], fields["epoch"])
-    except (ValueError, TypeError, KeyError) as error:
+    except (ValueError, RecursionError) as error:  # RecursionError: a hostile nesting of brackets
         raise FrameError(f"malformed hello: {error}") from None
+    if not isinstance(fields, dict) or not {"node", "secret", "epoch"} <= fields.keys():
+        raise FrameError("malformed hello: an object with node, secret and epoch expected")
+    hello = Hello(fields["node"], fields["secret"], fields["epoch"])
     if not (isinstance(hello.node, str) and isinstance(hello.secret, str) and type(hello.epoch) is int):
         raise FrameError("malformed hello: node and secret must be strings, epoch an integer")
     return hello

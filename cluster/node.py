@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from broker.config import Config
-from broker.connection.server import Server
+from broker.connection.server import Server, StartupError
 from broker.management.server import start_management, start_prometheus
 from cluster.coordinator import Coordinator, CoordinatorError, CoordinatorUnavailable, Member
 from cluster.proxy import AmqpForwarder
@@ -30,6 +30,7 @@ log = logging.getLogger("cluster")
 
 RETRY = 0.2  # seconds between attempts while etcd or the leader cannot be reached
 PROGRESS_PROBE = "the store's writer has finished no batch for {:.1f} s: the lease is not renewed"
+UNHEALTHY = "the store's writes fail: the lease is not renewed, so that a node with a working disk takes over"
 
 
 def make_coordinator(config: Config) -> Coordinator:
@@ -71,10 +72,9 @@ class ClusterNode:
             await asyncio.wait({life}, timeout=10)
         life.cancel()
         stopping.cancel()
-        try:
-            await self.coordinator.close()
-        except CoordinatorUnavailable:
-            pass
+        await self.coordinator.close()
+        if life.done() and not life.cancelled() and life.exception() is not None:
+            raise life.exception()  # the process exits with the error, so that a supervisor restarts it
 
     async def _live(self) -> None:
         await self._join_cluster()
@@ -102,7 +102,7 @@ class ClusterNode:
                 self.secret = await self.coordinator.secret()
                 await self.coordinator.register(self.member)
                 return
-            except CoordinatorUnavailable as error:
+            except CoordinatorError as error:
                 log.warning("cannot join the cluster through etcd yet: %s", error)
                 await asyncio.sleep(RETRY * 5)
 
@@ -118,7 +118,8 @@ class ClusterNode:
             await self.coordinator.wait_leader_change(None, self.ttl)
             return
         leader, epoch = current
-        if leader.node_id == self.node:  # a key left by this node's previous run: it goes with that run's lease
+        if leader.node_id == self.node:  # won, but the answer was lost; or a key left by this node's previous run
+            await self.coordinator.resign()  # deletes it only if bound to this run's lease
             await self.coordinator.wait_leader_change(epoch, self.ttl)
             return
         await self._follow(leader, epoch)
@@ -130,12 +131,14 @@ class ClusterNode:
             log.warning("won the election but is not in the ISR %s: resigning", isr)
             await self.coordinator.resign()
             return
-        reason = await self._lead(epoch)
-        log.warning("stopped leading (epoch %d): %s", epoch, reason)
         try:
-            await self.coordinator.close()  # the lease goes, and the leader key with it
-        except CoordinatorUnavailable:
-            pass  # the lease lapses by itself
+            reason = await self._lead(epoch)
+        except Exception as error:  # say a data dir that cannot be recovered: another node may do better
+            log.error("cannot lead: %s", error, exc_info=not isinstance(error, (OSError, StartupError)))
+            reason = f"it could not start: {error}"
+            await asyncio.sleep(RETRY * 5)
+        log.warning("stopped leading (epoch %d): %s", epoch, reason)
+        await self.coordinator.close()  # the lease goes, and the leader key with it (or it lapses by itself)
         if not self._stopping:
             await self._join_cluster()
 
@@ -165,14 +168,15 @@ class ClusterNode:
         except LeadershipLost as error:
             return str(error)
         finally:
+            replication.halt()  # not one confirm more
             self.role = "starting"
             self.server = None
             if watcher is not None:
                 watcher.cancel()
+            await server.stop(grace=0)
             await replication.stop()
             for listener in listeners:
                 await listener.stop()
-            await server.stop(grace=0)
 
     def _lose(self, reason: str) -> None:
         if self._lost is not None and not self._lost.done():
@@ -189,7 +193,7 @@ class ClusterNode:
                 members = await self.coordinator.members()
                 server.trusted_proxies = frozenset(member.amqp_host for member in members.values())
                 await self.coordinator.wait_leader_change(epoch, self.ttl / 2)
-            except CoordinatorUnavailable:
+            except CoordinatorError:
                 await asyncio.sleep(RETRY)
 
     # --- the lease ------------------------------------------------------------------------------------------
@@ -203,8 +207,8 @@ class ClusterNode:
             if server is not None:
                 server.store.when_durable(_ignore)  # an idle store still proves its writer turns over
                 stalled = time.monotonic() - server.store.writer_progress()
-                if stalled > self.ttl / 2:
-                    log.error(PROGRESS_PROBE.format(stalled))
+                if stalled > self.ttl / 2 or not server.store.healthy:
+                    log.error(PROGRESS_PROBE.format(stalled) if server.store.healthy else UNHEALTHY)
                     self._check_proof()
                     continue
             asked = time.monotonic()
@@ -214,7 +218,7 @@ class ClusterNode:
                 alive = None
             if alive:
                 self._renewed(asked)
-            elif alive is False:
+            elif alive is False and not self.coordinator.lease_alive:  # not merely a slow answer
                 self._lose("the etcd lease expired")
                 if self.role != "leader":
                     await self._join_cluster()
@@ -278,7 +282,7 @@ class ClusterNode:
                     changed.set()
                     return
                 await self.coordinator.wait_leader_change(epoch, self.ttl)
-            except CoordinatorUnavailable:
+            except CoordinatorError:
                 await asyncio.sleep(RETRY)
 
 

@@ -36,6 +36,8 @@ log = logging.getLogger("cluster.replication")
 
 COPY_CHUNK = 1 << 20  # bytes of a file sent per frame of a join's copy
 ISR_RETRY = 0.2  # seconds between attempts to write the ISR while etcd does not answer
+CUT_TIMEOUT = 30.0  # seconds the writer may take to hand over a cut (it comes with the next batch)
+STALLED_COPY = 10.0  # seconds a joining follower may go without reading any of its copy
 END_OF_COPY = encode_ops([])  # the ops of the frame that closes a join's copy (it carries the cut's sequence)
 
 
@@ -71,16 +73,23 @@ class Follower:
         self.streaming = False  # the copy is sent: frames go straight to the socket
         self.target = -1  # the sequence to ack before it may enter the ISR
         self.in_sync = False  # caught up: the leader wants it in the ISR
+        self.buffered_sequences: list[int] = []  # the sequences of ``buffered``
         self.acked = -1  # the highest sequence it has made durable
         self.sent = -1  # the highest sequence written to its socket
-        self.waiting_since: float | None = None  # monotonic time since which frames are sent but unacked
+        self.unacked: deque[tuple[int, float]] = deque()  # (sequence, monotonic time sent) of frames not acked yet
         self.closed = False
 
     def send(self, sequence: int, frame: bytes) -> None:
-        if self.waiting_since is None and sequence > self.acked:
-            self.waiting_since = time.monotonic()
+        if sequence > self.acked:
+            self.unacked.append((sequence, time.monotonic()))
         self.sent = max(self.sent, sequence)
         self.writer.write(frame)
+
+    def acknowledged(self, sequence: int) -> None:
+        self.acked = sequence
+        unacked = self.unacked
+        while unacked and unacked[0][0] <= sequence:
+            unacked.popleft()
 
     def close(self) -> None:
         self.closed = True
@@ -105,6 +114,7 @@ class ReplicationServer:
         self._committed: tuple[str, ...] = ()  # the ISR as last written to etcd (confirms wait for all of it)
         self._held: deque[tuple[int, Callable[[], None]]] = deque()  # (batch sequence, release) not confirmed yet
         self._latest = 0  # the highest sequence the writer has tapped
+        self._released = -1  # the highest sequence whose confirms went out
         self._isr_changed = asyncio.Event()  # the wanted ISR may differ from the committed one
         self._join_lock = asyncio.Lock()  # one join at a time
         self.store_ready = asyncio.Event()  # set once the store is recovered: cuts can be taken
@@ -121,16 +131,27 @@ class ReplicationServer:
         if not await self._write_isr((self._node,)):
             raise LeadershipLost("etcd refused this node's ISR: another node leads")
         self._tasks = [asyncio.ensure_future(self._keep_isr()), asyncio.ensure_future(self._check_deadlines())]
+        for task in self._tasks:
+            task.add_done_callback(self._task_ended)
+
+    def _task_ended(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.critical("replication task failed: leadership ends", exc_info=task.exception())
+            self._lost(f"replication task failed: {task.exception()!r}")
 
     @property
     def port(self) -> int:
         assert self._listener is not None, "start() first"
         return self._listener.sockets[0].getsockname()[1]
 
-    async def stop(self) -> None:
-        """Confirm nothing more, drop every follower, stop listening."""
+    def halt(self) -> None:
+        """Release no confirm from now on (leadership is ending)."""
         self._stopped = True
         self._held.clear()
+
+    async def stop(self) -> None:
+        """Confirm nothing more, drop every follower, stop listening."""
+        self.halt()
         for task in self._tasks:
             task.cancel()
         for follower in list(self._followers.values()):
@@ -139,7 +160,7 @@ class ReplicationServer:
         if self._listener is not None:
             self._listener.close()
         if self._connections:  # they end as their sockets close
-            await asyncio.wait(self._connections, timeout=5)
+            await asyncio.wait(self._connections, timeout=1)
         if self._listener is not None:
             await self._listener.wait_closed()
 
@@ -165,7 +186,7 @@ class ReplicationServer:
                 follower.send(sequence, frame)
             elif follower.cut is not None:
                 follower.buffered.append(frame)
-                follower.sent = sequence
+                follower.buffered_sequences.append(sequence)
 
     # --- confirms -------------------------------------------------------------------------------------------
     def _gate(self, sequence: int, release: Callable[[], None]) -> None:
@@ -173,11 +194,14 @@ class ReplicationServer:
         if self._stopped:
             return
         if not self._held and self._replicated(sequence):
+            self._released = sequence
             release()
         else:
             self._held.append((sequence, release))
 
     def _replicated(self, sequence: int) -> bool:
+        """Whether every copy that may lead has ``sequence``: each member of the committed ISR, and each follower
+        about to be added to it (so that it never enters the ISR lacking a confirmed batch)."""
         committed = self._committed
         if len(committed) < self._min_insync:
             return False
@@ -186,12 +210,17 @@ class ReplicationServer:
                 follower = self._followers.get(node)
                 if follower is None or follower.acked < sequence:
                     return False
+        for follower in self._followers.values():
+            if follower.in_sync and follower.acked < sequence:
+                return False
         return True
 
     def _release_ready(self) -> None:
         held = self._held
         while held and self._replicated(held[0][0]):
-            held.popleft()[1]()
+            sequence, release = held.popleft()
+            self._released = sequence
+            release()
 
     # --- the ISR --------------------------------------------------------------------------------------------
     def _wanted_isr(self) -> tuple[str, ...]:
@@ -237,9 +266,8 @@ class ReplicationServer:
             await asyncio.sleep(self._ack_timeout / 4)
             now = time.monotonic()
             for follower in list(self._followers.values()):
-                since = follower.waiting_since
-                if follower.streaming and since is not None and now - since > self._ack_timeout:
-                    self._drop(follower, f"no ack for {now - since:.1f} s")
+                if follower.unacked and now - follower.unacked[0][1] > self._ack_timeout:
+                    self._drop(follower, f"a frame unacked for {now - follower.unacked[0][1]:.1f} s")
 
     # --- one follower's connection --------------------------------------------------------------------------
     async def _serve_follower(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -259,9 +287,13 @@ class ReplicationServer:
             log.warning("replication connection from %s refused: %s", peer, error or "no hello in time")
             writer.close()
             return
-        if not hmac.compare_digest(hello.secret, self._secret):
+        if not hmac.compare_digest(hello.secret.encode(), self._secret.encode()):
             log.warning("replication connection from %s refused: wrong cluster secret", peer)
             writer.write(frames.encode_refuse("wrong cluster secret"))
+            writer.close()
+            return
+        if hello.node == self._node:
+            log.warning("replication connection from %s refused: it claims this leader's node id", peer)
             writer.close()
             return
         if hello.epoch > self._epoch:
@@ -316,9 +348,10 @@ class ReplicationServer:
     def _on_ack(self, follower: Follower, sequence: int) -> None:
         if sequence <= follower.acked:
             return
-        follower.acked = sequence
-        follower.waiting_since = None if sequence >= follower.sent else time.monotonic()
-        if not follower.in_sync and follower.streaming and sequence >= follower.target:
+        if sequence > follower.sent:
+            raise frames.FrameError(f"an ack of sequence {sequence}, beyond the {follower.sent} sent")
+        follower.acknowledged(sequence)
+        if not follower.in_sync and follower.streaming and sequence >= max(follower.target, self._released):
             follower.in_sync = True
             log.info("follower %s caught up at sequence %d", follower.node, sequence)
             self._isr_changed.set()
@@ -327,35 +360,59 @@ class ReplicationServer:
 
     # --- a join ---------------------------------------------------------------------------------------------
     async def _join(self, follower: Follower) -> None:
-        async with self._join_lock:
-            while follower.node in self._committed:  # it must leave the ISR before its copy is rewritten
-                self._isr_changed.set()
-                await asyncio.sleep(ISR_RETRY / 4)
-            await self.store_ready.wait()
-            taken: asyncio.Future[tuple[int, list[tuple[str, int, int]]]] = self._loop.create_future()
-            self._store.request_cut(lambda sequence, files: self._loop.call_soon_threadsafe(
-                self._cut_taken, follower, taken, sequence, files))
-            sequence, files = await taken
-            started = time.monotonic()
-            try:
-                sent = await self._copy(follower, files)
-            finally:
-                for _, fd, _ in files:
+        try:
+            async with self._join_lock:
+                await self._copy_and_stream(follower)
+        except (OSError, ReplicaError, asyncio.TimeoutError) as error:
+            self._drop(follower, f"its copy failed: {error or type(error).__name__}")
+
+    async def _copy_and_stream(self, follower: Follower) -> None:
+        while follower.node in self._committed:  # it must leave the ISR before its copy is rewritten
+            self._isr_changed.set()
+            await asyncio.sleep(ISR_RETRY / 4)
+        await self.store_ready.wait()
+        sequence, files = await self._take_cut(follower)
+        started = time.monotonic()
+        try:
+            sent = await self._copy(follower, files)
+        finally:
+            for _, fd, _ in files:
+                os.close(fd)
+        follower.send(sequence, frames.encode_frame(self._epoch, sequence, END_OF_COPY))
+        for later, frame in zip(follower.buffered_sequences, follower.buffered):
+            follower.send(later, frame)
+        follower.buffered, follower.buffered_sequences = [], []
+        follower.streaming = True
+        follower.target = max(sequence, follower.sent)
+        log.info("follower %s got a copy of %d files (%d bytes) at sequence %d in %.2f s", follower.node,
+                 len(files), sent, sequence, time.monotonic() - started)
+
+    async def _take_cut(self, follower: Follower) -> tuple[int, list[tuple[str, int, int]]]:
+        """Ask the writer for a cut and wait for it; its fds are the caller's (closed here if it never gets them)."""
+        taken: asyncio.Future[tuple[int, list[tuple[str, int, int]]]] = self._loop.create_future()
+        self._store.request_cut(lambda sequence, files: self._loop.call_soon_threadsafe(
+            self._cut_taken, follower, taken, sequence, files))
+        try:
+            done, _ = await asyncio.wait({taken}, timeout=CUT_TIMEOUT)
+        except BaseException:  # cancelled: a cut that came meanwhile is closed here, a later one by _cut_taken
+            if taken.done() and not taken.cancelled() and taken.exception() is None:
+                for _, fd, _ in taken.result()[1]:
                     os.close(fd)
-            follower.send(sequence, frames.encode_frame(self._epoch, sequence, END_OF_COPY))
-            for frame in follower.buffered:
-                follower.writer.write(frame)
-            follower.buffered = []
-            follower.streaming = True
-            follower.target = max(sequence, follower.sent)
-            log.info("follower %s got a copy of %d files (%d bytes) at sequence %d in %.2f s", follower.node,
-                     len(files), sent, sequence, time.monotonic() - started)
+            taken.cancel()
+            raise
+        if not done:
+            taken.cancel()
+            raise asyncio.TimeoutError(f"no cut of the store's files within {CUT_TIMEOUT:.0f} s")
+        return taken.result()
 
     def _cut_taken(self, follower: Follower, taken: asyncio.Future, sequence: int,
                    files: list[tuple[str, int, int]]) -> None:
-        if taken.cancelled() or follower.closed:
+        if taken.done() or follower.closed:
             for _, fd, _ in files:
                 os.close(fd)
+            return
+        if sequence < 0:
+            taken.set_exception(ReplicaError("the store could not take a cut of its files"))
             return
         follower.cut = sequence
         follower.sent = sequence
@@ -374,7 +431,7 @@ class ReplicationServer:
                 if len(data) != count:
                     raise ReplicaError(f"{path} shrank below its size at the cut")
                 writer.write(frames.encode_frame(self._epoch, -1, encode_ops([(APPEND, path, data)])))
-                await writer.drain()
+                await asyncio.wait_for(writer.drain(), STALLED_COPY)
                 offset += count
                 sent += count
                 if offset >= size:
@@ -402,6 +459,7 @@ class ReplicaClient:
     async def follow(self, host: str, port: int, epoch: int) -> None:
         """Follow the leader of ``epoch`` at host:port until the stream ends (returns; ``failure`` says why)."""
         self.failure = None
+        self.acked = -1  # acks belong to one connection: a new one starts again from its copy
         if epoch < self._epoch:
             self.failure = f"the leader's epoch {epoch} is older than {self._epoch}, seen before"
             return

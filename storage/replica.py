@@ -51,7 +51,8 @@ Op: TypeAlias = tuple[int, str, bytes]  # (kind, path relative to the data dir, 
 
 CLUSTER_STATE: Final = "cluster-state"  # the node's own cluster bookkeeping (the epoch it follows), never replicated
 KEPT_BY_RESET: Final = frozenset({LOCK_FILE, CLUSTER_STATE, QUARANTINE_DIRECTORY})  # the node's own, never in an op
-NOT_REPLICATED: Final = KEPT_BY_RESET | {CLEAN_MARKER}  # top-level names a full copy leaves out
+PAGES_DIRECTORY: Final = "pages"  # deep queues' page files: their own thread's, emptied at every start
+NOT_REPLICATED: Final = KEPT_BY_RESET | {CLEAN_MARKER, PAGES_DIRECTORY}  # top-level names a full copy leaves out
 TEMPORARY_SUFFIXES: Final = (".compacting", ".snapshot")  # rewrites in progress (recovery removes leftovers)
 
 COUNT: Final = struct.Struct(">I")

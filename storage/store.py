@@ -440,7 +440,8 @@ class MessageStore:
     def request_cut(self, callback: Cut) -> None:
         """The next batch is followed, on the writer thread, by ``callback(sequence, [(path, fd, size), ...])``: every
         replicated file held open for reading with its size, which with the frames after ``sequence`` make the data
-        dir. The callback owns the fds. A batch is made for it even if nothing else is pending."""
+        dir. The callback owns the fds. A batch is made for it even if nothing else is pending. A cut that cannot be
+        taken (too many open files) comes as ``callback(-1, [])``."""
         self._cuts.append(callback)
         if not self._kick_scheduled and not self._closed:
             self._schedule_kick()

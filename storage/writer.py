@@ -444,15 +444,21 @@ class Writer:
         held: list[tuple[str, int, int]] = []
         try:
             for relative in replicated_files(self._data_dir):
-                fd, size = _open_sized(self._data_dir / relative)
+                try:
+                    fd, size = _open_sized(self._data_dir / relative)
+                except FileNotFoundError:  # a stream segment retention removed meanwhile: not part of the cut
+                    continue
                 held.append((relative.as_posix(), fd, size))
         except Exception as error:  # OSError (say too many open files) or a bug: the thread goes on either way
             for _, fd, _ in held:
                 os.close(fd)
-            log.error("store cannot take a cut of its files for a joining follower (it is not answered): %r", error)
-            return
+            log.error("store cannot take a cut of its files for a joining follower: %r", error)
+            held = []
+            sequence = -1  # the receiver learns the cut failed
+        else:
+            sequence = self.sequence
         try:
-            cut(self.sequence, held)
+            cut(sequence, held)
         except Exception:
             log.critical("store cut receiver failed", exc_info=True)
 

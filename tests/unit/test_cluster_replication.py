@@ -6,10 +6,12 @@ refuses frames of an older epoch; a deposed leader's ISR write is refused."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 import pytest
 
+from cluster import frames
 from cluster.coordinator import MemoryCoordinator, MemoryEtcd, Member
 from cluster.replication import ReplicaClient, ReplicationServer, read_epoch
 from storage.replica import replicated_files
@@ -196,3 +198,38 @@ def test_a_deposed_leader_cannot_write_the_isr_and_confirms_nothing_more(rig):
         await rig.close()
     asyncio.run(main())
 
+
+
+def test_a_follower_that_reconnects_while_the_leader_is_idle_gets_back_in_sync(rig):
+    async def main():
+        await rig.lead()
+        client = rig.follow("b")
+        await rig.wait_isr(["a", "b"])
+        await rig.stop_follower("b")
+        await rig.wait_isr(["a"])
+        again = asyncio.ensure_future(client.follow("127.0.0.1", rig.server.port, rig.epoch))  # nothing written since
+        rig.followers["b"] = (client, again)
+        await rig.wait_isr(["a", "b"])
+        assert await asyncio.wait_for(rig.publish(1), TIMEOUT) is True
+        await rig.close()
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("hello", [
+    frames.encode(frames.HELLO, b"[" * 4000),  # nested beyond the JSON decoder's recursion limit
+    frames.encode_hello("b", "s\u00e9cret", 0),  # a secret hmac cannot compare as text
+    frames.encode_hello("a", SECRET, 0),  # the leader's own node id
+    frames.encode(frames.ACK, b"12345678"),  # no hello at all
+    b"GET / HTTP/1.1\r\n\r\n",
+])
+def test_hostile_hellos_are_refused_quietly(rig, hello, caplog):
+    async def main():
+        await rig.lead()
+        reader, writer = await asyncio.open_connection("127.0.0.1", rig.server.port)
+        writer.write(hello)
+        assert await asyncio.wait_for(reader.read(), TIMEOUT) in (b"", frames.encode_refuse("wrong cluster secret"))
+        writer.close()
+        assert await rig.isr() == ["a"]
+        await rig.close()
+    asyncio.run(main())
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR or record.exc_info]

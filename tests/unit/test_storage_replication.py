@@ -333,13 +333,14 @@ def test_without_replication_the_writer_makes_no_frames_and_takes_no_cut(tmp_pat
     asyncio.run(main())
 
 
-def test_a_cut_that_cannot_be_taken_is_logged_and_the_writer_goes_on(tmp_path, monkeypatch, caplog):
+def test_a_cut_that_cannot_be_taken_is_logged_answered_as_failed_and_the_writer_goes_on(tmp_path, monkeypatch,
+                                                                                         caplog):
     def too_many_open_files(data_dir: Path) -> list[Path]:
         raise OSError(errno.EMFILE, "Too many open files")
 
     monkeypatch.setattr(writer_module, "replicated_files", too_many_open_files)
 
-    async def main() -> list[int]:
+    async def main() -> list[tuple[int, Held]]:
         leader = Leader(tmp_path)
         leader.store.request_cut(lambda sequence, held: leader.cuts.append((sequence, held)))
         leader.store.append_message(0, ("q",), "", "q", b"h", b"m")
@@ -347,8 +348,8 @@ def test_a_cut_that_cannot_be_taken_is_logged_and_the_writer_goes_on(tmp_path, m
         leader.store.append_message(1, ("q",), "", "q", b"h", b"m")
         assert await durable(leader.store) is True
         leader.store.close()
-        return [sequence for sequence, _ in leader.cuts]
+        return leader.cuts
 
-    assert asyncio.run(main()) == []
+    assert asyncio.run(main()) == [(-1, [])]
     assert "cannot take a cut of its files for a joining follower" in caplog.text
     assert [m.msg_id for m in reopen(tmp_path).messages["q"]] == [0, 1]
