@@ -9,7 +9,7 @@ PROMETHEUS_PORT ?= 15692
 DATA_DIR ?= ./data
 LOG_LEVEL ?= info
 
-.PHONY: run test bench clean browser etcd
+.PHONY: run test bench clean browser etcd cluster-demo
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,15 @@ $(ETCD):
 	    timeout 300 apt-get download -q etcd-server >/dev/null 2>&1; }; } && \
 	dpkg -x etcd-server_*.deb . && rm etcd-server_*.deb && echo "etcd unpacked: $(ETCD)" || \
 	echo "etcd not unpacked (apt-get download etcd-server failed): the cluster tests will be skipped"
+
+# A three-node cluster on this machine (tests/cluster/demo.py): etcd on 127.0.0.1:2379 (peer port 2380), nodes a, b
+# and c on AMQP ports 5672-5674, management 15672-15674 and replication 5680-5682, lease_ttl 5 s, their data dirs,
+# configs and logs under ./demo-cluster (kept between runs). Ctrl-C stops all. Other ports or directory: DEMO_ARGS,
+# e.g. DEMO_ARGS="--port 6672 --etcd-port 3379" (python -m tests.cluster.demo --help). It runs on the cluster tests'
+# harness, which imports pytest: installed on its own here when the test dependencies are not.
+cluster-demo: $(VENV)/.installed-run $(VENV)/.compiled etcd
+	@$(BIN)/python -c 'import pytest' 2>/dev/null || $(BIN)/pip install --quiet 'pytest>=8'
+	$(BIN)/python -m tests.cluster.demo $(DEMO_ARGS)
 
 # The console tests drive Chromium: installed here where apt-get may be used (root, as in CI); elsewhere they are
 # skipped, saying so. The one line to run by hand: apt-get install -y chromium chromium-driver

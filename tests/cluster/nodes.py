@@ -20,11 +20,11 @@ ACK_TIMEOUT = 1.0  # and follower ack deadline
 class Node:
     """One Warren process of the cluster; its ports and data dir stay the same across restarts."""
 
-    def __init__(self, root: Path, name: str, cluster: str, etcd: str, **settings: object) -> None:
+    def __init__(self, root: Path, name: str, cluster: str, etcd: str, *, ports: tuple[int, int, int] | None = None,
+                 **settings: object) -> None:
+        """``ports``: (AMQP, management, replication), free ones when None."""
         self.name = name
-        self.port = free_port()
-        self.management_port = free_port()
-        self.replication_port = free_port()
+        self.port, self.management_port, self.replication_port = ports or (free_port(), free_port(), free_port())
         self.data_dir = root / name
         self.config_path = root / f"{name}.toml"
         self.log_path = root / f"{name}.log"
