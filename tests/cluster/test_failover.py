@@ -41,11 +41,24 @@ def cluster(tmp_path, etcd_endpoint):
         instance.stop()
 
 
+STARTED = []  # the publishers of the running test, killed at its end whatever happened
+
+
+@pytest.fixture(autouse=True)
+def kill_publishers():
+    yield
+    while STARTED:
+        STARTED.pop().kill()
+
+
 def publisher_on(cluster: Cluster, tmp_path, body_size: int = 16, nodes: list[str] | None = None, **options):
     """A publisher trying the nodes in turn (``nodes``: these only, e.g. the leader's address: a follower that
     forwards the publisher's connection and hangs would hang the publisher too)."""
-    return start_publisher(nodes or cluster.addresses, "orders", body_size, WINDOW, tmp_path / f"pub-{uuid.uuid4().hex[:6]}",
-                           until_file=tmp_path / "stop-publishing", **options)
+    publisher = start_publisher(nodes or cluster.addresses, "orders", body_size, WINDOW,
+                                tmp_path / f"pub-{uuid.uuid4().hex[:6]}", until_file=tmp_path / "stop-publishing",
+                                **options)
+    STARTED.append(publisher)
+    return publisher
 
 
 def confirmed_since(publisher, moment: float) -> int:
