@@ -65,6 +65,7 @@ class Broker:
     log_path: Path | None = None
     management_port: int = 0  # the management API's port (an ephemeral one for a broker started here)
     prometheus_port: int = 0  # the Prometheus endpoint's port (likewise)
+    started: bool = False  # it has run once: its AMQP port stays what clients were told
 
     @property
     def url(self) -> str:
@@ -82,6 +83,23 @@ class Broker:
         return self.data_dir is None
 
     def start(self) -> None:
+        """Start the process; should a port picked by free_port() be taken by someone else before the broker binds
+        it (another process's client socket may get it as its local port), the ephemeral ones are picked again."""
+        first = self.process is None and not self.started  # the AMQP port too may be picked again then
+        for attempt in range(3):
+            try:
+                self._start()
+                self.started = True
+                return
+            except RuntimeError:
+                last = (self.log().splitlines() or [""])[-1]
+                if attempt == 2 or "Address already in use" not in last:
+                    raise
+                if f":{self.port}:" in last and first:  # "cannot listen on HOST:PORT: reason"
+                    self.port = free_port()
+                self.management_port = self.prometheus_port = 0
+
+    def _start(self) -> None:
         assert self.data_dir is not None
         self.log_path = self.data_dir.parent / f"broker-{self.port}.log"
         log = open(self.log_path, "ab")
