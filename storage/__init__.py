@@ -73,9 +73,10 @@ called on the loop in order, ``sequence`` being the last frame covering the batc
 at once. ``store.request_cut(callback)`` has the writer, between two batches, call ``callback(sequence, [(path, fd,
 size), ...])`` with every replicated file (``replica.replicated_files``) held open for reading and its size: those
 bytes, then the frames after ``sequence``, rebuild the data dir even if files are renamed over or unlinked meanwhile;
-the callback owns the fds. On a follower ``replica.ReplicaWriter`` applies frames with group commit (one fdatasync
-per file per group) and reports the highest sequence durable; its data dir stays byte-identical to the leader's
-(all but ``.lock``, ``clean-shutdown``, ``cluster-state`` and ``quarantine/``), so promotion is ``recover()``.
+the callback owns the fds. On a follower ``replica.ReplicaWriter.apply(frames)`` applies a group of frames (one
+fdatasync per file per group, on the caller's thread) and returns the highest sequence durable; its data dir stays
+byte-identical to the leader's (all but ``.lock``, ``clean-shutdown``, ``cluster-state``, ``pages/`` and
+``quarantine/``), so promotion is ``recover()``.
 ``store.writer_progress()`` is ``time.monotonic()`` of the last batch the writer finished, to tell a stuck disk.
 
 Layout on disk (``data_dir``): ``messages/NNNNNNNNNN.seg`` segments of about 16 MiB, ``definitions.log``,

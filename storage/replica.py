@@ -21,22 +21,15 @@ node's own ``.lock``, ``cluster-state`` or ``quarantine/``):
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import os
-import queue
 import shutil
 import struct
-import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Final, TypeAlias
 
 from storage.lock import LOCK_FILE
 from storage.salvage import QUARANTINE_DIRECTORY
 from storage.segments import CLEAN_MARKER, SEGMENT_SUFFIX, fsync_directory, write_synced
-
-log = logging.getLogger(__name__)
 
 APPEND: Final = 1
 REPLACE: Final = 2
@@ -172,73 +165,28 @@ Frame: TypeAlias = tuple[int, list[Op]]  # (sequence, ops)
 
 
 class ReplicaWriter:
-    """Applies frames to a follower's data dir on its own thread, with group commit.
+    """Applies frames to a follower's data dir, on the caller's thread (the follower's stream), a group at a time.
 
-    ``submit`` (on the loop) queues a frame; the thread takes every frame waiting, applies them in order, fdatasyncs
-    each file written once and fsyncs each directory whose entries changed once, then posts ``applied(highest
-    sequence)`` to ``loop``. Before it removes or replaces anything it first syncs what the group wrote so far, as
-    the leader's writer does. The first error (OSError, a malformed op, an op that does not fit the files) posts
-    ``failed(text)`` once; every frame after it is refused. Files appended to stay open for the next group.
+    ``apply`` takes every frame that has arrived, applies them in order, fdatasyncs each file written once and fsyncs
+    each directory whose entries changed once (group commit), and returns the highest sequence, now durable. Before
+    it removes or replaces anything it first syncs what the group wrote so far, as the leader's writer does. The
+    first error (OSError, a malformed op, an op that does not fit the files) raises ReplicaError; every later call
+    is refused. Files appended to stay open for the next group.
     """
 
-    def __init__(self, data_dir: Path, applied: Callable[[int], None], failed: Callable[[str], None]) -> None:
+    def __init__(self, data_dir: Path) -> None:
         self._data_dir = Path(data_dir)
-        self._applied = applied  # posted with the highest sequence of each group once durable
-        self._failed = failed  # posted once, with the reason, when a frame cannot be applied
-        self.loop: asyncio.AbstractEventLoop | None = None  # where reports go (set before start)
-        self._inbox: queue.SimpleQueue[Frame | None] = queue.SimpleQueue()  # None: stop after what came before
         self._files: dict[str, int] = {}  # relative path -> fd open for appending (those the last group touched)
         self._unsynced: dict[str, int] = {}  # relative path -> its fd, written since the last fdatasync
         self._directories: set[Path] = set()  # directories whose entries changed since the last sync
         self.broken = False  # a frame failed: everything after it is refused
         self.groups = 0  # groups applied and synced
         self.fsyncs = 0  # fdatasync/fsync calls made
-        self._thread = threading.Thread(target=self._run, name="warren-replica-writer", daemon=True)
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def submit(self, sequence: int, ops: list[Op]) -> None:
-        """Queue a frame (sequences never decrease); ignored once the writer has failed."""
-        if not self.broken:
-            self._inbox.put((sequence, ops))
-
-    def stop(self, timeout: float = 60.0) -> bool:
-        """Apply what was submitted, close every file and end the thread; whether it ended within ``timeout``."""
-        if self._thread.ident is None:
-            return True
-        self._inbox.put(None)
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
-
-    # --- the thread -------------------------------------------------------------------------------------------
-    def _run(self) -> None:
-        try:
-            while True:
-                frames, stop = self._take_group()
-                if frames and not self.broken:
-                    self._apply_group(frames)
-                if stop:
-                    return
-        except BaseException as error:
-            self._fail(f"replica writer thread died: {error!r}")
-            raise
-        finally:
-            self._close_files()
-
-    def _take_group(self) -> tuple[list[Frame], bool]:
-        """Every frame waiting (waits for one at least), and whether stop() came after them."""
-        frames: list[Frame] = []
-        item = self._inbox.get()
-        while item is not None:
-            frames.append(item)
-            try:
-                item = self._inbox.get_nowait()
-            except queue.Empty:
-                return frames, False
-        return frames, True
-
-    def _apply_group(self, frames: list[Frame]) -> None:
+    def apply(self, frames: list[Frame]) -> int:
+        """Apply the frames (sequences never decrease) and make them durable; the highest sequence."""
+        if self.broken:
+            raise ReplicaError("an earlier frame could not be applied: nothing more is")
         sequence = frames[0][0]
         appended: set[str] = set()
         try:
@@ -248,26 +196,11 @@ class ReplicaWriter:
             self._sync()
             self._close_all_but(appended)
         except Exception as error:
-            self._fail(f"replica could not apply frame {sequence}: {error}")
-            return
+            self.broken = True
+            self.close()
+            raise ReplicaError(f"replica could not apply frame {sequence}: {error}") from error
         self.groups += 1
-        self._post(self._applied, sequence)
-
-    def _fail(self, text: str) -> None:
-        if self.broken:
-            return
-        self.broken = True
-        log.error("%s; refusing every later frame", text)
-        self._close_files()
-        self._post(self._failed, text)
-
-    def _post(self, function: Callable, *args: object) -> None:
-        if self.loop is None:
-            return
-        try:
-            self.loop.call_soon_threadsafe(function, *args)
-        except RuntimeError:  # the loop is closed: nobody is left to tell
-            pass
+        return sequence
 
     def _apply(self, op: Op, appended: set[str]) -> None:
         kind, path, data = op
@@ -349,7 +282,7 @@ class ReplicaWriter:
             self._directories.add(target.parent)
 
     def _reset(self) -> None:
-        self._close_files()
+        self.close()
         self._data_dir.mkdir(parents=True, exist_ok=True)
         for entry in self._data_dir.iterdir():
             if entry.name in KEPT_BY_RESET:
@@ -389,7 +322,7 @@ class ReplicaWriter:
         for path in [path for path in self._files if path not in kept]:
             self._close(path)
 
-    def _close_files(self) -> None:
+    def close(self) -> None:
         """Close every file (on failure or stop: errors closing are of no use to anyone then)."""
         for fd in self._files.values():
             try:

@@ -142,9 +142,9 @@ def test_a_follower_that_stops_acking_is_dropped_after_the_deadline(rig):
         rig.ack_timeout = 0.3
         await rig.lead()
         client = rig.follow("b")
-        muted = []
-        acknowledge = client._applied
-        client._applied = lambda sequence: None if muted else acknowledge(sequence)  # when muted, b acks nothing
+        muted = []  # once not empty, b applies frames but acks nothing
+        acknowledge = client._acknowledge
+        client._acknowledge = lambda stream, sequence: None if muted else acknowledge(stream, sequence)
         rig.follow("c")
         await rig.wait_isr(["a", "b", "c"])
         muted.append(True)

@@ -3,7 +3,6 @@ files, and the follower's writer applies frames with one sync per file per group
 
 from __future__ import annotations
 
-import asyncio
 import os
 import struct
 from pathlib import Path
@@ -104,34 +103,26 @@ def test_a_full_copy_leaves_out_the_nodes_own_files_and_rewrites_in_progress(tmp
 
 # --- the follower's writer ------------------------------------------------------------------------------------
 class Follower:
-    """A ReplicaWriter on the running loop, with what it reported."""
+    """A ReplicaWriter, with what each group reported: its durable sequence, or the failure."""
 
     def __init__(self, directory: Path) -> None:
         self.applied: list[int] = []
         self.failures: list[str] = []
-        self.writer = ReplicaWriter(directory, self.applied.append, self.failures.append)
-        self.writer.loop = asyncio.get_running_loop()
+        self.writer = ReplicaWriter(directory)
 
-    async def reported(self, count: int = 1) -> None:
-        for _ in range(1000):
-            if len(self.applied) + len(self.failures) >= count:
-                return
-            await asyncio.sleep(0.005)
-        raise AssertionError("the replica writer reported nothing")
+    def group(self, *frames: tuple[int, list[Op]]) -> None:
+        try:
+            self.applied.append(self.writer.apply(list(frames)))
+        except ReplicaError as error:
+            self.failures.append(str(error))
 
 
-def test_frames_waiting_together_are_applied_in_order_with_one_sync_per_file(tmp_path):
-    async def main() -> Follower:
-        follower = Follower(tmp_path)
-        follower.writer.submit(1, [(APPEND, "messages/0000000000.seg", b"abc"), (APPEND, "definitions.log", b"d")])
-        follower.writer.submit(2, [(APPEND, "messages/0000000000.seg", b"def"), truncate_op("definitions.log", 0)])
-        follower.writer.submit(3, [(APPEND, "streams/ab/0.seg", b"chunk"), (APPEND, "definitions.log", b"e")])
-        follower.writer.start()
-        await follower.reported()
-        assert follower.writer.stop()
-        return follower
-
-    follower = asyncio.run(main())
+def test_frames_arrived_together_are_applied_in_order_with_one_sync_per_file(tmp_path):
+    follower = Follower(tmp_path)
+    follower.group((1, [(APPEND, "messages/0000000000.seg", b"abc"), (APPEND, "definitions.log", b"d")]),
+                   (2, [(APPEND, "messages/0000000000.seg", b"def"), truncate_op("definitions.log", 0)]),
+                   (3, [(APPEND, "streams/ab/0.seg", b"chunk"), (APPEND, "definitions.log", b"e")]))
+    follower.writer.close()
     assert follower.applied == [3] and follower.failures == []
     assert (tmp_path / "messages/0000000000.seg").read_bytes() == b"abcdef"
     assert (tmp_path / "definitions.log").read_bytes() == b"e"
@@ -145,22 +136,13 @@ def test_replace_delete_rmtree_and_reset_leave_the_files_as_the_leader_has_them(
     for name, content in {**own, "stale/file": b"old", "format": b"1\n"}.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes(content)
-
-    async def main() -> Follower:
-        follower = Follower(tmp_path)
-        follower.writer.start()
-        follower.writer.submit(7, [(RESET, "", b""), (APPEND, "format", b"2\n"),
-                                   (APPEND, "messages/0000000003.seg", b"old"),
-                                   (APPEND, "messages/0000000004.seg", b"head"), (APPEND, "streams/ab/0.seg", b"s")])
-        await follower.reported(1)
-        follower.writer.submit(8, [(REPLACE, "messages/0000000003.seg", b"compacted"), (DELETE, "nothing-here", b""),
-                                   (APPEND, "messages/0000000004.seg", b"+more"), (RMTREE, "streams/ab", b""),
-                                   (RMTREE, "streams/never", b""), (DELETE, "messages/0000000004.seg", b"")])
-        await follower.reported(2)
-        assert follower.writer.stop()
-        return follower
-
-    follower = asyncio.run(main())
+    follower = Follower(tmp_path)
+    follower.group((7, [(RESET, "", b""), (APPEND, "format", b"2\n"), (APPEND, "messages/0000000003.seg", b"old"),
+                        (APPEND, "messages/0000000004.seg", b"head"), (APPEND, "streams/ab/0.seg", b"s")]))
+    follower.group((8, [(REPLACE, "messages/0000000003.seg", b"compacted"), (DELETE, "nothing-here", b""),
+                        (APPEND, "messages/0000000004.seg", b"+more"), (RMTREE, "streams/ab", b""),
+                        (RMTREE, "streams/never", b""), (DELETE, "messages/0000000004.seg", b"")]))
+    follower.writer.close()
     assert follower.applied == [7, 8] and follower.failures == []
     assert {path.as_posix(): (tmp_path / path).read_bytes() for path in replicated_files(tmp_path)} == {
         "format": b"2\n", "messages/0000000003.seg": b"compacted"}
@@ -169,71 +151,39 @@ def test_replace_delete_rmtree_and_reset_leave_the_files_as_the_leader_has_them(
     assert not (tmp_path / "stale").exists() and not (tmp_path / "messages/0000000003.compacting").exists()
 
 
-def test_the_first_error_is_reported_once_and_everything_after_it_is_refused(tmp_path):
-    async def main() -> Follower:
-        follower = Follower(tmp_path)
-        follower.writer.start()
-        follower.writer.submit(1, [(APPEND, "a.seg", b"12345")])
-        await follower.reported(1)
-        follower.writer.submit(2, [(APPEND, "a.seg", b"6"), truncate_op("a.seg", 100)])
-        follower.writer.submit(3, [(APPEND, "a.seg", b"7")])
-        await follower.reported(2)
-        follower.writer.submit(4, [(APPEND, "a.seg", b"8")])
-        assert follower.writer.stop()
-        return follower
-
-    follower = asyncio.run(main())
+def test_the_first_error_is_raised_and_everything_after_it_is_refused(tmp_path):
+    follower = Follower(tmp_path)
+    follower.group((1, [(APPEND, "a.seg", b"12345")]))
+    follower.group((2, [(APPEND, "a.seg", b"6"), truncate_op("a.seg", 100)]), (3, [(APPEND, "a.seg", b"7")]))
+    follower.group((4, [(APPEND, "a.seg", b"8")]))
     assert follower.applied == [1]
     assert follower.failures == ["replica could not apply frame 2: TRUNCATE of 'a.seg' to 100 bytes, but it holds "
-                                 "only 6"]
+                                 "only 6", "an earlier frame could not be applied: nothing more is"]
     assert (tmp_path / "a.seg").read_bytes() == b"123456"
     assert follower.writer.broken and follower.writer._files == {}
 
 
-def test_a_bad_op_handed_to_submit_fails_the_writer(tmp_path):
-    async def main() -> Follower:
-        follower = Follower(tmp_path / "data")
-        follower.writer.start()
-        follower.writer.submit(1, [(APPEND, "../escape", b"x")])
-        await follower.reported(1)
-        assert follower.writer.stop()
-        return follower
-
-    follower = asyncio.run(main())
+def test_a_bad_op_fails_the_writer(tmp_path):
+    follower = Follower(tmp_path / "data")
+    follower.group((1, [(APPEND, "../escape", b"x")]))
     assert follower.failures == ["replica could not apply frame 1: APPEND of '../escape': not a plain relative path "
                                  "inside the data dir"]
     assert not (tmp_path / "escape").exists()
 
 
 def test_a_truncate_of_a_file_the_follower_lacks_makes_it_empty_only_when_cut_to_nothing(tmp_path):
-    async def main() -> Follower:
-        follower = Follower(tmp_path)
-        follower.writer.start()
-        follower.writer.submit(1, [truncate_op("messages/0000000009.seg", 0)])
-        await follower.reported(1)
-        follower.writer.submit(2, [truncate_op("messages/0000000010.seg", 5)])
-        await follower.reported(2)
-        assert follower.writer.stop()
-        return follower
-
-    follower = asyncio.run(main())
+    follower = Follower(tmp_path)
+    follower.group((1, [truncate_op("messages/0000000009.seg", 0)]))
+    follower.group((2, [truncate_op("messages/0000000010.seg", 5)]))
     assert follower.applied == [1] and len(follower.failures) == 1
     assert (tmp_path / "messages/0000000009.seg").read_bytes() == b""
 
 
-def test_files_appended_to_stay_open_between_groups_and_stop_closes_them(tmp_path):
-    async def main() -> tuple[Follower, list[str]]:
-        follower = Follower(tmp_path)
-        follower.writer.start()
-        follower.writer.submit(1, [(APPEND, "a", b"1"), (APPEND, "b", b"1")])
-        await follower.reported(1)
-        follower.writer.submit(2, [(APPEND, "a", b"2")])
-        await follower.reported(2)
-        open_after_two = sorted(follower.writer._files)
-        assert follower.writer.stop()
-        return follower, open_after_two
-
-    follower, open_after_two = asyncio.run(main())
-    assert open_after_two == ["a"]
+def test_files_appended_to_stay_open_between_groups_and_close_closes_them(tmp_path):
+    follower = Follower(tmp_path)
+    follower.group((1, [(APPEND, "a", b"1"), (APPEND, "b", b"1")]))
+    follower.group((2, [(APPEND, "a", b"2")]))
+    assert sorted(follower.writer._files) == ["a"]
+    follower.writer.close()
     assert follower.writer._files == {}
     assert sorted(os.listdir(tmp_path)) == ["a", "b"]

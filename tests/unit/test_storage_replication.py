@@ -69,24 +69,12 @@ def copy_ops(held: Held) -> list[Op]:
 
 
 def replay(directory: Path, frames: list[tuple[int, list[Op]]]) -> None:
-    """Apply the frames to directory with a ReplicaWriter; fails on any error it reports."""
-
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        done = loop.create_future()
-        last = frames[-1][0]
-        writer = ReplicaWriter(directory, lambda sequence: sequence == last and done.set_result(None),
-                               lambda text: done.set_exception(AssertionError(text)))
-        writer.loop = loop
-        writer.start()
-        for sequence, ops in frames:
-            writer.submit(sequence, ops)
-        try:
-            await asyncio.wait_for(done, 30)
-        finally:
-            assert writer.stop()
-
-    asyncio.run(main())
+    """Apply the frames to directory with a ReplicaWriter, as one group."""
+    writer = ReplicaWriter(directory)
+    try:
+        assert writer.apply(frames) == frames[-1][0]
+    finally:
+        writer.close()
 
 
 def follow(directory: Path, leader: Leader, cut: tuple[int, Held]) -> None:
