@@ -273,11 +273,10 @@ class MemoryEtcd:
         self._changed = asyncio.Event()
 
 
-class MemoryCoordinator:
-    """A Coordinator on a MemoryEtcd, for unit tests: the same answers as EtcdCoordinator, without a server."""
+class LeaseHolder:
+    """What every coordinator keeps of its node: its keys, its id, and its lease with the proof it is alive."""
 
-    def __init__(self, etcd: MemoryEtcd, prefix: str, node_id: str, lease_ttl: float):
-        self.etcd = etcd  # shared with the other nodes' coordinators
+    def __init__(self, prefix: str, node_id: str, lease_ttl: float) -> None:
         self.keys = Keys(prefix)
         self.node_id = node_id
         self.lease_ttl = lease_ttl
@@ -291,6 +290,14 @@ class MemoryCoordinator:
     @property
     def lease_alive(self) -> bool:
         return self._proof.alive
+
+
+class MemoryCoordinator(LeaseHolder):
+    """A Coordinator on a MemoryEtcd, for unit tests: the same answers as EtcdCoordinator, without a server."""
+
+    def __init__(self, etcd: MemoryEtcd, prefix: str, node_id: str, lease_ttl: float):
+        super().__init__(prefix, node_id, lease_ttl)
+        self.etcd = etcd  # shared with the other nodes' coordinators
 
     async def start(self) -> None:
         self.etcd.check()

@@ -20,10 +20,9 @@ from aetcd import rpc, transactions
 from cluster.coordinator import (
     CoordinatorError,
     CoordinatorUnavailable,
-    Keys,
     Leader,
     LeaseExpired,
-    LeaseProof,
+    LeaseHolder,
     Member,
     isr_from_json,
     new_secret,
@@ -49,7 +48,7 @@ class _LeaseIs(transactions.BaseCompare):
         compare.lease = int(self.value)
 
 
-class EtcdCoordinator:
+class EtcdCoordinator(LeaseHolder):
     """A Coordinator on etcd. endpoints are etcd's client addresses as "host:port"; when the one in use stops
     answering, the next request goes to the next one."""
 
@@ -57,24 +56,12 @@ class EtcdCoordinator:
                  call_timeout: float | None = None):
         if not endpoints:
             raise ValueError("no etcd endpoint given")
+        super().__init__(prefix, node_id, lease_ttl)
         self.endpoints = list(endpoints)
-        self.keys = Keys(prefix)
-        self.node_id = node_id
-        self.lease_ttl = lease_ttl
         self.call_timeout = call_timeout or lease_ttl / 3  # the longest any one request to etcd may take
         self._endpoint = 0  # index in endpoints of the one the client talks to
         self._client = self._new_client()
         self._closed = False  # close() closed the client: start() makes a new one
-        self._lease_id = 0  # granted by start()
-        self._proof = LeaseProof()
-
-    @property
-    def lease_id(self) -> int:
-        return self._lease_id
-
-    @property
-    def lease_alive(self) -> bool:
-        return self._proof.alive
 
     async def start(self) -> None:
         """Grant the lease, trying each endpoint once (after close(), on a new client)."""

@@ -73,8 +73,9 @@ class ClusterNode:
         life.cancel()
         stopping.cancel()
         await self.coordinator.close()
-        if life.done() and not life.cancelled() and life.exception() is not None:
-            raise life.exception()  # the process exits with the error, so that a supervisor restarts it
+        error = life.exception() if life.done() and not life.cancelled() else None
+        if error is not None:
+            raise error  # the process exits with the error, so that a supervisor restarts it
 
     async def _live(self) -> None:
         await self._join_cluster()
