@@ -272,6 +272,7 @@ class ClusterNode:
         finally:
             self.role = "starting"
             watcher.cancel()
+            client.stop()  # its thread's blocking read returns (a process cannot end while it waits)
             await forwarder.stop()
             lock.release()
 

@@ -319,6 +319,8 @@ class BenchConnection(asyncio.Protocol):
 
     async def send(self, data: bytes) -> None:
         """Write pre-built frames; waits while the broker does not keep up, else yields once to let reads run."""
+        if self.transport.is_closing():  # uvloop refuses a write to a closed transport with a RuntimeError
+            raise BrokerClosed("connection lost while publishing")
         self.transport.write(data)
         if self._writable.is_set():
             await asyncio.sleep(0)
