@@ -39,6 +39,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def listening(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something accepts TCP connections on host:port now."""
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
 def wait_for_port(host: str, port: int, process: subprocess.Popen | None, timeout: float = 15.0) -> None:
     """Block until something accepts TCP connections on host:port (or the process dies)."""
     deadline = time.monotonic() + timeout

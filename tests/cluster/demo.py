@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import select
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 from broker.config import Config
 from tests.cluster.etcd import NO_ETCD_REASON, EtcdServer, find_etcd
 from tests.cluster.nodes import Node, Observer, wait_for
+from tests.conftest import listening
 
 CLUSTER = "demo"
 NAMES = ("a", "b", "c")
@@ -63,14 +63,6 @@ def start_etcd(root: Path, port: int) -> EtcdServer:
         raise SystemExit(f"cluster-demo: etcd did not start on 127.0.0.1:{port} and :{port + 1} (taken? see "
                          f"{etcd.log_path}, or choose --etcd-port)") from None
     return etcd
-
-
-def listening(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 def describe(observer: Observer) -> str:

@@ -75,6 +75,22 @@ def check_nothing_lost(cluster: Cluster, result: dict, rounds: int = 1) -> objec
     return report
 
 
+def finish(cluster: Cluster, publisher, tmp_path, rounds: int = 1) -> tuple[dict, object]:
+    """Stop the publisher, then check every id it saw confirmed is read back; its result and the check's report."""
+    (tmp_path / "stop-publishing").touch()
+    result = publisher.wait(timeout=30)
+    return result, check_nothing_lost(cluster, result, rounds)
+
+
+def confirms_go_on_without(cluster: Cluster, publisher, follower, since: float) -> None:
+    """Confirms resume at most ack_timeout + 1 s after ``since`` (time.time()), the ISR in etcd without
+    ``follower``."""
+    publisher.wait_confirmed(confirmed_since(publisher, since) + 2 * WINDOW, timeout=10)
+    stall = time.time() - since
+    assert follower.name not in cluster.observer.isr()
+    assert stall <= ACK_TIMEOUT + 1.0 + PROGRESS_PERIOD, f"confirms stalled {stall:.2f} s"
+
+
 def first_confirm_after(result: dict, moment: float) -> float:
     """Seconds from ``moment`` (time.time()) to the first confirm after the connection loss that followed it."""
     losses = [loss for loss in result["losses"] if loss["at"] >= moment - 0.05 and loss["gap"] is not None]
@@ -100,14 +116,12 @@ def test_kill_9_of_the_leader_loses_no_confirmed_message(cluster, tmp_path, body
         leader.start()
         new_leader = cluster.ready(timeout=30)
         assert new_leader is not leader
-    (tmp_path / "stop-publishing").touch()
-    result = publisher.wait(timeout=30)
+    result, report = finish(cluster, publisher, tmp_path, rounds=5)
+    print(f"{result['confirmed_count']} confirmed, {report.duplicates} duplicates over 5 rounds")
     failovers = [first_confirm_after(result, moment) for moment in kills]
     print(f"failover after kill -9 ({body_size} B): p50 {statistics.median(failovers):.2f} s, "
           f"max {max(failovers):.2f} s, all {[round(f, 2) for f in failovers]}")
     assert max(failovers) <= FAILOVER_LIMIT
-    report = check_nothing_lost(cluster, result, rounds=5)
-    print(f"{result['confirmed_count']} confirmed, {report.duplicates} duplicates over 5 rounds")
 
 
 def test_kill_9_of_a_follower_stalls_confirms_briefly_and_it_rejoins(cluster, tmp_path):
@@ -117,15 +131,10 @@ def test_kill_9_of_a_follower_stalls_confirms_briefly_and_it_rejoins(cluster, tm
     follower = cluster.followers()[0]
     killed_at = time.time()
     follower.kill()
-    count = confirmed_since(publisher, killed_at)
-    publisher.wait_confirmed(count + 2 * WINDOW, timeout=10)
-    stall = time.time() - killed_at
-    assert follower.name not in cluster.observer.isr()
-    assert stall <= ACK_TIMEOUT + 1.0 + PROGRESS_PERIOD, f"confirms stalled {stall:.2f} s"
+    confirms_go_on_without(cluster, publisher, follower, killed_at)
     follower.start()
     cluster.ready()
-    (tmp_path / "stop-publishing").touch()
-    check_nothing_lost(cluster, publisher.wait(timeout=30))
+    finish(cluster, publisher, tmp_path)
 
 
 def test_a_stopped_follower_is_dropped_after_the_ack_deadline(cluster, tmp_path):
@@ -136,15 +145,11 @@ def test_a_stopped_follower_is_dropped_after_the_ack_deadline(cluster, tmp_path)
     stopped_at = time.time()
     follower.signal(signal.SIGSTOP)
     try:
-        publisher.wait_confirmed(confirmed_since(publisher, stopped_at) + 2 * WINDOW, timeout=10)
-        stall = time.time() - stopped_at
-        assert follower.name not in cluster.observer.isr()
-        assert stall <= ACK_TIMEOUT + 1.0 + PROGRESS_PERIOD, f"confirms stalled {stall:.2f} s"
+        confirms_go_on_without(cluster, publisher, follower, stopped_at)
     finally:
         follower.signal(signal.SIGCONT)
     cluster.ready()
-    (tmp_path / "stop-publishing").touch()
-    check_nothing_lost(cluster, publisher.wait(timeout=30))
+    finish(cluster, publisher, tmp_path)
 
 
 def test_no_confirm_without_min_insync_copies(cluster, tmp_path):
@@ -165,8 +170,7 @@ def test_no_confirm_without_min_insync_copies(cluster, tmp_path):
     assert time.monotonic() - returned_at <= 5.0 + PROGRESS_PERIOD
     followers[1].start()
     cluster.ready()
-    (tmp_path / "stop-publishing").touch()
-    check_nothing_lost(cluster, publisher.wait(timeout=30))
+    finish(cluster, publisher, tmp_path)
 
 
 def test_a_paused_leader_is_replaced_and_confirms_nothing_after(cluster, tmp_path):
@@ -205,8 +209,7 @@ def test_a_paused_leader_is_replaced_and_confirms_nothing_after(cluster, tmp_pat
     assert "confirmed" not in outcome, "the deposed leader confirmed a publish after it resumed"
     assert time.monotonic() - resumed <= LEASE_TTL + PROGRESS_PERIOD
     cluster.ready()
-    (tmp_path / "stop-publishing").touch()
-    check_nothing_lost(cluster, publisher.wait(timeout=30))
+    finish(cluster, publisher, tmp_path)
 
 
 def test_etcd_outage_stops_the_leader_until_etcd_returns(tmp_path, own_etcd):
@@ -228,8 +231,7 @@ def test_etcd_outage_stops_the_leader_until_etcd_returns(tmp_path, own_etcd):
         own_etcd.restart()
         publisher.wait_confirmed(publisher.confirmed + 1000, timeout=20)
         cluster.ready()
-        (tmp_path / "stop-publishing").touch()
-        check_nothing_lost(cluster, publisher.wait(timeout=30))
+        finish(cluster, publisher, tmp_path)
     except BaseException:
         print(cluster.logs())
         raise

@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,7 +20,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from tests.conftest import REPO_ROOT, wait_for_port
+from tests.conftest import REPO_ROOT, listening, wait_for_port
 from tests.integration.helpers import EVENT_TIMEOUT, channel_error, get, wait_for_message_count
 from tests.integration.management import quote, request
 
@@ -274,14 +273,6 @@ class Reference:
     def __init__(self, port: int):
         self.host, self.port = "127.0.0.1", port
         self.management_url = f"http://127.0.0.1:{port + 10000}"
-
-
-def listening(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ stops serving at once and campaigns again with a new epoch."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from broker.config import load_config
 from cluster.coordinator import MemoryCoordinator, MemoryEtcd
 from cluster.node import ClusterNode
 from storage import writer as writer_module
-from tests.conftest import free_port
+from tests.conftest import free_port, listening
 
 TTL = 1.0
 TIMEOUT = 10.0
@@ -28,14 +27,6 @@ def make_node(root: Path, etcd: MemoryEtcd, name: str = "n1") -> ClusterNode:
         "cluster_replication_port": free_port(), "cluster_lease_ttl": TTL, "cluster_ack_timeout": 1.0,
         "cluster_min_insync": 1})
     return ClusterNode(config, MemoryCoordinator(etcd, "/warren/test", name, TTL))
-
-
-def serves(node: ClusterNode) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", node.config.port), timeout=0.2):
-            return True
-    except OSError:
-        return False
 
 
 async def until(condition, what: str) -> None:
@@ -72,10 +63,10 @@ def test_the_node_of_a_fresh_cluster_leads_and_serves(tmp_path):
         etcd = MemoryEtcd()
         running = Running(make_node(tmp_path, etcd))
         await until(lambda: running.node.role == "leader" and running.node.server is not None, "leading")
-        assert serves(running.node)
+        assert listening(running.node.config.port)
         assert await MemoryCoordinator(etcd, "/warren/test", "x", TTL).isr() == ["n1"]
         await running.close()
-        assert not serves(running.node)
+        assert not listening(running.node.config.port)
     asyncio.run(main())
 
 
