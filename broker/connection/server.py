@@ -103,6 +103,7 @@ class Server:
         self.started_at = time.time()  # wall-clock seconds the broker was made
         self.recovery_report: dict = {}  # what the store recovered at start (storage.recovery's report)
         self.recovery_seconds = 0.0  # from reading the store to every queue rebuilt, at start
+        self.serving = False  # from the end of start() until stop() begins: the management API answers 503 outside
 
     # --- resource alarms ------------------------------------------------------------------------------------
     def _set_alarm(self, resource: str, active: bool) -> None:
@@ -152,6 +153,7 @@ class Server:
                 await listener.start_serving()
                 host, port = listener.sockets[0].getsockname()[:2]
                 log.info("Warren %s listening on %s:%d%s", self.version, host, port, what)
+        self.serving = True
 
     async def _listen(self, port: int, tls: ssl.SSLContext | None = None) -> asyncio.base_events.Server:
         host = self.config.host
@@ -233,6 +235,7 @@ class Server:
     async def stop(self, grace: float = SHUTDOWN_GRACE) -> None:
         """Stop accepting, send every client connection.close 320 CONNECTION_FORCED, wait at most ``grace`` seconds
         for them to go (a cluster leader that lost its lease gives none)."""
+        self.serving = False
         for listener in (self.listener, self.tls_listener):
             if listener is not None:
                 listener.close()
