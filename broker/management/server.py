@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import logging
 import ssl
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
+from broker.connection.peer_log import PeerLog
 from broker.connection.server import StartupError, reason_of
 from broker.management.app import make_app
 from broker.management.prometheus import make_prometheus_app
@@ -17,6 +19,7 @@ if TYPE_CHECKING:
     from broker.connection.server import Server
 
 log = logging.getLogger(__name__)
+peer_log = PeerLog(log)  # lines about requests that are not HTTP, so that no client can flood the log
 
 
 class ManagementServer:
@@ -29,24 +32,45 @@ class ManagementServer:
         await self.runner.cleanup()
 
 
+class RequestErrorLog(logging.LoggerAdapter):
+    """aiohttp's server log, where a request that is not HTTP (a probe, TLS sent to the plain port, a header line
+    without a colon) takes one line about its peer instead of a traceback; an error of a view keeps its traceback."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.getLogger("aiohttp.server"), {})
+
+    def log(self, level: int, msg: Any, *args: Any, exc_info: Any = None, **kwargs: Any) -> None:
+        if not isinstance(exc_info, HttpProcessingError):
+            super().log(level, msg, *args, exc_info=exc_info, **kwargs)
+            return
+        peer = str(args[0]) if args else "an unknown address"  # aiohttp's lines end "... from %s", request.remote
+        reason = " ".join(exc_info.message.split())
+        if level <= logging.DEBUG:  # aiohttp's level for non-HTTP bytes on a connection's first request
+            log.debug("malformed HTTP request from %s: %.200s", peer, reason)
+        else:
+            peer_log.warning(peer, "malformed HTTP request from %s: %.200s", peer, reason)
+
+
 async def start_management(server: "Server") -> ManagementServer:
     """Listen on the configured management host and port (StartupError when that fails)."""
     config = server.config
     tls = server.tls_context if config.management_tls else None  # HTTPS with the amqps listener's certificate
-    return await _listen(make_app(server), config.management_host, config.management_port,
-                         "management API" + (" (HTTPS)" if tls is not None else ""), tls)
+    return await listen(make_app(server), config.management_host, config.management_port,
+                        "management API" + (" (HTTPS)" if tls is not None else ""), tls)
 
 
 async def start_prometheus(server: "Server") -> ManagementServer:
     """Listen on the configured Prometheus host and port (StartupError when that fails)."""
     config = server.config
-    return await _listen(make_prometheus_app(server), config.prometheus_host, config.prometheus_port,
-                         "Prometheus metrics")
+    return await listen(make_prometheus_app(server), config.prometheus_host, config.prometheus_port,
+                        "Prometheus metrics")
 
 
-async def _listen(app: web.Application, host: str, port: int, what: str,
-                  tls: ssl.SSLContext | None = None) -> ManagementServer:
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+async def listen(app: web.Application, host: str, port: int, what: str,
+                 tls: ssl.SSLContext | None = None) -> ManagementServer:
+    """Serve app on host:port (0 picks a free port), over HTTPS with tls; StartupError naming what when the port
+    cannot be had."""
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, logger=RequestErrorLog())
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=tls)
     try:
