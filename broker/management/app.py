@@ -1,4 +1,5 @@
-"""The management API application: authentication, RabbitMQ-shaped errors, and the routes of every view."""
+"""The management API application: a 503 while the broker does not serve, authentication, RabbitMQ-shaped errors,
+and the routes of every view."""
 
 from __future__ import annotations
 
@@ -28,6 +29,26 @@ CONSOLE = Path(__file__).parent / "console"  # the web console's static files (n
 
 VIEWS = (overview, nodes, vhosts, users, permissions, policies, exchanges, queues, bindings, connections,
          definitions, health)
+HEALTH_CHECKS = "/api/health/checks/"  # the paths whose failures take RabbitMQ's health-check shape
+NOT_SERVING = "the broker on this node is not serving: it is starting or stopping"  # the reason of a 503 meanwhile
+
+
+def unavailable(path: str, reason: str) -> web.Response:
+    """503 as RabbitMQ's API gives it: a failed check ({"status": "failed", "reason": ...}) for a health check,
+    {"error": "service_unavailable", "reason": ...} for any other path."""
+    if path.startswith(HEALTH_CHECKS):
+        return health.failed(reason)
+    return http.error_response(503, "service_unavailable", reason)
+
+
+@web.middleware
+async def while_serving(request: web.Request, handler):
+    """Until the broker serves and once it stops (a cluster leader stepping down), /api/ answers 503: the views read
+    listeners and a store that are not there then. The console's static files are still served, as they read nothing
+    of the broker: a console already open shows the 503's reason instead of losing its page."""
+    if request.path.startswith("/api/") and not http.server_of(request).serving:
+        return unavailable(request.path, NOT_SERVING)
+    return await handler(request)
 
 
 @web.middleware
@@ -61,7 +82,7 @@ async def rabbitmq_errors(request: web.Request, handler):
 
 
 def make_app(server: "Server") -> web.Application:
-    app = web.Application(middlewares=[rabbitmq_errors, authenticated], client_max_size=http.MAX_BODY)
+    app = web.Application(middlewares=[while_serving, rabbitmq_errors, authenticated], client_max_size=http.MAX_BODY)
     app[http.SERVER] = server
     app[http.STARTED] = time.monotonic()
     rates = app[http.RATES] = Rates(server, server.config.management_collect_statistics_interval)
