@@ -26,6 +26,7 @@ from broker.model.node import Node
 from broker.session.assembly import BodiesInAssembly
 from storage.format import UnsupportedFormat
 from storage.pages import PageStore
+from storage.recovery import Recovered
 from storage.store import DataDirLocked, MessageStore
 
 log = logging.getLogger(__name__)
@@ -145,7 +146,7 @@ class Server:
         self.listener = await self._listen(config.port)
         if self.tls_context is not None:
             self.tls_listener = await self._listen(config.tls_port, self.tls_context)
-        self._recover()
+        await self._recover()
         release_freed_memory()
         self.memory_alarm.start()
         for listener, what in ((self.tls_listener, " (AMQP over TLS)"), (self.listener, "")):
@@ -164,14 +165,16 @@ class Server:
         except OSError as error:
             raise StartupError(f"cannot listen on {host}:{port}: {reason_of(error)}") from error
 
-    def _recover(self) -> None:
-        prepare_data_dir(self.data_dir)
+    async def _recover(self) -> None:
+        """Read the store back on a thread of its own, so that the loop goes on meanwhile (a cluster leader keeps its
+        lease alive and its followers hear from it however long the store's records take to read), then rebuild
+        the model on the loop (queues arm their timers there)."""
         # Recovery makes millions of long-lived objects at once: collecting meanwhile only walks them again and
         # again, and once frozen they stay out of every later full collection.
         gc.disable()
         started = time.perf_counter()
         try:
-            recovered = self.store.recover()  # takes the data dir's lock first
+            recovered = await asyncio.get_running_loop().run_in_executor(None, self._recover_store)
             self.recovery_report = recovered.report
             self.paging.store.start()
             self.node.restore_definitions(recovered.vhosts, recovered.users, recovered.permissions)
@@ -183,11 +186,18 @@ class Server:
             self.recovery_seconds = time.perf_counter() - started
         except OSError as error:
             raise data_dir_error(self.data_dir, error) from error
-        except (DataDirLocked, UnsupportedFormat) as refusal:  # their text is meant for the operator as it is
-            raise StartupError(str(refusal)) from refusal
         finally:
             gc.freeze()
             gc.enable()
+
+    def _recover_store(self) -> Recovered:
+        prepare_data_dir(self.data_dir)
+        try:
+            return self.store.recover()  # takes the data dir's lock first
+        except OSError as error:
+            raise data_dir_error(self.data_dir, error) from error
+        except (DataDirLocked, UnsupportedFormat) as refusal:  # their text is meant for the operator as it is
+            raise StartupError(str(refusal)) from refusal
 
     def _boot_definitions(self) -> dict:
         """What every start applies once recovery is done: the load_definitions file's definitions, then the
