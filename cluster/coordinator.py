@@ -2,7 +2,8 @@
 
 Every key lives under a cluster's prefix:
   {prefix}/leader          the leader's Member as JSON, bound to its lease; its create_revision is the epoch
-  {prefix}/isr             the in-sync replica set, a JSON list of node ids, written only by the leader (fenced)
+  {prefix}/isr             the in-sync replica set: {"epoch": E, "replicas": [{"node", "dir", "acked"}, ...]} as
+                           JSON, written only by the leader of epoch E (fenced); a replica is a node's data dir
   {prefix}/members/{id}    each node's Member as JSON, bound to that node's lease
   {prefix}/secret          the replication secret, written once by whichever node comes first
 
@@ -35,13 +36,17 @@ class LeaseExpired(CoordinatorError):
 
 @dataclass(frozen=True)
 class Member:
-    """A node's addresses, as clients and the other nodes reach it."""
+    """A node's addresses, as clients and the other nodes reach it, and whether it has lost its leader."""
 
     node_id: str
     amqp_host: str
     amqp_port: int
     replication_host: str
     replication_port: int
+    dir: str = ""  # the identity of its data dir (cluster.state)
+    # the epoch of the leader this node follows but has not heard from for a while (0: none): a leader that
+    # cannot keep min_insync copies steps aside for such a node, which etcd still hears and may hold everything
+    lost_leader: int = 0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -53,20 +58,41 @@ class Member:
         except (ValueError, TypeError) as error:
             raise CoordinatorError(f"a member or leader key in etcd holds no member: {error}") from None
         if not (isinstance(member.node_id, str) and type(member.amqp_port) is int
-                and type(member.replication_port) is int):
+                and type(member.replication_port) is int and isinstance(member.dir, str)
+                and type(member.lost_leader) is int):
             raise CoordinatorError(f"a member or leader key in etcd holds a malformed member: {text!r:.200}")
         return member
 
 
-def isr_from_json(text: str | bytes) -> list[str]:
-    """The ISR key's value: a JSON list of node ids, or CoordinatorError naming what is wrong."""
+@dataclass(frozen=True)
+class Replica:
+    """One copy of the data the ISR vouches for: a node's data dir, named by the identity made with it (a node that
+    comes back with a new or wiped data dir is another replica, never in the ISR until it has caught up)."""
+
+    node: str  # the node id
+    dir: str  # the data dir's identity (cluster-state's "dir"), made once when the data dir was made
+    acked: int = -1  # the highest sequence of the ISR's epoch it had acked when the ISR was written (-1: none yet)
+
+    def same_copy(self, other: Replica) -> bool:
+        return self.node == other.node and self.dir == other.dir
+
+
+def isr_to_json(epoch: int, replicas: list[Replica]) -> str:
+    return json.dumps({"epoch": epoch, "replicas": [asdict(replica) for replica in replicas]}, separators=(",", ":"))
+
+
+def isr_from_json(text: str | bytes) -> list[Replica]:
+    """The ISR key's replicas, or CoordinatorError naming what is wrong."""
     try:
         isr = json.loads(text)
-    except ValueError as error:
+    except (ValueError, RecursionError) as error:
         raise CoordinatorError(f"the ISR key in etcd is not JSON: {error}") from None
-    if not isinstance(isr, list) or not all(isinstance(node, str) for node in isr):
-        raise CoordinatorError(f"the ISR key in etcd is not a list of node ids: {text!r:.200}")
-    return isr
+    entries = isr.get("replicas") if isinstance(isr, dict) else None
+    if not isinstance(entries, list) or not all(
+            isinstance(entry, dict) and isinstance(entry.get("node"), str) and isinstance(entry.get("dir"), str)
+            and type(entry.get("acked", -1)) is int for entry in entries):
+        raise CoordinatorError(f"the ISR key in etcd holds no list of replicas (node, dir, acked): {text!r:.200}")
+    return [Replica(entry["node"], entry["dir"], entry.get("acked", -1)) for entry in entries]
 
 
 class Leader(NamedTuple):
@@ -154,12 +180,18 @@ class Coordinator(Protocol):
         """Return once the leader key's epoch differs from epoch (the key deleted, or created anew; with None: once
         somebody leads), or when timeout seconds have passed. Rides out etcd being unreachable meanwhile."""
 
-    async def isr(self) -> list[str] | None:
+    async def replicas(self) -> list[Replica] | None:
         """The in-sync replica set; None when none was ever written (a fresh cluster)."""
 
-    async def set_isr(self, members: list[str], epoch: int) -> bool:
+    async def isr(self) -> list[str] | None:
+        """The node ids of the in-sync replica set (for logs and observers); None as replicas()."""
+
+    async def set_isr(self, replicas: list[Replica], epoch: int) -> bool:
         """Write the in-sync replica set, but only while this node holds the leader key of that epoch with its
         lease. False when it does not (stale: the caller stops leading)."""
+
+    async def force_isr(self, replicas: list[Replica]) -> bool:
+        """An operator's unclean election: write the ISR while nobody leads (False if somebody does)."""
 
     async def secret(self) -> str:
         """The cluster's shared replication secret, created by whichever node asks first."""
@@ -291,6 +323,13 @@ class LeaseHolder:
     def lease_alive(self) -> bool:
         return self._proof.alive
 
+    async def replicas(self) -> list[Replica] | None:
+        raise NotImplementedError
+
+    async def isr(self) -> list[str] | None:
+        replicas = await self.replicas()
+        return None if replicas is None else [replica.node for replica in replicas]
+
 
 class MemoryCoordinator(LeaseHolder):
     """A Coordinator on a MemoryEtcd, for unit tests: the same answers as EtcdCoordinator, without a server."""
@@ -343,17 +382,24 @@ class MemoryCoordinator(LeaseHolder):
                 return
             await self.etcd.wait_change(remaining)
 
-    async def isr(self) -> list[str] | None:
+    async def replicas(self) -> list[Replica] | None:
         self.etcd.check()
         entry = self.etcd.get(self.keys.isr)
         return isr_from_json(entry.value) if entry else None
 
-    async def set_isr(self, members: list[str], epoch: int) -> bool:
+    async def set_isr(self, replicas: list[Replica], epoch: int) -> bool:
         self.etcd.check()
         held = self.etcd.get(self.keys.leader)
         if held is None or held.create_revision != epoch or held.lease != self._lease_id:
             return False
-        self.etcd.put(self.keys.isr, json.dumps(members))
+        self.etcd.put(self.keys.isr, isr_to_json(epoch, replicas))
+        return True
+
+    async def force_isr(self, replicas: list[Replica]) -> bool:
+        self.etcd.check()
+        if self.etcd.get(self.keys.leader) is not None:
+            return False
+        self.etcd.put(self.keys.isr, isr_to_json(0, replicas))
         return True
 
     async def secret(self) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import math
 import time
 from typing import Any, Awaitable, Callable, TypeVar
@@ -24,7 +23,9 @@ from cluster.coordinator import (
     LeaseExpired,
     LeaseHolder,
     Member,
+    Replica,
     isr_from_json,
+    isr_to_json,
     new_secret,
 )
 
@@ -64,7 +65,8 @@ class EtcdCoordinator(LeaseHolder):
         self._closed = False  # close() closed the client: start() makes a new one
 
     async def start(self) -> None:
-        """Grant the lease, trying each endpoint once (after close(), on a new client)."""
+        """Grant the lease, trying each endpoint once, on a new client after close() or a failed start (a client
+        whose connection attempts failed waits out gRPC's back-off before it tries again)."""
         if self._closed:
             self._client = self._new_client()
             self._closed = False
@@ -74,6 +76,8 @@ class EtcdCoordinator(LeaseHolder):
                 return
             except CoordinatorUnavailable:
                 if attempt == len(self.endpoints) - 1:
+                    self._closed = True
+                    await self._close_client(self._client)
                     raise
 
     async def refresh(self) -> bool:
@@ -125,18 +129,27 @@ class EtcdCoordinator(LeaseHolder):
             except CoordinatorUnavailable:
                 await asyncio.sleep(min(_WATCH_RETRY_DELAY, max(deadline - time.monotonic(), 0.0)))
 
-    async def isr(self) -> list[str] | None:
+    async def replicas(self) -> list[Replica] | None:
         found = await self._call(lambda client: client.get(self.keys.isr.encode()))
         return isr_from_json(found.value) if found else None
 
-    async def set_isr(self, members: list[str], epoch: int) -> bool:
+    async def set_isr(self, replicas: list[Replica], epoch: int) -> bool:
         leader = self.keys.leader.encode()
         fenced, _ = await self._call(lambda client: client.transaction(
             compare=[client.transactions.create(leader) == epoch, _LeaseIs(leader) == self._lease_id],
-            success=[client.transactions.put(self.keys.isr.encode(), json.dumps(members).encode())],
+            success=[client.transactions.put(self.keys.isr.encode(), isr_to_json(epoch, replicas).encode())],
             failure=[],
         ))
         return fenced
+
+    async def force_isr(self, replicas: list[Replica]) -> bool:
+        leader = self.keys.leader.encode()
+        written, _ = await self._call(lambda client: client.transaction(
+            compare=[client.transactions.create(leader) == 0],
+            success=[client.transactions.put(self.keys.isr.encode(), isr_to_json(0, replicas).encode())],
+            failure=[],
+        ))
+        return written
 
     async def secret(self) -> str:
         key = self.keys.secret.encode()

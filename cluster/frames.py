@@ -2,7 +2,9 @@
 
 Every message is ``[kind u8][length u32][crc32 u32 of the payload][payload]``. A follower opens with HELLO; the
 leader then sends FRAMEs (the store writer's batches, ``storage.replica`` ops) and the follower answers ACKs of the
-highest sequence it has made durable. REFUSE says why one side is closing. A message whose checksum does not match,
+highest sequence it has made durable. A leader with nothing else to send sends a HEARTBEAT, which the follower
+answers with one, so that either side notices a silent link (a cut, a dropped peer) within the ack timeout rather
+than when TCP gives up. REFUSE says why one side is closing. A message whose checksum does not match,
 whose kind is unknown or whose length is out of bounds raises ``FrameError``: the reader stops there and the stream
 is closed, so a torn or corrupt frame is never applied, not even in part.
 """
@@ -15,11 +17,12 @@ import zlib
 from dataclasses import dataclass
 from typing import Final
 
-HELLO: Final = 1  # follower -> leader: {"node", "secret", "epoch"} as JSON
+HELLO: Final = 1  # follower -> leader: {"node", "dir", "secret", "epoch"} as JSON
 FRAME: Final = 2  # leader -> follower: epoch, sequence, ops
 ACK: Final = 3  # follower -> leader: the highest sequence on its disk
 REFUSE: Final = 4  # either way: why the sender closes the stream (UTF-8 text)
-KINDS: Final = (HELLO, FRAME, ACK, REFUSE)
+HEARTBEAT: Final = 5  # either way, empty: the link is alive (the leader's when idle, the follower's in answer)
+KINDS: Final = (HELLO, FRAME, ACK, REFUSE, HEARTBEAT)
 
 HEADER: Final = struct.Struct(">BII")
 FRAME_HEAD: Final = struct.Struct(">qq")  # epoch, sequence (-1 for the files of a join before its cut)
@@ -40,8 +43,11 @@ def encode_frame(epoch: int, sequence: int, ops: bytes) -> bytes:
     return encode(FRAME, FRAME_HEAD.pack(epoch, sequence) + ops)
 
 
-def encode_hello(node: str, secret: str, epoch: int) -> bytes:
-    return encode(HELLO, json.dumps({"node": node, "secret": secret, "epoch": epoch}).encode())
+def encode_hello(node: str, dir: str, secret: str, epoch: int) -> bytes:
+    return encode(HELLO, json.dumps({"node": node, "dir": dir, "secret": secret, "epoch": epoch}).encode())
+
+
+HEARTBEAT_MESSAGE: Final = encode(HEARTBEAT, b"")
 
 
 def encode_ack(sequence: int) -> bytes:
@@ -55,6 +61,7 @@ def encode_refuse(reason: str) -> bytes:
 @dataclass(frozen=True, slots=True)
 class Hello:
     node: str  # the follower's node id
+    dir: str  # the identity of the follower's data dir (cluster.state)
     secret: str  # the cluster's shared secret, as the follower read it from etcd
     epoch: int  # the newest leader epoch the follower has accepted frames of (0: none)
 
@@ -64,11 +71,12 @@ def decode_hello(payload: bytes) -> Hello:
         fields = json.loads(payload)
     except (ValueError, RecursionError) as error:  # RecursionError: a hostile nesting of brackets
         raise FrameError(f"malformed hello: {error}") from None
-    if not isinstance(fields, dict) or not {"node", "secret", "epoch"} <= fields.keys():
-        raise FrameError("malformed hello: an object with node, secret and epoch expected")
-    hello = Hello(fields["node"], fields["secret"], fields["epoch"])
-    if not (isinstance(hello.node, str) and isinstance(hello.secret, str) and type(hello.epoch) is int):
-        raise FrameError("malformed hello: node and secret must be strings, epoch an integer")
+    if not isinstance(fields, dict) or not {"node", "dir", "secret", "epoch"} <= fields.keys():
+        raise FrameError("malformed hello: an object with node, dir, secret and epoch expected")
+    hello = Hello(fields["node"], fields["dir"], fields["secret"], fields["epoch"])
+    if not (isinstance(hello.node, str) and isinstance(hello.dir, str) and isinstance(hello.secret, str)
+            and type(hello.epoch) is int):
+        raise FrameError("malformed hello: node, dir and secret must be strings, epoch an integer")
     return hello
 
 

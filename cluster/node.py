@@ -2,28 +2,37 @@
 
 A node grants itself an etcd lease and registers under ``members/``. While a leader is known it follows it: its data
 dir receives the leader's writes (``ReplicaClient``) and its AMQP port forwards clients to the leader
-(``AmqpForwarder``). When the leader key is gone, a node in the ISR (or any node of a fresh cluster) campaigns; the
-winner checks it is still in the ISR, then promotes: today's recovery on its replicated data dir, then the broker
-serves, ``ReplicationServer`` streaming to followers and gating confirms on them.
+(``AmqpForwarder``); a follower that has not heard from its leader for a while says so in its member key
+(``lost_leader``). When the leader key is gone, a node whose data dir is one the ISR names (any node of a fresh
+cluster) campaigns; the winner checks that again, then promotes: the store's recovery on its replicated data dir
+(on a thread: the lease is kept meanwhile), then the broker serves, ``ReplicationServer`` streaming to followers and
+gating confirms on them. A node whose data dir the ISR does not name (wiped, replaced, damaged: a new identity)
+never campaigns; when no node holding one of the ISR's data dirs is left, the cluster does not serve, and says so,
+until one returns or an operator forces an unclean election (``python -m cluster force-leader``).
 
 A leader renews its lease only while the store's writer makes progress (a stuck disk lets the lease lapse), and
 stops serving as soon as it cannot prove its lease is alive (``lease_ttl`` after the last renewal etcd confirmed),
-or etcd shows another leader. It then becomes a follower again, which rewrites its data dir from the new leader.
+etcd shows another leader, or it steps aside for want of min_insync copies. It then becomes a follower again, which
+rewrites its data dir from the new leader.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from pathlib import Path
 
 from broker.config import Config
 from broker.connection.server import Server, StartupError
-from broker.management.server import start_management, start_prometheus
-from cluster.coordinator import Coordinator, CoordinatorError, CoordinatorUnavailable, Member
+from broker.connection.tls import server_context
+from broker.management.server import ManagementServer, start_management, start_prometheus
+from broker.management.standby import start_standby
+from cluster.coordinator import Coordinator, CoordinatorError, CoordinatorUnavailable, Member, Replica
 from cluster.proxy import AmqpForwarder
-from cluster.replication import LeadershipLost, ReplicaClient, ReplicationServer, write_epoch
+from cluster.replication import LeadershipLost, ReplicaClient, ReplicationServer
+from cluster.state import identity, write_epoch
 from storage.lock import DataDirLock, DataDirLocked
 
 log = logging.getLogger("cluster")
@@ -47,14 +56,21 @@ class ClusterNode:
         self.data_dir = Path(config.data_dir)
         self.coordinator = coordinator
         self.ttl = config.cluster_lease_ttl
+        self.dir = ""  # the identity of the data dir (cluster.state), read or made as the node starts
         self.member = Member(self.node, self._advertised(), config.port, self._advertised(),
                              config.cluster_replication_port)
         self.secret = ""  # the cluster's shared secret (from etcd)
         self.role = "starting"  # starting, follower, leader
         self.server: Server | None = None  # the broker, while leading
+        self.waiting_for = ""  # why this node neither leads nor follows now ("": it does one or the other)
+        self.following = ""  # the leader this node follows, as the standby management API names it
+        self._standby: ManagementServer | None = None  # the management port's 503 answers while not leading
+        self._serving_since = 0.0  # monotonic time the broker started serving (the writer's progress counts after)
         self._proven_until = 0.0  # monotonic time until which the lease is known to be alive
         self._proof_timer: asyncio.TimerHandle | None = None  # ends leadership the moment the proof runs out
         self._lost: asyncio.Future[str] | None = None  # resolved with a reason when leadership must end
+        self._campaign_after = 0.0  # monotonic time before which this node does not campaign (it stepped aside)
+        self._joining = asyncio.Lock()  # one _join_cluster at a time (the lease keeper and a leadership's end)
         self._stopping = False
 
     def _advertised(self) -> str:
@@ -72,12 +88,17 @@ class ClusterNode:
             await asyncio.wait({life}, timeout=10)
         life.cancel()
         stopping.cancel()
+        await self._stop_standby()
         await self.coordinator.close()
         error = life.exception() if life.done() and not life.cancelled() else None
         if error is not None:
             raise error  # the process exits with the error, so that a supervisor restarts it
 
     async def _live(self) -> None:
+        self.dir = await asyncio.get_running_loop().run_in_executor(None, identity, self.data_dir)
+        self.member = dataclasses.replace(self.member, dir=self.dir)
+        log.info("data dir %s has identity %s", self.data_dir, self.dir)
+        await self._start_standby()
         await self._join_cluster()
         keeper = asyncio.ensure_future(self._keep_lease())
         try:
@@ -94,7 +115,15 @@ class ClusterNode:
             keeper.cancel()
 
     async def _join_cluster(self) -> None:
-        """Grant a lease, learn the secret, register; retrying until etcd answers."""
+        """Grant a lease, learn the secret, register; retrying until etcd answers. A join already under way when
+        this one is asked for does the work for both."""
+        if self._joining.locked():
+            async with self._joining:
+                return
+        async with self._joining:
+            await self._join_with_a_new_lease()
+
+    async def _join_with_a_new_lease(self) -> None:
         while True:
             try:
                 asked = time.monotonic()
@@ -105,17 +134,22 @@ class ClusterNode:
                 return
             except CoordinatorError as error:
                 log.warning("cannot join the cluster through etcd yet: %s", error)
-                await asyncio.sleep(RETRY * 5)
+                await asyncio.sleep(RETRY)
 
     async def _step(self) -> None:
         current = await self.coordinator.leader()
         if current is None:
-            isr = await self.coordinator.isr()
-            if isr is None or self.node in isr:
+            replicas = await self.coordinator.replicas()
+            if self._electable(replicas):
+                if (hold := self._campaign_after - time.monotonic()) > 0:  # the replica it stepped aside for first
+                    await self.coordinator.wait_leader_change(None, hold)
+                    return
                 epoch = await self.coordinator.campaign(self.member)
                 if epoch is not None:
                     await self._lead_or_resign(epoch)
                     return
+            else:
+                await self._say_why_not_electable(replicas or [])
             await self.coordinator.wait_leader_change(None, self.ttl)
             return
         leader, epoch = current
@@ -125,32 +159,58 @@ class ClusterNode:
             return
         await self._follow(leader, epoch)
 
+    def _electable(self, replicas: list[Replica] | None) -> bool:
+        """Whether this node may lead: its data dir is one the ISR names (any node of a fresh cluster may)."""
+        return replicas is None or Replica(self.node, self.dir) in [Replica(r.node, r.dir) for r in replicas]
+
+    async def _say_why_not_electable(self, replicas: list[Replica]) -> None:
+        """Log, once per state, why this node does not campaign, and whether any node can."""
+        named = ", ".join(f"{r.node} (data dir {r.dir})" for r in replicas) or "none"
+        members = await self.coordinator.members()
+        if any(Replica(member.node_id, member.dir) in [Replica(r.node, r.dir) for r in replicas]
+               for member in members.values()):
+            why = (f"this node's data dir ({self.dir}) is not one of the in-sync replicas ({named}): it waits for "
+                   "one of them to lead, then takes a full copy")
+        else:
+            why = (f"no node holding an in-sync replica ({named}) is running, and this node's data dir ({self.dir}) "
+                   "is not one: the cluster cannot serve without losing confirmed messages. Start a node that holds "
+                   "one, or force an unclean election, accepting the loss, with `python -m cluster force-leader "
+                   "--config FILE` on the node to lead")
+        if why != self.waiting_for:
+            log.error("not electable: %s", why)
+            self.waiting_for = why
+
     # --- leading --------------------------------------------------------------------------------------------
     async def _lead_or_resign(self, epoch: int) -> None:
-        isr = await self.coordinator.isr()
-        if isr is not None and self.node not in isr:  # dropped from the ISR while campaigning: not electable
-            log.warning("won the election but is not in the ISR %s: resigning", isr)
+        replicas = await self.coordinator.replicas()
+        if not self._electable(replicas):  # dropped from the ISR while campaigning
+            log.warning("won the election but its data dir is not in the ISR %s: resigning",
+                        [replica.node for replica in replicas or []])
             await self.coordinator.resign()
             return
+        self.waiting_for = ""
+        stepped_aside = False
         try:
-            reason = await self._lead(epoch)
+            reason, stepped_aside = await self._lead(epoch)
         except Exception as error:  # say a data dir that cannot be recovered: another node may do better
             log.error("cannot lead: %s", error, exc_info=not isinstance(error, (OSError, StartupError)))
             reason = f"it could not start: {error}"
             await asyncio.sleep(RETRY * 5)
         log.warning("stopped leading (epoch %d): %s", epoch, reason)
+        if stepped_aside:
+            self._campaign_after = time.monotonic() + self.ttl
         await self.coordinator.close()  # the lease goes, and the leader key with it (or it lapses by itself)
         if not self._stopping:
             await self._join_cluster()
 
-    async def _lead(self, epoch: int) -> str:
-        """Serve as the leader of ``epoch`` until leadership must end; returns why."""
+    async def _lead(self, epoch: int) -> tuple[str, bool]:
+        """Serve as the leader of ``epoch`` until leadership must end; returns why, and whether it stepped aside."""
         log.info("leading the cluster (epoch %d)", epoch)
         self.role = "leader"
         self._lost = asyncio.get_running_loop().create_future()
         await asyncio.get_running_loop().run_in_executor(None, write_epoch, self.data_dir, epoch)
         server = Server(self.config)
-        replication = ReplicationServer(server.store, self.coordinator, self.node, epoch, self.secret,
+        replication = ReplicationServer(server.store, self.coordinator, self.node, self.dir, epoch, self.secret,
                                         self.config.cluster_min_insync, self.config.cluster_ack_timeout,
                                         self._lose)
         listeners = []
@@ -158,16 +218,18 @@ class ClusterNode:
         try:
             await replication.start(self.config.host, self.config.cluster_replication_port)
             await server.start()
+            self._serving_since = time.monotonic()
             self.server = server
             replication.store_ready.set()
+            await self._stop_standby()
             if self.config.management_port:
                 listeners.append(await start_management(server))
             if self.config.prometheus_port:
                 listeners.append(await start_prometheus(server))
             watcher = asyncio.ensure_future(self._watch_leadership(epoch, server))
-            return await self._lost
+            return await self._lost, replication.stepped_aside
         except LeadershipLost as error:
-            return str(error)
+            return str(error), False
         finally:
             replication.halt()  # not one confirm more
             self.role = "starting"
@@ -178,6 +240,31 @@ class ClusterNode:
             await replication.stop()
             for listener in listeners:
                 await listener.stop()
+            if not self._stopping:
+                await self._start_standby()
+
+    # --- the management port while not leading -----------------------------------------------------------------
+    async def _start_standby(self) -> None:
+        """Answer the management port with 503 and this node's state (StartupError when the port cannot be had)."""
+        config = self.config
+        if config.management_port and self._standby is None:
+            tls = server_context(config) if config.management_tls and config.tls_certfile else None
+            self._standby = await start_standby(config.management_host, config.management_port, self.state, tls)
+
+    async def _stop_standby(self) -> None:
+        if self._standby is not None:
+            standby, self._standby = self._standby, None
+            await standby.stop()
+
+    def state(self) -> str:
+        """Why this node does not serve the management API, in a sentence."""
+        if self.role == "follower":
+            return f"this node follows {self.following}: the management API runs on the leader"
+        if self.waiting_for:
+            return f"this node does not serve: {self.waiting_for}"
+        if self.role == "leader":
+            return "this node is becoming the leader: the management API starts once the broker serves"
+        return "this node is joining the cluster: no leader is known yet"
 
     def _lose(self, reason: str) -> None:
         if self._lost is not None and not self._lost.done():
@@ -207,7 +294,7 @@ class ClusterNode:
             server = self.server
             if server is not None:
                 server.store.when_durable(_ignore)  # an idle store still proves its writer turns over
-                stalled = time.monotonic() - server.store.writer_progress()
+                stalled = time.monotonic() - max(server.store.writer_progress(), self._serving_since)
                 if stalled > self.ttl / 2 or not server.store.healthy:
                     log.error(PROGRESS_PROBE.format(stalled) if server.store.healthy else UNHEALTHY)
                     self._check_proof()
@@ -248,11 +335,14 @@ class ClusterNode:
             await asyncio.sleep(RETRY * 5)
             return
         self.role = "follower"
+        self.following = f"{leader.node_id} at {leader.amqp_host} (epoch {epoch})"
         log.info("following %s (epoch %d)", leader.node_id, epoch)
+        self.waiting_for = ""
         forwarder = AmqpForwarder(lambda: (leader.amqp_host, leader.amqp_port))
-        client = ReplicaClient(self.data_dir, self.node, self.secret)
+        client = ReplicaClient(self.data_dir, self.node, self.secret, self.config.cluster_ack_timeout)
         changed = asyncio.Event()
         watcher = asyncio.ensure_future(self._watch_leader(epoch, changed))
+        teller = asyncio.ensure_future(self._tell_whether_lost(client, epoch))
         try:
             await forwarder.start(self.config.host, self.config.port)
             while not changed.is_set():
@@ -272,9 +362,27 @@ class ClusterNode:
         finally:
             self.role = "starting"
             watcher.cancel()
+            teller.cancel()
             client.stop()  # its thread's blocking read returns (a process cannot end while it waits)
             await forwarder.stop()
             lock.release()
+
+    async def _tell_whether_lost(self, client: ReplicaClient, epoch: int) -> None:
+        """Keep this node's member key saying whether it has lost the leader of ``epoch`` (heard nothing from it for
+        the follower's silence limit), so that a leader left without copies can step aside for it."""
+        told = 0  # the lost_leader this loop last registered
+        while True:
+            await asyncio.sleep(self.config.cluster_ack_timeout / 2)
+            lost = epoch if client.lost_leader else 0
+            if lost != told:
+                try:
+                    await self.coordinator.register(dataclasses.replace(self.member, lost_leader=lost))
+                    told = lost
+                    if lost:
+                        log.warning("lost the leader of epoch %d: nothing heard from it for %.1f s", epoch,
+                                    time.monotonic() - client.heard_at)
+                except CoordinatorError:
+                    pass
 
     async def _watch_leader(self, epoch: int, changed: asyncio.Event) -> None:
         while True:

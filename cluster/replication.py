@@ -3,35 +3,46 @@
 Leader side (``ReplicationServer``): the store's writer thread hands each batch's file operations to ``_tap``
 before its own fdatasync; they are framed once and written to every follower's socket on the loop. A confirm (any
 ``store.when_durable`` callback) is released by ``_gate`` only once the leader's own fsync is done (the store calls
-the gate after it), every member of the in-sync replica set (ISR) *as last committed to etcd* has acked the batch,
-and the ISR has at least ``min_insync`` members. A follower that leaves, or leaves frames unacked for
-``ack_timeout``, is dropped: the shrunk ISR is committed to etcd (fenced on the leader's lease) before any confirm
-that did not wait for it. A joining follower gets a full copy of the data dir as of a cut the writer thread takes
-between two batches, then every frame after the cut; it enters the ISR once it has acked all frames sent up to the
-end of its copy. One join runs at a time.
+the gate after it), every replica of the in-sync replica set (ISR) *as last committed to etcd* has acked the batch,
+and the ISR has at least ``min_insync`` replicas. A replica is a node's data dir, named by its identity
+(``cluster.state``): a node back with a new data dir is a new follower, not the replica the ISR names.
+
+A follower that leaves, leaves frames unacked for ``ack_timeout`` or goes silent that long (the leader sends a
+heartbeat whenever it has sent nothing for a quarter of it, and the follower answers each) is dropped. While the
+rest still make ``min_insync`` copies, the shrunk ISR is committed to etcd (fenced on the leader's lease) before any
+confirm that did not wait for it. Below ``min_insync`` no confirm can go out whatever the ISR says, so the ISR keeps
+every replica that still holds all that was confirmed: one of them may lead instead. A leader left below
+``min_insync`` while such a replica tells etcd it lost this leader (``Member.lost_leader``: a cut link, not a dead
+node) steps aside (``stepped_aside``), so that the side holding the copies serves.
+
+A joining follower gets a full copy of the data dir as of a cut the writer thread takes between two batches, then
+every frame after the cut; it leaves the ISR before its copy starts and enters it once it has acked all frames sent
+up to the end of its copy. One join runs at a time.
 
 Follower side (``ReplicaClient``): on a thread of its own, the frames that have arrived go to a
-``storage.replica.ReplicaWriter`` as one group (group commit); the highest sequence it has made durable is acked. The newest leader epoch seen is kept in ``cluster-state`` in the
-data dir, written durably before a frame of a newer epoch is applied; frames of an older epoch are refused.
+``storage.replica.ReplicaWriter`` as one group (group commit); the highest sequence it has made durable is acked.
+A leader silent for twice ``ack_timeout`` ends the stream (the node connects again). The newest leader epoch seen is
+kept in ``cluster-state`` in the data dir, written durably before a frame of a newer epoch is applied; frames of an
+older epoch are refused.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import os
 import socket
+import struct
 import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
 from cluster import frames
-from cluster.coordinator import Coordinator, CoordinatorUnavailable
-from storage.replica import APPEND, CLUSTER_STATE, RESET, ReplicaError, ReplicaWriter, decode_ops, encode_ops
-from storage.segments import fsync_directory
+from cluster.coordinator import Coordinator, CoordinatorUnavailable, Replica
+from cluster.state import identity, read_epoch, write_epoch
+from storage.replica import APPEND, RESET, ReplicaError, ReplicaWriter, decode_ops, encode_ops
 
 log = logging.getLogger("cluster.replication")
 
@@ -41,34 +52,15 @@ CUT_TIMEOUT = 30.0  # seconds the writer may take to hand over a cut (it comes w
 STALLED_COPY = 10.0  # seconds a joining follower may go without reading any of its copy
 READ_SIZE = 1 << 20  # bytes a follower reads from its stream at once
 END_OF_COPY = encode_ops([])  # the ops of the frame that closes a join's copy (it carries the cut's sequence)
-
-
-def read_epoch(data_dir: Path) -> int:
-    """The newest epoch this data dir has accepted frames of, 0 if none (or the state file is damaged)."""
-    try:
-        return int(json.loads((data_dir / CLUSTER_STATE).read_bytes())["epoch"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return 0
-
-
-def write_epoch(data_dir: Path, epoch: int) -> None:
-    """Durably record that this data dir follows epoch ``epoch`` now (before any of its frames is acked)."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    path = data_dir / CLUSTER_STATE
-    temporary = path.with_suffix(".tmp")
-    with open(temporary, "wb") as file:
-        file.write(json.dumps({"epoch": epoch}).encode())
-        file.flush()
-        os.fdatasync(file.fileno())
-    os.replace(temporary, path)
-    fsync_directory(data_dir)
+LEADER_SILENCE = 2.0  # ack timeouts a follower waits for any word from its leader before it connects again
 
 
 class Follower:
     """The leader's view of one follower connection."""
 
-    def __init__(self, node: str, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, node: str, dir: str, writer: asyncio.StreamWriter) -> None:
         self.node = node
+        self.dir = dir  # the identity of its data dir
         self.writer = writer
         self.cut: int | None = None  # the sequence its copy stands at, once the writer took the cut
         self.buffered: list[bytes] = []  # frames after the cut, held while the copy is being sent
@@ -79,13 +71,23 @@ class Follower:
         self.acked = -1  # the highest sequence it has made durable
         self.sent = -1  # the highest sequence written to its socket
         self.unacked: deque[tuple[int, float]] = deque()  # (sequence, monotonic time sent) of frames not acked yet
+        self.written_at = time.monotonic()  # when anything was last written to its socket
+        self.heard_at = time.monotonic()  # when anything last came from it
         self.closed = False
+
+    @property
+    def replica(self) -> Replica:
+        return Replica(self.node, self.dir, self.acked)
 
     def send(self, sequence: int, frame: bytes) -> None:
         if sequence > self.acked:
             self.unacked.append((sequence, time.monotonic()))
         self.sent = max(self.sent, sequence)
-        self.writer.write(frame)
+        self.write(frame)
+
+    def write(self, data: bytes) -> None:
+        self.written_at = time.monotonic()
+        self.writer.write(data)
 
     def acknowledged(self, sequence: int) -> None:
         self.acked = sequence
@@ -101,11 +103,12 @@ class Follower:
 class ReplicationServer:
     """The leader's end: accepts followers, streams the store's writes to them, gates confirms on their acks."""
 
-    def __init__(self, store, coordinator: Coordinator, node: str, epoch: int, secret: str, min_insync: int,
-                 ack_timeout: float, lost: Callable[[str], None]) -> None:
+    def __init__(self, store, coordinator: Coordinator, node: str, dir: str, epoch: int, secret: str,
+                 min_insync: int, ack_timeout: float, lost: Callable[[str], None]) -> None:
         self._store = store  # storage.store.MessageStore of the leader, not yet recovered
         self._coordinator = coordinator
         self._node = node
+        self._dir = dir  # the identity of this leader's data dir
         self._epoch = epoch
         self._secret = secret
         self._min_insync = min_insync
@@ -113,7 +116,7 @@ class ReplicationServer:
         self._lost = lost  # called once if etcd says another node leads now
         self._loop = asyncio.get_running_loop()
         self._followers: dict[str, Follower] = {}
-        self._committed: tuple[str, ...] = ()  # the ISR as last written to etcd (confirms wait for all of it)
+        self._committed: tuple[Replica, ...] = ()  # the ISR as last written to etcd (confirms wait for all of it)
         self._held: deque[tuple[int, Callable[[], None]]] = deque()  # (batch sequence, release) not confirmed yet
         self._latest = 0  # the highest sequence the writer has tapped
         self._released = -1  # the highest sequence whose confirms went out
@@ -124,15 +127,19 @@ class ReplicationServer:
         self._tasks: list[asyncio.Task] = []
         self._connections: set[asyncio.Task] = set()  # each follower connection's task
         self._stopped = False
+        self.stepped_aside = False  # leadership ended for want of min_insync copies, in favour of a replica
 
     # --- lifecycle ------------------------------------------------------------------------------------------
     async def start(self, host: str, port: int) -> None:
-        """Listen for followers and commit ISR = {this node}; call before the store recovers."""
+        """Listen for followers and commit the first ISR of this epoch (the previous one's replicas, as long as they
+        are needed to make min_insync); call before the store recovers."""
         self._store.replicate(self._tap, self._gate)
         self._listener = await asyncio.start_server(self._serve_follower, host, port, reuse_address=True)
-        if not await self._write_isr((self._node,)):
+        self._committed = tuple(await self._read_isr())
+        if not await self._write_isr(self._wanted_isr()):
             raise LeadershipLost("etcd refused this node's ISR: another node leads")
-        self._tasks = [asyncio.ensure_future(self._keep_isr()), asyncio.ensure_future(self._check_deadlines())]
+        self._tasks = [asyncio.ensure_future(task) for task in
+                       (self._keep_isr(), self._keep_followers(), self._step_aside_when_outnumbered())]
         for task in self._tasks:
             task.add_done_callback(self._task_ended)
 
@@ -166,9 +173,17 @@ class ReplicationServer:
         if self._listener is not None:
             await self._listener.wait_closed()
 
+    async def _read_isr(self) -> list[Replica]:
+        while True:
+            try:
+                return await self._coordinator.replicas() or []
+            except CoordinatorUnavailable as error:
+                log.warning("cannot read the in-sync replicas from etcd (%s): retrying", error)
+                await asyncio.sleep(ISR_RETRY)
+
     def status(self) -> dict:
         """For logs and the management API: the committed ISR and each follower's progress."""
-        return {"epoch": self._epoch, "isr": list(self._committed), "latest": self._latest,
+        return {"epoch": self._epoch, "isr": [replica.node for replica in self._committed], "latest": self._latest,
                 "followers": {node: {"acked": f.acked, "in_sync": f.in_sync, "copying": not f.streaming}
                               for node, f in self._followers.items()}}
 
@@ -207,10 +222,10 @@ class ReplicationServer:
         committed = self._committed
         if len(committed) < self._min_insync:
             return False
-        for node in committed:
-            if node != self._node:
-                follower = self._followers.get(node)
-                if follower is None or follower.acked < sequence:
+        for replica in committed:
+            if replica.node != self._node:
+                follower = self._followers.get(replica.node)
+                if follower is None or follower.dir != replica.dir or follower.acked < sequence:
                     return False
         for follower in self._followers.values():
             if follower.in_sync and follower.acked < sequence:
@@ -225,8 +240,19 @@ class ReplicationServer:
             release()
 
     # --- the ISR --------------------------------------------------------------------------------------------
-    def _wanted_isr(self) -> tuple[str, ...]:
-        return (self._node, *sorted(node for node, f in self._followers.items() if f.in_sync))
+    def _wanted_isr(self) -> tuple[Replica, ...]:
+        """This leader and every follower in sync; below min_insync, also every replica of the committed ISR that is
+        not connected (it still holds all that was confirmed: none could be without it). A replica that connects
+        again leaves, since its copy is about to be rewritten."""
+        live = (Replica(self._node, self._dir, self._latest),
+                *(follower.replica for _, follower in sorted(self._followers.items()) if follower.in_sync))
+        if len(live) >= self._min_insync:
+            return live
+        return (*live, *(replica for replica in self._committed
+                         if replica.node != self._node and replica.node not in self._followers))
+
+    def _isr_nodes(self) -> set[str]:
+        return {replica.node for replica in self._committed}
 
     async def _keep_isr(self) -> None:
         """Write the wanted ISR to etcd whenever it changes; confirms wait meanwhile."""
@@ -234,22 +260,23 @@ class ReplicationServer:
             await self._isr_changed.wait()
             self._isr_changed.clear()
             wanted = self._wanted_isr()
-            if wanted != self._committed and not await self._write_isr(wanted):
+            if not same_copies(wanted, self._committed) and not await self._write_isr(wanted):
                 self._lost("etcd refused the ISR write: another node leads now")
                 return
 
-    async def _write_isr(self, isr: tuple[str, ...]) -> bool:
+    async def _write_isr(self, isr: tuple[Replica, ...]) -> bool:
         """Commit ``isr`` (fenced on this node's leadership), retrying while etcd is unreachable; False if stale."""
+        nodes = ", ".join(replica.node for replica in isr)
         while True:
             try:
                 if not await self._coordinator.set_isr(list(isr), self._epoch):
                     return False
                 break
             except CoordinatorUnavailable as error:
-                log.warning("cannot write the in-sync replicas %s to etcd (%s): confirms wait", list(isr), error)
+                log.warning("cannot write the in-sync replicas %s to etcd (%s): confirms wait", nodes, error)
                 await asyncio.sleep(ISR_RETRY)
-        if isr != self._committed:
-            log.info("in-sync replicas: %s", ", ".join(isr))
+        if not same_copies(isr, self._committed):
+            log.info("in-sync replicas: %s", nodes)
         self._committed = isr
         self._release_ready()
         return True
@@ -263,13 +290,45 @@ class ReplicationServer:
             del self._followers[follower.node]
         self._isr_changed.set()
 
-    async def _check_deadlines(self) -> None:
+    async def _keep_followers(self) -> None:
+        """Every quarter of ack_timeout: drop a follower that left a frame unacked, or (once it streams) said
+        nothing, for ack_timeout; send a heartbeat to each that was sent nothing for that quarter."""
+        period = self._ack_timeout / 4
         while True:
-            await asyncio.sleep(self._ack_timeout / 4)
+            await asyncio.sleep(period)
             now = time.monotonic()
             for follower in list(self._followers.values()):
                 if follower.unacked and now - follower.unacked[0][1] > self._ack_timeout:
                     self._drop(follower, f"a frame unacked for {now - follower.unacked[0][1]:.1f} s")
+                elif follower.streaming and now - follower.heard_at > self._ack_timeout:
+                    self._drop(follower, f"no word from it for {now - follower.heard_at:.1f} s")
+                elif now - follower.written_at >= period:
+                    follower.write(frames.HEARTBEAT_MESSAGE)
+
+    async def _step_aside_when_outnumbered(self) -> None:
+        """Below min_insync no confirm can go out here. When a replica of the ISR that is not connected tells etcd
+        it lost this leader (so it is alive, and may hold everything confirmed: the ISR kept it), leadership ends
+        in its favour; the node then waits before campaigning again, so that the replica's side takes over."""
+        while True:
+            await asyncio.sleep(self._ack_timeout / 2)
+            if self._live_copies() >= self._min_insync:
+                continue
+            try:
+                members = await self._coordinator.members()
+            except CoordinatorUnavailable:
+                continue
+            lost = sorted(replica.node for replica in self._committed
+                          if replica.node != self._node and replica.node not in self._followers
+                          and (member := members.get(replica.node)) is not None
+                          and member.lost_leader == self._epoch)
+            if lost:
+                self.stepped_aside = True
+                self._lost(f"it cannot keep {self._min_insync} copies and {', '.join(lost)} of the in-sync replicas "
+                           "lost it but still reach etcd: stepping aside")
+                return
+
+    def _live_copies(self) -> int:
+        return 1 + sum(1 for follower in self._followers.values() if follower.in_sync)
 
     # --- one follower's connection --------------------------------------------------------------------------
     async def _serve_follower(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -305,7 +364,7 @@ class ReplicationServer:
             return
         if (old := self._followers.get(hello.node)) is not None:
             self._drop(old, "it connected again")
-        follower = Follower(hello.node, writer)
+        follower = Follower(hello.node, hello.dir, writer)
         self._followers[hello.node] = follower
         join = asyncio.ensure_future(self._join(follower))
         try:
@@ -334,8 +393,11 @@ class ReplicationServer:
             data = await reader.read(65536)
             if not data:
                 return
+            follower.heard_at = time.monotonic()
             try:
                 for kind, payload in stream.feed(data):
+                    if kind == frames.HEARTBEAT:
+                        continue
                     if kind == frames.ACK:
                         self._on_ack(follower, frames.decode_ack(payload))
                     elif kind == frames.REFUSE:
@@ -369,7 +431,7 @@ class ReplicationServer:
             self._drop(follower, f"its copy failed: {error or type(error).__name__}")
 
     async def _copy_and_stream(self, follower: Follower) -> None:
-        while follower.node in self._committed:  # it must leave the ISR before its copy is rewritten
+        while follower.node in self._isr_nodes():  # it must leave the ISR before its copy is rewritten
             self._isr_changed.set()
             await asyncio.sleep(ISR_RETRY / 4)
         await self.store_ready.wait()
@@ -384,6 +446,7 @@ class ReplicationServer:
         for later, frame in zip(follower.buffered_sequences, follower.buffered):
             follower.send(later, frame)
         follower.buffered, follower.buffered_sequences = [], []
+        follower.heard_at = time.monotonic()  # its silence counts from now: until now it was busy with the copy
         follower.streaming = True
         follower.target = max(sequence, follower.sent)
         log.info("follower %s got a copy of %d files (%d bytes) at sequence %d in %.2f s", follower.node,
@@ -422,8 +485,7 @@ class ReplicationServer:
 
     async def _copy(self, follower: Follower, files: list[tuple[str, int, int]]) -> int:
         """Send the files as they were at the cut: a RESET, then their bytes; returns the bytes sent."""
-        writer = follower.writer
-        writer.write(frames.encode_frame(self._epoch, -1, encode_ops([(RESET, "", b"")])))
+        follower.write(frames.encode_frame(self._epoch, -1, encode_ops([(RESET, "", b"")])))
         sent = 0
         for path, fd, size in files:
             offset = 0
@@ -432,13 +494,18 @@ class ReplicationServer:
                 data = await self._loop.run_in_executor(None, os.pread, fd, count, offset) if count else b""
                 if len(data) != count:
                     raise ReplicaError(f"{path} shrank below its size at the cut")
-                writer.write(frames.encode_frame(self._epoch, -1, encode_ops([(APPEND, path, data)])))
-                await asyncio.wait_for(writer.drain(), STALLED_COPY)
+                follower.write(frames.encode_frame(self._epoch, -1, encode_ops([(APPEND, path, data)])))
+                await asyncio.wait_for(follower.writer.drain(), STALLED_COPY)
                 offset += count
                 sent += count
                 if offset >= size:
                     break
         return sent
+
+
+def same_copies(one: tuple[Replica, ...], other: tuple[Replica, ...]) -> bool:
+    """Whether two ISRs name the same data dirs (how far each acked aside)."""
+    return [(r.node, r.dir) for r in one] == [(r.node, r.dir) for r in other]
 
 
 class LeadershipLost(Exception):
@@ -453,13 +520,17 @@ class ReplicaClient:
     socket and the disk, so a confirm waits for no more than the follower's read, write, fdatasync and ack.
     """
 
-    def __init__(self, data_dir: Path, node: str, secret: str) -> None:
+    def __init__(self, data_dir: Path, node: str, secret: str, ack_timeout: float) -> None:
         self._data_dir = data_dir
         self._node = node
         self._secret = secret
+        self._dir = identity(data_dir)  # the data dir's identity, made now if it has none
         self._epoch = read_epoch(data_dir)  # the newest epoch accepted
+        self._silence = ack_timeout * LEADER_SILENCE  # seconds without a word from the leader that end the stream
+        self._connect_timeout = ack_timeout  # seconds a connection to the leader may take
         self._socket: socket.socket | None = None  # the stream's, while it runs
         self.acked = -1  # the highest sequence acked to the current leader
+        self.heard_at = time.monotonic()  # when the leader last said anything (or, before that, following began)
         self.failure: str | None = None  # why the last stream ended, for the log
 
     async def follow(self, host: str, port: int, epoch: int) -> None:
@@ -470,6 +541,11 @@ class ReplicaClient:
             self.failure = f"the leader's epoch {epoch} is older than {self._epoch}, seen before"
             return
         await asyncio.get_running_loop().run_in_executor(None, self._stream, host, port)
+
+    @property
+    def lost_leader(self) -> bool:
+        """Whether the leader has said nothing for longer than the silence that ends a stream."""
+        return time.monotonic() - self.heard_at > self._silence
 
     def stop(self) -> None:
         """End the stream (from any thread): its blocking read returns."""
@@ -483,19 +559,25 @@ class ReplicaClient:
     # --- the stream's thread ----------------------------------------------------------------------------------
     def _stream(self, host: str, port: int) -> None:
         try:
-            stream = socket.create_connection((host, port), timeout=2.0)
+            stream = socket.create_connection((host, port), timeout=self._connect_timeout)
         except OSError as error:
             self.failure = f"cannot reach the leader's replication port {host}:{port}: {error}"
             return
         stream.settimeout(None)
+        # a blocking read gives up after the silence (EAGAIN), while MSG_DONTWAIT reads stay non-blocking
+        seconds = int(self._silence)
+        stream.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
+                          struct.pack("ll", seconds, int((self._silence - seconds) * 1_000_000)))
         stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._socket = stream
         writer = ReplicaWriter(self._data_dir)
         try:
-            stream.sendall(frames.encode_hello(self._node, self._secret, self._epoch))
+            stream.sendall(frames.encode_hello(self._node, self._dir, self._secret, self._epoch))
             self._receive(stream, writer)
         except (frames.FrameError, ReplicaError) as error:
             self.failure = f"bad message from the leader, stream closed: {error}"
+        except BlockingIOError:
+            self.failure = f"no word from the leader for {self._silence:.1f} s: connecting again"
         except OSError as error:
             self.failure = f"replication connection lost: {error}"
         finally:
@@ -508,6 +590,7 @@ class ReplicaClient:
         while True:
             data = stream.recv(READ_SIZE)
             ended = not data
+            self.heard_at = time.monotonic()
             messages = reader.feed(data)
             while not ended:  # everything that has arrived goes into one group (one fdatasync per file)
                 try:
@@ -516,7 +599,9 @@ class ReplicaClient:
                     break
                 ended = not data
                 messages += reader.feed(data)
-            group = [self._frame(stream, kind, payload) for kind, payload in messages]
+            group = [self._frame(stream, kind, payload) for kind, payload in messages if kind != frames.HEARTBEAT]
+            if len(group) < len(messages):
+                stream.sendall(frames.HEARTBEAT_MESSAGE)
             if group:
                 sequence = writer.apply(group)
                 if sequence > self.acked:

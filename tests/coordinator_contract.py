@@ -12,7 +12,7 @@ from typing import Awaitable, Callable, Protocol
 
 import pytest
 
-from cluster.coordinator import Coordinator, Leader, LeaseExpired, Member
+from cluster.coordinator import Coordinator, Leader, LeaseExpired, Member, Replica
 
 WAKE_BOUND = 1.0  # seconds within which a waiter must see a change of leader
 
@@ -43,6 +43,11 @@ async def won(node: Coordinator) -> int:
     epoch = await node.campaign(member(node.node_id))
     assert epoch is not None
     return epoch
+
+
+def copies(*node_ids: str) -> list[Replica]:
+    """Replicas of these nodes, each with a data dir identity of its own."""
+    return [Replica(node_id, f"dir-of-{node_id}", 7) for node_id in node_ids]
 
 
 async def leading(nodes: Nodes, node_id: str) -> tuple[Coordinator, int]:
@@ -91,19 +96,32 @@ async def every_new_leadership_has_a_higher_epoch(nodes: Nodes) -> None:
 async def the_leader_writes_the_isr(nodes: Nodes) -> None:
     a, epoch = await leading(nodes, "a")
     b = await nodes.start("b")
-    assert await a.set_isr(["a", "b"], epoch)
+    assert await a.set_isr(copies("a", "b"), epoch)
     assert await b.isr() == ["a", "b"]
-    assert await a.set_isr(["a"], epoch)
+    assert await a.set_isr(copies("a"), epoch)
     assert await b.isr() == ["a"]
+    assert await b.replicas() == copies("a")  # each with its data dir's identity and how far it acked
+
+
+@check
+async def an_unclean_election_writes_the_isr_only_while_nobody_leads(nodes: Nodes) -> None:
+    a, epoch = await leading(nodes, "a")
+    b = await nodes.start("b")
+    assert await a.set_isr(copies("a"), epoch)
+    assert not await b.force_isr(copies("b"))
+    assert await b.replicas() == copies("a")
+    await a.resign()
+    assert await b.force_isr(copies("b"))
+    assert await a.replicas() == copies("b")
 
 
 @check
 async def an_isr_write_is_refused_to_a_node_that_does_not_lead(nodes: Nodes) -> None:
     a, epoch = await leading(nodes, "a")
     b = await nodes.start("b")
-    assert await a.set_isr(["a", "b"], epoch)
-    assert not await b.set_isr(["b"], epoch)  # the right epoch, but not b's lease
-    assert not await a.set_isr(["a"], epoch + 1)  # a's lease, but another epoch
+    assert await a.set_isr(copies("a", "b"), epoch)
+    assert not await b.set_isr(copies("b"), epoch)  # the right epoch, but not b's lease
+    assert not await a.set_isr(copies("a"), epoch + 1)  # a's lease, but another epoch
     assert await b.isr() == ["a", "b"]
 
 
@@ -111,7 +129,7 @@ async def an_isr_write_is_refused_to_a_node_that_does_not_lead(nodes: Nodes) -> 
 async def an_isr_write_is_refused_once_the_leaders_lease_lapsed(nodes: Nodes) -> None:
     a, epoch = await leading(nodes, "a")
     await nodes.expire(a)
-    assert not await a.set_isr(["a"], epoch)
+    assert not await a.set_isr(copies("a"), epoch)
     assert await a.isr() is None
 
 
@@ -122,9 +140,9 @@ async def an_isr_write_is_refused_to_a_deposed_leader(nodes: Nodes) -> None:
     await a.resign()
     new = await b.campaign(member("b"))
     assert new is not None
-    assert not await a.set_isr(["a"], old)
-    assert not await a.set_isr(["a"], new)
-    assert await b.set_isr(["b"], new)
+    assert not await a.set_isr(copies("a"), old)
+    assert not await a.set_isr(copies("a"), new)
+    assert await b.set_isr(copies("b"), new)
     assert await a.isr() == ["b"]
 
 

@@ -14,7 +14,7 @@ import uvloop
 from cluster.coordinator import CoordinatorUnavailable, Leader
 from cluster.etcd import EtcdCoordinator
 from tests.conftest import free_port
-from tests.coordinator_contract import CHECKS, Check, member, won
+from tests.coordinator_contract import CHECKS, Check, copies, member, won
 
 PROMPT = 0.5  # seconds a failing call may take beyond its call_timeout
 
@@ -63,7 +63,7 @@ async def fails_promptly(node: EtcdCoordinator, call) -> None:
 
 
 async def every_call_fails_promptly(node: EtcdCoordinator, epoch: int) -> None:
-    for call in (node.leader(), node.members(), node.isr(), node.set_isr([node.node_id], epoch),
+    for call in (node.leader(), node.members(), node.isr(), node.set_isr(copies(node.node_id), epoch),
                  node.campaign(member(node.node_id)), node.register(member(node.node_id)), node.secret(),
                  node.resign()):
         await fails_promptly(node, call)
@@ -122,7 +122,7 @@ def test_calls_fail_promptly_while_etcd_is_down_and_work_once_it_is_back(own_etc
         # etcd gives every lease a whole TTL anew when it comes back: a's lease and its leader key survive
         assert await a.leader() == Leader(member("a"), epoch)
         assert await a.refresh() and a.lease_alive
-        assert await a.set_isr(["a"], epoch)
+        assert await a.set_isr(copies("a"), epoch)
 
     run(own_etcd.endpoint, etcd_prefix, scenario)
 
@@ -146,7 +146,7 @@ def test_calls_time_out_while_etcd_hangs(own_etcd, etcd_prefix) -> None:
         own_etcd.pause()
         try:
             await fails_promptly(a, a.leader())
-            await fails_promptly(a, a.set_isr(["a"], epoch))
+            await fails_promptly(a, a.set_isr(copies("a"), epoch))
             started = time.monotonic()
             assert not await a.refresh()
             assert time.monotonic() - started < a.lease_ttl / 3 + PROMPT

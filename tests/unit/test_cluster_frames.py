@@ -10,19 +10,20 @@ from cluster import frames
 
 
 def test_frames_round_trip_whatever_the_cuts_between_reads():
-    stream = (frames.encode_hello("node-b", "s3cret", 7) + frames.encode_frame(7, 12, b"ops")
-              + frames.encode_ack(12) + frames.encode_refuse("going away"))
+    stream = (frames.encode_hello("node-b", "dir-b", "s3cret", 7) + frames.encode_frame(7, 12, b"ops")
+              + frames.encode_ack(12) + frames.encode_refuse("going away") + frames.HEARTBEAT_MESSAGE)
     for size in (1, 2, 5, 13, len(stream)):
         reader = frames.Reader(limit=1000)
         messages = []
         for start in range(0, len(stream), size):
             messages += reader.feed(stream[start:start + size])
         kinds = [kind for kind, _ in messages]
-        assert kinds == [frames.HELLO, frames.FRAME, frames.ACK, frames.REFUSE]
-        assert frames.decode_hello(messages[0][1]) == frames.Hello("node-b", "s3cret", 7)
+        assert kinds == [frames.HELLO, frames.FRAME, frames.ACK, frames.REFUSE, frames.HEARTBEAT]
+        assert frames.decode_hello(messages[0][1]) == frames.Hello("node-b", "dir-b", "s3cret", 7)
         assert frames.decode_frame(messages[1][1]) == (7, 12, b"ops")
         assert frames.decode_ack(messages[2][1]) == 12
         assert messages[3][1] == b"going away"
+        assert messages[4][1] == b""
 
 
 @given(st.integers(-1, 2**62), st.integers(0, 2**62), st.binary(max_size=300))
@@ -60,8 +61,11 @@ def test_unknown_kind_and_oversized_messages_are_refused():
         frames.Reader().feed(struct.pack(">BII", frames.FRAME, 5000, 0))
 
 
-@pytest.mark.parametrize("payload", [b"not json", b"[]", b'{"node": 1, "secret": "s", "epoch": 1}',
-                                     b'{"node": "a", "secret": "s"}', b'{"node": "a", "secret": "s", "epoch": true}'])
+@pytest.mark.parametrize("payload", [b"not json", b"[]", b'{"node": 1, "dir": "d", "secret": "s", "epoch": 1}',
+                                     b'{"node": "a", "dir": "d", "secret": "s"}',
+                                     b'{"node": "a", "secret": "s", "epoch": 1}',  # no data dir identity
+                                     b'{"node": "a", "dir": 5, "secret": "s", "epoch": 1}',
+                                     b'{"node": "a", "dir": "d", "secret": "s", "epoch": true}'])
 def test_malformed_hellos_are_refused(payload):
     with pytest.raises(frames.FrameError, match="malformed hello"):
         frames.decode_hello(payload)

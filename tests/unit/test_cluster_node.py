@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from broker.config import load_config
-from cluster.coordinator import MemoryCoordinator, MemoryEtcd
+from cluster.coordinator import MemoryCoordinator, MemoryEtcd, Replica, isr_to_json
 from cluster.node import ClusterNode
 from storage import writer as writer_module
 from tests.conftest import free_port, listening
@@ -73,7 +73,7 @@ def test_the_node_of_a_fresh_cluster_leads_and_serves(tmp_path):
 def test_a_node_outside_the_isr_never_campaigns(tmp_path):
     async def main():
         etcd = MemoryEtcd()
-        etcd.put("/warren/test/isr", '["other"]')  # a cluster whose in-sync replica is another node
+        etcd.put("/warren/test/isr", isr_to_json(1, [Replica("other", "its-dir")]))  # another node's copy only
         running = Running(make_node(tmp_path, etcd))
         await asyncio.sleep(3 * TTL)  # nothing may happen: no event to wait for
         assert running.node.role != "leader"
@@ -89,7 +89,7 @@ def test_a_winner_outside_the_isr_resigns(tmp_path):
         await node.coordinator.start()
         epoch = await node.coordinator.campaign(node.member)
         assert epoch is not None
-        etcd.put("/warren/test/isr", '["other"]')  # dropped from the ISR while it campaigned
+        etcd.put("/warren/test/isr", isr_to_json(epoch, [Replica("other", "its-dir")]))  # dropped meanwhile
         await node._lead_or_resign(epoch)
         assert await leader_epoch(etcd) is None
         assert node.server is None

@@ -13,7 +13,8 @@ import pytest
 
 from cluster import frames
 from cluster.coordinator import MemoryCoordinator, MemoryEtcd, Member
-from cluster.replication import ReplicaClient, ReplicationServer, read_epoch
+from cluster.replication import ReplicaClient, ReplicationServer
+from cluster.state import read_epoch
 from storage.replica import replicated_files
 from storage.store import MessageStore
 
@@ -43,14 +44,14 @@ class Rig:
         self.epoch = await self.coordinator.campaign(member("a"))
         assert self.epoch is not None
         self.store = MessageStore(self.root / "a")
-        self.server = ReplicationServer(self.store, self.coordinator, "a", self.epoch, SECRET, self.min_insync,
-                                        self.ack_timeout, self.lost.append)
+        self.server = ReplicationServer(self.store, self.coordinator, "a", "dir-a", self.epoch, SECRET,
+                                        self.min_insync, self.ack_timeout, self.lost.append)
         await self.server.start("127.0.0.1", 0)
         self.store.recover()
         self.server.store_ready.set()
 
     def follow(self, node: str, secret: str = SECRET, epoch: int | None = None) -> ReplicaClient:
-        client = ReplicaClient(self.root / node, node, secret)
+        client = ReplicaClient(self.root / node, node, secret, self.ack_timeout)
         task = asyncio.ensure_future(client.follow("127.0.0.1", self.server.port, epoch or self.epoch))
         self.followers[node] = (client, task)
         return client
@@ -95,6 +96,16 @@ def same_files(leader: Path, follower: Path) -> None:
 @pytest.fixture
 def rig(tmp_path):
     return Rig(tmp_path)
+
+
+async def until(condition, what: str) -> None:
+    async def poll():
+        while not condition():
+            await asyncio.sleep(0.01)
+    try:
+        await asyncio.wait_for(poll(), TIMEOUT)
+    except asyncio.TimeoutError:
+        raise AssertionError(f"{what}: not within {TIMEOUT} s") from None
 
 
 async def not_within(future: asyncio.Future, seconds: float) -> bool:
@@ -175,7 +186,7 @@ def test_a_follower_refuses_a_leader_of_an_older_epoch(rig):
         rig.follow("b")
         await rig.wait_isr(["a", "b"])
         await rig.stop_follower("b")
-        follower = ReplicaClient(rig.root / "b", "b", SECRET)
+        follower = ReplicaClient(rig.root / "b", "b", SECRET, rig.ack_timeout)
         await asyncio.wait_for(follower.follow("127.0.0.1", rig.server.port, rig.epoch - 1), TIMEOUT)
         assert "older" in (follower.failure or "")
         await rig.close()
@@ -184,6 +195,7 @@ def test_a_follower_refuses_a_leader_of_an_older_epoch(rig):
 
 def test_a_deposed_leader_cannot_write_the_isr_and_confirms_nothing_more(rig):
     async def main():
+        rig.min_insync = 1  # so that it tries to shrink the ISR to itself alone
         await rig.lead()
         rig.follow("b")
         await rig.wait_isr(["a", "b"])
@@ -206,7 +218,7 @@ def test_a_follower_that_reconnects_while_the_leader_is_idle_gets_back_in_sync(r
         client = rig.follow("b")
         await rig.wait_isr(["a", "b"])
         await rig.stop_follower("b")
-        await rig.wait_isr(["a"])
+        await until(lambda: "b" not in rig.server.status()["followers"], "b dropped")
         again = asyncio.ensure_future(client.follow("127.0.0.1", rig.server.port, rig.epoch))  # nothing written since
         rig.followers["b"] = (client, again)
         await rig.wait_isr(["a", "b"])
@@ -217,8 +229,8 @@ def test_a_follower_that_reconnects_while_the_leader_is_idle_gets_back_in_sync(r
 
 @pytest.mark.parametrize("hello", [
     frames.encode(frames.HELLO, b"[" * 4000),  # nested beyond the JSON decoder's recursion limit
-    frames.encode_hello("b", "s\u00e9cret", 0),  # a secret hmac cannot compare as text
-    frames.encode_hello("a", SECRET, 0),  # the leader's own node id
+    frames.encode_hello("b", "dir-b", "s\u00e9cret", 0),  # a secret hmac cannot compare as text
+    frames.encode_hello("a", "dir-a", SECRET, 0),  # the leader's own node id
     frames.encode(frames.ACK, b"12345678"),  # no hello at all
     b"GET / HTTP/1.1\r\n\r\n",
 ])

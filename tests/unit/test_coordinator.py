@@ -9,7 +9,7 @@ import time
 import pytest
 
 from cluster.coordinator import CoordinatorUnavailable, Leader, MemoryCoordinator, MemoryEtcd
-from tests.coordinator_contract import CHECKS, Check, member, won
+from tests.coordinator_contract import CHECKS, Check, copies, member, won
 
 
 class MemoryNodes:
@@ -83,7 +83,7 @@ def test_an_unreachable_etcd_fails_every_call_until_it_returns() -> None:
         a = await nodes.start("a", lease_ttl=0.3)
         epoch = await won(a)
         nodes.etcd.set_reachable(False)
-        for call in (a.leader(), a.members(), a.isr(), a.set_isr(["a"], epoch), a.campaign(member("a")),
+        for call in (a.leader(), a.members(), a.isr(), a.set_isr(copies("a"), epoch), a.campaign(member("a")),
                      a.register(member("a")), a.secret(), a.resign()):
             with pytest.raises(CoordinatorUnavailable):
                 await call
@@ -96,7 +96,7 @@ def test_an_unreachable_etcd_fails_every_call_until_it_returns() -> None:
         nodes.etcd.set_reachable(True)
         assert await a.leader() == Leader(member("a"), epoch)  # back with every lease renewed, as etcd does
         assert await a.refresh() and a.lease_alive
-        assert await a.set_isr(["a"], epoch)
+        assert await a.set_isr(copies("a"), epoch)
 
     run(scenario)
 
