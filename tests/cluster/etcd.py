@@ -1,4 +1,5 @@
-"""One etcd member for the cluster tests: on 127.0.0.1 with ephemeral client and peer ports and a temp data dir.
+"""One etcd member for the cluster tests: on 127.0.0.1 (or at a Place of tests/cluster/netns.py) with ephemeral
+client and peer ports and a temp data dir.
 
 The binary is the first of: $WARREN_ETCD, `etcd` on PATH, or the copy `make etcd` unpacks from Debian's
 etcd-server package into .cache/etcd. Without one, the tests that need etcd are skipped, saying so.
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cluster.netns import LOCAL, Place
 from tests.conftest import REPO_ROOT, free_port
 
 UNPACKED_ETCD = REPO_ROOT / ".cache" / "etcd" / "usr" / "bin" / "etcd"
@@ -40,8 +42,10 @@ class EtcdServer:
     """An etcd process the tests own. kill() and restart() make an outage (it comes back on the same ports with the
     same data, so its keys and leases are still there); pause() and resume() make it hang."""
 
-    def __init__(self, binary: str, workdir: Path):
+    def __init__(self, binary: str, workdir: Path, place: Place = LOCAL):
         self.binary = binary
+        self.host = place.host  # where it listens, for clients and peers
+        self.prefix = place.prefix  # the command prefix that runs it there (`ip netns exec NS`)
         self.data_dir = workdir / "data"
         self.log_path = workdir / "etcd.log"
         self.client_port = 0  # where clients connect (0 until start() picks it)
@@ -50,7 +54,7 @@ class EtcdServer:
 
     @property
     def endpoint(self) -> str:
-        return f"127.0.0.1:{self.client_port}"
+        return f"{self.host}:{self.client_port}"
 
     @property
     def pid(self) -> int:
@@ -98,10 +102,10 @@ class EtcdServer:
 
     def _launch(self) -> bool:
         """Run etcd and wait until it is healthy; False when it exited first (its ports were taken)."""
-        client_url, peer_url = f"http://{self.endpoint}", f"http://127.0.0.1:{self.peer_port}"
+        client_url, peer_url = f"http://{self.endpoint}", f"http://{self.host}:{self.peer_port}"
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [self.binary, "--name", "warren-test", "--data-dir", str(self.data_dir),
+                [*self.prefix, self.binary, "--name", "warren-test", "--data-dir", str(self.data_dir),
                  "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
                  "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
                  "--initial-cluster", f"warren-test={peer_url}", "--logger", "zap", "--log-level", "warn"],
@@ -129,13 +133,14 @@ class EtcdServer:
             return False
 
 
-def started_etcd():
-    """Yield a started EtcdServer, then stop it and remove its files (a generator for fixtures)."""
+def started_etcd(place: Place = LOCAL):
+    """Yield a started EtcdServer (running at ``place``), then stop it and remove its files (a generator for
+    fixtures)."""
     binary = find_etcd()
     if binary is None:
         pytest.skip(NO_ETCD_REASON)
     workdir = Path(tempfile.mkdtemp(prefix="warren-etcd-"))
-    server = EtcdServer(binary, workdir)
+    server = EtcdServer(binary, workdir, place)
     try:
         server.start()
         yield server

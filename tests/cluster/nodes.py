@@ -1,4 +1,8 @@
-"""Three Warren processes on 127.0.0.1 forming one cluster on a test's etcd, and an observer of its etcd keys."""
+"""Three Warren processes forming one cluster on a test's etcd, and an observer of its etcd keys.
+
+Each node runs on 127.0.0.1 by default, or at a Place of its own (an address in a network namespace of
+tests/cluster/netns.py, for the partition tests).
+"""
 
 from __future__ import annotations
 
@@ -8,9 +12,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from tests.cluster.netns import LOCAL, Place
 from tests.conftest import REPO_ROOT, free_port
 
 LEASE_TTL = 2.0  # the acceptance tests' lease (seconds)
@@ -21,31 +26,39 @@ class Node:
     """One Warren process of the cluster; its ports and data dir stay the same across restarts."""
 
     def __init__(self, root: Path, name: str, cluster: str, etcd: str, *, ports: tuple[int, int, int] | None = None,
-                 **settings: object) -> None:
-        """``ports``: (AMQP, management, replication), free ones when None."""
+                 place: Place = LOCAL, **settings: object) -> None:
+        """``ports``: (AMQP, management, replication), free ones when None. ``place``: where it runs (its address
+        serves AMQP, replication and, off loopback, the management API; guest may log in from anywhere there)."""
         self.name = name
+        self.host = place.host
+        self.prefix = place.prefix  # the command prefix that runs it at its place (`ip netns exec NS`)
         self.port, self.management_port, self.replication_port = ports or (free_port(), free_port(), free_port())
         self.data_dir = root / name
         self.config_path = root / f"{name}.toml"
         self.log_path = root / f"{name}.log"
         self.process: subprocess.Popen | None = None
         cluster_settings = {"lease_ttl": LEASE_TTL, "ack_timeout": ACK_TIMEOUT, "min_insync": 2, **settings}
+        if place != LOCAL:  # the test process reaches it from another address: not loopback
+            cluster_settings.setdefault("advertise_host", self.host)
         self.config_path.write_text("\n".join([
-            "[server]", 'host = "127.0.0.1"', f"port = {self.port}", f'data_dir = "{self.data_dir}"',
-            f'cluster_name = "{cluster}"', "[management]", f"port = {self.management_port}", "[prometheus]", "port = 0",
+            "[server]", f'host = "{self.host}"', f"port = {self.port}", f'data_dir = "{self.data_dir}"',
+            f'cluster_name = "{cluster}"', "[management]", f"port = {self.management_port}",
+            *([] if place == LOCAL else [f'host = "{self.host}"', "[amqp]", "loopback_users = []"]),
+            "[prometheus]", "port = 0",
             "[cluster]", f'etcd_endpoints = ["{etcd}"]', f'node_id = "{name}"',
             f"replication_port = {self.replication_port}",
             *(f"{key} = {value!r}" for key, value in cluster_settings.items()), ""]))
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def start(self) -> None:
         assert self.process is None or self.process.poll() is not None, f"{self.name} runs already"
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen([sys.executable, "-m", "broker", "--config", str(self.config_path)],
-                                            cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(
+                [*self.prefix, sys.executable, "-m", "broker", "--config", str(self.config_path)],
+                cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
 
     def signal(self, sig: int) -> None:
         assert self.process is not None
@@ -134,8 +147,11 @@ def wait_for(condition: Callable[[], object], timeout: float, what: str, step: f
 class Cluster:
     """Three nodes a, b, c; ``ready()`` waits for a leader with every running node in the ISR."""
 
-    def __init__(self, root: Path, cluster: str, etcd: str, **settings: object) -> None:
-        self.nodes = {name: Node(root, name, cluster, etcd, **settings) for name in ("a", "b", "c")}
+    def __init__(self, root: Path, cluster: str, etcd: str, *, places: Mapping[str, Place] | None = None,
+                 **settings: object) -> None:
+        """``places``: where each node runs, by name (127.0.0.1 for a name not given)."""
+        self.nodes = {name: Node(root, name, cluster, etcd, place=(places or {}).get(name, LOCAL), **settings)
+                      for name in ("a", "b", "c")}
         self.observer = Observer(etcd, cluster)
 
     def start(self) -> None:
