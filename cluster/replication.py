@@ -601,7 +601,7 @@ class ReplicaClient:
                 messages += reader.feed(data)
             group = [self._frame(stream, kind, payload) for kind, payload in messages if kind != frames.HEARTBEAT]
             if len(group) < len(messages):
-                stream.sendall(frames.HEARTBEAT_MESSAGE)
+                self._answer_heartbeat(stream)
             if group:
                 sequence = writer.apply(group)
                 if sequence > self.acked:
@@ -613,6 +613,9 @@ class ReplicaClient:
 
     def _acknowledge(self, stream: socket.socket, sequence: int) -> None:
         stream.sendall(frames.encode_ack(sequence))
+
+    def _answer_heartbeat(self, stream: socket.socket) -> None:
+        stream.sendall(frames.HEARTBEAT_MESSAGE)
 
     def _frame(self, stream: socket.socket, kind: int, payload: bytes) -> tuple[int, list]:
         if kind == frames.REFUSE:

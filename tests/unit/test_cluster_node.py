@@ -8,6 +8,7 @@ import asyncio
 import threading
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from broker.config import load_config
@@ -20,9 +21,9 @@ TTL = 1.0
 TIMEOUT = 10.0
 
 
-def make_node(root: Path, etcd: MemoryEtcd, name: str = "n1") -> ClusterNode:
+def make_node(root: Path, etcd: MemoryEtcd, name: str = "n1", management_port: int = 0) -> ClusterNode:
     config = load_config(None, {
-        "host": "127.0.0.1", "port": free_port(), "data_dir": str(root / name), "management_port": 0,
+        "host": "127.0.0.1", "port": free_port(), "data_dir": str(root / name), "management_port": management_port,
         "prometheus_port": 0, "cluster_etcd_endpoints": ["127.0.0.1:1"], "cluster_node_id": name,
         "cluster_replication_port": free_port(), "cluster_lease_ttl": TTL, "cluster_ack_timeout": 1.0,
         "cluster_min_insync": 1})
@@ -80,6 +81,30 @@ def test_a_node_outside_the_isr_never_campaigns(tmp_path):
         assert await leader_epoch(etcd) is None
         await running.close()
     asyncio.run(main())
+
+
+def test_a_node_back_with_a_wiped_data_dir_never_campaigns_and_says_why(tmp_path, caplog):
+    async def main():
+        etcd = MemoryEtcd()
+        # n1 was in sync with another data dir, now gone: none of the ISR's copies is left
+        etcd.put("/warren/test/isr", isr_to_json(1, [Replica("n1", "its-old-dir"), Replica("n2", "n2-dir")]))
+        port = free_port()
+        running = Running(make_node(tmp_path, etcd, management_port=port))
+        await until(lambda: "force-leader" in running.node.waiting_for, "saying why the cluster cannot serve")
+        assert running.node.role != "leader" and await leader_epoch(etcd) is None
+        status, body = await management_get(port, "/api/health/checks/alarms")
+        assert status == 503 and body["status"] == "failed"
+        assert "no node holding an in-sync replica" in body["reason"] and "force-leader" in body["reason"]
+        await running.close()
+    asyncio.run(main())
+    said = [record.getMessage() for record in caplog.records if "not electable" in record.getMessage()]
+    assert len(said) == 1, said  # once, not at every retry
+
+
+async def management_get(port: int, path: str) -> tuple[int, dict]:
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"http://127.0.0.1:{port}{path}") as response:
+            return response.status, await response.json()
 
 
 def test_a_winner_outside_the_isr_resigns(tmp_path):

@@ -6,7 +6,9 @@ refuses frames of an older epoch; a deposed leader's ISR write is refused."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import shutil
 from pathlib import Path
 
 import pytest
@@ -245,3 +247,98 @@ def test_hostile_hellos_are_refused_quietly(rig, hello, caplog):
         await rig.close()
     asyncio.run(main())
     assert not [record for record in caplog.records if record.levelno >= logging.ERROR or record.exc_info]
+
+
+def test_below_min_insync_the_isr_keeps_the_replicas_that_hold_every_confirm(rig):
+    async def main():
+        await rig.lead()
+        rig.follow("b")
+        rig.follow("c")
+        await rig.wait_isr(["a", "b", "c"])
+        await rig.stop_follower("c")
+        assert await asyncio.wait_for(rig.publish(5), TIMEOUT) is True  # a and b still make min_insync
+        assert await rig.isr() == ["a", "b"]
+        await rig.stop_follower("b")
+        stuck = rig.publish(5)
+        assert await not_within(stuck, 3 * rig.ack_timeout), "confirmed with one copy while min_insync is 2"
+        assert await rig.isr() == ["a", "b"], "b holds every confirm: it stays electable"
+        rig.follow("b")  # back: its copy is rewritten, so it leaves the ISR first, then enters it again
+        assert await asyncio.wait_for(stuck, TIMEOUT) is True
+        assert await rig.isr() == ["a", "b"]
+        await rig.close()
+        same_files(rig.root / "a", rig.root / "b")
+    asyncio.run(main())
+
+
+def test_a_node_back_with_another_data_dir_is_a_new_follower(rig):
+    async def main():
+        await rig.lead()
+        rig.follow("b")
+        await rig.wait_isr(["a", "b"])
+        await rig.stop_follower("b")
+        before = {replica.node: replica.dir for replica in await rig.coordinator.replicas()}
+        shutil.rmtree(rig.root / "b")  # a wiped disk: same node id, new data dir identity
+        rig.follow("b")
+        await until(lambda: rig.server.status()["followers"].get("b", {}).get("in_sync"), "b caught up")
+        await rig.wait_isr(["a", "b"])
+        after = {replica.node: replica.dir for replica in await rig.coordinator.replicas()}
+        assert after["b"] != before["b"]
+        assert await asyncio.wait_for(rig.publish(1), TIMEOUT) is True
+        await rig.close()
+        same_files(rig.root / "a", rig.root / "b")
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("b_says_it_lost_the_leader", [True, False])
+def test_a_leader_below_min_insync_steps_aside_for_a_replica_that_lost_it(rig, b_says_it_lost_the_leader):
+    async def main():
+        rig.ack_timeout = 0.3
+        await rig.lead()
+        rig.follow("b")
+        await rig.wait_isr(["a", "b"])
+        await rig.stop_follower("b")
+        b = MemoryCoordinator(rig.etcd, "/w", "b", 5.0)  # b, cut off from a, still reaches etcd
+        await b.start()
+        await b.register(dataclasses.replace(member("b"), lost_leader=rig.epoch if b_says_it_lost_the_leader else 0))
+        if b_says_it_lost_the_leader:
+            await until(lambda: rig.lost, "leadership given up")
+            assert "stepping aside" in rig.lost[0] and rig.server.stepped_aside
+        else:  # b may be dead: a keeps leading, waiting for a copy
+            await asyncio.sleep(6 * rig.ack_timeout)  # nothing may happen: no event to wait for
+            assert rig.lost == [] and not rig.server.stepped_aside
+        await rig.close()
+    asyncio.run(main())
+
+
+def test_an_idle_leader_keeps_its_followers_and_drops_one_that_answers_no_heartbeat(rig):
+    async def main():
+        rig.ack_timeout = 0.3
+        await rig.lead()
+        rig.follow("b")
+        deaf = rig.follow("c")
+        await rig.wait_isr(["a", "b", "c"])
+        answered = []  # once not empty, c still acks frames but answers no heartbeat
+        send_heartbeat = deaf._answer_heartbeat
+        deaf._answer_heartbeat = lambda stream: None if answered else send_heartbeat(stream)
+        await asyncio.sleep(5 * rig.ack_timeout)  # idle: heartbeats alone keep b and c in
+        assert await rig.isr() == ["a", "b", "c"]
+        answered.append(True)
+        await rig.wait_isr(["a", "b"])
+        assert await asyncio.wait_for(rig.publish(1), TIMEOUT) is True
+        await rig.close()
+    asyncio.run(main())
+
+
+def test_a_follower_leaves_a_leader_that_says_nothing(tmp_path):
+    async def main():
+        async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.read()  # the hello, then nothing: a leader behind a cut link
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        client = ReplicaClient(tmp_path / "b", "b", SECRET, 0.3)
+        started = asyncio.get_running_loop().time()
+        await asyncio.wait_for(client.follow("127.0.0.1", server.sockets[0].getsockname()[1], 1), TIMEOUT)
+        assert "no word from the leader" in (client.failure or "")
+        assert 0.6 <= asyncio.get_running_loop().time() - started < 2.0
+        assert client.lost_leader
+        server.close()
+    asyncio.run(main())
