@@ -15,6 +15,10 @@ It stops once --count ids are confirmed, once --until-file exists, or on SIGTERM
 for the confirms of what it sent; then it writes --out (Publisher.result). Every 200 ms it rewrites the progress
 file (default: --out with the suffix .progress.json), so that a test can wait for confirms without sleeping
 blindly. A test starts one with start_publisher().
+
+The result also tells when confirms came: every pause between two confirms longer than GAP_RECORDED ("gaps"), and
+for each connection where it went, when it was ready and when its first and last confirms came ("connections"), so
+that a test can say which confirms a node gave after a moment of its own (time.time() throughout).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ CONNECT_TIMEOUT = 2.0  # longest a connection attempt (handshake, declare, confi
 TICK = 0.2  # seconds between progress writes (and checks of the until-file and of a stall)
 STOP_GRACE = 5.0  # longest a stop waits for the confirms of what was sent
 BATCH = 100  # most messages written at once
+GAP_RECORDED = 0.2  # seconds without a confirm that the result's "gaps" records
 CONNECTION_ERRORS = (BrokerClosed, OSError, TimeoutError)  # what makes the publisher give a connection up
 
 
@@ -84,6 +89,27 @@ class Loss:
                 "gap": self.gap}
 
 
+@dataclass
+class Link:
+    """One connection that was ready to publish, and the confirms that came on it."""
+
+    node: str  # the node it was made to (which may have forwarded it to the leader)
+    opened_at: float  # time.time() when it was ready to publish
+    first_confirm_at: float | None = None  # time.time() of its first confirm
+    last_confirm_at: float | None = None  # and of its latest
+    confirmed: int = 0  # ids confirmed on it
+
+    def acked(self, count: int, at: float) -> None:
+        if self.first_confirm_at is None:
+            self.first_confirm_at = at
+        self.last_confirm_at = at
+        self.confirmed += count
+
+    def as_json(self) -> dict[str, Any]:
+        return {"node": self.node, "opened_at": self.opened_at, "first_confirm_at": self.first_confirm_at,
+                "last_confirm_at": self.last_confirm_at, "confirmed": self.confirmed}
+
+
 class Ledger:
     """Which ids were sent and which confirmed, over every connection of a run."""
 
@@ -100,6 +126,8 @@ class Ledger:
         self.last_confirm_at: float | None = None  # time.time() of the same, None before the first
         self.losses: list[Loss] = []
         self._unanswered: list[Loss] = []  # losses that no confirm has followed yet
+        self.links: list[Link] = []  # every connection that was ready to publish, in order
+        self.gaps: list[tuple[float, float]] = []  # (time.time() of a confirm, seconds to the next) over GAP_RECORDED
 
     @property
     def done(self) -> bool:
@@ -125,7 +153,10 @@ class Ledger:
         for id_ in ids:
             confirmed[id_] = 1
         self.confirmed_count += len(ids)
-        self.last_confirm = time.monotonic()
+        now = time.monotonic()
+        if self.last_confirm_at is not None and now - self.last_confirm > GAP_RECORDED:
+            self.gaps.append((self.last_confirm_at, now - self.last_confirm))
+        self.last_confirm = now
         self.last_confirm_at = time.time()
         if self._unanswered:
             for loss in self._unanswered:
@@ -142,11 +173,14 @@ class Ledger:
         self._unanswered.append(loss)
         self.retry = deque(sorted([*self.retry, *unconfirmed]))
 
-    def reconnected(self) -> None:
+    def reconnected(self, node: str) -> Link:
+        """A connection to ``node`` is ready to publish: its Link."""
         now = time.monotonic()
         for loss in self._unanswered:
             if loss.reconnected is None:
                 loss.reconnected = now - loss.since
+        self.links.append(Link(node, time.time()))
+        return self.links[-1]
 
 
 class Outstanding:
@@ -155,6 +189,7 @@ class Outstanding:
 
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
+        self.link: Link | None = None  # the connection's record, once it is ready to publish
         self.pending: dict[int, int] = {}  # delivery tag -> id, for every publish neither acked nor nacked
         self.next_tag = 1  # the delivery tag of the next publish
         self.lowest = 1  # no pending tag is below it
@@ -180,7 +215,12 @@ class Outstanding:
         else:
             ids = [pop(delivery_tag)]
         self.last_progress = time.monotonic()
-        (self.ledger.acked if acked else self.ledger.nacked)(ids)
+        if acked:
+            self.ledger.acked(ids)
+            if self.link is not None:
+                self.link.acked(len(ids), self.ledger.last_confirm_at)
+        else:
+            self.ledger.nacked(ids)
         self.wake()
 
     def fail(self, error: BrokerClosed) -> None:
@@ -296,7 +336,7 @@ class Publisher:
             except CONNECTION_ERRORS:
                 await self._pause(RETRY_INTERVAL)
                 continue
-            self.ledger.reconnected()
+            session.outstanding.link = self.ledger.reconnected(node)
             if self._started is None:
                 self._started, self._cpu_at_start = time.monotonic(), time.process_time()
             if self.ledger.losses:
@@ -396,6 +436,8 @@ class Publisher:
             "seconds": seconds,  # from the first connection to the last confirm, failovers included
             "confirms_per_second": ledger.confirmed_count / seconds if seconds else 0.0,
             "cpu_seconds": time.process_time() - self._cpu_at_start,  # the publisher's own, from the first connection
+            "gaps": ledger.gaps,  # [time.time() of a confirm, seconds until the next] for pauses over GAP_RECORDED
+            "connections": [link.as_json() for link in ledger.links],  # each connection ready to publish, in order
         }
 
 
