@@ -36,9 +36,11 @@ nobody can name: keep every queue's messages), messages, clean_shutdown, seconds
 
 Contract with the broker:
 - Every method runs on the event loop thread. ``append_*`` make no syscall: they add framed records to the pending
-  batch. One writer thread writes each batch and calls fdatasync once per file touched, then hands the batch's
-  callbacks back with one ``call_soon_threadsafe``. A lone append is handed over on the next loop turn; appends made
-  while a batch is being written form the next batch (group commit, no timer).
+  batch. One writer thread writes each batch and calls fdatasync once per file touched, and fsync once per directory
+  whose entries changed (a new segment, log, stream directory, a rewrite renamed over; kept for the next batch if
+  that one failed), then hands the batch's callbacks back with one ``call_soon_threadsafe``. A lone append is handed
+  over on the next loop turn; appends made while a batch is being written form the next batch (group commit, no
+  timer). Directories made at start (the data dir at its first use, ``messages/``) are fsynced before serving.
 - ``msg_id`` must increase from one ``append_message`` to the next (ValueError otherwise); ids are what the index
   is built on. Recovery never fails on ids that do not increase on disk: such publishes get fresh ids. Use the same
   queue key (e.g. "vhost|name") in ``append_message``/``append_removed`` as the name of the queue's definition,

@@ -31,6 +31,44 @@ def fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+def fsync_directories(directories: set[Path]) -> int:
+    """fsync each of ``directories`` that still exists (one removed since has no entries left to keep), then empty
+    the set; return how many were fsynced. Should one fail, the set is left whole, to be tried again."""
+    count = 0
+    for directory in directories:
+        try:
+            fsync_directory(directory)
+        except FileNotFoundError:
+            continue
+        count += 1
+    directories.clear()
+    return count
+
+
+def make_directories(directory: Path, changed: set[Path]) -> None:
+    """Make ``directory`` and whichever of its parents are missing; the parent of each one made joins ``changed``
+    (its entries changed): fsync them (``fsync_directories``) before anything inside is relied on."""
+    missing = []
+    while not directory.is_dir():
+        missing.append(directory)
+        directory = directory.parent
+    for made in reversed(missing):
+        made.mkdir(exist_ok=True)
+        changed.add(made.parent)
+
+
+def open_appending(path: Path, changed: set[Path]) -> int:
+    """``path`` open for appending; made if missing (its directories too, see ``make_directories``), and then its
+    directory joins ``changed``."""
+    try:
+        return os.open(path, os.O_WRONLY | os.O_APPEND)
+    except FileNotFoundError:
+        make_directories(path.parent, changed)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    changed.add(path.parent)
+    return fd
+
+
 def write_synced(path: Path, data: bytes) -> None:
     """Create (or empty) ``path`` and write ``data`` to it, fdatasync'd: a rewrite's copy, renamed into place next."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)

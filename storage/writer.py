@@ -35,7 +35,9 @@ from storage.compaction import Compaction
 from storage.histogram import Histogram
 from storage.records import CorruptRecord
 from storage.replica import APPEND, DELETE, REPLACE, RMTREE, Op, replicated_files, truncate_op
-from storage.segments import CLEAN_MARKER, DEFINITIONS_LOG, fsync_directory, segment_path, write_synced
+from storage.segments import (
+    CLEAN_MARKER, DEFINITIONS_LOG, fsync_directories, fsync_directory, open_appending, segment_path, write_synced,
+)
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +87,9 @@ class Writer:
         self._definitions_fd = -1
         self._stream_files: dict[Path, int] = {}  # stream segment -> open fd (those the last batch appended to)
         self._stream_sizes: dict[Path, int] = {}  # stream segment -> durable size of the open file
+        # directories whose entries changed (a file or directory made, a file renamed over) and are not fsynced yet:
+        # fsynced once per batch, before it is reported; kept for the next batch if that one failed
+        self._unsynced_directories: set[Path] = set()
         self._definitions_size = 0
         self._jobs: deque[tuple[Compaction, Iterator[int]]] = deque()  # compactions and their step iterators
         self._compaction_owed = 0  # input bytes compactions get before the next batch, even if one is waiting
@@ -178,24 +183,23 @@ class Writer:
         return True
 
     def _append(self, batch: Batch, touched: dict[int, int]) -> None:
-        """Write the batch's bytes and make them durable; ``touched`` gets each fd's size before, as it goes."""
-        created = False
+        """Write the batch's bytes and make them durable, with the entries of any file it made; ``touched`` gets
+        each fd's size before, as it goes."""
         for number, data in batch.chunks:
             if not data:
                 continue
             fd = self._files.get(number)
             if fd is None:
-                fd = os.open(segment_path(self._segments_dir, number), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+                fd = open_appending(segment_path(self._segments_dir, number), self._unsynced_directories)
                 self._files[number] = fd
                 self._sizes[number] = os.fstat(fd).st_size
-                created = True
             touched.setdefault(fd, self._sizes[number])
             self._write_all(fd, data)
             self._sizes[number] += len(data)
             if self._frame is not None:
                 self._frame.append((APPEND, self._relative(segment_path(self._segments_dir, number)), bytes(data)))
         self._remove_stream_directories(batch.resets)
-        new_directories = self._append_stream_chunks(batch.files, touched)
+        self._append_stream_chunks(batch.files, touched)
         if batch.definitions_snapshot is not None:
             self._replace_definitions(batch.definitions_snapshot)
         elif batch.definitions:
@@ -212,12 +216,7 @@ class Writer:
             self.fsyncs += 1
         self.sync_seconds.observe(time.perf_counter() - started)
         self.batch_messages.observe(len(batch.published))
-        if created:
-            fsync_directory(self._segments_dir)
-            self.fsyncs += 1
-        for directory in new_directories:
-            fsync_directory(directory)
-            self.fsyncs += 1
+        self.fsyncs += fsync_directories(self._unsynced_directories)
 
     def _remove_stream_directories(self, directories: list[Path]) -> None:
         """Deleted streams (or what an earlier stream of a name declared anew left) go before any chunk of the batch
@@ -233,24 +232,18 @@ class Writer:
             fsync_directory(removed[0].parent)
             self.fsyncs += 1
 
-    def _append_stream_chunks(self, files: list[tuple[Path, bytes]], touched: dict[int, int]) -> list[Path]:
-        """Append stream chunks to their segments (closing those no longer appended to); returns the directories
-        whose entries changed (a segment, or a stream's directory, was made)."""
+    def _append_stream_chunks(self, files: list[tuple[Path, bytes]], touched: dict[int, int]) -> None:
+        """Append stream chunks to their segments (closing those no longer appended to), making any segment or
+        stream directory that is missing."""
         if not files and not self._stream_files:
-            return []
-        changed: list[Path] = []
+            return
         appended = set()
         for path, data in files:
             fd = self._stream_files.get(path)
             if fd is None:
-                if not path.parent.exists():
-                    path.parent.mkdir(parents=True)
-                    changed.append(path.parent.parent)
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+                fd = open_appending(path, self._unsynced_directories)
                 self._stream_files[path] = fd
                 self._stream_sizes[path] = os.fstat(fd).st_size
-                if path.parent not in changed:
-                    changed.append(path.parent)
             touched.setdefault(fd, self._stream_sizes[path])
             self._write_all(fd, data)
             self._stream_sizes[path] += len(data)
@@ -259,7 +252,6 @@ class Writer:
                 self._frame.append((APPEND, self._relative(path), data))
         for path in [path for path in self._stream_files if path not in appended]:
             self._close_stream_file(path)
-        return changed
 
     def _close_stream_file(self, path: Path) -> None:
         os.close(self._stream_files.pop(path))
@@ -317,8 +309,7 @@ class Writer:
 
     def _open_definitions(self) -> int:
         if self._definitions_fd < 0:
-            path = self._data_dir / DEFINITIONS_LOG
-            self._definitions_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            self._definitions_fd = open_appending(self._data_dir / DEFINITIONS_LOG, self._unsynced_directories)
             self._definitions_size = os.fstat(self._definitions_fd).st_size
         return self._definitions_fd
 
@@ -334,8 +325,7 @@ class Writer:
         os.replace(temporary, path)
         if self._frame is not None:
             self._frame.append((REPLACE, DEFINITIONS_LOG, content))
-        fsync_directory(self._data_dir)
-        self.fsyncs += 1
+        self._unsynced_directories.add(self._data_dir)
 
     def _apply_deletions(self, numbers: list[int]) -> None:
         if not numbers:
