@@ -3,13 +3,23 @@
 The lock belongs to the open file, so the kernel drops it when the process exits, however it exits: a stale
 ``.lock`` file left by a crash never blocks the next start. The file holds the owner's pid, for the message the
 next contender gets.
+
+Taking the lock is the first thing done in a data dir, by a store and by a follower alike, so it also makes the data
+dir durable: the directories it makes, and, at the data dir's first use (no ``.lock`` yet, whoever made the dir),
+the data dir's own entry in its parent, so that a power cut soon after cannot take the new dir with everything
+later confirmed in it.
 """
 
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 from pathlib import Path
+
+from storage.segments import fsync_directories, make_directories
+
+log = logging.getLogger(__name__)
 
 LOCK_FILE = ".lock"
 
@@ -29,7 +39,7 @@ class DataDirLock:
 
     def acquire(self) -> None:
         """Take the lock or raise DataDirLocked naming the holder; OSError if the dir cannot be used at all."""
-        self._data_dir.mkdir(parents=True, exist_ok=True)
+        self._make_durable()
         fd = os.open(self._data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -46,6 +56,19 @@ class DataDirLock:
         except OSError:
             pass  # a full disk must not stop the start: the pid is only for the message above
         self._fd = fd
+
+    def _make_durable(self) -> None:
+        """Make the data dir (and its missing parents) and fsync the directories that gained an entry; at the data
+        dir's first use, its parent too."""
+        changed: set[Path] = set()
+        make_directories(self._data_dir, changed)
+        if not (self._data_dir / LOCK_FILE).exists():
+            changed.add(self._data_dir.parent)
+        try:
+            fsync_directories(changed)
+        except PermissionError as error:  # a parent we may enter but not read: nothing more can be done from here
+            log.warning("cannot make the entry of data dir %s durable (%s): a power cut soon after its first use "
+                        "may lose it", self._data_dir, error)
 
     def release(self) -> None:
         if self._fd >= 0:

@@ -25,7 +25,7 @@ from storage.definitions import DefinitionTable
 from storage.index import MessageIndex
 from storage.recovered import RecoveredMessages, place
 from storage.segments import (
-    CLEAN_MARKER, DEFINITIONS_LOG, fsync_directory, segment_numbers, segment_path,
+    CLEAN_MARKER, DEFINITIONS_LOG, fsync_directories, fsync_directory, make_directories, segment_numbers, segment_path,
 )
 
 log = logging.getLogger(__name__)
@@ -373,7 +373,9 @@ class _Reader:
 
 def recover(data_dir: Path, segments_dir: Path) -> RecoveredState:
     started = time.perf_counter()
-    segments_dir.mkdir(parents=True, exist_ok=True)
+    made: set[Path] = set()  # the data dir, if messages/ is new (a fresh data dir, a promoted follower's copy)
+    make_directories(segments_dir, made)
+    fsync_directories(made)
     format.check_and_mark(data_dir)
     for leftover in [*segments_dir.glob("*.compacting"), *data_dir.glob("*.snapshot")]:
         leftover.unlink()  # a rewrite interrupted before its rename: the original is intact
