@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from storage import records
-from storage.segments import fsync_directory
+from storage.segments import fsync_directories, fsync_directory, make_directories
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +112,9 @@ class Quarantine:
         could not be written (logged: then ``source`` must keep the bytes)."""
         target = self.directory / f"{source.name}@{offset}"
         copy = 0
+        changed = {self.directory}  # fsynced once the copy is written (with the data dir if quarantine/ is new)
         try:
-            self.directory.mkdir(exist_ok=True)
+            make_directories(self.directory, changed)
             while target.exists():  # the same offset damaged again after a repair, or a repair cut short by a crash
                 copy += 1
                 target = self.directory / f"{source.name}@{offset}.{copy}"
@@ -121,7 +122,7 @@ class Quarantine:
                 file.write(content)
                 file.flush()
                 os.fsync(file.fileno())
-            fsync_directory(self.directory)
+            fsync_directories(changed)
         except OSError as error:
             log.error("cannot keep %d damaged bytes of %s in %s (%s): the file stays as it is", len(content), source,
                       self.directory, error)
