@@ -29,7 +29,9 @@ from typing import Final, TypeAlias
 
 from storage.lock import LOCK_FILE
 from storage.salvage import QUARANTINE_DIRECTORY
-from storage.segments import CLEAN_MARKER, SEGMENT_SUFFIX, fsync_directory, write_synced
+from storage.segments import (
+    CLEAN_MARKER, SEGMENT_SUFFIX, fsync_directories, make_directories, open_appending, write_synced,
+)
 
 APPEND: Final = 1
 REPLACE: Final = 2
@@ -226,27 +228,9 @@ class ReplicaWriter:
     def _open(self, path: str) -> int:
         """The file open for appending (kept open), made with its directories if missing."""
         fd = self._files.get(path)
-        if fd is not None:
-            return fd
-        target = self._data_dir / path
-        try:
-            fd = os.open(target, os.O_WRONLY | os.O_APPEND)
-        except FileNotFoundError:
-            self._make_parents(target)
-            fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-            self._directories.add(target.parent)
-        self._files[path] = fd
+        if fd is None:
+            fd = self._files[path] = open_appending(self._data_dir / path, self._directories)
         return fd
-
-    def _make_parents(self, target: Path) -> None:
-        missing = []
-        directory = target.parent
-        while not directory.is_dir():
-            missing.append(directory)
-            directory = directory.parent
-        for directory in reversed(missing):
-            directory.mkdir()
-            self._directories.add(directory.parent)
 
     def _truncate(self, path: str, size: int) -> None:
         fd = self._open(path)
@@ -260,7 +244,7 @@ class ReplicaWriter:
         """Written aside under the name the store's own rewrites use (recovery removes a leftover), then renamed."""
         self._close(path)
         target = self._data_dir / path
-        self._make_parents(target)
+        make_directories(target.parent, self._directories)
         temporary = target.with_suffix(".compacting" if target.suffix == SEGMENT_SUFFIX else ".snapshot")
         write_synced(temporary, data)
         self.fsyncs += 1
@@ -283,7 +267,7 @@ class ReplicaWriter:
 
     def _reset(self) -> None:
         self.close()
-        self._data_dir.mkdir(parents=True, exist_ok=True)
+        make_directories(self._data_dir, self._directories)
         for entry in self._data_dir.iterdir():
             if entry.name in KEPT_BY_RESET:
                 continue
@@ -299,13 +283,7 @@ class ReplicaWriter:
             os.fdatasync(fd)
             self.fsyncs += 1
         self._unsynced.clear()
-        for directory in self._directories:
-            try:
-                fsync_directory(directory)
-            except FileNotFoundError:
-                continue
-            self.fsyncs += 1
-        self._directories.clear()
+        self.fsyncs += fsync_directories(self._directories)
 
     def _write_all(self, fd: int, data: bytes) -> None:
         view = memoryview(data)
