@@ -17,7 +17,7 @@ from storage.index import MessageIndex, Segment
 from storage.lock import DataDirLock, DataDirLocked
 from storage.recovered import PLACE_BITS, RecoveredMessages, StoredMessage, StoredRun, place
 from storage.recovery import Recovered, recover
-from storage.segments import messages_directory, segment_path
+from storage.segments import fsync_directory, messages_directory, segment_path
 from storage.streams import StreamLogs
 from storage.writer import Batch, Cut, Tap, Writer
 
@@ -127,6 +127,8 @@ class MessageStore:
         deletions, _ = self._recovered_index().housekeeping(self._compact_ratio, self._min_compact_bytes)
         for segment in deletions:
             segment_path(self._segments_dir, segment.number).unlink(missing_ok=True)
+        if deletions:  # gone for good before a rewrite may drop the removals of the messages they held
+            fsync_directory(self._segments_dir)
 
     # --- appends (hot path) ---------------------------------------------------------------------------------
     def append_message(
