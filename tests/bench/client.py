@@ -69,6 +69,7 @@ class DeliveryCounter:
         self.delivered = 0  # deliveries received so far
         # seconds from publishing to arrival, when bodies start with their publishing time (tests.bench.roles)
         self.latencies: list[float] | None = [] if stamped else None
+        self.reads_bodies = stamped  # the connection hands each body frame to on_body
         self._channel = channel
         self._ack_every = ack_every  # 0: auto-ack; 1: ack each delivery; N > 1: one multiple ack every N deliveries
         self._since_ack = 0  # deliveries received since the last ack sent
@@ -227,7 +228,7 @@ class BenchConnection(asyncio.Protocol):
                     self._on_method(channel, frame.unmarshal(bytes(buffer[offset:frame_end + 1]))[2])
             elif frame_type == FRAME_BODY:
                 counter = channels[channel].counter
-                if counter is not None and counter.latencies is not None:
+                if counter is not None and counter.reads_bodies:
                     counter.on_body(buffer, offset + 7)
             offset = frame_end + 1  # content headers, other bodies and heartbeats are skipped
         del buffer[:offset]
