@@ -36,7 +36,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import uvloop
 
@@ -477,54 +477,48 @@ POLL = 0.05  # seconds between reads of the progress file while a test waits on 
 
 
 @dataclass
-class PublisherHandle:
-    """A publisher process started by start_publisher()."""
+class ProcessHandle:
+    """A client process of the cluster tests started by launch(): it rewrites a progress file as it runs and
+    writes its result when it stops (this publisher, tests.cluster.consumer)."""
 
     process: subprocess.Popen
     out: Path  # its result, once it has stopped
     progress_path: Path
     log_path: Path  # its stderr
+    role: ClassVar[str] = "the process"  # how failures name it
 
     def progress(self) -> dict[str, Any]:
-        """The latest progress (confirmed, last_confirm_at, ids_published, losses, node); {} before the first."""
+        """The latest progress; {} before the first."""
         try:
             return json.loads(self.progress_path.read_text())
         except FileNotFoundError:
             return {}
 
-    @property
-    def confirmed(self) -> int:
-        return self.progress().get("confirmed", 0)
-
     def wait_for(self, condition: Callable[[dict[str, Any]], bool], timeout: float) -> dict[str, Any]:
-        """The first progress that satisfies `condition`; fails if the publisher exits first or time runs out."""
+        """The first progress that satisfies `condition`; fails if the process exits first or time runs out."""
         deadline = time.monotonic() + timeout
         while True:
             progress = self.progress()
             if progress and condition(progress):
                 return progress
             if self.process.poll() is not None:
-                raise RuntimeError(f"the publisher exited with {self.process.returncode} first:\n{self.log()}")
+                raise RuntimeError(f"{self.role} exited with {self.process.returncode} first:\n{self.log()}")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"publisher progress {progress} after {timeout} s:\n{self.log()}")
+                raise TimeoutError(f"{self.role}'s progress {progress} after {timeout} s:\n{self.log()}")
             time.sleep(POLL)
 
-    def wait_confirmed(self, n: int, timeout: float = 30.0) -> dict[str, Any]:
-        """Wait until `n` ids in all are confirmed (for n more: handle.confirmed + n); returns the progress."""
-        return self.wait_for(lambda progress: progress["confirmed"] >= n, timeout)
-
     def wait(self, timeout: float = 60.0) -> dict[str, Any]:
-        """The result, once the publisher stops of its own accord (its count reached, or its until-file)."""
+        """The result, once the process stops of its own accord (say, its until-file)."""
         try:
             code = self.process.wait(timeout)
         except subprocess.TimeoutExpired:
-            raise TimeoutError(f"the publisher still runs after {timeout} s: {self.progress()}") from None
+            raise TimeoutError(f"{self.role} still runs after {timeout} s: {self.progress()}") from None
         if code != 0:
-            raise RuntimeError(f"the publisher exited with {code}:\n{self.log()}")
+            raise RuntimeError(f"{self.role} exited with {code}:\n{self.log()}")
         return json.loads(self.out.read_text())
 
     def stop(self, timeout: float = 30.0) -> dict[str, Any]:
-        """SIGTERM: the publisher waits for its last confirms (up to 5 s), writes its result and exits."""
+        """SIGTERM: the process winds up, writes its result and exits."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
         return self.wait(timeout)
@@ -539,6 +533,40 @@ class PublisherHandle:
         return self.log_path.read_text(errors="replace")[-4000:] if self.log_path.exists() else ""
 
 
+Handle = TypeVar("Handle", bound=ProcessHandle)
+
+
+def launch(handle_type: type[Handle], module: str, arguments: list[str], out_dir: Path | str) -> Handle:
+    """Start `python -m MODULE ARGUMENTS --out OUT --progress PROGRESS` with its files in `out_dir` (one directory
+    per process): results.json, progress.json and its stderr in MODULE's last name + .log."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out, progress = out_dir / "results.json", out_dir / "progress.json"
+    log_path = out_dir / f"{module.rsplit('.', 1)[-1]}.log"
+    for stale in (out, progress):
+        stale.unlink(missing_ok=True)
+    command = [sys.executable, "-m", module, *arguments, "--out", str(out), "--progress", str(progress)]
+    with open(log_path, "wb") as stderr:
+        process = subprocess.Popen(command, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                   stderr=stderr)
+    return handle_type(process, out, progress, log_path)
+
+
+class PublisherHandle(ProcessHandle):
+    """A publisher process started by start_publisher(); its progress holds confirmed, last_confirm_at,
+    ids_published, losses and node. stop() waits for its last confirms (up to 5 s) before it writes its result."""
+
+    role = "the publisher"
+
+    @property
+    def confirmed(self) -> int:
+        return self.progress().get("confirmed", 0)
+
+    def wait_confirmed(self, n: int, timeout: float = 30.0) -> dict[str, Any]:
+        """Wait until `n` ids in all are confirmed (for n more: handle.confirmed + n); returns the progress."""
+        return self.wait_for(lambda progress: progress["confirmed"] >= n, timeout)
+
+
 def start_publisher(nodes: Sequence[Any], queue: str, body_size: int, window: int, out_dir: Path | str, *,
                     count: int | None = None, until_file: Path | None = None,
                     stall_timeout: float = 0.0) -> PublisherHandle:
@@ -546,22 +574,13 @@ def start_publisher(nodes: Sequence[Any], queue: str, body_size: int, window: in
 
     `nodes` are 'host:port' strings or objects with .host and .port. Without `count` or `until_file` it publishes
     until handle.stop()."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    out, progress, log_path = out_dir / "results.json", out_dir / "progress.json", out_dir / "publisher.log"
-    for stale in (out, progress):
-        stale.unlink(missing_ok=True)
-    command = [sys.executable, "-m", "tests.cluster.publisher", "--nodes", ",".join(map(node_address, nodes)),
-               "--queue", queue, "--body-size", str(body_size), "--window", str(window), "--out", str(out),
-               "--progress", str(progress), "--stall-timeout", str(stall_timeout)]
+    arguments = ["--nodes", ",".join(map(node_address, nodes)), "--queue", queue, "--body-size", str(body_size),
+                 "--window", str(window), "--stall-timeout", str(stall_timeout)]
     if count is not None:
-        command += ["--count", str(count)]
+        arguments += ["--count", str(count)]
     if until_file is not None:
-        command += ["--until-file", str(until_file)]
-    with open(log_path, "wb") as stderr:
-        process = subprocess.Popen(command, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                   stderr=stderr)
-    return PublisherHandle(process, out, progress, log_path)
+        arguments += ["--until-file", str(until_file)]
+    return launch(PublisherHandle, "tests.cluster.publisher", arguments, out_dir)
 
 
 if __name__ == "__main__":
