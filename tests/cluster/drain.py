@@ -3,6 +3,10 @@
     drained = drain(nodes, queue, timeout=30)  # {"ids": Counter, "read", "redelivered", "node", "attempts"}
     report = verify(result["confirmed"], drained)  # report.ok, report.missing_count, report.summary, ...
 
+With a consumer that ran beside the publisher (tests.cluster.consumer), what it was delivered counts too:
+
+    report = verify(result["confirmed"], with_consumed(drained, delivered_ids(consumer_result)))
+
 drain() consumes with manual acks and acks everything with one multiple ack only once the whole queue is read: an
 attempt cut short by a lost connection leaves every message in the queue, and the next attempt (on the next node,
 round-robin every 100 ms) reads it all again from the start. It stops exactly: a passive declare gives the count
@@ -143,12 +147,18 @@ def _left(deadline: float) -> float:
     return left
 
 
+def with_consumed(drained: dict[str, Any], consumed: Counter[int]) -> dict[str, Any]:
+    """drain()'s result with the ids a consumer was delivered (id -> times) added to its own, so that verify() asks
+    that every confirmed id was consumed or drained. "read" counts both; "redelivered" stays the drain's."""
+    return {**drained, "ids": drained["ids"] + consumed, "read": drained["read"] + consumed.total()}
+
+
 @dataclass
 class Verification:
     """What a drain brought back, measured against the ids the publisher saw confirmed."""
 
     confirmed: int  # ids confirmed
-    read: int  # messages read back
+    read: int  # messages read back (drained, or consumed: with_consumed)
     missing: Ranges  # confirmed ids never read back: must be none
     duplicates: int  # reads beyond the first of an id (republished after a loss, or redelivered)
     duplicated_ids: int  # ids read more than once
