@@ -167,17 +167,19 @@ class ClusterNode:
         """Log, once per state, why this node does not campaign, and whether any node can."""
         named = ", ".join(f"{r.node} (data dir {r.dir})" for r in replicas) or "none"
         members = await self.coordinator.members()
+        level = logging.WARNING
         if any(Replica(member.node_id, member.dir) in [Replica(r.node, r.dir) for r in replicas]
                for member in members.values()):
             why = (f"this node's data dir ({self.dir}) is not one of the in-sync replicas ({named}): it waits for "
                    "one of them to lead, then takes a full copy")
         else:
+            level = logging.ERROR
             why = (f"no node holding an in-sync replica ({named}) is running, and this node's data dir ({self.dir}) "
                    "is not one: the cluster cannot serve without losing confirmed messages. Start a node that holds "
                    "one, or force an unclean election, accepting the loss, with `python -m cluster force-leader "
                    "--config FILE` on the node to lead")
         if why != self.waiting_for:
-            log.error("not electable: %s", why)
+            log.log(level, "not electable: %s", why)
             self.waiting_for = why
 
     # --- leading --------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from storage.replica import CLUSTER_STATE
-from storage.segments import fsync_directory, write_synced
+from storage.segments import fsync_directories, fsync_directory, make_directories, write_synced
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,9 @@ def write_epoch(data_dir: Path, epoch: int) -> None:
 
 
 def write_state(data_dir: Path, state: ClusterState) -> None:
-    data_dir.mkdir(parents=True, exist_ok=True)
+    made: set[Path] = set()  # directories whose entries changed: each made directory's parent
+    make_directories(data_dir, made)
+    fsync_directories(made)
     path = data_dir / CLUSTER_STATE
     temporary = path.with_suffix(".tmp")
     write_synced(temporary, json.dumps(asdict(state)).encode())

@@ -27,6 +27,7 @@ from broker.session.assembly import BodiesInAssembly
 from storage.format import UnsupportedFormat
 from storage.pages import PageStore
 from storage.recovery import Recovered
+from storage.segments import fsync_directories, make_directories
 from storage.store import DataDirLocked, MessageStore
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,9 @@ def prepare_data_dir(data_dir: Path) -> None:
     try:
         if data_dir.exists() and not data_dir.is_dir():
             raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
-        data_dir.mkdir(parents=True, exist_ok=True)
+        made: set[Path] = set()  # directories whose entries changed: each made directory's parent
+        make_directories(data_dir, made)
+        fsync_directories(made)  # a power cut cannot take the new data dir, or a parent made for it, away
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
         probe.unlink(missing_ok=True)  # another broker starting on this dir may have removed it
     except OSError as error:
