@@ -43,7 +43,7 @@ import pytest
 
 CLIENTS = "clients"  # the test process's own end of the network: the root namespace, on the bridge
 INSIDE = "eth0"  # the name of each namespace's interface to the bridge
-SUPERNET = ipaddress.ip_network("10.213.0.0/16")  # where a run's /24 is chosen
+SUPERNET = ipaddress.IPv4Network("10.213.0.0/16")  # where a run's /24 is chosen
 SUBNET_ATTEMPTS = 64  # random /24s tried before giving up (each checked against every route of the machine)
 DROP_CLASS = "1:66"  # the htb class whose qdisc is a blackhole: what a cut classifies into it is dropped
 COMMAND_TIMEOUT = 10.0  # seconds an ip or tc command may take
@@ -139,7 +139,7 @@ def _subnets_in_use() -> list[ipaddress.IPv4Network]:
     for route in json.loads(run("ip", "-j", "-4", "route", "show", "table", "all") or "[]"):
         destination = route.get("dst", "default")
         if destination != "default":
-            used.append(ipaddress.ip_network(destination, strict=False))
+            used.append(ipaddress.IPv4Network(destination, strict=False))
     return used
 
 
@@ -215,11 +215,11 @@ class Network:
         """Remove everything this network made, ending any process still inside its namespaces."""
         self._drops.clear()
         for endpoint in self.endpoints.values():
-            if endpoint.namespace is not None:
+            if endpoint.namespace is not None and endpoint.port is not None:
                 _kill_inside(endpoint.namespace)
-                for command in (("ip", "link", "delete", endpoint.port), ("ip", "netns", "delete", endpoint.namespace)):
+                for kind, name in (("link", endpoint.port), ("netns", endpoint.namespace)):
                     try:
-                        run(*command)
+                        run("ip", kind, "delete", name)
                     except NetworkUnavailable:
                         pass  # never made (start() failed half way)
         try:

@@ -148,7 +148,8 @@ class Ledger:
         self.publishes += len(ids)
         return ids
 
-    def acked(self, ids: list[int]) -> None:
+    def acked(self, ids: list[int]) -> float:
+        """Record a confirm of ``ids``; its time.time()."""
         confirmed = self.confirmed
         for id_ in ids:
             confirmed[id_] = 1
@@ -157,11 +158,12 @@ class Ledger:
         if self.last_confirm_at is not None and now - self.last_confirm > GAP_RECORDED:
             self.gaps.append((self.last_confirm_at, now - self.last_confirm))
         self.last_confirm = now
-        self.last_confirm_at = time.time()
+        self.last_confirm_at = at = time.time()
         if self._unanswered:
             for loss in self._unanswered:
                 loss.gap = self.last_confirm - loss.since
             self._unanswered.clear()
+        return at
 
     def nacked(self, ids: list[int]) -> None:
         self.nacks += len(ids)
@@ -216,9 +218,9 @@ class Outstanding:
             ids = [pop(delivery_tag)]
         self.last_progress = time.monotonic()
         if acked:
-            self.ledger.acked(ids)
+            at = self.ledger.acked(ids)
             if self.link is not None:
-                self.link.acked(len(ids), self.ledger.last_confirm_at)
+                self.link.acked(len(ids), at)
         else:
             self.ledger.nacked(ids)
         self.wake()
