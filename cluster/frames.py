@@ -1,7 +1,7 @@
 """The replication stream between a leader and a follower, as bytes (no I/O here).
 
-Every message is ``[kind u8][length u32][crc32 u32 of the payload][payload]``. A follower opens with HELLO; the
-leader then sends FRAMEs (the store writer's batches, ``storage.replica`` ops) and the follower answers ACKs of the
+Every message is ``[kind u8][length u32][crc32 u32 of the payload][payload]``. A follower opens with HELLO and a
+MANIFEST of the files it holds (so that a join sends only what they lack); the leader then sends FRAMEs (the store writer's batches, ``storage.replica`` ops) and the follower answers ACKs of the
 highest sequence it has made durable. A leader with nothing else to send sends a HEARTBEAT, which the follower
 answers with one, so that either side notices a silent link (a cut, a dropped peer) within the ack timeout rather
 than when TCP gives up. REFUSE says why one side is closing. A message whose checksum does not match,
@@ -22,12 +22,14 @@ FRAME: Final = 2  # leader -> follower: epoch, sequence, ops
 ACK: Final = 3  # follower -> leader: the highest sequence on its disk
 REFUSE: Final = 4  # either way: why the sender closes the stream (UTF-8 text)
 HEARTBEAT: Final = 5  # either way, empty: the link is alive (the leader's when idle, the follower's in answer)
-KINDS: Final = (HELLO, FRAME, ACK, REFUSE, HEARTBEAT)
+MANIFEST: Final = 6  # follower -> leader, after its hello: {"files": [[path, size, sha256 hex], ...]} as JSON
+KINDS: Final = (HELLO, FRAME, ACK, REFUSE, HEARTBEAT, MANIFEST)
 
 HEADER: Final = struct.Struct(">BII")
 FRAME_HEAD: Final = struct.Struct(">qq")  # epoch, sequence (-1 for the files of a join before its cut)
 ACK_BODY: Final = struct.Struct(">q")
 MAX_HELLO: Final = 4096  # bytes a peer may send before it has proven it knows the cluster's secret
+MAX_MANIFEST: Final = 16 << 20  # bytes of a follower's manifest (some 100 bytes a file)
 MAX_PAYLOAD: Final = 1 << 30  # a batch holding the largest messages, or a compacted segment, fits well below
 
 
@@ -48,6 +50,23 @@ def encode_hello(node: str, dir: str, secret: str, epoch: int) -> bytes:
 
 
 HEARTBEAT_MESSAGE: Final = encode(HEARTBEAT, b"")
+
+
+def encode_manifest(files: list[tuple[str, int, str]]) -> bytes:
+    return encode(MANIFEST, json.dumps({"files": files}, separators=(",", ":")).encode())
+
+
+def decode_manifest(payload: bytes) -> dict[str, tuple[int, str]]:
+    """A follower's files: path -> (size, sha256 hex)."""
+    try:
+        files = json.loads(payload)["files"]
+    except (ValueError, RecursionError, KeyError, TypeError) as error:
+        raise FrameError(f"malformed manifest: {error!r}") from None
+    if not isinstance(files, list) or not all(
+            isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str) and type(entry[1]) is int
+            and entry[1] >= 0 and isinstance(entry[2], str) for entry in files):
+        raise FrameError("malformed manifest: a list of [path, size, digest] expected")
+    return {path: (size, digest) for path, size, digest in files}
 
 
 def encode_ack(sequence: int) -> bytes:
@@ -101,12 +120,14 @@ class Reader:
         self._buffer = bytearray()
         self.limit = limit  # the largest payload accepted now (raised once the peer is known)
 
-    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+    def feed(self, data: bytes, at_most: int | None = None) -> list[tuple[int, bytes]]:
+        """The complete messages the stream holds with ``data`` (``at_most`` of them: the rest stays buffered, to be
+        read once ``limit`` changes)."""
         buffer = self._buffer
         buffer += data
-        messages = []
+        messages: list[tuple[int, bytes]] = []
         start = 0
-        while len(buffer) - start >= HEADER.size:
+        while len(buffer) - start >= HEADER.size and (at_most is None or len(messages) < at_most):
             kind, length, crc = HEADER.unpack_from(buffer, start)
             if kind not in KINDS:
                 raise FrameError(f"unknown message kind {kind}")

@@ -15,9 +15,12 @@ every replica that still holds all that was confirmed: one of them may lead inst
 ``min_insync`` while such a replica tells etcd it lost this leader (``Member.lost_leader``: a cut link, not a dead
 node) steps aside (``stepped_aside``), so that the side holding the copies serves.
 
-A joining follower gets a full copy of the data dir as of a cut the writer thread takes between two batches, then
-every frame after the cut; it leaves the ISR before its copy starts and enters it once it has acked all frames sent
-up to the end of its copy. One join runs at a time.
+A joining follower gets a copy of the data dir as of a cut the writer thread takes between two batches, then every
+frame after the cut; it leaves the ISR before its copy starts and enters it once it has acked all frames sent up to
+the end of its copy. The copy sends only what the follower lacks: a file it showed it holds (its manifest: size and
+SHA-256) as a prefix of the leader's is kept and only its tail sent, everything else goes and is sent whole, so a
+follower that was in sync with a failed leader catches up with its successor in the time it takes to hash the
+files, not to send them. One join runs at a time.
 
 Follower side (``ReplicaClient``): on a thread of its own, the frames that have arrived go to a
 ``storage.replica.ReplicaWriter`` as one group (group commit); the highest sequence it has made durable is acked.
@@ -42,7 +45,9 @@ from pathlib import Path
 from cluster import frames
 from cluster.coordinator import Coordinator, CoordinatorUnavailable, Replica
 from cluster.state import identity, read_epoch, write_epoch
-from storage.replica import APPEND, RESET, ReplicaError, ReplicaWriter, decode_ops, encode_ops
+from storage.replica import (
+    APPEND, ReplicaError, ReplicaWriter, decode_ops, encode_ops, file_digests, prefix_digest, reset_op,
+)
 
 log = logging.getLogger("cluster.replication")
 
@@ -53,14 +58,16 @@ STALLED_COPY = 10.0  # seconds a joining follower may go without reading any of 
 READ_SIZE = 1 << 20  # bytes a follower reads from its stream at once
 END_OF_COPY = encode_ops([])  # the ops of the frame that closes a join's copy (it carries the cut's sequence)
 LEADER_SILENCE = 2.0  # ack timeouts a follower waits for any word from its leader before it connects again
+ACK_LIMIT = 1000  # bytes of the largest message a follower sends once it streams (acks and heartbeats)
 
 
 class Follower:
     """The leader's view of one follower connection."""
 
-    def __init__(self, node: str, dir: str, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, node: str, dir: str, holds: dict[str, tuple[int, str]], writer: asyncio.StreamWriter) -> None:
         self.node = node
         self.dir = dir  # the identity of its data dir
+        self.holds = holds  # the files it holds as it connected: path -> (size, sha256 hex), from its manifest
         self.writer = writer
         self.cut: int | None = None  # the sequence its copy stands at, once the writer took the cut
         self.buffered: list[bytes] = []  # frames after the cut, held while the copy is being sent
@@ -342,8 +349,9 @@ class ReplicationServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
+        stream = frames.Reader()
         try:
-            hello = await asyncio.wait_for(self._read_hello(reader), self._ack_timeout * 5)
+            hello = await asyncio.wait_for(self._read_hello(reader, stream), self._ack_timeout * 5)
         except (frames.FrameError, asyncio.TimeoutError, ConnectionError, asyncio.IncompleteReadError) as error:
             log.warning("replication connection from %s refused: %s", peer, error or "no hello in time")
             writer.close()
@@ -362,13 +370,22 @@ class ReplicationServer:
             writer.close()
             self._lost(f"follower {hello.node} has seen epoch {hello.epoch}, newer than this leader's")
             return
+        stream.limit = frames.MAX_MANIFEST
+        try:
+            holds = await asyncio.wait_for(self._read_manifest(reader, stream), self._ack_timeout * 5)
+        except (frames.FrameError, asyncio.TimeoutError, ConnectionError) as error:
+            log.warning("replication connection from %s (%s) refused: %s", peer, hello.node,
+                        error or "no manifest in time")
+            writer.close()
+            return
+        stream.limit = ACK_LIMIT
         if (old := self._followers.get(hello.node)) is not None:
             self._drop(old, "it connected again")
-        follower = Follower(hello.node, hello.dir, writer)
+        follower = Follower(hello.node, hello.dir, holds, writer)
         self._followers[hello.node] = follower
         join = asyncio.ensure_future(self._join(follower))
         try:
-            await self._read_acks(follower, reader)
+            await self._read_acks(follower, reader, stream)
         except ConnectionError:
             pass  # dropped below, as a follower that closes
         finally:
@@ -376,24 +393,28 @@ class ReplicationServer:
             self._drop(follower, "its connection closed")
 
     @staticmethod
-    async def _read_hello(reader: asyncio.StreamReader) -> frames.Hello:
-        stream = frames.Reader()
+    async def _read_one(reader: asyncio.StreamReader, stream: frames.Reader, kind: int, what: str) -> bytes:
+        """The payload of the next message, which must be of ``kind``; what follows it stays in ``stream``."""
+        data = b""
         while True:
-            data = await reader.read(frames.MAX_HELLO)
-            if not data:
-                raise ConnectionError("closed before its hello")
-            for kind, payload in stream.feed(data):
-                if kind != frames.HELLO:
-                    raise frames.FrameError(f"expected a hello, got message kind {kind}")
-                return frames.decode_hello(payload)
-
-    async def _read_acks(self, follower: Follower, reader: asyncio.StreamReader) -> None:
-        stream = frames.Reader(limit=1000)
-        while not follower.closed:
+            for got, payload in stream.feed(data, at_most=1):
+                if got != kind:
+                    raise frames.FrameError(f"expected {what}, got message kind {got}")
+                return payload
             data = await reader.read(65536)
             if not data:
-                return
-            follower.heard_at = time.monotonic()
+                raise ConnectionError(f"closed before its {what}")
+
+    async def _read_hello(self, reader: asyncio.StreamReader, stream: frames.Reader) -> frames.Hello:
+        return frames.decode_hello(await self._read_one(reader, stream, frames.HELLO, "hello"))
+
+    async def _read_manifest(self, reader: asyncio.StreamReader,
+                             stream: frames.Reader) -> dict[str, tuple[int, str]]:
+        return frames.decode_manifest(await self._read_one(reader, stream, frames.MANIFEST, "manifest"))
+
+    async def _read_acks(self, follower: Follower, reader: asyncio.StreamReader, stream: frames.Reader) -> None:
+        data = b""  # what the stream holds already comes first
+        while not follower.closed:
             try:
                 for kind, payload in stream.feed(data):
                     if kind == frames.HEARTBEAT:
@@ -408,6 +429,10 @@ class ReplicationServer:
             except frames.FrameError as error:
                 log.warning("follower %s sent a bad message: %s", follower.node, error)
                 return
+            data = await reader.read(65536)
+            if not data:
+                return
+            follower.heard_at = time.monotonic()
 
     def _on_ack(self, follower: Follower, sequence: int) -> None:
         if sequence <= follower.acked:
@@ -438,7 +463,7 @@ class ReplicationServer:
         sequence, files = await self._take_cut(follower)
         started = time.monotonic()
         try:
-            sent = await self._copy(follower, files)
+            sent, held = await self._copy(follower, files)
         finally:
             for _, fd, _ in files:
                 os.close(fd)
@@ -449,8 +474,8 @@ class ReplicationServer:
         follower.heard_at = time.monotonic()  # its silence counts from now: until now it was busy with the copy
         follower.streaming = True
         follower.target = max(sequence, follower.sent)
-        log.info("follower %s got a copy of %d files (%d bytes) at sequence %d in %.2f s", follower.node,
-                 len(files), sent, sequence, time.monotonic() - started)
+        log.info("follower %s got a copy of %d files (%d bytes sent, %d it held already) at sequence %d in %.2f s",
+                 follower.node, len(files), sent, held, sequence, time.monotonic() - started)
 
     async def _take_cut(self, follower: Follower) -> tuple[int, list[tuple[str, int, int]]]:
         """Ask the writer for a cut and wait for it; its fds are the caller's (closed here if it never gets them)."""
@@ -483,12 +508,21 @@ class ReplicationServer:
         follower.sent = sequence
         taken.set_result((sequence, files))
 
-    async def _copy(self, follower: Follower, files: list[tuple[str, int, int]]) -> int:
-        """Send the files as they were at the cut: a RESET, then their bytes; returns the bytes sent."""
-        follower.write(frames.encode_frame(self._epoch, -1, encode_ops([(RESET, "", b"")])))
+    async def _copy(self, follower: Follower, files: list[tuple[str, int, int]]) -> tuple[int, int]:
+        """Send the files as they were at the cut: a RESET keeping the follower's files that are a prefix of the
+        leader's, then what each file lacks; returns the bytes sent and the bytes the follower held already."""
+        kept: dict[str, int] = {}  # path -> bytes of it the follower holds already
+        for path, fd, size in files:
+            held = follower.holds.get(path)
+            if held is not None and 0 < held[0] <= size and held[1] == await self._loop.run_in_executor(
+                    None, prefix_digest, fd, held[0]):
+                kept[path] = held[0]
+        follower.write(frames.encode_frame(self._epoch, -1, encode_ops([reset_op(sorted(kept))])))
         sent = 0
         for path, fd, size in files:
-            offset = 0
+            offset = kept.get(path, 0)
+            if path in kept and offset == size:
+                continue
             while True:
                 count = min(COPY_CHUNK, size - offset)
                 data = await self._loop.run_in_executor(None, os.pread, fd, count, offset) if count else b""
@@ -500,7 +534,7 @@ class ReplicationServer:
                 sent += count
                 if offset >= size:
                     break
-        return sent
+        return sent, sum(kept.values())
 
 
 def same_copies(one: tuple[Replica, ...], other: tuple[Replica, ...]) -> bool:
@@ -559,6 +593,11 @@ class ReplicaClient:
     # --- the stream's thread ----------------------------------------------------------------------------------
     def _stream(self, host: str, port: int) -> None:
         try:
+            manifest = file_digests(self._data_dir)  # what it holds, so that the leader sends only what it lacks
+        except (OSError, ReplicaError) as error:
+            self.failure = f"cannot read the data dir's files: {error}"
+            return
+        try:
             stream = socket.create_connection((host, port), timeout=self._connect_timeout)
         except OSError as error:
             self.failure = f"cannot reach the leader's replication port {host}:{port}: {error}"
@@ -572,7 +611,8 @@ class ReplicaClient:
         self._socket = stream
         writer = ReplicaWriter(self._data_dir)
         try:
-            stream.sendall(frames.encode_hello(self._node, self._dir, self._secret, self._epoch))
+            stream.sendall(frames.encode_hello(self._node, self._dir, self._secret, self._epoch)
+                           + frames.encode_manifest(manifest))
             self._receive(stream, writer)
         except (frames.FrameError, ReplicaError) as error:
             self.failure = f"bad message from the leader, stream closed: {error}"

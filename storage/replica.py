@@ -12,7 +12,9 @@ node's own ``.lock``, ``cluster-state`` or ``quarantine/``):
 - ``DELETE``: the file goes (missing ok); ``RMTREE``: the directory tree goes (missing ok);
 - ``TRUNCATE``: the file is cut back to the size ``data`` holds (8 bytes big-endian, ``truncate_op``), made empty
   if missing and the size is 0 (a leader's write that failed may have made a file it then cut back to nothing);
-- ``RESET`` (path ``""``): every replicated file of the data dir goes, before a full copy.
+- ``RESET`` (path ``""``): everything in the data dir but the node's own goes, before a join's copy, except the
+  files ``data`` names (``reset_op``: those the follower showed it holds as a prefix of the leader's, with the same
+  SHA-256, ``file_digests``), to which the copy appends only what they lack.
 
 ``encode_ops``/``decode_ops`` turn a frame's ops into bytes and back: ``[op count u32]`` then per op
 ``[kind u8][path length u16][data length u32][path UTF-8][data]``. Decoding checks every op and raises
@@ -21,6 +23,7 @@ node's own ``.lock``, ``cluster-state`` or ``quarantine/``):
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import struct
@@ -59,6 +62,24 @@ MAX_DATA_BYTES: Final = 0xFFFFFFFF
 
 class ReplicaError(ValueError):
     """A frame's ops are malformed, or an op cannot be applied as asked; the text says which and why."""
+
+
+def reset_op(kept: list[str]) -> Op:
+    """A RESET that keeps these files."""
+    return (RESET, "", "\0".join(kept).encode())
+
+
+def kept_files(op: Op) -> set[str]:
+    """The files a RESET keeps (ReplicaError for a path that is not a plain relative one inside the data dir)."""
+    if not op[2]:
+        return set()
+    try:
+        paths = op[2].decode().split("\0")
+    except UnicodeDecodeError:
+        raise ReplicaError("a RESET keeps a path that is not UTF-8") from None
+    for path in paths:
+        check_path(path, "RESET")
+    return set(paths)
 
 
 def truncate_op(path: str, size: int) -> Op:
@@ -109,7 +130,13 @@ def decode_ops(data: bytes) -> list[Op]:
             check_op(kind, path, data_length)
         except ReplicaError as error:
             raise ReplicaError(f"op {number} of {count}: {error}") from None
-        ops.append((kind, path, bytes(view[position + path_length:end])))
+        op = (kind, path, bytes(view[position + path_length:end]))
+        if kind == RESET:
+            try:
+                kept_files(op)
+            except ReplicaError as error:
+                raise ReplicaError(f"op {number} of {count}: {error}") from None
+        ops.append(op)
         position = end
     if position != len(view):
         raise ReplicaError(f"{len(view) - position} bytes follow the last of {count} ops")
@@ -122,8 +149,8 @@ def check_op(kind: int, path: str, data_length: int) -> None:
     if name is None:
         raise ReplicaError(f"unknown op kind {kind}")
     if kind == RESET:
-        if path or data_length:
-            raise ReplicaError("a RESET op takes no path and no data")
+        if path:
+            raise ReplicaError("a RESET op takes no path")
         return
     check_path(path, name)
     if kind == TRUNCATE and data_length != SIZE.size:
@@ -149,6 +176,37 @@ def replicated_files(data_dir: Path) -> list[Path]:
     found: list[Path] = []
     _gather(Path(data_dir), Path(), found)
     return sorted(found)
+
+
+Digest: TypeAlias = tuple[str, int, str]  # (path relative to the data dir, size, sha256 of the content, hex)
+DIGEST_CHUNK: Final = 1 << 20  # bytes read at once while hashing
+
+
+def file_digests(data_dir: Path) -> list[Digest]:
+    """What a follower already holds, for a join to send only what differs: each replicated file with its size and
+    the SHA-256 of its content."""
+    digests = []
+    for relative in replicated_files(data_dir):
+        fd = os.open(data_dir / relative, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            digests.append((relative.as_posix(), size, prefix_digest(fd, size)))
+        finally:
+            os.close(fd)
+    return digests
+
+
+def prefix_digest(fd: int, size: int) -> str:
+    """The SHA-256 (hex) of the first ``size`` bytes of the file open as ``fd`` (ReplicaError if it is shorter)."""
+    digest = hashlib.sha256()
+    offset = 0
+    while offset < size:
+        data = os.pread(fd, min(DIGEST_CHUNK, size - offset), offset)
+        if not data:
+            raise ReplicaError(f"a file shrank below {size} bytes while it was hashed")
+        digest.update(data)
+        offset += len(data)
+    return digest.hexdigest()
 
 
 def _gather(directory: Path, relative: Path, found: list[Path]) -> None:
@@ -223,7 +281,7 @@ class ReplicaWriter:
             elif kind == RMTREE:
                 self._remove_tree(path)
             else:
-                self._reset()
+                self._reset(kept_files(op))
 
     def _open(self, path: str) -> int:
         """The file open for appending (kept open), made with its directories if missing."""
@@ -265,17 +323,29 @@ class ReplicaWriter:
             shutil.rmtree(target)
             self._directories.add(target.parent)
 
-    def _reset(self) -> None:
+    def _reset(self, kept: set[str]) -> None:
         self.close()
         make_directories(self._data_dir, self._directories)
-        for entry in self._data_dir.iterdir():
-            if entry.name in KEPT_BY_RESET:
-                continue
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry)
-            else:
-                entry.unlink()
-        self._directories.add(self._data_dir)
+        self._remove_all_but(self._data_dir, "", kept)
+
+    def _remove_all_but(self, directory: Path, prefix: str, kept: set[str]) -> None:
+        """Remove what ``directory`` (``prefix`` relative to the data dir) holds but the kept files and the node's
+        own top-level names."""
+        with os.scandir(directory) as entries:
+            for entry in list(entries):
+                relative = prefix + entry.name
+                if not prefix and entry.name in KEPT_BY_RESET:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    if any(path.startswith(relative + "/") for path in kept):
+                        self._remove_all_but(Path(entry.path), relative + "/", kept)
+                        continue
+                    shutil.rmtree(entry.path)
+                elif relative in kept:
+                    continue
+                else:
+                    os.unlink(entry.path)
+                self._directories.add(directory)
 
     def _sync(self) -> None:
         """fdatasync every file written, then fsync every directory changed (those removed since need none)."""

@@ -76,3 +76,22 @@ def test_short_frames_and_acks_are_refused():
         frames.decode_frame(b"\x00" * 15)
     with pytest.raises(frames.FrameError, match="ack of 3 bytes"):
         frames.decode_ack(b"abc")
+
+
+def test_a_manifest_round_trips_and_a_reader_can_stop_after_one_message():
+    files = [("format", 2, "ab" * 32), ("messages/0000000001.seg", 70_000_000, "cd" * 32)]
+    stream = frames.encode_hello("b", "dir-b", "s3cret", 3) + frames.encode_manifest(files)
+    reader = frames.Reader()  # the hello's limit: the manifest behind it waits, unread, until the limit is raised
+    [(kind, _)] = reader.feed(stream, at_most=1)
+    assert kind == frames.HELLO
+    reader.limit = frames.MAX_MANIFEST
+    [(kind, payload)] = reader.feed(b"")
+    assert kind == frames.MANIFEST
+    assert frames.decode_manifest(payload) == {path: (size, digest) for path, size, digest in files}
+
+
+@pytest.mark.parametrize("payload", [b"[]", b'{"files": {}}', b'{"files": [["a", -1, "d"]]}',
+                                     b'{"files": [["a", 1]]}', b'{"files": [[1, 1, "d"]]}', b"[" * 5000])
+def test_malformed_manifests_are_refused(payload):
+    with pytest.raises(frames.FrameError, match="malformed manifest"):
+        frames.decode_manifest(payload)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import re
 import shutil
 from pathlib import Path
 
@@ -341,4 +342,39 @@ def test_a_follower_leaves_a_leader_that_says_nothing(tmp_path):
         assert 0.6 <= asyncio.get_running_loop().time() - started < 2.0
         assert client.lost_leader
         server.close()
+    asyncio.run(main())
+
+
+def copy_logged(caplog, node: str) -> tuple[int, int]:
+    """(bytes sent, bytes it held already) of the latest copy the leader logged for ``node``."""
+    [*_, line] = [record.getMessage() for record in caplog.records if f"follower {node} got a copy" in record.getMessage()]
+    sent, held = re.search(r"\((\d+) bytes sent, (\d+) it held already\)", line).groups()
+    return int(sent), int(held)
+
+
+def test_a_follower_back_gets_only_what_its_files_lack_and_a_diverged_file_whole(rig, caplog):
+    caplog.set_level(logging.INFO, logger="cluster.replication")
+
+    async def main():
+        await rig.lead()
+        rig.follow("b")
+        await rig.wait_isr(["a", "b"])
+        assert await asyncio.wait_for(rig.publish(2000, b"x" * 1000), TIMEOUT) is True
+        await rig.stop_follower("b")
+        rig.follow("b")  # nothing written meanwhile: it holds everything
+        await until(lambda: rig.server.status()["followers"].get("b", {}).get("in_sync"), "b back in sync")
+        sent, held = copy_logged(caplog, "b")
+        assert held >= 2_000_000 and sent < 1000, (sent, held)
+        await rig.stop_follower("b")
+        [segment] = [path for path in (rig.root / "b" / "messages").iterdir() if path.stat().st_size > 1_000_000]
+        damaged = bytearray(segment.read_bytes())
+        damaged[len(damaged) // 2] ^= 1  # a diverged history (or a flipped bit): its digest no longer matches
+        segment.write_bytes(damaged)
+        rig.follow("b")
+        await until(lambda: rig.server.status()["followers"].get("b", {}).get("in_sync"), "b back in sync again")
+        sent, _ = copy_logged(caplog, "b")
+        assert sent >= len(damaged)
+        assert await asyncio.wait_for(rig.publish(10), TIMEOUT) is True
+        await rig.close()
+        same_files(rig.root / "a", rig.root / "b")
     asyncio.run(main())

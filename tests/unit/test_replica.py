@@ -3,6 +3,7 @@ files, and the follower's writer applies frames with one sync per file per group
 
 from __future__ import annotations
 
+import hashlib
 import os
 import struct
 from pathlib import Path
@@ -10,12 +11,13 @@ from pathlib import Path
 import pytest
 
 from storage.replica import (
-    APPEND, DELETE, REPLACE, RESET, RMTREE, Op, ReplicaError, ReplicaWriter, decode_ops, encode_ops,
-    replicated_files, truncate_op, truncated_size,
+    APPEND, DELETE, REPLACE, RESET, RMTREE, Op, ReplicaError, ReplicaWriter, decode_ops, encode_ops, file_digests,
+    prefix_digest, replicated_files, reset_op, truncate_op, truncated_size,
 )
 
 ALL_KINDS: list[Op] = [
     (RESET, "", b""),
+    reset_op(["format", "messages/0000000000.seg"]),
     (APPEND, "messages/0000000000.seg", b"records"),
     (APPEND, "streams/ab12/0.seg", b""),
     (REPLACE, "definitions.log", b"snapshot"),
@@ -62,8 +64,10 @@ def test_ops_of_every_kind_come_back_as_they_went():
     (frame(op_bytes(APPEND, b"cluster-state", b"1")), "the node's own"),
     (frame(op_bytes(RMTREE, b"quarantine", b"")), "the node's own"),
     (frame(op_bytes(DELETE, b"quarantine/x@0", b"")), "the node's own"),
-    (frame(op_bytes(RESET, b"messages", b"")), "a RESET op takes no path and no data"),
-    (frame(op_bytes(RESET, b"", b"x")), "a RESET op takes no path and no data"),
+    (frame(op_bytes(RESET, b"messages", b"")), "a RESET op takes no path"),
+    (frame(op_bytes(RESET, b"", b"messages/1.seg\x00../x")), "not a plain relative path"),
+    (frame(op_bytes(RESET, b"", b"cluster-state")), "the node's own"),
+    (frame(op_bytes(RESET, b"", b"\xff")), "a RESET keeps a path that is not UTF-8"),
     (frame(op_bytes(5, b"a", b"\x00" * 4)), "TRUNCATE of 'a' carries 4 bytes instead of an 8-byte size"),
     (frame(op_bytes(DELETE, b"a", b"x")), "DELETE of 'a' carries 1 bytes of data"),
     (frame(op_bytes(RMTREE, b"a", b"x")), "RMTREE of 'a' carries 1 bytes of data"),
@@ -149,6 +153,42 @@ def test_replace_delete_rmtree_and_reset_leave_the_files_as_the_leader_has_them(
     for name, content in own.items():
         assert (tmp_path / name).read_bytes() == content
     assert not (tmp_path / "stale").exists() and not (tmp_path / "messages/0000000003.compacting").exists()
+
+
+def test_a_reset_keeps_only_the_files_it_names_and_the_nodes_own(tmp_path):
+    held = {".lock": b"123", "cluster-state": b"epoch 4", "clean-shutdown": b"", "pages/q.page": b"p",
+            "format": b"2\n", "messages/0000000003.seg": b"same prefix", "messages/0000000004.seg": b"diverged",
+            "streams/ab/0.seg": b"kept chunk", "streams/gone/0.seg": b"a deleted stream's", "x.snapshot": b"t"}
+    for name, content in held.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(content)
+    follower = Follower(tmp_path)
+    follower.group((-1, [reset_op(["format", "messages/0000000003.seg", "streams/ab/0.seg"]),
+                         (APPEND, "messages/0000000003.seg", b" and its tail"), truncate_op("other.seg", 0),
+                         (APPEND, "other.seg", b"new")]))
+    follower.writer.close()
+    assert follower.failures == []
+    assert {path.as_posix(): (tmp_path / path).read_bytes() for path in replicated_files(tmp_path)} == {
+        "format": b"2\n", "messages/0000000003.seg": b"same prefix and its tail", "other.seg": b"new",
+        "streams/ab/0.seg": b"kept chunk"}
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        ".lock", "cluster-state", "format", "messages", "other.seg", "streams"]
+    assert not (tmp_path / "streams/gone").exists()
+
+
+def test_file_digests_name_each_replicated_file_with_its_size_and_sha256(tmp_path):
+    (tmp_path / "messages").mkdir()
+    (tmp_path / "messages/0000000001.seg").write_bytes(b"x" * 3_000_000)
+    (tmp_path / "cluster-state").write_bytes(b"{}")
+    [(path, size, digest)] = file_digests(tmp_path)
+    assert (path, size, digest) == ("messages/0000000001.seg", 3_000_000, hashlib.sha256(b"x" * 3_000_000).hexdigest())
+    fd = os.open(tmp_path / path, os.O_RDONLY)
+    try:
+        assert prefix_digest(fd, 5) == hashlib.sha256(b"xxxxx").hexdigest()
+        with pytest.raises(ReplicaError, match="shrank"):
+            prefix_digest(fd, 3_000_001)
+    finally:
+        os.close(fd)
 
 
 def test_the_first_error_is_raised_and_everything_after_it_is_refused(tmp_path):
