@@ -2,7 +2,7 @@
 
 Every key lives under a cluster's prefix:
   {prefix}/leader          the leader's Member as JSON, bound to its lease; its create_revision is the epoch
-  {prefix}/isr             the in-sync replica set: {"epoch": E, "replicas": [{"node", "dir", "acked"}, ...]} as
+  {prefix}/isr             the in-sync replica set: {"epoch": E, "replicas": [{"node", "dir", "acked", "epoch"}]} as
                            JSON, written only by the leader of epoch E (fenced); a replica is a node's data dir
   {prefix}/members/{id}    each node's Member as JSON, bound to that node's lease
   {prefix}/secret          the replication secret, written once by whichever node comes first
@@ -71,10 +71,15 @@ class Replica:
 
     node: str  # the node id
     dir: str  # the data dir's identity (cluster-state's "dir"), made once when the data dir was made
-    acked: int = -1  # the highest sequence of the ISR's epoch it had acked when the ISR was written (-1: none yet)
+    acked: int = -1  # the highest sequence of ``epoch`` it had acked when the ISR was written (-1: none yet)
+    # the leader epoch whose frames it held then: its cluster-state says at least this, unless the data dir was
+    # rolled back (a restored snapshot keeps the identity, not what came after)
+    epoch: int = 0
 
-    def same_copy(self, other: Replica) -> bool:
-        return self.node == other.node and self.dir == other.dir
+
+def find_copy(replicas: list[Replica], node: str, dir: str) -> Replica | None:
+    """The replica of that node's data dir among ``replicas``, if any."""
+    return next((replica for replica in replicas if replica.node == node and replica.dir == dir), None)
 
 
 def isr_to_json(epoch: int, replicas: list[Replica]) -> str:
@@ -90,9 +95,10 @@ def isr_from_json(text: str | bytes) -> list[Replica]:
     entries = isr.get("replicas") if isinstance(isr, dict) else None
     if not isinstance(entries, list) or not all(
             isinstance(entry, dict) and isinstance(entry.get("node"), str) and isinstance(entry.get("dir"), str)
-            and type(entry.get("acked", -1)) is int for entry in entries):
-        raise CoordinatorError(f"the ISR key in etcd holds no list of replicas (node, dir, acked): {text!r:.200}")
-    return [Replica(entry["node"], entry["dir"], entry.get("acked", -1)) for entry in entries]
+            and type(entry.get("acked", -1)) is int and type(entry.get("epoch", 0)) is int for entry in entries):
+        raise CoordinatorError(f"the ISR key in etcd holds no list of replicas (node, dir, acked, epoch): "
+                               f"{text!r:.200}")
+    return [Replica(entry["node"], entry["dir"], entry.get("acked", -1), entry.get("epoch", 0)) for entry in entries]
 
 
 class Leader(NamedTuple):

@@ -29,10 +29,10 @@ from broker.connection.server import Server, StartupError
 from broker.connection.tls import server_context
 from broker.management.server import ManagementServer, start_management, start_prometheus
 from broker.management.standby import start_standby
-from cluster.coordinator import Coordinator, CoordinatorError, CoordinatorUnavailable, Member, Replica
+from cluster.coordinator import Coordinator, CoordinatorError, CoordinatorUnavailable, Member, Replica, find_copy
 from cluster.proxy import AmqpForwarder
 from cluster.replication import LeadershipLost, ReplicaClient, ReplicationServer
-from cluster.state import identity, write_epoch
+from cluster.state import identity, read_epoch, write_epoch
 from storage.lock import DataDirLock, DataDirLocked
 
 log = logging.getLogger("cluster")
@@ -160,24 +160,30 @@ class ClusterNode:
         await self._follow(leader, epoch)
 
     def _electable(self, replicas: list[Replica] | None) -> bool:
-        """Whether this node may lead: its data dir is one the ISR names (any node of a fresh cluster may)."""
-        return replicas is None or Replica(self.node, self.dir) in [Replica(r.node, r.dir) for r in replicas]
+        """Whether this node may lead: its data dir is one the ISR names (any node of a fresh cluster may), and
+        holds at least the epoch the ISR says it held."""
+        if replicas is None:
+            return True
+        mine = find_copy(replicas, self.node, self.dir)
+        return mine is not None and read_epoch(self.data_dir) >= mine.epoch
 
     async def _say_why_not_electable(self, replicas: list[Replica]) -> None:
         """Log, once per state, why this node does not campaign, and whether any node can."""
         named = ", ".join(f"{r.node} (data dir {r.dir})" for r in replicas) or "none"
         members = await self.coordinator.members()
+        mine = find_copy(replicas, self.node, self.dir)
+        held = ("holds frames of an older epoch than the ISR says it acked: it was rolled back (a restored snapshot?)"
+                if mine else f"({self.dir}) is not one of the in-sync replicas ({named})")
         level = logging.WARNING
-        if any(Replica(member.node_id, member.dir) in [Replica(r.node, r.dir) for r in replicas]
-               for member in members.values()):
-            why = (f"this node's data dir ({self.dir}) is not one of the in-sync replicas ({named}): it waits for "
-                   "one of them to lead, then takes a full copy")
+        if any(find_copy(replicas, member.node_id, member.dir) for member in members.values()
+               if member.node_id != self.node):
+            why = f"this node's data dir {held}: it waits for another to lead, then takes a copy"
         else:
             level = logging.ERROR
-            why = (f"no node holding an in-sync replica ({named}) is running, and this node's data dir ({self.dir}) "
-                   "is not one: the cluster cannot serve without losing confirmed messages. Start a node that holds "
-                   "one, or force an unclean election, accepting the loss, with `python -m cluster force-leader "
-                   "--config FILE` on the node to lead")
+            why = (f"no node holding an in-sync replica ({named}) is running, and this node's data dir {held}: the "
+                   "cluster cannot serve without losing confirmed messages. Start a node that holds one, or force an "
+                   "unclean election, accepting the loss, with `python -m cluster force-leader --config FILE` on the "
+                   "node to lead")
         if why != self.waiting_for:
             log.log(level, "not electable: %s", why)
             self.waiting_for = why

@@ -64,10 +64,12 @@ ACK_LIMIT = 1000  # bytes of the largest message a follower sends once it stream
 class Follower:
     """The leader's view of one follower connection."""
 
-    def __init__(self, node: str, dir: str, holds: dict[str, tuple[int, str]], writer: asyncio.StreamWriter) -> None:
+    def __init__(self, node: str, dir: str, holds: dict[str, tuple[int, str]], epoch: int,
+                 writer: asyncio.StreamWriter) -> None:
         self.node = node
         self.dir = dir  # the identity of its data dir
         self.holds = holds  # the files it holds as it connected: path -> (size, sha256 hex), from its manifest
+        self.epoch = epoch  # the leader's epoch, whose frames it acks
         self.writer = writer
         self.cut: int | None = None  # the sequence its copy stands at, once the writer took the cut
         self.buffered: list[bytes] = []  # frames after the cut, held while the copy is being sent
@@ -84,7 +86,7 @@ class Follower:
 
     @property
     def replica(self) -> Replica:
-        return Replica(self.node, self.dir, self.acked)
+        return Replica(self.node, self.dir, self.acked, self.epoch)
 
     def send(self, sequence: int, frame: bytes) -> None:
         if sequence > self.acked:
@@ -251,7 +253,7 @@ class ReplicationServer:
         """This leader and every follower in sync; below min_insync, also every replica of the committed ISR that is
         not connected (it still holds all that was confirmed: none could be without it). A replica that connects
         again leaves, since its copy is about to be rewritten."""
-        live = (Replica(self._node, self._dir, self._latest),
+        live = (Replica(self._node, self._dir, self._latest, self._epoch),
                 *(follower.replica for _, follower in sorted(self._followers.items()) if follower.in_sync))
         if len(live) >= self._min_insync:
             return live
@@ -381,7 +383,7 @@ class ReplicationServer:
         stream.limit = ACK_LIMIT
         if (old := self._followers.get(hello.node)) is not None:
             self._drop(old, "it connected again")
-        follower = Follower(hello.node, hello.dir, holds, writer)
+        follower = Follower(hello.node, hello.dir, holds, self._epoch, writer)
         self._followers[hello.node] = follower
         join = asyncio.ensure_future(self._join(follower))
         try:

@@ -14,6 +14,7 @@ import pytest
 from broker.config import load_config
 from cluster.coordinator import MemoryCoordinator, MemoryEtcd, Replica, isr_to_json
 from cluster.node import ClusterNode
+from cluster.state import identity, write_epoch
 from storage import writer as writer_module
 from tests.conftest import free_port, listening
 
@@ -99,6 +100,21 @@ def test_a_node_back_with_a_wiped_data_dir_never_campaigns_and_says_why(tmp_path
     asyncio.run(main())
     said = [record.getMessage() for record in caplog.records if "not electable" in record.getMessage()]
     assert len(said) == 1, said  # once, not at every retry
+
+
+def test_a_node_whose_data_dir_was_rolled_back_does_not_campaign(tmp_path):
+    """Its data dir has the identity the ISR names, but holds an older epoch than the ISR says it acked (a restored
+    snapshot of the volume): it may lack confirmed messages, so it does not lead."""
+    async def main():
+        etcd = MemoryEtcd()
+        node = make_node(tmp_path, etcd)
+        write_epoch(node.data_dir, 3)
+        etcd.put("/warren/test/isr", isr_to_json(9, [Replica("n1", identity(node.data_dir), 120, 9)]))
+        running = Running(node)
+        await until(lambda: "rolled back" in node.waiting_for, "saying why it does not campaign")
+        assert await leader_epoch(etcd) is None
+        await running.close()
+    asyncio.run(main())
 
 
 async def management_get(port: int, path: str) -> tuple[int, dict]:
