@@ -38,6 +38,7 @@ from storage.lock import DataDirLock, DataDirLocked
 log = logging.getLogger("cluster")
 
 RETRY = 0.2  # seconds between attempts while etcd or the leader cannot be reached
+DISK_RETRY = 5.0  # seconds a follower whose data dir failed waits before it connects again
 PROGRESS_PROBE = "the store's writer has finished no batch for {:.1f} s: the lease is not renewed"
 UNHEALTHY = "the store's writes fail: the lease is not renewed, so that a node with a working disk takes over"
 
@@ -362,9 +363,10 @@ class ClusterNode:
                     client.stop()
                     await stream
                 elif client.failure:
-                    log.info("follower of %s: %s", leader.node_id, client.failure)
-                    try:
-                        await asyncio.wait_for(changed.wait(), RETRY)
+                    log.log(logging.ERROR if client.disk_failed else logging.INFO, "follower of %s: %s",
+                            leader.node_id, client.failure)
+                    try:  # a failing disk is not retried at once: each try may take a whole copy
+                        await asyncio.wait_for(changed.wait(), DISK_RETRY if client.disk_failed else RETRY)
                     except asyncio.TimeoutError:
                         pass
         finally:

@@ -568,10 +568,12 @@ class ReplicaClient:
         self.acked = -1  # the highest sequence acked to the current leader
         self.heard_at = time.monotonic()  # when the leader last said anything (or, before that, following began)
         self.failure: str | None = None  # why the last stream ended, for the log
+        self.disk_failed = False  # it ended because the data dir could not take the leader's writes
 
     async def follow(self, host: str, port: int, epoch: int) -> None:
         """Follow the leader of ``epoch`` at host:port until the stream ends (returns; ``failure`` says why)."""
         self.failure = None
+        self.disk_failed = False
         self.acked = -1  # acks belong to one connection: a new one starts again from its copy
         if epoch < self._epoch:
             self.failure = f"the leader's epoch {epoch} is older than {self._epoch}, seen before"
@@ -598,6 +600,7 @@ class ReplicaClient:
             manifest = file_digests(self._data_dir)  # what it holds, so that the leader sends only what it lacks
         except (OSError, ReplicaError) as error:
             self.failure = f"cannot read the data dir's files: {error}"
+            self.disk_failed = True
             return
         try:
             stream = socket.create_connection((host, port), timeout=self._connect_timeout)
@@ -645,7 +648,12 @@ class ReplicaClient:
             if len(group) < len(messages):
                 self._answer_heartbeat(stream)
             if group:
-                sequence = writer.apply(group)
+                try:
+                    sequence = writer.apply(group)
+                except ReplicaError as error:
+                    self.failure = f"the data dir cannot take the leader's writes: {error}"
+                    self.disk_failed = True
+                    return
                 if sequence > self.acked:
                     self.acked = sequence
                     self._acknowledge(stream, sequence)

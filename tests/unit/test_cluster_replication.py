@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import logging
 import re
 import shutil
@@ -18,7 +19,7 @@ from cluster import frames
 from cluster.coordinator import MemoryCoordinator, MemoryEtcd, Member
 from cluster.replication import ReplicaClient, ReplicationServer
 from cluster.state import read_epoch
-from storage.replica import replicated_files
+from storage.replica import ReplicaWriter, replicated_files
 from storage.store import MessageStore
 
 SECRET = "cluster-secret"
@@ -377,4 +378,29 @@ def test_a_follower_back_gets_only_what_its_files_lack_and_a_diverged_file_whole
         assert await asyncio.wait_for(rig.publish(10), TIMEOUT) is True
         await rig.close()
         same_files(rig.root / "a", rig.root / "b")
+    asyncio.run(main())
+
+
+def test_a_follower_whose_disk_fills_leaves_the_isr_and_confirms_go_on(rig, monkeypatch):
+    async def main():
+        await rig.lead()
+        rig.follow("b")
+        rig.follow("c")
+        await rig.wait_isr(["a", "b", "c"])
+        write_all = ReplicaWriter._write_all
+        b_data = rig.root / "b"
+
+        def full_on_b(writer: ReplicaWriter, fd: int, data: bytes) -> None:
+            if writer._data_dir == b_data:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            write_all(writer, fd, data)
+        monkeypatch.setattr(ReplicaWriter, "_write_all", full_on_b)
+        assert await asyncio.wait_for(rig.publish(5), TIMEOUT) is True
+        assert await rig.isr() == ["a", "c"]
+        client, task = rig.followers["b"]
+        await asyncio.wait_for(task, TIMEOUT)
+        assert client.disk_failed and "cannot take the leader's writes" in client.failure
+        assert "No space left on device" in client.failure
+        rig.followers.pop("b")
+        await rig.close()
     asyncio.run(main())
