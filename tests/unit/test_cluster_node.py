@@ -17,9 +17,9 @@ from cluster.node import ClusterNode
 from cluster.state import identity, write_epoch
 from storage import writer as writer_module
 from tests.conftest import free_port, listening
+from tests.unit.cluster_support import TIMEOUT, until
 
 TTL = 1.0
-TIMEOUT = 10.0
 
 
 def make_node(root: Path, etcd: MemoryEtcd, name: str = "n1", management_port: int = 0) -> ClusterNode:
@@ -29,16 +29,6 @@ def make_node(root: Path, etcd: MemoryEtcd, name: str = "n1", management_port: i
         "cluster_replication_port": free_port(), "cluster_lease_ttl": TTL, "cluster_ack_timeout": 1.0,
         "cluster_min_insync": 1})
     return ClusterNode(config, MemoryCoordinator(etcd, "/warren/test", name, TTL))
-
-
-async def until(condition, what: str) -> None:
-    async def poll():
-        while not condition():
-            await asyncio.sleep(0.01)
-    try:
-        await asyncio.wait_for(poll(), TIMEOUT)
-    except asyncio.TimeoutError:
-        raise AssertionError(f"{what}: not within {TIMEOUT} s") from None
 
 
 class Running:

@@ -21,9 +21,9 @@ from cluster.replication import ReplicaClient, ReplicationServer
 from cluster.state import read_epoch
 from storage.replica import ReplicaWriter, replicated_files
 from storage.store import MessageStore
+from tests.unit.cluster_support import TIMEOUT, until
 
 SECRET = "cluster-secret"
-TIMEOUT = 10.0
 
 
 def member(node: str) -> Member:
@@ -100,16 +100,6 @@ def same_files(leader: Path, follower: Path) -> None:
 @pytest.fixture
 def rig(tmp_path):
     return Rig(tmp_path)
-
-
-async def until(condition, what: str) -> None:
-    async def poll():
-        while not condition():
-            await asyncio.sleep(0.01)
-    try:
-        await asyncio.wait_for(poll(), TIMEOUT)
-    except asyncio.TimeoutError:
-        raise AssertionError(f"{what}: not within {TIMEOUT} s") from None
 
 
 async def not_within(future: asyncio.Future, seconds: float) -> bool:
