@@ -55,7 +55,8 @@ class StoredMessage:
 class RecoveredMessages:
     """One queue's recovered messages in queue order (= id order, as are their places)."""
 
-    __slots__ = ("queue", "ids", "places", "sizes", "redelivered", "transient", "removed", "segments_dir", "index")
+    __slots__ = ("queue", "ids", "places", "sizes", "redelivered", "transient", "transient_ids", "removed",
+                 "segments_dir", "index")
 
     def __init__(self, queue: str, segments_dir: Path, index: MessageIndex) -> None:
         self.queue = queue  # the queue's name in the store
@@ -63,8 +64,8 @@ class RecoveredMessages:
         self.places = array("Q")  # where each record is (place()), ascending too
         self.sizes = array("I")  # body bytes of each
         self.redelivered: set[int] = set()  # ids delivered from this queue before the stop
-        # ids of messages not marked persistent (a quorum queue stores them too): a set, sorted by finish()
-        self.transient: set[int] | array = set()
+        self.transient: set[int] = set()  # ids of messages not marked persistent (a quorum queue stores them too)
+        self.transient_ids = array("Q")  # the same, sorted, once finish() has moved them here
         self.removed: set[int] = set()  # ids removed by a later record (dropped from the columns by finish())
         self.segments_dir = segments_dir
         self.index = index  # the store's, where the segments holding these messages are pinned
@@ -106,7 +107,8 @@ class RecoveredMessages:
             self.redelivered -= removed
             self.transient -= removed
             self.removed = set()
-        self.transient = array("Q", sorted(self.transient))
+        self.transient_ids = array("Q", sorted(self.transient))
+        self.transient = set()
         places, start = self.places, 0
         while start < len(places):
             number = places[start] >> PLACE_BITS
@@ -145,7 +147,8 @@ class RecoveredMessages:
 
     def _run(self, start: int, end: int) -> "StoredRun":
         ids = self.ids[start:end]
-        transient = self.transient[bisect_left(self.transient, ids[0]):bisect_right(self.transient, ids[-1])]
+        transient_ids = self.transient_ids
+        transient = transient_ids[bisect_left(transient_ids, ids[0]):bisect_right(transient_ids, ids[-1])]
         sizes = self.sizes[start:end]
         body_bytes = sum(sizes)
         transient_bytes = sum(sizes[bisect_left(ids, msg_id)] for msg_id in transient)

@@ -15,7 +15,6 @@ import logging
 import os
 import time
 import zlib
-from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,10 +83,6 @@ class _Follow:
     messages: RecoveredMessages  # the queue's
     delivered: bool
     persistent: bool
-    ids: array  # messages' columns, for the loop
-    places: array
-    sizes: array
-
 
 
 class _Reader:
@@ -107,7 +102,7 @@ class _Reader:
         self.moved: list[tuple[int, int]] = []  # byte ranges of the current file's misplaced publishes
         self.unkept = False  # some damaged bytes of the current file could not be put in quarantine
         self.set_aside_definitions: list[tuple[str, str]] = []
-        self.report = {
+        self.report: dict[str, int | float] = {
             "records": 0, "bytes": 0, "torn_tail_bytes": 0, "corrupt_segments": 0, "corrupt_ranges": 0,
             "quarantined_bytes": 0, "set_aside_records": 0, "rehomed_messages": 0,
             "definitions_damaged": False,
@@ -129,7 +124,8 @@ class _Reader:
                 read(data, offset)
                 break
             except records.CorruptRecord as bad:
-                damage = salvage.damage_at(data, *bad.args, types)
+                bad_at, reason = bad.args
+                damage = salvage.damage_at(data, bad_at, reason, types)
                 corrupt |= self._damaged(path, data, damage, is_tail)
                 drop.append((damage.start, damage.end))
                 offset = damage.end
@@ -161,17 +157,23 @@ class _Reader:
     def segment_records(self, data: bytes, offset: int) -> None:
         """The same for a segment's records (checked as records.scan checks them). A publish that follows one for a
         single queue with the next id and the same metadata, as a queue's messages usually lie in a segment, is
-        taken in this loop: its message joins the queue's columns, and the index learns of the run in bulk."""
+        taken in this loop: where it is and its body size are gathered, and the queue's columns and the index learn
+        of the run in bulk."""
         view = memoryview(data)
         total = len(data)
-        unpack_frame, frame_size, crc32 = records.FRAME.unpack_from, records.FRAME_SIZE, zlib.crc32
-        unpack_id = records.MSG_ID.unpack_from
-        max_payload, publish = records.MAX_PAYLOAD, records.PUBLISH
+        unpack_frame, unpack_id, crc32 = records.FRAME.unpack_from, records.MSG_ID.unpack_from, zlib.crc32
+        frame_size, max_payload, publish = records.FRAME_SIZE, records.MAX_PAYLOAD, records.PUBLISH
         base = place(self.segment, 0)
         pos = offset
         follow: _Follow | None = None  # the run publishes may continue (None: the last record began none)
-        meta = b""
-        next_id = taken = 0
+        meta = b""  # its metadata bytes
+        head_size = 0  # its payload bytes before the body
+        next_id = 0  # the id the next publish of the run would have
+        places: list[int] = []  # where the publishes taken into the run since the last _took are
+        sizes: list[int] = []  # their body sizes
+        applied = 0  # records applied from offset on
+        length: int
+        crc: int
         try:
             while pos < total:
                 if total - pos < frame_size:
@@ -181,41 +183,50 @@ class _Reader:
                 end = start + length
                 if length == 0 or length > max_payload or end > total:
                     raise records.CorruptRecord(pos, "length runs past the end of the file")
-                if crc32(view[start:end]) != crc:
+                if crc32(data[start:end]) != crc:  # a copy: cheaper than a memoryview for most records
                     raise records.CorruptRecord(pos, "CRC mismatch")
                 if (follow is not None and data[start] == publish and data.startswith(meta, start + 9)
                         and unpack_id(data, start + 1)[0] == next_id):
-                    follow.ids.append(next_id)
-                    follow.places.append(base | pos)
-                    follow.sizes.append(end - start - follow.head_size)
+                    places.append(base | pos)
+                    sizes.append(end - start - head_size)
                     next_id += 1
-                    taken += 1
                 else:
-                    if taken:
-                        self._took(follow, taken)
-                        taken = 0
+                    if places:
+                        assert follow is not None, "only a run takes publishes"
+                        self._took(follow, places, sizes)
                     try:
                         self.segment_record(data, view[start:end], start, end)
                     except Exception as error:  # what the decoders raise for an intact record they cannot use
                         raise _Unusable(pos, end, error) from None
                     follow = self.follow
                     if follow is not None:
-                        meta, next_id = follow.meta, self.index.last_id + 1
-                self.count += 1
+                        meta, head_size, next_id = follow.meta, follow.head_size, self.index.last_id + 1
+                applied += 1
                 pos = end
         finally:
-            if taken:
-                self._took(follow, taken)
+            self.count += applied
+            if places:
+                assert follow is not None, "only a run takes publishes"
+                self._took(follow, places, sizes)
 
-    def _took(self, follow: "_Follow", count: int) -> None:
-        """count publishes were taken in segment_records's loop after the one that began follow's run."""
-        last_id = self.index.last_id
+    def _took(self, follow: _Follow, places: list[int], sizes: list[int]) -> None:
+        """The publishes at places, with those body sizes, were taken in segment_records's loop after the one that
+        began follow's run: their messages, with the ids after the last one, join its queue; the lists are
+        emptied."""
+        count = len(places)
+        first_id = self.index.last_id + 1
+        fresh = range(first_id, first_id + count)
+        messages = follow.messages
+        messages.ids.extend(fresh)
+        messages.places.extend(places)
+        messages.sizes.extend(sizes)
         self.index.add_recovered_more(follow.queue, follow.state, count)
-        fresh = range(last_id + 1, last_id + 1 + count)
         if follow.delivered:
-            follow.messages.redelivered.update(fresh)
+            messages.redelivered.update(fresh)
         if not follow.persistent:
-            follow.messages.transient.update(fresh)
+            messages.transient.update(fresh)
+        places.clear()
+        sizes.clear()
 
     def _keep(self, path: Path, data: bytes, start: int, end: int) -> Path | str:
         """Put ``data[start:end]`` of ``path`` in quarantine; return where, for the log."""
@@ -293,20 +304,19 @@ class _Reader:
                 (queue, delivered), = live
                 messages = self.queues[queue]
                 self.follow = _Follow(self.publishes.metadata_bytes, body_start - start, queue,
-                                      index.state_of(msg_id), messages, delivered, msg_id not in messages.transient,
-                                      messages.ids, messages.places, messages.sizes)
+                                      index.state_of(msg_id), messages, delivered, msg_id not in messages.transient)
                 return
         elif kind in (records.REMOVED, records.DELIVERED):
             # a compacted publish lists only its live queues, so an older record may name a queue it has left
             queue, ids = records.decode_id_list(payload)
-            messages = self.queues.get(queue)
-            if messages is None:
+            listed = self.queues.get(queue)
+            if listed is None:
                 return
-            present = [msg_id for msg_id in ids if msg_id in messages]
+            present = [msg_id for msg_id in ids if msg_id in listed]
             if kind == records.REMOVED:
-                messages.removed.update(index.remove(queue, present))
+                listed.removed.update(index.remove(queue, present))
             else:
-                messages.redelivered.update(index.deliver(queue, present))
+                listed.redelivered.update(index.deliver(queue, present))
         else:
             raise ValueError(f"unknown segment record type {kind}")
 
