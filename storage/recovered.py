@@ -56,7 +56,7 @@ class RecoveredMessages:
     """One queue's recovered messages in queue order (= id order, as are their places)."""
 
     __slots__ = ("queue", "ids", "places", "sizes", "redelivered", "transient", "transient_ids", "removed",
-                 "segments_dir", "index")
+                 "segments_dir", "index", "found")
 
     def __init__(self, queue: str, segments_dir: Path, index: MessageIndex) -> None:
         self.queue = queue  # the queue's name in the store
@@ -69,6 +69,7 @@ class RecoveredMessages:
         self.removed: set[int] = set()  # ids removed by a later record (dropped from the columns by finish())
         self.segments_dir = segments_dir
         self.index = index  # the store's, where the segments holding these messages are pinned
+        self.found = -1  # position in ids of the id ``in`` found last
 
     def add(self, msg_id: int, where: int, size: int, persistent: bool, delivered: bool) -> None:
         self.ids.append(msg_id)
@@ -81,8 +82,13 @@ class RecoveredMessages:
 
     def __contains__(self, msg_id: int) -> bool:
         ids = self.ids
-        position = bisect_left(ids, msg_id)
-        return position < len(ids) and ids[position] == msg_id
+        position = self.found + 1  # acks mostly come in queue order: the id after the one found last comes first
+        if not (position < len(ids) and ids[position] == msg_id):
+            position = bisect_left(ids, msg_id)
+            if not (position < len(ids) and ids[position] == msg_id):
+                return False
+        self.found = position
+        return True
 
     def moved(self, number: int, dropped: list[tuple[int, int]]) -> None:
         """Byte ranges (sorted, disjoint) were taken out of segment number: its records after them moved up."""
