@@ -2,14 +2,14 @@
 
     python -m tests.cluster.publisher --nodes 127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3 --queue NAME \\
         --body-size 16 --window 500 --out results.json [--progress PATH] \\
-        [--count N | --until-file PATH] [--stall-timeout SECONDS]
+        [--count N | --until-file PATH] [--stall-timeout SECONDS] [--rate PER_SECOND]
 
 It declares the durable queue, selects confirms and publishes persistent messages to the queue through the default
 exchange. Each body is a unique id (0, 1, 2, ... in order; tests.cluster.ids) padded to --body-size, and at most
---window publishes are unconfirmed at once. When the connection drops or the channel closes (or, with
---stall-timeout, no confirm comes for that long), it tries the nodes round-robin every 100 ms, declares again and
-republishes every id not yet confirmed under the same id, as a client of a failing-over cluster must. Nacked ids
-are republished too.
+--window publishes are unconfirmed at once (with --rate, at most that many go out a second). When the connection
+drops or the channel closes (or, with --stall-timeout, no confirm comes for that long), it tries the nodes
+round-robin every 100 ms, declares again and republishes every id not yet confirmed under the same id, as a client
+of a failing-over cluster must. Nacked ids are republished too.
 
 It stops once --count ids are confirmed, once --until-file exists, or on SIGTERM/SIGINT, after waiting up to 5 s
 for the confirms of what it sent; then it writes --out (Publisher.result). Every 200 ms it rewrites the progress
@@ -288,7 +288,8 @@ class Publisher:
     """Publishes ids through whichever node takes a connection until told to stop; see the module's doc."""
 
     def __init__(self, nodes: Sequence[str], queue: str, body_size: int, window: int, count: int | None = None,
-                 until_file: Path | None = None, progress: Path | None = None, stall_timeout: float = 0.0) -> None:
+                 until_file: Path | None = None, progress: Path | None = None, stall_timeout: float = 0.0,
+                 rate: float = 0.0) -> None:
         self.nodes = list(nodes)  # 'host:port' of every node
         self.queue = queue
         self.body_size = body_size
@@ -296,6 +297,9 @@ class Publisher:
         self.until_file = until_file  # stop once this path exists
         self.progress = progress  # the progress file, rewritten every TICK
         self.stall_timeout = stall_timeout  # give a connection up after this long without a confirm (0: never)
+        self.rate = rate  # most publishes a second (0: as many as the window allows)
+        self._tokens = 0.0  # publishes the rate allows now (at most a window's worth saved up)
+        self._refilled = time.monotonic()  # when _tokens was last brought up to date
         self.ledger = Ledger(count)
         self.session: Session | None = None  # the connection in use, while there is one
         self.stopped_by: str | None = None  # "count", "until-file" or "signal", once stopping
@@ -369,11 +373,23 @@ class Publisher:
             if self.ledger.done:
                 self.stop("count")
                 return
-            ids = self.ledger.take(min(self.window - len(outstanding), BATCH))
+            room = min(self.window - len(outstanding), BATCH)
+            ids = self.ledger.take(min(room, self._allowed()) if self.rate else room)
             if ids:
+                self._tokens -= len(ids)
                 await session.publish(ids)
+            elif room > 0 and self.rate:  # held back by the rate: until it allows the room (a batch at most) to go,
+                with contextlib.suppress(TimeoutError):  # a confirm comes, or the connection fails
+                    await asyncio.wait_for(outstanding.changed(), (room - self._tokens) / self.rate)
             else:
                 await outstanding.changed()
+
+    def _allowed(self) -> int:
+        """Publishes the rate allows now."""
+        now = time.monotonic()
+        self._tokens = min(float(self.window), self._tokens + (now - self._refilled) * self.rate)
+        self._refilled = now
+        return int(self._tokens)
 
     async def _settle(self, session: Session) -> None:
         """Wait up to STOP_GRACE for the confirms of what was sent."""
@@ -451,6 +467,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--window", type=int, default=500, help="most publishes unconfirmed at once")
     parser.add_argument("--out", type=Path, required=True, help="the result, written as JSON at the end")
     parser.add_argument("--progress", type=Path, help="rewritten every 200 ms (default: beside --out)")
+    parser.add_argument("--rate", type=float, default=0.0,
+                        help="most publishes a second, republishes included (0: as many as the window allows)")
     parser.add_argument("--stall-timeout", type=float, default=0.0,
                         help="give a connection up when unconfirmed publishes get no confirm for this long (0: never)")
     end = parser.add_mutually_exclusive_group()
@@ -468,7 +486,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     publisher = Publisher(args.nodes.split(","), args.queue, args.body_size, args.window, args.count,
-                          args.until_file, args.progress, args.stall_timeout)
+                          args.until_file, args.progress, args.stall_timeout, args.rate)
     write_json(args.out, uvloop.run(publisher.run()))
 
 
@@ -571,13 +589,13 @@ class PublisherHandle(ProcessHandle):
 
 def start_publisher(nodes: Sequence[Any], queue: str, body_size: int, window: int, out_dir: Path | str, *,
                     count: int | None = None, until_file: Path | None = None,
-                    stall_timeout: float = 0.0) -> PublisherHandle:
+                    stall_timeout: float = 0.0, rate: float = 0.0) -> PublisherHandle:
     """Start `python -m tests.cluster.publisher` with its files in `out_dir` (one directory per publisher).
 
     `nodes` are 'host:port' strings or objects with .host and .port. Without `count` or `until_file` it publishes
     until handle.stop()."""
     arguments = ["--nodes", ",".join(map(node_address, nodes)), "--queue", queue, "--body-size", str(body_size),
-                 "--window", str(window), "--stall-timeout", str(stall_timeout)]
+                 "--window", str(window), "--stall-timeout", str(stall_timeout), "--rate", str(rate)]
     if count is not None:
         arguments += ["--count", str(count)]
     if until_file is not None:
