@@ -31,11 +31,15 @@ from cluster.coordinator import (
 
 Result = TypeVar("Result")
 
-# gRPC's reconnect backoff grows to 120 s by default: an etcd back after an outage would go unseen for minutes
+# gRPC's reconnect backoff grows to 120 s by default: an etcd back after an outage would go unseen for minutes.
+# Channels to one address share their connections through a process-wide pool unless told not to: a client made
+# anew after a failure would then take up the same connection, stuck in TCP's retransmission back-off after a cut
+# (a node cut from etcd for 30 s reached it again only 26 s after the cut healed).
 _CHANNEL_OPTIONS = {
     "grpc.initial_reconnect_backoff_ms": 100,
     "grpc.min_reconnect_backoff_ms": 100,
     "grpc.max_reconnect_backoff_ms": 500,
+    "grpc.use_local_subchannel_pool": 1,
 }
 _WATCH_RETRY_DELAY = 0.2  # seconds between attempts to watch the leader key while etcd does not answer
 _LEASE_NOT_FOUND = "requested lease not found"  # etcd's text when a key is to be bound to a lease that is gone

@@ -347,8 +347,9 @@ class ClusterNode:
         self.following = f"{leader.node_id} at {leader.amqp_host} (epoch {epoch})"
         log.info("following %s (epoch %d)", leader.node_id, epoch)
         self.waiting_for = ""
-        forwarder = AmqpForwarder(lambda: (leader.amqp_host, leader.amqp_port))
         client = ReplicaClient(self.data_dir, self.node, self.secret, self.config.cluster_ack_timeout)
+        # a leader this node has lost is likely out of the clients' reach too: they try another node at once
+        forwarder = AmqpForwarder(lambda: None if client.lost_leader else (leader.amqp_host, leader.amqp_port))
         changed = asyncio.Event()
         watcher = asyncio.ensure_future(self._watch_leader(epoch, changed))
         teller = asyncio.ensure_future(self._tell_whether_lost(client, epoch))
