@@ -49,7 +49,7 @@ def make_directories(directory: Path, changed: set[Path]) -> None:
     """Make ``directory`` and whichever of its parents are missing; the parent of each one made joins ``changed``
     (its entries changed): fsync them (``fsync_directories``) before anything inside is relied on."""
     missing = []
-    while not directory.is_dir():
+    while not directory.exists():  # one that exists but is no directory fails the mkdir below it, as it should
         missing.append(directory)
         directory = directory.parent
     for made in reversed(missing):
