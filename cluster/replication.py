@@ -513,12 +513,11 @@ class ReplicationServer:
     async def _copy(self, follower: Follower, files: list[tuple[str, int, int]]) -> tuple[int, int]:
         """Send the files as they were at the cut: a RESET keeping the follower's files that are a prefix of the
         leader's, then what each file lacks; returns the bytes sent and the bytes the follower held already."""
-        kept: dict[str, int] = {}  # path -> bytes of it the follower holds already
-        for path, fd, size in files:
-            held = follower.holds.get(path)
-            if held is not None and 0 < held[0] <= size and held[1] == await self._loop.run_in_executor(
-                    None, prefix_digest, fd, held[0]):
-                kept[path] = held[0]
+        candidates = [(path, fd, held) for path, fd, size in files
+                      if (held := follower.holds.get(path)) is not None and 0 < held[0] <= size]
+        digests = await asyncio.gather(*(self._loop.run_in_executor(None, prefix_digest, fd, held[0])
+                                         for _, fd, held in candidates))  # on several threads: hashing frees the GIL
+        kept = {path: held[0] for (path, _, held), digest in zip(candidates, digests) if digest == held[1]}
         follower.write(frames.encode_frame(self._epoch, -1, encode_ops([reset_op(sorted(kept))])))
         sent = 0
         for path, fd, size in files:
