@@ -564,6 +564,7 @@ class ReplicaClient:
         self._silence = ack_timeout * LEADER_SILENCE  # seconds without a word from the leader that end the stream
         self._connect_timeout = ack_timeout  # seconds a connection to the leader may take
         self._socket: socket.socket | None = None  # the stream's, while it runs
+        self._stopped = False  # stop() was called: a stream still connecting ends as soon as it has its socket
         self.acked = -1  # the highest sequence acked to the current leader
         self.heard_at = time.monotonic()  # when the leader last said anything (or, before that, following began)
         self.failure: str | None = None  # why the last stream ended, for the log
@@ -573,6 +574,7 @@ class ReplicaClient:
         """Follow the leader of ``epoch`` at host:port until the stream ends (returns; ``failure`` says why)."""
         self.failure = None
         self.disk_failed = False
+        self._stopped = False
         self.acked = -1  # acks belong to one connection: a new one starts again from its copy
         if epoch < self._epoch:
             self.failure = f"the leader's epoch {epoch} is older than {self._epoch}, seen before"
@@ -585,7 +587,8 @@ class ReplicaClient:
         return time.monotonic() - self.heard_at > self._silence
 
     def stop(self) -> None:
-        """End the stream (from any thread): its blocking read returns."""
+        """End the stream (from any thread): its blocking read returns, or it ends once connected."""
+        self._stopped = True
         stream = self._socket
         if stream is not None:
             try:
@@ -606,13 +609,17 @@ class ReplicaClient:
         except OSError as error:
             self.failure = f"cannot reach the leader's replication port {host}:{port}: {error}"
             return
+        self._socket = stream
+        if self._stopped:  # stop() came while it connected, and found no socket to shut down
+            self._socket = None
+            stream.close()
+            return
         stream.settimeout(None)
         # a blocking read gives up after the silence (EAGAIN), while MSG_DONTWAIT reads stay non-blocking
         seconds = int(self._silence)
         stream.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
                           struct.pack("ll", seconds, int((self._silence - seconds) * 1_000_000)))
         stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._socket = stream
         writer = ReplicaWriter(self._data_dir)
         try:
             stream.sendall(frames.encode_hello(self._node, self._dir, self._secret, self._epoch)

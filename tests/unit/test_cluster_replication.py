@@ -11,11 +11,13 @@ import errno
 import logging
 import re
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
 
 from cluster import frames
+from cluster import replication as replication_module
 from cluster.coordinator import MemoryCoordinator, MemoryEtcd, Member
 from cluster.replication import ReplicaClient, ReplicationServer
 from cluster.state import read_epoch
@@ -393,4 +395,30 @@ def test_a_follower_whose_disk_fills_leaves_the_isr_and_confirms_go_on(rig, monk
         assert "No space left on device" in client.failure
         rig.followers.pop("b")
         await rig.close()
+    asyncio.run(main())
+
+
+def test_a_follower_stopped_while_it_connects_ends_once_connected(tmp_path, monkeypatch):
+    """stop() finds no socket to shut down yet: the stream must end as soon as it has one, not wait for the
+    leader's silence (a node that stops would wait on that thread, and not exit)."""
+    hashing = threading.Event()
+    stopped = threading.Event()
+
+    def slow_digests(data_dir):
+        hashing.set()
+        stopped.wait(TIMEOUT)
+        return []
+    monkeypatch.setattr(replication_module, "file_digests", slow_digests)
+
+    async def main():
+        async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.read()
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        client = ReplicaClient(tmp_path / "b", "b", SECRET, 30.0)  # a silence of 60 s: only stop() can end it
+        following = asyncio.ensure_future(client.follow("127.0.0.1", server.sockets[0].getsockname()[1], 1))
+        await asyncio.get_running_loop().run_in_executor(None, hashing.wait, TIMEOUT)
+        client.stop()
+        stopped.set()
+        await asyncio.wait_for(following, 5.0)
+        server.close()
     asyncio.run(main())
