@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -49,9 +50,11 @@ def make_directories(directory: Path, changed: set[Path]) -> None:
     """Make ``directory`` and whichever of its parents are missing; the parent of each one made joins ``changed``
     (its entries changed): fsync them (``fsync_directories``) before anything inside is relied on."""
     missing = []
-    while not directory.exists():  # one that exists but is no directory fails the mkdir below it, as it should
+    while not directory.exists():
         missing.append(directory)
         directory = directory.parent
+    if not directory.is_dir():  # a file where a directory should be (or above it)
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(directory))
     for made in reversed(missing):
         made.mkdir(exist_ok=True)
         changed.add(made.parent)

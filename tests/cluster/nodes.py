@@ -7,12 +7,13 @@ tests/cluster/netns.py, for the partition tests).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from tests.cluster.netns import LOCAL, Place
@@ -178,6 +179,19 @@ class Cluster:
             running = {name for name, node in self.nodes.items() if node.running}
             return leader if leader is not None and running <= set(isr) else None
         return wait_for(settled, timeout, "a leader with every running node in the ISR")
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[Cluster]:
+        """Start the nodes and wait until they are ready; on the way out, their logs when that failed, and stop them."""
+        self.start()
+        try:
+            self.ready()
+            yield self
+        except BaseException:
+            print(self.logs())
+            raise
+        finally:
+            self.stop()
 
     def logs(self) -> str:
         return "\n".join(f"--- {name}\n{node.log()[-6000:]}" for name, node in self.nodes.items())

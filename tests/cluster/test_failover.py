@@ -36,16 +36,8 @@ PROGRESS_PERIOD = 0.2  # the publisher's progress file is this stale at most
 
 @pytest.fixture
 def cluster(tmp_path, etcd_endpoint):
-    instance = Cluster(tmp_path, f"t{uuid.uuid4().hex[:10]}", etcd_endpoint)
-    instance.start()
-    try:
-        instance.ready()
+    with Cluster(tmp_path, f"t{uuid.uuid4().hex[:10]}", etcd_endpoint).running() as instance:
         yield instance
-    except BaseException:
-        print(instance.logs())
-        raise
-    finally:
-        instance.stop()
 
 
 STARTED = []  # the publishers of the running test, killed at its end whatever happened
@@ -105,7 +97,7 @@ def first_confirm_after(result: dict, moment: float) -> float:
     return losses[0]["at"] + losses[0]["gap"] - moment
 
 
-@pytest.mark.parametrize("body_size", [16, 1024])
+@pytest.mark.parametrize("body_size", [1024])  # 16 B: test_failover_load.py, the last kill behind a deep queue
 def test_kill_9_of_the_leader_loses_no_confirmed_message(cluster, tmp_path, body_size):
     """Acceptance 1-3: five rounds of kill -9 of the leader under load; the killed node restarts and is back in the
     ISR before the next round; every confirmed id is read back; failover stays within 5 s."""
@@ -303,10 +295,7 @@ def test_a_paused_leader_is_replaced_and_confirms_nothing_after(cluster, tmp_pat
 def test_etcd_outage_stops_the_leader_until_etcd_returns(tmp_path, own_etcd):
     """Acceptance 7: etcd killed for 10 s: the leader serves only while its lease can be proven, then stops;
     service returns with etcd; nothing confirmed is lost."""
-    cluster = Cluster(tmp_path, f"t{uuid.uuid4().hex[:10]}", own_etcd.endpoint)
-    cluster.start()
-    try:
-        cluster.ready()
+    with Cluster(tmp_path, f"t{uuid.uuid4().hex[:10]}", own_etcd.endpoint).running() as cluster:
         publisher = publisher_on(cluster, tmp_path)
         publisher.wait_confirmed(2000, timeout=30)
         killed_at = time.time()
@@ -320,8 +309,3 @@ def test_etcd_outage_stops_the_leader_until_etcd_returns(tmp_path, own_etcd):
         publisher.wait_confirmed(publisher.confirmed + 1000, timeout=20)
         cluster.ready()
         finish(cluster, publisher, tmp_path)
-    except BaseException:
-        print(cluster.logs())
-        raise
-    finally:
-        cluster.stop()

@@ -45,18 +45,12 @@ def etcd(network):
 
 @pytest.fixture
 def cluster(tmp_path, network, etcd):
-    instance = Cluster(tmp_path, f"t{uuid.uuid4().hex[:10]}", etcd.endpoint,
-                       places={name: network.place(name) for name in ("a", "b", "c")})
-    instance.start()
-    try:
-        instance.ready()
-        yield instance
-    except BaseException:
-        print(instance.logs())
-        raise
-    finally:
-        network.heal()  # the nodes stop as they would in service
-        instance.stop()
+    with Cluster(tmp_path, f"t{uuid.uuid4().hex[:10]}", etcd.endpoint,
+                 places={name: network.place(name) for name in ("a", "b", "c")}).running() as instance:
+        try:
+            yield instance
+        finally:
+            network.heal()  # the nodes stop as they would in service
 
 
 class Partition(Fault):
