@@ -125,6 +125,8 @@ class ClusterNode:
             await self._join_with_a_new_lease()
 
     async def _join_with_a_new_lease(self) -> None:
+        said = ""  # the last failure logged: one line per kind of failure, not one per attempt
+        started = time.monotonic()
         while True:
             try:
                 asked = time.monotonic()
@@ -132,9 +134,13 @@ class ClusterNode:
                 self._renewed(asked)
                 self.secret = await self.coordinator.secret()
                 await self.coordinator.register(self.member)
+                if said:
+                    log.info("joined the cluster through etcd after %.1f s", time.monotonic() - started)
                 return
             except CoordinatorError as error:
-                log.warning("cannot join the cluster through etcd yet: %s", error)
+                if str(error) != said:
+                    log.warning("cannot join the cluster through etcd yet (trying every %.1f s): %s", RETRY, error)
+                    said = str(error)
                 await asyncio.sleep(RETRY)
 
     async def _step(self) -> None:
