@@ -10,6 +10,7 @@ import errno
 import os
 import shutil
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,20 @@ async def lost_when_confirmed(store: MessageStore, cut: PowerCut, *paths: Path) 
     return await done
 
 
+def lost_after(data_dir: Path, cut: PowerCut, write: Callable[[MessageStore], list[Path]]) -> list[str]:
+    """Start a store on ``data_dir`` and write with it (``write`` names the files what it wrote depends on); what of
+    those files a power cut at the moment it is confirmed loses."""
+    async def main() -> list[str]:
+        store = MessageStore(data_dir)
+        store.recover()
+        paths = write(store)
+        try:
+            return await lost_when_confirmed(store, cut, *paths)
+        finally:
+            store.close()
+    return asyncio.run(main())
+
+
 def fail_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """The next fdatasync fails as on a full disk (the batch is cut back and fails); later ones work."""
     real_fdatasync = os.fdatasync
@@ -101,18 +116,12 @@ def test_the_first_confirm_in_a_fresh_data_dir_survives_a_power_cut(tmp_path, mo
     if made_by != "the store":
         data_dir.mkdir()  # as the broker's start-up or an operator does, without an fsync
 
-    async def main() -> list[str]:
-        store = MessageStore(data_dir)
-        store.recover()
+    def write(store: MessageStore) -> list[Path]:
         store.append_message(1, ("q",), "", "q", b"h", b"body")
         store.append_definition("queue", "/|q", {"name": "q", "durable": True})
-        try:
-            return await lost_when_confirmed(
-                store, cut, segment_path(messages_directory(data_dir), 0), data_dir / DEFINITIONS_LOG)
-        finally:
-            store.close()
+        return [segment_path(messages_directory(data_dir), 0), data_dir / DEFINITIONS_LOG]
 
-    assert asyncio.run(main()) == []
+    assert lost_after(data_dir, cut, write) == []
 
 
 def test_a_first_message_survives_a_power_cut_where_recovery_made_the_messages_directory(tmp_path, monkeypatch):
@@ -122,16 +131,11 @@ def test_a_first_message_survives_a_power_cut_where_recovery_made_the_messages_d
     shutil.rmtree(messages_directory(data_dir))
     cut = PowerCut(tmp_path, monkeypatch)
 
-    async def main() -> list[str]:
-        store = MessageStore(data_dir)
-        store.recover()
+    def write(store: MessageStore) -> list[Path]:
         store.append_message(1, ("q",), "", "q", b"h", b"body")
-        try:
-            return await lost_when_confirmed(store, cut, segment_path(messages_directory(data_dir), 0))
-        finally:
-            store.close()
+        return [segment_path(messages_directory(data_dir), 0)]
 
-    assert asyncio.run(main()) == []
+    assert lost_after(data_dir, cut, write) == []
 
 
 def test_a_first_durable_declare_survives_a_power_cut_once_confirmed(tmp_path, monkeypatch):
@@ -139,16 +143,11 @@ def test_a_first_durable_declare_survives_a_power_cut_once_confirmed(tmp_path, m
     used_before(tmp_path / "data")
     cut = PowerCut(tmp_path, monkeypatch)
 
-    async def main() -> list[str]:
-        store = MessageStore(tmp_path / "data")
-        store.recover()
+    def write(store: MessageStore) -> list[Path]:
         store.append_definition("queue", "/|q", {"name": "q", "durable": True})
-        try:
-            return await lost_when_confirmed(store, cut, tmp_path / "data" / DEFINITIONS_LOG)
-        finally:
-            store.close()
+        return [tmp_path / "data" / DEFINITIONS_LOG]
 
-    assert asyncio.run(main()) == []
+    assert lost_after(tmp_path / "data", cut, write) == []
 
 
 def test_a_first_stream_message_survives_a_power_cut_once_confirmed(tmp_path, monkeypatch):
@@ -156,17 +155,11 @@ def test_a_first_stream_message_survives_a_power_cut_once_confirmed(tmp_path, mo
     used_before(tmp_path / "data")
     cut = PowerCut(tmp_path, monkeypatch)
 
-    async def main() -> list[str]:
-        store = MessageStore(tmp_path / "data")
-        store.recover()
+    def write(store: MessageStore) -> list[Path]:
         store.streams.open("/|events", fresh=True, **STREAM_LIMITS).append("", "events", b"h", b"first")
-        try:
-            return await lost_when_confirmed(
-                store, cut, store.streams.path_of("/|events") / segment_name(0))
-        finally:
-            store.close()
+        return [store.streams.path_of("/|events") / segment_name(0)]
 
-    assert asyncio.run(main()) == []
+    assert lost_after(tmp_path / "data", cut, write) == []
 
 
 def test_a_segment_made_by_a_failed_batch_is_durable_when_the_next_batch_is_confirmed(tmp_path, monkeypatch):
