@@ -1,7 +1,7 @@
 """Shared fixtures: a Warren broker on an ephemeral loopback port with a temporary data dir.
 
 Set WARREN_TEST_URL (e.g. amqp://guest:guest@127.0.0.1:21672/%2F) to run the same tests against another
-broker, such as a reference RabbitMQ started with ../shared/tools/rabbitmq-ref; its management API is taken to be
+broker, such as a reference RabbitMQ started with tools/rabbitmq-ref; its management API is taken to be
 on the AMQP port + 10000 (rabbitmq-ref's --management), or at WARREN_TEST_MANAGEMENT_URL.
 """
 

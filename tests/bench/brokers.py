@@ -17,7 +17,7 @@ from tests.bench.client import BenchConnection, BrokerURL
 from tests.bench.process_memory import descendants, listener_pid
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-RABBITMQ_REF = Path(os.environ.get("WARREN_RABBITMQ_REF", REPO_ROOT.parent / "shared" / "tools" / "rabbitmq-ref"))
+RABBITMQ_REF = Path(os.environ.get("WARREN_RABBITMQ_REF", REPO_ROOT / "tools" / "rabbitmq-ref"))
 WARREN_START_SECONDS = 30
 RABBITMQ_START_SECONDS = 120
 STOP_SECONDS = 30

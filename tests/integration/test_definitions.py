@@ -24,7 +24,7 @@ from tests.conftest import REPO_ROOT, listening, wait_for_port
 from tests.integration.helpers import EVENT_TIMEOUT, channel_error, get, wait_for_message_count
 from tests.integration.management import quote, request
 
-REFERENCE_SCRIPT = REPO_ROOT.parent / "shared" / "tools" / "rabbitmq-ref"
+REFERENCE_SCRIPT = REPO_ROOT / "tools" / "rabbitmq-ref"
 # AMQP port of the reference RabbitMQ these tests start (its API is on +10000). Both lie below the kernel's
 # ephemeral range (32768-60999): probing a free port inside it can connect the probe to itself, and the TIME-WAIT
 # that leaves behind makes the node's listener fail with eaddrinuse.
