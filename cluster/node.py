@@ -354,8 +354,10 @@ class ClusterNode:
         log.info("following %s (epoch %d)", leader.node_id, epoch)
         self.waiting_for = ""
         client = ReplicaClient(self.data_dir, self.node, self.secret, self.config.cluster_ack_timeout)
-        # a leader this node has lost is likely out of the clients' reach too: they try another node at once
-        forwarder = AmqpForwarder(lambda: None if client.lost_leader else (leader.amqp_host, leader.amqp_port))
+        # a leader this node has not reached yet, or has lost, is likely out of the clients' reach too: they try
+        # another node at once rather than wait for a forward that may never answer
+        forwarder = AmqpForwarder(lambda: (leader.amqp_host, leader.amqp_port)
+                                  if client.heard_any and not client.lost_leader else None)
         changed = asyncio.Event()
         watcher = asyncio.ensure_future(self._watch_leader(epoch, changed))
         teller = asyncio.ensure_future(self._tell_whether_lost(client, epoch))

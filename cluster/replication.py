@@ -567,6 +567,7 @@ class ReplicaClient:
         self._stopped = False  # stop() was called: a stream still connecting ends as soon as it has its socket
         self.acked = -1  # the highest sequence acked to the current leader
         self.heard_at = time.monotonic()  # when the leader last said anything (or, before that, following began)
+        self.heard_any = False  # the leader has said something since following began: it is within reach
         self.failure: str | None = None  # why the last stream ended, for the log
         self.disk_failed = False  # it ended because the data dir could not take the leader's writes
 
@@ -642,6 +643,7 @@ class ReplicaClient:
             data = stream.recv(READ_SIZE)
             ended = not data
             self.heard_at = time.monotonic()
+            self.heard_any = True
             messages = reader.feed(data)
             while not ended:  # everything that has arrived goes into one group (one fdatasync per file)
                 try:
