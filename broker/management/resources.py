@@ -14,6 +14,7 @@ from aiohttp import web
 from broker.management import http
 from broker.management.messages import field_table, json_value
 from broker.model.access import check_resource
+from broker.model.patterns import PatternError, compile_pattern
 from broker.model.queue import Queue
 from protocol.constants import ACCESS_REFUSED, NOT_FOUND, REPLY_NAMES
 from protocol.errors import AMQPError
@@ -364,9 +365,11 @@ def _name_filter(query):
         return lambda name: True
     if query.get("use_regex") == "true":
         try:
-            pattern = re.compile(wanted, re.IGNORECASE)
+            pattern = compile_pattern(wanted, ignore_case=True)
         except re.error:
             raise http.bad_request("Pagination parameters are invalid") from None
+        except PatternError as error:
+            raise http.bad_request(f"Pagination parameters are invalid: {error}") from None
         return lambda name: pattern.search(name) is not None
     wanted = wanted.lower()
     return lambda name: wanted in name.lower()

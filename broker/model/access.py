@@ -7,10 +7,10 @@ import binascii
 import hashlib
 import hmac
 import os
-import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from broker.model.patterns import compile_pattern as compile_user_pattern
 from protocol import errors
 
 if TYPE_CHECKING:
@@ -72,9 +72,10 @@ class User:
                 "hashing_algorithm": self.hashing_algorithm, "tags": list(self.tags), "limits": dict(self.limits)}
 
 
-def compile_pattern(pattern: str) -> re.Pattern | None:
-    """A permission regex as RabbitMQ reads it (searched anywhere in the name); "" grants nothing (None)."""
-    return re.compile(pattern) if pattern else None
+def compile_pattern(pattern: str):
+    """A permission regex as RabbitMQ reads it (searched anywhere in the name); "" grants nothing (None).
+    patterns.PatternError or re.error when it cannot be used."""
+    return compile_user_pattern(pattern) if pattern else None
 
 
 @dataclass

@@ -23,6 +23,7 @@ from broker.model.arguments import (
     check_exchange_equivalent, check_queue_equivalent, validate_exchange_arguments, validate_queue_arguments,
 )
 from broker.model.exchange import EXCHANGE_TYPES
+from broker.model.patterns import PatternError, compile_pattern
 from broker.model.policy import PolicyError, make_policy
 from broker.model.routing.headers import validate_x_match
 from broker.model.vhost import OPERATOR_OWNER, PREDECLARED_EXCHANGES
@@ -313,9 +314,11 @@ class _Planner:
         patterns = {kind: item.get(kind, str) for kind in ("configure", "write", "read")}
         for kind, pattern in patterns.items():
             try:
-                re.compile(pattern)
+                compile_pattern(pattern)
             except re.error as error:
                 raise item.error(f"'{kind}' is not a valid regular expression: {error}") from None
+            except PatternError as error:
+                raise item.error(f"'{kind}': {error}") from None
         self.result.permissions.append((item.label, {"user": user, "vhost": vhost, **patterns}))
 
     # --- policies ---------------------------------------------------------------------------------------------

@@ -15,6 +15,8 @@ import re
 from decimal import Decimal
 from typing import Callable, Iterable, NamedTuple
 
+from broker.model.patterns import PatternError, compile_pattern
+
 APPLY_TO = ("all", "queues", "exchanges")
 
 
@@ -104,7 +106,7 @@ class Policy:
         self.apply_to = apply_to  # "all", "queues" or "exchanges"
         self.priority = priority  # the highest matching one applies; RabbitMQ accepts any number
         self.definition = definition  # policy key -> value
-        self.regex = re.compile(pattern)
+        self.regex = compile_pattern(pattern)
 
     def applies_to(self, kind: str, name: str) -> bool:
         """kind: "queues" or "exchanges"."""
@@ -172,7 +174,9 @@ _LINE_WIDTH = 80  # io_lib's ~p breaks a term that does not end before this colu
 
 def _check_regex(pattern: str) -> None:
     try:
-        re.compile(pattern)
+        compile_pattern(pattern)
+    except PatternError as error:
+        raise PolicyError(str(error)) from None
     except re.error as error:
         message = _PCRE_ERRORS.get(error.msg, error.msg)
         offset = len(pattern.encode()) if message in _AT_END else (error.pos or 0)

@@ -9,6 +9,7 @@ from aiohttp import web
 from broker.management import http
 from broker.management.resources import listing
 from broker.model.access import ACCESS_KINDS
+from broker.model.patterns import PatternError
 
 routes = web.RouteTableDef()
 
@@ -50,6 +51,8 @@ async def put_permission(request: web.Request) -> web.Response:
         node.set_permissions(user, vhost, *patterns)
     except re.error as error:
         raise http.bad_request(f"invalid regular expression '{error.pattern}': {error}") from None
+    except PatternError as error:
+        raise http.bad_request(str(error)) from None
     await http.on_disk(request)
     return http.created_or_updated(existed)
 
