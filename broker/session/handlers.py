@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING, Callable
 
 from pamqp import commands as spec
 
-from broker.model.access import CONFIGURE, EXCHANGE, QUEUE, READ, WRITE
-from broker.model.exchange import EXCHANGE_TYPES
+from broker.model import operations
+from broker.model.access import EXCHANGE, QUEUE
 from broker.model.vhost import generated_name
 from broker.session import direct_reply
 from broker.session.consumer import Consumer
@@ -31,63 +31,45 @@ def _channel_flow(channel: Channel, method: spec.Channel.Flow) -> None:
     channel.send_method(spec.Channel.FlowOk(active=True))
 
 
+def _actor(channel: Channel) -> operations.Actor:
+    return operations.Actor(channel.vhost, channel.access, channel.connection)
+
+
 def _exchange_declare(channel: Channel, method: spec.Exchange.Declare) -> None:
     vhost = channel.vhost
-    existed = method.exchange in vhost.exchanges
-    # RabbitMQ checks the type and refuses the default exchange before permissions; a passive declare needs none
-    if not method.passive and method.exchange and method.exchange_type in EXCHANGE_TYPES:
-        channel.access.check(CONFIGURE, EXCHANGE, method.exchange)
-        if not existed and not method.exchange.startswith("amq."):  # a reserved name is refused before the AE
-            _check_alternate_exchange(channel, method)
-    exchange = vhost.declare_exchange(method.exchange, method.exchange_type, method.passive, method.durable,
-                                      method.auto_delete, method.internal, method.arguments or {})
-    if not existed:
+    exchange, created = operations.declare_exchange(
+        _actor(channel), method.exchange, method.exchange_type, method.passive, method.durable, method.auto_delete,
+        method.internal, method.arguments or {})
+    if created:
         channel.undo = lambda: vhost.delete_exchange(exchange.name, if_unused=False)
     if not method.nowait:
         channel.send_method(spec.Exchange.DeclareOk())
 
 
-def _check_alternate_exchange(channel: Channel, method: spec.Exchange.Declare) -> None:
-    """A new exchange with an alternate exchange: its messages may end up there, so RabbitMQ wants read on it and
-    write on the alternate."""
-    alternate = (method.arguments or {}).get("alternate-exchange")
-    if isinstance(alternate, str):  # another type is refused by the argument checks
-        channel.access.check(READ, EXCHANGE, method.exchange)
-        channel.access.check(WRITE, EXCHANGE, alternate)
-
-
 def _exchange_delete(channel: Channel, method: spec.Exchange.Delete) -> None:
-    if method.exchange and not method.exchange.startswith("amq."):  # those are refused first, whatever the rights
-        channel.access.check(CONFIGURE, EXCHANGE, method.exchange)
-    channel.vhost.delete_exchange(method.exchange, method.if_unused)
+    operations.delete_exchange(_actor(channel), method.exchange, method.if_unused)
     if not method.nowait:
         channel.send_method(spec.Exchange.DeleteOk())
 
 
-def _check_binding(channel: Channel, source: str, kind: str, destination: str) -> None:
-    """(Un)binding needs write on the destination and read on the source exchange, checked before either is
-    looked up, as in RabbitMQ, which refuses the default exchange between the two checks."""
-    channel.access.check(WRITE, kind, destination)
-    if not source or not destination:
-        raise errors.access_refused("operation not permitted on the default exchange")
-    channel.access.check(READ, EXCHANGE, source)
+def _bind(channel: Channel, source: str, kind: str, destination: str, routing_key: str, arguments: dict) -> None:
+    """queue.bind and exchange.bind: a binding this makes is taken back if its record cannot be written."""
+    vhost = channel.vhost
+    source_exchange, destination_end, created = operations.bind(_actor(channel), source, kind, destination,
+                                                                 routing_key, arguments)
+    if created:
+        channel.undo = lambda: vhost.unbind(source_exchange, destination_end, routing_key, arguments)
 
 
 def _exchange_bind(channel: Channel, method: spec.Exchange.Bind) -> None:
-    _check_binding(channel, method.source, EXCHANGE, method.destination)
-    vhost = channel.vhost
-    source, destination = vhost.get_exchange(method.source), vhost.get_exchange(method.destination)
-    vhost.bind(source, destination, method.routing_key, method.arguments or {})
-    channel.undo = lambda: vhost.unbind(source, destination, method.routing_key, method.arguments or {})
+    _bind(channel, method.source, EXCHANGE, method.destination, method.routing_key, method.arguments or {})
     if not method.nowait:
         channel.send_method(spec.Exchange.BindOk())
 
 
 def _exchange_unbind(channel: Channel, method: spec.Exchange.Unbind) -> None:
-    _check_binding(channel, method.source, EXCHANGE, method.destination)
-    vhost = channel.vhost
-    vhost.unbind(vhost.exchanges.get(method.source), vhost.exchanges.get(method.destination), method.routing_key,
-                 method.arguments or {})
+    operations.unbind(_actor(channel), method.source, EXCHANGE, method.destination, method.routing_key,
+                      method.arguments or {})
     if not method.nowait:
         channel.send_method(spec.Exchange.UnbindOk())
 
@@ -107,81 +89,45 @@ def _queue_declare(channel: Channel, method: spec.Queue.Declare) -> None:
             channel.send_method(spec.Queue.DeclareOk(method.queue, 0, int(channel.reply_consumer is not None)))
         return
     vhost = channel.vhost
-    server_named = not method.passive and not method.queue
-    # RabbitMQ checks a server-named queue's permissions on the name it is about to get, before it exists
-    name = generated_name("amq.gen-") if server_named else _queue_name(channel, method.queue)
-    existed = name in vhost.queues
-    if not method.passive and (server_named or not name.startswith("amq.")):  # a reserved name is refused first
-        _check_queue_declare(channel, name, existed, method.arguments)
-    queue = vhost.declare_queue(name, channel.connection, method.passive, method.durable, method.exclusive,
-                                method.auto_delete, method.arguments or {}, server_named)
-    if not existed:
+    # an empty name is the last declared queue to a passive declare, and asks any other for a server-named queue
+    name = _queue_name(channel, method.queue) if method.passive else method.queue
+    queue, created = operations.declare_queue(_actor(channel), name, method.passive, method.durable,
+                                              method.exclusive, method.auto_delete, method.arguments or {})
+    if created:
         channel.undo = lambda: vhost.delete_queue(queue)
     channel.last_queue = queue.name
     if not method.nowait:
         channel.send_method(spec.Queue.DeclareOk(queue.name, queue.count_ready(), len(queue.consumers)))
 
 
-def _check_queue_declare(channel: Channel, name: str, existed: bool, arguments: dict | None) -> None:
-    """Declaring a queue needs configure on it; a new one with a dead-letter exchange also needs read on the queue
-    and write on that exchange (the DLX guide)."""
-    channel.access.check(CONFIGURE, QUEUE, name)
-    dead_letter_exchange = (arguments or {}).get("x-dead-letter-exchange")
-    if not existed and isinstance(dead_letter_exchange, str):  # another type is refused by the argument checks
-        channel.access.check(READ, QUEUE, name)
-        channel.access.check(WRITE, EXCHANGE, dead_letter_exchange)
-
-
 def _queue_bind(channel: Channel, method: spec.Queue.Bind) -> None:
-    vhost = channel.vhost
     name = _queue_name(channel, method.queue)
-    _check_binding(channel, method.exchange, QUEUE, name)
-    queue = vhost.get_queue(name, channel.connection)
-    routing_key = method.routing_key if (method.routing_key or method.queue) else queue.name
-    exchange = vhost.get_exchange(method.exchange)
-    vhost.bind(exchange, queue, routing_key, method.arguments or {})
-    channel.undo = lambda: vhost.unbind(exchange, queue, routing_key, method.arguments or {})
+    # an empty routing key with the last declared queue binds by that queue's name
+    routing_key = method.routing_key if (method.routing_key or method.queue) else name
+    _bind(channel, method.exchange, QUEUE, name, routing_key, method.arguments or {})
     if not method.nowait:
         channel.send_method(spec.Queue.BindOk())
 
 
 def _queue_unbind(channel: Channel, method: spec.Queue.Unbind) -> None:
-    vhost = channel.vhost
-    name = _queue_name(channel, method.queue)
-    _check_binding(channel, method.exchange, QUEUE, name)
-    queue = vhost.queues.get(name)
-    vhost.unbind(vhost.exchanges.get(method.exchange), queue, method.routing_key, method.arguments or {},
-                 channel.connection)
+    operations.unbind(_actor(channel), method.exchange, QUEUE, _queue_name(channel, method.queue),
+                      method.routing_key, method.arguments or {})
     channel.send_method(spec.Queue.UnbindOk())
 
 
 def _readable_queue(channel: Channel, name: str):
-    """The queue a purge, get or consume names, which needs read on it (checked before the queue is looked up)."""
-    name = _queue_name(channel, name)
-    channel.access.check(READ, QUEUE, name)
-    return channel.vhost.get_queue(name, channel.connection)
+    return operations.readable_queue(_actor(channel), _queue_name(channel, name))
 
 
 def _queue_purge(channel: Channel, method: spec.Queue.Purge) -> None:
-    queue = _readable_queue(channel, method.queue)
-    count = queue.purge()
+    count = operations.purge(_actor(channel), _queue_name(channel, method.queue))
     if not method.nowait:
         channel.send_method(spec.Queue.PurgeOk(message_count=count))
 
 
 def _queue_delete(channel: Channel, method: spec.Queue.Delete) -> None:
-    vhost = channel.vhost
-    name = _queue_name(channel, method.queue)
-    channel.access.check(CONFIGURE, QUEUE, name)
-    queue = vhost.queues.get(name)
-    count = 0
-    if queue is not None:
-        vhost.check_exclusive_access(queue, channel.connection)
-        if method.if_unused and queue.consumers:
-            raise errors.precondition_failed(f"queue '{queue.name}' in vhost '{vhost.name}' in use")
-        if method.if_empty and queue.has_ready():
-            raise errors.precondition_failed(f"queue '{queue.name}' in vhost '{vhost.name}' not empty")
-        count = vhost.delete_queue(queue)
+    count = operations.delete_queue(_actor(channel), _queue_name(channel, method.queue), method.if_unused,
+                                    method.if_empty)
     if not method.nowait:
         channel.send_method(spec.Queue.DeleteOk(message_count=count))
 
