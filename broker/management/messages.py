@@ -11,10 +11,10 @@ from decimal import Decimal
 from pamqp.commands import Basic
 
 from broker.management import http
-from broker.model.access import user_id_refusal
-from broker.model.features.expiry import parse_expiration
+from broker.model import operations
 from broker.model.message import Address, Header, Message, carbon_copy_keys
 from protocol.codec import LongLong, encode_header_payload
+from protocol.field_table import MAX_DEPTH
 
 # JSON property name -> pamqp's attribute name, in RabbitMQ's order
 PROPERTY_NAMES = {
@@ -36,18 +36,14 @@ def required(body: dict, key: str):
 # --- publish requests ------------------------------------------------------------------------------------------
 def from_request(body: dict, exchange: str, user: str) -> tuple[list[str], Message]:
     """The routing keys (the CC and BCC headers' too: sender-selected distribution) and the message a publish
-    request describes, BCC removed. Its shape is checked here (400); what basic.publish would refuse (the user_id,
-    the expiration) raises the AMQPError the channel would raise."""
+    request describes, BCC removed. Only its shape is checked here (400): what basic.publish would refuse is
+    operations.publish's to check."""
     properties_json = required(body, "properties")
     routing_key = required(body, "routing_key")
     payload = _payload(required(body, "payload"), required(body, "payload_encoding"))
     if not isinstance(properties_json, dict):
         raise http.bad_request("properties must be a JSON object")
     properties = _properties(properties_json)
-    if properties.user_id is not None and properties.user_id != user:
-        raise user_id_refusal(properties.user_id, user)
-    if properties.expiration is not None:
-        parse_expiration(properties.expiration)
     headers = properties.headers or {}
     routing_keys = [str(routing_key), *carbon_copy_keys(headers, "CC"), *carbon_copy_keys(headers, "BCC")]
     headers.pop("BCC", None)
@@ -87,28 +83,48 @@ def _properties(data: dict) -> Basic.Properties:
                 value = datetime.datetime.fromtimestamp(value, datetime.UTC)
         elif not isinstance(value, str):
             raise http.ApiError(400, "bad_request", ["not_string", key])
+        else:
+            _check_shortstr(key, value)
         setattr(properties, attribute, value)
     return properties
 
 
-def field_table(data: dict, integer=int) -> dict:
+def field_table(data: dict, integer=int, depth: int = 1) -> dict:
     """A JSON object as an AMQP field table, integers made with integer (RabbitMQ's API makes them 64-bit); 400
-    for what no field type holds: null (RabbitMQ's refusal) or an integer beyond 64 bits."""
-    return {str(key): _field_value(value, integer) for key, value in data.items()}
+    for what no field table holds: null (RabbitMQ's refusal), an integer beyond 64 bits, a name over 255 bytes, or
+    tables nested deeper than AMQP's decoder takes them."""
+    _check_depth(depth)
+    for key in data:
+        _check_shortstr("field name", key)
+    return {key: _field_value(value, integer, depth) for key, value in data.items()}
 
 
-def _field_value(value, integer):
+def _field_value(value, integer, depth: int):
+    """A JSON value in a table or array depth levels deep."""
     if value is None:
         raise http.bad_request("null_not_allowed")
     if isinstance(value, dict):
-        return field_table(value, integer)
+        return field_table(value, integer, depth + 1)
     if isinstance(value, list):
-        return [_field_value(item, integer) for item in value]
+        _check_depth(depth + 1)
+        return [_field_value(item, integer, depth + 1) for item in value]
     if isinstance(value, int) and not isinstance(value, bool):
         if not LONG_MIN <= value <= LONG_MAX:
             raise http.bad_request(f"integer {value} does not fit in a 64-bit field value")
         return integer(value)
     return value
+
+
+def _check_depth(depth: int) -> None:
+    """Tables and arrays nest at most as deep as AMQP's decoder takes them (protocol.field_table)."""
+    if depth > MAX_DEPTH:
+        raise http.bad_request(f"field tables and arrays nested deeper than {MAX_DEPTH} levels")
+
+
+def _check_shortstr(what: str, value: str) -> None:
+    """400 for a value an AMQP short string cannot carry."""
+    if problem := operations.shortstr_problem(what, value):
+        raise http.bad_request(problem)
 
 
 # --- get replies -----------------------------------------------------------------------------------------------

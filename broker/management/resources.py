@@ -1,5 +1,5 @@
 """What the queue, exchange and binding views share: the JSON RabbitMQ's API gives for each, RabbitMQ's binding
-properties keys, the AMQP permission a change needs, and model errors as the API reports them."""
+properties keys, the user acting through the API, and model errors as the API reports them."""
 
 from __future__ import annotations
 
@@ -13,9 +13,11 @@ from aiohttp import web
 
 from broker.management import http
 from broker.management.messages import field_table, json_value
-from broker.model.access import check_resource
+from broker.model.access import ChannelAccess
+from broker.model.operations import Actor
 from broker.model.patterns import PatternError, compile_pattern
 from broker.model.queue import Queue
+from broker.model.vhost import OPERATOR_OWNER
 from protocol.constants import ACCESS_REFUSED, NOT_FOUND, REPLY_NAMES
 from protocol.errors import AMQPError
 
@@ -25,6 +27,8 @@ if TYPE_CHECKING:
 
 DEFAULT_EXCHANGE_ALIAS = "amq.default"  # the name the API gives the nameless default exchange in paths
 QUEUE_MEMORY = 2048  # bytes a queue is taken to cost empty, for the memory estimate
+# an integer as a path segment or a body spells one: ASCII digits, at most the 4300 that int() reads
+INTEGER_TEXT = re.compile(r"[-+]?[0-9]{1,4300}")
 ENTRY_MEMORY = 120  # bytes a queued message is taken to cost besides its body, for the memory estimate
 
 
@@ -56,12 +60,10 @@ def find_queue(vhost: "VirtualHost", name: str) -> Queue:
 
 
 # --- permissions and errors ------------------------------------------------------------------------------------
-def check_permission(request: web.Request, vhost: "VirtualHost", kind: str, name: str, access: str) -> None:
-    """The AMQP permission an operation through the API needs (RabbitMQ's API acts as the user on a channel):
-    AMQPError 403 as a channel refuses it."""
-    user = request["user"]
-    check_resource(http.node_of(request).permissions.get((vhost.name, user.name)), user.name, vhost.name, kind,
-                   name, access)
+def actor_of(request: web.Request, vhost: "VirtualHost") -> Actor:
+    """The request's user acting in vhost, as RabbitMQ's API acts on a channel of its own: with the user's AMQP
+    permissions, owning no exclusive queue."""
+    return Actor(vhost, ChannelAccess(http.node_of(request), request["user"].name, vhost.name), OPERATOR_OWNER)
 
 
 def access_refused() -> http.ApiError:
@@ -86,6 +88,16 @@ def api_error(error: AMQPError) -> http.ApiError:
     if error.reply_code == ACCESS_REFUSED:
         return access_refused()
     return http.bad_request(explanation(error))
+
+
+def channel_error(error: AMQPError) -> http.ApiError:
+    """A method that failed on the channel RabbitMQ's API opens for a get or an aliveness test, as it reports one:
+    404 or 401 with the AMQP reply text, else 400 with the reply code and text."""
+    if error.reply_code == NOT_FOUND:
+        return http.ApiError(404, "not_found", error.text)
+    if error.reply_code == ACCESS_REFUSED:
+        return http.ApiError(401, "not_authorised", error.text)
+    return http.bad_request(f"{error.reply_code} {error.text}")
 
 
 async def on_disk_or_undo(request: web.Request, undo: Callable[[], None] | None) -> None:
@@ -113,6 +125,12 @@ def arguments_of(body: dict) -> dict:
     """The arguments table of a request body (RabbitMQ ignores one that is not an object)."""
     arguments = body.get("arguments")
     return field_table(arguments) if isinstance(arguments, dict) else {}
+
+
+def integer_text(text: str) -> int | None:
+    """The integer text spells in ASCII digits, with an optional sign (str.isdigit also takes other scripts' digits
+    and superscripts, which int() refuses or reads); None for anything else."""
+    return int(text) if INTEGER_TEXT.fullmatch(text) else None
 
 
 def flag(request: web.Request, name: str) -> bool:

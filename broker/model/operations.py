@@ -36,14 +36,18 @@ class Actor(NamedTuple):
     owner: "QueueOwner"  # the connection whose exclusive queues it may use (the API's, OPERATOR_OWNER, has none)
 
 
-def check_shortstr(what: str, value: str) -> None:
-    """Refuse a value an AMQP short string cannot carry, with the text of RabbitMQ's API for a queue name."""
+def shortstr_problem(what: str, value: str) -> str | None:
+    """Why an AMQP short string cannot carry value (RabbitMQ's API's text for a queue name), or None."""
     try:
         size = len(value.encode())
     except UnicodeEncodeError:
-        raise errors.precondition_failed(f"{what} should be valid UTF-8") from None
-    if size > MAX_SHORTSTR:
-        raise errors.precondition_failed(f"{what} should be less than {MAX_SHORTSTR} bytes, actually was {size}")
+        return f"{what} should be valid UTF-8"
+    return f"{what} should be less than {MAX_SHORTSTR} bytes, actually was {size}" if size > MAX_SHORTSTR else None
+
+
+def check_shortstr(what: str, value: str) -> None:
+    if problem := shortstr_problem(what, value):
+        raise errors.precondition_failed(problem)
 
 
 # --- exchanges -------------------------------------------------------------------------------------------------

@@ -6,10 +6,11 @@ from aiohttp import web
 
 from broker.management import http
 from broker.management.resources import (
-    access_refused, arguments_of, check_permission, default_binding_json, exchange_name, explicit_binding_json,
+    access_refused, actor_of, arguments_of, default_binding_json, exchange_name, explicit_binding_json,
     find_exchange, find_queue, listing, on_disk_or_undo, properties_key, readable_vhosts, sorted_bindings,
     vhost_bindings,
 )
+from broker.model import operations
 
 routes = web.RouteTableDef()
 
@@ -62,19 +63,15 @@ async def create(request: web.Request) -> web.Response:
     vhost = http.login_vhost_of(request)
     body = await http.json_body(request)
     routing_key, arguments = str(body.get("routing_key", "")), arguments_of(body)
-    source_name, destination_name = exchange_name(request, "source"), request.match_info["destination"]
     kind = DESTINATION_KINDS[request.match_info["kind"]]
-    check_permission(request, vhost, kind, destination_name, "write")
-    check_permission(request, vhost, "exchange", source_name, "read")
-    source = vhost.get_exchange(source_name)
-    destination = (vhost.get_queue(destination_name) if kind == "queue"
-                   else vhost.get_exchange(exchange_name(request, "destination")))
-    existed = source.find_binding(destination, routing_key, arguments) is not None
-    vhost.bind(source, destination, routing_key, arguments)
-    undo = None if existed else lambda: vhost.unbind(source, destination, routing_key, arguments)
-    await on_disk_or_undo(request, undo)
+    destination_name = (request.match_info["destination"] if kind == "queue"
+                        else exchange_name(request, "destination"))
+    source, destination, created = operations.bind(actor_of(request, vhost), exchange_name(request, "source"), kind,
+                                                   destination_name, routing_key, arguments)
+    await on_disk_or_undo(request, (lambda: vhost.unbind(source, destination, routing_key, arguments)) if created
+                          else None)
     location = "/".join(urllib.parse.quote_plus(part, safe="")
-                        for part in (destination_name, properties_key(routing_key, arguments)))
+                        for part in (request.match_info["destination"], properties_key(routing_key, arguments)))
     return web.Response(status=201, headers={"Location": location})
 
 
@@ -93,10 +90,8 @@ async def delete(request: web.Request) -> web.Response:
     if _implicit(request, vhost):
         raise access_refused()  # the default exchange's bindings are no one's to remove
     binding = _named(request, vhost)
-    kind = DESTINATION_KINDS[request.match_info["kind"]]
-    check_permission(request, vhost, kind, binding.destination.name, "write")
-    check_permission(request, vhost, "exchange", binding.source.name, "read")
-    vhost.unbind(binding.source, binding.destination, binding.routing_key, binding.arguments)
+    operations.unbind(actor_of(request, vhost), binding.source.name, DESTINATION_KINDS[request.match_info["kind"]],
+                      binding.destination.name, binding.routing_key, binding.arguments)
     await http.on_disk(request)
     return http.no_content()
 

@@ -4,10 +4,10 @@ from aiohttp import web
 
 from broker.management import http, messages
 from broker.management.resources import (
-    arguments_of, check_permission, exchange_json, exchange_name, find_exchange, flag, listing, on_disk_or_undo,
-    parse_bool, readable_vhosts,
+    actor_of, arguments_of, exchange_json, exchange_name, find_exchange, flag, listing, on_disk_or_undo, parse_bool,
+    readable_vhosts,
 )
-from broker.model.access import internal_exchange_refusal
+from broker.model import operations
 from protocol.errors import AMQPError
 
 routes = web.RouteTableDef()
@@ -36,15 +36,14 @@ async def show(request: web.Request) -> web.Response:
 @routes.put("/api/exchanges/{vhost}/{name}")
 async def declare(request: web.Request) -> web.Response:
     vhost = http.login_vhost_of(request)
-    name = exchange_name(request)
     body = await http.json_body(request)
     kind = body.get("type", "direct")
     durable, auto_delete, internal = (parse_bool(body, key) for key in ("durable", "auto_delete", "internal"))
-    check_permission(request, vhost, "exchange", name, "configure")
-    existed = name in vhost.exchanges
-    vhost.declare_exchange(name, str(kind), False, durable, auto_delete, internal, arguments_of(body))
-    await on_disk_or_undo(request, None if existed else lambda: vhost.delete_exchange(name, if_unused=False))
-    return http.created_or_updated(existed)
+    exchange, created = operations.declare_exchange(actor_of(request, vhost), exchange_name(request), str(kind),
+                                                    False, durable, auto_delete, internal, arguments_of(body))
+    await on_disk_or_undo(request, (lambda: vhost.delete_exchange(exchange.name, if_unused=False)) if created
+                          else None)
+    return http.created_or_updated(not created)
 
 
 @routes.delete("/api/exchanges/{vhost}/{name}")
@@ -53,8 +52,7 @@ async def delete(request: web.Request) -> web.Response:
     name = exchange_name(request)
     if name and name not in vhost.exchanges:
         raise http.not_found()
-    check_permission(request, vhost, "exchange", name, "configure")
-    vhost.delete_exchange(name, flag(request, "if-unused"))
+    operations.delete_exchange(actor_of(request, vhost), name, flag(request, "if-unused"))
     await http.on_disk(request)
     return http.no_content()
 
@@ -66,19 +64,14 @@ async def publish(request: web.Request) -> web.Response:
     vhost = http.login_vhost_of(request)
     name = exchange_name(request)
     body = await http.json_body(request)
+    routing_keys, message = messages.from_request(body, name, request["user"].name)
     try:
-        routing_keys, message = messages.from_request(body, name, request["user"].name)
-        check_permission(request, vhost, "exchange", name, "write")
-        exchange = vhost.get_exchange(name)
-        if exchange.internal:
-            raise internal_exchange_refusal(name, vhost.name)
-        queues = vhost.route(exchange, routing_keys, message)
+        routed = operations.publish(actor_of(request, vhost), name, routing_keys, message)
     except AMQPError as error:
         raise http.bad_request(f"{error.reply_code} {error.text}") from None
-    if queues:
-        vhost.publish_to(queues, message)
+    if routed:
         await http.on_disk(request)
-    return http.reply({"routed": bool(queues)})
+    return http.reply({"routed": routed})
 
 
 def _by_name(vhost) -> list:

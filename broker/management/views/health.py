@@ -9,7 +9,8 @@ from aiohttp import web
 from broker.connection.tls import expiring
 
 from broker.management import http, messages
-from broker.model.vhost import OPERATOR_OWNER
+from broker.management.resources import actor_of, channel_error, integer_text
+from broker.model import operations
 from protocol.errors import AMQPError
 
 routes = web.RouteTableDef()
@@ -79,27 +80,35 @@ EXPIRY_UNITS = {"days": 1, "weeks": 7, "months": 30, "years": 365}
 async def certificates(request: web.Request) -> web.Response:
     """503 listing the served certificates (the amqps listener's, and its CA file) that expire within the given
     time, as RabbitMQ's check."""
-    within, unit = request.match_info["within"], request.match_info["unit"]
-    if not within.isdigit() or unit not in EXPIRY_UNITS:
-        raise http.bad_request(f"invalid time period '{within} {unit}': a whole number of "
-                               f"{', '.join(EXPIRY_UNITS)}")
+    within, unit = integer_text(request.match_info["within"]), request.match_info["unit"]
+    if within is None:
+        raise http.bad_request("Invalid expiration value.")
+    if unit not in EXPIRY_UNITS:
+        raise http.bad_request(f"Time unit not recognised. Supported units: {', '.join(EXPIRY_UNITS)}.")
     config = http.server_of(request).config
     files = [path for path in (config.tls_certfile, config.tls_cacertfile) if path]
-    found = expiring(files, datetime.timedelta(days=int(within) * EXPIRY_UNITS[unit]))
+    found = expiring(files, _days_from_now(within * EXPIRY_UNITS[unit]))
     if not found:
         return ok()
     return failed("Certificates expiring", expired=found)
 
 
+def _days_from_now(days: int) -> datetime.timedelta:
+    """days, kept within the dates a datetime holds (a longer period reaches past every certificate's expiry)."""
+    now = datetime.datetime.now()
+    latest, earliest = (datetime.datetime.max - now).days - 1, (datetime.datetime.min - now).days + 1
+    return datetime.timedelta(days=min(max(days, earliest), latest))
+
+
 @routes.get("/api/health/checks/port-listener/{port}")
 async def port_listener(request: web.Request) -> web.Response:
-    port = request.match_info["port"]
+    port = integer_text(request.match_info["port"])
+    if port is None:
+        raise http.bad_request("Invalid port")
     ports = sorted(set(listeners(request).values()), reverse=True)
-    if not port.isdigit():
-        raise http.bad_request(f"invalid port '{port}'")
-    if int(port) in ports:
-        return ok(port=int(port))
-    return failed("No active listener", missing=int(port), ports=ports)
+    if port in ports:
+        return ok(port=port)
+    return failed("No active listener", missing=port, ports=ports)
 
 
 @routes.get("/api/health/checks/protocol-listener/{protocol}")
@@ -113,14 +122,18 @@ async def protocol_listener(request: web.Request) -> web.Response:
 
 @routes.get("/api/aliveness-test/{vhost}")
 async def aliveness(request: web.Request) -> web.Response:
-    """As RabbitMQ: declare the queue aliveness-test in the vhost, send it a message and take it back."""
+    """As RabbitMQ, acting as the user with the user's permissions: declare the queue aliveness-test in the vhost,
+    publish a message to it and get (without ack) the message at its head. A refused step is reported as
+    RabbitMQ's API reports a failed channel method."""
     vhost = http.login_vhost_of(request)
+    actor = actor_of(request, vhost)
     try:
-        queue = vhost.declare_queue(ALIVENESS_QUEUE, OPERATOR_OWNER, False, False, False, False, {})
-        _, message = messages.from_request(ALIVENESS_MESSAGE, "", request["user"].name)
-        vhost.publish_to([queue], message)
+        operations.declare_queue(actor, ALIVENESS_QUEUE, False, False, False, False, {})
+        routing_keys, message = messages.from_request(ALIVENESS_MESSAGE, "", request["user"].name)
+        operations.publish(actor, "", routing_keys, message)
+        queue = operations.readable_queue(actor, ALIVENESS_QUEUE)
     except AMQPError as error:
-        return failed(error.text)
+        raise channel_error(error) from None
     entry = queue.take()
     if entry is None:
         return failed("aliveness-test queue is empty")

@@ -4,11 +4,10 @@ from aiohttp import web
 
 from broker.management import http, messages
 from broker.management.resources import (
-    UnackedCounts, arguments_of, check_permission, consumer_json, find_queue, flag, listing, on_disk_or_undo,
+    UnackedCounts, actor_of, arguments_of, channel_error, consumer_json, find_queue, flag, integer_text, listing, on_disk_or_undo,
     parse_bool, queue_json, readable_vhosts,
 )
-from broker.model.vhost import OPERATOR_OWNER
-from protocol.constants import ACCESS_REFUSED, NOT_FOUND
+from broker.model import operations
 from protocol.errors import AMQPError
 
 routes = web.RouteTableDef()
@@ -19,7 +18,6 @@ ACK_MODES = {
     "ack_requeue_true": (True, False), "reject_requeue_true": (True, True),
     "ack_requeue_false": (False, False), "reject_requeue_false": (False, True),
 }
-
 
 
 def _with_rates(request: web.Request, queue, data: dict) -> dict:
@@ -58,26 +56,20 @@ async def show(request: web.Request) -> web.Response:
 @routes.put("/api/queues/{vhost}/{name}")
 async def declare(request: web.Request) -> web.Response:
     vhost = http.login_vhost_of(request)
-    name = request.match_info["name"]
     body = await http.json_body(request)
     durable, auto_delete = parse_bool(body, "durable"), parse_bool(body, "auto_delete")
-    check_permission(request, vhost, "queue", name, "configure")
-    existed = name in vhost.queues
-    queue = vhost.declare_queue(name, OPERATOR_OWNER, False, durable, False, auto_delete, arguments_of(body))
-    await on_disk_or_undo(request, None if existed else lambda: vhost.delete_queue(queue))
-    return http.created_or_updated(existed)
+    queue, created = operations.declare_queue(actor_of(request, vhost), request.match_info["name"], False, durable,
+                                              False, auto_delete, arguments_of(body))
+    await on_disk_or_undo(request, (lambda: vhost.delete_queue(queue)) if created else None)
+    return http.created_or_updated(not created)
 
 
 @routes.delete("/api/queues/{vhost}/{name}")
 async def delete(request: web.Request) -> web.Response:
     vhost = http.login_vhost_of(request)
     queue = find_queue(vhost, request.match_info["name"])
-    check_permission(request, vhost, "queue", queue.name, "configure")
-    if flag(request, "if-unused") and queue.consumers:
-        raise http.bad_request(f"queue '{queue.name}' in vhost '{vhost.name}' in use")
-    if flag(request, "if-empty") and queue.has_ready():
-        raise http.bad_request(f"queue '{queue.name}' in vhost '{vhost.name}' not empty")
-    vhost.delete_queue(queue)
+    operations.delete_queue(actor_of(request, vhost), queue.name, flag(request, "if-unused"),
+                            flag(request, "if-empty"))
     await http.on_disk(request)
     return http.no_content()
 
@@ -86,8 +78,7 @@ async def delete(request: web.Request) -> web.Response:
 async def purge(request: web.Request) -> web.Response:
     vhost = http.login_vhost_of(request)
     queue = find_queue(vhost, request.match_info["name"])
-    check_permission(request, vhost, "queue", queue.name, "read")
-    queue.purge()
+    operations.purge(actor_of(request, vhost), queue.name)
     await http.on_disk(request)
     return http.no_content()
 
@@ -95,7 +86,8 @@ async def purge(request: web.Request) -> web.Response:
 @routes.post("/api/queues/{vhost}/{name}/get")
 async def get(request: web.Request) -> web.Response:
     """Take up to count messages from the head of the queue, as basic.get would, then ack, reject or requeue them
-    (requeued ones go back to their places, flagged redelivered)."""
+    (requeued ones go back to their places, flagged redelivered). When a message's properties cannot be decoded,
+    every message taken goes back and the reply says so."""
     vhost = http.login_vhost_of(request)
     body = await http.json_body(request)
     count = _integer(messages.required(body, "count"))
@@ -104,27 +96,40 @@ async def get(request: web.Request) -> web.Response:
     if encoding not in ("auto", "base64"):
         raise http.bad_request("Unsupported encoding. Please use auto or base64.")
     truncate = _integer(body["truncate"]) if body.get("truncate") not in (None, "") else None
-    name = request.match_info["name"]
     try:
-        check_permission(request, vhost, "queue", name, "read")
-        queue = vhost.get_queue(name, OPERATOR_OWNER)
+        queue = operations.readable_queue(actor_of(request, vhost), request.match_info["name"])
     except AMQPError as error:
-        raise _get_error(error) from None
+        raise channel_error(error) from None
     taken, replies = [], []
     while len(taken) != count:
         entry = queue.take()
         if entry is None:
             break
         taken.append(entry)
-        message = entry.message
-        replies.append({"payload_bytes": len(message.body), "redelivered": entry.redelivered,
-                        "exchange": message.exchange, "routing_key": message.routing_key,
-                        "message_count": queue.count_ready(),
-                        "properties": messages.properties_json(message.properties),
-                        **messages.payload_json(message.body, encoding, truncate)})
+        try:
+            replies.append(_message_json(queue, entry, encoding, truncate))
+        except AMQPError as error:
+            _settle(queue, taken, True, False)
+            raise _undecodable(error, len(taken)) from None
     _settle(queue, taken, requeue, reject)
     await http.on_disk(request)
     return http.reply(replies)
+
+
+def _message_json(queue, entry, encoding: str, truncate: int | None) -> dict:
+    """A message a get took, as its reply shows it; AMQPError when its properties cannot be decoded."""
+    message = entry.message
+    return {"payload_bytes": len(message.body), "redelivered": entry.redelivered, "exchange": message.exchange,
+            "routing_key": message.routing_key, "message_count": queue.count_ready(),
+            "properties": messages.properties_json(message.properties),
+            **messages.payload_json(message.body, encoding, truncate)}
+
+
+def _undecodable(error: AMQPError, position: int) -> http.ApiError:
+    """A get stopped by a message whose properties do not decode: 500 as RabbitMQ's channel would fail it (541)."""
+    return http.ApiError(500, "internal_error",
+                         f"{error.text}: the properties of message {position} could not be decoded; the messages "
+                         "taken are back in the queue")
 
 
 def _by_name(vhost) -> list:
@@ -143,7 +148,7 @@ def _settle(queue, taken: list, requeue: bool, reject: bool) -> None:
 
 
 def _ack_mode(mode) -> tuple[bool, bool]:
-    if mode not in ACK_MODES:
+    if not isinstance(mode, str) or mode not in ACK_MODES:
         raise http.bad_request(f"Unsupported ackmode {mode!r}. Please use one of {', '.join(ACK_MODES)}.")
     return ACK_MODES[mode]
 
@@ -152,15 +157,6 @@ def _integer(value) -> int:
     """count and truncate: an integer, or a string of one (RabbitMQ reads both)."""
     if isinstance(value, int) and not isinstance(value, bool):
         return value
-    if isinstance(value, str) and value.lstrip("-").isdigit():
-        return int(value)
+    if isinstance(value, str) and (number := integer_text(value)) is not None:
+        return number
     raise http.ApiError(400, "bad_request", ["not_integer", value])
-
-
-def _get_error(error: AMQPError) -> http.ApiError:
-    """A get's failure as RabbitMQ's API reports the failed basic.get: 404 or 401 with the AMQP reply text."""
-    if error.reply_code == NOT_FOUND:
-        return http.ApiError(404, "not_found", error.text)
-    if error.reply_code == ACCESS_REFUSED:
-        return http.ApiError(401, "not_authorised", error.text)
-    return http.bad_request(f"{error.reply_code} {error.text}")
