@@ -42,10 +42,20 @@ def parse_response(mechanism: str, response: bytes | str) -> tuple[str, str] | N
 
 
 def is_loopback(address: str) -> bool:
+    """Whether address (an IP address, v4 or v6) is this machine's loopback: any of 127.0.0.0/8, or ::1."""
     try:
-        return ipaddress.ip_address(address).is_loopback
+        ip = ipaddress.ip_address(address)
     except ValueError:
         return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped  # a v4 client of a dual-stack listener (::ffff:127.0.0.1)
+    return ip.is_loopback
+
+
+def may_log_in_from(user: str, loopback_users: list[str], peer_address: str) -> bool:
+    """Whether user may log in from peer_address: a loopback user (RabbitMQ's loopback_users) only from this
+    machine. The same rule for AMQP and the management API."""
+    return user not in loopback_users or is_loopback(peer_address)
 
 
 def authenticate(node: Node, loopback_users: list[str], mechanism: str, response: bytes | str,
@@ -57,4 +67,4 @@ def authenticate(node: Node, loopback_users: list[str], mechanism: str, response
     user, password = credentials
     if node.authenticate(user, password) is None:
         return Login(user, False)
-    return Login(user, user not in loopback_users or is_loopback(peer_address))
+    return Login(user, may_log_in_from(user, loopback_users, peer_address))
