@@ -7,6 +7,7 @@ import asyncio
 import gc
 import logging
 import os
+import resource
 import signal
 import sys
 
@@ -94,6 +95,25 @@ async def serve(config) -> None:
     await server.stop()
 
 
+def raise_open_files_limit(config) -> None:
+    """Raise the soft limit on open files to the hard one (the default 1,024 is soon spent by AMQP clients, the
+    store's files and HTTP clients together), and say so in one line; warn when the HTTP listeners may hold more
+    than half of them, which would leave AMQP clients and the store short."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as error:
+            log.warning("open files limit stays %d: cannot raise it to %d: %s", soft, hard, error)
+            hard = soft
+    log.info("open files limit: %d%s", hard, f" (raised from {soft})" if hard != soft else "")
+    http = config.management_max_connections * bool(config.management_port) + (
+        config.prometheus_max_connections * bool(config.prometheus_port))
+    if http > hard // 2:
+        log.warning("the management and Prometheus listeners may hold %d connections, more than half of the %d "
+                    "open files this process may have: lower their max_connections", http, hard)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if refused := compiled.refusal():
@@ -105,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warren-server: {error}", file=sys.stderr)
         return 2
     logs.configure(config.log_level, config.log_format)
+    raise_open_files_limit(config)
     try:
         uvloop.run(serve(config))
     except StartupError as error:

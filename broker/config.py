@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -50,6 +51,14 @@ class Config:
     # collect_statistics_interval)
     management_collect_statistics_interval: int = 5000
     management_tls: bool = False  # the management API speaks HTTPS with the [tls] certificate
+    # Largest request body the management API reads, in bytes (RabbitMQ's management.http.max_body_size)
+    management_max_body_size: int = 10_000_000
+    # Open connections the management API keeps at most; one past it is closed at once, so that HTTP clients can
+    # never take the file descriptors AMQP clients and the store need
+    management_max_connections: int = 256
+    # Host names (besides IP addresses, localhost and this machine's own names) that requests may name in their
+    # Host header: the names the API is reached by through DNS; any other name is refused (DNS rebinding)
+    management_hostnames: list[str] = field(default_factory=list)
     # [tls]: an amqps listener on tls_port, once a certificate and its key are given (as RabbitMQ's ssl_options)
     tls_port: int = 5671
     tls_certfile: str = ""  # the server's certificate chain (PEM)
@@ -59,6 +68,7 @@ class Config:
     tls_fail_if_no_peer_cert: bool = False  # with verify_peer: refuse clients that present no certificate
     prometheus_host: str = "127.0.0.1"  # address of the Prometheus metrics endpoint
     prometheus_port: int = 15692  # port of the Prometheus metrics endpoint (0 = none), as RabbitMQ's plugin
+    prometheus_max_connections: int = 64  # open connections the metrics endpoint keeps at most (as management's)
     # Users who may log in only from this machine, as with RabbitMQ's loopback_users (guest by default).
     loopback_users: list[str] = field(default_factory=lambda: ["guest"])
     # A RabbitMQ definitions file (JSON) imported at every start, after recovery ("" = none), as RabbitMQ's
@@ -84,8 +94,9 @@ class Config:
 SECTIONS = {
     "server": ("host", "port", "data_dir", "log_level", "log_format", "cluster_name", "memory_high_watermark",
                "memory_limit", "queue_messages_in_memory", "load_definitions"),
-    "management": ("host", "port", "tls", "collect_statistics_interval"),
-    "prometheus": ("host", "port"),
+    "management": ("host", "port", "tls", "collect_statistics_interval", "max_body_size", "max_connections",
+                   "hostnames"),
+    "prometheus": ("host", "port", "max_connections"),
     "cluster": ("etcd_endpoints", "node_id", "replication_port", "advertise_host", "lease_ttl", "ack_timeout",
                 "min_insync"),
     "tls": ("port", "certfile", "keyfile", "cacertfile", "verify", "fail_if_no_peer_cert"),
@@ -234,8 +245,28 @@ def _validate_cluster(config: Config) -> None:
         raise ConfigError(f"cluster min_insync must be between 1 and 9, got {config.cluster_min_insync}")
 
 
+MAX_BODY_SIZE_LIMIT = 536870912  # the largest management max_body_size accepted (512 MiB)
+MAX_HTTP_CONNECTIONS = 100_000  # the most connections an HTTP listener may be allowed
+HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?")
+
+
+def _validate_http(config: Config) -> None:
+    """The management and Prometheus listeners' limits, and the host names the API answers to."""
+    if not 1 <= config.management_max_body_size <= MAX_BODY_SIZE_LIMIT:
+        raise ConfigError(f"management max_body_size must be between 1 and {MAX_BODY_SIZE_LIMIT} bytes, got "
+                          f"{config.management_max_body_size}")
+    for key in ("management_max_connections", "prometheus_max_connections"):
+        if not 1 <= getattr(config, key) <= MAX_HTTP_CONNECTIONS:
+            raise ConfigError(f"{key.replace('_', ' ', 1)} must be between 1 and {MAX_HTTP_CONNECTIONS}, got "
+                              f"{getattr(config, key)}")
+    for name in config.management_hostnames:
+        if len(name) > 253 or not HOSTNAME.fullmatch(name):
+            raise ConfigError(f"management hostnames must be DNS names (letters, digits, '-' and '.'), got {name!r}")
+
+
 def _validate(config: Config) -> None:
     _validate_cluster(config)
+    _validate_http(config)
     for key in PORTS:
         if not 0 <= getattr(config, key) <= 65535:
             raise ConfigError(f"{key} must be between 0 and 65535, got {getattr(config, key)}")
