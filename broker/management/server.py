@@ -3,6 +3,7 @@ event loop."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import ssl
 from typing import TYPE_CHECKING, Any
@@ -13,6 +14,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from broker.connection.peer_log import PeerLog
 from broker.connection.server import StartupError, reason_of
 from broker.management.app import make_app
+from broker.management.listener import ConnectionSlots, GuardedRequestHandler
 from broker.management.prometheus import make_prometheus_app
 
 if TYPE_CHECKING:
@@ -20,15 +22,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 peer_log = PeerLog(log)  # lines about requests that are not HTTP, so that no client can flood the log
+DEFAULT_MAX_CONNECTIONS = 64  # connections a listener holds at most unless told (the standby's 503 answers)
 
 
 class ManagementServer:
-    def __init__(self, runner: web.AppRunner, port: int):
+    def __init__(self, runner: web.AppRunner, listener: asyncio.Server, port: int):
         self.runner = runner  # the aiohttp application runner
+        self.listener = listener  # the listening socket's server
         self.port = port  # the port it listens on (the configured one, or the one picked for 0)
 
     async def stop(self) -> None:
         """Stop listening and finish the requests under way."""
+        self.listener.close()
         await self.runner.cleanup()
 
 
@@ -56,28 +61,35 @@ async def start_management(server: "Server") -> ManagementServer:
     config = server.config
     tls = server.tls_context if config.management_tls else None  # HTTPS with the amqps listener's certificate
     return await listen(make_app(server), config.management_host, config.management_port,
-                        "management API" + (" (HTTPS)" if tls is not None else ""), tls)
+                        "management API" + (" (HTTPS)" if tls is not None else ""), tls,
+                        config.management_max_connections)
 
 
 async def start_prometheus(server: "Server") -> ManagementServer:
     """Listen on the configured Prometheus host and port (StartupError when that fails)."""
     config = server.config
     return await listen(make_prometheus_app(server), config.prometheus_host, config.prometheus_port,
-                        "Prometheus metrics")
+                        "Prometheus metrics", max_connections=config.prometheus_max_connections)
 
 
-async def listen(app: web.Application, host: str, port: int, what: str,
-                 tls: ssl.SSLContext | None = None) -> ManagementServer:
-    """Serve app on host:port (0 picks a free port), over HTTPS with tls; StartupError naming what when the port
-    cannot be had."""
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, logger=RequestErrorLog())
+async def listen(app: web.Application, host: str, port: int, what: str, tls: ssl.SSLContext | None = None,
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS) -> ManagementServer:
+    """Serve app on host:port (0 picks a free port), over HTTPS with tls, holding max_connections connections at
+    most; StartupError naming what when the port cannot be had."""
+    runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=tls)
+    slots = ConnectionSlots(max_connections)
+    error_log = RequestErrorLog()
+
+    def connection() -> GuardedRequestHandler:
+        return GuardedRequestHandler(runner.server, slots, loop=loop, logger=error_log, access_log=None)
+
+    loop = asyncio.get_running_loop()
     try:
-        await site.start()
+        listener = await loop.create_server(connection, host, port, ssl=tls, reuse_address=True)
     except OSError as error:
         await runner.cleanup()
         raise StartupError(f"cannot listen on {host}:{port} for the {what}: {reason_of(error)}") from error
-    port = runner.addresses[0][1]
-    log.info("%s listening on %s:%d", what, host, port)
-    return ManagementServer(runner, port)
+    port = listener.sockets[0].getsockname()[1]
+    log.info("%s listening on %s:%d (%d connections at most)", what, host, port, max_connections)
+    return ManagementServer(runner, listener, port)
