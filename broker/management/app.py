@@ -3,6 +3,7 @@ and the routes of every view."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from pathlib import Path
@@ -10,7 +11,9 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from broker.management import http
+from broker.connection.login_throttle import LoginThrottle
+from broker.connection.peer_log import PeerLog
+from broker.management import guards, http
 from broker.management.rates import Rates
 from broker.management.resources import api_error
 from broker.management.views import (
@@ -24,6 +27,8 @@ if TYPE_CHECKING:
     from broker.connection.server import Server
 
 log = logging.getLogger(__name__)
+peer_log = PeerLog(log)  # refused logins, a few lines per address at most
+failed_logins = LoginThrottle()  # consecutive refused logins per address, to answer them more and more slowly
 
 CONSOLE = Path(__file__).parent / "console"  # the web console's static files (no build step)
 
@@ -53,9 +58,17 @@ async def while_serving(request: web.Request, handler):
 
 @web.middleware
 async def authenticated(request: web.Request, handler):
-    """Every /api/ call needs HTTP basic credentials of a user with a management tag (as RabbitMQ's)."""
+    """Every /api/ call needs HTTP basic credentials of a user with a management tag (as RabbitMQ's). Refused
+    credentials are answered more and more slowly to an address that keeps sending them (as AMQP logins are)."""
     if request.path.startswith("/api/"):
-        request["user"] = http.authenticate(request)
+        address = request.remote or ""
+        try:
+            request["user"] = http.authenticate(request)
+        except http.LoginRefused as refusal:
+            peer_log.warning(address, "HTTP login refused from %s: %s", address, refusal.reason)
+            await asyncio.sleep(failed_logins.refused(address, http.server_of(request).config.failed_login_delay))
+            raise
+        failed_logins.accepted(address)
     return await handler(request)
 
 
@@ -82,8 +95,13 @@ async def rabbitmq_errors(request: web.Request, handler):
 
 
 def make_app(server: "Server") -> web.Application:
-    app = web.Application(middlewares=[while_serving, rabbitmq_errors, authenticated], client_max_size=http.MAX_BODY)
+    config = server.config
+    app = web.Application(middlewares=[guards.same_origin, while_serving, rabbitmq_errors, authenticated,
+                                       guards.json_bodies], client_max_size=config.management_max_body_size)
     app[http.SERVER] = server
+    app[http.MAX_BODY_SIZE] = config.management_max_body_size
+    app[guards.NAMES] = guards.allowed_names(config)
+    app.on_response_prepare.append(guards.add_security_headers)
     app[http.STARTED] = time.monotonic()
     rates = app[http.RATES] = Rates(server, server.config.management_collect_statistics_interval)
 

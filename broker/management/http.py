@@ -8,11 +8,14 @@ import base64
 import binascii
 import functools
 import json
+import math
+import re
 import socket
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from broker.connection.auth import may_log_in_from
 from broker.model.access import User
 
 if TYPE_CHECKING:
@@ -23,7 +26,10 @@ if TYPE_CHECKING:
 SERVER = web.AppKey("server", object)  # the AMQP Server (its node, connections and config)
 RATES = web.AppKey("rates", object)  # management.rates.Rates: the sampled message counters
 STARTED = web.AppKey("started", float)  # time.monotonic() when the API started (the node's uptime counts from it)
-MAX_BODY = 64 * 1024 * 1024  # largest request body accepted (a definitions import of a big deployment)
+MAX_BODY_SIZE = web.AppKey("max_body_size", int)  # largest request body read, in bytes (config's)
+OFF_LOOP_BYTES = 1024 * 1024  # a body larger than this is parsed on a thread, not the event loop
+MAX_RANGE = 500  # samples a msg_rates_age/msg_rates_incr period may ask for at most (RabbitMQ's ?MAX_RANGE)
+WHOLE_NUMBER = re.compile(r"[+-]?[0-9]{1,4000}")  # what RabbitMQ reads as an integer in a query (ASCII digits)
 PRODUCT_NAME = "Warren"  # product_name in the overview and in exports (RabbitMQ's says "RabbitMQ")
 ERROR_NAMES = {400: "bad_request", 401: "not_authorised", 403: "not_authorised", 404: "Object Not Found"}
 
@@ -51,6 +57,11 @@ class ApiError(Exception):
         return error_response(self.status, self.error, self.reason)
 
 
+class LoginRefused(ApiError):
+    """A 401 for credentials that are wrong, or that may not be used from the client's address: each one makes the
+    next refusal to that address wait longer (login_throttle)."""
+
+
 def error_response(status: int, error: str, reason: str) -> web.Response:
     headers = {"WWW-Authenticate": 'Basic realm="RabbitMQ Management"'} if status == 401 else None
     if not error:
@@ -67,6 +78,11 @@ def bad_request(reason: str) -> ApiError:
     return ApiError(400, "bad_request", reason)
 
 
+def body_too_large() -> web.Response:
+    """RabbitMQ's answer to a body past management.http.max_body_size."""
+    return error_response(400, "bad_request", "Exceeded HTTP request body size limit")
+
+
 def not_found() -> ApiError:
     return ApiError(404, "Object Not Found", "Not Found")
 
@@ -78,15 +94,24 @@ def server_of(request: web.Request) -> "Server":
 
 def message_stats(request: web.Request, history) -> dict:
     """A management.rates.History as RabbitMQ's message_stats, with the samples of the last msg_rates_age seconds
-    every msg_rates_incr seconds when the request asks for them (as RabbitMQ's UI does for its charts)."""
+    every msg_rates_incr seconds when the request asks for them (as RabbitMQ's UI does for its charts). As
+    RabbitMQ's, a value that is not a whole number is ignored, and a period of more than MAX_RANGE samples (or not
+    positive) is a 400."""
     if history is None:
         return {}
-    age, increment = request.query.get("msg_rates_age"), request.query.get("msg_rates_incr", "5")
-    if age is None:
+    age, increment = (query_integer(request, key) for key in ("msg_rates_age", "msg_rates_incr"))
+    if age is None or increment is None:
         return history.message_stats()
-    if not age.isdigit() or not increment.isdigit() or int(increment) == 0:
-        raise bad_request("msg_rates_age and msg_rates_incr must be whole numbers of seconds")
-    return history.message_stats(int(age), request.app[RATES].every(int(increment)))
+    if age <= 0 or increment <= 0 or age // increment > MAX_RANGE:
+        raise bad_request(f"Invalid range parameters: age {age}, incr {increment}")
+    # an increment past the age picks the newest sample alone, as the age does (and stays a float's size)
+    return history.message_stats(age, request.app[RATES].every(min(increment, age)))
+
+
+def query_integer(request: web.Request, key: str) -> int | None:
+    """The query's key as RabbitMQ reads an integer there (ASCII digits, a sign), None when absent or not one."""
+    text = request.query.get(key)
+    return int(text) if text is not None and WHOLE_NUMBER.fullmatch(text) else None
 
 
 def node_of(request: web.Request) -> "Node":
@@ -141,8 +166,9 @@ async def on_disk(request: web.Request) -> None:
 
 # --- authentication and tags -----------------------------------------------------------------------------------
 def authenticate(request: web.Request) -> User:
-    """The user named by the request's basic credentials; RabbitMQ's 401 when they are absent, wrong, or name a
-    user without a management tag. Every tag right implies management's, so views check only higher rights."""
+    """The user named by the request's basic credentials; RabbitMQ's 401 when they are absent, wrong, name a
+    loopback user and the client is not on this machine, or name a user without a management tag. Every tag right
+    implies management's, so views check only higher rights."""
     header = request.headers.get("Authorization", "")
     scheme, _, encoded = header.partition(" ")
     if scheme.lower() != "basic":
@@ -150,10 +176,12 @@ def authenticate(request: web.Request) -> User:
     try:
         name, _, password = base64.b64decode(encoded, validate=True).decode("utf-8").partition(":")
     except (binascii.Error, ValueError):
-        raise ApiError(401, "not_authorized", "Login failed") from None
+        raise LoginRefused(401, "not_authorized", "Login failed") from None
     user = node_of(request).authenticate(name, password)
     if user is None:
-        raise ApiError(401, "not_authorized", "Login failed")
+        raise LoginRefused(401, "not_authorized", "Login failed")
+    if not may_log_in_from(name, server_of(request).config.loopback_users, request.remote or ""):
+        raise LoginRefused(401, "not_authorised", "User can only log in via localhost")
     if not rights_of(user):
         raise not_authorised("Not management user")
     return user
@@ -218,19 +246,52 @@ def string_field(body: dict, key: str, default: str | None = None) -> str | None
 # --- bodies ----------------------------------------------------------------------------------------------------
 async def json_body(request: web.Request) -> dict:
     """The request's JSON object (an empty body is {}); 400 for anything else."""
-    raw = await request.read()
+    raw = await read_body(request)
     if not raw.strip():
         return {}
-    body = decode_json(raw)
+    body = await parse_json(raw)
     if not isinstance(body, dict):
         raise bad_request("not a JSON object")
     return body
 
 
-def decode_json(raw: bytes | str) -> Any:
-    """A request body's JSON; 400 naming what is wrong when it is not JSON."""
+async def read_body(request: web.Request) -> bytes:
+    """The request's body; RabbitMQ's 400 once it passes max_body_size (a body sent in chunks announces no size)."""
     try:
-        return json.loads(raw)
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise ApiError(400, "bad_request", "Exceeded HTTP request body size limit") from None
+
+
+async def parse_json(raw: bytes) -> Any:
+    """decode_json(raw), on a thread when raw is large, so that the event loop goes on serving meanwhile."""
+    if len(raw) > OFF_LOOP_BYTES:
+        return await asyncio.to_thread(decode_json, raw)
+    return decode_json(raw)
+
+
+class NotJson(ValueError):
+    """A number JSON cannot carry back: NaN, Infinity, or one past a double's range (1e400)."""
+
+
+def finite_float(text: str) -> float:
+    number = float(text)
+    if math.isinf(number):
+        raise NotJson(text)
+    return number
+
+
+def refuse_constant(text: str) -> float:
+    raise NotJson(text)
+
+
+def decode_json(raw: bytes | str) -> Any:
+    """A request body's JSON; 400 naming what is wrong when it is not JSON, RabbitMQ's "not_json" for a number
+    that is not finite (it would come back as Infinity, which no JSON parser reads)."""
+    try:
+        return json.loads(raw, parse_float=finite_float, parse_constant=refuse_constant)
+    except NotJson:
+        raise bad_request("not_json") from None
     except (ValueError, UnicodeDecodeError) as error:
         raise bad_request(f"failed to decode JSON: {error}") from None
     except RecursionError:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from urllib.parse import quote
 
 from aiohttp import web
 
@@ -9,7 +10,6 @@ from broker.management import http
 from broker.model.definitions import DefinitionsError, export_node, export_vhost, import_definitions
 
 routes = web.RouteTableDef()
-
 
 
 @routes.get("/api/definitions")
@@ -48,13 +48,24 @@ def _exported(request: web.Request, definitions: dict) -> web.Response:
     response = http.reply(definitions)
     download = request.query.get("download")
     if download:
-        response.headers["Content-Disposition"] = f"attachment; filename={download}"
+        response.headers["Content-Disposition"] = content_disposition(download)
     return response
 
 
+def content_disposition(filename: str) -> str:
+    """RabbitMQ's attachment header naming filename; a name with other characters than printable ASCII (a CR or LF
+    would end the header) is sent as RFC 6266 has it: those characters replaced in filename, the whole name in
+    UTF-8 in filename*."""
+    if all(" " <= c <= "~" for c in filename):
+        return f"attachment; filename={filename}"
+    fallback = "".join(c if " " <= c <= "~" and c not in '"\\' else "_" for c in filename)
+    return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(filename, safe='')}"
+
+
 async def _imported(request: web.Request, vhost: str | None) -> web.Response:
-    """Import the request's definitions (a JSON body, or a form's "file" field as RabbitMQ's UI uploads it); 204
-    once they are on disk, 400 naming the first item that cannot be applied."""
+    """Import the request's definitions (a JSON body: not a form's file field as RabbitMQ's UI uploads it, as any
+    other site's page could post one); 204 once they are on disk, 400 naming the first item that cannot be
+    applied."""
     try:
         import_definitions(http.node_of(request), await _document(request), vhost)
     except DefinitionsError as error:
@@ -64,12 +75,5 @@ async def _imported(request: web.Request, vhost: str | None) -> web.Response:
 
 
 async def _document(request: web.Request):
-    if request.content_type == "multipart/form-data":
-        form = await request.post()
-        upload = form.get("file")
-        if upload is None:
-            raise http.bad_request("no 'file' field in the form")
-        raw = upload.file.read() if isinstance(upload, web.FileField) else upload.encode()
-    else:
-        raw = await request.read()
-    return http.decode_json(raw)
+    """The request's JSON document (guards.json_bodies let only JSON bodies through)."""
+    return await http.parse_json(await http.read_body(request))
