@@ -380,6 +380,12 @@ function form(id, fields, submitLabel, onSubmit) {
   return node;
 }
 
+// As RabbitMQ's UI: a user made here logs in with a password, and a blank one never logs in.
+function checkedPassword(password) {
+  if (password === "") throw new Error("Please specify a password.");
+  return password;
+}
+
 const remove = (label, path) => el("button", {onclick: () => act(() => api("DELETE", path))}, label);
 
 async function admin() {
@@ -393,7 +399,8 @@ async function admin() {
       {title: "", value: () => "", render: (u) => remove("Delete", `/users/${enc(u.name)}`)},
     ], users, {id: "users"}), form("add-user", [["name", "Username"], ["password", "Password", "password"],
                                                 ["tags", "Tags (comma-separated)"]], "Add user",
-      (f) => api("PUT", `/users/${enc(f.name.value)}`, {password: f.password.value, tags: f.tags.value})));
+      (f) => api("PUT", `/users/${enc(f.name.value)}`, {password: checkedPassword(f.password.value),
+                                                        tags: f.tags.value})));
     content.append(el("h2", {}, "Virtual hosts"), table([
       {title: "Name", value: (v) => v.name},
       {title: "Description", value: (v) => v.description || ""},
