@@ -26,11 +26,12 @@ def quote(name: str) -> str:
 def request(broker: Any, method: str, path: str, body: Any = None, user: str = "guest", password: str = "guest",
             timeout: float = 10.0, raw_body: bytes | None = None, headers: dict | None = None) -> Reply:
     """Send one request to broker's management API (path starts with /api/) and return its reply; an HTTP error
-    status is returned, not raised. user=None sends no credentials."""
+    status is returned, not raised. user=None sends no credentials. A body goes as JSON unless headers name another
+    Content-Type."""
     data = raw_body if raw_body is not None else (json.dumps(body).encode() if body is not None else None)
-    headers = dict(headers or {})
+    headers = {name.lower(): value for name, value in (headers or {}).items()}
     if data is not None:
-        headers["content-type"] = "application/json"
+        headers.setdefault("content-type", "application/json")  # as the console, warrenctl and rabbitmqadmin send
     if user is not None:
         headers["authorization"] = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
     call = urllib.request.Request(broker.management_url + path, data=data, method=method, headers=headers)
