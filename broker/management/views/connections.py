@@ -13,6 +13,8 @@ from aiohttp import web
 from broker.management import http
 from broker.management.messages import json_value
 from broker.management.resources import consumer_json, listing
+from protocol.constants import CONNECTION_FORCED, REPLY_NAMES
+from protocol.errors import reply_text
 
 if TYPE_CHECKING:
     from broker.connection.connection import Connection
@@ -27,9 +29,17 @@ DEFAULT_CLOSE_REASON = "Closed via management plugin"  # RabbitMQ's reason when 
 
 def close_connections(server: "Server", reason: str, which: Callable[["Connection"], bool]) -> None:
     """Close every open connection which selects, with 320 CONNECTION_FORCED and reason (RabbitMQ's texts)."""
+    reason = _fitting(reason)
     for connection in list(server.connections):
         if which(connection):
             connection.close_by_operator(reason)
+
+
+def _fitting(reason: str) -> str:
+    """reason, cut as RabbitMQ cuts the reply text "CONNECTION_FORCED - reason" to fit AMQP's 255 bytes (252 and
+    "..."); bytes of a header that are not UTF-8 become U+FFFD."""
+    reason = reason.encode(errors="surrogateescape").decode(errors="replace")
+    return reply_text(CONNECTION_FORCED, reason).removeprefix(f"{REPLY_NAMES[CONNECTION_FORCED]} - ")
 
 
 # --- what the API shows ----------------------------------------------------------------------------------------
@@ -157,7 +167,7 @@ async def get_connection(request: web.Request) -> web.Response:
 async def close_connection(request: web.Request) -> web.Response:
     """Close a connection with 320 and the X-Reason header's text (RabbitMQ's default reason without one)."""
     connection = connection_of(request, "administrator")
-    connection.close_by_operator(request.headers.get("X-Reason") or DEFAULT_CLOSE_REASON)
+    connection.close_by_operator(_fitting(request.headers.get("X-Reason") or DEFAULT_CLOSE_REASON))
     return http.no_content()
 
 

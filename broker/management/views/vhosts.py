@@ -10,6 +10,7 @@ from broker.management import http
 from broker.management.resources import listing
 from broker.management.views.connections import close_connections
 from broker.model.node import FULL_ACCESS
+from broker.model.operations import shortstr_problem
 
 if TYPE_CHECKING:
     from broker.connection.server import Server
@@ -63,6 +64,8 @@ async def put_vhost(request: web.Request) -> web.Response:
     default_queue_type = http.string_field(body, "default_queue_type")
     node = http.node_of(request)
     name = request.match_info["vhost"]
+    if problem := shortstr_problem("vhost", name):  # connection.open could not name it
+        raise http.bad_request(problem)
     existed = name in node.vhosts
     node.add_vhost(name, description, tags, default_queue_type)
     if not existed:
