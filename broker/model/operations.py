@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from broker.model.access import CONFIGURE, EXCHANGE, QUEUE, READ, WRITE, internal_exchange_refusal, user_id_refusal
 from broker.model.exchange import EXCHANGE_TYPES
+from broker.model.features.delayed_messages import delay_of
 from broker.model.features.expiry import parse_expiration
 from broker.model.vhost import generated_name
 from protocol import errors
@@ -188,6 +189,11 @@ def publish(actor: Actor, exchange_name: str, routing_keys: list[str], message: 
     user_id = properties.user_id
     if user_id is not None and user_id != access.user and not access.may_impersonate():
         raise user_id_refusal(user_id, access.user)
+    if exchange.holds_delayed and (delay := delay_of(message)):
+        # held until its delay is over; RabbitMQ's delayed-message plugin routes it to no queue at the publish, so
+        # the API answers routed: false, as RabbitMQ's does
+        exchange.delayed.hold(message, routing_keys, delay)
+        return False
     queues = vhost.route(exchange, routing_keys, message)
     if queues:
         vhost.publish_to(queues, message)

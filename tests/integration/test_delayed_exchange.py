@@ -142,6 +142,23 @@ def test_the_management_api_shows_type_and_waiting_messages(broker, conn, unique
     channel.exchange_delete(unique)
 
 
+def test_a_message_published_through_the_api_waits_its_delay_too(broker, conn, unique):
+    channel = conn.channel()
+    delayed_exchange(channel, unique)
+    declare_queue(channel, unique)
+    channel.queue_bind(unique, unique, "key")
+    published = time.monotonic()
+    reply = management.request(broker, "POST", f"/api/exchanges/%2F/{unique}/publish", {
+        "routing_key": "key", "payload": "later", "payload_encoding": "string",
+        "properties": {"headers": {"x-delay": DELAY_MS}}})
+    assert reply == (200, {"routed": False})  # the plugin routes it to no queue when it is published
+    assert management.request(broker, "GET", f"/api/exchanges/%2F/{unique}").body["messages_delayed"] == 1
+    inbox = Inbox()
+    consume(channel, unique, inbox, auto_ack=True)
+    assert inbox.wait_for(conn, 1)[0].body == b"later"
+    assert time.monotonic() - published >= DELAY_MS / 1000
+
+
 def test_deleting_the_exchange_drops_its_waiting_messages(conn, unique):
     channel = conn.channel()
     delayed_exchange(channel, unique)
