@@ -8,14 +8,15 @@ Patterns are stored in a canonical form that matches the same keys: every run of
 "#" becomes its "*"s followed by one "#" ("#.#" is "#", "#.*.#" is "*.#"), so a "#" never follows a "#".
 Bindings are still told apart by their pattern as given ("#.#" and "#" are two bindings, as in RabbitMQ).
 
-A match reads the routing key once, word by word, keeping the trie nodes reached after each word; a "#" node,
-once reached, stays reached for every later word (it can absorb them all), so it is visited once per word
-instead of being expanded over every remaining position. The cost is at most (words + 1) x (nodes reached),
-never exponential, whatever patterns are bound.
+A match walks the trie once: no node is visited twice, so a match costs at most the size of the trie, whatever
+patterns are bound and whatever the key. Until a "#" is reached a node is reached after exactly as many words as it
+is deep, and the walk reads the key word by word. Below a "#" a node may be reached after any number of words: the
+walk then carries, for each node, the set of word positions it is reached at as the bits of one integer, and takes
+a child's set from its parent's with a shift and a mask (bit-parallel matching, as in Shift-And), instead of
+visiting the node again for every word.
 """
 
-from collections.abc import Hashable, Iterable
-from itertools import chain
+from collections.abc import Hashable
 
 _ONE_WORD = "*"
 _ANY_WORDS = "#"
@@ -96,78 +97,97 @@ class TopicTrie:
 
     def match(self, routing_key: str) -> set:
         """Destinations of every pattern that matches routing_key."""
-        current: Iterable[_Node] = (self._root,)  # nodes other than "#" nodes reached with the words read so far
-        any_words = _ReachedAnyWords()
-        for word in split_words(routing_key):
-            following: set[_Node] = set()  # nodes reached once the word is read
-            # The active "#" nodes come after current: only nodes of current reach new "#" nodes (a "#" never
-            # follows a "#"), so active is complete and unchanged by the time it is read.
-            for node in chain(current, any_words.active):
+        words = split_words(routing_key)
+        found: set = set()
+        any_words: list[tuple[_Node, int]] = []  # "#" nodes reached, each with the first word it may take
+        current = [self._root]  # nodes reached with the words read so far (each has one parent: no duplicates)
+        for index, word in enumerate(words):
+            following = []
+            for node in current:
                 children = node.children
                 if not children:
                     continue
                 child = children.get(_ANY_WORDS)
                 if child is not None:
-                    any_words.reach(child)
+                    any_words.append((child, index))
                 if word != _ANY_WORDS:  # a literal "#" word is taken by the "#" nodes, which take any word
                     child = children.get(word)
                     if child is not None:
-                        following.add(child)
+                        following.append(child)
                 if word != _ONE_WORD:  # a literal "*" word already reached the "*" child
                     child = children.get(_ONE_WORD)
                     if child is not None:
-                        following.add(child)
+                        following.append(child)
             current = following
-        found: set = set()
+            if not current:
+                break
         for node in current:
+            found.update(node.destinations)
             child = node.children.get(_ANY_WORDS)
             if child is not None:
-                any_words.reach(child)
-            found.update(node.destinations)
-        for node in any_words.reached:
-            found.update(node.destinations)
+                any_words.append((child, len(words)))
+        if any_words:
+            _match_below_any_words(any_words, words, found)
         return found
 
     def __len__(self) -> int:
         return self._pairs
 
 
-class _ReachedAnyWords:
-    """The "#" nodes reached so far in one match. Each stays reached for every later word, since it can take
-    them all; it is visited for each word while it may still lead somewhere new."""
+def _match_below_any_words(reached: list[tuple[_Node, int]], words: list[str], found: set) -> None:
+    """Add to found the destinations of the "#" nodes reached (each with the first word it may take) and of the
+    nodes below them. A node's positions are the bits of one integer: bit i set when the node is reached with the
+    first i words read; bit len(words) set when it is reached with all of them, where its patterns match."""
+    end = 1 << len(words)
+    every_position = (end << 1) - 1
+    taking_a_word = end - 1  # positions from which one more word can be taken
+    positions_of: dict[str, int] | None = None  # literal word -> positions of the key holding it, built when needed
+    pending: list[tuple[_Node, int]] = []  # (node, its positions), each node met once
+    for node, first in reached:
+        found.update(node.destinations)  # the "#" takes every remaining word
+        if node.children:
+            pending.append((node, every_position ^ ((1 << first) - 1)))
+    while pending:
+        node, positions = pending.pop()
+        if positions & end:
+            found.update(node.destinations)
+        children = node.children
+        child = children.get(_ANY_WORDS)
+        if child is not None:  # reached from the first of node's positions on
+            pending.append((child, every_position ^ ((positions & -positions) - 1)))
+        taking = positions & taking_a_word
+        if not taking:
+            continue
+        child = children.get(_ONE_WORD)
+        if child is not None:
+            pending.append((child, taking << 1))
+        if positions_of is None:
+            positions_of = _positions_of_literal_words(words)
+        _reach_literal_children(children, taking, positions_of, pending)
 
-    __slots__ = ("reached", "active", "_waiting")
 
-    def __init__(self) -> None:
-        self.reached: set[_Node] = set()  # every "#" node reached
-        self.active: dict[_Node, None] = {}  # reached "#" nodes to visit for the next word (insertion-ordered set)
-        self._waiting: dict[_Node, list[_Node]] = {}  # "#" node -> active ones whose only path leads to it
-
-    def reach(self, node: _Node) -> None:
-        """Reach a "#" node: it matches zero words, so it is reached where its parent is."""
-        if node in self.reached:
-            return
-        self.reached.add(node)
-        for finished in self._waiting.pop(node, ()):
-            del self.active[finished]  # the "#" its only path leads to is reached: nothing new down that path
-        following = _sole_following_any_words(node)
-        if following is None:
-            self.active[node] = None
-        elif following not in self.reached:
-            self.active[node] = None
-            self._waiting.setdefault(following, []).append(node)
+def _reach_literal_children(children: dict[str, _Node], taking: int, positions_of: dict[str, int],
+                            pending: list[tuple[_Node, int]]) -> None:
+    """Add to pending each child reached through its literal word from the positions taking, looked up from the
+    smaller side (the node's children or the key's words): a node with many children costs no more than the key."""
+    if len(children) <= len(positions_of):
+        for word, child in children.items():
+            following = (taking & positions_of.get(word, 0)) << 1
+            if following:
+                pending.append((child, following))
+    else:
+        for word, word_positions in positions_of.items():
+            literal_child = children.get(word)
+            if literal_child is not None and taking & word_positions:
+                pending.append((literal_child, (taking & word_positions) << 1))
 
 
-def _sole_following_any_words(any_words: _Node) -> _Node | None:
-    """The "#" node that is the only way on from any_words, through nodes with one child and no destinations,
-    as in "#.a.*.#"; None if there is none. Once that "#" is reached, any_words has nothing new to reach:
-    without this, a pattern "#.a.#.a.#..." keeps every one of its "#" nodes busy for every word."""
-    node = any_words
-    while len(node.children) == 1:
-        [(word, child)] = node.children.items()
-        if word == _ANY_WORDS:
-            return child
-        if child.destinations:
-            return None
-        node = child
-    return None
+def _positions_of_literal_words(words: list[str]) -> dict[str, int]:
+    """Each word of the key with the positions that hold it, as the bits of one integer. "*" and "#" are left out:
+    a "*" or "#" child is no literal child, it is reached apart (a literal "*" word reaches the "*" child, which
+    takes any word, and a literal "#" word reaches only the "#" children)."""
+    positions: dict[str, int] = {}
+    for index, word in enumerate(words):
+        if word != _ONE_WORD and word != _ANY_WORDS:
+            positions[word] = positions.get(word, 0) | (1 << index)
+    return positions
