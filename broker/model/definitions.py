@@ -23,6 +23,7 @@ from broker.model.arguments import (
     check_exchange_equivalent, check_queue_equivalent, validate_exchange_arguments, validate_queue_arguments,
 )
 from broker.model.exchange import EXCHANGE_TYPES
+from broker.model.operations import shortstr_problem
 from broker.model.patterns import PatternError, compile_pattern
 from broker.model.policy import PolicyError, make_policy
 from broker.model.routing.headers import validate_x_match
@@ -262,6 +263,13 @@ class _Planner:
         for index, data in enumerate(items):
             read_one(_Item(section, index, data))
 
+    @staticmethod
+    def _check_shortstr(item: _Item, **values: str) -> None:
+        """Names and routing keys must fit in an AMQP short string, as through the other doors."""
+        for what, value in values.items():
+            if problem := shortstr_problem(what, value):
+                raise item.error(problem)
+
     def _vhost_of(self, item: _Item) -> str:
         """The vhost an item belongs to: the import's one, or its own "vhost" key (which must name a vhost that
         exists or that the import creates)."""
@@ -276,6 +284,7 @@ class _Planner:
     def _vhost(self, item: _Item) -> None:
         name = item.get("name", str)
         item.label = f"vhost '{name}'"
+        self._check_shortstr(item, name=name)
         # What the item leaves out stays as it is (a RabbitMQ 3.10 export names its vhosts only); RabbitMQ 3.11+
         # also puts the description and tags in "metadata".
         current = self.node.vhosts.get(name)
@@ -348,6 +357,7 @@ class _Planner:
     def _queue(self, item: _Item) -> None:
         name = item.get("name", str)
         item.label = f"queue '{name}'"
+        self._check_shortstr(item, name=name)
         vhost = self._vhost_of(item)
         item.label += f" in vhost '{vhost}'"
         declared = {"durable": item.get("durable", bool, True), "auto_delete": item.get("auto_delete", bool, False),
@@ -368,6 +378,7 @@ class _Planner:
     def _exchange(self, item: _Item) -> None:
         name = item.get("name", str)
         item.label = f"exchange '{name}'"
+        self._check_shortstr(item, name=name)
         vhost = self._vhost_of(item)
         item.label += f" in vhost '{vhost}'"
         kind = item.get("type", str)
@@ -394,6 +405,7 @@ class _Planner:
         vhost = self._vhost_of(item)
         item.label += f" in vhost '{vhost}'"
         routing_key, arguments = item.get("routing_key", str, ""), item.get("arguments", dict, {})
+        self._check_shortstr(item, source=source, destination=destination, routing_key=routing_key)
         if destination_type not in ("queue", "exchange"):
             raise item.error(f"destination_type must be 'queue' or 'exchange', got '{destination_type}'")
         source_kind = self.exchange_kinds.get((vhost, source))

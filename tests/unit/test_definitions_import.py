@@ -189,6 +189,13 @@ def test_an_import_overwrites_what_it_names_and_leaves_the_rest():
      "binding of exchange 'amq.direct' to exchange 'amq.headers' in vhost '/': "),
     ({"bindings": [{"source": "amq.direct", "vhost": "/", "destination": "q", "destination_type": "stream"}]},
      "destination_type must be 'queue' or 'exchange', got 'stream'"),
+    ({"vhosts": [{"name": "v" * 256}]}, "name should be less than 255 bytes, actually was 256"),
+    ({"queues": [{"name": "q" * 300, "vhost": "/"}]}, "name should be less than 255 bytes, actually was 300"),
+    ({"exchanges": [{"name": "é" * 128, "vhost": "/", "type": "direct"}]},
+     "name should be less than 255 bytes, actually was 256"),
+    ({"bindings": [{"source": "amq.direct", "vhost": "/", "destination": "amq.fanout",
+                    "destination_type": "exchange", "routing_key": "k" * 256}]},
+     "routing_key should be less than 255 bytes, actually was 256"),
 ])
 def test_a_bad_item_is_refused_by_name_and_nothing_changes(document, reason):
     node = Node()
