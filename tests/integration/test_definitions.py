@@ -179,18 +179,19 @@ def test_imported_definitions_survive_a_restart(own_broker):
     check_definitions_apply(warren, "shop", "clerk", "pw")
 
 
-def test_the_ui_uploads_a_file_and_downloads_one(own_broker):
+def test_a_form_upload_is_refused_and_a_download_names_its_file(own_broker):
+    """RabbitMQ's UI uploads definitions as a form; Warren takes them as a JSON body only (its console sends that),
+    so that no page of another site can import definitions with the browser's credentials (docs/security.md)."""
     warren = start_warren(own_broker)
     boundary = "warren-test-boundary"
     form = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"d.json\"\r\n"
             f"Content-Type: application/json\r\n\r\n{json.dumps({'vhosts': [{'name': 'uploaded'}]})}\r\n"
             f"--{boundary}--\r\n").encode()
-    upload = urllib.request.Request(warren.management_url + "/api/definitions", data=form, method="POST", headers={
-        "content-type": f"multipart/form-data; boundary={boundary}",
-        "authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
-    with urllib.request.urlopen(upload, timeout=EVENT_TIMEOUT) as reply:
-        assert reply.status == 204
-    assert request(warren, "GET", "/api/vhosts/uploaded").status == 200
+    upload = request(warren, "POST", "/api/definitions", raw_body=form,
+                     headers={"content-type": f"multipart/form-data; boundary={boundary}"})
+    assert upload.status == 415 and upload.body["error"] == "unsupported_media_type"
+    assert request(warren, "GET", "/api/vhosts/uploaded").status == 404
+    assert request(warren, "POST", "/api/definitions", {"vhosts": [{"name": "uploaded"}]}).status == 204
     download = urllib.request.Request(warren.management_url + "/api/definitions?download=warren.json",
                                       headers={"authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
     with urllib.request.urlopen(download, timeout=EVENT_TIMEOUT) as reply:
