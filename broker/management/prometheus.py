@@ -4,7 +4,8 @@ that its Grafana dashboards work, plus Warren's own (store batches and fsync tim
 
 A scrape reads the broker in two steps: on the event loop, the numbers are copied queue by queue, letting other
 work run every SLICE seconds (as the rates sampler does); then a worker thread turns the copy into the text format
-(prometheus_client), which is where the time of a large scrape goes."""
+(prometheus_client), which is where the time of a large scrape goes. Scrapes that arrive while a rendering of
+their endpoint is under way share it, and a scrape's text is written a piece per turn of the event loop."""
 
 from __future__ import annotations
 
@@ -370,28 +371,64 @@ def exposition(snapshot: Snapshot, per_object: bool) -> bytes:
                 gc.enable()
 
 
+async def render(server: "Server", per_object: bool) -> bytes:
+    """One scrape's text: the snapshot on the event loop, the formatting on a worker thread."""
+    snapshot = await take_snapshot(server)
+    return await asyncio.get_running_loop().run_in_executor(None, exposition, snapshot, per_object)
+
+
+class SharedRenders:
+    """The rendering under way per endpoint: the scrapes that arrive while one is under way get its text instead
+    of rendering their own (forty dashboards scraping 10,000 queues at once render once, not forty times)."""
+
+    def __init__(self, server: "Server"):
+        self.server = server
+        self.under_way: dict[bool, asyncio.Task[bytes]] = {}  # per_object -> the rendering under way
+
+    async def body(self, per_object: bool) -> bytes:
+        rendering = self.under_way.get(per_object)
+        if rendering is None:
+            rendering = asyncio.ensure_future(render(self.server, per_object))
+            self.under_way[per_object] = rendering
+            rendering.add_done_callback(lambda _: self.under_way.pop(per_object))
+        # A scrape that goes away (its client hung up) leaves the rendering to the others.
+        return await asyncio.shield(rendering)
+
+
 # --- the listener's routes -----------------------------------------------------------------------------------------
 routes = web.RouteTableDef()
+RENDERS = web.AppKey("renders", SharedRenders)
+WRITE_PIECE = 64 * 1024  # bytes of a scrape's text written per turn of the event loop
 
 
-async def _scrape(request: web.Request, per_object: bool) -> web.Response:
-    snapshot = await take_snapshot(http.server_of(request))
-    body = await asyncio.get_running_loop().run_in_executor(None, exposition, snapshot, per_object)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+async def _scrape(request: web.Request, per_object: bool) -> web.StreamResponse:
+    """The scrape's text, written a piece per turn of the event loop: the scrapes sharing a rendering all wake in
+    one turn, and handing the socket 13 MB for each of forty in that turn held the loop for a third of a second
+    (a write returns at once while the socket takes the bytes, so it lets no other work run)."""
+    body = memoryview(await request.app[RENDERS].body(per_object))
+    response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPE})
+    response.content_length = len(body)
+    await response.prepare(request)
+    for start in range(0, len(body), WRITE_PIECE):
+        await response.write(body[start:start + WRITE_PIECE])
+        await asyncio.sleep(0)
+    await response.write_eof()
+    return response
 
 
 @routes.get("/metrics")
-async def metrics(request: web.Request) -> web.Response:
+async def metrics(request: web.Request) -> web.StreamResponse:
     return await _scrape(request, per_object=False)
 
 
 @routes.get("/metrics/per-object")
-async def per_object_metrics(request: web.Request) -> web.Response:
+async def per_object_metrics(request: web.Request) -> web.StreamResponse:
     return await _scrape(request, per_object=True)
 
 
 def make_prometheus_app(server: "Server") -> web.Application:
     app = web.Application()
     app[http.SERVER] = server
+    app[RENDERS] = SharedRenders(server)
     app.add_routes(routes)
     return app
