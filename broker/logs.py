@@ -1,13 +1,43 @@
-"""How log lines are written: text lines, or one JSON object per line for log shippers (``--log-format json``)."""
+"""How log lines are written: text lines, or one JSON object per line for log shippers (``--log-format json``).
+
+Either way a line is one line: names that clients and operators choose (vhosts, queues, exchanges, users, the
+reply texts that quote them) may hold line breaks, NUL and other control characters, which are written escaped as
+Python writes them in a string literal (\\r, \\n, \\x00, \\u2028), so that a name can neither split a line nor
+forge one."""
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from datetime import datetime, timezone
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# The characters that printable() escapes: the C0 and C1 controls, DEL, and the line and paragraph separators
+# (everything str.splitlines() splits on is among them).
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def printable(text: str) -> str:
+    """text with each control character and line separator written as its escape (\\n, \\x00, \\u2028)."""
+    return _UNPRINTABLE.sub(_escape, text)
+
+
+def _escape(found: re.Match) -> str:
+    return repr(found.group())[1:-1]
+
+
+def _json_escape(found: re.Match) -> str:
+    return f"\\u{ord(found.group()):04x}"
+
+
+class TextFormatter(logging.Formatter):
+    """TEXT_FORMAT lines with the message made printable; a traceback, when there is one, follows on lines of its
+    own as usual."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return printable(super().formatMessage(record))
 
 
 class JsonFormatter(logging.Formatter):
@@ -23,11 +53,12 @@ class JsonFormatter(logging.Formatter):
         }
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, ensure_ascii=False)
+        # json.dumps escapes the C0 controls; the C1 ones and the separators would stay as they are
+        return _UNPRINTABLE.sub(_json_escape, json.dumps(entry, ensure_ascii=False))
 
 
 def configure(level: str, log_format: str) -> None:
     """Send every log line to standard error, at ``level`` and above, in ``log_format`` ("text" or "json")."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter(TEXT_FORMAT))
     logging.basicConfig(level=level.upper(), handlers=[handler])

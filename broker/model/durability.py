@@ -163,7 +163,7 @@ def _restore_vhost(vhost: "VirtualHost", recovered: "Recovered", skipped: set[st
             stored = recovered.messages.get(exchange.delayed.store_key, ())
             exchange.delayed.restore(stored)
             restored += len(stored)
-    log.info("vhost '%s': %d policies, %d exchanges, %d queues, %d bindings, %d messages restored", vhost.name,
+    log.info("vhost %.200r: %d policies, %d exchanges, %d queues, %d bindings, %d messages restored", vhost.name,
              policies, exchanges, queues, bindings, restored)
 
 
