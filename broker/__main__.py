@@ -10,6 +10,7 @@ import os
 import resource
 import signal
 import sys
+from typing import NamedTuple
 
 import uvloop
 
@@ -67,23 +68,25 @@ def stop_on_signals() -> asyncio.Event:
     return stop
 
 
-async def serve_clustered(config) -> None:
+async def serve_clustered(config, files: OpenFiles) -> None:
     """One node of a cluster ([cluster] etcd_endpoints): it follows or leads as etcd decides (cluster.node)."""
     from cluster.node import ClusterNode, make_coordinator  # a single node never loads the cluster's packages
 
     gc.set_threshold(GC_THRESHOLD)
+    say_open_files_limit(config, files)
     stop = stop_on_signals()
     await ClusterNode(config, make_coordinator(config)).run(stop)
     log.info("shutting down")
 
 
-async def serve(config) -> None:
+async def serve(config, files: OpenFiles) -> None:
     if config.cluster_etcd_endpoints:
-        await serve_clustered(config)
+        await serve_clustered(config, files)
         return
     gc.set_threshold(GC_THRESHOLD)
     server = Server(config)
     await server.start()
+    say_open_files_limit(config, files)
     management = await start_management(server) if config.management_port else None
     prometheus = await start_prometheus(server) if config.prometheus_port else None
     stop = stop_on_signals()
@@ -95,23 +98,40 @@ async def serve(config) -> None:
     await server.stop()
 
 
-def raise_open_files_limit(config) -> None:
-    """Raise the soft limit on open files to the hard one (the default 1,024 is soon spent by AMQP clients, the
-    store's files and HTTP clients together), and say so in one line; warn when the HTTP listeners may hold more
-    than half of them, which would leave AMQP clients and the store short."""
+class OpenFiles(NamedTuple):
+    """What became of the open-files limit at start: logged once the data dir is in use (a start refused before
+    that prints its reason alone)."""
+
+    was: int  # the soft limit the process started with
+    now: int  # the soft limit it has
+    problem: str | None  # why it could not be raised, if it could not
+
+
+def raise_open_files_limit() -> OpenFiles:
+    """Raise the soft limit on open files to the hard one: the default 1,024 is soon spent by AMQP clients, the
+    store's files and HTTP clients together."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        except (ValueError, OSError) as error:
-            log.warning("open files limit stays %d: cannot raise it to %d: %s", soft, hard, error)
-            hard = soft
-    log.info("open files limit: %d%s", hard, f" (raised from {soft})" if hard != soft else "")
+    if soft == hard:
+        return OpenFiles(soft, soft, None)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as error:
+        return OpenFiles(soft, soft, f"cannot raise it to {hard}: {error}")
+    return OpenFiles(soft, hard, None)
+
+
+def say_open_files_limit(config, files: OpenFiles) -> None:
+    """One line on the open-files limit; a warning when the HTTP listeners may hold more than half of those files,
+    which would leave AMQP clients and the store short."""
+    if files.problem:
+        log.warning("open files limit stays %d: %s", files.now, files.problem)
+    else:
+        log.info("open files limit: %d%s", files.now, f" (raised from {files.was})" if files.now != files.was else "")
     http = config.management_max_connections * bool(config.management_port) + (
         config.prometheus_max_connections * bool(config.prometheus_port))
-    if http > hard // 2:
+    if http > files.now // 2:
         log.warning("the management and Prometheus listeners may hold %d connections, more than half of the %d "
-                    "open files this process may have: lower their max_connections", http, hard)
+                    "open files this process may have: lower their max_connections", http, files.now)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,9 +145,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warren-server: {error}", file=sys.stderr)
         return 2
     logs.configure(config.log_level, config.log_format)
-    raise_open_files_limit(config)
+    files = raise_open_files_limit()
     try:
-        uvloop.run(serve(config))
+        uvloop.run(serve(config, files))
     except StartupError as error:
         print(f"warren-server: {error}", file=sys.stderr)
         return 1
