@@ -408,11 +408,14 @@ async def _scrape(request: web.Request, per_object: bool) -> web.StreamResponse:
     body = memoryview(await request.app[RENDERS].body(per_object))
     response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPE})
     response.content_length = len(body)
-    await response.prepare(request)
-    for start in range(0, len(body), WRITE_PIECE):
-        await response.write(body[start:start + WRITE_PIECE])
-        await asyncio.sleep(0)
-    await response.write_eof()
+    try:
+        await response.prepare(request)
+        for start in range(0, len(body), WRITE_PIECE):
+            await response.write(body[start:start + WRITE_PIECE])
+            await asyncio.sleep(0)
+        await response.write_eof()
+    except ConnectionResetError:  # the scraper hung up (aiohttp's ClientConnectionResetError): nothing to tell it
+        pass
     return response
 
 
