@@ -3,7 +3,9 @@ a pattern that makes a backtracking engine run for minutes answers at once, and 
 pattern Warren's linear-time engine cannot run is refused with 400 saying why (RabbitMQ's PCRE runs look-arounds;
 Warren refuses them rather than risk a pattern that runs for hours)."""
 
+import random
 import re
+import threading
 import time
 
 import pytest
@@ -72,3 +74,24 @@ def test_a_pattern_that_would_compile_too_big_is_refused(broker, unique):
     reply = request(broker, "PUT", f"/api/operator-policies/%2F/{unique}",
                     {"pattern": "[a-z]{1,1000}" * 10, "definition": {"max-length": 1}, "apply-to": "queues"})
     assert reply.status == 400 and "too complex" in reply.body["reason"]
+
+
+def test_a_filter_slow_on_every_name_does_not_hold_amqp_up_while_it_runs(broker, unique):
+    """The costliest pattern RE2 takes needs about a millisecond for each 255-letter name: over a thousand queues the
+    filter runs for a second, and AMQP clients go on meanwhile."""
+    letters = random.Random(unique)
+    names = [unique + "-" + "".join(letters.choice("ab") for _ in range(250 - len(unique))) for _ in range(1000)]
+    with open_channel(broker) as ch:
+        for name in names:
+            ch.queue_declare(name, auto_delete=True)
+        pattern = quote("[ab]*a[ab]{900}")
+        listing = threading.Thread(target=request, args=(
+            broker, "GET", f"/api/queues/%2F?name={pattern}&use_regex=true&page=1"), kwargs={"timeout": 60})
+        listing.start()
+        round_trips = []
+        while listing.is_alive():
+            started = time.monotonic()
+            ch.queue_declare(names[0], passive=True)
+            round_trips.append(time.monotonic() - started)
+        listing.join()
+    assert max(round_trips) < 0.1, f"slowest of {len(round_trips)} round trips: {max(round_trips) * 1000:.0f} ms"

@@ -19,13 +19,13 @@ DESTINATION_KINDS = {"q": "queue", "e": "exchange"}  # the path letter of a bind
 
 @routes.get("/api/bindings")
 async def list_all(request: web.Request) -> web.Response:
-    return bindings_listing(request, (binding for vhost in readable_vhosts(request)
-                                       for binding in vhost_bindings(vhost)))
+    return await bindings_listing(request, (binding for vhost in readable_vhosts(request)
+                                             for binding in vhost_bindings(vhost)))
 
 
 @routes.get("/api/bindings/{vhost}")
 async def list_vhost(request: web.Request) -> web.Response:
-    return bindings_listing(request, vhost_bindings(http.login_vhost_of(request)))
+    return await bindings_listing(request, vhost_bindings(http.login_vhost_of(request)))
 
 
 @routes.get("/api/exchanges/{vhost}/{name}/bindings/{direction:source|destination}")
@@ -34,10 +34,12 @@ async def of_exchange(request: web.Request) -> web.Response:
     vhost = http.login_vhost_of(request)
     exchange = find_exchange(vhost, exchange_name(request))
     if request.match_info["direction"] == "destination":
-        return bindings_listing(request, (explicit_binding_json(vhost, binding) for binding in exchange.inbound))
+        return await bindings_listing(request, (explicit_binding_json(vhost, binding)
+                                                for binding in exchange.inbound))
     if exchange is vhost.default_exchange:
-        return bindings_listing(request, (default_binding_json(vhost, name) for name in vhost.queues))
-    return bindings_listing(request, (explicit_binding_json(vhost, binding) for binding in exchange.bindings.values()))
+        return await bindings_listing(request, (default_binding_json(vhost, name) for name in vhost.queues))
+    return await bindings_listing(request, (explicit_binding_json(vhost, binding)
+                                            for binding in exchange.bindings.values()))
 
 
 @routes.get("/api/queues/{vhost}/{name}/bindings")
@@ -45,16 +47,17 @@ async def of_queue(request: web.Request) -> web.Response:
     """A queue's bindings, its implicit one to the default exchange first."""
     vhost = http.login_vhost_of(request)
     queue = find_queue(vhost, request.match_info["name"])
-    return bindings_listing(request, [default_binding_json(vhost, queue.name),
-                                      *(explicit_binding_json(vhost, binding) for binding in queue.bindings)])
+    return await bindings_listing(request, [default_binding_json(vhost, queue.name),
+                                            *(explicit_binding_json(vhost, binding) for binding in queue.bindings)])
 
 
 @routes.get("/api/bindings/{vhost}/e/{source}/{kind:q|e}/{destination}")
 async def between(request: web.Request) -> web.Response:
     """The bindings from one exchange to one queue or exchange (none when either is missing)."""
     vhost = http.login_vhost_of(request)
-    return bindings_listing(request, [*_implicit(request, vhost),
-                                      *(explicit_binding_json(vhost, binding) for binding in _between(request, vhost))])
+    return await bindings_listing(request, [*_implicit(request, vhost),
+                                            *(explicit_binding_json(vhost, binding)
+                                              for binding in _between(request, vhost))])
 
 
 @routes.post("/api/bindings/{vhost}/e/{source}/{kind:q|e}/{destination}")
@@ -96,9 +99,9 @@ async def delete(request: web.Request) -> web.Response:
     return http.no_content()
 
 
-def bindings_listing(request: web.Request, bindings) -> web.Response:
+async def bindings_listing(request: web.Request, bindings) -> web.Response:
     """Bindings in RabbitMQ's order; RabbitMQ serves no pages of them."""
-    return listing(request, sorted_bindings(bindings), pageable=False)
+    return await listing(request, sorted_bindings(bindings), pageable=False)
 
 
 def _implicit(request: web.Request, vhost) -> list[dict]:

@@ -149,13 +149,13 @@ def in_vhost(request: web.Request, vhost: "VirtualHost") -> list["Connection"]:
 # --- connections -----------------------------------------------------------------------------------------------
 @routes.get("/api/connections")
 async def list_connections(request: web.Request) -> web.Response:
-    return listing(request, [connection_json(request, connection) for connection in open_connections(request)])
+    return await listing(request, [connection_json(request, connection) for connection in open_connections(request)])
 
 
 @routes.get("/api/vhosts/{vhost}/connections")
 async def vhost_connections(request: web.Request) -> web.Response:
     vhost = http.login_vhost_of(request)  # RabbitMQ: administrators, and users with permissions there
-    return listing(request, [connection_json(request, connection) for connection in in_vhost(request, vhost)])
+    return await listing(request, [connection_json(request, connection) for connection in in_vhost(request, vhost)])
 
 
 @routes.get("/api/connections/{name}")
@@ -180,13 +180,15 @@ async def connection_channels(request: web.Request) -> web.Response:
 # --- channels --------------------------------------------------------------------------------------------------
 @routes.get("/api/channels")
 async def list_channels(request: web.Request) -> web.Response:
-    return listing(request, [channel_json(request, channel) for channel in channels_of(open_connections(request))])
+    return await listing(request, [channel_json(request, channel)
+                                   for channel in channels_of(open_connections(request))])
 
 
 @routes.get("/api/vhosts/{vhost}/channels")
 async def vhost_channels(request: web.Request) -> web.Response:
     vhost = http.login_vhost_of(request)
-    return listing(request, [channel_json(request, channel) for channel in channels_of(in_vhost(request, vhost))])
+    return await listing(request, [channel_json(request, channel)
+                                   for channel in channels_of(in_vhost(request, vhost))])
 
 
 @routes.get("/api/channels/{name}")
@@ -199,10 +201,10 @@ async def get_channel(request: web.Request) -> web.Response:
 # --- consumers -------------------------------------------------------------------------------------------------
 @routes.get("/api/consumers")
 async def list_consumers(request: web.Request) -> web.Response:
-    return listing(request, consumers_json(channels_of(open_connections(request))), pageable=False)
+    return await listing(request, consumers_json(channels_of(open_connections(request))), pageable=False)
 
 
 @routes.get("/api/consumers/{vhost}")
 async def vhost_consumers(request: web.Request) -> web.Response:
     vhost = http.named_vhost(request)  # no permission needed: the consumers shown are filtered by owner
-    return listing(request, consumers_json(channels_of(in_vhost(request, vhost))), pageable=False)
+    return await listing(request, consumers_json(channels_of(in_vhost(request, vhost))), pageable=False)

@@ -15,14 +15,14 @@ routes = web.RouteTableDef()
 
 @routes.get("/api/exchanges")
 async def list_all(request: web.Request) -> web.Response:
-    return listing(request, [exchange_json(vhost, exchange) for vhost in readable_vhosts(request)
-                             for exchange in _by_name(vhost)])
+    return await listing(request, [exchange_json(vhost, exchange) for vhost in readable_vhosts(request)
+                                   for exchange in _by_name(vhost)])
 
 
 @routes.get("/api/exchanges/{vhost}")
 async def list_vhost(request: web.Request) -> web.Response:
     vhost = http.login_vhost_of(request)
-    return listing(request, [exchange_json(vhost, exchange) for exchange in _by_name(vhost)])
+    return await listing(request, [exchange_json(vhost, exchange) for exchange in _by_name(vhost)])
 
 
 @routes.get("/api/exchanges/{vhost}/{name}")

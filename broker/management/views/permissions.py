@@ -26,7 +26,7 @@ def permission_of(request: web.Request):
 async def list_permissions(request: web.Request) -> web.Response:
     http.require(request, "administrator")
     permissions = [permission.definition() for permission in http.node_of(request).permissions.values()]
-    return listing(request, http.sorted_by(permissions, "vhost", "user"), pageable=False)
+    return await listing(request, http.sorted_by(permissions, "vhost", "user"), pageable=False)
 
 
 @routes.get("/api/permissions/{vhost}/{user}")

@@ -41,11 +41,11 @@ def authorise_one(request: web.Request, operator: bool) -> None:
         raise http.not_authorised("User not authorised to access object")
 
 
-def policies_of(request: web.Request, vhosts: list["VirtualHost"]) -> web.Response:
+async def policies_of(request: web.Request, vhosts: list["VirtualHost"]) -> web.Response:
     operator = KINDS[request.match_info["kind"]]
-    return listing(request, http.sorted_by([policy.export() for vhost in vhosts
-                                            for policy in vhost.policy_table(operator).values()], "priority"),
-                   pageable=False)
+    return await listing(request, http.sorted_by([policy.export() for vhost in vhosts
+                                                  for policy in vhost.policy_table(operator).values()], "priority"),
+                         pageable=False)
 
 
 def existing_policy(request: web.Request, operator: bool) -> "Policy":
@@ -58,13 +58,13 @@ def existing_policy(request: web.Request, operator: bool) -> "Policy":
 
 @routes.get("/api/{kind:policies|operator-policies}")
 async def list_all(request: web.Request) -> web.Response:
-    return policies_of(request, http.vhosts_for(request, None))
+    return await policies_of(request, http.vhosts_for(request, None))
 
 
 @routes.get("/api/{kind:policies|operator-policies}/{vhost}")
 async def list_vhost(request: web.Request) -> web.Response:
     vhost = http.login_vhost_of(request)
-    return policies_of(request, [vhost] if http.has_permissions(request, vhost.name) else [])
+    return await policies_of(request, [vhost] if http.has_permissions(request, vhost.name) else [])
 
 
 @routes.get("/api/{kind:policies|operator-policies}/{vhost}/{name}")

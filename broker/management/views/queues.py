@@ -4,8 +4,8 @@ from aiohttp import web
 
 from broker.management import http, messages
 from broker.management.resources import (
-    UnackedCounts, actor_of, arguments_of, channel_error, consumer_json, find_queue, flag, integer_text, listing, on_disk_or_undo,
-    parse_bool, queue_json, readable_vhosts,
+    UnackedCounts, actor_of, arguments_of, channel_error, consumer_json, find_queue, flag, integer_text, listing,
+    on_disk_or_undo, parse_bool, queue_json, readable_vhosts,
 )
 from broker.model import operations
 from protocol.errors import AMQPError
@@ -31,16 +31,16 @@ def _with_rates(request: web.Request, queue, data: dict) -> dict:
 @routes.get("/api/queues")
 async def list_all(request: web.Request) -> web.Response:
     unacked = UnackedCounts(http.server_of(request).connections)
-    return listing(request, [_with_rates(request, queue, queue_json(vhost, queue, unacked))
-                             for vhost in readable_vhosts(request) for queue in _by_name(vhost)])
+    return await listing(request, [_with_rates(request, queue, queue_json(vhost, queue, unacked))
+                                   for vhost in readable_vhosts(request) for queue in _by_name(vhost)])
 
 
 @routes.get("/api/queues/{vhost}")
 async def list_vhost(request: web.Request) -> web.Response:
     vhost = http.login_vhost_of(request)
     unacked = UnackedCounts(http.server_of(request).connections)
-    return listing(request, [_with_rates(request, queue, queue_json(vhost, queue, unacked))
-                             for queue in _by_name(vhost)])
+    return await listing(request, [_with_rates(request, queue, queue_json(vhost, queue, unacked))
+                                   for queue in _by_name(vhost)])
 
 
 @routes.get("/api/queues/{vhost}/{name}")

@@ -28,8 +28,8 @@ async def whoami(request: web.Request) -> web.Response:
 @routes.get("/api/users")
 async def list_users(request: web.Request) -> web.Response:
     http.require(request, "administrator")
-    return listing(request, http.sorted_by([user.definition() for user in http.node_of(request).users.values()]),
-                   pageable=False)
+    return await listing(request, http.sorted_by([user.definition() for user in http.node_of(request).users.values()]),
+                         pageable=False)
 
 
 @routes.get("/api/users/{name}")
@@ -77,6 +77,6 @@ async def delete_user(request: web.Request) -> web.Response:
 async def user_permissions(request: web.Request) -> web.Response:
     http.require(request, "administrator")
     name = user_of(request).name
-    return listing(request, http.sorted_by([permission.definition() for (_, user), permission in
-                                            http.node_of(request).permissions.items() if user == name],
-                                           "vhost", "user"), pageable=False)
+    return await listing(request, http.sorted_by([permission.definition() for (_, user), permission in
+                                                  http.node_of(request).permissions.items() if user == name],
+                                                 "vhost", "user"), pageable=False)

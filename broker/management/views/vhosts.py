@@ -42,8 +42,8 @@ def vhost_json(vhost: "VirtualHost", unacked: int) -> dict:
 @routes.get("/api/vhosts")
 async def list_vhosts(request: web.Request) -> web.Response:
     unacked = unacked_by_vhost(http.server_of(request))
-    return listing(request, http.sorted_by([vhost_json(vhost, unacked.get(vhost.name, 0))
-                                            for vhost in http.vhosts_for(request, "monitoring")]))
+    return await listing(request, http.sorted_by([vhost_json(vhost, unacked.get(vhost.name, 0))
+                                                  for vhost in http.vhosts_for(request, "monitoring")]))
 
 
 @routes.get("/api/vhosts/{vhost}")
@@ -91,6 +91,6 @@ async def delete_vhost(request: web.Request) -> web.Response:
 async def vhost_permissions(request: web.Request) -> web.Response:
     http.require(request, "administrator")
     name = http.named_vhost(request).name
-    return listing(request, http.sorted_by([permission.definition() for (vhost, _), permission in
-                                            http.node_of(request).permissions.items() if vhost == name],
-                                           "vhost", "user"), pageable=False)
+    return await listing(request, http.sorted_by([permission.definition() for (vhost, _), permission in
+                                                  http.node_of(request).permissions.items() if vhost == name],
+                                                 "vhost", "user"), pageable=False)
