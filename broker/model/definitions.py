@@ -16,7 +16,7 @@ import decimal
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from broker.model.access import HASHING_ALGORITHMS, DEFAULT_HASHING, valid_password_hash
 from broker.model.arguments import (
@@ -214,10 +214,19 @@ def import_definitions(node: "Node", document, vhost: str | None = None) -> None
     """Check the whole document, then apply it to node (to one vhost, named by vhost, as RabbitMQ's POST
     /api/definitions/{vhost}: its users, vhosts and permissions are ignored, and items take that vhost).
     DefinitionsError, before anything changed, if an item cannot be applied."""
+    for _ in importing(node, document, vhost):
+        pass
+
+
+def importing(node: "Node", document, vhost: str | None = None) -> Iterator[None]:
+    """import_definitions an item at a time: it yields after each item it checks and each change it makes, so that
+    a caller on the event loop can let other work run between them (a 10 MB document holds 290,000 queues)."""
     if not isinstance(document, dict):
         raise DefinitionsError("the definitions must be a JSON object")
-    plan = _Planner(node, document, vhost).plan()
-    _apply(node, plan)
+    planner = _Planner(node, document, vhost)
+    yield from planner.planning()
+    plan = planner.result
+    yield from _apply(node, plan)
     log.info("definitions imported%s: %d vhosts, %d users, %d permissions, %d policies, %d queues, %d exchanges, "
              "%d bindings", f" into vhost {vhost[:200]!r}" if vhost is not None else "", len(plan.vhosts),
              len(plan.users), len(plan.permissions), len(plan.policies), len(plan.queues), len(plan.exchanges),
@@ -244,24 +253,25 @@ class _Planner:
         self.queue_names = {(vhost_name, name) for vhost_name, existing in node.vhosts.items()
                             for name in existing.queues}
 
-    def plan(self) -> _Plan:
+    def planning(self) -> Iterator[None]:
+        """Check the document's items into self.result, yielding after each."""
         if self.vhost is None:
-            self._read("vhosts", self._vhost)
-            self._read("users", self._user)
-            self._read("permissions", self._permission)
-        self._read("policies", self._policy)
-        self._read("parameters", self._parameter)
-        self._read("queues", self._queue)
-        self._read("exchanges", self._exchange)
-        self._read("bindings", self._binding)
-        return self.result
+            yield from self._read("vhosts", self._vhost)
+            yield from self._read("users", self._user)
+            yield from self._read("permissions", self._permission)
+        yield from self._read("policies", self._policy)
+        yield from self._read("parameters", self._parameter)
+        yield from self._read("queues", self._queue)
+        yield from self._read("exchanges", self._exchange)
+        yield from self._read("bindings", self._binding)
 
-    def _read(self, section: str, read_one) -> None:
+    def _read(self, section: str, read_one) -> Iterator[None]:
         items = self.document.get(section, [])
         if not isinstance(items, list):
             raise DefinitionsError(f"'{section}' must be a list, got {type(items).__name__}")
         for index, data in enumerate(items):
             read_one(_Item(section, index, data))
+            yield
 
     @staticmethod
     def _check_shortstr(item: _Item, **values: str) -> None:
@@ -444,31 +454,35 @@ class _Planner:
 
 
 # --- import: applying the plan -----------------------------------------------------------------------------------
-def _apply(node: "Node", plan: _Plan) -> None:
+def _apply(node: "Node", plan: _Plan) -> Iterator[None]:
     """Apply a checked plan in RabbitMQ's order: vhosts, users, permissions, policies, queues, exchanges,
-    bindings."""
+    bindings; yield after each change. The policies are applied to the queues and exchanges that exist once, after
+    the last of them."""
     for label, vhost in plan.vhosts:
-        _applying(label, lambda: node.add_vhost(**vhost))
+        yield _applying(label, lambda: node.add_vhost(**vhost))
     for label, user in plan.users:
-        _applying(label, lambda: node.put_user(**user))
+        yield _applying(label, lambda: node.put_user(**user))
     for label, permission in plan.permissions:
-        _applying(label, lambda: node.set_permissions(**permission))
+        yield _applying(label, lambda: node.set_permissions(**permission))
     for label, vhost_name, policy in plan.policies:
-        _applying(label, lambda: node.vhosts[vhost_name].set_policy(**policy))
+        yield _applying(label, lambda: node.vhosts[vhost_name].set_policy(**policy, reapply=False))
+    for vhost_name in dict.fromkeys(vhost_name for _, vhost_name, _ in plan.policies):
+        yield _applying(f"the policies of vhost '{vhost_name}'", lambda: node.vhosts[vhost_name].reapply_policies())
     for label, queue in plan.queues:
-        vhost = node.vhosts[queue["vhost"]]
-        _applying(label, lambda: vhost.declare_queue(queue["name"], OPERATOR_OWNER, False, queue["durable"], False,
-                                                     queue["auto_delete"], queue["arguments"]))
+        yield _applying(label, lambda: node.vhosts[queue["vhost"]].declare_queue(
+            queue["name"], OPERATOR_OWNER, False, queue["durable"], False, queue["auto_delete"], queue["arguments"]))
     for label, exchange in plan.exchanges:
-        vhost = node.vhosts[exchange["vhost"]]
-        _applying(label, lambda: vhost.declare_exchange(exchange["name"], exchange["kind"], False, exchange["durable"],
-                                                        exchange["auto_delete"], exchange["internal"],
-                                                        exchange["arguments"]))
+        yield _applying(label, lambda: node.vhosts[exchange["vhost"]].declare_exchange(
+            exchange["name"], exchange["kind"], False, exchange["durable"], exchange["auto_delete"],
+            exchange["internal"], exchange["arguments"]))
     for label, binding in plan.bindings:
-        vhost = node.vhosts[binding["vhost"]]
-        table = vhost.queues if binding["destination_type"] == "queue" else vhost.exchanges
-        _applying(label, lambda: vhost.bind(vhost.exchanges[binding["source"]], table[binding["destination"]],
-                                            binding["routing_key"], binding["arguments"]))
+        yield _applying(label, lambda: _bind(node.vhosts[binding["vhost"]], binding))
+
+
+def _bind(vhost: "VirtualHost", binding: dict) -> None:
+    table = vhost.queues if binding["destination_type"] == "queue" else vhost.exchanges
+    vhost.bind(vhost.exchanges[binding["source"]], table[binding["destination"]], binding["routing_key"],
+               binding["arguments"])
 
 
 def _applying(label: str, change) -> None:
@@ -479,3 +493,5 @@ def _applying(label: str, change) -> None:
     except (AMQPError, ValueError) as error:
         reason = error.reply_text if isinstance(error, AMQPError) else str(error)
         raise DefinitionsError(f"{label}: {reason}") from error
+    except KeyError as error:  # deleted by another client while a sliced import went on
+        raise DefinitionsError(f"{label}: {error} no longer exists") from error

@@ -282,3 +282,28 @@ def effective_settings(arguments: dict, definition: dict, kind: str) -> dict:
         if chosen is not None:
             settings[key] = chosen
     return settings
+
+
+class PolicyChoices(NamedTuple):
+    """The policy and operator policy chosen for each queue and exchange of a snapshot."""
+
+    version: int  # the vhost's policies_version the choices were made at
+    queues: list  # (queue, (policy, operator policy))
+    exchanges: list  # (exchange, (policy, operator policy))
+
+
+class PolicySnapshot(NamedTuple):
+    """What choosing policies reads, copied on the event loop; choose() may then run on a worker thread."""
+
+    version: int  # the vhost's policies_version when it was taken
+    queues: list  # the vhost's queues
+    exchanges: list  # its exchanges but the default one
+    policies: list  # its policies
+    operator_policies: list  # its operator policies
+
+    def choose(self) -> PolicyChoices:
+        def chosen(kind: str, name: str) -> tuple:
+            return choose(self.policies, kind, name), choose(self.operator_policies, kind, name)
+
+        return PolicyChoices(self.version, [(queue, chosen("queues", queue.name)) for queue in self.queues],
+                             [(exchange, chosen("exchanges", exchange.name)) for exchange in self.exchanges])

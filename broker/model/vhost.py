@@ -18,7 +18,7 @@ from broker.model.counters import NodeCounters
 from broker.model.exchange import EXCHANGE_TYPES, Binding, DelayedExchange, DirectExchange, Exchange
 from broker.model.features.delayed_messages import DelayedMessages
 from broker.model.features.length_limit import APPENDED, ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, REFUSED
-from broker.model.policy import Policy, choose, make_policy
+from broker.model.policy import Policy, PolicyChoices, PolicySnapshot, choose, make_policy
 from broker.model.queue import Queue
 from broker.model.stream import Stream
 from broker.model.routing.headers import validate_x_match
@@ -113,6 +113,7 @@ class VirtualHost:
         self.durable_changes = 0
         self.policies: dict[str, Policy] = {}  # name -> policy
         self.operator_policies: dict[str, Policy] = {}  # name -> operator policy (caps what policies set)
+        self.policies_version = 0  # counts policy changes: choices made before the latest one are not applied
         self.queues: dict[str, Queue] = {}
         self.queues_storing_all = 0  # queues that store transient messages too (quorum queues)
         self.default_exchange = DefaultExchange(self)
@@ -146,25 +147,28 @@ class VirtualHost:
         return choose(self.policies.values(), kind, name), choose(self.operator_policies.values(), kind, name)
 
     def set_policy(self, name: str, pattern, definition, priority=0, apply_to="all",
-                   operator: bool = False) -> Policy:
-        """Add or replace a policy and apply it at once; raises policy.PolicyError (a ValueError) with
-        RabbitMQ's reason for bad input."""
+                   operator: bool = False, reapply: bool = True) -> Policy:
+        """Add or replace a policy and apply it at once (or leave that to the caller: reapply=False); raises
+        policy.PolicyError (a ValueError) with RabbitMQ's reason for bad input."""
         policy = make_policy(self.name, name, pattern, definition, priority, apply_to, operator)
         self.policy_table(operator)[name] = policy
+        self.policies_version += 1
         self._record_policy(name, operator, policy.export())
         log.info("%s %.200r set in vhost %.200r: pattern %.200r, apply-to %s, priority %s, definition %.500s",
                  "operator policy" if operator else "policy", name, self.name, policy.pattern, policy.apply_to,
                  policy.priority, json.dumps(policy.definition))
-        self.reapply_policies()
+        if reapply:
+            self.reapply_policies()
         return policy
 
-    def clear_policy(self, name: str, operator: bool = False) -> None:
+    def clear_policy(self, name: str, operator: bool = False, reapply: bool = True) -> None:
         if name not in self.policy_table(operator):
             raise errors.not_found(f"no {'operator policy' if operator else 'policy'} '{name}' in vhost "
                                    f"'{self.name}'")
         self._drop_policy(name, operator)
         log.info("%s %.200r cleared in vhost %.200r", "operator policy" if operator else "policy", name, self.name)
-        self.reapply_policies()
+        if reapply:
+            self.reapply_policies()
 
     def restore_policy(self, data: dict, operator: bool) -> None:
         """A stored policy (RabbitMQ's export shape), before the queues and exchanges it may apply to."""
@@ -174,15 +178,29 @@ class VirtualHost:
 
     def reapply_policies(self) -> None:
         """Every queue and exchange takes the policies that now apply to it, if they changed."""
-        for queue in list(self.queues.values()):
-            chosen = self.policies_for("queues", queue.name)
-            if chosen != (queue.policy, queue.operator_policy) and not queue.deleted:
-                queue.apply_policies(*chosen)
-        for exchange in self.exchanges.values():
-            if exchange is not self.default_exchange:
-                chosen = self.policies_for("exchanges", exchange.name)
-                if chosen != (exchange.policy, exchange.operator_policy):
-                    exchange.apply_policies(*chosen)
+        self.apply_policy_choices(self.policy_snapshot().choose())
+
+    def policy_snapshot(self) -> PolicySnapshot:
+        """The queues, exchanges and policies as they are now, to choose policies for away from the event loop:
+        with a costly pattern, matching every name of a big vhost takes seconds."""
+        return PolicySnapshot(self.policies_version, list(self.queues.values()),
+                              [exchange for exchange in self.exchanges.values() if exchange is not self.default_exchange],
+                              list(self.policies.values()), list(self.operator_policies.values()))
+
+    def apply_policy_choices(self, choices: PolicyChoices) -> None:
+        """Apply what a snapshot chose, unless policies changed since (the later change's choices will come) or
+        the queue or exchange has gone meanwhile."""
+        if choices.version != self.policies_version:
+            return
+        for queue, chosen in choices.queues:
+            live = self.queues.get(queue.name)
+            if live is not None and live is queue and chosen != (live.policy, live.operator_policy):
+                live.apply_policies(*chosen)
+        for exchange, chosen in choices.exchanges:
+            live_exchange = self.exchanges.get(exchange.name)
+            if live_exchange is not None and live_exchange is exchange and chosen != (
+                    live_exchange.policy, live_exchange.operator_policy):
+                live_exchange.apply_policies(*chosen)
 
     def policy_table(self, operator: bool) -> dict[str, Policy]:
         """The vhost's operator policies, or its policies, by name."""
@@ -477,3 +495,4 @@ class VirtualHost:
     def connection_closed(self, connection: "QueueOwner") -> None:
         for queue in list(connection.exclusive_queues):
             self.delete_queue(queue)
+

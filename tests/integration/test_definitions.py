@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -343,3 +344,27 @@ def test_a_rabbitmq_export_imports_into_warren_and_warrens_back_into_rabbitmq(re
     assert request(reference, "DELETE", f"/api/users/{user}").status == 204
     assert request(reference, "POST", "/api/definitions", back).status == 204
     check_definitions_apply(reference, vhost, user, "rt-pass")
+
+
+def test_a_big_import_lets_other_clients_go_on(own_broker):
+    """30,000 queues, imported in slices: an AMQP client's round trips stay quick meanwhile (in one piece, such an
+    import held the event loop for seconds)."""
+    warren = start_warren(own_broker)
+    queues = [{"name": f"imported-{number}", "vhost": "/", "durable": True, "auto_delete": False, "arguments": {}}
+              for number in range(30_000)]
+    replies = []
+    importer = threading.Thread(target=lambda: replies.append(
+        request(warren, "POST", "/api/definitions", {"queues": queues}, timeout=120)))
+    with pika.BlockingConnection(pika.URLParameters(warren.url)) as connection:
+        channel = connection.channel()
+        channel.queue_declare("measuring", exclusive=True)
+        importer.start()
+        round_trips = []
+        while importer.is_alive():
+            started = time.monotonic()
+            channel.queue_declare("measuring", passive=True)
+            round_trips.append(time.monotonic() - started)
+        importer.join()
+    assert replies[0].status == 204
+    assert request(warren, "GET", "/api/queues/%2F/imported-29999").status == 200
+    assert max(round_trips) < 0.1, f"slowest of {len(round_trips)} round trips: {max(round_trips) * 1000:.0f} ms"

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from urllib.parse import quote
 
 from aiohttp import web
 
 from broker.management import http
-from broker.model.definitions import DefinitionsError, export_node, export_vhost, import_definitions
+from broker.model.definitions import DefinitionsError, export_node, export_vhost, importing
 
 routes = web.RouteTableDef()
+IMPORT_SLICE = 0.005  # seconds an import runs before it lets the event loop turn
 
 
 @routes.get("/api/definitions")
@@ -67,11 +70,21 @@ async def _imported(request: web.Request, vhost: str | None) -> web.Response:
     other site's page could post one); 204 once they are on disk, 400 naming the first item that cannot be
     applied."""
     try:
-        import_definitions(http.node_of(request), await _document(request), vhost)
+        await _import_in_slices(http.node_of(request), await _document(request), vhost)
     except DefinitionsError as error:
         raise http.bad_request(str(error)) from None
     await http.on_disk(request)
     return http.no_content()
+
+
+async def _import_in_slices(node, document, vhost: str | None) -> None:
+    """Import a slice of items at a time, letting the event loop run between slices: a 10 MB document (290,000
+    queues) took 14 s of it in one piece."""
+    slice_ends = time.monotonic() + IMPORT_SLICE
+    for _ in importing(node, document, vhost):
+        if time.monotonic() >= slice_ends:
+            await asyncio.sleep(0)
+            slice_ends = time.monotonic() + IMPORT_SLICE
 
 
 async def _document(request: web.Request):
