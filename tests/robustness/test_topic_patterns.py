@@ -1,6 +1,6 @@
 """Topic matching stays cheap for adversarial binding sets: one '#.#.#...' binding used to cost 262 ms per
 publish (every '#' expanded over every remaining word from every state). Costs are medians of many matches on
-the trie itself, with bounds generous enough for a shared machine (the figures measured are in the README)."""
+the trie itself, with bounds generous enough for a shared machine (the figures measured are in docs/compatibility.md)."""
 
 import pytest
 

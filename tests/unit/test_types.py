@@ -1,5 +1,5 @@
-"""The modules on the path of every message stay clean under mypy: they are the ones mypyc is to compile (README,
-Benchmarks), and mypyc trusts annotations, so a wrong one would fail at run time instead of here."""
+"""The modules on the path of every message stay clean under mypy: they are the ones mypyc is to compile
+(docs/benchmarks.md), and mypyc trusts annotations, so a wrong one would fail at run time instead of here."""
 
 from __future__ import annotations
 
