@@ -85,6 +85,20 @@ class FrameReader:
             self._partial += memoryview(data)[offset:]
         return frames
 
+    def frame_end(self, data: bytes) -> int:
+        """How many bytes of data complete the next frame (the one begun in an earlier chunk, if any): len(data) when
+        it does not end in data. Feeding a chunk up to there reads that one frame alone, for a caller whose next frame
+        is to be judged by what this one changes (tune-ok sets frame_max for the frames after it)."""
+        partial = self._partial
+        if len(partial) >= FRAME_HEADER_SIZE:
+            size: int = _FRAME_HEADER.unpack_from(partial)[2]
+        else:
+            head = bytes(partial) + data[: FRAME_HEADER_SIZE - len(partial)]
+            if len(head) < FRAME_HEADER_SIZE:
+                return len(data)
+            size = _FRAME_HEADER.unpack_from(head)[2]
+        return min(len(data), FRAME_OVERHEAD + size - len(partial))
+
     def _complete_partial(self, data: bytes) -> int:
         """Top up the partial frame from data; how many bytes of data it took, or -1 if still incomplete."""
         partial = self._partial

@@ -163,18 +163,33 @@ class Connection(asyncio.Protocol):
                 return
         if self.state >= DRAINING:
             return
+        self.read_this_turn += len(data)
+        self.received_bytes += len(data)
+        # Until tune-ok, a frame at a time: tune-ok sets the frame_max that the frames after it, sent in the same
+        # write, are judged by (RabbitMQ reads each frame with the limits of its time).
+        reader = self.reader
+        while self.state < AWAIT_OPEN:
+            end = reader.frame_end(data)
+            if end >= len(data):
+                break
+            if not self._feed(data[:end]) or self.state >= DRAINING:
+                return  # a frame error drops the rest of the read, as it does below
+            data = data[end:]
+        self._feed(data)
+        if self.read_this_turn > READ_BUDGET and self.state == OPEN:
+            self.turn_paused = True
+            self._update_reading()
+            self.loop.call_soon(self._next_turn)
+
+    def _feed(self, data: bytes) -> bool:
+        """Read and handle the frames of data; False if a frame error cut it short."""
         try:
             frames = self.reader.feed(data)
             failure = None
         except AMQPError as error:
             frames, failure = error.frames, error  # RabbitMQ acts on the good frames before the bad one
         self._handle(frames, failure)
-        self.read_this_turn += len(data)
-        self.received_bytes += len(data)
-        if self.read_this_turn > READ_BUDGET and self.state == OPEN:
-            self.turn_paused = True
-            self._update_reading()
-            self.loop.call_soon(self._next_turn)
+        return failure is None
 
     def _next_turn(self) -> None:
         self.read_this_turn = 0

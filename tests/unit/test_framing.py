@@ -190,3 +190,27 @@ def test_reply_text_is_cut_to_255_bytes_like_rabbitmq():
     full = "FRAME_ERROR - cannot decode <<" + "97," * 100
     assert reply_text(FRAME_ERROR, full.removeprefix("FRAME_ERROR - ")) == full[:252] + "..."
     assert reply_text(FRAME_ERROR, "short") == "FRAME_ERROR - short"
+
+
+@given(frames=frames_strategy.filter(bool), cut=st.integers(0, 10_000))
+def test_frame_end_finds_where_the_next_frame_ends_however_the_stream_is_cut(frames, cut):
+    # A connection feeds the reader up to frame_end to read one frame alone (tune-ok changes frame_max for the rest).
+    stream = b"".join(frame(*f) for f in frames)
+    first_end = len(frame(*frames[0]))
+    cut = cut % (first_end + 1)
+    reader = FrameReader(0)
+    assert reader.feed(stream[:cut]) == ([frames[0]] if cut == first_end else [])
+    rest = stream[cut:]
+    end = reader.frame_end(rest)
+    if cut == first_end:  # the first frame was complete: frame_end looks at the second
+        assert end == (len(frame(*frames[1])) if len(frames) > 1 else 0)
+    else:
+        assert end == first_end - cut
+        assert reader.feed(rest[:end]) == [frames[0]]
+
+
+def test_frame_end_with_less_than_a_header_is_the_whole_chunk():
+    reader = FrameReader(0)
+    assert reader.frame_end(b"\x01\x00") == 2
+    reader.feed(b"\x01\x00")
+    assert reader.frame_end(b"\x00\x00\x00\x00\x04abcd\xce\x08") == 10  # 12 bytes, 2 of them fed
