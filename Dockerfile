@@ -8,13 +8,15 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# Install the package from a scratch copy of the sources, which is removed afterwards.
+# Install the package from a scratch copy of the sources, which is removed afterwards: every package pyproject.toml
+# installs (tests/unit/test_packaging.py keeps the two lists the same).
 COPY pyproject.toml README.md /tmp/warren-src/
 COPY protocol/ /tmp/warren-src/protocol/
 COPY broker/ /tmp/warren-src/broker/
 COPY storage/ /tmp/warren-src/storage/
 COPY cluster/ /tmp/warren-src/cluster/
 COPY spark_connector/ /tmp/warren-src/spark_connector/
+COPY warrenctl/ /tmp/warren-src/warrenctl/
 RUN pip install /tmp/warren-src && rm -rf /tmp/warren-src
 
 COPY docker/warren.toml /etc/warren/warren.toml
