@@ -9,7 +9,12 @@ PROMETHEUS_PORT ?= 15692
 DATA_DIR ?= ./data
 LOG_LEVEL ?= info
 
-.PHONY: run test bench clean browser etcd cluster-demo
+.PHONY: all run test bench clean browser etcd cluster-demo
+
+# `make` alone installs Warren into .venv and compiles the modules again where one of their sources changed, as
+# `make run` and `make test` do before they start (the first rule would otherwise be the default: .venv/bin/python).
+.DEFAULT_GOAL := all
+all: $(VENV)/.installed-run $(VENV)/.compiled
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,10 +30,11 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	touch $@ $(VENV)/.installed-run
 
 # mypyc compiles the modules broker/compiled.py names, again whenever one of them changes; where it cannot (no C
-# compiler or Python headers), Warren runs as pure Python.
+# compiler or Python headers), Warren runs as pure Python. mypy 1.17 is the first that builds mypyc's runtime library
+# inside the broker package, where the installed commands find it from any directory.
 COMPILED_SOURCES := $(shell $(PYTHON) -c 'from broker.compiled import COMPILED; print(*COMPILED)') broker/compiled.py
 $(VENV)/.compiled: $(COMPILED_SOURCES) | $(VENV)/.installed-run
-	$(BIN)/pip install --quiet 'mypy>=1.15' || echo "mypy not installed: Warren runs as pure Python"
+	$(BIN)/pip install --quiet 'mypy>=1.17' || echo "mypy not installed: Warren runs as pure Python"
 	$(BIN)/python -m broker.compiled
 	touch $@
 

@@ -1,10 +1,12 @@
-"""The modules on the path of every message that mypyc compiles where it can (README, Benchmarks: about a fifth less
+"""The modules on the path of every message that mypyc compiles where it can (docs/benchmarks.md: about a fifth less
 broker CPU per message), with the store's recovery (a failover waits for it: half the time for a million queued
 messages), and the check that no compiled module is older than its source.
 
 `python -m broker.compiled` builds them in place: an extension module beside each source, which Python imports
-instead of the source. `make run` and `make test` run it whenever a source changed; a build that fails (no C
-compiler, no Python headers, no mypy) leaves every module pure Python, as does `python -m broker.compiled --clean`.
+instead of the source, and the runtime library they all load inside the broker package (RUNTIME_GROUP), so they
+import wherever the packages do (an editable install puts the packages on the path, not the repo root). `make`,
+`make run` and `make test` run it whenever a source changed; a build that fails (no C compiler, no Python headers,
+no mypy 1.17 or later) leaves every module pure Python, as does `python -m broker.compiled --clean`.
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ COMPILED = (
     "storage/store.py", "storage/recovery.py",
 )
 
+# The runtime library's module: broker/_compiled_runtime__mypyc.<suffix> (mypyc adds "__mypyc" to the group name).
+RUNTIME_GROUP = "broker._compiled_runtime"
+MYPY_NEEDED = (1, 17)  # mypycify's group_name: the runtime library inside a package
+
 
 def _extensions(source: Path) -> list[Path]:
     """The compiled modules built for source (one per Python version that built one)."""
@@ -35,8 +41,10 @@ def _extensions(source: Path) -> list[Path]:
 
 
 def _shared_libraries() -> list[Path]:
-    """The runtime library mypyc builds beside the modules (named by a hash of the module list)."""
-    return sorted(REPO_ROOT.glob("*__mypyc.*"))
+    """The runtime library mypyc builds for the modules, and any an older build left at the repo root (named by a
+    hash of the module list, importable only from there)."""
+    package, _, name = RUNTIME_GROUP.rpartition(".")
+    return sorted([*REPO_ROOT.glob("*__mypyc.*"), *(REPO_ROOT / package).glob(f"{name}__mypyc.*")])
 
 
 def refusal() -> str | None:
@@ -71,15 +79,20 @@ def build() -> None:
     """Compile COMPILED in place; where that cannot be done here, say so and leave every module pure Python."""
     clean()
     try:
+        from mypy.version import __version__ as mypy_version
         from mypyc.build import mypycify
         from setuptools import setup
+
+        if tuple(int(part) for part in mypy_version.split("+")[0].split(".")[:2]) < MYPY_NEEDED:
+            raise RuntimeError(f"mypy {mypy_version} is older than {'.'.join(map(str, MYPY_NEEDED))}, the first "
+                               "whose mypyc can build its runtime library inside a package")
 
         with tempfile.TemporaryDirectory() as scratch:
             setup(name="warren-compiled", packages=[], script_name="setup.py",
                   script_args=["--quiet", "build_ext", "--inplace", "--build-temp", scratch, "--build-lib", scratch],
                   ext_modules=mypycify(["--ignore-missing-imports", "--follow-imports=silent",
                                         "--disable-error-code", "annotation-unchecked", *COMPILED],
-                                       opt_level="3"))
+                                       opt_level="3", group_name=RUNTIME_GROUP))
     except (Exception, SystemExit) as error:  # mypyc reports its errors and then exits
         clean()
         print(f"warren: modules not compiled, Warren runs as pure Python ({type(error).__name__}: {error})",

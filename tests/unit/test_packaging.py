@@ -1,0 +1,130 @@
+"""What a newcomer meets first: the installed commands, make, the Docker image and the README's instructions."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from broker import compiled
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def _pyproject_packages() -> set[str]:
+    """The top-level packages pyproject.toml installs (its [tool.setuptools.packages.find] include patterns)."""
+    pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    return {pattern.rstrip("*").rstrip(".") for pattern in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]}
+
+
+# The installed commands, run from / (so the repo root is not on the path: an editable install puts the packages
+# there, nothing else), with the compiled modules built.
+@pytest.mark.parametrize("command", [
+    ["warren-server", "--version"],
+    ["warrenctl", "--help"],
+    ["-m", "broker", "--version"],
+], ids=["warren-server", "warrenctl", "python -m broker"])
+def test_the_installed_commands_run_from_any_directory_with_the_modules_compiled(command):
+    if not any(compiled._extensions(REPO_ROOT / name) for name in compiled.COMPILED):
+        pytest.skip("the modules are not compiled here (no C compiler, Python headers or mypy, or "
+                    "python -m broker.compiled --clean): nothing compiled for the commands to load")
+    if command[0] == "-m":
+        argv = [sys.executable, *command]
+    else:
+        script = BIN / command[0]
+        if not script.exists():
+            pytest.skip(f"{script} is not installed (pip install -e . installs it)")
+        argv = [str(script), *command[1:]]
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    result = subprocess.run(argv, cwd="/", env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+
+
+def test_the_runtime_library_of_the_compiled_modules_is_built_inside_an_installed_package(tmp_path, monkeypatch):
+    """mypyc's runtime library is a module of its own, which every compiled module imports: one built at the repo
+    root (mypyc's default) is found only when the current directory is the repo root."""
+    mypyc_build = pytest.importorskip("mypyc.build")
+    setuptools = pytest.importorskip("setuptools")
+    given = {}
+    monkeypatch.setattr(compiled, "REPO_ROOT", tmp_path)  # build() cleans first: nothing of the real tree goes
+    monkeypatch.setattr(compiled, "COMPILED", ())
+    monkeypatch.setattr(mypyc_build, "mypycify", lambda paths, **options: given.update(options) or [])
+    monkeypatch.setattr(setuptools, "setup", lambda **arguments: None)
+    monkeypatch.setattr("mypy.version.__version__", "1.17.0")
+
+    compiled.build()
+
+    package = given.get("group_name", "").rpartition(".")[0]
+    assert package.split(".")[0] in _pyproject_packages(), given
+    assert (REPO_ROOT / package.replace(".", "/") / "__init__.py").exists()
+
+
+def test_the_runtime_library_inside_the_package_and_one_an_older_build_left_at_the_root_are_cleaned(tmp_path,
+                                                                                                 monkeypatch):
+    monkeypatch.setattr(compiled, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(compiled, "COMPILED", ())
+    package, _, name = compiled.RUNTIME_GROUP.rpartition(".")
+    (tmp_path / package).mkdir()
+    (tmp_path / package / f"{name}__mypyc.cpython-311-x86_64-linux-gnu.so").write_bytes(b"")
+    (tmp_path / "5db959973b55e9abee0c__mypyc.cpython-311-x86_64-linux-gnu.so").write_bytes(b"")
+
+    compiled.clean()
+
+    assert [path for path in tmp_path.rglob("*") if path.is_file()] == []
+
+
+def test_an_older_mypy_leaves_warren_pure_python_saying_why(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("mypyc.build")
+    monkeypatch.setattr(compiled, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(compiled, "COMPILED", ())
+    monkeypatch.setattr("mypy.version.__version__", "1.15.0")
+
+    compiled.build()
+
+    assert "mypy 1.15.0 is older than 1.17" in capsys.readouterr().err
+
+
+# make with no target (and make run, make test) rebuilds a compiled module whose source changed: dry runs, with -W
+# pretending the source was just edited (nothing is built or touched).
+@pytest.mark.parametrize("target", [[], ["run"], ["test"]], ids=["make", "make run", "make test"])
+def test_make_rebuilds_the_compiled_modules_after_a_source_changed(target):
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    result = subprocess.run(["make", "-n", "-W", compiled.COMPILED[0], *target], cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "-m broker.compiled" in result.stdout, result.stdout
+
+
+def test_the_docker_image_copies_every_package_pyproject_installs():
+    copied = set(re.findall(r"^COPY\s+([\w.]+)/\s+/tmp/warren-src/\1/?\s*$",
+                            (REPO_ROOT / "Dockerfile").read_text(), re.MULTILINE))
+    assert copied == _pyproject_packages()
+
+
+def test_the_docs_and_the_compose_file_give_the_same_compose_command():
+    command = re.compile(r"docker compose -f docker/compose\.yaml up[^`\n]*")
+    docs = "\n".join(page.read_text() for page in [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))])
+    readme = {found.strip() for found in command.findall(docs)}
+    compose_comment = "\n".join(line for line in (REPO_ROOT / "docker" / "compose.yaml").read_text().splitlines()
+                                if line.startswith("#"))
+    compose = {found.strip() for found in command.findall(compose_comment)}
+    assert readme and readme == compose
+
+
+def test_the_readme_names_every_variable_make_run_takes():
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    settable = set(re.findall(r"^(\w+)\s*\?=", makefile, re.MULTILINE))
+    recipe = re.search(r"^run:.*\n((?:\t.*\n)+)", makefile, re.MULTILINE).group(1)
+    taken = settable & set(re.findall(r"\$\((\w+)\)", recipe))
+    assert {"HOST", "PORT", "PROMETHEUS_PORT"} <= taken
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert sorted(name for name in taken if f"`{name}=`" not in readme) == []
