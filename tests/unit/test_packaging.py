@@ -98,7 +98,8 @@ def test_an_older_mypy_leaves_warren_pure_python_saying_why(tmp_path, monkeypatc
 def test_make_rebuilds_the_compiled_modules_after_a_source_changed(target):
     if shutil.which("make") is None:
         pytest.skip("make is not installed")
-    result = subprocess.run(["make", "-n", "-W", compiled.COMPILED[0], *target], cwd=REPO_ROOT,
+    env = {key: value for key, value in os.environ.items() if key not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    result = subprocess.run(["make", "-n", "-W", compiled.COMPILED[0], *target], cwd=REPO_ROOT, env=env,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "-m broker.compiled" in result.stdout, result.stdout
