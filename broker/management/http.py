@@ -63,7 +63,12 @@ class LoginRefused(ApiError):
 
 
 def error_response(status: int, error: str, reason: str) -> web.Response:
-    headers = {"WWW-Authenticate": 'Basic realm="RabbitMQ Management"'} if status == 401 else None
+    """RabbitMQ 3.10 answers a 401 two ways: credentials absent (no body) or wrong ("not_authorized", "Login failed")
+    with a Basic challenge (rabbit_mgmt_util:not_authenticated); credentials that are right but may not do this (no
+    management tag, a loopback user from elsewhere, tags or permissions that do not allow the call: "not_authorised")
+    without one (not_authorised), since logging in again as the same user would not help."""
+    challenge = status == 401 and error in ("", "not_authorized")
+    headers = {"WWW-Authenticate": 'Basic realm="RabbitMQ Management"'} if challenge else None
     if not error:
         return web.Response(status=status, headers=headers)
     return web.json_response({"error": error, "reason": reason}, status=status, headers=headers, dumps=compact_json)
