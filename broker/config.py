@@ -125,11 +125,20 @@ _EXPECTED_TYPES = {"int": (int, "an integer", None), "str": (str, "a string", No
 
 
 def load_config(path: str | Path | None = None, overrides: dict | None = None) -> Config:
-    """Defaults, then the TOML file at path (if any), then overrides (e.g. from the command line)."""
-    values: dict = {}
-    if path is not None:
-        values.update(_read_toml(Path(path)))
-    values.update({key: value for key, value in (overrides or {}).items() if value is not None})
+    """Defaults, then the TOML file at path (if any), then overrides (e.g. from the command line). The file is
+    checked whole, also where an override replaces a value: a bad file is refused before it bites a later start
+    without that option."""
+    from_file = _read_toml(Path(path)) if path is not None else {}
+    _checked(from_file)
+    config = _checked({**from_file, **{key: value for key, value in (overrides or {}).items() if value is not None}})
+    if config.load_definitions:
+        read_definitions(config.load_definitions)
+    return config
+
+
+def _checked(values: dict) -> Config:
+    """The config of values over the defaults, each of the expected type and range (ConfigError naming the first
+    that is not)."""
     types = {f.name: f.type for f in fields(Config)}
     for key, value in values.items():
         kind, described, item_kind = _EXPECTED_TYPES[types[key]]
@@ -141,8 +150,6 @@ def load_config(path: str | Path | None = None, overrides: dict | None = None) -
     for array in TABLE_ARRAYS:
         for table in getattr(config, array):
             _validate_table(array, table)
-    if config.load_definitions:
-        read_definitions(config.load_definitions)
     return config
 
 

@@ -183,3 +183,12 @@ def test_bad_cluster_settings_are_refused_by_name(tmp_path, text, message):
     path.write_text(text)
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config(path)
+
+
+@pytest.mark.parametrize("text, message", [
+    ('[server]\nport = "abc"\n', "port must be an integer, got 'abc'"),
+    ("[server]\nport = 70000\n", "port"),
+])
+def test_a_bad_value_in_the_file_is_refused_though_an_option_overrides_it(tmp_path, text, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(write(tmp_path, text), {"port": 5673})
