@@ -17,7 +17,7 @@ import uvloop
 from broker import compiled, logs
 from broker.config import LOG_FORMATS, LOG_LEVELS, ConfigError, load_config
 from broker.connection.server import Server, StartupError, version
-from broker.management.server import start_management, start_prometheus
+from broker.management.server import take_management, take_prometheus
 
 log = logging.getLogger("broker")
 
@@ -85,10 +85,14 @@ async def serve(config, files: OpenFiles) -> None:
         return
     gc.set_threshold(GC_THRESHOLD)
     server = Server(config)
+    await server.take_ports()  # every port, the HTTP ones too, before the data dir is touched
+    management = await take_management(server) if config.management_port else None
+    prometheus = await take_prometheus(server) if config.prometheus_port else None
     await server.start()
     say_open_files_limit(config, files)
-    management = await start_management(server) if config.management_port else None
-    prometheus = await start_prometheus(server) if config.prometheus_port else None
+    for listener in (management, prometheus):
+        if listener is not None:
+            await listener.serve()
     stop = stop_on_signals()
     await stop.wait()
     log.info("shutting down")

@@ -138,8 +138,9 @@ class Server:
         self._set_alarm("disk", active)
 
     # --- start and stop -------------------------------------------------------------------------------------
-    async def start(self) -> None:
-        """Take the port (so that one in use is reported at once), recover durable state, then serve."""
+    async def take_ports(self) -> None:
+        """Load the TLS certificate and take the AMQP ports, so that a bad certificate or a port in use is reported
+        before the data dir is touched."""
         config = self.config
         if config.tls_certfile:
             try:
@@ -149,6 +150,11 @@ class Server:
         self.listener = await self._listen(config.port)
         if self.tls_context is not None:
             self.tls_listener = await self._listen(config.tls_port, self.tls_context)
+
+    async def start(self) -> None:
+        """Take the ports if take_ports() has not, recover durable state, then serve."""
+        if self.listener is None:
+            await self.take_ports()
         await self._recover()
         release_freed_memory()
         self.memory_alarm.start()

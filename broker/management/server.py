@@ -26,10 +26,18 @@ DEFAULT_MAX_CONNECTIONS = 64  # connections a listener holds at most unless told
 
 
 class ManagementServer:
-    def __init__(self, runner: web.AppRunner, listener: asyncio.Server, port: int):
+    def __init__(self, runner: web.AppRunner, listener: asyncio.Server, port: int, what: str, slots: ConnectionSlots):
         self.runner = runner  # the aiohttp application runner
-        self.listener = listener  # the listening socket's server
+        self.listener = listener  # the listening socket's server, taken but not yet answering until serve()
         self.port = port  # the port it listens on (the configured one, or the one picked for 0)
+        self.what = what  # what it serves, for the log ("management API", "Prometheus metrics")
+        self.slots = slots  # how many connections it holds at most
+
+    async def serve(self) -> None:
+        """Start answering on the port listen() took, and say so."""
+        await self.listener.start_serving()
+        host = self.listener.sockets[0].getsockname()[0]
+        log.info("%s listening on %s:%d (%d connections at most)", self.what, host, self.port, self.slots.limit)
 
     async def stop(self) -> None:
         """Stop listening and finish the requests under way."""
@@ -57,25 +65,48 @@ class RequestErrorLog(logging.LoggerAdapter):
 
 
 async def start_management(server: "Server") -> ManagementServer:
-    """Listen on the configured management host and port (StartupError when that fails)."""
-    config = server.config
-    tls = server.tls_context if config.management_tls else None  # HTTPS with the amqps listener's certificate
-    return await listen(make_app(server), config.management_host, config.management_port,
-                        "management API" + (" (HTTPS)" if tls is not None else ""), tls,
-                        config.management_max_connections)
+    """Answer on the configured management host and port (StartupError when it cannot be had)."""
+    return await _serving(take_management(server))
 
 
 async def start_prometheus(server: "Server") -> ManagementServer:
-    """Listen on the configured Prometheus host and port (StartupError when that fails)."""
+    """Answer on the configured Prometheus host and port (StartupError when it cannot be had)."""
+    return await _serving(take_prometheus(server))
+
+
+async def _serving(taking) -> ManagementServer:
+    """The listener taking makes, answering."""
+    listener = await taking
+    await listener.serve()
+    return listener
+
+
+async def take_management(server: "Server") -> ManagementServer:
+    """Take the configured management host and port (StartupError when that fails); serve() answers on it."""
     config = server.config
-    return await listen(make_prometheus_app(server), config.prometheus_host, config.prometheus_port,
-                        "Prometheus metrics", max_connections=config.prometheus_max_connections)
+    tls = server.tls_context if config.management_tls else None  # HTTPS with the amqps listener's certificate
+    return await take(make_app(server), config.management_host, config.management_port,
+                      "management API" + (" (HTTPS)" if tls is not None else ""), tls,
+                      config.management_max_connections)
+
+
+async def take_prometheus(server: "Server") -> ManagementServer:
+    """Take the configured Prometheus host and port (StartupError when that fails); serve() answers on it."""
+    config = server.config
+    return await take(make_prometheus_app(server), config.prometheus_host, config.prometheus_port,
+                      "Prometheus metrics", max_connections=config.prometheus_max_connections)
 
 
 async def listen(app: web.Application, host: str, port: int, what: str, tls: ssl.SSLContext | None = None,
                  max_connections: int = DEFAULT_MAX_CONNECTIONS) -> ManagementServer:
-    """Serve app on host:port (0 picks a free port), over HTTPS with tls, holding max_connections connections at
-    most; StartupError naming what when the port cannot be had."""
+    """Answer for app on host:port as take() describes."""
+    return await _serving(take(app, host, port, what, tls, max_connections))
+
+
+async def take(app: web.Application, host: str, port: int, what: str, tls: ssl.SSLContext | None = None,
+               max_connections: int = DEFAULT_MAX_CONNECTIONS) -> ManagementServer:
+    """Take host:port for app (0 picks a free port), over HTTPS with tls, holding max_connections connections at
+    most once it serves; StartupError naming what when the port cannot be had."""
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
     slots = ConnectionSlots(max_connections)
@@ -86,10 +117,9 @@ async def listen(app: web.Application, host: str, port: int, what: str, tls: ssl
 
     loop = asyncio.get_running_loop()
     try:
-        listener = await loop.create_server(connection, host, port, ssl=tls, reuse_address=True)
+        listener = await loop.create_server(connection, host, port, ssl=tls, reuse_address=True,
+                                            start_serving=False)
     except OSError as error:
         await runner.cleanup()
         raise StartupError(f"cannot listen on {host}:{port} for the {what}: {reason_of(error)}") from error
-    port = listener.sockets[0].getsockname()[1]
-    log.info("%s listening on %s:%d (%d connections at most)", what, host, port, max_connections)
-    return ManagementServer(runner, listener, port)
+    return ManagementServer(runner, listener, listener.sockets[0].getsockname()[1], what, slots)

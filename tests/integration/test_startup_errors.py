@@ -101,6 +101,21 @@ def test_a_port_in_use_is_reported_before_the_data_dir_is_touched(tmp_path):
     assert not data_dir.exists()  # neither created nor recovered: the port was checked first
 
 
+@pytest.mark.parametrize("option, what", [("--management-port", "management API"),
+                                          ("--prometheus-port", "Prometheus metrics")])
+def test_an_http_port_in_use_is_reported_before_the_data_dir_is_touched(tmp_path, option, what):
+    data_dir = tmp_path / "data"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        command = [sys.executable, "-m", "broker", "--host", "127.0.0.1", "--port", str(free_port()),
+                   "--data-dir", str(data_dir), "--management-port", "0", "--prometheus-port", "0", option, str(port)]
+        result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=EXIT_TIMEOUT)
+    assert_refused(result, f"cannot listen on 127.0.0.1:{port} for the {what}: Address already in use")
+    assert not data_dir.exists()  # no default user made in a new data dir that then cannot serve
+
+
 def test_a_second_broker_on_the_same_data_dir_is_refused_and_the_first_goes_on(own_broker):
     first = own_broker()
     assert_refused(run_broker(first.data_dir),
