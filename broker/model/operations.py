@@ -20,6 +20,7 @@ from protocol import errors
 
 if TYPE_CHECKING:
     from broker.model.access import ChannelAccess
+    from broker.model.counters import NodeCounters
     from broker.model.exchange import Exchange
     from broker.model.interfaces import QueueOwner
     from broker.model.message import Message
@@ -173,9 +174,12 @@ def unbind(actor: Actor, source_name: str, kind: str, destination_name: str, rou
 
 
 # --- messages --------------------------------------------------------------------------------------------------
-def publish(actor: Actor, exchange_name: str, routing_keys: list[str], message: "Message") -> bool:
+def publish(actor: Actor, exchange_name: str, routing_keys: list[str], message: "Message",
+            mandatory: bool = False, confirm: bool = False) -> bool:
     """basic.publish of a message made by the broker (the API's): checked as the channel checks a client's, then
-    routed by routing_keys (its own and its CC and BCC headers'); whether a queue took it."""
+    routed by routing_keys (its own and its CC and BCC headers'); whether a queue took it. Counted in the node's
+    counters as a channel counts a publish, on a channel in confirm mode with confirm, mandatory with mandatory
+    (RabbitMQ's API publish is both; its aliveness test neither)."""
     check_shortstr("exchange", exchange_name)
     check_shortstr("routing_key", message.routing_key)
     vhost, access = actor.vhost, actor.access
@@ -193,8 +197,25 @@ def publish(actor: Actor, exchange_name: str, routing_keys: list[str], message: 
         # held until its delay is over; RabbitMQ's delayed-message plugin routes it to no queue at the publish, so
         # the API answers routed: false, as RabbitMQ's does
         exchange.delayed.hold(message, routing_keys, delay)
+        _count_publish(vhost.counters, confirm, True, False, mandatory)
         return False
     queues = vhost.route(exchange, routing_keys, message)
-    if queues:
-        vhost.publish_to(queues, message)
+    refused = bool(queues) and vhost.publish_to(queues, message)[1]
+    _count_publish(vhost.counters, confirm, bool(queues), refused, mandatory)
     return bool(queues)
+
+
+def _count_publish(counters: "NodeCounters", confirm: bool, routed: bool, refused: bool, mandatory: bool) -> None:
+    """What a channel counts of a publish (broker.session.channel): received, routed or unroutable (returned when
+    mandatory, else dropped), and in confirm mode the confirm, unless a queue refused it (a nack)."""
+    counters.received += 1
+    if routed:
+        counters.routed += 1
+    elif mandatory:
+        counters.unroutable_returned += 1
+    else:
+        counters.unroutable_dropped += 1
+    if confirm:
+        counters.received_confirm += 1
+        if not refused:
+            counters.confirmed += 1

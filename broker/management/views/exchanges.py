@@ -66,7 +66,9 @@ async def publish(request: web.Request) -> web.Response:
     body = await http.json_body(request)
     routing_keys, message = messages.from_request(body, name, request["user"].name)
     try:
-        routed = operations.publish(actor_of(request, vhost), name, routing_keys, message)
+        # RabbitMQ's API publishes mandatory, on a channel in confirm mode, and counts it as such
+        routed = operations.publish(actor_of(request, vhost), name, routing_keys, message, mandatory=True,
+                                    confirm=True)
     except AMQPError as error:
         raise http.bad_request(f"{error.reply_code} {error.text}") from None
     if routed:
