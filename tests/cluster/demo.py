@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import select
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -48,6 +49,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--replication-port", type=int, default=5680, help="node a's replication port")
     parser.add_argument("--lease-ttl", type=float, default=5.0, help="the nodes' etcd lease (s): the failover time")
     return parser.parse_args(argv)
+
+
+def taken(ports: list[int]) -> list[int]:
+    """The ports of 127.0.0.1 something else listens on or holds."""
+    busy = []
+    for port in ports:
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                busy.append(port)
+    return busy
+
+
+def check_ports(args: argparse.Namespace) -> None:
+    """Stop at once, naming the ports, when one the demo needs is taken: a node that cannot listen exits and is
+    elected again and again, with the reason only in its log."""
+    ports = [args.etcd_port, args.etcd_port + 1] + [base + index for base in (
+        args.port, args.management_port, args.replication_port) for index in range(len(NAMES))]
+    busy = taken(ports)
+    if busy:
+        raise SystemExit(f"cluster-demo: port{'s' if len(busy) > 1 else ''} {', '.join(map(str, busy))} of "
+                         "127.0.0.1 taken; choose others, e.g. make cluster-demo DEMO_ARGS=\"--port 6672 "
+                         "--management-port 16672 --replication-port 6680 --etcd-port 3379\"")
 
 
 def start_etcd(root: Path, port: int) -> EtcdServer:
@@ -100,12 +125,14 @@ def watch(nodes: list[Node], observer: Observer, etcd: EtcdServer) -> None:
         for node in nodes:
             if node.name not in exited and not node.running:
                 exited.add(node.name)
+                again = "; press Enter to start it again" if stdin else ""
                 print(f"{time.strftime('%H:%M:%S')} node {node.name} exited with code {node.process.returncode} "
-                      f"(see {node.log_path}); press Enter to start it again", flush=True)
+                      f"(see {node.log_path}){again}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    check_ports(args)
     root = args.dir.resolve()
     root.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, _terminate)
@@ -137,12 +164,18 @@ def main(argv: list[str] | None = None) -> int:
               f"{describe(observer)}")
         for node in nodes:
             print(f"  node {node.name} (pid {node.process.pid}): amqp://guest:guest@127.0.0.1:{node.port}/  "
-                  f"management http://127.0.0.1:{node.management_port}/  replication :{node.replication_port}  "
+                  f"management :{node.management_port}  replication :{node.replication_port}  "
                   f"data {node.data_dir}  log {node.log_path}")
+        leader = observer.leader()
+        led_by = next((node for node in nodes if leader is not None and node.name == leader[0]), None)
+        if led_by is not None:
+            print(f"Management API and console: http://127.0.0.1:{led_by.management_port}/ (node {led_by.name}, the "
+                  "leader; a follower's management port answers 503 naming its state)")
         print("Connect to any node: a follower forwards the connection to the leader. kill -9 the leader's pid to "
               f"watch a failover (lease_ttl {args.lease_ttl:g} s); changes are reported below.")
-        print("Enter starts the nodes that exited again. Ctrl-C (or SIGTERM) stops all three nodes and etcd; their "
-              f"data stays in {root} for the next run (remove it to start afresh).", flush=True)
+        restart = "Enter starts the nodes that exited again. " if sys.stdin is not None and sys.stdin.isatty() else ""
+        print(f"{restart}Ctrl-C (or SIGTERM) stops all three nodes and etcd; their data stays in {root} for the next "
+              "run (remove it to start afresh).", flush=True)
         watch(nodes, observer, etcd)
     except (KeyboardInterrupt, Stop):
         print("\ncluster-demo: stopping", flush=True)
