@@ -64,6 +64,7 @@ class Snapshot:
     connections: int = 0
     channels: int = 0
     consumers: int = 0
+    channel_consumers: list[tuple[str, int]] = field(default_factory=list)  # (channel's name, its consumers)
     publishers: int = 0
     counters: dict[str, int] = field(default_factory=dict)  # NodeCounters' plain counters
     # queue type -> QUEUE_COUNTERS summed over its queues, live and deleted
@@ -81,7 +82,8 @@ async def take_snapshot(server: "Server") -> Snapshot:
     connections = [connection for connection in server.connections if connection.vhost is not None]
     channels = [channel for connection in connections for channel in connection.channels.values()]
     snapshot.connections, snapshot.channels = len(connections), len(channels)
-    snapshot.consumers = sum(len(channel.consumers) for channel in channels)
+    snapshot.channel_consumers = [(http.channel_name(channel), len(channel.consumers)) for channel in channels]
+    snapshot.consumers = sum(consumers for _, consumers in snapshot.channel_consumers)
     snapshot.publishers = sum(channel.publish_count > 0 for channel in channels)
     counters = server.node.counters
     snapshot.counters = {name: getattr(counters, name) for name in counters.__slots__
@@ -241,6 +243,7 @@ def families(snapshot: Snapshot, per_object: bool) -> Iterator:
         family.add_metric(PROTOCOL, value)
         yield family
     yield from _queue_families(snapshot.queues, per_object)
+    yield _channel_consumers(snapshot.channel_consumers, per_object)
     yield from [
         _gauge("rabbitmq_connections", "Connections currently open", snapshot.connections),
         _gauge("rabbitmq_channels", "Channels currently open", snapshot.channels),
@@ -277,6 +280,19 @@ def _queue_families(queues: list[QueueSample], per_object: bool) -> Iterator:
         lines = [f"# HELP {name} {documentation}\n# TYPE {name} {kind}\n"]
         lines.extend(f"{name}{label}{floatToGoString(value_of(queue))}\n" for label, queue in zip(labels, queues))
         yield "".join(lines).encode()
+
+
+def _channel_consumers(channels: list[tuple[str, int]], per_object: bool) -> GaugeMetricFamily:
+    """RabbitMQ's rabbitmq_channel_consumers (on its Grafana dashboard): summed over the channels, or one series per
+    channel labelled with its name (RabbitMQ's label is the channel process's id; Warren's channels have none, and
+    the name is what its management API shows)."""
+    name, documentation = "rabbitmq_channel_consumers", "Consumers on a channel"
+    if not per_object:
+        return GaugeMetricFamily(name, documentation, value=sum(consumers for _, consumers in channels))
+    family = GaugeMetricFamily(name, documentation, labels=["channel"])
+    for channel, consumers in channels:
+        family.add_metric([channel], consumers)
+    return family
 
 
 def _label_value(text: str) -> str:
