@@ -63,7 +63,7 @@ async def authenticated(request: web.Request, handler):
     if request.path.startswith("/api/"):
         address = request.remote or ""
         try:
-            request["user"] = http.authenticate(request)
+            request[http.USER] = http.authenticate(request)
         except http.LoginRefused as refusal:
             peer_log.warning(address, "HTTP login refused from %s: %s", address, refusal.reason)
             await asyncio.sleep(failed_logins.refused(address, http.server_of(request).config.failed_login_delay))

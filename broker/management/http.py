@@ -27,6 +27,7 @@ SERVER = web.AppKey("server", object)  # the AMQP Server (its node, connections 
 RATES = web.AppKey("rates", object)  # management.rates.Rates: the sampled message counters
 STARTED = web.AppKey("started", float)  # time.monotonic() when the API started (the node's uptime counts from it)
 MAX_BODY_SIZE = web.AppKey("max_body_size", int)  # largest request body read, in bytes (config's)
+USER = web.RequestKey("user", User)  # who an /api/ request's credentials name (set by app.authenticated)
 OFF_LOOP_BYTES = 1024 * 1024  # a body larger than this is parsed on a thread, not the event loop
 MAX_RANGE = 500  # samples a msg_rates_age/msg_rates_incr period may ask for at most (RabbitMQ's ?MAX_RANGE)
 WHOLE_NUMBER = re.compile(r"[+-]?[0-9]{1,4000}")  # what RabbitMQ reads as an integer in a query (ASCII digits)
@@ -152,7 +153,7 @@ def login_vhost_of(request: web.Request, key: str = "vhost") -> "VirtualHost":
     """The vhost named in the path, for calls RabbitMQ allows only administrators and users with permissions there
     (most vhost-scoped ones): 404 if there is none of that name, 401 for anyone else."""
     vhost = named_vhost(request, key)
-    if "administrator" not in rights_of(request["user"]) and not has_permissions(request, vhost.name):
+    if "administrator" not in rights_of(request[USER]) and not has_permissions(request, vhost.name):
         raise not_authorised("User not authorised to access virtual host")
     return vhost
 
@@ -203,7 +204,7 @@ def rights_of(user: User) -> set[str]:
 def require(request: web.Request, tag: str) -> User:
     """The request's user, if its tags grant tag's rights; else RabbitMQ's refusal (401 "Not administrator
     user")."""
-    user: User = request["user"]
+    user: User = request[USER]
     if tag not in rights_of(user):
         raise not_authorised(f"Not {REFUSAL_NAMES.get(tag, tag)} user")
     return user
@@ -211,7 +212,7 @@ def require(request: web.Request, tag: str) -> User:
 
 def has_permissions(request: web.Request, vhost: str) -> bool:
     """Whether the request's user has a permission entry in vhost (may log in there)."""
-    return (vhost, request["user"].name) in node_of(request).permissions
+    return (vhost, request[USER].name) in node_of(request).permissions
 
 
 def vhosts_for(request: web.Request, seen_whole_by: str | None) -> list["VirtualHost"]:
@@ -219,7 +220,7 @@ def vhosts_for(request: web.Request, seen_whole_by: str | None) -> list["Virtual
     permissions in. RabbitMQ 3.10 widens vhost, connection and overview listings for monitoring, queue, exchange
     and binding listings for administrator only, and policy listings for no one."""
     vhosts = node_of(request).vhosts
-    if seen_whole_by is not None and seen_whole_by in rights_of(request["user"]):
+    if seen_whole_by is not None and seen_whole_by in rights_of(request[USER]):
         return list(vhosts.values())
     return [vhost for name, vhost in vhosts.items() if has_permissions(request, name)]
 

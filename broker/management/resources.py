@@ -64,7 +64,7 @@ def find_queue(vhost: "VirtualHost", name: str) -> Queue:
 def actor_of(request: web.Request, vhost: "VirtualHost") -> Actor:
     """The request's user acting in vhost, as RabbitMQ's API acts on a channel of its own: with the user's AMQP
     permissions, owning no exclusive queue."""
-    return Actor(vhost, ChannelAccess(http.node_of(request), request["user"].name, vhost.name), OPERATOR_OWNER)
+    return Actor(vhost, ChannelAccess(http.node_of(request), request[http.USER].name, vhost.name), OPERATOR_OWNER)
 
 
 def access_refused() -> http.ApiError:

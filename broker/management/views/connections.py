@@ -45,7 +45,7 @@ def _fitting(reason: str) -> str:
 # --- what the API shows ----------------------------------------------------------------------------------------
 def open_connections(request: web.Request) -> list["Connection"]:
     """The connections past connection.open, by name, that the user may see."""
-    user = request["user"]
+    user = request[http.USER]
     monitor = "monitoring" in http.rights_of(user)
     found = [connection for connection in http.server_of(request).connections
              if connection.vhost is not None and (monitor or connection.user == user.name)]
@@ -122,7 +122,7 @@ def connection_of(request: web.Request, may: str) -> "Connection":
     name = request.match_info["name"]
     found = next((c for c in http.server_of(request).connections
                   if c.vhost is not None and c.name == name), None)
-    user = request["user"]
+    user = request[http.USER]
     if may not in http.rights_of(user) and (found is None or found.user != user.name):
         raise http.not_authorised("User not authorised to access object")
     if found is None:
@@ -134,7 +134,7 @@ def channel_of(request: web.Request) -> "Channel":
     name = request.match_info["name"]
     found = next((channel for channel in channels_of(http.server_of(request).connections)
                   if channel.connection.vhost is not None and http.channel_name(channel) == name), None)
-    user = request["user"]
+    user = request[http.USER]
     if "monitoring" not in http.rights_of(user) and (found is None or found.connection.user != user.name):
         raise http.not_authorised("User not authorised to access object")
     if found is None:

@@ -64,7 +64,7 @@ async def publish(request: web.Request) -> web.Response:
     vhost = http.login_vhost_of(request)
     name = exchange_name(request)
     body = await http.json_body(request)
-    routing_keys, message = messages.from_request(body, name, request["user"].name)
+    routing_keys, message = messages.from_request(body, name, request[http.USER].name)
     try:
         # RabbitMQ's API publishes mandatory, on a channel in confirm mode, and counts it as such
         routed = operations.publish(actor_of(request, vhost), name, routing_keys, message, mandatory=True,

@@ -129,7 +129,7 @@ async def aliveness(request: web.Request) -> web.Response:
     actor = actor_of(request, vhost)
     try:
         operations.declare_queue(actor, ALIVENESS_QUEUE, False, False, False, False, {})
-        routing_keys, message = messages.from_request(ALIVENESS_MESSAGE, "", request["user"].name)
+        routing_keys, message = messages.from_request(ALIVENESS_MESSAGE, "", request[http.USER].name)
         operations.publish(actor, "", routing_keys, message)
         queue = operations.readable_queue(actor, ALIVENESS_QUEUE)
     except AMQPError as error:

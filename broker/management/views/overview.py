@@ -43,7 +43,7 @@ async def overview(request: web.Request) -> web.Response:
         "message_stats": http.message_stats(request, request.app[http.RATES].node), "queue_totals": queue_totals,
         "object_totals": object_totals, "statistics_db_event_queue": 0,
     }
-    if "monitoring" in http.rights_of(request["user"]):
+    if "monitoring" in http.rights_of(request[http.USER]):
         data["node"] = http.node_name()
         config = server.config
         hosts = {"amqp": config.host, "amqp/ssl": config.host, "http": config.management_host,

@@ -21,7 +21,7 @@ def user_of(request: web.Request):
 
 @routes.get("/api/whoami")
 async def whoami(request: web.Request) -> web.Response:
-    user = request["user"]
+    user = request[http.USER]
     return http.reply({"name": user.name, "tags": list(user.tags)})
 
 

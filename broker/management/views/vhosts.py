@@ -69,7 +69,7 @@ async def put_vhost(request: web.Request) -> web.Response:
     existed = name in node.vhosts
     node.add_vhost(name, description, tags, default_queue_type)
     if not existed:
-        user = request["user"].name
+        user = request[http.USER].name
         node.set_permissions(user, name, FULL_ACCESS, FULL_ACCESS, FULL_ACCESS)
     await http.on_disk(request)
     return http.created_or_updated(existed)
