@@ -165,7 +165,7 @@ def test_a_monitoring_user_sees_no_admin_pages_and_a_wrong_password_is_refused(b
     add_user(console_broker, unique, "watch", tags="monitoring")
     set_permissions(console_broker, "/", unique)
     log_in(browser, console_broker, unique, "wrong")
-    wait(browser, lambda d: "Login failed" in text_of(d, "#login-error"))
+    wait(browser, lambda d: text_of(d, "#login-error") == "Login failed")
 
     browser.refresh()
     log_in(browser, console_broker, unique, "watch")
@@ -173,3 +173,14 @@ def test_a_monitoring_user_sees_no_admin_pages_and_a_wrong_password_is_refused(b
     assert text_of(browser, "#who").startswith(f"{unique} (monitoring)")
     visible = [link.text for link in browser.find_elements(By.CSS_SELECTOR, "#nav a") if link.is_displayed()]
     assert visible == ["Overview", "Queues", "Exchanges", "Connections"]
+
+
+def test_a_refused_login_says_why_once(browser, console_broker, unique):
+    log_in(browser, console_broker, "guest", "wrong")
+    wait(browser, lambda d: text_of(d, "#login-error"))
+    assert text_of(browser, "#login-error") == "Login failed"  # the API's reason, not "Login failed: Login failed"
+
+    add_user(console_broker, unique, "s3cret")  # no tags: the API knows the password but lets in no console
+    browser.refresh()
+    log_in(browser, console_broker, unique, "s3cret")
+    wait(browser, lambda d: text_of(d, "#login-error") == "Login failed: Not management user")

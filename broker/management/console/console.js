@@ -66,7 +66,10 @@ document.getElementById("login").addEventListener("submit", async (event) => {
     await start();
   } catch (error) {
     credentials = null;
-    document.getElementById("login-error").textContent = "Login failed: " + error.message;
+    // the API's reason is "Login failed" itself for wrong credentials; another (no management tag) is told as why
+    const reason = error.message;
+    document.getElementById("login-error").textContent =
+      reason.startsWith("Login failed") ? reason : `Login failed: ${reason}`;
   }
 });
 
