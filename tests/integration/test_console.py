@@ -5,6 +5,7 @@ Screenshots go to test-artifacts/console/."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pika
@@ -37,6 +38,7 @@ def browser():
     for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                      "--window-size=1400,1000"):
         options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # for browser_errors
     driver = webdriver.Chrome(service=Service(DRIVER), options=options)
     yield driver
     driver.quit()
@@ -88,6 +90,19 @@ def text_of(driver, selector: str) -> str:
     return driver.find_element(By.CSS_SELECTOR, selector).text
 
 
+def browser_errors(driver) -> list[str]:
+    """What the browser logged as errors since the last call: failed loads (a 404) and Content-Security-Policy
+    violations among them."""
+    return [entry["message"] for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
+
+
+def chart_scale(driver, selector: str = "svg.chart") -> tuple[list[str], list[str]]:
+    """The labels of a rate chart's scale: messages/s up the side, times along the bottom."""
+    chart = driver.find_element(By.CSS_SELECTOR, selector)
+    return ([tick.text for tick in chart.find_elements(By.CSS_SELECTOR, ".y-axis text.tick")],
+            [tick.text for tick in chart.find_elements(By.CSS_SELECTOR, ".x-axis text.tick")])
+
+
 def test_create_a_queue_publish_see_the_count_purge_and_a_rate_chart(browser, console_broker, unique):
     log_in(browser, console_broker)
     wait(browser, lambda d: d.find_element(By.CSS_SELECTOR, "main[data-page=overview] .tiles"))
@@ -113,6 +128,9 @@ def test_create_a_queue_publish_see_the_count_purge_and_a_rate_chart(browser, co
         return int(line.get_attribute("data-count")) >= 2 and float(line.get_attribute("data-peak")) > 0
     wait(browser, publish_line_drawn, timeout=30)
     screenshot(browser, "queue")
+    rates, times = chart_scale(browser)
+    assert len(rates) >= 3 and rates[0] == "0", rates
+    assert len(times) >= 2 and all(re.fullmatch(r"\d\d:\d\d:\d\d", time) for time in times), times
 
     submit(browser, "get-messages")
     wait(browser, lambda d: text_of(d, "#queue-output") == f"{unique}: hello 0")
@@ -184,3 +202,41 @@ def test_a_refused_login_says_why_once(browser, console_broker, unique):
     browser.refresh()
     log_in(browser, console_broker, unique, "s3cret")
     wait(browser, lambda d: text_of(d, "#login-error") == "Login failed: Not management user")
+
+
+def test_the_rate_chart_has_a_scale_and_lines_that_coincide_stay_apart(browser, console_broker):
+    log_in(browser, console_broker)
+    wait(browser, lambda d: d.find_element(By.CSS_SELECTOR, "main[data-page=overview] svg.chart"))
+    # a minute of samples 5 s apart, newest first as the API gives them: as many messages published as delivered
+    # (2/s) and a third of them acknowledged
+    browser.execute_script("""
+        const start = Date.UTC(2026, 0, 1, 12, 0, 0), samples = (perSecond) => Array.from({length: 13},
+          (_, i) => ({timestamp: start + (12 - i) * 5000, sample: (12 - i) * 5 * perSecond}));
+        const stats = {publish_details: {rate: 2, samples: samples(2)},
+                       deliver_get_details: {rate: 2, samples: samples(2)},
+                       ack_details: {rate: 0.6, samples: samples(0.6)}};
+        const holder = document.createElement("div");
+        holder.id = "test-chart";
+        holder.append(chart(stats));
+        document.body.append(holder);
+    """)
+    screenshot(browser, "chart")
+    rates, times = chart_scale(browser, "#test-chart svg.chart")
+    assert rates == ["0", "0.5", "1", "1.5", "2"]  # up to the least round value at or above the peak
+    assert len(times) == 4 and [time[-2:] for time in times] == ["15", "30", "45", "00"], times  # every 15 s
+
+    def line(key: str) -> dict:
+        polyline = browser.find_element(By.CSS_SELECTOR, f"#test-chart polyline[data-key={key}]")
+        return {name: polyline.get_attribute(name) for name in ("points", "stroke", "stroke-width",
+                                                                   "stroke-dasharray")}
+    publish, delivered, acked = line("publish"), line("deliver_get"), line("ack")
+    assert publish["points"] == delivered["points"] != acked["points"]
+    styles = [(each["stroke-width"], each["stroke-dasharray"]) for each in (publish, delivered, acked)]
+    assert len(set(styles)) == 3, styles  # the one drawn over the other leaves it showing
+    assert float(publish["stroke-width"]) > float(delivered["stroke-width"])
+    assert delivered["stroke-dasharray"]
+
+    legend = [entry.text for entry in browser.find_elements(By.CSS_SELECTOR, "#test-chart .legend span")]
+    assert legend == ["publish 2.0/s", "deliver/get 2.0/s", "ack 0.6/s", "redeliver \u2013"]
+    swatch = browser.find_element(By.CSS_SELECTOR, "#test-chart .legend span[data-key=deliver_get] line")
+    assert swatch.get_attribute("stroke-dasharray") == delivered["stroke-dasharray"]

@@ -120,14 +120,56 @@ async function refresh() {
 }
 
 // --- charts ---------------------------------------------------------------------------------------------------------
+// Each line has its own colour, width and dashes, widest first, so lines that coincide (publish and deliver/get at
+// the same rate) still show each other: the narrower dashed one is drawn over the wider one.
+const RATE_LINES = {
+  publish: {width: 4.5, dash: null},
+  deliver_get: {width: 2.5, dash: "8 4"},
+  ack: {width: 2, dash: "2 3"},
+  redeliver: {width: 1.5, dash: "10 3 2 3"},
+};
+const SVG = "http://www.w3.org/2000/svg";
+
+function svgNode(tag, attributes, text) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [name, value] of Object.entries(attributes)) {
+    if (value !== null && value !== undefined) node.setAttribute(name, value);
+  }
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function lineAttributes(key) {
+  return {fill: "none", stroke: RATE_COLOURS[key], "stroke-width": RATE_LINES[key].width,
+          "stroke-dasharray": RATE_LINES[key].dash, "stroke-linecap": "butt"};
+}
+
+function niceTop(peak) {
+  // The scale's top: the least 1, 2 or 5 times a power of ten at or above peak (at least 1/s), and its step.
+  const power = 10 ** Math.floor(Math.log10(Math.max(1, peak)));
+  for (const [leading, ticks] of [[1, 5], [2, 4], [5, 5], [10, 5]]) {
+    if (leading * power >= peak) return {top: leading * power, step: (leading * power) / ticks};
+  }
+  return {top: peak, step: peak / 5};
+}
+
+const clock = (t) => new Date(t).toLocaleTimeString("en-GB", {hour12: false});
+
+function timeTicks(first, last) {
+  // Round times (every 5 s .. 10 min, at most 5 of them) between the first and last sample; the two ends when none.
+  const span = last - first;
+  const step = [5, 10, 15, 30, 60, 120, 300, 600].map((s) => s * 1000).find((s) => span / s <= 4) || 600000;
+  const ticks = [];
+  for (let t = Math.ceil(first / step) * step; t <= last; t += step) ticks.push(t);
+  return ticks.length >= 2 ? ticks : [...new Set([first, last])];
+}
+
 function chart(stats) {
-  // Rates per second between successive samples of each key, newest on the right.
-  const width = 600, height = 160;
-  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
-  svg.setAttribute("class", "chart");
-  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
-  svg.setAttribute("width", width);
-  svg.setAttribute("height", height);
+  // Rates per second between successive samples of each key, newest on the right, over a scale of messages/s
+  // (left) and the samples' times (below).
+  const width = 600, height = 190;
+  const left = 50, right = width - 30, top = 20, bottom = height - 24; // the plot's edges
+  const svg = svgNode("svg", {class: "chart", viewBox: `0 0 ${width} ${height}`, width, height});
   const series = {};
   for (const key of RATE_KEYS) {
     const samples = (stats && stats[key + "_details"] && stats[key + "_details"].samples) || [];
@@ -139,31 +181,57 @@ function chart(stats) {
     series[key] = points;
   }
   const all = Object.values(series).flat();
-  const top = Math.max(1, ...all.map((p) => p.v));
+  const peak = Math.max(0, ...all.map((p) => p.v));
+  const scale = niceTop(peak);
   const first = Math.min(...all.map((p) => p.t)), last = Math.max(...all.map((p) => p.t));
-  const svgNode = (tag, attributes) => {
-    const node = document.createElementNS("http://www.w3.org/2000/svg", tag);
-    for (const [name, value] of Object.entries(attributes)) node.setAttribute(name, value);
-    return node;
-  };
+  const x = (t) => (last > first ? left + ((t - first) / (last - first)) * (right - left) : right);
+  const y = (v) => bottom - (v / scale.top) * (bottom - top);
+
+  // the scale: a labelled line every step of messages/s, and the times below
+  const axis = svgNode("g", {class: "y-axis"});
+  axis.append(svgNode("text", {x: 4, y: 12, class: "axis-title"}, "messages/s"));
+  for (let i = 0; Math.round(i * scale.step * 1e6) <= Math.round(scale.top * 1e6); i++) {
+    const value = Number((i * scale.step).toPrecision(6));
+    axis.append(svgNode("line", {x1: left, x2: right, y1: y(value), y2: y(value), class: i ? "grid" : "baseline"}),
+                svgNode("text", {x: left - 6, y: y(value) + 4, "text-anchor": "end", class: "tick",
+                                 "data-value": value}, value.toLocaleString("en")));
+  }
+  svg.append(axis);
+  const times = svgNode("g", {class: "x-axis"});
+  if (all.length) {
+    for (const t of timeTicks(first, last)) {
+      times.append(svgNode("line", {x1: x(t), x2: x(t), y1: bottom, y2: bottom + 4, class: "baseline"}),
+                   svgNode("text", {x: x(t), y: height - 6, "text-anchor": "middle", class: "tick", "data-time": t},
+                           clock(t)));
+    }
+  } else {
+    times.append(svgNode("text", {x: (left + right) / 2, y: (top + bottom) / 2, "text-anchor": "middle",
+                                  class: "tick"}, "No samples yet"));
+  }
+  svg.append(times);
+
   let drawn = 0;
   for (const [key, points] of Object.entries(series)) {
     if (points.length < 1) continue;
-    const xy = points.map((p) => [last > first ? ((p.t - first) / (last - first)) * (width - 10) + 5 : width - 5,
-                                  height - 5 - (p.v / top) * (height - 20)]);
-    svg.append(svgNode("polyline", {
-      fill: "none", stroke: RATE_COLOURS[key], "stroke-width": 2, "data-key": key, "data-count": points.length,
-      "data-peak": Math.max(...points.map((p) => p.v)),
-      points: xy.map(([x, y]) => `${x.toFixed(1)},${y.toFixed(1)}`).join(" "),
-    }));
-    for (const [x, y] of xy) svg.append(svgNode("circle", {cx: x.toFixed(1), cy: y.toFixed(1), r: 2.5,
-                                                            fill: RATE_COLOURS[key]}));
+    const xy = points.map((p) => [x(p.t).toFixed(1), y(p.v).toFixed(1)]);
+    const line = svgNode("polyline", {
+      ...lineAttributes(key), "data-key": key, "data-count": points.length,
+      "data-peak": Math.max(...points.map((p) => p.v)), points: xy.map(([px, py]) => `${px},${py}`).join(" "),
+    });
+    line.append(svgNode("title", {}, key.replace("_", "/")));
+    svg.append(line);
+    if (points.length === 1) { // one point draws no line
+      svg.append(svgNode("circle", {cx: xy[0][0], cy: xy[0][1], r: 3, fill: RATE_COLOURS[key], "data-key": key}));
+    }
     drawn += points.length;
   }
   svg.setAttribute("data-points", drawn);
-  const legend = el("div", {class: "legend"}, RATE_KEYS.map((key) =>
-    el("span", {style: `color: ${RATE_COLOURS[key]}`}, `${key.replace("_", "/")} ${rate(stats, key)}`)));
-  return el("div", {}, el("div", {}, `Message rates (peak ${top.toFixed(1)}/s over the last 10 minutes)`), svg,
+  const legend = el("div", {class: "legend"}, RATE_KEYS.map((key) => {
+    const swatch = svgNode("svg", {width: 30, height: 10, viewBox: "0 0 30 10", class: "swatch"});
+    swatch.append(svgNode("line", {x1: 0, x2: 30, y1: 5, y2: 5, ...lineAttributes(key)}));
+    return el("span", {"data-key": key}, swatch, ` ${key.replace("_", "/")} ${rate(stats, key) || "\u2013"}`);
+  }));
+  return el("div", {}, el("div", {}, `Message rates (peak ${peak.toFixed(1)}/s over the last 10 minutes)`), svg,
             legend);
 }
 
