@@ -1,6 +1,7 @@
 """The web console in a real browser (headless Chromium driven by Selenium): log in, create a queue, publish, see
-the count change, purge, see a rate chart draw, close a connection; what a user's tags do not allow is not shown.
-Screenshots go to test-artifacts/console/."""
+the count change, purge, see a rate chart draw with its scale, close a connection; what a user's tags do not allow is
+not shown; the page asks for no missing file and keeps to the API's Content-Security-Policy. Screenshots go to
+test-artifacts/console/."""
 
 from __future__ import annotations
 
@@ -202,6 +203,20 @@ def test_a_refused_login_says_why_once(browser, console_broker, unique):
     browser.refresh()
     log_in(browser, console_broker, unique, "s3cret")
     wait(browser, lambda d: text_of(d, "#login-error") == "Login failed: Not management user")
+
+
+def test_the_page_has_an_icon_and_keeps_to_the_content_security_policy(browser, console_broker):
+    log_in(browser, console_broker)
+    wait(browser, lambda d: d.find_element(By.CSS_SELECTOR, "main[data-page=overview] svg.chart"))
+    click(browser, By.LINK_TEXT, "Queues")
+    wait(browser, lambda d: d.find_element(By.CSS_SELECTOR, "main[data-page=queues] #queues"))
+    # no favicon.ico 404 and no inline style refused by the API's Content-Security-Policy
+    assert browser_errors(browser) == []
+
+    icon = browser.find_element(By.CSS_SELECTOR, "link[rel=icon]").get_attribute("href")
+    status, kind = browser.execute_async_script(
+        "fetch(arguments[0]).then((r) => arguments[1]([r.status, r.headers.get('Content-Type')]))", icon)
+    assert (status, kind) == (200, "image/svg+xml")
 
 
 def test_the_rate_chart_has_a_scale_and_lines_that_coincide_stay_apart(browser, console_broker):
