@@ -456,14 +456,24 @@ class MessageStore:
     def close(self) -> None:
         """Flush everything, fsync, stop the writer, unlock the data dir (blocks, at most ``stop_timeout`` seconds
         for the writer). Pending callbacks run on the loop later."""
+        if self.begin_close():
+            self.finish_close()
+
+    def begin_close(self) -> bool:
+        """close()'s part on the loop: hand the writer its last batch. Whether finish_close() has a writer to wait
+        for."""
         if self._closed:
-            return
+            return False
         self._closed = True
         if self._index is None:
-            return
+            return False
         batch = self._take_batch()
         batch.final = True
         self._writer.submit(batch)
+        return True
+
+    def finish_close(self) -> None:
+        """close()'s wait for the writer, then the unlock; on any thread, so that a hung disk holds no event loop."""
         if self._writer.join(self._stop_timeout):
             self._lock.release()
         else:  # the data dir stays locked until the process exits, since the writer may still write to it

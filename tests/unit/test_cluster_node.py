@@ -146,9 +146,10 @@ def test_a_leader_that_cannot_prove_its_lease_stops_serving_and_campaigns_again(
         else:
             monkeypatch.setattr(writer_module.os, "fdatasync", hung_fdatasync)
             server.store.append_definition("vhost", "written-to-a-hung-disk", {"name": "written-to-a-hung-disk"})
-        await until(lambda: node.server is not server, "leadership given up")
-        assert not server.listener.is_serving()
+        await until(lambda: not server.serving, "leadership given up")  # its store then waits for the hung write
         disk.set()
+        await until(lambda: node.server is not server, "the store handed over")
+        assert not server.listener.is_serving()
         await until(lambda: node.server is not None, "leading again")
         assert await leader_epoch(etcd) > first
         await running.close()
