@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import time
 
-from tests.integration.management import quote, request, wait_for
+from tests.integration.management import (
+    add_vhost, delete_vhost, quote, request, set_permissions, wait_for,
+)
 
 COUNTED = ("publish", "confirm", "return_unroutable", "drop_unroutable", "get", "get_no_ack", "get_empty",
            "deliver_get", "redeliver", "ack", "deliver", "deliver_no_ack")
@@ -67,3 +69,17 @@ def test_api_publishes_and_gets_count_on_the_queue_and_the_node(broker, unique):
         time.sleep(1)
     assert counted == expected
     request(broker, "DELETE", f"/api/queues/%2F/{quote(unique)}")
+
+
+def test_the_aliveness_test_counts_its_publish_and_its_get(broker, unique):
+    """RabbitMQ's aliveness test publishes to its queue and gets the message without an ack."""
+    add_vhost(broker, unique)
+    try:
+        set_permissions(broker, unique, "guest")
+        assert request(broker, "GET", f"/api/aliveness-test/{quote(unique)}") == (200, {"status": "ok"})
+        shown = wait_for(broker, f"/api/queues/{quote(unique)}/aliveness-test",
+                         lambda body: body.get("message_stats", {}).get("deliver_get") == 1, timeout=40)
+        assert {key: shown["message_stats"].get(key, 0) for key in ("publish", "get_no_ack", "get")} == {
+            "publish": 1, "get_no_ack": 1, "get": 0}
+    finally:
+        delete_vhost(broker, unique)

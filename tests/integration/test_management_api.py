@@ -444,6 +444,13 @@ def test_the_port_listener_check_knows_the_amqp_port(broker):
     assert broker.port in reply.body["ports"]
 
 
+def test_the_listener_checks_know_the_prometheus_listener(broker):
+    assert request(broker, "GET", f"/api/health/checks/port-listener/{broker.prometheus_port}") == (
+        200, {"status": "ok", "port": broker.prometheus_port})
+    assert request(broker, "GET", "/api/health/checks/protocol-listener/http%2Fprometheus") == (
+        200, {"status": "ok", "protocol": "http/prometheus"})
+
+
 def test_the_protocol_listener_check(broker):
     assert request(broker, "GET", "/api/health/checks/protocol-listener/amqp091") == (
         200, {"status": "ok", "protocol": "amqp"})

@@ -40,6 +40,8 @@ def listeners(request: web.Request) -> dict[str, int]:
     found = {"amqp": server.port, "http" if not server.config.management_tls else "https": management_port}
     if server.tls_port is not None:
         found["amqp/ssl"] = server.tls_port
+    if server.config.prometheus_port:  # rabbitmq_prometheus's listener, as RabbitMQ's checks count it
+        found["http/prometheus"] = server.config.prometheus_port
     return found
 
 
@@ -134,7 +136,7 @@ async def aliveness(request: web.Request) -> web.Response:
         queue = operations.readable_queue(actor, ALIVENESS_QUEUE)
     except AMQPError as error:
         raise channel_error(error) from None
-    entry = queue.take()
+    entry = operations.take_for_get(queue, no_ack=True)
     if entry is None:
         return failed("aliveness-test queue is empty")
     queue.forget([entry])

@@ -47,11 +47,7 @@ async def overview(request: web.Request) -> web.Response:
         data["node"] = http.node_name()
         config = server.config
         hosts = {"amqp": config.host, "amqp/ssl": config.host, "http": config.management_host,
-                 "https": config.management_host}
-        found = [{"node": http.node_name(), "protocol": protocol, "ip_address": hosts[protocol], "port": port}
-                 for protocol, port in listeners(request).items()]
-        if config.prometheus_port:  # RabbitMQ's rabbitmq_prometheus registers its listener as http/prometheus
-            found.append({"node": http.node_name(), "protocol": "http/prometheus",
-                          "ip_address": config.prometheus_host, "port": config.prometheus_port})
-        data["listeners"] = found
+                 "https": config.management_host, "http/prometheus": config.prometheus_host}
+        data["listeners"] = [{"node": http.node_name(), "protocol": protocol, "ip_address": hosts[protocol],
+                              "port": port} for protocol, port in listeners(request).items()]
     return http.reply(data)

@@ -103,17 +103,10 @@ async def get(request: web.Request) -> web.Response:
     taken, replies = [], []
     no_ack = not requeue and not reject  # RabbitMQ's ack_requeue_false gets with no_ack, the others with acks
     while len(taken) != count:
-        entry = queue.take()
+        entry = operations.take_for_get(queue, no_ack)
         if entry is None:
-            queue.get_empty += 1  # counted as a basic.get's, as RabbitMQ's API gets on a channel
             break
         taken.append(entry)
-        if entry.redelivered:
-            queue.redelivered += 1
-        if no_ack:
-            queue.delivered_get_auto_ack += 1
-        else:
-            queue.delivered_get_manual_ack += 1
         try:
             replies.append(_message_json(queue, entry, encoding, truncate))
         except AMQPError as error:
