@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from broker.model.exchange import Exchange
     from broker.model.interfaces import QueueOwner
     from broker.model.message import Message
-    from broker.model.message import QueueEntry
     from broker.model.queue import Queue
     from broker.model.vhost import VirtualHost
 
@@ -221,18 +220,3 @@ def _count_publish(counters: "NodeCounters", confirm: bool, routed: bool, refuse
         if not refused:
             counters.confirmed += 1
 
-
-def take_for_get(queue: "Queue", no_ack: bool) -> "QueueEntry | None":
-    """The head of queue for a get the broker makes (the API's, the aliveness test's), counted as a basic.get is
-    (RabbitMQ's API gets on a channel): a delivery with or without ack, a redelivery, or an empty get."""
-    entry = queue.take()
-    if entry is None:
-        queue.get_empty += 1
-        return None
-    if entry.redelivered:
-        queue.redelivered += 1
-    if no_ack:
-        queue.delivered_get_auto_ack += 1
-    else:
-        queue.delivered_get_manual_ack += 1
-    return entry

@@ -421,13 +421,22 @@ class Queue:
         if self.consumers:
             self.vhost.dispatcher.mark(self)
 
-    def take(self) -> QueueEntry | None:
-        """Remove and return the head entry (basic.get)."""
+    def take(self, no_ack: bool) -> QueueEntry | None:
+        """Remove and return the head entry for a basic.get (a client's, or one the broker makes for the API or the
+        aliveness test, counted as RabbitMQ's API counts its gets on a channel): counted as a delivery with or
+        without ack, a redelivery, or an empty get."""
         self.touch()
         self.expire_due()
         if not self.entries:
+            self.get_empty += 1
             return None
         entry = self.entries.popleft()
+        if entry.redelivered:
+            self.redelivered += 1
+        if no_ack:
+            self.delivered_get_auto_ack += 1
+        else:
+            self.delivered_get_manual_ack += 1
         return self.limit.removed(entry) if self.limit is not None else entry
 
     def purge(self) -> int:

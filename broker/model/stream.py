@@ -83,7 +83,7 @@ class Stream(Queue):
             self.vhost.dispatcher.mark(self)
 
     # --- what a stream refuses (RabbitMQ's texts) ---------------------------------------------------------------
-    def take(self) -> QueueEntry | None:
+    def take(self, no_ack: bool) -> QueueEntry | None:
         raise errors.not_implemented(f"basic.get not supported by stream queues {self._resource()}")
 
     def purge(self) -> int:

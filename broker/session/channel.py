@@ -450,22 +450,17 @@ class Channel:
 
     def get(self, queue: Queue, no_ack: bool) -> None:
         """basic.get: the head of the queue as get-ok with its content, or get-empty."""
-        entry = queue.take()
+        entry = queue.take(no_ack)
         if entry is None:
-            queue.get_empty += 1
             self.send_method(spec.Basic.GetEmpty())
             return
         tag = self.next_tag
         self.next_tag += 1
         message = entry.message
         assert message is not None, "take() gives live entries"
-        if entry.redelivered:
-            queue.redelivered += 1
         if no_ack:
-            queue.delivered_get_auto_ack += 1
             queue.forget((entry,))
         else:
-            queue.delivered_get_manual_ack += 1
             delivery = Unacked(tag, entry, queue, None)
             self.unacked.push(delivery)
             queue.mark_delivered((entry,))

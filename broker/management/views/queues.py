@@ -103,7 +103,7 @@ async def get(request: web.Request) -> web.Response:
     taken, replies = [], []
     no_ack = not requeue and not reject  # RabbitMQ's ack_requeue_false gets with no_ack, the others with acks
     while len(taken) != count:
-        entry = operations.take_for_get(queue, no_ack)
+        entry = queue.take(no_ack)
         if entry is None:
             break
         taken.append(entry)
