@@ -108,7 +108,7 @@ async def json_bodies(request: web.Request, handler):
     if refusal is not None:
         return http.error_response(415, "unsupported_media_type", refusal)
     if (request.content_length or 0) > request.app[http.MAX_BODY_SIZE]:
-        response = http.body_too_large()
+        response = http.body_too_large().response()
         response.force_close()  # what follows is the body, unread
         return response
     return await handler(request)

@@ -30,7 +30,9 @@ MAX_BODY_SIZE = web.AppKey("max_body_size", int)  # largest request body read, i
 USER = web.RequestKey("user", User)  # who an /api/ request's credentials name (set by app.authenticated)
 OFF_LOOP_BYTES = 1024 * 1024  # a body larger than this is parsed on a thread, not the event loop
 MAX_RANGE = 500  # samples a msg_rates_age/msg_rates_incr period may ask for at most (RabbitMQ's ?MAX_RANGE)
-WHOLE_NUMBER = re.compile(r"[+-]?[0-9]{1,4000}")  # what RabbitMQ reads as an integer in a query (ASCII digits)
+# an integer as RabbitMQ reads one in a query, a path segment or a body: ASCII digits (str.isdigit also takes other
+# scripts' digits and superscripts), an optional sign, at most the 4300 digits int() reads
+INTEGER_TEXT = re.compile(r"[-+]?[0-9]{1,4300}")
 PRODUCT_NAME = "Warren"  # product_name in the overview and in exports (RabbitMQ's says "RabbitMQ")
 ERROR_NAMES = {400: "bad_request", 401: "not_authorised", 403: "not_authorised", 404: "Object Not Found"}
 
@@ -84,9 +86,9 @@ def bad_request(reason: str) -> ApiError:
     return ApiError(400, "bad_request", reason)
 
 
-def body_too_large() -> web.Response:
+def body_too_large() -> ApiError:
     """RabbitMQ's answer to a body past management.http.max_body_size."""
-    return error_response(400, "bad_request", "Exceeded HTTP request body size limit")
+    return bad_request("Exceeded HTTP request body size limit")
 
 
 def not_found() -> ApiError:
@@ -115,9 +117,14 @@ def message_stats(request: web.Request, history) -> dict:
 
 
 def query_integer(request: web.Request, key: str) -> int | None:
-    """The query's key as RabbitMQ reads an integer there (ASCII digits, a sign), None when absent or not one."""
+    """The query's key as an integer (integer_text), None when absent or not one."""
     text = request.query.get(key)
-    return int(text) if text is not None and WHOLE_NUMBER.fullmatch(text) else None
+    return integer_text(text) if text is not None else None
+
+
+def integer_text(text: str) -> int | None:
+    """The integer text spells (INTEGER_TEXT), None for anything else."""
+    return int(text) if INTEGER_TEXT.fullmatch(text) else None
 
 
 def node_of(request: web.Request) -> "Node":
@@ -266,7 +273,7 @@ async def read_body(request: web.Request) -> bytes:
     try:
         return await request.read()
     except web.HTTPRequestEntityTooLarge:
-        raise ApiError(400, "bad_request", "Exceeded HTTP request body size limit") from None
+        raise body_too_large() from None
 
 
 async def parse_json(raw: bytes) -> Any:

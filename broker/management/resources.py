@@ -28,8 +28,6 @@ if TYPE_CHECKING:
 
 DEFAULT_EXCHANGE_ALIAS = "amq.default"  # the name the API gives the nameless default exchange in paths
 QUEUE_MEMORY = 2048  # bytes a queue is taken to cost empty, for the memory estimate
-# an integer as a path segment or a body spells one: ASCII digits, at most the 4300 that int() reads
-INTEGER_TEXT = re.compile(r"[-+]?[0-9]{1,4300}")
 ENTRY_MEMORY = 120  # bytes a queued message is taken to cost besides its body, for the memory estimate
 
 
@@ -126,12 +124,6 @@ def arguments_of(body: dict) -> dict:
     """The arguments table of a request body (RabbitMQ ignores one that is not an object)."""
     arguments = body.get("arguments")
     return field_table(arguments) if isinstance(arguments, dict) else {}
-
-
-def integer_text(text: str) -> int | None:
-    """The integer text spells in ASCII digits, with an optional sign (str.isdigit also takes other scripts' digits
-    and superscripts, which int() refuses or reads); None for anything else."""
-    return int(text) if INTEGER_TEXT.fullmatch(text) else None
 
 
 def flag(request: web.Request, name: str) -> bool:

@@ -9,7 +9,7 @@ from aiohttp import web
 from broker.connection.tls import expiring
 
 from broker.management import http, messages
-from broker.management.resources import actor_of, channel_error, integer_text
+from broker.management.resources import actor_of, channel_error
 from broker.model import operations
 from protocol.errors import AMQPError
 
@@ -82,7 +82,7 @@ EXPIRY_UNITS = {"days": 1, "weeks": 7, "months": 30, "years": 365}
 async def certificates(request: web.Request) -> web.Response:
     """503 listing the served certificates (the amqps listener's, and its CA file) that expire within the given
     time, as RabbitMQ's check."""
-    within, unit = integer_text(request.match_info["within"]), request.match_info["unit"]
+    within, unit = http.integer_text(request.match_info["within"]), request.match_info["unit"]
     if within is None:
         raise http.bad_request("Invalid expiration value.")
     if unit not in EXPIRY_UNITS:
@@ -104,7 +104,7 @@ def _days_from_now(days: int) -> datetime.timedelta:
 
 @routes.get("/api/health/checks/port-listener/{port}")
 async def port_listener(request: web.Request) -> web.Response:
-    port = integer_text(request.match_info["port"])
+    port = http.integer_text(request.match_info["port"])
     if port is None:
         raise http.bad_request("Invalid port")
     ports = sorted(set(listeners(request).values()), reverse=True)

@@ -4,8 +4,8 @@ from aiohttp import web
 
 from broker.management import http, messages
 from broker.management.resources import (
-    UnackedCounts, actor_of, arguments_of, channel_error, consumer_json, find_queue, flag, integer_text, listing,
-    on_disk_or_undo, parse_bool, queue_json, readable_vhosts,
+    UnackedCounts, actor_of, arguments_of, channel_error, consumer_json, find_queue, flag, listing, on_disk_or_undo,
+    parse_bool, queue_json, readable_vhosts,
 )
 from broker.model import operations
 from protocol.errors import AMQPError
@@ -158,6 +158,6 @@ def _integer(value) -> int:
     """count and truncate: an integer, or a string of one (RabbitMQ reads both)."""
     if isinstance(value, int) and not isinstance(value, bool):
         return value
-    if isinstance(value, str) and (number := integer_text(value)) is not None:
+    if isinstance(value, str) and (number := http.integer_text(value)) is not None:
         return number
     raise http.ApiError(400, "bad_request", ["not_integer", value])
