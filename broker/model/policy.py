@@ -99,14 +99,15 @@ KEYS: dict[str, PolicyKey] = {
 class Policy:
     """One validated policy (or operator policy) of a vhost."""
 
-    def __init__(self, vhost: str, name: str, pattern: str, apply_to: str, priority: int | float, definition: dict):
+    def __init__(self, vhost: str, name: str, pattern: str, apply_to: str, priority: int | float, definition: dict,
+                 regex):
         self.vhost = vhost
         self.name = name
         self.pattern = pattern
         self.apply_to = apply_to  # "all", "queues" or "exchanges"
         self.priority = priority  # the highest matching one applies; RabbitMQ accepts any number
         self.definition = definition  # policy key -> value
-        self.regex = compile_pattern(pattern)
+        self.regex = regex  # pattern, compiled by patterns.compile_pattern
 
     def applies_to(self, kind: str, name: str) -> bool:
         """kind: "queues" or "exchanges"."""
@@ -125,11 +126,11 @@ def make_policy(vhost: str, name: str, pattern, definition, priority=0, apply_to
         raise PolicyError(f"priority should be a number, actually was {erlang_json(priority)}")
     if not isinstance(pattern, str):
         raise PolicyError(f"pattern should be a binary but was {erlang_json(pattern)}")
-    _check_regex(pattern)
+    regex = _compiled(pattern)
     if apply_to not in APPLY_TO:
         raise PolicyError(f"apply-to '{_plain(apply_to)}' unrecognised; should be 'queues', 'exchanges' or 'all'")
     _check_definition(definition, operator)
-    return Policy(vhost, name, pattern, apply_to, priority, dict(definition))
+    return Policy(vhost, name, pattern, apply_to, priority, dict(definition), regex)
 
 
 def _check_definition(definition, operator: bool) -> None:
@@ -172,9 +173,11 @@ _REGEX_PROBLEM = "pattern should be regular expression but is invalid: "
 _LINE_WIDTH = 80  # io_lib's ~p breaks a term that does not end before this column
 
 
-def _check_regex(pattern: str) -> None:
+def _compiled(pattern: str):
+    """pattern compiled; PolicyError with RabbitMQ's reason (PCRE's words) when it is not a regular expression, or
+    with why Warren cannot run it."""
     try:
-        compile_pattern(pattern)
+        return compile_pattern(pattern)
     except PatternError as error:
         raise PolicyError(str(error)) from None
     except re.error as error:
@@ -248,6 +251,12 @@ def choose(policies: Iterable[Policy], kind: str, name: str) -> Policy | None:
     return best
 
 
+def choose_both(policies: Iterable[Policy], operator_policies: Iterable[Policy], kind: str,
+                name: str) -> tuple[Policy | None, Policy | None]:
+    """The policy and the operator policy that apply to the queue or exchange kind called name."""
+    return choose(policies, kind, name), choose(operator_policies, kind, name)
+
+
 def merged_definition(policy: Policy | None, operator_policy: Policy | None) -> dict:
     """The keys of a policy and an operator policy together (RabbitMQ's effective_policy_definition)."""
     merged = dict(policy.definition) if policy is not None else {}
@@ -302,8 +311,9 @@ class PolicySnapshot(NamedTuple):
     operator_policies: list  # its operator policies
 
     def choose(self) -> PolicyChoices:
-        def chosen(kind: str, name: str) -> tuple:
-            return choose(self.policies, kind, name), choose(self.operator_policies, kind, name)
-
-        return PolicyChoices(self.version, [(queue, chosen("queues", queue.name)) for queue in self.queues],
-                             [(exchange, chosen("exchanges", exchange.name)) for exchange in self.exchanges])
+        policies, operator_policies = self.policies, self.operator_policies
+        return PolicyChoices(
+            self.version,
+            [(queue, choose_both(policies, operator_policies, "queues", queue.name)) for queue in self.queues],
+            [(exchange, choose_both(policies, operator_policies, "exchanges", exchange.name))
+             for exchange in self.exchanges])

@@ -18,7 +18,7 @@ from broker.model.counters import NodeCounters
 from broker.model.exchange import EXCHANGE_TYPES, Binding, DelayedExchange, DirectExchange, Exchange
 from broker.model.features.delayed_messages import DelayedMessages
 from broker.model.features.length_limit import APPENDED, ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, REFUSED
-from broker.model.policy import Policy, PolicyChoices, PolicySnapshot, choose, make_policy
+from broker.model.policy import Policy, PolicyChoices, PolicySnapshot, choose_both, make_policy
 from broker.model.queue import Queue
 from broker.model.stream import Stream
 from broker.model.routing.headers import validate_x_match
@@ -144,7 +144,7 @@ class VirtualHost:
     # --- policies -------------------------------------------------------------------------------------------
     def policies_for(self, kind: str, name: str) -> tuple[Policy | None, Policy | None]:
         """The policy and operator policy that apply to the queue or exchange kind ("queues"/"exchanges")."""
-        return choose(self.policies.values(), kind, name), choose(self.operator_policies.values(), kind, name)
+        return choose_both(self.policies.values(), self.operator_policies.values(), kind, name)
 
     def set_policy(self, name: str, pattern, definition, priority=0, apply_to="all",
                    operator: bool = False, reapply: bool = True) -> Policy:
@@ -183,8 +183,8 @@ class VirtualHost:
     def policy_snapshot(self) -> PolicySnapshot:
         """The queues, exchanges and policies as they are now, to choose policies for away from the event loop:
         with a costly pattern, matching every name of a big vhost takes seconds."""
-        return PolicySnapshot(self.policies_version, list(self.queues.values()),
-                              [exchange for exchange in self.exchanges.values() if exchange is not self.default_exchange],
+        exchanges = [exchange for exchange in self.exchanges.values() if exchange is not self.default_exchange]
+        return PolicySnapshot(self.policies_version, list(self.queues.values()), exchanges,
                               list(self.policies.values()), list(self.operator_policies.values()))
 
     def apply_policy_choices(self, choices: PolicyChoices) -> None:
@@ -495,4 +495,3 @@ class VirtualHost:
     def connection_closed(self, connection: "QueueOwner") -> None:
         for queue in list(connection.exclusive_queues):
             self.delete_queue(queue)
-
