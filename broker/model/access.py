@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from broker.model.patterns import compile_pattern as compile_user_pattern
+from broker.model.patterns import compile_pattern
 from protocol import errors
 
 if TYPE_CHECKING:
@@ -72,10 +72,10 @@ class User:
                 "hashing_algorithm": self.hashing_algorithm, "tags": list(self.tags), "limits": dict(self.limits)}
 
 
-def compile_pattern(pattern: str):
+def permission_pattern(pattern: str):
     """A permission regex as RabbitMQ reads it (searched anywhere in the name); "" grants nothing (None).
     patterns.PatternError or re.error when it cannot be used."""
-    return compile_user_pattern(pattern) if pattern else None
+    return compile_pattern(pattern) if pattern else None
 
 
 @dataclass
@@ -90,7 +90,7 @@ class Permission:
     patterns: dict = field(default_factory=dict, repr=False, compare=False)  # access kind -> compiled, or None
 
     def __post_init__(self) -> None:
-        self.patterns = {kind: compile_pattern(getattr(self, kind)) for kind in ACCESS_KINDS}
+        self.patterns = {kind: permission_pattern(getattr(self, kind)) for kind in ACCESS_KINDS}
 
     def allows(self, access: str, name: str) -> bool:
         pattern = self.patterns[access]
