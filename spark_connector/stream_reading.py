@@ -69,7 +69,7 @@ def probe_offset(uri: str, stream: str, spec: Any, timeout: float = FIRST_DELIVE
         channel.basic_qos(prefetch_count=1)
         deliveries = channel.consume(stream, arguments={"x-stream-offset": spec}, inactivity_timeout=timeout)
         method, properties, _ = next(deliveries)
-        _take_the_rest(connection, channel, deliveries)  # RabbitMQ sends a whole chunk, prefetch 1 or not
+        _take_the_rest(channel, deliveries, 1)  # RabbitMQ sends a whole chunk, prefetch 1 or not
         return None if method is None else _offset_of(properties)
     except pika.exceptions.ChannelClosedByBroker as error:
         raise StreamReadError(f"cannot read stream {stream!r}: {error.reply_text}") from error
@@ -210,12 +210,12 @@ def read_range(uri: str, stream: str, low: int, high: int, prefetch: int, fail_o
             if offset + window < high and (unacked >= window // 2 or offset + window + window // 2 >= high):
                 channel.basic_ack(method.delivery_tag, multiple=True)
                 unacked = 0
-        _take_the_rest(connection, channel, deliveries)
+        _take_the_rest(channel, deliveries, window)
     except pika.exceptions.ChannelClosedByBroker as error:
         raise StreamReadError(f"cannot read stream {stream!r}: {error.reply_text}") from error
     except StreamReadError:
         try:
-            _take_the_rest(connection, channel, deliveries)  # leaving on data loss (or a stall): no reject either
+            _take_the_rest(channel, deliveries, window)  # leaving on data loss (or a stall): no reject either
         except pika.exceptions.AMQPError:  # the connection went meanwhile: nothing to reject
             pass
         raise
@@ -223,11 +223,13 @@ def read_range(uri: str, stream: str, low: int, high: int, prefetch: int, fail_o
         _close(connection)
 
 
-def _take_the_rest(connection: pika.BlockingConnection, channel: Any, deliveries: Iterator) -> None:
-    """Take the deliveries still on their way (their credit was given before the range ended) until none came for
-    QUIET_SECONDS, so that none is left for pika to reject when the channel closes."""
+def _take_the_rest(channel: Any, deliveries: Iterator, prefetch: int) -> None:
+    """Take the deliveries still on their way (their credit was given before the range ended), so that none is left
+    for pika to reject when the channel closes. A basic.qos round trip is the barrier: the broker answers it after
+    every delivery it sent before (RabbitMQ sends a chunk whole, at once), and the credit given ends with what was
+    asked for, so nothing more is sent. Asking again for the same prefetch changes nothing of the consumer's."""
     while True:
-        connection.process_data_events(time_limit=QUIET_SECONDS)
+        channel.basic_qos(prefetch_count=prefetch)
         waiting = channel.get_waiting_message_count()
         if not waiting:
             return
