@@ -33,6 +33,47 @@ def pytest_sessionstart(session) -> None:
         pytest.exit(refused, returncode=2)
 
 
+# `make test` runs the suite on several processes at once (pytest-xdist), then the tests marked `alone` by
+# themselves: these time the broker, or what runs at the same time, which other tests' load would blur.
+# Tests that run one after another in one process, in this order, ahead of the rest so that the longest stretches
+# start first: the Spark driver processes the replay scenarios start and kill (test_stream_exactly_once), the tests
+# sharing one SparkSession, and the clusters on one etcd and its network namespaces.
+SERIAL_GROUPS = {"test_stream_exactly_once.py": "spark-drivers", "spark": "spark", "cluster": "cluster"}
+GROUP_ORDER = list(dict.fromkeys(SERIAL_GROUPS.values()))
+
+
+def serial_group(path: Path) -> str | None:
+    return SERIAL_GROUPS.get(path.name) or SERIAL_GROUPS.get(path.parent.name)
+
+
+def pytest_collection_modifyitems(items) -> None:
+    items.sort(key=lambda item: GROUP_ORDER.index(group) if (group := serial_group(item.path)) else len(GROUP_ORDER))
+
+
+def pytest_configure(config) -> None:
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(SerialGroupScheduling())
+
+
+class SerialGroupScheduling:
+    """`--dist loadgroup` as this suite means it: the tests of a serial group go to one process, in the order
+    collected (groups first); every other test goes to whichever process is free. (pytest-xdist's own loadgroup
+    reads groups from node ids it rewrites, which pytest 9.2 no longer reads back.)"""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_xdist_make_scheduler(self, config, log):
+        if config.getvalue("dist") != "loadgroup":
+            return None
+        from xdist.scheduler import LoadScopeScheduling
+
+        class Scheduling(LoadScopeScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                return serial_group(Path(nodeid.split("::")[0])) or nodeid
+
+        config.option.loadscopereorder = False  # keep the collection's order: the groups first
+        return Scheduling(config, log)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -346,6 +346,7 @@ def test_a_rabbitmq_export_imports_into_warren_and_warrens_back_into_rabbitmq(re
     check_definitions_apply(reference, vhost, user, "rt-pass")
 
 
+@pytest.mark.alone
 def test_a_big_import_lets_other_clients_go_on(own_broker):
     """30,000 queues, imported in slices: an AMQP client's round trips stay quick meanwhile (in one piece, such an
     import held the event loop for seconds)."""

@@ -222,6 +222,7 @@ def scrape_while_another_client_works(broker, ch, path: str, queue: str) -> tupl
     return result["seconds"], max(round_trips), result["text"]
 
 
+@pytest.mark.alone
 @pytest.mark.slow
 def test_a_scrape_of_ten_thousand_queues_is_quick_and_other_clients_are_not_held_up(own_broker, unique):
     broker = own_broker()

@@ -97,6 +97,7 @@ def long_names(unique: str, count: int) -> list[str]:
     return [unique + "-" + "".join(letters.choice("ab") for _ in range(250 - len(unique))) for _ in range(count)]
 
 
+@pytest.mark.alone
 def test_a_filter_slow_on_every_name_does_not_hold_amqp_up_while_it_runs(broker, unique):
     """The costliest pattern RE2 takes, over a thousand queues: the filter runs for a second, and AMQP clients go
     on meanwhile."""
@@ -109,6 +110,7 @@ def test_a_filter_slow_on_every_name_does_not_hold_amqp_up_while_it_runs(broker,
     assert slowest < 0.1, f"slowest round trip: {slowest * 1000:.0f} ms"
 
 
+@pytest.mark.alone
 def test_a_policy_slow_on_every_name_is_applied_without_holding_amqp_up(broker, unique):
     names = long_names(unique, 1000)
     with open_channel(broker) as ch:

@@ -18,11 +18,14 @@ import os
 import resource
 import time
 
+import pytest
 from pamqp import commands
 
 from tests.integration.management import quote, request, set_policy
 from tests.integration.rawclient import RawClient
 from tests.robustness.attackers import p99, stop_all
+
+pytestmark = pytest.mark.alone  # it times AMQP round trips while the API is abused
 
 ATTACK_SECONDS = 6.0
 LATENCY_P99_BOUND = 0.05  # seconds; the broker answers a round trip in well under 1 ms when left alone

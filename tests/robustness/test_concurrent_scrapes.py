@@ -15,6 +15,8 @@ import pytest
 
 from tests.integration.helpers import connect
 
+pytestmark = pytest.mark.alone  # it times AMQP round trips during concurrent scrapes
+
 QUEUES = 10_000
 SCRAPES = 40
 

@@ -7,9 +7,12 @@ from __future__ import annotations
 import struct
 import time
 
+import pytest
 from pamqp import commands
 
 from tests.integration.rawclient import PeerClosed, RawClient, raw_frame
+
+pytestmark = pytest.mark.alone  # it times how long hostile frames take to decode
 
 QUEUE_DECLARE = struct.pack(">HH", 50, 10)
 BASIC_PUBLISH = struct.pack(">HH", 60, 40)

@@ -13,10 +13,13 @@ import socket
 import struct
 import time
 
+import pytest
 from pamqp import commands
 
 from tests.integration.rawclient import AMQP_0_9_1_HEADER, RawClient, raw_frame
 from tests.robustness.attackers import p99, stop_all
+
+pytestmark = pytest.mark.alone  # it times a logged-in client's round trips while others hammer the broker
 
 ATTACKERS = 2  # processes, so that the attackers do not share the measuring client's interpreter
 ATTACK_SECONDS = 3.0

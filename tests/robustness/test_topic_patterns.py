@@ -7,6 +7,8 @@ import pytest
 from tests.bench.adversarial import median_match_ms
 from tests.unit.test_topic import ADVERSARIAL_SETS
 
+pytestmark = pytest.mark.alone  # it times adversarial topic matches
+
 SINGLE_BINDING_SETS = [name for name, patterns in ADVERSARIAL_SETS.items() if len(patterns) == 1]
 LADDERS = [name for name, patterns in ADVERSARIAL_SETS.items() if len(patterns) > 1]
 

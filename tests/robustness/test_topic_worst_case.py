@@ -13,6 +13,8 @@ from broker.model.routing.topic import TopicTrie
 from tests.bench.topic_match import WORST_KEYS, WORST_SETS
 from tests.unit.test_topic import dp_match
 
+pytestmark = pytest.mark.alone  # it times the worst topic matches
+
 SINGLE_BINDINGS = [name for name, patterns in WORST_SETS.items() if len(patterns) == 1]
 
 

@@ -22,10 +22,15 @@ BOUNDED_WAIT_SECONDS = 60.0
 
 
 @pytest.fixture(scope="session")
-def spark():
+def spark_installed() -> None:
+    """What a Spark driver needs here (the tests that start drivers of their own ask for this alone)."""
     if shutil.which("java") is None:
         pytest.skip("Spark tests need a Java runtime (java not found on PATH)")
     pytest.importorskip("pyarrow", reason="the Python data source API needs pyarrow")
+
+
+@pytest.fixture(scope="session")
+def spark(spark_installed):
     from pyspark.sql import SparkSession
 
     import spark_connector
