@@ -35,19 +35,22 @@ def pytest_sessionstart(session) -> None:
 
 # `make test` runs the suite on several processes at once (pytest-xdist), then the tests marked `alone` by
 # themselves: these time the broker, or what runs at the same time, which other tests' load would blur.
-# Tests that run one after another in one process, in this order, ahead of the rest so that the longest stretches
-# start first: the Spark driver processes the replay scenarios start and kill (test_stream_exactly_once), the tests
-# sharing one SparkSession, and the clusters on one etcd and its network namespaces.
-SERIAL_GROUPS = {"test_stream_exactly_once.py": "spark-drivers", "spark": "spark", "cluster": "cluster"}
-GROUP_ORDER = list(dict.fromkeys(SERIAL_GROUPS.values()))
+# Folders whose tests run one after another in one process, ahead of the rest so that the longest stretches start
+# first: the Spark tests (one SparkSession, and drivers of their own that two at once would starve) and the clusters
+# on one etcd and its network namespaces. Within Spark's, the replay scenarios that start and kill drivers go first.
+SERIAL_GROUPS = ["spark", "cluster"]
+FIRST_IN_GROUP = {"test_stream_exactly_once.py"}
 
 
 def serial_group(path: Path) -> str | None:
-    return SERIAL_GROUPS.get(path.name) or SERIAL_GROUPS.get(path.parent.name)
+    return path.parent.name if path.parent.name in SERIAL_GROUPS else None
 
 
 def pytest_collection_modifyitems(items) -> None:
-    items.sort(key=lambda item: GROUP_ORDER.index(group) if (group := serial_group(item.path)) else len(GROUP_ORDER))
+    def place(item) -> tuple[int, bool]:
+        group = serial_group(item.path)
+        return (SERIAL_GROUPS.index(group) if group else len(SERIAL_GROUPS), item.path.name not in FIRST_IN_GROUP)
+    items.sort(key=place)
 
 
 def pytest_configure(config) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -116,6 +118,10 @@ def test_the_leftovers_of_a_killed_run_are_removed(network):
     run("ip", "netns", "add", namespace)
     leftover = subprocess.Popen(["ip", "netns", "exec", namespace, "sleep", "60"])
     try:
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{leftover.pid}/comm").read_text().strip() != "sleep":  # inside the namespace by now
+            assert leftover.poll() is None and time.monotonic() < deadline, "ip netns exec did not start sleep"
+            time.sleep(0.01)
         assert namespace in remove_stale()
         assert leftover.wait(5) == -9
         namespaces = run("ip", "netns", "list")
