@@ -64,7 +64,8 @@ class Snapshot:
     connections: int = 0
     channels: int = 0
     consumers: int = 0
-    channel_consumers: list[tuple[str, int]] = field(default_factory=list)  # (channel's name, its consumers)
+    # (channel's name, its consumers) of every channel: taken for the per-object endpoint only
+    channel_consumers: list[tuple[str, int]] = field(default_factory=list)
     publishers: int = 0
     counters: dict[str, int] = field(default_factory=dict)  # NodeCounters' plain counters
     # queue type -> QUEUE_COUNTERS summed over its queues, live and deleted
@@ -76,14 +77,16 @@ class Snapshot:
     open_files: int = 0
 
 
-async def take_snapshot(server: "Server") -> Snapshot:
-    """Copy the numbers a scrape needs, yielding to the event loop every SLICE seconds."""
+async def take_snapshot(server: "Server", per_object: bool) -> Snapshot:
+    """Copy the numbers a scrape needs (those of each channel when per_object), yielding to the event loop every
+    SLICE seconds."""
     snapshot = Snapshot(server)
     connections = [connection for connection in server.connections if connection.vhost is not None]
     channels = [channel for connection in connections for channel in connection.channels.values()]
     snapshot.connections, snapshot.channels = len(connections), len(channels)
-    snapshot.channel_consumers = [(http.channel_name(channel), len(channel.consumers)) for channel in channels]
-    snapshot.consumers = sum(consumers for _, consumers in snapshot.channel_consumers)
+    snapshot.consumers = sum(len(channel.consumers) for channel in channels)
+    if per_object:
+        snapshot.channel_consumers = [(http.channel_name(channel), len(channel.consumers)) for channel in channels]
     snapshot.publishers = sum(channel.publish_count > 0 for channel in channels)
     counters = server.node.counters
     snapshot.counters = {name: getattr(counters, name) for name in counters.__slots__
@@ -243,7 +246,7 @@ def families(snapshot: Snapshot, per_object: bool) -> Iterator:
         family.add_metric(PROTOCOL, value)
         yield family
     yield from _queue_families(snapshot.queues, per_object)
-    yield _channel_consumers(snapshot.channel_consumers, per_object)
+    yield _channel_consumers(snapshot, per_object)
     yield from [
         _gauge("rabbitmq_connections", "Connections currently open", snapshot.connections),
         _gauge("rabbitmq_channels", "Channels currently open", snapshot.channels),
@@ -282,15 +285,15 @@ def _queue_families(queues: list[QueueSample], per_object: bool) -> Iterator:
         yield "".join(lines).encode()
 
 
-def _channel_consumers(channels: list[tuple[str, int]], per_object: bool) -> GaugeMetricFamily:
+def _channel_consumers(snapshot: Snapshot, per_object: bool) -> GaugeMetricFamily:
     """RabbitMQ's rabbitmq_channel_consumers (on its Grafana dashboard): summed over the channels, or one series per
     channel labelled with its name (RabbitMQ's label is the channel process's id; Warren's channels have none, and
     the name is what its management API shows)."""
     name, documentation = "rabbitmq_channel_consumers", "Consumers on a channel"
     if not per_object:
-        return GaugeMetricFamily(name, documentation, value=sum(consumers for _, consumers in channels))
+        return GaugeMetricFamily(name, documentation, value=snapshot.consumers)
     family = GaugeMetricFamily(name, documentation, labels=["channel"])
-    for channel, consumers in channels:
+    for channel, consumers in snapshot.channel_consumers:
         family.add_metric([channel], consumers)
     return family
 
@@ -389,7 +392,7 @@ def exposition(snapshot: Snapshot, per_object: bool) -> bytes:
 
 async def render(server: "Server", per_object: bool) -> bytes:
     """One scrape's text: the snapshot on the event loop, the formatting on a worker thread."""
-    snapshot = await take_snapshot(server)
+    snapshot = await take_snapshot(server, per_object)
     return await asyncio.get_running_loop().run_in_executor(None, exposition, snapshot, per_object)
 
 

@@ -34,7 +34,7 @@ class ManagementServer:
         self.slots = slots  # how many connections it holds at most
 
     async def serve(self) -> None:
-        """Start answering on the port listen() took, and say so."""
+        """Start answering on the port take() took, and say so."""
         await self.listener.start_serving()
         host = self.listener.sockets[0].getsockname()[0]
         log.info("%s listening on %s:%d (%d connections at most)", self.what, host, self.port, self.slots.limit)
