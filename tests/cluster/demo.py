@@ -96,12 +96,17 @@ def describe(observer: Observer) -> str:
         f", in sync: {', '.join(isr) if isr else 'none known'}"
 
 
+def interactive() -> bool:
+    """Whether stdin is a terminal, where Enter can be pressed."""
+    return sys.stdin is not None and sys.stdin.isatty()
+
+
 def watch(nodes: list[Node], observer: Observer, etcd: EtcdServer) -> None:
     """Report changes until interrupted (or until etcd exits); a line on stdin (Enter) starts every node that exited
     again."""
     state = describe(observer)
     exited: set[str] = set()
-    stdin = [sys.stdin] if sys.stdin is not None and sys.stdin.isatty() else []
+    stdin = [sys.stdin] if interactive() else []
     while True:
         if stdin and select.select(stdin, [], [], POLL)[0]:
             if not sys.stdin.readline():
@@ -173,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                   "leader; a follower's management port answers 503 naming its state)")
         print("Connect to any node: a follower forwards the connection to the leader. kill -9 the leader's pid to "
               f"watch a failover (lease_ttl {args.lease_ttl:g} s); changes are reported below.")
-        restart = "Enter starts the nodes that exited again. " if sys.stdin is not None and sys.stdin.isatty() else ""
+        restart = "Enter starts the nodes that exited again. " if interactive() else ""
         print(f"{restart}Ctrl-C (or SIGTERM) stops all three nodes and etcd; their data stays in {root} for the next "
               "run (remove it to start afresh).", flush=True)
         watch(nodes, observer, etcd)

@@ -232,8 +232,8 @@ def test_the_open_files_limit_is_raised_to_the_hard_limit_and_logged(own_broker)
     assert f"open files limit: {hard}" in broker.log()
 
 
-@pytest.mark.alone
 # --- failed logins, logs, query values ------------------------------------------------------------------------
+@pytest.mark.alone
 def test_failed_api_logins_are_answered_more_and_more_slowly(own_broker, tmp_path):
     broker = configured(own_broker, tmp_path, "[amqp]\nfailed_login_delay = 0.3\n")
     took = []

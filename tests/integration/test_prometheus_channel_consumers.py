@@ -3,16 +3,9 @@ a gauge of the consumers on the channels, summed in /metrics and per channel in 
 
 from __future__ import annotations
 
-import urllib.request
-
 from tests.integration.helpers import connect, declare_queue
 from tests.integration.management import wait_for
-from tests.integration.test_prometheus import scrape_until
-
-
-def text(broker, path: str) -> str:
-    with urllib.request.urlopen(f"http://{broker.host}:{broker.prometheus_port}{path}", timeout=10) as response:
-        return response.read().decode()
+from tests.integration.test_prometheus import fetch, scrape_until
 
 
 def total(samples) -> float:
@@ -20,8 +13,9 @@ def total(samples) -> float:
 
 
 def test_channel_consumers_are_counted_per_channel_and_in_total(broker, unique):
-    assert "# TYPE rabbitmq_channel_consumers gauge\n" in text(broker, "/metrics")
-    assert "# HELP rabbitmq_channel_consumers Consumers on a channel\n" in text(broker, "/metrics")
+    exposition = fetch(broker, "/metrics")
+    assert "# TYPE rabbitmq_channel_consumers gauge\n" in exposition
+    assert "# HELP rabbitmq_channel_consumers Consumers on a channel\n" in exposition
     before = total(scrape_until(broker, "/metrics", lambda samples: "rabbitmq_channel_consumers" in samples))
     with connect(broker) as conn:
         first, second = conn.channel(), conn.channel()

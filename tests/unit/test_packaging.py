@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from broker import compiled
+from tests.unit.test_docs_links import markdown_pages
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -113,7 +114,7 @@ def test_the_docker_image_copies_every_package_pyproject_installs():
 
 def test_the_docs_and_the_compose_file_give_the_same_compose_command():
     command = re.compile(r"docker compose -f docker/compose\.yaml up[^`\n]*")
-    docs = "\n".join(page.read_text() for page in [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))])
+    docs = "\n".join(page.read_text() for page in markdown_pages())
     readme = {found.strip() for found in command.findall(docs)}
     compose_comment = "\n".join(line for line in (REPO_ROOT / "docker" / "compose.yaml").read_text().splitlines()
                                 if line.startswith("#"))
