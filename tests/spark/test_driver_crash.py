@@ -26,7 +26,6 @@ def load_pipeline():
     return module
 
 
-@pytest.mark.timeout(300)  # a driver of its own, then a query: under a minute alone, more beside other tests
 def test_killed_driver_resumes_from_checkpoint_without_loss(spark, broker, amqp, unique, tmp_path):
     pipeline = load_pipeline()
     source, target = f"{unique}-orders", f"{unique}-enriched"
