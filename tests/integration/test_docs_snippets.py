@@ -122,7 +122,7 @@ def test_a_shell_command_runs_or_names_what_exists(page, words, broker):
         if program == "rabbitmqadmin" and shutil.which("rabbitmqadmin") is None:
             pytest.skip("rabbitmqadmin comes with Debian's rabbitmq-server package, not installed here")
         executable = shutil.which(program) or str(Path(sys.executable).parent / program)
-        result = subprocess.run([executable, *shlex.split(with_broker_ports(shlex.join(arguments), broker))],
+        result = subprocess.run([executable, *(with_broker_ports(word, broker) for word in arguments)],
                                 capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stderr
     elif program == "make":

@@ -22,10 +22,12 @@ pytestmark = pytest.mark.skipif(bool(EXTERNAL_URL), reason="starts broker proces
 EXIT_TIMEOUT = 30  # seconds a broker that cannot start gets to say so (it normally takes a fraction of one)
 
 
-def run_broker(data_dir: Path, port: int | None = None, user: int | None = None) -> subprocess.CompletedProcess:
-    """Run a broker that is expected to exit at once; `user` runs it under that uid (and gid)."""
+def run_broker(data_dir: Path, port: int | None = None, user: int | None = None,
+               extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """Run a broker that is expected to exit at once; `user` runs it under that uid (and gid); `extra` options come
+    last (a later option overrides an earlier one)."""
     command = [sys.executable, "-m", "broker", "--host", "127.0.0.1", "--port", str(port or free_port()),
-               "--data-dir", str(data_dir), "--management-port", "0", "--prometheus-port", "0"]
+               "--data-dir", str(data_dir), "--management-port", "0", "--prometheus-port", "0", *extra]
     if user is not None:
         command = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *command]
     return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=EXIT_TIMEOUT)
@@ -109,9 +111,7 @@ def test_an_http_port_in_use_is_reported_before_the_data_dir_is_touched(tmp_path
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        command = [sys.executable, "-m", "broker", "--host", "127.0.0.1", "--port", str(free_port()),
-                   "--data-dir", str(data_dir), "--management-port", "0", "--prometheus-port", "0", option, str(port)]
-        result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=EXIT_TIMEOUT)
+        result = run_broker(data_dir, extra=(option, str(port)))
     assert_refused(result, f"cannot listen on 127.0.0.1:{port} for the {what}: Address already in use")
     assert not data_dir.exists()  # no default user made in a new data dir that then cannot serve
 
