@@ -3,23 +3,33 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import gc
 import logging
 import os
 import resource
-import signal
 import sys
+from pathlib import Path
 from typing import NamedTuple
 
 import uvloop
 
 from broker import compiled, logs
 from broker.config import LOG_FORMATS, LOG_LEVELS, ConfigError, load_config
-from broker.connection.server import Server, StartupError, version
+from broker.connection.server import Server, StartupError, stop_on_signals, version
 from broker.management.server import take_management, take_prometheus
+from broker.workers.placement import Placement, PlacementError
 
 log = logging.getLogger("broker")
+
+
+def workers_argument(text: str) -> int | str:
+    """--workers: a number, or "auto" (the config's check says what a bad number is)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or auto, got {text!r}") from None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -27,6 +37,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--config", help="TOML config file (see docker/warren.toml)")
     parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="AMQP port (default 5672; 0 picks a free one)")
+    parser.add_argument("--workers", type=workers_argument,
+                        help="worker processes, each leading a share of the vhosts (default 1; auto = one per core)")
     parser.add_argument("--data-dir", dest="data_dir", help="directory for durable state (default ./data)")
     parser.add_argument("--log-level", dest="log_level", choices=LOG_LEVELS, help="default info")
     parser.add_argument("--log-format", dest="log_format", choices=LOG_FORMATS,
@@ -44,7 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # Settings that may come from the environment (above the config file, below the command line), so that a password
 # need not appear in a config file or on a command line (the Docker image's WARREN_DEFAULT_USER/PASS).
 ENVIRONMENT = {"default_user": "WARREN_DEFAULT_USER", "default_pass": "WARREN_DEFAULT_PASS"}
-COMMAND_LINE = ("host", "port", "data_dir", "log_level", "log_format", "management_port", "prometheus_port",
+COMMAND_LINE = ("host", "port", "data_dir", "workers", "log_level", "log_format", "management_port", "prometheus_port",
                 "tls_port")
 
 
@@ -60,14 +72,6 @@ def config_overrides(args: argparse.Namespace, environ: dict[str, str]) -> dict:
 GC_THRESHOLD = 50_000
 
 
-def stop_on_signals() -> asyncio.Event:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    return stop
-
-
 async def serve_clustered(config, files: OpenFiles) -> None:
     """One node of a cluster ([cluster] etcd_endpoints): it follows or leads as etcd decides (cluster.node)."""
     from cluster.node import ClusterNode, make_coordinator  # a single node never loads the cluster's packages
@@ -79,10 +83,27 @@ async def serve_clustered(config, files: OpenFiles) -> None:
     log.info("shutting down")
 
 
+async def serve_workers(config, files: OpenFiles) -> None:
+    """Several worker processes behind one AMQP port ([server] workers, broker.workers)."""
+    from broker.workers.supervisor import supervise  # one process never loads the supervisor
+
+    say_open_files_limit(config, files)
+    await supervise(config, config.workers)
+
+
 async def serve(config, files: OpenFiles) -> None:
     if config.cluster_etcd_endpoints:
         await serve_clustered(config, files)
         return
+    if config.workers > 1:
+        await serve_workers(config, files)
+        return
+    try:  # a data dir that several workers used keeps vhosts in stores one process would not read
+        Placement.load(Path(config.data_dir), workers=1)
+    except PlacementError as error:
+        raise StartupError(str(error)) from error
+    except OSError:
+        pass  # the server's own check of the data dir says what is wrong with it
     gc.set_threshold(GC_THRESHOLD)
     server = Server(config)
     await server.take_ports()  # every port, the HTTP ones too, before the data dir is touched

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field, fields
@@ -25,6 +26,9 @@ class Config:
     host: str = "127.0.0.1"
     port: int = 5672
     data_dir: str = "./data"
+    # Worker processes behind the AMQP port, each leading a share of the vhosts ("auto": one per core), as
+    # broker.workers runs them; 1 = one process, as ever
+    workers: int = 1
     log_level: str = "info"
     log_format: str = "text"  # one of LOG_FORMATS
     frame_max: int = DEFAULT_FRAME_MAX  # largest frame offered in connection.tune
@@ -92,8 +96,8 @@ class Config:
 # Which TOML section each key lives in. A key of a section in PREFIXED_SECTIONS is the Config field of the same name
 # prefixed with the section's ([management] port = management_port).
 SECTIONS = {
-    "server": ("host", "port", "data_dir", "log_level", "log_format", "cluster_name", "memory_high_watermark",
-               "memory_limit", "queue_messages_in_memory", "load_definitions"),
+    "server": ("host", "port", "data_dir", "workers", "log_level", "log_format", "cluster_name",
+               "memory_high_watermark", "memory_limit", "queue_messages_in_memory", "load_definitions"),
     "management": ("host", "port", "tls", "collect_statistics_interval", "max_body_size", "max_connections",
                    "hostnames"),
     "prometheus": ("host", "port", "max_connections"),
@@ -140,6 +144,8 @@ def _checked(values: dict) -> Config:
     """The config of values over the defaults, each of the expected type and range (ConfigError naming the first
     that is not)."""
     types = {f.name: f.type for f in fields(Config)}
+    if values.get("workers") == "auto":
+        values = {**values, "workers": os.cpu_count() or 1}
     for key, value in values.items():
         kind, described, item_kind = _EXPECTED_TYPES[types[key]]
         if (not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool)
@@ -271,7 +277,28 @@ def _validate_http(config: Config) -> None:
             raise ConfigError(f"management hostnames must be DNS names (letters, digits, '-' and '.'), got {name!r}")
 
 
+MAX_WORKERS = 256  # the most worker processes a node may run
+
+
+def _validate_workers(config: Config) -> None:
+    """Several workers serve AMQP over TCP for now: the management API, the metrics, amqps and a cluster do not yet
+    reach across them, and are refused rather than showing one worker's share."""
+    if not 1 <= config.workers <= MAX_WORKERS:
+        raise ConfigError(f"workers must be \"auto\" or between 1 and {MAX_WORKERS}, got {config.workers}")
+    if config.workers == 1:
+        return
+    taken = [name for name, used in (("management port", config.management_port),
+                                      ("prometheus port", config.prometheus_port),
+                                      ("tls certfile", config.tls_certfile),
+                                      ("cluster etcd_endpoints", config.cluster_etcd_endpoints)) if used]
+    if taken:
+        raise ConfigError(f"workers = {config.workers} does not yet go with {', '.join(taken)}: several workers "
+                          "serve AMQP alone for now (set management port and prometheus port to 0, and leave [tls] "
+                          "and [cluster] out)")
+
+
 def _validate(config: Config) -> None:
+    _validate_workers(config)
     _validate_cluster(config)
     _validate_http(config)
     for key in PORTS:

@@ -51,14 +51,20 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        if hasattr(record, "worker"):
+            entry["worker"] = record.worker
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         # json.dumps escapes the C0 controls; the C1 ones and the separators would stay as they are
         return _UNPRINTABLE.sub(_json_escape, json.dumps(entry, ensure_ascii=False))
 
 
-def configure(level: str, log_format: str) -> None:
-    """Send every log line to standard error, at ``level`` and above, in ``log_format`` ("text" or "json")."""
+def configure(level: str, log_format: str, worker: int | None = None) -> None:
+    """Send every log line to standard error, at ``level`` and above, in ``log_format`` ("text" or "json"); a
+    worker process's lines name it ("worker 1" before the logger's name, or a "worker" key)."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter(TEXT_FORMAT))
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter(
+        TEXT_FORMAT if worker is None else TEXT_FORMAT.replace("%(name)s", f"worker {worker} %(name)s")))
+    if worker is not None:
+        handler.addFilter(lambda record: setattr(record, "worker", worker) or True)
     logging.basicConfig(level=level.upper(), handlers=[handler])

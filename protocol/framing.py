@@ -85,6 +85,10 @@ class FrameReader:
             self._partial += memoryview(data)[offset:]
         return frames
 
+    def pending(self) -> bytes:
+        """The bytes of a frame begun but not complete (b"" if none)."""
+        return bytes(self._partial)
+
     def frame_end(self, data: bytes) -> int:
         """How many bytes of data complete the next frame (the one begun in an earlier chunk, if any): len(data) when
         it does not end in data. Feeding a chunk up to there reads that one frame alone, for a caller whose next frame

@@ -9,10 +9,9 @@ code knows is refused: its records may mean what this code cannot tell.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from storage.segments import fsync_directory
+from storage.segments import write_durably
 
 FORMAT_FILE = "format"
 CURRENT = 2  # the version this code writes
@@ -42,16 +41,5 @@ def check_and_mark(data_dir: Path) -> int:
         raise UnsupportedFormat(f"data dir {data_dir} has store format {found}, written by a newer Warren; this "
                                 f"version reads formats up to {CURRENT}: refusing to start (run the newer version)")
     if found != CURRENT:
-        _write(path, f"{CURRENT}\n")
+        write_durably(path, f"{CURRENT}\n")
     return found
-
-
-def _write(path: Path, text: str) -> None:
-    """Replace ``path`` atomically and durably."""
-    temporary = path.with_suffix(".snapshot")
-    with open(temporary, "w", encoding="ascii") as file:
-        file.write(text)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, path)
-    fsync_directory(path.parent)

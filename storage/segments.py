@@ -46,6 +46,17 @@ def fsync_directories(directories: set[Path]) -> int:
     return count
 
 
+def write_durably(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` atomically and durably (a temporary file beside it, fsynced, renamed over it)."""
+    temporary = path.with_suffix(".snapshot")
+    with open(temporary, "w", encoding="utf-8") as file:
+        file.write(text)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)
+    fsync_directory(path.parent)
+
+
 def make_directories(directory: Path, changed: set[Path]) -> None:
     """Make ``directory`` and whichever of its parents are missing; the parent of each one made joins ``changed``
     (its entries changed): fsync them (``fsync_directories``) before anything inside is relied on."""

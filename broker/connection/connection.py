@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
 from pamqp import commands as spec
 
+from broker.connection import handoff
 from broker.connection.auth import authenticate
 from broker.connection.login_throttle import LoginThrottle
 from broker.connection.peer_log import PeerLog
@@ -89,8 +90,11 @@ FLOW_MAX_PAUSE: Final = 0.1
 
 
 class Connection(asyncio.Protocol):
-    def __init__(self, server: "Server"):
+    def __init__(self, server: "Server", handed: handoff.HandedOver | None = None):
         self.server = server
+        # The handshake another worker process ran for this connection up to connection.open (its socket was
+        # handed to this one, which leads the vhost); None for a connection accepted here
+        self.handed = handed
         config = server.config
         self.vhost: VirtualHost | None = None  # the VirtualHost connection.open chose
         self.loop = asyncio.get_running_loop()
@@ -132,9 +136,13 @@ class Connection(asyncio.Protocol):
         self.peer = ""  # host:port of the client, for logs
         self.name = ""  # RabbitMQ's name of the connection: "client host:port -> server host:port"
         self.peer_address = ""  # the client's IP address
+        self.peer_port = 0  # and its port
         self.local: tuple[Any, ...] | None = None  # (host, port) the client connected to: ours, or its proxy's
         self.proxy_allowed = False  # the socket's peer is a trusted proxy and may send a PROXY header first
         self.connected_at = 0  # wall-clock milliseconds when the socket was accepted (shown by the management API)
+        # Where connection.open asked to go when another worker process leads that vhost: the socket to hand the
+        # connection to, once the frame is read
+        self.leader: "socket.socket | None" = None
 
     # --- transport callbacks -------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -147,11 +155,31 @@ class Connection(asyncio.Protocol):
         self.connected_at = int(time.time() * 1000)
         self.server.connections.add(self)
         self.timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
+        if self.handed is not None:
+            self._take_over(self.handed)
+
+    def _take_over(self, handed: handoff.HandedOver) -> None:
+        """Carry on a handshake another worker ran up to connection.open, then read what it read from there on."""
+        self._set_ends(tuple(handed.peer), tuple(handed.local))
+        self.proxy_allowed = False
+        self.user = handed.user
+        self.client_properties = handed.properties()
+        self.client_capabilities = _capabilities(self.client_properties)
+        self.frame_max = self.reader.frame_max = handed.frame_max
+        self.channel_max = handed.channel_max
+        self.heartbeat = handed.heartbeat
+        self.connected_at = handed.connected_at
+        self.received_bytes = handed.received_bytes
+        self.sent_bytes = handed.sent_bytes
+        self.state = AWAIT_OPEN
+        if handed.data:
+            self.data_received(handed.data)
 
     def _set_ends(self, peer: tuple[Any, ...] | None, local: tuple[Any, ...] | None) -> None:
         """The client's address and the one it connected to, as logs, access checks and the management API see them."""
         self.peer_address = peer[0] if peer else ""
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.peer_port = peer[1] if peer else 0
         self.local = local
         self.name = f"{self.peer} -> {local[0]}:{local[1]}" if local else self.peer
 
@@ -167,15 +195,19 @@ class Connection(asyncio.Protocol):
         self.received_bytes += len(data)
         # Until tune-ok, a frame at a time: tune-ok sets the frame_max that the frames after it, sent in the same
         # write, are judged by (RabbitMQ reads each frame with the limits of its time).
+        # connection.open too, as it may hand the socket to another worker with the bytes that follow it.
         reader = self.reader
-        while self.state < AWAIT_OPEN:
+        while self.state < OPEN and data:
             end = reader.frame_end(data)
-            if end >= len(data):
-                break
+            frame = reader.pending() + data[:end]
             if not self._feed(data[:end]) or self.state >= DRAINING:
                 return  # a frame error drops the rest of the read, as it does below
             data = data[end:]
-        self._feed(data)
+            if self.leader is not None:
+                self._hand_off(frame + data)
+                return
+        if data:
+            self._feed(data)
         if self.read_this_turn > READ_BUDGET and self.state == OPEN:
             self.turn_paused = True
             self._update_reading()
@@ -542,6 +574,11 @@ class Connection(asyncio.Protocol):
         self.state = AWAIT_OPEN
 
     def _open(self, method: spec.Connection.Open) -> None:
+        handoffs = self.server.handoffs
+        if handoffs is not None and self.handed is None:
+            self.leader = handoffs.sender_for(method.virtual_host)
+            if self.leader is not None:
+                return  # handed to the worker that leads the vhost, which answers connection.open
         vhost = self.vhost = self.server.node.open_vhost(self.user, method.virtual_host)
         self.state = OPEN
         vhost.counters.connections_opened += 1
@@ -551,6 +588,33 @@ class Connection(asyncio.Protocol):
                       f" (client-provided name: {provided[:200]!r})" if isinstance(provided, str) else "")
         self.send_method(0, spec.Connection.OpenOk())
         self._start_heartbeats()
+
+    def _hand_off(self, data: bytes) -> None:
+        """Give the socket, what the handshake settled and the bytes read from connection.open on to the worker that
+        leads the vhost; this process then forgets the connection (the socket stays open in the other)."""
+        transport = self.transport
+        assert transport is not None and self.leader is not None, "connection.open came from it, for a leader"
+        transport.pause_reading()
+        handed = handoff.HandedOver(
+            user=self.user, client_properties=handoff.encode_properties(self.client_properties),
+            frame_max=self.frame_max, channel_max=self.channel_max, heartbeat=self.heartbeat,
+            peer=[self.peer_address, self.peer_port],
+            local=list(self.local[:2]) if self.local else ["", 0], connected_at=self.connected_at,
+            received_bytes=self.received_bytes - len(data), sent_bytes=self.sent_bytes, data=data)
+        try:
+            handoff.send(self.leader, transport.get_extra_info("socket").fileno(), handed)
+        except OSError as error:
+            peer_log.warning(self.peer_address, "closing AMQP connection %s: cannot hand it to the worker that "
+                             "leads its vhost: %s", self.name, error)
+            self.leader = None
+            self.close(CONNECTION_FORCED, "CONNECTION_FORCED - broker forced connection closure with reason "
+                                          "'vhost unavailable'")
+            return
+        self.state = CLOSED
+        if self.timer is not None:
+            self.timer.cancel()
+        self.server.connections.discard(self)
+        transport.close()
 
     def _handshake_timeout(self) -> None:
         if self.state < OPEN:

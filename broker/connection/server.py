@@ -8,11 +8,13 @@ import gc
 import logging
 import os
 import platform
+import signal
 import socket
 import ssl
 import time
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 from broker.config import TABLE_ARRAYS, Config, ConfigError, read_definitions
 from broker.connection.alarms.disk import DiskAlarm
@@ -30,12 +32,24 @@ from storage.recovery import Recovered
 from storage.segments import fsync_directories, make_directories
 from storage.store import DataDirLocked, MessageStore
 
+if TYPE_CHECKING:
+    from broker.connection.handoff import Handoffs
+
 log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE = 3.0  # seconds clients get to answer connection.close before their sockets are closed
 # Resource alarms in priority order, each with its connection.blocked reason (RabbitMQ's texts).
 ALARM_REASONS = {"memory": "low on memory", "disk": "low on disk"}
 WRITE_PROBE = ".write-probe"  # created and removed at start to prove the data dir writable
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event set by SIGTERM or SIGINT: the daemon's cue to shut down cleanly."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
 
 
 class StartupError(Exception):
@@ -79,9 +93,23 @@ def prepare_data_dir(data_dir: Path) -> None:
         raise StartupError(f"cannot use data dir {data_dir}: {reason_of(error)}") from error
 
 
+class WorkerRole(Protocol):
+    """What a server that is one of several worker processes learns from the others at start (broker.workers)."""
+
+    first: bool  # the first worker: it keeps the node-wide definitions the others copy
+
+    async def boot_definitions(self, document: dict, found: list[str], node: Node) -> dict:
+        """The boot definitions this worker applies, given the configured ones, the vhosts its store held and the
+        node after bootstrap."""
+        ...
+
+
 class Server:
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, role: WorkerRole | None = None, listening: socket.socket | None = None):
         self.config = config
+        self.role = role  # this server's part among several worker processes; None: it is the only one
+        self.listening = listening  # the AMQP socket several worker processes accept from, made by their parent
+        self.handoffs: Handoffs | None = None  # where connections to vhosts other workers lead go (None: nowhere)
         self.data_dir = Path(config.data_dir).absolute()
         # raised while the store's durable writes fail, until they work again with room to spare
         self.disk_alarm = DiskAlarm(self.data_dir, self._disk_alarm_changed)
@@ -168,6 +196,9 @@ class Server:
     async def _listen(self, port: int, tls: ssl.SSLContext | None = None) -> asyncio.base_events.Server:
         host = self.config.host
         try:
+            if self.listening is not None and tls is None:
+                return await asyncio.get_running_loop().create_server(
+                    lambda: Connection(self), sock=self.listening, backlog=1024, start_serving=False)
             return await asyncio.get_running_loop().create_server(
                 lambda: Connection(self), host, port, reuse_address=True, backlog=1024, start_serving=False,
                 ssl=tls, ssl_handshake_timeout=HANDSHAKE_TIMEOUT if tls is not None else None)
@@ -187,10 +218,14 @@ class Server:
             self.recovery_report = recovered.report
             self.paging.store.start()
             self.node.restore_definitions(recovered.vhosts, recovered.users, recovered.permissions)
+            found = list(self.node.vhosts)
             boot_definitions = self._boot_definitions()
-            self._bootstrap(defines_users=bool(boot_definitions.get("users")))
+            if self.role is None or self.role.first:  # the other workers copy the first one's users
+                self._bootstrap(defines_users=bool(boot_definitions.get("users")))
             restore(self.node, recovered)
             self.store.streams.remove_orphans()  # what deleted streams left behind
+            if self.role is not None:
+                boot_definitions = await self.role.boot_definitions(boot_definitions, found, self.node)
             self._import_boot_definitions(boot_definitions)
             self.recovery_seconds = time.perf_counter() - started
         except OSError as error:

@@ -70,6 +70,31 @@ def export_node(node: "Node", product_name: str, product_version: str) -> dict:
     }
 
 
+NODE_WIDE_SECTIONS = ("users", "vhosts", "permissions")  # what every worker process holds a copy of
+VHOST_SECTIONS = ("parameters", "policies", "queues", "exchanges", "bindings")  # what lives in one vhost
+
+
+def export_node_wide(node: "Node") -> dict:
+    """The node-wide part of export_node: users, vhosts and permissions, which every worker process holds."""
+    return {
+        "users": [user.definition() for user in node.users.values()],
+        "vhosts": [_vhost_definition(vhost) for vhost in node.vhosts.values()],
+        "permissions": [permission.definition() for permission in node.permissions.values()],
+    }
+
+
+def of_vhosts(document: dict, names: set[str]) -> dict:
+    """``document`` with the items of VHOST_SECTIONS kept only for the vhosts ``names`` (an item that names no
+    vhost stays, for the import to report)."""
+    kept = dict(document)
+    for section in VHOST_SECTIONS:
+        items = document.get(section)
+        if isinstance(items, list):
+            kept[section] = [item for item in items if not isinstance(item, dict)
+                             or not isinstance(item.get("vhost"), str) or item["vhost"] in names]
+    return kept
+
+
 def export_vhost(vhost: "VirtualHost") -> dict:
     """One vhost's definitions, as RabbitMQ's GET /api/definitions/{vhost} (no users, no vhost names)."""
     return {

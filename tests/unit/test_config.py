@@ -1,6 +1,7 @@
 """Configuration: defaults, the TOML file, command-line overrides, and clear errors for bad values."""
 
 import re
+import os
 import subprocess
 import sys
 
@@ -53,11 +54,22 @@ def test_file_then_overrides(tmp_path):
     ('[server]\nlog_format = "xml"\n', "log_format must be one of text, json, got 'xml'"),
     ("[amqp]\nfailed_login_delay = 11.5\n", "failed_login_delay must be between 0 and 10, got 11.5"),
     ('[amqp]\nfailed_login_delay = "1s"\n', "failed_login_delay must be a number, got '1s'"),
+    ("[server]\nworkers = 0\n", 'workers must be "auto" or between 1 and 256, got 0'),
+    ('[server]\nworkers = "many"\n', "workers must be an integer, got 'many'"),
+    ("[server]\nworkers = 2\n", "workers = 2 does not yet go with management port, prometheus port: several workers "
+                                 "serve AMQP alone for now"),
+    ("[server]\nworkers = 2\n[management]\nport = 0\n[prometheus]\nport = 0\n[tls]\ncertfile = 'c'\nkeyfile = 'k'\n",
+     "workers = 2 does not yet go with tls certfile"),
 ])
 def test_bad_config_is_refused_with_a_message_naming_the_problem(tmp_path, text, message):
     with pytest.raises(ConfigError) as error:
         load_config(write(tmp_path, text))
     assert message in str(error.value)
+
+
+def test_auto_workers_are_one_per_core(tmp_path):
+    config = load_config(write(tmp_path, '[server]\nworkers = "auto"\n[management]\nport = 0\n[prometheus]\nport = 0\n'))
+    assert config.workers == os.cpu_count()
 
 
 def test_missing_file_is_refused(tmp_path):

@@ -1,0 +1,123 @@
+"""Handing a client's socket to the worker process that leads the vhost it opens.
+
+The worker that accepted a connection runs its handshake up to connection.open. When the vhost named there is led
+by another worker, the socket itself goes to that worker over a datagram socket (SCM_RIGHTS), with what the
+handshake settled and the bytes read from connection.open on; the receiving worker carries on as if it had read
+them itself. No byte of the connection passes through a second process afterwards.
+
+A hand-off is one datagram: a 4-byte length of the JSON state, the JSON, then the client's bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import struct
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+from pamqp import decode as pamqp_decode
+from pamqp import encode as pamqp_encode
+
+log = logging.getLogger(__name__)
+
+_LENGTH = struct.Struct(">I")
+# Room for one hand-off: a read of the event loop (256 KiB at most) and the state. Each hand-off socket's buffers
+# are made this large, and a receive reads up to it.
+DATAGRAM_MAX = 1024 * 1024
+
+
+@dataclass
+class HandedOver:
+    """What the handshake settled before connection.open, as the worker that ran it saw it."""
+
+    user: str  # who logged in
+    client_properties: bytes  # connection.start-ok's client properties, as an AMQP field table
+    frame_max: int  # negotiated in tune-ok
+    channel_max: int
+    heartbeat: int
+    peer: list  # [host, port] of the client (a trusted proxy's PROXY header may have named it)
+    local: list  # [host, port] it connected to
+    connected_at: int  # wall-clock milliseconds when the socket was accepted
+    received_bytes: int  # read before connection.open
+    sent_bytes: int  # written before connection.open
+    data: bytes = b""  # the client's bytes from connection.open on
+
+    def properties(self) -> dict:
+        return pamqp_decode.field_table(self.client_properties)[1] if self.client_properties else {}
+
+
+def encode_properties(properties: dict) -> bytes:
+    return pamqp_encode.field_table(properties)
+
+
+def encode(handed: HandedOver) -> bytes:
+    state = asdict(handed)
+    data = state.pop("data")
+    state["client_properties"] = handed.client_properties.hex()
+    text = json.dumps(state).encode()
+    return _LENGTH.pack(len(text)) + text + data
+
+
+def decode(datagram: bytes) -> HandedOver:
+    (size,) = _LENGTH.unpack_from(datagram)
+    state = json.loads(datagram[_LENGTH.size:_LENGTH.size + size])
+    state["client_properties"] = bytes.fromhex(state["client_properties"])
+    return HandedOver(**state, data=datagram[_LENGTH.size + size:])
+
+
+def handoff_pair() -> tuple[socket.socket, socket.socket]:
+    """A worker's hand-off socket pair: (where it receives, what the others send to), both non-blocking."""
+    receiving, sending = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    for sock in (receiving, sending):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, DATAGRAM_MAX)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, DATAGRAM_MAX)
+        sock.setblocking(False)
+    return receiving, sending
+
+
+def send(sending: socket.socket, client: int, handed: HandedOver) -> None:
+    """Send the client's socket (a file descriptor) with its state; raises OSError when it cannot go (the receiving
+    worker's buffer is full, or the datagram too large)."""
+    datagram = encode(handed)
+    if len(datagram) > DATAGRAM_MAX:
+        raise OSError(f"a hand-off of {len(datagram)} bytes is over {DATAGRAM_MAX}")
+    socket.send_fds(sending, [datagram], [client])
+
+
+def receive_all(receiving: socket.socket, take: Callable[[socket.socket, HandedOver], Any]) -> None:
+    """Take every hand-off waiting on the socket (called when it is readable)."""
+    while True:
+        try:
+            datagram, fds, flags, _ = socket.recv_fds(receiving, DATAGRAM_MAX, 1)
+        except (BlockingIOError, InterruptedError):
+            return
+        client = socket.socket(fileno=fds[0]) if fds else None
+        if client is None or flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+            log.error("dropped a malformed connection hand-off (%d bytes, %d sockets)", len(datagram), len(fds))
+            if client is not None:
+                client.close()
+            continue
+        try:
+            handed = decode(datagram)
+        except (ValueError, TypeError, KeyError, struct.error) as error:
+            log.error("dropped a malformed connection hand-off: %s", error)
+            client.close()
+            continue
+        take(client, handed)
+
+
+class Handoffs:
+    """One worker's side of hand-offs: which worker leads each vhost, and where to send a connection to each."""
+
+    def __init__(self, worker: int, leaders: dict[str, int], senders: dict[int, socket.socket]):
+        self.worker = worker  # this worker's number
+        self.leaders = leaders  # vhost name -> number of the worker that leads it
+        self.senders = senders  # worker number -> the socket that reaches its hand-off receiver
+
+    def sender_for(self, vhost: str) -> socket.socket | None:
+        """Where a connection to ``vhost`` goes, or None if this worker serves it (or no worker leads it: this one
+        then answers connection.open itself, with RabbitMQ's 'vhost not found')."""
+        leader = self.leaders.get(vhost, self.worker)
+        return None if leader == self.worker else self.senders.get(leader)

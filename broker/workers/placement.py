@@ -1,0 +1,91 @@
+"""Which worker process leads each vhost, kept in ``data_dir/workers/placement.json``.
+
+A vhost stays where it was placed: its queues and messages are in that worker's store. A vhost met for the first
+time goes to the worker that leads the fewest (the lowest-numbered of those), except that the vhosts found in the
+first worker's store when the file does not exist yet stay there: that store is the data dir of a broker that ran
+with one process, and holds them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from storage.segments import fsync_directories, make_directories, write_durably
+
+PLACEMENT_FILE = "placement.json"
+FORMAT = 1  # the file's format, written in it
+
+
+class PlacementError(Exception):
+    """The placement file cannot be used, or does not fit the number of workers; the text says why."""
+
+
+def workers_directory(data_dir: Path) -> Path:
+    return data_dir / "workers"
+
+
+def worker_data_dir(data_dir: Path, worker: int) -> Path:
+    """Worker 0 keeps the data dir itself (where a one-process broker keeps its store); the others a folder each."""
+    return data_dir if worker == 0 else workers_directory(data_dir) / str(worker)
+
+
+class Placement:
+    def __init__(self, path: Path, workers: int):
+        self.path = path
+        self.workers = workers  # how many worker processes there are
+        self.leaders: dict[str, int] = {}  # vhost name -> the worker that leads it
+        self.exists = False  # the file was there when loaded
+
+    @classmethod
+    def load(cls, data_dir: Path, workers: int) -> "Placement":
+        """The data dir's placement (empty if it has none); PlacementError if it cannot be used with ``workers``,
+        OSError if it cannot be read."""
+        placement = cls(workers_directory(data_dir) / PLACEMENT_FILE, workers)
+        try:
+            document = json.loads(placement.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return placement
+        except ValueError as error:
+            raise PlacementError(f"cannot read the vhost placement {placement.path}: {error}") from None
+        leaders = document.get("vhosts") if isinstance(document, dict) else None
+        if not isinstance(leaders, dict) or document.get("format") != FORMAT or not all(
+                isinstance(worker, int) and not isinstance(worker, bool) and worker >= 0
+                for worker in leaders.values()):
+            raise PlacementError(f"{placement.path} is not a vhost placement of format {FORMAT} "
+                                 "({\"format\": 1, \"vhosts\": {name: worker number}})")
+        beyond = sorted(name for name, worker in leaders.items() if worker >= workers)
+        if beyond:
+            names = ", ".join(repr(name) for name in beyond[:5])
+            raise PlacementError(f"vhost {names} lives in the store of worker {leaders[beyond[0]]}, but there are "
+                                 f"only {workers} workers: start with at least {max(leaders.values()) + 1}")
+        placement.leaders = dict(leaders)
+        placement.exists = True
+        return placement
+
+    def place(self, vhosts: list[str], found_in_first: list[str]) -> bool:
+        """Give every vhost of ``vhosts`` a worker; ``found_in_first`` are those the first worker's store held
+        before this start. True if anything was placed (then save())."""
+        changed = False
+        if not self.exists:
+            for name in found_in_first:
+                self.leaders.setdefault(name, 0)
+                changed = True
+        for name in vhosts:
+            if name not in self.leaders:
+                self.leaders[name] = self.least_loaded()
+                changed = True
+        return changed
+
+    def least_loaded(self) -> int:
+        counts = [0] * self.workers
+        for worker in self.leaders.values():
+            counts[worker] += 1
+        return counts.index(min(counts))
+
+    def save(self) -> None:
+        made: set[Path] = set()
+        make_directories(self.path.parent, made)
+        fsync_directories(made)
+        write_durably(self.path, json.dumps({"format": FORMAT, "vhosts": self.leaders}, indent=1, sort_keys=True))
+        self.exists = True

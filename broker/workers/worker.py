@@ -1,0 +1,139 @@
+"""One worker process: a broker that leads some of the node's vhosts and accepts from the AMQP socket all share.
+
+Started by the supervisor (broker.workers.supervisor) as ``python -m broker.workers.worker CONTROL_FD``; the control
+socket carries JSON lines both ways:
+
+- supervisor -> worker, first: its instructions (config, number, the file descriptors it inherited, and for all
+  but the first worker the vhost placement and the first worker's node-wide definitions);
+- first worker -> supervisor: ``{"vhosts": [...], "found": [...]}`` once its store is read, answered with
+  ``{"placement": {...}}``;
+- worker -> supervisor: ``{"serving": true, "node": ...}`` once it serves (the first worker sends its node-wide
+  definitions, which every other worker copies).
+
+A worker stops on SIGTERM or SIGINT, and when the supervisor goes (its control socket closes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+
+import uvloop
+
+from broker import logs
+from broker.config import Config
+from broker.connection.connection import Connection
+from broker.connection.handoff import HandedOver, Handoffs, receive_all
+from broker.connection.server import Server, StartupError, stop_on_signals
+from broker.model.definitions import VHOST_SECTIONS, export_node_wide, of_vhosts
+from broker.model.node import Node
+from broker.workers.placement import worker_data_dir
+
+log = logging.getLogger(__name__)
+
+GC_THRESHOLD = 50_000  # as broker.__main__'s: a full collection walks every queued message
+CONTROL_LINE_LIMIT = 256 * 1024 * 1024  # the longest control line read: node-wide definitions of many users
+
+
+async def send(writer: asyncio.StreamWriter, message: dict) -> None:
+    writer.write(json.dumps(message).encode() + b"\n")
+    await writer.drain()
+
+
+async def receive(reader: asyncio.StreamReader) -> dict:
+    line = await reader.readline()
+    if not line:
+        raise ConnectionError("the supervisor closed the control socket")
+    return json.loads(line)
+
+
+class Worker:
+    """This process's part among the workers (the Server's role): which vhosts it leads, and the node-wide
+    definitions it copies from the first worker."""
+
+    def __init__(self, instructions: dict, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.number: int = instructions["worker"]
+        self.first = self.number == 0
+        self.leaders: dict[str, int] = instructions.get("placement") or {}  # vhost -> worker that leads it
+        self.node_wide: dict | None = instructions.get("node")  # the first worker's users, vhosts, permissions
+        self.reader = reader
+        self.writer = writer
+
+    async def boot_definitions(self, document: dict, found: list[str], node: Node) -> dict:
+        if self.first:
+            named = [item.get("name") for item in document.get("vhosts", []) if isinstance(item, dict)]
+            planned = sorted(set(node.vhosts) | {name for name in named if isinstance(name, str)})
+            await send(self.writer, {"vhosts": planned, "found": found})
+            self.leaders.update((await receive(self.reader))["placement"])
+        else:
+            assert self.node_wide is not None, "the supervisor gives every other worker the first one's definitions"
+            self._forget_what_the_first_worker_has_not(node)
+            document = {**self.node_wide, **{key: document[key] for key in VHOST_SECTIONS if key in document}}
+        mine = {name for name, worker in self.leaders.items() if worker == self.number}
+        return of_vhosts(document, mine)
+
+    def _forget_what_the_first_worker_has_not(self, node: Node) -> None:
+        """Users and permissions this store kept that the first worker no longer has (its copy is the node's)."""
+        assert self.node_wide is not None
+        users = {item["name"] for item in self.node_wide["users"]}
+        permissions = {(item["vhost"], item["user"]) for item in self.node_wide["permissions"]}
+        for name in [name for name in node.users if name not in users]:
+            node.delete_user(name)
+        for vhost, user in [key for key in node.permissions if key not in permissions]:
+            node.clear_permissions(user, vhost)
+
+
+async def serve(control: socket.socket) -> None:
+    gc.set_threshold(GC_THRESHOLD)
+    reader, writer = await asyncio.open_connection(sock=control, limit=CONTROL_LINE_LIMIT)
+    instructions = await receive(reader)
+    config = Config(**instructions["config"])
+    number = instructions["worker"]
+    logs.configure(config.log_level, config.log_format, number)
+    config.data_dir = str(worker_data_dir(Path(config.data_dir), number))
+    worker = Worker(instructions, reader, writer)
+    server = Server(config, role=worker, listening=socket.socket(fileno=instructions["listening"]))
+    senders = {int(other): socket.socket(fileno=fd) for other, fd in instructions["senders"].items()}
+    server.handoffs = Handoffs(number, worker.leaders, senders)
+    stop = stop_on_signals()
+    await server.start()
+    receiving = socket.socket(fileno=instructions["receiving"])
+    receiving.setblocking(False)
+    loop = asyncio.get_running_loop()
+    adopting: set[asyncio.Task] = set()  # hand-offs whose sockets are being attached to the loop
+
+    def adopt(client: socket.socket, handed: HandedOver) -> None:
+        task = loop.create_task(loop.connect_accepted_socket(lambda: Connection(server, handed), client))
+        adopting.add(task)
+        task.add_done_callback(adopting.discard)
+
+    loop.add_reader(receiving.fileno(), receive_all, receiving, adopt)
+    await send(writer, {"serving": True, "node": export_node_wide(server.node) if worker.first else None})
+    supervisor_gone = loop.create_task(reader.read())  # the supervisor sends nothing more: EOF when it goes
+    supervisor_gone.add_done_callback(lambda _: stop.set())
+    await stop.wait()
+    loop.remove_reader(receiving.fileno())
+    await server.stop()
+
+
+def main() -> int:
+    control = socket.socket(fileno=int(sys.argv[1]))
+    try:
+        uvloop.run(serve(control))
+    except StartupError as error:
+        print(f"warren-server: {error}", file=sys.stderr)
+        return 1
+    except ConnectionError:
+        return 1
+    logging.shutdown()
+    os._exit(0)  # as broker.__main__: skip freeing every queued message one by one
+
+
+if __name__ == "__main__":
+    sys.exit(main())

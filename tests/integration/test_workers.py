@@ -1,0 +1,266 @@
+"""`--workers N`: worker processes behind one AMQP port, each leading a share of the vhosts with a store of its own.
+
+A connection is accepted by whichever worker the kernel wakes; once connection.open names a vhost another worker
+leads, its socket is handed to that worker. These tests judge from outside: which worker's log grants the vhost,
+what survives a restart, and what a kill -9 of one worker does to the clients of the others.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import pika
+import pytest
+from pamqp import commands, frame
+
+from tests.integration.rawclient import RawClient, plain_response
+
+if os.environ.get("WARREN_TEST_URL"):
+    pytest.skip("starts brokers of its own", allow_module_level=True)
+
+VHOSTS = ("/", "v1", "v2")
+# Placed in order of their names on the workers that lead fewest: "/" on 0, v1 on 1, v2 on 0.
+LEADERS = {"/": 0, "v1": 1, "v2": 0}
+CONFIG = "".join(f'''
+[[vhosts]]
+name = "{name}"
+
+[[permissions]]
+user = "guest"
+vhost = "{name}"
+configure = ".*"
+write = ".*"
+read = ".*"
+''' for name in VHOSTS[1:])
+
+
+@pytest.fixture
+def workers(own_broker, tmp_path):
+    """Start a broker of two workers (the management API and metrics off, as several workers need for now)."""
+    config = tmp_path / "warren.toml"
+    config.write_text(CONFIG)
+
+    def start(count: int = 2, data_dir: Path | None = None):
+        return own_broker("--workers", str(count), "--config", str(config), "--management-port", "0",
+                          "--prometheus-port", "0", data_dir=data_dir)
+
+    return start
+
+
+def url(broker, vhost: str) -> str:
+    return f"amqp://guest:guest@{broker.host}:{broker.port}/{vhost.replace('/', '%2F')}"
+
+
+def connect(broker, vhost: str) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.URLParameters(url(broker, vhost)))
+
+
+def worker_pids(broker) -> dict[int, int]:
+    """Each worker's latest pid, from the supervisor's log."""
+    return {int(number): int(pid) for number, pid in re.findall(r"worker (\d+) started \(pid (\d+)\)", broker.log())}
+
+
+def socket_inode(local_port: int, remote_port: int) -> str:
+    """The inode of the TCP socket from local_port to remote_port on 127.0.0.1 (/proc/net/tcp), '' if none."""
+    ends = f"0100007F:{local_port:04X} 0100007F:{remote_port:04X}"
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if f"{fields[1]} {fields[2]}" == ends:
+            return fields[9]
+    return ""
+
+
+def holders(broker, inode: str) -> set[int]:
+    """The workers that hold the socket of that inode."""
+    found = set()
+    for number, pid in worker_pids(broker).items():
+        try:
+            links = [os.readlink(entry) for entry in Path(f"/proc/{pid}/fd").iterdir()]
+        except OSError:  # it has ended, or an fd closed while listed
+            continue
+        if f"socket:[{inode}]" in links:
+            found.add(number)
+    return found
+
+
+def serving_worker(broker, client: RawClient) -> int:
+    """The number of the worker process that holds the broker's end of the client's connection (once the worker
+    that handed it over, if one did, has closed its copy)."""
+    inode = socket_inode(broker.port, client.sock.getsockname()[1])
+    wait_for(lambda: len(holders(broker, inode)) == 1, 5, "one worker holding the connection")
+    (number,) = holders(broker, inode)
+    return number
+
+
+def wait_for(condition, timeout: float = 15.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not after {timeout} s: {what}")
+        time.sleep(0.02)
+
+
+def test_each_vhost_is_served_by_the_worker_that_leads_it(workers):
+    broker = workers()
+    placement = json.loads((broker.data_dir / "workers" / "placement.json").read_text())
+    assert placement["vhosts"] == LEADERS
+    served: dict[str, set[int]] = {vhost: set() for vhost in VHOSTS}
+    for _ in range(6):  # whichever worker accepts each, a connection ends on the worker that leads its vhost
+        for vhost in VHOSTS:
+            with RawClient.connect(broker) as client:
+                client.handshake(vhost=vhost)
+                client.open_channel(1)
+                served[vhost].add(serving_worker(broker, client))
+    assert served == {vhost: {worker} for vhost, worker in LEADERS.items()}
+    for vhost in VHOSTS:  # and works there
+        with connect(broker, vhost) as conn:
+            channel = conn.channel()
+            channel.queue_declare("q", exclusive=True)
+            channel.basic_publish("", "q", vhost.encode())
+            assert channel.basic_get("q", auto_ack=True)[2] == vhost.encode()
+
+
+def test_frames_sent_behind_connection_open_follow_the_socket_to_its_worker(workers, unique):
+    broker = workers()
+    for _ in range(6):
+        with RawClient.connect(broker) as client:
+            client.send_protocol_header()
+            client.expect(commands.Connection.Start, channel=0)
+            client.send(0, commands.Connection.StartOk(mechanism="PLAIN", response=plain_response("guest", "guest"),
+                                                       locale="en_US"))
+            tune = client.expect(commands.Connection.Tune, channel=0)
+            client.send_raw(b"".join(frame.marshal(value, channel) for channel, value in (
+                (0, commands.Connection.TuneOk(channel_max=tune.channel_max, frame_max=tune.frame_max, heartbeat=0)),
+                (0, commands.Connection.Open(virtual_host="v1")),
+                (1, commands.Channel.Open()),
+                (1, commands.Queue.Declare(queue=unique, exclusive=True)))))
+            client.expect(commands.Connection.OpenOk, channel=0)
+            client.expect(commands.Channel.OpenOk, channel=1)
+            assert client.expect(commands.Queue.DeclareOk, channel=1).queue == unique
+            assert serving_worker(broker, client) == 1
+
+
+def test_a_vhost_keeps_its_worker_and_its_messages_across_restarts(workers):
+    broker = workers()
+    for vhost in VHOSTS:
+        with connect(broker, vhost) as conn:
+            channel = conn.channel()
+            channel.confirm_delivery()
+            channel.queue_declare("kept", durable=True)
+            channel.basic_publish("", "kept", f"in {vhost}".encode(),
+                                  pika.BasicProperties(delivery_mode=2))
+    broker.restart()
+    for vhost in VHOSTS:
+        with connect(broker, vhost) as conn:
+            _, _, body = conn.channel().basic_get("kept", auto_ack=True)
+            assert body == f"in {vhost}".encode()
+    assert (broker.data_dir / "workers" / "1").is_dir()  # v1's store
+
+
+def test_a_data_dir_of_one_process_keeps_its_vhosts_on_the_first_worker(workers, own_broker, tmp_path):
+    data_dir = tmp_path / "data"
+    single = own_broker("--management-port", "0", "--prometheus-port", "0", data_dir=data_dir)
+    with connect(single, "/") as conn:
+        channel = conn.channel()
+        channel.confirm_delivery()
+        channel.queue_declare("before", durable=True)
+        channel.basic_publish("", "before", b"from one process", pika.BasicProperties(delivery_mode=2))
+    single.stop()
+    broker = workers(data_dir=data_dir)
+    with connect(broker, "/") as conn:
+        _, _, body = conn.channel().basic_get("before", auto_ack=True)
+        assert body == b"from one process"
+    placement = json.loads((data_dir / "workers" / "placement.json").read_text())["vhosts"]
+    assert placement["/"] == 0 and {placement["v1"], placement["v2"]} == {0, 1}
+
+
+def test_fewer_workers_than_the_placement_needs_is_refused_with_the_reason(workers, tmp_path):
+    broker = workers()
+    broker.stop()
+    broker.extra_args[1] = "1"  # --workers 1 would leave v1's store unread
+    with pytest.raises(RuntimeError):
+        broker.start()
+    assert "vhost 'v1' lives in the store of worker 1, but there are only 1 workers" in broker.log()
+
+
+class ConfirmedPublisher(threading.Thread):
+    """Publishes persistent messages one by one with confirms, reconnecting after an error; records the ids the
+    broker confirmed, each confirm's latency, and every time its connection was lost."""
+
+    def __init__(self, broker, vhost: str, queue: str, stop: threading.Event):
+        super().__init__(daemon=True)
+        self.broker, self.vhost, self.queue, self.stop = broker, vhost, queue, stop
+        self.confirmed: list[int] = []
+        self.latencies: list[float] = []
+        self.lost = 0  # connections lost
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        number = 0
+        while not self.stop.is_set():
+            try:
+                with connect(self.broker, self.vhost) as conn:
+                    channel = conn.channel()
+                    channel.confirm_delivery()
+                    channel.queue_declare(self.queue, durable=True)
+                    while not self.stop.is_set():
+                        number += 1
+                        started = time.perf_counter()
+                        channel.basic_publish("", self.queue, str(number).encode(),
+                                              pika.BasicProperties(delivery_mode=2))
+                        self.latencies.append(time.perf_counter() - started)
+                        self.confirmed.append(number)
+            except pika.exceptions.AMQPError:
+                self.lost += 1
+                time.sleep(0.05)
+            except BaseException as error:  # reported by the test
+                self.error = error
+                return
+
+
+def drain(broker, vhost: str, queue: str) -> list[int]:
+    with connect(broker, vhost) as conn:
+        channel = conn.channel()
+        found = []
+        while (got := channel.basic_get(queue, auto_ack=True))[0] is not None:
+            found.append(int(got[2]))
+        return found
+
+
+@pytest.mark.alone
+def test_a_killed_worker_costs_the_other_vhosts_nothing_and_loses_nothing_confirmed(workers):
+    broker = workers()
+    stop = threading.Event()
+    survivor = ConfirmedPublisher(broker, "/", "load", stop)  # on worker 0
+    victim = ConfirmedPublisher(broker, "v1", "load", stop)  # on worker 1
+    survivor.start()
+    victim.start()
+    wait_for(lambda: len(victim.confirmed) > 200 and len(survivor.confirmed) > 200, what="both publishing")
+    killed = worker_pids(broker)[1]
+    before = len(survivor.latencies)
+    os.kill(killed, signal.SIGKILL)
+    wait_for(lambda: victim.lost >= 1, what="the victim's connection lost")
+    wait_for(lambda: worker_pids(broker)[1] != killed, what="worker 1 started again")
+    confirmed_at_restart = len(victim.confirmed)
+    wait_for(lambda: len(victim.confirmed) > confirmed_at_restart + 100, what="the victim publishing again")
+    stop.set()
+    survivor.join(10)
+    victim.join(10)
+    assert survivor.error is None and victim.error is None
+    assert survivor.lost == 0  # its connection never closed
+    during = sorted(survivor.latencies[before:])
+    p99 = during[int(len(during) * 0.99)]
+    print(f"survivor: {len(during)} confirms while worker 1 died and came back, p50 "
+          f"{statistics.median(during) * 1000:.2f} ms, p99 {p99 * 1000:.2f} ms")
+    assert p99 < 0.050
+    for publisher in (survivor, victim):
+        found = set(drain(broker, publisher.vhost, publisher.queue))
+        missing = set(publisher.confirmed) - found
+        assert not missing, f"{len(missing)} confirmed messages lost in {publisher.vhost}"

@@ -1,0 +1,56 @@
+"""Handing a client's socket to another worker process (broker.connection.handoff)."""
+
+import socket
+
+from broker.connection.handoff import (
+    HandedOver, Handoffs, decode, encode, encode_properties, handoff_pair, receive_all, send,
+)
+
+HANDED = HandedOver(user="guest", client_properties=encode_properties({"product": "pika", "capabilities": {
+    "connection.blocked": True}}), frame_max=131072, channel_max=2047, heartbeat=60, peer=["127.0.0.2", 40000],
+    local=["127.0.0.1", 5672], connected_at=1_700_000_000_000, received_bytes=321, sent_bytes=654,
+    data=b"\x01\x00\x00rest of the bytes")
+
+
+def test_the_state_and_bytes_come_back_as_sent():
+    back = decode(encode(HANDED))
+    assert back == HANDED
+    assert back.properties() == {"product": "pika", "capabilities": {"connection.blocked": True}}
+
+
+def test_a_socket_goes_across_with_its_state():
+    receiving, sending = handoff_pair()
+    client, server_end = socket.socketpair()
+    try:
+        send(sending, server_end.fileno(), HANDED)
+        server_end.close()  # the receiver's copy keeps the connection open
+        taken = []
+        receive_all(receiving, lambda sock, handed: taken.append((sock, handed)))
+        (sock, handed), = taken
+        assert handed == HANDED
+        client.sendall(b"ping")
+        assert sock.recv(4) == b"ping"
+        sock.close()
+    finally:
+        for each in (client, receiving, sending):
+            each.close()
+
+
+def test_a_datagram_without_a_socket_is_dropped():
+    receiving, sending = handoff_pair()
+    try:
+        sending.send(encode(HANDED))
+        taken = []
+        receive_all(receiving, lambda sock, handed: taken.append(handed))
+        assert taken == []
+    finally:
+        receiving.close()
+        sending.close()
+
+
+def test_a_vhost_led_here_or_by_no_worker_stays():
+    elsewhere = object()
+    handoffs = Handoffs(0, {"/": 0, "v": 1}, {1: elsewhere})
+    assert handoffs.sender_for("/") is None
+    assert handoffs.sender_for("v") is elsewhere
+    assert handoffs.sender_for("missing") is None

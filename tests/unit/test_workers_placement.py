@@ -1,0 +1,58 @@
+"""Where vhosts are led among worker processes (broker.workers.placement)."""
+
+import pytest
+
+from broker.workers.placement import Placement, PlacementError, worker_data_dir
+
+
+def test_new_vhosts_go_to_the_worker_that_leads_fewest(tmp_path):
+    placement = Placement.load(tmp_path, workers=3)
+    assert placement.place(["/", "a", "b", "c"], found_in_first=[])
+    assert placement.leaders == {"/": 0, "a": 1, "b": 2, "c": 0}
+    assert not placement.place(["a", "c"], found_in_first=[])  # placed already: nothing changes
+
+
+def test_the_vhosts_of_a_one_process_store_stay_in_it(tmp_path):
+    placement = Placement.load(tmp_path, workers=2)
+    placement.place(["/", "old", "new"], found_in_first=["/", "old"])
+    assert placement.leaders == {"/": 0, "old": 0, "new": 1}
+
+
+def test_only_the_first_start_with_workers_keeps_found_vhosts_on_the_first(tmp_path):
+    placement = Placement.load(tmp_path, workers=2)
+    placement.place(["/"], found_in_first=["/"])
+    placement.save()
+    again = Placement.load(tmp_path, workers=2)
+    again.place(["/", "x"], found_in_first=["/", "x"])  # x came from the first worker's copy of node-wide vhosts
+    assert again.leaders == {"/": 0, "x": 1}
+
+
+def test_a_saved_placement_is_read_back(tmp_path):
+    placement = Placement.load(tmp_path, workers=2)
+    placement.place(["/", "v"], found_in_first=[])
+    placement.save()
+    assert Placement.load(tmp_path, workers=4).leaders == {"/": 0, "v": 1}
+
+
+def test_too_few_workers_for_the_placement_is_refused(tmp_path):
+    placement = Placement.load(tmp_path, workers=2)
+    placement.place(["/", "v"], found_in_first=[])
+    placement.save()
+    with pytest.raises(PlacementError, match="vhost 'v' lives in the store of worker 1, but there are only 1 workers: "
+                                             "start with at least 2"):
+        Placement.load(tmp_path, workers=1)
+
+
+@pytest.mark.parametrize("content", ["not json", "[]", '{"format": 2, "vhosts": {}}', '{"format": 1, "vhosts": []}',
+                                     '{"format": 1, "vhosts": {"v": "1"}}', '{"format": 1, "vhosts": {"v": -1}}',
+                                     '{"format": 1, "vhosts": {"v": true}}'])
+def test_a_damaged_placement_is_refused_with_its_path(tmp_path, content):
+    (tmp_path / "workers").mkdir()
+    (tmp_path / "workers" / "placement.json").write_text(content)
+    with pytest.raises(PlacementError, match="placement"):
+        Placement.load(tmp_path, workers=2)
+
+
+def test_the_first_worker_keeps_the_data_dir_itself(tmp_path):
+    assert worker_data_dir(tmp_path, 0) == tmp_path
+    assert worker_data_dir(tmp_path, 2) == tmp_path / "workers" / "2"
