@@ -87,8 +87,7 @@ async def serve_workers(config, files: OpenFiles) -> None:
     """Several worker processes behind one AMQP port ([server] workers, broker.workers)."""
     from broker.workers.supervisor import supervise  # one process never loads the supervisor
 
-    say_open_files_limit(config, files)
-    await supervise(config, config.workers)
+    await supervise(config, config.workers, started=lambda: say_open_files_limit(config, files))
 
 
 async def serve(config, files: OpenFiles) -> None:

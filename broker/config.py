@@ -281,20 +281,19 @@ MAX_WORKERS = 256  # the most worker processes a node may run
 
 
 def _validate_workers(config: Config) -> None:
-    """Several workers serve AMQP over TCP for now: the management API, the metrics, amqps and a cluster do not yet
-    reach across them, and are refused rather than showing one worker's share."""
+    """Several workers serve AMQP over TCP and the management API for now: the metrics, amqps and a cluster do not
+    yet reach across them, and are refused rather than showing one worker's share."""
     if not 1 <= config.workers <= MAX_WORKERS:
         raise ConfigError(f"workers must be \"auto\" or between 1 and {MAX_WORKERS}, got {config.workers}")
     if config.workers == 1:
         return
-    taken = [name for name, used in (("management port", config.management_port),
-                                      ("prometheus port", config.prometheus_port),
+    taken = [name for name, used in (("prometheus port", config.prometheus_port),
                                       ("tls certfile", config.tls_certfile),
                                       ("cluster etcd_endpoints", config.cluster_etcd_endpoints)) if used]
     if taken:
         raise ConfigError(f"workers = {config.workers} does not yet go with {', '.join(taken)}: several workers "
-                          "serve AMQP alone for now (set management port and prometheus port to 0, and leave [tls] "
-                          "and [cluster] out)")
+                          "serve AMQP and the management API alone for now (set prometheus port to 0, and leave "
+                          "[tls] and [cluster] out)")
 
 
 def _validate(config: Config) -> None:

@@ -29,8 +29,9 @@ class DataDirLocked(Exception):
 
 
 class DataDirLock:
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, name: str = LOCK_FILE) -> None:
         self._data_dir = data_dir
+        self._name = name  # the lock file's name in the data dir (another one for another kind of holder)
         self._fd = -1  # the open lock file while we hold the lock
 
     @property
@@ -40,7 +41,7 @@ class DataDirLock:
     def acquire(self) -> None:
         """Take the lock or raise DataDirLocked naming the holder; OSError if the dir cannot be used at all."""
         self._make_durable()
-        fd = os.open(self._data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self._data_dir / self._name, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -62,7 +63,7 @@ class DataDirLock:
         dir's first use, its parent too."""
         changed: set[Path] = set()
         make_directories(self._data_dir, changed)
-        if not (self._data_dir / LOCK_FILE).exists():
+        if not (self._data_dir / self._name).exists():
             changed.add(self._data_dir.parent)
         try:
             fsync_directories(changed)

@@ -24,6 +24,9 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXTERNAL_URL = os.environ.get("WARREN_TEST_URL")
 EXTERNAL_MANAGEMENT_URL = os.environ.get("WARREN_TEST_MANAGEMENT_URL")
+# Worker processes of the brokers the tests start (--workers); with more than one they have no Prometheus endpoint
+WORKERS = int(os.environ.get("WARREN_TEST_WORKERS", "1"))
+WORKER_OPTIONS = ["--workers", str(WORKERS), "--prometheus-port", "0"] if WORKERS > 1 else []  # to pass them
 
 
 def pytest_sessionstart(session) -> None:
@@ -163,12 +166,12 @@ class Broker:
         cmd = [sys.executable, "-m", "broker", "--host", self.host, "--port", str(self.port),
                "--data-dir", str(self.data_dir), "--log-level", "info",
                "--management-port", str(self.management_port), "--prometheus-port", str(self.prometheus_port),
-               *self.extra_args]
+               *WORKER_OPTIONS, *self.extra_args]
         self.process = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         wait_for_port(self.host, self.port, self.process)
         for option, port in (("--management-port", self.management_port), ("--prometheus-port", self.prometheus_port)):
-            if option not in self.extra_args:  # a port the test's own options leave as given here
+            if option not in cmd[cmd.index("--prometheus-port") + 2:]:  # a port no later option takes back
                 wait_for_port(self.host, port, self.process)  # it starts listening just after AMQP
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int | None:

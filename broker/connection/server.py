@@ -97,6 +97,7 @@ class WorkerRole(Protocol):
     """What a server that is one of several worker processes learns from the others at start (broker.workers)."""
 
     first: bool  # the first worker: it keeps the node-wide definitions the others copy
+    led: set[str]  # the vhosts it leads (known once boot_definitions has run)
 
     async def boot_definitions(self, document: dict, found: list[str], node: Node) -> dict:
         """The boot definitions this worker applies, given the configured ones, the vhosts its store held and the
@@ -222,10 +223,10 @@ class Server:
             boot_definitions = self._boot_definitions()
             if self.role is None or self.role.first:  # the other workers copy the first one's users
                 self._bootstrap(defines_users=bool(boot_definitions.get("users")))
-            restore(self.node, recovered)
-            self.store.streams.remove_orphans()  # what deleted streams left behind
             if self.role is not None:
                 boot_definitions = await self.role.boot_definitions(boot_definitions, found, self.node)
+            restore(self.node, recovered, self.role.led if self.role is not None else None)
+            self.store.streams.remove_orphans()  # what deleted streams left behind
             self._import_boot_definitions(boot_definitions)
             self.recovery_seconds = time.perf_counter() - started
         except OSError as error:

@@ -94,11 +94,21 @@ async def rabbitmq_errors(request: web.Request, handler):
         return http.error_response(error.status, http.ERROR_NAMES.get(error.status, "error"), reason)
 
 
-def make_app(server: "Server") -> web.Application:
+@web.middleware
+async def forwarded_client(request: web.Request, handler):
+    """On a worker's internal socket, whose one client is the supervisor's API (broker.workers.api), a request's
+    client is the one the supervisor names."""
+    return await handler(request.clone(remote=request.headers.get(http.FORWARDED_CLIENT, "")))
+
+
+def make_app(server: "Server", forwarded: bool = False) -> web.Application:
+    """The API of server; ``forwarded``: served on a worker's internal socket, behind the supervisor's."""
     config = server.config
-    app = web.Application(middlewares=[guards.same_origin, while_serving, rabbitmq_errors, authenticated,
-                                       guards.json_bodies], client_max_size=config.management_max_body_size)
+    middlewares = [guards.same_origin, while_serving, rabbitmq_errors, authenticated, guards.json_bodies]
+    app = web.Application(middlewares=[forwarded_client, *middlewares] if forwarded else middlewares,
+                          client_max_size=config.management_max_body_size)
     app[http.SERVER] = server
+    app[http.FORWARDED] = forwarded
     app[http.MAX_BODY_SIZE] = config.management_max_body_size
     app[guards.NAMES] = guards.allowed_names(config)
     app.on_response_prepare.append(guards.add_security_headers)

@@ -27,6 +27,11 @@ SERVER = web.AppKey("server", object)  # the AMQP Server (its node, connections 
 RATES = web.AppKey("rates", object)  # management.rates.Rates: the sampled message counters
 STARTED = web.AppKey("started", float)  # time.monotonic() when the API started (the node's uptime counts from it)
 MAX_BODY_SIZE = web.AppKey("max_body_size", int)  # largest request body read, in bytes (config's)
+# The address of the client a request came from, as the supervisor of several workers forwards it to a worker's
+# internal API (broker.workers.api); believed only there
+FORWARDED_CLIENT = "X-Warren-Client"
+CHECK_ONLY = "X-Warren-Check-Only"  # a forwarded import of definitions that is to be checked, not applied
+FORWARDED = web.AppKey("forwarded", bool)  # the API serves a worker's internal socket (it believes the above)
 USER = web.RequestKey("user", User)  # who an /api/ request's credentials name (set by app.authenticated)
 OFF_LOOP_BYTES = 1024 * 1024  # a body larger than this is parsed on a thread, not the event loop
 MAX_RANGE = 500  # samples a msg_rates_age/msg_rates_incr period may ask for at most (RabbitMQ's ?MAX_RANGE)

@@ -243,13 +243,16 @@ def import_definitions(node: "Node", document, vhost: str | None = None) -> None
         pass
 
 
-def importing(node: "Node", document, vhost: str | None = None) -> Iterator[None]:
+def importing(node: "Node", document, vhost: str | None = None, check_only: bool = False) -> Iterator[None]:
     """import_definitions an item at a time: it yields after each item it checks and each change it makes, so that
-    a caller on the event loop can let other work run between them (a 10 MB document holds 290,000 queues)."""
+    a caller on the event loop can let other work run between them (a 10 MB document holds 290,000 queues).
+    ``check_only``: check the whole document and change nothing."""
     if not isinstance(document, dict):
         raise DefinitionsError("the definitions must be a JSON object")
     planner = _Planner(node, document, vhost)
     yield from planner.planning()
+    if check_only:
+        return
     plan = planner.result
     yield from _apply(node, plan)
     log.info("definitions imported%s: %d vhosts, %d users, %d permissions, %d policies, %d queues, %d exchanges, "

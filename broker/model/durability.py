@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import reprlib
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Collection
 
 from broker.model.arguments import validate_exchange_arguments, validate_queue_arguments
 from broker.model.arguments.exchange import DELAYED_TYPE
@@ -86,15 +86,16 @@ def binding_definition(vhost: "VirtualHost", binding: "Binding") -> dict:
             "routing_key": binding.routing_key, "arguments": binding.arguments}
 
 
-def restore(node: "Node", recovered: "Recovered") -> None:
+def restore(node: "Node", recovered: "Recovered", led: Collection[str] | None = None) -> None:
     """Rebuild the policies, durable exchanges, queues, bindings and queued messages of every vhost of node (its
     vhosts, users and permissions are restored first, by the node). A definition that cannot be used (a missing
     key, a wrong type, an unknown exchange type, arguments or a policy that no longer validate, a binding whose
     ends are gone, a vhost that is gone) is logged as an error and skipped: start-up never fails on one, and the
-    rest is restored."""
+    rest is restored. ``led``: the vhosts this node leads when it is one of several worker processes (the others
+    are copies, whose restored contents are said only if the store held any)."""
     skipped: set[str] = set()  # store keys of queues and delayed exchanges left out: their messages are kept
     for vhost in node.vhosts.values():
-        _restore_vhost(vhost, recovered, skipped)
+        _restore_vhost(vhost, recovered, skipped, led is None or vhost.name in led)
     for kind, stored in (("policy", recovered.policies), ("operator policy", recovered.operator_policies),
                          ("exchange", recovered.exchanges), ("queue", recovered.queues),
                          ("binding", recovered.bindings)):
@@ -127,7 +128,7 @@ def _set_aside(store_key: str, set_aside_exchanges: set[str]) -> bool:
     return name in set_aside_exchanges or name.rpartition("|")[2] in set_aside_exchanges
 
 
-def _restore_vhost(vhost: "VirtualHost", recovered: "Recovered", skipped: set[str]) -> None:
+def _restore_vhost(vhost: "VirtualHost", recovered: "Recovered", skipped: set[str], led: bool) -> None:
     exchanges = queues = bindings = policies = 0
     for operator, stored in ((False, recovered.policies), (True, recovered.operator_policies)):
         kind = "operator policy" if operator else "policy"
@@ -163,8 +164,9 @@ def _restore_vhost(vhost: "VirtualHost", recovered: "Recovered", skipped: set[st
             stored = recovered.messages.get(exchange.delayed.store_key, ())
             exchange.delayed.restore(stored)
             restored += len(stored)
-    log.info("vhost %.200r: %d policies, %d exchanges, %d queues, %d bindings, %d messages restored", vhost.name,
-             policies, exchanges, queues, bindings, restored)
+    if led or policies or exchanges or queues or bindings or restored:
+        log.info("vhost %.200r: %d policies, %d exchanges, %d queues, %d bindings, %d messages restored", vhost.name,
+                 policies, exchanges, queues, bindings, restored)
 
 
 class StoredToMessage:

@@ -12,43 +12,62 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 from broker.config import Config
 from broker.connection.handoff import handoff_pair
 from broker.connection.server import StartupError, data_dir_error, prepare_data_dir, reason_of, stop_on_signals
+from broker.management.server import ManagementServer, take
+from broker.workers.api import make_gateway_app
 from broker.workers.placement import Placement, PlacementError
 from broker.workers.worker import CONTROL_LINE_LIMIT, receive, send
+from storage.lock import DataDirLock, DataDirLocked
 
 log = logging.getLogger(__name__)
 
 RESTART_DELAY = 1.0  # seconds before a worker that died soon after its start is started again
 STEADY = 10.0  # seconds a worker must have run for its death to be restarted at once
 STOP_GRACE = 15.0  # seconds workers get to stop cleanly before they are killed
+SUPERVISOR_LOCK = ".workers.lock"  # the supervisor's lock file in the data dir (worker 0's store holds ".lock")
 
 
 class WorkerProcess:
     """One worker as the supervisor sees it."""
 
-    def __init__(self, number: int):
+    def __init__(self, number: int, private: Path):
         self.number = number
         self.process: asyncio.subprocess.Process | None = None
         self.receiving, self.sending = handoff_pair()  # where its hand-offs wait (kept here across its restarts)
         self.started_at = 0.0  # monotonic seconds of its latest start
+        # Its management API's socket, in a directory only this user may enter; requests wait in it while it
+        # restarts
+        self.api_path = str(private / f"{number}.api")
+        self.api = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.api.bind(self.api_path)
+        # The control socket's ends while it serves (None before and after), and the lock that keeps one exchange
+        # on it at a time
+        self.control: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self.talking = asyncio.Lock()
 
 
 class Supervisor:
     def __init__(self, config: Config, workers: int):
         self.config = config
         self.data_dir = Path(config.data_dir).absolute()
-        self.workers = [WorkerProcess(number) for number in range(workers)]
+        self.private = Path(tempfile.mkdtemp(prefix="warren-workers-"))  # mode 0700: the workers' API sockets
+        self.workers = [WorkerProcess(number, self.private) for number in range(workers)]
         self.placement: Placement | None = None
         self.node_wide: dict | None = None  # the first worker's users, vhosts and permissions
         self.listening: socket.socket | None = None
+        self.lock = DataDirLock(self.data_dir, SUPERVISOR_LOCK)  # held while this node's workers use the data dir
         self.stopping = False
 
     def take_port(self) -> None:
@@ -67,67 +86,113 @@ class Supervisor:
     async def start(self) -> None:
         prepare_data_dir(self.data_dir)
         try:
+            self.lock.acquire()  # before any worker: a second node on this data dir is refused naming this one
+        except DataDirLocked as refusal:
+            raise StartupError(str(refusal)) from refusal
+        except OSError as error:
+            raise data_dir_error(self.data_dir, error) from error
+        try:
             self.placement = Placement.load(self.data_dir, len(self.workers))
         except PlacementError as error:
             raise StartupError(str(error)) from error
         except OSError as error:
             raise data_dir_error(self.data_dir, error) from error
         for worker in self.workers:
-            if not await self._start(worker):
+            refusal = await self._start(worker)
+            if refusal is not None:
                 await self.stop()
-                raise StartupError(f"worker {worker.number} could not start (see the lines above)")
+                raise StartupError(refusal)
         assert self.listening is not None
         host, port = self.listening.getsockname()[:2]
         log.info("Warren listening on %s:%d with %d worker processes", host, port, len(self.workers))
 
-    async def _start(self, worker: WorkerProcess) -> bool:
-        """Start one worker and wait until it serves; False if it exits first."""
+    async def _start(self, worker: WorkerProcess) -> str | None:
+        """Start one worker and wait until it serves; if it does not, why (the worker's own reason if it gave one)."""
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         assert self.listening is not None and self.placement is not None
         senders = {other.number: other.sending.fileno() for other in self.workers if other is not worker}
-        inherited = [child.fileno(), self.listening.fileno(), worker.receiving.fileno(), *senders.values()]
+        inherited = [child.fileno(), self.listening.fileno(), worker.receiving.fileno(), worker.api.fileno(),
+                     *senders.values()]
         # A session of its own: a terminal's Ctrl-C reaches the supervisor alone, which stops the workers in turn.
         worker.process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "broker.workers.worker", str(child.fileno()), pass_fds=inherited,
+            sys.executable, "-m", "broker.workers.worker", str(child.fileno()), str(os.getpid()), pass_fds=inherited,
             start_new_session=True)
         worker.started_at = time.monotonic()
         child.close()
-        log.info("worker %d started (pid %d)", worker.number, worker.process.pid)
         reader, writer = await asyncio.open_connection(sock=parent, limit=CONTROL_LINE_LIMIT)
         first = worker.number == 0
+        if not first:  # the node-wide definitions as they are now (the API may have changed them since)
+            answer = await self._ask(self.workers[0], {"export": True})
+            if answer is not None:
+                self.node_wide = answer["node"]
         try:
             await send(writer, {
                 "config": dataclasses.asdict(self.config), "worker": worker.number,
-                "listening": self.listening.fileno(), "receiving": worker.receiving.fileno(), "senders": senders,
+                "listening": self.listening.fileno(), "receiving": worker.receiving.fileno(),
+                "api": worker.api.fileno(), "senders": senders,
                 "placement": None if first else self.placement.leaders, "node": None if first else self.node_wide})
-            if first:
-                named = await receive(reader)
-                if self.placement.place(named["vhosts"], named["found"]):
+            serving = await receive(reader)
+            if first and "vhosts" in serving:  # its store read: the placement of its vhosts, then it serves
+                if self.placement.place(serving["vhosts"], serving["found"]):
                     await asyncio.get_running_loop().run_in_executor(None, self.placement.save)
                 await send(writer, {"placement": self.placement.leaders})
-            serving = await receive(reader)
+                serving = await receive(reader)
         except (ConnectionError, OSError, ValueError) as error:
-            log.debug("worker %d ended before it served: %s", worker.number, error)
+            serving = {"refused": f"worker {worker.number} ended before it served ({error})"}
+        if "refused" in serving:
             writer.close()
             await worker.process.wait()
-            return False
+            return serving["refused"]
         if first:
             self.node_wide = serving["node"]
+        worker.control = reader, writer
+        log.info("worker %d serves (pid %d)", worker.number, worker.process.pid)
         asyncio.get_running_loop().create_task(self._watch(worker, writer))
-        return True
+        return None
+
+    async def place(self, vhosts: list[str]) -> None:
+        """Give new vhosts a worker, and tell every worker before any of them makes one."""
+        assert self.placement is not None
+        if self.placement.place(vhosts, []):
+            await self._placement_changed()
+
+    async def forget(self, vhost: str) -> None:
+        """A deleted vhost leaves the placement (made again, it is placed again)."""
+        assert self.placement is not None
+        if self.placement.leaders.pop(vhost, None) is not None:
+            await self._placement_changed()
+
+    async def _placement_changed(self) -> None:
+        assert self.placement is not None
+        await asyncio.get_running_loop().run_in_executor(None, self.placement.save)
+        for worker in self.workers:  # one not serving is told at its start
+            await self._ask(worker, {"placement": self.placement.leaders})
+
+    async def _ask(self, worker: WorkerProcess, message: dict) -> dict | None:
+        """Send a worker a message and wait for its answer; None if it is not serving."""
+        async with worker.talking:
+            if worker.control is None:
+                return None
+            reader, writer = worker.control
+            try:
+                await send(writer, message)
+                return await receive(reader)
+            except (ConnectionError, OSError, ValueError):
+                return None  # it has ended
 
     async def _watch(self, worker: WorkerProcess, control: asyncio.StreamWriter) -> None:
         """Wait for the worker to end; unless the node is stopping, start it again (after RESTART_DELAY when it
         had run less than STEADY seconds)."""
         assert worker.process is not None
         code = await worker.process.wait()
+        worker.control = None
         control.close()
         while not self.stopping:
             log.error("worker %d (pid %d) ended with %s; starting it again", worker.number, worker.process.pid,
                       f"signal {-code}" if code < 0 else f"exit code {code}")
             if time.monotonic() - worker.started_at < STEADY:
                 await asyncio.sleep(RESTART_DELAY)
-            if self.stopping or await self._start(worker):
+            if self.stopping or await self._start(worker) is None:
                 return
             code = worker.process.returncode or 0
 
@@ -147,14 +212,28 @@ class Supervisor:
                 await asyncio.wait(late)
         if self.listening is not None:
             self.listening.close()
-        log.info("Warren stopped")
+        shutil.rmtree(self.private, ignore_errors=True)
+        self.lock.release()
 
 
-async def supervise(config: Config, workers: int) -> None:
+async def supervise(config: Config, workers: int, started: Callable[[], None]) -> None:
+    """Run the workers until SIGTERM or SIGINT; ``started`` is called once they serve (a start refused before that
+    prints its reason alone)."""
     supervisor = Supervisor(config, workers)
     supervisor.take_port()
+    management: ManagementServer | None = None
+    if config.management_port:
+        management = await take(make_gateway_app(supervisor), config.management_host, config.management_port,
+                                "management API", max_connections=config.management_max_connections)
+        config.management_port = management.port  # the workers' API names the port it is reached at
     stop = stop_on_signals()
     await supervisor.start()
+    started()
+    if management is not None:
+        await management.serve()
     await stop.wait()
     log.info("shutting down")
+    if management is not None:
+        await management.stop()
     await supervisor.stop()
+    log.info("Warren stopped")

@@ -1,36 +1,47 @@
 """One worker process: a broker that leads some of the node's vhosts and accepts from the AMQP socket all share.
 
-Started by the supervisor (broker.workers.supervisor) as ``python -m broker.workers.worker CONTROL_FD``; the control
-socket carries JSON lines both ways:
+Started by the supervisor (broker.workers.supervisor) as ``python -m broker.workers.worker CONTROL_FD PID`` (PID:
+the supervisor's); the control socket carries JSON lines both ways:
 
 - supervisor -> worker, first: its instructions (config, number, the file descriptors it inherited, and for all
   but the first worker the vhost placement and the first worker's node-wide definitions);
 - first worker -> supervisor: ``{"vhosts": [...], "found": [...]}`` once its store is read, answered with
   ``{"placement": {...}}``;
+- worker -> supervisor: ``{"refused": "..."}`` when it cannot start, with the reason the supervisor gives;
 - worker -> supervisor: ``{"serving": true, "node": ...}`` once it serves (the first worker sends its node-wide
-  definitions, which every other worker copies).
+  definitions, which every other worker copies);
+- supervisor -> worker, later: ``{"placement": {...}}`` when a vhost is made or deleted, answered ``{"placed": true}``;
+  and to the first worker ``{"export": true}`` before another starts again, answered ``{"node": ...}``.
 
-A worker stops on SIGTERM or SIGINT, and when the supervisor goes (its control socket closes).
+Each worker also serves the management API (broker.management) on an internal socket the supervisor made, for the
+supervisor's API in front of them all (broker.workers.api).
+
+A worker stops on SIGTERM or SIGINT, and when the supervisor goes: at once if it was killed, cleanly if its control
+socket just closed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import gc
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
 
 import uvloop
+from aiohttp import web
 
 from broker import logs
 from broker.config import Config
 from broker.connection.connection import Connection
 from broker.connection.handoff import HandedOver, Handoffs, receive_all
 from broker.connection.server import Server, StartupError, stop_on_signals
+from broker.management.app import make_app
 from broker.model.definitions import VHOST_SECTIONS, export_node_wide, of_vhosts
 from broker.model.node import Node
 from broker.workers.placement import worker_data_dir
@@ -62,6 +73,7 @@ class Worker:
         self.first = self.number == 0
         self.leaders: dict[str, int] = instructions.get("placement") or {}  # vhost -> worker that leads it
         self.node_wide: dict | None = instructions.get("node")  # the first worker's users, vhosts, permissions
+        self.led: set[str] = set()  # the vhosts this worker leads, once its boot definitions are known
         self.reader = reader
         self.writer = writer
 
@@ -75,8 +87,20 @@ class Worker:
             assert self.node_wide is not None, "the supervisor gives every other worker the first one's definitions"
             self._forget_what_the_first_worker_has_not(node)
             document = {**self.node_wide, **{key: document[key] for key in VHOST_SECTIONS if key in document}}
-        mine = {name for name, worker in self.leaders.items() if worker == self.number}
-        return of_vhosts(document, mine)
+        self.led = {name for name, worker in self.leaders.items() if worker == self.number}
+        return of_vhosts(document, self.led)
+
+    async def follow_supervisor(self, node: Node) -> None:
+        """Answer the supervisor until it closes the control socket: take the placement's changes (a vhost made or
+        deleted), and give the node-wide definitions (the first worker's, for a worker started again)."""
+        while line := await self.reader.readline():
+            message = json.loads(line)
+            if "placement" in message:
+                self.leaders.clear()
+                self.leaders.update(message["placement"])
+                await send(self.writer, {"placed": True})
+            else:
+                await send(self.writer, {"node": export_node_wide(node)})
 
     def _forget_what_the_first_worker_has_not(self, node: Node) -> None:
         """Users and permissions this store kept that the first worker no longer has (its copy is the node's)."""
@@ -102,7 +126,11 @@ async def serve(control: socket.socket) -> None:
     senders = {int(other): socket.socket(fileno=fd) for other, fd in instructions["senders"].items()}
     server.handoffs = Handoffs(number, worker.leaders, senders)
     stop = stop_on_signals()
-    await server.start()
+    try:
+        await server.start()
+    except StartupError as error:  # the supervisor says it, as a one-process broker would
+        await send(writer, {"refused": str(error)})
+        raise
     receiving = socket.socket(fileno=instructions["receiving"])
     receiving.setblocking(False)
     loop = asyncio.get_running_loop()
@@ -114,22 +142,36 @@ async def serve(control: socket.socket) -> None:
         task.add_done_callback(adopting.discard)
 
     loop.add_reader(receiving.fileno(), receive_all, receiving, adopt)
+    api = web.AppRunner(make_app(server, forwarded=True), handle_signals=False, access_log=None)
+    await api.setup()
+    await web.SockSite(api, socket.socket(fileno=instructions["api"])).start()
     await send(writer, {"serving": True, "node": export_node_wide(server.node) if worker.first else None})
-    supervisor_gone = loop.create_task(reader.read())  # the supervisor sends nothing more: EOF when it goes
-    supervisor_gone.add_done_callback(lambda _: stop.set())
+    control = loop.create_task(worker.follow_supervisor(server.node))
+    control.add_done_callback(lambda _: stop.set())  # the supervisor has gone
     await stop.wait()
     loop.remove_reader(receiving.fileno())
+    await api.cleanup()
     await server.stop()
 
 
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent ends
+
+
+def die_with_the_supervisor(supervisor: int) -> None:
+    """A kill -9 of the supervisor ends its workers at once, as it would end a one-process broker: nothing is left
+    holding the data dir when it is started again."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != supervisor:  # it ended before the line above
+        os._exit(1)
+
+
 def main() -> int:
+    die_with_the_supervisor(int(sys.argv[2]))
     control = socket.socket(fileno=int(sys.argv[1]))
     try:
         uvloop.run(serve(control))
-    except StartupError as error:
-        print(f"warren-server: {error}", file=sys.stderr)
-        return 1
-    except ConnectionError:
+    except (StartupError, ConnectionError):  # the supervisor says why
         return 1
     logging.shutdown()
     os._exit(0)  # as broker.__main__: skip freeing every queued message one by one

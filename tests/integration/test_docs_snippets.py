@@ -17,6 +17,7 @@ from pathlib import Path
 import pika
 import pytest
 
+from broker.__main__ import parse_args
 from broker.config import load_config
 from tests.conftest import REPO_ROOT
 
@@ -135,6 +136,8 @@ def test_a_shell_command_runs_or_names_what_exists(page, words, broker):
         else:
             assert (REPO_ROOT / arguments[0]).is_file()
         assert all((REPO_ROOT / word).exists() for word in arguments if word.startswith("tests/"))
+    elif program == "warren-server":  # started here it would keep the default ports: its options are checked
+        parse_args(arguments)
     elif program == "docker":
         assert (REPO_ROOT / arguments[arguments.index("-f") + 1]).is_file()
     elif program.startswith("tools/"):

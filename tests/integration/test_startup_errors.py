@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EXTERNAL_URL, REPO_ROOT, Broker, free_port, wait_for_port
+from tests.conftest import EXTERNAL_URL, REPO_ROOT, WORKER_OPTIONS, Broker, free_port, wait_for_port
 from tests.integration.helpers import connect
 from tests.tmpfs import tmpfs
 
@@ -27,7 +27,7 @@ def run_broker(data_dir: Path, port: int | None = None, user: int | None = None,
     """Run a broker that is expected to exit at once; `user` runs it under that uid (and gid); `extra` options come
     last (a later option overrides an earlier one)."""
     command = [sys.executable, "-m", "broker", "--host", "127.0.0.1", "--port", str(port or free_port()),
-               "--data-dir", str(data_dir), "--management-port", "0", "--prometheus-port", "0", *extra]
+               "--data-dir", str(data_dir), "--management-port", "0", "--prometheus-port", "0", *WORKER_OPTIONS, *extra]
     if user is not None:
         command = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *command]
     return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=EXIT_TIMEOUT)
@@ -106,6 +106,8 @@ def test_a_port_in_use_is_reported_before_the_data_dir_is_touched(tmp_path):
 @pytest.mark.parametrize("option, what", [("--management-port", "management API"),
                                           ("--prometheus-port", "Prometheus metrics")])
 def test_an_http_port_in_use_is_reported_before_the_data_dir_is_touched(tmp_path, option, what):
+    if WORKER_OPTIONS and option == "--prometheus-port":
+        pytest.skip("several workers have no Prometheus endpoint yet")
     data_dir = tmp_path / "data"
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -20,6 +20,7 @@ import pika
 import pytest
 from pamqp import commands, frame
 
+from tests.integration.management import add_user, add_vhost, request, set_permissions
 from tests.integration.rawclient import RawClient, plain_response
 
 if os.environ.get("WARREN_TEST_URL"):
@@ -43,13 +44,13 @@ read = ".*"
 
 @pytest.fixture
 def workers(own_broker, tmp_path):
-    """Start a broker of two workers (the management API and metrics off, as several workers need for now)."""
+    """Start a broker of two workers (no metrics endpoint, which several workers do not have yet)."""
     config = tmp_path / "warren.toml"
     config.write_text(CONFIG)
 
     def start(count: int = 2, data_dir: Path | None = None):
-        return own_broker("--workers", str(count), "--config", str(config), "--management-port", "0",
-                          "--prometheus-port", "0", data_dir=data_dir)
+        return own_broker("--workers", str(count), "--config", str(config), "--prometheus-port", "0",
+                          data_dir=data_dir)
 
     return start
 
@@ -63,8 +64,8 @@ def connect(broker, vhost: str) -> pika.BlockingConnection:
 
 
 def worker_pids(broker) -> dict[int, int]:
-    """Each worker's latest pid, from the supervisor's log."""
-    return {int(number): int(pid) for number, pid in re.findall(r"worker (\d+) started \(pid (\d+)\)", broker.log())}
+    """Each serving worker's latest pid, from the supervisor's log."""
+    return {int(number): int(pid) for number, pid in re.findall(r"worker (\d+) serves \(pid (\d+)\)", broker.log())}
 
 
 def socket_inode(local_port: int, remote_port: int) -> str:
@@ -162,6 +163,64 @@ def test_a_vhost_keeps_its_worker_and_its_messages_across_restarts(workers):
             _, _, body = conn.channel().basic_get("kept", auto_ack=True)
             assert body == f"in {vhost}".encode()
     assert (broker.data_dir / "workers" / "1").is_dir()  # v1's store
+
+
+def test_a_vhost_made_through_the_api_goes_to_the_worker_that_leads_fewest(workers):
+    broker = workers()
+    add_vhost(broker, "v3")
+    set_permissions(broker, "v3", "guest")
+    placement = json.loads((broker.data_dir / "workers" / "placement.json").read_text())["vhosts"]
+    assert placement["v3"] == 1  # worker 0 leads / and v2, worker 1 leads v1
+    with RawClient.connect(broker) as client:
+        client.handshake(vhost="v3")
+        assert serving_worker(broker, client) == 1
+    for vhost in ("%2F", "v3"):
+        assert request(broker, "PUT", f"/api/queues/{vhost}/listed", {"durable": True}).status == 201
+    listed = request(broker, "GET", "/api/queues?columns=vhost,name").body
+    assert [(queue["vhost"], queue["name"]) for queue in listed] == [("/", "listed"), ("v3", "listed")]
+    page = request(broker, "GET", "/api/queues?page=1&page_size=1&name=listed").body
+    assert (page["filtered_count"], page["page_count"], page["items"][0]["vhost"]) == (2, 2, "/")
+    assert request(broker, "GET", "/api/overview").body["object_totals"]["queues"] == 2
+    vhosts = request(broker, "GET", "/api/vhosts?columns=name").body
+    assert [vhost["name"] for vhost in vhosts] == ["/", "v1", "v2", "v3"]  # each once, from the worker leading it
+    assert request(broker, "DELETE", "/api/vhosts/v3").status == 204
+    assert "v3" not in json.loads((broker.data_dir / "workers" / "placement.json").read_text())["vhosts"]
+
+
+def test_a_user_made_through_the_api_logs_in_on_a_worker_started_again(workers):
+    broker = workers()
+    add_user(broker, "alice", "secret")
+    set_permissions(broker, "v1", "alice")
+    killed = worker_pids(broker)[1]
+    os.kill(killed, signal.SIGKILL)
+    wait_for(lambda: worker_pids(broker).get(1) != killed, what="worker 1 started again")
+    deadline = time.monotonic() + 15
+    while True:  # until worker 1 serves again: its hand-offs wait meanwhile, but a login may still race its start
+        try:
+            with RawClient.connect(broker) as client:
+                client.handshake(username="alice", password="secret", vhost="v1")
+                assert serving_worker(broker, client) == 1
+                break
+        except (ConnectionError, OSError):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    assert request(broker, "DELETE", "/api/users/alice").status == 204
+    with RawClient.connect(broker) as client:  # refused whichever worker accepts
+        client.send_protocol_header()
+        client.expect(commands.Connection.Start, channel=0)
+        client.send(0, commands.Connection.StartOk(mechanism="PLAIN", response=plain_response("alice", "secret"),
+                                                   locale="en_US"))
+        client.expect_closed()
+
+
+def test_an_import_is_checked_by_every_worker_before_any_applies_it(workers):
+    broker = workers()
+    reply = request(broker, "POST", "/api/definitions", {
+        "users": [{"name": "bob", "password": "pw", "tags": ""}],
+        "queues": [{"name": "bad", "vhost": "v1", "durable": True, "auto_delete": False,
+                    "arguments": {"x-max-length": "many"}}]})
+    assert reply.status == 400 and "bad" in reply.body["reason"]
+    assert request(broker, "GET", "/api/users/bob").status == 404  # not made on worker 0 either
 
 
 def test_a_data_dir_of_one_process_keeps_its_vhosts_on_the_first_worker(workers, own_broker, tmp_path):

@@ -56,9 +56,9 @@ def test_file_then_overrides(tmp_path):
     ('[amqp]\nfailed_login_delay = "1s"\n', "failed_login_delay must be a number, got '1s'"),
     ("[server]\nworkers = 0\n", 'workers must be "auto" or between 1 and 256, got 0'),
     ('[server]\nworkers = "many"\n', "workers must be an integer, got 'many'"),
-    ("[server]\nworkers = 2\n", "workers = 2 does not yet go with management port, prometheus port: several workers "
-                                 "serve AMQP alone for now"),
-    ("[server]\nworkers = 2\n[management]\nport = 0\n[prometheus]\nport = 0\n[tls]\ncertfile = 'c'\nkeyfile = 'k'\n",
+    ("[server]\nworkers = 2\n", "workers = 2 does not yet go with prometheus port: several workers serve AMQP and "
+                                 "the management API alone for now"),
+    ("[server]\nworkers = 2\n[prometheus]\nport = 0\n[tls]\ncertfile = 'c'\nkeyfile = 'k'\n",
      "workers = 2 does not yet go with tls certfile"),
 ])
 def test_bad_config_is_refused_with_a_message_naming_the_problem(tmp_path, text, message):
@@ -68,7 +68,7 @@ def test_bad_config_is_refused_with_a_message_naming_the_problem(tmp_path, text,
 
 
 def test_auto_workers_are_one_per_core(tmp_path):
-    config = load_config(write(tmp_path, '[server]\nworkers = "auto"\n[management]\nport = 0\n[prometheus]\nport = 0\n'))
+    config = load_config(write(tmp_path, '[server]\nworkers = "auto"\n[prometheus]\nport = 0\n'))
     assert config.workers == os.cpu_count()
 
 

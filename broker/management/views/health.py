@@ -36,7 +36,10 @@ def failed(reason: str, **details) -> web.Response:
 def listeners(request: web.Request) -> dict[str, int]:
     """Protocol -> port of what this node listens on (RabbitMQ's protocol names)."""
     server = http.server_of(request)
-    management_port = request.transport.get_extra_info("sockname")[1] if request.transport else 0
+    if request.app[http.FORWARDED]:  # on a worker's internal socket: the port is the supervisor's
+        management_port = server.config.management_port
+    else:
+        management_port = request.transport.get_extra_info("sockname")[1] if request.transport else 0
     found = {"amqp": server.port, "http" if not server.config.management_tls else "https": management_port}
     if server.tls_port is not None:
         found["amqp/ssl"] = server.tls_port

@@ -1,0 +1,371 @@
+"""The management API of several workers: one listener, the supervisor's, in front of the usual API
+(broker.management) that every worker runs on an internal socket.
+
+A request goes where what it names lives:
+- a vhost's resources (``/api/queues/{vhost}/...``, a vhost's definitions, its aliveness test) to the worker that
+  leads the vhost;
+- a node-wide change (users, permissions, vhosts, an import of definitions) to every worker, the first one first:
+  its answer is the reply, and a refusal there changes nothing anywhere; a new vhost is placed before it is made;
+- a listing over every vhost (queues, exchanges, connections...) to every worker, each item kept from the worker
+  that leads its vhost, then filtered, paged and cut to columns here as one worker would;
+- a connection or channel by name to each worker until one has it;
+- anything else (users, permissions, the node) to the first worker, which holds the node-wide definitions.
+
+Every worker checks the request's credentials itself; the client's address travels in a header that only the
+internal socket's API believes (http.FORWARDED_CLIENT).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable
+
+from aiohttp import web
+from multidict import CIMultiDict
+
+from broker.management import guards, http
+from broker.management.app import CONSOLE, VIEWS, console_page
+from broker.management.resources import listing, sorted_bindings
+from broker.model.definitions import VHOST_SECTIONS, of_vhosts
+
+if TYPE_CHECKING:
+    from broker.workers.supervisor import Supervisor
+
+log = logging.getLogger(__name__)
+
+# Query parameters that shape a listing: applied here to the merged list, not by each worker to its share
+SHAPING = ("page", "page_size", "name", "use_regex", "columns")
+
+# Listings over every vhost, with how one worker orders them and whether they page
+GATHERED: dict[str, tuple[Callable[[list[dict]], list[dict]], bool]] = {
+    "/api/queues": (lambda items: http.sorted_by(items, "vhost", "name"), True),
+    "/api/exchanges": (lambda items: http.sorted_by(items, "vhost", "name"), True),
+    "/api/bindings": (sorted_bindings, False),
+    "/api/connections": (lambda items: http.sorted_by(items, "name"), True),
+    "/api/channels": (lambda items: http.sorted_by(items, "name"), True),
+    "/api/consumers": (lambda items: items, False),
+    "/api/vhosts": (lambda items: http.sorted_by(items, "name"), True),
+    "/api/{kind}": (lambda items: http.sorted_by(items, "vhost", "name"), False),
+}
+FOUND_ON_ONE = frozenset(("/api/connections/{name}", "/api/connections/{name}/channels", "/api/channels/{name}"))
+# Node-wide changes: made on every worker (PUT and DELETE; the import of a whole node's definitions is POSTed)
+EVERYWHERE = frozenset(("/api/users/{name}", "/api/permissions/{vhost}/{user}", "/api/vhosts/{vhost}"))
+FAILING_FIRST = frozenset(("/api/health/checks/alarms", "/api/health/checks/local-alarms",
+                           "/api/health/checks/virtual-hosts"))  # checks that fail if any worker's fails
+
+
+Body = bytes | AsyncIterator[bytes] | None  # what a forwarded request carries
+
+
+async def streamed(request: web.Request, kept: bytearray | None = None) -> AsyncIterator[bytes]:
+    """The request's body as the worker reads it (a worker refuses a body too large, or a request it does not
+    authorise, before reading it, as the API of one process does); kept gets a copy when given."""
+    async for chunk in request.content.iter_any():
+        if kept is not None:
+            kept += chunk
+        yield chunk
+
+
+def body_of(request: web.Request, kept: bytearray | None = None) -> Body:
+    return streamed(request, kept) if request.can_read_body else None
+
+
+class Answer:
+    """A worker's answer to a forwarded request."""
+
+    def __init__(self, status: int, headers: CIMultiDict, body: bytes):
+        self.status = status
+        self.headers = headers
+        self.body = body
+
+    def json(self):
+        return json.loads(self.body)
+
+    def response(self) -> web.Response:
+        return web.Response(status=self.status, body=self.body, headers=self.headers)
+
+
+class WorkerApis:
+    """Requests to the workers' internal API sockets, written and read here: a worker answers as soon as it has
+    decided (a refused login, a body too large), however much of the body the client has still to send, and its
+    answer goes back at once, as the API of one process answers."""
+
+    def __init__(self, supervisor: "Supervisor"):
+        self.supervisor = supervisor
+
+    async def ask(self, worker: int, request: web.Request, body: Body = None, path_qs: str | None = None,
+                  check_only: bool = False) -> Answer:
+        """The worker's answer to request (with body: bytes, or the request's own, streamed as the worker reads
+        it)."""
+        try:
+            reader, writer = await asyncio.open_unix_connection(self.supervisor.workers[worker].api_path)
+        except OSError as error:
+            return unavailable(worker, request, error)
+        try:
+            writer.write(self._head(request, body, path_qs, check_only))
+            sending = asyncio.ensure_future(self._send(writer, body, request.content_length is None))
+            try:
+                return await read_answer(reader, request.method)
+            finally:
+                sending.cancel()
+        except (OSError, asyncio.IncompleteReadError, ValueError) as error:
+            return unavailable(worker, request, error)
+        finally:
+            writer.close()
+
+    @staticmethod
+    def _head(request: web.Request, body: Body, path_qs: str | None, check_only: bool) -> bytes:
+        """The request line and headers: the client's own (the Host, the credentials, the body's length), and the
+        client's address."""
+        lines = [f"{request.method} {path_qs or request.raw_path} HTTP/1.1".encode()]
+        for name, value in request.raw_headers:
+            lowered = name.lower()
+            if lowered.startswith(b"x-warren-") or lowered in (b"connection", b"keep-alive"):
+                continue
+            if isinstance(body, bytes) and lowered in (b"content-length", b"transfer-encoding"):
+                continue
+            lines.append(name + b": " + value)
+        if isinstance(body, bytes):
+            lines.append(b"Content-Length: %d" % len(body))
+        lines.append(f"{http.FORWARDED_CLIENT}: {request.remote or ''}".encode())
+        if check_only:
+            lines.append(f"{http.CHECK_ONLY}: 1".encode())
+        lines.append(b"Connection: close")
+        return b"\r\n".join(lines) + b"\r\n\r\n"
+
+    @staticmethod
+    async def _send(writer: asyncio.StreamWriter, body: Body, chunked: bool) -> None:
+        try:
+            if isinstance(body, bytes):
+                writer.write(body)
+            elif body is not None:
+                async for chunk in body:
+                    writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
+                    await writer.drain()
+                if chunked:
+                    writer.write(b"0\r\n\r\n")
+            await writer.drain()
+        except OSError:
+            pass  # the worker answered before it read the whole body, and closed
+
+
+async def read_answer(reader: asyncio.StreamReader, method: str) -> Answer:
+    """An HTTP/1.1 response from a worker's API (its status, headers and body)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    status_line, *header_lines = head[:-4].decode("latin-1").split("\r\n")
+    status = int(status_line.split()[1])
+    headers = CIMultiDict(line.split(": ", 1) for line in header_lines)
+    if method == "HEAD" or status in (204, 304):
+        body = b""
+    elif headers.get("Transfer-Encoding", "").lower() == "chunked":
+        parts = []
+        while size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16):
+            parts.append(await reader.readexactly(size))
+            await reader.readexactly(2)
+        await reader.readuntil(b"\r\n")
+        body = b"".join(parts)
+    elif "Content-Length" in headers:
+        body = await reader.readexactly(int(headers["Content-Length"]))
+    else:
+        body = await reader.read()
+    for name in ("Content-Length", "Transfer-Encoding", "Connection", "Keep-Alive", "Date", "Server"):
+        headers.popall(name, None)
+    return Answer(status, headers, body)
+
+
+def unavailable(worker: int, request: web.Request, error: Exception) -> Answer:
+    log.warning("worker %d did not answer %s %.200s: %s", worker, request.method, request.path, error)
+    return Answer(503, CIMultiDict({"Content-Type": "application/json"}), json.dumps(
+        {"error": "service_unavailable", "reason": f"worker {worker} is starting or stopping"}).encode())
+
+
+class Gateway:
+    """The public API's one handler: what goes where (see the module's text)."""
+
+    def __init__(self, supervisor: "Supervisor"):
+        self.supervisor = supervisor
+        self.apis = WorkerApis(supervisor)
+        self.routes = web.Application()  # the usual API's routes, to tell what a path names
+        for view in VIEWS:
+            self.routes.add_routes(view.routes)
+
+    @property
+    def workers(self) -> range:
+        return range(len(self.supervisor.workers))
+
+    def leader_of(self, vhost: str) -> int:
+        assert self.supervisor.placement is not None
+        return self.supervisor.placement.leaders.get(vhost, 0)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        try:
+            return await self._handle(request)
+        except http.ApiError as error:  # a listing's shape asked for here (a page out of range...)
+            return error.response()
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        match = await self.routes.router.resolve(request)
+        resource = match.route.resource
+        pattern = resource.canonical if resource is not None else ""
+        vhost = match.get("vhost")
+        method = request.method
+        if method in ("PUT", "DELETE") and pattern in EVERYWHERE:
+            return await self.everywhere(request, pattern, vhost)
+        if method == "POST" and pattern == "/api/definitions":
+            return await self.import_everywhere(request)
+        if vhost is not None:
+            return (await self.apis.ask(self.leader_of(vhost), request, body_of(request))).response()
+        if method != "GET":
+            return (await self.apis.ask(0, request, body_of(request))).response()
+        if pattern in GATHERED:
+            return await self.gathered(request, pattern)
+        if pattern in FOUND_ON_ONE:
+            return await self.first_found(request)
+        if pattern in FAILING_FIRST:
+            return await self.first_failure(request)
+        if pattern == "/api/overview":
+            return await self.overview(request)
+        if pattern == "/api/definitions":
+            return await self.definitions(request)
+        return (await self.apis.ask(0, request)).response()
+
+    async def _each(self, ask: Callable[[int], Awaitable[Answer]]) -> list[Answer]:
+        return list(await asyncio.gather(*(ask(worker) for worker in self.workers)))
+
+    async def _after_first(self, request: web.Request, first: Answer, bodies: dict[int, bytes]) -> web.Response:
+        """The other workers make the change the first one accepted; the first one's answer is the reply."""
+        if first.status >= 400:
+            return first.response()
+        for worker in self.workers[1:]:
+            answer = await self.apis.ask(worker, request, bodies[worker])
+            if answer.status >= 400:
+                log.error("worker %d refused %s %s that worker 0 accepted: %d %s", worker, request.method,
+                          request.path, answer.status, answer.body[:300])
+                return answer.response()
+        return first.response()
+
+    async def everywhere(self, request: web.Request, pattern: str, vhost: str | None) -> web.Response:
+        if pattern == "/api/vhosts/{vhost}" and request.method == "PUT" and vhost is not None:
+            await self.supervisor.place([vhost])
+        kept = bytearray()
+        first = await self.apis.ask(0, request, body_of(request, kept))
+        response = await self._after_first(request, first, {worker: bytes(kept) for worker in self.workers})
+        if pattern == "/api/vhosts/{vhost}" and request.method == "DELETE" and response.status < 300:
+            await self.supervisor.forget(vhost)
+        return response
+
+    async def import_everywhere(self, request: web.Request) -> web.Response:
+        """A whole node's definitions: node-wide ones to every worker, each vhost's to its leader. Worker 0 first
+        checks the request as one process would (credentials, size, shape), then each worker checks its share."""
+        kept = bytearray()
+        answer = await self.apis.ask(0, request, body_of(request, kept), check_only=True)
+        if answer.status >= 400:
+            return answer.response()
+        document = json.loads(kept)
+        named = [item.get("name") for item in document.get("vhosts") or [] if isinstance(item, dict)]
+        # Placed before the check: the check of an item of a new vhost is its leader's
+        await self.supervisor.place([name for name in named if isinstance(name, str)])
+        bodies = {worker: json.dumps(of_vhosts(document, self.led_by(worker, document))).encode()
+                  for worker in self.workers}
+        for worker in self.workers:  # every share checked before any is applied: all or nothing, as one worker
+            answer = await self.apis.ask(worker, request, bodies[worker], check_only=True)
+            if answer.status >= 400:
+                return answer.response()
+        first = await self.apis.ask(0, request, bodies[0])
+        return await self._after_first(request, first, bodies)
+
+    def led_by(self, worker: int, document: dict) -> set[str]:
+        """The vhosts whose items of document go to worker: those it leads, and for the first one those no worker
+        leads (it refuses them, naming the vhost)."""
+        leaders = self.supervisor.placement.leaders
+        names = {name for name, leader in leaders.items() if leader == worker}
+        if worker == 0:
+            items = [item for section in VHOST_SECTIONS if isinstance(document.get(section), list)
+                     for item in document[section] if isinstance(item, dict)]
+            names |= {item["vhost"] for item in items if isinstance(item.get("vhost"), str)} - set(leaders)
+        return names
+
+    async def gathered(self, request: web.Request, pattern: str) -> web.Response:
+        query = {key: value for key, value in request.query.items() if key not in SHAPING}
+        path_qs = str(request.rel_url.with_query(query))
+        answers = await self._each(lambda worker: self.apis.ask(worker, request, path_qs=path_qs))
+        items: list[dict] = []
+        for worker, answer in zip(self.workers, answers):
+            if answer.status != 200:
+                return answer.response()
+            key = "name" if pattern == "/api/vhosts" else "vhost"
+            items += [item for item in answer.json() if not isinstance(item.get(key), str)
+                      or self.leader_of(item[key]) == worker]
+        order, pageable = GATHERED[pattern]
+        return await listing(request, order(items), pageable)
+
+    async def first_found(self, request: web.Request) -> web.Response:
+        answer = None
+        for worker in self.workers:
+            answer = await self.apis.ask(worker, request)
+            if answer.status != 404:
+                break
+        assert answer is not None
+        return answer.response()
+
+    async def first_failure(self, request: web.Request) -> web.Response:
+        answers = await self._each(lambda worker: self.apis.ask(worker, request))
+        return next((answer for answer in answers if answer.status != 200), answers[0]).response()
+
+    async def overview(self, request: web.Request) -> web.Response:
+        answers = await self._each(lambda worker: self.apis.ask(worker, request))
+        if any(answer.status != 200 for answer in answers):
+            return next(answer for answer in answers if answer.status != 200).response()
+        data = answers[0].json()
+        for answer in answers[1:]:
+            other = answer.json()
+            for section in ("queue_totals", "object_totals", "message_stats"):
+                data[section] = summed(data.get(section, {}), other.get(section, {}))
+        exchanges = await self.gathered(request.clone(rel_url=request.rel_url.with_path("/api/exchanges")
+                                                      .with_query({"columns": "vhost"})), "/api/exchanges")
+        data["object_totals"]["exchanges"] = len(json.loads(exchanges.body))  # each vhost's from its leader alone
+        return http.reply(data)
+
+    async def definitions(self, request: web.Request) -> web.Response:
+        answers = await self._each(lambda worker: self.apis.ask(worker, request))
+        if any(answer.status != 200 for answer in answers):
+            return next(answer for answer in answers if answer.status != 200).response()
+        document = answers[0].json()
+        for section in VHOST_SECTIONS:
+            document[section] = [item for worker, answer in zip(self.workers, answers)
+                                 for item in answer.json().get(section, [])
+                                 if not isinstance(item.get("vhost"), str) or self.leader_of(item["vhost"]) == worker]
+        return web.Response(body=json.dumps(document).encode(), headers=answers[0].headers)
+
+
+def summed(one, other):
+    """Two workers' figures added up: numbers added, objects field by field, rates' samples one by one (each at the
+    older of the two times, so that a sample is as recent as both workers' figures in it), anything else kept from
+    the first."""
+    if isinstance(one, bool) or isinstance(other, bool):
+        return one
+    if isinstance(one, (int, float)) and isinstance(other, (int, float)):
+        return one + other
+    if isinstance(one, list) and isinstance(other, list) and all(
+            isinstance(sample, dict) and "timestamp" in sample and "sample" in sample for sample in one + other):
+        return [{"sample": mine["sample"] + theirs["sample"], "timestamp": min(mine["timestamp"], theirs["timestamp"])}
+                for mine, theirs in zip(one, other)]
+    if isinstance(one, dict) and isinstance(other, dict):
+        return {key: summed(one[key], other[key]) if key in one and key in other else one.get(key, other.get(key))
+                for key in {**one, **other}}
+    return one
+
+
+def make_gateway_app(supervisor: "Supervisor") -> web.Application:
+    config = supervisor.config
+    gateway = Gateway(supervisor)
+    app = web.Application(middlewares=[guards.same_origin], client_max_size=config.management_max_body_size)
+    app[guards.NAMES] = guards.allowed_names(config)
+    app.on_response_prepare.append(guards.add_security_headers)
+
+    app.router.add_get("/", console_page)
+    app.router.add_static("/console/", CONSOLE)
+    app.router.add_route("*", r"/api/{path:[\s\S]*}", gateway.handle)  # names may hold line breaks
+    return app
