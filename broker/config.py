@@ -281,19 +281,14 @@ MAX_WORKERS = 256  # the most worker processes a node may run
 
 
 def _validate_workers(config: Config) -> None:
-    """Several workers serve AMQP over TCP and the management API for now: the metrics, amqps and a cluster do not
-    yet reach across them, and are refused rather than showing one worker's share."""
+    """A node of a cluster runs one worker for now: several are refused rather than half done."""
     if not 1 <= config.workers <= MAX_WORKERS:
         raise ConfigError(f"workers must be \"auto\" or between 1 and {MAX_WORKERS}, got {config.workers}")
     if config.workers == 1:
         return
-    taken = [name for name, used in (("prometheus port", config.prometheus_port),
-                                      ("tls certfile", config.tls_certfile),
-                                      ("cluster etcd_endpoints", config.cluster_etcd_endpoints)) if used]
-    if taken:
-        raise ConfigError(f"workers = {config.workers} does not yet go with {', '.join(taken)}: several workers "
-                          "serve AMQP and the management API alone for now (set prometheus port to 0, and leave "
-                          "[tls] and [cluster] out)")
+    if config.cluster_etcd_endpoints:
+        raise ConfigError(f"workers = {config.workers} does not yet go with [cluster] etcd_endpoints: a node of a "
+                          "cluster runs one worker for now")
 
 
 def _validate(config: Config) -> None:

@@ -24,9 +24,8 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXTERNAL_URL = os.environ.get("WARREN_TEST_URL")
 EXTERNAL_MANAGEMENT_URL = os.environ.get("WARREN_TEST_MANAGEMENT_URL")
-# Worker processes of the brokers the tests start (--workers); with more than one they have no Prometheus endpoint
-WORKERS = int(os.environ.get("WARREN_TEST_WORKERS", "1"))
-WORKER_OPTIONS = ["--workers", str(WORKERS), "--prometheus-port", "0"] if WORKERS > 1 else []  # to pass them
+WORKERS = int(os.environ.get("WARREN_TEST_WORKERS", "1"))  # worker processes of the brokers the tests start
+WORKER_OPTIONS = ["--workers", str(WORKERS)] if WORKERS > 1 else []  # the options that ask for them
 
 
 def pytest_sessionstart(session) -> None:

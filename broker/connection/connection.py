@@ -15,6 +15,7 @@ from broker.connection import handoff
 from broker.connection.auth import authenticate
 from broker.connection.login_throttle import LoginThrottle
 from broker.connection.peer_log import PeerLog
+from broker.connection.splice import splice
 from broker.session.channel import Channel
 from protocol import errors
 from protocol import erlang_terms
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 peer_log = PeerLog(log)  # every line about one client goes through here, so that no client can flood the log
 failed_logins = LoginThrottle()  # consecutive refused logins per address, to answer them more and more slowly
+SPLICING: set[asyncio.Task] = set()  # TLS connections being joined to the worker they were handed to
 
 _CLASS_METHOD: Final = struct.Struct(">HH")
 _CHANNEL_OPEN: Final = (20, 10)
@@ -140,6 +142,7 @@ class Connection(asyncio.Protocol):
         self.local: tuple[Any, ...] | None = None  # (host, port) the client connected to: ours, or its proxy's
         self.proxy_allowed = False  # the socket's peer is a trusted proxy and may send a PROXY header first
         self.connected_at = 0  # wall-clock milliseconds when the socket was accepted (shown by the management API)
+        self.tls = False  # the client speaks TLS (amqps), here or to the worker that handed the connection over
         # Where connection.open asked to go when another worker process leads that vhost: the socket to hand the
         # connection to, once the frame is read
         self.leader: "socket.socket | None" = None
@@ -148,9 +151,11 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(Transport, transport)  # a stream transport: this protocol is served over TCP
         sock = transport.get_extra_info("socket")
-        if sock is not None:
+        if sock is not None and sock.family != socket.AF_UNIX:  # (a TLS connection another worker keeps is not TCP)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._set_ends(transport.get_extra_info("peername"), transport.get_extra_info("sockname"))
+        self.tls = transport.get_extra_info("sslcontext") is not None
+        if self.handed is None:  # (a handed connection's ends are the client's, which its state names)
+            self._set_ends(transport.get_extra_info("peername"), transport.get_extra_info("sockname"))
         self.proxy_allowed = self.peer_address in self.server.trusted_proxies
         self.connected_at = int(time.time() * 1000)
         self.server.connections.add(self)
@@ -169,6 +174,7 @@ class Connection(asyncio.Protocol):
         self.channel_max = handed.channel_max
         self.heartbeat = handed.heartbeat
         self.connected_at = handed.connected_at
+        self.tls = handed.tls
         self.received_bytes = handed.received_bytes
         self.sent_bytes = handed.sent_bytes
         self.state = AWAIT_OPEN
@@ -600,21 +606,35 @@ class Connection(asyncio.Protocol):
             frame_max=self.frame_max, channel_max=self.channel_max, heartbeat=self.heartbeat,
             peer=[self.peer_address, self.peer_port],
             local=list(self.local[:2]) if self.local else ["", 0], connected_at=self.connected_at,
-            received_bytes=self.received_bytes - len(data), sent_bytes=self.sent_bytes, data=data)
+            received_bytes=self.received_bytes - len(data), sent_bytes=self.sent_bytes, tls=self.tls, data=data)
+        # A TLS session stays here: the other worker gets one end of a socket pair, joined to the client here
+        inner, handed_end = socket.socketpair() if self.tls else (None, None)
         try:
-            handoff.send(self.leader, transport.get_extra_info("socket").fileno(), handed)
+            sent = handed_end if handed_end is not None else transport.get_extra_info("socket")
+            handoff.send(self.leader, sent.fileno(), handed)
         except OSError as error:
             peer_log.warning(self.peer_address, "closing AMQP connection %s: cannot hand it to the worker that "
                              "leads its vhost: %s", self.name, error)
             self.leader = None
+            if inner is not None:
+                inner.close()
             self.close(CONNECTION_FORCED, "CONNECTION_FORCED - broker forced connection closure with reason "
                                           "'vhost unavailable'")
             return
+        finally:
+            if handed_end is not None:
+                handed_end.close()  # the other worker holds its own copy
+        log.debug("connection %s handed to the worker that leads its vhost", self.name)
         self.state = CLOSED
         if self.timer is not None:
             self.timer.cancel()
         self.server.connections.discard(self)
-        transport.close()
+        if inner is None:
+            transport.close()
+        else:
+            splicing = self.loop.create_task(splice(transport, inner))
+            SPLICING.add(splicing)
+            splicing.add_done_callback(SPLICING.discard)
 
     def _handshake_timeout(self) -> None:
         if self.state < OPEN:

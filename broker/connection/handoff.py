@@ -3,7 +3,8 @@
 The worker that accepted a connection runs its handshake up to connection.open. When the vhost named there is led
 by another worker, the socket itself goes to that worker over a datagram socket (SCM_RIGHTS), with what the
 handshake settled and the bytes read from connection.open on; the receiving worker carries on as if it had read
-them itself. No byte of the connection passes through a second process afterwards.
+them itself. No byte of the connection passes through a second process afterwards, except over TLS, whose session
+stays where it was accepted (broker.connection.splice).
 
 A hand-off is one datagram: a 4-byte length of the JSON state, the JSON, then the client's bytes.
 """
@@ -42,6 +43,7 @@ class HandedOver:
     connected_at: int  # wall-clock milliseconds when the socket was accepted
     received_bytes: int  # read before connection.open
     sent_bytes: int  # written before connection.open
+    tls: bool = False  # the client speaks TLS to the worker that handed it over (which keeps the session)
     data: bytes = b""  # the client's bytes from connection.open on
 
     def properties(self) -> dict:

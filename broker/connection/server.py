@@ -106,10 +106,12 @@ class WorkerRole(Protocol):
 
 
 class Server:
-    def __init__(self, config: Config, role: WorkerRole | None = None, listening: socket.socket | None = None):
+    def __init__(self, config: Config, role: WorkerRole | None = None,
+                 listening: tuple[socket.socket | None, socket.socket | None] = (None, None)):
         self.config = config
         self.role = role  # this server's part among several worker processes; None: it is the only one
-        self.listening = listening  # the AMQP socket several worker processes accept from, made by their parent
+        # The AMQP and amqps sockets several worker processes accept from, made by their parent (None: made here)
+        self.listening, self.listening_tls = listening
         self.handoffs: Handoffs | None = None  # where connections to vhosts other workers lead go (None: nowhere)
         self.data_dir = Path(config.data_dir).absolute()
         # raised while the store's durable writes fail, until they work again with room to spare
@@ -197,9 +199,11 @@ class Server:
     async def _listen(self, port: int, tls: ssl.SSLContext | None = None) -> asyncio.base_events.Server:
         host = self.config.host
         try:
-            if self.listening is not None and tls is None:
+            shared = self.listening_tls if tls is not None else self.listening
+            if shared is not None:
                 return await asyncio.get_running_loop().create_server(
-                    lambda: Connection(self), sock=self.listening, backlog=1024, start_serving=False)
+                    lambda: Connection(self), sock=shared, backlog=1024, start_serving=False, ssl=tls,
+                    ssl_handshake_timeout=HANDSHAKE_TIMEOUT if tls is not None else None)
             return await asyncio.get_running_loop().create_server(
                 lambda: Connection(self), host, port, reuse_address=True, backlog=1024, start_serving=False,
                 ssl=tls, ssl_handshake_timeout=HANDSHAKE_TIMEOUT if tls is not None else None)
@@ -270,7 +274,8 @@ class Server:
     def _import_boot_definitions(self, document: dict) -> None:
         if not document:
             return
-        sources = ([f"load_definitions file {self.config.load_definitions}"] if self.config.load_definitions else [])
+        sources = ["worker 0's users, vhosts and permissions"] if self.role is not None and not self.role.first else []
+        sources += [f"load_definitions file {self.config.load_definitions}"] if self.config.load_definitions else []
         sources += [f"[[{section}]]" for section in TABLE_ARRAYS if getattr(self.config, section)]
         try:
             import_definitions(self.node, document)

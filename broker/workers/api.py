@@ -96,11 +96,12 @@ class WorkerApis:
         self.supervisor = supervisor
 
     async def ask(self, worker: int, request: web.Request, body: Body = None, path_qs: str | None = None,
-                  check_only: bool = False) -> Answer:
+                  check_only: bool = False, metrics: bool = False) -> Answer:
         """The worker's answer to request (with body: bytes, or the request's own, streamed as the worker reads
-        it)."""
+        it), from its management API or, with metrics, its Prometheus endpoint."""
+        process = self.supervisor.workers[worker]
         try:
-            reader, writer = await asyncio.open_unix_connection(self.supervisor.workers[worker].api_path)
+            reader, writer = await asyncio.open_unix_connection(process.metrics_path if metrics else process.api_path)
         except OSError as error:
             return unavailable(worker, request, error)
         try:

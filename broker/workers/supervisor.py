@@ -25,8 +25,10 @@ from typing import Callable
 from broker.config import Config
 from broker.connection.handoff import handoff_pair
 from broker.connection.server import StartupError, data_dir_error, prepare_data_dir, reason_of, stop_on_signals
+from broker.connection.tls import TlsError, server_context
 from broker.management.server import ManagementServer, take
-from broker.workers.api import make_gateway_app
+from broker.workers.api import WorkerApis, make_gateway_app
+from broker.workers.metrics import make_metrics_gateway_app
 from broker.workers.placement import Placement, PlacementError
 from broker.workers.worker import CONTROL_LINE_LIMIT, receive, send
 from storage.lock import DataDirLock, DataDirLocked
@@ -52,6 +54,9 @@ class WorkerProcess:
         self.api_path = str(private / f"{number}.api")
         self.api = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.api.bind(self.api_path)
+        self.metrics_path = str(private / f"{number}.metrics")  # its Prometheus endpoint's, likewise
+        self.metrics = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.metrics.bind(self.metrics_path)
         # The control socket's ends while it serves (None before and after), and the lock that keeps one exchange
         # on it at a time
         self.control: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
@@ -66,12 +71,24 @@ class Supervisor:
         self.workers = [WorkerProcess(number, self.private) for number in range(workers)]
         self.placement: Placement | None = None
         self.node_wide: dict | None = None  # the first worker's users, vhosts and permissions
-        self.listening: socket.socket | None = None
+        self.listening: socket.socket | None = None  # the AMQP port's socket, which every worker accepts from
+        self.listening_tls: socket.socket | None = None  # the amqps port's, when [tls] names a certificate
         self.lock = DataDirLock(self.data_dir, SUPERVISOR_LOCK)  # held while this node's workers use the data dir
         self.stopping = False
 
-    def take_port(self) -> None:
-        host, port = self.config.host, self.config.port
+    def take_ports(self) -> None:
+        """The AMQP port, and the amqps one once [tls] names a certificate (checked here first, as one process
+        does)."""
+        self.listening = self._bind(self.config.port)
+        if self.config.tls_certfile:
+            try:
+                server_context(self.config)
+            except TlsError as error:
+                raise StartupError(str(error)) from error
+            self.listening_tls = self._bind(self.config.tls_port)
+
+    def _bind(self, port: int) -> socket.socket:
+        host = self.config.host
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -81,7 +98,7 @@ class Supervisor:
             sock.close()
             raise StartupError(f"cannot listen on {host}:{port}: {reason_of(error)}") from error
         sock.setblocking(False)
-        self.listening = sock
+        return sock
 
     async def start(self) -> None:
         prepare_data_dir(self.data_dir)
@@ -111,8 +128,9 @@ class Supervisor:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         assert self.listening is not None and self.placement is not None
         senders = {other.number: other.sending.fileno() for other in self.workers if other is not worker}
+        tls = self.listening_tls.fileno() if self.listening_tls is not None else None
         inherited = [child.fileno(), self.listening.fileno(), worker.receiving.fileno(), worker.api.fileno(),
-                     *senders.values()]
+                     worker.metrics.fileno(), *senders.values(), *([tls] if tls is not None else [])]
         # A session of its own: a terminal's Ctrl-C reaches the supervisor alone, which stops the workers in turn.
         worker.process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "broker.workers.worker", str(child.fileno()), str(os.getpid()), pass_fds=inherited,
@@ -128,8 +146,8 @@ class Supervisor:
         try:
             await send(writer, {
                 "config": dataclasses.asdict(self.config), "worker": worker.number,
-                "listening": self.listening.fileno(), "receiving": worker.receiving.fileno(),
-                "api": worker.api.fileno(), "senders": senders,
+                "listening": self.listening.fileno(), "listening_tls": tls, "receiving": worker.receiving.fileno(),
+                "api": worker.api.fileno(), "metrics": worker.metrics.fileno(), "senders": senders,
                 "placement": None if first else self.placement.leaders, "node": None if first else self.node_wide})
             serving = await receive(reader)
             if first and "vhosts" in serving:  # its store read: the placement of its vhosts, then it serves
@@ -210,8 +228,9 @@ class Supervisor:
                     process.kill()
             if late:
                 await asyncio.wait(late)
-        if self.listening is not None:
-            self.listening.close()
+        for listening in (self.listening, self.listening_tls):
+            if listening is not None:
+                listening.close()
         shutil.rmtree(self.private, ignore_errors=True)
         self.lock.release()
 
@@ -220,20 +239,27 @@ async def supervise(config: Config, workers: int, started: Callable[[], None]) -
     """Run the workers until SIGTERM or SIGINT; ``started`` is called once they serve (a start refused before that
     prints its reason alone)."""
     supervisor = Supervisor(config, workers)
-    supervisor.take_port()
-    management: ManagementServer | None = None
+    supervisor.take_ports()
+    listeners: list[ManagementServer] = []
     if config.management_port:
-        management = await take(make_gateway_app(supervisor), config.management_host, config.management_port,
-                                "management API", max_connections=config.management_max_connections)
-        config.management_port = management.port  # the workers' API names the port it is reached at
+        tls = server_context(config) if config.management_tls else None  # HTTPS with the amqps certificate
+        listeners.append(await take(make_gateway_app(supervisor), config.management_host, config.management_port,
+                                    "management API" + (" (HTTPS)" if tls is not None else ""), tls,
+                                    config.management_max_connections))
+        config.management_port = listeners[-1].port  # the workers' API names the ports the node is reached at
+    if config.prometheus_port:
+        listeners.append(await take(make_metrics_gateway_app(WorkerApis(supervisor), workers),
+                                    config.prometheus_host, config.prometheus_port, "Prometheus metrics",
+                                    max_connections=config.prometheus_max_connections))
+        config.prometheus_port = listeners[-1].port
     stop = stop_on_signals()
     await supervisor.start()
     started()
-    if management is not None:
-        await management.serve()
+    for listener in listeners:
+        await listener.serve()
     await stop.wait()
     log.info("shutting down")
-    if management is not None:
-        await management.stop()
+    for listener in listeners:
+        await listener.stop()
     await supervisor.stop()
     log.info("Warren stopped")

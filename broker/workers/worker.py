@@ -13,8 +13,8 @@ the supervisor's); the control socket carries JSON lines both ways:
 - supervisor -> worker, later: ``{"placement": {...}}`` when a vhost is made or deleted, answered ``{"placed": true}``;
   and to the first worker ``{"export": true}`` before another starts again, answered ``{"node": ...}``.
 
-Each worker also serves the management API (broker.management) on an internal socket the supervisor made, for the
-supervisor's API in front of them all (broker.workers.api).
+Each worker also serves the management API and the Prometheus endpoint (broker.management) on internal sockets the
+supervisor made, for the supervisor's listeners in front of them all (broker.workers.api, broker.workers.metrics).
 
 A worker stops on SIGTERM or SIGINT, and when the supervisor goes: at once if it was killed, cleanly if its control
 socket just closed.
@@ -42,6 +42,7 @@ from broker.connection.connection import Connection
 from broker.connection.handoff import HandedOver, Handoffs, receive_all
 from broker.connection.server import Server, StartupError, stop_on_signals
 from broker.management.app import make_app
+from broker.management.prometheus import make_prometheus_app
 from broker.model.definitions import VHOST_SECTIONS, export_node_wide, of_vhosts
 from broker.model.node import Node
 from broker.workers.placement import worker_data_dir
@@ -122,7 +123,9 @@ async def serve(control: socket.socket) -> None:
     logs.configure(config.log_level, config.log_format, number)
     config.data_dir = str(worker_data_dir(Path(config.data_dir), number))
     worker = Worker(instructions, reader, writer)
-    server = Server(config, role=worker, listening=socket.socket(fileno=instructions["listening"]))
+    listening = [socket.socket(fileno=fd) if fd is not None else None
+                 for fd in (instructions["listening"], instructions["listening_tls"])]
+    server = Server(config, role=worker, listening=(listening[0], listening[1]))
     senders = {int(other): socket.socket(fileno=fd) for other, fd in instructions["senders"].items()}
     server.handoffs = Handoffs(number, worker.leaders, senders)
     stop = stop_on_signals()
@@ -142,15 +145,20 @@ async def serve(control: socket.socket) -> None:
         task.add_done_callback(adopting.discard)
 
     loop.add_reader(receiving.fileno(), receive_all, receiving, adopt)
-    api = web.AppRunner(make_app(server, forwarded=True), handle_signals=False, access_log=None)
-    await api.setup()
-    await web.SockSite(api, socket.socket(fileno=instructions["api"])).start()
+    internal = []  # the management API and the Prometheus endpoint, on the sockets the supervisor reads them on
+    for app, fd in ((make_app(server, forwarded=True), instructions["api"]),
+                    (make_prometheus_app(server), instructions["metrics"])):
+        runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        await runner.setup()
+        await web.SockSite(runner, socket.socket(fileno=fd)).start()
+        internal.append(runner)
     await send(writer, {"serving": True, "node": export_node_wide(server.node) if worker.first else None})
     control = loop.create_task(worker.follow_supervisor(server.node))
     control.add_done_callback(lambda _: stop.set())  # the supervisor has gone
     await stop.wait()
     loop.remove_reader(receiving.fileno())
-    await api.cleanup()
+    for runner in internal:
+        await runner.cleanup()
     await server.stop()
 
 

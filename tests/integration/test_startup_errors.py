@@ -106,8 +106,6 @@ def test_a_port_in_use_is_reported_before_the_data_dir_is_touched(tmp_path):
 @pytest.mark.parametrize("option, what", [("--management-port", "management API"),
                                           ("--prometheus-port", "Prometheus metrics")])
 def test_an_http_port_in_use_is_reported_before_the_data_dir_is_touched(tmp_path, option, what):
-    if WORKER_OPTIONS and option == "--prometheus-port":
-        pytest.skip("several workers have no Prometheus endpoint yet")
     data_dir = tmp_path / "data"
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import signal
+import ssl
 import statistics
 import threading
 import time
@@ -20,8 +21,10 @@ import pika
 import pytest
 from pamqp import commands, frame
 
+from tests.conftest import free_port
 from tests.integration.management import add_user, add_vhost, request, set_permissions
 from tests.integration.rawclient import RawClient, plain_response
+from tests.tls_certs import make_certificates
 
 if os.environ.get("WARREN_TEST_URL"):
     pytest.skip("starts brokers of its own", allow_module_level=True)
@@ -44,13 +47,12 @@ read = ".*"
 
 @pytest.fixture
 def workers(own_broker, tmp_path):
-    """Start a broker of two workers (no metrics endpoint, which several workers do not have yet)."""
+    """Start a broker of two workers."""
     config = tmp_path / "warren.toml"
     config.write_text(CONFIG)
 
     def start(count: int = 2, data_dir: Path | None = None):
-        return own_broker("--workers", str(count), "--config", str(config), "--prometheus-port", "0",
-                          data_dir=data_dir)
+        return own_broker("--workers", str(count), "--config", str(config), data_dir=data_dir)
 
     return start
 
@@ -146,6 +148,30 @@ def test_frames_sent_behind_connection_open_follow_the_socket_to_its_worker(work
             client.expect(commands.Channel.OpenOk, channel=1)
             assert client.expect(commands.Queue.DeclareOk, channel=1).queue == unique
             assert serving_worker(broker, client) == 1
+
+
+def test_amqps_connections_reach_the_worker_that_leads_their_vhost(own_broker, tmp_path):
+    certificates = make_certificates(tmp_path / "certs")
+    config = tmp_path / "warren.toml"
+    config.write_text(CONFIG + f"""
+[tls]
+certfile = "{certificates.path("server.pem")}"
+keyfile = "{certificates.path("server.key")}"
+""")
+    port = free_port()
+    broker = own_broker("--workers", "2", "--config", str(config), "--tls-port", str(port))
+    tls = pika.SSLOptions(ssl.create_default_context(cafile=certificates.path("ca.pem")), "localhost")
+    body = bytes(range(256)) * 1000  # through the worker that keeps the TLS session, whichever accepted it
+    for round_ in range(6):
+        for vhost in ("/", "v1"):  # led by worker 0 and worker 1: whichever accepts, some are handed over
+            parameters = pika.ConnectionParameters("127.0.0.1", port, vhost, ssl_options=tls)
+            with pika.BlockingConnection(parameters) as conn:
+                channel = conn.channel()
+                channel.queue_declare(f"tls-{round_}", exclusive=True)
+                channel.basic_publish("", f"tls-{round_}", body)
+                assert channel.basic_get(f"tls-{round_}", auto_ack=True)[2] == body
+                listed = request(broker, "GET", "/api/connections?columns=vhost,ssl").body
+                assert listed == [{"vhost": vhost, "ssl": True}]
 
 
 def test_a_vhost_keeps_its_worker_and_its_messages_across_restarts(workers):

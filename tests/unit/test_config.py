@@ -56,10 +56,8 @@ def test_file_then_overrides(tmp_path):
     ('[amqp]\nfailed_login_delay = "1s"\n', "failed_login_delay must be a number, got '1s'"),
     ("[server]\nworkers = 0\n", 'workers must be "auto" or between 1 and 256, got 0'),
     ('[server]\nworkers = "many"\n', "workers must be an integer, got 'many'"),
-    ("[server]\nworkers = 2\n", "workers = 2 does not yet go with prometheus port: several workers serve AMQP and "
-                                 "the management API alone for now"),
-    ("[server]\nworkers = 2\n[prometheus]\nport = 0\n[tls]\ncertfile = 'c'\nkeyfile = 'k'\n",
-     "workers = 2 does not yet go with tls certfile"),
+    ("[server]\nworkers = 2\n[cluster]\netcd_endpoints = ['127.0.0.1:2379']\nnode_id = 'a'\n",
+     "workers = 2 does not yet go with [cluster] etcd_endpoints: a node of a cluster runs one worker for now"),
 ])
 def test_bad_config_is_refused_with_a_message_naming_the_problem(tmp_path, text, message):
     with pytest.raises(ConfigError) as error:
@@ -68,7 +66,7 @@ def test_bad_config_is_refused_with_a_message_naming_the_problem(tmp_path, text,
 
 
 def test_auto_workers_are_one_per_core(tmp_path):
-    config = load_config(write(tmp_path, '[server]\nworkers = "auto"\n[prometheus]\nport = 0\n'))
+    config = load_config(write(tmp_path, '[server]\nworkers = "auto"\n'))
     assert config.workers == os.cpu_count()
 
 
