@@ -136,10 +136,19 @@ def node_of(request: web.Request) -> "Node":
     return request.app[SERVER].node
 
 
+NODE = ["warren"]  # the name part of node_name(): "warren", or "warren-N" in worker process N (name_worker)
+
+
+def name_worker(number: int) -> None:
+    """This process is worker N of several: its node name says so (what its vhosts' queues and connections show)."""
+    NODE[0] = f"warren-{number}"
+    node_name.cache_clear()
+
+
 @functools.cache
 def node_name() -> str:
     """The node's name as RabbitMQ's API shows it (name@host), read once."""
-    return f"warren@{socket.gethostname().split('.')[0]}"
+    return f"{NODE[0]}@{socket.gethostname().split('.')[0]}"
 
 
 def channel_name(channel) -> str:

@@ -8,7 +8,7 @@ A request goes where what it names lives:
   its answer is the reply, and a refusal there changes nothing anywhere; a new vhost is placed before it is made;
 - a listing over every vhost (queues, exchanges, connections...) to every worker, each item kept from the worker
   that leads its vhost, then filtered, paged and cut to columns here as one worker would;
-- a connection or channel by name to each worker until one has it;
+- a connection, a channel or a node (a worker) by name to each worker until one has it;
 - anything else (users, permissions, the node) to the first worker, which holds the node-wide definitions.
 
 Every worker checks the request's credentials itself; the client's address travels in a header that only the
@@ -48,8 +48,10 @@ GATHERED: dict[str, tuple[Callable[[list[dict]], list[dict]], bool]] = {
     "/api/consumers": (lambda items: items, False),
     "/api/vhosts": (lambda items: http.sorted_by(items, "name"), True),
     "/api/{kind}": (lambda items: http.sorted_by(items, "vhost", "name"), False),
+    "/api/nodes": (lambda items: http.sorted_by(items, "name"), False),  # one per worker
 }
-FOUND_ON_ONE = frozenset(("/api/connections/{name}", "/api/connections/{name}/channels", "/api/channels/{name}"))
+FOUND_ON_ONE = frozenset(("/api/connections/{name}", "/api/connections/{name}/channels", "/api/channels/{name}",
+                          "/api/nodes/{name}"))
 # Node-wide changes: made on every worker (PUT and DELETE; the import of a whole node's definitions is POSTed)
 EVERYWHERE = frozenset(("/api/users/{name}", "/api/permissions/{vhost}/{user}", "/api/vhosts/{vhost}"))
 FAILING_FIRST = frozenset(("/api/health/checks/alarms", "/api/health/checks/local-alarms",
@@ -218,12 +220,12 @@ class Gateway:
             return await self.import_everywhere(request)
         if vhost is not None:
             return (await self.apis.ask(self.leader_of(vhost), request, body_of(request))).response()
+        if pattern in FOUND_ON_ONE and method in ("GET", "DELETE"):  # (a connection is closed where it is)
+            return await self.first_found(request)
         if method != "GET":
             return (await self.apis.ask(0, request, body_of(request))).response()
         if pattern in GATHERED:
             return await self.gathered(request, pattern)
-        if pattern in FOUND_ON_ONE:
-            return await self.first_found(request)
         if pattern in FAILING_FIRST:
             return await self.first_failure(request)
         if pattern == "/api/overview":

@@ -2,8 +2,8 @@
 socket) and adds their figures up into one text, as one broker's.
 
 A series that several workers report (the node's totals, a protocol's counters) is their sum, except the few that
-describe the node rather than count in it: its version and identity, its disk, its memory limit (the first
-worker's) and its uptime (the longest). A series that one worker alone reports (a queue's, a channel's) is kept as
+describe the node rather than count in it: its version and identity (named by worker 0), its disk, its memory limit
+(the first worker's) and its uptime (the longest). A series that one worker alone reports (a queue's, a channel's) is kept as
 it is.
 """
 
@@ -38,7 +38,10 @@ class Family:
         self.series: dict[str, float] = {}  # a sample's name with its labels -> its value
         self.lines: list[str] = []  # the workers' text of a family of queues or channels
 
-    def add(self, body: str) -> None:
+    def add(self, body: str, first: bool) -> None:
+        """A worker's series of this family (``first``: the first worker's)."""
+        if self.name in KEPT_FROM_THE_FIRST and not first:
+            return  # the node's, whose name labels them (worker 0's)
         if body.startswith(tuple(self.name + labels for labels in PER_OBJECT_LABELS)):
             self.lines.append(body)
             return
@@ -49,7 +52,7 @@ class Family:
                 self.series[series] = value
             elif self.name in LONGEST:
                 self.series[series] = max(self.series[series], value)
-            elif self.name not in KEPT_FROM_THE_FIRST:
+            else:
                 self.series[series] += value
 
     def text(self) -> str:
@@ -61,7 +64,7 @@ def merged(texts: list[str]) -> str:
     """The workers' texts as one, families in the first worker's order (then any only others have). A family
     starts at a line "# HELP name ..." (label values escape their line breaks, so no series line starts so)."""
     families: dict[str, Family] = {}
-    for text in texts:
+    for index, text in enumerate(texts):
         for block in ("\n" + text).split("\n# HELP ")[1:]:
             help_line, type_line, body = (block.split("\n", 2) + ["", ""])[:3]  # a family may have no series
             name = help_line.split(" ", 1)[0]
@@ -69,7 +72,7 @@ def merged(texts: list[str]) -> str:
             if family is None:
                 family = families[name] = Family(name, f"# HELP {help_line}\n{type_line}\n")
             if body:
-                family.add(body if body.endswith("\n") else body + "\n")  # the split took its last line's end
+                family.add(body if body.endswith("\n") else body + "\n", index == 0)  # (the split took its end)
     return "".join(family.text() for family in families.values())
 
 

@@ -117,8 +117,7 @@ class Supervisor:
         for worker in self.workers:
             refusal = await self._start(worker)
             if refusal is not None:
-                await self.stop()
-                raise StartupError(refusal)
+                raise StartupError(refusal)  # (supervise stops the workers already started)
         assert self.listening is not None
         host, port = self.listening.getsockname()[:2]
         log.info("Warren listening on %s:%d with %d worker processes", host, port, len(self.workers))
@@ -145,7 +144,7 @@ class Supervisor:
                 self.node_wide = answer["node"]
         try:
             await send(writer, {
-                "config": dataclasses.asdict(self.config), "worker": worker.number,
+                "config": dataclasses.asdict(self.config), "worker": worker.number, "workers": len(self.workers),
                 "listening": self.listening.fileno(), "listening_tls": tls, "receiving": worker.receiving.fileno(),
                 "api": worker.api.fileno(), "metrics": worker.metrics.fileno(), "senders": senders,
                 "placement": None if first else self.placement.leaders, "node": None if first else self.node_wide})
@@ -210,11 +209,17 @@ class Supervisor:
                       f"signal {-code}" if code < 0 else f"exit code {code}")
             if time.monotonic() - worker.started_at < STEADY:
                 await asyncio.sleep(RESTART_DELAY)
-            if self.stopping or await self._start(worker) is None:
+            if self.stopping:
                 return
+            refusal = await self._start(worker)
+            if refusal is None:
+                return
+            log.error("worker %d could not start: %s", worker.number, refusal)
             code = worker.process.returncode or 0
 
     async def stop(self) -> None:
+        """Stop the workers (SIGTERM, then SIGKILL after STOP_GRACE) and give back the ports and the data dir; also
+        after a start that failed part of the way."""
         self.stopping = True
         running = [worker.process for worker in self.workers
                    if worker.process is not None and worker.process.returncode is None]
@@ -239,27 +244,29 @@ async def supervise(config: Config, workers: int, started: Callable[[], None]) -
     """Run the workers until SIGTERM or SIGINT; ``started`` is called once they serve (a start refused before that
     prints its reason alone)."""
     supervisor = Supervisor(config, workers)
-    supervisor.take_ports()
     listeners: list[ManagementServer] = []
-    if config.management_port:
-        tls = server_context(config) if config.management_tls else None  # HTTPS with the amqps certificate
-        listeners.append(await take(make_gateway_app(supervisor), config.management_host, config.management_port,
-                                    "management API" + (" (HTTPS)" if tls is not None else ""), tls,
-                                    config.management_max_connections))
-        config.management_port = listeners[-1].port  # the workers' API names the ports the node is reached at
-    if config.prometheus_port:
-        listeners.append(await take(make_metrics_gateway_app(WorkerApis(supervisor), workers),
-                                    config.prometheus_host, config.prometheus_port, "Prometheus metrics",
-                                    max_connections=config.prometheus_max_connections))
-        config.prometheus_port = listeners[-1].port
-    stop = stop_on_signals()
-    await supervisor.start()
-    started()
-    for listener in listeners:
-        await listener.serve()
-    await stop.wait()
-    log.info("shutting down")
-    for listener in listeners:
-        await listener.stop()
-    await supervisor.stop()
+    try:
+        supervisor.take_ports()
+        if config.management_port:
+            tls = server_context(config) if config.management_tls else None  # HTTPS with the amqps certificate
+            listeners.append(await take(make_gateway_app(supervisor), config.management_host, config.management_port,
+                                        "management API" + (" (HTTPS)" if tls is not None else ""), tls,
+                                        config.management_max_connections))
+            config.management_port = listeners[-1].port  # the workers' API names the ports the node is reached at
+        if config.prometheus_port:
+            listeners.append(await take(make_metrics_gateway_app(WorkerApis(supervisor), workers),
+                                        config.prometheus_host, config.prometheus_port, "Prometheus metrics",
+                                        max_connections=config.prometheus_max_connections))
+            config.prometheus_port = listeners[-1].port
+        stop = stop_on_signals()
+        await supervisor.start()
+        started()
+        for listener in listeners:
+            await listener.serve()
+        await stop.wait()
+        log.info("shutting down")
+    finally:
+        for listener in listeners:
+            await listener.stop()
+        await supervisor.stop()
     log.info("Warren stopped")

@@ -38,9 +38,11 @@ from aiohttp import web
 
 from broker import logs
 from broker.config import Config
+from broker.connection.alarms.memory import memory_limit
 from broker.connection.connection import Connection
 from broker.connection.handoff import HandedOver, Handoffs, receive_all
 from broker.connection.server import Server, StartupError, stop_on_signals
+from broker.management import http
 from broker.management.app import make_app
 from broker.management.prometheus import make_prometheus_app
 from broker.model.definitions import VHOST_SECTIONS, export_node_wide, of_vhosts
@@ -121,7 +123,11 @@ async def serve(control: socket.socket) -> None:
     config = Config(**instructions["config"])
     number = instructions["worker"]
     logs.configure(config.log_level, config.log_format, number)
+    http.name_worker(number)
     config.data_dir = str(worker_data_dir(Path(config.data_dir), number))
+    # Each worker's memory alarm watches an equal share of the node's limit, so that together they keep to it
+    config.memory_limit = max(1, memory_limit(config.memory_high_watermark, config.memory_limit)
+                              // instructions["workers"])
     worker = Worker(instructions, reader, writer)
     listening = [socket.socket(fileno=fd) if fd is not None else None
                  for fd in (instructions["listening"], instructions["listening_tls"])]

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import signal
+import socket
 import ssl
 import statistics
 import threading
@@ -207,10 +208,23 @@ def test_a_vhost_made_through_the_api_goes_to_the_worker_that_leads_fewest(worke
     page = request(broker, "GET", "/api/queues?page=1&page_size=1&name=listed").body
     assert (page["filtered_count"], page["page_count"], page["items"][0]["vhost"]) == (2, 2, "/")
     assert request(broker, "GET", "/api/overview").body["object_totals"]["queues"] == 2
+    queues = request(broker, "GET", "/api/queues?columns=vhost,node").body
+    host = socket.gethostname().split(".")[0]
+    assert queues == [{"vhost": "/", "node": f"warren-0@{host}"}, {"vhost": "v3", "node": f"warren-1@{host}"}]
+    nodes = [node["name"] for node in request(broker, "GET", "/api/nodes").body]
+    assert nodes == [f"warren-0@{host}", f"warren-1@{host}"]  # a node per worker
+    assert request(broker, "GET", f"/api/nodes/warren-1@{host}").body["name"] == f"warren-1@{host}"
     vhosts = request(broker, "GET", "/api/vhosts?columns=name").body
     assert [vhost["name"] for vhost in vhosts] == ["/", "v1", "v2", "v3"]  # each once, from the worker leading it
     assert request(broker, "DELETE", "/api/vhosts/v3").status == 204
     assert "v3" not in json.loads((broker.data_dir / "workers" / "placement.json").read_text())["vhosts"]
+
+
+def test_each_worker_watches_its_share_of_the_memory_limit(own_broker, tmp_path):
+    config = tmp_path / "warren.toml"
+    config.write_text("[server]\nmemory_limit = 1000000000\n")
+    broker = own_broker("--workers", "2", "--config", str(config))
+    assert [node["mem_limit"] for node in request(broker, "GET", "/api/nodes").body] == [500_000_000] * 2
 
 
 def test_a_user_made_through_the_api_logs_in_on_a_worker_started_again(workers):

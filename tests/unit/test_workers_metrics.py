@@ -27,12 +27,12 @@ def test_the_node_totals_are_added_up_and_each_queue_kept_from_its_worker():
 
 
 def test_what_describes_the_node_is_not_added_up():
-    texts = [family("rabbitmq_build_info", "untyped", 'rabbitmq_build_info{rabbitmq_version="3.10.8"} 1.0')
+    texts = [family("rabbitmq_identity_info", "untyped", f'rabbitmq_identity_info{{rabbitmq_node="warren-{n}@h"}} 1.0')
              + family("rabbitmq_disk_space_available_bytes", "gauge", f"rabbitmq_disk_space_available_bytes {free}")
              + family("rabbitmq_erlang_uptime_seconds", "gauge", f"rabbitmq_erlang_uptime_seconds {uptime}")
-             for free, uptime in (("100.0", "5.0"), ("99.0", "7.0"))]
+             for n, free, uptime in ((0, "100.0", "5.0"), (1, "99.0", "7.0"))]
     assert merged(texts) == (
-        family("rabbitmq_build_info", "untyped", 'rabbitmq_build_info{rabbitmq_version="3.10.8"} 1.0')
+        family("rabbitmq_identity_info", "untyped", 'rabbitmq_identity_info{rabbitmq_node="warren-0@h"} 1.0')
         + family("rabbitmq_disk_space_available_bytes", "gauge", "rabbitmq_disk_space_available_bytes 100.0")
         + family("rabbitmq_erlang_uptime_seconds", "gauge", "rabbitmq_erlang_uptime_seconds 7.0"))
 
