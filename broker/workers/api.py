@@ -250,13 +250,15 @@ class Gateway:
         return first.response()
 
     async def everywhere(self, request: web.Request, pattern: str, vhost: str | None) -> web.Response:
+        placed: list[str] = []  # a vhost this request makes, placed before any worker makes it
         if pattern == "/api/vhosts/{vhost}" and request.method == "PUT" and vhost is not None:
-            await self.supervisor.place([vhost])
+            placed = await self.supervisor.place([vhost])
         kept = bytearray()
         first = await self.apis.ask(0, request, body_of(request, kept))
         response = await self._after_first(request, first, {worker: bytes(kept) for worker in self.workers})
-        if pattern == "/api/vhosts/{vhost}" and request.method == "DELETE" and response.status < 300:
-            await self.supervisor.forget(vhost)
+        deleted = pattern == "/api/vhosts/{vhost}" and request.method == "DELETE" and response.status < 300
+        if deleted or (placed and first.status >= 400):
+            await self.supervisor.forget([vhost] if deleted and vhost is not None else placed)
         return response
 
     async def import_everywhere(self, request: web.Request) -> web.Response:
@@ -269,12 +271,13 @@ class Gateway:
         document = json.loads(kept)
         named = [item.get("name") for item in document.get("vhosts") or [] if isinstance(item, dict)]
         # Placed before the check: the check of an item of a new vhost is its leader's
-        await self.supervisor.place([name for name in named if isinstance(name, str)])
+        placed = await self.supervisor.place([name for name in named if isinstance(name, str)])
         bodies = {worker: json.dumps(of_vhosts(document, self.led_by(worker, document))).encode()
                   for worker in self.workers}
         for worker in self.workers:  # every share checked before any is applied: all or nothing, as one worker
             answer = await self.apis.ask(worker, request, bodies[worker], check_only=True)
             if answer.status >= 400:
+                await self.supervisor.forget(placed)
                 return answer.response()
         first = await self.apis.ask(0, request, bodies[0])
         return await self._after_first(request, first, bodies)

@@ -167,16 +167,18 @@ class Supervisor:
         asyncio.get_running_loop().create_task(self._watch(worker, writer))
         return None
 
-    async def place(self, vhosts: list[str]) -> None:
-        """Give new vhosts a worker, and tell every worker before any of them makes one."""
+    async def place(self, vhosts: list[str]) -> list[str]:
+        """Give new vhosts a worker, and tell every worker before any of them makes one; which were new."""
         assert self.placement is not None
-        if self.placement.place(vhosts, []):
+        new = [name for name in dict.fromkeys(vhosts) if name not in self.placement.leaders]
+        if self.placement.place(new, []):
             await self._placement_changed()
+        return new
 
-    async def forget(self, vhost: str) -> None:
-        """A deleted vhost leaves the placement (made again, it is placed again)."""
+    async def forget(self, vhosts: list[str]) -> None:
+        """Deleted vhosts, or vhosts a refused change would have made, leave the placement."""
         assert self.placement is not None
-        if self.placement.leaders.pop(vhost, None) is not None:
+        if [self.placement.leaders.pop(name) for name in vhosts if name in self.placement.leaders]:
             await self._placement_changed()
 
     async def _placement_changed(self) -> None:

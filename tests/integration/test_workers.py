@@ -261,6 +261,12 @@ def test_an_import_is_checked_by_every_worker_before_any_applies_it(workers):
                     "arguments": {"x-max-length": "many"}}]})
     assert reply.status == 400 and "bad" in reply.body["reason"]
     assert request(broker, "GET", "/api/users/bob").status == 404  # not made on worker 0 either
+    reply = request(broker, "POST", "/api/definitions", {
+        "vhosts": [{"name": "never"}], "queues": [{"name": "bad", "vhost": "never", "arguments": {"x-max-length": "x"}}]})
+    assert reply.status == 400
+    assert request(broker, "PUT", f"/api/vhosts/{'v' * 300}").status == 400
+    placement = json.loads((broker.data_dir / "workers" / "placement.json").read_text())["vhosts"]
+    assert set(placement) == set(LEADERS)  # what was refused was not placed either
 
 
 def test_a_data_dir_of_one_process_keeps_its_vhosts_on_the_first_worker(workers, own_broker, tmp_path):
