@@ -1,6 +1,7 @@
 """What several worker processes cost: the hand-off of a connection, and broker CPU per message.
 
     python -m tests.bench.workers [--seconds N] [--opens N]
+    python -m tests.bench.workers --scale 1,2,4,8 [--seconds N]
 
 - Opening a connection (TCP connect to connection.open-ok, the bench client) to vhost v1: on one worker, and on two
   workers where worker 1 leads v1, counting only the connections worker 0 accepted and handed over (their client
@@ -11,6 +12,9 @@
 
 Brokers alternate (1 2 2 1) and each figure is the mean of its two runs. On a 2-core machine the load generators
 share the cores with the workers, so rates say little here; CPU per message is the figure to read.
+
+With --scale, throughput as workers are added: N workers, a busy vhost on each (its own producer and consumer
+processes), against N times what one worker does; it needs a core for each worker and two for each vhost's load.
 """
 
 from __future__ import annotations
@@ -31,17 +35,24 @@ from tests.bench.compare import _failure, _figures
 from tests.bench.loadgen import time_limit
 from tests.bench.process_memory import cpu_seconds
 
-CONFIG = """
+def config_of(vhosts: list[str]) -> str:
+    """A config that makes these vhosts (besides /), with guest's permissions on each."""
+    return "".join(f"""
 [[vhosts]]
-name = "v1"
+name = "{name}"
 
 [[permissions]]
 user = "guest"
-vhost = "v1"
+vhost = "{name}"
 configure = ".*"
 write = ".*"
 read = ".*"
-"""
+""" for name in vhosts if name != "/")
+
+
+def scale_vhosts(workers: int) -> list[str]:
+    """A vhost per worker: placed in order on the workers that lead fewest, the N-th lands on worker N."""
+    return ["/", *(f"v{number}" for number in range(1, workers))]
 
 
 def url(broker: RunningBroker, vhost: str) -> str:
@@ -107,7 +118,7 @@ def busy_vhosts(broker: RunningBroker, vhosts: list[str], seconds: float) -> dic
 
 def run(workdir: Path, workers: int, args: argparse.Namespace) -> dict[str, float]:
     config = workdir / "warren.toml"
-    config.write_text(CONFIG)
+    config.write_text(config_of(["v1"]))
     broker = start_warren(workdir, "--workers", str(workers), "--config", str(config), "--log-level", "debug")
     try:
         opened = asyncio.run(open_times(url(broker, "v1"), args.opens))
@@ -122,11 +133,38 @@ def run(workdir: Path, workers: int, args: argparse.Namespace) -> dict[str, floa
             "one cpu us/msg": one["cpu us/msg"], "both msg/s": both["msg/s"], "both cpu us/msg": both["cpu us/msg"]}
 
 
+def scale(counts: list[int], seconds: float) -> None:
+    """Throughput with N workers and a busy vhost on each, for each N of counts, against N times one worker's."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="warren-bench-workers-") as scratch:
+        for workers in counts:
+            workdir = Path(scratch) / f"scale-{workers}"
+            workdir.mkdir()
+            vhosts = scale_vhosts(workers)
+            (workdir / "warren.toml").write_text(config_of(vhosts))
+            broker = start_warren(workdir, "--workers", str(workers), "--config", str(workdir / "warren.toml"))
+            try:
+                rows.append((workers, busy_vhosts(broker, vhosts, seconds)))
+            finally:
+                broker.stop()
+    one = next((figures["msg/s"] for workers, figures in rows if workers == 1), None)
+    print(f"{'workers':>8} {'busy vhosts':>12} {'msg/s in all':>14} {'/ (N x 1 worker)':>17} {'CPU µs/msg':>11}")
+    for workers, figures in rows:
+        share = f"{figures['msg/s'] / (workers * one):.2f}" if one else "-"
+        print(f"{workers:8} {workers:12} {figures['msg/s']:14.0f} {share:>17} {figures['cpu us/msg']:11.2f}")
+    print("a producer and a consumer process per busy vhost, 16 B, auto-ack; goal: msg/s in all >= 0.85 x N x 1 "
+          "worker's, where the machine has cores for the workers and their load generators")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.bench.workers", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="of each busy run")
     parser.add_argument("--opens", type=int, default=300, help="connections opened one after another")
+    parser.add_argument("--scale", help="instead: throughput with these numbers of workers, e.g. 1,2,4,8")
     args = parser.parse_args(argv)
+    if args.scale:
+        scale([int(count) for count in args.scale.split(",")], args.seconds)
+        return 0
     results: dict[int, list[dict[str, float]]] = {1: [], 2: []}
     with tempfile.TemporaryDirectory(prefix="warren-bench-workers-") as scratch:
         for index, workers in enumerate((1, 2, 2, 1)):
