@@ -129,9 +129,9 @@ async def serve(control: socket.socket) -> None:
     config.memory_limit = max(1, memory_limit(config.memory_high_watermark, config.memory_limit)
                               // instructions["workers"])
     worker = Worker(instructions, reader, writer)
-    listening = [socket.socket(fileno=fd) if fd is not None else None
-                 for fd in (instructions["listening"], instructions["listening_tls"])]
-    server = Server(config, role=worker, listening=(listening[0], listening[1]))
+    tls = instructions["listening_tls"]
+    server = Server(config, role=worker, listening=(socket.socket(fileno=instructions["listening"]),
+                                                    socket.socket(fileno=tls) if tls is not None else None))
     senders = {int(other): socket.socket(fileno=fd) for other, fd in instructions["senders"].items()}
     server.handoffs = Handoffs(number, worker.leaders, senders)
     stop = stop_on_signals()

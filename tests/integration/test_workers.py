@@ -22,6 +22,7 @@ import pika
 import pytest
 from pamqp import commands, frame
 
+from tests.bench.workers import config_of
 from tests.conftest import free_port
 from tests.integration.management import add_user, add_vhost, request, set_permissions
 from tests.integration.rawclient import RawClient, plain_response
@@ -33,17 +34,7 @@ if os.environ.get("WARREN_TEST_URL"):
 VHOSTS = ("/", "v1", "v2")
 # Placed in order of their names on the workers that lead fewest: "/" on 0, v1 on 1, v2 on 0.
 LEADERS = {"/": 0, "v1": 1, "v2": 0}
-CONFIG = "".join(f'''
-[[vhosts]]
-name = "{name}"
-
-[[permissions]]
-user = "guest"
-vhost = "{name}"
-configure = ".*"
-write = ".*"
-read = ".*"
-''' for name in VHOSTS[1:])
+CONFIG = config_of(list(VHOSTS))  # v1 and v2, with guest's permissions
 
 
 @pytest.fixture
