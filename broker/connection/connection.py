@@ -582,7 +582,12 @@ class Connection(asyncio.Protocol):
     def _open(self, method: spec.Connection.Open) -> None:
         handoffs = self.server.handoffs
         if handoffs is not None and self.handed is None:
-            self.leader = handoffs.sender_for(method.virtual_host)
+            name = method.virtual_host
+            if handoffs.leader_down(name):  # RabbitMQ's answer for a vhost that is down, after the access check
+                self.server.node.open_vhost(self.user, name)
+                raise errors.internal_error(f"access to vhost '{name}' refused for user '{self.user}': "
+                                            f"vhost '{name}' is down")
+            self.leader = handoffs.sender_for(name)
             if self.leader is not None:
                 return  # handed to the worker that leads the vhost, which answers connection.open
         vhost = self.vhost = self.server.node.open_vhost(self.user, method.virtual_host)

@@ -117,6 +117,10 @@ class Handoffs:
         self.worker = worker  # this worker's number
         self.leaders = leaders  # vhost name -> number of the worker that leads it
         self.senders = senders  # worker number -> the socket that reaches its hand-off receiver
+        self.down: set[int] = set()  # workers that ended and are starting again: their vhosts are down meanwhile
+
+    def leader_down(self, vhost: str) -> bool:
+        return self.leaders.get(vhost, self.worker) in self.down
 
     def sender_for(self, vhost: str) -> socket.socket | None:
         """Where a connection to ``vhost`` goes, or None if this worker serves it (or no worker leads it: this one

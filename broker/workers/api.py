@@ -77,16 +77,20 @@ def body_of(request: web.Request, kept: bytearray | None = None) -> Body:
 class Answer:
     """A worker's answer to a forwarded request."""
 
-    def __init__(self, status: int, headers: CIMultiDict, body: bytes):
+    def __init__(self, status: int, headers: CIMultiDict, body: bytes, head_length: str | None = None):
         self.status = status
         self.headers = headers
         self.body = body
+        self.head_length = head_length  # a HEAD answer's Content-Length: the length its GET would have
 
     def json(self):
         return json.loads(self.body)
 
     def response(self) -> web.Response:
-        return web.Response(status=self.status, body=self.body, headers=self.headers)
+        response = web.Response(status=self.status, body=self.body, headers=self.headers)
+        if self.head_length is not None:
+            response.headers["Content-Length"] = self.head_length
+        return response
 
 
 class WorkerApis:
@@ -121,11 +125,11 @@ class WorkerApis:
     @staticmethod
     def _head(request: web.Request, body: Body, path_qs: str | None, check_only: bool) -> bytes:
         """The request line and headers: the client's own (the Host, the credentials, the body's length), and the
-        client's address."""
+        client's address. Not the client's Expect: this listener has answered it, and the body follows at once."""
         lines = [f"{request.method} {path_qs or request.raw_path} HTTP/1.1".encode()]
         for name, value in request.raw_headers:
             lowered = name.lower()
-            if lowered.startswith(b"x-warren-") or lowered in (b"connection", b"keep-alive"):
+            if lowered.startswith(b"x-warren-") or lowered in (b"connection", b"keep-alive", b"expect"):
                 continue
             if isinstance(body, bytes) and lowered in (b"content-length", b"transfer-encoding"):
                 continue
@@ -155,11 +159,14 @@ class WorkerApis:
 
 
 async def read_answer(reader: asyncio.StreamReader, method: str) -> Answer:
-    """An HTTP/1.1 response from a worker's API (its status, headers and body)."""
-    head = await reader.readuntil(b"\r\n\r\n")
-    status_line, *header_lines = head[:-4].decode("latin-1").split("\r\n")
-    status = int(status_line.split()[1])
+    """An HTTP/1.1 response from a worker's API (its status, headers and body), after any interim (1xx) ones."""
+    status = 100
+    while 100 <= status < 200:
+        head = await reader.readuntil(b"\r\n\r\n")
+        status_line, *header_lines = head[:-4].decode("latin-1").split("\r\n")
+        status = int(status_line.split()[1])
     headers = CIMultiDict(line.split(": ", 1) for line in header_lines)
+    head_length = headers.get("Content-Length") if method == "HEAD" else None
     if method == "HEAD" or status in (204, 304):
         body = b""
     elif headers.get("Transfer-Encoding", "").lower() == "chunked":
@@ -175,7 +182,7 @@ async def read_answer(reader: asyncio.StreamReader, method: str) -> Answer:
         body = await reader.read()
     for name in ("Content-Length", "Transfer-Encoding", "Connection", "Keep-Alive", "Date", "Server"):
         headers.popall(name, None)
-    return Answer(status, headers, body)
+    return Answer(status, headers, body, head_length)
 
 
 def unavailable(worker: int, request: web.Request, error: Exception) -> Answer:
@@ -241,13 +248,16 @@ class Gateway:
         """The other workers make the change the first one accepted; the first one's answer is the reply."""
         if first.status >= 400:
             return first.response()
-        for worker in self.workers[1:]:
-            answer = await self.apis.ask(worker, request, bodies[worker])
-            if answer.status >= 400:
-                log.error("worker %d refused %s %s that worker 0 accepted: %d %s", worker, request.method,
-                          request.path, answer.status, answer.body[:300])
-                return answer.response()
-        return first.response()
+        try:
+            for worker in self.workers[1:]:
+                answer = await self.apis.ask(worker, request, bodies[worker])
+                if answer.status >= 400:
+                    log.error("worker %d refused %s %s that worker 0 accepted: %d %s", worker, request.method,
+                              request.path, answer.status, answer.body[:300])
+                    return answer.response()
+            return first.response()
+        finally:
+            await self.supervisor.node_wide_changed()
 
     async def everywhere(self, request: web.Request, pattern: str, vhost: str | None) -> web.Response:
         placed: list[str] = []  # a vhost this request makes, placed before any worker makes it

@@ -1,10 +1,10 @@
 """The Prometheus endpoint of several workers: the supervisor scrapes each worker's own endpoint (on an internal
 socket) and adds their figures up into one text, as one broker's.
 
-A series that several workers report (the node's totals, a protocol's counters) is their sum, except the few that
-describe the node rather than count in it: its version and identity (named by worker 0), its disk, its memory limit
-(the first worker's) and its uptime (the longest). A series that one worker alone reports (a queue's, a channel's) is kept as
-it is.
+A series that several workers report (the node's totals, a protocol's counters, their shares of the memory limit)
+is their sum, except the few that describe the node rather than count in it: its version and identity (named by
+worker 0), its disk (the first worker's) and its uptime (the longest). A series that one worker alone reports (a
+queue's, a channel's) is kept as it is.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from broker.workers.api import WorkerApis
 
 KEPT_FROM_THE_FIRST = frozenset(("rabbitmq_build_info", "rabbitmq_identity_info", "rabbitmq_disk_space_available_bytes",
-                                 "rabbitmq_disk_space_available_limit_bytes", "rabbitmq_resident_memory_limit_bytes"))
+                                 "rabbitmq_disk_space_available_limit_bytes"))
 LONGEST = frozenset(("rabbitmq_erlang_uptime_seconds",))
 
 

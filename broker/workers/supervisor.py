@@ -4,7 +4,8 @@ leading a share of the vhosts with a store of its own, and a worker that dies st
 Start: the first worker reads its store (the data dir itself) and names its vhosts; the supervisor places them
 (broker.workers.placement) and answers; once the first worker serves, the others start with the placement and its
 node-wide definitions (users, vhosts, permissions), which they copy. A worker started again goes through the same
-steps, so it finds what the others have.
+steps, so it finds what the others have. While a worker is down, the others refuse connections to its vhosts as
+RabbitMQ refuses a vhost that is down.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ class Supervisor:
         self.private = Path(tempfile.mkdtemp(prefix="warren-workers-"))  # mode 0700: the workers' API sockets
         self.workers = [WorkerProcess(number, self.private) for number in range(workers)]
         self.placement: Placement | None = None
-        self.node_wide: dict | None = None  # the first worker's users, vhosts and permissions
+        self.node_wide: dict | None = None  # the first worker's users, vhosts and permissions, as of its last change
+        self.down: set[int] = set()  # workers that ended and are not serving again yet: their vhosts are down
         self.listening: socket.socket | None = None  # the AMQP port's socket, which every worker accepts from
         self.listening_tls: socket.socket | None = None  # the amqps port's, when [tls] names a certificate
         self.lock = DataDirLock(self.data_dir, SUPERVISOR_LOCK)  # held while this node's workers use the data dir
@@ -138,21 +140,19 @@ class Supervisor:
         child.close()
         reader, writer = await asyncio.open_connection(sock=parent, limit=CONTROL_LINE_LIMIT)
         first = worker.number == 0
-        if not first:  # the node-wide definitions as they are now (the API may have changed them since)
-            answer = await self._ask(self.workers[0], {"export": True})
-            if answer is not None:
-                self.node_wide = answer["node"]
         try:
             await send(writer, {
                 "config": dataclasses.asdict(self.config), "worker": worker.number, "workers": len(self.workers),
                 "listening": self.listening.fileno(), "listening_tls": tls, "receiving": worker.receiving.fileno(),
                 "api": worker.api.fileno(), "metrics": worker.metrics.fileno(), "senders": senders,
                 "placement": None if first else self.placement.leaders, "node": None if first else self.node_wide})
+            told = dict(self.placement.leaders)
             serving = await receive(reader)
             if first and "vhosts" in serving:  # its store read: the placement of its vhosts, then it serves
                 if self.placement.place(serving["vhosts"], serving["found"]):
                     await asyncio.get_running_loop().run_in_executor(None, self.placement.save)
                 await send(writer, {"placement": self.placement.leaders})
+                told = dict(self.placement.leaders)
                 serving = await receive(reader)
         except (ConnectionError, OSError, ValueError) as error:
             serving = {"refused": f"worker {worker.number} ended before it served ({error})"}
@@ -163,8 +163,13 @@ class Supervisor:
         if first:
             self.node_wide = serving["node"]
         worker.control = reader, writer
-        log.info("worker %d serves (pid %d)", worker.number, worker.process.pid)
         asyncio.get_running_loop().create_task(self._watch(worker, writer))
+        if worker.number in self.down:  # its vhosts are up again; it learns what changed while it started
+            self.down.discard(worker.number)
+            await self._tell_workers()
+        elif self.placement.leaders != told:  # a vhost made or deleted while it started
+            await self._ask(worker, self._state)
+        log.info("worker %d serves (pid %d)", worker.number, worker.process.pid)  # (every worker knows it does)
         return None
 
     async def place(self, vhosts: list[str]) -> list[str]:
@@ -184,17 +189,34 @@ class Supervisor:
     async def _placement_changed(self) -> None:
         assert self.placement is not None
         await asyncio.get_running_loop().run_in_executor(None, self.placement.save)
-        for worker in self.workers:  # one not serving is told at its start
-            await self._ask(worker, {"placement": self.placement.leaders})
+        await self._tell_workers()
 
-    async def _ask(self, worker: WorkerProcess, message: dict) -> dict | None:
-        """Send a worker a message and wait for its answer; None if it is not serving."""
+    async def _tell_workers(self) -> None:
+        """Tell every serving worker the placement and which workers are down (one not serving is told once it
+        serves)."""
+        for worker in self.workers:
+            await self._ask(worker, self._state)
+
+    def _state(self) -> dict:
+        assert self.placement is not None
+        return {"placement": self.placement.leaders, "down": sorted(self.down)}
+
+    async def node_wide_changed(self) -> None:
+        """The first worker's node-wide definitions, after the API changed them: what a worker starting again
+        copies, even while the first one is down."""
+        answer = await self._ask(self.workers[0], lambda: {"export": True})
+        if answer is not None:
+            self.node_wide = answer["node"]
+
+    async def _ask(self, worker: WorkerProcess, message: Callable[[], dict]) -> dict | None:
+        """Send a worker a message (made once it is the worker's turn, so that it is current) and wait for its
+        answer; None if it is not serving."""
         async with worker.talking:
             if worker.control is None:
                 return None
             reader, writer = worker.control
             try:
-                await send(writer, message)
+                await send(writer, message())
                 return await receive(reader)
             except (ConnectionError, OSError, ValueError):
                 return None  # it has ended
@@ -206,6 +228,9 @@ class Supervisor:
         code = await worker.process.wait()
         worker.control = None
         control.close()
+        if not self.stopping:
+            self.down.add(worker.number)
+            await self._tell_workers()
         while not self.stopping:
             log.error("worker %d (pid %d) ended with %s; starting it again", worker.number, worker.process.pid,
                       f"signal {-code}" if code < 0 else f"exit code {code}")

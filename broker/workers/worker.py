@@ -10,8 +10,9 @@ the supervisor's); the control socket carries JSON lines both ways:
 - worker -> supervisor: ``{"refused": "..."}`` when it cannot start, with the reason the supervisor gives;
 - worker -> supervisor: ``{"serving": true, "node": ...}`` once it serves (the first worker sends its node-wide
   definitions, which every other worker copies);
-- supervisor -> worker, later: ``{"placement": {...}}`` when a vhost is made or deleted, answered ``{"placed": true}``;
-  and to the first worker ``{"export": true}`` before another starts again, answered ``{"node": ...}``.
+- supervisor -> worker, later: ``{"placement": {...}, "down": [...]}`` when a vhost is made or deleted and when a
+  worker ends or serves again, answered ``{"placed": true}``; and to the first worker ``{"export": true}`` after the
+  API changed the node-wide definitions, answered ``{"node": ...}``.
 
 Each worker also serves the management API and the Prometheus endpoint (broker.management) on internal sockets the
 supervisor made, for the supervisor's listeners in front of them all (broker.workers.api, broker.workers.metrics).
@@ -93,14 +94,16 @@ class Worker:
         self.led = {name for name, worker in self.leaders.items() if worker == self.number}
         return of_vhosts(document, self.led)
 
-    async def follow_supervisor(self, node: Node) -> None:
+    async def follow_supervisor(self, node: Node, handoffs: Handoffs) -> None:
         """Answer the supervisor until it closes the control socket: take the placement's changes (a vhost made or
-        deleted), and give the node-wide definitions (the first worker's, for a worker started again)."""
+        deleted, a worker down or serving again), and give the node-wide definitions (the first worker's, for a
+        worker started again)."""
         while line := await self.reader.readline():
             message = json.loads(line)
             if "placement" in message:
                 self.leaders.clear()
                 self.leaders.update(message["placement"])
+                handoffs.down = set(message["down"])
                 await send(self.writer, {"placed": True})
             else:
                 await send(self.writer, {"node": export_node_wide(node)})
@@ -133,7 +136,7 @@ async def serve(control: socket.socket) -> None:
     server = Server(config, role=worker, listening=(socket.socket(fileno=instructions["listening"]),
                                                     socket.socket(fileno=tls) if tls is not None else None))
     senders = {int(other): socket.socket(fileno=fd) for other, fd in instructions["senders"].items()}
-    server.handoffs = Handoffs(number, worker.leaders, senders)
+    server.handoffs = handoffs = Handoffs(number, worker.leaders, senders)
     stop = stop_on_signals()
     try:
         await server.start()
@@ -159,7 +162,7 @@ async def serve(control: socket.socket) -> None:
         await web.SockSite(runner, socket.socket(fileno=fd)).start()
         internal.append(runner)
     await send(writer, {"serving": True, "node": export_node_wide(server.node) if worker.first else None})
-    control = loop.create_task(worker.follow_supervisor(server.node))
+    control = loop.create_task(worker.follow_supervisor(server.node, handoffs))
     control.add_done_callback(lambda _: stop.set())  # the supervisor has gone
     await stop.wait()
     loop.remove_reader(receiving.fileno())

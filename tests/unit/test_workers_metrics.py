@@ -37,6 +37,13 @@ def test_what_describes_the_node_is_not_added_up():
         + family("rabbitmq_erlang_uptime_seconds", "gauge", "rabbitmq_erlang_uptime_seconds 7.0"))
 
 
+def test_the_memory_limit_is_the_workers_shares_added_up():
+    texts = [family("rabbitmq_resident_memory_limit_bytes", "gauge", f"rabbitmq_resident_memory_limit_bytes {share}")
+             for share in ("500.0", "500.0")]
+    assert merged(texts) == family("rabbitmq_resident_memory_limit_bytes", "gauge",
+                                   "rabbitmq_resident_memory_limit_bytes 1000.0")
+
+
 def test_a_family_only_one_worker_has_and_one_without_series_are_kept():
     first = family("rabbitmq_channel_consumers", "gauge")
     second = (family("rabbitmq_channel_consumers", "gauge", 'rabbitmq_channel_consumers{channel="c (1)"} 2.0')
