@@ -24,8 +24,9 @@ from pamqp import encode as pamqp_encode
 log = logging.getLogger(__name__)
 
 _LENGTH = struct.Struct(">I")
-# Room for one hand-off: a read of the event loop (256 KiB at most) and the state. Each hand-off socket's buffers
-# are made this large, and a receive reads up to it.
+# The largest hand-off: a read of the event loop (256 KiB at most) and the state; a receive reads up to it. Each
+# hand-off socket's buffers are made this large: room for it, or for a thousand-odd usual hand-offs (under 1 KiB)
+# waiting for a busy worker (a socket pair's datagrams are bounded by that, not by net.unix.max_dgram_qlen).
 DATAGRAM_MAX = 1024 * 1024
 
 

@@ -151,7 +151,14 @@ async def serve(control: socket.socket) -> None:
     def adopt(client: socket.socket, handed: HandedOver) -> None:
         task = loop.create_task(loop.connect_accepted_socket(lambda: Connection(server, handed), client))
         adopting.add(task)
-        task.add_done_callback(adopting.discard)
+        task.add_done_callback(lambda done: adopted(done, client, handed))
+
+    def adopted(task: asyncio.Task, client: socket.socket, handed: HandedOver) -> None:
+        adopting.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # (the socket closed under it, say)
+            log.warning("dropped a connection from %s handed over by another worker: %s", handed.peer[0],
+                        task.exception())
+            client.close()
 
     loop.add_reader(receiving.fileno(), receive_all, receiving, adopt)
     internal = []  # the management API and the Prometheus endpoint, on the sockets the supervisor reads them on
