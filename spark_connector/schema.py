@@ -8,10 +8,13 @@ from one broker can be written to another unchanged (apart from the columns list
 from __future__ import annotations
 
 import datetime
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 import pika
+import pyarrow as pa
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     BinaryType,
     BooleanType,
@@ -144,20 +147,55 @@ def stream_schema() -> StructType:
     ])
 
 
-def stream_delivery_to_row(stream: str, offset: int, method: pika.spec.Basic.Deliver,
-                           properties: pika.BasicProperties, body: bytes) -> tuple:
-    """One stream source row, in `stream_schema` column order (the offset header is the `offset` column)."""
-    headers = {str(key): _header_text(value) for key, value in (properties.headers or {}).items()
-               if key != OFFSET_HEADER}
-    timestamp = properties.timestamp
-    return (
-        stream,
-        offset,
-        body,
-        method.routing_key,
-        method.exchange,
-        {name: _header_text(getattr(properties, name)) for name in STREAM_PROPERTIES
-         if getattr(properties, name) is not None},
-        headers,
-        None if timestamp is None else datetime.datetime.fromtimestamp(timestamp, datetime.timezone.utc),
-    )
+class StreamRows:
+    """Rows of the stream source gathered column by column, for Spark as Arrow record batches: Spark would convert
+    tuples one value at a time, which costs a task more than reading its messages."""
+
+    def __init__(self, stream: str) -> None:
+        self.stream = stream
+        self.offsets: list[int] = []
+        self.bodies: list[bytes] = []
+        self.routing_keys: list[str] = []
+        self.exchanges: list[str] = []
+        self.properties: list[list[tuple[str, str]]] = []  # each row's map, as (key, value) pairs
+        self.headers: list[list[tuple[str, str | None]]] = []
+        self.timestamps: list[int | None] = []  # microseconds since the epoch
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def add(self, offset: int, method: pika.spec.Basic.Deliver, properties: pika.BasicProperties,
+            body: bytes) -> None:
+        """One message's row (its offset header is the `offset` column)."""
+        self.offsets.append(offset)
+        self.bodies.append(body)
+        self.routing_keys.append(method.routing_key)
+        self.exchanges.append(method.exchange)
+        self.properties.append([(name, _header_text(value)) for name, value in vars(properties).items()
+                                if value is not None and name in _STREAM_PROPERTY_SET])
+        self.headers.append([(str(key), _header_text(value)) for key, value in properties.headers.items()
+                             if key != OFFSET_HEADER] if properties.headers else [])
+        timestamp = properties.timestamp
+        self.timestamps.append(None if timestamp is None else timestamp * 1_000_000)
+
+    def take(self) -> pa.RecordBatch:
+        """The rows gathered so far, which are then forgotten."""
+        schema = _stream_arrow_schema()
+        gathered = [self.offsets, self.bodies, self.routing_keys, self.exchanges, self.properties, self.headers,
+                    self.timestamps]
+        streams = pa.array([self.stream] * len(self.offsets), pa.string())
+        batch = pa.RecordBatch.from_arrays(
+            [streams, *(pa.array(column, field.type) for column, field in zip(gathered, list(schema)[1:]))],
+            schema=schema)
+        for column in gathered:
+            column.clear()
+        return batch
+
+
+_STREAM_PROPERTY_SET = frozenset(STREAM_PROPERTIES)
+
+
+@functools.cache
+def _stream_arrow_schema() -> pa.Schema:
+    """stream_schema as Spark expects a record batch of it (the schema Spark checks batches against)."""
+    return to_arrow_schema(stream_schema(), timezone="UTC")

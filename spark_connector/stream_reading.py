@@ -13,13 +13,14 @@ import datetime
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pika
 import pika.exceptions
+import pyarrow as pa
 
-from spark_connector.schema import OFFSET_HEADER, stream_delivery_to_row
+from spark_connector.schema import OFFSET_HEADER, StreamRows
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ def probe_offset(uri: str, stream: str, spec: Any, timeout: float = FIRST_DELIVE
         channel.basic_qos(prefetch_count=1)
         deliveries = channel.consume(stream, arguments={"x-stream-offset": spec}, inactivity_timeout=timeout)
         method, properties, _ = next(deliveries)
-        _take_the_rest(channel, deliveries, 1)  # RabbitMQ sends a whole chunk, prefetch 1 or not
+        _take_the_rest(channel, 1, _waiting_of(channel, deliveries))  # RabbitMQ sends a whole chunk, prefetch 1 or not
         return None if method is None else _offset_of(properties)
     except pika.exceptions.ChannelClosedByBroker as error:
         raise StreamReadError(f"cannot read stream {stream!r}: {error.reply_text}") from error
@@ -173,11 +174,15 @@ class TailFollower:
             self._changed.notify_all()
 
 
+BATCH_ROWS = 10_000  # rows a task hands Spark at a time (one Arrow record batch)
+
+
 def read_range(uri: str, stream: str, low: int, high: int, prefetch: int, fail_on_data_loss: bool,
-               deadline_seconds: float = READ_TIMEOUT_SECONDS) -> Iterator[tuple]:
-    """Rows of the messages with offsets in [low, high), in offset order. The range was planned below the tail,
-    so a message at or past high - 1 exists (or retention dropped it): reading stops there. A first message above
-    low is a loss when retention dropped low (the stream's first offset is above it); else a gap.
+               deadline_seconds: float = READ_TIMEOUT_SECONDS) -> Iterator[pa.RecordBatch]:
+    """Rows of the messages with offsets in [low, high), in offset order, BATCH_ROWS at a time. The range was
+    planned below the tail, so a message at or past high - 1 exists (or retention dropped it): reading stops there.
+    A first message above low is a loss when retention dropped low (the stream's first offset is above it); else a
+    gap.
 
     Credit is given back so that the broker sends little past high - 1: the window is at most the range, and an
     ack through offset o is sent only while o + window stays below high. What still comes (RabbitMQ sends whole
@@ -185,37 +190,34 @@ def read_range(uri: str, stream: str, low: int, high: int, prefetch: int, fail_o
     (RabbitMQ 3.10 answers a basic.reject on a stream with 540)."""
     window = max(1, min(prefetch, high - low))
     connection = _connect(uri, f"spark amqp source: stream {stream} offsets [{low}, {high})")
+    reading = _RangeReading(uri, stream, low, high, window, fail_on_data_loss)
+    channel = None
     try:
         channel = connection.channel()
         channel.basic_qos(prefetch_count=window)
-        first = True
-        unacked = 0
-        deliveries = channel.consume(stream, arguments={"x-stream-offset": low}, inactivity_timeout=deadline_seconds)
-        for method, properties, body in deliveries:
-            if method is None:
+        channel.basic_consume(stream, reading.on_message, arguments={"x-stream-offset": low})
+        heard_at = time.monotonic()
+        while not reading.done:
+            received = reading.received
+            connection.process_data_events(time_limit=POLL_SECONDS)  # (returns once deliveries came)
+            if reading.failure is not None:
+                raise reading.failure
+            if reading.received != received:
+                heard_at = time.monotonic()
+            elif time.monotonic() - heard_at > deadline_seconds:
                 raise StreamReadError(f"stream {stream!r}: nothing received for {deadline_seconds:.0f}s while "
                                       f"reading offsets {low} to {high - 1}")
-            offset = _offset_of(properties)
-            if first and offset > low:
-                _check_loss(uri, stream, low, offset, fail_on_data_loss)
-            first = False
-            if offset >= high:
-                break
-            if offset >= low:
-                yield stream_delivery_to_row(stream, offset, method, properties, body)
-            if offset >= high - 1:
-                break
-            unacked += 1
-            # near the end, credit goes back message by message: the last ack allowed must not be skipped
-            if offset + window < high and (unacked >= window // 2 or offset + window + window // 2 >= high):
-                channel.basic_ack(method.delivery_tag, multiple=True)
-                unacked = 0
-        _take_the_rest(channel, deliveries, window)
+            if len(reading.rows) >= BATCH_ROWS:
+                yield reading.rows.take()
+        _take_the_rest(channel, window, lambda: reading.dispatched(connection))
+        if reading.rows:
+            yield reading.rows.take()
     except pika.exceptions.ChannelClosedByBroker as error:
         raise StreamReadError(f"cannot read stream {stream!r}: {error.reply_text}") from error
     except StreamReadError:
-        try:
-            _take_the_rest(channel, deliveries, window)  # leaving on data loss (or a stall): no reject either
+        try:  # leaving on data loss (or a stall): no reject either
+            if channel is not None:
+                _take_the_rest(channel, window, lambda: reading.dispatched(connection))
         except pika.exceptions.AMQPError:  # the connection went meanwhile: nothing to reject
             pass
         raise
@@ -223,18 +225,76 @@ def read_range(uri: str, stream: str, low: int, high: int, prefetch: int, fail_o
         _close(connection)
 
 
-def _take_the_rest(channel: Any, deliveries: Iterator, prefetch: int) -> None:
+class _RangeReading:
+    """What read_range's consumer callback keeps: the rows read, the credit owed, and whether the range is done."""
+
+    def __init__(self, uri: str, stream: str, low: int, high: int, window: int, fail_on_data_loss: bool) -> None:
+        self.uri = uri
+        self.stream = stream
+        self.low = low
+        self.high = high
+        self.window = window
+        self.fail_on_data_loss = fail_on_data_loss
+        self.rows = StreamRows(stream)
+        self.received = 0  # deliveries so far, those past the range included
+        self.unacked = 0  # deliveries since the last ack
+        self.done = False  # the range is read (what comes after is taken and dropped)
+        self.failure: StreamReadError | None = None  # raised by read_range once the callback returns
+
+    def on_message(self, channel: Any, method: Any, properties: Any, body: bytes) -> None:
+        self.received += 1
+        if self.done:
+            return
+        try:
+            offset = _offset_of(properties)
+            if self.received == 1 and offset > self.low:
+                _check_loss(self.uri, self.stream, self.low, offset, self.fail_on_data_loss)
+        except StreamReadError as error:
+            self.failure = error
+            self.done = True
+            return
+        high, window = self.high, self.window
+        if offset >= high:
+            self.done = True
+            return
+        if offset >= self.low:
+            self.rows.add(offset, method, properties, body)
+        if offset >= high - 1:
+            self.done = True
+            return
+        self.unacked += 1
+        # near the end, credit goes back message by message: the last ack allowed must not be skipped
+        if offset + window < high and (self.unacked >= window // 2 or offset + window + window // 2 >= high):
+            channel.basic_ack(method.delivery_tag, multiple=True)
+            self.unacked = 0
+
+    def dispatched(self, connection: pika.BlockingConnection) -> int:
+        """Hand the deliveries pika holds to on_message; how many there were."""
+        received = self.received
+        connection.process_data_events(time_limit=0)
+        return self.received - received
+
+
+def _take_the_rest(channel: Any, prefetch: int, take_waiting: Callable[[], int]) -> None:
     """Take the deliveries still on their way (their credit was given before the range ended), so that none is left
     for pika to reject when the channel closes. A basic.qos round trip is the barrier: the broker answers it after
     every delivery it sent before (RabbitMQ sends a chunk whole, at once), and the credit given ends with what was
-    asked for, so nothing more is sent. Asking again for the same prefetch changes nothing of the consumer's."""
+    asked for, so nothing more is sent. Asking again for the same prefetch changes nothing of the consumer's.
+    take_waiting takes the deliveries pika holds and says how many it took."""
     while True:
         channel.basic_qos(prefetch_count=prefetch)
-        waiting = channel.get_waiting_message_count()
-        if not waiting:
+        if not take_waiting():
             return
+
+
+def _waiting_of(channel: Any, deliveries: Iterator) -> Callable[[], int]:
+    """take_waiting for a consume() generator."""
+    def take() -> int:
+        waiting = channel.get_waiting_message_count()
         for _ in range(waiting):
             next(deliveries)
+        return waiting
+    return take
 
 
 def _check_loss(uri: str, stream: str, low: int, delivered: int, fail_on_data_loss: bool) -> None:

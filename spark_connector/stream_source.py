@@ -16,6 +16,7 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 
+import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -148,7 +149,7 @@ class AmqpStreamOffsetsReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         return [OffsetRange(stream, low, high) for low, high in
                 split(start[stream], end[stream], options.min_partitions, options.max_records_per_partition)]
 
-    def read(self, partition: OffsetRange) -> Iterator[tuple]:
+    def read(self, partition: OffsetRange) -> Iterator[pa.RecordBatch]:
         options = self._options
         return read_range(options.uri, partition.stream, partition.low, partition.high, options.prefetch,
                           options.fail_on_data_loss)

@@ -14,7 +14,7 @@ Readers only see chunks once they are durable: an offset a consumer saw is never
 crash. A failed batch gives its offsets back to the messages appended after it.
 
 Reading is by chunk: a chunk is read with one ``pread`` (on a worker thread for the broker, so the loop goes on
-meanwhile), checked against its CRC and decoded; a few chunks per stream are kept decoded (``CACHED_BYTES``), the
+meanwhile, with the chunks after it, up to ``READ_AHEAD_BYTES``), checked against its CRC and decoded; a few chunks per stream are kept decoded (``CACHED_BYTES``), the
 newest ones among them, so consumers that follow the tail read nothing back. Start-up reads each segment's chunk heads only, and checks every chunk of the newest segment (where a
 crash may have torn the last write); damage found later, on a read, skips that chunk with an ERROR line.
 """
@@ -43,6 +43,10 @@ CHUNK = struct.Struct("<QqI")  # first offset, timestamp (ms since the epoch), m
 ENTRY = struct.Struct("<BBII")  # exchange length, routing key length, content header length, body length
 CHUNK_BYTES = 1 << 20  # a chunk is closed once this full (a batch may write several for one stream)
 CACHED_BYTES = 8 << 20  # decoded chunks a stream keeps, newest first out of the way last
+# A read on a worker thread takes the chunks that follow the one asked for too, in the same pread, up to this many
+# bytes: a consumer reading from the past then waits on one read per run of chunks, not per chunk (a publisher's
+# small batches make small chunks)
+READ_AHEAD_BYTES = 1 << 20
 SEGMENT_SUFFIX = ".seg"
 
 StreamMessage = tuple[str, str, bytes, bytes]  # exchange, routing key, content header payload, body
@@ -244,21 +248,36 @@ class StreamLog:
         return messages
 
     def _load_later(self, index: int) -> None:
-        """Read the chunk on a worker thread (the loop goes on meanwhile); on_readable once it is in memory."""
+        """Read the chunk, and the ones after it in its segment that are not in memory (READ_AHEAD_BYTES in all),
+        on a worker thread (the loop goes on meanwhile); on_readable once they are in memory."""
         source = self._chunk_source(index)
-        first = source[3]
-        if first in self._loading:
+        if source[3] in self._loading:
             return
-        self._loading.add(first)
-        future = asyncio.get_running_loop().run_in_executor(None, read_chunk, *source)
-        future.add_done_callback(lambda done: self._chunk_read(first, source, done))
+        path, position, size, _ = source
+        sources = [source]
+        while index + 1 < len(self.chunk_offsets) and size + self.chunk_sizes[index + 1] <= READ_AHEAD_BYTES:
+            index += 1
+            first = self.chunk_offsets[index]
+            if (self.chunk_positions[index] != position + size  # (the next segment's first chunk)
+                    or first in self._cache or first in self._loading):
+                break
+            sources.append((path, self.chunk_positions[index], self.chunk_sizes[index], first))
+            size += self.chunk_sizes[index]
+        self._loading.update(source[3] for source in sources)
+        future = asyncio.get_running_loop().run_in_executor(None, read_chunks, path, position, size, sources)
+        future.add_done_callback(lambda done: self._chunks_read(sources, done))
 
-    def _chunk_read(self, first: int, source: tuple[Path, int, int, int], done: asyncio.Future) -> None:
-        self._loading.discard(first)
-        if self.deleted or first < self.first_offset:
-            return  # retention or deletion dropped it meanwhile
+    def _chunks_read(self, sources: list[tuple[Path, int, int, int]], done: asyncio.Future) -> None:
         error = done.exception()
-        self._remember(first, done.result() if error is None else self._unreadable(source, error), source[2])
+        decoded = done.result() if error is None else [error] * len(sources)
+        for source, messages in zip(sources, decoded):
+            first = source[3]
+            self._loading.discard(first)
+            if self.deleted or first < self.first_offset:
+                continue  # retention or deletion dropped it meanwhile
+            if isinstance(messages, BaseException):
+                messages = self._unreadable(source, messages)
+            self._remember(first, messages, source[2])
         if self.on_readable is not None:
             self.on_readable()
 
@@ -375,7 +394,26 @@ def read_chunk(path: Path, position: int, size: int, first: int) -> list[StreamM
     return decode_chunk(data, first)
 
 
-def decode_chunk(data: bytes, first: int) -> list[StreamMessage]:
+def read_chunks(path: Path, position: int, size: int, sources: list[tuple[Path, int, int, int]]
+                ) -> list[list[StreamMessage] | BaseException]:
+    """The messages of consecutive chunks of one segment (sources, as read_chunk's arguments), read with one pread
+    from position: each chunk's messages, or the error that makes that chunk unreadable (on any thread)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        data = memoryview(os.pread(fd, size, position))
+    finally:
+        os.close(fd)
+    decoded: list[list[StreamMessage] | BaseException] = []
+    for _, chunk_position, chunk_size, first in sources:
+        start = chunk_position - position
+        try:
+            decoded.append(decode_chunk(data[start:start + chunk_size], first))
+        except ValueError as error:
+            decoded.append(error)
+    return decoded
+
+
+def decode_chunk(data: bytes | memoryview, first: int) -> list[StreamMessage]:
     """The messages of one framed chunk; ValueError if it is not the intact chunk starting at first."""
     if len(data) < FRAME_SIZE + CHUNK.size:
         raise ValueError("short read")
