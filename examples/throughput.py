@@ -1,143 +1,243 @@
-"""Throughput of the Spark connector next to plain pika, against one broker on this machine.
+"""Throughput of the Spark connector beside plain pika with the same number of connections, against one broker on
+this machine, in one run.
 
-    .venv/bin/python examples/throughput.py --uri amqp://guest:guest@127.0.0.1:5672/%2F --rows 50000
+    .venv/bin/python examples/throughput.py --uri amqp://guest:guest@127.0.0.1:5672/%2F
 
-Prints rows/s for: pika publishing (no confirms, and waiting for each confirm), pika consuming
-(prefetch 1000, one ack per message), the connector reading a queue into a no-op sink, writing a
-DataFrame to a queue, and the example pipeline (read, transform, write). Spark figures are given
-for the whole run (query start-up included) and for the steady state (batches after the first).
+Prints, for each way in and out of Spark, the connector's rows/s (Spark on `local[2]`, so two tasks at a time) and
+what plain pika does with the same connections at the same time (each connection in a process of its own, as a
+Spark task is), then the ratio; and the fixed cost of a micro-batch. Bodies of 100 bytes, persistent messages,
+durable queues, the connector's default options unless said.
+
+- stream source: `--stream-rows` messages of a stream read in 4 batches, each cut into 4 offset ranges (4
+  connections, 2 at a time); pika: 2 processes, each reading 2 ranges one after the other.
+- queue source: `--rows` messages of a queue, read by the driver's one consuming connection; pika: 1 connection,
+  prefetch as the connector's, one multiple ack per half prefetch.
+- sink: `df.write` of `--rows` rows in 2 tasks, publisher confirms with a window of 1000; pika: 2 processes
+  publishing with confirms, the same window.
+Spark figures count the batches after the first (the steady state), or for the sink a second write (the first one
+starts Spark's Python workers). The fixed cost of a micro-batch is the median trigger time of batches of 100 rows.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import multiprocessing
 import os
+import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import pika
 
-PIPELINE = Path(__file__).resolve().parent / "pipeline.py"
-BODY = b'{"id": 1, "customer": "customer-1", "amount": 12.5, "currency": "EUR"}'
+BODY = b"x" * 100
+STREAM = "throughput.stream"
+SMALL_STREAM = "throughput.small"  # 20 batches of SMALL_BATCH for the fixed cost
+QUEUE = "throughput.queue"
+TARGET = "throughput.target"
+SMALL_BATCH = 100  # rows of the micro-batches whose fixed cost is measured
+RANGES = 4  # offset ranges per stream batch
+BATCHES = 4  # stream batches over --stream-rows
 
 
-def fresh_queue(channel, name: str) -> str:
-    channel.queue_delete(name)
-    return channel.queue_declare(name, durable=True).method.queue
+# --- plain pika, each connection in a process of its own ---------------------------------------------------------
+def fill(uri: str, queue: str, count: int) -> None:
+    """Publish count messages (no confirms: a round trip after the last one)."""
+    with pika.BlockingConnection(pika.URLParameters(uri)) as connection:
+        channel = connection.channel()
+        properties = pika.BasicProperties(delivery_mode=2)
+        for _ in range(count):
+            channel.basic_publish("", queue, BODY, properties)
+        channel.queue_declare(queue, passive=True)
 
 
-def pika_publish(uri: str, queue: str, rows: int, confirm: bool) -> float:
+def read_stream_ranges(uri: str, ranges: list[tuple[int, int]], prefetch: int) -> None:
+    """Read each [low, high) of the stream on a connection of its own, as a stream source task does."""
+    for low, high in ranges:
+        connection = pika.BlockingConnection(pika.URLParameters(uri))
+        channel = connection.channel()
+        channel.basic_qos(prefetch_count=prefetch)
+        state = {"unacked": 0, "done": False}
+
+        def on_message(channel, method, properties, body, state=state, high=high):
+            offset = properties.headers["x-stream-offset"]
+            state["unacked"] += 1
+            if offset >= high - 1:
+                state["done"] = True
+            elif state["unacked"] >= prefetch // 2:
+                channel.basic_ack(method.delivery_tag, multiple=True)
+                state["unacked"] = 0
+
+        channel.basic_consume(STREAM, on_message, arguments={"x-stream-offset": low})
+        while not state["done"]:
+            connection.process_data_events(time_limit=0.2)
+        connection.close()
+
+
+def consume_queue(uri: str, count: int, prefetch: int) -> None:
+    """Consume count messages of the queue with one multiple ack per half prefetch."""
     connection = pika.BlockingConnection(pika.URLParameters(uri))
     channel = connection.channel()
-    if confirm:
-        channel.confirm_delivery()
-    properties = pika.BasicProperties(delivery_mode=2)
-    started = time.perf_counter()
-    for _ in range(rows):
-        channel.basic_publish("", queue, BODY, properties)
-    if not confirm:
-        connection.channel().queue_declare(queue, passive=True)  # a round trip after the last publish
-    elapsed = time.perf_counter() - started
+    channel.basic_qos(prefetch_count=prefetch)
+    state = {"received": 0}
+
+    def on_message(channel, method, properties, body):
+        state["received"] += 1
+        if state["received"] % (prefetch // 2) == 0 or state["received"] == count:
+            channel.basic_ack(method.delivery_tag, multiple=True)
+        if state["received"] == count:
+            channel.stop_consuming()
+
+    channel.basic_consume(QUEUE, on_message)
+    channel.start_consuming()
     connection.close()
-    return rows / elapsed
 
 
-def pika_consume(uri: str, queue: str, rows: int) -> float:
-    connection = pika.BlockingConnection(pika.URLParameters(uri))
-    channel = connection.channel()
-    channel.basic_qos(prefetch_count=1000)
-    received = 0
+def publish_confirmed(uri: str, count: int, window: int) -> None:
+    """Publish count messages with confirms, at most window unconfirmed (pika's asynchronous connection)."""
+    state = {"published": 0, "confirmed": 0}
+
+    def publish_more(channel):
+        while state["published"] < count and state["published"] - state["confirmed"] < window:
+            state["published"] += 1
+            channel.basic_publish("", TARGET, BODY, pika.BasicProperties(
+                delivery_mode=2, message_id=f"pika-{os.getpid()}-{state['published']}"))
+
+    def on_confirm(frame, channel):
+        state["confirmed"] = frame.method.delivery_tag if frame.method.multiple else state["confirmed"] + 1
+        if state["confirmed"] >= count:
+            connection.close()
+        else:
+            publish_more(channel)
+
+    def on_channel(channel):
+        channel.confirm_delivery(lambda frame: on_confirm(frame, channel), callback=lambda _: publish_more(channel))
+
+    connection = pika.SelectConnection(pika.URLParameters(uri),
+                                       on_open_callback=lambda c: c.channel(on_open_callback=on_channel),
+                                       on_close_callback=lambda c, reason: c.ioloop.stop())
+    connection.ioloop.start()
+
+
+def _run_when_told(start, function, args) -> None:
+    start.wait()
+    function(*args)
+
+
+def in_processes(jobs: list[tuple]) -> float:
+    """Run each (function, args) in a process of its own, all started together; the seconds until all ended."""
+    start = multiprocessing.Event()
+    processes = [multiprocessing.Process(target=_run_when_told, args=(start, function, args))
+                 for function, args in jobs]
+    for process in processes:
+        process.start()
+    time.sleep(1.0)  # every process has imported pika and waits
     started = time.perf_counter()
-    for method, _, _ in channel.consume(queue):
-        channel.basic_ack(method.delivery_tag)
-        received += 1
-        if received == rows:
-            break
-    elapsed = time.perf_counter() - started
-    channel.cancel()
-    connection.close()
-    return rows / elapsed
+    start.set()
+    for process in processes:
+        process.join()
+        if process.exitcode:
+            raise RuntimeError(f"a pika process failed ({process.exitcode})")
+    return time.perf_counter() - started
 
 
-def spark_rates(query, started: float, rows: int) -> tuple[float, float]:
-    """(rows/s over the whole run, rows/s over the batches after the first)."""
-    total = rows / (time.perf_counter() - started)
-    later = [p for p in query.recentProgress if p["batchId"] > 0]
-    later_rows = sum(p["numInputRows"] for p in later)
-    later_ms = sum(p["durationMs"]["triggerExecution"] for p in later)
-    return total, (later_rows / later_ms * 1000 if later_ms else float("nan"))
+# --- Spark ------------------------------------------------------------------------------------------------------
+def steady_rate(query) -> float:
+    """Rows/s over the batches after the first."""
+    later = [progress for progress in query.recentProgress if progress["batchId"] > 0 and progress["numInputRows"]]
+    rows = sum(progress["numInputRows"] for progress in later)
+    milliseconds = sum(progress["durationMs"]["triggerExecution"] for progress in later)
+    return rows / milliseconds * 1000 if milliseconds else float("nan")
+
+
+def median_batch_ms(query) -> float:
+    times = [progress["durationMs"]["triggerExecution"] for progress in query.recentProgress
+             if progress["batchId"] > 0 and progress["numInputRows"]]
+    return statistics.median(times)
+
+
+def run_query(reader):
+    query = (reader.load().writeStream.format("noop").option("checkpointLocation", tempfile.mkdtemp())
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    return query
+
+
+def declare(channel, queue: str, stream: bool = False) -> None:
+    channel.queue_delete(queue)
+    channel.queue_declare(queue, durable=True, arguments={"x-queue-type": "stream"} if stream else None)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--uri", default="amqp://guest:guest@127.0.0.1:5672/%2F")
-    parser.add_argument("--rows", type=int, default=50000)
+    parser.add_argument("--rows", type=int, default=200_000, help="messages for the queue source and the sink")
+    parser.add_argument("--stream-rows", type=int, default=1_000_000, help="messages for the stream source")
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
     import spark_connector
+    from spark_connector.options import DEFAULT_CONFIRM_WINDOW, DEFAULT_PREFETCH, DEFAULT_STREAM_PREFETCH
 
-    connection = pika.BlockingConnection(pika.URLParameters(args.uri))
+    uri, rows, stream_rows = args.uri, args.rows, args.stream_rows
+    connection = pika.BlockingConnection(pika.URLParameters(uri))
     channel = connection.channel()
-    queue = fresh_queue(channel, "throughput.pika")
-    figures = {
-        "pika publish, no confirms": pika_publish(args.uri, queue, args.rows, confirm=False),
-        "pika consume, prefetch 1000, ack each": pika_consume(args.uri, queue, args.rows),
-        "pika publish, wait for each confirm": pika_publish(args.uri, queue, args.rows, confirm=True),
-    }
-    channel.queue_purge(queue)
-
-    spark = (
-        SparkSession.builder.master("local[2]").appName("warren-throughput")
-        .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "1").getOrCreate()
-    )
+    spark = (SparkSession.builder.master("local[2]").appName("warren-throughput")
+             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "1").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     spark_connector.register(spark)
+    table: list[tuple[str, float, float]] = []  # (what, connector rows/s, pika msg/s)
 
-    target = fresh_queue(channel, "throughput.write")
-    started = time.perf_counter()
-    (spark.range(args.rows).select(F.lit(BODY).alias("body")).write.format("amqp")
-     .option("uri", args.uri).option("routingKey", target).mode("append").save())
-    figures["spark write (batch job, 2 tasks)"] = args.rows / (time.perf_counter() - started)
+    declare(channel, STREAM, stream=True)
+    fill(uri, STREAM, stream_rows)
+    ranges = [(stream_rows * index // (BATCHES * RANGES), stream_rows * (index + 1) // (BATCHES * RANGES))
+              for index in range(BATCHES * RANGES)]
+    pika_seconds = in_processes([(read_stream_ranges, (uri, ranges[0::2], DEFAULT_STREAM_PREFETCH)),
+                                 (read_stream_ranges, (uri, ranges[1::2], DEFAULT_STREAM_PREFETCH))])
+    stream_reader = (spark.readStream.format("amqp").option("uri", uri).option("stream", STREAM)
+                     .option("startingOffsets", "earliest").option("minPartitions", str(RANGES)))
+    query = run_query(stream_reader.option("maxOffsetsPerTrigger", str(stream_rows // BATCHES)))
+    table.append((f"stream source, {RANGES} ranges per batch", steady_rate(query), stream_rows / pika_seconds))
 
-    started = time.perf_counter()
-    query = (
-        spark.readStream.format("amqp").option("uri", args.uri).option("queue", target).load()
-        .writeStream.format("noop").option("checkpointLocation", tempfile.mkdtemp())
-        .trigger(availableNow=True).start()
-    )
-    query.awaitTermination()
-    whole, steady = spark_rates(query, started, args.rows)
-    figures["spark read into a no-op sink"] = whole
-    figures["spark read into a no-op sink, steady state"] = steady
+    declare(channel, QUEUE)
+    fill(uri, QUEUE, rows)
+    pika_seconds = in_processes([(consume_queue, (uri, rows, DEFAULT_PREFETCH))])
+    fill(uri, QUEUE, rows)
+    query = run_query(spark.readStream.format("amqp").option("uri", uri).option("queue", QUEUE))
+    table.append(("queue source, one consuming connection", steady_rate(query), rows / pika_seconds))
 
-    spec = importlib.util.spec_from_file_location("example_pipeline", PIPELINE)
-    pipeline = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pipeline)
-    for name in ("throughput.orders", "throughput.enriched"):
-        fresh_queue(channel, name)
-    pipeline.declare_and_seed(args.uri, "throughput.orders", "throughput.enriched", args.rows)
-    options = pipeline.parse_args(["--uri", args.uri, "--source", "throughput.orders", "--target",
-                                   "throughput.enriched", "--checkpoint", tempfile.mkdtemp()])
-    started = time.perf_counter()
-    query = pipeline.start_pipeline(spark, options)
-    query.awaitTermination()
-    whole, steady = spark_rates(query, started, args.rows)
-    figures["example pipeline, read + transform + write"] = whole
-    figures["example pipeline, steady state"] = steady
-    for name in ("throughput.pika", "throughput.write", "throughput.orders", "throughput.enriched"):
-        channel.queue_delete(name)
+    declare(channel, TARGET)
+    pika_seconds = in_processes([(publish_confirmed, (uri, rows // 2, DEFAULT_CONFIRM_WINDOW))] * 2)
+    frame = spark.range(rows).repartition(2).select(F.lit(BODY).alias("body"))
+    for _ in range(2):  # the second write is timed: the first starts Spark's Python workers
+        channel.queue_purge(TARGET)
+        started = time.perf_counter()
+        frame.write.format("amqp").option("uri", uri).option("routingKey", TARGET).mode("append").save()
+        spark_seconds = time.perf_counter() - started
+    table.append(("sink, df.write in 2 tasks, confirms", rows / spark_seconds, rows / pika_seconds))
+
+    declare(channel, SMALL_STREAM, stream=True)
+    fill(uri, SMALL_STREAM, SMALL_BATCH * 20)
+    stream_batch = median_batch_ms(run_query(
+        spark.readStream.format("amqp").option("uri", uri).option("stream", SMALL_STREAM)
+        .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", str(SMALL_BATCH))))
+    channel.queue_purge(QUEUE)
+    fill(uri, QUEUE, SMALL_BATCH * 20)
+    queue_batch = median_batch_ms(run_query(spark.readStream.format("amqp").option("uri", uri)
+                                            .option("queue", QUEUE).option("maxMessagesPerBatch", str(SMALL_BATCH))))
+    for queue in (STREAM, SMALL_STREAM, QUEUE, TARGET):
+        channel.queue_delete(queue)
     connection.close()
     spark.stop()
 
-    print(f"\n{args.rows} rows of {len(BODY)} bytes against {args.uri}")
-    for name, rate in figures.items():
-        print(f"  {name:<48} {rate:>9.0f} rows/s")
+    print(f"\n{len(BODY)}-byte bodies against {uri}: stream {stream_rows} messages, queue and sink {rows}")
+    print(f"  {'':<44} {'connector rows/s':>16} {'pika msg/s':>11} {'ratio':>6}")
+    for what, connector, plain in table:
+        print(f"  {what:<44} {connector:>16.0f} {plain:>11.0f} {connector / plain:>6.2f}")
+    print(f"  fixed cost of a micro-batch of {SMALL_BATCH} rows (median): stream source {stream_batch:.0f} ms, "
+          f"queue source {queue_batch:.0f} ms")
 
 
 if __name__ == "__main__":

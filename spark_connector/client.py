@@ -21,7 +21,7 @@ import pika
 import pika.exceptions
 
 from spark_connector.options import SourceOptions
-from spark_connector.schema import delivery_to_row
+from spark_connector.schema import Delivery, property_values
 
 T = TypeVar("T")
 
@@ -40,7 +40,9 @@ class BackgroundConsumer:
     def __init__(self, options: SourceOptions) -> None:
         self._options = options
         self._changed = threading.Condition()  # guards every field below; notified when the thread reports
-        self._buffer: deque[tuple[int, tuple]] = deque()  # (delivery tag, row) of unacked deliveries
+        # (delivery tag, (exchange, routing key, redelivered, properties, body)) of unacked deliveries, as pika gave
+        # them: the consuming thread does no more with them, as it reads for the whole query
+        self._buffer: deque[tuple[int, tuple]] = deque()
         self._first_buffered = 1  # sequence number of the buffer's first entry
         self._received = 0  # deliveries received so far (= sequence number of the latest)
         self._wanted: int | None = None  # `_received` value a waiter is blocked for (deliveries notify only then)
@@ -136,9 +138,9 @@ class BackgroundConsumer:
         return queue, ok.method.message_count
 
     def _on_message(self, channel: Any, method: Any, properties: Any, body: bytes) -> None:
-        row = delivery_to_row(method, properties, body, self._options.body_encoding)
+        delivery = (method.exchange, method.routing_key, method.redelivered, properties, body)
         with self._changed:
-            self._buffer.append((method.delivery_tag, row))
+            self._buffer.append((method.delivery_tag, delivery))
             self._received += 1
             if self._wanted is not None and self._received >= self._wanted:
                 self._changed.notify_all()
@@ -164,13 +166,16 @@ class BackgroundConsumer:
         self._raise_if_failed()
         return self._received >= count
 
-    def rows(self, after: int, through: int) -> list[tuple]:
-        """Rows of the deliveries numbered after+1 .. through (all must still be unacknowledged)."""
+    def deliveries(self, after: int, through: int) -> list[Delivery]:
+        """The deliveries numbered after+1 .. through (all must still be unacknowledged), for a task to turn into
+        rows (schema.source_batches)."""
         with self._changed:
             start = after + 1 - self._first_buffered
             if start < 0:
                 raise AssertionError(f"deliveries after {after} were already acknowledged")
-            return [row for _, row in islice(self._buffer, start, start + through - after)]
+            taken = list(islice(self._buffer, start, start + through - after))
+        return [(exchange, routing_key, redelivered, body, property_values(properties))
+                for _, (exchange, routing_key, redelivered, properties, body) in taken]
 
     def ready_count(self) -> int:
         """Messages ready in the consumed queue now (asked on the consuming channel)."""

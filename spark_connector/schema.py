@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import datetime
 import functools
-from collections.abc import Mapping
+import operator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pika
@@ -26,6 +27,8 @@ from pyspark.sql.types import (
     StructType,
     TimestampType,
 )
+
+ARROW_BATCH_ROWS = 10_000  # rows a source task hands Spark at a time (one Arrow record batch)
 
 # Message properties carried in columns of the same name, in AMQP's property order.
 STRING_PROPERTIES = ("content_type", "content_encoding")
@@ -71,34 +74,38 @@ def _header_text(value: Any) -> str | None:
     return str(value)
 
 
-def delivery_to_row(
-    method: pika.spec.Basic.Deliver, properties: pika.BasicProperties, body: bytes, encoding: str | None
-) -> tuple:
-    """One source row, in `source_schema` column order."""
-    headers = properties.headers
-    timestamp = properties.timestamp
-    row = [body]
-    if encoding is not None:
-        row.append(body.decode(encoding, errors="replace"))
-    row += [
-        method.exchange,
-        method.routing_key,
-        method.redelivered,
-        properties.content_type,
-        properties.content_encoding,
-        None if headers is None else {str(key): _header_text(value) for key, value in headers.items()},
-        properties.delivery_mode,
-        properties.priority,
-        properties.correlation_id,
-        properties.reply_to,
-        properties.expiration,
-        properties.message_id,
-        None if timestamp is None else datetime.datetime.fromtimestamp(timestamp, datetime.timezone.utc),
-        properties.type,
-        properties.user_id,
-        properties.app_id,
-    ]
-    return tuple(row)
+PROPERTY_NAMES = ("content_type", "content_encoding", "headers", "delivery_mode", "priority", "correlation_id",
+                  "reply_to", "expiration", "message_id", "timestamp", "type", "user_id", "app_id")
+property_values = operator.attrgetter(*PROPERTY_NAMES)  # a message's properties as a tuple, in that order
+
+# One delivery of the queue source as the driver ships it to a task: exchange, routing key, redelivered, body and
+# property_values; the task turns it into a row
+Delivery = tuple[str, str, bool, bytes, tuple]
+
+
+def source_batches(deliveries: list[Delivery], encoding: str | None) -> Iterator[pa.RecordBatch]:
+    """The rows of `source_schema` for deliveries, as Arrow record batches of ARROW_BATCH_ROWS made a column at a
+    time (Spark would convert tuples one value at a time)."""
+    schema = _arrow_schema(source_schema(encoding is not None))
+    for start in range(0, len(deliveries), ARROW_BATCH_ROWS):
+        exchanges, routing_keys, redelivered, bodies, properties = zip(*deliveries[start:start + ARROW_BATCH_ROWS])
+        (content_types, content_encodings, headers, delivery_modes, priorities, correlation_ids, reply_tos,
+         expirations, message_ids, timestamps, types, user_ids, app_ids) = zip(*properties)
+        columns = [bodies]
+        if encoding is not None:
+            columns.append([body.decode(encoding, errors="replace") for body in bodies])
+        columns += [exchanges, routing_keys, redelivered, content_types, content_encodings,
+                    [None if table is None else [(str(key), _header_text(value)) for key, value in table.items()]
+                     for table in headers],
+                    delivery_modes, priorities, correlation_ids, reply_tos, expirations, message_ids,
+                    [None if stamp is None else stamp * 1_000_000 for stamp in timestamps], types, user_ids, app_ids]
+        yield pa.RecordBatch.from_arrays([pa.array(column, field.type) for column, field in zip(columns, schema)],
+                                         schema=schema)
+
+
+def _arrow_schema(schema: StructType) -> pa.Schema:
+    """A source schema as Spark expects record batches of it (the schema it checks them against)."""
+    return to_arrow_schema(schema, timezone="UTC")
 
 
 def sink_property_columns(schema: StructType, body_column: str, routing_key_column: str | None) -> list[str]:
@@ -197,5 +204,4 @@ _STREAM_PROPERTY_SET = frozenset(STREAM_PROPERTIES)
 
 @functools.cache
 def _stream_arrow_schema() -> pa.Schema:
-    """stream_schema as Spark expects a record batch of it (the schema Spark checks batches against)."""
-    return to_arrow_schema(stream_schema(), timezone="UTC")
+    return _arrow_schema(stream_schema())

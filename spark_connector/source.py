@@ -18,6 +18,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator, Sequence
 
+import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadLimit,
@@ -27,17 +28,18 @@ from pyspark.sql.streaming.datasource import (
 
 from spark_connector.client import BackgroundConsumer
 from spark_connector.options import SourceOptions
+from spark_connector.schema import Delivery, source_batches
 
 # How long an AvailableNow batch waits for the deliveries it expects before planning what it has.
 AVAILABLE_NOW_WAIT_SECONDS = 2.0
 
 
 class MessagesPartition(InputPartition):
-    """The rows of one batch, shipped from the driver to the executor that reads them."""
+    """The deliveries of one batch, shipped from the driver to the executor that turns them into rows."""
 
-    def __init__(self, rows: list[tuple]) -> None:
-        super().__init__(len(rows))
-        self.rows = rows
+    def __init__(self, deliveries: list[Delivery]) -> None:
+        super().__init__(len(deliveries))
+        self.deliveries = deliveries
 
 
 class AmqpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -110,10 +112,10 @@ class AmqpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         first, last = self._start_sequence(start), end["seq"]
         if last <= first:
             return []
-        return [MessagesPartition(self._connected().rows(first, last))]
+        return [MessagesPartition(self._connected().deliveries(first, last))]
 
-    def read(self, partition: MessagesPartition) -> Iterator[tuple]:
-        return iter(partition.rows)
+    def read(self, partition: MessagesPartition) -> Iterator[pa.RecordBatch]:
+        return source_batches(partition.deliveries, self._options.body_encoding)
 
     def commit(self, end: dict) -> None:
         if end.get("run") != self._run or end["seq"] <= self._acked:

@@ -20,7 +20,7 @@ import pika
 import pika.exceptions
 import pyarrow as pa
 
-from spark_connector.schema import OFFSET_HEADER, StreamRows
+from spark_connector.schema import ARROW_BATCH_ROWS, OFFSET_HEADER, StreamRows
 
 log = logging.getLogger(__name__)
 
@@ -174,12 +174,9 @@ class TailFollower:
             self._changed.notify_all()
 
 
-BATCH_ROWS = 10_000  # rows a task hands Spark at a time (one Arrow record batch)
-
-
 def read_range(uri: str, stream: str, low: int, high: int, prefetch: int, fail_on_data_loss: bool,
                deadline_seconds: float = READ_TIMEOUT_SECONDS) -> Iterator[pa.RecordBatch]:
-    """Rows of the messages with offsets in [low, high), in offset order, BATCH_ROWS at a time. The range was
+    """Rows of the messages with offsets in [low, high), in offset order, ARROW_BATCH_ROWS at a time. The range was
     planned below the tail, so a message at or past high - 1 exists (or retention dropped it): reading stops there.
     A first message above low is a loss when retention dropped low (the stream's first offset is above it); else a
     gap.
@@ -207,7 +204,7 @@ def read_range(uri: str, stream: str, low: int, high: int, prefetch: int, fail_o
             elif time.monotonic() - heard_at > deadline_seconds:
                 raise StreamReadError(f"stream {stream!r}: nothing received for {deadline_seconds:.0f}s while "
                                       f"reading offsets {low} to {high - 1}")
-            if len(reading.rows) >= BATCH_ROWS:
+            if len(reading.rows) >= ARROW_BATCH_ROWS:
                 yield reading.rows.take()
         _take_the_rest(channel, window, lambda: reading.dispatched(connection))
         if reading.rows:

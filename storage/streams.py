@@ -46,7 +46,7 @@ CACHED_BYTES = 8 << 20  # decoded chunks a stream keeps, newest first out of the
 # A read on a worker thread takes the chunks that follow the one asked for too, in the same pread, up to this many
 # bytes: a consumer reading from the past then waits on one read per run of chunks, not per chunk (a publisher's
 # small batches make small chunks)
-READ_AHEAD_BYTES = 1 << 20
+READ_AHEAD_BYTES = 256 << 10
 SEGMENT_SUFFIX = ".seg"
 
 StreamMessage = tuple[str, str, bytes, bytes]  # exchange, routing key, content header payload, body

@@ -4,6 +4,7 @@ tail recorded at start, retention found out as data loss, a deleted stream, bad 
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 import threading
@@ -54,6 +55,26 @@ def test_available_now_reads_from_the_earliest_offset_in_ranges_and_stops_at_the
     assert [row.body for row in sorted(rows, key=lambda row: row.offset)] == bodies(0, len(offsets))
     assert {row.stream for row in rows} == {unique}
     assert all(len(batch) <= 500 for _, batch in collector.batches)
+
+
+def test_a_row_carries_the_message_s_properties_headers_and_timestamp(spark, broker, amqp, unique, tmp_path):
+    amqp.declare(unique, **STREAM)
+    amqp.publish(unique, [b"with all"], content_type="text/plain", content_encoding="utf-8", delivery_mode=2,
+                 priority=7, correlation_id="c-1", message_id="m-1", app_id="shop", timestamp=1_700_000_000,
+                 headers={"tenant": "acme", "attempt": 3, "raw": b"bytes", "ok": True})
+    amqp.publish(unique, [b"bare"])
+    collector = Collector()
+    query = collect(read_stream(spark, broker.url, unique, startingOffsets="earliest"), collector,
+                    tmp_path / "checkpoint", availableNow=True)
+    assert query.awaitTermination(BOUNDED_WAIT_SECONDS)
+    full, bare = sorted(collector.rows, key=lambda row: row.offset)
+    assert (full.stream, full.offset, full.body, full.routing_key, full.exchange) == (unique, 0, b"with all", unique, "")
+    assert full.properties == {"content_type": "text/plain", "content_encoding": "utf-8", "delivery_mode": "2",
+                               "priority": "7", "correlation_id": "c-1", "message_id": "m-1", "app_id": "shop"}
+    assert full.headers == {"tenant": "acme", "attempt": "3", "raw": "bytes", "ok": "true"}  # no x-stream-offset
+    assert full.timestamp.astimezone(datetime.timezone.utc) == datetime.datetime(2023, 11, 14, 22, 13, 20,
+                                                                                  tzinfo=datetime.timezone.utc)
+    assert (bare.offset, bare.body, bare.properties, bare.headers, bare.timestamp) == (1, b"bare", {}, {}, None)
 
 
 def test_available_now_stops_at_the_tail_recorded_at_start_while_a_publisher_keeps_appending(
