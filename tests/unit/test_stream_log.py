@@ -303,3 +303,36 @@ def test_a_chunk_not_in_memory_is_read_on_a_worker_thread_and_the_log_says_when(
         return first, [message[3] for message in messages]
 
     assert in_store(tmp_path, reread) == (12, [body(n) for n in range(12, 17)])
+
+
+def test_one_read_on_a_worker_thread_brings_the_chunks_that_follow_in_the_segment_and_skips_a_damaged_one(
+        tmp_path, caplog):
+    async def write(store, log):
+        for start in range(0, 50, 10):  # chunks of ten: 0, 10 and 20 in the first segment, 30 and 40 in the next
+            append(log, range(start, start + 10))
+            assert await durable(store)
+        return log.directory
+
+    directory = in_store(tmp_path, write, fresh=True, max_segment_bytes=1300)
+    oldest = sorted(directory.glob("*.seg"))[0]
+    data = bytearray(oldest.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # in the chunk of offsets 10-19
+    oldest.write_bytes(bytes(data))
+
+    async def reread(store, log):  # a fresh start: nothing in memory
+        readable = asyncio.Event()
+        log.on_readable = readable.set
+        assert log.read(0, 5, wait=True) == (0, None)
+        await asyncio.wait_for(readable.wait(), 10)
+        found = []
+        offset = 0
+        while (read := log.read(offset, 1 << 30, wait=True))[1]:  # no other wait: that one read brought them all
+            found += range(read[0], read[0] + len(read[1]))
+            offset = read[0] + len(read[1])
+        return found, read
+
+    with caplog.at_level(logging.ERROR, logger="storage.streams"):
+        found, stopped_at = in_store(tmp_path, reread, max_segment_bytes=1300)
+    assert found == [*range(10), *range(20, 30)]
+    assert stopped_at == (30, None)  # the next segment is another read
+    assert "chunk at offset 10" in caplog.text
