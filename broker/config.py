@@ -113,13 +113,14 @@ SECTIONS = {
 PREFIXED_SECTIONS = ("management", "prometheus", "tls", "cluster")  # sections whose keys are prefixed with the section's name
 
 # The keys of each [[table]] array, and whether each is required; each table is one item of RabbitMQ's
-# definitions of that kind, so these are the keys a definitions file has too.
+# definitions of that kind, so these are the keys a definitions file has too, but for WARREN_KEYS.
 TABLE_ARRAYS = {
-    "vhosts": {"name": True, "description": False, "tags": False},
+    "vhosts": {"name": True, "description": False, "tags": False, "worker": False},
     "users": {"name": True, "password": False, "password_hash": False, "hashing_algorithm": False, "tags": False},
     "permissions": {"user": True, "vhost": True, "configure": True, "write": True, "read": True},
 }
-TABLE_KEY_TYPES = {"tags": (list, "a list of strings")}  # other keys of the tables are strings
+TABLE_KEY_TYPES = {"tags": (list, "a list of strings"), "worker": (int, "a worker number")}  # others: strings
+WARREN_KEYS = {"vhosts": ("worker",)}  # keys of the tables that are not definitions: the worker a vhost is pinned to
 
 # Config field type -> (Python type, how an error names it, the type of a list's items).
 _EXPECTED_TYPES = {"int": (int, "an integer", None), "str": (str, "a string", None),
@@ -135,6 +136,7 @@ def load_config(path: str | Path | None = None, overrides: dict | None = None) -
     from_file = _read_toml(Path(path)) if path is not None else {}
     _checked(from_file)
     config = _checked({**from_file, **{key: value for key, value in (overrides or {}).items() if value is not None}})
+    _check_pins(config)  # (with the overrides: --workers may give the worker a pin names)
     if config.load_definitions:
         read_definitions(config.load_definitions)
     return config
@@ -182,7 +184,8 @@ def _validate_table(array: str, table: dict) -> None:
         if key not in keys:
             raise ConfigError(f"{where}: unknown key '{key}' (known: {', '.join(keys)})")
         kind, described = TABLE_KEY_TYPES.get(key, (str, "a string"))
-        if not isinstance(value, kind) or (kind is list and not all(isinstance(item, str) for item in value)):
+        if (not isinstance(value, kind) or isinstance(value, bool)
+                or (kind is list and not all(isinstance(item, str) for item in value))):
             raise ConfigError(f"{where}: {key} must be {described}, got {value!r}")
     missing = [key for key, required in keys.items() if required and key not in table]
     if missing:
@@ -289,6 +292,14 @@ def _validate_workers(config: Config) -> None:
     if config.cluster_etcd_endpoints:
         raise ConfigError(f"workers = {config.workers} does not yet go with [cluster] etcd_endpoints: a node of a "
                           "cluster runs one worker for now")
+
+
+def _check_pins(config: Config) -> None:
+    """A vhost is pinned to a worker that exists."""
+    for table in config.vhosts:
+        if "worker" in table and not 0 <= table["worker"] < config.workers:
+            raise ConfigError(f"[[vhosts]] '{table['name']}': worker {table['worker']} does not exist: workers are "
+                              f"numbered from 0 to {config.workers - 1}")
 
 
 def _validate(config: Config) -> None:

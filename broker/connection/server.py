@@ -16,7 +16,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from broker.config import TABLE_ARRAYS, Config, ConfigError, read_definitions
+from broker.config import TABLE_ARRAYS, WARREN_KEYS, Config, ConfigError, read_definitions
 from broker.connection.alarms.disk import DiskAlarm
 from broker.connection.alarms.memory import MemoryAlarm, memory_limit, release_freed_memory
 from broker.connection.connection import HANDSHAKE_TIMEOUT, Connection
@@ -257,7 +257,9 @@ class Server:
         except ConfigError as error:
             raise StartupError(str(error)) from error
         for section in TABLE_ARRAYS:
-            tables = getattr(self.config, section)
+            kept_out = WARREN_KEYS.get(section, ())
+            tables = [{key: value for key, value in table.items() if key not in kept_out}
+                      for table in getattr(self.config, section)]
             existing = document.get(section, [])
             if tables and isinstance(existing, list):  # a file's non-list is reported by the import
                 document[section] = existing + tables

@@ -1,9 +1,10 @@
 """Which worker process leads each vhost, kept in ``data_dir/workers/placement.json``.
 
 A vhost stays where it was placed: its queues and messages are in that worker's store. A vhost met for the first
-time goes to the worker that leads the fewest (the lowest-numbered of those), except that the vhosts found in the
-first worker's store when the file does not exist yet stay there: that store is the data dir of a broker that ran
-with one process, and holds them.
+time goes to the worker the config pins it to (``[[vhosts]] worker``), else to the worker that leads the fewest (the
+lowest-numbered of those), except that the vhosts found in the first worker's store when the file does not exist yet
+stay there: that store is the data dir of a broker that ran with one process, and holds them. A pin that another
+worker's store contradicts is refused, naming both: a vhost's data does not move between workers.
 """
 
 from __future__ import annotations
@@ -31,17 +32,18 @@ def worker_data_dir(data_dir: Path, worker: int) -> Path:
 
 
 class Placement:
-    def __init__(self, path: Path, workers: int):
+    def __init__(self, path: Path, workers: int, pins: dict[str, int] | None = None):
         self.path = path
         self.workers = workers  # how many worker processes there are
+        self.pins = pins or {}  # vhost name -> the worker the config pins it to
         self.leaders: dict[str, int] = {}  # vhost name -> the worker that leads it
         self.exists = False  # the file was there when loaded
 
     @classmethod
-    def load(cls, data_dir: Path, workers: int) -> "Placement":
-        """The data dir's placement (empty if it has none); PlacementError if it cannot be used with ``workers``,
-        OSError if it cannot be read."""
-        placement = cls(workers_directory(data_dir) / PLACEMENT_FILE, workers)
+    def load(cls, data_dir: Path, workers: int, pins: dict[str, int] | None = None) -> "Placement":
+        """The data dir's placement (empty if it has none); PlacementError if it cannot be used with ``workers``
+        or ``pins``, OSError if it cannot be read."""
+        placement = cls(workers_directory(data_dir) / PLACEMENT_FILE, workers, pins)
         try:
             document = json.loads(placement.path.read_text(encoding="utf-8"))
         except FileNotFoundError:
@@ -61,6 +63,7 @@ class Placement:
                                  f"only {workers} workers: start with at least {max(leaders.values()) + 1}")
         placement.leaders = dict(leaders)
         placement.exists = True
+        placement._check_pins()
         return placement
 
     def place(self, vhosts: list[str], found_in_first: list[str]) -> bool:
@@ -71,11 +74,19 @@ class Placement:
             for name in found_in_first:
                 self.leaders.setdefault(name, 0)
                 changed = True
+            self._check_pins()
         for name in vhosts:
             if name not in self.leaders:
-                self.leaders[name] = self.least_loaded()
+                self.leaders[name] = self.pins.get(name, self.least_loaded())
                 changed = True
         return changed
+
+    def _check_pins(self) -> None:
+        for name, pinned in self.pins.items():
+            if self.leaders.get(name, pinned) != pinned:
+                raise PlacementError(f"vhost '{name}' is pinned to worker {pinned} ([[vhosts]] worker), but it lives "
+                                     f"in the store of worker {self.leaders[name]}: a vhost's data does not move "
+                                     f"between workers; pin it to {self.leaders[name]} or remove the pin")
 
     def least_loaded(self) -> int:
         counts = [0] * self.workers

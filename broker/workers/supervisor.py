@@ -111,7 +111,8 @@ class Supervisor:
         except OSError as error:
             raise data_dir_error(self.data_dir, error) from error
         try:
-            self.placement = Placement.load(self.data_dir, len(self.workers))
+            pins = {table["name"]: table["worker"] for table in self.config.vhosts if "worker" in table}
+            self.placement = Placement.load(self.data_dir, len(self.workers), pins)
         except PlacementError as error:
             raise StartupError(str(error)) from error
         except OSError as error:
@@ -154,6 +155,8 @@ class Supervisor:
                 await send(writer, {"placement": self.placement.leaders})
                 told = dict(self.placement.leaders)
                 serving = await receive(reader)
+        except PlacementError as error:  # its store holds a vhost pinned to another worker
+            serving = {"refused": str(error)}
         except (ConnectionError, OSError, ValueError) as error:
             serving = {"refused": f"worker {worker.number} ended before it served ({error})"}
         if "refused" in serving:

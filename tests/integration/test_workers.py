@@ -304,13 +304,23 @@ def test_a_data_dir_of_one_process_keeps_its_vhosts_on_the_first_worker(workers,
     assert placement["/"] == 0 and {placement["v1"], placement["v2"]} == {0, 1}
 
 
-def test_fewer_workers_than_the_placement_needs_is_refused_with_the_reason(workers, tmp_path):
+def test_fewer_workers_than_the_placement_needs_or_a_pin_it_contradicts_is_refused_with_the_reason(workers, tmp_path):
     broker = workers()
     broker.stop()
     broker.extra_args[1] = "1"  # --workers 1 would leave v1's store unread
     with pytest.raises(RuntimeError):
         broker.start()
     assert "vhost 'v1' lives in the store of worker 1, but there are only 1 workers" in broker.log()
+    pinned = tmp_path / "pinned.toml"
+    pinned.write_text(CONFIG.replace('name = "v1"\n', 'name = "v1"\nworker = 0\n'))
+    broker.extra_args[1:] = ["2", "--config", str(pinned)]
+    with pytest.raises(RuntimeError):
+        broker.start()
+    assert "vhost 'v1' is pinned to worker 0 ([[vhosts]] worker), but it lives in the store of worker 1" in broker.log()
+    pinned.write_text(CONFIG.replace('name = "v1"\n', 'name = "v1"\nworker = 1\n'))  # where it is: fine
+    broker.start()
+    with connect(broker, "v1") as conn:
+        assert conn.channel().queue_declare("", exclusive=True).method.queue
 
 
 class ConfirmedPublisher(threading.Thread):

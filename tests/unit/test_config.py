@@ -130,6 +130,10 @@ def test_load_definitions_names_a_json_file(tmp_path):
      "[[users]] 'app': tags must be a list of strings, got 'administrator'"),
     ('[[users]]\npassword = "x"\n', "[[users]]: name missing"),
     ('[[vhosts]]\ndescription = "x"\n', "[[vhosts]]: name missing"),
+    ('[server]\nworkers = 2\n[[vhosts]]\nname = "v"\nworker = 2\n',
+     "[[vhosts]] 'v': worker 2 does not exist: workers are numbered from 0 to 1"),
+    ('[[vhosts]]\nname = "v"\nworker = "1"\n', "[[vhosts]] 'v': worker must be a worker number, got '1'"),
+    ('[[vhosts]]\nname = "v"\nworker = true\n', "[[vhosts]] 'v': worker must be a worker number, got True"),
     ('[[permissions]]\nuser = "app"\nvhost = "/"\nconfigure = ".*"\n',
      "[[permissions]] 'app': write, read missing"),
     ('[users]\nname = "app"\n', "unknown section [users]"),
@@ -202,3 +206,10 @@ def test_bad_cluster_settings_are_refused_by_name(tmp_path, text, message):
 def test_a_bad_value_in_the_file_is_refused_though_an_option_overrides_it(tmp_path, text, message):
     with pytest.raises(ConfigError, match=message):
         load_config(write(tmp_path, text), {"port": 5673})
+
+
+def test_a_vhost_may_be_pinned_to_a_worker_that_the_command_line_gives(tmp_path):
+    path = write(tmp_path, '[[vhosts]]\nname = "v"\nworker = 1\n')
+    assert load_config(path, {"workers": 2}).vhosts == [{"name": "v", "worker": 1}]
+    with pytest.raises(ConfigError, match="worker 1 does not exist: workers are numbered from 0 to 0"):
+        load_config(path)

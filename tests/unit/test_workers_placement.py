@@ -56,3 +56,21 @@ def test_a_damaged_placement_is_refused_with_its_path(tmp_path, content):
 def test_the_first_worker_keeps_the_data_dir_itself(tmp_path):
     assert worker_data_dir(tmp_path, 0) == tmp_path
     assert worker_data_dir(tmp_path, 2) == tmp_path / "workers" / "2"
+
+
+def test_a_pinned_vhost_goes_to_its_worker_and_the_others_fill_around_it(tmp_path):
+    placement = Placement.load(tmp_path, workers=3, pins={"big": 2, "other": 0})
+    placement.place(["/", "big", "a", "b"], found_in_first=[])
+    assert placement.leaders == {"/": 0, "big": 2, "a": 1, "b": 0}
+
+
+def test_a_pin_that_a_store_contradicts_is_refused_naming_both_workers(tmp_path):
+    placement = Placement.load(tmp_path, workers=2)
+    placement.place(["/", "v"], found_in_first=[])
+    placement.save()
+    with pytest.raises(PlacementError, match=r"vhost 'v' is pinned to worker 0 \(\[\[vhosts\]\] worker\), but it lives "
+                                             r"in the store of worker 1: a vhost's data does not move between workers"):
+        Placement.load(tmp_path, workers=2, pins={"v": 0})
+    fresh = Placement.load(tmp_path / "one-process", workers=2, pins={"old": 1})
+    with pytest.raises(PlacementError, match="vhost 'old' is pinned to worker 1"):  # found in worker 0's store
+        fresh.place(["/", "old"], found_in_first=["/", "old"])
