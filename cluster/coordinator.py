@@ -8,13 +8,11 @@ Every key lives under a cluster's prefix:
   {prefix}/secret          the replication secret, written once by whichever node comes first
 
 Coordinator is what the cluster code speaks; EtcdCoordinator (cluster/etcd.py) is the real one, MemoryCoordinator
-below an in-memory fake for unit tests, several of which share one MemoryEtcd.
+(tests/unit/fake_etcd.py) an in-memory fake for unit tests, several of which share one MemoryEtcd.
 """
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import json
 import secrets
 import time
@@ -209,108 +207,6 @@ class Coordinator(Protocol):
         """Revoke the lease (its keys go with it) and disconnect. Never raises for an unreachable etcd."""
 
 
-@dataclass
-class _Entry:
-    """One key of the in-memory etcd."""
-
-    value: str
-    create_revision: int  # the revision that created the key, as etcd's create_revision
-    lease: int  # the lease the key is bound to, 0 for none
-
-
-@dataclass
-class _Lease:
-    ttl: float  # seconds a keepalive grants
-    lapses_at: float  # time.monotonic() at which the lease and its keys go
-
-
-class MemoryEtcd:
-    """The state of one etcd, shared by the MemoryCoordinators of one process: keys with etcd's revisions, leases
-    that lapse by time.monotonic(), and a switch that makes it unreachable. Whatever a coordinator does between
-    two awaits is atomic, as an etcd transaction is."""
-
-    def __init__(self) -> None:
-        self.revision = 0  # etcd's store revision: one more at every write
-        self.keys: dict[str, _Entry] = {}
-        self.leases: dict[int, _Lease] = {}
-        self.reachable = True  # False: every coordinator call fails as with an etcd that does not answer
-        self._lease_ids = itertools.count(1)
-        self._changed = asyncio.Event()  # set at every write (then replaced): what wait_change() sleeps on
-
-    def set_reachable(self, reachable: bool) -> None:
-        """Cut every coordinator off, or let them through again. As etcd does when it comes back, every lease then
-        gets its whole TTL anew: none lapses for want of keepalives that could not reach it."""
-        if reachable and not self.reachable:
-            for lease in self.leases.values():
-                lease.lapses_at = time.monotonic() + lease.ttl
-        self.reachable = reachable
-        self._notify()
-
-    def expire_lease(self, lease_id: int) -> None:
-        """Let a lease lapse now, as if its TTL had passed without a keepalive."""
-        self.revoke(lease_id)
-
-    def check(self) -> None:
-        """Every coordinator call starts here: fail as an unreachable etcd would, and let lapsed leases go."""
-        if not self.reachable:
-            raise CoordinatorUnavailable("the in-memory etcd is set unreachable")
-        now = time.monotonic()
-        for lease_id in [lease_id for lease_id, lease in self.leases.items() if lease.lapses_at <= now]:
-            self.revoke(lease_id)
-
-    def grant(self, ttl: float) -> int:
-        lease_id = next(self._lease_ids)
-        self.leases[lease_id] = _Lease(ttl, time.monotonic() + ttl)
-        return lease_id
-
-    def keepalive(self, lease_id: int) -> bool:
-        lease = self.leases.get(lease_id)
-        if lease is None:
-            return False
-        lease.lapses_at = time.monotonic() + lease.ttl
-        return True
-
-    def revoke(self, lease_id: int) -> None:
-        self.leases.pop(lease_id, None)
-        for key in [key for key, entry in self.keys.items() if entry.lease == lease_id]:
-            self.delete(key)
-
-    def get(self, key: str) -> _Entry | None:
-        return self.keys.get(key)
-
-    def get_prefix(self, prefix: str) -> dict[str, _Entry]:
-        return {key: entry for key, entry in self.keys.items() if key.startswith(prefix)}
-
-    def put(self, key: str, value: str, lease: int = 0) -> _Entry:
-        if lease and lease not in self.leases:
-            raise LeaseExpired(f"lease {lease} is gone")
-        self.revision += 1
-        previous = self.keys.get(key)
-        entry = _Entry(value, previous.create_revision if previous else self.revision, lease)
-        self.keys[key] = entry
-        self._notify()
-        return entry
-
-    def delete(self, key: str) -> None:
-        if self.keys.pop(key, None) is not None:
-            self.revision += 1
-            self._notify()
-
-    async def wait_change(self, timeout: float) -> None:
-        """Sleep until the next write, the next lease lapse, or timeout, whichever comes first. Nothing lapses
-        while unreachable."""
-        lapses = [lease.lapses_at for lease in self.leases.values()] if self.reachable else []
-        next_lapse = min(lapses, default=float("inf"))
-        try:
-            await asyncio.wait_for(self._changed.wait(), min(timeout, max(next_lapse - time.monotonic(), 0.0)))
-        except TimeoutError:
-            pass
-
-    def _notify(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
-
-
 class LeaseHolder:
     """What every coordinator keeps of its node: its keys, its id, and its lease with the proof it is alive."""
 
@@ -335,97 +231,3 @@ class LeaseHolder:
     async def isr(self) -> list[str] | None:
         replicas = await self.replicas()
         return None if replicas is None else [replica.node for replica in replicas]
-
-
-class MemoryCoordinator(LeaseHolder):
-    """A Coordinator on a MemoryEtcd, for unit tests: the same answers as EtcdCoordinator, without a server."""
-
-    def __init__(self, etcd: MemoryEtcd, prefix: str, node_id: str, lease_ttl: float):
-        super().__init__(prefix, node_id, lease_ttl)
-        self.etcd = etcd  # shared with the other nodes' coordinators
-
-    async def start(self) -> None:
-        self.etcd.check()
-        self._lease_id = self.etcd.grant(self.lease_ttl)
-        self._proof.renewed(time.monotonic(), self.lease_ttl)
-
-    async def refresh(self) -> bool:
-        sent_at = time.monotonic()
-        try:
-            self.etcd.check()
-        except CoordinatorUnavailable:
-            return False
-        if not self.etcd.keepalive(self._lease_id):
-            self._proof.lost()
-            return False
-        self._proof.renewed(sent_at, self.lease_ttl)
-        return True
-
-    async def register(self, member: Member) -> None:
-        self.etcd.check()
-        self.etcd.put(self.keys.member(member.node_id), member.to_json(), self._lease_id)
-
-    async def members(self) -> dict[str, Member]:
-        self.etcd.check()
-        entries = self.etcd.get_prefix(self.keys.members)
-        return {key.removeprefix(self.keys.members): Member.from_json(entry.value) for key, entry in entries.items()}
-
-    async def campaign(self, leader: Member) -> int | None:
-        self.etcd.check()
-        if self.etcd.get(self.keys.leader) is not None:
-            return None
-        return self.etcd.put(self.keys.leader, leader.to_json(), self._lease_id).create_revision
-
-    async def leader(self) -> Leader | None:
-        self.etcd.check()
-        entry = self.etcd.get(self.keys.leader)
-        return Leader(Member.from_json(entry.value), entry.create_revision) if entry else None
-
-    async def wait_leader_change(self, epoch: int | None, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while (remaining := deadline - time.monotonic()) > 0:
-            if self.etcd.reachable and self._leader_epoch() != epoch:
-                return
-            await self.etcd.wait_change(remaining)
-
-    async def replicas(self) -> list[Replica] | None:
-        self.etcd.check()
-        entry = self.etcd.get(self.keys.isr)
-        return isr_from_json(entry.value) if entry else None
-
-    async def set_isr(self, replicas: list[Replica], epoch: int) -> bool:
-        self.etcd.check()
-        held = self.etcd.get(self.keys.leader)
-        if held is None or held.create_revision != epoch or held.lease != self._lease_id:
-            return False
-        self.etcd.put(self.keys.isr, isr_to_json(epoch, replicas))
-        return True
-
-    async def force_isr(self, replicas: list[Replica]) -> bool:
-        self.etcd.check()
-        if self.etcd.get(self.keys.leader) is not None:
-            return False
-        self.etcd.put(self.keys.isr, isr_to_json(0, replicas))
-        return True
-
-    async def secret(self) -> str:
-        self.etcd.check()
-        if (entry := self.etcd.get(self.keys.secret)) is None:
-            entry = self.etcd.put(self.keys.secret, new_secret())
-        return entry.value
-
-    async def resign(self) -> None:
-        self.etcd.check()
-        held = self.etcd.get(self.keys.leader)
-        if held is not None and held.lease == self._lease_id:
-            self.etcd.delete(self.keys.leader)
-
-    async def close(self) -> None:
-        if self.etcd.reachable:
-            self.etcd.revoke(self._lease_id)
-        self._proof.lost()
-
-    def _leader_epoch(self) -> int | None:
-        self.etcd.check()
-        entry = self.etcd.get(self.keys.leader)
-        return entry.create_revision if entry else None

@@ -229,7 +229,7 @@ class Queue:
     def enqueue(self, message: Message) -> int:
         """Take a message: straight to an idle consumer when nothing waits before it (as RabbitMQ does, so that
         neither a length limit nor a TTL of 0 stands in its way), else at the tail. Says whether it was kept (see
-        broker.length_limit)."""
+        broker.model.features.length_limit)."""
         entry = QueueEntry(self.next_seq, message)
         self.next_seq += 1
         if not self.entries and self.consumers:

@@ -12,12 +12,13 @@ import aiohttp
 import pytest
 
 from broker.config import load_config
-from cluster.coordinator import MemoryCoordinator, MemoryEtcd, Replica, isr_to_json
+from cluster.coordinator import Replica, isr_to_json
 from cluster.node import ClusterNode
 from cluster.state import identity, write_epoch
 from storage import writer as writer_module
 from tests.conftest import free_port, listening
 from tests.unit.cluster_support import TIMEOUT, until
+from tests.unit.fake_etcd import MemoryCoordinator, MemoryEtcd
 
 TTL = 1.0
 

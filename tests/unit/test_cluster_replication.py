@@ -18,12 +18,13 @@ import pytest
 
 from cluster import frames
 from cluster import replication as replication_module
-from cluster.coordinator import MemoryCoordinator, MemoryEtcd, Member
+from cluster.coordinator import Member
 from cluster.replication import ReplicaClient, ReplicationServer
 from cluster.state import read_epoch
 from storage.replica import ReplicaWriter, replicated_files
 from storage.store import MessageStore
 from tests.unit.cluster_support import TIMEOUT, until
+from tests.unit.fake_etcd import MemoryCoordinator, MemoryEtcd
 
 SECRET = "cluster-secret"
 

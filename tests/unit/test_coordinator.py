@@ -8,8 +8,9 @@ import time
 
 import pytest
 
-from cluster.coordinator import CoordinatorUnavailable, Leader, MemoryCoordinator, MemoryEtcd
+from cluster.coordinator import CoordinatorUnavailable, Leader
 from tests.coordinator_contract import CHECKS, Check, copies, member, won
+from tests.unit.fake_etcd import MemoryCoordinator, MemoryEtcd
 
 
 class MemoryNodes:
