@@ -73,6 +73,7 @@ class Supervisor:
         self.placement: Placement | None = None
         self.node_wide: dict | None = None  # the first worker's users, vhosts and permissions, as of its last change
         self.down: set[int] = set()  # workers that ended and are not serving again yet: their vhosts are down
+        self.telling: set[asyncio.Task] = set()  # the other workers being told that one is down
         self.listening: socket.socket | None = None  # the AMQP port's socket, which every worker accepts from
         self.listening_tls: socket.socket | None = None  # the amqps port's, when [tls] names a certificate
         self.lock = DataDirLock(self.data_dir, SUPERVISOR_LOCK)  # held while this node's workers use the data dir
@@ -231,9 +232,11 @@ class Supervisor:
         code = await worker.process.wait()
         worker.control = None
         control.close()
-        if not self.stopping:
+        if not self.stopping:  # told meanwhile: a worker slow to answer does not hold this one's restart up
             self.down.add(worker.number)
-            await self._tell_workers()
+            telling = asyncio.get_running_loop().create_task(self._tell_workers())
+            self.telling.add(telling)
+            telling.add_done_callback(self.telling.discard)
         while not self.stopping:
             log.error("worker %d (pid %d) ended with %s; starting it again", worker.number, worker.process.pid,
                       f"signal {-code}" if code < 0 else f"exit code {code}")
