@@ -14,8 +14,9 @@ Readers only see chunks once they are durable: an offset a consumer saw is never
 crash. A failed batch gives its offsets back to the messages appended after it.
 
 Reading is by chunk: a chunk is read with one ``pread`` (on a worker thread for the broker, so the loop goes on
-meanwhile, with the chunks after it, up to ``READ_AHEAD_BYTES``), checked against its CRC and decoded; a few chunks per stream are kept decoded (``CACHED_BYTES``), the
-newest ones among them, so consumers that follow the tail read nothing back. Start-up reads each segment's chunk heads only, and checks every chunk of the newest segment (where a
+meanwhile, with the chunks after it, up to ``READ_AHEAD_BYTES``), checked against its CRC and decoded; a few chunks
+per stream are kept decoded (``CACHED_BYTES``), the newest ones among them, so consumers that follow the tail read
+nothing back. Start-up reads each segment's chunk heads only, and checks every chunk of the newest segment (where a
 crash may have torn the last write); damage found later, on a read, skips that chunk with an ERROR line.
 """
 
@@ -386,12 +387,10 @@ def _chunk_follows(file, position: int, size: int, expected: int) -> bool:
 def read_chunk(path: Path, position: int, size: int, first: int) -> list[StreamMessage]:
     """The messages of the chunk at position in the segment at path (on any thread: the file is opened for this
     read, so retention may remove it meanwhile)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        data = os.pread(fd, size, position)
-    finally:
-        os.close(fd)
-    return decode_chunk(data, first)
+    (messages,) = read_chunks(path, position, size, [(path, position, size, first)])
+    if isinstance(messages, BaseException):
+        raise messages
+    return messages
 
 
 def read_chunks(path: Path, position: int, size: int, sources: list[tuple[Path, int, int, int]]
