@@ -47,6 +47,13 @@ def append(log: StreamLog, numbers) -> None:
         log.append("amq.direct", "key", b"header", body(number))
 
 
+async def write_chunks(store: MessageStore, log: StreamLog, count: int) -> None:
+    """Offsets 0 to count - 1 in chunks of ten: each made durable before the next is appended."""
+    for start in range(0, count, 10):
+        append(log, range(start, start + 10))
+        assert await durable(store)
+
+
 def bodies(log: StreamLog, offset: int = 0, limit: int = 1 << 30) -> tuple[int, list[bytes]]:
     first, messages = log.read(offset, limit)
     return first, [message[3] for message in messages]
@@ -124,9 +131,7 @@ def test_a_torn_last_write_is_cut_off_and_its_offsets_are_given_to_the_next_mess
 
 def test_a_damaged_chunk_in_an_older_segment_is_skipped_with_an_error_and_the_rest_is_read(tmp_path, caplog):
     async def write(store, log):
-        for start in range(0, 40, 10):
-            append(log, range(start, start + 10))
-            assert await durable(store)
+        await write_chunks(store, log, 40)
         return log.directory
 
     directory = in_store(tmp_path, write, fresh=True, max_segment_bytes=300)
@@ -146,9 +151,7 @@ def test_a_damaged_chunk_in_an_older_segment_is_skipped_with_an_error_and_the_re
 
 def test_retention_by_size_drops_whole_head_segments_and_never_renumbers(tmp_path):
     async def work(store, log):
-        for start in range(0, 100, 10):
-            append(log, range(start, start + 10))
-            assert await durable(store)
+        await write_chunks(store, log, 100)
         assert len(log.segments) > 1
         assert log.total_bytes <= 1000 + max(log.segment_bytes)
         first = log.first_offset
@@ -264,9 +267,7 @@ def test_a_stream_deleted_and_declared_again_while_a_batch_is_written_keeps_only
 
 def test_a_bit_flip_in_the_newest_segment_loses_that_chunk_only(tmp_path, caplog):
     async def write(store, log):
-        for start in range(0, 30, 10):
-            append(log, range(start, start + 10))
-            assert await durable(store)
+        await write_chunks(store, log, 30)
         return log.directory, [log.chunk_positions[1], log.chunk_sizes[1]]
 
     directory, (position, size) = in_store(tmp_path, write, fresh=True)
@@ -288,9 +289,7 @@ def test_a_bit_flip_in_the_newest_segment_loses_that_chunk_only(tmp_path, caplog
 
 def test_a_chunk_not_in_memory_is_read_on_a_worker_thread_and_the_log_says_when(tmp_path):
     async def write(store, log):
-        for start in range(0, 30, 10):
-            append(log, range(start, start + 10))
-            assert await durable(store)
+        await write_chunks(store, log, 30)
 
     in_store(tmp_path, write, fresh=True)
 
@@ -308,9 +307,7 @@ def test_a_chunk_not_in_memory_is_read_on_a_worker_thread_and_the_log_says_when(
 def test_one_read_on_a_worker_thread_brings_the_chunks_that_follow_in_the_segment_and_skips_a_damaged_one(
         tmp_path, caplog):
     async def write(store, log):
-        for start in range(0, 50, 10):  # chunks of ten: 0, 10 and 20 in the first segment, 30 and 40 in the next
-            append(log, range(start, start + 10))
-            assert await durable(store)
+        await write_chunks(store, log, 50)  # chunks of ten: 0, 10 and 20 in the first segment, 30 and 40 in the next
         return log.directory
 
     directory = in_store(tmp_path, write, fresh=True, max_segment_bytes=1300)
