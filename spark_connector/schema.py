@@ -64,6 +64,11 @@ def source_schema(with_text: bool) -> StructType:
     return StructType(fields)
 
 
+def _header_pairs(table: Mapping[str, Any], without: str | None = None) -> list[tuple[str, str | None]]:
+    """A headers table as the (key, text) pairs of a map<string,string> column (``without`` left out)."""
+    return [(str(key), _header_text(value)) for key, value in table.items() if key != without]
+
+
 def _header_text(value: Any) -> str | None:
     if value is None:
         return None
@@ -95,8 +100,7 @@ def source_batches(deliveries: list[Delivery], encoding: str | None) -> Iterator
         if encoding is not None:
             columns.append([body.decode(encoding, errors="replace") for body in bodies])
         columns += [exchanges, routing_keys, redelivered, content_types, content_encodings,
-                    [None if table is None else [(str(key), _header_text(value)) for key, value in table.items()]
-                     for table in headers],
+                    [None if table is None else _header_pairs(table) for table in headers],
                     delivery_modes, priorities, correlation_ids, reply_tos, expirations, message_ids,
                     [None if stamp is None else stamp * 1_000_000 for stamp in timestamps], types, user_ids, app_ids]
         yield pa.RecordBatch.from_arrays([pa.array(column, field.type) for column, field in zip(columns, schema)],
@@ -137,6 +141,7 @@ def row_properties(values: Mapping[str, Any], message_id: str, persistent: bool)
 # Message properties a stream row carries in its `properties` map (headers and timestamp have columns of their own)
 STREAM_PROPERTIES = ("content_type", "content_encoding", "delivery_mode", "priority", "correlation_id", "reply_to",
                      "expiration", "message_id", "type", "user_id", "app_id")
+_stream_property_values = operator.attrgetter(*STREAM_PROPERTIES)  # a stream message's, as a tuple in that order
 OFFSET_HEADER = "x-stream-offset"  # the header the broker adds to every delivery from a stream
 
 
@@ -178,10 +183,9 @@ class StreamRows:
         self.bodies.append(body)
         self.routing_keys.append(method.routing_key)
         self.exchanges.append(method.exchange)
-        self.properties.append([(name, _header_text(value)) for name, value in vars(properties).items()
-                                if value is not None and name in _STREAM_PROPERTY_SET])
-        self.headers.append([(str(key), _header_text(value)) for key, value in properties.headers.items()
-                             if key != OFFSET_HEADER] if properties.headers else [])
+        self.properties.append([(name, _header_text(value)) for name, value
+                                in zip(STREAM_PROPERTIES, _stream_property_values(properties)) if value is not None])
+        self.headers.append(_header_pairs(properties.headers or {}, without=OFFSET_HEADER))
         timestamp = properties.timestamp
         self.timestamps.append(None if timestamp is None else timestamp * 1_000_000)
 
@@ -197,9 +201,6 @@ class StreamRows:
         for column in gathered:
             column.clear()
         return batch
-
-
-_STREAM_PROPERTY_SET = frozenset(STREAM_PROPERTIES)
 
 
 @functools.cache
