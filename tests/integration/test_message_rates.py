@@ -3,6 +3,8 @@ their rate per second, sampled every collect_statistics_interval, and the sample
 
 from __future__ import annotations
 
+import time
+
 from tests.integration.helpers import connect, declare_queue, publish
 from tests.integration.management import quote, request, wait_for
 
@@ -33,13 +35,17 @@ def test_the_overview_and_each_queue_report_totals_and_rates(own_broker, tmp_pat
         path = f"/api/queues/%2F/{quote(queue)}"
         shown = wait_for(broker, path, lambda body: body.get("message_stats", {}).get("deliver_get") == 20)
         assert (shown["message_stats"]["publish"], shown["message_stats"]["ack"]) == (20, 5)
-        # a burst shows as a rate: 200 more publishes land within one interval or two
-        publish(ch, queue, [b"n"] * 200)
-        wait_for(broker, path, lambda body: body["message_stats"]["publish_details"]["rate"] > 0)
+        # steady publishing shows as a rate (a rate spans one interval: a single burst would be gone in 100 ms)
+        published, deadline = 20, time.monotonic() + 30
+        while request(broker, "GET", path).body["message_stats"]["publish_details"]["rate"] == 0:
+            assert time.monotonic() < deadline, "publishing never showed as a rate"
+            publish(ch, queue, [b"n"] * 20)
+            published += 20
         charted = wait_for(broker, path + "?msg_rates_age=60&msg_rates_incr=1",  # a sample a second
-                           lambda body: len(body["message_stats"]["publish_details"]["samples"]) >= 2)["message_stats"]
+                           lambda body: len(body["message_stats"]["publish_details"]["samples"]) >= 2
+                           and body["message_stats"]["publish"] == published)["message_stats"]
         samples = charted["publish_details"]["samples"]
-        assert samples[0]["sample"] == 220 and samples[0]["timestamp"] - samples[1]["timestamp"] >= 900
+        assert samples[0]["sample"] == published and samples[0]["timestamp"] - samples[1]["timestamp"] >= 900
         assert samples == sorted(samples, key=lambda sample: -sample["timestamp"])
         assert "avg_rate" in charted["publish_details"]
 
