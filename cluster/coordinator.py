@@ -8,7 +8,7 @@ Every key lives under a cluster's prefix:
   {prefix}/secret          the replication secret, written once by whichever node comes first
 
 Coordinator is what the cluster code speaks; EtcdCoordinator (cluster/etcd.py) is the real one, MemoryCoordinator
-(tests/unit/fake_etcd.py) an in-memory fake for unit tests, several of which share one MemoryEtcd.
+(tests/unit/cluster/fake_etcd.py) an in-memory fake for unit tests, several of which share one MemoryEtcd.
 """
 
 from __future__ import annotations

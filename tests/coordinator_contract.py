@@ -1,5 +1,5 @@
 """What every Coordinator does, as checks that run against each implementation: the in-memory fake
-(tests/unit/test_coordinator.py) and etcd (tests/cluster/test_etcd_coordinator.py) must answer alike.
+(tests/unit/cluster/test_coordinator.py) and etcd (tests/cluster/test_etcd_coordinator.py) must answer alike.
 
 A check takes Nodes, which starts coordinators of one cluster and can make a node's lease lapse at once.
 """

@@ -17,6 +17,7 @@ from broker.connection.login_throttle import LoginThrottle
 from broker.connection.peer_log import PeerLog
 from broker.connection.splice import splice
 from broker.session.channel import Channel
+from broker.session.limits import ChannelLimits
 from protocol import errors
 from protocol import erlang_terms
 from protocol import proxy_header
@@ -122,6 +123,7 @@ class Connection(asyncio.Protocol):
         self.handled: dict[Channel, None] = {}  # channels that handled frames of the read being processed
         self.write_paused: bool = False  # the transport's buffer is full: no deliveries until it drains
         self.exclusive_queues: set = set()  # exclusive queues this connection owns, deleted with it
+        self.limits: ChannelLimits = server.channel_limits  # what its channels work within (session.interfaces)
         self.client_properties: dict = {}
         self.client_capabilities: dict = {}
         self.user: str = ""  # who logged in

@@ -25,7 +25,7 @@ from broker.model.definitions import DefinitionsError, import_definitions
 from broker.model.durability import restore
 from broker.model.features.paging import Paging
 from broker.model.node import Node
-from broker.session.assembly import BodiesInAssembly
+from broker.session.limits import ChannelLimits
 from storage.format import UnsupportedFormat
 from storage.pages import PageStore
 from storage.recovery import Recovered
@@ -124,7 +124,6 @@ class Server:
         # Addresses (as sockets name their peers) whose connections may start with a PROXY v1 header naming the
         # client they forward: the cluster's members. Empty: no header is ever parsed.
         self.trusted_proxies: frozenset[str] = frozenset()
-        self.assembly = BodiesInAssembly()  # message bodies received in part on every connection
         self.version = version()
         self.platform = f"Python {platform.python_version()}"
         self.listener: asyncio.base_events.Server | None = None
@@ -133,8 +132,9 @@ class Server:
         limit = memory_limit(config.memory_high_watermark, config.memory_limit)
         self.memory_alarm = MemoryAlarm(limit, self._memory_alarm_changed)  # blocks publishers above the limit
         self.alarms: set[str] = set()  # resources whose alarm is on (keys of ALARM_REASONS)
-        # Why publishing connections are blocked (connection.blocked's reason, e.g. "low on memory"); None = not
-        self.alarm: str | None = None
+        # What every channel works within (its alarm says why publishers are blocked), handed to them by connections
+        self.channel_limits = ChannelLimits(self.node, config.max_message_size, config.default_consumer_prefetch,
+                                            config.consumer_timeout, limit)
         self.started_at = time.time()  # wall-clock seconds the broker was made
         self.recovery_report: dict = {}  # what the store recovered at start (storage.recovery's report)
         self.recovery_seconds = 0.0  # from reading the store to every queue rebuilt, at start
@@ -147,8 +147,9 @@ class Server:
             self.alarms.add(resource)
         else:
             self.alarms.discard(resource)
-        self.alarm = next((reason for name, reason in ALARM_REASONS.items() if name in self.alarms), None)
-        if self.alarm is None:
+        alarm = next((reason for name, reason in ALARM_REASONS.items() if name in self.alarms), None)
+        self.channel_limits.alarm = alarm
+        if alarm is None:
             for connection in list(self.connections):
                 connection.unblock()
 

@@ -15,7 +15,6 @@ from broker.model.message import Address, Header, Message, QueueEntry, carbon_co
 from broker.model.queue import Queue
 from broker.session import direct_reply
 from broker.session.ack_timeout import AckTimer, log_timeout, timeout_of
-from broker.session.assembly import assembly_budget
 from broker.session.confirms import ConfirmTracker
 from broker.session.consumer import Consumer
 from broker.session.handlers import HANDLERS
@@ -34,9 +33,10 @@ from protocol.fastpath import (
 from protocol.properties import EXPIRATION, REPLY_TO, USER_ID, property_flags
 
 if TYPE_CHECKING:
-    from broker.connection.connection import Connection
     from broker.model.counters import NodeCounters
     from broker.model.vhost import VirtualHost
+    from broker.session.interfaces import ChannelHost
+    from broker.session.limits import ChannelLimits
 
 _METHOD_ID: Final = struct.Struct(">I")
 # Frames a channel holds while a reply waits for the disk before its connection stops being read (RabbitMQ's credit
@@ -45,9 +45,13 @@ BACKLOG_LIMIT: Final = 400
 
 
 class Channel:
-    def __init__(self, connection: "Connection", number: int):
-        self.connection: Connection = connection
+    def __init__(self, connection: "ChannelHost", number: int):
+        self.connection: ChannelHost = connection  # the connection, as the little a channel needs of it
         self.number: int = number
+        # The connection's write (frames go out at once, where write() holds a method's replies) and its frame size
+        # (negotiated before any channel opens), looked up once rather than through the interface per message
+        self.write_now: Callable[[bytes], None] = connection.write
+        self.frame_max: int = connection.frame_max
         vhost = connection.vhost
         assert vhost is not None, "a channel opens on a connection that chose its vhost"
         self.vhost: VirtualHost = vhost
@@ -55,20 +59,18 @@ class Channel:
         self.counters.channels_opened += 1
         self.publish_count: int = 0  # messages published on the channel (it counts as a publisher once it has one)
         self.ack_count: int = 0  # deliveries acknowledged on the channel (its deliveries are counted by next_tag)
-        server = connection.server
+        limits = connection.limits
+        self.limits: ChannelLimits = limits  # the broker's settings, alarm and bodies in assembly
         # the user's permission checks
-        self.access: ChannelAccess = ChannelAccess(server.node, connection.user, self.vhost.name)
-        # largest body accepted (RabbitMQ's max_message_size)
-        self.max_message_size: int = server.config.max_message_size
-        # Bytes of bodies in assembly, broker-wide, above which connections sending parts are blocked
-        self.assembly_budget: int = assembly_budget(server.memory_alarm.limit, self.max_message_size)
+        self.access: ChannelAccess = ChannelAccess(limits.node, connection.user, self.vhost.name)
+        self.max_message_size: int = limits.max_message_size  # largest body accepted (RabbitMQ's max_message_size)
         self.open: bool = True  # False once closing: every frame but close/close-ok is then ignored
         self.pending: Content | None = None  # publish being assembled from its content frames
         self.next_tag: int = 1  # delivery tag of the next delivery on this channel
         self.unacked: UnackedStore = UnackedStore()  # deliveries awaiting ack, and the prefetch counts they hold
         self.consumers: dict[str, Consumer] = {}  # consumer tag -> consumer
-        self.consumer_prefetch: int = connection.server.config.default_consumer_prefetch  # for consumers started next
-        self.default_ack_timeout: int = server.config.consumer_timeout  # ms, where neither consumer nor queue sets one
+        self.consumer_prefetch: int = limits.default_consumer_prefetch  # for consumers started next
+        self.default_ack_timeout: int = limits.consumer_timeout  # ms, where neither consumer nor queue sets one
         self.ack_timer: AckTimer = AckTimer(self)  # closes the channel when a delivery waits for its ack too long
         self.confirms: ConfirmTracker | None = None  # set by confirm.select
         # Confirm seqs of this read's persistent publishes, waiting for the disk under one store callback;
@@ -135,16 +137,17 @@ class Channel:
     def _assembling(self, pending: Content, size: int) -> None:
         """A part of a body arrived: block the connection while memory runs short (the alarm, or bodies in
         assembly over their budget)."""
-        connection = self.connection
-        over_budget = connection.server.assembly.grew(pending, connection, size, self.assembly_budget)
-        alarm = connection.server.alarm
+        limits = self.limits
+        over_budget = limits.assembly.grew(pending, self.connection, size, limits.assembly_budget)
+        alarm = limits.alarm
         if alarm is not None or over_budget:
-            connection.block(alarm or "low on memory")
+            self.connection.block(alarm or "low on memory")
 
     def _assembled(self, pending: Content) -> None:
         """A body in assembly completed or was dropped: connections blocked for the budget may go on."""
-        released = self.connection.server.assembly.finished(pending, self.assembly_budget)
-        if released and self.connection.server.alarm is None:
+        limits = self.limits
+        released = limits.assembly.finished(pending, limits.assembly_budget)
+        if released and limits.alarm is None:
             for connection in released:
                 connection.unblock()
 
@@ -200,7 +203,7 @@ class Channel:
     def _send_replies(self) -> None:
         replies, self.replies = self.replies, None
         notices, self.notices = self.notices, []
-        write = self.connection.write
+        write = self.write_now
         for data in replies or ():
             write(data)
         for data in notices:
@@ -211,7 +214,7 @@ class Channel:
         if self.replies is not None:
             self.replies.append(data)
         else:
-            self.connection.write(data)
+            self.write_now(data)
 
     def send_method(self, method) -> None:
         self.write(encode_method(self.number, method))
@@ -223,7 +226,7 @@ class Channel:
         if self.confirms is not None:
             counters.received_confirm += 1
         self.publish_count += 1
-        alarm = self.connection.server.alarm
+        alarm = self.limits.alarm
         if alarm is not None:
             self.connection.block(alarm)  # this publish goes through; the connection is not read again until it clears
         access = self.access
@@ -308,7 +311,7 @@ class Channel:
 
     def _return_unroutable(self, message: Message) -> None:
         self.send_method(spec.Basic.Return(NO_ROUTE, "NO_ROUTE", message.exchange, message.routing_key))
-        self.write(encode_content(self.number, message.header_payload, message.body, self.connection.frame_max))
+        self.write(encode_content(self.number, message.header_payload, message.body, self.frame_max))
 
     def read_processed(self) -> None:
         """The connection has processed a read that had frames for this channel: close the read's disk wait and
@@ -319,7 +322,7 @@ class Channel:
 
     def send_confirms(self) -> None:
         """Write the confirms settled so far, coalesced into multiple acks."""
-        write = self.connection.write
+        write = self.write_now
         confirms = self.confirms
         assert confirms is not None, "confirm.select came first"
         for tag, multiple, is_ack in confirms.drain():
@@ -362,9 +365,9 @@ class Channel:
             if consumer.ack_timeout < self.ack_timer.shortest:
                 self.ack_timer.watch(consumer.ack_timeout)
         address = message.address
-        self.connection.write(encode_delivery(self.number, consumer.tag_bytes, tag, entry.redelivered,
+        self.write_now(encode_delivery(self.number, consumer.tag_bytes, tag, entry.redelivered,
                                               address.exchange_bytes, address.routing_key_bytes,
-                                              message.header_payload, message.body, self.connection.frame_max))
+                                              message.header_payload, message.body, self.frame_max))
 
     def deliver_reply(self, message: Message) -> None:
         """A direct reply-to reply: straight to this channel's reply consumer, never acked."""
@@ -373,9 +376,9 @@ class Channel:
         address = message.address
         reply_consumer = self.reply_consumer
         assert reply_consumer is not None, "replies are routed to channels that consume them"
-        self.connection.write(encode_delivery(self.number, reply_consumer.tag_bytes, tag, False,
+        self.write_now(encode_delivery(self.number, reply_consumer.tag_bytes, tag, False,
                                               address.exchange_bytes, address.routing_key_bytes,
-                                              message.header_payload, message.body, self.connection.frame_max))
+                                              message.header_payload, message.body, self.frame_max))
 
     # --- acknowledgements ----------------------------------------------------------------------------------
     def ack(self, tag: int, multiple: bool) -> None:
@@ -469,7 +472,7 @@ class Channel:
                 self.ack_timer.watch(timeout)
         self.send_method(spec.Basic.GetOk(tag, entry.redelivered, message.exchange, message.routing_key,
                                           queue.count_ready()))
-        self.write(encode_content(self.number, message.header_payload, message.body, self.connection.frame_max))
+        self.write(encode_content(self.number, message.header_payload, message.body, self.frame_max))
 
     def ack_timeout(self, delivery: Unacked) -> int | float:
         """The ms a delivery may wait for its ack (see ack_timeout)."""
@@ -510,7 +513,7 @@ class Channel:
             if not self.open:
                 return
             if ok:  # written directly: it answers a method older than any reply held for the disk now
-                self.connection.write(encode_method(self.number, spec.Tx.CommitOk()))
+                self.write_now(encode_method(self.number, spec.Tx.CommitOk()))
             else:
                 self._disk_failed()
 
@@ -545,7 +548,7 @@ class Channel:
             if self.replies is not None:
                 self.notices.append(cancel)  # after the reply of the method at hand (RabbitMQ's delete-ok first)
             else:
-                self.connection.write(cancel)
+                self.write_now(cancel)
 
     # --- closing -------------------------------------------------------------------------------------------
     def shutdown(self) -> None:

@@ -22,7 +22,7 @@ import pika
 from broker.model.routing.topic import TopicTrie
 from protocol.field_table import MAX_DEPTH, field_table
 from tests.bench.brokers import start_warren
-from tests.unit.test_topic import ADVERSARIAL_SETS, LONG_KEYS
+from tests.unit.broker.model.test_topic import ADVERSARIAL_SETS, LONG_KEYS
 
 TABLE_BYTES = 131_000  # a frame of 131,072 bytes holds a table this large and the method around it
 

@@ -14,7 +14,7 @@ import statistics
 import time
 
 from broker.model.routing.topic import TopicTrie
-from tests.unit.test_topic import ADVERSARIAL_SETS, longest
+from tests.unit.broker.model.test_topic import ADVERSARIAL_SETS, longest
 
 SYMBOLS = [f"S{index:04d}" for index in range(1000)]
 MARKETS = ["nyse", "nasdaq", "lse", "tse"]

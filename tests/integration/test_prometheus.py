@@ -140,7 +140,7 @@ def test_per_object_metrics_label_each_queue_with_its_vhost_and_name(broker, uni
 def test_per_object_label_values_are_escaped_as_the_text_format_asks(broker, unique):
     """Quotes and backslashes in a queue's name are escaped in its labels, so the scrape parses (RabbitMQ 3.10 writes
     them as they are, which makes its whole /metrics/per-object unparsable; a new line is escaped too, see
-    tests/unit/test_prometheus_labels.py: RabbitMQ 3.10 never answers the declare of a queue whose name has one)."""
+    tests/unit/broker/management/test_prometheus_labels.py: RabbitMQ 3.10 never answers the declare of a queue whose name has one)."""
     with connect(broker) as conn:
         ch = conn.channel()
         quoted = declare_queue(ch, f'{unique}-"quoted" \\ back')

@@ -5,7 +5,7 @@ the trie itself, with bounds generous enough for a shared machine (the figures m
 import pytest
 
 from tests.bench.adversarial import median_match_ms
-from tests.unit.test_topic import ADVERSARIAL_SETS
+from tests.unit.broker.model.test_topic import ADVERSARIAL_SETS
 
 pytestmark = pytest.mark.alone  # it times adversarial topic matches
 

@@ -11,7 +11,7 @@ import pytest
 
 from broker.model.routing.topic import TopicTrie
 from tests.bench.topic_match import WORST_KEYS, WORST_SETS
-from tests.unit.test_topic import dp_match
+from tests.unit.broker.model.test_topic import dp_match
 
 pytestmark = pytest.mark.alone  # it times the worst topic matches
 

@@ -12,7 +12,7 @@ from broker.compiled import COMPILED
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # those mypyc compiles, and those whose types they rely on
-HOT_PATH_MODULES = [*COMPILED, "broker/model/interfaces.py", "broker/session/direct_reply.py",
+HOT_PATH_MODULES = [*COMPILED, "broker/model/interfaces.py", "broker/session/interfaces.py", "broker/session/direct_reply.py",
                     "broker/session/transaction.py"]
 
 

@@ -15,8 +15,8 @@ from broker.model.features.paging import PagedEntries, StoreBacking
 from broker.model.features.priority import FifoEntries
 from storage.pages import PageStore
 from storage.store import MessageStore
-from tests.unit.storage_support import durable
-from tests.unit.test_paging import BODY, entry, page_files, settle
+from tests.unit.storage.storage_support import durable
+from tests.unit.broker.model.test_paging import BODY, entry, page_files, settle
 
 QUEUE = "vhost|q"
 

@@ -18,7 +18,7 @@ from storage import records
 from storage.definitions import DefinitionTable, decode_data, encode_data
 from storage.format import CURRENT, UnsupportedFormat
 from storage.store import MessageStore
-from tests.unit.storage_support import reopen, run
+from tests.unit.storage.storage_support import reopen, run
 
 
 def same(a, b) -> bool:

@@ -10,7 +10,7 @@ import pytest
 
 from cluster.coordinator import CoordinatorUnavailable, Leader
 from tests.coordinator_contract import CHECKS, Check, copies, member, won
-from tests.unit.fake_etcd import MemoryCoordinator, MemoryEtcd
+from tests.unit.cluster.fake_etcd import MemoryCoordinator, MemoryEtcd
 
 
 class MemoryNodes:

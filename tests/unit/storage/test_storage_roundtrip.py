@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import decimal
 
-from tests.unit.storage_support import reopen, run
+from tests.unit.storage.storage_support import reopen, run
 
 
 def bodies(recovered, queue: str) -> list[bytes]:

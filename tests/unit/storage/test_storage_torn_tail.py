@@ -8,7 +8,7 @@ from pathlib import Path
 
 from storage.segments import messages_directory, segment_numbers, segment_path
 from storage.store import MessageStore
-from tests.unit.storage_support import reopen
+from tests.unit.storage.storage_support import reopen
 
 
 def write(data_dir: Path, count: int, body_size: int = 10, **options) -> None:

@@ -10,8 +10,8 @@ import struct
 
 from storage import records
 from storage.store import MessageStore
-from tests.unit.storage_support import durable, reopen, run
-from tests.unit.test_storage_compaction import SMALL as COMPACTING, disk_bytes, settle
+from tests.unit.storage.storage_support import durable, reopen, run
+from tests.unit.storage.test_storage_compaction import SMALL as COMPACTING, disk_bytes, settle
 
 SMALL_SEGMENTS = {"segment_bytes": 4096}  # many segments, so runs and removals cross their boundaries
 

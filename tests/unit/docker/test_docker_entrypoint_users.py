@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from tests.unit import test_docker_entrypoint
+from tests.unit.docker import test_docker_entrypoint
 
 entrypoint = test_docker_entrypoint.entrypoint  # the fixture that runs the entrypoint with a fake warren-server
 

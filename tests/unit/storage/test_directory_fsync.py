@@ -20,7 +20,7 @@ from storage.replica import APPEND, REPLACE, RESET, ReplicaWriter
 from storage.segments import DEFINITIONS_LOG, messages_directory, segment_path
 from storage.store import MessageStore
 from storage.streams import segment_name
-from tests.unit.storage_support import durable, run
+from tests.unit.storage.storage_support import durable, run
 
 STREAM_LIMITS = {"max_segment_bytes": 1 << 20, "max_bytes": None, "max_age_ms": None}
 

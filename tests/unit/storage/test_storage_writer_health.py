@@ -15,7 +15,7 @@ from storage.compaction import Compaction
 from storage.lock import DataDirLocked
 from storage.store import MessageStore
 from storage.writer import Writer
-from tests.unit.storage_support import reopen
+from tests.unit.storage.storage_support import reopen
 
 HANG_GUARD = 30.0  # seconds: only a writer that stopped answering takes this long
 

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from storage.store import MessageStore
-from tests.unit.storage_support import durable, reopen
+from tests.unit.storage.storage_support import durable, reopen
 
 
 class FailingDisk:

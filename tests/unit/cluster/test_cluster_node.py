@@ -17,8 +17,8 @@ from cluster.node import ClusterNode
 from cluster.state import identity, write_epoch
 from storage import writer as writer_module
 from tests.conftest import free_port, listening
-from tests.unit.cluster_support import TIMEOUT, until
-from tests.unit.fake_etcd import MemoryCoordinator, MemoryEtcd
+from tests.unit.cluster.cluster_support import TIMEOUT, until
+from tests.unit.cluster.fake_etcd import MemoryCoordinator, MemoryEtcd
 
 TTL = 1.0
 

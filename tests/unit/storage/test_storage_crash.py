@@ -13,7 +13,7 @@ import pytest
 
 from storage.store import MessageStore
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import REPO_ROOT
 
 # Publishes to two queues in confirm windows, acks (removes) old messages, marks some delivered, and prints each
 # confirmation as it arrives: "P <ids>" publishes confirmed, "R <queue> <ids>" removals, "D <queue> <ids>"

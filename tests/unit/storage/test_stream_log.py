@@ -12,7 +12,7 @@ from pathlib import Path
 
 from storage.store import MessageStore
 from storage.streams import StreamLog
-from tests.unit.storage_support import durable
+from tests.unit.storage.storage_support import durable
 
 KEY = "/|events"
 NO_LIMITS = {"max_segment_bytes": 500_000_000, "max_bytes": None, "max_age_ms": None}

@@ -1,7 +1,7 @@
 """The broker-wide budget of bodies in assembly: over it, only the oldest body may go on, so memory stays bounded
 and a legitimate message of the largest size always completes."""
 
-from broker.session.assembly import BodiesInAssembly, assembly_budget
+from broker.session.limits import BodiesInAssembly, assembly_budget
 
 MIB = 1 << 20
 

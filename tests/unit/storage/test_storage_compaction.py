@@ -7,7 +7,7 @@ from pathlib import Path
 
 from storage.segments import messages_directory
 from storage.store import MessageStore
-from tests.unit.storage_support import durable, reopen
+from tests.unit.storage.storage_support import durable, reopen
 
 SMALL = {"segment_bytes": 64 * 1024, "min_compact_bytes": 8 * 1024}
 

@@ -16,7 +16,7 @@ import pytest
 from storage import writer as writer_module
 from storage.replica import APPEND, DELETE, REPLACE, RESET, RMTREE, TRUNCATE, Op, ReplicaWriter, replicated_files
 from storage.store import MessageStore
-from tests.unit.storage_support import durable, reopen
+from tests.unit.storage.storage_support import durable, reopen
 
 SMALL = {"segment_bytes": 64 * 1024, "min_compact_bytes": 8 * 1024}
 STREAM_LIMITS = {"max_segment_bytes": 4096, "max_bytes": 16384, "max_age_ms": None}

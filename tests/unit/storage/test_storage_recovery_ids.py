@@ -9,7 +9,7 @@ import logging
 from storage import records
 from storage.segments import messages_directory, segment_path
 from storage.store import MessageStore
-from tests.unit.storage_support import reopen
+from tests.unit.storage.storage_support import reopen
 
 
 def publish(msg_id: int, queues: tuple[str, ...], body: bytes) -> bytes:

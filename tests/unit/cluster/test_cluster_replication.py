@@ -23,8 +23,8 @@ from cluster.replication import ReplicaClient, ReplicationServer
 from cluster.state import read_epoch
 from storage.replica import ReplicaWriter, replicated_files
 from storage.store import MessageStore
-from tests.unit.cluster_support import TIMEOUT, until
-from tests.unit.fake_etcd import MemoryCoordinator, MemoryEtcd
+from tests.unit.cluster.cluster_support import TIMEOUT, until
+from tests.unit.cluster.fake_etcd import MemoryCoordinator, MemoryEtcd
 
 SECRET = "cluster-secret"
 

@@ -1,0 +1,134 @@
+"""A connection as a channel sees it (broker.session.interfaces.ChannelHost), with no socket: the channel unit
+tests open channels on it, feed them frames as a client would send them, and read back what the channel wrote."""
+
+from __future__ import annotations
+
+from pamqp import commands as spec
+from pamqp.base import Frame
+
+from broker.model.node import Node
+from broker.session.channel import Channel
+from broker.session.limits import ChannelLimits
+from protocol.codec import decode_method, decode_properties, encode_content, encode_header_payload, encode_method
+from protocol.constants import FRAME_BODY, FRAME_HEADER, FRAME_METHOD
+from protocol.errors import AMQPError, close_for
+from protocol.framing import FrameReader
+
+FRAME_MAX = 131072
+
+
+class Host:
+    """One connection on a node of its own, kept in memory, with guest logged in to vhost "/"."""
+
+    def __init__(self, default_consumer_prefetch: int = 0) -> None:
+        node = Node()
+        node.bootstrap("/", "guest", "guest")
+        self.vhost = node.vhosts["/"]
+        self.user = "guest"
+        self.frame_max = FRAME_MAX
+        self.write_paused = False
+        self.client_capabilities: dict = {"consumer_cancel_notify": True}
+        self.exclusive_queues: set = set()
+        self.limits = ChannelLimits(node, 1 << 27, default_consumer_prefetch, 1_800_000, 1 << 30)
+        self.channels: dict[int, Channel] = {}
+        self.failures: list[tuple[int, str]] = []  # (reply code, reply text) of each error that closed something
+        self.blocked = False
+        self._written = FrameReader(0)  # what the channels wrote, not read back yet
+        self._out = bytearray()
+
+    # --- ChannelHost --------------------------------------------------------------------------------------
+    def write(self, data: bytes) -> None:
+        self._out += data
+
+    def block(self, reason: str) -> None:
+        self.blocked = True
+
+    def unblock(self) -> None:
+        self.blocked = False
+
+    def throttle(self, queue) -> None:
+        pass
+
+    def unthrottle(self, queue) -> None:
+        pass
+
+    def hold_reading_for(self, channel: Channel) -> None:
+        pass
+
+    def replay(self, channel: Channel, frames: list) -> None:
+        for frame_type, _, payload in frames:
+            self._handle(channel, frame_type, payload)
+
+    def failed(self, error: AMQPError, channel: Channel | None) -> None:
+        """As a connection: a soft error closes its channel, a hard one every channel (the connection)."""
+        self.failures.append((error.reply_code, error.text))
+        if channel is None or close_for(error, True).connection:
+            closing = list(self.channels)
+        else:
+            closing = [channel.number]
+        for number in closing:
+            if number in self.channels:
+                self.close_channel(number, send_close_ok=False)
+
+    def close_channel(self, number: int, send_close_ok: bool) -> None:
+        self.channels.pop(number).shutdown()
+
+    # --- the client's side ----------------------------------------------------------------------------------
+    def open(self, number: int = 1) -> Channel:
+        channel = self.channels[number] = Channel(self, number)
+        return channel
+
+    def send(self, channel: Channel, *methods: Frame) -> list:
+        """Send methods on channel as one read, then let its queues deliver; what the channel wrote back."""
+        return self.send_frames(channel, b"".join(encode_method(channel.number, method) for method in methods))
+
+    def publish(self, channel: Channel, routing_key: str, *bodies: bytes, exchange: str = "",
+                mandatory: bool = False, properties: spec.Basic.Properties | None = None) -> list:
+        """Publish each body (one read), then let queues deliver; what the channel wrote back."""
+        header = properties or spec.Basic.Properties()
+        frames = b"".join(encode_method(channel.number, spec.Basic.Publish(exchange=exchange, routing_key=routing_key,
+                                                                           mandatory=mandatory))
+                          + encode_content(channel.number, encode_header_payload(len(body), header), body, FRAME_MAX)
+                          for body in bodies)
+        return self.send_frames(channel, frames)
+
+    def send_frames(self, channel: Channel, data: bytes) -> list:
+        for frame_type, _, payload in FrameReader(0).feed(data):
+            if channel.number not in self.channels:
+                break
+            self._handle(channel, frame_type, payload)
+        if channel.open:
+            channel.read_processed()
+        return self.turn()
+
+    def turn(self) -> list:
+        """The end of an event-loop turn: queues deliver; what was written meanwhile, decoded: methods as pamqp
+        methods, content as (properties, body)."""
+        self.vhost.dispatcher.run()
+        data, self._out = bytes(self._out), bytearray()
+        received: list = []
+        for frame_type, _, payload in self._written.feed(data):
+            if frame_type == FRAME_METHOD:
+                received.append(decode_method(payload))
+            elif frame_type == FRAME_HEADER:
+                received.append((decode_properties(payload), b""))
+            elif frame_type == FRAME_BODY:
+                properties, body = received[-1]
+                received[-1] = (properties, body + payload)
+        return received
+
+    def _handle(self, channel: Channel, frame_type: int, payload: bytes) -> None:
+        try:
+            channel.handle_frame(frame_type, payload)
+        except AMQPError as error:
+            self.failed(error, channel)
+
+
+def bodies(received: list) -> list[bytes]:
+    """The bodies of the deliveries (or returns, or get-oks) among what a channel wrote."""
+    return [item[1] for item in received if isinstance(item, tuple)]
+
+
+def methods(received: list, kind: type) -> list:
+    """The methods of one kind among what a channel wrote."""
+    return [item for item in received if isinstance(item, kind)]

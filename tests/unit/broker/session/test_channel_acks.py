@@ -1,0 +1,81 @@
+"""A channel's acks, nacks and rejects, single and `multiple`, and requeue to the original position, driven with
+no socket (channel_host.Host). Expected texts are RabbitMQ's."""
+
+from __future__ import annotations
+
+from pamqp import commands as spec
+
+from tests.unit.broker.session.channel_host import Host, bodies, methods
+
+
+def consuming(host: Host, queue: str, count: int, prefetch: int = 0):
+    """A channel consuming queue with manual acks after count messages m0.. were published to it; the deliveries."""
+    channel = host.open()
+    host.send(channel, spec.Queue.Declare(queue=queue), spec.Basic.Qos(prefetch_count=prefetch))
+    host.publish(channel, queue, *[f"m{number}".encode() for number in range(count)])
+    received = host.send(channel, spec.Basic.Consume(queue=queue, consumer_tag="c"))
+    return channel, methods(received, spec.Basic.Deliver)
+
+
+def ready(host: Host, queue: str) -> list[bytes]:
+    """The queue's ready messages, head first (taken with basic.get, no ack, on a channel of their own)."""
+    channel = host.channels.get(9) or host.open(9)
+    taken = []
+    while True:
+        received = host.send(channel, spec.Basic.Get(queue=queue, no_ack=True))
+        if methods(received, spec.Basic.GetEmpty):
+            return taken
+        taken += bodies(received)
+
+
+def test_an_ack_settles_one_delivery_and_multiple_every_one_up_to_its_tag():
+    host = Host()
+    channel, delivered = consuming(host, "q", 5)
+    assert [delivery.delivery_tag for delivery in delivered] == [1, 2, 3, 4, 5]
+    host.send(channel, spec.Basic.Ack(delivery_tag=2))
+    assert sorted(channel.unacked.deliveries) == [1, 3, 4, 5]
+    host.send(channel, spec.Basic.Ack(delivery_tag=4, multiple=True))
+    assert sorted(channel.unacked.deliveries) == [5]
+    host.send(channel, spec.Basic.Ack(delivery_tag=0, multiple=True))  # 0 with multiple: everything
+    assert not channel.unacked and host.vhost.queues["q"].acknowledged == 5 and not host.failures
+
+
+def test_an_unknown_or_twice_acked_tag_closes_the_channel_with_406():
+    host = Host()
+    channel, _ = consuming(host, "q", 2)
+    host.send(channel, spec.Basic.Ack(delivery_tag=1))
+    host.send(channel, spec.Basic.Ack(delivery_tag=1))
+    assert host.failures == [(406, "PRECONDITION_FAILED - unknown delivery tag 1")]
+    assert not channel.open
+    assert ready(host, "q") == [b"m1"]  # the closed channel's unacked delivery went back
+
+
+def test_a_nack_without_requeue_drops_and_a_reject_with_requeue_returns_redelivered():
+    host = Host()
+    channel, _ = consuming(host, "q", 3)
+    host.send(channel, spec.Basic.Cancel(consumer_tag="c"))
+    host.send(channel, spec.Basic.Nack(delivery_tag=2, multiple=True, requeue=False))
+    host.send(channel, spec.Basic.Reject(delivery_tag=3, requeue=True))
+    received = host.send(channel, spec.Basic.Get(queue="q", no_ack=True))
+    [get_ok] = methods(received, spec.Basic.GetOk)
+    assert bodies(received) == [b"m2"] and get_ok.redelivered
+    assert ready(host, "q") == []  # m0 and m1 were dropped
+
+
+def test_requeued_deliveries_go_back_to_their_original_positions():
+    host = Host()
+    channel, _ = consuming(host, "q", 6, prefetch=4)  # m0..m3 delivered, m4 and m5 wait
+    host.send(channel, spec.Basic.Cancel(consumer_tag="c"))
+    host.send(channel, spec.Basic.Nack(delivery_tag=3, requeue=True))
+    host.send(channel, spec.Basic.Nack(delivery_tag=1, requeue=True))
+    assert ready(host, "q") == [b"m0", b"m2", b"m4", b"m5"]
+    host.send(channel, spec.Basic.Nack(delivery_tag=0, multiple=True, requeue=True))
+    assert ready(host, "q") == [b"m1", b"m3"]
+
+
+def test_closing_the_channel_requeues_its_unacked_deliveries_in_order():
+    host = Host()
+    channel, _ = consuming(host, "q", 3)
+    host.send(channel, spec.Basic.Ack(delivery_tag=2))
+    host.send(channel, spec.Channel.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
+    assert not channel.open and ready(host, "q") == [b"m0", b"m2"]

@@ -1,0 +1,64 @@
+"""Prefetch: basic.qos per consumer and channel-wide (global), as RabbitMQ counts them, driven with no socket."""
+
+from __future__ import annotations
+
+from pamqp import commands as spec
+
+from tests.unit.broker.session.channel_host import Host, methods
+
+
+def declared(host: Host, *queues: str, messages: int = 5):
+    channel = host.open()
+    for queue in queues:
+        host.send(channel, spec.Queue.Declare(queue=queue))
+        host.publish(channel, queue, *[f"{queue}-{number}".encode() for number in range(messages)])
+    return channel
+
+
+def delivered(received: list) -> list[int]:
+    return [delivery.delivery_tag for delivery in methods(received, spec.Basic.Deliver)]
+
+
+def test_a_consumer_gets_its_prefetch_count_and_one_more_per_ack():
+    host = Host()
+    channel = declared(host, "q")
+    host.send(channel, spec.Basic.Qos(prefetch_count=2))
+    assert delivered(host.send(channel, spec.Basic.Consume(queue="q", consumer_tag="c"))) == [1, 2]
+    assert delivered(host.send(channel, spec.Basic.Ack(delivery_tag=1))) == [3]
+    assert delivered(host.send(channel, spec.Basic.Ack(delivery_tag=3, multiple=True))) == [4, 5]
+
+
+def test_the_per_consumer_limit_applies_to_each_consumer_started_after_it():
+    host = Host()
+    channel = declared(host, "a", "b")
+    host.send(channel, spec.Basic.Qos(prefetch_count=1))
+    received = host.send(channel, spec.Basic.Consume(queue="a", consumer_tag="ca"),
+                         spec.Basic.Consume(queue="b", consumer_tag="cb"))
+    assert sorted(delivery.consumer_tag for delivery in methods(received, spec.Basic.Deliver)) == ["ca", "cb"]
+
+
+def test_a_global_limit_caps_the_channel_over_all_its_consumers():
+    host = Host()
+    channel = declared(host, "a", "b")
+    host.send(channel, spec.Basic.Qos(prefetch_count=3, global_=True))
+    received = host.send(channel, spec.Basic.Consume(queue="a", consumer_tag="ca"),
+                         spec.Basic.Consume(queue="b", consumer_tag="cb"))
+    assert len(methods(received, spec.Basic.Deliver)) == 3
+    assert len(delivered(host.send(channel, spec.Basic.Ack(delivery_tag=0, multiple=True)))) == 3
+
+
+def test_both_limits_hold_at_once():
+    host = Host()
+    channel = declared(host, "a", "b")
+    host.send(channel, spec.Basic.Qos(prefetch_count=1), spec.Basic.Qos(prefetch_count=5, global_=True))
+    received = host.send(channel, spec.Basic.Consume(queue="a", consumer_tag="ca"),
+                         spec.Basic.Consume(queue="b", consumer_tag="cb"))
+    assert len(methods(received, spec.Basic.Deliver)) == 2  # one per consumer, within the channel's five
+
+
+def test_a_get_is_not_limited_by_prefetch():
+    host = Host()
+    channel = declared(host, "q", messages=2)
+    host.send(channel, spec.Basic.Qos(prefetch_count=1, global_=True))
+    host.send(channel, spec.Basic.Get(queue="q"))
+    assert methods(host.send(channel, spec.Basic.Get(queue="q")), spec.Basic.GetOk)
