@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import socket
 import struct
@@ -61,16 +62,41 @@ class Transport(Protocol):
     def get_extra_info(self, name: str, default: Any = None) -> Any: ...
 
 
-# Connection states, in handshake order. CLOSING: we sent connection.close and wait for close-ok; DRAINING: the
-# close exchange is over and we read and discard until the peer closes its socket.
-AWAIT_HEADER: Final = 0
-AWAIT_START_OK: Final = 1
-AWAIT_TUNE_OK: Final = 2
-AWAIT_OPEN: Final = 3
-OPEN: Final = 4
-CLOSING: Final = 5
-DRAINING: Final = 6
-CLOSED: Final = 7
+class State(enum.Enum):
+    """Where a connection is: the handshake's steps, open, then the close."""
+
+    AWAIT_HEADER = "awaiting the protocol header"
+    AWAIT_START_OK = "awaiting connection.start-ok"
+    AWAIT_TUNE_OK = "awaiting connection.tune-ok"
+    AWAIT_OPEN = "awaiting connection.open"
+    OPEN = "open"
+    CLOSING = "closing: connection.close sent, awaiting close-ok"
+    DRAINING = "draining: the close exchange is over, reading and discarding until the peer closes its socket"
+    CLOSED = "closed"
+
+
+# The states by their own names (under mypyc, a pointer compared: the hot path checks the state per frame)
+AWAIT_HEADER: Final = State.AWAIT_HEADER
+AWAIT_START_OK: Final = State.AWAIT_START_OK
+AWAIT_TUNE_OK: Final = State.AWAIT_TUNE_OK
+AWAIT_OPEN: Final = State.AWAIT_OPEN
+OPEN: Final = State.OPEN
+CLOSING: Final = State.CLOSING
+DRAINING: Final = State.DRAINING
+CLOSED: Final = State.CLOSED
+
+# Every move a connection makes, in one table (as h11's _state.py): a state -> the states it may go to. Any state
+# may end CLOSED (the socket lost or dropped); a handshake error closes (CLOSING) or drops the socket.
+MOVES: Final[dict[State, frozenset[State]]] = {
+    AWAIT_HEADER: frozenset({AWAIT_START_OK, AWAIT_OPEN, CLOSED}),  # AWAIT_OPEN: handed over by another worker
+    AWAIT_START_OK: frozenset({AWAIT_TUNE_OK, CLOSING, DRAINING, CLOSED}),
+    AWAIT_TUNE_OK: frozenset({AWAIT_OPEN, CLOSING, DRAINING, CLOSED}),
+    AWAIT_OPEN: frozenset({OPEN, CLOSING, DRAINING, CLOSED}),  # CLOSED also when handed to another worker
+    OPEN: frozenset({CLOSING, DRAINING, CLOSED}),  # DRAINING: the client closed, we answered close-ok
+    CLOSING: frozenset({DRAINING, CLOSED}),
+    DRAINING: frozenset({CLOSED}),
+    CLOSED: frozenset({CLOSED}),
+}
 
 HANDSHAKE_TIMEOUT: Final = 10.0  # seconds a client has to complete the handshake (RabbitMQ's default)
 CLOSE_OK_TIMEOUT: Final = 3.0  # seconds we wait for connection.close-ok after sending connection.close
@@ -102,7 +128,7 @@ class Connection(asyncio.Protocol):
         self.vhost: VirtualHost | None = None  # the VirtualHost connection.open chose
         self.loop = asyncio.get_running_loop()
         self.transport: Transport | None = None  # from connection_made on
-        self.state: int = AWAIT_HEADER  # one of AWAIT_HEADER .. CLOSED, in that order
+        self.state: State = AWAIT_HEADER  # changed only by _enter, along MOVES
         self.header = b""  # protocol header bytes received so far
         self.reader = FrameReader(FRAME_MIN_SIZE)  # RabbitMQ accepts only 4096-byte frames until tune-ok
         self.frame_max: int = config.frame_max  # negotiated in tune-ok
@@ -149,6 +175,27 @@ class Connection(asyncio.Protocol):
         # connection to, once the frame is read
         self.leader: "socket.socket | None" = None
 
+    # --- state -------------------------------------------------------------------------------------------------
+    def _enter(self, state: State) -> None:
+        """Move to state, along MOVES (a move the table lacks is a bug)."""
+        assert state in MOVES[self.state], f"{self.state.name} -> {state.name}"
+        self.state = state
+
+    def _handshaking(self) -> bool:
+        """Before connection.open is answered: frames are read one at a time, and the handshake timeout runs."""
+        state = self.state
+        return state is AWAIT_HEADER or state is AWAIT_START_OK or state is AWAIT_TUNE_OK or state is AWAIT_OPEN
+
+    def _closing(self) -> bool:
+        """A close has begun (CLOSING, DRAINING or CLOSED): only the close exchange counts now."""
+        state = self.state
+        return state is CLOSING or state is DRAINING or state is CLOSED
+
+    def _close_done(self) -> bool:
+        """The close exchange is over (DRAINING or CLOSED): whatever arrives is discarded."""
+        state = self.state
+        return state is DRAINING or state is CLOSED
+
     # --- transport callbacks -------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(Transport, transport)  # a stream transport: this protocol is served over TCP
@@ -179,7 +226,7 @@ class Connection(asyncio.Protocol):
         self.tls = handed.tls
         self.received_bytes = handed.received_bytes
         self.sent_bytes = handed.sent_bytes
-        self.state = AWAIT_OPEN
+        self._enter(AWAIT_OPEN)
         if handed.data:
             self.data_received(handed.data)
 
@@ -193,11 +240,11 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.last_received = self.loop.time()
-        if self.state == AWAIT_HEADER:
+        if self.state is AWAIT_HEADER:
             data = self._protocol_header(data)
             if not data:
                 return
-        if self.state >= DRAINING:
+        if self._close_done():
             return
         self.read_this_turn += len(data)
         self.received_bytes += len(data)
@@ -205,10 +252,10 @@ class Connection(asyncio.Protocol):
         # write, are judged by (RabbitMQ reads each frame with the limits of its time).
         # connection.open too, as it may hand the socket to another worker with the bytes that follow it.
         reader = self.reader
-        while self.state < OPEN and data:
+        while data and self._handshaking():
             end = reader.frame_end(data)
             frame = reader.pending() + data[:end]
-            if not self._feed(data[:end]) or self.state >= DRAINING:
+            if not self._feed(data[:end]) or self._close_done():
                 return  # a frame error drops the rest of the read, as it does below
             data = data[end:]
             if self.leader is not None:
@@ -216,7 +263,7 @@ class Connection(asyncio.Protocol):
                 return
         if data:
             self._feed(data)
-        if self.read_this_turn > READ_BUDGET and self.state == OPEN:
+        if self.read_this_turn > READ_BUDGET and self.state is OPEN:
             self.turn_paused = True
             self._update_reading()
             self.loop.call_soon(self._next_turn)
@@ -273,7 +320,7 @@ class Connection(asyncio.Protocol):
                 self.send_method(0, spec.Connection.Unblocked())
 
     def reading_paused(self) -> bool:
-        return self.state < DRAINING and (self.turn_paused or bool(self.throttled_by) or self.blocked
+        return not self._close_done() and (self.turn_paused or bool(self.throttled_by) or self.blocked
                                           or self.held is not None or bool(self.waiting_channels))
 
     def _update_reading(self) -> None:
@@ -326,7 +373,7 @@ class Connection(asyncio.Protocol):
 
     def _resume_held(self) -> None:
         """The client has read enough of its output: process the held frames, then read again."""
-        if self.held is None or self.state >= DRAINING:
+        if self.held is None or self._close_done():
             return
         (frames, failure), self.held = self.held, None
         self._handle(frames, failure)
@@ -338,10 +385,10 @@ class Connection(asyncio.Protocol):
         for index, (frame_type, number, payload) in enumerate(frames):
             if self.out_size > self.output_room:
                 return frames[index:]
-            if self.state >= CLOSING and not (number == 0 and frame_type == FRAME_METHOD):
+            if self.state is not OPEN and self._closing() and not (number == 0 and frame_type == FRAME_METHOD):
                 continue
             channel = channels.get(number)
-            if channel is not None and (self.state != OPEN or frame_type == FRAME_HEARTBEAT):
+            if channel is not None and (self.state is not OPEN or frame_type == FRAME_HEARTBEAT):
                 channel = None  # the connection's own frame
             try:
                 if channel is not None:
@@ -354,15 +401,15 @@ class Connection(asyncio.Protocol):
             except Exception:
                 peer_log.internal_error(self.peer_address, "internal error on channel %d of %s", number, self.peer)
                 self.failed(errors.internal_error("internal error"), None)
-            if self.state >= DRAINING:
+            if self.state is not OPEN and self._close_done():
                 return None
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if AWAIT_HEADER < self.state < CLOSING:
+        if self.state is not AWAIT_HEADER and not self._closing():
             peer_log.warning(self.peer_address, "closing AMQP connection %s: client unexpectedly closed TCP "
                              "connection", self.described())
-        self.state = CLOSED
+        self._enter(CLOSED)
         if self.vhost is not None:
             self.vhost.counters.connections_closed += 1
         if self.timer is not None:
@@ -394,7 +441,7 @@ class Connection(asyncio.Protocol):
     def flush(self) -> None:
         """Write everything queued this loop turn in one transport.write."""
         self.flush_scheduled = False
-        if self.out and self.state < DRAINING and self.transport is not None and not self.transport.is_closing():
+        if self.out and not self._close_done() and self.transport is not None and not self.transport.is_closing():
             data = b"".join(self.out)
             self.transport.write(data)
             self.sent_bytes += len(data)
@@ -420,7 +467,7 @@ class Connection(asyncio.Protocol):
         elif self.header[:8] == PROTOCOL_HEADER:
             rest = self.header[8:]
             self.header = b""
-            self.state = AWAIT_START_OK
+            self._enter(AWAIT_START_OK)
             # logged once the client speaks AMQP, so that port probes (load balancers' health checks) leave no line
             peer_log.info(self.peer_address, "accepting AMQP connection %s", self.name)
             self._send_start()
@@ -428,7 +475,7 @@ class Connection(asyncio.Protocol):
         transport = self.transport
         assert transport is not None, "the header came from it"
         transport.write(PROTOCOL_HEADER)
-        self.state = CLOSED
+        self._enter(CLOSED)
         transport.close()
         return b""
 
@@ -479,7 +526,7 @@ class Connection(asyncio.Protocol):
                 raise errors.channel_error("unexpected method in connection state running")
             self._connection_method(method)
             return
-        if self.state != OPEN:
+        if self.state is not OPEN:
             raise errors.command_invalid("channel frame received before the connection was opened")
         if number in self.closing_channels:
             if frame_type == FRAME_METHOD and _CLASS_METHOD.unpack_from(payload) in (_CHANNEL_CLOSE_OK,
@@ -503,14 +550,14 @@ class Connection(asyncio.Protocol):
 
     def _connection_method(self, method) -> None:
         state = self.state
-        if isinstance(method, spec.Connection.StartOk) and state == AWAIT_START_OK:
+        if isinstance(method, spec.Connection.StartOk) and state is AWAIT_START_OK:
             self._start_ok(method)
-        elif isinstance(method, spec.Connection.TuneOk) and state == AWAIT_TUNE_OK:
+        elif isinstance(method, spec.Connection.TuneOk) and state is AWAIT_TUNE_OK:
             self._tune_ok(method)
-        elif isinstance(method, spec.Connection.Open) and state == AWAIT_OPEN:
+        elif isinstance(method, spec.Connection.Open) and state is AWAIT_OPEN:
             self._open(method)
         elif isinstance(method, spec.Connection.Close):
-            if state == CLOSING:  # both sides closed at once: answer, and still wait for the peer's close-ok
+            if state is CLOSING:  # both sides closed at once: answer, and still wait for the peer's close-ok
                 self.send_method(0, spec.Connection.CloseOk())
             else:
                 peer_log.info(self.peer_address, "closing AMQP connection %s: the client closed it (%d %.200r)",
@@ -518,12 +565,12 @@ class Connection(asyncio.Protocol):
                 self._release()
                 self.send_method(0, spec.Connection.CloseOk())
                 self._drain()
-        elif isinstance(method, spec.Connection.CloseOk) and state == CLOSING:
+        elif isinstance(method, spec.Connection.CloseOk) and state is CLOSING:
             self._drain()
         elif isinstance(method, (spec.Connection.Blocked, spec.Connection.Unblocked, spec.Connection.UpdateSecret)):
             if isinstance(method, spec.Connection.UpdateSecret):
                 self.send_method(0, spec.Connection.UpdateSecretOk())
-        elif state == OPEN:
+        elif state is OPEN:
             raise errors.command_invalid(f"unexpected method {method.name} on channel 0")
         else:
             raise errors.command_invalid(f"expected connection handshake method, got {method.name}")
@@ -542,7 +589,7 @@ class Connection(asyncio.Protocol):
         self.user = login.user
         self.client_properties = properties  # kept only once the client has logged in
         self.client_capabilities = _capabilities(properties)
-        self.state = AWAIT_TUNE_OK
+        self._enter(AWAIT_TUNE_OK)
         self.send_method(0, spec.Connection.Tune(channel_max=config.channel_max, frame_max=config.frame_max,
                                                  heartbeat=config.heartbeat))
 
@@ -579,7 +626,7 @@ class Connection(asyncio.Protocol):
         self.channel_max = _negotiate("channel_max", method.channel_max, config.channel_max, 1)
         self.reader.frame_max = self.frame_max
         self.heartbeat = method.heartbeat
-        self.state = AWAIT_OPEN
+        self._enter(AWAIT_OPEN)
 
     def _open(self, method: spec.Connection.Open) -> None:
         handoffs = self.server.handoffs
@@ -593,7 +640,7 @@ class Connection(asyncio.Protocol):
             if self.leader is not None:
                 return  # handed to the worker that leads the vhost, which answers connection.open
         vhost = self.vhost = self.server.node.open_vhost(self.user, method.virtual_host)
-        self.state = OPEN
+        self._enter(OPEN)
         vhost.counters.connections_opened += 1
         provided = self.client_properties.get("connection_name")
         peer_log.info(self.peer_address, "connection %s: user '%s' authenticated and granted access to vhost '%s'%s",
@@ -632,7 +679,7 @@ class Connection(asyncio.Protocol):
             if handed_end is not None:
                 handed_end.close()  # the other worker holds its own copy
         log.debug("connection %s handed to the worker that leads its vhost", self.name)
-        self.state = CLOSED
+        self._enter(CLOSED)
         if self.timer is not None:
             self.timer.cancel()
         self.server.connections.discard(self)
@@ -644,7 +691,7 @@ class Connection(asyncio.Protocol):
             splicing.add_done_callback(SPLICING.discard)
 
     def _handshake_timeout(self) -> None:
-        if self.state < OPEN:
+        if self._handshaking():
             peer_log.warning(self.peer_address, "closing AMQP connection %s: handshake timeout", self.name)
             self._terminate()
 
@@ -658,7 +705,7 @@ class Connection(asyncio.Protocol):
 
     def _heartbeat_tick(self) -> None:
         transport = self.transport
-        if self.state != OPEN or transport is None:
+        if self.state is not OPEN or transport is None:
             return
         now = self.loop.time()
         if self.held is not None:  # we stopped reading because the client does not read: alive while it drains
@@ -693,7 +740,7 @@ class Connection(asyncio.Protocol):
             self.send_method(channel.number, spec.Channel.Close(close.reply_code, close.reply_text, close.class_id,
                                                                 close.method_id))
             return
-        if self.state >= CLOSING:
+        if self._closing():
             return
         peer_log.warning(self.peer_address, "closing AMQP connection %s: %d %s", self.described(), close.reply_code,
                          close.reply_text)
@@ -713,12 +760,12 @@ class Connection(asyncio.Protocol):
 
     def close(self, reply_code: int, reply_text: str, class_id: int = 0, method_id: int = 0) -> None:
         """Start a server-initiated close: channels go at once, the socket after close-ok or a timeout."""
-        if self.transport is None or self.state >= CLOSING:
+        if self.transport is None or self._closing():
             return
         self._release()
         self.send_method(0, spec.Connection.Close(reply_code, reply_text, class_id, method_id))
         self.flush()
-        self.state = CLOSING
+        self._enter(CLOSING)
         if self.timer is not None:
             self.timer.cancel()
         self.timer = self.loop.call_later(CLOSE_OK_TIMEOUT, self._terminate)
@@ -754,7 +801,7 @@ class Connection(asyncio.Protocol):
         """The close exchange is over: send what is queued (close-ok included) and our end of the stream, then
         read and discard until the peer closes its socket, or DRAIN_TIMEOUT passes."""
         self.flush()
-        self.state = DRAINING
+        self._enter(DRAINING)
         transport = self.transport
         assert transport is not None, "a close exchange ran on it"
         if transport.can_write_eof():
@@ -765,7 +812,7 @@ class Connection(asyncio.Protocol):
         self.timer = self.loop.call_later(DRAIN_TIMEOUT, self._terminate)
 
     def _terminate(self) -> None:
-        self.state = CLOSED
+        self._enter(CLOSED)
         if self.transport is not None:
             self.transport.close()
 
