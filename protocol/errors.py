@@ -7,12 +7,12 @@ import struct
 from typing import NamedTuple
 
 from protocol.constants import (
-    ACCESS_REFUSED, CHANNEL_ERROR, COMMAND_INVALID, FRAME_ERROR, FRAME_METHOD, HARD_ERRORS, INTERNAL_ERROR,
+    ACCESS_REFUSED, BASIC_PUBLISH, CHANNEL_ERROR, COMMAND_INVALID, FRAME_ERROR, FRAME_METHOD, HARD_ERRORS, INTERNAL_ERROR,
     NOT_ALLOWED, NOT_FOUND, NOT_IMPLEMENTED, PRECONDITION_FAILED, REPLY_NAMES, RESOURCE_LOCKED, UNEXPECTED_FRAME,
 )
 
 _CLASS_METHOD = struct.Struct(">HH")
-_BASIC_PUBLISH = (60, 40)  # the method content frames belong to
+_BASIC_PUBLISH = divmod(BASIC_PUBLISH, 0x10000)  # the method content frames belong to (class id, method id)
 
 
 def reply_text(reply_code: int, explanation: str) -> str:

@@ -20,11 +20,11 @@ import pika
 import pika.exceptions
 import pyarrow as pa
 
+from spark_connector.client import CONNECT_TIMEOUT_SECONDS
 from spark_connector.schema import ARROW_BATCH_ROWS, OFFSET_HEADER, StreamRows
 
 log = logging.getLogger(__name__)
 
-CONNECT_TIMEOUT_SECONDS = 30.0
 FIRST_DELIVERY_SECONDS = 2.0  # how long a probe waits for a first delivery before it takes the stream as empty
 READ_TIMEOUT_SECONDS = 60.0  # a task that receives nothing for this long fails (and Spark retries it)
 POLL_SECONDS = 0.2  # the tail follower's turn on its connection

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from storage.records import FRAME, FRAME_SIZE, MAX_PAYLOAD
+from storage.segments import SEGMENT_SUFFIX
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,6 @@ CACHED_BYTES = 8 << 20  # decoded chunks a stream keeps, newest first out of the
 # bytes: a consumer reading from the past then waits on one read per run of chunks, not per chunk (a publisher's
 # small batches make small chunks)
 READ_AHEAD_BYTES = 256 << 10
-SEGMENT_SUFFIX = ".seg"
 
 StreamMessage = tuple[str, str, bytes, bytes]  # exchange, routing key, content header payload, body
 

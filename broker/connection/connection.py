@@ -24,7 +24,7 @@ from protocol import erlang_terms
 from protocol import proxy_header
 from protocol.codec import HEARTBEAT_FRAME, decode_method, encode_method
 from protocol.constants import (
-    ACCESS_REFUSED, CONNECTION_FORCED, FRAME_END, FRAME_ERROR, FRAME_HEARTBEAT, NOT_ALLOWED, FRAME_METHOD,
+    ACCESS_REFUSED, CHANNEL_CLOSE, CHANNEL_CLOSE_OK, CHANNEL_OPEN, CONNECTION_FORCED, FRAME_END, FRAME_ERROR, FRAME_HEARTBEAT, NOT_ALLOWED, FRAME_METHOD,
     FRAME_MIN_SIZE, PROTOCOL_HEADER, SERVER_CAPABILITIES,
 )
 from protocol.errors import AMQPError, close_for, reply_text
@@ -42,9 +42,7 @@ failed_logins = LoginThrottle()  # consecutive refused logins per address, to an
 SPLICING: set[asyncio.Task] = set()  # TLS connections being joined to the worker they were handed to
 
 _CLASS_METHOD: Final = struct.Struct(">HH")
-_CHANNEL_OPEN: Final = (20, 10)
-_CHANNEL_CLOSE: Final = (20, 40)
-_CHANNEL_CLOSE_OK: Final = (20, 41)
+_METHOD_INDEX: Final = struct.Struct(">I")  # a method frame's class and method ids, as protocol.constants numbers them
 _OPEN_OK_PAYLOAD: Final = struct.pack(">HHI", 20, 11, 0)  # channel.open-ok with an empty channel_id longstr
 
 
@@ -529,15 +527,15 @@ class Connection(asyncio.Protocol):
         if self.state is not OPEN:
             raise errors.command_invalid("channel frame received before the connection was opened")
         if number in self.closing_channels:
-            if frame_type == FRAME_METHOD and _CLASS_METHOD.unpack_from(payload) in (_CHANNEL_CLOSE_OK,
-                                                                                     _CHANNEL_CLOSE):
+            method_index = _METHOD_INDEX.unpack_from(payload)[0] if frame_type == FRAME_METHOD else 0
+            if method_index == CHANNEL_CLOSE_OK or method_index == CHANNEL_CLOSE:
                 self.closing_channels.discard(number)
-                if _CLASS_METHOD.unpack_from(payload) == _CHANNEL_CLOSE:
+                if method_index == CHANNEL_CLOSE:
                     self.send_method(number, spec.Channel.CloseOk())
             return
         if frame_type != FRAME_METHOD:
             raise errors.unexpected_frame("expected method frame, got non method frame instead")
-        if _CLASS_METHOD.unpack_from(payload) != _CHANNEL_OPEN:
+        if _METHOD_INDEX.unpack_from(payload)[0] != CHANNEL_OPEN:
             raise errors.channel_error("expected 'channel.open'")
         opened = len(self.channels) + len(self.closing_channels)
         if opened >= self.channel_max:
