@@ -6,7 +6,7 @@ Public API (``storage.store``)::
     recovered = store.recover()                 # once, before serving; locks data_dir/.lock first (DataDirLocked)
     place = store.append_message(msg_id, queues, exchange, routing_key, header_payload, body)  # where its record is
     store.pin(queue, place, count); store.unpin(queue, place, count)  # a paging queue will read the record back from there
-    run = store.run_of(queue, ids, places, ...)  # such records, once durable, as a run (storage.recovered.StoredRun)
+    run = store.run_of(queue, ids, places, ...)  # such records, once durable, as a run (storage.recovered_messages.StoredRun)
     store.append_removed(queue, msg_ids)        # acked / rejected / expired / purged from that queue
     store.append_delivered(queue, msg_ids)      # never waits; the message comes back redelivered
     store.append_definition(kind, name, data)   # kind: exchange/queue/binding/vhost/user/policy; data None = deleted
@@ -27,7 +27,7 @@ kept as columns (id, place of the record, body size) and read back as ``StoredMe
 (iteration), a slice (``read(start, stop)``) or in runs a deep queue pages in one at a time (``runs()``:
 ``StoredRun.fetch()`` reads the bytes on any thread, ``messages(data, make)`` decodes them, ``release()`` once read
 or dropped); until then their segments are pinned for the queue (not compacted; ``delete_queue`` unpins them)
-(``storage.recovered``);
+(``storage.recovered_messages``);
 ``next_msg_id``; ``set_aside_definitions``: (kind, name) of definitions whose record could not be decoded (keep
 such a queue's messages); ``report`` (records, bytes, segments, torn_tail_bytes, corrupt_segments, corrupt_ranges,
 quarantined_bytes, set_aside_records, rehomed_messages, definitions_damaged (definitions may be missing that

@@ -46,7 +46,7 @@ class Segment:
         self.refers: dict[int, int] = {}  # older segment -> seq of the latest REMOVED/DELIVERED record aimed at it
         self.compacted_upto = 0  # records aimed here with seq <= this were folded in by the last compaction
         self.compacting = False  # a compaction job for this segment is queued or running
-        # queue -> its recovered messages in this segment that it has yet to read back (storage.recovered): the
+        # queue -> its recovered messages in this segment that it has yet to read back (storage.recovered_messages): the
         # segment is not compacted meanwhile, since their records would move
         self.pinned: dict[str, int] = {}
 

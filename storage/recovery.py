@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from storage import format, records, salvage
-from storage.definitions import DefinitionTable
+from storage.definitions_log import DefinitionTable
 from storage.index import MessageIndex
-from storage.recovered import RecoveredMessages, place
+from storage.recovered_messages import RecoveredMessages, place
 from storage.segments import (
     CLEAN_MARKER, DEFINITIONS_LOG, fsync_directories, fsync_directory, make_directories, segment_numbers, segment_path,
 )

@@ -12,10 +12,10 @@ from typing import Final
 
 from storage import records
 from storage.compaction import Compaction
-from storage.definitions import DefinitionTable
+from storage.definitions_log import DefinitionTable
 from storage.index import MessageIndex, Segment
 from storage.lock import DataDirLock, DataDirLocked
-from storage.recovered import PLACE_BITS, RecoveredMessages, StoredMessage, StoredRun, place
+from storage.recovered_messages import PLACE_BITS, RecoveredMessages, StoredMessage, StoredRun, place
 from storage.recovery import Recovered, recover
 from storage.segments import fsync_directory, messages_directory, segment_path
 from storage.streams import StreamLogs
@@ -136,7 +136,7 @@ class MessageStore:
         body: bytes,
     ) -> int:
         """A persistent message routed to durable queues (msg ids must increase from call to call); returns where
-        its record is (storage.recovered.place), for a queue that pages it to read it back from there."""
+        its record is (storage.recovered_messages.place), for a queue that pages it to read it back from there."""
         index, segment = self._recovered_index(), self._head()
         if segment.size >= self._segment_bytes:
             segment = self._roll()

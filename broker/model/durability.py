@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from broker.model.node import Node
     from broker.model.queue import Queue
     from broker.model.vhost import VirtualHost
-    from storage.recovered import StoredMessage
+    from storage.recovered_messages import StoredMessage
     from storage.recovery import Recovered
 
 log = logging.getLogger(__name__)

@@ -57,7 +57,7 @@ class Message:
         self.header = header
         self.body = body
         self.msg_id = msg_id  # broker-wide id, used by durable storage (0 while not stored)
-        self.place = -1  # where the store wrote this very message (storage.recovered.place); -1 if it did not
+        self.place = -1  # where the store wrote this very message (storage.recovered_messages.place); -1 if it did not
 
     @property
     def exchange(self) -> str:

@@ -17,7 +17,7 @@ from broker.model.features.deadlines import Deadlines, now_ms
 from broker.model.features.expiry import READY, ExpiringEntries, message_ttl
 from broker.model.features.length_limit import DROPPED, ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, LengthLimit
 from broker.model.features.paging import PAGE_BYTES, PagedEntries, StoreBacking
-from broker.model.features.priority import FifoEntries, ReadyList, ready_entries
+from broker.model.features.ready import FifoEntries, ReadyList, ready_entries
 from broker.model.features.redelivery import DelayedRetry, count_return, delayed_retry, delivery_limit
 from broker.model.message import Address, Header, Message, QueueEntry
 from broker.model.policy import effective_settings, merged_definition
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from broker.model.vhost import VirtualHost
     from broker.model.interfaces import Publisher, QueueOwner, Subscriber
     from storage.records import Metadata
-    from storage.recovered import RecoveredMessages, StoredRun
+    from storage.recovered_messages import RecoveredMessages, StoredRun
 
 # Publisher flow control: while a queue with consumers holds more than FLOW_HIGH ready messages, the connections
 # publishing to it are not read; they are read again once deliveries bring it under FLOW_LOW. Consumers that

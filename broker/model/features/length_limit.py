@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Final, Iterable
 from broker.model.message import Message, QueueEntry
 
 if TYPE_CHECKING:
-    from broker.model.features.priority import ReadyList
+    from broker.model.features.ready import ReadyList
 
 # What Queue.enqueue reports.
 ENQUEUED: Final = 0

@@ -11,7 +11,7 @@ one with a TTL expires once it is back in memory (as a message in RabbitMQ's cla
 head). Persistent messages also stay in the message store as before; the page copy is the one delivered, and the
 store's copy is what a restart recovers (page files are emptied at every start). After a restart, a deep queue's
 recovered messages past the threshold are pages too, but pages of the message store's own records (runs of
-storage.recovered): nothing is copied to a page file, and a run is read back from its segment like a page. Priority
+storage.recovered_messages): nothing is copied to a page file, and a run is read back from its segment like a page. Priority
 queues keep every message in memory."""
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from broker.model.message import Address, Header, Message, QueueEntry
-from storage.recovered import PLACE_BITS
+from storage.recovered_messages import PLACE_BITS
 
 if TYPE_CHECKING:
     from broker.model.features.expiry import ExpiringEntries
-    from broker.model.features.priority import FifoEntries
+    from broker.model.features.ready import FifoEntries
     from storage.pages import PageFile, PageLocation, PageStore
-    from storage.recovered import StoredRun
+    from storage.recovered_messages import StoredRun
     from storage.store import MessageStore
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ class Page:
 @dataclass
 class StoreBacking:
     """How the pages of a queue kept on disk stand for messages that the message store holds for it anyway: such a
-    page goes to no page file; once its records are durable it becomes a run of the store (storage.recovered)."""
+    page goes to no page file; once its records are durable it becomes a run of the store (storage.recovered_messages)."""
 
     store: "MessageStore"
     key: str  # the queue's name in the store

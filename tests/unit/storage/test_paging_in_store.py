@@ -12,7 +12,7 @@ from broker.model import message as messages
 from broker.model.durability import StoredToMessage
 from broker.model.features import paging
 from broker.model.features.paging import PagedEntries, StoreBacking
-from broker.model.features.priority import FifoEntries
+from broker.model.features.ready import FifoEntries
 from storage.pages import PageStore
 from storage.store import MessageStore
 from tests.unit.storage.storage_support import durable

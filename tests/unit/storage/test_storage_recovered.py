@@ -1,4 +1,4 @@
-"""Recovered messages are kept as columns and read back from their segments in runs (storage.recovered): what comes
+"""Recovered messages are kept as columns and read back from their segments in runs (storage.recovered_messages): what comes
 back is exactly what was stored, however the records lie, and the index recovery builds on the way is the same as
 one built record by record."""
 
@@ -127,7 +127,7 @@ def test_a_record_that_is_not_the_expected_publish_when_read_back_is_left_out_an
         file.write(struct.pack("<Q", 7))
         file.seek(third)
         file.write(b"\x00")
-    with caplog.at_level(logging.ERROR, logger="storage.recovered"):
+    with caplog.at_level(logging.ERROR, logger="storage.recovered_messages"):
         assert [m.body for m in stored] == [b"body-0", b"body-1", b"body-4"]
     assert caplog.messages == [
         f"{segment} no longer holds 2 of the 5 recovered messages a queue read back from it (message 7 at offset "
@@ -141,7 +141,7 @@ def test_a_segment_cut_short_since_the_start_costs_the_messages_it_lost_and_one_
     segment = next((tmp_path / "messages").glob("*.seg"))
     data = segment.read_bytes()
     segment.write_bytes(data[:data.index(b"body-10") + 7])  # messages 0..10 are intact, 11..49 are gone
-    with caplog.at_level(logging.ERROR, logger="storage.recovered"):
+    with caplog.at_level(logging.ERROR, logger="storage.recovered_messages"):
         assert [m.body for m in stored] == [b"body-%d" % i for i in range(11)]
     assert len(caplog.messages) == 1 and "no longer holds 39 of the 50 recovered messages" in caplog.messages[0]
 

@@ -7,7 +7,7 @@ import random
 from pathlib import Path
 
 from storage.index import MessageIndex
-from storage.recovered import RecoveredMessages
+from storage.recovered_messages import RecoveredMessages
 
 
 def recovered_messages(ids: list[int]) -> RecoveredMessages:

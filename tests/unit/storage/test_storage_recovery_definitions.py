@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from storage import records
-from storage.definitions import DefinitionTable, decode_data, encode_data
+from storage.definitions_log import DefinitionTable, decode_data, encode_data
 from storage.format import CURRENT, UnsupportedFormat
 from storage.store import MessageStore
 from tests.unit.storage.storage_support import reopen, run

@@ -5,7 +5,7 @@ from pamqp.commands import Basic
 
 from broker.model import message as messages
 from broker.model.features.expiry import BURIED, READY, TAKEN, ExpiringEntries
-from broker.model.features.priority import FifoEntries, PriorityEntries
+from broker.model.features.ready import FifoEntries, PriorityEntries
 from protocol.codec import encode_header_payload
 
 

@@ -5,7 +5,7 @@ from pamqp.commands import Basic
 
 # The modules under test, named once: the rest of the file uses only these names.
 from broker.model.features import length_limit as limits
-from broker.model.features.priority import FifoEntries
+from broker.model.features.ready import FifoEntries
 from broker.model import message as messages
 from protocol.codec import encode_header_payload
 

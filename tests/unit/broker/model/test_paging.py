@@ -12,7 +12,7 @@ from pamqp.commands import Basic
 from broker.model import message as messages
 from broker.model.features import paging
 from broker.model.features.paging import PagedEntries, decode, encode
-from broker.model.features.priority import FifoEntries
+from broker.model.features.ready import FifoEntries
 from protocol.codec import encode_header_payload
 from storage import pages
 from storage.pages import PageStore

@@ -3,7 +3,7 @@
 from pamqp.commands import Basic
 
 from broker.model import message as messages
-from broker.model.features.priority import FifoEntries, PriorityEntries, ready_entries
+from broker.model.features.ready import FifoEntries, PriorityEntries, ready_entries
 from protocol.codec import encode_header_payload
 
 

@@ -11,7 +11,7 @@ import pytest
 from broker.model.durability import queue_key, restore
 from broker.model.node import Node
 from broker.model.vhost import VirtualHost
-from storage.recovered import StoredMessage
+from storage.recovered_messages import StoredMessage
 from storage.recovery import Recovered
 
 
@@ -51,7 +51,7 @@ def binding(source: str, destination: str, **changes) -> dict:
 
 class StoredList(list):
     """Recovered messages as restore() reads those of a queue that keeps them all in memory
-    (storage.recovered.RecoveredMessages), from a list."""
+    (storage.recovered_messages.RecoveredMessages), from a list."""
 
     def read(self, start: int, stop: int) -> list[StoredMessage]:
         return self[start:stop]
