@@ -49,6 +49,7 @@ TICK = 0.2  # seconds between progress writes (and checks of the until-file and 
 STOP_GRACE = 5.0  # longest a stop waits for the confirms of what was sent
 BATCH = 100  # most messages written at once
 GAP_RECORDED = 0.2  # seconds without a confirm that the result's "gaps" records
+PROGRESS_GAPS = 20  # the latest gaps the progress file repeats, for a check made while the publisher runs
 CONNECTION_ERRORS = (BrokerClosed, OSError, TimeoutError)  # what makes the publisher give a connection up
 
 
@@ -426,6 +427,7 @@ class Publisher:
         write_json(self.progress, {
             "confirmed": ledger.confirmed_count,
             "last_confirm_at": ledger.last_confirm_at,  # time.time() of the latest confirm
+            "gaps": ledger.gaps[-PROGRESS_GAPS:],  # the latest pauses between confirms, as the result's "gaps"
             "ids_published": ledger.next_id,
             "losses": len(ledger.losses),
             "node": None if self.session is None else self.session.node,  # where it publishes now
