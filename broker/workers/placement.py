@@ -75,9 +75,16 @@ class Placement:
                 self.leaders.setdefault(name, 0)
                 changed = True
             self._check_pins()
+        counts = [0] * self.workers  # vhosts each worker leads, kept up to date as vhosts are placed
+        for worker in self.leaders.values():
+            counts[worker] += 1
         for name in vhosts:
             if name not in self.leaders:
-                self.leaders[name] = self.pins.get(name, self.least_loaded())
+                worker = self.pins.get(name)
+                if worker is None:
+                    worker = counts.index(min(counts))  # the one that leads the fewest, the lowest-numbered of those
+                self.leaders[name] = worker
+                counts[worker] += 1
                 changed = True
         return changed
 
@@ -87,12 +94,6 @@ class Placement:
                 raise PlacementError(f"vhost '{name}' is pinned to worker {pinned} ([[vhosts]] worker), but it lives "
                                      f"in the store of worker {self.leaders[name]}: a vhost's data does not move "
                                      f"between workers; pin it to {self.leaders[name]} or remove the pin")
-
-    def least_loaded(self) -> int:
-        counts = [0] * self.workers
-        for worker in self.leaders.values():
-            counts[worker] += 1
-        return counts.index(min(counts))
 
     def save(self) -> None:
         made: set[Path] = set()

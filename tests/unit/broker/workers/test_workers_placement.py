@@ -1,5 +1,8 @@
 """Where vhosts are led among worker processes (broker.workers.placement)."""
 
+import collections
+import time
+
 import pytest
 
 from broker.workers.placement import Placement, PlacementError, worker_data_dir
@@ -74,3 +77,15 @@ def test_a_pin_that_a_store_contradicts_is_refused_naming_both_workers(tmp_path)
     fresh = Placement.load(tmp_path / "one-process", workers=2, pins={"old": 1})
     with pytest.raises(PlacementError, match="vhost 'old' is pinned to worker 1"):  # found in worker 0's store
         fresh.place(["/", "old"], found_in_first=["/", "old"])
+
+
+def test_placing_many_vhosts_at_once_takes_time_linear_in_their_number(tmp_path):
+    """An import of ten thousand vhosts (or a start that finds them) places them in one pass, evenly, without
+    counting every worker's vhosts again for each one."""
+    placement = Placement(tmp_path / "placement.json", 4, pins={"v7": 3})
+    names = [f"v{number}" for number in range(10_000)]
+    started = time.perf_counter()
+    assert placement.place(names, found_in_first=[])
+    assert time.perf_counter() - started < 0.5
+    assert placement.leaders["v7"] == 3
+    assert sorted(collections.Counter(placement.leaders.values()).values()) == [2500, 2500, 2500, 2500]
