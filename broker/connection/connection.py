@@ -760,6 +760,9 @@ class Connection(asyncio.Protocol):
         """Start a server-initiated close: channels go at once, the socket after close-ok or a timeout."""
         if self.transport is None or self._closing():
             return
+        if self.state is AWAIT_HEADER:  # it has not spoken AMQP yet: there is no one to tell, the socket just goes
+            self._terminate()
+            return
         self._release()
         self.send_method(0, spec.Connection.Close(reply_code, reply_text, class_id, method_id))
         self.flush()

@@ -59,3 +59,18 @@ def test_shutdown_does_not_wait_forever_for_a_silent_client(own_broker):
         assert (close.reply_code, close.reply_text) == (320, SHUTDOWN_TEXT)
         # no close-ok from us: the broker must still exit, and cleanly
         assert broker.process.wait(timeout=15) == 0
+
+
+def test_shutdown_drops_a_client_that_never_sent_its_header_and_closes_one_mid_handshake(own_broker):
+    """A socket that has not spoken AMQP is just closed; one awaiting start-ok gets the 320 close; the broker exits
+    cleanly either way, with no traceback in its log."""
+    broker = own_broker()
+    with RawClient.connect(broker) as mute, RawClient.connect(broker) as halfway:
+        halfway.send_raw(b"AMQP\x00\x00\x09\x01")
+        halfway.expect(commands.Connection.Start, channel=0)
+        broker.process.send_signal(signal.SIGTERM)
+        mute.expect_closed(timeout=10)
+        close = halfway.expect_connection_close(timeout=10)
+        assert (close.reply_code, close.reply_text) == (320, SHUTDOWN_TEXT)
+        assert broker.process.wait(timeout=15) == 0
+    assert "Traceback" not in broker.log()
