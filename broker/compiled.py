@@ -25,8 +25,8 @@ COMPILED = (
     "protocol/framing.py", "protocol/fastpath.py", "protocol/assembler.py", "protocol/properties.py",
     "broker/model/message.py", "broker/model/queue.py", "broker/model/stream.py", "broker/model/exchange.py",
     "broker/model/vhost.py", "broker/session/channel.py", "broker/session/consumer.py", "broker/session/unacked.py",
-    "broker/session/confirms.py", "broker/session/limits.py", "broker/connection/connection.py", "storage/records.py", "storage/index.py",
-    "storage/store.py", "storage/recovery.py",
+    "broker/session/confirms.py", "broker/session/limits.py", "broker/connection/connection.py",
+    "storage/records.py", "storage/index.py", "storage/store.py", "storage/recovery.py",
 )
 
 # The runtime library's module: broker/_compiled_runtime__mypyc.<suffix> (mypyc adds "__mypyc" to the group name).

@@ -24,8 +24,8 @@ from protocol import erlang_terms
 from protocol import proxy_header
 from protocol.codec import HEARTBEAT_FRAME, decode_method, encode_method
 from protocol.constants import (
-    ACCESS_REFUSED, CHANNEL_CLOSE, CHANNEL_CLOSE_OK, CHANNEL_OPEN, CONNECTION_FORCED, FRAME_END, FRAME_ERROR, FRAME_HEARTBEAT, NOT_ALLOWED, FRAME_METHOD,
-    FRAME_MIN_SIZE, PROTOCOL_HEADER, SERVER_CAPABILITIES,
+    ACCESS_REFUSED, CHANNEL_CLOSE, CHANNEL_CLOSE_OK, CHANNEL_OPEN, CONNECTION_FORCED, FRAME_END, FRAME_ERROR,
+    FRAME_HEARTBEAT, NOT_ALLOWED, FRAME_METHOD, FRAME_MIN_SIZE, PROTOCOL_HEADER, SERVER_CAPABILITIES,
 )
 from protocol.errors import AMQPError, close_for, reply_text
 from protocol.framing import FrameReader

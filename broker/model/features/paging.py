@@ -11,8 +11,8 @@ one with a TTL expires once it is back in memory (as a message in RabbitMQ's cla
 head). Persistent messages also stay in the message store as before; the page copy is the one delivered, and the
 store's copy is what a restart recovers (page files are emptied at every start). After a restart, a deep queue's
 recovered messages past the threshold are pages too, but pages of the message store's own records (runs of
-storage.recovered_messages): nothing is copied to a page file, and a run is read back from its segment like a page. Priority
-queues keep every message in memory."""
+storage.recovered_messages): nothing is copied to a page file, and a run is read back from its segment like a
+page. Priority queues keep every message in memory."""
 
 from __future__ import annotations
 
@@ -120,7 +120,8 @@ class Page:
 @dataclass
 class StoreBacking:
     """How the pages of a queue kept on disk stand for messages that the message store holds for it anyway: such a
-    page goes to no page file; once its records are durable it becomes a run of the store (storage.recovered_messages)."""
+    page goes to no page file; once its records are durable it becomes a run of the store
+    (storage.recovered_messages)."""
 
     store: "MessageStore"
     key: str  # the queue's name in the store
