@@ -366,8 +366,8 @@ class Channel:
                 self.ack_timer.watch(consumer.ack_timeout)
         address = message.address
         self.write_now(encode_delivery(self.number, consumer.tag_bytes, tag, entry.redelivered,
-                                              address.exchange_bytes, address.routing_key_bytes,
-                                              message.header_payload, message.body, self.frame_max))
+                                       address.exchange_bytes, address.routing_key_bytes,
+                                       message.header_payload, message.body, self.frame_max))
 
     def deliver_reply(self, message: Message) -> None:
         """A direct reply-to reply: straight to this channel's reply consumer, never acked."""
@@ -377,8 +377,8 @@ class Channel:
         reply_consumer = self.reply_consumer
         assert reply_consumer is not None, "replies are routed to channels that consume them"
         self.write_now(encode_delivery(self.number, reply_consumer.tag_bytes, tag, False,
-                                              address.exchange_bytes, address.routing_key_bytes,
-                                              message.header_payload, message.body, self.frame_max))
+                                       address.exchange_bytes, address.routing_key_bytes,
+                                       message.header_payload, message.body, self.frame_max))
 
     # --- acknowledgements ----------------------------------------------------------------------------------
     def ack(self, tag: int, multiple: bool) -> None:
