@@ -15,13 +15,17 @@ share the cores with the workers, so rates say little here; CPU per message is t
 
 With --scale, throughput as workers are added: N workers, a busy vhost on each (its own producer and consumer
 processes), against N times what one worker does; it needs a core for each worker and two for each vhost's load.
+The counts run forward then backward (1 2 4 8 8 4 2 1), each figure the mean of its two runs, with the cores the
+broker and the load generators kept busy: where the two add up to the machine's cores, the machine was the limit.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -88,8 +92,9 @@ def loadgen(target: str, role: str, seconds: float, queue: str) -> subprocess.Po
 
 
 def busy_vhosts(broker: RunningBroker, vhosts: list[str], seconds: float) -> dict[str, float]:
-    """A consumer and a producer process per vhost, all started at once; delivered messages and the broker's CPU
-    microseconds per message (its supervisor, workers and their threads)."""
+    """A consumer and a producer process per vhost, all started at once; delivered messages, the broker's CPU
+    microseconds per message (its supervisor, workers and their threads), and the cores the broker and the load
+    generators kept busy."""
     sides = [(vhost, loadgen(url(broker, vhost), role, seconds, f"bench-workers-{vhost.strip('/') or 'root'}"))
              for vhost in vhosts for role in ("consumer", "producer")]
     try:
@@ -97,6 +102,8 @@ def busy_vhosts(broker: RunningBroker, vhosts: list[str], seconds: float) -> dic
             if side.stdout.readline().strip() != "ready":
                 raise RuntimeError(_failure(side.communicate()[1], side.wait()))
         before = cpu_seconds(broker.process.pid)
+        load_before = _children_cpu_seconds()
+        started = time.perf_counter()
         for _, side in sides:
             side.stdin.write("go\n")
             side.stdin.flush()
@@ -107,13 +114,21 @@ def busy_vhosts(broker: RunningBroker, vhosts: list[str], seconds: float) -> dic
             consumer.stdin.write("stop\n")
             consumer.stdin.flush()
         cpu = cpu_seconds(broker.process.pid) - before
+        elapsed = time.perf_counter() - started  # longer than seconds where the load generators start late
         delivered = sum(_figures(consumer.communicate(timeout=time_limit(seconds))[0])["delivered"]
                         for _, consumer in consumers)
+        load = _children_cpu_seconds() - load_before  # the load generators, reaped by now (the broker is not yet)
     finally:
         for _, side in sides:
             if side.poll() is None:
                 side.kill()
-    return {"delivered": delivered, "msg/s": delivered / seconds, "cpu us/msg": cpu * 1e6 / delivered}
+    return {"delivered": delivered, "msg/s": delivered / elapsed, "cpu us/msg": cpu * 1e6 / delivered,
+            "broker cores": cpu / elapsed, "load cores": load / elapsed}
+
+
+def _children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def run(workdir: Path, workers: int, args: argparse.Namespace) -> dict[str, float]:
@@ -134,26 +149,32 @@ def run(workdir: Path, workers: int, args: argparse.Namespace) -> dict[str, floa
 
 
 def scale(counts: list[int], seconds: float) -> None:
-    """Throughput with N workers and a busy vhost on each, for each N of counts, against N times one worker's."""
-    rows = []
+    """Throughput with N workers and a busy vhost on each, for each N of counts (forward, then backward), against N
+    times one worker's."""
+    runs: dict[int, list[dict[str, float]]] = {workers: [] for workers in counts}
     with tempfile.TemporaryDirectory(prefix="warren-bench-workers-") as scratch:
-        for workers in counts:
-            workdir = Path(scratch) / f"scale-{workers}"
+        for index, workers in enumerate([*counts, *reversed(counts)]):
+            workdir = Path(scratch) / f"scale-{index}-{workers}"
             workdir.mkdir()
             vhosts = scale_vhosts(workers)
             (workdir / "warren.toml").write_text(config_of(vhosts))
             broker = start_warren(workdir, "--workers", str(workers), "--config", str(workdir / "warren.toml"))
             try:
-                rows.append((workers, busy_vhosts(broker, vhosts, seconds)))
+                runs[workers].append(busy_vhosts(broker, vhosts, seconds))
             finally:
                 broker.stop()
-    one = next((figures["msg/s"] for workers, figures in rows if workers == 1), None)
-    print(f"{'workers':>8} {'busy vhosts':>12} {'msg/s in all':>14} {'/ (N x 1 worker)':>17} {'CPU µs/msg':>11}")
-    for workers, figures in rows:
+    means = {workers: {key: statistics.mean(run[key] for run in figures) for key in figures[0]}
+             for workers, figures in runs.items()}
+    one = means[1]["msg/s"] if 1 in means else None
+    print(f"{'workers':>8} {'busy vhosts':>12} {'msg/s in all':>14} {'/ (N x 1 worker)':>17} {'CPU µs/msg':>11} "
+          f"{'broker cores':>13} {'load cores':>11}")
+    for workers, figures in means.items():
         share = f"{figures['msg/s'] / (workers * one):.2f}" if one else "-"
-        print(f"{workers:8} {workers:12} {figures['msg/s']:14.0f} {share:>17} {figures['cpu us/msg']:11.2f}")
-    print("a producer and a consumer process per busy vhost, 16 B, auto-ack; goal: msg/s in all >= 0.85 x N x 1 "
-          "worker's, where the machine has cores for the workers and their load generators")
+        print(f"{workers:8} {workers:12} {figures['msg/s']:14.0f} {share:>17} {figures['cpu us/msg']:11.2f} "
+              f"{figures['broker cores']:13.2f} {figures['load cores']:11.2f}")
+    print(f"a producer and a consumer process per busy vhost, 16 B, auto-ack, {seconds:g} s a run, {os.cpu_count()} "
+          "cores; goal: msg/s in all >= 0.85 x N x 1 worker's, where the machine has cores for the workers and their "
+          "load generators")
 
 
 def main(argv: list[str] | None = None) -> int:
