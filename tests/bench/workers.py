@@ -5,7 +5,7 @@
 
 - Opening a connection (TCP connect to connection.open-ok, the bench client) to vhost v1: on one worker, and on two
   workers where worker 1 leads v1, counting only the connections worker 0 accepted and handed over (their client
-  ports, from its debug log).
+  ports, from its debug log). Each follows a connection to / (untimed), so that worker 0 is as awake as worker 1.
 - Broker CPU per message (all its processes), a producer and a consumer process per busy vhost, 16 B, auto-ack:
   one worker with one busy vhost, against two workers with the same one busy vhost (what the hand-off and the
   shared definitions cost per message), and two workers with a busy vhost each.
@@ -17,6 +17,8 @@ With --scale, throughput as workers are added: N workers, a busy vhost on each (
 processes), against N times what one worker does; it needs a core for each worker and two for each vhost's load.
 The counts run forward then backward (1 2 4 8 8 4 2 1), each figure the mean of its two runs, with the cores the
 broker and the load generators kept busy: where the two add up to the machine's cores, the machine was the limit.
+With --pin, each run's broker gets the first hardware thread of N physical cores of its own and the load generators
+the other cores (or, where none are left, the broker's cores' other threads): what N workers do when each has a core.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from tests.bench.brokers import REPO_ROOT, RunningBroker, start_warren
 from tests.bench.client import BenchConnection, BrokerURL
 from tests.bench.compare import _failure, _figures
 from tests.bench.loadgen import time_limit
-from tests.bench.process_memory import cpu_seconds
+from tests.bench.process_memory import cpu_seconds, descendants
 
 def config_of(vhosts: list[str]) -> str:
     """A config that makes these vhosts (besides /), with guest's permissions on each."""
@@ -63,10 +65,15 @@ def url(broker: RunningBroker, vhost: str) -> str:
     return f"amqp://guest:guest@127.0.0.1:{broker.port}/{vhost.replace('/', '%2F')}"
 
 
-async def open_times(target: str, opens: int) -> dict[int, float]:
-    """Seconds from connect to open-ok, for opens connections one after another, by the client's port."""
+async def open_times(target: str, opens: int, other: str) -> dict[int, float]:
+    """Seconds from connect to open-ok, for opens connections to target one after another, by the client's port.
+    Each follows an untimed connection to other, so that the worker leading other is as awake as target's when the
+    kernel offers the connection to both (a busy one wins the accept); the first, untimed, waits for target's
+    worker to serve."""
+    await (await BenchConnection.open(BrokerURL.parse(target))).close()
     times = {}
     for _ in range(opens):
+        await (await BenchConnection.open(BrokerURL.parse(other))).close()
         started = time.perf_counter()
         connection = await BenchConnection.open(BrokerURL.parse(target))
         times[connection.transport.get_extra_info("sockname")[1]] = time.perf_counter() - started
@@ -84,19 +91,51 @@ def percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * share))]
 
 
-def loadgen(target: str, role: str, seconds: float, queue: str) -> subprocess.Popen:
+def loadgen(target: str, role: str, seconds: float, queue: str, cpus: set[int] | None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "tests.bench.loadgen", "--url", target, "--scenario", role,
                              "--seconds", str(seconds), "--json", "--window", "0", "--queue", queue],
                             cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus))
 
 
-def busy_vhosts(broker: RunningBroker, vhosts: list[str], seconds: float) -> dict[str, float]:
+def physical_cores() -> list[list[int]]:
+    """The CPUs this process may use, grouped by physical core (a core's hardware threads together), in order."""
+    cores: dict[tuple[str, str], list[int]] = {}
+    for cpu in sorted(os.sched_getaffinity(0)):
+        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        core = ((topology / "physical_package_id").read_text().strip(), (topology / "core_id").read_text().strip())
+        cores.setdefault(core, []).append(cpu)
+    return list(cores.values())
+
+
+def pinned_cpus(workers: int) -> tuple[set[int], set[int]]:
+    """The broker's CPUs (a thread of each of `workers` physical cores) and the load generators' (the other cores,
+    else the broker's cores' other threads, else the broker's own)."""
+    cores = physical_cores()
+    broker = {core[0] for core in cores[:workers]}
+    load = ({cpu for core in cores[workers:] for cpu in core} or {cpu for core in cores[:workers] for cpu in core[1:]}
+            or broker)
+    return broker, load
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of pid and of the processes below it onto cpus (the threads they start later inherit it)."""
+    for process in [pid, *descendants(pid)]:
+        for thread in os.listdir(f"/proc/{process}/task"):
+            os.sched_setaffinity(int(thread), cpus)
+
+
+def cpu_list(cpus: set[int]) -> str:
+    return ",".join(map(str, sorted(cpus)))
+
+
+def busy_vhosts(broker: RunningBroker, vhosts: list[str], seconds: float,
+                load_cpus: set[int] | None = None) -> dict[str, float]:
     """A consumer and a producer process per vhost, all started at once; delivered messages, the broker's CPU
     microseconds per message (its supervisor, workers and their threads), and the cores the broker and the load
     generators kept busy."""
-    sides = [(vhost, loadgen(url(broker, vhost), role, seconds, f"bench-workers-{vhost.strip('/') or 'root'}"))
-             for vhost in vhosts for role in ("consumer", "producer")]
+    sides = [(vhost, loadgen(url(broker, vhost), role, seconds, f"bench-workers-{vhost.strip('/') or 'root'}",
+                             load_cpus)) for vhost in vhosts for role in ("consumer", "producer")]
     try:
         for _, side in sides:
             if side.stdout.readline().strip() != "ready":
@@ -136,7 +175,7 @@ def run(workdir: Path, workers: int, args: argparse.Namespace) -> dict[str, floa
     config.write_text(config_of(["v1"]))
     broker = start_warren(workdir, "--workers", str(workers), "--config", str(config), "--log-level", "debug")
     try:
-        opened = asyncio.run(open_times(url(broker, "v1"), args.opens))
+        opened = asyncio.run(open_times(url(broker, "v1"), args.opens, url(broker, "/")))
         handed = handed_ports(workdir / "warren.log")
         times = [seconds for port, seconds in opened.items() if (port in handed) == (workers > 1)]
         one = busy_vhosts(broker, ["v1"], args.seconds)
@@ -144,13 +183,13 @@ def run(workdir: Path, workers: int, args: argparse.Namespace) -> dict[str, floa
     finally:
         broker.stop()
     return {"open p50 ms": statistics.median(times) * 1000, "open p90 ms": percentile(times, 0.9) * 1000,
-            "handed": len(handed), "one msg/s": one["msg/s"],
+            "handed": len(handed & opened.keys()), "one msg/s": one["msg/s"],
             "one cpu us/msg": one["cpu us/msg"], "both msg/s": both["msg/s"], "both cpu us/msg": both["cpu us/msg"]}
 
 
-def scale(counts: list[int], seconds: float) -> None:
+def scale(counts: list[int], seconds: float, pinned: bool) -> None:
     """Throughput with N workers and a busy vhost on each, for each N of counts (forward, then backward), against N
-    times one worker's."""
+    times one worker's; pinned, on N physical cores of the broker's own."""
     runs: dict[int, list[dict[str, float]]] = {workers: [] for workers in counts}
     with tempfile.TemporaryDirectory(prefix="warren-bench-workers-") as scratch:
         for index, workers in enumerate([*counts, *reversed(counts)]):
@@ -160,7 +199,11 @@ def scale(counts: list[int], seconds: float) -> None:
             (workdir / "warren.toml").write_text(config_of(vhosts))
             broker = start_warren(workdir, "--workers", str(workers), "--config", str(workdir / "warren.toml"))
             try:
-                runs[workers].append(busy_vhosts(broker, vhosts, seconds))
+                broker_cpus, load_cpus = pinned_cpus(workers) if pinned else (None, None)
+                if broker_cpus is not None:
+                    pin(broker.process.pid, broker_cpus)
+                    print(f"{workers} workers on CPUs {cpu_list(broker_cpus)}, load on {cpu_list(load_cpus)}")
+                runs[workers].append(busy_vhosts(broker, vhosts, seconds, load_cpus))
             finally:
                 broker.stop()
     means = {workers: {key: statistics.mean(run[key] for run in figures) for key in figures[0]}
@@ -173,7 +216,7 @@ def scale(counts: list[int], seconds: float) -> None:
         print(f"{workers:8} {workers:12} {figures['msg/s']:14.0f} {share:>17} {figures['cpu us/msg']:11.2f} "
               f"{figures['broker cores']:13.2f} {figures['load cores']:11.2f}")
     print(f"a producer and a consumer process per busy vhost, 16 B, auto-ack, {seconds:g} s a run, {os.cpu_count()} "
-          "cores; goal: msg/s in all >= 0.85 x N x 1 worker's, where the machine has cores for the workers and their "
+          f"CPUs on {len(physical_cores())} physical cores{', pinned' if pinned else ''}; goal: msg/s in all >= 0.85 x N x 1 worker's, where the machine has cores for the workers and their "
           "load generators")
 
 
@@ -182,9 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=5.0, help="of each busy run")
     parser.add_argument("--opens", type=int, default=300, help="connections opened one after another")
     parser.add_argument("--scale", help="instead: throughput with these numbers of workers, e.g. 1,2,4,8")
+    parser.add_argument("--pin", action="store_true", help="with --scale: the broker on physical cores of its own")
     args = parser.parse_args(argv)
     if args.scale:
-        scale([int(count) for count in args.scale.split(",")], args.seconds)
+        scale([int(count) for count in args.scale.split(",")], args.seconds, args.pin)
         return 0
     results: dict[int, list[dict[str, float]]] = {1: [], 2: []}
     with tempfile.TemporaryDirectory(prefix="warren-bench-workers-") as scratch:
