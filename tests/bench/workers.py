@@ -1,7 +1,7 @@
 """What several worker processes cost: the hand-off of a connection, and broker CPU per message.
 
     python -m tests.bench.workers [--seconds N] [--opens N]
-    python -m tests.bench.workers --scale 1,2,4,8 [--seconds N]
+    python -m tests.bench.workers --scale 1,2,4,8 [--pin] [--seconds N]
 
 - Opening a connection (TCP connect to connection.open-ok, the bench client) to vhost v1: on one worker, and on two
   workers where worker 1 leads v1, counting only the connections worker 0 accepted and handed over (their client
