@@ -14,7 +14,6 @@ from pamqp import commands as spec
 
 from broker.connection import handoff
 from broker.connection.auth import authenticate
-from broker.connection.login_throttle import LoginThrottle
 from broker.connection.peer_log import PeerLog
 from broker.connection.splice import splice
 from broker.session.channel import Channel
@@ -38,7 +37,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 peer_log = PeerLog(log)  # every line about one client goes through here, so that no client can flood the log
-failed_logins = LoginThrottle()  # consecutive refused logins per address, to answer them more and more slowly
 SPLICING: set[asyncio.Task] = set()  # TLS connections being joined to the worker they were handed to
 
 _CLASS_METHOD: Final = struct.Struct(">HH")
@@ -583,7 +581,7 @@ class Connection(asyncio.Protocol):
             counters.auth_failed += 1
             self._refuse_login(method.mechanism, login.user, _capabilities(properties))
             return
-        failed_logins.accepted(self.peer_address)
+        self.server.failed_logins.accepted(self.peer_address)
         self.user = login.user
         self.client_properties = properties  # kept only once the client has logged in
         self.client_capabilities = _capabilities(properties)
@@ -601,13 +599,19 @@ class Connection(asyncio.Protocol):
         if capabilities.get("authentication_failure_close"):
             text = reply_text(ACCESS_REFUSED, f"Login was refused using authentication mechanism {mechanism}. For "
                                               "details see the broker logfile.")
-        delay = failed_logins.refused(self.peer_address, self.server.config.failed_login_delay)
-        if not delay:
-            self._answer_refused(text)
-            return
         assert self.transport is not None and self.timer is not None, "the handshake runs on a transport, timed"
         self.transport.pause_reading()
         self.timer.cancel()  # the handshake timeout: the throttle bounds the wait
+        self.timer = None
+        self.server.failed_logins.refuse(self.peer_address, self.server.config.failed_login_delay,
+                                         lambda delay: self._wait_to_refuse(delay, text))
+
+    def _wait_to_refuse(self, delay: float, text: str | None) -> None:
+        if self.state is CLOSED:  # the client left while its refusal was counted
+            return
+        if not delay:
+            self._answer_refused(text)
+            return
         self.timer = self.loop.call_later(delay, self._answer_refused, text)
 
     def _answer_refused(self, text: str | None) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from typing import Callable
 
 # Longest wait before a refused login is answered: the handshake timeout, so that a refused connection lives no
 # longer than one that never logs in.
@@ -37,6 +38,11 @@ class LoginThrottle:
         if count == 1:
             return 0.0
         return min(delay * 2.0 ** min(count - 2, 16), MAX_DELAY)
+
+    def refuse(self, address: str, delay: float, answer: Callable[[float], None]) -> None:
+        """refused(), its wait handed to answer: at once here; once the supervisor has counted it, in a worker of
+        several (broker.workers.logins), where an address's connections reach any worker."""
+        answer(self.refused(address, delay))
 
     def accepted(self, address: str) -> None:
         self.failures.pop(address, None)

@@ -20,6 +20,7 @@ from broker.config import TABLE_ARRAYS, WARREN_KEYS, Config, ConfigError, read_d
 from broker.connection.alarms.disk import DiskAlarm
 from broker.connection.alarms.memory import MemoryAlarm, memory_limit, release_freed_memory
 from broker.connection.connection import HANDSHAKE_TIMEOUT, Connection
+from broker.connection.login_throttle import LoginThrottle
 from broker.connection.tls import TlsError, server_context
 from broker.model.definitions import DefinitionsError, import_definitions
 from broker.model.durability import restore
@@ -113,6 +114,8 @@ class Server:
         # The AMQP and amqps sockets several worker processes accept from, made by their parent (None: made here)
         self.listening, self.listening_tls = listening
         self.handoffs: Handoffs | None = None  # where connections to vhosts other workers lead go (None: nowhere)
+        # consecutive refused AMQP logins per address, answered more and more slowly (a worker's asks the supervisor)
+        self.failed_logins = LoginThrottle()
         self.data_dir = Path(config.data_dir).absolute()
         # raised while the store's durable writes fail, until they work again with room to spare
         self.disk_alarm = DiskAlarm(self.data_dir, self._disk_alarm_changed)

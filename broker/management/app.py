@@ -66,9 +66,15 @@ async def authenticated(request: web.Request, handler):
             request[http.USER] = http.authenticate(request)
         except http.LoginRefused as refusal:
             peer_log.warning(address, "HTTP login refused from %s: %s", address, refusal.reason)
-            await asyncio.sleep(failed_logins.refused(address, http.server_of(request).config.failed_login_delay))
+            if request.app[http.FORWARDED]:  # the supervisor counts it for the whole node, and waits
+                request[http.LOGIN] = "refused"
+            else:
+                await asyncio.sleep(failed_logins.refused(address, http.server_of(request).config.failed_login_delay))
             raise
-        failed_logins.accepted(address)
+        if request.app[http.FORWARDED]:
+            request[http.LOGIN] = "accepted"
+        else:
+            failed_logins.accepted(address)
     return await handler(request)
 
 
@@ -97,8 +103,12 @@ async def rabbitmq_errors(request: web.Request, handler):
 @web.middleware
 async def forwarded_client(request: web.Request, handler):
     """On a worker's internal socket, whose one client is the supervisor's API (broker.workers.api), a request's
-    client is the one the supervisor names."""
-    return await handler(request.clone(remote=request.headers.get(http.FORWARDED_CLIENT, "")))
+    client is the one the supervisor names; the answer says how its credentials fared."""
+    forwarded = request.clone(remote=request.headers.get(http.FORWARDED_CLIENT, ""))
+    response = await handler(forwarded)
+    if http.LOGIN in forwarded:
+        response.headers[http.LOGIN_OUTCOME] = forwarded[http.LOGIN]
+    return response
 
 
 def make_app(server: "Server", forwarded: bool = False) -> web.Application:

@@ -33,6 +33,10 @@ FORWARDED_CLIENT = "X-Warren-Client"
 CHECK_ONLY = "X-Warren-Check-Only"  # a forwarded import of definitions that is to be checked, not applied
 FORWARDED = web.AppKey("forwarded", bool)  # the API serves a worker's internal socket (it believes the above)
 USER = web.RequestKey("user", User)  # who an /api/ request's credentials name (set by app.authenticated)
+# How a forwarded request's credentials fared, "refused" or "accepted", in the worker's answer: the supervisor
+# counts the node's refused logins and waits before it answers them (broker.workers.api)
+LOGIN_OUTCOME = "X-Warren-Login"
+LOGIN = web.RequestKey("login", str)  # that outcome, on a forwarded request (set by app.authenticated)
 OFF_LOOP_BYTES = 1024 * 1024  # a body larger than this is parsed on a thread, not the event loop
 MAX_RANGE = 500  # samples a msg_rates_age/msg_rates_incr period may ask for at most (RabbitMQ's ?MAX_RANGE)
 # an integer as RabbitMQ reads one in a query, a path segment or a body: ASCII digits (str.isdigit also takes other

@@ -12,7 +12,8 @@ A request goes where what it names lives:
 - anything else (users, permissions, the node) to the first worker, which holds the node-wide definitions.
 
 Every worker checks the request's credentials itself; the client's address travels in a header that only the
-internal socket's API believes (http.FORWARDED_CLIENT).
+internal socket's API believes (http.FORWARDED_CLIENT). Its answer says how they fared (http.LOGIN_OUTCOME): the
+refused logins are counted here, for the whole node, and answered more and more slowly, as one process does.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable
 from aiohttp import web
 from multidict import CIMultiDict
 
+from broker.connection.login_throttle import LoginThrottle
 from broker.management import guards, http
 from broker.management.app import CONSOLE, VIEWS, console_page
 from broker.management.resources import listing, sorted_bindings
@@ -114,9 +116,13 @@ class WorkerApis:
             writer.write(self._head(request, body, path_qs, check_only))
             sending = asyncio.ensure_future(self._send(writer, body, request.content_length is None))
             try:
-                return await read_answer(reader, request.method)
+                answer = await read_answer(reader, request.method)
             finally:
                 sending.cancel()
+            login = answer.headers.popall(http.LOGIN_OUTCOME, [])
+            if login and request.get(http.LOGIN) != "refused":  # (one worker's refusal is the request's)
+                request[http.LOGIN] = login[0]
+            return answer
         except (OSError, asyncio.IncompleteReadError, ValueError) as error:
             return unavailable(worker, request, error)
         finally:
@@ -197,6 +203,7 @@ class Gateway:
     def __init__(self, supervisor: "Supervisor"):
         self.supervisor = supervisor
         self.apis = WorkerApis(supervisor)
+        self.failed_logins = LoginThrottle()  # refused API logins per address, counted for every worker
         self.routes = web.Application()  # the usual API's routes, to tell what a path names
         for view in VIEWS:
             self.routes.add_routes(view.routes)
@@ -211,9 +218,15 @@ class Gateway:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         try:
-            return await self._handle(request)
+            response = await self._handle(request)
         except http.ApiError as error:  # a listing's shape asked for here (a page out of range...)
-            return error.response()
+            response = error.response()
+        address = request.remote or ""
+        if request.get(http.LOGIN) == "refused":
+            await asyncio.sleep(self.failed_logins.refused(address, self.supervisor.config.failed_login_delay))
+        elif request.get(http.LOGIN) == "accepted":
+            self.failed_logins.accepted(address)
+        return response
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         match = await self.routes.router.resolve(request)

@@ -25,10 +25,12 @@ from typing import Callable
 
 from broker.config import Config
 from broker.connection.handoff import handoff_pair
+from broker.connection.login_throttle import LoginThrottle
 from broker.connection.server import StartupError, data_dir_error, prepare_data_dir, reason_of, stop_on_signals
 from broker.connection.tls import TlsError, server_context
 from broker.management.server import ManagementServer, take
 from broker.workers.api import WorkerApis, make_gateway_app
+from broker.workers.logins import serve_logins
 from broker.workers.metrics import make_metrics_gateway_app
 from broker.workers.placement import Placement, PlacementError
 from broker.workers.worker import CONTROL_LINE_LIMIT, receive, send
@@ -78,6 +80,8 @@ class Supervisor:
         self.listening_tls: socket.socket | None = None  # the amqps port's, when [tls] names a certificate
         self.lock = DataDirLock(self.data_dir, SUPERVISOR_LOCK)  # held while this node's workers use the data dir
         self.stopping = False
+        self.failed_logins = LoginThrottle()  # refused AMQP logins per address, counted for every worker
+        self.counting: set[asyncio.Task] = set()  # each worker's refused logins being counted (serve_logins)
 
     def take_ports(self) -> None:
         """The AMQP port, and the amqps one once [tls] names a certificate (checked here first, as one process
@@ -129,25 +133,32 @@ class Supervisor:
     async def _start(self, worker: WorkerProcess) -> str | None:
         """Start one worker and wait until it serves; if it does not, why (the worker's own reason if it gave one)."""
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        logins, logins_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # (broker.workers.logins)
+        logins_fd = logins_child.fileno()  # the worker's, as numbered in both processes
         assert self.listening is not None and self.placement is not None
         senders = {other.number: other.sending.fileno() for other in self.workers if other is not worker}
         tls = self.listening_tls.fileno() if self.listening_tls is not None else None
         inherited = [child.fileno(), self.listening.fileno(), worker.receiving.fileno(), worker.api.fileno(),
-                     worker.metrics.fileno(), *senders.values(), *([tls] if tls is not None else [])]
+                     worker.metrics.fileno(), logins_fd, *senders.values(), *([tls] if tls is not None else [])]
         # A session of its own: a terminal's Ctrl-C reaches the supervisor alone, which stops the workers in turn.
         worker.process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "broker.workers.worker", str(child.fileno()), str(os.getpid()), pass_fds=inherited,
             start_new_session=True)
         worker.started_at = time.monotonic()
         child.close()
+        logins_child.close()
+        counting = asyncio.get_running_loop().create_task(serve_logins(logins, self.failed_logins))
+        self.counting.add(counting)
+        counting.add_done_callback(self.counting.discard)
         reader, writer = await asyncio.open_connection(sock=parent, limit=CONTROL_LINE_LIMIT)
         first = worker.number == 0
         try:
             await send(writer, {
                 "config": dataclasses.asdict(self.config), "worker": worker.number, "workers": len(self.workers),
                 "listening": self.listening.fileno(), "listening_tls": tls, "receiving": worker.receiving.fileno(),
-                "api": worker.api.fileno(), "metrics": worker.metrics.fileno(), "senders": senders,
-                "placement": None if first else self.placement.leaders, "node": None if first else self.node_wide})
+                "api": worker.api.fileno(), "metrics": worker.metrics.fileno(), "logins": logins_fd,
+                "senders": senders, "placement": None if first else self.placement.leaders,
+                "node": None if first else self.node_wide})
             told = dict(self.placement.leaders)
             serving = await receive(reader)
             if first and "vhosts" in serving:  # its store read: the placement of its vhosts, then it serves

@@ -14,6 +14,9 @@ the supervisor's); the control socket carries JSON lines both ways:
   worker ends or serves again, answered ``{"placed": true}``; and to the first worker ``{"export": true}`` after the
   API changed the node-wide definitions, answered ``{"node": ...}``.
 
+Refused AMQP logins are counted by the supervisor, for the whole node, over a socket pair of their own
+(broker.workers.logins).
+
 Each worker also serves the management API and the Prometheus endpoint (broker.management) on internal sockets the
 supervisor made, for the supervisor's listeners in front of them all (broker.workers.api, broker.workers.metrics).
 
@@ -48,6 +51,7 @@ from broker.management.app import make_app
 from broker.management.prometheus import make_prometheus_app
 from broker.model.definitions import VHOST_SECTIONS, export_node_wide, of_vhosts
 from broker.model.node import Node
+from broker.workers.logins import NodeLoginThrottle
 from broker.workers.placement import worker_data_dir
 
 log = logging.getLogger(__name__)
@@ -137,6 +141,8 @@ async def serve(control: socket.socket) -> None:
                                                     socket.socket(fileno=tls) if tls is not None else None))
     senders = {int(other): socket.socket(fileno=fd) for other, fd in instructions["senders"].items()}
     server.handoffs = handoffs = Handoffs(number, worker.leaders, senders)
+    server.failed_logins = logins = NodeLoginThrottle(socket.socket(fileno=instructions["logins"]))
+    await logins.start()
     stop = stop_on_signals()
     try:
         await server.start()

@@ -27,6 +27,7 @@ from tests.bench.workers import config_of
 from tests.conftest import free_port
 from tests.integration.management import add_user, add_vhost, request, set_permissions
 from tests.integration.rawclient import RawClient, plain_response
+from tests.integration.test_login_failures import TIMER_GRAIN, refusal, start_ok
 from tests.tls_certs import make_certificates
 
 if os.environ.get("WARREN_TEST_URL"):
@@ -236,6 +237,34 @@ def test_a_user_made_through_the_api_logs_in_on_a_worker_started_again(workers):
         client.send(0, commands.Connection.StartOk(mechanism="PLAIN", response=plain_response("alice", "secret"),
                                                    locale="en_US"))
         client.expect_closed()
+
+
+def test_refused_logins_slow_down_for_the_whole_node_whichever_worker_refuses_them(own_broker, tmp_path):
+    """An address's refused logins are counted once for the node: AMQP ones whichever worker accepted them (the
+    other one stopped meanwhile, so that it accepts nothing), API ones whichever worker a request goes to (a listing
+    asks every worker, and counts once)."""
+    delay = 0.3
+    config = tmp_path / "warren.toml"
+    config.write_text(CONFIG + f"\n[amqp]\nfailed_login_delay = {delay}\n")
+    broker = own_broker("--workers", "2", "--config", str(config))
+    pids = worker_pids(broker)
+    waits = []
+    for refusing in (1, 1, 0):
+        os.kill(pids[1 - refusing], signal.SIGSTOP)
+        try:
+            with RawClient.connect(broker, timeout=15) as client:
+                sent = start_ok(client, plain_response("guest", "wrong"))
+                assert refusal(client) == "ACCESS_REFUSED"
+                waits.append(time.monotonic() - sent)
+        finally:
+            os.kill(pids[1 - refusing], signal.SIGCONT)
+    assert waits[0] < delay <= waits[1] + TIMER_GRAIN and waits[2] + TIMER_GRAIN >= 2 * delay, waits
+    waits = []
+    for path in ("/api/queues", "/api/whoami", "/api/queues/v1"):  # every worker, then worker 0, then worker 1
+        started = time.monotonic()
+        assert request(broker, "GET", path, password="wrong").status == 401
+        waits.append(time.monotonic() - started)
+    assert waits[0] < delay <= waits[1] < 2 * delay <= waits[2], waits
 
 
 def test_the_vhosts_of_a_worker_that_cannot_start_again_are_down_until_it_serves(workers):
