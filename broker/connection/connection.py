@@ -14,6 +14,7 @@ from pamqp import commands as spec
 
 from broker.connection import handoff
 from broker.connection.auth import authenticate
+from broker.connection.login_throttle import MAX_DELAY as MAX_FAILED_LOGIN_WAIT
 from broker.connection.peer_log import PeerLog
 from broker.connection.splice import splice
 from broker.session.channel import Channel
@@ -602,13 +603,16 @@ class Connection(asyncio.Protocol):
         assert self.transport is not None and self.timer is not None, "the handshake runs on a transport, timed"
         self.transport.pause_reading()
         self.timer.cancel()  # the handshake timeout: the throttle bounds the wait
-        self.timer = None
+        # answered after the longest wait at the latest, should the count be slow to come (a worker asks for it)
+        self.timer = self.loop.call_later(MAX_FAILED_LOGIN_WAIT, self._answer_refused, text)
         self.server.failed_logins.refuse(self.peer_address, self.server.config.failed_login_delay,
                                          lambda delay: self._wait_to_refuse(delay, text))
 
     def _wait_to_refuse(self, delay: float, text: str | None) -> None:
-        if self.state is CLOSED:  # the client left while its refusal was counted
+        if self._closing():  # answered already, or the client left meanwhile
             return
+        assert self.timer is not None, "a refusal waits on its timer"
+        self.timer.cancel()
         if not delay:
             self._answer_refused(text)
             return

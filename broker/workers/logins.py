@@ -20,6 +20,7 @@ from broker.connection.login_throttle import LoginThrottle
 log = logging.getLogger(__name__)
 
 LINE_LIMIT = 64 * 1024  # the longest line either side reads: an address and a number
+MAX_UNSENT = 1024 * 1024  # bytes a worker leaves unsent to a supervisor slow to read before it counts by itself
 
 
 class NodeLoginThrottle(LoginThrottle):
@@ -38,16 +39,23 @@ class NodeLoginThrottle(LoginThrottle):
         self.reading = asyncio.get_running_loop().create_task(self._read_answers(reader))
 
     def refuse(self, address: str, delay: float, answer: Callable[[float], None]) -> None:
-        if not delay or self.writer is None:
+        if not delay or not self._can_send():
             super().refuse(address, delay, answer)
             return
         self.asked.append((address, delay, answer))
-        self.writer.write(json.dumps({"refused": address, "delay": delay}).encode() + b"\n")
+        self._send({"refused": address, "delay": delay})
 
     def accepted(self, address: str) -> None:
         super().accepted(address)
-        if self.writer is not None:
-            self.writer.write(json.dumps({"accepted": address}).encode() + b"\n")
+        if self._can_send():
+            self._send({"accepted": address})
+
+    def _can_send(self) -> bool:
+        return self.writer is not None and self.writer.transport.get_write_buffer_size() < MAX_UNSENT
+
+    def _send(self, message: dict) -> None:
+        assert self.writer is not None
+        self.writer.write(json.dumps(message).encode() + b"\n")
 
     async def _read_answers(self, reader: asyncio.StreamReader) -> None:
         try:
