@@ -138,7 +138,7 @@ class Channel:
         """A part of a body arrived: block the connection while memory runs short (the alarm, or bodies in
         assembly over their budget)."""
         limits = self.limits
-        over_budget = limits.assembly.grew(pending, self.connection, size, limits.assembly_budget)
+        over_budget = limits.assembly.grew(pending, self.connection, size)
         alarm = limits.alarm
         if alarm is not None or over_budget:
             self.connection.block(alarm or "low on memory")
@@ -146,7 +146,7 @@ class Channel:
     def _assembled(self, pending: Content) -> None:
         """A body in assembly completed or was dropped: connections blocked for the budget may go on."""
         limits = self.limits
-        released = limits.assembly.finished(pending, limits.assembly_budget)
+        released = limits.assembly.finished(pending)
         if released and limits.alarm is None:
             for connection in released:
                 connection.unblock()

@@ -26,13 +26,14 @@ def assembly_budget(memory_limit: int, max_message_size: int) -> int:
 
 
 class BodiesInAssembly:
-    def __init__(self) -> None:
+    def __init__(self, budget: int) -> None:
+        self.budget = budget  # bytes of bodies in assembly above which connections sending parts are blocked
         self.total = 0  # body bytes received in part, over every connection
         # Bodies in assembly (the channels' pending publishes), oldest first -> [its channel's host, bytes counted]
         self.pending: dict[Hashable, list] = {}
         self.over_budget = False  # some connection was blocked for going over the budget, and not yet released
 
-    def grew(self, pending: Hashable, connection: "ChannelHost", size: int, budget: int) -> bool:
+    def grew(self, pending: Hashable, connection: "ChannelHost", size: int) -> bool:
         """size more bytes of pending's body arrived (not its last part); True when its connection must be
         blocked: the total is over the budget and pending is not the oldest body in assembly."""
         entry = self.pending.get(pending)
@@ -40,12 +41,12 @@ class BodiesInAssembly:
             entry = self.pending[pending] = [connection, 0]
         entry[1] += size
         self.total += size
-        if self.total <= budget or next(iter(self.pending)) is pending:
+        if self.total <= self.budget or next(iter(self.pending)) is pending:
             return False
         self.over_budget = True
         return True
 
-    def finished(self, pending: Hashable, budget: int) -> Iterable["ChannelHost"]:
+    def finished(self, pending: Hashable) -> Iterable["ChannelHost"]:
         """pending's body completed or was dropped; returns the connections that may send again."""
         entry = self.pending.pop(pending, None)
         if entry is None:
@@ -53,7 +54,7 @@ class BodiesInAssembly:
         self.total -= entry[1]
         if not self.over_budget:
             return ()
-        if self.total <= budget:
+        if self.total <= self.budget:
             self.over_budget = False
             return {connection for connection, _ in self.pending.values()}
         return (next(iter(self.pending.values()))[0],) if self.pending else ()  # the oldest may complete
@@ -69,9 +70,8 @@ class ChannelLimits:
         self.max_message_size = max_message_size  # largest body accepted (RabbitMQ's max_message_size)
         self.default_consumer_prefetch = default_consumer_prefetch  # a channel's consumer prefetch until basic.qos
         self.consumer_timeout = consumer_timeout  # ms a delivery may wait for its ack, unless its queue sets one
-        self.assembly = BodiesInAssembly()  # bodies received in part, on every connection
-        # Bytes of bodies in assembly, broker-wide, above which connections sending parts are blocked
-        self.assembly_budget = assembly_budget(memory_limit, max_message_size)
+        # bodies received in part, on every connection, within their budget
+        self.assembly = BodiesInAssembly(assembly_budget(memory_limit, max_message_size))
         # Why publishing connections are blocked now (connection.blocked's reason, e.g. "low on memory"), set by the
         # broker's resource alarms; None = they are not
         self.alarm: str | None = None
