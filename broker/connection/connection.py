@@ -605,15 +605,18 @@ class Connection(asyncio.Protocol):
         self.timer.cancel()  # the handshake timeout: the throttle bounds the wait
         # answered after the longest wait at the latest, should the count be slow to come (a worker asks for it)
         self.timer = self.loop.call_later(MAX_FAILED_LOGIN_WAIT, self._answer_refused, text)
-        self.server.failed_logins.refuse(self.peer_address, self.server.config.failed_login_delay,
-                                         lambda delay: self._wait_to_refuse(delay, text))
+        self.server.failed_logins.count_refused(self.peer_address, self.server.config.failed_login_delay,
+                                                lambda delay: self._wait_to_refuse(delay, text))
 
     def _wait_to_refuse(self, delay: float, text: str | None) -> None:
+        """The refused login's count came: answer it after delay, and never after the longest wait from the refusal."""
         if self._closing():  # answered already, or the client left meanwhile
             return
         assert self.timer is not None, "a refusal waits on its timer"
+        latest = self.timer.when()
         self.timer.cancel()
-        if not delay:
+        delay = min(delay, latest - self.loop.time())
+        if delay <= 0:
             self._answer_refused(text)
             return
         self.timer = self.loop.call_later(delay, self._answer_refused, text)

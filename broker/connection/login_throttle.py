@@ -39,10 +39,10 @@ class LoginThrottle:
             return 0.0
         return min(delay * 2.0 ** min(count - 2, 16), MAX_DELAY)
 
-    def refuse(self, address: str, delay: float, answer: Callable[[float], None]) -> None:
-        """refused(), its wait handed to answer: at once here; once the supervisor has counted it, in a worker of
+    def count_refused(self, address: str, delay: float, then: Callable[[float], None]) -> None:
+        """refused(), its wait handed to then: at once here; once the supervisor has counted it, in a worker of
         several (broker.workers.logins), where an address's connections reach any worker."""
-        answer(self.refused(address, delay))
+        then(self.refused(address, delay))
 
     def accepted(self, address: str) -> None:
         self.failures.pop(address, None)

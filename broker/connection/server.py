@@ -114,7 +114,8 @@ class Server:
         # The AMQP and amqps sockets several worker processes accept from, made by their parent (None: made here)
         self.listening, self.listening_tls = listening
         self.handoffs: Handoffs | None = None  # where connections to vhosts other workers lead go (None: nowhere)
-        # consecutive refused AMQP logins per address, answered more and more slowly (a worker's asks the supervisor)
+        # consecutive refused AMQP logins per address, answered more and more slowly (in a worker of several, the
+        # supervisor keeps the count: broker.workers.logins)
         self.failed_logins = LoginThrottle()
         self.data_dir = Path(config.data_dir).absolute()
         # raised while the store's durable writes fail, until they work again with room to spare

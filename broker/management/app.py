@@ -65,10 +65,10 @@ async def authenticated(request: web.Request, handler):
         try:
             request[http.USER] = http.authenticate(request)
         except http.LoginRefused as refusal:
-            peer_log.warning(address, "HTTP login refused from %s: %s", address, refusal.reason)
-            if request.app[http.FORWARDED]:  # the supervisor counts it for the whole node, and waits
+            if request.app[http.FORWARDED]:  # the supervisor logs it and counts it once for the node, and waits
                 request[http.LOGIN] = "refused"
             else:
+                peer_log.warning(address, "HTTP login refused from %s: %s", address, refusal.reason)
                 await asyncio.sleep(failed_logins.refused(address, http.server_of(request).config.failed_login_delay))
             raise
         if request.app[http.FORWARDED]:

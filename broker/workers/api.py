@@ -27,6 +27,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from broker.connection.login_throttle import LoginThrottle
+from broker.connection.peer_log import PeerLog
 from broker.management import guards, http
 from broker.management.app import CONSOLE, VIEWS, console_page
 from broker.management.resources import listing, sorted_bindings
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from broker.workers.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
+peer_log = PeerLog(log)  # refused logins, a few lines per address at most
 
 # Query parameters that shape a listing: applied here to the merged list, not by each worker to its share
 SHAPING = ("page", "page_size", "name", "use_regex", "columns")
@@ -122,6 +124,9 @@ class WorkerApis:
             login = answer.headers.popall(http.LOGIN_OUTCOME, [])
             if login and request.get(http.LOGIN) != "refused":  # (one worker's refusal is the request's)
                 request[http.LOGIN] = login[0]
+                if login[0] == "refused":
+                    address = request.remote or ""
+                    peer_log.warning(address, "HTTP login refused from %s: %s", address, refusal_reason(answer))
             return answer
         except (OSError, asyncio.IncompleteReadError, ValueError) as error:
             return unavailable(worker, request, error)
@@ -189,6 +194,14 @@ async def read_answer(reader: asyncio.StreamReader, method: str) -> Answer:
     for name in ("Content-Length", "Transfer-Encoding", "Connection", "Keep-Alive", "Date", "Server"):
         headers.popall(name, None)
     return Answer(status, headers, body, head_length)
+
+
+def refusal_reason(answer: Answer) -> str:
+    """What a worker's refusal of a request's credentials says (RabbitMQ's error body: {"reason": ...})."""
+    try:
+        return str(answer.json()["reason"])
+    except (ValueError, TypeError, KeyError):
+        return "?"
 
 
 def unavailable(worker: int, request: web.Request, error: Exception) -> Answer:

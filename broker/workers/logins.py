@@ -13,6 +13,7 @@ import json
 import logging
 import socket
 from collections import deque
+from functools import partial
 from typing import Callable
 
 from broker.connection.login_throttle import LoginThrottle
@@ -30,19 +31,19 @@ class NodeLoginThrottle(LoginThrottle):
         super().__init__()
         self.sock = sock
         self.writer: asyncio.StreamWriter | None = None  # None: not connected yet, or the supervisor is gone
-        # the refusals asked and not answered yet, in order: (address, delay, answer)
+        # the refusals asked and not answered yet, in order: (address, delay, then)
         self.asked: deque[tuple[str, float, Callable[[float], None]]] = deque()
-        self.reading: asyncio.Task | None = None
+        self.reading: asyncio.Task | None = None  # reads the supervisor's answers until it goes
 
     async def start(self) -> None:
         reader, self.writer = await asyncio.open_connection(sock=self.sock, limit=LINE_LIMIT)
         self.reading = asyncio.get_running_loop().create_task(self._read_answers(reader))
 
-    def refuse(self, address: str, delay: float, answer: Callable[[float], None]) -> None:
+    def count_refused(self, address: str, delay: float, then: Callable[[float], None]) -> None:
         if not delay or not self._can_send():
-            super().refuse(address, delay, answer)
+            super().count_refused(address, delay, then)
             return
-        self.asked.append((address, delay, answer))
+        self.asked.append((address, delay, then))
         self._send({"refused": address, "delay": delay})
 
     def accepted(self, address: str) -> None:
@@ -60,13 +61,25 @@ class NodeLoginThrottle(LoginThrottle):
     async def _read_answers(self, reader: asyncio.StreamReader) -> None:
         try:
             while line := await reader.readline():
-                self.asked.popleft()[2](json.loads(line)["wait"])
-        except (OSError, ValueError, KeyError, IndexError) as error:
+                wait = float(json.loads(line)["wait"])
+                _answer(self.asked.popleft()[2], wait)
+        except (OSError, ValueError, TypeError, KeyError, IndexError) as error:
             log.warning("the supervisor's count of refused logins is unreadable, counting here: %s", error)
-        self.writer = None  # the supervisor is gone: what it was asked is counted here
-        while self.asked:
-            address, delay, answer = self.asked.popleft()
-            super().refuse(address, delay, answer)
+        finally:  # the supervisor is gone, or unreadable: what it was asked, and what follows, is counted here
+            if self.writer is not None:
+                self.writer.close()
+                self.writer = None
+            while self.asked:
+                address, delay, then = self.asked.popleft()
+                super().count_refused(address, delay, partial(_answer, then))
+
+
+def _answer(then: Callable[[float], None], wait: float) -> None:
+    """Hand a refused login its wait; a failure there is the connection's alone, not the reading's."""
+    try:
+        then(wait)
+    except Exception:
+        log.exception("answering a refused login failed")
 
 
 async def serve_logins(sock: socket.socket, throttle: LoginThrottle) -> None:
@@ -81,7 +94,7 @@ async def serve_logins(sock: socket.socket, throttle: LoginThrottle) -> None:
                                                                   float(message["delay"]))}).encode() + b"\n")
             else:
                 throttle.accepted(str(message["accepted"]))
-    except (OSError, ValueError, KeyError) as error:  # (a worker killed mid-line)
+    except (OSError, ValueError, TypeError, AttributeError, KeyError) as error:  # (a worker killed mid-line)
         log.warning("stopped counting a worker's refused logins: %s", error)
     finally:
         writer.close()

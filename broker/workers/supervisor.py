@@ -141,12 +141,18 @@ class Supervisor:
         inherited = [child.fileno(), self.listening.fileno(), worker.receiving.fileno(), worker.api.fileno(),
                      worker.metrics.fileno(), logins_fd, *senders.values(), *([tls] if tls is not None else [])]
         # A session of its own: a terminal's Ctrl-C reaches the supervisor alone, which stops the workers in turn.
-        worker.process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "broker.workers.worker", str(child.fileno()), str(os.getpid()), pass_fds=inherited,
-            start_new_session=True)
+        try:
+            worker.process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "broker.workers.worker", str(child.fileno()), str(os.getpid()),
+                pass_fds=inherited, start_new_session=True)
+        except BaseException:
+            for end in (parent, logins):
+                end.close()
+            raise
+        finally:
+            child.close()
+            logins_child.close()
         worker.started_at = time.monotonic()
-        child.close()
-        logins_child.close()
         counting = asyncio.get_running_loop().create_task(serve_logins(logins, self.failed_logins))
         self.counting.add(counting)
         counting.add_done_callback(self.counting.discard)

@@ -242,8 +242,8 @@ def test_a_user_made_through_the_api_logs_in_on_a_worker_started_again(workers):
 def test_refused_logins_slow_down_for_the_whole_node_whichever_worker_refuses_them(own_broker, tmp_path):
     """An address's refused logins are counted once for the node: AMQP ones whichever worker accepted them (the
     other one stopped meanwhile, so that it accepts nothing), API ones whichever worker a request goes to (a listing
-    asks every worker, and counts once)."""
-    delay = 0.3
+    asks every worker, and is counted and logged once)."""
+    delay = 0.5
     config = tmp_path / "warren.toml"
     config.write_text(CONFIG + f"\n[amqp]\nfailed_login_delay = {delay}\n")
     broker = own_broker("--workers", "2", "--config", str(config))
@@ -258,13 +258,14 @@ def test_refused_logins_slow_down_for_the_whole_node_whichever_worker_refuses_th
                 waits.append(time.monotonic() - sent)
         finally:
             os.kill(pids[1 - refusing], signal.SIGCONT)
-    assert waits[0] < delay <= waits[1] + TIMER_GRAIN and waits[2] + TIMER_GRAIN >= 2 * delay, waits
+    assert waits[1] + TIMER_GRAIN >= delay and waits[2] + TIMER_GRAIN >= 2 * delay, waits  # (the first: at once)
     waits = []
     for path in ("/api/queues", "/api/whoami", "/api/queues/v1"):  # every worker, then worker 0, then worker 1
         started = time.monotonic()
         assert request(broker, "GET", path, password="wrong").status == 401
         waits.append(time.monotonic() - started)
-    assert waits[0] < delay <= waits[1] < 2 * delay <= waits[2], waits
+    assert waits[0] < delay <= waits[1] < 2 * delay <= waits[2], waits  # counted twice, whoami would wait 2 d
+    assert broker.log().count("HTTP login refused from 127.0.0.1") == 3  # (the listing's too, once)
 
 
 def test_the_vhosts_of_a_worker_that_cannot_start_again_are_down_until_it_serves(workers):
