@@ -216,8 +216,8 @@ def scale(counts: list[int], seconds: float, pinned: bool) -> None:
         print(f"{workers:8} {workers:12} {figures['msg/s']:14.0f} {share:>17} {figures['cpu us/msg']:11.2f} "
               f"{figures['broker cores']:13.2f} {figures['load cores']:11.2f}")
     print(f"a producer and a consumer process per busy vhost, 16 B, auto-ack, {seconds:g} s a run, {os.cpu_count()} "
-          f"CPUs on {len(physical_cores())} physical cores{', pinned' if pinned else ''}; goal: msg/s in all >= 0.85 x N x 1 worker's, where the machine has cores for the workers and their "
-          "load generators")
+          f"CPUs on {len(physical_cores())} physical cores{', pinned' if pinned else ''}; goal: msg/s in all >= "
+          "0.85 x N x 1 worker's, where the machine has cores for the workers and their load generators")
 
 
 def main(argv: list[str] | None = None) -> int:
