@@ -62,16 +62,17 @@ async def authenticated(request: web.Request, handler):
     credentials are answered more and more slowly to an address that keeps sending them (as AMQP logins are)."""
     if request.path.startswith("/api/"):
         address = request.remote or ""
+        forwarded = request.app[http.FORWARDED]  # the supervisor logs, counts and waits, once for the node
         try:
             request[http.USER] = http.authenticate(request)
         except http.LoginRefused as refusal:
-            if request.app[http.FORWARDED]:  # the supervisor logs it and counts it once for the node, and waits
+            if forwarded:
                 request[http.LOGIN] = "refused"
             else:
                 peer_log.warning(address, "HTTP login refused from %s: %s", address, refusal.reason)
                 await asyncio.sleep(failed_logins.refused(address, http.server_of(request).config.failed_login_delay))
             raise
-        if request.app[http.FORWARDED]:
+        if forwarded:
             request[http.LOGIN] = "accepted"
         else:
             failed_logins.accepted(address)

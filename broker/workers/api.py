@@ -124,9 +124,6 @@ class WorkerApis:
             login = answer.headers.popall(http.LOGIN_OUTCOME, [])
             if login and request.get(http.LOGIN) != "refused":  # (one worker's refusal is the request's)
                 request[http.LOGIN] = login[0]
-                if login[0] == "refused":
-                    address = request.remote or ""
-                    peer_log.warning(address, "HTTP login refused from %s: %s", address, refusal_reason(answer))
             return answer
         except (OSError, asyncio.IncompleteReadError, ValueError) as error:
             return unavailable(worker, request, error)
@@ -196,10 +193,10 @@ async def read_answer(reader: asyncio.StreamReader, method: str) -> Answer:
     return Answer(status, headers, body, head_length)
 
 
-def refusal_reason(answer: Answer) -> str:
+def refusal_reason(response: web.StreamResponse) -> str:
     """What a worker's refusal of a request's credentials says (RabbitMQ's error body: {"reason": ...})."""
     try:
-        return str(answer.json()["reason"])
+        return str(json.loads(getattr(response, "body", b""))["reason"])
     except (ValueError, TypeError, KeyError):
         return "?"
 
@@ -235,7 +232,8 @@ class Gateway:
         except http.ApiError as error:  # a listing's shape asked for here (a page out of range...)
             response = error.response()
         address = request.remote or ""
-        if request.get(http.LOGIN) == "refused":
+        if request.get(http.LOGIN) == "refused":  # logged, counted and waited for once, however many workers refused
+            peer_log.warning(address, "HTTP login refused from %s: %s", address, refusal_reason(response))
             await asyncio.sleep(self.failed_logins.refused(address, self.supervisor.config.failed_login_delay))
         elif request.get(http.LOGIN) == "accepted":
             self.failed_logins.accepted(address)
