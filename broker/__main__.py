@@ -91,11 +91,11 @@ async def serve_workers(config, files: OpenFiles) -> None:
 
 
 async def serve(config, files: OpenFiles) -> None:
+    if config.workers > 1:  # (a clustered node's workers each lead or follow a group of their own: cluster.worker)
+        await serve_workers(config, files)
+        return
     if config.cluster_etcd_endpoints:
         await serve_clustered(config, files)
-        return
-    if config.workers > 1:
-        await serve_workers(config, files)
         return
     try:  # a data dir that several workers used keeps vhosts in stores one process would not read
         Placement.load(Path(config.data_dir), workers=1)

@@ -284,14 +284,22 @@ MAX_WORKERS = 256  # the most worker processes a node may run
 
 
 def _validate_workers(config: Config) -> None:
-    """A node of a cluster runs one worker for now: several are refused rather than half done."""
+    """A node of a cluster with several workers serves AMQP alone for now: what it cannot serve yet across nodes
+    (the management API, the metrics, amqps) is refused rather than half done."""
     if not 1 <= config.workers <= MAX_WORKERS:
         raise ConfigError(f"workers must be \"auto\" or between 1 and {MAX_WORKERS}, got {config.workers}")
-    if config.workers == 1:
+    if config.workers == 1 or not config.cluster_etcd_endpoints:
         return
-    if config.cluster_etcd_endpoints:
-        raise ConfigError(f"workers = {config.workers} does not yet go with [cluster] etcd_endpoints: a node of a "
-                          "cluster runs one worker for now")
+    not_yet = [what for what, asked in (("the management API: set [management] port = 0", config.management_port),
+                                        ("the Prometheus endpoint: set [prometheus] port = 0", config.prometheus_port),
+                                        ("amqps: leave out [tls] certfile", config.tls_certfile)) if asked]
+    if not_yet:
+        raise ConfigError(f"workers = {config.workers} with [cluster] etcd_endpoints serves AMQP only for now, not "
+                          + "; nor ".join(not_yet))
+    last = config.cluster_replication_port + config.workers - 1
+    if config.cluster_replication_port and last > 65535:
+        raise ConfigError(f"[cluster] replication_port {config.cluster_replication_port}: worker k's group uses "
+                          f"replication_port + k, and {last} is past 65535")
 
 
 def _check_pins(config: Config) -> None:

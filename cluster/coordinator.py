@@ -111,6 +111,7 @@ class Keys:
 
     def __init__(self, prefix: str):
         prefix = prefix.rstrip("/")
+        self.prefix = prefix
         self.leader = f"{prefix}/leader"
         self.isr = f"{prefix}/isr"
         self.members = f"{prefix}/members/"
@@ -118,6 +119,9 @@ class Keys:
 
     def member(self, node_id: str) -> str:
         return self.members + node_id
+
+    def setting(self, name: str) -> str:
+        return f"{self.prefix}/settings/{name}"
 
 
 def new_secret() -> str:
@@ -199,6 +203,10 @@ class Coordinator(Protocol):
 
     async def secret(self) -> str:
         """The cluster's shared replication secret, created by whichever node asks first."""
+
+    async def agree(self, name: str, proposal: str) -> str:
+        """A setting every node must share (the workers a node runs): the value stored under ``name``, which is
+        ``proposal`` if nobody stored one before."""
 
     async def resign(self) -> None:
         """Give up leadership: delete the leader key if this node's lease holds it."""

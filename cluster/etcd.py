@@ -165,6 +165,16 @@ class EtcdCoordinator(LeaseHolder):
         [(stored, _)] = responses[-1]
         return stored.decode()
 
+    async def agree(self, name: str, proposal: str) -> str:
+        key = self.keys.setting(name).encode()
+        _, responses = await self._call(lambda client: client.transaction(
+            compare=[client.transactions.create(key) == 0],
+            success=[client.transactions.put(key, proposal.encode()), client.transactions.get(key)],
+            failure=[client.transactions.get(key)],
+        ))
+        [(stored, _)] = responses[-1]
+        return stored.decode()
+
     async def resign(self) -> None:
         key = self.keys.leader.encode()
         await self._call(lambda client: client.transaction(

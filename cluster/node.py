@@ -23,6 +23,7 @@ import dataclasses
 import logging
 import time
 from pathlib import Path
+from typing import Protocol
 
 from broker.config import Config
 from broker.connection.server import Server, StartupError
@@ -43,16 +44,36 @@ PROGRESS_PROBE = "the store's writer has finished no batch for {:.1f} s: the lea
 UNHEALTHY = "the store's writes fail: the lease is not renewed, so that a node with a working disk takes over"
 
 
-def make_coordinator(config: Config) -> Coordinator:
+def make_coordinator(config: Config, group: int = 0) -> Coordinator:
+    """The coordinator of one replication group: group 0's keys are the cluster's own (a cluster of one group
+    keeps them where they always were), group k's are under groups/k."""
     from cluster.etcd import EtcdCoordinator  # only a clustered node needs etcd's client
 
-    return EtcdCoordinator(config.cluster_etcd_endpoints, f"/warren/{config.cluster_name}", config.cluster_node_id,
-                           config.cluster_lease_ttl)
+    prefix = f"/warren/{config.cluster_name}" + (f"/groups/{group}" if group else "")
+    return EtcdCoordinator(config.cluster_etcd_endpoints, prefix, config.cluster_node_id, config.cluster_lease_ttl)
+
+
+class Group(Protocol):
+    """What changes when the node is one of several replication groups of a node's workers (cluster.worker): the
+    worker's front door takes the clients, not a listener of the broker's, and the groups' leaders are spread."""
+
+    def server(self, config: Config) -> Server:
+        """The broker to lead with: it serves the clients the front doors hand to it."""
+        ...
+
+    def announce(self, leader: Member | None) -> None:
+        """Who leads the group as this node now knows it (this node once it serves; None while it knows none)."""
+        ...
+
+    def hold(self, members: dict[str, Member]) -> float:
+        """Seconds to wait before campaigning (0: at once), given the cluster's members."""
+        ...
 
 
 class ClusterNode:
-    def __init__(self, config: Config, coordinator: Coordinator) -> None:
+    def __init__(self, config: Config, coordinator: Coordinator, group: Group | None = None) -> None:
         self.config = config
+        self.group = group  # its part among a node's replication groups (None: the node's only one)
         self.node = config.cluster_node_id
         self.data_dir = Path(config.data_dir)
         self.coordinator = coordinator
@@ -148,7 +169,10 @@ class ClusterNode:
         if current is None:
             replicas = await self.coordinator.replicas()
             if self._electable(replicas):
-                if (hold := self._campaign_after - time.monotonic()) > 0:  # the replica it stepped aside for first
+                hold = self._campaign_after - time.monotonic()  # the replica it stepped aside for first
+                if self.group is not None:
+                    hold = max(hold, self.group.hold(await self.coordinator.members()))
+                if hold > 0:
                     await self.coordinator.wait_leader_change(None, hold)
                     return
                 epoch = await self.coordinator.campaign(self.member)
@@ -224,7 +248,7 @@ class ClusterNode:
         self.role = "leader"
         self._lost = asyncio.get_running_loop().create_future()
         await asyncio.get_running_loop().run_in_executor(None, write_epoch, self.data_dir, epoch)
-        server = Server(self.config)
+        server = self.group.server(self.config) if self.group is not None else Server(self.config)
         replication = ReplicationServer(server.store, self.coordinator, self.node, self.dir, epoch, self.secret,
                                         self.config.cluster_min_insync, self.config.cluster_ack_timeout,
                                         self._lose)
@@ -236,6 +260,8 @@ class ClusterNode:
             self._serving_since = time.monotonic()
             self.server = server
             replication.store_ready.set()
+            if self.group is not None:
+                self.group.announce(self.member)
             await self._stop_standby()
             if self.config.management_port:
                 listeners.append(await start_management(server))
@@ -249,6 +275,8 @@ class ClusterNode:
             replication.halt()  # not one confirm more
             self.role = "starting"
             self.server = None
+            if self.group is not None:
+                self.group.announce(None)
             if watcher is not None:
                 watcher.cancel()
             await server.stop(grace=0)
@@ -356,13 +384,18 @@ class ClusterNode:
         client = ReplicaClient(self.data_dir, self.node, self.secret, self.config.cluster_ack_timeout)
         # a leader this node has not reached yet, or has lost, is likely out of the clients' reach too: they try
         # another node at once rather than wait for a forward that may never answer
-        forwarder = AmqpForwarder(lambda: (leader.amqp_host, leader.amqp_port)
-                                  if client.heard_any and not client.lost_leader else None)
+        forwarder = None
+        if self.group is None:
+            forwarder = AmqpForwarder(lambda: (leader.amqp_host, leader.amqp_port)
+                                      if client.heard_any and not client.lost_leader else None)
+        else:  # the worker's front door forwards its clients
+            self.group.announce(leader)
         changed = asyncio.Event()
         watcher = asyncio.ensure_future(self._watch_leader(epoch, changed))
         teller = asyncio.ensure_future(self._tell_whether_lost(client, epoch))
         try:
-            await forwarder.start(self.config.host, self.config.port)
+            if forwarder is not None:
+                await forwarder.start(self.config.host, self.config.port)
             while not changed.is_set():
                 stream = asyncio.ensure_future(client.follow(leader.replication_host, leader.replication_port, epoch))
                 waiter = asyncio.ensure_future(changed.wait())
@@ -383,7 +416,10 @@ class ClusterNode:
             watcher.cancel()
             teller.cancel()
             client.stop()  # its thread's blocking read returns (a process cannot end while it waits)
-            await forwarder.stop()
+            if forwarder is not None:
+                await forwarder.stop()
+            if self.group is not None:
+                self.group.announce(None)
             lock.release()
 
     async def _tell_whether_lost(self, client: ReplicaClient, epoch: int) -> None:

@@ -48,7 +48,12 @@ KIND_NAMES: Final = {APPEND: "APPEND", REPLACE: "REPLACE", DELETE: "DELETE", RMT
 Op: TypeAlias = tuple[int, str, bytes]  # (kind, path relative to the data dir, data)
 
 CLUSTER_STATE: Final = "cluster-state"  # the node's own cluster bookkeeping (the epoch it follows), never replicated
-KEPT_BY_RESET: Final = frozenset({LOCK_FILE, CLUSTER_STATE, QUARANTINE_DIRECTORY})  # the node's own, never in an op
+# The stores of a node's other worker processes, each replicated in a group of its own (cluster.worker), and the
+# lock their supervisor holds: the node's own too
+WORKERS_DIRECTORY: Final = "workers"
+WORKERS_LOCK: Final = ".workers.lock"
+KEPT_BY_RESET: Final = frozenset({LOCK_FILE, CLUSTER_STATE, QUARANTINE_DIRECTORY, WORKERS_DIRECTORY,
+                                  WORKERS_LOCK})  # the node's own, never in an op
 PAGES_DIRECTORY: Final = "pages"  # deep queues' page files: their own thread's, emptied at every start
 NOT_REPLICATED: Final = KEPT_BY_RESET | {CLEAN_MARKER, PAGES_DIRECTORY}  # top-level names a full copy leaves out
 TEMPORARY_SUFFIXES: Final = (".compacting", ".snapshot")  # rewrites in progress (recovery removes leftovers)

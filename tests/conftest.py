@@ -7,6 +7,7 @@ on the AMQP port + 10000 (rabbitmq-ref's --management), or at WARREN_TEST_MANAGE
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -83,6 +84,20 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def free_ports_in_a_row(count: int) -> int:
+    """The first of ``count`` consecutive ports free now (a node's workers take replication_port + k)."""
+    while True:
+        first = free_port()
+        with contextlib.ExitStack() as held:
+            try:
+                for port in range(first + 1, first + count):
+                    sock = held.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return first
 
 
 def listening(port: int, host: str = "127.0.0.1") -> bool:

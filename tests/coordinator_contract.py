@@ -218,6 +218,16 @@ async def every_node_reads_the_same_secret(nodes: Nodes) -> None:
 
 
 @check
+async def the_first_proposal_of_a_setting_is_the_one_every_node_reads(nodes: Nodes) -> None:
+    a = await nodes.start("a")
+    b = await nodes.start("b")
+    assert await a.agree("workers", "2") == "2"
+    assert await b.agree("workers", "3") == "2"
+    assert await b.agree("other", "3") == "3"
+    assert await a.agree("workers", "2") == "2"
+
+
+@check
 async def a_waiter_wakes_when_the_leader_resigns(nodes: Nodes) -> None:
     a, epoch = await leading(nodes, "a")
     b = await nodes.start("b")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
 from pamqp import commands as spec
 
-from broker.connection import handoff
+from broker.connection import greeting, handoff
 from broker.connection.auth import authenticate
 from broker.connection.login_throttle import MAX_DELAY as MAX_FAILED_LOGIN_WAIT
 from broker.connection.peer_log import PeerLog
@@ -25,14 +25,12 @@ from protocol import proxy_header
 from protocol.codec import HEARTBEAT_FRAME, decode_method, encode_method
 from protocol.constants import (
     ACCESS_REFUSED, CHANNEL_CLOSE, CHANNEL_CLOSE_OK, CHANNEL_OPEN, CONNECTION_FORCED, FRAME_END, FRAME_ERROR,
-    FRAME_HEARTBEAT, NOT_ALLOWED, FRAME_METHOD, FRAME_MIN_SIZE, PROTOCOL_HEADER, SERVER_CAPABILITIES,
+    FRAME_HEARTBEAT, NOT_ALLOWED, FRAME_METHOD, FRAME_MIN_SIZE, PROTOCOL_HEADER,
 )
 from protocol.errors import AMQPError, close_for, reply_text
 from protocol.framing import FrameReader
 
 if TYPE_CHECKING:
-    from pamqp.common import FieldTable
-
     from broker.connection.server import Server
     from broker.model.vhost import VirtualHost
 
@@ -171,6 +169,8 @@ class Connection(asyncio.Protocol):
         # Where connection.open asked to go when another worker process leads that vhost: the socket to hand the
         # connection to, once the frame is read
         self.leader: "socket.socket | None" = None
+        self.tune_answered = False  # a front door sent connection.tune for this connection: start-ok does not
+        self.refusing = False  # a refused login waits to be answered: nothing the client sends is read meanwhile
 
     # --- state -------------------------------------------------------------------------------------------------
     def _enter(self, state: State) -> None:
@@ -210,9 +210,13 @@ class Connection(asyncio.Protocol):
             self._take_over(self.handed)
 
     def _take_over(self, handed: handoff.HandedOver) -> None:
-        """Carry on a handshake another worker ran up to connection.open, then read what it read from there on."""
+        """Carry on a handshake another worker ran up to connection.open, then read what it read from there on; or
+        run one a front door answered without a login, from start-ok on."""
         self._set_ends(tuple(handed.peer), tuple(handed.local))
         self.proxy_allowed = False
+        if handed.answered:
+            self._replay(handed)
+            return
         self.user = handed.user
         self.client_properties = handed.properties()
         self.client_capabilities = _capabilities(self.client_properties)
@@ -227,6 +231,19 @@ class Connection(asyncio.Protocol):
         if handed.data:
             self.data_received(handed.data)
 
+    def _replay(self, handed: handoff.HandedOver) -> None:
+        """A front door sent connection.start (and connection.tune, if it read a start-ok) and kept what the client
+        sent after its protocol header: read that as if it came now, leaving unsent what the client has had."""
+        self.connected_at = handed.connected_at
+        self.tls = handed.tls
+        self.sent_bytes = handed.sent_bytes
+        self.tune_answered = handed.answered > 1
+        self.received_bytes = handed.received_bytes
+        self._enter(AWAIT_START_OK)
+        peer_log.info(self.peer_address, "accepting AMQP connection %s", self.name)
+        if handed.data:
+            self.data_received(handed.data)
+
     def _set_ends(self, peer: tuple[Any, ...] | None, local: tuple[Any, ...] | None) -> None:
         """The client's address and the one it connected to, as logs, access checks and the management API see them."""
         self.peer_address = peer[0] if peer else ""
@@ -236,6 +253,8 @@ class Connection(asyncio.Protocol):
         self.name = f"{self.peer} -> {local[0]}:{local[1]}" if local else self.peer
 
     def data_received(self, data: bytes) -> None:
+        if self.refusing:
+            return  # (a replayed handshake's tune-ok and open, or what came before reading paused)
         self.last_received = self.loop.time()
         if self.state is AWAIT_HEADER:
             data = self._protocol_header(data)
@@ -249,7 +268,7 @@ class Connection(asyncio.Protocol):
         # write, are judged by (RabbitMQ reads each frame with the limits of its time).
         # connection.open too, as it may hand the socket to another worker with the bytes that follow it.
         reader = self.reader
-        while data and self._handshaking():
+        while data and self._handshaking() and not self.refusing:
             end = reader.frame_end(data)
             frame = reader.pending() + data[:end]
             if not self._feed(data[:end]) or self._close_done():
@@ -258,7 +277,7 @@ class Connection(asyncio.Protocol):
             if self.leader is not None:
                 self._hand_off(frame + data)
                 return
-        if data:
+        if data and not self.refusing:
             self._feed(data)
         if self.read_this_turn > READ_BUDGET and self.state is OPEN:
             self.turn_paused = True
@@ -497,17 +516,8 @@ class Connection(asyncio.Protocol):
         return True
 
     def _send_start(self) -> None:
-        properties: FieldTable = {
-            "product": "Warren",
-            "version": self.server.version,
-            "platform": self.server.platform,
-            "copyright": "Warren contributors",
-            "information": "An AMQP 0-9-1 broker; licensed under the Apache License 2.0",
-            "capabilities": dict(SERVER_CAPABILITIES),
-            "cluster_name": self.server.config.cluster_name,
-        }
-        self.send_method(0, spec.Connection.Start(version_major=0, version_minor=9, server_properties=properties,
-                                                  mechanisms="PLAIN AMQPLAIN", locales="en_US"))
+        server = self.server
+        self.send_method(0, greeting.start(server.config, server.version, server.platform))
 
     def _other_frame(self, frame_type: int, number: int, payload: bytes) -> None:
         """Frames on channel 0, on channels not open, and everything before the connection is open."""
@@ -587,8 +597,10 @@ class Connection(asyncio.Protocol):
         self.client_properties = properties  # kept only once the client has logged in
         self.client_capabilities = _capabilities(properties)
         self._enter(AWAIT_TUNE_OK)
-        self.send_method(0, spec.Connection.Tune(channel_max=config.channel_max, frame_max=config.frame_max,
-                                                 heartbeat=config.heartbeat))
+        if self.tune_answered:
+            self.tune_answered = False
+        else:
+            self.send_method(0, greeting.tune(config))
 
     def _refuse_login(self, mechanism: str, user: str, capabilities: dict) -> None:
         """One log line naming the user, the peer and the mechanism; the answer (403 to clients that announce
@@ -602,6 +614,7 @@ class Connection(asyncio.Protocol):
                                               "details see the broker logfile.")
         assert self.transport is not None and self.timer is not None, "the handshake runs on a transport, timed"
         self.transport.pause_reading()
+        self.refusing = True
         self.timer.cancel()  # the handshake timeout: the throttle bounds the wait
         # answered after the longest wait at the latest, should the count be slow to come (a worker asks for it)
         self.timer = self.loop.call_later(MAX_FAILED_LOGIN_WAIT, self._answer_refused, text)
@@ -622,6 +635,7 @@ class Connection(asyncio.Protocol):
         self.timer = self.loop.call_later(delay, self._answer_refused, text)
 
     def _answer_refused(self, text: str | None) -> None:
+        self.refusing = False
         if text is None:
             self._terminate()
             return

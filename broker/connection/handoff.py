@@ -45,7 +45,10 @@ class HandedOver:
     received_bytes: int  # read before connection.open
     sent_bytes: int  # written before connection.open
     tls: bool = False  # the client speaks TLS to the worker that handed it over (which keeps the session)
-    data: bytes = b""  # the client's bytes from connection.open on
+    # Handshake frames a front door answered without a login (1: connection.start, 2: and connection.tune): the
+    # receiving worker runs the handshake from start-ok on, with data from there. 0: handed after connection.open.
+    answered: int = 0
+    data: bytes = b""  # the client's bytes from connection.open on (from start-ok on, when a front door answered)
 
     def properties(self) -> dict:
         return pamqp_decode.field_table(self.client_properties)[1] if self.client_properties else {}

@@ -7,7 +7,6 @@ import errno
 import gc
 import logging
 import os
-import platform
 import signal
 import socket
 import ssl
@@ -20,6 +19,7 @@ from broker.config import TABLE_ARRAYS, WARREN_KEYS, Config, ConfigError, read_d
 from broker.connection.alarms.disk import DiskAlarm
 from broker.connection.alarms.memory import MemoryAlarm, memory_limit, release_freed_memory
 from broker.connection.connection import HANDSHAKE_TIMEOUT, Connection
+from broker.connection.greeting import platform_name
 from broker.connection.login_throttle import LoginThrottle
 from broker.connection.tls import TlsError, server_context
 from broker.model.definitions import DefinitionsError, import_definitions
@@ -108,9 +108,12 @@ class WorkerRole(Protocol):
 
 class Server:
     def __init__(self, config: Config, role: WorkerRole | None = None,
-                 listening: tuple[socket.socket | None, socket.socket | None] = (None, None)):
+                 listening: tuple[socket.socket | None, socket.socket | None] = (None, None), accepting: bool = True):
         self.config = config
         self.role = role  # this server's part among several worker processes; None: it is the only one
+        # whether it accepts clients itself; a worker of a clustered node serves only those its front doors hand to
+        # it (broker.connection.front_door)
+        self.accepting = accepting
         # The AMQP and amqps sockets several worker processes accept from, made by their parent (None: made here)
         self.listening, self.listening_tls = listening
         self.handoffs: Handoffs | None = None  # where connections to vhosts other workers lead go (None: nowhere)
@@ -129,7 +132,7 @@ class Server:
         # client they forward: the cluster's members. Empty: no header is ever parsed.
         self.trusted_proxies: frozenset[str] = frozenset()
         self.version = version()
-        self.platform = f"Python {platform.python_version()}"
+        self.platform = platform_name()
         self.listener: asyncio.base_events.Server | None = None
         self.tls_listener: asyncio.base_events.Server | None = None  # amqps, when [tls] names a certificate
         self.tls_context: ssl.SSLContext | None = None  # the amqps listener's (the management API's too, if asked)
@@ -189,7 +192,7 @@ class Server:
 
     async def start(self) -> None:
         """Take the ports if take_ports() has not, recover durable state, then serve."""
-        if self.listener is None:
+        if self.listener is None and self.accepting:
             await self.take_ports()
         await self._recover()
         release_freed_memory()
@@ -293,7 +296,7 @@ class Server:
 
     @property
     def port(self) -> int:
-        return self.listener.sockets[0].getsockname()[1]
+        return self.listener.sockets[0].getsockname()[1] if self.listener is not None else self.config.port
 
     @property
     def tls_port(self) -> int | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from storage.replica import WORKERS_DIRECTORY
 from storage.segments import fsync_directories, make_directories, write_durably
 
 PLACEMENT_FILE = "placement.json"
@@ -23,7 +24,7 @@ class PlacementError(Exception):
 
 
 def workers_directory(data_dir: Path) -> Path:
-    return data_dir / "workers"
+    return data_dir / WORKERS_DIRECTORY
 
 
 def worker_data_dir(data_dir: Path, worker: int) -> Path:

@@ -30,18 +30,19 @@ from broker.connection.server import StartupError, data_dir_error, prepare_data_
 from broker.connection.tls import TlsError, server_context
 from broker.management.server import ManagementServer, take
 from broker.workers.api import WorkerApis, make_gateway_app
+from broker.workers.board import Board
 from broker.workers.logins import serve_logins
 from broker.workers.metrics import make_metrics_gateway_app
 from broker.workers.placement import Placement, PlacementError
 from broker.workers.worker import CONTROL_LINE_LIMIT, receive, send
 from storage.lock import DataDirLock, DataDirLocked
+from storage.replica import WORKERS_LOCK  # (worker 0's store holds ".lock" in the same data dir)
 
 log = logging.getLogger(__name__)
 
 RESTART_DELAY = 1.0  # seconds before a worker that died soon after its start is started again
 STEADY = 10.0  # seconds a worker must have run for its death to be restarted at once
 STOP_GRACE = 15.0  # seconds workers get to stop cleanly before they are killed
-SUPERVISOR_LOCK = ".workers.lock"  # the supervisor's lock file in the data dir (worker 0's store holds ".lock")
 
 
 class WorkerProcess:
@@ -78,15 +79,21 @@ class Supervisor:
         self.telling: set[asyncio.Task] = set()  # the other workers being told that one is down
         self.listening: socket.socket | None = None  # the AMQP port's socket, which every worker accepts from
         self.listening_tls: socket.socket | None = None  # the amqps port's, when [tls] names a certificate
-        self.lock = DataDirLock(self.data_dir, SUPERVISOR_LOCK)  # held while this node's workers use the data dir
+        self.lock = DataDirLock(self.data_dir, WORKERS_LOCK)  # held while this node's workers use the data dir
         self.stopping = False
         self.failed_logins = LoginThrottle()  # refused AMQP logins per address, counted for every worker
         self.counting: set[asyncio.Task] = set()  # each worker's refused logins being counted (serve_logins)
+        # A clustered node's workers each lead or follow a replication group (cluster.worker), and post who leads
+        # it on the board; the vhosts are placed by the cluster, not here
+        self.clustered = bool(config.cluster_etcd_endpoints)
+        self.board = Board()
+        self.posting: set[asyncio.Task] = set()  # each worker's posts being read (Board.serve)
 
     def take_ports(self) -> None:
         """The AMQP port, and the amqps one once [tls] names a certificate (checked here first, as one process
         does)."""
         self.listening = self._bind(self.config.port)
+        self.config.port = self.listening.getsockname()[1]  # (0 picked one): the port other nodes forward clients to
         if self.config.tls_certfile:
             try:
                 server_context(self.config)
@@ -117,7 +124,7 @@ class Supervisor:
             raise data_dir_error(self.data_dir, error) from error
         try:
             pins = {table["name"]: table["worker"] for table in self.config.vhosts if "worker" in table}
-            self.placement = Placement.load(self.data_dir, len(self.workers), pins)
+            self.placement = None if self.clustered else Placement.load(self.data_dir, len(self.workers), pins)
         except PlacementError as error:
             raise StartupError(str(error)) from error
         except OSError as error:
@@ -135,39 +142,54 @@ class Supervisor:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         logins, logins_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # (broker.workers.logins)
         logins_fd = logins_child.fileno()  # the worker's, as numbered in both processes
-        assert self.listening is not None and self.placement is not None
-        senders = {other.number: other.sending.fileno() for other in self.workers if other is not worker}
+        board, board_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) if self.clustered else (None, None)
+        board_fd = board_child.fileno() if board_child is not None else None  # (broker.workers.board)
+        assert self.listening is not None
+        # a clustered worker hands a client to itself too (its front door does not serve the client)
+        senders = {other.number: other.sending.fileno() for other in self.workers
+                   if other is not worker or self.clustered}
         tls = self.listening_tls.fileno() if self.listening_tls is not None else None
         inherited = [child.fileno(), self.listening.fileno(), worker.receiving.fileno(), worker.api.fileno(),
-                     worker.metrics.fileno(), logins_fd, *senders.values(), *([tls] if tls is not None else [])]
+                     worker.metrics.fileno(), logins_fd, *senders.values(),
+                     *[fd for fd in (tls, board_fd) if fd is not None]]
+        module = "cluster.worker" if self.clustered else "broker.workers.worker"
         # A session of its own: a terminal's Ctrl-C reaches the supervisor alone, which stops the workers in turn.
         try:
             worker.process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "broker.workers.worker", str(child.fileno()), str(os.getpid()),
-                pass_fds=inherited, start_new_session=True)
+                sys.executable, "-m", module, str(child.fileno()), str(os.getpid()), pass_fds=inherited,
+                start_new_session=True)
         except BaseException:
-            for end in (parent, logins):
-                end.close()
+            for end in (parent, logins, board):
+                if end is not None:
+                    end.close()
             raise
         finally:
-            child.close()
-            logins_child.close()
+            for end in (child, logins_child, board_child):
+                if end is not None:
+                    end.close()
         worker.started_at = time.monotonic()
-        counting = asyncio.get_running_loop().create_task(serve_logins(logins, self.failed_logins))
-        self.counting.add(counting)
-        counting.add_done_callback(self.counting.discard)
+        loop = asyncio.get_running_loop()
+        serving_tasks = [(serve_logins(logins, self.failed_logins), self.counting)]
+        if board is not None:
+            serving_tasks.append((self.board.serve(worker.number, board), self.posting))
+        for task, tasks in serving_tasks:
+            running = loop.create_task(task)
+            tasks.add(running)
+            running.add_done_callback(tasks.discard)
         reader, writer = await asyncio.open_connection(sock=parent, limit=CONTROL_LINE_LIMIT)
         first = worker.number == 0
+        placed = self.placement.leaders if self.placement is not None else {}
         try:
             await send(writer, {
                 "config": dataclasses.asdict(self.config), "worker": worker.number, "workers": len(self.workers),
                 "listening": self.listening.fileno(), "listening_tls": tls, "receiving": worker.receiving.fileno(),
                 "api": worker.api.fileno(), "metrics": worker.metrics.fileno(), "logins": logins_fd,
-                "senders": senders, "placement": None if first else self.placement.leaders,
+                "board": board_fd, "senders": senders, "placement": None if first else placed,
                 "node": None if first else self.node_wide})
-            told = dict(self.placement.leaders)
+            told = dict(placed)
             serving = await receive(reader)
             if first and "vhosts" in serving:  # its store read: the placement of its vhosts, then it serves
+                assert self.placement is not None, "(a clustered worker's store is its group's)"
                 if self.placement.place(serving["vhosts"], serving["found"]):
                     await asyncio.get_running_loop().run_in_executor(None, self.placement.save)
                 await send(writer, {"placement": self.placement.leaders})
@@ -188,7 +210,7 @@ class Supervisor:
         if worker.number in self.down:  # its vhosts are up again; it learns what changed while it started
             self.down.discard(worker.number)
             await self._tell_workers()
-        elif self.placement.leaders != told:  # a vhost made or deleted while it started
+        elif self.placement is not None and self.placement.leaders != told:  # a vhost made or deleted meanwhile
             await self._ask(worker, self._state)
         log.info("worker %d serves (pid %d)", worker.number, worker.process.pid)  # (every worker knows it does)
         return None
@@ -214,7 +236,9 @@ class Supervisor:
 
     async def _tell_workers(self) -> None:
         """Tell every serving worker the placement and which workers are down (one not serving is told once it
-        serves)."""
+        serves); a clustered node's workers read the board instead."""
+        if self.clustered:
+            return
         for worker in self.workers:
             await self._ask(worker, self._state)
 

@@ -36,9 +36,11 @@ import signal
 import socket
 import sys
 from pathlib import Path
+from typing import Awaitable, Callable
 
 import uvloop
 from aiohttp import web
+from pamqp import commands as spec
 
 from broker import logs
 from broker.config import Config
@@ -53,6 +55,8 @@ from broker.model.definitions import VHOST_SECTIONS, export_node_wide, of_vhosts
 from broker.model.node import Node
 from broker.workers.logins import NodeLoginThrottle
 from broker.workers.placement import worker_data_dir
+from protocol.codec import encode_method
+from protocol.constants import INTERNAL_ERROR
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +127,44 @@ class Worker:
             node.clear_permissions(user, vhost)
 
 
+class Adoption:
+    """Connections handed to this worker become connections of the broker that serves here; while none does (a
+    clustered worker that has stopped leading its group), the client is told to come again."""
+
+    def __init__(self, serving: Callable[[], Server | None]):
+        self.serving = serving
+        self.adopting: set[asyncio.Task] = set()  # hand-offs whose sockets are being attached to the loop
+
+    def take(self, client: socket.socket, handed: HandedOver) -> None:
+        server = self.serving()
+        if server is None or not server.serving:
+            refuse(client, "INTERNAL_ERROR - vhost unavailable: its leader changed while the connection was handed "
+                           "to it; connect again")
+            return
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(loop.connect_accepted_socket(lambda: Connection(server, handed), client))
+        self.adopting.add(task)
+        task.add_done_callback(lambda done: self._adopted(done, client, handed))
+
+    def _adopted(self, task: asyncio.Task, client: socket.socket, handed: HandedOver) -> None:
+        self.adopting.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # (the socket closed under it, say)
+            log.warning("dropped a connection from %s handed over by another worker: %s", handed.peer[0],
+                        task.exception())
+            client.close()
+
+
+def refuse(client: socket.socket, text: str) -> None:
+    """Close a handed connection with 541 and text, as far as its socket takes it at once."""
+    client.setblocking(False)
+    try:
+        client.send(encode_method(0, spec.Connection.Close(reply_code=INTERNAL_ERROR, reply_text=text, class_id=0,
+                                                                method_id=0)))
+    except OSError:
+        pass
+    client.close()
+
+
 async def serve(control: socket.socket) -> None:
     gc.set_threshold(GC_THRESHOLD)
     reader, writer = await asyncio.open_connection(sock=control, limit=CONTROL_LINE_LIMIT)
@@ -152,21 +194,7 @@ async def serve(control: socket.socket) -> None:
     receiving = socket.socket(fileno=instructions["receiving"])
     receiving.setblocking(False)
     loop = asyncio.get_running_loop()
-    adopting: set[asyncio.Task] = set()  # hand-offs whose sockets are being attached to the loop
-
-    def adopt(client: socket.socket, handed: HandedOver) -> None:
-        task = loop.create_task(loop.connect_accepted_socket(lambda: Connection(server, handed), client))
-        adopting.add(task)
-        task.add_done_callback(lambda done: adopted(done, client, handed))
-
-    def adopted(task: asyncio.Task, client: socket.socket, handed: HandedOver) -> None:
-        adopting.discard(task)
-        if not task.cancelled() and task.exception() is not None:  # (the socket closed under it, say)
-            log.warning("dropped a connection from %s handed over by another worker: %s", handed.peer[0],
-                        task.exception())
-            client.close()
-
-    loop.add_reader(receiving.fileno(), receive_all, receiving, adopt)
+    loop.add_reader(receiving.fileno(), receive_all, receiving, Adoption(lambda: server).take)
     internal = []  # the management API and the Prometheus endpoint, on the sockets the supervisor reads them on
     for app, fd in ((make_app(server, forwarded=True), instructions["api"]),
                     (make_prometheus_app(server), instructions["metrics"])):
@@ -196,7 +224,9 @@ def die_with_the_supervisor(supervisor: int) -> None:
         os._exit(1)
 
 
-def main() -> int:
+def run_worker(serve: Callable[[socket.socket], Awaitable[None]]) -> int:
+    """A worker process's life, whatever its kind: its arguments are the control socket's descriptor and the
+    supervisor's pid."""
     die_with_the_supervisor(int(sys.argv[2]))
     control = socket.socket(fileno=int(sys.argv[1]))
     try:
@@ -205,6 +235,10 @@ def main() -> int:
         return 1
     logging.shutdown()
     os._exit(0)  # as broker.__main__: skip freeing every queued message one by one
+
+
+def main() -> int:
+    return run_worker(serve)
 
 
 if __name__ == "__main__":

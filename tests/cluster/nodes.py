@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from tests.cluster.netns import LOCAL, Place
-from tests.conftest import REPO_ROOT, free_port
+from tests.conftest import REPO_ROOT, free_port, free_ports_in_a_row
 
 LEASE_TTL = 2.0  # the acceptance tests' lease (seconds)
 ACK_TIMEOUT = 1.0  # and follower ack deadline
@@ -27,13 +27,16 @@ class Node:
     """One Warren process of the cluster; its ports and data dir stay the same across restarts."""
 
     def __init__(self, root: Path, name: str, cluster: str, etcd: str, *, ports: tuple[int, int, int] | None = None,
-                 place: Place = LOCAL, **settings: object) -> None:
+                 place: Place = LOCAL, workers: int = 1, tables: str = "", **settings: object) -> None:
         """``ports``: (AMQP, management, replication), free ones when None. ``place``: where it runs (its address
-        serves AMQP, replication and, off loopback, the management API; guest may log in from anywhere there)."""
+        serves AMQP, replication and, off loopback, the management API; guest may log in from anywhere there).
+        ``workers``: its worker processes, each in the replication group of its number (replication ports from
+        the one given on; no management API). ``tables``: config text after the rest ([[vhosts]]...)."""
         self.name = name
         self.host = place.host
         self.prefix = place.prefix  # the command prefix that runs it at its place (`ip netns exec NS`)
-        self.port, self.management_port, self.replication_port = ports or (free_port(), free_port(), free_port())
+        self.port, self.management_port, self.replication_port = ports or (free_port(), free_port(),
+                                                                           free_ports_in_a_row(workers))
         self.data_dir = root / name
         self.config_path = root / f"{name}.toml"
         self.log_path = root / f"{name}.log"
@@ -41,14 +44,16 @@ class Node:
         cluster_settings = {"lease_ttl": LEASE_TTL, "ack_timeout": ACK_TIMEOUT, "min_insync": 2, **settings}
         if place != LOCAL:  # the test process reaches it from another address: not loopback
             cluster_settings.setdefault("advertise_host", self.host)
+        if workers > 1:
+            self.management_port = 0
         self.config_path.write_text("\n".join([
             "[server]", f'host = "{self.host}"', f"port = {self.port}", f'data_dir = "{self.data_dir}"',
-            f'cluster_name = "{cluster}"', "[management]", f"port = {self.management_port}",
+            f'cluster_name = "{cluster}"', f"workers = {workers}", "[management]", f"port = {self.management_port}",
             *([] if place == LOCAL else [f'host = "{self.host}"', "[amqp]", "loopback_users = []"]),
             "[prometheus]", "port = 0",
             "[cluster]", f'etcd_endpoints = ["{etcd}"]', f'node_id = "{name}"',
             f"replication_port = {self.replication_port}",
-            *(f"{key} = {value!r}" for key, value in cluster_settings.items()), ""]))
+            *(f"{key} = {value!r}" for key, value in cluster_settings.items()), tables, ""]))
 
     @property
     def address(self) -> str:
@@ -94,13 +99,15 @@ class Node:
 class Observer:
     """Reads the cluster's keys in etcd from a loop of its own, for tests written as plain functions."""
 
-    def __init__(self, etcd: str, cluster: str) -> None:
+    def __init__(self, etcd: str, cluster: str, group: int = 0) -> None:
+        """``group``: the replication group whose keys it reads (a node's workers' groups, cluster.groups)."""
         from cluster.etcd import EtcdCoordinator
 
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="etcd-observer", daemon=True)
         self._thread.start()
-        self._coordinator = EtcdCoordinator([etcd], f"/warren/{cluster}", "observer", 10.0)
+        prefix = f"/warren/{cluster}" + (f"/groups/{group}" if group else "")
+        self._coordinator = EtcdCoordinator([etcd], prefix, "observer", 10.0)
         self._run(self._coordinator.start())
 
     def _run(self, coroutine, timeout: float = 10.0):
@@ -151,6 +158,7 @@ class Cluster:
     def __init__(self, root: Path, cluster: str, etcd: str, *, places: Mapping[str, Place] | None = None,
                  **settings: object) -> None:
         """``places``: where each node runs, by name (127.0.0.1 for a name not given)."""
+        self.name = cluster
         self.nodes = {name: Node(root, name, cluster, etcd, place=(places or {}).get(name, LOCAL), **settings)
                       for name in ("a", "b", "c")}
         self.observer = Observer(etcd, cluster)

@@ -200,6 +200,12 @@ class MemoryCoordinator(LeaseHolder):
             entry = self.etcd.put(self.keys.secret, new_secret())
         return entry.value
 
+    async def agree(self, name: str, proposal: str) -> str:
+        self.etcd.check()
+        if (entry := self.etcd.get(self.keys.setting(name))) is None:
+            entry = self.etcd.put(self.keys.setting(name), proposal)
+        return entry.value
+
     async def resign(self) -> None:
         self.etcd.check()
         held = self.etcd.get(self.keys.leader)

@@ -1,0 +1,101 @@
+"""A board the workers of a node post facts on and read whole: each worker posts under keys of its own, and the
+supervisor keeps the union and sends it to every worker whenever it changes. (The workers of a clustered node post
+which node leads their replication group, and route clients by what all of them posted: cluster.worker.)
+
+One socket pair per worker carries JSON lines: worker -> supervisor ``{key: value, ...}`` (a null value takes the
+key off); supervisor -> worker the whole board. A worker that ends has its keys taken off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+LINE_LIMIT = 1024 * 1024  # the longest line either side reads: a board of a few thousand short entries
+
+
+class Board:
+    """The supervisor's side: the board, and the workers it is sent to."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, Any] = {}
+        self.owners: dict[str, int] = {}  # key -> the worker that posted it
+        self.readers: dict[int, asyncio.StreamWriter] = {}  # worker number -> where the board goes to it
+
+    async def serve(self, worker: int, sock: socket.socket) -> None:
+        """Read one worker's posts until its end of the socket closes (it ended), then take its keys off."""
+        reader, writer = await asyncio.open_connection(sock=sock, limit=LINE_LIMIT)
+        self.readers[worker] = writer
+        self._send(writer)
+        try:
+            while line := await reader.readline():
+                try:
+                    posted = json.loads(line)
+                except ValueError as error:
+                    log.error("worker %d posted a malformed line: %s", worker, error)
+                    continue
+                if isinstance(posted, dict):
+                    self._post(worker, posted)
+        except (ConnectionError, ValueError):  # (ValueError: a line over the limit)
+            pass
+        finally:
+            if self.readers.get(worker) is writer:
+                del self.readers[worker]
+            writer.close()
+            self._post(worker, {key: None for key, owner in self.owners.items() if owner == worker})
+
+    def _post(self, worker: int, posted: dict[str, Any]) -> None:
+        changed = False
+        for key, value in posted.items():
+            if value is None:
+                changed |= self.entries.pop(key, None) is not None
+                self.owners.pop(key, None)
+            elif self.entries.get(key) != value:
+                self.entries[key] = value
+                self.owners[key] = worker
+                changed = True
+        if changed:
+            for writer in self.readers.values():
+                self._send(writer)
+
+    def _send(self, writer: asyncio.StreamWriter) -> None:
+        if not writer.is_closing():
+            writer.write(json.dumps(self.entries).encode() + b"\n")
+
+
+class BoardCopy:
+    """A worker's side: its copy of the board, kept current, and its posts."""
+
+    def __init__(self, sock: socket.socket, changed: Callable[[], None] = lambda: None) -> None:
+        self.sock = sock
+        self.entries: dict[str, Any] = {}
+        self.changed = changed  # called after each new copy
+        self.writer: asyncio.StreamWriter | None = None
+        self.unsent: dict[str, Any] = {}  # posted before the socket was opened
+        self.reading: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        reader, self.writer = await asyncio.open_connection(sock=self.sock, limit=LINE_LIMIT)
+        self.reading = asyncio.get_running_loop().create_task(self._read(reader))
+        if self.unsent:
+            self.post(self.unsent)
+            self.unsent = {}
+
+    def post(self, entries: dict[str, Any]) -> None:
+        if self.writer is None:
+            self.unsent.update(entries)
+        elif not self.writer.is_closing():
+            self.writer.write(json.dumps(entries).encode() + b"\n")
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while line := await reader.readline():
+                self.entries = json.loads(line)
+                self.changed()
+        except (ConnectionError, ValueError) as error:
+            log.error("the board's copy stopped: %s", error)

@@ -1,0 +1,191 @@
+"""One worker process of a clustered node ([cluster] with workers = W): worker k of every node is a member of
+replication group k (cluster.groups), and the node that leads the group serves the group's vhosts from worker k's
+store (data_dir/workers/k; worker 0's is the data dir), replicated to worker k of every other node.
+
+Every worker is also a front door of the node's AMQP port (broker.connection.front_door): it answers a client's
+handshake up to connection.open and sends the client to the worker that leads its vhost's group, on this node
+(a hand-off of the socket) or another (a forward to that node's port). Which node leads each group, the node's
+workers post on the supervisor's board (broker.workers.board) as they learn it.
+
+Started by the supervisor (broker.workers.supervisor) as ``python -m cluster.worker CONTROL_FD PID``. The control
+socket carries the supervisor's instructions, then this worker's ``{"serving": true}`` (or ``{"refused": "..."}``);
+the worker stops when the supervisor closes it, or on SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import gc
+import logging
+import socket
+import sys
+import time
+from pathlib import Path
+
+from broker import logs
+from broker.config import Config
+from broker.connection.alarms.memory import memory_limit
+from broker.connection.front_door import FrontDoor, FrontDoors, Route
+from broker.connection.greeting import platform_name
+from broker.connection.handoff import receive_all
+from broker.connection.server import Server, StartupError, stop_on_signals, version
+from broker.model.definitions import of_vhosts
+from broker.model.node import Node
+from broker.workers.board import BoardCopy
+from broker.workers.logins import NodeLoginThrottle
+from broker.workers.placement import worker_data_dir
+from broker.workers.worker import GC_THRESHOLD, Adoption, receive, run_worker, send
+from cluster.coordinator import CoordinatorError, Member
+from cluster.groups import DEFAULT_GROUP, Groups, board_key, fair_share, led_by, posted
+from cluster.node import ClusterNode, make_coordinator
+
+log = logging.getLogger("cluster")
+
+FIRST_ELECTIONS_IN_ORDER = 0.1  # seconds between looks at the board while the groups before this one elect
+
+
+class GroupWorker:
+    """This worker's group: the broker it leads with, the routes of its front doors, and when it campaigns."""
+
+    def __init__(self, config: Config, number: int, groups: Groups, board: BoardCopy,
+                 senders: dict[int, socket.socket], logins: NodeLoginThrottle):
+        self.config = config
+        self.number = number  # this worker's number, and its group's
+        self.groups = groups
+        self.board = board
+        self.senders = senders  # worker number -> where hand-offs to it go (this one's own included)
+        self.logins = logins
+        self.node_id = config.cluster_node_id
+        self.started_at = time.monotonic()
+        self.cluster: ClusterNode | None = None  # set once made
+        # what a group leader's broker reports of its part (broker.connection.server.WorkerRole)
+        self.first = True  # every group keeps the node-wide definitions its config gives
+        self.led: set[str] = set()
+
+    # --- cluster.node.Group ---------------------------------------------------------------------------------
+    def server(self, config: Config) -> Server:
+        server = Server(config, role=self, accepting=False)
+        server.failed_logins = self.logins
+        return server
+
+    def announce(self, leader: Member | None) -> None:
+        self.board.post({board_key(self.number): posted(leader)})
+
+    def hold(self, members: dict[str, Member]) -> float:
+        """A node that leads its share of the groups lets the others campaign first, for one lease; at a fresh start
+        the groups elect in order, so that each campaign counts the leaders before it."""
+        board = self.board.entries
+        led = led_by(board, self.node_id)
+        # (in its first lease a worker may not see every node registered yet: a node leading any group waits)
+        starting = time.monotonic() - self.started_at < self.config.cluster_lease_ttl
+        if led >= fair_share(self.groups.count, len(members)) or (starting and led):
+            return self.config.cluster_lease_ttl
+        if starting and any(board_key(group) not in board for group in range(self.number)):
+            return FIRST_ELECTIONS_IN_ORDER
+        return 0.0
+
+    # --- broker.connection.server.WorkerRole ----------------------------------------------------------------
+    async def boot_definitions(self, document: dict, found: list[str], node: Node) -> dict:
+        """Every group holds the node-wide definitions (users, vhosts, permissions); the vhosts' contents only where
+        they live."""
+        self.led = {name for name in node.vhosts if self.groups.of(name) == self.number}
+        named = [item.get("name") for item in document.get("vhosts", []) if isinstance(item, dict)]
+        self.led |= {name for name in named if isinstance(name, str) and self.groups.of(name) == self.number}
+        return of_vhosts(document, self.led)
+
+    # --- the front doors ------------------------------------------------------------------------------------
+    def route(self, vhost: str | None, forwarded: bool) -> Route:
+        group = self.groups.of(vhost) if vhost is not None else DEFAULT_GROUP
+        leader = self.board.entries.get(board_key(group))
+        what = f"vhost '{vhost}'" if vhost is not None else "the cluster"
+        if leader is None:
+            return f"{what} is unavailable: the replication group that holds it has no leader now; connect again"
+        if leader["node"] == self.node_id:
+            return self.senders[group]
+        if forwarded:
+            return f"{what} is unavailable: node {self.node_id} does not lead it now; connect again"
+        return leader["host"], leader["port"]
+
+
+async def agree_on_workers(cluster: ClusterNode, workers: int) -> str | None:
+    """Worker 0 checks that the cluster runs as many workers on every node as here (the first node says how many);
+    why not, if it does not."""
+    said = ""
+    while True:
+        try:
+            agreed = await cluster.coordinator.agree("workers", str(workers))
+            break
+        except CoordinatorError as error:
+            if str(error) != said:
+                log.warning("cannot reach etcd yet: %s", error)
+                said = str(error)
+            await asyncio.sleep(0.2)
+    if agreed != str(workers):
+        return (f"the cluster's nodes run {agreed} workers each, and this node's config says {workers}: every node "
+                f"must run the same number (its groups are the workers' slots)")
+    return None
+
+
+async def watch_members(cluster: ClusterNode, doors: FrontDoors) -> None:
+    """Keep the members' addresses trusted to send PROXY headers (another node's front door forwarding a client)."""
+    while True:
+        try:
+            members = await cluster.coordinator.members()
+            doors.trusted_proxies = frozenset(member.amqp_host for member in members.values())
+        except CoordinatorError:
+            pass
+        await asyncio.sleep(cluster.ttl / 2)
+
+
+def group_config(config: Config, number: int, workers: int) -> Config:
+    """The config of worker ``number``'s group: its store, its replication port, its share of the memory."""
+    base = config.cluster_replication_port
+    return dataclasses.replace(
+        config, data_dir=str(worker_data_dir(Path(config.data_dir), number)),
+        cluster_replication_port=base + number if base else 0,
+        memory_limit=max(1, memory_limit(config.memory_high_watermark, config.memory_limit) // workers))
+
+
+async def serve(control: socket.socket) -> None:
+    gc.set_threshold(GC_THRESHOLD)
+    reader, writer = await asyncio.open_connection(sock=control)
+    instructions = await receive(reader)
+    number, workers = instructions["worker"], instructions["workers"]
+    config = group_config(Config(**instructions["config"]), number, workers)
+    logs.configure(config.log_level, config.log_format, number)
+    pins = {table["name"]: table["worker"] for table in config.vhosts if "worker" in table}
+    board = BoardCopy(socket.socket(fileno=instructions["board"]))
+    senders = {int(other): socket.socket(fileno=fd) for other, fd in instructions["senders"].items()}
+    logins = NodeLoginThrottle(socket.socket(fileno=instructions["logins"]))
+    group = GroupWorker(config, number, Groups(workers, pins), board, senders, logins)
+    cluster = group.cluster = ClusterNode(config, make_coordinator(config, number), group)
+    if number == 0 and (refusal := await agree_on_workers(cluster, workers)) is not None:
+        await send(writer, {"refused": refusal})
+        raise StartupError(refusal)
+    await board.start()
+    await logins.start()
+    doors = FrontDoors(config, version(), platform_name(), group.route)
+    loop = asyncio.get_running_loop()
+    listener = await loop.create_server(lambda: FrontDoor(doors), sock=socket.socket(fileno=instructions["listening"]),
+                                        backlog=1024)
+    receiving = socket.socket(fileno=instructions["receiving"])
+    receiving.setblocking(False)
+    loop.add_reader(receiving.fileno(), receive_all, receiving, Adoption(lambda: cluster.server).take)
+    members = loop.create_task(watch_members(cluster, doors))
+    stop = stop_on_signals()
+    control_closed = loop.create_task(reader.read())
+    control_closed.add_done_callback(lambda _: stop.set())  # the supervisor has gone
+    await send(writer, {"serving": True, "node": None})
+    try:
+        await cluster.run(stop)
+    finally:
+        members.cancel()
+        loop.remove_reader(receiving.fileno())
+        listener.close()
+        for door in list(doors.open):
+            door.transport.abort()
+
+
+if __name__ == "__main__":
+    sys.exit(run_worker(serve))

@@ -1,0 +1,124 @@
+"""Three nodes of two workers each: worker k of every node is a member of replication group k, and vhosts pinned to
+the two groups are led by different nodes. A client reaches its vhost through any node's AMQP port; losing the
+node that leads one group moves that group's vhosts alone, with nothing confirmed lost.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pika
+import pytest
+
+from tests.cluster.nodes import Cluster, Node, Observer, wait_for
+
+pytestmark = pytest.mark.slow
+
+TABLES = "\n".join(
+    f'[[vhosts]]\nname = "{name}"\nworker = {group}\n'
+    f'[[permissions]]\nuser = "guest"\nvhost = "{name}"\nconfigure = ".*"\nwrite = ".*"\nread = ".*"\n'
+    for name, group in (("one", 0), ("two", 1)))
+GROUP_OF = {"one": 0, "two": 1}
+
+
+@pytest.fixture
+def grouped(tmp_path, etcd_endpoint):
+    name = f"t{uuid.uuid4().hex[:10]}"
+    cluster = Cluster(tmp_path, name, etcd_endpoint, workers=2, tables=TABLES)
+    observers = [cluster.observer, Observer(etcd_endpoint, name, group=1)]
+    cluster.start()
+    try:
+        yield cluster, observers
+    except BaseException:
+        print(cluster.logs())
+        raise
+    finally:
+        cluster.stop()
+        observers[1].close()
+
+
+def leaders(observers: list[Observer]) -> list[str] | None:
+    """The node leading each group, once both have one."""
+    found = [observer.leader() for observer in observers]
+    return None if None in found else [leader[0] for leader in found]
+
+
+def connect(cluster: Cluster, node: str, vhost: str) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", cluster.nodes[node].port, vhost, connection_attempts=50, retry_delay=0.2, socket_timeout=5))
+
+
+def publish_confirmed(connection: pika.BlockingConnection, queue: str, bodies: list[bytes]) -> None:
+    channel = connection.channel()
+    channel.confirm_delivery()
+    channel.queue_declare(queue, durable=True)
+    for body in bodies:
+        channel.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2), mandatory=True)
+
+
+def drained(connection: pika.BlockingConnection, queue: str) -> list[bytes]:
+    channel = connection.channel()
+    bodies = []
+    while (got := channel.basic_get(queue, auto_ack=True))[0] is not None:
+        bodies.append(got[2])
+    return bodies
+
+
+def test_the_groups_are_led_by_different_nodes_and_every_node_reaches_both(grouped):
+    cluster, observers = grouped
+    led = wait_for(lambda: leaders(observers), 30, "a leader in each group")
+    assert led[0] != led[1], f"both groups are led by {led[0]}"
+    for vhost in ("one", "two"):
+        sent = [f"{vhost} through {node}".encode() for node in "abc"]
+        for node, body in zip("abc", sent):
+            with connect(cluster, node, vhost) as connection:
+                publish_confirmed(connection, "orders", [body])
+        for node in "abc":  # each node's front door reaches the one queue, wherever its group is led
+            with connect(cluster, node, vhost) as connection:
+                channel = connection.channel()
+                assert channel.queue_declare("orders", durable=True, passive=True).method.message_count == 3
+        with connect(cluster, "c", vhost) as connection:
+            assert sorted(drained(connection, "orders")) == sorted(sent)
+
+
+def test_a_wrong_password_is_refused_with_403_by_the_leader(grouped):
+    """The front door checks no login: the group's leader refuses it, after connection.open (pika then says
+    ProbableAccessDeniedError where it says ProbableAuthenticationError for a refusal after start-ok)."""
+    cluster, observers = grouped
+    led = wait_for(lambda: leaders(observers), 30, "a leader in each group")
+    forwarded = next(node for node in "abc" if node != led[1])  # a node that forwards the client to another
+    connect(cluster, forwarded, "two").close()  # once it knows where to
+    parameters = pika.ConnectionParameters("127.0.0.1", cluster.nodes[forwarded].port, "two",
+                                           pika.PlainCredentials("guest", "wrong"))
+    with pytest.raises(pika.exceptions.AMQPConnectionError) as refused:
+        pika.BlockingConnection(parameters)
+    assert "ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN" in str(refused.value)
+
+
+def test_losing_the_node_that_leads_a_group_moves_that_groups_vhosts_alone(grouped):
+    cluster, observers = grouped
+    led = wait_for(lambda: leaders(observers), 30, "a leader in each group")
+    with connect(cluster, led[1], "two") as connection:
+        publish_confirmed(connection, "orders", [b"before"])
+    staying = connect(cluster, led[0], "one")  # connected where group 0 is led: the kill does not touch it
+    publish_confirmed(staying, "orders", [b"one before"])
+    cluster.nodes[led[1]].kill()
+    moved = wait_for(lambda: (found := observers[1].leader()) and found[0] != led[1] and found[0], 30,
+                     "a new leader of group 1")
+    assert observers[0].leader()[0] == led[0], "group 0 kept its leader"
+    publish_confirmed(staying, "orders", [b"one after"])  # the same connection, open throughout
+    assert sorted(drained(staying, "orders")) == [b"one after", b"one before"]
+    staying.close()
+    survivor = next(node for node in "abc" if node != led[1])
+    with connect(cluster, survivor, "two") as connection:
+        assert drained(connection, "orders") == [b"before"]
+
+
+def test_a_node_that_runs_another_number_of_workers_is_refused(grouped, tmp_path, etcd_endpoint):
+    cluster, observers = grouped
+    wait_for(lambda: leaders(observers), 30, "a leader in each group")
+    other = Node(tmp_path, "d", cluster.name, etcd_endpoint, workers=3)
+    other.start()
+    assert other.process.wait(30) == 1
+    assert ("the cluster's nodes run 2 workers each, and this node's config says 3: every node must run the same "
+            "number") in other.log()

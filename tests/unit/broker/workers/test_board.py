@@ -1,0 +1,45 @@
+"""The workers' board (broker.workers.board): what each worker posts, every worker reads; a worker that ends has
+its posts taken off."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import uvloop
+
+from broker.workers.board import Board, BoardCopy
+
+
+async def until(condition) -> None:
+    while not condition():
+        await asyncio.sleep(0.005)
+
+
+def test_every_worker_reads_what_each_posted_until_the_poster_ends():
+    async def test():
+        board = Board()
+        copies, serving = [], []
+        for number in range(2):
+            supervisor_end, worker_end = socket.socketpair()
+            serving.append(asyncio.ensure_future(board.serve(number, supervisor_end)))
+            copy = BoardCopy(worker_end)
+            copy.post({f"group {number}": {"node": "a"}})  # posted before it is started: sent once it is
+            await copy.start()
+            copies.append(copy)
+        both = {"group 0": {"node": "a"}, "group 1": {"node": "a"}}
+        await until(lambda: all(copy.entries == both for copy in copies))
+        copies[1].post({"group 1": {"node": "b"}})
+        await until(lambda: copies[0].entries["group 1"] == {"node": "b"})
+        copies[1].post({"group 1": None})
+        await until(lambda: copies[0].entries == {"group 0": {"node": "a"}})
+        copies[1].post({"group 1": {"node": "c"}})
+        await until(lambda: "group 1" in copies[0].entries)
+        copies[1].writer.close()  # worker 1 ends
+        await until(lambda: copies[0].entries == {"group 0": {"node": "a"}})
+        await asyncio.wait_for(serving[1], 5)
+        copies[0].writer.close()
+        await asyncio.wait_for(serving[0], 5)
+        assert board.entries == {}
+
+    uvloop.run(asyncio.wait_for(test(), 10))
