@@ -1,43 +1,28 @@
-"""A clustered node's replication groups, one per worker slot: worker k of every node is a member of group k. Which
-group a vhost lives in is the same on every node without asking anyone: the group its [[vhosts]] table pins it to,
-else a hash of its name. Every node runs the same number of workers (etcd holds it: agreed on by the first node).
+"""A clustered node's replication groups, one per worker slot: worker k of every node is a member of group k, which
+holds the vhosts placed on worker k (broker.workers.placement.HashedPlacement). Every node runs the same number of
+workers (etcd holds it: agreed on by the first node). Who leads each group, the node's workers post on their board
+(broker.workers.board).
 """
 
 from __future__ import annotations
 
 import math
-import zlib
 
+from broker.workers.board import group_key
 from cluster.coordinator import Member
 
 DEFAULT_GROUP = 0  # where a client goes whose handshake a front door could not read (its leader says what is wrong)
 
 
-class Groups:
-    """The vhosts' groups, and who leads each as the node's workers posted it (broker.workers.board)."""
-
-    def __init__(self, count: int, pins: dict[str, int]):
-        self.count = count  # groups: the workers of each node
-        self.pins = pins  # vhost -> group, from [[vhosts]] worker = k
-
-    def of(self, vhost: str) -> int:
-        pinned = self.pins.get(vhost)
-        return pinned if pinned is not None else zlib.crc32(vhost.encode()) % self.count
-
-
-def board_key(group: int) -> str:
-    """The board's key for who leads a group."""
-    return f"group {group}"
-
-
 def posted(leader: Member | None) -> dict | None:
-    """A group's leader as the board holds it."""
-    return None if leader is None else {"node": leader.node_id, "host": leader.amqp_host, "port": leader.amqp_port}
+    """A group's leader as the board holds it: its node, AMQP address and management API port."""
+    return None if leader is None else {"node": leader.node_id, "host": leader.amqp_host, "port": leader.amqp_port,
+                                        "api": leader.management_port}
 
 
-def led_by(board: dict, node: str) -> int:
+def led_by(board: dict, node: str, groups: int) -> int:
     """How many groups the node leads, as the board says."""
-    return sum(1 for key, leader in board.items() if key.startswith("group ") and leader.get("node") == node)
+    return sum(1 for group in range(groups) if (board.get(group_key(group)) or {}).get("node") == node)
 
 
 def fair_share(groups: int, nodes: int) -> int:

@@ -80,7 +80,7 @@ class ClusterNode:
         self.ttl = config.cluster_lease_ttl
         self.dir = ""  # the identity of the data dir (cluster.state), read or made as the node starts
         self.member = Member(self.node, self._advertised(), config.port, self._advertised(),
-                             config.cluster_replication_port)
+                             config.cluster_replication_port, management_port=config.management_port)
         self.secret = ""  # the cluster's shared secret (from etcd)
         self.role = "starting"  # starting, follower, leader
         self.server: Server | None = None  # the broker, while leading
@@ -263,9 +263,9 @@ class ClusterNode:
             if self.group is not None:
                 self.group.announce(self.member)
             await self._stop_standby()
-            if self.config.management_port:
+            if self.config.management_port and self.group is None:  # (a group's worker serves the node's API)
                 listeners.append(await start_management(server))
-            if self.config.prometheus_port:
+            if self.config.prometheus_port and self.group is None:
                 listeners.append(await start_prometheus(server))
             watcher = asyncio.ensure_future(self._watch_leadership(epoch, server))
             return await self._lost, replication.stepped_aside
@@ -290,7 +290,7 @@ class ClusterNode:
     async def _start_standby(self) -> None:
         """Answer the management port with 503 and this node's state (StartupError when the port cannot be had)."""
         config = self.config
-        if config.management_port and self._standby is None:
+        if config.management_port and self._standby is None and self.group is None:
             tls = server_context(config) if config.management_tls and config.tls_certfile else None
             self._standby = await start_standby(config.management_host, config.management_port, self.state, tls)
 

@@ -18,10 +18,13 @@ import asyncio
 import dataclasses
 import gc
 import logging
+import os
 import socket
 import sys
 import time
 from pathlib import Path
+
+from aiohttp import web
 
 from broker import logs
 from broker.config import Config
@@ -30,14 +33,16 @@ from broker.connection.front_door import FrontDoor, FrontDoors, Route
 from broker.connection.greeting import platform_name
 from broker.connection.handoff import receive_all
 from broker.connection.server import Server, StartupError, stop_on_signals, version
+from broker.management import http
+from broker.management.app import make_app, unavailable
 from broker.model.definitions import of_vhosts
 from broker.model.node import Node
-from broker.workers.board import BoardCopy
+from broker.workers.board import API_SECRET, BoardCopy, group_key
 from broker.workers.logins import NodeLoginThrottle
-from broker.workers.placement import worker_data_dir
+from broker.workers.placement import HashedPlacement, worker_data_dir
 from broker.workers.worker import GC_THRESHOLD, Adoption, receive, run_worker, send
 from cluster.coordinator import CoordinatorError, Member
-from cluster.groups import DEFAULT_GROUP, Groups, board_key, fair_share, led_by, posted
+from cluster.groups import DEFAULT_GROUP, fair_share, led_by, posted
 from cluster.node import ClusterNode, make_coordinator
 
 log = logging.getLogger("cluster")
@@ -48,7 +53,7 @@ FIRST_ELECTIONS_IN_ORDER = 0.1  # seconds between looks at the board while the g
 class GroupWorker:
     """This worker's group: the broker it leads with, the routes of its front doors, and when it campaigns."""
 
-    def __init__(self, config: Config, number: int, groups: Groups, board: BoardCopy,
+    def __init__(self, config: Config, number: int, groups: HashedPlacement, board: BoardCopy,
                  senders: dict[int, socket.socket], logins: NodeLoginThrottle):
         self.config = config
         self.number = number  # this worker's number, and its group's
@@ -59,6 +64,7 @@ class GroupWorker:
         self.node_id = config.cluster_node_id
         self.started_at = time.monotonic()
         self.cluster: ClusterNode | None = None  # set once made
+        self.api = ApiSocket(number)  # its management API, on the socket the supervisor's API reaches it at
         # what a group leader's broker reports of its part (broker.connection.server.WorkerRole)
         self.first = True  # every group keeps the node-wide definitions its config gives
         self.led: set[str] = set()
@@ -70,18 +76,21 @@ class GroupWorker:
         return server
 
     def announce(self, leader: Member | None) -> None:
-        self.board.post({board_key(self.number): posted(leader)})
+        self.board.post({group_key(self.number): posted(leader)})
+        assert self.cluster is not None
+        server = self.cluster.server if leader is not None and leader.node_id == self.node_id else None
+        self.api.show(server, leader)
 
     def hold(self, members: dict[str, Member]) -> float:
         """A node that leads its share of the groups lets the others campaign first, for one lease; at a fresh start
         the groups elect in order, so that each campaign counts the leaders before it."""
         board = self.board.entries
-        led = led_by(board, self.node_id)
+        led = led_by(board, self.node_id, self.groups.workers)
         # (in its first lease a worker may not see every node registered yet: a node leading any group waits)
         starting = time.monotonic() - self.started_at < self.config.cluster_lease_ttl
-        if led >= fair_share(self.groups.count, len(members)) or (starting and led):
+        if led >= fair_share(self.groups.workers, len(members)) or (starting and led):
             return self.config.cluster_lease_ttl
-        if starting and any(board_key(group) not in board for group in range(self.number)):
+        if starting and any(group_key(group) not in board for group in range(self.number)):
             return FIRST_ELECTIONS_IN_ORDER
         return 0.0
 
@@ -97,7 +106,7 @@ class GroupWorker:
     # --- the front doors ------------------------------------------------------------------------------------
     def route(self, vhost: str | None, forwarded: bool) -> Route:
         group = self.groups.of(vhost) if vhost is not None else DEFAULT_GROUP
-        leader = self.board.entries.get(board_key(group))
+        leader = self.board.entries.get(group_key(group))
         what = f"vhost '{vhost}'" if vhost is not None else "the cluster"
         if leader is None:
             return f"{what} is unavailable: the replication group that holds it has no leader now; connect again"
@@ -106,6 +115,53 @@ class GroupWorker:
         if forwarded:
             return f"{what} is unavailable: node {self.node_id} does not lead it now; connect again"
         return leader["host"], leader["port"]
+
+
+class ApiSocket:
+    """A worker's management API on its internal socket: its broker's while it leads its group, else a 503 that
+    says who does. Each is served on a copy of the socket's descriptor, so that closing one leaves it listening."""
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.fd = -1  # the socket's, once serving
+        self.runner: web.AppRunner | None = None
+        self.switching: asyncio.Task | None = None  # the last switch asked for (each waits for the one before)
+
+    def show(self, server: Server | None, leader: Member | None) -> None:
+        if self.fd < 0:
+            return
+        if server is not None:
+            app = make_app(server, forwarded=True)
+        else:
+            reason = (f"worker {self.number} of this node follows the leader of its group on node {leader.node_id}"
+                      if leader is not None else f"worker {self.number}'s group has no leader now")
+            async def answer(request: web.Request) -> web.Response:
+                return unavailable(request.path, reason)
+
+            app = web.Application()
+            app.router.add_route("*", "/{path:.*}", answer)
+        before = self.switching
+        self.switching = asyncio.get_running_loop().create_task(self._serve(app, before))
+
+    async def _serve(self, app: web.Application, before: asyncio.Task | None) -> None:
+        if before is not None:
+            await asyncio.wait([before])
+        if self.runner is not None:
+            await self.runner.cleanup()
+        runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        await runner.setup()
+        await web.SockSite(runner, socket.socket(fileno=os.dup(self.fd))).start()
+        self.runner = runner
+
+    async def start(self, fd: int) -> None:
+        self.fd = fd
+        self.show(None, None)
+
+    async def stop(self) -> None:
+        if self.switching is not None:
+            await asyncio.wait([self.switching])
+        if self.runner is not None:
+            await self.runner.cleanup()
 
 
 async def agree_on_workers(cluster: ClusterNode, workers: int) -> str | None:
@@ -127,14 +183,17 @@ async def agree_on_workers(cluster: ClusterNode, workers: int) -> str | None:
     return None
 
 
-async def watch_members(cluster: ClusterNode, doors: FrontDoors) -> None:
-    """Keep the members' addresses trusted to send PROXY headers (another node's front door forwarding a client)."""
+async def keep_up(cluster: ClusterNode, doors: FrontDoors, board: BoardCopy, number: int) -> None:
+    """Keep the members' addresses trusted to send PROXY headers (another node's front door forwarding a client);
+    worker 0 posts the cluster's secret, which signs API requests between nodes, once it has it."""
     while True:
         try:
             members = await cluster.coordinator.members()
             doors.trusted_proxies = frozenset(member.amqp_host for member in members.values())
         except CoordinatorError:
             pass
+        if number == 0 and cluster.secret and board.entries.get(API_SECRET) != cluster.secret:
+            board.post({API_SECRET: cluster.secret})
         await asyncio.sleep(cluster.ttl / 2)
 
 
@@ -154,11 +213,12 @@ async def serve(control: socket.socket) -> None:
     number, workers = instructions["worker"], instructions["workers"]
     config = group_config(Config(**instructions["config"]), number, workers)
     logs.configure(config.log_level, config.log_format, number)
+    http.name_worker(number, config.cluster_node_id)
     pins = {table["name"]: table["worker"] for table in config.vhosts if "worker" in table}
     board = BoardCopy(socket.socket(fileno=instructions["board"]))
     senders = {int(other): socket.socket(fileno=fd) for other, fd in instructions["senders"].items()}
     logins = NodeLoginThrottle(socket.socket(fileno=instructions["logins"]))
-    group = GroupWorker(config, number, Groups(workers, pins), board, senders, logins)
+    group = GroupWorker(config, number, HashedPlacement(workers, pins), board, senders, logins)
     cluster = group.cluster = ClusterNode(config, make_coordinator(config, number), group)
     if number == 0 and (refusal := await agree_on_workers(cluster, workers)) is not None:
         await send(writer, {"refused": refusal})
@@ -172,7 +232,8 @@ async def serve(control: socket.socket) -> None:
     receiving = socket.socket(fileno=instructions["receiving"])
     receiving.setblocking(False)
     loop.add_reader(receiving.fileno(), receive_all, receiving, Adoption(lambda: cluster.server).take)
-    members = loop.create_task(watch_members(cluster, doors))
+    await group.api.start(instructions["api"])
+    keeping_up = loop.create_task(keep_up(cluster, doors, board, number))
     stop = stop_on_signals()
     control_closed = loop.create_task(reader.read())
     control_closed.add_done_callback(lambda _: stop.set())  # the supervisor has gone
@@ -180,7 +241,8 @@ async def serve(control: socket.socket) -> None:
     try:
         await cluster.run(stop)
     finally:
-        members.cancel()
+        keeping_up.cancel()
+        await group.api.stop()
         loop.remove_reader(receiving.fileno())
         listener.close()
         for door in list(doors.open):

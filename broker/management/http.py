@@ -143,9 +143,10 @@ def node_of(request: web.Request) -> "Node":
 NODE = ["warren"]  # the name part of node_name(): "warren", or "warren-N" in worker process N (name_worker)
 
 
-def name_worker(number: int) -> None:
-    """This process is worker N of several: its node name says so (what its vhosts' queues and connections show)."""
-    NODE[0] = f"warren-{number}"
+def name_worker(number: int, node: str = "warren") -> None:
+    """This process is worker N of several (of the cluster node named ``node``): its node name says so (what its
+    vhosts' queues and connections show)."""
+    NODE[0] = f"{node}-{number}"
     node_name.cache_clear()
 
 

@@ -19,6 +19,8 @@ refused logins are counted here, for the whole node, and answered more and more 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 import logging
 from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable
@@ -32,6 +34,7 @@ from broker.management import guards, http
 from broker.management.app import CONSOLE, VIEWS, console_page
 from broker.management.resources import listing, sorted_bindings
 from broker.model.definitions import VHOST_SECTIONS, of_vhosts
+from broker.workers.board import API_SECRET
 
 if TYPE_CHECKING:
     from broker.workers.supervisor import Supervisor
@@ -63,6 +66,16 @@ FAILING_FIRST = frozenset(("/api/health/checks/alarms", "/api/health/checks/loca
 
 
 Body = bytes | AsyncIterator[bytes] | None  # what a forwarded request carries
+
+# A request one clustered node's API forwards to another's, for the worker there that leads a group: the group,
+# and an HMAC of the request with the cluster's secret (broker.workers.board.API_SECRET)
+GROUP = "X-Warren-Group"
+SIGNATURE = "X-Warren-Signature"
+
+
+def signature(secret: str, group: int, method: str, path_qs: str, client: str, check_only: bool) -> str:
+    message = "\n".join((str(group), method, path_qs, client, "check" if check_only else "apply"))
+    return hmac.new(secret.encode(), message.encode(), hashlib.sha256).hexdigest()
 
 
 async def streamed(request: web.Request, kept: bytearray | None = None) -> AsyncIterator[bytes]:
@@ -106,16 +119,26 @@ class WorkerApis:
         self.supervisor = supervisor
 
     async def ask(self, worker: int, request: web.Request, body: Body = None, path_qs: str | None = None,
-                  check_only: bool = False, metrics: bool = False) -> Answer:
+                  check_only: bool = False, metrics: bool = False, client: str | None = None) -> Answer:
         """The worker's answer to request (with body: bytes, or the request's own, streamed as the worker reads
-        it), from its management API or, with metrics, its Prometheus endpoint."""
-        process = self.supervisor.workers[worker]
+        it), from its management API or, with metrics, its Prometheus endpoint; on a clustered node, from the
+        worker that leads its group, here or on another node (whose API is asked, signed, for that worker's answer).
+        ``client``: the client's address, when not the request's (a request another node's API forwarded)."""
+        target = self.supervisor.api_target(worker, metrics)
+        client = request.remote or "" if client is None else client
+        head = self._head(request, body, path_qs, check_only, client)
         try:
-            reader, writer = await asyncio.open_unix_connection(process.metrics_path if metrics else process.api_path)
+            if target is None:
+                raise ConnectionError(f"no node leads group {worker} now")
+            if isinstance(target, str):
+                reader, writer = await asyncio.open_unix_connection(target)
+            else:
+                reader, writer = await asyncio.open_connection(*target)
+                head = head[:-2] + self._signature(worker, request, path_qs, check_only, client) + b"\r\n"
         except OSError as error:
             return unavailable(worker, request, error)
         try:
-            writer.write(self._head(request, body, path_qs, check_only))
+            writer.write(head)
             sending = asyncio.ensure_future(self._send(writer, body, request.content_length is None))
             try:
                 answer = await read_answer(reader, request.method)
@@ -130,8 +153,17 @@ class WorkerApis:
         finally:
             writer.close()
 
+    def _signature(self, worker: int, request: web.Request, path_qs: str | None, check_only: bool,
+                   client: str) -> bytes:
+        """The headers that make another node's API take a request as this node's, for its worker ``worker``."""
+        secret = self.supervisor.board.entries.get(API_SECRET)
+        if not secret:
+            raise ConnectionError("this node has not learnt the cluster's secret from etcd yet")
+        signed = signature(secret, worker, request.method, path_qs or request.raw_path, client, check_only)
+        return f"{GROUP}: {worker}\r\n{SIGNATURE}: {signed}\r\n".encode()
+
     @staticmethod
-    def _head(request: web.Request, body: Body, path_qs: str | None, check_only: bool) -> bytes:
+    def _head(request: web.Request, body: Body, path_qs: str | None, check_only: bool, client: str) -> bytes:
         """The request line and headers: the client's own (the Host, the credentials, the body's length), and the
         client's address. Not the client's Expect: this listener has answered it, and the body follows at once."""
         lines = [f"{request.method} {path_qs or request.raw_path} HTTP/1.1".encode()]
@@ -144,7 +176,7 @@ class WorkerApis:
             lines.append(name + b": " + value)
         if isinstance(body, bytes):
             lines.append(b"Content-Length: %d" % len(body))
-        lines.append(f"{http.FORWARDED_CLIENT}: {request.remote or ''}".encode())
+        lines.append(f"{http.FORWARDED_CLIENT}: {client}".encode())
         if check_only:
             lines.append(f"{http.CHECK_ONLY}: 1".encode())
         lines.append(b"Connection: close")
@@ -223,8 +255,29 @@ class Gateway:
         return range(len(self.supervisor.workers))
 
     def leader_of(self, vhost: str) -> int:
-        assert self.supervisor.placement is not None
-        return self.supervisor.placement.leaders.get(vhost, 0)
+        return self.supervisor.worker_of(vhost)
+
+    async def for_a_group(self, request: web.Request) -> web.StreamResponse:
+        """A request another node of the cluster forwarded (signed) for this node's worker that leads a group:
+        that worker's answer, with how the credentials fared, for the node that asked to count."""
+        secret = self.supervisor.board.entries.get(API_SECRET, "")
+        try:
+            group = int(request.headers[GROUP])
+        except ValueError:
+            group = -1
+        check_only = request.headers.get(http.CHECK_ONLY) == "1"
+        client = request.headers.get(http.FORWARDED_CLIENT, "")
+        expected = signature(secret, group, request.method, request.raw_path, client, check_only)
+        if not secret or not hmac.compare_digest(expected, request.headers.get(SIGNATURE, "")):
+            return http.error_response(403, "not_authorised", "a request from another node must be signed with the "
+                                                              "cluster's secret")
+        if group not in self.workers or not isinstance(self.supervisor.api_target(group), str):
+            return http.error_response(503, "service_unavailable", f"this node does not lead group {group} now")
+        answer = await self.apis.ask(group, request, body_of(request), check_only=check_only, client=client)
+        response = answer.response()
+        if http.LOGIN in request:
+            response.headers[http.LOGIN_OUTCOME] = request[http.LOGIN]
+        return response
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -319,13 +372,14 @@ class Gateway:
     def led_by(self, worker: int, document: dict) -> set[str]:
         """The vhosts whose items of document go to worker: those it leads, and for the first one those no worker
         leads (it refuses them, naming the vhost)."""
+        items = [item for section in VHOST_SECTIONS if isinstance(document.get(section), list)
+                 for item in document[section] if isinstance(item, dict)]
+        named = {item["vhost"] for item in items if isinstance(item.get("vhost"), str)}
+        if self.supervisor.placement is None:  # a clustered node: every name has its group
+            return {name for name in named if self.leader_of(name) == worker}
         leaders = self.supervisor.placement.leaders
         names = {name for name, leader in leaders.items() if leader == worker}
-        if worker == 0:
-            items = [item for section in VHOST_SECTIONS if isinstance(document.get(section), list)
-                     for item in document[section] if isinstance(item, dict)]
-            names |= {item["vhost"] for item in items if isinstance(item.get("vhost"), str)} - set(leaders)
-        return names
+        return names | (named - set(leaders)) if worker == 0 else names
 
     async def gathered(self, request: web.Request, pattern: str) -> web.Response:
         query = {key: value for key, value in request.query.items() if key not in SHAPING}
@@ -401,7 +455,15 @@ def summed(one, other):
 def make_gateway_app(supervisor: "Supervisor") -> web.Application:
     config = supervisor.config
     gateway = Gateway(supervisor)
-    app = web.Application(middlewares=[guards.same_origin], client_max_size=config.management_max_body_size)
+    @web.middleware
+    async def from_another_node(request: web.Request, handler):
+        """A request another node forwarded for a worker here: neither its Host nor its Origin is this node's."""
+        if GROUP in request.headers and supervisor.clustered:
+            return await gateway.for_a_group(request)
+        return await handler(request)
+
+    app = web.Application(middlewares=[from_another_node, guards.same_origin],
+                          client_max_size=config.management_max_body_size)
     app[guards.NAMES] = guards.allowed_names(config)
     app.on_response_prepare.append(guards.add_security_headers)
 

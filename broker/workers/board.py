@@ -17,6 +17,13 @@ from typing import Any, Callable
 log = logging.getLogger(__name__)
 
 LINE_LIMIT = 1024 * 1024  # the longest line either side reads: a board of a few thousand short entries
+API_SECRET = "api secret"  # a clustered node's key for the cluster's secret, which signs API requests between nodes
+
+
+def group_key(group: int) -> str:
+    """A clustered node's key for who leads a replication group: {"node", "host", "port", "api"} (its management
+    port), as cluster.groups.posted writes it."""
+    return f"group {group}"
 
 
 class Board:

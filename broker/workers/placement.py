@@ -10,6 +10,7 @@ worker's store contradicts is refused, naming both: a vhost's data does not move
 from __future__ import annotations
 
 import json
+import zlib
 from pathlib import Path
 
 from storage.replica import WORKERS_DIRECTORY
@@ -102,3 +103,17 @@ class Placement:
         fsync_directories(made)
         write_durably(self.path, json.dumps({"format": FORMAT, "vhosts": self.leaders}, indent=1, sort_keys=True))
         self.exists = True
+
+
+class HashedPlacement:
+    """Where a clustered node's workers place a vhost: the worker (and so the replication group) its [[vhosts]]
+    table pins it to, else a hash of its name. The same on every node without asking anyone, and for any name:
+    the worker a name maps to answers for it, existing or not (cluster.worker)."""
+
+    def __init__(self, workers: int, pins: dict[str, int]):
+        self.workers = workers
+        self.pins = pins  # vhost -> worker, from [[vhosts]] worker = k
+
+    def of(self, vhost: str) -> int:
+        pinned = self.pins.get(vhost)
+        return pinned if pinned is not None else zlib.crc32(vhost.encode()) % self.workers

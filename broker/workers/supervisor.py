@@ -30,10 +30,10 @@ from broker.connection.server import StartupError, data_dir_error, prepare_data_
 from broker.connection.tls import TlsError, server_context
 from broker.management.server import ManagementServer, take
 from broker.workers.api import WorkerApis, make_gateway_app
-from broker.workers.board import Board
+from broker.workers.board import Board, group_key
 from broker.workers.logins import serve_logins
 from broker.workers.metrics import make_metrics_gateway_app
-from broker.workers.placement import Placement, PlacementError
+from broker.workers.placement import HashedPlacement, Placement, PlacementError
 from broker.workers.worker import CONTROL_LINE_LIMIT, receive, send
 from storage.lock import DataDirLock, DataDirLocked
 from storage.replica import WORKERS_LOCK  # (worker 0's store holds ".lock" in the same data dir)
@@ -87,6 +87,8 @@ class Supervisor:
         # it on the board; the vhosts are placed by the cluster, not here
         self.clustered = bool(config.cluster_etcd_endpoints)
         self.board = Board()
+        pins = {table["name"]: table["worker"] for table in config.vhosts if "worker" in table}
+        self.hashed = HashedPlacement(workers, pins)  # where a clustered node's vhosts are
         self.posting: set[asyncio.Task] = set()  # each worker's posts being read (Board.serve)
 
     def take_ports(self) -> None:
@@ -215,9 +217,31 @@ class Supervisor:
         log.info("worker %d serves (pid %d)", worker.number, worker.process.pid)  # (every worker knows it does)
         return None
 
+    def worker_of(self, vhost: str) -> int:
+        """The worker that leads a vhost (the first for a vhost none leads); on a clustered node, the worker whose
+        replication group holds it, led here or on another node."""
+        if self.placement is None:
+            return self.hashed.of(vhost)
+        return self.placement.leaders.get(vhost, 0)
+
+    def api_target(self, worker: int, metrics: bool = False) -> str | tuple[str, int] | None:
+        """Where a worker's API (or Prometheus endpoint) answers: its internal socket's path, or on a clustered node
+        the management API of the node that leads its group ((host, port); None while no node does)."""
+        process = self.workers[worker]
+        if not self.clustered:
+            return process.metrics_path if metrics else process.api_path
+        leader = self.board.entries.get(group_key(worker))
+        if leader is None or not leader.get("api"):
+            return None
+        if leader["node"] == self.config.cluster_node_id:
+            return process.metrics_path if metrics else process.api_path
+        return leader["host"], leader["api"]
+
     async def place(self, vhosts: list[str]) -> list[str]:
-        """Give new vhosts a worker, and tell every worker before any of them makes one; which were new."""
-        assert self.placement is not None
+        """Give new vhosts a worker, and tell every worker before any of them makes one; which were new (none on a
+        clustered node, whose vhosts are placed by their names)."""
+        if self.placement is None:
+            return []
         new = [name for name in dict.fromkeys(vhosts) if name not in self.placement.leaders]
         if self.placement.place(new, []):
             await self._placement_changed()
@@ -225,7 +249,8 @@ class Supervisor:
 
     async def forget(self, vhosts: list[str]) -> None:
         """Deleted vhosts, or vhosts a refused change would have made, leave the placement."""
-        assert self.placement is not None
+        if self.placement is None:
+            return
         if [self.placement.leaders.pop(name) for name in vhosts if name in self.placement.leaders]:
             await self._placement_changed()
 
@@ -248,7 +273,10 @@ class Supervisor:
 
     async def node_wide_changed(self) -> None:
         """The first worker's node-wide definitions, after the API changed them: what a worker starting again
-        copies, even while the first one is down."""
+        copies, even while the first one is down. (A clustered node's workers copy nothing: each group applies every
+        change itself.)"""
+        if self.clustered:
+            return
         answer = await self._ask(self.workers[0], lambda: {"export": True})
         if answer is not None:
             self.node_wide = answer["node"]

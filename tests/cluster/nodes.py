@@ -31,7 +31,7 @@ class Node:
         """``ports``: (AMQP, management, replication), free ones when None. ``place``: where it runs (its address
         serves AMQP, replication and, off loopback, the management API; guest may log in from anywhere there).
         ``workers``: its worker processes, each in the replication group of its number (replication ports from
-        the one given on; no management API). ``tables``: config text after the rest ([[vhosts]]...)."""
+        the one given on). ``tables``: config text after the rest ([[vhosts]]...)."""
         self.name = name
         self.host = place.host
         self.prefix = place.prefix  # the command prefix that runs it at its place (`ip netns exec NS`)
@@ -44,8 +44,6 @@ class Node:
         cluster_settings = {"lease_ttl": LEASE_TTL, "ack_timeout": ACK_TIMEOUT, "min_insync": 2, **settings}
         if place != LOCAL:  # the test process reaches it from another address: not loopback
             cluster_settings.setdefault("advertise_host", self.host)
-        if workers > 1:
-            self.management_port = 0
         self.config_path.write_text("\n".join([
             "[server]", f'host = "{self.host}"', f"port = {self.port}", f'data_dir = "{self.data_dir}"',
             f'cluster_name = "{cluster}"', f"workers = {workers}", "[management]", f"port = {self.management_port}",

@@ -5,6 +5,10 @@ node that leads one group moves that group's vhosts alone, with nothing confirme
 
 from __future__ import annotations
 
+import base64
+import json
+import urllib.error
+import urllib.request
 import uuid
 
 import pika
@@ -122,3 +126,81 @@ def test_a_node_that_runs_another_number_of_workers_is_refused(grouped, tmp_path
     assert other.process.wait(30) == 1
     assert ("the cluster's nodes run 2 workers each, and this node's config says 3: every node must run the same "
             "number") in other.log()
+
+
+def api(cluster: Cluster, node: str, method: str, path: str, body: dict | None = None, user: str = "guest:guest"):
+    """(status, JSON or None) of a request to a node's management API."""
+    request = urllib.request.Request(f"http://127.0.0.1:{cluster.nodes[node].management_port}{path}", method=method,
+                                     data=json.dumps(body).encode() if body is not None else None,
+                                     headers={"Authorization": "Basic " + base64.b64encode(user.encode()).decode(),
+                                              "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            text = response.read()
+            return response.status, json.loads(text) if text else None
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"null")
+    except urllib.error.URLError as error:  # not listening yet
+        return 0, str(error)
+
+
+def api_ready(cluster: Cluster) -> None:
+    """Wait until every node's API reaches every group."""
+    for node in "abc":
+        wait_for(lambda: api(cluster, node, "GET", "/api/vhosts")[0] == 200, 30, f"{node}'s API through every group")
+
+
+def test_any_nodes_management_api_shows_and_changes_every_group(grouped):
+    cluster, observers = grouped
+    led = wait_for(lambda: leaders(observers), 30, "a leader in each group")
+    elsewhere = next(node for node in "abc" if node not in led)  # a node that leads neither group
+    api_ready(cluster)
+    assert api(cluster, elsewhere, "PUT", "/api/users/alice", {"password": "secret", "tags": "management"})[0] == 201
+    assert api(cluster, elsewhere, "PUT", "/api/permissions/two/alice",
+               {"configure": ".*", "write": ".*", "read": ".*"})[0] == 201
+    with pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", cluster.nodes[led[0]].port, "two", pika.PlainCredentials("alice", "secret"))) as connection:
+        publish_confirmed(connection, "alice's", [b"hello"])  # group 1's leader knows alice
+    with connect(cluster, led[1], "one") as connection:
+        publish_confirmed(connection, "guest's", [b"hello"])
+    status, queues = api(cluster, elsewhere, "GET", "/api/queues")
+    assert status == 200
+    shown = {(queue["vhost"], queue["name"]): queue["node"].split("@")[0] for queue in queues}
+    assert shown == {("one", "guest's"): f"{led[0]}-0", ("two", "alice's"): f"{led[1]}-1"}
+    assert api(cluster, elsewhere, "GET", "/api/queues/two/alice's")[1]["messages"] == 1
+    status, vhosts = api(cluster, led[1], "GET", "/api/vhosts")
+    assert sorted(vhost["name"] for vhost in vhosts) == ["/", "one", "two"]
+    assert api(cluster, led[1], "PUT", "/api/vhosts/three")[0] == 201  # its creator may use it
+    with connect(cluster, elsewhere, "three") as connection:
+        publish_confirmed(connection, "made through the API", [b"hello"])
+    assert api(cluster, elsewhere, "GET", "/api/queues/three")[1][0]["name"] == "made through the API"
+    assert api(cluster, elsewhere, "DELETE", "/api/users/alice")[0] == 204
+    with pytest.raises(pika.exceptions.AMQPConnectionError):
+        pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", cluster.nodes[led[1]].port, "two", pika.PlainCredentials("alice", "secret")))
+
+
+def test_a_request_between_nodes_counts_only_when_signed(grouped):
+    cluster, observers = grouped
+    led = wait_for(lambda: leaders(observers), 30, "a leader in each group")
+    request = urllib.request.Request(f"http://127.0.0.1:{cluster.nodes[led[1]].management_port}/api/users/mallory",
+                                     method="PUT", data=b'{"password": "x", "tags": "administrator"}',
+                                     headers={"X-Warren-Group": "1", "X-Warren-Signature": "0" * 64,
+                                              "Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 403
+    assert api(cluster, led[1], "GET", "/api/users/mallory")[0] == 404
+
+
+def test_definitions_imported_through_any_node_reach_each_vhosts_group(grouped):
+    cluster, observers = grouped
+    led = wait_for(lambda: leaders(observers), 30, "a leader in each group")
+    api_ready(cluster)
+    queue = {"durable": True, "auto_delete": False, "arguments": {}}
+    status, _ = api(cluster, "a", "POST", "/api/definitions", {"queues": [
+        {"name": "imported", "vhost": "one", **queue}, {"name": "imported", "vhost": "two", **queue}]})
+    assert status == 204
+    status, queues = api(cluster, "b", "GET", "/api/queues")
+    assert {(queue["vhost"], queue["node"].split("@")[0]) for queue in queues} == {("one", f"{led[0]}-0"),
+                                                                                   ("two", f"{led[1]}-1")}

@@ -57,8 +57,7 @@ def test_file_then_overrides(tmp_path):
     ("[server]\nworkers = 0\n", 'workers must be "auto" or between 1 and 256, got 0'),
     ('[server]\nworkers = "many"\n', "workers must be an integer, got 'many'"),
     ("[server]\nworkers = 2\n[cluster]\netcd_endpoints = ['127.0.0.1:2379']\nnode_id = 'a'\n",
-     "workers = 2 with [cluster] etcd_endpoints serves AMQP only for now, not the management API: set [management] "
-     "port = 0; nor the Prometheus endpoint: set [prometheus] port = 0"),
+     "workers = 2 with [cluster] etcd_endpoints does not serve yet the Prometheus endpoint: set [prometheus] port = 0"),
     ("[server]\nworkers = 2\n[management]\nport = 0\n[prometheus]\nport = 0\n[cluster]\n"
      "etcd_endpoints = ['127.0.0.1:2379']\nnode_id = 'a'\nreplication_port = 65535\n",
      "[cluster] replication_port 65535: worker k's group uses replication_port + k, and 65536 is past 65535"),

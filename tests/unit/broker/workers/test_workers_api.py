@@ -33,5 +33,6 @@ def test_a_head_answer_keeps_the_length_its_get_would_have():
 def test_the_clients_expect_is_answered_here_and_not_forwarded():
     request = make_mocked_request("PUT", "/api/users/alice", headers=CIMultiDict(
         {"Host": "h", "Authorization": "Basic eA==", "Expect": "100-continue", "Content-Length": "2"}))
-    head = WorkerApis._head(request, b"{}", None, False).decode()
+    head = WorkerApis._head(request, b"{}", None, False, "10.0.0.7").decode()
     assert "Expect" not in head and "Authorization: Basic eA==" in head and "Content-Length: 2" in head
+    assert "X-Warren-Client: 10.0.0.7" in head
