@@ -23,6 +23,7 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 from aiohttp import web
 
@@ -35,6 +36,7 @@ from broker.connection.handoff import receive_all
 from broker.connection.server import Server, StartupError, stop_on_signals, version
 from broker.management import http
 from broker.management.app import make_app, unavailable
+from broker.management.prometheus import make_prometheus_app
 from broker.model.definitions import of_vhosts
 from broker.model.node import Node
 from broker.workers.board import API_SECRET, BoardCopy, group_key
@@ -64,7 +66,9 @@ class GroupWorker:
         self.node_id = config.cluster_node_id
         self.started_at = time.monotonic()
         self.cluster: ClusterNode | None = None  # set once made
-        self.api = ApiSocket(number)  # its management API, on the socket the supervisor's API reaches it at
+        # its management API and Prometheus endpoint, on the sockets the supervisor's listeners reach it at
+        self.internal = (InternalSocket(number, lambda server: make_app(server, forwarded=True)),
+                         InternalSocket(number, make_prometheus_app))
         # what a group leader's broker reports of its part (broker.connection.server.WorkerRole)
         self.first = True  # every group keeps the node-wide definitions its config gives
         self.led: set[str] = set()
@@ -79,7 +83,8 @@ class GroupWorker:
         self.board.post({group_key(self.number): posted(leader)})
         assert self.cluster is not None
         server = self.cluster.server if leader is not None and leader.node_id == self.node_id else None
-        self.api.show(server, leader)
+        for internal in self.internal:
+            internal.show(server, leader)
 
     def hold(self, members: dict[str, Member]) -> float:
         """A node that leads its share of the groups lets the others campaign first, for one lease; at a fresh start
@@ -117,12 +122,14 @@ class GroupWorker:
         return leader["host"], leader["port"]
 
 
-class ApiSocket:
-    """A worker's management API on its internal socket: its broker's while it leads its group, else a 503 that
-    says who does. Each is served on a copy of the socket's descriptor, so that closing one leaves it listening."""
+class InternalSocket:
+    """A worker's management API, or its Prometheus endpoint, on its internal socket: its broker's while it leads
+    its group, else a 503 that says who does. Each is served on a copy of the socket's descriptor, so that closing
+    one leaves the socket listening."""
 
-    def __init__(self, number: int) -> None:
+    def __init__(self, number: int, serving: Callable[[Server], web.Application]) -> None:
         self.number = number
+        self.serving = serving  # the app of the broker while it leads
         self.fd = -1  # the socket's, once serving
         self.runner: web.AppRunner | None = None
         self.switching: asyncio.Task | None = None  # the last switch asked for (each waits for the one before)
@@ -131,7 +138,7 @@ class ApiSocket:
         if self.fd < 0:
             return
         if server is not None:
-            app = make_app(server, forwarded=True)
+            app = self.serving(server)
         else:
             reason = (f"worker {self.number} of this node follows the leader of its group on node {leader.node_id}"
                       if leader is not None else f"worker {self.number}'s group has no leader now")
@@ -232,7 +239,8 @@ async def serve(control: socket.socket) -> None:
     receiving = socket.socket(fileno=instructions["receiving"])
     receiving.setblocking(False)
     loop.add_reader(receiving.fileno(), receive_all, receiving, Adoption(lambda: cluster.server).take)
-    await group.api.start(instructions["api"])
+    for internal, fd in zip(group.internal, (instructions["api"], instructions["metrics"])):
+        await internal.start(fd)
     keeping_up = loop.create_task(keep_up(cluster, doors, board, number))
     stop = stop_on_signals()
     control_closed = loop.create_task(reader.read())
@@ -242,7 +250,8 @@ async def serve(control: socket.socket) -> None:
         await cluster.run(stop)
     finally:
         keeping_up.cancel()
-        await group.api.stop()
+        for internal in group.internal:
+            await internal.stop()
         loop.remove_reader(receiving.fileno())
         listener.close()
         for door in list(doors.open):

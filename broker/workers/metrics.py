@@ -76,9 +76,10 @@ def merged(texts: list[str]) -> str:
     return "".join(family.text() for family in families.values())
 
 
-def make_metrics_gateway_app(apis: "WorkerApis", workers: int) -> web.Application:
+def make_metrics_gateway_app(apis: "WorkerApis") -> web.Application:
     async def scrape(request: web.Request) -> web.Response:
-        answers = await asyncio.gather(*(apis.ask(worker, request, metrics=True) for worker in range(workers)))
+        answers = await asyncio.gather(*(apis.ask(worker, request, metrics=True)
+                                         for worker in apis.supervisor.measured()))
         failed = next((answer for answer in answers if answer.status != 200), None)
         if failed is not None:
             return failed.response()

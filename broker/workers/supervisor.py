@@ -226,16 +226,24 @@ class Supervisor:
 
     def api_target(self, worker: int, metrics: bool = False) -> str | tuple[str, int] | None:
         """Where a worker's API (or Prometheus endpoint) answers: its internal socket's path, or on a clustered node
-        the management API of the node that leads its group ((host, port); None while no node does)."""
+        the management API of the node that leads its group ((host, port); None while no node does, and for the
+        metrics of a group led elsewhere: a node's metrics are its own)."""
         process = self.workers[worker]
+        local = process.metrics_path if metrics else process.api_path
         if not self.clustered:
-            return process.metrics_path if metrics else process.api_path
+            return local
         leader = self.board.entries.get(group_key(worker))
-        if leader is None or not leader.get("api"):
+        if leader is None:
             return None
         if leader["node"] == self.config.cluster_node_id:
-            return process.metrics_path if metrics else process.api_path
-        return leader["host"], leader["api"]
+            return local
+        return (leader["host"], leader["api"]) if leader.get("api") and not metrics else None
+
+    def measured(self) -> list[int]:
+        """The workers whose metrics are this node's: all of them, or on a clustered node those leading their
+        group here (as RabbitMQ's endpoint reports the queues its node leads)."""
+        return [worker.number for worker in self.workers
+                if not self.clustered or isinstance(self.api_target(worker.number, metrics=True), str)]
 
     async def place(self, vhosts: list[str]) -> list[str]:
         """Give new vhosts a worker, and tell every worker before any of them makes one; which were new (none on a
@@ -356,7 +364,7 @@ async def supervise(config: Config, workers: int, started: Callable[[], None]) -
                                         config.management_max_connections))
             config.management_port = listeners[-1].port  # the workers' API names the ports the node is reached at
         if config.prometheus_port:
-            listeners.append(await take(make_metrics_gateway_app(WorkerApis(supervisor), workers),
+            listeners.append(await take(make_metrics_gateway_app(WorkerApis(supervisor)),
                                         config.prometheus_host, config.prometheus_port, "Prometheus metrics",
                                         max_connections=config.prometheus_max_connections))
             config.prometheus_port = listeners[-1].port

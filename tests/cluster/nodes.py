@@ -42,13 +42,14 @@ class Node:
         self.log_path = root / f"{name}.log"
         self.process: subprocess.Popen | None = None
         cluster_settings = {"lease_ttl": LEASE_TTL, "ack_timeout": ACK_TIMEOUT, "min_insync": 2, **settings}
+        self.prometheus_port = free_port() if workers > 1 else 0
         if place != LOCAL:  # the test process reaches it from another address: not loopback
             cluster_settings.setdefault("advertise_host", self.host)
         self.config_path.write_text("\n".join([
             "[server]", f'host = "{self.host}"', f"port = {self.port}", f'data_dir = "{self.data_dir}"',
             f'cluster_name = "{cluster}"', f"workers = {workers}", "[management]", f"port = {self.management_port}",
             *([] if place == LOCAL else [f'host = "{self.host}"', "[amqp]", "loopback_users = []"]),
-            "[prometheus]", "port = 0",
+            "[prometheus]", f"port = {self.prometheus_port}",
             "[cluster]", f'etcd_endpoints = ["{etcd}"]', f'node_id = "{name}"',
             f"replication_port = {self.replication_port}",
             *(f"{key} = {value!r}" for key, value in cluster_settings.items()), tables, ""]))

@@ -13,6 +13,7 @@ import uuid
 
 import pika
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.cluster.nodes import Cluster, Node, Observer, wait_for
 
@@ -204,3 +205,25 @@ def test_definitions_imported_through_any_node_reach_each_vhosts_group(grouped):
     status, queues = api(cluster, "b", "GET", "/api/queues")
     assert {(queue["vhost"], queue["node"].split("@")[0]) for queue in queues} == {("one", f"{led[0]}-0"),
                                                                                    ("two", f"{led[1]}-1")}
+
+
+def queue_messages(cluster: Cluster, node: str) -> dict[tuple[str, str], float]:
+    """(vhost, queue) -> ready messages, as a node's Prometheus endpoint reports them."""
+    port = cluster.nodes[node].prometheus_port
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics/per-object", timeout=10) as response:
+        text = response.read().decode()
+    return {(sample.labels["vhost"], sample.labels["queue"]): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples
+            if sample.name == "rabbitmq_queue_messages_ready"}
+
+
+def test_a_nodes_metrics_are_those_of_the_groups_it_leads(grouped):
+    cluster, observers = grouped
+    led = wait_for(lambda: leaders(observers), 30, "a leader in each group")
+    with connect(cluster, led[1], "two") as connection:
+        publish_confirmed(connection, "counted", [b"1", b"2"])
+    with connect(cluster, led[0], "one") as connection:
+        publish_confirmed(connection, "counted", [b"1"])
+    assert queue_messages(cluster, led[1]) == {("two", "counted"): 2}  # as RabbitMQ's, a node's own queues
+    assert queue_messages(cluster, led[0]) == {("one", "counted"): 1}
+    assert queue_messages(cluster, next(node for node in "abc" if node not in led)) == {}
