@@ -30,10 +30,12 @@ from aiohttp import web
 from broker import logs
 from broker.config import Config
 from broker.connection.alarms.memory import memory_limit
+from broker.connection.connection import HANDSHAKE_TIMEOUT
 from broker.connection.front_door import FrontDoor, FrontDoors, Route
 from broker.connection.greeting import platform_name
 from broker.connection.handoff import receive_all
 from broker.connection.server import Server, StartupError, stop_on_signals, version
+from broker.connection.tls import server_context
 from broker.management import http
 from broker.management.app import make_app, unavailable
 from broker.management.prometheus import make_prometheus_app
@@ -234,8 +236,12 @@ async def serve(control: socket.socket) -> None:
     await logins.start()
     doors = FrontDoors(config, version(), platform_name(), group.route)
     loop = asyncio.get_running_loop()
-    listener = await loop.create_server(lambda: FrontDoor(doors), sock=socket.socket(fileno=instructions["listening"]),
-                                        backlog=1024)
+    listeners = [await loop.create_server(lambda: FrontDoor(doors), sock=socket.socket(fileno=instructions["listening"]),
+                                          backlog=1024)]
+    if instructions["listening_tls"] is not None:  # amqps: the TLS session ends at the front door
+        listeners.append(await loop.create_server(
+            lambda: FrontDoor(doors), sock=socket.socket(fileno=instructions["listening_tls"]), backlog=1024,
+            ssl=server_context(config), ssl_handshake_timeout=HANDSHAKE_TIMEOUT))
     receiving = socket.socket(fileno=instructions["receiving"])
     receiving.setblocking(False)
     loop.add_reader(receiving.fileno(), receive_all, receiving, Adoption(lambda: cluster.server).take)
@@ -253,7 +259,8 @@ async def serve(control: socket.socket) -> None:
         for internal in group.internal:
             await internal.stop()
         loop.remove_reader(receiving.fileno())
-        listener.close()
+        for listener in listeners:
+            listener.close()
         for door in list(doors.open):
             door.transport.abort()
 

@@ -6,16 +6,21 @@ node that leads one group moves that group's vhosts alone, with nothing confirme
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import ssl
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Iterator
 
 import pika
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.cluster.nodes import Cluster, Node, Observer, wait_for
+from tests.conftest import free_port
+from tests.tls_certs import make_certificates
 
 pytestmark = pytest.mark.slow
 
@@ -23,13 +28,19 @@ TABLES = "\n".join(
     f'[[vhosts]]\nname = "{name}"\nworker = {group}\n'
     f'[[permissions]]\nuser = "guest"\nvhost = "{name}"\nconfigure = ".*"\nwrite = ".*"\nread = ".*"\n'
     for name, group in (("one", 0), ("two", 1)))
-GROUP_OF = {"one": 0, "two": 1}
 
 
-@pytest.fixture
-def grouped(tmp_path, etcd_endpoint):
+@contextlib.contextmanager
+def two_groups(tmp_path, etcd_endpoint, certificates=None) -> Iterator[tuple[Cluster, list[Observer]]]:
+    """Three nodes of two workers (with an amqps port each when given certificates), and an observer of each
+    group's keys; their logs printed should the test fail."""
     name = f"t{uuid.uuid4().hex[:10]}"
     cluster = Cluster(tmp_path, name, etcd_endpoint, workers=2, tables=TABLES)
+    for node in cluster.nodes.values() if certificates is not None else ():
+        node.tls_port = free_port()
+        with open(node.config_path, "a") as config:
+            config.write(f'[tls]\ncertfile = "{certificates.path("server.pem")}"\n'
+                         f'keyfile = "{certificates.path("server.key")}"\nport = {node.tls_port}\n')
     observers = [cluster.observer, Observer(etcd_endpoint, name, group=1)]
     cluster.start()
     try:
@@ -40,6 +51,15 @@ def grouped(tmp_path, etcd_endpoint):
     finally:
         cluster.stop()
         observers[1].close()
+
+
+@pytest.fixture
+def grouped(tmp_path, etcd_endpoint, request):
+    failed = request.session.testsfailed
+    with two_groups(tmp_path, etcd_endpoint) as (cluster, observers):
+        yield cluster, observers
+        if request.session.testsfailed > failed:
+            print(cluster.logs())
 
 
 def leaders(observers: list[Observer]) -> list[str] | None:
@@ -184,6 +204,7 @@ def test_any_nodes_management_api_shows_and_changes_every_group(grouped):
 def test_a_request_between_nodes_counts_only_when_signed(grouped):
     cluster, observers = grouped
     led = wait_for(lambda: leaders(observers), 30, "a leader in each group")
+    api_ready(cluster)
     request = urllib.request.Request(f"http://127.0.0.1:{cluster.nodes[led[1]].management_port}/api/users/mallory",
                                      method="PUT", data=b'{"password": "x", "tags": "administrator"}',
                                      headers={"X-Warren-Group": "1", "X-Warren-Signature": "0" * 64,
@@ -220,6 +241,7 @@ def queue_messages(cluster: Cluster, node: str) -> dict[tuple[str, str], float]:
 def test_a_nodes_metrics_are_those_of_the_groups_it_leads(grouped):
     cluster, observers = grouped
     led = wait_for(lambda: leaders(observers), 30, "a leader in each group")
+    api_ready(cluster)  # (the metrics listen from the same time on)
     with connect(cluster, led[1], "two") as connection:
         publish_confirmed(connection, "counted", [b"1", b"2"])
     with connect(cluster, led[0], "one") as connection:
@@ -227,3 +249,19 @@ def test_a_nodes_metrics_are_those_of_the_groups_it_leads(grouped):
     assert queue_messages(cluster, led[1]) == {("two", "counted"): 2}  # as RabbitMQ's, a node's own queues
     assert queue_messages(cluster, led[0]) == {("one", "counted"): 1}
     assert queue_messages(cluster, next(node for node in "abc" if node not in led)) == {}
+
+
+def test_amqps_reaches_every_vhost_through_every_node(tmp_path, etcd_endpoint):
+    """The TLS session ends at the front door that accepted the client, whichever worker or node leads its vhost."""
+    certificates = make_certificates(tmp_path / "certs")
+    context = ssl.create_default_context(cafile=certificates.path("ca.pem"))
+    with two_groups(tmp_path, etcd_endpoint, certificates) as (cluster, observers):
+        wait_for(lambda: leaders(observers), 30, "a leader in each group")
+        for vhost in ("one", "two"):
+            for name, node in cluster.nodes.items():
+                with pika.BlockingConnection(pika.ConnectionParameters(
+                        "127.0.0.1", node.tls_port, vhost, ssl_options=pika.SSLOptions(context, "localhost"),
+                        connection_attempts=50, retry_delay=0.2)) as connection:
+                    publish_confirmed(connection, "secret", [f"{vhost} through {name}".encode()])
+            with connect(cluster, "a", vhost) as connection:
+                assert sorted(drained(connection, "secret")) == [f"{vhost} through {name}".encode() for name in "abc"]

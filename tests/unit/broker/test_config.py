@@ -56,9 +56,10 @@ def test_file_then_overrides(tmp_path):
     ('[amqp]\nfailed_login_delay = "1s"\n', "failed_login_delay must be a number, got '1s'"),
     ("[server]\nworkers = 0\n", 'workers must be "auto" or between 1 and 256, got 0'),
     ('[server]\nworkers = "many"\n', "workers must be an integer, got 'many'"),
-    ("[server]\nworkers = 2\n[tls]\ncertfile = 'c.pem'\nkeyfile = 'k.pem'\n[cluster]\n"
+    ("[server]\nworkers = 2\n[tls]\ncertfile = 'c.pem'\nkeyfile = 'k.pem'\n[management]\ntls = true\n[cluster]\n"
      "etcd_endpoints = ['127.0.0.1:2379']\nnode_id = 'a'\n",
-     "workers = 2 with [cluster] etcd_endpoints does not serve amqps yet: leave out [tls] certfile"),
+     "workers = 2 with [cluster] etcd_endpoints does not serve the management API over HTTPS yet: leave out "
+     "[management] tls"),
     ("[server]\nworkers = 2\n[management]\nport = 0\n[prometheus]\nport = 0\n[cluster]\n"
      "etcd_endpoints = ['127.0.0.1:2379']\nnode_id = 'a'\nreplication_port = 65535\n",
      "[cluster] replication_port 65535: worker k's group uses replication_port + k, and 65536 is past 65535"),
