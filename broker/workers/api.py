@@ -23,6 +23,7 @@ import hashlib
 import hmac
 import json
 import logging
+import ssl
 from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
@@ -117,6 +118,13 @@ class WorkerApis:
 
     def __init__(self, supervisor: "Supervisor"):
         self.supervisor = supervisor
+        # How another node's API is spoken to: HTTPS when this node's is, its certificate checked against the CA
+        # this one trusts (not its name: nodes are reached at their advertised addresses)
+        self.other_nodes: ssl.SSLContext | None = None
+        config = supervisor.config
+        if config.management_tls and supervisor.clustered:
+            self.other_nodes = ssl.create_default_context(cafile=config.tls_cacertfile)
+            self.other_nodes.check_hostname = False
 
     async def ask(self, worker: int, request: web.Request, body: Body = None, path_qs: str | None = None,
                   check_only: bool = False, metrics: bool = False, client: str | None = None) -> Answer:
@@ -133,7 +141,7 @@ class WorkerApis:
             if isinstance(target, str):
                 reader, writer = await asyncio.open_unix_connection(target)
             else:
-                reader, writer = await asyncio.open_connection(*target)
+                reader, writer = await asyncio.open_connection(*target, ssl=self.other_nodes)
                 head = head[:-2] + self._signature(worker, request, path_qs, check_only, client) + b"\r\n"
         except OSError as error:
             return unavailable(worker, request, error)

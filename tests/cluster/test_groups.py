@@ -8,6 +8,9 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
+import re
+import signal
 import ssl
 import urllib.error
 import urllib.request
@@ -32,15 +35,16 @@ TABLES = "\n".join(
 
 @contextlib.contextmanager
 def two_groups(tmp_path, etcd_endpoint, certificates=None) -> Iterator[tuple[Cluster, list[Observer]]]:
-    """Three nodes of two workers (with an amqps port each when given certificates), and an observer of each
-    group's keys; their logs printed should the test fail."""
+    """Three nodes of two workers (with an amqps port each, and the management API over HTTPS, when given
+    certificates), and an observer of each group's keys; their logs printed should the test fail."""
     name = f"t{uuid.uuid4().hex[:10]}"
     cluster = Cluster(tmp_path, name, etcd_endpoint, workers=2, tables=TABLES)
     for node in cluster.nodes.values() if certificates is not None else ():
         node.tls_port = free_port()
-        with open(node.config_path, "a") as config:
-            config.write(f'[tls]\ncertfile = "{certificates.path("server.pem")}"\n'
-                         f'keyfile = "{certificates.path("server.key")}"\nport = {node.tls_port}\n')
+        text = node.config_path.read_text().replace("[management]\n", "[management]\ntls = true\n")
+        node.config_path.write_text(text + f'[tls]\ncertfile = "{certificates.path("server.pem")}"\n'
+                                    f'keyfile = "{certificates.path("server.key")}"\nport = {node.tls_port}\n'
+                                    f'cacertfile = "{certificates.path("ca.pem")}"\n')
     observers = [cluster.observer, Observer(etcd_endpoint, name, group=1)]
     cluster.start()
     try:
@@ -251,8 +255,9 @@ def test_a_nodes_metrics_are_those_of_the_groups_it_leads(grouped):
     assert queue_messages(cluster, next(node for node in "abc" if node not in led)) == {}
 
 
-def test_amqps_reaches_every_vhost_through_every_node(tmp_path, etcd_endpoint):
-    """The TLS session ends at the front door that accepted the client, whichever worker or node leads its vhost."""
+def test_amqps_and_the_api_over_https_reach_every_group_through_every_node(tmp_path, etcd_endpoint):
+    """The TLS session ends at the front door that accepted the client, whichever worker or node leads its vhost;
+    a node's API asks the others' over HTTPS."""
     certificates = make_certificates(tmp_path / "certs")
     context = ssl.create_default_context(cafile=certificates.path("ca.pem"))
     with two_groups(tmp_path, etcd_endpoint, certificates) as (cluster, observers):
@@ -263,5 +268,42 @@ def test_amqps_reaches_every_vhost_through_every_node(tmp_path, etcd_endpoint):
                         "127.0.0.1", node.tls_port, vhost, ssl_options=pika.SSLOptions(context, "localhost"),
                         connection_attempts=50, retry_delay=0.2)) as connection:
                     publish_confirmed(connection, "secret", [f"{vhost} through {name}".encode()])
+        idle = next(name for name in "abc" if name not in leaders(observers))
+        request = urllib.request.Request(f"https://127.0.0.1:{cluster.nodes[idle].management_port}/api/queues",
+                                         headers={"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="})  # guest:guest
+        https = ssl.create_default_context(cafile=certificates.path("ca.pem"))
+        https.check_hostname = False
+        queues = wait_for(lambda: https_json(request, https), 30, "the API over HTTPS through every group")
+        assert {(queue["vhost"], queue["messages"]) for queue in queues} == {("one", 3), ("two", 3)}
+        for vhost in ("one", "two"):
             with connect(cluster, "a", vhost) as connection:
                 assert sorted(drained(connection, "secret")) == [f"{vhost} through {name}".encode() for name in "abc"]
+
+
+def https_json(request: urllib.request.Request, context: ssl.SSLContext):
+    """The JSON of a request over HTTPS once it answers 200 with queues of both groups; None before."""
+    try:
+        with urllib.request.urlopen(request, timeout=10, context=context) as response:
+            queues = json.loads(response.read())
+    except (urllib.error.URLError, OSError):
+        return None
+    return queues if len({queue["vhost"] for queue in queues}) == 2 else None
+
+
+def test_a_killed_worker_moves_its_group_alone_and_loses_nothing_confirmed(grouped):
+    cluster, observers = grouped
+    led = wait_for(lambda: leaders(observers), 30, "a leader in each group")
+    epoch = observers[1].leader()[1]
+    with connect(cluster, led[1], "two") as connection:
+        publish_confirmed(connection, "orders", [b"before"])
+    staying = connect(cluster, led[0], "one")
+    publish_confirmed(staying, "orders", [b"one before"])
+    pid = int(re.findall(r"worker 1 serves \(pid (\d+)\)", cluster.nodes[led[1]].log())[-1])
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: (found := observers[1].leader()) and found[1] != epoch, 30, "group 1 led again")
+    publish_confirmed(staying, "orders", [b"one after"])  # group 0's clients never noticed
+    assert sorted(drained(staying, "orders")) == [b"one after", b"one before"]
+    staying.close()
+    with connect(cluster, led[1], "two") as connection:  # wherever group 1 is led now
+        assert drained(connection, "orders") == [b"before"]
+        publish_confirmed(connection, "orders", [b"after"])

@@ -58,8 +58,8 @@ def test_file_then_overrides(tmp_path):
     ('[server]\nworkers = "many"\n', "workers must be an integer, got 'many'"),
     ("[server]\nworkers = 2\n[tls]\ncertfile = 'c.pem'\nkeyfile = 'k.pem'\n[management]\ntls = true\n[cluster]\n"
      "etcd_endpoints = ['127.0.0.1:2379']\nnode_id = 'a'\n",
-     "workers = 2 with [cluster] etcd_endpoints does not serve the management API over HTTPS yet: leave out "
-     "[management] tls"),
+     "[management] tls with workers = 2 and [cluster] etcd_endpoints needs [tls] cacertfile: the CA that signed the "
+     "other nodes' certificates, which this node's API checks when it asks theirs"),
     ("[server]\nworkers = 2\n[management]\nport = 0\n[prometheus]\nport = 0\n[cluster]\n"
      "etcd_endpoints = ['127.0.0.1:2379']\nnode_id = 'a'\nreplication_port = 65535\n",
      "[cluster] replication_port 65535: worker k's group uses replication_port + k, and 65536 is past 65535"),
