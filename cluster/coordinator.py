@@ -117,6 +117,7 @@ class Keys:
         self.isr = f"{prefix}/isr"
         self.members = f"{prefix}/members/"
         self.secret = f"{prefix}/secret"
+        self.preferred = f"{prefix}/preferred"
 
     def member(self, node_id: str) -> str:
         return self.members + node_id
@@ -204,6 +205,12 @@ class Coordinator(Protocol):
 
     async def secret(self) -> str:
         """The cluster's shared replication secret, created by whichever node asks first."""
+
+    async def preferred(self) -> str | None:
+        """The node an operator asked to lead (None: whichever the election gives)."""
+
+    async def prefer(self, node: str | None) -> None:
+        """Ask for ``node`` to lead from now on (None: let the election decide again)."""
 
     async def agree(self, name: str, proposal: str) -> str:
         """A setting every node must share (the workers a node runs): the value stored under ``name``, which is

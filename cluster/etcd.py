@@ -165,6 +165,17 @@ class EtcdCoordinator(LeaseHolder):
         [(stored, _)] = responses[-1]
         return stored.decode()
 
+    async def preferred(self) -> str | None:
+        found = await self._call(lambda client: client.get(self.keys.preferred.encode()))
+        return found.value.decode() if found else None
+
+    async def prefer(self, node: str | None) -> None:
+        key = self.keys.preferred.encode()
+        if node is None:
+            await self._call(lambda client: client.delete(key))
+        else:
+            await self._call(lambda client: client.put(key, node.encode()))
+
     async def agree(self, name: str, proposal: str) -> str:
         key = self.keys.setting(name).encode()
         _, responses = await self._call(lambda client: client.transaction(

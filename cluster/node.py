@@ -170,8 +170,12 @@ class ClusterNode:
             replicas = await self.coordinator.replicas()
             if self._electable(replicas):
                 hold = self._campaign_after - time.monotonic()  # the replica it stepped aside for first
-                if self.group is not None:
-                    hold = max(hold, self.group.hold(await self.coordinator.members()))
+                members = await self.coordinator.members()
+                preferred = await self.coordinator.preferred()
+                if preferred is not None and preferred != self.node and can_lead(preferred, members, replicas):
+                    hold = max(hold, self.ttl)  # the node an operator asked for campaigns first
+                elif self.group is not None and preferred != self.node:
+                    hold = max(hold, self.group.hold(members))
                 if hold > 0:
                     await self.coordinator.wait_leader_change(None, hold)
                     return
@@ -309,6 +313,25 @@ class ClusterNode:
             return "this node is becoming the leader: the management API starts once the broker serves"
         return "this node is joining the cluster: no leader is known yet"
 
+    async def prefer(self, node: str | None) -> None:
+        """An operator's wish: ``node`` leads from now on, after every election it can win (None: whichever node the
+        election gives). The leader steps aside for it at once. CoordinatorError, or ValueError naming why
+        ``node`` cannot lead (not a member, or no in-sync copy of the data)."""
+        if node is not None:
+            members, replicas = await self.coordinator.members(), await self.coordinator.replicas()
+            if node not in members:
+                raise ValueError(f"node {node!r} is not a member of the cluster now (members: "
+                                 f"{', '.join(sorted(members)) or 'none'})")
+            if not can_lead(node, members, replicas):
+                raise ValueError(f"node {node!r} holds no in-sync copy of the group's data yet: it could not lead")
+        await self.coordinator.prefer(node)
+        if node is not None and node != self.node and self.role == "leader":
+            self._step_aside_for(node)
+
+    def _step_aside_for(self, node: str) -> None:
+        self._campaign_after = time.monotonic() + self.ttl
+        self._lose(f"node {node} is to lead, as an operator asked")
+
     def _lose(self, reason: str) -> None:
         if self._lost is not None and not self._lost.done():
             self._lost.set_result(reason)
@@ -323,6 +346,11 @@ class ClusterNode:
                     return
                 members = await self.coordinator.members()
                 server.trusted_proxies = frozenset(member.amqp_host for member in members.values())
+                preferred = await self.coordinator.preferred()
+                replicas = await self.coordinator.replicas()
+                if preferred not in (None, self.node) and can_lead(preferred, members, replicas):
+                    self._step_aside_for(preferred)
+                    return
                 await self.coordinator.wait_leader_change(epoch, self.ttl / 2)
             except CoordinatorError:
                 await asyncio.sleep(RETRY)
@@ -449,6 +477,13 @@ class ClusterNode:
                 await self.coordinator.wait_leader_change(epoch, self.ttl)
             except CoordinatorError:
                 await asyncio.sleep(RETRY)
+
+
+def can_lead(node: str, members: dict[str, Member], replicas: list[Replica] | None) -> bool:
+    """Whether a node could win an election now: it is a member, and its data dir holds an in-sync copy (any does,
+    in a cluster that never had a leader)."""
+    member = members.get(node)
+    return member is not None and (replicas is None or find_copy(replicas, node, member.dir) is not None)
 
 
 def _ignore(ok: bool) -> None:

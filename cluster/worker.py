@@ -79,6 +79,7 @@ class GroupWorker:
     def server(self, config: Config) -> Server:
         server = Server(config, role=self, accepting=False)
         server.failed_logins = self.logins
+        server.leadership = self
         return server
 
     def announce(self, leader: Member | None) -> None:
@@ -100,6 +101,22 @@ class GroupWorker:
         if starting and any(group_key(group) not in board for group in range(self.number)):
             return FIRST_ELECTIONS_IN_ORDER
         return 0.0
+
+    # --- broker.connection.server.Leadership ----------------------------------------------------------------
+    async def state(self) -> dict:
+        assert self.cluster is not None
+        try:
+            pinned = await self.cluster.coordinator.preferred()
+        except CoordinatorError as error:
+            raise RuntimeError(f"etcd cannot be reached: {error}") from None
+        return {"group": self.number, "node": self.node_id, "pinned": pinned}
+
+    async def pin(self, node: str | None) -> None:
+        assert self.cluster is not None
+        try:
+            await self.cluster.prefer(node)
+        except CoordinatorError as error:
+            raise RuntimeError(f"etcd cannot be reached: {error}") from None
 
     # --- broker.connection.server.WorkerRole ----------------------------------------------------------------
     async def boot_definitions(self, document: dict, found: list[str], node: Node) -> dict:
@@ -236,8 +253,8 @@ async def serve(control: socket.socket) -> None:
     await logins.start()
     doors = FrontDoors(config, version(), platform_name(), group.route)
     loop = asyncio.get_running_loop()
-    listeners = [await loop.create_server(lambda: FrontDoor(doors), sock=socket.socket(fileno=instructions["listening"]),
-                                          backlog=1024)]
+    plain = socket.socket(fileno=instructions["listening"])
+    listeners = [await loop.create_server(lambda: FrontDoor(doors), sock=plain, backlog=1024)]
     if instructions["listening_tls"] is not None:  # amqps: the TLS session ends at the front door
         listeners.append(await loop.create_server(
             lambda: FrontDoor(doors), sock=socket.socket(fileno=instructions["listening_tls"]), backlog=1024,

@@ -228,6 +228,18 @@ async def the_first_proposal_of_a_setting_is_the_one_every_node_reads(nodes: Nod
 
 
 @check
+async def the_preferred_leader_is_what_was_asked_last(nodes: Nodes) -> None:
+    a = await nodes.start("a")
+    b = await nodes.start("b")
+    assert await b.preferred() is None
+    await a.prefer("b")
+    assert await b.preferred() == "b"
+    await a.prefer(None)
+    assert await b.preferred() is None
+    await a.prefer(None)  # (nothing to take back)
+
+
+@check
 async def a_waiter_wakes_when_the_leader_resigns(nodes: Nodes) -> None:
     a, epoch = await leading(nodes, "a")
     b = await nodes.start("b")

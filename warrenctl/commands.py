@@ -246,6 +246,26 @@ def clear_permissions(ctx: Context, args: Any) -> None:
         require_user_and_vhost(ctx.client, args.username, args.vhost)  # else: there was nothing to clear
 
 
+@verb("set_vhost_leader", "Has a node of the cluster lead the virtual host, with the other virtual hosts of its "
+      "replication group, from now on", "node", per_vhost=True)
+def set_vhost_leader(ctx: Context, args: Any) -> None:
+    ctx.say(f'Moving the leadership of vhost "{args.vhost}" to node "{args.node}" ...')
+    try:
+        ctx.client.put(f"/api/vhosts/{quote(args.vhost)}/leader", {"node": args.node})
+    except NotFound:
+        raise vhost_missing(args.vhost) from None
+
+
+@verb("clear_vhost_leader", "Lets the cluster's elections choose the node that leads the virtual host again",
+      per_vhost=True)
+def clear_vhost_leader(ctx: Context, args: Any) -> None:
+    ctx.say(f'Clearing the leader chosen for vhost "{args.vhost}" ...')
+    try:
+        ctx.client.delete(f"/api/vhosts/{quote(args.vhost)}/leader")
+    except NotFound:
+        raise vhost_missing(args.vhost) from None
+
+
 # --- policies --------------------------------------------------------------------------------------------------
 
 @verb("set_policy", "Sets a policy: the definition (JSON) applies to objects whose name matches the pattern",

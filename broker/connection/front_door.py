@@ -70,7 +70,8 @@ class FrontDoors:
     route: Callable[[str | None, bool], Route]
     trusted_proxies: frozenset[str] = frozenset()  # the cluster's members: they may send a PROXY header first
     open: set[FrontDoor] = field(default_factory=set)  # clients in the handshake here
-    splicing: set[asyncio.Task] = field(default_factory=set)  # forwards, and TLS sessions joined to a worker, being made
+    # forwards, and TLS sessions joined to a worker, being made
+    splicing: set[asyncio.Task] = field(default_factory=set)
 
 
 class FrontDoor(asyncio.Protocol):
@@ -261,8 +262,8 @@ class FrontDoor(asyncio.Protocol):
     def _refuse(self, code: int, text: str) -> None:
         """Tell the client, past its connection.open, why it cannot go on (it may connect again)."""
         if not self.transport.is_closing():
-            self.transport.write(encode_method(0, spec.Connection.Close(reply_code=code, reply_text=text[:255], class_id=0,
-                                                                              method_id=0)))
+            close = spec.Connection.Close(reply_code=code, reply_text=text[:255], class_id=0, method_id=0)
+            self.transport.write(encode_method(0, close))
             self.transport.close()
 
 

@@ -106,6 +106,20 @@ class WorkerRole(Protocol):
         ...
 
 
+class Leadership(Protocol):
+    """What a broker leading one replication group of a cluster's workers lets an operator decide
+    (broker.management.views.leadership, done by cluster.worker)."""
+
+    async def state(self) -> dict:
+        """{"group": k, "node": the leader's node id, "pinned": the node an operator asked for, or None}."""
+        ...
+
+    async def pin(self, node: str | None) -> None:
+        """Have ``node`` lead the group from now on (None: whichever node the election gives); ValueError naming
+        why it cannot, RuntimeError while etcd cannot be reached."""
+        ...
+
+
 class Server:
     def __init__(self, config: Config, role: WorkerRole | None = None,
                  listening: tuple[socket.socket | None, socket.socket | None] = (None, None), accepting: bool = True):
@@ -117,6 +131,7 @@ class Server:
         # The AMQP and amqps sockets several worker processes accept from, made by their parent (None: made here)
         self.listening, self.listening_tls = listening
         self.handoffs: Handoffs | None = None  # where connections to vhosts other workers lead go (None: nowhere)
+        self.leadership: Leadership | None = None  # its group's, when it leads one of a cluster's workers' groups
         # consecutive refused AMQP logins per address, answered more and more slowly (in a worker of several, the
         # supervisor keeps the count: broker.workers.logins)
         self.failed_logins = LoginThrottle()

@@ -12,6 +12,8 @@ import os
 import re
 import signal
 import ssl
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 import uuid
@@ -22,7 +24,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.cluster.nodes import Cluster, Node, Observer, wait_for
-from tests.conftest import free_port
+from tests.conftest import REPO_ROOT, free_port
 from tests.tls_certs import make_certificates
 
 pytestmark = pytest.mark.slow
@@ -169,6 +171,13 @@ def api(cluster: Cluster, node: str, method: str, path: str, body: dict | None =
         return 0, str(error)
 
 
+def warrenctl(cluster: Cluster, node: str, *argv: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WARREN_MANAGEMENT_URL": f"http://127.0.0.1:{cluster.nodes[node].management_port}",
+           "WARREN_MANAGEMENT_USER": "guest", "WARREN_MANAGEMENT_PASSWORD": "guest"}
+    return subprocess.run([sys.executable, "-m", "warrenctl", *argv], cwd=REPO_ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+
+
 def api_ready(cluster: Cluster) -> None:
     """Wait until every node's API reaches every group."""
     for node in "abc":
@@ -307,3 +316,24 @@ def test_a_killed_worker_moves_its_group_alone_and_loses_nothing_confirmed(group
     with connect(cluster, led[1], "two") as connection:  # wherever group 1 is led now
         assert drained(connection, "orders") == [b"before"]
         publish_confirmed(connection, "orders", [b"after"])
+
+
+def test_an_operator_moves_a_vhosts_leadership_to_another_node(grouped):
+    cluster, observers = grouped
+    led = wait_for(lambda: leaders(observers), 30, "a leader in each group")
+    api_ready(cluster)
+    with connect(cluster, led[1], "two") as connection:
+        publish_confirmed(connection, "orders", [b"before"])
+    target = next(node for node in "abc" if node != led[1])
+    status, refusal = api(cluster, "a", "PUT", "/api/vhosts/two/leader", {"node": "nobody"})
+    assert (status, refusal["reason"]) == (400, "node 'nobody' is not a member of the cluster now (members: a, b, c)")
+    assert warrenctl(cluster, "a", "set_vhost_leader", target, "-p", "two").returncode == 0
+    wait_for(lambda: (observers[1].leader() or ("",))[0] == target, 30, f"group 1 led by {target}")
+    assert observers[0].leader()[0] == led[0], "group 0 stays where it was"
+    state = wait_for(lambda: (answer := api(cluster, "c", "GET", "/api/vhosts/two/leader"))[0] == 200 and answer[1],
+                     30, "the API through the new leader")
+    assert state == {"vhost": "two", "group": 1, "node": target, "pinned": target}
+    with connect(cluster, led[1], "two") as connection:
+        assert drained(connection, "orders") == [b"before"]
+    assert warrenctl(cluster, "b", "clear_vhost_leader", "-p", "two").returncode == 0
+    assert api(cluster, "b", "GET", "/api/vhosts/two/leader")[1]["pinned"] is None

@@ -127,6 +127,16 @@ def test_an_unknown_path_is_404_object_not_found(broker):
     assert request(broker, "GET", "/api/no-such-thing") == (404, NOT_FOUND)
 
 
+@beyond_rabbitmq
+def test_a_vhosts_leader_is_chosen_only_in_a_cluster_of_workers(broker):
+    for method, body in (("GET", None), ("PUT", {"node": "b"}), ("DELETE", None)):
+        reply = request(broker, method, "/api/vhosts/%2F/leader", body)
+        assert reply == (400, {"error": "bad_request", "reason": (
+            "a vhost's leadership moves between the nodes of a cluster whose nodes run several workers ([server] "
+            "workers with [cluster]); this broker is not one")})
+    assert request(broker, "GET", "/api/vhosts/no-such-vhost/leader") == (404, NOT_FOUND)
+
+
 # --- users -----------------------------------------------------------------------------------------------------
 def test_a_user_is_created_updated_shown_and_deleted(broker, unique):
     assert request(broker, "PUT", f"/api/users/{quote(unique)}", {"password": "one", "tags": "management,monitoring"}) \

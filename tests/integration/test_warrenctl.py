@@ -260,3 +260,11 @@ def test_refused_credentials_exit_77(broker):
     done = ctl(broker, "list_users", password="not-the-password")
     assert done.returncode == 77 and done.stdout == "Listing users ...\n"
     assert done.stderr == "Error: refused by the management API: Login failed\n"
+
+
+def test_a_vhosts_leader_is_chosen_only_in_a_cluster_of_workers(broker):
+    line = failed(broker, "set_vhost_leader", "b")[1]
+    assert line == ("Error: a vhost's leadership moves between the nodes of a cluster whose nodes run several workers "
+                    "([server] workers with [cluster]); this broker is not one")
+    assert failed(broker, "clear_vhost_leader", "-p", "no-such-vhost")[1] == (
+        "Error: Virtual host 'no-such-vhost' does not exist")

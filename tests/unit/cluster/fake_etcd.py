@@ -200,6 +200,18 @@ class MemoryCoordinator(LeaseHolder):
             entry = self.etcd.put(self.keys.secret, new_secret())
         return entry.value
 
+    async def preferred(self) -> str | None:
+        self.etcd.check()
+        entry = self.etcd.get(self.keys.preferred)
+        return entry.value if entry is not None else None
+
+    async def prefer(self, node: str | None) -> None:
+        self.etcd.check()
+        if node is None:
+            self.etcd.delete(self.keys.preferred)
+        else:
+            self.etcd.put(self.keys.preferred, node)
+
     async def agree(self, name: str, proposal: str) -> str:
         self.etcd.check()
         if (entry := self.etcd.get(self.keys.setting(name))) is None:
