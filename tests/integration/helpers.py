@@ -252,3 +252,13 @@ def connection_error(action: Callable[[], object], conn: pika.BlockingConnection
         action()
         wait_until(conn, lambda: conn.is_closed)
     return closed.value.reply_code, closed.value.reply_text
+
+
+def confirmed_barrier(conn: pika.BlockingConnection) -> None:
+    """A confirmed persistent publish on the same connection: every ack and delivery the broker handled before it
+    has reached the disk when this returns (the store writes in order, and a confirm waits for everything before)."""
+    barrier = conn.channel()
+    barrier.queue_declare("barrier", durable=True)
+    barrier.confirm_delivery()
+    barrier.basic_publish("", "barrier", b"barrier", pika.BasicProperties(delivery_mode=2))
+    barrier.close()

@@ -19,7 +19,7 @@ import pika.exceptions
 import pytest
 
 from tests.bench.client import BenchConnection, BrokerClosed, BrokerURL, ConfirmTracker, message_frames
-from tests.integration.helpers import connect, enqueue, message_count, sync, wait_until
+from tests.integration.helpers import confirmed_barrier, connect, enqueue, message_count, sync, wait_until
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 BODY_PADDING = b"." * 100  # bodies of about 110 bytes: a numbered prefix, then padding
@@ -163,16 +163,6 @@ def test_tx_commit_ok_means_the_messages_survive_a_kill(own_broker):
 
 
 # --- deliveries and acks through a kill -9 ---------------------------------------------------------------------
-
-def confirmed_barrier(conn: pika.BlockingConnection) -> None:
-    """A confirmed persistent publish on the same connection: every ack and delivery the broker handled before it
-    has reached the disk when this returns (the store writes in order, and a confirm waits for everything before)."""
-    barrier = conn.channel()
-    barrier.queue_declare("barrier", durable=True)
-    barrier.confirm_delivery()
-    barrier.basic_publish("", "barrier", b"barrier", PERSISTENT)
-    barrier.close()
-
 
 def test_deliveries_unacked_at_a_kill_come_back_redelivered(own_broker):
     broker = own_broker()

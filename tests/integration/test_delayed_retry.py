@@ -12,8 +12,8 @@ import pytest
 
 from tests.integration import management
 from tests.integration.helpers import (
-    Inbox, beyond_rabbitmq, channel_error, connect, consume, declare_queue, enqueue, get, message_count,
-    reply_text, wait_until,
+    Inbox, beyond_rabbitmq, channel_error, confirmed_barrier, connect, consume, declare_queue, enqueue, get,
+    message_count, reply_text, wait_until,
 )
 
 pytestmark = beyond_rabbitmq
@@ -140,6 +140,7 @@ def test_a_waiting_persistent_message_survives_a_restart_ready_at_once(own_broke
         method, _, _ = channel.basic_get(unique)
         channel.basic_nack(method.delivery_tag, requeue=True)
         assert message_count(channel, unique) == 0
+        confirmed_barrier(conn)  # the nack is on disk (a kill -9 may undo the last milliseconds of acks)
     broker.kill()
     broker.start()
     with connect(broker) as conn:
