@@ -125,10 +125,9 @@ class FrontDoor(asyncio.Protocol):
                 return
         self.kept += data
         try:
-            frames = self.reader.feed(data)
-        except AMQPError:
-            self._go(None)  # the default group's leader reads the same bytes, and says what is wrong with them
-            return
+            frames, failed = self.reader.feed(data), False
+        except AMQPError as error:  # (the frames before the bad one still count: open may be among them)
+            frames, failed = error.frames, True
         for frame_type, channel, payload in frames:
             if frame_type == FRAME_HEARTBEAT and channel == 0:
                 continue
@@ -149,8 +148,8 @@ class FrontDoor(asyncio.Protocol):
             else:
                 self._go(None)
                 return
-        if len(self.kept) > HANDSHAKE_LIMIT:
-            self._go(None)
+        if failed or len(self.kept) > HANDSHAKE_LIMIT:
+            self._go(None)  # the default group's leader reads the same bytes, and says what is wrong with them
 
     def _protocol_header(self, data: bytes) -> bytes:
         """As a worker's: a trusted proxy's PROXY header, then the 8-byte protocol header, answered with

@@ -183,3 +183,23 @@ def test_a_proxy_header_counts_from_a_member_only(trusted):
             assert door.asked == [("orders", True)]  # forwarded: a worker of this node takes it, or nobody
     run(test)
 
+
+
+def test_frames_past_open_go_with_the_client_whatever_their_size():
+    """A client may send its first channel's frames behind connection.open: a frame larger than a handshake's
+    still goes, with the rest, to the leader of the vhost open named."""
+    async def test():
+        receiving, sending = handoff_pair()
+        try:
+            async with Door(sending) as door:
+                reader, writer = await door.client()
+                large = struct.pack(">BHI", 3, 1, 100_000)  # a body frame's start, larger than a handshake's
+                await handshake(reader, writer, rest=CHANNEL_OPEN + large)
+                sock, handed = await handed_over(receiving)
+                assert door.asked == [("orders", False)]
+                assert handed.data.startswith(HANDSHAKE + CHANNEL_OPEN)
+                sock.close()
+        finally:
+            receiving.close()
+            sending.close()
+    run(test)
