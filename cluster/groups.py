@@ -6,8 +6,6 @@ workers (etcd holds it: agreed on by the first node). Who leads each group, the 
 
 from __future__ import annotations
 
-import math
-
 from broker.workers.board import group_key
 from cluster.coordinator import Member
 
@@ -24,7 +22,3 @@ def led_by(board: dict, node: str, groups: int) -> int:
     """How many groups the node leads, as the board says."""
     return sum(1 for group in range(groups) if (board.get(group_key(group)) or {}).get("node") == node)
 
-
-def fair_share(groups: int, nodes: int) -> int:
-    """The most groups one node should lead while the others lead fewer."""
-    return math.ceil(groups / max(nodes, 1))

@@ -65,8 +65,13 @@ class Group(Protocol):
         """Who leads the group as this node now knows it (this node once it serves; None while it knows none)."""
         ...
 
-    def hold(self, members: dict[str, Member]) -> float:
-        """Seconds to wait before campaigning (0: at once), given the cluster's members."""
+    def hold(self, candidates: list[str]) -> float:
+        """Seconds to wait before campaigning (0: at once), given the other nodes that could lead the group."""
+        ...
+
+    def lighter(self, candidates: list[str]) -> str | None:
+        """While this node leads the group: a node of candidates (members that could lead it) that leads at least
+        two groups fewer than this node, to step aside for (None: the leaders are balanced)."""
         ...
 
 
@@ -175,7 +180,8 @@ class ClusterNode:
                 if preferred is not None and preferred != self.node and can_lead(preferred, members, replicas):
                     hold = max(hold, self.ttl)  # the node an operator asked for campaigns first
                 elif self.group is not None and preferred != self.node:
-                    hold = max(hold, self.group.hold(members))
+                    candidates = [node for node in members if node != self.node and can_lead(node, members, replicas)]
+                    hold = max(hold, self.group.hold(candidates))
                 if hold > 0:
                     await self.coordinator.wait_leader_change(None, hold)
                     return
@@ -326,11 +332,11 @@ class ClusterNode:
                 raise ValueError(f"node {node!r} holds no in-sync copy of the group's data yet: it could not lead")
         await self.coordinator.prefer(node)
         if node is not None and node != self.node and self.role == "leader":
-            self._step_aside_for(node)
+            self._step_aside_for(node, "as an operator asked")
 
-    def _step_aside_for(self, node: str) -> None:
+    def _step_aside_for(self, node: str, why: str) -> None:
         self._campaign_after = time.monotonic() + self.ttl
-        self._lose(f"node {node} is to lead, as an operator asked")
+        self._lose(f"node {node} is to lead, {why}")
 
     def _lose(self, reason: str) -> None:
         if self._lost is not None and not self._lost.done():
@@ -349,7 +355,11 @@ class ClusterNode:
                 preferred = await self.coordinator.preferred()
                 replicas = await self.coordinator.replicas()
                 if preferred not in (None, self.node) and can_lead(preferred, members, replicas):
-                    self._step_aside_for(preferred)
+                    self._step_aside_for(preferred, "as an operator asked")
+                    return
+                candidates = [node for node in members if node != self.node and can_lead(node, members, replicas)]
+                if preferred is None and self.group is not None and (lighter := self.group.lighter(candidates)):
+                    self._step_aside_for(lighter, "which leads fewer groups (the leaders are balanced by count)")
                     return
                 await self.coordinator.wait_leader_change(epoch, self.ttl / 2)
             except CoordinatorError:

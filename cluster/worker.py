@@ -46,7 +46,7 @@ from broker.workers.logins import NodeLoginThrottle
 from broker.workers.placement import HashedPlacement, worker_data_dir
 from broker.workers.worker import GC_THRESHOLD, Adoption, receive, run_worker, send
 from cluster.coordinator import CoordinatorError, Member
-from cluster.groups import DEFAULT_GROUP, fair_share, led_by, posted
+from cluster.groups import DEFAULT_GROUP, led_by, posted
 from cluster.node import ClusterNode, make_coordinator
 
 log = logging.getLogger("cluster")
@@ -89,18 +89,30 @@ class GroupWorker:
         for internal in self.internal:
             internal.show(server, leader)
 
-    def hold(self, members: dict[str, Member]) -> float:
-        """A node that leads its share of the groups lets the others campaign first, for one lease; at a fresh start
-        the groups elect in order, so that each campaign counts the leaders before it."""
+    def hold(self, candidates: list[str]) -> float:
+        """A node lets another that could lead the group, and leads fewer groups, campaign first, for one lease (so
+        the only node that could lead never waits); at a fresh start the groups elect in order, so that each
+        campaign counts the leaders before it."""
         board = self.board.entries
         led = led_by(board, self.node_id, self.groups.workers)
         # (in its first lease a worker may not see every node registered yet: a node leading any group waits)
         starting = time.monotonic() - self.started_at < self.config.cluster_lease_ttl
-        if led >= fair_share(self.groups.workers, len(members)) or (starting and led):
+        if (starting and led) or any(led_by(board, node, self.groups.workers) < led for node in candidates):
             return self.config.cluster_lease_ttl
         if starting and any(group_key(group) not in board for group in range(self.number)):
             return FIRST_ELECTIONS_IN_ORDER
         return 0.0
+
+    def lighter(self, candidates: list[str]) -> str | None:
+        """(Only the lowest-numbered group a node leads steps aside at a time: two at once could both go to the
+        same lighter node, which would then step aside in turn.)"""
+        board = self.board.entries
+        led_here = [group for group in range(self.groups.workers)
+                    if (board.get(group_key(group)) or {}).get("node") == self.node_id]
+        if not led_here or led_here[0] != self.number:
+            return None
+        loads = sorted((led_by(board, node, self.groups.workers), node) for node in candidates)
+        return loads[0][1] if loads and loads[0][0] + 2 <= len(led_here) else None
 
     # --- broker.connection.server.Leadership ----------------------------------------------------------------
     async def state(self) -> dict:
@@ -209,15 +221,21 @@ async def agree_on_workers(cluster: ClusterNode, workers: int) -> str | None:
     return None
 
 
+async def trust_members(cluster: ClusterNode, doors: FrontDoors) -> None:
+    """The members' addresses, as etcd has them now, may send PROXY headers (while etcd does not answer, those
+    already known stay)."""
+    try:
+        members = await cluster.coordinator.members()
+    except CoordinatorError:
+        return
+    doors.trusted_proxies = frozenset(member.amqp_host for member in members.values())
+
+
 async def keep_up(cluster: ClusterNode, doors: FrontDoors, board: BoardCopy, number: int) -> None:
     """Keep the members' addresses trusted to send PROXY headers (another node's front door forwarding a client);
     worker 0 posts the cluster's secret, which signs API requests between nodes, once it has it."""
     while True:
-        try:
-            members = await cluster.coordinator.members()
-            doors.trusted_proxies = frozenset(member.amqp_host for member in members.values())
-        except CoordinatorError:
-            pass
+        await trust_members(cluster, doors)
         if number == 0 and cluster.secret and board.entries.get(API_SECRET) != cluster.secret:
             board.post({API_SECRET: cluster.secret})
         await asyncio.sleep(cluster.ttl / 2)
@@ -252,6 +270,7 @@ async def serve(control: socket.socket) -> None:
     await board.start()
     await logins.start()
     doors = FrontDoors(config, version(), platform_name(), group.route)
+    await trust_members(cluster, doors)  # before the first client: another node's forward may be the first
     loop = asyncio.get_running_loop()
     plain = socket.socket(fileno=instructions["listening"])
     listeners = [await loop.create_server(lambda: FrontDoor(doors), sock=plain, backlog=1024)]

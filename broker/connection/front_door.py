@@ -52,6 +52,8 @@ _FRAME_HEADER = struct.Struct(">BHI")
 # frame may have, and then some. A client that sends more goes to the default group's leader, which judges it.
 HANDSHAKE_LIMIT = 4 * FRAME_MIN_SIZE
 CONNECT_TIMEOUT = 2.0  # seconds the leading node has to accept a forwarded client before it is told to come again
+TURNED_AWAY = ("CONNECTION_FORCED - broker forced connection closure with reason 'the node that leads the vhost did "
+               "not take the connection'; connect again")
 
 # Where a client goes: a worker of this node (the socket its hand-offs are sent to), another node's AMQP address,
 # or nowhere, with the reason it is told
@@ -268,7 +270,8 @@ class FrontDoor(asyncio.Protocol):
 
 class Dropping(SpliceEnd):
     """The leading node's end of a forwarded client: the frames its front door answers first, which this node's
-    answered already, are dropped; what follows goes to the client."""
+    answered already, are dropped; what follows goes to the client. A node that answers otherwise (it does not
+    take this one for a member yet) or closes first has the client told to come again."""
 
     def __init__(self, frames: int) -> None:
         super().__init__()
@@ -289,14 +292,34 @@ class Dropping(SpliceEnd):
                 return b""
             frame_type, channel, size = _FRAME_HEADER.unpack_from(data)
             end = _FRAME_HEADER.size + size
+            if frame_type != FRAME_METHOD or size > HANDSHAKE_LIMIT:  # (no handshake frame: no use waiting for it)
+                log.warning("the node a client was forwarded to did not answer with a handshake: closing it")
+                self._turned_away()
+                return b""
             if len(data) <= end:
                 self.head = data
                 return b""
             if frame_type != FRAME_METHOD or channel != 0 or data[end] != FRAME_END:
                 log.warning("the node a client was forwarded to did not answer with a handshake: closing it")
-                self.transport.close()
+                self._turned_away()
                 return b""
             data = data[end + 1:]
             self.frames -= 1
         self.head = b""
         return data
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.frames:  # closed before its handshake's answers were through
+            self._turned_away()
+        super().connection_lost(exc)
+
+    def _turned_away(self) -> None:
+        """Tell the client to come again, and close both sockets."""
+        self.frames = 0
+        client = self.other.transport if self.other is not None else None
+        if client is not None and not client.is_closing():
+            close = spec.Connection.Close(reply_code=CONNECTION_FORCED, reply_text=TURNED_AWAY, class_id=0,
+                                          method_id=0)
+            client.write(encode_method(0, close))
+            client.close()
+        self.transport.close()

@@ -69,9 +69,10 @@ def grouped(tmp_path, etcd_endpoint, request):
 
 
 def leaders(observers: list[Observer]) -> list[str] | None:
-    """The node leading each group, once both have one."""
+    """The node leading each group, once both have one and they are different nodes (leaders are spread)."""
     found = [observer.leader() for observer in observers]
-    return None if None in found else [leader[0] for leader in found]
+    nodes = None if None in found else [leader[0] for leader in found]
+    return nodes if nodes is not None and len(set(nodes)) == len(nodes) else None
 
 
 def connect(cluster: Cluster, node: str, vhost: str) -> pika.BlockingConnection:
@@ -97,8 +98,7 @@ def drained(connection: pika.BlockingConnection, queue: str) -> list[bytes]:
 
 def test_the_groups_are_led_by_different_nodes_and_every_node_reaches_both(grouped):
     cluster, observers = grouped
-    led = wait_for(lambda: leaders(observers), 30, "a leader in each group")
-    assert led[0] != led[1], f"both groups are led by {led[0]}"
+    wait_for(lambda: leaders(observers), 30, "a leader in each group, on different nodes")
     for vhost in ("one", "two"):
         sent = [f"{vhost} through {node}".encode() for node in "abc"]
         for node, body in zip("abc", sent):
@@ -193,7 +193,8 @@ def test_any_nodes_management_api_shows_and_changes_every_group(grouped):
     assert api(cluster, elsewhere, "PUT", "/api/permissions/two/alice",
                {"configure": ".*", "write": ".*", "read": ".*"})[0] == 201
     with pika.BlockingConnection(pika.ConnectionParameters(
-            "127.0.0.1", cluster.nodes[led[0]].port, "two", pika.PlainCredentials("alice", "secret"))) as connection:
+            "127.0.0.1", cluster.nodes[led[0]].port, "two", pika.PlainCredentials("alice", "secret"),
+            connection_attempts=50, retry_delay=0.2)) as connection:
         publish_confirmed(connection, "alice's", [b"hello"])  # group 1's leader knows alice
     with connect(cluster, led[1], "one") as connection:
         publish_confirmed(connection, "guest's", [b"hello"])
@@ -327,7 +328,8 @@ def test_an_operator_moves_a_vhosts_leadership_to_another_node(grouped):
     target = next(node for node in "abc" if node != led[1])
     status, refusal = api(cluster, "a", "PUT", "/api/vhosts/two/leader", {"node": "nobody"})
     assert (status, refusal["reason"]) == (400, "node 'nobody' is not a member of the cluster now (members: a, b, c)")
-    assert warrenctl(cluster, "a", "set_vhost_leader", target, "-p", "two").returncode == 0
+    wait_for(lambda: warrenctl(cluster, "a", "set_vhost_leader", target, "-p", "two").returncode == 0, 30,
+             f"{target} accepted as group 1's leader (once it holds an in-sync copy)", step=0.2)
     wait_for(lambda: (observers[1].leader() or ("",))[0] == target, 30, f"group 1 led by {target}")
     assert observers[0].leader()[0] == led[0], "group 0 stays where it was"
     state = wait_for(lambda: (answer := api(cluster, "c", "GET", "/api/vhosts/two/leader"))[0] == 200 and answer[1],
@@ -337,3 +339,15 @@ def test_an_operator_moves_a_vhosts_leadership_to_another_node(grouped):
         assert drained(connection, "orders") == [b"before"]
     assert warrenctl(cluster, "b", "clear_vhost_leader", "-p", "two").returncode == 0
     assert api(cluster, "b", "GET", "/api/vhosts/two/leader")[1]["pinned"] is None
+
+
+def test_a_node_leading_two_groups_hands_one_over_once_nothing_pins_it(grouped):
+    cluster, observers = grouped
+    led = wait_for(lambda: leaders(observers), 30, "a leader in each group")
+    api_ready(cluster)
+    wait_for(lambda: api(cluster, "a", "PUT", "/api/vhosts/two/leader", {"node": led[0]})[0] == 204, 30,
+             f"{led[0]} accepted as group 1's leader (once it holds an in-sync copy)")
+    wait_for(lambda: (observers[1].leader() or ("",))[0] == led[0], 30, f"both groups led by {led[0]}")
+    wait_for(lambda: api(cluster, "a", "DELETE", "/api/vhosts/two/leader")[0] == 204, 30,
+             "the pin taken off (once the API reaches the group's new leader)")
+    wait_for(lambda: leaders(observers), 30, "the groups led by different nodes again")

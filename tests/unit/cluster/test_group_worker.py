@@ -10,7 +10,6 @@ import pytest
 
 from broker.config import Config
 from broker.workers.placement import HashedPlacement
-from cluster.coordinator import Member
 from cluster.worker import GroupWorker, group_config
 
 TTL = 2.0
@@ -25,10 +24,6 @@ class Board:
 
     def post(self, entries: dict) -> None:
         self.posts.append(entries)
-
-
-def member(node: str) -> Member:
-    return Member(node, f"10.0.0.{ord(node) - 96}", 5672, f"10.0.0.{ord(node) - 96}", 5680)
 
 
 def led(node: str) -> dict:
@@ -67,19 +62,17 @@ def test_a_group_with_no_leader_known_turns_its_clients_away(senders):
         "vhost 'two' is unavailable: the replication group that holds it has no leader now; connect again")
 
 
-def test_a_node_leading_its_share_lets_the_others_campaign_first(senders):
-    members = {node: member(node) for node in "abc"}
-    assert worker(1, {"group 0": led("a")}, senders).hold(members) == TTL  # ceil(2 / 3) = 1, led already
-    assert worker(1, {"group 0": led("b")}, senders).hold(members) == 0.0
-    assert worker(1, {"group 0": led("a")}, senders).hold({"a": members["a"]}) == 0.0  # alone: its share is 2
+def test_a_node_lets_a_lighter_one_that_could_lead_campaign_first(senders):
+    assert worker(1, {"group 0": led("a")}, senders).hold(["b", "c"]) == TTL  # they lead none, this node one
+    assert worker(1, {"group 0": led("b")}, senders).hold(["b", "c"]) == 0.0  # c leads none too: no one lighter
+    assert worker(1, {"group 0": led("a")}, senders).hold([]) == 0.0  # nobody else could lead: it never waits
 
 
 def test_at_a_fresh_start_the_groups_elect_in_order(senders):
-    members = {node: member(node) for node in "abc"}
-    assert 0 < worker(1, {}, senders, started_long_ago=False).hold(members) < TTL  # group 0 first
-    assert worker(1, {"group 0": led("a")}, senders, started_long_ago=False).hold(members) == TTL
-    assert worker(0, {}, senders, started_long_ago=False).hold(members) == 0.0
-    assert worker(1, {}, senders).hold(members) == 0.0  # (after its first lease it waits for no one)
+    assert 0 < worker(1, {}, senders, started_long_ago=False).hold(["b", "c"]) < TTL  # group 0 first
+    assert worker(1, {"group 0": led("a")}, senders, started_long_ago=False).hold([]) == TTL  # others may come
+    assert worker(0, {}, senders, started_long_ago=False).hold(["b", "c"]) == 0.0
+    assert worker(1, {}, senders).hold(["b", "c"]) == 0.0  # (after its first lease it waits for no one)
 
 
 def test_group_configs_keep_their_own_store_and_replication_port():
@@ -88,3 +81,11 @@ def test_group_configs_keep_their_own_store_and_replication_port():
         ("/var/lib/warren", 5680), ("/var/lib/warren/workers/1", 5681), ("/var/lib/warren/workers/2", 5682)]
     picked = dataclasses.replace(config, cluster_replication_port=0)  # 0: each picks a free one
     assert [group_config(picked, k, 3).cluster_replication_port for k in range(3)] == [0, 0, 0]
+
+
+def test_a_node_leading_two_groups_more_than_another_hands_one_of_them_over(senders):
+    both = {"group 0": led("a"), "group 1": led("a")}
+    assert worker(0, both, senders).lighter(["b", "c"]) == "b"  # its lowest group steps aside
+    assert worker(1, both, senders).lighter(["b", "c"]) is None  # the other stays: one at a time
+    assert worker(0, both, senders).lighter([]) is None  # nobody could take it
+    assert worker(0, {"group 0": led("a"), "group 1": led("b")}, senders).lighter(["b", "c"]) is None  # balanced

@@ -11,7 +11,7 @@ import uvloop
 from pamqp import commands as spec
 
 from broker.config import Config
-from broker.connection.front_door import FrontDoor, FrontDoors
+from broker.connection.front_door import TURNED_AWAY, FrontDoor, FrontDoors
 from broker.connection.handoff import handoff_pair, receive_all
 from protocol import proxy_header
 from protocol.codec import decode_method, encode_method
@@ -202,4 +202,25 @@ def test_frames_past_open_go_with_the_client_whatever_their_size():
         finally:
             receiving.close()
             sending.close()
+    run(test)
+
+
+def test_a_client_the_other_node_turns_away_is_told_to_come_again():
+    """A node that does not take this one's PROXY header yet answers with its protocol header and closes."""
+    async def test():
+        async def distrustful(reader, writer):
+            await reader.read(1)
+            writer.write(PROTOCOL_HEADER)
+            writer.close()
+
+        node = await asyncio.start_server(distrustful, "127.0.0.1", 0)
+        try:
+            async with Door(("127.0.0.1", node.sockets[0].getsockname()[1])) as door:
+                reader, writer = await door.client()
+                await handshake(reader, writer)
+                close = await read_frame(reader)
+                assert (close.reply_code, close.reply_text) == (320, TURNED_AWAY)
+                assert await reader.read() == b""
+        finally:
+            node.close()
     run(test)
