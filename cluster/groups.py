@@ -18,7 +18,7 @@ def posted(leader: Member | None) -> dict | None:
                                         "api": leader.management_port}
 
 
-def led_by(board: dict, node: str, groups: int) -> int:
-    """How many groups the node leads, as the board says."""
-    return sum(1 for group in range(groups) if (board.get(group_key(group)) or {}).get("node") == node)
+def led_by(board: dict, node: str, groups: int) -> list[int]:
+    """The groups the node leads, as the board says, lowest first."""
+    return [group for group in range(groups) if (board.get(group_key(group)) or {}).get("node") == node]
 

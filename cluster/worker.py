@@ -43,7 +43,7 @@ from broker.model.definitions import of_vhosts
 from broker.model.node import Node
 from broker.workers.board import API_SECRET, BoardCopy, group_key
 from broker.workers.logins import NodeLoginThrottle
-from broker.workers.placement import HashedPlacement, worker_data_dir
+from broker.workers.placement import HashedPlacement, pins_of, worker_data_dir
 from broker.workers.worker import GC_THRESHOLD, Adoption, receive, run_worker, send
 from cluster.coordinator import CoordinatorError, Member
 from cluster.groups import DEFAULT_GROUP, led_by, posted
@@ -94,10 +94,10 @@ class GroupWorker:
         the only node that could lead never waits); at a fresh start the groups elect in order, so that each
         campaign counts the leaders before it."""
         board = self.board.entries
-        led = led_by(board, self.node_id, self.groups.workers)
+        led = len(led_by(board, self.node_id, self.groups.workers))
         # (in its first lease a worker may not see every node registered yet: a node leading any group waits)
         starting = time.monotonic() - self.started_at < self.config.cluster_lease_ttl
-        if (starting and led) or any(led_by(board, node, self.groups.workers) < led for node in candidates):
+        if (starting and led) or any(len(led_by(board, node, self.groups.workers)) < led for node in candidates):
             return self.config.cluster_lease_ttl
         if starting and any(group_key(group) not in board for group in range(self.number)):
             return FIRST_ELECTIONS_IN_ORDER
@@ -107,11 +107,10 @@ class GroupWorker:
         """(Only the lowest-numbered group a node leads steps aside at a time: two at once could both go to the
         same lighter node, which would then step aside in turn.)"""
         board = self.board.entries
-        led_here = [group for group in range(self.groups.workers)
-                    if (board.get(group_key(group)) or {}).get("node") == self.node_id]
+        led_here = led_by(board, self.node_id, self.groups.workers)
         if not led_here or led_here[0] != self.number:
             return None
-        loads = sorted((led_by(board, node, self.groups.workers), node) for node in candidates)
+        loads = sorted((len(led_by(board, node, self.groups.workers)), node) for node in candidates)
         return loads[0][1] if loads and loads[0][0] + 2 <= len(led_here) else None
 
     # --- broker.connection.server.Leadership ----------------------------------------------------------------
@@ -258,11 +257,10 @@ async def serve(control: socket.socket) -> None:
     config = group_config(Config(**instructions["config"]), number, workers)
     logs.configure(config.log_level, config.log_format, number)
     http.name_worker(number, config.cluster_node_id)
-    pins = {table["name"]: table["worker"] for table in config.vhosts if "worker" in table}
     board = BoardCopy(socket.socket(fileno=instructions["board"]))
     senders = {int(other): socket.socket(fileno=fd) for other, fd in instructions["senders"].items()}
     logins = NodeLoginThrottle(socket.socket(fileno=instructions["logins"]))
-    group = GroupWorker(config, number, HashedPlacement(workers, pins), board, senders, logins)
+    group = GroupWorker(config, number, HashedPlacement(workers, pins_of(config.vhosts)), board, senders, logins)
     cluster = group.cluster = ClusterNode(config, make_coordinator(config, number), group)
     if number == 0 and (refusal := await agree_on_workers(cluster, workers)) is not None:
         await send(writer, {"refused": refusal})

@@ -16,7 +16,6 @@ from broker.connection import greeting, handoff
 from broker.connection.auth import authenticate
 from broker.connection.login_throttle import MAX_DELAY as MAX_FAILED_LOGIN_WAIT
 from broker.connection.peer_log import PeerLog
-from broker.connection.splice import splice
 from broker.session.channel import Channel
 from broker.session.limits import ChannelLimits
 from protocol import errors
@@ -169,7 +168,6 @@ class Connection(asyncio.Protocol):
         # Where connection.open asked to go when another worker process leads that vhost: the socket to hand the
         # connection to, once the frame is read
         self.leader: "socket.socket | None" = None
-        self.tune_answered = False  # a front door sent connection.tune for this connection: start-ok does not
         self.refusing = False  # a refused login waits to be answered: nothing the client sends is read meanwhile
 
     # --- state -------------------------------------------------------------------------------------------------
@@ -237,7 +235,6 @@ class Connection(asyncio.Protocol):
         self.connected_at = handed.connected_at
         self.tls = handed.tls
         self.sent_bytes = handed.sent_bytes
-        self.tune_answered = handed.answered > 1
         self.received_bytes = handed.received_bytes
         self._enter(AWAIT_START_OK)
         peer_log.info(self.peer_address, "accepting AMQP connection %s", self.name)
@@ -597,9 +594,7 @@ class Connection(asyncio.Protocol):
         self.client_properties = properties  # kept only once the client has logged in
         self.client_capabilities = _capabilities(properties)
         self._enter(AWAIT_TUNE_OK)
-        if self.tune_answered:
-            self.tune_answered = False
-        else:
+        if self.handed is None or self.handed.answered < 2:  # (a front door sent tune after the start-ok it read)
             self.send_method(0, greeting.tune(config))
 
     def _refuse_login(self, mechanism: str, user: str, capabilities: dict) -> None:
@@ -684,34 +679,19 @@ class Connection(asyncio.Protocol):
             peer=[self.peer_address, self.peer_port],
             local=list(self.local[:2]) if self.local else ["", 0], connected_at=self.connected_at,
             received_bytes=self.received_bytes - len(data), sent_bytes=self.sent_bytes, tls=self.tls, data=data)
-        # A TLS session stays here: the other worker gets one end of a socket pair, joined to the client here
-        inner, handed_end = socket.socketpair() if self.tls else (None, None)
         try:
-            sent = handed_end if handed_end is not None else transport.get_extra_info("socket")
-            handoff.send(self.leader, sent.fileno(), handed)
+            handoff.hand_over(transport, self.leader, handed, SPLICING)
         except OSError as error:
             peer_log.warning(self.peer_address, "closing AMQP connection %s: cannot hand it to the worker that "
                              "leads its vhost: %s", self.name, error)
             self.leader = None
-            if inner is not None:
-                inner.close()
-            self.close(CONNECTION_FORCED, "CONNECTION_FORCED - broker forced connection closure with reason "
-                                          "'vhost unavailable'")
+            self.close(CONNECTION_FORCED, handoff.UNAVAILABLE)
             return
-        finally:
-            if handed_end is not None:
-                handed_end.close()  # the other worker holds its own copy
         log.debug("connection %s handed to the worker that leads its vhost", self.name)
         self._enter(CLOSED)
         if self.timer is not None:
             self.timer.cancel()
         self.server.connections.discard(self)
-        if inner is None:
-            transport.close()
-        else:
-            splicing = self.loop.create_task(splice(transport, inner))
-            SPLICING.add(splicing)
-            splicing.add_done_callback(SPLICING.discard)
 
     def _handshake_timeout(self) -> None:
         if self._handshaking():

@@ -1,5 +1,5 @@
 """The front door of a node whose vhosts are led by processes of other nodes too (a cluster of worker processes,
-broker.workers.grouped): it answers a client's handshake up to connection.open *without checking the login*,
+cluster.worker): it answers a client's handshake up to connection.open *without checking the login*,
 keeping every byte the client sent after its protocol header, and reads the vhost from connection.open. The client
 then goes to the process that leads that vhost, which reads those bytes through its ordinary handshake, checks the
 login there, and leaves unsent the frames the front door answered (connection.start, and connection.tune once a
@@ -33,7 +33,7 @@ from broker.config import Config
 from broker.connection import greeting, handoff
 from broker.connection.connection import HANDSHAKE_TIMEOUT
 from broker.connection.peer_log import PeerLog
-from broker.connection.splice import SpliceEnd, splice
+from broker.connection.splice import SpliceEnd
 from protocol import proxy_header
 from protocol.codec import decode_method, encode_method
 from protocol.constants import (
@@ -207,32 +207,17 @@ class FrontDoor(asyncio.Protocol):
     def _hand_over(self, sender: socket.socket) -> None:
         """The socket goes to the worker; over TLS, whose session stays here, one end of a socket pair goes instead,
         joined to the client here (as a worker hands an amqps connection to another: broker.connection.splice)."""
-        tls = self.transport.get_extra_info("sslcontext") is not None
         handed = handoff.HandedOver(
             user="", client_properties=b"", frame_max=0, channel_max=0, heartbeat=0, peer=list(self.peer),
             local=list(self.local), connected_at=self.connected_at, received_bytes=len(PROTOCOL_HEADER),
-            sent_bytes=self.sent, tls=tls, answered=self.answered, data=bytes(self.kept))
-        inner, handed_end = socket.socketpair() if tls else (None, None)
+            sent_bytes=self.sent, tls=self.transport.get_extra_info("sslcontext") is not None,
+            answered=self.answered, data=bytes(self.kept))
         try:
-            sent = handed_end if handed_end is not None else self.transport.get_extra_info("socket")
-            handoff.send(sender, sent.fileno(), handed)
+            handoff.hand_over(self.transport, sender, handed, self.doors.splicing)
         except OSError as error:
             peer_log.warning(self.peer[0], "closing AMQP connection from %s:%s: cannot hand it to the worker that "
                              "leads its vhost: %s", *self.peer, error)
-            if inner is not None:
-                inner.close()
-            self._refuse(CONNECTION_FORCED, "CONNECTION_FORCED - broker forced connection closure with reason "
-                                            "'vhost unavailable'")
-            return
-        finally:
-            if handed_end is not None:
-                handed_end.close()  # the worker holds its own copy
-        if inner is None:
-            self.transport.close()  # the worker holds its own copy of the socket
-            return
-        task = asyncio.get_running_loop().create_task(splice(self.transport, inner))
-        self.doors.splicing.add(task)
-        task.add_done_callback(self.doors.splicing.discard)
+            self._refuse(CONNECTION_FORCED, handoff.UNAVAILABLE)
 
     async def _forward(self, address: tuple[str, int], vhost: str | None) -> None:
         loop = asyncio.get_running_loop()

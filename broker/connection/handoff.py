@@ -11,6 +11,7 @@ A hand-off is one datagram: a 4-byte length of the JSON state, the JSON, then th
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import socket
@@ -21,9 +22,13 @@ from typing import Any, Callable
 from pamqp import decode as pamqp_decode
 from pamqp import encode as pamqp_encode
 
+from broker.connection.splice import splice
+
 log = logging.getLogger(__name__)
 
 _LENGTH = struct.Struct(">I")
+# How a client is told that the worker leading its vhost could not be handed the connection
+UNAVAILABLE = "CONNECTION_FORCED - broker forced connection closure with reason 'vhost unavailable'"
 # The largest hand-off: a read of the event loop (256 KiB at most) and the state; a receive reads up to it. Each
 # hand-off socket's buffers are made this large: room for it, or for a thousand-odd usual hand-offs (under 1 KiB)
 # waiting for a busy worker (a socket pair's datagrams are bounded by that, not by net.unix.max_dgram_qlen).
@@ -90,6 +95,29 @@ def send(sending: socket.socket, client: int, handed: HandedOver) -> None:
     if len(datagram) > DATAGRAM_MAX:
         raise OSError(f"a hand-off of {len(datagram)} bytes is over {DATAGRAM_MAX}")
     socket.send_fds(sending, [datagram], [client])
+
+
+def hand_over(transport: Any, sender: socket.socket, handed: HandedOver, splicing: set[asyncio.Task]) -> None:
+    """Send the client's socket with its state, then let it go here; over TLS (handed.tls), whose session stays
+    here, one end of a socket pair goes instead, joined here to the client (broker.connection.splice; the task in
+    splicing until it is done). OSError when it cannot go, the transport left as it was."""
+    inner, handed_end = socket.socketpair() if handed.tls else (None, None)
+    try:
+        sent = handed_end if handed_end is not None else transport.get_extra_info("socket")
+        send(sender, sent.fileno(), handed)
+    except OSError:
+        if inner is not None:
+            inner.close()
+        raise
+    finally:
+        if handed_end is not None:
+            handed_end.close()  # the receiving worker holds its own copy
+    if inner is None:
+        transport.close()  # likewise
+        return
+    task = asyncio.get_running_loop().create_task(splice(transport, inner))
+    splicing.add(task)
+    task.add_done_callback(splicing.discard)
 
 
 def receive_all(receiving: socket.socket, take: Callable[[socket.socket, HandedOver], Any]) -> None:

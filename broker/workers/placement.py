@@ -28,6 +28,11 @@ def workers_directory(data_dir: Path) -> Path:
     return data_dir / WORKERS_DIRECTORY
 
 
+def pins_of(config_vhosts: list[dict]) -> dict[str, int]:
+    """vhost -> the worker its [[vhosts]] table pins it to."""
+    return {table["name"]: table["worker"] for table in config_vhosts if "worker" in table}
+
+
 def worker_data_dir(data_dir: Path, worker: int) -> Path:
     """Worker 0 keeps the data dir itself (where a one-process broker keeps its store); the others a folder each."""
     return data_dir if worker == 0 else workers_directory(data_dir) / str(worker)

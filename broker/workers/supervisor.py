@@ -33,7 +33,7 @@ from broker.workers.api import WorkerApis, make_gateway_app
 from broker.workers.board import Board, group_key
 from broker.workers.logins import serve_logins
 from broker.workers.metrics import make_metrics_gateway_app
-from broker.workers.placement import HashedPlacement, Placement, PlacementError
+from broker.workers.placement import HashedPlacement, Placement, PlacementError, pins_of
 from broker.workers.worker import CONTROL_LINE_LIMIT, receive, send
 from storage.lock import DataDirLock, DataDirLocked
 from storage.replica import WORKERS_LOCK  # (worker 0's store holds ".lock" in the same data dir)
@@ -87,8 +87,8 @@ class Supervisor:
         # it on the board; the vhosts are placed by the cluster, not here
         self.clustered = bool(config.cluster_etcd_endpoints)
         self.board = Board()
-        pins = {table["name"]: table["worker"] for table in config.vhosts if "worker" in table}
-        self.hashed = HashedPlacement(workers, pins)  # where a clustered node's vhosts are
+        self.pins = pins_of(config.vhosts)  # vhost -> the worker its [[vhosts]] table pins it to
+        self.hashed = HashedPlacement(workers, self.pins)  # where a clustered node's vhosts are
         self.posting: set[asyncio.Task] = set()  # each worker's posts being read (Board.serve)
 
     def take_ports(self) -> None:
@@ -125,8 +125,7 @@ class Supervisor:
         except OSError as error:
             raise data_dir_error(self.data_dir, error) from error
         try:
-            pins = {table["name"]: table["worker"] for table in self.config.vhosts if "worker" in table}
-            self.placement = None if self.clustered else Placement.load(self.data_dir, len(self.workers), pins)
+            self.placement = None if self.clustered else Placement.load(self.data_dir, len(self.workers), self.pins)
         except PlacementError as error:
             raise StartupError(str(error)) from error
         except OSError as error:
