@@ -13,11 +13,12 @@ NAME_LENGTH = 255  # the longest queue or exchange name AMQP can carry
 
 
 def slowest_search(pattern, names) -> float:
+    """The most CPU time one search took (the thread's: a busy machine preempting the test adds none)."""
     slowest = 0.0
     for name in names:
-        started = time.perf_counter()
+        started = time.thread_time()
         pattern.search(name)
-        slowest = max(slowest, time.perf_counter() - started)
+        slowest = max(slowest, time.thread_time() - started)
     return slowest
 
 
