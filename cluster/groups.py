@@ -6,6 +6,8 @@ workers (etcd holds it: agreed on by the first node). Who leads each group, the 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from broker.workers.board import group_key
 from cluster.coordinator import Member
 
@@ -21,4 +23,10 @@ def posted(leader: Member | None) -> dict | None:
 def led_by(board: dict, node: str, groups: int) -> list[int]:
     """The groups the node leads, as the board says, lowest first."""
     return [group for group in range(groups) if (board.get(group_key(group)) or {}).get("node") == node]
+
+
+
+def members_posted(members: Iterable[Member]) -> dict:
+    """A group's members as the board holds them: each node's AMQP host and management API port."""
+    return {member.node_id: {"host": member.amqp_host, "api": member.management_port} for member in members}
 

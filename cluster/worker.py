@@ -39,19 +39,21 @@ from broker.connection.tls import server_context
 from broker.management import http
 from broker.management.app import make_app, unavailable
 from broker.management.prometheus import make_prometheus_app
+from broker.management.views.nodes import node_entry
 from broker.model.definitions import of_vhosts
 from broker.model.node import Node
-from broker.workers.board import API_SECRET, BoardCopy, group_key
+from broker.workers.board import API_SECRET, BoardCopy, group_key, members_key
 from broker.workers.logins import NodeLoginThrottle
 from broker.workers.placement import HashedPlacement, pins_of, worker_data_dir
 from broker.workers.worker import GC_THRESHOLD, Adoption, receive, run_worker, send
 from cluster.coordinator import CoordinatorError, Member
-from cluster.groups import DEFAULT_GROUP, led_by, posted
+from cluster.groups import DEFAULT_GROUP, led_by, members_posted, posted
 from cluster.node import ClusterNode, make_coordinator
 
 log = logging.getLogger("cluster")
 
 FIRST_ELECTIONS_IN_ORDER = 0.1  # seconds between looks at the board while the groups before this one elect
+RECHECK_INTERVAL = 1.0  # seconds between readings of the members for PROXY headers from unknown addresses
 
 
 class GroupWorker:
@@ -69,11 +71,16 @@ class GroupWorker:
         self.started_at = time.monotonic()
         self.cluster: ClusterNode | None = None  # set once made
         # its management API and Prometheus endpoint, on the sockets the supervisor's listeners reach it at
-        self.internal = (InternalSocket(number, lambda server: make_app(server, forwarded=True)),
+        self.internal = (InternalSocket(number, lambda server: make_app(server, forwarded=True), self.node_entry),
                          InternalSocket(number, make_prometheus_app))
         # what a group leader's broker reports of its part (broker.connection.server.WorkerRole)
         self.first = True  # every group keeps the node-wide definitions its config gives
         self.led: set[str] = set()
+
+    def node_entry(self) -> dict:
+        """This worker's entry in /api/nodes while it follows (and so runs no broker): the supervisor asks for it
+        once a group's leader has accepted the request's credentials (broker.workers.api)."""
+        return node_entry(self.started_at, Path(self.config.data_dir).absolute(), self.config.memory_limit, (), 0)
 
     # --- cluster.node.Group ---------------------------------------------------------------------------------
     def server(self, config: Config) -> Server:
@@ -154,12 +161,14 @@ class GroupWorker:
 
 class InternalSocket:
     """A worker's management API, or its Prometheus endpoint, on its internal socket: its broker's while it leads
-    its group, else a 503 that says who does. Each is served on a copy of the socket's descriptor, so that closing
-    one leaves the socket listening."""
+    its group, else a 503 that says who does (but for the API's /api/nodes, which lists every worker). Each is
+    served on a copy of the socket's descriptor, so that closing one leaves the socket listening."""
 
-    def __init__(self, number: int, serving: Callable[[Server], web.Application]) -> None:
+    def __init__(self, number: int, serving: Callable[[Server], web.Application],
+                 following: Callable[[], dict] | None = None) -> None:
         self.number = number
         self.serving = serving  # the app of the broker while it leads
+        self.following = following  # this worker's /api/nodes entry while it follows (None: a 503 there too)
         self.fd = -1  # the socket's, once serving
         self.runner: web.AppRunner | None = None
         self.switching: asyncio.Task | None = None  # the last switch asked for (each waits for the one before)
@@ -176,6 +185,12 @@ class InternalSocket:
                 return unavailable(request.path, reason)
 
             app = web.Application()
+            if self.following is not None:
+                entry = self.following
+                async def nodes(request: web.Request) -> web.Response:
+                    return http.reply([entry()])
+
+                app.router.add_get("/api/nodes", nodes)
             app.router.add_route("*", "/{path:.*}", answer)
         before = self.switching
         self.switching = asyncio.get_running_loop().create_task(self._serve(app, before))
@@ -220,21 +235,41 @@ async def agree_on_workers(cluster: ClusterNode, workers: int) -> str | None:
     return None
 
 
-async def trust_members(cluster: ClusterNode, doors: FrontDoors) -> None:
+async def know_members(cluster: ClusterNode, doors: FrontDoors, board: BoardCopy, number: int) -> None:
     """The members' addresses, as etcd has them now, may send PROXY headers (while etcd does not answer, those
-    already known stay)."""
+    already known stay); the board gets them, for the API's list of nodes."""
     try:
         members = await cluster.coordinator.members()
     except CoordinatorError:
         return
     doors.trusted_proxies = frozenset(member.amqp_host for member in members.values())
+    listed = members_posted(members.values())
+    if board.entries.get(members_key(number)) != listed:
+        board.post({members_key(number): listed})
+
+
+class Recheck:
+    """The members read again for a front door (FrontDoors.recheck), at most once every RECHECK_INTERVAL: a reading
+    under way is waited for, and one asked for sooner is not made."""
+
+    def __init__(self, cluster: ClusterNode, doors: FrontDoors, board: BoardCopy, number: int) -> None:
+        self.reading = lambda: know_members(cluster, doors, board, number)
+        self.last: asyncio.Future | None = None
+        self.last_at = -RECHECK_INTERVAL
+
+    async def __call__(self) -> None:
+        if (self.last is None or self.last.done()) and time.monotonic() - self.last_at >= RECHECK_INTERVAL:
+            self.last_at = time.monotonic()
+            self.last = asyncio.ensure_future(self.reading())
+        if self.last is not None and not self.last.done():
+            await asyncio.shield(self.last)
 
 
 async def keep_up(cluster: ClusterNode, doors: FrontDoors, board: BoardCopy, number: int) -> None:
-    """Keep the members' addresses trusted to send PROXY headers (another node's front door forwarding a client);
-    worker 0 posts the cluster's secret, which signs API requests between nodes, once it has it."""
+    """Keep the members known (another node's front door forwarding a client sends a PROXY header); worker 0 posts
+    the cluster's secret, which signs API requests between nodes, once it has it."""
     while True:
-        await trust_members(cluster, doors)
+        await know_members(cluster, doors, board, number)
         if number == 0 and cluster.secret and board.entries.get(API_SECRET) != cluster.secret:
             board.post({API_SECRET: cluster.secret})
         await asyncio.sleep(cluster.ttl / 2)
@@ -268,7 +303,8 @@ async def serve(control: socket.socket) -> None:
     await board.start()
     await logins.start()
     doors = FrontDoors(config, version(), platform_name(), group.route)
-    await trust_members(cluster, doors)  # before the first client: another node's forward may be the first
+    doors.recheck = Recheck(cluster, doors, board, number)
+    await know_members(cluster, doors, board, number)  # before the first client: it may be another node's forward
     loop = asyncio.get_running_loop()
     plain = socket.socket(fileno=instructions["listening"])
     listeners = [await loop.create_server(lambda: FrontDoor(doors), sock=plain, backlog=1024)]

@@ -9,7 +9,8 @@ start-ok came):
 - a worker of another node: a TCP connection to that node's AMQP port carries a PROXY v1 header naming the client,
   the protocol header and the bytes; the frames that node's front door answers first (the ones this one answered
   already) are dropped, and the two sockets are spliced. A connection that came that way (a PROXY header from a
-  member) goes to a worker of this node or nowhere, so that two nodes that disagree cannot pass it round.
+  member) goes to a worker of this node or nowhere, so that two nodes that disagree cannot pass it round. A PROXY
+  header from an address not among the members known here has the members read again before it is judged.
 
 What the front door cannot read as a handshake (a malformed frame, a method out of place, a start-ok past the size
 a handshake frame may have) it does not judge: the client goes to the leader of the default group with what it
@@ -25,7 +26,7 @@ import socket
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Union
+from typing import Any, Awaitable, Callable, Union
 
 from pamqp import commands as spec
 
@@ -71,8 +72,11 @@ class FrontDoors:
     # forwarded: it came from another node's front door, so only a worker of this node may take it
     route: Callable[[str | None, bool], Route]
     trusted_proxies: frozenset[str] = frozenset()  # the cluster's members: they may send a PROXY header first
+    # reads the members again, for a PROXY header from an address not trusted yet (a node that has just joined);
+    # at most once a second, however many ask (None: never)
+    recheck: Callable[[], Awaitable[None]] | None = None
     open: set[FrontDoor] = field(default_factory=set)  # clients in the handshake here
-    # forwards, and TLS sessions joined to a worker, being made
+    # forwards, and TLS sessions joined to a worker, being made; members read again for a PROXY header
     splicing: set[asyncio.Task] = field(default_factory=set)
 
 
@@ -84,6 +88,7 @@ class FrontDoor(asyncio.Protocol):
         self.transport: Any = None
         self.header = b""  # the protocol header (after a PROXY header) as received so far
         self.proxy_allowed = False  # the peer is a member: it may name the client it forwards in a PROXY header
+        self.rechecked = False  # the members were read again for its PROXY header
         self.forwarded = False  # it did: the client came through another node's front door
         self.peer: tuple = ("", 0)  # the client's address and port
         self.local: tuple = ("", 0)  # the address it connected to
@@ -157,6 +162,10 @@ class FrontDoor(asyncio.Protocol):
         """As a worker's: a trusted proxy's PROXY header, then the 8-byte protocol header, answered with
         connection.start; a wrong one is answered with ours and the socket closed. Returns what follows."""
         self.header += data
+        if not self.proxy_allowed and not self.rechecked and self.doors.recheck is not None and (
+                self.header[:1] == proxy_header.SIGNATURE[:1]):  # (a PROXY header, or no protocol header at all)
+            self._recheck(self.doors.recheck)
+            return b""
         if self.proxy_allowed:
             if proxy_header.SIGNATURE.startswith(self.header[:len(proxy_header.SIGNATURE)]):
                 try:
@@ -184,6 +193,22 @@ class FrontDoor(asyncio.Protocol):
         self._send(greeting.start(self.doors.config, self.doors.version, self.doors.platform))
         self.answered = 1
         return rest
+
+    def _recheck(self, recheck: Callable[[], Awaitable[None]]) -> None:
+        """Read the members again before this peer's PROXY header is judged; its bytes wait meanwhile."""
+        self.rechecked = True
+        self.transport.pause_reading()
+
+        async def judge() -> None:
+            await recheck()
+            if not self.transport.is_closing():
+                self.proxy_allowed = self.peer[0] in self.doors.trusted_proxies
+                self.transport.resume_reading()
+                self.data_received(b"")
+
+        task = asyncio.get_running_loop().create_task(judge())
+        self.doors.splicing.add(task)
+        task.add_done_callback(self.doors.splicing.discard)
 
     def _send(self, method: Any) -> None:
         data = encode_method(0, method)

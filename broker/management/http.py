@@ -150,10 +150,19 @@ def name_worker(number: int, node: str = "warren") -> None:
     node_name.cache_clear()
 
 
+def worker_name(number: int, node: str = "warren") -> str:
+    """The node name of worker N of this host's node ``node``, as that worker shows it (name_worker)."""
+    return f"{node}-{number}@{host_name()}"
+
+
 @functools.cache
 def node_name() -> str:
     """The node's name as RabbitMQ's API shows it (name@host), read once."""
-    return f"{NODE[0]}@{socket.gethostname().split('.')[0]}"
+    return f"{NODE[0]}@{host_name()}"
+
+
+def host_name() -> str:
+    return socket.gethostname().split('.')[0]
 
 
 def channel_name(channel) -> str:

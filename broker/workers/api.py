@@ -8,7 +8,9 @@ A request goes where what it names lives:
   its answer is the reply, and a refusal there changes nothing anywhere; a new vhost is placed before it is made;
 - a listing over every vhost (queues, exchanges, connections...) to every worker, each item kept from the worker
   that leads its vhost, then filtered, paged and cut to columns here as one worker would;
-- a connection, a channel or a node (a worker) by name to each worker until one has it;
+- a connection or a channel by name to each worker until one has it;
+- the nodes (a node per worker) to every worker of this node, and on a clustered node to every other node too, a
+  worker that does not answer listed as not running;
 - anything else (users, permissions, the node) to the first worker, which holds the node-wide definitions.
 
 Every worker checks the request's credentials itself; the client's address travels in a header that only the
@@ -35,7 +37,7 @@ from broker.management import guards, http
 from broker.management.app import CONSOLE, VIEWS, console_page
 from broker.management.resources import listing, sorted_bindings
 from broker.model.definitions import VHOST_SECTIONS, of_vhosts
-from broker.workers.board import API_SECRET
+from broker.workers.board import API_SECRET, nodes_of
 
 if TYPE_CHECKING:
     from broker.workers.supervisor import Supervisor
@@ -56,10 +58,9 @@ GATHERED: dict[str, tuple[Callable[[list[dict]], list[dict]], bool]] = {
     "/api/consumers": (lambda items: items, False),
     "/api/vhosts": (lambda items: http.sorted_by(items, "name"), True),
     "/api/{kind}": (lambda items: http.sorted_by(items, "vhost", "name"), False),
-    "/api/nodes": (lambda items: http.sorted_by(items, "name"), False),  # one per worker
 }
-FOUND_ON_ONE = frozenset(("/api/connections/{name}", "/api/connections/{name}/channels", "/api/channels/{name}",
-                          "/api/nodes/{name}"))
+FOUND_ON_ONE = frozenset(("/api/connections/{name}", "/api/connections/{name}/channels", "/api/channels/{name}"))
+NODES = "/api/nodes"  # a worker's answer: its own entry (a node per worker), following its group's leader or not
 # Node-wide changes: made on every worker (PUT and DELETE; the import of a whole node's definitions is POSTed)
 EVERYWHERE = frozenset(("/api/users/{name}", "/api/permissions/{vhost}/{user}", "/api/vhosts/{vhost}"))
 FAILING_FIRST = frozenset(("/api/health/checks/alarms", "/api/health/checks/local-alarms",
@@ -72,9 +73,10 @@ Body = bytes | AsyncIterator[bytes] | None  # what a forwarded request carries
 # and an HMAC of the request with the cluster's secret (broker.workers.board.API_SECRET)
 GROUP = "X-Warren-Group"
 SIGNATURE = "X-Warren-Signature"
+NODE_ITSELF = "node"  # GROUP's value for a request of the node's own list of workers (/api/nodes)
 
 
-def signature(secret: str, group: int, method: str, path_qs: str, client: str, check_only: bool) -> str:
+def signature(secret: str, group: int | str, method: str, path_qs: str, client: str, check_only: bool) -> str:
     message = "\n".join((str(group), method, path_qs, client, "check" if check_only else "apply"))
     return hmac.new(secret.encode(), message.encode(), hashlib.sha256).hexdigest()
 
@@ -133,18 +135,25 @@ class WorkerApis:
         worker that leads its group, here or on another node (whose API is asked, signed, for that worker's answer).
         ``client``: the client's address, when not the request's (a request another node's API forwarded)."""
         target = self.supervisor.api_target(worker, metrics)
+        if target is None:
+            return unavailable(f"worker {worker}", request, ConnectionError(f"no node leads group {worker} now"))
+        return await self.ask_at(target, worker, request, body, path_qs, check_only, client)
+
+    async def ask_at(self, target: str | tuple[str, int], group: int | str, request: web.Request, body: Body = None,
+                     path_qs: str | None = None, check_only: bool = False, client: str | None = None) -> Answer:
+        """The answer at target: a worker's internal socket, or another node's API (host, port), asked for the
+        worker there that leads ``group`` (or with NODE_ITSELF, for that node's own list of workers)."""
         client = request.remote or "" if client is None else client
         head = self._head(request, body, path_qs, check_only, client)
+        who = f"the node at {target}" if group == NODE_ITSELF else f"worker {group}"
         try:
-            if target is None:
-                raise ConnectionError(f"no node leads group {worker} now")
             if isinstance(target, str):
                 reader, writer = await asyncio.open_unix_connection(target)
             else:
                 reader, writer = await asyncio.open_connection(*target, ssl=self.other_nodes)
-                head = head[:-2] + self._signature(worker, request, path_qs, check_only, client) + b"\r\n"
+                head = head[:-2] + self._signature(group, request, path_qs, check_only, client) + b"\r\n"
         except OSError as error:
-            return unavailable(worker, request, error)
+            return unavailable(who, request, error)
         try:
             writer.write(head)
             sending = asyncio.ensure_future(self._send(writer, body, request.content_length is None))
@@ -157,18 +166,19 @@ class WorkerApis:
                 request[http.LOGIN] = login[0]
             return answer
         except (OSError, asyncio.IncompleteReadError, ValueError) as error:
-            return unavailable(worker, request, error)
+            return unavailable(who, request, error)
         finally:
             writer.close()
 
-    def _signature(self, worker: int, request: web.Request, path_qs: str | None, check_only: bool,
+    def _signature(self, group: int | str, request: web.Request, path_qs: str | None, check_only: bool,
                    client: str) -> bytes:
-        """The headers that make another node's API take a request as this node's, for its worker ``worker``."""
+        """The headers that make another node's API take a request as this node's, for its worker that leads
+        ``group`` (or NODE_ITSELF)."""
         secret = self.supervisor.board.entries.get(API_SECRET)
         if not secret:
             raise ConnectionError("this node has not learnt the cluster's secret from etcd yet")
-        signed = signature(secret, worker, request.method, path_qs or request.raw_path, client, check_only)
-        return f"{GROUP}: {worker}\r\n{SIGNATURE}: {signed}\r\n".encode()
+        signed = signature(secret, group, request.method, path_qs or request.raw_path, client, check_only)
+        return f"{GROUP}: {group}\r\n{SIGNATURE}: {signed}\r\n".encode()
 
     @staticmethod
     def _head(request: web.Request, body: Body, path_qs: str | None, check_only: bool, client: str) -> bytes:
@@ -241,10 +251,11 @@ def refusal_reason(response: web.StreamResponse) -> str:
         return "?"
 
 
-def unavailable(worker: int, request: web.Request, error: Exception) -> Answer:
-    log.warning("worker %d did not answer %s %.200s: %s", worker, request.method, request.path, error)
+def unavailable(who: str, request: web.Request, error: Exception) -> Answer:
+    """who: "worker N", or another node"""
+    log.warning("%s did not answer %s %.200s: %s", who, request.method, request.path, error)
     return Answer(503, CIMultiDict({"Content-Type": "application/json"}), json.dumps(
-        {"error": "service_unavailable", "reason": f"worker {worker} is starting or stopping"}).encode())
+        {"error": "service_unavailable", "reason": f"{who} is starting or stopping"}).encode())
 
 
 class Gateway:
@@ -269,17 +280,21 @@ class Gateway:
         """A request another node of the cluster forwarded (signed) for this node's worker that leads a group:
         that worker's answer, with how the credentials fared, for the node that asked to count."""
         secret = self.supervisor.board.entries.get(API_SECRET, "")
+        group: int | str = request.headers[GROUP]
         try:
-            group = int(request.headers[GROUP])
+            group = int(group)
         except ValueError:
-            group = -1
+            group = group if group == NODE_ITSELF else -1
         check_only = request.headers.get(http.CHECK_ONLY) == "1"
         client = request.headers.get(http.FORWARDED_CLIENT, "")
         expected = signature(secret, group, request.method, request.raw_path, client, check_only)
         if not secret or not hmac.compare_digest(expected, request.headers.get(SIGNATURE, "")):
             return http.error_response(403, "not_authorised", "a request from another node must be signed with the "
                                                               "cluster's secret")
-        if group not in self.workers or not isinstance(self.supervisor.api_target(group), str):
+        if group == NODE_ITSELF:  # this node's own workers, for the list of the cluster's nodes
+            return http.reply(self.entries(await self.own_nodes(request, client)))
+        if not isinstance(group, int) or group not in self.workers or not isinstance(
+                self.supervisor.api_target(group), str):
             return http.error_response(503, "service_unavailable", f"this node does not lead group {group} now")
         answer = await self.apis.ask(group, request, body_of(request), check_only=check_only, client=client)
         response = answer.response()
@@ -312,6 +327,8 @@ class Gateway:
             return await self.import_everywhere(request)
         if vhost is not None:
             return (await self.apis.ask(self.leader_of(vhost), request, body_of(request))).response()
+        if pattern in (NODES, "/api/nodes/{name}") and method == "GET":
+            return await self.nodes(request, match.get("name"))
         if pattern in FOUND_ON_ONE and method in ("GET", "DELETE"):  # (a connection is closed where it is)
             return await self.first_found(request)
         if method != "GET":
@@ -402,6 +419,45 @@ class Gateway:
                       or self.leader_of(item[key]) == worker]
         order, pageable = GATHERED[pattern]
         return await listing(request, order(items), pageable)
+
+    async def nodes(self, request: web.Request, name: str | None) -> web.Response:
+        """Every worker of this node, and on a clustered node of every node registered in the cluster (as RabbitMQ
+        lists every node of its cluster), running or not: the credentials checked by the workers leading a group."""
+        own = await self.own_nodes(request)
+        clustered = self.supervisor.clustered
+        checked = await self._each(lambda worker: self.apis.ask(worker, request, path_qs=NODES)) if clustered else own
+        verdict = next((answer for answer in checked if answer.status != 503), checked[0])
+        if verdict.status != 200:
+            return verdict.response()
+        items = self.entries(own)
+        if clustered:
+            here = self.supervisor.config.cluster_node_id
+            members = nodes_of(self.supervisor.board.entries, len(self.workers))
+            others = [(address["host"], address["api"]) for node, address in members.items()
+                      if node != here and address["api"]]
+            for answer in await asyncio.gather(*(self.apis.ask_at(target, NODE_ITSELF, request, path_qs=NODES)
+                                                 for target in others)):
+                items += answer.json() if answer.status == 200 else []  # (a node that does not answer: logged)
+        items = http.sorted_by(items, "name")
+        if name is None:
+            return await listing(request, items, pageable=False)
+        found = [item for item in items if item.get("name") == name]
+        if not found:
+            raise http.not_found()
+        return http.reply(found[0])
+
+    async def own_nodes(self, request: web.Request, client: str | None = None) -> list[Answer]:
+        """Each worker of this node's answer to /api/nodes, its internal socket asked whether or not it leads."""
+        return await self._each(lambda worker: self.apis.ask_at(
+            self.supervisor.workers[worker].api_path, worker, request, path_qs=NODES, client=client))
+
+    def entries(self, answers: list[Answer]) -> list[dict]:
+        """The /api/nodes entries of this node's workers, from their answers: one that did not answer is stopped,
+        or starting again."""
+        node = self.supervisor.config.cluster_node_id if self.supervisor.clustered else "warren"
+        return [entry for worker, answer in zip(self.workers, answers) for entry in (
+            answer.json() if answer.status == 200 else
+            [{"name": http.worker_name(worker, node), "type": "disc", "running": False}])]
 
     async def first_found(self, request: web.Request) -> web.Response:
         answer = None

@@ -3,7 +3,8 @@ supervisor keeps the union and sends it to every worker whenever it changes. (Th
 which node leads their replication group, and route clients by what all of them posted: cluster.worker.)
 
 One socket pair per worker carries JSON lines: worker -> supervisor ``{key: value, ...}`` (a null value takes the
-key off); supervisor -> worker the whole board. A worker that ends has its keys taken off.
+key off); supervisor -> worker the whole board. A worker that ends has its keys taken off (but those the board's ``lasting``
+keeps).
 """
 
 from __future__ import annotations
@@ -17,19 +18,41 @@ from typing import Any, Callable
 log = logging.getLogger(__name__)
 
 LINE_LIMIT = 1024 * 1024  # the longest line either side reads: a board of a few thousand short entries
+GROUP_KEY_PREFIX = "group "  # (group_key)
 API_SECRET = "api secret"  # a clustered node's key for the cluster's secret, which signs API requests between nodes
 
 
 def group_key(group: int) -> str:
     """A clustered node's key for who leads a replication group: {"node", "host", "port", "api"} (its management
     port), as cluster.groups.posted writes it."""
-    return f"group {group}"
+    return f"{GROUP_KEY_PREFIX}{group}"
+
+
+def members_key(group: int) -> str:
+    """A clustered node's key for the nodes registered in a replication group now: {node: {"host", "api"}} (its
+    AMQP host and management port), as cluster.groups.members_posted writes it."""
+    return f"members {group}"
+
+
+def nodes_of(board: dict[str, Any], groups: int) -> dict[str, dict]:
+    """Every node registered in any of a clustered node's groups, as its board says: node -> {"host", "api"}."""
+    return {node: address for group in range(groups) for node, address in (board.get(members_key(group)) or {}).items()}
+
+
+def led_elsewhere(node: str) -> Callable[[str, Any], bool]:
+    """What a clustered node's board keeps of a worker that ends: who leads its group, when another node does. That
+    node still leads it as far as this one knows, and the node's other workers go on forwarding the group's clients
+    there while the worker starts again (it posts anew once it has read the leader from etcd)."""
+    def kept(key: str, value: Any) -> bool:
+        return key.startswith(GROUP_KEY_PREFIX) and isinstance(value, dict) and value.get("node") != node
+    return kept
 
 
 class Board:
     """The supervisor's side: the board, and the workers it is sent to."""
 
-    def __init__(self) -> None:
+    def __init__(self, lasting: Callable[[str, Any], bool] = lambda key, value: False) -> None:
+        self.lasting = lasting  # which of a worker's posts stay on the board when it ends
         self.entries: dict[str, Any] = {}
         self.owners: dict[str, int] = {}  # key -> the worker that posted it
         self.readers: dict[int, asyncio.StreamWriter] = {}  # worker number -> where the board goes to it
@@ -54,7 +77,8 @@ class Board:
             if self.readers.get(worker) is writer:
                 del self.readers[worker]
             writer.close()
-            self._post(worker, {key: None for key, owner in self.owners.items() if owner == worker})
+            self._post(worker, {key: None for key, owner in self.owners.items()
+                                if owner == worker and not self.lasting(key, self.entries[key])})
 
     def _post(self, worker: int, posted: dict[str, Any]) -> None:
         changed = False

@@ -30,7 +30,7 @@ from broker.connection.server import StartupError, data_dir_error, prepare_data_
 from broker.connection.tls import TlsError, server_context
 from broker.management.server import ManagementServer, take
 from broker.workers.api import WorkerApis, make_gateway_app
-from broker.workers.board import Board, group_key
+from broker.workers.board import Board, group_key, led_elsewhere
 from broker.workers.logins import serve_logins
 from broker.workers.metrics import make_metrics_gateway_app
 from broker.workers.placement import HashedPlacement, Placement, PlacementError, pins_of
@@ -86,7 +86,7 @@ class Supervisor:
         # A clustered node's workers each lead or follow a replication group (cluster.worker), and post who leads
         # it on the board; the vhosts are placed by the cluster, not here
         self.clustered = bool(config.cluster_etcd_endpoints)
-        self.board = Board()
+        self.board = Board(led_elsewhere(config.cluster_node_id)) if self.clustered else Board()
         self.pins = pins_of(config.vhosts)  # vhost -> the worker its [[vhosts]] table pins it to
         self.hashed = HashedPlacement(workers, self.pins)  # where a clustered node's vhosts are
         self.posting: set[asyncio.Task] = set()  # each worker's posts being read (Board.serve)

@@ -14,6 +14,7 @@ import signal
 import ssl
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -215,6 +216,38 @@ def test_any_nodes_management_api_shows_and_changes_every_group(grouped):
             "127.0.0.1", cluster.nodes[led[1]].port, "two", pika.PlainCredentials("alice", "secret")))
 
 
+def test_any_nodes_api_lists_every_worker_of_every_node(grouped):
+    """/api/nodes on any node lists each node's workers, leading their group or following (a node per worker, as
+    RabbitMQ lists every node of its cluster); a node that leaves the cluster leaves the list."""
+    cluster, observers = grouped
+    led = wait_for(lambda: leaders(observers), 30, "a leader in each group")
+    elsewhere = next(node for node in "abc" if node not in led)
+    api_ready(cluster)
+    with connect(cluster, elsewhere, "two") as connection:
+        publish_confirmed(connection, "listed", [b"hello"])
+
+    def listed(node: str) -> dict[str, dict] | None:
+        status, nodes = api(cluster, node, "GET", "/api/nodes")
+        return {entry["name"].split("@")[0]: entry for entry in nodes} if status == 200 else None
+
+    every = {f"{node}-{worker}" for node in "abc" for worker in (0, 1)}
+    nodes = wait_for(lambda: (found := listed(elsewhere)) and set(found) == every and found, 30,
+                     "every worker of every node listed")
+    assert all(entry["running"] for entry in nodes.values())
+    assert len({entry["os_pid"] for entry in nodes.values()}) == 6
+    queue = api(cluster, elsewhere, "GET", "/api/queues/two/listed")[1]
+    assert queue["node"].split("@")[0] == f"{led[1]}-1"
+    assert nodes[f"{led[1]}-1"]["name"] == queue["node"]
+    follower = nodes[f"{elsewhere}-1"]["name"]  # a worker that leads nothing, asked for by name on another node
+    status, entry = api(cluster, led[0], "GET", f"/api/nodes/{follower}")
+    assert (status, entry["name"], entry["running"]) == (200, follower, True)
+    assert api(cluster, led[0], "GET", "/api/nodes/nobody@nowhere")[0] == 404
+    assert api(cluster, led[0], "GET", "/api/nodes", user="nobody:wrong")[0] == 401
+    cluster.nodes[elsewhere].kill()
+    rest = {name for name in every if not name.startswith(elsewhere)}
+    wait_for(lambda: (found := listed(led[0])) and set(found) == rest, 30, f"{elsewhere}'s workers gone from the list")
+
+
 def test_a_request_between_nodes_counts_only_when_signed(grouped):
     cluster, observers = grouped
     led = wait_for(lambda: leaders(observers), 30, "a leader in each group")
@@ -317,6 +350,43 @@ def test_a_killed_worker_moves_its_group_alone_and_loses_nothing_confirmed(group
     with connect(cluster, led[1], "two") as connection:  # wherever group 1 is led now
         assert drained(connection, "orders") == [b"before"]
         publish_confirmed(connection, "orders", [b"after"])
+
+
+def test_clients_reach_a_group_led_elsewhere_while_this_nodes_worker_of_that_group_starts_again(grouped):
+    """A node's other workers go on forwarding a group's clients to its leader while the node's own worker of that
+    group, a follower, is killed and started again."""
+    cluster, observers = grouped
+    led = wait_for(lambda: leaders(observers), 30, "a leader in each group")
+    elsewhere = next(node for node in "abc" if node != led[1])  # where worker 1 follows group 1's leader
+    api_ready(cluster)
+
+    def publish_through_elsewhere(body: bytes) -> None:  # one attempt
+        with pika.BlockingConnection(pika.ConnectionParameters(
+                "127.0.0.1", cluster.nodes[elsewhere].port, "two", socket_timeout=5)) as connection:
+            publish_confirmed(connection, "orders", [body])
+
+    def forwarded_once() -> bool:
+        try:
+            publish_through_elsewhere(b"before")
+            return True
+        except pika.exceptions.AMQPConnectionError:
+            return False
+
+    # (a node that has just joined is taken for a member by the others within half a lease)
+    wait_for(forwarded_once, 30, f"{elsewhere}'s forwards taken by {led[1]}")
+    pattern = r"worker 1 serves \(pid (\d+)\)"
+    pid = int(re.findall(pattern, cluster.nodes[elsewhere].log())[-1])
+    os.kill(pid, signal.SIGKILL)
+    sent: list[bytes] = []
+    deadline = time.monotonic() + 30
+    while not (restarted := len(re.findall(pattern, cluster.nodes[elsewhere].log())) > 1) and (
+            time.monotonic() < deadline):
+        sent.append(f"while restarting {len(sent)}".encode())
+        publish_through_elsewhere(sent[-1])
+    assert restarted, "worker 1 started again"
+    assert sent, "clients came while worker 1 was down"
+    with connect(cluster, led[1], "two") as connection:
+        assert drained(connection, "orders") == [b"before", *sent]
 
 
 def test_an_operator_moves_a_vhosts_leadership_to_another_node(grouped):

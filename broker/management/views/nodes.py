@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import resource
 import time
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Collection
 
 from aiohttp import web
 
@@ -50,16 +51,25 @@ def open_files() -> int:
 def node_json(request: web.Request) -> dict:
     """The node as RabbitMQ's /api/nodes shows it: its resources, limits and alarms (no rates, no Erlang VM)."""
     server: "Server" = http.server_of(request)
+    return node_entry(request.app[http.STARTED], server.data_dir, server.memory_alarm.limit, server.alarms,
+                      len(server.connections))
+
+
+def node_entry(started: float, data_dir: Path, memory_limit: int, alarms: Collection[str],
+               sockets: int) -> dict:
+    """This process's entry in /api/nodes, up since ``started`` (time.monotonic()); ``alarms``: those in force
+    ("memory", "disk"); ``sockets``: the clients it serves. (Also a clustered node's worker that follows its group's
+    leader, and so runs no broker: cluster.worker.)"""
     file_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     return {
         "name": http.node_name(), "type": "disc", "running": True, "partitions": [], "cluster_links": [],
         "os_pid": str(os.getpid()), "processors": os.cpu_count() or 1,
-        "uptime": int((time.monotonic() - request.app[http.STARTED]) * 1000),
-        "mem_used": resident_bytes(), "mem_limit": server.memory_alarm.limit,
-        "mem_alarm": "memory" in server.alarms, "mem_calculation_strategy": "rss",
-        "disk_free": free_bytes(server.data_dir) or 0, "disk_free_limit": 0, "disk_free_alarm": "disk" in server.alarms,
-        "fd_used": open_files(), "fd_total": file_limit, "sockets_used": len(server.connections),
-        "sockets_total": file_limit, "rates_mode": RATES_MODE, "db_dir": str(server.data_dir),
+        "uptime": int((time.monotonic() - started) * 1000),
+        "mem_used": resident_bytes(), "mem_limit": memory_limit,
+        "mem_alarm": "memory" in alarms, "mem_calculation_strategy": "rss",
+        "disk_free": free_bytes(data_dir) or 0, "disk_free_limit": 0, "disk_free_alarm": "disk" in alarms,
+        "fd_used": open_files(), "fd_total": file_limit, "sockets_used": sockets,
+        "sockets_total": file_limit, "rates_mode": RATES_MODE, "db_dir": str(data_dir),
         "exchange_types": exchange_types(), "auth_mechanisms": AUTH_MECHANISMS,
         "enabled_plugins": ["rabbitmq_management"],
     }

@@ -3,6 +3,7 @@ campaigns, by what the node's workers posted on their board."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import socket
 
@@ -10,7 +11,7 @@ import pytest
 
 from broker.config import Config
 from broker.workers.placement import HashedPlacement
-from cluster.worker import GroupWorker, group_config
+from cluster.worker import RECHECK_INTERVAL, GroupWorker, Recheck, group_config
 
 TTL = 2.0
 
@@ -89,3 +90,23 @@ def test_a_node_leading_two_groups_more_than_another_hands_one_of_them_over(send
     assert worker(1, both, senders).lighter(["b", "c"]) is None  # the other stays: one at a time
     assert worker(0, both, senders).lighter([]) is None  # nobody could take it
     assert worker(0, {"group 0": led("a"), "group 1": led("b")}, senders).lighter(["b", "c"]) is None  # balanced
+
+
+def test_the_members_are_read_again_at_most_once_a_second_however_many_front_doors_ask():
+    async def test():
+        recheck = Recheck(None, None, None, 0)  # (its reading replaced below)
+        readings = []
+
+        async def reading():
+            readings.append(1)
+            await asyncio.sleep(0.05)
+
+        recheck.reading = reading
+        await asyncio.gather(*(recheck() for _ in range(5)))  # all wait for the one reading
+        await recheck()  # too soon after it: not read again
+        assert readings == [1]
+        recheck.last_at -= RECHECK_INTERVAL
+        await recheck()
+        assert readings == [1, 1]
+
+    asyncio.run(test())

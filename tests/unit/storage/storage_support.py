@@ -1,4 +1,5 @@
-"""Helpers of the storage tests: run work on a store until durable, wait for a batch, read a data dir back."""
+"""Helpers of the storage tests: run work on a store until durable, publish, wait for a batch, read a data dir
+back."""
 
 from __future__ import annotations
 
@@ -22,11 +23,19 @@ def run(data_dir: Path, work, **options) -> None:
     asyncio.run(main())
 
 
+HANG_GUARD = 30.0  # seconds: only a writer that stopped answering takes this long
+
+
 async def durable(store: MessageStore) -> bool:
     """Whether everything appended so far was written (the store's when_durable outcome)."""
     done = asyncio.get_running_loop().create_future()
     store.when_durable(done.set_result)
-    return await done
+    return await asyncio.wait_for(done, HANG_GUARD)
+
+
+def publish(store: MessageStore, msg_id: int, padding: int = 0) -> None:
+    """A message of body b"m<msg_id>" (then padding bytes) to the durable queue "q"."""
+    store.append_message(msg_id, ("q",), "", "q", b"h", b"m%d" % msg_id + b"x" * padding)
 
 
 def reopen(data_dir: Path, **options) -> Recovered:

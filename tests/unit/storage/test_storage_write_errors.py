@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from storage.store import MessageStore
-from tests.unit.storage.storage_support import durable, reopen
+from tests.unit.storage.storage_support import durable, publish, reopen
 
 
 class FailingDisk:
@@ -37,10 +37,6 @@ class FailingDisk:
         if self.failing:
             raise OSError(errno.EIO, "Input/output error")
         self._truncate(fd, size)
-
-
-def publish(store: MessageStore, msg_id: int) -> None:
-    store.append_message(msg_id, ("q",), "", "q", b"h", b"m%d" % msg_id)
 
 
 @pytest.mark.parametrize("partial", [False, True], ids=["nothing-written", "half-written"])

@@ -15,20 +15,7 @@ from storage.compaction import Compaction
 from storage.lock import DataDirLocked
 from storage.store import MessageStore
 from storage.writer import Writer
-from tests.unit.storage.storage_support import reopen
-
-HANG_GUARD = 30.0  # seconds: only a writer that stopped answering takes this long
-
-
-async def durable(store: MessageStore) -> bool:
-    done = asyncio.get_running_loop().create_future()
-    store.when_durable(done.set_result)
-    return await asyncio.wait_for(done, HANG_GUARD)
-
-
-def publish(store: MessageStore, msg_id: int, size: int = 10) -> None:
-    store.append_message(msg_id, ("q",), "", "q", b"h", b"%d:" % msg_id + b"x" * size)
-
+from tests.unit.storage.storage_support import HANG_GUARD, durable, publish, reopen
 
 def critical_records(caplog) -> list[logging.LogRecord]:
     return [record for record in caplog.records if record.levelno == logging.CRITICAL]
@@ -82,7 +69,7 @@ def test_a_bug_in_a_compaction_step_abandons_it_and_batches_go_on(tmp_path, monk
         store = MessageStore(tmp_path, segment_bytes=16 * 1024, min_compact_bytes=4 * 1024)
         store.recover()
         for msg_id in range(60):  # about four segments
-            publish(store, msg_id, size=1000)
+            publish(store, msg_id, padding=1000)
             assert await durable(store) is True
         store.append_removed("q", range(0, 12))  # most of the first segment: worth a rewrite once it stops losing
         assert await durable(store) is True

@@ -224,3 +224,40 @@ def test_a_client_the_other_node_turns_away_is_told_to_come_again():
         finally:
             node.close()
     run(test)
+
+
+def test_a_proxy_header_from_an_address_not_known_yet_has_the_members_read_again():
+    """A node that has just joined forwards before this one has read the members since: they are read again before
+    its PROXY header is judged."""
+    async def test():
+        async with Door("no leader") as door:
+            readings = []
+
+            async def recheck():
+                readings.append(1)
+                await asyncio.sleep(0.05)  # etcd answers
+                door.doors.trusted_proxies = frozenset({"127.0.0.1"})
+
+            door.doors.recheck = recheck
+            header = proxy_header.encode(("10.1.2.3", 4000), ("10.0.0.1", 5672))
+            reader, writer = await door.client(header)
+            await asyncio.sleep(0.01)
+            writer.write(PROTOCOL_HEADER)  # (sent while the members are read)
+            await handshake(reader, writer)
+            await read_frame(reader)
+            assert door.asked == [("orders", True)] and readings == [1]
+    run(test)
+
+
+def test_a_proxy_header_from_no_member_is_refused_after_the_members_are_read_again():
+    async def test():
+        async with Door("no leader") as door:
+            async def recheck():
+                pass  # still not a member
+
+            door.doors.recheck = recheck
+            reader, writer = await door.client(proxy_header.encode(("10.1.2.3", 4000), ("10.0.0.1", 5672)) +
+                                               PROTOCOL_HEADER)
+            assert await reader.read() == PROTOCOL_HEADER
+            assert door.asked == []
+    run(test)

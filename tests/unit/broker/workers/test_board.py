@@ -8,7 +8,7 @@ import socket
 
 import uvloop
 
-from broker.workers.board import Board, BoardCopy
+from broker.workers.board import Board, BoardCopy, led_elsewhere
 
 
 async def until(condition) -> None:
@@ -41,5 +41,29 @@ def test_every_worker_reads_what_each_posted_until_the_poster_ends():
         copies[0].writer.close()
         await asyncio.wait_for(serving[0], 5)
         assert board.entries == {}
+
+    uvloop.run(asyncio.wait_for(test(), 10))
+
+
+def test_a_clustered_node_keeps_who_leads_a_group_elsewhere_when_its_worker_of_that_group_ends():
+    """The node's other workers go on forwarding the group's clients to its leader while the worker starts again;
+    a group this node led has no leader here once its worker has ended."""
+    async def test():
+        board = Board(led_elsewhere("a"))
+        copies, serving = [], []
+        for number in range(3):
+            supervisor_end, worker_end = socket.socketpair()
+            serving.append(asyncio.ensure_future(board.serve(number, supervisor_end)))
+            copies.append(BoardCopy(worker_end))
+            await copies[-1].start()
+        copies[1].post({"group 1": {"node": "b"}, "members 1": {"a": {}, "b": {}}})  # led by another node
+        copies[2].post({"group 2": {"node": "a"}, "members 2": {"a": {}, "b": {}}})  # led by this one
+        await until(lambda: len(copies[0].entries) == 4)
+        for ending in (1, 2):
+            copies[ending].writer.close()
+            await asyncio.wait_for(serving[ending], 5)
+        await until(lambda: copies[0].entries == {"group 1": {"node": "b"}})
+        copies[0].writer.close()
+        await asyncio.wait_for(serving[0], 5)
 
     uvloop.run(asyncio.wait_for(test(), 10))

@@ -2,11 +2,14 @@
 answer it reads back."""
 
 import asyncio
+import json
+from types import SimpleNamespace
 
 from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict
 
-from broker.workers.api import WorkerApis, read_answer
+from broker.management import http
+from broker.workers.api import Answer, Gateway, WorkerApis, read_answer, unavailable
 
 
 def answer_to(raw: bytes, method: str = "GET"):
@@ -36,3 +39,12 @@ def test_the_clients_expect_is_answered_here_and_not_forwarded():
     head = WorkerApis._head(request, b"{}", None, False, "10.0.0.7").decode()
     assert "Expect" not in head and "Authorization: Basic eA==" in head and "Content-Length: 2" in head
     assert "X-Warren-Client: 10.0.0.7" in head
+
+
+def test_a_worker_that_does_not_answer_is_listed_as_a_node_not_running():
+    supervisor = SimpleNamespace(config=SimpleNamespace(management_tls=False, cluster_node_id="a"), clustered=True,
+                                 workers=[object(), object()])
+    answers = [Answer(200, CIMultiDict(), json.dumps([{"name": "a-0@h", "running": True}]).encode()),
+               unavailable("worker 1", make_mocked_request("GET", "/api/nodes"), ConnectionRefusedError())]
+    assert Gateway(supervisor).entries(answers) == [
+        {"name": "a-0@h", "running": True}, {"name": f"a-1@{http.host_name()}", "type": "disc", "running": False}]
