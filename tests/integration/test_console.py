@@ -255,3 +255,14 @@ def test_the_rate_chart_has_a_scale_and_lines_that_coincide_stay_apart(browser, 
     assert legend == ["publish 2.0/s", "deliver/get 2.0/s", "ack 0.6/s", "redeliver \u2013"]
     swatch = browser.find_element(By.CSS_SELECTOR, "#test-chart .legend span[data-key=deliver_get] line")
     assert swatch.get_attribute("stroke-dasharray") == delivered["stroke-dasharray"]
+
+
+def test_the_overview_lists_every_worker_as_a_node(browser, own_broker, tmp_path):
+    broker = own_broker("--workers", "2")
+    log_in(browser, broker)
+    rows = wait(browser, lambda d: [row.text for row in d.find_elements(By.CSS_SELECTOR, "#nodes tbody tr")])
+    assert [row.split()[0].split("@")[0] for row in rows] == ["warren-0", "warren-1"]
+    assert all(" up " in f" {row} " for row in rows)
+    assert text_of(browser, "#alarms") == "Alarms\nnone"
+    assert "Running\n2 of 2" in text_of(browser, "#nodes-summary")
+    screenshot(browser, "overview-workers")

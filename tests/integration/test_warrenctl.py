@@ -256,6 +256,29 @@ def test_status_names_the_node(broker):
     assert out.startswith("Status of node ") and "\nAlarms\n\n(none)\n" in out
 
 
+def section(out: str, title: str) -> list[str]:
+    """The lines of one section of rabbitmqctl's sectioned output: after its title and a blank line, up to the
+    next blank line."""
+    lines = out.splitlines()
+    start = lines.index(title) + 2
+    return lines[start:lines.index("", start)] if "" in lines[start:] else lines[start:]
+
+
+def test_cluster_status_lists_the_nodes_and_which_are_running(broker):
+    out = ok(broker, "cluster_status")
+    node = out.splitlines()[0].removeprefix("Cluster status of node ").removesuffix(" ...")
+    assert node in section(out, "Disk Nodes") and section(out, "Running Nodes") == section(out, "Disk Nodes")
+    assert section(out, "Alarms") == ["(none)"]
+    status = json.loads(ok(broker, "cluster_status", "--formatter", "json"))
+    assert status["running_nodes"] == section(out, "Running Nodes") and status["alarms"] == []
+
+
+def test_cluster_status_lists_a_node_per_worker(own_broker):
+    broker = own_broker("--workers", "2")
+    running = section(ok(broker, "cluster_status"), "Running Nodes")
+    assert [name.split("@")[0] for name in running] == ["warren-0", "warren-1"]
+
+
 def test_refused_credentials_exit_77(broker):
     done = ctl(broker, "list_users", password="not-the-password")
     assert done.returncode == 77 and done.stdout == "Listing users ...\n"

@@ -279,16 +279,36 @@ async function overview() {
   const content = el("div", {}, el("h1", {}, `Overview: ${data.cluster_name} (${data.product_name} ${data.product_version})`),
                      tiles, el("h2", {}, "Message rates"), chart(data.message_stats));
   if (has("monitoring", "administrator")) {
-    const [node] = await api("GET", "/nodes");
-    const alarms = [node.mem_alarm && "memory", node.disk_free_alarm && "disk"].filter(Boolean);
-    content.append(el("h2", {}, "Node"), el("div", {class: "tiles"},
-      el("div", {class: "tile"}, "Memory", el("b", {}, `${(node.mem_used / 2 ** 20).toFixed(0)} MiB`),
-         `of ${(node.mem_limit / 2 ** 20).toFixed(0)} MiB limit`),
-      el("div", {class: "tile"}, "Disk free", el("b", {}, `${(node.disk_free / 2 ** 30).toFixed(1)} GiB`)),
+    // A node per worker process with several workers, of every node in a cluster of workers
+    const nodes = await api("GET", "/nodes");
+    const running = nodes.filter((node) => node.running);
+    const alarms = [...new Set(running.flatMap(nodeAlarms))];
+    content.append(el("h2", {}, "Nodes"), el("div", {class: "tiles", id: "nodes-summary"},
+      el("div", {class: "tile"}, "Memory", el("b", {}, mebibytes(sum(running, "mem_used"))),
+         `of ${mebibytes(sum(running, "mem_limit"))} limit`),
+      el("div", {class: "tile"}, "Running", el("b", {}, `${running.length} of ${nodes.length}`)),
       el("div", {class: "tile", id: "alarms"}, "Alarms",
-         el("b", {class: alarms.length ? "alarm" : null}, alarms.length ? alarms.join(", ") : "none"))));
+         el("b", {class: alarms.length ? "alarm" : null}, alarms.length ? alarms.join(", ") : "none"))),
+      table([
+        {title: "Name", value: (node) => node.name},
+        {title: "State", value: (node) => (node.running ? `up ${uptime(node.uptime)}` : "not running")},
+        {title: "Memory", value: (node) => (node.running ? `${mebibytes(node.mem_used)} of ${mebibytes(node.mem_limit)}` : "")},
+        {title: "Disk free", value: (node) => (node.running ? `${(node.disk_free / 2 ** 30).toFixed(1)} GiB` : "")},
+        {title: "File descriptors", value: (node) => number(node.fd_used)},
+        {title: "Clients", value: (node) => number(node.sockets_used)},
+        {title: "Alarms", value: (node) => nodeAlarms(node).join(", ")},
+      ], nodes, {id: "nodes"}));
   }
   return content;
+}
+
+const nodeAlarms = (node) => [node.mem_alarm && "memory", node.disk_free_alarm && "disk"].filter(Boolean);
+const sum = (items, key) => items.reduce((total, item) => total + (item[key] || 0), 0);
+const mebibytes = (bytes) => `${(bytes / 2 ** 20).toFixed(0)} MiB`;
+
+function uptime(milliseconds) {
+  const minutes = Math.floor(milliseconds / 60000);
+  return minutes < 60 ? `${minutes} min` : minutes < 2880 ? `${Math.floor(minutes / 60)} h` : `${Math.floor(minutes / 1440)} d`;
 }
 overview.refresh = true;
 
