@@ -1,7 +1,7 @@
 """What several worker processes cost: the hand-off of a connection, and broker CPU per message.
 
     python -m tests.bench.workers [--seconds N] [--opens N]
-    python -m tests.bench.workers --scale 1,2,4,8 [--pin] [--seconds N]
+    python -m tests.bench.workers --scale 1,2,4,8 [--pin] [--independent] [--seconds N]
 
 - Opening a connection (TCP connect to connection.open-ok, the bench client) to vhost v1: on one worker, and on two
   workers where worker 1 leads v1, counting only the connections worker 0 accepted and handed over (their client
@@ -19,6 +19,8 @@ The counts run forward then backward (1 2 4 8 8 4 2 1), each figure the mean of 
 broker and the load generators kept busy: where the two add up to the machine's cores, the machine was the limit.
 With --pin, each run's broker gets the first hardware thread of N physical cores of its own and the load generators
 the other cores (or, where none are left, the broker's cores' other threads): what N workers do when each has a core.
+With --independent, N one-process brokers run side by side instead (each its own data dir and port, pinned to a
+core of its own with --pin): what the machine itself gives N busy processes, the figure to read the workers' against.
 """
 
 from __future__ import annotations
@@ -134,13 +136,19 @@ def busy_vhosts(broker: RunningBroker, vhosts: list[str], seconds: float,
     """A consumer and a producer process per vhost, all started at once; delivered messages, the broker's CPU
     microseconds per message (its supervisor, workers and their threads), and the cores the broker and the load
     generators kept busy."""
+    return busy([(broker, vhost) for vhost in vhosts], seconds, load_cpus)
+
+
+def busy(targets: list[tuple[RunningBroker, str]], seconds: float, load_cpus: set[int] | None) -> dict[str, float]:
+    """busy_vhosts over (broker, vhost) pairs: the brokers' CPU added up."""
     sides = [(vhost, loadgen(url(broker, vhost), role, seconds, f"bench-workers-{vhost.strip('/') or 'root'}",
-                             load_cpus)) for vhost in vhosts for role in ("consumer", "producer")]
+                             load_cpus)) for broker, vhost in targets for role in ("consumer", "producer")]
+    brokers = list({broker.process.pid: broker for broker, _ in targets}.values())
     try:
         for _, side in sides:
             if side.stdout.readline().strip() != "ready":
                 raise RuntimeError(_failure(side.communicate()[1], side.wait()))
-        before = cpu_seconds(broker.process.pid)
+        before = sum(cpu_seconds(broker.process.pid) for broker in brokers)
         load_before = _children_cpu_seconds()
         started = time.perf_counter()
         for _, side in sides:
@@ -152,7 +160,7 @@ def busy_vhosts(broker: RunningBroker, vhosts: list[str], seconds: float,
         for _, consumer in consumers:
             consumer.stdin.write("stop\n")
             consumer.stdin.flush()
-        cpu = cpu_seconds(broker.process.pid) - before
+        cpu = sum(cpu_seconds(broker.process.pid) for broker in brokers) - before
         elapsed = time.perf_counter() - started  # longer than seconds where the load generators start late
         delivered = sum(_figures(consumer.communicate(timeout=time_limit(seconds))[0])["delivered"]
                         for _, consumer in consumers)
@@ -187,37 +195,57 @@ def run(workdir: Path, workers: int, args: argparse.Namespace) -> dict[str, floa
             "one cpu us/msg": one["cpu us/msg"], "both msg/s": both["msg/s"], "both cpu us/msg": both["cpu us/msg"]}
 
 
-def scale(counts: list[int], seconds: float, pinned: bool) -> None:
+def scale(counts: list[int], seconds: float, pinned: bool, independent: bool = False) -> None:
     """Throughput with N workers and a busy vhost on each, for each N of counts (forward, then backward), against N
-    times one worker's; pinned, on N physical cores of the broker's own."""
+    times one worker's; pinned, on N physical cores of the broker's own. Independent: N one-process brokers side
+    by side instead, a busy vhost on each (what the machine itself gives N processes)."""
     runs: dict[int, list[dict[str, float]]] = {workers: [] for workers in counts}
     with tempfile.TemporaryDirectory(prefix="warren-bench-workers-") as scratch:
         for index, workers in enumerate([*counts, *reversed(counts)]):
             workdir = Path(scratch) / f"scale-{index}-{workers}"
-            workdir.mkdir()
-            vhosts = scale_vhosts(workers)
-            (workdir / "warren.toml").write_text(config_of(vhosts))
-            broker = start_warren(workdir, "--workers", str(workers), "--config", str(workdir / "warren.toml"))
+            brokers: list[RunningBroker] = []
             try:
+                if independent:
+                    for number in range(workers):
+                        (workdir / str(number)).mkdir(parents=True)
+                        brokers.append(start_warren(workdir / str(number)))
+                    targets = [(broker, "/") for broker in brokers]
+                else:
+                    workdir.mkdir()
+                    vhosts = scale_vhosts(workers)
+                    (workdir / "warren.toml").write_text(config_of(vhosts))
+                    brokers.append(start_warren(workdir, "--workers", str(workers), "--config",
+                                                str(workdir / "warren.toml")))
+                    targets = [(brokers[0], vhost) for vhost in vhosts]
                 broker_cpus, load_cpus = pinned_cpus(workers) if pinned else (None, None)
                 if broker_cpus is not None:
-                    pin(broker.process.pid, broker_cpus)
-                    print(f"{workers} workers on CPUs {cpu_list(broker_cpus)}, load on {cpu_list(load_cpus)}")
-                runs[workers].append(busy_vhosts(broker, vhosts, seconds, load_cpus))
+                    if independent:  # a core each
+                        for broker, cpu in zip(brokers, sorted(broker_cpus)):
+                            pin(broker.process.pid, {cpu})
+                    else:
+                        pin(brokers[0].process.pid, broker_cpus)
+                    print(f"{workers} {'brokers' if independent else 'workers'} on CPUs {cpu_list(broker_cpus)}, "
+                          f"load on {cpu_list(load_cpus)}")
+                runs[workers].append(busy(targets, seconds, load_cpus))
             finally:
-                broker.stop()
+                for broker in brokers:
+                    broker.stop()
     means = {workers: {key: statistics.mean(run[key] for run in figures) for key in figures[0]}
              for workers, figures in runs.items()}
     one = means[1]["msg/s"] if 1 in means else None
-    print(f"{'workers':>8} {'busy vhosts':>12} {'msg/s in all':>14} {'/ (N x 1 worker)':>17} {'CPU µs/msg':>11} "
+    what = "brokers" if independent else "workers"
+    print(f"{what:>8} {'busy vhosts':>12} {'msg/s in all':>14} {f'/ (N x 1 {what[:-1]})':>17} {'CPU µs/msg':>11} "
           f"{'broker cores':>13} {'load cores':>11}")
     for workers, figures in means.items():
         share = f"{figures['msg/s'] / (workers * one):.2f}" if one else "-"
         print(f"{workers:8} {workers:12} {figures['msg/s']:14.0f} {share:>17} {figures['cpu us/msg']:11.2f} "
               f"{figures['broker cores']:13.2f} {figures['load cores']:11.2f}")
     print(f"a producer and a consumer process per busy vhost, 16 B, auto-ack, {seconds:g} s a run, {os.cpu_count()} "
-          f"CPUs on {len(physical_cores())} physical cores{', pinned' if pinned else ''}; goal: msg/s in all >= "
-          "0.85 x N x 1 worker's, where the machine has cores for the workers and their load generators")
+          f"CPUs on {len(physical_cores())} physical cores{', pinned' if pinned else ''}"
+          + ("; N one-process brokers side by side, each its own data dir and port: what the machine gives N "
+             "processes, to read the workers' figures against" if independent else
+             "; goal: msg/s in all >= 0.85 x N x 1 worker's, where the machine has cores for the workers and their "
+             "load generators"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -226,9 +254,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--opens", type=int, default=300, help="connections opened one after another")
     parser.add_argument("--scale", help="instead: throughput with these numbers of workers, e.g. 1,2,4,8")
     parser.add_argument("--pin", action="store_true", help="with --scale: the broker on physical cores of its own")
+    parser.add_argument("--independent", action="store_true",
+                        help="with --scale: N one-process brokers side by side instead of N workers")
     args = parser.parse_args(argv)
     if args.scale:
-        scale([int(count) for count in args.scale.split(",")], args.seconds, args.pin)
+        scale([int(count) for count in args.scale.split(",")], args.seconds, args.pin, args.independent)
         return 0
     results: dict[int, list[dict[str, float]]] = {1: [], 2: []}
     with tempfile.TemporaryDirectory(prefix="warren-bench-workers-") as scratch:
