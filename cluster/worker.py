@@ -121,7 +121,7 @@ class GroupWorker:
         return loads[0][1] if loads and loads[0][0] + 2 <= len(led_here) else None
 
     # --- broker.connection.server.Leadership ----------------------------------------------------------------
-    async def state(self) -> dict:
+    async def state(self, vhost: str) -> dict:
         assert self.cluster is not None
         try:
             pinned = await self.cluster.coordinator.preferred()
@@ -129,7 +129,7 @@ class GroupWorker:
             raise RuntimeError(f"etcd cannot be reached: {error}") from None
         return {"group": self.number, "node": self.node_id, "pinned": pinned}
 
-    async def pin(self, node: str | None) -> None:
+    async def pin(self, vhost: str, node: str | None) -> None:
         assert self.cluster is not None
         try:
             await self.cluster.prefer(node)

@@ -10,6 +10,7 @@ Public API (``storage.store``)::
     store.append_removed(queue, msg_ids)        # acked / rejected / expired / purged from that queue
     store.append_delivered(queue, msg_ids)      # never waits; the message comes back redelivered
     store.append_definition(kind, name, data)   # kind: exchange/queue/binding/vhost/user/policy; data None = deleted
+    store.definitions()                         # every live one as (kind, name, data), in creation order
     store.delete_queue(queue)                   # its messages and its "queue" definition are gone
     store.when_durable(callback)                # callback(ok) on the loop once all the above is fsynced
     log = store.streams.open(key, max_segment_bytes, max_bytes, max_age_ms, fresh)  # a stream queue's own log

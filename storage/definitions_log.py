@@ -172,6 +172,10 @@ class DefinitionTable:
     def of_kind(self, kind: str) -> list[dict]:
         return [data for (k, _), data in self._data.items() if k == kind]
 
+    def items(self) -> list[tuple[str, str, dict]]:
+        """Every live definition as (kind, name, data), in creation order."""
+        return [(kind, name, data) for (kind, name), data in self._data.items()]
+
     def __contains__(self, key: tuple[str, str]) -> bool:
         """Whether a (kind, name) definition is live."""
         return key in self._data

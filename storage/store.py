@@ -210,6 +210,10 @@ class MessageStore:
         if not self._kick_scheduled:
             self._schedule_kick()
 
+    def definitions(self) -> list[tuple[str, str, dict]]:
+        """Every live definition as (kind, name, data), in creation order."""
+        return self._recovered_definitions().items()
+
     def has_definition(self, kind: str, name: str) -> bool:
         return (kind, name) in self._recovered_definitions()
 

@@ -272,8 +272,9 @@ def clear_permissions(ctx: Context, args: Any) -> None:
         require_user_and_vhost(ctx.client, args.username, args.vhost)  # else: there was nothing to clear
 
 
-@verb("set_vhost_leader", "Has a node of the cluster lead the virtual host, with the other virtual hosts of its "
-      "replication group, from now on", "node", per_vhost=True)
+@verb("set_vhost_leader", "Has a node lead the virtual host from now on: with several workers, one of them (its data "
+      "moves there); in a cluster of workers, a node of the cluster (with the other virtual hosts of its group)",
+      "node", per_vhost=True)
 def set_vhost_leader(ctx: Context, args: Any) -> None:
     ctx.say(f'Moving the leadership of vhost "{args.vhost}" to node "{args.node}" ...')
     try:

@@ -107,16 +107,18 @@ class WorkerRole(Protocol):
 
 
 class Leadership(Protocol):
-    """What a broker leading one replication group of a cluster's workers lets an operator decide
-    (broker.management.views.leadership, done by cluster.worker)."""
+    """Where a vhost is led, as an operator may choose it (broker.management.views.leadership): by a broker leading
+    one replication group of a cluster's workers (cluster.worker), or by a worker of one node's several
+    (broker.workers.worker, the supervisor moving the vhost)."""
 
-    async def state(self) -> dict:
-        """{"group": k, "node": the leader's node id, "pinned": the node an operator asked for, or None}."""
+    async def state(self, vhost: str) -> dict:
+        """{"node": where it is led, "pinned": the node an operator asked for, or None}, and for a cluster's
+        group {"group": k}."""
         ...
 
-    async def pin(self, node: str | None) -> None:
-        """Have ``node`` lead the group from now on (None: whichever node the election gives); ValueError naming
-        why it cannot, RuntimeError while etcd cannot be reached."""
+    async def pin(self, vhost: str, node: str | None) -> None:
+        """Have ``node`` lead the vhost from now on (None: whichever node the election gives); ValueError naming
+        why it cannot, RuntimeError while it cannot be done now (etcd cannot be reached)."""
         ...
 
 
@@ -131,7 +133,7 @@ class Server:
         # The AMQP and amqps sockets several worker processes accept from, made by their parent (None: made here)
         self.listening, self.listening_tls = listening
         self.handoffs: Handoffs | None = None  # where connections to vhosts other workers lead go (None: nowhere)
-        self.leadership: Leadership | None = None  # its group's, when it leads one of a cluster's workers' groups
+        self.leadership: Leadership | None = None  # with several workers, or a cluster of them
         # consecutive refused AMQP logins per address, answered more and more slowly (in a worker of several, the
         # supervisor keeps the count: broker.workers.logins)
         self.failed_logins = LoginThrottle()

@@ -155,6 +155,15 @@ def worker_name(number: int, node: str = "warren") -> str:
     return f"{node}-{number}@{host_name()}"
 
 
+def worker_named(name: str, workers: int) -> int | None:
+    """The number of the worker of this broker's ``workers`` that a node name names: warren-N@host, or warren-N
+    (rabbitmqctl's short node names take this host); None for any other name."""
+    for number in range(workers):
+        if name in (worker_name(number), worker_name(number).partition("@")[0]):
+            return number
+    return None
+
+
 @functools.cache
 def node_name() -> str:
     """The node's name as RabbitMQ's API shows it (name@host), read once."""

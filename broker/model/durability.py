@@ -43,7 +43,7 @@ def delayed_key(vhost_name: str, exchange_name: str) -> str:
     return DELAYED_PREFIX + exchange_key(vhost_name, exchange_name)
 
 
-def _store_keys(kind: str, vhost_name: str, data: dict) -> set[str]:
+def store_keys(kind: str, vhost_name: str, data: dict) -> set[str]:
     """The store key of the messages of a stored queue or delayed exchange definition (none for other ones)."""
     name = data.get("name")
     if not isinstance(name, str):
@@ -102,7 +102,7 @@ def restore(node: "Node", recovered: "Recovered", led: Collection[str] | None = 
         for data in stored:
             if isinstance(data, dict) and data.get("vhost") not in node.vhosts:
                 log.error("skipping stored %s %s: its vhost is gone", kind, reprlib.repr(data))
-                skipped |= _store_keys(kind, str(data.get("vhost")), data)
+                skipped |= store_keys(kind, str(data.get("vhost")), data)
     known = {queue.store_key for vhost in node.vhosts.values() for queue in vhost.queues.values()} | skipped
     known.update(exchange.delayed.store_key for vhost in node.vhosts.values() for exchange in vhost.exchanges.values()
                  if exchange.holds_delayed)
@@ -141,14 +141,14 @@ def _restore_vhost(vhost: "VirtualHost", recovered: "Recovered", skipped: set[st
         if _restored("exchange", data, lambda: _restore_exchange(vhost, data)):
             exchanges += 1
         else:
-            skipped |= _store_keys("exchange", vhost.name, data)
+            skipped |= store_keys("exchange", vhost.name, data)
     for data in recovered.queues:
         if not _ours("queue", data, vhost):
             continue
         if _restored("queue", data, lambda: _restore_queue(vhost, data)):
             queues += 1
         else:
-            skipped |= _store_keys("queue", vhost.name, data)
+            skipped |= store_keys("queue", vhost.name, data)
     for data in recovered.bindings:
         if _ours("binding", data, vhost) and _restored("binding", data, lambda: _restore_binding(vhost, data)):
             bindings += 1

@@ -3,7 +3,7 @@
 
 A request goes where what it names lives:
 - a vhost's resources (``/api/queues/{vhost}/...``, a vhost's definitions, its aliveness test) to the worker that
-  leads the vhost;
+  leads the vhost; a vhost moved to another worker (PUT its leader) is checked there, then moved here;
 - a node-wide change (users, permissions, vhosts, an import of definitions) to every worker, the first one first:
   its answer is the reply, and a refusal there changes nothing anywhere; a new vhost is placed before it is made;
 - a listing over every vhost (queues, exchanges, connections...) to every worker, each item kept from the worker
@@ -38,6 +38,7 @@ from broker.management.app import CONSOLE, VIEWS, console_page
 from broker.management.resources import listing, sorted_bindings
 from broker.model.definitions import VHOST_SECTIONS, of_vhosts
 from broker.workers.board import API_SECRET, nodes_of
+from broker.workers.moving import MoveError
 
 if TYPE_CHECKING:
     from broker.workers.supervisor import Supervisor
@@ -60,6 +61,7 @@ GATHERED: dict[str, tuple[Callable[[list[dict]], list[dict]], bool]] = {
     "/api/{kind}": (lambda items: http.sorted_by(items, "vhost", "name"), False),
 }
 FOUND_ON_ONE = frozenset(("/api/connections/{name}", "/api/connections/{name}/channels", "/api/channels/{name}"))
+LEADER = "/api/vhosts/{vhost}/leader"  # where a vhost is led: moved by the supervisor (PUT) on a node of workers
 NODES = "/api/nodes"  # a worker's answer: its own entry (a node per worker), following its group's leader or not
 # Node-wide changes: made on every worker (PUT and DELETE; the import of a whole node's definitions is POSTed)
 EVERYWHERE = frozenset(("/api/users/{name}", "/api/permissions/{vhost}/{user}", "/api/vhosts/{vhost}"))
@@ -323,6 +325,8 @@ class Gateway:
         method = request.method
         if method in ("PUT", "DELETE") and pattern in EVERYWHERE:
             return await self.everywhere(request, pattern, vhost)
+        if method == "PUT" and pattern == LEADER and vhost is not None and not self.supervisor.clustered:
+            return await self.move(request, vhost)
         if method == "POST" and pattern == "/api/definitions":
             return await self.import_everywhere(request)
         if vhost is not None:
@@ -419,6 +423,24 @@ class Gateway:
                       or self.leader_of(item[key]) == worker]
         order, pageable = GATHERED[pattern]
         return await listing(request, order(items), pageable)
+
+    async def move(self, request: web.Request, vhost: str) -> web.Response:
+        """A vhost moved to another worker: the worker that leads it checks the request (credentials, the vhost,
+        the node named), then the supervisor moves it."""
+        kept = bytearray()
+        answer = await self.apis.ask(self.leader_of(vhost), request, body_of(request, kept))
+        if answer.status >= 300:
+            return answer.response()
+        target = http.worker_named(json.loads(kept)["node"], len(self.workers))
+        assert target is not None, "(the worker accepted the node's name)"
+        try:
+            await self.supervisor.move(vhost, target)
+        except ValueError as error:
+            return http.error_response(400, "bad_request", str(error))
+        except (MoveError, OSError) as error:
+            log.error("could not move vhost '%s' to worker %d: %s", vhost, target, error)
+            return http.error_response(500, "internal_server_error", f"the vhost could not be moved: {error}")
+        return web.Response(status=204)
 
     async def nodes(self, request: web.Request, name: str | None) -> web.Response:
         """Every worker of this node, and on a clustered node of every node registered in the cluster (as RabbitMQ

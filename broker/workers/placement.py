@@ -99,8 +99,9 @@ class Placement:
         for name, pinned in self.pins.items():
             if self.leaders.get(name, pinned) != pinned:
                 raise PlacementError(f"vhost '{name}' is pinned to worker {pinned} ([[vhosts]] worker), but it lives "
-                                     f"in the store of worker {self.leaders[name]}: a vhost's data does not move "
-                                     f"between workers; pin it to {self.leaders[name]} or remove the pin")
+                                     f"in the store of worker {self.leaders[name]}: pin it to {self.leaders[name]} or "
+                                     f"remove the pin, start, and move it (warrenctl set_vhost_leader "
+                                     f"warren-{pinned} -p VHOST) before you pin it to {pinned}")
 
     def save(self) -> None:
         made: set[Path] = set()

@@ -31,6 +31,7 @@ from broker.connection.tls import TlsError, server_context
 from broker.management.server import ManagementServer, take
 from broker.workers.api import WorkerApis, make_gateway_app
 from broker.workers.board import Board, group_key, led_elsewhere
+from broker.workers import moving
 from broker.workers.logins import serve_logins
 from broker.workers.metrics import make_metrics_gateway_app
 from broker.workers.placement import HashedPlacement, Placement, PlacementError, pins_of
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 RESTART_DELAY = 1.0  # seconds before a worker that died soon after its start is started again
 STEADY = 10.0  # seconds a worker must have run for its death to be restarted at once
 STOP_GRACE = 15.0  # seconds workers get to stop cleanly before they are killed
+MOVED_SERVING_WAIT = 60.0  # seconds a move waits for its two workers to serve again before it answers
 
 
 class WorkerProcess:
@@ -65,6 +67,8 @@ class WorkerProcess:
         # on it at a time
         self.control: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
         self.talking = asyncio.Lock()
+        self.serving = asyncio.Event()  # set while it serves
+        self.held: asyncio.Event | None = None  # while a vhost is moved: it starts again once this is set
 
 
 class Supervisor:
@@ -90,6 +94,8 @@ class Supervisor:
         self.pins = pins_of(config.vhosts)  # vhost -> the worker its [[vhosts]] table pins it to
         self.hashed = HashedPlacement(workers, self.pins)  # where a clustered node's vhosts are
         self.posting: set[asyncio.Task] = set()  # each worker's posts being read (Board.serve)
+        self.moving = asyncio.Lock()  # one vhost moved at a time
+        self.saving = asyncio.Lock()  # one write of placement.json at a time
 
     def take_ports(self) -> None:
         """The AMQP port, and the amqps one once [tls] names a certificate (checked here first, as one process
@@ -130,6 +136,8 @@ class Supervisor:
             raise StartupError(str(error)) from error
         except OSError as error:
             raise data_dir_error(self.data_dir, error) from error
+        if self.placement is not None:
+            await self._finish_moving()
         for worker in self.workers:
             refusal = await self._start(worker)
             if refusal is not None:
@@ -192,7 +200,7 @@ class Supervisor:
             if first and "vhosts" in serving:  # its store read: the placement of its vhosts, then it serves
                 assert self.placement is not None, "(a clustered worker's store is its group's)"
                 if self.placement.place(serving["vhosts"], serving["found"]):
-                    await asyncio.get_running_loop().run_in_executor(None, self.placement.save)
+                    await self._save_placement()
                 await send(writer, {"placement": self.placement.leaders})
                 told = dict(self.placement.leaders)
                 serving = await receive(reader)
@@ -207,6 +215,7 @@ class Supervisor:
         if first:
             self.node_wide = serving["node"]
         worker.control = reader, writer
+        worker.serving.set()
         asyncio.get_running_loop().create_task(self._watch(worker, writer))
         if worker.number in self.down:  # its vhosts are up again; it learns what changed while it started
             self.down.discard(worker.number)
@@ -263,7 +272,7 @@ class Supervisor:
 
     async def _placement_changed(self) -> None:
         assert self.placement is not None
-        await asyncio.get_running_loop().run_in_executor(None, self.placement.save)
+        await self._save_placement()
         await self._tell_workers()
 
     async def _tell_workers(self) -> None:
@@ -307,6 +316,7 @@ class Supervisor:
         assert worker.process is not None
         code = await worker.process.wait()
         worker.control = None
+        worker.serving.clear()
         control.close()
         if not self.stopping:  # told meanwhile: a worker slow to answer does not hold this one's restart up
             self.down.add(worker.number)
@@ -314,10 +324,13 @@ class Supervisor:
             self.telling.add(telling)
             telling.add_done_callback(self.telling.discard)
         while not self.stopping:
-            log.error("worker %d (pid %d) ended with %s; starting it again", worker.number, worker.process.pid,
-                      f"signal {-code}" if code < 0 else f"exit code {code}")
-            if time.monotonic() - worker.started_at < STEADY:
-                await asyncio.sleep(RESTART_DELAY)
+            if worker.held is not None:  # stopped for a move: started again once it is made
+                await worker.held.wait()
+            else:
+                log.error("worker %d (pid %d) ended with %s; starting it again", worker.number, worker.process.pid,
+                          f"signal {-code}" if code < 0 else f"exit code {code}")
+                if time.monotonic() - worker.started_at < STEADY:
+                    await asyncio.sleep(RESTART_DELAY)
             if self.stopping:
                 return
             refusal = await self._start(worker)
@@ -326,11 +339,71 @@ class Supervisor:
             log.error("worker %d could not start: %s", worker.number, refusal)
             code = worker.process.returncode or 0
 
-    async def stop(self) -> None:
-        """Stop the workers (SIGTERM, then SIGKILL after STOP_GRACE) and give back the ports and the data dir; also
-        after a start that failed part of the way."""
-        self.stopping = True
-        running = [worker.process for worker in self.workers
+    async def move(self, vhost: str, target: int) -> None:
+        """Move a vhost to another worker (broker.workers.moving): its worker and the target stop cleanly, the
+        vhost's data moves from one store to the other, and both start again; returns once they serve. ValueError
+        if the config pins the vhost elsewhere, moving.MoveError if a store could not be read or written."""
+        assert self.placement is not None
+        async with self.moving:
+            source = self.placement.leaders.get(vhost, 0)
+            pinned = self.pins.get(vhost)
+            if pinned is not None and pinned != target:
+                raise ValueError(f"vhost '{vhost}' is pinned to worker {pinned} by the config ([[vhosts]] worker): "
+                                 "change the pin to move it")
+            if source == target:
+                return
+            pair = [self.workers[source], self.workers[target]]
+            held = asyncio.Event()
+            for worker in pair:
+                worker.held = held
+            loop = asyncio.get_running_loop()
+            try:
+                log.info("stopping workers %d and %d to move vhost '%s' from one to the other", source, target, vhost)
+                await self._stop_workers(pair)
+                await loop.run_in_executor(
+                    None, moving.move, self.data_dir, vhost, source, target, lambda: self._leader(vhost),
+                    lambda: self._lead(vhost, target, loop))
+            finally:
+                for worker in pair:
+                    worker.held = None
+                held.set()
+            await asyncio.wait([asyncio.ensure_future(worker.serving.wait()) for worker in pair],
+                               timeout=MOVED_SERVING_WAIT)
+
+    def _leader(self, vhost: str) -> int:
+        assert self.placement is not None
+        return self.placement.leaders.get(vhost, 0)
+
+    def _lead(self, vhost: str, worker: int, loop: asyncio.AbstractEventLoop) -> None:
+        """The placement names worker for vhost, durably: called on the mover's thread, done on the loop."""
+        asyncio.run_coroutine_threadsafe(self._placed(vhost, worker), loop).result()
+
+    async def _placed(self, vhost: str, worker: int) -> None:
+        assert self.placement is not None
+        self.placement.leaders[vhost] = worker
+        await self._save_placement()
+
+    async def _save_placement(self) -> None:
+        """placement.json written (one save at a time: each writes the same temporary file)."""
+        assert self.placement is not None
+        async with self.saving:
+            await asyncio.get_running_loop().run_in_executor(None, self.placement.save)
+
+    async def _finish_moving(self) -> None:
+        """A move a stop interrupted is finished before any worker starts (broker.workers.moving); one that cannot
+        be is logged, and tried again at the next start: the vhost is whole where the placement says meanwhile."""
+        try:
+            move = moving.pending(self.data_dir)
+            if move is not None:
+                loop = asyncio.get_running_loop()
+                await loop.run_in_executor(None, moving.finish, self.data_dir, lambda: self._leader(move["vhost"]),
+                                           lambda: self._lead(move["vhost"], move["to"], loop))
+        except (moving.MoveError, OSError) as error:
+            log.error("could not finish moving a vhost between workers: %s", error)
+
+    async def _stop_workers(self, workers: list[WorkerProcess]) -> None:
+        """Stop workers cleanly (SIGTERM, then SIGKILL after STOP_GRACE)."""
+        running = [worker.process for worker in workers
                    if worker.process is not None and worker.process.returncode is None]
         for process in running:
             process.send_signal(signal.SIGTERM)
@@ -342,6 +415,15 @@ class Supervisor:
                     process.kill()
             if late:
                 await asyncio.wait(late)
+
+    async def stop(self) -> None:
+        """Stop the workers (SIGTERM, then SIGKILL after STOP_GRACE) and give back the ports and the data dir; also
+        after a start that failed part of the way."""
+        self.stopping = True
+        for worker in self.workers:
+            if worker.held is not None:
+                worker.held.set()  # (a move under way ends with the node: its journal finishes it at the next start)
+        await self._stop_workers(self.workers)
         for listening in (self.listening, self.listening_tls):
             if listening is not None:
                 listening.close()

@@ -54,7 +54,7 @@ from broker.management.prometheus import make_prometheus_app
 from broker.model.definitions import VHOST_SECTIONS, export_node_wide, of_vhosts
 from broker.model.node import Node
 from broker.workers.logins import NodeLoginThrottle
-from broker.workers.placement import worker_data_dir
+from broker.workers.placement import pins_of, worker_data_dir
 from protocol.codec import encode_method
 from protocol.constants import INTERNAL_ERROR
 
@@ -127,6 +127,35 @@ class Worker:
             node.clear_permissions(user, vhost)
 
 
+class Placed:
+    """Which worker leads a vhost, as the management API shows it and an operator chooses it
+    (broker.connection.server.Leadership): this worker checks a request to move one, and the supervisor, which
+    passed the request on, moves it once this worker has accepted it (broker.workers.api, broker.workers.moving)."""
+
+    def __init__(self, worker: Worker, workers: int, pins: dict[str, int]):
+        self.worker = worker
+        self.workers = workers  # how many the broker runs
+        self.pins = pins  # vhost -> the worker its [[vhosts]] table pins it to
+
+    async def state(self, vhost: str) -> dict:
+        pinned = self.pins.get(vhost)
+        return {"node": http.worker_name(self.worker.leaders.get(vhost, 0)),
+                "pinned": http.worker_name(pinned) if pinned is not None else None}
+
+    async def pin(self, vhost: str, node: str | None) -> None:
+        if node is None:
+            raise ValueError("a vhost stays on its worker until it is moved to another (PUT {\"node\": ...}): there "
+                             "is no choice to clear")
+        number = http.worker_named(node, self.workers)
+        if number is None:
+            names = ", ".join(http.worker_name(number) for number in range(self.workers))
+            raise ValueError(f"node '{node}' is not a worker of this broker (its workers: {names})")
+        pinned = self.pins.get(vhost)
+        if pinned is not None and pinned != number:
+            raise ValueError(f"vhost '{vhost}' is pinned to {http.worker_name(pinned)} by the config ([[vhosts]] "
+                             "worker): change the pin to move it")
+
+
 class Adoption:
     """Connections handed to this worker become connections of the broker that serves here; while none does (a
     clustered worker that has stopped leading its group), the client is told to come again."""
@@ -183,6 +212,7 @@ async def serve(control: socket.socket) -> None:
                                                     socket.socket(fileno=tls) if tls is not None else None))
     senders = {int(other): socket.socket(fileno=fd) for other, fd in instructions["senders"].items()}
     server.handoffs = handoffs = Handoffs(number, worker.leaders, senders)
+    server.leadership = Placed(worker, instructions["workers"], pins_of(config.vhosts))
     server.failed_logins = logins = NodeLoginThrottle(socket.socket(fileno=instructions["logins"]))
     await logins.start()
     stop = stop_on_signals()

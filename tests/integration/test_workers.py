@@ -28,6 +28,7 @@ from tests.conftest import free_port
 from tests.integration.management import add_user, add_vhost, request, set_permissions
 from tests.integration.rawclient import RawClient, plain_response
 from tests.integration.test_login_failures import TIMER_GRAIN, refusal, start_ok
+from tests.integration.test_warrenctl import ok
 from tests.tls_certs import make_certificates
 
 if os.environ.get("WARREN_TEST_URL"):
@@ -427,3 +428,114 @@ def test_a_killed_worker_costs_the_other_vhosts_nothing_and_loses_nothing_confir
         found = set(drain(broker, publisher.vhost, publisher.queue))
         missing = set(publisher.confirmed) - found
         assert not missing, f"{len(missing)} confirmed messages lost in {publisher.vhost}"
+
+
+def test_a_vhost_moves_to_another_worker_with_what_a_restart_keeps(own_broker, tmp_path):
+    """PUT /api/vhosts/{vhost}/leader (warrenctl set_vhost_leader) moves a vhost's durable state to another worker:
+    the two workers stop and start again, the third one's clients notice nothing, and the vhost comes back whole
+    on the worker named, as after a restart."""
+    config = tmp_path / "warren.toml"
+    config.write_text(config_of(["/", "v1", "v2"]) + '[[vhosts]]\nname = "pinned"\nworker = 1\n')
+    broker = own_broker("--workers", "3", "--config", str(config))
+    host = socket.gethostname().split(".")[0]
+    # placed in order of their names: "/" on worker 0, "pinned" on 1, v1 on 2 (the one leading fewest), v2 on 0
+    assert request(broker, "GET", "/api/vhosts/v1/leader").body == {"vhost": "v1", "node": f"warren-2@{host}",
+                                                                    "pinned": None}
+    with connect(broker, "v1") as conn:
+        channel = conn.channel()
+        channel.confirm_delivery()
+        channel.exchange_declare("orders", "topic", durable=True)
+        channel.queue_declare("kept", durable=True)
+        channel.queue_bind("kept", "orders", "new.*")
+        channel.queue_declare("log", durable=True, arguments={"x-queue-type": "stream"})
+        for number in range(3):
+            channel.basic_publish("orders", "new.order", f"order {number}".encode(),
+                                  pika.BasicProperties(delivery_mode=2))
+            channel.basic_publish("", "log", f"entry {number}".encode(), pika.BasicProperties(delivery_mode=2))
+        channel.basic_publish("", "kept", b"transient", pika.BasicProperties(delivery_mode=1))
+        channel.exchange_declare("later", "x-delayed-message", durable=True, arguments={"x-delayed-type": "direct"})
+        channel.queue_declare("due", durable=True)
+        channel.queue_bind("due", "later", "due")
+        channel.basic_publish("later", "due", b"due after the move", pika.BasicProperties(
+            delivery_mode=2, headers={"x-delay": 8000}))  # waiting in the exchange while the vhost moves
+        delivered, _, _ = channel.basic_get("kept")  # order 0, given back: it comes back redelivered
+        channel.basic_nack(delivered.delivery_tag, requeue=True)
+    assert request(broker, "PUT", "/api/policies/v1/short", {"pattern": "^kept$", "definition": {"max-length": 10},
+                                                            "apply-to": "queues"}).status == 201
+    staying = connect(broker, "/")  # worker 0's: it takes no part in the move
+    staying_channel = staying.channel()
+    staying_channel.confirm_delivery()
+    moved = connect(broker, "v1")
+
+    assert request(broker, "PUT", "/api/vhosts/v1/leader", {"node": "nobody"}) == (400, {
+        "error": "bad_request", "reason": "node 'nobody' is not a worker of this broker (its workers: "
+                                          f"warren-0@{host}, warren-1@{host}, warren-2@{host})"})
+    assert request(broker, "PUT", "/api/vhosts/pinned/leader", {"node": "warren-0"}).body["reason"] == (
+        f"vhost 'pinned' is pinned to warren-1@{host} by the config ([[vhosts]] worker): change the pin to move it")
+    assert request(broker, "GET", "/api/queues/v1/due").body["messages"] == 0  # not due yet
+    assert ok(broker, "set_vhost_leader", "warren-1", "-p", "v1") == (  # (rabbitmqctl's short node name)
+        'Moving the leadership of vhost "v1" to node "warren-1" ...\n')
+    assert request(broker, "GET", "/api/vhosts/v1/leader").body["node"] == f"warren-1@{host}"
+    assert request(broker, "DELETE", "/api/vhosts/v1/leader").body["reason"] == (
+        "a vhost stays on its worker until it is moved to another (PUT {\"node\": ...}): there is no choice to clear")
+    with pytest.raises(pika.exceptions.AMQPError):  # its worker stopped: the client connects again
+        moved.channel().queue_declare("kept", passive=True)
+    staying_channel.queue_declare("still here", durable=True)  # the same connection as before the move
+    staying_channel.basic_publish("", "still here", b"hello", pika.BasicProperties(delivery_mode=2))
+    staying.close()
+
+    with connect(broker, "v1") as conn:
+        channel = conn.channel()
+        channel.confirm_delivery()
+        kept = request(broker, "GET", "/api/queues/v1/kept").body
+        assert (kept["node"], kept["messages"], kept["policy"]) == (f"warren-1@{host}", 3, "short")  # not transient
+        gets = [channel.basic_get("kept") for _ in range(3)]
+        assert [(body, method.redelivered) for method, _, body in gets] == [
+            (b"order 0", True), (b"order 1", False), (b"order 2", False)]
+        channel.basic_publish("orders", "new.order", b"after the move", pika.BasicProperties(delivery_mode=2))
+        assert stream_of(channel, "log") == [b"entry 0", b"entry 1", b"entry 2"]
+        wait_for(lambda: channel.queue_declare("due", passive=True).method.message_count == 1, 20,
+                 "the delayed message routed once due")
+    broker.restart()  # (the three gets were not acked: they come back, redelivered)
+    assert not (broker.data_dir / "workers" / "moving.json").exists()
+    with connect(broker, "v1") as conn:
+        channel = conn.channel()
+        gets = [channel.basic_get("kept", auto_ack=True) for _ in range(5)]
+        assert [(body, method.redelivered) for method, _, body in gets[:4]] == [
+            (b"order 0", True), (b"order 1", True), (b"order 2", True), (b"after the move", False)]
+        assert gets[4][0] is None
+        assert stream_of(channel, "log") == [b"entry 0", b"entry 1", b"entry 2"]
+    with connect(broker, "/") as conn:
+        assert conn.channel().basic_get("still here", auto_ack=True)[2] == b"hello"
+
+
+def stream_of(channel, stream: str) -> list[bytes]:
+    """Every message of a stream, read from its first offset."""
+    bodies: list[bytes] = []
+    channel.basic_qos(prefetch_count=100)
+    tag = channel.basic_consume(stream, lambda ch, method, properties, body: bodies.append(body),
+                                arguments={"x-stream-offset": "first"})
+    deadline = time.monotonic() + 10
+    while len(bodies) < 3 and time.monotonic() < deadline:
+        channel.connection.process_data_events(time_limit=0.1)
+    channel.basic_cancel(tag)
+    return bodies
+
+
+def test_a_move_a_stop_interrupted_is_finished_at_the_next_start(workers):
+    broker = workers(3)  # "/" on worker 0, v1 on 1, v2 on 2
+    with connect(broker, "v1") as conn:
+        channel = conn.channel()
+        channel.confirm_delivery()
+        channel.queue_declare("kept", durable=True)
+        channel.basic_publish("", "kept", b"hello", pika.BasicProperties(delivery_mode=2))
+    broker.stop()
+    journal = broker.data_dir / "workers" / "moving.json"  # as a move to worker 2 leaves it before its first copy
+    journal.write_text(json.dumps({"vhost": "v1", "from": 1, "to": 2}))
+    broker.start()
+    assert not journal.exists()
+    host = socket.gethostname().split(".")[0]
+    assert request(broker, "GET", "/api/vhosts/v1/leader").body["node"] == f"warren-2@{host}"
+    with connect(broker, "v1") as conn:
+        assert conn.channel().basic_get("kept", auto_ack=True)[2] == b"hello"
+    assert "moved from worker 1 to worker 2" in broker.log()

@@ -1,7 +1,10 @@
-"""The management API: which node leads a vhost, and an operator's choice of it (Warren's own: in a cluster whose
-nodes run several workers, each worker slot is a replication group whose leaders spread over the nodes, and a
-vhost lives in one group; cluster.worker). Moving a vhost's leadership moves its group's, with the other vhosts
-of that group, and no data: every node holds a copy of every group."""
+"""The management API: which node leads a vhost, and an operator's choice of it (Warren's own).
+
+- In a cluster whose nodes run several workers, each worker slot is a replication group whose leaders spread over
+  the nodes, and a vhost lives in one group (cluster.worker). Moving a vhost's leadership moves its group's, with
+  the other vhosts of that group, and no data: every node holds a copy of every group.
+- On a node of several workers, each worker is a node of its own in the API: the worker checks the request, and
+  the supervisor moves the vhost's data to the worker named (broker.workers.api, broker.workers.moving)."""
 
 from __future__ import annotations
 
@@ -11,12 +14,12 @@ from broker.management import http
 
 routes = web.RouteTableDef()
 
-NOT_HERE = ("a vhost's leadership moves between the nodes of a cluster whose nodes run several workers ([server] "
-            "workers with [cluster]); this broker is not one")
+NOT_HERE = ("a vhost's leader is chosen among the workers of a broker with several ([server] workers), or the nodes "
+            "of a cluster of them; this broker runs one process")
 
 
 def leadership_of(request: web.Request):
-    """The vhost must exist, and this broker lead a group of such a cluster."""
+    """The vhost must exist, and this broker be a worker of several (or lead a group of a cluster of them)."""
     http.named_vhost(request)
     leadership = http.server_of(request).leadership
     if leadership is None:
@@ -29,7 +32,7 @@ async def get_leader(request: web.Request) -> web.Response:
     http.require(request, "monitoring")
     leadership = leadership_of(request)
     try:
-        state = await leadership.state()
+        state = await leadership.state(request.match_info["vhost"])
     except RuntimeError as error:
         raise http.ApiError(503, "service_unavailable", str(error)) from None
     return http.reply({"vhost": request.match_info["vhost"], **state})
@@ -42,18 +45,18 @@ async def pin_leader(request: web.Request) -> web.Response:
     body = await http.json_body(request)
     http.require_keys(body, ("node",))
     node = http.string_field(body, "node")
-    return await changed(leadership, node)
+    return await changed(leadership, request.match_info["vhost"], node)
 
 
 @routes.delete("/api/vhosts/{vhost}/leader")
 async def unpin_leader(request: web.Request) -> web.Response:
     http.require(request, "administrator")
-    return await changed(leadership_of(request), None)
+    return await changed(leadership_of(request), request.match_info["vhost"], None)
 
 
-async def changed(leadership, node: str | None) -> web.Response:
+async def changed(leadership, vhost: str, node: str | None) -> web.Response:
     try:
-        await leadership.pin(node)
+        await leadership.pin(vhost, node)
     except ValueError as error:
         raise http.bad_request(str(error)) from None
     except RuntimeError as error:

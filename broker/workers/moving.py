@@ -1,0 +1,188 @@
+"""Moving a vhost from one worker's store to another's, while both workers are stopped: its durable definitions
+(exchanges, queues, bindings, policies, operator policies), the messages stored for its durable queues and delayed
+exchanges (each with its redelivered flag, in queue order) and its streams' logs. What a restart of the vhost
+would not keep (non-durable queues and exchanges, non-persistent messages) is not moved.
+
+A journal makes it safe to stop at any point: data_dir/workers/moving.json (``{"vhost", "from", "to"}``) is written
+before anything is copied and removed once the source no longer holds the vhost. A start that finds it finishes the
+move (``finish``): while the placement still names the source, whatever an earlier try copied to the target is
+removed and the copy is made again, then the placement names the target; once it does, the source's copy is
+removed. So the vhost is whole in the store the placement names at every moment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Callable
+
+from broker.model.durability import queue_key, store_keys
+from broker.workers.placement import worker_data_dir, workers_directory
+from storage.segments import fsync_directory, write_durably
+from storage.recovery import Recovered
+from storage.store import MessageStore
+
+log = logging.getLogger(__name__)
+
+JOURNAL = "moving.json"
+KINDS = ("exchange", "queue", "binding", "policy", "operator_policy")  # a vhost's own definitions
+SLICE = 1000  # messages read and appended at a time: a deep queue is moved in bounded memory
+
+
+class MoveError(Exception):
+    """The move could not be made (a store that cannot be opened or written): nothing the placement names changed."""
+
+
+def journal_path(data_dir: Path) -> Path:
+    return workers_directory(data_dir) / JOURNAL
+
+
+def pending(data_dir: Path) -> dict | None:
+    """The move a stop interrupted, if any: {"vhost", "from", "to"}."""
+    try:
+        move = json.loads(journal_path(data_dir).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except ValueError as error:
+        raise MoveError(f"cannot read {journal_path(data_dir)}: {error}") from None
+    if not (isinstance(move, dict) and isinstance(move.get("vhost"), str)
+            and all(type(move.get(end)) is int for end in ("from", "to"))):
+        raise MoveError(f"{journal_path(data_dir)} is not a move ({{\"vhost\", \"from\", \"to\"}})")
+    return move
+
+
+def move(data_dir: Path, vhost: str, source: int, target: int, leader: Callable[[], int],
+         lead: Callable[[], None]) -> None:
+    """Move vhost from worker source's store to target's (both stopped), on this thread. ``leader()``: the worker the
+    placement names for it now; ``lead()`` makes the placement name target, durably."""
+    journal = journal_path(data_dir)
+    write_durably(journal, json.dumps({"vhost": vhost, "from": source, "to": target}))
+    finish(data_dir, leader, lead)
+
+
+def finish(data_dir: Path, leader: Callable[[], int], lead: Callable[[], None]) -> None:
+    """Finish the move the journal names (see the module's text)."""
+    move = pending(data_dir)
+    if move is None:
+        return
+    vhost, source, target = move["vhost"], move["from"], move["to"]
+    if leader() == source:
+        log.info("moving vhost '%s' from worker %d to worker %d", vhost, source, target)
+        try:
+            asyncio.run(_copy(worker_data_dir(data_dir, source), worker_data_dir(data_dir, target), vhost))
+        except (MoveError, OSError) as error:  # given up: what was copied goes, the vhost stays where it was
+            asyncio.run(_remove_from(worker_data_dir(data_dir, target), vhost))
+            _forget(data_dir)
+            raise MoveError(f"vhost '{vhost}' stays on worker {source}: {error}") from error
+        lead()
+    asyncio.run(_remove_from(worker_data_dir(data_dir, source), vhost))
+    _forget(data_dir)
+    log.info("vhost '%s' moved from worker %d to worker %d", vhost, source, target)
+
+
+def _forget(data_dir: Path) -> None:
+    journal_path(data_dir).unlink()
+    fsync_directory(journal_path(data_dir).parent)
+
+
+def _opened(data_dir: Path) -> tuple[MessageStore, Recovered]:
+    store = MessageStore(data_dir)
+    try:
+        return store, store.recover()
+    except Exception as error:
+        raise MoveError(f"cannot read the store {data_dir}: {error}") from error
+
+
+def owned(store: MessageStore, vhost: str) -> list[tuple[str, str, dict]]:
+    """The vhost's own definitions in store: (kind, name, data)."""
+    return [(kind, name, data) for kind, name, data in store.definitions()
+            if kind in KINDS and data.get("vhost") == vhost]
+
+
+async def durable(store: MessageStore, what: str) -> None:
+    done = asyncio.get_running_loop().create_future()
+    store.when_durable(done.set_result)
+    if not await done:
+        raise MoveError(f"cannot write {what}: the store's disk refused it (see the log)")
+
+
+async def _remove(store: MessageStore, vhost: str) -> None:
+    """The vhost's definitions and messages leave store; its streams' directories go at the next start (no stream
+    owns them then: storage.streams.remove_orphans)."""
+    for kind, name, data in owned(store, vhost):
+        keys = store_keys(kind, vhost, data)
+        for key in keys:
+            store.delete_queue(key)  # (its messages, and the definition of that name if it is a queue's)
+        if kind != "queue":
+            store.append_definition(kind, name, None)
+    await durable(store, f"the removal of vhost '{vhost}'")
+
+
+async def _remove_from(data_dir: Path, vhost: str) -> None:
+    store, _ = _opened(data_dir)
+    try:
+        await _remove(store, vhost)
+    finally:
+        store.close()
+
+
+async def _copy(source_dir: Path, target_dir: Path, vhost: str) -> None:
+    source, from_source = _opened(source_dir)
+    try:
+        target, in_target = _opened(target_dir)
+    except BaseException:
+        source.close()
+        raise
+    try:
+        await _remove(target, vhost)  # what an interrupted try left there
+        definitions = owned(source, vhost)
+        for kind, name, data in definitions:
+            target.append_definition(kind, name, data)
+        next_id = max(in_target.next_msg_id, 1)
+        for kind, _, data in definitions:
+            for key in sorted(store_keys(kind, vhost, data)):
+                next_id = await _copy_messages(target, key, from_source.messages.get(key), next_id)
+        await durable(target, f"vhost '{vhost}' in {target_dir}")
+        for kind, _, data in definitions:  # the streams' logs, by their queues' keys
+            if kind == "queue" and isinstance(data.get("name"), str):
+                key = queue_key(vhost, data["name"])
+                if source.streams.path_of(key).exists():
+                    _copy_durably(source.streams.path_of(key), target.streams.path_of(key))
+    finally:
+        source.close()
+        target.close()
+
+
+async def _copy_messages(target: MessageStore, key: str, stored, next_id: int) -> int:
+    """Append one queue's (or delayed exchange's) stored messages to target, in order, under fresh ids."""
+    if stored is None:
+        return next_id
+    for start in range(0, len(stored), SLICE):
+        delivered = []
+        for message in stored.read(start, min(start + SLICE, len(stored))):
+            target.append_message(next_id, (key,), message.exchange, message.routing_key, message.header_payload,
+                                  message.body)
+            if message.redelivered:
+                delivered.append(next_id)
+            next_id += 1
+        if delivered:
+            target.append_delivered(key, delivered)
+        await durable(target, f"the messages of {key!r}")
+    return next_id
+
+
+def _copy_durably(source: Path, target: Path) -> None:
+    """A stream's directory copied, every file and the directories fsynced."""
+    shutil.rmtree(target, ignore_errors=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(source, target)
+    for path in target.iterdir():
+        with open(path, "rb") as file:
+            os.fsync(file.fileno())
+    fsync_directory(target)
+    fsync_directory(target.parent)
+    fsync_directory(target.parent.parent)
