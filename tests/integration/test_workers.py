@@ -25,6 +25,7 @@ from pamqp import commands, frame
 
 from tests.bench.workers import config_of
 from tests.conftest import free_port
+from tests.integration.helpers import declare_queue, enqueue
 from tests.integration.management import add_user, add_vhost, request, set_permissions
 from tests.integration.rawclient import RawClient, plain_response
 from tests.integration.test_login_failures import TIMER_GRAIN, refusal, start_ok
@@ -38,6 +39,7 @@ VHOSTS = ("/", "v1", "v2")
 # Placed in order of their names on the workers that lead fewest: "/" on 0, v1 on 1, v2 on 0.
 LEADERS = {"/": 0, "v1": 1, "v2": 0}
 CONFIG = config_of(list(VHOSTS))  # v1 and v2, with guest's permissions
+PERSISTENT = pika.BasicProperties(delivery_mode=2)
 
 
 @pytest.fixture
@@ -173,11 +175,8 @@ def test_a_vhost_keeps_its_worker_and_its_messages_across_restarts(workers):
     broker = workers()
     for vhost in VHOSTS:
         with connect(broker, vhost) as conn:
-            channel = conn.channel()
-            channel.confirm_delivery()
-            channel.queue_declare("kept", durable=True)
-            channel.basic_publish("", "kept", f"in {vhost}".encode(),
-                                  pika.BasicProperties(delivery_mode=2))
+            declare_queue(conn.channel(), "kept", durable=True)
+            enqueue(conn, "kept", [f"in {vhost}".encode()], properties=PERSISTENT)
     broker.restart()
     for vhost in VHOSTS:
         with connect(broker, vhost) as conn:
@@ -322,10 +321,8 @@ def test_a_data_dir_of_one_process_keeps_its_vhosts_on_the_first_worker(workers,
     data_dir = tmp_path / "data"
     single = own_broker("--management-port", "0", "--prometheus-port", "0", data_dir=data_dir)
     with connect(single, "/") as conn:
-        channel = conn.channel()
-        channel.confirm_delivery()
-        channel.queue_declare("before", durable=True)
-        channel.basic_publish("", "before", b"from one process", pika.BasicProperties(delivery_mode=2))
+        declare_queue(conn.channel(), "before", durable=True)
+        enqueue(conn, "before", [b"from one process"], properties=PERSISTENT)
     single.stop()
     broker = workers(data_dir=data_dir)
     with connect(broker, "/") as conn:
@@ -378,7 +375,7 @@ class ConfirmedPublisher(threading.Thread):
                         number += 1
                         started = time.perf_counter()
                         channel.basic_publish("", self.queue, str(number).encode(),
-                                              pika.BasicProperties(delivery_mode=2))
+                                              PERSISTENT)
                         self.latencies.append(time.perf_counter() - started)
                         self.confirmed.append(number)
             except pika.exceptions.AMQPError:
@@ -450,8 +447,8 @@ def test_a_vhost_moves_to_another_worker_with_what_a_restart_keeps(own_broker, t
         channel.queue_declare("log", durable=True, arguments={"x-queue-type": "stream"})
         for number in range(3):
             channel.basic_publish("orders", "new.order", f"order {number}".encode(),
-                                  pika.BasicProperties(delivery_mode=2))
-            channel.basic_publish("", "log", f"entry {number}".encode(), pika.BasicProperties(delivery_mode=2))
+                                  PERSISTENT)
+            channel.basic_publish("", "log", f"entry {number}".encode(), PERSISTENT)
         channel.basic_publish("", "kept", b"transient", pika.BasicProperties(delivery_mode=1))
         channel.exchange_declare("later", "x-delayed-message", durable=True, arguments={"x-delayed-type": "direct"})
         channel.queue_declare("due", durable=True)
@@ -481,7 +478,7 @@ def test_a_vhost_moves_to_another_worker_with_what_a_restart_keeps(own_broker, t
     with pytest.raises(pika.exceptions.AMQPError):  # its worker stopped: the client connects again
         moved.channel().queue_declare("kept", passive=True)
     staying_channel.queue_declare("still here", durable=True)  # the same connection as before the move
-    staying_channel.basic_publish("", "still here", b"hello", pika.BasicProperties(delivery_mode=2))
+    staying_channel.basic_publish("", "still here", b"hello", PERSISTENT)
     staying.close()
 
     with connect(broker, "v1") as conn:
@@ -492,7 +489,7 @@ def test_a_vhost_moves_to_another_worker_with_what_a_restart_keeps(own_broker, t
         gets = [channel.basic_get("kept") for _ in range(3)]
         assert [(body, method.redelivered) for method, _, body in gets] == [
             (b"order 0", True), (b"order 1", False), (b"order 2", False)]
-        channel.basic_publish("orders", "new.order", b"after the move", pika.BasicProperties(delivery_mode=2))
+        channel.basic_publish("orders", "new.order", b"after the move", PERSISTENT)
         assert stream_of(channel, "log") == [b"entry 0", b"entry 1", b"entry 2"]
         wait_for(lambda: channel.queue_declare("due", passive=True).method.message_count == 1, 20,
                  "the delayed message routed once due")
@@ -525,10 +522,8 @@ def stream_of(channel, stream: str) -> list[bytes]:
 def test_a_move_a_stop_interrupted_is_finished_at_the_next_start(workers):
     broker = workers(3)  # "/" on worker 0, v1 on 1, v2 on 2
     with connect(broker, "v1") as conn:
-        channel = conn.channel()
-        channel.confirm_delivery()
-        channel.queue_declare("kept", durable=True)
-        channel.basic_publish("", "kept", b"hello", pika.BasicProperties(delivery_mode=2))
+        declare_queue(conn.channel(), "kept", durable=True)
+        enqueue(conn, "kept", [b"hello"], properties=PERSISTENT)
     broker.stop()
     journal = broker.data_dir / "workers" / "moving.json"  # as a move to worker 2 leaves it before its first copy
     journal.write_text(json.dumps({"vhost": "v1", "from": 1, "to": 2}))
