@@ -435,8 +435,6 @@ class Gateway:
         assert target is not None, "(the worker accepted the node's name)"
         try:
             await self.supervisor.move(vhost, target)
-        except ValueError as error:
-            return http.error_response(400, "bad_request", str(error))
         except (MoveError, OSError) as error:
             log.error("could not move vhost '%s' to worker %d: %s", vhost, target, error)
             return http.error_response(500, "internal_server_error", f"the vhost could not be moved: {error}")

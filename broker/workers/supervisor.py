@@ -341,15 +341,12 @@ class Supervisor:
 
     async def move(self, vhost: str, target: int) -> None:
         """Move a vhost to another worker (broker.workers.moving): its worker and the target stop cleanly, the
-        vhost's data moves from one store to the other, and both start again; returns once they serve. ValueError
-        if the config pins the vhost elsewhere, moving.MoveError if a store could not be read or written."""
+        vhost's data moves from one store to the other, and both start again; returns once they serve.
+        moving.MoveError if a store could not be read or written. (The worker leading the vhost has checked the
+        move first: broker.workers.worker.Placed, which refuses a vhost the config pins elsewhere.)"""
         assert self.placement is not None
         async with self.moving:
             source = self.placement.leaders.get(vhost, 0)
-            pinned = self.pins.get(vhost)
-            if pinned is not None and pinned != target:
-                raise ValueError(f"vhost '{vhost}' is pinned to worker {pinned} by the config ([[vhosts]] worker): "
-                                 "change the pin to move it")
             if source == target:
                 return
             pair = [self.workers[source], self.workers[target]]
