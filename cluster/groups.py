@@ -25,8 +25,6 @@ def led_by(board: dict, node: str, groups: int) -> list[int]:
     return [group for group in range(groups) if (board.get(group_key(group)) or {}).get("node") == node]
 
 
-
 def members_posted(members: Iterable[Member]) -> dict:
     """A group's members as the board holds them: each node's AMQP host and management API port."""
     return {member.node_id: {"host": member.amqp_host, "api": member.management_port} for member in members}
-

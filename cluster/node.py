@@ -180,8 +180,7 @@ class ClusterNode:
                 if preferred is not None and preferred != self.node and can_lead(preferred, members, replicas):
                     hold = max(hold, self.ttl)  # the node an operator asked for campaigns first
                 elif self.group is not None and preferred != self.node:
-                    candidates = [node for node in members if node != self.node and can_lead(node, members, replicas)]
-                    hold = max(hold, self.group.hold(candidates))
+                    hold = max(hold, self.group.hold(self._others_that_can_lead(members, replicas)))
                 if hold > 0:
                     await self.coordinator.wait_leader_change(None, hold)
                     return
@@ -334,6 +333,9 @@ class ClusterNode:
         if node is not None and node != self.node and self.role == "leader":
             self._step_aside_for(node, "as an operator asked")
 
+    def _others_that_can_lead(self, members: dict[str, Member], replicas: list[Replica] | None) -> list[str]:
+        return [node for node in members if node != self.node and can_lead(node, members, replicas)]
+
     def _step_aside_for(self, node: str, why: str) -> None:
         self._campaign_after = time.monotonic() + self.ttl
         self._lose(f"node {node} is to lead, {why}")
@@ -357,8 +359,8 @@ class ClusterNode:
                 if preferred not in (None, self.node) and can_lead(preferred, members, replicas):
                     self._step_aside_for(preferred, "as an operator asked")
                     return
-                candidates = [node for node in members if node != self.node and can_lead(node, members, replicas)]
-                if preferred is None and self.group is not None and (lighter := self.group.lighter(candidates)):
+                if preferred is None and self.group is not None and (
+                        lighter := self.group.lighter(self._others_that_can_lead(members, replicas))):
                     self._step_aside_for(lighter, "which leads fewer groups (the leaders are balanced by count)")
                     return
                 await self.coordinator.wait_leader_change(epoch, self.ttl / 2)

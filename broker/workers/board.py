@@ -3,8 +3,8 @@ supervisor keeps the union and sends it to every worker whenever it changes. (Th
 which node leads their replication group, and route clients by what all of them posted: cluster.worker.)
 
 One socket pair per worker carries JSON lines: worker -> supervisor ``{key: value, ...}`` (a null value takes the
-key off); supervisor -> worker the whole board. A worker that ends has its keys taken off (but those the board's ``lasting``
-keeps).
+key off); supervisor -> worker the whole board. A worker that ends has its keys taken off (but those the board's
+``lasting`` keeps).
 """
 
 from __future__ import annotations
