@@ -1,4 +1,4 @@
-"""The management API: the node (Warren runs as a cluster of one) and its name."""
+"""The management API: the node and its name (with several workers, each worker is a node: broker.workers.api)."""
 
 from __future__ import annotations
 
