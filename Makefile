@@ -31,10 +31,11 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 
 # mypyc compiles the modules broker/compiled.py names, again whenever one of them changes; where it cannot (no C
 # compiler or Python headers), Warren runs as pure Python. mypy 1.17 is the first that builds mypyc's runtime library
-# inside the broker package, where the installed commands find it from any directory.
+# inside the broker package, where the installed commands find it from any directory; mypyc builds with setuptools,
+# which a virtual environment of Python 3.12 or later does not have of itself.
 COMPILED_SOURCES := $(shell $(PYTHON) -c 'from broker.compiled import COMPILED; print(*COMPILED)') broker/compiled.py
 $(VENV)/.compiled: $(COMPILED_SOURCES) | $(VENV)/.installed-run
-	$(BIN)/pip install --quiet 'mypy>=1.17' || echo "mypy not installed: Warren runs as pure Python"
+	$(BIN)/pip install --quiet 'mypy>=1.17' setuptools || echo "mypy not installed: Warren runs as pure Python"
 	$(BIN)/python -m broker.compiled
 	touch $@
 

@@ -6,7 +6,7 @@ messages), and the check that no compiled module is older than its source.
 instead of the source, and the runtime library they all load inside the broker package (RUNTIME_GROUP), so they
 import wherever the packages do (an editable install puts the packages on the path, not the repo root). `make`,
 `make run` and `make test` run it whenever a source changed; a build that fails (no C compiler, no Python headers,
-no mypy 1.17 or later) leaves every module pure Python, as does `python -m broker.compiled --clean`.
+no mypy 1.17 or later, no setuptools) leaves every module pure Python, as does `python -m broker.compiled --clean`.
 """
 
 from __future__ import annotations
