@@ -115,17 +115,19 @@ def _tail(log: Path, lines: int = 5) -> str:
     return " | ".join(log.read_text(errors="replace").strip().splitlines()[-lines:]) or "(no output)"
 
 
-def start_warren(workdir: Path, *extra_args: str) -> RunningBroker:
-    """Warren on a free port, its data dir in workdir (extra_args: more command-line options, e.g. --config)."""
+def start_warren(workdir: Path, *extra_args: str, wrapper: tuple[str, ...] = (),
+                 start_seconds: float = WARREN_START_SECONDS) -> RunningBroker:
+    """Warren on a free port, its data dir in workdir (extra_args: more command-line options, e.g. --config;
+    wrapper: a command that runs Python, e.g. valgrind and its options)."""
     port = free_port()
     log = workdir / "warren.log"
     with open(log, "ab") as output:
         process = subprocess.Popen(
-            [sys.executable, "-m", "broker", "--host", "127.0.0.1", "--port", str(port),
+            [*wrapper, sys.executable, "-m", "broker", "--host", "127.0.0.1", "--port", str(port),
              "--data-dir", str(workdir / "warren-data"), "--log-level", "warning", "--management-port", "0",
              "--prometheus-port", "0", *extra_args],
             cwd=REPO_ROOT, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
-    return _wait_until_ready("Warren", process, port, log, WARREN_START_SECONDS)
+    return _wait_until_ready("Warren", process, port, log, start_seconds)
 
 
 def start_rabbitmq(workdir: Path) -> RunningBroker:
