@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import ssl
 import time
 from pathlib import Path
 from typing import Protocol
@@ -424,18 +425,22 @@ class ClusterNode:
         client = ReplicaClient(self.data_dir, self.node, self.secret, self.config.cluster_ack_timeout)
         # a leader this node has not reached yet, or has lost, is likely out of the clients' reach too: they try
         # another node at once rather than wait for a forward that may never answer
-        forwarder = None
+        forwarders: list[tuple[AmqpForwarder, int, ssl.SSLContext | None]] = []  # each with its port and TLS
         if self.group is None:
-            forwarder = AmqpForwarder(lambda: (leader.amqp_host, leader.amqp_port)
-                                      if client.heard_any and not client.lost_leader else None)
+            def leader_address() -> tuple[str, int] | None:
+                return (leader.amqp_host, leader.amqp_port) if client.heard_any and not client.lost_leader else None
+
+            forwarders.append((AmqpForwarder(leader_address), self.config.port, None))
+            if self.config.tls_certfile:  # amqps clients too: their TLS session ends here, the leader is told so
+                forwarders.append((AmqpForwarder(leader_address), self.config.tls_port, server_context(self.config)))
         else:  # the worker's front door forwards its clients
             self.group.announce(leader)
         changed = asyncio.Event()
         watcher = asyncio.ensure_future(self._watch_leader(epoch, changed))
         teller = asyncio.ensure_future(self._tell_whether_lost(client, epoch))
         try:
-            if forwarder is not None:
-                await forwarder.start(self.config.host, self.config.port)
+            for forwarder, port, tls in forwarders:
+                await forwarder.start(self.config.host, port, tls)
             while not changed.is_set():
                 stream = asyncio.ensure_future(client.follow(leader.replication_host, leader.replication_port, epoch))
                 waiter = asyncio.ensure_future(changed.wait())
@@ -456,8 +461,9 @@ class ClusterNode:
             watcher.cancel()
             teller.cancel()
             client.stop()  # its thread's blocking read returns (a process cannot end while it waits)
-            if forwarder is not None:
-                await forwarder.stop()
+            for forwarder, _, _ in forwarders:
+                if forwarder.listener is not None:
+                    await forwarder.stop()
             if self.group is not None:
                 self.group.announce(None)
             lock.release()

@@ -1,5 +1,6 @@
-"""A follower's AMQP port: each client's TCP stream goes to the leader, after a PROXY v1 header that names the client
-(the leader believes that header from the cluster's members only). Plain TCP only: the amqps port is not forwarded.
+"""A follower's AMQP ports: each client's TCP stream goes to the leader's AMQP port, after a PROXY v2 header that names
+the client (the leader believes that header from the cluster's members only). A client of the amqps port has its TLS
+session end here: its bytes go on in plain TCP, and the header says the client speaks TLS.
 
 Bytes are copied as they come, with back-pressure both ways: when one socket holds more than its high-water mark
 unsent, the other is not read until it drains. Either socket closing closes the other."""
@@ -9,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 from collections.abc import Callable
 from typing import cast
 
+from broker.connection.connection import HANDSHAKE_TIMEOUT
 from broker.connection.peer_log import PeerLog
 from protocol import proxy_header
 
@@ -68,7 +71,8 @@ class _Client(_End):
         if leader is None:
             transport.close()  # no leader known: the client tries another node
             return
-        self.first = proxy_header.encode(transport.get_extra_info("peername"), transport.get_extra_info("sockname"))
+        self.first = proxy_header.encode(transport.get_extra_info("peername"), transport.get_extra_info("sockname"),
+                                         tls=transport.get_extra_info("sslcontext") is not None)
         self.forwarder.clients.add(self)
         self.transport.pause_reading()  # until the leader's socket takes the client's bytes (uvloop reads once more)
         self.connecting = asyncio.get_running_loop().create_task(self._connect(leader))
@@ -118,9 +122,12 @@ class AmqpForwarder:
         self.listener: asyncio.Server | None = None
         self.clients: set[_Client] = set()  # accepted and not closed yet: forwarded, or waiting for the leader
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> None:
+        """Listen on host:port; with tls, the amqps port: clients that do not finish their TLS handshake within the
+        handshake timeout are dropped, as the broker's own amqps port drops them."""
         self.listener = await asyncio.get_running_loop().create_server(
-            lambda: _Client(self), host, port, reuse_address=True, backlog=1024)
+            lambda: _Client(self), host, port, reuse_address=True, backlog=1024, ssl=tls,
+            ssl_handshake_timeout=HANDSHAKE_TIMEOUT if tls is not None else None)
 
     @property
     def port(self) -> int:

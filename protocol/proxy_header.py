@@ -1,13 +1,26 @@
-"""The PROXY protocol's version 1 header (HAProxy's proxy-protocol.txt, section 2.1): the one line a TCP proxy sends
-before the client's bytes to name the client it forwards. Bytes in, addresses out; no sockets."""
+"""The PROXY protocol's headers (HAProxy's proxy-protocol.txt): what a TCP proxy sends before the client's bytes to
+name the client it forwards. Version 1 is one line of text (section 2.1); version 2 a binary block (section 2.2),
+which can also say that the client spoke TLS to the proxy. Both are read; version 2 is written, the TLS flag set for
+a client of an amqps port. Bytes in, addresses out; no sockets."""
 
 from __future__ import annotations
 
 import ipaddress
+import struct
+from dataclasses import dataclass
 from typing import Final
 
-SIGNATURE: Final = b"PROXY "
-MAX_LENGTH: Final = 107  # bytes of the longest header the spec allows, CRLF included
+SIGNATURE: Final = b"PROXY "  # version 1
+MAX_LENGTH: Final = 107  # bytes of the longest version 1 header the spec allows, CRLF included
+SIGNATURE_V2: Final = b"\r\n\r\n\x00\r\nQUIT\n"
+_V2_FIXED: Final = struct.Struct(">12sBBH")  # signature, version and command, family and protocol, length of the rest
+MAX_V2_LENGTH: Final = 1024  # bytes after version 2's fixed part taken at most: addresses and TLVs
+_LOCAL, _PROXY = 0x0, 0x1  # version 2's commands: the proxy's own connection (a health check), or a client's
+_UNSPEC, _TCP4, _TCP6 = 0x00, 0x11, 0x21  # version 2's families and protocols known here
+_ADDRESSES = {_TCP4: struct.Struct(">4s4sHH"), _TCP6: struct.Struct(">16s16sHH")}  # source, destination, ports
+_TLV = struct.Struct(">BH")  # type, length of the value
+PP2_TYPE_SSL: Final = 0x20  # the TLV that says how the client spoke to the proxy: client flags, verify, sub-TLVs
+PP2_CLIENT_SSL: Final = 0x01  # in its client flags: over SSL/TLS
 
 Address = tuple[str, int]  # host, port
 
@@ -16,12 +29,36 @@ class ProxyHeaderError(ValueError):
     """A header the spec does not allow; the message says what was wrong."""
 
 
-def encode(source: tuple, destination: tuple) -> bytes:
-    """The header of a TCP connection from source to destination, (host, port, ...) as sockets name them. An IPv4
-    client of an IPv6 socket (::ffff:a.b.c.d) is named as the IPv4 client it is."""
+@dataclass(frozen=True)
+class Proxied:
+    """What a PROXY header says of the client it forwards."""
+    # (source, destination): the client and the address it connected to; None: the socket's own stand (version 1's
+    # UNKNOWN, version 2's LOCAL command or unspecified family)
+    ends: tuple[Address, Address] | None
+    tls: bool = False  # the client spoke TLS to the proxy (version 2's SSL TLV)
+
+
+def could_start(data: bytes) -> bool:
+    """data is the beginning of a PROXY header of either version, or begins with one."""
+    return any(data.startswith(signature) or signature.startswith(data) for signature in (SIGNATURE, SIGNATURE_V2))
+
+
+def encode(source: tuple, destination: tuple, tls: bool = False) -> bytes:
+    """The version 2 header of a TCP connection from source to destination, (host, port, ...) as sockets name them,
+    tls: the client speaks TLS to the proxy. An IPv4 client of an IPv6 socket (::ffff:a.b.c.d) is named as the IPv4
+    client it is; ends of both families are both named in IPv6."""
     source_ip, destination_ip = _ip_of(source[0]), _ip_of(destination[0])
-    family = "TCP4" if source_ip.version == 4 else "TCP6"
-    return f"PROXY {family} {source_ip} {destination_ip} {source[1]} {destination[1]}\r\n".encode("ascii")
+    if source_ip.version != destination_ip.version:
+        source_ip, destination_ip = _as_ipv6(source_ip), _as_ipv6(destination_ip)
+    family = _TCP4 if source_ip.version == 4 else _TCP6
+    block = _ADDRESSES[family].pack(source_ip.packed, destination_ip.packed, source[1], destination[1])
+    if tls:  # client flags, then verify: 0, the client's certificate (if any) checked
+        block += _TLV.pack(PP2_TYPE_SSL, 5) + bytes([PP2_CLIENT_SSL]) + bytes(4)
+    return _V2_FIXED.pack(SIGNATURE_V2, 0x20 | _PROXY, family, len(block)) + block
+
+
+def _as_ipv6(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> ipaddress.IPv6Address:
+    return ipaddress.IPv6Address(f"::ffff:{address}") if address.version == 4 else address
 
 
 def _ip_of(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
@@ -31,11 +68,13 @@ def _ip_of(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     return address
 
 
-def parse(data: bytes) -> tuple[tuple[Address, Address] | None, bytes] | None:
-    """The header at the start of data: ((source, destination), or None for UNKNOWN, and the bytes after it); None
-    while data is a header's beginning that lacks its CRLF. Raises ProxyHeaderError for anything else."""
+def parse(data: bytes) -> tuple[Proxied, bytes] | None:
+    """The header of either version at the start of data: what it says, and the bytes after it; None while data is a
+    header's beginning that lacks its end. Raises ProxyHeaderError for anything else."""
+    if data.startswith(SIGNATURE_V2[:1]):
+        return _parse_v2(data)
     if not (data.startswith(SIGNATURE) or SIGNATURE.startswith(data)):
-        raise ProxyHeaderError("it does not start with 'PROXY '")
+        raise ProxyHeaderError("it does not start with 'PROXY ' (version 1) or version 2's signature")
     end = data.find(b"\n", 0, MAX_LENGTH)
     if end < 0:
         if len(data) >= MAX_LENGTH:
@@ -46,7 +85,64 @@ def parse(data: bytes) -> tuple[tuple[Address, Address] | None, bytes] | None:
     line = data[:end - 1]
     if b"\r" in line:
         raise ProxyHeaderError("a carriage return without a line feed after it")
-    return _addresses(line), data[end + 1:]
+    return Proxied(_addresses(line)), data[end + 1:]
+
+
+def _parse_v2(data: bytes) -> tuple[Proxied, bytes] | None:
+    if not (data.startswith(SIGNATURE_V2) or SIGNATURE_V2.startswith(data)):
+        raise ProxyHeaderError("it does not start with 'PROXY ' (version 1) or version 2's signature")
+    if len(data) < _V2_FIXED.size:
+        return None
+    _, version_command, family, length = _V2_FIXED.unpack_from(data)
+    if version_command >> 4 != 2:
+        raise ProxyHeaderError(f"version {version_command >> 4} in a version 2 signature")
+    command = version_command & 0x0F
+    if command not in (_LOCAL, _PROXY):
+        raise ProxyHeaderError(f"unknown command {command}")
+    if length > MAX_V2_LENGTH:
+        raise ProxyHeaderError(f"{length} bytes of addresses and TLVs, more than the {MAX_V2_LENGTH} taken")
+    end = _V2_FIXED.size + length
+    if len(data) < end:
+        return None
+    block, rest = data[_V2_FIXED.size:end], data[end:]
+    if command == _LOCAL or family == _UNSPEC:  # the proxy's own connection, or a client it cannot name
+        return Proxied(None), rest
+    addresses = _ADDRESSES.get(family)
+    if addresses is None:
+        raise ProxyHeaderError(f"family and protocol 0x{family:02x}, not TCP over IPv4 or IPv6")
+    if length < addresses.size:
+        raise ProxyHeaderError(f"{length} bytes for {'TCP4' if family == _TCP4 else 'TCP6'} addresses of "
+                               f"{addresses.size}")
+    source, destination, source_port, destination_port = addresses.unpack_from(block)
+    ends = ((_host_of(source), source_port), (_host_of(destination), destination_port))
+    return Proxied(ends, _tls(block[addresses.size:])), rest
+
+
+def _host_of(packed: bytes) -> str:
+    """A version 2 address as text; an IPv4 one in IPv6 (::ffff:a.b.c.d) as the IPv4 address it is."""
+    address = ipaddress.ip_address(packed)
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return str(address)
+
+
+def _tls(tlvs: bytes) -> bool:
+    """Whether version 2's TLVs say the client spoke TLS to the proxy; the other TLVs are skipped, as the spec
+    wants of those a receiver does not know."""
+    offset, tls = 0, False
+    while offset < len(tlvs):
+        if len(tlvs) - offset < _TLV.size:
+            raise ProxyHeaderError(f"a TLV cut short after {len(tlvs) - offset} bytes")
+        kind, length = _TLV.unpack_from(tlvs, offset)
+        value = tlvs[offset + _TLV.size:offset + _TLV.size + length]
+        if len(value) < length:
+            raise ProxyHeaderError(f"TLV 0x{kind:02x} of {length} bytes with {len(value)} left")
+        if kind == PP2_TYPE_SSL:
+            if not value:
+                raise ProxyHeaderError("an SSL TLV without its client flags")
+            tls = bool(value[0] & PP2_CLIENT_SSL)
+        offset += _TLV.size + length
+    return tls
 
 
 def _addresses(line: bytes) -> tuple[Address, Address] | None:

@@ -20,7 +20,7 @@ from broker.session.channel import Channel
 from broker.session.limits import ChannelLimits
 from protocol import errors
 from protocol import erlang_terms
-from protocol import proxy_header
+from protocol import proxy_header, stream_start
 from protocol.codec import HEARTBEAT_FRAME, decode_method, encode_method
 from protocol.constants import (
     ACCESS_REFUSED, CHANNEL_CLOSE, CHANNEL_CLOSE_OK, CHANNEL_OPEN, CONNECTION_FORCED, FRAME_END, FRAME_ERROR,
@@ -164,7 +164,9 @@ class Connection(asyncio.Protocol):
         self.local: tuple[Any, ...] | None = None  # (host, port) the client connected to: ours, or its proxy's
         self.proxy_allowed = False  # the socket's peer is a trusted proxy and may send a PROXY header first
         self.connected_at = 0  # wall-clock milliseconds when the socket was accepted (shown by the management API)
-        self.tls = False  # the client speaks TLS (amqps), here or to the worker that handed the connection over
+        # the client speaks TLS (amqps): here, to the worker that handed the connection over, or to the cluster node
+        # that forwarded it (its PROXY header says so)
+        self.tls = False
         # Where connection.open asked to go when another worker process leads that vhost: the socket to hand the
         # connection to, once the frame is read
         self.leader: "socket.socket | None" = None
@@ -469,48 +471,37 @@ class Connection(asyncio.Protocol):
 
     # --- handshake -----------------------------------------------------------------------------------------
     def _protocol_header(self, data: bytes) -> bytes:
-        """Collect the 8-byte protocol header (after a trusted proxy's PROXY header, if it sends one); answer a wrong
-        one with ours and close. Returns what follows."""
+        """Collect the 8-byte protocol header, after a trusted proxy's PROXY header if it sends one (whose client
+        becomes this connection's peer); answer a wrong protocol header with ours and close, and close a malformed
+        PROXY header at once. Returns what follows."""
         self.header += data
-        if self.proxy_allowed and not self._proxy_header():
-            return b""
-        if len(self.header) < 8:
-            if PROTOCOL_HEADER.startswith(self.header):
-                return b""
-        elif self.header[:8] == PROTOCOL_HEADER:
-            rest = self.header[8:]
-            self.header = b""
-            self._enter(AWAIT_START_OK)
-            # logged once the client speaks AMQP, so that port probes (load balancers' health checks) leave no line
-            peer_log.info(self.peer_address, "accepting AMQP connection %s", self.name)
-            self._send_start()
-            return rest
         transport = self.transport
         assert transport is not None, "the header came from it"
-        transport.write(PROTOCOL_HEADER)
-        self._enter(CLOSED)
-        transport.close()
-        return b""
-
-    def _proxy_header(self) -> bool:
-        """A trusted proxy's PROXY v1 header, if the stream starts with one: the client it names becomes this
-        connection's peer. False while the header is incomplete, or once a malformed one closed the socket."""
-        if not proxy_header.SIGNATURE.startswith(self.header[:len(proxy_header.SIGNATURE)]):
-            self.proxy_allowed = False
-            return True
         try:
-            parsed = proxy_header.parse(self.header)
+            start = stream_start.read_start(self.header, self.proxy_allowed)
         except proxy_header.ProxyHeaderError as error:
             peer_log.warning(self.peer_address, "closing connection %s: malformed PROXY header: %s", self.name, error)
             self._terminate()
-            return False
-        if parsed is None:
-            return False
-        ends, self.header = parsed
+            return b""
+        except stream_start.WrongProtocolHeader:
+            transport.write(PROTOCOL_HEADER)
+            self._enter(CLOSED)
+            transport.close()
+            return b""
+        if start is None:
+            return b""
+        self.header = b""
         self.proxy_allowed = False
-        if ends is not None:  # UNKNOWN: the proxy could not name the client, the socket's addresses stand
-            self._set_ends(*ends)
-        return True
+        proxied = start.proxied
+        if proxied is not None:
+            if proxied.ends is not None:  # (otherwise the proxy could not name the client: the socket's ends stand)
+                self._set_ends(*proxied.ends)
+            self.tls = self.tls or proxied.tls
+        self._enter(AWAIT_START_OK)
+        # logged once the client speaks AMQP, so that port probes (load balancers' health checks) leave no line
+        peer_log.info(self.peer_address, "accepting AMQP connection %s", self.name)
+        self._send_start()
+        return start.rest
 
     def _send_start(self) -> None:
         server = self.server

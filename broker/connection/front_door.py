@@ -6,8 +6,8 @@ login there, and leaves unsent the frames the front door answered (connection.st
 start-ok came):
 
 - a worker of this node: the socket is handed over with the bytes (broker.connection.handoff);
-- a worker of another node: a TCP connection to that node's AMQP port carries a PROXY v1 header naming the client,
-  the protocol header and the bytes; the frames that node's front door answers first (the ones this one answered
+- a worker of another node: a TCP connection to that node's AMQP port carries a PROXY v2 header naming the client
+  (and saying whether it speaks TLS here), the protocol header and the bytes; the frames that node's front door answers first (the ones this one answered
   already) are dropped, and the two sockets are spliced. A connection that came that way (a PROXY header from a
   member) goes to a worker of this node or nowhere, so that two nodes that disagree cannot pass it round. A PROXY
   header from an address not among the members known here has the members read again before it is judged.
@@ -35,7 +35,7 @@ from broker.connection import greeting, handoff
 from broker.connection.connection import HANDSHAKE_TIMEOUT
 from broker.connection.peer_log import PeerLog
 from broker.connection.splice import SpliceEnd
-from protocol import proxy_header
+from protocol import proxy_header, stream_start
 from protocol.codec import decode_method, encode_method
 from protocol.constants import (
     CONNECTION_FORCED, FRAME_END, FRAME_HEARTBEAT, FRAME_METHOD, FRAME_MIN_SIZE, INTERNAL_ERROR, PROTOCOL_HEADER,
@@ -92,6 +92,7 @@ class FrontDoor(asyncio.Protocol):
         self.forwarded = False  # it did: the client came through another node's front door
         self.peer: tuple = ("", 0)  # the client's address and port
         self.local: tuple = ("", 0)  # the address it connected to
+        self.tls = False  # the client speaks TLS: to this node, or to the node that forwarded it (its PROXY header)
         self.kept = bytearray()  # everything the client sent after its protocol header
         self.reader = FrameReader(FRAME_MIN_SIZE)  # the handshake's frames (a larger one goes to a worker to judge)
         self.answered = 0  # frames sent: 1 after connection.start, 2 after connection.tune
@@ -108,6 +109,7 @@ class FrontDoor(asyncio.Protocol):
         self.peer = tuple(transport.get_extra_info("peername") or ("", 0))[:2]
         self.local = tuple(transport.get_extra_info("sockname") or ("", 0))[:2]
         self.proxy_allowed = self.peer[0] in self.doors.trusted_proxies
+        self.tls = transport.get_extra_info("sslcontext") is not None
         self.connected_at = int(time.time() * 1000)
         self.doors.open.add(self)
         self.timer = asyncio.get_running_loop().call_later(HANDSHAKE_TIMEOUT, self._timed_out)
@@ -163,36 +165,32 @@ class FrontDoor(asyncio.Protocol):
         connection.start; a wrong one is answered with ours and the socket closed. Returns what follows."""
         self.header += data
         if not self.proxy_allowed and not self.rechecked and self.doors.recheck is not None and (
-                self.header[:1] == proxy_header.SIGNATURE[:1]):  # (a PROXY header, or no protocol header at all)
+                proxy_header.could_start(self.header[:1])):  # (a PROXY header, or no protocol header at all)
             self._recheck(self.doors.recheck)
             return b""
-        if self.proxy_allowed:
-            if proxy_header.SIGNATURE.startswith(self.header[:len(proxy_header.SIGNATURE)]):
-                try:
-                    parsed = proxy_header.parse(self.header)
-                except proxy_header.ProxyHeaderError as error:
-                    peer_log.warning(self.peer[0], "closing connection from %s:%s: malformed PROXY header: %s",
-                                     *self.peer, error)
-                    self.transport.abort()
-                    return b""
-                if parsed is None:
-                    return b""
-                ends, self.header = parsed
-                if ends is not None:
-                    self.peer, self.local = ends
-                    self.forwarded = True
-            self.proxy_allowed = False
-        if len(self.header) < len(PROTOCOL_HEADER) and PROTOCOL_HEADER.startswith(self.header):
+        try:
+            start = stream_start.read_start(self.header, self.proxy_allowed)
+        except proxy_header.ProxyHeaderError as error:
+            peer_log.warning(self.peer[0], "closing connection from %s:%s: malformed PROXY header: %s", *self.peer,
+                             error)
+            self.transport.abort()
             return b""
-        if self.header[:len(PROTOCOL_HEADER)] != PROTOCOL_HEADER:
+        except stream_start.WrongProtocolHeader:
             self.transport.write(PROTOCOL_HEADER)
             self.transport.close()
             return b""
-        rest = self.header[len(PROTOCOL_HEADER):]
+        if start is None:
+            return b""
         self.header = b""
+        self.proxy_allowed = False
+        if start.proxied is not None:
+            if start.proxied.ends is not None:
+                self.peer, self.local = start.proxied.ends
+                self.forwarded = True
+            self.tls = self.tls or start.proxied.tls
         self._send(greeting.start(self.doors.config, self.doors.version, self.doors.platform))
         self.answered = 1
-        return rest
+        return start.rest
 
     def _recheck(self, recheck: Callable[[], Awaitable[None]]) -> None:
         """Read the members again before this peer's PROXY header is judged; its bytes wait meanwhile."""
@@ -235,7 +233,7 @@ class FrontDoor(asyncio.Protocol):
         handed = handoff.HandedOver(
             user="", client_properties=b"", frame_max=0, channel_max=0, heartbeat=0, peer=list(self.peer),
             local=list(self.local), connected_at=self.connected_at, received_bytes=len(PROTOCOL_HEADER),
-            sent_bytes=self.sent, tls=self.transport.get_extra_info("sslcontext") is not None,
+            sent_bytes=self.sent, tls=self.tls,
             answered=self.answered, data=bytes(self.kept))
         try:
             handoff.hand_over(self.transport, sender, handed, self.doors.splicing)
@@ -260,7 +258,8 @@ class FrontDoor(asyncio.Protocol):
                                             f"'vhost {vhost!r} unavailable'")
             return
         client_end.other, leader_end.other = leader_end, client_end
-        leader_end.transport.write(proxy_header.encode(self.peer, self.local) + PROTOCOL_HEADER + bytes(self.kept))
+        leader_end.transport.write(proxy_header.encode(self.peer, self.local, self.tls) + PROTOCOL_HEADER +
+                                   bytes(self.kept))
         for end in (client_end, leader_end):  # what either read before they were joined
             for data in end.waiting:
                 end.other.transport.write(data)

@@ -145,7 +145,7 @@ class Server:
         self.paging = Paging(PageStore(self.data_dir / "pages"), config.queue_messages_in_memory)
         self.node = Node(self.store, self.paging)  # vhosts, users and permissions
         self.connections: set[Connection] = set()
-        # Addresses (as sockets name their peers) whose connections may start with a PROXY v1 header naming the
+        # Addresses (as sockets name their peers) whose connections may start with a PROXY header naming the
         # client they forward: the cluster's members. Empty: no header is ever parsed.
         self.trusted_proxies: frozenset[str] = frozenset()
         self.version = version()

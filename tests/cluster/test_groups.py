@@ -318,6 +318,19 @@ def test_amqps_and_the_api_over_https_reach_every_group_through_every_node(tmp_p
         https.check_hostname = False
         queues = wait_for(lambda: https_json(request, https), 30, "the API over HTTPS through every group")
         assert {(queue["vhost"], queue["messages"]) for queue in queues} == {("one", 3), ("two", 3)}
+        # a client forwarded to another node is shown there as amqps too (the PROXY v2 header says so)
+        with contextlib.ExitStack() as open_connections:
+            for vhost in ("one", "two"):
+                for node in cluster.nodes.values():
+                    open_connections.enter_context(pika.BlockingConnection(pika.ConnectionParameters(
+                        "127.0.0.1", node.tls_port, vhost, ssl_options=pika.SSLOptions(context, "localhost"))))
+            listing = urllib.request.Request(
+                f"https://127.0.0.1:{cluster.nodes[idle].management_port}/api/connections?columns=vhost,ssl",
+                headers={"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="})
+            with urllib.request.urlopen(listing, timeout=10, context=https) as response:
+                shown = json.loads(response.read())
+        assert sorted((connection["vhost"], connection["ssl"]) for connection in shown) == [
+            ("one", True)] * 3 + [("two", True)] * 3
         for vhost in ("one", "two"):
             with connect(cluster, "a", vhost) as connection:
                 assert sorted(drained(connection, "secret")) == [f"{vhost} through {name}".encode() for name in "abc"]

@@ -10,6 +10,7 @@ import asyncio
 import ipaddress
 import logging
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Coroutine
@@ -24,6 +25,7 @@ from pamqp import commands
 
 from broker.config import Config
 from broker.connection.server import Server
+from broker.connection.tls import server_context
 from broker.management.server import start_management
 from cluster.proxy import AmqpForwarder
 from tests.conftest import free_port
@@ -32,6 +34,7 @@ from tests.integration.helpers import (
 )
 from tests.integration.management import add_user, delete_user, request, set_permissions
 from tests.integration.rawclient import AMQP_0_9_1_HEADER, PeerClosed, RawClient, describe, plain_response
+from tests.tls_certs import make_certificates
 
 pytestmark = beyond_rabbitmq
 
@@ -132,12 +135,13 @@ def leadership(leader):
 
 @pytest.fixture
 def start_forwarder(loop_thread, leader, leadership):
-    """start(host) -> the endpoint of a forwarder listening on host, stopped at the end of the test."""
+    """start(host, tls) -> the endpoint of a forwarder listening on host (an amqps port with a TLS context), stopped
+    at the end of the test."""
     started: list[AmqpForwarder] = []
 
-    def start(host: str = "127.0.0.1") -> tuple[AmqpForwarder, Endpoint]:
+    def start(host: str = "127.0.0.1", tls: ssl.SSLContext | None = None) -> tuple[AmqpForwarder, Endpoint]:
         forwarder = AmqpForwarder(leadership)
-        loop_thread.run(forwarder.start(host, 0))
+        loop_thread.run(forwarder.start(host, 0, tls))
         started.append(forwarder)
         return forwarder, Endpoint(host, forwarder.port, leader.endpoint.management_port)
 
@@ -243,6 +247,26 @@ def test_a_direct_client_of_a_trusted_address_is_served_as_before(leader, unique
         ch = conn.channel()
         publish(ch, declare_queue(ch, unique), [b"direct"])
         wait_for_message_count(ch, unique, 1)
+
+
+def test_an_amqps_client_of_a_follower_is_shown_by_the_leader_as_tls(start_forwarder, tmp_path, unique):
+    """The follower ends the client's TLS session and forwards it in plain TCP; its PROXY v2 header says the client
+    speaks TLS, so the leader shows the connection as RabbitMQ shows an amqps one."""
+    certificates = make_certificates(tmp_path / "certs")
+    tls = server_context(Config(tls_certfile=certificates.path("server.pem"),
+                                tls_keyfile=certificates.path("server.key")))
+    tls_forwarder, tls_endpoint = start_forwarder(tls=tls)
+    plain_forwarder, plain_endpoint = start_forwarder()
+    client_tls = pika.SSLOptions(ssl.create_default_context(cafile=certificates.path("ca.pem")), "localhost")
+    with pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", tls_endpoint.port, ssl_options=client_tls)) \
+            as over_tls, connect(plain_endpoint) as plain:
+        for conn in (over_tls, plain):
+            ch = conn.channel()
+            publish(ch, declare_queue(ch, f"{unique}-{conn is plain}"), [b"both ways"])
+            assert ch.basic_get(f"{unique}-{conn is plain}", auto_ack=True)[2] == b"both ways"
+        shown = {view["port"]: view["ssl"] for view in request(tls_endpoint, "GET", "/api/connections").body}
+    assert shown[tls_forwarder.port] is True
+    assert shown[plain_forwarder.port] is False
 
 
 # ---- the trust rule

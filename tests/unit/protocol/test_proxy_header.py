@@ -1,15 +1,19 @@
-"""The PROXY protocol v1 header: what the spec allows parses to the client's and the proxy's addresses, anything else
-is refused with the reason, and a header that arrives in pieces is waited for."""
+"""The PROXY protocol's headers, versions 1 and 2: what the spec allows parses to the client's and the proxy's
+addresses (and, in version 2, whether the client speaks TLS), anything else is refused with the reason, and a header
+that arrives in pieces is waited for. What encode writes (version 2) parses back."""
 
 from __future__ import annotations
 
 import ipaddress
+import struct
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocol.proxy_header import MAX_LENGTH, ProxyHeaderError, encode, parse
+from protocol.proxy_header import (
+    MAX_LENGTH, MAX_V2_LENGTH, SIGNATURE_V2, Proxied, ProxyHeaderError, could_start, encode, parse,
+)
 
 
 @pytest.mark.parametrize("line, ends", [
@@ -21,7 +25,7 @@ from protocol.proxy_header import MAX_LENGTH, ProxyHeaderError, encode, parse
     (b"PROXY UNKNOWN ffff:f::f anything at all 1\r\n", None),  # the rest of an UNKNOWN line is ignored
 ], ids=["tcp4", "tcp4-extremes", "tcp6", "tcp6-uppercase-long-form", "unknown", "unknown-with-rest"])
 def test_a_valid_header_gives_both_ends_and_what_follows(line, ends):
-    assert parse(line + b"AMQP\x00\x00\x09\x01") == (ends, b"AMQP\x00\x00\x09\x01")
+    assert parse(line + b"AMQP\x00\x00\x09\x01") == (Proxied(ends), b"AMQP\x00\x00\x09\x01")
 
 
 def test_the_longest_headers_of_the_spec_are_accepted():
@@ -66,9 +70,10 @@ def test_the_longest_headers_of_the_spec_are_accepted():
     (b"PROXY TCP4 1.2.3.4\n5.6.7.8 1 2\r\n", "a line feed without a carriage return before it"),
     (b"PROXY TCP4 1.2.3.4\r5.6.7.8 1 2\r\n", "a carriage return without a line feed after it"),
     (b"PROXY UNKNOWN \r\r\n", "a carriage return without a line feed after it"),
-    (b"PROXY\r\n", "it does not start with 'PROXY '"),
+    (b"PROXY\r\n", "it does not start with 'PROXY ' (version 1) or version 2's signature"),
     (b"proxy TCP4 1.2.3.4 5.6.7.8 1 2\r\n", "it does not start with 'PROXY '"),
     (b"AMQP\x00\x00\x09\x01", "it does not start with 'PROXY '"),
+    (b"\r\n\r\n\x00\r\nquit\n\x21\x11\x00\x0c", "it does not start with 'PROXY '"),
 ])
 def test_a_malformed_header_is_refused_with_its_reason(line, reason):
     with pytest.raises(ProxyHeaderError) as refused:
@@ -90,7 +95,7 @@ def test_a_header_that_arrives_in_pieces_is_waited_for_then_parsed_whole():
     for byte in line[:-1]:
         received += bytes([byte])
         assert parse(received) is None, received
-    assert parse(received + b"\nAMQP") == ((("2001:db8::7", 56324), ("::1", 5672)), b"AMQP")
+    assert parse(received + b"\nAMQP") == (Proxied((("2001:db8::7", 56324), ("::1", 5672))), b"AMQP")
 
 
 def test_the_beginning_of_something_else_is_refused_at_once():
@@ -98,13 +103,94 @@ def test_the_beginning_of_something_else_is_refused_at_once():
         parse(b"PROXI")
 
 
-def test_encode_names_both_ends_in_the_family_of_the_client():
-    assert encode(("192.0.2.7", 56324), ("10.0.0.1", 5672)) == b"PROXY TCP4 192.0.2.7 10.0.0.1 56324 5672\r\n"
-    assert encode(("2001:db8::7", 1, 0, 0), ("::1", 2, 0, 0)) == b"PROXY TCP6 2001:db8::7 ::1 1 2\r\n"
+# ---- version 2
+
+
+def v2(family: int, block: bytes, version_command: int = 0x21) -> bytes:
+    """A version 2 header: its fixed part, then block (addresses and TLVs)."""
+    return SIGNATURE_V2 + struct.pack(">BBH", version_command, family, len(block)) + block
+
+
+TCP4_BLOCK = bytes([192, 0, 2, 7, 10, 0, 0, 1]) + struct.pack(">HH", 56324, 5672)
+TCP6_BLOCK = ipaddress.IPv6Address("2001:db8::7").packed + ipaddress.IPv6Address("::1").packed + struct.pack(
+    ">HH", 1, 2)
+SSL_TLV = b"\x20\x00\x05\x01\x00\x00\x00\x00"  # PP2_TYPE_SSL: client flags PP2_CLIENT_SSL, verify 0
+NOT_SSL_TLV = b"\x20\x00\x05\x00\x00\x00\x00\x00"  # the same TLV, the client's flags empty
+OTHER_TLVS = b"\x01\x00\x02h2" + b"\x04\x00\x00"  # ALPN and NOOP, of no meaning here
+
+
+@pytest.mark.parametrize("header, proxied", [
+    (v2(0x11, TCP4_BLOCK), Proxied((("192.0.2.7", 56324), ("10.0.0.1", 5672)))),
+    (v2(0x21, TCP6_BLOCK), Proxied((("2001:db8::7", 1), ("::1", 2)))),
+    (v2(0x11, TCP4_BLOCK + SSL_TLV), Proxied((("192.0.2.7", 56324), ("10.0.0.1", 5672)), tls=True)),
+    (v2(0x11, TCP4_BLOCK + OTHER_TLVS + SSL_TLV),
+     Proxied((("192.0.2.7", 56324), ("10.0.0.1", 5672)), tls=True)),
+    (v2(0x11, TCP4_BLOCK + NOT_SSL_TLV), Proxied((("192.0.2.7", 56324), ("10.0.0.1", 5672)))),
+    (v2(0x21, ipaddress.IPv6Address("::ffff:192.0.2.7").packed + ipaddress.IPv6Address("::1").packed +
+        struct.pack(">HH", 1, 2)), Proxied((("192.0.2.7", 1), ("::1", 2)))),
+    (v2(0x11, TCP4_BLOCK, version_command=0x20), Proxied(None)),  # LOCAL: the proxy's own health check
+    (v2(0x00, b""), Proxied(None)),  # UNSPEC: a client the proxy cannot name
+    (v2(0x00, b"anything"), Proxied(None)),
+], ids=["tcp4", "tcp6", "tls", "tls-among-other-tlvs", "ssl-tlv-without-tls", "ipv4-in-ipv6", "local", "unspec",
+        "unspec-with-block"])
+def test_a_valid_version_2_header_gives_both_ends_whether_tls_and_what_follows(header, proxied):
+    assert parse(header + b"AMQP\x00\x00\x09\x01") == (proxied, b"AMQP\x00\x00\x09\x01")
+
+
+@pytest.mark.parametrize("header, reason", [
+    (v2(0x11, TCP4_BLOCK, version_command=0x11), "version 1 in a version 2 signature"),
+    (v2(0x11, TCP4_BLOCK, version_command=0x22), "unknown command 2"),
+    (v2(0x12, TCP4_BLOCK), "family and protocol 0x12, not TCP over IPv4 or IPv6"),  # UDP
+    (v2(0x31, b"\x00" * 216), "family and protocol 0x31, not TCP over IPv4 or IPv6"),  # a UNIX socket
+    (v2(0x11, TCP4_BLOCK[:11]), "11 bytes for TCP4 addresses of 12"),
+    (v2(0x21, TCP4_BLOCK), "12 bytes for TCP6 addresses of 36"),
+    (v2(0x11, TCP4_BLOCK + b"\x20\x00"), "a TLV cut short after 2 bytes"),
+    (v2(0x11, TCP4_BLOCK + b"\x20\x00\x05\x01"), "TLV 0x20 of 5 bytes with 1 left"),
+    (v2(0x11, TCP4_BLOCK + b"\x20\x00\x00"), "an SSL TLV without its client flags"),
+    (SIGNATURE_V2 + struct.pack(">BBH", 0x21, 0x11, MAX_V2_LENGTH + 1),
+     f"{MAX_V2_LENGTH + 1} bytes of addresses and TLVs, more than the {MAX_V2_LENGTH} taken"),
+    (SIGNATURE_V2 + struct.pack(">BBH", 0x21, 0x11, 65535), "65535 bytes of addresses and TLVs"),
+], ids=["version-1", "command-2", "udp", "unix", "short-tcp4", "short-tcp6", "tlv-header-cut", "tlv-value-cut",
+        "empty-ssl-tlv", "one-byte-too-long", "longest-length"])
+def test_a_malformed_version_2_header_is_refused_with_its_reason(header, reason):
+    with pytest.raises(ProxyHeaderError) as refused:
+        parse(header)
+    assert str(refused.value).startswith(reason)
+
+
+def test_a_version_2_header_that_arrives_in_pieces_is_waited_for_then_parsed_whole():
+    header = v2(0x11, TCP4_BLOCK + SSL_TLV)
+    for end in range(len(header)):
+        assert parse(header[:end]) is None, header[:end]
+    assert parse(header + b"AMQP") == (Proxied((("192.0.2.7", 56324), ("10.0.0.1", 5672)), tls=True), b"AMQP")
+
+
+def test_the_longest_version_2_header_taken_is_waited_for_whole():
+    block = TCP4_BLOCK + b"\x04" + struct.pack(">H", MAX_V2_LENGTH - len(TCP4_BLOCK) - 3) + bytes(
+        MAX_V2_LENGTH - len(TCP4_BLOCK) - 3)  # a NOOP TLV fills it up
+    header = v2(0x11, block)
+    assert parse(header[:-1]) is None
+    assert parse(header) == (Proxied((("192.0.2.7", 56324), ("10.0.0.1", 5672))), b"")
+
+
+@pytest.mark.parametrize("data, starts", [
+    (b"", True), (b"P", True), (b"PROXY TCP4", True), (b"\r", True), (SIGNATURE_V2 + b"\x21", True),
+    (b"A", False), (b"AMQP\x00\x00\x09\x01", False), (b"PROXI", False), (b"\r\n\r\n\x00\r\nquit", False),
+])
+def test_could_start_tells_a_proxy_header_of_either_version_from_anything_else(data, starts):
+    assert could_start(data) is starts
+
+
+def test_encode_writes_version_2_in_the_family_of_the_client():
+    assert encode(("192.0.2.7", 56324), ("10.0.0.1", 5672)) == v2(0x11, TCP4_BLOCK)
+    assert encode(("2001:db8::7", 1, 0, 0), ("::1", 2, 0, 0)) == v2(0x21, TCP6_BLOCK)
+    assert encode(("192.0.2.7", 56324), ("10.0.0.1", 5672), tls=True) == v2(0x11, TCP4_BLOCK + SSL_TLV)
     # an IPv4 client of a dual-stack socket, and a link-local client with its zone
-    dual_stack = encode(("::ffff:192.0.2.7", 1, 0, 0), ("::ffff:10.0.0.1", 2, 0, 0))
-    assert dual_stack == b"PROXY TCP4 192.0.2.7 10.0.0.1 1 2\r\n"
-    assert encode(("fe80::7%eth0", 1, 0, 2), ("fe80::1%eth0", 2, 0, 2)) == b"PROXY TCP6 fe80::7 fe80::1 1 2\r\n"
+    assert encode(("::ffff:192.0.2.7", 56324, 0, 0), ("::ffff:10.0.0.1", 5672, 0, 0)) == v2(0x11, TCP4_BLOCK)
+    assert parse(encode(("fe80::7%eth0", 1, 0, 2), ("fe80::1%eth0", 2, 0, 2))) == (
+        Proxied((("fe80::7", 1), ("fe80::1", 2))), b"")
+    # ends of both families are both named in IPv6, and read back as they were
+    assert parse(encode(("192.0.2.7", 1), ("::1", 2))) == (Proxied((("192.0.2.7", 1), ("::1", 2))), b"")
 
 
 ports = st.integers(0, 65535)
@@ -113,7 +199,7 @@ ipv6 = st.builds(lambda n: str(ipaddress.IPv6Address(n)), st.integers(0, 2**128 
     lambda text: ipaddress.IPv6Address(text).ipv4_mapped is None)
 
 
-@given(st.one_of(st.tuples(ipv4, ipv4), st.tuples(ipv6, ipv6)), ports, ports)
-def test_what_encode_writes_parses_back(hosts, source_port, destination_port):
+@given(st.one_of(st.tuples(ipv4, ipv4), st.tuples(ipv6, ipv6), st.tuples(ipv4, ipv6)), ports, ports, st.booleans())
+def test_what_encode_writes_parses_back(hosts, source_port, destination_port, tls):
     source, destination = (hosts[0], source_port), (hosts[1], destination_port)
-    assert parse(encode(source, destination)) == ((source, destination), b"")
+    assert parse(encode(source, destination, tls) + b"rest") == (Proxied((source, destination), tls), b"rest")
