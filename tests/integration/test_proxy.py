@@ -1,4 +1,4 @@
-"""Client forwarding: a follower's AmqpForwarder carries each client's connection to the leader behind a PROXY v1
+"""Client forwarding: a follower's AmqpForwarder carries each client's connection to the leader behind a PROXY v2
 header, and the leader takes the client's address from that header only when the forwarder's address is one it
 trusts. The leader runs in this process, on an event loop of its own thread, so that the test sets its
 trusted_proxies as the cluster layer does; the forwarder runs on the same loop, and the clients (pika, or raw
