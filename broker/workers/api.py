@@ -21,20 +21,20 @@ refused logins are counted here, for the whole node, and answered more and more 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import json
 import logging
-import ssl
-from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 from aiohttp import web
-from multidict import CIMultiDict
 
 from broker.connection.login_throttle import LoginThrottle
 from broker.connection.peer_log import PeerLog
 from broker.management import guards, http
 from broker.management.app import CONSOLE, VIEWS, console_page
+from broker.management.forwarding import (
+    GROUP, NODE_ITSELF, Answer, ApiClient, Body, body_of, not_signed, other_nodes_context, signed_by_another_node,
+    unavailable,
+)
 from broker.management.resources import listing, sorted_bindings
 from broker.model.definitions import VHOST_SECTIONS, of_vhosts
 from broker.workers.board import API_SECRET, nodes_of
@@ -69,66 +69,21 @@ FAILING_FIRST = frozenset(("/api/health/checks/alarms", "/api/health/checks/loca
                            "/api/health/checks/virtual-hosts"))  # checks that fail if any worker's fails
 
 
-Body = bytes | AsyncIterator[bytes] | None  # what a forwarded request carries
-
-# A request one clustered node's API forwards to another's, for the worker there that leads a group: the group,
-# and an HMAC of the request with the cluster's secret (broker.workers.board.API_SECRET)
-GROUP = "X-Warren-Group"
-SIGNATURE = "X-Warren-Signature"
-NODE_ITSELF = "node"  # GROUP's value for a request of the node's own list of workers (/api/nodes)
-
-
-def signature(secret: str, group: int | str, method: str, path_qs: str, client: str, check_only: bool) -> str:
-    message = "\n".join((str(group), method, path_qs, client, "check" if check_only else "apply"))
-    return hmac.new(secret.encode(), message.encode(), hashlib.sha256).hexdigest()
+def refusal_reason(response: web.StreamResponse) -> str:
+    """What a worker's refusal of a request's credentials says (RabbitMQ's error body: {"reason": ...})."""
+    try:
+        return str(json.loads(getattr(response, "body", b""))["reason"])
+    except (ValueError, TypeError, KeyError):
+        return "?"
 
 
-async def streamed(request: web.Request, kept: bytearray | None = None) -> AsyncIterator[bytes]:
-    """The request's body as the worker reads it (a worker refuses a body too large, or a request it does not
-    authorise, before reading it, as the API of one process does); kept gets a copy when given."""
-    async for chunk in request.content.iter_any():
-        if kept is not None:
-            kept += chunk
-        yield chunk
-
-
-def body_of(request: web.Request, kept: bytearray | None = None) -> Body:
-    return streamed(request, kept) if request.can_read_body else None
-
-
-class Answer:
-    """A worker's answer to a forwarded request."""
-
-    def __init__(self, status: int, headers: CIMultiDict, body: bytes, head_length: str | None = None):
-        self.status = status
-        self.headers = headers
-        self.body = body
-        self.head_length = head_length  # a HEAD answer's Content-Length: the length its GET would have
-
-    def json(self):
-        return json.loads(self.body)
-
-    def response(self) -> web.Response:
-        response = web.Response(status=self.status, body=self.body, headers=self.headers)
-        if self.head_length is not None:
-            response.headers["Content-Length"] = self.head_length
-        return response
-
-
-class WorkerApis:
-    """Requests to the workers' internal API sockets, written and read here: a worker answers as soon as it has
-    decided (a refused login, a body too large), however much of the body the client has still to send, and its
-    answer goes back at once, as the API of one process answers."""
+class WorkerApis(ApiClient):
+    """Requests to the workers' internal API sockets, and on a clustered node to the other nodes' APIs."""
 
     def __init__(self, supervisor: "Supervisor"):
+        super().__init__(lambda: supervisor.board.entries.get(API_SECRET),
+                         other_nodes_context(supervisor.config) if supervisor.clustered else None)
         self.supervisor = supervisor
-        # How another node's API is spoken to: HTTPS when this node's is, its certificate checked against the CA
-        # this one trusts (not its name: nodes are reached at their advertised addresses)
-        self.other_nodes: ssl.SSLContext | None = None
-        config = supervisor.config
-        if config.management_tls and supervisor.clustered:
-            self.other_nodes = ssl.create_default_context(cafile=config.tls_cacertfile)
-            self.other_nodes.check_hostname = False
 
     async def ask(self, worker: int, request: web.Request, body: Body = None, path_qs: str | None = None,
                   check_only: bool = False, metrics: bool = False, client: str | None = None) -> Answer:
@@ -140,125 +95,6 @@ class WorkerApis:
         if target is None:
             return unavailable(f"worker {worker}", request, ConnectionError(f"no node leads group {worker} now"))
         return await self.ask_at(target, worker, request, body, path_qs, check_only, client)
-
-    async def ask_at(self, target: str | tuple[str, int], group: int | str, request: web.Request, body: Body = None,
-                     path_qs: str | None = None, check_only: bool = False, client: str | None = None) -> Answer:
-        """The answer at target: a worker's internal socket, or another node's API (host, port), asked for the
-        worker there that leads ``group`` (or with NODE_ITSELF, for that node's own list of workers)."""
-        client = request.remote or "" if client is None else client
-        head = self._head(request, body, path_qs, check_only, client)
-        who = f"the node at {target}" if group == NODE_ITSELF else f"worker {group}"
-        try:
-            if isinstance(target, str):
-                reader, writer = await asyncio.open_unix_connection(target)
-            else:
-                reader, writer = await asyncio.open_connection(*target, ssl=self.other_nodes)
-                head = head[:-2] + self._signature(group, request, path_qs, check_only, client) + b"\r\n"
-        except OSError as error:
-            return unavailable(who, request, error)
-        try:
-            writer.write(head)
-            sending = asyncio.ensure_future(self._send(writer, body, request.content_length is None))
-            try:
-                answer = await read_answer(reader, request.method)
-            finally:
-                sending.cancel()
-            login = answer.headers.popall(http.LOGIN_OUTCOME, [])
-            if login and request.get(http.LOGIN) != "refused":  # (one worker's refusal is the request's)
-                request[http.LOGIN] = login[0]
-            return answer
-        except (OSError, asyncio.IncompleteReadError, ValueError) as error:
-            return unavailable(who, request, error)
-        finally:
-            writer.close()
-
-    def _signature(self, group: int | str, request: web.Request, path_qs: str | None, check_only: bool,
-                   client: str) -> bytes:
-        """The headers that make another node's API take a request as this node's, for its worker that leads
-        ``group`` (or NODE_ITSELF)."""
-        secret = self.supervisor.board.entries.get(API_SECRET)
-        if not secret:
-            raise ConnectionError("this node has not learnt the cluster's secret from etcd yet")
-        signed = signature(secret, group, request.method, path_qs or request.raw_path, client, check_only)
-        return f"{GROUP}: {group}\r\n{SIGNATURE}: {signed}\r\n".encode()
-
-    @staticmethod
-    def _head(request: web.Request, body: Body, path_qs: str | None, check_only: bool, client: str) -> bytes:
-        """The request line and headers: the client's own (the Host, the credentials, the body's length), and the
-        client's address. Not the client's Expect: this listener has answered it, and the body follows at once."""
-        lines = [f"{request.method} {path_qs or request.raw_path} HTTP/1.1".encode()]
-        for name, value in request.raw_headers:
-            lowered = name.lower()
-            if lowered.startswith(b"x-warren-") or lowered in (b"connection", b"keep-alive", b"expect"):
-                continue
-            if isinstance(body, bytes) and lowered in (b"content-length", b"transfer-encoding"):
-                continue
-            lines.append(name + b": " + value)
-        if isinstance(body, bytes):
-            lines.append(b"Content-Length: %d" % len(body))
-        lines.append(f"{http.FORWARDED_CLIENT}: {client}".encode())
-        if check_only:
-            lines.append(f"{http.CHECK_ONLY}: 1".encode())
-        lines.append(b"Connection: close")
-        return b"\r\n".join(lines) + b"\r\n\r\n"
-
-    @staticmethod
-    async def _send(writer: asyncio.StreamWriter, body: Body, chunked: bool) -> None:
-        try:
-            if isinstance(body, bytes):
-                writer.write(body)
-            elif body is not None:
-                async for chunk in body:
-                    writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
-                    await writer.drain()
-                if chunked:
-                    writer.write(b"0\r\n\r\n")
-            await writer.drain()
-        except OSError:
-            pass  # the worker answered before it read the whole body, and closed
-
-
-async def read_answer(reader: asyncio.StreamReader, method: str) -> Answer:
-    """An HTTP/1.1 response from a worker's API (its status, headers and body), after any interim (1xx) ones."""
-    status = 100
-    while 100 <= status < 200:
-        head = await reader.readuntil(b"\r\n\r\n")
-        status_line, *header_lines = head[:-4].decode("latin-1").split("\r\n")
-        status = int(status_line.split()[1])
-    headers = CIMultiDict(line.split(": ", 1) for line in header_lines)
-    head_length = headers.get("Content-Length") if method == "HEAD" else None
-    if method == "HEAD" or status in (204, 304):
-        body = b""
-    elif headers.get("Transfer-Encoding", "").lower() == "chunked":
-        parts = []
-        while size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16):
-            parts.append(await reader.readexactly(size))
-            await reader.readexactly(2)
-        await reader.readuntil(b"\r\n")
-        body = b"".join(parts)
-    elif "Content-Length" in headers:
-        body = await reader.readexactly(int(headers["Content-Length"]))
-    else:
-        body = await reader.read()
-    for name in ("Content-Length", "Transfer-Encoding", "Connection", "Keep-Alive", "Date", "Server"):
-        headers.popall(name, None)
-    return Answer(status, headers, body, head_length)
-
-
-def refusal_reason(response: web.StreamResponse) -> str:
-    """What a worker's refusal of a request's credentials says (RabbitMQ's error body: {"reason": ...})."""
-    try:
-        return str(json.loads(getattr(response, "body", b""))["reason"])
-    except (ValueError, TypeError, KeyError):
-        return "?"
-
-
-def unavailable(who: str, request: web.Request, error: Exception) -> Answer:
-    """who: "worker N", or another node"""
-    log.warning("%s did not answer %s %.200s: %s", who, request.method, request.path, error)
-    return Answer(503, CIMultiDict({"Content-Type": "application/json"}), json.dumps(
-        {"error": "service_unavailable", "reason": f"{who} is starting or stopping"}).encode())
-
 
 class Gateway:
     """The public API's one handler: what goes where (see the module's text)."""
@@ -281,18 +117,11 @@ class Gateway:
     async def for_a_group(self, request: web.Request) -> web.StreamResponse:
         """A request another node of the cluster forwarded (signed) for this node's worker that leads a group:
         that worker's answer, with how the credentials fared, for the node that asked to count."""
-        secret = self.supervisor.board.entries.get(API_SECRET, "")
-        group: int | str = request.headers[GROUP]
-        try:
-            group = int(group)
-        except ValueError:
-            group = group if group == NODE_ITSELF else -1
+        group = signed_by_another_node(request, self.supervisor.board.entries.get(API_SECRET, ""))
+        if group is None:
+            return not_signed()
         check_only = request.headers.get(http.CHECK_ONLY) == "1"
         client = request.headers.get(http.FORWARDED_CLIENT, "")
-        expected = signature(secret, group, request.method, request.raw_path, client, check_only)
-        if not secret or not hmac.compare_digest(expected, request.headers.get(SIGNATURE, "")):
-            return http.error_response(403, "not_authorised", "a request from another node must be signed with the "
-                                                              "cluster's secret")
         if group == NODE_ITSELF:  # this node's own workers, for the list of the cluster's nodes
             return http.reply(self.entries(await self.own_nodes(request, client)))
         if not isinstance(group, int) or group not in self.workers or not isinstance(

@@ -37,11 +37,17 @@ TABLES = "\n".join(
 
 
 @contextlib.contextmanager
-def two_groups(tmp_path, etcd_endpoint, certificates=None) -> Iterator[tuple[Cluster, list[Observer]]]:
+def two_groups(tmp_path, etcd_endpoint, certificates=None, hostnames: dict[str, list[str]] | None = None
+               ) -> Iterator[tuple[Cluster, list[Observer]]]:
     """Three nodes of two workers (with an amqps port each, and the management API over HTTPS, when given
-    certificates), and an observer of each group's keys; their logs printed should the test fail."""
+    certificates; with the management hostnames given of a node), and an observer of each group's keys; their
+    logs printed should the test fail."""
     name = f"t{uuid.uuid4().hex[:10]}"
     cluster = Cluster(tmp_path, name, etcd_endpoint, workers=2, tables=TABLES)
+    for node, names in (hostnames or {}).items():
+        config = cluster.nodes[node].config_path
+        names_line = f"hostnames = {json.dumps(names)}\n"
+        config.write_text(config.read_text().replace("[management]\n", "[management]\n" + names_line))
     for node in cluster.nodes.values() if certificates is not None else ():
         node.tls_port = free_port()
         text = node.config_path.read_text().replace("[management]\n", "[management]\ntls = true\n")
@@ -156,12 +162,13 @@ def test_a_node_that_runs_another_number_of_workers_is_refused(grouped, tmp_path
             "number") in other.log()
 
 
-def api(cluster: Cluster, node: str, method: str, path: str, body: dict | None = None, user: str = "guest:guest"):
-    """(status, JSON or None) of a request to a node's management API."""
+def api(cluster: Cluster, node: str, method: str, path: str, body: dict | None = None, user: str = "guest:guest",
+        host: str | None = None):
+    """(status, JSON or None) of a request to a node's management API (host: the Host header, if not its address)."""
+    headers = {"Authorization": "Basic " + base64.b64encode(user.encode()).decode(),
+               "Content-Type": "application/json", **({"Host": host} if host is not None else {})}
     request = urllib.request.Request(f"http://127.0.0.1:{cluster.nodes[node].management_port}{path}", method=method,
-                                     data=json.dumps(body).encode() if body is not None else None,
-                                     headers={"Authorization": "Basic " + base64.b64encode(user.encode()).decode(),
-                                              "Content-Type": "application/json"})
+                                     data=json.dumps(body).encode() if body is not None else None, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             text = response.read()
@@ -296,6 +303,21 @@ def test_a_nodes_metrics_are_those_of_the_groups_it_leads(grouped):
     assert queue_messages(cluster, led[1]) == {("two", "counted"): 2}  # as RabbitMQ's, a node's own queues
     assert queue_messages(cluster, led[0]) == {("one", "counted"): 1}
     assert queue_messages(cluster, next(node for node in "abc" if node not in led)) == {}
+
+
+def test_a_host_name_only_the_node_reached_knows_reaches_every_group(tmp_path, etcd_endpoint):
+    """The Host (and Origin) of a request are checked by the node it reaches; a node that answers for a group led
+    there gets the request under its own address, so a name configured on the first node alone is not refused."""
+    with two_groups(tmp_path, etcd_endpoint, hostnames={"a": ["broker.example"]}) as (cluster, observers):
+        led = wait_for(lambda: leaders(observers), 30, "a leader in each group")
+        assert set(led) != {"a"}  # (leaders are spread: at least one group is led by another node)
+        api_ready(cluster)
+        status, vhosts = api(cluster, "a", "GET", "/api/vhosts", host="broker.example:15672")
+        assert status == 200 and sorted(vhost["name"] for vhost in vhosts) == ["/", "one", "two"]
+        status, queues = api(cluster, "a", "GET", "/api/queues/two", host="broker.example")
+        assert (status, queues) == (200, [])
+        status, refusal = api(cluster, "a", "GET", "/api/vhosts", host="elsewhere.example")
+        assert status == 403 and "Host header" in refusal["reason"]
 
 
 def test_amqps_and_the_api_over_https_reach_every_group_through_every_node(tmp_path, etcd_endpoint):

@@ -1,0 +1,227 @@
+"""Requests one management API forwards to another, written and read here: to a worker's internal socket (from its
+node's public API, broker.workers.api), or to another node's management port, signed with the cluster's secret.
+What forwards is checked here, by the node that took the request (its Host and Origin, broker.management.guards);
+what answers checks the credentials, and says how they fared (http.LOGIN_OUTCOME).
+
+The other node checks the signature (signed_by_another_node) before it believes the client's address the request
+carries (http.FORWARDED_CLIENT). A request forwarded this way answers as soon as its receiver has decided (a refused
+login, a body too large), however much of the body the client has still to send, as the API of one process answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import ssl
+from typing import AsyncIterator, Callable
+
+from aiohttp import web
+from multidict import CIMultiDict
+
+from broker.management import http
+
+log = logging.getLogger(__name__)
+
+Body = bytes | AsyncIterator[bytes] | None  # what a forwarded request carries
+
+# A request one clustered node's API forwards to another's, for what leads a group there (its worker that does, or
+# the node itself when it runs no workers): the group, and an HMAC of the request with the cluster's secret
+GROUP = "X-Warren-Group"
+SIGNATURE = "X-Warren-Signature"
+NODE_ITSELF = "node"  # GROUP's value for a request of the node's own list of workers (/api/nodes)
+
+
+def signature(secret: str, group: int | str, method: str, path_qs: str, client: str, check_only: bool) -> str:
+    message = "\n".join((str(group), method, path_qs, client, "check" if check_only else "apply"))
+    return hmac.new(secret.encode(), message.encode(), hashlib.sha256).hexdigest()
+
+
+async def streamed(request: web.Request, kept: bytearray | None = None) -> AsyncIterator[bytes]:
+    """The request's body as the API it is forwarded to reads it (which refuses a body too large, or a request it
+    does not authorise, before reading it, as the API of one process does); kept gets a copy when given."""
+    async for chunk in request.content.iter_any():
+        if kept is not None:
+            kept += chunk
+        yield chunk
+
+
+def body_of(request: web.Request, kept: bytearray | None = None) -> Body:
+    return streamed(request, kept) if request.can_read_body else None
+
+
+class Answer:
+    """The answer to a forwarded request."""
+
+    def __init__(self, status: int, headers: CIMultiDict, body: bytes, head_length: str | None = None):
+        self.status = status
+        self.headers = headers
+        self.body = body
+        self.head_length = head_length  # a HEAD answer's Content-Length: the length its GET would have
+
+    def json(self):
+        return json.loads(self.body)
+
+    def response(self) -> web.Response:
+        response = web.Response(status=self.status, body=self.body, headers=self.headers)
+        if self.head_length is not None:
+            response.headers["Content-Length"] = self.head_length
+        return response
+
+
+class ApiClient:
+    """Forwards requests to other APIs: a worker's internal socket, or another node's management port."""
+
+    def __init__(self, secret: Callable[[], str | None], other_nodes: ssl.SSLContext | None = None) -> None:
+        self.secret = secret  # the cluster's secret, which signs a request to another node (None: not learnt yet)
+        self.other_nodes = other_nodes  # TLS towards the other nodes' APIs (other_nodes_context)
+
+    async def ask_at(self, target: str | tuple[str, int], group: int | str, request: web.Request, body: Body = None,
+                     path_qs: str | None = None, check_only: bool = False, client: str | None = None) -> Answer:
+        """The answer at target: a worker's internal socket, or another node's API (host, port), asked for what leads
+        ``group`` there (or with NODE_ITSELF, for that node's own entries in /api/nodes)."""
+        client = request.remote or "" if client is None else client
+        who = f"worker {group}" if isinstance(target, str) else f"the node at {target[0]}:{target[1]}"
+        try:
+            if isinstance(target, str):
+                reader, writer = await asyncio.open_unix_connection(target)
+                head = self._head(request, body, path_qs, check_only, client)
+            else:
+                reader, writer = await asyncio.open_connection(*target, ssl=self.other_nodes)
+                head = self._head(request, body, path_qs, check_only, client, writer.get_extra_info("peername"))
+                head = head[:-2] + self._signature(group, request, path_qs, check_only, client) + b"\r\n"
+        except OSError as error:
+            return unavailable(who, request, error)
+        try:
+            writer.write(head)
+            sending = asyncio.ensure_future(self._send(writer, body, request.content_length is None))
+            try:
+                answer = await read_answer(reader, request.method)
+            finally:
+                sending.cancel()
+            login = answer.headers.popall(http.LOGIN_OUTCOME, [])
+            if login and request.get(http.LOGIN) != "refused":  # (one worker's refusal is the request's)
+                request[http.LOGIN] = login[0]
+            return answer
+        except (OSError, asyncio.IncompleteReadError, ValueError) as error:
+            return unavailable(who, request, error)
+        finally:
+            writer.close()
+
+    def _signature(self, group: int | str, request: web.Request, path_qs: str | None, check_only: bool,
+                   client: str) -> bytes:
+        """The headers that make another node's API take a request as this node's, for what leads ``group`` there
+        (or NODE_ITSELF)."""
+        secret = self.secret()
+        if not secret:
+            raise ConnectionError("this node has not learnt the cluster's secret from etcd yet")
+        signed = signature(secret, group, request.method, path_qs or request.raw_path, client, check_only)
+        return f"{GROUP}: {group}\r\n{SIGNATURE}: {signed}\r\n".encode()
+
+    @staticmethod
+    def _head(request: web.Request, body: Body, path_qs: str | None, check_only: bool, client: str,
+              node: tuple | None = None) -> bytes:
+        """The request line and headers: the client's own (the Host, the credentials, the body's length), and the
+        client's address. Not the client's Expect: this listener has answered it, and the body follows at once. To
+        another node (its socket's address, as node), not the client's Host nor its Origin: they name this node,
+        which checked them; the Host is that node's address instead."""
+        lines = [f"{request.method} {path_qs or request.raw_path} HTTP/1.1".encode()]
+        dropped = (b"connection", b"keep-alive", b"expect", *((b"host", b"origin") if node is not None else ()))
+        if node is not None:
+            lines.append(f"Host: {f'[{node[0]}]' if ':' in node[0] else node[0]}:{node[1]}".encode())
+        for name, value in request.raw_headers:
+            lowered = name.lower()
+            if lowered.startswith(b"x-warren-") or lowered in dropped:
+                continue
+            if isinstance(body, bytes) and lowered in (b"content-length", b"transfer-encoding"):
+                continue
+            lines.append(name + b": " + value)
+        if isinstance(body, bytes):
+            lines.append(b"Content-Length: %d" % len(body))
+        lines.append(f"{http.FORWARDED_CLIENT}: {client}".encode())
+        if check_only:
+            lines.append(f"{http.CHECK_ONLY}: 1".encode())
+        lines.append(b"Connection: close")
+        return b"\r\n".join(lines) + b"\r\n\r\n"
+
+    @staticmethod
+    async def _send(writer: asyncio.StreamWriter, body: Body, chunked: bool) -> None:
+        try:
+            if isinstance(body, bytes):
+                writer.write(body)
+            elif body is not None:
+                async for chunk in body:
+                    writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
+                    await writer.drain()
+                if chunked:
+                    writer.write(b"0\r\n\r\n")
+            await writer.drain()
+        except OSError:
+            pass  # the other end answered before it read the whole body, and closed
+
+
+async def read_answer(reader: asyncio.StreamReader, method: str) -> Answer:
+    """An HTTP/1.1 response from a worker's API (its status, headers and body), after any interim (1xx) ones."""
+    status = 100
+    while 100 <= status < 200:
+        head = await reader.readuntil(b"\r\n\r\n")
+        status_line, *header_lines = head[:-4].decode("latin-1").split("\r\n")
+        status = int(status_line.split()[1])
+    headers = CIMultiDict(line.split(": ", 1) for line in header_lines)
+    head_length = headers.get("Content-Length") if method == "HEAD" else None
+    if method == "HEAD" or status in (204, 304):
+        body = b""
+    elif headers.get("Transfer-Encoding", "").lower() == "chunked":
+        parts = []
+        while size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16):
+            parts.append(await reader.readexactly(size))
+            await reader.readexactly(2)
+        await reader.readuntil(b"\r\n")
+        body = b"".join(parts)
+    elif "Content-Length" in headers:
+        body = await reader.readexactly(int(headers["Content-Length"]))
+    else:
+        body = await reader.read()
+    for name in ("Content-Length", "Transfer-Encoding", "Connection", "Keep-Alive", "Date", "Server"):
+        headers.popall(name, None)
+    return Answer(status, headers, body, head_length)
+
+
+def unavailable(who: str, request: web.Request, error: Exception) -> Answer:
+    """who: "worker N", or another node"""
+    log.warning("%s did not answer %s %.200s: %s", who, request.method, request.path, error)
+    return Answer(503, CIMultiDict({"Content-Type": "application/json"}), json.dumps(
+        {"error": "service_unavailable", "reason": f"{who} is starting or stopping"}).encode())
+
+
+def other_nodes_context(config) -> ssl.SSLContext | None:
+    """How this node speaks to the other nodes' APIs: HTTPS when its own API is, their certificates checked against
+    the CA it trusts (not their names: nodes are reached at their advertised addresses)."""
+    if not config.management_tls:
+        return None
+    context = ssl.create_default_context(cafile=config.tls_cacertfile)
+    context.check_hostname = False
+    return context
+
+
+def signed_by_another_node(request: web.Request, secret: str) -> int | str | None:
+    """The group a request another node forwarded is for (or NODE_ITSELF), when it carries the signature of the
+    cluster's secret; None when it does not (a client's own request, or a forged one)."""
+    group: int | str = request.headers[GROUP]
+    try:
+        group = int(group)
+    except ValueError:
+        group = group if group == NODE_ITSELF else -1
+    client = request.headers.get(http.FORWARDED_CLIENT, "")
+    check_only = request.headers.get(http.CHECK_ONLY) == "1"
+    expected = signature(secret, group, request.method, request.raw_path, client, check_only)
+    if not secret or not hmac.compare_digest(expected, request.headers.get(SIGNATURE, "")):
+        return None
+    return group
+
+
+def not_signed() -> web.Response:
+    return http.error_response(403, "not_authorised", "a request from another node must be signed with the "
+                                                      "cluster's secret")
