@@ -16,6 +16,7 @@ import uvloop
 from broker import compiled, logs
 from broker.config import LOG_FORMATS, LOG_LEVELS, ConfigError, load_config
 from broker.connection.server import Server, StartupError, stop_on_signals, version
+from broker.management import http
 from broker.management.server import take_management, take_prometheus
 from broker.workers.placement import Placement, PlacementError
 
@@ -77,6 +78,7 @@ async def serve_clustered(config, files: OpenFiles) -> None:
     from cluster.node import ClusterNode, make_coordinator  # a single node never loads the cluster's packages
 
     gc.set_threshold(GC_THRESHOLD)
+    http.name_node(config.cluster_node_id)  # (every node of the cluster is listed in /api/nodes, by its own name)
     say_open_files_limit(config, files)
     stop = stop_on_signals()
     await ClusterNode(config, make_coordinator(config)).run(stop)

@@ -284,16 +284,15 @@ MAX_WORKERS = 256  # the most worker processes a node may run
 
 
 def _validate_workers(config: Config) -> None:
-    """A node of a cluster with several workers asks the other nodes' management APIs: over HTTPS, it checks their
-    certificates against the CA it trusts."""
+    """A node of a cluster asks the other nodes' management APIs: over HTTPS, it checks their certificates against
+    the CA it trusts."""
     if not 1 <= config.workers <= MAX_WORKERS:
         raise ConfigError(f"workers must be \"auto\" or between 1 and {MAX_WORKERS}, got {config.workers}")
-    if config.workers == 1 or not config.cluster_etcd_endpoints:
+    if not config.cluster_etcd_endpoints:
         return
     if config.management_tls and not config.tls_cacertfile:
-        raise ConfigError(f"[management] tls with workers = {config.workers} and [cluster] etcd_endpoints needs "
-                          "[tls] cacertfile: the CA that signed the other nodes' certificates, which this node's API "
-                          "checks when it asks theirs")
+        raise ConfigError("[management] tls with [cluster] etcd_endpoints needs [tls] cacertfile: the CA that signed "
+                          "the other nodes' certificates, which this node's API checks when it asks theirs")
     last = config.cluster_replication_port + config.workers - 1
     if config.cluster_replication_port and last > 65535:
         raise ConfigError(f"[cluster] replication_port {config.cluster_replication_port}: worker k's group uses "

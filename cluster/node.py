@@ -31,6 +31,7 @@ from broker.connection.server import Server, StartupError
 from broker.connection.tls import server_context
 from broker.management.server import ManagementServer, start_management, start_prometheus
 from broker.management.standby import start_standby
+from cluster.api import ClusterApis
 from cluster.coordinator import Coordinator, CoordinatorError, CoordinatorUnavailable, Member, Replica, find_copy
 from cluster.proxy import AmqpForwarder
 from cluster.replication import LeadershipLost, ReplicaClient, ReplicationServer
@@ -92,6 +93,10 @@ class ClusterNode:
         self.server: Server | None = None  # the broker, while leading
         self.waiting_for = ""  # why this node neither leads nor follows now ("": it does one or the other)
         self.following = ""  # the leader this node follows, as the standby management API names it
+        self._followed: tuple[Member, ReplicaClient] | None = None  # that leader, and this node's stream from it
+        self._forwarders: list[AmqpForwarder] = []  # the listeners that forward clients to it
+        # its management API's part of the cluster's (a group's worker's is its supervisor's: broker.workers.api)
+        self.apis = ClusterApis(self) if group is None else None
         self._standby: ManagementServer | None = None  # the management port's 503 answers while not leading
         self._serving_since = 0.0  # monotonic time the broker started serving (the writer's progress counts after)
         self._proven_until = 0.0  # monotonic time until which the lease is known to be alive
@@ -273,8 +278,8 @@ class ClusterNode:
             if self.group is not None:
                 self.group.announce(self.member)
             await self._stop_standby()
-            if self.config.management_port and self.group is None:  # (a group's worker serves the node's API)
-                listeners.append(await start_management(server))
+            if self.config.management_port and self.apis is not None:  # (a group's worker serves the node's API)
+                listeners.append(await start_management(server, self.apis))
             if self.config.prometheus_port and self.group is None:
                 listeners.append(await start_prometheus(server))
             watcher = asyncio.ensure_future(self._watch_leadership(epoch, server))
@@ -300,14 +305,33 @@ class ClusterNode:
     async def _start_standby(self) -> None:
         """Answer the management port with 503 and this node's state (StartupError when the port cannot be had)."""
         config = self.config
-        if config.management_port and self._standby is None and self.group is None:
+        if config.management_port and self._standby is None and self.apis is not None:
             tls = server_context(config) if config.management_tls and config.tls_certfile else None
-            self._standby = await start_standby(config.management_host, config.management_port, self.state, tls)
+            self._standby = await start_standby(config.management_host, config.management_port, self.state, tls,
+                                                self.apis.forwarding())
 
     async def _stop_standby(self) -> None:
         if self._standby is not None:
             standby, self._standby = self._standby, None
             await standby.stop()
+
+    def _heard_leader(self) -> Member | None:
+        """The leader this node follows, while it hears it. One it has not reached yet, or has lost, is likely out
+        of the clients' reach too: they try another node at once rather than wait for a forward that may never
+        answer."""
+        if self._followed is None:
+            return None
+        leader, client = self._followed
+        return leader if client.heard_any and not client.lost_leader else None
+
+    def leader_api(self) -> tuple[str, int] | None:
+        """The management API of the leader this node follows and hears, where this node's forwards requests."""
+        heard = self._heard_leader()
+        return (heard.amqp_host, heard.management_port) if heard is not None and heard.management_port else None
+
+    def clients(self) -> int:
+        """The clients this node forwards to the leader now."""
+        return sum(len(forwarder.clients) for forwarder in self._forwarders)
 
     def state(self) -> str:
         """Why this node does not serve the management API, in a sentence."""
@@ -355,6 +379,8 @@ class ClusterNode:
                     return
                 members = await self.coordinator.members()
                 server.trusted_proxies = frozenset(member.amqp_host for member in members.values())
+                if self.apis is not None:
+                    self.apis.members = members
                 preferred = await self.coordinator.preferred()
                 replicas = await self.coordinator.replicas()
                 if preferred not in (None, self.node) and can_lead(preferred, members, replicas):
@@ -423,16 +449,17 @@ class ClusterNode:
         log.info("following %s (epoch %d)", leader.node_id, epoch)
         self.waiting_for = ""
         client = ReplicaClient(self.data_dir, self.node, self.secret, self.config.cluster_ack_timeout)
-        # a leader this node has not reached yet, or has lost, is likely out of the clients' reach too: they try
-        # another node at once rather than wait for a forward that may never answer
+        self._followed = leader, client
         forwarders: list[tuple[AmqpForwarder, int, ssl.SSLContext | None]] = []  # each with its port and TLS
         if self.group is None:
             def leader_address() -> tuple[str, int] | None:
-                return (leader.amqp_host, leader.amqp_port) if client.heard_any and not client.lost_leader else None
+                heard = self._heard_leader()
+                return (heard.amqp_host, heard.amqp_port) if heard is not None else None
 
             forwarders.append((AmqpForwarder(leader_address), self.config.port, None))
             if self.config.tls_certfile:  # amqps clients too: their TLS session ends here, the leader is told so
                 forwarders.append((AmqpForwarder(leader_address), self.config.tls_port, server_context(self.config)))
+            self._forwarders = [forwarder for forwarder, _, _ in forwarders]
         else:  # the worker's front door forwards its clients
             self.group.announce(leader)
         changed = asyncio.Event()
@@ -461,6 +488,8 @@ class ClusterNode:
             watcher.cancel()
             teller.cancel()
             client.stop()  # its thread's blocking read returns (a process cannot end while it waits)
+            self._followed = None
+            self._forwarders = []
             for forwarder, _, _ in forwarders:
                 if forwarder.listener is not None:
                     await forwarder.stop()

@@ -14,6 +14,7 @@ from aiohttp import web
 from broker.connection.login_throttle import LoginThrottle
 from broker.connection.peer_log import PeerLog
 from broker.management import guards, http
+from broker.management.forwarding import GROUP, OtherNodes, not_signed, signed_by_another_node
 from broker.management.rates import Rates
 from broker.management.resources import api_error
 from broker.management.views import (
@@ -112,12 +113,29 @@ async def forwarded_client(request: web.Request, handler):
     return response
 
 
-def make_app(server: "Server", forwarded: bool = False) -> web.Application:
-    """The API of server; ``forwarded``: served on a worker's internal socket, behind the supervisor's."""
+@web.middleware
+async def from_another_node(request: web.Request, handler):
+    """On the leader of a cluster of one-process nodes, a request another node forwarded, signed with the cluster's
+    secret, is its client's: the address the request names. The credentials are checked here, as any request's."""
+    if GROUP not in request.headers:
+        return await handler(request)
+    if signed_by_another_node(request, request.app[http.OTHER_NODES].secret()) != 0:
+        return not_signed()
+    return await handler(request.clone(remote=request.headers.get(http.FORWARDED_CLIENT, "")))
+
+
+def make_app(server: "Server", forwarded: bool = False, other_nodes: OtherNodes | None = None) -> web.Application:
+    """The API of server; ``forwarded``: served on a worker's internal socket, behind the supervisor's;
+    ``other_nodes``: the leader of a cluster of one-process nodes, which answers the others' forwarded requests."""
     config = server.config
     middlewares = [guards.same_origin, while_serving, rabbitmq_errors, authenticated, guards.json_bodies]
-    app = web.Application(middlewares=[forwarded_client, *middlewares] if forwarded else middlewares,
-                          client_max_size=config.management_max_body_size)
+    if forwarded:
+        middlewares.insert(0, forwarded_client)
+    if other_nodes is not None:
+        middlewares.insert(0, from_another_node)
+    app = web.Application(middlewares=middlewares, client_max_size=config.management_max_body_size)
+    if other_nodes is not None:
+        app[http.OTHER_NODES] = other_nodes
     app[http.SERVER] = server
     app[http.FORWARDED] = forwarded
     app[http.MAX_BODY_SIZE] = config.management_max_body_size

@@ -16,7 +16,7 @@ import hmac
 import json
 import logging
 import ssl
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Callable, Protocol
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -69,6 +69,17 @@ class Answer:
         if self.head_length is not None:
             response.headers["Content-Length"] = self.head_length
         return response
+
+
+class OtherNodes(Protocol):
+    """What the API of a node of a cluster of one-process nodes knows of the other nodes (cluster.api)."""
+
+    def secret(self) -> str:
+        """The cluster's secret, which signs the requests between nodes ("" until this node has learnt it)."""
+
+    async def entries(self, request: web.Request) -> list[dict]:
+        """The other nodes' entries in /api/nodes, each asked for its own (a node that does not answer is left
+        out, as with workers)."""
 
 
 class ApiClient:

@@ -32,6 +32,9 @@ MAX_BODY_SIZE = web.AppKey("max_body_size", int)  # largest request body read, i
 FORWARDED_CLIENT = "X-Warren-Client"
 CHECK_ONLY = "X-Warren-Check-Only"  # a forwarded import of definitions that is to be checked, not applied
 FORWARDED = web.AppKey("forwarded", bool)  # the API serves a worker's internal socket (it believes the above)
+# On a node of a cluster of one-process nodes: the others (the cluster's secret, their entries in /api/nodes), as
+# broker.management.forwarding.OtherNodes
+OTHER_NODES = web.AppKey("other_nodes", object)
 USER = web.RequestKey("user", User)  # who an /api/ request's credentials name (set by app.authenticated)
 # How a forwarded request's credentials fared, "refused" or "accepted", in the worker's answer: the supervisor
 # counts the node's refused logins and waits before it answers them (broker.workers.api)
@@ -140,7 +143,17 @@ def node_of(request: web.Request) -> "Node":
     return request.app[SERVER].node
 
 
-NODE = ["warren"]  # the name part of node_name(): "warren", or "warren-N" in worker process N (name_worker)
+# the name part of node_name(): "warren"; "warren-N" in worker process N (name_worker); a cluster node's id where it
+# runs one process (name_node)
+NODE = ["warren"]
+
+
+def name_node(node: str) -> None:
+    """This process is the node ``node`` of a cluster of one-process nodes: its node name says so, as each node of
+    a RabbitMQ cluster has a name of its own."""
+    NODE[0] = node
+    node_name.cache_clear()
+
 
 
 def name_worker(number: int, node: str = "warren") -> None:

@@ -1,36 +1,82 @@
-"""The management port of a cluster node that does not lead: every request is answered 503 with a sentence telling
-why this node does not serve the API (and where the leader's is), so that an operator's health check can tell a
-follower, or a node of a cluster that cannot elect anyone, from a node that is down. It asks for no credentials, as
-that sentence is all it reveals."""
+"""The management port of a cluster node that does not lead.
+
+While it follows a leader it hears, it answers for the whole cluster, as each node of a RabbitMQ cluster does: the
+console's files here, and every /api/ request forwarded to the leader's API, signed with the cluster's secret
+(broker.management.forwarding), with the client's address; the leader checks the credentials and answers. The
+Host and Origin are checked here, against this node's names. The leader's /api/nodes asks this node for its own
+entry the same way, signed.
+
+Otherwise (no leader known, or not heard yet, or none at all: a node starting, or a cluster that cannot elect
+anyone) every request is answered 503 with a sentence telling why this node does not serve the API, so that an
+operator's health check can tell such a node from one that is down. It asks for no credentials then, as that
+sentence is all it reveals."""
 
 from __future__ import annotations
 
 import logging
 import ssl
+from dataclasses import dataclass
 from typing import Callable
 
 from aiohttp import web
 
-from broker.management.app import unavailable
+from broker.management import guards, http
+from broker.management.app import CONSOLE, console_page, unavailable
+from broker.management.forwarding import GROUP, NODE_ITSELF, ApiClient, body_of, not_signed, signed_by_another_node
 from broker.management.server import ManagementServer, listen
 
 log = logging.getLogger(__name__)
 
 UNKNOWN_STATE = "this node does not lead the cluster: the management API runs on the leader"  # when state() fails
+LEADERS_GROUP = 0  # the group a request forwarded to the leader of a cluster of one-process nodes is signed for
 
 
-async def start_standby(host: str, port: int, state: Callable[[], str],
-                        tls: ssl.SSLContext | None = None) -> ManagementServer:
-    """Listen on host:port (over HTTPS with tls) and answer every request 503 with state() as the reason
-    (StartupError when the port cannot be had)."""
-    async def answer(request: web.Request) -> web.Response:
-        """503 with the node's state, in the health-check shape for /api/health/checks/ paths; neither the
-        credentials nor the body are read."""
-        return unavailable(request.path, told(state))
+@dataclass
+class Forwarding:
+    """How a node that follows answers for the cluster."""
+    leader: Callable[[], tuple[str, int] | None]  # the leader's API while this node follows it and hears it
+    client: ApiClient  # signs with the cluster's secret, speaks HTTPS where the nodes' APIs do
+    entry: Callable[[], dict]  # this node's own entry in /api/nodes
+    names: frozenset[str]  # the names a Host header may give for this node (guards.allowed_names)
 
-    app = web.Application()
-    app.router.add_route("*", "/{path:.*}", answer)
+
+async def start_standby(host: str, port: int, state: Callable[[], str], tls: ssl.SSLContext | None = None,
+                        forwarding: Forwarding | None = None) -> ManagementServer:
+    """Listen on host:port (over HTTPS with tls) and answer for the cluster through ``forwarding`` while it names a
+    leader, every request 503 with state() as the reason otherwise (StartupError when the port cannot be had)."""
+    async def answer(request: web.Request) -> web.StreamResponse:
+        """The leader's answer, or 503 with the node's state, in the health-check shape for /api/health/checks/
+        paths; neither the credentials nor the body are read here."""
+        leader = forwarding.leader() if forwarding is not None else None
+        if forwarding is None or leader is None:
+            return unavailable(request.path, told(state))
+        return (await forwarding.client.ask_at(leader, LEADERS_GROUP, request, body_of(request))).response()
+
+    if forwarding is None:
+        app = web.Application()
+        app.router.add_route("*", "/{path:.*}", answer)
+    else:
+        app = web.Application(middlewares=[asked_by_the_leader(forwarding), guards.same_origin])
+        app[guards.NAMES] = forwarding.names
+        app.on_response_prepare.append(guards.add_security_headers)
+        app.router.add_get("/", console_page)
+        app.router.add_static("/console/", CONSOLE)
+        app.router.add_route("*", r"/api/{path:[\s\S]*}", answer)  # names may hold line breaks
     return await listen(app, host, port, "standby management API" + (" (HTTPS)" if tls is not None else ""), tls)
+
+
+def asked_by_the_leader(forwarding: Forwarding):
+    """The leader's /api/nodes asks for this node's entry, signed; any other signed request is refused (this node
+    answers none itself)."""
+    @web.middleware
+    async def middleware(request: web.Request, handler):
+        if GROUP not in request.headers:
+            return await handler(request)
+        if signed_by_another_node(request, forwarding.client.secret() or "") != NODE_ITSELF or (
+                request.method, request.path) != ("GET", "/api/nodes"):
+            return not_signed()
+        return http.reply([forwarding.entry()])
+    return middleware
 
 
 def told(state: Callable[[], str]) -> str:

@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         led_by = next((node for node in nodes if leader is not None and node.name == leader[0]), None)
         if led_by is not None:
             print(f"Management API and console: http://127.0.0.1:{led_by.management_port}/ (node {led_by.name}, the "
-                  "leader; a follower's management port answers 503 naming its state)")
+                  "leader; each follower's management port answers for the cluster too)")
         print("Connect to any node: a follower forwards the connection to the leader. kill -9 the leader's pid to "
               f"watch a failover (lease_ttl {args.lease_ttl:g} s); changes are reported below.")
         restart = "Enter starts the nodes that exited again. " if interactive() else ""

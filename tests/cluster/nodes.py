@@ -7,12 +7,16 @@ tests/cluster/netns.py, for the partition tests).
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import json
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
@@ -86,6 +90,24 @@ class Node:
             except subprocess.TimeoutExpired:
                 self.process.kill()
         return self.process.wait(10)
+
+    def api(self, method: str, path: str, body: dict | None = None, user: str = "guest:guest",
+            host: str | None = None) -> tuple[int, object]:
+        """(status, JSON or None) of a request to the node's management API (host: the Host header, if not its
+        address); (0, the reason) while it does not listen."""
+        headers = {"Authorization": "Basic " + base64.b64encode(user.encode()).decode(),
+                   "Content-Type": "application/json", **({"Host": host} if host is not None else {})}
+        request = urllib.request.Request(f"http://127.0.0.1:{self.management_port}{path}", method=method,
+                                         data=json.dumps(body).encode() if body is not None else None,
+                                         headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                text = response.read()
+                return response.status, json.loads(text) if text else None
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read() or b"null")
+        except urllib.error.URLError as error:  # not listening yet
+            return 0, str(error)
 
     @property
     def running(self) -> bool:

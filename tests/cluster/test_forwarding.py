@@ -1,20 +1,26 @@
-"""A follower forwards every client to the leader, amqps ones included: their TLS session ends at the follower,
-which tells the leader so in its PROXY v2 header, and the leader shows them as RabbitMQ shows amqps connections."""
+"""A follower of a cluster of one-process nodes answers for the cluster. It forwards every client to the leader,
+amqps ones included (their TLS session ends at the follower, which tells the leader so in its PROXY v2 header, and
+the leader shows them as RabbitMQ shows amqps connections), and every management API request to the leader's API,
+so that any node's API, console and warrenctl show and change the whole cluster, as any RabbitMQ node's do."""
 
 from __future__ import annotations
 
 import base64
 import contextlib
 import json
+import os
 import ssl
+import subprocess
+import sys
+import urllib.error
 import urllib.request
 import uuid
 
 import pika
 import pytest
 
-from tests.cluster.nodes import Cluster
-from tests.conftest import free_port
+from tests.cluster.nodes import Cluster, wait_for
+from tests.conftest import REPO_ROOT, free_port
 from tests.tls_certs import make_certificates
 
 pytestmark = pytest.mark.slow
@@ -52,3 +58,75 @@ def test_amqps_clients_of_every_node_reach_the_leader_shown_as_amqps(tmp_path, e
         channel = connections.enter_context(pika.BlockingConnection(pika.ConnectionParameters(
             "127.0.0.1", leader.port))).channel()
         assert channel.queue_declare("through-tls", durable=True, passive=True).method.message_count == 3
+
+
+@pytest.fixture
+def cluster(tmp_path, etcd_endpoint):
+    with Cluster(tmp_path, f"t{uuid.uuid4().hex[:10]}", etcd_endpoint).running() as instance:
+        yield instance
+
+
+def test_every_nodes_management_api_shows_and_changes_the_whole_cluster(cluster):
+    leader = cluster.ready()
+    first, second = cluster.followers()
+    for node in cluster.nodes.values():  # (a follower forwards once it has heard the leader)
+        wait_for(lambda: node.api("GET", "/api/overview")[0] == 200, 30, f"{node.name}'s API")
+    assert first.api("PUT", "/api/users/alice", {"password": "secret", "tags": "management"})[0] == 201
+    assert first.api("PUT", "/api/permissions/%2F/alice", {"configure": ".*", "write": ".*", "read": ".*"})[0] == 201
+    with pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", second.port, "/", pika.PlainCredentials("alice", "secret"))) as connection:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.queue_declare("alice's", durable=True)
+        channel.basic_publish("", "alice's", b"hello", pika.BasicProperties(delivery_mode=2))
+        status, connections = second.api("GET", "/api/connections?columns=user,peer_host,port", user="alice:secret")
+        assert status == 200 and connections == [{"user": "alice", "peer_host": "127.0.0.1", "port": second.port}]
+    status, queue = second.api("GET", "/api/queues/%2F/alice's")
+    assert status == 200 and (queue["messages"], queue["node"]) == (1, f"{leader.name}@{queue['node'].split('@')[1]}")
+    # the credentials are the leader's to check, whichever node is asked
+    assert first.api("GET", "/api/overview", user="alice:wrong")[0] == 401
+    assert second.api("DELETE", "/api/users/alice")[0] == 204
+    assert first.api("GET", "/api/overview", user="alice:secret")[0] == 401
+
+
+def test_every_node_lists_every_node_of_the_cluster(cluster):
+    cluster.ready()
+    for node in cluster.nodes.values():
+        nodes = wait_for(lambda: (found := node.api("GET", "/api/nodes"))[0] == 200 and len(found[1]) == 3
+                         and found[1], 30, f"every node listed by {node.name}")
+        assert [(entry["name"].split("@")[0], entry["running"]) for entry in nodes] == [
+            ("a", True), ("b", True), ("c", True)]
+        status, one = node.api("GET", f"/api/nodes/{nodes[1]['name']}")
+        assert status == 200 and (one["name"], one["os_pid"]) == (nodes[1]["name"], nodes[1]["os_pid"])
+        assert node.api("GET", "/api/nodes/nobody@nowhere")[0] == 404
+    env = {**os.environ, "WARREN_MANAGEMENT_URL": f"http://127.0.0.1:{cluster.followers()[0].management_port}",
+           "WARREN_MANAGEMENT_USER": "guest", "WARREN_MANAGEMENT_PASSWORD": "guest"}
+    status = subprocess.run([sys.executable, "-m", "warrenctl", "cluster_status", "--formatter", "json"],
+                            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert status.returncode == 0, status.stderr
+    assert sorted(name.split("@")[0] for name in json.loads(status.stdout)["running_nodes"]) == ["a", "b", "c"]
+
+
+def test_a_follower_serves_the_console_and_refuses_a_host_it_does_not_know(cluster):
+    cluster.ready()
+    follower = cluster.followers()[0]
+    wait_for(lambda: follower.api("GET", "/api/overview")[0] == 200, 30, "the follower's API")
+    with urllib.request.urlopen(f"http://127.0.0.1:{follower.management_port}/", timeout=10) as page:
+        assert page.status == 200 and b"<html" in page.read().lower()
+    status, refusal = follower.api("GET", "/api/overview", host="elsewhere.example")
+    assert status == 403 and "Host header" in refusal["reason"]
+
+
+def test_a_request_that_claims_to_come_from_another_node_must_bear_the_clusters_signature(cluster):
+    leader = cluster.ready()
+    follower = cluster.followers()[0]
+    wait_for(lambda: follower.api("GET", "/api/overview")[0] == 200, 30, "the follower's API")
+    for node, group in ((leader, "0"), (follower, "node")):  # a forward to the leader, and the leader's ask
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{node.management_port}/api/nodes",
+            headers={"Authorization": GUEST, "X-Warren-Group": group, "X-Warren-Signature": "0" * 64,
+                     "X-Warren-Client": "10.9.9.9"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert refused.value.code == 403
+        assert "signed with the cluster's secret" in json.loads(refused.value.read())["reason"]

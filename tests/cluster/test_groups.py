@@ -5,7 +5,6 @@ node that leads one group moves that group's vhosts alone, with nothing confirme
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import os
@@ -165,18 +164,7 @@ def test_a_node_that_runs_another_number_of_workers_is_refused(grouped, tmp_path
 def api(cluster: Cluster, node: str, method: str, path: str, body: dict | None = None, user: str = "guest:guest",
         host: str | None = None):
     """(status, JSON or None) of a request to a node's management API (host: the Host header, if not its address)."""
-    headers = {"Authorization": "Basic " + base64.b64encode(user.encode()).decode(),
-               "Content-Type": "application/json", **({"Host": host} if host is not None else {})}
-    request = urllib.request.Request(f"http://127.0.0.1:{cluster.nodes[node].management_port}{path}", method=method,
-                                     data=json.dumps(body).encode() if body is not None else None, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            text = response.read()
-            return response.status, json.loads(text) if text else None
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read() or b"null")
-    except urllib.error.URLError as error:  # not listening yet
-        return 0, str(error)
+    return cluster.nodes[node].api(method, path, body, user, host)
 
 
 def warrenctl(cluster: Cluster, node: str, *argv: str) -> subprocess.CompletedProcess:

@@ -1,4 +1,5 @@
-"""The management API: the node and its name (with several workers, each worker is a node: broker.workers.api)."""
+"""The management API: the node and its name (with several workers, each worker is a node: broker.workers.api; in a
+cluster of one-process nodes, the leader's lists every node)."""
 
 from __future__ import annotations
 
@@ -75,18 +76,28 @@ def node_entry(started: float, data_dir: Path, memory_limit: int, alarms: Collec
     }
 
 
+async def every_node(request: web.Request) -> list[dict]:
+    """This node's entry, and on the leader of a cluster of one-process nodes every other node's (as RabbitMQ lists
+    every node of its cluster), by name."""
+    other_nodes = request.app.get(http.OTHER_NODES)
+    if other_nodes is None:
+        return [node_json(request)]
+    return http.sorted_by([node_json(request), *await other_nodes.entries(request)], "name")
+
+
 @routes.get("/api/nodes")
 async def list_nodes(request: web.Request) -> web.Response:
     http.require(request, "monitoring")
-    return http.reply([node_json(request)])
+    return http.reply(await every_node(request))
 
 
 @routes.get("/api/nodes/{name}")
 async def get_node(request: web.Request) -> web.Response:
     http.require(request, "monitoring")
-    if request.match_info["name"] != http.node_name():
+    found = [node for node in await every_node(request) if node["name"] == request.match_info["name"]]
+    if not found:
         raise http.not_found()
-    return http.reply(node_json(request))
+    return http.reply(found[0])
 
 
 @routes.get("/api/cluster-name")

@@ -56,10 +56,10 @@ def test_file_then_overrides(tmp_path):
     ('[amqp]\nfailed_login_delay = "1s"\n', "failed_login_delay must be a number, got '1s'"),
     ("[server]\nworkers = 0\n", 'workers must be "auto" or between 1 and 256, got 0'),
     ('[server]\nworkers = "many"\n', "workers must be an integer, got 'many'"),
-    ("[server]\nworkers = 2\n[tls]\ncertfile = 'c.pem'\nkeyfile = 'k.pem'\n[management]\ntls = true\n[cluster]\n"
-     "etcd_endpoints = ['127.0.0.1:2379']\nnode_id = 'a'\n",
-     "[management] tls with workers = 2 and [cluster] etcd_endpoints needs [tls] cacertfile: the CA that signed the "
-     "other nodes' certificates, which this node's API checks when it asks theirs"),
+    *[(f"[server]\nworkers = {workers}\n[tls]\ncertfile = 'c.pem'\nkeyfile = 'k.pem'\n[management]\ntls = true\n"
+       "[cluster]\netcd_endpoints = ['127.0.0.1:2379']\nnode_id = 'a'\n",
+       "[management] tls with [cluster] etcd_endpoints needs [tls] cacertfile: the CA that signed the other nodes' "
+       "certificates, which this node's API checks when it asks theirs") for workers in (1, 2)],
     ("[server]\nworkers = 2\n[management]\nport = 0\n[prometheus]\nport = 0\n[cluster]\n"
      "etcd_endpoints = ['127.0.0.1:2379']\nnode_id = 'a'\nreplication_port = 65535\n",
      "[cluster] replication_port 65535: worker k's group uses replication_port + k, and 65536 is past 65535"),
