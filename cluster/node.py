@@ -29,7 +29,8 @@ from typing import Protocol
 from broker.config import Config
 from broker.connection.server import Server, StartupError
 from broker.connection.tls import server_context
-from broker.management.server import ManagementServer, start_management, start_prometheus
+from broker.management.prometheus import make_follower_prometheus_app
+from broker.management.server import ManagementServer, listen, start_management, start_prometheus
 from broker.management.standby import start_standby
 from cluster.api import ClusterApis
 from cluster.coordinator import Coordinator, CoordinatorError, CoordinatorUnavailable, Member, Replica, find_copy
@@ -97,7 +98,8 @@ class ClusterNode:
         self._forwarders: list[AmqpForwarder] = []  # the listeners that forward clients to it
         # its management API's part of the cluster's (a group's worker's is its supervisor's: broker.workers.api)
         self.apis = ClusterApis(self) if group is None else None
-        self._standby: ManagementServer | None = None  # the management port's 503 answers while not leading
+        # the management and Prometheus ports while not leading (broker.management.standby)
+        self._standby: list[ManagementServer] = []
         self._serving_since = 0.0  # monotonic time the broker started serving (the writer's progress counts after)
         self._proven_until = 0.0  # monotonic time until which the lease is known to be alive
         self._proof_timer: asyncio.TimerHandle | None = None  # ends leadership the moment the proof runs out
@@ -301,19 +303,26 @@ class ClusterNode:
             if not self._stopping:
                 await self._start_standby()
 
-    # --- the management port while not leading -----------------------------------------------------------------
+    # --- the management and Prometheus ports while not leading ----------------------------------------------------
     async def _start_standby(self) -> None:
-        """Answer the management port with 503 and this node's state (StartupError when the port cannot be had)."""
+        """Answer the management port for the cluster through the leader (503 and this node's state while it knows
+        none), and the Prometheus port with this node's identity (StartupError when a port cannot be had)."""
         config = self.config
-        if config.management_port and self._standby is None and self.apis is not None:
+        if self._standby or self.apis is None:
+            return
+        if config.management_port:
             tls = server_context(config) if config.management_tls and config.tls_certfile else None
-            self._standby = await start_standby(config.management_host, config.management_port, self.state, tls,
-                                                self.apis.forwarding())
+            self._standby.append(await start_standby(config.management_host, config.management_port, self.state,
+                                                     tls, self.apis.forwarding()))
+        if config.prometheus_port:
+            self._standby.append(await listen(
+                make_follower_prometheus_app(config.cluster_name), config.prometheus_host, config.prometheus_port,
+                "standby Prometheus metrics", max_connections=config.prometheus_max_connections))
 
     async def _stop_standby(self) -> None:
-        if self._standby is not None:
-            standby, self._standby = self._standby, None
-            await standby.stop()
+        standby, self._standby = self._standby, []
+        for listener in standby:
+            await listener.stop()
 
     def _heard_leader(self) -> Member | None:
         """The leader this node follows, while it hears it. One it has not reached yet, or has lost, is likely out

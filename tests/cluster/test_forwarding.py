@@ -130,3 +130,26 @@ def test_a_request_that_claims_to_come_from_another_node_must_bear_the_clusters_
             urllib.request.urlopen(request, timeout=10)
         assert refused.value.code == 403
         assert "signed with the cluster's secret" in json.loads(refused.value.read())["reason"]
+
+
+def test_every_node_answers_a_scrape_and_only_the_leader_reports_the_queues(tmp_path, etcd_endpoint):
+    """As each RabbitMQ node reports what it runs: a follower its identity alone, so that a scrape of every node
+    finds each up and counts each queue once."""
+    cluster = Cluster(tmp_path, f"t{uuid.uuid4().hex[:10]}", etcd_endpoint)
+    for node in cluster.nodes.values():
+        node.prometheus_port = free_port()
+        node.config_path.write_text(node.config_path.read_text().replace(
+            "[prometheus]\nport = 0\n", f"[prometheus]\nport = {node.prometheus_port}\n"))
+    with cluster.running():
+        leader = cluster.ready()
+        with pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", leader.port)) as connection:
+            channel = connection.channel()
+            channel.queue_declare("counted", durable=True)
+            channel.basic_publish("", "counted", b"1")
+        for node in cluster.nodes.values():
+            with urllib.request.urlopen(f"http://127.0.0.1:{node.prometheus_port}/metrics/per-object",
+                                        timeout=10) as response:
+                text = response.read().decode()
+            [identity] = [line for line in text.splitlines() if line.startswith("rabbitmq_identity_info{")]
+            assert f'rabbitmq_node="{node.name}@' in identity
+            assert ('queue="counted"' in text) is (node is leader), node.name
