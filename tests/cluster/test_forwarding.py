@@ -29,13 +29,17 @@ GUEST = "Basic " + base64.b64encode(b"guest:guest").decode()
 
 
 def test_amqps_clients_of_every_node_reach_the_leader_shown_as_amqps(tmp_path, etcd_endpoint):
+    """Every node's amqps port reaches the leader, which shows those clients as amqps; a follower's API over HTTPS
+    asks the leader's over HTTPS."""
     certificates = make_certificates(tmp_path / "certs")
     cluster = Cluster(tmp_path, f"t{uuid.uuid4().hex[:10]}", etcd_endpoint)
     for node in cluster.nodes.values():
         node.tls_port = free_port()
-        node.config_path.write_text(node.config_path.read_text() + f'[tls]\nport = {node.tls_port}\n'
+        text = node.config_path.read_text().replace("[management]\n", "[management]\ntls = true\n")
+        node.config_path.write_text(text + f'[tls]\nport = {node.tls_port}\n'
                                     f'certfile = "{certificates.path("server.pem")}"\n'
-                                    f'keyfile = "{certificates.path("server.key")}"\n')
+                                    f'keyfile = "{certificates.path("server.key")}"\n'
+                                    f'cacertfile = "{certificates.path("ca.pem")}"\n')
     context = ssl.create_default_context(cafile=certificates.path("ca.pem"))
     with cluster.running(), contextlib.ExitStack() as connections:
         leader = cluster.ready()
@@ -47,10 +51,11 @@ def test_amqps_clients_of_every_node_reach_the_leader_shown_as_amqps(tmp_path, e
             channel.confirm_delivery()
             channel.queue_declare("through-tls", durable=True)
             channel.basic_publish("", "through-tls", node.name.encode(), pika.BasicProperties(delivery_mode=2))
+        follower = cluster.followers()[0]
         request = urllib.request.Request(
-            f"http://127.0.0.1:{leader.management_port}/api/connections?columns=port,ssl",
+            f"https://127.0.0.1:{follower.management_port}/api/connections?columns=port,ssl",
             headers={"Authorization": GUEST})
-        with urllib.request.urlopen(request, timeout=10) as response:
+        with urllib.request.urlopen(request, timeout=10, context=context) as response:
             shown = json.loads(response.read())
         # the port each client connected to: the leader's own amqps port, or the follower's that forwarded it
         assert sorted((connection["port"], connection["ssl"]) for connection in shown) == sorted(
