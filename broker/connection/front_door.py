@@ -7,10 +7,11 @@ start-ok came):
 
 - a worker of this node: the socket is handed over with the bytes (broker.connection.handoff);
 - a worker of another node: a TCP connection to that node's AMQP port carries a PROXY v2 header naming the client
-  (and saying whether it speaks TLS here), the protocol header and the bytes; the frames that node's front door answers first (the ones this one answered
-  already) are dropped, and the two sockets are spliced. A connection that came that way (a PROXY header from a
-  member) goes to a worker of this node or nowhere, so that two nodes that disagree cannot pass it round. A PROXY
-  header from an address not among the members known here has the members read again before it is judged.
+  (and saying whether it speaks TLS here), the protocol header and the bytes; the frames that node's front door
+  answers first (the ones this one answered already) are dropped, and the two sockets are spliced. A connection
+  that came that way (a PROXY header from a member) goes to a worker of this node or nowhere, so that two nodes
+  that disagree cannot pass it round. A PROXY header from an address not among the members known here has the
+  members read again before it is judged.
 
 What the front door cannot read as a handshake (a malformed frame, a method out of place, a start-ok past the size
 a handshake frame may have) it does not judge: the client goes to the leader of the default group with what it
