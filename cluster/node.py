@@ -280,10 +280,11 @@ class ClusterNode:
             if self.group is not None:
                 self.group.announce(self.member)
             await self._stop_standby()
-            if self.config.management_port and self.apis is not None:  # (a group's worker serves the node's API)
-                listeners.append(await start_management(server, self.apis))
-            if self.config.prometheus_port and self.group is None:
-                listeners.append(await start_prometheus(server))
+            if self.apis is not None:  # (a group's worker serves the node's API through its supervisor)
+                if self.config.management_port:
+                    listeners.append(await start_management(server, self.apis))
+                if self.config.prometheus_port:
+                    listeners.append(await start_prometheus(server))
             watcher = asyncio.ensure_future(self._watch_leadership(epoch, server))
             return await self._lost, replication.stepped_aside
         except LeadershipLost as error:
