@@ -49,7 +49,9 @@ class HandedOver:
     connected_at: int  # wall-clock milliseconds when the socket was accepted
     received_bytes: int  # read before connection.open
     sent_bytes: int  # written before connection.open
-    tls: bool = False  # the client speaks TLS to the worker that handed it over (which keeps the session)
+    # the client speaks TLS: to the worker that handed it over (which keeps the session), or to the cluster node
+    # that forwarded it (its PROXY header said so)
+    tls: bool = False
     # Handshake frames a front door answered without a login (1: connection.start, 2: and connection.tune): the
     # receiving worker runs the handshake from start-ok on, with data from there. 0: handed after connection.open.
     answered: int = 0
@@ -98,10 +100,11 @@ def send(sending: socket.socket, client: int, handed: HandedOver) -> None:
 
 
 def hand_over(transport: Any, sender: socket.socket, handed: HandedOver, splicing: set[asyncio.Task]) -> None:
-    """Send the client's socket with its state, then let it go here; over TLS (handed.tls), whose session stays
-    here, one end of a socket pair goes instead, joined here to the client (broker.connection.splice; the task in
-    splicing until it is done). OSError when it cannot go, the transport left as it was."""
-    inner, handed_end = socket.socketpair() if handed.tls else (None, None)
+    """Send the client's socket with its state, then let it go here; over a TLS session of this transport's, which
+    stays here, one end of a socket pair goes instead, joined here to the client (broker.connection.splice; the task
+    in splicing until it is done). OSError when it cannot go, the transport left as it was."""
+    session_here = transport.get_extra_info("sslcontext") is not None
+    inner, handed_end = socket.socketpair() if session_here else (None, None)
     try:
         sent = handed_end if handed_end is not None else transport.get_extra_info("socket")
         send(sender, sent.fileno(), handed)

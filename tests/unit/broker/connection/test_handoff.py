@@ -1,9 +1,10 @@
 """Handing a client's socket to another worker process (broker.connection.handoff)."""
 
+import dataclasses
 import socket
 
 from broker.connection.handoff import (
-    HandedOver, Handoffs, decode, encode, encode_properties, handoff_pair, receive_all, send,
+    HandedOver, Handoffs, decode, encode, encode_properties, hand_over, handoff_pair, receive_all, send,
 )
 
 HANDED = HandedOver(user="guest", client_properties=encode_properties({"product": "pika", "capabilities": {
@@ -33,6 +34,42 @@ def test_a_socket_goes_across_with_its_state():
         sock.close()
     finally:
         for each in (client, receiving, sending):
+            each.close()
+
+
+class PlainTransport:
+    """A plain TCP transport's part that hand_over reads: its socket, and no TLS session."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.closed = False
+
+    def get_extra_info(self, name: str):
+        return {"socket": self.sock, "sslcontext": None}.get(name)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_client_that_spoke_tls_to_another_node_goes_across_itself_not_through_a_splice():
+    """Its TLS session ended at the node that forwarded it: the socket here is plain, and goes to the worker as it
+    is, so that no byte passes through this process afterwards."""
+    receiving, sending = handoff_pair()
+    client, server_end = socket.socketpair()
+    transport = PlainTransport(server_end)
+    splicing = set()
+    try:
+        hand_over(transport, sending, dataclasses.replace(HANDED, tls=True), splicing)
+        assert transport.closed and not splicing  # let go here, nothing spliced
+        taken = []
+        receive_all(receiving, lambda sock, handed: taken.append((sock, handed)))
+        (sock, handed), = taken
+        assert handed.tls
+        client.sendall(b"ping")
+        assert sock.recv(4) == b"ping"  # the client's own socket
+        sock.close()
+    finally:
+        for each in (client, server_end, receiving, sending):
             each.close()
 
 
