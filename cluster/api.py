@@ -40,8 +40,8 @@ class ClusterApis:
     async def entries(self, request: web.Request) -> list[dict]:
         others = [(member.amqp_host, member.management_port) for name, member in self.members.items()
                   if name != self.node.node and member.management_port]
-        answers = await asyncio.gather(*(self.client.ask_at(address, NODE_ITSELF, request, path_qs="/api/nodes")
-                                         for address in others))
+        answers = await asyncio.gather(*(self.client.ask_at(address, NODE_ITSELF, request, path_qs="/api/nodes",
+                                                            method="GET") for address in others))
         return [entry for answer in answers if answer.status == 200 for entry in answer.json()]
 
     # --- on a follower ----------------------------------------------------------------------------------------

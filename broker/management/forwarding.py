@@ -1,11 +1,13 @@
 """Requests one management API forwards to another, written and read here: to a worker's internal socket (from its
 node's public API, broker.workers.api), or to another node's management port, signed with the cluster's secret.
-What forwards is checked here, by the node that took the request (its Host and Origin, broker.management.guards);
-what answers checks the credentials, and says how they fared (http.LOGIN_OUTCOME).
+The node that took the request has checked its Host and Origin (broker.management.guards); what answers checks the
+credentials, and says how they fared (http.LOGIN_OUTCOME).
 
 The other node checks the signature (signed_by_another_node) before it believes the client's address the request
-carries (http.FORWARDED_CLIENT). A request forwarded this way answers as soon as its receiver has decided (a refused
-login, a body too large), however much of the body the client has still to send, as the API of one process answers.
+carries (http.FORWARDED_CLIENT). The signature covers the request's method, path, client, credentials, a time and a
+random part; each is taken once, within SIGNED_FOR of its time, so that a request seen on the network cannot be
+sent again. A request forwarded this way answers as soon as its receiver has decided (a refused login, a body too
+large), however much of the body the client has still to send, as the API of one process answers.
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ import hashlib
 import hmac
 import json
 import logging
+import secrets
 import ssl
+import time
+from collections import deque
 from typing import AsyncIterator, Callable, Protocol
 
 from aiohttp import web
@@ -31,12 +36,42 @@ Body = bytes | AsyncIterator[bytes] | None  # what a forwarded request carries
 # the node itself when it runs no workers): the group, and an HMAC of the request with the cluster's secret
 GROUP = "X-Warren-Group"
 SIGNATURE = "X-Warren-Signature"
-NODE_ITSELF = "node"  # GROUP's value for a request of the node's own list of workers (/api/nodes)
+SIGNED = "X-Warren-Signed"  # when the request was signed, and a random part: "<unix seconds>.<hex>"
+NODE_ITSELF = "node"  # GROUP's value for a request of the node's own entries in /api/nodes
+LEADERS_GROUP = 0  # GROUP's value for a request to the leader of a cluster of one-process nodes (its only group)
+SIGNED_FOR = 300.0  # seconds a signature is taken either side of its time: the nodes' clocks may differ that much
+CONNECT_TIMEOUT = 5.0  # seconds another node's API has to accept a forwarded request
+ANSWER_TIMEOUT = 120.0  # seconds it has to answer one (an import of a large definitions file takes a while)
+ENTRY_TIMEOUT = 5.0  # seconds it has to give its own entries in /api/nodes
 
 
-def signature(secret: str, group: int | str, method: str, path_qs: str, client: str, check_only: bool) -> str:
-    message = "\n".join((str(group), method, path_qs, client, "check" if check_only else "apply"))
+def signature(secret: str, group: int | str, method: str, path_qs: str, client: str, check_only: bool,
+              signed: str, authorization: str) -> str:
+    message = "\n".join((str(group), method, path_qs, client, "check" if check_only else "apply", signed,
+                         authorization))
     return hmac.new(secret.encode(), message.encode(), hashlib.sha256).hexdigest()
+
+
+class SeenSignatures:
+    """The signatures taken within SIGNED_FOR: one seen again is a request sent again, not by a node."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+        self.expiring: deque[tuple[float, str]] = deque()  # (when it may be forgotten, signature), about in order
+
+    def first_time(self, signed: str, until: float) -> bool:
+        """Whether this signature is new (it is remembered until ``until``, time.time())."""
+        now = time.time()
+        while self.expiring and self.expiring[0][0] < now:
+            self.seen.discard(self.expiring.popleft()[1])
+        if signed in self.seen:
+            return False
+        self.seen.add(signed)
+        self.expiring.append((until, signed))
+        return True
+
+
+SEEN = SeenSignatures()  # this process's: one process checks the requests of other nodes (an API's, a gateway's)
 
 
 async def streamed(request: web.Request, kept: bytearray | None = None) -> AsyncIterator[bytes]:
@@ -74,6 +109,8 @@ class Answer:
 class OtherNodes(Protocol):
     """What the API of a node of a cluster of one-process nodes knows of the other nodes (cluster.api)."""
 
+    started: float  # time.monotonic() when this node started: its uptime, whether it leads or follows
+
     def secret(self) -> str:
         """The cluster's secret, which signs the requests between nodes ("" until this node has learnt it)."""
 
@@ -90,55 +127,65 @@ class ApiClient:
         self.other_nodes = other_nodes  # TLS towards the other nodes' APIs (other_nodes_context)
 
     async def ask_at(self, target: str | tuple[str, int], group: int | str, request: web.Request, body: Body = None,
-                     path_qs: str | None = None, check_only: bool = False, client: str | None = None) -> Answer:
+                     path_qs: str | None = None, check_only: bool = False, client: str | None = None,
+                     method: str | None = None) -> Answer:
         """The answer at target: a worker's internal socket, or another node's API (host, port), asked for what leads
-        ``group`` there (or with NODE_ITSELF, for that node's own entries in /api/nodes)."""
+        ``group`` there (or with NODE_ITSELF, for that node's own entries in /api/nodes); with ``method``, asked
+        with it rather than the request's (a GET of another node's entries, for a HEAD)."""
         client = request.remote or "" if client is None else client
-        who = f"worker {group}" if isinstance(target, str) else f"the node at {target[0]}:{target[1]}"
+        method = method or request.method
+        path_qs = path_qs or request.raw_path
+        to_node = not isinstance(target, str)
+        who = f"the node at {target[0]}:{target[1]}" if to_node else f"worker {group}"
         try:
-            if isinstance(target, str):
-                reader, writer = await asyncio.open_unix_connection(target)
-                head = self._head(request, body, path_qs, check_only, client)
-            else:
-                reader, writer = await asyncio.open_connection(*target, ssl=self.other_nodes)
-                head = self._head(request, body, path_qs, check_only, client, writer.get_extra_info("peername"))
-                head = head[:-2] + self._signature(group, request, path_qs, check_only, client) + b"\r\n"
-        except OSError as error:
+            signed = self._signature(group, method, path_qs, check_only, client, request) if to_node else b""
+            async with asyncio.timeout(CONNECT_TIMEOUT if to_node else None):
+                if isinstance(target, str):
+                    reader, writer = await asyncio.open_unix_connection(target)
+                else:
+                    reader, writer = await asyncio.open_connection(*target, ssl=self.other_nodes)
+        except OSError as error:  # (TimeoutError included)
             return unavailable(who, request, error)
+        node = writer.get_extra_info("peername") if to_node else None
+        head = self._head(request, method, body, path_qs, check_only, client, node)[:-2] + signed + b"\r\n"
         try:
-            writer.write(head)
-            sending = asyncio.ensure_future(self._send(writer, body, request.content_length is None))
-            try:
-                answer = await read_answer(reader, request.method)
-            finally:
-                sending.cancel()
+            async with asyncio.timeout(None if not to_node else ENTRY_TIMEOUT if group == NODE_ITSELF else
+                                       ANSWER_TIMEOUT):
+                writer.write(head)
+                sending = asyncio.ensure_future(self._send(writer, body, request.content_length is None))
+                try:
+                    answer = await read_answer(reader, method)
+                finally:
+                    sending.cancel()
             login = answer.headers.popall(http.LOGIN_OUTCOME, [])
             if login and request.get(http.LOGIN) != "refused":  # (one worker's refusal is the request's)
                 request[http.LOGIN] = login[0]
             return answer
-        except (OSError, asyncio.IncompleteReadError, ValueError) as error:
+        except (OSError, asyncio.IncompleteReadError, ValueError) as error:  # (TimeoutError included)
             return unavailable(who, request, error)
         finally:
             writer.close()
 
-    def _signature(self, group: int | str, request: web.Request, path_qs: str | None, check_only: bool,
-                   client: str) -> bytes:
+    def _signature(self, group: int | str, method: str, path_qs: str, check_only: bool, client: str,
+                   request: web.Request) -> bytes:
         """The headers that make another node's API take a request as this node's, for what leads ``group`` there
-        (or NODE_ITSELF)."""
+        (or NODE_ITSELF); ConnectionError before this node has learnt the cluster's secret."""
         secret = self.secret()
         if not secret:
             raise ConnectionError("this node has not learnt the cluster's secret from etcd yet")
-        signed = signature(secret, group, request.method, path_qs or request.raw_path, client, check_only)
-        return f"{GROUP}: {group}\r\n{SIGNATURE}: {signed}\r\n".encode()
+        signed = f"{int(time.time())}.{secrets.token_hex(8)}"
+        signed_with = signature(secret, group, method, path_qs, client, check_only, signed,
+                                request.headers.get("Authorization", ""))
+        return f"{GROUP}: {group}\r\n{SIGNED}: {signed}\r\n{SIGNATURE}: {signed_with}\r\n".encode()
 
     @staticmethod
-    def _head(request: web.Request, body: Body, path_qs: str | None, check_only: bool, client: str,
+    def _head(request: web.Request, method: str, body: Body, path_qs: str, check_only: bool, client: str,
               node: tuple | None = None) -> bytes:
         """The request line and headers: the client's own (the Host, the credentials, the body's length), and the
         client's address. Not the client's Expect: this listener has answered it, and the body follows at once. To
         another node (its socket's address, as node), not the client's Host nor its Origin: they name this node,
         which checked them; the Host is that node's address instead."""
-        lines = [f"{request.method} {path_qs or request.raw_path} HTTP/1.1".encode()]
+        lines = [f"{method} {path_qs} HTTP/1.1".encode()]
         dropped = (b"connection", b"keep-alive", b"expect", *((b"host", b"origin") if node is not None else ()))
         if node is not None:
             lines.append(f"Host: {f'[{node[0]}]' if ':' in node[0] else node[0]}:{node[1]}".encode())
@@ -202,7 +249,8 @@ async def read_answer(reader: asyncio.StreamReader, method: str) -> Answer:
 
 def unavailable(who: str, request: web.Request, error: Exception) -> Answer:
     """who: "worker N", or another node"""
-    log.warning("%s did not answer %s %.200s: %s", who, request.method, request.path, error)
+    log.warning("%s did not answer %s %.200s: %s", who, request.method, request.path,
+                "not in time" if isinstance(error, TimeoutError) else error)
     return Answer(503, CIMultiDict({"Content-Type": "application/json"}), json.dumps(
         {"error": "service_unavailable", "reason": f"{who} is starting or stopping"}).encode())
 
@@ -217,9 +265,10 @@ def other_nodes_context(config) -> ssl.SSLContext | None:
     return context
 
 
-def signed_by_another_node(request: web.Request, secret: str) -> int | str | None:
+def signed_by_another_node(request: web.Request, secret: str, seen: SeenSignatures = SEEN) -> int | str | None:
     """The group a request another node forwarded is for (or NODE_ITSELF), when it carries the signature of the
-    cluster's secret; None when it does not (a client's own request, or a forged one)."""
+    cluster's secret, made within SIGNED_FOR of now and not taken before; None when it does not (a client's own
+    request, a forged one, or one sent again)."""
     group: int | str = request.headers[GROUP]
     try:
         group = int(group)
@@ -227,12 +276,27 @@ def signed_by_another_node(request: web.Request, secret: str) -> int | str | Non
         group = group if group == NODE_ITSELF else -1
     client = request.headers.get(http.FORWARDED_CLIENT, "")
     check_only = request.headers.get(http.CHECK_ONLY) == "1"
-    expected = signature(secret, group, request.method, request.raw_path, client, check_only)
-    if not secret or not hmac.compare_digest(expected, request.headers.get(SIGNATURE, "")):
+    signed = request.headers.get(SIGNED, "")
+    expected = signature(secret, group, request.method, request.raw_path, client, check_only, signed,
+                         request.headers.get("Authorization", ""))
+    given = request.headers.get(SIGNATURE, "")
+    if not secret or not hmac.compare_digest(expected, given):
+        return None
+    try:
+        at = float(signed.partition(".")[0])
+    except ValueError:
+        return None
+    if abs(time.time() - at) > SIGNED_FOR:
+        log.warning("refused a request another node signed %.0f s away from this node's clock (more than %.0f s): "
+                    "are the nodes' clocks set?", time.time() - at, SIGNED_FOR)
+        return None
+    if not seen.first_time(given, at + SIGNED_FOR):
+        log.warning("refused a request signed by another node that came a second time: %s %.200s", request.method,
+                    request.path)
         return None
     return group
 
 
 def not_signed() -> web.Response:
     return http.error_response(403, "not_authorised", "a request from another node must be signed with the "
-                                                      "cluster's secret")
+                                                      "cluster's secret, once, at the time it is sent")

@@ -284,8 +284,8 @@ class Gateway:
             members = nodes_of(self.supervisor.board.entries, len(self.workers))
             others = [(address["host"], address["api"]) for node, address in members.items()
                       if node != here and address["api"]]
-            for answer in await asyncio.gather(*(self.apis.ask_at(target, NODE_ITSELF, request, path_qs=NODES)
-                                                 for target in others)):
+            for answer in await asyncio.gather(*(self.apis.ask_at(target, NODE_ITSELF, request, path_qs=NODES,
+                                                                  method="GET") for target in others)):
                 items += answer.json() if answer.status == 200 else []  # (a node that does not answer: logged)
         items = http.sorted_by(items, "name")
         if name is None:
@@ -296,9 +296,10 @@ class Gateway:
         return http.reply(found[0])
 
     async def own_nodes(self, request: web.Request, client: str | None = None) -> list[Answer]:
-        """Each worker of this node's answer to /api/nodes, its internal socket asked whether or not it leads."""
+        """Each worker of this node's answer to /api/nodes (a GET, for a HEAD too: its entries are read), its internal
+        socket asked whether or not it leads."""
         return await self._each(lambda worker: self.apis.ask_at(
-            self.supervisor.workers[worker].api_path, worker, request, path_qs=NODES, client=client))
+            self.supervisor.workers[worker].api_path, worker, request, path_qs=NODES, client=client, method="GET"))
 
     def entries(self, answers: list[Answer]) -> list[dict]:
         """The /api/nodes entries of this node's workers, from their answers: one that did not answer is stopped,

@@ -2,13 +2,16 @@
 answer it reads back, and the signature another node checks."""
 
 import asyncio
+import time
 
+from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict
 
-from broker.management import http
+from broker.management import forwarding, http
 from broker.management.forwarding import (
-    GROUP, NODE_ITSELF, SIGNATURE, ApiClient, read_answer, signature, signed_by_another_node,
+    GROUP, NODE_ITSELF, SIGNATURE, SIGNED, SIGNED_FOR, ApiClient, SeenSignatures, read_answer, signature,
+    signed_by_another_node,
 )
 
 SECRET = "the cluster's secret"
@@ -42,38 +45,120 @@ def client_request():
 
 
 def test_the_clients_expect_is_answered_here_and_not_forwarded():
-    head = ApiClient._head(client_request(), b"{}", None, False, "10.0.0.7").decode()
+    head = ApiClient._head(client_request(), "PUT", b"{}", "/api/users/alice", False, "10.0.0.7").decode()
     assert "Expect" not in head and "Authorization: Basic eA==" in head and "Content-Length: 2" in head
     assert "X-Warren-Client: 10.0.0.7" in head
     assert "Host: node-a.example:15672" in head  # a worker of this node checks the same names
 
 
 def test_another_node_gets_its_own_address_as_the_host_and_no_origin_this_node_checked_them():
-    head = ApiClient._head(client_request(), b"{}", None, False, "10.0.0.7", ("10.0.0.2", 15672)).decode()
+    head = ApiClient._head(client_request(), "PUT", b"{}", "/api/users/alice", False, "10.0.0.7",
+                           ("10.0.0.2", 15672)).decode()
     assert "Host: 10.0.0.2:15672" in head and "node-a.example" not in head and "Origin:" not in head
     assert "Authorization: Basic eA==" in head and "X-Warren-Client: 10.0.0.7" in head
-    head = ApiClient._head(client_request(), b"{}", None, False, "10.0.0.7", ("fd00::2", 15672, 0, 0)).decode()
+    head = ApiClient._head(client_request(), "PUT", b"{}", "/api/users/alice", False, "10.0.0.7",
+                           ("fd00::2", 15672, 0, 0)).decode()
     assert "Host: [fd00::2]:15672" in head
 
 
-def signed(group, path="/api/queues", client="10.0.0.7", secret=SECRET, headers=None):
-    sent = {GROUP: str(group), SIGNATURE: signature(secret, group, "GET", path, client, False),
-            http.FORWARDED_CLIENT: client, **(headers or {})}
+def signed(group, path="/api/queues", client="10.0.0.7", secret=SECRET, at=None, nonce="0123456789abcdef",
+           authorization="Basic Z3Vlc3Q6Z3Vlc3Q=", headers=None):
+    """A request as another node signs it (at: the time it was signed, now unless given)."""
+    stamp = f"{int(time.time() if at is None else at)}.{nonce}"
+    sent = {GROUP: str(group), SIGNED: stamp, "Authorization": authorization, http.FORWARDED_CLIENT: client,
+            SIGNATURE: signature(secret, group, "GET", path, client, False, stamp, authorization), **(headers or {})}
     return make_mocked_request("GET", path, headers=CIMultiDict(sent))
 
 
 def test_a_request_signed_with_the_clusters_secret_names_its_group():
-    assert signed_by_another_node(signed(1), SECRET) == 1
-    assert signed_by_another_node(signed(NODE_ITSELF, "/api/nodes"), SECRET) == NODE_ITSELF
+    assert signed_by_another_node(signed(1), SECRET, SeenSignatures()) == 1
+    assert signed_by_another_node(signed(NODE_ITSELF, "/api/nodes"), SECRET, SeenSignatures()) == NODE_ITSELF
 
 
 def test_a_request_not_signed_with_the_clusters_secret_is_not_taken():
-    assert signed_by_another_node(signed(1, secret="another"), SECRET) is None
-    assert signed_by_another_node(signed(1), "") is None  # this node has not learnt the secret yet
-    # signed for another client, path or group than the one it names
-    forged = signed(1, headers={http.FORWARDED_CLIENT: "10.0.0.8"})
-    assert signed_by_another_node(forged, SECRET) is None
-    moved = make_mocked_request("GET", "/api/users", headers=signed(1).headers)
-    assert signed_by_another_node(moved, SECRET) is None
-    regrouped = signed(1, headers={GROUP: "2"})
-    assert signed_by_another_node(regrouped, SECRET) is None
+    def taken(request, secret=SECRET):
+        return signed_by_another_node(request, secret, SeenSignatures()) is not None
+
+    assert not taken(signed(1, secret="another"))
+    assert not taken(signed(1), "")  # this node has not learnt the secret yet
+    # signed for another client, path, group, time or credentials than the ones it names
+    assert not taken(signed(1, headers={http.FORWARDED_CLIENT: "10.0.0.8"}))
+    assert not taken(make_mocked_request("GET", "/api/users", headers=signed(1).headers))
+    assert not taken(signed(1, headers={GROUP: "2"}))
+    assert not taken(signed(1, headers={SIGNED: f"{int(time.time()) + 1}.0123456789abcdef"}))
+    assert not taken(signed(1, headers={"Authorization": "Basic YWRtaW46YWRtaW4="}))  # admin:admin
+    assert not taken(signed(1, headers={SIGNED: "soon"}))
+
+
+def test_a_signature_is_taken_once_and_within_its_time():
+    seen = SeenSignatures()
+    request = signed(1)
+    assert signed_by_another_node(request, SECRET, seen) == 1
+    assert signed_by_another_node(request, SECRET, seen) is None  # the same request sent again
+    assert signed_by_another_node(signed(1, nonce="fedcba9876543210"), SECRET, seen) == 1  # another request
+    now = time.time()
+    assert signed_by_another_node(signed(1, at=now - SIGNED_FOR + 5), SECRET, seen) == 1
+    assert signed_by_another_node(signed(1, at=now - SIGNED_FOR - 5, nonce="1"), SECRET, seen) is None
+    assert signed_by_another_node(signed(1, at=now + SIGNED_FOR + 5, nonce="2"), SECRET, seen) is None
+
+
+def test_signatures_are_forgotten_once_their_time_is_past():
+    seen = SeenSignatures()
+    assert seen.first_time("old", time.time() - 1)
+    assert seen.first_time("kept", time.time() + 60)
+    assert seen.first_time("another", time.time() + 60)  # (its check forgets "old")
+    assert seen.seen == {"kept", "another"}
+    assert not seen.first_time("kept", time.time() + 60)
+
+
+def asked(handler, group, method=None):
+    """What an ApiClient gets from a node whose API answers with handler, asked for group (a GET of
+    /api/queues?x=1 with guest's credentials, from 10.0.0.7)."""
+    async def ask():
+        app = web.Application()
+        app.router.add_route("*", "/{path:.*}", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        request = make_mocked_request("GET", "/api/queues?x=1", headers=CIMultiDict(
+            {"Host": "node-a.example", "Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="}))
+        try:
+            return await ApiClient(lambda: SECRET).ask_at(("127.0.0.1", port), group, request, client="10.0.0.7",
+                                                          method=method)
+        finally:
+            await runner.cleanup()
+    return asyncio.run(ask())
+
+
+def test_what_an_api_client_signs_the_other_node_takes():
+    async def check(request):
+        group = signed_by_another_node(request, SECRET, SeenSignatures())
+        return web.json_response({"group": group, "method": request.method, "path": request.path_qs,
+                                  "client": request.headers[http.FORWARDED_CLIENT]})
+
+    answer = asked(check, 1)
+    assert (answer.status, answer.json()) == (200, {"group": 1, "method": "GET", "path": "/api/queues?x=1",
+                                                     "client": "10.0.0.7"})
+    assert asked(check, NODE_ITSELF, method="POST").json()["method"] == "POST"
+
+
+def test_a_node_that_does_not_answer_in_time_is_a_503(monkeypatch):
+    monkeypatch.setattr(forwarding, "ENTRY_TIMEOUT", 0.2)
+
+    async def ask():
+        async def silent(reader, writer):
+            await reader.read()  # reads the request, never answers
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        request = make_mocked_request("GET", "/api/nodes")
+        try:
+            return await ApiClient(lambda: SECRET).ask_at(("127.0.0.1", port), NODE_ITSELF, request)
+        finally:
+            server.close()
+
+    started = time.monotonic()
+    answer = asyncio.run(ask())
+    assert answer.status == 503 and time.monotonic() - started < 5
