@@ -283,7 +283,7 @@ def _validate_http(config: Config) -> None:
 MAX_WORKERS = 256  # the most worker processes a node may run
 
 
-def _validate_workers(config: Config) -> None:
+def _validate_workers_and_cluster(config: Config) -> None:
     """A node of a cluster asks the other nodes' management APIs: over HTTPS, it checks their certificates against
     the CA it trusts."""
     if not 1 <= config.workers <= MAX_WORKERS:
@@ -308,7 +308,7 @@ def _check_pins(config: Config) -> None:
 
 
 def _validate(config: Config) -> None:
-    _validate_workers(config)
+    _validate_workers_and_cluster(config)
     _validate_cluster(config)
     _validate_http(config)
     for key in PORTS:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import ssl
 import time
 from pathlib import Path
 from typing import Protocol
@@ -314,7 +313,7 @@ class ClusterNode:
         if config.management_port:
             tls = server_context(config) if config.management_tls and config.tls_certfile else None
             self._standby.append(await start_standby(config.management_host, config.management_port, self.state,
-                                                     tls, self.apis.forwarding()))
+                                                     tls, self.apis.forwarding(), config.management_max_connections))
         if config.prometheus_port:
             self._standby.append(await listen(
                 make_follower_prometheus_app(config.cluster_name), config.prometheus_host, config.prometheus_port,
@@ -460,15 +459,15 @@ class ClusterNode:
         self.waiting_for = ""
         client = ReplicaClient(self.data_dir, self.node, self.secret, self.config.cluster_ack_timeout)
         self._followed = leader, client
-        forwarders: list[tuple[AmqpForwarder, int, ssl.SSLContext | None]] = []  # each with its port and TLS
+        forwarders: list[tuple[AmqpForwarder, int, bool]] = []  # each with its port, and whether it is amqps
         if self.group is None:
             def leader_address() -> tuple[str, int] | None:
                 heard = self._heard_leader()
                 return (heard.amqp_host, heard.amqp_port) if heard is not None else None
 
-            forwarders.append((AmqpForwarder(leader_address), self.config.port, None))
+            forwarders.append((AmqpForwarder(leader_address), self.config.port, False))
             if self.config.tls_certfile:  # amqps clients too: their TLS session ends here, the leader is told so
-                forwarders.append((AmqpForwarder(leader_address), self.config.tls_port, server_context(self.config)))
+                forwarders.append((AmqpForwarder(leader_address), self.config.tls_port, True))
             self._forwarders = [forwarder for forwarder, _, _ in forwarders]
         else:  # the worker's front door forwards its clients
             self.group.announce(leader)
@@ -476,8 +475,8 @@ class ClusterNode:
         watcher = asyncio.ensure_future(self._watch_leader(epoch, changed))
         teller = asyncio.ensure_future(self._tell_whether_lost(client, epoch))
         try:
-            for forwarder, port, tls in forwarders:
-                await forwarder.start(self.config.host, port, tls)
+            for forwarder, port, amqps in forwarders:
+                await forwarder.start(self.config.host, port, server_context(self.config) if amqps else None)
             while not changed.is_set():
                 stream = asyncio.ensure_future(client.follow(leader.replication_host, leader.replication_port, epoch))
                 waiter = asyncio.ensure_future(changed.wait())

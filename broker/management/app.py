@@ -14,7 +14,9 @@ from aiohttp import web
 from broker.connection.login_throttle import LoginThrottle
 from broker.connection.peer_log import PeerLog
 from broker.management import guards, http
-from broker.management.forwarding import GROUP, OtherNodes, not_signed, signed_by_another_node
+from broker.management.forwarding import (
+    GROUP, LEADERS_GROUP, NODE_ITSELF, OtherNodes, not_signed, signed_by_another_node,
+)
 from broker.management.rates import Rates
 from broker.management.resources import api_error
 from broker.management.views import (
@@ -115,12 +117,19 @@ async def forwarded_client(request: web.Request, handler):
 
 @web.middleware
 async def from_another_node(request: web.Request, handler):
-    """On the leader of a cluster of one-process nodes, a request another node forwarded, signed with the cluster's
-    secret, is its client's: the address the request names. The credentials are checked here, as any request's."""
+    """On the leader of a cluster of one-process nodes, a request another node sent, signed with the cluster's
+    secret: one it forwarded to the leader is its client's (the address it names), the credentials checked here as
+    any request's; an ask for this node's own entry in /api/nodes (from a node that took it for a follower) gets
+    it."""
     if GROUP not in request.headers:
         return await handler(request)
-    if signed_by_another_node(request, request.app[http.OTHER_NODES].secret()) != 0:
+    group = signed_by_another_node(request, request.app[http.OTHER_NODES].secret())
+    if group is None:
         return not_signed()
+    if group == NODE_ITSELF and request.path == "/api/nodes":
+        return http.reply([nodes.node_json(request)])
+    if group != LEADERS_GROUP:
+        return http.error_response(503, "service_unavailable", f"this node does not answer for group {group}")
     return await handler(request.clone(remote=request.headers.get(http.FORWARDED_CLIENT, "")))
 
 
@@ -141,7 +150,7 @@ def make_app(server: "Server", forwarded: bool = False, other_nodes: OtherNodes 
     app[http.MAX_BODY_SIZE] = config.management_max_body_size
     app[guards.NAMES] = guards.allowed_names(config)
     app.on_response_prepare.append(guards.add_security_headers)
-    app[http.STARTED] = time.monotonic()
+    app[http.STARTED] = other_nodes.started if other_nodes is not None else time.monotonic()
     rates = app[http.RATES] = Rates(server, server.config.management_collect_statistics_interval)
 
     async def start_sampling(_app: web.Application) -> None:

@@ -155,7 +155,6 @@ def name_node(node: str) -> None:
     node_name.cache_clear()
 
 
-
 def name_worker(number: int, node: str = "warren") -> None:
     """This process is worker N of several (of the cluster node named ``node``): its node name says so (what its
     vhosts' queues and connections show)."""

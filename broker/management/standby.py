@@ -22,13 +22,14 @@ from aiohttp import web
 
 from broker.management import guards, http
 from broker.management.app import CONSOLE, console_page, unavailable
-from broker.management.forwarding import GROUP, NODE_ITSELF, ApiClient, body_of, not_signed, signed_by_another_node
-from broker.management.server import ManagementServer, listen
+from broker.management.forwarding import (
+    GROUP, LEADERS_GROUP, NODE_ITSELF, ApiClient, body_of, not_signed, signed_by_another_node,
+)
+from broker.management.server import DEFAULT_MAX_CONNECTIONS, ManagementServer, listen
 
 log = logging.getLogger(__name__)
 
 UNKNOWN_STATE = "this node does not lead the cluster: the management API runs on the leader"  # when state() fails
-LEADERS_GROUP = 0  # the group a request forwarded to the leader of a cluster of one-process nodes is signed for
 
 
 @dataclass
@@ -41,9 +42,11 @@ class Forwarding:
 
 
 async def start_standby(host: str, port: int, state: Callable[[], str], tls: ssl.SSLContext | None = None,
-                        forwarding: Forwarding | None = None) -> ManagementServer:
-    """Listen on host:port (over HTTPS with tls) and answer for the cluster through ``forwarding`` while it names a
-    leader, every request 503 with state() as the reason otherwise (StartupError when the port cannot be had)."""
+                        forwarding: Forwarding | None = None,
+                        max_connections: int = DEFAULT_MAX_CONNECTIONS) -> ManagementServer:
+    """Listen on host:port (over HTTPS with tls, holding max_connections connections at most) and answer for the
+    cluster through ``forwarding`` while it names a leader, every request 503 with state() as the reason otherwise
+    (StartupError when the port cannot be had)."""
     async def answer(request: web.Request) -> web.StreamResponse:
         """The leader's answer, or 503 with the node's state, in the health-check shape for /api/health/checks/
         paths; neither the credentials nor the body are read here."""
@@ -62,20 +65,23 @@ async def start_standby(host: str, port: int, state: Callable[[], str], tls: ssl
         app.router.add_get("/", console_page)
         app.router.add_static("/console/", CONSOLE)
         app.router.add_route("*", r"/api/{path:[\s\S]*}", answer)  # names may hold line breaks
-    return await listen(app, host, port, "standby management API" + (" (HTTPS)" if tls is not None else ""), tls)
+    return await listen(app, host, port, "standby management API" + (" (HTTPS)" if tls is not None else ""), tls,
+                        max_connections)
 
 
 def asked_by_the_leader(forwarding: Forwarding):
-    """The leader's /api/nodes asks for this node's entry, signed; any other signed request is refused (this node
-    answers none itself)."""
+    """The leader's /api/nodes asks for this node's entry, signed; any other request another node signed is for
+    the leader, which this node is not (or no longer): 503."""
     @web.middleware
     async def middleware(request: web.Request, handler):
         if GROUP not in request.headers:
             return await handler(request)
-        if signed_by_another_node(request, forwarding.client.secret() or "") != NODE_ITSELF or (
-                request.method, request.path) != ("GET", "/api/nodes"):
+        group = signed_by_another_node(request, forwarding.client.secret() or "")
+        if group is None:
             return not_signed()
-        return http.reply([forwarding.entry()])
+        if group == NODE_ITSELF and request.path == "/api/nodes":
+            return http.reply([forwarding.entry()])
+        return http.error_response(503, "service_unavailable", "this node does not lead the cluster now")
     return middleware
 
 

@@ -9,7 +9,7 @@ and the counts are dumped per process and thread. Printed: instructions, first-l
 (callgrind's simulated caches) per message, in the main thread of the process that serves v1 (one process, or
 with several workers the one leading v1), in its other threads, and in the broker's other processes.
 
-The counts repeat from run to run within about 1% whatever else the machine does, where a timed run on a 2-core
+The counts repeat from run to run within about 0.4 % whatever else the machine does, where a timed run on a 2-core
 machine swings by a third: the figure to compare two versions of the hot path with, or one process with a worker
 (docs/workers.md). They count user-space instructions only: not the kernel's work for system calls, not waits on
 memory a real cache would miss. Needs valgrind (apt-get install -y valgrind); about a minute per worker count.
@@ -156,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=20_000, help="messages counted (a multiple of 100)")
     parser.add_argument("--workers", default="1,2", help="worker counts to run, comma-separated")
     args = parser.parse_args(argv)
+    if args.messages <= 0 or args.messages % BATCH:
+        parser.error(f"--messages must be a positive multiple of {BATCH}")
     if shutil.which("valgrind") is None:
         print("valgrind is not installed (apt-get install -y valgrind)", file=sys.stderr)
         return 1
