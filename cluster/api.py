@@ -1,8 +1,9 @@
 """The management APIs of a cluster of one-process nodes, answering as one, as each node of a RabbitMQ cluster does:
 a follower's forwards every request to the leader's (broker.management.standby), signed with the cluster's secret;
 the leader's believes those requests and lists every node in /api/nodes, each asked for its own entry
-(broker.management.app's other_nodes). A cluster of worker processes does the same through its supervisors
-(broker.workers.api)."""
+(broker.management.app's other_nodes), and has the node an operator names lead (PUT /api/vhosts/{vhost}/leader:
+every vhost, as they all live in the cluster's one replication group). A cluster of worker processes does the same
+through its supervisors (broker.workers.api)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from broker.management import guards
 from broker.management.forwarding import NODE_ITSELF, ApiClient, other_nodes_context
 from broker.management.standby import Forwarding
 from broker.management.views.nodes import node_entry
-from cluster.coordinator import Member
+from cluster.coordinator import CoordinatorError, Member
 
 if TYPE_CHECKING:
     from cluster.node import ClusterNode
@@ -43,6 +44,21 @@ class ClusterApis:
         answers = await asyncio.gather(*(self.client.ask_at(address, NODE_ITSELF, request, path_qs="/api/nodes",
                                                             method="GET") for address in others))
         return [entry for answer in answers if answer.status == 200 for entry in answer.json()]
+
+    # --- on the leader (broker.connection.server.Leadership) ---------------------------------------------------
+    async def state(self, vhost: str) -> dict:
+        try:
+            pinned = await self.node.coordinator.preferred()
+        except CoordinatorError as error:
+            raise RuntimeError(f"etcd cannot be reached: {error}") from None
+        return {"node": self.node.node, "pinned": pinned}
+
+    async def pin(self, vhost: str, node: str | None) -> None:
+        """(A node is named by its node_id, or by its name in /api/nodes: node_id@host.)"""
+        try:
+            await self.node.prefer(node.partition("@")[0] if node is not None else None)
+        except CoordinatorError as error:
+            raise RuntimeError(f"etcd cannot be reached: {error}") from None
 
     # --- on a follower ----------------------------------------------------------------------------------------
     def forwarding(self) -> Forwarding:

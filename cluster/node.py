@@ -265,6 +265,8 @@ class ClusterNode:
         self._lost = asyncio.get_running_loop().create_future()
         await asyncio.get_running_loop().run_in_executor(None, write_epoch, self.data_dir, epoch)
         server = self.group.server(self.config) if self.group is not None else Server(self.config)
+        if self.apis is not None:
+            server.leadership = self.apis  # an operator may name the node that leads (cluster.api)
         replication = ReplicationServer(server.store, self.coordinator, self.node, self.dir, epoch, self.secret,
                                         self.config.cluster_min_insync, self.config.cluster_ack_timeout,
                                         self._lose)

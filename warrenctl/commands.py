@@ -273,7 +273,7 @@ def clear_permissions(ctx: Context, args: Any) -> None:
 
 
 @verb("set_vhost_leader", "Has a node lead the virtual host from now on: with several workers, one of them (its data "
-      "moves there); in a cluster of workers, a node of the cluster (with the other virtual hosts of its group)",
+      "moves there); in a cluster, a node of the cluster (with the other virtual hosts of its replication group)",
       "node", per_vhost=True)
 def set_vhost_leader(ctx: Context, args: Any) -> None:
     ctx.say(f'Moving the leadership of vhost "{args.vhost}" to node "{args.node}" ...')

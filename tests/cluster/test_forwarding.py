@@ -158,3 +158,20 @@ def test_every_node_answers_a_scrape_and_only_the_leader_reports_the_queues(tmp_
             [identity] = [line for line in text.splitlines() if line.startswith("rabbitmq_identity_info{")]
             assert f'rabbitmq_node="{node.name}@' in identity
             assert ('queue="counted"' in text) is (node is leader), node.name
+
+
+def test_an_operator_names_the_node_that_leads_through_any_node(cluster):
+    """Every vhost lives in the cluster's one group: naming a vhost's leader names the cluster's."""
+    leader = cluster.ready()
+    first, second = cluster.followers()
+    wait_for(lambda: second.api("GET", "/api/overview")[0] == 200, 30, f"{second.name}'s API")
+    status, refusal = second.api("PUT", "/api/vhosts/%2F/leader", {"node": "nobody"})
+    assert status == 400 and "not a member" in refusal["reason"]
+    assert second.api("PUT", "/api/vhosts/%2F/leader", {"node": f"{first.name}@elsewhere"})[0] == 204
+    wait_for(lambda: cluster.leader() is first, 30, f"{first.name} leading")
+    state = wait_for(lambda: (answer := leader.api("GET", "/api/vhosts/%2F/leader"))[0] == 200 and answer[1], 30,
+                     "the new leader's API through the old one")
+    assert state == {"vhost": "/", "node": first.name, "pinned": first.name}
+    assert leader.api("DELETE", "/api/vhosts/%2F/leader")[0] == 204
+    assert first.api("GET", "/api/vhosts/%2F/leader")[1]["pinned"] is None
+    cluster.ready()  # every node back in the ISR

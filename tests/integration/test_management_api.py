@@ -134,7 +134,7 @@ def test_a_vhosts_leader_is_chosen_only_among_workers(broker):
         reply = request(broker, method, "/api/vhosts/%2F/leader", body)
         assert reply == (400, {"error": "bad_request", "reason": (
             "a vhost's leader is chosen among the workers of a broker with several ([server] workers), or the nodes "
-            "of a cluster of them; this broker runs one process")})
+            "of a cluster; this broker runs one process of its own")})
     assert request(broker, "GET", "/api/vhosts/no-such-vhost/leader") == (404, NOT_FOUND)
 
 

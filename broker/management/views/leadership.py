@@ -3,6 +3,8 @@
 - In a cluster whose nodes run several workers, each worker slot is a replication group whose leaders spread over
   the nodes, and a vhost lives in one group (cluster.worker). Moving a vhost's leadership moves its group's, with
   the other vhosts of that group, and no data: every node holds a copy of every group.
+- In a cluster of one-process nodes, every vhost lives in the cluster's one group: moving one's leadership moves
+  the cluster's (cluster.api).
 - On a node of several workers, each worker is a node of its own in the API: the worker checks the request, and
   the supervisor moves the vhost's data to the worker named (broker.workers.api, broker.workers.moving)."""
 
@@ -15,7 +17,7 @@ from broker.management import http
 routes = web.RouteTableDef()
 
 NOT_HERE = ("a vhost's leader is chosen among the workers of a broker with several ([server] workers), or the nodes "
-            "of a cluster of them; this broker runs one process")
+            "of a cluster; this broker runs one process of its own")
 
 
 def leadership_of(request: web.Request):
