@@ -271,11 +271,12 @@ class Gateway:
 
     async def nodes(self, request: web.Request, name: str | None) -> web.Response:
         """Every worker of this node, and on a clustered node of every node registered in the cluster (as RabbitMQ
-        lists every node of its cluster), running or not: the credentials checked by the workers leading a group."""
+        lists every node of its cluster), running or not: the credentials checked by a worker leading a group (on a
+        clustered node, the first group's leader that answers, wherever it runs)."""
         own = await self.own_nodes(request)
         clustered = self.supervisor.clustered
-        checked = await self._each(lambda worker: self.apis.ask(worker, request, path_qs=NODES)) if clustered else own
-        verdict = next((answer for answer in checked if answer.status != 503), checked[0])
+        verdict = await self._checked_by_a_leader(request) if clustered else next(
+            (answer for answer in own if answer.status != 503), own[0])
         if verdict.status != 200:
             return verdict.response()
         items = self.entries(own)
@@ -294,6 +295,16 @@ class Gateway:
         if not found:
             raise http.not_found()
         return http.reply(found[0])
+
+    async def _checked_by_a_leader(self, request: web.Request) -> Answer:
+        """/api/nodes as the first group's leader that answers takes it (the others are not asked)."""
+        answer = None
+        for worker in self.workers:
+            answer = await self.apis.ask(worker, request, path_qs=NODES)
+            if answer.status != 503:
+                break
+        assert answer is not None, "a node has a worker"
+        return answer
 
     async def own_nodes(self, request: web.Request, client: str | None = None) -> list[Answer]:
         """Each worker of this node's answer to /api/nodes (a GET, for a HEAD too: its entries are read), its internal
