@@ -1,18 +1,23 @@
 """Instructions per message, counted by callgrind: what a message costs the broker, free of the machine's noise.
 
-    python -m tests.bench.instructions [--messages N] [--workers 1,2]
+    python -m tests.bench.instructions [--messages N] [--setups 1:v1,2:v1,2:/+v1]
 
-For each worker count, Warren runs under callgrind (valgrind), instrumenting nothing until the load starts: a
-consumer (auto-ack) and a publisher of 16 B messages on vhost v1, in this process, the publisher kept at most
-PACE messages ahead of the consumer. After a warm-up of WARM_UP messages, callgrind counts while N messages pass
-and the counts are dumped per process and thread. Printed: instructions, first-level and last-level cache misses
-(callgrind's simulated caches) per message, in the main thread of the process that serves v1 (one process, or
-with several workers the one leading v1), in its other threads, and in the broker's other processes.
+For each setup (a worker count and the vhosts busy at once), Warren runs under callgrind (valgrind), instrumenting
+nothing until the load starts: in each busy vhost a consumer (auto-ack) and a publisher of 16 B messages, in this
+process, the publisher kept at most PACE messages ahead of its consumer. After a warm-up of WARM_UP messages,
+callgrind counts while N messages pass in each vhost, and the counts are dumped per process and thread. Printed:
+instructions, first-level and last-level cache misses (callgrind's simulated caches) per message, in the main
+threads of the processes that served the load (one process, or the workers leading the busy vhosts), in their other
+threads, in the broker's other processes (the supervisor, idle workers) and in all.
 
-The counts repeat from run to run within about 0.4 % whatever else the machine does, where a timed run on a 2-core
+The default setups compare one process with one busy vhost, two workers with the same one vhost busy (what a worker
+costs), and two workers with a busy vhost each (what the hand-off and the shared definitions cost per message,
+summed over every process).
+
+The counts move by about 1.5 % from run to run whatever else the machine does, where a timed run on a 2-core
 machine swings by a third: the figure to compare two versions of the hot path with, or one process with a worker
 (docs/workers.md). They count user-space instructions only: not the kernel's work for system calls, not waits on
-memory a real cache would miss. Needs valgrind (apt-get install -y valgrind); about a minute per worker count.
+memory a real cache would miss. Needs valgrind (apt-get install -y valgrind); about a minute per setup.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ BATCH = 100  # messages per write
 START_SECONDS = 300  # Warren under valgrind, startup uninstrumented
 # the events of --cache-sim=yes, in callgrind's order
 EVENTS = ("Ir", "Dr", "Dw", "I1mr", "D1mr", "D1mw", "ILmr", "DLmr", "DLmw")
+SERVING_SHARE = 0.1  # a process that ran more than this share of the instructions served the load
 
 
 class PacedCounter(DeliveryCounter):
@@ -106,55 +112,84 @@ def callgrind_control(option: str, pids: list[int]) -> None:
         subprocess.run(["callgrind_control", option, str(pid)], check=True, capture_output=True)
 
 
-def count(workers: int, messages: int, workdir: Path) -> dict[str, dict[str, float]]:
-    """Per message: the events of the busiest process's main thread, of its other threads, and of the others."""
+@dataclass(frozen=True)
+class Setup:
+    """A broker's worker count and the vhosts busy at once, each with its own publisher and consumer."""
+    workers: int
+    vhosts: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, text: str) -> Setup:
+        """WORKERS:VHOST[+VHOST...], e.g. 2:/+v1"""
+        workers, _, vhosts = text.partition(":")
+        return cls(int(workers), tuple(vhosts.split("+")) if vhosts else ("v1",))
+
+    def __str__(self) -> str:
+        return f"{self.workers}w {'+'.join(self.vhosts)}"
+
+
+async def pass_everywhere(broker: RunningBroker, vhosts: tuple[str, ...], messages: int) -> None:
+    await asyncio.gather(*(pass_messages(url(broker, vhost), messages) for vhost in vhosts))
+
+
+def count(setup: Setup, messages: int, workdir: Path) -> dict[str, dict[str, float]]:
+    """Per message (``messages`` in each busy vhost): the events of the processes that served them (their main
+    threads, then their other threads), of the broker's other processes, and of all."""
     dumps = workdir / "callgrind"
     dumps.mkdir()
     config = workdir / "warren.toml"
     config.write_text(config_of(["v1"]))
     wrapper = ("valgrind", "--tool=callgrind", "--cache-sim=yes", "--instr-atstart=no", "--separate-threads=yes",
                "--trace-children=yes", f"--callgrind-out-file={dumps}/cg.%p")
-    broker: RunningBroker = start_warren(workdir, "--workers", str(workers), "--config", str(config),
+    broker: RunningBroker = start_warren(workdir, "--workers", str(setup.workers), "--config", str(config),
                                          wrapper=wrapper, start_seconds=START_SECONDS)
-    try:
-        target = url(broker, "v1")
-        asyncio.run(pass_messages(target, WARM_UP))  # (with several workers, it also waits for v1's to serve)
+    try:  # (with several workers, the warm-up also waits for each vhost's to serve)
+        asyncio.run(pass_everywhere(broker, setup.vhosts, WARM_UP))
         processes = [broker.process.pid, *descendants(broker.process.pid)]
         callgrind_control("--instr=on", processes)
-        asyncio.run(pass_messages(target, messages))
+        asyncio.run(pass_everywhere(broker, setup.vhosts, messages))
         callgrind_control("--instr=off", processes)
         callgrind_control("--dump", processes)
     finally:
         broker.stop()
     counts = read_dumps(dumps)
-    busiest = max({entry.pid for entry in counts},
-                  key=lambda pid: sum(entry.events["Ir"] for entry in counts if entry.pid == pid))
+    total = sum(entry.events["Ir"] for entry in counts)
+    by_process = {pid: sum(entry.events["Ir"] for entry in counts if entry.pid == pid)
+                  for pid in {entry.pid for entry in counts}}
+    serving = {pid for pid, instructions in by_process.items() if instructions > total * SERVING_SHARE}
 
     def per_message(entries: list[Counts]) -> dict[str, float]:
-        return {event: sum(entry.events.get(event, 0) for entry in entries) / messages for event in EVENTS}
+        return {event: sum(entry.events.get(event, 0) for entry in entries) / (messages * len(setup.vhosts))
+                for event in EVENTS}
 
     return {
-        "main thread": per_message([entry for entry in counts if entry.pid == busiest and entry.thread == 1]),
-        "its other threads": per_message([entry for entry in counts if entry.pid == busiest and entry.thread != 1]),
-        "other processes": per_message([entry for entry in counts if entry.pid != busiest]),
+        "serving, main threads": per_message([entry for entry in counts
+                                              if entry.pid in serving and entry.thread == 1]),
+        "serving, other threads": per_message([entry for entry in counts
+                                               if entry.pid in serving and entry.thread != 1]),
+        "other processes": per_message([entry for entry in counts if entry.pid not in serving]),
+        "in all": per_message(counts),
     }
 
 
-def print_table(results: dict[int, dict[str, dict[str, float]]], messages: int) -> None:
-    counts = list(results)
-    print(f"per message, {messages} messages of 16 B, auto-ack, on vhost v1 (callgrind, simulated caches)")
-    print(f"{'':44}" + "".join(f"{f'{n} worker' + ('s' if n > 1 else ''):>12}" for n in counts))
-    for part in ("main thread", "its other threads", "other processes"):
+def print_table(results: dict[Setup, dict[str, dict[str, float]]], messages: int) -> None:
+    print(f"per message, {messages} messages of 16 B in each busy vhost, auto-ack (callgrind, simulated caches); "
+          "NwV: N workers, vhosts V busy")
+    print(f"{'':44}" + "".join(f"{str(setup):>14}" for setup in results))
+    for part in ("serving, main threads", "serving, other threads", "other processes", "in all"):
         for label, events in (("instructions", ("Ir",)), ("L1 misses", ("I1mr", "D1mr", "D1mw")),
                               ("last-level misses", ("ILmr", "DLmr", "DLmw"))):
-            name = f"{part if label == 'instructions' else '':20}{label:>24}"
-            print(name + "".join(f"{sum(results[n][part][event] for event in events):12.1f}" for n in counts))
+            name = f"{part if label == 'instructions' else '':24}{label:>20}"
+            print(name + "".join(f"{sum(found[part][event] for event in events):14.1f}" for found in results.values()))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.bench.instructions", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--messages", type=int, default=20_000, help="messages counted (a multiple of 100)")
-    parser.add_argument("--workers", default="1,2", help="worker counts to run, comma-separated")
+    parser.add_argument("--messages", type=int, default=20_000, help="messages counted in each busy vhost (a "
+                                                                      "multiple of 100)")
+    parser.add_argument("--setups", default="1:v1,2:v1,2:/+v1",
+                        help="WORKERS:VHOST[+VHOST...] to run, comma-separated (vhost / is led by worker 0, v1 by "
+                             "worker 1)")
     args = parser.parse_args(argv)
     if args.messages <= 0 or args.messages % BATCH:
         parser.error(f"--messages must be a positive multiple of {BATCH}")
@@ -162,9 +197,9 @@ def main(argv: list[str] | None = None) -> int:
         print("valgrind is not installed (apt-get install -y valgrind)", file=sys.stderr)
         return 1
     results = {}
-    for workers in (int(number) for number in args.workers.split(",")):
+    for setup in (Setup.parse(text) for text in args.setups.split(",")):
         with tempfile.TemporaryDirectory(prefix="warren-instructions-") as workdir:
-            results[workers] = count(workers, args.messages, Path(workdir))
+            results[setup] = count(setup, args.messages, Path(workdir))
     print_table(results, args.messages)
     return 0
 
