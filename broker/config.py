@@ -259,6 +259,9 @@ def _validate_cluster(config: Config) -> None:
         raise ConfigError(f"cluster ack_timeout must be between 0.1 and 60 seconds, got {config.cluster_ack_timeout}")
     if not 1 <= config.cluster_min_insync <= 9:
         raise ConfigError(f"cluster min_insync must be between 1 and 9, got {config.cluster_min_insync}")
+    if config.management_tls and not config.tls_cacertfile:  # a node asks the other nodes' management APIs
+        raise ConfigError("[management] tls with [cluster] etcd_endpoints needs [tls] cacertfile: the CA that signed "
+                          "the other nodes' certificates, which this node's API checks when it asks theirs")
 
 
 MAX_BODY_SIZE_LIMIT = 536870912  # the largest management max_body_size accepted (512 MiB)
@@ -283,16 +286,12 @@ def _validate_http(config: Config) -> None:
 MAX_WORKERS = 256  # the most worker processes a node may run
 
 
-def _validate_workers_and_cluster(config: Config) -> None:
-    """A node of a cluster asks the other nodes' management APIs: over HTTPS, it checks their certificates against
-    the CA it trusts."""
+def _validate_workers(config: Config) -> None:
+    """The number of workers, and on a node of a cluster the replication ports of their groups."""
     if not 1 <= config.workers <= MAX_WORKERS:
         raise ConfigError(f"workers must be \"auto\" or between 1 and {MAX_WORKERS}, got {config.workers}")
     if not config.cluster_etcd_endpoints:
         return
-    if config.management_tls and not config.tls_cacertfile:
-        raise ConfigError("[management] tls with [cluster] etcd_endpoints needs [tls] cacertfile: the CA that signed "
-                          "the other nodes' certificates, which this node's API checks when it asks theirs")
     last = config.cluster_replication_port + config.workers - 1
     if config.cluster_replication_port and last > 65535:
         raise ConfigError(f"[cluster] replication_port {config.cluster_replication_port}: worker k's group uses "
@@ -308,7 +307,7 @@ def _check_pins(config: Config) -> None:
 
 
 def _validate(config: Config) -> None:
-    _validate_workers_and_cluster(config)
+    _validate_workers(config)
     _validate_cluster(config)
     _validate_http(config)
     for key in PORTS:

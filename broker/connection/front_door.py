@@ -229,8 +229,9 @@ class FrontDoor(asyncio.Protocol):
             self._refuse(INTERNAL_ERROR, f"INTERNAL_ERROR - {route}")
 
     def _hand_over(self, sender: socket.socket) -> None:
-        """The socket goes to the worker; over TLS, whose session stays here, one end of a socket pair goes instead,
-        joined to the client here (as a worker hands an amqps connection to another: broker.connection.splice)."""
+        """The socket goes to the worker; over a TLS session of this node's, which stays here, one end of a socket
+        pair goes instead, joined to the client here (as a worker hands an amqps connection to another:
+        broker.connection.splice). A client that spoke TLS to the node that forwarded it is plain TCP here."""
         handed = handoff.HandedOver(
             user="", client_properties=b"", frame_max=0, channel_max=0, heartbeat=0, peer=list(self.peer),
             local=list(self.local), connected_at=self.connected_at, received_bytes=len(PROTOCOL_HEADER),

@@ -108,8 +108,9 @@ class WorkerRole(Protocol):
 
 class Leadership(Protocol):
     """Where a vhost is led, as an operator may choose it (broker.management.views.leadership): by a broker leading
-    one replication group of a cluster's workers (cluster.worker), or by a worker of one node's several
-    (broker.workers.worker, the supervisor moving the vhost)."""
+    one replication group of a cluster's workers (cluster.worker), by the leader of a cluster of one-process nodes
+    (cluster.api: every vhost lives in its one group), or by a worker of one node's several (broker.workers.worker,
+    the supervisor moving the vhost)."""
 
     async def state(self, vhost: str) -> dict:
         """{"node": where it is led, "pinned": the node an operator asked for, or None}, and for a cluster's
@@ -133,7 +134,7 @@ class Server:
         # The AMQP and amqps sockets several worker processes accept from, made by their parent (None: made here)
         self.listening, self.listening_tls = listening
         self.handoffs: Handoffs | None = None  # where connections to vhosts other workers lead go (None: nowhere)
-        self.leadership: Leadership | None = None  # with several workers, or a cluster of them
+        self.leadership: Leadership | None = None  # with several workers, or on a cluster's leader
         # consecutive refused AMQP logins per address, answered more and more slowly (in a worker of several, the
         # supervisor keeps the count: broker.workers.logins)
         self.failed_logins = LoginThrottle()

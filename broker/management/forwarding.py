@@ -4,9 +4,9 @@ The node that took the request has checked its Host and Origin (broker.managemen
 credentials, and says how they fared (http.LOGIN_OUTCOME).
 
 The other node checks the signature (signed_by_another_node) before it believes the client's address the request
-carries (http.FORWARDED_CLIENT). The signature covers the request's method, path, client, credentials, a time and a
-random part; each is taken once, within SIGNED_FOR of its time, so that a request seen on the network cannot be
-sent again. A request forwarded this way answers as soon as its receiver has decided (a refused login, a body too
+carries (http.FORWARDED_CLIENT). The signature covers the request's method, path, client and credentials, the
+address it is sent to, a time and a random part; each is taken once, within SIGNED_FOR of its time, so that a
+request seen on the network cannot be sent again to the process that took it, nor to another address. A request forwarded this way answers as soon as its receiver has decided (a refused login, a body too
 large), however much of the body the client has still to send, as the API of one process answers.
 """
 
@@ -14,21 +14,25 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import heapq
 import hmac
+import ipaddress
 import json
 import logging
+import re
 import secrets
 import ssl
 import time
-from collections import deque
 from typing import AsyncIterator, Callable, Protocol
 
 from aiohttp import web
 from multidict import CIMultiDict
 
+from broker.connection.peer_log import PeerLog
 from broker.management import http
 
 log = logging.getLogger(__name__)
+peer_log = PeerLog(log)  # refused requests of other nodes, a few lines a second per node at most
 
 Body = bytes | AsyncIterator[bytes] | None  # what a forwarded request carries
 
@@ -39,36 +43,55 @@ SIGNATURE = "X-Warren-Signature"
 SIGNED = "X-Warren-Signed"  # when the request was signed, and a random part: "<unix seconds>.<hex>"
 NODE_ITSELF = "node"  # GROUP's value for a request of the node's own entries in /api/nodes
 LEADERS_GROUP = 0  # GROUP's value for a request to the leader of a cluster of one-process nodes (its only group)
-SIGNED_FOR = 300.0  # seconds a signature is taken either side of its time: the nodes' clocks may differ that much
+SIGNED_FOR = 300  # seconds a signature is taken either side of its time: the nodes' clocks may differ that much
+SIGNED_STAMP = re.compile(r"([0-9]{1,12})\.[0-9a-f]{16}")  # SIGNED's value
+MAX_SEEN = 100_000  # signatures remembered at most (about 10 MB): past that, other nodes' requests wait their expiry
 CONNECT_TIMEOUT = 5.0  # seconds another node's API has to accept a forwarded request
 ANSWER_TIMEOUT = 120.0  # seconds it has to answer one (an import of a large definitions file takes a while)
 ENTRY_TIMEOUT = 5.0  # seconds it has to give its own entries in /api/nodes
 
 
 def signature(secret: str, group: int | str, method: str, path_qs: str, client: str, check_only: bool,
-              signed: str, authorization: str) -> str:
+              signed: str, authorization: str, to: str) -> str:
+    """``to``: the address the request is sent to (address_text), so that it is taken there alone."""
     message = "\n".join((str(group), method, path_qs, client, "check" if check_only else "apply", signed,
-                         authorization))
+                         authorization, to))
     return hmac.new(secret.encode(), message.encode(), hashlib.sha256).hexdigest()
+
+
+def address_text(address: tuple) -> str:
+    """A socket's address as host:port ([host]:port for IPv6), an IPv4 address in IPv6 (::ffff:a.b.c.d) as the IPv4
+    address it is: what one node signs as where a request goes, and the other checks as its own socket's."""
+    host = address[0]
+    try:
+        parsed = ipaddress.ip_address(host.partition("%")[0])
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, ipaddress.IPv6Address) and parsed.ipv4_mapped is not None:
+        host = str(parsed.ipv4_mapped)
+    return f"[{host}]:{address[1]}" if ":" in host else f"{host}:{address[1]}"
 
 
 class SeenSignatures:
     """The signatures taken within SIGNED_FOR: one seen again is a request sent again, not by a node."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = MAX_SEEN) -> None:
+        self.limit = limit
         self.seen: set[str] = set()
-        self.expiring: deque[tuple[float, str]] = deque()  # (when it may be forgotten, signature), about in order
+        self.expiring: list[tuple[float, str]] = []  # a heap of (when it may be forgotten, signature)
 
-    def first_time(self, signed: str, until: float) -> bool:
-        """Whether this signature is new (it is remembered until ``until``, time.time())."""
-        now = time.time()
+    def take(self, signed: str, until: float, now: float) -> str:
+        """"new" (it is remembered until ``until``), "again", or "full" (it cannot be remembered now); ``now``:
+        time.time(), as its caller read it."""
         while self.expiring and self.expiring[0][0] < now:
-            self.seen.discard(self.expiring.popleft()[1])
+            self.seen.discard(heapq.heappop(self.expiring)[1])
         if signed in self.seen:
-            return False
+            return "again"
+        if len(self.seen) >= self.limit:
+            return "full"
         self.seen.add(signed)
-        self.expiring.append((until, signed))
-        return True
+        heapq.heappush(self.expiring, (until, signed))
+        return "new"
 
 
 SEEN = SeenSignatures()  # this process's: one process checks the requests of other nodes (an API's, a gateway's)
@@ -137,20 +160,25 @@ class ApiClient:
         path_qs = path_qs or request.raw_path
         to_node = not isinstance(target, str)
         who = f"the node at {target[0]}:{target[1]}" if to_node else f"worker {group}"
+        limit = None if not to_node else ENTRY_TIMEOUT if group == NODE_ITSELF else ANSWER_TIMEOUT
         try:
-            signed = self._signature(group, method, path_qs, check_only, client, request) if to_node else b""
+            secret = self.secret() if to_node else ""
+            if to_node and not secret:
+                raise ConnectionError("this node has not learnt the cluster's secret from etcd yet")
             async with asyncio.timeout(CONNECT_TIMEOUT if to_node else None):
                 if isinstance(target, str):
                     reader, writer = await asyncio.open_unix_connection(target)
                 else:
                     reader, writer = await asyncio.open_connection(*target, ssl=self.other_nodes)
-        except OSError as error:  # (TimeoutError included)
+        except OSError as error:  # (TimeoutError included: nothing was sent)
             return unavailable(who, request, error)
-        node = writer.get_extra_info("peername") if to_node else None
-        head = self._head(request, method, body, path_qs, check_only, client, node)[:-2] + signed + b"\r\n"
+        node = address_text(writer.get_extra_info("peername")) if to_node else None
+        head = self._head(request, method, body, path_qs, check_only, client, node)
+        if node is not None:
+            head = head[:-2] + self._signature(secret, group, method, path_qs, check_only, client, request,
+                                               node) + b"\r\n"
         try:
-            async with asyncio.timeout(None if not to_node else ENTRY_TIMEOUT if group == NODE_ITSELF else
-                                       ANSWER_TIMEOUT):
+            async with asyncio.timeout(limit):
                 writer.write(head)
                 sending = asyncio.ensure_future(self._send(writer, body, request.content_length is None))
                 try:
@@ -161,26 +189,26 @@ class ApiClient:
             if login and request.get(http.LOGIN) != "refused":  # (one worker's refusal is the request's)
                 request[http.LOGIN] = login[0]
             return answer
-        except (OSError, asyncio.IncompleteReadError, ValueError) as error:  # (TimeoutError included)
+        except TimeoutError:
+            return timed_out(who, request, limit or 0)
+        except (OSError, asyncio.IncompleteReadError, ValueError) as error:
             return unavailable(who, request, error)
         finally:
             writer.close()
 
-    def _signature(self, group: int | str, method: str, path_qs: str, check_only: bool, client: str,
-                   request: web.Request) -> bytes:
-        """The headers that make another node's API take a request as this node's, for what leads ``group`` there
-        (or NODE_ITSELF); ConnectionError before this node has learnt the cluster's secret."""
-        secret = self.secret()
-        if not secret:
-            raise ConnectionError("this node has not learnt the cluster's secret from etcd yet")
+    @staticmethod
+    def _signature(secret: str, group: int | str, method: str, path_qs: str, check_only: bool, client: str,
+                   request: web.Request, to: str) -> bytes:
+        """The headers that make another node's API, at ``to``, take a request as this node's, for what leads
+        ``group`` there (or NODE_ITSELF)."""
         signed = f"{int(time.time())}.{secrets.token_hex(8)}"
         signed_with = signature(secret, group, method, path_qs, client, check_only, signed,
-                                request.headers.get("Authorization", ""))
+                                request.headers.get("Authorization", ""), to)
         return f"{GROUP}: {group}\r\n{SIGNED}: {signed}\r\n{SIGNATURE}: {signed_with}\r\n".encode()
 
     @staticmethod
     def _head(request: web.Request, method: str, body: Body, path_qs: str, check_only: bool, client: str,
-              node: tuple | None = None) -> bytes:
+              node: str | None = None) -> bytes:
         """The request line and headers: the client's own (the Host, the credentials, the body's length), and the
         client's address. Not the client's Expect: this listener has answered it, and the body follows at once. To
         another node (its socket's address, as node), not the client's Host nor its Origin: they name this node,
@@ -188,7 +216,7 @@ class ApiClient:
         lines = [f"{method} {path_qs} HTTP/1.1".encode()]
         dropped = (b"connection", b"keep-alive", b"expect", *((b"host", b"origin") if node is not None else ()))
         if node is not None:
-            lines.append(f"Host: {f'[{node[0]}]' if ':' in node[0] else node[0]}:{node[1]}".encode())
+            lines.append(f"Host: {node}".encode())
         for name, value in request.raw_headers:
             lowered = name.lower()
             if lowered.startswith(b"x-warren-") or lowered in dropped:
@@ -250,9 +278,17 @@ async def read_answer(reader: asyncio.StreamReader, method: str) -> Answer:
 def unavailable(who: str, request: web.Request, error: Exception) -> Answer:
     """who: "worker N", or another node"""
     log.warning("%s did not answer %s %.200s: %s", who, request.method, request.path,
-                "not in time" if isinstance(error, TimeoutError) else error)
+                "it did not accept the connection in time" if isinstance(error, TimeoutError) else error)
     return Answer(503, CIMultiDict({"Content-Type": "application/json"}), json.dumps(
         {"error": "service_unavailable", "reason": f"{who} is starting or stopping"}).encode())
+
+
+def timed_out(who: str, request: web.Request, limit: float) -> Answer:
+    """504: another node took the request but did not answer it within ``limit`` seconds (it may have applied it)."""
+    log.warning("%s did not answer %s %.200s within %g s", who, request.method, request.path, limit)
+    return Answer(504, CIMultiDict({"Content-Type": "application/json"}), json.dumps(
+        {"error": "gateway_timeout", "reason": f"{who} did not answer within {limit:g} s; the request may have "
+                                               "been applied"}).encode())
 
 
 def other_nodes_context(config) -> ssl.SSLContext | None:
@@ -277,22 +313,25 @@ def signed_by_another_node(request: web.Request, secret: str, seen: SeenSignatur
     client = request.headers.get(http.FORWARDED_CLIENT, "")
     check_only = request.headers.get(http.CHECK_ONLY) == "1"
     signed = request.headers.get(SIGNED, "")
+    stamp = SIGNED_STAMP.fullmatch(signed)
+    here = request.transport.get_extra_info("sockname") if request.transport is not None else None
+    if not secret or stamp is None or here is None:
+        return None
     expected = signature(secret, group, request.method, request.raw_path, client, check_only, signed,
-                         request.headers.get("Authorization", ""))
+                         request.headers.get("Authorization", ""), address_text(here))
     given = request.headers.get(SIGNATURE, "")
-    if not secret or not hmac.compare_digest(expected, given):
+    if not hmac.compare_digest(expected, given):
         return None
-    try:
-        at = float(signed.partition(".")[0])
-    except ValueError:
+    now, at = time.time(), int(stamp.group(1))
+    if abs(now - at) > SIGNED_FOR:
+        peer_log.warning(request.remote or "", "refused a request %s signed %.0f s away from this node's clock (more "
+                         "than %d s): are the nodes' clocks set?", request.remote, now - at, SIGNED_FOR)
         return None
-    if abs(time.time() - at) > SIGNED_FOR:
-        log.warning("refused a request another node signed %.0f s away from this node's clock (more than %.0f s): "
-                    "are the nodes' clocks set?", time.time() - at, SIGNED_FOR)
-        return None
-    if not seen.first_time(given, at + SIGNED_FOR):
-        log.warning("refused a request signed by another node that came a second time: %s %.200s", request.method,
-                    request.path)
+    taken = seen.take(given[:32], at + SIGNED_FOR, now)  # (half the signature tells one from another well enough)
+    if taken != "new":
+        peer_log.warning(request.remote or "", "refused a request %s signed: %s", request.remote,
+                         "it came a second time" if taken == "again" else
+                         f"{seen.limit} signatures were taken in the last {2 * SIGNED_FOR} s")
         return None
     return group
 

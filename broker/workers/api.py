@@ -297,14 +297,15 @@ class Gateway:
         return http.reply(found[0])
 
     async def _checked_by_a_leader(self, request: web.Request) -> Answer:
-        """/api/nodes as the first group's leader that answers takes it (the others are not asked)."""
-        answer = None
-        for worker in self.workers:
-            answer = await self.apis.ask(worker, request, path_qs=NODES)
+        """/api/nodes as a group's leader takes it: one of this node's workers that leads (no network), or, where
+        none does or it cannot answer, every group's leader at once, the first that does not answer 503."""
+        here = [worker for worker in self.workers if isinstance(self.supervisor.api_target(worker), str)]
+        if here:
+            answer = await self.apis.ask(here[0], request, path_qs=NODES)
             if answer.status != 503:
-                break
-        assert answer is not None, "a node has a worker"
-        return answer
+                return answer
+        answers = await self._each(lambda worker: self.apis.ask(worker, request, path_qs=NODES))
+        return next((answer for answer in answers if answer.status != 503), answers[0])
 
     async def own_nodes(self, request: web.Request, client: str | None = None) -> list[Answer]:
         """Each worker of this node's answer to /api/nodes (a GET, for a HEAD too: its entries are read), its internal

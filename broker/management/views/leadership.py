@@ -21,7 +21,7 @@ NOT_HERE = ("a vhost's leader is chosen among the workers of a broker with sever
 
 
 def leadership_of(request: web.Request):
-    """The vhost must exist, and this broker be a worker of several (or lead a group of a cluster of them)."""
+    """The vhost must exist, and this broker be a worker of several, or lead a cluster or a group of one."""
     http.named_vhost(request)
     leadership = http.server_of(request).leadership
     if leadership is None:
