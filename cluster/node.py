@@ -94,7 +94,8 @@ class ClusterNode:
         self.waiting_for = ""  # why this node neither leads nor follows now ("": it does one or the other)
         self.following = ""  # the leader this node follows, as the standby management API names it
         self._followed: tuple[Member, ReplicaClient] | None = None  # that leader, and this node's stream from it
-        self._forwarders: list[AmqpForwarder] = []  # the listeners that forward clients to it
+        # the listeners that forward clients to it, each with its port and whether it is the amqps one
+        self._forwarders: list[tuple[AmqpForwarder, int, bool]] = []
         # its management API's part of the cluster's (a group's worker's is its supervisor's: broker.workers.api)
         self.apis = ClusterApis(self) if group is None else None
         # the management and Prometheus ports while not leading (broker.management.standby)
@@ -342,7 +343,7 @@ class ClusterNode:
 
     def clients(self) -> int:
         """The clients this node forwards to the leader now."""
-        return sum(len(forwarder.clients) for forwarder in self._forwarders)
+        return sum(len(forwarder.clients) for forwarder, _, _ in self._forwarders)
 
     def state(self) -> str:
         """Why this node does not serve the management API, in a sentence."""
@@ -461,23 +462,21 @@ class ClusterNode:
         self.waiting_for = ""
         client = ReplicaClient(self.data_dir, self.node, self.secret, self.config.cluster_ack_timeout)
         self._followed = leader, client
-        forwarders: list[tuple[AmqpForwarder, int, bool]] = []  # each with its port, and whether it is amqps
         if self.group is None:
             def leader_address() -> tuple[str, int] | None:
                 heard = self._heard_leader()
                 return (heard.amqp_host, heard.amqp_port) if heard is not None else None
 
-            forwarders.append((AmqpForwarder(leader_address), self.config.port, False))
+            self._forwarders = [(AmqpForwarder(leader_address), self.config.port, False)]
             if self.config.tls_certfile:  # amqps clients too: their TLS session ends here, the leader is told so
-                forwarders.append((AmqpForwarder(leader_address), self.config.tls_port, True))
-            self._forwarders = [forwarder for forwarder, _, _ in forwarders]
+                self._forwarders.append((AmqpForwarder(leader_address), self.config.tls_port, True))
         else:  # the worker's front door forwards its clients
             self.group.announce(leader)
         changed = asyncio.Event()
         watcher = asyncio.ensure_future(self._watch_leader(epoch, changed))
         teller = asyncio.ensure_future(self._tell_whether_lost(client, epoch))
         try:
-            for forwarder, port, amqps in forwarders:
+            for forwarder, port, amqps in self._forwarders:
                 await forwarder.start(self.config.host, port, server_context(self.config) if amqps else None)
             while not changed.is_set():
                 stream = asyncio.ensure_future(client.follow(leader.replication_host, leader.replication_port, epoch))
@@ -500,7 +499,7 @@ class ClusterNode:
             teller.cancel()
             client.stop()  # its thread's blocking read returns (a process cannot end while it waits)
             self._followed = None
-            self._forwarders = []
+            forwarders, self._forwarders = self._forwarders, []
             for forwarder, _, _ in forwarders:
                 if forwarder.listener is not None:
                     await forwarder.stop()

@@ -62,7 +62,11 @@ def _as_ipv6(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> ipaddres
 
 
 def _ip_of(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
-    address = ipaddress.ip_address(host.partition("%")[0])  # without an IPv6 zone ("fe80::1%eth0")
+    return _unmapped(ipaddress.ip_address(host.partition("%")[0]))  # without an IPv6 zone ("fe80::1%eth0")
+
+
+def _unmapped(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """An IPv4 address in IPv6 (::ffff:a.b.c.d) as the IPv4 address it is; any other as it is."""
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         return address.ipv4_mapped
     return address
@@ -120,10 +124,7 @@ def _parse_v2(data: bytes) -> tuple[Proxied, bytes] | None:
 
 def _host_of(packed: bytes) -> str:
     """A version 2 address as text; an IPv4 one in IPv6 (::ffff:a.b.c.d) as the IPv4 address it is."""
-    address = ipaddress.ip_address(packed)
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return str(address.ipv4_mapped)
-    return str(address)
+    return str(_unmapped(ipaddress.ip_address(packed)))
 
 
 def _tls(tlvs: bytes) -> bool:

@@ -14,9 +14,7 @@ from aiohttp import web
 from broker.connection.login_throttle import LoginThrottle
 from broker.connection.peer_log import PeerLog
 from broker.management import guards, http
-from broker.management.forwarding import (
-    GROUP, LEADERS_GROUP, NODE_ITSELF, OtherNodes, not_signed, signed_by_another_node,
-)
+from broker.management.forwarding import GROUP, OtherNodes, for_another_node
 from broker.management.rates import Rates
 from broker.management.resources import api_error
 from broker.management.views import (
@@ -123,13 +121,9 @@ async def from_another_node(request: web.Request, handler):
     it."""
     if GROUP not in request.headers:
         return await handler(request)
-    group = signed_by_another_node(request, request.app[http.OTHER_NODES].secret())
-    if group is None:
-        return not_signed()
-    if group == NODE_ITSELF and request.path == "/api/nodes":
-        return http.reply([nodes.node_json(request)])
-    if group != LEADERS_GROUP:
-        return http.error_response(503, "service_unavailable", f"this node does not answer for group {group}")
+    answer = for_another_node(request, request.app[http.OTHER_NODES].secret(), lambda: nodes.node_json(request))
+    if answer is not None:
+        return answer
     return await handler(request.clone(remote=request.headers.get(http.FORWARDED_CLIENT, "")))
 
 

@@ -6,8 +6,9 @@ credentials, and says how they fared (http.LOGIN_OUTCOME).
 The other node checks the signature (signed_by_another_node) before it believes the client's address the request
 carries (http.FORWARDED_CLIENT). The signature covers the request's method, path, client and credentials, the
 address it is sent to, a time and a random part; each is taken once, within SIGNED_FOR of its time, so that a
-request seen on the network cannot be sent again to the process that took it, nor to another address. A request forwarded this way answers as soon as its receiver has decided (a refused login, a body too
-large), however much of the body the client has still to send, as the API of one process answers.
+request seen on the network cannot be sent again to the process that took it, nor to another address. A request
+forwarded this way answers as soon as its receiver has decided (a refused login, a body too large), however much of
+the body the client has still to send, as the API of one process answers.
 """
 
 from __future__ import annotations
@@ -334,6 +335,20 @@ def signed_by_another_node(request: web.Request, secret: str, seen: SeenSignatur
                          f"{seen.limit} signatures were taken in the last {2 * SIGNED_FOR} s")
         return None
     return group
+
+
+def for_another_node(request: web.Request, secret: str, entry: Callable[[], dict]) -> web.Response | None:
+    """The answer of a node of a cluster of one-process nodes to a request another node sent (it has GROUP): 403
+    unless signed_by_another_node takes it; the node's own entry (``entry()``) to an ask for its entries in
+    /api/nodes; None for one forwarded to the leader (LEADERS_GROUP), which the caller answers; 503 for any other."""
+    group = signed_by_another_node(request, secret)
+    if group is None:
+        return not_signed()
+    if group == NODE_ITSELF and request.path == "/api/nodes":
+        return http.reply([entry()])
+    if group != LEADERS_GROUP:
+        return http.error_response(503, "service_unavailable", f"this node does not answer for group {group}")
+    return None
 
 
 def not_signed() -> web.Response:

@@ -22,9 +22,7 @@ from aiohttp import web
 
 from broker.management import guards, http
 from broker.management.app import CONSOLE, console_page, unavailable
-from broker.management.forwarding import (
-    GROUP, LEADERS_GROUP, NODE_ITSELF, ApiClient, body_of, not_signed, signed_by_another_node,
-)
+from broker.management.forwarding import GROUP, LEADERS_GROUP, ApiClient, body_of, for_another_node
 from broker.management.server import DEFAULT_MAX_CONNECTIONS, ManagementServer, listen
 
 log = logging.getLogger(__name__)
@@ -76,11 +74,9 @@ def asked_by_the_leader(forwarding: Forwarding):
     async def middleware(request: web.Request, handler):
         if GROUP not in request.headers:
             return await handler(request)
-        group = signed_by_another_node(request, forwarding.client.secret() or "")
-        if group is None:
-            return not_signed()
-        if group == NODE_ITSELF and request.path == "/api/nodes":
-            return http.reply([forwarding.entry()])
+        answer = for_another_node(request, forwarding.client.secret() or "", forwarding.entry)
+        if answer is not None:
+            return answer
         return http.error_response(503, "service_unavailable", "this node does not lead the cluster now")
     return middleware
 
