@@ -18,6 +18,8 @@ Public API (``storage.store``)::
     log.read(offset, limit, wait); log.first_offset; log.next_offset  # durable messages by offset (storage.streams;
                                                 # wait: a chunk not in memory is read on a thread, on_readable() then)
     store.streams.delete(key); store.streams.remove_orphans()   # a deleted stream; at start, what deleted ones left
+    copies = store.copy_messages([(recovered_messages, new_key), ...], first_id)  # at start: fsynced before it returns
+    store.streams.rename(key, new_key); store.set_aside(key, recovered_messages)  # at start: to quarantine/, durably
     store.healthy                               # False while writes fail (then every callback gets False)
     store.close()                               # flush, fsync, stop the writer (at most stop_timeout=60 s), unlock
     store.stats()                               # bytes_on_disk, segments, live_messages, index_bytes, fsyncs ...
@@ -44,8 +46,8 @@ Contract with the broker:
   timer). Directories made at start (the data dir at its first use, ``messages/``) are fsynced before serving.
 - ``msg_id`` must increase from one ``append_message`` to the next (ValueError otherwise); ids are what the index
   is built on. Recovery never fails on ids that do not increase on disk: such publishes get fresh ids. Use the same
-  queue key (e.g. "vhost|name") in ``append_message``/``append_removed`` as the name of the queue's definition,
-  since ``delete_queue`` drops both.
+  queue key (the broker's ``broker.model.keys.queue_key``) in ``append_message``/``append_removed`` as the name of
+  the queue's definition, since ``delete_queue`` drops both.
 - callback(False) means the batch could not be written (disk full, EIO): nack those publishes. The store has
   already forgotten the messages of that batch, and later batches are tried again normally. If even undoing the
   partial write fails, every later batch fails too (``stats()["failed"]``); what was confirmed before is kept.
@@ -87,7 +89,8 @@ Layout on disk (``data_dir``): ``messages/NNNNNNNNNN.seg`` segments of about 16 
 (the owner's pid; never deleted),
 ``format`` (the store format version, ``storage.format``), ``clean-shutdown`` between a graceful close and the next
 start, and ``quarantine/<file>@<offset>``: damaged or unusable bytes recovery took out of a file (kept for
-forensics; safe to delete). Records are ``[length u32][crc32 u32][payload]``. Recovery reads past a damaged record
+forensics; safe to delete), with ``messages-<hash of the key>`` and ``stream-<hash of the key>``: what ``set_aside``
+kept. Records are ``[length u32][crc32 u32][payload]``. Recovery reads past a damaged record
 to the next intact one and never drops intact records: damage that ends a file still being written is a torn tail
 (cut, WARNING), any other is corruption (ERROR with file, offset, size and what was lost); either way the file is
 repaired so the next start does not meet it again (``storage.recovery``, ``storage.salvage``).

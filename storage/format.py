@@ -2,9 +2,12 @@
 
 1. the first format (no ``format`` file): definitions as JSON with tagged values (``records.LEGACY_DEFINITION``).
 2. definitions in the typed format (``records.DEFINITION``); everything of format 1 is still read.
+3. the broker's keys of several names (a queue's vhost and name) escaped (``broker.model.keys``): the records are
+   those of format 2, and the broker moves a format 2 data dir's keys at its first start (``broker.model.upgrade``).
 
-A data dir of format 1 is marked 2 at the first start (its old records stay readable). A version newer than this
-code knows is refused: its records may mean what this code cannot tell.
+An older data dir is marked current at the first start (its old records stay readable). A version newer than this
+code knows is refused: its records may mean what this code cannot tell (a version before 3 would take the keys of
+format 3 for other queues' and drop their messages).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from pathlib import Path
 from storage.segments import write_durably
 
 FORMAT_FILE = "format"
-CURRENT = 2  # the version this code writes
+CURRENT = 3  # the version this code writes
 _FIRST = 1  # what a data dir without a format file holds
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,7 +103,8 @@ def _count_frames(data: bytes, start: int, stop: int) -> tuple[int, bool]:
 
 
 class Quarantine:
-    """Where damaged bytes are kept: ``data_dir/quarantine``."""
+    """Where damaged bytes, and what start-up sets aside (``MessageStore.set_aside``), are kept:
+    ``data_dir/quarantine``."""
 
     def __init__(self, data_dir: Path) -> None:
         self.directory = data_dir / QUARANTINE_DIRECTORY
@@ -110,23 +112,42 @@ class Quarantine:
     def keep(self, source: Path, offset: int, content: bytes | memoryview) -> Path | None:
         """Store ``content`` (found at ``offset`` of ``source``) durably; return the file it went to, or None if it
         could not be written (logged: then ``source`` must keep the bytes)."""
-        target = self.directory / f"{source.name}@{offset}"
-        copy = 0
-        changed = {self.directory}  # fsynced once the copy is written (with the data dir if quarantine/ is new)
         try:
-            make_directories(self.directory, changed)
-            while target.exists():  # the same offset damaged again after a repair, or a repair cut short by a crash
-                copy += 1
-                target = self.directory / f"{source.name}@{offset}.{copy}"
-            with open(target, "wb") as file:
-                file.write(content)
-                file.flush()
-                os.fsync(file.fileno())
-            fsync_directories(changed)
+            return self.write(f"{source.name}@{offset}", (content,))
         except OSError as error:
             log.error("cannot keep %d damaged bytes of %s in %s (%s): the file stays as it is", len(content), source,
                       self.directory, error)
             return None
+
+    def write(self, name: str, chunks: Iterable[bytes | memoryview]) -> Path:
+        """Store the chunks durably as one file named ``name``; return it. Raises OSError."""
+        changed = {self.directory}  # fsynced once the copy is written (with the data dir if quarantine/ is new)
+        target = self._free(name, changed)
+        with open(target, "wb") as file:
+            for chunk in chunks:
+                file.write(chunk)
+            file.flush()
+            os.fsync(file.fileno())
+        fsync_directories(changed)
+        return target
+
+    def take(self, source: Path, name: str) -> Path:
+        """Move the directory ``source`` here, durably, named ``name``; return where it went. Raises OSError."""
+        changed = {self.directory, source.parent}  # one gains an entry, the other loses it
+        target = self._free(name, changed)
+        os.rename(source, target)
+        fsync_directories(changed)
+        return target
+
+    def _free(self, name: str, changed: set[Path]) -> Path:
+        """Where something named ``name`` goes: ``name``, or ``name.1`` and so on if taken (the same offset damaged
+        again after a repair, a repair or a set-aside cut short by a crash); makes the directory if missing."""
+        make_directories(self.directory, changed)
+        target = self.directory / name
+        copy = 0
+        while target.exists():
+            copy += 1
+            target = self.directory / f"{name}.{copy}"
         return target
 
 

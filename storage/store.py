@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import os
 from functools import partial
 from array import array
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Final
 
@@ -17,6 +19,7 @@ from storage.index import MessageIndex, Segment
 from storage.lock import DataDirLock, DataDirLocked
 from storage.recovered_messages import PLACE_BITS, RecoveredMessages, StoredMessage, StoredRun, place
 from storage.recovery import Recovered, recover
+from storage.salvage import Quarantine
 from storage.segments import fsync_directory, messages_directory, segment_path
 from storage.streams import StreamLogs
 from storage.writer import Batch, Cut, Tap, Writer
@@ -214,14 +217,61 @@ class MessageStore:
         """Every live definition as (kind, name, data), in creation order."""
         return self._recovered_definitions().items()
 
-    def has_definition(self, kind: str, name: str) -> bool:
-        return (kind, name) in self._recovered_definitions()
-
     def delete_queue(self, queue: str) -> None:
         """All messages of ``queue`` are gone, and so is its definition."""
+        self._drop_messages(queue)
+        self.append_definition("queue", queue, None)
+
+    def _drop_messages(self, queue: str) -> None:
+        """All messages of ``queue`` are gone (a watermark in the definitions log says so)."""
         below = self._recovered_index().drop_queue(queue)
         self._pending_definitions += records.queue_deleted(queue, below)
-        self.append_definition("queue", queue, None)
+        if not self._kick_scheduled:
+            self._schedule_kick()
+
+    # --- start-up rewrites (broker.model.upgrade) ------------------------------------------------------------
+    def copy_messages(self, moves: list[tuple[RecoveredMessages, str]], first_id: int) -> list[RecoveredMessages]:
+        """At start-up, before anything is served: each queue's recovered messages written again for another key,
+        in order, with their redelivered flags and fresh ids from first_id on, in segments of their own that are
+        written and fsynced before this returns (as recovery rehomes misplaced publishes); returns them as the
+        recovered messages of those keys. Deleting the old keys is the caller's part. Raises OSError."""
+        assert first_id > self._recovered_index().last_id, "ids increase"
+        copies = []
+        msg_id = first_id
+        copying = _Copying(self._roll(), self._segments_dir)
+        try:
+            for stored, key in moves:
+                copy = RecoveredMessages(key, self._segments_dir, self._recovered_index())
+                for run in stored.runs(0):
+                    for message in run.read_and_release():
+                        if copying.segment.size >= self._segment_bytes:
+                            copying.close()
+                            copying = _Copying(self._roll(), self._segments_dir)
+                        copying.append(self._recovered_index(), copy, msg_id, message)
+                        msg_id += 1
+                copies.append(copy)
+        finally:
+            copying.close()
+        fsync_directory(self._segments_dir)
+        self._roll()  # what is appended from now on goes to a segment of its own
+        for copy in copies:
+            copy.finish()
+        return copies
+
+    def set_aside(self, key: str, stored: RecoveredMessages | None) -> list[Path]:
+        """At start-up, before anything is served or the streams are opened: what the store holds under key goes to
+        ``data_dir/quarantine/`` (its recovered messages as publish records, its stream's log directory as it is),
+        durably, then the store holds nothing under key (its definition, if any, stays); returns where each went.
+        Raises OSError (key is then left as it was)."""
+        quarantine = Quarantine(self._data_dir)
+        name = hashlib.sha256(key.encode()).hexdigest()[:32]
+        kept = []
+        if stored:
+            kept.append(quarantine.write(f"messages-{name}", _publish_records(key, stored)))
+        if self.streams.path_of(key).exists():
+            kept.append(quarantine.take(self.streams.path_of(key), f"stream-{name}"))
+        self._drop_messages(key)
+        return kept
 
     def when_durable(self, callback: Callable[[bool], None]) -> None:
         """Run callback(ok) on the loop once everything appended so far is on disk; ok=False if the write failed."""
@@ -500,3 +550,41 @@ class MessageStore:
             "batch_messages": self._writer.batch_messages,  # storage.histogram.Histogram of messages per batch
             "sync_seconds": self._writer.sync_seconds,  # Histogram of each batch's fdatasync time
         }
+
+
+class _Copying:
+    """A segment copy_messages writes itself: the index's head, which the writer thread appends nothing to."""
+
+    def __init__(self, segment: Segment, segments_dir: Path) -> None:
+        self.segment = segment  # its size grows with each record written
+        self.file = open(segment_path(segments_dir, segment.number), "xb")
+
+    def append(self, index: MessageIndex, copy: RecoveredMessages, msg_id: int, message: StoredMessage) -> None:
+        """A copy of message for copy's queue, with msg_id."""
+        pairs = ((copy.queue, message.redelivered),)
+        head = records.publish_head(msg_id, pairs, message.exchange, message.routing_key, message.header_payload,
+                                    message.body)
+        self.file.write(head)
+        self.file.write(message.header_payload)
+        self.file.write(message.body)
+        index.add_recovered(msg_id, pairs)
+        copy.add(msg_id, place(self.segment.number, self.segment.size), len(message.body),
+                 records.is_persistent(message.header_payload), message.redelivered)
+        self.segment.size += len(head) + len(message.header_payload) + len(message.body)
+
+    def close(self) -> None:
+        """Written and fsynced (once: a second call does nothing)."""
+        if not self.file.closed:
+            with self.file:
+                self.file.flush()
+                os.fsync(self.file.fileno())
+
+
+def _publish_records(key: str, stored: RecoveredMessages) -> Iterator[bytes]:
+    """A queue's recovered messages as the publish records of its segments, for key alone."""
+    for run in stored.runs(0):
+        for message in run.read_and_release():
+            yield records.publish_head(message.msg_id, ((key, message.redelivered),), message.exchange,
+                                       message.routing_key, message.header_payload, message.body)
+            yield message.header_payload
+            yield message.body

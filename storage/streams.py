@@ -37,7 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from storage.records import FRAME, FRAME_SIZE, MAX_PAYLOAD
-from storage.segments import SEGMENT_SUFFIX
+from storage.segments import SEGMENT_SUFFIX, fsync_directory
 
 log = logging.getLogger(__name__)
 
@@ -474,6 +474,18 @@ class StreamLogs:
             stream.apply_retention()
         self.logs[key] = stream
         return stream
+
+    def rename(self, key: str, new_key: str) -> bool:
+        """At start-up, before either is opened: the log of the stream named key becomes new_key's (its directory
+        renamed, durably; one new_key's name already had, which no stream owns, goes first). False if key has
+        none."""
+        source, target = self.path_of(key), self.path_of(new_key)
+        if not source.exists():
+            return False
+        shutil.rmtree(target, ignore_errors=True)
+        os.rename(source, target)
+        fsync_directory(self.directory)
+        return True
 
     def _ready(self, stream: StreamLog) -> None:
         self._waiting.add(stream)

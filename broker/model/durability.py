@@ -9,8 +9,10 @@ from typing import TYPE_CHECKING, Callable, Collection
 from broker.model.arguments import validate_exchange_arguments, validate_queue_arguments
 from broker.model.arguments.exchange import DELAYED_TYPE
 from broker.model.exchange import EXCHANGE_TYPES
+from broker.model.keys import DELAYED_PREFIX, delayed_key, queue_key
 from broker.model.message import Address, Header, Message
 from broker.model.policy import PolicyError
+from broker.model.upgrade import upgrade
 from protocol.errors import AMQPError
 
 if TYPE_CHECKING:
@@ -24,25 +26,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def queue_key(vhost_name: str, queue_name: str) -> str:
-    """The name a queue's messages and definition have in the store."""
-    return f"{vhost_name}|{queue_name}"
-
-
-def exchange_key(vhost_name: str, exchange_name: str) -> str:
-    """The name an exchange's definition has in the definitions log. Earlier data dirs have it under the bare
-    exchange name, which two vhosts' exchanges of the same name shared: restoring moves such a record here."""
-    return f"{vhost_name}|{exchange_name}"
-
-
-DELAYED_PREFIX = "\x00delayed|"  # the leading NUL keeps delayed exchanges' store keys apart from queues'
-
-
-def delayed_key(vhost_name: str, exchange_name: str) -> str:
-    """The name the waiting messages of a delayed exchange have in the store."""
-    return DELAYED_PREFIX + exchange_key(vhost_name, exchange_name)
-
-
 def store_keys(kind: str, vhost_name: str, data: dict) -> set[str]:
     """The store key of the messages of a stored queue or delayed exchange definition (none for other ones)."""
     name = data.get("name")
@@ -53,11 +36,6 @@ def store_keys(kind: str, vhost_name: str, data: dict) -> set[str]:
     if kind == "exchange" and data.get("type") == DELAYED_TYPE:
         return {delayed_key(vhost_name, name)}
     return set()
-
-
-def policy_key(vhost_name: str, policy_name: str) -> str:
-    """The name a policy (or operator policy) has in the definitions log."""
-    return f"{vhost_name}\x00{policy_name}"
 
 
 def exchange_definition(vhost: "VirtualHost", exchange: "Exchange") -> dict:
@@ -75,11 +53,6 @@ def binding_is_durable(binding: "Binding") -> bool:
     return binding.source.durable and durable_destination
 
 
-def binding_key(vhost: "VirtualHost", binding: "Binding") -> str:
-    return "\x00".join((vhost.name, binding.source.name, binding.destination_type, binding.destination.name, binding.routing_key,
-                        binding.arguments_key))
-
-
 def binding_definition(vhost: "VirtualHost", binding: "Binding") -> dict:
     return {"vhost": vhost.name, "source": binding.source.name, "destination": binding.destination.name,
             "destination_kind": binding.destination_type,
@@ -92,7 +65,9 @@ def restore(node: "Node", recovered: "Recovered", led: Collection[str] | None = 
     key, a wrong type, an unknown exchange type, arguments or a policy that no longer validate, a binding whose
     ends are gone, a vhost that is gone) is logged as an error and skipped: start-up never fails on one, and the
     rest is restored. ``led``: the vhosts this node leads when it is one of several worker processes (the others
-    are copies, whose restored contents are said only if the store held any)."""
+    are copies, whose restored contents are said only if the store held any). A data dir of an earlier version has
+    its store keys rewritten first (broker.model.upgrade)."""
+    upgrade(node, recovered)
     skipped: set[str] = set()  # store keys of queues and delayed exchanges left out: their messages are kept
     for vhost in node.vhosts.values():
         _restore_vhost(vhost, recovered, skipped, led is None or vhost.name in led)
@@ -120,12 +95,13 @@ def restore(node: "Node", recovered: "Recovered", led: Collection[str] | None = 
 
 
 def _set_aside(store_key: str, set_aside_exchanges: set[str]) -> bool:
-    """Whether store_key holds the waiting messages of a delayed exchange whose definition was set aside (named
-    vhost|exchange, or by the bare exchange name in earlier data dirs)."""
+    """Whether store_key may hold the waiting messages of a delayed exchange whose definition was set aside: one
+    named by its key (DELAYED_PREFIX before it makes store_key), or by its bare name in earlier data dirs (their
+    keys were vhost|name: any vhost's is kept)."""
     if not store_key.startswith(DELAYED_PREFIX):
         return False
-    name = store_key[len(DELAYED_PREFIX):]
-    return name in set_aside_exchanges or name.rpartition("|")[2] in set_aside_exchanges
+    key = store_key[len(DELAYED_PREFIX):]
+    return any(key == name or key.endswith("|" + name) for name in set_aside_exchanges)
 
 
 def _restore_vhost(vhost: "VirtualHost", recovered: "Recovered", skipped: set[str], led: bool) -> None:
@@ -228,10 +204,6 @@ def _restore_exchange(vhost: "VirtualHost", data: dict) -> None:
     name = _field(data, "name", str)
     if name in vhost.exchanges:
         return
-    store = vhost.store
-    if store is not None and not store.has_definition("exchange", exchange_key(vhost.name, name)):
-        store.append_definition("exchange", name, None)  # a record under the bare name: moved to the vhost's key
-        store.append_definition("exchange", exchange_key(vhost.name, name), data)
     kind = _field(data, "type", str)
     if kind not in EXCHANGE_TYPES:
         raise ValueError(f"unknown exchange type '{kind}'")

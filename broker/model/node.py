@@ -16,6 +16,7 @@ from broker.model.access import (
     DEFAULT_HASHING, HASHING_ALGORITHMS, Permission, User, hash_password, valid_password_hash,
 )
 from broker.model.counters import NodeCounters
+from broker.model.keys import permission_key
 from broker.model.vhost import VirtualHost
 from protocol import errors
 
@@ -28,11 +29,6 @@ FULL_ACCESS = ".*"  # the configure/write/read pattern that grants everything
 # Checked instead when a login names no user with a password, so that it takes as long as a wrong password does
 # and the time of a refusal does not tell which users exist
 STAND_IN = User("", hash_password(os.urandom(16).hex()), DEFAULT_HASHING, [])
-
-
-def permission_key(vhost: str, user: str) -> str:
-    """The name a permission has in the definitions log."""
-    return f"{vhost}\x00{user}"
 
 
 class Node:

@@ -11,7 +11,7 @@ from broker.model.arguments.common import text_of
 from broker.model.arguments.queue import (
     QUEUE_TYPE_MODULES, queue_resource, queue_type_of, validate_consume_arguments,
 )
-from broker.model.durability import StoredToMessage, queue_key
+from broker.model.durability import StoredToMessage
 from broker.model.features.dead_letter import DELIVERY_LIMIT, EXPIRED, MAXLEN, REJECTED, dead_letter
 from broker.model.features.deadlines import Deadlines, now_ms
 from broker.model.features.expiry import READY, ExpiringEntries, message_ttl
@@ -19,6 +19,7 @@ from broker.model.features.length_limit import DROPPED, ENQUEUED, ENQUEUED_OVER_
 from broker.model.features.paging import PAGE_BYTES, PagedEntries, StoreBacking
 from broker.model.features.ready import FifoEntries, ReadyList, ready_entries
 from broker.model.features.redelivery import DelayedRetry, count_return, delayed_retry, delivery_limit
+from broker.model.keys import queue_key
 from broker.model.message import Address, Header, Message, QueueEntry
 from broker.model.policy import effective_settings, merged_definition
 from protocol import errors

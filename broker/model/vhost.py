@@ -18,6 +18,7 @@ from broker.model.counters import NodeCounters
 from broker.model.exchange import EXCHANGE_TYPES, Binding, DelayedExchange, DirectExchange, Exchange
 from broker.model.features.delayed_messages import DelayedMessages
 from broker.model.features.length_limit import APPENDED, ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, REFUSED
+from broker.model.keys import binding_key, delayed_key, exchange_key, policy_key
 from broker.model.policy import Policy, PolicyChoices, PolicySnapshot, choose_both, make_policy
 from broker.model.queue import Queue
 from broker.model.stream import Stream
@@ -41,6 +42,12 @@ PREDECLARED_EXCHANGES = {
 def generated_name(prefix: str) -> str:
     """RabbitMQ-style server-generated names: amq.gen-<22 url-safe base64 chars>."""
     return prefix + base64.urlsafe_b64encode(os.urandom(16)).rstrip(b"=").decode()
+
+
+def _binding_key(vhost_name: str, binding: Binding) -> str:
+    """The name a binding of the vhost has in the definitions log."""
+    return binding_key(vhost_name, binding.source.name, binding.destination_type, binding.destination.name,
+                       binding.routing_key, binding.arguments_key)
 
 
 class OperatorOwner:
@@ -212,7 +219,7 @@ class VirtualHost:
 
     def _record_policy(self, name: str, operator: bool, data: dict | None) -> None:
         if self.store is not None:
-            self._record("operator_policy" if operator else "policy", durability.policy_key(self.name, name), data)
+            self._record("operator_policy" if operator else "policy", policy_key(self.name, name), data)
 
     # --- lookups with RabbitMQ's errors --------------------------------------------------------------------
     def get_exchange(self, name: str) -> Exchange:
@@ -260,7 +267,7 @@ class VirtualHost:
         validate_exchange_arguments(name, self.name, kind, arguments)
         exchange = self._add_exchange(EXCHANGE_TYPES[kind](name, durable, auto_delete, internal, arguments))
         if durable and self.store is not None:
-            self._record("exchange", durability.exchange_key(self.name, name),
+            self._record("exchange", exchange_key(self.name, name),
                          durability.exchange_definition(self, exchange))
         return exchange
 
@@ -269,7 +276,7 @@ class VirtualHost:
 
     def _add_exchange(self, exchange: Exchange) -> Exchange:
         if isinstance(exchange, DelayedExchange):
-            exchange.delayed = DelayedMessages(self, exchange, durability.delayed_key(self.name, exchange.name))
+            exchange.delayed = DelayedMessages(self, exchange, delayed_key(self.name, exchange.name))
         exchange.apply_policies(*self.policies_for("exchanges", exchange.name))
         self.exchanges[exchange.name] = exchange
         return exchange
@@ -301,7 +308,7 @@ class VirtualHost:
         exchange.deleted = True
         del self.exchanges[exchange.name]
         if exchange.durable and self.store is not None:
-            self._record("exchange", durability.exchange_key(self.name, exchange.name), None)
+            self._record("exchange", exchange_key(self.name, exchange.name), None)
         if isinstance(exchange, DelayedExchange) and exchange.delayed is not None:
             exchange.delayed.drop()
             if exchange.durable and self.store is not None:
@@ -387,7 +394,7 @@ class VirtualHost:
         if source.add_binding(binding):
             (destination.bindings if isinstance(destination, Queue) else destination.inbound).add(binding)
             if record and self.store is not None and durability.binding_is_durable(binding):
-                self._record("binding", durability.binding_key(self, binding),
+                self._record("binding", _binding_key(self.name, binding),
                              durability.binding_definition(self, binding))
 
     def unbind(self, source: Exchange | None, destination, routing_key: str, arguments: dict,
@@ -408,7 +415,7 @@ class VirtualHost:
         source = binding.source
         source.remove_binding(binding)
         if self.store is not None and durability.binding_is_durable(binding):
-            self._record("binding", durability.binding_key(self, binding), None)
+            self._record("binding", _binding_key(self.name, binding), None)
         destination = binding.destination
         (destination.bindings if isinstance(destination, Queue) else destination.inbound).discard(binding)
         if auto_delete_source and source.auto_delete and not source.bindings and not source.deleted:

@@ -8,6 +8,9 @@ before anything is copied and removed once the source no longer holds the vhost.
 move (``finish``): while the placement still names the source, whatever an earlier try copied to the target is
 removed and the copy is made again, then the placement names the target; once it does, the source's copy is
 removed. So the vhost is whole in the store the placement names at every moment.
+
+What moves keeps its names and keys as the source has them (broker.model.upgrade.held_key): a store an earlier
+version wrote goes as it is, and the target's start rewrites its keys.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-from broker.model.durability import queue_key, store_keys
+from broker.model.upgrade import held_key
 from broker.workers.placement import worker_data_dir, workers_directory
 from storage.segments import fsync_directory, write_durably
 from storage.recovery import Recovered
@@ -114,8 +117,8 @@ async def _remove(store: MessageStore, vhost: str) -> None:
     """The vhost's definitions and messages leave store; its streams' directories go at the next start (no stream
     owns them then: storage.streams.remove_orphans)."""
     for kind, name, data in owned(store, vhost):
-        keys = store_keys(kind, vhost, data)
-        for key in keys:
+        key = held_key(kind, name, data)
+        if key:
             store.delete_queue(key)  # (its messages, and the definition of that name if it is a queue's)
         if kind != "queue":
             store.append_definition(kind, name, None)
@@ -143,15 +146,14 @@ async def _copy(source_dir: Path, target_dir: Path, vhost: str) -> None:
         for kind, name, data in definitions:
             target.append_definition(kind, name, data)
         next_id = max(in_target.next_msg_id, 1)
-        for kind, _, data in definitions:
-            for key in sorted(store_keys(kind, vhost, data)):
+        for kind, name, data in definitions:
+            key = held_key(kind, name, data)
+            if key:
                 next_id = await _copy_messages(target, key, from_source.messages.get(key), next_id)
         await durable(target, f"vhost '{vhost}' in {target_dir}")
-        for kind, _, data in definitions:  # the streams' logs, by their queues' keys
-            if kind == "queue" and isinstance(data.get("name"), str):
-                key = queue_key(vhost, data["name"])
-                if source.streams.path_of(key).exists():
-                    _copy_durably(source.streams.path_of(key), target.streams.path_of(key))
+        for kind, name, _ in definitions:  # the streams' logs, by their queues' keys
+            if kind == "queue" and source.streams.path_of(name).exists():
+                _copy_durably(source.streams.path_of(name), target.streams.path_of(name))
     finally:
         source.close()
         target.close()

@@ -9,12 +9,16 @@ delivered (and not acked) before the stop."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
 
 import pika
 import pytest
 
+from broker.model.access import DEFAULT_HASHING, Permission, User, hash_password
+from broker.model.vhost import VirtualHost
+from storage.store import MessageStore
 from tests.integration import management
 from tests.integration.helpers import (
     channel_error,
@@ -359,3 +363,136 @@ def test_graceful_stop_then_restart_shows_exactly_the_previous_state(own_broker)
     with connect(broker) as conn:
         ch = conn.channel()
         assert (message_count(ch, "worked"), message_count(ch, "untouched")) == (0, 0)
+
+
+# --- store keys of names that hold "|" -------------------------------------------------------------------------
+
+def vhost_url(broker, vhost: str) -> str:
+    return broker.url.rsplit("/", 1)[0] + "/" + management.quote(vhost)
+
+
+TENANTS = (("a", "b|c"), ("a|b", "c"))  # (vhost, queue): joined by "|", both were "a|b|c"
+
+
+def test_queues_of_two_vhosts_whose_names_joined_are_alike_each_keep_their_own_messages(own_broker):
+    """Vhost "a" with queue "b|c" and vhost "a|b" with queue "c": each keeps its own persistent message and its own
+    definition across restarts (their store keys were once one: "a" lost its queue, "a|b" got both messages)."""
+    broker = own_broker()
+    for vhost, queue in TENANTS:
+        management.add_vhost(broker, vhost)
+        management.set_permissions(broker, vhost, "guest")
+        with pika.BlockingConnection(pika.URLParameters(vhost_url(broker, vhost))) as conn:
+            ch = conn.channel()
+            ch.confirm_delivery()
+            ch.queue_declare(queue, durable=True)
+            ch.basic_publish("", queue, f"{vhost} {queue}".encode(), PERSISTENT)
+    for _ in range(2):  # the second start finds the same
+        graceful_restart(broker)
+        for vhost, queue in TENANTS:
+            with pika.BlockingConnection(pika.URLParameters(vhost_url(broker, vhost))) as conn:
+                assert message_count(conn.channel(), queue) == 1
+    for vhost, queue in TENANTS:
+        with pika.BlockingConnection(pika.URLParameters(vhost_url(broker, vhost))) as conn:
+            assert get_all(conn.channel(), queue) == [f"{vhost} {queue}".encode()]
+
+
+def persistent_header(body: bytes) -> bytes:
+    """The content header payload of a persistent message with no other property."""
+    return b"\x00\x3c\x00\x00" + len(body).to_bytes(8, "big") + b"\x10\x00\x02"
+
+
+def write_data_dir(data_dir, definitions: list[tuple[str, str, dict]], messages: list[tuple[str, bytes]]) -> None:
+    """A data dir holding these definition records (kind, name, data) and persistent messages (store key, body)
+    stored for the default exchange, as the store keeps them: the names and keys are given as they are."""
+    async def write() -> None:
+        store = MessageStore(data_dir)
+        store.recover()
+        for kind, name, data in definitions:
+            store.append_definition(kind, name, data)
+        for msg_id, (key, body) in enumerate(messages, 1):
+            store.append_message(msg_id, (key,), "", key.rpartition("|")[2], persistent_header(body), body)
+        written = asyncio.get_running_loop().create_future()
+        store.when_durable(written.set_result)
+        assert await written
+        store.close()
+    asyncio.run(write())
+
+
+def earlier_data_dir(data_dir, vhosts: list[str], queues: list[tuple[str, str]],
+                     messages: list[tuple[str, bytes]]) -> None:
+    """A data dir as an earlier version wrote it: user guest with every permission on the vhosts and durable
+    queues (vhost, name), under its keys (names joined by NUL or "|", as they were), with messages under those
+    keys."""
+    guest = User("guest", hash_password("guest"), DEFAULT_HASHING, ["administrator"])
+    definitions = [("user", "guest", guest.definition())]
+    for vhost in vhosts:
+        definitions.append(("vhost", vhost, VirtualHost(vhost, None, None).definition()))
+        permission = Permission("guest", vhost, ".*", ".*", ".*")
+        definitions.append(("permission", f"{vhost}\x00guest", permission.definition()))
+    for vhost, queue in queues:
+        data = {"vhost": vhost, "name": queue, "durable": True, "auto_delete": False, "arguments": {}}
+        definitions.append(("queue", f"{vhost}|{queue}", data))
+    write_data_dir(data_dir, definitions, messages)
+
+
+def test_a_data_dir_of_an_earlier_version_is_read_with_its_keys_rewritten(own_broker, tmp_path):
+    """Queues of names holding "|", and vhosts' permissions (keys of NUL-joined names), each found under an
+    earlier version's key: every queue keeps its messages, in order, and the next start finds them the same."""
+    data_dir = tmp_path / "data"
+    queues = [("p|q", "r"), ("/", "s|t"), ("/", "plain")]
+    earlier_data_dir(data_dir, ["/", "p|q"], queues, [
+        ("p|q|r", b"r-1"), ("/|s|t", b"st-1"), ("p|q|r", b"r-2"), ("/|plain", b"plain-1")])
+    broker = own_broker(data_dir=data_dir)
+    expected = {("p|q", "r"): [b"r-1", b"r-2"], ("/", "s|t"): [b"st-1"], ("/", "plain"): [b"plain-1"]}
+    for _ in range(2):
+        for (vhost, queue), bodies in expected.items():
+            with pika.BlockingConnection(pika.URLParameters(vhost_url(broker, vhost))) as conn:
+                assert message_count(conn.channel(), queue) == len(bodies)
+        graceful_restart(broker)
+    assert broker.log().count("rewrote the store keys") == 1
+    for (vhost, queue), bodies in expected.items():
+        with pika.BlockingConnection(pika.URLParameters(vhost_url(broker, vhost))) as conn:
+            assert get_all(conn.channel(), queue) == bodies
+    assert broker.stop() == 0
+    store = MessageStore(data_dir)
+    store.recover()
+    names = {(kind, name) for kind, name, _ in store.definitions() if kind in ("queue", "permission")}
+    store.close()
+    assert names == {("queue", "p\\|q|r"), ("queue", "/|s\\|t"), ("queue", "/|plain"), ("permission", "/|guest"),
+                     ("permission", "p\\|q|guest")}
+    assert not (data_dir / "quarantine").exists()
+
+
+def test_messages_two_vhosts_shared_under_an_earlier_versions_key_go_to_neither(own_broker, tmp_path):
+    """An earlier version kept vhost "a"'s queue "b|c" and vhost "a|b"'s queue "c" under one key, the definition
+    declared last ("a|b"'s) and both tenants' messages: nobody can tell whose each is, so they are set aside in
+    quarantine/ with an ERROR naming the key, and the queue recorded last comes back empty."""
+    data_dir = tmp_path / "data"
+    earlier_data_dir(data_dir, ["/", "a", "a|b"], [("a|b", "c")], [("a|b|c", b"for a"), ("a|b|c", b"for a|b")])
+    broker = own_broker(data_dir=data_dir)
+    with pika.BlockingConnection(pika.URLParameters(vhost_url(broker, "a|b"))) as conn:
+        assert message_count(conn.channel(), "c") == 0
+    with pika.BlockingConnection(pika.URLParameters(vhost_url(broker, "a"))) as conn:
+        assert not_found(lambda: conn.channel().queue_declare("b|c", passive=True)) == (404, "NOT_FOUND")
+    [kept] = (data_dir / "quarantine").iterdir()
+    assert kept.read_bytes().count(b"for a") == 2
+    assert "set aside in" in broker.log() and "'a|b|c'" in broker.log()
+
+
+def test_policies_of_two_vhosts_whose_names_joined_by_nul_are_alike_both_survive(own_broker):
+    """Names may hold a NUL (the API takes %00): vhost "a\\x00b" with policy "c" and vhost "a" with policy
+    "b\\x00c" were once one record, the one set last; each keeps its own now, and clearing one leaves the other."""
+    broker = own_broker()
+    tenants = (("a\x00b", "c"), ("a", "b\x00c"))
+    for vhost, policy in tenants:
+        management.add_vhost(broker, vhost)
+        management.set_policy(broker, vhost, policy, "^q", {"max-length": 1})
+    graceful_restart(broker)
+    for vhost, policy in tenants:
+        reply = management.request(broker, "GET", f"/api/policies/{management.quote(vhost)}/{management.quote(policy)}")
+        assert reply.status == 200, (vhost, policy)
+        assert (reply.body["vhost"], reply.body["name"]) == (vhost, policy)
+    management.clear_policy(broker, "a", "b\x00c")
+    graceful_restart(broker)
+    assert management.request(broker, "GET", "/api/policies/a%00b/c").status == 200
+    assert management.request(broker, "GET", "/api/policies/a/b%00c").status == 404

@@ -8,7 +8,8 @@ import logging
 
 import pytest
 
-from broker.model.durability import queue_key, restore
+from broker.model.durability import restore
+from broker.model.keys import queue_key
 from broker.model.node import Node
 from broker.model.vhost import VirtualHost
 from storage.recovered_messages import StoredMessage
@@ -18,21 +19,21 @@ from storage.recovery import Recovered
 class FakeStore:
     """The part of the store restore() uses: what it was asked to delete, the definitions it holds and rewrites."""
 
-    def __init__(self, definitions: dict | None = None) -> None:
+    def __init__(self, records: dict | None = None) -> None:
         self.deleted_queues: list[str] = []
-        self.definitions: dict[tuple[str, str], dict] = definitions or {}  # (kind, name) -> data, live ones
+        self.records: dict[tuple[str, str], dict] = records or {}  # (kind, name) -> data, live ones
 
     def delete_queue(self, key: str) -> None:
         self.deleted_queues.append(key)
 
-    def has_definition(self, kind: str, name: str) -> bool:
-        return (kind, name) in self.definitions
+    def definitions(self) -> list[tuple[str, str, dict]]:
+        return [(kind, name, data) for (kind, name), data in self.records.items()]
 
     def append_definition(self, kind: str, name: str, data: dict | None) -> None:
         if data is None:
-            self.definitions.pop((kind, name), None)
+            self.records.pop((kind, name), None)
         else:
-            self.definitions[kind, name] = data
+            self.records[kind, name] = data
 
 
 def exchange(name: str, **changes) -> dict:
@@ -175,10 +176,10 @@ def test_an_exchange_recorded_under_its_bare_name_moves_to_its_vhosts_key():
     """Earlier data dirs keyed exchange definitions by name alone, shared by two vhosts' exchanges of that name."""
     legacy = exchange("ex")
     _, store = restored(recovered(exchanges=[legacy]), FakeStore({("exchange", "ex"): legacy}))
-    assert store.definitions == {("exchange", "/|ex"): legacy}
+    assert store.records == {("exchange", "/|ex"): legacy}
 
 
 def test_an_exchange_under_its_vhosts_key_is_left_as_it_is():
     current = exchange("ex")
     _, store = restored(recovered(exchanges=[current]), FakeStore({("exchange", "/|ex"): current}))
-    assert store.definitions == {("exchange", "/|ex"): current}
+    assert store.records == {("exchange", "/|ex"): current}
