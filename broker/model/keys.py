@@ -12,7 +12,6 @@ from __future__ import annotations
 SEPARATOR = "|"  # between the names of a key
 ESCAPE = "\\"  # before a separator, an escape character or a NUL (written "0") inside a name
 DELAYED_PREFIX = "\x00delayed|"  # before a delayed exchange's key: no key made of names holds a NUL
-_UNESCAPED = {ESCAPE: ESCAPE, SEPARATOR: SEPARATOR, "0": "\x00"}  # what follows an escape -> what it stands for
 
 
 def composite_key(*names: str) -> str:
@@ -26,32 +25,6 @@ def _escaped(name: str) -> str:
     if ESCAPE in name or SEPARATOR in name or "\x00" in name:
         return name.replace(ESCAPE, ESCAPE * 2).replace(SEPARATOR, ESCAPE + SEPARATOR).replace("\x00", ESCAPE + "0")
     return name
-
-
-def split_key(key: str) -> list[str] | None:
-    """The names composite_key made key of; None if it makes no key that text."""
-    names: list[str] = []
-    name: list[str] = []
-    escaped = False  # the character before was an escape
-    for char in key:
-        if escaped:
-            if char not in _UNESCAPED:
-                return None
-            name.append(_UNESCAPED[char])
-            escaped = False
-        elif char == ESCAPE:
-            escaped = True
-        elif char == SEPARATOR:
-            names.append("".join(name))
-            name = []
-        elif char == "\x00":
-            return None
-        else:
-            name.append(char)
-    if escaped:
-        return None
-    names.append("".join(name))
-    return names
 
 
 def queue_key(vhost_name: str, queue_name: str) -> str:

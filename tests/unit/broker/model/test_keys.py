@@ -8,7 +8,6 @@ import itertools
 
 from broker.model.keys import (
     DELAYED_PREFIX, binding_key, composite_key, delayed_key, exchange_key, permission_key, policy_key, queue_key,
-    split_key,
 )
 
 # names made of the characters keys escape, and of the escape sequences themselves
@@ -34,14 +33,9 @@ def test_nul_in_names_no_longer_makes_two_policies_permissions_or_bindings_one()
     assert binding_key("v|x", "queue", "q", "", "", "") != binding_key("v", "x|queue", "q", "", "", "")
 
 
-def test_a_key_gives_back_its_names():
-    for names in itertools.product(AWKWARD, repeat=3):
-        assert split_key(composite_key(*names)) == list(names)
-
-
-def test_text_no_names_make_is_no_key():
-    for text in ("a\\b", "a\\", "a\x00b", "\\x|y"):
-        assert split_key(text) is None
+def test_no_two_lists_of_names_share_a_key_whatever_their_lengths():
+    lists = [names for count in (1, 2, 3) for names in itertools.product(AWKWARD, repeat=count)]
+    assert len({composite_key(*names) for names in lists}) == len(lists)
 
 
 def test_names_without_the_escaped_characters_keep_the_key_they_had():
