@@ -51,6 +51,7 @@ class Transport(Protocol):
     def pause_reading(self) -> None: ...
     def resume_reading(self) -> None: ...
     def get_write_buffer_size(self) -> int: ...
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None: ...
     def can_write_eof(self) -> bool: ...
     def write_eof(self) -> None: ...
     def get_extra_info(self, name: str, default: Any = None) -> Any: ...
@@ -170,6 +171,9 @@ class Connection(asyncio.Protocol):
         # Where connection.open asked to go when another worker process leads that vhost: the socket to hand the
         # connection to, once the frame is read
         self.leader: "socket.socket | None" = None
+        # The client's bytes from connection.open on, held with its socket until the transport has written what this
+        # worker owed the client (connection.start and tune, when the client sent its handshake in one write)
+        self.handing: bytes | None = None
         self.refusing = False  # a refused login waits to be answered: nothing the client sends is read meanwhile
 
     # --- state -------------------------------------------------------------------------------------------------
@@ -268,6 +272,9 @@ class Connection(asyncio.Protocol):
         # connection.open too, as it may hand the socket to another worker with the bytes that follow it.
         reader = self.reader
         while data and self._handshaking() and not self.refusing:
+            if self.handing is not None:  # (read as reading paused for the hand-off): it goes along
+                self.handing += data
+                return
             end = reader.frame_end(data)
             frame = reader.pending() + data[:end]
             if not self._feed(data[:end]) or self._close_done():
@@ -441,6 +448,9 @@ class Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        if self.handing is not None:
+            self._written_for_hand_off()
+            return
         self._resume_held()
         for channel in self.channels.values():
             channel.offer_credit({consumer.queue for consumer in channel.consumers.values()})
@@ -660,10 +670,37 @@ class Connection(asyncio.Protocol):
 
     def _hand_off(self, data: bytes) -> None:
         """Give the socket, what the handshake settled and the bytes read from connection.open on to the worker that
-        leads the vhost; this process then forgets the connection (the socket stays open in the other)."""
+        leads the vhost; this process then forgets the connection (the socket stays open in the other).
+
+        Every byte this worker owes the client goes before anything the other one writes: connection.start and tune,
+        still queued when the client sent its whole handshake in one write, are written now, and a socket whose
+        transport could not send them all at once (the client's window full) goes once it has: a transport's buffer
+        does not travel with the socket. Nothing is read meanwhile; the handshake timeout still runs. Over TLS the
+        transport stays here (the splice writes through it), so its buffer keeps its place in the stream."""
         transport = self.transport
         assert transport is not None and self.leader is not None, "connection.open came from it, for a leader"
         transport.pause_reading()
+        self.flush()
+        if transport.get_write_buffer_size() and transport.get_extra_info("sslcontext") is None:
+            self.handing = data
+            transport.set_write_buffer_limits(high=0, low=0)  # pause_writing now, resume_writing once it is empty
+            return
+        self._hand_over(data)
+
+    def _written_for_hand_off(self) -> None:
+        """The transport has written everything: the socket held for a hand-off goes now, unless the connection
+        closed meanwhile (a handshake timeout, a shutdown, the client gone)."""
+        transport = self.transport
+        data, self.handing = self.handing, None
+        if data is None or transport is None or self.state is not AWAIT_OPEN:
+            return
+        transport.set_write_buffer_limits()  # the defaults again, should the hand-off fail and the close go here
+        self._hand_over(data)
+
+    def _hand_over(self, data: bytes) -> None:
+        """The socket goes now, with data: the client's bytes from connection.open on."""
+        transport = self.transport
+        assert transport is not None and self.leader is not None, "connection.open came from it, for a leader"
         handed = handoff.HandedOver(
             user=self.user, client_properties=handoff.encode_properties(self.client_properties),
             frame_max=self.frame_max, channel_max=self.channel_max, heartbeat=self.heartbeat,
