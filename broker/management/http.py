@@ -30,7 +30,8 @@ MAX_BODY_SIZE = web.AppKey("max_body_size", int)  # largest request body read, i
 # The address of the client a request came from, as the supervisor of several workers forwards it to a worker's
 # internal API (broker.workers.api); believed only there
 FORWARDED_CLIENT = "X-Warren-Client"
-CHECK_ONLY = "X-Warren-Check-Only"  # a forwarded import of definitions that is to be checked, not applied
+# A forwarded change to be checked, not applied: an import of definitions, a vhost made or deleted (check_only)
+CHECK_ONLY = "X-Warren-Check-Only"
 FORWARDED = web.AppKey("forwarded", bool)  # the API serves a worker's internal socket (it believes the above)
 # On a node of a cluster of one-process nodes: the others (the cluster's secret, their entries in /api/nodes), as
 # broker.management.forwarding.OtherNodes
@@ -255,6 +256,13 @@ def rights_of(user: User) -> set[str]:
     for tag in user.tags:
         rights |= IMPLIED_TAGS.get(tag, set())
     return rights
+
+
+def check_only(request: web.Request) -> bool:
+    """Whether the request is to be checked, not applied: the supervisor of several workers has the first worker
+    check a change (its credentials, tags and body) before it places a vhost or imports definitions
+    (broker.workers.api)."""
+    return request.app[FORWARDED] and CHECK_ONLY in request.headers
 
 
 def require(request: web.Request, tag: str) -> User:

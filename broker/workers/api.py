@@ -5,7 +5,8 @@ A request goes where what it names lives:
 - a vhost's resources (``/api/queues/{vhost}/...``, a vhost's definitions, its aliveness test) to the worker that
   leads the vhost; a vhost moved to another worker (PUT its leader) is checked there, then moved here;
 - a node-wide change (users, permissions, vhosts, an import of definitions) to every worker, the first one first:
-  its answer is the reply, and a refusal there changes nothing anywhere; a new vhost is placed before it is made;
+  its answer is the reply, and a refusal there changes nothing anywhere; a new vhost is placed once the first
+  worker has checked the request, before any makes it;
 - a listing over every vhost (queues, exchanges, connections...) to every worker, each item kept from the worker
   that leads its vhost, then filtered, paged and cut to columns here as one worker would;
 - a connection or a channel by name to each worker until one has it;
@@ -195,25 +196,46 @@ class Gateway:
             await self.supervisor.node_wide_changed()
 
     async def everywhere(self, request: web.Request, pattern: str, vhost: str | None) -> web.Response:
-        placed: list[str] = []  # a vhost this request makes, placed before any worker makes it
-        if pattern == "/api/vhosts/{vhost}" and request.method == "PUT" and vhost is not None:
-            placed = await self.supervisor.place([vhost])
+        """A node-wide change, made on every worker, worker 0 first. A vhost made or deleted is first checked by
+        worker 0 (the credentials, the administrator tag, the body): a refused request neither writes the placement
+        nor changes it."""
         kept = bytearray()
-        first = await self.apis.ask(0, request, body_of(request, kept))
-        response = await self._after_first(request, first, {worker: bytes(kept) for worker in self.workers})
-        deleted = pattern == "/api/vhosts/{vhost}" and request.method == "DELETE" and response.status < 300
-        if deleted or (placed and first.status >= 400):
-            await self.supervisor.forget([vhost] if deleted and vhost is not None else placed)
+        if pattern != "/api/vhosts/{vhost}" or vhost is None:
+            first = await self.apis.ask(0, request, body_of(request, kept))
+            return await self._after_first(request, first, {worker: bytes(kept) for worker in self.workers})
+        checked = await self.apis.ask(0, request, body_of(request, kept), check_only=True)
+        if checked.status >= 300:
+            return checked.response()
+        async with self.supervisor.changing_vhosts:
+            return await self._vhost_changed(request, vhost, bytes(kept))
+
+    async def _vhost_changed(self, request: web.Request, vhost: str, body: bytes) -> web.Response:
+        """A vhost made (placed before any worker makes it) or deleted (forgotten once deleted), under the
+        supervisor's lock of the vhosts: a placement this request made is forgotten if worker 0 refuses to make the
+        vhost after all (its user deleted meanwhile), which no other request can have made in between."""
+        placed = await self.supervisor.place([vhost]) if request.method == "PUT" else []
+        first = await self.apis.ask(0, request, body)
+        response = await self._after_first(request, first, {worker: body for worker in self.workers})
+        if first.status >= 400:
+            await self.supervisor.forget(placed)
+        elif request.method == "DELETE" and response.status < 300:
+            await self.supervisor.forget([vhost])
         return response
 
     async def import_everywhere(self, request: web.Request) -> web.Response:
         """A whole node's definitions: node-wide ones to every worker, each vhost's to its leader. Worker 0 first
-        checks the request as one process would (credentials, size, shape), then each worker checks its share."""
+        checks the request as one process would (credentials, size, shape); then, under the supervisor's lock of
+        the vhosts, the new vhosts are placed, each worker checks its share, and all is applied or the placements
+        made for it are forgotten."""
         kept = bytearray()
         answer = await self.apis.ask(0, request, body_of(request, kept), check_only=True)
         if answer.status >= 400:
             return answer.response()
-        document = json.loads(kept)
+        async with self.supervisor.changing_vhosts:
+            return await self._imported(request, json.loads(kept))
+
+    async def _imported(self, request: web.Request, document: dict) -> web.Response:
+        """The import worker 0 accepted, under the supervisor's lock of the vhosts."""
         named = [item.get("name") for item in document.get("vhosts") or [] if isinstance(item, dict)]
         # Placed before the check: the check of an item of a new vhost is its leader's
         placed = await self.supervisor.place([name for name in named if isinstance(name, str)])
@@ -225,6 +247,8 @@ class Gateway:
                 await self.supervisor.forget(placed)
                 return answer.response()
         first = await self.apis.ask(0, request, bodies[0])
+        if first.status >= 400:
+            await self.supervisor.forget(placed)
         return await self._after_first(request, first, bodies)
 
     def led_by(self, worker: int, document: dict) -> set[str]:

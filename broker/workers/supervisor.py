@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import fcntl
 import logging
 import os
 import shutil
@@ -23,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from broker.config import Config
+from broker.config import MAX_WORKERS, Config
 from broker.connection.handoff import handoff_pair
 from broker.connection.login_throttle import LoginThrottle
 from broker.connection.server import StartupError, data_dir_error, prepare_data_dir, reason_of, stop_on_signals
@@ -45,6 +46,68 @@ RESTART_DELAY = 1.0  # seconds before a worker that died soon after its start is
 STEADY = 10.0  # seconds a worker must have run for its death to be restarted at once
 STOP_GRACE = 15.0  # seconds workers get to stop cleanly before they are killed
 MOVED_SERVING_WAIT = 60.0  # seconds a move waits for its two workers to serve again before it answers
+PRIVATE_PREFIX = "warren-workers-"  # the names of the supervisors' private directories, in the temporary directory
+PRIVATE_LOCK = "supervisor.lock"  # in each: the file its supervisor holds locked (flock) while it lives
+LONGEST_SOCKET = f"{MAX_WORKERS - 1}.metrics"  # the longest name of a worker's socket in it
+SOCKET_PATH_LIMIT = 108  # bytes of a Unix socket's path, its terminating NUL included (Linux's sun_path)
+
+
+def private_directory() -> tuple[Path, int]:
+    """A new directory only this user may enter, for the workers' API sockets, and its lock's descriptor, held by
+    this process while it lives. The lock file gets its name once locked: a private directory whose lock can be
+    taken is one whose supervisor died without removing it (kill -9, a power cut)."""
+    private = Path(tempfile.mkdtemp(prefix=PRIVATE_PREFIX))
+    longest = private / LONGEST_SOCKET
+    if len(os.fsencode(longest)) >= SOCKET_PATH_LIMIT:
+        private.rmdir()
+        raise StartupError(f"the temporary directory {private.parent} is too long a path for the workers' sockets "
+                           f"({longest} would pass the {SOCKET_PATH_LIMIT - 1} bytes a Unix socket's path may have): "
+                           "set TMPDIR to a shorter one")
+    making = private / f"{PRIVATE_LOCK}.new"
+    lock = os.open(making, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    os.rename(making, private / PRIVATE_LOCK)
+    return private, lock
+
+
+def remove_stale_private_directories() -> None:
+    """Remove the private directories that dead supervisors left in the temporary directory: this user's, whose
+    lock can be taken. A symbolic link is not followed, and a directory without a lock is left alone (its
+    supervisor is making it, or is older than the lock)."""
+    parent = tempfile.gettempdir()
+    try:
+        names = [name for name in os.listdir(parent) if name.startswith(PRIVATE_PREFIX)]
+    except OSError as error:
+        log.warning("could not look for private directories left by supervisors that died in %s: %s", parent, error)
+        return
+    for name in names:
+        path = os.path.join(parent, name)
+        try:
+            directory = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:  # not a directory (a symbolic link...), or removed meanwhile
+            continue
+        try:
+            stale = os.fstat(directory).st_uid == os.getuid() and lock_free(directory)
+        finally:
+            os.close(directory)
+        if stale:
+            shutil.rmtree(path, ignore_errors=True)  # (which follows no symbolic link either)
+            log.info("removed %s, left by a supervisor that died", path)
+
+
+def lock_free(directory: int) -> bool:
+    """Whether the lock of a private directory (its descriptor) can be taken: its supervisor is dead."""
+    try:
+        lock = os.open(PRIVATE_LOCK, os.O_RDWR | os.O_NOFOLLOW, dir_fd=directory)
+    except OSError:  # none yet, or not a file this user may lock
+        return False
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:  # (BlockingIOError) its supervisor holds it
+        return False
+    finally:
+        os.close(lock)
 
 
 class WorkerProcess:
@@ -75,12 +138,15 @@ class Supervisor:
     def __init__(self, config: Config, workers: int):
         self.config = config
         self.data_dir = Path(config.data_dir).absolute()
-        self.private = Path(tempfile.mkdtemp(prefix="warren-workers-"))  # mode 0700: the workers' API sockets
+        remove_stale_private_directories()
+        # The workers' API sockets' directory (mode 0700), and its lock, held while this supervisor lives
+        self.private, self.private_lock = private_directory()
         self.workers = [WorkerProcess(number, self.private) for number in range(workers)]
         self.placement: Placement | None = None
         self.node_wide: dict | None = None  # the first worker's users, vhosts and permissions, as of its last change
         self.down: set[int] = set()  # workers that ended and are not serving again yet: their vhosts are down
         self.telling: set[asyncio.Task] = set()  # the other workers being told that one is down
+        self.watching: set[asyncio.Task] = set()  # each worker's _watch (the loop keeps tasks by weak references)
         self.listening: socket.socket | None = None  # the AMQP port's socket, which every worker accepts from
         self.listening_tls: socket.socket | None = None  # the amqps port's, when [tls] names a certificate
         self.lock = DataDirLock(self.data_dir, WORKERS_LOCK)  # held while this node's workers use the data dir
@@ -96,6 +162,9 @@ class Supervisor:
         self.posting: set[asyncio.Task] = set()  # each worker's posts being read (Board.serve)
         self.moving = asyncio.Lock()  # one vhost moved at a time
         self.saving = asyncio.Lock()  # one write of placement.json at a time
+        # One change of the vhosts through the API at a time (broker.workers.api): its vhosts placed, made on every
+        # worker, and forgotten if refused, with no other change of them in between
+        self.changing_vhosts = asyncio.Lock()
 
     def take_ports(self) -> None:
         """The AMQP port, and the amqps one once [tls] names a certificate (checked here first, as one process
@@ -216,7 +285,9 @@ class Supervisor:
             self.node_wide = serving["node"]
         worker.control = reader, writer
         worker.serving.set()
-        asyncio.get_running_loop().create_task(self._watch(worker, writer))
+        watching = asyncio.get_running_loop().create_task(self._watch(worker, writer))
+        self.watching.add(watching)
+        watching.add_done_callback(self.watching.discard)
         if worker.number in self.down:  # its vhosts are up again; it learns what changed while it started
             self.down.discard(worker.number)
             await self._tell_workers()
@@ -425,6 +496,7 @@ class Supervisor:
             if listening is not None:
                 listening.close()
         shutil.rmtree(self.private, ignore_errors=True)
+        os.close(self.private_lock)
         self.lock.release()
 
 

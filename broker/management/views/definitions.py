@@ -70,7 +70,7 @@ async def _imported(request: web.Request, vhost: str | None) -> web.Response:
     other site's page could post one); 204 once they are on disk, 400 naming the first item that cannot be
     applied."""
     # the supervisor of several workers has each check its share of an import before any applies it
-    check_only = request.app[http.FORWARDED] and http.CHECK_ONLY in request.headers
+    check_only = http.check_only(request)
     try:
         await _import_in_slices(http.node_of(request), await _document(request), vhost, check_only)
     except DefinitionsError as error:
