@@ -1,8 +1,11 @@
 """The replication stream between a leader and a follower, as bytes (no I/O here).
 
-Every message is ``[kind u8][length u32][crc32 u32 of the payload][payload]``. A follower opens with HELLO and a
-MANIFEST of the files it holds (so that a join sends only what they lack); the leader then sends FRAMEs (the store writer's batches, ``storage.replica`` ops) and the follower answers ACKs of the
-highest sequence it has made durable. A leader with nothing else to send sends a HEARTBEAT, which the follower
+Every message is ``[kind u8][length u32][crc32 u32 of the payload][payload]``. A follower opens with HELLO, which
+carries a nonce; the leader answers with a CHALLENGE, its own nonce and its proof of the cluster's secret over both
+and the hello (protocol.node_proof), and the follower, once it has checked that proof, sends its own PROOF and a
+MANIFEST of the files it holds (so that a join sends only what they lack). The secret never crosses the wire: each
+side proves it knows it. The leader then sends FRAMEs (the store writer's batches, ``storage.replica`` ops) and the
+follower answers ACKs of the highest sequence it has made durable. A leader with nothing else to send sends a HEARTBEAT, which the follower
 answers with one, so that either side notices a silent link (a cut, a dropped peer) within the ack timeout rather
 than when TCP gives up. REFUSE says why one side is closing. A message whose checksum does not match,
 whose kind is unknown or whose length is out of bounds raises ``FrameError``: the reader stops there and the stream
@@ -17,18 +20,23 @@ import zlib
 from dataclasses import dataclass
 from typing import Final
 
-HELLO: Final = 1  # follower -> leader: {"node", "dir", "secret", "epoch"} as JSON
+from protocol.node_proof import NONCE_SIZE
+
+HELLO: Final = 1  # follower -> leader: {"node", "dir", "epoch", "nonce"} as JSON (the nonce in hex)
 FRAME: Final = 2  # leader -> follower: epoch, sequence, ops
 ACK: Final = 3  # follower -> leader: the highest sequence on its disk
 REFUSE: Final = 4  # either way: why the sender closes the stream (UTF-8 text)
 HEARTBEAT: Final = 5  # either way, empty: the link is alive (the leader's when idle, the follower's in answer)
-MANIFEST: Final = 6  # follower -> leader, after its hello: {"files": [[path, size, sha256 hex], ...]} as JSON
-KINDS: Final = (HELLO, FRAME, ACK, REFUSE, HEARTBEAT, MANIFEST)
+MANIFEST: Final = 6  # follower -> leader, after its proof: {"files": [[path, size, sha256 hex], ...]} as JSON
+CHALLENGE: Final = 7  # leader -> follower, after its hello: the leader's nonce and proof (node_proof.challenge)
+PROOF: Final = 8  # follower -> leader, after the challenge: the follower's proof over both nonces and its hello
+KINDS: Final = (HELLO, FRAME, ACK, REFUSE, HEARTBEAT, MANIFEST, CHALLENGE, PROOF)
+LINK: Final = "replication"  # the kind of link its proofs are made for (node_proof.link_key)
 
 HEADER: Final = struct.Struct(">BII")
 FRAME_HEAD: Final = struct.Struct(">qq")  # epoch, sequence (-1 for the files of a join before its cut)
 ACK_BODY: Final = struct.Struct(">q")
-MAX_HELLO: Final = 4096  # bytes a peer may send before it has proven it knows the cluster's secret
+MAX_HELLO: Final = 4096  # bytes of a message a peer may send before it has proven it knows the cluster's secret
 MAX_MANIFEST: Final = 16 << 20  # bytes of a follower's manifest (some 100 bytes a file)
 MAX_PAYLOAD: Final = 1 << 30  # a batch holding the largest messages, or a compacted segment, fits well below
 
@@ -45,8 +53,9 @@ def encode_frame(epoch: int, sequence: int, ops: bytes) -> bytes:
     return encode(FRAME, FRAME_HEAD.pack(epoch, sequence) + ops)
 
 
-def encode_hello(node: str, dir: str, secret: str, epoch: int) -> bytes:
-    return encode(HELLO, json.dumps({"node": node, "dir": dir, "secret": secret, "epoch": epoch}).encode())
+def hello_payload(node: str, dir: str, epoch: int, nonce: bytes) -> bytes:
+    """A HELLO's payload: what the proofs of both sides bind, and the message's."""
+    return json.dumps({"node": node, "dir": dir, "epoch": epoch, "nonce": nonce.hex()}).encode()
 
 
 HEARTBEAT_MESSAGE: Final = encode(HEARTBEAT, b"")
@@ -81,8 +90,8 @@ def encode_refuse(reason: str) -> bytes:
 class Hello:
     node: str  # the follower's node id
     dir: str  # the identity of the follower's data dir (cluster.state)
-    secret: str  # the cluster's shared secret, as the follower read it from etcd
     epoch: int  # the newest leader epoch the follower has accepted frames of (0: none)
+    nonce: bytes  # the follower's nonce, which the leader's challenge proves the secret over
 
 
 def decode_hello(payload: bytes) -> Hello:
@@ -90,13 +99,14 @@ def decode_hello(payload: bytes) -> Hello:
         fields = json.loads(payload)
     except (ValueError, RecursionError) as error:  # RecursionError: a hostile nesting of brackets
         raise FrameError(f"malformed hello: {error}") from None
-    if not isinstance(fields, dict) or not {"node", "dir", "secret", "epoch"} <= fields.keys():
-        raise FrameError("malformed hello: an object with node, dir, secret and epoch expected")
-    hello = Hello(fields["node"], fields["dir"], fields["secret"], fields["epoch"])
-    if not (isinstance(hello.node, str) and isinstance(hello.dir, str) and isinstance(hello.secret, str)
-            and type(hello.epoch) is int):
-        raise FrameError("malformed hello: node, dir and secret must be strings, epoch an integer")
-    return hello
+    if not isinstance(fields, dict) or not {"node", "dir", "epoch", "nonce"} <= fields.keys():
+        raise FrameError("malformed hello: an object with node, dir, epoch and nonce expected")
+    node, dir, epoch, nonce = fields["node"], fields["dir"], fields["epoch"], fields["nonce"]
+    if not (isinstance(node, str) and isinstance(dir, str) and type(epoch) is int and isinstance(nonce, str)
+            and len(nonce) == 2 * NONCE_SIZE and all(digit in "0123456789abcdef" for digit in nonce)):
+        raise FrameError(f"malformed hello: node and dir must be strings, epoch an integer, nonce {NONCE_SIZE} bytes "
+                         "in lowercase hex")
+    return Hello(node, dir, epoch, bytes.fromhex(nonce))
 
 
 def decode_frame(payload: bytes) -> tuple[int, int, bytes]:

@@ -32,7 +32,6 @@ older epoch are refused.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import os
 import socket
@@ -42,14 +41,17 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
+from broker.connection.peer_log import PeerLog
 from cluster import frames
 from cluster.coordinator import Coordinator, CoordinatorUnavailable, Replica
 from cluster.state import identity, read_epoch, write_epoch
+from protocol import node_proof
 from storage.replica import (
     APPEND, ReplicaError, ReplicaWriter, decode_ops, encode_ops, file_digests, prefix_digest, reset_op,
 )
 
 log = logging.getLogger("cluster.replication")
+peer_log = PeerLog(log)  # refused connections, a few lines a second per address at most
 
 COPY_CHUNK = 1 << 20  # bytes of a file sent per frame of a join's copy
 ISR_RETRY = 0.2  # seconds between attempts to write the ISR while etcd does not answer
@@ -119,7 +121,7 @@ class ReplicationServer:
         self._node = node
         self._dir = dir  # the identity of this leader's data dir
         self._epoch = epoch
-        self._secret = secret
+        self._key = node_proof.link_key(secret, frames.LINK)  # what both sides prove the cluster's secret with
         self._min_insync = min_insync
         self._ack_timeout = ack_timeout
         self._lost = lost  # called once if etcd says another node leads now
@@ -353,14 +355,10 @@ class ReplicationServer:
         peer = writer.get_extra_info("peername")
         stream = frames.Reader()
         try:
-            hello = await asyncio.wait_for(self._read_hello(reader, stream), self._ack_timeout * 5)
+            hello = await asyncio.wait_for(self._proven_hello(reader, writer, stream), self._ack_timeout * 5)
         except (frames.FrameError, asyncio.TimeoutError, ConnectionError, asyncio.IncompleteReadError) as error:
-            log.warning("replication connection from %s refused: %s", peer, error or "no hello in time")
-            writer.close()
-            return
-        if not hmac.compare_digest(hello.secret.encode(), self._secret.encode()):
-            log.warning("replication connection from %s refused: wrong cluster secret", peer)
-            writer.write(frames.encode_refuse("wrong cluster secret"))
+            peer_log.warning(peer[0] if peer else "", "replication connection from %s refused: %s", peer,
+                             error or "no proof in time")
             writer.close()
             return
         if hello.node == self._node:
@@ -407,8 +405,19 @@ class ReplicationServer:
             if not data:
                 raise ConnectionError(f"closed before its {what}")
 
-    async def _read_hello(self, reader: asyncio.StreamReader, stream: frames.Reader) -> frames.Hello:
-        return frames.decode_hello(await self._read_one(reader, stream, frames.HELLO, "hello"))
+    async def _proven_hello(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                            stream: frames.Reader) -> frames.Hello:
+        """A follower's hello, once the follower has proven it knows the cluster's secret: the leader's challenge
+        answers its nonce, and its proof must answer the leader's (FrameError saying why not)."""
+        payload = await self._read_one(reader, stream, frames.HELLO, "hello")
+        hello = frames.decode_hello(payload)
+        answered, challenge = node_proof.challenge(self._key, hello.nonce, payload)
+        writer.write(frames.encode(frames.CHALLENGE, challenge))
+        given = await self._read_one(reader, stream, frames.PROOF, "proof")
+        if not node_proof.check(node_proof.proof(self._key, node_proof.ASKS, hello.nonce, answered, payload), given):
+            writer.write(frames.encode_refuse("wrong proof of the cluster's secret"))
+            raise frames.FrameError(f"node {hello.node[:100]!r} gave a wrong proof of the cluster's secret")
+        return hello
 
     async def _read_manifest(self, reader: asyncio.StreamReader,
                              stream: frames.Reader) -> dict[str, tuple[int, str]]:
@@ -558,7 +567,7 @@ class ReplicaClient:
     def __init__(self, data_dir: Path, node: str, secret: str, ack_timeout: float) -> None:
         self._data_dir = data_dir
         self._node = node
-        self._secret = secret
+        self._key = node_proof.link_key(secret, frames.LINK)  # what both sides prove the cluster's secret with
         self._dir = identity(data_dir)  # the data dir's identity, made now if it has none
         self._epoch = read_epoch(data_dir)  # the newest epoch accepted
         self._silence = ack_timeout * LEADER_SILENCE  # seconds without a word from the leader that end the stream
@@ -622,10 +631,13 @@ class ReplicaClient:
                           struct.pack("ll", seconds, int((self._silence - seconds) * 1_000_000)))
         stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         writer = ReplicaWriter(self._data_dir)
+        reader = frames.Reader(limit=frames.MAX_PAYLOAD)
         try:
-            stream.sendall(frames.encode_hello(self._node, self._dir, self._secret, self._epoch)
-                           + frames.encode_manifest(manifest))
-            self._receive(stream, writer)
+            self._prove(stream, reader)
+            stream.sendall(frames.encode_manifest(manifest))
+            self._receive(stream, reader, writer)
+        except node_proof.ProofError as error:
+            self.failure = f"the leader at {host}:{port} is refused: {error}"
         except (frames.FrameError, ReplicaError) as error:
             self.failure = f"bad message from the leader, stream closed: {error}"
         except BlockingIOError:
@@ -637,8 +649,27 @@ class ReplicaClient:
             writer.close()
             stream.close()
 
-    def _receive(self, stream: socket.socket, writer: ReplicaWriter) -> None:
-        reader = frames.Reader(limit=frames.MAX_PAYLOAD)
+    def _prove(self, stream: socket.socket, reader: frames.Reader) -> None:
+        """The hello, the leader's challenge checked (ProofError if wrong), and this follower's proof: the secret
+        itself is never sent."""
+        asked = node_proof.nonce()
+        hello = frames.hello_payload(self._node, self._dir, self._epoch, asked)
+        stream.sendall(frames.encode(frames.HELLO, hello))
+        messages: list[tuple[int, bytes]] = []
+        while not messages:
+            data = stream.recv(READ_SIZE)
+            if not data:
+                raise frames.FrameError("the leader closed the connection before its challenge")
+            messages = reader.feed(data, at_most=1)
+        [(kind, payload)] = messages
+        if kind == frames.REFUSE:
+            raise frames.FrameError(f"the leader refused: {payload.decode(errors='replace')}")
+        if kind != frames.CHALLENGE:
+            raise frames.FrameError(f"expected the leader's challenge, got message kind {kind}")
+        answered = node_proof.read_challenge(self._key, asked, payload, hello)
+        stream.sendall(frames.encode(frames.PROOF, node_proof.proof(self._key, node_proof.ASKS, asked, answered, hello)))
+
+    def _receive(self, stream: socket.socket, reader: frames.Reader, writer: ReplicaWriter) -> None:
         while True:
             data = stream.recv(READ_SIZE)
             ended = not data

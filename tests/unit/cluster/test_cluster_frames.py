@@ -10,7 +10,9 @@ from cluster import frames
 
 
 def test_frames_round_trip_whatever_the_cuts_between_reads():
-    stream = (frames.encode_hello("node-b", "dir-b", "s3cret", 7) + frames.encode_frame(7, 12, b"ops")
+    nonce = bytes(range(16))
+    stream = (frames.encode(frames.HELLO, frames.hello_payload("node-b", "dir-b", 7, nonce))
+              + frames.encode_frame(7, 12, b"ops")
               + frames.encode_ack(12) + frames.encode_refuse("going away") + frames.HEARTBEAT_MESSAGE)
     for size in (1, 2, 5, 13, len(stream)):
         reader = frames.Reader(limit=1000)
@@ -19,7 +21,7 @@ def test_frames_round_trip_whatever_the_cuts_between_reads():
             messages += reader.feed(stream[start:start + size])
         kinds = [kind for kind, _ in messages]
         assert kinds == [frames.HELLO, frames.FRAME, frames.ACK, frames.REFUSE, frames.HEARTBEAT]
-        assert frames.decode_hello(messages[0][1]) == frames.Hello("node-b", "dir-b", "s3cret", 7)
+        assert frames.decode_hello(messages[0][1]) == frames.Hello("node-b", "dir-b", 7, nonce)
         assert frames.decode_frame(messages[1][1]) == (7, 12, b"ops")
         assert frames.decode_ack(messages[2][1]) == 12
         assert messages[3][1] == b"going away"
@@ -61,14 +63,21 @@ def test_unknown_kind_and_oversized_messages_are_refused():
         frames.Reader().feed(struct.pack(">BII", frames.FRAME, 5000, 0))
 
 
-@pytest.mark.parametrize("payload", [b"not json", b"[]", b'{"node": 1, "dir": "d", "secret": "s", "epoch": 1}',
-                                     b'{"node": "a", "dir": "d", "secret": "s"}',
-                                     b'{"node": "a", "secret": "s", "epoch": 1}',  # no data dir identity
-                                     b'{"node": "a", "dir": 5, "secret": "s", "epoch": 1}',
-                                     b'{"node": "a", "dir": "d", "secret": "s", "epoch": true}'])
+NONCE = '"' + "ab" * 16 + '"'
+
+
+@pytest.mark.parametrize("payload", [b"not json", b"[]", f'{{"node": 1, "dir": "d", "epoch": 1, "nonce": {NONCE}}}',
+                                     b'{"node": "a", "dir": "d", "epoch": 1}',  # no nonce
+                                     f'{{"node": "a", "epoch": 1, "nonce": {NONCE}}}',  # no data dir identity
+                                     f'{{"node": "a", "dir": 5, "epoch": 1, "nonce": {NONCE}}}',
+                                     f'{{"node": "a", "dir": "d", "epoch": true, "nonce": {NONCE}}}',
+                                     b'{"node": "a", "dir": "d", "epoch": 1, "nonce": "abcd"}',  # a short nonce
+                                     b'{"node": "a", "dir": "d", "epoch": 1, "nonce": "' + b"zz" * 16 + b'"}',
+                                     # the secret, as hellos carried it before: refused, never needed
+                                     f'{{"node": "a", "dir": "d", "epoch": 1, "secret": "s"}}'])
 def test_malformed_hellos_are_refused(payload):
     with pytest.raises(frames.FrameError, match="malformed hello"):
-        frames.decode_hello(payload)
+        frames.decode_hello(payload.encode() if isinstance(payload, str) else payload)
 
 
 def test_short_frames_and_acks_are_refused():
@@ -80,7 +89,7 @@ def test_short_frames_and_acks_are_refused():
 
 def test_a_manifest_round_trips_and_a_reader_can_stop_after_one_message():
     files = [("format", 2, "ab" * 32), ("messages/0000000001.seg", 70_000_000, "cd" * 32)]
-    stream = frames.encode_hello("b", "dir-b", "s3cret", 3) + frames.encode_manifest(files)
+    stream = frames.encode(frames.HELLO, frames.hello_payload("b", "dir-b", 3, bytes(16))) + frames.encode_manifest(files)
     reader = frames.Reader()  # the hello's limit: the manifest behind it waits, unread, until the limit is raised
     [(kind, _)] = reader.feed(stream, at_most=1)
     assert kind == frames.HELLO

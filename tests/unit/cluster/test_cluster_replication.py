@@ -170,8 +170,90 @@ def test_a_follower_with_the_wrong_secret_is_refused(rig):
         await rig.lead()
         client = rig.follow("b", secret="guess")
         await asyncio.wait_for(rig.followers["b"][1], TIMEOUT)
-        assert "wrong cluster secret" in (client.failure or "")
+        assert "its proof of the cluster's secret is wrong" in (client.failure or "")
         assert await rig.isr() == ["a"]
+        rig.followers.pop("b")
+        await rig.close()
+    asyncio.run(main())
+
+
+class Recorder:
+    """A TCP relay between followers and the leader that keeps every byte it passes, each way: what a listener on
+    the link between two nodes sees."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port  # the leader's
+        self.to_leader = bytearray()
+        self.to_follower = bytearray()
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        return self.server.sockets[0].getsockname()[1]
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        leader_reader, leader_writer = await asyncio.open_connection("127.0.0.1", self.port)
+
+        async def pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter, kept: bytearray) -> None:
+            while data := await source.read(65536):
+                kept += data
+                sink.write(data)
+            sink.close()
+        await asyncio.gather(pump(reader, leader_writer, self.to_leader),
+                             pump(leader_reader, writer, self.to_follower), return_exceptions=True)
+
+    def close(self) -> None:
+        assert self.server is not None
+        self.server.close()
+
+
+def test_the_secret_never_crosses_the_wire(rig):
+    async def main():
+        await rig.lead()
+        recorder = Recorder(rig.server.port)
+        port = await recorder.start()
+        client = ReplicaClient(rig.root / "b", "b", SECRET, rig.ack_timeout)
+        rig.followers["b"] = (client, asyncio.ensure_future(client.follow("127.0.0.1", port, rig.epoch)))
+        await rig.wait_isr(["a", "b"])
+        assert await asyncio.wait_for(rig.publish(3), TIMEOUT) is True
+        await rig.close()
+        recorder.close()
+        for kept in (recorder.to_leader, recorder.to_follower):
+            assert SECRET.encode() not in kept
+            assert SECRET.encode().hex().encode() not in kept
+    asyncio.run(main())
+
+
+def test_a_handshake_seen_on_the_wire_and_sent_again_is_refused(rig):
+    async def main():
+        await rig.lead()
+        recorder = Recorder(rig.server.port)
+        port = await recorder.start()
+        client = ReplicaClient(rig.root / "b", "b", SECRET, rig.ack_timeout)
+        rig.followers["b"] = (client, asyncio.ensure_future(client.follow("127.0.0.1", port, rig.epoch)))
+        await rig.wait_isr(["a", "b"])
+        await rig.stop_follower("b")
+        await until(lambda: "b" not in rig.server.status()["followers"], "b dropped")
+        reader, writer = await asyncio.open_connection("127.0.0.1", rig.server.port)
+        writer.write(bytes(recorder.to_leader))  # b's hello, proof, manifest and acks, word for word
+        answer = await asyncio.wait_for(reader.read(), TIMEOUT)
+        kinds = [kind for kind, _ in frames.Reader(limit=frames.MAX_PAYLOAD).feed(answer)]
+        assert kinds == [frames.CHALLENGE, frames.REFUSE]  # no copy, no frame
+        assert "b" not in rig.server.status()["followers"]
+        writer.close()
+        recorder.close()
+        await rig.close()
+    asyncio.run(main())
+
+
+def test_a_leader_that_cannot_prove_the_secret_writes_nothing_to_a_follower(rig, tmp_path):
+    async def main():
+        await rig.lead()
+        rig.publish(3)  # (confirmed by no follower: min_insync is 2)
+        client = rig.follow("b", secret="the-real-secret")  # rig's leader was given another: an impostor to b
+        await asyncio.wait_for(rig.followers["b"][1], TIMEOUT)
+        assert "is refused: its proof of the cluster's secret is wrong" in (client.failure or "")
+        assert not (rig.root / "b" / "messages").exists()
         rig.followers.pop("b")
         await rig.close()
     asyncio.run(main())
@@ -224,21 +306,30 @@ def test_a_follower_that_reconnects_while_the_leader_is_idle_gets_back_in_sync(r
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("hello", [
+def hello(node: str = "b") -> bytes:
+    return frames.encode(frames.HELLO, frames.hello_payload(node, f"dir-{node}", 0, bytes(16)))
+
+
+@pytest.mark.parametrize("hostile", [
     frames.encode(frames.HELLO, b"[" * 4000),  # nested beyond the JSON decoder's recursion limit
-    frames.encode_hello("b", "dir-b", "s\u00e9cret", 0),  # a secret hmac cannot compare as text
-    frames.encode_hello("a", "dir-a", SECRET, 0),  # the leader's own node id
+    hello() + frames.encode(frames.PROOF, bytes(32)),  # a guessed proof
+    hello() + frames.encode(frames.PROOF, b"\xff" * 5000),  # a proof past the size taken before one is right
+    hello("a") + frames.encode(frames.PROOF, bytes(32)),  # the leader's own node id, without the secret
+    hello() + frames.encode_manifest([]),  # no proof at all
     frames.encode(frames.ACK, b"12345678"),  # no hello at all
     b"GET / HTTP/1.1\r\n\r\n",
 ])
-def test_hostile_hellos_are_refused_quietly(rig, hello, caplog):
+def test_hostile_hellos_are_refused_quietly(rig, hostile, caplog):
     async def main():
         await rig.lead()
         reader, writer = await asyncio.open_connection("127.0.0.1", rig.server.port)
-        writer.write(hello)
-        assert await asyncio.wait_for(reader.read(), TIMEOUT) in (b"", frames.encode_refuse("wrong cluster secret"))
+        writer.write(hostile)
+        answer = await asyncio.wait_for(reader.read(), TIMEOUT)
+        kinds = [kind for kind, _ in frames.Reader(limit=frames.MAX_PAYLOAD).feed(answer)]
+        assert set(kinds) <= {frames.CHALLENGE, frames.REFUSE}
         writer.close()
         assert await rig.isr() == ["a"]
+        assert not rig.lost
         await rig.close()
     asyncio.run(main())
     assert not [record for record in caplog.records if record.levelno >= logging.ERROR or record.exc_info]
