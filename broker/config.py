@@ -91,6 +91,9 @@ class Config:
     cluster_ack_timeout: float = 3.0  # seconds a follower may leave written frames unacknowledged before it is
     # dropped from the in-sync replicas
     cluster_min_insync: int = 2  # in-sync copies (the leader's included) a confirm waits for
+    # A file holding the cluster's secret, the same on every node (as Erlang's cookie): it then crosses no network,
+    # etcd's included ("": the secret etcd keeps, made by the first node)
+    cluster_secret_file: str = ""
 
 
 # Which TOML section each key lives in. A key of a section in PREFIXED_SECTIONS is the Config field of the same name
@@ -102,7 +105,7 @@ SECTIONS = {
                    "hostnames"),
     "prometheus": ("host", "port", "max_connections"),
     "cluster": ("etcd_endpoints", "node_id", "replication_port", "advertise_host", "lease_ttl", "ack_timeout",
-                "min_insync"),
+                "min_insync", "secret_file"),
     "tls": ("port", "certfile", "keyfile", "cacertfile", "verify", "fail_if_no_peer_cert"),
     "amqp": ("frame_max", "channel_max", "heartbeat", "default_consumer_prefetch", "consumer_timeout",
              "max_message_size", "default_user", "default_pass", "default_vhost", "loopback_users",
@@ -259,9 +262,29 @@ def _validate_cluster(config: Config) -> None:
         raise ConfigError(f"cluster ack_timeout must be between 0.1 and 60 seconds, got {config.cluster_ack_timeout}")
     if not 1 <= config.cluster_min_insync <= 9:
         raise ConfigError(f"cluster min_insync must be between 1 and 9, got {config.cluster_min_insync}")
+    if config.cluster_secret_file:
+        read_secret(config.cluster_secret_file)
     if config.management_tls and not config.tls_cacertfile:  # a node asks the other nodes' management APIs
         raise ConfigError("[management] tls with [cluster] etcd_endpoints needs [tls] cacertfile: the CA that signed "
                           "the other nodes' certificates, which this node's API checks when it asks theirs")
+
+
+MIN_SECRET_LENGTH = 16  # characters a cluster secret_file holds at least
+
+
+def read_secret(path: str) -> str:
+    """The cluster's secret a [cluster] secret_file holds (its text, without the whitespace around it); ConfigError
+    naming the file when it cannot be read or holds too short a secret."""
+    try:
+        secret = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as error:
+        raise ConfigError(f"cannot read cluster secret_file {path}: {error.strerror}") from error
+    except UnicodeDecodeError:
+        raise ConfigError(f"cluster secret_file {path} is not UTF-8 text") from None
+    if len(secret) < MIN_SECRET_LENGTH:
+        raise ConfigError(f"cluster secret_file {path} holds {len(secret)} characters: a secret needs "
+                          f"{MIN_SECRET_LENGTH} at least")
+    return secret
 
 
 MAX_BODY_SIZE_LIMIT = 536870912  # the largest management max_body_size accepted (512 MiB)

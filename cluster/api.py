@@ -1,5 +1,5 @@
 """The management APIs of a cluster of one-process nodes, answering as one, as each node of a RabbitMQ cluster does:
-a follower's forwards every request to the leader's (broker.management.standby), signed with the cluster's secret;
+a follower's forwards every request to the leader's (broker.management.standby), proven with the cluster's secret;
 the leader's believes those requests and lists every node in /api/nodes, each asked for its own entry
 (broker.management.app's other_nodes), and has the node an operator names lead (PUT /api/vhosts/{vhost}/leader:
 every vhost, as they all live in the cluster's one replication group). A cluster of worker processes does the same

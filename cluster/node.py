@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-from broker.config import Config
+from broker.config import Config, ConfigError, read_secret
 from broker.connection.server import Server, StartupError
 from broker.connection.tls import server_context
 from broker.management.prometheus import make_follower_prometheus_app
@@ -76,6 +76,10 @@ class Group(Protocol):
         two groups fewer than this node, to step aside for (None: the leaders are balanced)."""
         ...
 
+    def learnt(self, secret: str) -> None:
+        """The group's secret, as this node has just learnt it."""
+        ...
+
 
 class ClusterNode:
     def __init__(self, config: Config, coordinator: Coordinator, group: Group | None = None) -> None:
@@ -88,7 +92,7 @@ class ClusterNode:
         self.dir = ""  # the identity of the data dir (cluster.state), read or made as the node starts
         self.member = Member(self.node, self._advertised(), config.port, self._advertised(),
                              config.cluster_replication_port, management_port=config.management_port)
-        self.secret = ""  # the cluster's shared secret (from etcd)
+        self.secret = ""  # the cluster's shared secret (from etcd, or from secret_file)
         self.role = "starting"  # starting, follower, leader
         self.server: Server | None = None  # the broker, while leading
         self.waiting_for = ""  # why this node neither leads nor follows now ("": it does one or the other)
@@ -166,7 +170,9 @@ class ClusterNode:
                 asked = time.monotonic()
                 await self.coordinator.start()
                 self._renewed(asked)
-                self.secret = await self.coordinator.secret()
+                self.secret = await self._learn_secret()
+                if self.group is not None:
+                    self.group.learnt(self.secret)
                 await self.coordinator.register(self.member)
                 if said:
                     log.info("joined the cluster through etcd after %.1f s", time.monotonic() - started)
@@ -176,6 +182,15 @@ class ClusterNode:
                     log.warning("cannot join the cluster through etcd yet (trying every %.1f s): %s", RETRY, error)
                     said = str(error)
                 await asyncio.sleep(RETRY)
+
+    async def _learn_secret(self) -> str:
+        """The secret [cluster] secret_file holds, or else the one etcd keeps (made by the first node to ask)."""
+        if not self.config.cluster_secret_file:
+            return await self.coordinator.secret()
+        try:
+            return read_secret(self.config.cluster_secret_file)
+        except ConfigError as error:  # (read at start already: it changed since)
+            raise StartupError(str(error)) from None
 
     async def _step(self) -> None:
         current = await self.coordinator.leader()
@@ -268,6 +283,7 @@ class ClusterNode:
         server = self.group.server(self.config) if self.group is not None else Server(self.config)
         if self.apis is not None:
             server.leadership = self.apis  # an operator may name the node that leads (cluster.api)
+        server.cluster_secret = self.secret  # the followers forwarding clients prove it
         replication = ReplicationServer(server.store, self.coordinator, self.node, self.dir, epoch, self.secret,
                                         self.config.cluster_min_insync, self.config.cluster_ack_timeout,
                                         self._lose)
@@ -287,7 +303,7 @@ class ClusterNode:
                     listeners.append(await start_management(server, self.apis))
                 if self.config.prometheus_port:
                     listeners.append(await start_prometheus(server))
-            watcher = asyncio.ensure_future(self._watch_leadership(epoch, server))
+            watcher = asyncio.ensure_future(self._watch_leadership(epoch))
             return await self._lost, replication.stepped_aside
         except LeadershipLost as error:
             return str(error), False
@@ -381,8 +397,8 @@ class ClusterNode:
         if self._lost is not None and not self._lost.done():
             self._lost.set_result(reason)
 
-    async def _watch_leadership(self, epoch: int, server: Server) -> None:
-        """Leadership ends when etcd shows another leader; members' addresses may send PROXY headers."""
+    async def _watch_leadership(self, epoch: int) -> None:
+        """Leadership ends when etcd shows another leader, or an operator or the balance names another node."""
         while True:
             try:
                 current = await self.coordinator.leader()
@@ -390,7 +406,6 @@ class ClusterNode:
                     self._lose("etcd shows another leader")
                     return
                 members = await self.coordinator.members()
-                server.trusted_proxies = frozenset(member.amqp_host for member in members.values())
                 if self.apis is not None:
                     self.apis.members = members
                 preferred = await self.coordinator.preferred()
@@ -467,9 +482,12 @@ class ClusterNode:
                 heard = self._heard_leader()
                 return (heard.amqp_host, heard.amqp_port) if heard is not None else None
 
-            self._forwarders = [(AmqpForwarder(leader_address), self.config.port, False)]
+            def secret() -> str:
+                return self.secret
+
+            self._forwarders = [(AmqpForwarder(leader_address, secret), self.config.port, False)]
             if self.config.tls_certfile:  # amqps clients too: their TLS session ends here, the leader is told so
-                self._forwarders.append((AmqpForwarder(leader_address), self.config.tls_port, True))
+                self._forwarders.append((AmqpForwarder(leader_address, secret), self.config.tls_port, True))
         else:  # the worker's front door forwards its clients
             self.group.announce(leader)
         changed = asyncio.Event()

@@ -1,9 +1,10 @@
 """A follower's AMQP ports: each client's TCP stream goes to the leader's AMQP port, after a PROXY v2 header that names
-the client (the leader believes that header from the cluster's members only). A client of the amqps port has its TLS
-session end here: its bytes go on in plain TCP, and the header says the client speaks TLS.
+the client and the proofs that both nodes know the cluster's secret (the leader believes the header for that proof
+alone: protocol.stream_start). A client of the amqps port has its TLS session end here: its bytes go on in plain
+TCP, and the header says the client speaks TLS.
 
-Bytes are copied as they come, with back-pressure both ways: when one socket holds more than its high-water mark
-unsent, the other is not read until it drains. Either socket closing closes the other."""
+Bytes are copied as they come, with back-pressure both ways (broker.connection.splice): when one socket holds more
+than its high-water mark unsent, the other is not read until it drains. Either socket closing closes the other."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ import logging
 import socket
 import ssl
 from collections.abc import Callable
-from typing import cast
 
 from broker.connection.connection import HANDSHAKE_TIMEOUT
+from broker.connection.front_door import ForwardEnd
 from broker.connection.peer_log import PeerLog
-from protocol import proxy_header
+from broker.connection.splice import SpliceEnd
+from protocol.stream_start import Forwarding
 
 log = logging.getLogger(__name__)
 peer_log = PeerLog(log)  # lines about one address at a time: clients retrying fast cannot flood the log
@@ -24,79 +26,39 @@ peer_log = PeerLog(log)  # lines about one address at a time: clients retrying f
 CONNECT_TIMEOUT = 2.0  # seconds the leader has to accept a forwarded connection before the client is dropped
 
 
-class _End(asyncio.Protocol):
-    """One socket of a forwarded connection: what it reads is written to the other end's socket."""
-
-    transport: asyncio.Transport  # this end's socket, from connection_made on
-
-    def __init__(self, other: _End | None) -> None:
-        self.other = other  # the other socket's end (a client's, once the leader's socket is connected)
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def data_received(self, data: bytes) -> None:
-        assert self.other is not None, "an end is read once both are connected"
-        self.other.transport.write(data)
-
-    def pause_writing(self) -> None:
-        """This socket holds more than its high-water mark unsent: stop reading what would add to it."""
-        assert self.other is not None, "only the other end writes to this one"
-        self.other.transport.pause_reading()
-
-    def resume_writing(self) -> None:
-        assert self.other is not None, "only the other end writes to this one"
-        self.other.transport.resume_reading()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.other is not None:
-            self.other.transport.close()  # once it has sent what it holds
-
-
-class _Client(_End):
-    """A client's socket: accepted, it waits unread while a connection to the leader is made, then is forwarded."""
+class _Client(SpliceEnd):
+    """A client's socket: accepted, it waits unread while a connection to the leader is made and both nodes prove
+    themselves (ForwardEnd), then is joined to it."""
 
     def __init__(self, forwarder: AmqpForwarder) -> None:
-        super().__init__(None)
+        super().__init__()
         self.forwarder = forwarder
         self.connecting: asyncio.Task | None = None  # makes the connection to the leader (done once forwarding)
-        self.first = b""  # what the leader's socket gets first: the PROXY header, then what the client sent meanwhile
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        leader = self.forwarder.leader()
-        if leader is None:
-            transport.close()  # no leader known: the client tries another node
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        leader, secret = self.forwarder.leader(), self.forwarder.secret()
+        if leader is None or not secret:
+            transport.close()  # no leader known (or no secret to prove this node with): the client tries another
             return
-        self.first = proxy_header.encode(transport.get_extra_info("peername"), transport.get_extra_info("sockname"),
-                                         tls=transport.get_extra_info("sslcontext") is not None)
+        forwarding = Forwarding(secret, transport.get_extra_info("peername"), transport.get_extra_info("sockname"),
+                                tls=transport.get_extra_info("sslcontext") is not None)
         self.forwarder.clients.add(self)
         self.transport.pause_reading()  # until the leader's socket takes the client's bytes (uvloop reads once more)
-        self.connecting = asyncio.get_running_loop().create_task(self._connect(leader))
+        self.connecting = asyncio.get_running_loop().create_task(self._connect(leader, forwarding))
 
-    def data_received(self, data: bytes) -> None:
-        if self.other is None:
-            self.first += data
-            self.transport.pause_reading()
-        else:
-            super().data_received(data)
-
-    async def _connect(self, leader: tuple[str, int]) -> None:
+    async def _connect(self, leader: tuple[str, int], forwarding: Forwarding) -> None:
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT):
-                transport, end = await asyncio.get_running_loop().create_connection(lambda: _End(self), *leader)
+                await asyncio.get_running_loop().create_connection(
+                    lambda: ForwardEnd(0, forwarding, b"", self), *leader)
         except OSError as error:  # TimeoutError included
             reason = "no answer in time" if isinstance(error, TimeoutError) else error.strerror or str(error)
             peer_log.warning(leader[0], "cannot forward a client to the leader at %s:%d: %s", *leader, reason)
             self.transport.close()
-            return
-        self.other = end
-        transport.write(self.first)
-        self.first = b""
-        self.transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.forwarder.clients.discard(self)
@@ -117,8 +79,9 @@ class AmqpForwarder:
     """A TCP listener whose every client is forwarded to the leader's AMQP address, as leader() names it when the
     client connects; while it names none, clients are closed at once so that they try another node."""
 
-    def __init__(self, leader: Callable[[], tuple[str, int] | None]) -> None:
+    def __init__(self, leader: Callable[[], tuple[str, int] | None], secret: Callable[[], str]) -> None:
         self.leader = leader
+        self.secret = secret  # the cluster's, which this node proves itself with to the leader
         self.listener: asyncio.Server | None = None
         self.clients: set[_Client] = set()  # accepted and not closed yet: forwarded, or waiting for the leader
 

@@ -42,7 +42,7 @@ from broker.management.prometheus import make_prometheus_app
 from broker.management.views.nodes import node_entry
 from broker.model.definitions import of_vhosts
 from broker.model.node import Node
-from broker.workers.board import API_SECRET, BoardCopy, group_key, members_key
+from broker.workers.board import CLUSTER_SECRET, BoardCopy, group_key, members_key
 from broker.workers.logins import NodeLoginThrottle
 from broker.workers.placement import HashedPlacement, pins_of, worker_data_dir
 from broker.workers.worker import GC_THRESHOLD, Adoption, receive, run_worker, send
@@ -53,7 +53,6 @@ from cluster.node import ClusterNode, make_coordinator
 log = logging.getLogger("cluster")
 
 FIRST_ELECTIONS_IN_ORDER = 0.1  # seconds between looks at the board while the groups before this one elect
-RECHECK_INTERVAL = 1.0  # seconds between readings of the members for PROXY headers from unknown addresses
 
 
 class GroupWorker:
@@ -119,6 +118,12 @@ class GroupWorker:
             return None
         loads = sorted((len(led_by(board, node, self.groups.workers)), node) for node in candidates)
         return loads[0][1] if loads and loads[0][0] + 2 <= len(led_here) else None
+
+    def learnt(self, secret: str) -> None:
+        """Group 0's secret is the cluster's: posted for the node's API and every worker's front door, which prove
+        the requests and clients they forward between nodes with it."""
+        if self.number == 0 and self.board.entries.get(CLUSTER_SECRET) != secret:
+            self.board.post({CLUSTER_SECRET: secret})
 
     # --- broker.connection.server.Leadership ----------------------------------------------------------------
     async def state(self, vhost: str) -> dict:
@@ -200,7 +205,8 @@ class InternalSocket:
             await asyncio.wait([before])
         if self.runner is not None:
             await self.runner.cleanup()
-        runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        runner = web.AppRunner(app, handle_signals=False, access_log=None,
+                           auto_decompress=False)  # (a body as the client sent it, as the public API reads it)
         await runner.setup()
         await web.SockSite(runner, socket.socket(fileno=os.dup(self.fd))).start()
         self.runner = runner
@@ -235,43 +241,22 @@ async def agree_on_workers(cluster: ClusterNode, workers: int) -> str | None:
     return None
 
 
-async def know_members(cluster: ClusterNode, doors: FrontDoors, board: BoardCopy, number: int) -> None:
-    """The members' addresses, as etcd has them now, may send PROXY headers (while etcd does not answer, those
-    already known stay); the board gets them, for the API's list of nodes."""
+async def post_members(cluster: ClusterNode, board: BoardCopy, number: int) -> None:
+    """The members, as etcd has them now, posted on the board for the API's list of nodes (while etcd does not
+    answer, those posted stay)."""
     try:
         members = await cluster.coordinator.members()
     except CoordinatorError:
         return
-    doors.trusted_proxies = frozenset(member.amqp_host for member in members.values())
     listed = members_posted(members.values())
     if board.entries.get(members_key(number)) != listed:
         board.post({members_key(number): listed})
 
 
-class Recheck:
-    """The members read again for a front door (FrontDoors.recheck), at most once every RECHECK_INTERVAL: a reading
-    under way is waited for, and one asked for sooner is not made."""
-
-    def __init__(self, cluster: ClusterNode, doors: FrontDoors, board: BoardCopy, number: int) -> None:
-        self.reading = lambda: know_members(cluster, doors, board, number)
-        self.last: asyncio.Future | None = None
-        self.last_at = -RECHECK_INTERVAL
-
-    async def __call__(self) -> None:
-        if (self.last is None or self.last.done()) and time.monotonic() - self.last_at >= RECHECK_INTERVAL:
-            self.last_at = time.monotonic()
-            self.last = asyncio.ensure_future(self.reading())
-        if self.last is not None and not self.last.done():
-            await asyncio.shield(self.last)
-
-
-async def keep_up(cluster: ClusterNode, doors: FrontDoors, board: BoardCopy, number: int) -> None:
-    """Keep the members known (another node's front door forwarding a client sends a PROXY header); worker 0 posts
-    the cluster's secret, which signs API requests between nodes, once it has it."""
+async def keep_up(cluster: ClusterNode, board: BoardCopy, number: int) -> None:
+    """Keep the members posted."""
     while True:
-        await know_members(cluster, doors, board, number)
-        if number == 0 and cluster.secret and board.entries.get(API_SECRET) != cluster.secret:
-            board.post({API_SECRET: cluster.secret})
+        await post_members(cluster, board, number)
         await asyncio.sleep(cluster.ttl / 2)
 
 
@@ -302,9 +287,8 @@ async def serve(control: socket.socket) -> None:
         raise StartupError(refusal)
     await board.start()
     await logins.start()
-    doors = FrontDoors(config, version(), platform_name(), group.route)
-    doors.recheck = Recheck(cluster, doors, board, number)
-    await know_members(cluster, doors, board, number)  # before the first client: it may be another node's forward
+    doors = FrontDoors(config, version(), platform_name(), group.route,
+                       lambda: board.entries.get(CLUSTER_SECRET) or "")  # (group 0's: one for the whole cluster)
     loop = asyncio.get_running_loop()
     plain = socket.socket(fileno=instructions["listening"])
     listeners = [await loop.create_server(lambda: FrontDoor(doors), sock=plain, backlog=1024)]
@@ -317,7 +301,7 @@ async def serve(control: socket.socket) -> None:
     loop.add_reader(receiving.fileno(), receive_all, receiving, Adoption(lambda: cluster.server).take)
     for internal, fd in zip(group.internal, (instructions["api"], instructions["metrics"])):
         await internal.start(fd)
-    keeping_up = loop.create_task(keep_up(cluster, doors, board, number))
+    keeping_up = loop.create_task(keep_up(cluster, board, number))
     stop = stop_on_signals()
     control_closed = loop.create_task(reader.read())
     control_closed.add_done_callback(lambda _: stop.set())  # the supervisor has gone

@@ -1,7 +1,8 @@
-"""The PROXY protocol's headers (HAProxy's proxy-protocol.txt): what a TCP proxy sends before the client's bytes to
-name the client it forwards. Version 1 is one line of text (section 2.1); version 2 a binary block (section 2.2),
-which can also say that the client spoke TLS to the proxy. Both are read; version 2 is written, the TLS flag set for
-a client of an amqps port. Bytes in, addresses out; no sockets."""
+"""The PROXY protocol's version 2 header (HAProxy's proxy-protocol.txt, section 2.2): what one node sends before
+the bytes of a client it forwards to another, to name that client, to say whether it spoke TLS to the forwarding
+node, and to carry the forwarding node's nonce (a TLV of the spec's custom range) for the proof that it knows the
+cluster's secret (protocol.node_proof, protocol.stream_start). Version 1, a line of text, cannot carry a proof and is
+not read. Bytes in, addresses out; no sockets."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import struct
 from dataclasses import dataclass
 from typing import Final
 
-SIGNATURE: Final = b"PROXY "  # version 1
-MAX_LENGTH: Final = 107  # bytes of the longest version 1 header the spec allows, CRLF included
+from protocol.node_proof import NONCE_SIZE
+
 SIGNATURE_V2: Final = b"\r\n\r\n\x00\r\nQUIT\n"
 _V2_FIXED: Final = struct.Struct(">12sBBH")  # signature, version and command, family and protocol, length of the rest
 MAX_V2_LENGTH: Final = 1024  # bytes after version 2's fixed part taken at most: addresses and TLVs
@@ -21,6 +22,7 @@ _ADDRESSES = {_TCP4: struct.Struct(">4s4sHH"), _TCP6: struct.Struct(">16s16sHH")
 _TLV = struct.Struct(">BH")  # type, length of the value
 PP2_TYPE_SSL: Final = 0x20  # the TLV that says how the client spoke to the proxy: client flags, verify, sub-TLVs
 PP2_CLIENT_SSL: Final = 0x01  # in its client flags: over SSL/TLS
+PP2_TYPE_WARREN_NONCE: Final = 0xE0  # the forwarding node's nonce (0xE0-0xEF: the spec's range for applications)
 
 Address = tuple[str, int]  # host, port
 
@@ -32,21 +34,22 @@ class ProxyHeaderError(ValueError):
 @dataclass(frozen=True)
 class Proxied:
     """What a PROXY header says of the client it forwards."""
-    # (source, destination): the client and the address it connected to; None: the socket's own stand (version 1's
-    # UNKNOWN, version 2's LOCAL command or unspecified family)
+    # (source, destination): the client and the address it connected to; None: the socket's own stand (the LOCAL
+    # command, or the unspecified family)
     ends: tuple[Address, Address] | None
-    tls: bool = False  # the client spoke TLS to the proxy (version 2's SSL TLV)
+    tls: bool = False  # the client spoke TLS to the proxy (the SSL TLV)
+    nonce: bytes | None = None  # the forwarding node's nonce (None: no such TLV, so nothing can be proven)
 
 
 def could_start(data: bytes) -> bool:
-    """data is the beginning of a PROXY header of either version, or begins with one."""
-    return any(data.startswith(signature) or signature.startswith(data) for signature in (SIGNATURE, SIGNATURE_V2))
+    """data is the beginning of a version 2 header, or begins with one."""
+    return data.startswith(SIGNATURE_V2) or SIGNATURE_V2.startswith(data)
 
 
-def encode(source: tuple, destination: tuple, tls: bool = False) -> bytes:
+def encode(source: tuple, destination: tuple, tls: bool = False, nonce: bytes | None = None) -> bytes:
     """The version 2 header of a TCP connection from source to destination, (host, port, ...) as sockets name them,
-    tls: the client speaks TLS to the proxy. An IPv4 client of an IPv6 socket (::ffff:a.b.c.d) is named as the IPv4
-    client it is; ends of both families are both named in IPv6."""
+    tls: the client speaks TLS to the proxy; nonce: the forwarding node's. An IPv4 client of an IPv6 socket
+    (::ffff:a.b.c.d) is named as the IPv4 client it is; ends of both families are both named in IPv6."""
     source_ip, destination_ip = _ip_of(source[0]), _ip_of(destination[0])
     if source_ip.version != destination_ip.version:
         source_ip, destination_ip = _as_ipv6(source_ip), _as_ipv6(destination_ip)
@@ -54,6 +57,8 @@ def encode(source: tuple, destination: tuple, tls: bool = False) -> bytes:
     block = _ADDRESSES[family].pack(source_ip.packed, destination_ip.packed, source[1], destination[1])
     if tls:  # client flags, then verify: 0, the client's certificate (if any) checked
         block += _TLV.pack(PP2_TYPE_SSL, 5) + bytes([PP2_CLIENT_SSL]) + bytes(4)
+    if nonce is not None:
+        block += _TLV.pack(PP2_TYPE_WARREN_NONCE, len(nonce)) + nonce
     return _V2_FIXED.pack(SIGNATURE_V2, 0x20 | _PROXY, family, len(block)) + block
 
 
@@ -73,28 +78,10 @@ def _unmapped(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> ipaddre
 
 
 def parse(data: bytes) -> tuple[Proxied, bytes] | None:
-    """The header of either version at the start of data: what it says, and the bytes after it; None while data is a
-    header's beginning that lacks its end. Raises ProxyHeaderError for anything else."""
-    if data.startswith(SIGNATURE_V2[:1]):
-        return _parse_v2(data)
-    if not (data.startswith(SIGNATURE) or SIGNATURE.startswith(data)):
-        raise ProxyHeaderError("it does not start with 'PROXY ' (version 1) or version 2's signature")
-    end = data.find(b"\n", 0, MAX_LENGTH)
-    if end < 0:
-        if len(data) >= MAX_LENGTH:
-            raise ProxyHeaderError(f"no CRLF in its first {MAX_LENGTH} bytes")
-        return None
-    if data[end - 1] != 0x0D:
-        raise ProxyHeaderError("a line feed without a carriage return before it")
-    line = data[:end - 1]
-    if b"\r" in line:
-        raise ProxyHeaderError("a carriage return without a line feed after it")
-    return Proxied(_addresses(line)), data[end + 1:]
-
-
-def _parse_v2(data: bytes) -> tuple[Proxied, bytes] | None:
-    if not (data.startswith(SIGNATURE_V2) or SIGNATURE_V2.startswith(data)):
-        raise ProxyHeaderError("it does not start with 'PROXY ' (version 1) or version 2's signature")
+    """The header at the start of data: what it says, and the bytes after it; None while data is a header's
+    beginning that lacks its end. Raises ProxyHeaderError for anything else."""
+    if not could_start(data):
+        raise ProxyHeaderError("it does not start with version 2's signature")
     if len(data) < _V2_FIXED.size:
         return None
     _, version_command, family, length = _V2_FIXED.unpack_from(data)
@@ -119,7 +106,7 @@ def _parse_v2(data: bytes) -> tuple[Proxied, bytes] | None:
                                f"{addresses.size}")
     source, destination, source_port, destination_port = addresses.unpack_from(block)
     ends = ((_host_of(source), source_port), (_host_of(destination), destination_port))
-    return Proxied(ends, _tls(block[addresses.size:])), rest
+    return Proxied(ends, *_tlvs(block[addresses.size:])), rest
 
 
 def _host_of(packed: bytes) -> str:
@@ -127,10 +114,10 @@ def _host_of(packed: bytes) -> str:
     return str(_unmapped(ipaddress.ip_address(packed)))
 
 
-def _tls(tlvs: bytes) -> bool:
-    """Whether version 2's TLVs say the client spoke TLS to the proxy; the other TLVs are skipped, as the spec
-    wants of those a receiver does not know."""
-    offset, tls = 0, False
+def _tlvs(tlvs: bytes) -> tuple[bool, bytes | None]:
+    """Whether the TLVs say the client spoke TLS to the proxy, and the forwarding node's nonce if one is there; the
+    other TLVs are skipped, as the spec wants of those a receiver does not know."""
+    offset, tls, nonce = 0, False, None
     while offset < len(tlvs):
         if len(tlvs) - offset < _TLV.size:
             raise ProxyHeaderError(f"a TLV cut short after {len(tlvs) - offset} bytes")
@@ -142,43 +129,9 @@ def _tls(tlvs: bytes) -> bool:
             if not value:
                 raise ProxyHeaderError("an SSL TLV without its client flags")
             tls = bool(value[0] & PP2_CLIENT_SSL)
+        elif kind == PP2_TYPE_WARREN_NONCE:
+            if length != NONCE_SIZE:
+                raise ProxyHeaderError(f"a nonce of {length} bytes, not {NONCE_SIZE}")
+            nonce = value
         offset += _TLV.size + length
-    return tls
-
-
-def _addresses(line: bytes) -> tuple[Address, Address] | None:
-    """(source, destination) of a header line without its CRLF; None for UNKNOWN, whose rest is to be ignored."""
-    try:
-        fields = line.decode("ascii").split(" ")
-    except UnicodeDecodeError:
-        raise ProxyHeaderError("bytes that are not ASCII") from None
-    family = fields[1]
-    if family == "UNKNOWN":
-        return None
-    if family not in ("TCP4", "TCP6"):
-        raise ProxyHeaderError(f"unknown protocol {family!r}")
-    if len(fields) != 6:
-        raise ProxyHeaderError(f"{len(fields) - 2} fields after {family} instead of 4 (single spaces between them)")
-    version = 4 if family == "TCP4" else 6
-    return ((_host(fields[2], version), _port(fields[4])),
-            (_host(fields[3], version), _port(fields[5])))
-
-
-def _host(text: str, version: int) -> str:
-    """An address of the family in the spec's form: IPv4 in dotted decimal without heading zeroes, IPv6 in
-    hexadecimal groups (no dotted IPv4 tail, no zone)."""
-    try:
-        address = ipaddress.IPv4Address(text) if version == 4 else ipaddress.IPv6Address(text)
-        if version == 6 and ("." in text or "%" in text):
-            raise ValueError(text)
-    except ValueError:
-        raise ProxyHeaderError(f"{text!r} is not a TCP{version} address") from None
-    return str(address)
-
-
-def _port(text: str) -> int:
-    """A port in decimal, 0 to 65535, without heading zeroes."""
-    if not (text.isascii() and text.isdigit()) or len(text) > 5 or (text[0] == "0" and text != "0") \
-            or int(text) > 65535:
-        raise ProxyHeaderError(f"{text!r} is not a port")
-    return int(text)
+    return tls, nonce

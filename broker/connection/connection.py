@@ -21,6 +21,7 @@ from broker.session.limits import ChannelLimits
 from protocol import errors
 from protocol import erlang_terms
 from protocol import proxy_header, stream_start
+from protocol.stream_start import StartReader
 from protocol.codec import HEARTBEAT_FRAME, decode_method, encode_method
 from protocol.constants import (
     ACCESS_REFUSED, CHANNEL_CLOSE, CHANNEL_CLOSE_OK, CHANNEL_OPEN, CONNECTION_FORCED, FRAME_END, FRAME_ERROR,
@@ -124,7 +125,9 @@ class Connection(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self.transport: Transport | None = None  # from connection_made on
         self.state: State = AWAIT_HEADER  # changed only by _enter, along MOVES
-        self.header = b""  # protocol header bytes received so far
+        # reads the protocol header, after the PROXY header of another node of the cluster that proves itself (None
+        # once read, or for a connection another worker read it for)
+        self.start: StartReader | None = None
         self.reader = FrameReader(FRAME_MIN_SIZE)  # RabbitMQ accepts only 4096-byte frames until tune-ok
         self.frame_max: int = config.frame_max  # negotiated in tune-ok
         self.channel_max: int = config.channel_max  # negotiated in tune-ok
@@ -163,7 +166,6 @@ class Connection(asyncio.Protocol):
         self.peer_address = ""  # the client's IP address
         self.peer_port = 0  # and its port
         self.local: tuple[Any, ...] | None = None  # (host, port) the client connected to: ours, or its proxy's
-        self.proxy_allowed = False  # the socket's peer is a trusted proxy and may send a PROXY header first
         self.connected_at = 0  # wall-clock milliseconds when the socket was accepted (shown by the management API)
         # the client speaks TLS (amqps): here, to the worker that handed the connection over, or to the cluster node
         # that forwarded it (its PROXY header says so)
@@ -206,7 +208,7 @@ class Connection(asyncio.Protocol):
         self.tls = transport.get_extra_info("sslcontext") is not None
         if self.handed is None:  # (a handed connection's ends are the client's, which its state names)
             self._set_ends(transport.get_extra_info("peername"), transport.get_extra_info("sockname"))
-        self.proxy_allowed = self.peer_address in self.server.trusted_proxies
+            self.start = StartReader(self.server.cluster_secret)
         self.connected_at = int(time.time() * 1000)
         self.server.connections.add(self)
         self.timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
@@ -217,7 +219,6 @@ class Connection(asyncio.Protocol):
         """Carry on a handshake another worker ran up to connection.open, then read what it read from there on; or
         run one a front door answered without a login, from start-ok on."""
         self._set_ends(tuple(handed.peer), tuple(handed.local))
-        self.proxy_allowed = False
         if handed.answered:
             self._replay(handed)
             return
@@ -481,16 +482,17 @@ class Connection(asyncio.Protocol):
 
     # --- handshake -----------------------------------------------------------------------------------------
     def _protocol_header(self, data: bytes) -> bytes:
-        """Collect the 8-byte protocol header, after a trusted proxy's PROXY header if it sends one (whose client
-        becomes this connection's peer); answer a wrong protocol header with ours and close, and close a malformed
-        PROXY header at once. Returns what follows."""
-        self.header += data
-        transport = self.transport
-        assert transport is not None, "the header came from it"
+        """Collect the 8-byte protocol header, after the PROXY header of another node of the cluster if it sends one
+        and proves it knows the cluster's secret (the client it names becomes this connection's peer); answer a wrong
+        protocol header with ours and close, and close a malformed or unproven PROXY header at once. Returns what
+        follows."""
+        transport, reading = self.transport, self.start
+        assert transport is not None and reading is not None, "the header came from it"
         try:
-            start = stream_start.read_start(self.header, self.proxy_allowed)
-        except proxy_header.ProxyHeaderError as error:
-            peer_log.warning(self.peer_address, "closing connection %s: malformed PROXY header: %s", self.name, error)
+            challenge, start = reading.feed(data)
+        except (proxy_header.ProxyHeaderError, stream_start.NotProven) as error:
+            peer_log.warning(self.peer_address, "closing connection %s: %s PROXY header: %s", self.name,
+                             "malformed" if isinstance(error, proxy_header.ProxyHeaderError) else "refused", error)
             self._terminate()
             return b""
         except stream_start.WrongProtocolHeader:
@@ -498,10 +500,11 @@ class Connection(asyncio.Protocol):
             self._enter(CLOSED)
             transport.close()
             return b""
+        if challenge:
+            transport.write(challenge)
         if start is None:
             return b""
-        self.header = b""
-        self.proxy_allowed = False
+        self.start = None
         proxied = start.proxied
         if proxied is not None:
             if proxied.ends is not None:  # (otherwise the proxy could not name the client: the socket's ends stand)

@@ -7,11 +7,11 @@ start-ok came):
 
 - a worker of this node: the socket is handed over with the bytes (broker.connection.handoff);
 - a worker of another node: a TCP connection to that node's AMQP port carries a PROXY v2 header naming the client
-  (and saying whether it speaks TLS here), the protocol header and the bytes; the frames that node's front door
-  answers first (the ones this one answered already) are dropped, and the two sockets are spliced. A connection
-  that came that way (a PROXY header from a member) goes to a worker of this node or nowhere, so that two nodes
-  that disagree cannot pass it round. A PROXY header from an address not among the members known here has the
-  members read again before it is judged.
+  (and saying whether it speaks TLS here); once that node has proven it knows the cluster's secret and this one has
+  proven it in turn (protocol.stream_start), the protocol header and the bytes follow; the frames that node's front
+  door answers first (the ones this one answered already) are dropped, and the two sockets are spliced. A connection
+  that came that way (a proven PROXY header) goes to a worker of this node or nowhere, so that two nodes that
+  disagree cannot pass it round.
 
 What the front door cannot read as a handshake (a malformed frame, a method out of place, a start-ok past the size
 a handshake frame may have) it does not judge: the client goes to the leader of the default group with what it
@@ -27,7 +27,7 @@ import socket
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Union
+from typing import Any, Callable, Union
 
 from pamqp import commands as spec
 
@@ -36,7 +36,8 @@ from broker.connection import greeting, handoff
 from broker.connection.connection import HANDSHAKE_TIMEOUT
 from broker.connection.peer_log import PeerLog
 from broker.connection.splice import SpliceEnd
-from protocol import proxy_header, stream_start
+from protocol import node_proof, proxy_header, stream_start
+from protocol.stream_start import Forwarding, StartReader
 from protocol.codec import decode_method, encode_method
 from protocol.constants import (
     CONNECTION_FORCED, FRAME_END, FRAME_HEARTBEAT, FRAME_METHOD, FRAME_MIN_SIZE, INTERNAL_ERROR, PROTOCOL_HEADER,
@@ -72,13 +73,9 @@ class FrontDoors:
     # Where a connection to a vhost goes (None: whatever the front door could not read goes to the default group);
     # forwarded: it came from another node's front door, so only a worker of this node may take it
     route: Callable[[str | None, bool], Route]
-    trusted_proxies: frozenset[str] = frozenset()  # the cluster's members: they may send a PROXY header first
-    # reads the members again, for a PROXY header from an address not trusted yet (a node that has just joined);
-    # at most once a second, however many ask (None: never)
-    recheck: Callable[[], Awaitable[None]] | None = None
+    secret: Callable[[], str]  # the cluster's, which forwards between nodes are proven with ("": not learnt yet)
     open: set[FrontDoor] = field(default_factory=set)  # clients in the handshake here
-    # forwards, and TLS sessions joined to a worker, being made; members read again for a PROXY header
-    splicing: set[asyncio.Task] = field(default_factory=set)
+    splicing: set[asyncio.Task] = field(default_factory=set)  # forwards, and TLS sessions joined to a worker, being made
 
 
 class FrontDoor(asyncio.Protocol):
@@ -87,10 +84,8 @@ class FrontDoor(asyncio.Protocol):
     def __init__(self, doors: FrontDoors) -> None:
         self.doors = doors
         self.transport: Any = None
-        self.header = b""  # the protocol header (after a PROXY header) as received so far
-        self.proxy_allowed = False  # the peer is a member: it may name the client it forwards in a PROXY header
-        self.rechecked = False  # the members were read again for its PROXY header
-        self.forwarded = False  # it did: the client came through another node's front door
+        self.start: StartReader | None = None  # reads the protocol header, after another node's PROXY header
+        self.forwarded = False  # the client came through another node's front door (a proven PROXY header)
         self.peer: tuple = ("", 0)  # the client's address and port
         self.local: tuple = ("", 0)  # the address it connected to
         self.tls = False  # the client speaks TLS: to this node, or to the node that forwarded it (its PROXY header)
@@ -109,7 +104,7 @@ class FrontDoor(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.peer = tuple(transport.get_extra_info("peername") or ("", 0))[:2]
         self.local = tuple(transport.get_extra_info("sockname") or ("", 0))[:2]
-        self.proxy_allowed = self.peer[0] in self.doors.trusted_proxies
+        self.start = StartReader(self.doors.secret())
         self.tls = transport.get_extra_info("sslcontext") is not None
         self.connected_at = int(time.time() * 1000)
         self.doors.open.add(self)
@@ -162,28 +157,25 @@ class FrontDoor(asyncio.Protocol):
             self._go(None)  # the default group's leader reads the same bytes, and says what is wrong with them
 
     def _protocol_header(self, data: bytes) -> bytes:
-        """As a worker's: a trusted proxy's PROXY header, then the 8-byte protocol header, answered with
+        """As a worker's: another node's PROXY header and the proofs, then the 8-byte protocol header, answered with
         connection.start; a wrong one is answered with ours and the socket closed. Returns what follows."""
-        self.header += data
-        if not self.proxy_allowed and not self.rechecked and self.doors.recheck is not None and (
-                proxy_header.could_start(self.header[:1])):  # (a PROXY header, or no protocol header at all)
-            self._recheck(self.doors.recheck)
-            return b""
+        assert self.start is not None
         try:
-            start = stream_start.read_start(self.header, self.proxy_allowed)
-        except proxy_header.ProxyHeaderError as error:
-            peer_log.warning(self.peer[0], "closing connection from %s:%s: malformed PROXY header: %s", *self.peer,
-                             error)
+            challenge, start = self.start.feed(data)
+        except (proxy_header.ProxyHeaderError, stream_start.NotProven) as error:
+            peer_log.warning(self.peer[0], "closing connection from %s:%s: %s PROXY header: %s", *self.peer,
+                             "malformed" if isinstance(error, proxy_header.ProxyHeaderError) else "refused", error)
             self.transport.abort()
             return b""
         except stream_start.WrongProtocolHeader:
             self.transport.write(PROTOCOL_HEADER)
             self.transport.close()
             return b""
+        if challenge:
+            self.transport.write(challenge)
         if start is None:
             return b""
-        self.header = b""
-        self.proxy_allowed = False
+        self.start = None
         if start.proxied is not None:
             if start.proxied.ends is not None:
                 self.peer, self.local = start.proxied.ends
@@ -192,22 +184,6 @@ class FrontDoor(asyncio.Protocol):
         self._send(greeting.start(self.doors.config, self.doors.version, self.doors.platform))
         self.answered = 1
         return start.rest
-
-    def _recheck(self, recheck: Callable[[], Awaitable[None]]) -> None:
-        """Read the members again before this peer's PROXY header is judged; its bytes wait meanwhile."""
-        self.rechecked = True
-        self.transport.pause_reading()
-
-        async def judge() -> None:
-            await recheck()
-            if not self.transport.is_closing():
-                self.proxy_allowed = self.peer[0] in self.doors.trusted_proxies
-                self.transport.resume_reading()
-                self.data_received(b"")
-
-        task = asyncio.get_running_loop().create_task(judge())
-        self.doors.splicing.add(task)
-        task.add_done_callback(self.doors.splicing.discard)
 
     def _send(self, method: Any) -> None:
         data = encode_method(0, method)
@@ -245,31 +221,26 @@ class FrontDoor(asyncio.Protocol):
             self._refuse(CONNECTION_FORCED, handoff.UNAVAILABLE)
 
     async def _forward(self, address: tuple[str, int], vhost: str | None) -> None:
+        """The client goes on through the node at address, once each node has proven to the other that it knows the
+        cluster's secret (ForwardEnd joins the two sockets then)."""
         loop = asyncio.get_running_loop()
         client_end = SpliceEnd()
         client_end.transport = self.transport
         self.transport.set_protocol(client_end)
+        secret = self.doors.secret()
         try:
+            if not secret:
+                raise ConnectionRefusedError(0, "this node has not learnt the cluster's secret yet")
+            forwarding = Forwarding(secret, self.peer, self.local, self.tls)
+            after = PROTOCOL_HEADER + bytes(self.kept)
             async with asyncio.timeout(CONNECT_TIMEOUT):
-                _, leader_end = await loop.create_connection(lambda: Dropping(self.answered), *address)
+                await loop.create_connection(lambda: ForwardEnd(self.answered, forwarding, after, client_end), *address)
         except OSError as error:  # TimeoutError included
             reason = "no answer in time" if isinstance(error, TimeoutError) else error.strerror or str(error)
             peer_log.warning(address[0], "cannot forward a client to the node at %s:%d that leads its vhost: %s",
                              *address, reason)
             self._refuse(CONNECTION_FORCED, "CONNECTION_FORCED - broker forced connection closure with reason "
                                             f"'vhost {vhost!r} unavailable'")
-            return
-        client_end.other, leader_end.other = leader_end, client_end
-        leader_end.transport.write(proxy_header.encode(self.peer, self.local, self.tls) + PROTOCOL_HEADER +
-                                   bytes(self.kept))
-        for end in (client_end, leader_end):  # what either read before they were joined
-            for data in end.waiting:
-                end.other.transport.write(data)
-            end.waiting.clear()
-        if self.transport.is_closing():
-            leader_end.transport.close()
-            return
-        self.transport.resume_reading()
 
     def _refuse(self, code: int, text: str) -> None:
         """Tell the client, past its connection.open, why it cannot go on (it may connect again)."""
@@ -279,22 +250,75 @@ class FrontDoor(asyncio.Protocol):
             self.transport.close()
 
 
-class Dropping(SpliceEnd):
-    """The leading node's end of a forwarded client: the frames its front door answers first, which this node's
-    answered already, are dropped; what follows goes to the client. A node that answers otherwise (it does not
-    take this one for a member yet) or closes first has the client told to come again."""
+class ForwardEnd(SpliceEnd):
+    """The leading node's end of a forwarded client (from a front door, or a follower's forwarder: cluster.proxy).
+    It sends the PROXY header, checks that node's challenge and answers it with this node's proof, then what the
+    client sent here; only then is it joined to the client. The frames that node's front door answers first, which
+    this node's answered already, are dropped; what follows goes to the client. A node that cannot prove it knows
+    the cluster's secret, answers otherwise, or closes first has the client told to come again (or, one that was
+    answered nothing here, closed)."""
 
-    def __init__(self, frames: int) -> None:
+    def __init__(self, frames: int, forwarding: Forwarding, after: bytes, client: SpliceEnd) -> None:
         super().__init__()
         self.frames = frames  # answered frames still to drop
+        self.answered = frames > 0  # the client had frames from this node: it is told why it must come again
         self.head = b""  # the start of the one being dropped
+        self.forwarding: Forwarding | None = forwarding  # the proofs under way (None once the client's bytes go on)
+        self.after = after  # what goes once this node has proven itself: the protocol header, the handshake's bytes
+        self.client = client  # the client's end, joined to this one once the proofs are through
+        self.other = client  # (told to come again, should the forward fail before)
+        self.deadline: asyncio.TimerHandle | None = None  # fires when the other node's challenge is late
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        assert self.forwarding is not None
+        self.transport.write(self.forwarding.header)
+        self.deadline = asyncio.get_running_loop().call_later(CONNECT_TIMEOUT, self._failed, "no challenge in time")
 
     def data_received(self, data: bytes) -> None:
+        if self.forwarding is not None:
+            data = self._prove(data)
+            if not data:
+                return
         if self.frames:
             data = self._drop(self.head + data)
             if not data:
                 return
         super().data_received(data)
+
+    def _prove(self, data: bytes) -> bytes:
+        """Read the other node's challenge; once it is whole and right, send the proof and the client's bytes, and
+        join the client. Returns what followed the challenge."""
+        assert self.forwarding is not None
+        try:
+            proof, rest = self.forwarding.feed(data)
+        except node_proof.ProofError as error:
+            self._failed(str(error))
+            return b""
+        if proof is None:
+            return b""
+        self.forwarding = None
+        if self.deadline is not None:
+            self.deadline.cancel()
+        self.transport.write(proof + self.after)
+        for waiting in self.client.waiting:  # what the client sent while the proofs went on
+            self.transport.write(waiting)
+        self.client.waiting.clear()
+        self.client.other = self
+        if self.client.transport.is_closing():
+            self.transport.close()
+        else:
+            self.client.transport.resume_reading()
+        return rest
+
+    def _failed(self, why: str) -> None:
+        """The other node did not prove it knows the cluster's secret: the client is told to come again."""
+        if self.forwarding is None:
+            return
+        peer = self.transport.get_extra_info("peername") or ("?", 0)
+        peer_log.warning(peer[0], "refused to forward a client to the node at %s:%s: %s", peer[0], peer[1], why)
+        self.forwarding = None
+        self._turned_away()
 
     def _drop(self, data: bytes) -> bytes:
         while self.frames:
@@ -304,23 +328,36 @@ class Dropping(SpliceEnd):
             frame_type, channel, size = _FRAME_HEADER.unpack_from(data)
             end = _FRAME_HEADER.size + size
             if frame_type != FRAME_METHOD or size > HANDSHAKE_LIMIT:  # (no handshake frame: no use waiting for it)
-                log.warning("the node a client was forwarded to did not answer with a handshake: closing it")
-                self._turned_away()
+                self._no_handshake()
                 return b""
             if len(data) <= end:
                 self.head = data
                 return b""
             if frame_type != FRAME_METHOD or channel != 0 or data[end] != FRAME_END:
-                log.warning("the node a client was forwarded to did not answer with a handshake: closing it")
-                self._turned_away()
+                self._no_handshake()
                 return b""
             data = data[end + 1:]
             self.frames -= 1
         self.head = b""
         return data
 
+    def eof_received(self) -> bool:
+        if self.forwarding is not None or self.frames:  # (the client is told to come again once the socket closes)
+            return False
+        return super().eof_received()
+
+    def _no_handshake(self) -> None:
+        peer = self.transport.get_extra_info("peername") or ("?", 0)
+        peer_log.warning(peer[0], "the node at %s:%s a client was forwarded to did not answer with a handshake: "
+                                  "closing it", peer[0], peer[1])
+        self._turned_away()
+
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.frames:  # closed before its handshake's answers were through
+        if self.deadline is not None:
+            self.deadline.cancel()
+        if self.forwarding is not None:  # closed before its proofs were through
+            self._failed("it closed the connection")
+        elif self.frames:  # or before its handshake's answers were
             self._turned_away()
         super().connection_lost(exc)
 
@@ -329,8 +366,9 @@ class Dropping(SpliceEnd):
         self.frames = 0
         client = self.other.transport if self.other is not None else None
         if client is not None and not client.is_closing():
-            close = spec.Connection.Close(reply_code=CONNECTION_FORCED, reply_text=TURNED_AWAY, class_id=0,
-                                          method_id=0)
-            client.write(encode_method(0, close))
+            if self.answered:
+                close = spec.Connection.Close(reply_code=CONNECTION_FORCED, reply_text=TURNED_AWAY, class_id=0,
+                                              method_id=0)
+                client.write(encode_method(0, close))
             client.close()
         self.transport.close()

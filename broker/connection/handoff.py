@@ -44,7 +44,7 @@ class HandedOver:
     frame_max: int  # negotiated in tune-ok
     channel_max: int
     heartbeat: int
-    peer: list  # [host, port] of the client (a trusted proxy's PROXY header may have named it)
+    peer: list  # [host, port] of the client (the proven PROXY header of another node may have named it)
     local: list  # [host, port] it connected to
     connected_at: int  # wall-clock milliseconds when the socket was accepted
     received_bytes: int  # read before connection.open

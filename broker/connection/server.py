@@ -146,9 +146,9 @@ class Server:
         self.paging = Paging(PageStore(self.data_dir / "pages"), config.queue_messages_in_memory)
         self.node = Node(self.store, self.paging)  # vhosts, users and permissions
         self.connections: set[Connection] = set()
-        # Addresses (as sockets name their peers) whose connections may start with a PROXY header naming the
-        # client they forward: the cluster's members. Empty: no header is ever parsed.
-        self.trusted_proxies: frozenset[str] = frozenset()
+        # The cluster's secret, which another node proves it knows before its PROXY header naming the client it
+        # forwards is believed (protocol.stream_start). None: not in a cluster, no PROXY header is read.
+        self.cluster_secret: str | None = None
         self.version = version()
         self.platform = platform_name()
         self.listener: asyncio.base_events.Server | None = None

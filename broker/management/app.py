@@ -14,7 +14,7 @@ from aiohttp import web
 from broker.connection.login_throttle import LoginThrottle
 from broker.connection.peer_log import PeerLog
 from broker.management import guards, http
-from broker.management.forwarding import GROUP, OtherNodes, for_another_node
+from broker.management.forwarding import GROUP, NODE_ITSELF, OtherNodes, for_another_node, from_other_nodes
 from broker.management.rates import Rates
 from broker.management.resources import api_error
 from broker.management.views import (
@@ -22,6 +22,7 @@ from broker.management.views import (
     users, vhosts,
 )
 
+from protocol import node_proof
 from protocol.errors import AMQPError
 
 if TYPE_CHECKING:
@@ -86,11 +87,7 @@ async def rabbitmq_errors(request: web.Request, handler):
     try:
         return await handler(request)
     except http.ApiError as error:
-        response = error.response()
-        if request.headers.get("X-Requested-With") == "XMLHttpRequest":
-            # a page's own request (the console's): no challenge, or the browser would put up its login dialog
-            response.headers.pop("WWW-Authenticate", None)
-        return response
+        return http.error_reply(request, error)
     except AMQPError as error:  # a model call refused what the request asked (a permission, a missing resource...)
         return api_error(error).response()
     except web.HTTPException as error:
@@ -105,23 +102,25 @@ async def rabbitmq_errors(request: web.Request, handler):
 @web.middleware
 async def forwarded_client(request: web.Request, handler):
     """On a worker's internal socket, whose one client is the supervisor's API (broker.workers.api), a request's
-    client is the one the supervisor names; the answer says how its credentials fared."""
+    client is the one the supervisor names (and a request another node forwarded ends its body with the HMAC whose
+    key the supervisor gives); the answer says how its credentials fared. An ask for the worker's own entry in
+    /api/nodes needs none: the supervisor has them checked by a worker that leads."""
+    if request.headers.get(GROUP) == NODE_ITSELF and request.path == "/api/nodes":  # the supervisor's list of nodes
+        return http.reply([nodes.node_json(request)])
     forwarded = request.clone(remote=request.headers.get(http.FORWARDED_CLIENT, ""))
+    if http.BODY_KEY_HEADER in request.headers:
+        forwarded[http.BODY_KEY] = bytes.fromhex(request.headers[http.BODY_KEY_HEADER])
     response = await handler(forwarded)
     if http.LOGIN in forwarded:
         response.headers[http.LOGIN_OUTCOME] = forwarded[http.LOGIN]
     return response
 
 
-@web.middleware
-async def from_another_node(request: web.Request, handler):
-    """On the leader of a cluster of one-process nodes, a request another node sent, signed with the cluster's
-    secret: one it forwarded to the leader is its client's (the address it names), the credentials checked here as
-    any request's; an ask for this node's own entry in /api/nodes (from a node that took it for a follower) gets
-    it."""
-    if GROUP not in request.headers:
-        return await handler(request)
-    answer = for_another_node(request, request.app[http.OTHER_NODES].secret(), lambda: nodes.node_json(request))
+async def for_the_leader(request: web.Request, group: int | str, handler) -> web.StreamResponse:
+    """On the leader of a cluster of one-process nodes, a request another node proved: one it forwarded to the
+    leader is its client's (the address it names), the credentials checked here as any request's; an ask for this
+    node's own entry in /api/nodes (from a node that took it for a follower) gets it."""
+    answer = for_another_node(request, group, lambda: nodes.node_json(request))
     if answer is not None:
         return answer
     return await handler(request.clone(remote=request.headers.get(http.FORWARDED_CLIENT, "")))
@@ -135,8 +134,10 @@ def make_app(server: "Server", forwarded: bool = False, other_nodes: OtherNodes 
     if forwarded:
         middlewares.insert(0, forwarded_client)
     if other_nodes is not None:
-        middlewares.insert(0, from_another_node)
-    app = web.Application(middlewares=middlewares, client_max_size=config.management_max_body_size)
+        middlewares.insert(0, from_other_nodes(other_nodes.secret, for_the_leader))
+    # (a body another node forwards ends with its HMAC: read whole, then checked and taken off: http.read_body)
+    app = web.Application(middlewares=middlewares,
+                          client_max_size=config.management_max_body_size + node_proof.PROOF_SIZE)
     if other_nodes is not None:
         app[http.OTHER_NODES] = other_nodes
     app[http.SERVER] = server

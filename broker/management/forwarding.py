@@ -1,68 +1,62 @@
 """Requests one management API forwards to another, written and read here: to a worker's internal socket (from its
-node's public API, broker.workers.api), or to another node's management port, signed with the cluster's secret.
+node's public API, broker.workers.api), or to another node's management port, proven with the cluster's secret.
 The node that took the request has checked its Host and Origin (broker.management.guards); what answers checks the
 credentials, and says how they fared (http.LOGIN_OUTCOME).
 
-The other node checks the signature (signed_by_another_node) before it believes the client's address the request
-carries (http.FORWARDED_CLIENT). The signature covers the request's method, path, client and credentials, the
-address it is sent to, a time and a random part; each is taken once, within SIGNED_FOR of its time, so that a
-request seen on the network cannot be sent again to the process that took it, nor to another address. A request
-forwarded this way answers as soon as its receiver has decided (a refused login, a body too large), however much of
-the body the client has still to send, as the API of one process answers.
+Between nodes, the secret never crosses the wire (protocol.node_proof): on each connection the forwarding node
+first asks for a challenge with a nonce of its own; the other node answers with its nonce and its proof of the
+secret over both, keeping its nonce with the connection; the forwarding node checks that proof, then sends the
+request with its own proof over both nonces and the request's group, method, path, client and credentials. A body
+follows with an HMAC of it under a key that proof gives (http.BODY_KEY), read off and checked before the body is
+used. The other node takes the request, and believes the client's address it carries (http.FORWARDED_CLIENT), only
+with that proof, once: a request seen on the network proves nothing when sent again, on that connection or another,
+before or after a restart, and nothing is kept per request beyond its connection. A request forwarded this way
+answers as soon as its receiver has decided (a refused login, a body too large), however much of the body the
+client has still to send, as the API of one process answers.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import heapq
-import hmac
 import ipaddress
 import json
 import logging
 import re
-import secrets
 import ssl
-import time
-from typing import AsyncIterator, Callable, Protocol
+from typing import AsyncIterator, Awaitable, Callable, Protocol
 
 from aiohttp import web
 from multidict import CIMultiDict
 
 from broker.connection.peer_log import PeerLog
 from broker.management import http
+from protocol import node_proof
 
 log = logging.getLogger(__name__)
-peer_log = PeerLog(log)  # refused requests of other nodes, a few lines a second per node at most
+peer_log = PeerLog(log)  # lines about other nodes and workers, a few a second per node or worker at most
 
 Body = bytes | AsyncIterator[bytes] | None  # what a forwarded request carries
 
 # A request one clustered node's API forwards to another's, for what leads a group there (its worker that does, or
-# the node itself when it runs no workers): the group, and an HMAC of the request with the cluster's secret
+# the node itself when it runs no workers): the group, and the forwarding node's proof over the request
 GROUP = "X-Warren-Group"
-SIGNATURE = "X-Warren-Signature"
-SIGNED = "X-Warren-Signed"  # when the request was signed, and a random part: "<unix seconds>.<hex>"
+PROOF = "X-Warren-Proof"
+NONCE = "X-Warren-Nonce"  # a request for a challenge: the forwarding node's nonce, in hex
+CHALLENGE = "X-Warren-Challenge"  # the answer: the other node's nonce and its proof (node_proof.challenge), in hex
+CHALLENGE_PATH = "/api/warren/challenge"  # where the request for a challenge is sent (its answer is the same on any)
+NONCE_TEXT = re.compile(f"[0-9a-f]{{{2 * node_proof.NONCE_SIZE}}}")  # NONCE's value
+LINK = "api"  # the kind of link the proofs of forwarded requests are made for (node_proof.link_key)
 NODE_ITSELF = "node"  # GROUP's value for a request of the node's own entries in /api/nodes
 LEADERS_GROUP = 0  # GROUP's value for a request to the leader of a cluster of one-process nodes (its only group)
-SIGNED_FOR = 300  # seconds a signature is taken either side of its time: the nodes' clocks may differ that much
-SIGNED_STAMP = re.compile(r"([0-9]{1,12})\.[0-9a-f]{16}")  # SIGNED's value
-MAX_SEEN = 100_000  # signatures remembered at most (about 10 MB): past that, other nodes' requests wait their expiry
 CONNECT_TIMEOUT = 5.0  # seconds another node's API has to accept a forwarded request
-ANSWER_TIMEOUT = 120.0  # seconds it has to answer one (an import of a large definitions file takes a while)
-ENTRY_TIMEOUT = 5.0  # seconds it has to give its own entries in /api/nodes
-
-
-def signature(secret: str, group: int | str, method: str, path_qs: str, client: str, check_only: bool,
-              signed: str, authorization: str, to: str) -> str:
-    """``to``: the address the request is sent to (address_text), so that it is taken there alone."""
-    message = "\n".join((str(group), method, path_qs, client, "check" if check_only else "apply", signed,
-                         authorization, to))
-    return hmac.new(secret.encode(), message.encode(), hashlib.sha256).hexdigest()
+ANSWER_TIMEOUT = 120.0  # seconds another API has to answer one (an import of a large definitions file takes a while)
+ENTRY_TIMEOUT = 5.0  # seconds another node has to give its own entries in /api/nodes
 
 
 def address_text(address: tuple) -> str:
-    """A socket's address as host:port ([host]:port for IPv6), an IPv4 address in IPv6 (::ffff:a.b.c.d) as the IPv4
-    address it is: what one node signs as where a request goes, and the other checks as its own socket's."""
+    """A socket's address as a Host header names it: host:port ([host]:port for IPv6), an IPv4 address in IPv6
+    (::ffff:a.b.c.d) as the IPv4 address it is. The Host of a request to another node: its address, whatever name
+    this node reached it by, which that node takes whatever names it was told."""
     host = address[0]
     try:
         parsed = ipaddress.ip_address(host.partition("%")[0])
@@ -73,29 +67,17 @@ def address_text(address: tuple) -> str:
     return f"[{host}]:{address[1]}" if ":" in host else f"{host}:{address[1]}"
 
 
-class SeenSignatures:
-    """The signatures taken within SIGNED_FOR: one seen again is a request sent again, not by a node."""
-
-    def __init__(self, limit: int = MAX_SEEN) -> None:
-        self.limit = limit
-        self.seen: set[str] = set()
-        self.expiring: list[tuple[float, str]] = []  # a heap of (when it may be forgotten, signature)
-
-    def take(self, signed: str, until: float, now: float) -> str:
-        """"new" (it is remembered until ``until``), "again", or "full" (it cannot be remembered now); ``now``:
-        time.time(), as its caller read it."""
-        while self.expiring and self.expiring[0][0] < now:
-            self.seen.discard(heapq.heappop(self.expiring)[1])
-        if signed in self.seen:
-            return "again"
-        if len(self.seen) >= self.limit:
-            return "full"
-        self.seen.add(signed)
-        heapq.heappush(self.expiring, (until, signed))
-        return "new"
+def request_proof(key: bytes, asked: bytes, answered: bytes, group: int | str, method: str, path_qs: str,
+                  client: str, check_only: bool, authorization: str, with_body: bool) -> bytes:
+    """The forwarding node's proof over both nonces and what the request asks, as whom and for whom."""
+    return node_proof.proof(key, node_proof.ASKS, asked, answered, str(group).encode(), method.encode(),
+                            path_qs.encode(), client.encode(), b"check" if check_only else b"apply",
+                            authorization.encode(), b"body" if with_body else b"")
 
 
-SEEN = SeenSignatures()  # this process's: one process checks the requests of other nodes (an API's, a gateway's)
+def body_key_of(key: bytes, proof: bytes) -> bytes:
+    """The key of the HMAC that follows the body of the request a proof was made for."""
+    return node_proof.proof(key, "body", proof)
 
 
 async def streamed(request: web.Request, kept: bytearray | None = None) -> AsyncIterator[bytes]:
@@ -136,7 +118,7 @@ class OtherNodes(Protocol):
     started: float  # time.monotonic() when this node started: its uptime, whether it leads or follows
 
     def secret(self) -> str:
-        """The cluster's secret, which signs the requests between nodes ("" until this node has learnt it)."""
+        """The cluster's secret, which proves the requests between nodes ("" until this node has learnt it)."""
 
     async def entries(self, request: web.Request) -> list[dict]:
         """The other nodes' entries in /api/nodes, each asked for its own (a node that does not answer is left
@@ -147,21 +129,23 @@ class ApiClient:
     """Forwards requests to other APIs: a worker's internal socket, or another node's management port."""
 
     def __init__(self, secret: Callable[[], str | None], other_nodes: ssl.SSLContext | None = None) -> None:
-        self.secret = secret  # the cluster's secret, which signs a request to another node (None: not learnt yet)
+        self.secret = secret  # the cluster's secret, which proves a request to another node (None: not learnt yet)
         self.other_nodes = other_nodes  # TLS towards the other nodes' APIs (other_nodes_context)
 
     async def ask_at(self, target: str | tuple[str, int], group: int | str, request: web.Request, body: Body = None,
                      path_qs: str | None = None, check_only: bool = False, client: str | None = None,
-                     method: str | None = None) -> Answer:
+                     method: str | None = None, body_key: bytes | None = None) -> Answer:
         """The answer at target: a worker's internal socket, or another node's API (host, port), asked for what leads
-        ``group`` there (or with NODE_ITSELF, for that node's own entries in /api/nodes); with ``method``, asked
-        with it rather than the request's (a GET of another node's entries, for a HEAD)."""
+        ``group`` there (or with NODE_ITSELF, for that worker's or node's own entries in /api/nodes, which need no
+        credentials); with ``method``, asked with it rather than the request's (a GET of another node's entries, for
+        a HEAD); ``body_key``: the key of the HMAC that ends the body, which a worker is to check (a request another
+        node forwarded)."""
         client = request.remote or "" if client is None else client
         method = method or request.method
         path_qs = path_qs or request.raw_path
         to_node = not isinstance(target, str)
         who = f"the node at {target[0]}:{target[1]}" if to_node else f"worker {group}"
-        limit = None if not to_node else ENTRY_TIMEOUT if group == NODE_ITSELF else ANSWER_TIMEOUT
+        limit = ENTRY_TIMEOUT if group == NODE_ITSELF else ANSWER_TIMEOUT
         try:
             secret = self.secret() if to_node else ""
             if to_node and not secret:
@@ -174,14 +158,19 @@ class ApiClient:
         except OSError as error:  # (TimeoutError included: nothing was sent)
             return unavailable(who, request, error)
         node = address_text(writer.get_extra_info("peername")) if to_node else None
-        head = self._head(request, method, body, path_qs, check_only, client, node)
-        if node is not None:
-            head = head[:-2] + self._signature(secret, group, method, path_qs, check_only, client, request,
-                                               node) + b"\r\n"
         try:
             async with asyncio.timeout(limit):
+                head, mac = self._head(request, method, body, path_qs, check_only, client, node, body_key,
+                                       credentials=group != NODE_ITSELF), None
+                if node is not None:
+                    proof, key = await self._prove(reader, writer, node, group, method, path_qs, client, check_only,
+                                                   request, body is not None, secret)
+                    head = head[:-2] + f"{GROUP}: {group}\r\n{PROOF}: {proof.hex()}\r\n\r\n".encode()
+                    mac = node_proof.body_mac(body_key_of(key, proof)) if body is not None else None
+                elif group == NODE_ITSELF:  # (a worker's internal socket believes it, as it believes the client)
+                    head = head[:-2] + f"{GROUP}: {group}\r\n\r\n".encode()
                 writer.write(head)
-                sending = asyncio.ensure_future(self._send(writer, body, request.content_length is None))
+                sending = asyncio.ensure_future(self._send(writer, body, request.content_length is None, mac))
                 try:
                     answer = await read_answer(reader, method)
                 finally:
@@ -191,57 +180,91 @@ class ApiClient:
                 request[http.LOGIN] = login[0]
             return answer
         except TimeoutError:
-            return timed_out(who, request, limit or 0)
+            return timed_out(who, request, limit)
+        except node_proof.ProofError as error:
+            return unavailable(who, request, ConnectionError(f"it does not prove it knows the cluster's secret: "
+                                                             f"{error}"))
         except (OSError, asyncio.IncompleteReadError, ValueError) as error:
             return unavailable(who, request, error)
         finally:
             writer.close()
 
     @staticmethod
-    def _signature(secret: str, group: int | str, method: str, path_qs: str, check_only: bool, client: str,
-                   request: web.Request, to: str) -> bytes:
-        """The headers that make another node's API, at ``to``, take a request as this node's, for what leads
-        ``group`` there (or NODE_ITSELF)."""
-        signed = f"{int(time.time())}.{secrets.token_hex(8)}"
-        signed_with = signature(secret, group, method, path_qs, client, check_only, signed,
-                                request.headers.get("Authorization", ""), to)
-        return f"{GROUP}: {group}\r\n{SIGNED}: {signed}\r\n{SIGNATURE}: {signed_with}\r\n".encode()
+    async def _prove(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, node: str, group: int | str,
+                     method: str, path_qs: str, client: str, check_only: bool, request: web.Request, with_body: bool,
+                     secret: str) -> tuple[bytes, bytes]:
+        """Ask the other node for a challenge on this connection and check its proof (ProofError if wrong, the
+        other node's answer as an error if it gives none); this node's proof over the request, and the key."""
+        key = node_proof.link_key(secret, LINK)
+        asked = node_proof.nonce()
+        writer.write(f"GET {CHALLENGE_PATH} HTTP/1.1\r\nHost: {node}\r\n{NONCE}: {asked.hex()}\r\n"
+                     f"Content-Length: 0\r\n\r\n".encode())
+        answer = await read_answer(reader, "GET")
+        challenge = answer.headers.get(CHALLENGE, "")
+        if answer.status != 204 or not re.fullmatch(f"[0-9a-f]{{{2 * node_proof.CHALLENGE_SIZE}}}", challenge):
+            reason = answer.json().get("reason", "") if answer.body.startswith(b"{") else ""
+            raise ConnectionError(f"it answered {answer.status} to a request for a challenge {reason}".rstrip())
+        answered = node_proof.read_challenge(key, asked, bytes.fromhex(challenge))
+        return request_proof(key, asked, answered, group, method, path_qs, client, check_only,
+                             request.headers.get("Authorization", "") if group != NODE_ITSELF else "",
+                             with_body), key
 
     @staticmethod
     def _head(request: web.Request, method: str, body: Body, path_qs: str, check_only: bool, client: str,
-              node: str | None = None) -> bytes:
+              node: str | None = None, body_key: bytes | None = None, credentials: bool = True) -> bytes:
         """The request line and headers: the client's own (the Host, the credentials, the body's length), and the
         client's address. Not the client's Expect: this listener has answered it, and the body follows at once. To
-        another node (its socket's address, as node), not the client's Host nor its Origin: they name this node,
-        which checked them; the Host is that node's address instead."""
+        another node (node: its address), not the client's Host nor its Origin: they name this node, which checked
+        them; the Host is that node's address instead. Without credentials: an ask for another node's own entries
+        needs none. A body to another node is followed by its HMAC: its length counts it."""
         lines = [f"{method} {path_qs} HTTP/1.1".encode()]
-        dropped = (b"connection", b"keep-alive", b"expect", *((b"host", b"origin") if node is not None else ()))
+        dropped = (b"connection", b"keep-alive", b"expect", *((b"host", b"origin") if node is not None else ()),
+                   *(() if credentials else (b"authorization",)))
         if node is not None:
             lines.append(f"Host: {node}".encode())
+        with_mac = node is not None and body is not None  # (the body is followed by its HMAC)
         for name, value in request.raw_headers:
             lowered = name.lower()
             if lowered.startswith(b"x-warren-") or lowered in dropped:
                 continue
-            if isinstance(body, bytes) and lowered in (b"content-length", b"transfer-encoding"):
+            if lowered == b"content-length" and (isinstance(body, bytes) or with_mac):
+                if not isinstance(body, bytes):
+                    lines.append(b"Content-Length: %d" % (int(value) + node_proof.PROOF_SIZE))
+                continue
+            if lowered == b"transfer-encoding" and isinstance(body, bytes):
                 continue
             lines.append(name + b": " + value)
         if isinstance(body, bytes):
-            lines.append(b"Content-Length: %d" % len(body))
+            lines.append(b"Content-Length: %d" % (len(body) + (node_proof.PROOF_SIZE if with_mac else 0)))
         lines.append(f"{http.FORWARDED_CLIENT}: {client}".encode())
         if check_only:
             lines.append(f"{http.CHECK_ONLY}: 1".encode())
+        if body_key is not None:
+            lines.append(f"{http.BODY_KEY_HEADER}: {body_key.hex()}".encode())
         lines.append(b"Connection: close")
         return b"\r\n".join(lines) + b"\r\n\r\n"
 
     @staticmethod
-    async def _send(writer: asyncio.StreamWriter, body: Body, chunked: bool) -> None:
+    async def _send(writer: asyncio.StreamWriter, body: Body, chunked: bool, mac) -> None:
+        """The body, and after it, to another node, its HMAC (mac: None to a worker)."""
+        def write(data: bytes) -> None:
+            if data:
+                writer.write(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
+
         try:
             if isinstance(body, bytes):
                 writer.write(body)
+                if mac is not None:
+                    mac.update(body)
+                    writer.write(mac.digest())
             elif body is not None:
                 async for chunk in body:
-                    writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
+                    if mac is not None:
+                        mac.update(chunk)
+                    write(chunk)
                     await writer.drain()
+                if mac is not None:
+                    write(mac.digest())
                 if chunked:
                     writer.write(b"0\r\n\r\n")
             await writer.drain()
@@ -277,16 +300,17 @@ async def read_answer(reader: asyncio.StreamReader, method: str) -> Answer:
 
 
 def unavailable(who: str, request: web.Request, error: Exception) -> Answer:
-    """who: "worker N", or another node"""
-    log.warning("%s did not answer %s %.200s: %s", who, request.method, request.path,
-                "it did not accept the connection in time" if isinstance(error, TimeoutError) else error)
+    """who: "worker N", or another node (a few lines a second about each at most: a client retrying while a node
+    fails over cannot flood the log)"""
+    peer_log.warning(who, "%s did not answer %s %.200s: %s", who, request.method, request.path,
+                     "it did not accept the connection in time" if isinstance(error, TimeoutError) else error)
     return Answer(503, CIMultiDict({"Content-Type": "application/json"}), json.dumps(
         {"error": "service_unavailable", "reason": f"{who} is starting or stopping"}).encode())
 
 
 def timed_out(who: str, request: web.Request, limit: float) -> Answer:
     """504: another node took the request but did not answer it within ``limit`` seconds (it may have applied it)."""
-    log.warning("%s did not answer %s %.200s within %g s", who, request.method, request.path, limit)
+    peer_log.warning(who, "%s did not answer %s %.200s within %g s", who, request.method, request.path, limit)
     return Answer(504, CIMultiDict({"Content-Type": "application/json"}), json.dumps(
         {"error": "gateway_timeout", "reason": f"{who} did not answer within {limit:g} s; the request may have "
                                                "been applied"}).encode())
@@ -302,48 +326,80 @@ def other_nodes_context(config) -> ssl.SSLContext | None:
     return context
 
 
-def signed_by_another_node(request: web.Request, secret: str, seen: SeenSignatures = SEEN) -> int | str | None:
-    """The group a request another node forwarded is for (or NODE_ITSELF), when it carries the signature of the
-    cluster's secret, made within SIGNED_FOR of now and not taken before; None when it does not (a client's own
-    request, a forged one, or one sent again)."""
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# What an API answers to a request another node proved, for a group (or NODE_ITSELF), given its own handler
+ForGroup = Callable[[web.Request, int | str, Handler], Awaitable[web.StreamResponse]]
+
+
+def from_other_nodes(secret: Callable[[], str | None], answer: ForGroup):
+    """The middleware of an API other nodes forward requests to: a request for a challenge gets one; a request for a
+    group is answered by ``answer`` once its proof is right (403 otherwise; 503 while this node has not learnt the
+    cluster's secret); any other request is a client's, answered as usual."""
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if NONCE in request.headers:
+            return challenged(request, secret())
+        if GROUP not in request.headers:
+            return await handler(request)
+        known = secret()
+        if not known:
+            return not_learnt()
+        group = proven(request, known)
+        if group is None:
+            peer_log.warning(request.remote or "", "refused a request from %s for another node's client: no right "
+                                                   "proof of the cluster's secret", request.remote)
+            return not_proven()
+        return await answer(request, group, handler)
+    return middleware
+
+
+def challenged(request: web.Request, secret: str | None) -> web.Response:
+    """This node's challenge to the node that asks for one, its nonce kept with the connection for the one request
+    that may follow on it."""
+    if not secret:
+        return not_learnt()
+    asked = request.headers[NONCE]
+    connection = request.protocol
+    if not NONCE_TEXT.fullmatch(asked) or not hasattr(connection, "challenge"):
+        return http.error_response(400, "bad_request", f"{NONCE} must be {node_proof.NONCE_SIZE} bytes in "
+                                                       "lowercase hexadecimal")
+    answered, challenge = node_proof.challenge(node_proof.link_key(secret, LINK), bytes.fromhex(asked))
+    connection.challenge = bytes.fromhex(asked), answered
+    return web.Response(status=204, headers={CHALLENGE: challenge.hex()})
+
+
+def proven(request: web.Request, secret: str) -> int | str | None:
+    """The group a request another node forwarded is for (or NODE_ITSELF), when its proof answers the challenge
+    this node gave on its connection (taken: one request per challenge); None when it does not (a client's own
+    request, a forged one, or one sent again). A request with a body gets the key of the body's HMAC."""
+    connection = request.protocol
+    challenge = getattr(connection, "challenge", None)
+    if challenge is None:
+        return None
+    connection.challenge = None
+    asked, answered = challenge
     group: int | str = request.headers[GROUP]
     try:
         group = int(group)
     except ValueError:
         group = group if group == NODE_ITSELF else -1
-    client = request.headers.get(http.FORWARDED_CLIENT, "")
-    check_only = request.headers.get(http.CHECK_ONLY) == "1"
-    signed = request.headers.get(SIGNED, "")
-    stamp = SIGNED_STAMP.fullmatch(signed)
-    here = request.transport.get_extra_info("sockname") if request.transport is not None else None
-    if not secret or stamp is None or here is None:
+    key = node_proof.link_key(secret, LINK)
+    expected = request_proof(key, asked, answered, group, request.method, request.raw_path,
+                             request.headers.get(http.FORWARDED_CLIENT, ""), request.headers.get(http.CHECK_ONLY) == "1",
+                             request.headers.get("Authorization", ""), request.body_exists)
+    given = request.headers.get(PROOF, "")
+    if not re.fullmatch(f"[0-9a-f]{{{2 * node_proof.PROOF_SIZE}}}", given) or not node_proof.check(
+            expected, bytes.fromhex(given)):
         return None
-    expected = signature(secret, group, request.method, request.raw_path, client, check_only, signed,
-                         request.headers.get("Authorization", ""), address_text(here))
-    given = request.headers.get(SIGNATURE, "")
-    if not hmac.compare_digest(expected, given):
-        return None
-    now, at = time.time(), int(stamp.group(1))
-    if abs(now - at) > SIGNED_FOR:
-        peer_log.warning(request.remote or "", "refused a request %s signed %.0f s away from this node's clock (more "
-                         "than %d s): are the nodes' clocks set?", request.remote, now - at, SIGNED_FOR)
-        return None
-    taken = seen.take(given[:32], at + SIGNED_FOR, now)  # (half the signature tells one from another well enough)
-    if taken != "new":
-        peer_log.warning(request.remote or "", "refused a request %s signed: %s", request.remote,
-                         "it came a second time" if taken == "again" else
-                         f"{seen.limit} signatures were taken in the last {2 * SIGNED_FOR} s")
-        return None
+    if request.body_exists:
+        request[http.BODY_KEY] = body_key_of(key, expected)
     return group
 
 
-def for_another_node(request: web.Request, secret: str, entry: Callable[[], dict]) -> web.Response | None:
-    """The answer of a node of a cluster of one-process nodes to a request another node sent (it has GROUP): 403
-    unless signed_by_another_node takes it; the node's own entry (``entry()``) to an ask for its entries in
-    /api/nodes; None for one forwarded to the leader (LEADERS_GROUP), which the caller answers; 503 for any other."""
-    group = signed_by_another_node(request, secret)
-    if group is None:
-        return not_signed()
+def for_another_node(request: web.Request, group: int | str, entry: Callable[[], dict]) -> web.Response | None:
+    """The answer of a node of a cluster of one-process nodes to a request another node proved: the node's own entry
+    (``entry()``) to an ask for its entries in /api/nodes; None for one forwarded to the leader (LEADERS_GROUP),
+    which the caller answers; 503 for any other."""
     if group == NODE_ITSELF and request.path == "/api/nodes":
         return http.reply([entry()])
     if group != LEADERS_GROUP:
@@ -351,6 +407,10 @@ def for_another_node(request: web.Request, secret: str, entry: Callable[[], dict
     return None
 
 
-def not_signed() -> web.Response:
-    return http.error_response(403, "not_authorised", "a request from another node must be signed with the "
-                                                      "cluster's secret, once, at the time it is sent")
+def not_proven() -> web.Response:
+    return http.error_response(403, "not_authorised", "a request from another node must carry its proof of the "
+                                                      "cluster's secret, answering the challenge of its connection")
+
+
+def not_learnt() -> web.Response:
+    return http.error_response(503, "service_unavailable", "this node has not learnt the cluster's secret yet")

@@ -107,7 +107,7 @@ async def json_bodies(request: web.Request, handler):
     refusal = body_refusal(request.method, request.body_exists, request.content_type)
     if refusal is not None:
         return http.error_response(415, "unsupported_media_type", refusal)
-    if (request.content_length or 0) > request.app[http.MAX_BODY_SIZE]:
+    if http.body_length(request) > request.app[http.MAX_BODY_SIZE]:
         response = http.body_too_large().response()
         response.force_close()  # what follows is the body, unread
         return response

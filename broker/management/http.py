@@ -17,6 +17,7 @@ from aiohttp import web
 
 from broker.connection.auth import may_log_in_from
 from broker.model.access import User
+from protocol import node_proof
 
 if TYPE_CHECKING:
     from broker.connection.server import Server
@@ -41,6 +42,10 @@ USER = web.RequestKey("user", User)  # who an /api/ request's credentials name (
 # counts the node's refused logins and waits before it answers them (broker.workers.api)
 LOGIN_OUTCOME = "X-Warren-Login"
 LOGIN = web.RequestKey("login", str)  # that outcome, on a forwarded request (set by app.authenticated)
+# The key of the HMAC that ends the body of a request another node forwarded (broker.management.forwarding), set
+# once the request's proof is checked; to a worker, the supervisor that checked it sends the key in BODY_KEY_HEADER
+BODY_KEY = web.RequestKey("body_key", bytes)
+BODY_KEY_HEADER = "X-Warren-Body-Key"
 OFF_LOOP_BYTES = 1024 * 1024  # a body larger than this is parsed on a thread, not the event loop
 MAX_RANGE = 500  # samples a msg_rates_age/msg_rates_incr period may ask for at most (RabbitMQ's ?MAX_RANGE)
 # an integer as RabbitMQ reads one in a query, a path segment or a body: ASCII digits (str.isdigit also takes other
@@ -88,6 +93,24 @@ def error_response(status: int, error: str, reason: str) -> web.Response:
     if not error:
         return web.Response(status=status, headers=headers)
     return web.json_response({"error": error, "reason": reason}, status=status, headers=headers, dumps=compact_json)
+
+
+def error_reply(request: web.Request, error: ApiError) -> web.Response:
+    """The reply to a request an ApiError refuses; to a page's own request (the console's), no Basic challenge, or
+    the browser would put up its login dialog."""
+    response = error.response()
+    if request.headers.get("X-Requested-With") == "XMLHttpRequest":
+        response.headers.pop("WWW-Authenticate", None)
+    return response
+
+
+def without_credentials(request: web.Request) -> web.Response | None:
+    """RabbitMQ's 401 to an /api/ request that carries no basic credentials (None for one that does): a node that
+    forwards requests gives it itself, with nothing to check, as the API that would check them gives it."""
+    if not request.path.startswith("/api/"):
+        return None
+    scheme, _, _ = request.headers.get("Authorization", "").partition(" ")
+    return error_reply(request, ApiError(401, "", "")) if scheme.lower() != "basic" else None
 
 
 def not_authorised(reason: str) -> ApiError:
@@ -235,7 +258,7 @@ def authenticate(request: web.Request) -> User:
     header = request.headers.get("Authorization", "")
     scheme, _, encoded = header.partition(" ")
     if scheme.lower() != "basic":
-        raise ApiError(401, "", "")
+        raise ApiError(401, "", "")  # (without_credentials gives the same reply)
     try:
         name, _, password = base64.b64decode(encoded, validate=True).decode("utf-8").partition(":")
     except (binascii.Error, ValueError):
@@ -326,11 +349,29 @@ async def json_body(request: web.Request) -> dict:
 
 
 async def read_body(request: web.Request) -> bytes:
-    """The request's body; RabbitMQ's 400 once it passes max_body_size (a body sent in chunks announces no size)."""
+    """The request's body; RabbitMQ's 400 once it passes max_body_size (a body sent in chunks announces no size).
+    The body of a request another node forwarded ends with its HMAC, checked and taken off here: 403 when the body
+    is not the one the forwarding node sent."""
     try:
-        return await request.read()
+        raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise body_too_large() from None
+    key = request.get(BODY_KEY)
+    if key is not None:
+        raw, given = raw[:-node_proof.PROOF_SIZE], raw[-node_proof.PROOF_SIZE:]
+        mac = node_proof.body_mac(key)
+        mac.update(raw)
+        if not node_proof.check(mac.digest(), given):
+            raise ApiError(403, "not_authorised", "the body of a request from another node is not the one it sent")
+    if len(raw) > request.app[MAX_BODY_SIZE]:
+        raise body_too_large()
+    return raw
+
+
+def body_length(request: web.Request) -> int:
+    """The length of the request's body as its Content-Length says (0 when it says none), its HMAC left out."""
+    length = request.content_length or 0
+    return length - node_proof.PROOF_SIZE if BODY_KEY in request else length
 
 
 async def parse_json(raw: bytes) -> Any:
@@ -362,16 +403,14 @@ def refuse_constant(text: str) -> float:
 
 
 def decode_json(raw: bytes | str, object_hook: Callable[[list], dict] | None = None) -> Any:
-    """A request body's JSON (each object built by object_hook when given); 400 naming what is wrong when it is
-    not JSON, RabbitMQ's "not_json" for a number that is not finite (it would come back as Infinity, which no JSON
-    parser reads)."""
+    """A request body's JSON (each object built by object_hook when given); RabbitMQ's 400 "not_json" when it is not
+    JSON (a compressed body included: it is read as sent) or holds a number that is not finite (it would come back
+    as Infinity, which no JSON parser reads)."""
     try:
         return json.loads(raw, parse_float=finite_float, parse_constant=refuse_constant,
                           object_pairs_hook=object_hook)
-    except NotJson:
+    except (NotJson, ValueError):  # (UnicodeDecodeError is a ValueError)
         raise bad_request("not_json") from None
-    except (ValueError, UnicodeDecodeError) as error:
-        raise bad_request(f"failed to decode JSON: {error}") from None
     except RecursionError:
         raise bad_request("failed to decode JSON: nested too deeply") from None
 

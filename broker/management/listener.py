@@ -34,8 +34,14 @@ class GuardedRequestHandler(RequestHandler):
     while the connection waits for its next request) and _messages (requests parsed but not yet handled)."""
 
     def __init__(self, manager: Any, slots: ConnectionSlots, **kwargs: Any):
-        super().__init__(manager, keepalive_timeout=IDLE_TIMEOUT, lingering_time=LINGERING_TIME, **kwargs)
+        # A body is read as it was sent, whatever its Content-Encoding (as RabbitMQ's API reads it: a compressed body
+        # is not JSON), and forwarded as it came
+        super().__init__(manager, keepalive_timeout=IDLE_TIMEOUT, lingering_time=LINGERING_TIME, auto_decompress=False,
+                         **kwargs)
         self.slots = slots  # the listener's count of connections
+        # (another node's nonce, this node's) of the challenge it asked for on this connection, taken by the request
+        # that follows (broker.management.forwarding)
+        self.challenge: tuple[bytes, bytes] | None = None
         self.admitted = False  # it took a slot (False: refused, or not connected yet)
         self.headers_due: asyncio.TimerHandle | None = None  # fires when the awaited headers are late
         self.headers_started = False  # bytes of the awaited request's headers have arrived

@@ -33,12 +33,11 @@ from broker.connection.peer_log import PeerLog
 from broker.management import guards, http
 from broker.management.app import CONSOLE, VIEWS, console_page
 from broker.management.forwarding import (
-    GROUP, NODE_ITSELF, Answer, ApiClient, Body, body_of, not_signed, other_nodes_context, signed_by_another_node,
-    unavailable,
+    NODE_ITSELF, Answer, ApiClient, Body, body_of, from_other_nodes, other_nodes_context, unavailable,
 )
 from broker.management.resources import listing, sorted_bindings
 from broker.model.definitions import VHOST_SECTIONS, of_vhosts
-from broker.workers.board import API_SECRET, nodes_of
+from broker.workers.board import CLUSTER_SECRET, nodes_of
 from broker.workers.moving import MoveError
 
 if TYPE_CHECKING:
@@ -82,20 +81,22 @@ class WorkerApis(ApiClient):
     """Requests to the workers' internal API sockets, and on a clustered node to the other nodes' APIs."""
 
     def __init__(self, supervisor: "Supervisor"):
-        super().__init__(lambda: supervisor.board.entries.get(API_SECRET),
+        super().__init__(lambda: supervisor.board.entries.get(CLUSTER_SECRET),
                          other_nodes_context(supervisor.config) if supervisor.clustered else None)
         self.supervisor = supervisor
 
     async def ask(self, worker: int, request: web.Request, body: Body = None, path_qs: str | None = None,
-                  check_only: bool = False, metrics: bool = False, client: str | None = None) -> Answer:
+                  check_only: bool = False, metrics: bool = False, client: str | None = None,
+                  body_key: bytes | None = None) -> Answer:
         """The worker's answer to request (with body: bytes, or the request's own, streamed as the worker reads
         it), from its management API or, with metrics, its Prometheus endpoint; on a clustered node, from the
-        worker that leads its group, here or on another node (whose API is asked, signed, for that worker's answer).
-        ``client``: the client's address, when not the request's (a request another node's API forwarded)."""
+        worker that leads its group, here or on another node (whose API is asked, proven, for that worker's answer).
+        ``client``: the client's address, when not the request's (a request another node's API forwarded, whose
+        body ends with the HMAC ``body_key`` checks)."""
         target = self.supervisor.api_target(worker, metrics)
         if target is None:
             return unavailable(f"worker {worker}", request, ConnectionError(f"no node leads group {worker} now"))
-        return await self.ask_at(target, worker, request, body, path_qs, check_only, client)
+        return await self.ask_at(target, worker, request, body, path_qs, check_only, client, body_key=body_key)
 
 class Gateway:
     """The public API's one handler: what goes where (see the module's text)."""
@@ -115,12 +116,9 @@ class Gateway:
     def leader_of(self, vhost: str) -> int:
         return self.supervisor.worker_of(vhost)
 
-    async def for_a_group(self, request: web.Request) -> web.StreamResponse:
-        """A request another node of the cluster forwarded (signed) for this node's worker that leads a group:
-        that worker's answer, with how the credentials fared, for the node that asked to count."""
-        group = signed_by_another_node(request, self.supervisor.board.entries.get(API_SECRET, ""))
-        if group is None:
-            return not_signed()
+    async def for_a_group(self, request: web.Request, group: int | str, _handler=None) -> web.StreamResponse:
+        """A request another node of the cluster forwarded (proven) for this node's worker that leads a group: that
+        worker's answer, with how the credentials fared, for the node that asked to count."""
         check_only = request.headers.get(http.CHECK_ONLY) == "1"
         client = request.headers.get(http.FORWARDED_CLIENT, "")
         if group == NODE_ITSELF:  # this node's own workers, for the list of the cluster's nodes
@@ -128,13 +126,17 @@ class Gateway:
         if not isinstance(group, int) or group not in self.workers or not isinstance(
                 self.supervisor.api_target(group), str):
             return http.error_response(503, "service_unavailable", f"this node does not lead group {group} now")
-        answer = await self.apis.ask(group, request, body_of(request), check_only=check_only, client=client)
+        answer = await self.apis.ask(group, request, body_of(request), check_only=check_only, client=client,
+                                     body_key=request.get(http.BODY_KEY))
         response = answer.response()
         if http.LOGIN in request:
             response.headers[http.LOGIN_OUTCOME] = request[http.LOGIN]
         return response
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        refused = http.without_credentials(request)  # (answered here: every worker could only refuse it)
+        if refused is not None:
+            return refused
         try:
             response = await self._handle(request)
         except http.ApiError as error:  # a listing's shape asked for here (a page out of range...)
@@ -295,12 +297,11 @@ class Gateway:
 
     async def nodes(self, request: web.Request, name: str | None) -> web.Response:
         """Every worker of this node, and on a clustered node of every node registered in the cluster (as RabbitMQ
-        lists every node of its cluster), running or not: the credentials checked by a worker leading a group (on a
-        clustered node, the first group's leader that answers, wherever it runs)."""
+        lists every node of its cluster), running or not: the credentials checked by a worker leading a group (the
+        first group's leader that answers, wherever it runs)."""
         own = await self.own_nodes(request)
         clustered = self.supervisor.clustered
-        verdict = await self._checked_by_a_leader(request) if clustered else next(
-            (answer for answer in own if answer.status != 503), own[0])
+        verdict = await self._checked_by_a_leader(request)
         if verdict.status != 200:
             return verdict.response()
         items = self.entries(own)
@@ -332,10 +333,11 @@ class Gateway:
         return next((answer for answer in answers if answer.status != 503), answers[0])
 
     async def own_nodes(self, request: web.Request, client: str | None = None) -> list[Answer]:
-        """Each worker of this node's answer to /api/nodes (a GET, for a HEAD too: its entries are read), its internal
-        socket asked whether or not it leads."""
+        """Each worker of this node's own entry in /api/nodes (a GET, for a HEAD too: its entries are read), its
+        internal socket asked whether or not it leads, without credentials (the caller has them checked)."""
         return await self._each(lambda worker: self.apis.ask_at(
-            self.supervisor.workers[worker].api_path, worker, request, path_qs=NODES, client=client, method="GET"))
+            self.supervisor.workers[worker].api_path, NODE_ITSELF, request, path_qs=NODES, client=client,
+            method="GET"))
 
     def entries(self, answers: list[Answer]) -> list[dict]:
         """The /api/nodes entries of this node's workers, from their answers: one that did not answer is stopped,
@@ -405,15 +407,10 @@ def summed(one, other):
 def make_gateway_app(supervisor: "Supervisor") -> web.Application:
     config = supervisor.config
     gateway = Gateway(supervisor)
-    @web.middleware
-    async def from_another_node(request: web.Request, handler):
-        """A request another node forwarded for a worker here: neither its Host nor its Origin is this node's."""
-        if GROUP in request.headers and supervisor.clustered:
-            return await gateway.for_a_group(request)
-        return await handler(request)
-
-    app = web.Application(middlewares=[from_another_node, guards.same_origin],
-                          client_max_size=config.management_max_body_size)
+    middlewares = [guards.same_origin]
+    if supervisor.clustered:  # requests another node forwards for a worker here: neither their Host nor Origin is ours
+        middlewares.insert(0, from_other_nodes(lambda: supervisor.board.entries.get(CLUSTER_SECRET), gateway.for_a_group))
+    app = web.Application(middlewares=middlewares, client_max_size=config.management_max_body_size)
     app[guards.NAMES] = guards.allowed_names(config)
     app.on_response_prepare.append(guards.add_security_headers)
 

@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 LINE_LIMIT = 1024 * 1024  # the longest line either side reads: a board of a few thousand short entries
 GROUP_KEY_PREFIX = "group "  # (group_key)
-API_SECRET = "api secret"  # a clustered node's key for the cluster's secret, which signs API requests between nodes
+CLUSTER_SECRET = "cluster secret"  # a clustered node's key for the cluster's secret (group 0's), which proves forwards
 
 
 def group_key(group: int) -> str:

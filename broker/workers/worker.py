@@ -228,7 +228,8 @@ async def serve(control: socket.socket) -> None:
     internal = []  # the management API and the Prometheus endpoint, on the sockets the supervisor reads them on
     for app, fd in ((make_app(server, forwarded=True), instructions["api"]),
                     (make_prometheus_app(server), instructions["metrics"])):
-        runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        runner = web.AppRunner(app, handle_signals=False, access_log=None,
+                                auto_decompress=False)  # (a body as the client sent it, as the public API reads it)
         await runner.setup()
         await web.SockSite(runner, socket.socket(fileno=fd)).start()
         internal.append(runner)

@@ -31,9 +31,11 @@ class Node:
     """One Warren process of the cluster; its ports and data dir stay the same across restarts."""
 
     def __init__(self, root: Path, name: str, cluster: str, etcd: str, *, ports: tuple[int, int, int] | None = None,
-                 place: Place = LOCAL, workers: int = 1, tables: str = "", **settings: object) -> None:
+                 place: Place = LOCAL, workers: int = 1, tables: str = "", loopback_users: list[str] | None = None,
+                 **settings: object) -> None:
         """``ports``: (AMQP, management, replication), free ones when None. ``place``: where it runs (its address
-        serves AMQP, replication and, off loopback, the management API; guest may log in from anywhere there).
+        serves AMQP, replication and, off loopback, the management API; guest may log in from anywhere there,
+        unless ``loopback_users`` names it).
         ``workers``: its worker processes, each in the replication group of its number (replication ports from
         the one given on). ``tables``: config text after the rest ([[vhosts]]...)."""
         self.name = name
@@ -52,7 +54,8 @@ class Node:
         self.config_path.write_text("\n".join([
             "[server]", f'host = "{self.host}"', f"port = {self.port}", f'data_dir = "{self.data_dir}"',
             f'cluster_name = "{cluster}"', f"workers = {workers}", "[management]", f"port = {self.management_port}",
-            *([] if place == LOCAL else [f'host = "{self.host}"', "[amqp]", "loopback_users = []"]),
+            *([] if place == LOCAL else [f'host = "{self.host}"', "[amqp]",
+                                         f"loopback_users = {json.dumps(loopback_users or [])}"]),
             "[prometheus]", f"port = {self.prometheus_port}",
             "[cluster]", f'etcd_endpoints = ["{etcd}"]', f'node_id = "{name}"',
             f"replication_port = {self.replication_port}",
@@ -97,7 +100,7 @@ class Node:
         address); (0, the reason) while it does not listen."""
         headers = {"Authorization": "Basic " + base64.b64encode(user.encode()).decode(),
                    "Content-Type": "application/json", **({"Host": host} if host is not None else {})}
-        request = urllib.request.Request(f"http://127.0.0.1:{self.management_port}{path}", method=method,
+        request = urllib.request.Request(f"http://{self.host}:{self.management_port}{path}", method=method,
                                          data=json.dumps(body).encode() if body is not None else None,
                                          headers=headers)
         try:
@@ -143,6 +146,10 @@ class Observer:
         except CoordinatorUnavailable:
             return None
         return None if current is None else (current[0].node_id, current[1])
+
+    def secret(self) -> str:
+        """The secret etcd keeps for the cluster (made now if no node has asked for it yet)."""
+        return self._run(self._coordinator.secret())
 
     def isr(self) -> list[str] | None:
         from cluster.coordinator import CoordinatorUnavailable

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import gzip
 import json
 import os
 import ssl
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -19,6 +21,7 @@ import uuid
 import pika
 import pytest
 
+from tests.cluster.netns import Place
 from tests.cluster.nodes import Cluster, wait_for
 from tests.conftest import REPO_ROOT, free_port
 from tests.tls_certs import make_certificates
@@ -63,6 +66,35 @@ def test_amqps_clients_of_every_node_reach_the_leader_shown_as_amqps(tmp_path, e
         channel = connections.enter_context(pika.BlockingConnection(pika.ConnectionParameters(
             "127.0.0.1", leader.port))).channel()
         assert channel.queue_declare("through-tls", durable=True, passive=True).method.message_count == 3
+
+
+@pytest.mark.parametrize("where, workers", [("localhost", 1), ("127.0.0.2-4", 1), ("localhost", 2)])
+def test_a_node_is_believed_for_what_it_proves_not_for_the_address_it_connects_from(tmp_path, etcd_endpoint, where,
+                                                                                    workers):
+    """Nodes that advertise a name (localhost, as a DNS name would be), or that listen on 127.0.0.2-4 and connect
+    out from 127.0.0.1: a follower's clients reach the leader, which names each client by its own address."""
+    if where == "localhost":
+        cluster = Cluster(tmp_path, f"t{uuid.uuid4().hex[:10]}", etcd_endpoint, advertise_host="localhost",
+                          workers=workers)
+    else:
+        cluster = Cluster(tmp_path, f"t{uuid.uuid4().hex[:10]}", etcd_endpoint,
+                          places={name: Place(f"127.0.0.{index}") for index, name in enumerate("abc", 2)})
+    with cluster.running():
+        cluster.ready()
+        for node in cluster.nodes.values():
+            with pika.BlockingConnection(pika.ConnectionParameters(
+                    node.host, node.port, connection_attempts=50, retry_delay=0.2)) as connection:
+                channel = connection.channel()
+                channel.queue_declare(f"through-{node.name}")
+                channel.basic_publish("", f"through-{node.name}", node.name.encode())
+                assert channel.basic_get(f"through-{node.name}", auto_ack=True)[2] == node.name.encode()
+                def listed():
+                    status, views = node.api("GET", "/api/connections")
+                    return status == 200 and [view for view in views if view["port"] == node.port]
+                shown = wait_for(listed, 30, "the connection listed")
+                assert [view["peer_host"] for view in shown] == ["127.0.0.1"]
+        refusals = [line for line in cluster.logs().splitlines() if "PROXY header" in line]
+        assert not refusals, refusals
 
 
 @pytest.fixture
@@ -122,19 +154,19 @@ def test_a_follower_serves_the_console_and_refuses_a_host_it_does_not_know(clust
     assert status == 403 and "Host header" in refusal["reason"]
 
 
-def test_a_request_that_claims_to_come_from_another_node_must_bear_the_clusters_signature(cluster):
+def test_a_request_that_claims_to_come_from_another_node_must_bear_the_clusters_proof(cluster):
     leader = cluster.ready()
     follower = cluster.followers()[0]
     wait_for(lambda: follower.api("GET", "/api/overview")[0] == 200, 30, "the follower's API")
     for node, group in ((leader, "0"), (follower, "node")):  # a forward to the leader, and the leader's ask
         request = urllib.request.Request(
             f"http://127.0.0.1:{node.management_port}/api/nodes",
-            headers={"Authorization": GUEST, "X-Warren-Group": group, "X-Warren-Signature": "0" * 64,
+            headers={"Authorization": GUEST, "X-Warren-Group": group, "X-Warren-Proof": "0" * 64,
                      "X-Warren-Client": "10.9.9.9"})
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(request, timeout=10)
         assert refused.value.code == 403
-        assert "signed with the cluster's secret" in json.loads(refused.value.read())["reason"]
+        assert "proof of the cluster's secret" in json.loads(refused.value.read())["reason"]
 
 
 def test_every_node_answers_a_scrape_and_only_the_leader_reports_the_queues(tmp_path, etcd_endpoint):
@@ -175,3 +207,44 @@ def test_an_operator_names_the_node_that_leads_through_any_node(cluster):
     assert leader.api("DELETE", "/api/vhosts/%2F/leader")[0] == 204
     assert first.api("GET", "/api/vhosts/%2F/leader")[1]["pinned"] is None
     cluster.ready()  # every node back in the ISR
+
+
+def test_a_compressed_body_through_a_follower_is_answered_as_the_leader_answers_it(cluster):
+    """A body goes to the leader as the client sent it, which reads it as RabbitMQ does: a gzip is not JSON."""
+    cluster.ready()
+    follower = cluster.followers()[0]
+    wait_for(lambda: follower.api("GET", "/api/overview")[0] == 200, 30, "the follower's API")
+    body = json.dumps({"durable": True}).encode()
+    for layers in (1, 2):
+        body = gzip.compress(body)
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{follower.management_port}/api/queues/%2F/gzipped", data=body, method="PUT",
+            headers={"Authorization": GUEST, "Content-Type": "application/json", "Content-Encoding": "gzip"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert (refused.value.code, json.loads(refused.value.read())) == (
+            400, {"error": "bad_request", "reason": "not_json"})
+    assert follower.api("GET", "/api/queues/%2F/gzipped")[0] == 404
+
+
+def test_a_failover_costs_a_few_log_lines_however_fast_a_client_asks(cluster):
+    """A client asking a follower's API as fast as it can while the leader is gone (killed, not yet replaced):
+    every answer comes, and the follower's log takes a few lines a second, not one per request."""
+    leader = cluster.ready()
+    follower = cluster.followers()[0]
+    wait_for(lambda: follower.api("GET", "/api/overview")[0] == 200, 30, "the follower's API")
+    before = len(follower.log().splitlines())
+    leader.kill()
+    asked, deadline = 0, time.monotonic() + 3
+    while time.monotonic() < deadline:
+        for user in ("guest:wrong", None):  # credentials the leader would check, and none at all
+            headers = {"Authorization": "Basic " + base64.b64encode(user.encode()).decode()} if user else {}
+            try:
+                urllib.request.urlopen(urllib.request.Request(
+                    f"http://127.0.0.1:{follower.management_port}/api/overview", headers=headers), timeout=10)
+            except urllib.error.HTTPError:
+                pass
+            asked += 1
+    lines = follower.log().splitlines()[before:]
+    assert asked > 200, f"only {asked} requests in 3 s"
+    assert len(lines) < 100, f"{len(lines)} lines for {asked} requests:\n" + "\n".join(lines[-20:])

@@ -243,13 +243,13 @@ def test_any_nodes_api_lists_every_worker_of_every_node(grouped):
     wait_for(lambda: (found := listed(led[0])) and set(found) == rest, 30, f"{elsewhere}'s workers gone from the list")
 
 
-def test_a_request_between_nodes_counts_only_when_signed(grouped):
+def test_a_request_between_nodes_counts_only_when_proven(grouped):
     cluster, observers = grouped
     led = wait_for(lambda: leaders(observers), 30, "a leader in each group")
     api_ready(cluster)
     request = urllib.request.Request(f"http://127.0.0.1:{cluster.nodes[led[1]].management_port}/api/users/mallory",
                                      method="PUT", data=b'{"password": "x", "tags": "administrator"}',
-                                     headers={"X-Warren-Group": "1", "X-Warren-Signature": "0" * 64,
+                                     headers={"X-Warren-Group": "1", "X-Warren-Proof": "0" * 64,
                                               "Content-Type": "application/json"})
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=10)

@@ -5,6 +5,7 @@ password guessing, a blank password, malformed query values."""
 from __future__ import annotations
 
 import base64
+import gzip
 import json
 import resource
 import socket
@@ -140,6 +141,41 @@ def test_numbers_json_cannot_carry_are_refused_as_rabbitmq_does(broker, unique, 
     reply = request(broker, "PUT", f"/api/vhosts/{quote(unique)}", raw_body=f'{{"description": {literal}}}'.encode())
     assert (reply.status, reply.body) == (400, {"error": "bad_request", "reason": "not_json"})
     assert request(broker, "GET", f"/api/vhosts/{quote(unique)}").status == 404
+
+
+def gzipped(body: bytes, layers: int) -> bytes:
+    for _ in range(layers):
+        body = gzip.compress(body)
+    return body
+
+
+@pytest.mark.parametrize("layers", [1, 2], ids=["gzip", "gzip-of-gzip"])
+def test_a_compressed_body_is_read_as_sent_as_rabbitmq_reads_it(broker, unique, layers):
+    """RabbitMQ's API does not decompress a body: a gzip is not JSON, whatever its Content-Encoding says."""
+    reply = request(broker, "PUT", f"/api/queues/%2F/{quote(unique)}", headers={"Content-Encoding": "gzip"},
+                    raw_body=gzipped(json.dumps({"durable": True}).encode(), layers))
+    assert (reply.status, reply.body) == (400, {"error": "bad_request", "reason": "not_json"})
+    assert request(broker, "GET", f"/api/queues/%2F/{quote(unique)}").status == 404
+
+
+def open_descriptors(pid: int) -> int:
+    return len(list(Path(f"/proc/{pid}/fd").iterdir()))
+
+
+def test_compressed_bodies_through_the_workers_api_are_answered_and_leave_no_descriptor(own_broker):
+    """The supervisor forwards a body as the client sent it: each worker reads it as one process does."""
+    broker = own_broker("--workers", "2")
+    assert request(broker, "GET", "/api/overview").status == 200
+    before = open_descriptors(broker.process.pid)
+    for index in range(5):
+        reply = request(broker, "PUT", f"/api/users/gzip-{index}", headers={"Content-Encoding": "gzip"},
+                        raw_body=gzipped(json.dumps({"password": "x", "tags": ""}).encode(), 2), timeout=10)
+        assert (reply.status, reply.body) == (400, {"error": "bad_request", "reason": "not_json"})
+    assert request(broker, "GET", "/api/users/gzip-0").status == 404
+    deadline = time.monotonic() + 5  # (each forward's socket is closed once its answer is read)
+    while open_descriptors(broker.process.pid) > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert open_descriptors(broker.process.pid) <= before
 
 
 # --- other web sites -------------------------------------------------------------------------------------------

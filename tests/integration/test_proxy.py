@@ -1,8 +1,8 @@
 """Client forwarding: a follower's AmqpForwarder carries each client's connection to the leader behind a PROXY v2
-header, and the leader takes the client's address from that header only when the forwarder's address is one it
-trusts. The leader runs in this process, on an event loop of its own thread, so that the test sets its
-trusted_proxies as the cluster layer does; the forwarder runs on the same loop, and the clients (pika, or raw
-sockets) block in the test's thread."""
+header, and the leader takes the client's address from that header only when the forwarder proves it knows the
+cluster's secret, whatever address it comes from. The leader runs in this process, on an event loop of its own
+thread, so that the test gives it the cluster's secret as the cluster layer does; the forwarder runs on the same
+loop, and the clients (pika, or raw sockets) block in the test's thread."""
 
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ from broker.connection.server import Server
 from broker.connection.tls import server_context
 from broker.management.server import start_management
 from cluster.proxy import AmqpForwarder
+from protocol import node_proof, proxy_header
+from protocol.stream_start import Forwarding
 from tests.conftest import free_port
 from tests.integration.helpers import (
     EVENT_TIMEOUT, beyond_rabbitmq, connect, consume, declare_queue, publish, wait_for_message_count,
@@ -38,8 +40,9 @@ from tests.tls_certs import make_certificates
 
 pytestmark = beyond_rabbitmq
 
-TRUSTED = "127.0.0.1"  # the forwarder's address as the leader sees it
-UNTRUSTED = "127.0.0.3"  # another loopback address, from which a client can send a header of its own
+SECRET = "the cluster's secret"
+FORWARDER = "127.0.0.1"  # the forwarder's address as the leader sees it
+ELSEWHERE = "127.0.0.3"  # another loopback address, from which a client can send a header of its own
 
 
 class LoopThread:
@@ -112,7 +115,7 @@ def leader(loop_thread, tmp_path_factory):
     config = Config(port=0, data_dir=str(tmp_path_factory.mktemp("leader")), management_port=free_port(),
                     prometheus_port=0, failed_login_delay=0)
     server = Server(config)
-    server.trusted_proxies = frozenset({TRUSTED})
+    server.cluster_secret = SECRET
 
     async def start():
         await server.start()
@@ -140,7 +143,7 @@ def start_forwarder(loop_thread, leader, leadership):
     started: list[AmqpForwarder] = []
 
     def start(host: str = "127.0.0.1", tls: ssl.SSLContext | None = None) -> tuple[AmqpForwarder, Endpoint]:
-        forwarder = AmqpForwarder(leadership)
+        forwarder = AmqpForwarder(leadership, lambda: SECRET)
         loop_thread.run(forwarder.start(host, 0, tls))
         started.append(forwarder)
         return forwarder, Endpoint(host, forwarder.port, leader.endpoint.management_port)
@@ -186,6 +189,14 @@ def wait_for(condition: Callable[[], Any], timeout: float = EVENT_TIMEOUT) -> An
 def connect_from(endpoint: Endpoint, address: str) -> RawClient:
     """A raw client whose socket comes from the given loopback address."""
     return RawClient(socket.create_connection((endpoint.host, endpoint.port), timeout=5, source_address=(address, 0)))
+
+
+def proven(client: RawClient, source: tuple[str, int], secret: str = SECRET) -> None:
+    """The PROXY header of a node that forwards a client from source, and its proof: what a forwarder sends."""
+    forwarding = Forwarding(secret, source, ("127.0.0.1", 5672), tls=False)
+    client.send_raw(forwarding.header)
+    proof, _ = forwarding.feed(client.recv_raw(node_proof.CHALLENGE_SIZE))
+    client.send_raw(proof)
 
 
 def login(client: RawClient, username: str = "guest", password: str = "guest") -> str:
@@ -242,7 +253,7 @@ def test_the_leader_names_the_client_not_the_forwarder(loop_thread, forwarded, b
     assert f"accepting AMQP connection {shown['name']}" in broker_log.text
 
 
-def test_a_direct_client_of_a_trusted_address_is_served_as_before(leader, unique):
+def test_a_direct_client_of_the_forwarders_address_is_served_as_before(leader, unique):
     with connect(leader.endpoint) as conn:
         ch = conn.channel()
         publish(ch, declare_queue(ch, unique), [b"direct"])
@@ -277,64 +288,76 @@ def test_an_amqps_client_of_a_follower_is_shown_by_the_leader_as_tls(start_forwa
     ("127.0.0.9", "tune"),
 ], ids=["remote-client", "loopback-client"])
 def test_loopback_users_are_checked_against_the_client_the_header_names(leader, source, answer, broker_log):
-    with connect_from(leader.endpoint, TRUSTED) as client:
-        client.send_raw(f"PROXY TCP4 {source} 127.0.0.1 40000 5672\r\n".encode())
+    with connect_from(leader.endpoint, FORWARDER) as client:
+        proven(client, (source, 40000))
         assert login(client) == answer
     if answer == "refused":
         assert f"login refused for user 'guest' from {source}:40000" in broker_log.text
 
 
-def test_an_unknown_header_keeps_the_sockets_own_address(leader):
-    with connect_from(leader.endpoint, TRUSTED) as client:
-        client.send_raw(b"PROXY UNKNOWN\r\n")
-        assert login(client) == "tune"
-
-
-def test_a_header_in_pieces_is_read_whole(loop_thread, leader):
-    with connect_from(leader.endpoint, TRUSTED) as client:
-        for piece in (b"PRO", b"XY TCP4 192.0.2.", b"77 127.0.0.1 40000 5672\r", b"\nAMQP", b"\x00\x00\x09\x01"):
-            client.send_raw(piece)
-            time.sleep(0.02)
+def test_a_proven_header_counts_whatever_address_it_comes_from(loop_thread, leader):
+    with connect_from(leader.endpoint, ELSEWHERE) as client:
+        proven(client, ("192.0.2.77", 40000))
+        client.send_protocol_header()
         client.expect(commands.Connection.Start)
         [connection] = loop_thread.call(lambda: [c for c in leader.server.connections if c.peer == "192.0.2.77:40000"])
         assert connection.name == "192.0.2.77:40000 -> 127.0.0.1:5672"
 
 
-def test_loopback_users_through_the_forwarder_see_a_remote_client(leader, start_forwarder, unique, broker_log):
-    """The forwarder reaches the leader over loopback, but its client does not come from this machine: guest is
-    refused, a user who may log in from anywhere is not."""
-    address = machine_address()
-    if address is None:
-        pytest.skip("this machine has no address but loopback")
-    _, endpoint = start_forwarder(address)
-    with pytest.raises(pika.exceptions.AMQPConnectionError):
-        connect(endpoint)
-    assert f"login refused for user 'guest' from {address}:" in broker_log.text
-    add_user(leader.endpoint, unique, "secret")
-    set_permissions(leader.endpoint, "/", unique)
-    try:
-        with pika.BlockingConnection(pika.ConnectionParameters(
-                endpoint.host, endpoint.port, "/", pika.PlainCredentials(unique, "secret"))) as conn:
-            assert conn.is_open
-    finally:
-        delete_user(leader.endpoint, unique)
+def test_the_exchange_in_pieces_is_read_whole(loop_thread, leader):
+    forwarding = Forwarding(SECRET, ("192.0.2.78", 40000), ("127.0.0.1", 5672), tls=False)
+    with connect_from(leader.endpoint, FORWARDER) as client:
+        for piece in (forwarding.header[:5], forwarding.header[5:20], forwarding.header[20:]):
+            client.send_raw(piece)
+            time.sleep(0.02)
+        proof, _ = forwarding.feed(client.recv_raw(node_proof.CHALLENGE_SIZE))
+        for piece in (proof[:7], proof[7:] + b"AMQP", b"\x00\x00\x09\x01"):
+            client.send_raw(piece)
+            time.sleep(0.02)
+        client.expect(commands.Connection.Start)
+        assert loop_thread.call(lambda: [c for c in leader.server.connections if c.peer == "192.0.2.78:40000"])
 
 
-def test_an_untrusted_peer_sending_a_header_gets_the_bad_protocol_header_answer(leader):
-    with connect_from(leader.endpoint, UNTRUSTED) as client:
-        client.send_raw(b"PROXY TCP4 127.0.0.1 127.0.0.1 40000 5672\r\n" + AMQP_0_9_1_HEADER)
-        assert client.recv_raw(8) == AMQP_0_9_1_HEADER  # as any header that is not AMQP 0-9-1's, then closed
+@pytest.mark.parametrize("secret, header", [
+    (SECRET, proxy_header.encode(("127.0.0.1", 40000), ("127.0.0.1", 5672))),  # no nonce: no proof can follow
+    ("another secret", None),
+], ids=["no-nonce", "wrong-secret"])
+def test_a_header_whose_sender_proves_nothing_closes_the_socket_with_one_log_line(leader, secret, header,
+                                                                                broker_log):
+    """A client on this very machine (as a forwarder of the cluster would be) cannot pass for another node, nor can
+    a node of another cluster: guest stays a loopback user."""
+    with connect_from(leader.endpoint, FORWARDER) as client:
+        if header is not None:
+            client.send_raw(header + AMQP_0_9_1_HEADER)
+        else:
+            forwarding = Forwarding(secret, ("127.0.0.1", 40000), ("127.0.0.1", 5672), tls=False)
+            client.send_raw(forwarding.header)
+            client.recv_raw(node_proof.CHALLENGE_SIZE)  # a challenge it cannot answer
+            client.send_raw(bytes(node_proof.PROOF_SIZE) + AMQP_0_9_1_HEADER)
         client.expect_closed()
+    lines = [record.getMessage() for record in broker_log.records if "PROXY" in record.getMessage()]
+    assert len(lines) == 1 and "refused PROXY header" in lines[0], lines
+
+
+def test_a_broker_outside_a_cluster_takes_a_proxy_header_for_a_wrong_protocol_header(loop_thread, leader):
+    loop_thread.call(lambda: setattr(leader.server, "cluster_secret", None))
+    try:
+        with connect_from(leader.endpoint, FORWARDER) as client:
+            client.send_raw(Forwarding(SECRET, ("127.0.0.1", 40000), ("127.0.0.1", 5672), tls=False).header)
+            assert client.recv_raw(8) == AMQP_0_9_1_HEADER  # as any header that is not AMQP 0-9-1's, then closed
+            client.expect_closed()
+    finally:
+        loop_thread.call(lambda: setattr(leader.server, "cluster_secret", SECRET))
 
 
 @pytest.mark.parametrize("header, reason", [
-    (b"PROXY TCP4 1.2.3 127.0.0.1 40000 5672\r\n", "'1.2.3' is not a TCP4 address"),
-    (b"PROXY TCP4 192.0.2.77 127.0.0.1 40000 5672\n", "a line feed without a carriage return before it"),
-    (b"PROXY UNKNOWN " + b"x" * 100, "no CRLF in its first 107 bytes"),
-], ids=["bad-address", "bare-lf", "too-long"])
-def test_a_malformed_header_from_a_trusted_peer_closes_the_socket_with_one_log_line(leader, header, reason,
-                                                                                    broker_log):
-    with connect_from(leader.endpoint, TRUSTED) as client:
+    (proxy_header.SIGNATURE_V2 + b"\x22\x11\x00\x0c" + bytes(12), "unknown command 2"),
+    (proxy_header.SIGNATURE_V2 + b"\x21\x11\x00\x0b" + bytes(11), "11 bytes for TCP4 addresses of 12"),
+    (proxy_header.SIGNATURE_V2 + b"\x21\x11\x00\x13" + bytes(12) + b"\xe0\x00\x04" + bytes(4),
+     "a nonce of 4 bytes, not 16"),
+], ids=["bad-command", "short-addresses", "short-nonce"])
+def test_a_malformed_header_closes_the_socket_with_one_log_line(leader, header, reason, broker_log):
+    with connect_from(leader.endpoint, FORWARDER) as client:
         client.send_raw(header + AMQP_0_9_1_HEADER)
         client.expect_closed()  # nothing answered: the peer is a proxy, not an AMQP client
     lines = [record.getMessage() for record in broker_log.records if "PROXY" in record.getMessage()]

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from broker.config import ConfigError, load_config
+from broker.config import ConfigError, load_config, read_secret
 from tests.conftest import REPO_ROOT
 
 
@@ -202,6 +202,24 @@ def test_bad_cluster_settings_are_refused_by_name(tmp_path, text, message):
     path.write_text(text)
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config(path)
+
+
+def test_a_secret_file_is_read_at_start_and_refused_by_name_when_it_cannot_be_used(tmp_path):
+    secret = tmp_path / "cluster.secret"
+    path = tmp_path / "warren.toml"
+    path.write_text(CLUSTER + f'secret_file = "{secret}"\n')
+    with pytest.raises(ConfigError, match=re.escape(f"cannot read cluster secret_file {secret}: No such file")):
+        load_config(path)
+    secret.write_text("too short\n")
+    with pytest.raises(ConfigError, match=re.escape(f"cluster secret_file {secret} holds 9 characters: a secret "
+                                                    "needs 16 at least")):
+        load_config(path)
+    secret.write_bytes(b"\xff" * 20)
+    with pytest.raises(ConfigError, match="is not UTF-8 text"):
+        load_config(path)
+    secret.write_text("  a secret every node holds  \n")
+    assert load_config(path).cluster_secret_file == str(secret)
+    assert read_secret(str(secret)) == "a secret every node holds"
 
 
 @pytest.mark.parametrize("text, message", [

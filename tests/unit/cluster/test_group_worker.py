@@ -3,7 +3,6 @@ campaigns, by what the node's workers posted on their board."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import socket
 
@@ -11,7 +10,7 @@ import pytest
 
 from broker.config import Config
 from broker.workers.placement import HashedPlacement
-from cluster.worker import RECHECK_INTERVAL, GroupWorker, Recheck, group_config
+from cluster.worker import GroupWorker, group_config
 
 TTL = 2.0
 
@@ -92,21 +91,12 @@ def test_a_node_leading_two_groups_more_than_another_hands_one_of_them_over(send
     assert worker(0, {"group 0": led("a"), "group 1": led("b")}, senders).lighter(["b", "c"]) is None  # balanced
 
 
-def test_the_members_are_read_again_at_most_once_a_second_however_many_front_doors_ask():
-    async def test():
-        recheck = Recheck(None, None, None, 0)  # (its reading replaced below)
-        readings = []
-
-        async def reading():
-            readings.append(1)
-            await asyncio.sleep(0.05)
-
-        recheck.reading = reading
-        await asyncio.gather(*(recheck() for _ in range(5)))  # all wait for the one reading
-        await recheck()  # too soon after it: not read again
-        assert readings == [1]
-        recheck.last_at -= RECHECK_INTERVAL
-        await recheck()
-        assert readings == [1, 1]
-
-    asyncio.run(test())
+def test_worker_0_posts_the_secret_it_learns_for_the_whole_node(senders):
+    first, second = worker(0, {}, senders), worker(1, {}, senders)
+    first.learnt("group 0's secret")
+    second.learnt("group 1's secret")  # (each group has one; the cluster's is group 0's)
+    assert first.board.posts == [{"cluster secret": "group 0's secret"}]
+    assert second.board.posts == []
+    posted = worker(0, {"cluster secret": "group 0's secret"}, senders)
+    posted.learnt("group 0's secret")  # learnt again, after a new lease: nothing new to post
+    assert posted.board.posts == []

@@ -4,6 +4,7 @@ answered without a login, then the client sent where its vhost is led with every
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import struct
 
 import pytest
@@ -13,7 +14,8 @@ from pamqp import commands as spec
 from broker.config import Config
 from broker.connection.front_door import TURNED_AWAY, FrontDoor, FrontDoors
 from broker.connection.handoff import handoff_pair, receive_all
-from protocol import proxy_header
+from protocol import node_proof, proxy_header
+from protocol.stream_start import Forwarding, NotProven, StartReader
 from protocol.codec import decode_method, encode_method
 from protocol.constants import PROTOCOL_HEADER
 
@@ -32,17 +34,20 @@ async def read_frame(reader: asyncio.StreamReader):
     return decode_method(payload[:-1])
 
 
-class Door:
-    """A front door on a loopback port whose routes the test sets."""
+SECRET = "the cluster's secret"
 
-    def __init__(self, route, trusted: frozenset[str] = frozenset()):
+
+class Door:
+    """A front door on a loopback port whose routes the test sets, of a node that knows secret."""
+
+    def __init__(self, route, secret: str = SECRET):
         self.asked: list[tuple[str | None, bool]] = []
 
         def asked(vhost, forwarded):
             self.asked.append((vhost, forwarded))
             return route
 
-        self.doors = FrontDoors(Config(), "1.2.3", "Python 3", asked, trusted)
+        self.doors = FrontDoors(Config(), "1.2.3", "Python 3", asked, lambda: secret)
         self.listener = None
 
     async def __aenter__(self):
@@ -123,29 +128,64 @@ def test_a_client_goes_to_a_worker_of_this_node_with_every_byte_it_sent():
     run(test)
 
 
+def leading_node(secret: str, sent_back: bytes, received: bytearray, starts: list):
+    """Another node's AMQP port, as its front door reads a forwarded client: the PROXY header and the proofs (a
+    node that knows secret), then what the client sent, kept in received; it answers with sent_back, in pieces."""
+    async def serve(reader, writer):
+        start = StartReader(secret)
+        while True:
+            data = await reader.read(65536)
+            if not data:
+                return
+            try:
+                challenge, started = start.feed(data)
+            except NotProven:
+                writer.close()
+                return
+            writer.write(challenge)
+            if started is not None:
+                break
+        starts.append(started)
+        received.extend(started.rest)
+        writer.write(sent_back[:5])  # the answers come in pieces, cut inside a frame
+        await asyncio.sleep(0.01)
+        writer.write(sent_back[5:])
+        while data := await reader.read(65536):
+            received.extend(data)
+    return serve
+
+
 def test_a_client_goes_to_another_node_whose_first_answers_are_dropped():
     async def test():
-        received = bytearray()
+        received, starts = bytearray(), []
         sent_back = (encode_method(0, spec.Connection.Start()) + encode_method(0, spec.Connection.Tune())
                      + encode_method(0, spec.Connection.OpenOk()))
-
-        async def leading_node(reader, writer):
-            writer.write(sent_back[:5])  # the answers come in pieces, cut inside a frame
-            await asyncio.sleep(0.01)
-            writer.write(sent_back[5:])
-            while data := await reader.read(65536):
-                received.extend(data)
-
-        node = await asyncio.start_server(leading_node, "127.0.0.1", 0)
+        node = await asyncio.start_server(leading_node(SECRET, sent_back, received, starts), "127.0.0.1", 0)
         try:
             async with Door(("127.0.0.1", node.sockets[0].getsockname()[1])) as door:
                 reader, writer = await door.client()
                 await handshake(reader, writer)
                 assert isinstance(await read_frame(reader), spec.Connection.OpenOk)
-                client = writer.get_extra_info("sockname")
-                header = proxy_header.encode(client, writer.get_extra_info("peername"))
-                assert bytes(received) == header + PROTOCOL_HEADER + HANDSHAKE
+                [start] = starts
+                assert start.proxied.ends == (writer.get_extra_info("sockname"), writer.get_extra_info("peername"))
+                assert bytes(received) == HANDSHAKE
                 writer.close()
+        finally:
+            node.close()
+    run(test)
+
+
+def test_a_node_that_cannot_prove_the_secret_gets_no_client():
+    async def test():
+        received, starts = bytearray(), []
+        node = await asyncio.start_server(leading_node("another secret", b"", received, starts), "127.0.0.1", 0)
+        try:
+            async with Door(("127.0.0.1", node.sockets[0].getsockname()[1])) as door:
+                reader, writer = await door.client()
+                await handshake(reader, writer)
+                close = await read_frame(reader)
+                assert (close.reply_code, close.reply_text) == (320, TURNED_AWAY)
+                assert starts == [] and bytes(received) == b""  # nothing of the client's went there
         finally:
             node.close()
     run(test)
@@ -169,20 +209,35 @@ def test_what_is_no_handshake_goes_to_the_default_groups_leader_to_judge():
     run(test)
 
 
-@pytest.mark.parametrize("trusted", [True, False])
-def test_a_proxy_header_counts_from_a_member_only(trusted):
+def test_a_proven_proxy_header_names_the_client_whatever_address_it_comes_from():
     async def test():
-        async with Door("no leader", frozenset({"127.0.0.1"} if trusted else ())) as door:
-            header = proxy_header.encode(("10.1.2.3", 4000), ("10.0.0.1", 5672))
-            reader, writer = await door.client(header + PROTOCOL_HEADER)
-            if not trusted:  # not a protocol header
-                assert await reader.read() == PROTOCOL_HEADER
-                return
+        async with Door("no leader") as door:
+            forwarding = Forwarding(SECRET, ("10.1.2.3", 4000), ("10.0.0.1", 5672), tls=False)
+            reader, writer = await door.client(forwarding.header)
+            proof, _ = forwarding.feed(await reader.readexactly(node_proof.CHALLENGE_SIZE))
+            writer.write(proof + PROTOCOL_HEADER)
             await handshake(reader, writer)
             await read_frame(reader)
             assert door.asked == [("orders", True)]  # forwarded: a worker of this node takes it, or nobody
     run(test)
 
+
+@pytest.mark.parametrize("secret, header", [
+    (SECRET, proxy_header.encode(("10.1.2.3", 4000), ("10.0.0.1", 5672))),  # no nonce: not another node's
+    (SECRET, Forwarding("another secret", ("10.1.2.3", 4000), ("10.0.0.1", 5672), tls=False).header),
+    ("", Forwarding(SECRET, ("10.1.2.3", 4000), ("10.0.0.1", 5672), tls=False).header),  # no secret learnt yet
+], ids=["no-nonce", "wrong-secret", "not-learnt"])
+def test_an_unproven_proxy_header_is_refused(secret, header):
+    async def test():
+        async with Door("no leader", secret) as door:
+            reader, writer = await door.client(header)
+            data = await reader.read(node_proof.CHALLENGE_SIZE)
+            writer.write(bytes(node_proof.PROOF_SIZE) + PROTOCOL_HEADER)  # a guessed proof, where one is asked
+            with contextlib.suppress(ConnectionResetError):
+                while data:
+                    data = await reader.read(65536)
+            assert door.asked == []
+    run(test)
 
 
 def test_frames_past_open_go_with_the_client_whatever_their_size():
@@ -206,7 +261,8 @@ def test_frames_past_open_go_with_the_client_whatever_their_size():
 
 
 def test_a_client_the_other_node_turns_away_is_told_to_come_again():
-    """A node that does not take this one's PROXY header yet answers with its protocol header and closes."""
+    """A node that does not read PROXY headers (it is outside the cluster) answers with its protocol header and
+    closes."""
     async def test():
         async def distrustful(reader, writer):
             await reader.read(1)
@@ -223,41 +279,4 @@ def test_a_client_the_other_node_turns_away_is_told_to_come_again():
                 assert await reader.read() == b""
         finally:
             node.close()
-    run(test)
-
-
-def test_a_proxy_header_from_an_address_not_known_yet_has_the_members_read_again():
-    """A node that has just joined forwards before this one has read the members since: they are read again before
-    its PROXY header is judged."""
-    async def test():
-        async with Door("no leader") as door:
-            readings = []
-
-            async def recheck():
-                readings.append(1)
-                await asyncio.sleep(0.05)  # etcd answers
-                door.doors.trusted_proxies = frozenset({"127.0.0.1"})
-
-            door.doors.recheck = recheck
-            header = proxy_header.encode(("10.1.2.3", 4000), ("10.0.0.1", 5672))
-            reader, writer = await door.client(header)
-            await asyncio.sleep(0.01)
-            writer.write(PROTOCOL_HEADER)  # (sent while the members are read)
-            await handshake(reader, writer)
-            await read_frame(reader)
-            assert door.asked == [("orders", True)] and readings == [1]
-    run(test)
-
-
-def test_a_proxy_header_from_no_member_is_refused_after_the_members_are_read_again():
-    async def test():
-        async with Door("no leader") as door:
-            async def recheck():
-                pass  # still not a member
-
-            door.doors.recheck = recheck
-            reader, writer = await door.client(proxy_header.encode(("10.1.2.3", 4000), ("10.0.0.1", 5672)) +
-                                               PROTOCOL_HEADER)
-            assert await reader.read() == PROTOCOL_HEADER
-            assert door.asked == []
     run(test)

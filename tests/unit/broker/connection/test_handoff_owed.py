@@ -39,7 +39,7 @@ def a_server() -> SimpleNamespace:
     node.add_vhost("v1")
     node.set_permissions("guest", "v1", ".*", ".*", ".*")
     return SimpleNamespace(
-        config=config, node=node, failed_logins=LoginThrottle(), connections=set(), trusted_proxies=frozenset(),
+        config=config, node=node, failed_logins=LoginThrottle(), connections=set(), cluster_secret=None,
         version="test", platform="test", handoffs=None,
         channel_limits=ChannelLimits(node, config.max_message_size, 0, 0, 1 << 30))
 
