@@ -94,6 +94,9 @@ class Config:
     # A file holding the cluster's secret, the same on every node (as Erlang's cookie): it then crosses no network,
     # etcd's included ("": the secret etcd keeps, made by the first node)
     cluster_secret_file: str = ""
+    # Every link between nodes over TLS (replication, forwarded clients and API requests), each node's [tls]
+    # certificate checked by the other against [tls] cacertfile
+    cluster_tls: bool = False
 
 
 # Which TOML section each key lives in. A key of a section in PREFIXED_SECTIONS is the Config field of the same name
@@ -105,7 +108,7 @@ SECTIONS = {
                    "hostnames"),
     "prometheus": ("host", "port", "max_connections"),
     "cluster": ("etcd_endpoints", "node_id", "replication_port", "advertise_host", "lease_ttl", "ack_timeout",
-                "min_insync", "secret_file"),
+                "min_insync", "secret_file", "tls"),
     "tls": ("port", "certfile", "keyfile", "cacertfile", "verify", "fail_if_no_peer_cert"),
     "amqp": ("frame_max", "channel_max", "heartbeat", "default_consumer_prefetch", "consumer_timeout",
              "max_message_size", "default_user", "default_pass", "default_vhost", "loopback_users",
@@ -264,6 +267,12 @@ def _validate_cluster(config: Config) -> None:
         raise ConfigError(f"cluster min_insync must be between 1 and 9, got {config.cluster_min_insync}")
     if config.cluster_secret_file:
         read_secret(config.cluster_secret_file)
+    if config.cluster_tls and not (config.tls_certfile and config.tls_cacertfile):
+        raise ConfigError("[cluster] tls needs [tls] certfile, keyfile and cacertfile: this node's certificate, and the "
+                          "CA that signed the other nodes'")
+    if config.cluster_tls and config.management_port and not config.management_tls:
+        raise ConfigError("[cluster] tls needs [management] tls: the API requests nodes forward to each other carry "
+                          "their clients' credentials")
     if config.management_tls and not config.tls_cacertfile:  # a node asks the other nodes' management APIs
         raise ConfigError("[management] tls with [cluster] etcd_endpoints needs [tls] cacertfile: the CA that signed "
                           "the other nodes' certificates, which this node's API checks when it asks theirs")

@@ -21,13 +21,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import ssl
 import time
 from pathlib import Path
 from typing import Protocol
 
 from broker.config import Config, ConfigError, read_secret
 from broker.connection.server import Server, StartupError
-from broker.connection.tls import server_context
+from broker.connection.tls import TlsError, node_contexts, server_context
 from broker.management.prometheus import make_follower_prometheus_app
 from broker.management.server import ManagementServer, listen, start_management, start_prometheus
 from broker.management.standby import start_standby
@@ -91,7 +92,10 @@ class ClusterNode:
         self.ttl = config.cluster_lease_ttl
         self.dir = ""  # the identity of the data dir (cluster.state), read or made as the node starts
         self.member = Member(self.node, self._advertised(), config.port, self._advertised(),
-                             config.cluster_replication_port, management_port=config.management_port)
+                             config.cluster_replication_port, management_port=config.management_port,
+                             amqps_port=config.tls_port if config.tls_certfile else 0)
+        # [cluster] tls: this node's TLS towards the other nodes (the accepting side's context, the connecting side's)
+        self.tls = node_tls(config)
         self.secret = ""  # the cluster's shared secret (from etcd, or from secret_file)
         self.role = "starting"  # starting, follower, leader
         self.server: Server | None = None  # the broker, while leading
@@ -290,7 +294,8 @@ class ClusterNode:
         listeners = []
         watcher = None
         try:
-            await replication.start(self.config.host, self.config.cluster_replication_port)
+            await replication.start(self.config.host, self.config.cluster_replication_port,
+                                    self.tls[0] if self.tls else None)
             await server.start()
             self._serving_since = time.monotonic()
             self.server = server
@@ -475,19 +480,23 @@ class ClusterNode:
         self.following = f"{leader.node_id} at {leader.amqp_host} (epoch {epoch})"
         log.info("following %s (epoch %d)", leader.node_id, epoch)
         self.waiting_for = ""
-        client = ReplicaClient(self.data_dir, self.node, self.secret, self.config.cluster_ack_timeout)
+        client = ReplicaClient(self.data_dir, self.node, self.secret, self.config.cluster_ack_timeout,
+                               self.tls[1] if self.tls else None)
         self._followed = leader, client
         if self.group is None:
             def leader_address() -> tuple[str, int] | None:
                 heard = self._heard_leader()
-                return (heard.amqp_host, heard.amqp_port) if heard is not None else None
+                if heard is None:
+                    return None
+                return heard.amqp_host, heard.amqps_port if self.tls else heard.amqp_port
 
             def secret() -> str:
                 return self.secret
 
-            self._forwarders = [(AmqpForwarder(leader_address, secret), self.config.port, False)]
+            towards = self.tls[1] if self.tls else None  # ([cluster] tls: to the leader's amqps port)
+            self._forwarders = [(AmqpForwarder(leader_address, secret, towards), self.config.port, False)]
             if self.config.tls_certfile:  # amqps clients too: their TLS session ends here, the leader is told so
-                self._forwarders.append((AmqpForwarder(leader_address, secret), self.config.tls_port, True))
+                self._forwarders.append((AmqpForwarder(leader_address, secret, towards), self.config.tls_port, True))
         else:  # the worker's front door forwards its clients
             self.group.announce(leader)
         changed = asyncio.Event()
@@ -552,6 +561,17 @@ class ClusterNode:
                 await self.coordinator.wait_leader_change(epoch, self.ttl)
             except CoordinatorError:
                 await asyncio.sleep(RETRY)
+
+
+def node_tls(config: Config) -> tuple[ssl.SSLContext, ssl.SSLContext] | None:
+    """[cluster] tls: the node's contexts towards the other nodes (StartupError naming a file that cannot be used);
+    None without it."""
+    if not config.cluster_tls:
+        return None
+    try:
+        return node_contexts(config)
+    except TlsError as error:
+        raise StartupError(str(error)) from error
 
 
 def can_lead(node: str, members: dict[str, Member], replicas: list[Replica] | None) -> bool:

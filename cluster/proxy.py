@@ -54,7 +54,7 @@ class _Client(SpliceEnd):
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT):
                 await asyncio.get_running_loop().create_connection(
-                    lambda: ForwardEnd(0, forwarding, b"", self), *leader)
+                    lambda: ForwardEnd(0, forwarding, b"", self), *leader, ssl=self.forwarder.towards)
         except OSError as error:  # TimeoutError included
             reason = "no answer in time" if isinstance(error, TimeoutError) else error.strerror or str(error)
             peer_log.warning(leader[0], "cannot forward a client to the leader at %s:%d: %s", *leader, reason)
@@ -79,9 +79,11 @@ class AmqpForwarder:
     """A TCP listener whose every client is forwarded to the leader's AMQP address, as leader() names it when the
     client connects; while it names none, clients are closed at once so that they try another node."""
 
-    def __init__(self, leader: Callable[[], tuple[str, int] | None], secret: Callable[[], str]) -> None:
+    def __init__(self, leader: Callable[[], tuple[str, int] | None], secret: Callable[[], str],
+                 towards: ssl.SSLContext | None = None) -> None:
         self.leader = leader
         self.secret = secret  # the cluster's, which this node proves itself with to the leader
+        self.towards = towards  # [cluster] tls: the TLS of the forwards (to the leader's amqps port)
         self.listener: asyncio.Server | None = None
         self.clients: set[_Client] = set()  # accepted and not closed yet: forwarded, or waiting for the leader
 

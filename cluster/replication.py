@@ -35,6 +35,7 @@ import asyncio
 import logging
 import os
 import socket
+import ssl
 import struct
 import time
 from collections import deque
@@ -141,11 +142,12 @@ class ReplicationServer:
         self.stepped_aside = False  # leadership ended for want of min_insync copies, in favour of a replica
 
     # --- lifecycle ------------------------------------------------------------------------------------------
-    async def start(self, host: str, port: int) -> None:
-        """Listen for followers and commit the first ISR of this epoch (the previous one's replicas, as long as they
-        are needed to make min_insync); call before the store recovers."""
+    async def start(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> None:
+        """Listen for followers (over TLS with tls: [cluster] tls) and commit the first ISR of this epoch (the
+        previous one's replicas, as long as they are needed to make min_insync); call before the store recovers."""
         self._store.replicate(self._tap, self._gate)
-        self._listener = await asyncio.start_server(self._serve_follower, host, port, reuse_address=True)
+        self._listener = await asyncio.start_server(self._serve_follower, host, port, reuse_address=True, ssl=tls,
+                                                    ssl_handshake_timeout=self._ack_timeout * 5 if tls else None)
         self._committed = tuple(await self._read_isr())
         if not await self._write_isr(self._wanted_isr()):
             raise LeadershipLost("etcd refused this node's ISR: another node leads")
@@ -552,6 +554,18 @@ def same_copies(one: tuple[Replica, ...], other: tuple[Replica, ...]) -> bool:
     return [(r.node, r.dir) for r in one] == [(r.node, r.dir) for r in other]
 
 
+def arrived(stream: socket.socket) -> bytes | None:
+    """What has arrived on a follower's stream besides, without waiting for more (None: nothing); over TLS, what the
+    session has decrypted already (the rest comes with the next read)."""
+    if isinstance(stream, ssl.SSLSocket):
+        pending = stream.pending()
+        return stream.recv(pending) if pending else None
+    try:
+        return stream.recv(READ_SIZE, socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return None
+
+
 class LeadershipLost(Exception):
     """etcd says this node is not (or no longer) the leader."""
 
@@ -564,9 +578,11 @@ class ReplicaClient:
     socket and the disk, so a confirm waits for no more than the follower's read, write, fdatasync and ack.
     """
 
-    def __init__(self, data_dir: Path, node: str, secret: str, ack_timeout: float) -> None:
+    def __init__(self, data_dir: Path, node: str, secret: str, ack_timeout: float,
+                 tls: ssl.SSLContext | None = None) -> None:
         self._data_dir = data_dir
         self._node = node
+        self._tls = tls  # [cluster] tls: the connecting side's context (broker.connection.tls.node_contexts)
         self._key = node_proof.link_key(secret, frames.LINK)  # what both sides prove the cluster's secret with
         self._dir = identity(data_dir)  # the data dir's identity, made now if it has none
         self._epoch = read_epoch(data_dir)  # the newest epoch accepted
@@ -616,7 +632,9 @@ class ReplicaClient:
             return
         try:
             stream = socket.create_connection((host, port), timeout=self._connect_timeout)
-        except OSError as error:
+            if self._tls is not None:  # (its handshake within the same time)
+                stream = self._tls.wrap_socket(stream)
+        except OSError as error:  # (ssl.SSLError included: a certificate the CA did not sign, say)
             self.failure = f"cannot reach the leader's replication port {host}:{port}: {error}"
             return
         self._socket = stream
@@ -624,11 +642,13 @@ class ReplicaClient:
             self._socket = None
             stream.close()
             return
-        stream.settimeout(None)
-        # a blocking read gives up after the silence (EAGAIN), while MSG_DONTWAIT reads stay non-blocking
-        seconds = int(self._silence)
-        stream.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
-                          struct.pack("ll", seconds, int((self._silence - seconds) * 1_000_000)))
+        if self._tls is not None:  # a TLS read retries past SO_RCVTIMEO: the socket's own timeout ends it
+            stream.settimeout(self._silence)
+        else:  # a blocking read gives up after the silence (EAGAIN), while MSG_DONTWAIT reads stay non-blocking
+            stream.settimeout(None)
+            seconds = int(self._silence)
+            stream.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
+                              struct.pack("ll", seconds, int((self._silence - seconds) * 1_000_000)))
         stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         writer = ReplicaWriter(self._data_dir)
         reader = frames.Reader(limit=frames.MAX_PAYLOAD)
@@ -640,7 +660,7 @@ class ReplicaClient:
             self.failure = f"the leader at {host}:{port} is refused: {error}"
         except (frames.FrameError, ReplicaError) as error:
             self.failure = f"bad message from the leader, stream closed: {error}"
-        except BlockingIOError:
+        except (BlockingIOError, TimeoutError):  # (TimeoutError: over TLS)
             self.failure = f"no word from the leader for {self._silence:.1f} s: connecting again"
         except OSError as error:
             self.failure = f"replication connection lost: {error}"
@@ -677,12 +697,11 @@ class ReplicaClient:
             self.heard_any = True
             messages = reader.feed(data)
             while not ended:  # everything that has arrived goes into one group (one fdatasync per file)
-                try:
-                    data = stream.recv(READ_SIZE, socket.MSG_DONTWAIT)
-                except BlockingIOError:
+                more = arrived(stream)
+                if more is None:
                     break
-                ended = not data
-                messages += reader.feed(data)
+                ended = not more
+                messages += reader.feed(more)
             group = [self._frame(stream, kind, payload) for kind, payload in messages if kind != frames.HEARTBEAT]
             if len(group) < len(messages):
                 self._answer_heartbeat(stream)

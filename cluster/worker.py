@@ -161,7 +161,7 @@ class GroupWorker:
             return self.senders[group]
         if forwarded:
             return f"{what} is unavailable: node {self.node_id} does not lead it now; connect again"
-        return leader["host"], leader["port"]
+        return leader["host"], leader["tls_port"] if self.config.cluster_tls else leader["port"]
 
 
 class InternalSocket:
@@ -288,7 +288,8 @@ async def serve(control: socket.socket) -> None:
     await board.start()
     await logins.start()
     doors = FrontDoors(config, version(), platform_name(), group.route,
-                       lambda: board.entries.get(CLUSTER_SECRET) or "")  # (group 0's: one for the whole cluster)
+                       lambda: board.entries.get(CLUSTER_SECRET) or "",  # (group 0's: one for the whole cluster)
+                       cluster.tls[1] if cluster.tls else None)
     loop = asyncio.get_running_loop()
     plain = socket.socket(fileno=instructions["listening"])
     listeners = [await loop.create_server(lambda: FrontDoor(doors), sock=plain, backlog=1024)]

@@ -34,7 +34,8 @@ def _certificate(subject: str, key, issuer: Issued | None, *, ca: bool, usage=No
                .not_valid_before(valid_from).not_valid_after(valid_to)
                .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
     if usage is not None:
-        builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        builder = builder.add_extension(x509.ExtendedKeyUsage(usage if isinstance(usage, list) else [usage]),
+                                        critical=False)
         builder = builder.add_extension(x509.SubjectAlternativeName([
             x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
             critical=False)
@@ -66,7 +67,8 @@ def write(directory: Path, name: str, issued: Issued) -> None:
 
 def make_certificates(directory: Path) -> Certificates:
     """ca.pem, server.pem/.key, client.pem/.key (signed by ca), expired.pem/.key (signed by ca, expired
-    yesterday), other-ca.pem and stranger.pem/.key (a client certificate that other CA signed)."""
+    yesterday), other-ca.pem and stranger.pem/.key (a client certificate that other CA signed); node.pem/.key, a
+    cluster node's (a server's and a client's, signed by ca), and stranger-node.pem/.key (the same, other CA's)."""
     directory.mkdir(parents=True, exist_ok=True)
     ca = issue("Warren test CA", ca=True)
     other_ca = issue("Another CA", ca=True)
@@ -76,4 +78,7 @@ def make_certificates(directory: Path) -> Certificates:
     write(directory, "expired", issue("localhost", ca, usage=ExtendedKeyUsageOID.SERVER_AUTH, expired=True))
     write(directory, "client", issue("app", ca, usage=ExtendedKeyUsageOID.CLIENT_AUTH))
     write(directory, "stranger", issue("stranger", other_ca, usage=ExtendedKeyUsageOID.CLIENT_AUTH))
+    both = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+    write(directory, "node", issue("node", ca, usage=both))
+    write(directory, "stranger-node", issue("stranger-node", other_ca, usage=both))
     return Certificates(directory)

@@ -509,7 +509,7 @@ class Connection(asyncio.Protocol):
         if proxied is not None:
             if proxied.ends is not None:  # (otherwise the proxy could not name the client: the socket's ends stand)
                 self._set_ends(*proxied.ends)
-            self.tls = self.tls or proxied.tls
+            self.tls = proxied.tls  # (the client's, not the link's between the nodes: [cluster] tls)
         self._enter(AWAIT_START_OK)
         # logged once the client speaks AMQP, so that port probes (load balancers' health checks) leave no line
         peer_log.info(self.peer_address, "accepting AMQP connection %s", self.name)

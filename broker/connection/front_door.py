@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 import struct
 import time
 from dataclasses import dataclass, field
@@ -74,6 +75,7 @@ class FrontDoors:
     # forwarded: it came from another node's front door, so only a worker of this node may take it
     route: Callable[[str | None, bool], Route]
     secret: Callable[[], str]  # the cluster's, which forwards between nodes are proven with ("": not learnt yet)
+    towards: ssl.SSLContext | None = None  # [cluster] tls: the TLS of forwards (to the other node's amqps port)
     open: set[FrontDoor] = field(default_factory=set)  # clients in the handshake here
     splicing: set[asyncio.Task] = field(default_factory=set)  # forwards, and TLS sessions joined to a worker, being made
 
@@ -180,7 +182,7 @@ class FrontDoor(asyncio.Protocol):
             if start.proxied.ends is not None:
                 self.peer, self.local = start.proxied.ends
                 self.forwarded = True
-            self.tls = self.tls or start.proxied.tls
+            self.tls = start.proxied.tls  # (the client's, not the link's between the nodes)
         self._send(greeting.start(self.doors.config, self.doors.version, self.doors.platform))
         self.answered = 1
         return start.rest
@@ -234,7 +236,8 @@ class FrontDoor(asyncio.Protocol):
             forwarding = Forwarding(secret, self.peer, self.local, self.tls)
             after = PROTOCOL_HEADER + bytes(self.kept)
             async with asyncio.timeout(CONNECT_TIMEOUT):
-                await loop.create_connection(lambda: ForwardEnd(self.answered, forwarding, after, client_end), *address)
+                await loop.create_connection(lambda: ForwardEnd(self.answered, forwarding, after, client_end), *address,
+                                             ssl=self.doors.towards)
         except OSError as error:  # TimeoutError included
             reason = "no answer in time" if isinstance(error, TimeoutError) else error.strerror or str(error)
             peer_log.warning(address[0], "cannot forward a client to the node at %s:%d that leads its vhost: %s",

@@ -31,8 +31,9 @@ class SpliceEnd(asyncio.Protocol):
             other.transport.write(data)
 
     def eof_received(self) -> bool:
-        if self.other is not None and self.other.transport is not None and self.other.transport.can_write_eof():
-            self.other.transport.write_eof()
+        other = self.other.transport if self.other is not None else None
+        if other is not None and not other.is_closing() and other.can_write_eof():
+            other.write_eof()
             return True  # half-closed: the other direction may still carry the peer's close-ok
         return False
 

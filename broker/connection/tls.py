@@ -1,5 +1,5 @@
 """TLS for the amqps listener and the management API: the server's SSL context from the [tls] keys (as RabbitMQ's
-ssl_options), and when the certificates it serves expire."""
+ssl_options), the contexts of the links between a cluster's nodes, and when the certificates it serves expire."""
 
 from __future__ import annotations
 
@@ -22,19 +22,42 @@ def server_context(config: "Config") -> ssl.SSLContext:
     certificates checked against the CA file (required with fail_if_no_peer_cert, else only checked when sent)."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
+    _load_certificate(context, config)
+    if config.tls_cacertfile:
+        _load_ca(context, config)
+    if config.tls_verify == "verify_peer":
+        context.verify_mode = ssl.CERT_REQUIRED if config.tls_fail_if_no_peer_cert else ssl.CERT_OPTIONAL
+    return context
+
+
+def node_contexts(config: "Config") -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """The TLS of the links between the nodes of a cluster ([cluster] tls): (the accepting side's, the connecting
+    side's), each with this node's certificate and checking the other's against the CA file, not its name (nodes are
+    reached at their advertised addresses). TlsError naming a file that cannot be used."""
+    accepting = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    connecting = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    connecting.check_hostname = False
+    for context in (accepting, connecting):
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.verify_mode = ssl.CERT_REQUIRED
+        _load_certificate(context, config)
+        _load_ca(context, config)
+    return accepting, connecting
+
+
+def _load_certificate(context: ssl.SSLContext, config: "Config") -> None:
     try:
         context.load_cert_chain(config.tls_certfile, config.tls_keyfile)
     except OSError as error:  # ssl.SSLError is one too
         raise TlsError(f"cannot use TLS certificate {config.tls_certfile} with key {config.tls_keyfile}: "
                        f"{_reason(error)}") from error
-    if config.tls_cacertfile:
-        try:
-            context.load_verify_locations(config.tls_cacertfile)
-        except OSError as error:
-            raise TlsError(f"cannot use TLS CA certificates {config.tls_cacertfile}: {_reason(error)}") from error
-    if config.tls_verify == "verify_peer":
-        context.verify_mode = ssl.CERT_REQUIRED if config.tls_fail_if_no_peer_cert else ssl.CERT_OPTIONAL
-    return context
+
+
+def _load_ca(context: ssl.SSLContext, config: "Config") -> None:
+    try:
+        context.load_verify_locations(config.tls_cacertfile)
+    except OSError as error:
+        raise TlsError(f"cannot use TLS CA certificates {config.tls_cacertfile}: {_reason(error)}") from error
 
 
 def _reason(error: OSError) -> str:

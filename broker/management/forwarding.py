@@ -318,11 +318,13 @@ def timed_out(who: str, request: web.Request, limit: float) -> Answer:
 
 def other_nodes_context(config) -> ssl.SSLContext | None:
     """How this node speaks to the other nodes' APIs: HTTPS when its own API is, their certificates checked against
-    the CA it trusts (not their names: nodes are reached at their advertised addresses)."""
+    the CA it trusts (not their names: nodes are reached at their advertised addresses), its own given to an API
+    that asks for one ([tls] verify_peer)."""
     if not config.management_tls:
         return None
     context = ssl.create_default_context(cafile=config.tls_cacertfile)
     context.check_hostname = False
+    context.load_cert_chain(config.tls_certfile, config.tls_keyfile)
     return context
 
 

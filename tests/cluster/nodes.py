@@ -59,7 +59,8 @@ class Node:
             "[prometheus]", f"port = {self.prometheus_port}",
             "[cluster]", f'etcd_endpoints = ["{etcd}"]', f'node_id = "{name}"',
             f"replication_port = {self.replication_port}",
-            *(f"{key} = {value!r}" for key, value in cluster_settings.items()), tables, ""]))
+            *(f"{key} = {json.dumps(value) if isinstance(value, bool) else repr(value)}"
+              for key, value in cluster_settings.items()), tables, ""]))
 
     @property
     def address(self) -> str:

@@ -36,22 +36,25 @@ TABLES = "\n".join(
 
 
 @contextlib.contextmanager
-def two_groups(tmp_path, etcd_endpoint, certificates=None, hostnames: dict[str, list[str]] | None = None
-               ) -> Iterator[tuple[Cluster, list[Observer]]]:
+def two_groups(tmp_path, etcd_endpoint, certificates=None, hostnames: dict[str, list[str]] | None = None,
+               between_nodes: bool = False) -> Iterator[tuple[Cluster, list[Observer]]]:
     """Three nodes of two workers (with an amqps port each, and the management API over HTTPS, when given
-    certificates; with the management hostnames given of a node), and an observer of each group's keys; their
-    logs printed should the test fail."""
+    certificates, and TLS between the nodes too with between_nodes; with the management hostnames given of a
+    node), and an observer of each group's keys; their logs printed should the test fail."""
     name = f"t{uuid.uuid4().hex[:10]}"
     cluster = Cluster(tmp_path, name, etcd_endpoint, workers=2, tables=TABLES)
     for node, names in (hostnames or {}).items():
         config = cluster.nodes[node].config_path
         names_line = f"hostnames = {json.dumps(names)}\n"
         config.write_text(config.read_text().replace("[management]\n", "[management]\n" + names_line))
+    certificate = "node" if between_nodes else "server"  # (a node's is a client's too)
     for node in cluster.nodes.values() if certificates is not None else ():
         node.tls_port = free_port()
         text = node.config_path.read_text().replace("[management]\n", "[management]\ntls = true\n")
-        node.config_path.write_text(text + f'[tls]\ncertfile = "{certificates.path("server.pem")}"\n'
-                                    f'keyfile = "{certificates.path("server.key")}"\nport = {node.tls_port}\n'
+        if between_nodes:
+            text = text.replace("[cluster]\n", "[cluster]\ntls = true\n")
+        node.config_path.write_text(text + f'[tls]\ncertfile = "{certificates.path(f"{certificate}.pem")}"\n'
+                                    f'keyfile = "{certificates.path(f"{certificate}.key")}"\nport = {node.tls_port}\n'
                                     f'cacertfile = "{certificates.path("ca.pem")}"\n')
     observers = [cluster.observer, Observer(etcd_endpoint, name, group=1)]
     cluster.start()
@@ -308,12 +311,14 @@ def test_a_host_name_only_the_node_reached_knows_reaches_every_group(tmp_path, e
         assert status == 403 and "Host header" in refusal["reason"]
 
 
-def test_amqps_and_the_api_over_https_reach_every_group_through_every_node(tmp_path, etcd_endpoint):
+@pytest.mark.parametrize("between_nodes", [False, True], ids=["plain-between-nodes", "tls-between-nodes"])
+def test_amqps_and_the_api_over_https_reach_every_group_through_every_node(tmp_path, etcd_endpoint, between_nodes):
     """The TLS session ends at the front door that accepted the client, whichever worker or node leads its vhost;
-    a node's API asks the others' over HTTPS."""
+    a node's API asks the others' over HTTPS. With TLS between the nodes too ([cluster] tls), a client forwarded to
+    another node is shown as it spoke to the node it reached, whatever the link between the nodes."""
     certificates = make_certificates(tmp_path / "certs")
     context = ssl.create_default_context(cafile=certificates.path("ca.pem"))
-    with two_groups(tmp_path, etcd_endpoint, certificates) as (cluster, observers):
+    with two_groups(tmp_path, etcd_endpoint, certificates, between_nodes=between_nodes) as (cluster, observers):
         wait_for(lambda: leaders(observers), 30, "a leader in each group")
         for vhost in ("one", "two"):
             for name, node in cluster.nodes.items():
@@ -341,6 +346,14 @@ def test_amqps_and_the_api_over_https_reach_every_group_through_every_node(tmp_p
                 shown = json.loads(response.read())
         assert sorted((connection["vhost"], connection["ssl"]) for connection in shown) == [
             ("one", True)] * 3 + [("two", True)] * 3
+        with contextlib.ExitStack() as open_connections:  # plain clients, through every node
+            for vhost in ("one", "two"):
+                for name in cluster.nodes:
+                    open_connections.enter_context(connect(cluster, name, vhost))
+            with urllib.request.urlopen(listing, timeout=10, context=https) as response:
+                shown = json.loads(response.read())
+        assert sorted((connection["vhost"], connection["ssl"]) for connection in shown) == [
+            ("one", False)] * 3 + [("two", False)] * 3
         for vhost in ("one", "two"):
             with connect(cluster, "a", vhost) as connection:
                 assert sorted(drained(connection, "secret")) == [f"{vhost} through {name}".encode() for name in "abc"]

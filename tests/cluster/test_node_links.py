@@ -9,7 +9,8 @@ follower, ask a follower's API and list the nodes. guest is a loopback user, as 
   exactly that with the real secret, as a check that its attack works, and fails with every token the capture holds;
 - a forwarded API request seen on the wire and sent again is refused, also once the node it went to has started
   again and leads again;
-- the leader's asks for the other nodes' entries in /api/nodes carry no credentials.
+- the leader's asks for the other nodes' entries in /api/nodes carry no credentials;
+- what the links carry (messages, credentials) is read in clear without TLS, and not with [cluster] tls.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import base64
 import json
 import re
 import socket
+import ssl
 import uuid
 from pathlib import Path
 
@@ -28,10 +30,9 @@ from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict
 
 from broker.management.forwarding import LEADERS_GROUP, ApiClient
-from tests.cluster.etcd import started_etcd
-from tests.cluster.netns import network_or_skip
 from tests.cluster.nodes import Cluster, wait_for
 from tests.cluster.sniff import Sniffer
+from tests.tls_certs import make_certificates
 
 pytestmark = pytest.mark.slow
 
@@ -49,124 +50,154 @@ write = ".*"
 read = ".*"
 """ for name, password in (ADMIN, ("guest", "guest")))  # (guest as on a new data dir: a loopback user)
 HEX_TOKEN = re.compile(rb"[0-9a-f]{64}")  # what the cluster's secret looks like when etcd makes it
+MESSAGE = b"a message published through a follower"  # what the replication stream carries to every follower
 
 
 def basic(user: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
 
-def api(host: str, port: int, method: str, path: str, user: tuple[str, str] = ADMIN,
-        body: dict | None = None) -> tuple[int, bytes]:
-    """(status, body) of a request from the test process (an address that is not loopback); (0, b"") while the node
-    does not listen."""
-    data = json.dumps(body).encode() if body is not None else b""
-    try:
+class Ways:
+    """How the test's clients reach the nodes' APIs: over HTTPS with the cluster's CA, or plain HTTP."""
+
+    def __init__(self, tls: ssl.SSLContext | None) -> None:
+        self.tls = tls
+
+    def connect(self, host: str, port: int) -> socket.socket:
         sock = socket.create_connection((host, port), timeout=10)
-    except OSError:
-        return 0, b""
-    with sock:
-        sock.sendall(f"{method} {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: {basic(*user)}\r\n"
-                     f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
-                     "Connection: close\r\n\r\n".encode() + data)
-        answer = b""
-        while data := sock.recv(65536):
-            answer += data
-    head, _, body = answer.partition(b"\r\n\r\n")
-    return int(head.split()[1]), body
+        return self.tls.wrap_socket(sock) if self.tls is not None else sock
+
+    def api(self, host: str, port: int, method: str, path: str, user: tuple[str, str] = ADMIN,
+            body: dict | None = None) -> tuple[int, bytes]:
+        """(status, body) of a request from the test process (an address that is not loopback); (0, b"") while
+        the node does not listen."""
+        data = json.dumps(body).encode() if body is not None else b""
+        try:
+            sock = self.connect(host, port)
+        except OSError:
+            return 0, b""
+        with sock:
+            sock.sendall(f"{method} {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: {basic(*user)}\r\n"
+                         f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+                         "Connection: close\r\n\r\n".encode() + data)
+            answer = read_all(sock)
+        head, _, body_text = answer.partition(b"\r\n\r\n")
+        return (int(head.split()[1]), body_text) if head else (0, b"")
+
+    def replayed(self, host: str, port: int, stream: bytes) -> bytes:
+        """What a node answers to bytes sent again, word for word, on a connection of the attacker's (plain TCP:
+        the attacker has no TLS session to send them in)."""
+        with socket.create_connection((host, port), timeout=10) as sock:
+            sock.sendall(stream)  # (its request asks for Connection: close: the node closes once it has answered)
+            return read_all(sock)
+
+    def as_another_node(self, secret: str, host: str, port: int) -> tuple[int, dict | None]:
+        """The attack: a request for the leader's API, proven with ``secret``, that names 127.0.0.1 as its client
+        and guest's credentials; (status, body) of GET /api/whoami."""
+        request = make_mocked_request("GET", "/api/whoami",
+                                      headers=CIMultiDict({"Authorization": basic("guest", "guest")}))
+
+        async def ask():
+            return await ApiClient(lambda: secret, self.tls).ask_at((host, port), LEADERS_GROUP, request,
+                                                                   client="127.0.0.1")
+        answer = asyncio.run(ask())
+        return answer.status, answer.json() if answer.status == 200 else None
 
 
-def replayed(host: str, port: int, stream: bytes) -> bytes:
-    """What a node answers to bytes sent again, word for word, on a connection of the attacker's."""
-    with socket.create_connection((host, port), timeout=10) as sock:
-        sock.sendall(stream)  # (its request asks for Connection: close: the node closes once it has answered)
-        answer = b""
+def read_all(sock: socket.socket) -> bytes:
+    answer = b""
+    try:
         while data := sock.recv(65536):
             answer += data
+    except (ConnectionResetError, ssl.SSLError):
+        pass  # (a node that closes on garbage)
     return answer
 
 
-def as_another_node(secret: str, host: str, port: int) -> tuple[int, dict | None]:
-    """The attack: a request for the leader's API, proven with ``secret``, that names 127.0.0.1 as its client and
-    guest's credentials; (status, body) of GET /api/whoami."""
-    request = make_mocked_request("GET", "/api/whoami", headers=CIMultiDict({"Authorization": basic("guest", "guest")}))
-
-    async def ask():
-        return await ApiClient(lambda: secret).ask_at((host, port), LEADERS_GROUP, request, client="127.0.0.1")
-    answer = asyncio.run(ask())
-    return answer.status, answer.json() if answer.status == 200 else None
-
-
-@pytest.fixture
-def network():
-    yield from network_or_skip(["etcd", "a", "b", "c"])
-
-
-@pytest.fixture
-def etcd(network):
-    yield from started_etcd(network.place("etcd"))
-
-
-@pytest.mark.parametrize("secret_file", [False, True], ids=["secret-in-etcd", "secret-file"])
-def test_what_crosses_the_network_neither_proves_the_secret_nor_makes_a_remote_client_local(
-        tmp_path: Path, network, etcd, secret_file):
+def cluster_of(tmp_path: Path, network, etcd, way: str) -> tuple[Cluster, Ways]:
+    """Three nodes with the secret in etcd, in a secret_file, or with TLS between nodes (and the API over HTTPS)."""
     settings: dict[str, object] = {}
-    if secret_file:
+    if way == "secret-file":
         (tmp_path / "secret").write_text("a secret the operator put on every node\n")
         settings["secret_file"] = str(tmp_path / "secret")
-    nodes = ("a", "b", "c")
+    if way == "tls":
+        settings["tls"] = True
     cluster = Cluster(tmp_path, f"t{uuid.uuid4().hex[:10]}", etcd.endpoint, loopback_users=["guest"],
-                      tables=TABLES, places={name: network.place(name) for name in nodes}, **settings)
-    hosts = {cluster.nodes[name].host for name in nodes}
-    with Sniffer(network, ["etcd", *nodes]) as sniffer, cluster.running():
+                      tables=TABLES, places={name: network.place(name) for name in ("a", "b", "c")}, **settings)
+    if way != "tls":
+        return cluster, Ways(None)
+    certificates = make_certificates(tmp_path / "certs")
+    for node in cluster.nodes.values():
+        node.config_path.write_text(node.config_path.read_text().replace("[management]\n", "[management]\ntls = true\n")
+                                    + f'[tls]\ncertfile = "{certificates.path("node.pem")}"\n'
+                                    f'keyfile = "{certificates.path("node.key")}"\n'
+                                    f'cacertfile = "{certificates.path("ca.pem")}"\n')
+    context = ssl.create_default_context(cafile=certificates.path("ca.pem"))
+    context.check_hostname = False
+    return cluster, Ways(context)
+
+
+@pytest.mark.parametrize("way", ["secret-in-etcd", "secret-file", "tls"])
+def test_what_crosses_the_network_neither_proves_the_secret_nor_makes_a_remote_client_local(tmp_path, network,
+                                                                                           etcd, way):
+    cluster, ways = cluster_of(tmp_path, network, etcd, way)
+    hosts = {node.host for node in cluster.nodes.values()}
+    with Sniffer(network, ["etcd", *cluster.nodes]) as sniffer, cluster.running():
         leader = cluster.ready()
         follower = cluster.followers()[0]
-        wait_for(lambda: api(follower.host, follower.management_port, "GET", "/api/overview")[0] == 200, 30,
+        wait_for(lambda: ways.api(follower.host, follower.management_port, "GET", "/api/overview")[0] == 200, 30,
                  "the follower's API forwarding to the leader")
         credentials = pika.PlainCredentials(*ADMIN)
         with pika.BlockingConnection(pika.ConnectionParameters(follower.host, follower.port,
                                                                credentials=credentials)) as connection:
             channel = connection.channel()
-            channel.queue_declare("through-a-follower")
-            channel.basic_publish("", "through-a-follower", b"forwarded")
-        wait_for(lambda: len(json.loads(api(leader.host, leader.management_port, "GET", "/api/nodes")[1])) == 3, 30,
-                 "every node listed by the leader, each asked for its entry")
-        secret = (tmp_path / "secret").read_text().strip() if secret_file else cluster.observer.secret()
+            channel.confirm_delivery()
+            channel.queue_declare("through-a-follower", durable=True)
+            channel.basic_publish("", "through-a-follower", MESSAGE, pika.BasicProperties(delivery_mode=2))
+        wait_for(lambda: len(json.loads(ways.api(leader.host, leader.management_port, "GET", "/api/nodes")[1] or b"[]"))
+                 == 3, 30, "every node listed by the leader, each asked for its entry")
+        secret = (tmp_path / "secret").read_text().strip() if way == "secret-file" else cluster.observer.secret()
         # the attack works with the secret: the test's attacker is as strong as the one who found the leak
-        assert as_another_node(secret, leader.host, leader.management_port) == (
+        assert ways.as_another_node(secret, leader.host, leader.management_port) == (
             200, {"name": "guest", "tags": ["administrator"]})
         streams = sniffer.streams()
         between_nodes = {flow: data for flow, data in streams.items()
                          if flow[0][0] in hosts and flow[1][0] in hosts}
-        seen = streams if secret_file else between_nodes  # (etcd's link carries the secret etcd keeps)
+        seen = streams if way == "secret-file" else between_nodes  # (etcd's link carries the secret etcd keeps)
         assert between_nodes, "no traffic captured between the nodes"
         for flow, data in seen.items():
             assert secret.encode() not in data, f"the secret crossed {flow}"
         tokens = {token.decode() for data in seen.values() for token in HEX_TOKEN.findall(data)}
         for token in tokens - {secret}:
-            assert as_another_node(token, leader.host, leader.management_port)[0] != 200
+            assert ways.as_another_node(token, leader.host, leader.management_port)[0] != 200
+        # what the links carry: in clear without TLS (the capture sees it), unreadable with it
+        carried = any(MESSAGE in data for data in between_nodes.values())
+        assert carried is (way != "tls")
         # a forwarded request seen on the wire, sent again as it was: refused, whatever it asked
         forwarded = [data for (source, destination), data in between_nodes.items()
                      if source[0] == follower.host and destination == (leader.host, leader.management_port)]
-        assert forwarded, f"no forwarded API request captured: {sorted(between_nodes)} {follower.host} {leader.host} {leader.management_port}"
-        for stream in forwarded:
-            answer = replayed(leader.host, leader.management_port, stream)
-            assert b" 403 " in answer and b" 200 " not in answer.split(b"\r\n\r\n", 1)[-1], answer[:300]
-        # ... and after the node that took it has started again, leading again: it remembers nothing, and needs not
-        leader.kill()
-        leader.start()
-        cluster.ready()
-        wait_for(lambda: api(follower.host, follower.management_port, "PUT", "/api/vhosts/%2F/leader",
-                             body={"node": leader.name})[0] == 204, 30, "the restarted node named to lead")
-        wait_for(lambda: cluster.leader() is leader and api(leader.host, leader.management_port, "GET",
-                                                            "/api/overview")[0] == 200, 30, "the restarted node leads")
-        for stream in forwarded:
-            answer = replayed(leader.host, leader.management_port, stream)
-            assert b" 403 " in answer and b" 200 " not in answer.split(b"\r\n\r\n", 1)[-1], answer[:300]
+        assert forwarded, "no forwarded API request captured"
+        def refused_all() -> None:
+            for stream in forwarded:
+                answer = ways.replayed(leader.host, leader.management_port, stream)
+                assert b" 200 " not in answer.split(b"\r\n\r\n", 1)[-1], answer[:300]
+                assert way == "tls" or b" 403 " in answer, answer[:300]
+        refused_all()
         # the leader's asks for the other nodes' entries need no credentials, and carry none
         others = {(node.host, node.management_port) for node in cluster.nodes.values() if node is not leader}
         asks = [data for (source, destination), data in between_nodes.items()
                 if source[0] == leader.host and destination in others]
         assert asks, "no ask for another node's entries captured"
-        for stream in asks:
-            assert b"/api/nodes" in stream and b"authorization" not in stream.lower()
-
+        if way != "tls":
+            for stream in asks:
+                assert b"/api/nodes" in stream and b"authorization" not in stream.lower()
+        # ... and after the node that took it has started again, leading again: it remembers nothing, and needs not
+        leader.kill()
+        leader.start()
+        cluster.ready()
+        wait_for(lambda: ways.api(follower.host, follower.management_port, "PUT", "/api/vhosts/%2F/leader",
+                                  body={"node": leader.name})[0] == 204, 30, "the restarted node named to lead")
+        wait_for(lambda: cluster.leader() is leader and ways.api(leader.host, leader.management_port, "GET",
+                                                                 "/api/overview")[0] == 200, 30,
+                 "the restarted node leads")
+        refused_all()

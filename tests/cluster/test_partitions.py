@@ -18,9 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.etcd import started_etcd
 from tests.cluster.faults import OLD_LEADER_LIMIT, STALL_LIMIT, Fault
-from tests.cluster.netns import Network, network_or_skip
+from tests.cluster.netns import Network
 from tests.cluster.nodes import LEASE_TTL, Cluster, Node
 from tests.cluster.test_failover import confirms_go_on_without, kill_publishers  # noqa: F401 (the autouse fixture)
 
@@ -31,16 +30,6 @@ CUT_SECONDS = [10.0, pytest.param(60.0, marks=[
     pytest.mark.skipif(not LONG_CUTS, reason="the 60 s cuts run with WARREN_LONG_CUTS=1 "
                                             "(WARREN_LONG_CUTS=1 pytest tests/cluster/test_partitions.py)"),
     pytest.mark.timeout(400)])]
-
-
-@pytest.fixture
-def network():
-    yield from network_or_skip(["etcd", "a", "b", "c"])
-
-
-@pytest.fixture
-def etcd(network):
-    yield from started_etcd(network.place("etcd"))
 
 
 @pytest.fixture

@@ -196,6 +196,10 @@ def test_a_cluster_section_makes_a_clustered_node(tmp_path):
     (CLUSTER + 'replication_port = 0\n', "a cluster node needs a fixed port and replication_port"),
     ('[server]\nport = 0\n' + CLUSTER, "a cluster node needs a fixed port and replication_port"),
     ('[cluster]\nleader = "me"\n', "unknown key 'leader' in [cluster]"),
+    (CLUSTER + "tls = true\n", "[cluster] tls needs [tls] certfile, keyfile and cacertfile"),
+    ('[tls]\ncertfile = "n.pem"\nkeyfile = "n.key"\ncacertfile = "ca.pem"\n' + CLUSTER + "tls = true\n",
+     "[cluster] tls needs [management] tls: the API requests nodes forward to each other carry their clients' "
+     "credentials"),
 ])
 def test_bad_cluster_settings_are_refused_by_name(tmp_path, text, message):
     path = tmp_path / "warren.toml"

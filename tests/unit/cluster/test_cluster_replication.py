@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from broker.config import Config
+from broker.connection.tls import node_contexts
 from cluster import frames
 from cluster import replication as replication_module
 from cluster.coordinator import Member
@@ -24,6 +26,7 @@ from cluster.state import read_epoch
 from storage.replica import ReplicaWriter, replicated_files
 from storage.store import MessageStore
 from tests.unit.cluster.cluster_support import TIMEOUT, until
+from tests.tls_certs import make_certificates
 from tests.unit.cluster.fake_etcd import MemoryCoordinator, MemoryEtcd
 
 SECRET = "cluster-secret"
@@ -38,6 +41,7 @@ class Rig:
 
     def __init__(self, root: Path, min_insync: int = 2, ack_timeout: float = 1.0) -> None:
         self.root = root
+        self.tls: tuple | None = None  # (the leader's context, a follower's), for [cluster] tls
         self.etcd = MemoryEtcd()
         self.min_insync = min_insync
         self.ack_timeout = ack_timeout
@@ -53,15 +57,24 @@ class Rig:
         self.store = MessageStore(self.root / "a")
         self.server = ReplicationServer(self.store, self.coordinator, "a", "dir-a", self.epoch, SECRET,
                                         self.min_insync, self.ack_timeout, self.lost.append)
-        await self.server.start("127.0.0.1", 0)
+        await self.server.start("127.0.0.1", 0, self.tls[0] if self.tls else None)
         self.store.recover()
         self.server.store_ready.set()
 
-    def follow(self, node: str, secret: str = SECRET, epoch: int | None = None) -> ReplicaClient:
-        client = ReplicaClient(self.root / node, node, secret, self.ack_timeout)
+    def follow(self, node: str, secret: str = SECRET, epoch: int | None = None, tls=None) -> ReplicaClient:
+        client = ReplicaClient(self.root / node, node, secret, self.ack_timeout,
+                               tls or (self.tls[1] if self.tls else None))
         task = asyncio.ensure_future(client.follow("127.0.0.1", self.server.port, epoch or self.epoch))
         self.followers[node] = (client, task)
         return client
+
+    async def follow_recorded(self, node: str) -> tuple[ReplicaClient, "Recorder"]:
+        """A follower whose stream goes through a Recorder: what a listener on the link sees."""
+        recorder = Recorder(self.server.port)
+        port = await recorder.start()
+        client = ReplicaClient(self.root / node, node, SECRET, self.ack_timeout, self.tls[1] if self.tls else None)
+        self.followers[node] = (client, asyncio.ensure_future(client.follow("127.0.0.1", port, self.epoch)))
+        return client, recorder
 
     async def stop_follower(self, node: str) -> None:
         client, task = self.followers.pop(node)
@@ -210,10 +223,7 @@ class Recorder:
 def test_the_secret_never_crosses_the_wire(rig):
     async def main():
         await rig.lead()
-        recorder = Recorder(rig.server.port)
-        port = await recorder.start()
-        client = ReplicaClient(rig.root / "b", "b", SECRET, rig.ack_timeout)
-        rig.followers["b"] = (client, asyncio.ensure_future(client.follow("127.0.0.1", port, rig.epoch)))
+        client, recorder = await rig.follow_recorded("b")
         await rig.wait_isr(["a", "b"])
         assert await asyncio.wait_for(rig.publish(3), TIMEOUT) is True
         await rig.close()
@@ -224,13 +234,50 @@ def test_the_secret_never_crosses_the_wire(rig):
     asyncio.run(main())
 
 
+def node_tls(certificates, certificate: str = "node") -> tuple:
+    """node_contexts of a node whose certificate is certificate ("stranger-node": another CA signed it), which
+    trusts the CA of certificates."""
+    return node_contexts(Config(tls_certfile=certificates.path(f"{certificate}.pem"),
+                                tls_keyfile=certificates.path(f"{certificate}.key"),
+                                tls_cacertfile=certificates.path("ca.pem")))
+
+
+def test_over_tls_the_stream_shows_nothing_of_what_it_carries(rig):
+    async def main():
+        rig.tls = node_tls(make_certificates(rig.root / "certs"))
+        await rig.lead()
+        client, recorder = await rig.follow_recorded("b")
+        await rig.wait_isr(["a", "b"])
+        assert await asyncio.wait_for(rig.publish(3, body=b"a message the network must not read"), TIMEOUT)
+        await until(lambda: client.acked >= rig.server.status()["latest"], "b acked every frame")
+        await rig.close()
+        recorder.close()
+        assert b"a message the network must not read" not in recorder.to_follower
+        assert b'"node": "b"' not in recorder.to_leader  # (the hello, in clear without TLS)
+        same_files(rig.root / "a", rig.root / "b")
+    asyncio.run(main())
+
+
+def test_over_tls_a_follower_whose_certificate_another_ca_signed_is_refused(rig, caplog):
+    async def main():
+        certificates = make_certificates(rig.root / "certs")
+        rig.tls = node_tls(certificates)
+        await rig.lead()
+        stranger = rig.follow("b", tls=node_tls(certificates, "stranger-node")[1])
+        await asyncio.wait_for(rig.followers["b"][1], TIMEOUT)
+        # (TLS 1.3: the leader checks the follower's certificate once the follower's handshake is done)
+        assert "the leader closed the connection before its challenge" in (stranger.failure or ""), stranger.failure
+        assert "b" not in rig.server.status()["followers"]
+        rig.followers.pop("b")
+        await rig.close()
+    asyncio.run(main())
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR or record.exc_info]
+
+
 def test_a_handshake_seen_on_the_wire_and_sent_again_is_refused(rig):
     async def main():
         await rig.lead()
-        recorder = Recorder(rig.server.port)
-        port = await recorder.start()
-        client = ReplicaClient(rig.root / "b", "b", SECRET, rig.ack_timeout)
-        rig.followers["b"] = (client, asyncio.ensure_future(client.follow("127.0.0.1", port, rig.epoch)))
+        client, recorder = await rig.follow_recorded("b")
         await rig.wait_isr(["a", "b"])
         await rig.stop_follower("b")
         await until(lambda: "b" not in rig.server.status()["followers"], "b dropped")
