@@ -283,13 +283,17 @@ MIN_SECRET_LENGTH = 16  # characters a cluster secret_file holds at least
 
 def read_secret(path: str) -> str:
     """The cluster's secret a [cluster] secret_file holds (its text, without the whitespace around it); ConfigError
-    naming the file when it cannot be read or holds too short a secret."""
+    naming the file when it cannot be read, others may read it, or it holds too short a secret."""
     try:
+        mode = os.stat(path).st_mode
         secret = Path(path).read_text(encoding="utf-8").strip()
     except OSError as error:
         raise ConfigError(f"cannot read cluster secret_file {path}: {error.strerror}") from error
     except UnicodeDecodeError:
         raise ConfigError(f"cluster secret_file {path} is not UTF-8 text") from None
+    if mode & 0o077:  # (as Erlang refuses a cookie file others may read)
+        raise ConfigError(f"cluster secret_file {path} may be read by other users (mode {mode & 0o777:04o}): make it "
+                          "its owner's alone (chmod 600)")
     if len(secret) < MIN_SECRET_LENGTH:
         raise ConfigError(f"cluster secret_file {path} holds {len(secret)} characters: a secret needs "
                           f"{MIN_SECRET_LENGTH} at least")

@@ -5,11 +5,11 @@ carries a nonce; the leader answers with a CHALLENGE, its own nonce and its proo
 and the hello (protocol.node_proof), and the follower, once it has checked that proof, sends its own PROOF and a
 MANIFEST of the files it holds (so that a join sends only what they lack). The secret never crosses the wire: each
 side proves it knows it. The leader then sends FRAMEs (the store writer's batches, ``storage.replica`` ops) and the
-follower answers ACKs of the highest sequence it has made durable. A leader with nothing else to send sends a HEARTBEAT, which the follower
-answers with one, so that either side notices a silent link (a cut, a dropped peer) within the ack timeout rather
-than when TCP gives up. REFUSE says why one side is closing. A message whose checksum does not match,
-whose kind is unknown or whose length is out of bounds raises ``FrameError``: the reader stops there and the stream
-is closed, so a torn or corrupt frame is never applied, not even in part.
+follower answers ACKs of the highest sequence it has made durable. A leader with nothing else to send sends a
+HEARTBEAT, which the follower answers with one, so that either side notices a silent link (a cut, a dropped peer)
+within the ack timeout rather than when TCP gives up. REFUSE says why one side is closing. A message whose checksum
+does not match, whose kind is unknown or whose length is out of bounds raises ``FrameError``: the reader stops there
+and the stream is closed, so a torn or corrupt frame is never applied, not even in part.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Final
 
-from protocol.node_proof import NONCE_SIZE
+from protocol import node_proof
+from protocol.node_proof import NONCE_SIZE, from_hex
 
 HELLO: Final = 1  # follower -> leader: {"node", "dir", "epoch", "nonce"} as JSON (the nonce in hex)
 FRAME: Final = 2  # leader -> follower: epoch, sequence, ops
@@ -31,7 +32,6 @@ MANIFEST: Final = 6  # follower -> leader, after its proof: {"files": [[path, si
 CHALLENGE: Final = 7  # leader -> follower, after its hello: the leader's nonce and proof (node_proof.challenge)
 PROOF: Final = 8  # follower -> leader, after the challenge: the follower's proof over both nonces and its hello
 KINDS: Final = (HELLO, FRAME, ACK, REFUSE, HEARTBEAT, MANIFEST, CHALLENGE, PROOF)
-LINK: Final = "replication"  # the kind of link its proofs are made for (node_proof.link_key)
 
 HEADER: Final = struct.Struct(">BII")
 FRAME_HEAD: Final = struct.Struct(">qq")  # epoch, sequence (-1 for the files of a join before its cut)
@@ -51,6 +51,12 @@ def encode(kind: int, payload: bytes | bytearray | memoryview) -> bytes:
 
 def encode_frame(epoch: int, sequence: int, ops: bytes) -> bytes:
     return encode(FRAME, FRAME_HEAD.pack(epoch, sequence) + ops)
+
+
+def link_key(secret: str, group: str) -> bytes:
+    """The key the proofs of one replication group's stream are made with (``group``: the cluster's name and the
+    group's number): a leader of another group, or of another cluster with the same secret, proves nothing to it."""
+    return node_proof.link_key(secret, f"replication {group}")
 
 
 def hello_payload(node: str, dir: str, epoch: int, nonce: bytes) -> bytes:
@@ -101,12 +107,12 @@ def decode_hello(payload: bytes) -> Hello:
         raise FrameError(f"malformed hello: {error}") from None
     if not isinstance(fields, dict) or not {"node", "dir", "epoch", "nonce"} <= fields.keys():
         raise FrameError("malformed hello: an object with node, dir, epoch and nonce expected")
-    node, dir, epoch, nonce = fields["node"], fields["dir"], fields["epoch"], fields["nonce"]
-    if not (isinstance(node, str) and isinstance(dir, str) and type(epoch) is int and isinstance(nonce, str)
-            and len(nonce) == 2 * NONCE_SIZE and all(digit in "0123456789abcdef" for digit in nonce)):
+    node, dir, epoch, text = fields["node"], fields["dir"], fields["epoch"], fields["nonce"]
+    nonce = from_hex(text, NONCE_SIZE) if isinstance(text, str) else None
+    if not (isinstance(node, str) and isinstance(dir, str) and type(epoch) is int and nonce is not None):
         raise FrameError(f"malformed hello: node and dir must be strings, epoch an integer, nonce {NONCE_SIZE} bytes "
                          "in lowercase hex")
-    return Hello(node, dir, epoch, bytes.fromhex(nonce))
+    return Hello(node, dir, epoch, nonce)
 
 
 def decode_frame(payload: bytes) -> tuple[int, int, bytes]:

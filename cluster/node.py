@@ -60,6 +60,8 @@ class Group(Protocol):
     """What changes when the node is one of several replication groups of a node's workers (cluster.worker): the
     worker's front door takes the clients, not a listener of the broker's, and the groups' leaders are spread."""
 
+    number: int  # the group's number (its worker's)
+
     def server(self, config: Config) -> Server:
         """The broker to lead with: it serves the clients the front doors hand to it."""
         ...
@@ -96,6 +98,8 @@ class ClusterNode:
                              amqps_port=config.tls_port if config.tls_certfile else 0)
         # [cluster] tls: this node's TLS towards the other nodes (the accepting side's context, the connecting side's)
         self.tls = node_tls(config)
+        # what the replication stream's proofs are bound to: the cluster, and the group of a node's workers
+        self.replication_group = f"{config.cluster_name}/{group.number if group is not None else 0}"
         self.secret = ""  # the cluster's shared secret (from etcd, or from secret_file)
         self.role = "starting"  # starting, follower, leader
         self.server: Server | None = None  # the broker, while leading
@@ -290,7 +294,7 @@ class ClusterNode:
         server.cluster_secret = self.secret  # the followers forwarding clients prove it
         replication = ReplicationServer(server.store, self.coordinator, self.node, self.dir, epoch, self.secret,
                                         self.config.cluster_min_insync, self.config.cluster_ack_timeout,
-                                        self._lose)
+                                        self._lose, self.replication_group)
         listeners = []
         watcher = None
         try:
@@ -481,7 +485,7 @@ class ClusterNode:
         log.info("following %s (epoch %d)", leader.node_id, epoch)
         self.waiting_for = ""
         client = ReplicaClient(self.data_dir, self.node, self.secret, self.config.cluster_ack_timeout,
-                               self.tls[1] if self.tls else None)
+                               self.tls[1] if self.tls else None, self.replication_group)
         self._followed = leader, client
         if self.group is None:
             def leader_address() -> tuple[str, int] | None:

@@ -116,13 +116,13 @@ class ReplicationServer:
     """The leader's end: accepts followers, streams the store's writes to them, gates confirms on their acks."""
 
     def __init__(self, store, coordinator: Coordinator, node: str, dir: str, epoch: int, secret: str,
-                 min_insync: int, ack_timeout: float, lost: Callable[[str], None]) -> None:
+                 min_insync: int, ack_timeout: float, lost: Callable[[str], None], group: str = "") -> None:
         self._store = store  # storage.store.MessageStore of the leader, not yet recovered
         self._coordinator = coordinator
         self._node = node
         self._dir = dir  # the identity of this leader's data dir
         self._epoch = epoch
-        self._key = node_proof.link_key(secret, frames.LINK)  # what both sides prove the cluster's secret with
+        self._key = frames.link_key(secret, group)  # what both sides prove the cluster's secret with
         self._min_insync = min_insync
         self._ack_timeout = ack_timeout
         self._lost = lost  # called once if etcd says another node leads now
@@ -358,7 +358,7 @@ class ReplicationServer:
         stream = frames.Reader()
         try:
             hello = await asyncio.wait_for(self._proven_hello(reader, writer, stream), self._ack_timeout * 5)
-        except (frames.FrameError, asyncio.TimeoutError, ConnectionError, asyncio.IncompleteReadError) as error:
+        except (frames.FrameError, asyncio.TimeoutError, OSError, asyncio.IncompleteReadError) as error:
             peer_log.warning(peer[0] if peer else "", "replication connection from %s refused: %s", peer,
                              error or "no proof in time")
             writer.close()
@@ -375,7 +375,7 @@ class ReplicationServer:
         stream.limit = frames.MAX_MANIFEST
         try:
             holds = await asyncio.wait_for(self._read_manifest(reader, stream), self._ack_timeout * 5)
-        except (frames.FrameError, asyncio.TimeoutError, ConnectionError) as error:
+        except (frames.FrameError, asyncio.TimeoutError, OSError) as error:  # (ssl.SSLError: a damaged record)
             log.warning("replication connection from %s (%s) refused: %s", peer, hello.node,
                         error or "no manifest in time")
             writer.close()
@@ -388,8 +388,8 @@ class ReplicationServer:
         join = asyncio.ensure_future(self._join(follower))
         try:
             await self._read_acks(follower, reader, stream)
-        except ConnectionError:
-            pass  # dropped below, as a follower that closes
+        except OSError:
+            pass  # dropped below, as a follower that closes (or whose TLS record was damaged)
         finally:
             join.cancel()
             self._drop(follower, "its connection closed")
@@ -579,11 +579,11 @@ class ReplicaClient:
     """
 
     def __init__(self, data_dir: Path, node: str, secret: str, ack_timeout: float,
-                 tls: ssl.SSLContext | None = None) -> None:
+                 tls: ssl.SSLContext | None = None, group: str = "") -> None:
         self._data_dir = data_dir
         self._node = node
         self._tls = tls  # [cluster] tls: the connecting side's context (broker.connection.tls.node_contexts)
-        self._key = node_proof.link_key(secret, frames.LINK)  # what both sides prove the cluster's secret with
+        self._key = frames.link_key(secret, group)  # what both sides prove the cluster's secret with
         self._dir = identity(data_dir)  # the data dir's identity, made now if it has none
         self._epoch = read_epoch(data_dir)  # the newest epoch accepted
         self._silence = ack_timeout * LEADER_SILENCE  # seconds without a word from the leader that end the stream
@@ -651,9 +651,10 @@ class ReplicaClient:
                               struct.pack("ll", seconds, int((self._silence - seconds) * 1_000_000)))
         stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         writer = ReplicaWriter(self._data_dir)
-        reader = frames.Reader(limit=frames.MAX_PAYLOAD)
+        reader = frames.Reader()  # (no more than a hello's size from a leader that has not proven itself)
         try:
             self._prove(stream, reader)
+            reader.limit = frames.MAX_PAYLOAD
             stream.sendall(frames.encode_manifest(manifest))
             self._receive(stream, reader, writer)
         except node_proof.ProofError as error:
@@ -676,11 +677,14 @@ class ReplicaClient:
         hello = frames.hello_payload(self._node, self._dir, self._epoch, asked)
         stream.sendall(frames.encode(frames.HELLO, hello))
         messages: list[tuple[int, bytes]] = []
+        deadline = time.monotonic() + self._silence  # (each read has it too: a leader may send a byte at a time)
         while not messages:
             data = stream.recv(READ_SIZE)
             if not data:
                 raise frames.FrameError("the leader closed the connection before its challenge")
             messages = reader.feed(data, at_most=1)
+            if not messages and time.monotonic() > deadline:
+                raise frames.FrameError(f"no challenge from the leader within {self._silence:.1f} s")
         [(kind, payload)] = messages
         if kind == frames.REFUSE:
             raise frames.FrameError(f"the leader refused: {payload.decode(errors='replace')}")

@@ -18,6 +18,7 @@ PROOF_SIZE: Final = 32  # an HMAC-SHA256
 CHALLENGE_SIZE: Final = NONCE_SIZE + PROOF_SIZE  # the answering side's nonce, then its proof
 ASKS: Final = "asks"  # the role of the side that connects
 ANSWERS: Final = "answers"  # the role of the side that accepts
+HEX_DIGITS: Final = frozenset("0123456789abcdef")
 
 
 class ProofError(ValueError):
@@ -62,6 +63,14 @@ def read_challenge(key: bytes, asked: bytes, data: bytes, bound: bytes = b"") ->
     if not hmac.compare_digest(proof(key, ANSWERS, asked, answered, bound), given):
         raise ProofError("its proof of the cluster's secret is wrong")
     return answered
+
+
+def from_hex(text: str, size: int) -> bytes | None:
+    """The ``size`` bytes text writes in lowercase hexadecimal, as nonces, challenges and proofs travel in text;
+    None for anything else."""
+    if len(text) != 2 * size or not all(digit in HEX_DIGITS for digit in text):
+        return None
+    return bytes.fromhex(text)
 
 
 def check(expected: bytes, given: bytes) -> bool:

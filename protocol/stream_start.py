@@ -5,8 +5,9 @@ that forwards a client writes it (Forwarding).
 A PROXY header is believed for what its sender proves, never for the address it comes from: it carries the
 forwarding node's nonce, the receiving node answers with a challenge (its nonce and its proof of the cluster's
 secret), and the forwarding node, once it has checked that, sends its proof over both nonces and the header before
-the client's bytes (protocol.node_proof). A node that does not know the secret, or a broker outside a cluster, reads
-a PROXY header as a wrong protocol header. Bytes in, what they say and what to answer out; no sockets."""
+the client's bytes (protocol.node_proof). A node of a cluster that has not learnt the secret yet refuses every
+PROXY header; a broker outside a cluster reads one as a wrong protocol header. Bytes in, what they say and what to
+answer out; no sockets."""
 
 from __future__ import annotations
 
@@ -32,7 +33,10 @@ class NotProven(Exception):
 
 @dataclass(frozen=True)
 class StreamStart:
-    proxied: proxy_header.Proxied | None  # what a proven PROXY header said; None without one
+    # (the client, the address it connected to) as the proven PROXY header of the node that forwards it names them;
+    # None without one
+    forwarded: tuple[proxy_header.Address, proxy_header.Address] | None
+    tls: bool  # the forwarded client spoke TLS to the node that forwarded it
     rest: bytes  # what followed the protocol header
 
 
@@ -79,7 +83,7 @@ class StartReader:
         assert self.proxied is not None
         if not self.secret:
             raise NotProven("this node has not learnt the cluster's secret yet")
-        if self.proxied.nonce is None:
+        if self.proxied.nonce is None:  # (one that names no client carries none either: LOCAL, UNSPEC)
             raise NotProven("its PROXY header carries no nonce: it is not another node's")
         self.answered, challenge = node_proof.challenge(self._key(), self.proxied.nonce, self.header)
         return challenge
@@ -100,7 +104,9 @@ class StartReader:
             return None
         if data[:len(PROTOCOL_HEADER)] != PROTOCOL_HEADER:
             raise WrongProtocolHeader()
-        return StreamStart(self.proxied, data[len(PROTOCOL_HEADER):])
+        proxied = self.proxied
+        return StreamStart(proxied.ends if proxied else None, proxied is not None and proxied.tls,
+                           data[len(PROTOCOL_HEADER):])
 
 
 class Forwarding:

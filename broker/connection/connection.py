@@ -505,11 +505,9 @@ class Connection(asyncio.Protocol):
         if start is None:
             return b""
         self.start = None
-        proxied = start.proxied
-        if proxied is not None:
-            if proxied.ends is not None:  # (otherwise the proxy could not name the client: the socket's ends stand)
-                self._set_ends(*proxied.ends)
-            self.tls = proxied.tls  # (the client's, not the link's between the nodes: [cluster] tls)
+        if start.forwarded is not None:
+            self._set_ends(*start.forwarded)
+            self.tls = start.tls  # (the client's, not the link's between the nodes: [cluster] tls)
         self._enter(AWAIT_START_OK)
         # logged once the client speaks AMQP, so that port probes (load balancers' health checks) leave no line
         peer_log.info(self.peer_address, "accepting AMQP connection %s", self.name)

@@ -178,11 +178,10 @@ class FrontDoor(asyncio.Protocol):
         if start is None:
             return b""
         self.start = None
-        if start.proxied is not None:
-            if start.proxied.ends is not None:
-                self.peer, self.local = start.proxied.ends
-                self.forwarded = True
-            self.tls = start.proxied.tls  # (the client's, not the link's between the nodes)
+        if start.forwarded is not None:
+            self.peer, self.local = start.forwarded
+            self.forwarded = True
+            self.tls = start.tls  # (the client's, not the link's between the nodes)
         self._send(greeting.start(self.doors.config, self.doors.version, self.doors.platform))
         self.answered = 1
         return start.rest
@@ -336,7 +335,7 @@ class ForwardEnd(SpliceEnd):
             if len(data) <= end:
                 self.head = data
                 return b""
-            if frame_type != FRAME_METHOD or channel != 0 or data[end] != FRAME_END:
+            if channel != 0 or data[end] != FRAME_END:
                 self._no_handshake()
                 return b""
             data = data[end + 1:]

@@ -108,8 +108,9 @@ async def forwarded_client(request: web.Request, handler):
     if request.headers.get(GROUP) == NODE_ITSELF and request.path == "/api/nodes":  # the supervisor's list of nodes
         return http.reply([nodes.node_json(request)])
     forwarded = request.clone(remote=request.headers.get(http.FORWARDED_CLIENT, ""))
-    if http.BODY_KEY_HEADER in request.headers:
-        forwarded[http.BODY_KEY] = bytes.fromhex(request.headers[http.BODY_KEY_HEADER])
+    if http.BODY_KEY_HEADER in request.headers:  # (the supervisor sends a well-formed one: from the proof's key)
+        forwarded[http.BODY_KEY] = node_proof.from_hex(request.headers[http.BODY_KEY_HEADER],
+                                                       node_proof.PROOF_SIZE) or b""
     response = await handler(forwarded)
     if http.LOGIN in forwarded:
         response.headers[http.LOGIN_OUTCOME] = forwarded[http.LOGIN]

@@ -21,7 +21,6 @@ import asyncio
 import ipaddress
 import json
 import logging
-import re
 import ssl
 from typing import AsyncIterator, Awaitable, Callable, Protocol
 
@@ -44,13 +43,13 @@ PROOF = "X-Warren-Proof"
 NONCE = "X-Warren-Nonce"  # a request for a challenge: the forwarding node's nonce, in hex
 CHALLENGE = "X-Warren-Challenge"  # the answer: the other node's nonce and its proof (node_proof.challenge), in hex
 CHALLENGE_PATH = "/api/warren/challenge"  # where the request for a challenge is sent (its answer is the same on any)
-NONCE_TEXT = re.compile(f"[0-9a-f]{{{2 * node_proof.NONCE_SIZE}}}")  # NONCE's value
 LINK = "api"  # the kind of link the proofs of forwarded requests are made for (node_proof.link_key)
 NODE_ITSELF = "node"  # GROUP's value for a request of the node's own entries in /api/nodes
 LEADERS_GROUP = 0  # GROUP's value for a request to the leader of a cluster of one-process nodes (its only group)
 CONNECT_TIMEOUT = 5.0  # seconds another node's API has to accept a forwarded request
 ANSWER_TIMEOUT = 120.0  # seconds another API has to answer one (an import of a large definitions file takes a while)
 ENTRY_TIMEOUT = 5.0  # seconds another node has to give its own entries in /api/nodes
+WORKER_TIMEOUT = 600.0  # seconds a worker has to answer (an import of the largest definitions a body may carry)
 
 
 def address_text(address: tuple) -> str:
@@ -70,9 +69,10 @@ def address_text(address: tuple) -> str:
 def request_proof(key: bytes, asked: bytes, answered: bytes, group: int | str, method: str, path_qs: str,
                   client: str, check_only: bool, authorization: str, with_body: bool) -> bytes:
     """The forwarding node's proof over both nonces and what the request asks, as whom and for whom."""
-    return node_proof.proof(key, node_proof.ASKS, asked, answered, str(group).encode(), method.encode(),
-                            path_qs.encode(), client.encode(), b"check" if check_only else b"apply",
-                            authorization.encode(), b"body" if with_body else b"")
+    return node_proof.proof(key, node_proof.ASKS, asked, answered, *(
+        text.encode("utf-8", "surrogateescape")  # (a header's bytes as they came, UTF-8 or not)
+        for text in (str(group), method, path_qs, client, "check" if check_only else "apply", authorization,
+                     "body" if with_body else "")))
 
 
 def body_key_of(key: bytes, proof: bytes) -> bytes:
@@ -90,7 +90,8 @@ async def streamed(request: web.Request, kept: bytearray | None = None) -> Async
 
 
 def body_of(request: web.Request, kept: bytearray | None = None) -> Body:
-    return streamed(request, kept) if request.can_read_body else None
+    """The request's body to forward (None without one; an empty chunked one is one, as its receiver sees it)."""
+    return streamed(request, kept) if request.body_exists else None
 
 
 class Answer:
@@ -145,11 +146,11 @@ class ApiClient:
         path_qs = path_qs or request.raw_path
         to_node = not isinstance(target, str)
         who = f"the node at {target[0]}:{target[1]}" if to_node else f"worker {group}"
-        limit = ENTRY_TIMEOUT if group == NODE_ITSELF else ANSWER_TIMEOUT
+        limit = ENTRY_TIMEOUT if group == NODE_ITSELF else ANSWER_TIMEOUT if to_node else WORKER_TIMEOUT
         try:
             secret = self.secret() if to_node else ""
             if to_node and not secret:
-                raise ConnectionError("this node has not learnt the cluster's secret from etcd yet")
+                raise ConnectionError("this node has not learnt the cluster's secret yet")
             async with asyncio.timeout(CONNECT_TIMEOUT if to_node else None):
                 if isinstance(target, str):
                     reader, writer = await asyncio.open_unix_connection(target)
@@ -199,12 +200,11 @@ class ApiClient:
         asked = node_proof.nonce()
         writer.write(f"GET {CHALLENGE_PATH} HTTP/1.1\r\nHost: {node}\r\n{NONCE}: {asked.hex()}\r\n"
                      f"Content-Length: 0\r\n\r\n".encode())
-        answer = await read_answer(reader, "GET")
-        challenge = answer.headers.get(CHALLENGE, "")
-        if answer.status != 204 or not re.fullmatch(f"[0-9a-f]{{{2 * node_proof.CHALLENGE_SIZE}}}", challenge):
-            reason = answer.json().get("reason", "") if answer.body.startswith(b"{") else ""
-            raise ConnectionError(f"it answered {answer.status} to a request for a challenge {reason}".rstrip())
-        answered = node_proof.read_challenge(key, asked, bytes.fromhex(challenge))
+        status, headers = await read_head(reader)  # (no body read from a node that has proven nothing yet)
+        challenge = node_proof.from_hex(headers.get(CHALLENGE, ""), node_proof.CHALLENGE_SIZE)
+        if status != 204 or challenge is None:
+            raise ConnectionError(f"it answered {status} to a request for a challenge")
+        answered = node_proof.read_challenge(key, asked, challenge)
         return request_proof(key, asked, answered, group, method, path_qs, client, check_only,
                              request.headers.get("Authorization", "") if group != NODE_ITSELF else "",
                              with_body), key
@@ -272,14 +272,23 @@ class ApiClient:
             pass  # the other end answered before it read the whole body, and closed
 
 
+async def read_head(reader: asyncio.StreamReader) -> tuple[int, CIMultiDict]:
+    """The status and headers of an HTTP/1.1 response, after any interim (1xx) ones; ValueError for what is not one
+    (a head longer than the reader's limit included)."""
+    status, header_lines = 100, []
+    try:
+        while 100 <= status < 200:
+            head = await reader.readuntil(b"\r\n\r\n")
+            status_line, *header_lines = head[:-4].decode("latin-1").split("\r\n")
+            status = int(status_line.split()[1])
+    except (asyncio.LimitOverrunError, IndexError) as error:
+        raise ValueError(f"not an HTTP answer: {error!r}") from None
+    return status, CIMultiDict(line.split(": ", 1) for line in header_lines)
+
+
 async def read_answer(reader: asyncio.StreamReader, method: str) -> Answer:
-    """An HTTP/1.1 response from a worker's API (its status, headers and body), after any interim (1xx) ones."""
-    status = 100
-    while 100 <= status < 200:
-        head = await reader.readuntil(b"\r\n\r\n")
-        status_line, *header_lines = head[:-4].decode("latin-1").split("\r\n")
-        status = int(status_line.split()[1])
-    headers = CIMultiDict(line.split(": ", 1) for line in header_lines)
+    """An HTTP/1.1 response from another API (its status, headers and body), after any interim (1xx) ones."""
+    status, headers = await read_head(reader)
     head_length = headers.get("Content-Length") if method == "HEAD" else None
     if method == "HEAD" or status in (204, 304):
         body = b""
@@ -360,13 +369,15 @@ def challenged(request: web.Request, secret: str | None) -> web.Response:
     that may follow on it."""
     if not secret:
         return not_learnt()
-    asked = request.headers[NONCE]
+    asked = node_proof.from_hex(request.headers[NONCE], node_proof.NONCE_SIZE)
     connection = request.protocol
-    if not NONCE_TEXT.fullmatch(asked) or not hasattr(connection, "challenge"):
+    if asked is None:
         return http.error_response(400, "bad_request", f"{NONCE} must be {node_proof.NONCE_SIZE} bytes in "
                                                        "lowercase hexadecimal")
-    answered, challenge = node_proof.challenge(node_proof.link_key(secret, LINK), bytes.fromhex(asked))
-    connection.challenge = bytes.fromhex(asked), answered
+    if not hasattr(connection, "challenge"):  # (a listener of this API's own always has one)
+        return http.error_response(503, "service_unavailable", "this listener takes no requests of other nodes")
+    answered, challenge = node_proof.challenge(node_proof.link_key(secret, LINK), asked)
+    connection.challenge = asked, answered
     return web.Response(status=204, headers={CHALLENGE: challenge.hex()})
 
 
@@ -389,9 +400,8 @@ def proven(request: web.Request, secret: str) -> int | str | None:
     expected = request_proof(key, asked, answered, group, request.method, request.raw_path,
                              request.headers.get(http.FORWARDED_CLIENT, ""), request.headers.get(http.CHECK_ONLY) == "1",
                              request.headers.get("Authorization", ""), request.body_exists)
-    given = request.headers.get(PROOF, "")
-    if not re.fullmatch(f"[0-9a-f]{{{2 * node_proof.PROOF_SIZE}}}", given) or not node_proof.check(
-            expected, bytes.fromhex(given)):
+    given = node_proof.from_hex(request.headers.get(PROOF, ""), node_proof.PROOF_SIZE)
+    if given is None or not node_proof.check(expected, given):
         return None
     if request.body_exists:
         request[http.BODY_KEY] = body_key_of(key, expected)

@@ -370,7 +370,9 @@ async def read_body(request: web.Request) -> bytes:
 
 def body_length(request: web.Request) -> int:
     """The length of the request's body as its Content-Length says (0 when it says none), its HMAC left out."""
-    length = request.content_length or 0
+    length = request.content_length
+    if length is None:
+        return 0
     return length - node_proof.PROOF_SIZE if BODY_KEY in request else length
 
 

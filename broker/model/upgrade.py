@@ -156,9 +156,12 @@ def _clear(store: "MessageStore", recovered: "Recovered", move: Move, moves: lis
 
 def _maybe_moved(kind: str, name: str) -> bool:
     """Whether a record's name may be an earlier version's key (a cheap look, true for every one of them): such a
-    key of several names holds a NUL; a queue's or an exchange's, no "|" or several, or a character this version
-    escapes. One this version made never holds a NUL."""
-    if kind in ("queue", "exchange"):
+    key of several names holds a NUL; a queue's, no "|" or several, or a character this version escapes; an
+    exchange's may be its bare name, which may hold one "|" (exchanges are few: each is looked at). One this
+    version made never holds a NUL."""
+    if kind == "exchange":
+        return True
+    if kind == "queue":
         return name.count(SEPARATOR) != 1 or "\\" in name or "\x00" in name
     return "\x00" in name
 

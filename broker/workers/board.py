@@ -42,9 +42,12 @@ def nodes_of(board: dict[str, Any], groups: int) -> dict[str, dict]:
 def led_elsewhere(node: str) -> Callable[[str, Any], bool]:
     """What a clustered node's board keeps of a worker that ends: who leads its group, when another node does. That
     node still leads it as far as this one knows, and the node's other workers go on forwarding the group's clients
-    there while the worker starts again (it posts anew once it has read the leader from etcd)."""
+    there while the worker starts again (it posts anew once it has read the leader from etcd). And the cluster's
+    secret, which worker 0 posts: the node's other workers go on proving their forwards with it while worker 0
+    starts again."""
     def kept(key: str, value: Any) -> bool:
-        return key.startswith(GROUP_KEY_PREFIX) and isinstance(value, dict) and value.get("node") != node
+        return key == CLUSTER_SECRET or (key.startswith(GROUP_KEY_PREFIX) and isinstance(value, dict)
+                                         and value.get("node") != node)
     return kept
 
 

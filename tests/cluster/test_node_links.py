@@ -119,6 +119,7 @@ def cluster_of(tmp_path: Path, network, etcd, way: str) -> tuple[Cluster, Ways]:
     settings: dict[str, object] = {}
     if way == "secret-file":
         (tmp_path / "secret").write_text("a secret the operator put on every node\n")
+        (tmp_path / "secret").chmod(0o600)
         settings["secret_file"] = str(tmp_path / "secret")
     if way == "tls":
         settings["tls"] = True

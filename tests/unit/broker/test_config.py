@@ -214,6 +214,12 @@ def test_a_secret_file_is_read_at_start_and_refused_by_name_when_it_cannot_be_us
     path.write_text(CLUSTER + f'secret_file = "{secret}"\n')
     with pytest.raises(ConfigError, match=re.escape(f"cannot read cluster secret_file {secret}: No such file")):
         load_config(path)
+    secret.write_text("  a secret every node holds  \n")
+    secret.chmod(0o644)
+    with pytest.raises(ConfigError, match=re.escape(f"cluster secret_file {secret} may be read by other users (mode "
+                                                    "0644): make it its owner's alone (chmod 600)")):
+        load_config(path)
+    secret.chmod(0o600)
     secret.write_text("too short\n")
     with pytest.raises(ConfigError, match=re.escape(f"cluster secret_file {secret} holds 9 characters: a secret "
                                                     "needs 16 at least")):

@@ -293,6 +293,20 @@ def test_a_handshake_seen_on_the_wire_and_sent_again_is_refused(rig):
     asyncio.run(main())
 
 
+def test_a_follower_of_one_group_takes_nothing_from_the_leader_of_another(rig):
+    """(Groups of a node's workers, or clusters, that share one secret_file: a redirected follower.)"""
+    async def main():
+        await rig.lead()
+        client = ReplicaClient(rig.root / "b", "b", SECRET, rig.ack_timeout, group="warren/1")
+        rig.followers["b"] = (client, asyncio.ensure_future(client.follow("127.0.0.1", rig.server.port, rig.epoch)))
+        await asyncio.wait_for(rig.followers["b"][1], TIMEOUT)
+        assert "its proof of the cluster's secret is wrong" in (client.failure or "")
+        assert not (rig.root / "b" / "messages").exists()
+        rig.followers.pop("b")
+        await rig.close()
+    asyncio.run(main())
+
+
 def test_a_leader_that_cannot_prove_the_secret_writes_nothing_to_a_follower(rig, tmp_path):
     async def main():
         await rig.lead()

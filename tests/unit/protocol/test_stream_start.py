@@ -8,7 +8,7 @@ import pytest
 
 from protocol import node_proof
 from protocol.constants import PROTOCOL_HEADER
-from protocol.proxy_header import Proxied, ProxyHeaderError, encode
+from protocol.proxy_header import ProxyHeaderError, encode
 from protocol.stream_start import Forwarding, NotProven, StartReader, StreamStart, WrongProtocolHeader
 
 SECRET = "the cluster's secret"
@@ -32,14 +32,14 @@ def forwarded(forwarding: Forwarding, reader: StartReader, after: bytes) -> Stre
 
 @pytest.mark.parametrize("secret", [None, "", SECRET])
 def test_the_protocol_header_alone_starts_a_stream(secret):
-    assert read(PROTOCOL_HEADER + FRAME, secret) == StreamStart(None, FRAME)
+    assert read(PROTOCOL_HEADER + FRAME, secret) == StreamStart(None, False, FRAME)
 
 
 @pytest.mark.parametrize("tls", [False, True])
 def test_a_node_that_proves_the_secret_names_the_client_it_forwards(tls):
     forwarding = Forwarding(SECRET, *ENDS, tls=tls)
     start = forwarded(forwarding, StartReader(SECRET), PROTOCOL_HEADER + FRAME)
-    assert start == StreamStart(Proxied(ENDS, tls, forwarding.asked), FRAME)
+    assert start == StreamStart(ENDS, tls, FRAME)
 
 
 def test_every_piece_of_the_exchange_may_come_a_byte_at_a_time():

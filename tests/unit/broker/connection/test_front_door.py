@@ -167,7 +167,7 @@ def test_a_client_goes_to_another_node_whose_first_answers_are_dropped():
                 await handshake(reader, writer)
                 assert isinstance(await read_frame(reader), spec.Connection.OpenOk)
                 [start] = starts
-                assert start.proxied.ends == (writer.get_extra_info("sockname"), writer.get_extra_info("peername"))
+                assert start.forwarded == (writer.get_extra_info("sockname"), writer.get_extra_info("peername"))
                 assert bytes(received) == HANDSHAKE
                 writer.close()
         finally:

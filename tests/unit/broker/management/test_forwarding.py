@@ -5,6 +5,7 @@ import asyncio
 import time
 import tracemalloc
 
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict
@@ -246,6 +247,79 @@ def test_a_node_keeps_nothing_of_the_requests_other_nodes_forward():
             before.filter_traces([tracemalloc.Filter(True, forwarding.__file__)]), "filename")
         return sum(stat.size_diff for stat in kept)
     assert asyncio.run(main()) < 8 * 1024  # (a table of the requests seen: about 100 bytes each, 49 KB here)
+
+
+def test_headers_that_are_not_utf_8_are_proven_as_they_came():
+    """A client's credentials (or a client's address) in bytes that are not UTF-8: proven and taken as sent, and a
+    forged request with such bytes is refused, neither answered with a traceback."""
+    async def main():
+        api = await node_api()
+        await api.serve()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", api.port)
+            asked = node_proof.nonce()
+            writer.write(f"GET /api/x HTTP/1.1\r\nHost: a\r\n{NONCE}: {asked.hex()}\r\n\r\n".encode())
+            key = node_proof.link_key(SECRET, forwarding.LINK)
+            answered = node_proof.read_challenge(key, asked, bytes.fromhex(
+                (await read_answer(reader, "GET")).headers[forwarding.CHALLENGE]))
+            authorization = "Basic \udcff\udcfe"  # the bytes ff fe, as a header's text holds them
+            proof = forwarding.request_proof(key, asked, answered, 1, "GET", "/api/q", "127.0.0.1", False,
+                                             authorization, False)
+            head = (f"GET /api/q HTTP/1.1\r\nHost: a\r\n{GROUP}: 1\r\n{PROOF}: {proof.hex()}\r\n"
+                    f"{http.FORWARDED_CLIENT}: 127.0.0.1\r\nAuthorization: ").encode() + b"Basic \xff\xfe\r\n\r\n"
+            writer.write(head)
+            taken = await read_answer(reader, "GET")
+            reader, writer = await asyncio.open_connection("127.0.0.1", api.port)  # a forged one, as the attacker
+            writer.write(f"GET /api/x HTTP/1.1\r\nHost: a\r\n{NONCE}: {asked.hex()}\r\n\r\n".encode())
+            await read_answer(reader, "GET")
+            writer.write(head.replace(proof.hex().encode(), b"00" * 32).replace(b"127.0.0.1", b"\xff"))
+            forged = await read_answer(reader, "GET")
+            return taken, forged
+        finally:
+            await api.stop()
+    taken, forged = asyncio.run(main())
+    assert taken.status == 200 and taken.json()["authorization"] == "Basic \udcff\udcfe"
+    assert forged.status == 403
+
+
+def test_an_empty_body_sent_in_chunks_is_forwarded_as_one():
+    async def main():
+        api = await node_api()
+        await api.serve()
+        try:
+            async def nothing():
+                return
+                yield b""
+            request = make_mocked_request("PUT", "/api/queues?x=1", headers=CIMultiDict(
+                {"Host": "a", "Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q=", "Transfer-Encoding": "chunked"}))
+            return await ApiClient(lambda: SECRET).ask_at(("127.0.0.1", api.port), 1, request, nothing(),
+                                                          client="10.0.0.7")
+        finally:
+            await api.stop()
+    answer = asyncio.run(main())
+    assert (answer.status, answer.json()["body"]) == (200, "")
+
+
+@pytest.mark.parametrize("challenge_answer", [
+    b"HTTP/1.1\r\n\r\n",  # no status
+    b"HTTP/1.1 204 No Content\r\nX-Padding: " + b"x" * 100_000 + b"\r\n\r\n",  # past the reader's limit
+    b"HTTP/1.1 200 OK\r\nContent-Length: 1000000000\r\n\r\n",  # a body it would read, from whom?
+    b"HTTP/1.1 204 No Content\r\nX-Warren-Challenge: zz\r\n\r\n",
+], ids=["no-status", "huge-head", "huge-body", "bad-challenge"])
+def test_what_answers_a_request_for_a_challenge_unlike_a_node_is_503(challenge_answer):
+    async def main():
+        async def impostor(reader, writer):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(challenge_answer)
+            await reader.read()
+
+        server = await asyncio.start_server(impostor, "127.0.0.1", 0)
+        try:
+            return await forward(server.sockets[0].getsockname()[1])
+        finally:
+            server.close()
+    answer = asyncio.run(asyncio.wait_for(main(), 10))
+    assert answer.status == 503
 
 
 def test_a_body_changed_on_the_way_is_refused():

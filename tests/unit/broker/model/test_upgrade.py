@@ -97,6 +97,8 @@ def test_every_record_moves_to_its_key_with_what_its_old_key_held(tmp_path, capl
         delayed_exchange("p|q", "later"),
         ("exchange", "bare", {"vhost": "/", "name": "bare", "type": "fanout", "durable": True, "auto_delete": False,
                               "internal": False, "arguments": {}}),  # keyed by its name alone, before "|" keys
+        ("exchange", "x|y", {"vhost": "/", "name": "x|y", "type": "fanout", "durable": True, "auto_delete": False,
+                             "internal": False, "arguments": {}}),  # the same, its name holding one "|"
         ("policy", "p|q\x00cap", policy),
         ("binding", "\x00".join(("p|q", "later", "queue", "r", "a\x00b", "")), binding),
         ("permission", "p|q\x00guest", Permission("guest", "p|q", ".*", ".*", ".*").definition()),
@@ -115,11 +117,12 @@ def test_every_record_moves_to_its_key_with_what_its_old_key_held(tmp_path, capl
     assert (waiting, policy_name, routing_keys) == (1, "cap", ["a\x00b"])
     assert names == {
         ("queue", queue_key("p|q", "r")), ("queue", queue_key("/", "s|t")), ("queue", "/|plain"),
-        ("exchange", exchange_key("p|q", "later")), ("exchange", "/|bare"), ("policy", policy_key("p|q", "cap")),
+        ("exchange", exchange_key("p|q", "later")), ("exchange", "/|bare"), ("exchange", exchange_key("/", "x|y")),
+        ("policy", policy_key("p|q", "cap")),
         ("binding", binding_key("p|q", "later", "queue", "r", "a\x00b", "")),
         ("permission", permission_key("p|q", "guest")),
     }
-    assert ["rewrote the store keys of 7 definitions" in record.getMessage() for record in caplog.records] == [True]
+    assert ["rewrote the store keys of 8 definitions" in record.getMessage() for record in caplog.records] == [True]
 
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="broker.model.upgrade"):

@@ -67,3 +67,24 @@ def test_a_clustered_node_keeps_who_leads_a_group_elsewhere_when_its_worker_of_t
         await asyncio.wait_for(serving[0], 5)
 
     uvloop.run(asyncio.wait_for(test(), 10))
+
+
+def test_a_clustered_node_keeps_the_clusters_secret_when_worker_0_ends():
+    """The node's other workers go on proving their forwards to other nodes while worker 0 starts again."""
+    async def test():
+        board = Board(led_elsewhere("a"))
+        copies, serving = [], []
+        for number in range(2):
+            supervisor_end, worker_end = socket.socketpair()
+            serving.append(asyncio.ensure_future(board.serve(number, supervisor_end)))
+            copies.append(BoardCopy(worker_end))
+            await copies[-1].start()
+        copies[0].post({"cluster secret": "s3cret", "members 0": {"a": {}}})
+        await until(lambda: len(copies[1].entries) == 2)
+        copies[0].writer.close()
+        await asyncio.wait_for(serving[0], 5)
+        await until(lambda: copies[1].entries == {"cluster secret": "s3cret"})
+        copies[1].writer.close()
+        await asyncio.wait_for(serving[1], 5)
+
+    uvloop.run(asyncio.wait_for(test(), 10))
