@@ -15,7 +15,7 @@ import uvloop
 
 from broker import compiled, logs
 from broker.config import LOG_FORMATS, LOG_LEVELS, ConfigError, load_config
-from broker.connection.server import Server, StartupError, stop_on_signals, version
+from broker.connection.server import GC_THRESHOLD, Server, StartupError, stop_on_signals, version
 from broker.management import http
 from broker.management.server import take_management, take_prometheus
 from broker.workers.placement import Placement, PlacementError
@@ -66,11 +66,6 @@ def config_overrides(args: argparse.Namespace, environ: dict[str, str]) -> dict:
     overrides = {key: environ.get(variable) or None for key, variable in ENVIRONMENT.items()}
     overrides.update({key: getattr(args, key) for key in COMMAND_LINE})
     return overrides
-
-
-# The cyclic garbage collector's first threshold: a full collection walks every queued message, so collections
-# are made rarer than CPython's default of 700 allocations (the broker's objects seldom form cycles).
-GC_THRESHOLD = 50_000
 
 
 async def serve_clustered(config, files: OpenFiles) -> None:

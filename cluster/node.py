@@ -8,7 +8,7 @@ cluster) campaigns; the winner checks that again, then promotes: the store's rec
 (on a thread: the lease is kept meanwhile), then the broker serves, ``ReplicationServer`` streaming to followers and
 gating confirms on them. A node whose data dir the ISR does not name (wiped, replaced, damaged: a new identity)
 never campaigns; when no node holding one of the ISR's data dirs is left, the cluster does not serve, and says so,
-until one returns or an operator forces an unclean election (``python -m cluster force-leader``).
+until one returns or an operator forces an unclean election (``python -m cluster force-leader --group K``).
 
 A leader renews its lease only while the store's writer makes progress (a stuck disk lets the lease lapse), and
 stops serving as soon as it cannot prove its lease is alive (``lease_ttl`` after the last renewal etcd confirmed),
@@ -98,8 +98,9 @@ class ClusterNode:
                              amqps_port=config.tls_port if config.tls_certfile else 0)
         # [cluster] tls: this node's TLS towards the other nodes (the accepting side's context, the connecting side's)
         self.tls = node_tls(config)
-        # what the replication stream's proofs are bound to: the cluster, and the group of a node's workers
-        self.replication_group = f"{config.cluster_name}/{group.number if group is not None else 0}"
+        self.group_number = group.number if group is not None else 0  # the replication group's (its worker's)
+        # what the replication stream's proofs are bound to: the cluster, and the group
+        self.replication_group = f"{config.cluster_name}/{self.group_number}"
         self.secret = ""  # the cluster's shared secret (from etcd, or from secret_file)
         self.role = "starting"  # starting, follower, leader
         self.server: Server | None = None  # the broker, while leading
@@ -253,8 +254,8 @@ class ClusterNode:
             level = logging.ERROR
             why = (f"no node holding an in-sync replica ({named}) is running, and this node's data dir {held}: the "
                    "cluster cannot serve without losing confirmed messages. Start a node that holds one, or force an "
-                   "unclean election, accepting the loss, with `python -m cluster force-leader --config FILE` on the "
-                   "node to lead")
+                   "unclean election, accepting the loss, with `python -m cluster force-leader --config FILE "
+                   f"--group {self.group_number}` on the node to lead")
         if why != self.waiting_for:
             log.log(level, "not electable: %s", why)
             self.waiting_for = why

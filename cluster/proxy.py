@@ -15,15 +15,13 @@ import ssl
 from collections.abc import Callable
 
 from broker.connection.connection import HANDSHAKE_TIMEOUT
-from broker.connection.front_door import ForwardEnd
+from broker.connection.front_door import CONNECT_TIMEOUT, ForwardEnd
 from broker.connection.peer_log import PeerLog
 from broker.connection.splice import SpliceEnd
 from protocol.stream_start import Forwarding
 
 log = logging.getLogger(__name__)
 peer_log = PeerLog(log)  # lines about one address at a time: clients retrying fast cannot flood the log
-
-CONNECT_TIMEOUT = 2.0  # seconds the leader has to accept a forwarded connection before the client is dropped
 
 
 class _Client(SpliceEnd):

@@ -34,7 +34,7 @@ from broker.connection.connection import HANDSHAKE_TIMEOUT
 from broker.connection.front_door import FrontDoor, FrontDoors, Route
 from broker.connection.greeting import platform_name
 from broker.connection.handoff import receive_all
-from broker.connection.server import Server, StartupError, stop_on_signals, version
+from broker.connection.server import GC_THRESHOLD, Server, StartupError, stop_on_signals, version
 from broker.connection.tls import server_context
 from broker.management import http
 from broker.management.app import make_app, unavailable
@@ -45,7 +45,7 @@ from broker.model.node import Node
 from broker.workers.board import CLUSTER_SECRET, BoardCopy, group_key, members_key
 from broker.workers.logins import NodeLoginThrottle
 from broker.workers.placement import HashedPlacement, pins_of, worker_data_dir
-from broker.workers.worker import GC_THRESHOLD, Adoption, receive, run_worker, send
+from broker.workers.worker import Adoption, receive, run_worker, send
 from cluster.coordinator import CoordinatorError, Member
 from cluster.groups import DEFAULT_GROUP, led_by, members_posted, posted
 from cluster.node import ClusterNode, make_coordinator

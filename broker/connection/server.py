@@ -42,6 +42,10 @@ SHUTDOWN_GRACE = 3.0  # seconds clients get to answer connection.close before th
 # Resource alarms in priority order, each with its connection.blocked reason (RabbitMQ's texts).
 ALARM_REASONS = {"memory": "low on memory", "disk": "low on disk"}
 WRITE_PROBE = ".write-probe"  # created and removed at start to prove the data dir writable
+# The cyclic garbage collector's first threshold in a broker's process (one process, a worker): a full collection
+# walks every queued message, so collections are made rarer than CPython's default of 700 allocations (the broker's
+# objects seldom form cycles)
+GC_THRESHOLD = 50_000
 
 
 def stop_on_signals() -> asyncio.Event:

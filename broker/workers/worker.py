@@ -47,7 +47,7 @@ from broker.config import Config
 from broker.connection.alarms.memory import memory_limit
 from broker.connection.connection import Connection
 from broker.connection.handoff import HandedOver, Handoffs, receive_all
-from broker.connection.server import Server, StartupError, stop_on_signals
+from broker.connection.server import GC_THRESHOLD, Server, StartupError, stop_on_signals
 from broker.management import http
 from broker.management.app import make_app
 from broker.management.prometheus import make_prometheus_app
@@ -60,7 +60,6 @@ from protocol.constants import INTERNAL_ERROR
 
 log = logging.getLogger(__name__)
 
-GC_THRESHOLD = 50_000  # as broker.__main__'s: a full collection walks every queued message
 CONTROL_LINE_LIMIT = 256 * 1024 * 1024  # the longest control line read: node-wide definitions of many users
 
 

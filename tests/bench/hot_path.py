@@ -22,10 +22,9 @@ import uvloop
 from pamqp import commands, frame, header
 from pamqp.body import ContentBody
 
-from broker.__main__ import GC_THRESHOLD
 from broker.config import load_config
 from broker.connection.connection import Connection
-from broker.connection.server import Server
+from broker.connection.server import GC_THRESHOLD, Server
 
 PIECE = 65536  # bytes handed to the publishing connection at a time
 QUEUE = "hot-path"

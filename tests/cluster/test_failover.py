@@ -192,11 +192,11 @@ def test_with_every_data_dir_wiped_the_cluster_refuses_to_serve_until_an_unclean
     forced = subprocess.run([sys.executable, "-m", "cluster", "force-leader", "--config",
                              str(cluster.nodes["a"].config_path)], capture_output=True, text=True, timeout=30)
     assert forced.returncode == 0, forced.stderr
-    assert "the in-sync replicas are now a" in forced.stdout
+    assert "the in-sync replicas of group 0 are now a" in forced.stdout
     assert cluster.ready() is cluster.nodes["a"]
     refused = subprocess.run([sys.executable, "-m", "cluster", "force-leader", "--config",
                               str(cluster.nodes["b"].config_path)], capture_output=True, text=True, timeout=30)
-    assert refused.returncode == 1 and "a node leads the cluster" in refused.stderr
+    assert refused.returncode == 1 and "a node leads group 0" in refused.stderr
 
 
 def management_get(node, path: str) -> tuple[int, dict]:

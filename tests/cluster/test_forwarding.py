@@ -229,14 +229,14 @@ def test_a_compressed_body_through_a_follower_is_answered_as_the_leader_answers_
 
 def test_a_failover_costs_a_few_log_lines_however_fast_a_client_asks(cluster):
     """A client asking a follower's API as fast as it can while the leader is gone (killed, not yet replaced):
-    every answer comes, and the follower's log takes a few lines a second, not one per request."""
+    every answer comes, and the follower's log takes at most 20 lines a second, not one per request."""
     leader = cluster.ready()
     follower = cluster.followers()[0]
     wait_for(lambda: follower.api("GET", "/api/overview")[0] == 200, 30, "the follower's API")
     before = len(follower.log().splitlines())
     leader.kill()
-    asked, deadline = 0, time.monotonic() + 3
-    while time.monotonic() < deadline:
+    started = time.monotonic()
+    for _ in range(300):
         for user in ("guest:wrong", None):  # credentials the leader would check, and none at all
             headers = {"Authorization": "Basic " + base64.b64encode(user.encode()).decode()} if user else {}
             try:
@@ -244,7 +244,7 @@ def test_a_failover_costs_a_few_log_lines_however_fast_a_client_asks(cluster):
                     f"http://127.0.0.1:{follower.management_port}/api/overview", headers=headers), timeout=10)
             except urllib.error.HTTPError:
                 pass
-            asked += 1
+    took = time.monotonic() - started
     lines = follower.log().splitlines()[before:]
-    assert asked > 200, f"only {asked} requests in 3 s"
-    assert len(lines) < 100, f"{len(lines)} lines for {asked} requests:\n" + "\n".join(lines[-20:])
+    assert len(lines) < 20 * (took + 2), f"{len(lines)} lines for 600 requests in {took:.1f} s:\n" + "\n".join(
+        lines[-20:])

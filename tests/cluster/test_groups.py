@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import ssl
 import subprocess
@@ -23,6 +24,7 @@ import pika
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from broker.workers.placement import worker_data_dir
 from tests.cluster.nodes import Cluster, Node, Observer, wait_for
 from tests.conftest import REPO_ROOT, free_port
 from tests.tls_certs import make_certificates
@@ -152,6 +154,40 @@ def test_losing_the_node_that_leads_a_group_moves_that_groups_vhosts_alone(group
     survivor = next(node for node in "abc" if node != led[1])
     with connect(cluster, survivor, "two") as connection:
         assert drained(connection, "orders") == [b"before"]
+
+
+def test_an_unclean_election_of_group_1_alone_once_every_copy_of_it_is_lost(grouped):
+    """Every node's copy of group 1 lost at once (worker 1's data dir wiped on each): group 1 cannot elect, and its
+    workers say how to force it, while group 0 serves on; force-leader --group 1 on node a has a lead group 1."""
+    cluster, observers = grouped
+    led = wait_for(lambda: leaders(observers), 30, "a leader in each group")
+    with connect(cluster, led[0], "one") as connection:
+        publish_confirmed(connection, "kept", [b"group 0's"])
+    wait_for(lambda: len(observers[1].isr() or []) == 3, 30, "every node's copy of group 1 in sync")
+    for node in cluster.nodes.values():
+        node.kill()
+        shutil.rmtree(worker_data_dir(node.data_dir, 1))
+    for node in cluster.nodes.values():
+        node.start()
+    wait_for(lambda: all("force-leader --config FILE --group 1" in node.log() for node in cluster.nodes.values()),
+             30, "every node saying how to force group 1's election")
+    wait_for(lambda: observers[0].leader(), 30, "group 0 led again")
+    with connect(cluster, "b", "one") as connection:
+        assert drained(connection, "kept") == [b"group 0's"]
+    assert observers[1].leader() is None
+
+    def force(node: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "cluster", "force-leader", "--config",
+                               str(cluster.nodes[node].config_path), "--group", "1"],
+                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
+    forced = force("a")
+    assert forced.returncode == 0, forced.stderr
+    assert "the in-sync replicas of group 1 are now a" in forced.stdout
+    wait_for(lambda: (found := observers[1].leader()) and found[0] == "a", 30, "node a leading group 1")
+    with connect(cluster, "c", "two") as connection:
+        publish_confirmed(connection, "after", [b"group 1's again"])
+    refused = force("b")
+    assert refused.returncode == 1 and "a node leads group 1" in refused.stderr
 
 
 def test_a_node_that_runs_another_number_of_workers_is_refused(grouped, tmp_path, etcd_endpoint):
