@@ -26,6 +26,9 @@ def load_pipeline():
     return module
 
 
+# Its own waits are its bounds: up to 120 s for the driver's first batches, then BOUNDED_WAIT_SECONDS for the
+# query that resumes; and the Spark session this test may be the first to ask for starts outside them
+@pytest.mark.timeout(120 + BOUNDED_WAIT_SECONDS + 30, func_only=True)
 def test_killed_driver_resumes_from_checkpoint_without_loss(spark, broker, amqp, unique, tmp_path):
     pipeline = load_pipeline()
     source, target = f"{unique}-orders", f"{unique}-enriched"
