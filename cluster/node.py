@@ -1,8 +1,8 @@
 """One node of a cluster: follow the leader, or campaign and lead, as etcd decides.
 
 A node grants itself an etcd lease and registers under ``members/``. While a leader is known it follows it: its data
-dir receives the leader's writes (``ReplicaClient``) and its AMQP port forwards clients to the leader
-(``AmqpForwarder``); a follower that has not heard from its leader for a while says so in its member key
+dir receives the leader's writes (``ReplicaClient``) and its AMQP ports are front doors that forward clients to the
+leader (broker.connection.front_door); a follower that has not heard from its leader for a while says so in its member key
 (``lost_leader``). When the leader key is gone, a node whose data dir is one the ISR names (any node of a fresh
 cluster) campaigns; the winner checks that again, then promotes: the store's recovery on its replicated data dir
 (on a thread: the lease is kept meanwhile), then the broker serves, ``ReplicationServer`` streaming to followers and
@@ -27,14 +27,15 @@ from pathlib import Path
 from typing import Protocol
 
 from broker.config import Config, ConfigError, read_secret
-from broker.connection.server import Server, StartupError
+from broker.connection.front_door import FrontDoors, Route, open_doors, refused
+from broker.connection.greeting import platform_name
+from broker.connection.server import Server, StartupError, version
 from broker.connection.tls import TlsError, node_contexts, server_context
 from broker.management.prometheus import make_follower_prometheus_app
 from broker.management.server import ManagementServer, listen, start_management, start_prometheus
 from broker.management.standby import start_standby
 from cluster.api import ClusterApis
 from cluster.coordinator import Coordinator, CoordinatorError, CoordinatorUnavailable, Member, Replica, find_copy
-from cluster.proxy import AmqpForwarder
 from cluster.replication import LeadershipLost, ReplicaClient, ReplicationServer
 from cluster.state import identity, read_epoch, write_epoch
 from storage.lock import DataDirLock, DataDirLocked
@@ -107,8 +108,8 @@ class ClusterNode:
         self.waiting_for = ""  # why this node neither leads nor follows now ("": it does one or the other)
         self.following = ""  # the leader this node follows, as the standby management API names it
         self._followed: tuple[Member, ReplicaClient] | None = None  # that leader, and this node's stream from it
-        # the listeners that forward clients to it, each with its port and whether it is the amqps one
-        self._forwarders: list[tuple[AmqpForwarder, int, bool]] = []
+        # the front doors of this node's AMQP ports while it follows (a group's worker's are its own: cluster.worker)
+        self._doors: FrontDoors | None = None
         # its management API's part of the cluster's (a group's worker's is its supervisor's: broker.workers.api)
         self.apis = ClusterApis(self) if group is None else None
         # the management and Prometheus ports while not leading (broker.management.standby)
@@ -368,8 +369,18 @@ class ClusterNode:
         return (heard.amqp_host, heard.management_port) if heard is not None and heard.management_port else None
 
     def clients(self) -> int:
-        """The clients this node forwards to the leader now."""
-        return sum(len(forwarder.clients) for forwarder, _, _ in self._forwarders)
+        """The clients at this node's front doors now: in their handshake, or forwarded to the leader."""
+        return len(self._doors.open) + len(self._doors.joined) if self._doors is not None else 0
+
+    def _route(self, vhost: str | None, forwarded: bool) -> Route:
+        """Where this follower's front doors send a client: to the leader it hears (another node's forwards go
+        nowhere: a follower serves no vhost)."""
+        heard = self._heard_leader()
+        if heard is None:
+            return refused(vhost, f"node {self.node} hears no leader now")
+        if forwarded:
+            return refused(vhost, f"node {self.node} does not lead it now")
+        return heard.amqp_host, heard.amqps_port if self.tls else heard.amqp_port
 
     def state(self) -> str:
         """Why this node does not serve the management API, in a sentence."""
@@ -488,28 +499,22 @@ class ClusterNode:
         client = ReplicaClient(self.data_dir, self.node, self.secret, self.config.cluster_ack_timeout,
                                self.tls[1] if self.tls else None, self.replication_group)
         self._followed = leader, client
+        listeners = []
         if self.group is None:
-            def leader_address() -> tuple[str, int] | None:
-                heard = self._heard_leader()
-                if heard is None:
-                    return None
-                return heard.amqp_host, heard.amqps_port if self.tls else heard.amqp_port
-
-            def secret() -> str:
-                return self.secret
-
-            towards = self.tls[1] if self.tls else None  # ([cluster] tls: to the leader's amqps port)
-            self._forwarders = [(AmqpForwarder(leader_address, secret, towards), self.config.port, False)]
-            if self.config.tls_certfile:  # amqps clients too: their TLS session ends here, the leader is told so
-                self._forwarders.append((AmqpForwarder(leader_address, secret, towards), self.config.tls_port, True))
+            self._doors = FrontDoors(self.config, version(), platform_name(), self._route, lambda: self.secret,
+                                     self.tls[1] if self.tls else None)  # ([cluster] tls: to the leader's amqps port)
         else:  # the worker's front door forwards its clients
             self.group.announce(leader)
         changed = asyncio.Event()
         watcher = asyncio.ensure_future(self._watch_leader(epoch, changed))
         teller = asyncio.ensure_future(self._tell_whether_lost(client, epoch))
         try:
-            for forwarder, port, amqps in self._forwarders:
-                await forwarder.start(self.config.host, port, server_context(self.config) if amqps else None)
+            if self._doors is not None:
+                listeners.append(await open_doors(self._doors, host=self.config.host, port=self.config.port,
+                                                  reuse_address=True))
+                if self.config.tls_certfile:  # amqps clients too: their TLS session ends here, the leader is told so
+                    listeners.append(await open_doors(self._doors, server_context(self.config), host=self.config.host,
+                                                      port=self.config.tls_port, reuse_address=True))
             while not changed.is_set():
                 stream = asyncio.ensure_future(client.follow(leader.replication_host, leader.replication_port, epoch))
                 waiter = asyncio.ensure_future(changed.wait())
@@ -531,10 +536,13 @@ class ClusterNode:
             teller.cancel()
             client.stop()  # its thread's blocking read returns (a process cannot end while it waits)
             self._followed = None
-            forwarders, self._forwarders = self._forwarders, []
-            for forwarder, _, _ in forwarders:
-                if forwarder.listener is not None:
-                    await forwarder.stop()
+            for listener in listeners:
+                listener.close()
+            if self._doors is not None:
+                self._doors.close()  # the leader changed: its clients reconnect
+                self._doors = None
+            for listener in listeners:
+                await listener.wait_closed()
             if self.group is not None:
                 self.group.announce(None)
             lock.release()

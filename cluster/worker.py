@@ -30,8 +30,7 @@ from aiohttp import web
 from broker import logs
 from broker.config import Config
 from broker.connection.alarms.memory import memory_limit
-from broker.connection.connection import HANDSHAKE_TIMEOUT
-from broker.connection.front_door import FrontDoor, FrontDoors, Route
+from broker.connection.front_door import FrontDoors, Route, open_doors, refused
 from broker.connection.greeting import platform_name
 from broker.connection.handoff import receive_all
 from broker.connection.server import GC_THRESHOLD, Server, StartupError, stop_on_signals, version
@@ -154,13 +153,12 @@ class GroupWorker:
     def route(self, vhost: str | None, forwarded: bool) -> Route:
         group = self.groups.of(vhost) if vhost is not None else DEFAULT_GROUP
         leader = self.board.entries.get(group_key(group))
-        what = f"vhost '{vhost}'" if vhost is not None else "the cluster"
         if leader is None:
-            return f"{what} is unavailable: the replication group that holds it has no leader now; connect again"
+            return refused(vhost, "the replication group that holds it has no leader now")
         if leader["node"] == self.node_id:
             return self.senders[group]
         if forwarded:
-            return f"{what} is unavailable: node {self.node_id} does not lead it now; connect again"
+            return refused(vhost, f"node {self.node_id} does not lead it now")
         return leader["host"], leader["tls_port"] if self.config.cluster_tls else leader["port"]
 
 
@@ -291,12 +289,10 @@ async def serve(control: socket.socket) -> None:
                        lambda: board.entries.get(CLUSTER_SECRET) or "",  # (group 0's: one for the whole cluster)
                        cluster.tls[1] if cluster.tls else None)
     loop = asyncio.get_running_loop()
-    plain = socket.socket(fileno=instructions["listening"])
-    listeners = [await loop.create_server(lambda: FrontDoor(doors), sock=plain, backlog=1024)]
+    listeners = [await open_doors(doors, sock=socket.socket(fileno=instructions["listening"]))]
     if instructions["listening_tls"] is not None:  # amqps: the TLS session ends at the front door
-        listeners.append(await loop.create_server(
-            lambda: FrontDoor(doors), sock=socket.socket(fileno=instructions["listening_tls"]), backlog=1024,
-            ssl=server_context(config), ssl_handshake_timeout=HANDSHAKE_TIMEOUT))
+        listeners.append(await open_doors(doors, server_context(config),
+                                          sock=socket.socket(fileno=instructions["listening_tls"])))
     receiving = socket.socket(fileno=instructions["receiving"])
     receiving.setblocking(False)
     loop.add_reader(receiving.fileno(), receive_all, receiving, Adoption(lambda: cluster.server).take)
@@ -316,8 +312,7 @@ async def serve(control: socket.socket) -> None:
         loop.remove_reader(receiving.fileno())
         for listener in listeners:
             listener.close()
-        for door in list(doors.open):
-            door.transport.abort()
+        doors.close()
 
 
 if __name__ == "__main__":

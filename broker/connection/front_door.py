@@ -1,17 +1,18 @@
-"""The front door of a node whose vhosts are led by processes of other nodes too (a cluster of worker processes,
-cluster.worker): it answers a client's handshake up to connection.open *without checking the login*,
-keeping every byte the client sent after its protocol header, and reads the vhost from connection.open. The client
-then goes to the process that leads that vhost, which reads those bytes through its ordinary handshake, checks the
-login there, and leaves unsent the frames the front door answered (connection.start, and connection.tune once a
-start-ok came):
+"""The front door of a node whose vhosts are led by processes of other nodes too (each worker of a cluster of
+worker processes, cluster.worker; a follower of a cluster of one-process nodes, cluster.node): it answers a
+client's handshake up to connection.open *without checking the login*, keeping every byte the client sent after its
+protocol header, and reads the vhost from connection.open. The client then goes to the process that leads that
+vhost, which reads those bytes through its ordinary handshake, checks the login there, and leaves unsent the frames
+the front door answered (connection.start, and connection.tune once a start-ok came):
 
 - a worker of this node: the socket is handed over with the bytes (broker.connection.handoff);
-- a worker of another node: a TCP connection to that node's AMQP port carries a PROXY v2 header naming the client
-  (and saying whether it speaks TLS here); once that node has proven it knows the cluster's secret and this one has
-  proven it in turn (protocol.stream_start), the protocol header and the bytes follow; the frames that node's front
-  door answers first (the ones this one answered already) are dropped, and the two sockets are spliced. A connection
-  that came that way (a proven PROXY header) goes to a worker of this node or nowhere, so that two nodes that
-  disagree cannot pass it round.
+- another node (its leading worker, or a one-process leader): a TCP connection to that node's AMQP port carries a
+  PROXY v2 header naming the client (and saying whether it speaks TLS here); once that node has proven it knows the
+  cluster's secret and this one has proven it in turn (protocol.stream_start), the protocol header and the bytes
+  follow; the frames that node answers first (the ones this one answered already) are dropped, and the two sockets
+  are spliced. A connection that came that way (a proven PROXY header) goes to a worker of this node or nowhere, so
+  that two nodes that disagree cannot pass it round;
+- nowhere: the client is told why at its connection.open, and connects again.
 
 What the front door cannot read as a handshake (a malformed frame, a method out of place, a start-ok past the size
 a handshake frame may have) it does not judge: the client goes to the leader of the default group with what it
@@ -78,6 +79,32 @@ class FrontDoors:
     towards: ssl.SSLContext | None = None  # [cluster] tls: the TLS of forwards (to the other node's amqps port)
     open: set[FrontDoor] = field(default_factory=set)  # clients in the handshake here
     splicing: set[asyncio.Task] = field(default_factory=set)  # forwards, and TLS sessions joined to a worker, being made
+    joined: set[_Joined] = field(default_factory=set)  # the clients' ends of their forwards to another node
+
+    def close(self) -> None:
+        """Drop every client here at once: in its handshake, being forwarded, or forwarded (whose connection on the
+        other node then closes too)."""
+        for door in list(self.open):
+            door.transport.abort()
+        for task in list(self.splicing):
+            task.cancel()
+        for client in list(self.joined):
+            client.abort()
+
+
+async def open_doors(doors: FrontDoors, tls: ssl.SSLContext | None = None, **where: Any) -> asyncio.Server:
+    """A listener whose every client comes in through a front door; where: host and port, or sock. With tls, the
+    amqps port: the TLS session ends here, and a client that does not finish its TLS handshake within the
+    handshake timeout is dropped, as the broker's own amqps port drops it."""
+    return await asyncio.get_running_loop().create_server(
+        lambda: FrontDoor(doors), backlog=1024, ssl=tls, ssl_handshake_timeout=HANDSHAKE_TIMEOUT if tls else None,
+        **where)
+
+
+def refused(vhost: str | None, why: str) -> str:
+    """What a route tells a client whose vhost no process can take now."""
+    what = f"vhost '{vhost}'" if vhost is not None else "the cluster"
+    return f"{what} is unavailable: {why}; connect again"
 
 
 class FrontDoor(asyncio.Protocol):
@@ -225,7 +252,7 @@ class FrontDoor(asyncio.Protocol):
         """The client goes on through the node at address, once each node has proven to the other that it knows the
         cluster's secret (ForwardEnd joins the two sockets then)."""
         loop = asyncio.get_running_loop()
-        client_end = SpliceEnd()
+        client_end = _Joined(self.doors.joined)
         client_end.transport = self.transport
         self.transport.set_protocol(client_end)
         secret = self.doors.secret()
@@ -252,8 +279,27 @@ class FrontDoor(asyncio.Protocol):
             self.transport.close()
 
 
+class _Joined(SpliceEnd):
+    """A client's end of its forward to another node, in its front doors' set while it is open."""
+
+    def __init__(self, joined: set[_Joined]) -> None:
+        super().__init__()
+        self.joined = joined
+        joined.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.joined.discard(self)
+        super().connection_lost(exc)
+
+    def abort(self) -> None:
+        """Drop both sockets at once, whatever they hold unsent."""
+        self.transport.abort()
+        if self.other is not None and self.other.transport is not None:
+            self.other.transport.abort()
+
+
 class ForwardEnd(SpliceEnd):
-    """The leading node's end of a forwarded client (from a front door, or a follower's forwarder: cluster.proxy).
+    """The leading node's end of a forwarded client (from a front door).
     It sends the PROXY header, checks that node's challenge and answers it with this node's proof, then what the
     client sent here; only then is it joined to the client. The frames that node's front door answers first, which
     this node's answered already, are dropped; what follows goes to the client. A node that cannot prove it knows

@@ -1,8 +1,9 @@
-"""Client forwarding: a follower's AmqpForwarder carries each client's connection to the leader behind a PROXY v2
-header, and the leader takes the client's address from that header only when the forwarder proves it knows the
-cluster's secret, whatever address it comes from. The leader runs in this process, on an event loop of its own
-thread, so that the test gives it the cluster's secret as the cluster layer does; the forwarder runs on the same
-loop, and the clients (pika, or raw sockets) block in the test's thread."""
+"""Client forwarding: a follower's front doors (broker.connection.front_door) carry each client's connection to the
+leader behind a PROXY v2 header, and the leader takes the client's address from that header only when the forwarder
+proves it knows the cluster's secret, whatever address it comes from. The leader runs in this process, on an event
+loop of its own thread, so that the test gives it the cluster's secret as the cluster layer does; the front doors
+run on the same loop, as a follower's would, routing every client to the leader the test names; the clients (pika,
+or raw sockets) block in the test's thread."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from broker.config import Config
 from broker.connection.server import Server
 from broker.connection.tls import server_context
 from broker.management.server import start_management
-from cluster.proxy import AmqpForwarder
+from broker.connection.front_door import FrontDoors, Route, open_doors, refused
 from protocol import node_proof, proxy_header
 from protocol.stream_start import Forwarding
 from tests.conftest import free_port
@@ -94,13 +95,31 @@ class Leader:
 
 
 class Leadership:
-    """What the follower knows of the leader, as the forwarder asks it: None while no leader is known."""
+    """What the follower knows of the leader, as its front doors ask it: None while no leader is known."""
 
     def __init__(self, address: tuple[str, int] | None) -> None:
         self.address = address
 
-    def __call__(self) -> tuple[str, int] | None:
-        return self.address
+    def route(self, vhost: str | None, forwarded: bool) -> Route:
+        return self.address or refused(vhost, "no leader now")
+
+
+@dataclass
+class Forwarder:
+    """A follower's front doors on one listener."""
+
+    doors: FrontDoors
+    listener: asyncio.Server
+
+    @property
+    def port(self) -> int:
+        return self.listener.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        """As a follower stops following: no listener, no client left."""
+        self.listener.close()
+        self.doors.close()
+        await self.listener.wait_closed()
 
 
 @pytest.fixture(scope="module")
@@ -140,11 +159,11 @@ def leadership(leader):
 def start_forwarder(loop_thread, leader, leadership):
     """start(host, tls) -> the endpoint of a forwarder listening on host (an amqps port with a TLS context), stopped
     at the end of the test."""
-    started: list[AmqpForwarder] = []
+    started: list[Forwarder] = []
 
-    def start(host: str = "127.0.0.1", tls: ssl.SSLContext | None = None) -> tuple[AmqpForwarder, Endpoint]:
-        forwarder = AmqpForwarder(leadership, lambda: SECRET)
-        loop_thread.run(forwarder.start(host, 0, tls))
+    def start(host: str = "127.0.0.1", tls: ssl.SSLContext | None = None) -> tuple[Forwarder, Endpoint]:
+        doors = FrontDoors(leader.server.config, "test", "test", leadership.route, lambda: SECRET)
+        forwarder = Forwarder(doors, loop_thread.run(open_doors(doors, tls, host=host, port=0)))
         started.append(forwarder)
         return forwarder, Endpoint(host, forwarder.port, leader.endpoint.management_port)
 
@@ -165,11 +184,11 @@ def broker_log(caplog):
     return caplog
 
 
-def forwarded_pairs(loop_thread: LoopThread, forwarder: AmqpForwarder) -> list[tuple[tuple, tuple]]:
+def forwarded_pairs(loop_thread: LoopThread, forwarder: Forwarder) -> list[tuple[tuple, tuple]]:
     """(the client's address, the forwarder's address towards the leader) of each forwarded connection."""
     return loop_thread.call(lambda: [
         (client.transport.get_extra_info("peername")[:2], client.other.transport.get_extra_info("sockname")[:2])
-        for client in forwarder.clients if client.other is not None])
+        for client in forwarder.doors.joined if client.other is not None])
 
 
 def leader_connections(loop_thread: LoopThread, leader: Leader, port: int) -> list:
@@ -211,6 +230,17 @@ def login(client: RawClient, username: str = "guest", password: str = "guest") -
         return "tune"
     assert isinstance(answer, commands.Connection.Close) and answer.reply_code == 403, describe(answer)
     return "refused"
+
+
+def opened(client: RawClient) -> tuple[int, str]:
+    """The handshake up to connection.open, which the broker is expected to answer with connection.close: its reply
+    code and text (the socket is closed after it)."""
+    client.handshake(open_connection=False)
+    client.send(0, commands.Connection.Open(virtual_host="/"))
+    _, closed = client.read_frame()
+    assert isinstance(closed, commands.Connection.Close), describe(closed)
+    client.expect_closed()
+    return closed.reply_code, closed.reply_text
 
 
 def machine_address() -> str | None:
@@ -367,22 +397,25 @@ def test_a_malformed_header_closes_the_socket_with_one_log_line(leader, header, 
 # ---- no leader, and dropping forwarded connections
 
 
-def test_with_no_leader_known_the_client_is_closed_at_once(forwarded, leadership):
+def test_with_no_leader_known_the_client_is_told_why_at_once(forwarded, leadership):
     _, endpoint = forwarded
     leadership.address = None
     started = time.monotonic()
     with pytest.raises(pika.exceptions.AMQPConnectionError):
         connect(endpoint)
     assert time.monotonic() - started < 0.5
+    with RawClient.connect(endpoint) as client:
+        assert opened(client) == (541, "INTERNAL_ERROR - vhost '/' is unavailable: no leader now; connect again")
 
 
-def test_an_unreachable_leader_closes_the_client(forwarded, leadership, broker_log):
+def test_an_unreachable_leader_has_the_client_told_to_come_again(forwarded, leadership, broker_log):
     _, endpoint = forwarded
     leadership.address = ("127.0.0.1", free_port())  # nothing listens there
     with RawClient.connect(endpoint) as client:
-        client.send_protocol_header()
-        client.expect_closed()
-    assert f"cannot forward a client to the leader at 127.0.0.1:{leadership.address[1]}" in broker_log.text
+        assert opened(client) == (
+            320, "CONNECTION_FORCED - broker forced connection closure with reason 'vhost '/' unavailable'")
+    assert (f"cannot forward a client to the node at 127.0.0.1:{leadership.address[1]} that leads its vhost"
+            in broker_log.text)
 
 
 def test_stopping_the_forwarder_closes_its_clients_and_their_leader_connections(loop_thread, leader, forwarded):
@@ -401,7 +434,7 @@ def test_close_all_drops_the_forwarded_connections_and_goes_on_forwarding(loop_t
                                                                            leadership):
     forwarder, endpoint = forwarded
     with connect(endpoint) as first, connect(endpoint) as second:
-        loop_thread.call(forwarder.close_all)  # the leader changed
+        loop_thread.call(forwarder.doors.close)  # the leader changed
         for conn in (first, second):
             with pytest.raises(pika.exceptions.AMQPConnectionError):
                 conn.process_data_events(time_limit=EVENT_TIMEOUT)
@@ -428,7 +461,7 @@ def test_a_consumer_that_does_not_read_holds_the_leader_back_through_the_forward
         client.send(1, commands.Basic.Consume(queue=queue, no_ack=True))
         client.expect(commands.Basic.ConsumeOk, channel=1)
         # The client reads nothing more: the forwarder stops reading the leader, which stops delivering.
-        [pair] = loop_thread.call(lambda: list(forwarder.clients))
+        [pair] = loop_thread.call(lambda: list(forwarder.doors.joined))
         wait_for(lambda: loop_thread.call(lambda: not pair.other.transport.is_reading()))
         [served] = leader_connections(loop_thread, leader, forwarder.port)
         wait_for(lambda: loop_thread.call(lambda: served.write_paused))
