@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.waiting import wait_for
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXTERNAL_URL = os.environ.get("WARREN_TEST_URL")
 EXTERNAL_MANAGEMENT_URL = os.environ.get("WARREN_TEST_MANAGEMENT_URL")
@@ -95,7 +97,7 @@ def free_ports_in_a_row(count: int) -> int:
                 for port in range(first + 1, first + count):
                     sock = held.enter_context(socket.socket())
                     sock.bind(("127.0.0.1", port))
-            except OSError:
+            except (OSError, OverflowError):  # taken, or past port 65535
                 continue
         return first
 
@@ -111,16 +113,11 @@ def listening(port: int, host: str = "127.0.0.1") -> bool:
 
 def wait_for_port(host: str, port: int, process: subprocess.Popen | None, timeout: float = 15.0) -> None:
     """Block until something accepts TCP connections on host:port (or the process dies)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def accepting() -> bool:
         if process is not None and process.poll() is not None:
             raise RuntimeError(f"broker exited with code {process.returncode} before listening")
-        try:
-            with socket.create_connection((host, port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.02)
-    raise TimeoutError(f"nothing listens on {host}:{port} after {timeout}s")
+        return listening(port, host)
+    wait_for(accepting, timeout, f"something listening on {host}:{port}")
 
 
 @dataclass

@@ -6,7 +6,6 @@ import asyncio
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,8 @@ from pathlib import Path
 
 from tests.bench.client import BenchConnection, BrokerURL
 from tests.bench.process_memory import descendants, listener_pid
+from tests.conftest import free_port, free_ports_in_a_row
+from tests.waiting import wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RABBITMQ_REF = Path(os.environ.get("WARREN_RABBITMQ_REF", REPO_ROOT / "tools" / "rabbitmq-ref"))
@@ -75,22 +76,6 @@ def _signal_groups(pids: list[int], signum: int) -> None:
             continue
 
 
-def free_port() -> int:
-    """A free loopback port whose successor is free too (RabbitMQ takes PORT + 1 for Erlang distribution)."""
-    while True:
-        with socket.socket() as first:
-            first.bind(("127.0.0.1", 0))
-            port = first.getsockname()[1]
-            if port >= 65535:
-                continue
-            with socket.socket() as second:
-                try:
-                    second.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-        return port
-
-
 async def _handshake(url: str) -> None:
     connection = await BenchConnection.open(BrokerURL.parse(url))
     await connection.close()
@@ -98,17 +83,22 @@ async def _handshake(url: str) -> None:
 
 def _wait_until_ready(name: str, process: subprocess.Popen, port: int, log: Path, seconds: float) -> RunningBroker:
     url = f"amqp://guest:guest@127.0.0.1:{port}/%2F"
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+
+    def ready() -> bool:
         if process.poll() is not None:
             raise BrokerUnavailable(f"{name} exited with code {process.returncode}: {_tail(log)}")
         try:
             asyncio.run(asyncio.wait_for(_handshake(url), READY_POLL_SECONDS * 25))
-            return RunningBroker(name, port, process, listener_pid(port))
+            return True
         except Exception:  # not listening yet, or still booting
-            time.sleep(READY_POLL_SECONDS)
-    RunningBroker(name, port, process, process.pid).stop()
-    raise BrokerUnavailable(f"{name} did not accept an AMQP handshake within {seconds:.0f} s: {_tail(log)}")
+            return False
+    try:
+        wait_for(ready, seconds, f"{name} accepting an AMQP handshake", READY_POLL_SECONDS)
+    except AssertionError:
+        RunningBroker(name, port, process, process.pid).stop()
+        raise BrokerUnavailable(f"{name} did not accept an AMQP handshake within {seconds:.0f} s: {_tail(log)}") \
+            from None
+    return RunningBroker(name, port, process, listener_pid(port))
 
 
 def _tail(log: Path, lines: int = 5) -> str:
@@ -135,7 +125,7 @@ def start_rabbitmq(workdir: Path) -> RunningBroker:
         raise BrokerUnavailable("rabbitmq-server is not installed (apt-get install -y rabbitmq-server)")
     if not RABBITMQ_REF.exists():
         raise BrokerUnavailable(f"{RABBITMQ_REF} is missing (set WARREN_RABBITMQ_REF)")
-    port = free_port()
+    port = free_ports_in_a_row(2)  # RabbitMQ takes PORT + 1 for Erlang distribution
     log = workdir / "rabbitmq.log"
     with open(log, "wb") as output:
         process = subprocess.Popen([str(RABBITMQ_REF), str(port), str(workdir / "rabbitmq-data")],

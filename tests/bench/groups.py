@@ -33,8 +33,9 @@ import pika
 from tests.bench.brokers import start_warren
 from tests.bench.loadgen import time_limit
 from tests.cluster.etcd import NO_ETCD_REASON, find_etcd, started_etcd
-from tests.cluster.nodes import Cluster, Observer, wait_for
+from tests.cluster.nodes import Cluster, Observer
 from tests.conftest import REPO_ROOT
+from tests.waiting import wait_for
 
 GROUPS = 3
 VHOSTS = [f"v{group}" for group in range(GROUPS)]

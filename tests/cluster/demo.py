@@ -23,8 +23,9 @@ from pathlib import Path
 
 from broker.config import Config
 from tests.cluster.etcd import NO_ETCD_REASON, EtcdServer, find_etcd
-from tests.cluster.nodes import Node, Observer, wait_for
+from tests.cluster.nodes import Node, Observer
 from tests.conftest import listening
+from tests.waiting import wait_for
 
 CLUSTER = "demo"
 NAMES = ("a", "b", "c")
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                     and all(listening(node.port) for node in nodes))
         try:
             wait_for(ready, READY_TIMEOUT, "a leader with all three nodes in sync", step=0.1)
-        except TimeoutError as error:
+        except AssertionError as error:
             print(f"cluster-demo: {error}: {describe(observer)}; see the logs under {root}", flush=True)
         print(f"Warren cluster {CLUSTER!r} on 127.0.0.1, etcd at {etcd.endpoint} (data in {etcd.data_dir}): "
               f"{describe(observer)}")

@@ -21,6 +21,7 @@ import pytest
 
 from tests.cluster.netns import LOCAL, Place
 from tests.conftest import REPO_ROOT, free_port
+from tests.waiting import wait_for
 
 UNPACKED_ETCD = REPO_ROOT / ".cache" / "etcd" / "usr" / "bin" / "etcd"
 START_ATTEMPTS = 5  # fresh ports are tried this many times when another process takes the chosen ones first
@@ -83,11 +84,7 @@ class EtcdServer:
     def pause(self) -> None:
         """SIGSTOP, returning once every thread of etcd has stopped: a hung etcd, its connections open."""
         os.kill(self.pid, signal.SIGSTOP)
-        deadline = time.monotonic() + 5
-        while not self._stopped():
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"etcd {self.pid} did not stop")
-            time.sleep(0.01)
+        wait_for(self._stopped, 5, f"etcd {self.pid} stopped", 0.01)
 
     def resume(self) -> None:
         os.kill(self.pid, signal.SIGCONT)

@@ -14,14 +14,14 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from tests.cluster.netns import LOCAL, Place
 from tests.conftest import REPO_ROOT, free_port, free_ports_in_a_row
+from tests.waiting import wait_for  # also imported from here by tests of the cluster
 
 LEASE_TTL = 2.0  # the acceptance tests' lease (seconds)
 ACK_TIMEOUT = 1.0  # and follower ack deadline
@@ -167,18 +167,6 @@ class Observer:
             pass
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
-
-
-def wait_for(condition: Callable[[], object], timeout: float, what: str, step: float = 0.02) -> object:
-    """Poll ``condition`` (a read of etcd or of a process) until it is true; its value, or TimeoutError."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {timeout} s")
-        time.sleep(step)
 
 
 class Cluster:

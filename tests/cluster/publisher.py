@@ -40,6 +40,7 @@ from typing import Any, ClassVar, TypeVar
 
 import uvloop
 
+from tests import waiting
 from tests.bench.client import BenchConnection, BrokerClosed, BrokerURL, message_frames
 from tests.cluster.ids import ID, to_ranges
 
@@ -518,16 +519,16 @@ class ProcessHandle:
 
     def wait_for(self, condition: Callable[[dict[str, Any]], bool], timeout: float) -> dict[str, Any]:
         """The first progress that satisfies `condition`; fails if the process exits first or time runs out."""
-        deadline = time.monotonic() + timeout
-        while True:
-            progress = self.progress()
+        def satisfied(progress: dict[str, Any]) -> bool:
             if progress and condition(progress):
-                return progress
+                return True
             if self.process.poll() is not None:
                 raise RuntimeError(f"{self.role} exited with {self.process.returncode} first:\n{self.log()}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.role}'s progress {progress} after {timeout} s:\n{self.log()}")
-            time.sleep(POLL)
+            return False
+        try:
+            return waiting.wait_for(self.progress, timeout, f"{self.role}'s progress", POLL, until=satisfied)
+        except AssertionError as error:
+            raise TimeoutError(f"{error}\n{self.log()}") from None
 
     def wait(self, timeout: float = 60.0) -> dict[str, Any]:
         """The result, once the process stops of its own accord (say, its until-file)."""

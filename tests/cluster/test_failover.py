@@ -23,8 +23,9 @@ import pika
 import pytest
 
 from tests.cluster.drain import drain, verify
-from tests.cluster.nodes import ACK_TIMEOUT, LEASE_TTL, Cluster, wait_for
+from tests.cluster.nodes import ACK_TIMEOUT, LEASE_TTL, Cluster
 from tests.cluster.publisher import start_publisher
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -25,7 +25,7 @@ import pytest
 
 from tests.cluster.consumer import ConsumerHandle, delivered_ids, start_consumer
 from tests.cluster.drain import drain, verify, with_consumed
-from tests.cluster.nodes import Cluster, Node, wait_for
+from tests.cluster.nodes import Cluster, Node
 from tests.cluster.test_failover import (  # noqa: F401 (cluster, kill_publishers: fixtures)
     FAILOVER_LIMIT,
     FAILOVER_MEDIAN,
@@ -38,6 +38,7 @@ from tests.cluster.test_failover import (  # noqa: F401 (cluster, kill_publisher
     publisher_on,
 )
 from tests.integration.management import request
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.cluster.netns import CLIENTS, Network, network_or_skip, remove_stale, run
 from tests.conftest import free_port
+from tests.waiting import wait_for
 
 PROBE_TIMEOUT = 1.0  # seconds a probe waits for a connection or a datagram: a cut link times out, a good one doesn't
 ARRIVAL = 0.3  # seconds a probe may take to arrive once its sender is done (microseconds on a bridge)
@@ -118,10 +118,12 @@ def test_the_leftovers_of_a_killed_run_are_removed(network):
     run("ip", "netns", "add", namespace)
     leftover = subprocess.Popen(["ip", "netns", "exec", namespace, "sleep", "60"])
     try:
-        deadline = time.monotonic() + 10
-        while Path(f"/proc/{leftover.pid}/comm").read_text().strip() != "sleep":  # inside the namespace by now
-            assert leftover.poll() is None and time.monotonic() < deadline, "ip netns exec did not start sleep"
-            time.sleep(0.01)
+        def in_namespace() -> bool:  # it runs sleep by now
+            if Path(f"/proc/{leftover.pid}/comm").read_text().strip() == "sleep":
+                return True
+            assert leftover.poll() is None, "ip netns exec did not start sleep"
+            return False
+        wait_for(in_namespace, 10, "ip netns exec starting sleep", 0.01)
         assert namespace in remove_stale()
         assert leftover.wait(5) == -9
         namespaces = run("ip", "netns", "list")

@@ -30,9 +30,10 @@ from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict
 
 from broker.management.forwarding import LEADERS_GROUP, ApiClient
-from tests.cluster.nodes import Cluster, wait_for
+from tests.cluster.nodes import Cluster
 from tests.cluster.sniff import Sniffer
 from tests.tls_certs import make_certificates
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -16,6 +16,8 @@ import pika.exceptions
 import pytest
 from pika.adapters.blocking_connection import BlockingChannel
 
+from tests.waiting import T, wait_for
+
 # Generous bound for anything that should happen "now"; tests normally finish far sooner.
 EVENT_TIMEOUT = 5.0
 # How long a test watches to prove that something does NOT happen.
@@ -195,14 +197,11 @@ def sync(ch: BlockingChannel) -> None:
     ch.exchange_declare("amq.direct", passive=True)
 
 
-def wait_until(conn: pika.BlockingConnection, condition: Callable[[], bool], timeout: float = EVENT_TIMEOUT) -> None:
-    """Process connection events until `condition()` holds; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise AssertionError(f"condition not met within {timeout}s")
-        conn.process_data_events(time_limit=min(remaining, 0.05))
+def wait_until(conn: pika.BlockingConnection, condition: Callable[[], T], timeout: float = EVENT_TIMEOUT,
+               what: str = "the condition") -> T:
+    """Process connection events until `condition()` holds, and return its value; fail after `timeout` seconds."""
+    # a poll that finds the condition unmet processes events for up to 50 ms instead of sleeping (and yields None)
+    return wait_for(lambda: condition() or conn.process_data_events(time_limit=0.05), timeout, what, step=0)
 
 
 def wait_for_message_count(ch: BlockingChannel, queue: str, expected: int, timeout: float = EVENT_TIMEOUT) -> None:

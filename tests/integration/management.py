@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from typing import Any, Callable, NamedTuple
 
 import pika
+
+from tests import waiting
 
 
 class Reply(NamedTuple):
@@ -97,11 +98,11 @@ def connect_as(broker: Any, user: str, password: str, vhost: str = "/") -> pika.
 def wait_for(broker: Any, path: str, condition: Callable[[Any], bool], timeout: float = 30.0) -> Any:
     """GET path until condition holds for its body (RabbitMQ lists connections, channels and consumers only after
     its next statistics emission, every 5 s); fail after timeout seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        reply = request(broker, "GET", path)
-        if reply.status == 200 and condition(reply.body):
-            return reply.body
-        if time.monotonic() > deadline:
-            raise AssertionError(f"GET {path} did not satisfy the condition within {timeout}s: {reply}")
-        time.sleep(0.1)
+    return waiting.wait_for(lambda: request(broker, "GET", path), timeout, f"GET {path} satisfying the condition", 0.1,
+                            until=lambda reply: reply.status == 200 and condition(reply.body)).body
+
+
+def wait_for_api(broker: Any, timeout: float = 30.0) -> None:
+    """Wait until broker's API answers GET /api/overview with 200 (a Warren's starts listening just after the AMQP
+    port; RabbitMQ's answers a while after its port opens)."""
+    wait_for(broker, "/api/overview", lambda _: True, timeout)

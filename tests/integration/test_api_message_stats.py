@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 
+from tests import waiting
 from tests.integration.management import (
     add_vhost, delete_vhost, quote, request, set_permissions, wait_for,
 )
@@ -60,14 +61,10 @@ def test_api_publishes_and_gets_count_on_the_queue_and_the_node(broker, unique):
     expected = {"publish": 3, "confirm": 3, "return_unroutable": 1, "drop_unroutable": 0, "get": 1, "get_no_ack": 2,
                 "get_empty": 1, "deliver_get": 3, "redeliver": 1, "ack": 0, "deliver": 0, "deliver_no_ack": 0}
     # RabbitMQ's overview takes a few seconds more than its sample times say to show its channels' stats
-    deadline = time.monotonic() + 30
-    while True:
+    def counted() -> dict[str, int]:
         after = node_totals_sampled_after(broker, done)
-        counted = {key: after[key] - before[key] for key in COUNTED}
-        if counted == expected or time.monotonic() > deadline:
-            break
-        time.sleep(1)
-    assert counted == expected
+        return {key: after[key] - before[key] for key in COUNTED}
+    waiting.wait_for(counted, 30, f"the node's totals counting {expected}", 1, until=lambda found: found == expected)
     request(broker, "DELETE", f"/api/queues/%2F/{quote(unique)}")
 
 

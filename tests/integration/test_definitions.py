@@ -23,7 +23,7 @@ import pytest
 
 from tests.conftest import REPO_ROOT, listening, wait_for_port
 from tests.integration.helpers import EVENT_TIMEOUT, channel_error, get, wait_for_message_count
-from tests.integration.management import quote, request
+from tests.integration.management import quote, request, wait_for_api
 
 REFERENCE_SCRIPT = REPO_ROOT / "tools" / "rabbitmq-ref"
 # AMQP port of the reference RabbitMQ these tests start (its API is on +10000). Both lie below the kernel's
@@ -310,14 +310,6 @@ def stop_reference(process: subprocess.Popen, pid_file: Path, timeout: float = 3
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout)
-
-
-def wait_for_api(broker, timeout: float = 30.0) -> None:
-    """The reference's API answers a while after its port opens."""
-    deadline = time.monotonic() + timeout
-    while request(broker, "GET", "/api/overview").status != 200:
-        assert time.monotonic() < deadline, "the reference RabbitMQ's API never answered"
-        time.sleep(0.2)
 
 
 def test_a_rabbitmq_export_imports_into_warren_and_warrens_back_into_rabbitmq(reference, own_broker):

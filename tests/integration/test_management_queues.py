@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import subprocess
-import time
 import urllib.parse
 
 import pika
@@ -17,9 +16,11 @@ from tests.integration.helpers import (
     EVENT_TIMEOUT, consume, declare_queue, drain, message_count, open_channel, publish, wait_for_message_count,
 )
 from tests.integration.management import (
-    add_user, add_vhost, clear_policy, delete_user, delete_vhost, quote, request, set_permissions, set_policy,
+    Reply, add_user, add_vhost, clear_policy, delete_user, delete_vhost, quote, request, set_permissions, set_policy,
+    wait_for_api,
 )
 from tests.tmpfs import fill, tmpfs
+from tests.waiting import wait_for
 
 # RabbitMQ's API shows queue counts from statistics emitted every 5 seconds: counts are polled this long.
 STATS_TIMEOUT = 15.0
@@ -31,26 +32,11 @@ def queue_path(name: str, vhost: str = "/") -> str:
 
 def queue_with(broker, name: str, **expected) -> dict:
     """The queue's JSON once its fields have the expected values (RabbitMQ's statistics lag behind)."""
-    deadline = time.monotonic() + STATS_TIMEOUT
-    while True:
-        reply = request(broker, "GET", queue_path(name))
+    def shows(reply: Reply) -> bool:
         assert reply.status == 200, reply
-        if all(reply.body.get(key) == value for key, value in expected.items()):
-            return reply.body
-        assert time.monotonic() < deadline, (expected, reply.body)
-        time.sleep(0.2)
-
-
-def wait_for_api(broker) -> None:
-    """Wait until a started broker's management API answers (it starts listening after the AMQP port)."""
-    deadline = time.monotonic() + EVENT_TIMEOUT
-    while True:
-        try:
-            request(broker, "GET", "/api/queues")
-            return
-        except OSError:
-            assert time.monotonic() < deadline, "the management API does not answer"
-            time.sleep(0.05)
+        return all(reply.body.get(key) == value for key, value in expected.items())
+    return wait_for(lambda: request(broker, "GET", queue_path(name)), STATS_TIMEOUT, f"{name} with {expected}", 0.2,
+                    until=shows).body
 
 
 def get_messages(broker, name: str, count: int, ackmode: str, encoding: str = "auto", **extra) -> list[dict]:
@@ -252,7 +238,7 @@ def test_durable_queue_and_its_messages_survive_a_restart(own_broker, unique):
     assert request(broker, "POST", "/api/exchanges/%2F/amq.default/publish", message).body == {"routed": True}
     broker.kill()  # the message was on disk before the publish was answered
     broker.start()
-    wait_for_api(broker)
+    wait_for_api(broker, EVENT_TIMEOUT)
     assert [m["payload"] for m in get_messages(broker, unique, 1, "ack_requeue_false")] == ["kept"]
 
 
@@ -338,7 +324,7 @@ def test_who_sees_the_queues_of_a_vhost(broker, unique, limited_user):
 def test_a_declare_the_disk_cannot_take_is_a_500_and_taken_back(own_broker, tmp_path):
     with tmpfs(tmp_path / "disk", "size=1m") as disk:
         broker = own_broker(data_dir=disk / "data")
-        wait_for_api(broker)
+        wait_for_api(broker, EVENT_TIMEOUT)
         fill(disk)
         padding = {"x-padding": "p" * 10000}  # larger than what is left of the last page of a file
         assert request(broker, "PUT", queue_path("full"), {"durable": True, "arguments": padding}) == (

@@ -18,6 +18,7 @@ import pika.exceptions
 import pytest
 
 from tests.integration.management import add_user, quote, request
+from tests.waiting import wait_for
 
 GUEST = "Basic " + base64.b64encode(b"guest:guest").decode()
 TOO_LARGE = {"error": "bad_request", "reason": "Exceeded HTTP request body size limit"}  # RabbitMQ's
@@ -172,10 +173,9 @@ def test_compressed_bodies_through_the_workers_api_are_answered_and_leave_no_des
                         raw_body=gzipped(json.dumps({"password": "x", "tags": ""}).encode(), 2), timeout=10)
         assert (reply.status, reply.body) == (400, {"error": "bad_request", "reason": "not_json"})
     assert request(broker, "GET", "/api/users/gzip-0").status == 404
-    deadline = time.monotonic() + 5  # (each forward's socket is closed once its answer is read)
-    while open_descriptors(broker.process.pid) > before and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert open_descriptors(broker.process.pid) <= before
+    # each forward's socket is closed once its answer is read
+    wait_for(lambda: open_descriptors(broker.process.pid) <= before, 5, "the descriptors back to as many as before",
+             0.05)
 
 
 # --- other web sites -------------------------------------------------------------------------------------------
@@ -252,9 +252,8 @@ def test_connections_past_max_connections_are_answered_503_at_once(own_broker, t
         assert reply.startswith(b"HTTP/1.1 503 Service Unavailable\r\n") and took < 2
     finally:
         held.pop().close()
-    deadline = time.monotonic() + 10
-    while request(broker, "GET", "/api/whoami").status != 200:  # the freed slot is given back once it closes
-        assert time.monotonic() < deadline
+    # the freed slot is given back once it closes
+    wait_for(lambda: request(broker, "GET", "/api/whoami").status == 200, 10, "a request answered in the freed slot", 0)
     for connection in held:
         connection.close()
 

@@ -7,7 +7,6 @@ import json
 import socket
 import subprocess
 import sys
-import time
 from importlib import metadata
 
 import pika
@@ -17,17 +16,15 @@ import pytest
 from tests.conftest import REPO_ROOT
 from tests.integration.helpers import EVENT_TIMEOUT, connect
 from tests.integration.management import clear_policy, quote, request, set_policy
+from tests.waiting import wait_for
+
 
 def logged(broker, text: str, timeout: float = EVENT_TIMEOUT) -> str:
-    """The first line of the broker's log that contains text, once it is written."""
-    deadline = time.monotonic() + timeout
-    while True:
-        lines = [line for line in broker.log().splitlines() if text in line]
-        if lines:
-            return lines[0]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no log line with {text!r} within {timeout}s:\n{broker.log()[-3000:]}")
-        time.sleep(0.02)  # the log file is written by another process: nothing to await but its contents
+    """The first line of the broker's log that contains text, once it is written (by another process: nothing to
+    await but the file's contents)."""
+    def lines(log: str) -> list[str]:
+        return [line for line in log.splitlines() if text in line]
+    return lines(wait_for(broker.log, timeout, f"a log line with {text!r}", until=lines))[0]
 
 
 def test_a_connection_is_logged_when_accepted_authenticated_and_closed_with_its_reason(own_broker, unique):

@@ -9,8 +9,9 @@ from pamqp import commands, frame
 
 from tests.integration.rawclient import AMQP_0_9_1_HEADER, RawClient, plain_response
 from tests.integration.test_workers import (  # noqa: F401 (workers: the fixture)
-    LEADERS, holders, serving_worker, socket_inode, wait_for, workers,
+    LEADERS, holders, serving_worker, socket_inode, workers,
 )
+from tests.waiting import wait_for
 
 FRAME_MAX = 131072
 

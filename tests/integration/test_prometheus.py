@@ -14,6 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.helpers import EVENT_TIMEOUT, beyond_rabbitmq, connect, declare_queue, publish
+from tests.waiting import wait_for
 
 
 def scrape(broker, path: str = "/metrics") -> dict[str, dict[tuple, float]]:
@@ -38,16 +39,13 @@ STATISTICS_INTERVAL = 5.0
 
 def scrape_until(broker, path: str, condition) -> dict[str, dict[tuple, float]]:
     """Scrape until condition(samples) holds (at once on Warren; within a statistics interval on RabbitMQ)."""
-    deadline = time.monotonic() + STATISTICS_INTERVAL + EVENT_TIMEOUT
-    while True:
-        samples = scrape(broker, path)
+    def shows(samples: dict[str, dict[tuple, float]]) -> bool:
         try:
-            if condition(samples):
-                return samples
+            return bool(condition(samples))
         except KeyError:  # the series is not there yet
-            pass
-        assert time.monotonic() < deadline, f"the scrape of {path} never showed what the test waits for"
-        time.sleep(0.1)
+            return False
+    return wait_for(lambda: scrape(broker, path), STATISTICS_INTERVAL + EVENT_TIMEOUT,
+                    f"the scrape of {path} showing what the test waits for", 0.1, until=shows)
 
 
 CLASSIC = {"protocol": "amqp091", "queue_type": "rabbit_classic_queue"}

@@ -7,14 +7,13 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 import urllib.parse
 
 import pika
 import pytest
 
 from tests.conftest import WORKERS
-from tests.integration.helpers import connection_error
+from tests.integration.helpers import connection_error, wait_until
 from tests.integration.management import add_vhost, delete_vhost
 
 RABBITMQADMIN = shutil.which("rabbitmqadmin")
@@ -139,15 +138,14 @@ def test_list_and_close_connections(broker, unique):
     conn = pika.BlockingConnection(pika.ConnectionParameters(
         broker.host, broker.port, client_properties={"connection_name": unique}))
     conn.channel()
-    deadline = time.monotonic() + 30  # RabbitMQ lists connections and channels after its next statistics emission
-    while True:
+
+    def listed() -> str | None:
+        """The connection's name once it and its channel are listed."""
         mine = [c["name"] for c in listing(broker, "connections") if c.get("user_provided_name") == unique]
         channels = [c["connection_details"]["name"] for c in listing(broker, "channels")]
-        if mine and mine[0] in channels:
-            break
-        assert time.monotonic() < deadline, "the connection and its channel were not listed"
-        conn.process_data_events(time_limit=0.2)
-    name = mine[0]
+        return mine[0] if mine and mine[0] in channels else None
+    # RabbitMQ lists connections and channels after its next statistics emission
+    name = wait_until(conn, listed, 30, "the connection and its channel listed")
     code, text = connection_error(lambda: admin(broker, "close", "connection", f"name={name}"), conn)
     assert (code, text) == (320, "CONNECTION_FORCED - Closed via management plugin")
 

@@ -4,8 +4,6 @@ in the queue."""
 
 from __future__ import annotations
 
-import time
-
 from tests.integration import management
 from tests.integration.helpers import Inbox, bodies, connect, consume, declare_queue, enqueue
 
@@ -64,11 +62,8 @@ def test_the_management_api_shows_which_consumer_is_active(broker, conn, unique)
     first, _ = consume(conn.channel(), queue, Inbox())
     second, _ = consume(conn.channel(), queue, Inbox())
     path = f"/api/queues/%2F/{management.quote(queue)}"
-    deadline = time.monotonic() + STATS_TIMEOUT
-    while True:
-        details = management.request(broker, "GET", path).body.get("consumer_details", [])
-        statuses = {item["consumer_tag"]: (item["active"], item["activity_status"]) for item in details}
-        if len(statuses) == 2 or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)  # RabbitMQ has no event to wait for: its statistics come every 5 s
+    # RabbitMQ has no event to wait for: its statistics come every 5 s
+    details = management.wait_for(broker, path, lambda body: len(body.get("consumer_details", [])) == 2,
+                                  STATS_TIMEOUT)["consumer_details"]
+    statuses = {item["consumer_tag"]: (item["active"], item["activity_status"]) for item in details}
     assert statuses == {first: (True, "single_active"), second: (False, "waiting")}

@@ -11,8 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 
 import pika
 import pika.exceptions
@@ -21,6 +19,7 @@ import pytest
 from tests.conftest import REPO_ROOT, WORKERS
 from tests.integration.helpers import (connection_error, declare_queue, publish, wait_for_message_count,
                                       wait_until)
+from tests.waiting import wait_for
 
 # RabbitMQ's statistics interval is 5 s: listings of counts, connections and consumers may lag that long.
 STATS_TIMEOUT = 15.0
@@ -49,18 +48,6 @@ def failed(broker, *argv: str) -> tuple[int, str]:
     return done.returncode, done.stderr.splitlines()[0]
 
 
-def eventually(run: Callable[[], str], expected: Callable[[str], bool], timeout: float = STATS_TIMEOUT) -> str:
-    """Run `run` until its output satisfies `expected`; fail with the last output after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        out = run()
-        if expected(out):
-            return out
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not seen within {timeout}s; last output:\n{out}")
-        time.sleep(0.2)
-
-
 def queue_exists(conn, name: str) -> bool:
     channel = conn.channel()
     try:
@@ -75,7 +62,8 @@ def test_list_queues_prints_rabbitmqctls_banner_header_and_rows(broker, conn, un
     channel = conn.channel()
     queue = declare_queue(channel, unique, arguments={"x-max-length": 5})
     publish(channel, queue, [b"a", b"b"])
-    out = eventually(lambda: ok(broker, "list_queues"), lambda out: f"\n{queue}\t2\n" in out)
+    out = wait_for(lambda: ok(broker, "list_queues"), STATS_TIMEOUT, f"{queue} listed with 2 messages", 0.2,
+                   until=lambda out: f"\n{queue}\t2\n" in out)
     assert out.startswith("Listing queues for vhost / ...\nname\tmessages\n")
     quiet = ok(broker, "list_queues", "-q", "--no-table-headers", "name,durable", "arguments")
     assert f'{queue}\tfalse\t[{{"x-max-length",5}}]\n' in quiet.splitlines(keepends=True)
@@ -107,12 +95,14 @@ def test_consumers_and_channels(broker, conn, unique):
     channel = conn.channel()
     queue = declare_queue(channel, unique)
     tag = channel.basic_consume(queue, lambda *delivery: None, consumer_tag=f"{unique}-tag")
-    out = eventually(lambda: ok(broker, "list_consumers", "-q", "--no-table-headers",
-                                "queue_name", "consumer_tag", "ack_required", "prefetch_count", "active"),
-                     lambda out: f"{queue}\t{tag}\ttrue\t0\ttrue\n" in out)
+    out = wait_for(lambda: ok(broker, "list_consumers", "-q", "--no-table-headers",
+                              "queue_name", "consumer_tag", "ack_required", "prefetch_count", "active"),
+                   STATS_TIMEOUT, f"the consumer {tag} listed", 0.2,
+                   until=lambda out: f"{queue}\t{tag}\ttrue\t0\ttrue\n" in out)
     assert out
-    channels = eventually(lambda: ok(broker, "list_channels", "--formatter", "json", "user", "consumer_count"),
-                          lambda out: {"user": "guest", "consumer_count": 1} in json.loads(out))
+    channels = wait_for(lambda: ok(broker, "list_channels", "--formatter", "json", "user", "consumer_count"),
+                        STATS_TIMEOUT, "a channel of guest's with one consumer listed", 0.2,
+                        until=lambda out: {"user": "guest", "consumer_count": 1} in json.loads(out))
     assert channels
 
 
@@ -210,8 +200,7 @@ def test_close_connection_closes_it_with_320_and_the_reason(broker, unique):
         listed = json.loads(ok(broker, "list_connections", "name", "client_properties", "--formatter", "json"))
         return [row["name"] for row in listed if (row["client_properties"] or {}).get("connection_name") == unique]
 
-    name = eventually(lambda: json.dumps(named()), lambda out: json.loads(out) != [])
-    name = json.loads(name)[0]
+    name = wait_for(named, STATS_TIMEOUT, f"the connection {unique} listed", 0.2)[0]
     assert ok(broker, "close_connection", name, "go away") == f"Closing connection {name}, reason: go away...\n"
     assert connection_error(lambda: wait_until(target, lambda: target.is_closed), target) == \
         (320, "CONNECTION_FORCED - go away")

@@ -25,12 +25,13 @@ from pamqp import commands, frame
 
 from tests.bench.workers import config_of
 from tests.conftest import free_port
-from tests.integration.helpers import declare_queue, enqueue
+from tests.integration.helpers import declare_queue, enqueue, wait_until
 from tests.integration.management import add_user, add_vhost, request, set_permissions
 from tests.integration.rawclient import RawClient, plain_response
 from tests.integration.test_login_failures import TIMER_GRAIN, refusal, start_ok
 from tests.integration.test_warrenctl import ok
 from tests.tls_certs import make_certificates
+from tests.waiting import wait_for
 
 if os.environ.get("WARREN_TEST_URL"):
     pytest.skip("starts brokers of its own", allow_module_level=True)
@@ -97,14 +98,6 @@ def serving_worker(broker, client: RawClient) -> int:
     wait_for(lambda: len(holders(broker, inode)) == 1, 5, "one worker holding the connection")
     (number,) = holders(broker, inode)
     return number
-
-
-def wait_for(condition, timeout: float = 15.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not after {timeout} s: {what}")
-        time.sleep(0.02)
 
 
 def test_each_vhost_is_served_by_the_worker_that_leads_it(workers):
@@ -512,9 +505,7 @@ def stream_of(channel, stream: str) -> list[bytes]:
     channel.basic_qos(prefetch_count=100)
     tag = channel.basic_consume(stream, lambda ch, method, properties, body: bodies.append(body),
                                 arguments={"x-stream-offset": "first"})
-    deadline = time.monotonic() + 10
-    while len(bodies) < 3 and time.monotonic() < deadline:
-        channel.connection.process_data_events(time_limit=0.1)
+    wait_until(channel.connection, lambda: len(bodies) >= 3, 10)
     channel.basic_cancel(tag)
     return bodies
 

@@ -15,7 +15,8 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 from tests.integration.management import request
-from tests.integration.test_workers import wait_for, worker_pids
+from tests.integration.test_workers import worker_pids
+from tests.waiting import wait_for
 
 PRIVATE = "warren-workers-*"
 

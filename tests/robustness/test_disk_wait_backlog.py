@@ -18,6 +18,7 @@ from broker.config import load_config
 from broker.connection.server import Server
 from broker.session.channel import BACKLOG_LIMIT
 from tests.integration.rawclient import RawClient
+from tests.waiting import wait_for
 
 PUBLISHES = 200_000  # about 15 MB of frames: far more than the socket buffers and the broker may hold
 
@@ -87,10 +88,8 @@ def test_frames_held_behind_a_slow_disk_stop_the_reading(tmp_path, monkeypatch):
             client.sock.settimeout(5)
             client.expect(commands.Queue.DeclareOk, channel=1)  # the held reply comes first
             client.sock.sendall(frames[sent:])
-            deadline = time.monotonic() + 30
-            while broker.read(lambda: len(broker.server.node.vhosts["/"].queues["held"].entries)) < PUBLISHES:
-                assert time.monotonic() < deadline, "the held publishes were not all handled"
-                time.sleep(0.05)
+            handled = lambda: len(broker.server.node.vhosts["/"].queues["held"].entries)  # noqa: E731
+            wait_for(lambda: broker.read(handled) >= PUBLISHES, 30, "the held publishes all handled", 0.05)
     finally:
         broker.stop()
 

@@ -10,12 +10,13 @@ import os
 import shutil
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pika
 import pytest
+
+from tests.waiting import wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BOUNDED_WAIT_SECONDS = 60.0
@@ -78,14 +79,8 @@ class Amqp:
 
     def wait_until(self, probe: Callable[[], object], timeout: float = BOUNDED_WAIT_SECONDS):
         """Poll the broker until `probe()` returns something other than False/None (bounded)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            value = probe()
-            if value is not False and value is not None:
-                return value
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"broker state not reached within {timeout}s")
-            self.connection.sleep(0.05)
+        return wait_for(probe, timeout, "the broker state", 0.05,
+                        until=lambda value: value is not False and value is not None)
 
     def drain(self, queue: str) -> list[tuple[pika.spec.Basic.GetOk, pika.BasicProperties, bytes]]:
         messages = []

@@ -1,0 +1,21 @@
+"""The suite's one polling helper (tests/conftest.py imports it too); the standard library alone, so that the bench
+tools and the cluster's client processes can import it without pytest."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def wait_for(condition: Callable[[], T], timeout: float = 15.0, what: str = "the condition", step: float = 0.02,
+             *, until: Callable[[T], object] = bool) -> T:
+    """Call condition() every `step` s until until(its value) holds (by default: it is truthy); return that value."""
+    deadline = time.monotonic() + timeout
+    while not until(value := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout} s; last value: {str(value)[-3000:]}")
+        time.sleep(step)
+    return value
