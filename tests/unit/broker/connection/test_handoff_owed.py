@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 import struct
 from types import SimpleNamespace
 
@@ -39,7 +40,7 @@ def a_server() -> SimpleNamespace:
     node.add_vhost("v1")
     node.set_permissions("guest", "v1", ".*", ".*", ".*")
     return SimpleNamespace(
-        config=config, node=node, failed_logins=LoginThrottle(), connections=set(), cluster_secret=None,
+        config=config, node=node, failed_logins=LoginThrottle(), connections=set(),
         version="test", platform="test", handoffs=None,
         channel_limits=ChannelLimits(node, config.max_message_size, 0, 0, 1 << 30))
 
@@ -61,15 +62,21 @@ def tcp_pair() -> tuple[socket.socket, socket.socket]:
 
 
 def fill(sock: socket.socket) -> bytes:
-    """Write to sock until it takes no more (its peer reads nothing meanwhile); what went."""
+    """Write to sock until it takes no more, its peer reading nothing meanwhile; what went. Loopback moves what waits
+    in the send buffer to the peer's receive buffer as it gets to it, freeing room after a write was refused: the
+    writes go on, after a pause, until a round takes nothing (both buffers full, and the peer's cannot grow unread)."""
     sent = bytearray()
-    for size in (65536, 1):
-        while True:
-            try:
-                sent += b"x" * sock.send(b"x" * size)
-            except BlockingIOError:
-                break
-    return bytes(sent)
+    while True:
+        before = len(sent)
+        for size in (65536, 1):
+            while True:
+                try:
+                    sent += b"x" * sock.send(b"x" * size)
+                except BlockingIOError:
+                    break
+        if len(sent) == before:
+            return bytes(sent)
+        time.sleep(0.05)
 
 
 async def read_exactly(loop: asyncio.AbstractEventLoop, sock: socket.socket, size: int) -> bytes:
