@@ -16,7 +16,6 @@ import uvloop
 from broker import compiled, logs
 from broker.config import LOG_FORMATS, LOG_LEVELS, ConfigError, load_config
 from broker.connection.server import GC_THRESHOLD, Server, StartupError, stop_on_signals, version
-from broker.management import http
 from broker.management.server import take_management, take_prometheus
 from broker.workers.placement import Placement, PlacementError
 
@@ -68,31 +67,17 @@ def config_overrides(args: argparse.Namespace, environ: dict[str, str]) -> dict:
     return overrides
 
 
-async def serve_clustered(config, files: OpenFiles) -> None:
-    """One node of a cluster ([cluster] etcd_endpoints): it follows or leads as etcd decides (cluster.node)."""
-    from cluster.node import ClusterNode, make_coordinator  # a single node never loads the cluster's packages
-
-    gc.set_threshold(GC_THRESHOLD)
-    http.name_node(config.cluster_node_id)  # (every node of the cluster is listed in /api/nodes, by its own name)
-    say_open_files_limit(config, files)
-    stop = stop_on_signals()
-    await ClusterNode(config, make_coordinator(config)).run(stop)
-    log.info("shutting down")
-
-
 async def serve_workers(config, files: OpenFiles) -> None:
-    """Several worker processes behind one AMQP port ([server] workers, broker.workers)."""
+    """Worker processes behind one AMQP port: several ([server] workers, broker.workers), or a cluster node's, one
+    or more, each leading or following a replication group of its own (cluster.worker)."""
     from broker.workers.supervisor import supervise  # one process never loads the supervisor
 
     await supervise(config, config.workers, started=lambda: say_open_files_limit(config, files))
 
 
 async def serve(config, files: OpenFiles) -> None:
-    if config.workers > 1:  # (a clustered node's workers each lead or follow a group of their own: cluster.worker)
+    if config.workers > 1 or config.cluster_etcd_endpoints:
         await serve_workers(config, files)
-        return
-    if config.cluster_etcd_endpoints:
-        await serve_clustered(config, files)
         return
     try:  # a data dir that several workers used keeps vhosts in stores one process would not read
         Placement.load(Path(config.data_dir), workers=1)

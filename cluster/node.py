@@ -1,8 +1,8 @@
 """One node of a cluster: follow the leader, or campaign and lead, as etcd decides.
 
 A node grants itself an etcd lease and registers under ``members/``. While a leader is known it follows it: its data
-dir receives the leader's writes (``ReplicaClient``) and its AMQP ports are front doors that forward clients to the
-leader (broker.connection.front_door); a follower that has not heard from its leader for a while says so in its member key
+dir receives the leader's writes (``ReplicaClient``), and the node's front doors send the group's clients to the
+leader (cluster.worker); a follower that has not heard from its leader for a while says so in its member key
 (``lost_leader``). When the leader key is gone, a node whose data dir is one the ISR names (any node of a fresh
 cluster) campaigns; the winner checks that again, then promotes: the store's recovery on its replicated data dir
 (on a thread: the lease is kept meanwhile), then the broker serves, ``ReplicationServer`` streaming to followers and
@@ -27,14 +27,8 @@ from pathlib import Path
 from typing import Protocol
 
 from broker.config import Config, ConfigError, read_secret
-from broker.connection.front_door import FrontDoors, Route, open_doors, refused
-from broker.connection.greeting import platform_name
-from broker.connection.server import Server, StartupError, version
-from broker.connection.tls import TlsError, node_contexts, server_context
-from broker.management.prometheus import make_follower_prometheus_app
-from broker.management.server import ManagementServer, listen, start_management, start_prometheus
-from broker.management.standby import start_standby
-from cluster.api import ClusterApis
+from broker.connection.server import Server, StartupError
+from broker.connection.tls import TlsError, node_contexts
 from cluster.coordinator import Coordinator, CoordinatorError, CoordinatorUnavailable, Member, Replica, find_copy
 from cluster.replication import LeadershipLost, ReplicaClient, ReplicationServer
 from cluster.state import identity, read_epoch, write_epoch
@@ -43,6 +37,7 @@ from storage.lock import DataDirLock, DataDirLocked
 log = logging.getLogger("cluster")
 
 RETRY = 0.2  # seconds between attempts while etcd or the leader cannot be reached
+REACH_POLL = 0.1  # seconds between looks at whether a follower hears its leader
 DISK_RETRY = 5.0  # seconds a follower whose data dir failed waits before it connects again
 PROGRESS_PROBE = "the store's writer has finished no batch for {:.1f} s: the lease is not renewed"
 UNHEALTHY = "the store's writes fail: the lease is not renewed, so that a node with a working disk takes over"
@@ -58,8 +53,8 @@ def make_coordinator(config: Config, group: int = 0) -> Coordinator:
 
 
 class Group(Protocol):
-    """What changes when the node is one of several replication groups of a node's workers (cluster.worker): the
-    worker's front door takes the clients, not a listener of the broker's, and the groups' leaders are spread."""
+    """The worker process whose replication group this is (cluster.worker): its broker, its front doors' routes,
+    and its part in spreading the groups' leaders over the nodes."""
 
     number: int  # the group's number (its worker's)
 
@@ -68,7 +63,8 @@ class Group(Protocol):
         ...
 
     def announce(self, leader: Member | None) -> None:
-        """Who leads the group as this node now knows it (this node once it serves; None while it knows none)."""
+        """Who leads the group as this node now knows it: this node once it serves, the leader it follows while it
+        hears it, None otherwise."""
         ...
 
     def hold(self, candidates: list[str]) -> float:
@@ -86,9 +82,9 @@ class Group(Protocol):
 
 
 class ClusterNode:
-    def __init__(self, config: Config, coordinator: Coordinator, group: Group | None = None) -> None:
+    def __init__(self, config: Config, coordinator: Coordinator, group: Group) -> None:
         self.config = config
-        self.group = group  # its part among a node's replication groups (None: the node's only one)
+        self.group = group  # the worker whose replication group this is
         self.node = config.cluster_node_id
         self.data_dir = Path(config.data_dir)
         self.coordinator = coordinator
@@ -99,21 +95,13 @@ class ClusterNode:
                              amqps_port=config.tls_port if config.tls_certfile else 0)
         # [cluster] tls: this node's TLS towards the other nodes (the accepting side's context, the connecting side's)
         self.tls = node_tls(config)
-        self.group_number = group.number if group is not None else 0  # the replication group's (its worker's)
+        self.group_number = group.number  # the replication group's (its worker's)
         # what the replication stream's proofs are bound to: the cluster, and the group
         self.replication_group = f"{config.cluster_name}/{self.group_number}"
         self.secret = ""  # the cluster's shared secret (from etcd, or from secret_file)
         self.role = "starting"  # starting, follower, leader
         self.server: Server | None = None  # the broker, while leading
         self.waiting_for = ""  # why this node neither leads nor follows now ("": it does one or the other)
-        self.following = ""  # the leader this node follows, as the standby management API names it
-        self._followed: tuple[Member, ReplicaClient] | None = None  # that leader, and this node's stream from it
-        # the front doors of this node's AMQP ports while it follows (a group's worker's are its own: cluster.worker)
-        self._doors: FrontDoors | None = None
-        # its management API's part of the cluster's (a group's worker's is its supervisor's: broker.workers.api)
-        self.apis = ClusterApis(self) if group is None else None
-        # the management and Prometheus ports while not leading (broker.management.standby)
-        self._standby: list[ManagementServer] = []
         self._serving_since = 0.0  # monotonic time the broker started serving (the writer's progress counts after)
         self._proven_until = 0.0  # monotonic time until which the lease is known to be alive
         self._proof_timer: asyncio.TimerHandle | None = None  # ends leadership the moment the proof runs out
@@ -137,7 +125,6 @@ class ClusterNode:
             await asyncio.wait({life}, timeout=10)
         life.cancel()
         stopping.cancel()
-        await self._stop_standby()
         await self.coordinator.close()
         error = life.exception() if life.done() and not life.cancelled() else None
         if error is not None:
@@ -147,7 +134,6 @@ class ClusterNode:
         self.dir = await asyncio.get_running_loop().run_in_executor(None, identity, self.data_dir)
         self.member = dataclasses.replace(self.member, dir=self.dir)
         log.info("data dir %s has identity %s", self.data_dir, self.dir)
-        await self._start_standby()
         await self._join_cluster()
         keeper = asyncio.ensure_future(self._keep_lease())
         try:
@@ -181,8 +167,7 @@ class ClusterNode:
                 await self.coordinator.start()
                 self._renewed(asked)
                 self.secret = await self._learn_secret()
-                if self.group is not None:
-                    self.group.learnt(self.secret)
+                self.group.learnt(self.secret)
                 await self.coordinator.register(self.member)
                 if said:
                     log.info("joined the cluster through etcd after %.1f s", time.monotonic() - started)
@@ -212,7 +197,7 @@ class ClusterNode:
                 preferred = await self.coordinator.preferred()
                 if preferred is not None and preferred != self.node and can_lead(preferred, members, replicas):
                     hold = max(hold, self.ttl)  # the node an operator asked for campaigns first
-                elif self.group is not None and preferred != self.node:
+                elif preferred != self.node:
                     hold = max(hold, self.group.hold(self._others_that_can_lead(members, replicas)))
                 if hold > 0:
                     await self.coordinator.wait_leader_change(None, hold)
@@ -290,14 +275,10 @@ class ClusterNode:
         self.role = "leader"
         self._lost = asyncio.get_running_loop().create_future()
         await asyncio.get_running_loop().run_in_executor(None, write_epoch, self.data_dir, epoch)
-        server = self.group.server(self.config) if self.group is not None else Server(self.config)
-        if self.apis is not None:
-            server.leadership = self.apis  # an operator may name the node that leads (cluster.api)
-        server.cluster_secret = self.secret  # the followers forwarding clients prove it
+        server = self.group.server(self.config)
         replication = ReplicationServer(server.store, self.coordinator, self.node, self.dir, epoch, self.secret,
                                         self.config.cluster_min_insync, self.config.cluster_ack_timeout,
                                         self._lose, self.replication_group)
-        listeners = []
         watcher = None
         try:
             await replication.start(self.config.host, self.config.cluster_replication_port,
@@ -306,14 +287,7 @@ class ClusterNode:
             self._serving_since = time.monotonic()
             self.server = server
             replication.store_ready.set()
-            if self.group is not None:
-                self.group.announce(self.member)
-            await self._stop_standby()
-            if self.apis is not None:  # (a group's worker serves the node's API through its supervisor)
-                if self.config.management_port:
-                    listeners.append(await start_management(server, self.apis))
-                if self.config.prometheus_port:
-                    listeners.append(await start_prometheus(server))
+            self.group.announce(self.member)
             watcher = asyncio.ensure_future(self._watch_leadership(epoch))
             return await self._lost, replication.stepped_aside
         except LeadershipLost as error:
@@ -322,75 +296,11 @@ class ClusterNode:
             replication.halt()  # not one confirm more
             self.role = "starting"
             self.server = None
-            if self.group is not None:
-                self.group.announce(None)
+            self.group.announce(None)
             if watcher is not None:
                 watcher.cancel()
             await server.stop(grace=0)
             await replication.stop()
-            for listener in listeners:
-                await listener.stop()
-            if not self._stopping:
-                await self._start_standby()
-
-    # --- the management and Prometheus ports while not leading ----------------------------------------------------
-    async def _start_standby(self) -> None:
-        """Answer the management port for the cluster through the leader (503 and this node's state while it knows
-        none), and the Prometheus port with this node's identity (StartupError when a port cannot be had)."""
-        config = self.config
-        if self._standby or self.apis is None:
-            return
-        if config.management_port:
-            tls = server_context(config) if config.management_tls and config.tls_certfile else None
-            self._standby.append(await start_standby(config.management_host, config.management_port, self.state,
-                                                     tls, self.apis.forwarding(), config.management_max_connections))
-        if config.prometheus_port:
-            self._standby.append(await listen(
-                make_follower_prometheus_app(config.cluster_name), config.prometheus_host, config.prometheus_port,
-                "standby Prometheus metrics", max_connections=config.prometheus_max_connections))
-
-    async def _stop_standby(self) -> None:
-        standby, self._standby = self._standby, []
-        for listener in standby:
-            await listener.stop()
-
-    def _heard_leader(self) -> Member | None:
-        """The leader this node follows, while it hears it. One it has not reached yet, or has lost, is likely out
-        of the clients' reach too: they try another node at once rather than wait for a forward that may never
-        answer."""
-        if self._followed is None:
-            return None
-        leader, client = self._followed
-        return leader if client.heard_any and not client.lost_leader else None
-
-    def leader_api(self) -> tuple[str, int] | None:
-        """The management API of the leader this node follows and hears, where this node's forwards requests."""
-        heard = self._heard_leader()
-        return (heard.amqp_host, heard.management_port) if heard is not None and heard.management_port else None
-
-    def clients(self) -> int:
-        """The clients at this node's front doors now: in their handshake, or forwarded to the leader."""
-        return len(self._doors.open) + len(self._doors.joined) if self._doors is not None else 0
-
-    def _route(self, vhost: str | None, forwarded: bool) -> Route:
-        """Where this follower's front doors send a client: to the leader it hears (another node's forwards go
-        nowhere: a follower serves no vhost)."""
-        heard = self._heard_leader()
-        if heard is None:
-            return refused(vhost, f"node {self.node} hears no leader now")
-        if forwarded:
-            return refused(vhost, f"node {self.node} does not lead it now")
-        return heard.amqp_host, heard.amqps_port if self.tls else heard.amqp_port
-
-    def state(self) -> str:
-        """Why this node does not serve the management API, in a sentence."""
-        if self.role == "follower":
-            return f"this node follows {self.following}: the management API runs on the leader"
-        if self.waiting_for:
-            return f"this node does not serve: {self.waiting_for}"
-        if self.role == "leader":
-            return "this node is becoming the leader: the management API starts once the broker serves"
-        return "this node is joining the cluster: no leader is known yet"
 
     async def prefer(self, node: str | None) -> None:
         """An operator's wish: ``node`` leads from now on, after every election it can win (None: whichever node the
@@ -427,14 +337,12 @@ class ClusterNode:
                     self._lose("etcd shows another leader")
                     return
                 members = await self.coordinator.members()
-                if self.apis is not None:
-                    self.apis.members = members
                 preferred = await self.coordinator.preferred()
                 replicas = await self.coordinator.replicas()
                 if preferred not in (None, self.node) and can_lead(preferred, members, replicas):
                     self._step_aside_for(preferred, "as an operator asked")
                     return
-                if preferred is None and self.group is not None and (
+                if preferred is None and (
                         lighter := self.group.lighter(self._others_that_can_lead(members, replicas))):
                     self._step_aside_for(lighter, "which leads fewer groups (the leaders are balanced by count)")
                     return
@@ -493,28 +401,15 @@ class ClusterNode:
             await asyncio.sleep(RETRY * 5)
             return
         self.role = "follower"
-        self.following = f"{leader.node_id} at {leader.amqp_host} (epoch {epoch})"
         log.info("following %s (epoch %d)", leader.node_id, epoch)
         self.waiting_for = ""
         client = ReplicaClient(self.data_dir, self.node, self.secret, self.config.cluster_ack_timeout,
                                self.tls[1] if self.tls else None, self.replication_group)
-        self._followed = leader, client
-        listeners = []
-        if self.group is None:
-            self._doors = FrontDoors(self.config, version(), platform_name(), self._route, lambda: self.secret,
-                                     self.tls[1] if self.tls else None)  # ([cluster] tls: to the leader's amqps port)
-        else:  # the worker's front door forwards its clients
-            self.group.announce(leader)
         changed = asyncio.Event()
         watcher = asyncio.ensure_future(self._watch_leader(epoch, changed))
         teller = asyncio.ensure_future(self._tell_whether_lost(client, epoch))
+        announcer = asyncio.ensure_future(self._announce_while_heard(client, leader))
         try:
-            if self._doors is not None:
-                listeners.append(await open_doors(self._doors, host=self.config.host, port=self.config.port,
-                                                  reuse_address=True))
-                if self.config.tls_certfile:  # amqps clients too: their TLS session ends here, the leader is told so
-                    listeners.append(await open_doors(self._doors, server_context(self.config), host=self.config.host,
-                                                      port=self.config.tls_port, reuse_address=True))
             while not changed.is_set():
                 stream = asyncio.ensure_future(client.follow(leader.replication_host, leader.replication_port, epoch))
                 waiter = asyncio.ensure_future(changed.wait())
@@ -534,18 +429,23 @@ class ClusterNode:
             self.role = "starting"
             watcher.cancel()
             teller.cancel()
+            announcer.cancel()
             client.stop()  # its thread's blocking read returns (a process cannot end while it waits)
-            self._followed = None
-            for listener in listeners:
-                listener.close()
-            if self._doors is not None:
-                self._doors.close()  # the leader changed: its clients reconnect
-                self._doors = None
-            for listener in listeners:
-                await listener.wait_closed()
-            if self.group is not None:
-                self.group.announce(None)
+            self.group.announce(None)
             lock.release()
+
+    async def _announce_while_heard(self, client: ReplicaClient, leader: Member) -> None:
+        """Announce the leader while this node hears its stream, and none while it does not (not reached yet, or
+        lost): a leader out of this node's reach is likely out of its clients' too, which are told to come again,
+        and try another node, rather than wait for a forward that may never answer."""
+        announced: Member | None = None
+        self.group.announce(None)
+        while True:
+            heard = leader if client.heard_any and not client.lost_leader else None
+            if heard is not announced:
+                self.group.announce(heard)
+                announced = heard
+            await asyncio.sleep(REACH_POLL)
 
     async def _tell_whether_lost(self, client: ReplicaClient, epoch: int) -> None:
         """Keep this node's member key saying whether it has lost the leader of ``epoch`` (heard nothing from it for

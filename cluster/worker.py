@@ -69,11 +69,16 @@ class GroupWorker:
         self.started_at = time.monotonic()
         self.cluster: ClusterNode | None = None  # set once made
         # its management API and Prometheus endpoint, on the sockets the supervisor's listeners reach it at
-        self.internal = (InternalSocket(number, lambda server: make_app(server, forwarded=True), self.node_entry),
-                         InternalSocket(number, make_prometheus_app))
+        self.internal = (InternalSocket(number, lambda server: make_app(server, forwarded=True), self.why_not,
+                                        self.node_entry),
+                         InternalSocket(number, make_prometheus_app, self.why_not))
         # what a group leader's broker reports of its part (broker.connection.server.WorkerRole)
         self.first = True  # every group keeps the node-wide definitions its config gives
         self.led: set[str] = set()
+
+    def why_not(self) -> str:
+        """Why this worker's group has no leader, as its node sees it ("": no reason known, an election under way)."""
+        return self.cluster.waiting_for if self.cluster is not None else ""
 
     def node_entry(self) -> dict:
         """This worker's entry in /api/nodes while it follows (and so runs no broker): the supervisor asks for it
@@ -134,9 +139,10 @@ class GroupWorker:
         return {"group": self.number, "node": self.node_id, "pinned": pinned}
 
     async def pin(self, vhost: str, node: str | None) -> None:
+        """(A node is named by its node_id, or by its name in /api/nodes: node_id@host.)"""
         assert self.cluster is not None
         try:
-            await self.cluster.prefer(node)
+            await self.cluster.prefer(node.partition("@")[0] if node is not None else None)
         except CoordinatorError as error:
             raise RuntimeError(f"etcd cannot be reached: {error}") from None
 
@@ -167,10 +173,11 @@ class InternalSocket:
     its group, else a 503 that says who does (but for the API's /api/nodes, which lists every worker). Each is
     served on a copy of the socket's descriptor, so that closing one leaves the socket listening."""
 
-    def __init__(self, number: int, serving: Callable[[Server], web.Application],
+    def __init__(self, number: int, serving: Callable[[Server], web.Application], why_not: Callable[[], str],
                  following: Callable[[], dict] | None = None) -> None:
         self.number = number
         self.serving = serving  # the app of the broker while it leads
+        self.why_not = why_not  # why no node leads the group, while none does ("": an election under way)
         self.following = following  # this worker's /api/nodes entry while it follows (None: a 503 there too)
         self.fd = -1  # the socket's, once serving
         self.runner: web.AppRunner | None = None
@@ -182,9 +189,13 @@ class InternalSocket:
         if server is not None:
             app = self.serving(server)
         else:
-            reason = (f"worker {self.number} of this node follows the leader of its group on node {leader.node_id}"
-                      if leader is not None else f"worker {self.number}'s group has no leader now")
             async def answer(request: web.Request) -> web.Response:
+                if leader is not None:
+                    reason = (f"worker {self.number} of this node follows the leader of its group on node "
+                              f"{leader.node_id}")
+                else:
+                    why = self.why_not()
+                    reason = f"worker {self.number}'s group has no leader now" + (f": {why}" if why else "")
                 return unavailable(request.path, reason)
 
             app = web.Application()
@@ -273,8 +284,8 @@ async def serve(control: socket.socket) -> None:
     instructions = await receive(reader)
     number, workers = instructions["worker"], instructions["workers"]
     config = group_config(Config(**instructions["config"]), number, workers)
-    logs.configure(config.log_level, config.log_format, number)
-    http.name_worker(number, config.cluster_node_id)
+    logs.configure(config.log_level, config.log_format, number if workers > 1 else None)  # (one: named as the node)
+    http.name_worker(number, config.cluster_node_id, workers)
     board = BoardCopy(socket.socket(fileno=instructions["board"]))
     senders = {int(other): socket.socket(fileno=fd) for other, fd in instructions["senders"].items()}
     logins = NodeLoginThrottle(socket.socket(fileno=instructions["logins"]))

@@ -20,7 +20,7 @@ from broker.session.channel import Channel
 from broker.session.limits import ChannelLimits
 from protocol import errors
 from protocol import erlang_terms
-from protocol import proxy_header, stream_start
+from protocol import stream_start
 from protocol.stream_start import StartReader
 from protocol.codec import HEARTBEAT_FRAME, decode_method, encode_method
 from protocol.constants import (
@@ -125,8 +125,7 @@ class Connection(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self.transport: Transport | None = None  # from connection_made on
         self.state: State = AWAIT_HEADER  # changed only by _enter, along MOVES
-        # reads the protocol header, after the PROXY header of another node of the cluster that proves itself (None
-        # once read, or for a connection another worker read it for)
+        # reads the protocol header (None once read, or for a connection another worker or a front door read it for)
         self.start: StartReader | None = None
         self.reader = FrameReader(FRAME_MIN_SIZE)  # RabbitMQ accepts only 4096-byte frames until tune-ok
         self.frame_max: int = config.frame_max  # negotiated in tune-ok
@@ -208,7 +207,7 @@ class Connection(asyncio.Protocol):
         self.tls = transport.get_extra_info("sslcontext") is not None
         if self.handed is None:  # (a handed connection's ends are the client's, which its state names)
             self._set_ends(transport.get_extra_info("peername"), transport.get_extra_info("sockname"))
-            self.start = StartReader(self.server.cluster_secret)
+            self.start = StartReader(None)  # (outside a cluster: no PROXY header is read)
         self.connected_at = int(time.time() * 1000)
         self.server.connections.add(self)
         self.timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
@@ -482,32 +481,21 @@ class Connection(asyncio.Protocol):
 
     # --- handshake -----------------------------------------------------------------------------------------
     def _protocol_header(self, data: bytes) -> bytes:
-        """Collect the 8-byte protocol header, after the PROXY header of another node of the cluster if it sends one
-        and proves it knows the cluster's secret (the client it names becomes this connection's peer); answer a wrong
-        protocol header with ours and close, and close a malformed or unproven PROXY header at once. Returns what
+        """Collect the 8-byte protocol header; answer a wrong one (a PROXY header included: clients another node
+        forwards come through a front door, broker.connection.front_door) with ours and close. Returns what
         follows."""
         transport, reading = self.transport, self.start
         assert transport is not None and reading is not None, "the header came from it"
         try:
-            challenge, start = reading.feed(data)
-        except (proxy_header.ProxyHeaderError, stream_start.NotProven) as error:
-            peer_log.warning(self.peer_address, "closing connection %s: %s PROXY header: %s", self.name,
-                             "malformed" if isinstance(error, proxy_header.ProxyHeaderError) else "refused", error)
-            self._terminate()
-            return b""
+            _, start = reading.feed(data)
         except stream_start.WrongProtocolHeader:
             transport.write(PROTOCOL_HEADER)
             self._enter(CLOSED)
             transport.close()
             return b""
-        if challenge:
-            transport.write(challenge)
         if start is None:
             return b""
         self.start = None
-        if start.forwarded is not None:
-            self._set_ends(*start.forwarded)
-            self.tls = start.tls  # (the client's, not the link's between the nodes: [cluster] tls)
         self._enter(AWAIT_START_OK)
         # logged once the client speaks AMQP, so that port probes (load balancers' health checks) leave no line
         peer_log.info(self.peer_address, "accepting AMQP connection %s", self.name)

@@ -112,8 +112,7 @@ class WorkerRole(Protocol):
 
 class Leadership(Protocol):
     """Where a vhost is led, as an operator may choose it (broker.management.views.leadership): by a broker leading
-    one replication group of a cluster's workers (cluster.worker), by the leader of a cluster of one-process nodes
-    (cluster.api: every vhost lives in its one group), or by a worker of one node's several (broker.workers.worker,
+    one replication group of a cluster (cluster.worker), or by a worker of one node's several (broker.workers.worker,
     the supervisor moving the vhost)."""
 
     async def state(self, vhost: str) -> dict:
@@ -150,9 +149,6 @@ class Server:
         self.paging = Paging(PageStore(self.data_dir / "pages"), config.queue_messages_in_memory)
         self.node = Node(self.store, self.paging)  # vhosts, users and permissions
         self.connections: set[Connection] = set()
-        # The cluster's secret, which another node proves it knows before its PROXY header naming the client it
-        # forwards is believed (protocol.stream_start). None: not in a cluster, no PROXY header is read.
-        self.cluster_secret: str | None = None
         self.version = version()
         self.platform = platform_name()
         self.listener: asyncio.base_events.Server | None = None

@@ -14,7 +14,7 @@ from aiohttp import web
 from broker.connection.login_throttle import LoginThrottle
 from broker.connection.peer_log import PeerLog
 from broker.management import guards, http
-from broker.management.forwarding import GROUP, NODE_ITSELF, OtherNodes, for_another_node, from_other_nodes
+from broker.management.forwarding import GROUP, NODE_ITSELF
 from broker.management.rates import Rates
 from broker.management.resources import api_error
 from broker.management.views import (
@@ -117,36 +117,21 @@ async def forwarded_client(request: web.Request, handler):
     return response
 
 
-async def for_the_leader(request: web.Request, group: int | str, handler) -> web.StreamResponse:
-    """On the leader of a cluster of one-process nodes, a request another node proved: one it forwarded to the
-    leader is its client's (the address it names), the credentials checked here as any request's; an ask for this
-    node's own entry in /api/nodes (from a node that took it for a follower) gets it."""
-    answer = for_another_node(request, group, lambda: nodes.node_json(request))
-    if answer is not None:
-        return answer
-    return await handler(request.clone(remote=request.headers.get(http.FORWARDED_CLIENT, "")))
-
-
-def make_app(server: "Server", forwarded: bool = False, other_nodes: OtherNodes | None = None) -> web.Application:
-    """The API of server; ``forwarded``: served on a worker's internal socket, behind the supervisor's;
-    ``other_nodes``: the leader of a cluster of one-process nodes, which answers the others' forwarded requests."""
+def make_app(server: "Server", forwarded: bool = False) -> web.Application:
+    """The API of server; ``forwarded``: served on a worker's internal socket, behind the supervisor's."""
     config = server.config
     middlewares = [guards.same_origin, while_serving, rabbitmq_errors, authenticated, guards.json_bodies]
     if forwarded:
         middlewares.insert(0, forwarded_client)
-    if other_nodes is not None:
-        middlewares.insert(0, from_other_nodes(other_nodes.secret, for_the_leader))
     # (a body another node forwards ends with its HMAC: read whole, then checked and taken off: http.read_body)
     app = web.Application(middlewares=middlewares,
                           client_max_size=config.management_max_body_size + node_proof.PROOF_SIZE)
-    if other_nodes is not None:
-        app[http.OTHER_NODES] = other_nodes
     app[http.SERVER] = server
     app[http.FORWARDED] = forwarded
     app[http.MAX_BODY_SIZE] = config.management_max_body_size
     app[guards.NAMES] = guards.allowed_names(config)
     app.on_response_prepare.append(guards.add_security_headers)
-    app[http.STARTED] = other_nodes.started if other_nodes is not None else time.monotonic()
+    app[http.STARTED] = time.monotonic()
     rates = app[http.RATES] = Rates(server, server.config.management_collect_statistics_interval)
 
     async def start_sampling(_app: web.Application) -> None:

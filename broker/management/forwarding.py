@@ -22,7 +22,7 @@ import ipaddress
 import json
 import logging
 import ssl
-from typing import AsyncIterator, Awaitable, Callable, Protocol
+from typing import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -36,8 +36,8 @@ peer_log = PeerLog(log)  # lines about other nodes and workers, a few a second p
 
 Body = bytes | AsyncIterator[bytes] | None  # what a forwarded request carries
 
-# A request one clustered node's API forwards to another's, for what leads a group there (its worker that does, or
-# the node itself when it runs no workers): the group, and the forwarding node's proof over the request
+# A request one clustered node's API forwards to another's, for the worker that leads a group there: the group, and
+# the forwarding node's proof over the request
 GROUP = "X-Warren-Group"
 PROOF = "X-Warren-Proof"
 NONCE = "X-Warren-Nonce"  # a request for a challenge: the forwarding node's nonce, in hex
@@ -45,7 +45,6 @@ CHALLENGE = "X-Warren-Challenge"  # the answer: the other node's nonce and its p
 CHALLENGE_PATH = "/api/warren/challenge"  # where the request for a challenge is sent (its answer is the same on any)
 LINK = "api"  # the kind of link the proofs of forwarded requests are made for (node_proof.link_key)
 NODE_ITSELF = "node"  # GROUP's value for a request of the node's own entries in /api/nodes
-LEADERS_GROUP = 0  # GROUP's value for a request to the leader of a cluster of one-process nodes (its only group)
 CONNECT_TIMEOUT = 5.0  # seconds another node's API has to accept a forwarded request
 ANSWER_TIMEOUT = 120.0  # seconds another API has to answer one (an import of a large definitions file takes a while)
 ENTRY_TIMEOUT = 5.0  # seconds another node has to give its own entries in /api/nodes
@@ -111,19 +110,6 @@ class Answer:
         if self.head_length is not None:
             response.headers["Content-Length"] = self.head_length
         return response
-
-
-class OtherNodes(Protocol):
-    """What the API of a node of a cluster of one-process nodes knows of the other nodes (cluster.api)."""
-
-    started: float  # time.monotonic() when this node started: its uptime, whether it leads or follows
-
-    def secret(self) -> str:
-        """The cluster's secret, which proves the requests between nodes ("" until this node has learnt it)."""
-
-    async def entries(self, request: web.Request) -> list[dict]:
-        """The other nodes' entries in /api/nodes, each asked for its own (a node that does not answer is left
-        out, as with workers)."""
 
 
 class ApiClient:
@@ -406,17 +392,6 @@ def proven(request: web.Request, secret: str) -> int | str | None:
     if request.body_exists:
         request[http.BODY_KEY] = body_key_of(key, expected)
     return group
-
-
-def for_another_node(request: web.Request, group: int | str, entry: Callable[[], dict]) -> web.Response | None:
-    """The answer of a node of a cluster of one-process nodes to a request another node proved: the node's own entry
-    (``entry()``) to an ask for its entries in /api/nodes; None for one forwarded to the leader (LEADERS_GROUP),
-    which the caller answers; 503 for any other."""
-    if group == NODE_ITSELF and request.path == "/api/nodes":
-        return http.reply([entry()])
-    if group != LEADERS_GROUP:
-        return http.error_response(503, "service_unavailable", f"this node does not answer for group {group}")
-    return None
 
 
 def not_proven() -> web.Response:

@@ -34,9 +34,6 @@ FORWARDED_CLIENT = "X-Warren-Client"
 # A forwarded change to be checked, not applied: an import of definitions, a vhost made or deleted (check_only)
 CHECK_ONLY = "X-Warren-Check-Only"
 FORWARDED = web.AppKey("forwarded", bool)  # the API serves a worker's internal socket (it believes the above)
-# On a node of a cluster of one-process nodes: the others (the cluster's secret, their entries in /api/nodes), as
-# broker.management.forwarding.OtherNodes
-OTHER_NODES = web.AppKey("other_nodes", object)
 USER = web.RequestKey("user", User)  # who an /api/ request's credentials name (set by app.authenticated)
 # How a forwarded request's credentials fared, "refused" or "accepted", in the worker's answer: the supervisor
 # counts the node's refused logins and waits before it answers them (broker.workers.api)
@@ -167,28 +164,22 @@ def node_of(request: web.Request) -> "Node":
     return request.app[SERVER].node
 
 
-# the name part of node_name(): "warren"; "warren-N" in worker process N (name_worker); a cluster node's id where it
-# runs one process (name_node)
+# the name part of node_name(): "warren"; "warren-N" in worker process N, or a cluster node's id ("ID-N" where the
+# node runs several workers): name_worker
 NODE = ["warren"]
 
 
-def name_node(node: str) -> None:
-    """This process is the node ``node`` of a cluster of one-process nodes: its node name says so, as each node of
-    a RabbitMQ cluster has a name of its own."""
-    NODE[0] = node
-    node_name.cache_clear()
-
-
-def name_worker(number: int, node: str = "warren") -> None:
-    """This process is worker N of several (of the cluster node named ``node``): its node name says so (what its
+def name_worker(number: int, node: str = "warren", workers: int = 2) -> None:
+    """This process is worker N of ``workers`` (of the cluster node named ``node``): its node name says so (what its
     vhosts' queues and connections show)."""
-    NODE[0] = f"{node}-{number}"
+    NODE[0] = worker_name(number, node, workers).partition("@")[0]
     node_name.cache_clear()
 
 
-def worker_name(number: int, node: str = "warren") -> str:
-    """The node name of worker N of this host's node ``node``, as that worker shows it (name_worker)."""
-    return f"{node}-{number}@{host_name()}"
+def worker_name(number: int, node: str = "warren", workers: int = 2) -> str:
+    """The node name of worker N of this host's node ``node``, as that worker shows it; a node of one worker (a
+    cluster node that runs one process) is named as the node, as each node of a RabbitMQ cluster is."""
+    return f"{node}-{number}@{host_name()}" if workers > 1 else f"{node}@{host_name()}"
 
 
 def worker_named(name: str, workers: int) -> int | None:

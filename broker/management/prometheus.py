@@ -257,13 +257,19 @@ def families(snapshot: Snapshot, per_object: bool) -> Iterator:
     yield from _warren_families(snapshot)
 
 
-def _identity(cluster: str) -> UnknownMetricFamily:
-    """The labels RabbitMQ's dashboards join every series on. The permanent cluster id is derived from the cluster
-    name, so that it stays the same across restarts."""
+def identity_only(node: str, cluster: str) -> bytes:
+    """The text of a node none of whose workers leads a group (a cluster's follower): its identity alone, so that a
+    scrape of every node finds each one up, and each queue is reported once, by the node that leads it."""
+    return generate_latest(_Collected(iter((_identity(cluster, node),))))
+
+
+def _identity(cluster: str, node: str | None = None) -> UnknownMetricFamily:
+    """The labels RabbitMQ's dashboards join every series on (node: this process's node name unless given). The
+    permanent cluster id is derived from the cluster name, so that it stays the same across restarts."""
     family = UnknownMetricFamily("rabbitmq_identity_info", "RabbitMQ node & cluster identity info",
                                  labels=["rabbitmq_node", "rabbitmq_cluster", "rabbitmq_cluster_permanent_id"])
     permanent_id = "warren-cluster-id-" + hashlib.sha256(cluster.encode()).hexdigest()[:22]
-    family.add_metric([http.node_name(), cluster, permanent_id], 1)
+    family.add_metric([node or http.node_name(), cluster, permanent_id], 1)
     return family
 
 
@@ -445,21 +451,6 @@ async def metrics(request: web.Request) -> web.StreamResponse:
 @routes.get("/metrics/per-object")
 async def per_object_metrics(request: web.Request) -> web.StreamResponse:
     return await _scrape(request, per_object=True)
-
-
-def make_follower_prometheus_app(cluster: str) -> web.Application:
-    """The endpoint of a node of a cluster of one-process nodes while it follows: its identity, and none of the
-    leader's series (each queue is reported by the node that leads it, once across the cluster, as with workers), so
-    that a scrape of every node finds each one up."""
-    text = generate_latest(_Collected(iter((_identity(cluster),))))
-
-    async def identity_only(request: web.Request) -> web.Response:
-        return web.Response(body=text, headers={"Content-Type": CONTENT_TYPE})
-
-    app = web.Application()
-    app.router.add_get("/metrics", identity_only)
-    app.router.add_get("/metrics/per-object", identity_only)
-    return app
 
 
 def make_prometheus_app(server: "Server") -> web.Application:

@@ -19,11 +19,10 @@ from broker.management.prometheus import make_prometheus_app
 
 if TYPE_CHECKING:
     from broker.connection.server import Server
-    from broker.management.forwarding import OtherNodes
 
 log = logging.getLogger(__name__)
 peer_log = PeerLog(log)  # lines about requests that are not HTTP, so that no client can flood the log
-DEFAULT_MAX_CONNECTIONS = 64  # connections a listener holds at most unless told (the standby's 503 answers)
+DEFAULT_MAX_CONNECTIONS = 64  # connections a listener holds at most unless told
 
 
 class ManagementServer:
@@ -65,10 +64,9 @@ class RequestErrorLog(logging.LoggerAdapter):
             peer_log.warning(peer, "malformed HTTP request from %s: %.200s", peer, reason)
 
 
-async def start_management(server: "Server", other_nodes: "OtherNodes | None" = None) -> ManagementServer:
-    """Answer on the configured management host and port (StartupError when it cannot be had); other_nodes: on the
-    leader of a cluster of one-process nodes (broker.management.app.make_app)."""
-    return await _serving(take_management(server, other_nodes))
+async def start_management(server: "Server") -> ManagementServer:
+    """Answer on the configured management host and port (StartupError when it cannot be had)."""
+    return await _serving(take_management(server))
 
 
 async def start_prometheus(server: "Server") -> ManagementServer:
@@ -83,11 +81,11 @@ async def _serving(taking) -> ManagementServer:
     return listener
 
 
-async def take_management(server: "Server", other_nodes: "OtherNodes | None" = None) -> ManagementServer:
+async def take_management(server: "Server") -> ManagementServer:
     """Take the configured management host and port (StartupError when that fails); serve() answers on it."""
     config = server.config
     tls = server.tls_context if config.management_tls else None  # HTTPS with the amqps listener's certificate
-    return await take(make_app(server, other_nodes=other_nodes), config.management_host, config.management_port,
+    return await take(make_app(server), config.management_host, config.management_port,
                       "management API" + (" (HTTPS)" if tls is not None else ""), tls,
                       config.management_max_connections)
 

@@ -134,6 +134,11 @@ class Gateway:
         return response
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        supervisor = self.supervisor
+        if supervisor.clustered and supervisor.api_target(0) is None:
+            # No node leads group 0, which every change starts with: worker 0 answers 503 and why, with or without
+            # credentials, so that a health check tells this node from one that is down or one that serves
+            return (await self.apis.ask_at(supervisor.workers[0].api_path, 0, request)).response()
         refused = http.without_credentials(request)  # (answered here: every worker could only refuse it)
         if refused is not None:
             return refused
@@ -345,7 +350,7 @@ class Gateway:
         node = self.supervisor.config.cluster_node_id if self.supervisor.clustered else "warren"
         return [entry for worker, answer in zip(self.workers, answers) for entry in (
             answer.json() if answer.status == 200 else
-            [{"name": http.worker_name(worker, node), "type": "disc", "running": False}])]
+            [{"name": http.worker_name(worker, node, len(self.workers)), "type": "disc", "running": False}])]
 
     async def first_found(self, request: web.Request) -> web.Response:
         answer = None

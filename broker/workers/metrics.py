@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from prometheus_client.utils import floatToGoString
 
-from broker.management.prometheus import CONTENT_TYPE
+from broker.management import http
+from broker.management.prometheus import CONTENT_TYPE, identity_only
 
 if TYPE_CHECKING:
     from broker.workers.api import WorkerApis
@@ -78,8 +79,12 @@ def merged(texts: list[str]) -> str:
 
 def make_metrics_gateway_app(apis: "WorkerApis") -> web.Application:
     async def scrape(request: web.Request) -> web.Response:
-        answers = await asyncio.gather(*(apis.ask(worker, request, metrics=True)
-                                         for worker in apis.supervisor.measured()))
+        supervisor = apis.supervisor
+        answers = await asyncio.gather(*(apis.ask(worker, request, metrics=True) for worker in supervisor.measured()))
+        if not answers:  # (a clustered node that leads no group)
+            config = supervisor.config
+            node = http.worker_name(0, config.cluster_node_id, len(supervisor.workers))  # (as worker 0 names it)
+            return web.Response(body=identity_only(node, config.cluster_name), headers={"Content-Type": CONTENT_TYPE})
         failed = next((answer for answer in answers if answer.status != 200), None)
         if failed is not None:
             return failed.response()

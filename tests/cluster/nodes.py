@@ -10,6 +10,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -74,8 +75,14 @@ class Node:
                 cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
 
     def signal(self, sig: int) -> None:
+        """sig to every process of the node, its supervisor and its workers (each in a session of its own): a SIGSTOP
+        pauses the whole node."""
         assert self.process is not None
-        self.process.send_signal(sig)
+        pid = self.process.pid
+        workers = [int(child) for task in Path(f"/proc/{pid}/task").glob("*")
+                   for child in (task / "children").read_text().split()]
+        for each in (pid, *workers):
+            os.kill(each, sig)
 
     def kill(self) -> None:
         """kill -9, and wait until the process is gone."""
@@ -87,7 +94,7 @@ class Node:
         if self.process is None:
             return None
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGCONT)
+            self.signal(signal.SIGCONT)
             self.process.terminate()
             try:
                 self.process.wait(15)

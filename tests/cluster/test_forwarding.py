@@ -203,7 +203,7 @@ def test_an_operator_names_the_node_that_leads_through_any_node(cluster):
     wait_for(lambda: cluster.leader() is first, 30, f"{first.name} leading")
     state = wait_for(lambda: (answer := leader.api("GET", "/api/vhosts/%2F/leader"))[0] == 200 and answer[1], 30,
                      "the new leader's API through the old one")
-    assert state == {"vhost": "/", "node": first.name, "pinned": first.name}
+    assert state == {"vhost": "/", "group": 0, "node": first.name, "pinned": first.name}
     assert leader.api("DELETE", "/api/vhosts/%2F/leader")[0] == 204
     assert first.api("GET", "/api/vhosts/%2F/leader")[1]["pinned"] is None
     cluster.ready()  # every node back in the ISR

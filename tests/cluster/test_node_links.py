@@ -29,7 +29,7 @@ import pytest
 from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict
 
-from broker.management.forwarding import LEADERS_GROUP, ApiClient
+from broker.management.forwarding import ApiClient
 from tests.cluster.nodes import Cluster
 from tests.cluster.sniff import Sniffer
 from tests.tls_certs import make_certificates
@@ -99,7 +99,7 @@ class Ways:
                                       headers=CIMultiDict({"Authorization": basic("guest", "guest")}))
 
         async def ask():
-            return await ApiClient(lambda: secret, self.tls).ask_at((host, port), LEADERS_GROUP, request,
+            return await ApiClient(lambda: secret, self.tls).ask_at((host, port), 0, request,  # (group 0: the only)
                                                                    client="127.0.0.1")
         answer = asyncio.run(ask())
         return answer.status, answer.json() if answer.status == 200 else None

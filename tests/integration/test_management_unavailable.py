@@ -1,21 +1,19 @@
 """A management port that cannot serve the API says why, in RabbitMQ's shapes: 503 {"error": "service_unavailable",
 "reason": ...}, or {"status": "failed", "reason": ...} for a health check. The API of a broker that has stopped
-serving (a cluster leader stepping down) answers so while the console's static files are still served; the standby
-listener of a node that does not lead answers so to every request, with or without credentials, with the node's
-state as the reason. A malformed request costs one log line, never a traceback. Warren only: the broker and the
-listeners run in this process, in an event loop of their own."""
+serving (a cluster leader stepping down) answers so while the console's static files are still served. A malformed
+request costs one log line, never a traceback. Warren only: the broker and the listeners run in this process, in an
+event loop of their own."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import socket
-import ssl
 import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -23,14 +21,11 @@ from broker.config import load_config
 from broker.connection.server import Server
 from broker.management.app import NOT_SERVING
 from broker.management.server import ManagementServer, start_management
-from broker.management.standby import UNKNOWN_STATE, start_standby
 from tests.integration.helpers import beyond_rabbitmq
 from tests.integration.management import request
-from tests.tls_certs import make_certificates
 
 pytestmark = beyond_rabbitmq
 
-SENTENCE = "this node follows a, the leader (epoch 7): the management API runs on the leader at 10.0.0.2:15672"
 TIMEOUT = 10.0  # seconds for a listener to start or stop
 
 
@@ -146,100 +141,3 @@ def test_a_malformed_request_to_the_api_costs_one_line_without_a_traceback(tmp_p
         loop.run(server.stop(grace=0))
     assert "Traceback" not in caplog.text and "Error handling request" not in caplog.text
     assert malformed_lines(caplog) == 1
-
-
-# --- the standby listener of a node that does not lead -----------------------------------------------------------
-class Standby(NamedTuple):
-    listener: Listener
-    port: int
-    state: list[Callable[[], str]]  # state[0] is what the listener asks for its reason, changed by the tests
-
-
-@pytest.fixture
-def standby(loop):
-    state: list[Callable[[], str]] = [lambda: SENTENCE]
-    server = loop.run(start_standby("127.0.0.1", 0, lambda: state[0]()))
-    yield Standby(Listener(f"http://127.0.0.1:{server.port}"), server.port, state)
-    loop.run(server.stop())
-
-
-PATHS = ["/api/overview", "/api/queues/%2F/q", "/api/definitions", "/api/whoami", "/api/no/such/path", "/",
-         "/console/console.js", "/anything?at=all"]
-CREDENTIALS = [("guest", "guest"), ("guest", "wrong"), (None, "")]
-
-
-@pytest.mark.parametrize("method", ["GET", "PUT", "DELETE", "POST", "HEAD"])
-@pytest.mark.parametrize("user, password", CREDENTIALS)
-def test_the_standby_answers_every_request_503_with_the_nodes_state(standby, method, user, password):
-    body = {"durable": True} if method in ("PUT", "POST") else None
-    for path in PATHS:
-        reply = request(standby.listener, method, path, body, user=user, password=password)
-        assert reply == (unavailable(SENTENCE) if method != "HEAD" else (503, None)), (method, path)
-
-
-@pytest.mark.parametrize("user", ["guest", None])
-def test_the_standby_fails_every_health_check_with_the_nodes_state(standby, user):
-    for path in ("/api/health/checks/alarms", "/api/health/checks/local-alarms",
-                 "/api/health/checks/port-listener/5672", "/api/health/checks/certificate-expiration/1/months",
-                 "/api/health/checks/virtual-hosts"):
-        assert request(standby.listener, "GET", path, user=user) == failed_check(SENTENCE), path
-
-
-def test_the_standby_tells_the_state_of_the_moment(standby):
-    assert request(standby.listener, "GET", "/api/overview") == unavailable(SENTENCE)
-    waiting = "no leader: the cluster cannot elect one (1 of 3 nodes reachable)"
-    standby.state[0] = lambda: waiting
-    assert request(standby.listener, "GET", "/api/overview") == unavailable(waiting)
-
-
-def test_requests_the_api_would_refuse_are_answered_503_too(standby):
-    """The standby reads neither credentials nor bodies: nothing a client sends can make it fail."""
-    assert request(standby.listener, "PUT", "/api/definitions", raw_body=b"{not json") == unavailable(SENTENCE)
-    assert request(standby.listener, "GET", "/api/overview", user=None,
-                   headers={"authorization": "Basic !!not-base64!!"}) == unavailable(SENTENCE)
-    assert request(standby.listener, "GET", "/api/%zz%00/..%2F..") == unavailable(SENTENCE)
-
-
-@pytest.mark.parametrize("data", MALFORMED)
-def test_a_malformed_request_to_the_standby_costs_one_line_without_a_traceback(standby, data, caplog):
-    caplog.set_level(logging.DEBUG, logger="broker.management.server")
-    assert raw_reply(standby.port, data).startswith(b"HTTP/1.0 400 Bad Request\r\n")
-    assert request(standby.listener, "GET", "/api/overview") == unavailable(SENTENCE)
-    assert "Traceback" not in caplog.text and "Error handling request" not in caplog.text
-    assert malformed_lines(caplog) == 1
-
-
-def test_a_state_that_cannot_be_told_is_a_503_all_the_same(standby, caplog):
-    def broken() -> str:
-        raise RuntimeError("no coordinator")
-
-    standby.state[0] = broken
-    assert request(standby.listener, "GET", "/api/overview") == unavailable(UNKNOWN_STATE)
-    assert request(standby.listener, "GET", "/api/health/checks/alarms") == failed_check(UNKNOWN_STATE)
-    assert "Traceback" not in caplog.text
-    assert "cannot tell this node's state: RuntimeError('no coordinator')" in caplog.text
-
-
-def test_the_standby_serves_https_with_the_given_context(loop, tmp_path):
-    certificates = make_certificates(tmp_path / "certs")
-    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    tls.load_cert_chain(certificates.path("server.pem"), certificates.path("server.key"))
-    server = loop.run(start_standby("127.0.0.1", 0, lambda: SENTENCE, tls))
-    try:
-        call = urllib.request.Request(f"https://localhost:{server.port}/api/overview")
-        client = ssl.create_default_context(cafile=certificates.path("ca.pem"))
-        with pytest.raises(urllib.error.HTTPError) as refused:
-            urllib.request.urlopen(call, context=client, timeout=TIMEOUT)
-        assert refused.value.code == 503
-    finally:
-        loop.run(server.stop())
-
-
-def test_a_stopped_standby_frees_its_port_for_the_api_to_take(loop):
-    first = loop.run(start_standby("127.0.0.1", 0, lambda: SENTENCE))
-    loop.run(first.stop())
-    second = loop.run(start_standby("127.0.0.1", first.port, lambda: "leading"))
-    try:
-        assert request(Listener(f"http://127.0.0.1:{second.port}"), "GET", "/api/overview") == unavailable("leading")
-    finally:
-        loop.run(second.stop())

@@ -1,9 +1,10 @@
-"""Client forwarding: a follower's front doors (broker.connection.front_door) carry each client's connection to the
-leader behind a PROXY v2 header, and the leader takes the client's address from that header only when the forwarder
-proves it knows the cluster's secret, whatever address it comes from. The leader runs in this process, on an event
-loop of its own thread, so that the test gives it the cluster's secret as the cluster layer does; the front doors
-run on the same loop, as a follower's would, routing every client to the leader the test names; the clients (pika,
-or raw sockets) block in the test's thread."""
+"""Client forwarding between nodes: a follower's front doors (broker.connection.front_door) carry each client's
+connection to the leader's behind a PROXY v2 header, and the leader's front doors take the client's address from
+that header only when the forwarder proves it knows the cluster's secret, whatever address it comes from; they hand
+the client to the leading broker, which checks its login there. Both nodes run in this process, on an event loop of
+its own thread, as a node's worker runs them (cluster.worker): the leader's front doors hand clients over to its
+broker through a hand-off socket; the follower's route every client to the leader the test names. The clients
+(pika, or raw sockets) block in the test's thread."""
 
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ from broker.config import Config
 from broker.connection.server import Server
 from broker.connection.tls import server_context
 from broker.management.server import start_management
+from broker.workers.worker import Adoption
 from broker.connection.front_door import FrontDoors, Route, open_doors, refused
+from broker.connection.handoff import handoff_pair, receive_all
 from protocol import node_proof, proxy_header
 from protocol.stream_start import Forwarding
 from tests.conftest import free_port
@@ -36,7 +39,7 @@ from tests.integration.helpers import (
     EVENT_TIMEOUT, beyond_rabbitmq, connect, consume, declare_queue, publish, wait_for_message_count,
 )
 from tests.integration.management import add_user, delete_user, request, set_permissions
-from tests.integration.rawclient import AMQP_0_9_1_HEADER, PeerClosed, RawClient, describe, plain_response
+from tests.integration.rawclient import AMQP_0_9_1_HEADER, RawClient, describe, plain_response
 from tests.tls_certs import make_certificates
 
 pytestmark = beyond_rabbitmq
@@ -88,10 +91,10 @@ class Endpoint:
 
 @dataclass
 class Leader:
-    """The leader broker, running on the test's loop thread."""
+    """The leading node: its front doors, and the broker they hand every client to."""
 
     server: Server
-    endpoint: Endpoint  # its AMQP port and management API
+    endpoint: Endpoint  # its front doors' AMQP port, and its broker's management API
 
 
 class Leadership:
@@ -133,26 +136,44 @@ def loop_thread():
 def leader(loop_thread, tmp_path_factory):
     config = Config(port=0, data_dir=str(tmp_path_factory.mktemp("leader")), management_port=free_port(),
                     prometheus_port=0, failed_login_delay=0)
-    server = Server(config)
-    server.cluster_secret = SECRET
+    server = Server(config, accepting=False)
+    receiving, sending = handoff_pair()
+    doors = FrontDoors(config, "test", "test", lambda vhost, forwarded: sending, lambda: SECRET)
 
     async def start():
         await server.start()
-        return await start_management(server)
+        asyncio.get_running_loop().add_reader(receiving.fileno(), receive_all, receiving,
+                                              Adoption(lambda: server).take)
+        return await open_doors(doors, host="127.0.0.1", port=0), await start_management(server)
 
-    management = loop_thread.run(start())
-    yield Leader(server, Endpoint("127.0.0.1", server.port, config.management_port))
+    listener, management = loop_thread.run(start())
+    yield Leader(server, Endpoint("127.0.0.1", listener.sockets[0].getsockname()[1], config.management_port))
 
     async def stop():
+        listener.close()
+        doors.close()
+        asyncio.get_running_loop().remove_reader(receiving.fileno())
         await management.stop()
         await server.stop()
 
     loop_thread.run(stop())
+    receiving.close()
+    sending.close()
+
+
+@pytest.fixture(scope="module")
+def single(loop_thread, tmp_path_factory):
+    """A broker outside any cluster, listening itself."""
+    server = Server(Config(port=0, data_dir=str(tmp_path_factory.mktemp("single")), management_port=0,
+                           prometheus_port=0))
+    loop_thread.run(server.start())
+    yield Endpoint("127.0.0.1", server.port, 0)
+    loop_thread.run(server.stop())
 
 
 @pytest.fixture
 def leadership(leader):
-    return Leadership(("127.0.0.1", leader.server.port))
+    return Leadership((leader.endpoint.host, leader.endpoint.port))
 
 
 @pytest.fixture
@@ -219,15 +240,19 @@ def proven(client: RawClient, source: tuple[str, int], secret: str = SECRET) -> 
 
 
 def login(client: RawClient, username: str = "guest", password: str = "guest") -> str:
-    """Protocol header and start-ok; what the broker answers: 'tune', or 'refused' (403)."""
+    """The handshake up to connection.open (the front door answers start and tune; the broker it hands the client
+    to checks the login); what the broker answers: 'open', or 'refused' (403)."""
     client.send_protocol_header()
     client.expect(commands.Connection.Start)
     client.send(0, commands.Connection.StartOk(
         client_properties={"capabilities": {"authentication_failure_close": True}}, mechanism="PLAIN",
         response=plain_response(username, password)))
+    tune = client.expect(commands.Connection.Tune)
+    client.send(0, commands.Connection.TuneOk(channel_max=tune.channel_max, frame_max=tune.frame_max, heartbeat=0))
+    client.send(0, commands.Connection.Open(virtual_host="/"))
     _, answer = client.read_frame()
-    if isinstance(answer, commands.Connection.Tune):
-        return "tune"
+    if isinstance(answer, commands.Connection.OpenOk):
+        return "open"
     assert isinstance(answer, commands.Connection.Close) and answer.reply_code == 403, describe(answer)
     return "refused"
 
@@ -315,7 +340,7 @@ def test_an_amqps_client_of_a_follower_is_shown_by_the_leader_as_tls(start_forwa
 
 @pytest.mark.parametrize("source, answer", [
     ("192.0.2.77", "refused"),  # guest is a loopback user: the header's client is elsewhere
-    ("127.0.0.9", "tune"),
+    ("127.0.0.9", "open"),
 ], ids=["remote-client", "loopback-client"])
 def test_loopback_users_are_checked_against_the_client_the_header_names(leader, source, answer, broker_log):
     with connect_from(leader.endpoint, FORWARDER) as client:
@@ -325,16 +350,24 @@ def test_loopback_users_are_checked_against_the_client_the_header_names(leader, 
         assert f"login refused for user 'guest' from {source}:40000" in broker_log.text
 
 
-def test_a_proven_header_counts_whatever_address_it_comes_from(loop_thread, leader):
+@pytest.fixture
+def remote_user(leader):
+    """A user who may log in from anywhere ("remote", its password the same), as guest may not."""
+    add_user(leader.endpoint, "remote", "remote")
+    set_permissions(leader.endpoint, "/", "remote")
+    yield
+    delete_user(leader.endpoint, "remote")
+
+
+def test_a_proven_header_counts_whatever_address_it_comes_from(loop_thread, leader, remote_user):
     with connect_from(leader.endpoint, ELSEWHERE) as client:
         proven(client, ("192.0.2.77", 40000))
-        client.send_protocol_header()
-        client.expect(commands.Connection.Start)
+        assert login(client, "remote", "remote") == "open"
         [connection] = loop_thread.call(lambda: [c for c in leader.server.connections if c.peer == "192.0.2.77:40000"])
         assert connection.name == "192.0.2.77:40000 -> 127.0.0.1:5672"
 
 
-def test_the_exchange_in_pieces_is_read_whole(loop_thread, leader):
+def test_the_exchange_in_pieces_is_read_whole(loop_thread, leader, remote_user):
     forwarding = Forwarding(SECRET, ("192.0.2.78", 40000), ("127.0.0.1", 5672), tls=False)
     with connect_from(leader.endpoint, FORWARDER) as client:
         for piece in (forwarding.header[:5], forwarding.header[5:20], forwarding.header[20:]):
@@ -345,6 +378,12 @@ def test_the_exchange_in_pieces_is_read_whole(loop_thread, leader):
             client.send_raw(piece)
             time.sleep(0.02)
         client.expect(commands.Connection.Start)
+        client.send(0, commands.Connection.StartOk(client_properties={}, mechanism="PLAIN",
+                                                   response=plain_response("remote", "remote")))
+        tune = client.expect(commands.Connection.Tune)
+        client.send(0, commands.Connection.TuneOk(channel_max=tune.channel_max, frame_max=tune.frame_max, heartbeat=0))
+        client.send(0, commands.Connection.Open(virtual_host="/"))
+        client.expect(commands.Connection.OpenOk)
         assert loop_thread.call(lambda: [c for c in leader.server.connections if c.peer == "192.0.2.78:40000"])
 
 
@@ -369,15 +408,11 @@ def test_a_header_whose_sender_proves_nothing_closes_the_socket_with_one_log_lin
     assert len(lines) == 1 and "refused PROXY header" in lines[0], lines
 
 
-def test_a_broker_outside_a_cluster_takes_a_proxy_header_for_a_wrong_protocol_header(loop_thread, leader):
-    loop_thread.call(lambda: setattr(leader.server, "cluster_secret", None))
-    try:
-        with connect_from(leader.endpoint, FORWARDER) as client:
-            client.send_raw(Forwarding(SECRET, ("127.0.0.1", 40000), ("127.0.0.1", 5672), tls=False).header)
-            assert client.recv_raw(8) == AMQP_0_9_1_HEADER  # as any header that is not AMQP 0-9-1's, then closed
-            client.expect_closed()
-    finally:
-        loop_thread.call(lambda: setattr(leader.server, "cluster_secret", SECRET))
+def test_a_broker_outside_a_cluster_takes_a_proxy_header_for_a_wrong_protocol_header(single):
+    with connect_from(single, FORWARDER) as client:
+        client.send_raw(Forwarding(SECRET, ("127.0.0.1", 40000), ("127.0.0.1", 5672), tls=False).header)
+        assert client.recv_raw(8) == AMQP_0_9_1_HEADER  # as any header that is not AMQP 0-9-1's, then closed
+        client.expect_closed()
 
 
 @pytest.mark.parametrize("header, reason", [

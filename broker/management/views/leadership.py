@@ -1,10 +1,9 @@
 """The management API: which node leads a vhost, and an operator's choice of it (Warren's own).
 
-- In a cluster whose nodes run several workers, each worker slot is a replication group whose leaders spread over
-  the nodes, and a vhost lives in one group (cluster.worker). Moving a vhost's leadership moves its group's, with
-  the other vhosts of that group, and no data: every node holds a copy of every group.
-- In a cluster of one-process nodes, every vhost lives in the cluster's one group: moving one's leadership moves
-  the cluster's (cluster.api).
+- In a cluster, each worker slot of a node is a replication group whose leaders spread over the nodes, and a vhost
+  lives in one group (cluster.worker). Moving a vhost's leadership moves its group's, with the other vhosts of that
+  group, and no data: every node holds a copy of every group. (A cluster of one-process nodes has one group:
+  moving one vhost's leadership moves the cluster's.)
 - On a node of several workers, each worker is a node of its own in the API: the worker checks the request, and
   the supervisor moves the vhost's data to the worker named (broker.workers.api, broker.workers.moving)."""
 

@@ -76,28 +76,18 @@ def node_entry(started: float, data_dir: Path, memory_limit: int, alarms: Collec
     }
 
 
-async def every_node(request: web.Request) -> list[dict]:
-    """This node's entry, and on the leader of a cluster of one-process nodes every other node's (as RabbitMQ lists
-    every node of its cluster), by name."""
-    other_nodes = request.app.get(http.OTHER_NODES)
-    if other_nodes is None:
-        return [node_json(request)]
-    return http.sorted_by([node_json(request), *await other_nodes.entries(request)], "name")
-
-
 @routes.get("/api/nodes")
 async def list_nodes(request: web.Request) -> web.Response:
     http.require(request, "monitoring")
-    return http.reply(await every_node(request))
+    return http.reply([node_json(request)])
 
 
 @routes.get("/api/nodes/{name}")
 async def get_node(request: web.Request) -> web.Response:
     http.require(request, "monitoring")
-    found = [node for node in await every_node(request) if node["name"] == request.match_info["name"]]
-    if not found:
+    if request.match_info["name"] != http.node_name():
         raise http.not_found()
-    return http.reply(found[0])
+    return http.reply(node_json(request))
 
 
 @routes.get("/api/cluster-name")
