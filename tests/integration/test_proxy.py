@@ -41,6 +41,7 @@ from tests.integration.helpers import (
 from tests.integration.management import add_user, delete_user, request, set_permissions
 from tests.integration.rawclient import AMQP_0_9_1_HEADER, RawClient, describe, plain_response
 from tests.tls_certs import make_certificates
+from tests.waiting import wait_for
 
 pytestmark = beyond_rabbitmq
 
@@ -216,14 +217,6 @@ def leader_connections(loop_thread: LoopThread, leader: Leader, port: int) -> li
     """The leader's connections whose client connected to port (the forwarder's, when it forwards them)."""
     return loop_thread.call(lambda: [connection for connection in leader.server.connections
                                      if connection.local is not None and connection.local[1] == port])
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = EVENT_TIMEOUT) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (result := condition()):
-        assert time.monotonic() < deadline, f"condition not met within {timeout}s"
-        time.sleep(0.02)
-    return result
 
 
 def connect_from(endpoint: Endpoint, address: str) -> RawClient:
@@ -456,11 +449,11 @@ def test_an_unreachable_leader_has_the_client_told_to_come_again(forwarded, lead
 def test_stopping_the_forwarder_closes_its_clients_and_their_leader_connections(loop_thread, leader, forwarded):
     forwarder, endpoint = forwarded
     with connect(endpoint) as conn:
-        wait_for(lambda: leader_connections(loop_thread, leader, endpoint.port))
+        wait_for(lambda: leader_connections(loop_thread, leader, endpoint.port), EVENT_TIMEOUT)
         loop_thread.run(forwarder.stop())
         with pytest.raises(pika.exceptions.AMQPConnectionError):
             conn.process_data_events(time_limit=EVENT_TIMEOUT)
-    wait_for(lambda: not leader_connections(loop_thread, leader, endpoint.port))
+    wait_for(lambda: not leader_connections(loop_thread, leader, endpoint.port), EVENT_TIMEOUT)
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection((endpoint.host, endpoint.port), timeout=1)
 
@@ -473,7 +466,7 @@ def test_close_all_drops_the_forwarded_connections_and_goes_on_forwarding(loop_t
         for conn in (first, second):
             with pytest.raises(pika.exceptions.AMQPConnectionError):
                 conn.process_data_events(time_limit=EVENT_TIMEOUT)
-    wait_for(lambda: not leader_connections(loop_thread, leader, forwarder.port))
+    wait_for(lambda: not leader_connections(loop_thread, leader, forwarder.port), EVENT_TIMEOUT)
     with connect(endpoint) as conn:  # new clients go to the leader leader() names now
         assert conn.is_open
 
@@ -497,9 +490,9 @@ def test_a_consumer_that_does_not_read_holds_the_leader_back_through_the_forward
         client.expect(commands.Basic.ConsumeOk, channel=1)
         # The client reads nothing more: the forwarder stops reading the leader, which stops delivering.
         [pair] = loop_thread.call(lambda: list(forwarder.doors.joined))
-        wait_for(lambda: loop_thread.call(lambda: not pair.other.transport.is_reading()))
+        wait_for(lambda: loop_thread.call(lambda: not pair.other.transport.is_reading()), EVENT_TIMEOUT)
         [served] = leader_connections(loop_thread, leader, forwarder.port)
-        wait_for(lambda: loop_thread.call(lambda: served.write_paused))
+        wait_for(lambda: loop_thread.call(lambda: served.write_paused), EVENT_TIMEOUT)
         for _ in range(10):
             held = loop_thread.call(lambda: pair.transport.get_write_buffer_size()
                                     + pair.other.transport.get_write_buffer_size())
