@@ -16,6 +16,10 @@ NEVER = {
     "storage": ("broker", "cluster", "spark_connector"),
     "broker/model": ("broker.session", "broker.connection", "broker.management", "broker.workers", "cluster"),
     "broker/session": ("broker.connection", "broker.management", "broker.workers", "cluster"),
+    "broker/connection": ("broker.management", "broker.workers", "cluster"),
+    # the broker knows nothing of the cluster above it (the supervisor starts a clustered node's workers by their
+    # module's name: cluster.worker)
+    "broker": ("cluster", "spark_connector"),
     "spark_connector": ("broker", "storage", "protocol", "cluster"),
 }
 
