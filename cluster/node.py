@@ -30,7 +30,8 @@ from broker.config import Config, ConfigError, read_secret
 from broker.connection.server import Server, StartupError
 from broker.connection.tls import TlsError, node_contexts
 from cluster.coordinator import Coordinator, CoordinatorError, CoordinatorUnavailable, Member, Replica, find_copy
-from cluster.replication import LeadershipLost, ReplicaClient, ReplicationServer
+from cluster.follower import ReplicaClient
+from cluster.replication import LeadershipLost, ReplicationServer
 from cluster.state import identity, read_epoch, write_epoch
 from storage.lock import DataDirLock, DataDirLocked
 

@@ -19,9 +19,10 @@ import pytest
 from broker.config import Config
 from broker.connection.tls import node_contexts
 from cluster import frames
-from cluster import replication as replication_module
+from cluster import follower as follower_module
 from cluster.coordinator import Member
-from cluster.replication import ReplicaClient, ReplicationServer
+from cluster.follower import ReplicaClient
+from cluster.replication import ReplicationServer
 from cluster.state import read_epoch
 from storage.replica import ReplicaWriter, replicated_files
 from storage.store import MessageStore
@@ -561,7 +562,7 @@ def test_a_follower_stopped_while_it_connects_ends_once_connected(tmp_path, monk
         hashing.set()
         stopped.wait(TIMEOUT)
         return []
-    monkeypatch.setattr(replication_module, "file_digests", slow_digests)
+    monkeypatch.setattr(follower_module, "file_digests", slow_digests)
 
     async def main():
         async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
