@@ -90,7 +90,7 @@ class ClusterNode:
         self.data_dir = Path(config.data_dir)
         self.coordinator = coordinator
         self.ttl = config.cluster_lease_ttl
-        self.dir = ""  # the identity of the data dir (cluster.state), read or made as the node starts
+        self.data_dir_identity = ""  # (cluster.state) read or made as the node starts: the ISR names copies by it
         self.member = Member(self.node, self._advertised(), config.port, self._advertised(),
                              config.cluster_replication_port, management_port=config.management_port,
                              amqps_port=config.tls_port if config.tls_certfile else 0)
@@ -132,9 +132,9 @@ class ClusterNode:
             raise error  # the process exits with the error, so that a supervisor restarts it
 
     async def _live(self) -> None:
-        self.dir = await asyncio.get_running_loop().run_in_executor(None, identity, self.data_dir)
-        self.member = dataclasses.replace(self.member, dir=self.dir)
-        log.info("data dir %s has identity %s", self.data_dir, self.dir)
+        self.data_dir_identity = await asyncio.get_running_loop().run_in_executor(None, identity, self.data_dir)
+        self.member = dataclasses.replace(self.member, dir=self.data_dir_identity)
+        log.info("data dir %s has identity %s", self.data_dir, self.data_dir_identity)
         await self._join_cluster()
         keeper = asyncio.ensure_future(self._keep_lease())
         try:
@@ -223,16 +223,16 @@ class ClusterNode:
         holds at least the epoch the ISR says it held."""
         if replicas is None:
             return True
-        mine = find_copy(replicas, self.node, self.dir)
+        mine = find_copy(replicas, self.node, self.data_dir_identity)
         return mine is not None and read_epoch(self.data_dir) >= mine.epoch
 
     async def _say_why_not_electable(self, replicas: list[Replica]) -> None:
         """Log, once per state, why this node does not campaign, and whether any node can."""
         named = ", ".join(f"{r.node} (data dir {r.dir})" for r in replicas) or "none"
         members = await self.coordinator.members()
-        mine = find_copy(replicas, self.node, self.dir)
+        mine = find_copy(replicas, self.node, self.data_dir_identity)
         held = ("holds frames of an older epoch than the ISR says it acked: it was rolled back (a restored snapshot?)"
-                if mine else f"({self.dir}) is not one of the in-sync replicas ({named})")
+                if mine else f"({self.data_dir_identity}) is not one of the in-sync replicas ({named})")
         level = logging.WARNING
         if any(find_copy(replicas, member.node_id, member.dir) for member in members.values()
                if member.node_id != self.node):
@@ -277,8 +277,8 @@ class ClusterNode:
         self._lost = asyncio.get_running_loop().create_future()
         await asyncio.get_running_loop().run_in_executor(None, write_epoch, self.data_dir, epoch)
         server = self.group.server(self.config)
-        replication = ReplicationServer(server.store, self.coordinator, self.node, self.dir, epoch, self.secret,
-                                        self.config.cluster_min_insync, self.config.cluster_ack_timeout,
+        replication = ReplicationServer(server.store, self.coordinator, self.node, self.data_dir_identity, epoch,
+                                        self.secret, self.config.cluster_min_insync, self.config.cluster_ack_timeout,
                                         self._lose, self.replication_group)
         watcher = None
         try:

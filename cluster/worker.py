@@ -73,7 +73,7 @@ class GroupWorker:
                                         self.node_entry),
                          InternalSocket(number, make_prometheus_app, self.why_not))
         # what a group leader's broker reports of its part (broker.connection.server.WorkerRole)
-        self.first = True  # every group keeps the node-wide definitions its config gives
+        self.keeps_node_definitions = True  # every group keeps the node-wide definitions its config gives
         self.led: set[str] = set()
 
     def why_not(self) -> str:

@@ -101,7 +101,7 @@ def prepare_data_dir(data_dir: Path) -> None:
 class WorkerRole(Protocol):
     """What a server that is one of several worker processes learns from the others at start (broker.workers)."""
 
-    first: bool  # the first worker: it keeps the node-wide definitions the others copy
+    keeps_node_definitions: bool  # the node-wide definitions are this worker's own (the others copy them)
     led: set[str]  # the vhosts it leads (known once boot_definitions has run)
 
     async def boot_definitions(self, document: dict, found: list[str], node: Node) -> dict:
@@ -251,7 +251,7 @@ class Server:
             self.node.restore_definitions(recovered.vhosts, recovered.users, recovered.permissions)
             found = list(self.node.vhosts)
             boot_definitions = self._boot_definitions()
-            if self.role is None or self.role.first:  # the other workers copy the first one's users
+            if self.role is None or self.role.keeps_node_definitions:  # the other workers copy the first one's users
                 self._bootstrap(defines_users=bool(boot_definitions.get("users")))
             if self.role is not None:
                 boot_definitions = await self.role.boot_definitions(boot_definitions, found, self.node)
@@ -302,7 +302,8 @@ class Server:
     def _import_boot_definitions(self, document: dict) -> None:
         if not document:
             return
-        sources = ["worker 0's users, vhosts and permissions"] if self.role is not None and not self.role.first else []
+        copied = self.role is not None and not self.role.keeps_node_definitions
+        sources = ["worker 0's users, vhosts and permissions"] if copied else []
         sources += [f"load_definitions file {self.config.load_definitions}"] if self.config.load_definitions else []
         sources += [f"[[{section}]]" for section in TABLE_ARRAYS if getattr(self.config, section)]
         try:

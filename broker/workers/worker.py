@@ -81,7 +81,7 @@ class Worker:
 
     def __init__(self, instructions: dict, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.number: int = instructions["worker"]
-        self.first = self.number == 0
+        self.keeps_node_definitions = self.number == 0
         self.leaders: dict[str, int] = instructions.get("placement") or {}  # vhost -> worker that leads it
         self.node_wide: dict | None = instructions.get("node")  # the first worker's users, vhosts, permissions
         self.led: set[str] = set()  # the vhosts this worker leads, once its boot definitions are known
@@ -89,7 +89,7 @@ class Worker:
         self.writer = writer
 
     async def boot_definitions(self, document: dict, found: list[str], node: Node) -> dict:
-        if self.first:
+        if self.keeps_node_definitions:
             named = [item.get("name") for item in document.get("vhosts", []) if isinstance(item, dict)]
             planned = sorted(set(node.vhosts) | {name for name in named if isinstance(name, str)})
             await send(self.writer, {"vhosts": planned, "found": found})
@@ -232,7 +232,8 @@ async def serve(control: socket.socket) -> None:
         await runner.setup()
         await web.SockSite(runner, socket.socket(fileno=fd)).start()
         internal.append(runner)
-    await send(writer, {"serving": True, "node": export_node_wide(server.node) if worker.first else None})
+    node_wide = export_node_wide(server.node) if worker.keeps_node_definitions else None
+    await send(writer, {"serving": True, "node": node_wide})
     control = loop.create_task(worker.follow_supervisor(server.node, handoffs))
     control.add_done_callback(lambda _: stop.set())  # the supervisor has gone
     await stop.wait()
