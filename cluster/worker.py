@@ -299,6 +299,7 @@ async def serve(control: socket.socket) -> None:
     doors = FrontDoors(config, version(), platform_name(), group.route,
                        lambda: board.entries.get(CLUSTER_SECRET) or "",  # (group 0's: one for the whole cluster)
                        cluster.tls[1] if cluster.tls else None)
+    board.changed = doors.reroute  # (a group's leader moved: the clients forwarded to the old one go again)
     loop = asyncio.get_running_loop()
     listeners = [await open_doors(doors, sock=socket.socket(fileno=instructions["listening"]))]
     if instructions["listening_tls"] is not None:  # amqps: the TLS session ends at the front door

@@ -81,6 +81,14 @@ class FrontDoors:
     splicing: set[asyncio.Task] = field(default_factory=set)  # forwards, and TLS sessions joined to a worker, being made
     joined: set[_Joined] = field(default_factory=set)  # the clients' ends of their forwards to another node
 
+    def reroute(self) -> None:
+        """Drop every client forwarded to a node that no longer leads its vhost (the leader changed, or none is
+        known now): it connects again, and goes where its vhost is led now, rather than wait on a node that may be
+        out of reach (as after a partition)."""
+        for client in list(self.joined):
+            if self.route(client.vhost, False) != client.address:
+                client.abort()
+
     def close(self) -> None:
         """Drop every client here at once: in its handshake, being forwarded, or forwarded (whose connection on the
         other node then closes too)."""
@@ -252,7 +260,7 @@ class FrontDoor(asyncio.Protocol):
         """The client goes on through the node at address, once each node has proven to the other that it knows the
         cluster's secret (ForwardEnd joins the two sockets then)."""
         loop = asyncio.get_running_loop()
-        client_end = _Joined(self.doors.joined)
+        client_end = _Joined(self.doors.joined, vhost, address)
         client_end.transport = self.transport
         self.transport.set_protocol(client_end)
         secret = self.doors.secret()
@@ -282,9 +290,11 @@ class FrontDoor(asyncio.Protocol):
 class _Joined(SpliceEnd):
     """A client's end of its forward to another node, in its front doors' set while it is open."""
 
-    def __init__(self, joined: set[_Joined]) -> None:
+    def __init__(self, joined: set[_Joined], vhost: str | None, address: tuple[str, int]) -> None:
         super().__init__()
         self.joined = joined
+        self.vhost = vhost  # what it opened (None: what the front door could not read)
+        self.address = address  # the node it was forwarded to, which led that vhost then
         joined.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:

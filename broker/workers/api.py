@@ -138,7 +138,7 @@ class Gateway:
         if supervisor.clustered and supervisor.api_target(0) is None:
             # No node leads group 0, which every change starts with: worker 0 answers 503 and why, with or without
             # credentials, so that a health check tells this node from one that is down or one that serves
-            return (await self.apis.ask_at(supervisor.workers[0].api_path, 0, request)).response()
+            return (await self.apis.ask_at(supervisor.workers[0].api_path, 0, request, body_of(request))).response()
         refused = http.without_credentials(request)  # (answered here: every worker could only refuse it)
         if refused is not None:
             return refused

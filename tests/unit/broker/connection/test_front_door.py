@@ -12,7 +12,7 @@ import uvloop
 from pamqp import commands as spec
 
 from broker.config import Config
-from broker.connection.front_door import TURNED_AWAY, FrontDoor, FrontDoors
+from broker.connection.front_door import TURNED_AWAY, FrontDoor, FrontDoors, refused
 from broker.connection.handoff import handoff_pair, receive_all
 from protocol import node_proof, proxy_header
 from protocol.stream_start import Forwarding, NotProven, StartReader
@@ -169,6 +169,32 @@ def test_a_client_goes_to_another_node_whose_first_answers_are_dropped():
                 [start] = starts
                 assert start.forwarded == (writer.get_extra_info("sockname"), writer.get_extra_info("peername"))
                 assert bytes(received) == HANDSHAKE
+                writer.close()
+        finally:
+            node.close()
+    run(test)
+
+
+def test_a_client_forwarded_to_a_node_that_no_longer_leads_its_vhost_is_dropped():
+    """The leader changed (or none is known now): the client connects again rather than wait on the old one, which
+    may be out of reach; a client whose vhost is still led where it went stays."""
+    async def test():
+        received, starts = bytearray(), []
+        sent_back = (encode_method(0, spec.Connection.Start()) + encode_method(0, spec.Connection.Tune())
+                     + encode_method(0, spec.Connection.OpenOk()))
+        node = await asyncio.start_server(leading_node(SECRET, sent_back, received, starts), "127.0.0.1", 0)
+        leader = ("127.0.0.1", node.sockets[0].getsockname()[1])
+        try:
+            async with Door(leader) as door:
+                reader, writer = await door.client()
+                await handshake(reader, writer)
+                assert isinstance(await read_frame(reader), spec.Connection.OpenOk)
+                door.doors.reroute()  # the same leader: the client stays
+                assert len(door.doors.joined) == 1
+                door.doors.route = lambda vhost, forwarded: refused(vhost, "no leader now")
+                door.doors.reroute()
+                assert await reader.read() == b""  # closed
+                assert not door.doors.joined
                 writer.close()
         finally:
             node.close()
