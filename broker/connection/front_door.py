@@ -37,7 +37,7 @@ from broker.config import Config
 from broker.connection import greeting, handoff
 from broker.connection.connection import HANDSHAKE_TIMEOUT
 from broker.connection.peer_log import PeerLog
-from broker.connection.splice import SpliceEnd
+from broker.connection.splice import SpliceEnd, join
 from protocol import node_proof, proxy_header, stream_start
 from protocol.stream_start import Forwarding, StartReader
 from protocol.codec import decode_method, encode_method
@@ -359,14 +359,7 @@ class ForwardEnd(SpliceEnd):
         if self.deadline is not None:
             self.deadline.cancel()
         self.transport.write(proof + self.after)
-        for waiting in self.client.waiting:  # what the client sent while the proofs went on
-            self.transport.write(waiting)
-        self.client.waiting.clear()
-        self.client.other = self
-        if self.client.transport.is_closing():
-            self.transport.close()
-        else:
-            self.client.transport.resume_reading()
+        join(self.client, self)  # (and what the client sent while the proofs went on)
         return rest
 
     def _failed(self, why: str) -> None:

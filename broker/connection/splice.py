@@ -57,12 +57,18 @@ async def splice(client: Any, inner: socket.socket) -> None:
     outer_end.transport = client
     client.set_protocol(outer_end)
     _, inner_end = await loop.connect_accepted_socket(SpliceEnd, inner)
-    outer_end.other, inner_end.other = inner_end, outer_end
-    for end in (outer_end, inner_end):  # what either read before they were joined
+    join(outer_end, inner_end)
+
+
+def join(client: SpliceEnd, other: SpliceEnd) -> None:
+    """Join the client's end (its reading paused) with the other: each gets what the other read before, then the
+    client's bytes flow (or, the client gone meanwhile, the other end closes)."""
+    client.other, other.other = other, client
+    for end, to in ((client, other), (other, client)):
         for data in end.waiting:
-            end.other.transport.write(data)
+            to.transport.write(data)
         end.waiting.clear()
-    if client.is_closing():
-        inner_end.transport.close()
-        return
-    client.resume_reading()
+    if client.transport.is_closing():
+        other.transport.close()
+    else:
+        client.transport.resume_reading()
