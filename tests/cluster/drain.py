@@ -29,6 +29,7 @@ from tests.cluster.publisher import node_address
 from tests.integration.rawclient import RawClient
 from tests.integration.rawclient import describe as describe_frame
 
+DRAIN_RATE = 20_000  # messages a second a drain reads at least: its callers' timeouts grow with what was confirmed
 RETRY_INTERVAL = 0.1  # seconds between attempts while no node serves the queue
 CHANNEL = 1
 

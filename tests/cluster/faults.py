@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from tests.cluster.drain import drain, verify
+from tests.cluster.drain import DRAIN_RATE, drain, verify
 from tests.cluster.nodes import ACK_TIMEOUT, LEASE_TTL, Cluster, Node
 from tests.cluster.publisher import GAP_RECORDED, PublisherHandle
 from tests.cluster.test_failover import WINDOW, publisher_on
@@ -38,7 +38,6 @@ REJOIN_LIMIT = 10.0  # seconds from the fault's end until every node is back in 
 WARM_UP = 2000  # ids confirmed before the fault
 RATE = 5000  # publishes a second: a steady load whose every message the drain reads back in seconds, even after a
 # minute's fault (a queue of millions takes the drain minutes, and its one ack of them all stalls the leader's loop)
-DRAIN_RATE = 20_000  # messages a second the drain reads at least (its timeout grows with what was confirmed)
 SETTLE_TIMEOUT = 30.0  # seconds the publisher and the ISR get after the fault's end before the test gives up
 
 

@@ -22,7 +22,7 @@ import uuid
 import pika
 import pytest
 
-from tests.cluster.drain import drain, verify
+from tests.cluster.drain import DRAIN_RATE, drain, verify
 from tests.cluster.nodes import ACK_TIMEOUT, LEASE_TTL, Cluster
 from tests.cluster.publisher import start_publisher
 from tests.waiting import wait_for
@@ -73,7 +73,7 @@ def confirmed_since(publisher, moment: float) -> int:
 
 
 def check_nothing_lost(cluster: Cluster, result: dict, rounds: int = 1) -> object:
-    drained = drain(cluster.addresses, "orders", timeout=30)
+    drained = drain(cluster.addresses, "orders", timeout=30 + result["confirmed_count"] / DRAIN_RATE)
     report = verify(result["confirmed"], drained)
     print(report.summary)
     assert report.missing_count == 0, report.summary
