@@ -439,8 +439,7 @@ class ClusterNode:
         """Announce the leader while this node hears its stream, and none while it does not (not reached yet, or
         lost): a leader out of this node's reach is likely out of its clients' too, which are told to come again,
         and try another node, rather than wait for a forward that may never answer."""
-        announced: Member | None = None
-        self.group.announce(None)
+        announced: Member | None = None  # (nothing at first: what the board holds stands until this node hears)
         while True:
             heard = leader if client.heard_any and not client.lost_leader else None
             if heard is not announced:
