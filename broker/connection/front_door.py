@@ -1,17 +1,18 @@
-"""The front door of a node whose vhosts are led by processes of other nodes too (each worker of a cluster of
-worker processes, cluster.worker; a follower of a cluster of one-process nodes, cluster.node): it answers a
-client's handshake up to connection.open *without checking the login*, keeping every byte the client sent after its
-protocol header, and reads the vhost from connection.open. The client then goes to the process that leads that
-vhost, which reads those bytes through its ordinary handshake, checks the login there, and leaves unsent the frames
-the front door answered (connection.start, and connection.tune once a start-ok came):
+"""The front door of a clustered node, whose vhosts are led by processes of other nodes too (each of its workers,
+cluster.worker, one or more): it answers a client's handshake up to connection.open *without checking the login*,
+keeping every byte the client sent after its protocol header, and reads the vhost from connection.open. The client
+then goes to the process that leads that vhost, which reads those bytes through its ordinary handshake, checks the
+login there, and leaves unsent the frames the front door answered (connection.start, and connection.tune once a
+start-ok came):
 
 - a worker of this node: the socket is handed over with the bytes (broker.connection.handoff);
-- another node (its leading worker, or a one-process leader): a TCP connection to that node's AMQP port carries a
+- another node (its worker that leads the vhost): a TCP connection to that node's AMQP port carries a
   PROXY v2 header naming the client (and saying whether it speaks TLS here); once that node has proven it knows the
   cluster's secret and this one has proven it in turn (protocol.stream_start), the protocol header and the bytes
   follow; the frames that node answers first (the ones this one answered already) are dropped, and the two sockets
   are spliced. A connection that came that way (a proven PROXY header) goes to a worker of this node or nowhere, so
-  that two nodes that disagree cannot pass it round;
+  that two nodes that disagree cannot pass it round; should that node stop leading the vhost, the client is dropped
+  (FrontDoors.reroute), and connects again;
 - nowhere: the client is told why at its connection.open, and connects again.
 
 What the front door cannot read as a handshake (a malformed frame, a method out of place, a start-ok past the size
