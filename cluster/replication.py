@@ -86,6 +86,10 @@ class Follower:
         self.write(frame)
 
     def write(self, data: bytes) -> None:
+        """Send data, unless its connection is closed already (the leader stepped down during a join, say): the next
+        drain then says the connection is lost, where a write would raise from the transport."""
+        if self.writer.is_closing():
+            return
         self.written_at = time.monotonic()
         self.writer.write(data)
 

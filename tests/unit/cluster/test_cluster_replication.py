@@ -11,10 +11,12 @@ import errno
 import logging
 import re
 import shutil
+import socket
 import threading
 from pathlib import Path
 
 import pytest
+import uvloop
 
 from broker.config import Config
 from broker.connection.tls import node_contexts
@@ -22,7 +24,7 @@ from cluster import frames
 from cluster import follower as follower_module
 from cluster.coordinator import Member
 from cluster.follower import ReplicaClient
-from cluster.replication import ReplicationServer
+from cluster.replication import Follower, ReplicationServer
 from cluster.state import read_epoch
 from storage.replica import ReplicaWriter, replicated_files
 from storage.store import MessageStore
@@ -576,3 +578,19 @@ def test_a_follower_stopped_while_it_connects_ends_once_connected(tmp_path, monk
         await asyncio.wait_for(following, 5.0)
         server.close()
     asyncio.run(main())
+
+
+def test_a_frame_for_a_follower_whose_connection_closed_is_not_written_and_the_copy_ends_on_its_drain():
+    """A leader stepping down during a join closes the follower's connection while its copy is being sent: the
+    copy's next write must not raise from the transport (a task's exception nobody reads), its drain says why."""
+    async def main():
+        leader_end, follower_end = socket.socketpair()
+        _, writer = await asyncio.open_connection(sock=leader_end)
+        follower = Follower("b", "its-dir", {}, 1, writer)
+        follower.close()
+        await writer.wait_closed()  # (the transport's handle closed: a write to it would raise)
+        follower.write(b"a frame")
+        with pytest.raises(ConnectionError):
+            await asyncio.wait_for(writer.drain(), TIMEOUT)
+        follower_end.close()
+    uvloop.run(main())
