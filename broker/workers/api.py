@@ -81,8 +81,7 @@ class WorkerApis(ApiClient):
     """Requests to the workers' internal API sockets, and on a clustered node to the other nodes' APIs."""
 
     def __init__(self, supervisor: "Supervisor"):
-        super().__init__(lambda: supervisor.board.entries.get(CLUSTER_SECRET),
-                         other_nodes_context(supervisor.config) if supervisor.clustered else None)
+        super().__init__(lambda: supervisor.board.entries.get(CLUSTER_SECRET), other_nodes_context(supervisor.config))
         self.supervisor = supervisor
 
     async def ask(self, worker: int, request: web.Request, body: Body = None, path_qs: str | None = None,
@@ -135,7 +134,7 @@ class Gateway:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         supervisor = self.supervisor
-        if supervisor.clustered and supervisor.api_target(0) is None:
+        if supervisor.api_target(0) is None:
             # No node leads group 0, which every change starts with: worker 0 answers 503 and why, with or without
             # credentials, so that a health check tells this node from one that is down or one that serves
             return (await self.apis.ask_at(supervisor.workers[0].api_path, 0, request, body_of(request))).response()
@@ -305,19 +304,17 @@ class Gateway:
         lists every node of its cluster), running or not: the credentials checked by a worker leading a group (the
         first group's leader that answers, wherever it runs)."""
         own = await self.own_nodes(request)
-        clustered = self.supervisor.clustered
         verdict = await self._checked_by_a_leader(request)
         if verdict.status != 200:
             return verdict.response()
         items = self.entries(own)
-        if clustered:
-            here = self.supervisor.config.cluster_node_id
-            members = nodes_of(self.supervisor.board.entries, len(self.workers))
-            others = [(address["host"], address["api"]) for node, address in members.items()
-                      if node != here and address["api"]]
-            for answer in await asyncio.gather(*(self.apis.ask_at(target, NODE_ITSELF, request, path_qs=NODES,
-                                                                  method="GET") for target in others)):
-                items += answer.json() if answer.status == 200 else []  # (a node that does not answer: logged)
+        here = self.supervisor.config.cluster_node_id
+        members = nodes_of(self.supervisor.board.entries, len(self.workers))  # (none outside a cluster)
+        others = [(address["host"], address["api"]) for node, address in members.items()
+                  if node != here and address["api"]]
+        for answer in await asyncio.gather(*(self.apis.ask_at(target, NODE_ITSELF, request, path_qs=NODES,
+                                                              method="GET") for target in others)):
+            items += answer.json() if answer.status == 200 else []  # (a node that does not answer: logged)
         items = http.sorted_by(items, "name")
         if name is None:
             return await listing(request, items, pageable=False)
@@ -347,7 +344,7 @@ class Gateway:
     def entries(self, answers: list[Answer]) -> list[dict]:
         """The /api/nodes entries of this node's workers, from their answers: one that did not answer is stopped,
         or starting again."""
-        node = self.supervisor.config.cluster_node_id if self.supervisor.clustered else "warren"
+        node = self.supervisor.config.cluster_node_id or "warren"
         return [entry for worker, answer in zip(self.workers, answers) for entry in (
             answer.json() if answer.status == 200 else
             [{"name": http.worker_name(worker, node, len(self.workers)), "type": "disc", "running": False}])]

@@ -156,7 +156,7 @@ class Supervisor:
         # A clustered node's workers each lead or follow a replication group (cluster.worker), and post who leads
         # it on the board; the vhosts are placed by the cluster, not here
         self.clustered = bool(config.cluster_etcd_endpoints)
-        self.board = Board(led_elsewhere(config.cluster_node_id)) if self.clustered else Board()
+        self.board = Board(led_elsewhere(config.cluster_node_id))  # (nothing posts on a node outside a cluster)
         self.pins = pins_of(config.vhosts)  # vhost -> the worker its [[vhosts]] table pins it to
         self.hashed = HashedPlacement(workers, self.pins)  # where a clustered node's vhosts are
         self.posting: set[asyncio.Task] = set()  # each worker's posts being read (Board.serve)
@@ -322,7 +322,7 @@ class Supervisor:
         """The workers whose metrics are this node's: all of them, or on a clustered node those leading their
         group here (as RabbitMQ's endpoint reports the queues its node leads)."""
         return [worker.number for worker in self.workers
-                if not self.clustered or isinstance(self.api_target(worker.number, metrics=True), str)]
+                if isinstance(self.api_target(worker.number, metrics=True), str)]
 
     async def place(self, vhosts: list[str]) -> list[str]:
         """Give new vhosts a worker, and tell every worker before any of them makes one; which were new (none on a
