@@ -29,6 +29,10 @@ EXTERNAL_URL = os.environ.get("WARREN_TEST_URL")
 EXTERNAL_MANAGEMENT_URL = os.environ.get("WARREN_TEST_MANAGEMENT_URL")
 WORKERS = int(os.environ.get("WARREN_TEST_WORKERS", "1"))  # worker processes of the brokers the tests start
 WORKER_OPTIONS = ["--workers", str(WORKERS)] if WORKERS > 1 else []  # the options that ask for them
+# The Spark JVMs the tests start (a session here, the drivers of the examples) run for seconds to minutes: the C1
+# compiler alone and one GC thread serve them as well, and save a third of their CPU time (C2's compiler threads),
+# which the other tests running at the same time on a small machine get instead.
+os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:CICompilerCount=1")
 
 
 def pytest_sessionstart(session) -> None:

@@ -7,8 +7,9 @@ confirm from the new leader. Each test prints its figures: failover p50 / max / 
 and duplicates, and for each kill the queue's depth just before it, when the new leader began leading and its
 recovery of its data dir (from its log: "recovered N messages, M records, B bytes in X s").
 
-The million-message case publishes a million messages and reads them back with the consumer: 37-58 s on a shared
-2-core machine, so it runs with the others.
+The million-message case publishes a million messages and reads them back with the consumer: about 45 s on a
+2-core machine. It runs by itself (`alone`): its failover, the recovery of a million messages included, is close to
+the 5 s it is allowed (a failover still grows with the backlog), and other tests' load would decide it.
 """
 
 from __future__ import annotations
@@ -203,6 +204,7 @@ def test_kill_9_of_the_leader_behind_a_deep_queue_loses_nothing(cluster, tmp_pat
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.alone
 def test_kill_9_of_the_leader_behind_a_million_queued_messages_loses_nothing(cluster, tmp_path):
     """1,000,000 persistent 16 B messages queued (nothing consumed before the kill, so their records stay
     uncompacted), then kill -9 of the leader: the failover takes at most 5 s, and every confirmed id is consumed
