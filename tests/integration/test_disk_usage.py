@@ -24,9 +24,14 @@ PERSISTENT = pika.BasicProperties(delivery_mode=2)
 
 
 def disk_use(directory: Path) -> int:
-    """Bytes the files under `directory` occupy on disk (what du counts)."""
-    return sum(os.stat(os.path.join(root, name)).st_blocks * 512
-               for root, _, names in os.walk(directory) for name in names)
+    """Bytes the files under `directory` occupy on disk (what du counts); a file the broker removes between the
+    listing and its stat (a segment it has emptied) occupies nothing."""
+    def occupied(path: str) -> int:
+        try:
+            return os.stat(path).st_blocks * 512
+        except FileNotFoundError:
+            return 0
+    return sum(occupied(os.path.join(root, name)) for root, _, names in os.walk(directory) for name in names)
 
 
 def settled_disk_use(directory: Path, bound: int, timeout: float = 5.0) -> int:
