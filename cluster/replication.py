@@ -32,7 +32,7 @@ import logging
 import os
 import ssl
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 
 from broker.connection.peer_log import PeerLog
@@ -50,6 +50,11 @@ CUT_TIMEOUT = 30.0  # seconds the writer may take to hand over a cut (it comes w
 STALLED_COPY = 10.0  # seconds a joining follower may go without reading any of its copy
 END_OF_COPY = encode_ops([])  # the ops of the frame that closes a join's copy (it carries the cut's sequence)
 ACK_LIMIT = 1000  # bytes of the largest message a follower sends once it streams (acks and heartbeats)
+# Connections still proving the cluster's secret, at once, from one address (a node's follower needs one) and from
+# all: one past either is closed at once, so that a flood holds a bounded number of sockets and tasks, whatever it
+# sends, and leaves the node's descriptors to its clients
+UNPROVEN_PER_ADDRESS = 8
+UNPROVEN_MAX = 256
 
 
 class Follower:
@@ -130,6 +135,7 @@ class ReplicationServer:
         self._listener: asyncio.base_events.Server | None = None
         self._tasks: list[asyncio.Task] = []
         self._connections: set[asyncio.Task] = set()  # each follower connection's task
+        self._unproven: Counter[str] = Counter()  # address -> its connections that have not proven the secret yet
         self._stopped = False
         self.stepped_aside = False  # leadership ended for want of min_insync copies, in favour of a replica
 
@@ -347,14 +353,24 @@ class ReplicationServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
+        address = peer[0] if peer else ""
+        if self._unproven[address] >= UNPROVEN_PER_ADDRESS or self._unproven.total() >= UNPROVEN_MAX:
+            peer_log.warning(address, "replication connection from %s refused: too many connections are proving "
+                                      "the cluster's secret already", peer)
+            writer.close()
+            return
+        self._unproven[address] += 1
         stream = frames.Reader()
         try:
             hello = await asyncio.wait_for(self._proven_hello(reader, writer, stream), self._ack_timeout * 5)
         except (frames.FrameError, asyncio.TimeoutError, OSError, asyncio.IncompleteReadError) as error:
-            peer_log.warning(peer[0] if peer else "", "replication connection from %s refused: %s", peer,
-                             error or "no proof in time")
+            peer_log.warning(address, "replication connection from %s refused: %s", peer, error or "no proof in time")
             writer.close()
             return
+        finally:
+            self._unproven[address] -= 1
+            if not self._unproven[address]:
+                del self._unproven[address]
         if hello.node == self._node:
             log.warning("replication connection from %s refused: it claims this leader's node id", peer)
             writer.close()

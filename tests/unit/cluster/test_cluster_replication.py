@@ -24,7 +24,7 @@ from cluster import frames
 from cluster import follower as follower_module
 from cluster.coordinator import Member
 from cluster.follower import ReplicaClient
-from cluster.replication import Follower, ReplicationServer
+from cluster.replication import UNPROVEN_PER_ADDRESS, Follower, ReplicationServer
 from cluster.state import read_epoch
 from storage.replica import ReplicaWriter, replicated_files
 from storage.store import MessageStore
@@ -397,6 +397,44 @@ def test_hostile_hellos_are_refused_quietly(rig, hostile, caplog):
         await rig.close()
     asyncio.run(main())
     assert not [record for record in caplog.records if record.levelno >= logging.ERROR or record.exc_info]
+
+
+def test_connections_that_prove_nothing_are_bounded_per_address_and_a_follower_joins_once_they_go(rig, caplog):
+    """A client that opens replication connections and proves nothing holds at most UNPROVEN_PER_ADDRESS of them:
+    one more is closed before it is challenged. Once those close, a follower from that address is challenged and
+    joins."""
+    async def challenged(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        writer.write(hello())
+        try:
+            head = await asyncio.wait_for(reader.readexactly(frames.HEADER.size), TIMEOUT)
+        except (asyncio.IncompleteReadError, ConnectionResetError):  # closed (reset: the hello was not read)
+            return False
+        return frames.HEADER.unpack(head)[0] == frames.CHALLENGE
+
+    async def main():
+        await rig.lead()
+        held = [await asyncio.open_connection("127.0.0.1", rig.server.port) for _ in range(UNPROVEN_PER_ADDRESS)]
+        for reader, writer in held:  # each is being challenged: held open for its proof
+            assert await challenged(reader, writer)
+        reader, writer = await asyncio.open_connection("127.0.0.1", rig.server.port)
+        assert not await challenged(reader, writer)  # closed without a word
+        writer.close()
+        for _, writer in held:
+            writer.close()
+
+        async def challenged_again() -> None:
+            while True:
+                reader, writer = await asyncio.open_connection("127.0.0.1", rig.server.port)
+                admitted = await challenged(reader, writer)
+                writer.close()
+                if admitted:
+                    return
+        await asyncio.wait_for(challenged_again(), TIMEOUT)
+        rig.follow("b")
+        await rig.wait_isr(["a", "b"])
+        await rig.close()
+    asyncio.run(main())
+    assert [record.getMessage() for record in caplog.records if "too many connections" in record.getMessage()]
 
 
 def test_below_min_insync_the_isr_keeps_the_replicas_that_hold_every_confirm(rig):
