@@ -1,5 +1,6 @@
-"""Log lines about peers, rate-limited per address, and tracebacks of internal errors at most once a minute: nothing
-a client sends, however often, can flood the log (or spend the event loop's time writing it)."""
+"""Log lines about peers, rate-limited per address and in all, and tracebacks of internal errors at most once a
+minute: nothing clients send, however often and from however many addresses, can flood the log (or spend the event
+loop's time writing it)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 LINES_PER_WINDOW = 20  # lines about one address per WINDOW (an application opening its connections is logged whole);
 # the others are counted and summed up in one line
 WINDOW = 1.0  # seconds
+TOTAL_LINES_PER_WINDOW = 200  # lines of one PeerLog per WINDOW, whatever the addresses (a flood from many of them)
 TRACEBACK_INTERVAL = 60.0  # seconds between two logged tracebacks of internal errors; the others get one line
 MAX_ADDRESSES = 10_000  # addresses with a window open at most; the oldest window is dropped first
 
@@ -32,6 +34,7 @@ class PeerLog:
         self.logger = logger
         self.clock = clock
         self.windows: dict[str, _Window] = {}  # address -> its current window, oldest first
+        self.total = _Window(float("-inf"))  # the current window of every address's lines together
         self.last_traceback = float("-inf")  # clock time of the last traceback logged
 
     def info(self, address: str, message: str, *args: object) -> None:
@@ -57,11 +60,26 @@ class PeerLog:
             window = self._open_window(address, now)
         if window.logged < LINES_PER_WINDOW:
             window.logged += 1
-            self.logger.log(level, message, *args)
+            if self._within_total(now, 1):
+                self.logger.log(level, message, *args)
             return
         if not window.suppressed:
             asyncio.get_running_loop().call_later(window.start + WINDOW - now, self._summarize, address, window)
         window.suppressed += 1
+
+    def _within_total(self, now: float, lines: int) -> bool:
+        """Whether a line (standing for ``lines`` lines) fits in this log's total for the window; if not, it is
+        counted, and one line sums up those left out once the window has passed."""
+        total = self.total
+        if now - total.start >= WINDOW:
+            total = self.total = _Window(now)
+        if total.logged < TOTAL_LINES_PER_WINDOW:
+            total.logged += 1
+            return True
+        if not total.suppressed:
+            asyncio.get_running_loop().call_later(total.start + WINDOW - now, self._summarize_total, total)
+        total.suppressed += lines
+        return False
 
     def _open_window(self, address: str, now: float) -> _Window:
         self.windows.pop(address, None)
@@ -73,5 +91,9 @@ class PeerLog:
     def _summarize(self, address: str, window: _Window) -> None:
         if self.windows.get(address) is window:
             del self.windows[address]
-        self.logger.warning("%d more lines about %s in %.0f s were left out of the log", window.suppressed, address,
-                            WINDOW)
+        if self._within_total(self.clock(), window.suppressed):
+            self.logger.warning("%d more lines about %s in %.0f s were left out of the log", window.suppressed,
+                                address, WINDOW)
+
+    def _summarize_total(self, total: _Window) -> None:
+        self.logger.warning("%d more lines about peers in %.0f s were left out of the log", total.suppressed, WINDOW)
