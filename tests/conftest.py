@@ -86,7 +86,43 @@ class SerialGroupScheduling:
         return Scheduling(config, log)
 
 
+# The ports the tests pick for their brokers, nodes and etcd lie below the kernel's ephemeral range: a client that
+# retries a broker it was killed under (a publisher trying every node of a cluster, a follower its leader) must not
+# reach a listener the kernel has meanwhile given another process on a port of that range (Spark serves each
+# collect() on a listener of port 0 that takes one connection: a stray one there failed a Spark query in the suite).
+# Each pytest-xdist process takes its ports in turn from a slice of its own, so that two tests at once never pick
+# the same one, and a port let go comes round again only after the rest of its slice.
+LOWEST_PORT = 20_000  # (below: the services a machine may run, and the ports the tests must never use, 5672...)
+PORT_SLICES = 8  # slices of [LOWEST_PORT, the ephemeral range): pytest-xdist's processes gw0..gw7 (gw8 shares gw0's)
+
+
+def _port_slice() -> range:
+    try:
+        ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32_768  # Linux's default
+    size = (ephemeral - LOWEST_PORT) // PORT_SLICES
+    if size < 100:  # an ephemeral range reaching this low: ports of the kernel's choosing, as the best there is
+        return range(0)
+    process = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0) % PORT_SLICES
+    return range(LOWEST_PORT + process * size, LOWEST_PORT + (process + 1) * size)
+
+
+PORTS = _port_slice()  # this process's
+_next_port = [0]  # the index in PORTS of the next port to try
+
+
 def free_port() -> int:
+    """A loopback port free now: the next of this process's slice (or one the kernel picks, where there is none)."""
+    for _ in range(len(PORTS)):
+        port = PORTS[_next_port[0] % len(PORTS)]
+        _next_port[0] += 1
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:  # in use
+                continue
+            return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -96,6 +132,8 @@ def free_ports_in_a_row(count: int) -> int:
     """The first of ``count`` consecutive ports free now (a node's workers take replication_port + k)."""
     while True:
         first = free_port()
+        if PORTS and first + count > PORTS.stop:  # (into the next process's slice)
+            continue
         with contextlib.ExitStack() as held:
             try:
                 for port in range(first + 1, first + count):
@@ -103,6 +141,8 @@ def free_ports_in_a_row(count: int) -> int:
                     sock.bind(("127.0.0.1", port))
             except (OSError, OverflowError):  # taken, or past port 65535
                 continue
+        if first in PORTS:
+            _next_port[0] += count - 1  # the next free_port() goes past them
         return first
 
 
