@@ -83,7 +83,7 @@ def read_trace(path: Path, data_dir: Path) -> Trace:
     trace = Trace()
     made: set[Path] = set()  # files opened with O_CREAT so far: a later open does not make them again
     for began, done, text in calls(path):
-        result = re.search(r"\) = (-?\d+)", text)
+        result = re.search(r"\)\s+= (-?\d+)", text)  # (strace pads a resumed call's result)
         if result is None or int(result.group(1)) < 0:
             continue
         call = text.split("(", 1)[0]
