@@ -298,7 +298,7 @@ async def serve(control: socket.socket) -> None:
     await logins.start()
     doors = FrontDoors(config, version(), platform_name(), group.route,
                        lambda: board.entries.get(CLUSTER_SECRET) or "",  # (group 0's: one for the whole cluster)
-                       cluster.tls[1] if cluster.tls else None)
+                       towards=cluster.tls[1] if cluster.tls else None, users=lambda: cluster.server)
     board.changed = doors.reroute  # (a group's leader moved: the clients forwarded to the old one go again)
     loop = asyncio.get_running_loop()
     listeners = [await open_doors(doors, sock=socket.socket(fileno=instructions["listening"]))]

@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 from pamqp import commands as spec
 
 from broker.connection import greeting, handoff
-from broker.connection.auth import authenticate
-from broker.connection.login_throttle import MAX_DELAY as MAX_FAILED_LOGIN_WAIT
+from broker.connection.refused_login import Refusal, capabilities, check_login
 from broker.connection.peer_log import PeerLog
 from broker.session.channel import Channel
 from broker.session.limits import ChannelLimits
@@ -27,7 +26,7 @@ from protocol.constants import (
     ACCESS_REFUSED, CHANNEL_CLOSE, CHANNEL_CLOSE_OK, CHANNEL_OPEN, CONNECTION_FORCED, FRAME_END, FRAME_ERROR,
     FRAME_HEARTBEAT, NOT_ALLOWED, FRAME_METHOD, FRAME_MIN_SIZE, PROTOCOL_HEADER,
 )
-from protocol.errors import AMQPError, close_for, reply_text
+from protocol.errors import AMQPError, close_for
 from protocol.framing import FrameReader
 
 if TYPE_CHECKING:
@@ -175,7 +174,7 @@ class Connection(asyncio.Protocol):
         # The client's bytes from connection.open on, held with its socket until the transport has written what this
         # worker owed the client (connection.start and tune, when the client sent its handshake in one write)
         self.handing: bytes | None = None
-        self.refusing = False  # a refused login waits to be answered: nothing the client sends is read meanwhile
+        self.refusal: Refusal | None = None  # a refused login waiting to be answered: nothing the client sends is read
 
     # --- state -------------------------------------------------------------------------------------------------
     def _enter(self, state: State) -> None:
@@ -223,7 +222,7 @@ class Connection(asyncio.Protocol):
             return
         self.user = handed.user
         self.client_properties = handed.properties()
-        self.client_capabilities = _capabilities(self.client_properties)
+        self.client_capabilities = capabilities(self.client_properties)
         self.frame_max = self.reader.frame_max = handed.frame_max
         self.channel_max = handed.channel_max
         self.heartbeat = handed.heartbeat
@@ -256,7 +255,7 @@ class Connection(asyncio.Protocol):
         self.name = f"{self.peer} -> {local[0]}:{local[1]}" if local else self.peer
 
     def data_received(self, data: bytes) -> None:
-        if self.refusing:
+        if self.refusal is not None:
             return  # (a replayed handshake's tune-ok and open, or what came before reading paused)
         self.last_received = self.loop.time()
         if self.state is AWAIT_HEADER:
@@ -271,7 +270,7 @@ class Connection(asyncio.Protocol):
         # write, are judged by (RabbitMQ reads each frame with the limits of its time).
         # connection.open too, as it may hand the socket to another worker with the bytes that follow it.
         reader = self.reader
-        while data and self._handshaking() and not self.refusing:
+        while data and self._handshaking() and self.refusal is None:
             if self.handing is not None:  # (read as reading paused for the hand-off): it goes along
                 self.handing += data
                 return
@@ -283,7 +282,7 @@ class Connection(asyncio.Protocol):
             if self.leader is not None:
                 self._hand_off(frame + data)
                 return
-        if data and not self.refusing:
+        if data and self.refusal is None:
             self._feed(data)
         if self.read_this_turn > READ_BUDGET and self.state is OPEN:
             self.turn_paused = True
@@ -436,6 +435,8 @@ class Connection(asyncio.Protocol):
             self.vhost.counters.connections_closed += 1
         if self.timer is not None:
             self.timer.cancel()
+        if self.refusal is not None:
+            self.refusal.cancel()
         self._release()
         for queue in self.throttled_by:
             queue.throttled.discard(self)
@@ -570,57 +571,26 @@ class Connection(asyncio.Protocol):
             raise errors.command_invalid(f"expected connection handshake method, got {method.name}")
 
     def _start_ok(self, method: spec.Connection.StartOk) -> None:
-        config = self.server.config
-        properties = method.client_properties or {}
-        login = authenticate(self.server.node, config.loopback_users, method.mechanism, method.response, self.peer_address)
-        counters = self.server.node.counters
-        counters.auth_attempts += 1
-        if not login.accepted:
-            counters.auth_failed += 1
-            self._refuse_login(method.mechanism, login.user, _capabilities(properties))
+        handed = self.handed
+        # (a front door of this node that holds the users checked the login already, and counted it)
+        user = handed.user if handed is not None and handed.user else check_login(
+            self.server, method, self.peer_address, self.peer)
+        if user is None:
+            assert self.transport is not None and self.timer is not None, "the handshake runs on a transport, timed"
+            self.timer.cancel()  # the handshake timeout: the refusal's wait is bounded
+            self.refusal = Refusal(self.server, self.transport, self.peer_address, method, self._answer_refused)
             return
-        self.server.failed_logins.accepted(self.peer_address)
-        self.user = login.user
-        self.client_properties = properties  # kept only once the client has logged in
-        self.client_capabilities = _capabilities(properties)
+        self.user = user
+        self.client_properties = method.client_properties or {}  # kept only once the client has logged in
+        self.client_capabilities = capabilities(self.client_properties)
         self._enter(AWAIT_TUNE_OK)
-        if self.handed is None or self.handed.answered < 2:  # (a front door sent tune after the start-ok it read)
-            self.send_method(0, greeting.tune(config))
-
-    def _refuse_login(self, mechanism: str, user: str, capabilities: dict) -> None:
-        """One log line naming the user, the peer and the mechanism; the answer (403 to clients that announce
-        authentication_failure_close, a closed socket to others, as RabbitMQ) waits longer after each consecutive
-        failure from the address. Nothing the client sends meanwhile is read."""
-        peer_log.warning(self.peer_address, "login refused for user %.100r from %s (mechanism %.40r)", user,
-                         self.peer, mechanism)
-        text = None  # no connection.close for clients that do not expect one
-        if capabilities.get("authentication_failure_close"):
-            text = reply_text(ACCESS_REFUSED, f"Login was refused using authentication mechanism {mechanism}. For "
-                                              "details see the broker logfile.")
-        assert self.transport is not None and self.timer is not None, "the handshake runs on a transport, timed"
-        self.transport.pause_reading()
-        self.refusing = True
-        self.timer.cancel()  # the handshake timeout: the throttle bounds the wait
-        # answered after the longest wait at the latest, should the count be slow to come (a worker asks for it)
-        self.timer = self.loop.call_later(MAX_FAILED_LOGIN_WAIT, self._answer_refused, text)
-        self.server.failed_logins.count_refused(self.peer_address, self.server.config.failed_login_delay,
-                                                lambda delay: self._wait_to_refuse(delay, text))
-
-    def _wait_to_refuse(self, delay: float, text: str | None) -> None:
-        """The refused login's count came: answer it after delay, and never after the longest wait from the refusal."""
-        if self._closing():  # answered already, or the client left meanwhile
-            return
-        assert self.timer is not None, "a refusal waits on its timer"
-        latest = self.timer.when()
-        self.timer.cancel()
-        delay = min(delay, latest - self.loop.time())
-        if delay <= 0:
-            self._answer_refused(text)
-            return
-        self.timer = self.loop.call_later(delay, self._answer_refused, text)
+        if handed is None or handed.answered < 2:  # (a front door sent tune after the start-ok it read)
+            self.send_method(0, greeting.tune(self.server.config))
 
     def _answer_refused(self, text: str | None) -> None:
-        self.refusing = False
+        self.refusal = None
+        if self._closing():  # the client left meanwhile
+            return
         if text is None:
             self._terminate()
             return
@@ -838,12 +808,6 @@ class Connection(asyncio.Protocol):
         self._enter(CLOSED)
         if self.transport is not None:
             self.transport.close()
-
-
-def _capabilities(client_properties: dict) -> dict:
-    """The capabilities table of a client's properties ({} if it sent none, or sent something else by that name)."""
-    capabilities = client_properties.get("capabilities")
-    return capabilities if isinstance(capabilities, dict) else {}
 
 
 def _decode_connection_method(payload: bytes):

@@ -1,9 +1,10 @@
 """The front door of a clustered node, whose vhosts are led by processes of other nodes too (each of its workers,
-cluster.worker, one or more): it answers a client's handshake up to connection.open *without checking the login*,
-keeping every byte the client sent after its protocol header, and reads the vhost from connection.open. The client
-then goes to the process that leads that vhost, which reads those bytes through its ordinary handshake, checks the
-login there, and leaves unsent the frames the front door answered (connection.start, and connection.tune once a
-start-ok came):
+cluster.worker, one or more): it answers a client's handshake up to connection.open, keeping every byte the client
+sent after its protocol header, and reads the vhost from connection.open. Where its process holds the node's users
+(its worker leads its group) it checks the login at start-ok, as any broker does, and answers a refused one there;
+elsewhere it cannot, and goes on. The client then goes to the process that leads that vhost, which reads those
+bytes through its ordinary handshake, checks the login there, and leaves unsent the frames the front door answered
+(connection.start, and connection.tune once a start-ok came):
 
 - a worker of this node: the socket is handed over with the bytes (broker.connection.handoff);
 - another node (its worker that leads the vhost): a TCP connection to that node's AMQP port carries a
@@ -30,7 +31,7 @@ import ssl
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Union
+from typing import TYPE_CHECKING, Any, Callable, Union
 
 from pamqp import commands as spec
 
@@ -38,15 +39,20 @@ from broker.config import Config
 from broker.connection import greeting, handoff
 from broker.connection.connection import HANDSHAKE_TIMEOUT
 from broker.connection.peer_log import PeerLog
+from broker.connection.auth import parse_response
+from broker.connection.refused_login import Refusal, check_login
 from broker.connection.splice import SpliceEnd, join
 from protocol import node_proof, proxy_header, stream_start
 from protocol.stream_start import Forwarding, StartReader
 from protocol.codec import decode_method, encode_method
 from protocol.constants import (
-    CONNECTION_FORCED, FRAME_END, FRAME_HEARTBEAT, FRAME_METHOD, FRAME_MIN_SIZE, INTERNAL_ERROR, PROTOCOL_HEADER,
+    ACCESS_REFUSED, CONNECTION_FORCED, FRAME_END, FRAME_HEARTBEAT, FRAME_METHOD, FRAME_MIN_SIZE, INTERNAL_ERROR, PROTOCOL_HEADER,
 )
 from protocol.errors import AMQPError
 from protocol.framing import FrameReader
+
+if TYPE_CHECKING:
+    from broker.connection.server import Server
 
 log = logging.getLogger(__name__)
 peer_log = PeerLog(log)
@@ -77,6 +83,8 @@ class FrontDoors:
     # forwarded: it came from another node's front door, so only a worker of this node may take it
     route: Callable[[str | None, bool], Route]
     secret: Callable[[], str]  # the cluster's, which forwards between nodes are proven with ("": not learnt yet)
+    # The broker of this process while it holds the node's users (it leads its group): logins are checked here
+    users: Callable[[], Server | None] = lambda: None
     towards: ssl.SSLContext | None = None  # [cluster] tls: the TLS of forwards (to the other node's amqps port)
     open: set[FrontDoor] = field(default_factory=set)  # clients in the handshake here
     splicing: set[asyncio.Task] = field(default_factory=set)  # forwards, and TLS sessions joined to a worker, being made
@@ -134,6 +142,9 @@ class FrontDoor(asyncio.Protocol):
         self.connected_at = 0  # wall-clock milliseconds when the socket was accepted
         self.sent = 0  # bytes written to the client
         self.timer: asyncio.TimerHandle | None = None
+        self.refusal: Refusal | None = None  # a refused login waiting to be answered (nothing more is read)
+        self.user = ""  # the user the start-ok names
+        self.checked = False  # its login was checked here, and accepted
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
@@ -150,6 +161,8 @@ class FrontDoor(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._done()
+        if self.refusal is not None:
+            self.refusal.cancel()
 
     def _done(self) -> None:
         self.doors.open.discard(self)
@@ -162,6 +175,8 @@ class FrontDoor(asyncio.Protocol):
         self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
+        if self.refusal is not None:
+            return  # (read before reading paused)
         if not self.answered:
             data = self._protocol_header(data)
             if not data:
@@ -177,6 +192,8 @@ class FrontDoor(asyncio.Protocol):
             method = _METHOD_ID.unpack_from(payload) if frame_type == FRAME_METHOD and channel == 0 and len(
                 payload) >= 4 else None
             if method == START_OK and self.answered == 1:
+                if not self._logged_in(payload):
+                    return
                 self._send(greeting.tune(self.doors.config))
                 self.answered = 2
             elif method == TUNE_OK and self.answered == 2 and not self.tuned:
@@ -193,6 +210,35 @@ class FrontDoor(asyncio.Protocol):
                 return
         if failed or len(self.kept) > HANDSHAKE_LIMIT:
             self._go(None)  # the default group's leader reads the same bytes, and says what is wrong with them
+
+    def _logged_in(self, payload: bytes) -> bool:
+        """Where this process holds the node's users, the start-ok's login is checked here, as the broker's own
+        handshake checks it, and a refused one answered (a client another node forwarded goes on: the worker it goes
+        to checks it, behind the frames that node's front door answered). False once refused."""
+        try:
+            start_ok = decode_method(payload)
+            self.user = (parse_response(start_ok.mechanism, start_ok.response) or ("",))[0]
+        except (AMQPError, ValueError, TypeError, struct.error):
+            return True  # (the worker's handshake says what is wrong with it)
+        server = self.doors.users()
+        if server is None or self.forwarded:
+            return True
+        peer = f"{self.peer[0]}:{self.peer[1]}"
+        self.checked = check_login(server, start_ok, self.peer[0], peer) is not None
+        if self.checked:
+            return True
+        self.transport.pause_reading()
+        if self.timer is not None:
+            self.timer.cancel()  # the refusal's wait is bounded
+        self.refusal = Refusal(server, self.transport, self.peer[0], start_ok, self._answer_refused)
+        return False
+
+    def _answer_refused(self, text: str | None) -> None:
+        self.refusal = None
+        if text is None:
+            self.transport.close()
+        else:
+            self._refuse(ACCESS_REFUSED, text)
 
     def _protocol_header(self, data: bytes) -> bytes:
         """As a worker's: another node's PROXY header and the proofs, then the 8-byte protocol header, answered with
@@ -239,14 +285,31 @@ class FrontDoor(asyncio.Protocol):
             self.doors.splicing.add(task)
             task.add_done_callback(self.doors.splicing.discard)
         else:
-            self._refuse(INTERNAL_ERROR, f"INTERNAL_ERROR - {route}")
+            self._unavailable(vhost, route)
+
+    def _unavailable(self, vhost: str | None, why: str) -> None:
+        """No process can take the vhost now: RabbitMQ's answer for a vhost that is down, after its access check
+        where this process holds the users; why goes to the log."""
+        if vhost is None:
+            self._refuse(INTERNAL_ERROR, f"INTERNAL_ERROR - {why}")
+            return
+        server = self.doors.users()
+        if server is not None and self.checked:
+            try:
+                server.node.open_vhost(self.user, vhost)
+            except AMQPError as error:
+                self._refuse(error.reply_code, error.text, OPEN)
+                return
+        peer_log.info(self.peer[0], "closing AMQP connection from %s:%s: %s", *self.peer, why)
+        self._refuse(INTERNAL_ERROR, f"INTERNAL_ERROR - access to vhost '{vhost}' refused for user '{self.user}': "
+                                     f"vhost '{vhost}' is down", OPEN)
 
     def _hand_over(self, sender: socket.socket) -> None:
         """The socket goes to the worker; over a TLS session of this node's, which stays here, one end of a socket
         pair goes instead, joined to the client here (as a worker hands an amqps connection to another:
         broker.connection.splice). A client that spoke TLS to the node that forwarded it is plain TCP here."""
         handed = handoff.HandedOver(
-            user="", client_properties=b"", frame_max=0, channel_max=0, heartbeat=0, peer=list(self.peer),
+            user=self.user if self.checked else "", client_properties=b"", frame_max=0, channel_max=0, heartbeat=0, peer=list(self.peer),
             local=list(self.local), connected_at=self.connected_at, received_bytes=len(PROTOCOL_HEADER),
             sent_bytes=self.sent, tls=self.tls,
             answered=self.answered, data=bytes(self.kept))
@@ -280,10 +343,11 @@ class FrontDoor(asyncio.Protocol):
             self._refuse(CONNECTION_FORCED, "CONNECTION_FORCED - broker forced connection closure with reason "
                                             f"'vhost {vhost!r} unavailable'")
 
-    def _refuse(self, code: int, text: str) -> None:
-        """Tell the client, past its connection.open, why it cannot go on (it may connect again)."""
+    def _refuse(self, code: int, text: str, method: tuple[int, int] = (0, 0)) -> None:
+        """Tell the client why it cannot go on (it may connect again); method: the one refused, as (class, method)."""
         if not self.transport.is_closing():
-            close = spec.Connection.Close(reply_code=code, reply_text=text[:255], class_id=0, method_id=0)
+            close = spec.Connection.Close(reply_code=code, reply_text=text[:255], class_id=method[0],
+                                          method_id=method[1])
             self.transport.write(encode_method(0, close))
             self.transport.close()
 

@@ -39,7 +39,7 @@ DATAGRAM_MAX = 1024 * 1024
 class HandedOver:
     """What the handshake settled before connection.open, as the worker that ran it saw it."""
 
-    user: str  # who logged in
+    user: str  # who logged in (from a front door: "" where it did not check the login)
     client_properties: bytes  # connection.start-ok's client properties, as an AMQP field table
     frame_max: int  # negotiated in tune-ok
     channel_max: int

@@ -51,8 +51,9 @@ def test_the_groups_are_led_by_different_nodes_and_every_node_reaches_both(group
 
 
 def test_a_wrong_password_is_refused_with_403_by_the_leader(grouped):
-    """The front door checks no login: the group's leader refuses it, after connection.open (pika then says
-    ProbableAccessDeniedError where it says ProbableAuthenticationError for a refusal after start-ok)."""
+    """A front door whose worker leads its group refuses the login at start-ok; any other cannot check it, and the
+    vhost's group leader refuses it after connection.open (pika then says ProbableAccessDeniedError where it says
+    ProbableAuthenticationError for a refusal after start-ok): either way with 403."""
     cluster, observers = grouped
     led = wait_for(lambda: leaders(observers), 30, "a leader in each group")
     forwarded = next(node for node in "abc" if node != led[1])  # a node that forwards the client to another

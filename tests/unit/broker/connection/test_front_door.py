@@ -1,11 +1,14 @@
 """The front door of a clustered node's workers (broker.connection.front_door): the handshake up to connection.open
-answered without a login, then the client sent where its vhost is led with every byte it sent."""
+(the login checked where the process holds the node's users, else not), then the client sent where its vhost is
+led with every byte it sent."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import struct
+import time
+from types import SimpleNamespace
 
 import pytest
 import uvloop
@@ -14,6 +17,8 @@ from pamqp import commands as spec
 from broker.config import Config
 from broker.connection.front_door import TURNED_AWAY, FrontDoor, FrontDoors, refused
 from broker.connection.handoff import handoff_pair, receive_all
+from broker.connection.login_throttle import LoginThrottle
+from broker.model.node import Node
 from protocol import node_proof, proxy_header
 from protocol.stream_start import Forwarding, NotProven, StartReader
 from protocol.codec import decode_method, encode_method
@@ -40,14 +45,14 @@ SECRET = "the cluster's secret"
 class Door:
     """A front door on a loopback port whose routes the test sets, of a node that knows secret."""
 
-    def __init__(self, route, secret: str = SECRET):
+    def __init__(self, route, secret: str = SECRET, users=None):
         self.asked: list[tuple[str | None, bool]] = []
 
         def asked(vhost, forwarded):
             self.asked.append((vhost, forwarded))
             return route
 
-        self.doors = FrontDoors(Config(), "1.2.3", "Python 3", asked, lambda: secret)
+        self.doors = FrontDoors(Config(), "1.2.3", "Python 3", asked, lambda: secret, users=lambda: users)
         self.listener = None
 
     async def __aenter__(self):
@@ -87,16 +92,30 @@ async def handshake(reader, writer, rest: bytes = b"") -> None:
     writer.write(TUNE_OK + OPEN + rest)
 
 
-def test_a_client_of_a_vhost_with_no_leader_is_told_so_after_open():
+def test_a_client_of_a_vhost_with_no_leader_is_told_it_is_down_after_open():
     async def test():
         async with Door("vhost 'orders' is unavailable: no leader") as door:
             reader, writer = await door.client()
             await handshake(reader, writer)
             close = await read_frame(reader)
-            assert (close.reply_code, close.reply_text) == (541, "INTERNAL_ERROR - vhost 'orders' is unavailable: "
-                                                                 "no leader")
+            assert (close.reply_code, close.reply_text, close.class_id, close.method_id) == (
+                541, "INTERNAL_ERROR - access to vhost 'orders' refused for user 'guest': vhost 'orders' is down",
+                10, 40)  # (RabbitMQ's answer, naming connection.open)
             assert door.asked == [("orders", False)]
             assert await reader.read() == b""
+    run(test)
+
+
+def test_where_the_process_holds_the_users_a_down_vhost_is_refused_after_the_access_check():
+    async def test():
+        users = holding_users()
+        users.node.add_vhost("orders")
+        async with Door("vhost 'orders' is unavailable: no leader", users=users) as door:
+            reader, writer = await door.client()
+            await handshake(reader, writer)
+            close = await read_frame(reader)
+            assert (close.reply_code, close.reply_text) == (
+                530, "NOT_ALLOWED - access to vhost 'orders' refused for user 'guest'")  # (no permission there)
     run(test)
 
 
@@ -305,4 +324,70 @@ def test_a_client_the_other_node_turns_away_is_told_to_come_again():
                 assert await reader.read() == b""
         finally:
             node.close()
+    run(test)
+
+
+def holding_users(delay: float = 0.0) -> SimpleNamespace:
+    """The part of a broker a front door checks logins with: the node's users (guest/guest), the throttle."""
+    node = Node()
+    node.put_user("guest", "guest")
+    return SimpleNamespace(node=node, config=Config(failed_login_delay=delay), failed_logins=LoginThrottle())
+
+
+def start_ok(password: str, failure_close: bool = True) -> bytes:
+    capabilities = {"authentication_failure_close": True} if failure_close else {}
+    return encode_method(0, spec.Connection.StartOk(
+        client_properties={"product": "test", "capabilities": capabilities}, mechanism="PLAIN",
+        response=f"\0guest\0{password}", locale="en_US"))
+
+
+def test_where_the_process_holds_the_users_a_wrong_login_is_refused_at_start_ok_as_a_broker_refuses_it():
+    async def test():
+        users = holding_users()
+        async with Door("unused", users=users) as door:
+            for failure_close in (True, False):
+                reader, writer = await door.client()
+                assert isinstance(await read_frame(reader), spec.Connection.Start)
+                writer.write(start_ok("wrong", failure_close))
+                if failure_close:  # 403, where a broker that did not check would have sent connection.tune
+                    close = await read_frame(reader)
+                    assert (close.reply_code, close.reply_text) == (
+                        403, "ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN. For details "
+                             "see the broker logfile.")
+                assert await reader.read() == b""  # (a client that expects no close: the socket closes)
+            assert door.asked == []
+            assert (users.node.counters.auth_attempts, users.node.counters.auth_failed) == (2, 2)
+    run(test)
+
+
+def test_a_refused_login_at_the_front_door_waits_as_long_as_the_throttle_asks():
+    async def test():
+        delay = 0.2
+        async with Door("unused", users=holding_users(delay)) as door:
+            waits = []
+            for _ in range(2):
+                reader, writer = await door.client()
+                await read_frame(reader)
+                sent = time.monotonic()
+                writer.write(start_ok("wrong"))
+                assert (await read_frame(reader)).reply_code == 403
+                waits.append(time.monotonic() - sent)
+            assert waits[0] < delay <= waits[1], waits  # the second refusal from the address waits
+    run(test)
+
+
+def test_a_right_login_goes_on_to_its_worker_with_the_user_it_logged_in():
+    async def test():
+        receiving, sending = handoff_pair()
+        users = holding_users()
+        try:
+            async with Door(sending, users=users) as door:
+                reader, writer = await door.client()
+                await handshake(reader, writer)
+                _, handed = await handed_over(receiving)
+                assert (handed.answered, handed.user, handed.data) == (2, "guest", HANDSHAKE)
+                assert users.node.counters.auth_attempts == 1  # (the worker takes the user, and counts nothing)
+        finally:
+            receiving.close()
+            sending.close()
     run(test)
