@@ -7,8 +7,9 @@ Every key lives under a cluster's prefix:
   {prefix}/members/{id}    each node's Member as JSON, bound to that node's lease
   {prefix}/secret          the replication secret, written once by whichever node comes first
 
-Coordinator is what the cluster code speaks; EtcdCoordinator (cluster/etcd.py) is the real one, MemoryCoordinator
-(tests/unit/cluster/fake_etcd.py) an in-memory fake for unit tests, several of which share one MemoryEtcd.
+Coordinator is what the cluster code speaks; EtcdCoordinator (cluster/etcd.py) is the real one, WalkoverCoordinator
+(cluster/walkover.py) the one of a node outside a cluster, MemoryCoordinator (tests/unit/cluster/fake_etcd.py) an
+in-memory fake for unit tests, several of which share one MemoryEtcd.
 """
 
 from __future__ import annotations
@@ -157,6 +158,7 @@ class Coordinator(Protocol):
 
     node_id: str
     lease_ttl: float  # seconds the lease lives without a keepalive
+    followed: bool  # other nodes follow the group's leader (False: a group of one, cluster.walkover)
 
     @property
     def lease_id(self) -> int:
@@ -227,6 +229,8 @@ class Coordinator(Protocol):
 
 class LeaseHolder:
     """What every coordinator keeps of its node: its keys, its id, and its lease with the proof it is alive."""
+
+    followed = True  # (Coordinator.followed)
 
     def __init__(self, prefix: str, node_id: str, lease_ttl: float) -> None:
         self.keys = Keys(prefix)

@@ -27,12 +27,13 @@ from pathlib import Path
 from typing import Protocol
 
 from broker.config import Config, ConfigError, read_secret
-from broker.connection.server import Server, StartupError
+from broker.connection.server import SHUTDOWN_GRACE, Server, StartupError
 from broker.connection.tls import TlsError, node_contexts
 from cluster.coordinator import Coordinator, CoordinatorError, CoordinatorUnavailable, Member, Replica, find_copy
 from cluster.follower import ReplicaClient
 from cluster.replication import LeadershipLost, ReplicationServer
 from cluster.state import identity, read_epoch, write_epoch
+from cluster.walkover import Unfollowed, WalkoverCoordinator
 from storage.lock import DataDirLock, DataDirLocked
 
 log = logging.getLogger("cluster")
@@ -45,8 +46,10 @@ UNHEALTHY = "the store's writes fail: the lease is not renewed, so that a node w
 
 
 def make_coordinator(config: Config, group: int = 0) -> Coordinator:
-    """The coordinator of one replication group: group 0's keys are the cluster's own (a cluster of one group
-    keeps them where they always were), group k's are under groups/k."""
+    """The coordinator of one replication group: outside a cluster, a walkover; in one, etcd's, where group 0's keys
+    are the cluster's own (a cluster of one group keeps them where they always were), group k's under groups/k."""
+    if not config.cluster_etcd_endpoints:
+        return WalkoverCoordinator(config.cluster_node_id)
     from cluster.etcd import EtcdCoordinator  # only a clustered node needs etcd's client
 
     prefix = f"/warren/{config.cluster_name}" + (f"/groups/{group}" if group else "")
@@ -89,7 +92,7 @@ class ClusterNode:
         self.node = config.cluster_node_id
         self.data_dir = Path(config.data_dir)
         self.coordinator = coordinator
-        self.ttl = config.cluster_lease_ttl
+        self.ttl = coordinator.lease_ttl
         self.data_dir_identity = ""  # (cluster.state) read or made as the node starts: the ISR names copies by it
         self.member = Member(self.node, self._advertised(), config.port, self._advertised(),
                              config.cluster_replication_port, management_port=config.management_port,
@@ -110,6 +113,8 @@ class ClusterNode:
         self._campaign_after = 0.0  # monotonic time before which this node does not campaign (it stepped aside)
         self._joining = asyncio.Lock()  # one _join_cluster at a time (the lease keeper and a leadership's end)
         self._stopping = False
+        # the levels of the lines that tell of the group's life, which a group of one leads without a word
+        self.info, self.warning = (logging.INFO, logging.WARNING) if coordinator.followed else (logging.DEBUG,) * 2
 
     def _advertised(self) -> str:
         return self.config.cluster_advertise_host or self.config.host
@@ -134,7 +139,7 @@ class ClusterNode:
     async def _live(self) -> None:
         self.data_dir_identity = await asyncio.get_running_loop().run_in_executor(None, identity, self.data_dir)
         self.member = dataclasses.replace(self.member, dir=self.data_dir_identity)
-        log.info("data dir %s has identity %s", self.data_dir, self.data_dir_identity)
+        log.log(self.info, "data dir %s has identity %s", self.data_dir, self.data_dir_identity)
         await self._join_cluster()
         keeper = asyncio.ensure_future(self._keep_lease())
         try:
@@ -260,10 +265,12 @@ class ClusterNode:
         try:
             reason, stepped_aside = await self._lead(epoch)
         except Exception as error:  # say a data dir that cannot be recovered: another node may do better
+            if not self.coordinator.followed:  # no other node can: the worker ends, and says why
+                raise
             log.error("cannot lead: %s", error, exc_info=not isinstance(error, (OSError, StartupError)))
             reason = f"it could not start: {error}"
             await asyncio.sleep(RETRY * 5)
-        log.warning("stopped leading (epoch %d): %s", epoch, reason)
+        log.log(self.warning, "stopped leading (epoch %d): %s", epoch, reason)
         if stepped_aside:
             self._campaign_after = time.monotonic() + self.ttl
         await self.coordinator.close()  # the lease goes, and the leader key with it (or it lapses by itself)
@@ -272,14 +279,16 @@ class ClusterNode:
 
     async def _lead(self, epoch: int) -> tuple[str, bool]:
         """Serve as the leader of ``epoch`` until leadership must end; returns why, and whether it stepped aside."""
-        log.info("leading the cluster (epoch %d)", epoch)
+        log.log(self.info, "leading the cluster (epoch %d)", epoch)
         self.role = "leader"
         self._lost = asyncio.get_running_loop().create_future()
         await asyncio.get_running_loop().run_in_executor(None, write_epoch, self.data_dir, epoch)
         server = self.group.server(self.config)
-        replication = ReplicationServer(server.store, self.coordinator, self.node, self.data_dir_identity, epoch,
-                                        self.secret, self.config.cluster_min_insync, self.config.cluster_ack_timeout,
-                                        self._lose, self.replication_group)
+        replication: ReplicationServer | Unfollowed = Unfollowed()
+        if self.coordinator.followed:
+            replication = ReplicationServer(
+                server.store, self.coordinator, self.node, self.data_dir_identity, epoch, self.secret,
+                self.config.cluster_min_insync, self.config.cluster_ack_timeout, self._lose, self.replication_group)
         watcher = None
         try:
             await replication.start(self.config.host, self.config.cluster_replication_port,
@@ -300,7 +309,7 @@ class ClusterNode:
             self.group.announce(None)
             if watcher is not None:
                 watcher.cancel()
-            await server.stop(grace=0)
+            await server.stop(grace=SHUTDOWN_GRACE if self._stopping else 0)  # (a new leader serves: at once)
             await replication.stop()
 
     async def prefer(self, node: str | None) -> None:

@@ -1,15 +1,17 @@
-"""One worker process of a clustered node ([cluster] with workers = W): worker k of every node is a member of
-replication group k (cluster.groups), and the node that leads the group serves the group's vhosts from worker k's
-store (data_dir/workers/k; worker 0's is the data dir), replicated to worker k of every other node.
+"""One worker process of a node of W workers: worker k of every node is a member of replication group k
+(cluster.groups), and the node that leads the group serves the group's vhosts from worker k's store
+(data_dir/workers/k; worker 0's is the data dir), replicated to worker k of every other node. Outside a cluster
+(``--workers``) each group has one member, which leads it by walkover (cluster.walkover), and the vhosts are where
+the supervisor records them (placement.json) rather than where their names hash to.
 
 Every worker is also a front door of the node's AMQP port (broker.connection.front_door): it answers a client's
 handshake up to connection.open and sends the client to the worker that leads its vhost's group, on this node
 (a hand-off of the socket) or another (a forward to that node's port). Which node leads each group, the node's
 workers post on the supervisor's board (broker.workers.board) as they learn it.
 
-Started by the supervisor (broker.workers.supervisor) as ``python -m cluster.worker CONTROL_FD PID``. The control
-socket carries the supervisor's instructions, then this worker's ``{"serving": true}`` (or ``{"refused": "..."}``);
-the worker stops when the supervisor closes it, or on SIGTERM or SIGINT.
+Started by the supervisor (broker.workers.supervisor) as ``python -m cluster.worker CONTROL_FD PID``, with the
+control socket broker.workers.control describes; the worker stops when the supervisor closes it, or on SIGTERM or
+SIGINT.
 """
 
 from __future__ import annotations
@@ -23,28 +25,32 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Union
 
 from aiohttp import web
+from pamqp import commands as spec
 
 from broker import logs
 from broker.config import Config
 from broker.connection.alarms.memory import memory_limit
 from broker.connection.front_door import FrontDoors, Route, open_doors, refused
 from broker.connection.greeting import platform_name
-from broker.connection.handoff import receive_all
-from broker.connection.server import GC_THRESHOLD, Server, StartupError, stop_on_signals, version
+from broker.connection.connection import Connection
+from broker.connection.handoff import HandedOver, receive_all
+from broker.connection.server import GC_THRESHOLD, Leadership, Server, StartupError, stop_on_signals, version
 from broker.connection.tls import server_context
 from broker.management import http
 from broker.management.app import make_app, unavailable
 from broker.management.prometheus import make_prometheus_app
 from broker.management.views.nodes import node_entry
-from broker.model.definitions import of_vhosts
+from broker.model.definitions import VHOST_SECTIONS, export_node_wide, of_vhosts
 from broker.model.node import Node
 from broker.workers.board import CLUSTER_SECRET, BoardCopy, group_key, members_key
+from broker.workers.control import CONTROL_LINE_LIMIT, WorkerControl, receive, run_worker, send
 from broker.workers.logins import NodeLoginThrottle
-from broker.workers.placement import HashedPlacement, pins_of, worker_data_dir
-from broker.workers.worker import Adoption, receive, run_worker, send
+from broker.workers.placement import HashedPlacement, RecordedPlacement, pins_of, worker_data_dir
+from protocol.codec import encode_method
+from protocol.constants import INTERNAL_ERROR
 from cluster.coordinator import CoordinatorError, Member
 from cluster.groups import DEFAULT_GROUP, led_by, members_posted, posted
 from cluster.node import ClusterNode, make_coordinator
@@ -53,12 +59,15 @@ log = logging.getLogger("cluster")
 
 FIRST_ELECTIONS_IN_ORDER = 0.1  # seconds between looks at the board while the groups before this one elect
 
+Placement = Union[HashedPlacement, RecordedPlacement]
+
 
 class GroupWorker:
     """This worker's group: the broker it leads with, the routes of its front doors, and when it campaigns."""
 
-    def __init__(self, config: Config, number: int, groups: HashedPlacement, board: BoardCopy,
-                 senders: dict[int, socket.socket], logins: NodeLoginThrottle):
+    def __init__(self, config: Config, number: int, groups: Placement, board: BoardCopy,
+                 senders: dict[int, socket.socket], logins: NodeLoginThrottle, node_wide: dict | None = None,
+                 leadership: Leadership | None = None):
         self.config = config
         self.number = number  # this worker's number, and its group's
         self.groups = groups
@@ -75,6 +84,12 @@ class GroupWorker:
         # what a group leader's broker reports of its part (broker.connection.server.WorkerRole)
         self.keeps_node_definitions = True  # every group keeps the node-wide definitions its config gives
         self.led: set[str] = set()
+        # The first worker's node-wide definitions (users, vhosts, permissions), for a worker started again whose
+        # group has no other copy to catch up from (outside a cluster); None: its own are current
+        self.node_wide = node_wide
+        # how an operator moves its vhosts: the group's own leader preference in etcd, or outside a cluster Placed
+        self.leadership: Leadership = leadership or self
+        self.leading = asyncio.Event()  # set once this node first leads the group
 
     def why_not(self) -> str:
         """Why this worker's group has no leader, as its node sees it ("": no reason known, an election under way)."""
@@ -89,15 +104,22 @@ class GroupWorker:
     def server(self, config: Config) -> Server:
         server = Server(config, role=self, accepting=False)
         server.failed_logins = self.logins
-        server.leadership = self
+        server.leadership = self.leadership
         return server
 
     def announce(self, leader: Member | None) -> None:
         self.board.post({group_key(self.number): posted(leader)})
         assert self.cluster is not None
         server = self.cluster.server if leader is not None and leader.node_id == self.node_id else None
+        if server is not None:
+            self.leading.set()
         for internal in self.internal:
             internal.show(server, leader)
+
+    def export(self) -> dict | None:
+        """The node-wide definitions while this worker leads its group (None while it does not)."""
+        assert self.cluster is not None
+        return export_node_wide(self.cluster.server.node) if self.cluster.server is not None else None
 
     def hold(self, candidates: list[str]) -> float:
         """A node lets another that could lead the group, and leads fewer groups, campaign first, for one lease (so
@@ -149,11 +171,26 @@ class GroupWorker:
     # --- broker.connection.server.WorkerRole ----------------------------------------------------------------
     async def boot_definitions(self, document: dict, found: list[str], node: Node) -> dict:
         """Every group holds the node-wide definitions (users, vhosts, permissions); the vhosts' contents only where
-        they live."""
-        self.led = {name for name in node.vhosts if self.groups.of(name) == self.number}
+        they live. The first worker's vhosts are recorded where they are not yet (outside a cluster)."""
+        if self.node_wide is not None:
+            self._forget_what_the_first_worker_has_not(node)
+            document = {**self.node_wide, **{key: document[key] for key in VHOST_SECTIONS if key in document}}
         named = [item.get("name") for item in document.get("vhosts", []) if isinstance(item, dict)]
-        self.led |= {name for name in named if isinstance(name, str) and self.groups.of(name) == self.number}
+        planned = sorted(set(node.vhosts) | {name for name in named if isinstance(name, str)})
+        if self.number == 0:
+            await self.groups.record(planned, found)
+        self.led = {name for name in planned if self.groups.of(name) == self.number}
         return of_vhosts(document, self.led)
+
+    def _forget_what_the_first_worker_has_not(self, node: Node) -> None:
+        """Users and permissions this store kept that the first worker no longer has (its copy is the node's)."""
+        assert self.node_wide is not None
+        users = {item["name"] for item in self.node_wide["users"]}
+        permissions = {(item["vhost"], item["user"]) for item in self.node_wide["permissions"]}
+        for name in [name for name in node.users if name not in users]:
+            node.delete_user(name)
+        for vhost, user in [key for key in node.permissions if key not in permissions]:
+            node.clear_permissions(user, vhost)
 
     # --- the front doors ------------------------------------------------------------------------------------
     def route(self, vhost: str | None, forwarded: bool) -> Route:
@@ -168,6 +205,74 @@ class GroupWorker:
         return leader["host"], leader["tls_port"] if self.config.cluster_tls else leader["port"]
 
 
+class Placed:
+    """Which worker leads a vhost of a node outside a cluster, as the management API shows it and an operator
+    chooses it (broker.connection.server.Leadership): this worker checks a request to move one, and the supervisor,
+    which passed the request on, moves it once this worker has accepted it (broker.workers.api,
+    broker.workers.moving)."""
+
+    def __init__(self, placement: RecordedPlacement, workers: int, pins: dict[str, int]):
+        self.placement = placement
+        self.workers = workers  # how many the node runs
+        self.pins = pins  # vhost -> the worker its [[vhosts]] table pins it to
+
+    async def state(self, vhost: str) -> dict:
+        pinned = self.pins.get(vhost)
+        return {"node": http.worker_name(self.placement.of(vhost)),
+                "pinned": http.worker_name(pinned) if pinned is not None else None}
+
+    async def pin(self, vhost: str, node: str | None) -> None:
+        if node is None:
+            raise ValueError("a vhost stays on its worker until it is moved to another (PUT {\"node\": ...}): there "
+                             "is no choice to clear")
+        number = http.worker_named(node, self.workers)
+        if number is None:
+            names = ", ".join(http.worker_name(number) for number in range(self.workers))
+            raise ValueError(f"node '{node}' is not a worker of this broker (its workers: {names})")
+        pinned = self.pins.get(vhost)
+        if pinned is not None and pinned != number:
+            raise ValueError(f"vhost '{vhost}' is pinned to {http.worker_name(pinned)} by the config ([[vhosts]] "
+                             "worker): change the pin to move it")
+
+
+class Adoption:
+    """Connections handed to this worker become connections of the broker that serves here; while none does (it
+    has stopped leading its group), the client is told to come again."""
+
+    def __init__(self, serving: Callable[[], Server | None]):
+        self.serving = serving
+        self.adopting: set[asyncio.Task] = set()  # hand-offs whose sockets are being attached to the loop
+
+    def take(self, client: socket.socket, handed: HandedOver) -> None:
+        server = self.serving()
+        if server is None or not server.serving:
+            refuse(client, "INTERNAL_ERROR - vhost unavailable: its leader changed while the connection was handed "
+                           "to it; connect again")
+            return
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(loop.connect_accepted_socket(lambda: Connection(server, handed), client))
+        self.adopting.add(task)
+        task.add_done_callback(lambda done: self._adopted(done, client, handed))
+
+    def _adopted(self, task: asyncio.Task, client: socket.socket, handed: HandedOver) -> None:
+        self.adopting.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # (the socket closed under it, say)
+            log.warning("dropped a connection from %s handed over by a front door: %s", handed.peer[0],
+                        task.exception())
+            client.close()
+
+
+def refuse(client: socket.socket, text: str) -> None:
+    """Close a handed connection with 541 and text, as far as its socket takes it at once."""
+    client.setblocking(False)
+    try:
+        client.send(encode_method(0, spec.Connection.Close(reply_code=INTERNAL_ERROR, reply_text=text, class_id=0,
+                                                                method_id=0)))
+    except OSError:
+        pass
+    client.close()
+
+
 class InternalSocket:
     """A worker's management API, or its Prometheus endpoint, on its internal socket: its broker's while it leads
     its group, else a 503 that says who does (but for the API's /api/nodes, which lists every worker). Each is
@@ -180,10 +285,12 @@ class InternalSocket:
         self.why_not = why_not  # why no node leads the group, while none does ("": an election under way)
         self.following = following  # this worker's /api/nodes entry while it follows (None: a 503 there too)
         self.fd = -1  # the socket's, once serving
+        self.shown: tuple[Server | None, Member | None] = (None, None)  # the broker and the leader last shown
         self.runner: web.AppRunner | None = None
         self.switching: asyncio.Task | None = None  # the last switch asked for (each waits for the one before)
 
     def show(self, server: Server | None, leader: Member | None) -> None:
+        self.shown = server, leader
         if self.fd < 0:
             return
         if server is not None:
@@ -221,8 +328,11 @@ class InternalSocket:
         self.runner = runner
 
     async def start(self, fd: int) -> None:
+        """Serve on the socket: listening once this returns (the worker then says it serves)."""
         self.fd = fd
-        self.show(None, None)
+        self.show(*self.shown)
+        assert self.switching is not None
+        await asyncio.wait([self.switching])
 
     async def stop(self) -> None:
         if self.switching is not None:
@@ -274,13 +384,14 @@ def group_config(config: Config, number: int, workers: int) -> Config:
     base = config.cluster_replication_port
     return dataclasses.replace(
         config, data_dir=str(worker_data_dir(Path(config.data_dir), number)),
+        cluster_node_id=config.cluster_node_id or http.UNCLUSTERED_NODE,
         cluster_replication_port=base + number if base else 0,
         memory_limit=max(1, memory_limit(config.memory_high_watermark, config.memory_limit) // workers))
 
 
-async def serve(control: socket.socket) -> None:
+async def serve(control_socket: socket.socket) -> None:
     gc.set_threshold(GC_THRESHOLD)
-    reader, writer = await asyncio.open_connection(sock=control)
+    reader, writer = await asyncio.open_connection(sock=control_socket, limit=CONTROL_LINE_LIMIT)
     instructions = await receive(reader)
     number, workers = instructions["worker"], instructions["workers"]
     config = group_config(Config(**instructions["config"]), number, workers)
@@ -289,18 +400,40 @@ async def serve(control: socket.socket) -> None:
     board = BoardCopy(socket.socket(fileno=instructions["board"]))
     senders = {int(other): socket.socket(fileno=fd) for other, fd in instructions["senders"].items()}
     logins = NodeLoginThrottle(socket.socket(fileno=instructions["logins"]))
-    group = GroupWorker(config, number, HashedPlacement(workers, pins_of(config.vhosts)), board, senders, logins)
-    cluster = group.cluster = ClusterNode(config, make_coordinator(config, number), group)
+    control = WorkerControl(reader, writer)
+    coordinator = make_coordinator(config, number)
+    pins = pins_of(config.vhosts)
+    groups: Placement = HashedPlacement(workers, pins)
+    leadership: Leadership | None = None  # (None: the group's leader preference)
+    if not coordinator.followed:  # its vhosts are where the supervisor records them, and move between workers
+        groups = RecordedPlacement(instructions["placement"] or {}, control.ask)
+        control.placed = groups.told
+        leadership = Placed(groups, workers, pins)
+    group = GroupWorker(config, number, groups, board, senders, logins, instructions["node"], leadership)
+    control.export = group.export
+    cluster = group.cluster = ClusterNode(config, coordinator, group)
     if number == 0 and (refusal := await agree_on_workers(cluster, workers)) is not None:
         await send(writer, {"refused": refusal})
         raise StartupError(refusal)
     await board.start()
     await logins.start()
+    loop = asyncio.get_running_loop()
+    stop = stop_on_signals()
+    following = loop.create_task(control.follow())
+    following.add_done_callback(lambda _: stop.set())  # the supervisor has gone
+    running = loop.create_task(cluster.run(stop))
+    if not coordinator.followed:  # a group of one serves before its worker says so, as a one-process broker does
+        leading = loop.create_task(group.leading.wait())
+        await asyncio.wait([leading, running], return_when=asyncio.FIRST_COMPLETED)
+        leading.cancel()
+        if running.done():
+            error = running.exception() if not running.cancelled() else None
+            await send(writer, {"refused": str(error) if error is not None else "it stopped before it served"})
+            raise StartupError(str(error))
     doors = FrontDoors(config, version(), platform_name(), group.route,
                        lambda: board.entries.get(CLUSTER_SECRET) or "",  # (group 0's: one for the whole cluster)
                        towards=cluster.tls[1] if cluster.tls else None, users=lambda: cluster.server)
     board.changed = doors.reroute  # (a group's leader moved: the clients forwarded to the old one go again)
-    loop = asyncio.get_running_loop()
     listeners = [await open_doors(doors, sock=socket.socket(fileno=instructions["listening"]))]
     if instructions["listening_tls"] is not None:  # amqps: the TLS session ends at the front door
         listeners.append(await open_doors(doors, server_context(config),
@@ -311,14 +444,14 @@ async def serve(control: socket.socket) -> None:
     for internal, fd in zip(group.internal, (instructions["api"], instructions["metrics"])):
         await internal.start(fd)
     keeping_up = loop.create_task(keep_up(cluster, board, number))
-    stop = stop_on_signals()
-    control_closed = loop.create_task(reader.read())
-    control_closed.add_done_callback(lambda _: stop.set())  # the supervisor has gone
-    await send(writer, {"serving": True, "node": None})
+    # (the first worker outside a cluster gives its node-wide definitions, which a worker started again copies)
+    node_wide = group.export() if number == 0 and not coordinator.followed else None
+    await send(writer, {"serving": True, "node": node_wide})
     try:
-        await cluster.run(stop)
+        await running
     finally:
         keeping_up.cancel()
+        following.cancel()
         for internal in group.internal:
             await internal.stop()
         loop.remove_reader(receiving.fileno())

@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 peer_log = PeerLog(log)  # every line about one client goes through here, so that no client can flood the log
-SPLICING: set[asyncio.Task] = set()  # TLS connections being joined to the worker they were handed to
 
 _CLASS_METHOD: Final = struct.Struct(">HH")
 _METHOD_INDEX: Final = struct.Struct(">I")  # a method frame's class and method ids, as protocol.constants numbers them
@@ -83,10 +82,10 @@ CLOSED: Final = State.CLOSED
 # Every move a connection makes, in one table (as h11's _state.py): a state -> the states it may go to. Any state
 # may end CLOSED (the socket lost or dropped); a handshake error closes (CLOSING) or drops the socket.
 MOVES: Final[dict[State, frozenset[State]]] = {
-    AWAIT_HEADER: frozenset({AWAIT_START_OK, AWAIT_OPEN, CLOSED}),  # AWAIT_OPEN: handed over by another worker
+    AWAIT_HEADER: frozenset({AWAIT_START_OK, CLOSED}),
     AWAIT_START_OK: frozenset({AWAIT_TUNE_OK, CLOSING, DRAINING, CLOSED}),
     AWAIT_TUNE_OK: frozenset({AWAIT_OPEN, CLOSING, DRAINING, CLOSED}),
-    AWAIT_OPEN: frozenset({OPEN, CLOSING, DRAINING, CLOSED}),  # CLOSED also when handed to another worker
+    AWAIT_OPEN: frozenset({OPEN, CLOSING, DRAINING, CLOSED}),
     OPEN: frozenset({CLOSING, DRAINING, CLOSED}),  # DRAINING: the client closed, we answered close-ok
     CLOSING: frozenset({DRAINING, CLOSED}),
     DRAINING: frozenset({CLOSED}),
@@ -94,6 +93,7 @@ MOVES: Final[dict[State, frozenset[State]]] = {
 }
 
 HANDSHAKE_TIMEOUT: Final = 10.0  # seconds a client has to complete the handshake (RabbitMQ's default)
+SHUTDOWN: Final = "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'"  # (its reply text)
 CLOSE_OK_TIMEOUT: Final = 3.0  # seconds we wait for connection.close-ok after sending connection.close
 # Seconds we go on reading (and discarding) after the close exchange, until the peer closes its socket: closing
 # ours while its frames are still arriving would reset the connection and lose our close-ok (RabbitMQ's
@@ -116,15 +116,15 @@ FLOW_MAX_PAUSE: Final = 0.1
 class Connection(asyncio.Protocol):
     def __init__(self, server: "Server", handed: handoff.HandedOver | None = None):
         self.server = server
-        # The handshake another worker process ran for this connection up to connection.open (its socket was
-        # handed to this one, which leads the vhost); None for a connection accepted here
+        # The handshake a front door answered for this connection, whose socket it handed to this process (which
+        # leads the vhost); None for a connection accepted here
         self.handed = handed
         config = server.config
         self.vhost: VirtualHost | None = None  # the VirtualHost connection.open chose
         self.loop = asyncio.get_running_loop()
         self.transport: Transport | None = None  # from connection_made on
         self.state: State = AWAIT_HEADER  # changed only by _enter, along MOVES
-        # reads the protocol header (None once read, or for a connection another worker or a front door read it for)
+        # reads the protocol header (None once read, or for a connection a front door read it for)
         self.start: StartReader | None = None
         self.reader = FrameReader(FRAME_MIN_SIZE)  # RabbitMQ accepts only 4096-byte frames until tune-ok
         self.frame_max: int = config.frame_max  # negotiated in tune-ok
@@ -165,15 +165,9 @@ class Connection(asyncio.Protocol):
         self.peer_port = 0  # and its port
         self.local: tuple[Any, ...] | None = None  # (host, port) the client connected to: ours, or its proxy's
         self.connected_at = 0  # wall-clock milliseconds when the socket was accepted (shown by the management API)
-        # the client speaks TLS (amqps): here, to the worker that handed the connection over, or to the cluster node
-        # that forwarded it (its PROXY header says so)
+        # the client speaks TLS (amqps): here, to the front door that handed the connection over, or to the cluster
+        # node that forwarded it (its PROXY header says so)
         self.tls = False
-        # Where connection.open asked to go when another worker process leads that vhost: the socket to hand the
-        # connection to, once the frame is read
-        self.leader: "socket.socket | None" = None
-        # The client's bytes from connection.open on, held with its socket until the transport has written what this
-        # worker owed the client (connection.start and tune, when the client sent its handshake in one write)
-        self.handing: bytes | None = None
         self.refusal: Refusal | None = None  # a refused login waiting to be answered: nothing the client sends is read
 
     # --- state -------------------------------------------------------------------------------------------------
@@ -201,7 +195,7 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(Transport, transport)  # a stream transport: this protocol is served over TCP
         sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family != socket.AF_UNIX:  # (a TLS connection another worker keeps is not TCP)
+        if sock is not None and sock.family != socket.AF_UNIX:  # (a TLS connection a front door keeps is not TCP)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.tls = transport.get_extra_info("sslcontext") is not None
         if self.handed is None:  # (a handed connection's ends are the client's, which its state names)
@@ -214,29 +208,9 @@ class Connection(asyncio.Protocol):
             self._take_over(self.handed)
 
     def _take_over(self, handed: handoff.HandedOver) -> None:
-        """Carry on a handshake another worker ran up to connection.open, then read what it read from there on; or
-        run one a front door answered without a login, from start-ok on."""
-        self._set_ends(tuple(handed.peer), tuple(handed.local))
-        if handed.answered:
-            self._replay(handed)
-            return
-        self.user = handed.user
-        self.client_properties = handed.properties()
-        self.client_capabilities = capabilities(self.client_properties)
-        self.frame_max = self.reader.frame_max = handed.frame_max
-        self.channel_max = handed.channel_max
-        self.heartbeat = handed.heartbeat
-        self.connected_at = handed.connected_at
-        self.tls = handed.tls
-        self.received_bytes = handed.received_bytes
-        self.sent_bytes = handed.sent_bytes
-        self._enter(AWAIT_OPEN)
-        if handed.data:
-            self.data_received(handed.data)
-
-    def _replay(self, handed: handoff.HandedOver) -> None:
         """A front door sent connection.start (and connection.tune, if it read a start-ok) and kept what the client
         sent after its protocol header: read that as if it came now, leaving unsent what the client has had."""
+        self._set_ends(tuple(handed.peer), tuple(handed.local))
         self.connected_at = handed.connected_at
         self.tls = handed.tls
         self.sent_bytes = handed.sent_bytes
@@ -268,20 +242,12 @@ class Connection(asyncio.Protocol):
         self.received_bytes += len(data)
         # Until tune-ok, a frame at a time: tune-ok sets the frame_max that the frames after it, sent in the same
         # write, are judged by (RabbitMQ reads each frame with the limits of its time).
-        # connection.open too, as it may hand the socket to another worker with the bytes that follow it.
         reader = self.reader
         while data and self._handshaking() and self.refusal is None:
-            if self.handing is not None:  # (read as reading paused for the hand-off): it goes along
-                self.handing += data
-                return
             end = reader.frame_end(data)
-            frame = reader.pending() + data[:end]
             if not self._feed(data[:end]) or self._close_done():
                 return  # a frame error drops the rest of the read, as it does below
             data = data[end:]
-            if self.leader is not None:
-                self._hand_off(frame + data)
-                return
         if data and self.refusal is None:
             self._feed(data)
         if self.read_this_turn > READ_BUDGET and self.state is OPEN:
@@ -449,9 +415,6 @@ class Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.write_paused = False
-        if self.handing is not None:
-            self._written_for_hand_off()
-            return
         self._resume_held()
         for channel in self.channels.values():
             channel.offer_credit({consumer.queue for consumer in channel.consumers.values()})
@@ -607,16 +570,6 @@ class Connection(asyncio.Protocol):
         self._enter(AWAIT_OPEN)
 
     def _open(self, method: spec.Connection.Open) -> None:
-        handoffs = self.server.handoffs
-        if handoffs is not None and self.handed is None:
-            name = method.virtual_host
-            if handoffs.leader_down(name):  # RabbitMQ's answer for a vhost that is down, after the access check
-                self.server.node.open_vhost(self.user, name)
-                raise errors.internal_error(f"access to vhost '{name}' refused for user '{self.user}': "
-                                            f"vhost '{name}' is down")
-            self.leader = handoffs.sender_for(name)
-            if self.leader is not None:
-                return  # handed to the worker that leads the vhost, which answers connection.open
         vhost = self.vhost = self.server.node.open_vhost(self.user, method.virtual_host)
         self._enter(OPEN)
         vhost.counters.connections_opened += 1
@@ -626,59 +579,6 @@ class Connection(asyncio.Protocol):
                       f" (client-provided name: {provided[:200]!r})" if isinstance(provided, str) else "")
         self.send_method(0, spec.Connection.OpenOk())
         self._start_heartbeats()
-
-    def _hand_off(self, data: bytes) -> None:
-        """Give the socket, what the handshake settled and the bytes read from connection.open on to the worker that
-        leads the vhost; this process then forgets the connection (the socket stays open in the other).
-
-        Every byte this worker owes the client goes before anything the other one writes: connection.start and tune,
-        still queued when the client sent its whole handshake in one write, are written now, and a socket whose
-        transport could not send them all at once (the client's window full) goes once it has: a transport's buffer
-        does not travel with the socket. Nothing is read meanwhile; the handshake timeout still runs. Over TLS the
-        transport stays here (the splice writes through it), so its buffer keeps its place in the stream."""
-        transport = self.transport
-        assert transport is not None and self.leader is not None, "connection.open came from it, for a leader"
-        transport.pause_reading()
-        self.flush()
-        if transport.get_write_buffer_size() and transport.get_extra_info("sslcontext") is None:
-            self.handing = data
-            transport.set_write_buffer_limits(high=0, low=0)  # pause_writing now, resume_writing once it is empty
-            return
-        self._hand_over(data)
-
-    def _written_for_hand_off(self) -> None:
-        """The transport has written everything: the socket held for a hand-off goes now, unless the connection
-        closed meanwhile (a handshake timeout, a shutdown, the client gone)."""
-        transport = self.transport
-        data, self.handing = self.handing, None
-        if data is None or transport is None or self.state is not AWAIT_OPEN:
-            return
-        transport.set_write_buffer_limits()  # the defaults again, should the hand-off fail and the close go here
-        self._hand_over(data)
-
-    def _hand_over(self, data: bytes) -> None:
-        """The socket goes now, with data: the client's bytes from connection.open on."""
-        transport = self.transport
-        assert transport is not None and self.leader is not None, "connection.open came from it, for a leader"
-        handed = handoff.HandedOver(
-            user=self.user, client_properties=handoff.encode_properties(self.client_properties),
-            frame_max=self.frame_max, channel_max=self.channel_max, heartbeat=self.heartbeat,
-            peer=[self.peer_address, self.peer_port],
-            local=list(self.local[:2]) if self.local else ["", 0], connected_at=self.connected_at,
-            received_bytes=self.received_bytes - len(data), sent_bytes=self.sent_bytes, tls=self.tls, data=data)
-        try:
-            handoff.hand_over(transport, self.leader, handed, SPLICING)
-        except OSError as error:
-            peer_log.warning(self.peer_address, "closing AMQP connection %s: cannot hand it to the worker that "
-                             "leads its vhost: %s", self.name, error)
-            self.leader = None
-            self.close(CONNECTION_FORCED, handoff.UNAVAILABLE)
-            return
-        log.debug("connection %s handed to the worker that leads its vhost", self.name)
-        self._enter(CLOSED)
-        if self.timer is not None:
-            self.timer.cancel()
-        self.server.connections.discard(self)
 
     def _handshake_timeout(self) -> None:
         if self._handshaking():
@@ -764,8 +664,7 @@ class Connection(asyncio.Protocol):
         self.timer = self.loop.call_later(CLOSE_OK_TIMEOUT, self._terminate)
 
     def close_for_shutdown(self) -> None:
-        self.close(CONNECTION_FORCED, "CONNECTION_FORCED - broker forced connection closure with reason "
-                                      "'shutdown'")
+        self.close(CONNECTION_FORCED, SHUTDOWN)
 
     def close_by_operator(self, reason: str) -> None:
         """An operator closed the connection, or deleted its user or vhost: 320 with reason, as RabbitMQ."""

@@ -37,7 +37,7 @@ from pamqp import commands as spec
 
 from broker.config import Config
 from broker.connection import greeting, handoff
-from broker.connection.connection import HANDSHAKE_TIMEOUT
+from broker.connection.connection import HANDSHAKE_TIMEOUT, SHUTDOWN
 from broker.connection.peer_log import PeerLog
 from broker.connection.auth import parse_response
 from broker.connection.refused_login import Refusal, check_login
@@ -99,10 +99,13 @@ class FrontDoors:
                 client.abort()
 
     def close(self) -> None:
-        """Drop every client here at once: in its handshake, being forwarded, or forwarded (whose connection on the
-        other node then closes too)."""
+        """Drop every client here at once: in its handshake (one that had connection.start is told of the shutdown,
+        as a broker tells it), being forwarded, or forwarded (whose connection on the other node then closes too)."""
         for door in list(self.open):
-            door.transport.abort()
+            if door.answered:
+                door.refuse(CONNECTION_FORCED, SHUTDOWN)
+            else:
+                door.transport.abort()
         for task in list(self.splicing):
             task.cancel()
         for client in list(self.joined):
@@ -144,6 +147,7 @@ class FrontDoor(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.refusal: Refusal | None = None  # a refused login waiting to be answered (nothing more is read)
         self.user = ""  # the user the start-ok names
+        self.owing: socket.socket | None = None  # where the socket goes once what is owed to the client is written
         self.checked = False  # its login was checked here, and accepted
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -169,6 +173,13 @@ class FrontDoor(asyncio.Protocol):
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+
+    def resume_writing(self) -> None:
+        sender, self.owing = self.owing, None
+        if sender is not None and not self.transport.is_closing():
+            self._done()
+            self.transport.set_write_buffer_limits()
+            self._hand_over(sender)
 
     def _timed_out(self) -> None:
         peer_log.warning(self.peer[0], "closing AMQP connection from %s:%s: handshake timeout", *self.peer)
@@ -238,7 +249,7 @@ class FrontDoor(asyncio.Protocol):
         if text is None:
             self.transport.close()
         else:
-            self._refuse(ACCESS_REFUSED, text)
+            self.refuse(ACCESS_REFUSED, text)
 
     def _protocol_header(self, data: bytes) -> bytes:
         """As a worker's: another node's PROXY header and the proofs, then the 8-byte protocol header, answered with
@@ -291,25 +302,33 @@ class FrontDoor(asyncio.Protocol):
         """No process can take the vhost now: RabbitMQ's answer for a vhost that is down, after its access check
         where this process holds the users; why goes to the log."""
         if vhost is None:
-            self._refuse(INTERNAL_ERROR, f"INTERNAL_ERROR - {why}")
+            self.refuse(INTERNAL_ERROR, f"INTERNAL_ERROR - {why}")
             return
         server = self.doors.users()
         if server is not None and self.checked:
             try:
                 server.node.open_vhost(self.user, vhost)
             except AMQPError as error:
-                self._refuse(error.reply_code, error.text, OPEN)
+                self.refuse(error.reply_code, error.text, OPEN)
                 return
         peer_log.info(self.peer[0], "closing AMQP connection from %s:%s: %s", *self.peer, why)
-        self._refuse(INTERNAL_ERROR, f"INTERNAL_ERROR - access to vhost '{vhost}' refused for user '{self.user}': "
+        self.refuse(INTERNAL_ERROR, f"INTERNAL_ERROR - access to vhost '{vhost}' refused for user '{self.user}': "
                                      f"vhost '{vhost}' is down", OPEN)
 
     def _hand_over(self, sender: socket.socket) -> None:
         """The socket goes to the worker; over a TLS session of this node's, which stays here, one end of a socket
         pair goes instead, joined to the client here (as a worker hands an amqps connection to another:
         broker.connection.splice). A client that spoke TLS to the node that forwarded it is plain TCP here."""
+        if self.transport.get_write_buffer_size() and self.transport.get_extra_info("sslcontext") is None:
+            # What this door wrote and the client's window did not take yet would stay in this process's transport:
+            # the socket goes once it is written, nothing being read meanwhile, the handshake timeout running
+            self.owing = sender
+            self.doors.open.add(self)
+            self.timer = asyncio.get_running_loop().call_later(HANDSHAKE_TIMEOUT, self._timed_out)
+            self.transport.set_write_buffer_limits(high=0, low=0)  # resume_writing once it is all written
+            return
         handed = handoff.HandedOver(
-            user=self.user if self.checked else "", client_properties=b"", frame_max=0, channel_max=0, heartbeat=0, peer=list(self.peer),
+            user=self.user if self.checked else "", peer=list(self.peer),
             local=list(self.local), connected_at=self.connected_at, received_bytes=len(PROTOCOL_HEADER),
             sent_bytes=self.sent, tls=self.tls,
             answered=self.answered, data=bytes(self.kept))
@@ -318,7 +337,7 @@ class FrontDoor(asyncio.Protocol):
         except OSError as error:
             peer_log.warning(self.peer[0], "closing AMQP connection from %s:%s: cannot hand it to the worker that "
                              "leads its vhost: %s", *self.peer, error)
-            self._refuse(CONNECTION_FORCED, handoff.UNAVAILABLE)
+            self.refuse(CONNECTION_FORCED, handoff.UNAVAILABLE)
 
     async def _forward(self, address: tuple[str, int], vhost: str | None) -> None:
         """The client goes on through the node at address, once each node has proven to the other that it knows the
@@ -340,10 +359,10 @@ class FrontDoor(asyncio.Protocol):
             reason = "no answer in time" if isinstance(error, TimeoutError) else error.strerror or str(error)
             peer_log.warning(address[0], "cannot forward a client to the node at %s:%d that leads its vhost: %s",
                              *address, reason)
-            self._refuse(CONNECTION_FORCED, "CONNECTION_FORCED - broker forced connection closure with reason "
+            self.refuse(CONNECTION_FORCED, "CONNECTION_FORCED - broker forced connection closure with reason "
                                             f"'vhost {vhost!r} unavailable'")
 
-    def _refuse(self, code: int, text: str, method: tuple[int, int] = (0, 0)) -> None:
+    def refuse(self, code: int, text: str, method: tuple[int, int] = (0, 0)) -> None:
         """Tell the client why it cannot go on (it may connect again); method: the one refused, as (class, method)."""
         if not self.transport.is_closing():
             close = spec.Connection.Close(reply_code=code, reply_text=text[:255], class_id=method[0],

@@ -1,10 +1,10 @@
 """Handing a client's socket to the worker process that leads the vhost it opens.
 
-The worker that accepted a connection runs its handshake up to connection.open. When the vhost named there is led
-by another worker, the socket itself goes to that worker over a datagram socket (SCM_RIGHTS), with what the
-handshake settled and the bytes read from connection.open on; the receiving worker carries on as if it had read
-them itself. No byte of the connection passes through a second process afterwards, except over TLS, whose session
-stays where it was accepted (broker.connection.splice).
+The front door that accepted a connection answers its handshake up to connection.open
+(broker.connection.front_door). The socket itself then goes to the worker that leads the vhost named there, over a
+datagram socket (SCM_RIGHTS), with what the front door answered and every byte the client sent after its protocol
+header; the receiving worker reads them through its ordinary handshake. No byte of the connection passes through a
+second process afterwards, except over TLS, whose session stays where it was accepted (broker.connection.splice).
 
 A hand-off is one datagram: a 4-byte length of the JSON state, the JSON, then the client's bytes.
 """
@@ -18,9 +18,6 @@ import socket
 import struct
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
-
-from pamqp import decode as pamqp_decode
-from pamqp import encode as pamqp_encode
 
 from broker.connection.splice import splice
 
@@ -37,38 +34,26 @@ DATAGRAM_MAX = 1024 * 1024
 
 @dataclass
 class HandedOver:
-    """What the handshake settled before connection.open, as the worker that ran it saw it."""
+    """What a front door answered of a client's handshake, and the client's bytes."""
 
-    user: str  # who logged in (from a front door: "" where it did not check the login)
-    client_properties: bytes  # connection.start-ok's client properties, as an AMQP field table
-    frame_max: int  # negotiated in tune-ok
-    channel_max: int
-    heartbeat: int
+    user: str  # who logged in, where the front door checked the login ("" where it did not)
     peer: list  # [host, port] of the client (the proven PROXY header of another node may have named it)
     local: list  # [host, port] it connected to
     connected_at: int  # wall-clock milliseconds when the socket was accepted
-    received_bytes: int  # read before connection.open
-    sent_bytes: int  # written before connection.open
+    received_bytes: int  # read before the bytes that go along (the protocol header)
+    sent_bytes: int  # written by the front door
     # the client speaks TLS: to the worker that handed it over (which keeps the session), or to the cluster node
     # that forwarded it (its PROXY header said so)
     tls: bool = False
-    # Handshake frames a front door answered without a login (1: connection.start, 2: and connection.tune): the
-    # receiving worker runs the handshake from start-ok on, with data from there. 0: handed after connection.open.
-    answered: int = 0
-    data: bytes = b""  # the client's bytes from connection.open on (from start-ok on, when a front door answered)
-
-    def properties(self) -> dict:
-        return pamqp_decode.field_table(self.client_properties)[1] if self.client_properties else {}
-
-
-def encode_properties(properties: dict) -> bytes:
-    return pamqp_encode.field_table(properties)
+    # Handshake frames the front door answered (1: connection.start, 2: and connection.tune): the receiving worker
+    # runs the handshake from start-ok on, leaving them unsent
+    answered: int = 1
+    data: bytes = b""  # the client's bytes after its protocol header
 
 
 def encode(handed: HandedOver) -> bytes:
     state = asdict(handed)
     data = state.pop("data")
-    state["client_properties"] = handed.client_properties.hex()
     text = json.dumps(state).encode()
     return _LENGTH.pack(len(text)) + text + data
 
@@ -76,7 +61,6 @@ def encode(handed: HandedOver) -> bytes:
 def decode(datagram: bytes) -> HandedOver:
     (size,) = _LENGTH.unpack_from(datagram)
     state = json.loads(datagram[_LENGTH.size:_LENGTH.size + size])
-    state["client_properties"] = bytes.fromhex(state["client_properties"])
     return HandedOver(**state, data=datagram[_LENGTH.size + size:])
 
 
@@ -143,22 +127,3 @@ def receive_all(receiving: socket.socket, take: Callable[[socket.socket, HandedO
             client.close()
             continue
         take(client, handed)
-
-
-class Handoffs:
-    """One worker's side of hand-offs: which worker leads each vhost, and where to send a connection to each."""
-
-    def __init__(self, worker: int, leaders: dict[str, int], senders: dict[int, socket.socket]):
-        self.worker = worker  # this worker's number
-        self.leaders = leaders  # vhost name -> number of the worker that leads it
-        self.senders = senders  # worker number -> the socket that reaches its hand-off receiver
-        self.down: set[int] = set()  # workers that ended and are starting again: their vhosts are down meanwhile
-
-    def leader_down(self, vhost: str) -> bool:
-        return self.leaders.get(vhost, self.worker) in self.down
-
-    def sender_for(self, vhost: str) -> socket.socket | None:
-        """Where a connection to ``vhost`` goes, or None if this worker serves it (or no worker leads it: this one
-        then answers connection.open itself, with RabbitMQ's 'vhost not found')."""
-        leader = self.leaders.get(vhost, self.worker)
-        return None if leader == self.worker else self.senders.get(leader)

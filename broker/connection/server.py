@@ -13,7 +13,7 @@ import ssl
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from broker.config import TABLE_ARRAYS, WARREN_KEYS, Config, ConfigError, read_definitions
 from broker.connection.alarms.disk import DiskAlarm
@@ -32,9 +32,6 @@ from storage.pages import PageStore
 from storage.recovery import Recovered
 from storage.segments import fsync_directories, make_directories
 from storage.store import DataDirLocked, MessageStore
-
-if TYPE_CHECKING:
-    from broker.connection.handoff import Handoffs
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +109,7 @@ class WorkerRole(Protocol):
 
 class Leadership(Protocol):
     """Where a vhost is led, as an operator may choose it (broker.management.views.leadership): by a broker leading
-    one replication group of a cluster (cluster.worker), or by a worker of one node's several (broker.workers.worker,
+    one replication group of a cluster (cluster.worker), or by a worker of one node's several (cluster.worker.Placed,
     the supervisor moving the vhost)."""
 
     async def state(self, vhost: str) -> dict:
@@ -127,16 +124,12 @@ class Leadership(Protocol):
 
 
 class Server:
-    def __init__(self, config: Config, role: WorkerRole | None = None,
-                 listening: tuple[socket.socket | None, socket.socket | None] = (None, None), accepting: bool = True):
+    def __init__(self, config: Config, role: WorkerRole | None = None, accepting: bool = True):
         self.config = config
         self.role = role  # this server's part among several worker processes; None: it is the only one
-        # whether it accepts clients itself; a worker of a clustered node serves only those its front doors hand to
-        # it (broker.connection.front_door)
+        # whether it accepts clients itself; a worker serves only those its node's front doors hand to it
+        # (broker.connection.front_door)
         self.accepting = accepting
-        # The AMQP and amqps sockets several worker processes accept from, made by their parent (None: made here)
-        self.listening, self.listening_tls = listening
-        self.handoffs: Handoffs | None = None  # where connections to vhosts other workers lead go (None: nowhere)
         self.leadership: Leadership | None = None  # with several workers, or on a cluster's leader
         # consecutive refused AMQP logins per address, answered more and more slowly (in a worker of several, the
         # supervisor keeps the count: broker.workers.logins)
@@ -225,11 +218,6 @@ class Server:
     async def _listen(self, port: int, tls: ssl.SSLContext | None = None) -> asyncio.base_events.Server:
         host = self.config.host
         try:
-            shared = self.listening_tls if tls is not None else self.listening
-            if shared is not None:
-                return await asyncio.get_running_loop().create_server(
-                    lambda: Connection(self), sock=shared, backlog=1024, start_serving=False, ssl=tls,
-                    ssl_handshake_timeout=HANDSHAKE_TIMEOUT if tls is not None else None)
             return await asyncio.get_running_loop().create_server(
                 lambda: Connection(self), host, port, reuse_address=True, backlog=1024, start_serving=False,
                 ssl=tls, ssl_handshake_timeout=HANDSHAKE_TIMEOUT if tls is not None else None)
@@ -319,12 +307,14 @@ class Server:
 
     @property
     def tls_port(self) -> int | None:
-        return self.tls_listener.sockets[0].getsockname()[1] if self.tls_listener is not None else None
+        if self.tls_listener is not None:
+            return self.tls_listener.sockets[0].getsockname()[1]
+        return self.config.tls_port if self.config.tls_certfile else None  # (a worker's: its node's front doors')
 
     async def stop(self, grace: float = SHUTDOWN_GRACE) -> None:
         """Stop accepting, send every client connection.close 320 CONNECTION_FORCED, wait at most ``grace`` seconds
         for them to go (a cluster leader that lost its lease gives none)."""
-        self.serving = False
+        served, self.serving = self.serving, False
         for listener in (self.listener, self.tls_listener):
             if listener is not None:
                 listener.close()
@@ -344,4 +334,5 @@ class Server:
         if self.store.begin_close():  # the writer's last fsync may hang on a failing disk: waited for off the loop
             await asyncio.get_running_loop().run_in_executor(None, self.store.finish_close)
         self.paging.store.close()
-        log.info("Warren stopped")
+        if served:  # (a start that failed says why, not this)
+            log.info("Warren stopped")

@@ -166,17 +166,18 @@ def node_of(request: web.Request) -> "Node":
 
 # the name part of node_name(): "warren"; "warren-N" in worker process N, or a cluster node's id ("ID-N" where the
 # node runs several workers): name_worker
-NODE = ["warren"]
+UNCLUSTERED_NODE = "warren"  # a node's name without [cluster] node_id
+NODE = [UNCLUSTERED_NODE]
 
 
-def name_worker(number: int, node: str = "warren", workers: int = 2) -> None:
+def name_worker(number: int, node: str = UNCLUSTERED_NODE, workers: int = 2) -> None:
     """This process is worker N of ``workers`` (of the cluster node named ``node``): its node name says so (what its
     vhosts' queues and connections show)."""
     NODE[0] = worker_name(number, node, workers).partition("@")[0]
     node_name.cache_clear()
 
 
-def worker_name(number: int, node: str = "warren", workers: int = 2) -> str:
+def worker_name(number: int, node: str = UNCLUSTERED_NODE, workers: int = 2) -> str:
     """The node name of worker N of this host's node ``node``, as that worker shows it; a node of one worker (a
     cluster node that runs one process) is named as the node, as each node of a RabbitMQ cluster is."""
     return f"{node}-{number}@{host_name()}" if workers > 1 else f"{node}@{host_name()}"

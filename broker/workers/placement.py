@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import zlib
 from pathlib import Path
+from typing import Awaitable, Callable
 
 from storage.replica import WORKERS_DIRECTORY
 from storage.segments import fsync_directories, make_directories, write_durably
@@ -111,6 +112,27 @@ class Placement:
         self.exists = True
 
 
+class RecordedPlacement:
+    """Where the workers of a node outside a cluster have a vhost: the worker the supervisor recorded for it (Placement,
+    placement.json), as it last told them; a vhost it has not recorded goes to the first worker (which says that it
+    does not exist, or holds it from the data dir of a broker that ran with one process)."""
+
+    def __init__(self, leaders: dict[str, int], ask: Callable[[dict], Awaitable[dict]]):
+        self.leaders = leaders  # vhost -> the worker that leads it
+        self.ask = ask  # a request to the supervisor, and its answer
+
+    def of(self, vhost: str) -> int:
+        return self.leaders.get(vhost, 0)
+
+    def told(self, leaders: dict[str, int]) -> None:
+        self.leaders = leaders
+
+    async def record(self, vhosts: list[str], found: list[str]) -> None:
+        """The first worker's vhosts, once its store is read, placed by the supervisor where they are not yet;
+        found: those its store held."""
+        self.leaders = (await self.ask({"vhosts": vhosts, "found": found}))["placement"]
+
+
 class HashedPlacement:
     """Where a clustered node's workers place a vhost: the worker (and so the replication group) its [[vhosts]]
     table pins it to, else a hash of its name. The same on every node without asking anyone, and for any name:
@@ -119,6 +141,9 @@ class HashedPlacement:
     def __init__(self, workers: int, pins: dict[str, int]):
         self.workers = workers
         self.pins = pins  # vhost -> worker, from [[vhosts]] worker = k
+
+    async def record(self, vhosts: list[str], found: list[str]) -> None:
+        pass  # (a name's group needs no record)
 
     def of(self, vhost: str) -> int:
         pinned = self.pins.get(vhost)

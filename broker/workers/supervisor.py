@@ -29,6 +29,7 @@ from broker.connection.handoff import handoff_pair
 from broker.connection.login_throttle import LoginThrottle
 from broker.connection.server import StartupError, data_dir_error, prepare_data_dir, reason_of, stop_on_signals
 from broker.connection.tls import TlsError, server_context
+from broker.management import http
 from broker.management.server import ManagementServer, take
 from broker.workers.api import WorkerApis, make_gateway_app
 from broker.workers.board import Board, group_key, led_elsewhere
@@ -36,7 +37,7 @@ from broker.workers import moving
 from broker.workers.logins import serve_logins
 from broker.workers.metrics import make_metrics_gateway_app
 from broker.workers.placement import HashedPlacement, Placement, PlacementError, pins_of
-from broker.workers.worker import CONTROL_LINE_LIMIT, receive, send
+from broker.workers.control import CONTROL_LINE_LIMIT, receive, send
 from storage.lock import DataDirLock, DataDirLocked
 from storage.replica import WORKERS_LOCK  # (worker 0's store holds ".lock" in the same data dir)
 
@@ -138,14 +139,11 @@ class Supervisor:
     def __init__(self, config: Config, workers: int):
         self.config = config
         self.data_dir = Path(config.data_dir).absolute()
-        remove_stale_private_directories()
         # The workers' API sockets' directory (mode 0700), and its lock, held while this supervisor lives
         self.private, self.private_lock = private_directory()
         self.workers = [WorkerProcess(number, self.private) for number in range(workers)]
         self.placement: Placement | None = None
         self.node_wide: dict | None = None  # the first worker's users, vhosts and permissions, as of its last change
-        self.down: set[int] = set()  # workers that ended and are not serving again yet: their vhosts are down
-        self.telling: set[asyncio.Task] = set()  # the other workers being told that one is down
         self.watching: set[asyncio.Task] = set()  # each worker's _watch (the loop keeps tasks by weak references)
         self.listening: socket.socket | None = None  # the AMQP port's socket, which every worker accepts from
         self.listening_tls: socket.socket | None = None  # the amqps port's, when [tls] names a certificate
@@ -153,10 +151,11 @@ class Supervisor:
         self.stopping = False
         self.failed_logins = LoginThrottle()  # refused AMQP logins per address, counted for every worker
         self.counting: set[asyncio.Task] = set()  # each worker's refused logins being counted (serve_logins)
-        # A clustered node's workers each lead or follow a replication group (cluster.worker), and post who leads
-        # it on the board; the vhosts are placed by the cluster, not here
+        # The workers each lead or follow a replication group (cluster.worker), and post who leads it on the board;
+        # a clustered node's vhosts are placed by the cluster, not here
         self.clustered = bool(config.cluster_etcd_endpoints)
-        self.board = Board(led_elsewhere(config.cluster_node_id))  # (nothing posts on a node outside a cluster)
+        config.cluster_node_id = config.cluster_node_id or http.UNCLUSTERED_NODE  # (the board's and the API's name)
+        self.board = Board(led_elsewhere(config.cluster_node_id))
         self.pins = pins_of(config.vhosts)  # vhost -> the worker its [[vhosts]] table pins it to
         self.hashed = HashedPlacement(workers, self.pins)  # where a clustered node's vhosts are
         self.posting: set[asyncio.Task] = set()  # each worker's posts being read (Board.serve)
@@ -177,6 +176,7 @@ class Supervisor:
             except TlsError as error:
                 raise StartupError(str(error)) from error
             self.listening_tls = self._bind(self.config.tls_port)
+            self.config.tls_port = self.listening_tls.getsockname()[1]
 
     def _bind(self, port: int) -> socket.socket:
         host = self.config.host
@@ -220,37 +220,31 @@ class Supervisor:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         logins, logins_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # (broker.workers.logins)
         logins_fd = logins_child.fileno()  # the worker's, as numbered in both processes
-        board, board_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) if self.clustered else (None, None)
-        board_fd = board_child.fileno() if board_child is not None else None  # (broker.workers.board)
+        board, board_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # (broker.workers.board)
+        board_fd = board_child.fileno()
         assert self.listening is not None
-        # a clustered worker hands a client to itself too (its front door does not serve the client)
-        senders = {other.number: other.sending.fileno() for other in self.workers
-                   if other is not worker or self.clustered}
+        # (a worker hands a client to itself too: its front door does not serve the client)
+        senders = {other.number: other.sending.fileno() for other in self.workers}
         tls = self.listening_tls.fileno() if self.listening_tls is not None else None
         inherited = [child.fileno(), self.listening.fileno(), worker.receiving.fileno(), worker.api.fileno(),
-                     worker.metrics.fileno(), logins_fd, *senders.values(),
-                     *[fd for fd in (tls, board_fd) if fd is not None]]
-        module = "cluster.worker" if self.clustered else "broker.workers.worker"
+                     worker.metrics.fileno(), logins_fd, board_fd, *senders.values(),
+                     *[fd for fd in (tls,) if fd is not None]]
         # A session of its own: a terminal's Ctrl-C reaches the supervisor alone, which stops the workers in turn.
         try:
             worker.process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", module, str(child.fileno()), str(os.getpid()), pass_fds=inherited,
+                sys.executable, "-m", "cluster.worker", str(child.fileno()), str(os.getpid()), pass_fds=inherited,
                 start_new_session=True)
         except BaseException:
             for end in (parent, logins, board):
-                if end is not None:
-                    end.close()
+                end.close()
             raise
         finally:
             for end in (child, logins_child, board_child):
-                if end is not None:
-                    end.close()
+                end.close()
         worker.started_at = time.monotonic()
         loop = asyncio.get_running_loop()
-        serving_tasks = [(serve_logins(logins, self.failed_logins), self.counting)]
-        if board is not None:
-            serving_tasks.append((self.board.serve(worker.number, board), self.posting))
-        for task, tasks in serving_tasks:
+        for task, tasks in ((serve_logins(logins, self.failed_logins), self.counting),
+                            (self.board.serve(worker.number, board), self.posting)):
             running = loop.create_task(task)
             tasks.add(running)
             running.add_done_callback(tasks.discard)
@@ -288,10 +282,7 @@ class Supervisor:
         watching = asyncio.get_running_loop().create_task(self._watch(worker, writer))
         self.watching.add(watching)
         watching.add_done_callback(self.watching.discard)
-        if worker.number in self.down:  # its vhosts are up again; it learns what changed while it started
-            self.down.discard(worker.number)
-            await self._tell_workers()
-        elif self.placement is not None and self.placement.leaders != told:  # a vhost made or deleted meanwhile
+        if self.placement is not None and self.placement.leaders != told:  # a vhost made or deleted meanwhile
             await self._ask(worker, self._state)
         log.info("worker %d serves (pid %d)", worker.number, worker.process.pid)  # (every worker knows it does)
         return None
@@ -347,16 +338,13 @@ class Supervisor:
         await self._tell_workers()
 
     async def _tell_workers(self) -> None:
-        """Tell every serving worker the placement and which workers are down (one not serving is told once it
-        serves); a clustered node's workers read the board instead."""
-        if self.clustered:
-            return
+        """Tell every serving worker the placement (one not serving is told once it serves)."""
         for worker in self.workers:
             await self._ask(worker, self._state)
 
     def _state(self) -> dict:
         assert self.placement is not None
-        return {"placement": self.placement.leaders, "down": sorted(self.down)}
+        return {"placement": self.placement.leaders}
 
     async def node_wide_changed(self) -> None:
         """The first worker's node-wide definitions, after the API changed them: what a worker starting again
@@ -388,12 +376,7 @@ class Supervisor:
         code = await worker.process.wait()
         worker.control = None
         worker.serving.clear()
-        control.close()
-        if not self.stopping:  # told meanwhile: a worker slow to answer does not hold this one's restart up
-            self.down.add(worker.number)
-            telling = asyncio.get_running_loop().create_task(self._tell_workers())
-            self.telling.add(telling)
-            telling.add_done_callback(self.telling.discard)
+        control.close()  # (its vhosts are down meanwhile: its post on the board, that it leads them, is gone)
         while not self.stopping:
             if worker.held is not None:  # stopped for a move: started again once it is made
                 await worker.held.wait()
@@ -414,7 +397,7 @@ class Supervisor:
         """Move a vhost to another worker (broker.workers.moving): its worker and the target stop cleanly, the
         vhost's data moves from one store to the other, and both start again; returns once they serve.
         moving.MoveError if a store could not be read or written. (The worker leading the vhost has checked the
-        move first: broker.workers.worker.Placed, which refuses a vhost the config pins elsewhere.)"""
+        move first: cluster.worker.Placed, which refuses a vhost the config pins elsewhere.)"""
         assert self.placement is not None
         async with self.moving:
             source = self.placement.leaders.get(vhost, 0)
@@ -449,7 +432,7 @@ class Supervisor:
     async def _placed(self, vhost: str, worker: int) -> None:
         assert self.placement is not None
         self.placement.leaders[vhost] = worker
-        await self._save_placement()
+        await self._placement_changed()
 
     async def _save_placement(self) -> None:
         """placement.json written (one save at a time: each writes the same temporary file)."""
@@ -520,6 +503,7 @@ async def supervise(config: Config, workers: int, started: Callable[[], None]) -
             config.prometheus_port = listeners[-1].port
         stop = stop_on_signals()
         await supervisor.start()
+        remove_stale_private_directories()  # (once started: a start refused prints its reason alone)
         started()
         for listener in listeners:
             await listener.serve()

@@ -29,7 +29,7 @@ from broker.config import Config
 from broker.connection.server import Server
 from broker.connection.tls import server_context
 from broker.management.server import start_management
-from broker.workers.worker import Adoption
+from cluster.worker import Adoption
 from broker.connection.front_door import FrontDoors, Route, open_doors, refused
 from broker.connection.handoff import handoff_pair, receive_all
 from protocol import node_proof, proxy_header

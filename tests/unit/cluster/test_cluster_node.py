@@ -13,8 +13,9 @@ import pytest
 from broker.config import Config, load_config
 from broker.connection.server import Server
 from cluster.coordinator import Member, Replica, isr_to_json
-from cluster.node import ClusterNode
+from cluster.node import ClusterNode, make_coordinator
 from cluster.state import identity, write_epoch
+from cluster.walkover import WalkoverCoordinator
 from storage import writer as writer_module
 from tests.conftest import free_port, listening
 from tests.unit.cluster.cluster_support import TIMEOUT, until
@@ -171,3 +172,22 @@ def test_a_leader_that_cannot_prove_its_lease_stops_serving_and_campaigns_again(
         asyncio.run(main())
     finally:
         disk.set()
+
+
+def test_a_group_no_node_follows_leads_by_walkover_and_listens_for_no_follower(tmp_path):
+    """Outside a cluster (each worker of --workers) the campaign is won at once, and the leader opens no replication
+    port: its confirms wait for its own fsync alone."""
+    async def main():
+        replication_port = free_port()
+        config = load_config(None, {
+            "host": "127.0.0.1", "port": free_port(), "data_dir": str(tmp_path / "n1"), "management_port": 0,
+            "prometheus_port": 0, "cluster_node_id": "n1", "cluster_replication_port": replication_port})
+        node = ClusterNode(config, make_coordinator(config), OnlyGroup())
+        assert isinstance(node.coordinator, WalkoverCoordinator)
+        running = Running(node)
+        await until(lambda: node.role == "leader" and node.server is not None, "leading")
+        assert listening(config.port) and not listening(replication_port)
+        assert node.server.store._gate is None and node.server.store._writer.tap is None  # (nothing taps its batches)
+        await running.close()
+        assert not listening(config.port)
+    asyncio.run(main())

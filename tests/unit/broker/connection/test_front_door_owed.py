@@ -1,11 +1,11 @@
-"""A connection handed to another worker process after a pipelined handshake (broker.connection.connection): what
-the accepting worker owed the client (connection.start and connection.tune) reaches it before anything the worker
+"""A connection a front door hands to a worker process after a pipelined handshake (broker.connection.front_door):
+what the front door owed the client (connection.start and connection.tune) reaches it before anything the worker
 it was handed to writes, also when the socket could not take it at once (the client's window full), whose bytes a
 transport's buffer would otherwise keep in a process that no longer has the connection.
 
-The two workers are two connections in one process here: the one accepting the socket, and the one that the
-socket's hand-off datagram makes on the other side, as broker.workers.worker makes it. On uvloop's transports, as
-the broker's plain connections run, and asyncio's."""
+The front door and the worker are in one process here: the door accepting the socket, and the connection that the
+socket's hand-off datagram makes on the other side, as cluster.worker makes it. On uvloop's transports, as the
+broker's plain connections run, and asyncio's."""
 
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ from pamqp import commands, frame
 
 from broker.config import Config
 from broker.connection import greeting
-from broker.connection.connection import AWAIT_OPEN, CLOSED, Connection
-from broker.connection.handoff import Handoffs, handoff_pair, receive_all
+from broker.connection.connection import Connection
+from broker.connection.front_door import FrontDoor, FrontDoors
+from broker.connection.handoff import handoff_pair, receive_all
 from broker.connection.login_throttle import LoginThrottle
 from broker.model.node import Node
 from broker.session.limits import ChannelLimits
@@ -33,7 +34,7 @@ LOOPS = {"uvloop": uvloop.new_event_loop, "asyncio": asyncio.new_event_loop}
 
 
 def a_server() -> SimpleNamespace:
-    """What a connection asks of its broker: guest may open "/" and "v1"; another worker leads "v1"."""
+    """What a connection asks of its broker: guest may open "/" and "v1"."""
     config = Config()
     node = Node()
     node.bootstrap("/", "guest", "guest")
@@ -41,7 +42,7 @@ def a_server() -> SimpleNamespace:
     node.set_permissions("guest", "v1", ".*", ".*", ".*")
     return SimpleNamespace(
         config=config, node=node, failed_logins=LoginThrottle(), connections=set(),
-        version="test", platform="test", handoffs=None,
+        version="test", platform="test",
         channel_limits=ChannelLimits(node, config.max_message_size, 0, 0, 1 << 30))
 
 
@@ -117,24 +118,24 @@ async def pipelined_and_handed(window_full: bool) -> None:
     loop = asyncio.get_running_loop()
     server = a_server()
     receiving, sending = handoff_pair()
-    server.handoffs = Handoffs(0, {"/": 0, "v1": 1}, {1: sending})
+    doors = FrontDoors(server.config, "test", "test", lambda vhost, forwarded: sending, lambda: "")
     client, accepted = tcp_pair()
     client.setblocking(False)
     accepted.setblocking(False)
     earlier = fill(accepted) if window_full else b""  # output the client has not read yet
-    transport, accepting = await loop.connect_accepted_socket(lambda: Connection(server), accepted)
+    transport, door = await loop.connect_accepted_socket(lambda: FrontDoor(doors), accepted)
     try:
-        accepting.data_received(pipelined_handshake("v1"))  # the whole handshake in one read
+        door.data_received(pipelined_handshake("v1"))  # the whole handshake in one read
         if window_full:  # the socket waits here until its transport has written start and tune
             assert transport.get_write_buffer_size() > 0
-            assert accepting.state is AWAIT_OPEN
+            assert door.owing is sending
             with pytest.raises(BlockingIOError):
                 receiving.recv(1)
         # the client reads what it had not: there is room again, start and tune go, and then the socket
         assert await read_exactly(loop, client, len(earlier)) == earlier
         sock, handed = await handed_over(loop, receiving)
-        assert accepting.state is CLOSED and accepting not in server.connections
-        # the worker that leads "v1" answers connection.open: the client reads it after what it was owed
+        assert transport.is_closing() and door not in doors.open
+        # the worker that leads "v1" answers the rest of the handshake: the client reads it after what it was owed
         other_transport, _ = await loop.connect_accepted_socket(lambda: Connection(server, handed), sock)
         try:
             owed = (encode_method(0, greeting.start(server.config, "test", "test"))
