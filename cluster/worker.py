@@ -434,10 +434,6 @@ async def serve(control_socket: socket.socket) -> None:
                        lambda: board.entries.get(CLUSTER_SECRET) or "",  # (group 0's: one for the whole cluster)
                        towards=cluster.tls[1] if cluster.tls else None, users=lambda: cluster.server)
     board.changed = doors.reroute  # (a group's leader moved: the clients forwarded to the old one go again)
-    listeners = [await open_doors(doors, sock=socket.socket(fileno=instructions["listening"]))]
-    if instructions["listening_tls"] is not None:  # amqps: the TLS session ends at the front door
-        listeners.append(await open_doors(doors, server_context(config),
-                                          sock=socket.socket(fileno=instructions["listening_tls"])))
     receiving = socket.socket(fileno=instructions["receiving"])
     receiving.setblocking(False)
     loop.add_reader(receiving.fileno(), receive_all, receiving, Adoption(lambda: cluster.server).take)
@@ -447,7 +443,17 @@ async def serve(control_socket: socket.socket) -> None:
     # (the first worker outside a cluster gives its node-wide definitions, which a worker started again copies)
     node_wide = group.export() if number == 0 and not coordinator.followed else None
     await send(writer, {"serving": True, "node": node_wide})
+    listeners = []
     try:
+        # The node's port opens once every worker serves: no client finds a vhost down while the node starts
+        opening = loop.create_task(control.opened.wait())
+        await asyncio.wait([opening, running], return_when=asyncio.FIRST_COMPLETED)
+        opening.cancel()
+        if control.opened.is_set():
+            listeners.append(await open_doors(doors, sock=socket.socket(fileno=instructions["listening"])))
+            if instructions["listening_tls"] is not None:  # amqps: the TLS session ends at the front door
+                listeners.append(await open_doors(doors, server_context(config),
+                                                  sock=socket.socket(fileno=instructions["listening_tls"])))
         await running
     finally:
         keeping_up.cancel()

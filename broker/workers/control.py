@@ -8,6 +8,8 @@
 - worker -> supervisor: ``{"serving": true, "node": ...}`` once it serves (the first worker outside a cluster sends
   its node-wide definitions, which a worker started again copies), or ``{"refused": "..."}`` when it cannot start,
   with the reason the supervisor gives;
+- supervisor -> worker: ``{"open": true}`` once every worker serves (at once, for a worker started again): its
+  front doors open on the node's port;
 - supervisor -> worker, later: ``{"placement": {...}}`` when a vhost is made or deleted, answered
   ``{"placed": true}``; and to the first worker ``{"export": true}`` after the API changed the node-wide
   definitions, answered ``{"node": ...}``.
@@ -59,6 +61,7 @@ class WorkerControl:
         self.placed: Callable[[dict], None] = lambda leaders: None  # the placement the supervisor records, told anew
         self.export: Callable[[], dict | None] = lambda: None  # this worker's node-wide definitions (None: none)
         self.answer: asyncio.Future[dict] | None = None  # the answer to this worker's request, while awaited
+        self.opened = asyncio.Event()  # set once the supervisor has the worker open its front doors
 
     async def ask(self, message: dict) -> dict:
         self.answer = asyncio.get_running_loop().create_future()
@@ -76,6 +79,8 @@ class WorkerControl:
                 await send(self.writer, {"placed": True})
             elif "export" in message:
                 await send(self.writer, {"node": self.export()})
+            elif "open" in message:
+                self.opened.set()
 
 
 def die_with_the_supervisor(supervisor: int) -> None:

@@ -149,6 +149,7 @@ class Supervisor:
         self.listening_tls: socket.socket | None = None  # the amqps port's, when [tls] names a certificate
         self.lock = DataDirLock(self.data_dir, WORKERS_LOCK)  # held while this node's workers use the data dir
         self.stopping = False
+        self.opened = False  # every worker served once: the node's port is open
         self.failed_logins = LoginThrottle()  # refused AMQP logins per address, counted for every worker
         self.counting: set[asyncio.Task] = set()  # each worker's refused logins being counted (serve_logins)
         # The workers each lead or follow a replication group (cluster.worker), and post who leads it on the board;
@@ -184,7 +185,7 @@ class Supervisor:
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((host, port))  # the first worker listens once it serves: clients wait for nothing until then
+            sock.bind((host, port))  # the workers listen once all serve: clients wait for nothing until then
         except OSError as error:
             sock.close()
             raise StartupError(f"cannot listen on {host}:{port}: {reason_of(error)}") from error
@@ -211,6 +212,9 @@ class Supervisor:
             refusal = await self._start(worker)
             if refusal is not None:
                 raise StartupError(refusal)  # (supervise stops the workers already started)
+        self.opened = True
+        for worker in self.workers:
+            await self._open(worker)
         assert self.listening is not None
         host, port = self.listening.getsockname()[:2]
         log.info("Warren listening on %s:%d with %d worker processes", host, port, len(self.workers))
@@ -282,6 +286,8 @@ class Supervisor:
         watching = asyncio.get_running_loop().create_task(self._watch(worker, writer))
         self.watching.add(watching)
         watching.add_done_callback(self.watching.discard)
+        if self.opened:  # (a worker started again: the others serve)
+            await self._open(worker)
         if self.placement is not None and self.placement.leaders != told:  # a vhost made or deleted meanwhile
             await self._ask(worker, self._state)
         log.info("worker %d serves (pid %d)", worker.number, worker.process.pid)  # (every worker knows it does)
@@ -355,6 +361,15 @@ class Supervisor:
         answer = await self._ask(self.workers[0], lambda: {"export": True})
         if answer is not None:
             self.node_wide = answer["node"]
+
+    async def _open(self, worker: WorkerProcess) -> None:
+        """Have a serving worker open its front doors on the node's port."""
+        async with worker.talking:
+            if worker.control is not None:
+                try:
+                    await send(worker.control[1], {"open": True})
+                except (ConnectionError, OSError):
+                    pass  # it has ended
 
     async def _ask(self, worker: WorkerProcess, message: Callable[[], dict]) -> dict | None:
         """Send a worker a message (made once it is the worker's turn, so that it is current) and wait for its
