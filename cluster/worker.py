@@ -37,7 +37,7 @@ from broker.connection.front_door import FrontDoors, Route, open_doors, refused
 from broker.connection.greeting import platform_name
 from broker.connection.connection import Connection
 from broker.connection.handoff import HandedOver, receive_all
-from broker.connection.server import GC_THRESHOLD, Leadership, Server, StartupError, stop_on_signals, version
+from broker.connection.server import GC_THRESHOLD, Server, StartupError, stop_on_signals, version
 from broker.connection.tls import server_context
 from broker.management import http
 from broker.management.app import make_app, unavailable
@@ -66,8 +66,7 @@ class GroupWorker:
     """This worker's group: the broker it leads with, the routes of its front doors, and when it campaigns."""
 
     def __init__(self, config: Config, number: int, groups: Placement, board: BoardCopy,
-                 senders: dict[int, socket.socket], logins: NodeLoginThrottle, node_wide: dict | None = None,
-                 leadership: Leadership | None = None):
+                 senders: dict[int, socket.socket], logins: NodeLoginThrottle, node_wide: dict | None = None):
         self.config = config
         self.number = number  # this worker's number, and its group's
         self.groups = groups
@@ -87,8 +86,6 @@ class GroupWorker:
         # The first worker's node-wide definitions (users, vhosts, permissions), for a worker started again whose
         # group has no other copy to catch up from (outside a cluster); None: its own are current
         self.node_wide = node_wide
-        # how an operator moves its vhosts: the group's own leader preference in etcd, or outside a cluster Placed
-        self.leadership: Leadership = leadership or self
         self.leading = asyncio.Event()  # set once this node first leads the group
 
     def why_not(self) -> str:
@@ -104,7 +101,7 @@ class GroupWorker:
     def server(self, config: Config) -> Server:
         server = Server(config, role=self, accepting=False)
         server.failed_logins = self.logins
-        server.leadership = self.leadership
+        server.leadership = self
         return server
 
     def announce(self, leader: Member | None) -> None:
@@ -168,6 +165,9 @@ class GroupWorker:
         except CoordinatorError as error:
             raise RuntimeError(f"etcd cannot be reached: {error}") from None
 
+    def check_move(self, vhost: str, group: int) -> None:
+        self.groups.check_move(vhost, group)
+
     # --- broker.connection.server.WorkerRole ----------------------------------------------------------------
     async def boot_definitions(self, document: dict, found: list[str], node: Node) -> dict:
         """Every group holds the node-wide definitions (users, vhosts, permissions); the vhosts' contents only where
@@ -203,36 +203,6 @@ class GroupWorker:
         if forwarded:
             return refused(vhost, f"node {self.node_id} does not lead it now")
         return leader["host"], leader["tls_port"] if self.config.cluster_tls else leader["port"]
-
-
-class Placed:
-    """Which worker leads a vhost of a node outside a cluster, as the management API shows it and an operator
-    chooses it (broker.connection.server.Leadership): this worker checks a request to move one, and the supervisor,
-    which passed the request on, moves it once this worker has accepted it (broker.workers.api,
-    broker.workers.moving)."""
-
-    def __init__(self, placement: RecordedPlacement, workers: int, pins: dict[str, int]):
-        self.placement = placement
-        self.workers = workers  # how many the node runs
-        self.pins = pins  # vhost -> the worker its [[vhosts]] table pins it to
-
-    async def state(self, vhost: str) -> dict:
-        pinned = self.pins.get(vhost)
-        return {"node": http.worker_name(self.placement.of(vhost)),
-                "pinned": http.worker_name(pinned) if pinned is not None else None}
-
-    async def pin(self, vhost: str, node: str | None) -> None:
-        if node is None:
-            raise ValueError("a vhost stays on its worker until it is moved to another (PUT {\"node\": ...}): there "
-                             "is no choice to clear")
-        number = http.worker_named(node, self.workers)
-        if number is None:
-            names = ", ".join(http.worker_name(number) for number in range(self.workers))
-            raise ValueError(f"node '{node}' is not a worker of this broker (its workers: {names})")
-        pinned = self.pins.get(vhost)
-        if pinned is not None and pinned != number:
-            raise ValueError(f"vhost '{vhost}' is pinned to {http.worker_name(pinned)} by the config ([[vhosts]] "
-                             "worker): change the pin to move it")
 
 
 class Adoption:
@@ -404,12 +374,10 @@ async def serve(control_socket: socket.socket) -> None:
     coordinator = make_coordinator(config, number)
     pins = pins_of(config.vhosts)
     groups: Placement = HashedPlacement(workers, pins)
-    leadership: Leadership | None = None  # (None: the group's leader preference)
     if not coordinator.followed:  # its vhosts are where the supervisor records them, and move between workers
-        groups = RecordedPlacement(instructions["placement"] or {}, control.ask)
+        groups = RecordedPlacement(instructions["placement"] or {}, control.ask, workers, pins)
         control.placed = groups.told
-        leadership = Placed(groups, workers, pins)
-    group = GroupWorker(config, number, groups, board, senders, logins, instructions["node"], leadership)
+    group = GroupWorker(config, number, groups, board, senders, logins, instructions["node"])
     control.export = group.export
     cluster = group.cluster = ClusterNode(config, coordinator, group)
     if number == 0 and (refusal := await agree_on_workers(cluster, workers)) is not None:

@@ -10,7 +10,7 @@ from typing import Any, Callable, TextIO
 
 from warrenctl import output
 from warrenctl.client import Client, NotFound, quote
-from warrenctl.errors import EX_DATAERR, EX_NOUSER, EX_SOFTWARE, EX_UNAVAILABLE, CommandError
+from warrenctl.errors import EX_DATAERR, EX_NOUSER, EX_SOFTWARE, EX_UNAVAILABLE, EX_USAGE, CommandError
 from warrenctl.listings import LISTINGS, rows, tags
 
 
@@ -272,13 +272,26 @@ def clear_permissions(ctx: Context, args: Any) -> None:
         require_user_and_vhost(ctx.client, args.username, args.vhost)  # else: there was nothing to clear
 
 
-@verb("set_vhost_leader", "Has a node lead the virtual host from now on: with several workers, one of them (its data "
-      "moves there); in a cluster, a node of the cluster (with the other virtual hosts of its replication group)",
-      "node", per_vhost=True)
+@verb("set_vhost_leader", "Has a node of the cluster lead the virtual host from now on (with the other virtual hosts "
+      "of its replication group)", "node", per_vhost=True)
 def set_vhost_leader(ctx: Context, args: Any) -> None:
     ctx.say(f'Moving the leadership of vhost "{args.vhost}" to node "{args.node}" ...')
     try:
         ctx.client.put(f"/api/vhosts/{quote(args.vhost)}/leader", {"node": args.node})
+    except NotFound:
+        raise vhost_missing(args.vhost) from None
+
+
+@verb("move_vhost", "Moves the virtual host's data to another worker's replication group, on a node of several "
+      "workers: the two workers stop, and start again once it is moved", "group", per_vhost=True)
+def move_vhost(ctx: Context, args: Any) -> None:
+    ctx.say(f'Moving vhost "{args.vhost}" to group {args.group} ...')
+    try:
+        group = int(args.group)
+    except ValueError:
+        raise CommandError(f"the group is a worker's number, got {args.group!r}", EX_USAGE) from None
+    try:
+        ctx.client.put(f"/api/vhosts/{quote(args.vhost)}/group", {"group": group})
     except NotFound:
         raise vhost_missing(args.vhost) from None
 

@@ -108,18 +108,22 @@ class WorkerRole(Protocol):
 
 
 class Leadership(Protocol):
-    """Where a vhost is led, as an operator may choose it (broker.management.views.leadership): by a broker leading
-    one replication group of a cluster (cluster.worker), or by a worker of one node's several (cluster.worker.Placed,
-    the supervisor moving the vhost)."""
+    """Where a vhost is led, as an operator may choose it (broker.management.views.leadership): by the broker that
+    leads the vhost's replication group, one worker's (cluster.worker), in a cluster or on one node of workers."""
 
     async def state(self, vhost: str) -> dict:
-        """{"node": where it is led, "pinned": the node an operator asked for, or None}, and for a cluster's
-        group {"group": k}."""
+        """{"group": its replication group, "node": the node that leads it, "pinned": the node an operator asked
+        for, or None}."""
         ...
 
     async def pin(self, vhost: str, node: str | None) -> None:
-        """Have ``node`` lead the vhost from now on (None: whichever node the election gives); ValueError naming
-        why it cannot, RuntimeError while it cannot be done now (etcd cannot be reached)."""
+        """Have ``node`` lead the vhost's group from now on (None: whichever node the election gives); ValueError
+        naming why it cannot, RuntimeError while it cannot be done now (etcd cannot be reached)."""
+        ...
+
+    def check_move(self, vhost: str, group: int) -> None:
+        """ValueError naming why the vhost's data cannot move to another group (then moved by the supervisor, on a
+        node of workers outside a cluster: broker.workers.moving)."""
         ...
 
 

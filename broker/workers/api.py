@@ -3,7 +3,7 @@
 
 A request goes where what it names lives:
 - a vhost's resources (``/api/queues/{vhost}/...``, a vhost's definitions, its aliveness test) to the worker that
-  leads the vhost; a vhost moved to another worker (PUT its leader) is checked there, then moved here;
+  leads the vhost; a vhost moved to another worker's group (PUT its group) is checked there, then moved here;
 - a node-wide change (users, permissions, vhosts, an import of definitions) to every worker, the first one first:
   its answer is the reply, and a refusal there changes nothing anywhere; a new vhost is placed once the first
   worker has checked the request, before any makes it;
@@ -61,7 +61,7 @@ GATHERED: dict[str, tuple[Callable[[list[dict]], list[dict]], bool]] = {
     "/api/{kind}": (lambda items: http.sorted_by(items, "vhost", "name"), False),
 }
 FOUND_ON_ONE = frozenset(("/api/connections/{name}", "/api/connections/{name}/channels", "/api/channels/{name}"))
-LEADER = "/api/vhosts/{vhost}/leader"  # where a vhost is led: moved by the supervisor (PUT) on a node of workers
+GROUP = "/api/vhosts/{vhost}/group"  # a vhost's data moved to another worker's group (PUT), by the supervisor
 NODES = "/api/nodes"  # a worker's answer: its own entry (a node per worker), following its group's leader or not
 # Node-wide changes: made on every worker (PUT and DELETE; the import of a whole node's definitions is POSTed)
 EVERYWHERE = frozenset(("/api/users/{name}", "/api/permissions/{vhost}/{user}", "/api/vhosts/{vhost}"))
@@ -161,7 +161,7 @@ class Gateway:
         method = request.method
         if method in ("PUT", "DELETE") and pattern in EVERYWHERE:
             return await self.everywhere(request, pattern, vhost)
-        if method == "PUT" and pattern == LEADER and vhost is not None and not self.supervisor.clustered:
+        if method == "PUT" and pattern == GROUP and vhost is not None:
             return await self.move(request, vhost)
         if method == "POST" and pattern == "/api/definitions":
             return await self.import_everywhere(request)
@@ -263,11 +263,7 @@ class Gateway:
         items = [item for section in VHOST_SECTIONS if isinstance(document.get(section), list)
                  for item in document[section] if isinstance(item, dict)]
         named = {item["vhost"] for item in items if isinstance(item.get("vhost"), str)}
-        if self.supervisor.placement is None:  # a clustered node: every name has its group
-            return {name for name in named if self.leader_of(name) == worker}
-        leaders = self.supervisor.placement.leaders
-        names = {name for name, leader in leaders.items() if leader == worker}
-        return names | (named - set(leaders)) if worker == 0 else names
+        return {name for name in named if self.leader_of(name) == worker}
 
     async def gathered(self, request: web.Request, pattern: str) -> web.Response:
         query = {key: value for key, value in request.query.items() if key not in SHAPING}
@@ -284,14 +280,13 @@ class Gateway:
         return await listing(request, order(items), pageable)
 
     async def move(self, request: web.Request, vhost: str) -> web.Response:
-        """A vhost moved to another worker: the worker that leads it checks the request (credentials, the vhost,
-        the node named), then the supervisor moves it."""
+        """A vhost moved to another worker's group: the worker that leads it checks the request (credentials, the
+        vhost, the group named; a cluster's refuses), then the supervisor moves it."""
         kept = bytearray()
         answer = await self.apis.ask(self.leader_of(vhost), request, body_of(request, kept))
         if answer.status >= 300:
             return answer.response()
-        target = http.worker_named(json.loads(kept)["node"], len(self.workers))
-        assert target is not None, "(the worker accepted the node's name)"
+        target = json.loads(kept)["group"]
         try:
             await self.supervisor.move(vhost, target)
         except (MoveError, OSError) as error:

@@ -74,6 +74,10 @@ class Placement:
         placement._check_pins()
         return placement
 
+    def of(self, vhost: str) -> int:
+        """The worker that leads a vhost (the first for one none leads)."""
+        return self.leaders.get(vhost, 0)
+
     def place(self, vhosts: list[str], found_in_first: list[str]) -> bool:
         """Give every vhost of ``vhosts`` a worker; ``found_in_first`` are those the first worker's store held
         before this start. True if anything was placed (then save())."""
@@ -101,8 +105,8 @@ class Placement:
             if self.leaders.get(name, pinned) != pinned:
                 raise PlacementError(f"vhost '{name}' is pinned to worker {pinned} ([[vhosts]] worker), but it lives "
                                      f"in the store of worker {self.leaders[name]}: pin it to {self.leaders[name]} or "
-                                     f"remove the pin, start, and move it (warrenctl set_vhost_leader "
-                                     f"warren-{pinned} -p VHOST) before you pin it to {pinned}")
+                                     f"remove the pin, start, and move it (warrenctl move_vhost {pinned} -p VHOST) "
+                                     f"before you pin it to {pinned}")
 
     def save(self) -> None:
         made: set[Path] = set()
@@ -117,9 +121,12 @@ class RecordedPlacement:
     placement.json), as it last told them; a vhost it has not recorded goes to the first worker (which says that it
     does not exist, or holds it from the data dir of a broker that ran with one process)."""
 
-    def __init__(self, leaders: dict[str, int], ask: Callable[[dict], Awaitable[dict]]):
+    def __init__(self, leaders: dict[str, int], ask: Callable[[dict], Awaitable[dict]], workers: int,
+                 pins: dict[str, int]):
         self.leaders = leaders  # vhost -> the worker that leads it
         self.ask = ask  # a request to the supervisor, and its answer
+        self.workers = workers  # how many the node runs
+        self.pins = pins  # vhost -> the worker its [[vhosts]] table pins it to
 
     def of(self, vhost: str) -> int:
         return self.leaders.get(vhost, 0)
@@ -132,6 +139,16 @@ class RecordedPlacement:
         found: those its store held."""
         self.leaders = (await self.ask({"vhosts": vhosts, "found": found}))["placement"]
 
+    def check_move(self, vhost: str, group: int) -> None:
+        """ValueError naming why the vhost cannot move to that worker's group (broker.workers.moving moves it)."""
+        if not 0 <= group < self.workers:
+            raise ValueError(f"there is no group {group}: this node runs {self.workers} workers, groups 0 to "
+                             f"{self.workers - 1}")
+        pinned = self.pins.get(vhost)
+        if pinned is not None and pinned != group:
+            raise ValueError(f"vhost '{vhost}' is pinned to group {pinned} by the config ([[vhosts]] worker): change "
+                             "the pin to move it")
+
 
 class HashedPlacement:
     """Where a clustered node's workers place a vhost: the worker (and so the replication group) its [[vhosts]]
@@ -141,9 +158,20 @@ class HashedPlacement:
     def __init__(self, workers: int, pins: dict[str, int]):
         self.workers = workers
         self.pins = pins  # vhost -> worker, from [[vhosts]] worker = k
+        self.leaders: dict[str, int] = {}  # (as Placement's: none is recorded)
+
+    def place(self, vhosts: list[str], found_in_first: list[str]) -> bool:
+        return False  # (as Placement's: a name's group needs no record)
+
+    def save(self) -> None:
+        pass
 
     async def record(self, vhosts: list[str], found: list[str]) -> None:
         pass  # (a name's group needs no record)
+
+    def check_move(self, vhost: str, group: int) -> None:
+        raise ValueError("a vhost of a cluster is in the group its name gives (or its [[vhosts]] pin): it does not "
+                         "move between groups; choose the node that leads its group instead (PUT .../leader)")
 
     def of(self, vhost: str) -> int:
         pinned = self.pins.get(vhost)

@@ -142,7 +142,8 @@ class Supervisor:
         # The workers' API sockets' directory (mode 0700), and its lock, held while this supervisor lives
         self.private, self.private_lock = private_directory()
         self.workers = [WorkerProcess(number, self.private) for number in range(workers)]
-        self.placement: Placement | None = None
+        # Which worker leads each vhost: recorded in placement.json, or on a clustered node its name's hash
+        self.placement: Placement | HashedPlacement = HashedPlacement(workers, pins_of(config.vhosts))
         self.node_wide: dict | None = None  # the first worker's users, vhosts and permissions, as of its last change
         self.watching: set[asyncio.Task] = set()  # each worker's _watch (the loop keeps tasks by weak references)
         self.listening: socket.socket | None = None  # the AMQP port's socket, which every worker accepts from
@@ -157,8 +158,6 @@ class Supervisor:
         self.clustered = bool(config.cluster_etcd_endpoints)
         config.cluster_node_id = config.cluster_node_id or http.UNCLUSTERED_NODE  # (the board's and the API's name)
         self.board = Board(led_elsewhere(config.cluster_node_id))
-        self.pins = pins_of(config.vhosts)  # vhost -> the worker its [[vhosts]] table pins it to
-        self.hashed = HashedPlacement(workers, self.pins)  # where a clustered node's vhosts are
         self.posting: set[asyncio.Task] = set()  # each worker's posts being read (Board.serve)
         self.moving = asyncio.Lock()  # one vhost moved at a time
         self.saving = asyncio.Lock()  # one write of placement.json at a time
@@ -201,13 +200,13 @@ class Supervisor:
         except OSError as error:
             raise data_dir_error(self.data_dir, error) from error
         try:
-            self.placement = None if self.clustered else Placement.load(self.data_dir, len(self.workers), self.pins)
+            if not self.clustered:
+                self.placement = Placement.load(self.data_dir, len(self.workers), self.placement.pins)
         except PlacementError as error:
             raise StartupError(str(error)) from error
         except OSError as error:
             raise data_dir_error(self.data_dir, error) from error
-        if self.placement is not None:
-            await self._finish_moving()
+        await self._finish_moving()
         for worker in self.workers:
             refusal = await self._start(worker)
             if refusal is not None:
@@ -254,7 +253,7 @@ class Supervisor:
             running.add_done_callback(tasks.discard)
         reader, writer = await asyncio.open_connection(sock=parent, limit=CONTROL_LINE_LIMIT)
         first = worker.number == 0
-        placed = self.placement.leaders if self.placement is not None else {}
+        placed = self.placement.leaders
         try:
             await send(writer, {
                 "config": dataclasses.asdict(self.config), "worker": worker.number, "workers": len(self.workers),
@@ -265,7 +264,6 @@ class Supervisor:
             told = dict(placed)
             serving = await receive(reader)
             if first and "vhosts" in serving:  # its store read: the placement of its vhosts, then it serves
-                assert self.placement is not None, "(a clustered worker's store is its group's)"
                 if self.placement.place(serving["vhosts"], serving["found"]):
                     await self._save_placement()
                 await send(writer, {"placement": self.placement.leaders})
@@ -288,7 +286,7 @@ class Supervisor:
         watching.add_done_callback(self.watching.discard)
         if self.opened:  # (a worker started again: the others serve)
             await self._open(worker)
-        if self.placement is not None and self.placement.leaders != told:  # a vhost made or deleted meanwhile
+        if self.placement.leaders != told:  # a vhost made or deleted meanwhile
             await self._ask(worker, self._state)
         log.info("worker %d serves (pid %d)", worker.number, worker.process.pid)  # (every worker knows it does)
         return None
@@ -296,9 +294,7 @@ class Supervisor:
     def worker_of(self, vhost: str) -> int:
         """The worker that leads a vhost (the first for a vhost none leads); on a clustered node, the worker whose
         replication group holds it, led here or on another node."""
-        if self.placement is None:
-            return self.hashed.of(vhost)
-        return self.placement.leaders.get(vhost, 0)
+        return self.placement.of(vhost)
 
     def api_target(self, worker: int, metrics: bool = False) -> str | tuple[str, int] | None:
         """Where a worker's API (or Prometheus endpoint) answers: its internal socket's path, or on a clustered node
@@ -322,10 +318,8 @@ class Supervisor:
                 if isinstance(self.api_target(worker.number, metrics=True), str)]
 
     async def place(self, vhosts: list[str]) -> list[str]:
-        """Give new vhosts a worker, and tell every worker before any of them makes one; which were new (none on a
-        clustered node, whose vhosts are placed by their names)."""
-        if self.placement is None:
-            return []
+        """Give new vhosts a worker, and tell every worker before any of them makes one; which were new (on a
+        clustered node, whose vhosts are placed by their names, nothing is recorded)."""
         new = [name for name in dict.fromkeys(vhosts) if name not in self.placement.leaders]
         if self.placement.place(new, []):
             await self._placement_changed()
@@ -333,13 +327,10 @@ class Supervisor:
 
     async def forget(self, vhosts: list[str]) -> None:
         """Deleted vhosts, or vhosts a refused change would have made, leave the placement."""
-        if self.placement is None:
-            return
         if [self.placement.leaders.pop(name) for name in vhosts if name in self.placement.leaders]:
             await self._placement_changed()
 
     async def _placement_changed(self) -> None:
-        assert self.placement is not None
         await self._save_placement()
         await self._tell_workers()
 
@@ -349,7 +340,6 @@ class Supervisor:
             await self._ask(worker, self._state)
 
     def _state(self) -> dict:
-        assert self.placement is not None
         return {"placement": self.placement.leaders}
 
     async def node_wide_changed(self) -> None:
@@ -412,8 +402,8 @@ class Supervisor:
         """Move a vhost to another worker (broker.workers.moving): its worker and the target stop cleanly, the
         vhost's data moves from one store to the other, and both start again; returns once they serve.
         moving.MoveError if a store could not be read or written. (The worker leading the vhost has checked the
-        move first: cluster.worker.Placed, which refuses a vhost the config pins elsewhere.)"""
-        assert self.placement is not None
+        move first: broker.workers.placement.RecordedPlacement.check_move, which refuses a vhost the config pins
+        elsewhere, and any move in a cluster.)"""
         async with self.moving:
             source = self.placement.leaders.get(vhost, 0)
             if source == target:
@@ -437,7 +427,6 @@ class Supervisor:
                                timeout=MOVED_SERVING_WAIT)
 
     def _leader(self, vhost: str) -> int:
-        assert self.placement is not None
         return self.placement.leaders.get(vhost, 0)
 
     def _lead(self, vhost: str, worker: int, loop: asyncio.AbstractEventLoop) -> None:
@@ -445,13 +434,11 @@ class Supervisor:
         asyncio.run_coroutine_threadsafe(self._placed(vhost, worker), loop).result()
 
     async def _placed(self, vhost: str, worker: int) -> None:
-        assert self.placement is not None
         self.placement.leaders[vhost] = worker
         await self._placement_changed()
 
     async def _save_placement(self) -> None:
         """placement.json written (one save at a time: each writes the same temporary file)."""
-        assert self.placement is not None
         async with self.saving:
             await asyncio.get_running_loop().run_in_executor(None, self.placement.save)
 

@@ -130,11 +130,12 @@ def test_an_unknown_path_is_404_object_not_found(broker):
 @beyond_rabbitmq
 @pytest.mark.skipif(WORKERS > 1, reason="a broker of several workers moves vhosts between them (test_workers.py)")
 def test_a_vhosts_leader_is_chosen_only_among_workers(broker):
-    for method, body in (("GET", None), ("PUT", {"node": "b"}), ("DELETE", None)):
-        reply = request(broker, method, "/api/vhosts/%2F/leader", body)
+    for method, path, body in (("GET", "leader", None), ("PUT", "leader", {"node": "b"}), ("DELETE", "leader", None),
+                               ("PUT", "group", {"group": 1})):
+        reply = request(broker, method, f"/api/vhosts/%2F/{path}", body)
         assert reply == (400, {"error": "bad_request", "reason": (
-            "a vhost's leader is chosen among the workers of a broker with several ([server] workers), or the nodes "
-            "of a cluster; this broker runs one process of its own")})
+            "a vhost's leader and group are chosen among the workers of a broker with several ([server] workers), "
+            "or the nodes of a cluster; this broker runs one process of its own")})
     assert request(broker, "GET", "/api/vhosts/no-such-vhost/leader") == (404, NOT_FOUND)
 
 

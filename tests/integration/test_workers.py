@@ -421,7 +421,7 @@ def test_a_killed_worker_costs_the_other_vhosts_nothing_and_loses_nothing_confir
 
 
 def test_a_vhost_moves_to_another_worker_with_what_a_restart_keeps(own_broker, tmp_path):
-    """PUT /api/vhosts/{vhost}/leader (warrenctl set_vhost_leader) moves a vhost's durable state to another worker:
+    """PUT /api/vhosts/{vhost}/group (warrenctl move_vhost) moves a vhost's durable state to another worker's group:
     the two workers stop and start again, the third one's clients notice nothing, and the vhost comes back whole
     on the worker named, as after a restart."""
     config = tmp_path / "warren.toml"
@@ -429,8 +429,9 @@ def test_a_vhost_moves_to_another_worker_with_what_a_restart_keeps(own_broker, t
     broker = own_broker("--workers", "3", "--config", str(config))
     host = socket.gethostname().split(".")[0]
     # placed in order of their names: "/" on worker 0, "pinned" on 1, v1 on 2 (the one leading fewest), v2 on 0
-    assert request(broker, "GET", "/api/vhosts/v1/leader").body == {"vhost": "v1", "node": f"warren-2@{host}",
-                                                                    "pinned": None}
+    # (its group's leader: this node, the only one that can lead it)
+    assert request(broker, "GET", "/api/vhosts/v1/leader").body == {"vhost": "v1", "group": 2, "node": "warren",
+                                                                    "pinned": "warren"}
     with connect(broker, "v1") as conn:
         channel = conn.channel()
         channel.confirm_delivery()
@@ -457,17 +458,17 @@ def test_a_vhost_moves_to_another_worker_with_what_a_restart_keeps(own_broker, t
     staying_channel.confirm_delivery()
     moved = connect(broker, "v1")
 
-    assert request(broker, "PUT", "/api/vhosts/v1/leader", {"node": "nobody"}) == (400, {
-        "error": "bad_request", "reason": "node 'nobody' is not a worker of this broker (its workers: "
-                                          f"warren-0@{host}, warren-1@{host}, warren-2@{host})"})
-    assert request(broker, "PUT", "/api/vhosts/pinned/leader", {"node": "warren-0"}).body["reason"] == (
-        f"vhost 'pinned' is pinned to warren-1@{host} by the config ([[vhosts]] worker): change the pin to move it")
+    assert request(broker, "PUT", "/api/vhosts/v1/group", {"group": 3}) == (400, {
+        "error": "bad_request", "reason": "there is no group 3: this node runs 3 workers, groups 0 to 2"})
+    assert request(broker, "PUT", "/api/vhosts/v1/group", {"group": "1"}).body["reason"] == (
+        "group must be a number, got '1'")
+    assert request(broker, "PUT", "/api/vhosts/pinned/group", {"group": 0}).body["reason"] == (
+        "vhost 'pinned' is pinned to group 1 by the config ([[vhosts]] worker): change the pin to move it")
+    assert request(broker, "PUT", "/api/vhosts/v1/leader", {"node": "nobody"}).body["reason"] == (
+        "node 'nobody' is not a member of the cluster now (members: warren)")  # (leading, not moving: one node)
     assert request(broker, "GET", "/api/queues/v1/due").body["messages"] == 0  # not due yet
-    assert ok(broker, "set_vhost_leader", "warren-1", "-p", "v1") == (  # (rabbitmqctl's short node name)
-        'Moving the leadership of vhost "v1" to node "warren-1" ...\n')
-    assert request(broker, "GET", "/api/vhosts/v1/leader").body["node"] == f"warren-1@{host}"
-    assert request(broker, "DELETE", "/api/vhosts/v1/leader").body["reason"] == (
-        "a vhost stays on its worker until it is moved to another (PUT {\"node\": ...}): there is no choice to clear")
+    assert ok(broker, "move_vhost", "1", "-p", "v1") == 'Moving vhost "v1" to group 1 ...\n'
+    assert request(broker, "GET", "/api/vhosts/v1/leader").body["group"] == 1
     with pytest.raises(pika.exceptions.AMQPError):  # its worker stopped: the client connects again
         moved.channel().queue_declare("kept", passive=True)
     staying_channel.queue_declare("still here", durable=True)  # the same connection as before the move
@@ -520,8 +521,7 @@ def test_a_move_a_stop_interrupted_is_finished_at_the_next_start(workers):
     journal.write_text(json.dumps({"vhost": "v1", "from": 1, "to": 2}))
     broker.start()
     assert not journal.exists()
-    host = socket.gethostname().split(".")[0]
-    assert request(broker, "GET", "/api/vhosts/v1/leader").body["node"] == f"warren-2@{host}"
+    assert request(broker, "GET", "/api/vhosts/v1/leader").body["group"] == 2
     with connect(broker, "v1") as conn:
         assert conn.channel().basic_get("kept", auto_ack=True)[2] == b"hello"
     assert "moved from worker 1 to worker 2" in broker.log()

@@ -1,11 +1,13 @@
-"""The management API: which node leads a vhost, and an operator's choice of it (Warren's own).
+"""The management API: which node leads a vhost, an operator's choice of it, and a vhost moved to another group
+(Warren's own).
 
-- In a cluster, each worker slot of a node is a replication group whose leaders spread over the nodes, and a vhost
-  lives in one group (cluster.worker). Moving a vhost's leadership moves its group's, with the other vhosts of that
-  group, and no data: every node holds a copy of every group. (A cluster of one-process nodes has one group:
-  moving one vhost's leadership moves the cluster's.)
-- On a node of several workers, each worker is a node of its own in the API: the worker checks the request, and
-  the supervisor moves the vhost's data to the worker named (broker.workers.api, broker.workers.moving)."""
+Each worker slot of a node of workers is a replication group, and a vhost lives in one group (cluster.worker).
+- ``.../leader``: moving a vhost's leadership moves its group's, with the other vhosts of that group, and no data:
+  every node holds a copy of every group. (A cluster of one-process nodes has one group: moving one vhost's
+  leadership moves the cluster's; a node outside a cluster leads every group itself.)
+- ``.../group``: on a node of workers outside a cluster, the vhost's data moves to another worker's group: the
+  worker that leads it checks the request, and the supervisor moves it (broker.workers.api, broker.workers.moving).
+  A cluster's vhosts are in the group their names give."""
 
 from __future__ import annotations
 
@@ -15,8 +17,8 @@ from broker.management import http
 
 routes = web.RouteTableDef()
 
-NOT_HERE = ("a vhost's leader is chosen among the workers of a broker with several ([server] workers), or the nodes "
-            "of a cluster; this broker runs one process of its own")
+NOT_HERE = ("a vhost's leader and group are chosen among the workers of a broker with several ([server] workers), or "
+            "the nodes of a cluster; this broker runs one process of its own")
 
 
 def leadership_of(request: web.Request):
@@ -53,6 +55,23 @@ async def pin_leader(request: web.Request) -> web.Response:
 async def unpin_leader(request: web.Request) -> web.Response:
     http.require(request, "administrator")
     return await changed(leadership_of(request), request.match_info["vhost"], None)
+
+
+@routes.put("/api/vhosts/{vhost}/group")
+async def move_to_group(request: web.Request) -> web.Response:
+    """Checked here, by the worker that leads the vhost; moved by the supervisor once this answers 204."""
+    http.require(request, "administrator")
+    leadership = leadership_of(request)
+    body = await http.json_body(request)
+    http.require_keys(body, ("group",))
+    group = body["group"]
+    if type(group) is not int:
+        raise http.bad_request(f"group must be a number, got {group!r:.100}")
+    try:
+        leadership.check_move(request.match_info["vhost"], group)
+    except ValueError as error:
+        raise http.bad_request(str(error)) from None
+    return web.Response(status=204)
 
 
 async def changed(leadership, vhost: str, node: str | None) -> web.Response:

@@ -73,7 +73,7 @@ def test_a_pin_that_a_store_contradicts_is_refused_naming_both_workers(tmp_path)
     placement.save()
     with pytest.raises(PlacementError, match=r"vhost 'v' is pinned to worker 0 \(\[\[vhosts\]\] worker\), but it lives "
                                              r"in the store of worker 1: pin it to 1 or remove the pin, start, and "
-                                             r"move it \(warrenctl set_vhost_leader warren-0 -p VHOST\)"):
+                                             r"move it \(warrenctl move_vhost 0 -p VHOST\)"):
         Placement.load(tmp_path, workers=2, pins={"v": 0})
     fresh = Placement.load(tmp_path / "one-process", workers=2, pins={"old": 1})
     with pytest.raises(PlacementError, match="vhost 'old' is pinned to worker 1"):  # found in worker 0's store
