@@ -41,14 +41,19 @@ async def get_leader(request: web.Request) -> web.Response:
     return http.reply({"vhost": request.match_info["vhost"], **state})
 
 
-@routes.put("/api/vhosts/{vhost}/leader")
-async def pin_leader(request: web.Request) -> web.Response:
+async def asked(request: web.Request, key: str):
+    """An administrator's request about a vhost's leadership: the leadership, and the body, which holds ``key``."""
     http.require(request, "administrator")
     leadership = leadership_of(request)
     body = await http.json_body(request)
-    http.require_keys(body, ("node",))
-    node = http.string_field(body, "node")
-    return await changed(leadership, request.match_info["vhost"], node)
+    http.require_keys(body, (key,))
+    return leadership, body
+
+
+@routes.put("/api/vhosts/{vhost}/leader")
+async def pin_leader(request: web.Request) -> web.Response:
+    leadership, body = await asked(request, "node")
+    return await changed(leadership, request.match_info["vhost"], http.string_field(body, "node"))
 
 
 @routes.delete("/api/vhosts/{vhost}/leader")
@@ -60,10 +65,7 @@ async def unpin_leader(request: web.Request) -> web.Response:
 @routes.put("/api/vhosts/{vhost}/group")
 async def move_to_group(request: web.Request) -> web.Response:
     """Checked here, by the worker that leads the vhost; moved by the supervisor once this answers 204."""
-    http.require(request, "administrator")
-    leadership = leadership_of(request)
-    body = await http.json_body(request)
-    http.require_keys(body, ("group",))
+    leadership, body = await asked(request, "group")
     group = body["group"]
     if type(group) is not int:
         raise http.bad_request(f"group must be a number, got {group!r:.100}")
