@@ -81,11 +81,11 @@ class GroupWorker:
                                         self.node_entry),
                          InternalSocket(number, make_prometheus_app, self.why_not))
         # what a group leader's broker reports of its part (broker.connection.server.WorkerRole)
-        self.keeps_node_definitions = True  # every group keeps the node-wide definitions its config gives
         self.led: set[str] = set()
-        # The first worker's node-wide definitions (users, vhosts, permissions), for a worker started again whose
-        # group has no other copy to catch up from (outside a cluster); None: its own are current
+        # The first worker's node-wide definitions (users, vhosts, permissions), for a worker whose group has no
+        # other copy to catch up from (outside a cluster); None: its own are current
         self.node_wide = node_wide
+        self.keeps_node_definitions = node_wide is None  # (else it copies the first worker's)
         self.leading = asyncio.Event()  # set once this node first leads the group
 
     def why_not(self) -> str:
