@@ -59,13 +59,13 @@ log = logging.getLogger("cluster")
 
 FIRST_ELECTIONS_IN_ORDER = 0.1  # seconds between looks at the board while the groups before this one elect
 
-Placement = Union[HashedPlacement, RecordedPlacement]
+GroupPlacement = Union[HashedPlacement, RecordedPlacement]  # which group holds a vhost: by its name, or recorded
 
 
 class GroupWorker:
     """This worker's group: the broker it leads with, the routes of its front doors, and when it campaigns."""
 
-    def __init__(self, config: Config, number: int, groups: Placement, board: BoardCopy,
+    def __init__(self, config: Config, number: int, groups: GroupPlacement, board: BoardCopy,
                  senders: dict[int, socket.socket], logins: NodeLoginThrottle, node_wide: dict | None = None):
         self.config = config
         self.number = number  # this worker's number, and its group's
@@ -373,7 +373,7 @@ async def serve(control_socket: socket.socket) -> None:
     control = WorkerControl(reader, writer)
     coordinator = make_coordinator(config, number)
     pins = pins_of(config.vhosts)
-    groups: Placement = HashedPlacement(workers, pins)
+    groups: GroupPlacement = HashedPlacement(workers, pins)
     if not coordinator.followed:  # its vhosts are where the supervisor records them, and move between workers
         groups = RecordedPlacement(instructions["placement"] or {}, control.ask, workers, pins)
         control.placed = groups.told
@@ -396,8 +396,9 @@ async def serve(control_socket: socket.socket) -> None:
         leading.cancel()
         if running.done():
             error = running.exception() if not running.cancelled() else None
-            await send(writer, {"refused": str(error) if error is not None else "it stopped before it served"})
-            raise StartupError(str(error))
+            reason = str(error) if error is not None else "it stopped before it served"
+            await send(writer, {"refused": reason})
+            raise StartupError(reason)
     doors = FrontDoors(config, version(), platform_name(), group.route,
                        lambda: board.entries.get(CLUSTER_SECRET) or "",  # (group 0's: one for the whole cluster)
                        towards=cluster.tls[1] if cluster.tls else None, users=lambda: cluster.server)

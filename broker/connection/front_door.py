@@ -238,7 +238,6 @@ class FrontDoor(asyncio.Protocol):
         self.checked = check_login(server, start_ok, self.peer[0], peer) is not None
         if self.checked:
             return True
-        self.transport.pause_reading()
         if self.timer is not None:
             self.timer.cancel()  # the refusal's wait is bounded
         self.refusal = Refusal(server, self.transport, self.peer[0], start_ok, self._answer_refused)

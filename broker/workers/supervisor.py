@@ -231,7 +231,7 @@ class Supervisor:
         tls = self.listening_tls.fileno() if self.listening_tls is not None else None
         inherited = [child.fileno(), self.listening.fileno(), worker.receiving.fileno(), worker.api.fileno(),
                      worker.metrics.fileno(), logins_fd, board_fd, *senders.values(),
-                     *[fd for fd in (tls,) if fd is not None]]
+                     *([tls] if tls is not None else [])]
         # A session of its own: a terminal's Ctrl-C reaches the supervisor alone, which stops the workers in turn.
         try:
             worker.process = await asyncio.create_subprocess_exec(
