@@ -9,6 +9,10 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
+# A broker's timers count whole milliseconds from the time its event loop read at the start of its turn (libuv), so a
+# delay may end up to a millisecond or two before its nominal length, as another clock measures it
+TIMER_GRAIN = 0.002
+
 
 def wait_for(condition: Callable[[], T], timeout: float = 15.0, what: str = "the condition", step: float = 0.02,
              *, until: Callable[[T], object] = bool) -> T:

@@ -11,11 +11,9 @@ import pytest
 from pamqp import commands
 
 from tests.integration.rawclient import PeerClosed, RawClient, describe, plain_response
+from tests.waiting import TIMER_GRAIN
 
 DELAY = 0.5  # failed_login_delay of the brokers started here
-# The broker's timers count whole milliseconds from the time its event loop read at the start of its turn (libuv), so
-# a delay may end up to a millisecond or two before its nominal length
-TIMER_GRAIN = 0.002
 
 
 def start_ok(client: RawClient, response: str, mechanism: str = "PLAIN") -> float:

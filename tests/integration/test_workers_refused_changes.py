@@ -15,8 +15,8 @@ from pamqp import commands
 
 from tests.integration.management import add_user, request
 from tests.integration.rawclient import RawClient, plain_response
-from tests.integration.test_login_failures import TIMER_GRAIN
 from tests.integration.test_workers import CONFIG, worker_pids
+from tests.waiting import TIMER_GRAIN
 
 REFUSING_CLIENTS = 16  # clients sending refused changes at once
 REFUSED_AFTER = 200  # refused changes sent after the administrator's PUT was answered, at the least
