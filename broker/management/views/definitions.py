@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from urllib.parse import quote
 
@@ -82,10 +83,13 @@ async def _imported(request: web.Request, vhost: str | None) -> web.Response:
 
 async def _import_in_slices(node, document, vhost: str | None, check_only: bool = False) -> None:
     """Import a slice of items at a time, letting the event loop run between slices: a 10 MB document (290,000
-    queues) took 14 s of it in one piece."""
+    queues) took 14 s of it in one piece. Each slice's young objects are collected at its end: left to the
+    collector's own schedule, the objects of ten of its first collections (GC_THRESHOLD each, most of them kept:
+    the new queues) were walked in one go, 70 to 110 ms of the loop at once for 30,000 queues."""
     slice_ends = time.monotonic() + IMPORT_SLICE
     for _ in importing(node, document, vhost, check_only):
         if time.monotonic() >= slice_ends:
+            gc.collect(1)  # (the young generations: a slice's objects, a few ms at most)
             await asyncio.sleep(0)
             slice_ends = time.monotonic() + IMPORT_SLICE
 
