@@ -81,7 +81,7 @@ class EtcdCoordinator(LeaseHolder):
             except CoordinatorUnavailable:
                 if attempt == len(self.endpoints) - 1:
                     self._closed = True
-                    await self._close_client(self._client)
+                    await self._quietly(self._client.close())
                     raise
 
     async def refresh(self) -> bool:
@@ -156,14 +156,7 @@ class EtcdCoordinator(LeaseHolder):
         return written
 
     async def secret(self) -> str:
-        key = self.keys.secret.encode()
-        _, responses = await self._call(lambda client: client.transaction(
-            compare=[client.transactions.create(key) == 0],
-            success=[client.transactions.put(key, new_secret().encode()), client.transactions.get(key)],
-            failure=[client.transactions.get(key)],
-        ))
-        [(stored, _)] = responses[-1]
-        return stored.decode()
+        return await self._put_once(self.keys.secret, new_secret())
 
     async def preferred(self) -> str | None:
         found = await self._call(lambda client: client.get(self.keys.preferred.encode()))
@@ -177,14 +170,7 @@ class EtcdCoordinator(LeaseHolder):
             await self._call(lambda client: client.put(key, node.encode()))
 
     async def agree(self, name: str, proposal: str) -> str:
-        key = self.keys.setting(name).encode()
-        _, responses = await self._call(lambda client: client.transaction(
-            compare=[client.transactions.create(key) == 0],
-            success=[client.transactions.put(key, proposal.encode()), client.transactions.get(key)],
-            failure=[client.transactions.get(key)],
-        ))
-        [(stored, _)] = responses[-1]
-        return stored.decode()
+        return await self._put_once(self.keys.setting(name), proposal)
 
     async def resign(self) -> None:
         key = self.keys.leader.encode()
@@ -200,13 +186,24 @@ class EtcdCoordinator(LeaseHolder):
                 await self._call(lambda client: client.revoke_lease(self._lease_id))
         self._proof.lost()
         self._closed = True
-        await self._close_client(self._client)
+        await self._quietly(self._client.close())
 
     async def _grant(self) -> None:
         sent_at = time.monotonic()
         lease = await self._call(lambda client: client.lease(math.ceil(self.lease_ttl)))
         self._lease_id = lease.id
         self._proof.renewed(sent_at, lease.ttl)  # etcd may grant more than asked (its minimum is 1.5 x election)
+
+    async def _put_once(self, name: str, value: str) -> str:
+        """What the key ``name`` holds: ``value``, unless a value was put there before."""
+        key = name.encode()
+        _, responses = await self._call(lambda client: client.transaction(
+            compare=[client.transactions.create(key) == 0],
+            success=[client.transactions.put(key, value.encode()), client.transactions.get(key)],
+            failure=[client.transactions.get(key)],
+        ))
+        [(stored, _)] = responses[-1]
+        return stored.decode()
 
     async def _watch_leader_until_not(self, epoch: int | None) -> None:
         """Return once the leader key's epoch is not epoch. The key is read first, and watched from the revision
@@ -250,15 +247,12 @@ class EtcdCoordinator(LeaseHolder):
             return
         self._endpoint = (self._endpoint + 1) % len(self.endpoints)
         self._client = self._new_client()
-        await self._close_client(failed)
+        await self._quietly(failed.close())
 
     def _new_client(self) -> aetcd.Client:
         host, port = self.endpoints[self._endpoint].rsplit(":", 1)
         return aetcd.Client(host=host, port=int(port), timeout=self.call_timeout, options=_CHANNEL_OPTIONS,
                             connect_wait_timeout=self.call_timeout)
-
-    async def _close_client(self, client: aetcd.Client) -> None:
-        await self._quietly(client.close())
 
     async def _quietly(self, step: Awaitable[Any]) -> None:
         """Wind something down within call_timeout, whatever happens (the client is being left anyway)."""

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import ssl
 import time
 from pathlib import Path
 from typing import Protocol
@@ -64,25 +63,20 @@ class Group(Protocol):
 
     def server(self, config: Config) -> Server:
         """The broker to lead with: it serves the clients the front doors hand to it."""
-        ...
 
     def announce(self, leader: Member | None) -> None:
         """Who leads the group as this node now knows it: this node once it serves, the leader it follows while it
         hears it, None otherwise."""
-        ...
 
     def hold(self, candidates: list[str]) -> float:
         """Seconds to wait before campaigning (0: at once), given the other nodes that could lead the group."""
-        ...
 
     def lighter(self, candidates: list[str]) -> str | None:
         """While this node leads the group: a node of candidates (members that could lead it) that leads at least
         two groups fewer than this node, to step aside for (None: the leaders are balanced)."""
-        ...
 
     def learnt(self, secret: str) -> None:
         """The group's secret, as this node has just learnt it."""
-        ...
 
 
 class ClusterNode:
@@ -94,14 +88,17 @@ class ClusterNode:
         self.coordinator = coordinator
         self.ttl = coordinator.lease_ttl
         self.data_dir_identity = ""  # (cluster.state) read or made as the node starts: the ISR names copies by it
-        self.member = Member(self.node, self._advertised(), config.port, self._advertised(),
+        advertised = config.cluster_advertise_host or config.host
+        self.member = Member(self.node, advertised, config.port, advertised,
                              config.cluster_replication_port, management_port=config.management_port,
                              amqps_port=config.tls_port if config.tls_certfile else 0)
         # [cluster] tls: this node's TLS towards the other nodes (the accepting side's context, the connecting side's)
-        self.tls = node_tls(config)
-        self.group_number = group.number  # the replication group's (its worker's)
+        try:
+            self.tls = node_contexts(config) if config.cluster_tls else None
+        except TlsError as error:  # a file that cannot be used, named
+            raise StartupError(str(error)) from error
         # what the replication stream's proofs are bound to: the cluster, and the group
-        self.replication_group = f"{config.cluster_name}/{self.group_number}"
+        self.replication_group = f"{config.cluster_name}/{group.number}"
         self.secret = ""  # the cluster's shared secret (from etcd, or from secret_file)
         self.role = "starting"  # starting, follower, leader
         self.server: Server | None = None  # the broker, while leading
@@ -115,9 +112,6 @@ class ClusterNode:
         self._stopping = False
         # the levels of the lines that tell of the group's life, which a group of one leads without a word
         self.info, self.warning = (logging.INFO, logging.WARNING) if coordinator.followed else (logging.DEBUG,) * 2
-
-    def _advertised(self) -> str:
-        return self.config.cluster_advertise_host or self.config.host
 
     # --- the node's life ------------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -162,27 +156,25 @@ class ClusterNode:
             async with self._joining:
                 return
         async with self._joining:
-            await self._join_with_a_new_lease()
-
-    async def _join_with_a_new_lease(self) -> None:
-        said = ""  # the last failure logged: one line per kind of failure, not one per attempt
-        started = time.monotonic()
-        while True:
-            try:
-                asked = time.monotonic()
-                await self.coordinator.start()
-                self._renewed(asked)
-                self.secret = await self._learn_secret()
-                self.group.learnt(self.secret)
-                await self.coordinator.register(self.member)
-                if said:
-                    log.info("joined the cluster through etcd after %.1f s", time.monotonic() - started)
-                return
-            except CoordinatorError as error:
-                if str(error) != said:
-                    log.warning("cannot join the cluster through etcd yet (trying every %.1f s): %s", RETRY, error)
-                    said = str(error)
-                await asyncio.sleep(RETRY)
+            said = ""  # the last failure logged: one line per kind of failure, not one per attempt
+            started = time.monotonic()
+            while True:
+                try:
+                    asked = time.monotonic()
+                    await self.coordinator.start()
+                    self._renewed(asked)
+                    self.secret = await self._learn_secret()
+                    self.group.learnt(self.secret)
+                    await self.coordinator.register(self.member)
+                    if said:
+                        log.info("joined the cluster through etcd after %.1f s", time.monotonic() - started)
+                    return
+                except CoordinatorError as error:
+                    if str(error) != said:
+                        log.warning("cannot join the cluster through etcd yet (trying every %.1f s): %s", RETRY,
+                                    error)
+                        said = str(error)
+                    await asyncio.sleep(RETRY)
 
     async def _learn_secret(self) -> str:
         """The secret [cluster] secret_file holds, or else the one etcd keeps (made by the first node to ask)."""
@@ -247,7 +239,7 @@ class ClusterNode:
             why = (f"no node holding an in-sync replica ({named}) is running, and this node's data dir {held}: the "
                    "cluster cannot serve without losing confirmed messages. Start a node that holds one, or force an "
                    "unclean election, accepting the loss, with `python -m cluster force-leader --config FILE "
-                   f"--group {self.group_number}` on the node to lead")
+                   f"--group {self.group.number}` on the node to lead")
         if why != self.waiting_for:
             log.log(level, "not electable: %s", why)
             self.waiting_for = why
@@ -369,7 +361,7 @@ class ClusterNode:
             self._check_proof()  # first of all after a pause (SIGSTOP, a frozen VM): the lease may be gone
             server = self.server
             if server is not None:
-                server.store.when_durable(_ignore)  # an idle store still proves its writer turns over
+                server.store.when_durable(lambda ok: None)  # an idle store still proves its writer turns over
                 stalled = time.monotonic() - max(server.store.writer_progress(), self._serving_since)
                 if stalled > self.ttl / 2 or not server.store.healthy:
                     log.error(PROGRESS_PROBE.format(stalled) if server.store.healthy else UNHEALTHY)
@@ -485,17 +477,6 @@ class ClusterNode:
                 await asyncio.sleep(RETRY)
 
 
-def node_tls(config: Config) -> tuple[ssl.SSLContext, ssl.SSLContext] | None:
-    """[cluster] tls: the node's contexts towards the other nodes (StartupError naming a file that cannot be used);
-    None without it."""
-    if not config.cluster_tls:
-        return None
-    try:
-        return node_contexts(config)
-    except TlsError as error:
-        raise StartupError(str(error)) from error
-
-
 def can_lead(node: str, members: dict[str, Member], replicas: list[Replica] | None) -> bool:
     """Whether a node could win an election now: it is a member, and its data dir holds an in-sync copy (any does,
     in a cluster that never had a leader)."""
@@ -503,5 +484,3 @@ def can_lead(node: str, members: dict[str, Member], replicas: list[Replica] | No
     return member is not None and (replicas is None or find_copy(replicas, node, member.dir) is not None)
 
 
-def _ignore(ok: bool) -> None:
-    pass

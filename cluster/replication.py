@@ -68,21 +68,16 @@ class Follower:
         self.epoch = epoch  # the leader's epoch, whose frames it acks
         self.writer = writer
         self.cut: int | None = None  # the sequence its copy stands at, once the writer took the cut
-        self.buffered: list[bytes] = []  # frames after the cut, held while the copy is being sent
+        self.buffered: list[tuple[int, bytes]] = []  # (sequence, frame) after the cut, held while the copy is sent
         self.streaming = False  # the copy is sent: frames go straight to the socket
         self.target = -1  # the sequence to ack before it may enter the ISR
         self.in_sync = False  # caught up: the leader wants it in the ISR
-        self.buffered_sequences: list[int] = []  # the sequences of ``buffered``
         self.acked = -1  # the highest sequence it has made durable
         self.sent = -1  # the highest sequence written to its socket
         self.unacked: deque[tuple[int, float]] = deque()  # (sequence, monotonic time sent) of frames not acked yet
         self.written_at = time.monotonic()  # when anything was last written to its socket
         self.heard_at = time.monotonic()  # when anything last came from it
         self.closed = False
-
-    @property
-    def replica(self) -> Replica:
-        return Replica(self.node, self.dir, self.acked, self.epoch)
 
     def send(self, sequence: int, frame: bytes) -> None:
         if sequence > self.acked:
@@ -213,8 +208,7 @@ class ReplicationServer:
             if follower.streaming:
                 follower.send(sequence, frame)
             elif follower.cut is not None:
-                follower.buffered.append(frame)
-                follower.buffered_sequences.append(sequence)
+                follower.buffered.append((sequence, frame))
 
     # --- confirms -------------------------------------------------------------------------------------------
     def _gate(self, sequence: int, release: Callable[[], None]) -> None:
@@ -256,14 +250,12 @@ class ReplicationServer:
         not connected (it still holds all that was confirmed: none could be without it). A replica that connects
         again leaves, since its copy is about to be rewritten."""
         live = (Replica(self._node, self._dir, self._latest, self._epoch),
-                *(follower.replica for _, follower in sorted(self._followers.items()) if follower.in_sync))
+                *(Replica(follower.node, follower.dir, follower.acked, follower.epoch)
+                  for _, follower in sorted(self._followers.items()) if follower.in_sync))
         if len(live) >= self._min_insync:
             return live
         return (*live, *(replica for replica in self._committed
                          if replica.node != self._node and replica.node not in self._followers))
-
-    def _isr_nodes(self) -> set[str]:
-        return {replica.node for replica in self._committed}
 
     async def _keep_isr(self) -> None:
         """Write the wanted ISR to etcd whenever it changes; confirms wait meanwhile."""
@@ -322,7 +314,7 @@ class ReplicationServer:
         in its favour; the node then waits before campaigning again, so that the replica's side takes over."""
         while True:
             await asyncio.sleep(self._ack_timeout / 2)
-            if self._live_copies() >= self._min_insync:
+            if 1 + sum(follower.in_sync for follower in self._followers.values()) >= self._min_insync:
                 continue
             try:
                 members = await self._coordinator.members()
@@ -337,9 +329,6 @@ class ReplicationServer:
                 self._lost(f"it cannot keep {self._min_insync} copies and {', '.join(lost)} of the in-sync replicas "
                            "lost it but still reach etcd: stepping aside")
                 return
-
-    def _live_copies(self) -> int:
-        return 1 + sum(1 for follower in self._followers.values() if follower.in_sync)
 
     # --- one follower's connection --------------------------------------------------------------------------
     async def _serve_follower(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -382,7 +371,8 @@ class ReplicationServer:
             return
         stream.limit = frames.MAX_MANIFEST
         try:
-            holds = await asyncio.wait_for(self._read_manifest(reader, stream), self._ack_timeout * 5)
+            holds = frames.decode_manifest(await asyncio.wait_for(
+                self._read_one(reader, stream, frames.MANIFEST, "manifest"), self._ack_timeout * 5))
         except (frames.FrameError, asyncio.TimeoutError, OSError) as error:  # (ssl.SSLError: a damaged record)
             log.warning("replication connection from %s (%s) refused: %s", peer, hello.node,
                         error or "no manifest in time")
@@ -429,10 +419,6 @@ class ReplicationServer:
             raise frames.FrameError(f"node {hello.node[:100]!r} gave a wrong proof of the cluster's secret")
         return hello
 
-    async def _read_manifest(self, reader: asyncio.StreamReader,
-                             stream: frames.Reader) -> dict[str, tuple[int, str]]:
-        return frames.decode_manifest(await self._read_one(reader, stream, frames.MANIFEST, "manifest"))
-
     async def _read_acks(self, follower: Follower, reader: asyncio.StreamReader, stream: frames.Reader) -> None:
         data = b""  # what the stream holds already comes first
         while not follower.closed:
@@ -477,7 +463,8 @@ class ReplicationServer:
             self._drop(follower, f"its copy failed: {error or type(error).__name__}")
 
     async def _copy_and_stream(self, follower: Follower) -> None:
-        while follower.node in self._isr_nodes():  # it must leave the ISR before its copy is rewritten
+        # it must leave the ISR before its copy is rewritten
+        while any(replica.node == follower.node for replica in self._committed):
             self._isr_changed.set()
             await asyncio.sleep(ISR_RETRY / 4)
         await self.store_ready.wait()
@@ -489,9 +476,9 @@ class ReplicationServer:
             for _, fd, _ in files:
                 os.close(fd)
         follower.send(sequence, frames.encode_frame(self._epoch, sequence, END_OF_COPY))
-        for later, frame in zip(follower.buffered_sequences, follower.buffered):
+        for later, frame in follower.buffered:
             follower.send(later, frame)
-        follower.buffered, follower.buffered_sequences = [], []
+        follower.buffered = []
         follower.heard_at = time.monotonic()  # its silence counts from now: until now it was busy with the copy
         follower.streaming = True
         follower.target = max(sequence, follower.sent)

@@ -13,28 +13,20 @@ import ssl
 
 from cluster.coordinator import Leader, Member, Replica
 
-WALKOVER_LEASE = 24 * 3600.0  # seconds a walkover lease lives: renewed every eight hours, and never refused
-
 
 class WalkoverCoordinator:
     """cluster.coordinator.Coordinator for a group of one node, which no one else can lead."""
 
     followed = False  # no node follows the group: its leader replicates nothing
+    lease_ttl = 24 * 3600.0  # seconds a walkover lease lives: renewed every eight hours, and never refused
+    lease_id = 1  # (no lease is granted)
+    lease_alive = True  # (it never lapses)
 
     def __init__(self, node_id: str) -> None:
         self.node_id = node_id
-        self.lease_ttl = WALKOVER_LEASE
         self._member: Member | None = None  # as registered
         self._leader: Leader | None = None  # the node, once its campaign is won
         self._epochs = 0  # leaderships so far
-
-    @property
-    def lease_id(self) -> int:
-        return 1
-
-    @property
-    def lease_alive(self) -> bool:
-        return True
 
     async def start(self) -> None:
         pass
@@ -57,8 +49,7 @@ class WalkoverCoordinator:
         return self._leader
 
     async def wait_leader_change(self, epoch: int | None, timeout: float) -> None:
-        current = self._leader.epoch if self._leader is not None else None
-        if current == epoch or (epoch is None and current is None):
+        if (self._leader.epoch if self._leader is not None else None) == epoch:
             await asyncio.sleep(timeout)
 
     async def replicas(self) -> list[Replica] | None:
