@@ -67,17 +67,13 @@ def config_overrides(args: argparse.Namespace, environ: dict[str, str]) -> dict:
     return overrides
 
 
-async def serve_workers(config, files: OpenFiles) -> None:
-    """Worker processes behind one AMQP port: several ([server] workers, broker.workers), or a cluster node's, one
-    or more, each leading or following a replication group of its own (cluster.worker)."""
-    from broker.workers.supervisor import supervise  # one process never loads the supervisor
-
-    await supervise(config, config.workers, started=lambda: say_open_files_limit(config, files))
-
-
 async def serve(config, files: OpenFiles) -> None:
     if config.workers > 1 or config.cluster_etcd_endpoints:
-        await serve_workers(config, files)
+        # Worker processes behind one AMQP port: several ([server] workers), or a cluster node's, one or more, each
+        # leading or following a replication group of its own (cluster.worker)
+        from broker.workers.supervisor import supervise  # one process never loads the supervisor
+
+        await supervise(config, started=lambda: say_open_files_limit(config, files))
         return
     try:  # a data dir that several workers used keeps vhosts in stores one process would not read
         Placement.load(Path(config.data_dir), workers=1)

@@ -28,12 +28,11 @@ from pathlib import Path
 from typing import Callable, Union
 
 from aiohttp import web
-from pamqp import commands as spec
 
 from broker import logs
 from broker.config import Config
 from broker.connection.alarms.memory import memory_limit
-from broker.connection.front_door import FrontDoors, Route, open_doors, refused
+from broker.connection.front_door import FrontDoors, Route, close_frame, open_doors, refused
 from broker.connection.greeting import platform_name
 from broker.connection.connection import Connection
 from broker.connection.handoff import HandedOver, receive_all
@@ -49,7 +48,6 @@ from broker.workers.board import CLUSTER_SECRET, BoardCopy, group_key, members_k
 from broker.workers.control import CONTROL_LINE_LIMIT, WorkerControl, receive, run_worker, send
 from broker.workers.logins import NodeLoginThrottle
 from broker.workers.placement import HashedPlacement, RecordedPlacement, pins_of, worker_data_dir
-from protocol.codec import encode_method
 from protocol.constants import INTERNAL_ERROR
 from cluster.coordinator import CoordinatorError, Member
 from cluster.groups import DEFAULT_GROUP, led_by, members_posted, posted
@@ -236,8 +234,7 @@ def refuse(client: socket.socket, text: str) -> None:
     """Close a handed connection with 541 and text, as far as its socket takes it at once."""
     client.setblocking(False)
     try:
-        client.send(encode_method(0, spec.Connection.Close(reply_code=INTERNAL_ERROR, reply_text=text, class_id=0,
-                                                                method_id=0)))
+        client.send(close_frame(INTERNAL_ERROR, text))
     except OSError:
         pass
     client.close()
@@ -330,22 +327,16 @@ async def agree_on_workers(cluster: ClusterNode, workers: int) -> str | None:
     return None
 
 
-async def post_members(cluster: ClusterNode, board: BoardCopy, number: int) -> None:
-    """The members, as etcd has them now, posted on the board for the API's list of nodes (while etcd does not
-    answer, those posted stay)."""
-    try:
-        members = await cluster.coordinator.members()
-    except CoordinatorError:
-        return
-    listed = members_posted(members.values())
-    if board.entries.get(members_key(number)) != listed:
-        board.post({members_key(number): listed})
-
-
 async def keep_up(cluster: ClusterNode, board: BoardCopy, number: int) -> None:
-    """Keep the members posted."""
+    """Keep the members, as etcd has them, posted on the board for the API's list of nodes (while etcd does not
+    answer, those posted stay)."""
     while True:
-        await post_members(cluster, board, number)
+        try:
+            listed = members_posted((await cluster.coordinator.members()).values())
+            if board.entries.get(members_key(number)) != listed:
+                board.post({members_key(number): listed})
+        except CoordinatorError:
+            pass
         await asyncio.sleep(cluster.ttl / 2)
 
 

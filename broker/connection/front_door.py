@@ -121,6 +121,11 @@ async def open_doors(doors: FrontDoors, tls: ssl.SSLContext | None = None, **whe
         **where)
 
 
+def close_frame(code: int, text: str, method: tuple[int, int] = (0, 0)) -> bytes:
+    """connection.close with code and text (cut to a short string's 255 bytes); method: the one refused, if any."""
+    return encode_method(0, spec.Connection.Close(code, text[:255], *method))
+
+
 def refused(vhost: str | None, why: str) -> str:
     """What a route tells a client whose vhost no process can take now."""
     what = f"vhost '{vhost}'" if vhost is not None else "the cluster"
@@ -364,9 +369,7 @@ class FrontDoor(asyncio.Protocol):
     def refuse(self, code: int, text: str, method: tuple[int, int] = (0, 0)) -> None:
         """Tell the client why it cannot go on (it may connect again); method: the one refused, as (class, method)."""
         if not self.transport.is_closing():
-            close = spec.Connection.Close(reply_code=code, reply_text=text[:255], class_id=method[0],
-                                          method_id=method[1])
-            self.transport.write(encode_method(0, close))
+            self.transport.write(close_frame(code, text, method))
             self.transport.close()
 
 
@@ -396,18 +399,15 @@ class ForwardEnd(SpliceEnd):
     It sends the PROXY header, checks that node's challenge and answers it with this node's proof, then what the
     client sent here; only then is it joined to the client. The frames that node's front door answers first, which
     this node's answered already, are dropped; what follows goes to the client. A node that cannot prove it knows
-    the cluster's secret, answers otherwise, or closes first has the client told to come again (or, one that was
-    answered nothing here, closed)."""
+    the cluster's secret, answers otherwise, or closes first has the client told to come again."""
 
     def __init__(self, frames: int, forwarding: Forwarding, after: bytes, client: SpliceEnd) -> None:
         super().__init__()
         self.frames = frames  # answered frames still to drop
-        self.answered = frames > 0  # the client had frames from this node: it is told why it must come again
         self.head = b""  # the start of the one being dropped
         self.forwarding: Forwarding | None = forwarding  # the proofs under way (None once the client's bytes go on)
         self.after = after  # what goes once this node has proven itself: the protocol header, the handshake's bytes
-        self.client = client  # the client's end, joined to this one once the proofs are through
-        self.other = client  # (told to come again, should the forward fail before)
+        self.other = client  # the client's end: joined to this one once the proofs are through, else told to come again
         self.deadline: asyncio.TimerHandle | None = None  # fires when the other node's challenge is late
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -442,7 +442,7 @@ class ForwardEnd(SpliceEnd):
         if self.deadline is not None:
             self.deadline.cancel()
         self.transport.write(proof + self.after)
-        join(self.client, self)  # (and what the client sent while the proofs went on)
+        join(self.other, self)  # (and what the client sent while the proofs went on)
         return rest
 
     def _failed(self, why: str) -> None:
@@ -500,9 +500,6 @@ class ForwardEnd(SpliceEnd):
         self.frames = 0
         client = self.other.transport if self.other is not None else None
         if client is not None and not client.is_closing():
-            if self.answered:
-                close = spec.Connection.Close(reply_code=CONNECTION_FORCED, reply_text=TURNED_AWAY, class_id=0,
-                                              method_id=0)
-                client.write(encode_method(0, close))
+            client.write(close_frame(CONNECTION_FORCED, TURNED_AWAY))
             client.close()
         self.transport.close()

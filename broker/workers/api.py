@@ -113,7 +113,7 @@ class Gateway:
         return range(len(self.supervisor.workers))
 
     def leader_of(self, vhost: str) -> int:
-        return self.supervisor.worker_of(vhost)
+        return self.supervisor.placement.of(vhost)
 
     async def for_a_group(self, request: web.Request, group: int | str, _handler=None) -> web.StreamResponse:
         """A request another node of the cluster forwarded (proven) for this node's worker that leads a group: that
@@ -345,12 +345,10 @@ class Gateway:
             [{"name": http.worker_name(worker, node, len(self.workers)), "type": "disc", "running": False}])]
 
     async def first_found(self, request: web.Request) -> web.Response:
-        answer = None
         for worker in self.workers:
             answer = await self.apis.ask(worker, request)
             if answer.status != 404:
                 break
-        assert answer is not None
         return answer.response()
 
     async def first_failure(self, request: web.Request) -> web.Response:

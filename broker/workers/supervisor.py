@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Coroutine
 
 from broker.config import MAX_WORKERS, Config
 from broker.connection.handoff import handoff_pair
@@ -136,8 +136,9 @@ class WorkerProcess:
 
 
 class Supervisor:
-    def __init__(self, config: Config, workers: int):
+    def __init__(self, config: Config):
         self.config = config
+        workers = config.workers
         self.data_dir = Path(config.data_dir).absolute()
         # The workers' API sockets' directory (mode 0700), and its lock, held while this supervisor lives
         self.private, self.private_lock = private_directory()
@@ -145,20 +146,19 @@ class Supervisor:
         # Which worker leads each vhost: recorded in placement.json, or on a clustered node its name's hash
         self.placement: Placement | HashedPlacement = HashedPlacement(workers, pins_of(config.vhosts))
         self.node_wide: dict | None = None  # the first worker's users, vhosts and permissions, as of its last change
-        self.watching: set[asyncio.Task] = set()  # each worker's _watch (the loop keeps tasks by weak references)
+        # each worker's _watch, refused logins being counted, posts being read (the loop keeps tasks by weak references)
+        self.tasks: set[asyncio.Task] = set()
         self.listening: socket.socket | None = None  # the AMQP port's socket, which every worker accepts from
         self.listening_tls: socket.socket | None = None  # the amqps port's, when [tls] names a certificate
         self.lock = DataDirLock(self.data_dir, WORKERS_LOCK)  # held while this node's workers use the data dir
         self.stopping = False
         self.opened = False  # every worker served once: the node's port is open
         self.failed_logins = LoginThrottle()  # refused AMQP logins per address, counted for every worker
-        self.counting: set[asyncio.Task] = set()  # each worker's refused logins being counted (serve_logins)
         # The workers each lead or follow a replication group (cluster.worker), and post who leads it on the board;
         # a clustered node's vhosts are placed by the cluster, not here
         self.clustered = bool(config.cluster_etcd_endpoints)
         config.cluster_node_id = config.cluster_node_id or http.UNCLUSTERED_NODE  # (the board's and the API's name)
         self.board = Board(led_elsewhere(config.cluster_node_id))
-        self.posting: set[asyncio.Task] = set()  # each worker's posts being read (Board.serve)
         self.moving = asyncio.Lock()  # one vhost moved at a time
         self.saving = asyncio.Lock()  # one write of placement.json at a time
         # One change of the vhosts through the API at a time (broker.workers.api): its vhosts placed, made on every
@@ -195,15 +195,10 @@ class Supervisor:
         prepare_data_dir(self.data_dir)
         try:
             self.lock.acquire()  # before any worker: a second node on this data dir is refused naming this one
-        except DataDirLocked as refusal:
-            raise StartupError(str(refusal)) from refusal
-        except OSError as error:
-            raise data_dir_error(self.data_dir, error) from error
-        try:
             if not self.clustered:
                 self.placement = Placement.load(self.data_dir, len(self.workers), self.placement.pins)
-        except PlacementError as error:
-            raise StartupError(str(error)) from error
+        except (DataDirLocked, PlacementError) as refusal:
+            raise StartupError(str(refusal)) from refusal
         except OSError as error:
             raise data_dir_error(self.data_dir, error) from error
         await self._finish_moving()
@@ -245,12 +240,8 @@ class Supervisor:
             for end in (child, logins_child, board_child):
                 end.close()
         worker.started_at = time.monotonic()
-        loop = asyncio.get_running_loop()
-        for task, tasks in ((serve_logins(logins, self.failed_logins), self.counting),
-                            (self.board.serve(worker.number, board), self.posting)):
-            running = loop.create_task(task)
-            tasks.add(running)
-            running.add_done_callback(tasks.discard)
+        self._keep(serve_logins(logins, self.failed_logins))
+        self._keep(self.board.serve(worker.number, board))
         reader, writer = await asyncio.open_connection(sock=parent, limit=CONTROL_LINE_LIMIT)
         first = worker.number == 0
         placed = self.placement.leaders
@@ -281,9 +272,7 @@ class Supervisor:
             self.node_wide = serving["node"]
         worker.control = reader, writer
         worker.serving.set()
-        watching = asyncio.get_running_loop().create_task(self._watch(worker, writer))
-        self.watching.add(watching)
-        watching.add_done_callback(self.watching.discard)
+        self._keep(self._watch(worker, writer))
         if self.opened:  # (a worker started again: the others serve)
             await self._open(worker)
         if self.placement.leaders != told:  # a vhost made or deleted meanwhile
@@ -291,10 +280,10 @@ class Supervisor:
         log.info("worker %d serves (pid %d)", worker.number, worker.process.pid)  # (every worker knows it does)
         return None
 
-    def worker_of(self, vhost: str) -> int:
-        """The worker that leads a vhost (the first for a vhost none leads); on a clustered node, the worker whose
-        replication group holds it, led here or on another node."""
-        return self.placement.of(vhost)
+    def _keep(self, work: Coroutine) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     def api_target(self, worker: int, metrics: bool = False) -> str | tuple[str, int] | None:
         """Where a worker's API (or Prometheus endpoint) answers: its internal socket's path, or on a clustered node
@@ -332,11 +321,7 @@ class Supervisor:
 
     async def _placement_changed(self) -> None:
         await self._save_placement()
-        await self._tell_workers()
-
-    async def _tell_workers(self) -> None:
-        """Tell every serving worker the placement (one not serving is told once it serves)."""
-        for worker in self.workers:
+        for worker in self.workers:  # (one not serving is told once it serves)
             await self._ask(worker, self._state)
 
     def _state(self) -> dict:
@@ -416,18 +401,15 @@ class Supervisor:
             try:
                 log.info("stopping workers %d and %d to move vhost '%s' from one to the other", source, target, vhost)
                 await self._stop_workers(pair)
-                await loop.run_in_executor(
-                    None, moving.move, self.data_dir, vhost, source, target, lambda: self._leader(vhost),
-                    lambda: self._lead(vhost, target, loop))
+                await loop.run_in_executor(None, moving.move, self.data_dir, vhost, source, target,
+                                           lambda: self.placement.leaders.get(vhost, 0),
+                                           lambda: self._lead(vhost, target, loop))
             finally:
                 for worker in pair:
                     worker.held = None
                 held.set()
             await asyncio.wait([asyncio.ensure_future(worker.serving.wait()) for worker in pair],
                                timeout=MOVED_SERVING_WAIT)
-
-    def _leader(self, vhost: str) -> int:
-        return self.placement.leaders.get(vhost, 0)
 
     def _lead(self, vhost: str, worker: int, loop: asyncio.AbstractEventLoop) -> None:
         """The placement names worker for vhost, durably: called on the mover's thread, done on the loop."""
@@ -449,7 +431,8 @@ class Supervisor:
             move = moving.pending(self.data_dir)
             if move is not None:
                 loop = asyncio.get_running_loop()
-                await loop.run_in_executor(None, moving.finish, self.data_dir, lambda: self._leader(move["vhost"]),
+                await loop.run_in_executor(None, moving.finish, self.data_dir,
+                                           lambda: self.placement.leaders.get(move["vhost"], 0),
                                            lambda: self._lead(move["vhost"], move["to"], loop))
         except (moving.MoveError, OSError) as error:
             log.error("could not finish moving a vhost between workers: %s", error)
@@ -485,10 +468,10 @@ class Supervisor:
         self.lock.release()
 
 
-async def supervise(config: Config, workers: int, started: Callable[[], None]) -> None:
+async def supervise(config: Config, started: Callable[[], None]) -> None:
     """Run the workers until SIGTERM or SIGINT; ``started`` is called once they serve (a start refused before that
     prints its reason alone)."""
-    supervisor = Supervisor(config, workers)
+    supervisor = Supervisor(config)
     listeners: list[ManagementServer] = []
     try:
         supervisor.take_ports()
