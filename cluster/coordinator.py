@@ -113,9 +113,12 @@ class Leader(NamedTuple):
 class Keys:
     """Where each thing lives under a cluster's prefix."""
 
-    def __init__(self, prefix: str):
+    def __init__(self, prefix: str, root: str | None = None):
         prefix = prefix.rstrip("/")
         self.prefix = prefix
+        # the group each vhost is recorded in: one key per vhost, its name after this, for the whole cluster (root:
+        # the cluster's prefix, where a group's own is under it)
+        self.vhosts = f"{(root or prefix).rstrip('/')}/vhosts/"
         self.leader = f"{prefix}/leader"
         self.isr = f"{prefix}/isr"
         self.members = f"{prefix}/members/"
@@ -127,6 +130,16 @@ class Keys:
 
     def setting(self, name: str) -> str:
         return f"{self.prefix}/settings/{name}"
+
+    def vhost(self, name: str) -> str:
+        return self.vhosts + name
+
+
+def group_of(key: str, value: str) -> int:
+    """A vhost's recorded group, as its key holds it; CoordinatorError for a value that is not one."""
+    if not value.isdigit() or not value.isascii():
+        raise CoordinatorError(f"{key} holds {value[:40]!r}, not a group number")
+    return int(value)
 
 
 def new_secret() -> str:
@@ -220,6 +233,17 @@ class Coordinator(Protocol):
         """A setting every node must share (the workers a node runs): the value stored under ``name``, which is
         ``proposal`` if nobody stored one before."""
 
+    async def record_vhost(self, vhost: str, group: int) -> int:
+        """The group recorded for a vhost (for the whole cluster): ``group``, unless one was recorded before. (These
+        three, of a cluster's groups: a group of one has its vhosts recorded by its node, broker.workers.placement.)"""
+
+    async def forget_vhosts(self, vhosts: list[str]) -> None:
+        """Take the vhosts' records off (deleted vhosts)."""
+
+    async def vhost_groups(self, revision: int | None, timeout: float) -> tuple[dict[str, int], int]:
+        """Every vhost's recorded group, and the revision they were read at: at once with None, else once a record
+        changed after that revision, or timeout seconds passed."""
+
     async def resign(self) -> None:
         """Give up leadership: delete the leader key if this node's lease holds it."""
 
@@ -232,8 +256,8 @@ class LeaseHolder:
 
     followed = True  # (Coordinator.followed)
 
-    def __init__(self, prefix: str, node_id: str, lease_ttl: float) -> None:
-        self.keys = Keys(prefix)
+    def __init__(self, prefix: str, node_id: str, lease_ttl: float, root: str | None = None) -> None:
+        self.keys = Keys(prefix, root)
         self.node_id = node_id
         self.lease_ttl = lease_ttl
         self._lease_id = 0  # granted by start()

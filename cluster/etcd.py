@@ -24,6 +24,7 @@ from cluster.coordinator import (
     LeaseHolder,
     Member,
     Replica,
+    group_of,
     isr_from_json,
     isr_to_json,
     new_secret,
@@ -58,10 +59,10 @@ class EtcdCoordinator(LeaseHolder):
     answering, the next request goes to the next one."""
 
     def __init__(self, endpoints: list[str], prefix: str, node_id: str, lease_ttl: float,
-                 call_timeout: float | None = None):
+                 call_timeout: float | None = None, root: str | None = None):
         if not endpoints:
             raise ValueError("no etcd endpoint given")
-        super().__init__(prefix, node_id, lease_ttl)
+        super().__init__(prefix, node_id, lease_ttl, root)
         self.endpoints = list(endpoints)
         self.call_timeout = call_timeout or lease_ttl / 3  # the longest any one request to etcd may take
         self._endpoint = 0  # index in endpoints of the one the client talks to
@@ -171,6 +172,32 @@ class EtcdCoordinator(LeaseHolder):
 
     async def agree(self, name: str, proposal: str) -> str:
         return await self._put_once(self.keys.setting(name), proposal)
+
+    async def record_vhost(self, vhost: str, group: int) -> int:
+        key = self.keys.vhost(vhost)
+        return group_of(key, await self._put_once(key, str(group)))
+
+    async def forget_vhosts(self, vhosts: list[str]) -> None:
+        for vhost in vhosts:
+            await self._call(lambda client: client.delete(self.keys.vhost(vhost).encode()))
+
+    async def vhost_groups(self, revision: int | None, timeout: float) -> tuple[dict[str, int], int]:
+        prefix = self.keys.vhosts.encode()
+        if revision is not None:
+            watch = await self._call(lambda client: client.watch_prefix(prefix, start_revision=revision + 1))
+            try:
+                async with asyncio.timeout(timeout):
+                    async for _ in watch:
+                        break
+            except TimeoutError:
+                pass
+            except aetcd.ClientError as error:
+                raise CoordinatorUnavailable(f"the watch of {self.keys.vhosts} failed: {error}") from error
+            finally:
+                await self._quietly(watch.cancel())
+        found = await self._call(lambda client: client.get_prefix(prefix))
+        return ({item.key.decode()[len(self.keys.vhosts):]: group_of(item.key.decode(), item.value.decode())
+                 for item in found}, found.header.revision)
 
     async def resign(self) -> None:
         key = self.keys.leader.encode()

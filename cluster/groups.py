@@ -1,15 +1,23 @@
 """A clustered node's replication groups, one per worker slot: worker k of every node is a member of group k, which
-holds the vhosts placed on worker k (broker.workers.placement.HashedPlacement). Every node runs the same number of
-workers (etcd holds it: agreed on by the first node). Who leads each group, the node's workers post on their board
-(broker.workers.board).
+holds the vhosts recorded in group k (broker.workers.placement: one rule on one node and in a cluster; in a cluster
+the record is etcd's, ``VhostRecord``). Every node runs the same number of workers (etcd holds it: agreed on by the
+first node). Who leads each group, and the record, the node's workers post on their board (broker.workers.board).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Iterable
+from typing import Callable
 
 from broker.workers.board import group_key
-from cluster.coordinator import Member
+from broker.workers.placement import place_new
+from cluster.coordinator import Coordinator, CoordinatorError, Member
+
+log = logging.getLogger("cluster")
+
+RETRY = 0.5  # seconds before the record is read again after etcd did not answer
 
 DEFAULT_GROUP = 0  # where a client goes whose handshake a front door could not read (its leader says what is wrong)
 
@@ -28,3 +36,58 @@ def led_by(board: dict, node: str, groups: int) -> list[int]:
 def members_posted(members: Iterable[Member]) -> dict:
     """A group's members as the board holds them: each node's AMQP host and management API port."""
     return {member.node_id: {"host": member.amqp_host, "api": member.management_port} for member in members}
+
+
+class VhostRecord:
+    """The cluster's record of which group holds each vhost, in etcd (a key per vhost), as a worker reads and
+    writes it."""
+
+    def __init__(self, coordinator: Coordinator, group: int, workers: int, pins: dict[str, int]) -> None:
+        self.coordinator = coordinator
+        self.group = group  # the group of the worker that reads and writes it
+        self.workers = workers  # groups in the cluster
+        self.pins = pins  # vhost -> group, from the node's [[vhosts]] worker = k
+
+    async def record(self, vhosts: list[str], found: list[str]) -> dict[str, int]:
+        """Every vhost of vhosts recorded where it is not yet: by the one rule, but a vhost whose contents this
+        group's store holds (found) in this group, where its data is (a cluster of an earlier version, which placed
+        vhosts by a hash of their names, or one whose etcd lost its keys); the whole record after."""
+        leaders, _ = await self.coordinator.vhost_groups(None, 0)
+        missing = [name for name in vhosts if name not in leaders]
+        held = set(found)
+        proposals = {name: self.group for name in missing if name in held}
+        proposals.update(place_new({**leaders, **proposals}, missing, self.workers, self.pins))
+        for name, group in proposals.items():
+            leaders[name] = await self.coordinator.record_vhost(name, group)
+        for name, pinned in self.pins.items():
+            if leaders.get(name, pinned) != pinned:
+                log.error("vhost '%s' is pinned to group %d ([[vhosts]] worker), but the cluster records it in group "
+                          "%d, where its data is: it stays there (remove the pin)", name, pinned, leaders[name])
+        return leaders
+
+    async def forget(self, vhosts: list[str]) -> dict[str, int]:
+        """Deleted vhosts' records taken off; the whole record after."""
+        await self.coordinator.forget_vhosts(vhosts)
+        return (await self.coordinator.vhost_groups(None, 0))[0]
+
+    async def asked(self, request: dict) -> dict:
+        """The supervisor's request to record vhosts made through its node's API ({"record": [...]}) or to forget
+        deleted ones ({"forget": [...]}), answered with the whole record, or why not (broker.workers.control)."""
+        try:
+            if "record" in request:
+                return {"placement": await self.record(request["record"], [])}
+            return {"placement": await self.forget(request["forget"])}
+        except CoordinatorError as error:
+            return {"refused": f"etcd cannot be reached: {error}"}
+
+    async def follow(self, changed: Callable[[dict[str, int]], None], timeout: float) -> None:
+        """Hand every new state of the record to ``changed``, as long as this runs."""
+        revision = None
+        while True:
+            try:
+                leaders, revision = await self.coordinator.vhost_groups(revision, timeout)
+            except CoordinatorError:  # (read whole again: the revision may be compacted meanwhile)
+                revision = None
+                await asyncio.sleep(RETRY)
+                continue
+            changed(leaders)

@@ -51,8 +51,9 @@ def make_coordinator(config: Config, group: int = 0) -> Coordinator:
         return WalkoverCoordinator(config.cluster_node_id)
     from cluster.etcd import EtcdCoordinator  # only a clustered node needs etcd's client
 
-    prefix = f"/warren/{config.cluster_name}" + (f"/groups/{group}" if group else "")
-    return EtcdCoordinator(config.cluster_etcd_endpoints, prefix, config.cluster_node_id, config.cluster_lease_ttl)
+    root = f"/warren/{config.cluster_name}"
+    return EtcdCoordinator(config.cluster_etcd_endpoints, root + (f"/groups/{group}" if group else ""),
+                           config.cluster_node_id, config.cluster_lease_ttl, root=root)
 
 
 class Group(Protocol):

@@ -1,8 +1,9 @@
 """One worker process of a node of W workers: worker k of every node is a member of replication group k
 (cluster.groups), and the node that leads the group serves the group's vhosts from worker k's store
 (data_dir/workers/k; worker 0's is the data dir), replicated to worker k of every other node. Outside a cluster
-(``--workers``) each group has one member, which leads it by walkover (cluster.walkover), and the vhosts are where
-the supervisor records them (placement.json) rather than where their names hash to.
+(``--workers``) each group has one member, which leads it by walkover (cluster.walkover). Which group holds a vhost
+is recorded by one rule (broker.workers.placement): by the supervisor outside a cluster (placement.json), in etcd in
+one (cluster.groups.VhostRecord), which each worker writes for the vhosts of its store and the first worker follows.
 
 Every worker is also a front door of the node's AMQP port (broker.connection.front_door): it answers a client's
 handshake up to connection.open and sends the client to the worker that leads its vhost's group, on this node
@@ -25,7 +26,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Union
+from typing import Callable
 
 from aiohttp import web
 
@@ -44,26 +45,24 @@ from broker.management.prometheus import make_prometheus_app
 from broker.management.views.nodes import node_entry
 from broker.model.definitions import VHOST_SECTIONS, export_node_wide, of_vhosts
 from broker.model.node import Node
-from broker.workers.board import CLUSTER_SECRET, BoardCopy, group_key, members_key
+from broker.workers.board import CLUSTER_SECRET, PLACEMENT_KEY, BoardCopy, group_key, members_key
 from broker.workers.control import CONTROL_LINE_LIMIT, WorkerControl, receive, run_worker, send
 from broker.workers.logins import NodeLoginThrottle
-from broker.workers.placement import HashedPlacement, RecordedPlacement, pins_of, worker_data_dir
+from broker.workers.placement import RecordedPlacement, Recorder, pins_of, worker_data_dir
 from protocol.constants import INTERNAL_ERROR
 from cluster.coordinator import CoordinatorError, Member
-from cluster.groups import DEFAULT_GROUP, led_by, members_posted, posted
+from cluster.groups import DEFAULT_GROUP, VhostRecord, led_by, members_posted, posted
 from cluster.node import ClusterNode, make_coordinator
 
 log = logging.getLogger("cluster")
 
 FIRST_ELECTIONS_IN_ORDER = 0.1  # seconds between looks at the board while the groups before this one elect
 
-GroupPlacement = Union[HashedPlacement, RecordedPlacement]  # which group holds a vhost: by its name, or recorded
-
 
 class GroupWorker:
     """This worker's group: the broker it leads with, the routes of its front doors, and when it campaigns."""
 
-    def __init__(self, config: Config, number: int, groups: GroupPlacement, board: BoardCopy,
+    def __init__(self, config: Config, number: int, groups: RecordedPlacement, board: BoardCopy,
                  senders: dict[int, socket.socket], logins: NodeLoginThrottle, node_wide: dict | None = None):
         self.config = config
         self.number = number  # this worker's number, and its group's
@@ -169,14 +168,13 @@ class GroupWorker:
     # --- broker.connection.server.WorkerRole ----------------------------------------------------------------
     async def boot_definitions(self, document: dict, found: list[str], node: Node) -> dict:
         """Every group holds the node-wide definitions (users, vhosts, permissions); the vhosts' contents only where
-        they live. The first worker's vhosts are recorded where they are not yet (outside a cluster)."""
+        they live. The vhosts of its store are recorded where they are not yet."""
         if self.node_wide is not None:
             self._forget_what_the_first_worker_has_not(node)
             document = {**self.node_wide, **{key: document[key] for key in VHOST_SECTIONS if key in document}}
         named = [item.get("name") for item in document.get("vhosts", []) if isinstance(item, dict)]
         planned = sorted(set(node.vhosts) | {name for name in named if isinstance(name, str)})
-        if self.number == 0:
-            await self.groups.record(planned, found)
+        await self.groups.record(planned, found)
         self.led = {name for name in planned if self.groups.of(name) == self.number}
         return of_vhosts(document, self.led)
 
@@ -340,6 +338,13 @@ async def keep_up(cluster: ClusterNode, board: BoardCopy, number: int) -> None:
         await asyncio.sleep(cluster.ttl / 2)
 
 
+def recorded_by(control: WorkerControl) -> Recorder:
+    """The first worker's vhosts recorded by its supervisor (placement.json), outside a cluster."""
+    async def record(vhosts: list[str], found: list[str]) -> dict[str, int]:
+        return (await control.ask({"vhosts": vhosts, "found": found}))["placement"]
+    return record
+
+
 def group_config(config: Config, number: int, workers: int) -> Config:
     """The config of worker ``number``'s group: its store, its replication port, its share of the memory."""
     base = config.cluster_replication_port
@@ -364,10 +369,14 @@ async def serve(control_socket: socket.socket) -> None:
     control = WorkerControl(reader, writer)
     coordinator = make_coordinator(config, number)
     pins = pins_of(config.vhosts)
-    groups: GroupPlacement = HashedPlacement(workers, pins)
-    if not coordinator.followed:  # its vhosts are where the supervisor records them, and move between workers
-        groups = RecordedPlacement(instructions["placement"] or {}, control.ask, workers, pins)
-        control.placed = groups.told
+    record = VhostRecord(coordinator, number, workers, pins) if coordinator.followed else None
+    if record is not None:  # the record is the cluster's: each worker records what its store holds, if need be
+        groups = RecordedPlacement(instructions["placement"] or {}, record.record, workers, pins, movable=False)
+        control.recording = record.asked if number == 0 else None
+    else:  # the supervisor records the first worker's vhosts (and tells the others), which move between workers
+        groups = RecordedPlacement(instructions["placement"] or {}, recorded_by(control) if number == 0 else None,
+                                   workers, pins)
+    control.placed = groups.told
     group = GroupWorker(config, number, groups, board, senders, logins, instructions["node"])
     control.export = group.export
     cluster = group.cluster = ClusterNode(config, coordinator, group)
@@ -399,7 +408,10 @@ async def serve(control_socket: socket.socket) -> None:
     loop.add_reader(receiving.fileno(), receive_all, receiving, Adoption(lambda: cluster.server).take)
     for internal, fd in zip(group.internal, (instructions["api"], instructions["metrics"])):
         await internal.start(fd)
-    keeping_up = loop.create_task(keep_up(cluster, board, number))
+    background = [loop.create_task(keep_up(cluster, board, number))]
+    if record is not None and number == 0:  # (the first worker posts the record for the supervisor, which tells all)
+        background.append(loop.create_task(record.follow(lambda leaders: board.post({PLACEMENT_KEY: leaders}),
+                                                         cluster.ttl)))
     # (the first worker outside a cluster gives its node-wide definitions, which a worker started again copies)
     node_wide = group.export() if number == 0 and not coordinator.followed else None
     await send(writer, {"serving": True, "node": node_wide})
@@ -416,8 +428,8 @@ async def serve(control_socket: socket.socket) -> None:
                                                   sock=socket.socket(fileno=instructions["listening_tls"])))
         await running
     finally:
-        keeping_up.cancel()
-        following.cancel()
+        for task in (*background, following):
+            task.cancel()
         for internal in group.internal:
             await internal.stop()
         loop.remove_reader(receiving.fileno())

@@ -228,6 +228,48 @@ async def the_first_proposal_of_a_setting_is_the_one_every_node_reads(nodes: Nod
 
 
 @check
+async def the_first_group_recorded_for_a_vhost_is_the_one_every_node_reads(nodes: Nodes) -> None:
+    a = await nodes.start("a")
+    b = await nodes.start("b")
+    assert (await a.vhost_groups(None, 1))[0] == {}
+    assert await a.record_vhost("orders", 1) == 1
+    assert await b.record_vhost("orders", 0) == 1  # (two nodes making it at once: the first record stands)
+    names = ["/", "a/b", "../secret", "workers", "ünïcode"]  # each its own key, whatever it holds
+    for group, name in enumerate(names):
+        assert await b.record_vhost(name, group) == group
+    assert (await a.vhost_groups(None, 1))[0] == {"orders": 1, **{name: group for group, name in enumerate(names)}}
+    assert await a.agree("workers", "2") == "2"  # a vhost's record is no setting
+    await a.forget_vhosts(["orders", "a/b", "never recorded"])
+    assert "orders" not in (await b.vhost_groups(None, 1))[0]
+    assert await b.record_vhost("orders", 0) == 0  # made again after it was deleted: recorded anew
+
+
+@check
+async def a_reader_of_the_vhosts_records_wakes_when_one_changes(nodes: Nodes) -> None:
+    a = await nodes.start("a")
+    b = await nodes.start("b")
+    _, revision = await b.vhost_groups(None, 1)
+    waiter = asyncio.ensure_future(b.vhost_groups(revision, 10))
+    await asyncio.sleep(0.1)
+    assert not waiter.done()
+    await a.prefer("b")  # (not a record: it goes on waiting)
+    await asyncio.sleep(0.1)
+    assert not waiter.done()
+    await a.record_vhost("orders", 1)
+    await returns_within(WAKE_BOUND, waiter)
+    records, revision = waiter.result()
+    assert records == {"orders": 1}
+    waiter = asyncio.ensure_future(b.vhost_groups(revision, 10))
+    await asyncio.sleep(0.1)
+    await a.forget_vhosts(["orders"])
+    await returns_within(WAKE_BOUND, waiter)
+    assert waiter.result()[0] == {}
+    started = time.monotonic()
+    assert (await b.vhost_groups(waiter.result()[1], 0.3))[0] == {}  # nothing changes: back after the timeout
+    assert 0.3 <= time.monotonic() - started < 0.3 + WAKE_BOUND
+
+
+@check
 async def the_preferred_leader_is_what_was_asked_last(nodes: Nodes) -> None:
     a = await nodes.start("a")
     b = await nodes.start("b")

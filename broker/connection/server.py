@@ -23,7 +23,7 @@ from broker.connection.greeting import platform_name
 from broker.connection.login_throttle import LoginThrottle
 from broker.connection.tls import TlsError, server_context
 from broker.model.definitions import DefinitionsError, import_definitions
-from broker.model.durability import restore
+from broker.model.durability import held_vhosts, restore
 from broker.model.features.paging import Paging
 from broker.model.node import Node
 from broker.session.limits import ChannelLimits
@@ -102,8 +102,8 @@ class WorkerRole(Protocol):
     led: set[str]  # the vhosts it leads (known once boot_definitions has run)
 
     async def boot_definitions(self, document: dict, found: list[str], node: Node) -> dict:
-        """The boot definitions this worker applies, given the configured ones, the vhosts its store held and the
-        node after bootstrap."""
+        """The boot definitions this worker applies, given the configured ones, the vhosts whose contents its store
+        held (broker.model.durability.held_vhosts) and the node after bootstrap."""
         ...
 
 
@@ -241,7 +241,7 @@ class Server:
             self.recovery_report = recovered.report
             self.paging.store.start()
             self.node.restore_definitions(recovered.vhosts, recovered.users, recovered.permissions)
-            found = list(self.node.vhosts)
+            found = held_vhosts(recovered)
             boot_definitions = self._boot_definitions()
             if self.role is None or self.role.keeps_node_definitions:  # the other workers copy the first one's users
                 self._bootstrap(defines_users=bool(boot_definitions.get("users")))

@@ -59,6 +59,15 @@ def binding_definition(vhost: "VirtualHost", binding: "Binding") -> dict:
             "routing_key": binding.routing_key, "arguments": binding.arguments}
 
 
+def held_vhosts(recovered: "Recovered") -> list[str]:
+    """The vhosts whose contents a store holds (queues and their messages, exchanges, bindings, policies): where a
+    vhost's data is, for a vhost met without a record of its worker (broker.workers.placement)."""
+    held = {data.get("vhost") for stored in (recovered.queues, recovered.exchanges, recovered.bindings,
+                                              recovered.policies, recovered.operator_policies)
+            for data in stored if isinstance(data, dict)}
+    return sorted(name for name in held if isinstance(name, str))
+
+
 def restore(node: "Node", recovered: "Recovered", led: Collection[str] | None = None) -> None:
     """Rebuild the policies, durable exchanges, queues, bindings and queued messages of every vhost of node (its
     vhosts, users and permissions are restored first, by the node). A definition that cannot be used (a missing

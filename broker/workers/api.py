@@ -39,6 +39,7 @@ from broker.management.resources import listing, sorted_bindings
 from broker.model.definitions import VHOST_SECTIONS, of_vhosts
 from broker.workers.board import CLUSTER_SECRET, nodes_of
 from broker.workers.moving import MoveError
+from broker.workers.placement import PlacementError
 
 if TYPE_CHECKING:
     from broker.workers.supervisor import Supervisor
@@ -219,7 +220,10 @@ class Gateway:
         """A vhost made (placed before any worker makes it) or deleted (forgotten once deleted), under the
         supervisor's lock of the vhosts: a placement this request made is forgotten if worker 0 refuses to make the
         vhost after all (its user deleted meanwhile), which no other request can have made in between."""
-        placed = await self.supervisor.place([vhost]) if request.method == "PUT" else []
+        try:
+            placed = await self.supervisor.place([vhost]) if request.method == "PUT" else []
+        except PlacementError as error:
+            return http.error_response(503, "service_unavailable", str(error))
         first = await self.apis.ask(0, request, body)
         response = await self._after_first(request, first, {worker: body for worker in self.workers})
         if first.status >= 400:
@@ -244,7 +248,10 @@ class Gateway:
         """The import worker 0 accepted, under the supervisor's lock of the vhosts."""
         named = [item.get("name") for item in document.get("vhosts") or [] if isinstance(item, dict)]
         # Placed before the check: the check of an item of a new vhost is its leader's
-        placed = await self.supervisor.place([name for name in named if isinstance(name, str)])
+        try:
+            placed = await self.supervisor.place([name for name in named if isinstance(name, str)])
+        except PlacementError as error:
+            return http.error_response(503, "service_unavailable", str(error))
         bodies = {worker: json.dumps(of_vhosts(document, self.led_by(worker, document))).encode()
                   for worker in self.workers}
         for worker in self.workers:  # every share checked before any is applied: all or nothing, as one worker

@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 LINE_LIMIT = 1024 * 1024  # the longest line either side reads: a board of a few thousand short entries
 GROUP_KEY_PREFIX = "group "  # (group_key)
 CLUSTER_SECRET = "cluster secret"  # a clustered node's key for the cluster's secret (group 0's), which proves forwards
+PLACEMENT_KEY = "placement"  # a clustered node's key for the cluster's record of its vhosts (vhost -> group)
 
 
 def group_key(group: int) -> str:
@@ -43,10 +44,10 @@ def led_elsewhere(node: str) -> Callable[[str, Any], bool]:
     """What a clustered node's board keeps of a worker that ends: who leads its group, when another node does. That
     node still leads it as far as this one knows, and the node's other workers go on forwarding the group's clients
     there while the worker starts again (it posts anew once it has read the leader from etcd). And the cluster's
-    secret, which worker 0 posts: the node's other workers go on proving their forwards with it while worker 0
-    starts again."""
+    secret and the record of the vhosts, which worker 0 posts: the node's other workers go on proving their forwards
+    with it, and the supervisor placing vhosts by it, while worker 0 starts again."""
     def kept(key: str, value: Any) -> bool:
-        return key == CLUSTER_SECRET or (key.startswith(GROUP_KEY_PREFIX) and isinstance(value, dict)
+        return key in (CLUSTER_SECRET, PLACEMENT_KEY) or (key.startswith(GROUP_KEY_PREFIX) and isinstance(value, dict)
                                          and value.get("node") != node)
     return kept
 
@@ -54,8 +55,10 @@ def led_elsewhere(node: str) -> Callable[[str, Any], bool]:
 class Board:
     """The supervisor's side: the board, and the workers it is sent to."""
 
-    def __init__(self, lasting: Callable[[str, Any], bool] = lambda key, value: False) -> None:
+    def __init__(self, lasting: Callable[[str, Any], bool] = lambda key, value: False,
+                 changed: Callable[[], None] = lambda: None) -> None:
         self.lasting = lasting  # which of a worker's posts stay on the board when it ends
+        self.changed = changed  # called after each change of the entries
         self.entries: dict[str, Any] = {}
         self.owners: dict[str, int] = {}  # key -> the worker that posted it
         self.readers: dict[int, asyncio.StreamWriter] = {}  # worker number -> where the board goes to it
@@ -96,6 +99,7 @@ class Board:
         if changed:
             for writer in self.readers.values():
                 self._send(writer)
+            self.changed()
 
     def _send(self, writer: asyncio.StreamWriter) -> None:
         if not writer.is_closing():

@@ -12,7 +12,9 @@
   front doors open on the node's port;
 - supervisor -> worker, later: ``{"placement": {...}}`` when a vhost is made or deleted, answered
   ``{"placed": true}``; and to the first worker ``{"export": true}`` after the API changed the node-wide
-  definitions, answered ``{"node": ...}``.
+  definitions, answered ``{"node": ...}``; on a clustered node, to the first worker ``{"record": [vhost, ...]}``
+  and ``{"forget": [vhost, ...]}`` as the API makes and deletes vhosts, answered with the cluster's record
+  ``{"placement": {...}}`` (``{"refused": "..."}`` when etcd does not answer).
 
 A worker stops on SIGTERM or SIGINT, and when the supervisor goes: at once if it was killed, cleanly if its control
 socket just closed.
@@ -52,14 +54,17 @@ async def receive(reader: asyncio.StreamReader) -> dict:
 
 class WorkerControl:
     """A worker's end of the control socket once its instructions are read: the supervisor's requests answered
-    (``placed`` takes a new placement, ``export`` gives the node-wide definitions), and this worker's own request
-    answered in turn (the supervisor asks nothing meanwhile: it waits for this worker to serve)."""
+    (``placed`` takes a new placement, ``export`` gives the node-wide definitions, ``record`` and ``forget`` change
+    a cluster's record of its vhosts), and this worker's own request answered in turn (the supervisor asks nothing
+    meanwhile: it waits for this worker to serve)."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
         self.placed: Callable[[dict], None] = lambda leaders: None  # the placement the supervisor records, told anew
         self.export: Callable[[], dict | None] = lambda: None  # this worker's node-wide definitions (None: none)
+        # a cluster's record of its vhosts changed by the first worker: {"record"} or {"forget"} -> the answer
+        self.recording: Callable[[dict], Awaitable[dict]] | None = None
         self.answer: asyncio.Future[dict] | None = None  # the answer to this worker's request, while awaited
         self.opened = asyncio.Event()  # set once the supervisor has the worker open its front doors
 
@@ -79,6 +84,8 @@ class WorkerControl:
                 await send(self.writer, {"placed": True})
             elif "export" in message:
                 await send(self.writer, {"node": self.export()})
+            elif self.recording is not None and ("record" in message or "forget" in message):
+                await send(self.writer, await self.recording(message))
             elif "open" in message:
                 self.opened.set()
 

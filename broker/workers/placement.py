@@ -1,19 +1,24 @@
-"""Which worker process leads each vhost, kept in ``data_dir/workers/placement.json``.
+"""Which worker process, and so which replication group, leads each vhost: one rule, recorded.
 
-A vhost stays where it was placed: its queues and messages are in that worker's store. A vhost met for the first
+A vhost stays where it was recorded: its queues and messages are in that worker's store. A vhost met for the first
 time goes to the worker the config pins it to (``[[vhosts]] worker``), else to the worker that leads the fewest (the
-lowest-numbered of those), except that the vhosts found in the first worker's store when the file does not exist yet
-stay there: that store is the data dir of a broker that ran with one process, and holds them. A pin that another
-worker's store contradicts is refused, naming both: a vhost's data does not move between workers.
+lowest-numbered of those: ``place_new``), except that a vhost whose contents a store holds before it has a record
+stays where its data is. The record is ``data_dir/workers/placement.json`` on a node outside a cluster
+(``Placement``: the vhosts whose contents the first worker's store holds when the file does not exist yet stay
+there, that store being the data dir of a broker that ran with one process), and a key per vhost in etcd in a
+cluster (``ClusterPlacement``, kept by the node's first worker: cluster.groups). A pin that a store contradicts is
+refused, naming both: a vhost's data moves between workers only when an operator moves it (broker.workers.moving),
+and never in a cluster.
 """
 
 from __future__ import annotations
 
 import json
-import zlib
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
+from broker.workers.board import PLACEMENT_KEY
 from storage.replica import WORKERS_DIRECTORY
 from storage.segments import fsync_directories, make_directories, write_durably
 
@@ -32,6 +37,22 @@ def workers_directory(data_dir: Path) -> Path:
 def pins_of(config_vhosts: list[dict]) -> dict[str, int]:
     """vhost -> the worker its [[vhosts]] table pins it to."""
     return {table["name"]: table["worker"] for table in config_vhosts if "worker" in table}
+
+
+def place_new(leaders: dict[str, int], names: Iterable[str], workers: int, pins: dict[str, int]) -> dict[str, int]:
+    """The worker each name that leaders do not hold goes to: its pin, else the one that leads the fewest of leaders
+    and of the names placed before it (the lowest-numbered of those)."""
+    counts = [0] * workers  # vhosts each worker leads, kept up to date as names are placed
+    for worker in leaders.values():
+        if worker < workers:
+            counts[worker] += 1
+    placed: dict[str, int] = {}
+    for name in names:
+        if name not in leaders and name not in placed:
+            worker = pins.get(name)
+            placed[name] = worker if worker is not None else counts.index(min(counts))
+            counts[placed[name]] += 1
+    return placed
 
 
 def worker_data_dir(data_dir: Path, worker: int) -> Path:
@@ -79,26 +100,28 @@ class Placement:
         return self.leaders.get(vhost, 0)
 
     def place(self, vhosts: list[str], found_in_first: list[str]) -> bool:
-        """Give every vhost of ``vhosts`` a worker; ``found_in_first`` are those the first worker's store held
-        before this start. True if anything was placed (then save())."""
+        """Give every vhost of ``vhosts`` a worker; ``found_in_first`` are those whose contents the first worker's
+        store held before this start. True if anything was placed (then save())."""
         changed = False
         if not self.exists:
             for name in found_in_first:
                 self.leaders.setdefault(name, 0)
                 changed = True
             self._check_pins()
-        counts = [0] * self.workers  # vhosts each worker leads, kept up to date as vhosts are placed
-        for worker in self.leaders.values():
-            counts[worker] += 1
-        for name in vhosts:
-            if name not in self.leaders:
-                worker = self.pins.get(name)
-                if worker is None:
-                    worker = counts.index(min(counts))  # the one that leads the fewest, the lowest-numbered of those
-                self.leaders[name] = worker
-                counts[worker] += 1
-                changed = True
-        return changed
+        placed = place_new(self.leaders, vhosts, self.workers, self.pins)
+        self.leaders.update(placed)
+        return changed or bool(placed)
+
+    async def add(self, vhosts: list[str]) -> bool:
+        """New vhosts placed (made through the API); True if any was (then save())."""
+        return self.place(vhosts, [])
+
+    async def remove(self, vhosts: list[str]) -> bool:
+        """Deleted vhosts, or vhosts a refused change would have made, taken off; True if any was."""
+        return bool([self.leaders.pop(name) for name in vhosts if name in self.leaders])
+
+    def posted(self, board: dict[str, Any]) -> bool:
+        return False  # (the file is the supervisor's own: nothing on the board changes it)
 
     def _check_pins(self) -> None:
         for name, pinned in self.pins.items():
@@ -116,17 +139,24 @@ class Placement:
         self.exists = True
 
 
-class RecordedPlacement:
-    """Where the workers of a node outside a cluster have a vhost: the worker the supervisor recorded for it (Placement,
-    placement.json), as it last told them; a vhost it has not recorded goes to the first worker (which says that it
-    does not exist, or holds it from the data dir of a broker that ran with one process)."""
+# A worker's way to have the vhosts it starts with recorded: (those vhosts, those its store held) -> the whole record
+Recorder = Callable[[list[str], list[str]], Awaitable[dict[str, int]]]
+MOVES_IN_A_CLUSTER = ("a vhost of a cluster stays in the group it was recorded in: it does not move between groups; "
+                      "choose the node that leads its group instead (PUT .../leader)")
 
-    def __init__(self, leaders: dict[str, int], ask: Callable[[dict], Awaitable[dict]], workers: int,
-                 pins: dict[str, int]):
+
+class RecordedPlacement:
+    """A worker's copy of the record, as its supervisor last told it; a vhost not recorded goes to the first worker
+    (which says that it does not exist, or holds it from the data dir of a broker that ran with one process)."""
+
+    def __init__(self, leaders: dict[str, int], recorder: Recorder | None, workers: int, pins: dict[str, int],
+                 movable: bool = True):
         self.leaders = leaders  # vhost -> the worker that leads it
-        self.ask = ask  # a request to the supervisor, and its answer
+        # how this worker has the vhosts of its store recorded as it starts (None: its supervisor told it all)
+        self.recorder = recorder
         self.workers = workers  # how many the node runs
         self.pins = pins  # vhost -> the worker its [[vhosts]] table pins it to
+        self.movable = movable  # a vhost's data may move to another group (not in a cluster)
 
     def of(self, vhost: str) -> int:
         return self.leaders.get(vhost, 0)
@@ -135,12 +165,15 @@ class RecordedPlacement:
         self.leaders = leaders
 
     async def record(self, vhosts: list[str], found: list[str]) -> None:
-        """The first worker's vhosts, once its store is read, placed by the supervisor where they are not yet;
-        found: those its store held."""
-        self.leaders = (await self.ask({"vhosts": vhosts, "found": found}))["placement"]
+        """The vhosts this worker starts with, recorded where they are not yet; found: those whose contents its
+        store held."""
+        if self.recorder is not None:
+            self.leaders = await self.recorder(vhosts, found)
 
     def check_move(self, vhost: str, group: int) -> None:
         """ValueError naming why the vhost cannot move to that worker's group (broker.workers.moving moves it)."""
+        if not self.movable:
+            raise ValueError(MOVES_IN_A_CLUSTER)
         if not 0 <= group < self.workers:
             raise ValueError(f"there is no group {group}: this node runs {self.workers} workers, groups 0 to "
                              f"{self.workers - 1}")
@@ -150,29 +183,43 @@ class RecordedPlacement:
                              "the pin to move it")
 
 
-class HashedPlacement:
-    """Where a clustered node's workers place a vhost: the worker (and so the replication group) its [[vhosts]]
-    table pins it to, else a hash of its name. The same on every node without asking anyone, and for any name:
-    the worker a name maps to answers for it, existing or not (cluster.worker)."""
+class ClusterPlacement:
+    """A clustered node's supervisor's copy of the cluster's record: as its first worker posts it on the board, and
+    as that worker answers when it records the vhosts made through this node's API (a request of the supervisor's:
+    ``ask``, None when the worker does not serve)."""
 
-    def __init__(self, workers: int, pins: dict[str, int]):
-        self.workers = workers
+    def __init__(self, pins: dict[str, int], ask: Callable[[dict], Awaitable[dict | None]]):
         self.pins = pins  # vhost -> worker, from [[vhosts]] worker = k
-        self.leaders: dict[str, int] = {}  # (as Placement's: none is recorded)
-
-    def place(self, vhosts: list[str], found_in_first: list[str]) -> bool:
-        return False  # (as Placement's: a name's group needs no record)
-
-    def save(self) -> None:
-        pass
-
-    async def record(self, vhosts: list[str], found: list[str]) -> None:
-        pass  # (a name's group needs no record)
-
-    def check_move(self, vhost: str, group: int) -> None:
-        raise ValueError("a vhost of a cluster is in the group its name gives (or its [[vhosts]] pin): it does not "
-                         "move between groups; choose the node that leads its group instead (PUT .../leader)")
+        self.ask = ask
+        self.leaders: dict[str, int] = {}  # vhost -> the group it is recorded in
 
     def of(self, vhost: str) -> int:
-        pinned = self.pins.get(vhost)
-        return pinned if pinned is not None else zlib.crc32(vhost.encode()) % self.workers
+        return self.leaders.get(vhost, 0)
+
+    def place(self, vhosts: list[str], found_in_first: list[str]) -> bool:
+        return False  # (a clustered worker records the vhosts of its store itself)
+
+    def save(self) -> None:
+        pass  # (the record is etcd's: the first worker has written it)
+
+    async def add(self, vhosts: list[str]) -> bool:
+        return await self._asked({"record": vhosts})
+
+    async def remove(self, vhosts: list[str]) -> bool:
+        return await self._asked({"forget": vhosts})
+
+    def posted(self, board: dict[str, Any]) -> bool:
+        """The record as the board holds it, taken if it changed."""
+        record = board.get(PLACEMENT_KEY)
+        if not isinstance(record, dict) or record == self.leaders:
+            return False
+        self.leaders = dict(record)
+        return True
+
+    async def _asked(self, request: dict) -> bool:
+        answer = await self.ask(request)
+        if answer is None or "placement" not in answer:
+            reason = answer["refused"] if answer is not None else "the node's first worker is not serving"
+            raise PlacementError(f"the cluster's record of its vhosts cannot be changed now: {reason}")
+        self.leaders = answer["placement"]
+        return True

@@ -36,7 +36,7 @@ from broker.workers.board import Board, group_key, led_elsewhere
 from broker.workers import moving
 from broker.workers.logins import serve_logins
 from broker.workers.metrics import make_metrics_gateway_app
-from broker.workers.placement import HashedPlacement, Placement, PlacementError, pins_of
+from broker.workers.placement import ClusterPlacement, Placement, PlacementError, pins_of
 from broker.workers.control import CONTROL_LINE_LIMIT, receive, send
 from storage.lock import DataDirLock, DataDirLocked
 from storage.replica import WORKERS_LOCK  # (worker 0's store holds ".lock" in the same data dir)
@@ -143,8 +143,9 @@ class Supervisor:
         # The workers' API sockets' directory (mode 0700), and its lock, held while this supervisor lives
         self.private, self.private_lock = private_directory()
         self.workers = [WorkerProcess(number, self.private) for number in range(workers)]
-        # Which worker leads each vhost: recorded in placement.json, or on a clustered node its name's hash
-        self.placement: Placement | HashedPlacement = HashedPlacement(workers, pins_of(config.vhosts))
+        # Which worker leads each vhost: recorded in placement.json (loaded at start), or on a clustered node in etcd
+        self.placement: Placement | ClusterPlacement = ClusterPlacement(
+            pins_of(config.vhosts), lambda request: self._ask(self.workers[0], lambda: request))
         self.node_wide: dict | None = None  # the first worker's users, vhosts and permissions, as of its last change
         # each worker's _watch, refused logins being counted, posts being read (the loop keeps tasks by weak references)
         self.tasks: set[asyncio.Task] = set()
@@ -158,7 +159,7 @@ class Supervisor:
         # a clustered node's vhosts are placed by the cluster, not here
         self.clustered = bool(config.cluster_etcd_endpoints)
         config.cluster_node_id = config.cluster_node_id or http.UNCLUSTERED_NODE  # (the board's and the API's name)
-        self.board = Board(led_elsewhere(config.cluster_node_id))
+        self.board = Board(led_elsewhere(config.cluster_node_id), changed=self._posted)
         self.moving = asyncio.Lock()  # one vhost moved at a time
         self.saving = asyncio.Lock()  # one write of placement.json at a time
         # One change of the vhosts through the API at a time (broker.workers.api): its vhosts placed, made on every
@@ -307,17 +308,27 @@ class Supervisor:
                 if isinstance(self.api_target(worker.number, metrics=True), str)]
 
     async def place(self, vhosts: list[str]) -> list[str]:
-        """Give new vhosts a worker, and tell every worker before any of them makes one; which were new (on a
-        clustered node, whose vhosts are placed by their names, nothing is recorded)."""
+        """Give new vhosts a worker, and tell every worker before any of them makes one; which were new.
+        PlacementError when the record cannot be written now (a clustered node's first worker is not serving)."""
         new = [name for name in dict.fromkeys(vhosts) if name not in self.placement.leaders]
-        if self.placement.place(new, []):
+        if new and await self.placement.add(new):
             await self._placement_changed()
         return new
 
     async def forget(self, vhosts: list[str]) -> None:
         """Deleted vhosts, or vhosts a refused change would have made, leave the placement."""
-        if [self.placement.leaders.pop(name) for name in vhosts if name in self.placement.leaders]:
-            await self._placement_changed()
+        gone = [name for name in vhosts if name in self.placement.leaders]
+        try:
+            if gone and await self.placement.remove(gone):
+                await self._placement_changed()
+        except PlacementError as error:  # (a record left behind places the vhost there if it is made again)
+            log.warning("%s", error)
+
+    def _posted(self) -> None:
+        """The board changed: on a clustered node, the cluster's record may have (a vhost made or deleted through
+        another node), which every worker is then told."""
+        if self.placement.posted(self.board.entries):
+            self._keep(self._placement_changed())
 
     async def _placement_changed(self) -> None:
         await self._save_placement()

@@ -210,8 +210,8 @@ def test_an_operator_moves_a_vhosts_leadership_to_another_node(shaped: Nodes):
     assert (status, refusal["reason"]) == (400, "node 'nobody' is not a member of the cluster now (members: a, b, c)")
     status, refusal = api(cluster, asking, "PUT", f"/api/vhosts/{in_path(vhost)}/group", {"group": 0})
     assert (status, refusal["reason"]) == (400, (  # (its data does not move: moving its leader is what there is)
-        "a vhost of a cluster is in the group its name gives (or its [[vhosts]] pin): it does not move between "
-        "groups; choose the node that leads its group instead (PUT .../leader)"))
+        "a vhost of a cluster stays in the group it was recorded in: it does not move between groups; choose the "
+        "node that leads its group instead (PUT .../leader)"))
     wait_for(lambda: api(cluster, asking, "PUT", f"/api/vhosts/{in_path(vhost)}/leader",
                          {"node": f"{target}@elsewhere"})[0] == 204, 30,
              f"{target} accepted as group {group}'s leader (once it holds an in-sync copy)", step=0.2)

@@ -50,6 +50,30 @@ def test_the_groups_are_led_by_different_nodes_and_every_node_reaches_both(group
             assert sorted(drained(connection, "orders")) == sorted(sent)
 
 
+def test_vhosts_made_through_any_node_go_to_the_group_that_holds_fewest_and_every_node_reaches_them(grouped):
+    """The one placement rule, as on one node of workers: a new vhost goes to the group holding the fewest (after
+    the pins), recorded in etcd, where every node reads it; a client reaches it through any node at once."""
+    cluster, observers = grouped
+    wait_for(lambda: leaders(observers), 30, "a leader in each group")
+    api_ready(cluster)
+    made = {"new-1": "a", "new-2": "b", "new-3": "c"}  # each made through another node
+    for vhost, node in made.items():
+        assert api(cluster, node, "PUT", f"/api/vhosts/{vhost}")[0] == 201
+        assert api(cluster, node, "PUT", f"/api/permissions/{vhost}/guest",
+                   {"configure": ".*", "write": ".*", "read": ".*"})[0] in (201, 204)
+    # "/" and "one" (pinned) in group 0, "two" (pinned) in group 1: then one new vhost each in turn
+    for node in "abc":
+        assert {vhost: api(cluster, node, "GET", f"/api/vhosts/{vhost}/leader")[1]["group"] for vhost in made} == {
+            "new-1": 1, "new-2": 0, "new-3": 1}
+    for vhost in made:
+        sent = [f"{vhost} through {node}".encode() for node in "abc"]
+        for node, body in zip("abc", sent):
+            with connect(cluster, node, vhost) as connection:
+                publish_confirmed(connection, "orders", [body])
+        with connect(cluster, "b", vhost) as connection:
+            assert sorted(drained(connection, "orders")) == sorted(sent)
+
+
 def test_a_wrong_password_is_refused_with_403_by_the_leader(grouped):
     """A front door whose worker leads its group refuses the login at start-ok; any other cannot check it, and the
     vhost's group leader refuses it after connection.open (pika then says ProbableAccessDeniedError where it says

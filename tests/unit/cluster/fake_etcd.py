@@ -15,6 +15,7 @@ from cluster.coordinator import (
     LeaseHolder,
     Member,
     Replica,
+    group_of,
     isr_from_json,
     isr_to_json,
     new_secret,
@@ -44,6 +45,7 @@ class MemoryEtcd:
     def __init__(self) -> None:
         self.revision = 0  # etcd's store revision: one more at every write
         self.keys: dict[str, _Entry] = {}
+        self.written: dict[str, int] = {}  # key -> the revision of its last put or delete
         self.leases: dict[int, _Lease] = {}
         self.reachable = True  # False: every coordinator call fails as with an etcd that does not answer
         self._lease_ids = itertools.count(1)
@@ -100,13 +102,19 @@ class MemoryEtcd:
         previous = self.keys.get(key)
         entry = _Entry(value, previous.create_revision if previous else self.revision, lease)
         self.keys[key] = entry
+        self.written[key] = self.revision
         self._notify()
         return entry
 
     def delete(self, key: str) -> None:
         if self.keys.pop(key, None) is not None:
             self.revision += 1
+            self.written[key] = self.revision
             self._notify()
+
+    def written_since(self, prefix: str, revision: int) -> bool:
+        """Whether a key of prefix was put or deleted after revision."""
+        return any(written > revision for key, written in self.written.items() if key.startswith(prefix))
 
     async def wait_change(self, timeout: float) -> None:
         """Sleep until the next write, the next lease lapse, or timeout, whichever comes first. Nothing lapses
@@ -126,8 +134,8 @@ class MemoryEtcd:
 class MemoryCoordinator(LeaseHolder):
     """A Coordinator on a MemoryEtcd, for unit tests: the same answers as EtcdCoordinator, without a server."""
 
-    def __init__(self, etcd: MemoryEtcd, prefix: str, node_id: str, lease_ttl: float):
-        super().__init__(prefix, node_id, lease_ttl)
+    def __init__(self, etcd: MemoryEtcd, prefix: str, node_id: str, lease_ttl: float, root: str | None = None):
+        super().__init__(prefix, node_id, lease_ttl, root)
         self.etcd = etcd  # shared with the other nodes' coordinators
 
     async def start(self) -> None:
@@ -217,6 +225,29 @@ class MemoryCoordinator(LeaseHolder):
         if (entry := self.etcd.get(self.keys.setting(name))) is None:
             entry = self.etcd.put(self.keys.setting(name), proposal)
         return entry.value
+
+    async def record_vhost(self, vhost: str, group: int) -> int:
+        self.etcd.check()
+        key = self.keys.vhost(vhost)
+        if (entry := self.etcd.get(key)) is None:
+            entry = self.etcd.put(key, str(group))
+        return group_of(key, entry.value)
+
+    async def forget_vhosts(self, vhosts: list[str]) -> None:
+        self.etcd.check()
+        for vhost in vhosts:
+            self.etcd.delete(self.keys.vhost(vhost))
+
+    async def vhost_groups(self, revision: int | None, timeout: float) -> tuple[dict[str, int], int]:
+        self.etcd.check()
+        deadline = time.monotonic() + timeout
+        while revision is not None and not self.etcd.written_since(self.keys.vhosts, revision) and (
+                left := deadline - time.monotonic()) > 0:
+            await self.etcd.wait_change(left)
+            self.etcd.check()
+        records = self.etcd.get_prefix(self.keys.vhosts)
+        return {key[len(self.keys.vhosts):]: group_of(key, entry.value) for key, entry in records.items()}, (
+            self.etcd.revision)
 
     async def resign(self) -> None:
         self.etcd.check()

@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from broker.config import Config
-from broker.workers.placement import HashedPlacement
+from broker.workers.placement import RecordedPlacement
 from cluster.worker import GroupWorker, group_config
 
 TTL = 2.0
@@ -41,7 +41,8 @@ def senders():
 
 def worker(number: int, board: dict, senders, started_long_ago: bool = True) -> GroupWorker:
     config = Config(cluster_node_id="a", cluster_lease_ttl=TTL, workers=2)
-    group = GroupWorker(config, number, HashedPlacement(2, {"one": 0, "two": 1}), Board(board), senders, None)
+    placement = RecordedPlacement({"one": 0, "two": 1}, None, 2, {}, movable=False)
+    group = GroupWorker(config, number, placement, Board(board), senders, None)
     if started_long_ago:
         group.started_at -= TTL
     return group

@@ -1,11 +1,12 @@
 """Where vhosts are led among worker processes (broker.workers.placement)."""
 
+import asyncio
 import collections
 import time
 
 import pytest
 
-from broker.workers.placement import Placement, PlacementError, worker_data_dir
+from broker.workers.placement import ClusterPlacement, Placement, PlacementError, place_new, worker_data_dir
 
 
 def test_new_vhosts_go_to_the_worker_that_leads_fewest(tmp_path):
@@ -90,3 +91,36 @@ def test_placing_many_vhosts_at_once_takes_time_linear_in_their_number(tmp_path)
     assert time.perf_counter() - started < 0.5
     assert placement.leaders["v7"] == 3
     assert sorted(collections.Counter(placement.leaders.values()).values()) == [2500, 2500, 2500, 2500]
+
+
+def test_the_supervisor_of_a_clustered_node_places_by_the_record_its_first_worker_keeps():
+    """One rule, the record in etcd: the first worker writes it for the vhosts the API makes, and posts it on the
+    board as it changes (through other nodes too); while it cannot, the API is told why."""
+    asked: list[dict] = []
+    answers = [{"placement": {"/": 0, "a": 1}}, None, {"refused": "etcd cannot be reached: no answer"}]
+
+    async def ask(request: dict) -> dict | None:
+        asked.append(request)
+        return answers.pop(0)
+
+    async def scenario() -> None:
+        placement = ClusterPlacement({}, ask)
+        assert await placement.add(["a"]) and placement.of("a") == 1 and asked == [{"record": ["a"]}]
+        assert placement.posted({"placement": {"/": 0, "a": 1, "b": 0}, "group 0": {}})  # made through another node
+        assert placement.of("b") == 0 and not placement.posted({"placement": {"/": 0, "a": 1, "b": 0}})
+        for reason in ("the node's first worker is not serving", "etcd cannot be reached: no answer"):
+            with pytest.raises(PlacementError, match=f"the cluster's record of its vhosts cannot be changed now: "
+                                                     f"{reason}"):
+                await placement.remove(["b"])
+        assert asked[1:] == [{"forget": ["b"]}] * 2 and placement.of("b") == 0
+
+    asyncio.run(scenario())
+
+
+def test_the_one_rule_outside_a_cluster_is_kept_in_the_file_as_the_api_makes_and_deletes_vhosts(tmp_path):
+    placement = Placement.load(tmp_path, workers=2)
+    assert asyncio.run(placement.add(["/", "a"])) and placement.leaders == {"/": 0, "a": 1}
+    assert not asyncio.run(placement.add(["a"]))
+    assert asyncio.run(placement.remove(["a", "never made"])) and placement.leaders == {"/": 0}
+    assert not placement.posted({"placement": {"x": 1}})  # (the board holds no record outside a cluster)
+    assert place_new({"/": 0}, ["b", "c", "b"], 3, {"c": 0}) == {"b": 1, "c": 0}
