@@ -166,6 +166,9 @@ class GroupWorker:
         self.groups.check_move(vhost, group)
 
     # --- broker.connection.server.WorkerRole ----------------------------------------------------------------
+    def serves(self, vhost: str) -> bool:
+        return self.groups.leaders.get(vhost) == self.number
+
     async def boot_definitions(self, document: dict, found: list[str], node: Node) -> dict:
         """Every group holds the node-wide definitions (users, vhosts, permissions); the vhosts' contents only where
         they live. The vhosts of its store are recorded where they are not yet."""
@@ -369,10 +372,15 @@ async def serve(control_socket: socket.socket) -> None:
     control = WorkerControl(reader, writer)
     coordinator = make_coordinator(config, number)
     pins = pins_of(config.vhosts)
-    record = VhostRecord(coordinator, number, workers, pins) if coordinator.followed else None
-    if record is not None:  # the record is the cluster's: each worker records what its store holds, if need be
+    loop = asyncio.get_running_loop()
+    background: list[asyncio.Task] = []  # what runs as long as the worker does
+    if coordinator.followed:  # the record is the cluster's: each worker records what its store holds, if need be
+        record = VhostRecord(coordinator, number, workers, pins)
         groups = RecordedPlacement(instructions["placement"] or {}, record.record, workers, pins, movable=False)
-        control.recording = record.asked if number == 0 else None
+        if number == 0:  # it writes what the supervisor asks, and posts the record for it, which tells every worker
+            control.recording = record.asked
+            background.append(loop.create_task(record.follow(lambda leaders: board.post({PLACEMENT_KEY: leaders}),
+                                                             coordinator.lease_ttl)))
     else:  # the supervisor records the first worker's vhosts (and tells the others), which move between workers
         groups = RecordedPlacement(instructions["placement"] or {}, recorded_by(control) if number == 0 else None,
                                    workers, pins)
@@ -385,7 +393,6 @@ async def serve(control_socket: socket.socket) -> None:
         raise StartupError(refusal)
     await board.start()
     await logins.start()
-    loop = asyncio.get_running_loop()
     stop = stop_on_signals()
     following = loop.create_task(control.follow())
     following.add_done_callback(lambda _: stop.set())  # the supervisor has gone
@@ -408,10 +415,7 @@ async def serve(control_socket: socket.socket) -> None:
     loop.add_reader(receiving.fileno(), receive_all, receiving, Adoption(lambda: cluster.server).take)
     for internal, fd in zip(group.internal, (instructions["api"], instructions["metrics"])):
         await internal.start(fd)
-    background = [loop.create_task(keep_up(cluster, board, number))]
-    if record is not None and number == 0:  # (the first worker posts the record for the supervisor, which tells all)
-        background.append(loop.create_task(record.follow(lambda leaders: board.post({PLACEMENT_KEY: leaders}),
-                                                         cluster.ttl)))
+    background.append(loop.create_task(keep_up(cluster, board, number)))
     # (the first worker outside a cluster gives its node-wide definitions, which a worker started again copies)
     node_wide = group.export() if number == 0 and not coordinator.followed else None
     await send(writer, {"serving": True, "node": node_wide})

@@ -101,6 +101,10 @@ class WorkerRole(Protocol):
     keeps_node_definitions: bool  # the node-wide definitions are this worker's own (the others copy them)
     led: set[str]  # the vhosts it leads (known once boot_definitions has run)
 
+    def serves(self, vhost: str) -> bool:
+        """Whether the vhost's clients are this worker's (its group holds the vhost)."""
+        ...
+
     async def boot_definitions(self, document: dict, found: list[str], node: Node) -> dict:
         """The boot definitions this worker applies, given the configured ones, the vhosts whose contents its store
         held (broker.model.durability.held_vhosts) and the node after bootstrap."""
@@ -145,6 +149,8 @@ class Server:
         # where deep queues set their ready messages aside (emptied at every start)
         self.paging = Paging(PageStore(self.data_dir / "pages"), config.queue_messages_in_memory)
         self.node = Node(self.store, self.paging)  # vhosts, users and permissions
+        if role is not None:
+            self.node.serves = role.serves
         self.connections: set[Connection] = set()
         self.version = version()
         self.platform = platform_name()

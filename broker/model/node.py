@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import reprlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from broker.model.access import (
     DEFAULT_HASHING, HASHING_ALGORITHMS, Permission, User, hash_password, valid_password_hash,
@@ -42,6 +42,9 @@ class Node:
         self.permissions_version = 0
         self.next_msg_id = 1  # id of the next persistent message written to the store (shared by every vhost)
         self.counters = NodeCounters()  # what the node did since it started, for the Prometheus endpoint
+        # whether this process serves a vhost's clients now: a worker of several, those of the vhosts recorded in
+        # its group (broker.workers.placement); a client sent by a record it has not learnt yet is told to come again
+        self.serves: Callable[[str], bool] = lambda name: True
 
     # --- durability ------------------------------------------------------------------------------------------
     def _record(self, kind: str, name: str, data: dict | None) -> None:
@@ -150,12 +153,14 @@ class Node:
 
     def open_vhost(self, user: str, name: str) -> VirtualHost:
         """The vhost a connection.open names, if user may use it (any permission entry there), else RabbitMQ's
-        530."""
+        530; 541 for one this process does not serve now (RabbitMQ's answer for a vhost that is down)."""
         vhost = self.vhosts.get(name)
         if vhost is None:
             raise errors.not_allowed(f"vhost {name} not found")
         if (name, user) not in self.permissions:
             raise errors.not_allowed(f"access to vhost '{name}' refused for user '{user}'")
+        if not self.serves(name):  # as RabbitMQ refuses a vhost that is down on the node
+            raise errors.internal_error(f"access to vhost '{name}' refused for user '{user}': vhost '{name}' is down")
         return vhost
 
     # --- boot ------------------------------------------------------------------------------------------------

@@ -57,6 +57,13 @@ def test_a_client_goes_to_the_worker_here_or_the_node_that_leads_its_vhosts_grou
         "vhost 'two' is unavailable: node a does not lead it now; connect again")  # never forwarded twice
 
 
+def test_a_worker_serves_the_clients_of_the_vhosts_recorded_in_its_group_alone(senders):
+    """Not those of another group's vhost, nor of one it has no record of yet (made through another node a moment
+    ago): their clients are refused as of a vhost that is down, and come again."""
+    assert [worker(1, {}, senders).serves(name) for name in ("one", "two", "made elsewhere")] == [False, True, False]
+    assert worker(0, {}, senders).serves("one")
+
+
 def test_a_group_with_no_leader_known_turns_its_clients_away(senders):
     group = worker(0, {"group 0": led("a")}, senders)
     assert group.route("two", forwarded=False) == (

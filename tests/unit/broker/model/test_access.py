@@ -176,3 +176,12 @@ def test_opening_a_vhost_needs_a_permission_entry_there(node):
         530, "NOT_ALLOWED - access to vhost 'other' refused for user 'bob'")
     node.set_permissions("bob", "other", "", "", "")  # empty patterns still let the user in, as in RabbitMQ
     assert node.open_vhost("bob", "other").name == "other"
+
+
+def test_a_vhost_this_process_does_not_serve_now_is_refused_as_a_vhost_that_is_down(node):
+    """A worker of several whose group does not hold the vhost (a front door routed the client by a record this
+    worker has not learnt yet): 541, as RabbitMQ answers for a vhost down on its node; the client comes again."""
+    node.serves = lambda name: name != "v"
+    assert refusal(lambda: node.open_vhost("bob", "v")) == (
+        541, "INTERNAL_ERROR - access to vhost 'v' refused for user 'bob': vhost 'v' is down")
+    assert refusal(lambda: node.open_vhost("bob", "missing")) == (530, "NOT_ALLOWED - vhost missing not found")
