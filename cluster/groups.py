@@ -59,10 +59,11 @@ class VhostRecord:
         proposals.update(place_new({**leaders, **proposals}, missing, self.workers, self.pins))
         for name, group in proposals.items():
             leaders[name] = await self.coordinator.record_vhost(name, group)
-        for name, pinned in self.pins.items():
-            if leaders.get(name, pinned) != pinned:
+        for name in vhosts:
+            if self.pins.get(name, leaders[name]) != leaders[name]:
                 log.error("vhost '%s' is pinned to group %d ([[vhosts]] worker), but the cluster records it in group "
-                          "%d, where its data is: it stays there (remove the pin)", name, pinned, leaders[name])
+                          "%d, where its data is: it stays there (remove the pin)", name, self.pins[name],
+                          leaders[name])
         return leaders
 
     async def forget(self, vhosts: list[str]) -> dict[str, int]:
@@ -77,17 +78,23 @@ class VhostRecord:
             if "record" in request:
                 return {"placement": await self.record(request["record"], [])}
             return {"placement": await self.forget(request["forget"])}
-        except CoordinatorError as error:
-            return {"refused": f"etcd cannot be reached: {error}"}
+        except CoordinatorError as error:  # (etcd does not answer, or a record is damaged: the text says which)
+            return {"refused": str(error)}
 
     async def follow(self, changed: Callable[[dict[str, int]], None], timeout: float) -> None:
-        """Hand every new state of the record to ``changed``, as long as this runs."""
+        """Hand every new state of the record to ``changed``, as long as this runs (what keeps it from reading the
+        record is logged once, until it reads it again)."""
         revision = None
+        said = ""  # the last failure logged
         while True:
             try:
                 leaders, revision = await self.coordinator.vhost_groups(revision, timeout)
-            except CoordinatorError:  # (read whole again: the revision may be compacted meanwhile)
+            except CoordinatorError as error:  # (read whole again: the revision may be compacted meanwhile)
+                if str(error) != said:
+                    log.error("cannot read the cluster's record of its vhosts: %s", error)
+                    said = str(error)
                 revision = None
                 await asyncio.sleep(RETRY)
                 continue
+            said = ""
             changed(leaders)

@@ -50,7 +50,7 @@ from broker.workers.control import CONTROL_LINE_LIMIT, WorkerControl, receive, r
 from broker.workers.logins import NodeLoginThrottle
 from broker.workers.placement import RecordedPlacement, Recorder, pins_of, worker_data_dir
 from protocol.constants import INTERNAL_ERROR
-from cluster.coordinator import CoordinatorError, Member
+from cluster.coordinator import Coordinator, CoordinatorError, Member
 from cluster.groups import DEFAULT_GROUP, VhostRecord, led_by, members_posted, posted
 from cluster.node import ClusterNode, make_coordinator
 
@@ -309,13 +309,13 @@ class InternalSocket:
             await self.runner.cleanup()
 
 
-async def agree_on_workers(cluster: ClusterNode, workers: int) -> str | None:
+async def agree_on_workers(coordinator: Coordinator, workers: int) -> str | None:
     """Worker 0 checks that the cluster runs as many workers on every node as here (the first node says how many);
     why not, if it does not."""
     said = ""
     while True:
         try:
-            agreed = await cluster.coordinator.agree("workers", str(workers))
+            agreed = await coordinator.agree("workers", str(workers))
             break
         except CoordinatorError as error:
             if str(error) != said:
@@ -371,6 +371,9 @@ async def serve(control_socket: socket.socket) -> None:
     logins = NodeLoginThrottle(socket.socket(fileno=instructions["logins"]))
     control = WorkerControl(reader, writer)
     coordinator = make_coordinator(config, number)
+    if number == 0 and (refusal := await agree_on_workers(coordinator, workers)) is not None:
+        await send(writer, {"refused": refusal})
+        raise StartupError(refusal)
     pins = pins_of(config.vhosts)
     loop = asyncio.get_running_loop()
     background: list[asyncio.Task] = []  # what runs as long as the worker does
@@ -388,9 +391,6 @@ async def serve(control_socket: socket.socket) -> None:
     group = GroupWorker(config, number, groups, board, senders, logins, instructions["node"])
     control.export = group.export
     cluster = group.cluster = ClusterNode(config, coordinator, group)
-    if number == 0 and (refusal := await agree_on_workers(cluster, workers)) is not None:
-        await send(writer, {"refused": refusal})
-        raise StartupError(refusal)
     await board.start()
     await logins.start()
     stop = stop_on_signals()

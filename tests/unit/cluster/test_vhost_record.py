@@ -51,7 +51,7 @@ def test_a_pin_places_a_new_vhost_and_one_the_record_contradicts_is_named_in_the
     async def scenario(etcd):
         assert await records(etcd).record(["held"], found=[]) == {"held": 0}
         with caplog.at_level(logging.ERROR, "cluster"):
-            assert await records(etcd, pins={"pinned": 1, "held": 1}).record(["pinned"], found=[]) == {
+            assert await records(etcd, pins={"pinned": 1, "held": 1}).record(["pinned", "held"], found=[]) == {
                 "held": 0, "pinned": 1}
         assert ("vhost 'held' is pinned to group 1 ([[vhosts]] worker), but the cluster records it in group 0, "
                 "where its data is: it stays there (remove the pin)") in caplog.messages
@@ -94,7 +94,7 @@ def test_while_etcd_does_not_answer_the_supervisor_is_told_why_and_the_follower_
         etcd.set_reachable(False)
         following = asyncio.ensure_future(record.follow(seen.append, timeout=5))
         answer = await record.asked({"record": ["a"]})
-        assert answer["refused"].startswith("etcd cannot be reached: ")
+        assert "etcd" in answer["refused"] and "placement" not in answer
         etcd.set_reachable(True)
         assert (await record.asked({"record": ["a"]})) == {"placement": {"a": 0}}
         while seen[-1:] != [{"a": 0}]:
