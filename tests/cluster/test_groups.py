@@ -144,7 +144,11 @@ def test_a_node_that_runs_another_number_of_workers_is_refused(grouped, tmp_path
     wait_for(lambda: leaders(observers), 30, "a leader in each group")
     other = Node(tmp_path, "d", cluster.name, etcd_endpoint, workers=3)
     other.start()
-    assert other.process.wait(30) == 1
+    try:
+        code = other.process.wait(30)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"node d was not refused within 30 s; its log:\n{other.log()}")
+    assert code == 1
     assert ("the cluster's nodes run 2 workers each, and this node's config says 3: every node must run the same "
             "number") in other.log()
 
