@@ -42,6 +42,7 @@ from broker.connection.peer_log import PeerLog
 from broker.connection.auth import parse_response
 from broker.connection.refused_login import Refusal, check_login
 from broker.connection.splice import SpliceEnd, join
+from broker.model.node import vhost_down
 from protocol import node_proof, proxy_header, stream_start
 from protocol.stream_start import Forwarding, StartReader
 from protocol.codec import decode_method, encode_method
@@ -316,8 +317,8 @@ class FrontDoor(asyncio.Protocol):
                 self.refuse(error.reply_code, error.text, OPEN)
                 return
         peer_log.info(self.peer[0], "closing AMQP connection from %s:%s: %s", *self.peer, why)
-        self.refuse(INTERNAL_ERROR, f"INTERNAL_ERROR - access to vhost '{vhost}' refused for user '{self.user}': "
-                                     f"vhost '{vhost}' is down", OPEN)
+        down = vhost_down(vhost, self.user)
+        self.refuse(down.reply_code, down.text, OPEN)
 
     def _hand_over(self, sender: socket.socket) -> None:
         """The socket goes to the worker; over a TLS session of this node's, which stays here, one end of a socket

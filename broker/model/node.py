@@ -31,6 +31,11 @@ FULL_ACCESS = ".*"  # the configure/write/read pattern that grants everything
 STAND_IN = User("", hash_password(os.urandom(16).hex()), DEFAULT_HASHING, [])
 
 
+def vhost_down(name: str, user: str) -> errors.AMQPError:
+    """RabbitMQ's refusal of a vhost that is down on the node (541): a client may connect again."""
+    return errors.internal_error(f"access to vhost '{name}' refused for user '{user}': vhost '{name}' is down")
+
+
 class Node:
     def __init__(self, store=None, paging: "Paging | None" = None):
         self.store = store  # durable storage (storage.MessageStore) or None for a node kept in memory
@@ -159,8 +164,8 @@ class Node:
             raise errors.not_allowed(f"vhost {name} not found")
         if (name, user) not in self.permissions:
             raise errors.not_allowed(f"access to vhost '{name}' refused for user '{user}'")
-        if not self.serves(name):  # as RabbitMQ refuses a vhost that is down on the node
-            raise errors.internal_error(f"access to vhost '{name}' refused for user '{user}': vhost '{name}' is down")
+        if not self.serves(name):
+            raise vhost_down(name, user)
         return vhost
 
     # --- boot ------------------------------------------------------------------------------------------------

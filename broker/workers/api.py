@@ -146,6 +146,8 @@ class Gateway:
             response = await self._handle(request)
         except http.ApiError as error:  # a listing's shape asked for here (a page out of range...)
             response = error.response()
+        except PlacementError as error:  # new vhosts that cannot be recorded now (before any worker made them)
+            response = http.error_response(503, "service_unavailable", str(error))
         address = request.remote or ""
         if request.get(http.LOGIN) == "refused":  # logged, counted and waited for once, however many workers refused
             peer_log.warning(address, "HTTP login refused from %s: %s", address, refusal_reason(response))
@@ -220,10 +222,7 @@ class Gateway:
         """A vhost made (placed before any worker makes it) or deleted (forgotten once deleted), under the
         supervisor's lock of the vhosts: a placement this request made is forgotten if worker 0 refuses to make the
         vhost after all (its user deleted meanwhile), which no other request can have made in between."""
-        try:
-            placed = await self.supervisor.place([vhost]) if request.method == "PUT" else []
-        except PlacementError as error:
-            return http.error_response(503, "service_unavailable", str(error))
+        placed = await self.supervisor.place([vhost]) if request.method == "PUT" else []
         first = await self.apis.ask(0, request, body)
         response = await self._after_first(request, first, {worker: body for worker in self.workers})
         if first.status >= 400:
@@ -248,10 +247,7 @@ class Gateway:
         """The import worker 0 accepted, under the supervisor's lock of the vhosts."""
         named = [item.get("name") for item in document.get("vhosts") or [] if isinstance(item, dict)]
         # Placed before the check: the check of an item of a new vhost is its leader's
-        try:
-            placed = await self.supervisor.place([name for name in named if isinstance(name, str)])
-        except PlacementError as error:
-            return http.error_response(503, "service_unavailable", str(error))
+        placed = await self.supervisor.place([name for name in named if isinstance(name, str)])
         bodies = {worker: json.dumps(of_vhosts(document, self.led_by(worker, document))).encode()
                   for worker in self.workers}
         for worker in self.workers:  # every share checked before any is applied: all or nothing, as one worker

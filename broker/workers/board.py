@@ -47,8 +47,8 @@ def led_elsewhere(node: str) -> Callable[[str, Any], bool]:
     secret and the record of the vhosts, which worker 0 posts: the node's other workers go on proving their forwards
     with it, and the supervisor placing vhosts by it, while worker 0 starts again."""
     def kept(key: str, value: Any) -> bool:
-        return key in (CLUSTER_SECRET, PLACEMENT_KEY) or (key.startswith(GROUP_KEY_PREFIX) and isinstance(value, dict)
-                                         and value.get("node") != node)
+        return key in (CLUSTER_SECRET, PLACEMENT_KEY) or (
+            key.startswith(GROUP_KEY_PREFIX) and isinstance(value, dict) and value.get("node") != node)
     return kept
 
 

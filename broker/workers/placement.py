@@ -55,12 +55,22 @@ def place_new(leaders: dict[str, int], names: Iterable[str], workers: int, pins:
     return placed
 
 
+class VhostLeaders:
+    """A record of which worker leads each vhost, as one process holds it."""
+
+    leaders: dict[str, int]  # vhost -> the worker (and group) that leads it
+
+    def of(self, vhost: str) -> int:
+        """The worker that leads a vhost (the first for one none leads)."""
+        return self.leaders.get(vhost, 0)
+
+
 def worker_data_dir(data_dir: Path, worker: int) -> Path:
     """Worker 0 keeps the data dir itself (where a one-process broker keeps its store); the others a folder each."""
     return data_dir if worker == 0 else workers_directory(data_dir) / str(worker)
 
 
-class Placement:
+class Placement(VhostLeaders):
     def __init__(self, path: Path, workers: int, pins: dict[str, int] | None = None):
         self.path = path
         self.workers = workers  # how many worker processes there are
@@ -94,10 +104,6 @@ class Placement:
         placement.exists = True
         placement._check_pins()
         return placement
-
-    def of(self, vhost: str) -> int:
-        """The worker that leads a vhost (the first for one none leads)."""
-        return self.leaders.get(vhost, 0)
 
     def place(self, vhosts: list[str], found_in_first: list[str]) -> bool:
         """Give every vhost of ``vhosts`` a worker; ``found_in_first`` are those whose contents the first worker's
@@ -145,7 +151,7 @@ MOVES_IN_A_CLUSTER = ("a vhost of a cluster stays in the group it was recorded i
                       "choose the node that leads its group instead (PUT .../leader)")
 
 
-class RecordedPlacement:
+class RecordedPlacement(VhostLeaders):
     """A worker's copy of the record, as its supervisor last told it; a vhost not recorded goes to the first worker
     (which says that it does not exist, or holds it from the data dir of a broker that ran with one process)."""
 
@@ -157,9 +163,6 @@ class RecordedPlacement:
         self.workers = workers  # how many the node runs
         self.pins = pins  # vhost -> the worker its [[vhosts]] table pins it to
         self.movable = movable  # a vhost's data may move to another group (not in a cluster)
-
-    def of(self, vhost: str) -> int:
-        return self.leaders.get(vhost, 0)
 
     def told(self, leaders: dict[str, int]) -> None:
         self.leaders = leaders
@@ -183,7 +186,7 @@ class RecordedPlacement:
                              "the pin to move it")
 
 
-class ClusterPlacement:
+class ClusterPlacement(VhostLeaders):
     """A clustered node's supervisor's copy of the cluster's record: as its first worker posts it on the board, and
     as that worker answers when it records the vhosts made through this node's API (a request of the supervisor's:
     ``ask``, None when the worker does not serve)."""
@@ -192,9 +195,6 @@ class ClusterPlacement:
         self.pins = pins  # vhost -> worker, from [[vhosts]] worker = k
         self.ask = ask
         self.leaders: dict[str, int] = {}  # vhost -> the group it is recorded in
-
-    def of(self, vhost: str) -> int:
-        return self.leaders.get(vhost, 0)
 
     def place(self, vhosts: list[str], found_in_first: list[str]) -> bool:
         return False  # (a clustered worker records the vhosts of its store itself)

@@ -7,7 +7,7 @@ Each worker slot of a node of workers is a replication group, and a vhost lives 
   leadership moves the cluster's; a node outside a cluster leads every group itself.)
 - ``.../group``: on a node of workers outside a cluster, the vhost's data moves to another worker's group: the
   worker that leads it checks the request, and the supervisor moves it (broker.workers.api, broker.workers.moving).
-  A cluster's vhosts are in the group their names give."""
+  A cluster's vhosts stay in the group recorded for them (broker.workers.placement)."""
 
 from __future__ import annotations
 
