@@ -8,12 +8,8 @@ and the ISR has at least ``min_insync`` replicas. A replica is a node's data dir
 (``cluster.state``): a node back with a new data dir is a new follower, not the replica the ISR names.
 
 A follower that leaves, leaves frames unacked for ``ack_timeout`` or goes silent that long (the leader sends a
-heartbeat whenever it has sent nothing for a quarter of it, and the follower answers each) is dropped. While the
-rest still make ``min_insync`` copies, the shrunk ISR is committed to etcd (fenced on the leader's lease) before any
-confirm that did not wait for it. Below ``min_insync`` no confirm can go out whatever the ISR says, so the ISR keeps
-every replica that still holds all that was confirmed: one of them may lead instead. A leader left below
-``min_insync`` while such a replica tells etcd it lost this leader (``Member.lost_leader``: a cut link, not a dead
-node) steps aside (``stepped_aside``), so that the side holding the copies serves.
+heartbeat whenever it has sent nothing for a quarter of it, and the follower answers each) is dropped, and the ISR
+changes as cluster.isr decides.
 
 A joining follower gets a copy of the data dir as of a cut the writer thread takes between two batches, then every
 frame after the cut; it leaves the ISR before its copy starts and enters it once it has acked all frames sent up to
@@ -37,7 +33,8 @@ from collections.abc import Callable
 
 from broker.connection.peer_log import PeerLog
 from cluster import frames
-from cluster.coordinator import Coordinator, CoordinatorUnavailable, Replica
+from cluster.coordinator import Coordinator, Replica
+from cluster.isr import InSyncReplicas
 from protocol import node_proof
 from storage.replica import APPEND, ReplicaError, encode_ops, prefix_digest, reset_op
 
@@ -45,7 +42,6 @@ log = logging.getLogger("cluster.replication")
 peer_log = PeerLog(log)  # refused connections, a few lines a second per address at most
 
 COPY_CHUNK = 1 << 20  # bytes of a file sent per frame of a join's copy
-ISR_RETRY = 0.2  # seconds between attempts to write the ISR while etcd does not answer
 CUT_TIMEOUT = 30.0  # seconds the writer may take to hand over a cut (it comes with the next batch)
 STALLED_COPY = 10.0  # seconds a joining follower may go without reading any of its copy
 END_OF_COPY = encode_ops([])  # the ops of the frame that closes a join's copy (it carries the cut's sequence)
@@ -110,21 +106,19 @@ class ReplicationServer:
     def __init__(self, store, coordinator: Coordinator, node: str, dir: str, epoch: int, secret: str,
                  min_insync: int, ack_timeout: float, lost: Callable[[str], None], group: str = "") -> None:
         self._store = store  # storage.store.MessageStore of the leader, not yet recovered
-        self._coordinator = coordinator
         self._node = node
         self._dir = dir  # the identity of this leader's data dir
         self._epoch = epoch
         self._key = frames.link_key(secret, group)  # what both sides prove the cluster's secret with
-        self._min_insync = min_insync
         self._ack_timeout = ack_timeout
         self._lost = lost  # called once if etcd says another node leads now
         self._loop = asyncio.get_running_loop()
         self._followers: dict[str, Follower] = {}
-        self._committed: tuple[Replica, ...] = ()  # the ISR as last written to etcd (confirms wait for all of it)
+        self._isr = InSyncReplicas(coordinator, node, epoch, min_insync, self._live, lambda: self._followers,
+                                   self._release_ready, lost)
         self._held: deque[tuple[int, Callable[[], None]]] = deque()  # (batch sequence, release) not confirmed yet
         self._latest = 0  # the highest sequence the writer has tapped
         self._released = -1  # the highest sequence whose confirms went out
-        self._isr_changed = asyncio.Event()  # the wanted ISR may differ from the committed one
         self._join_lock = asyncio.Lock()  # one join at a time
         self.store_ready = asyncio.Event()  # set once the store is recovered: cuts can be taken
         self._listener: asyncio.base_events.Server | None = None
@@ -132,7 +126,6 @@ class ReplicationServer:
         self._connections: set[asyncio.Task] = set()  # each follower connection's task
         self._unproven: Counter[str] = Counter()  # address -> its connections that have not proven the secret yet
         self._stopped = False
-        self.stepped_aside = False  # leadership ended for want of min_insync copies, in favour of a replica
 
     # --- lifecycle ------------------------------------------------------------------------------------------
     async def start(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> None:
@@ -141,11 +134,10 @@ class ReplicationServer:
         self._store.replicate(self._tap, self._gate)
         self._listener = await asyncio.start_server(self._serve_follower, host, port, reuse_address=True, ssl=tls,
                                                     ssl_handshake_timeout=self._ack_timeout * 5 if tls else None)
-        self._committed = tuple(await self._read_isr())
-        if not await self._write_isr(self._wanted_isr()):
+        if not await self._isr.start():
             raise LeadershipLost("etcd refused this node's ISR: another node leads")
-        self._tasks = [asyncio.ensure_future(task) for task in
-                       (self._keep_isr(), self._keep_followers(), self._step_aside_when_outnumbered())]
+        self._tasks = [asyncio.ensure_future(task) for task in (
+            self._isr.keep(), self._keep_followers(), self._isr.step_aside_when_outnumbered(self._ack_timeout / 2))]
         for task in self._tasks:
             task.add_done_callback(self._task_ended)
 
@@ -153,6 +145,11 @@ class ReplicationServer:
         if not task.cancelled() and task.exception() is not None:
             log.critical("replication task failed: leadership ends", exc_info=task.exception())
             self._lost(f"replication task failed: {task.exception()!r}")
+
+    @property
+    def stepped_aside(self) -> bool:
+        """Leadership ended for want of min_insync copies, in favour of a replica (cluster.isr)."""
+        return self._isr.stepped_aside
 
     @property
     def port(self) -> int:
@@ -179,17 +176,9 @@ class ReplicationServer:
         if self._listener is not None:
             await self._listener.wait_closed()
 
-    async def _read_isr(self) -> list[Replica]:
-        while True:
-            try:
-                return await self._coordinator.replicas() or []
-            except CoordinatorUnavailable as error:
-                log.warning("cannot read the in-sync replicas from etcd (%s): retrying", error)
-                await asyncio.sleep(ISR_RETRY)
-
     def status(self) -> dict:
         """For logs and the management API: the committed ISR and each follower's progress."""
-        return {"epoch": self._epoch, "isr": [replica.node for replica in self._committed], "latest": self._latest,
+        return {"epoch": self._epoch, "isr": [replica.node for replica in self._isr.committed], "latest": self._latest,
                 "followers": {node: {"acked": f.acked, "in_sync": f.in_sync, "copying": not f.streaming}
                               for node, f in self._followers.items()}}
 
@@ -224,8 +213,8 @@ class ReplicationServer:
     def _replicated(self, sequence: int) -> bool:
         """Whether every copy that may lead has ``sequence``: each member of the committed ISR, and each follower
         about to be added to it (so that it never enters the ISR lacking a confirmed batch)."""
-        committed = self._committed
-        if len(committed) < self._min_insync:
+        committed = self._isr.committed
+        if not self._isr.enough(len(committed)):
             return False
         for replica in committed:
             if replica.node != self._node:
@@ -245,44 +234,11 @@ class ReplicationServer:
             release()
 
     # --- the ISR --------------------------------------------------------------------------------------------
-    def _wanted_isr(self) -> tuple[Replica, ...]:
-        """This leader and every follower in sync; below min_insync, also every replica of the committed ISR that is
-        not connected (it still holds all that was confirmed: none could be without it). A replica that connects
-        again leaves, since its copy is about to be rewritten."""
-        live = (Replica(self._node, self._dir, self._latest, self._epoch),
+    def _live(self) -> tuple[Replica, ...]:
+        """This leader and every follower in sync, as the ISR names them."""
+        return (Replica(self._node, self._dir, self._latest, self._epoch),
                 *(Replica(follower.node, follower.dir, follower.acked, follower.epoch)
                   for _, follower in sorted(self._followers.items()) if follower.in_sync))
-        if len(live) >= self._min_insync:
-            return live
-        return (*live, *(replica for replica in self._committed
-                         if replica.node != self._node and replica.node not in self._followers))
-
-    async def _keep_isr(self) -> None:
-        """Write the wanted ISR to etcd whenever it changes; confirms wait meanwhile."""
-        while True:
-            await self._isr_changed.wait()
-            self._isr_changed.clear()
-            wanted = self._wanted_isr()
-            if not same_copies(wanted, self._committed) and not await self._write_isr(wanted):
-                self._lost("etcd refused the ISR write: another node leads now")
-                return
-
-    async def _write_isr(self, isr: tuple[Replica, ...]) -> bool:
-        """Commit ``isr`` (fenced on this node's leadership), retrying while etcd is unreachable; False if stale."""
-        nodes = ", ".join(replica.node for replica in isr)
-        while True:
-            try:
-                if not await self._coordinator.set_isr(list(isr), self._epoch):
-                    return False
-                break
-            except CoordinatorUnavailable as error:
-                log.warning("cannot write the in-sync replicas %s to etcd (%s): confirms wait", nodes, error)
-                await asyncio.sleep(ISR_RETRY)
-        if not same_copies(isr, self._committed):
-            log.info("in-sync replicas: %s", nodes)
-        self._committed = isr
-        self._release_ready()
-        return True
 
     def _drop(self, follower: Follower, reason: str) -> None:
         if follower.closed:
@@ -291,7 +247,7 @@ class ReplicationServer:
         follower.close()
         if self._followers.get(follower.node) is follower:
             del self._followers[follower.node]
-        self._isr_changed.set()
+        self._isr.changed.set()
 
     async def _keep_followers(self) -> None:
         """Every quarter of ack_timeout: drop a follower that left a frame unacked, or (once it streams) said
@@ -307,28 +263,6 @@ class ReplicationServer:
                     self._drop(follower, f"no word from it for {now - follower.heard_at:.1f} s")
                 elif now - follower.written_at >= period:
                     follower.write(frames.HEARTBEAT_MESSAGE)
-
-    async def _step_aside_when_outnumbered(self) -> None:
-        """Below min_insync no confirm can go out here. When a replica of the ISR that is not connected tells etcd
-        it lost this leader (so it is alive, and may hold everything confirmed: the ISR kept it), leadership ends
-        in its favour; the node then waits before campaigning again, so that the replica's side takes over."""
-        while True:
-            await asyncio.sleep(self._ack_timeout / 2)
-            if 1 + sum(follower.in_sync for follower in self._followers.values()) >= self._min_insync:
-                continue
-            try:
-                members = await self._coordinator.members()
-            except CoordinatorUnavailable:
-                continue
-            lost = sorted(replica.node for replica in self._committed
-                          if replica.node != self._node and replica.node not in self._followers
-                          and (member := members.get(replica.node)) is not None
-                          and member.lost_leader == self._epoch)
-            if lost:
-                self.stepped_aside = True
-                self._lost(f"it cannot keep {self._min_insync} copies and {', '.join(lost)} of the in-sync replicas "
-                           "lost it but still reach etcd: stepping aside")
-                return
 
     # --- one follower's connection --------------------------------------------------------------------------
     async def _serve_follower(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -450,7 +384,7 @@ class ReplicationServer:
         if not follower.in_sync and follower.streaming and sequence >= max(follower.target, self._released):
             follower.in_sync = True
             log.info("follower %s caught up at sequence %d", follower.node, sequence)
-            self._isr_changed.set()
+            self._isr.changed.set()
         if self._held:
             self._release_ready()
 
@@ -463,10 +397,7 @@ class ReplicationServer:
             self._drop(follower, f"its copy failed: {error or type(error).__name__}")
 
     async def _copy_and_stream(self, follower: Follower) -> None:
-        # it must leave the ISR before its copy is rewritten
-        while any(replica.node == follower.node for replica in self._committed):
-            self._isr_changed.set()
-            await asyncio.sleep(ISR_RETRY / 4)
+        await self._isr.left(follower.node)  # before its copy is rewritten
         await self.store_ready.wait()
         sequence, files = await self._take_cut(follower)
         started = time.monotonic()
@@ -542,11 +473,6 @@ class ReplicationServer:
                 if offset >= size:
                     break
         return sent, sum(kept.values())
-
-
-def same_copies(one: tuple[Replica, ...], other: tuple[Replica, ...]) -> bool:
-    """Whether two ISRs name the same data dirs (how far each acked aside)."""
-    return [(r.node, r.dir) for r in one] == [(r.node, r.dir) for r in other]
 
 
 class LeadershipLost(Exception):
