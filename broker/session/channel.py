@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import struct
+from collections import deque
 from typing import TYPE_CHECKING, Callable, Final
 
 from pamqp import commands as spec
@@ -42,6 +44,9 @@ _METHOD_ID: Final = struct.Struct(">I")
 # Frames a channel holds while a reply waits for the disk before its connection stops being read (RabbitMQ's credit
 # flow lets a reader run about as far ahead of a busy channel).
 BACKLOG_LIMIT: Final = 400
+# Deliveries settled in one loop turn by a multiple ack, nack or reject, or a close's requeue: one of millions goes
+# on a slice a turn, holding the other clients a few milliseconds at a time
+SETTLE_SLICE: Final = 4096
 
 
 class Channel:
@@ -91,6 +96,8 @@ class Channel:
         # blocked in the call, leaves them in its mailbox); None when not waiting.
         self.backlog: list[tuple[int, int, bytes]] | None = None
         self.undo: Callable[[], None] | None = None  # takes back the change of a method whose records were not written
+        self.settling: deque[Settlement] = deque()  # settlements of more than a slice under way, first first
+        self.held_for_settling: bool = False  # the backlog holds the frames that follow those settlements
 
     # --- frames in -----------------------------------------------------------------------------------------
     def handle_frame(self, frame_type: int, payload: bytes) -> None:
@@ -396,6 +403,11 @@ class Channel:
     def reject(self, tag: int, multiple: bool, requeue: bool | None, failed: bool = False) -> None:
         """basic.reject (failed: its requeue counts towards a delivery limit) or basic.nack (requeue True or False),
         or a multiple ack (requeue None)."""
+        if multiple and self.tx is None and len(self.unacked) > SETTLE_SLICE:
+            if tag and not self.unacked.holds(tag):
+                raise errors.precondition_failed(f"unknown delivery tag {tag}")
+            self._settle_up_to(tag or self.next_tag - 1, requeue, failed)
+            return
         taken = self.unacked.take(tag, multiple)
         if self.tx is not None:
             self.tx.settles.append((taken, requeue, failed))  # prefetch stays taken until the commit, as in RabbitMQ
@@ -419,6 +431,36 @@ class Channel:
             if not queue.deleted:
                 queue.settle(entries, requeue, failed, retry)
         self.offer_credit({queue for queue, _ in by_queue})
+
+    def _settle_up_to(self, tag: int, requeue: bool | None, failed: bool) -> None:
+        """Settle every delivery up to tag over the loop turns that follow, after any settlement under way; the
+        frames that follow wait meanwhile, as for a reply waiting for the disk. A channel closed meanwhile settles
+        what its client asked for, then requeues the rest."""
+        self.settling.append(Settlement(tag, requeue, failed))
+        if len(self.settling) == 1:
+            self._settle_slice()
+
+    def _settle_slice(self) -> None:
+        settlement = self.settling[0]
+        unacked = self.unacked
+        if settlement.requeue and unacked.holds_up_to(settlement.tag):  # (requeued ones are all taken first)
+            settlement.taken += unacked.take_up_to(settlement.tag, SETTLE_SLICE)
+        else:
+            taken = settlement.next_slice(unacked)
+            unacked.release(taken)
+            self._settle(taken, settlement.requeue, settlement.failed)
+            if settlement.done(unacked):
+                self.settling.popleft()
+        if self.settling:
+            if self.backlog is None and self.open:
+                self.backlog = []
+                self.held_for_settling = True
+            asyncio.get_running_loop().call_soon(self._settle_slice)
+        elif self.held_for_settling:
+            self.held_for_settling = False
+            backlog, self.backlog = self.backlog or [], None
+            if self.open:
+                self.connection.replay(self, backlog)
 
     def offer_credit(self, queues) -> None:
         """Prefetch room opened up on these queues (or, under a channel-wide limit, on all this channel consumes
@@ -527,8 +569,11 @@ class Channel:
 
     def requeue_all(self, failed: bool) -> None:
         """Every unacked delivery goes back to its queue, in original order, flagged redelivered (failed: the
-        returns count towards delivery limits, as when the channel goes with them)."""
-        if self.unacked:
+        returns count towards delivery limits, as when the channel goes with them); after any settlement under
+        way."""
+        if len(self.unacked) > SETTLE_SLICE or self.settling:
+            self._settle_up_to(self.next_tag - 1, True, failed)
+        elif self.unacked:
             taken = self.unacked.take(0, True)
             self.unacked.release(taken)
             self._settle(taken, True, failed)
@@ -567,6 +612,31 @@ class Channel:
             self.undo_tx()
             self.tx = None
         self.requeue_all(failed=True)
+
+
+class Settlement:
+    """The deliveries up to a tag, settled over loop turns, a slice a turn. Requeued ones are all taken from the
+    channel's unacked first, then put back the last slice first, so that each goes back ahead of the one before, at
+    the head of its queue (the first slice first would merge every later one into the queue)."""
+
+    __slots__ = ("tag", "requeue", "failed", "taken")
+
+    def __init__(self, tag: int, requeue: bool | None, failed: bool) -> None:
+        self.tag = tag
+        self.requeue = requeue
+        self.failed = failed
+        self.taken: list[Unacked] = []  # requeued ones taken, in tag order, not put back yet
+
+    def next_slice(self, unacked: UnackedStore) -> list[Unacked]:
+        if not self.requeue:
+            return unacked.take_up_to(self.tag, SETTLE_SLICE)
+        taken = self.taken
+        piece = taken[-SETTLE_SLICE:]
+        del taken[-SETTLE_SLICE:]
+        return piece
+
+    def done(self, unacked: UnackedStore) -> bool:
+        return not self.taken if self.requeue else not unacked.holds_up_to(self.tag)
 
 
 def _sender_selected(message: Message, routing_key: str) -> tuple[Message, list[str]]:

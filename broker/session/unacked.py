@@ -65,12 +65,26 @@ class UnackedStore:
         elif not multiple:
             taken = [deliveries.pop(tag)]
         else:
-            taken = []
-            while deliveries:
-                first = next(iter(deliveries))
-                if first > tag:
-                    break
-                taken.append(deliveries.popitem(last=False)[1])
+            taken = self.take_up_to(tag, len(deliveries))
+        return taken
+
+    def holds(self, tag: int) -> bool:
+        return tag in self.deliveries
+
+    def holds_up_to(self, tag: int) -> bool:
+        """Whether a delivery with a tag up to ``tag`` is still unacked."""
+        deliveries = self.deliveries
+        return bool(deliveries) and next(iter(deliveries)) <= tag
+
+    def take_up_to(self, tag: int, most: int) -> list[Unacked]:
+        """Remove and return the first deliveries with tags up to ``tag``, at most ``most`` of them (a multiple ack
+        of millions is taken a slice at a time); their prefetch slots stay taken until release()."""
+        deliveries = self.deliveries
+        taken: list[Unacked] = []
+        while deliveries and len(taken) < most:
+            if next(iter(deliveries)) > tag:
+                break
+            taken.append(deliveries.popitem(last=False)[1])
         return taken
 
     def release(self, taken: list[Unacked]) -> None:

@@ -3,9 +3,14 @@ no socket (channel_host.Host). Expected texts are RabbitMQ's."""
 
 from __future__ import annotations
 
+import asyncio
+
 from pamqp import commands as spec
 
+from broker.session.channel import SETTLE_SLICE
 from tests.unit.broker.session.channel_host import Host, bodies, methods
+
+MANY = 3 * SETTLE_SLICE + 5  # deliveries that one multiple ack settles over several loop turns
 
 
 def consuming(host: Host, queue: str, count: int, prefetch: int = 0):
@@ -79,3 +84,65 @@ def test_closing_the_channel_requeues_its_unacked_deliveries_in_order():
     host.send(channel, spec.Basic.Ack(delivery_tag=2))
     host.send(channel, spec.Channel.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
     assert not channel.open and ready(host, "q") == [b"m0", b"m2"]
+
+
+def consuming_many(host: Host, queue: str):
+    """A channel with MANY deliveries of queue unacked (the queue delivers a few hundred a loop turn)."""
+    channel, delivered = consuming(host, queue, MANY)
+    for _ in range(MANY):
+        if len(delivered) == MANY:
+            return channel
+        delivered += methods(host.turn(), spec.Basic.Deliver)
+    raise AssertionError(f"{len(delivered)} of {MANY} delivered")
+
+
+async def settled(host: Host, channel) -> list:
+    """Let the loop turn until the channel's settlements of many deliveries are done; what it wrote meanwhile."""
+    received = []
+    for _ in range(4 * MANY // SETTLE_SLICE + 8):
+        received += host.turn()
+        if not channel.settling:
+            return received + host.turn()
+        await asyncio.sleep(0)  # one loop turn: the settlement's next slice
+    raise AssertionError(f"{len(channel.settling)} settlements still under way")
+
+
+async def test_a_multiple_ack_of_many_deliveries_settles_them_all_before_the_channel_answers_what_follows():
+    host = Host()
+    channel = consuming_many(host, "q")
+    tag = 2 * SETTLE_SLICE + 7
+    received = host.send(channel, spec.Basic.Ack(delivery_tag=tag, multiple=True), spec.Basic.Qos(prefetch_count=10))
+    assert not methods(received, spec.Basic.QosOk)  # (settled a slice a loop turn: the qos waits for them)
+    received = await settled(host, channel)
+    assert methods(received, spec.Basic.QosOk) and host.vhost.queues["q"].acknowledged == tag
+    assert sorted(channel.unacked.deliveries) == list(range(tag + 1, MANY + 1)) and not host.failures
+
+
+async def test_a_multiple_nack_of_many_deliveries_requeues_them_in_their_original_order():
+    host = Host()
+    channel = consuming_many(host, "q")
+    host.send(channel, spec.Basic.Cancel(consumer_tag="c"))
+    host.send(channel, spec.Basic.Nack(delivery_tag=MANY - 3, multiple=True, requeue=True))
+    await settled(host, channel)
+    assert ready(host, "q") == [f"m{number}".encode() for number in range(MANY - 3)]
+    assert sorted(channel.unacked.deliveries) == [MANY - 2, MANY - 1, MANY]
+
+
+async def test_an_unknown_tag_in_a_multiple_ack_of_many_closes_the_channel_with_406():
+    host = Host()
+    channel = consuming_many(host, "q")
+    host.send(channel, spec.Basic.Ack(delivery_tag=MANY + 1, multiple=True))
+    assert host.failures == [(406, f"PRECONDITION_FAILED - unknown delivery tag {MANY + 1}")]
+    await settled(host, channel)
+    assert len(ready(host, "q")) == MANY  # the closed channel's deliveries went back
+
+
+async def test_a_channel_closed_during_a_multiple_ack_of_many_settles_it_then_requeues_the_rest_in_order():
+    host = Host()
+    channel = consuming_many(host, "q")
+    tag = SETTLE_SLICE + 1
+    host.send(channel, spec.Basic.Ack(delivery_tag=tag, multiple=True),
+              spec.Channel.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
+    await settled(host, channel)
+    assert not channel.open and host.vhost.queues["q"].acknowledged == tag
+    assert ready(host, "q") == [f"m{number}".encode() for number in range(tag, MANY)]

@@ -1,0 +1,92 @@
+"""A settlement of hundreds of thousands of deliveries on one channel (a multiple ack, the requeue of a connection
+that closes with them unacked) holds the broker's other clients a few milliseconds at a time, not as long as it
+takes, and settles exactly what it names."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+from pamqp import body, commands, frame, header
+
+from tests.integration.helpers import connect, message_count
+from tests.integration.rawclient import RawClient
+from tests.waiting import wait_for
+
+COUNT = 400_000  # deliveries unacked on one channel; a multiple ack of half of them took about 0.1 s in one piece
+ROUND_TRIP_BOUND = 0.05  # seconds another client's round trip may take meanwhile
+
+
+class RoundTrips(threading.Thread):
+    """Another client's passive declares of its own queue, one after another, each timed."""
+
+    def __init__(self, broker) -> None:
+        super().__init__(daemon=True)
+        self.connection = connect(broker)
+        self.channel = self.connection.channel()
+        self.queue = self.channel.queue_declare("", exclusive=True).method.queue
+        self.slowest = 0.0
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            started = time.monotonic()
+            self.channel.queue_declare(self.queue, passive=True)
+            self.slowest = max(self.slowest, time.monotonic() - started)
+
+    def stop(self) -> float:
+        self.stopping.set()
+        self.join()
+        self.connection.close()
+        return self.slowest
+
+
+def published(client: RawClient, queue: str, count: int) -> None:
+    """count messages of 16 bytes, in writes of 10,000."""
+    one = b"".join(frame.marshal(value, 1) for value in (
+        commands.Basic.Publish(exchange="", routing_key=queue), header.ContentHeader(0, 16, commands.Basic.Properties()),
+        body.ContentBody(b"x" * 16)))
+    for _ in range(count // 10_000):
+        client.send_raw(one * 10_000)
+
+
+def discarding(sock: socket.socket) -> threading.Thread:
+    """Read and drop what the broker sends the consumer (its deliveries) until the socket closes."""
+    def run() -> None:
+        try:
+            while sock.recv(1 << 20):
+                pass
+        except OSError:
+            pass
+    reader = threading.Thread(target=run, daemon=True)
+    reader.start()
+    return reader
+
+
+@pytest.mark.alone
+def test_a_multiple_ack_and_a_close_of_hundreds_of_thousands_of_deliveries_hold_no_other_client(broker, unique):
+    with connect(broker) as watching:
+        watch = watching.channel()
+        watch.queue_declare(unique)
+        client = RawClient.connect(broker, timeout=30)
+        client.handshake()
+        client.open_channel(1)
+        published(client, unique, COUNT)
+        wait_for(lambda: message_count(watch, unique) == COUNT, 60, f"{COUNT} messages in the queue")
+        client.send(1, commands.Basic.Consume(queue=unique, consumer_tag="c"))
+        reader = discarding(client.sock)
+        wait_for(lambda: message_count(watch, unique) == 0, 60, "every message delivered")
+        round_trips = RoundTrips(broker)
+        round_trips.start()
+        try:
+            client.send(1, commands.Basic.Ack(delivery_tag=COUNT // 2, multiple=True))
+            client.sock.shutdown(socket.SHUT_RDWR)  # the other half, unacked, goes back to the queue
+            client.close()
+            reader.join()
+            wait_for(lambda: message_count(watch, unique) == COUNT // 2, 60, "the unacked half back in the queue")
+        finally:
+            slowest = round_trips.stop()
+        watch.queue_delete(unique)
+    assert slowest < ROUND_TRIP_BOUND, f"another client's slowest round trip: {slowest * 1000:.0f} ms"
