@@ -7,7 +7,9 @@ import hashlib
 import logging
 import os
 from functools import partial
+from itertools import islice
 from array import array
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Final
@@ -33,6 +35,7 @@ COMPACT_RATIO: Final = 0.5  # rewrite a closed segment once this share of its (q
 MIN_COMPACT_BYTES: Final = 1 << 20  # smaller segments are not worth a rewrite (they go once empty)
 DEFINITIONS_SLACK: Final = 64 << 10  # snapshot the definitions log when it outgrows twice the live state plus this
 STOP_TIMEOUT: Final = 60.0  # seconds close() waits for the writer to write the last batch and stop
+REMOVAL_SLICE: Final = 16384  # ids of a large removal (a purge of a deep queue) marked per loop turn
 PROBE_INTERVAL: Final = 1.0  # seconds between two tries of the disk while writes fail and nothing else is written
 
 
@@ -76,6 +79,10 @@ class MessageStore:
         # REMOVED/DELIVERED ids by (record type, queue), gathered until the batch is taken (or the head rolls), so
         # that a turn's acks or deliveries from one queue make one record rather than one each
         self._pending_ids: dict[tuple[int, str], array] = {}
+        # Removals of more than REMOVAL_SLICE ids (a purge of a deep queue), marked in the index a slice a loop turn:
+        # (queue, the ids not marked yet), first first; and the durability callbacks that wait for the last slice
+        self._removals: deque[tuple[str, Iterator[int]]] = deque()
+        self._after_removals: list[Callable[[bool], None]] = []
         self._deletions: list[int] = []  # spent segments whose unlink failed with a batch: retried with the next
         self._definitions_log_bytes = 0  # definitions log size once the pending batch is written
         self._snapshot_due = False  # rewrite the definitions log with the next batch
@@ -174,11 +181,47 @@ class MessageStore:
                          queue, frozenset(), body_bytes, persistent, persistent_bytes)
 
     def append_removed(self, queue: str, msg_ids: Iterable[int]) -> None:
-        """Messages left ``queue`` (acked, dropped, purged, expired...)."""
+        """Messages left ``queue`` (acked, dropped, purged, expired...). A list of more than REMOVAL_SLICE ids, or
+        an iterator of ids (a purge of a deep queue, whose ids are read as they are marked), is marked a slice a loop
+        turn, after any such removal before it; a durability callback registered meanwhile waits for its last slice
+        (when_durable)."""
+        if (isinstance(msg_ids, Iterator) or isinstance(msg_ids, list) and len(msg_ids) > REMOVAL_SLICE) \
+                and not self._closed:
+            self._removals.append((queue, iter(msg_ids)))
+            if len(self._removals) == 1:
+                self._remove_slice()
+            return
+        self._remove(queue, msg_ids)
+
+    def _remove(self, queue: str, msg_ids: Iterable[int]) -> None:
         self._roll_if_full()
         removed = self._recovered_index().remove(queue, msg_ids)
         if removed:
             self._append_ids(records.REMOVED, queue, removed)
+
+    def _remove_slice(self) -> None:
+        if self._closed:  # (_finish_removals marked the rest at the close)
+            return
+        queue, msg_ids = self._removals[0]
+        piece = list(islice(msg_ids, REMOVAL_SLICE))
+        self._remove(queue, piece)
+        if len(piece) < REMOVAL_SLICE:
+            self._removals.popleft()
+        if self._removals:
+            asyncio.get_running_loop().call_soon(self._remove_slice)
+        else:
+            self._callbacks += self._after_removals
+            self._after_removals = []
+            if not self._kick_scheduled:
+                self._schedule_kick()
+
+    def _finish_removals(self) -> None:
+        """The removals under way, marked at once (the store closes: no client waits on the loop any more)."""
+        while self._removals:
+            queue, msg_ids = self._removals.popleft()
+            self._remove(queue, list(msg_ids))
+        self._callbacks += self._after_removals
+        self._after_removals = []
 
     def append_delivered(self, queue: str, msg_ids: Iterable[int]) -> None:
         """Messages were delivered from ``queue``; after a restart they come back redelivered. Never waits."""
@@ -275,6 +318,9 @@ class MessageStore:
 
     def when_durable(self, callback: Callable[[bool], None]) -> None:
         """Run callback(ok) on the loop once everything appended so far is on disk; ok=False if the write failed."""
+        if self._removals:
+            self._after_removals.append(callback)
+            return
         self._callbacks.append(callback)
         if not self._kick_scheduled:
             self._schedule_kick()
@@ -521,6 +567,7 @@ class MessageStore:
         self._closed = True
         if self._index is None:
             return False
+        self._finish_removals()
         batch = self._take_batch()
         batch.final = True
         self._writer.submit(batch)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 from functools import partial
-from itertools import count
-from typing import TYPE_CHECKING, Final, Iterable
+from itertools import chain, count
+from typing import TYPE_CHECKING, Final, Iterable, Iterator
 
 from broker.model.arguments.common import text_of
 from broker.model.arguments.queue import (
@@ -441,10 +441,11 @@ class Queue:
         return self.limit.removed(entry) if self.limit is not None else entry
 
     def purge(self) -> int:
-        """Drop the ready messages, and those waiting out a retry delay (as RabbitMQ 4.3)."""
+        """Drop the ready messages, and those waiting out a retry delay (as RabbitMQ 4.3). Durable storage lets
+        them go over the loop turns that follow (purge-ok waits for it: the store's when_durable)."""
         waiting = list(self.retrying) if self.retrying is not None else []
         count = len(self.entries) + len(waiting)
-        if self.forget(self.entries) | self.forget(waiting) | self._forget_paged():
+        if self._forget_all([*self.entries, *waiting]) | self._forget_paged():
             self.vhost.durable_changes += 1  # purge-ok waits for the removals to be on disk
         if self.retrying is not None:
             self.retrying.clear()
@@ -474,12 +475,22 @@ class Queue:
                 self.vhost.store.append_delivered(self.store_key, ids)
 
     def _forget_paged(self) -> bool:
-        """The paged messages are dropped: durable storage may let them go. True if it was told."""
+        """The paged messages are dropped: durable storage lets them go over the loop turns that follow. True if it
+        was told."""
         if self.stored and self.paging is not None:
-            ids = list(self.paging.stored_ids())
-            if ids:
-                self.vhost.store.append_removed(self.store_key, ids)
+            ids = self.paging.stored_ids()
+            first = next(ids, None)
+            if first is not None:
+                self.vhost.store.append_removed(self.store_key, chain((first,), ids))
                 return True
+        return False
+
+    def _forget_all(self, entries: list[QueueEntry]) -> bool:
+        """Entries dropped at once, any number of them (a purge): durable storage reads their ids as it marks them,
+        a slice a loop turn, letting each entry go once its id is read. True if it was told."""
+        if self.stored and entries:
+            self.vhost.store.append_removed(self.store_key, _stored_ids(entries))
+            return True
         return False
 
     def forget(self, entries: Iterable[QueueEntry]) -> bool:
@@ -581,3 +592,11 @@ class Queue:
                 self._place_last_of_its_priority(consumer)
                 return consumer
         return None
+
+
+def _stored_ids(entries: list[QueueEntry]) -> Iterator[int]:
+    """The ids of the stored messages of entries, the last entry first, each entry let go as its id is read."""
+    while entries:
+        message = entries.pop().message
+        if message is not None and message.msg_id:
+            yield message.msg_id

@@ -1,6 +1,6 @@
-"""A settlement of hundreds of thousands of deliveries on one channel (a multiple ack, the requeue of a connection
-that closes with them unacked) holds the broker's other clients a few milliseconds at a time, not as long as it
-takes, and settles exactly what it names."""
+"""A settlement of hundreds of thousands of persistent deliveries on one channel (a multiple ack, the requeue of a
+connection that closes with them unacked), and the purge of as many messages, hold the broker's other clients a few
+milliseconds at a time, not as long as they take, and settle exactly what they name."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from tests.integration.helpers import connect, message_count
 from tests.integration.rawclient import RawClient
 from tests.waiting import wait_for
 
-COUNT = 400_000  # deliveries unacked on one channel; a multiple ack of half of them took about 0.1 s in one piece
+COUNT = 400_000  # deliveries unacked on one channel; a multiple ack of half of them took about 0.15 s in one piece
 ROUND_TRIP_BOUND = 0.05  # seconds another client's round trip may take meanwhile
 
 
@@ -44,10 +44,10 @@ class RoundTrips(threading.Thread):
 
 
 def published(client: RawClient, queue: str, count: int) -> None:
-    """count messages of 16 bytes, in writes of 10,000."""
+    """count persistent messages of 16 bytes, in writes of 10,000."""
     one = b"".join(frame.marshal(value, 1) for value in (
-        commands.Basic.Publish(exchange="", routing_key=queue), header.ContentHeader(0, 16, commands.Basic.Properties()),
-        body.ContentBody(b"x" * 16)))
+        commands.Basic.Publish(exchange="", routing_key=queue),
+        header.ContentHeader(0, 16, commands.Basic.Properties(delivery_mode=2)), body.ContentBody(b"x" * 16)))
     for _ in range(count // 10_000):
         client.send_raw(one * 10_000)
 
@@ -66,10 +66,11 @@ def discarding(sock: socket.socket) -> threading.Thread:
 
 
 @pytest.mark.alone
-def test_a_multiple_ack_and_a_close_of_hundreds_of_thousands_of_deliveries_hold_no_other_client(broker, unique):
+def test_a_multiple_ack_a_close_and_a_purge_of_hundreds_of_thousands_of_messages_hold_no_other_client(
+        broker, unique):
     with connect(broker) as watching:
         watch = watching.channel()
-        watch.queue_declare(unique)
+        watch.queue_declare(unique, durable=True)
         client = RawClient.connect(broker, timeout=30)
         client.handshake()
         client.open_channel(1)
@@ -86,6 +87,7 @@ def test_a_multiple_ack_and_a_close_of_hundreds_of_thousands_of_deliveries_hold_
             client.close()
             reader.join()
             wait_for(lambda: message_count(watch, unique) == COUNT // 2, 60, "the unacked half back in the queue")
+            assert watch.queue_purge(unique).method.message_count == COUNT // 2
         finally:
             slowest = round_trips.stop()
         watch.queue_delete(unique)

@@ -21,6 +21,7 @@ import struct
 from array import array
 from collections import deque
 from dataclasses import dataclass
+from itertools import chain
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from broker.model.message import Address, Header, Message, QueueEntry
@@ -371,9 +372,9 @@ class PagedEntries:
         self.paged_in(entries)
 
     def stored_ids(self) -> Iterator[int]:
-        """Store ids of the paged messages that are in the message store."""
-        for page in (*self.pages, self.filling):
-            yield from page.stored_ids
+        """Store ids of the paged messages that are in the message store, those of the pages held now (a clear()
+        after this leaves them to be read)."""
+        return chain.from_iterable([page.stored_ids for page in (*self.pages, self.filling)])
 
     def put_back(self, requeued: list[QueueEntry]) -> None:
         self.inner.put_back(requeued)

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import decimal
+import subprocess
+import sys
 
+from storage.store import REMOVAL_SLICE, MessageStore
+from tests.conftest import REPO_ROOT
 from tests.unit.storage.storage_support import reopen, run
 
 
@@ -210,3 +215,49 @@ def test_removals_and_deliveries_from_one_queue_in_one_batch_are_written_as_one_
     assert [(m.msg_id, m.redelivered) for m in recovered.messages["q"]] == [
         (5, True), (6, True), (7, True), (8, False), (9, False)]
     assert recovered.report["records"] == 10 + 2
+
+
+# Appends MANY messages, then removes all but the last three at once and, as soon as a durability callback
+# registered after that removal says it is on disk, ends without closing the store (as a kill -9 would end it).
+REMOVE_AND_END = """
+import asyncio, os, sys
+from pathlib import Path
+from storage.store import MessageStore
+
+async def main():
+    store = MessageStore(Path(sys.argv[1]))
+    store.recover()
+    many = int(sys.argv[2])
+    for msg_id in range(many):
+        store.append_message(msg_id, ("q",), "", "q", b"h", b"m%d" % msg_id)
+    store.append_removed("q", list(range(many - 3)))
+    done = asyncio.get_running_loop().create_future()
+    store.when_durable(done.set_result)
+    assert await done is True
+    os._exit(0)
+
+asyncio.run(main())
+"""
+
+
+def test_a_removal_of_many_ids_is_on_disk_before_a_callback_registered_after_it_runs(tmp_path):
+    """It is marked a slice a loop turn; a callback registered meanwhile waits for the last slice."""
+    many = 3 * REMOVAL_SLICE + 10
+    subprocess.run([sys.executable, "-c", REMOVE_AND_END, str(tmp_path), str(many)], cwd=REPO_ROOT, check=True,
+                   timeout=120)
+    assert [m.msg_id for m in reopen(tmp_path).messages["q"]] == [many - 3, many - 2, many - 1]
+
+
+def test_a_removal_of_many_ids_under_way_is_finished_by_the_close(tmp_path):
+    many = 3 * REMOVAL_SLICE + 10
+
+    async def main() -> None:
+        store = MessageStore(tmp_path)
+        store.recover()
+        for msg_id in range(many):
+            store.append_message(msg_id, ("q",), "", "q", b"h", b"m%d" % msg_id)
+        store.append_removed("q", list(range(many - 3)))
+        store.close()  # (in the loop turn of the removal's first slice)
+
+    asyncio.run(main())
+    assert [m.msg_id for m in reopen(tmp_path).messages["q"]] == [many - 3, many - 2, many - 1]
