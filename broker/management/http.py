@@ -7,11 +7,13 @@ import asyncio
 import base64
 import binascii
 import functools
+import gc
 import json
 import math
 import re
 import socket
-from typing import TYPE_CHECKING, Any, Callable
+import time
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from aiohttp import web
 
@@ -28,6 +30,7 @@ SERVER = web.AppKey("server", object)  # the AMQP Server (its node, connections 
 RATES = web.AppKey("rates", object)  # management.rates.Rates: the sampled message counters
 STARTED = web.AppKey("started", float)  # time.monotonic() when the API started (the node's uptime counts from it)
 MAX_BODY_SIZE = web.AppKey("max_body_size", int)  # largest request body read, in bytes (config's)
+SLICE = 0.005  # seconds long work an API request sets off runs before it lets the event loop turn (in_slices)
 # The address of the client a request came from, as the supervisor of several workers forwards it to a worker's
 # internal API (broker.workers.api); believed only there
 FORWARDED_CLIENT = "X-Warren-Client"
@@ -240,6 +243,19 @@ async def on_disk(request: web.Request) -> None:
     store.when_durable(lambda ok: done.done() or done.set_result(ok))
     if not await done:
         raise ApiError(500, "internal_error", "the change could not be written to disk")
+
+
+async def in_slices(steps: Iterable[None]) -> None:
+    """Run work that yields between its small changes (an import of definitions, a policy applied to every queue of
+    a vhost), letting the event loop turn every SLICE seconds. Each slice's young objects are collected at its end:
+    left to the collector's own schedule, the objects of ten of its first collections (GC_THRESHOLD each, most of
+    them kept: an import's new queues) were walked in one go, 70 to 110 ms of the loop at once for 30,000 queues."""
+    slice_ends = time.monotonic() + SLICE
+    for _ in steps:
+        if time.monotonic() >= slice_ends:
+            gc.collect(1)  # (the young generations: a slice's objects, a few ms at most)
+            await asyncio.sleep(0)
+            slice_ends = time.monotonic() + SLICE
 
 
 # --- authentication and tags -----------------------------------------------------------------------------------

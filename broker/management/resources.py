@@ -334,14 +334,38 @@ async def listing(request: web.Request, items: list[dict], pageable: bool = True
         return [item for item in items if matches(item.get("name", ""))]
 
     chosen = await asyncio.to_thread(kept) if request.query.get("use_regex") == "true" else kept()
+    return _page(chosen, page, page_size, len(items), lambda shown: shown)
+
+
+def _page(chosen: list, page: int, page_size: int, total: int, made: Callable[[list], list[dict]]) -> web.Response:
+    """RabbitMQ's page of the chosen items (made: the items of the page from its part of chosen)."""
     start = (page - 1) * page_size
     if start > len(chosen):
         raise http.ApiError(400, "page_out_of_range",
                             f"Page out of range, page: {page} page size: {page_size}, len: {len(chosen)}")
-    shown = chosen[start:start + page_size]
+    shown = made(chosen[start:start + page_size])
     return http.reply({"filtered_count": len(chosen), "item_count": len(shown), "items": shown, "page": page,
-                       "page_count": -(-len(chosen) // page_size), "page_size": page_size,
-                       "total_count": len(items)})
+                       "page_count": -(-len(chosen) // page_size), "page_size": page_size, "total_count": total})
+
+
+async def named_listing(request: web.Request, named: list[tuple[str, Callable[[], dict]]]) -> web.Response:
+    """listing() of items made only where needed, from their names and makers (in listing order): a page makes
+    its own items alone, once the names are filtered, and a whole listing makes them in slices of the event loop
+    (100,000 queues took it 3 s in one piece)."""
+    if "page" not in request.query:
+        items: list[dict] = []
+        await http.in_slices(items.append(make()) for _, make in named)
+        return await listing(request, items)
+    page, page_size = _pagination(request.query)
+    matches = _name_filter(request.query)
+
+    def kept() -> list[tuple[str, Callable[[], dict]]]:
+        return [item for item in named if matches(item[0])]
+
+    chosen = await asyncio.to_thread(kept) if request.query.get("use_regex") == "true" else kept()
+    columns = request.query["columns"].split(",") if "columns" in request.query else None
+    return _page(chosen, page, page_size, len(named), lambda shown: [
+        item if columns is None else columns_of(item, columns) for item in (make() for _, make in shown)])
 
 
 def columns_of(item: dict, columns: list[str]) -> dict:

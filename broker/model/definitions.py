@@ -495,7 +495,9 @@ def _apply(node: "Node", plan: _Plan) -> Iterator[None]:
     for label, vhost_name, policy in plan.policies:
         yield _applying(label, lambda: node.vhosts[vhost_name].set_policy(**policy, reapply=False))
     for vhost_name in dict.fromkeys(vhost_name for _, vhost_name, _ in plan.policies):
-        yield _applying(f"the policies of vhost '{vhost_name}'", lambda: node.vhosts[vhost_name].reapply_policies())
+        vhost = node.vhosts.get(vhost_name)
+        if vhost is not None:  # (unless deleted by another client meanwhile)
+            yield from vhost.applying_policy_choices(vhost.policy_snapshot().choose())
     for label, queue in plan.queues:
         yield _applying(label, lambda: node.vhosts[queue["vhost"]].declare_queue(
             queue["name"], OPERATOR_OWNER, False, queue["durable"], False, queue["auto_delete"], queue["arguments"]))

@@ -7,7 +7,7 @@ import base64
 import json
 import logging
 import os
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Iterator, cast
 
 from broker.model import durability
 from broker.model.arguments import (
@@ -185,7 +185,8 @@ class VirtualHost:
 
     def reapply_policies(self) -> None:
         """Every queue and exchange takes the policies that now apply to it, if they changed."""
-        self.apply_policy_choices(self.policy_snapshot().choose())
+        for _ in self.applying_policy_choices(self.policy_snapshot().choose()):
+            pass
 
     def policy_snapshot(self) -> PolicySnapshot:
         """The queues, exchanges and policies as they are now, to choose policies for away from the event loop:
@@ -194,20 +195,25 @@ class VirtualHost:
         return PolicySnapshot(self.policies_version, list(self.queues.values()), exchanges,
                               list(self.policies.values()), list(self.operator_policies.values()))
 
-    def apply_policy_choices(self, choices: PolicyChoices) -> None:
-        """Apply what a snapshot chose, unless policies changed since (the later change's choices will come) or
-        the queue or exchange has gone meanwhile."""
-        if choices.version != self.policies_version:
-            return
+    def applying_policy_choices(self, choices: PolicyChoices) -> Iterator[None]:
+        """Apply what a snapshot chose, yielding after each queue and exchange (a caller may let the loop turn
+        there); unless policies changed since, then or between two yields (the later change's choices will come),
+        and not to a queue or exchange gone meanwhile."""
         for queue, chosen in choices.queues:
+            if choices.version != self.policies_version:
+                return
             live = self.queues.get(queue.name)
             if live is not None and live is queue and chosen != (live.policy, live.operator_policy):
                 live.apply_policies(*chosen)
+            yield None
         for exchange, chosen in choices.exchanges:
+            if choices.version != self.policies_version:
+                return
             live_exchange = self.exchanges.get(exchange.name)
             if live_exchange is not None and live_exchange is exchange and chosen != (
                     live_exchange.policy, live_exchange.operator_policy):
                 live_exchange.apply_policies(*chosen)
+            yield None
 
     def policy_table(self, operator: bool) -> dict[str, Policy]:
         """The vhost's operator policies, or its policies, by name."""

@@ -110,6 +110,7 @@ async def delete_policy(request: web.Request) -> web.Response:
 
 
 async def reapply_policies(vhost: "VirtualHost") -> None:
-    """Apply a policy change to the vhost's queues and exchanges, their names matched on a worker thread: with the
-    costliest pattern RE2 takes, a millisecond each, a vhost of 10,000 queues would hold the event loop 10 s."""
-    vhost.apply_policy_choices(await asyncio.to_thread(vhost.policy_snapshot().choose))
+    """Apply a policy change to the vhost's queues and exchanges, their names matched on a worker thread (with the
+    costliest pattern RE2 takes, a millisecond each, a vhost of 10,000 queues would hold the event loop 10 s), the
+    choices applied in slices (100,000 queues held it about 1 s in one piece)."""
+    await http.in_slices(vhost.applying_policy_choices(await asyncio.to_thread(vhost.policy_snapshot().choose)))

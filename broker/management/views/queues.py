@@ -4,8 +4,8 @@ from aiohttp import web
 
 from broker.management import http, messages
 from broker.management.resources import (
-    UnackedCounts, actor_of, arguments_of, channel_error, consumer_json, find_queue, flag, listing, on_disk_or_undo,
-    parse_bool, queue_json, readable_vhosts,
+    UnackedCounts, actor_of, arguments_of, channel_error, consumer_json, find_queue, flag, named_listing,
+    on_disk_or_undo, parse_bool, queue_json, readable_vhosts,
 )
 from broker.model import operations
 from protocol.errors import AMQPError
@@ -30,17 +30,20 @@ def _with_rates(request: web.Request, queue, data: dict) -> dict:
 
 @routes.get("/api/queues")
 async def list_all(request: web.Request) -> web.Response:
-    unacked = UnackedCounts(http.server_of(request).connections)
-    return await listing(request, [_with_rates(request, queue, queue_json(vhost, queue, unacked))
-                                   for vhost in readable_vhosts(request) for queue in _by_name(vhost)])
+    return await _listed(request, readable_vhosts(request))
 
 
 @routes.get("/api/queues/{vhost}")
 async def list_vhost(request: web.Request) -> web.Response:
-    vhost = http.login_vhost_of(request)
+    return await _listed(request, [http.login_vhost_of(request)])
+
+
+async def _listed(request: web.Request, vhosts: list) -> web.Response:
+    """The queues of vhosts, each one's JSON made only where the listing needs it."""
     unacked = UnackedCounts(http.server_of(request).connections)
-    return await listing(request, [_with_rates(request, queue, queue_json(vhost, queue, unacked))
-                                   for queue in _by_name(vhost)])
+    return await named_listing(request, [
+        (queue.name, lambda vhost=vhost, queue=queue: _with_rates(request, queue, queue_json(vhost, queue, unacked)))
+        for vhost in vhosts for queue in _by_name(vhost)])
 
 
 @routes.get("/api/queues/{vhost}/{name}")

@@ -193,6 +193,19 @@ def test_a_policy_applies_to_new_and_existing_queues_and_goes_when_cleared(vhost
 
 
 @in_loop
+def test_a_policy_applied_in_steps_stops_where_a_later_change_comes_and_that_one_applies_to_every_queue(vhost):
+    queues = [declare(vhost, f"orders.{number}") for number in range(4)]
+    vhost.set_policy("limit", "^orders", {"max-length": 5}, reapply=False)
+    applying = vhost.applying_policy_choices(vhost.policy_snapshot().choose())
+    next(applying)  # (an API request lets the event loop turn between steps)
+    assert [queue.policy is not None for queue in queues] == [True, False, False, False]
+    vhost.set_policy("limit", "^orders", {"max-length": 9}, reapply=False)
+    assert list(applying) == [] and [queue.policy is not None for queue in queues] == [True, False, False, False]
+    vhost.reapply_policies()
+    assert [queue.limit.max_length for queue in queues] == [9, 9, 9, 9]
+
+
+@in_loop
 def test_clearing_an_unknown_policy_is_not_found(vhost):
     with pytest.raises(AMQPError) as raised:
         vhost.clear_policy("nope")
