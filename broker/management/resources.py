@@ -8,7 +8,7 @@ import base64
 import hashlib
 import re
 import urllib.parse
-from typing import TYPE_CHECKING, Callable, Iterable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple
 
 from aiohttp import web
 
@@ -328,24 +328,8 @@ async def listing(request: web.Request, items: list[dict], pageable: bool = True
     if not pageable or "page" not in request.query:
         return http.reply(items)
     page, page_size = _pagination(request.query)
-    matches = _name_filter(request.query)
-
-    def kept() -> list[dict]:
-        return [item for item in items if matches(item.get("name", ""))]
-
-    chosen = await asyncio.to_thread(kept) if request.query.get("use_regex") == "true" else kept()
-    return _page(chosen, page, page_size, len(items), lambda shown: shown)
-
-
-def _page(chosen: list, page: int, page_size: int, total: int, made: Callable[[list], list[dict]]) -> web.Response:
-    """RabbitMQ's page of the chosen items (made: the items of the page from its part of chosen)."""
-    start = (page - 1) * page_size
-    if start > len(chosen):
-        raise http.ApiError(400, "page_out_of_range",
-                            f"Page out of range, page: {page} page size: {page_size}, len: {len(chosen)}")
-    shown = made(chosen[start:start + page_size])
-    return http.reply({"filtered_count": len(chosen), "item_count": len(shown), "items": shown, "page": page,
-                       "page_count": -(-len(chosen) // page_size), "page_size": page_size, "total_count": total})
+    chosen = await _chosen(request, [(item.get("name", ""), item) for item in items])
+    return _page(chosen, page, page_size, len(items), lambda shown: [item for _, item in shown])
 
 
 async def named_listing(request: web.Request, named: list[tuple[str, Callable[[], dict]]]) -> web.Response:
@@ -357,15 +341,33 @@ async def named_listing(request: web.Request, named: list[tuple[str, Callable[[]
         await http.in_slices(items.append(make()) for _, make in named)
         return await listing(request, items)
     page, page_size = _pagination(request.query)
-    matches = _name_filter(request.query)
-
-    def kept() -> list[tuple[str, Callable[[], dict]]]:
-        return [item for item in named if matches(item[0])]
-
-    chosen = await asyncio.to_thread(kept) if request.query.get("use_regex") == "true" else kept()
     columns = request.query["columns"].split(",") if "columns" in request.query else None
+    if columns is not None and "name" not in columns:  # (listing() filters the items cut to their columns)
+        named = [("", make) for _, make in named]
+    chosen = await _chosen(request, named)
     return _page(chosen, page, page_size, len(named), lambda shown: [
         item if columns is None else columns_of(item, columns) for item in (make() for _, make in shown)])
+
+
+async def _chosen(request: web.Request, named: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """The (name, item) pairs whose name the name parameter matches; a regex filter runs on a thread."""
+    matches = _name_filter(request.query)
+
+    def kept() -> list[tuple[str, Any]]:
+        return [item for item in named if matches(item[0])]
+
+    return await asyncio.to_thread(kept) if request.query.get("use_regex") == "true" else kept()
+
+
+def _page(chosen: list, page: int, page_size: int, total: int, made: Callable[[list], list[dict]]) -> web.Response:
+    """RabbitMQ's page of the chosen items (made: the items of the page from its part of chosen)."""
+    start = (page - 1) * page_size
+    if start > len(chosen):
+        raise http.ApiError(400, "page_out_of_range",
+                            f"Page out of range, page: {page} page size: {page_size}, len: {len(chosen)}")
+    shown = made(chosen[start:start + page_size])
+    return http.reply({"filtered_count": len(chosen), "item_count": len(shown), "items": shown, "page": page,
+                       "page_count": -(-len(chosen) // page_size), "page_size": page_size, "total_count": total})
 
 
 def columns_of(item: dict, columns: list[str]) -> dict:
