@@ -68,6 +68,9 @@ def discarding(sock: socket.socket) -> threading.Thread:
 @pytest.mark.alone
 def test_a_multiple_ack_a_close_and_a_purge_of_hundreds_of_thousands_of_messages_hold_no_other_client(
         broker, unique):
+    if broker.external:
+        pytest.skip("a bound of Warren's own: RabbitMQ holds other clients 342 to 885 ms during such a nack or close "
+                    "(python -m tests.bench.stalls)")
     with connect(broker) as watching:
         watch = watching.channel()
         watch.queue_declare(unique, durable=True)
