@@ -101,9 +101,8 @@ class RecoveredMessages:
             offset = places[position] & _OFFSET_MASK
             places[position] -= shifts[bisect_right(starts, offset)]
 
-    def finish(self) -> int:
-        """Drop the removed messages from the columns and pin the segments of the rest; return how many are
-        left."""
+    def drop_removed(self) -> None:
+        """Drop the removed messages from the columns."""
         removed = self.removed
         if removed:
             kept = [position for position, msg_id in enumerate(self.ids) if msg_id not in removed]
@@ -113,6 +112,12 @@ class RecoveredMessages:
             self.redelivered -= removed
             self.transient -= removed
             self.removed = set()
+            self.found = -1
+
+    def finish(self) -> int:
+        """Drop the removed messages from the columns and pin the segments of the rest; return how many are
+        left."""
+        self.drop_removed()
         self.transient_ids = array("Q", sorted(self.transient))
         self.transient = set()
         places, start = self.places, 0

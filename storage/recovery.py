@@ -74,7 +74,7 @@ class _Unusable(Exception):
 
 @dataclass(slots=True)
 class _Follow:
-    """A publish for a single queue that later ones may follow (see _Reader.segment_records)."""
+    """A publish for a single queue that later ones may follow (see RecordReader.segment_records)."""
 
     meta: bytes  # its metadata bytes (queue count, queues, exchange, routing key, content header)
     head_size: int  # payload bytes before the body: type, id, metadata
@@ -85,7 +85,11 @@ class _Follow:
     persistent: bool
 
 
-class _Reader:
+class RecordReader:
+    """Recovery's reader: applies the definitions log's and the segments' records to the index, the definitions
+    and each queue's recovered messages, file by file (``recover``) or, on a follower, as they arrive
+    (``storage.standby``)."""
+
     def __init__(self, data_dir: Path, segments_dir: Path) -> None:
         self.index = MessageIndex()
         self.definitions = DefinitionTable()
@@ -95,6 +99,8 @@ class _Reader:
         self.follow: _Follow | None = None  # the run of publishes the last segment record began, if any
         self.count = 0  # records applied from the file being read
         self.segment = 0  # number of the segment being read
+        self.at = 0  # offset in its file of the bytes being read (a standby reads only a file's new bytes)
+        self.definitions_bytes = 0  # the definitions log's size once read (and repaired)
         self.publishes = records.PublishReader()  # shared by all segments, so equal values are shared across them
         self.quarantine = salvage.Quarantine(data_dir)
         self.repairs: list[tuple[Path, bytes, list[tuple[int, int]]]] = []  # files to repair once all is read
@@ -163,7 +169,7 @@ class _Reader:
         total = len(data)
         unpack_frame, unpack_id, crc32 = records.FRAME.unpack_from, records.MSG_ID.unpack_from, zlib.crc32
         frame_size, max_payload, publish = records.FRAME_SIZE, records.MAX_PAYLOAD, records.PUBLISH
-        base = place(self.segment, 0)
+        base = place(self.segment, self.at)
         pos = offset
         follow: _Follow | None = None  # the run publishes may continue (None: the last record began none)
         meta = b""  # its metadata bytes
@@ -187,7 +193,7 @@ class _Reader:
                     raise records.CorruptRecord(pos, "CRC mismatch")
                 if (follow is not None and data[start] == publish and data.startswith(meta, start + 9)
                         and unpack_id(data, start + 1)[0] == next_id):
-                    places.append(base | pos)
+                    places.append(base + pos)
                     sizes.append(end - start - head_size)
                     next_id += 1
                 else:
@@ -299,7 +305,8 @@ class _Reader:
                 return
             queues, _, _, header_payload = metadata
             live = index.add_recovered(msg_id, queues)
-            self._add(msg_id, live, place(self.segment, start - records.FRAME_SIZE), end - body_start, header_payload)
+            self._add(msg_id, live, place(self.segment, self.at + start - records.FRAME_SIZE), end - body_start,
+                      header_payload)
             if len(queues) == 1 and live:
                 (queue, delivered), = live
                 messages = self.queues[queue]
@@ -381,8 +388,12 @@ class _Reader:
                     messages.moved(int(path.stem), drop)
 
 
-def recover(data_dir: Path, segments_dir: Path) -> RecoveredState:
+def recover(data_dir: Path, segments_dir: Path,
+            take_standby: Callable[[], RecordReader | None] | None = None) -> RecoveredState:
+    """Read the data dir back, or take a follower's standby (``storage.standby``): its reader, which has read all
+    of it already (None: the standby is not whole, and the files are read)."""
     started = time.perf_counter()
+    caught_up = take_standby() if take_standby is not None else None
     made: set[Path] = set()  # the data dir, if messages/ is new (a fresh data dir, a promoted follower's copy)
     make_directories(segments_dir, made)
     fsync_directories(made)
@@ -391,27 +402,14 @@ def recover(data_dir: Path, segments_dir: Path) -> RecoveredState:
         leftover.unlink()  # a rewrite interrupted before its rename: the original is intact
     clean_marker = data_dir / CLEAN_MARKER
     clean = clean_marker.exists()
-    reader = _Reader(data_dir, segments_dir)
-    definitions_log = data_dir / DEFINITIONS_LOG
-    definitions_bytes = 0
-    if definitions_log.exists():
-        definitions_bytes = reader.read_file(
-            definitions_log, True, records.DEFINITIONS_TYPES, reader.definition_records
-        )
+    reader = caught_up or read_all(data_dir, segments_dir)
     numbers = segment_numbers(segments_dir)
-    index = reader.index
-    for position, number in enumerate(numbers):
-        reader.segment = number
-        segment = index.roll(number)
-        path = segment_path(segments_dir, number)
-        segment.size = reader.read_file(
-            path, position == len(numbers) - 1, records.SEGMENT_TYPES, reader.segment_records
-        )
     next_segment = (numbers[-1] + 1) if numbers else 0
     if reader.misplaced:
         reader.rehome(segments_dir, next_segment)
         next_segment += 1
     reader.repair()
+    index = reader.index
     index.head = None
     index.dirty = set(index.segments)
     clean_marker.unlink(missing_ok=True)
@@ -425,6 +423,7 @@ def recover(data_dir: Path, segments_dir: Path) -> RecoveredState:
         messages=sum(len(queue) for queue in messages.values()),
         clean_shutdown=clean,
         seconds=round(time.perf_counter() - started, 3),
+        standby=caught_up is not None,
     )
     recovered = Recovered(
         exchanges=definitions.of_kind("exchange"), queues=definitions.of_kind("queue"),
@@ -433,4 +432,25 @@ def recover(data_dir: Path, segments_dir: Path) -> RecoveredState:
         policies=definitions.of_kind("policy"), permissions=definitions.of_kind("permission"),
         operator_policies=definitions.of_kind("operator_policy"), set_aside_definitions=reader.set_aside_definitions,
     )
-    return RecoveredState(recovered, index, definitions, definitions_bytes, next_segment)
+    return RecoveredState(recovered, index, definitions, reader.definitions_bytes, next_segment)
+
+
+def read_all(data_dir: Path, segments_dir: Path) -> RecordReader:
+    """The definitions log's and every segment's records, read past damage (kept aside to repair once all is
+    read)."""
+    reader = RecordReader(data_dir, segments_dir)
+    definitions_log = data_dir / DEFINITIONS_LOG
+    if definitions_log.exists():
+        reader.definitions_bytes = reader.read_file(
+            definitions_log, True, records.DEFINITIONS_TYPES, reader.definition_records
+        )
+    numbers = segment_numbers(segments_dir)
+    index = reader.index
+    for position, number in enumerate(numbers):
+        reader.segment = number
+        segment = index.roll(number)
+        path = segment_path(segments_dir, number)
+        segment.size = reader.read_file(
+            path, position == len(numbers) - 1, records.SEGMENT_TYPES, reader.segment_records
+        )
+    return reader

@@ -20,9 +20,10 @@ from storage.definitions_log import DefinitionTable
 from storage.index import MessageIndex, Segment
 from storage.lock import DataDirLock, DataDirLocked
 from storage.recovered_messages import PLACE_BITS, RecoveredMessages, StoredMessage, StoredRun, place
-from storage.recovery import Recovered, recover
+from storage.recovery import RecordReader, Recovered, recover
 from storage.salvage import Quarantine
 from storage.segments import fsync_directory, messages_directory, segment_path
+from storage.standby import Standby
 from storage.streams import StreamLogs
 from storage.writer import Batch, Cut, Tap, Writer
 
@@ -102,19 +103,20 @@ class MessageStore:
         self._cuts: list[Cut] = []  # cuts requested, one per batch from the next on
 
     # --- start-up -------------------------------------------------------------------------------------------
-    def recover(self) -> Recovered:
-        """Read everything back (synchronously, before serving); truncates a torn tail. Call once, first.
+    def recover(self, standby: Standby | None = None) -> Recovered:
+        """Read everything back (synchronously, before serving); truncates a torn tail. Call once, first. A
+        follower's ``standby`` hands over what it has read, and only the rest is read.
 
         Locks the data dir first: DataDirLocked if another store holds it."""
         self._lock.acquire()
         try:
-            return self._recover()
+            return self._recover(standby.take if standby is not None else None)
         except BaseException:
             self._lock.release()
             raise
 
-    def _recover(self) -> Recovered:
-        state = recover(self._data_dir, self._segments_dir)
+    def _recover(self, take_standby: Callable[[], RecordReader | None] | None) -> Recovered:
+        state = recover(self._data_dir, self._segments_dir, take_standby)
         self._index = state.index
         self._definitions = state.definitions
         self._definitions_log_bytes = state.definitions_log_bytes
@@ -124,10 +126,10 @@ class MessageStore:
         self._writer.start()
         report = state.recovered.report
         log.info(
-            "recovered %d messages, %d records, %d bytes in %.3f s (torn tail: %d bytes; corrupt ranges: %d; set "
+            "recovered %d messages, %d records, %d bytes in %.3f s%s (torn tail: %d bytes; corrupt ranges: %d; set "
             "aside: %d records; quarantined: %d bytes)", report["messages"], report["records"], report["bytes"],
-            report["seconds"], report["torn_tail_bytes"], report["corrupt_ranges"], report["set_aside_records"],
-            report["quarantined_bytes"],
+            report["seconds"], " with the hot standby" if report["standby"] else "", report["torn_tail_bytes"],
+            report["corrupt_ranges"], report["set_aside_records"], report["quarantined_bytes"],
         )
         return state.recovered
 

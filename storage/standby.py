@@ -1,0 +1,292 @@
+"""A follower's hot standby: recovery kept up to date while the leader's writes arrive, so that a promoted follower
+reads only what arrived last before it serves, however deep its queues.
+
+``Standby.catch_up()`` reads what was appended to the data dir's files since its last call with recovery's own
+reader (``storage.recovery.RecordReader``): the definitions log's new records, then each segment's, new segments in
+order. It reads complete records only, leaving a partial one at a file's end (a join's copy arrives in chunks) for
+the next call. It follows the leader's other changes as recovery would find them: a spent segment deleted, a segment
+compacted (the places of its live messages looked up again), the definitions log rewritten (read again), a queue
+deleted (its messages below the deletion dropped). Anything else (damage, a file cut back, ids that do not increase,
+a segment compacted before it was read to its end, a RESET) makes it start again from the files on disk, at most
+once every ``RETRY_AFTER`` seconds. ``take()`` hands the reader to the store's recovery, or None while the standby is
+not whole: then the store reads the data dir as at any start.
+
+The standby only reads: the follower's writer (``storage.replica.ReplicaWriter``) keeps the data dir byte-identical
+to the leader's, and a promoted follower's recovery repairs or marks what any start would.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from bisect import bisect_left
+from dataclasses import dataclass
+from pathlib import Path
+
+from storage import records
+from storage.definitions_log import DefinitionTable
+from storage.recovered_messages import place
+from storage.recovery import RecordReader
+from storage.segments import DEFINITIONS_LOG, messages_directory, segment_numbers, segment_path
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER = 5.0  # seconds after a failed catch-up before the standby reads the data dir again from the start
+GATHER = 0.05  # seconds the thread lets writes gather after a catch-up (take() reads what came meanwhile)
+SWEEP_BYTES = 64 << 20  # bytes read between sweeps that drop the removed messages from the queues' columns
+
+
+class StartAgain(Exception):
+    """What the files hold cannot be followed record by record: the text says why."""
+
+
+@dataclass(slots=True)
+class Tailed:
+    """A file the standby reads as it grows."""
+
+    inode: int  # the file's inode: another one means the file was rewritten
+    offset: int = 0  # bytes read (complete records)
+    complete: bool = False  # a later segment existed when it was last read: nothing more will be appended to it
+
+
+class Standby:
+    """Recovery kept up to date on a follower's data dir (see the module's docstring)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self._data_dir = Path(data_dir)
+        self._segments_dir = messages_directory(self._data_dir)
+        self._reader: RecordReader | None = None  # None: not whole (the next catch-up reads from the start)
+        self._definitions: Tailed | None = None  # the definitions log, once read
+        self._segments: dict[int, Tailed] = {}  # segment number -> how far it is read
+        self._failed_at = 0.0  # monotonic time of the last failed catch-up (0: none)
+        self._since_sweep = 0  # bytes read since the removed messages were last dropped from the columns
+        self._wake = threading.Event()  # more was written: catch up
+        self._halt = threading.Event()  # take() or stop() was called: the thread ends
+        self._thread: threading.Thread | None = None
+        self.restarts = 0  # times it started again from the files on disk
+
+    # --- on a thread of its own ------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Catch up on a thread of its own now, and after each ``wake()``."""
+        self._thread = threading.Thread(target=self._run, name="standby", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        """More was written to the data dir (from any thread)."""
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._halt.is_set():
+            self.catch_up()
+            self._wake.wait()
+            self._wake.clear()
+            self._halt.wait(GATHER)
+
+    def take(self) -> RecordReader | None:
+        """Stop, read what arrived last, and hand the reader over (None: the standby is not whole); once."""
+        self.stop()
+        if self._thread is not None:
+            self._thread.join()  # (a catch-up under way ends first)
+        self._failed_at = 0.0  # a last try, however recent the last failure
+        self.catch_up()
+        reader, self._reader = self._reader, None
+        return reader
+
+    def stop(self) -> None:
+        """End its thread after the catch-up under way, if any (without waiting for it)."""
+        self._halt.set()
+        self._wake.set()
+
+    # --- catching up ---------------------------------------------------------------------------------------
+    def catch_up(self) -> None:
+        """Read what the data dir's files gained since the last call (after a failure, everything again, but not
+        within RETRY_AFTER seconds of it)."""
+        if self._failed_at and time.monotonic() - self._failed_at < RETRY_AFTER:
+            return
+        fresh = self._reader is None
+        if fresh:
+            self._reader = RecordReader(self._data_dir, self._segments_dir)
+            self._definitions = None
+            self._segments = {}
+        started = time.monotonic()
+        try:
+            self._catch_up(self._reader)
+        except (StartAgain, OSError) as why:
+            log.info("the standby of %s reads its data dir again: %s", self._data_dir, why)
+            self._reader = None
+            self._failed_at = time.monotonic()
+            self.restarts += 1
+            return
+        self._failed_at = 0.0
+        if fresh:
+            log.info("the standby of %s has read its data dir: %d messages in %.2f s", self._data_dir,
+                     sum(len(messages.ids) - len(messages.removed) for messages in self._reader.queues.values()),
+                     time.monotonic() - started)
+
+    def _catch_up(self, reader: RecordReader) -> None:
+        self._read_definitions(reader)
+        numbers = segment_numbers(self._segments_dir)
+        for position, number in enumerate(numbers):
+            self._read_segment(reader, number, later=position + 1 < len(numbers))
+        on_disk = set(numbers)  # (a segment deleted since the listing is found deleted by the next call)
+        for number in [number for number in self._segments if number not in on_disk]:
+            self._deleted(reader, number)
+        if reader.misplaced or reader.repairs or reader.set_aside_definitions:
+            raise StartAgain("the files need the repairs of a start")
+        if self._since_sweep >= SWEEP_BYTES:
+            self._since_sweep = 0
+            for messages in reader.queues.values():
+                if len(messages.removed) > len(messages.ids) // 2:
+                    messages.drop_removed()
+
+    def _read_definitions(self, reader: RecordReader) -> None:
+        path = self._data_dir / DEFINITIONS_LOG
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            if self._definitions is not None:
+                raise StartAgain("the definitions log is gone") from None
+            return
+        try:
+            stat = os.fstat(fd)
+            tailed = self._definitions
+            if tailed is None or tailed.inode != stat.st_ino or stat.st_size < tailed.offset:
+                if tailed is not None:  # rewritten (a snapshot of the live definitions): read it all again
+                    reader.definitions = DefinitionTable()
+                tailed = self._definitions = Tailed(stat.st_ino)
+            data = os.pread(fd, stat.st_size - tailed.offset, tailed.offset)
+        finally:
+            os.close(fd)
+        if not data:
+            return
+        deleted_below = dict(reader.index.deleted_below)
+        tailed.offset += self._read(reader, data, reader.definition_records)
+        reader.definitions_bytes = tailed.offset
+        changed = [(queue, below) for queue, below in reader.index.deleted_below.items()
+                   if deleted_below.get(queue) != below]
+        for queue, below in changed:
+            self._queue_deleted(reader, queue, below)
+
+    def _read_segment(self, reader: RecordReader, number: int, later: bool) -> None:
+        tailed = self._segments.get(number)
+        path = segment_path(self._segments_dir, number)
+        if tailed is not None and tailed.complete:
+            if os.stat(path).st_ino == tailed.inode:
+                return  # (the usual case: one system call)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return  # deleted since the listing
+        try:
+            stat = os.fstat(fd)
+            if tailed is None:
+                head = reader.index.head
+                if head is not None and number < head.number:
+                    raise StartAgain(f"segment {number} appeared below segment {head.number}")
+                reader.index.roll(number)
+                tailed = self._segments[number] = Tailed(stat.st_ino)
+            elif tailed.inode != stat.st_ino:
+                if not tailed.complete:
+                    raise StartAgain(f"segment {number} was rewritten before it was read to its end")
+                self._compacted(reader, number, os.pread(fd, stat.st_size, 0), stat.st_ino)
+                return
+            if stat.st_size < tailed.offset:
+                raise StartAgain(f"segment {number} was cut back to {stat.st_size} bytes")
+            data = os.pread(fd, stat.st_size - tailed.offset, tailed.offset)
+        finally:
+            os.close(fd)
+        if data:
+            reader.segment = number
+            reader.at = tailed.offset
+            tailed.offset += self._read(reader, data, reader.segment_records)
+            reader.index.segments[number].size = tailed.offset
+        if later:
+            if tailed.offset < stat.st_size:
+                raise StartAgain(f"segment {number} ends in a partial record, and a later one was begun")
+            tailed.complete = True
+
+    def _read(self, reader: RecordReader, data: bytes, read) -> int:
+        """Apply data's complete records with read(data, 0); how many bytes they take (a partial record may
+        follow)."""
+        reader.count = 0
+        taken = len(data)
+        try:
+            read(data, 0)
+        except records.CorruptRecord as bad:
+            taken, reason = bad.args
+            if not partial(data, taken):
+                raise StartAgain(f"a damaged record ({reason})") from None
+        except Exception as error:  # recovery's _Unusable: an intact record that cannot be applied
+            raise StartAgain(f"a record that cannot be applied ({error})") from None
+        finally:
+            reader.at = 0
+        reader.report["records"] += reader.count
+        reader.report["bytes"] += taken
+        self._since_sweep += taken
+        return taken
+
+    def _deleted(self, reader: RecordReader, number: int) -> None:
+        """A spent segment was deleted: nothing live may be in it."""
+        segment = reader.index.segments.get(number)
+        if segment is None or not self._segments[number].complete:
+            raise StartAgain(f"segment {number} was deleted before it was read to its end")
+        low, high = place(number, 0), place(number + 1, 0)
+        for messages in reader.queues.values():
+            places = messages.places
+            for position in range(bisect_left(places, low), bisect_left(places, high)):
+                if messages.ids[position] not in messages.removed:
+                    raise StartAgain(f"segment {number} was deleted with message {messages.ids[position]} live")
+        reader.index.forget(segment)
+        del self._segments[number]
+
+    def _compacted(self, reader: RecordReader, number: int, data: bytes, inode: int) -> None:
+        """Segment number was rewritten without its dead records: its live messages' records moved up. A message
+        the rewrite left out, or left a queue out of, is gone from that queue as a start would find it (the leader
+        compacts on what it has acked, before the ack's record is written)."""
+        found: dict[int, tuple[int, frozenset[str]]] = {}  # message id -> where its publish is, the queues it lists
+        publishes = records.PublishReader()
+        try:
+            for at, end, payload in records.scan(data):
+                if payload[0] == records.PUBLISH:
+                    msg_id, (queues, _, _, _), _ = publishes.read(data, at + records.FRAME_SIZE, end)
+                    found[msg_id] = (at, frozenset(queue for queue, _ in queues))
+        except records.CorruptRecord as bad:
+            raise StartAgain(f"compacted segment {number}: a damaged record ({bad.args[1]})") from None
+        low, high = place(number, 0), place(number + 1, 0)
+        for queue, messages in reader.queues.items():
+            places, ids, removed = messages.places, messages.ids, messages.removed
+            gone = []
+            last = low  # (a message left out keeps the place before it: the places stay in order)
+            for position in range(bisect_left(places, low), bisect_left(places, high)):
+                msg_id = ids[position]
+                at, listed = found.get(msg_id, (-1, frozenset()))
+                if at >= 0:
+                    last = place(number, at)
+                places[position] = last
+                if queue not in listed and msg_id not in removed:
+                    gone.append(msg_id)
+            if gone:
+                removed.update(reader.index.remove(queue, gone))
+        self._segments[number] = Tailed(inode, len(data), True)
+        reader.index.segments[number].size = len(data)
+
+    def _queue_deleted(self, reader: RecordReader, queue: str, below: int) -> None:
+        """The queue was deleted: its messages with lower ids than ``below`` are gone (as a start finds them)."""
+        messages = reader.queues.get(queue)
+        if messages is None:
+            return
+        gone = [msg_id for msg_id in messages.ids[:bisect_left(messages.ids, below)] if msg_id not in messages.removed]
+        deleted_below = reader.index.deleted_below
+        del deleted_below[queue]  # (remove() passes over the ids below a queue's deletion: gone already)
+        messages.removed.update(reader.index.remove(queue, gone))
+        deleted_below[queue] = below
+
+
+def partial(data: bytes, at: int) -> bool:
+    """Whether the record at ``at`` is whole but for bytes not yet written (rather than damaged)."""
+    if len(data) - at < records.FRAME_SIZE:
+        return True
+    length, _ = records.FRAME.unpack_from(data, at)
+    return 0 < length <= records.MAX_PAYLOAD and at + records.FRAME_SIZE + length > len(data)
