@@ -14,6 +14,7 @@ import socket
 import ssl
 import struct
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from cluster import frames
@@ -46,8 +47,10 @@ class ReplicaClient:
     """
 
     def __init__(self, data_dir: Path, node: str, secret: str, ack_timeout: float,
-                 tls: ssl.SSLContext | None = None, group: str = "") -> None:
+                 tls: ssl.SSLContext | None = None, group: str = "",
+                 applied: Callable[[], None] = lambda: None) -> None:
         self._data_dir = data_dir
+        self._applied = applied  # told (on the stream's thread) after each group is applied and acked
         self._node = node
         self._tls = tls  # [cluster] tls: the connecting side's context (broker.connection.tls.node_contexts)
         self._key = frames.link_key(secret, group)  # what both sides prove the cluster's secret with
@@ -186,6 +189,7 @@ class ReplicaClient:
                 if sequence > self.acked:
                     self.acked = sequence
                     self._acknowledge(stream, sequence)
+                self._applied()
             if ended:
                 self.failure = "the leader closed the replication connection"
                 return

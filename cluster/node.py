@@ -1,14 +1,15 @@
 """One node of a cluster: follow the leader, or campaign and lead, as etcd decides.
 
 A node grants itself an etcd lease and registers under ``members/``. While a leader is known it follows it: its data
-dir receives the leader's writes (``ReplicaClient``), and the node's front doors send the group's clients to the
-leader (cluster.worker); a follower that has not heard from its leader for a while says so in its member key
-(``lost_leader``). When the leader key is gone, a node whose data dir is one the ISR names (any node of a fresh
-cluster) campaigns; the winner checks that again, then promotes: the store's recovery on its replicated data dir
-(on a thread: the lease is kept meanwhile), then the broker serves, ``ReplicationServer`` streaming to followers and
-gating confirms on them. A node whose data dir the ISR does not name (wiped, replaced, damaged: a new identity)
-never campaigns; when no node holding one of the ISR's data dirs is left, the cluster does not serve, and says so,
-until one returns or an operator forces an unclean election (``python -m cluster force-leader --group K``).
+dir receives the leader's writes (``ReplicaClient``), which its hot standby reads as they come (``storage.standby``),
+and the node's front doors send the group's clients to the leader (cluster.worker); a follower that has not heard
+from its leader for a while says so in its member key (``lost_leader``). When the leader key is gone, a node whose
+data dir is one the ISR names (any node of a fresh cluster) campaigns; the winner checks that again, then promotes:
+the store's recovery takes the standby's state and reads only what the standby had yet to (on a thread: the lease is
+kept meanwhile), then the broker serves, ``ReplicationServer`` streaming to followers and gating confirms on them. A
+node whose data dir the ISR does not name (wiped, replaced, damaged: a new identity) never campaigns; when no node
+holding one of the ISR's data dirs is left, the cluster does not serve, and says so, until one returns or an
+operator forces an unclean election (``python -m cluster force-leader --group K``).
 
 A leader renews its lease only while the store's writer makes progress (a stuck disk lets the lease lapse), and
 stops serving as soon as it cannot prove its lease is alive (``lease_ttl`` after the last renewal etcd confirmed),
@@ -34,6 +35,7 @@ from cluster.replication import LeadershipLost, ReplicationServer
 from cluster.state import identity, read_epoch, write_epoch
 from cluster.walkover import Unfollowed, WalkoverCoordinator
 from storage.lock import DataDirLock, DataDirLocked
+from storage.standby import Standby
 
 log = logging.getLogger("cluster")
 
@@ -103,6 +105,8 @@ class ClusterNode:
         self.secret = ""  # the cluster's shared secret (from etcd, or from secret_file)
         self.role = "starting"  # starting, follower, leader
         self.server: Server | None = None  # the broker, while leading
+        # while following: the data dir's recovery kept up to date, for the broker to start from if this node leads
+        self.standby: Standby | None = None
         self.waiting_for = ""  # why this node neither leads nor follows now ("": it does one or the other)
         self._serving_since = 0.0  # monotonic time the broker started serving (the writer's progress counts after)
         self._proven_until = 0.0  # monotonic time until which the lease is known to be alive
@@ -126,6 +130,8 @@ class ClusterNode:
             await asyncio.wait({life}, timeout=10)
         life.cancel()
         stopping.cancel()
+        if self.standby is not None:
+            self.standby.stop()
         await self.coordinator.close()
         error = life.exception() if life.done() and not life.cancelled() else None
         if error is not None:
@@ -277,6 +283,7 @@ class ClusterNode:
         self._lost = asyncio.get_running_loop().create_future()
         await asyncio.get_running_loop().run_in_executor(None, write_epoch, self.data_dir, epoch)
         server = self.group.server(self.config)
+        server.standby, self.standby = self.standby, None  # (its recovery reads only what the standby has yet to)
         replication: ReplicationServer | Unfollowed = Unfollowed()
         if self.coordinator.followed:
             replication = ReplicationServer(
@@ -406,8 +413,11 @@ class ClusterNode:
         self.role = "follower"
         log.info("following %s (epoch %d)", leader.node_id, epoch)
         self.waiting_for = ""
+        if self.standby is None:
+            self.standby = Standby(self.data_dir)
+            self.standby.start()
         client = ReplicaClient(self.data_dir, self.node, self.secret, self.config.cluster_ack_timeout,
-                               self.tls[1] if self.tls else None, self.replication_group)
+                               self.tls[1] if self.tls else None, self.replication_group, self.standby.wake)
         changed = asyncio.Event()
         watcher = asyncio.ensure_future(self._watch_leader(epoch, changed))
         teller = asyncio.ensure_future(self._tell_whether_lost(client, epoch))

@@ -31,6 +31,7 @@ from storage.format import UnsupportedFormat
 from storage.pages import PageStore
 from storage.recovery import Recovered
 from storage.segments import fsync_directories, make_directories
+from storage.standby import Standby
 from storage.store import DataDirLocked, MessageStore
 
 log = logging.getLogger(__name__)
@@ -139,6 +140,7 @@ class Server:
         # (broker.connection.front_door)
         self.accepting = accepting
         self.leadership: Leadership | None = None  # with several workers, or on a cluster's leader
+        self.standby: Standby | None = None  # a promoted follower's hot standby of the data dir (cluster.node)
         # consecutive refused AMQP logins per address, answered more and more slowly (in a worker of several, the
         # supervisor keeps the count: broker.workers.logins)
         self.failed_logins = LoginThrottle()
@@ -266,7 +268,7 @@ class Server:
     def _recover_store(self) -> Recovered:
         prepare_data_dir(self.data_dir)
         try:
-            return self.store.recover()  # takes the data dir's lock first
+            return self.store.recover(self.standby)  # takes the data dir's lock first
         except OSError as error:
             raise data_dir_error(self.data_dir, error) from error
         except (DataDirLocked, UnsupportedFormat) as refusal:  # their text is meant for the operator as it is
