@@ -17,9 +17,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from broker.connection.server import version
 from cluster import frames
 from cluster.state import identity, read_epoch, write_epoch
 from protocol import node_proof
+from storage.format import CURRENT as STORE_FORMAT
 from storage.replica import ReplicaError, ReplicaWriter, decode_ops, file_digests
 
 READ_SIZE = 1 << 20  # bytes a follower reads from its stream at once
@@ -144,7 +146,7 @@ class ReplicaClient:
         """The hello, the leader's challenge checked (ProofError if wrong), and this follower's proof: the secret
         itself is never sent."""
         asked = node_proof.nonce()
-        hello = frames.hello_payload(self._node, self._dir, self._epoch, asked)
+        hello = frames.hello_payload(self._node, self._dir, self._epoch, asked, version(), STORE_FORMAT)
         stream.sendall(frames.encode(frames.HELLO, hello))
         messages: list[tuple[int, bytes]] = []
         deadline = time.monotonic() + self._silence  # (each read has it too: a leader may send a byte at a time)

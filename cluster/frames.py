@@ -23,7 +23,7 @@ from typing import Final
 from protocol import node_proof
 from protocol.node_proof import NONCE_SIZE, from_hex
 
-HELLO: Final = 1  # follower -> leader: {"node", "dir", "epoch", "nonce"} as JSON (the nonce in hex)
+HELLO: Final = 1  # follower -> leader: {"node", "dir", "epoch", "nonce", "version", "format"} as JSON (nonce in hex)
 FRAME: Final = 2  # leader -> follower: epoch, sequence, ops
 ACK: Final = 3  # follower -> leader: the highest sequence on its disk
 REFUSE: Final = 4  # either way: why the sender closes the stream (UTF-8 text)
@@ -36,6 +36,8 @@ KINDS: Final = (HELLO, FRAME, ACK, REFUSE, HEARTBEAT, MANIFEST, CHALLENGE, PROOF
 HEADER: Final = struct.Struct(">BII")
 FRAME_HEAD: Final = struct.Struct(">qq")  # epoch, sequence (-1 for the files of a join before its cut)
 ACK_BODY: Final = struct.Struct(">q")
+UNSAID_VERSION: Final = "0.1.0 or older"  # what a hello without a version comes from
+UNSAID_FORMAT: Final = 3  # the store format such a follower reads up to
 MAX_HELLO: Final = 4096  # bytes of a message a peer may send before it has proven it knows the cluster's secret
 MAX_MANIFEST: Final = 16 << 20  # bytes of a follower's manifest (some 100 bytes a file)
 MAX_PAYLOAD: Final = 1 << 30  # a batch holding the largest messages, or a compacted segment, fits well below
@@ -59,9 +61,10 @@ def link_key(secret: str, group: str) -> bytes:
     return node_proof.link_key(secret, f"replication {group}")
 
 
-def hello_payload(node: str, dir: str, epoch: int, nonce: bytes) -> bytes:
+def hello_payload(node: str, dir: str, epoch: int, nonce: bytes, version: str, store_format: int) -> bytes:
     """A HELLO's payload: what the proofs of both sides bind, and the message's."""
-    return json.dumps({"node": node, "dir": dir, "epoch": epoch, "nonce": nonce.hex()}).encode()
+    return json.dumps({"node": node, "dir": dir, "epoch": epoch, "nonce": nonce.hex(), "version": version,
+                       "format": store_format}).encode()
 
 
 HEARTBEAT_MESSAGE: Final = encode(HEARTBEAT, b"")
@@ -98,6 +101,8 @@ class Hello:
     dir: str  # the identity of the follower's data dir (cluster.state)
     epoch: int  # the newest leader epoch the follower has accepted frames of (0: none)
     nonce: bytes  # the follower's nonce, which the leader's challenge proves the secret over
+    version: str  # the follower's Warren
+    store_format: int  # the newest store format it reads (storage.format)
 
 
 def decode_hello(payload: bytes) -> Hello:
@@ -109,10 +114,13 @@ def decode_hello(payload: bytes) -> Hello:
         raise FrameError("malformed hello: an object with node, dir, epoch and nonce expected")
     node, dir, epoch, text = fields["node"], fields["dir"], fields["epoch"], fields["nonce"]
     nonce = from_hex(text, NONCE_SIZE) if isinstance(text, str) else None
-    if not (isinstance(node, str) and isinstance(dir, str) and type(epoch) is int and nonce is not None):
-        raise FrameError(f"malformed hello: node and dir must be strings, epoch an integer, nonce {NONCE_SIZE} bytes "
-                         "in lowercase hex")
-    return Hello(node, dir, epoch, nonce)
+    # (a follower of a release that did not say read format 3, as every release up to the one that began to)
+    version, store_format = fields.get("version", UNSAID_VERSION), fields.get("format", UNSAID_FORMAT)
+    if not (isinstance(node, str) and isinstance(dir, str) and type(epoch) is int and nonce is not None
+            and isinstance(version, str) and type(store_format) is int):
+        raise FrameError(f"malformed hello: node, dir and version must be strings, epoch and format integers, nonce "
+                         f"{NONCE_SIZE} bytes in lowercase hex")
+    return Hello(node, dir, epoch, nonce, version[:100], store_format)
 
 
 def decode_frame(payload: bytes) -> tuple[int, int, bytes]:

@@ -32,10 +32,12 @@ from collections import Counter, deque
 from collections.abc import Callable
 
 from broker.connection.peer_log import PeerLog
+from broker.connection.server import version
 from cluster import frames
 from cluster.coordinator import Coordinator, Replica
 from cluster.isr import InSyncReplicas
 from protocol import node_proof
+from storage.format import CURRENT as STORE_FORMAT
 from storage.replica import APPEND, ReplicaError, encode_ops, prefix_digest, reset_op
 
 log = logging.getLogger("cluster.replication")
@@ -302,6 +304,14 @@ class ReplicationServer:
             writer.write(frames.encode_refuse(f"this leader's epoch {self._epoch} is older than {hello.epoch}"))
             writer.close()
             self._lost(f"follower {hello.node} has seen epoch {hello.epoch}, newer than this leader's")
+            return
+        if hello.store_format < STORE_FORMAT:  # its files would be in a format it cannot read
+            why = (f"this leader runs Warren {version()} and writes store format {STORE_FORMAT}; {hello.node[:100]} "
+                   f"runs Warren {hello.version} and reads store formats up to {hello.store_format}: upgrade the "
+                   f"followers before the leader")
+            peer_log.warning(address, "replication connection from %s refused: %s", peer, why)
+            writer.write(frames.encode_refuse(why))
+            writer.close()
             return
         stream.limit = frames.MAX_MANIFEST
         try:

@@ -11,7 +11,7 @@ from cluster import frames
 
 def test_frames_round_trip_whatever_the_cuts_between_reads():
     nonce = bytes(range(16))
-    stream = (frames.encode(frames.HELLO, frames.hello_payload("node-b", "dir-b", 7, nonce))
+    stream = (frames.encode(frames.HELLO, frames.hello_payload("node-b", "dir-b", 7, nonce, "1.2.3", 3))
               + frames.encode_frame(7, 12, b"ops")
               + frames.encode_ack(12) + frames.encode_refuse("going away") + frames.HEARTBEAT_MESSAGE)
     for size in (1, 2, 5, 13, len(stream)):
@@ -21,11 +21,16 @@ def test_frames_round_trip_whatever_the_cuts_between_reads():
             messages += reader.feed(stream[start:start + size])
         kinds = [kind for kind, _ in messages]
         assert kinds == [frames.HELLO, frames.FRAME, frames.ACK, frames.REFUSE, frames.HEARTBEAT]
-        assert frames.decode_hello(messages[0][1]) == frames.Hello("node-b", "dir-b", 7, nonce)
+        assert frames.decode_hello(messages[0][1]) == frames.Hello("node-b", "dir-b", 7, nonce, "1.2.3", 3)
         assert frames.decode_frame(messages[1][1]) == (7, 12, b"ops")
         assert frames.decode_ack(messages[2][1]) == 12
         assert messages[3][1] == b"going away"
         assert messages[4][1] == b""
+
+
+def test_a_hello_of_a_release_that_did_not_say_its_version_reads_as_one_of_store_format_3():
+    payload = b'{"node": "b", "dir": "d", "epoch": 1, "nonce": "%s"}' % (b"00" * 16)
+    assert frames.decode_hello(payload) == frames.Hello("b", "d", 1, bytes(16), "0.1.0 or older", 3)
 
 
 @given(st.integers(-1, 2**62), st.integers(0, 2**62), st.binary(max_size=300))
@@ -89,7 +94,7 @@ def test_short_frames_and_acks_are_refused():
 
 def test_a_manifest_round_trips_and_a_reader_can_stop_after_one_message():
     files = [("format", 2, "ab" * 32), ("messages/0000000001.seg", 70_000_000, "cd" * 32)]
-    stream = frames.encode(frames.HELLO, frames.hello_payload("b", "dir-b", 3, bytes(16))) + frames.encode_manifest(files)
+    stream = frames.encode(frames.HELLO, frames.hello_payload("b", "dir-b", 3, bytes(16), "1.2.3", 3)) + frames.encode_manifest(files)
     reader = frames.Reader()  # the hello's limit: the manifest behind it waits, unread, until the limit is raised
     [(kind, _)] = reader.feed(stream, at_most=1)
     assert kind == frames.HELLO

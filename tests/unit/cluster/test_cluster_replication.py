@@ -19,6 +19,7 @@ import pytest
 import uvloop
 
 from broker.config import Config
+from broker.connection.server import version
 from broker.connection.tls import node_contexts
 from cluster import frames
 from cluster import follower as follower_module
@@ -26,6 +27,7 @@ from cluster.coordinator import Member
 from cluster.follower import ReplicaClient
 from cluster.replication import UNPROVEN_PER_ADDRESS, Follower, ReplicationServer
 from cluster.state import read_epoch
+from storage.format import CURRENT as STORE_FORMAT
 from storage.replica import ReplicaWriter, replicated_files
 from storage.store import MessageStore
 from tests.unit.cluster.cluster_support import TIMEOUT, until
@@ -187,6 +189,23 @@ def test_a_follower_with_the_wrong_secret_is_refused(rig):
         client = rig.follow("b", secret="guess")
         await asyncio.wait_for(rig.followers["b"][1], TIMEOUT)
         assert "its proof of the cluster's secret is wrong" in (client.failure or "")
+        assert await rig.isr() == ["a"]
+        rig.followers.pop("b")
+        await rig.close()
+    asyncio.run(main())
+
+
+def test_a_follower_that_cannot_read_the_leaders_store_format_is_refused_saying_both_versions(rig, monkeypatch):
+    """Rolling upgrades go followers first: a follower of an older Warren, whose store format is older than the one
+    the leader writes, would hold files it cannot read; the leader refuses it, naming both."""
+    monkeypatch.setattr(follower_module, "STORE_FORMAT", STORE_FORMAT - 1)
+
+    async def main():
+        await rig.lead()
+        client = rig.follow("b")
+        await asyncio.wait_for(rig.followers["b"][1], TIMEOUT)
+        assert f"writes store format {STORE_FORMAT}; b runs Warren {version()} and reads store formats up to " \
+               f"{STORE_FORMAT - 1}: upgrade the followers before the leader" in (client.failure or "")
         assert await rig.isr() == ["a"]
         rig.followers.pop("b")
         await rig.close()
@@ -371,7 +390,7 @@ def test_a_follower_that_reconnects_while_the_leader_is_idle_gets_back_in_sync(r
 
 
 def hello(node: str = "b") -> bytes:
-    return frames.encode(frames.HELLO, frames.hello_payload(node, f"dir-{node}", 0, bytes(16)))
+    return frames.encode(frames.HELLO, frames.hello_payload(node, f"dir-{node}", 0, bytes(16), "1.2.3", 3))
 
 
 @pytest.mark.parametrize("hostile", [
