@@ -214,8 +214,8 @@ def ratio(top: float | None, bottom: float | None) -> str:
     return f"{top / bottom:.2f}" if top is not None and bottom else "-"
 
 
-def print_table(rows: list[tuple[str, ...]]) -> None:
-    header = ("figure", "single", "cluster", "cluster/single", "goal")
+def print_table(rows: list[tuple[str, ...]],
+                header: tuple[str, ...] = ("figure", "single", "cluster", "cluster/single", "goal")) -> None:
     widths = [max(len(line[column]) for line in (header, *rows)) for column in range(len(header))]
     for line in (header, tuple("-" * width for width in widths), *rows):
         print("  ".join(cell.ljust(width) if column == 0 else cell.rjust(width)
