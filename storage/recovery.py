@@ -114,7 +114,7 @@ class RecordReader:
             "definitions_damaged": False,
         }
 
-    def read_file(self, path: Path, is_tail: bool, types: frozenset[int], read: Callable[[bytes, int], None]) -> int:
+    def read_file(self, path: Path, is_tail: bool, types: frozenset[int], read: Callable[[bytes, int], object]) -> int:
         """Apply each intact record of ``path`` with read(the file's bytes, the offset to start at), reading past
         damage; return the file's size once repaired."""
         data = path.read_bytes()
@@ -160,13 +160,15 @@ class RecordReader:
                 raise _Unusable(pos, end, error) from None
             self.count += 1
 
-    def segment_records(self, data: bytes, offset: int) -> None:
-        """The same for a segment's records (checked as records.scan checks them). A publish that follows one for a
-        single queue with the next id and the same metadata, as a queue's messages usually lie in a segment, is
-        taken in this loop: where it is and its body size are gathered, and the queue's columns and the index learn
-        of the run in bulk."""
+    def segment_records(self, data: bytes, offset: int, until: int = -1) -> int:
+        """The same for a segment's records (checked as records.scan checks them), up to the first that begins at
+        or after ``until`` (-1: all); returns where it stopped. A publish that follows one for a single queue with
+        the next id and the same metadata, as a queue's messages usually lie in a segment, is taken in this loop:
+        where it is and its body size are gathered, and the queue's columns and the index learn of the run in
+        bulk."""
         view = memoryview(data)
         total = len(data)
+        stop = total if until < 0 else min(until, total)
         unpack_frame, unpack_id, crc32 = records.FRAME.unpack_from, records.MSG_ID.unpack_from, zlib.crc32
         frame_size, max_payload, publish = records.FRAME_SIZE, records.MAX_PAYLOAD, records.PUBLISH
         base = place(self.segment, self.at)
@@ -181,7 +183,7 @@ class RecordReader:
         length: int
         crc: int
         try:
-            while pos < total:
+            while pos < stop:
                 if total - pos < frame_size:
                     raise records.CorruptRecord(pos, "truncated frame header")
                 length, crc = unpack_frame(data, pos)
@@ -214,6 +216,7 @@ class RecordReader:
             if places:
                 assert follow is not None, "only a run takes publishes"
                 self._took(follow, places, sizes)
+        return pos
 
     def _took(self, follow: _Follow, places: list[int], sizes: list[int]) -> None:
         """The publishes at places, with those body sizes, were taken in segment_records's loop after the one that

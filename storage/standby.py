@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 RETRY_AFTER = 5.0  # seconds after a failed catch-up before the standby reads the data dir again from the start
 GATHER = 0.05  # seconds the thread lets writes gather after a catch-up (take() reads what came meanwhile)
+PIECE_BYTES = 1 << 20  # a segment's bytes read between two chances for the other threads to run
 SWEEP_BYTES = 64 << 20  # bytes read between sweeps that drop the removed messages from the queues' columns
 
 
@@ -162,7 +163,7 @@ class Standby:
         if not data:
             return
         deleted_below = dict(reader.index.deleted_below)
-        tailed.offset += self._read(reader, data, reader.definition_records)
+        tailed.offset += self._read(reader, data, segment=False)
         reader.definitions_bytes = tailed.offset
         changed = [(queue, below) for queue, below in reader.index.deleted_below.items()
                    if deleted_below.get(queue) != below]
@@ -200,20 +201,27 @@ class Standby:
         if data:
             reader.segment = number
             reader.at = tailed.offset
-            tailed.offset += self._read(reader, data, reader.segment_records)
+            tailed.offset += self._read(reader, data, segment=True)
             reader.index.segments[number].size = tailed.offset
         if later:
             if tailed.offset < stat.st_size:
                 raise StartAgain(f"segment {number} ends in a partial record, and a later one was begun")
             tailed.complete = True
 
-    def _read(self, reader: RecordReader, data: bytes, read) -> int:
-        """Apply data's complete records with read(data, 0); how many bytes they take (a partial record may
-        follow)."""
+    def _read(self, reader: RecordReader, data: bytes, segment: bool) -> int:
+        """Apply data's complete records (a segment's, or the definitions log's); how many bytes they take (a
+        partial record may follow). A segment's are read a piece at a time: between pieces the follower's stream
+        thread gets the interpreter (its acks wait milliseconds, not the seconds a join's copy takes to read)."""
         reader.count = 0
         taken = len(data)
         try:
-            read(data, 0)
+            if segment:
+                at = 0
+                while at < len(data):
+                    at = reader.segment_records(data, at, at + PIECE_BYTES)
+                    time.sleep(0)
+            else:
+                reader.definition_records(data, 0)
         except records.CorruptRecord as bad:
             taken, reason = bad.args
             if not partial(data, taken):

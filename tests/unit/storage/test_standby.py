@@ -15,6 +15,7 @@ from pamqp import commands, header
 from storage.replica import APPEND, DELETE, REPLACE, ReplicaWriter
 from storage.recovery import Recovered, recover
 from storage.segments import messages_directory, segment_numbers, segment_path
+from storage import standby as standby_module
 from storage.standby import Standby
 from tests.unit.storage.storage_support import durable, reopen
 from tests.unit.storage.test_storage_replication import SMALL, Leader, copy_ops, settle
@@ -157,7 +158,10 @@ def test_the_workload_compacts_deletes_segments_and_rewrites_the_definitions_log
     assert (REPLACE, "definitions.log") in ops
 
 
-def test_a_standby_of_a_follower_that_joined_a_leader_with_a_backlog_reads_the_copy(tmp_path):
+def test_a_standby_of_a_follower_that_joined_a_leader_with_a_backlog_reads_the_copy(tmp_path, monkeypatch):
+    """In pieces of 1,000 bytes here, so that pieces end inside records as they do in a join's megabytes."""
+    monkeypatch.setattr(standby_module, "PIECE_BYTES", 1000)
+
     async def main() -> Follower:
         leader = Leader(tmp_path / "leader", **SMALL)
         for msg_id in range(2000):
