@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import NamedTuple, Protocol
 
 
@@ -54,9 +54,12 @@ class Member:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Member:
+        """The member a key holds; the fields this version does not know are left out, so that a node of a later
+        version may say more of itself while older ones still read it (a rolling upgrade has both)."""
         try:
-            member = cls(**json.loads(text))
-        except (ValueError, TypeError) as error:
+            given = json.loads(text)
+            member = cls(**{name: value for name, value in given.items() if name in MEMBER_FIELDS})
+        except (ValueError, TypeError, AttributeError) as error:  # (AttributeError: JSON that is not an object)
             raise CoordinatorError(f"a member or leader key in etcd holds no member: {error}") from None
         if not (isinstance(member.node_id, str) and type(member.amqp_port) is int
                 and type(member.replication_port) is int and isinstance(member.dir, str)
@@ -64,6 +67,9 @@ class Member:
                 and type(member.amqps_port) is int):
             raise CoordinatorError(f"a member or leader key in etcd holds a malformed member: {text!r:.200}")
         return member
+
+
+MEMBER_FIELDS = frozenset(field.name for field in fields(Member))
 
 
 @dataclass(frozen=True)

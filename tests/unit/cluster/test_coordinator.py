@@ -4,11 +4,12 @@ a real etcd in tests/cluster), then the fake's own clock and its unreachable swi
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import pytest
 
-from cluster.coordinator import CoordinatorUnavailable, Leader
+from cluster.coordinator import CoordinatorError, CoordinatorUnavailable, Leader, Member
 from tests.coordinator_contract import CHECKS, Check, copies, member, won
 from tests.unit.cluster.fake_etcd import MemoryCoordinator, MemoryEtcd
 
@@ -116,3 +117,15 @@ def test_a_waiter_sees_a_change_made_while_etcd_was_unreachable_once_it_returns(
         await asyncio.wait_for(waiter, 1)
 
     run(scenario)
+
+
+def test_a_member_key_with_fields_of_a_later_version_is_read_and_a_malformed_one_refused() -> None:
+    """A rolling upgrade has nodes of two versions reading each other's member keys: one that says more of itself
+    than this version knows is read for what this version knows; one that is not a member is refused, saying so."""
+    known = Member("b", "10.0.0.2", 5672, "10.0.0.2", 5680, dir="d", management_port=15672)
+    later = json.loads(known.to_json()) | {"version": "9.9.9", "draining": True}
+    assert Member.from_json(json.dumps(later)) == known
+    for malformed in ('["b"]', '{"node_id": "b"}', '{"node_id": 7, "amqp_host": "h", "amqp_port": 1, '
+                      '"replication_host": "h", "replication_port": 2}', "not json"):
+        with pytest.raises(CoordinatorError, match="a member or leader key in etcd holds"):
+            Member.from_json(malformed)
