@@ -22,7 +22,7 @@ from cluster import frames
 from cluster.state import identity, read_epoch, write_epoch
 from protocol import node_proof
 from storage.format import CURRENT as STORE_FORMAT
-from storage.replica import ReplicaError, ReplicaWriter, decode_ops, file_digests
+from storage.replica import Frame, ReplicaError, ReplicaWriter, decode_ops, file_digests
 
 READ_SIZE = 1 << 20  # bytes a follower reads from its stream at once
 LEADER_SILENCE = 2.0  # ack timeouts a follower waits for any word from its leader before it connects again
@@ -50,9 +50,9 @@ class ReplicaClient:
 
     def __init__(self, data_dir: Path, node: str, secret: str, ack_timeout: float,
                  tls: ssl.SSLContext | None = None, group: str = "",
-                 applied: Callable[[], None] = lambda: None) -> None:
+                 applied: Callable[[list[Frame]], None] = lambda group: None) -> None:
         self._data_dir = data_dir
-        self._applied = applied  # told (on the stream's thread) after each group is applied and acked
+        self._applied = applied  # given each group (on the stream's thread) once it is applied and acked
         self._node = node
         self._tls = tls  # [cluster] tls: the connecting side's context (broker.connection.tls.node_contexts)
         self._key = frames.link_key(secret, group)  # what both sides prove the cluster's secret with
@@ -191,7 +191,7 @@ class ReplicaClient:
                 if sequence > self.acked:
                     self.acked = sequence
                     self._acknowledge(stream, sequence)
-                self._applied()
+                self._applied(group)
             if ended:
                 self.failure = "the leader closed the replication connection"
                 return

@@ -417,7 +417,7 @@ class ClusterNode:
             self.standby = Standby(self.data_dir)
             self.standby.start()
         client = ReplicaClient(self.data_dir, self.node, self.secret, self.config.cluster_ack_timeout,
-                               self.tls[1] if self.tls else None, self.replication_group, self.standby.wake)
+                               self.tls[1] if self.tls else None, self.replication_group, self.standby.applied)
         changed = asyncio.Event()
         watcher = asyncio.ensure_future(self._watch_leader(epoch, changed))
         teller = asyncio.ensure_future(self._tell_whether_lost(client, epoch))

@@ -6,9 +6,10 @@ reader (``storage.recovery.RecordReader``): the definitions log's new records, t
 order. It reads complete records only, leaving a partial one at a file's end (a join's copy arrives in chunks) for
 the next call. It follows the leader's other changes as recovery would find them: a spent segment deleted, a segment
 compacted (the places of its live messages looked up again), the definitions log rewritten (read again), a queue
-deleted (its messages below the deletion dropped). Anything else (damage, a file cut back, ids that do not increase,
-a segment compacted before it was read to its end, a RESET) makes it start again from the files on disk, at most
-once every ``RETRY_AFTER`` seconds. ``take()`` hands the reader to the store's recovery, or None while the standby is
+deleted (its messages below the deletion dropped). A join's copy, whose files arrive in no order it could follow,
+is read from the start once it is whole (``applied()`` tells it of the copy's frames). Anything else (damage, a
+file cut back, ids that do not increase, a segment compacted before it was read to its end) makes it start again
+from the files on disk, at most once every ``RETRY_AFTER`` seconds. ``take()`` hands the reader to the store's recovery, or None while the standby is
 not whole: then the store reads the data dir as at any start.
 
 The standby only reads: the follower's writer (``storage.replica.ReplicaWriter``) keeps the data dir byte-identical
@@ -29,6 +30,7 @@ from storage import records
 from storage.definitions_log import DefinitionTable
 from storage.recovered_messages import place
 from storage.recovery import RecordReader
+from storage.replica import RESET, Frame
 from storage.segments import DEFINITIONS_LOG, messages_directory, segment_numbers, segment_path
 
 log = logging.getLogger(__name__)
@@ -65,17 +67,28 @@ class Standby:
         self._since_sweep = 0  # bytes read since the removed messages were last dropped from the columns
         self._wake = threading.Event()  # more was written: catch up
         self._halt = threading.Event()  # take() or stop() was called: the thread ends
+        self._copies = 0  # join copies begun (RESETs applied)
+        self._copies_read = 0  # of them, those before the current reader began
+        self._copying = False  # a join's copy is under way: nothing is read until it is whole
         self._thread: threading.Thread | None = None
         self.restarts = 0  # times it started again from the files on disk
 
     # --- on a thread of its own ------------------------------------------------------------------------------
     def start(self) -> None:
-        """Catch up on a thread of its own now, and after each ``wake()``."""
+        """Catch up on a thread of its own now, and after each group of frames ``applied()``."""
         self._thread = threading.Thread(target=self._run, name="standby", daemon=True)
         self._thread.start()
 
-    def wake(self) -> None:
-        """More was written to the data dir (from any thread)."""
+    def applied(self, frames: list[Frame]) -> None:
+        """The follower's writer has made these frames durable (on the stream's thread). A join's copy (a RESET,
+        then frames of sequence -1) is read once it is whole, from the start: its files arrive in no order the
+        standby could follow record by record; the frames after it (sequence 0 and up) come as the leader wrote."""
+        for sequence, ops in frames:
+            if any(kind == RESET for kind, _, _ in ops):
+                self._copies += 1
+                self._copying = True
+            elif sequence >= 0:
+                self._copying = False
         self._wake.set()
 
     def _run(self) -> None:
@@ -93,7 +106,7 @@ class Standby:
         self._failed_at = 0.0  # a last try, however recent the last failure
         self.catch_up()
         reader, self._reader = self._reader, None
-        return reader
+        return None if self._copying else reader
 
     def stop(self) -> None:
         """End its thread after the catch-up under way, if any (without waiting for it)."""
@@ -104,8 +117,11 @@ class Standby:
     def catch_up(self) -> None:
         """Read what the data dir's files gained since the last call (after a failure, everything again, but not
         within RETRY_AFTER seconds of it)."""
-        if self._failed_at and time.monotonic() - self._failed_at < RETRY_AFTER:
+        if self._copying or self._failed_at and time.monotonic() - self._failed_at < RETRY_AFTER:
             return
+        copies = self._copies
+        if copies != self._copies_read:  # a join's copy since the reader began
+            self._reader, self._copies_read = None, copies
         fresh = self._reader is None
         if fresh:
             self._reader = RecordReader(self._data_dir, self._segments_dir)
@@ -121,6 +137,9 @@ class Standby:
             self.restarts += 1
             return
         self._failed_at = 0.0
+        if self._copies != copies:  # a copy began while it read: what it read may mix the two
+            self._reader = None
+            return
         if fresh:
             log.info("the standby of %s has read its data dir: %d messages in %.2f s", self._data_dir,
                      sum(len(messages.ids) - len(messages.removed) for messages in self._reader.queues.values()),

@@ -38,9 +38,14 @@ class Follower:
 
     def join(self, cut) -> None:
         sequence, held = cut
-        self.writer.apply([(sequence, copy_ops(held))])
+        self.apply([(sequence, copy_ops(held))])
         self.applied = sum(1 for number, _ in self.leader.frames if number <= sequence)
         self.standby.catch_up()
+
+    def apply(self, frames) -> None:
+        """As the follower's stream does: the writer makes the frames durable, then the standby hears of them."""
+        self.writer.apply(frames)
+        self.standby.applied(frames)
 
     def keep_up(self) -> None:
         for sequence, ops in self.leader.frames[self.applied:]:  # (the writer's thread may add more meanwhile)
@@ -49,10 +54,10 @@ class Follower:
                 kind, path, data = op
                 if kind == APPEND and len(data) > 1 and self.rng.random() < 0.5:
                     cut = self.rng.randrange(1, len(data))
-                    self.writer.apply([(sequence, [(APPEND, path, data[:cut])])])
+                    self.apply([(sequence, [(APPEND, path, data[:cut])])])
                     self.standby.catch_up()
                     op = (APPEND, path, data[cut:])
-                self.writer.apply([(sequence, [op])])
+                self.apply([(sequence, [op])])
             self.standby.catch_up()
 
     def promote(self) -> Recovered:
@@ -201,7 +206,7 @@ def test_a_damaged_segment_makes_the_standby_hand_over_nothing_and_the_start_rea
     path = segment_path(segments, segment_numbers(segments)[-1])
     read = path.stat().st_size
     for sequence, ops in follower.leader.frames[follower.applied:]:  # written, not yet read by the standby
-        follower.writer.apply([(sequence, ops)])
+        follower.writer.apply([(sequence, ops)])  # (the standby does not hear of them: it reads them below)
     with open(path, "r+b") as file:  # a bit flipped in a record the standby has yet to read
         file.seek(read + 40)
         byte = file.read(1)
@@ -215,7 +220,8 @@ def test_a_damaged_segment_makes_the_standby_hand_over_nothing_and_the_start_rea
 
 
 def test_a_standby_on_its_thread_hands_over_what_was_written_before_take(tmp_path):
-    """As a follower runs it: its thread reads after each wake(), and take() reads what came since its last look."""
+    """As a follower runs it: its thread reads after each group applied(), and take() reads what came since its
+    last look."""
     async def main() -> Follower:
         leader = Leader(tmp_path / "leader", **SMALL)
         follower = Follower(tmp_path / "follower", leader, random.Random(3))
@@ -227,8 +233,7 @@ def test_a_standby_on_its_thread_hands_over_what_was_written_before_take(tmp_pat
                 await durable(leader.store)
                 for sequence, ops in leader.frames[follower.applied:]:
                     follower.applied += 1
-                    follower.writer.apply([(sequence, ops)])
-                follower.standby.wake()
+                    follower.apply([(sequence, ops)])
         leader.store.close()
         return follower
 
@@ -236,3 +241,47 @@ def test_a_standby_on_its_thread_hands_over_what_was_written_before_take(tmp_pat
     recovered = follower.promote()
     assert [m.body for m in recovered.messages["/|q"]] == [b"m%d" % msg_id for msg_id in range(3000)]
     assert recovered.report["standby"] is True
+
+
+def test_a_join_copy_is_read_once_whole_and_a_standby_taken_during_one_hands_over_nothing(tmp_path):
+    """A follower that joins again receives a copy whose files arrive in no order the standby could follow record
+    by record (a kept file's tail after a later file): the standby reads nothing while the copy is under way, and
+    the files again from the start once it is whole."""
+    async def main() -> tuple[Follower, list]:
+        leader = Leader(tmp_path / "leader", **SMALL)
+        follower = Follower(tmp_path / "follower", leader, random.Random(4))
+        follower.join(await leader.cut())
+        for msg_id in range(3000):
+            leader.store.append_message(msg_id, ("/|q",), "", "q", PERSISTENT, b"m%d" % msg_id + b"." * 100)
+            if msg_id % 500 == 499:
+                await durable(leader.store)
+                follower.keep_up()
+        leader.store.append_removed("/|q", range(0, 3000, 2))
+        await durable(leader.store)
+        follower.keep_up()
+        cut = await leader.cut()
+        for msg_id in range(3000, 3100):
+            leader.store.append_message(msg_id, ("/|q",), "", "q", PERSISTENT, b"m%d" % msg_id)
+        await durable(leader.store)
+        leader.store.close()
+        return follower, cut
+
+    follower, (sequence, held) = asyncio.run(main())
+    reset, *appends = copy_ops(held)
+    follower.apply([(-1, [reset])])
+    follower.apply([(-1, appends[len(appends) // 2:])])  # the later files first, then the earlier ones
+    follower.standby.catch_up()
+    assert follower.standby.take() is None  # mid-copy: the start reads the files
+    follower.standby = Standby(follower.directory)  # (as a follower that goes on following starts another)
+    follower.apply([(-1, [reset])])
+    follower.apply([(-1, appends[len(appends) // 2:])])
+    follower.standby.catch_up()
+    follower.apply([(-1, appends[:len(appends) // 2])])
+    follower.standby.catch_up()
+    follower.apply([(sequence, [])])  # the copy's end, as the leader sends it
+    follower.applied = sum(1 for number, _ in follower.leader.frames if number <= sequence)
+    follower.keep_up()
+    expected = cold(follower.directory, tmp_path / "copy")
+    assert len(expected["messages"]["/|q"]) == 1500 + 100
+    assert state(follower.promote()) == expected
+    assert follower.standby.restarts == 0
