@@ -9,8 +9,8 @@ compacted (the places of its live messages looked up again), the definitions log
 deleted (its messages below the deletion dropped). A join's copy, whose files arrive in no order it could follow,
 is read from the start once it is whole (``applied()`` tells it of the copy's frames). Anything else (damage, a
 file cut back, ids that do not increase, a segment compacted before it was read to its end) makes it start again
-from the files on disk, at most once every ``RETRY_AFTER`` seconds. ``take()`` hands the reader to the store's recovery, or None while the standby is
-not whole: then the store reads the data dir as at any start.
+from the files on disk, at most once every ``RETRY_AFTER`` seconds. ``take()`` hands the reader to the store's
+recovery, or None while the standby is not whole: then the store reads the data dir as at any start.
 
 The standby only reads: the follower's writer (``storage.replica.ReplicaWriter``) keeps the data dir byte-identical
 to the leader's, and a promoted follower's recovery repairs or marks what any start would.
