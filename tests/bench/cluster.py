@@ -269,18 +269,32 @@ def once(stop: Callable[[], object]) -> Callable[[], None]:
     return call
 
 
+def started_etcd(workdir: Path, stack: contextlib.ExitStack) -> EtcdServer:
+    """etcd, its data in workdir/etcd, stopped by ``stack`` (its binary found: the caller checked)."""
+    (workdir / "etcd").mkdir()
+    binary = find_etcd()
+    assert binary is not None, NO_ETCD_REASON
+    etcd = EtcdServer(binary, workdir / "etcd")
+    stack.callback(etcd.stop)
+    etcd.start()
+    return etcd
+
+
+def remove_unless_failed(workdir: Path, failed: bool) -> None:
+    """A run's directory goes once it is done, unless a part failed: then its logs are kept, and it says where."""
+    if failed:
+        print(f"logs kept in {workdir}", file=sys.stderr)
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 def run_all(args: argparse.Namespace, workdir: Path, stack: contextlib.ExitStack) -> tuple[list, list, bool]:
     """The four parts; (table rows, notes, whether a part failed). Whatever is started is stopped by `stack`."""
     settings = {"lease_ttl": args.lease_ttl, "ack_timeout": args.ack_timeout}
     rows: list[tuple[str, ...]] = []
     notes: list[str] = []
     failed = False
-    (workdir / "etcd").mkdir()
-    binary = find_etcd()
-    assert binary is not None, NO_ETCD_REASON  # main() checked
-    etcd = EtcdServer(binary, workdir / "etcd")
-    stack.callback(etcd.stop)
-    etcd.start()
+    etcd = started_etcd(workdir, stack)
     (workdir / "single").mkdir()
     single = start_warren(workdir / "single")
     stop_single = stack.callback(once(single.stop))
@@ -350,10 +364,7 @@ def main(argv: list[str] | None = None) -> int:
               f"share {os.cpu_count()} cores and one disk. The single node's and the leader's CPU is over the load "
               "generator's timed part, a follower's and etcd's over its whole process.")
     finally:
-        if failed:
-            print(f"logs kept in {workdir}", file=sys.stderr)
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
+        remove_unless_failed(workdir, failed)
     return 1 if failed else 0
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import shutil
 import sys
 import tempfile
 import uuid
@@ -23,7 +22,7 @@ from pathlib import Path
 
 from tests.bench.cluster import (
     CONFIRMS, FOLLOWER_LABELS, LATENCY, WHOLE, Figures, cluster_side, figure, measure, number, once, print_table,
-    ratio,
+    ratio, remove_unless_failed, started_etcd,
 )
 from tests.bench.compare import BenchRun, _mean
 from tests.cluster.etcd import NO_ETCD_REASON, EtcdServer, find_etcd
@@ -75,38 +74,40 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.bench.cluster_tls", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="duration of each run")
     args = parser.parse_args(argv)
-    binary = find_etcd()
-    if binary is None:
+    if find_etcd() is None:
         print(f"not run: {NO_ETCD_REASON}")
         return 1
     workdir = Path(tempfile.mkdtemp(prefix="warren-cluster-tls-bench-"))
-    failed = False
-    table: list[tuple[str, ...]] = []
-    with contextlib.ExitStack() as stack:
-        (workdir / "etcd").mkdir()
-        etcd = EtcdServer(binary, workdir / "etcd")
-        stack.callback(etcd.stop)
-        etcd.start()
-        (workdir / "plain").mkdir()
-        plain = Cluster(workdir / "plain", f"plain{uuid.uuid4().hex[:8]}", etcd.endpoint)
-        tls = tls_cluster(workdir / "tls", etcd.endpoint)
-        for cluster in (plain, tls):
-            stack.callback(once(cluster.stop))
-            cluster.start()
-        for run, title, latency in ((CONFIRMS, "persistent confirms, window 1000, 16 B", False),
-                                    (LATENCY, "persistent confirms, window 1, 16 B", True)):
-            outcomes = alternate(run, plain, tls, etcd, args.seconds)
-            failed |= any(isinstance(outcome, str) for outcome in outcomes.values())
-            table += rows(title, outcomes, latency)
-    print_table(table, ("figure", "plain", "tls", "tls/plain", "goal"))
-    print("Two clusters of three nodes (one with TLS between its nodes), etcd and the load generator share this "
-          "machine's cores and disk; a leader's CPU is over the load generator's timed part, a follower's over its "
-          "whole process.")
-    if failed:
-        print(f"a run failed: logs kept in {workdir}", file=sys.stderr)
-    else:
-        shutil.rmtree(workdir, ignore_errors=True)
+    failed = True
+    try:
+        with contextlib.ExitStack() as stack:
+            table, failed = run_all(args.seconds, workdir, stack)
+        print_table(table, ("figure", "plain", "tls", "tls/plain", "goal"))
+        print("Two clusters of three nodes (one with TLS between its nodes), etcd and the load generator share this "
+              "machine's cores and disk; a leader's CPU is over the load generator's timed part, a follower's over "
+              "its whole process.")
+    finally:
+        remove_unless_failed(workdir, failed)
     return 1 if failed else 0
+
+
+def run_all(seconds: float, workdir: Path, stack: contextlib.ExitStack) -> tuple[list[tuple[str, ...]], bool]:
+    """Both clusters started (stopped by ``stack``) and both runs alternated; (table rows, whether a run failed)."""
+    etcd = started_etcd(workdir, stack)
+    (workdir / "plain").mkdir()
+    plain = Cluster(workdir / "plain", f"plain{uuid.uuid4().hex[:8]}", etcd.endpoint)
+    tls = tls_cluster(workdir / "tls", etcd.endpoint)
+    for cluster in (plain, tls):
+        stack.callback(once(cluster.stop))
+        cluster.start()
+    table: list[tuple[str, ...]] = []
+    failed = False
+    for run, title, latency in ((CONFIRMS, "persistent confirms, window 1000, 16 B", False),
+                                (LATENCY, "persistent confirms, window 1, 16 B", True)):
+        outcomes = alternate(run, plain, tls, etcd, seconds)
+        failed |= any(isinstance(outcome, str) for outcome in outcomes.values())
+        table += rows(title, outcomes, latency)
+    return table, failed
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ takes its hot standby rather than read a million messages back), and other tests
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import statistics
@@ -72,6 +71,8 @@ class Kill:
 
     at: float  # time.time() of the kill
     depth: int  # messages in the queue just before it
+    killed: str  # the node killed
+    restarted_at: int  # the killed node's log length when it was started again
     leader: str  # the node that led next
     epoch: int  # its epoch
     leading_after: float  # seconds from the kill to its "leading the cluster" line (the old lease lapsed, it won)
@@ -80,8 +81,6 @@ class Kill:
     messages: int  # messages it recovered
     records: int  # records it read
     standby: bool  # its recovery took its hot standby rather than read the data dir
-    killed: str = ""  # the node killed
-    restarted_at: int = 0  # the killed node's log length when it was started again
 
     def describe(self, failover: float) -> str:
         return (f"depth {self.depth:,}: failover {failover:.2f} s = {self.leader} leading after "
@@ -116,17 +115,18 @@ def queue_depth(leader: Node) -> int:
     return reply.body["messages"]
 
 
-def leadership_after(node: Node, killed_at: float, depth: int) -> Kill:
-    """The kill at ``killed_at`` with the queue ``depth`` deep, and the latest leadership in ``node``'s log once its
-    store's recovery is logged."""
+def leadership_after(node: Node, killed: Node, killed_at: float, restarted_at: int, depth: int) -> Kill:
+    """The kill of ``killed`` at ``killed_at`` with the queue ``depth`` deep (its log ``restarted_at`` long when it
+    started again), and the latest leadership in ``node``'s log once its store's recovery is logged."""
     def recovered():
         log = node.log()
         leading = [*LEADING.finditer(log)]
         found = RECOVERED.search(log, leading[-1].end()) if leading else None
         return (leading[-1], found) if found else None
     leading, found = wait_for(recovered, 30, f"{node.name}'s recovery in its log")
-    return Kill(killed_at, depth, node.name, int(leading[2]), logged_at(leading[1]) - killed_at,
-                logged_at(found[1]) - killed_at, float(found[5]), int(found[2]), int(found[3]), bool(found[6]))
+    return Kill(killed_at, depth, killed.name, restarted_at, node.name, int(leading[2]),
+                logged_at(leading[1]) - killed_at, logged_at(found[1]) - killed_at, float(found[5]), int(found[2]),
+                int(found[3]), bool(found[6]))
 
 
 def kill_the_leader(cluster: Cluster, publisher, consumer=None) -> Kill:
@@ -148,8 +148,7 @@ def kill_the_leader(cluster: Cluster, publisher, consumer=None) -> Kill:
     leader.start()
     new_leader = cluster.ready(timeout=30)
     assert new_leader is not leader
-    return dataclasses.replace(leadership_after(new_leader, killed_at, depth), killed=leader.name,
-                               restarted_at=restarted_at)
+    return leadership_after(new_leader, leader, killed_at, restarted_at, depth)
 
 
 def read_back(cluster: Cluster, result: dict, consumer, duplicates_allowed: int | None = None) -> dict:

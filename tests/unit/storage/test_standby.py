@@ -124,8 +124,8 @@ async def workload(leader: Leader, follower: Follower, rng: random.Random, round
         follower.keep_up()
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_a_standby_fed_the_writes_recovers_what_a_start_on_the_same_files_would(tmp_path, seed):
+def followed_workload(tmp_path: Path, seed: int) -> Follower:
+    """The workload on a leader, a follower joined before it keeping up to its end."""
     rng = random.Random(seed)
 
     async def main() -> Follower:
@@ -137,7 +137,12 @@ def test_a_standby_fed_the_writes_recovers_what_a_start_on_the_same_files_would(
         follower.keep_up()
         return follower
 
-    follower = asyncio.run(main())
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_standby_fed_the_writes_recovers_what_a_start_on_the_same_files_would(tmp_path, seed):
+    follower = followed_workload(tmp_path, seed)
     assert follower.standby.restarts == 0
     expected = cold(follower.directory, tmp_path / "copy")
     assert sum(len(messages) for messages in expected["messages"].values()) > 100
@@ -146,17 +151,7 @@ def test_a_standby_fed_the_writes_recovers_what_a_start_on_the_same_files_would(
 
 def test_the_workload_compacts_deletes_segments_and_rewrites_the_definitions_log(tmp_path):
     """The equivalence above is worth something only if the files went through every kind of change."""
-    rng = random.Random(0)
-
-    async def main() -> Leader:
-        leader = Leader(tmp_path / "leader", **SMALL)
-        follower = Follower(tmp_path / "follower", leader, rng)
-        follower.join(await leader.cut())
-        await workload(leader, follower, rng, rounds=40)
-        leader.store.close()
-        return leader
-
-    leader = asyncio.run(main())
+    leader = followed_workload(tmp_path, seed=0).leader
     ops = [(kind, path) for _, frame in leader.frames for kind, path, _ in frame]
     assert any(kind == REPLACE and path.startswith("messages/") for kind, path in ops)
     assert any(kind == DELETE and path.startswith("messages/") for kind, path in ops)
