@@ -22,7 +22,8 @@ from cluster import frames
 from cluster.state import identity, read_epoch, write_epoch
 from protocol import node_proof
 from storage.format import CURRENT as STORE_FORMAT
-from storage.replica import Frame, ReplicaError, ReplicaWriter, decode_ops, file_digests
+from storage.digests import RunningDigests, file_digests
+from storage.replica import Frame, ReplicaError, ReplicaWriter, decode_ops
 
 READ_SIZE = 1 << 20  # bytes a follower reads from its stream at once
 LEADER_SILENCE = 2.0  # ack timeouts a follower waits for any word from its leader before it connects again
@@ -50,8 +51,11 @@ class ReplicaClient:
 
     def __init__(self, data_dir: Path, node: str, secret: str, ack_timeout: float,
                  tls: ssl.SSLContext | None = None, group: str = "",
-                 applied: Callable[[list[Frame]], None] = lambda group: None) -> None:
+                 applied: Callable[[list[Frame]], None] = lambda group: None,
+                 digests: RunningDigests | None = None) -> None:
         self._data_dir = data_dir
+        # the data dir's files' digests, followed as frames are applied (the node's, which outlive this client)
+        self._digests = RunningDigests(data_dir) if digests is None else digests
         self._applied = applied  # given each group (on the stream's thread) once it is applied and acked
         self._node = node
         self._tls = tls  # [cluster] tls: the connecting side's context (broker.connection.tls.node_contexts)
@@ -97,7 +101,7 @@ class ReplicaClient:
     # --- the stream's thread ----------------------------------------------------------------------------------
     def _stream(self, host: str, port: int) -> None:
         try:
-            manifest = file_digests(self._data_dir)  # what it holds, so that the leader sends only what it lacks
+            manifest = file_digests(self._data_dir, self._digests)  # what it holds, so that the leader sends only what it lacks
         except (OSError, ReplicaError) as error:
             self.failure = f"cannot read the data dir's files: {error}"
             self.disk_failed = True
@@ -185,12 +189,17 @@ class ReplicaClient:
                 try:
                     sequence = writer.apply(group)
                 except ReplicaError as error:
+                    self._digests.forget()  # (the group may be half applied)
                     self.failure = f"the data dir cannot take the leader's writes: {error}"
                     self.disk_failed = True
                     return
-                if sequence > self.acked:
-                    self.acked = sequence
-                    self._acknowledge(stream, sequence)
+                try:
+                    if sequence > self.acked:
+                        self.acked = sequence
+                        self._acknowledge(stream, sequence)
+                finally:  # (hashed after the ack, which it would delay; and whether or not the ack could be sent)
+                    for _, ops in group:
+                        self._digests.follow(ops)
                 self._applied(group)
             if ended:
                 self.failure = "the leader closed the replication connection"

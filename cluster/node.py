@@ -35,6 +35,7 @@ from cluster.replication import LeadershipLost, ReplicationServer
 from cluster.state import identity, read_epoch, write_epoch
 from cluster.walkover import Unfollowed, WalkoverCoordinator
 from storage.lock import DataDirLock, DataDirLocked
+from storage.digests import RunningDigests
 from storage.standby import Standby
 
 log = logging.getLogger("cluster")
@@ -107,6 +108,8 @@ class ClusterNode:
         self.server: Server | None = None  # the broker, while leading
         # while following: the data dir's recovery kept up to date, for the broker to start from if this node leads
         self.standby: Standby | None = None
+        # the data dir's files' digests, kept up to date by what follows or leads, so that a join need not hash them
+        self.digests = RunningDigests(self.data_dir)
         self.waiting_for = ""  # why this node neither leads nor follows now ("": it does one or the other)
         self._serving_since = 0.0  # monotonic time the broker started serving (the writer's progress counts after)
         self._proven_until = 0.0  # monotonic time until which the lease is known to be alive
@@ -288,7 +291,8 @@ class ClusterNode:
         if self.coordinator.followed:
             replication = ReplicationServer(
                 server.store, self.coordinator, self.node, self.data_dir_identity, epoch, self.secret,
-                self.config.cluster_min_insync, self.config.cluster_ack_timeout, self._lose, self.replication_group)
+                self.config.cluster_min_insync, self.config.cluster_ack_timeout, self._lose, self.digests,
+                self.replication_group)
         watcher = None
         try:
             await replication.start(self.config.host, self.config.cluster_replication_port,
@@ -417,7 +421,8 @@ class ClusterNode:
             self.standby = Standby(self.data_dir)
             self.standby.start()
         client = ReplicaClient(self.data_dir, self.node, self.secret, self.config.cluster_ack_timeout,
-                               self.tls[1] if self.tls else None, self.replication_group, self.standby.applied)
+                               self.tls[1] if self.tls else None, self.replication_group, self.standby.applied,
+                               self.digests)
         changed = asyncio.Event()
         watcher = asyncio.ensure_future(self._watch_leader(epoch, changed))
         teller = asyncio.ensure_future(self._tell_whether_lost(client, epoch))

@@ -15,8 +15,9 @@ A joining follower gets a copy of the data dir as of a cut the writer thread tak
 frame after the cut; it leaves the ISR before its copy starts and enters it once it has acked all frames sent up to
 the end of its copy. The copy sends only what the follower lacks: a file it showed it holds (its manifest: size and
 SHA-256) as a prefix of the leader's is kept and only its tail sent, everything else goes and is sent whole, so a
-follower that was in sync with a failed leader catches up with its successor in the time it takes to hash the
-files, not to send them. One join runs at a time.
+follower that was in sync with a failed leader catches up with its successor without the files being sent again.
+Neither side hashes what it wrote while it followed or led (``storage.digests``): a join after a failover costs
+about a megabyte read per file. One join runs at a time.
 
 The follower's end of the stream is cluster.follower.
 """
@@ -38,7 +39,8 @@ from cluster.coordinator import Coordinator, Replica
 from cluster.isr import InSyncReplicas
 from protocol import node_proof
 from storage.format import CURRENT as STORE_FORMAT
-from storage.replica import APPEND, ReplicaError, encode_ops, prefix_digest, reset_op
+from storage.digests import RunningDigests, RunningFile, prefix_digest
+from storage.replica import APPEND, ReplicaError, encode_ops, reset_op
 
 log = logging.getLogger("cluster.replication")
 peer_log = PeerLog(log)  # refused connections, a few lines a second per address at most
@@ -66,6 +68,7 @@ class Follower:
         self.epoch = epoch  # the leader's epoch, whose frames it acks
         self.writer = writer
         self.cut: int | None = None  # the sequence its copy stands at, once the writer took the cut
+        self.followed: dict[str, RunningFile] = {}  # the cut's files whose digests were kept: path -> its digests
         self.buffered: list[tuple[int, bytes]] = []  # (sequence, frame) after the cut, held while the copy is sent
         self.streaming = False  # the copy is sent: frames go straight to the socket
         self.target = -1  # the sequence to ack before it may enter the ISR
@@ -106,8 +109,10 @@ class ReplicationServer:
     """The leader's end: accepts followers, streams the store's writes to them, gates confirms on their acks."""
 
     def __init__(self, store, coordinator: Coordinator, node: str, dir: str, epoch: int, secret: str,
-                 min_insync: int, ack_timeout: float, lost: Callable[[str], None], group: str = "") -> None:
+                 min_insync: int, ack_timeout: float, lost: Callable[[str], None], digests: RunningDigests,
+                 group: str = "") -> None:
         self._store = store  # storage.store.MessageStore of the leader, not yet recovered
+        self._digests = digests  # of its files, followed through the writer's frames (the node's, kept as it followed)
         self._node = node
         self._dir = dir  # the identity of this leader's data dir
         self._epoch = epoch
@@ -192,6 +197,7 @@ class ReplicationServer:
             self._loop.call_soon_threadsafe(self._broadcast, sequence, frame)
         except RuntimeError:  # the loop is closed: nobody is left to send to
             pass
+        self._digests.follow(ops)
 
     def _broadcast(self, sequence: int, frame: bytes) -> None:
         self._latest = sequence
@@ -427,10 +433,14 @@ class ReplicationServer:
                  follower.node, len(files), sent, held, sequence, time.monotonic() - started)
 
     async def _take_cut(self, follower: Follower) -> tuple[int, list[tuple[str, int, int]]]:
-        """Ask the writer for a cut and wait for it; its fds are the caller's (closed here if it never gets them)."""
+        """Ask the writer for a cut and wait for it; its fds are the caller's (closed here if it never gets them).
+        The follower's ``followed`` gets the cut's files whose digests the writer's frames kept."""
         taken: asyncio.Future[tuple[int, list[tuple[str, int, int]]]] = self._loop.create_future()
-        self._store.request_cut(lambda sequence, files: self._loop.call_soon_threadsafe(
-            self._cut_taken, follower, taken, sequence, files))
+
+        def cut(sequence: int, files: list[tuple[str, int, int]]) -> None:  # on the writer thread, between batches
+            follower.followed = self._digests.at_cut(files)
+            self._loop.call_soon_threadsafe(self._cut_taken, follower, taken, sequence, files)
+        self._store.request_cut(cut)
         try:
             done, _ = await asyncio.wait({taken}, timeout=CUT_TIMEOUT)
         except BaseException:  # cancelled: a cut that came meanwhile is closed here, a later one by _cut_taken
@@ -462,8 +472,9 @@ class ReplicationServer:
         leader's, then what each file lacks; returns the bytes sent and the bytes the follower held already."""
         candidates = [(path, fd, held) for path, fd, size in files
                       if (held := follower.holds.get(path)) is not None and 0 < held[0] <= size]
-        digests = await asyncio.gather(*(self._loop.run_in_executor(None, prefix_digest, fd, held[0])
-                                         for _, fd, held in candidates))  # on several threads: hashing frees the GIL
+        digests = await asyncio.gather(*(self._loop.run_in_executor(None, self._prefix_digest, follower, path, fd,
+                                                                    held[0])
+                                         for path, fd, held in candidates))  # on several threads: hashing frees the GIL
         kept = {path: held[0] for (path, _, held), digest in zip(candidates, digests) if digest == held[1]}
         follower.write(frames.encode_frame(self._epoch, -1, encode_ops([reset_op(sorted(kept))])))
         sent = 0
@@ -483,6 +494,11 @@ class ReplicationServer:
                 if offset >= size:
                     break
         return sent, sum(kept.values())
+
+    @staticmethod
+    def _prefix_digest(follower: Follower, path: str, fd: int, size: int) -> str:
+        running = follower.followed.get(path)
+        return prefix_digest(fd, size) if running is None else running.prefix_digest(fd, size)
 
 
 class LeadershipLost(Exception):

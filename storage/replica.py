@@ -14,7 +14,7 @@ node's own ``.lock``, ``cluster-state`` or ``quarantine/``):
   if missing and the size is 0 (a leader's write that failed may have made a file it then cut back to nothing);
 - ``RESET`` (path ``""``): everything in the data dir but the node's own goes, before a join's copy, except the
   files ``data`` names (``reset_op``: those the follower showed it holds as a prefix of the leader's, with the same
-  SHA-256, ``file_digests``), to which the copy appends only what they lack.
+  SHA-256, ``storage.digests``), to which the copy appends only what they lack.
 
 ``encode_ops``/``decode_ops`` turn a frame's ops into bytes and back: ``[op count u32]`` then per op
 ``[kind u8][path length u16][data length u32][path UTF-8][data]``. Decoding checks every op and raises
@@ -23,7 +23,6 @@ node's own ``.lock``, ``cluster-state`` or ``quarantine/``):
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import struct
@@ -181,37 +180,6 @@ def replicated_files(data_dir: Path) -> list[Path]:
     found: list[Path] = []
     _gather(Path(data_dir), Path(), found)
     return sorted(found)
-
-
-Digest: TypeAlias = tuple[str, int, str]  # (path relative to the data dir, size, sha256 of the content, hex)
-DIGEST_CHUNK: Final = 1 << 20  # bytes read at once while hashing
-
-
-def file_digests(data_dir: Path) -> list[Digest]:
-    """What a follower already holds, for a join to send only what differs: each replicated file with its size and
-    the SHA-256 of its content."""
-    digests = []
-    for relative in replicated_files(data_dir):
-        fd = os.open(data_dir / relative, os.O_RDONLY)
-        try:
-            size = os.fstat(fd).st_size
-            digests.append((relative.as_posix(), size, prefix_digest(fd, size)))
-        finally:
-            os.close(fd)
-    return digests
-
-
-def prefix_digest(fd: int, size: int) -> str:
-    """The SHA-256 (hex) of the first ``size`` bytes of the file open as ``fd`` (ReplicaError if it is shorter)."""
-    digest = hashlib.sha256()
-    offset = 0
-    while offset < size:
-        data = os.pread(fd, min(DIGEST_CHUNK, size - offset), offset)
-        if not data:
-            raise ReplicaError(f"a file shrank below {size} bytes while it was hashed")
-        digest.update(data)
-        offset += len(data)
-    return digest.hexdigest()
 
 
 def _gather(directory: Path, relative: Path, found: list[Path]) -> None:

@@ -27,6 +27,8 @@ from cluster.coordinator import Member
 from cluster.follower import ReplicaClient
 from cluster.replication import UNPROVEN_PER_ADDRESS, Follower, ReplicationServer
 from cluster.state import read_epoch
+from storage import digests as digests_module
+from storage.digests import MARK, RunningDigests
 from storage.format import CURRENT as STORE_FORMAT
 from storage.replica import ReplicaWriter, replicated_files
 from storage.store import MessageStore
@@ -61,7 +63,8 @@ class Rig:
         assert self.epoch is not None
         self.store = MessageStore(self.root / "a")
         self.server = ReplicationServer(self.store, self.coordinator, "a", "dir-a", self.epoch, SECRET,
-                                        self.min_insync, self.ack_timeout, self.lost.append)
+                                        self.min_insync, self.ack_timeout, self.lost.append,
+                                        RunningDigests(self.root / "a"))
         await self.server.start("127.0.0.1", 0, self.tls[0] if self.tls else None)
         self.store.recover()
         self.server.store_ready.set()
@@ -586,6 +589,34 @@ def test_a_follower_back_gets_only_what_its_files_lack_and_a_diverged_file_whole
     asyncio.run(main())
 
 
+def test_a_follower_back_on_the_same_node_hashes_nothing_it_wrote_and_the_leader_a_megabyte_a_file(
+        rig, caplog, monkeypatch):
+    """What each side wrote while it followed or led has its digest already: a rejoin (after a failover, say) costs
+    no pass over the files."""
+    caplog.set_level(logging.INFO, logger="cluster.replication")
+    hashed: list[int] = []  # bytes read from disk to hash them
+    hash_from = digests_module._hash_from
+    monkeypatch.setattr(digests_module, "_hash_from", lambda digest, fd, offset, size, marks=None: (
+        hashed.append(size - offset) or hash_from(digest, fd, offset, size, marks)))
+
+    async def main():
+        await rig.lead()
+        client = rig.follow("b")
+        await rig.wait_isr(["a", "b"])
+        assert await asyncio.wait_for(rig.publish(6000, b"x" * 1000), TIMEOUT) is True
+        await rig.stop_follower("b")
+        hashed.clear()
+        rig.followers["b"] = (client, asyncio.ensure_future(client.follow("127.0.0.1", rig.server.port, rig.epoch)))
+        await until(lambda: rig.server.status()["followers"].get("b", {}).get("in_sync"), "b back in sync")
+        sent, held = copy_logged(caplog, "b")
+        assert held >= 6_000_000 and sent < 1000, (sent, held)
+        assert sum(hashed) < MARK + 10_000, hashed  # the segment's bytes since its last mark, and files never written
+        assert await asyncio.wait_for(rig.publish(10), TIMEOUT) is True
+        await rig.close()
+        same_files(rig.root / "a", rig.root / "b")
+    asyncio.run(main())
+
+
 def test_a_follower_whose_disk_fills_leaves_the_isr_and_confirms_go_on(rig, monkeypatch):
     async def main():
         await rig.lead()
@@ -617,7 +648,7 @@ def test_a_follower_stopped_while_it_connects_ends_once_connected(tmp_path, monk
     hashing = threading.Event()
     stopped = threading.Event()
 
-    def slow_digests(data_dir):
+    def slow_digests(data_dir, running=None):
         hashing.set()
         stopped.wait(TIMEOUT)
         return []

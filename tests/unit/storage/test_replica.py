@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from storage.replica import (
-    APPEND, DELETE, REPLACE, RESET, RMTREE, Op, ReplicaError, ReplicaWriter, decode_ops, encode_ops, file_digests,
-    prefix_digest, replicated_files, reset_op, truncate_op, truncated_size,
+    APPEND, DELETE, REPLACE, RESET, RMTREE, Op, ReplicaError, ReplicaWriter, decode_ops, encode_ops,
+    replicated_files, reset_op, truncate_op, truncated_size,
 )
 
 ALL_KINDS: list[Op] = [
@@ -174,21 +174,6 @@ def test_a_reset_keeps_only_the_files_it_names_and_the_nodes_own(tmp_path):
     assert sorted(path.name for path in tmp_path.iterdir()) == [
         ".lock", "cluster-state", "format", "messages", "other.seg", "streams"]
     assert not (tmp_path / "streams/gone").exists()
-
-
-def test_file_digests_name_each_replicated_file_with_its_size_and_sha256(tmp_path):
-    (tmp_path / "messages").mkdir()
-    (tmp_path / "messages/0000000001.seg").write_bytes(b"x" * 3_000_000)
-    (tmp_path / "cluster-state").write_bytes(b"{}")
-    [(path, size, digest)] = file_digests(tmp_path)
-    assert (path, size, digest) == ("messages/0000000001.seg", 3_000_000, hashlib.sha256(b"x" * 3_000_000).hexdigest())
-    fd = os.open(tmp_path / path, os.O_RDONLY)
-    try:
-        assert prefix_digest(fd, 5) == hashlib.sha256(b"xxxxx").hexdigest()
-        with pytest.raises(ReplicaError, match="shrank"):
-            prefix_digest(fd, 3_000_001)
-    finally:
-        os.close(fd)
 
 
 def test_the_first_error_is_raised_and_everything_after_it_is_refused(tmp_path):
