@@ -130,6 +130,8 @@ class Keys:
         self.members = f"{prefix}/members/"
         self.secret = f"{prefix}/secret"
         self.preferred = f"{prefix}/preferred"
+        # the nodes in maintenance (drained): one key per node, its id after this, for the whole cluster
+        self.maintenance = f"{(root or prefix).rstrip('/')}/maintenance/"
 
     def member(self, node_id: str) -> str:
         return self.members + node_id
@@ -234,6 +236,12 @@ class Coordinator(Protocol):
 
     async def prefer(self, node: str | None) -> None:
         """Ask for ``node`` to lead from now on (None: let the election decide again)."""
+
+    async def drained(self) -> set[str]:
+        """The nodes an operator put in maintenance (of the whole cluster): they lead no group until revived."""
+
+    async def drain(self, node: str, on: bool) -> None:
+        """Put ``node`` in maintenance (on) or take it out (revive)."""
 
     async def agree(self, name: str, proposal: str) -> str:
         """A setting every node must share (the workers a node runs): the value stored under ``name``, which is

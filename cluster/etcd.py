@@ -170,6 +170,17 @@ class EtcdCoordinator(LeaseHolder):
         else:
             await self._call(lambda client: client.put(key, node.encode()))
 
+    async def drained(self) -> set[str]:
+        found = await self._call(lambda client: client.get_prefix(self.keys.maintenance.encode()))
+        return {kv.key.decode().removeprefix(self.keys.maintenance) for kv in found}
+
+    async def drain(self, node: str, on: bool) -> None:
+        key = (self.keys.maintenance + node).encode()
+        if on:
+            await self._call(lambda client: client.put(key, b"drained"))
+        else:
+            await self._call(lambda client: client.delete(key))
+
     async def agree(self, name: str, proposal: str) -> str:
         return await self._put_once(self.keys.setting(name), proposal)
 

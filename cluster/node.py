@@ -43,7 +43,9 @@ log = logging.getLogger("cluster")
 RETRY = 0.2  # seconds between attempts while etcd or the leader cannot be reached
 REACH_POLL = 0.1  # seconds between looks at whether a follower hears its leader
 DISK_RETRY = 5.0  # seconds a follower whose data dir failed waits before it connects again
+MAINTENANCE_POLL = 0.25  # seconds between looks at which nodes are in maintenance
 PROGRESS_PROBE = "the store's writer has finished no batch for {:.1f} s: the lease is not renewed"
+IN_MAINTENANCE = "this node is in maintenance: it leads nothing until revived (`warrenctl revive`)"
 UNHEALTHY = "the store's writes fail: the lease is not renewed, so that a node with a working disk takes over"
 
 
@@ -82,6 +84,10 @@ class Group(Protocol):
     def learnt(self, secret: str) -> None:
         """The group's secret, as this node has just learnt it."""
 
+    def maintenance(self, on: bool) -> None:
+        """This node went into maintenance (on: its front doors drop their clients and take no new ones) or came
+        back out of it."""
+
 
 class ClusterNode:
     def __init__(self, config: Config, coordinator: Coordinator, group: Group) -> None:
@@ -111,6 +117,7 @@ class ClusterNode:
         # the data dir's files' digests, kept up to date by what follows or leads, so that a join need not hash them
         self.digests = RunningDigests(self.data_dir)
         self.waiting_for = ""  # why this node neither leads nor follows now ("": it does one or the other)
+        self.drained: set[str] = set()  # the nodes in maintenance, as etcd last said (this one's own included)
         self._serving_since = 0.0  # monotonic time the broker started serving (the writer's progress counts after)
         self._proven_until = 0.0  # monotonic time until which the lease is known to be alive
         self._proof_timer: asyncio.TimerHandle | None = None  # ends leadership the moment the proof runs out
@@ -146,6 +153,9 @@ class ClusterNode:
         log.log(self.info, "data dir %s has identity %s", self.data_dir, self.data_dir_identity)
         await self._join_cluster()
         keeper = asyncio.ensure_future(self._keep_lease())
+        while not await self._look_at_maintenance():  # (known before the first campaign)
+            await asyncio.sleep(RETRY)
+        maintenance = asyncio.ensure_future(self._watch_maintenance())
         try:
             while not self._stopping:
                 try:
@@ -158,6 +168,7 @@ class ClusterNode:
                     await asyncio.sleep(RETRY * 5)
         finally:
             keeper.cancel()
+            maintenance.cancel()
 
     async def _join_cluster(self) -> None:
         """Grant a lease, learn the secret, register; retrying until etcd answers. A join already under way when
@@ -199,11 +210,16 @@ class ClusterNode:
         current = await self.coordinator.leader()
         if current is None:
             replicas = await self.coordinator.replicas()
-            if self._electable(replicas):
+            if self.in_maintenance:
+                if self.waiting_for != IN_MAINTENANCE:
+                    log.warning("not electable: %s", IN_MAINTENANCE)
+                    self.waiting_for = IN_MAINTENANCE
+            elif self._electable(replicas):
                 hold = self._campaign_after - time.monotonic()  # the replica it stepped aside for first
                 members = await self.coordinator.members()
                 preferred = await self.coordinator.preferred()
-                if preferred is not None and preferred != self.node and can_lead(preferred, members, replicas):
+                if preferred is not None and preferred != self.node and preferred in self._others_that_can_lead(
+                        members, replicas):
                     hold = max(hold, self.ttl)  # the node an operator asked for campaigns first
                 elif preferred != self.node:
                     hold = max(hold, self.group.hold(self._others_that_can_lead(members, replicas)))
@@ -260,6 +276,10 @@ class ClusterNode:
         if not self._electable(replicas):  # dropped from the ISR while campaigning
             log.warning("won the election but its data dir is not in the ISR %s: resigning",
                         [replica.node for replica in replicas or []])
+            await self.coordinator.resign()
+            return
+        if self.in_maintenance:  # put in maintenance while campaigning
+            log.warning("won the election but %s: resigning", IN_MAINTENANCE)
             await self.coordinator.resign()
             return
         self.waiting_for = ""
@@ -327,12 +347,15 @@ class ClusterNode:
                                  f"{', '.join(sorted(members)) or 'none'})")
             if not can_lead(node, members, replicas):
                 raise ValueError(f"node {node!r} holds no in-sync copy of the group's data yet: it could not lead")
+            if node in await self.coordinator.drained():
+                raise ValueError(f"node {node!r} is in maintenance: revive it first")
         await self.coordinator.prefer(node)
         if node is not None and node != self.node and self.role == "leader":
             self._step_aside_for(node, "as an operator asked")
 
     def _others_that_can_lead(self, members: dict[str, Member], replicas: list[Replica] | None) -> list[str]:
-        return [node for node in members if node != self.node and can_lead(node, members, replicas)]
+        return [node for node in members
+                if node != self.node and node not in self.drained and can_lead(node, members, replicas)]
 
     def _step_aside_for(self, node: str, why: str) -> None:
         self._campaign_after = time.monotonic() + self.ttl
@@ -353,7 +376,7 @@ class ClusterNode:
                 members = await self.coordinator.members()
                 preferred = await self.coordinator.preferred()
                 replicas = await self.coordinator.replicas()
-                if preferred not in (None, self.node) and can_lead(preferred, members, replicas):
+                if preferred is not None and preferred in self._others_that_can_lead(members, replicas):
                     self._step_aside_for(preferred, "as an operator asked")
                     return
                 if preferred is None and (
@@ -363,6 +386,47 @@ class ClusterNode:
                 await self.coordinator.wait_leader_change(epoch, self.ttl / 2)
             except CoordinatorError:
                 await asyncio.sleep(RETRY)
+
+    # --- maintenance ----------------------------------------------------------------------------------------
+    @property
+    def in_maintenance(self) -> bool:
+        """An operator put this node in maintenance (``warrenctl drain``): it leads nothing until revived."""
+        return self.node in self.drained
+
+    async def _watch_maintenance(self) -> None:
+        """Keep ``drained`` as etcd has it, and while this node is in maintenance hand any leadership to a node
+        that can lead (one in sync, not in maintenance itself); without one it goes on leading, and says so once."""
+        said = False  # that no other node could take the lead
+        while True:
+            await asyncio.sleep(MAINTENANCE_POLL)
+            await self._look_at_maintenance()
+            if not self.in_maintenance:
+                said = False
+            elif self.role == "leader":
+                try:
+                    members, replicas = await self.coordinator.members(), await self.coordinator.replicas()
+                except CoordinatorError:
+                    continue
+                others = self._others_that_can_lead(members, replicas)
+                if others:
+                    self._step_aside_for(others[0], "as this node is in maintenance")
+                elif not said:
+                    log.warning("in maintenance, but no other node can lead the group (none holds an in-sync copy "
+                                "out of maintenance): this node goes on leading it")
+                    said = True
+
+    async def _look_at_maintenance(self) -> bool:
+        """Read which nodes are in maintenance, and tell the group if this one went in or came out; False if etcd
+        did not answer."""
+        was = self.in_maintenance
+        try:
+            self.drained = await self.coordinator.drained()
+        except CoordinatorError:
+            return False
+        if self.in_maintenance != was:
+            log.warning("this node is %s maintenance", "in" if self.in_maintenance else "out of")
+            self.group.maintenance(self.in_maintenance)
+        return True
 
     # --- the lease ------------------------------------------------------------------------------------------
     async def _keep_lease(self) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 
-from cluster.coordinator import Leader, Member, Replica
+from cluster.coordinator import CoordinatorError, Leader, Member, Replica
 
 
 class WalkoverCoordinator:
@@ -72,6 +72,12 @@ class WalkoverCoordinator:
 
     async def prefer(self, node: str | None) -> None:
         pass
+
+    async def drained(self) -> set[str]:
+        return set()
+
+    async def drain(self, node: str, on: bool) -> None:
+        raise CoordinatorError("maintenance mode is for a node of a cluster: this broker leads every group itself")
 
     async def agree(self, name: str, proposal: str) -> str:
         return proposal

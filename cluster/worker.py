@@ -26,7 +26,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Awaitable, Callable
 
 from aiohttp import web
 
@@ -45,7 +45,7 @@ from broker.management.prometheus import make_prometheus_app
 from broker.management.views.nodes import node_entry
 from broker.model.definitions import VHOST_SECTIONS, export_node_wide, of_vhosts
 from broker.model.node import Node
-from broker.workers.board import CLUSTER_SECRET, PLACEMENT_KEY, BoardCopy, group_key, members_key
+from broker.workers.board import CLUSTER_SECRET, PLACEMENT_KEY, BoardCopy, group_key, maintenance_key, members_key
 from broker.workers.control import CONTROL_LINE_LIMIT, WorkerControl, receive, run_worker, send
 from broker.workers.logins import NodeLoginThrottle
 from broker.workers.placement import RecordedPlacement, Recorder, pins_of, worker_data_dir
@@ -84,6 +84,7 @@ class GroupWorker:
         self.node_wide = node_wide
         self.keeps_node_definitions = node_wide is None  # (else it copies the first worker's)
         self.leading = asyncio.Event()  # set once this node first leads the group
+        self.doors: FrontDoors | None = None  # this worker's front doors, once they are made
 
     def why_not(self) -> str:
         """Why this worker's group has no leader, as its node sees it ("": no reason known, an election under way)."""
@@ -92,7 +93,13 @@ class GroupWorker:
     def node_entry(self) -> dict:
         """This worker's entry in /api/nodes while it follows (and so runs no broker): the supervisor asks for it
         once a group's leader has accepted the request's credentials (broker.workers.api)."""
-        return node_entry(self.started_at, Path(self.config.data_dir).absolute(), self.config.memory_limit, (), 0)
+        return node_entry(self.started_at, Path(self.config.data_dir).absolute(), self.config.memory_limit, (), 0,
+                          self.being_drained)
+
+    @property
+    def being_drained(self) -> bool:
+        """This node is in maintenance (``warrenctl drain``)."""
+        return self.cluster is not None and self.cluster.in_maintenance
 
     # --- cluster.node.Group ---------------------------------------------------------------------------------
     def server(self, config: Config) -> Server:
@@ -138,6 +145,14 @@ class GroupWorker:
             return None
         loads = sorted((len(led_by(board, node, self.groups.workers)), node) for node in candidates)
         return loads[0][1] if loads and loads[0][0] + 2 <= len(led_here) else None
+
+    def maintenance(self, on: bool) -> None:
+        if self.doors is not None:
+            if on:
+                self.doors.suspend()
+            else:
+                self.doors.resume()
+        self.board.post({maintenance_key(self.number): on})
 
     def learnt(self, secret: str) -> None:
         """Group 0's secret is the cluster's: posted for the node's API and every worker's front door, which prove
@@ -341,6 +356,18 @@ async def keep_up(cluster: ClusterNode, board: BoardCopy, number: int) -> None:
         await asyncio.sleep(cluster.ttl / 2)
 
 
+def drain_by(coordinator: Coordinator, node: str) -> Callable[[bool], Awaitable[dict]]:
+    """The node put in maintenance or revived, as its supervisor asks (in etcd: every worker of every node reads
+    it there, cluster.node)."""
+    async def drain(on: bool) -> dict:
+        try:
+            await coordinator.drain(node, on)
+        except CoordinatorError as error:
+            return {"refused": f"etcd cannot be reached: {error}"}
+        return {"done": True}
+    return drain
+
+
 def recorded_by(control: WorkerControl) -> Recorder:
     """The first worker's vhosts recorded by its supervisor (placement.json), outside a cluster."""
     async def record(vhosts: list[str], found: list[str]) -> dict[str, int]:
@@ -382,6 +409,7 @@ async def serve(control_socket: socket.socket) -> None:
         groups = RecordedPlacement(instructions["placement"] or {}, record.record, workers, pins, movable=False)
         if number == 0:  # it writes what the supervisor asks, and posts the record for it, which tells every worker
             control.recording = record.asked
+            control.maintenance = drain_by(coordinator, config.cluster_node_id)
             background.append(loop.create_task(record.follow(lambda leaders: board.post({PLACEMENT_KEY: leaders}),
                                                              coordinator.lease_ttl)))
     else:  # the supervisor records the first worker's vhosts (and tells the others), which move between workers
@@ -410,6 +438,9 @@ async def serve(control_socket: socket.socket) -> None:
                        lambda: board.entries.get(CLUSTER_SECRET) or "",  # (group 0's: one for the whole cluster)
                        towards=cluster.tls[1] if cluster.tls else None, users=lambda: cluster.server)
     board.changed = doors.reroute  # (a group's leader moved: the clients forwarded to the old one go again)
+    group.doors = doors
+    if cluster.in_maintenance:  # (known before the doors were made)
+        doors.suspend()
     receiving = socket.socket(fileno=instructions["receiving"])
     receiving.setblocking(False)
     loop.add_reader(receiving.fileno(), receive_all, receiving, Adoption(lambda: cluster.server).take)

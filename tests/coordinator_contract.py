@@ -282,6 +282,21 @@ async def the_preferred_leader_is_what_was_asked_last(nodes: Nodes) -> None:
 
 
 @check
+async def a_node_in_maintenance_stays_there_until_revived_whoever_asked(nodes: Nodes) -> None:
+    a = await nodes.start("a")
+    b = await nodes.start("b")
+    assert await b.drained() == set()
+    await a.drain("b", True)
+    await a.drain("c", True)  # (a node need not run to be put in maintenance)
+    assert await b.drained() == {"b", "c"}
+    await b.drain("b", False)
+    assert await a.drained() == {"c"}
+    await b.drain("b", False)  # (nothing to take back)
+    await nodes.expire(a)
+    assert await b.drained() == {"c"}  # not bound to a lease: it outlives the node that asked
+
+
+@check
 async def a_waiter_wakes_when_the_leader_resigns(nodes: Nodes) -> None:
     a, epoch = await leading(nodes, "a")
     b = await nodes.start("b")

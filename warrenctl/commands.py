@@ -177,6 +177,21 @@ def cluster_status(ctx: Context, args: Any) -> None:
 ALARM_NAMES = {"memory": "Memory", "disk": "Free disk space"}  # as rabbitmqctl names a node's resource alarms
 
 
+@verb("drain", "Puts the node in maintenance, as rabbitmq-upgrade drain: it closes its clients and takes no new ones, "
+      "hands every replication group it leads to an in-sync node, and leads none until revived (a node of a cluster)")
+def drain(ctx: Context, args: Any) -> None:
+    node = ctx.client.get("/api/overview").get("node", "")
+    ctx.say(f"Will put node {node} into maintenance mode. The node will no longer serve any client traffic!")
+    ctx.client.put(f"/api/nodes/{quote(node)}/maintenance")
+
+
+@verb("revive", "Takes the node out of maintenance, as rabbitmq-upgrade revive: it takes clients again and may lead")
+def revive(ctx: Context, args: Any) -> None:
+    node = ctx.client.get("/api/overview").get("node", "")
+    ctx.say(f"Will put node {node} back into regular operating mode. The node will again serve client traffic!")
+    ctx.client.delete(f"/api/nodes/{quote(node)}/maintenance")
+
+
 def node_alarms(client: Client, node: str) -> list[str]:
     """The node's resource alarms, as rabbitmqctl status names them."""
     alarms = []

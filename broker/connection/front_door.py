@@ -90,6 +90,17 @@ class FrontDoors:
     open: set[FrontDoor] = field(default_factory=set)  # clients in the handshake here
     splicing: set[asyncio.Task] = field(default_factory=set)  # forwards, and TLS sessions joined to a worker, being made
     joined: set[_Joined] = field(default_factory=set)  # the clients' ends of their forwards to another node
+    # The node is in maintenance: a client of its own is dropped at its protocol header, as a closed port would
+    # (one another node's front door forwards still comes in: this node may lead its vhost yet)
+    suspended: bool = False
+
+    def suspend(self) -> None:
+        """Drop every client here and take no new one (the node goes into maintenance), until ``resume``."""
+        self.suspended = True
+        self.close()
+
+    def resume(self) -> None:
+        self.suspended = False
 
     def reroute(self) -> None:
         """Drop every client forwarded to a node that no longer leads its vhost (the leader changed, or none is
@@ -280,6 +291,9 @@ class FrontDoor(asyncio.Protocol):
             self.peer, self.local = start.forwarded
             self.forwarded = True
             self.tls = start.tls  # (the client's, not the link's between the nodes)
+        elif self.doors.suspended:
+            self.transport.abort()
+            return b""
         self._send(greeting.start(self.doors.config, self.doors.version, self.doors.platform))
         self.answered = 1
         return start.rest

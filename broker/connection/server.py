@@ -116,6 +116,8 @@ class Leadership(Protocol):
     """Where a vhost is led, as an operator may choose it (broker.management.views.leadership): by the broker that
     leads the vhost's replication group, one worker's (cluster.worker), in a cluster or on one node of workers."""
 
+    being_drained: bool  # this node is in maintenance (``warrenctl drain``)
+
     async def state(self, vhost: str) -> dict:
         """{"group": its replication group, "node": the node that leads it, "pinned": the node an operator asked
         for, or None}."""

@@ -36,6 +36,7 @@ from broker.management.forwarding import (
     NODE_ITSELF, Answer, ApiClient, Body, body_of, from_other_nodes, other_nodes_context, unavailable,
 )
 from broker.management.resources import listing, sorted_bindings
+from broker.management.views.nodes import NOT_CLUSTERED
 from broker.model.definitions import VHOST_SECTIONS, of_vhosts
 from broker.workers.board import CLUSTER_SECRET, nodes_of
 from broker.workers.moving import MoveError
@@ -63,6 +64,7 @@ GATHERED: dict[str, tuple[Callable[[list[dict]], list[dict]], bool]] = {
 }
 FOUND_ON_ONE = frozenset(("/api/connections/{name}", "/api/connections/{name}/channels", "/api/channels/{name}"))
 GROUP = "/api/vhosts/{vhost}/group"  # a vhost's data moved to another worker's group (PUT), by the supervisor
+MAINTENANCE = "/api/nodes/{name}/maintenance"  # PUT: the node drained; DELETE: revived (by the supervisor)
 NODES = "/api/nodes"  # a worker's answer: its own entry (a node per worker), following its group's leader or not
 # Node-wide changes: made on every worker (PUT and DELETE; the import of a whole node's definitions is POSTed)
 EVERYWHERE = frozenset(("/api/users/{name}", "/api/permissions/{vhost}/{user}", "/api/vhosts/{vhost}"))
@@ -168,6 +170,8 @@ class Gateway:
             return await self.move(request, vhost)
         if method == "POST" and pattern == "/api/definitions":
             return await self.import_everywhere(request)
+        if method in ("PUT", "DELETE") and pattern == MAINTENANCE:
+            return await self.maintenance(request, match["name"])
         if vhost is not None:
             return (await self.apis.ask(self.leader_of(vhost), request, body_of(request))).response()
         if pattern in (NODES, "/api/nodes/{name}") and method == "GET":
@@ -321,15 +325,38 @@ class Gateway:
             raise http.not_found()
         return http.reply(found[0])
 
-    async def _checked_by_a_leader(self, request: web.Request) -> Answer:
-        """/api/nodes as a group's leader takes it: one of this node's workers that leads (no network), or, where
-        none does or it cannot answer, every group's leader at once, the first that does not answer 503."""
+    async def maintenance(self, request: web.Request, name: str) -> web.Response:
+        """This node put in maintenance (PUT) or revived (DELETE): the request checked by a group's leader (an
+        administrator's), then done by the supervisor; a drain answers once other nodes lead this node's groups."""
+        body = await request.read() if request.body_exists else None  # (read once: it may be sent to several)
+        verdict = await self._checked_by_a_leader(request, path_qs=request.path_qs, body=body, check_only=True)
+        if verdict.status >= 300:
+            return verdict.response()
+        if not self.supervisor.clustered:
+            return http.error_response(400, "bad_request", NOT_CLUSTERED)
+        here = self.supervisor.config.cluster_node_id
+        names = {here, *(http.worker_name(worker, here, len(self.workers)) for worker in self.workers)}
+        if name not in names:
+            return http.error_response(400, "bad_request", f"{name[:200]!r} does not name this node ({here}): a node "
+                                       "is put in maintenance, or revived, through its own API")
+        failure = await self.supervisor.drain(request.method == "PUT")
+        if failure:
+            return http.error_response(503, "service_unavailable", failure)
+        return web.Response(status=204)
+
+    async def _checked_by_a_leader(self, request: web.Request, path_qs: str = NODES, body: bytes | None = None,
+                                   check_only: bool = False) -> Answer:
+        """The request (/api/nodes by default) as a group's leader takes it: one of this node's workers that leads
+        (no network), or, where none does or it cannot answer, every group's leader at once, the first that does
+        not answer 503."""
+        def ask(worker: int) -> Awaitable[Answer]:
+            return self.apis.ask(worker, request, body, path_qs=path_qs, check_only=check_only)
         here = [worker for worker in self.workers if isinstance(self.supervisor.api_target(worker), str)]
         if here:
-            answer = await self.apis.ask(here[0], request, path_qs=NODES)
+            answer = await ask(here[0])
             if answer.status != 503:
                 return answer
-        answers = await self._each(lambda worker: self.apis.ask(worker, request, path_qs=NODES))
+        answers = await self._each(ask)
         return next((answer for answer in answers if answer.status != 503), answers[0])
 
     async def own_nodes(self, request: web.Request, client: str | None = None) -> list[Answer]:
@@ -370,6 +397,8 @@ class Gateway:
         exchanges = await self.gathered(request.clone(rel_url=request.rel_url.with_path("/api/exchanges")
                                                       .with_query({"columns": "vhost"})), "/api/exchanges")
         data["object_totals"]["exchanges"] = len(json.loads(exchanges.body))  # each vhost's from its leader alone
+        # the node that answers, as RabbitMQ's overview names it (its first worker), not the leader that counted
+        data["node"] = http.worker_name(0, self.supervisor.config.cluster_node_id, len(self.workers))
         return http.reply(data)
 
     async def definitions(self, request: web.Request) -> web.Response:

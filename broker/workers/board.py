@@ -35,6 +35,12 @@ def members_key(group: int) -> str:
     return f"members {group}"
 
 
+def maintenance_key(worker: int) -> str:
+    """A clustered node's key for whether a worker has taken the node's maintenance in (True: its front doors
+    take no client, cluster.node), for a drain or a revive to wait on."""
+    return f"maintenance {worker}"
+
+
 def nodes_of(board: dict[str, Any], groups: int) -> dict[str, dict]:
     """Every node registered in any of a clustered node's groups, as its board says: node -> {"host", "api"}."""
     return {node: address for group in range(groups) for node, address in (board.get(members_key(group)) or {}).items()}

@@ -14,7 +14,9 @@
   ``{"placed": true}``; and to the first worker ``{"export": true}`` after the API changed the node-wide
   definitions, answered ``{"node": ...}``; on a clustered node, to the first worker ``{"record": [vhost, ...]}``
   and ``{"forget": [vhost, ...]}`` as the API makes and deletes vhosts, answered with the cluster's record
-  ``{"placement": {...}}`` (``{"refused": "..."}`` when etcd does not answer).
+  ``{"placement": {...}}`` (``{"refused": "..."}`` when etcd does not answer); and to the first worker
+  ``{"maintenance": true}`` (a drain) or ``{"maintenance": false}`` (a revive) of the node, answered ``{"done":
+  true}`` once etcd has it, or ``{"refused": "..."}``.
 
 A worker stops on SIGTERM or SIGINT, and when the supervisor goes: at once if it was killed, cleanly if its control
 socket just closed.
@@ -65,6 +67,8 @@ class WorkerControl:
         self.export: Callable[[], dict | None] = lambda: None  # this worker's node-wide definitions (None: none)
         # a cluster's record of its vhosts changed by the first worker: {"record"} or {"forget"} -> the answer
         self.recording: Callable[[dict], Awaitable[dict]] | None = None
+        # the node put in maintenance (True) or revived, by the first worker of a clustered node -> the answer
+        self.maintenance: Callable[[bool], Awaitable[dict]] | None = None
         self.answer: asyncio.Future[dict] | None = None  # the answer to this worker's request, while awaited
         self.opened = asyncio.Event()  # set once the supervisor has the worker open its front doors
 
@@ -86,6 +90,8 @@ class WorkerControl:
                 await send(self.writer, {"node": self.export()})
             elif self.recording is not None and ("record" in message or "forget" in message):
                 await send(self.writer, await self.recording(message))
+            elif self.maintenance is not None and "maintenance" in message:
+                await send(self.writer, await self.maintenance(message["maintenance"] is True))
             elif "open" in message:
                 self.opened.set()
 

@@ -27,12 +27,14 @@ from typing import Callable, Coroutine
 from broker.config import MAX_WORKERS, Config
 from broker.connection.handoff import handoff_pair
 from broker.connection.login_throttle import LoginThrottle
-from broker.connection.server import StartupError, data_dir_error, prepare_data_dir, reason_of, stop_on_signals
+from broker.connection.server import (
+    StartupError, data_dir_error, prepare_data_dir, reason_of, stop_on_signals, version,
+)
 from broker.connection.tls import TlsError, server_context
 from broker.management import http
 from broker.management.server import ManagementServer, take
 from broker.workers.api import WorkerApis, make_gateway_app
-from broker.workers.board import Board, group_key, led_elsewhere
+from broker.workers.board import Board, group_key, led_elsewhere, maintenance_key
 from broker.workers import moving
 from broker.workers.logins import serve_logins
 from broker.workers.metrics import make_metrics_gateway_app
@@ -46,6 +48,8 @@ log = logging.getLogger(__name__)
 RESTART_DELAY = 1.0  # seconds before a worker that died soon after its start is started again
 STEADY = 10.0  # seconds a worker must have run for its death to be restarted at once
 STOP_GRACE = 15.0  # seconds workers get to stop cleanly before they are killed
+DRAIN_WAIT = 15.0  # seconds a drain waits for another node to lead each of this node's groups before it answers
+DRAIN_POLL = 0.05  # seconds between its looks at the board
 MOVED_SERVING_WAIT = 60.0  # seconds a move waits for its two workers to serve again before it answers
 PRIVATE_PREFIX = "warren-workers-"  # the names of the supervisors' private directories, in the temporary directory
 PRIVATE_LOCK = "supervisor.lock"  # in each: the file its supervisor holds locked (flock) while it lives
@@ -212,7 +216,7 @@ class Supervisor:
             await self._open(worker)
         assert self.listening is not None
         host, port = self.listening.getsockname()[:2]
-        log.info("Warren listening on %s:%d with %d worker processes", host, port, len(self.workers))
+        log.info("Warren %s listening on %s:%d with %d worker processes", version(), host, port, len(self.workers))
 
     async def _start(self, worker: WorkerProcess) -> str | None:
         """Start one worker and wait until it serves; if it does not, why (the worker's own reason if it gave one)."""
@@ -347,6 +351,34 @@ class Supervisor:
         answer = await self._ask(self.workers[0], lambda: {"export": True})
         if answer is not None:
             self.node_wide = answer["node"]
+
+    async def drain(self, on: bool) -> str:
+        """Put this clustered node in maintenance (on) or revive it, through its first worker (in etcd, where every
+        worker of every node reads it: cluster.node); a drain answers once another node leads each of this node's
+        groups, or after DRAIN_WAIT. Why it could not be done, or finished ("": it was)."""
+        answer = await self._ask(self.workers[0], lambda: {"maintenance": on})
+        if answer is None:
+            return "this node's first worker is not running: try again once it serves"
+        if "refused" in answer:
+            return str(answer["refused"])
+        deadline = time.monotonic() + DRAIN_WAIT
+        while (late := [worker.number for worker in self.workers
+                        if self.board.entries.get(maintenance_key(worker.number), False) != on]):
+            if time.monotonic() > deadline:
+                return f"workers {late} of this node have not taken it in after {DRAIN_WAIT:.0f} s"
+            await asyncio.sleep(DRAIN_POLL)
+        while on and (held := self.groups_without_another_leader()):
+            if time.monotonic() > deadline:
+                return (f"this node is in maintenance, but after {DRAIN_WAIT:.0f} s no other node leads its groups "
+                        f"{held}: none can take them over (in sync, and not in maintenance itself)?")
+            await asyncio.sleep(DRAIN_POLL)
+        return ""
+
+    def groups_without_another_leader(self) -> list[int]:
+        """The groups this node leads, or that have no leader now, as the board says."""
+        return [worker.number for worker in self.workers
+                if (self.board.entries.get(group_key(worker.number)) or {}).get("node") in (
+                    None, self.config.cluster_node_id)]
 
     async def _open(self, worker: WorkerProcess) -> None:
         """Have a serving worker open its front doors on the node's port."""

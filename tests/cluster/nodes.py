@@ -48,6 +48,10 @@ class Node:
         self.config_path = root / f"{name}.toml"
         self.log_path = root / f"{name}.log"
         self.process: subprocess.Popen | None = None
+        # what its next start runs with besides the test's own: the working directory, and environment variables
+        # (a PYTHONPATH holding another version's package metadata, for a rolling upgrade)
+        self.workdir = REPO_ROOT
+        self.environment: dict[str, str] = {}
         cluster_settings = {"lease_ttl": LEASE_TTL, "ack_timeout": ACK_TIMEOUT, "min_insync": 2, **settings}
         self.prometheus_port = free_port() if workers > 1 else 0
         if place != LOCAL:  # the test process reaches it from another address: not loopback
@@ -72,7 +76,7 @@ class Node:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [*self.prefix, sys.executable, "-m", "broker", "--config", str(self.config_path)],
-                cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
+                cwd=self.workdir, env={**os.environ, **self.environment}, stdout=log, stderr=subprocess.STDOUT)
 
     def signal(self, sig: int) -> None:
         """sig to every process of the node, its supervisor and its workers (each in a session of its own): a SIGSTOP

@@ -428,6 +428,7 @@ def test_nodes_show_the_node_with_its_alarms(broker):
     node = nodes[0]
     assert node["running"] is True
     assert node["mem_alarm"] is False and node["disk_free_alarm"] is False
+    assert node["being_drained"] is False  # (not in maintenance: warrenctl drain, in a cluster)
     assert node["mem_used"] > 0 and node["mem_limit"] > 0 and node["fd_total"] > 0
     assert request(broker, "GET", f"/api/nodes/{quote(node['name'])}").body["name"] == node["name"]
 

@@ -282,3 +282,10 @@ def test_a_vhosts_leader_is_chosen_only_among_workers(broker):
             "workers), or the nodes of a cluster; this broker runs one process of its own")
     assert failed(broker, "clear_vhost_leader", "-p", "no-such-vhost")[1] == (
         "Error: Virtual host 'no-such-vhost' does not exist")
+
+
+def test_maintenance_is_for_a_node_of_a_cluster(broker):
+    if broker.external:
+        pytest.skip("maintenance through the management API is Warren's own (RabbitMQ's is rabbitmq-upgrade drain)")
+    for verb in ("drain", "revive"):
+        assert failed(broker, verb)[1] == "Error: maintenance mode is for a node of a cluster: this broker is not one"

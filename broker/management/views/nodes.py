@@ -30,6 +30,7 @@ EXCHANGE_TYPE_DESCRIPTIONS = {
     "topic": "AMQP topic exchange, as per the AMQP specification",
     "x-delayed-message": "Delayed Message Exchange.",  # the community plugin's description
 }
+NOT_CLUSTERED = "maintenance mode is for a node of a cluster: this broker is not one"
 AUTH_MECHANISMS = [
     {"name": "PLAIN", "description": "SASL PLAIN authentication mechanism", "enabled": True},
     {"name": "AMQPLAIN", "description": "QPid AMQPLAIN mechanism", "enabled": True},
@@ -53,14 +54,14 @@ def node_json(request: web.Request) -> dict:
     """The node as RabbitMQ's /api/nodes shows it: its resources, limits and alarms (no rates, no Erlang VM)."""
     server: "Server" = http.server_of(request)
     return node_entry(request.app[http.STARTED], server.data_dir, server.memory_alarm.limit, server.alarms,
-                      len(server.connections))
+                      len(server.connections), server.leadership is not None and server.leadership.being_drained)
 
 
 def node_entry(started: float, data_dir: Path, memory_limit: int, alarms: Collection[str],
-               sockets: int) -> dict:
+               sockets: int, being_drained: bool = False) -> dict:
     """This process's entry in /api/nodes, up since ``started`` (time.monotonic()); ``alarms``: those in force
-    ("memory", "disk"); ``sockets``: the clients it serves. (Also a clustered node's worker that follows its group's
-    leader, and so runs no broker: cluster.worker.)"""
+    ("memory", "disk"); ``sockets``: the clients it serves; ``being_drained``: the node is in maintenance. (Also a
+    clustered node's worker that follows its group's leader, and so runs no broker: cluster.worker.)"""
     file_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     return {
         "name": http.node_name(), "type": "disc", "running": True, "partitions": [], "cluster_links": [],
@@ -72,7 +73,7 @@ def node_entry(started: float, data_dir: Path, memory_limit: int, alarms: Collec
         "fd_used": open_files(), "fd_total": file_limit, "sockets_used": sockets,
         "sockets_total": file_limit, "rates_mode": RATES_MODE, "db_dir": str(data_dir),
         "exchange_types": exchange_types(), "auth_mechanisms": AUTH_MECHANISMS,
-        "enabled_plugins": ["rabbitmq_management"],
+        "enabled_plugins": ["rabbitmq_management"], "being_drained": being_drained,
     }
 
 
@@ -88,6 +89,17 @@ async def get_node(request: web.Request) -> web.Response:
     if request.match_info["name"] != http.node_name():
         raise http.not_found()
     return http.reply(node_json(request))
+
+
+@routes.put("/api/nodes/{name}/maintenance")
+@routes.delete("/api/nodes/{name}/maintenance")
+async def maintenance(request: web.Request) -> web.Response:
+    """A node of a cluster put in maintenance (PUT: ``warrenctl drain``) or revived (DELETE: ``warrenctl revive``):
+    done by the node's supervisor (broker.workers.api) once a group's leader has checked the request here."""
+    http.require(request, "administrator")
+    if not http.check_only(request):
+        raise http.bad_request(NOT_CLUSTERED)
+    return web.Response(status=204)
 
 
 @routes.get("/api/cluster-name")

@@ -220,6 +220,17 @@ class MemoryCoordinator(LeaseHolder):
         else:
             self.etcd.put(self.keys.preferred, node)
 
+    async def drained(self) -> set[str]:
+        self.etcd.check()
+        return {key.removeprefix(self.keys.maintenance) for key in self.etcd.get_prefix(self.keys.maintenance)}
+
+    async def drain(self, node: str, on: bool) -> None:
+        self.etcd.check()
+        if on:
+            self.etcd.put(self.keys.maintenance + node, "drained")
+        else:
+            self.etcd.delete(self.keys.maintenance + node)
+
     async def agree(self, name: str, proposal: str) -> str:
         self.etcd.check()
         if (entry := self.etcd.get(self.keys.setting(name))) is None:

@@ -30,6 +30,9 @@ class OnlyGroup:
 
     number = 0
 
+    def __init__(self) -> None:
+        self.maintenance_told: list[bool] = []  # each maintenance() call: into maintenance, or out
+
     def server(self, config: Config) -> Server:
         return Server(config)
 
@@ -44,6 +47,9 @@ class OnlyGroup:
 
     def learnt(self, secret: str) -> None:
         pass
+
+    def maintenance(self, on: bool) -> None:
+        self.maintenance_told.append(on)
 
 
 def make_node(root: Path, etcd: MemoryEtcd, name: str = "n1") -> ClusterNode:
@@ -172,6 +178,38 @@ def test_a_leader_that_cannot_prove_its_lease_stops_serving_and_campaigns_again(
         asyncio.run(main())
     finally:
         disk.set()
+
+
+def test_a_node_in_maintenance_leads_nothing_until_revived(tmp_path, caplog):
+    async def main():
+        etcd = MemoryEtcd()
+        operator = MemoryCoordinator(etcd, "/warren/test", "operator", TTL)
+        await operator.drain("n1", True)  # (it stays in maintenance across a restart: etcd keeps it)
+        node = make_node(tmp_path, etcd)
+        running = Running(node)
+        await until(lambda: node.waiting_for.startswith("this node is in maintenance"), "saying why it waits")
+        assert node.group.maintenance_told == [True]
+        await asyncio.sleep(3 * TTL)  # nothing may happen: no event to wait for
+        assert node.role != "leader" and await leader_epoch(etcd) is None
+        await operator.drain("n1", False)
+        await until(lambda: node.server is not None, "leading once revived")
+        assert node.group.maintenance_told == [True, False]
+        await running.close()
+    asyncio.run(main())
+
+
+def test_a_leader_put_in_maintenance_with_no_node_to_take_over_goes_on_leading_and_says_so(tmp_path, caplog):
+    async def main():
+        etcd = MemoryEtcd()
+        node = make_node(tmp_path, etcd)
+        running = Running(node)
+        await until(lambda: node.server is not None, "leading")
+        await MemoryCoordinator(etcd, "/warren/test", "operator", TTL).drain("n1", True)
+        await until(lambda: "no other node can lead the group" in caplog.text, "saying it goes on leading")
+        assert node.group.maintenance_told == [True]
+        assert node.role == "leader" and node.server is not None
+        await running.close()
+    asyncio.run(main())
 
 
 def test_a_group_no_node_follows_leads_by_walkover_and_listens_for_no_follower(tmp_path):
