@@ -389,3 +389,35 @@ def test_a_failover_costs_a_few_log_lines_however_fast_a_client_asks(cluster):
     lines = follower.log().splitlines()[before:]
     assert len(lines) < 20 * (took + 2), f"{len(lines)} lines for {len(answers)} requests in {took:.1f} s:\n" + \
         "\n".join(lines[-20:])
+
+
+def refused_at_once(cluster: Cluster, node: str, vhost: str) -> bool:
+    """Whether a client of the node's AMQP port is dropped before its handshake ends."""
+    try:
+        pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", cluster.nodes[node].port, vhost,
+                                                          connection_attempts=1, socket_timeout=5)).close()
+    except pika.exceptions.AMQPConnectionError:
+        return True
+    return False
+
+
+def test_a_drained_node_takes_no_client_and_leads_no_group_until_revived(shaped: Nodes):
+    """warrenctl drain on the node leading the first group: every group is led elsewhere, the node's clients are
+    closed and a new one is dropped as by a closed port, while the other nodes serve every vhost; revived, it takes
+    clients again."""
+    cluster = shaped.cluster
+    target = shaped.leaders()[0]
+    other = next(node for node in "abc" if node != target)
+    api_ready(cluster)
+    held = connect(cluster, target, shaped.vhosts[0])
+    done = warrenctl(cluster, target, "drain")
+    assert done.returncode == 0, done.stderr
+    assert all(observer.leader()[0] != target for observer in shaped.observers)
+    with pytest.raises(pika.exceptions.AMQPError):  # closed: its node leads nothing now
+        held.channel().queue_declare("", exclusive=True)
+    for vhost in shaped.vhosts:
+        assert refused_at_once(cluster, target, vhost)
+        connect(cluster, other, vhost).close()
+    done = warrenctl(cluster, target, "revive")
+    assert done.returncode == 0, done.stderr
+    connect(cluster, target, shaped.vhosts[0]).close()
