@@ -36,6 +36,7 @@ COMPACT_RATIO: Final = 0.5  # rewrite a closed segment once this share of its (q
 MIN_COMPACT_BYTES: Final = 1 << 20  # smaller segments are not worth a rewrite (they go once empty)
 DEFINITIONS_SLACK: Final = 64 << 10  # snapshot the definitions log when it outgrows twice the live state plus this
 STOP_TIMEOUT: Final = 60.0  # seconds close() waits for the writer to write the last batch and stop
+ID_RECORD_IDS: Final = 16384  # ids gathered for one REMOVED or DELIVERED record, at most (its compaction's step)
 REMOVAL_SLICE: Final = 16384  # ids of a large removal (a purge of a deep queue) marked per loop turn
 PROBE_INTERVAL: Final = 1.0  # seconds between two tries of the disk while writes fail and nothing else is written
 
@@ -237,6 +238,8 @@ class MessageStore:
         if pending is None:
             pending = self._pending_ids[kind, queue] = array("Q")
         pending.extend(msg_ids)
+        if len(pending) >= ID_RECORD_IDS:  # (written now, in the head the index linked them to: it has not rolled)
+            self._flush_ids()
         if not self._kick_scheduled:
             self._schedule_kick()
 

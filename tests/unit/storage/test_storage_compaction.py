@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from pathlib import Path
+from types import SimpleNamespace
 
+from storage import records
+from storage.compaction import Compaction
 from storage.segments import messages_directory
 from storage.store import MessageStore
 from tests.unit.storage.storage_support import durable, reopen
@@ -165,3 +169,28 @@ def test_damage_that_appears_while_running_stops_a_compaction_and_keeps_the_segm
     live = set(range(1, 401)) - gone
     back = {message.msg_id for message in reopen(tmp_path).messages["q"]}
     assert len(live - back) <= 1  # only the record holding the flipped byte is lost
+
+
+def test_a_removal_record_keeps_exactly_the_ids_whose_publishes_sit_in_segments_still_needing_them():
+    """A REMOVED record of thousands of ids in any order, aimed at segments of publishes some of which still need
+    their removals: the rewrite keeps those ids and no other, and notes which older segments it refers to."""
+    rng = random.Random(7)
+    segment = SimpleNamespace(number=9, refers={home: 100 + home for home in range(9)})
+    job = Compaction.__new__(Compaction)
+    job.segment = segment
+    job._firsts = [0, 1000, 2500, 2600, 7000, 9000]  # the first id of each segment of publishes
+    job._homes = [0, 2, 3, 5, 8, 9]  # those segments (9: this one)
+    job._compacted_upto = {0: 500, 2: 0, 3: 50, 5: 999, 8: 0, 9: 0}  # 0 and 5 no longer need their removals
+    job.refers = {}
+    job._index = None  # (a publish would need it: this segment holds none)
+    ids = rng.sample(range(12_000), 6000)
+    data = records.id_list(records.REMOVED, "q", ids)
+    [(start, end, payload)] = list(records.scan(data))
+    out = bytearray()
+    job._copy(payload, data, start, end, out)
+    needed = {2: range(1000, 2500), 3: range(2500, 2600), 8: range(7000, 9000)}
+    expected = sorted(msg_id for msg_id in ids if any(msg_id in span for span in needed.values()))
+    [(_, _, kept)] = list(records.scan(bytes(out)))
+    queue, kept_ids = records.decode_id_list(kept)
+    assert (queue, sorted(kept_ids)) == ("q", expected)  # (in any order: a record's order means nothing)
+    assert job.refers == {2: 102, 3: 103, 8: 108}
