@@ -30,7 +30,7 @@ from broker.connection.alarms.disk import free_bytes
 from broker.connection.alarms.memory import resident_bytes
 from broker.management import http
 from broker.management.rates import SLICE
-from broker.management.resources import QueueCounts, UnackedCounts, queue_counts
+from broker.management.resources import QueueCounts, queue_counts
 from broker.management.views.nodes import open_files
 from broker.model.counters import QUEUE_COUNTERS
 from broker.model.definitions import RABBITMQ_VERSION
@@ -96,14 +96,13 @@ async def take_snapshot(server: "Server", per_object: bool) -> Snapshot:
     for queue_type in QUEUE_TYPES:
         deleted = counters.deleted_queues.get(queue_type)
         sums[queue_type] = dict(deleted) if deleted else dict.fromkeys(QUEUE_COUNTERS, 0)
-    unacked = UnackedCounts(connections)
     started = time.perf_counter()
     for vhost in list(server.node.vhosts.values()):
         for queue in list(vhost.queues.values()):
             if queue.deleted:
                 continue
             values = tuple(getattr(queue, name) for name in QUEUE_COUNTERS)
-            snapshot.queues.append(QueueSample(vhost.name, queue.name, queue_counts(queue, unacked),
+            snapshot.queues.append(QueueSample(vhost.name, queue.name, queue_counts(queue),
                                                len(queue.consumers), values))
             type_sums = sums[queue.queue_type]
             for name, value in zip(QUEUE_COUNTERS, values):

@@ -142,20 +142,6 @@ def exchange_json(vhost: "VirtualHost", exchange: "Exchange") -> dict:
 
 
 # --- queues ----------------------------------------------------------------------------------------------------
-class UnackedCounts:
-    """Deliveries awaiting ack per queue, counted over every channel of the server once per request."""
-
-    def __init__(self, connections: Iterable):
-        self.counts: dict[Queue, int] = {}  # queue -> its unacked deliveries
-        self.bytes: dict[Queue, int] = {}  # queue -> the body bytes of those deliveries
-        for connection in connections:
-            for channel in connection.channels.values():
-                for delivery in channel.unacked.deliveries.values():
-                    queue = delivery.queue
-                    self.counts[queue] = self.counts.get(queue, 0) + 1
-                    self.bytes[queue] = self.bytes.get(queue, 0) + len(delivery.entry.message.body)
-
-
 class QueueCounts(NamedTuple):
     """A queue's messages as RabbitMQ counts them: ready (paged ones included), unacked, persistent, paged."""
 
@@ -169,14 +155,13 @@ class QueueCounts(NamedTuple):
     paged_bytes: int
 
 
-def queue_counts(queue: Queue, unacked: UnackedCounts) -> QueueCounts:
+def queue_counts(queue: Queue) -> QueueCounts:
     """The ready messages in memory are counted by walking them (at most queue_messages_in_memory: the model keeps
     no byte counters for them); the paged ones have counters."""
     ready = queue.count_ready()
     if queue.queue_type == "stream":  # every message of a stream is on disk, and none is held in memory for it
         stored = queue.log.total_bytes
-        return QueueCounts(ready, stored, unacked.counts.get(queue, 0), unacked.bytes.get(queue, 0), ready, stored,
-                           ready, stored)
+        return QueueCounts(ready, stored, queue.unacked_count, queue.unacked_bytes, ready, stored, ready, stored)
     ready_bytes = persistent = persistent_bytes = 0
     for entry in queue.entries:
         size = len(entry.message.body)
@@ -191,14 +176,14 @@ def queue_counts(queue: Queue, unacked: UnackedCounts) -> QueueCounts:
         if queue.durable:
             persistent += paged if queue.quorum else queue.paging.paged_persistent
             persistent_bytes += paged_bytes if queue.quorum else queue.paging.paged_persistent_bytes
-    return QueueCounts(ready, ready_bytes, unacked.counts.get(queue, 0), unacked.bytes.get(queue, 0), persistent,
-                       persistent_bytes, paged, paged_bytes)
+    return QueueCounts(ready, ready_bytes, queue.unacked_count, queue.unacked_bytes, persistent, persistent_bytes,
+                       paged, paged_bytes)
 
 
-def queue_json(vhost: "VirtualHost", queue: Queue, unacked: UnackedCounts) -> dict:
+def queue_json(vhost: "VirtualHost", queue: Queue) -> dict:
     """A queue as RabbitMQ's /api/queues lists it (without the rates and Erlang process details)."""
     ready, ready_bytes, unacked_count, unacked_bytes, persistent, persistent_bytes, paged, paged_bytes = (
-        queue_counts(queue, unacked))
+        queue_counts(queue))
     exclusive_consumer = next((consumer.tag for consumer in queue.consumers if consumer.exclusive), None)
     return {
         "name": queue.name, "vhost": vhost.name, "durable": queue.durable, "auto_delete": queue.auto_delete,

@@ -68,6 +68,9 @@ class Queue:
         self.published = self.delivered_consume_manual_ack = self.delivered_consume_auto_ack = 0
         self.delivered_get_manual_ack = self.delivered_get_auto_ack = self.get_empty = 0
         self.redelivered = self.acknowledged = 0
+        # deliveries of its messages awaiting an ack on any channel, and their body bytes (broker.session.unacked
+        # keeps them, for the management API and the metrics)
+        self.unacked_count = self.unacked_bytes = 0
         self.consumers: list[Subscriber] = []  # highest priority first; within a priority, next to serve first
         # x-single-active-consumer: only active_consumer is served; the others wait in self.consumers, which is then
         # never rotated, so that it stays in priority, then registration, order

@@ -37,6 +37,7 @@ class UnackedStore:
     def push(self, delivery: Unacked) -> None:
         """A delivery was sent; a consumer's takes one of its prefetch slots and one of the channel's."""
         self.deliveries[delivery.tag] = delivery
+        counted(delivery, 1)
         consumer = delivery.consumer
         if consumer is not None:
             consumer.unacked += 1
@@ -47,6 +48,7 @@ class UnackedStore:
         delivery = self.deliveries.pop(tag, None)
         if delivery is None:
             raise errors.precondition_failed(f"unknown delivery tag {tag}")
+        counted(delivery, -1)
         consumer = delivery.consumer
         if consumer is not None:
             consumer.unacked -= 1
@@ -65,7 +67,9 @@ class UnackedStore:
         elif not multiple:
             taken = [deliveries.pop(tag)]
         else:
-            taken = self.take_up_to(tag, len(deliveries))
+            return self.take_up_to(tag, len(deliveries))
+        for delivery in taken:
+            counted(delivery, -1)
         return taken
 
     def holds(self, tag: int) -> bool:
@@ -84,7 +88,9 @@ class UnackedStore:
         while deliveries and len(taken) < most:
             if next(iter(deliveries)) > tag:
                 break
-            taken.append(deliveries.popitem(last=False)[1])
+            delivery = deliveries.popitem(last=False)[1]
+            counted(delivery, -1)
+            taken.append(delivery)
         return taken
 
     def release(self, taken: list[Unacked]) -> None:
@@ -99,4 +105,14 @@ class UnackedStore:
         """Taken deliveries are unacked again (a rollback undid their acks), in tag order."""
         for delivery in taken:
             self.deliveries[delivery.tag] = delivery
+            counted(delivery, 1)
         self.deliveries = OrderedDict(sorted(self.deliveries.items()))
+
+
+def counted(delivery: Unacked, sign: int) -> None:
+    """The delivery's queue counts it among its unacked deliveries (sign 1), or no longer (-1)."""
+    queue = delivery.queue
+    queue.unacked_count += sign
+    message = delivery.entry.message
+    if message is not None:  # (it is: only an entry that expired in the ready list has none)
+        queue.unacked_bytes += sign * len(message.body)

@@ -4,7 +4,7 @@ from aiohttp import web
 
 from broker.management import http, messages
 from broker.management.resources import (
-    UnackedCounts, actor_of, arguments_of, channel_error, consumer_json, find_queue, flag, named_listing,
+    actor_of, arguments_of, channel_error, consumer_json, find_queue, flag, named_listing,
     on_disk_or_undo, parse_bool, queue_json, readable_vhosts,
 )
 from broker.model import operations
@@ -40,9 +40,8 @@ async def list_vhost(request: web.Request) -> web.Response:
 
 async def _listed(request: web.Request, vhosts: list) -> web.Response:
     """The queues of vhosts, each one's JSON made only where the listing needs it."""
-    unacked = UnackedCounts(http.server_of(request).connections)
     return await named_listing(request, [
-        (queue.name, lambda vhost=vhost, queue=queue: _with_rates(request, queue, queue_json(vhost, queue, unacked)))
+        (queue.name, lambda vhost=vhost, queue=queue: _with_rates(request, queue, queue_json(vhost, queue)))
         for vhost in vhosts for queue in _by_name(vhost)])
 
 
@@ -50,7 +49,7 @@ async def _listed(request: web.Request, vhosts: list) -> web.Response:
 async def show(request: web.Request) -> web.Response:
     vhost = http.login_vhost_of(request)
     queue = find_queue(vhost, request.match_info["name"])
-    data = _with_rates(request, queue, queue_json(vhost, queue, UnackedCounts(http.server_of(request).connections)))
+    data = _with_rates(request, queue, queue_json(vhost, queue))
     data["consumer_details"] = [consumer_json(vhost, queue, consumer) for consumer in queue.consumers]
     data.update(deliveries=[], incoming=[])  # rates per peer: Warren keeps no such statistics
     return http.reply(data)

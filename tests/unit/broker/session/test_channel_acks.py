@@ -146,3 +146,24 @@ async def test_a_channel_closed_during_a_multiple_ack_of_many_settles_it_then_re
     await settled(host, channel)
     assert not channel.open and host.vhost.queues["q"].acknowledged == tag
     assert ready(host, "q") == [f"m{number}".encode() for number in range(tag, MANY)]
+
+
+async def test_the_queue_counts_its_unacked_deliveries_and_their_bytes_through_every_settlement():
+    """What the management API and the metrics show, kept as deliveries come and go (never counted by walking
+    millions of them): acks single and multiple, a multiple ack over several loop turns, a requeue, the close."""
+    host = Host()
+    channel = consuming_many(host, "q")
+    queue = host.vhost.queues["q"]
+
+    def counted_as(tags) -> tuple[int, int]:
+        return len(tags), sum(len(f"m{tag - 1}") for tag in tags)
+    assert (queue.unacked_count, queue.unacked_bytes) == counted_as(range(1, MANY + 1))
+    host.send(channel, spec.Basic.Ack(delivery_tag=1), spec.Basic.Ack(delivery_tag=3, multiple=True))
+    host.send(channel, spec.Basic.Ack(delivery_tag=2 * SETTLE_SLICE, multiple=True))
+    await settled(host, channel)
+    assert (queue.unacked_count, queue.unacked_bytes) == counted_as(range(2 * SETTLE_SLICE + 1, MANY + 1))
+    host.send(channel, spec.Basic.Cancel(consumer_tag="c"), spec.Basic.Reject(delivery_tag=MANY, requeue=True))
+    assert (queue.unacked_count, queue.unacked_bytes) == counted_as(range(2 * SETTLE_SLICE + 1, MANY))
+    host.send(channel, spec.Channel.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
+    await settled(host, channel)
+    assert (queue.unacked_count, queue.unacked_bytes) == (0, 0) and not host.failures
