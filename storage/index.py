@@ -92,8 +92,14 @@ class MessageIndex:
         position = self._homes.index(segment)
         del self._homes[position]
         del self._firsts[position]
-        for msg_id in [m for m in self.multi if segment.state(m) & MULTI]:
-            del self.multi[msg_id]
+        multi, states, first = self.multi, segment.states, segment.first_id
+        if len(multi) <= len(states):  # (whichever is shorter: every message routed to several, or the segment's)
+            for msg_id in [m for m in multi if segment.state(m) & MULTI]:
+                del multi[msg_id]
+        else:
+            for offset in range(len(states)):
+                if states[offset] & MULTI:
+                    multi.pop(first + offset, None)
 
     def homes_snapshot(self) -> tuple[list[int], list[Segment]]:
         """Copies of the id -> segment lookup lists, for the writer thread."""
