@@ -48,6 +48,8 @@ class Member:
     lost_leader: int = 0
     management_port: int = 0  # its management API's, at amqp_host (0: none)
     amqps_port: int = 0  # its amqps port, at amqp_host, where other nodes forward clients with [cluster] tls (0: none)
+    # its hot standby holds all its data dir does (storage.standby): elected, it serves without reading the data dir
+    standby: bool = False
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -64,7 +66,7 @@ class Member:
         if not (isinstance(member.node_id, str) and type(member.amqp_port) is int
                 and type(member.replication_port) is int and isinstance(member.dir, str)
                 and type(member.lost_leader) is int and type(member.management_port) is int
-                and type(member.amqps_port) is int):
+                and type(member.amqps_port) is int and type(member.standby) is bool):
             raise CoordinatorError(f"a member or leader key in etcd holds a malformed member: {text!r:.200}")
         return member
 

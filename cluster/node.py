@@ -43,6 +43,7 @@ log = logging.getLogger("cluster")
 RETRY = 0.2  # seconds between attempts while etcd or the leader cannot be reached
 REACH_POLL = 0.1  # seconds between looks at whether a follower hears its leader
 DISK_RETRY = 5.0  # seconds a follower whose data dir failed waits before it connects again
+STANDBY_HOLD = 1.0  # seconds a node whose hot standby is not whole lets one whose standby is campaign first
 MAINTENANCE_POLL = 0.25  # seconds between looks at which nodes are in maintenance
 PROGRESS_PROBE = "the store's writer has finished no batch for {:.1f} s: the lease is not renewed"
 IN_MAINTENANCE = "this node is in maintenance: it leads nothing until revived (`warrenctl revive`)"
@@ -123,6 +124,7 @@ class ClusterNode:
         self._proof_timer: asyncio.TimerHandle | None = None  # ends leadership the moment the proof runs out
         self._lost: asyncio.Future[str] | None = None  # resolved with a reason when leadership must end
         self._campaign_after = 0.0  # monotonic time before which this node does not campaign (it stepped aside)
+        self._leaderless_since = 0.0  # monotonic time this node first found no leader, since it last saw one
         self._joining = asyncio.Lock()  # one _join_cluster at a time (the lease keeper and a leadership's end)
         self._stopping = False
         # the levels of the lines that tell of the group's life, which a group of one leads without a word
@@ -208,6 +210,8 @@ class ClusterNode:
 
     async def _step(self) -> None:
         current = await self.coordinator.leader()
+        if current is not None or not self._leaderless_since:
+            self._leaderless_since = time.monotonic() if current is None else 0.0
         if current is None:
             replicas = await self.coordinator.replicas()
             if self.in_maintenance:
@@ -223,6 +227,10 @@ class ClusterNode:
                     hold = max(hold, self.ttl)  # the node an operator asked for campaigns first
                 elif preferred != self.node:
                     hold = max(hold, self.group.hold(self._others_that_can_lead(members, replicas)))
+                if not (self.standby is not None and self.standby.whole) and any(
+                        members[node].standby for node in self._others_that_can_lead(members, replicas)):
+                    # a node that serves without reading its data dir goes first (once in each election)
+                    hold = max(hold, self._leaderless_since + STANDBY_HOLD - time.monotonic())
                 if hold > 0:
                     await self.coordinator.wait_leader_change(None, hold)
                     return
@@ -354,8 +362,11 @@ class ClusterNode:
             self._step_aside_for(node, "as an operator asked")
 
     def _others_that_can_lead(self, members: dict[str, Member], replicas: list[Replica] | None) -> list[str]:
-        return [node for node in members
-                if node != self.node and node not in self.drained and can_lead(node, members, replicas)]
+        """The other members that could win an election now and are not in maintenance, those whose hot standby is
+        whole first."""
+        return sorted((node for node in members
+                       if node != self.node and node not in self.drained and can_lead(node, members, replicas)),
+                      key=lambda node: not members[node].standby)
 
     def _step_aside_for(self, node: str, why: str) -> None:
         self._campaign_after = time.monotonic() + self.ttl
@@ -489,7 +500,7 @@ class ClusterNode:
                                self.digests)
         changed = asyncio.Event()
         watcher = asyncio.ensure_future(self._watch_leader(epoch, changed))
-        teller = asyncio.ensure_future(self._tell_whether_lost(client, epoch))
+        teller = asyncio.ensure_future(self._tell_how_it_follows(client, epoch))
         announcer = asyncio.ensure_future(self._announce_while_heard(client, leader))
         try:
             while not changed.is_set():
@@ -528,18 +539,20 @@ class ClusterNode:
                 announced = heard
             await asyncio.sleep(REACH_POLL)
 
-    async def _tell_whether_lost(self, client: ReplicaClient, epoch: int) -> None:
+    async def _tell_how_it_follows(self, client: ReplicaClient, epoch: int) -> None:
         """Keep this node's member key saying whether it has lost the leader of ``epoch`` (heard nothing from it for
-        the follower's silence limit), so that a leader left without copies can step aside for it."""
-        told = 0  # the lost_leader this loop last registered
+        the follower's silence limit), so that a leader left without copies can step aside for it, and whether its
+        hot standby is whole, so that a node whose standby is not campaigns after one whose standby is."""
+        told = (0, False)  # (lost_leader, standby) as this loop last registered them
         while True:
             await asyncio.sleep(self.config.cluster_ack_timeout / 2)
             lost = epoch if client.lost_leader else 0
-            if lost != told:
+            whole = self.standby is not None and self.standby.whole
+            if (lost, whole) != told:
                 try:
-                    await self.coordinator.register(dataclasses.replace(self.member, lost_leader=lost))
-                    told = lost
-                    if lost:
+                    await self.coordinator.register(dataclasses.replace(self.member, lost_leader=lost, standby=whole))
+                    newly_lost, told = lost and lost != told[0], (lost, whole)
+                    if newly_lost:
                         log.warning("lost the leader of epoch %d: nothing heard from it for %.1f s", epoch,
                                     time.monotonic() - client.heard_at)
                 except CoordinatorError:

@@ -70,6 +70,8 @@ class Standby:
         self._copies = 0  # join copies begun (RESETs applied)
         self._copies_read = 0  # of them, those before the current reader began
         self._copying = False  # a join's copy is under way: nothing is read until it is whole
+        # it has read the data dir whole and kept up since (a hint for other threads: what take() gives decides)
+        self.whole = False
         self._thread: threading.Thread | None = None
         self.restarts = 0  # times it started again from the files on disk
 
@@ -87,6 +89,7 @@ class Standby:
             if any(kind == RESET for kind, _, _ in ops):
                 self._copies += 1
                 self._copying = True
+                self.whole = False
             elif sequence >= 0:
                 self._copying = False
         self._wake.set()
@@ -124,6 +127,7 @@ class Standby:
             self._reader, self._copies_read = None, copies
         fresh = self._reader is None
         if fresh:
+            self.whole = False
             self._reader = RecordReader(self._data_dir, self._segments_dir)
             self._definitions = None
             self._segments = {}
@@ -133,13 +137,16 @@ class Standby:
         except (StartAgain, OSError) as why:
             log.info("the standby of %s reads its data dir again: %s", self._data_dir, why)
             self._reader = None
+            self.whole = False
             self._failed_at = time.monotonic()
             self.restarts += 1
             return
         self._failed_at = 0.0
         if self._copies != copies:  # a copy began while it read: what it read may mix the two
             self._reader = None
+            self.whole = False
             return
+        self.whole = True
         if fresh:
             log.info("the standby of %s has read its data dir: %d messages in %.2f s", self._data_dir,
                      sum(len(messages.ids) - len(messages.removed) for messages in self._reader.queues.values()),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from broker.config import Config, load_config
 from broker.connection.server import Server
 from cluster.coordinator import Member, Replica, isr_to_json
-from cluster.node import ClusterNode, make_coordinator
+from cluster.node import STANDBY_HOLD, ClusterNode, make_coordinator
 from cluster.state import identity, write_epoch
 from cluster.walkover import WalkoverCoordinator
 from storage import writer as writer_module
@@ -208,6 +209,38 @@ def test_a_leader_put_in_maintenance_with_no_node_to_take_over_goes_on_leading_a
         await until(lambda: "no other node can lead the group" in caplog.text, "saying it goes on leading")
         assert node.group.maintenance_told == [True]
         assert node.role == "leader" and node.server is not None
+        await running.close()
+    asyncio.run(main())
+
+
+def test_a_node_hands_over_and_gives_way_first_to_a_node_whose_hot_standby_is_whole(tmp_path):
+    """The member keys say whose standby is whole: a leader in maintenance steps aside for such a node first, and a
+    candidate whose own standby is not whole holds its campaign for one that is."""
+    node = make_node(tmp_path, MemoryEtcd())
+    members = {name: Member(name, "127.0.0.1", 5672, "127.0.0.1", 5680, dir=f"{name}-dir", standby=name == "n3")
+               for name in ("n1", "n2", "n3", "n4")}
+    node.drained = {"n4"}
+    assert node._others_that_can_lead(members, None) == ["n3", "n2"]  # (a fresh cluster: any member could lead)
+    assert node._others_that_can_lead(members, [Replica("n2", "n2-dir"), Replica("n1", "n1-dir")]) == ["n2"]
+
+
+def test_a_candidate_whose_standby_is_not_whole_gives_one_whose_standby_is_a_head_start(tmp_path):
+    async def main():
+        etcd = MemoryEtcd()
+        other = MemoryCoordinator(etcd, "/warren/test", "n2", TTL)  # a member that could lead, its standby whole
+        await other.start()
+        await other.register(Member("n2", "127.0.0.1", 5672, "127.0.0.1", 5680, dir="n2-dir", standby=True))
+
+        async def keep_alive():
+            while True:
+                await other.refresh()
+                await asyncio.sleep(TTL / 4)
+        alive = asyncio.ensure_future(keep_alive())
+        started = time.monotonic()
+        running = Running(make_node(tmp_path, etcd))  # (no standby: it has followed no leader)
+        await until(lambda: running.node.server is not None, "leading once n2 did not campaign")
+        assert time.monotonic() - started >= STANDBY_HOLD
+        alive.cancel()
         await running.close()
     asyncio.run(main())
 

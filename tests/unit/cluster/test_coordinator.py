@@ -122,10 +122,14 @@ def test_a_waiter_sees_a_change_made_while_etcd_was_unreachable_once_it_returns(
 def test_a_member_key_with_fields_of_a_later_version_is_read_and_a_malformed_one_refused() -> None:
     """A rolling upgrade has nodes of two versions reading each other's member keys: one that says more of itself
     than this version knows is read for what this version knows; one that is not a member is refused, saying so."""
-    known = Member("b", "10.0.0.2", 5672, "10.0.0.2", 5680, dir="d", management_port=15672)
+    known = Member("b", "10.0.0.2", 5672, "10.0.0.2", 5680, dir="d", management_port=15672, standby=True)
     later = json.loads(known.to_json()) | {"version": "9.9.9", "draining": True}
     assert Member.from_json(json.dumps(later)) == known
+    earlier = {name: value for name, value in json.loads(known.to_json()).items() if name != "standby"}
+    assert Member.from_json(json.dumps(earlier)).standby is False  # (a node of the version before says nothing)
     for malformed in ('["b"]', '{"node_id": "b"}', '{"node_id": 7, "amqp_host": "h", "amqp_port": 1, '
-                      '"replication_host": "h", "replication_port": 2}', "not json"):
+                      '"replication_host": "h", "replication_port": 2}', "not json",
+                      '{"node_id": "b", "amqp_host": "h", "amqp_port": 1, "replication_host": "h", '
+                      '"replication_port": 2, "standby": "yes"}'):
         with pytest.raises(CoordinatorError, match="a member or leader key in etcd holds"):
             Member.from_json(malformed)

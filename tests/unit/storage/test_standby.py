@@ -266,6 +266,7 @@ def test_a_join_copy_is_read_once_whole_and_a_standby_taken_during_one_hands_ove
     follower.apply([(-1, [reset])])
     follower.apply([(-1, appends[len(appends) // 2:])])  # the later files first, then the earlier ones
     follower.standby.catch_up()
+    assert not follower.standby.whole  # (what its member key says: a node whose standby is whole goes first)
     assert follower.standby.take() is None  # mid-copy: the start reads the files
     follower.standby = Standby(follower.directory)  # (as a follower that goes on following starts another)
     follower.apply([(-1, [reset])])
@@ -273,9 +274,11 @@ def test_a_join_copy_is_read_once_whole_and_a_standby_taken_during_one_hands_ove
     follower.standby.catch_up()
     follower.apply([(-1, appends[:len(appends) // 2])])
     follower.standby.catch_up()
+    assert not follower.standby.whole
     follower.apply([(sequence, [])])  # the copy's end, as the leader sends it
     follower.applied = sum(1 for number, _ in follower.leader.frames if number <= sequence)
     follower.keep_up()
+    assert follower.standby.whole
     expected = cold(follower.directory, tmp_path / "copy")
     assert len(expected["messages"]["/|q"]) == 1500 + 100
     assert state(follower.promote()) == expected
