@@ -152,7 +152,7 @@ def status(ctx: Context, args: Any) -> None:
 
 
 @verb("cluster_status", "Displays every node (with several workers, a node per worker process; in a cluster of "
-      "workers, those of every node) and which are running, with their alarms")
+      "workers, those of every node), which are running, which are in maintenance, and their alarms")
 def cluster_status(ctx: Context, args: Any) -> None:
     nodes = ctx.client.get("/api/nodes")
     name = ctx.client.get("/api/cluster-name").get("name", "")
@@ -160,14 +160,18 @@ def cluster_status(ctx: Context, args: Any) -> None:
     running = sorted(node.get("name", "") for node in nodes if node.get("running"))
     alarms = [(node["name"], resource) for node in sorted(nodes, key=lambda node: node.get("name", ""))
               for resource, field in (("memory", "mem_alarm"), ("disk", "disk_free_alarm")) if node.get(field)]
+    maintenance = {node.get("name", ""): "under maintenance" if node.get("being_drained") else "not under maintenance"
+                   for node in nodes}
     if ctx.as_json:  # rabbitmqctl cluster_status --formatter json's fields that the API can tell
         ctx.out.write(output.compact({
             "cluster_name": name, "disk_nodes": names, "running_nodes": running, "partitions": {},
+            "maintenance_status": {node: maintenance[node] for node in names},
             "alarms": [{"type": "resource_limit", "resource": resource, "node": node} for node, resource in alarms],
             "cpu_cores": {node["name"]: node.get("processors", 0) for node in nodes if node.get("running")}}) + "\n")
         return
     ctx.say(f"Cluster status of node {ctx.client.get('/api/overview').get('node', '')} ...")
     lines = ["Basics", "", f"Cluster name: {name}", "", "Disk Nodes", "", *names, "", "Running Nodes", "", *running,
+             "", "Maintenance status", "", *(f"Node: {node}, status: {maintenance[node]}" for node in names),
              "", "Alarms", "",
              *([f"{ALARM_NAMES[resource]} alarm on node {node}" for node, resource in alarms] or ["(none)"]),
              "", "Network Partitions", "", "(none)"]

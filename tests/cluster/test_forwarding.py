@@ -413,6 +413,10 @@ def test_a_drained_node_takes_no_client_and_leads_no_group_until_revived(shaped:
     done = warrenctl(cluster, target, "drain")
     assert done.returncode == 0, done.stderr
     assert all(observer.leader()[0] != target for observer in shaped.observers)
+    status = warrenctl(cluster, other, "cluster_status", "--formatter", "json")
+    assert {name.split("@")[0]: state for name, state in json.loads(status.stdout)["maintenance_status"].items()} == {
+        shaped.worker(node, group): "under maintenance" if node == target else "not under maintenance"
+        for node in "abc" for group in range(shaped.workers)}
     with pytest.raises(pika.exceptions.AMQPError):  # closed: its node leads nothing now
         held.channel().queue_declare("", exclusive=True)
     for vhost in shaped.vhosts:

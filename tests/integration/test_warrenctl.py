@@ -258,8 +258,11 @@ def test_cluster_status_lists_the_nodes_and_which_are_running(broker):
     node = out.splitlines()[0].removeprefix("Cluster status of node ").removesuffix(" ...")
     assert node in section(out, "Disk Nodes") and section(out, "Running Nodes") == section(out, "Disk Nodes")
     assert section(out, "Alarms") == ["(none)"]
+    nodes = section(out, "Disk Nodes")
+    assert section(out, "Maintenance status") == [f"Node: {name}, status: not under maintenance" for name in nodes]
     status = json.loads(ok(broker, "cluster_status", "--formatter", "json"))
     assert status["running_nodes"] == section(out, "Running Nodes") and status["alarms"] == []
+    assert status["maintenance_status"] == dict.fromkeys(nodes, "not under maintenance")
 
 
 def test_cluster_status_lists_a_node_per_worker(own_broker):
