@@ -477,8 +477,8 @@ class Channel:
         tx = self.tx
         assert tx is not None, "tx.select came first"
         self.tx = Transaction()
-        for deliveries, *_ in tx.settles:
-            self.unacked.restore(deliveries)
+        if tx.settles:  # (at once: the unacked deliveries are put back in tag order once, not once per ack)
+            self.unacked.restore([delivery for deliveries, *_ in tx.settles for delivery in deliveries])
 
     def apply_tx(self) -> bool:
         """Apply the transaction; True when some of its publishes went to disk (commit-ok waits for it)."""

@@ -39,6 +39,22 @@ def test_a_rollback_drops_publishes_and_undoes_acks():
     assert not channel.unacked and host.vhost.queues["q"].acknowledged == 2
 
 
+def test_a_rollback_of_many_acks_puts_every_delivery_back_in_tag_order():
+    """Acks one by one, out of order, then a rollback: every delivery is unacked again, in tag order (put back
+    once: once per ack, 5,000 acks held the event loop 6.5 s)."""
+    host = Host()
+    channel = transactional(host)
+    host.publish(channel, "q", *[b"m%d" % number for number in range(300)])
+    host.send(channel, spec.Tx.Commit())
+    host.send(channel, *[spec.Basic.Get(queue="q") for _ in range(300)])
+    tags = [*range(2, 301, 2), *range(1, 300, 2)]
+    host.send(channel, *[spec.Basic.Ack(delivery_tag=tag) for tag in tags])
+    assert not channel.unacked
+    assert methods(host.send(channel, spec.Tx.Rollback()), spec.Tx.RollbackOk)
+    assert list(channel.unacked.deliveries) == list(range(1, 301))
+    assert host.vhost.queues["q"].unacked_count == 300
+
+
 def test_a_requeue_inside_a_transaction_happens_at_commit():
     host = Host()
     channel = transactional(host)
