@@ -38,7 +38,7 @@ from broker.connection.greeting import platform_name
 from broker.connection.connection import Connection
 from broker.connection.handoff import HandedOver, receive_all
 from broker.connection.server import (
-    GC_MIDDLE_THRESHOLD, GC_THRESHOLD, Server, StartupError, stop_on_signals, version,
+    GC_MIDDLE_THRESHOLD, GC_OLD_THRESHOLD, GC_THRESHOLD, Server, StartupError, stop_on_signals, version,
 )
 from broker.connection.tls import server_context
 from broker.management import http
@@ -388,7 +388,7 @@ def group_config(config: Config, number: int, workers: int) -> Config:
 
 
 async def serve(control_socket: socket.socket) -> None:
-    gc.set_threshold(GC_THRESHOLD, GC_MIDDLE_THRESHOLD)
+    gc.set_threshold(GC_THRESHOLD, GC_MIDDLE_THRESHOLD, GC_OLD_THRESHOLD)
     reader, writer = await asyncio.open_connection(sock=control_socket, limit=CONTROL_LINE_LIMIT)
     instructions = await receive(reader)
     number, workers = instructions["worker"], instructions["workers"]
