@@ -101,7 +101,8 @@ class ReplicaClient:
     # --- the stream's thread ----------------------------------------------------------------------------------
     def _stream(self, host: str, port: int) -> None:
         try:
-            manifest = file_digests(self._data_dir, self._digests)  # what it holds, so that the leader sends only what it lacks
+            # what it holds, so that the leader sends only what it lacks
+            manifest = file_digests(self._data_dir, self._digests)
         except (OSError, ReplicaError) as error:
             self.failure = f"cannot read the data dir's files: {error}"
             self.disk_failed = True

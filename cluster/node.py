@@ -222,13 +222,12 @@ class ClusterNode:
                 hold = self._campaign_after - time.monotonic()  # the replica it stepped aside for first
                 members = await self.coordinator.members()
                 preferred = await self.coordinator.preferred()
-                if preferred is not None and preferred != self.node and preferred in self._others_that_can_lead(
-                        members, replicas):
+                others = self._others_that_can_lead(members, replicas)
+                if preferred is not None and preferred in others:
                     hold = max(hold, self.ttl)  # the node an operator asked for campaigns first
                 elif preferred != self.node:
-                    hold = max(hold, self.group.hold(self._others_that_can_lead(members, replicas)))
-                if not (self.standby is not None and self.standby.whole) and any(
-                        members[node].standby for node in self._others_that_can_lead(members, replicas)):
+                    hold = max(hold, self.group.hold(others))
+                if not self._standby_whole and any(members[node].standby for node in others):
                     # a node that serves without reading its data dir goes first (once in each election)
                     hold = max(hold, self._leaderless_since + STANDBY_HOLD - time.monotonic())
                 if hold > 0:
@@ -398,6 +397,11 @@ class ClusterNode:
             except CoordinatorError:
                 await asyncio.sleep(RETRY)
 
+    @property
+    def _standby_whole(self) -> bool:
+        """Whether this node's hot standby holds all its data dir does (it has one while it follows, or followed)."""
+        return self.standby is not None and self.standby.whole
+
     # --- maintenance ----------------------------------------------------------------------------------------
     @property
     def in_maintenance(self) -> bool:
@@ -547,7 +551,7 @@ class ClusterNode:
         while True:
             await asyncio.sleep(self.config.cluster_ack_timeout / 2)
             lost = epoch if client.lost_leader else 0
-            whole = self.standby is not None and self.standby.whole
+            whole = self._standby_whole
             if (lost, whole) != told:
                 try:
                     await self.coordinator.register(dataclasses.replace(self.member, lost_leader=lost, standby=whole))
