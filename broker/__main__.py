@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import gc
 import logging
 import os
 import resource
@@ -13,10 +12,10 @@ from typing import NamedTuple
 
 import uvloop
 
-from broker import compiled, logs
+from broker import collector, compiled, logs
 from broker.config import LOG_FORMATS, LOG_LEVELS, ConfigError, load_config
 from broker.connection.server import (
-    GC_MIDDLE_THRESHOLD, GC_OLD_THRESHOLD, GC_THRESHOLD, Server, StartupError, stop_on_signals, version,
+    Server, StartupError, stop_on_signals, version,
 )
 from broker.management.server import take_management, take_prometheus
 from broker.workers.placement import Placement, PlacementError
@@ -83,7 +82,7 @@ async def serve(config, files: OpenFiles) -> None:
         raise StartupError(str(error)) from error
     except OSError:
         pass  # the server's own check of the data dir says what is wrong with it
-    gc.set_threshold(GC_THRESHOLD, GC_MIDDLE_THRESHOLD, GC_OLD_THRESHOLD)
+    collector.install()
     server = Server(config)
     await server.take_ports()  # every port, the HTTP ones too, before the data dir is touched
     management = await take_management(server) if config.management_port else None

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import gc
 import logging
 import os
 import socket
@@ -30,7 +29,7 @@ from typing import Awaitable, Callable
 
 from aiohttp import web
 
-from broker import logs
+from broker import collector, logs
 from broker.config import Config
 from broker.connection.alarms.memory import memory_limit
 from broker.connection.front_door import FrontDoors, Route, close_frame, open_doors, refused
@@ -38,7 +37,7 @@ from broker.connection.greeting import platform_name
 from broker.connection.connection import Connection
 from broker.connection.handoff import HandedOver, receive_all
 from broker.connection.server import (
-    GC_MIDDLE_THRESHOLD, GC_OLD_THRESHOLD, GC_THRESHOLD, Server, StartupError, stop_on_signals, version,
+    Server, StartupError, stop_on_signals, version,
 )
 from broker.connection.tls import server_context
 from broker.management import http
@@ -388,7 +387,7 @@ def group_config(config: Config, number: int, workers: int) -> Config:
 
 
 async def serve(control_socket: socket.socket) -> None:
-    gc.set_threshold(GC_THRESHOLD, GC_MIDDLE_THRESHOLD, GC_OLD_THRESHOLD)
+    collector.install()
     reader, writer = await asyncio.open_connection(sock=control_socket, limit=CONTROL_LINE_LIMIT)
     instructions = await receive(reader)
     number, workers = instructions["worker"], instructions["workers"]

@@ -15,6 +15,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Protocol
 
+from broker import collector
 from broker.config import TABLE_ARRAYS, WARREN_KEYS, Config, ConfigError, read_definitions
 from broker.connection.alarms.disk import DiskAlarm
 from broker.connection.alarms.memory import MemoryAlarm, memory_limit, release_freed_memory
@@ -40,17 +41,6 @@ SHUTDOWN_GRACE = 3.0  # seconds clients get to answer connection.close before th
 # Resource alarms in priority order, each with its connection.blocked reason (RabbitMQ's texts).
 ALARM_REASONS = {"memory": "low on memory", "disk": "low on disk"}
 WRITE_PROBE = ".write-probe"  # created and removed at start to prove the data dir writable
-# The cyclic garbage collector's first threshold in a broker's process (one process, a worker): a full collection
-# walks every queued message, so collections are made rarer than CPython's default of 700 allocations (the broker's
-# objects seldom form cycles)
-GC_THRESHOLD = 50_000
-# Collections of the youngest generation between two of the middle one (CPython's default 10): each middle one walks
-# what those left, and ten of GC_THRESHOLD each took 40 to 67 ms of the loop at once under a settlement of 250,000
-# deliveries; four take 17 to 27 ms, and walk each object as often
-GC_MIDDLE_THRESHOLD = 4
-# Collections of the middle generation before a full one may come (CPython's default 10, after ten middle ones of
-# ten young ones): 25 of four keep full collections, which walk every queued message, as rare as before
-GC_OLD_THRESHOLD = 25
 
 
 def stop_on_signals() -> asyncio.Event:
@@ -250,7 +240,7 @@ class Server:
         lease alive and its followers hear from it however long the store's records take to read), then rebuild
         the model on the loop (queues arm their timers there)."""
         # Recovery makes millions of long-lived objects at once: collecting meanwhile only walks them again and
-        # again, and once frozen they stay out of every later full collection.
+        # again, and once frozen they stay out of later full collections (broker.collector).
         gc.disable()
         started = time.perf_counter()
         try:
@@ -271,7 +261,7 @@ class Server:
         except OSError as error:
             raise data_dir_error(self.data_dir, error) from error
         finally:
-            gc.freeze()
+            collector.freeze()
             gc.enable()
 
     def _recover_store(self) -> Recovered:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import statistics
 import tempfile
 import time
@@ -22,9 +21,10 @@ import uvloop
 from pamqp import commands, frame, header
 from pamqp.body import ContentBody
 
+from broker import collector
 from broker.config import load_config
 from broker.connection.connection import Connection
-from broker.connection.server import GC_MIDDLE_THRESHOLD, GC_OLD_THRESHOLD, GC_THRESHOLD, Server
+from broker.connection.server import Server
 
 PIECE = 65536  # bytes handed to the publishing connection at a time
 QUEUE = "hot-path"
@@ -95,6 +95,7 @@ def _publishes(count: int, size: int) -> list[bytes]:
 
 async def one_round(messages: int, size: int, ack_every: int) -> float:
     """Broker CPU µs per message: publish -> route -> enqueue -> deliver (-> ack)."""
+    collector.install()  # as the daemon runs
     with tempfile.TemporaryDirectory() as data_dir:
         config = load_config(None, {"port": 0, "data_dir": data_dir, "management_port": 0, "log_level": "warning"})
         server = Server(config)
@@ -137,7 +138,6 @@ def main() -> None:
     parser.add_argument("--ack-every", type=int, default=0, help="0: auto-ack; N: a multiple ack every N deliveries")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    gc.set_threshold(GC_THRESHOLD, GC_MIDDLE_THRESHOLD, GC_OLD_THRESHOLD)  # as the daemon runs
     figures = [uvloop.run(one_round(args.messages, args.size, args.ack_every)) for _ in range(args.rounds)]
     print(f"broker CPU per message: least {min(figures):.2f} µs, median {statistics.median(figures):.2f} µs "
           f"(rounds: {', '.join(f'{figure:.2f}' for figure in figures)})")

@@ -1,0 +1,188 @@
+"""Settling millions of deliveries on a cluster's leader (issue 45): a consumer draining a deep queue (prefetch
+5,000, a multiple ack every 1,000) and one multiple ack of every delivery of a deep queue hold the leader's other
+clients under 50 ms at a time and cost no leadership.
+
+On demand, as they take minutes: WARREN_SETTLE_BACKLOG=4000000 (the messages queued, persistent, 16 B) runs both.
+Each prints the other client's round trips (p50, p99, max, how many over the bound) and the time each phase took.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import socket
+import statistics
+import struct
+import time
+from multiprocessing.connection import Connection
+from multiprocessing.synchronize import Event
+from types import SimpleNamespace
+
+import pytest
+from pamqp import commands
+
+from tests.cluster.nodes import Node
+from tests.cluster.test_failover import cluster, leaderships  # noqa: F401 (cluster: a fixture)
+from tests.cluster.test_failover_load import QUEUE, queue_depth
+from tests.integration.rawclient import RawClient, method_frame_payload, raw_frame
+from tests.integration.test_large_settlements import published
+from tests.waiting import wait_for
+
+BACKLOG = int(os.environ.get("WARREN_SETTLE_BACKLOG", 0))
+ROUND_TRIP_BOUND = 0.05  # seconds another client's round trip may take meanwhile
+DRAIN_PREFETCH = 5_000
+ACK_EVERY = 1_000  # deliveries the draining consumer acks at once (multiple)
+FILL_RATE = 20_000  # messages a second the fill reaches at least: its timeout
+
+pytestmark = [pytest.mark.slow, pytest.mark.alone,
+              pytest.mark.skipif(not BACKLOG, reason="on demand (minutes): WARREN_SETTLE_BACKLOG=4000000")]
+
+FRAME_HEADER = struct.Struct(">BHI")  # frame type, channel, payload size
+DELIVER = struct.pack(">HH", 60, 60)  # basic.deliver's class and method ids
+METHOD_FRAME = 1
+
+
+def round_trips(host: str, port: int, stopping: Event, times: Connection) -> None:
+    """Another client's passive declares of the queue, one after another, each timed (in a process of its own, so
+    that the consumer's reading does not delay it); (time.time() at its end, seconds it took) of each go back
+    through ``times`` once ``stopping`` is set."""
+    leader = SimpleNamespace(host=host, port=port)
+    taken: list[tuple[float, float]] = []
+    with RawClient.connect(leader, timeout=30) as client:
+        client.handshake()
+        client.open_channel(1)
+        while not stopping.is_set():
+            started = time.monotonic()
+            client.send(1, commands.Queue.Declare(queue=QUEUE, passive=True))
+            client.expect(commands.Queue.DeclareOk, timeout=30)
+            taken.append((time.time(), time.monotonic() - started))
+            time.sleep(0.001)
+    times.send(taken)
+
+
+class RoundTrips:
+    """round_trips() in a process of its own, from start to stop()."""
+
+    def __init__(self, leader: Node) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.stopping = context.Event()
+        self.received, sent = context.Pipe(duplex=False)
+        self.process = context.Process(target=round_trips, args=(leader.host, leader.port, self.stopping, sent),
+                                       daemon=True)
+        self.process.start()
+
+    def stop(self) -> list[tuple[float, float]]:
+        self.stopping.set()
+        if not self.received.poll(60):
+            self.process.kill()
+            raise TimeoutError("the other client's round trips did not end")
+        times = self.received.recv()
+        self.process.join()
+        return times
+
+
+def describe(times: list[tuple[float, float]]) -> str:
+    """The round trips' figures, and when each one over the bound ended (time.time(), to find in the nodes' logs)."""
+    ordered = sorted(took for _, took in times)
+    over = [f"{took * 1000:.0f} ms at {ended:.3f}" for ended, took in times if took > ROUND_TRIP_BOUND]
+    return (f"{len(ordered):,} round trips: p50 {statistics.median(ordered) * 1000:.1f} ms, p99 "
+            f"{ordered[len(ordered) * 99 // 100] * 1000:.1f} ms, max {ordered[-1] * 1000:.1f} ms, {len(over)} over "
+            f"{ROUND_TRIP_BOUND * 1000:.0f} ms{': ' if over else ''}{', '.join(over)}")
+
+
+def fill(leader: Node, count: int) -> None:
+    """count persistent 16 B messages in the queue, all of them on the leader's disk and its followers'."""
+    with RawClient.connect(leader, timeout=30) as client:
+        client.handshake()
+        client.open_channel(1)
+        client.send(1, commands.Queue.Declare(queue=QUEUE, durable=True))
+        client.expect(commands.Queue.DeclareOk)
+        started = time.monotonic()
+        published(client, QUEUE, count)
+        wait_for(lambda: queue_depth(leader) == count, 60 + count / FILL_RATE, f"{count:,} messages queued")
+        print(f"{count:,} queued in {time.monotonic() - started:.1f} s")
+
+
+class Consumer:
+    """A consumer on the leader that counts its deliveries from the bytes it reads (a delivery's tag is its number
+    on the channel) rather than decode millions of frames."""
+
+    def __init__(self, leader: Node, prefetch: int) -> None:
+        self.client = RawClient.connect(leader, timeout=60)
+        self.client.handshake()
+        self.client.open_channel(1)
+        self.client.send(1, commands.Basic.Qos(prefetch_count=prefetch))
+        self.client.expect(commands.Basic.QosOk)
+        self.client.send(1, commands.Basic.Consume(queue=QUEUE, consumer_tag="settle"))  # (its consume-ok: read())
+        self.client.sock.settimeout(60)
+        self.delivered = 0
+        self.pending = b""  # bytes read that end in the middle of a frame
+
+    def read(self) -> int:
+        """Read what has come, counting its deliveries; their count so far."""
+        data = self.pending + self.client.sock.recv(1 << 20)
+        if not data:
+            raise ConnectionError("the leader closed the consumer's connection")
+        offset = 0
+        while offset + 7 <= len(data):
+            kind, _, size = FRAME_HEADER.unpack_from(data, offset)
+            end = offset + 7 + size + 1
+            if end > len(data):
+                break
+            if kind == METHOD_FRAME and data[offset + 7:offset + 11] == DELIVER:
+                self.delivered += 1
+            offset = end
+        self.pending = data[offset:]
+        return self.delivered
+
+    def ack(self, tag: int, multiple: bool = True) -> None:
+        self.client.send_raw(raw_frame(METHOD_FRAME, 1, method_frame_payload(
+            commands.Basic.Ack(delivery_tag=tag, multiple=multiple))))
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def settled(leader: Node, timeout: float) -> None:
+    wait_for(lambda: queue_depth(leader) == 0, timeout, "the queue empty, every delivery acked")
+
+
+def test_a_consumer_draining_millions_holds_no_other_client_and_costs_no_leadership(cluster):  # noqa: F811
+    leader = cluster.ready()
+    fill(leader, BACKLOG)
+    probe = RoundTrips(leader)
+    started = time.monotonic()
+    consumer = Consumer(leader, DRAIN_PREFETCH)
+    acked = 0
+    while acked < BACKLOG:
+        delivered = consumer.read()
+        if delivered - acked >= ACK_EVERY or delivered == BACKLOG:
+            consumer.ack(delivered)
+            acked = delivered
+    settled(leader, 60)
+    took = time.monotonic() - started
+    times = probe.stop()
+    consumer.close()
+    print(f"drained {BACKLOG:,} in {took:.1f} s; {describe(times)}; leaderships {leaderships(cluster)}")
+    assert leaderships(cluster) == 1, "the leader lost its leadership"
+    assert max(took for _, took in times) <= ROUND_TRIP_BOUND, describe(times)
+
+
+def test_a_multiple_ack_of_millions_holds_no_other_client_and_costs_no_leadership(cluster):  # noqa: F811
+    leader = cluster.ready()
+    fill(leader, BACKLOG)
+    probe = RoundTrips(leader)
+    started = time.monotonic()
+    consumer = Consumer(leader, 0)
+    while consumer.read() < BACKLOG:
+        pass
+    delivered_at = time.monotonic()
+    consumer.ack(BACKLOG)
+    settled(leader, 120)
+    acked_at = time.monotonic()
+    times = probe.stop()
+    consumer.close()
+    print(f"delivered {BACKLOG:,} in {delivered_at - started:.1f} s, acked in {acked_at - delivered_at:.1f} s; "
+          f"{describe(times)}; leaderships {leaderships(cluster)}")
+    assert leaderships(cluster) == 1, "the leader lost its leadership"
+    assert max(took for _, took in times) <= ROUND_TRIP_BOUND, describe(times)

@@ -1,0 +1,127 @@
+"""The broker's policy for the cyclic garbage collector (broker.collector): a full collection that took too long
+freezes what survived it, frozen objects are still freed by their last reference, and the frozen ones go back to
+the collector once a full walk is cheap again or after the period, so that no garbage cycle waits longer.
+
+The clock and the heap's size are the test's: a collection "takes" what the test says, the heap is as large as it
+says; the freezing, the freeing and the collecting are CPython's own."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+
+from broker.collector import Collector, collect_unfrozen
+
+FREEZE_AFTER = 0.02
+PERIOD = 900.0
+
+
+class Cycle:
+    """An object in a reference cycle with itself: only the cyclic collector frees it."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+class Scene:
+    """A Collector watching the real collector, with a clock that a full collection moves on by ``takes`` seconds
+    and a heap of ``blocks``."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.takes = 0.0  # seconds each full collection seems to take
+        self.blocks = 1_000_000  # the heap's size the policy reads
+        self.soon: list = []  # what the collector asked to run on the event loop
+        self.collector = Collector(self.soon.append, FREEZE_AFTER, PERIOD, clock=lambda: self.now,
+                                   heap=lambda: self.blocks)
+
+    def tick(self, phase: str, info: dict) -> None:
+        """(Called before the collector, as it ends a full collection): the collection took ``takes``."""
+        if phase == "stop" and info["generation"] == 2:
+            self.now += self.takes
+
+    def full_collection(self, takes: float) -> None:
+        self.takes = takes
+        gc.collect()
+
+    def young_collection(self) -> None:
+        gc.collect(0)
+
+
+@pytest.fixture
+def scene():
+    gc.unfreeze()
+    gc.collect()
+    kept = list(gc.callbacks)
+    scene = Scene()
+    gc.callbacks[:] = [scene.tick, scene.collector]
+    yield scene
+    gc.callbacks[:] = kept
+    gc.unfreeze()
+
+
+def frozen_garbage_cycle() -> weakref.ref:
+    """A cycle that is alive when frozen, then dropped: a weak reference that says whether it was collected."""
+    cycle = Cycle()
+    gc.freeze()
+    reference = weakref.ref(cycle)
+    del cycle
+    return reference
+
+
+def test_a_full_collection_longer_than_the_bound_freezes_what_survived_it(scene):
+    kept = [[] for _ in range(100_000)]
+    scene.full_collection(takes=0.5)
+    assert gc.get_freeze_count() >= len(kept)
+    assert scene.soon == [collect_unfrozen]  # (a full collection of the rest, on the event loop)
+    later = Cycle()  # made after the freeze: collected as ever
+    reference = weakref.ref(later)
+    del later
+    scene.full_collection(takes=0.0)
+    assert reference() is None
+
+
+def test_a_full_collection_within_the_bound_freezes_nothing(scene):
+    kept = [[] for _ in range(100_000)]
+    scene.full_collection(takes=FREEZE_AFTER)
+    assert gc.get_freeze_count() == 0
+    assert kept
+
+
+def test_a_frozen_object_is_freed_when_its_last_reference_goes(scene):
+    kept = [[] for _ in range(100_000)]
+    scene.full_collection(takes=0.5)
+    frozen = gc.get_freeze_count()
+    del kept
+    assert gc.get_freeze_count() <= frozen - 100_000
+
+
+def test_the_frozen_go_back_to_the_collector_once_a_full_walk_is_cheap_again(scene):
+    scene.full_collection(takes=0.5)  # over 1,000,000 blocks: 40,000 walked within FREEZE_AFTER
+    reference = frozen_garbage_cycle()
+    scene.full_collection(takes=0.0)
+    assert reference() is not None, "a frozen cycle was collected"
+    scene.blocks = 50_000
+    scene.young_collection()
+    assert gc.get_freeze_count() > 0, "unfrozen while a full walk still costs more than the bound"
+    scene.blocks = 40_000
+    scene.young_collection()
+    assert gc.get_freeze_count() == 0
+    scene.full_collection(takes=0.0)
+    assert reference() is None
+
+
+def test_no_garbage_waits_frozen_longer_than_the_period(scene):
+    scene.full_collection(takes=0.5)
+    reference = frozen_garbage_cycle()
+    scene.now += PERIOD - 1
+    scene.young_collection()
+    scene.full_collection(takes=0.0)
+    assert reference() is not None, "unfrozen before the period was over"
+    scene.now += 1
+    scene.young_collection()
+    assert gc.get_freeze_count() == 0
+    scene.full_collection(takes=0.0)
+    assert reference() is None
