@@ -75,7 +75,10 @@ class Collector:
         self.cheap_blocks = int(blocks * self.freeze_after / took)
         gc.freeze()
         self.froze()
-        self.soon(collect_unfrozen)
+        try:
+            self.soon(collect_unfrozen)
+        except RuntimeError:  # the event loop is closed: the process is ending
+            pass
         log.debug("a full collection took %.3f s over %d blocks: what survived it is frozen", took, blocks)
 
     def froze(self) -> None:

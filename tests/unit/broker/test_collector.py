@@ -8,6 +8,7 @@ says; the freezing, the freeing and the collecting are CPython's own."""
 from __future__ import annotations
 
 import gc
+import sys
 import weakref
 
 import pytest
@@ -125,3 +126,15 @@ def test_no_garbage_waits_frozen_longer_than_the_period(scene):
     assert gc.get_freeze_count() == 0
     scene.full_collection(takes=0.0)
     assert reference() is None
+
+
+def test_a_freeze_as_the_event_loop_closes_raises_nothing(scene, monkeypatch):
+    def closed(call) -> None:
+        raise RuntimeError("Event loop is closed")
+    scene.collector.soon = closed
+    unraisable = []  # what a collector's callback raised (CPython reports it, and goes on)
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    kept = [[] for _ in range(10_000)]
+    scene.full_collection(takes=0.5)
+    assert gc.get_freeze_count() >= len(kept)
+    assert not unraisable
