@@ -8,6 +8,7 @@ import base64
 import hashlib
 import re
 import urllib.parse
+from itertools import islice
 from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple
 
 from aiohttp import web
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 DEFAULT_EXCHANGE_ALIAS = "amq.default"  # the name the API gives the nameless default exchange in paths
 QUEUE_MEMORY = 2048  # bytes a queue is taken to cost empty, for the memory estimate
 ENTRY_MEMORY = 120  # bytes a queued message is taken to cost besides its body, for the memory estimate
+COUNTED_ENTRIES = 10_000  # ready messages in memory a queue's counts walk at most (queue_counts)
 
 
 # --- vhosts a user may read ---------------------------------------------------------------------------------
@@ -156,14 +158,18 @@ class QueueCounts(NamedTuple):
 
 
 def queue_counts(queue: Queue) -> QueueCounts:
-    """The ready messages in memory are counted by walking them (at most queue_messages_in_memory: the model keeps
-    no byte counters for them); the paged ones have counters."""
+    """The ready messages in memory are counted by walking them, COUNTED_ENTRIES at most (the model keeps no byte
+    counters for them): a queue keeps no more in memory by default, but a priority queue keeps all of its own, and
+    a queue takes back every delivery a closing channel had, and a walk of 4 million held the event loop 0.6 s at
+    each request. Beyond that their bytes and persistent ones are estimated from those walked. The paged ones have
+    counters."""
     ready = queue.count_ready()
     if queue.queue_type == "stream":  # every message of a stream is on disk, and none is held in memory for it
         stored = queue.log.total_bytes
         return QueueCounts(ready, stored, queue.unacked_count, queue.unacked_bytes, ready, stored, ready, stored)
-    ready_bytes = persistent = persistent_bytes = 0
-    for entry in queue.entries:
+    walked = ready_bytes = persistent = persistent_bytes = 0
+    for entry in islice(queue.entries, COUNTED_ENTRIES):
+        walked += 1
         size = len(entry.message.body)
         ready_bytes += size
         if queue.durable and (entry.message.persistent or queue.quorum):
@@ -172,6 +178,11 @@ def queue_counts(queue: Queue) -> QueueCounts:
     paged = paged_bytes = 0
     if queue.paging is not None:
         paged, paged_bytes = queue.paging.paged, queue.paging.paged_bytes
+    in_memory = ready - paged
+    if walked and walked < in_memory:  # (estimated, as the walked ones)
+        ready_bytes, persistent, persistent_bytes = (round(figure * in_memory / walked)
+                                                     for figure in (ready_bytes, persistent, persistent_bytes))
+    if queue.paging is not None:
         ready_bytes += paged_bytes
         if queue.durable:
             persistent += paged if queue.quorum else queue.paging.paged_persistent

@@ -1,0 +1,48 @@
+"""A queue's counts as the management API and the metrics give them: exact up to COUNTED_ENTRIES ready messages in
+memory, and beyond them estimated from those walked, so that a request costs the same however deep the queue."""
+
+import asyncio
+
+import pytest
+from pamqp.commands import Basic
+
+from broker.management import resources
+from broker.model.message import Address, Header, Message
+from broker.model.vhost import VirtualHost
+from protocol.codec import encode_header_payload
+
+
+class Owner:
+    exclusive_queues: set = set()
+
+
+def counts(bodies: list[bytes], persistent: list[bool]) -> resources.QueueCounts:
+    """The counts of a durable priority queue (which keeps every ready message in memory) holding these messages."""
+    async def run() -> resources.QueueCounts:
+        vhost = VirtualHost("/")
+        queue = vhost.declare_queue("deep", Owner(), False, True, False, False, {"x-max-priority": 5})
+        address = Address("", "deep")
+        for body, lasting in zip(bodies, persistent):
+            header = Header(encode_header_payload(len(body), Basic.Properties(delivery_mode=2 if lasting else 1)))
+            queue.enqueue(Message(address, header, body))
+        return resources.queue_counts(queue)
+    return asyncio.run(run())
+
+
+def test_up_to_the_bound_every_ready_message_is_counted():
+    figures = counts([b"x" * size for size in range(1, 7)], [True, False] * 3)
+    assert (figures.ready, figures.ready_bytes, figures.persistent, figures.persistent_bytes) == (6, 21, 3, 9)
+
+
+def test_beyond_the_bound_the_bytes_and_persistent_ones_are_estimated_from_those_walked(monkeypatch):
+    monkeypatch.setattr(resources, "COUNTED_ENTRIES", 3)
+    figures = counts([b"x" * size for size in range(1, 7)], [True, True, False, False, False, False])
+    # the first three walked (1 + 2 + 3 bytes, two persistent of 3 bytes), taken for all six
+    assert (figures.ready, figures.ready_bytes, figures.persistent, figures.persistent_bytes) == (6, 12, 4, 6)
+
+
+@pytest.mark.parametrize("depth", [10_000, 100_000])
+def test_the_same_messages_count_the_same_at_any_depth(depth):
+    figures = counts([b"x" * 16] * depth, [True] * depth)
+    assert (figures.ready, figures.ready_bytes, figures.persistent, figures.persistent_bytes) == (
+        depth, 16 * depth, depth, 16 * depth)
