@@ -17,7 +17,7 @@ from broker.model.features.deadlines import Deadlines, now_ms
 from broker.model.features.expiry import READY, ExpiringEntries, message_ttl
 from broker.model.features.length_limit import DROPPED, ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, LengthLimit
 from broker.model.features.paging import PAGE_BYTES, PagedEntries, StoreBacking
-from broker.model.features.ready import FifoEntries, ReadyList, ready_entries
+from broker.model.features.ready import FifoEntries, ReadyList, let_go, ready_entries
 from broker.model.features.redelivery import DelayedRetry, count_return, delayed_retry, delivery_limit
 from broker.model.keys import queue_key
 from broker.model.message import Address, Header, Message, QueueEntry
@@ -354,9 +354,11 @@ class Queue:
             raise errors.not_implemented(f"{resource} does not support global qos")
 
     def drop_all(self) -> int:
-        """The queue is deleted: its ready messages go. Returns how many (what delete-ok counts)."""
+        """The queue is deleted: its ready messages go, freed over the loop turns that follow. Returns how many
+        (what delete-ok counts)."""
         count = len(self.entries)
-        self.entries.clear()
+        self.entries, taken = self.entries.take_all()
+        let_go(taken)
         return count
 
     def throttle(self, publisher: "Publisher") -> None:
@@ -448,11 +450,14 @@ class Queue:
         them go over the loop turns that follow (purge-ok waits for it: the store's when_durable)."""
         waiting = list(self.retrying) if self.retrying is not None else []
         count = len(self.entries) + len(waiting)
-        if self._forget_all([*self.entries, *waiting]) | self._forget_paged():
+        paged = self._forget_paged()  # (before take_all drops the pages)
+        self.entries, taken = self.entries.take_all()
+        if self._forget_all(taken, waiting) | paged:
             self.vhost.durable_changes += 1  # purge-ok waits for the removals to be on disk
+        else:
+            let_go(taken)
         if self.retrying is not None:
             self.retrying.clear()
-        self.entries.clear()
         if self.limit is not None:
             self.limit.cleared()
         return count
@@ -488,11 +493,12 @@ class Queue:
                 return True
         return False
 
-    def _forget_all(self, entries: list[QueueEntry]) -> bool:
-        """Entries dropped at once, any number of them (a purge): durable storage reads their ids as it marks them,
-        a slice a loop turn, letting each entry go once its id is read. True if it was told."""
-        if self.stored and entries:
-            self.vhost.store.append_removed(self.store_key, _stored_ids(entries))
+    def _forget_all(self, taken: ReadyList, waiting: list[QueueEntry]) -> bool:
+        """Entries dropped at once, any number of them (a purge's ready list and those waiting out a retry delay):
+        durable storage reads their ids as it marks them, a slice a loop turn, letting each entry go once its id is
+        read. True if it was told (else the caller lets them go)."""
+        if self.stored and (len(taken) or waiting):
+            self.vhost.store.append_removed(self.store_key, _stored_ids(taken, waiting))
             return True
         return False
 
@@ -597,9 +603,13 @@ class Queue:
         return None
 
 
-def _stored_ids(entries: list[QueueEntry]) -> Iterator[int]:
-    """The ids of the stored messages of entries, the last entry first, each entry let go as its id is read."""
-    while entries:
-        message = entries.pop().message
+def _stored_ids(taken: ReadyList, waiting: list[QueueEntry]) -> Iterator[int]:
+    """The ids of the stored messages of dropped entries, each entry let go as its id is read."""
+    while waiting:
+        message = waiting.pop().message
+        if message is not None and message.msg_id:
+            yield message.msg_id
+    while len(taken):
+        message = taken.popleft().message
         if message is not None and message.msg_id:
             yield message.msg_id

@@ -3,10 +3,13 @@ ready list of a queue whose messages expire where they are (not only at the head
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from broker.model.message import Message, QueueEntry
 from protocol import errors
+
+if TYPE_CHECKING:
+    from broker.model.features.ready import ReadyList
 
 MAX_EXPIRY_MS = 315360000000  # RabbitMQ's upper bound for TTLs: ten years in milliseconds
 
@@ -77,11 +80,14 @@ class ExpiringEntries:
             entry.place = READY
         self.inner.put_back(requeued)
 
-    def clear(self) -> None:
+    def take_all(self) -> tuple[ExpiringEntries, ReadyList]:
+        """Everything at once (see features.ready); each entry is marked taken first, so that no expiry timer acts
+        on one that was dropped (one pass over them, on the loop)."""
         for entry in self.inner:
             entry.place = TAKEN
-        self.inner.clear()
+        self.inner, taken = self.inner.take_all()
         self.buried = 0
+        return self, taken
 
     def bury(self, entry: QueueEntry) -> None:
         """entry expired in place: it stays in the list, without its message, until the head reaches it (at once if

@@ -29,7 +29,7 @@ from storage.recovered_messages import PLACE_BITS
 
 if TYPE_CHECKING:
     from broker.model.features.expiry import ExpiringEntries
-    from broker.model.features.ready import FifoEntries
+    from broker.model.features.ready import FifoEntries, ReadyList
     from storage.pages import PageFile, PageLocation, PageStore
     from storage.recovered_messages import StoredRun
     from storage.store import MessageStore
@@ -133,7 +133,7 @@ class StoreBacking:
 class PagedEntries:
     """The ready list of a queue that has paged: its part in memory (inner: FIFO, wrapped in ExpiringEntries once
     the queue has held a message with a TTL) followed by pages. Offers what a queue asks of its ready list (append,
-    popleft, put_back, clear, bury, len, truth, iteration); iteration walks the part in memory only, the pages being
+    popleft, put_back, take_all, bury, len, truth, iteration); iteration walks the part in memory only, the pages being
     summed up by the counters below. Asked whether it is empty while the part in memory is, it reads the next page
     at once, so that the answer holds for the popleft that follows even if a page cannot be read."""
 
@@ -372,7 +372,7 @@ class PagedEntries:
         self.paged_in(entries)
 
     def stored_ids(self) -> Iterator[int]:
-        """Store ids of the paged messages that are in the message store, those of the pages held now (a clear()
+        """Store ids of the paged messages that are in the message store, those of the pages held now (a take_all()
         after this leaves them to be read)."""
         return chain.from_iterable([page.stored_ids for page in (*self.pages, self.filling)])
 
@@ -383,8 +383,9 @@ class PagedEntries:
         """entry expired in the part in memory (see features.expiry)."""
         self.inner.bury(entry)
 
-    def clear(self) -> None:
-        self.inner.clear()
+    def take_all(self) -> tuple[PagedEntries, ReadyList]:
+        """Everything at once (see features.ready): the part in memory handed over, the pages dropped."""
+        self.inner, taken = self.inner.take_all()
         for page in (*self.pages, self.filling):
             page.taken = True
             if page.run is not None:
@@ -398,6 +399,7 @@ class PagedEntries:
         self.requested.clear()
         self.requested_entries = 0
         self.paged = self.paged_bytes = self.paged_persistent = self.paged_persistent_bytes = 0
+        return self, taken
 
 
 def _fetch_run(run: "StoredRun") -> bytes | None:

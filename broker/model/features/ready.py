@@ -2,15 +2,20 @@
 
 Both kinds offer what the queue asks of its ready messages: append, popleft (the next to deliver; also the one a
 drop-head length limit drops, in a priority queue too, as RabbitMQ 3.10 drops it), [0] (that one, for its expiry),
-len, iteration in delivery order, clear and put_back (requeued entries back to their places)."""
+len, iteration in delivery order, take_all (everything at once, without a copy: a purge, a deletion) and
+put_back (requeued entries back to their places). What a purge or a deletion took is let go a slice a loop turn
+(let_go)."""
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 from collections import deque
-from typing import Iterator, Protocol
+from typing import Final, Iterator, Protocol
 
 from broker.model.message import QueueEntry
+
+DROP_SLICE: Final = 16_384  # entries a purge or a deletion dropped that are freed a loop turn (let_go)
 
 
 class ReadyList(Protocol):
@@ -21,7 +26,8 @@ class ReadyList(Protocol):
     def popleft(self) -> QueueEntry: ...
     def __len__(self) -> int: ...
     def __iter__(self) -> Iterator[QueueEntry]: ...
-    def clear(self) -> None: ...
+    # (the list to go on with, empty; what this one held, handed over as it is: a FIFO or priority list)
+    def take_all(self) -> tuple[ReadyList, ReadyList]: ...
     def put_back(self, requeued: list[QueueEntry]) -> None: ...
 
 
@@ -33,6 +39,9 @@ class FifoEntries(deque):
     """The ready entries of a queue without priorities, oldest first (a deque, so the hot path stays in C)."""
 
     __slots__ = ()
+
+    def take_all(self) -> tuple[FifoEntries, FifoEntries]:
+        return FifoEntries(), self
 
     def put_back(self, requeued: list[QueueEntry]) -> None:
         """Requeued entries (sorted by seq) go back to their original positions."""
@@ -91,10 +100,8 @@ class PriorityEntries:
         for level in reversed(self.levels):
             yield from level
 
-    def clear(self) -> None:
-        for level in self.levels:
-            level.clear()
-        self.size = 0
+    def take_all(self) -> tuple[PriorityEntries, PriorityEntries]:
+        return PriorityEntries(len(self.levels) - 1), self
 
     def put_back(self, requeued: list[QueueEntry]) -> None:
         """Requeued entries (sorted by seq) go back to their places within their priorities."""
@@ -111,3 +118,21 @@ def ready_entries(arguments: dict) -> FifoEntries | PriorityEntries:
     """The ready-message structure a queue declared with these arguments needs."""
     max_priority = arguments.get("x-max-priority")
     return PriorityEntries(max_priority) if isinstance(max_priority, int) and max_priority > 0 else FifoEntries()
+
+
+def let_go(dropped: ReadyList) -> None:
+    """Entries a purge or a deletion took (take_all) are freed DROP_SLICE a loop turn: 4 million freed at once held
+    the event loop 0.18 s."""
+    if len(dropped) <= DROP_SLICE:
+        return  # (freed with the caller's reference, a few milliseconds at most)
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # no event loop (a queue of a unit test): freed at once
+        return
+
+    def free_a_slice() -> None:
+        for _ in range(min(DROP_SLICE, len(dropped))):
+            dropped.popleft()
+        if len(dropped):
+            loop.call_soon(free_a_slice)
+    loop.call_soon(free_a_slice)

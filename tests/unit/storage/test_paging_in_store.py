@@ -142,7 +142,7 @@ def test_dropping_the_pages_lets_their_pins_go(stores):
         entries = twelve_paged(message_store, page_store)
         assert await durable(message_store)
         await settle(page_store)
-        entries.clear()
+        entries.take_all()
         assert pins(message_store) == [] and len(entries) == 0
 
     asyncio.run(scenario())

@@ -47,14 +47,15 @@ def test_taken_entries_are_marked_and_put_back_ones_are_ready_again():
     assert [item.seq for item in entries] == [0, 1, 2]
 
 
-def test_clearing_marks_every_entry_taken():
+def test_take_all_marks_every_entry_taken_and_hands_them_over():
     entries = ExpiringEntries(FifoEntries())
     made = [entry(seq) for seq in range(3)]
     for item in made:
         entries.append(item)
     entries.bury(made[1])  # a tombstone between two live entries
-    entries.clear()
-    assert (len(entries), [item.place for item in made]) == (0, [TAKEN, TAKEN, TAKEN])
+    rest, taken = entries.take_all()
+    assert (rest is entries, len(entries), [item.place for item in made]) == (True, 0, [TAKEN, TAKEN, TAKEN])
+    assert list(taken) == made
 
 
 def test_tombstones_at_the_head_are_let_go_at_once():

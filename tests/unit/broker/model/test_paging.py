@@ -125,7 +125,7 @@ async def test_new_arrivals_wait_behind_the_paged_ones_until_all_are_back(store)
 
 
 @in_loop
-async def test_clear_drops_the_pages_and_lists_the_stored_ids_before(store):
+async def test_take_all_drops_the_pages_and_lists_the_stored_ids_before(store):
     entries, _ = paged_list(store, in_memory=1)
     for seq in range(7):
         entries.append(entry(seq, msg_id=100 + seq if seq % 2 else 0, persistent=bool(seq % 2)))
@@ -134,9 +134,10 @@ async def test_clear_drops_the_pages_and_lists_the_stored_ids_before(store):
     assert sorted(entries.stored_ids()) == [105]
     assert (entries.paged_persistent, entries.paged_persistent_bytes) == (1, len(BODY))
     await settle(store)
-    entries.clear()
+    rest, taken = entries.take_all()
     await settle(store)
     assert (len(entries), list(entries.stored_ids()), page_files(store)) == (0, [], [])
+    assert rest is entries and [item.seq for item in taken] == [1, 2, 3]  # the part in memory, handed over
 
 
 @in_loop

@@ -1,9 +1,11 @@
 """The ready entries of a priority queue: highest priority first, FIFO within a priority, requeues back in place."""
 
+import asyncio
+
 from pamqp.commands import Basic
 
 from broker.model import message as messages
-from broker.model.features.ready import FifoEntries, PriorityEntries, ready_entries
+from broker.model.features.ready import DROP_SLICE, FifoEntries, PriorityEntries, let_go, ready_entries
 from protocol.codec import encode_header_payload
 
 
@@ -43,10 +45,24 @@ def test_requeued_entries_go_back_to_their_places_within_their_priorities():
     assert [item.seq for item in entries] == [0, 3] and len(entries) == 2
 
 
-def test_clear_empties_every_level():
+def test_take_all_leaves_an_empty_list_of_the_same_levels_and_hands_every_entry_over():
     entries, _ = filled(4, [1, 2, 3])
-    entries.clear()
-    assert (len(entries), list(entries)) == (0, [])
+    rest, taken = entries.take_all()
+    assert (len(rest), list(rest), len(rest.levels)) == (0, [], 5)
+    assert [taken.popleft().seq for _ in range(3)] == [2, 1, 0]
+
+
+def test_what_was_taken_is_let_go_a_slice_a_loop_turn():
+    taken = FifoEntries(entry(seq, None) for seq in range(2 * DROP_SLICE + 1))
+
+    async def left_after_each_turn() -> list[int]:
+        let_go(taken)
+        left = [len(taken)]  # (nothing freed before the loop turns)
+        while len(taken):
+            await asyncio.sleep(0)
+            left.append(len(taken))
+        return left
+    assert asyncio.run(left_after_each_turn()) == [2 * DROP_SLICE + 1, DROP_SLICE + 1, 1, 0]
 
 
 def test_a_queue_gets_priorities_only_with_a_positive_x_max_priority():
