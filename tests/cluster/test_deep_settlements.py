@@ -1,8 +1,9 @@
-"""Settling millions of deliveries on a cluster's leader (issue 45): a consumer draining a deep queue (prefetch
-5,000, a multiple ack every 1,000) and one multiple ack of every delivery of a deep queue hold the leader's other
-clients under 50 ms at a time and cost no leadership.
+"""Settling millions of messages on a cluster's leader (issue 45): a consumer draining a deep queue (prefetch
+5,000, a multiple ack every 1,000), one multiple ack of every delivery of a deep queue, the purge of a deep queue and
+its deletion (a FIFO queue, which keeps most of its messages on disk, and a priority queue, which keeps them all in
+memory) hold the leader's other clients under 50 ms at a time and cost no leadership.
 
-On demand, as they take minutes: WARREN_SETTLE_BACKLOG=4000000 (the messages queued, persistent, 16 B) runs both.
+On demand, as they take minutes: WARREN_SETTLE_BACKLOG=4000000 (the messages queued, persistent, 16 B) runs them.
 Each prints the other client's round trips (p50, p99, max, how many over the bound) and the time each phase took.
 """
 
@@ -33,6 +34,7 @@ ROUND_TRIP_BOUND = 0.05  # seconds another client's round trip may take meanwhil
 DRAIN_PREFETCH = 5_000
 ACK_EVERY = 1_000  # deliveries the draining consumer acks at once (multiple)
 FILL_RATE = 20_000  # messages a second the fill reaches at least: its timeout
+AFTERMATH = 1.0  # seconds the other client goes on after a purge or a deletion (what they let go after their reply)
 
 pytestmark = [pytest.mark.slow, pytest.mark.alone,
               pytest.mark.skipif(not BACKLOG, reason="on demand (minutes): WARREN_SETTLE_BACKLOG=4000000")]
@@ -43,17 +45,19 @@ METHOD_FRAME = 1
 
 
 def round_trips(host: str, port: int, stopping: Event, times: Connection) -> None:
-    """Another client's passive declares of the queue, one after another, each timed (in a process of its own, so
-    that the consumer's reading does not delay it); (time.time() at its end, seconds it took) of each go back
-    through ``times`` once ``stopping`` is set."""
+    """Another client's passive declares of a queue of its own, one after another, each timed (in a process of its
+    own, so that the consumer's reading does not delay it); (time.time() at its end, seconds it took) of each go
+    back through ``times`` once ``stopping`` is set."""
     leader = SimpleNamespace(host=host, port=port)
     taken: list[tuple[float, float]] = []
     with RawClient.connect(leader, timeout=30) as client:
         client.handshake()
         client.open_channel(1)
+        client.send(1, commands.Queue.Declare(queue="", exclusive=True))
+        own = client.expect(commands.Queue.DeclareOk, timeout=30).queue
         while not stopping.is_set():
             started = time.monotonic()
-            client.send(1, commands.Queue.Declare(queue=QUEUE, passive=True))
+            client.send(1, commands.Queue.Declare(queue=own, passive=True))
             client.expect(commands.Queue.DeclareOk, timeout=30)
             taken.append((time.time(), time.monotonic() - started))
             time.sleep(0.001)
@@ -90,12 +94,13 @@ def describe(times: list[tuple[float, float]]) -> str:
             f"{ROUND_TRIP_BOUND * 1000:.0f} ms{': ' if over else ''}{', '.join(over)}")
 
 
-def fill(leader: Node, count: int) -> None:
-    """count persistent 16 B messages in the queue, all of them on the leader's disk and its followers'."""
+def fill(leader: Node, count: int, arguments: dict | None = None) -> None:
+    """count persistent 16 B messages in the queue (declared with ``arguments``), all of them on the leader's disk
+    and its followers'."""
     with RawClient.connect(leader, timeout=30) as client:
         client.handshake()
         client.open_channel(1)
-        client.send(1, commands.Queue.Declare(queue=QUEUE, durable=True))
+        client.send(1, commands.Queue.Declare(queue=QUEUE, durable=True, arguments=arguments))
         client.expect(commands.Queue.DeclareOk)
         started = time.monotonic()
         published(client, QUEUE, count)
@@ -184,5 +189,50 @@ def test_a_multiple_ack_of_millions_holds_no_other_client_and_costs_no_leadershi
     consumer.close()
     print(f"delivered {BACKLOG:,} in {delivered_at - started:.1f} s, acked in {acked_at - delivered_at:.1f} s; "
           f"{describe(times)}; leaderships {leaderships(cluster)}")
+    assert leaderships(cluster) == 1, "the leader lost its leadership"
+    assert max(took for _, took in times) <= ROUND_TRIP_BOUND, describe(times)
+
+
+KINDS = pytest.mark.parametrize("arguments", [{}, {"x-max-priority": 10}], ids=["fifo", "priority"])
+
+
+def timed_call(leader: Node, method: object, reply: type) -> tuple[float, object]:
+    """Seconds from sending ``method`` to its reply, on a connection of its own; the reply."""
+    with RawClient.connect(leader, timeout=120) as client:
+        client.handshake()
+        client.open_channel(1)
+        started = time.monotonic()
+        client.send(1, method)
+        answer = client.expect(reply, timeout=120)
+        return time.monotonic() - started, answer
+
+
+@KINDS
+def test_a_purge_of_millions_holds_no_other_client_and_costs_no_leadership(cluster, arguments):  # noqa: F811
+    leader = cluster.ready()
+    fill(leader, BACKLOG, arguments)
+    probe = RoundTrips(leader)
+    took, answer = timed_call(leader, commands.Queue.Purge(queue=QUEUE), commands.Queue.PurgeOk)
+    time.sleep(AFTERMATH)
+    times = probe.stop()
+    print(f"purged {answer.message_count:,} in {took:.2f} s; {describe(times)}; leaderships {leaderships(cluster)}")
+    assert answer.message_count == BACKLOG
+    assert queue_depth(leader) == 0
+    assert leaderships(cluster) == 1, "the leader lost its leadership"
+    assert max(took for _, took in times) <= ROUND_TRIP_BOUND, describe(times)
+
+
+@KINDS
+def test_the_deletion_of_a_queue_of_millions_holds_no_other_client_and_costs_no_leadership(
+        cluster, arguments):  # noqa: F811
+    leader = cluster.ready()
+    fill(leader, BACKLOG, arguments)
+    probe = RoundTrips(leader)
+    took, answer = timed_call(leader, commands.Queue.Delete(queue=QUEUE), commands.Queue.DeleteOk)
+    time.sleep(AFTERMATH)
+    times = probe.stop()
+    print(f"deleted with {answer.message_count:,} in {took:.2f} s; {describe(times)}; leaderships "
+          f"{leaderships(cluster)}")
+    assert answer.message_count == BACKLOG
     assert leaderships(cluster) == 1, "the leader lost its leadership"
     assert max(took for _, took in times) <= ROUND_TRIP_BOUND, describe(times)
