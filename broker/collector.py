@@ -42,22 +42,27 @@ MIDDLE_THRESHOLD = 2
 OLD_THRESHOLD = 1
 FREEZE_AFTER = 0.01  # seconds: a full collection longer than this freezes what survived it
 FULL_WALK_PERIOD = 900.0  # seconds frozen objects stay out of the collector's sight at most
+# seconds between two looks at the heap's size while objects are frozen (sys.getallocatedblocks walks every pool of
+# the heap: a look at each young collection took 1 s of the loop in 40 under a delivery of millions)
+LOOK_EVERY = 1.0
 
 
 class Collector:
     """Watches the collector's full collections (a ``gc.callbacks`` entry) and freezes and unfreezes as above."""
 
     def __init__(self, soon: Callable[[Callable[[], object]], object], freeze_after: float = FREEZE_AFTER,
-                 full_walk_period: float = FULL_WALK_PERIOD, clock: Callable[[], float] = time.monotonic,
-                 heap: Callable[[], int] = sys.getallocatedblocks) -> None:
+                 full_walk_period: float = FULL_WALK_PERIOD, look_every: float = LOOK_EVERY,
+                 clock: Callable[[], float] = time.monotonic, heap: Callable[[], int] = sys.getallocatedblocks) -> None:
         self.soon = soon  # runs a call on the event loop, from any thread (a collection cannot start inside another)
         self.freeze_after = freeze_after
         self.full_walk_period = full_walk_period
+        self.look_every = look_every
         self.clock = clock
         self.heap = heap  # the process's allocated memory blocks: what a full walk's time grows with
         self.started = 0.0  # clock() when the running full collection began
         self.frozen_at = 0.0  # clock() of the first freeze since the objects last went back; 0 while none is frozen
         self.cheap_blocks = 0  # allocated memory blocks one full walk within freeze_after covers, as last measured
+        self.next_look = 0.0  # clock() before which the frozen objects are not looked at again
 
     def __call__(self, phase: str, info: dict) -> None:
         if phase == "start":
@@ -90,6 +95,9 @@ class Collector:
         """At a young collection: the frozen objects go back to the collector when a full walk is cheap again, or
         when they have been frozen for the whole period."""
         now = self.clock()
+        if now < self.next_look:
+            return
+        self.next_look = now + self.look_every
         cheap = self.heap() <= self.cheap_blocks
         if not cheap and now - self.frozen_at < self.full_walk_period:
             return

@@ -17,6 +17,7 @@ from broker.collector import Collector, collect_unfrozen
 
 FREEZE_AFTER = 0.02
 PERIOD = 900.0
+LOOK_EVERY = 1.0
 
 
 class Cycle:
@@ -35,7 +36,7 @@ class Scene:
         self.takes = 0.0  # seconds each full collection seems to take
         self.blocks = 1_000_000  # the heap's size the policy reads
         self.soon: list = []  # what the collector asked to run on the event loop
-        self.collector = Collector(self.soon.append, FREEZE_AFTER, PERIOD, clock=lambda: self.now,
+        self.collector = Collector(self.soon.append, FREEZE_AFTER, PERIOD, LOOK_EVERY, clock=lambda: self.now,
                                    heap=lambda: self.blocks)
 
     def tick(self, phase: str, info: dict) -> None:
@@ -109,6 +110,9 @@ def test_the_frozen_go_back_to_the_collector_once_a_full_walk_is_cheap_again(sce
     assert gc.get_freeze_count() > 0, "unfrozen while a full walk still costs more than the bound"
     scene.blocks = 40_000
     scene.young_collection()
+    assert gc.get_freeze_count() > 0, "the heap looked at again within LOOK_EVERY"
+    scene.now += LOOK_EVERY
+    scene.young_collection()
     assert gc.get_freeze_count() == 0
     scene.full_collection(takes=0.0)
     assert reference() is None
@@ -117,11 +121,11 @@ def test_the_frozen_go_back_to_the_collector_once_a_full_walk_is_cheap_again(sce
 def test_no_garbage_waits_frozen_longer_than_the_period(scene):
     scene.full_collection(takes=0.5)
     reference = frozen_garbage_cycle()
-    scene.now += PERIOD - 1
+    scene.now += PERIOD - LOOK_EVERY
     scene.young_collection()
     scene.full_collection(takes=0.0)
     assert reference() is not None, "unfrozen before the period was over"
-    scene.now += 1
+    scene.now += LOOK_EVERY
     scene.young_collection()
     assert gc.get_freeze_count() == 0
     scene.full_collection(takes=0.0)
