@@ -72,14 +72,14 @@ class AckTimer:
     def _tick(self) -> None:
         self.timer = None
         channel = self.channel
-        deliveries = channel.unacked.deliveries
-        if not deliveries:
+        unacked = channel.unacked
+        if not len(unacked):
             self.stop()
             return
         now = asyncio.get_running_loop().time()
         self._mark(now)
         marks = self.marks
-        while marks[0][1] <= next(iter(deliveries)):  # made before any delivery still unacked: no longer needed
+        while marks[0][1] <= unacked.first_tag():  # made before any delivery still unacked: no longer needed
             marks.popleft()
         timed_out = self._first_timed_out(now)
         if timed_out is None:
@@ -93,7 +93,7 @@ class AckTimer:
         """The oldest delivery known to be older than its timeout, with that timeout."""
         marks = self.marks
         made_before = 0  # index of the first mark after the delivery at hand
-        for tag, delivery in self.channel.unacked.deliveries.items():
+        for tag, delivery in self.channel.unacked.items():
             while marks[made_before][1] <= tag:  # the last mark names the next tag: the loop stops there
                 made_before += 1
             age = (now - marks[made_before][0]) * 1000

@@ -91,7 +91,7 @@ def channel_json(request: web.Request, channel: "Channel") -> dict:
         "state": "running", "confirm": channel.confirms is not None, "transactional": tx is not None,
         "consumer_count": len(channel.consumers), "prefetch_count": channel.consumer_prefetch,
         "global_prefetch_count": channel.unacked.global_prefetch,
-        "messages_unacknowledged": len(channel.unacked.deliveries),
+        "messages_unacknowledged": len(channel.unacked),
         "messages_uncommitted": len(tx.publishes) if tx is not None else 0,
         "acks_uncommitted": sum(len(deliveries) for deliveries, *_ in tx.settles) if tx is not None else 0,
         "connection_details": {"name": connection.name, **http.peer(connection)},

@@ -24,7 +24,7 @@ def unacked_by_vhost(server: "Server") -> dict[str, int]:
     counts: dict[str, int] = {}
     for connection in server.connections:
         if connection.vhost is not None:
-            unacked = sum(len(channel.unacked.deliveries) for channel in connection.channels.values())
+            unacked = sum(len(channel.unacked) for channel in connection.channels.values())
             counts[connection.vhost.name] = counts.get(connection.vhost.name, 0) + unacked
     return counts
 

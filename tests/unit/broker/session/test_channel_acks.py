@@ -8,6 +8,7 @@ import asyncio
 from pamqp import commands as spec
 
 from broker.session.channel import SETTLE_SLICE
+from broker.session.unacked import CHUNK
 from tests.unit.broker.session.channel_host import Host, bodies, methods
 
 MANY = 3 * SETTLE_SLICE + 5  # deliveries that one multiple ack settles over several loop turns
@@ -38,9 +39,9 @@ def test_an_ack_settles_one_delivery_and_multiple_every_one_up_to_its_tag():
     channel, delivered = consuming(host, "q", 5)
     assert [delivery.delivery_tag for delivery in delivered] == [1, 2, 3, 4, 5]
     host.send(channel, spec.Basic.Ack(delivery_tag=2))
-    assert sorted(channel.unacked.deliveries) == [1, 3, 4, 5]
+    assert list(channel.unacked) == [1, 3, 4, 5]
     host.send(channel, spec.Basic.Ack(delivery_tag=4, multiple=True))
-    assert sorted(channel.unacked.deliveries) == [5]
+    assert list(channel.unacked) == [5]
     host.send(channel, spec.Basic.Ack(delivery_tag=0, multiple=True))  # 0 with multiple: everything
     assert not channel.unacked and host.vhost.queues["q"].acknowledged == 5 and not host.failures
 
@@ -115,7 +116,7 @@ async def test_a_multiple_ack_of_many_deliveries_settles_them_all_before_the_cha
     assert not methods(received, spec.Basic.QosOk)  # (settled a slice a loop turn: the qos waits for them)
     received = await settled(host, channel)
     assert methods(received, spec.Basic.QosOk) and host.vhost.queues["q"].acknowledged == tag
-    assert sorted(channel.unacked.deliveries) == list(range(tag + 1, MANY + 1)) and not host.failures
+    assert list(channel.unacked) == list(range(tag + 1, MANY + 1)) and not host.failures
 
 
 async def test_a_multiple_nack_of_many_deliveries_requeues_them_in_their_original_order():
@@ -125,7 +126,7 @@ async def test_a_multiple_nack_of_many_deliveries_requeues_them_in_their_origina
     host.send(channel, spec.Basic.Nack(delivery_tag=MANY - 3, multiple=True, requeue=True))
     await settled(host, channel)
     assert ready(host, "q") == [f"m{number}".encode() for number in range(MANY - 3)]
-    assert sorted(channel.unacked.deliveries) == [MANY - 2, MANY - 1, MANY]
+    assert list(channel.unacked) == [MANY - 2, MANY - 1, MANY]
 
 
 async def test_an_unknown_tag_in_a_multiple_ack_of_many_closes_the_channel_with_406():
@@ -167,3 +168,17 @@ async def test_the_queue_counts_its_unacked_deliveries_and_their_bytes_through_e
     host.send(channel, spec.Channel.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
     await settled(host, channel)
     assert (queue.unacked_count, queue.unacked_bytes) == (0, 0) and not host.failures
+
+
+async def test_acks_on_either_side_of_a_chunk_of_unacked_deliveries_settle_what_they_name():
+    host = Host()
+    count = CHUNK + 10  # deliveries: a full chunk of unacked ones and ten in the next
+    channel, delivered = consuming(host, "q", count)
+    while len(delivered) < count:
+        delivered += methods(host.turn(), spec.Basic.Deliver)
+    assert len(channel.unacked) == count and len(channel.unacked.chunks) == 2
+    host.send(channel, spec.Basic.Ack(delivery_tag=CHUNK + 5), spec.Basic.Ack(delivery_tag=7))
+    host.send(channel, spec.Basic.Ack(delivery_tag=CHUNK + 2, multiple=True))
+    await settled(host, channel)
+    assert list(channel.unacked) == [CHUNK + 3, CHUNK + 4, *range(CHUNK + 6, count + 1)] and not host.failures
+    assert len(channel.unacked.chunks) == 1 and host.vhost.queues["q"].acknowledged == CHUNK + 3
