@@ -106,13 +106,9 @@ def test_any_nodes_api_lists_every_worker_of_every_node(shaped: Nodes):
     with connect(cluster, elsewhere, shaped.vhosts[last]) as connection:
         publish_confirmed(connection, "listed", [b"hello"])
 
-    def listed(node: str) -> dict[str, dict] | None:
-        status, nodes = api(cluster, node, "GET", "/api/nodes")
-        return {entry["name"].split("@")[0]: entry for entry in nodes} if status == 200 else None
-
     every = sorted(shaped.worker(node, group) for node in "abc" for group in range(shaped.workers))
     for node in "abc":
-        nodes = wait_for(lambda: (found := listed(node)) and list(found) == every and found, 30,
+        nodes = wait_for(lambda: (found := listed(cluster, node)) and list(found) == every and found, 30,
                          f"every worker of every node listed by {node}, in order")
         assert all(entry["running"] for entry in nodes.values())
         assert len({entry["os_pid"] for entry in nodes.values()}) == len(every)
@@ -130,7 +126,7 @@ def test_any_nodes_api_lists_every_worker_of_every_node(shaped: Nodes):
     assert [name.split("@")[0] for name in json.loads(status.stdout)["running_nodes"]] == every
     cluster.nodes[elsewhere].kill()
     rest = [name for name in every if not name.startswith(elsewhere)]
-    wait_for(lambda: (found := listed(led[0])) and list(found) == rest, 30, f"{elsewhere}'s workers gone from the list")
+    wait_for(lambda: (found := listed(cluster, led[0])) and list(found) == rest, 30, f"{elsewhere}'s workers gone from the list")
 
 
 def test_a_request_between_nodes_counts_only_when_proven(shaped: Nodes):
@@ -391,6 +387,13 @@ def test_a_failover_costs_a_few_log_lines_however_fast_a_client_asks(cluster):
         "\n".join(lines[-20:])
 
 
+def listed(cluster: Cluster, node: str) -> dict[str, dict] | None:
+    """What a node's /api/nodes lists, by name (before its @host) in its order; None if it did not answer. A node
+    lists the others as etcd had them at its last look (every lease_ttl / 2): one just started may be missing yet."""
+    status, nodes = api(cluster, node, "GET", "/api/nodes")
+    return {entry["name"].split("@")[0]: entry for entry in nodes} if status == 200 else None
+
+
 def refused_at_once(cluster: Cluster, node: str, vhost: str) -> bool:
     """Whether a client of the node's AMQP port is dropped before its handshake ends."""
     try:
@@ -409,6 +412,8 @@ def test_a_drained_node_takes_no_client_and_leads_no_group_until_revived(shaped:
     target = shaped.leaders()[0]
     other = next(node for node in "abc" if node != target)
     api_ready(cluster)
+    every = sorted(shaped.worker(node, group) for node in "abc" for group in range(shaped.workers))
+    wait_for(lambda: list(listed(cluster, other) or {}) == every, 30, f"every node listed by {other}")
     held = connect(cluster, target, shaped.vhosts[0])
     done = warrenctl(cluster, target, "drain")
     assert done.returncode == 0, done.stderr

@@ -54,6 +54,7 @@ class Scene:
 
 @pytest.fixture
 def scene():
+    frozen_before = gc.get_freeze_count() > 0  # (a broker started in this process froze what its recovery made)
     gc.unfreeze()
     gc.collect()
     kept = list(gc.callbacks)
@@ -62,6 +63,8 @@ def scene():
     yield scene
     gc.callbacks[:] = kept
     gc.unfreeze()
+    if frozen_before:  # (out of sight again, as the later tests of this process would have found it)
+        gc.freeze()
 
 
 def frozen_garbage_cycle() -> weakref.ref:
