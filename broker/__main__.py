@@ -14,9 +14,7 @@ import uvloop
 
 from broker import collector, compiled, logs
 from broker.config import LOG_FORMATS, LOG_LEVELS, ConfigError, load_config
-from broker.connection.server import (
-    Server, StartupError, stop_on_signals, version,
-)
+from broker.connection.server import Server, StartupError, stop_on_signals, version
 from broker.management.server import take_management, take_prometheus
 from broker.workers.placement import Placement, PlacementError
 

@@ -36,9 +36,7 @@ from broker.connection.front_door import FrontDoors, Route, close_frame, open_do
 from broker.connection.greeting import platform_name
 from broker.connection.connection import Connection
 from broker.connection.handoff import HandedOver, receive_all
-from broker.connection.server import (
-    Server, StartupError, stop_on_signals, version,
-)
+from broker.connection.server import Server, StartupError, stop_on_signals, version
 from broker.connection.tls import server_context
 from broker.management import http
 from broker.management.app import make_app, unavailable

@@ -167,6 +167,13 @@ def queue_counts(queue: Queue) -> QueueCounts:
     if queue.queue_type == "stream":  # every message of a stream is on disk, and none is held in memory for it
         stored = queue.log.total_bytes
         return QueueCounts(ready, stored, queue.unacked_count, queue.unacked_bytes, ready, stored, ready, stored)
+    paging = queue.paging
+    paged = paged_bytes = paged_persistent = paged_persistent_bytes = 0
+    if paging is not None:
+        paged, paged_bytes = paging.paged, paging.paged_bytes
+        if queue.durable:
+            paged_persistent, paged_persistent_bytes = (
+                (paged, paged_bytes) if queue.quorum else (paging.paged_persistent, paging.paged_persistent_bytes))
     walked = ready_bytes = persistent = persistent_bytes = 0
     for entry in islice(queue.entries, COUNTED_ENTRIES):
         walked += 1
@@ -175,20 +182,12 @@ def queue_counts(queue: Queue) -> QueueCounts:
         if queue.durable and (entry.message.persistent or queue.quorum):
             persistent += 1
             persistent_bytes += size
-    paged = paged_bytes = 0
-    if queue.paging is not None:
-        paged, paged_bytes = queue.paging.paged, queue.paging.paged_bytes
     in_memory = ready - paged
     if walked and walked < in_memory:  # (estimated, as the walked ones)
         ready_bytes, persistent, persistent_bytes = (round(figure * in_memory / walked)
                                                      for figure in (ready_bytes, persistent, persistent_bytes))
-    if queue.paging is not None:
-        ready_bytes += paged_bytes
-        if queue.durable:
-            persistent += paged if queue.quorum else queue.paging.paged_persistent
-            persistent_bytes += paged_bytes if queue.quorum else queue.paging.paged_persistent_bytes
-    return QueueCounts(ready, ready_bytes, queue.unacked_count, queue.unacked_bytes, persistent, persistent_bytes,
-                       paged, paged_bytes)
+    return QueueCounts(ready, ready_bytes + paged_bytes, queue.unacked_count, queue.unacked_bytes,
+                       persistent + paged_persistent, persistent_bytes + paged_persistent_bytes, paged, paged_bytes)
 
 
 def queue_json(vhost: "VirtualHost", queue: Queue) -> dict:
