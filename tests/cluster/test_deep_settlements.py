@@ -196,43 +196,39 @@ def test_a_multiple_ack_of_millions_holds_no_other_client_and_costs_no_leadershi
 KINDS = pytest.mark.parametrize("arguments", [{}, {"x-max-priority": 10}], ids=["fifo", "priority"])
 
 
-def timed_call(leader: Node, method: object, reply: type) -> tuple[float, object]:
-    """Seconds from sending ``method`` to its reply, on a connection of its own; the reply."""
+def one_call(cluster, arguments: dict, method: object, reply: type) -> tuple[object, list[tuple[float, float]]]:
+    """Fill the queue (declared with ``arguments``), then send ``method`` on a connection of its own while the other
+    client makes round trips, until AFTERMATH after its reply (what the call lets go after it); the reply and the
+    round trips, once it is checked that the leader kept its leadership."""
+    leader = cluster.ready()
+    fill(leader, BACKLOG, arguments)
+    probe = RoundTrips(leader)
     with RawClient.connect(leader, timeout=120) as client:
         client.handshake()
         client.open_channel(1)
         started = time.monotonic()
         client.send(1, method)
         answer = client.expect(reply, timeout=120)
-        return time.monotonic() - started, answer
+        took = time.monotonic() - started
+    time.sleep(AFTERMATH)
+    times = probe.stop()
+    print(f"{type(method).__name__.lower()} of {answer.message_count:,} in {took:.2f} s; {describe(times)}; "
+          f"leaderships {leaderships(cluster)}")
+    assert leaderships(cluster) == 1, "the leader lost its leadership"
+    return answer, times
 
 
 @KINDS
 def test_a_purge_of_millions_holds_no_other_client_and_costs_no_leadership(cluster, arguments):  # noqa: F811
-    leader = cluster.ready()
-    fill(leader, BACKLOG, arguments)
-    probe = RoundTrips(leader)
-    took, answer = timed_call(leader, commands.Queue.Purge(queue=QUEUE), commands.Queue.PurgeOk)
-    time.sleep(AFTERMATH)
-    times = probe.stop()
-    print(f"purged {answer.message_count:,} in {took:.2f} s; {describe(times)}; leaderships {leaderships(cluster)}")
+    answer, times = one_call(cluster, arguments, commands.Queue.Purge(queue=QUEUE), commands.Queue.PurgeOk)
     assert answer.message_count == BACKLOG
-    assert queue_depth(leader) == 0
-    assert leaderships(cluster) == 1, "the leader lost its leadership"
+    assert queue_depth(cluster.ready()) == 0
     assert max(took for _, took in times) <= ROUND_TRIP_BOUND, describe(times)
 
 
 @KINDS
 def test_the_deletion_of_a_queue_of_millions_holds_no_other_client_and_costs_no_leadership(
         cluster, arguments):  # noqa: F811
-    leader = cluster.ready()
-    fill(leader, BACKLOG, arguments)
-    probe = RoundTrips(leader)
-    took, answer = timed_call(leader, commands.Queue.Delete(queue=QUEUE), commands.Queue.DeleteOk)
-    time.sleep(AFTERMATH)
-    times = probe.stop()
-    print(f"deleted with {answer.message_count:,} in {took:.2f} s; {describe(times)}; leaderships "
-          f"{leaderships(cluster)}")
+    answer, times = one_call(cluster, arguments, commands.Queue.Delete(queue=QUEUE), commands.Queue.DeleteOk)
     assert answer.message_count == BACKLOG
-    assert leaderships(cluster) == 1, "the leader lost its leadership"
     assert max(took for _, took in times) <= ROUND_TRIP_BOUND, describe(times)

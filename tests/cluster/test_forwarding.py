@@ -126,7 +126,8 @@ def test_any_nodes_api_lists_every_worker_of_every_node(shaped: Nodes):
     assert [name.split("@")[0] for name in json.loads(status.stdout)["running_nodes"]] == every
     cluster.nodes[elsewhere].kill()
     rest = [name for name in every if not name.startswith(elsewhere)]
-    wait_for(lambda: (found := listed(cluster, led[0])) and list(found) == rest, 30, f"{elsewhere}'s workers gone from the list")
+    wait_for(lambda: (found := listed(cluster, led[0])) and list(found) == rest, 30,
+             f"{elsewhere}'s workers gone from the list")
 
 
 def test_a_request_between_nodes_counts_only_when_proven(shaped: Nodes):
