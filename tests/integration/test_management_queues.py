@@ -13,7 +13,8 @@ import pika
 import pytest
 
 from tests.integration.helpers import (
-    EVENT_TIMEOUT, consume, declare_queue, drain, message_count, open_channel, publish, wait_for_message_count,
+    EVENT_TIMEOUT, connect, consume, declare_queue, drain, enqueue, message_count, open_channel, publish,
+    wait_for_message_count,
 )
 from tests.integration.management import (
     Reply, add_user, add_vhost, clear_policy, delete_user, delete_vhost, quote, request, set_permissions, set_policy,
@@ -103,6 +104,18 @@ def test_counts_follow_amqp_traffic(broker, unique):
         assert isinstance(queue["memory"], int) and queue["memory"] > 0
         ch.basic_ack(method.delivery_tag)
         queue_with(broker, unique, messages=2, messages_unacknowledged=0)
+        ch.queue_delete(unique)
+
+
+def test_the_bytes_of_a_priority_queue_deeper_than_the_walk_count_every_message(broker, unique):
+    """A priority queue keeps every ready message in memory; its counts walk 10,000 of them at most (a walk of
+    millions held the broker's other clients) and take the rest as those: exact for messages of one size."""
+    with connect(broker) as connection:
+        ch = connection.channel()
+        declare_queue(ch, unique, arguments={"x-max-priority": 5})
+        enqueue(connection, unique, [b"x" * 16] * 12_000, properties=pika.BasicProperties(delivery_mode=1))
+        queue = queue_with(broker, unique, messages=12_000, messages_ready=12_000)
+        assert queue["message_bytes_ready"] == 12_000 * 16 and queue["message_bytes"] == 12_000 * 16
         ch.queue_delete(unique)
 
 
