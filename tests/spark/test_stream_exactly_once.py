@@ -182,25 +182,36 @@ def test_a_broker_killed_mid_query_fails_it_and_a_restart_resumes_with_every_mes
 
 
 @LONG_SCENARIO
-@pytest.mark.alone  # on a machine busy with other tests, Spark starts the four tasks too far apart to overlap
 @pytest.mark.skipif(bool(os.environ.get("WARREN_TEST_URL")),
                     reason="RabbitMQ's API lists connections seconds late: a task's connection is gone before it shows")
 def test_a_batch_is_read_by_four_tasks_at_once(spark_installed, broker, unique, tmp_path):
-    """minPartitions 4 on four task slots: the four ranges of a batch are read at the same time (their connections
-    are open together), and the output is complete."""
+    """minPartitions 4 on four task slots: the four ranges of a batch are read at the same time. Each task's Python
+    worker is stopped (SIGSTOP) as soon as its connection shows, so a task read only after another finished would
+    never show while that one is held; once the four connections are open together they all go on, and the output
+    is complete."""
     messages = 40_000
     output, arguments = seeded_replay(broker.url, unique, tmp_path, messages, messages)  # one batch, 4 tasks
     driver = run_replay(arguments, continuous=False)
-    most = 0
+    held: dict[str, int | None] = {}  # a range's connection name -> its task's stopped Python worker
     try:
         deadline = time.monotonic() + BOUNDED_WAIT_SECONDS * 3
-        while driver.poll() is None and time.monotonic() < deadline:
-            most = max(most, len(task_connections(broker, unique)))
+        while len(held) < 4 and driver.poll() is None and time.monotonic() < deadline:
+            for connection in task_connections(broker, unique):
+                name = connection["user_provided_name"]
+                if name not in held:
+                    held[name] = process_with_socket(connection["peer_port"])
+                    if held[name] is not None:
+                        os.kill(held[name], signal.SIGSTOP)
             time.sleep(0.02)
+        open_together = len({connection["user_provided_name"] for connection in task_connections(broker, unique)})
+    finally:
+        for worker in filter(None, held.values()):
+            os.kill(worker, signal.SIGCONT)
+    try:
         assert driver.wait(BOUNDED_WAIT_SECONDS) == 0
     finally:
         if driver.poll() is None:
             os.killpg(driver.pid, signal.SIGKILL)
             driver.wait()
-    assert most == 4
+    assert open_together == 4, held
     check_output(output, messages)
