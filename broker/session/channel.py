@@ -20,6 +20,7 @@ from broker.session.ack_timeout import AckTimer, log_timeout, timeout_of
 from broker.session.confirms import ConfirmTracker
 from broker.session.consumer import Consumer
 from broker.session.handlers import HANDLERS
+from broker.session.settlement import SETTLE_SLICE, Commit, Rollback, Settlement, Slices, TakenIntoTransaction
 from broker.session.transaction import Transaction
 from broker.session.unacked import Unacked, UnackedStore
 from protocol import errors
@@ -44,9 +45,6 @@ _METHOD_ID: Final = struct.Struct(">I")
 # Frames a channel holds while a reply waits for the disk before its connection stops being read (RabbitMQ's credit
 # flow lets a reader run about as far ahead of a busy channel).
 BACKLOG_LIMIT: Final = 400
-# Deliveries settled in one loop turn by a multiple ack, nack or reject, or a close's requeue: one of millions goes
-# on a slice a turn, holding the other clients a few milliseconds at a time
-SETTLE_SLICE: Final = 4096
 
 
 class Channel:
@@ -96,8 +94,8 @@ class Channel:
         # blocked in the call, leaves them in its mailbox); None when not waiting.
         self.backlog: list[tuple[int, int, bytes]] | None = None
         self.undo: Callable[[], None] | None = None  # takes back the change of a method whose records were not written
-        self.settling: deque[Settlement] = deque()  # settlements of more than a slice under way, first first
-        self.held_for_settling: bool = False  # the backlog holds the frames that follow those settlements
+        self.settling: deque[Slices] = deque()  # work on deliveries under way a slice a turn, first first
+        self.held_for_settling: bool = False  # the backlog holds the frames that follow that work
 
     # --- frames in -----------------------------------------------------------------------------------------
     def handle_frame(self, frame_type: int, payload: bytes) -> None:
@@ -403,19 +401,22 @@ class Channel:
     def reject(self, tag: int, multiple: bool, requeue: bool | None, failed: bool = False) -> None:
         """basic.reject (failed: its requeue counts towards a delivery limit) or basic.nack (requeue True or False),
         or a multiple ack (requeue None)."""
-        if multiple and self.tx is None and len(self.unacked) > SETTLE_SLICE:
+        tx = self.tx
+        if multiple and len(self.unacked) > SETTLE_SLICE:
             if tag and not self.unacked.holds(tag):
                 raise errors.precondition_failed(f"unknown delivery tag {tag}")
-            self._settle_up_to(tag or self.next_tag - 1, requeue, failed)
+            tag = tag or self.next_tag - 1
+            self.start(Settlement(tag, requeue, failed) if tx is None
+                       else TakenIntoTransaction(tx, tag, requeue, failed))
             return
         taken = self.unacked.take(tag, multiple)
-        if self.tx is not None:
-            self.tx.settles.append((taken, requeue, failed))  # prefetch stays taken until the commit, as in RabbitMQ
+        if tx is not None:
+            tx.settles.append((taken, requeue, failed))  # prefetch stays taken until the commit, as in RabbitMQ
         else:
             self.unacked.release(taken)
-            self._settle(taken, requeue, failed)
+            self.settle(taken, requeue, failed)
 
-    def _settle(self, taken: list[Unacked], requeue: bool | None, failed: bool = False) -> None:
+    def settle(self, taken: list[Unacked], requeue: bool | None, failed: bool = False) -> None:
         """Finish deliveries: acked (requeue None), requeued (failed or not), or dropped; then let consumers take
         more. Deliveries from a queue deleted meanwhile just go. A requeue follows the delayed retry of the consumer
         that had the delivery, if it set its own."""
@@ -432,25 +433,16 @@ class Channel:
                 queue.settle(entries, requeue, failed, retry)
         self.offer_credit({queue for queue, _ in by_queue})
 
-    def _settle_up_to(self, tag: int, requeue: bool | None, failed: bool) -> None:
-        """Settle every delivery up to tag over the loop turns that follow, after any settlement under way; the
-        frames that follow wait meanwhile, as for a reply waiting for the disk. A channel closed meanwhile settles
-        what its client asked for, then requeues the rest."""
-        self.settling.append(Settlement(tag, requeue, failed))
+    def start(self, work: Slices) -> None:
+        """Do work on deliveries a slice a turn, from now on or after the work under way (settlement.py); the frames
+        that follow wait meanwhile, as for a reply waiting for the disk."""
+        self.settling.append(work)
         if len(self.settling) == 1:
             self._settle_slice()
 
     def _settle_slice(self) -> None:
-        settlement = self.settling[0]
-        unacked = self.unacked
-        if settlement.requeue and unacked.holds_up_to(settlement.tag):  # (requeued ones are all taken first)
-            settlement.taken += unacked.take_up_to(settlement.tag, SETTLE_SLICE)
-        else:
-            taken = settlement.next_slice(unacked)
-            unacked.release(taken)
-            self._settle(taken, settlement.requeue, settlement.failed)
-            if settlement.done(unacked):
-                self.settling.popleft()
+        if self.settling[0].step(self):
+            self.settling.popleft()
         if self.settling:
             if self.backlog is None and self.open:
                 self.backlog = []
@@ -471,27 +463,6 @@ class Channel:
         for queue in queues:
             if queue.consumers and queue.has_ready():
                 dispatcher.mark(queue)
-
-    def undo_tx(self) -> None:
-        """Drop the transaction's publishes; its acks and rejects are undone."""
-        tx = self.tx
-        assert tx is not None, "tx.select came first"
-        self.tx = Transaction()
-        if tx.settles:  # (at once: the unacked deliveries are put back in tag order once, not once per ack)
-            self.unacked.restore([delivery for deliveries, *_ in tx.settles for delivery in deliveries])
-
-    def apply_tx(self) -> bool:
-        """Apply the transaction; True when some of its publishes went to disk (commit-ok waits for it)."""
-        tx = self.tx
-        assert tx is not None, "tx.select came first"
-        self.tx = Transaction()
-        for deliveries, requeue, failed in tx.settles:
-            self.unacked.release(deliveries)
-            self._settle(deliveries, requeue, failed)
-        persisted = False
-        for publish in tx.publishes:
-            persisted = publish() or persisted
-        return persisted
 
     def get(self, queue: Queue, no_ack: bool) -> None:
         """basic.get: the head of the queue as get-ok with its content, or get-empty."""
@@ -544,11 +515,18 @@ class Channel:
             self.tx = Transaction()
 
     def commit_tx(self) -> None:
-        """tx.commit; commit-ok waits for the disk when the transaction's publishes went there."""
-        if self.tx is None:
+        """tx.commit: its acks and publishes applied (settlement.Commit), then committed() answers."""
+        tx = self.tx
+        if tx is None:
             raise errors.precondition_failed("channel is not transactional")
-        if not self.apply_tx():
-            self.send_method(spec.Tx.CommitOk())
+        self.tx = Transaction()
+        self.start(Commit(tx))
+
+    def committed(self, persisted: bool) -> None:
+        """A commit is applied: commit-ok, after the disk has its publishes where some went there."""
+        if not persisted:
+            if self.open:
+                self.send_method(spec.Tx.CommitOk())
             return
 
         def on_disk(ok: bool) -> None:
@@ -562,21 +540,23 @@ class Channel:
         self.vhost.store.when_durable(on_disk)
 
     def rollback_tx(self) -> None:
-        if self.tx is None:
+        """tx.rollback: the publishes dropped, the acks undone (settlement.Rollback answers)."""
+        tx = self.tx
+        if tx is None:
             raise errors.precondition_failed("channel is not transactional")
-        self.undo_tx()
-        self.send_method(spec.Tx.RollbackOk())
+        self.tx = Transaction()
+        self.start(Rollback(tx, self.unacked))
 
     def requeue_all(self, failed: bool) -> None:
         """Every unacked delivery goes back to its queue, in original order, flagged redelivered (failed: the
         returns count towards delivery limits, as when the channel goes with them); after any settlement under
         way."""
         if len(self.unacked) > SETTLE_SLICE or self.settling:
-            self._settle_up_to(self.next_tag - 1, True, failed)
+            self.start(Settlement(self.next_tag - 1, True, failed))
         elif self.unacked:
             taken = self.unacked.take(0, True)
             self.unacked.release(taken)
-            self._settle(taken, True, failed)
+            self.settle(taken, True, failed)
 
     # --- consumers -----------------------------------------------------------------------------------------
     def cancel_consumer(self, consumer: Consumer) -> None:
@@ -608,35 +588,10 @@ class Channel:
         for consumer in list(self.consumers.values()):
             self.cancel_consumer(consumer)
         direct_reply.stop(self)
-        if self.tx is not None:
-            self.undo_tx()
+        if self.tx is not None:  # its acks undone, so that their deliveries go back with the rest
+            self.start(Rollback(self.tx, self.unacked))
             self.tx = None
         self.requeue_all(failed=True)
-
-
-class Settlement:
-    """The deliveries up to a tag, settled over loop turns, a slice a turn. Requeued ones are all taken from the
-    channel's unacked first, then put back the last slice first, so that each goes back ahead of the one before, at
-    the head of its queue (the first slice first would merge every later one into the queue)."""
-
-    __slots__ = ("tag", "requeue", "failed", "taken")
-
-    def __init__(self, tag: int, requeue: bool | None, failed: bool) -> None:
-        self.tag = tag
-        self.requeue = requeue
-        self.failed = failed
-        self.taken: list[Unacked] = []  # requeued ones taken, in tag order, not put back yet
-
-    def next_slice(self, unacked: UnackedStore) -> list[Unacked]:
-        if not self.requeue:
-            return unacked.take_up_to(self.tag, SETTLE_SLICE)
-        taken = self.taken
-        piece = taken[-SETTLE_SLICE:]
-        del taken[-SETTLE_SLICE:]
-        return piece
-
-    def done(self, unacked: UnackedStore) -> bool:
-        return not self.taken if self.requeue else not unacked.holds_up_to(self.tag)
 
 
 def _sender_selected(message: Message, routing_key: str) -> tuple[Message, list[str]]:

@@ -4,8 +4,9 @@ reject names (one tag, or every tag up to one with `multiple`), and the prefetch
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict, deque
-from typing import TYPE_CHECKING, Final, Iterator
+from typing import TYPE_CHECKING, Final, Iterable, Iterator
 
 from protocol import errors
 
@@ -148,17 +149,78 @@ class UnackedStore:
                 consumer.unacked -= 1
                 self.consumer_count -= 1
 
-    def restore(self, taken: list[Unacked]) -> None:
-        """Taken deliveries are unacked again (a rollback undid their acks), in tag order."""
-        for delivery in taken:
-            counted(delivery, 1)
-        deliveries = sorted([*self.items(), *((delivery.tag, delivery) for delivery in taken)], key=_tag_of)
-        self.chunks = deque(OrderedDict(deliveries[start:start + CHUNK]) for start in range(0, len(deliveries), CHUNK))
-        self.count = len(deliveries)
+    def put_back(self, taken: Iterable[list[Unacked]], most: int) -> Iterator[None]:
+        """Taken deliveries are unacked again (a rollback undid their acks), in tag order among the others, in steps
+        of about ``most`` deliveries (the generator yields after each): the taken ones are sorted a slice at a time,
+        then merged with the chunks they fall among; a chunk with none among its tags is kept as it is. Deliveries
+        made meanwhile go after them (the store's last chunk is left alone, a fresh one takes them); none is acked
+        meanwhile (the channel holds its client's frames)."""
+        runs: list[list[Unacked]] = []  # the taken deliveries, sorted a slice at a time
+        run: list[Unacked] = []
+        count = 0  # taken deliveries
+        for deliveries in taken:
+            run += deliveries
+            if len(run) >= most:
+                count += _sorted_run(run, runs)
+                run = []
+                yield
+        count += _sorted_run(run, runs)
+        restored: Iterator[Unacked] = iter(runs[0]) if len(runs) == 1 else heapq.merge(*runs, key=_tag_of)
+        waiting = next(restored, None)  # the next taken delivery to put back
+        chunks = self.chunks
+        before = list(chunks)  # the chunks the taken deliveries go among; new deliveries go after them
+        chunks.append(OrderedDict())
+        built: list[OrderedDict[int, Unacked]] = []  # what replaces `before`
+        filling: OrderedDict[int, Unacked] | None = None  # the chunk of `built` being filled
+        moved = 0  # deliveries placed in `built`
+        for chunk in before:
+            if waiting is None or waiting.tag > next(reversed(chunk)):
+                built.append(chunk)  # none of them among its tags
+                filling = None
+                continue
+            for tag, delivery in chunk.items():
+                while waiting is not None and waiting.tag < tag:
+                    filling = _placed(waiting, filling, built)
+                    waiting = next(restored, None)
+                    moved += 1
+                    if not moved % most:
+                        yield
+                filling = _placed(delivery, filling, built)
+                moved += 1
+                if not moved % most:
+                    yield
+        while waiting is not None:  # tags after every chunk's
+            filling = _placed(waiting, filling, built)
+            waiting = next(restored, None)
+            moved += 1
+            if not moved % most:
+                yield
+        made = [chunk for index, chunk in enumerate(chunks) if index >= len(before) and chunk]
+        self.chunks = deque([*built, *made])
+        self.count += count
 
 
-def _tag_of(item: tuple[int, Unacked]) -> int:
-    return item[0]
+def _sorted_run(run: list[Unacked], runs: list[list[Unacked]]) -> int:
+    """A slice of taken deliveries, counted by their queues again, joins runs sorted; how many."""
+    for delivery in run:
+        counted(delivery, 1)
+    runs.append(sorted(run, key=_tag_of))
+    return len(run)
+
+
+def _placed(delivery: Unacked, filling: OrderedDict[int, Unacked] | None,
+            built: list[OrderedDict[int, Unacked]]) -> OrderedDict[int, Unacked]:
+    """delivery added to the chunk being filled, or to a new one at the end of built once that is full (or none
+    is); the chunk it went to."""
+    if filling is None or len(filling) >= CHUNK:
+        filling = OrderedDict()
+        built.append(filling)
+    filling[delivery.tag] = delivery
+    return filling
+
+
+def _tag_of(delivery: Unacked) -> int:
+    return delivery.tag
 
 
 def counted(delivery: Unacked, sign: int) -> None:

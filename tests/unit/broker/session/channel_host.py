@@ -3,18 +3,22 @@ tests open channels on it, feed them frames as a client would send them, and rea
 
 from __future__ import annotations
 
+import asyncio
+
 from pamqp import commands as spec
 from pamqp.base import Frame
 
 from broker.model.node import Node
 from broker.session.channel import Channel
 from broker.session.limits import ChannelLimits
+from broker.session.settlement import SETTLE_SLICE
 from protocol.codec import decode_method, decode_properties, encode_content, encode_header_payload, encode_method
 from protocol.constants import FRAME_BODY, FRAME_HEADER, FRAME_METHOD
 from protocol.errors import AMQPError, close_for
 from protocol.framing import FrameReader
 
 FRAME_MAX = 131072
+MANY = 3 * SETTLE_SLICE + 5  # deliveries that one multiple ack settles over several loop turns
 
 
 class Host:
@@ -132,3 +136,44 @@ def bodies(received: list) -> list[bytes]:
 def methods(received: list, kind: type) -> list:
     """The methods of one kind among what a channel wrote."""
     return [item for item in received if isinstance(item, kind)]
+
+
+def consuming(host: Host, queue: str, count: int, prefetch: int = 0):
+    """A channel consuming queue with manual acks after count messages m0.. were published to it; the deliveries."""
+    channel = host.open()
+    host.send(channel, spec.Queue.Declare(queue=queue), spec.Basic.Qos(prefetch_count=prefetch))
+    host.publish(channel, queue, *[f"m{number}".encode() for number in range(count)])
+    received = host.send(channel, spec.Basic.Consume(queue=queue, consumer_tag="c"))
+    return channel, methods(received, spec.Basic.Deliver)
+
+
+def ready(host: Host, queue: str) -> list[bytes]:
+    """The queue's ready messages, head first (taken with basic.get, no ack, on a channel of their own)."""
+    channel = host.channels.get(9) or host.open(9)
+    taken = []
+    while True:
+        received = host.send(channel, spec.Basic.Get(queue=queue, no_ack=True))
+        if methods(received, spec.Basic.GetEmpty):
+            return taken
+        taken += bodies(received)
+
+
+def consuming_many(host: Host, queue: str):
+    """A channel with MANY deliveries of queue unacked (the queue delivers a few hundred a loop turn)."""
+    channel, delivered = consuming(host, queue, MANY)
+    for _ in range(MANY):
+        if len(delivered) == MANY:
+            return channel
+        delivered += methods(host.turn(), spec.Basic.Deliver)
+    raise AssertionError(f"{len(delivered)} of {MANY} delivered")
+
+
+async def settled(host: Host, channel) -> list:
+    """Let the loop turn until the channel's settlements of many deliveries are done; what it wrote meanwhile."""
+    received = []
+    for _ in range(4 * MANY // SETTLE_SLICE + 8):
+        received += host.turn()
+        if not channel.settling:
+            return received + host.turn()
+        await asyncio.sleep(0)  # one loop turn: the settlement's next slice
+    raise AssertionError(f"{len(channel.settling)} settlements still under way")

@@ -3,35 +3,11 @@ no socket (channel_host.Host). Expected texts are RabbitMQ's."""
 
 from __future__ import annotations
 
-import asyncio
-
 from pamqp import commands as spec
 
-from broker.session.channel import SETTLE_SLICE
+from broker.session.settlement import SETTLE_SLICE
 from broker.session.unacked import CHUNK
-from tests.unit.broker.session.channel_host import Host, bodies, methods
-
-MANY = 3 * SETTLE_SLICE + 5  # deliveries that one multiple ack settles over several loop turns
-
-
-def consuming(host: Host, queue: str, count: int, prefetch: int = 0):
-    """A channel consuming queue with manual acks after count messages m0.. were published to it; the deliveries."""
-    channel = host.open()
-    host.send(channel, spec.Queue.Declare(queue=queue), spec.Basic.Qos(prefetch_count=prefetch))
-    host.publish(channel, queue, *[f"m{number}".encode() for number in range(count)])
-    received = host.send(channel, spec.Basic.Consume(queue=queue, consumer_tag="c"))
-    return channel, methods(received, spec.Basic.Deliver)
-
-
-def ready(host: Host, queue: str) -> list[bytes]:
-    """The queue's ready messages, head first (taken with basic.get, no ack, on a channel of their own)."""
-    channel = host.channels.get(9) or host.open(9)
-    taken = []
-    while True:
-        received = host.send(channel, spec.Basic.Get(queue=queue, no_ack=True))
-        if methods(received, spec.Basic.GetEmpty):
-            return taken
-        taken += bodies(received)
+from tests.unit.broker.session.channel_host import MANY, Host, bodies, consuming, consuming_many, methods, ready, settled
 
 
 def test_an_ack_settles_one_delivery_and_multiple_every_one_up_to_its_tag():
@@ -85,27 +61,6 @@ def test_closing_the_channel_requeues_its_unacked_deliveries_in_order():
     host.send(channel, spec.Basic.Ack(delivery_tag=2))
     host.send(channel, spec.Channel.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
     assert not channel.open and ready(host, "q") == [b"m0", b"m2"]
-
-
-def consuming_many(host: Host, queue: str):
-    """A channel with MANY deliveries of queue unacked (the queue delivers a few hundred a loop turn)."""
-    channel, delivered = consuming(host, queue, MANY)
-    for _ in range(MANY):
-        if len(delivered) == MANY:
-            return channel
-        delivered += methods(host.turn(), spec.Basic.Deliver)
-    raise AssertionError(f"{len(delivered)} of {MANY} delivered")
-
-
-async def settled(host: Host, channel) -> list:
-    """Let the loop turn until the channel's settlements of many deliveries are done; what it wrote meanwhile."""
-    received = []
-    for _ in range(4 * MANY // SETTLE_SLICE + 8):
-        received += host.turn()
-        if not channel.settling:
-            return received + host.turn()
-        await asyncio.sleep(0)  # one loop turn: the settlement's next slice
-    raise AssertionError(f"{len(channel.settling)} settlements still under way")
 
 
 async def test_a_multiple_ack_of_many_deliveries_settles_them_all_before_the_channel_answers_what_follows():

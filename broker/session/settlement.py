@@ -1,0 +1,138 @@
+"""Work on a channel's deliveries that can be too large for one turn of the event loop, done a slice a turn, in the
+order its client asked for it (Channel.settling): a multiple ack, nack or reject of millions and the requeue of a
+closing channel's deliveries (Settlement), and within a transaction a multiple ack, nack or reject taken into it
+(TakenIntoTransaction), its commit (Commit) and its rollback (Rollback). The frames the client sent after it wait
+meanwhile, as they wait for a reply that waits for the disk, so that what follows sees it done."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final, Iterator
+
+from pamqp import commands as spec
+
+if TYPE_CHECKING:
+    from broker.session.channel import Channel
+    from broker.session.transaction import Transaction
+    from broker.session.unacked import Unacked, UnackedStore
+
+# Deliveries settled in one loop turn: one of millions goes on a slice a turn, holding the other clients a few
+# milliseconds at a time
+SETTLE_SLICE: Final = 4096
+# A publish routed at a commit costs about as much as this many deliveries settled (a slice routes a quarter as many)
+PUBLISH_COST: Final = 4
+
+
+class Slices:
+    """Work done over loop turns: step() does a slice of it and says whether that was the last."""
+
+    def step(self, channel: Channel) -> bool:
+        raise NotImplementedError
+
+
+class Settlement(Slices):
+    """The deliveries up to a tag, settled over loop turns, a slice a turn. Requeued ones are all taken from the
+    channel's unacked first, then put back the last slice first, so that each goes back ahead of the one before, at
+    the head of its queue (the first slice first would merge every later one into the queue). A channel closed
+    meanwhile settles all that its client asked for."""
+
+    __slots__ = ("tag", "requeue", "failed", "taken")
+
+    def __init__(self, tag: int, requeue: bool | None, failed: bool) -> None:
+        self.tag = tag
+        self.requeue = requeue
+        self.failed = failed
+        self.taken: list[Unacked] = []  # requeued ones taken, in tag order, not put back yet
+
+    def step(self, channel: Channel) -> bool:
+        unacked = channel.unacked
+        if self.requeue and unacked.holds_up_to(self.tag):  # (requeued ones are all taken first)
+            self.taken += unacked.take_up_to(self.tag, SETTLE_SLICE)
+            return False
+        taken = self._next_slice(unacked)
+        unacked.release(taken)
+        channel.settle(taken, self.requeue, self.failed)
+        return not self.taken if self.requeue else not unacked.holds_up_to(self.tag)
+
+    def _next_slice(self, unacked: UnackedStore) -> list[Unacked]:
+        if not self.requeue:
+            return unacked.take_up_to(self.tag, SETTLE_SLICE)
+        taken = self.taken
+        piece = taken[-SETTLE_SLICE:]
+        del taken[-SETTLE_SLICE:]
+        return piece
+
+
+class TakenIntoTransaction(Slices):
+    """A multiple ack, nack or reject of many deliveries within a transaction: taken into it a slice a turn, to be
+    settled at the commit (their prefetch slots stay taken until then, as in RabbitMQ). A channel closed meanwhile
+    stops taking: its transaction is rolled back and every delivery goes back to its queue."""
+
+    __slots__ = ("tx", "tag", "requeue", "failed")
+
+    def __init__(self, tx: Transaction, tag: int, requeue: bool | None, failed: bool) -> None:
+        self.tx = tx
+        self.tag = tag
+        self.requeue = requeue
+        self.failed = failed
+
+    def step(self, channel: Channel) -> bool:
+        if not channel.open:
+            return True
+        unacked = channel.unacked
+        self.tx.settles.append((unacked.take_up_to(self.tag, SETTLE_SLICE), self.requeue, self.failed))
+        return not unacked.holds_up_to(self.tag)
+
+
+class Commit(Slices):
+    """A transaction's acks, nacks and rejects settled, then its publishes routed, a slice a turn; then commit-ok,
+    once the disk has what went there. Finished though the channel closes meanwhile: its client asked for it."""
+
+    __slots__ = ("tx", "settled", "routed", "persisted")
+
+    def __init__(self, tx: Transaction) -> None:
+        self.tx = tx
+        self.settled = 0  # entries of tx.settles done
+        self.routed = 0  # publishes of tx.publishes done
+        self.persisted = False  # whether a publish went to disk (commit-ok waits for it)
+
+    def step(self, channel: Channel) -> bool:
+        settles = self.tx.settles
+        budget = SETTLE_SLICE
+        while self.settled < len(settles) and budget > 0:
+            deliveries, requeue, failed = settles[self.settled]
+            self.settled += 1
+            channel.unacked.release(deliveries)
+            channel.settle(deliveries, requeue, failed)
+            budget -= len(deliveries)
+        publishes = self.tx.publishes
+        while self.routed < len(publishes) and budget > 0:
+            self.persisted = publishes[self.routed]() or self.persisted
+            self.routed += 1
+            budget -= PUBLISH_COST
+        if self.settled < len(settles) or self.routed < len(publishes):
+            return False
+        channel.committed(self.persisted)
+        return True
+
+
+class Rollback(Slices):
+    """A transaction's acks, nacks and rejects undone: its deliveries unacked again, in tag order among the others,
+    over loop turns (UnackedStore.put_back); then rollback-ok, unless the channel is closing."""
+
+    __slots__ = ("steps",)
+
+    def __init__(self, tx: Transaction, unacked: UnackedStore) -> None:
+        self.steps: Iterator[None] = unacked.put_back(_taken(tx), SETTLE_SLICE)
+
+    def step(self, channel: Channel) -> bool:
+        for _ in self.steps:
+            return False
+        if channel.open:
+            channel.send_method(spec.Tx.RollbackOk())
+        return True
+
+
+def _taken(tx: Transaction) -> Iterator[list[Unacked]]:
+    """The deliveries each ack, nack or reject of the transaction took, as the rollback reaches them."""
+    for deliveries, _, _ in tx.settles:
+        yield deliveries
