@@ -1,6 +1,8 @@
 """The ready entries of a priority queue: highest priority first, FIFO within a priority, requeues back in place."""
 
 import asyncio
+import math
+import random
 
 from pamqp.commands import Basic
 
@@ -43,6 +45,42 @@ def test_requeued_entries_go_back_to_their_places_within_their_priorities():
     entries.append(made[0])
     entries.put_back([low[3]])
     assert [item.seq for item in entries] == [0, 3] and len(entries) == 2
+
+
+class Counted:
+    """An entry that counts how often its place in the queue is read (put_back compares them by seq)."""
+
+    reads = 0
+
+    def __init__(self, seq: int) -> None:
+        self._seq = seq
+
+    @property
+    def seq(self) -> int:
+        Counted.reads += 1
+        return self._seq
+
+
+def test_requeued_entries_go_back_among_the_ready_ones_in_seq_order_wherever_they_fall():
+    chance = random.Random(7)
+    for _ in range(200):
+        seqs = list(range(chance.randrange(1, 60)))
+        requeued = sorted(chance.sample(seqs, chance.randrange(1, len(seqs) + 1)))
+        entries = FifoEntries(Counted(seq) for seq in seqs if seq not in requeued)
+        entries.put_back([Counted(seq) for seq in requeued])
+        assert [item.seq for item in entries] == seqs
+
+
+def test_a_requeue_among_a_deep_queue_reads_a_few_places_per_entry_not_the_whole_queue():
+    """100 deliveries spread over a queue of 200,000 ready messages (other consumers' requeues came back first): a
+    few dozen looks each, where a merge read every place in the queue."""
+    depth, spread = 200_000, 100
+    requeued = [Counted(seq) for seq in range(0, depth, depth // spread)]
+    entries = FifoEntries(Counted(seq) for seq in range(depth) if seq % (depth // spread))
+    Counted.reads = 0
+    entries.put_back(requeued)
+    assert Counted.reads < spread * 4 * math.log2(depth), Counted.reads
+    assert [item.seq for item in entries] == list(range(depth))
 
 
 def test_take_all_leaves_an_empty_list_of_the_same_levels_and_hands_every_entry_over():
