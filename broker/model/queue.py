@@ -225,9 +225,14 @@ class Queue:
     def stop_timers(self) -> None:
         if self.unused_timer is not None:
             self.unused_timer.cancel()
+        self._drop_deadlines()
+
+    def _drop_deadlines(self) -> None:
+        """Expiry times and retry delays go with what they timed, freed over the loop turns that follow (no timer
+        then acts on an entry that left: features.expiry)."""
         for deadlines in (self.expiries, self.retrying):
             if deadlines is not None:
-                deadlines.clear()
+                let_go(deadlines.take_all())
 
     # --- messages ---------------------------------------------------------------------------------------
     def enqueue(self, message: Message) -> int:
@@ -456,8 +461,7 @@ class Queue:
             self.vhost.durable_changes += 1  # purge-ok waits for the removals to be on disk
         else:
             let_go(taken)
-        if self.retrying is not None:
-            self.retrying.clear()
+        self._drop_deadlines()
         if self.limit is not None:
             self.limit.cleared()
         return count

@@ -157,6 +157,20 @@ def test_a_message_behind_the_head_expires_on_time_once_the_head_is_delivered(de
     assert (body, properties.headers["x-death"][0]["reason"]) == (b"behind", "expired")
 
 
+def test_a_purged_message_never_expires_but_one_unacked_meanwhile_expires_once_returned(dead, unique):
+    source = dead.source(unique)
+    dead.ch.basic_publish("", source, b"held", pika.BasicProperties(expiration="100"))
+    method, _properties, _body = dead.ch.basic_get(source)
+    dead.ch.basic_publish("", source, b"purged", pika.BasicProperties(expiration="100"))
+    assert dead.ch.queue_purge(source).method.message_count == 1
+    dead.conn.sleep(0.3)  # both TTLs run out: "purged" is gone, "held" is out of the queue
+    dead.ch.basic_reject(method.delivery_tag, requeue=True)
+    _method, properties, body = dead.next()
+    assert (body, properties.headers["x-death"][0]["reason"]) == (b"held", "expired")
+    stay_quiet(dead.conn)
+    assert dead.ch.basic_get(dead.collected)[0] is None
+
+
 def test_an_expired_message_is_not_delivered_even_behind_a_live_one(broker, unique):
     with connect(broker) as conn:
         conn.channel().queue_declare(unique, exclusive=True)

@@ -63,9 +63,12 @@ class Deadlines(Generic[Item]):
         heapq.heapify(self.heap)
         self._arm()
 
-    def clear(self) -> None:
-        self.heap.clear()
+    def take_all(self) -> list[tuple[int, int, Item]]:
+        """Everything waiting, handed over as it is (freed at once, millions would hold the event loop: see
+        features.ready.let_go); nothing waits from now on."""
+        heap, self.heap = self.heap, []
         self._disarm()
+        return heap
 
     def _disarm(self) -> None:
         if self.timer is not None:

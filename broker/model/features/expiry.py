@@ -81,10 +81,8 @@ class ExpiringEntries:
         self.inner.put_back(requeued)
 
     def take_all(self) -> tuple[ExpiringEntries, ReadyList]:
-        """Everything at once (see features.ready); each entry is marked taken first, so that no expiry timer acts
-        on one that was dropped (one pass over them, on the loop)."""
-        for entry in self.inner:
-            entry.place = TAKEN
+        """Everything at once (see features.ready). The entries are not marked: the queue drops their expiry times
+        with them (Queue.purge), so that no timer acts on one (marking millions held the event loop)."""
         self.inner, taken = self.inner.take_all()
         self.buried = 0
         return self, taken

@@ -44,12 +44,12 @@ def test_an_earlier_item_rearms_the_one_timer():
         deadlines.add(start + 20_000, "farther")  # not the earliest: the timer stays
         result = (far_timer.cancelled(), near_timer is not far_timer, deadlines.timer is near_timer,
                   deadlines.next_due() == start + 5)
-        deadlines.clear()
-        return result, deadlines.timer, len(deadlines)
+        handed = deadlines.take_all()
+        return result, deadlines.timer, len(deadlines), sorted(item for _, _, item in handed)
 
-    (far_cancelled, rearmed, kept, next_due), timer, left = run(scenario())
+    (far_cancelled, rearmed, kept, next_due), timer, left, handed = run(scenario())
     assert far_cancelled and rearmed and kept
-    assert timer is None and left == 0
+    assert timer is None and left == 0 and handed == ["far", "farther", "near"]
     assert next_due
 
 
@@ -62,7 +62,7 @@ def test_take_due_and_prune():
         taken = deadlines.take_due(start + 6)
         deadlines.prune(lambda item: item != "d")
         rest = sorted(deadlines)
-        deadlines.clear()
+        deadlines.take_all()
         return taken, rest
 
     taken, rest = run(scenario())
