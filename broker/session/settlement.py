@@ -127,6 +127,7 @@ class Rollback(Slices):
     def step(self, channel: Channel) -> bool:
         for _ in self.steps:
             return False
+        channel.ack_timer.walk_again()  # (the deliveries back may be older than where its walk is)
         if channel.open:
             channel.send_method(spec.Tx.RollbackOk())
         return True

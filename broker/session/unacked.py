@@ -52,10 +52,14 @@ class UnackedStore:
         for chunk in self.chunks:
             yield from chunk
 
-    def items(self) -> Iterator[tuple[int, Unacked]]:
-        """(tag, delivery) in tag order."""
+    def items_from(self, tag: int) -> Iterator[tuple[int, Unacked]]:
+        """(tag, delivery) in tag order from ``tag`` on (the chunks before it skipped whole; a rollback's fresh
+        chunk may be empty)."""
         for chunk in self.chunks:
-            yield from chunk.items()
+            if chunk and next(reversed(chunk)) >= tag:
+                for item in chunk.items():
+                    if item[0] >= tag:
+                        yield item
 
     def first_tag(self) -> int:
         """The oldest unacked delivery's tag (there is one)."""
