@@ -158,11 +158,11 @@ class QueueCounts(NamedTuple):
 
 
 def queue_counts(queue: Queue) -> QueueCounts:
-    """The ready messages in memory are counted by walking them, COUNTED_ENTRIES at most (the model keeps no byte
-    counters for them): a queue keeps no more in memory by default, but a priority queue keeps all of its own, and
-    a queue takes back every delivery a closing channel had, and a walk of 4 million held the event loop 0.6 s at
-    each request. Beyond that their bytes and persistent ones are estimated from those walked. The paged ones have
-    counters."""
+    """The ready messages' bytes are counted as they come and go (Queue.ready_bytes). Which of those in memory are
+    persistent is found by walking them, COUNTED_ENTRIES at most: a queue keeps no more in memory by default, but a
+    priority queue keeps all of its own, and a queue takes back every delivery a closing channel had, and a walk of
+    4 million held the event loop 0.6 s at each request; beyond that they are estimated from those walked. The
+    paged ones have counters."""
     ready = queue.count_ready()
     if queue.queue_type == "stream":  # every message of a stream is on disk, and none is held in memory for it
         stored = queue.log.total_bytes
@@ -174,19 +174,17 @@ def queue_counts(queue: Queue) -> QueueCounts:
         if queue.durable:
             paged_persistent, paged_persistent_bytes = (
                 (paged, paged_bytes) if queue.quorum else (paging.paged_persistent, paging.paged_persistent_bytes))
-    walked = ready_bytes = persistent = persistent_bytes = 0
+    walked = persistent = persistent_bytes = 0
     for entry in islice(queue.entries, COUNTED_ENTRIES):
         walked += 1
         size = len(entry.message.body)
-        ready_bytes += size
         if queue.durable and (entry.message.persistent or queue.quorum):
             persistent += 1
             persistent_bytes += size
     in_memory = ready - paged
     if walked and walked < in_memory:  # (estimated, as the walked ones)
-        ready_bytes, persistent, persistent_bytes = (round(figure * in_memory / walked)
-                                                     for figure in (ready_bytes, persistent, persistent_bytes))
-    return QueueCounts(ready, ready_bytes + paged_bytes, queue.unacked_count, queue.unacked_bytes,
+        persistent, persistent_bytes = (round(figure * in_memory / walked) for figure in (persistent, persistent_bytes))
+    return QueueCounts(ready, queue.ready_bytes, queue.unacked_count, queue.unacked_bytes,
                        persistent + paged_persistent, persistent_bytes + paged_persistent_bytes, paged, paged_bytes)
 
 

@@ -15,7 +15,7 @@ from broker.model.durability import StoredToMessage
 from broker.model.features.dead_letter import DELIVERY_LIMIT, EXPIRED, MAXLEN, REJECTED, dead_letter
 from broker.model.features.deadlines import Deadlines, now_ms
 from broker.model.features.expiry import READY, ExpiringEntries, message_ttl
-from broker.model.features.length_limit import DROPPED, ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, LengthLimit
+from broker.model.features.length_limit import DROPPED, ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, LengthLimit, body_bytes
 from broker.model.features.paging import PAGE_BYTES, PagedEntries, StoreBacking
 from broker.model.features.ready import FifoEntries, ReadyList, let_go, ready_entries
 from broker.model.features.redelivery import DelayedRetry, count_return, delayed_retry, delivery_limit
@@ -40,6 +40,8 @@ FLOW_LOW: Final = 1000
 # Deliveries handed to consumers per dispatch round, so one busy queue cannot starve the event loop or flood a
 # socket before the transport can signal back-pressure; the rest goes in the next loop turn.
 DISPATCH_BATCH: Final = 512
+# Messages a lower length limit drops (and dead-letters) a loop turn, on a queue it leaves over the limit by more
+TRIM_SLICE: Final = 4096
 # Expiry times of entries that left the ready list tolerated beyond twice the ready ones before they are let go
 # (checked once every so many expiry times added).
 STALE_EXPIRIES: Final = 1024
@@ -59,6 +61,8 @@ class Queue:
         self.queue_type = "quorum" if self.quorum else "classic"  # as the management API and the metrics name it
         # ready messages in delivery order (by priority with x-max-priority)
         self.entries: ReadyList = ready_entries(arguments)
+        self.ready_bytes = 0  # body bytes of the ready messages, in memory and paged
+        self.trimming = False  # a lower length limit's drops continue next loop turn
         # ready messages kept in memory before later ones are paged (features.paging); None: never paged
         self.page_after = (vhost.paging.messages_in_memory
                            if vhost.paging is not None and isinstance(self.entries, FifoEntries) else None)
@@ -135,16 +139,11 @@ class Queue:
 
     def apply_policies(self, policy: "Policy | None", operator_policy: "Policy | None") -> None:
         """Other policies apply from now on, as RabbitMQ applies them to a live queue: a lower length limit drops
-        (and dead-letters) the oldest messages at once, the expires lease starts again, a new message TTL applies to
+        (and dead-letters) the oldest messages (TRIM_SLICE a loop turn), the expires lease starts again, a new message TTL applies to
         messages enqueued from now on."""
         self.policy, self.operator_policy = policy, operator_policy
         self._configure(self._settings())
-        if self.limit is not None:
-            self._count_limit_bytes(self.limit)
-            dropped = self.limit.trim(self.entries)
-            if dropped:
-                self.forget(dropped)
-                dead_letter(self, dropped, MAXLEN)
+        self._trim()
         if self.unused_timer is not None:
             self.unused_timer.cancel()
             self.unused_timer = None
@@ -197,9 +196,7 @@ class Queue:
         expired = [entry for entry in due if entry.place == READY]
         if not expired or self.deleted:
             return
-        if self.limit is not None:
-            for entry in expired:
-                self.limit.removed(entry)
+        self.ready_bytes -= body_bytes(expired)
         self.forget(expired)
         dead_letter(self, expired, EXPIRED)
         entries = self.entries
@@ -247,8 +244,9 @@ class Queue:
                 consumer.channel.deliver(consumer, self, entry)
                 return ENQUEUED
         if self.limit is not None:
-            status, dropped = self.limit.admit(self.entries, message)
+            status, dropped = self.limit.admit(self.entries, self.ready_bytes, message)
             if dropped:
+                self.ready_bytes -= body_bytes(dropped)
                 self.forget(dropped)
                 dead_letter(self, dropped, MAXLEN)
             if status != ENQUEUED:
@@ -269,6 +267,9 @@ class Queue:
 
     def _add_ready(self, entry: QueueEntry) -> None:
         """entry joins the tail of the ready list: in memory, or paged once enough wait there."""
+        message = entry.message
+        assert message is not None, "a live entry"
+        self.ready_bytes += len(message.body)
         if self.paging is None and self.page_after is not None and len(self.entries) >= self.page_after:
             self._start_paging()
         if not self.entries.append(entry) and entry.expires_at:  # append says True when it paged the entry
@@ -309,11 +310,11 @@ class Queue:
             self.next_seq += 1
         if in_memory < len(stored):
             paging = self.paging if self.paging is not None else self._start_paging()
+            paged_bytes = paging.paged_bytes
             for run in stored.runs(in_memory, PAGE_BYTES):
                 paging.add_stored(run, partial(self._restored_entries, self.next_seq, now, as_message))
                 self.next_seq += len(run)
-        if self.limit is not None:
-            self._count_limit_bytes(self.limit)
+            self.ready_bytes += paging.paged_bytes - paged_bytes
 
     def _restored_entry(self, seq: int, message: Message, redelivered: bool, restored_at: int) -> QueueEntry:
         entry = QueueEntry(seq, message, redelivered)
@@ -339,13 +340,6 @@ class Queue:
             return self._restored_entry(next_seq(), Message(address, header, body, msg_id), redelivered, restored_at)
 
         return run.messages(data, new_entry)
-
-    def _count_limit_bytes(self, limit: LengthLimit) -> None:
-        """The length limit counts the body bytes of every ready message anew (in memory and paged)."""
-        limit.cleared()
-        limit.returned(self.entries)
-        if self.paging is not None:
-            limit.ready_bytes += self.paging.paged_bytes
 
     def check_consume(self, no_ack: bool, prefetch: int, global_prefetch: int, arguments: dict) -> None:
         """Whether a basic.consume with these settings may subscribe (its arguments checked with RabbitMQ's texts,
@@ -424,13 +418,28 @@ class Queue:
                     self._watch_expiry(entry)  # its earlier expiry time may have been pruned
         requeued.sort(key=lambda entry: entry.seq)
         self.entries.put_back(requeued)
-        if self.limit is not None:
-            self.limit.returned(requeued)
-            dropped = self.limit.trim(self.entries)
-            self.forget(dropped)
-            dead_letter(self, dropped, MAXLEN)
+        self.ready_bytes += body_bytes(requeued)
+        self._trim()
         if self.consumers:
             self.vhost.dispatcher.mark(self)
+
+    def _trim(self) -> None:
+        """A drop-head queue over its length limit (a requeue, or a lower limit, took it there) drops and
+        dead-letters its oldest messages until it is within it, TRIM_SLICE a loop turn."""
+        limit = self.limit
+        if limit is None or self.deleted or self.trimming or not limit.over(self.entries, self.ready_bytes):
+            return
+        dropped = limit.trim(self.entries, self.ready_bytes, TRIM_SLICE)
+        self.ready_bytes -= body_bytes(dropped)
+        self.forget(dropped)
+        dead_letter(self, dropped, MAXLEN)
+        if limit.over(self.entries, self.ready_bytes):
+            self.trimming = True
+            asyncio.get_running_loop().call_soon(self._trim_again)
+
+    def _trim_again(self) -> None:
+        self.trimming = False
+        self._trim()
 
     def take(self, no_ack: bool) -> QueueEntry | None:
         """Remove and return the head entry for a basic.get (a client's, or one the broker makes for the API or the
@@ -448,7 +457,8 @@ class Queue:
             self.delivered_get_auto_ack += 1
         else:
             self.delivered_get_manual_ack += 1
-        return self.limit.removed(entry) if self.limit is not None else entry
+        self.ready_bytes -= body_bytes((entry,))
+        return entry
 
     def purge(self) -> int:
         """Drop the ready messages, and those waiting out a retry delay (as RabbitMQ 4.3). Durable storage lets
@@ -462,8 +472,7 @@ class Queue:
         else:
             let_go(taken)
         self._drop_deadlines()
-        if self.limit is not None:
-            self.limit.cleared()
+        self.ready_bytes = 0
         return count
 
     def settle(self, entries: list[QueueEntry], requeue: bool | None, failed: bool = False,
@@ -550,9 +559,9 @@ class Queue:
         self.expire_due()
         entries = self.entries
         consumers = self.consumers
-        limit = self.limit
         expired = []
         budget = DISPATCH_BATCH
+        taken_bytes = 0
         while entries and budget:
             if len(consumers) == 1 or self.single_active:
                 consumer = self.current_active_consumer() if self.single_active else consumers[0]
@@ -565,14 +574,16 @@ class Queue:
             deliver = consumer.channel.deliver
             while credit and entries:
                 entry = entries.popleft()
-                if limit is not None:
-                    limit.removed(entry)
+                message = entry.message
+                assert message is not None, "a live entry"
+                taken_bytes += len(message.body)
                 if entry.expires_at and entry.expires_at < now_ms():
                     expired.append(entry)
                     continue
                 deliver(consumer, self, entry)
                 credit -= 1
                 budget -= 1
+        self.ready_bytes -= taken_bytes
         if expired:
             self.forget(expired)
             dead_letter(self, expired, EXPIRED)

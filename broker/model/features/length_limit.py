@@ -19,12 +19,14 @@ APPENDED: Final = 4  # a stream's log took it (no limit applies there); its conf
 
 
 class LengthLimit:
+    """The limit a queue's settings set; the queue counts its ready messages' bytes (Queue.ready_bytes) and passes
+    them in."""
+
     def __init__(self, max_length: int | None, max_bytes: int | None, overflow: str):
         self.max_length = max_length  # most ready messages kept, None = no limit
         self.max_bytes = max_bytes  # most body bytes of ready messages kept, None = no limit
         self.drop_head = overflow == "drop-head"  # else reject-publish (and reject-publish-dlx)
         self.dead_letter_refused = overflow == "reject-publish-dlx"  # refused messages are also dead-lettered
-        self.ready_bytes = 0  # body bytes of the queue's ready messages
 
     @classmethod
     def from_settings(cls, settings: dict) -> "LengthLimit | None":
@@ -44,37 +46,38 @@ class LengthLimit:
         return ((self.max_length is not None and count > self.max_length)
                 or (self.max_bytes is not None and size > self.max_bytes))
 
-    def admit(self, entries: "ReadyList", message: Message) -> tuple[int, list[QueueEntry]]:
-        """Whether message may join entries, and the head entries dropped to make room for it."""
+    def admit(self, entries: "ReadyList", ready_bytes: int, message: Message) -> tuple[int, list[QueueEntry]]:
+        """Whether message may join entries (holding ready_bytes of bodies), and the head entries dropped to make
+        room for it."""
         size = len(message.body)
-        if not self._over(len(entries) + 1, self.ready_bytes + size):
-            self.ready_bytes += size
+        if not self._over(len(entries) + 1, ready_bytes + size):
             return ENQUEUED, []
         if not self.drop_head:
             return REFUSED, []
         if self._over(1, size):
             return DROPPED, []
         dropped = []
-        while entries and self._over(len(entries) + 1, self.ready_bytes + size):
-            dropped.append(self.removed(entries.popleft()))
-        self.ready_bytes += size
+        while entries and self._over(len(entries) + 1, ready_bytes + size):
+            entry = entries.popleft()
+            ready_bytes -= body_bytes((entry,))
+            dropped.append(entry)
         return ENQUEUED, dropped
 
-    def removed(self, entry: QueueEntry) -> QueueEntry:
-        self.ready_bytes -= len(entry.message.body)
-        return entry
+    def over(self, entries: "ReadyList", ready_bytes: int) -> bool:
+        """Whether a drop-head queue holds more than its limit (a requeue, or a lower limit, took it there)."""
+        return self.drop_head and self._over(len(entries), ready_bytes)
 
-    def returned(self, entries: Iterable[QueueEntry]) -> None:
-        """Requeued entries count again."""
-        self.ready_bytes += sum(len(entry.message.body) for entry in entries)
-
-    def trim(self, entries: "ReadyList") -> list[QueueEntry]:
-        """After a requeue: drop-head queues drop their oldest messages until they are within the limit again."""
-        dropped = []
-        if self.drop_head:
-            while entries and self._over(len(entries), self.ready_bytes):
-                dropped.append(self.removed(entries.popleft()))
+    def trim(self, entries: "ReadyList", ready_bytes: int, most: int) -> list[QueueEntry]:
+        """The oldest messages of a drop-head queue over its limit, dropped until it is within it again: `most` at a
+        time (a lower limit on a queue of millions drops them over loop turns)."""
+        dropped: list[QueueEntry] = []
+        while len(dropped) < most and entries and self.over(entries, ready_bytes):
+            entry = entries.popleft()
+            ready_bytes -= body_bytes((entry,))
+            dropped.append(entry)
         return dropped
 
-    def cleared(self) -> None:
-        self.ready_bytes = 0
+
+def body_bytes(entries: Iterable[QueueEntry]) -> int:
+    """The body bytes of entries' messages (an expired entry has none left)."""
+    return sum(len(entry.message.body) for entry in entries if entry.message is not None)

@@ -1,5 +1,6 @@
-"""A queue's counts as the management API and the metrics give them: exact up to COUNTED_ENTRIES ready messages in
-memory, and beyond them estimated from those walked, so that a request costs the same however deep the queue."""
+"""A queue's counts as the management API and the metrics give them: the ready messages and their bytes exact at any
+depth (counted as they come and go); the persistent ones exact up to COUNTED_ENTRIES ready messages in memory, and
+beyond them estimated from those walked, so that a request costs the same however deep the queue."""
 
 import asyncio
 
@@ -34,11 +35,12 @@ def test_up_to_the_bound_every_ready_message_is_counted():
     assert (figures.ready, figures.ready_bytes, figures.persistent, figures.persistent_bytes) == (6, 21, 3, 9)
 
 
-def test_beyond_the_bound_the_bytes_and_persistent_ones_are_estimated_from_those_walked(monkeypatch):
+def test_beyond_the_bound_the_persistent_ones_are_estimated_from_those_walked_and_the_bytes_still_exact(
+        monkeypatch):
     monkeypatch.setattr(resources, "COUNTED_ENTRIES", 3)
     figures = counts([b"x" * size for size in range(1, 7)], [True, True, False, False, False, False])
-    # the first three walked (1 + 2 + 3 bytes, two persistent of 3 bytes), taken for all six
-    assert (figures.ready, figures.ready_bytes, figures.persistent, figures.persistent_bytes) == (6, 12, 4, 6)
+    # the first three walked (two persistent of 3 bytes), taken for all six
+    assert (figures.ready, figures.ready_bytes, figures.persistent, figures.persistent_bytes) == (6, 21, 4, 6)
 
 
 @pytest.mark.parametrize("depth", [10_000, 100_000])
@@ -46,3 +48,21 @@ def test_the_same_messages_count_the_same_at_any_depth(depth):
     figures = counts([b"x" * 16] * depth, [True] * depth)
     assert (figures.ready, figures.ready_bytes, figures.persistent, figures.persistent_bytes) == (
         depth, 16 * depth, depth, 16 * depth)
+
+
+def test_the_ready_bytes_follow_every_way_in_and_out_of_the_ready_list():
+    async def run() -> list[int]:
+        vhost = VirtualHost("/")
+        queue = vhost.declare_queue("q", Owner(), False, False, False, False, {"x-max-length": 4})
+        address = Address("", "q")
+        for size in range(1, 6):  # the fifth drops the first (drop-head)
+            queue.enqueue(Message(address, Header(encode_header_payload(size, Basic.Properties())), b"x" * size))
+        seen = [resources.queue_counts(queue).ready_bytes]
+        taken = [queue.take(no_ack=False), queue.take(no_ack=False)]  # 2 and 3 bytes, delivered
+        seen.append(resources.queue_counts(queue).ready_bytes)
+        queue.settle(taken, requeue=True)
+        seen.append(resources.queue_counts(queue).ready_bytes)
+        queue.purge()
+        seen.append(resources.queue_counts(queue).ready_bytes)
+        return seen
+    assert asyncio.run(run()) == [2 + 3 + 4 + 5, 4 + 5, 2 + 3 + 4 + 5, 0]

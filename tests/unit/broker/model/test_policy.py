@@ -14,6 +14,7 @@ from broker.model import policy as policies
 from broker.model.durability import restore
 from broker.model.message import Address, Header, Message
 from broker.model.node import Node
+from broker.model.queue import TRIM_SLICE
 from broker.model.policy import PolicyError, choose, effective_settings, make_policy, merged_definition
 from broker.model.vhost import VirtualHost
 from protocol.codec import encode_header_payload
@@ -219,7 +220,7 @@ def message(body: bytes) -> Message:
 
 
 @in_loop
-def test_a_lower_max_length_drops_the_oldest_at_once_to_the_dead_letter_exchange(vhost):
+def test_a_lower_max_length_drops_the_oldest_to_the_dead_letter_exchange(vhost):
     queue = declare(vhost, "q")
     dead = declare(vhost, "dead")
     for body in (b"1", b"22", b"333", b"4444"):
@@ -229,9 +230,29 @@ def test_a_lower_max_length_drops_the_oldest_at_once_to_the_dead_letter_exchange
                                     "max-length": 1})
     assert [entry.message.body for entry in queue.entries] == [b"4444"]
     assert [entry.message.body for entry in dead.entries] == [b"1", b"22", b"333"]
-    assert queue.limit.ready_bytes == 4
+    assert queue.ready_bytes == 4
     vhost.set_policy("bytes", "^q$", {"max-length-bytes": 2}, priority=1)  # outranks the other: no DLX now
     assert not queue.entries and len(dead.entries) == 3
+
+
+def test_a_lower_max_length_over_many_messages_drops_them_a_slice_a_loop_turn(vhost):
+    async def scenario() -> list[int]:
+        queue = declare(vhost, "q")
+        dead = declare(vhost, "dead")
+        many = 2 * TRIM_SLICE + 10
+        for number in range(many):
+            vhost.publish_to([queue], message(b"%d" % number))
+        vhost.set_policy("limit", "^q$", {"max-length": 5, "dead-letter-exchange": "",
+                                          "dead-letter-routing-key": "dead"})
+        left = [len(queue.entries)]
+        while len(queue.entries) > 5:
+            await asyncio.sleep(0)
+            left.append(len(queue.entries))
+        assert [entry.message.body for entry in dead.entries] == [b"%d" % number for number in range(many - 5)]
+        assert [entry.message.body for entry in queue.entries] == [b"%d" % number for number in range(many - 5, many)]
+        assert queue.ready_bytes == sum(len(b"%d" % number) for number in range(many - 5, many))
+        return left
+    assert asyncio.run(scenario()) == [TRIM_SLICE + 10, 10, 5]  # (a slice at once, then one a loop turn)
 
 
 @in_loop
