@@ -186,6 +186,11 @@ def encode_header_payload(body_size: int, properties: commands.Basic.Properties)
     return _CONTENT_HEADER_PREFIX.pack(BASIC_CLASS_ID, 0, body_size) + properties.marshal()
 
 
+def with_body_size(header_payload: bytes, body_size: int) -> bytes:
+    """The same content-header payload for a body of another size."""
+    return _CONTENT_HEADER_PREFIX.pack(BASIC_CLASS_ID, 0, body_size) + header_payload[_CONTENT_HEADER_PREFIX.size:]
+
+
 def decode_properties(header_payload: bytes) -> commands.Basic.Properties:
     """The message properties of a raw content-header payload.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from functools import partial
 from itertools import chain, count
 from typing import TYPE_CHECKING, Final, Iterable, Iterator
@@ -40,7 +41,12 @@ FLOW_LOW: Final = 1000
 # Deliveries handed to consumers per dispatch round, so one busy queue cannot starve the event loop or flood a
 # socket before the transport can signal back-pressure; the rest goes in the next loop turn.
 DISPATCH_BATCH: Final = 512
-# Messages a lower length limit drops (and dead-letters) a loop turn, on a queue it leaves over the limit by more
+# Work on many messages done a slice a loop turn (a lower limit's drops, a channel's settlement) goes in pieces
+# (PIECE between two looks at the clock) and stops for the turn after SLICE_SECONDS: a dead-lettered message costs
+# ten times an acked one, and 4,096 at once held other clients 0.25 s
+PIECE: Final = 256
+SLICE_SECONDS: Final = 0.005
+# Messages a lower length limit drops (and dead-letters) a loop turn at most, on a queue it leaves over the limit
 TRIM_SLICE: Final = 4096
 # Expiry times of entries that left the ready list tolerated beyond twice the ready ones before they are let go
 # (checked once every so many expiry times added).
@@ -183,7 +189,8 @@ class Queue:
         expiries.add(entry.expires_at, entry)
 
     def expire_due(self) -> None:
-        """Messages whose TTL has passed leave now, though their timer may not have fired yet."""
+        """Messages whose TTL has passed leave now, though their timer may not have fired yet (FIRE_SLICE of them:
+        the timer takes the rest over the loop turns that follow, dispatch and take skip them meanwhile)."""
         expiries = self.expiries
         if expiries is not None:
             due = expiries.next_due()
@@ -425,14 +432,20 @@ class Queue:
 
     def _trim(self) -> None:
         """A drop-head queue over its length limit (a requeue, or a lower limit, took it there) drops and
-        dead-letters its oldest messages until it is within it, TRIM_SLICE a loop turn."""
+        dead-letters its oldest messages until it is within it, a slice a loop turn (TRIM_SLICE or SLICE_SECONDS)."""
         limit = self.limit
-        if limit is None or self.deleted or self.trimming or not limit.over(self.entries, self.ready_bytes):
+        if limit is None or self.deleted or self.trimming:
             return
-        dropped = limit.trim(self.entries, self.ready_bytes, TRIM_SLICE)
-        self.ready_bytes -= body_bytes(dropped)
-        self.forget(dropped)
-        dead_letter(self, dropped, MAXLEN)
+        ends = time.perf_counter() + SLICE_SECONDS
+        for _ in range(TRIM_SLICE // PIECE):
+            if not limit.over(self.entries, self.ready_bytes):
+                return
+            dropped = limit.trim(self.entries, self.ready_bytes, PIECE)
+            self.ready_bytes -= body_bytes(dropped)
+            self.forget(dropped)
+            dead_letter(self, dropped, MAXLEN)
+            if time.perf_counter() >= ends:
+                break
         if limit.over(self.entries, self.ready_bytes):
             self.trimming = True
             asyncio.get_running_loop().call_soon(self._trim_again)
@@ -447,17 +460,28 @@ class Queue:
         without ack, a redelivery, or an empty get."""
         self.touch()
         self.expire_due()
-        if not self.entries:
+        entries = self.entries
+        expired = []  # due beyond what expire_due took
+        entry: QueueEntry | None = None
+        while entries:
+            head = entries.popleft()
+            self.ready_bytes -= body_bytes((head,))
+            if not 0 < head.expires_at < now_ms():
+                entry = head
+                break
+            expired.append(head)
+        if expired:
+            self.forget(expired)
+            dead_letter(self, expired, EXPIRED)
+        if entry is None:
             self.get_empty += 1
             return None
-        entry = self.entries.popleft()
         if entry.redelivered:
             self.redelivered += 1
         if no_ack:
             self.delivered_get_auto_ack += 1
         else:
             self.delivered_get_manual_ack += 1
-        self.ready_bytes -= body_bytes((entry,))
         return entry
 
     def purge(self) -> int:
@@ -579,6 +603,9 @@ class Queue:
                 taken_bytes += len(message.body)
                 if entry.expires_at and entry.expires_at < now_ms():
                     expired.append(entry)
+                    budget -= 1  # (millions due at once leave a round at a time)
+                    if not budget:
+                        break
                     continue
                 deliver(consumer, self, entry)
                 credit -= 1

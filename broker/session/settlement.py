@@ -6,17 +6,20 @@ meanwhile, as they wait for a reply that waits for the disk, so that what follow
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Final, Iterator
 
 from pamqp import commands as spec
+
+from broker.model.queue import PIECE, SLICE_SECONDS
 
 if TYPE_CHECKING:
     from broker.session.channel import Channel
     from broker.session.transaction import Transaction
     from broker.session.unacked import Unacked, UnackedStore
 
-# Deliveries settled in one loop turn: one of millions goes on a slice a turn, holding the other clients a few
-# milliseconds at a time
+# Deliveries settled in one loop turn at most (fewer where they cost more: broker.model.queue.SLICE_SECONDS): one of
+# millions goes on a slice a turn, holding the other clients a few milliseconds at a time
 SETTLE_SLICE: Final = 4096
 # A publish routed at a commit costs about as much as this many deliveries settled (a slice routes a quarter as many)
 PUBLISH_COST: Final = 4
@@ -48,18 +51,23 @@ class Settlement(Slices):
         if self.requeue and unacked.holds_up_to(self.tag):  # (requeued ones are all taken first)
             self.taken += unacked.take_up_to(self.tag, SETTLE_SLICE)
             return False
-        taken = self._next_slice(unacked)
-        unacked.release(taken)
-        channel.settle(taken, self.requeue, self.failed)
-        return not self.taken if self.requeue else not unacked.holds_up_to(self.tag)
-
-    def _next_slice(self, unacked: UnackedStore) -> list[Unacked]:
-        if not self.requeue:
-            return unacked.take_up_to(self.tag, SETTLE_SLICE)
-        taken = self.taken
-        piece = taken[-SETTLE_SLICE:]
-        del taken[-SETTLE_SLICE:]
-        return piece
+        if self.requeue:
+            taken = self.taken
+            piece = taken[-SETTLE_SLICE:]
+            del taken[-SETTLE_SLICE:]
+            unacked.release(piece)
+            channel.settle(piece, self.requeue, self.failed)
+            return not taken
+        ends = time.perf_counter() + SLICE_SECONDS  # (a dead-lettered delivery costs ten acked ones)
+        for _ in range(SETTLE_SLICE // PIECE):
+            piece = unacked.take_up_to(self.tag, PIECE)
+            unacked.release(piece)
+            channel.settle(piece, self.requeue, self.failed)
+            if not unacked.holds_up_to(self.tag):
+                return True
+            if time.perf_counter() >= ends:
+                break
+        return False
 
 
 class TakenIntoTransaction(Slices):
@@ -79,8 +87,11 @@ class TakenIntoTransaction(Slices):
         if not channel.open:
             return True
         unacked = channel.unacked
-        self.tx.settles.append((unacked.take_up_to(self.tag, SETTLE_SLICE), self.requeue, self.failed))
-        return not unacked.holds_up_to(self.tag)
+        for _ in range(SETTLE_SLICE // PIECE):  # (in pieces, so that the commit can settle them a piece at a time)
+            self.tx.settles.append((unacked.take_up_to(self.tag, PIECE), self.requeue, self.failed))
+            if not unacked.holds_up_to(self.tag):
+                return True
+        return False
 
 
 class Commit(Slices):
@@ -96,23 +107,24 @@ class Commit(Slices):
         self.persisted = False  # whether a publish went to disk (commit-ok waits for it)
 
     def step(self, channel: Channel) -> bool:
-        settles = self.tx.settles
+        settles, publishes = self.tx.settles, self.tx.publishes
         budget = SETTLE_SLICE
-        while self.settled < len(settles) and budget > 0:
-            deliveries, requeue, failed = settles[self.settled]
-            self.settled += 1
-            channel.unacked.release(deliveries)
-            channel.settle(deliveries, requeue, failed)
-            budget -= len(deliveries)
-        publishes = self.tx.publishes
-        while self.routed < len(publishes) and budget > 0:
-            self.persisted = publishes[self.routed]() or self.persisted
-            self.routed += 1
-            budget -= PUBLISH_COST
-        if self.settled < len(settles) or self.routed < len(publishes):
-            return False
-        channel.committed(self.persisted)
-        return True
+        ends = time.perf_counter() + SLICE_SECONDS
+        while budget > 0 and time.perf_counter() < ends:
+            if self.settled < len(settles):
+                deliveries, requeue, failed = settles[self.settled]
+                self.settled += 1
+                channel.unacked.release(deliveries)
+                channel.settle(deliveries, requeue, failed)
+                budget -= len(deliveries)
+            elif self.routed < len(publishes):
+                self.persisted = publishes[self.routed]() or self.persisted
+                self.routed += 1
+                budget -= PUBLISH_COST
+            else:
+                channel.committed(self.persisted)
+                return True
+        return False
 
 
 class Rollback(Slices):

@@ -66,10 +66,11 @@ def discarding(sock: socket.socket) -> threading.Thread:
     return reader
 
 
-def consumed_unacked(broker, watch, queue: str, tx: bool = False) -> tuple[RawClient, threading.Thread]:
-    """A raw client on channel 1 (transactional where tx) holding COUNT persistent deliveries of queue unacked, and
-    the thread that reads and drops what the broker sends it."""
-    watch.queue_declare(queue, durable=True)
+def consumed_unacked(broker, watch, queue: str, tx: bool = False,
+                     arguments: dict | None = None) -> tuple[RawClient, threading.Thread]:
+    """A raw client on channel 1 (transactional where tx) holding COUNT persistent deliveries of queue (declared
+    with arguments) unacked, and the thread that reads and drops what the broker sends it."""
+    watch.queue_declare(queue, durable=True, arguments=arguments)
     client = RawClient.connect(broker, timeout=30)
     client.handshake()
     client.open_channel(1)
@@ -141,4 +142,28 @@ def test_a_transactions_multiple_ack_rollback_and_commit_of_hundreds_of_thousand
         finally:
             slowest = round_trips.stop()
         watch.queue_delete(unique)
+    assert slowest < ROUND_TRIP_BOUND, f"another client's slowest round trip: {slowest * 1000:.0f} ms"
+
+
+@pytest.mark.alone
+def test_a_multiple_nack_of_hundreds_of_thousands_to_a_dead_letter_queue_holds_no_other_client(broker, unique):
+    if broker.external:
+        pytest.skip("a bound of Warren's own: RabbitMQ holds other clients hundreds of ms during such a settlement "
+                    "(python -m tests.bench.stalls)")
+    with connect(broker) as watching:
+        watch = watching.channel()
+        dead = f"{unique}-dead"
+        watch.queue_declare(dead, durable=True)
+        client, reader = consumed_unacked(broker, watch, unique, arguments={
+            "x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead})
+        round_trips = RoundTrips(broker)
+        round_trips.start()
+        try:
+            client.send(1, commands.Basic.Nack(delivery_tag=0, multiple=True, requeue=False))
+            wait_for(lambda: message_count(watch, dead) == COUNT, 60, "every message dead-lettered")
+            closed(client, reader)
+        finally:
+            slowest = round_trips.stop()
+        watch.queue_delete(unique)
+        watch.queue_delete(dead)
     assert slowest < ROUND_TRIP_BOUND, f"another client's slowest round trip: {slowest * 1000:.0f} ms"

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from broker.model.features.delayed_messages import delay_of
 from broker.model.message import Address, Header, Message, carbon_copy_keys
-from protocol.codec import LongLong, encode_header_payload
+from protocol.codec import LongLong, encode_header_payload, with_body_size
 
 if TYPE_CHECKING:
     from broker.model.message import QueueEntry
@@ -42,14 +42,14 @@ def record_death(headers: dict, queue: str, reason: str, exchange: str, routing_
     return result
 
 
-def dead_lettered(message: Message, queue: str, reason: str, exchange: str,
-                  routing_key: str | None) -> tuple[Message, list[str]]:
+def dead_lettered(message: Message, queue: str, reason: str, exchange: str, routing_key: str | None,
+                  now: datetime.datetime | None = None) -> tuple[Message, list[str]]:
     """The message as it is published to the dead-letter exchange (with x-death recorded and its expiration
     removed), and the routing keys to publish it with: the queue's dead-letter routing key, else its own keys."""
     properties = message.properties
     headers = properties.headers or {}
     keys = [message.routing_key, *carbon_copy_keys(headers, "CC")]  # the keys it was published with
-    now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+    now = now or datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
     properties.headers = record_death(headers, queue, reason, message.exchange, keys, properties.expiration, now)
     properties.expiration = None
     keys = [routing_key] if routing_key else keys
@@ -80,14 +80,26 @@ def dead_letter(queue: "Queue", entries: list["QueueEntry"], reason: str) -> Non
     if exchange is None:
         return  # as in RabbitMQ, a dead-letter exchange that does not exist drops the message
     routing_key = queue.dead_letter_routing_key
+    now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+    # what a message becomes, by its original content header (shared by the messages of one publisher that repeat
+    # it) and address: its properties decoded and encoded once, not once per message
+    made: dict[tuple[int, str, str], tuple[Message, list[str], list]] = {}
     for entry in entries:
-        message, keys = dead_lettered(entry.message, queue.name, reason, exchange_name, routing_key)
+        original = entry.message
+        known = made.get(shared := (id(original.header), original.exchange, original.routing_key))
+        if known is None:
+            message, keys = dead_lettered(original, queue.name, reason, exchange_name, routing_key, now)
+            known = made[shared] = (message, keys, message.properties.headers["x-death"])
+        else:
+            first, keys, _ = known
+            header = first.header if len(first.body) == len(original.body) else Header(
+                with_body_size(first.header.payload, len(original.body)))
+            message = Message(first.address, header, original.body)
         if exchange.holds_delayed and (delay := delay_of(message)):
             exchange.delayed.hold(message, keys, delay)  # a delayed dead-letter exchange: routed when due
             continue
         targets = vhost.route(exchange, keys, message)
         if reason != REJECTED:
-            deaths = message.properties.headers["x-death"]
-            targets = [target for target in targets if not _is_cycle(deaths, target)]
+            targets = [target for target in targets if not _is_cycle(known[2], target)]
         vhost.publish_to(targets, message)
 

@@ -8,6 +8,9 @@ import heapq
 from typing import Callable, Generic, Iterator, TypeVar
 
 Item = TypeVar("Item")
+# Items handed to on_due at most per firing (those due beyond wait for the next loop turn): millions due at once,
+# each dead-lettered or routed, would hold the event loop for seconds
+FIRE_SLICE = 256
 
 
 def now_ms() -> int:
@@ -50,10 +53,11 @@ class Deadlines(Generic[Item]):
         return self.heap[0][0] if self.heap else None
 
     def take_due(self, now: int) -> list[Item]:
-        """Remove and return the items due at or before now, earliest first (without waiting for the timer)."""
+        """Remove and return the items due at or before now, earliest first, FIRE_SLICE at most (without waiting
+        for the timer; it fires again at once for the rest)."""
         heap = self.heap
         due = []
-        while heap and heap[0][0] <= now:
+        while heap and heap[0][0] <= now and len(due) < FIRE_SLICE:
             due.append(heapq.heappop(heap)[2])
         return due
 
@@ -84,6 +88,6 @@ class Deadlines(Generic[Item]):
     def _fire(self) -> None:
         self.timer = None
         due = self.take_due(now_ms())
-        self._arm()
+        self._arm()  # (at once, when more were due)
         if due:
             self.on_due(due)

@@ -1,13 +1,17 @@
 """The x-death history of a dead-lettered message, as RabbitMQ 3.x writes it: one entry per (queue, reason), the
 newest death first, a repeated death counted in its entry (which moves to the front), x-first-death-* set once."""
 
+import asyncio
 import datetime
+import struct
 
 from pamqp.commands import Basic
 
 # The modules under test, named once: the rest of the file uses only these names.
 from broker.model.features import dead_letter as deaths
 from broker.model import message as messages
+from broker.model.message import QueueEntry
+from broker.model.vhost import VirtualHost
 from protocol.codec import LongLong, encode_header_payload
 
 MONDAY = datetime.datetime(2026, 11, 23, 9, 0, tzinfo=datetime.timezone.utc)
@@ -94,3 +98,27 @@ def test_a_dead_letter_routing_key_replaces_the_message_keys():
     out, keys = deaths.dead_lettered(message, "orders", deaths.REJECTED, "dlx", "parking")
     assert (out.routing_key, keys) == ("parking", ["parking"])
     assert out.properties.headers["x-death"][0]["routing-keys"] == ["rk", "cc-key"]
+
+
+def test_messages_sharing_a_content_header_are_each_dead_lettered_with_their_own_size_and_keys():
+    """One publisher's messages share their content header: dead-lettering decodes it once per address, and each
+    message still carries its own body size and its own routing key in its history."""
+    class Owner:
+        exclusive_queues: set = set()
+
+    async def run():
+        vhost = VirtualHost("/")
+        source = vhost.declare_queue("src", Owner(), False, False, False, False,
+                                     {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dead"})
+        dead = vhost.declare_queue("dead", Owner(), False, False, False, False, {})
+        header = messages.Header(encode_header_payload(1, Basic.Properties(app_id="one publisher")))
+        entries = [QueueEntry(seq, messages.Message(messages.Address("", key), header, body))
+                   for seq, (key, body) in enumerate([("a", b"1"), ("a", b"22"), ("b", b"333"), ("a", b"4444")])]
+        deaths.dead_letter(source, entries, deaths.REJECTED)
+        return [entry.message for entry in dead.entries]
+
+    out = asyncio.run(run())
+    assert [message.body for message in out] == [b"1", b"22", b"333", b"4444"]
+    assert [struct.unpack_from(">Q", message.header.payload, 4)[0] for message in out] == [1, 2, 3, 4]  # body size
+    assert [message.properties.headers["x-death"][0]["routing-keys"] for message in out] == [["a"], ["a"], ["b"], ["a"]]
+    assert {message.properties.app_id for message in out} == {"one publisher"}

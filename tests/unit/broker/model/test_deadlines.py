@@ -2,7 +2,7 @@
 
 import asyncio
 
-from broker.model.features.deadlines import Deadlines, now_ms
+from broker.model.features.deadlines import FIRE_SLICE, Deadlines, now_ms
 
 
 def run(coroutine):
@@ -68,3 +68,26 @@ def test_take_due_and_prune():
     taken, rest = run(scenario())
     assert taken == ["a", "b"]
     assert rest == ["c"]
+
+
+def test_many_items_due_at_once_are_handed_over_a_slice_a_loop_turn_in_order():
+    async def scenario():
+        fired: list[list[int]] = []
+        done = asyncio.Event()
+        many = 2 * FIRE_SLICE + 3
+
+        def on_due(items):
+            fired.append(items)
+            if sum(map(len, fired)) == many:
+                done.set()
+
+        deadlines = Deadlines(on_due)
+        due = now_ms() + 5
+        for number in range(many):
+            deadlines.add(due, number)
+        await asyncio.wait_for(done.wait(), 2)
+        return fired, many
+
+    fired, many = run(scenario())
+    assert [len(items) for items in fired] == [FIRE_SLICE, FIRE_SLICE, 3]
+    assert [item for items in fired for item in items] == list(range(many))
