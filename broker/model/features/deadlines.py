@@ -11,6 +11,8 @@ Item = TypeVar("Item")
 # Items handed to on_due at most per firing (those due beyond wait for the next loop turn): millions due at once,
 # each dead-lettered or routed, would hold the event loop for seconds
 FIRE_SLICE = 256
+# Items prune() looks at a loop turn: a queue drained of millions left as many expiry times behind
+PRUNE_SLICE = 16_384
 
 
 def now_ms() -> int:
@@ -25,13 +27,14 @@ class Deadlines(Generic[Item]):
     Items are not removed when they stop mattering (a message consumed before it expires): on_due is expected to
     skip those, and an owner that drops many of them early calls prune() to let them go."""
 
-    __slots__ = ("heap", "timer", "on_due", "arrivals")
+    __slots__ = ("heap", "timer", "on_due", "arrivals", "aside")
 
     def __init__(self, on_due: Callable[[list[Item]], None]):
         self.heap: list[tuple[int, int, Item]] = []  # (due ms, arrival number, item), earliest first
         self.timer: asyncio.TimerHandle | None = None  # armed for heap[0]'s due time while the heap is not empty
         self.on_due = on_due  # takes the items whose time has come
         self.arrivals = 0  # numbers items in arrival order, so that equal due times keep it (and items never compare)
+        self.aside: list[tuple[int, int, Item]] | None = None  # what prune() has yet to look at, while it does
 
     def __len__(self) -> int:
         return len(self.heap)
@@ -62,16 +65,37 @@ class Deadlines(Generic[Item]):
         return due
 
     def prune(self, keep: Callable[[Item], bool]) -> None:
-        """Drop the items keep() says no longer matter."""
-        self.heap = [entry for entry in self.heap if keep(entry[2])]
-        heapq.heapify(self.heap)
+        """Drop the items keep() says no longer matter, looking at PRUNE_SLICE a loop turn: the items are set aside
+        and those kept come back as they are looked at (one of them due meanwhile fires that many turns late)."""
+        if self.aside is not None:
+            return
+        self.aside, self.heap = self.heap, []
+        self._disarm()
+        self._prune_slice(keep)
+
+    def _prune_slice(self, keep: Callable[[Item], bool]) -> None:
+        aside, heap = self.aside, self.heap
+        if aside is None:
+            return  # (take_all took them meanwhile)
+        for entry in aside[-PRUNE_SLICE:]:
+            if keep(entry[2]):
+                heapq.heappush(heap, entry)
+        del aside[-PRUNE_SLICE:]
         self._arm()
+        if aside:
+            asyncio.get_running_loop().call_soon(self._prune_slice, keep)
+        else:
+            self.aside = None
 
     def take_all(self) -> list[tuple[int, int, Item]]:
         """Everything waiting, handed over as it is (freed at once, millions would hold the event loop: see
         features.ready.let_go); nothing waits from now on."""
         heap, self.heap = self.heap, []
+        aside, self.aside = self.aside, None
         self._disarm()
+        if aside:  # (a prune under way: what it set aside goes too)
+            aside += heap
+            return aside
         return heap
 
     def _disarm(self) -> None:

@@ -2,7 +2,7 @@
 
 import asyncio
 
-from broker.model.features.deadlines import FIRE_SLICE, Deadlines, now_ms
+from broker.model.features.deadlines import FIRE_SLICE, PRUNE_SLICE, Deadlines, now_ms
 
 
 def run(coroutine):
@@ -91,3 +91,30 @@ def test_many_items_due_at_once_are_handed_over_a_slice_a_loop_turn_in_order():
     fired, many = run(scenario())
     assert [len(items) for items in fired] == [FIRE_SLICE, FIRE_SLICE, 3]
     assert [item for items in fired for item in items] == list(range(many))
+
+
+def test_a_prune_of_many_looks_at_a_slice_a_loop_turn_and_a_take_all_meanwhile_takes_everything():
+    async def scenario():
+        many = 2 * PRUNE_SLICE + 1
+        deadlines = Deadlines(lambda items: None)
+        due = now_ms() + 60_000
+        for number in range(many):
+            deadlines.add(due + number, number)
+        deadlines.prune(lambda number: number % 2 == 0)
+        kept = [len(deadlines)]
+        while deadlines.aside is not None:
+            await asyncio.sleep(0)
+            kept.append(len(deadlines))
+        pruned = deadlines.take_due(due + many)
+        deadlines = Deadlines(lambda items: None)
+        for number in range(many):
+            deadlines.add(due + number, number)
+        deadlines.prune(lambda number: False)  # (a slice at once)
+        taken = deadlines.take_all()
+        await asyncio.sleep(0)
+        return kept, pruned, len(taken), len(deadlines), many
+
+    kept, pruned, taken, left, many = run(scenario())
+    assert len(kept) == 3 and kept[0] < kept[1] < kept[2] == (many + 1) // 2  # (a slice at once, then a turn each)
+    assert len(pruned) == FIRE_SLICE and pruned == list(range(0, 2 * FIRE_SLICE, 2))
+    assert (taken, left) == (many - PRUNE_SLICE, 0)  # nothing the prune had set aside came back after the take_all
