@@ -44,7 +44,7 @@ DISPATCH_BATCH: Final = 512
 # Work on many messages done a slice a loop turn (a lower limit's drops, a channel's settlement) goes in pieces
 # (PIECE between two looks at the clock) and stops for the turn after SLICE_SECONDS: a dead-lettered message costs
 # ten times an acked one, and 4,096 at once held other clients 0.25 s
-PIECE: Final = 256
+PIECE: Final = 64
 SLICE_SECONDS: Final = 0.005
 # Messages a lower length limit drops (and dead-letters) a loop turn at most, on a queue it leaves over the limit
 TRIM_SLICE: Final = 4096

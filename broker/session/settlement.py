@@ -25,6 +25,10 @@ SETTLE_SLICE: Final = 4096
 PUBLISH_COST: Final = 4
 
 
+# What a commit leaves of an ack, nack or reject it settled
+SETTLED: Final[tuple[list[Unacked], bool | None, bool]] = ([], None, False)
+
+
 class Slices:
     """Work done over loop turns: step() does a slice of it and says whether that was the last."""
 
@@ -113,12 +117,14 @@ class Commit(Slices):
         while budget > 0 and time.perf_counter() < ends:
             if self.settled < len(settles):
                 deliveries, requeue, failed = settles[self.settled]
+                settles[self.settled] = SETTLED  # (each let go as it is settled: millions at the end held the loop)
                 self.settled += 1
                 channel.unacked.release(deliveries)
                 channel.settle(deliveries, requeue, failed)
                 budget -= len(deliveries)
             elif self.routed < len(publishes):
                 self.persisted = publishes[self.routed]() or self.persisted
+                publishes[self.routed] = _routed  # (its message let go: it is in its queues now)
                 self.routed += 1
                 budget -= PUBLISH_COST
             else:
@@ -143,6 +149,11 @@ class Rollback(Slices):
         if channel.open:
             channel.send_method(spec.Tx.RollbackOk())
         return True
+
+
+def _routed() -> bool:
+    """What a commit leaves of a publish it routed."""
+    return False
 
 
 def _taken(tx: Transaction) -> Iterator[list[Unacked]]:

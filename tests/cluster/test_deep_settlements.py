@@ -1,7 +1,9 @@
 """Settling millions of messages on a cluster's leader (issue 45): a consumer draining a deep queue (prefetch
-5,000, a multiple ack every 1,000), one multiple ack of every delivery of a deep queue, the purge of a deep queue and
-its deletion (a FIFO queue, which keeps most of its messages on disk, and a priority queue, which keeps them all in
-memory) hold the leader's other clients under 50 ms at a time and cost no leadership.
+5,000, a multiple ack every 1,000), one multiple ack of every delivery of a deep queue, the same within a transaction
+(rolled back, then again and committed), a multiple nack of every delivery to a dead-letter queue, the purge of a
+deep queue and its deletion (a FIFO queue, which keeps most of its messages on disk, a priority queue, which keeps
+them all in memory, and a queue whose messages have a TTL) and a policy's lower length limit hold the leader's other
+clients under 50 ms at a time and cost no leadership.
 
 On demand, as they take minutes: WARREN_SETTLE_BACKLOG=4000000 (the messages queued, persistent, 16 B) runs them.
 Each prints the other client's round trips (p50, p99, max, how many over the bound) and the time each phase took.
@@ -118,10 +120,11 @@ class Consumer:
         self.client.open_channel(1)
         self.client.send(1, commands.Basic.Qos(prefetch_count=prefetch))
         self.client.expect(commands.Basic.QosOk)
-        self.client.send(1, commands.Basic.Consume(queue=QUEUE, consumer_tag="settle"))  # (its consume-ok: read())
         self.client.sock.settimeout(60)
         self.delivered = 0
+        self.answers = 0  # method frames other than deliveries read (consume-ok, a reply)
         self.pending = b""  # bytes read that end in the middle of a frame
+        self.answered(commands.Basic.Consume(queue=QUEUE, consumer_tag="settle"))
 
     def read(self) -> int:
         """Read what has come, counting its deliveries; their count so far."""
@@ -136,13 +139,25 @@ class Consumer:
                 break
             if kind == METHOD_FRAME and data[offset + 7:offset + 11] == DELIVER:
                 self.delivered += 1
+            elif kind == METHOD_FRAME:
+                self.answers += 1
             offset = end
         self.pending = data[offset:]
         return self.delivered
 
     def ack(self, tag: int, multiple: bool = True) -> None:
-        self.client.send_raw(raw_frame(METHOD_FRAME, 1, method_frame_payload(
-            commands.Basic.Ack(delivery_tag=tag, multiple=multiple))))
+        self.send(commands.Basic.Ack(delivery_tag=tag, multiple=multiple))
+
+    def send(self, method: object) -> None:
+        self.client.send_raw(raw_frame(METHOD_FRAME, 1, method_frame_payload(method)))
+
+    def answered(self, method: object) -> None:
+        """Send a method that the broker answers, and read until its answer (a method frame that is not a
+        delivery)."""
+        answers = self.answers
+        self.send(method)
+        while self.answers == answers:
+            self.read()
 
     def close(self) -> None:
         self.client.close()
@@ -193,7 +208,74 @@ def test_a_multiple_ack_of_millions_holds_no_other_client_and_costs_no_leadershi
     assert max(took for _, took in times) <= ROUND_TRIP_BOUND, describe(times)
 
 
-KINDS = pytest.mark.parametrize("arguments", [{}, {"x-max-priority": 10}], ids=["fifo", "priority"])
+def test_a_transactions_multiple_ack_of_millions_its_rollback_and_its_commit_hold_no_other_client(
+        cluster):  # noqa: F811
+    leader = cluster.ready()
+    fill(leader, BACKLOG)
+    probe = RoundTrips(leader)
+    consumer = Consumer(leader, 0)
+    consumer.answered(commands.Tx.Select())
+    while consumer.read() < BACKLOG:
+        pass
+    phases = []
+    for last in (commands.Tx.Rollback(), commands.Tx.Commit()):
+        started = time.monotonic()
+        consumer.ack(BACKLOG)
+        consumer.answered(last)
+        phases.append(f"ack and {type(last).__name__.lower()} in {time.monotonic() - started:.1f} s")
+    settled(leader, 120)
+    times = probe.stop()
+    consumer.close()
+    print(f"{', '.join(phases)}; {describe(times)}; leaderships {leaderships(cluster)}")
+    assert leaderships(cluster) == 1, "the leader lost its leadership"
+    assert max(took for _, took in times) <= ROUND_TRIP_BOUND, describe(times)
+
+
+def test_a_multiple_nack_of_millions_to_a_dead_letter_queue_holds_no_other_client(cluster):  # noqa: F811
+    leader = cluster.ready()
+    dead = f"{QUEUE}-dead"
+    with RawClient.connect(leader, timeout=30) as client:
+        client.handshake()
+        client.open_channel(1)
+        client.send(1, commands.Queue.Declare(queue=dead, durable=True))
+        client.expect(commands.Queue.DeclareOk)
+    fill(leader, BACKLOG, {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead})
+    probe = RoundTrips(leader)
+    consumer = Consumer(leader, 0)
+    while consumer.read() < BACKLOG:
+        pass
+    started = time.monotonic()
+    consumer.send(commands.Basic.Nack(delivery_tag=0, multiple=True, requeue=False))
+    settled(leader, 600)
+    took = time.monotonic() - started
+    times = probe.stop()
+    consumer.close()
+    dead_lettered = leader.api("GET", f"/api/queues/%2F/{dead}")[1]["messages"]
+    print(f"dead-lettered {dead_lettered:,} in {took:.1f} s; {describe(times)}; leaderships {leaderships(cluster)}")
+    assert dead_lettered == BACKLOG
+    assert leaderships(cluster) == 1, "the leader lost its leadership"
+    assert max(took for _, took in times) <= ROUND_TRIP_BOUND, describe(times)
+
+
+def test_a_lower_length_limit_on_millions_holds_no_other_client(cluster):  # noqa: F811
+    leader = cluster.ready()
+    fill(leader, BACKLOG)
+    probe = RoundTrips(leader)
+    started = time.monotonic()
+    status, _ = leader.api("PUT", "/api/policies/%2F/lower", {"pattern": f"^{QUEUE}$", "apply-to": "queues",
+                                                               "definition": {"max-length": 1000}})
+    assert status in (201, 204)
+    wait_for(lambda: queue_depth(leader) == 1000, 300, "the queue down to its new limit")
+    took = time.monotonic() - started
+    time.sleep(AFTERMATH)
+    times = probe.stop()
+    print(f"trimmed to 1,000 in {took:.1f} s; {describe(times)}; leaderships {leaderships(cluster)}")
+    assert leaderships(cluster) == 1, "the leader lost its leadership"
+    assert max(took for _, took in times) <= ROUND_TRIP_BOUND, describe(times)
+
+
+KINDS = pytest.mark.parametrize("arguments", [{}, {"x-max-priority": 10}, {"x-message-ttl": 3_600_000}],
+                                ids=["fifo", "priority", "ttl"])
 
 
 def one_call(cluster, arguments: dict, method: object, reply: type) -> tuple[object, list[tuple[float, float]]]:
