@@ -23,8 +23,6 @@ if TYPE_CHECKING:
 SETTLE_SLICE: Final = 4096
 # A publish routed at a commit costs about as much as this many deliveries settled (a slice routes a quarter as many)
 PUBLISH_COST: Final = 4
-
-
 # What a commit leaves of an ack, nack or reject it settled
 SETTLED: Final[tuple[list[Unacked], bool | None, bool]] = ([], None, False)
 
