@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+from itertools import chain
 from typing import Callable, Generic, Iterator, TypeVar
 
 Item = TypeVar("Item")
@@ -37,11 +38,11 @@ class Deadlines(Generic[Item]):
         self.aside: list[tuple[int, int, Item]] | None = None  # what prune() has yet to look at, while it does
 
     def __len__(self) -> int:
-        return len(self.heap)
+        return len(self.heap) + len(self.aside or ())
 
     def __iter__(self) -> Iterator[Item]:
-        """The items waiting, in no particular order."""
-        return (item for _, _, item in self.heap)
+        """The items waiting, in no particular order (those a prune has yet to look at too)."""
+        return (item for _, _, item in chain(self.heap, self.aside or ()))
 
     def add(self, due_ms: int, item: Item) -> None:
         heap = self.heap

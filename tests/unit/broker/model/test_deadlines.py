@@ -101,10 +101,12 @@ def test_a_prune_of_many_looks_at_a_slice_a_loop_turn_and_a_take_all_meanwhile_t
         for number in range(many):
             deadlines.add(due + number, number)
         deadlines.prune(lambda number: number % 2 == 0)
-        kept = [len(deadlines)]
+        kept = [len(deadlines.heap)]
+        waiting = [len(deadlines)]  # (those it has yet to look at count)
         while deadlines.aside is not None:
             await asyncio.sleep(0)
-            kept.append(len(deadlines))
+            kept.append(len(deadlines.heap))
+            waiting.append(len(deadlines))
         pruned = deadlines.take_due(due + many)
         deadlines = Deadlines(lambda items: None)
         for number in range(many):
@@ -112,9 +114,10 @@ def test_a_prune_of_many_looks_at_a_slice_a_loop_turn_and_a_take_all_meanwhile_t
         deadlines.prune(lambda number: False)  # (a slice at once)
         taken = deadlines.take_all()
         await asyncio.sleep(0)
-        return kept, pruned, len(taken), len(deadlines), many
+        return kept, waiting, pruned, len(taken), len(deadlines), many
 
-    kept, pruned, taken, left, many = run(scenario())
+    kept, waiting, pruned, taken, left, many = run(scenario())
+    assert waiting == [many - PRUNE_SLICE // 2, many - PRUNE_SLICE, (many + 1) // 2]
     assert len(kept) == 3 and kept[0] < kept[1] < kept[2] == (many + 1) // 2  # (a slice at once, then a turn each)
     assert len(pruned) == FIRE_SLICE and pruned == list(range(0, 2 * FIRE_SLICE, 2))
     assert (taken, left) == (many - PRUNE_SLICE, 0)  # nothing the prune had set aside came back after the take_all
