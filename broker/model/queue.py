@@ -6,7 +6,7 @@ import asyncio
 import time
 from functools import partial
 from itertools import chain, count
-from typing import TYPE_CHECKING, Final, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Final, Iterable, Iterator
 
 from broker.model.arguments.common import text_of
 from broker.model.arguments.queue import (
@@ -51,6 +51,19 @@ TRIM_SLICE: Final = 4096
 # Expiry times of entries that left the ready list tolerated beyond twice the ready ones before they are let go
 # (checked once every so many expiry times added).
 STALE_EXPIRIES: Final = 1024
+
+
+def in_pieces(piece: Callable[[], bool], most: int) -> bool:
+    """A loop turn's share of work on many messages (a lower limit's drops, a channel's settlement): piece() handles
+    PIECE of them and says whether that was the last; it goes on until then, for `most` messages or SLICE_SECONDS
+    at most. Whether the work is done."""
+    ends = time.perf_counter() + SLICE_SECONDS
+    for _ in range(most // PIECE):
+        if piece():
+            return True
+        if time.perf_counter() >= ends:
+            break
+    return False
 
 
 class Queue:
@@ -145,8 +158,8 @@ class Queue:
 
     def apply_policies(self, policy: "Policy | None", operator_policy: "Policy | None") -> None:
         """Other policies apply from now on, as RabbitMQ applies them to a live queue: a lower length limit drops
-        (and dead-letters) the oldest messages (TRIM_SLICE a loop turn), the expires lease starts again, a new message TTL applies to
-        messages enqueued from now on."""
+        (and dead-letters) the oldest messages (a slice a loop turn), the expires lease starts again, a new message
+        TTL applies to messages enqueued from now on."""
         self.policy, self.operator_policy = policy, operator_policy
         self._configure(self._settings())
         self._trim()
@@ -434,21 +447,21 @@ class Queue:
         """A drop-head queue over its length limit (a requeue, or a lower limit, took it there) drops and
         dead-letters its oldest messages until it is within it, a slice a loop turn (TRIM_SLICE or SLICE_SECONDS)."""
         limit = self.limit
-        if limit is None or self.deleted or self.trimming:
+        if limit is None or self.deleted or self.trimming or not limit.over(self.entries, self.ready_bytes):
             return
-        ends = time.perf_counter() + SLICE_SECONDS
-        for _ in range(TRIM_SLICE // PIECE):
-            if not limit.over(self.entries, self.ready_bytes):
-                return
-            dropped = limit.trim(self.entries, self.ready_bytes, PIECE)
-            self.ready_bytes -= body_bytes(dropped)
-            self.forget(dropped)
-            dead_letter(self, dropped, MAXLEN)
-            if time.perf_counter() >= ends:
-                break
-        if limit.over(self.entries, self.ready_bytes):
+        if not in_pieces(self._trim_piece, TRIM_SLICE):
             self.trimming = True
             asyncio.get_running_loop().call_soon(self._trim_again)
+
+    def _trim_piece(self) -> bool:
+        """PIECE of the oldest messages over the limit dropped; whether the queue is within it now."""
+        limit = self.limit
+        assert limit is not None, "a queue over its limit has one"
+        dropped = limit.trim(self.entries, self.ready_bytes, PIECE)
+        self.ready_bytes -= body_bytes(dropped)
+        self.forget(dropped)
+        dead_letter(self, dropped, MAXLEN)
+        return not limit.over(self.entries, self.ready_bytes)
 
     def _trim_again(self) -> None:
         self.trimming = False

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Final, Iterator
 
 from pamqp import commands as spec
 
-from broker.model.queue import PIECE, SLICE_SECONDS
+from broker.model.queue import PIECE, SLICE_SECONDS, in_pieces
 
 if TYPE_CHECKING:
     from broker.session.channel import Channel
@@ -60,16 +60,15 @@ class Settlement(Slices):
             unacked.release(piece)
             channel.settle(piece, self.requeue, self.failed)
             return not taken
-        ends = time.perf_counter() + SLICE_SECONDS  # (a dead-lettered delivery costs ten acked ones)
-        for _ in range(SETTLE_SLICE // PIECE):
-            piece = unacked.take_up_to(self.tag, PIECE)
-            unacked.release(piece)
-            channel.settle(piece, self.requeue, self.failed)
-            if not unacked.holds_up_to(self.tag):
-                return True
-            if time.perf_counter() >= ends:
-                break
-        return False
+        return in_pieces(lambda: self._settle_piece(channel), SETTLE_SLICE)  # (a dead-lettered one costs ten acked)
+
+    def _settle_piece(self, channel: Channel) -> bool:
+        """PIECE of the deliveries acked or dropped; whether they were the last."""
+        unacked = channel.unacked
+        piece = unacked.take_up_to(self.tag, PIECE)
+        unacked.release(piece)
+        channel.settle(piece, self.requeue, self.failed)
+        return not unacked.holds_up_to(self.tag)
 
 
 class TakenIntoTransaction(Slices):
