@@ -56,12 +56,7 @@ class LengthLimit:
             return REFUSED, []
         if self._over(1, size):
             return DROPPED, []
-        dropped = []
-        while entries and self._over(len(entries) + 1, ready_bytes + size):
-            entry = entries.popleft()
-            ready_bytes -= body_bytes((entry,))
-            dropped.append(entry)
-        return ENQUEUED, dropped
+        return ENQUEUED, self._drop_head(entries, ready_bytes, 1, size, len(entries))
 
     def over(self, entries: "ReadyList", ready_bytes: int) -> bool:
         """Whether a drop-head queue holds more than its limit (a requeue, or a lower limit, took it there)."""
@@ -70,8 +65,14 @@ class LengthLimit:
     def trim(self, entries: "ReadyList", ready_bytes: int, most: int) -> list[QueueEntry]:
         """The oldest messages of a drop-head queue over its limit, dropped until it is within it again: `most` at a
         time (a lower limit on a queue of millions drops them over loop turns)."""
+        return self._drop_head(entries, ready_bytes, 0, 0, most) if self.drop_head else []
+
+    def _drop_head(self, entries: "ReadyList", ready_bytes: int, more: int, more_bytes: int,
+                   most: int) -> list[QueueEntry]:
+        """The head entries dropped (`most` at most) until entries, holding ready_bytes, and `more` messages of
+        `more_bytes` besides are within the limit."""
         dropped: list[QueueEntry] = []
-        while len(dropped) < most and entries and self.over(entries, ready_bytes):
+        while len(dropped) < most and entries and self._over(len(entries) + more, ready_bytes + more_bytes):
             entry = entries.popleft()
             ready_bytes -= body_bytes((entry,))
             dropped.append(entry)
