@@ -7,7 +7,9 @@ from pamqp import commands as spec
 
 from broker.session.settlement import SETTLE_SLICE
 from broker.session.unacked import CHUNK
-from tests.unit.broker.session.channel_host import MANY, Host, bodies, consuming, consuming_many, methods, ready, settled
+from tests.unit.broker.session.channel_host import (
+    MANY, Host, bodies, consuming, consuming_many, methods, ready, settled,
+)
 
 
 def test_an_ack_settles_one_delivery_and_multiple_every_one_up_to_its_tag():
