@@ -3,6 +3,7 @@ JSON of a get reply, both with RabbitMQ's field names, encodings and errors."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import datetime
@@ -12,7 +13,8 @@ from pamqp.commands import Basic
 
 from broker.management import http
 from broker.model import operations
-from broker.model.message import Address, Header, Message, carbon_copy_keys
+from broker.model.message import Address, Header, Message, QueueEntry, carbon_copy_keys
+from broker.model.queue import Queue
 from protocol.codec import LongLong, encode_header_payload
 from protocol.field_table import MAX_DEPTH
 
@@ -49,6 +51,14 @@ def from_request(body: dict, exchange: str, user: str) -> tuple[list[str], Messa
     headers.pop("BCC", None)
     header = Header(encode_header_payload(len(payload), properties))
     return routing_keys, Message(Address(exchange, str(routing_key)), header, payload)
+
+
+async def taken(queue: Queue, no_ack: bool) -> QueueEntry | None:
+    """The head of the queue as a get takes it (None: empty), over as many loop turns as the expired messages ahead
+    of it need to leave."""
+    while (entry := queue.take(no_ack)) is None and queue.has_ready() and not queue.deleted:
+        await asyncio.sleep(0)
+    return entry
 
 
 def _payload(payload, encoding) -> bytes:

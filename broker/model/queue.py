@@ -46,7 +46,8 @@ DISPATCH_BATCH: Final = 512
 # ten times an acked one, and 4,096 at once held other clients 0.25 s
 PIECE: Final = 64
 SLICE_SECONDS: Final = 0.005
-# Messages a lower length limit drops (and dead-letters) a loop turn at most, on a queue it leaves over the limit
+# Messages a lower length limit drops (and dead-letters) a loop turn at most, on a queue it leaves over the limit; and
+# expired ones a get skips at the head
 TRIM_SLICE: Final = 4096
 # Expiry times of entries that left the ready list tolerated beyond twice the ready ones before they are let go
 # (checked once every so many expiry times added).
@@ -54,9 +55,9 @@ STALE_EXPIRIES: Final = 1024
 
 
 def in_pieces(piece: Callable[[], bool], most: int) -> bool:
-    """A loop turn's share of work on many messages (a lower limit's drops, a channel's settlement): piece() handles
-    PIECE of them and says whether that was the last; it goes on until then, for `most` messages or SLICE_SECONDS
-    at most. Whether the work is done."""
+    """A loop turn's share of work on many messages (a lower limit's drops, a channel's settlement, a get's skip of
+    expired ones): piece() handles PIECE of them and says whether that was the last; it goes on until then, for
+    `most` messages or SLICE_SECONDS at most. Whether the work is done."""
     ends = time.perf_counter() + SLICE_SECONDS
     for _ in range(most // PIECE):
         if piece():
@@ -470,25 +471,17 @@ class Queue:
     def take(self, no_ack: bool) -> QueueEntry | None:
         """Remove and return the head entry for a basic.get (a client's, or one the broker makes for the API or the
         aliveness test, counted as RabbitMQ's API counts its gets on a channel): counted as a delivery with or
-        without ack, a redelivery, or an empty get."""
+        without ack, a redelivery, or an empty get. None also when expired messages at the head took this turn's
+        share (they leave, dead-lettered, TRIM_SLICE a turn at most): has_ready() then says to ask again."""
         self.touch()
         self.expire_due()
-        entries = self.entries
-        expired = []  # due beyond what expire_due took
-        entry: QueueEntry | None = None
-        while entries:
-            head = entries.popleft()
-            self.ready_bytes -= body_bytes((head,))
-            if not 0 < head.expires_at < now_ms():
-                entry = head
-                break
-            expired.append(head)
-        if expired:
-            self.forget(expired)
-            dead_letter(self, expired, EXPIRED)
-        if entry is None:
+        found: list[QueueEntry] = []
+        if not in_pieces(lambda: self._pop_live(found), TRIM_SLICE):
+            return None
+        if not found:
             self.get_empty += 1
             return None
+        entry = found[0]
         if entry.redelivered:
             self.redelivered += 1
         if no_ack:
@@ -496,6 +489,23 @@ class Queue:
         else:
             self.delivered_get_manual_ack += 1
         return entry
+
+    def _pop_live(self, found: list[QueueEntry]) -> bool:
+        """The head popped into found, once PIECE at most of the expired ones ahead of it left (dead-lettered beyond
+        what expire_due took); whether that ended the search (found, or the queue is empty)."""
+        entries = self.entries
+        expired: list[QueueEntry] = []
+        while entries and len(expired) < PIECE:
+            head = entries.popleft()
+            self.ready_bytes -= body_bytes((head,))
+            if not 0 < head.expires_at < now_ms():
+                found.append(head)
+                break
+            expired.append(head)
+        if expired:
+            self.forget(expired)
+            dead_letter(self, expired, EXPIRED)
+        return bool(found) or not entries
 
     def purge(self) -> int:
         """Drop the ready messages, and those waiting out a retry delay (as RabbitMQ 4.3). Durable storage lets

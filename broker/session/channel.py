@@ -20,7 +20,9 @@ from broker.session.ack_timeout import AckTimer, log_timeout, timeout_of
 from broker.session.confirms import ConfirmTracker
 from broker.session.consumer import Consumer
 from broker.session.handlers import HANDLERS
-from broker.session.settlement import SETTLE_SLICE, Commit, Rollback, Settlement, Slices, TakenIntoTransaction
+from broker.session.settlement import (
+    SETTLE_SLICE, Commit, Get, Rollback, Settlement, Slices, TakenIntoTransaction,
+)
 from broker.session.transaction import Transaction
 from broker.session.unacked import Unacked, UnackedStore
 from protocol import errors
@@ -434,8 +436,8 @@ class Channel:
         self.offer_credit({queue for queue, _ in by_queue})
 
     def start(self, work: Slices) -> None:
-        """Do work on deliveries a slice a turn, from now on or after the work under way (settlement.py); the frames
-        that follow wait meanwhile, as for a reply waiting for the disk."""
+        """Do work on deliveries (or a get's) a slice a turn, from now on or after the work under way (settlement.py);
+        the frames that follow wait meanwhile, as for a reply waiting for the disk."""
         self.settling.append(work)
         if len(self.settling) == 1:
             self._settle_slice()
@@ -465,8 +467,12 @@ class Channel:
                 dispatcher.mark(queue)
 
     def get(self, queue: Queue, no_ack: bool) -> None:
-        """basic.get: the head of the queue as get-ok with its content, or get-empty."""
-        entry = queue.take(no_ack)
+        """basic.get: the head of the queue as get-ok with its content, or get-empty; once the expired messages ahead
+        of it left, over loop turns where there are many (settlement.Get)."""
+        self.start(Get(queue, no_ack))
+
+    def answer_get(self, queue: Queue, entry: QueueEntry | None, no_ack: bool) -> None:
+        """The reply to a basic.get that took entry (None: none was left)."""
         if entry is None:
             self.send_method(spec.Basic.GetEmpty())
             return

@@ -1,8 +1,9 @@
 """Work on a channel's deliveries that can be too large for one turn of the event loop, done a slice a turn, in the
 order its client asked for it (Channel.settling): a multiple ack, nack or reject of millions and the requeue of a
 closing channel's deliveries (Settlement), and within a transaction a multiple ack, nack or reject taken into it
-(TakenIntoTransaction), its commit (Commit) and its rollback (Rollback). The frames the client sent after it wait
-meanwhile, as they wait for a reply that waits for the disk, so that what follows sees it done."""
+(TakenIntoTransaction), its commit (Commit) and its rollback (Rollback); and a basic.get behind millions of expired
+messages (Get). The frames the client sent after it wait meanwhile, as they wait for a reply that waits
+for the disk, so that what follows sees it done."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pamqp import commands as spec
 from broker.model.queue import PIECE, SLICE_SECONDS, in_pieces
 
 if TYPE_CHECKING:
+    from broker.model.queue import Queue
     from broker.session.channel import Channel
     from broker.session.transaction import Transaction
     from broker.session.unacked import Unacked, UnackedStore
@@ -145,6 +147,28 @@ class Rollback(Slices):
         channel.ack_timer.walk_again()  # (the deliveries back may be older than where its walk is)
         if channel.open:
             channel.send_method(spec.Tx.RollbackOk())
+        return True
+
+
+class Get(Slices):
+    """A basic.get, answered in its turn unless the queue holds more expired messages at its head than one turn lets
+    go (Queue.take): they leave a slice a turn, then it is answered (get-empty if the queue went meanwhile), unless
+    the channel closed."""
+
+    __slots__ = ("queue", "no_ack")
+
+    def __init__(self, queue: Queue, no_ack: bool) -> None:
+        self.queue = queue
+        self.no_ack = no_ack
+
+    def step(self, channel: Channel) -> bool:
+        queue = self.queue
+        if not channel.open:
+            return True
+        entry = None if queue.deleted else queue.take(self.no_ack)
+        if entry is None and queue.has_ready() and not queue.deleted:
+            return False
+        channel.answer_get(queue, entry, self.no_ack)
         return True
 
 

@@ -139,7 +139,7 @@ async def aliveness(request: web.Request) -> web.Response:
         queue = operations.readable_queue(actor, ALIVENESS_QUEUE)
     except AMQPError as error:
         raise channel_error(error) from None
-    entry = queue.take(no_ack=True)
+    entry = await messages.taken(queue, no_ack=True)
     if entry is None:
         return failed("aliveness-test queue is empty")
     queue.forget([entry])

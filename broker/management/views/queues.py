@@ -105,7 +105,7 @@ async def get(request: web.Request) -> web.Response:
     taken, replies = [], []
     no_ack = not requeue and not reject  # RabbitMQ's ack_requeue_false gets with no_ack, the others with acks
     while len(taken) != count:
-        entry = queue.take(no_ack)
+        entry = await messages.taken(queue, no_ack)
         if entry is None:
             break
         taken.append(entry)
@@ -143,7 +143,7 @@ def _by_name(vhost) -> list:
 def _settle(queue, taken: list, requeue: bool, reject: bool) -> None:
     """Messages a get took go back (marked delivered on disk, as a basic.get's), or are done with: acked, or
     rejected and dead-lettered."""
-    if not taken:
+    if not taken or queue.deleted:  # (a queue deleted while a get waited for it has none to take back)
         return
     if requeue:
         queue.mark_delivered(taken)
