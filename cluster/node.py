@@ -515,9 +515,9 @@ class ClusterNode:
                 if not stream.done():
                     client.stop()
                     await stream
-                elif client.failure:
-                    log.log(logging.ERROR if client.disk_failed else logging.INFO, "follower of %s: %s",
-                            leader.node_id, client.failure)
+                elif client.failure or stream.exception():  # (an error not foreseen is retried as a failure)
+                    log.log(logging.ERROR if client.disk_failed or not client.failure else logging.INFO,
+                            "follower of %s: %s", leader.node_id, client.failure or repr(stream.exception()))
                     try:  # a failing disk is not retried at once: each try may take a whole copy
                         await asyncio.wait_for(changed.wait(), DISK_RETRY if client.disk_failed else RETRY)
                     except asyncio.TimeoutError:

@@ -14,7 +14,8 @@ import pytest
 from broker.config import Config, load_config
 from broker.connection.server import Server
 from cluster.coordinator import Member, Replica, isr_to_json
-from cluster.node import STANDBY_HOLD, ClusterNode, make_coordinator
+from cluster.follower import ReplicaClient
+from cluster.node import RETRY, STANDBY_HOLD, ClusterNode, make_coordinator
 from cluster.state import identity, write_epoch
 from cluster.walkover import WalkoverCoordinator
 from storage import writer as writer_module
@@ -262,3 +263,28 @@ def test_a_group_no_node_follows_leads_by_walkover_and_listens_for_no_follower(t
         await running.close()
         assert not listening(config.port)
     asyncio.run(main())
+
+
+def test_a_follower_whose_stream_fails_unforeseen_retries_at_its_pace_and_says_why(tmp_path, monkeypatch, caplog):
+    """An error the follower's stream does not foresee ends that stream as a failure does: logged with the error,
+    tried again after RETRY (it started the next one at once, thousands a second, each logged as never retrieved)."""
+    started: list[float] = []
+
+    def failing(client, host, port):
+        started.append(time.monotonic())
+        raise RuntimeError("unforeseen")
+
+    monkeypatch.setattr(ReplicaClient, "_stream", failing)
+
+    async def main():
+        etcd = MemoryEtcd()
+        leader = Running(make_node(tmp_path, etcd, "n1"))
+        await until(lambda: leader.node.role == "leader", "n1 leading")
+        follower = Running(make_node(tmp_path, etcd, "n2"))
+        await until(lambda: len(started) >= 3, "three tries of the follower's stream")
+        await follower.close()
+        await leader.close()
+    asyncio.run(main())
+    assert all(later - earlier >= RETRY * 0.9 for earlier, later in zip(started, started[1:])), started
+    said = [record.getMessage() for record in caplog.records if "follower of n1" in record.getMessage()]
+    assert said and all("RuntimeError('unforeseen')" in line for line in said), said
