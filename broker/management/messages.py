@@ -3,11 +3,11 @@ JSON of a get reply, both with RabbitMQ's field names, encodings and errors."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import datetime
 from decimal import Decimal
+from typing import Callable, Iterator
 
 from pamqp.commands import Basic
 
@@ -53,12 +53,23 @@ def from_request(body: dict, exchange: str, user: str) -> tuple[list[str], Messa
     return routing_keys, Message(Address(exchange, str(routing_key)), header, payload)
 
 
-async def taken(queue: Queue, no_ack: bool) -> QueueEntry | None:
-    """The head of the queue as a get takes it (None: empty), over as many loop turns as the expired messages ahead
-    of it need to leave."""
-    while (entry := queue.take(no_ack)) is None and queue.has_ready() and not queue.deleted:
-        await asyncio.sleep(0)
-    return entry
+async def take(queue: Queue, count: int, no_ack: bool, each: Callable[[QueueEntry], None]) -> None:
+    """Up to count messages from the head of the queue (a negative count: all, as RabbitMQ counts down to 0), as gets
+    take them, each handed to each() as it is taken; the event loop turns every SLICE (http.in_slices), and after
+    each turn's share of the expired messages ahead of one (Queue.take)."""
+    await http.in_slices(_taking(queue, count, no_ack, each))
+
+
+def _taking(queue: Queue, count: int, no_ack: bool, each: Callable[[QueueEntry], None]) -> Iterator[None]:
+    taken = 0
+    while taken != count:
+        while (entry := queue.take(no_ack)) is None:
+            if not queue.has_ready() or queue.deleted:
+                return
+            yield  # (expired messages ahead of the head left: this turn's share)
+        each(entry)
+        taken += 1
+        yield
 
 
 def _payload(payload, encoding) -> bytes:

@@ -139,10 +139,11 @@ async def aliveness(request: web.Request) -> web.Response:
         queue = operations.readable_queue(actor, ALIVENESS_QUEUE)
     except AMQPError as error:
         raise channel_error(error) from None
-    entry = await messages.taken(queue, no_ack=True)
-    if entry is None:
+    taken: list = []
+    await messages.take(queue, 1, True, taken.append)
+    if not taken:
         return failed("aliveness-test queue is empty")
-    queue.forget([entry])
+    queue.forget(taken)
     return ok()
 
 

@@ -104,16 +104,16 @@ async def get(request: web.Request) -> web.Response:
         raise channel_error(error) from None
     taken, replies = [], []
     no_ack = not requeue and not reject  # RabbitMQ's ack_requeue_false gets with no_ack, the others with acks
-    while len(taken) != count:
-        entry = await messages.taken(queue, no_ack)
-        if entry is None:
-            break
+
+    def reply(entry) -> None:
         taken.append(entry)
-        try:
-            replies.append(_message_json(queue, entry, encoding, truncate))
-        except AMQPError as error:
-            _settle(queue, taken, True, False)
-            raise _undecodable(error, len(taken)) from None
+        replies.append(_message_json(queue, entry, encoding, truncate))
+
+    try:
+        await messages.take(queue, count, no_ack, reply)
+    except AMQPError as error:
+        _settle(queue, taken, True, False)
+        raise _undecodable(error, len(taken)) from None
     _settle(queue, taken, requeue, reject)
     await http.on_disk(request)
     return http.reply(replies)
