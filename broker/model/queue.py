@@ -23,6 +23,7 @@ from broker.model.features.redelivery import DelayedRetry, count_return, delayed
 from broker.model.keys import queue_key
 from broker.model.message import Address, Header, Message, QueueEntry
 from broker.model.policy import effective_settings, merged_definition
+from broker.model.turns import next_turn
 from protocol import errors
 
 if TYPE_CHECKING:
@@ -452,7 +453,7 @@ class Queue:
             return
         if not in_pieces(self._trim_piece, TRIM_SLICE):
             self.trimming = True
-            asyncio.get_running_loop().call_soon(self._trim_again)
+            next_turn(self._trim_again)
 
     def _trim_piece(self) -> bool:
         """PIECE of the oldest messages over the limit dropped; whether the queue is within it now."""

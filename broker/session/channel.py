@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import struct
 from collections import deque
 from typing import TYPE_CHECKING, Callable, Final
@@ -15,6 +14,7 @@ from broker.model.features.expiry import parse_expiration
 from broker.model.features.redelivery import DelayedRetry
 from broker.model.message import Address, Header, Message, QueueEntry, carbon_copy_keys
 from broker.model.queue import Queue
+from broker.model.turns import next_turn
 from broker.session import direct_reply
 from broker.session.ack_timeout import AckTimer, log_timeout, timeout_of
 from broker.session.confirms import ConfirmTracker
@@ -449,7 +449,7 @@ class Channel:
             if self.backlog is None and self.open:
                 self.backlog = []
                 self.held_for_settling = True
-            asyncio.get_running_loop().call_soon(self._settle_slice)
+            next_turn(self._settle_slice)
         elif self.held_for_settling:
             self.held_for_settling = False
             backlog, self.backlog = self.backlog or [], None

@@ -8,6 +8,8 @@ import heapq
 from itertools import chain
 from typing import Callable, Generic, Iterator, TypeVar
 
+from broker.model.turns import next_turn
+
 Item = TypeVar("Item")
 # Items handed to on_due at most per firing (those due beyond wait for the next loop turn): millions due at once,
 # each dead-lettered or routed, would hold the event loop for seconds
@@ -84,7 +86,7 @@ class Deadlines(Generic[Item]):
         del aside[-PRUNE_SLICE:]
         self._arm()
         if aside:
-            asyncio.get_running_loop().call_soon(self._prune_slice, keep)
+            next_turn(lambda: self._prune_slice(keep))
         else:
             self.aside = None
 

@@ -14,6 +14,7 @@ from collections import deque
 from typing import Final, Iterator, Protocol
 
 from broker.model.message import QueueEntry
+from broker.model.turns import next_turn
 
 DROP_SLICE: Final = 16_384  # entries a purge or a deletion dropped that are freed a loop turn (let_go)
 
@@ -144,7 +145,7 @@ def let_go(dropped: ReadyList | list) -> None:
     if len(dropped) <= DROP_SLICE:
         return  # (freed with the caller's reference, a few milliseconds at most)
     try:
-        loop = asyncio.get_running_loop()
+        asyncio.get_running_loop()
     except RuntimeError:  # no event loop (a queue of a unit test): freed at once
         return
 
@@ -155,5 +156,5 @@ def let_go(dropped: ReadyList | list) -> None:
             for _ in range(min(DROP_SLICE, len(dropped))):
                 dropped.popleft()
         if len(dropped):
-            loop.call_soon(free_a_slice)
-    loop.call_soon(free_a_slice)
+            next_turn(free_a_slice)
+    next_turn(free_a_slice)
