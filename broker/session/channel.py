@@ -557,8 +557,13 @@ class Channel:
     def requeue_all(self, failed: bool) -> None:
         """Every unacked delivery goes back to its queue, in original order, flagged redelivered (failed: the
         returns count towards delivery limits, as when the channel goes with them); after any settlement under
-        way."""
-        if len(self.unacked) > SETTLE_SLICE or self.settling:
+        way. A closed channel's go back in the line of sliced work (broker.model.turns) from PIECE of them, its
+        first slice too: 200 channels of a connection each requeuing its 4,096 at once held the loop 0.36 s."""
+        if not self.open and (len(self.unacked) > PIECE or self.settling):
+            self.settling.append(Settlement(self.next_tag - 1, True, failed))
+            if len(self.settling) == 1:
+                next_turn(self._settle_slice)
+        elif len(self.unacked) > SETTLE_SLICE or self.settling:
             self.start(Settlement(self.next_tag - 1, True, failed))
         elif self.unacked:
             taken = self.unacked.take(0, True)

@@ -3,6 +3,8 @@ no socket (channel_host.Host). Expected texts are RabbitMQ's."""
 
 from __future__ import annotations
 
+import asyncio
+
 from pamqp import commands as spec
 
 from broker.session.settlement import SETTLE_SLICE
@@ -63,6 +65,30 @@ def test_closing_the_channel_requeues_its_unacked_deliveries_in_order():
     host.send(channel, spec.Basic.Ack(delivery_tag=2))
     host.send(channel, spec.Channel.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
     assert not channel.open and ready(host, "q") == [b"m0", b"m2"]
+
+
+async def test_channels_closing_with_many_deliveries_requeue_them_in_the_line_of_sliced_work_in_order():
+    """A connection's channels closing at once each requeue theirs over loop turns (all at once, 200 channels of
+    4,096 deliveries held the event loop 0.36 s); every delivery goes back to its place."""
+    host = Host()
+    publisher = host.open(100)
+    host.send(publisher, spec.Queue.Declare(queue="q"))
+    host.publish(publisher, "q", *[f"m{number}".encode() for number in range(2000)])
+    channels = []
+    for number in range(1, 21):
+        channel = host.open(number)
+        host.send(channel, spec.Basic.Qos(prefetch_count=100), spec.Basic.Consume(queue="q", consumer_tag="c"))
+        channels.append(channel)
+    assert all(len(channel.unacked) == 100 for channel in channels)
+    for channel in channels:
+        host.close_channel(channel.number, send_close_ok=False)
+    queue = host.vhost.queues["q"]
+    assert queue.count_ready() == 0  # (none requeued in the turn of the closes)
+    for _ in range(100):
+        if queue.count_ready() == 2000:
+            break
+        await asyncio.sleep(0)
+    assert ready(host, "q") == [f"m{number}".encode() for number in range(2000)]
 
 
 async def test_a_multiple_ack_of_many_deliveries_settles_them_all_before_the_channel_answers_what_follows():
