@@ -1,9 +1,9 @@
 """Work on a channel's deliveries that can be too large for one turn of the event loop, done a slice a turn, in the
 order its client asked for it (Channel.settling): a multiple ack, nack or reject of millions and the requeue of a
 closing channel's deliveries (Settlement), and within a transaction a multiple ack, nack or reject taken into it
-(TakenIntoTransaction), its commit (Commit) and its rollback (Rollback); and a basic.get behind millions of expired
-messages (Get). The frames the client sent after it wait meanwhile, as they wait for a reply that waits
-for the disk, so that what follows sees it done."""
+(TakenIntoTransaction), its commit (Commit) and its rollback (Rollback); and a basic.get, which may wait for the
+expired messages at its queue's head to leave (Get). The frames the client sent after it wait meanwhile, as they
+wait for a reply that waits for the disk, so that what follows sees it done."""
 
 from __future__ import annotations
 
