@@ -55,14 +55,18 @@ class Settlement(Slices):
         if self.requeue and unacked.holds_up_to(self.tag):  # (requeued ones are all taken first)
             self.taken += unacked.take_up_to(self.tag, SETTLE_SLICE)
             return False
-        if self.requeue:
-            taken = self.taken
-            piece = taken[-SETTLE_SLICE:]
-            del taken[-SETTLE_SLICE:]
-            unacked.release(piece)
-            channel.settle(piece, self.requeue, self.failed)
-            return not taken
+        if self.requeue:  # (a requeue that counts a return rewrites the message's header, or dead-letters it)
+            return in_pieces(lambda: self._requeue_piece(channel), SETTLE_SLICE)
         return in_pieces(lambda: self._settle_piece(channel), SETTLE_SLICE)  # (a dead-lettered one costs ten acked)
+
+    def _requeue_piece(self, channel: Channel) -> bool:
+        """PIECE of the requeued ones put back, the last first; whether they were the last."""
+        taken = self.taken
+        piece = taken[-PIECE:]
+        del taken[-PIECE:]
+        channel.unacked.release(piece)
+        channel.settle(piece, True, self.failed)
+        return not taken
 
     def _settle_piece(self, channel: Channel) -> bool:
         """PIECE of the deliveries acked or dropped; whether they were the last."""
