@@ -113,9 +113,10 @@ class Stream(Queue):
         self.cursors[consumer] = self._start_offset(consumer.arguments.get("x-stream-offset", "next"))
         super().add_consumer(consumer)
 
-    def remove_consumer(self, consumer: "Subscriber") -> None:
-        self.cursors.pop(consumer, None)
-        super().remove_consumer(consumer)
+    def remove_consumers(self, leaving: "list[Subscriber]") -> None:
+        for consumer in leaving:
+            self.cursors.pop(consumer, None)
+        super().remove_consumers(leaving)
 
     def _start_offset(self, spec) -> int:
         """The offset a consumer starts at: 'first', 'last' (the newest chunk), 'next' (what comes after now), an

@@ -575,7 +575,7 @@ class Channel:
         del self.consumers[consumer.tag]
         # (a Consumer is the queue's Subscriber, though its channel takes only Consumers where a Subscriber's target
         # takes any Subscriber: the queue hands each target back its own)
-        consumer.queue.remove_consumer(consumer)  # type: ignore[arg-type]
+        consumer.queue.remove_consumers([consumer])  # type: ignore[list-item]
 
     def consumer_cancelled_by_server(self, consumer: Consumer) -> None:
         """The consumer's queue went away: tell a client that understands basic.cancel from the server."""
@@ -597,8 +597,12 @@ class Channel:
         if self.pending is not None:
             self._assembled(self.pending)
             self.pending = None
-        for consumer in list(self.consumers.values()):
-            self.cancel_consumer(consumer)
+        by_queue: dict[Queue, list[Consumer]] = {}
+        for consumer in self.consumers.values():
+            by_queue.setdefault(consumer.queue, []).append(consumer)
+        self.consumers.clear()
+        for queue, leaving in by_queue.items():
+            queue.remove_consumers(leaving)  # type: ignore[arg-type]
         direct_reply.stop(self)
         if self.tx is not None:  # its acks undone, so that their deliveries go back with the rest
             self.start(Rollback(self.tx, self.unacked))
