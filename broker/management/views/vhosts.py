@@ -31,7 +31,7 @@ def unacked_by_vhost(server: "Server") -> dict[str, int]:
 
 def vhost_json(vhost: "VirtualHost", unacked: int) -> dict:
     """A vhost as RabbitMQ's /api/vhosts shows it (without the message rates)."""
-    ready = sum(queue.count_ready() for queue in vhost.queues.values())
+    ready = sum(queue.ready_as_held() for queue in vhost.queues.values())  # (see overview.totals)
     return {"name": vhost.name, "description": vhost.description, "tags": list(vhost.tags),
             "default_queue_type": vhost.default_queue_type or "undefined",
             "metadata": {"description": vhost.description, "tags": list(vhost.tags)}, "tracing": False,

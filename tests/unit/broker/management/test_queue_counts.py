@@ -3,14 +3,17 @@ depth (counted as they come and go); the persistent ones exact up to COUNTED_ENT
 beyond them estimated from those walked, so that a request costs the same however deep the queue."""
 
 import asyncio
+import time
 
 import pytest
+from pamqp import commands as spec
 from pamqp.commands import Basic
 
 from broker.management import resources
 from broker.model.message import Address, Header, Message
 from broker.model.vhost import VirtualHost
 from protocol.codec import encode_header_payload
+from tests.unit.broker.session.channel_host import Host
 
 
 class Owner:
@@ -66,3 +69,24 @@ def test_the_ready_bytes_follow_every_way_in_and_out_of_the_ready_list():
         seen.append(resources.queue_counts(queue).ready_bytes)
         return seen
     assert asyncio.run(run()) == [2 + 3 + 4 + 5, 4 + 5, 2 + 3 + 4 + 5, 0]
+
+
+def test_the_totals_over_every_queue_leave_expired_messages_to_their_timers():
+    """The overview's and the vhosts' totals read each queue's count as it holds it (ready_as_held): letting each
+    queue's expired messages go first (count_ready, dead-lettering them) took 0.4 s for 1,000 queues of 300 expired
+    messages in one request."""
+    async def run() -> tuple[int, int, int]:
+        host = Host()
+        channel = host.open()
+        host.send(channel, spec.Queue.Declare(queue="dead"),
+                  spec.Queue.Declare(queue="q", arguments={"x-dead-letter-exchange": "",
+                                                           "x-dead-letter-routing-key": "dead"}))
+        host.publish(channel, "q", *[b"m"] * 300, properties=spec.Basic.Properties(expiration="1"))
+        time.sleep(0.002)  # (their TTL passes; no loop turn runs meanwhile, so their timer has taken none of them)
+        queue, dead = host.vhost.queues["q"], host.vhost.queues["dead"]
+        held, dead_then = queue.ready_as_held(), dead.ready_as_held()
+        return held, dead_then, queue.count_ready()
+
+    held, dead_then, counted = asyncio.run(run())
+    assert (held, dead_then) == (300, 0)  # (nothing let go, nothing dead-lettered by the reading)
+    assert counted < 300  # (where count_ready lets the expired ones go)
