@@ -12,7 +12,7 @@ from aiohttp import web
 
 from broker.management import http
 from broker.management.messages import json_value
-from broker.management.resources import consumer_json, listing
+from broker.management.resources import consumer_json, listing, named_listing
 from protocol.constants import CONNECTION_FORCED, REPLY_NAMES
 from protocol.errors import reply_text
 
@@ -149,13 +149,20 @@ def in_vhost(request: web.Request, vhost: "VirtualHost") -> list["Connection"]:
 # --- connections -----------------------------------------------------------------------------------------------
 @routes.get("/api/connections")
 async def list_connections(request: web.Request) -> web.Response:
-    return await listing(request, [connection_json(request, connection) for connection in open_connections(request)])
+    return await _connections_listed(request, open_connections(request))
 
 
 @routes.get("/api/vhosts/{vhost}/connections")
 async def vhost_connections(request: web.Request) -> web.Response:
     vhost = http.login_vhost_of(request)  # RabbitMQ: administrators, and users with permissions there
-    return await listing(request, [connection_json(request, connection) for connection in in_vhost(request, vhost)])
+    return await _connections_listed(request, in_vhost(request, vhost))
+
+
+async def _connections_listed(request: web.Request, connections: list["Connection"]) -> web.Response:
+    """Each connection's JSON made only where the listing needs it (a page made every one)."""
+    return await named_listing(request, [
+        (connection.name, lambda connection=connection: connection_json(request, connection))
+        for connection in connections])
 
 
 @routes.get("/api/connections/{name}")
@@ -180,15 +187,19 @@ async def connection_channels(request: web.Request) -> web.Response:
 # --- channels --------------------------------------------------------------------------------------------------
 @routes.get("/api/channels")
 async def list_channels(request: web.Request) -> web.Response:
-    return await listing(request, [channel_json(request, channel)
-                                   for channel in channels_of(open_connections(request))])
+    return await _channels_listed(request, channels_of(open_connections(request)))
 
 
 @routes.get("/api/vhosts/{vhost}/channels")
 async def vhost_channels(request: web.Request) -> web.Response:
     vhost = http.login_vhost_of(request)
-    return await listing(request, [channel_json(request, channel)
-                                   for channel in channels_of(in_vhost(request, vhost))])
+    return await _channels_listed(request, channels_of(in_vhost(request, vhost)))
+
+
+async def _channels_listed(request: web.Request, channels: list["Channel"]) -> web.Response:
+    """Each channel's JSON made only where the listing needs it."""
+    return await named_listing(request, [
+        (http.channel_name(channel), lambda channel=channel: channel_json(request, channel)) for channel in channels])
 
 
 @routes.get("/api/channels/{name}")

@@ -4,8 +4,8 @@ from aiohttp import web
 
 from broker.management import http, messages
 from broker.management.resources import (
-    actor_of, arguments_of, exchange_json, exchange_name, find_exchange, flag, listing, on_disk_or_undo, parse_bool,
-    readable_vhosts,
+    actor_of, arguments_of, exchange_json, exchange_name, find_exchange, flag, named_listing, on_disk_or_undo,
+    parse_bool, readable_vhosts,
 )
 from broker.model import operations
 from protocol.errors import AMQPError
@@ -15,14 +15,19 @@ routes = web.RouteTableDef()
 
 @routes.get("/api/exchanges")
 async def list_all(request: web.Request) -> web.Response:
-    return await listing(request, [exchange_json(vhost, exchange) for vhost in readable_vhosts(request)
-                                   for exchange in _by_name(vhost)])
+    return await _listed(request, readable_vhosts(request))
 
 
 @routes.get("/api/exchanges/{vhost}")
 async def list_vhost(request: web.Request) -> web.Response:
-    vhost = http.login_vhost_of(request)
-    return await listing(request, [exchange_json(vhost, exchange) for exchange in _by_name(vhost)])
+    return await _listed(request, [http.login_vhost_of(request)])
+
+
+async def _listed(request: web.Request, vhosts: list) -> web.Response:
+    """The exchanges of vhosts, each one's JSON made only where the listing needs it (a page made every one)."""
+    return await named_listing(request, [
+        (exchange.name, lambda vhost=vhost, exchange=exchange: exchange_json(vhost, exchange))
+        for vhost in vhosts for exchange in _by_name(vhost)])
 
 
 @routes.get("/api/exchanges/{vhost}/{name}")
