@@ -4,6 +4,7 @@ tests open channels on it, feed them frames as a client would send them, and rea
 from __future__ import annotations
 
 import asyncio
+import time
 
 from pamqp import commands as spec
 from pamqp.base import Frame
@@ -19,6 +20,7 @@ from protocol.framing import FrameReader
 
 FRAME_MAX = 131072
 MANY = 3 * SETTLE_SLICE + 5  # deliveries that one multiple ack settles over several loop turns
+SETTLED_WITHIN = 30.0  # seconds a settlement of many may take (each of its slices ends after 5 ms of the clock)
 
 
 class Host:
@@ -169,11 +171,14 @@ def consuming_many(host: Host, queue: str):
 
 
 async def settled(host: Host, channel) -> list:
-    """Let the loop turn until the channel's settlements of many deliveries are done; what it wrote meanwhile."""
+    """Let the loop turn until the channel's settlements of many deliveries are done; what it wrote meanwhile. A
+    slice stops after 5 ms of the clock, so a busy machine takes more turns: waited for SETTLED_WITHIN seconds,
+    not for a number of turns."""
     received = []
-    for _ in range(4 * MANY // SETTLE_SLICE + 8):
+    deadline = time.monotonic() + SETTLED_WITHIN
+    while time.monotonic() < deadline:
         received += host.turn()
         if not channel.settling:
             return received + host.turn()
         await asyncio.sleep(0)  # one loop turn: the settlement's next slice
-    raise AssertionError(f"{len(channel.settling)} settlements still under way")
+    raise AssertionError(f"{len(channel.settling)} settlements still under way after {SETTLED_WITHIN} s")

@@ -4,13 +4,14 @@ no socket (channel_host.Host). Expected texts are RabbitMQ's."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 from pamqp import commands as spec
 
 from broker.session.settlement import SETTLE_SLICE
 from broker.session.unacked import CHUNK
 from tests.unit.broker.session.channel_host import (
-    MANY, Host, bodies, consuming, consuming_many, methods, ready, settled,
+    MANY, SETTLED_WITHIN, Host, bodies, consuming, consuming_many, methods, ready, settled,
 )
 
 
@@ -84,9 +85,8 @@ async def test_channels_closing_with_many_deliveries_requeue_them_in_the_line_of
         host.close_channel(channel.number, send_close_ok=False)
     queue = host.vhost.queues["q"]
     assert queue.count_ready() == 0  # (none requeued in the turn of the closes)
-    for _ in range(100):
-        if queue.count_ready() == 2000:
-            break
+    deadline = time.monotonic() + SETTLED_WITHIN
+    while queue.count_ready() < 2000 and time.monotonic() < deadline:
         await asyncio.sleep(0)
     assert ready(host, "q") == [f"m{number}".encode() for number in range(2000)]
 

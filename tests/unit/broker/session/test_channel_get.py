@@ -9,7 +9,7 @@ from pamqp import commands as spec
 
 from broker.model.features.deadlines import FIRE_SLICE
 from broker.model.queue import TRIM_SLICE
-from tests.unit.broker.session.channel_host import Host, bodies, methods
+from tests.unit.broker.session.channel_host import SETTLED_WITHIN, Host, bodies, methods
 
 
 async def test_a_get_behind_many_expired_messages_lets_them_go_over_loop_turns_then_answers():
@@ -26,9 +26,8 @@ async def test_a_get_behind_many_expired_messages_lets_them_go_over_loop_turns_t
     received = host.send(channel, spec.Basic.Get(queue="q", no_ack=True), spec.Queue.Declare(queue="q", passive=True))
     assert not received and channel.settling  # not answered in the turn it came
     left = [len(queue.entries)]
-    for _ in range(4 * many // TRIM_SLICE):
-        if not channel.settling:
-            break
+    deadline = time.monotonic() + SETTLED_WITHIN
+    while channel.settling and time.monotonic() < deadline:
         await asyncio.sleep(0)  # one loop turn
         received += host.turn()
         left.append(len(queue.entries))
@@ -49,7 +48,9 @@ async def test_a_get_left_waiting_by_a_closed_channel_is_not_answered():
     time.sleep(0.002)
     host.send(channel, spec.Basic.Get(queue="q"))
     host.close_channel(channel.number, send_close_ok=False)
-    for _ in range(3 * TRIM_SLICE // FIRE_SLICE + 8):
+    queue = host.vhost.queues["q"]
+    deadline = time.monotonic() + SETTLED_WITHIN
+    while len(queue.entries) > 1 and time.monotonic() < deadline:
         await asyncio.sleep(0)
     assert not host.turn() and not channel.settling and not channel.unacked
-    assert [entry.message.body for entry in host.vhost.queues["q"].entries] == [b"live"]
+    assert [entry.message.body for entry in queue.entries] == [b"live"]
