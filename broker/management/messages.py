@@ -64,7 +64,7 @@ def _taking(queue: Queue, count: int, no_ack: bool, each: Callable[[QueueEntry],
     taken = 0
     while taken != count:
         while (entry := queue.take(no_ack)) is None:
-            if not queue.has_ready() or queue.deleted:
+            if not queue.take_again():
                 return
             yield  # (expired messages ahead of the head left: this turn's share)
         each(entry)

@@ -496,6 +496,11 @@ class Queue:
             self.delivered_get_manual_ack += 1
         return entry
 
+    def take_again(self) -> bool:
+        """After take() gave None: whether expired messages ahead of the head took its turn's share, so that asking
+        again in a later turn may find one (rather than the queue being empty, or deleted)."""
+        return not self.deleted and self.has_ready()
+
     def _pop_live(self, found: list[QueueEntry]) -> bool:
         """The head popped into found, once PIECE at most of the expired ones ahead of it left (dead-lettered beyond
         what expire_due took); whether that ended the search (found, or the queue is empty)."""

@@ -436,12 +436,16 @@ class Channel:
                 queue.settle(entries, requeue, failed, retry)
         self.offer_credit({queue for queue, _ in by_queue})
 
-    def start(self, work: Slices) -> None:
-        """Do work on deliveries (or a get's) a slice a turn, from now on or after the work under way (settlement.py);
-        the frames that follow wait meanwhile, as for a reply waiting for the disk."""
+    def start(self, work: Slices, now: bool = True) -> None:
+        """Do work on deliveries (or a get's) a slice a turn, after the work under way (settlement.py), its first
+        slice at once unless now is False (then in the line of sliced work, broker.model.turns); the frames that
+        follow wait meanwhile, as for a reply waiting for the disk."""
         self.settling.append(work)
         if len(self.settling) == 1:
-            self._settle_slice()
+            if now:
+                self._settle_slice()
+            else:
+                next_turn(self._settle_slice)
 
     def _settle_slice(self) -> None:
         if self.settling[0].step(self):
@@ -560,9 +564,7 @@ class Channel:
         way. A closed channel's go back in the line of sliced work (broker.model.turns) from PIECE of them, its
         first slice too: 200 channels of a connection each requeuing its 4,096 at once held the loop 0.36 s."""
         if not self.open and (len(self.unacked) > PIECE or self.settling):
-            self.settling.append(Settlement(self.next_tag - 1, True, failed))
-            if len(self.settling) == 1:
-                next_turn(self._settle_slice)
+            self.start(Settlement(self.next_tag - 1, True, failed), now=False)
         elif len(self.unacked) > SETTLE_SLICE or self.settling:
             self.start(Settlement(self.next_tag - 1, True, failed))
         elif self.unacked:

@@ -170,7 +170,7 @@ class Get(Slices):
         if not channel.open:
             return True
         entry = None if queue.deleted else queue.take(self.no_ack)
-        if entry is None and queue.has_ready() and not queue.deleted:
+        if entry is None and queue.take_again():
             return False
         channel.answer_get(queue, entry, self.no_ack)
         return True

@@ -21,7 +21,7 @@ def totals(request: web.Request) -> tuple[dict, dict]:
     names = {vhost.name for vhost in vhosts}
     connections = [c for c in server.connections if c.vhost is not None and c.vhost.name in names]
     channels = [channel for connection in connections for channel in connection.channels.values()]
-    # (as the queues hold them: letting each queue's expired messages go first dead-lettered up to 256 a queue)
+    # (as the queues hold them: count_ready() would first let each one's expired messages go, 256 a queue)
     ready = sum(queue.ready_as_held() for vhost in vhosts for queue in vhost.queues.values())
     unacked = sum(len(channel.unacked) for channel in channels)
     queue_totals = {"messages": ready + unacked, "messages_ready": ready, "messages_unacknowledged": unacked}
