@@ -1,5 +1,5 @@
-"""The broker's policy for the cyclic garbage collector (broker.collector): a full collection that took too long
-freezes what survived it, frozen objects are still freed by their last reference, and the frozen ones go back to
+"""The broker's policy for the cyclic garbage collector (broker.collector): a collection that took too long (full or
+young) freezes what survived it, frozen objects are still freed by their last reference, and the frozen ones go back to
 the collector once a full walk is cheap again or after the period, so that no garbage cycle waits longer.
 
 The clock and the heap's size are the test's: a collection "takes" what the test says, the heap is as large as it
@@ -28,27 +28,28 @@ class Cycle:
 
 
 class Scene:
-    """A Collector watching the real collector, with a clock that a full collection moves on by ``takes`` seconds
-    and a heap of ``blocks``."""
+    """A Collector watching the real collector, with a clock that a collection moves on by ``takes`` seconds and a
+    heap of ``blocks``."""
 
     def __init__(self) -> None:
         self.now = 1000.0
-        self.takes = 0.0  # seconds each full collection seems to take
+        self.takes = 0.0  # seconds each collection seems to take
         self.blocks = 1_000_000  # the heap's size the policy reads
         self.soon: list = []  # what the collector asked to run on the event loop
         self.collector = Collector(self.soon.append, FREEZE_AFTER, PERIOD, LOOK_EVERY, clock=lambda: self.now,
                                    heap=lambda: self.blocks)
 
     def tick(self, phase: str, info: dict) -> None:
-        """(Called before the collector, as it ends a full collection): the collection took ``takes``."""
-        if phase == "stop" and info["generation"] == 2:
+        """(Called before the collector, as it ends a collection): the collection took ``takes``."""
+        if phase == "stop":
             self.now += self.takes
 
     def full_collection(self, takes: float) -> None:
         self.takes = takes
         gc.collect()
 
-    def young_collection(self) -> None:
+    def young_collection(self, takes: float = 0.0) -> None:
+        self.takes = takes
         gc.collect(0)
 
 
@@ -93,6 +94,29 @@ def test_a_full_collection_within_the_bound_freezes_nothing(scene):
     scene.full_collection(takes=FREEZE_AFTER)
     assert gc.get_freeze_count() == 0
     assert kept
+
+
+def test_a_young_collection_longer_than_the_bound_freezes_what_survived_it(scene):
+    kept = [[] for _ in range(100_000)]
+    scene.young_collection(takes=0.5)
+    assert gc.get_freeze_count() >= len(kept)
+    assert scene.soon == [collect_unfrozen]
+
+
+def test_a_young_collection_within_the_bound_freezes_nothing(scene):
+    kept = [[] for _ in range(100_000)]
+    scene.young_collection(takes=FREEZE_AFTER)
+    assert gc.get_freeze_count() == 0
+    assert kept
+
+
+def test_a_slow_young_collection_leaves_a_full_walks_measure_as_it_was(scene):
+    scene.full_collection(takes=0.5)  # over 1,000,000 blocks: 40,000 walked within FREEZE_AFTER
+    scene.young_collection(takes=5.0)  # (what it would say: 4,000)
+    scene.blocks = 40_000
+    scene.now += LOOK_EVERY
+    scene.young_collection()
+    assert gc.get_freeze_count() == 0
 
 
 def test_a_frozen_object_is_freed_when_its_last_reference_goes(scene):
