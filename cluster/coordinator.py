@@ -156,24 +156,6 @@ def new_secret() -> str:
     return secrets.token_hex(32)
 
 
-class LeaseProof:
-    """Until when this node can prove its lease alive: the TTL etcd last granted, counted from the moment that
-    grant or keepalive was sent (etcd renewed it later than that, so the lease lives at least this long)."""
-
-    def __init__(self) -> None:
-        self.deadline = 0.0  # time.monotonic() until which the lease surely lives; 0 before a grant and once lost
-
-    @property
-    def alive(self) -> bool:
-        return time.monotonic() < self.deadline
-
-    def renewed(self, sent_at: float, ttl: float) -> None:
-        self.deadline = sent_at + ttl
-
-    def lost(self) -> None:
-        self.deadline = 0.0
-
-
 class Coordinator(Protocol):
     """One node's view of the cluster's coordination state. Every call is bounded in time: when etcd cannot be
     reached it raises CoordinatorUnavailable promptly (refresh() returns False instead, wait_leader_change() keeps
@@ -268,7 +250,7 @@ class Coordinator(Protocol):
 
 
 class LeaseHolder:
-    """What every coordinator keeps of its node: its keys, its id, and its lease with the proof it is alive."""
+    """What every coordinator keeps of its node: its keys, its id, its lease and until when it surely lives."""
 
     followed = True  # (Coordinator.followed)
 
@@ -277,7 +259,9 @@ class LeaseHolder:
         self.node_id = node_id
         self.lease_ttl = lease_ttl
         self._lease_id = 0  # granted by start()
-        self._proof = LeaseProof()
+        # time.monotonic() until which the lease surely lives: the TTL etcd last granted, counted from the moment that
+        # grant or keepalive was sent (etcd renewed it later than that); 0 before a grant and once lost
+        self._proven_until = 0.0
 
     @property
     def lease_id(self) -> int:
@@ -285,7 +269,7 @@ class LeaseHolder:
 
     @property
     def lease_alive(self) -> bool:
-        return self._proof.alive
+        return time.monotonic() < self._proven_until
 
     async def replicas(self) -> list[Replica] | None:
         raise NotImplementedError

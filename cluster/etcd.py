@@ -92,9 +92,9 @@ class EtcdCoordinator(LeaseHolder):
         except CoordinatorUnavailable:
             return False
         if reply is None or reply.TTL <= 0:  # etcd answers a keepalive of an unknown lease with TTL 0
-            self._proof.lost()
+            self._proven_until = 0.0
             return False
-        self._proof.renewed(sent_at, reply.TTL)
+        self._proven_until = sent_at + reply.TTL
         return True
 
     async def register(self, member: Member) -> None:
@@ -139,22 +139,10 @@ class EtcdCoordinator(LeaseHolder):
         return isr_from_json(found.value) if found else None
 
     async def set_isr(self, replicas: list[Replica], epoch: int) -> bool:
-        leader = self.keys.leader.encode()
-        fenced, _ = await self._call(lambda client: client.transaction(
-            compare=[client.transactions.create(leader) == epoch, _LeaseIs(leader) == self._lease_id],
-            success=[client.transactions.put(self.keys.isr.encode(), isr_to_json(epoch, replicas).encode())],
-            failure=[],
-        ))
-        return fenced
+        return await self._write_isr(replicas, epoch, fenced=True)
 
     async def force_isr(self, replicas: list[Replica]) -> bool:
-        leader = self.keys.leader.encode()
-        written, _ = await self._call(lambda client: client.transaction(
-            compare=[client.transactions.create(leader) == 0],
-            success=[client.transactions.put(self.keys.isr.encode(), isr_to_json(0, replicas).encode())],
-            failure=[],
-        ))
-        return written
+        return await self._write_isr(replicas, 0, fenced=False)
 
     async def secret(self) -> str:
         return await self._put_once(self.keys.secret, new_secret())
@@ -164,22 +152,14 @@ class EtcdCoordinator(LeaseHolder):
         return found.value.decode() if found else None
 
     async def prefer(self, node: str | None) -> None:
-        key = self.keys.preferred.encode()
-        if node is None:
-            await self._call(lambda client: client.delete(key))
-        else:
-            await self._call(lambda client: client.put(key, node.encode()))
+        await self._set(self.keys.preferred, node)
 
     async def drained(self) -> set[str]:
         found = await self._call(lambda client: client.get_prefix(self.keys.maintenance.encode()))
         return {kv.key.decode().removeprefix(self.keys.maintenance) for kv in found}
 
     async def drain(self, node: str, on: bool) -> None:
-        key = (self.keys.maintenance + node).encode()
-        if on:
-            await self._call(lambda client: client.put(key, b"drained"))
-        else:
-            await self._call(lambda client: client.delete(key))
+        await self._set(self.keys.maintenance + node, "drained" if on else None)
 
     async def agree(self, name: str, proposal: str) -> str:
         return await self._put_once(self.keys.setting(name), proposal)
@@ -190,7 +170,7 @@ class EtcdCoordinator(LeaseHolder):
 
     async def forget_vhosts(self, vhosts: list[str]) -> None:
         for vhost in vhosts:
-            await self._call(lambda client: client.delete(self.keys.vhost(vhost).encode()))
+            await self._set(self.keys.vhost(vhost), None)
 
     async def vhost_groups(self, revision: int | None, timeout: float) -> tuple[dict[str, int], int]:
         prefix = self.keys.vhosts.encode()
@@ -222,7 +202,7 @@ class EtcdCoordinator(LeaseHolder):
         if self._lease_id:
             with contextlib.suppress(CoordinatorError):
                 await self._call(lambda client: client.revoke_lease(self._lease_id))
-        self._proof.lost()
+        self._proven_until = 0.0
         self._closed = True
         await self._quietly(self._client.close())
 
@@ -230,7 +210,25 @@ class EtcdCoordinator(LeaseHolder):
         sent_at = time.monotonic()
         lease = await self._call(lambda client: client.lease(math.ceil(self.lease_ttl)))
         self._lease_id = lease.id
-        self._proof.renewed(sent_at, lease.ttl)  # etcd may grant more than asked (its minimum is 1.5 x election)
+        self._proven_until = sent_at + lease.ttl  # etcd may grant more than asked (its minimum is 1.5 x election)
+
+    async def _write_isr(self, replicas: list[Replica], epoch: int, fenced: bool) -> bool:
+        """Write the ISR if the leader key is of ``epoch`` (0: none) and, when fenced, bound to this node's lease."""
+        leader = self.keys.leader.encode()
+        fence = [_LeaseIs(leader) == self._lease_id] if fenced else []
+        written, _ = await self._call(lambda client: client.transaction(
+            compare=[client.transactions.create(leader) == epoch, *fence],
+            success=[client.transactions.put(self.keys.isr.encode(), isr_to_json(epoch, replicas).encode())],
+            failure=[],
+        ))
+        return written
+
+    async def _set(self, name: str, value: str | None) -> None:
+        """Put ``value`` under the key ``name``, or delete the key when None."""
+        if value is None:
+            await self._call(lambda client: client.delete(name.encode()))
+        else:
+            await self._call(lambda client: client.put(name.encode(), value.encode()))
 
     async def _put_once(self, name: str, value: str) -> str:
         """What the key ``name`` holds: ``value``, unless a value was put there before."""

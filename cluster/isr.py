@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
+from typing import TypeVar
 
 from cluster.coordinator import Coordinator, CoordinatorUnavailable, Replica
 
 log = logging.getLogger("cluster.replication")
+Answer = TypeVar("Answer")
 
 ISR_RETRY = 0.2  # seconds between attempts to read or write the ISR while etcd does not answer
 
@@ -56,13 +58,9 @@ class InSyncReplicas:
     async def start(self) -> bool:
         """Read the previous epoch's ISR, and commit this epoch's first (its replicas kept as long as they are needed
         to make min_insync); False if etcd refuses it: another node leads."""
-        while True:
-            try:
-                self.committed = tuple(await self._coordinator.replicas() or ())
-                break
-            except CoordinatorUnavailable as error:
-                log.warning("cannot read the in-sync replicas from etcd (%s): retrying", error)
-                await asyncio.sleep(ISR_RETRY)
+        previous = await self._retrying(self._coordinator.replicas,
+                                        "cannot read the in-sync replicas from etcd (%s): retrying")
+        self.committed = tuple(previous or ())
         return await self._commit(self.wanted())
 
     async def keep(self) -> None:
@@ -78,19 +76,23 @@ class InSyncReplicas:
     async def _commit(self, isr: tuple[Replica, ...]) -> bool:
         """Commit ``isr`` (fenced on this node's leadership), retrying while etcd is unreachable; False if stale."""
         nodes = ", ".join(replica.node for replica in isr)
-        while True:
-            try:
-                if not await self._coordinator.set_isr(list(isr), self._epoch):
-                    return False
-                break
-            except CoordinatorUnavailable as error:
-                log.warning("cannot write the in-sync replicas %s to etcd (%s): confirms wait", nodes, error)
-                await asyncio.sleep(ISR_RETRY)
+        if not await self._retrying(lambda: self._coordinator.set_isr(list(isr), self._epoch),
+                                    "cannot write the in-sync replicas %s to etcd (%s): confirms wait", nodes):
+            return False
         if not same_copies(isr, self.committed):
             log.info("in-sync replicas: %s", nodes)
         self.committed = isr
         self._on_commit()
         return True
+
+    async def _retrying(self, request: Callable[[], Awaitable[Answer]], warning: str, *args: object) -> Answer:
+        """``request()``'s answer, asked again every ISR_RETRY while etcd does not answer (logging ``warning``)."""
+        while True:
+            try:
+                return await request()
+            except CoordinatorUnavailable as error:
+                log.warning(warning, *args, error)
+                await asyncio.sleep(ISR_RETRY)
 
     async def left(self, node: str) -> None:
         """Wait until node is out of the committed ISR (a joining follower, whose copy is about to be rewritten)."""

@@ -141,7 +141,7 @@ class MemoryCoordinator(LeaseHolder):
     async def start(self) -> None:
         self.etcd.check()
         self._lease_id = self.etcd.grant(self.lease_ttl)
-        self._proof.renewed(time.monotonic(), self.lease_ttl)
+        self._proven_until = time.monotonic() + self.lease_ttl
 
     async def refresh(self) -> bool:
         sent_at = time.monotonic()
@@ -150,9 +150,9 @@ class MemoryCoordinator(LeaseHolder):
         except CoordinatorUnavailable:
             return False
         if not self.etcd.keepalive(self._lease_id):
-            self._proof.lost()
+            self._proven_until = 0.0
             return False
-        self._proof.renewed(sent_at, self.lease_ttl)
+        self._proven_until = sent_at + self.lease_ttl
         return True
 
     async def register(self, member: Member) -> None:
@@ -269,7 +269,7 @@ class MemoryCoordinator(LeaseHolder):
     async def close(self) -> None:
         if self.etcd.reachable:
             self.etcd.revoke(self._lease_id)
-        self._proof.lost()
+        self._proven_until = 0.0
 
     def _leader_epoch(self) -> int | None:
         self.etcd.check()
