@@ -182,12 +182,8 @@ class Gateway:
             return (await self.apis.ask(0, request, body_of(request))).response()
         if pattern in GATHERED:
             return await self.gathered(request, pattern)
-        if pattern in FAILING_FIRST:
-            return await self.first_failure(request)
-        if pattern == "/api/overview":
-            return await self.overview(request)
-        if pattern == "/api/definitions":
-            return await self.definitions(request)
+        if pattern in FAILING_FIRST or pattern in ("/api/overview", "/api/definitions"):
+            return await self.from_every_worker(request, pattern)
         return (await self.apis.ask(0, request)).response()
 
     async def _each(self, ask: Callable[[int], Awaitable[Answer]]) -> list[Answer]:
@@ -381,14 +377,16 @@ class Gateway:
                 break
         return answer.response()
 
-    async def first_failure(self, request: web.Request) -> web.Response:
+    async def from_every_worker(self, request: web.Request, pattern: str) -> web.Response:
+        """Every worker's answers made one reply: the first that is not a 200, or else the first worker's answer (a
+        check that fails if any worker's fails), the overview or the definitions made of all of them."""
         answers = await self._each(lambda worker: self.apis.ask(worker, request))
-        return next((answer for answer in answers if answer.status != 200), answers[0]).response()
+        failed = next((answer for answer in answers if answer.status != 200), None)
+        if failed is not None or pattern in FAILING_FIRST:
+            return (failed or answers[0]).response()
+        return await self.overview(request, answers) if pattern == "/api/overview" else self.definitions(answers)
 
-    async def overview(self, request: web.Request) -> web.Response:
-        answers = await self._each(lambda worker: self.apis.ask(worker, request))
-        if any(answer.status != 200 for answer in answers):
-            return next(answer for answer in answers if answer.status != 200).response()
+    async def overview(self, request: web.Request, answers: list[Answer]) -> web.Response:
         data = answers[0].json()
         for answer in answers[1:]:
             other = answer.json()
@@ -401,10 +399,7 @@ class Gateway:
         data["node"] = http.worker_name(0, self.supervisor.config.cluster_node_id, len(self.workers))
         return http.reply(data)
 
-    async def definitions(self, request: web.Request) -> web.Response:
-        answers = await self._each(lambda worker: self.apis.ask(worker, request))
-        if any(answer.status != 200 for answer in answers):
-            return next(answer for answer in answers if answer.status != 200).response()
+    def definitions(self, answers: list[Answer]) -> web.Response:
         document = answers[0].json()
         for section in VHOST_SECTIONS:
             document[section] = [item for worker, answer in zip(self.workers, answers)

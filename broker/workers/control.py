@@ -8,8 +8,8 @@
 - worker -> supervisor: ``{"serving": true, "node": ...}`` once it serves (the first worker outside a cluster sends
   its node-wide definitions, which a worker started again copies), or ``{"refused": "..."}`` when it cannot start,
   with the reason the supervisor gives;
-- supervisor -> worker: ``{"open": true}`` once every worker serves (at once, for a worker started again): its
-  front doors open on the node's port;
+- supervisor -> worker: ``{"open": true}`` once every worker serves (at once, for a worker started again), answered
+  ``{"opened": true}``: its front doors open on the node's port;
 - supervisor -> worker, later: ``{"placement": {...}}`` when a vhost is made or deleted, answered
   ``{"placed": true}``; and to the first worker ``{"export": true}`` after the API changed the node-wide
   definitions, answered ``{"node": ...}``; on a clustered node, to the first worker ``{"record": [vhost, ...]}``
@@ -94,6 +94,7 @@ class WorkerControl:
                 await send(self.writer, await self.maintenance(message["maintenance"] is True))
             elif "open" in message:
                 self.opened.set()
+                await send(self.writer, {"opened": True})
 
 
 def die_with_the_supervisor(supervisor: int) -> None:

@@ -20,8 +20,9 @@ import json
 import logging
 import os
 import shutil
+from contextlib import closing, contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from broker.model.upgrade import held_key
 from broker.workers.placement import worker_data_dir, workers_directory
@@ -92,12 +93,17 @@ def _forget(data_dir: Path) -> None:
     fsync_directory(journal_path(data_dir).parent)
 
 
-def _opened(data_dir: Path) -> tuple[MessageStore, Recovered]:
+@contextmanager
+def _opened(data_dir: Path) -> Iterator[tuple[MessageStore, Recovered]]:
+    """data_dir's store, read, for a with block that closes it (one that cannot be read holds nothing to close:
+    recover() unlocks it, and no writer thread has started)."""
     store = MessageStore(data_dir)
     try:
-        return store, store.recover()
+        recovered = store.recover()
     except Exception as error:
         raise MoveError(f"cannot read the store {data_dir}: {error}") from error
+    with closing(store):
+        yield store, recovered
 
 
 def owned(store: MessageStore, vhost: str) -> list[tuple[str, str, dict]]:
@@ -126,21 +132,12 @@ async def _remove(store: MessageStore, vhost: str) -> None:
 
 
 async def _remove_from(data_dir: Path, vhost: str) -> None:
-    store, _ = _opened(data_dir)
-    try:
+    with _opened(data_dir) as (store, _):
         await _remove(store, vhost)
-    finally:
-        store.close()
 
 
 async def _copy(source_dir: Path, target_dir: Path, vhost: str) -> None:
-    source, from_source = _opened(source_dir)
-    try:
-        target, in_target = _opened(target_dir)
-    except BaseException:
-        source.close()
-        raise
-    try:
+    with _opened(source_dir) as (source, from_source), _opened(target_dir) as (target, in_target):
         await _remove(target, vhost)  # what an interrupted try left there
         definitions = owned(source, vhost)
         for kind, name, data in definitions:
@@ -154,9 +151,6 @@ async def _copy(source_dir: Path, target_dir: Path, vhost: str) -> None:
         for kind, name, _ in definitions:  # the streams' logs, by their queues' keys
             if kind == "queue" and source.streams.path_of(name).exists():
                 _copy_durably(source.streams.path_of(name), target.streams.path_of(name))
-    finally:
-        source.close()
-        target.close()
 
 
 async def _copy_messages(target: MessageStore, key: str, stored, next_id: int) -> int:

@@ -123,13 +123,11 @@ class WorkerProcess:
         self.process: asyncio.subprocess.Process | None = None
         self.receiving, self.sending = handoff_pair()  # where its hand-offs wait (kept here across its restarts)
         self.started_at = 0.0  # monotonic seconds of its latest start
-        # Its management API's socket, in a directory only this user may enter; requests wait in it while it
-        # restarts
-        self.api_path = str(private / f"{number}.api")
-        self.api = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        # Its management API's socket and its Prometheus endpoint's, in a directory only this user may enter;
+        # requests wait in them while it restarts
+        self.api_path, self.metrics_path = (str(private / f"{number}.{kind}") for kind in ("api", "metrics"))
+        self.api, self.metrics = (socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(2))
         self.api.bind(self.api_path)
-        self.metrics_path = str(private / f"{number}.metrics")  # its Prometheus endpoint's, likewise
-        self.metrics = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.metrics.bind(self.metrics_path)
         # The control socket's ends while it serves (None before and after), and the lock that keeps one exchange
         # on it at a time
@@ -212,19 +210,18 @@ class Supervisor:
             if refusal is not None:
                 raise StartupError(refusal)  # (supervise stops the workers already started)
         self.opened = True
-        for worker in self.workers:
-            await self._open(worker)
+        for worker in self.workers:  # their front doors open on the node's port
+            await self._ask(worker, lambda: {"open": True})
         assert self.listening is not None
         host, port = self.listening.getsockname()[:2]
         log.info("Warren %s listening on %s:%d with %d worker processes", version(), host, port, len(self.workers))
 
     async def _start(self, worker: WorkerProcess) -> str | None:
         """Start one worker and wait until it serves; if it does not, why (the worker's own reason if it gave one)."""
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        logins, logins_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # (broker.workers.logins)
-        logins_fd = logins_child.fileno()  # the worker's, as numbered in both processes
-        board, board_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # (broker.workers.board)
-        board_fd = board_child.fileno()
+        # The control socket's ends, the logins' (broker.workers.logins) and the board's (broker.workers.board)
+        (parent, child), (logins, logins_child), (board, board_child) = (
+            socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(3))
+        logins_fd, board_fd = logins_child.fileno(), board_child.fileno()  # the worker's, as numbered in both processes
         assert self.listening is not None
         # (a worker hands a client to itself too: its front door does not serve the client)
         senders = {other.number: other.sending.fileno() for other in self.workers}
@@ -279,7 +276,7 @@ class Supervisor:
         worker.serving.set()
         self._keep(self._watch(worker, writer))
         if self.opened:  # (a worker started again: the others serve)
-            await self._open(worker)
+            await self._ask(worker, lambda: {"open": True})
         if self.placement.leaders != told:  # a vhost made or deleted meanwhile
             await self._ask(worker, self._state)
         log.info("worker %d serves (pid %d)", worker.number, worker.process.pid)  # (every worker knows it does)
@@ -379,15 +376,6 @@ class Supervisor:
         return [worker.number for worker in self.workers
                 if (self.board.entries.get(group_key(worker.number)) or {}).get("node") in (
                     None, self.config.cluster_node_id)]
-
-    async def _open(self, worker: WorkerProcess) -> None:
-        """Have a serving worker open its front doors on the node's port."""
-        async with worker.talking:
-            if worker.control is not None:
-                try:
-                    await send(worker.control[1], {"open": True})
-                except (ConnectionError, OSError):
-                    pass  # it has ended
 
     async def _ask(self, worker: WorkerProcess, message: Callable[[], dict]) -> dict | None:
         """Send a worker a message (made once it is the worker's turn, so that it is current) and wait for its
