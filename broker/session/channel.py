@@ -464,12 +464,10 @@ class Channel:
     def offer_credit(self, queues) -> None:
         """Prefetch room opened up on these queues (or, under a channel-wide limit, on all this channel consumes
         from): let them deliver at the end of this loop turn."""
-        dispatcher = self.vhost.dispatcher
         if self.unacked.global_prefetch:
             queues = {consumer.queue for consumer in self.consumers.values()}
         for queue in queues:
-            if queue.consumers and queue.has_ready():
-                dispatcher.mark(queue)
+            queue.credit_offered()
 
     def get(self, queue: Queue, no_ack: bool) -> None:
         """basic.get: the head of the queue as get-ok with its content, or get-empty; once the expired messages ahead

@@ -77,3 +77,19 @@ def test_a_channel_closing_with_thousands_of_consumers_leaves_the_others_serving
     assert [consumer.tag for consumer in queue.consumers] == ["first", "last"]
     received = host.publish(staying, "q", b"1", b"2", b"3")
     assert [delivery.consumer_tag for delivery in methods(received, spec.Basic.Deliver)] == ["first", "last", "first"]
+
+
+def test_a_consumer_passed_over_for_want_of_credit_is_served_first_again_once_it_acks():
+    """The queue passes over a consumer without credit until credit may have come back (an ack, here): the
+    higher-priority one gets the next message again, not the one after it."""
+    host = Host()
+    high, low = host.open(1), host.open(2)
+    host.send(high, spec.Queue.Declare(queue="q"), spec.Basic.Qos(prefetch_count=1),
+              spec.Basic.Consume(queue="q", consumer_tag="high", arguments={"x-priority": 5}))
+    host.send(low, spec.Basic.Consume(queue="q", consumer_tag="low"))
+    first = host.publish(low, "q", b"1")
+    second = host.publish(low, "q", b"2")
+    host.send(high, spec.Basic.Ack(delivery_tag=1))
+    third = host.publish(low, "q", b"3")
+    assert [delivery.consumer_tag for received in (first, second, third)
+            for delivery in methods(received, spec.Basic.Deliver)] == ["high", "low", "high"]
