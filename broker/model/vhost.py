@@ -7,6 +7,7 @@ import base64
 import json
 import logging
 import os
+import time
 from typing import TYPE_CHECKING, Iterator, cast
 
 from broker.model import durability
@@ -22,6 +23,7 @@ from broker.model.keys import binding_key, delayed_key, exchange_key, policy_key
 from broker.model.policy import Policy, PolicyChoices, PolicySnapshot, choose_both, make_policy
 from broker.model.queue import Queue
 from broker.model.stream import Stream
+from broker.model.turns import TURN_SECONDS
 from broker.model.routing.headers import validate_x_match
 from protocol import errors
 
@@ -81,7 +83,9 @@ class _MessageIds:
 
 
 class Dispatcher:
-    """Queues that have deliveries to make, served together once per event-loop turn."""
+    """Queues that have deliveries to make, served together once per event-loop turn, until TURN_SECONDS are spent
+    (each a round of at most DISPATCH_BATCH deliveries): those left go first in the next turn (1,000 queues of a
+    vhost, each with a consumer and messages ready, made 512,000 deliveries in one turn)."""
 
     def __init__(self):
         self.pending: dict[Queue, None] = {}  # insertion-ordered set of queues to dispatch
@@ -96,9 +100,24 @@ class Dispatcher:
     def run(self) -> None:
         self.scheduled = False
         pending, self.pending = self.pending, {}
+        ends = time.perf_counter() + TURN_SECONDS if len(pending) > 1 else 0.0  # (one has the turn to itself)
+        served = 0
         for queue in pending:
             if not queue.deleted:
                 queue.dispatch()
+            served += 1
+            if ends and served < len(pending) and time.perf_counter() >= ends:
+                self._carry_over(list(pending)[served:])
+                return
+
+    def _carry_over(self, queues: list[Queue]) -> None:
+        """Queues the run had no time left for go first in the next one (before those marked during this one)."""
+        left = dict.fromkeys(queues)
+        left.update(self.pending)
+        self.pending = left
+        if not self.scheduled:
+            self.scheduled = True
+            asyncio.get_running_loop().call_soon(self.run)
 
 
 class VirtualHost:

@@ -5,6 +5,7 @@ passed over once a round, not once a delivery."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from pamqp.commands import Basic
@@ -92,3 +93,27 @@ def test_consumers_without_credit_are_passed_over_once(waiting):
     free = Subscriber("free", channel, 0)
     assert published(DISPATCH_BATCH, [*full, free], waiting) == ["free"] * DISPATCH_BATCH
     assert Subscriber.looks <= 2 * (len(full) + DISPATCH_BATCH)
+
+
+def test_a_turn_dispatches_queues_until_its_time_is_spent_and_the_next_turns_the_rest_in_order():
+    """200 queues, each with a consumer and a round's worth of messages ready: one turn of the loop does not make
+    all 102,400 deliveries; the queues left are served in the turns that follow, those marked first first."""
+    async def run() -> tuple[int, list[str]]:
+        vhost = VirtualHost("/")
+        header = messages.Header(encode_header_payload(1, Basic.Properties()))
+        channel = Target()
+        for number in range(200):
+            queue = vhost.declare_queue(f"q{number}", Owner(), False, False, False, False, {})
+            for _ in range(DISPATCH_BATCH):
+                queue.enqueue(messages.Message(messages.Address("", queue.name), header, b"x"))
+            queue.add_consumer(Subscriber(queue.name, channel, 0))
+        vhost.dispatcher.run()
+        first_turn = len(channel.delivered)
+        deadline = time.monotonic() + 30
+        while len(channel.delivered) < 200 * DISPATCH_BATCH and time.monotonic() < deadline:
+            await asyncio.sleep(0)
+        return first_turn, channel.delivered
+
+    first_turn, delivered = asyncio.run(run())
+    assert 0 < first_turn < 200 * DISPATCH_BATCH
+    assert delivered == [f"q{number}" for number in range(200) for _ in range(DISPATCH_BATCH)]
