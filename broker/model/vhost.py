@@ -85,7 +85,7 @@ class _MessageIds:
 class Dispatcher:
     """Queues that have deliveries to make, served together once per event-loop turn, until TURN_SECONDS are spent
     (each a round of at most DISPATCH_BATCH deliveries): those left go first in the next turn (1,000 queues of a
-    vhost, each with a consumer and messages ready, made 512,000 deliveries in one turn)."""
+    vhost, each with a consumer and messages ready, could make 512,000 deliveries in one turn)."""
 
     def __init__(self):
         self.pending: dict[Queue, None] = {}  # insertion-ordered set of queues to dispatch
