@@ -37,13 +37,16 @@ class UnackedStore:
     whole (118 ms on the event loop at 2.8 million here, and half a second in a busy broker), a chunk's at most
     a few milliseconds."""
 
-    __slots__ = ("chunks", "count", "consumer_count", "global_prefetch")
+    __slots__ = ("chunks", "count", "consumer_count", "global_prefetch", "reopened")
 
     def __init__(self) -> None:
         self.chunks: deque[OrderedDict[int, Unacked]] = deque()  # delivery tag -> unacked delivery, tag order
         self.count = 0  # deliveries in every chunk
         self.consumer_count = 0  # unacked deliveries made to consumers (what the global limit counts)
         self.global_prefetch = 0  # channel-wide limit of unacked consumer deliveries (basic.qos global), 0 = none
+        # consumer deliveries were settled while the channel-wide limit was reached: every queue the channel consumes
+        # from may deliver again (else only those of the settled deliveries)
+        self.reopened = False
 
     def __len__(self) -> int:
         return self.count
@@ -106,6 +109,7 @@ class UnackedStore:
         delivery = self._remove(chunk, tag)
         consumer = delivery.consumer
         if consumer is not None:
+            self.reopened = self.reopened or 0 < self.global_prefetch <= self.consumer_count
             consumer.unacked -= 1
             self.consumer_count -= 1
         return delivery
@@ -148,6 +152,7 @@ class UnackedStore:
 
     def release(self, taken: list[Unacked]) -> None:
         """Taken deliveries are settled: their consumers' prefetch windows open up again."""
+        self.reopened = self.reopened or 0 < self.global_prefetch <= self.consumer_count
         for delivery in taken:
             consumer = delivery.consumer
             if consumer is not None:
