@@ -31,6 +31,7 @@ RATES = web.AppKey("rates", object)  # management.rates.Rates: the sampled messa
 STARTED = web.AppKey("started", float)  # time.monotonic() when the API started (the node's uptime counts from it)
 MAX_BODY_SIZE = web.AppKey("max_body_size", int)  # largest request body read, in bytes (config's)
 SLICE = 0.005  # seconds long work an API request sets off runs before it lets the event loop turn (in_slices)
+ENCODE_SLICE = 1_000  # items of a list reply encoded between two turns of the event loop (about 5 ms of queues)
 # The address of the client a request came from, as the supervisor of several workers forwards it to a worker's
 # internal API (broker.workers.api); believed only there
 FORWARDED_CLIENT = "X-Warren-Client"
@@ -432,6 +433,26 @@ def compact_json(data: Any) -> str:
 
 def reply(data: Any, status: int = 200) -> web.Response:
     return web.json_response(data, status=status, dumps=compact_json)
+
+
+async def reply_in_slices(data: list | dict) -> web.Response:
+    """reply() of a list, or of an object of lists (a definitions export), each list encoded ENCODE_SLICE items at
+    a time, the event loop turning between them (a listing of 100,000 queues encoded in one call held it 0.48 s)."""
+    return web.json_response(text=await _encoded(data))
+
+
+async def _encoded(data: Any) -> str:
+    if isinstance(data, dict):
+        members = [f"{compact_json(key)}:{await _encoded(value)}" for key, value in data.items()]
+        return f"{{{','.join(members)}}}"
+    if not isinstance(data, list):
+        return compact_json(data)
+    parts = []
+    for start in range(0, len(data), ENCODE_SLICE):
+        if start:
+            await asyncio.sleep(0)
+        parts.append(compact_json(data[start:start + ENCODE_SLICE])[1:-1])  # (its items, without the brackets)
+    return f"[{','.join(parts)}]"
 
 
 def sorted_by(items: list[dict], *keys: str) -> list[dict]:

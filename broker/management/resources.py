@@ -319,7 +319,7 @@ async def listing(request: web.Request, items: list[dict], pageable: bool = True
     if "columns" in request.query:
         items = [columns_of(item, request.query["columns"].split(",")) for item in items]
     if not pageable or "page" not in request.query:
-        return http.reply(items)
+        return await http.reply_in_slices(items)
     page, page_size = _pagination(request.query)
     chosen = await _chosen(request, [(item.get("name", ""), item) for item in items])
     return _page(chosen, page, page_size, len(items), lambda shown: [item for _, item in shown])

@@ -16,7 +16,7 @@ routes = web.RouteTableDef()
 async def export_all(request: web.Request) -> web.Response:
     http.require(request, "administrator")
     server = http.server_of(request)
-    return _exported(request, export_node(server.node, http.PRODUCT_NAME, server.version))
+    return await _exported(request, export_node(server.node, http.PRODUCT_NAME, server.version))
 
 
 @routes.get("/api/definitions/{vhost}")
@@ -25,7 +25,7 @@ async def export_one(request: web.Request) -> web.Response:
     vhost = http.node_of(request).vhosts.get(request.match_info["vhost"])
     if vhost is None:
         raise http.bad_request("vhost_not_found")  # RabbitMQ's answer here (a 400, not a 404)
-    return _exported(request, export_vhost(vhost))
+    return await _exported(request, export_vhost(vhost))
 
 
 @routes.post("/api/definitions")
@@ -43,9 +43,9 @@ async def import_one(request: web.Request) -> web.Response:
     return await _imported(request, name)
 
 
-def _exported(request: web.Request, definitions: dict) -> web.Response:
+async def _exported(request: web.Request, definitions: dict) -> web.Response:
     """The export; with ?download=NAME, as a file of that name (what RabbitMQ's UI asks for)."""
-    response = http.reply(definitions)
+    response = await http.reply_in_slices(definitions)
     download = request.query.get("download")
     if download:
         response.headers["Content-Disposition"] = content_disposition(download)

@@ -4,6 +4,9 @@ broker.management.views.policies."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+
 import pytest
 
 from broker.management import http
@@ -60,3 +63,29 @@ def test_a_string_field_must_be_a_string():
 
 def test_policy_refusals_escape_html_tags():
     assert escape_html_tags('was <<"5">> & more') == 'was &lt;&lt;"5"&gt;&gt; &amp; more'
+
+
+@pytest.mark.parametrize("count", [0, 1, http.ENCODE_SLICE, 2 * http.ENCODE_SLICE + 1])
+@pytest.mark.parametrize("shape", ["list", "object of lists"])
+def test_a_reply_in_slices_is_compact_json_its_lists_encoded_a_slice_a_loop_turn(count, shape):
+    queues = [{"name": f"q{number}", "arguments": {"x-max-length": number}} for number in range(count)]
+    items = queues if shape == "list" else {"rabbit_version": "3.10.8", "queues": queues, "policies": [], "n": None}
+    turns = []  # what ran on the loop while the list was encoded
+
+    async def encoded():
+        async def other():
+            while True:
+                turns.append(None)
+                await asyncio.sleep(0)
+        beside = asyncio.ensure_future(other())
+        await asyncio.sleep(0)
+        turns.clear()
+        response = await http.reply_in_slices(items)
+        beside.cancel()
+        return response
+
+    response = asyncio.run(encoded())
+    assert response.content_type == "application/json"
+    assert json.loads(response.text) == items
+    assert response.text == http.compact_json(items)
+    assert len(turns) == max(0, (count - 1) // http.ENCODE_SLICE)
