@@ -13,12 +13,13 @@ import math
 import re
 import socket
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, cast
 
 from aiohttp import web
 
 from broker.connection.auth import may_log_in_from
 from broker.model.access import User
+from broker.model.turns import OffLoop, Steps
 from protocol import node_proof
 
 if TYPE_CHECKING:
@@ -246,13 +247,19 @@ async def on_disk(request: web.Request) -> None:
         raise ApiError(500, "internal_error", "the change could not be written to disk")
 
 
-async def in_slices(steps: Iterable[None]) -> None:
+async def in_slices(steps: Iterable[OffLoop | None]) -> None:
     """Run work that yields between its small changes (an import of definitions, a policy applied to every queue of
-    a vhost), letting the event loop turn every SLICE seconds. Each slice's young objects are collected at its end:
-    left to the collector's own schedule, the objects of ten of its first collections (50,000 allocations each, most of
-    them kept: an import's new queues) were walked in one go, 70 to 110 ms of the loop at once for 30,000 queues."""
+    a vhost), letting the event loop turn every SLICE seconds; a call it yields as OffLoop runs on a worker thread,
+    its result sent back. Each slice's young objects are collected at its end: left to the collector's own schedule,
+    the objects of ten of its first collections (50,000 allocations each, most of them kept: an import's new queues)
+    were walked in one go, 70 to 110 ms of the loop at once for 30,000 queues."""
     slice_ends = time.monotonic() + SLICE
-    for _ in steps:
+    for step in steps:
+        while isinstance(step, OffLoop):  # (yielded by a generator, which takes the call's result back)
+            try:
+                step = cast(Steps, steps).send(await asyncio.to_thread(step.call))
+            except StopIteration:
+                return
         if time.monotonic() >= slice_ends:
             gc.collect(1)  # (the young generations: a slice's objects, a few ms at most)
             await asyncio.sleep(0)

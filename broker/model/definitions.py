@@ -27,6 +27,7 @@ from broker.model.operations import shortstr_problem
 from broker.model.patterns import PatternError, compile_pattern
 from broker.model.policy import PolicyError, make_policy
 from broker.model.routing.headers import validate_x_match
+from broker.model.turns import OffLoop, Steps
 from broker.model.vhost import OPERATOR_OWNER, PREDECLARED_EXCHANGES
 from protocol.errors import AMQPError
 
@@ -239,11 +240,16 @@ def import_definitions(node: "Node", document, vhost: str | None = None) -> None
     """Check the whole document, then apply it to node (to one vhost, named by vhost, as RabbitMQ's POST
     /api/definitions/{vhost}: its users, vhosts and permissions are ignored, and items take that vhost).
     DefinitionsError, before anything changed, if an item cannot be applied."""
-    for _ in importing(node, document, vhost):
-        pass
+    steps = importing(node, document, vhost)
+    for step in steps:
+        while isinstance(step, OffLoop):
+            try:
+                step = steps.send(step.call())
+            except StopIteration:
+                return
 
 
-def importing(node: "Node", document, vhost: str | None = None, check_only: bool = False) -> Iterator[None]:
+def importing(node: "Node", document, vhost: str | None = None, check_only: bool = False) -> Steps:
     """import_definitions an item at a time: it yields after each item it checks and each change it makes, so that
     a caller on the event loop can let other work run between them (a 10 MB document holds 290,000 queues).
     ``check_only``: check the whole document and change nothing."""
@@ -482,7 +488,7 @@ class _Planner:
 
 
 # --- import: applying the plan -----------------------------------------------------------------------------------
-def _apply(node: "Node", plan: _Plan) -> Iterator[None]:
+def _apply(node: "Node", plan: _Plan) -> Steps:
     """Apply a checked plan in RabbitMQ's order: vhosts, users, permissions, policies, queues, exchanges,
     bindings; yield after each change. The policies are applied to the queues and exchanges that exist once, after
     the last of them."""
@@ -497,7 +503,8 @@ def _apply(node: "Node", plan: _Plan) -> Iterator[None]:
     for vhost_name in dict.fromkeys(vhost_name for _, vhost_name, _ in plan.policies):
         vhost = node.vhosts.get(vhost_name)
         if vhost is not None:  # (unless deleted by another client meanwhile)
-            yield from vhost.applying_policy_choices(vhost.policy_snapshot().choose())
+            choices = yield OffLoop(vhost.policy_snapshot().choose)
+            yield from vhost.applying_policy_choices(choices)
     for label, queue in plan.queues:
         yield _applying(label, lambda: node.vhosts[queue["vhost"]].declare_queue(
             queue["name"], OPERATOR_OWNER, False, queue["durable"], False, queue["auto_delete"], queue["arguments"]))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from typing import Callable, Final
+from typing import Any, Callable, Final, Generator, NamedTuple
 
 # Slices one loop turn runs, at least one, until this long has been spent (a slice itself stops after about as long:
 # broker.model.queue.SLICE_SECONDS)
@@ -41,6 +41,17 @@ class _Line:
         if waiting and not self.scheduled:
             self.scheduled = True
             self.loop.call_soon(self._run)
+
+
+class OffLoop(NamedTuple):
+    """What work done in steps (a generator its caller drives, broker.management.http.in_slices) yields for a call
+    its caller may run on a worker thread, away from the event loop (matching a policy's pattern against every name
+    of a big vhost): the caller sends the call's result back into the generator."""
+
+    call: Callable[[], Any]
+
+
+Steps = Generator["OffLoop | None", Any, None]  # work done in steps: None after each, OffLoop for a call off the loop
 
 
 _line: _Line | None = None  # the running event loop's line (a process runs one loop; a test may run several)
