@@ -76,8 +76,7 @@ class Collector:
         if took <= self.freeze_after:
             return
         blocks = self.heap()
-        if info["generation"] == 2 or not self.cheap_blocks:
-            # (a young collection walks a part of the heap: the rate it gives a full walk errs on the slow side)
+        if info["generation"] == 2:  # (a young one walks an unknown part of the heap: it says nothing of a full walk)
             self.cheap_blocks = int(blocks * self.freeze_after / took)
         gc.freeze()
         self.froze()

@@ -169,3 +169,16 @@ def test_a_freeze_as_the_event_loop_closes_raises_nothing(scene, monkeypatch):
     scene.full_collection(takes=0.5)
     assert gc.get_freeze_count() >= len(kept)
     assert not unraisable
+
+
+def test_a_slow_young_collection_alone_says_nothing_of_when_a_full_walk_is_cheap(scene):
+    """A young collection walks an unknown part of the heap: the frozen objects it left stay frozen however small
+    the heap gets, until a full collection measures the rate or the period ends."""
+    scene.young_collection(takes=0.5)
+    scene.blocks = 1
+    scene.now += LOOK_EVERY
+    scene.young_collection()
+    assert gc.get_freeze_count() > 0
+    scene.now += PERIOD
+    scene.young_collection()
+    assert gc.get_freeze_count() == 0
