@@ -450,7 +450,7 @@ async def reply_in_slices(data: list | dict) -> web.Response:
 
 async def _encoded(data: Any) -> str:
     if isinstance(data, dict):
-        members = [f"{compact_json(key)}:{await _encoded(value)}" for key, value in data.items()]
+        members = [f"{_key(key)}:{await _encoded(value)}" for key, value in data.items()]
         return f"{{{','.join(members)}}}"
     if not isinstance(data, list):
         return compact_json(data)
@@ -460,6 +460,11 @@ async def _encoded(data: Any) -> str:
             await asyncio.sleep(0)
         parts.append(compact_json(data[start:start + ENCODE_SLICE])[1:-1])  # (its items, without the brackets)
     return f"[{','.join(parts)}]"
+
+
+def _key(key: Any) -> str:
+    """An object's key as json.dumps writes it: a string, a number's or a constant's text as a string."""
+    return compact_json(key if isinstance(key, str) else compact_json(key))
 
 
 def sorted_by(items: list[dict], *keys: str) -> list[dict]:

@@ -466,9 +466,9 @@ class Channel:
         consumes from: each ack under that limit walked them all, 9 ms at 10,000): let them deliver at the end of
         this loop turn."""
         unacked = self.unacked
-        if unacked.reopened:
+        if unacked.reopened:  # (the settled deliveries' queues too: a cancelled consumer's may have another)
             unacked.reopened = False
-            queues = {consumer.queue for consumer in self.consumers.values()}
+            queues = {*queues, *(consumer.queue for consumer in self.consumers.values())}
         for queue in queues:
             queue.credit_offered()
 

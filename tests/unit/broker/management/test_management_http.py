@@ -71,7 +71,8 @@ def test_policy_refusals_escape_html_tags():
 @pytest.mark.parametrize("shape", ["list", "object of lists"])
 def test_a_reply_in_slices_is_compact_json_its_lists_encoded_a_slice_a_loop_turn(count, shape):
     queues = [{"name": f"q{number}", "arguments": {"x-max-length": number}} for number in range(count)]
-    items = queues if shape == "list" else {"rabbit_version": "3.10.8", "queues": queues, "policies": [], "n": None}
+    items = queues if shape == "list" else {"rabbit_version": "3.10.8", "queues": queues, "policies": [], "n": None,
+                                            1: 1.5, True: {None: [2]}}
     turns = []  # what ran on the loop while the list was encoded
 
     async def encoded():
@@ -88,7 +89,6 @@ def test_a_reply_in_slices_is_compact_json_its_lists_encoded_a_slice_a_loop_turn
 
     response = asyncio.run(encoded())
     assert response.content_type == "application/json"
-    assert json.loads(response.text) == items
     assert response.text == http.compact_json(items)
     assert len(turns) == max(0, (count - 1) // http.ENCODE_SLICE)
 

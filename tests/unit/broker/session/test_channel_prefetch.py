@@ -121,3 +121,17 @@ def test_an_ack_that_ends_a_full_channel_limit_lets_every_queue_deliver():
     assert [delivery.consumer_tag for delivery in methods(received, spec.Basic.Deliver)] == ["ca", "ca"]
     received = host.send(channel, spec.Basic.Ack(delivery_tag=1))
     assert [delivery.consumer_tag for delivery in methods(received, spec.Basic.Deliver)] == ["cb"]
+
+
+def test_an_ack_that_ends_a_full_channel_limit_lets_the_queue_of_a_consumer_cancelled_meanwhile_deliver():
+    """A single active consumer cancelled with a delivery unacked: its successor, on another channel, takes over
+    once that delivery is acked, though the channel of the ack has no consumer left."""
+    host = Host()
+    first, second = host.open(1), host.open(2)
+    host.send(first, spec.Queue.Declare(queue="q", arguments={"x-single-active-consumer": True}))
+    host.publish(first, "q", b"1", b"2", b"3")
+    host.send(first, spec.Basic.Qos(prefetch_count=1, global_=True), spec.Basic.Consume(queue="q", consumer_tag="ca"))
+    host.send(second, spec.Basic.Qos(prefetch_count=1), spec.Basic.Consume(queue="q", consumer_tag="cb"))
+    host.send(first, spec.Basic.Cancel(consumer_tag="ca"))
+    received = host.send(first, spec.Basic.Ack(delivery_tag=1))
+    assert [delivery.consumer_tag for delivery in methods(received, spec.Basic.Deliver)] == ["cb"]
