@@ -44,13 +44,15 @@ class Scene:
         if phase == "stop":
             self.now += self.takes
 
-    def full_collection(self, takes: float) -> None:
+    def collection(self, generation: int, takes: float = 0.0) -> None:
         self.takes = takes
-        gc.collect()
+        gc.collect(generation)
+
+    def full_collection(self, takes: float) -> None:
+        self.collection(2, takes)
 
     def young_collection(self, takes: float = 0.0) -> None:
-        self.takes = takes
-        gc.collect(0)
+        self.collection(0, takes)
 
 
 @pytest.fixture
@@ -77,9 +79,10 @@ def frozen_garbage_cycle() -> weakref.ref:
     return reference
 
 
-def test_a_full_collection_longer_than_the_bound_freezes_what_survived_it(scene):
+@pytest.mark.parametrize("generation", [2, 0], ids=["full", "young"])
+def test_a_collection_longer_than_the_bound_freezes_what_survived_it(scene, generation):
     kept = [[] for _ in range(100_000)]
-    scene.full_collection(takes=0.5)
+    scene.collection(generation, takes=0.5)
     assert gc.get_freeze_count() >= len(kept)
     assert scene.soon == [collect_unfrozen]  # (a full collection of the rest, on the event loop)
     later = Cycle()  # made after the freeze: collected as ever
@@ -89,23 +92,10 @@ def test_a_full_collection_longer_than_the_bound_freezes_what_survived_it(scene)
     assert reference() is None
 
 
-def test_a_full_collection_within_the_bound_freezes_nothing(scene):
+@pytest.mark.parametrize("generation", [2, 0], ids=["full", "young"])
+def test_a_collection_within_the_bound_freezes_nothing(scene, generation):
     kept = [[] for _ in range(100_000)]
-    scene.full_collection(takes=FREEZE_AFTER)
-    assert gc.get_freeze_count() == 0
-    assert kept
-
-
-def test_a_young_collection_longer_than_the_bound_freezes_what_survived_it(scene):
-    kept = [[] for _ in range(100_000)]
-    scene.young_collection(takes=0.5)
-    assert gc.get_freeze_count() >= len(kept)
-    assert scene.soon == [collect_unfrozen]
-
-
-def test_a_young_collection_within_the_bound_freezes_nothing(scene):
-    kept = [[] for _ in range(100_000)]
-    scene.young_collection(takes=FREEZE_AFTER)
+    scene.collection(generation, takes=FREEZE_AFTER)
     assert gc.get_freeze_count() == 0
     assert kept
 
