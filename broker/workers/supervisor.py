@@ -123,11 +123,13 @@ class WorkerProcess:
         self.process: asyncio.subprocess.Process | None = None
         self.receiving, self.sending = handoff_pair()  # where its hand-offs wait (kept here across its restarts)
         self.started_at = 0.0  # monotonic seconds of its latest start
-        # Its management API's socket and its Prometheus endpoint's, in a directory only this user may enter;
-        # requests wait in them while it restarts
-        self.api_path, self.metrics_path = (str(private / f"{number}.{kind}") for kind in ("api", "metrics"))
-        self.api, self.metrics = (socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(2))
+        # Its management API's socket, in a directory only this user may enter; requests wait in it while it
+        # restarts
+        self.api_path = str(private / f"{number}.api")
+        self.api = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.api.bind(self.api_path)
+        self.metrics_path = str(private / f"{number}.metrics")  # its Prometheus endpoint's, likewise
+        self.metrics = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.metrics.bind(self.metrics_path)
         # The control socket's ends while it serves (None before and after), and the lock that keeps one exchange
         # on it at a time
