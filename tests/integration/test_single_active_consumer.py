@@ -5,7 +5,7 @@ in the queue."""
 from __future__ import annotations
 
 from tests.integration import management
-from tests.integration.helpers import Inbox, bodies, connect, consume, declare_queue, enqueue
+from tests.integration.helpers import Inbox, beyond_rabbitmq, bodies, connect, consume, declare_queue, enqueue
 
 STATS_TIMEOUT = 30.0  # RabbitMQ's API shows consumers from statistics emitted every 5 s
 
@@ -67,3 +67,27 @@ def test_the_management_api_shows_which_consumer_is_active(broker, conn, unique)
                                   STATS_TIMEOUT)["consumer_details"]
     statuses = {item["consumer_tag"]: (item["active"], item["activity_status"]) for item in details}
     assert statuses == {first: (True, "single_active"), second: (False, "waiting")}
+
+
+@beyond_rabbitmq
+def test_the_next_consumer_takes_over_once_a_cancelled_ones_last_delivery_is_acked_under_a_channel_limit(conn,
+                                                                                                          unique):
+    """The active consumer's channel has a channel-wide prefetch (basic.qos global) that its one delivery fills; it
+    cancels, then acks: the consumer waiting on another channel gets the rest, though the acking channel consumes
+    nothing any more. (The 3.10 reference leaves the ready messages where they are, with or without the channel-wide
+    limit, until a later publish, and then delivers only that one: stranded messages, not a behaviour to copy.)"""
+    queue = sac_queue(conn, unique)
+    enqueue(conn, queue, bodies("m", 3))
+    held = Inbox()
+    first_channel = conn.channel()
+    first_channel.basic_qos(prefetch_count=1, global_qos=True)
+    first, _ = consume(first_channel, queue, held)
+    [delivery] = held.wait_for(conn, 1)
+    inbox = Inbox()
+    second_channel = conn.channel()
+    second_channel.basic_qos(prefetch_count=1)
+    second, _ = consume(second_channel, queue, inbox, auto_ack=True)
+    first_channel.basic_cancel(first)
+    first_channel.basic_ack(delivery.delivery_tag)
+    deliveries = inbox.wait_for(conn, 2)
+    assert [(d.consumer_tag, d.body) for d in deliveries] == [(second, b"m-1"), (second, b"m-2")]
