@@ -63,6 +63,9 @@ def upgrade(cluster: Cluster, node: Node, site: Path, drained: bool) -> None:
         elsewhere = next(other for other in cluster.nodes.values() if other is not node)
         wait_for(lambda: being_drained(elsewhere, node) is not None, 30, f"{node.name} listed by {elsewhere.name}")
         assert being_drained(elsewhere, node) is True, "a drained node came back out of maintenance by itself"
+        # (its API has a request checked by a group's leader, a revive's too, once its workers learnt who leads:
+        # asked before, it answers 503 "worker 0's group has no leader now")
+        wait_for(lambda: node.api("GET", "/api/nodes")[0] == 200, 30, f"{node.name}'s API reaching a leader")
         done = warrenctl(cluster, node.name, "revive")
         assert done.returncode == 0, done.stderr
         assert being_drained(node, node) is False
