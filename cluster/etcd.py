@@ -35,10 +35,11 @@ Result = TypeVar("Result")
 # gRPC's reconnect backoff grows to 120 s by default: an etcd back after an outage would go unseen for minutes.
 # Channels to one address share their connections through a process-wide pool unless told not to: a client made
 # anew after a failure would then take up the same connection, stuck in TCP's retransmission back-off after a cut
-# (a node cut from etcd for 30 s reached it again only 26 s after the cut healed).
+# (a node cut from etcd for 30 s reached it again only 26 s after the cut healed). gRPC's "min_reconnect_backoff_ms"
+# is in fact the deadline of one connection attempt (to etcd's SETTINGS frame): each client sets it to its
+# call_timeout, as a busy machine can take more than 100 ms to set a connection up.
 _CHANNEL_OPTIONS = {
     "grpc.initial_reconnect_backoff_ms": 100,
-    "grpc.min_reconnect_backoff_ms": 100,
     "grpc.max_reconnect_backoff_ms": 500,
     "grpc.use_local_subchannel_pool": 1,
 }
@@ -287,7 +288,8 @@ class EtcdCoordinator(LeaseHolder):
 
     def _new_client(self) -> aetcd.Client:
         host, port = self.endpoints[self._endpoint].rsplit(":", 1)
-        return aetcd.Client(host=host, port=int(port), timeout=self.call_timeout, options=_CHANNEL_OPTIONS,
+        options = {**_CHANNEL_OPTIONS, "grpc.min_reconnect_backoff_ms": math.ceil(self.call_timeout * 1000)}
+        return aetcd.Client(host=host, port=int(port), timeout=self.call_timeout, options=options,
                             connect_wait_timeout=self.call_timeout)
 
     async def _quietly(self, step: Awaitable[Any]) -> None:

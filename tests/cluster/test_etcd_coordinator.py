@@ -176,3 +176,43 @@ def test_the_next_endpoint_is_tried_when_one_does_not_answer(etcd_endpoint, etcd
             await node.close()
 
     uvloop.run(scenario())
+
+
+async def slow_to_answer(endpoint: str, delay: float) -> asyncio.Server:
+    """A relay on loopback to etcd at endpoint that holds each new connection `delay` seconds before it passes
+    anything on, as an etcd or a network slow to answer would (its port: server.sockets[0])."""
+    host, port = endpoint.rsplit(":", 1)
+
+    async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    async def relay(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(delay)
+        etcd_reader, etcd_writer = await asyncio.open_connection(host, int(port))
+        await asyncio.gather(pump(client_reader, etcd_writer), pump(etcd_reader, client_writer))
+
+    return await asyncio.start_server(relay, "127.0.0.1", 0)
+
+
+def test_a_connection_slow_to_set_up_is_waited_for_within_the_call_timeout(etcd_endpoint, etcd_prefix) -> None:
+    """A busy machine can take more than a moment to set a connection up: a call waits for it as long as its
+    call_timeout allows, not gRPC's own shorter connect deadline."""
+    async def scenario() -> None:
+        relay = await slow_to_answer(etcd_endpoint, 0.6)
+        port = relay.sockets[0].getsockname()[1]
+        node = EtcdCoordinator([f"127.0.0.1:{port}"], etcd_prefix, "a", lease_ttl=5)
+        try:
+            await node.start()
+            assert await node.campaign(member("a")) is not None
+        finally:
+            await node.close()
+            relay.close()
+
+    uvloop.run(scenario())
