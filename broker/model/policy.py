@@ -15,6 +15,7 @@ import re
 from decimal import Decimal
 from typing import Callable, Iterable, NamedTuple
 
+from broker.model.arguments.queue import LEADER_LOCATORS
 from broker.model.patterns import PatternError, compile_pattern
 
 APPLY_TO = ("all", "queues", "exchanges")
@@ -82,6 +83,12 @@ KEYS: dict[str, PolicyKey] = {
     "overflow": PolicyKey(_one_of("drop-head", "reject-publish", "reject-publish-dlx"),
                           "is not a valid overflow value", "queues", False, False),
     "consumer-timeout": PolicyKey(_integer_from(0), "is not a valid consumer timeout", "queues", True, False),
+    # where a queue is placed (RabbitMQ 4 takes both on every queue type; the policy's value wins over the argument)
+    "queue-leader-locator": PolicyKey(_one_of("client-local", "balanced", "random", "least-leaders"),
+                                      "is not a valid queue leader locator value", "queues", False, False, None,
+                                      _first),
+    "queue-master-locator": PolicyKey(_one_of(*LEADER_LOCATORS), "is not a valid master locator", "queues", False,
+                                      True, _second, _first),  # 3.x's name, deprecated in 4.0
     # RabbitMQ 4's quorum-queue keys (rabbit_policies, rabbit_quorum_queue), which Warren applies to every queue
     "delivery-limit": PolicyKey(_integer, "is not a valid delivery limit", "queues", True, True,
                                 _limit_or_unlimited, _limit_or_unlimited),

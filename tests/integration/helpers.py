@@ -24,12 +24,17 @@ EVENT_TIMEOUT = 5.0
 QUIET_PERIOD = 0.25
 
 
+# The marks of RabbitMQ 4.x behaviour that today's clients expect; the 3.10 reference broker behaves differently,
+# so such a test (or pytest.param) is skipped when the suite runs against an external broker.
+RABBITMQ4 = (pytest.mark.rabbitmq4, pytest.mark.skipif(bool(os.environ.get("WARREN_TEST_URL")),
+                                                       reason="RabbitMQ 4.x behaviour; the reference broker is 3.10"))
+
+
 def rabbitmq4(test: Callable) -> Callable:
-    """Marks a test of RabbitMQ 4.x behaviour that today's clients expect; the 3.10 reference broker behaves
-    differently, so the test is skipped when the suite runs against an external broker."""
-    skip = pytest.mark.skipif(bool(os.environ.get("WARREN_TEST_URL")),
-                              reason="RabbitMQ 4.x behaviour; the reference broker is 3.10")
-    return pytest.mark.rabbitmq4(skip(test))
+    """Marks a test of RabbitMQ 4.x behaviour (RABBITMQ4)."""
+    for mark in RABBITMQ4:
+        test = mark(test)
+    return test
 
 
 # Marks a test (or a module, as pytestmark) of what Warren does beyond RabbitMQ: skipped when the suite runs

@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import WORKERS
 from tests.integration.helpers import (
-    beyond_rabbitmq, connection_error, declare_queue, publish, wait_for_message_count,
+    RABBITMQ4, beyond_rabbitmq, connection_error, declare_queue, publish, wait_for_message_count,
 )
 from tests.integration.management import (
     add_user, add_vhost, connect_as, delete_user, delete_vhost, quote, request, set_permissions, wait_for,
@@ -359,7 +359,11 @@ def test_a_policy_needs_a_pattern_and_a_definition(broker, unique):
     ({"pattern": "x", "definition": {}}, "no policy provided"),
     ({"pattern": "x", "definition": {"max-length": 1}, "priority": "5"},
      'priority should be a number, actually was &lt;&lt;"5"&gt;&gt;'),  # RabbitMQ escapes HTML tags here
-], ids=["max-length", "apply-to", "empty", "priority"])
+    ({"pattern": "x", "definition": {"queue-leader-locator": "nearby"}},
+     '&lt;&lt;"nearby"&gt;&gt; is not a valid queue leader locator value'),
+    pytest.param({"pattern": "x", "definition": {"queue-master-locator": "nearby"}},
+                 '&lt;&lt;"nearby"&gt;&gt; is not a valid master locator', marks=RABBITMQ4),  # 3.x: "invalid ... value"
+], ids=["max-length", "apply-to", "empty", "priority", "leader-locator", "master-locator"])
 def test_a_bad_policy_is_400_with_rabbitmqs_reason(broker, unique, body, reason):
     reply = request(broker, "PUT", f"/api/policies/%2F/{quote(unique)}", body)
     assert reply == (400, {"error": "bad_request", "reason": f"Validation failed\n\n{reason}\n"})

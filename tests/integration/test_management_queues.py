@@ -13,7 +13,7 @@ import pika
 import pytest
 
 from tests.integration.helpers import (
-    EVENT_TIMEOUT, connect, consume, declare_queue, drain, enqueue, message_count, open_channel, publish,
+    EVENT_TIMEOUT, connect, consume, declare_queue, drain, enqueue, message_count, open_channel, publish, rabbitmq4,
     wait_for_message_count,
 )
 from tests.integration.management import (
@@ -345,6 +345,30 @@ def test_a_declare_the_disk_cannot_take_is_a_500_and_taken_back(own_broker, tmp_
         os.unlink(disk / "filler")
         assert request(broker, "GET", queue_path("full")).status == 404
         broker.stop()
+
+
+@rabbitmq4  # 3.x applies no policy with a queue-leader-locator to a classic queue
+def test_leader_locators_of_a_policy_are_shown(broker, unique):
+    set_policy(broker, "/", unique, f"^{unique}$", {"queue-leader-locator": "client-local",
+                                                    "queue-master-locator": "min-masters"}, apply_to="queues")
+    try:
+        assert request(broker, "PUT", queue_path(unique), {}).status == 201
+        queue = queue_with(broker, unique, policy=unique)
+        assert queue["effective_policy_definition"] == {"queue-leader-locator": "client-local",
+                                                        "queue-master-locator": "min-masters"}
+    finally:
+        clear_policy(broker, "/", unique)
+        request(broker, "DELETE", queue_path(unique))
+
+
+@rabbitmq4
+def test_an_operator_policy_takes_the_master_locator_but_not_the_leader_locator(broker, unique):
+    set_policy(broker, "/", unique, ".*", {"queue-master-locator": "balanced"}, kind="operator-policies")
+    clear_policy(broker, "/", unique, kind="operator-policies")
+    reply = request(broker, "PUT", f"/api/operator-policies/%2F/{quote(unique)}",
+                    {"pattern": ".*", "definition": {"queue-leader-locator": "balanced"}})
+    assert reply == (400, {"error": "bad_request", "reason": 'Validation failed\n\n[{<<"queue-leader-locator">>,'
+                                                     '<<"balanced">>}] are not recognised policy settings\n'})
 
 
 def test_policies_that_apply_are_shown(broker, unique):

@@ -6,7 +6,9 @@ import re
 
 import pytest
 
-from tests.integration.helpers import channel_error, connect, declare_queue, fresh, get_all, reply_text, wait_until
+from tests.integration.helpers import (
+    channel_error, connect, declare_queue, fresh, get_all, rabbitmq4, reply_text, wait_until,
+)
 
 LOCKED_TEXT = ("RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '{}' in vhost '/'. It could be originally "
           "declared on another connection or the exclusive property value does not match that of the original "
@@ -129,6 +131,31 @@ def test_invalid_queue_arguments_are_406(channel, unique, arguments, reason):
     (name,) = arguments
     assert channel_error(lambda: channel.queue_declare(unique, auto_delete=True, arguments=arguments)) == (
         406, f"PRECONDITION_FAILED - invalid arg '{name}' for queue '{unique}' in vhost '/': {reason}")
+    assert not queue_exists(channel, unique)
+
+
+def refused_locator(channel, unique: str, arguments: dict) -> tuple[int, str]:
+    arguments = {**arguments, "x-queue-leader-locator": "nearby"}
+    return channel_error(lambda: fresh(channel).queue_declare(unique, durable=True, arguments=arguments))
+
+
+LOCATOR_REFUSED = "PRECONDITION_FAILED - invalid arg 'x-queue-leader-locator' for queue '{}' in vhost '/': " \
+                  "invalid_queue_locator_arg"
+
+
+@rabbitmq4
+def test_a_classic_queue_takes_a_leader_locator_and_compares_it_on_redeclare(channel, unique):
+    assert refused_locator(channel, unique, {}) == (406, LOCATOR_REFUSED.format(unique))
+    channel.queue_declare(unique, auto_delete=True, arguments={"x-queue-leader-locator": "balanced"})
+    assert channel_error(lambda: fresh(channel).queue_declare(
+        unique, auto_delete=True, arguments={"x-queue-leader-locator": "client-local"})) == (
+        406, f"PRECONDITION_FAILED - inequivalent arg 'x-queue-leader-locator' for queue '{unique}' in vhost '/': "
+             "received 'client-local' but current is 'balanced'")
+    channel.queue_delete(unique)
+
+
+def test_a_quorum_queue_refuses_an_unknown_leader_locator(channel, unique):
+    assert refused_locator(channel, unique, {"x-queue-type": "quorum"}) == (406, LOCATOR_REFUSED.format(unique))
     assert not queue_exists(channel, unique)
 
 

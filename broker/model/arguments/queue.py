@@ -10,6 +10,8 @@ from protocol.constants import RESOURCE_LOCKED
 from protocol.erlang_terms import amqp_type_name, erlang_string
 
 _MAX_EXPIRY = 315360000000  # rabbit_misc:check_expiry: ten years in milliseconds
+# rabbit_queue_location:queue_leader_locators() of RabbitMQ 4: the last three are deprecated names of "balanced"
+LEADER_LOCATORS = ("client-local", "balanced", "random", "least-leaders", "min-masters")
 MAX_STREAM_SEGMENT_BYTES = 3_000_000_000  # rabbit_stream_queue's ?MAX_STREAM_MAX_SEGMENT_SIZE
 
 
@@ -38,6 +40,7 @@ QUEUE_TYPE_ARGUMENTS = {
         "x-single-active-consumer",
         "x-queue-type",
         "x-queue-master-locator",
+        "x-queue-leader-locator",  # RabbitMQ 4.0 (3.x refused it on classic queues)
         "x-consumer-timeout",  # RabbitMQ 3.12
         # beyond RabbitMQ, which has these for quorum queues only
         "x-delivery-limit",
@@ -246,9 +249,7 @@ _DECLARE_VALIDATORS = {
     "x-max-age": _check_max_age,
     "x-stream-max-segment-size-bytes": _check_non_negative_int,
     "x-initial-cluster-size": _check_positive_size,
-    "x-queue-leader-locator": _one_of(
-        ("client-local", "balanced", "random", "least-leaders"), _atom("invalid_queue_locator_arg")
-    ),
+    "x-queue-leader-locator": _one_of(LEADER_LOCATORS, _atom("invalid_queue_locator_arg")),
     # RabbitMQ 4 takes these without a check (a value it cannot use falls back to its default); Warren refuses one
     # it could not use rather than ignore it
     "x-delivery-limit": _check_int,

@@ -105,6 +105,8 @@ def test_argument_of_another_queue_type(arguments, key, module):
         {"x-queue-mode": "lazy", "x-queue-version": 2, "x-single-active-consumer": True, "x-queue-type": "classic"},
         {"x-queue-type": "quorum", "x-delivery-limit": 3, "x-dead-letter-strategy": "at-least-once"},
         {"x-message-ttl": 315360000000},
+        {"x-queue-leader-locator": "client-local"},  # on a classic queue, as RabbitMQ 4.0 takes it
+        {"x-queue-leader-locator": "min-masters", "x-queue-master-locator": "min-masters"},
         {"x-queue-type": "stream", "x-max-age": "7D", "x-queue-leader-locator": "balanced",
          "x-max-length-bytes": 10, "x-stream-max-segment-size-bytes": 3_000_000_000},
     ],

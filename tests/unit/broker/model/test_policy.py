@@ -118,6 +118,20 @@ def test_queue_arguments_win_for_names_and_the_lower_limit_wins():
         "alternate-exchange": "pol"}
 
 
+def test_leader_locators_as_rabbitmq_4_takes_them():
+    """rabbit_queue_location: the policy's locator wins over the queue's argument; the 3.x name
+    (queue-master-locator, deprecated in 4.0) may come from an operator policy too, whose value then applies."""
+    assert effective_settings({"x-queue-leader-locator": "client-local"}, {"queue-leader-locator": "balanced"},
+                              "queues") == {"queue-leader-locator": "balanced"}
+    policy = make_policy("/", "p", ".*", {"queue-master-locator": "client-local"})
+    operator = make_policy("/", "op", ".*", {"queue-master-locator": "min-masters"}, operator=True)
+    assert merged_definition(policy, operator) == {"queue-master-locator": "min-masters"}
+    assert refusal(definition={"queue-leader-locator": "balanced"}, operator=True) == (
+        'Validation failed\n\n[{<<"queue-leader-locator">>,<<"balanced">>}] are not recognised policy settings\n')
+    assert refusal(definition={"queue-leader-locator": "min-masters"}) == (
+        'Validation failed\n\n<<"min-masters">> is not a valid queue leader locator value\n')
+
+
 def test_every_key_has_a_refusal_text_and_operator_keys_cap_or_say_how_they_merge():
     for key, spec in policies.KEYS.items():
         assert spec.refusal.startswith("is not a valid"), key
