@@ -2,6 +2,7 @@
 
     python -m tests.bench.workers [--seconds N] [--opens N]
     python -m tests.bench.workers --scale 1,2,4,8 [--pin] [--independent] [--seconds N]
+    python -m tests.bench.workers --scale 1,2,4,8 --one-vhost [--seconds N]
 
 - Opening a connection (TCP connect to connection.open-ok, the bench client) to vhost v1: on one worker, and on two
   workers where worker 1 leads v1, counting only the connections worker 0 accepted and handed over (their client
@@ -21,6 +22,8 @@ With --pin, each run's broker gets the first hardware thread of N physical cores
 the other cores (or, where none are left, the broker's cores' other threads): what N workers do when each has a core.
 With --independent, N one-process brokers run side by side instead (each its own data dir and port, pinned to a
 core of its own with --pin): what the machine itself gives N busy processes, the figure to read the workers' against.
+With --one-vhost, N busy queues share one vhost instead, on N workers, beside RabbitMQ with the same N queues (the
+two alternated): what an application of one vhost gets from more cores.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.bench.brokers import REPO_ROOT, RunningBroker, start_warren
+from tests.bench.brokers import REPO_ROOT, RunningBroker, start_rabbitmq, start_warren
 from tests.bench.client import BenchConnection, BrokerURL
 from tests.bench.compare import _failure, _figures
 from tests.bench.loadgen import time_limit
@@ -136,14 +139,20 @@ def busy_vhosts(broker: RunningBroker, vhosts: list[str], seconds: float,
     """A consumer and a producer process per vhost, all started at once; delivered messages, the broker's CPU
     microseconds per message (its supervisor, workers and their threads), and the cores the broker and the load
     generators kept busy."""
-    return busy([(broker, vhost) for vhost in vhosts], seconds, load_cpus)
+    return busy([(broker, vhost, queue_of(vhost)) for vhost in vhosts], seconds, load_cpus)
 
 
-def busy(targets: list[tuple[RunningBroker, str]], seconds: float, load_cpus: set[int] | None) -> dict[str, float]:
-    """busy_vhosts over (broker, vhost) pairs: the brokers' CPU added up."""
-    sides = [(vhost, loadgen(url(broker, vhost), role, seconds, f"bench-workers-{vhost.strip('/') or 'root'}",
-                             load_cpus)) for broker, vhost in targets for role in ("consumer", "producer")]
-    brokers = list({broker.process.pid: broker for broker, _ in targets}.values())
+def queue_of(vhost: str) -> str:
+    return f"bench-workers-{vhost.strip('/') or 'root'}"
+
+
+def busy(targets: list[tuple[RunningBroker, str, str]], seconds: float,
+         load_cpus: set[int] | None) -> dict[str, float]:
+    """busy_vhosts over (broker, vhost, queue) targets, a consumer and a producer process each: the brokers' CPU
+    added up."""
+    sides = [(vhost, loadgen(url(broker, vhost), role, seconds, queue, load_cpus))
+             for broker, vhost, queue in targets for role in ("consumer", "producer")]
+    brokers = list({broker.process.pid: broker for broker, _, _ in targets}.values())
     try:
         for _, side in sides:
             if side.stdout.readline().strip() != "ready":
@@ -209,14 +218,14 @@ def scale(counts: list[int], seconds: float, pinned: bool, independent: bool = F
                     for number in range(workers):
                         (workdir / str(number)).mkdir(parents=True)
                         brokers.append(start_warren(workdir / str(number)))
-                    targets = [(broker, "/") for broker in brokers]
+                    targets = [(broker, "/", queue_of("/")) for broker in brokers]
                 else:
                     workdir.mkdir()
                     vhosts = scale_vhosts(workers)
                     (workdir / "warren.toml").write_text(config_of(vhosts))
                     brokers.append(start_warren(workdir, "--workers", str(workers), "--config",
                                                 str(workdir / "warren.toml")))
-                    targets = [(brokers[0], vhost) for vhost in vhosts]
+                    targets = [(brokers[0], vhost, queue_of(vhost)) for vhost in vhosts]
                 broker_cpus, load_cpus = pinned_cpus(workers) if pinned else (None, None)
                 if broker_cpus is not None:
                     if independent:  # a core each
@@ -248,6 +257,40 @@ def scale(counts: list[int], seconds: float, pinned: bool, independent: bool = F
              "load generators"))
 
 
+def one_vhost(counts: list[int], seconds: float) -> None:
+    """Throughput of N busy queues in one vhost (a producer and a consumer process each) on N workers, beside
+    RabbitMQ with the same N queues, for each N of counts (forward, then backward, the brokers alternated)."""
+    runs: dict[tuple[str, int], list[dict[str, float]]] = {}
+    with tempfile.TemporaryDirectory(prefix="warren-bench-one-vhost-") as scratch:
+        os.chmod(scratch, 0o755)  # rabbitmq-server runs as the rabbitmq user and must reach its data dir
+        for index, queues in enumerate([*counts, *reversed(counts)]):
+            for name in ("Warren", "RabbitMQ") if index % 2 == 0 else ("RabbitMQ", "Warren"):
+                workdir = Path(scratch) / f"{index}-{name}"
+                workdir.mkdir()
+                broker = (start_warren(workdir, "--workers", str(queues)) if name == "Warren"
+                          else start_rabbitmq(workdir))
+                try:
+                    targets = [(broker, "/", f"bench-one-vhost-{number}") for number in range(queues)]
+                    runs.setdefault((name, queues), []).append(busy(targets, seconds, None))
+                finally:
+                    broker.stop()
+    means = {key: {figure: statistics.mean(run[figure] for run in figures) for figure in figures[0]}
+             for key, figures in runs.items()}
+    print(f"{'broker':>8} {'queues':>7} {'workers':>8} {'msg/s in all':>13} {'/ (N x 1 queue)':>16} "
+          f"{'CPU µs/msg':>11} {'broker cores':>13} {'load cores':>11} {'Warren / RabbitMQ':>18}")
+    for name in ("Warren", "RabbitMQ"):
+        one = means[(name, counts[0])]["msg/s"] / counts[0]
+        for queues in counts:
+            figures = means[(name, queues)]
+            ratio = figures["msg/s"] / means[("RabbitMQ", queues)]["msg/s"]
+            print(f"{name:>8} {queues:7} {queues if name == 'Warren' else '-':>8} {figures['msg/s']:13.0f} "
+                  f"{figures['msg/s'] / (queues * one):16.2f} {figures['cpu us/msg']:11.2f} "
+                  f"{figures['broker cores']:13.2f} {figures['load cores']:11.2f} "
+                  f"{f'{ratio:.2f}' if name == 'Warren' else '':>18}")
+    print(f"one vhost, a producer and a consumer process per queue, 16 B, auto-ack, {seconds:g} s a run, "
+          f"{os.cpu_count()} CPUs; Warren runs as many workers as queues")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.bench.workers", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="of each busy run")
@@ -256,7 +299,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pin", action="store_true", help="with --scale: the broker on physical cores of its own")
     parser.add_argument("--independent", action="store_true",
                         help="with --scale: N one-process brokers side by side instead of N workers")
+    parser.add_argument("--one-vhost", action="store_true",
+                        help="with --scale: N busy queues in one vhost on N workers, beside RabbitMQ")
     args = parser.parse_args(argv)
+    if args.scale and args.one_vhost:
+        one_vhost([int(count) for count in args.scale.split(",")], args.seconds)
+        return 0
     if args.scale:
         scale([int(count) for count in args.scale.split(",")], args.seconds, args.pin, args.independent)
         return 0
