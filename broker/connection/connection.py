@@ -8,7 +8,7 @@ import logging
 import socket
 import struct
 import time
-from typing import TYPE_CHECKING, Any, Final, Protocol, cast
+from typing import TYPE_CHECKING, Any, Callable, Final, Protocol, cast
 
 from pamqp import commands as spec
 
@@ -65,6 +65,7 @@ class State(enum.Enum):
     AWAIT_OPEN = "awaiting connection.open"
     OPEN = "open"
     CLOSING = "closing: connection.close sent, awaiting close-ok"
+    CLOSE_RECEIVED = "the client closed: its exclusive queues go, then close-ok"
     DRAINING = "draining: the close exchange is over, reading and discarding until the peer closes its socket"
     CLOSED = "closed"
 
@@ -76,6 +77,7 @@ AWAIT_TUNE_OK: Final = State.AWAIT_TUNE_OK
 AWAIT_OPEN: Final = State.AWAIT_OPEN
 OPEN: Final = State.OPEN
 CLOSING: Final = State.CLOSING
+CLOSE_RECEIVED: Final = State.CLOSE_RECEIVED
 DRAINING: Final = State.DRAINING
 CLOSED: Final = State.CLOSED
 
@@ -83,11 +85,12 @@ CLOSED: Final = State.CLOSED
 # may end CLOSED (the socket lost or dropped); a handshake error closes (CLOSING) or drops the socket.
 MOVES: Final[dict[State, frozenset[State]]] = {
     AWAIT_HEADER: frozenset({AWAIT_START_OK, CLOSED}),
-    AWAIT_START_OK: frozenset({AWAIT_TUNE_OK, CLOSING, DRAINING, CLOSED}),
-    AWAIT_TUNE_OK: frozenset({AWAIT_OPEN, CLOSING, DRAINING, CLOSED}),
-    AWAIT_OPEN: frozenset({OPEN, CLOSING, DRAINING, CLOSED}),
-    OPEN: frozenset({CLOSING, DRAINING, CLOSED}),  # DRAINING: the client closed, we answered close-ok
+    AWAIT_START_OK: frozenset({AWAIT_TUNE_OK, CLOSING, CLOSE_RECEIVED, CLOSED}),
+    AWAIT_TUNE_OK: frozenset({AWAIT_OPEN, CLOSING, CLOSE_RECEIVED, CLOSED}),
+    AWAIT_OPEN: frozenset({OPEN, CLOSING, CLOSE_RECEIVED, CLOSED}),
+    OPEN: frozenset({CLOSING, CLOSE_RECEIVED, CLOSED}),
     CLOSING: frozenset({DRAINING, CLOSED}),
+    CLOSE_RECEIVED: frozenset({DRAINING, CLOSED}),  # DRAINING: its exclusive queues are gone, close-ok sent
     DRAINING: frozenset({CLOSED}),
     CLOSED: frozenset({CLOSED}),
 }
@@ -182,9 +185,9 @@ class Connection(asyncio.Protocol):
         return state is AWAIT_HEADER or state is AWAIT_START_OK or state is AWAIT_TUNE_OK or state is AWAIT_OPEN
 
     def _closing(self) -> bool:
-        """A close has begun (CLOSING, DRAINING or CLOSED): only the close exchange counts now."""
+        """A close has begun (CLOSING, CLOSE_RECEIVED, DRAINING or CLOSED): only the close exchange counts now."""
         state = self.state
-        return state is CLOSING or state is DRAINING or state is CLOSED
+        return state is CLOSING or state is CLOSE_RECEIVED or state is DRAINING or state is CLOSED
 
     def _close_done(self) -> bool:
         """The close exchange is over (DRAINING or CLOSED): whatever arrives is discarded."""
@@ -517,12 +520,11 @@ class Connection(asyncio.Protocol):
         elif isinstance(method, spec.Connection.Close):
             if state is CLOSING:  # both sides closed at once: answer, and still wait for the peer's close-ok
                 self.send_method(0, spec.Connection.CloseOk())
-            else:
+            elif state is not CLOSE_RECEIVED:  # (a second close, while the first is answered: nothing more)
                 peer_log.info(self.peer_address, "closing AMQP connection %s: the client closed it (%d %.200r)",
                               self.described(), method.reply_code, method.reply_text)
-                self._release()
-                self.send_method(0, spec.Connection.CloseOk())
-                self._drain()
+                self._enter(CLOSE_RECEIVED)
+                self._release(self._closed_by_client)
         elif isinstance(method, spec.Connection.CloseOk) and state is CLOSING:
             self._drain()
         elif isinstance(method, (spec.Connection.Blocked, spec.Connection.Unblocked, spec.Connection.UpdateSecret)):
@@ -678,16 +680,25 @@ class Connection(asyncio.Protocol):
             return f"{self.name} (user '{self.user}')" if self.user else self.name
         return f"{self.name} (vhost '{self.vhost.name}', user '{self.user}')"
 
-    def _release(self) -> None:
+    def _release(self, done: Callable[[], None] | None = None) -> None:
         """Channels and exclusive queues go as soon as the connection closes (before close-ok, as in RabbitMQ), not
-        when the socket goes: a client may declare the same exclusive queue again right after its close-ok."""
+        when the socket goes: a client may declare the same exclusive queue again right after its close-ok. The
+        queues go a slice a loop turn; done() is called once they are gone."""
         for channel in list(self.channels.values()):
             channel.shutdown()
         self.channels.clear()
         self.waiting_channels.clear()
         if self.vhost is not None:
-            self.vhost.connection_closed(self)
+            self.vhost.connection_closed(self, done)
+        elif done is not None:
+            done()
         self.exclusive_queues.clear()
+
+    def _closed_by_client(self) -> None:
+        """The client's close is done with: close-ok, unless the socket went meanwhile."""
+        if self.state is CLOSE_RECEIVED:
+            self.send_method(0, spec.Connection.CloseOk())
+            self._drain()
 
     def _drain(self) -> None:
         """The close exchange is over: send what is queued (close-ok included) and our end of the stream, then

@@ -8,7 +8,7 @@ import json
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Iterator, cast
+from typing import TYPE_CHECKING, Callable, Iterator, cast
 
 from broker.model import durability
 from broker.model.arguments import (
@@ -21,9 +21,9 @@ from broker.model.features.delayed_messages import DelayedMessages
 from broker.model.features.length_limit import APPENDED, ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, REFUSED
 from broker.model.keys import binding_key, delayed_key, exchange_key, policy_key
 from broker.model.policy import Policy, PolicyChoices, PolicySnapshot, choose_both, make_policy
-from broker.model.queue import Queue
+from broker.model.queue import SLICE_SECONDS, Queue
 from broker.model.stream import Stream
-from broker.model.turns import TURN_SECONDS
+from broker.model.turns import TURN_SECONDS, next_turn
 from broker.model.routing.headers import validate_x_match
 from protocol import errors
 
@@ -524,6 +524,18 @@ class VirtualHost:
         return list(queues)
 
     # --- connections ----------------------------------------------------------------------------------------
-    def connection_closed(self, connection: "QueueOwner") -> None:
-        for queue in list(connection.exclusive_queues):
-            self.delete_queue(queue)
+    def connection_closed(self, connection: "QueueOwner", done: "Callable[[], None] | None" = None) -> None:
+        """The connection's exclusive queues go, each whole, a slice a loop turn; then done() (the close-ok waits
+        for it, as RabbitMQ's waits for the deletion). Until its turn comes, a queue stays as it was: another
+        connection is refused it, as the closing one's."""
+        self._delete_exclusive(list(connection.exclusive_queues), done)
+
+    def _delete_exclusive(self, queues: list[Queue], done: "Callable[[], None] | None") -> None:
+        ends = time.perf_counter() + SLICE_SECONDS
+        while queues:
+            self.delete_queue(queues.pop())
+            if queues and time.perf_counter() >= ends:
+                next_turn(lambda: self._delete_exclusive(queues, done))
+                return
+        if done is not None:
+            done()

@@ -9,6 +9,7 @@ import pytest
 from pamqp import body, commands, frame, header
 
 from tests.integration.rawclient import RawClient
+from tests.integration.test_large_settlements import ROUND_TRIP_BOUND, RoundTrips
 
 IN_FLIGHT = 2000  # publishes a client still had queued when it closed
 
@@ -76,3 +77,32 @@ def test_pika_closes_cleanly_after_a_burst_of_publishes(broker, unique):
         channel.basic_publish(exchange="", routing_key=unique, body=b"x" * 1024)
     connection.close()
     assert connection.is_closed
+
+
+MANY_EXCLUSIVE = 20_000  # exclusive queues a client holds, each bound to a topic exchange: 0.2 s to delete at once
+
+
+def test_many_exclusive_queues_go_in_slices_and_every_one_is_gone_at_close_ok(broker, client, unique):
+    """A client closing with tens of thousands of exclusive queues holds the others a few milliseconds at a time,
+    and its close-ok comes once they are all gone (the last one can be declared again at once)."""
+    client.send(1, commands.Exchange.Declare(exchange=unique, exchange_type="topic", auto_delete=True))
+    client.expect(commands.Exchange.DeclareOk, channel=1)
+    names = [f"{unique}.{number}" for number in range(MANY_EXCLUSIVE)]
+    client.send_raw(b"".join(
+        frame.marshal(commands.Queue.Declare(queue=name, exclusive=True, nowait=True), 1)
+        + frame.marshal(commands.Queue.Bind(queue=name, exchange=unique, routing_key=f"{name}.#", nowait=True), 1)
+        for name in names))
+    client.send(1, commands.Queue.Declare(queue=names[-1], passive=True))
+    client.expect(commands.Queue.DeclareOk, channel=1)
+    probe = RoundTrips(broker)
+    probe.start()
+    try:
+        client.close_connection()
+    finally:
+        slowest = probe.stop()
+    assert slowest < ROUND_TRIP_BOUND, f"another client's round trip took {slowest * 1000:.0f} ms"
+    with RawClient.connect(broker) as other:
+        other.handshake()
+        other.open_channel(1)
+        other.send(1, commands.Queue.Declare(queue=names[-1], exclusive=True))
+        other.expect(commands.Queue.DeclareOk, channel=1)

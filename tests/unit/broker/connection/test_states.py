@@ -22,11 +22,12 @@ def test_every_state_has_its_moves_and_can_end_closed():
 
 def test_the_handshake_moves_one_step_forward_or_ends():
     order = [State.AWAIT_HEADER, State.AWAIT_START_OK, State.AWAIT_TUNE_OK, State.AWAIT_OPEN, State.OPEN]
-    ending = {State.CLOSING, State.DRAINING, State.CLOSED}
+    ending = {State.CLOSING, State.CLOSE_RECEIVED, State.DRAINING, State.CLOSED}
     for step, state in enumerate(order[:-1]):
         assert MOVES[state] - ending == {order[step + 1]}, state
 
 
 def test_a_close_never_goes_back():
-    for state in (State.CLOSING, State.DRAINING, State.CLOSED):
-        assert reachable(state) <= {State.CLOSING, State.DRAINING, State.CLOSED}
+    closes = {State.CLOSING, State.CLOSE_RECEIVED, State.DRAINING, State.CLOSED}
+    for state in closes:
+        assert reachable(state) <= closes
