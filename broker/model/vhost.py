@@ -338,8 +338,9 @@ class VirtualHost:
             exchange.delayed.drop()
             if exchange.durable and self.store is not None:
                 self.store.delete_queue(exchange.delayed.store_key)  # its stored waiting messages
-        for binding in list(exchange.bindings.values()):
-            self._drop_binding(binding, auto_delete_source=False)
+        for binding in exchange.bindings.values():  # they go with it, its index dropped whole, not one at a time
+            self._unlink(binding)
+        exchange.bindings.clear()
         for binding in list(exchange.inbound):
             self._drop_binding(binding)
 
@@ -439,12 +440,16 @@ class VirtualHost:
     def _drop_binding(self, binding: Binding, auto_delete_source: bool = True) -> None:
         source = binding.source
         source.remove_binding(binding)
+        self._unlink(binding)
+        if auto_delete_source and source.auto_delete and not source.bindings and not source.deleted:
+            self._remove_exchange(source)
+
+    def _unlink(self, binding: Binding) -> None:
+        """A binding leaves its destination and, if durable, the store (its source's index is the caller's)."""
         if self.store is not None and durability.binding_is_durable(binding):
             self._record("binding", _binding_key(self.name, binding), None)
         destination = binding.destination
         (destination.bindings if isinstance(destination, Queue) else destination.inbound).discard(binding)
-        if auto_delete_source and source.auto_delete and not source.bindings and not source.deleted:
-            self._remove_exchange(source)
 
     def _record(self, kind: str, name: str, data: dict | None) -> None:
         """A durable definition changed (data None: it is gone)."""
