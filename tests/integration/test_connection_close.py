@@ -82,6 +82,7 @@ def test_pika_closes_cleanly_after_a_burst_of_publishes(broker, unique):
 MANY_EXCLUSIVE = 20_000  # exclusive queues a client holds, each bound to a topic exchange: 0.2 s to delete at once
 
 
+@pytest.mark.alone
 def test_many_exclusive_queues_go_in_slices_and_every_one_is_gone_at_close_ok(broker, client, unique):
     """A client closing with tens of thousands of exclusive queues holds the others a few milliseconds at a time,
     and its close-ok comes once they are all gone (the last one can be declared again at once)."""
