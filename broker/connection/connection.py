@@ -657,10 +657,17 @@ class Connection(asyncio.Protocol):
         if self.state is AWAIT_HEADER:  # it has not spoken AMQP yet: there is no one to tell, the socket just goes
             self._terminate()
             return
-        self._release()
-        self.send_method(0, spec.Connection.Close(reply_code, reply_text, class_id, method_id))
-        self.flush()
         self._enter(CLOSING)
+        close = spec.Connection.Close(reply_code, reply_text, class_id, method_id)
+        self._release(lambda: self._send_close(close))
+
+    def _send_close(self, close: spec.Connection.Close) -> None:
+        """The server's close, once the connection's exclusive queues are gone (RabbitMQ deletes them before it sends
+        its close); then close-ok is awaited, CLOSE_OK_TIMEOUT at most."""
+        if self.state is not CLOSING:  # the socket went meanwhile
+            return
+        self.send_method(0, close)
+        self.flush()
         if self.timer is not None:
             self.timer.cancel()
         self.timer = self.loop.call_later(CLOSE_OK_TIMEOUT, self._terminate)
@@ -695,7 +702,7 @@ class Connection(asyncio.Protocol):
         self.exclusive_queues.clear()
 
     def _closed_by_client(self) -> None:
-        """The client's close is done with: close-ok, unless the socket went meanwhile."""
+        """The client's close, once its exclusive queues are gone: close-ok, unless the socket went meanwhile."""
         if self.state is CLOSE_RECEIVED:
             self.send_method(0, spec.Connection.CloseOk())
             self._drain()

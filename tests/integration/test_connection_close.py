@@ -82,10 +82,8 @@ def test_pika_closes_cleanly_after_a_burst_of_publishes(broker, unique):
 MANY_EXCLUSIVE = 20_000  # exclusive queues a client holds, each bound to a topic exchange: 0.2 s to delete at once
 
 
-@pytest.mark.alone
-def test_many_exclusive_queues_go_in_slices_and_every_one_is_gone_at_close_ok(broker, client, unique):
-    """A client closing with tens of thousands of exclusive queues holds the others a few milliseconds at a time,
-    and its close-ok comes once they are all gone (the last one can be declared again at once)."""
+def many_exclusive_queues(client: RawClient, unique: str) -> list[str]:
+    """MANY_EXCLUSIVE exclusive queues of the client's, each bound to a topic exchange; their names."""
     client.send(1, commands.Exchange.Declare(exchange=unique, exchange_type="topic", auto_delete=True))
     client.expect(commands.Exchange.DeclareOk, channel=1)
     names = [f"{unique}.{number}" for number in range(MANY_EXCLUSIVE)]
@@ -95,6 +93,24 @@ def test_many_exclusive_queues_go_in_slices_and_every_one_is_gone_at_close_ok(br
         for name in names))
     client.send(1, commands.Queue.Declare(queue=names[-1], passive=True))
     client.expect(commands.Queue.DeclareOk, channel=1)
+    return names
+
+
+def declared_again(broker, names: list[str]) -> None:
+    """Another connection declares each of names as its own exclusive queue (405 if one of the old is left)."""
+    with RawClient.connect(broker) as other:
+        other.handshake()
+        for number, name in enumerate(names, 1):
+            other.open_channel(number)
+            other.send(number, commands.Queue.Declare(queue=name, exclusive=True))
+            other.expect(commands.Queue.DeclareOk, channel=number)
+
+
+@pytest.mark.alone
+def test_many_exclusive_queues_go_in_slices_and_every_one_is_gone_at_close_ok(broker, client, unique):
+    """A client closing with tens of thousands of exclusive queues holds the others a few milliseconds at a time,
+    and its close-ok comes once they are all gone (the last one can be declared again at once)."""
+    names = many_exclusive_queues(client, unique)
     probe = RoundTrips(broker)
     probe.start()
     try:
@@ -102,8 +118,11 @@ def test_many_exclusive_queues_go_in_slices_and_every_one_is_gone_at_close_ok(br
     finally:
         slowest = probe.stop()
     assert slowest < ROUND_TRIP_BOUND, f"another client's round trip took {slowest * 1000:.0f} ms"
-    with RawClient.connect(broker) as other:
-        other.handshake()
-        other.open_channel(1)
-        other.send(1, commands.Queue.Declare(queue=names[-1], exclusive=True))
-        other.expect(commands.Queue.DeclareOk, channel=1)
+    declared_again(broker, names[::400])
+
+
+def test_a_server_close_comes_once_the_exclusive_queues_are_gone(broker, client, unique):
+    names = many_exclusive_queues(client, unique)
+    client.send(0, commands.Basic.Qos(prefetch_count=1))  # a channel method on channel 0 is a connection error
+    assert client.expect_connection_close().reply_code == 504  # (answered with close-ok)
+    declared_again(broker, names[::400])
