@@ -83,7 +83,9 @@ KEYS: dict[str, PolicyKey] = {
     "overflow": PolicyKey(_one_of("drop-head", "reject-publish", "reject-publish-dlx"),
                           "is not a valid overflow value", "queues", False, False),
     "consumer-timeout": PolicyKey(_integer_from(0), "is not a valid consumer timeout", "queues", True, False),
-    # where a queue is placed (RabbitMQ 4 takes both on every queue type; the policy's value wins over the argument)
+    # where a queue is placed (RabbitMQ 4 takes both on every queue type; the policy's value wins over the argument).
+    # rabbit_policies lists the leader locator's values itself, without "min-masters"; the master locator's are
+    # rabbit_queue_location's, the arguments' (LEADER_LOCATORS)
     "queue-leader-locator": PolicyKey(_one_of("client-local", "balanced", "random", "least-leaders"),
                                       "is not a valid queue leader locator value", "queues", False, False, None,
                                       _first),
