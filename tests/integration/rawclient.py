@@ -252,11 +252,11 @@ class RawClient:
         assert got == expected, f"channel.close {got} != expected {expected}"
         self.send(channel, commands.Channel.CloseOk())
 
-    def close_connection(self) -> None:
-        """A polite connection.close, waiting for close-ok."""
+    def close_connection(self, timeout: float | None = None) -> None:
+        """A polite connection.close, waiting for close-ok (each frame until it for ``timeout``, else the client's)."""
         self.send(0, commands.Connection.Close(reply_code=200, reply_text="Goodbye", class_id=0, method_id=0))
         while True:
-            _, value = self.read_frame()
+            _, value = self.read_frame(timeout)
             if isinstance(value, commands.Connection.CloseOk):
                 return
 

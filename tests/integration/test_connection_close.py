@@ -80,6 +80,8 @@ def test_pika_closes_cleanly_after_a_burst_of_publishes(broker, unique):
 
 
 MANY_EXCLUSIVE = 20_000  # exclusive queues a client holds, each bound to a topic exchange: 0.2 s to delete at once
+# seconds to make them, and to close with them (Warren: about a second each; RabbitMQ 3.10 here: tens of seconds)
+SLOW_TIMEOUT = 120.0
 
 
 def many_exclusive_queues(client: RawClient, unique: str) -> list[str]:
@@ -92,7 +94,7 @@ def many_exclusive_queues(client: RawClient, unique: str) -> list[str]:
         + frame.marshal(commands.Queue.Bind(queue=name, exchange=unique, routing_key=f"{name}.#", nowait=True), 1)
         for name in names))
     client.send(1, commands.Queue.Declare(queue=names[-1], passive=True))
-    client.expect(commands.Queue.DeclareOk, channel=1)
+    client.expect(commands.Queue.DeclareOk, channel=1, timeout=SLOW_TIMEOUT)
     return names
 
 
@@ -114,7 +116,7 @@ def test_many_exclusive_queues_go_in_slices_and_every_one_is_gone_at_close_ok(br
     probe = RoundTrips(broker)
     probe.start()
     try:
-        client.close_connection()
+        client.close_connection(SLOW_TIMEOUT)
     finally:
         slowest = probe.stop()
     assert slowest < ROUND_TRIP_BOUND, f"another client's round trip took {slowest * 1000:.0f} ms"
@@ -124,5 +126,5 @@ def test_many_exclusive_queues_go_in_slices_and_every_one_is_gone_at_close_ok(br
 def test_a_server_close_comes_once_the_exclusive_queues_are_gone(broker, client, unique):
     names = many_exclusive_queues(client, unique)
     client.send(0, commands.Basic.Qos(prefetch_count=1))  # a channel method on channel 0 is a connection error
-    assert client.expect_connection_close().reply_code == 504  # (answered with close-ok)
+    assert client.expect_connection_close(SLOW_TIMEOUT).reply_code == 504  # (answered with close-ok)
     declared_again(broker, names[::400])
