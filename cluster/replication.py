@@ -307,17 +307,15 @@ class ReplicationServer:
             writer.close()
             return
         if hello.epoch > self._epoch:
-            writer.write(frames.encode_refuse(f"this leader's epoch {self._epoch} is older than {hello.epoch}"))
-            writer.close()
             self._lost(f"follower {hello.node} has seen epoch {hello.epoch}, newer than this leader's")
+            await self._refuse(reader, writer, f"this leader's epoch {self._epoch} is older than {hello.epoch}")
             return
         if hello.store_format < STORE_FORMAT:  # its files would be in a format it cannot read
             why = (f"this leader runs Warren {version()} and writes store format {STORE_FORMAT}; {hello.node[:100]} "
                    f"runs Warren {hello.version} and reads store formats up to {hello.store_format}: upgrade the "
                    f"followers before the leader")
             peer_log.warning(address, "replication connection from %s refused: %s", peer, why)
-            writer.write(frames.encode_refuse(why))
-            writer.close()
+            await self._refuse(reader, writer, why)
             return
         stream.limit = frames.MAX_MANIFEST
         try:
@@ -342,6 +340,20 @@ class ReplicationServer:
             join.cancel()
             self._drop(follower, "its connection closed")
 
+    async def _refuse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, why: str) -> None:
+        """Tell a follower why it is refused, and close once it has read that (it closes), or after ack_timeout:
+        closed with bytes it sent meanwhile unread, the connection is reset, and the refusal lost on the way."""
+        writer.write(frames.encode_refuse(why))
+        try:
+            async with asyncio.timeout(self._ack_timeout):
+                await writer.drain()
+                while await reader.read(65536):
+                    pass
+        except (TimeoutError, OSError):
+            pass
+        finally:
+            writer.close()
+
     @staticmethod
     async def _read_one(reader: asyncio.StreamReader, stream: frames.Reader, kind: int, what: str) -> bytes:
         """The payload of the next message, which must be of ``kind``; what follows it stays in ``stream``."""
@@ -365,7 +377,7 @@ class ReplicationServer:
         writer.write(frames.encode(frames.CHALLENGE, challenge))
         given = await self._read_one(reader, stream, frames.PROOF, "proof")
         if not node_proof.check(node_proof.proof(self._key, node_proof.ASKS, hello.nonce, answered, payload), given):
-            writer.write(frames.encode_refuse("wrong proof of the cluster's secret"))
+            await self._refuse(reader, writer, "wrong proof of the cluster's secret")
             raise frames.FrameError(f"node {hello.node[:100]!r} gave a wrong proof of the cluster's secret")
         return hello
 
