@@ -84,6 +84,7 @@ class GroupWorker:
         self.keeps_node_definitions = node_wide is None  # (else it copies the first worker's)
         self.leading = asyncio.Event()  # set once this node first leads the group
         self.doors: FrontDoors | None = None  # this worker's front doors, once they are made
+        self.posting: asyncio.Task | None = None  # the last leader to post on the board (each after the one before)
 
     def why_not(self) -> str:
         """Why this worker's group has no leader, as its node sees it ("": no reason known, an election under way)."""
@@ -108,13 +109,20 @@ class GroupWorker:
         return server
 
     def announce(self, leader: Member | None) -> None:
-        self.board.post({group_key(self.number): posted(leader)})
+        """Show the leader on this worker's internal sockets, then post it on the board, where the node's supervisor
+        routes API requests by it (posted first, a request could reach the answer of the leader before)."""
         assert self.cluster is not None
         server = self.cluster.server if leader is not None and leader.node_id == self.node_id else None
         if server is not None:
             self.leading.set()
-        for internal in self.internal:
-            internal.show(server, leader)
+        switches = [switch for internal in self.internal if (switch := internal.show(server, leader)) is not None]
+        self.posting = asyncio.get_running_loop().create_task(
+            self._post_after([*switches, *([self.posting] if self.posting is not None else [])], posted(leader)))
+
+    async def _post_after(self, switches: list[asyncio.Task], leader: dict | None) -> None:
+        if switches:
+            await asyncio.wait(switches)
+        self.board.post({group_key(self.number): leader})
 
     def export(self) -> dict | None:
         """The node-wide definitions while this worker leads its group (None while it does not)."""
@@ -271,10 +279,11 @@ class InternalSocket:
         self.runner: web.AppRunner | None = None
         self.switching: asyncio.Task | None = None  # the last switch asked for (each waits for the one before)
 
-    def show(self, server: Server | None, leader: Member | None) -> None:
+    def show(self, server: Server | None, leader: Member | None) -> asyncio.Task | None:
+        """Serve the broker's app, or the answer of a worker that does not lead; the switch (None before start)."""
         self.shown = server, leader
         if self.fd < 0:
-            return
+            return None
         if server is not None:
             app = self.serving(server)
         else:
@@ -297,6 +306,7 @@ class InternalSocket:
             app.router.add_route("*", "/{path:.*}", answer)
         before = self.switching
         self.switching = asyncio.get_running_loop().create_task(self._serve(app, before))
+        return self.switching
 
     async def _serve(self, app: web.Application, before: asyncio.Task | None) -> None:
         if before is not None:

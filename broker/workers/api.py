@@ -95,6 +95,7 @@ class WorkerApis(ApiClient):
         worker that leads its group, here or on another node (whose API is asked, proven, for that worker's answer).
         ``client``: the client's address, when not the request's (a request another node's API forwarded, whose
         body ends with the HMAC ``body_key`` checks)."""
+        await self.supervisor.leader_named(worker)
         target = self.supervisor.api_target(worker, metrics)
         if target is None:
             return unavailable(f"worker {worker}", request, ConnectionError(f"no node leads group {worker} now"))
@@ -137,6 +138,7 @@ class Gateway:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         supervisor = self.supervisor
+        await supervisor.leader_named(0)
         if supervisor.api_target(0) is None:
             # No node leads group 0, which every change starts with: worker 0 answers 503 and why, with or without
             # credentials, so that a health check tells this node from one that is down or one that serves

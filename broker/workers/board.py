@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import socket
+import time
 from typing import Any, Callable
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ class Board:
         self.entries: dict[str, Any] = {}
         self.owners: dict[str, int] = {}  # key -> the worker that posted it
         self.readers: dict[int, asyncio.StreamWriter] = {}  # worker number -> where the board goes to it
+        self.posted = asyncio.Event()  # set, and replaced, at each change of the entries
 
     async def serve(self, worker: int, sock: socket.socket) -> None:
         """Read one worker's posts until its end of the socket closes (it ended), then take its keys off."""
@@ -105,7 +107,19 @@ class Board:
         if changed:
             for writer in self.readers.values():
                 self._send(writer)
+            self.posted.set()
+            self.posted = asyncio.Event()
             self.changed()
+
+    async def entry(self, key: str, within: float) -> Any:
+        """The entry under key, once one is posted (None if none is within that many seconds)."""
+        deadline = time.monotonic() + within
+        while (value := self.entries.get(key)) is None and (left := deadline - time.monotonic()) > 0:
+            try:
+                await asyncio.wait_for(self.posted.wait(), left)
+            except TimeoutError:
+                pass
+        return value
 
     def _send(self, writer: asyncio.StreamWriter) -> None:
         if not writer.is_closing():

@@ -289,6 +289,13 @@ class Supervisor:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
+    async def leader_named(self, group: int) -> None:
+        """Wait while this clustered node's board names no node leading the group (an election under way, or this
+        node not hearing the new leader yet), at most one lease, the time a failover takes: a request that comes
+        meanwhile is answered once a leader can take it, rather than refused."""
+        if self.clustered:
+            await self.board.entry(group_key(group), self.config.cluster_lease_ttl)
+
     def api_target(self, worker: int, metrics: bool = False) -> str | tuple[str, int] | None:
         """Where a worker's API (or Prometheus endpoint) answers: its internal socket's path, or on a clustered node
         the management API of the node that leads its group ((host, port); None while no node does, and for the

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 
 import uvloop
 
@@ -86,5 +87,29 @@ def test_a_clustered_node_keeps_the_clusters_secret_when_worker_0_ends():
         await until(lambda: copies[1].entries == {"cluster secret": "s3cret"})
         copies[1].writer.close()
         await asyncio.wait_for(serving[1], 5)
+
+    uvloop.run(asyncio.wait_for(test(), 10))
+
+
+def test_an_entry_is_waited_for_until_a_worker_posts_it_or_the_time_given_is_spent():
+    """What the API waits on while a group has no leader here (an election under way): answered as soon as a worker
+    posts one, else after the time given (its one lease)."""
+    async def test():
+        board = Board()
+        supervisor_end, worker_end = socket.socketpair()
+        serving = asyncio.ensure_future(board.serve(0, supervisor_end))
+        copy = BoardCopy(worker_end)
+        await copy.start()
+        started = time.monotonic()
+        assert await board.entry("group 0", 0.2) is None
+        assert time.monotonic() - started >= 0.2
+        waiting = asyncio.ensure_future(board.entry("group 0", 30))
+        copy.post({"members 0": {"a": {}}})  # another key: it waits on
+        await until(lambda: "members 0" in board.entries)
+        assert not waiting.done()
+        copy.post({"group 0": {"node": "b"}})
+        assert await asyncio.wait_for(waiting, 5) == {"node": "b"}
+        copy.writer.close()
+        await asyncio.wait_for(serving, 5)
 
     uvloop.run(asyncio.wait_for(test(), 10))
