@@ -4,6 +4,7 @@
 2. definitions in the typed format (``records.DEFINITION``); everything of format 1 is still read.
 3. the broker's keys of several names (a queue's vhost and name) escaped (``broker.model.keys``): the records are
    those of format 2, and the broker moves a format 2 data dir's keys at its first start (``broker.model.upgrade``).
+4. definitions of the kind "parameter" (runtime parameters: a shovel's); everything of format 3 is still read.
 
 An older data dir is marked current at the first start (its old records stay readable). A version newer than this
 code knows is refused: its records may mean what this code cannot tell (a version before 3 would take the keys of
@@ -17,7 +18,7 @@ from pathlib import Path
 from storage.segments import write_durably
 
 FORMAT_FILE = "format"
-CURRENT = 3  # the version this code writes
+CURRENT = 4  # the version this code writes
 _FIRST = 1  # what a data dir without a format file holds
 
 

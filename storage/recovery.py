@@ -43,6 +43,7 @@ class Recovered:
     policies: list[dict] = field(default_factory=list)
     permissions: list[dict] = field(default_factory=list)
     operator_policies: list[dict] = field(default_factory=list)
+    parameters: list[dict] = field(default_factory=list)  # runtime parameters (a shovel's definition)
     # (kind, name) of definitions whose latest record could not be decoded and was set aside (in quarantine/):
     # the broker should keep the messages of such a queue rather than drop them as a queue's that is gone
     set_aside_definitions: list[tuple[str, str]] = field(default_factory=list)
@@ -433,7 +434,8 @@ def recover(data_dir: Path, segments_dir: Path,
         bindings=definitions.of_kind("binding"), messages=messages, next_msg_id=next_msg_id, report=report,
         vhosts=definitions.of_kind("vhost"), users=definitions.of_kind("user"),
         policies=definitions.of_kind("policy"), permissions=definitions.of_kind("permission"),
-        operator_policies=definitions.of_kind("operator_policy"), set_aside_definitions=reader.set_aside_definitions,
+        operator_policies=definitions.of_kind("operator_policy"), parameters=definitions.of_kind("parameter"),
+        set_aside_definitions=reader.set_aside_definitions,
     )
     return RecoveredState(recovered, index, definitions, reader.definitions_bytes, next_segment)
 

@@ -62,7 +62,7 @@ def export_node(node: "Node", product_name: str, product_version: str) -> dict:
         "vhosts": [_vhost_definition(vhost) for vhost in vhosts],
         "permissions": [permission.definition() for permission in node.permissions.values()],
         "topic_permissions": [],
-        "parameters": [item for vhost in vhosts for item in _operator_policies(vhost)],
+        "parameters": [item for vhost in vhosts for item in (*_operator_policies(vhost), *_parameters(vhost))],
         "global_parameters": [],
         "policies": [item for vhost in vhosts for item in _policies(vhost, with_vhost=True)],
         "queues": [item for vhost in vhosts for item in _queues(vhost, with_vhost=True)],
@@ -100,7 +100,7 @@ def export_vhost(vhost: "VirtualHost") -> dict:
     """One vhost's definitions, as RabbitMQ's GET /api/definitions/{vhost} (no users, no vhost names)."""
     return {
         "rabbit_version": RABBITMQ_VERSION,
-        "parameters": list(_operator_policies(vhost)),  # RabbitMQ names the vhost in these even here
+        "parameters": [*_operator_policies(vhost), *_parameters(vhost)],  # RabbitMQ names the vhost even here
         "policies": list(_policies(vhost, with_vhost=False)),
         "queues": list(_queues(vhost, with_vhost=False)),
         "exchanges": list(_exchanges(vhost, with_vhost=False)),
@@ -128,6 +128,12 @@ def _operator_policies(vhost: "VirtualHost"):
         value = json_safe(policy.export())
         yield {"value": {key: value[key] for key in ("pattern", "definition", "priority", "apply-to")},
                "vhost": vhost.name, "component": OPERATOR_POLICY, "name": policy.name}
+
+
+def _parameters(vhost: "VirtualHost"):
+    """The vhost's runtime parameters (a shovel's), their values as they were given."""
+    for (component, name), value in vhost.parameters.items():
+        yield {"value": value, "vhost": vhost.name, "component": component, "name": name}
 
 
 def _queues(vhost: "VirtualHost", with_vhost: bool):
@@ -231,6 +237,8 @@ class _Plan:
     permissions: list[tuple[str, dict]] = field(default_factory=list)
     # (label, vhost, set_policy's keyword arguments); operator policies too ("operator": True)
     policies: list[tuple[str, str, dict]] = field(default_factory=list)
+    # (label, node.set_parameter's keyword arguments): runtime parameters of components other than operator_policy
+    parameters: list[tuple[str, dict]] = field(default_factory=list)
     queues: list[tuple[str, dict]] = field(default_factory=list)
     exchanges: list[tuple[str, dict]] = field(default_factory=list)
     bindings: list[tuple[str, dict]] = field(default_factory=list)
@@ -391,11 +399,26 @@ class _Planner:
             "apply_to": policy.apply_to, "operator": operator}))
 
     def _parameter(self, item: _Item) -> None:
-        """Runtime parameters: Warren knows those of operator policies (other components are plugins')."""
+        """Runtime parameters: operator policies, and those of the node's components (shovels), which check them."""
         component = item.get("component", str)
-        if component != OPERATOR_POLICY:
-            raise item.error(f"unknown parameter component '{component}' (Warren knows '{OPERATOR_POLICY}')")
-        self._policy(item, operator=True, settings=item.get("value", dict))
+        if component == OPERATOR_POLICY:
+            self._policy(item, operator=True, settings=item.get("value", dict))
+            return
+        name = item.get("name", str)
+        item.label = f"parameter '{name}' of component '{component}'"
+        vhost = self._vhost_of(item)
+        item.label += f" in vhost '{vhost}'"
+        handler = self.node.parameter_components.get(component)
+        if handler is None:
+            known = "', '".join((OPERATOR_POLICY, *sorted(self.node.parameter_components)))
+            raise item.error(f"unknown parameter component '{component}' (Warren knows '{known}')")
+        value = item.get("value", object)
+        try:
+            handler.check(vhost, name, value)
+        except ValueError as error:
+            raise item.error(str(error)) from None
+        self.result.parameters.append((item.label, {"vhost_name": vhost, "component": component, "name": name,
+                                                    "value": value}))
 
     # --- queues, exchanges, bindings --------------------------------------------------------------------------
     def _queue(self, item: _Item) -> None:
@@ -514,6 +537,8 @@ def _apply(node: "Node", plan: _Plan) -> Steps:
             exchange["internal"], exchange["arguments"]))
     for label, binding in plan.bindings:
         yield _applying(label, lambda: _bind(node.vhosts[binding["vhost"]], binding))
+    for label, parameter in plan.parameters:  # (last: a shovel finds the queues it names)
+        yield _applying(label, lambda: node.set_parameter(**parameter))
 
 
 def _bind(vhost: "VirtualHost", binding: dict) -> None:

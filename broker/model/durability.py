@@ -81,6 +81,7 @@ def restore(node: "Node", recovered: "Recovered", led: Collection[str] | None = 
     for vhost in node.vhosts.values():
         _restore_vhost(vhost, recovered, skipped, led is None or vhost.name in led)
     for kind, stored in (("policy", recovered.policies), ("operator policy", recovered.operator_policies),
+                         ("parameter", recovered.parameters),
                          ("exchange", recovered.exchanges), ("queue", recovered.queues),
                          ("binding", recovered.bindings)):
         for data in stored:
@@ -120,6 +121,9 @@ def _restore_vhost(vhost: "VirtualHost", recovered: "Recovered", skipped: set[st
         for data in stored:
             if _ours(kind, data, vhost) and _restored(kind, data, lambda: vhost.restore_policy(data, operator)):
                 policies += 1
+    for data in recovered.parameters:  # (kept as stored: their components read them once the broker serves)
+        if _ours("parameter", data, vhost):
+            vhost.parameters[(str(data.get("component")), str(data.get("name")))] = data.get("value")
     for data in recovered.exchanges:
         if not _ours("exchange", data, vhost):
             continue

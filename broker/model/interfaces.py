@@ -60,3 +60,16 @@ class ReplyReceiver(Protocol):
 
     def deliver_reply(self, message: "Message") -> None:
         """Send a reply to the receiver's reply consumer."""
+
+
+class ParameterComponent(Protocol):
+    """What runs a component's runtime parameters (the shovels, broker.shovel): it checks each value before it is
+    kept, and is told of each change."""
+
+    def check(self, vhost: str, name: str, value: object) -> None:
+        """Raise ValueError, saying why, for a value the component cannot run."""
+        ...
+
+    def changed(self, vhost: str, name: str, value: object) -> None:
+        """The parameter was set to value, or cleared (None)."""
+        ...

@@ -47,6 +47,11 @@ def policy_key(vhost_name: str, policy_name: str) -> str:
     return composite_key(vhost_name, policy_name)
 
 
+def parameter_key(vhost_name: str, component: str, name: str) -> str:
+    """The name a runtime parameter has in the definitions log."""
+    return composite_key(vhost_name, component, name)
+
+
 def permission_key(vhost_name: str, user: str) -> str:
     """The name a permission has in the definitions log."""
     return composite_key(vhost_name, user)

@@ -10,12 +10,13 @@ from __future__ import annotations
 import logging
 import os
 import reprlib
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from broker.model.access import (
     DEFAULT_HASHING, HASHING_ALGORITHMS, Permission, User, hash_password, valid_password_hash,
 )
 from broker.model.counters import NodeCounters
+from broker.model.interfaces import ParameterComponent
 from broker.model.keys import permission_key
 from broker.model.vhost import VirtualHost
 from protocol import errors
@@ -50,6 +51,7 @@ class Node:
         # whether this process serves a vhost's clients now: a worker of several, those of the vhosts recorded in
         # its group (broker.workers.placement); a client sent by a record it has not learnt yet is told to come again
         self.serves: Callable[[str], bool] = lambda name: True
+        self.parameter_components: dict[str, ParameterComponent] = {}  # component -> what runs its parameters
 
     # --- durability ------------------------------------------------------------------------------------------
     def _record(self, kind: str, name: str, data: dict | None) -> None:
@@ -80,6 +82,8 @@ class Node:
         """Remove a vhost with its queues (and their messages), exchanges, policies and permissions. The caller
         closes its connections."""
         vhost = self.vhost(name)
+        for component, parameter in list(vhost.parameters):
+            self.clear_parameter(name, component, parameter)
         vhost.delete_everything()
         del self.vhosts[name]
         for key in [key for key in self.permissions if key[0] == name]:
@@ -87,6 +91,38 @@ class Node:
         self._record("vhost", name, None)
         log.info("vhost %.200r deleted", name)
         return vhost
+
+    # --- runtime parameters -------------------------------------------------------------------------------
+    def set_parameter(self, vhost_name: str, component: str, name: str, value: Any) -> bool:
+        """Set a runtime parameter once its component has checked the value (ValueError saying why not; an unknown
+        component is one); whether it is new."""
+        vhost = self.vhost(vhost_name)
+        handler = self._component(component)
+        handler.check(vhost_name, name, value)
+        new = (component, name) not in vhost.parameters
+        if not new and vhost.parameters[(component, name)] == value:
+            return False  # (as RabbitMQ: the same value changes nothing, and a running shovel goes on)
+        vhost.store_parameter(component, name, value)
+        log.info("parameter %.200r of component %s set in vhost %.200r", name, component, vhost_name)
+        handler.changed(vhost_name, name, value)
+        return new
+
+    def clear_parameter(self, vhost_name: str, component: str, name: str) -> None:
+        vhost = self.vhost(vhost_name)
+        if (component, name) not in vhost.parameters:
+            raise errors.not_found(f"no parameter '{name}' of component '{component}' in vhost '{vhost_name}'")
+        vhost.store_parameter(component, name, None)
+        log.info("parameter %.200r of component %s cleared in vhost %.200r", name, component, vhost_name)
+        handler = self.parameter_components.get(component)
+        if handler is not None:
+            handler.changed(vhost_name, name, None)
+
+    def _component(self, component: str) -> ParameterComponent:
+        handler = self.parameter_components.get(component)
+        if handler is None:
+            known = ", ".join(f"'{name}'" for name in sorted(self.parameter_components)) or "none"
+            raise ValueError(f"unknown parameter component '{component}' (this node knows {known})")
+        return handler
 
     # --- users -----------------------------------------------------------------------------------------------
     def put_user(self, name: str, password: str | None = None, password_hash: str | None = None,

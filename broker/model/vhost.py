@@ -8,7 +8,7 @@ import json
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Callable, Iterator, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterator, cast
 
 from broker.model import durability
 from broker.model.arguments import (
@@ -19,7 +19,7 @@ from broker.model.counters import NodeCounters
 from broker.model.exchange import EXCHANGE_TYPES, Binding, DelayedExchange, DirectExchange, Exchange
 from broker.model.features.delayed_messages import DelayedMessages
 from broker.model.features.length_limit import APPENDED, ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, REFUSED
-from broker.model.keys import binding_key, delayed_key, exchange_key, policy_key
+from broker.model.keys import binding_key, delayed_key, exchange_key, parameter_key, policy_key
 from broker.model.policy import Policy, PolicyChoices, PolicySnapshot, choose_both, make_policy
 from broker.model.queue import SLICE_SECONDS, Queue
 from broker.model.stream import Stream
@@ -139,6 +139,8 @@ class VirtualHost:
         self.durable_changes = 0
         self.policies: dict[str, Policy] = {}  # name -> policy
         self.operator_policies: dict[str, Policy] = {}  # name -> operator policy (caps what policies set)
+        # (component, name) -> a runtime parameter's value, as given (a shovel's definition: broker.model.node)
+        self.parameters: dict[tuple[str, str], Any] = {}
         self.policies_version = 0  # counts policy changes: choices made before the latest one are not applied
         self.queues: dict[str, Queue] = {}
         self.queues_storing_all = 0  # queues that store transient messages too (quorum queues)
@@ -166,6 +168,8 @@ class VirtualHost:
         for operator in (False, True):
             for name in list(self.policy_table(operator)):
                 self._drop_policy(name, operator)
+        for component, name in list(self.parameters):
+            self.store_parameter(component, name, None)
 
     # --- policies -------------------------------------------------------------------------------------------
     def policies_for(self, kind: str, name: str) -> tuple[Policy | None, Policy | None]:
@@ -245,6 +249,19 @@ class VirtualHost:
     def _record_policy(self, name: str, operator: bool, data: dict | None) -> None:
         if self.store is not None:
             self._record("operator_policy" if operator else "policy", policy_key(self.name, name), data)
+
+    # --- runtime parameters ----------------------------------------------------------------------------------
+    def store_parameter(self, component: str, name: str, value: Any) -> None:
+        """Keep a runtime parameter's value (checked by its component: broker.model.node), durably; None clears
+        it."""
+        if value is None:
+            self.parameters.pop((component, name), None)
+        else:
+            self.parameters[(component, name)] = value
+        if self.store is not None:
+            data = None if value is None else {"vhost": self.name, "component": component, "name": name,
+                                               "value": value}
+            self._record("parameter", parameter_key(self.name, component, name), data)
 
     # --- lookups with RabbitMQ's errors --------------------------------------------------------------------
     def get_exchange(self, name: str) -> Exchange:

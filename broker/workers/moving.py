@@ -1,7 +1,7 @@
 """Moving a vhost from one worker's store to another's, while both workers are stopped: its durable definitions
-(exchanges, queues, bindings, policies, operator policies), the messages stored for its durable queues and delayed
-exchanges (each with its redelivered flag, in queue order) and its streams' logs. What a restart of the vhost
-would not keep (non-durable queues and exchanges, non-persistent messages) is not moved.
+(exchanges, queues, bindings, policies, operator policies, runtime parameters), the messages stored for its
+durable queues and delayed exchanges (each with its redelivered flag, in queue order) and its streams' logs. What
+a restart of the vhost would not keep (non-durable queues and exchanges, non-persistent messages) is not moved.
 
 A journal makes it safe to stop at any point: data_dir/workers/moving.json (``{"vhost", "from", "to"}``) is written
 before anything is copied and removed once the source no longer holds the vhost. A start that finds it finishes the
@@ -33,7 +33,7 @@ from storage.store import MessageStore
 log = logging.getLogger(__name__)
 
 JOURNAL = "moving.json"
-KINDS = ("exchange", "queue", "binding", "policy", "operator_policy")  # a vhost's own definitions
+KINDS = ("exchange", "queue", "binding", "policy", "operator_policy", "parameter")  # a vhost's own definitions
 SLICE = 1000  # messages read and appended at a time: a deep queue is moved in bounded memory
 
 

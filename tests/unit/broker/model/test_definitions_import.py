@@ -183,7 +183,8 @@ def test_an_import_overwrites_what_it_names_and_leaves_the_rest():
     ({"policies": [{"vhost": "/", "name": "p", "pattern": "^q", "definition": {"bogus": 1}}]},
      "policy 'p' in vhost '/': "),
     ({"parameters": [{"vhost": "/", "name": "up", "component": "federation-upstream", "value": {}}]},
-     "parameters[0]: unknown parameter component 'federation-upstream'"),
+     "parameter 'up' of component 'federation-upstream' in vhost '/': unknown parameter component "
+     "'federation-upstream'"),
     ({"bindings": [{"source": "amq.headers", "vhost": "/", "destination": "amq.direct",
                     "destination_type": "exchange", "arguments": {"x-match": "some"}}]},
      "binding of exchange 'amq.direct' to exchange 'amq.headers' in vhost '/': "),
