@@ -27,6 +27,7 @@ from broker.model.definitions import DefinitionsError, import_definitions
 from broker.model.durability import held_vhosts, restore
 from broker.model.features.paging import Paging
 from broker.model.node import Node
+from broker.shovel.component import Shovels
 from broker.session.limits import ChannelLimits
 from storage.format import UnsupportedFormat
 from storage.pages import PageStore
@@ -152,6 +153,7 @@ class Server:
         self.node = Node(self.store, self.paging)  # vhosts, users and permissions
         if role is not None:
             self.node.serves = role.serves
+        self.shovels = Shovels(self.node, config.cluster_name)  # run while this server serves
         self.connections: set[Connection] = set()
         self.version = version()
         self.platform = platform_name()
@@ -225,6 +227,7 @@ class Server:
                 host, port = listener.sockets[0].getsockname()[:2]
                 log.info("Warren %s listening on %s:%d%s", self.version, host, port, what)
         self.serving = True
+        self.shovels.start()
 
     async def _listen(self, port: int, tls: ssl.SSLContext | None = None) -> asyncio.base_events.Server:
         host = self.config.host
@@ -326,6 +329,7 @@ class Server:
         """Stop accepting, send every client connection.close 320 CONNECTION_FORCED, wait at most ``grace`` seconds
         for them to go (a cluster leader that lost its lease gives none)."""
         served, self.serving = self.serving, False
+        self.shovels.stop()
         for listener in (self.listener, self.tls_listener):
             if listener is not None:
                 listener.close()

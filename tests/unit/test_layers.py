@@ -17,6 +17,8 @@ NEVER = {
     "broker/model": ("broker.session", "broker.connection", "broker.management", "broker.workers", "cluster"),
     "broker/session": ("broker.connection", "broker.management", "broker.workers", "cluster"),
     "broker/connection": ("broker.management", "broker.workers", "cluster"),
+    # a shovel speaks to brokers over the network, as any client: it knows nothing of this broker's sessions
+    "broker/shovel": ("broker.session", "broker.connection", "broker.management", "broker.workers", "cluster"),
     # the broker knows nothing of the cluster above it (the supervisor starts a clustered node's workers by their
     # module's name: cluster.worker)
     "broker": ("cluster", "spark_connector"),

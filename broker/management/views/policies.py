@@ -24,11 +24,6 @@ routes = web.RouteTableDef()
 KINDS = {"policies": False, "operator-policies": True}  # path segment -> whether it names operator policies
 
 
-def escape_html_tags(text: str) -> str:
-    """RabbitMQ's policy view escapes these in its refusals (its operator policy view does not)."""
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
 def authorise_one(request: web.Request, operator: bool) -> None:
     """RabbitMQ's refusal unless the user may read and change one (operator) policy of the vhost in the path."""
     if operator:
@@ -91,7 +86,7 @@ async def put_policy(request: web.Request) -> web.Response:
         vhost.set_policy(name, body["pattern"], body["definition"], body.get("priority", 0),
                          body.get("apply-to", "all"), operator, reapply=False)
     except PolicyError as error:
-        raise http.bad_request(str(error) if operator else escape_html_tags(str(error))) from None
+        raise http.bad_request(str(error) if operator else http.escape_html_tags(str(error))) from None
     await reapply_policies(vhost)
     await http.on_disk(request)
     return http.created_or_updated(existed)

@@ -11,7 +11,6 @@ import threading
 import pytest
 
 from broker.management import http
-from broker.management.views.policies import escape_html_tags
 from broker.model.access import User
 from broker.model.turns import OffLoop
 
@@ -64,7 +63,7 @@ def test_a_string_field_must_be_a_string():
 
 
 def test_policy_refusals_escape_html_tags():
-    assert escape_html_tags('was <<"5">> & more') == 'was &lt;&lt;"5"&gt;&gt; &amp; more'
+    assert http.escape_html_tags('was <<"5">> & more') == 'was &lt;&lt;"5"&gt;&gt; &amp; more'
 
 
 @pytest.mark.parametrize("count", [0, 1, http.ENCODE_SLICE, 2 * http.ENCODE_SLICE + 1])
