@@ -178,6 +178,7 @@ class Gateway:
         if method in ("PUT", "DELETE") and pattern == MAINTENANCE:
             return await self.maintenance(request, match["name"])
         if vhost is not None:
+            await self.supervisor.learn(vhost)
             return (await self.apis.ask(self.leader_of(vhost), request, body_of(request))).response()
         if pattern in (NODES, "/api/nodes/{name}") and method == "GET":
             return await self.nodes(request, match.get("name"))

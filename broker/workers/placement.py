@@ -129,6 +129,7 @@ class Placement(VhostLeaders):
     def posted(self, board: dict[str, Any]) -> bool:
         return False  # (the file is the supervisor's own: nothing on the board changes it)
 
+
     def _check_pins(self) -> None:
         for name, pinned in self.pins.items():
             if self.leaders.get(name, pinned) != pinned:
@@ -207,6 +208,13 @@ class ClusterPlacement(VhostLeaders):
 
     async def remove(self, vhosts: list[str]) -> bool:
         return await self._asked({"forget": vhosts})
+
+    async def reread(self) -> bool:
+        """The record read again from etcd (a vhost made through another node a moment ago, which this node's
+        first worker has not seen change yet); True if it changed."""
+        before = self.leaders
+        await self._asked({"record": []})
+        return self.leaders != before
 
     def posted(self, board: dict[str, Any]) -> bool:
         """The record as the board holds it, taken if it changed."""

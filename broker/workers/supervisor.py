@@ -169,6 +169,7 @@ class Supervisor:
         # One change of the vhosts through the API at a time (broker.workers.api): its vhosts placed, made on every
         # worker, and forgotten if refused, with no other change of them in between
         self.changing_vhosts = asyncio.Lock()
+        self.rereading: asyncio.Task | None = None  # the placement read again for a vhost it did not hold (learn)
 
     def take_ports(self) -> None:
         """The AMQP port, and the amqps one once [tls] names a certificate (checked here first, as one process
@@ -324,6 +325,23 @@ class Supervisor:
         if new and await self.placement.add(new):
             await self._placement_changed()
         return new
+
+    async def learn(self, vhost: str) -> None:
+        """Before a request naming a vhost a clustered node's placement does not hold is routed: read the record
+        again (one read at a time, whatever the number of requests waiting on it), in case it was made through
+        another node a moment ago."""
+        if not self.clustered or vhost in self.placement.leaders:
+            return
+        if self.rereading is None or self.rereading.done():
+            self.rereading = asyncio.get_running_loop().create_task(self._reread())
+        await asyncio.shield(self.rereading)
+
+    async def _reread(self) -> None:
+        try:
+            if await self.placement.reread():
+                await self._placement_changed()
+        except PlacementError as error:  # (etcd cannot be reached: routed by what the placement holds)
+            log.warning("%s", error)
 
     async def forget(self, vhosts: list[str]) -> None:
         """Deleted vhosts, or vhosts a refused change would have made, leave the placement."""
