@@ -114,7 +114,8 @@ def list_verb(name: str) -> None:
 
     details = (f"Columns (rabbitmqctl's info keys; default {' '.join(listing.defaults)}): "
                f"{' '.join(listing.columns)}.")
-    VERBS[name] = Verb(run, f"Lists {noun} and their properties", ("columns...",), listing.per_vhost, (), details)
+    VERBS[name] = Verb(run, listing.summary or f"Lists {noun} and their properties", ("columns...",),
+                       listing.per_vhost, (), details)
 
 
 for _name in LISTINGS:
@@ -354,6 +355,55 @@ def clear_policy(ctx: Context, args: Any) -> None:
         ctx.client.delete(f"/api/policies/{quote(args.vhost)}/{quote(args.name)}")
     except NotFound:
         raise CommandError(f'Policy "{args.name}" does not exist in vhost "{args.vhost}"', EX_UNAVAILABLE) from None
+
+
+# --- runtime parameters and shovels ----------------------------------------------------------------------------
+
+@verb("set_parameter", "Sets a runtime parameter (a shovel's definition: component shovel) to a JSON value",
+      "component", "name", "value", per_vhost=True)
+def set_parameter(ctx: Context, args: Any) -> None:
+    ctx.say(f'Setting runtime parameter "{args.name}" for component "{args.component}" to "{args.value}" in vhost '
+            f'"{args.vhost}" ...')
+    try:
+        value = json.loads(args.value)
+    except ValueError as error:
+        raise CommandError(f"JSON decoding error in the parameter's value: {error}", EX_DATAERR) from None
+    path = f"/api/parameters/{quote(args.component)}/{quote(args.vhost)}/{quote(args.name)}"
+    try:
+        ctx.client.put(path, {"value": value})
+    except NotFound:
+        require_vhost(ctx.client, args.vhost)
+        raise
+
+
+@verb("clear_parameter", "Clears a runtime parameter", "component", "name", per_vhost=True)
+def clear_parameter(ctx: Context, args: Any) -> None:
+    ctx.say(f'Clearing runtime parameter "{args.name}" for component "{args.component}" on vhost "{args.vhost}" ...')
+    try:
+        ctx.client.delete(f"/api/parameters/{quote(args.component)}/{quote(args.vhost)}/{quote(args.name)}")
+    except NotFound:
+        raise CommandError(f'Parameter "{args.name}" of component "{args.component}" does not exist in vhost '
+                           f'"{args.vhost}"', EX_UNAVAILABLE) from None
+
+
+@verb("delete_shovel", "Deletes a shovel (stops it and clears its parameter)", "name", per_vhost=True)
+def delete_shovel(ctx: Context, args: Any) -> None:
+    ctx.say(f"Deleting shovel {args.name} in vhost {args.vhost}")
+    require_vhost(ctx.client, args.vhost)
+    if not exists(ctx.client, f"/api/parameters/shovel/{quote(args.vhost)}/{quote(args.name)}"):
+        raise CommandError(f'Shovel with the given name was not found in virtual host "{args.vhost}"',
+                           EX_UNAVAILABLE)
+    ctx.client.delete(f"/api/shovels/vhost/{quote(args.vhost)}/{quote(args.name)}")
+
+
+@verb("restart_shovel", "Starts a shovel again at once (a terminated one too)", "name", per_vhost=True)
+def restart_shovel(ctx: Context, args: Any) -> None:
+    ctx.say(f"Restarting dynamic Shovel {args.name} in virtual host {args.vhost}")
+    try:
+        ctx.client.delete(f"/api/shovels/vhost/{quote(args.vhost)}/{quote(args.name)}/restart")
+    except NotFound:
+        raise CommandError(f"Shovel with the given name was not found in virtual host '{args.vhost}'",
+                           EX_UNAVAILABLE) from None
 
 
 # --- queues and connections ------------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ class Listing:
     banner: str  # the line printed before the table; {vhost} is replaced by the vhost
     defaults: tuple[str, ...]  # the columns shown when none are named (rabbitmqctl's)
     columns: dict[str, Reader]  # every column (rabbitmqctl's info key) this listing can show
+    summary: str = ""  # the --help line, where "Lists <things> and their properties" does not fit
 
     @property
     def per_vhost(self) -> bool:
@@ -96,6 +97,18 @@ LISTINGS: dict[str, Listing] = {
         "/api/vhosts/{vhost}/permissions", 'Listing permissions for vhost "{vhost}" ...',
         ("user", "configure", "write", "read"),
         same_names("user", "configure", "write", "read")),
+    "shovel_status": Listing(  # (rabbitmqctl's banner names the node too)
+        "/api/shovels", "Shovel status ...",
+        ("name", "vhost", "type", "state", "source", "destination", "termination_reason"),
+        {"source": field("src_uri"), "destination": field("dest_uri"), "source_protocol": field("src_protocol"),
+         "destination_protocol": field("dest_protocol"), "termination_reason": field("reason"),
+         "last_changed": field("timestamp"), "source_queue": field("src_queue"),
+         "source_exchange": field("src_exchange"), "source_exchange_key": field("src_exchange_key"),
+         "destination_queue": field("dest_queue"), "destination_exchange": field("dest_exchange"),
+         "destination_exchange_key": field("dest_exchange_key"),
+         **same_names("name", "vhost", "type", "state", "node", "forwarded", "pending", "remaining",
+                      "remaining_unacked", "blocked_status")},
+        "Displays the status of every shovel"),
     "list_policies": Listing(
         "/api/policies/{vhost}", 'Listing policies for vhost "{vhost}" ...',
         ("vhost", "name", "pattern", "apply-to", "definition", "priority"),

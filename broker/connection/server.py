@@ -153,7 +153,7 @@ class Server:
         self.node = Node(self.store, self.paging)  # vhosts, users and permissions
         if role is not None:
             self.node.serves = role.serves
-        self.shovels = Shovels(self.node, config.cluster_name)  # run while this server serves
+        self.shovels = Shovels(self.node, config.cluster_name, self._loopback)  # run while this server serves
         self.connections: set[Connection] = set()
         self.version = version()
         self.platform = platform_name()
@@ -314,6 +314,13 @@ class Server:
             reason = " ".join(str(error).split())  # one line (some of RabbitMQ's policy texts span several)
             raise StartupError(f"cannot apply the definitions of {' and '.join(sources)}: {reason}") from error
         log.info("applied the definitions of %s", " and ".join(sources))
+
+    def _loopback(self) -> tuple[str, int]:
+        """Where this node's AMQP port is reached from here (a shovel's URI without a host)."""
+        host = self.config.host
+        if host in ("", "0.0.0.0", "::"):
+            host = "::1" if host == "::" else "127.0.0.1"
+        return host, self.port
 
     @property
     def port(self) -> int:

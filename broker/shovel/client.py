@@ -66,20 +66,16 @@ class Link(asyncio.Protocol):
         """Connect as the connection name (shown by the peer's API), log in, open the vhost and the channel;
         LinkError saying why not."""
         loop = asyncio.get_running_loop()
-        context = None
-        if address.tls:
-            context = ssl.create_default_context(cafile=address.cacertfile)
-            if not address.verify:
-                context.check_hostname = False
-                context.verify_mode = ssl.CERT_NONE
-            if address.certfile:
-                context.load_cert_chain(address.certfile, address.keyfile)
+        link: Link | None = None
         try:
+            context = _tls_context(address) if address.tls else None
             async with asyncio.timeout(timeout):
                 _, link = await loop.create_connection(lambda: cls(**handlers), address.host, address.port,
                                                        ssl=context)
                 await link._handshake(address, name)
-        except (OSError, TimeoutError, ssl.SSLError) as error:
+        except (OSError, TimeoutError, ssl.SSLError, LinkError) as error:
+            if link is not None:
+                link.close()
             raise LinkError(f"cannot connect to {address.shown}: {error or 'timed out'}") from None
         return link
 
@@ -140,7 +136,8 @@ class Link(asyncio.Protocol):
     def close(self, reason: str = "closed by the shovel") -> None:
         """Close the connection (its unacked deliveries go back to their queue) and say why it ended."""
         if self.transport is not None and not self.transport.is_closing():
-            self._write(0, spec.Connection.Close(reply_code=REPLY_SUCCESS, reply_text="shovel closing", class_id=0, method_id=0))
+            self._write(0, spec.Connection.Close(reply_code=REPLY_SUCCESS, reply_text="shovel closing", class_id=0,
+                                                 method_id=0))
             self.transport.close()
         self._end(reason)
 
@@ -247,3 +244,15 @@ class Link(asyncio.Protocol):
     def _end(self, reason: str) -> None:
         if not self.closed.done():
             self.closed.set_result(reason)
+
+
+def _tls_context(address: Address) -> ssl.SSLContext:
+    """amqps: the peer's certificate checked against cacertfile (the system's CAs without one) unless verify_none;
+    this side's certificate for a peer that asks for one."""
+    context = ssl.create_default_context(cafile=address.cacertfile)
+    if not address.verify:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    if address.certfile:
+        context.load_cert_chain(address.certfile, address.keyfile)
+    return context

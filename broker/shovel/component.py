@@ -4,10 +4,12 @@ whole cluster, and moves with the vhost's leadership)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from typing import Callable, Coroutine
 
 from broker.model.node import Node
-from broker.shovel.definition import checked
+from broker.shovel.definition import Shovel, checked
 from broker.shovel.running import RunningShovel
 
 log = logging.getLogger(__name__)
@@ -18,11 +20,13 @@ COMPONENT = "shovel"
 class Shovels:
     """The shovel component (broker.model.interfaces.ParameterComponent) and the shovels it runs."""
 
-    def __init__(self, node: Node, cluster_name: str) -> None:
+    def __init__(self, node: Node, cluster_name: str, local: Callable[[], tuple[str, int]]) -> None:
         self.node = node
+        self.local = local  # this node's AMQP host and port, for URIs without a host
         self.cluster_name = cluster_name
         self.running: dict[tuple[str, str], RunningShovel] = {}  # (vhost, name) -> the shovel at work
         self.started = False  # start() has run: changes start shovels at once (before, start() does)
+        self.cleaning: set[asyncio.Task] = set()  # deleted shovels' exchange queues being deleted at their source
         node.parameter_components[COMPONENT] = self
 
     # --- broker.model.interfaces.ParameterComponent ---------------------------------------------------------
@@ -30,9 +34,11 @@ class Shovels:
         checked(vhost, name, value)
 
     def changed(self, vhost: str, name: str, value: object) -> None:
-        self._stop_one(vhost, name)
+        running = self._stop_one(vhost, name)
         if value is not None and self.started and self.node.serves(vhost):
             self._start_one(vhost, name, value)
+        elif value is None and running is not None:  # deleted
+            self._keep(running.delete_exchange_queue())
 
     # --- the broker's start and stop --------------------------------------------------------------------------
     def start(self) -> None:
@@ -71,15 +77,21 @@ class Shovels:
         except ValueError as error:  # (stored by an earlier version that checked less)
             log.error("shovel %r in vhost %r cannot run: %s", name, vhost, error)
             return
-        self.running[(vhost, name)] = RunningShovel(shovel, self.cluster_name, self._done)
+        self.running[(vhost, name)] = RunningShovel(shovel, self.cluster_name, self.local, self._done)
 
-    def _stop_one(self, vhost: str, name: str) -> None:
+    def _stop_one(self, vhost: str, name: str) -> RunningShovel | None:
         running = self.running.pop((vhost, name), None)
         if running is not None:
             running.stop()
+        return running
 
-    def _done(self, shovel) -> None:
+    def _keep(self, work: Coroutine) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self.cleaning.add(task)  # (the loop keeps tasks by weak references)
+        task.add_done_callback(self.cleaning.discard)
+
+    def _done(self, shovel: Shovel) -> None:
         """A shovel moved all it was to (src-delete-after): its parameter goes, as RabbitMQ's does."""
-        self.running.pop((shovel.vhost, shovel.name), None)
-        if shovel.vhost in self.node.vhosts and (COMPONENT, shovel.name) in self.node.vhosts[shovel.vhost].parameters:
+        vhost = self.node.vhosts.get(shovel.vhost)
+        if vhost is not None and (COMPONENT, shovel.name) in vhost.parameters:
             self.node.clear_parameter(shovel.vhost, COMPONENT, shovel.name)

@@ -4,6 +4,8 @@ keys, defaults and texts (rabbit_shovel_parameters, rabbit_amqp091_shovel), and 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from typing import Any
 
 from broker.shovel.uri import Address, UriError, parse, without_credentials
@@ -81,6 +83,14 @@ class Shovel:
     add_forward_headers: bool
     add_timestamp_header: bool
     publish_properties: dict
+
+    @property
+    def exchange_queue(self) -> str:
+        """The durable queue an exchange source is read through: kept while the shovel is down (a server-named
+        exclusive one, as RabbitMQ's, would lose what the exchange routes meanwhile), deleted with the shovel. Its
+        name holds a digest of (vhost, name), so no two shovels share one."""
+        digest = hashlib.sha256(json.dumps([self.vhost, self.name]).encode()).hexdigest()[:16]
+        return f"shovel-{self.name[:100]}-{digest}"
 
     @property
     def src_uri(self) -> str:

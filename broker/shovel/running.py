@@ -11,6 +11,7 @@ tries again after reconnect-delay, its state saying why meanwhile (never a loop 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import logging
 import time
@@ -33,8 +34,10 @@ class Stop(Exception):
 class RunningShovel:
     """One shovel and its state, as GET /api/shovels shows it."""
 
-    def __init__(self, shovel: Shovel, cluster_name: str, done: Callable[[Shovel], None]) -> None:
+    def __init__(self, shovel: Shovel, cluster_name: str, local: Callable[[], tuple[str, int]],
+                 done: Callable[[Shovel], None]) -> None:
         self.shovel = shovel
+        self.local = local  # this node's AMQP host and port, where a URI without a host connects
         self.cluster_name = cluster_name  # the x-shovelled header's shovelled-by
         self.done = done  # told once the shovel moved all it was to
         self.state = "starting"  # then "running", or "terminated" (and why)
@@ -66,6 +69,9 @@ class RunningShovel:
             except LinkError as error:
                 self._report("terminated", str(error))
                 log.warning("shovel %r in vhost %r: %s", shovel.name, shovel.vhost, error)
+            except Exception as error:  # (not foreseen: said, and tried again as any failure)
+                self._report("terminated", repr(error))
+                log.exception("shovel %r in vhost %r failed", shovel.name, shovel.vhost)
             if not shovel.reconnect_delay:  # (0: as RabbitMQ, a failed shovel stays terminated)
                 return
             await asyncio.sleep(shovel.reconnect_delay)
@@ -76,8 +82,8 @@ class RunningShovel:
         self.failed = asyncio.get_running_loop().create_future()
         self.unconfirmed, self.published = {}, 0
         try:
-            self.source = await _connect(shovel, "source", on_content=self._delivered)
-            self.destination = await _connect(shovel, "destination", on_content=self._returned,
+            self.source = await _connect(shovel, "source", self.local(), on_content=self._delivered)
+            self.destination = await _connect(shovel, "destination", self.local(), on_content=self._returned,
                                               on_confirm=self._confirmed, on_blocked=self._blocked,
                                               on_writable=self._writable)
             queue, count = await self._source_queue(self.source)
@@ -117,10 +123,12 @@ class RunningShovel:
         """The queue the shovel consumes (a server-named one bound to src-exchange), and its ready messages."""
         source = self.shovel.source
         if source.queue is None:
-            declared = await link.call(spec.Queue.Declare(queue="", exclusive=True), spec.Queue.DeclareOk)
-            await link.call(spec.Queue.Bind(queue=declared.queue, exchange=source.exchange,
+            queue = self.shovel.exchange_queue
+            declared = await link.call(spec.Queue.Declare(queue=queue, durable=True, arguments=source.queue_args),
+                                       spec.Queue.DeclareOk)
+            await link.call(spec.Queue.Bind(queue=queue, exchange=source.exchange,
                                             routing_key=source.exchange_key or ""), spec.Queue.BindOk)
-            return declared.queue, 0
+            return queue, declared.message_count
         return source.queue, await _ensure_queue(link, source, "source")
 
     async def _destination_queue(self, link: Link) -> None:
@@ -132,6 +140,21 @@ class RunningShovel:
         for link in (self.source, self.destination):
             if link is not None:
                 link.close()
+
+    async def delete_exchange_queue(self) -> None:
+        """The shovel was deleted: the queue its exchange source was read through goes too (said if it cannot)."""
+        shovel = self.shovel
+        if shovel.source.queue is not None:
+            return
+        try:
+            link = await _connect(shovel, "source", self.local())
+            try:
+                await link.call(spec.Queue.Delete(queue=shovel.exchange_queue), spec.Queue.DeleteOk)
+            finally:
+                link.close()
+        except LinkError as error:
+            log.warning("shovel %r in vhost %r deleted, but not its queue %r at the source: %s", shovel.name,
+                        shovel.vhost, shovel.exchange_queue, error)
 
     # --- messages, as each link reads them ------------------------------------------------------------------
     def _delivered(self, content: Content) -> None:
@@ -262,10 +285,13 @@ class RunningShovel:
                 "dest_protocol": "amqp091", **shovel.source.shown("src"), **shovel.destination.shown("dest")}
 
 
-async def _connect(shovel: Shovel, side: str, **handlers) -> Link:
-    """A link to the first of the side's URIs that answers, named as RabbitMQ names a shovel's connections."""
+async def _connect(shovel: Shovel, side: str, local: tuple[str, int], **handlers) -> Link:
+    """A link to the first of the side's URIs that answers (one without a host: this node, at local), named as
+    RabbitMQ names a shovel's connections."""
     failures = []
     for address in (shovel.source if side == "source" else shovel.destination).addresses():
+        if address.local:
+            address = dataclasses.replace(address, host=local[0], port=local[1])
         try:
             return await Link.open(address, address.connection_timeout, f"Shovel {shovel.name}", **handlers)
         except LinkError as error:
@@ -280,7 +306,8 @@ async def _ensure_queue(link: Link, endpoint: Endpoint, side: str) -> int:
     found = await link.call(spec.Queue.Declare(queue=endpoint.queue, passive=True), spec.Queue.DeclareOk,
                             spec.Channel.Close, channel=SIDE_CHANNEL)
     if isinstance(found, spec.Queue.DeclareOk):
-        await link.call(spec.Channel.Close(reply_code=REPLY_SUCCESS, reply_text="", class_id=0, method_id=0), spec.Channel.CloseOk, channel=SIDE_CHANNEL)
+        await link.call(spec.Channel.Close(reply_code=REPLY_SUCCESS, reply_text="", class_id=0, method_id=0),
+                        spec.Channel.CloseOk, channel=SIDE_CHANNEL)
         return found.message_count
     if found.reply_code != NOT_FOUND or endpoint.predeclared:
         raise LinkError(f"failed to set up topology: the {side}'s queue {endpoint.queue!r}: {found.reply_code} "

@@ -1,4 +1,8 @@
-"""AMQP URIs as RabbitMQ reads them (its URI spec): ``amqp[s]://user:password@host:port/vhost?heartbeat=10``."""
+"""AMQP URIs as RabbitMQ reads them (its URI spec): ``amqp[s]://user:password@host:port/vhost?heartbeat=10``.
+
+A URI without a host (``amqp://``, ``amqp:///vhost``) names this node. RabbitMQ connects such a shovel directly, as
+an internal user with every right; Warren connects it to its own AMQP port over loopback, as the URI's user
+(guest/guest when it names none), whose permissions apply."""
 
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ class Address:
     tls: bool
     heartbeat: int  # seconds asked for (0: none; the peer's own proposal then applies)
     connection_timeout: float  # seconds a connection and its handshake may take
+    local: bool = False  # the URI names no host: this node (its host and port are filled in when it connects)
     verify: bool = True  # amqps: the peer's certificate checked against cacertfile (or the system's CAs)
     cacertfile: str | None = None
     certfile: str | None = None  # amqps: this side's certificate, for a peer that asks for one
@@ -48,9 +53,8 @@ def parse(uri: str) -> Address:
         raise UriError(str(error)) from None
     if parts.scheme not in DEFAULT_PORTS:
         raise UriError(f"the scheme must be amqp or amqps, not {parts.scheme!r}")
-    if not parts.hostname:
-        raise UriError("it names no host (amqp://, a direct connection to this node, is not supported: give the "
-                       "node's host and a user's credentials)")
+    if not parts.hostname and (port is not None or parts.scheme == "amqps"):
+        raise UriError("a port or amqps needs a host (amqp:// alone names this node)")
     query = parse_qs(parts.query, keep_blank_values=True)
     unknown = sorted(set(query) - QUERY_KEYS)
     if unknown:
@@ -68,7 +72,7 @@ def parse(uri: str) -> Address:
     path = parts.path
     vhost = "/" if not path else unquote(path[1:])
     return Address(
-        host=parts.hostname, port=port or DEFAULT_PORTS[parts.scheme], vhost=vhost,
+        host=parts.hostname or "", port=port or DEFAULT_PORTS[parts.scheme], vhost=vhost, local=not parts.hostname,
         user=unquote(parts.username) if parts.username is not None else "guest",
         password=unquote(parts.password) if parts.password is not None else "guest",
         tls=parts.scheme == "amqps", heartbeat=heartbeat, connection_timeout=timeout,

@@ -7,11 +7,8 @@ from __future__ import annotations
 import base64
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -21,11 +18,11 @@ import pika
 import pika.exceptions
 import pytest
 
-from tests.conftest import REPO_ROOT, listening, wait_for_port
+from tests.conftest import REPO_ROOT, wait_for_port
 from tests.integration.helpers import EVENT_TIMEOUT, channel_error, get, wait_for_message_count
 from tests.integration.management import quote, request, wait_for_api
+from tests.integration.reference import reference_rabbitmq
 
-REFERENCE_SCRIPT = REPO_ROOT / "tools" / "rabbitmq-ref"
 # AMQP port of the reference RabbitMQ these tests start (its API is on +10000). Both lie below the kernel's
 # ephemeral range (32768-60999): probing a free port inside it can connect the probe to itself, and the TIME-WAIT
 # that leaves behind makes the node's listener fail with eaddrinuse.
@@ -269,47 +266,10 @@ def test_a_bad_definitions_file_stops_the_start_with_one_line(tmp_path, content,
 
 
 # --- a round trip with the reference RabbitMQ -------------------------------------------------------------------------
-class Reference:
-    """A RabbitMQ 3.10 started by rabbitmq-ref with its management API."""
-
-    def __init__(self, port: int):
-        self.host, self.port = "127.0.0.1", port
-        self.management_url = f"http://127.0.0.1:{port + 10000}"
-
-
 @pytest.fixture(scope="module")
 def reference():
-    if os.environ.get("WARREN_TEST_URL"):
-        pytest.skip("imports into a Warren of its own")
-    if shutil.which("rabbitmq-server") is None or not REFERENCE_SCRIPT.exists():
-        pytest.skip(f"needs rabbitmq-server (apt-get install -y rabbitmq-server) and {REFERENCE_SCRIPT}")
-    if listening(REFERENCE_PORT) or listening(REFERENCE_PORT + 10000):
-        pytest.skip(f"port {REFERENCE_PORT} or {REFERENCE_PORT + 10000} is taken: the reference RabbitMQ needs both")
-    root = Path(tempfile.mkdtemp(prefix="warren-reference-"))
-    root.chmod(0o755)  # the node may run as the rabbitmq user, who must reach its data dir
-    log = open(root / "rabbitmq.log", "wb")
-    process = subprocess.Popen([str(REFERENCE_SCRIPT), str(REFERENCE_PORT), str(root / "node"), "--management"],
-                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    log.close()
-    try:
-        wait_for_port("127.0.0.1", REFERENCE_PORT + 10000, process, timeout=60)
-        yield Reference(REFERENCE_PORT)
-    finally:
-        stop_reference(process, root / "node" / "pid")
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def stop_reference(process: subprocess.Popen, pid_file: Path, timeout: float = 30.0) -> None:
-    """Stop the node through the pid it wrote (rabbitmq-server runs it under su, in a session of its own, which
-    a signal to the launcher's process group would not reach), then the launcher."""
-    if pid_file.exists():
-        os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while listening(REFERENCE_PORT) and time.monotonic() < deadline:
-            time.sleep(0.2)
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout)
+    with reference_rabbitmq(REFERENCE_PORT) as node:
+        yield node
 
 
 def test_a_rabbitmq_export_imports_into_warren_and_warrens_back_into_rabbitmq(reference, own_broker):

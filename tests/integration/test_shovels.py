@@ -242,3 +242,52 @@ def test_a_shovel_in_imported_definitions_runs_and_a_bad_one_refuses_the_import(
             wait_for(lambda: message_count(ch, target), SHOVEL_TIMEOUT, "the message moved", until=lambda n: n == 1)
         finally:
             management.request(broker, "DELETE", f"/api/parameters/shovel/%2F/{name}")
+
+
+def test_a_uri_without_a_host_names_this_node(broker, shovels, unique):
+    """RabbitMQ's amqp:// (its direct connection to the local node): Warren connects to its own port, as the URI's
+    user (guest/guest when it names none)."""
+    source, target, name = f"{unique}.from", f"{unique}.to", f"{unique}.shovel"
+    with connect(broker) as conn:
+        ch = conn.channel()
+        declare_queue(ch, source)
+        declare_queue(ch, target)
+        ch.basic_publish("", source, b"local")
+        assert shovels(name, {"src-uri": "amqp://", "dest-uri": "amqp:///%2F", "src-queue": source,
+                              "dest-queue": target}).status == 201
+        wait_for(lambda: message_count(ch, target), SHOVEL_TIMEOUT, "the message moved", until=lambda n: n == 1)
+    assert {key: running(broker, name)[key] for key in ("src_uri", "dest_uri")} == {
+        "src_uri": "amqp://", "dest_uri": "amqp:///%2F"}
+
+
+def test_an_exchange_source_keeps_what_is_routed_while_the_destination_is_down(own_broker, tmp_path, unique):
+    """An exchange source is read through a durable queue of the shovel's own (RabbitMQ's is server-named and
+    exclusive, so what the exchange routes while the shovel reconnects is lost): nothing published while the
+    destination is down is lost; the queue goes with the shovel."""
+    source_broker = own_broker(data_dir=tmp_path / "source")
+    target_broker = own_broker(data_dir=tmp_path / "target")
+    exchange, target, name = f"{unique}.events", f"{unique}.to", f"{unique}.shovel"
+    with connect(target_broker) as conn:
+        declare_queue(conn.channel(), target, durable=True)
+    with connect(source_broker) as conn:
+        conn.channel().exchange_declare(exchange, "fanout", durable=True)
+    management.request(source_broker, "PUT", f"/api/parameters/shovel/%2F/{name}", {"value": {
+        "src-uri": source_broker.url, "src-exchange": exchange, "dest-uri": target_broker.url, "dest-queue": target,
+        "reconnect-delay": 1}})
+    running(source_broker, name)
+    target_broker.kill()
+    with connect(source_broker) as conn:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        for number in range(100):
+            ch.basic_publish(exchange, "", b"%d" % number, pika.BasicProperties(delivery_mode=2))
+    target_broker.start()
+    with connect(target_broker) as conn:
+        ch = conn.channel()
+        wait_for(lambda: message_count(ch, target), SHOVEL_TIMEOUT, "100 messages moved", until=lambda n: n == 100)
+        assert get_all(ch, target) == [b"%d" % number for number in range(100)]
+    queues = {queue["name"] for queue in management.request(source_broker, "GET", "/api/queues/%2F").body}
+    [kept] = [queue for queue in queues if queue.startswith(f"shovel-{name}-")]
+    assert management.request(source_broker, "DELETE", f"/api/shovels/vhost/%2F/{name}").status == 204
+    wait_for(lambda: management.request(source_broker, "GET", f"/api/queues/%2F/{kept}").status, SHOVEL_TIMEOUT,
+             "the shovel's queue deleted", until=lambda status: status == 404)

@@ -292,3 +292,25 @@ def test_maintenance_is_for_a_node_of_a_cluster(broker):
         pytest.skip("maintenance through the management API is Warren's own (RabbitMQ's is rabbitmq-upgrade drain)")
     for verb in ("drain", "revive"):
         assert failed(broker, verb)[1] == "Error: maintenance mode is for a node of a cluster: this broker is not one"
+
+
+def test_a_shovel_set_as_a_parameter_shown_restarted_and_deleted(broker, conn, unique):
+    channel = conn.channel()
+    source, target, name = declare_queue(channel, f"{unique}-from"), declare_queue(channel, f"{unique}-to"), unique
+    value = json.dumps({"src-uri": broker.url, "src-queue": source, "dest-uri": broker.url, "dest-queue": target})
+    assert ok(broker, "set_parameter", "shovel", name, value) == (
+        f'Setting runtime parameter "{name}" for component "shovel" to "{value}" in vhost "/" ...\n')
+    publish(channel, source, [b"moved"])
+    wait_for_message_count(channel, target, 1)
+    status = wait_for(lambda: json.loads(ok(broker, "shovel_status", "name", "state", "source", "destination_queue",
+                                            "--formatter", "json")), 30, "the shovel listed as running",
+                      until=lambda rows: {"name": name, "state": "running", "destination_queue": target,
+                                          "source": f"amqp://{broker.host}:{broker.port}/%2F"} in rows)
+    assert "guest" not in str(status)
+    assert ok(broker, "restart_shovel", name) == f"Restarting dynamic Shovel {name} in virtual host /\n"
+    assert ok(broker, "delete_shovel", name) == f"Deleting shovel {name} in vhost /\n"
+    assert failed(broker, "delete_shovel", name) == (
+        69, 'Error: Shovel with the given name was not found in virtual host "/"')
+    assert failed(broker, "clear_parameter", "shovel", name)[0] == 69
+    code, line = failed(broker, "set_parameter", "shovel", name, '{"src-uri": "amqp://h"}')
+    assert code != 0 and "Must specify 'src-exchange' or 'src-queue'" in line

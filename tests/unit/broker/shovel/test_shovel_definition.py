@@ -61,8 +61,10 @@ def test_a_definition_rabbitmq_refuses_is_refused_with_its_texts(value, expected
 def test_a_uri_that_names_no_broker_is_refused_saying_why():
     assert reasons({**BASE, "dest-uri": "derp"}) == [
         "\"derp\" not a valid URI: the scheme must be amqp or amqps, not ''"]
-    assert "names no host" in reasons({**BASE, "dest-uri": "amqp://"})[0]
-    assert reasons({**BASE, "dest-uri": ["amqp://h", 3]}) == ['dest-uri should be list, actually was [<<"amqp://h">>,3]']
+    assert reasons({**BASE, "dest-uri": "amqp://:5672"}) == [
+        '"amqp://:5672" not a valid URI: a port or amqps needs a host (amqp:// alone names this node)']
+    assert reasons({**BASE, "dest-uri": ["amqp://h", 3]}) == [
+        'dest-uri should be list, actually was [<<"amqp://h">>,3]']
 
 
 def test_uris_are_read_as_rabbitmqs_uri_spec_reads_them():
@@ -73,6 +75,9 @@ def test_uris_are_read_as_rabbitmqs_uri_spec_reads_them():
     plain = parse("amqp://host")
     assert (plain.port, plain.vhost, plain.user, plain.password, plain.heartbeat) == (5672, "/", "guest", "guest", 60)
     assert parse("amqp://host/").vhost == ""
+    local = parse("amqp://")
+    assert (local.local, local.vhost, local.user, local.password) == (True, "/", "guest", "guest")
+    assert (parse("amqp://u:p@/v").local, parse("amqp://u:p@/v").user, parse("amqp://u:p@/v").vhost) == (True, "u", "v")
     with pytest.raises(UriError, match="unknown query parameters"):
         parse("amqp://host?nope=1")
 

@@ -1,0 +1,69 @@
+"""A reference RabbitMQ 3.10 (Debian's rabbitmq-server) started by tools/rabbitmq-ref for a test module, with its
+management API: for the tests that compare Warren with it, or move messages between the two."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from tests.conftest import REPO_ROOT, listening, wait_for_port
+
+REFERENCE_SCRIPT = REPO_ROOT / "tools" / "rabbitmq-ref"
+
+
+class Reference:
+    """A RabbitMQ 3.10 started by rabbitmq-ref with its management API."""
+
+    def __init__(self, port: int):
+        self.host, self.port = "127.0.0.1", port
+        self.management_url = f"http://127.0.0.1:{port + 10000}"
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@{self.host}:{self.port}/%2F"
+
+
+@contextlib.contextmanager
+def reference_rabbitmq(port: int, *options: str) -> Iterator[Reference]:
+    """The reference node on port (its API on port + 10000), with rabbitmq-ref's options; the test is skipped,
+    saying why, where it cannot run."""
+    if os.environ.get("WARREN_TEST_URL"):
+        pytest.skip("starts a RabbitMQ of its own beside a Warren of its own")
+    if shutil.which("rabbitmq-server") is None or not REFERENCE_SCRIPT.exists():
+        pytest.skip(f"needs rabbitmq-server (apt-get install -y rabbitmq-server) and {REFERENCE_SCRIPT}")
+    if listening(port) or listening(port + 10000):
+        pytest.skip(f"port {port} or {port + 10000} is taken: the reference RabbitMQ needs both")
+    root = Path(tempfile.mkdtemp(prefix="warren-reference-"))
+    root.chmod(0o755)  # the node may run as the rabbitmq user, who must reach its data dir
+    log = open(root / "rabbitmq.log", "wb")
+    process = subprocess.Popen([str(REFERENCE_SCRIPT), str(port), str(root / "node"), "--management", *options],
+                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    log.close()
+    try:
+        wait_for_port("127.0.0.1", port + 10000, process, timeout=60)
+        yield Reference(port)
+    finally:
+        stop_reference(process, root / "node" / "pid", port)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def stop_reference(process: subprocess.Popen, pid_file: Path, port: int, timeout: float = 30.0) -> None:
+    """Stop the node through the pid it wrote (rabbitmq-server runs it under su, in a session of its own, which
+    a signal to the launcher's process group would not reach), then the launcher."""
+    if pid_file.exists():
+        os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while listening(port) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout)
