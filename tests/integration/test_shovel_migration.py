@@ -18,11 +18,11 @@ from tests.integration.helpers import connect, declare_queue, message_count
 from tests.integration.reference import reference_rabbitmq
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.slow
-
 REFERENCE_PORT = 17380  # below the ephemeral range, as test_definitions' reference (which uses 17360)
 MESSAGES = int(os.environ.get("MIGRATION_MESSAGES", "20000"))
 MOVED_WITHIN = 30 + MESSAGES / 1000  # seconds the whole move may take (about 5,000 a second here)
+# (preloading with a confirm per publish goes at about 3,000 a second here)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120 + MESSAGES / 250)]
 QUEUE = "legacy"
 
 
