@@ -90,7 +90,7 @@ class RunningShovel:
             await self._destination_queue(self.destination)
             if self.remaining is None and shovel.delete_after != "never":
                 self.remaining = count if shovel.delete_after == "queue-length" else int(shovel.delete_after)
-                self.remaining_unacked = self.remaining
+            self.remaining_unacked = self.remaining  # (what a failed run left unconfirmed is delivered again)
             if self.remaining == 0:
                 raise Stop()
             if shovel.ack_mode == "on-confirm":
@@ -120,7 +120,7 @@ class RunningShovel:
             self.blocked, self.writes_paused = None, False
 
     async def _source_queue(self, link: Link) -> tuple[str, int]:
-        """The queue the shovel consumes (a server-named one bound to src-exchange), and its ready messages."""
+        """The queue the shovel consumes (src-queue, or its own bound to src-exchange), and its ready messages."""
         source = self.shovel.source
         if source.queue is None:
             queue = self.shovel.exchange_queue

@@ -120,7 +120,8 @@ def start_warren(workdir: Path, *extra_args: str, wrapper: tuple[str, ...] = (),
     return _wait_until_ready("Warren", process, port, log, start_seconds)
 
 
-def start_rabbitmq(workdir: Path) -> RunningBroker:
+def start_rabbitmq(workdir: Path, *options: str) -> RunningBroker:
+    """A reference RabbitMQ on free ports, its data dir in workdir (options: rabbitmq-ref's, e.g. --management)."""
     if shutil.which("rabbitmq-server") is None:
         raise BrokerUnavailable("rabbitmq-server is not installed (apt-get install -y rabbitmq-server)")
     if not RABBITMQ_REF.exists():
@@ -128,6 +129,6 @@ def start_rabbitmq(workdir: Path) -> RunningBroker:
     port = free_ports_in_a_row(2)  # RabbitMQ takes PORT + 1 for Erlang distribution
     log = workdir / "rabbitmq.log"
     with open(log, "wb") as output:
-        process = subprocess.Popen([str(RABBITMQ_REF), str(port), str(workdir / "rabbitmq-data")],
+        process = subprocess.Popen([str(RABBITMQ_REF), str(port), str(workdir / "rabbitmq-data"), *options],
                                    stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
     return _wait_until_ready("RabbitMQ", process, port, log, RABBITMQ_START_SECONDS)

@@ -16,6 +16,7 @@ import pytest
 from tests.conftest import REPO_ROOT
 from tests.integration.helpers import EVENT_TIMEOUT, connect
 from tests.integration.management import add_user, set_permissions
+from tests.waiting import wait_for
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="the console tests need selenium (pip install selenium)")
 from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException  # noqa: E402
@@ -162,6 +163,29 @@ def test_an_administrator_closes_a_connection_and_adds_a_user(browser, console_b
     submit(browser, "add-user", name=unique, password="s3cret", tags="monitoring")
     wait(browser, lambda d: unique in text_of(d, "#users"))
     screenshot(browser, "admin")
+
+
+def test_an_administrator_adds_a_shovel_and_sees_it_run(browser, console_broker, unique):
+    with connect(console_broker) as conn:
+        channel = conn.channel()
+        channel.queue_declare(f"{unique}-from")
+        channel.queue_declare(f"{unique}-to")
+        channel.basic_publish("", f"{unique}-from", b"shovelled")
+    log_in(browser, console_broker)
+    click(browser, By.LINK_TEXT, "Admin")
+    submit(browser, "add-shovel", vhost="/", name=unique, **{
+        "src-uri": console_broker.url, "src-queue": f"{unique}-from", "dest-uri": "amqp://",
+        "dest-queue": f"{unique}-to"})
+    wait(browser, lambda d: unique in text_of(d, "#shovels"))
+    with connect(console_broker) as conn:
+        channel = conn.channel()
+        wait_for(lambda: channel.queue_declare(f"{unique}-to", passive=True).method.message_count, 30,
+                 "the message moved", until=lambda count: count == 1)
+    click(browser, By.LINK_TEXT, "Overview")
+    click(browser, By.LINK_TEXT, "Admin")  # (drawn again: the state as it is now)
+    wait(browser, lambda d: "running" in text_of(d, "#shovels"))
+    assert "guest" not in text_of(browser, "#shovels")  # (no credentials shown)
+    screenshot(browser, "shovels")
 
 
 def test_definitions_uploaded_through_the_console_are_imported(browser, console_broker, unique, tmp_path):

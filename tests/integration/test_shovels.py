@@ -4,6 +4,8 @@ source). The shovels here connect to the broker under test itself, by its host a
 
 from __future__ import annotations
 
+import json
+
 import pika
 import pytest
 
@@ -291,3 +293,23 @@ def test_an_exchange_source_keeps_what_is_routed_while_the_destination_is_down(o
     assert management.request(source_broker, "DELETE", f"/api/shovels/vhost/%2F/{name}").status == 204
     wait_for(lambda: management.request(source_broker, "GET", f"/api/queues/%2F/{kept}").status, SHOVEL_TIMEOUT,
              "the shovel's queue deleted", until=lambda status: status == 404)
+
+
+def test_a_shovel_in_the_boot_definitions_runs_from_the_start(own_broker, tmp_path, unique):
+    """RabbitMQ's static shovels live in advanced.config; its docs now advise dynamic shovels in the definitions
+    imported at boot, as Warren's load_definitions does (at every start, so the shovel comes back if deleted)."""
+    source, target, name = f"{unique}.from", f"{unique}.to", f"{unique}.shovel"
+    definitions = tmp_path / "definitions.json"
+    definitions.write_text(json.dumps({
+        "queues": [{"name": queue, "vhost": "/", "durable": True, "auto_delete": False, "arguments": {}}
+                   for queue in (source, target)],
+        "parameters": [{"vhost": "/", "component": "shovel", "name": name, "value": {
+            "src-uri": "amqp://", "src-queue": source, "dest-uri": "amqp://", "dest-queue": target}}]}))
+    config = tmp_path / "warren.toml"
+    config.write_text(f'[server]\nload_definitions = "{definitions}"\n')
+    broker = own_broker("--config", str(config))
+    running(broker, name)
+    with connect(broker) as conn:
+        ch = conn.channel()
+        ch.basic_publish("", source, b"from the start")
+        wait_for(lambda: message_count(ch, target), SHOVEL_TIMEOUT, "the message moved", until=lambda n: n == 1)

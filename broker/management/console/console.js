@@ -519,7 +519,31 @@ async function admin() {
     "Add policy", (f) => api("PUT", `/policies/${enc(f.vhost.value)}/${enc(f.name.value)}`, {
       pattern: f.pattern.value, definition: JSON.parse(f.definition.value || "{}"),
       priority: Number(f.priority.value || 0), "apply-to": "all"})));
+  content.append(...await shovels());
   return content;
+}
+
+// The shovels: their definitions (policymaker, administrator), their state where the user may see it (monitoring);
+// the URIs are not shown, as they hold credentials.
+async function shovels() {
+  const defined = await api("GET", "/parameters/shovel");
+  const states = has("monitoring", "administrator") ? await api("GET", "/shovels") : [];
+  const state = (s) => states.find((e) => e.vhost === s.vhost && e.name === s.name) || {};
+  const path = (s) => `/shovels/vhost/${enc(s.vhost)}/${enc(s.name)}`;
+  const end = (s, side) => s.value[`${side}-queue`] ?? s.value[`${side}-exchange`] ?? "";
+  return [el("h2", {}, "Shovels"), table([
+    {title: "Virtual host", value: (s) => s.vhost}, {title: "Name", value: (s) => s.name},
+    {title: "From", value: (s) => end(s, "src")}, {title: "To", value: (s) => end(s, "dest")},
+    {title: "State", value: (s) => state(s).state || ""}, {title: "Forwarded", value: (s) => state(s).forwarded ?? ""},
+    {title: "Reason", value: (s) => state(s).reason || ""},
+    {title: "", value: () => "", render: (s) => el("span", {}, remove("Restart", `${path(s)}/restart`),
+                                                     remove("Delete", path(s)))},
+  ], defined, {id: "shovels"}), form("add-shovel", [["vhost", "Virtual host"], ["name", "Name"],
+    ["src-uri", "Source URI, e.g. amqp://user:password@host/%2F", "password"], ["src-queue", "Source queue"],
+    ["dest-uri", "Destination URI", "password"], ["dest-queue", "Destination queue"]], "Add shovel",
+    (f) => api("PUT", `/parameters/shovel/${enc(f.vhost.value)}/${enc(f.name.value)}`, {value: {
+      "src-uri": f["src-uri"].value, "src-queue": f["src-queue"].value, "dest-uri": f["dest-uri"].value,
+      "dest-queue": f["dest-queue"].value}}))];
 }
 
 async function definitions() {
