@@ -313,3 +313,30 @@ def test_a_shovel_in_the_boot_definitions_runs_from_the_start(own_broker, tmp_pa
         ch = conn.channel()
         ch.basic_publish("", source, b"from the start")
         wait_for(lambda: message_count(ch, target), SHOVEL_TIMEOUT, "the message moved", until=lambda n: n == 1)
+
+
+def test_a_destination_that_blocks_its_publishers_holds_the_shovel_which_says_so(own_broker, tmp_path, unique):
+    """connection.blocked from the destination (here its memory alarm, on from its start) is honoured: the shovel
+    reads no more from the source than it has in flight, and its state says "blocked"."""
+    config = tmp_path / "low-memory.toml"
+    config.write_text("[server]\nmemory_limit = 1\n")  # any broker is above one byte: the alarm is on from the start
+    target_broker = own_broker("--config", str(config), data_dir=tmp_path / "target")
+    source_broker = own_broker(data_dir=tmp_path / "source")
+    source, target, name = f"{unique}.from", f"{unique}.to", f"{unique}.shovel"
+    with connect(target_broker) as conn:
+        declare_queue(conn.channel(), target, durable=True)
+    with connect(source_broker) as conn:
+        ch = conn.channel()
+        declare_queue(ch, source, durable=True)
+        for number in range(5000):
+            ch.basic_publish("", source, b"%d" % number, pika.BasicProperties(delivery_mode=2))
+    management.request(source_broker, "PUT", f"/api/parameters/shovel/%2F/{name}", {"value": {
+        "src-uri": source_broker.url, "src-queue": source, "dest-uri": target_broker.url, "dest-queue": target,
+        "src-prefetch-count": 100}})
+    entry = wait_for(lambda: status_of(source_broker, name), SHOVEL_TIMEOUT, "the shovel blocked",
+                     until=lambda entry: entry is not None and entry["state"] == "blocked")
+    assert entry["blocked_status"] == "blocked"
+    queue = management.request(source_broker, "GET", f"/api/queues/%2F/{source}").body
+    moved = management.request(target_broker, "GET", f"/api/queues/%2F/{target}").body["messages"]
+    # none lost (the publish that met the alarm may have gone through), and few in flight
+    assert (queue["messages"] + moved, queue["messages_unacknowledged"] <= 100, moved <= 100) == (5000, True, True)
