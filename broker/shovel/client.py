@@ -20,7 +20,8 @@ from protocol.framing import FrameReader
 
 CHANNEL = 1  # the channel a link moves messages on
 SIDE_CHANNEL = 2  # and one where a queue is looked for (a 404 closes that channel alone)
-FRAME_MAX = 131072  # the largest frame the link asks for
+FRAME_MAX = 131072  # the largest frame the link asks for, and reads: a larger one fails the link
+REPLY_TIMEOUT = 30.0  # seconds a method's reply may take (a peer that never answers fails the link)
 HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
 CLIENT_PROPERTIES = {
     "product": "Warren shovel", "platform": "Python",
@@ -53,7 +54,7 @@ class Link(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed: asyncio.Future[str] = asyncio.get_running_loop().create_future()  # why it ended
         self.frame_max = FRAME_MAX  # as tuned with the peer
-        self._reader = FrameReader(0)
+        self._reader = FrameReader(FRAME_MAX)
         self._waiting: tuple[asyncio.Future, tuple[type, ...]] | None = None  # a method's future and its replies
         self._content: list = []  # the method of a delivery or return being read, then its header payload, body parts
         self._body_left = 0  # bytes of that content still to come
@@ -112,11 +113,14 @@ class Link(asyncio.Protocol):
         self._waiting = future, replies
         closed = asyncio.ensure_future(asyncio.shield(self.closed))
         try:
-            await asyncio.wait((future, closed), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((future, closed), timeout=REPLY_TIMEOUT, return_when=asyncio.FIRST_COMPLETED)
         finally:
             closed.cancel()
             self._waiting = None
         if not future.done():
+            if not self.closed.done():
+                awaited = " or ".join(reply.__name__ for reply in replies)
+                self._fail(f"no reply ({awaited}) within {REPLY_TIMEOUT:g} s")
             raise LinkError(self.closed.result())
         return future.result()
 

@@ -42,6 +42,7 @@ class RunningShovel:
         self.done = done  # told once the shovel moved all it was to
         self.state = "starting"  # then "running", or "terminated" (and why)
         self.reason = ""
+        self.said = ""  # the last failure logged: a shovel failing again for the same reason logs it once
         self.since = time.time()  # when the state last changed
         self.blocked: str | None = None  # why the destination blocked its publishes (connection.blocked)
         self.writes_paused = False  # the destination's socket does not take more now
@@ -68,10 +69,14 @@ class RunningShovel:
                 return
             except LinkError as error:
                 self._report("terminated", str(error))
-                log.warning("shovel %r in vhost %r: %s", shovel.name, shovel.vhost, error)
+                if str(error) != self.said:
+                    log.warning("shovel %r in vhost %r: %s", shovel.name, shovel.vhost, error)
+                    self.said = str(error)
             except Exception as error:  # (not foreseen: said, and tried again as any failure)
                 self._report("terminated", repr(error))
-                log.exception("shovel %r in vhost %r failed", shovel.name, shovel.vhost)
+                if repr(error) != self.said:
+                    log.exception("shovel %r in vhost %r failed", shovel.name, shovel.vhost)
+                    self.said = repr(error)
             if not shovel.reconnect_delay:  # (0: as RabbitMQ, a failed shovel stays terminated)
                 return
             await asyncio.sleep(shovel.reconnect_delay)
@@ -101,6 +106,7 @@ class RunningShovel:
                                                       no_ack=shovel.ack_mode == "no-ack",
                                                       arguments=shovel.consumer_args), spec.Basic.ConsumeOk)
             self._report("running", "")
+            self.said = ""
             ends = [self.failed, asyncio.ensure_future(asyncio.shield(self.source.closed)),
                     asyncio.ensure_future(asyncio.shield(self.destination.closed))]
             try:
