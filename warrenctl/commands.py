@@ -99,7 +99,9 @@ def list_verb(name: str) -> None:
 
     def run(ctx: Context, args: Any) -> None:
         vhost = getattr(args, "vhost", "/")
-        ctx.say(listing.banner.format(vhost=vhost))
+        node = ctx.client.get("/api/overview").get("node", "") if "{node}" in listing.banner and not (
+            ctx.quiet or ctx.as_json) else ""
+        ctx.say(listing.banner.format(vhost=vhost, node=node))
         try:
             items = ctx.client.get(listing.path.format(vhost=quote(vhost)))
         except NotFound:

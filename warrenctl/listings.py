@@ -41,7 +41,7 @@ def same_names(*names: str) -> dict[str, Reader]:
 @dataclass(frozen=True)
 class Listing:
     path: str  # the API path; {vhost} is replaced by the quoted vhost
-    banner: str  # the line printed before the table; {vhost} is replaced by the vhost
+    banner: str  # the line printed before the table; {vhost} is replaced by the vhost, {node} by the node's name
     defaults: tuple[str, ...]  # the columns shown when none are named (rabbitmqctl's)
     columns: dict[str, Reader]  # every column (rabbitmqctl's info key) this listing can show
     summary: str = ""  # the --help line, where "Lists <things> and their properties" does not fit
@@ -97,8 +97,8 @@ LISTINGS: dict[str, Listing] = {
         "/api/vhosts/{vhost}/permissions", 'Listing permissions for vhost "{vhost}" ...',
         ("user", "configure", "write", "read"),
         same_names("user", "configure", "write", "read")),
-    "shovel_status": Listing(  # (rabbitmqctl's banner names the node too)
-        "/api/shovels", "Shovel status ...",
+    "shovel_status": Listing(
+        "/api/shovels", "Shovel status on node {node}",
         ("name", "vhost", "type", "state", "source", "destination", "termination_reason"),
         {"source": field("src_uri"), "destination": field("dest_uri"), "source_protocol": field("src_protocol"),
          "destination_protocol": field("dest_protocol"), "termination_reason": field("reason"),

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Callable, Coroutine
 
 from broker.model.node import Node
 from broker.shovel.definition import Shovel, checked
-from broker.shovel.running import RunningShovel
+from broker.shovel.running import RunningShovel, status_entry
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +26,8 @@ class Shovels:
         self.local = local  # this node's AMQP host and port, for URIs without a host
         self.cluster_name = cluster_name
         self.running: dict[tuple[str, str], RunningShovel] = {}  # (vhost, name) -> the shovel at work
+        # (vhost, name) -> the status of a stored definition that does not pass the checks (an earlier version's)
+        self.unusable: dict[tuple[str, str], dict] = {}
         self.started = False  # start() has run: changes start shovels at once (before, start() does)
         self.cleaning: set[asyncio.Task] = set()  # deleted shovels' exchange queues being deleted at their source
         node.parameter_components[COMPONENT] = self
@@ -59,12 +62,12 @@ class Shovels:
     def status(self, vhost: str | None = None) -> list[dict]:
         """The shovels' entries in GET /api/shovels (of one vhost, or all), by vhost then name (the API adds the
         node's name)."""
-        return [shovel.status() for key, shovel in sorted(self.running.items())
-                if vhost is None or key[0] == vhost]
+        entries = {**{key: shovel.status() for key, shovel in self.running.items()}, **self.unusable}
+        return [entry for key, entry in sorted(entries.items()) if vhost is None or key[0] == vhost]
 
     def restart(self, vhost: str, name: str) -> bool:
         """Start a shovel again (a terminated one at once); False if none runs here by that name."""
-        if (vhost, name) not in self.running:
+        if (vhost, name) not in self.running and (vhost, name) not in self.unusable:
             return False
         value = self.node.vhost(vhost).parameters[(COMPONENT, name)]
         self._stop_one(vhost, name)
@@ -76,10 +79,13 @@ class Shovels:
             shovel = checked(vhost, name, value)
         except ValueError as error:  # (stored by an earlier version that checked less)
             log.error("shovel %r in vhost %r cannot run: %s", name, vhost, error)
+            self.unusable[(vhost, name)] = {**status_entry(vhost, name, time.time()), "state": "terminated",
+                                            "reason": f"failed to parse configuration: {error}"}
             return
         self.running[(vhost, name)] = RunningShovel(shovel, self.cluster_name, self.local, self._done)
 
     def _stop_one(self, vhost: str, name: str) -> RunningShovel | None:
+        self.unusable.pop((vhost, name), None)
         running = self.running.pop((vhost, name), None)
         if running is not None:
             running.stop()

@@ -158,7 +158,7 @@ def _check(key: str, check: str, item: Any) -> str | None:
             isinstance(item, int) and not isinstance(item, bool) and item >= 0)):
         return (f'{key} should be a number greater than or equal to 0, "never" or "queue-length", actually was '
                 f"{write_value(item)}")
-    if check == "table" and not isinstance(item, dict):
+    if check == "table" and not isinstance(item, dict) and item != []:  # ([]: an empty proplist, as RabbitMQ takes)
         return f"{key} should be a JSON object, actually was {write_value(item)}"
     if check == "properties":
         return _check_properties(key, item)
@@ -168,6 +168,8 @@ def _check(key: str, check: str, item: Any) -> str | None:
 
 
 def _check_properties(key: str, item: Any) -> str | None:
+    if item == []:  # (an empty proplist, as RabbitMQ takes it)
+        return None
     if not isinstance(item, dict):
         return f"{key} should be a JSON object, actually was {write_value(item)}"
     for name, value in item.items():
@@ -202,9 +204,9 @@ def _shovel(vhost: str, name: str, value: dict) -> Shovel:
         return value.get(key, value.get(bare, default))
 
     source = Endpoint(uris("src-uri"), value.get("src-exchange"), value.get("src-exchange-key"),
-                      value.get("src-queue"), value.get("src-queue-args", {}), value.get("src-predeclared", False))
+                      value.get("src-queue"), value.get("src-queue-args") or {}, value.get("src-predeclared", False))
     destination = Endpoint(uris("dest-uri"), value.get("dest-exchange"), value.get("dest-exchange-key"),
-                           value.get("dest-queue"), value.get("dest-queue-args", {}),
+                           value.get("dest-queue"), value.get("dest-queue-args") or {},
                            value.get("dest-predeclared", False))
     return Shovel(
         vhost=vhost, name=name, source=source, destination=destination,
@@ -212,10 +214,10 @@ def _shovel(vhost: str, name: str, value: dict) -> Shovel:
         reconnect_delay=value.get("reconnect-delay", DEFAULT_RECONNECT_DELAY),
         prefetch=int(either("src-prefetch-count", DEFAULT_PREFETCH)),
         delete_after=either("src-delete-after", "never"),
-        consumer_args=value.get("src-consumer-args", {}), consumer_name=value.get("src-consumer-name", ""),
+        consumer_args=value.get("src-consumer-args") or {}, consumer_name=value.get("src-consumer-name", ""),
         add_forward_headers=either("dest-add-forward-headers", False),
         add_timestamp_header=either("dest-add-timestamp-header", False),
-        publish_properties=either("dest-publish-properties", {}))
+        publish_properties=either("dest-publish-properties", {}) or {})
 
 
 def write_value(value: Any) -> str:

@@ -21,7 +21,7 @@ from pamqp import commands as spec
 
 from broker.shovel.client import SIDE_CHANNEL, Content, Link, LinkError
 from broker.shovel.definition import Endpoint, Shovel
-from protocol.codec import decode_properties, encode_header_payload
+from protocol.codec import LongLong, decode_properties, encode_header_payload
 from protocol.constants import NOT_FOUND, REPLY_SUCCESS
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ class RunningShovel:
         self.since = time.time()  # when the state last changed
         self.blocked: str | None = None  # why the destination blocked its publishes (connection.blocked)
         self.writes_paused = False  # the destination's socket does not take more now
-        self.forwarded = 0  # messages published to the destination, every run together
+        self.forwarded = 0  # messages published to the destination in this run (as RabbitMQ: 0 again after a failure)
         # messages left to move (src-delete-after), and those left to publish; None: no limit
         self.remaining: int | None = None
         self.remaining_unacked: int | None = None
@@ -85,7 +85,7 @@ class RunningShovel:
     async def _session(self) -> None:
         shovel = self.shovel
         self.failed = asyncio.get_running_loop().create_future()
-        self.unconfirmed, self.published = {}, 0
+        self.unconfirmed, self.published, self.forwarded = {}, 0, 0
         try:
             self.source = await _connect(shovel, "source", self.local(), on_content=self._delivered)
             self.destination = await _connect(shovel, "destination", self.local(), on_content=self._returned,
@@ -263,7 +263,7 @@ class RunningShovel:
                 earlier = None
             headers["x-shovelled"] = [hop, *(earlier or [])]
         if shovel.add_timestamp_header:
-            headers["x-shovelled-timestamp"] = int(time.time())
+            headers["x-shovelled-timestamp"] = LongLong(time.time())  # (a long, as RabbitMQ's)
         properties.headers = headers or None
         return encode_header_payload(body_size, properties)
 
@@ -274,10 +274,7 @@ class RunningShovel:
     def status(self) -> dict:
         """The shovel's entry in GET /api/shovels, as RabbitMQ 4.1 shows it."""
         shovel = self.shovel
-        moment = time.localtime(self.since)
-        entry: dict = {
-            "name": shovel.name, "vhost": shovel.vhost, "type": "dynamic",
-            "timestamp": time.strftime("%Y-%m-%d ", moment) + f"{moment.tm_hour}:" + time.strftime("%M:%S", moment)}
+        entry = status_entry(shovel.vhost, shovel.name, self.since)
         if self.state == "terminated":
             return {**entry, "state": "terminated", "reason": self.reason}
         if self.state == "starting":
@@ -289,6 +286,14 @@ class RunningShovel:
                 "pending": 0, "remaining": remaining, "remaining_unacked": unacked,
                 "src_uri": shovel.src_uri, "src_protocol": "amqp091", "dest_uri": shovel.dest_uri,
                 "dest_protocol": "amqp091", **shovel.source.shown("src"), **shovel.destination.shown("dest")}
+
+
+def status_entry(vhost: str, name: str, since: float) -> dict:
+    """What every shovel's entry in GET /api/shovels has: RabbitMQ's keys, its timestamp of the last change of state
+    (local time, the hour not padded)."""
+    moment = time.localtime(since)
+    return {"name": name, "vhost": vhost, "type": "dynamic",
+            "timestamp": time.strftime("%Y-%m-%d ", moment) + f"{moment.tm_hour}:" + time.strftime("%M:%S", moment)}
 
 
 async def _connect(shovel: Shovel, side: str, local: tuple[str, int], **handlers) -> Link:

@@ -19,6 +19,7 @@ import pytest
 from tests.conftest import REPO_ROOT, WORKERS
 from tests.integration.helpers import (connection_error, declare_queue, publish, wait_for_message_count,
                                       wait_until)
+from tests.integration.management import request
 from tests.waiting import wait_for
 
 # RabbitMQ's statistics interval is 5 s: listings of counts, connections and consumers may lag that long.
@@ -314,3 +315,8 @@ def test_a_shovel_set_as_a_parameter_shown_restarted_and_deleted(broker, conn, u
     assert failed(broker, "clear_parameter", "shovel", name)[0] == 69
     code, line = failed(broker, "set_parameter", "shovel", name, '{"src-uri": "amqp://h"}')
     assert code != 0 and "Must specify 'src-exchange' or 'src-queue'" in line
+
+
+def test_shovel_status_names_the_node_as_rabbitmqctl_does(broker):
+    node = request(broker, "GET", "/api/overview").body["node"]
+    assert ok(broker, "shovel_status").splitlines()[0] == f"Shovel status on node {node}"

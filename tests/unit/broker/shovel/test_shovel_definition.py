@@ -26,6 +26,11 @@ def test_the_defaults_are_rabbitmqs():
     assert (shovel.source.queue, shovel.source.predeclared, shovel.destination.queue) == ("q", False, None)
 
 
+def test_an_empty_list_is_taken_for_an_empty_table_as_rabbitmq_takes_an_empty_proplist():
+    shovel = checked("/", "s", {**BASE, "dest-publish-properties": [], "src-queue-args": [], "src-consumer-args": []})
+    assert (shovel.publish_properties, shovel.source.queue_args, shovel.consumer_args) == ({}, {}, {})
+
+
 def test_the_old_names_count_and_the_prefixed_ones_win():
     shovel = checked("/", "s", {**BASE, "prefetch-count": 5, "delete-after": 7, "add-forward-headers": True,
                                 "publish-properties": {"delivery_mode": 2}})
