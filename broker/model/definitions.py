@@ -414,7 +414,7 @@ class _Planner:
             raise item.error(f"unknown parameter component '{component}' (Warren knows '{known}')")
         value = item.get("value", object)
         try:
-            handler.check(vhost, name, value)
+            handler.check(vhost, name, value, None)
         except ValueError as error:
             raise item.error(str(error)) from None
         self.result.parameters.append((item.label, {"vhost_name": vhost, "component": component, "name": name,

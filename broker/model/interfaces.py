@@ -66,8 +66,9 @@ class ParameterComponent(Protocol):
     """What runs a component's runtime parameters (the shovels, broker.shovel): it checks each value before it is
     kept, and is told of each change."""
 
-    def check(self, vhost: str, name: str, value: object) -> None:
-        """Raise ValueError, saying why, for a value the component cannot run."""
+    def check(self, vhost: str, name: str, value: object, user: str | None) -> None:
+        """Raise ValueError, saying why, for a value the component cannot run, or that user (the one setting it;
+        None for a definitions import) may not set."""
         ...
 
     def changed(self, vhost: str, name: str, value: object) -> None:

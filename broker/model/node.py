@@ -93,12 +93,12 @@ class Node:
         return vhost
 
     # --- runtime parameters -------------------------------------------------------------------------------
-    def set_parameter(self, vhost_name: str, component: str, name: str, value: Any) -> bool:
-        """Set a runtime parameter once its component has checked the value (ValueError saying why not; an unknown
-        component is one); whether it is new."""
+    def set_parameter(self, vhost_name: str, component: str, name: str, value: Any, user: str | None = None) -> bool:
+        """Set a runtime parameter once its component has checked the value, and that user may set it (ValueError
+        saying why not; an unknown component is one); whether it is new. user: who sets it (None: an import)."""
         vhost = self.vhost(vhost_name)
         handler = self._component(component)
-        handler.check(vhost_name, name, value)
+        handler.check(vhost_name, name, value, user)
         new = (component, name) not in vhost.parameters
         if not new and vhost.parameters[(component, name)] == value:
             return False  # (as RabbitMQ: the same value changes nothing, and a running shovel goes on)

@@ -10,7 +10,7 @@ import time
 from typing import Callable, Coroutine
 
 from broker.model.node import Node
-from broker.shovel.definition import Shovel, checked
+from broker.shovel.definition import Shovel, ShovelDefinitionError, checked
 from broker.shovel.running import RunningShovel, status_entry
 
 log = logging.getLogger(__name__)
@@ -33,8 +33,16 @@ class Shovels:
         node.parameter_components[COMPONENT] = self
 
     # --- broker.model.interfaces.ParameterComponent ---------------------------------------------------------
-    def check(self, vhost: str, name: str, value: object) -> None:
-        checked(vhost, name, value)
+    def check(self, vhost: str, name: str, value: object, user: str | None) -> None:
+        """As RabbitMQ's: a URI without a host (this node) names a vhost that exists, and that the user setting the
+        shovel may use; a shovel cannot reach further for its user than the user itself can."""
+        shovel = checked(vhost, name, value)
+        if user is None:
+            return
+        for address in (*shovel.source.addresses(), *shovel.destination.addresses()):
+            if address.local and (address.vhost not in self.node.vhosts
+                                  or (address.vhost, user) not in self.node.permissions):
+                raise ShovelDefinitionError([f'user "{user}" may not connect to vhost "{address.vhost}"'])
 
     def changed(self, vhost: str, name: str, value: object) -> None:
         running = self._stop_one(vhost, name)

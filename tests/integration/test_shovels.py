@@ -340,3 +340,20 @@ def test_a_destination_that_blocks_its_publishers_holds_the_shovel_which_says_so
     moved = management.request(target_broker, "GET", f"/api/queues/%2F/{target}").body["messages"]
     # none lost (the publish that met the alarm may have gone through), and few in flight
     assert (queue["messages"] + moved, queue["messages_unacknowledged"] <= 100, moved <= 100) == (5000, True, True)
+
+
+def test_a_uri_of_this_node_may_name_only_a_vhost_the_user_setting_it_may_use(broker, unique):
+    """As RabbitMQ's check of a direct URI (amqp:// and the like): a policymaker of "/" cannot have a shovel read
+    a vhost it has no permissions in."""
+    user, other = f"{unique}.user", f"{unique}.vhost"
+    management.add_user(broker, user, "secret", "policymaker")
+    management.set_permissions(broker, "/", user)
+    management.add_vhost(broker, other)
+    try:
+        reply = management.request(broker, "PUT", f"/api/parameters/shovel/%2F/{management.quote(unique)}", {
+            "value": {"src-uri": f"amqp:///{management.quote(other)}", "src-queue": "q", "dest-uri": "amqp://",
+                      "dest-queue": "q"}}, user=user, password="secret")
+        assert reply.status == 400 and f'user "{user}" may not connect to vhost "{other}"' in reply.body["reason"]
+    finally:
+        management.delete_vhost(broker, other)
+        management.delete_user(broker, user)

@@ -80,7 +80,7 @@ async def put_parameter(request: web.Request) -> web.Response:
     http.require_keys(body, ("value",))
     try:
         new = http.node_of(request).set_parameter(vhost.name, request.match_info["component"],
-                                                  request.match_info["name"], body["value"])
+                                                  request.match_info["name"], body["value"], request[http.USER].name)
     except ValueError as error:
         raise http.bad_request(http.escape_html_tags(str(error))) from None
     await http.on_disk(request)
