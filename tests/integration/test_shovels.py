@@ -357,3 +357,79 @@ def test_a_uri_of_this_node_may_name_only_a_vhost_the_user_setting_it_may_use(br
     finally:
         management.delete_vhost(broker, other)
         management.delete_user(broker, user)
+
+
+@pytest.mark.parametrize("ack_mode", ["on-publish", "no-ack"])
+def test_the_other_ack_modes_move_every_message_and_a_count_to_delete_after_stops_there(broker, shovels, unique,
+                                                                                          ack_mode):
+    source, target, name = f"{unique}.from", f"{unique}.to", f"{unique}.shovel"
+    with connect(broker) as conn:
+        ch = conn.channel()
+        declare_queue(ch, source)
+        declare_queue(ch, target)
+        for number in range(100):
+            ch.basic_publish("", source, b"%d" % number)
+        assert shovels(name, {"src-queue": source, "dest-queue": target, "ack-mode": ack_mode,
+                              "src-delete-after": "queue-length" if ack_mode == "no-ack" else 60}).status == 201
+        wait_for(lambda: management.request(broker, "GET", f"/api/parameters/shovel/%2F/{name}").status,
+                 SHOVEL_TIMEOUT, "the shovel deleting itself", until=lambda status: status == 404)
+        moved = 100 if ack_mode == "no-ack" else 60
+        wait_for(lambda: message_count(ch, target), SHOVEL_TIMEOUT, f"{moved} moved", until=lambda n: n == moved)
+        assert get_all(ch, target) == [b"%d" % number for number in range(moved)]
+        assert get_all(ch, source) == [b"%d" % number for number in range(moved, 100)]
+
+
+@rabbitmq4  # (src-predeclared came with 4.0)
+def test_a_predeclared_queue_that_is_missing_terminates_the_shovel_until_it_is_declared(broker, shovels, unique):
+    source, target, name = f"{unique}.from", f"{unique}.to", f"{unique}.shovel"
+    with connect(broker) as conn:
+        ch = conn.channel()
+        declare_queue(ch, target)
+        shovels(name, {"src-queue": source, "src-predeclared": True, "dest-queue": target, "reconnect-delay": 1})
+        entry = wait_for(lambda: status_of(broker, name), SHOVEL_TIMEOUT, "the shovel failing",
+                         until=lambda entry: entry is not None and entry["state"] == "terminated")
+        assert "404 NOT_FOUND" in entry["reason"] and source in entry["reason"], entry
+        declare_queue(ch, source)
+        ch.basic_publish("", source, b"once declared")
+        wait_for(lambda: message_count(ch, target), SHOVEL_TIMEOUT, "the message moved", until=lambda n: n == 1)
+
+
+@rabbitmq4  # (before 4.2 a shovel that cannot connect shows "starting", or nothing, not why)
+def test_bad_credentials_leave_the_shovel_terminated_saying_why(broker, shovels, unique):
+    name = f"{unique}.shovel"
+    wrong = broker.url.replace("guest:guest", "guest:wrong")
+    shovels(name, {"src-uri": wrong, "src-queue": f"{unique}.from", "dest-queue": f"{unique}.to",
+                   "reconnect-delay": 1})
+    entry = wait_for(lambda: status_of(broker, name), SHOVEL_TIMEOUT, "the shovel failing",
+                     until=lambda entry: entry is not None and entry["state"] == "terminated")
+    assert "403 ACCESS_REFUSED" in entry["reason"] and "wrong" not in entry["reason"], entry
+
+
+def test_a_changed_definition_restarts_the_shovel_with_it(broker, shovels, unique):
+    source, first, second, name = f"{unique}.from", f"{unique}.first", f"{unique}.second", f"{unique}.shovel"
+    with connect(broker) as conn:
+        ch = conn.channel()
+        for queue in (source, first, second):
+            declare_queue(ch, queue)
+        assert shovels(name, {"src-queue": source, "dest-queue": first}).status == 201
+        ch.basic_publish("", source, b"one")
+        wait_for(lambda: message_count(ch, first), SHOVEL_TIMEOUT, "one moved to first", until=lambda n: n == 1)
+        assert shovels(name, {"src-queue": source, "dest-queue": second}).status == 204
+        wait_for(lambda: (status_of(broker, name) or {}).get("dest_queue"), SHOVEL_TIMEOUT,
+                 "the shovel running with its new definition", until=lambda queue: queue == second)
+        ch.basic_publish("", source, b"two")
+        wait_for(lambda: message_count(ch, second), SHOVEL_TIMEOUT, "two moved to second", until=lambda n: n == 1)
+        assert message_count(ch, first) == 1
+
+
+def test_a_message_of_200_kib_crosses_in_several_frames_whole(broker, shovels, unique):
+    source, target, name = f"{unique}.from", f"{unique}.to", f"{unique}.shovel"
+    body = bytes(range(256)) * 800
+    with connect(broker) as conn:
+        ch = conn.channel()
+        declare_queue(ch, source)
+        declare_queue(ch, target)
+        ch.basic_publish("", source, body)
+        shovels(name, {"src-queue": source, "dest-queue": target})
+        wait_for(lambda: message_count(ch, target), SHOVEL_TIMEOUT, "the message moved", until=lambda n: n == 1)
+        assert get_all(ch, target) == [body]
