@@ -245,4 +245,33 @@ class DelayedExchange(Exchange):
         self.router._unindex(binding)
 
 
-EXCHANGE_TYPES: dict[str, type[Exchange]] = {**ROUTING_TYPES, DelayedExchange.kind: DelayedExchange}
+class FederationUpstreamExchange(FanoutExchange):
+    """x-federation-upstream: what RabbitMQ's exchange federation declares on its upstream (here, Warren) between
+    the federated exchange and the link's queue (rabbit_federation_upstream_exchange). It routes as fanout each
+    message that has not crossed x-max-hops links yet (its x-received-from list is shorter) and has not been
+    through the downstream already (a cycle: an entry naming x-downstream-name and x-downstream-vhost)."""
+
+    kind = "x-federation-upstream"
+
+    def __init__(self, name: str, durable: bool = True, auto_delete: bool = False, internal: bool = False,
+                 arguments: dict | None = None):
+        super().__init__(name, durable, auto_delete, internal, arguments)
+        given = arguments or {}
+        self.max_hops = int(given.get(MAX_HOPS, 1))  # (checked at the declare: a long)
+        self.downstream = (given.get("x-downstream-name"), given.get("x-downstream-vhost"))  # who asked for it
+
+    def route(self, routing_key, message):
+        headers = message.headers
+        hops = headers.get(RECEIVED_FROM) if headers else None
+        if isinstance(hops, list) and (len(hops) >= self.max_hops or any(
+                isinstance(hop, dict) and (hop.get("cluster-name"), hop.get("vhost")) == self.downstream
+                for hop in hops)):
+            return ()
+        return self._all.get(None, ())
+
+
+MAX_HOPS = "x-max-hops"  # (FederationUpstreamExchange's argument)
+RECEIVED_FROM = "x-received-from"  # the header a federation link adds to each message it republishes: its hops
+
+EXCHANGE_TYPES: dict[str, type[Exchange]] = {**ROUTING_TYPES, DelayedExchange.kind: DelayedExchange,
+                                            FederationUpstreamExchange.kind: FederationUpstreamExchange}

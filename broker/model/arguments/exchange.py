@@ -7,6 +7,7 @@ from broker.model.arguments.common import (
 )
 
 DELAYED_TYPE = "x-delayed-message"  # the delayed message plugin's exchange type
+FEDERATION_UPSTREAM_TYPE = "x-federation-upstream"  # what RabbitMQ's exchange federation declares on its upstream
 ROUTING_KINDS = ("direct", "fanout", "topic", "headers")  # the exchange types one may route as
 
 
@@ -20,6 +21,12 @@ def validate_exchange_arguments(exchange: str, vhost: str, kind: str, arguments:
     check_name_type(arguments, "alternate-exchange", _exchange_resource(exchange, vhost))
     if kind == DELAYED_TYPE:
         _check_delayed_type(arguments.get("x-delayed-type"))
+    if kind == FEDERATION_UPSTREAM_TYPE:  # (rabbit_federation_util:validate_arg)
+        hops = arguments.get("x-max-hops")
+        if hops is None:
+            raise precondition_failed("Argument x-max-hops missing")
+        if not isinstance(hops, int) or isinstance(hops, bool):
+            raise precondition_failed("Argument x-max-hops must be of type long")
 
 
 def _check_delayed_type(value) -> None:
@@ -40,6 +47,6 @@ def check_exchange_equivalent(exchange: str, vhost: str, existing: dict, request
     check_flag(resource, "type", existing["type"], requested["type"])
     for flag in ("durable", "auto_delete", "internal"):
         check_flag(resource, flag, bool(existing[flag]), bool(requested[flag]))
-    check_args_equivalent(
-        resource, existing.get("arguments") or {}, requested.get("arguments") or {}, ("alternate-exchange",)
-    )
+    compared = ("alternate-exchange", "x-max-hops") if existing["type"] == FEDERATION_UPSTREAM_TYPE else (
+        "alternate-exchange",)
+    check_args_equivalent(resource, existing.get("arguments") or {}, requested.get("arguments") or {}, compared)
