@@ -47,12 +47,17 @@ def pytest_sessionstart(session) -> None:
 # Folders whose tests run one after another in one process, ahead of the rest so that the longest stretches start
 # first: the Spark tests (one SparkSession, and drivers of their own that two at once would starve) and the clusters
 # on one etcd and its network namespaces. Within Spark's, the replay scenarios that start and kill drivers go first.
-SERIAL_GROUPS = ["spark", "cluster"]
+# And the modules that start a reference RabbitMQ on a port of their own (tests/integration/reference.py): their
+# tests in one process, so that no two start a node on one port, nor three nodes run at once on a small machine.
+SERIAL_GROUPS = ["spark", "cluster", "rabbitmq"]
 FIRST_IN_GROUP = {"test_stream_exactly_once.py"}
+REFERENCE_MODULES = {"test_definitions.py", "test_shovel_migration.py", "test_federation_upstream.py"}
 
 
 def serial_group(path: Path) -> str | None:
-    return path.parent.name if path.parent.name in SERIAL_GROUPS else None
+    if path.parent.name in SERIAL_GROUPS:
+        return path.parent.name
+    return "rabbitmq" if path.name in REFERENCE_MODULES else None
 
 
 def pytest_collection_modifyitems(items) -> None:

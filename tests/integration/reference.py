@@ -49,7 +49,9 @@ def reference_rabbitmq(port: int, *options: str) -> Iterator[Reference]:
                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     log.close()
     try:
-        wait_for_port("127.0.0.1", port + 10000, process, timeout=60)
+        # (the management plugin listens before the AMQP listener, which RabbitMQ starts last)
+        for listener in (port + 10000, port):
+            wait_for_port("127.0.0.1", listener, process, timeout=60)
         yield Reference(port)
     finally:
         stop_reference(process, root / "node" / "pid", port)
