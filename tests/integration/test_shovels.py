@@ -338,8 +338,10 @@ def test_a_destination_that_blocks_its_publishers_holds_the_shovel_which_says_so
     assert entry["blocked_status"] == "blocked"
     queue = management.request(source_broker, "GET", f"/api/queues/%2F/{source}").body
     moved = management.request(target_broker, "GET", f"/api/queues/%2F/{target}").body["messages"]
-    # none lost (the publish that met the alarm may have gone through), and few in flight
-    assert (queue["messages"] + moved, queue["messages_unacknowledged"] <= 100, moved <= 100) == (5000, True, True)
+    # none lost (the publish that met the alarm may have gone through, its ack at the source still to come: then it
+    # is counted on both sides), and few in flight
+    assert (queue["messages"] + moved >= 5000, queue["messages_unacknowledged"] <= 100, moved <= 100) == (
+        True, True, True), (queue["messages"], queue["messages_unacknowledged"], moved)
 
 
 def test_a_uri_of_this_node_may_name_only_a_vhost_the_user_setting_it_may_use(broker, unique):
