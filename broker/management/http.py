@@ -313,6 +313,17 @@ def require(request: web.Request, tag: str) -> User:
     return user
 
 
+def require_policymaker(request: web.Request, vhost: str | None = None) -> None:
+    """RabbitMQ's refusal unless the user is an administrator, or a policymaker with permissions in vhost (when it
+    names one that exists): who may read and change a vhost's policies and runtime parameters."""
+    rights = rights_of(request[USER])
+    if "administrator" in rights:
+        return
+    if "policymaker" not in rights or (vhost is not None and vhost in node_of(request).vhosts
+                                       and not has_permissions(request, vhost)):
+        raise not_authorised("User not authorised to access object")
+
+
 def has_permissions(request: web.Request, vhost: str) -> bool:
     """Whether the request's user has a permission entry in vhost (may log in there)."""
     return (vhost, request[USER].name) in node_of(request).permissions

@@ -15,16 +15,6 @@ from broker.model.vhost import VirtualHost
 routes = web.RouteTableDef()
 
 
-def authorise(request: web.Request, vhost: str | None = None) -> None:
-    """RabbitMQ's refusal unless the user is an administrator, or a policymaker (with permissions in vhost)."""
-    rights = http.rights_of(request[http.USER])
-    if "administrator" in rights:
-        return
-    if "policymaker" not in rights or (vhost is not None and vhost in http.node_of(request).vhosts
-                                       and not http.has_permissions(request, vhost)):
-        raise http.not_authorised("User not authorised to access object")
-
-
 def parameters_of(vhosts: list[VirtualHost], component: str | None = None) -> list[dict]:
     """The items of the vhosts' parameters (of one component, or all), by vhost, component and name."""
     return [{"vhost": vhost.name, "component": kind, "name": name, "value": value}
@@ -38,13 +28,13 @@ def visible(request: web.Request) -> list[VirtualHost]:
 
 @routes.get("/api/parameters")
 async def list_all(request: web.Request) -> web.Response:
-    authorise(request)
+    http.require_policymaker(request)
     return await listing(request, parameters_of(visible(request)), pageable=False)
 
 
 @routes.get("/api/parameters/{component}")
 async def list_component(request: web.Request) -> web.Response:
-    authorise(request)
+    http.require_policymaker(request)
     return await listing(request, parameters_of(visible(request), request.match_info["component"]),
                          pageable=False)
 
@@ -52,7 +42,7 @@ async def list_component(request: web.Request) -> web.Response:
 @routes.get("/api/parameters/{component}/{vhost}")
 async def list_vhost(request: web.Request) -> web.Response:
     vhost = http.named_vhost(request)
-    authorise(request, vhost.name)
+    http.require_policymaker(request, vhost.name)
     return await listing(request, parameters_of([vhost], request.match_info["component"]), pageable=False)
 
 
@@ -67,7 +57,7 @@ def parameter(vhost: VirtualHost, component: str, name: str) -> web.Response:
 @routes.get("/api/parameters/{component}/{vhost}/{name}")
 async def get_parameter(request: web.Request) -> web.Response:
     vhost = http.named_vhost(request)
-    authorise(request, vhost.name)
+    http.require_policymaker(request, vhost.name)
     return parameter(vhost, request.match_info["component"], request.match_info["name"])
 
 
@@ -75,7 +65,7 @@ async def get_parameter(request: web.Request) -> web.Response:
 async def put_parameter(request: web.Request) -> web.Response:
     """Set a parameter from its "value" (a shovel's definition), checked by its component: 400 with why not."""
     vhost = http.named_vhost(request)
-    authorise(request, vhost.name)
+    http.require_policymaker(request, vhost.name)
     body = await http.json_body(request)
     http.require_keys(body, ("value",))
     try:
@@ -90,7 +80,7 @@ async def put_parameter(request: web.Request) -> web.Response:
 @routes.delete("/api/parameters/{component}/{vhost}/{name}")
 async def delete_parameter(request: web.Request) -> web.Response:
     vhost = http.named_vhost(request)
-    authorise(request, vhost.name)
+    http.require_policymaker(request, vhost.name)
     if (request.match_info["component"], request.match_info["name"]) not in vhost.parameters:
         raise http.not_found()
     http.node_of(request).clear_parameter(vhost.name, request.match_info["component"], request.match_info["name"])

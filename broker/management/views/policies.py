@@ -29,12 +29,7 @@ def authorise_one(request: web.Request, operator: bool) -> None:
     if operator:
         http.require(request, "administrator")
         return
-    rights = http.rights_of(request[http.USER])
-    vhost = request.match_info["vhost"]
-    may = "administrator" in rights or ("policymaker" in rights and (
-        vhost not in http.node_of(request).vhosts or http.has_permissions(request, vhost)))
-    if not may:
-        raise http.not_authorised("User not authorised to access object")
+    http.require_policymaker(request, request.match_info["vhost"])
 
 
 async def policies_of(request: web.Request, vhosts: list["VirtualHost"]) -> web.Response:

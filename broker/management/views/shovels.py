@@ -9,7 +9,7 @@ from aiohttp import web
 
 from broker.management import http
 from broker.management.resources import listing
-from broker.management.views.parameters import authorise, parameter
+from broker.management.views.parameters import parameter
 from broker.shovel.component import COMPONENT
 
 routes = web.RouteTableDef()
@@ -46,7 +46,7 @@ async def get_shovel(request: web.Request) -> web.Response:
 async def delete_shovel(request: web.Request) -> web.Response:
     """The shovel stopped and its parameter cleared; 204 whether or not there was one (as RabbitMQ)."""
     vhost = http.named_vhost(request)
-    authorise(request, vhost.name)
+    http.require_policymaker(request, vhost.name)
     if (COMPONENT, request.match_info["name"]) in vhost.parameters:
         http.node_of(request).clear_parameter(vhost.name, COMPONENT, request.match_info["name"])
         await http.on_disk(request)
@@ -56,7 +56,7 @@ async def delete_shovel(request: web.Request) -> web.Response:
 @routes.delete("/api/shovels/vhost/{vhost}/{name}/restart")
 async def restart_shovel(request: web.Request) -> web.Response:
     vhost = http.named_vhost(request)
-    authorise(request, vhost.name)
+    http.require_policymaker(request, vhost.name)
     if not http.server_of(request).shovels.restart(vhost.name, request.match_info["name"]):
         raise http.not_found()
     return http.no_content()
