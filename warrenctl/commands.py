@@ -77,6 +77,23 @@ def require_vhost(client: Client, vhost: str) -> None:
         raise vhost_missing(vhost)
 
 
+def json_argument(text: str, what: str) -> Any:
+    """A verb's JSON argument, decoded; EX_DATAERR saying where it does not decode."""
+    try:
+        return json.loads(text)
+    except ValueError as error:
+        raise CommandError(f"JSON decoding error in {what}: {error}", EX_DATAERR) from None
+
+
+def put_in_vhost(client: Client, path: str, body: Any, vhost: str) -> None:
+    """PUT an object of a vhost; a vhost that does not exist is said as rabbitmqctl says it."""
+    try:
+        client.put(path, body)
+    except NotFound:
+        require_vhost(client, vhost)
+        raise
+
+
 def require_user_and_vhost(client: Client, user: str, vhost: str) -> None:
     """Name which of the two is missing (the API says only "vhost_or_user_not_found" or 404)."""
     if not exists(client, f"/api/users/{quote(user)}"):
@@ -338,16 +355,9 @@ def clear_vhost_leader(ctx: Context, args: Any) -> None:
 def set_policy(ctx: Context, args: Any) -> None:
     ctx.say(f'Setting policy "{args.name}" for pattern "{args.pattern}" to "{args.definition}" '
             f'with priority "{args.priority}" for vhost "{args.vhost}" ...')
-    try:
-        definition = json.loads(args.definition)
-    except ValueError as error:
-        raise CommandError(f"JSON decoding error in the policy definition: {error}", EX_DATAERR) from None
+    definition = json_argument(args.definition, "the policy definition")
     body = {"pattern": args.pattern, "definition": definition, "priority": args.priority, "apply-to": args.apply_to}
-    try:
-        ctx.client.put(f"/api/policies/{quote(args.vhost)}/{quote(args.name)}", body)
-    except NotFound:
-        require_vhost(ctx.client, args.vhost)
-        raise
+    put_in_vhost(ctx.client, f"/api/policies/{quote(args.vhost)}/{quote(args.name)}", body, args.vhost)
 
 
 @verb("clear_policy", "Clears a policy", "name", per_vhost=True)
@@ -366,16 +376,9 @@ def clear_policy(ctx: Context, args: Any) -> None:
 def set_parameter(ctx: Context, args: Any) -> None:
     ctx.say(f'Setting runtime parameter "{args.name}" for component "{args.component}" to "{args.value}" in vhost '
             f'"{args.vhost}" ...')
-    try:
-        value = json.loads(args.value)
-    except ValueError as error:
-        raise CommandError(f"JSON decoding error in the parameter's value: {error}", EX_DATAERR) from None
-    path = f"/api/parameters/{quote(args.component)}/{quote(args.vhost)}/{quote(args.name)}"
-    try:
-        ctx.client.put(path, {"value": value})
-    except NotFound:
-        require_vhost(ctx.client, args.vhost)
-        raise
+    value = json_argument(args.value, "the parameter's value")
+    put_in_vhost(ctx.client, f"/api/parameters/{quote(args.component)}/{quote(args.vhost)}/{quote(args.name)}",
+                 {"value": value}, args.vhost)
 
 
 @verb("clear_parameter", "Clears a runtime parameter", "component", "name", per_vhost=True)
