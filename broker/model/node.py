@@ -82,7 +82,7 @@ class Node:
         """Remove a vhost with its queues (and their messages), exchanges, policies and permissions. The caller
         closes its connections."""
         vhost = self.vhost(name)
-        for component, parameter in list(vhost.parameters):
+        for component, parameter in list(vhost.parameters):  # (their components stop what runs them)
             self.clear_parameter(name, component, parameter)
         vhost.delete_everything()
         del self.vhosts[name]

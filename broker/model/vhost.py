@@ -159,7 +159,7 @@ class VirtualHost:
 
     def delete_everything(self) -> None:
         """The vhost is being deleted: its queues go (with their messages and consumers), then its exchanges and
-        policies."""
+        policies (its runtime parameters went before, through their components: Node.delete_vhost)."""
         for queue in list(self.queues.values()):
             self.delete_queue(queue)
         for exchange in list(self.exchanges.values()):
@@ -168,8 +168,6 @@ class VirtualHost:
         for operator in (False, True):
             for name in list(self.policy_table(operator)):
                 self._drop_policy(name, operator)
-        for component, name in list(self.parameters):
-            self.store_parameter(component, name, None)
 
     # --- policies -------------------------------------------------------------------------------------------
     def policies_for(self, kind: str, name: str) -> tuple[Policy | None, Policy | None]:

@@ -159,10 +159,10 @@ class Link(asyncio.Protocol):
     def resume_writing(self) -> None:
         self.on_writable(True)
 
-    def pause_reading(self, paused: bool) -> None:
+    def hold_reading(self, held: bool) -> None:
         """Stop reading from the peer (its deliveries wait in the kernel, then in the peer), or go on."""
         if self.transport is not None and not self.transport.is_closing():
-            if paused:
+            if held:
                 self.transport.pause_reading()
             else:
                 self.transport.resume_reading()

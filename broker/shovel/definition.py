@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from broker.shovel.uri import Address, UriError, parse, without_credentials
-from protocol.erlang_terms import Atom, pretty, write
+from protocol.erlang_terms import erlang_term, pretty
 
 ACK_MODES = ("no-ack", "on-publish", "on-confirm")
 PROTOCOLS = ("amqp091", "amqp10", "local")
@@ -18,7 +18,8 @@ DEFAULT_PREFETCH = 1000
 STRING_PROPERTIES = ("content_type", "content_encoding", "correlation_id", "reply_to", "expiration", "message_id",
                      "type", "user_id", "app_id", "cluster_id")
 NUMBER_PROPERTIES = ("delivery_mode", "priority", "timestamp")
-# key -> its check: "binary", "number", "boolean", "uri", "delete-after", "table", "properties", "enum:..."
+# key -> its check: "binary", "queue" (a binary of 255 bytes at most), "number", "boolean", "uri", "delete-after",
+# "table", "properties", "ack-mode" and "protocol" (one of ACK_MODES, PROTOCOLS)
 KEYS = {
     "ack-mode": "ack-mode", "reconnect-delay": "number", "src-protocol": "protocol", "dest-protocol": "protocol",
     "src-uri": "uri", "src-exchange": "binary", "src-exchange-key": "binary", "src-queue": "binary",
@@ -200,8 +201,7 @@ def _shovel(vhost: str, name: str, value: dict) -> Shovel:
         return tuple(given) if isinstance(given, list) else (given,)
 
     def either(key: str, default: Any) -> Any:  # the prefixed key wins over its old name
-        prefix, _, bare = key.partition("-")
-        return value.get(key, value.get(bare, default))
+        return value.get(key, value.get(key.partition("-")[2], default))
 
     source = Endpoint(uris("src-uri"), value.get("src-exchange"), value.get("src-exchange-key"),
                       value.get("src-queue"), value.get("src-queue-args") or {}, value.get("src-predeclared", False))
@@ -221,15 +221,14 @@ def _shovel(vhost: str, name: str, value: dict) -> Shovel:
 
 
 def write_value(value: Any) -> str:
-    """A JSON value as RabbitMQ's texts print the Erlang term it becomes (~tp): a string as a binary."""
+    """A JSON value as RabbitMQ's texts print the Erlang term it becomes (~tp): a string as a binary, an object as
+    a map."""
     if isinstance(value, str):
         return pretty(value.encode(), 1)
-    if isinstance(value, bool):
-        return write(Atom("true" if value else "false"))
+    if isinstance(value, (bool, int, float)):
+        return erlang_term(value)
     if isinstance(value, list):
         return "[" + ",".join(write_value(item) for item in value) + "]"
     if isinstance(value, dict):
         return "#{" + ",".join(f"{write_value(key)} => {write_value(item)}" for key, item in value.items()) + "}"
-    if value is None:
-        return "null"
-    return str(value)
+    return "null"  # (JSON's null, as RabbitMQ's decoder gives it)

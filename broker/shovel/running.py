@@ -234,7 +234,7 @@ class RunningShovel:
     def _hold_source(self) -> None:
         """Read no more from the source while the destination takes no more (blocked, or its socket full)."""
         if self.source is not None:
-            self.source.pause_reading(self.blocked is not None or self.writes_paused)
+            self.source.hold_reading(self.blocked is not None or self.writes_paused)
 
     def _ending(self) -> bool:
         return self.failed is not None and self.failed.done()
