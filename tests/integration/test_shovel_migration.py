@@ -75,6 +75,21 @@ def shovel_connection(node, name: str) -> str | None:
     return None
 
 
+def preloaded(rabbitmq, own_broker, prefix: str) -> tuple[Publisher, object]:
+    """RabbitMQ's queue, made anew and preloaded with MESSAGES (bodies starting with prefix), a publisher ready to
+    go on publishing there, and a Warren with the queue of the same name."""
+    with connect(rabbitmq) as conn:
+        channel = conn.channel()
+        channel.queue_delete(QUEUE)
+        declare_queue(channel, QUEUE, durable=True)
+    publisher = Publisher(rabbitmq, prefix)
+    publisher.preload(MESSAGES)
+    warren = own_broker()
+    with connect(warren) as conn:
+        declare_queue(conn.channel(), QUEUE, durable=True)
+    return publisher, warren
+
+
 def drained(node) -> Counter:
     with connect(node) as conn:
         channel = conn.channel()
@@ -88,15 +103,7 @@ def test_warrens_shovel_pulls_a_live_rabbitmq_queue_through_a_kill_and_a_closed_
     """Warren's shovel (on-confirm) pulls the queue into Warren; Warren is killed -9 mid-way and the shovel's
     source connection closed once from RabbitMQ's side: every confirmed message arrives, RabbitMQ's queue ends
     empty."""
-    with connect(rabbitmq) as conn:
-        channel = conn.channel()
-        channel.queue_delete(QUEUE)
-        declare_queue(channel, QUEUE, durable=True)
-    publisher = Publisher(rabbitmq, "pull")
-    publisher.preload(MESSAGES)
-    warren = own_broker()
-    with connect(warren) as conn:
-        declare_queue(conn.channel(), QUEUE, durable=True)
+    publisher, warren = preloaded(rabbitmq, own_broker, "pull")
     name = "migration"
     assert management.request(warren, "PUT", f"/api/parameters/shovel/%2F/{name}", {"value": {
         "src-uri": rabbitmq.url, "src-queue": QUEUE, "dest-uri": "amqp://", "dest-queue": QUEUE,
@@ -124,15 +131,7 @@ def test_warrens_shovel_pulls_a_live_rabbitmq_queue_through_a_kill_and_a_closed_
 def test_rabbitmqs_shovel_pushes_a_live_queue_into_warren_through_a_kill(rabbitmq, own_broker):
     """RabbitMQ's own shovel pushes the queue into Warren (Warren as its destination); Warren is killed -9
     mid-way: every confirmed message arrives."""
-    with connect(rabbitmq) as conn:
-        channel = conn.channel()
-        channel.queue_delete(QUEUE)
-        declare_queue(channel, QUEUE, durable=True)
-    publisher = Publisher(rabbitmq, "push")
-    publisher.preload(MESSAGES)
-    warren = own_broker()
-    with connect(warren) as conn:
-        declare_queue(conn.channel(), QUEUE, durable=True)
+    publisher, warren = preloaded(rabbitmq, own_broker, "push")
     name = "push-to-warren"
     assert management.request(rabbitmq, "PUT", f"/api/parameters/shovel/%2F/{name}", {"value": {
         "src-uri": "amqp://", "src-queue": QUEUE, "dest-uri": warren.url, "dest-queue": QUEUE,

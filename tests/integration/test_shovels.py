@@ -38,6 +38,12 @@ def status_of(broker, name: str) -> dict | None:
     return next((entry for entry in reply.body if entry["name"] == name), None)
 
 
+def deleted_itself(broker, name: str) -> None:
+    """Wait until the shovel has moved what src-delete-after says and its parameter is gone."""
+    wait_for(lambda: management.request(broker, "GET", f"/api/parameters/shovel/%2F/{name}").status,
+             SHOVEL_TIMEOUT, "the shovel deleting itself", until=lambda status: status == 404)
+
+
 def running(broker, name: str) -> dict:
     return wait_for(lambda: status_of(broker, name), SHOVEL_TIMEOUT, f"shovel {name} running",
                     until=lambda entry: entry is not None and entry["state"] == "running")
@@ -136,8 +142,7 @@ def test_delete_after_queue_length_moves_what_the_queue_held_then_the_shovel_goe
         for number in range(50):
             ch.basic_publish("", source, b"%d" % number)
         shovels(name, {"src-queue": source, "dest-queue": target, "src-delete-after": "queue-length"})
-        wait_for(lambda: management.request(broker, "GET", f"/api/parameters/shovel/%2F/{name}").status,
-                 SHOVEL_TIMEOUT, "the shovel deleting itself", until=lambda status: status == 404)
+        deleted_itself(broker, name)
         assert message_count(ch, target) == 50
         ch.basic_publish("", source, b"after")
         assert status_of(broker, name) is None and message_count(ch, source) == 1
@@ -373,8 +378,7 @@ def test_the_other_ack_modes_move_every_message_and_a_count_to_delete_after_stop
             ch.basic_publish("", source, b"%d" % number)
         assert shovels(name, {"src-queue": source, "dest-queue": target, "ack-mode": ack_mode,
                               "src-delete-after": "queue-length" if ack_mode == "no-ack" else 60}).status == 201
-        wait_for(lambda: management.request(broker, "GET", f"/api/parameters/shovel/%2F/{name}").status,
-                 SHOVEL_TIMEOUT, "the shovel deleting itself", until=lambda status: status == 404)
+        deleted_itself(broker, name)
         moved = 100 if ack_mode == "no-ack" else 60
         wait_for(lambda: message_count(ch, target), SHOVEL_TIMEOUT, f"{moved} moved", until=lambda n: n == moved)
         assert get_all(ch, target) == [b"%d" % number for number in range(moved)]
