@@ -10,7 +10,8 @@ import time
 from typing import Callable, Coroutine
 
 from broker.model.node import Node
-from broker.shovel.definition import Shovel, ShovelDefinitionError, checked
+from broker.links.validation import DefinitionError
+from broker.shovel.definition import Shovel, checked
 from broker.shovel.running import RunningShovel, status_entry
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ class Shovels:
         for address in (*shovel.source.addresses(), *shovel.destination.addresses()):
             if address.local and (address.vhost not in self.node.vhosts
                                   or (address.vhost, user) not in self.node.permissions):
-                raise ShovelDefinitionError([f'user "{user}" may not connect to vhost "{address.vhost}"'])
+                raise DefinitionError([f'user "{user}" may not connect to vhost "{address.vhost}"'])
 
     def changed(self, vhost: str, name: str, value: object) -> None:
         running = self._stop_one(vhost, name)

@@ -8,8 +8,9 @@ import hashlib
 import json
 from typing import Any
 
-from broker.shovel.uri import Address, UriError, parse, without_credentials
-from protocol.erlang_terms import erlang_term, pretty
+from broker.links import validation
+from broker.links.uri import Address, parse, without_credentials
+from broker.links.validation import DefinitionError, write_value
 
 ACK_MODES = ("no-ack", "on-publish", "on-confirm")
 PROTOCOLS = ("amqp091", "amqp10", "local")
@@ -18,28 +19,50 @@ DEFAULT_PREFETCH = 1000
 STRING_PROPERTIES = ("content_type", "content_encoding", "correlation_id", "reply_to", "expiration", "message_id",
                      "type", "user_id", "app_id", "cluster_id")
 NUMBER_PROPERTIES = ("delivery_mode", "priority", "timestamp")
-# key -> its check: "binary", "queue" (a binary of 255 bytes at most), "number", "boolean", "uri", "delete-after",
-# "table", "properties", "ack-mode" and "protocol" (one of ACK_MODES, PROTOCOLS)
-KEYS = {
-    "ack-mode": "ack-mode", "reconnect-delay": "number", "src-protocol": "protocol", "dest-protocol": "protocol",
-    "src-uri": "uri", "src-exchange": "binary", "src-exchange-key": "binary", "src-queue": "binary",
-    "src-queue-args": "table", "src-consumer-args": "table", "src-consumer-name": "binary",
-    "prefetch-count": "number", "src-prefetch-count": "number", "delete-after": "delete-after",
-    "src-delete-after": "delete-after", "src-predeclared": "boolean",
-    "dest-uri": "uri", "dest-exchange": "binary", "dest-exchange-key": "binary", "dest-queue": "queue",
-    "dest-queue-args": "table", "add-forward-headers": "boolean", "add-timestamp-header": "boolean",
-    "dest-add-forward-headers": "boolean", "dest-add-timestamp-header": "boolean",
-    "publish-properties": "properties", "dest-publish-properties": "properties", "dest-predeclared": "boolean",
-}
 MANDATORY = ("src-uri", "dest-uri")
 
 
-class ShovelDefinitionError(ValueError):
-    """The value is not a shovel's definition: RabbitMQ's "Validation failed" text, each reason on a line."""
+def _protocol(key: str, item: Any) -> str | None:
+    if reason := validation.one_of(*PROTOCOLS)(key, item):
+        return reason
+    return None if item == "amqp091" else f"{key}: Warren's shovels speak amqp091 only, not {item}"
 
-    def __init__(self, reasons: list[str]) -> None:
-        super().__init__("Validation failed\n\n" + "".join(f"{reason}\n" for reason in reasons))
-        self.reasons = reasons
+
+def _delete_after(key: str, item: Any) -> str | None:
+    if item in ("never", "queue-length") or (isinstance(item, int) and not isinstance(item, bool) and item >= 0):
+        return None
+    return (f'{key} should be a number greater than or equal to 0, "never" or "queue-length", actually was '
+            f"{write_value(item)}")
+
+
+def _properties(key: str, item: Any) -> str | None:
+    if item == []:  # (an empty proplist, as RabbitMQ takes it)
+        return None
+    if not isinstance(item, dict):
+        return f"{key} should be a JSON object, actually was {write_value(item)}"
+    for name, value in item.items():
+        if name in STRING_PROPERTIES and not isinstance(value, str):
+            return f"{name} should be binary, actually was {write_value(value)}"
+        if name in NUMBER_PROPERTIES and (isinstance(value, bool) or not isinstance(value, int)):
+            return f"{name} should be a number, actually was {write_value(value)}"
+        if name not in STRING_PROPERTIES and name not in NUMBER_PROPERTIES:
+            return f"Unrecognised terms [{{{write_value(name)},{write_value(value)}}}] in {key}"
+    return None
+
+
+_binary, _number, _boolean, _table = validation.binary, validation.number, validation.boolean, validation.table
+# key -> its check, in RabbitMQ's order
+KEYS: dict[str, validation.Check] = {
+    "ack-mode": validation.one_of(*ACK_MODES), "reconnect-delay": _number, "src-protocol": _protocol,
+    "dest-protocol": _protocol, "src-uri": validation.uris, "src-exchange": _binary, "src-exchange-key": _binary,
+    "src-queue": _binary, "src-queue-args": _table, "src-consumer-args": _table, "src-consumer-name": _binary,
+    "prefetch-count": _number, "src-prefetch-count": _number, "delete-after": _delete_after,
+    "src-delete-after": _delete_after, "src-predeclared": _boolean,
+    "dest-uri": validation.uris, "dest-exchange": _binary, "dest-exchange-key": _binary,
+    "dest-queue": validation.short_binary, "dest-queue-args": _table, "add-forward-headers": _boolean,
+    "add-timestamp-header": _boolean, "dest-add-forward-headers": _boolean, "dest-add-timestamp-header": _boolean,
+    "publish-properties": _properties, "dest-publish-properties": _properties, "dest-predeclared": _boolean,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,24 +126,12 @@ class Shovel:
 
 
 def checked(vhost: str, name: str, value: Any) -> Shovel:
-    """The shovel a parameter value defines; ShovelDefinitionError with every reason it does not."""
+    """The shovel a parameter value defines; DefinitionError with every reason it does not."""
     if not isinstance(value, dict):
-        raise ShovelDefinitionError([f"{name} should be a JSON object, actually was {write_value(value)}"])
-    reasons = _across_keys(value)
-    unknown = [(key, item) for key, item in value.items() if key not in KEYS]
-    if unknown:
-        terms = "[" + ",".join(f"{{{write_value(key)},{write_value(item)}}}" for key, item in unknown) + "]"
-        reasons.append(f"Unrecognised terms {terms} in {name}")
-    for key in MANDATORY:
-        if key not in value:
-            reasons.append(f'Key "{key}" not found in {name}')
-    for key, check in KEYS.items():
-        if key in value:
-            reason = _check(key, check, value[key])
-            if reason:
-                reasons.append(reason)
+        raise DefinitionError([f"{name} should be a JSON object, actually was {write_value(value)}"])
+    reasons = _across_keys(value) + validation.proplist(name, value, KEYS, MANDATORY)
     if reasons:
-        raise ShovelDefinitionError(reasons)
+        raise DefinitionError(reasons)
     return _shovel(vhost, name, value)
 
 
@@ -137,62 +148,6 @@ def _across_keys(value: dict) -> list[str]:
     if "dest-exchange" in value and "dest-queue" in value:
         reasons.append("Cannot specify 'dest-exchange' and 'dest-queue'")
     return reasons
-
-
-def _check(key: str, check: str, item: Any) -> str | None:
-    if check in ("binary", "queue", "ack-mode", "protocol") and not isinstance(item, str):
-        return f"{key} should be binary, actually was {write_value(item)}"
-    if check == "queue" and len(item.encode()) > 255:
-        return f"{key} should be less than 255 bytes, actually was {write_value(item)}"
-    if check == "ack-mode" and item not in ACK_MODES:
-        return f"{key} should be one of {write_value(list(ACK_MODES))}, actually was {write_value(item)}"
-    if check == "protocol":
-        if item not in PROTOCOLS:
-            return f"{key} should be one of {write_value(list(PROTOCOLS))}, actually was {write_value(item)}"
-        if item != "amqp091":
-            return f"{key}: Warren's shovels speak amqp091 only, not {item}"
-    if check == "number" and (isinstance(item, bool) or not isinstance(item, (int, float)) or item < 0):
-        return f"{key} should be a number, actually was {write_value(item)}"
-    if check == "boolean" and not isinstance(item, bool):
-        return f"{key} should be boolean, actually was {write_value(item)}"
-    if check == "delete-after" and not (item in ("never", "queue-length") or (
-            isinstance(item, int) and not isinstance(item, bool) and item >= 0)):
-        return (f'{key} should be a number greater than or equal to 0, "never" or "queue-length", actually was '
-                f"{write_value(item)}")
-    if check == "table" and not isinstance(item, dict) and item != []:  # ([]: an empty proplist, as RabbitMQ takes)
-        return f"{key} should be a JSON object, actually was {write_value(item)}"
-    if check == "properties":
-        return _check_properties(key, item)
-    if check == "uri":
-        return _check_uris(key, item)
-    return None
-
-
-def _check_properties(key: str, item: Any) -> str | None:
-    if item == []:  # (an empty proplist, as RabbitMQ takes it)
-        return None
-    if not isinstance(item, dict):
-        return f"{key} should be a JSON object, actually was {write_value(item)}"
-    for name, value in item.items():
-        if name in STRING_PROPERTIES and not isinstance(value, str):
-            return f"{name} should be binary, actually was {write_value(value)}"
-        if name in NUMBER_PROPERTIES and (isinstance(value, bool) or not isinstance(value, int)):
-            return f"{name} should be a number, actually was {write_value(value)}"
-        if name not in STRING_PROPERTIES and name not in NUMBER_PROPERTIES:
-            return f"Unrecognised terms [{{{write_value(name)},{write_value(value)}}}] in {key}"
-    return None
-
-
-def _check_uris(key: str, item: Any) -> str | None:
-    uris = item if isinstance(item, list) else [item]
-    if not uris or not all(isinstance(uri, str) for uri in uris):
-        return f"{key} should be list, actually was {write_value(item)}"
-    for uri in uris:
-        try:
-            parse(uri)
-        except UriError as error:
-            return f'"{without_credentials(uri)}" not a valid URI: {error}'
-    return None
 
 
 def _shovel(vhost: str, name: str, value: dict) -> Shovel:
@@ -218,17 +173,3 @@ def _shovel(vhost: str, name: str, value: dict) -> Shovel:
         add_forward_headers=either("dest-add-forward-headers", False),
         add_timestamp_header=either("dest-add-timestamp-header", False),
         publish_properties=either("dest-publish-properties", {}) or {})
-
-
-def write_value(value: Any) -> str:
-    """A JSON value as RabbitMQ's texts print the Erlang term it becomes (~tp): a string as a binary, an object as
-    a map."""
-    if isinstance(value, str):
-        return pretty(value.encode(), 1)
-    if isinstance(value, (bool, int, float)):
-        return erlang_term(value)
-    if isinstance(value, list):
-        return "[" + ",".join(write_value(item) for item in value) + "]"
-    if isinstance(value, dict):
-        return "#{" + ",".join(f"{write_value(key)} => {write_value(item)}" for key, item in value.items()) + "}"
-    return "null"  # (JSON's null, as RabbitMQ's decoder gives it)

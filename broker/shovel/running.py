@@ -19,7 +19,7 @@ from typing import Callable
 
 from pamqp import commands as spec
 
-from broker.shovel.client import SIDE_CHANNEL, Content, Link, LinkError
+from broker.links.client import SIDE_CHANNEL, Content, Link, LinkError
 from broker.shovel.definition import Endpoint, Shovel
 from protocol.codec import LongLong, decode_properties, encode_header_payload
 from protocol.constants import NOT_FOUND, REPLY_SUCCESS
@@ -304,7 +304,8 @@ async def _connect(shovel: Shovel, side: str, local: tuple[str, int], **handlers
         if address.local:
             address = dataclasses.replace(address, host=local[0], port=local[1])
         try:
-            return await Link.open(address, address.connection_timeout, f"Shovel {shovel.name}", **handlers)
+            return await Link.open(address, address.connection_timeout, f"Shovel {shovel.name}", "Warren shovel",
+                                   **handlers)
         except LinkError as error:
             failures.append(str(error))
     raise LinkError(f"failed to connect to {side}: {'; '.join(failures)}")

@@ -17,8 +17,15 @@ NEVER = {
     "broker/model": ("broker.session", "broker.connection", "broker.management", "broker.workers", "cluster"),
     "broker/session": ("broker.connection", "broker.management", "broker.workers", "cluster"),
     "broker/connection": ("broker.management", "broker.workers", "cluster"),
+    # the links are clients of brokers, this one or others, over the network: they know nothing of a broker
+    "broker/links": ("broker.model", "broker.session", "broker.connection", "broker.management", "broker.workers",
+                     "broker.shovel", "broker.federation", "cluster"),
     # a shovel speaks to brokers over the network, as any client: it knows nothing of this broker's sessions
-    "broker/shovel": ("broker.session", "broker.connection", "broker.management", "broker.workers", "cluster"),
+    "broker/shovel": ("broker.session", "broker.connection", "broker.management", "broker.workers",
+                      "broker.federation", "cluster"),
+    # a federation link reads its upstream over the network and acts on this broker's model through its operations
+    "broker/federation": ("broker.session", "broker.connection", "broker.management", "broker.workers",
+                          "broker.shovel", "cluster"),
     # the broker knows nothing of the cluster above it (the supervisor starts a clustered node's workers by their
     # module's name: cluster.worker)
     "broker": ("cluster", "spark_connector"),

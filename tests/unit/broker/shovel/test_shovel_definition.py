@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from broker.shovel.definition import ShovelDefinitionError, checked
-from broker.shovel.uri import UriError, parse, without_credentials
+from broker.links.validation import DefinitionError
+from broker.shovel.definition import checked
+from broker.links.uri import UriError, parse, without_credentials
 
 BASE = {"src-uri": "amqp://h", "dest-uri": "amqp://h", "src-queue": "q"}
 
 
 def reasons(value: dict) -> list[str]:
-    with pytest.raises(ShovelDefinitionError) as refused:
+    with pytest.raises(DefinitionError) as refused:
         checked("/", "s", value)
     assert str(refused.value) == "Validation failed\n\n" + "".join(f"{reason}\n" for reason in refused.value.reasons)
     return refused.value.reasons

@@ -1,6 +1,7 @@
 """A client's end of one AMQP 0-9-1 connection with one channel, over asyncio: what a shovel speaks to its source
-and its destination. Frames are read and written by the protocol package; deliveries, confirms and returns are
-handed to the shovel as they are read (no task or future per message); a method that has a reply is awaited."""
+and its destination, and a federation link to its upstream. Frames are read and written by the protocol package;
+deliveries, confirms and returns are handed to their owner as they are read (no task or future per message); a
+method that has a reply is awaited."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Callable, cast
 from pamqp import commands as spec
 from pamqp.base import Frame
 
-from broker.shovel.uri import Address
+from broker.links.uri import Address
 from protocol.codec import decode_method, encode_content, encode_method
 from protocol.constants import (
     FRAME_BODY, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD, FRAME_MIN_SIZE, PROTOCOL_HEADER, REPLY_SUCCESS)
@@ -24,7 +25,7 @@ FRAME_MAX = 131072  # the largest frame the link asks for, and reads: a larger o
 REPLY_TIMEOUT = 30.0  # seconds a method's reply may take (a peer that never answers fails the link)
 HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
 CLIENT_PROPERTIES = {
-    "product": "Warren shovel", "platform": "Python",
+    "platform": "Python",
     "capabilities": {"publisher_confirms": True, "consumer_cancel_notify": True, "basic.nack": True,
                      "connection.blocked": True, "authentication_failure_close": True},
 }
@@ -63,9 +64,9 @@ class Link(asyncio.Protocol):
 
     # --- opening ----------------------------------------------------------------------------------------------
     @classmethod
-    async def open(cls, address: Address, timeout: float, name: str, **handlers) -> "Link":
-        """Connect as the connection name (shown by the peer's API), log in, open the vhost and the channel;
-        LinkError saying why not."""
+    async def open(cls, address: Address, timeout: float, name: str, product: str, **handlers) -> "Link":
+        """Connect as the connection name and product (shown by the peer's API), log in, open the vhost and the
+        channel; LinkError saying why not."""
         loop = asyncio.get_running_loop()
         link: Link | None = None
         try:
@@ -73,14 +74,14 @@ class Link(asyncio.Protocol):
             async with asyncio.timeout(timeout):
                 _, link = await loop.create_connection(lambda: cls(**handlers), address.host, address.port,
                                                        ssl=context)
-                await link._handshake(address, name)
+                await link._handshake(address, name, product)
         except (OSError, TimeoutError, ssl.SSLError, LinkError) as error:
             if link is not None:
                 link.close()
             raise LinkError(f"cannot connect to {address.shown}: {error or 'timed out'}") from None
         return link
 
-    async def _handshake(self, address: Address, name: str) -> None:
+    async def _handshake(self, address: Address, name: str, product: str) -> None:
         assert self.transport is not None
         self.transport.write(PROTOCOL_HEADER)
         start = await self._reply((spec.Connection.Start,))
@@ -88,7 +89,7 @@ class Link(asyncio.Protocol):
         if "PLAIN" not in mechanisms.split():
             raise LinkError(f"{address.shown} does not offer PLAIN authentication")
         response = f"\0{address.user}\0{address.password}"
-        properties = {**CLIENT_PROPERTIES, "connection_name": name}
+        properties = {**CLIENT_PROPERTIES, "product": product, "connection_name": name}
         tune = await self.call(spec.Connection.StartOk(client_properties=properties, mechanism="PLAIN",
                                                        response=response), spec.Connection.Tune, channel=0)
         self.frame_max = max(FRAME_MIN_SIZE, min(FRAME_MAX, tune.frame_max or FRAME_MAX))
@@ -137,10 +138,10 @@ class Link(asyncio.Protocol):
                                                                        mandatory=mandatory))
                              + encode_content(CHANNEL, header_payload, body, self.frame_max))
 
-    def close(self, reason: str = "closed by the shovel") -> None:
+    def close(self, reason: str = "closed by its owner") -> None:
         """Close the connection (its unacked deliveries go back to their queue) and say why it ended."""
         if self.transport is not None and not self.transport.is_closing():
-            self._write(0, spec.Connection.Close(reply_code=REPLY_SUCCESS, reply_text="shovel closing", class_id=0,
+            self._write(0, spec.Connection.Close(reply_code=REPLY_SUCCESS, reply_text="closing", class_id=0,
                                                  method_id=0))
             self.transport.close()
         self._end(reason)

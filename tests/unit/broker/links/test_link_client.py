@@ -1,4 +1,4 @@
-"""A shovel's client against a peer that misbehaves: every wait is bounded, and what it reads too."""
+"""The links' client against a peer that misbehaves: every wait is bounded, and what it reads too."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import asyncio
 import pytest
 from pamqp import commands as spec
 
-from broker.shovel import client
-from broker.shovel.client import Link, LinkError
-from broker.shovel.uri import parse
+from broker.links import client
+from broker.links.client import Link, LinkError
+from broker.links.uri import parse
 from protocol.codec import decode_method, encode_method
 from protocol.constants import FRAME_METHOD
 from protocol.framing import FrameReader
@@ -44,7 +44,7 @@ def test_a_peer_that_never_answers_a_method_fails_the_link_after_the_reply_timeo
 
     async def run() -> str:
         server, port = await peer(lambda writer: None)
-        link = await Link.open(parse(f"amqp://127.0.0.1:{port}"), 5, "Shovel s")
+        link = await Link.open(parse(f"amqp://127.0.0.1:{port}"), 5, "Shovel s", "Warren shovel")
         with pytest.raises(LinkError) as failed:
             await link.call(spec.Queue.Declare(queue="q", passive=True), spec.Queue.DeclareOk)
         server.close()
@@ -58,7 +58,7 @@ def test_a_frame_larger_than_the_link_reads_fails_it_without_reading_it_whole():
         huge = b"\x03\x00\x01" + (64 * 1024 * 1024).to_bytes(4, "big")  # a body frame of 64 MiB announced
         server, port = await peer(lambda writer: writer.write(huge + b"\x00" * 65536))
         with pytest.raises(LinkError) as failed:  # (it comes with the channel's open-ok)
-            await Link.open(parse(f"amqp://127.0.0.1:{port}"), 5, "Shovel s")
+            await Link.open(parse(f"amqp://127.0.0.1:{port}"), 5, "Shovel s", "Warren shovel")
         server.close()
         return str(failed.value)
 

@@ -1,0 +1,3 @@
+"""A broker's own client connections to brokers (this one or others), as shovels and federation links make them:
+the AMQP 0-9-1 client (client), AMQP URIs (uri) and RabbitMQ's checks of a runtime parameter's value
+(validation)."""
