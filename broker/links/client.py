@@ -15,7 +15,8 @@ from pamqp.base import Frame
 from broker.links.uri import Address
 from protocol.codec import decode_method, encode_content, encode_method
 from protocol.constants import (
-    FRAME_BODY, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD, FRAME_MIN_SIZE, PROTOCOL_HEADER, REPLY_SUCCESS)
+    FRAME_BODY, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD, FRAME_MIN_SIZE, NOT_FOUND, PROTOCOL_HEADER,
+    REPLY_SUCCESS)
 from protocol.errors import AMQPError
 from protocol.framing import FrameReader
 
@@ -38,6 +39,10 @@ class LinkError(Exception):
     """The connection failed or was closed; the text says how (a refusal, a close by the peer, a timeout)."""
 
 
+class Missing(LinkError):
+    """What a passive declare looked for is not there (404): the text is the peer's."""
+
+
 class Link(asyncio.Protocol):
     """One connection and its channel. ``on_content`` takes each delivery and return once whole, ``on_confirm``
     each basic.ack and basic.nack (delivery tag, multiple, acked), ``on_blocked`` the peer's connection.blocked
@@ -55,6 +60,7 @@ class Link(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed: asyncio.Future[str] = asyncio.get_running_loop().create_future()  # why it ended
         self.frame_max = FRAME_MAX  # as tuned with the peer
+        self.server_properties: dict = {}  # the peer's connection.start (its cluster_name names it to federation)
         self._reader = FrameReader(FRAME_MAX)
         self._waiting: tuple[asyncio.Future, tuple[type, ...]] | None = None  # a method's future and its replies
         self._content: list = []  # the method of a delivery or return being read, then its header payload, body parts
@@ -85,6 +91,7 @@ class Link(asyncio.Protocol):
         assert self.transport is not None
         self.transport.write(PROTOCOL_HEADER)
         start = await self._reply((spec.Connection.Start,))
+        self.server_properties = dict(start.server_properties or {})
         mechanisms = start.mechanisms.decode() if isinstance(start.mechanisms, bytes) else str(start.mechanisms)
         if "PLAIN" not in mechanisms.split():
             raise LinkError(f"{address.shown} does not offer PLAIN authentication")
@@ -124,6 +131,18 @@ class Link(asyncio.Protocol):
                 self._fail(f"no reply ({awaited}) within {REPLY_TIMEOUT:g} s")
             raise LinkError(self.closed.result())
         return future.result()
+
+    async def passive(self, declare: Frame, reply: type) -> Frame:
+        """The reply to a passive declare (of an exchange or a queue): Missing for a 404, LinkError for any other
+        refusal. It runs on a channel of its own, which a refusal closes, the link going on."""
+        await self.call(spec.Channel.Open(), spec.Channel.OpenOk, channel=SIDE_CHANNEL)
+        answer = await self.call(declare, reply, spec.Channel.Close, channel=SIDE_CHANNEL)
+        if isinstance(answer, spec.Channel.Close):
+            refusal = f"{answer.reply_code} {answer.reply_text}"
+            raise Missing(refusal) if answer.reply_code == NOT_FOUND else LinkError(refusal)
+        await self.call(spec.Channel.Close(reply_code=REPLY_SUCCESS, reply_text="", class_id=0, method_id=0),
+                        spec.Channel.CloseOk, channel=SIDE_CHANNEL)
+        return answer
 
     def send(self, method: Frame) -> None:
         """Send a method that has no reply (an ack, a nack)."""

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from broker.model.message import Message, QueueEntry
     from broker.model.queue import Queue
+    from broker.model.vhost import VirtualHost
 
 
 class DeliveryTarget(Protocol):
@@ -73,4 +74,14 @@ class ParameterComponent(Protocol):
 
     def changed(self, vhost: str, name: str, value: object) -> None:
         """The parameter was set to value, or cleared (None)."""
+        ...
+
+
+class TopologyWatcher(Protocol):
+    """What is told when a vhost's queues and exchanges may have changed in a way federation acts on (broker.federation):
+    one made or deleted, its policies applied again, an exchange's bindings changed. Told synchronously, in the
+    middle of the change: it notes the name and looks later."""
+
+    def topology_changed(self, vhost: "VirtualHost", kind: str, name: str) -> None:
+        """kind: "queues" or "exchanges" (as a policy's apply-to names them)."""
         ...

@@ -16,7 +16,7 @@ from broker.model.access import (
     DEFAULT_HASHING, HASHING_ALGORITHMS, Permission, User, hash_password, valid_password_hash,
 )
 from broker.model.counters import NodeCounters
-from broker.model.interfaces import ParameterComponent
+from broker.model.interfaces import ParameterComponent, TopologyWatcher
 from broker.model.keys import permission_key
 from broker.model.vhost import VirtualHost
 from protocol import errors
@@ -52,6 +52,7 @@ class Node:
         # its group (broker.workers.placement); a client sent by a record it has not learnt yet is told to come again
         self.serves: Callable[[str], bool] = lambda name: True
         self.parameter_components: dict[str, ParameterComponent] = {}  # component -> what runs its parameters
+        self.watcher: TopologyWatcher | None = None  # told of changes to every vhost's topology (federation)
 
     # --- durability ------------------------------------------------------------------------------------------
     def _record(self, kind: str, name: str, data: dict | None) -> None:
@@ -72,6 +73,7 @@ class Node:
         log.info("vhost %.200r %s", name, "added" if vhost is None else "updated")
         if vhost is None:
             vhost = self.vhosts[name] = VirtualHost(name, self.store, self, self.paging)
+            vhost.watcher = self.watcher
         vhost.description = description
         vhost.tags = list(tags or [])
         vhost.default_queue_type = default_queue_type
@@ -91,6 +93,12 @@ class Node:
         self._record("vhost", name, None)
         log.info("vhost %.200r deleted", name)
         return vhost
+
+    def watch(self, watcher: TopologyWatcher) -> None:
+        """Tell watcher of the topology changes of every vhost, those made later included."""
+        self.watcher = watcher
+        for vhost in self.vhosts.values():
+            vhost.watcher = watcher
 
     # --- runtime parameters -------------------------------------------------------------------------------
     def set_parameter(self, vhost_name: str, component: str, name: str, value: Any, user: str | None = None) -> bool:
@@ -235,6 +243,7 @@ class Node:
 
     def _restore_vhost(self, data: dict) -> None:
         vhost = self.vhosts[data["name"]] = VirtualHost(data["name"], self.store, self, self.paging)
+        vhost.watcher = self.watcher
         vhost.description = data.get("description", "")
         vhost.tags = list(data.get("tags", []))
         vhost.default_queue_type = data.get("default_queue_type")

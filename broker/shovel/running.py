@@ -19,10 +19,9 @@ from typing import Callable
 
 from pamqp import commands as spec
 
-from broker.links.client import SIDE_CHANNEL, Content, Link, LinkError
+from broker.links.client import Content, Link, LinkError, Missing
 from broker.shovel.definition import Endpoint, Shovel
 from protocol.codec import LongLong, decode_properties, encode_header_payload
-from protocol.constants import NOT_FOUND, REPLY_SUCCESS
 
 log = logging.getLogger(__name__)
 
@@ -314,17 +313,14 @@ async def _connect(shovel: Shovel, side: str, local: tuple[str, int], **handlers
 async def _ensure_queue(link: Link, endpoint: Endpoint, side: str) -> int:
     """The endpoint's queue, declared durable if it is missing (unless predeclared); its ready messages."""
     assert endpoint.queue is not None
-    await link.call(spec.Channel.Open(), spec.Channel.OpenOk, channel=SIDE_CHANNEL)
-    found = await link.call(spec.Queue.Declare(queue=endpoint.queue, passive=True), spec.Queue.DeclareOk,
-                            spec.Channel.Close, channel=SIDE_CHANNEL)
-    if isinstance(found, spec.Queue.DeclareOk):
-        await link.call(spec.Channel.Close(reply_code=REPLY_SUCCESS, reply_text="", class_id=0, method_id=0),
-                        spec.Channel.CloseOk, channel=SIDE_CHANNEL)
+    try:
+        found = await link.passive(spec.Queue.Declare(queue=endpoint.queue, passive=True), spec.Queue.DeclareOk)
         return found.message_count
-    if found.reply_code != NOT_FOUND or endpoint.predeclared:
-        raise LinkError(f"failed to set up topology: the {side}'s queue {endpoint.queue!r}: {found.reply_code} "
-                        f"{found.reply_text}")
+    except Missing as missing:
+        if endpoint.predeclared:
+            raise LinkError(f"failed to set up topology: the {side}'s queue {endpoint.queue!r}: {missing}") from None
+    except LinkError as error:
+        raise LinkError(f"failed to set up topology: the {side}'s queue {endpoint.queue!r}: {error}") from None
     await link.call(spec.Queue.Declare(queue=endpoint.queue, durable=True, arguments=endpoint.queue_args),
                     spec.Queue.DeclareOk)
     return 0
-
