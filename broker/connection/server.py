@@ -27,6 +27,7 @@ from broker.model.definitions import DefinitionsError, import_definitions
 from broker.model.durability import held_vhosts, restore
 from broker.model.features.paging import Paging
 from broker.model.node import Node
+from broker.federation.component import Federation
 from broker.shovel.component import Shovels
 from broker.session.limits import ChannelLimits
 from storage.format import UnsupportedFormat
@@ -154,6 +155,7 @@ class Server:
         if role is not None:
             self.node.serves = role.serves
         self.shovels = Shovels(self.node, config.cluster_name, self._loopback)  # run while this server serves
+        self.federation = Federation(self.node, config.cluster_name)  # its links too
         self.connections: set[Connection] = set()
         self.version = version()
         self.platform = platform_name()
@@ -228,6 +230,7 @@ class Server:
                 log.info("Warren %s listening on %s:%d%s", self.version, host, port, what)
         self.serving = True
         self.shovels.start()
+        self.federation.start()
 
     async def _listen(self, port: int, tls: ssl.SSLContext | None = None) -> asyncio.base_events.Server:
         host = self.config.host
@@ -337,6 +340,7 @@ class Server:
         for them to go (a cluster leader that lost its lease gives none)."""
         served, self.serving = self.serving, False
         self.shovels.stop()
+        self.federation.stop()
         for listener in (self.listener, self.tls_listener):
             if listener is not None:
                 listener.close()

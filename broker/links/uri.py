@@ -44,8 +44,8 @@ class Address:
         return f"{'amqps' if self.tls else 'amqp'}://{self.host}:{self.port}/{quote(self.vhost, safe='')}"
 
 
-def parse(uri: str) -> Address:
-    """The address a URI names; UriError if it names none."""
+def parse(uri: str, default_vhost: str = "/") -> Address:
+    """The address a URI names (a URI without a path: default_vhost); UriError if it names none."""
     try:
         parts = urlsplit(uri)
         port = parts.port
@@ -70,7 +70,7 @@ def parse(uri: str) -> Address:
     if value.get("verify", "verify_peer") not in VERIFY:
         raise UriError("verify must be verify_peer or verify_none")
     path = parts.path
-    vhost = "/" if not path else unquote(path[1:])
+    vhost = default_vhost if not path else unquote(path[1:])
     return Address(
         host=parts.hostname or "", port=port or DEFAULT_PORTS[parts.scheme], vhost=vhost, local=not parts.hostname,
         user=unquote(parts.username) if parts.username is not None else "guest",

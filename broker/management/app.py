@@ -18,8 +18,8 @@ from broker.management.forwarding import GROUP, NODE_ITSELF
 from broker.management.rates import Rates
 from broker.management.resources import api_error
 from broker.management.views import (
-    bindings, connections, definitions, exchanges, health, leadership, nodes, overview, parameters, permissions,
-    policies, queues, shovels, users, vhosts,
+    bindings, connections, definitions, exchanges, federation, health, leadership, nodes, overview, parameters,
+    permissions, policies, queues, shovels, users, vhosts,
 )
 
 from protocol import node_proof
@@ -34,8 +34,8 @@ failed_logins = LoginThrottle()  # consecutive refused logins per address, to an
 
 CONSOLE = Path(__file__).parent / "console"  # the web console's static files (no build step)
 
-VIEWS = (overview, nodes, vhosts, leadership, users, permissions, policies, parameters, shovels, exchanges, queues,
-         bindings, connections, definitions, health)
+VIEWS = (overview, nodes, vhosts, leadership, users, permissions, policies, parameters, shovels, federation,
+         exchanges, queues, bindings, connections, definitions, health)
 HEALTH_CHECKS = "/api/health/checks/"  # the paths whose failures take RabbitMQ's health-check shape
 NOT_SERVING = "the broker on this node is not serving: it is starting or stopping"  # the reason of a 503 meanwhile
 

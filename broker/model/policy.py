@@ -32,7 +32,7 @@ class PolicyError(ValueError):
 class PolicyKey(NamedTuple):
     valid: Callable[[object], bool]  # whether a JSON value is acceptable
     refusal: str  # RabbitMQ's text after the printed value when it is not
-    kind: str  # "queues" or "exchanges": what it configures
+    kind: str  # "queues" or "exchanges": what it configures ("any": neither's settings, read by federation)
     lowest_wins: bool  # True: the lower of policy, operator policy and argument applies; else the argument wins
     operator: bool  # an operator policy may set it
     # (policy value, operator policy value) -> the one that applies, where it is not the lower one
@@ -51,6 +51,16 @@ def _one_of(*allowed: str) -> Callable[[object], bool]:
 
 def _name(value) -> bool:
     return isinstance(value, str)
+
+
+def _pattern(value) -> bool:
+    if not isinstance(value, str):
+        return False
+    try:
+        compile_pattern(value)
+    except (PatternError, re.error):
+        return False
+    return True
 
 
 def _integer(value) -> bool:
@@ -102,7 +112,13 @@ KEYS: dict[str, PolicyKey] = {
                                    "integer", "queues", True, True, max),  # an operator raises the minimum
     "delayed-retry-max": PolicyKey(_integer_from(1), "is not a valid delayed retry maximum delay. Must be a positive "
                                    "integer", "queues", True, True),
+    # federation (broker.federation): which upstreams a queue or exchange receives from; one of the three at most
+    "federation-upstream": PolicyKey(_name, "is not a valid federation upstream name", "any", False, False),
+    "federation-upstream-set": PolicyKey(_name, "is not a valid federation upstream set name", "any", False, False),
+    "federation-upstream-pattern": PolicyKey(_pattern, "is not a valid federation upstream pattern name", "any",
+                                             False, False),
 }
+FEDERATION_KEYS = ("federation-upstream", "federation-upstream-set", "federation-upstream-pattern")
 
 
 class Policy:
@@ -148,6 +164,9 @@ def _check_definition(definition, operator: bool) -> None:
     if not definition:
         raise PolicyError("no policy provided")
     allowed = {key for key, spec in KEYS.items() if spec.operator or not operator}
+    if sum(key in definition for key in FEDERATION_KEYS) >= 2:
+        raise PolicyError("cannot specify federation-upstream, federation-upstream-set or federation-upstream-pattern "
+                          "together")
     for key in sorted(definition):
         if key in allowed and not KEYS[key].valid(definition[key]):
             raise PolicyError(f"{erlang_json(definition[key])} {KEYS[key].refusal}")

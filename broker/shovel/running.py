@@ -20,6 +20,8 @@ from typing import Callable
 from pamqp import commands as spec
 
 from broker.links.client import Content, Link, LinkError, Missing
+from broker.links.headers import prepend_table
+from broker.links.status import local_timestamp
 from broker.shovel.definition import Endpoint, Shovel
 from protocol.codec import LongLong, decode_properties, encode_header_payload
 
@@ -256,11 +258,7 @@ class RunningShovel:
                    "shovel-vhost": shovel.vhost, "src-uri": shovel.src_uri, "dest-uri": shovel.dest_uri,
                    **{key.replace("_", "-"): value for key, value in shovel.source.shown("src").items()},
                    **{key.replace("_", "-"): value for key, value in shovel.destination.shown("dest").items()}}
-            earlier = headers.get("x-shovelled")
-            if earlier is not None and not isinstance(earlier, list):
-                headers["x-invalid-headers"] = {**(headers.get("x-invalid-headers") or {}), "x-shovelled": earlier}
-                earlier = None
-            headers["x-shovelled"] = [hop, *(earlier or [])]
+            prepend_table(headers, "x-shovelled", hop)
         if shovel.add_timestamp_header:
             headers["x-shovelled-timestamp"] = LongLong(time.time())  # (a long, as RabbitMQ's)
         properties.headers = headers or None
@@ -288,11 +286,9 @@ class RunningShovel:
 
 
 def status_entry(vhost: str, name: str, since: float) -> dict:
-    """What every shovel's entry in GET /api/shovels has: RabbitMQ's keys, its timestamp of the last change of state
-    (local time, the hour not padded)."""
-    moment = time.localtime(since)
-    return {"name": name, "vhost": vhost, "type": "dynamic",
-            "timestamp": time.strftime("%Y-%m-%d ", moment) + f"{moment.tm_hour}:" + time.strftime("%M:%S", moment)}
+    """What every shovel's entry in GET /api/shovels has: RabbitMQ's keys, its timestamp of the last change of
+    state."""
+    return {"name": name, "vhost": vhost, "type": "dynamic", "timestamp": local_timestamp(since)}
 
 
 async def _connect(shovel: Shovel, side: str, local: tuple[str, int], **handlers) -> Link:

@@ -1,0 +1,173 @@
+"""Federation in a broker: the components of the runtime parameters "federation-upstream" and
+"federation-upstream-set", and the links that the policies ask for. A queue or exchange whose policy has
+federation-upstream, federation-upstream-set or federation-upstream-pattern gets a link per upstream named; links run
+while this process serves the vhost (one process of a node of workers, the leader of the vhost's group in a
+cluster: so one link runs in the whole cluster, and moves with the vhost's leadership).
+
+The component learns of changes as the model makes them (broker.model.interfaces.TopologyWatcher): a queue or
+exchange made or deleted, a policy applied, an exchange's bindings changed; it looks at what changed on the next
+turn of the loop, and starts, stops or updates the links of that object only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Coroutine
+
+from broker.federation.exchange_link import ExchangeLink
+from broker.federation.link import FederationLink
+from broker.federation.queue_link import QueueLink
+from broker.federation.upstream import UPSTREAM, UPSTREAM_SET, Upstream, check_set, check_upstream, upstreams_for
+from broker.model.access import InternalAccess
+from broker.model.node import Node
+from broker.model.operations import Actor
+from broker.model.policy import merged_definition
+from broker.model.stream import Stream
+from broker.model.vhost import OPERATOR_OWNER, VirtualHost
+
+log = logging.getLogger(__name__)
+
+INTERNAL_PURPOSE = "x-internal-purpose"  # an argument of what links declare: never federated itself
+
+
+class Federation:
+    """Both components (broker.model.interfaces.ParameterComponent), the topology watcher, and the links."""
+
+    def __init__(self, node: Node, cluster_name: str) -> None:
+        self.node = node
+        self.cluster_name = cluster_name  # named upstream as the downstream of every link
+        # (vhost, "exchanges" or "queues", name) -> upstream name -> its link at work
+        self.links: dict[tuple[str, str, str], dict[str, FederationLink]] = {}
+        # (vhost, kind) -> names of objects whose links are looked at on the next turn of the loop
+        self.pending_names: dict[tuple[str, str], set[str]] = {}
+        self.looking: asyncio.Handle | None = None  # the next turn's look, once scheduled
+        self.started = False  # start() has run: changes start links at once (before, start() does)
+        self.cleaning: set[asyncio.Task] = set()  # removed links deleting what they declared upstream
+        node.parameter_components[UPSTREAM] = self
+        node.parameter_components[UPSTREAM_SET] = _UpstreamSets(self)
+        node.watch(self)
+
+    # --- broker.model.interfaces.ParameterComponent (federation-upstream) ----------------------------------
+    def check(self, vhost: str, name: str, value: object, user: str | None) -> None:
+        check_upstream(name, value)
+
+    def changed(self, vhost: str, name: str, value: object) -> None:
+        self.look_at_vhost(vhost)
+
+    # --- broker.model.interfaces.TopologyWatcher ------------------------------------------------------------
+    def topology_changed(self, vhost: VirtualHost, kind: str, name: str) -> None:
+        if not self.started:
+            return
+        self.pending_names.setdefault((vhost.name, kind), set()).add(name)
+        if self.looking is None:
+            self.looking = asyncio.get_running_loop().call_soon(self._look)
+
+    def look_at_vhost(self, vhost_name: str) -> None:
+        """Every federated object of a vhost is looked at again (an upstream or a set changed)."""
+        vhost = self.node.vhosts.get(vhost_name)
+        for kind, names in (("exchanges", vhost.exchanges if vhost else {}), ("queues", vhost.queues if vhost else {})):
+            for name in [*names, *(key[2] for key in self.links if key[:2] == (vhost_name, kind))]:
+                if vhost is not None:
+                    self.topology_changed(vhost, kind, name)
+                else:
+                    self._set_links((vhost_name, kind, name), [], "")
+
+    def _look(self) -> None:
+        self.looking = None
+        pending, self.pending_names = self.pending_names, {}
+        for (vhost_name, kind), names in pending.items():
+            for name in names:
+                self._reconcile(vhost_name, kind, name)
+
+    def _reconcile(self, vhost_name: str, kind: str, name: str) -> None:
+        """Start, stop or update the links of one queue or exchange to what its policy asks for now."""
+        vhost = self.node.vhosts.get(vhost_name)
+        target = None
+        if vhost is not None and self.started and self.node.serves(vhost_name):
+            target = (vhost.exchanges if kind == "exchanges" else vhost.queues).get(name)
+        wanted: list[Upstream] = []
+        policy = ""
+        if target is not None and name != "" and INTERNAL_PURPOSE not in target.arguments and not isinstance(
+                target, Stream):  # (a stream is not federated, as in RabbitMQ)
+            definition = merged_definition(target.policy, target.operator_policy)
+            policy = target.policy.name if target.policy is not None else ""
+            wanted = upstreams_for(vhost.parameters, definition, kind, name)
+        self._set_links((vhost_name, kind, name), wanted, policy)
+        links = self.links.get((vhost_name, kind, name))
+        if kind == "exchanges" and links:
+            for link in links.values():
+                assert isinstance(link, ExchangeLink)
+                link.topology_changed()
+
+    def _set_links(self, key: tuple[str, str, str], wanted: list[Upstream], policy: str) -> None:
+        links = self.links.setdefault(key, {})
+        wanted_by_name = {upstream.name: upstream for upstream in wanted}
+        for upstream_name, link in list(links.items()):
+            if wanted_by_name.get(upstream_name) != link.upstream or link.policy != policy:
+                del links[upstream_name]
+                if upstream_name in wanted_by_name:
+                    link.stop()  # (replaced below, what it declared upstream kept)
+                else:
+                    self._keep(link.remove())
+                    log.info("federation link of %s %r in vhost %r from upstream %r removed", link.kind, link.name,
+                             key[0], upstream_name)
+        vhost = self.node.vhosts.get(key[0])
+        for upstream_name, upstream in wanted_by_name.items():
+            if upstream_name not in links and vhost is not None:
+                actor = Actor(vhost, InternalAccess(self.node, vhost.name), OPERATOR_OWNER)
+                kind = ExchangeLink if key[1] == "exchanges" else QueueLink
+                links[upstream_name] = kind(actor, key[2], upstream, policy, self.cluster_name)
+        if not links:
+            del self.links[key]
+
+    # --- the broker's start and stop --------------------------------------------------------------------------
+    def start(self) -> None:
+        """Run the links of the vhosts this process serves (once it serves)."""
+        self.started = True
+        for vhost in self.node.vhosts.values():
+            self.look_at_vhost(vhost.name)
+
+    def stop(self) -> None:
+        """Stop every link, leaving what they declared upstream (the next start goes on reading it)."""
+        self.started = False
+        for links in self.links.values():
+            for link in links.values():
+                link.stop()
+        self.links.clear()
+
+    def _keep(self, work: Coroutine) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self.cleaning.add(task)  # (the loop keeps tasks by weak references)
+        task.add_done_callback(self.cleaning.discard)
+
+    # --- what the API asks ------------------------------------------------------------------------------------
+    def status(self, vhost: str | None = None) -> list[dict]:
+        """The links' entries in GET /api/federation-links (of one vhost, or all), by vhost, object and upstream
+        (the API adds the node's name)."""
+        return [link.entry() for key, links in sorted(self.links.items()) if vhost is None or key[0] == vhost
+                for _, link in sorted(links.items())]
+
+    def restart(self, vhost: str, link_id: str) -> bool:
+        """Start a link again at once; False if none runs here with that id."""
+        for key, links in self.links.items():
+            for upstream_name, link in links.items():
+                if key[0] == vhost and link.id == link_id:
+                    link.stop()
+                    links[upstream_name] = type(link)(link.actor, link.name, link.upstream, link.policy,
+                                                      self.cluster_name)
+                    return True
+        return False
+
+
+class _UpstreamSets:
+    """The federation-upstream-set component: its values are checked, and a change looks at the vhost again."""
+
+    def __init__(self, federation: Federation) -> None:
+        self.federation = federation
+
+    def check(self, vhost: str, name: str, value: object, user: str | None) -> None:
+        check_set(name, value)
+
+    def changed(self, vhost: str, name: str, value: object) -> None:
+        self.federation.look_at_vhost(vhost)
