@@ -37,8 +37,9 @@ class Federation:
     def __init__(self, node: Node, cluster_name: str) -> None:
         self.node = node
         self.cluster_name = cluster_name  # named upstream as the downstream of every link
-        # (vhost, "exchanges" or "queues", name) -> upstream name -> its link at work
-        self.links: dict[tuple[str, str, str], dict[str, FederationLink]] = {}
+        # (vhost, "exchanges" or "queues", name) -> (upstream, its exchange or queue) -> its link at work (a set may
+        # name one upstream twice, with two exchanges or queues: two links)
+        self.links: dict[tuple[str, str, str], dict[tuple[str, str], FederationLink]] = {}
         # (vhost, kind) -> names of objects whose links are looked at on the next turn of the loop
         self.pending_names: dict[tuple[str, str], set[str]] = {}
         self.looking: asyncio.Handle | None = None  # the next turn's look, once scheduled
@@ -102,22 +103,23 @@ class Federation:
 
     def _set_links(self, key: tuple[str, str, str], wanted: list[Upstream], policy: str) -> None:
         links = self.links.setdefault(key, {})
-        wanted_by_name = {upstream.name: upstream for upstream in wanted}
-        for upstream_name, link in list(links.items()):
-            if wanted_by_name.get(upstream_name) != link.upstream or link.policy != policy:
-                del links[upstream_name]
-                if upstream_name in wanted_by_name:
+        read = (lambda upstream: upstream.exchange) if key[1] == "exchanges" else (lambda upstream: upstream.queue)
+        wanted_by_key = {(upstream.name, read(upstream)): upstream for upstream in wanted}
+        for link_key, link in list(links.items()):
+            if wanted_by_key.get(link_key) != link.upstream or link.policy != policy:
+                del links[link_key]
+                if link_key in wanted_by_key:
                     link.stop()  # (replaced below, what it declared upstream kept)
                 else:
                     self._keep(link.remove())
                     log.info("federation link of %s %r in vhost %r from upstream %r removed", link.kind, link.name,
-                             key[0], upstream_name)
+                             key[0], link_key[0])
         vhost = self.node.vhosts.get(key[0])
-        for upstream_name, upstream in wanted_by_name.items():
-            if upstream_name not in links and vhost is not None:
+        for link_key, upstream in wanted_by_key.items():
+            if link_key not in links and vhost is not None:
                 actor = Actor(vhost, InternalAccess(self.node, vhost.name), OPERATOR_OWNER)
                 kind = ExchangeLink if key[1] == "exchanges" else QueueLink
-                links[upstream_name] = kind(actor, key[2], upstream, policy, self.cluster_name)
+                links[link_key] = kind(actor, key[2], upstream, policy, self.cluster_name)
         if not links:
             del self.links[key]
 
@@ -151,10 +153,10 @@ class Federation:
     def restart(self, vhost: str, link_id: str) -> bool:
         """Start a link again at once; False if none runs here with that id."""
         for key, links in self.links.items():
-            for upstream_name, link in links.items():
+            for link_key, link in links.items():
                 if key[0] == vhost and link.id == link_id:
                     link.stop()
-                    links[upstream_name] = type(link)(link.actor, link.name, link.upstream, link.policy,
+                    links[link_key] = type(link)(link.actor, link.name, link.upstream, link.policy,
                                                       self.cluster_name)
                     return True
         return False

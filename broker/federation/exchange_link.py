@@ -23,6 +23,7 @@ from broker.links.headers import prepend_table
 from broker.model.exchange import canonical_arguments
 
 BOUND_FROM = "x-bound-from"  # a mirrored binding's argument: where it came from, and the hops it may still travel
+MAX_QUEUE_NAME = 253  # bytes: the internal exchange's name adds a suffix, and a name is a short string (255)
 PURPOSE = {"x-internal-purpose": "federation"}  # marks what a link declares upstream (never federated itself)
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,9 @@ class ExchangeLink(FederationLink):
                 auto_delete=exchange.auto_delete, internal=exchange.internal, arguments=exchange.arguments),
                 spec.Exchange.DeclareOk)
         queue = self.queue
+        if len(queue.encode()) > MAX_QUEUE_NAME:
+            raise LinkError(f"the upstream queue's name would be {len(queue.encode())} bytes long, over "
+                            f"{MAX_QUEUE_NAME}: {queue[:80]!r}...")
         old = await self._current_suffix(link, queue)
         self.suffix = "B" if old == "A" else "A"
         self.internal = f"{queue} {self.suffix}"
@@ -154,7 +158,7 @@ class ExchangeLink(FederationLink):
         if isinstance(hops, list) and (len(hops) >= self.upstream.max_hops
                                        or already_seen(self.cluster_name, self.vhost.name, hops)):
             return None
-        hop = {"uri": self.uri, "exchange": self.upstream.exchange, "redelivered": deliver.redelivered}
+        hop = {"uri": self.uri, "exchange": self.name, "redelivered": deliver.redelivered}  # (the federated one's)
         if self.upstream_cluster:
             hop["cluster-name"] = self.upstream_cluster
         hop["vhost"] = self.upstream_vhost

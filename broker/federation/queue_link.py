@@ -70,10 +70,10 @@ class QueueLink(FederationLink):
 
     def _target(self, deliver: spec.Basic.Deliver, headers: dict) -> tuple[str, str] | None:
         hops = headers.get(RECEIVED_FROM)
-        hop = {"uri": self.uri, "queue": self.upstream.queue, "redelivered": deliver.redelivered}
-        if isinstance(hops, list):  # (visited before: this upstream's hop is counted, and moves first)
+        hop = {"uri": self.uri, "queue": self.name, "redelivered": deliver.redelivered}  # (the federated one's)
+        if isinstance(hops, list):  # (visited before: this link's hop is counted, and moves first)
             earlier = [item for item in hops if isinstance(item, dict) and item.get("uri") == self.uri
-                       and item.get("queue") == self.upstream.queue]
+                       and item.get("queue") == self.name]
             visits = earlier[0].get("visit-count", 0) if earlier else 0
             hops = [item for item in hops if not any(item is seen for seen in earlier)]
         else:  # (the first hop, or a header a client set: where the message was published is kept)

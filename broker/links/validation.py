@@ -22,8 +22,9 @@ class DefinitionError(ValueError):
 
 
 def proplist(name: str, value: Any, checks: dict[str, Check], mandatory: tuple[str, ...]) -> list[str]:
-    """Why a JSON object is not a definition whose keys have these checks (rabbit_parameter_validation:proplist):
-    unknown keys, missing mandatory ones, then each key's refusal, in the order of checks."""
+    """Why a JSON object is not a definition whose keys have these checks, in RabbitMQ's order
+    (rabbit_parameter_validation:proplist): unknown keys first, then each key's refusal or absence (a mandatory one)
+    from the last check to the first."""
     if not isinstance(value, dict):
         return [f"{name} should be a JSON object, actually was {write_value(value)}"]
     reasons = []
@@ -31,14 +32,13 @@ def proplist(name: str, value: Any, checks: dict[str, Check], mandatory: tuple[s
     if unknown:
         terms = "[" + ",".join(f"{{{write_value(key)},{write_value(item)}}}" for key, item in unknown) + "]"
         reasons.append(f"Unrecognised terms {terms} in {name}")
-    for key in mandatory:
-        if key not in value:
-            reasons.append(f'Key "{key}" not found in {name}')
-    for key, check in checks.items():
+    for key, check in reversed(checks.items()):
         if key in value:
             reason = check(key, value[key])
             if reason:
                 reasons.append(reason)
+        elif key in mandatory:
+            reasons.append(f'Key "{key}" not found in {name}')
     return reasons
 
 

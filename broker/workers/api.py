@@ -65,6 +65,7 @@ GATHERED: dict[str, tuple[Callable[[list[dict]], list[dict]], bool]] = {
     "/api/parameters/{component}": (lambda items: http.sorted_by(items, "vhost", "name"), False),
     "/api/shovels": (lambda items: http.sorted_by(items, "vhost", "name"), False),
     "/api/federation-links": (lambda items: http.sorted_by(items, "vhost"), False),
+    "/api/federation-links/state/down": (lambda items: http.sorted_by(items, "vhost"), False),
 }
 FOUND_ON_ONE = frozenset(("/api/connections/{name}", "/api/connections/{name}/channels", "/api/channels/{name}"))
 GROUP = "/api/vhosts/{vhost}/group"  # a vhost's data moved to another worker's group (PUT), by the supervisor

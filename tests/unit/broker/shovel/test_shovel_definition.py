@@ -46,7 +46,7 @@ def test_the_old_names_count_and_the_prefixed_ones_win():
     ({**BASE, "src-exchange": "x"}, ["Cannot specify 'src-exchange' and 'src-queue'"]),
     ({**BASE, "dest-exchange": "x", "dest-queue": "y"}, ["Cannot specify 'dest-exchange' and 'dest-queue'"]),
     ({**BASE, "ack-mode": "no-ack", "src-delete-after": 5}, ["Cannot specify 'no-ack' and numerical 'delete-after'"]),
-    ({"src-queue": "q"}, ['Key "src-uri" not found in s', 'Key "dest-uri" not found in s']),
+    ({"src-queue": "q"}, ['Key "dest-uri" not found in s', 'Key "src-uri" not found in s']),  # (last check first)
     ({**BASE, "bogus": 1}, ['Unrecognised terms [{<<"bogus">>,1}] in s']),
     ({**BASE, "ack-mode": "x"},
      ['ack-mode should be one of [<<"no-ack">>,<<"on-publish">>,<<"on-confirm">>], actually was <<"x">>']),
