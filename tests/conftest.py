@@ -51,7 +51,7 @@ def pytest_sessionstart(session) -> None:
 # tests in one process, so that no two start a node on one port, nor three nodes run at once on a small machine.
 SERIAL_GROUPS = ["spark", "cluster", "rabbitmq"]
 FIRST_IN_GROUP = {"test_stream_exactly_once.py"}
-REFERENCE_MODULES = {"test_definitions.py", "test_shovel_migration.py", "test_federation_upstream.py"}
+REFERENCE_MODULES = {"test_definitions.py", "test_shovel_migration.py", "test_federation_with_rabbitmq.py"}
 
 
 def serial_group(path: Path) -> str | None:

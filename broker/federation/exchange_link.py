@@ -21,6 +21,7 @@ from broker.federation.link import RECEIVED_FROM, FederationLink, already_seen
 from broker.links.client import Link, LinkError, Missing
 from broker.links.headers import prepend_table
 from broker.model.exchange import canonical_arguments
+from protocol.codec import LongLong
 
 BOUND_FROM = "x-bound-from"  # a mirrored binding's argument: where it came from, and the hops it may still travel
 MAX_QUEUE_NAME = 253  # bytes: the internal exchange's name adds a suffix, and a name is a short string (255)
@@ -71,12 +72,14 @@ class ExchangeLink(FederationLink):
         await link.call(spec.Exchange.Delete(exchange=self.internal), spec.Exchange.DeleteOk)
         await link.call(spec.Exchange.Declare(
             exchange=self.internal, exchange_type="x-federation-upstream", durable=True, internal=True,
-            auto_delete=True, arguments={"x-max-hops": upstream.max_hops, "x-downstream-name": self.cluster_name,
+            auto_delete=True, arguments={"x-max-hops": LongLong(upstream.max_hops),
+                                         "x-downstream-name": self.cluster_name,
                                          "x-downstream-vhost": self.vhost.name, **PURPOSE}),
             spec.Exchange.DeclareOk)
-        arguments = {"x-expires": upstream.expires, "x-message-ttl": upstream.message_ttl, **PURPOSE}
+        arguments = {"x-expires": upstream.expires, "x-message-ttl": upstream.message_ttl}
         await link.call(spec.Queue.Declare(queue=queue, durable=True, arguments={
-            key: value for key, value in arguments.items() if value is not None}), spec.Queue.DeclareOk)
+            **{key: LongLong(value) for key, value in arguments.items() if value is not None}, **PURPOSE}),
+            spec.Queue.DeclareOk)
         await link.call(spec.Queue.Bind(queue=queue, exchange=self.internal), spec.Queue.BindOk)
         self.bound = {}
         await self._mirror_bindings(link)

@@ -21,15 +21,38 @@ REFERENCE_SCRIPT = REPO_ROOT / "tools" / "rabbitmq-ref"
 
 
 class Reference:
-    """A RabbitMQ 3.10 started by rabbitmq-ref with its management API."""
+    """A RabbitMQ 3.10 started by rabbitmq-ref with its management API, its state under root (kept across a
+    restart)."""
 
-    def __init__(self, port: int):
+    def __init__(self, port: int, root: Path, options: tuple[str, ...]):
         self.host, self.port = "127.0.0.1", port
         self.management_url = f"http://127.0.0.1:{port + 10000}"
+        self.root = root
+        self.options = options  # rabbitmq-ref's, beside --management
+        self.process: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
         return f"amqp://guest:guest@{self.host}:{self.port}/%2F"
+
+    def start(self) -> None:
+        with open(self.root / "rabbitmq.log", "ab") as log:
+            self.process = subprocess.Popen(
+                [str(REFERENCE_SCRIPT), str(self.port), str(self.root / "node"), "--management", *self.options],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        # (the management plugin listens before the AMQP listener, which RabbitMQ starts last)
+        for listener in (self.port + 10000, self.port):
+            wait_for_port("127.0.0.1", listener, self.process, timeout=60)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            stop_reference(self.process, self.root / "node" / "pid", self.port)
+            self.process = None
+
+    def restart(self) -> None:
+        """Stopped and started again on the same state: what was durable is there again."""
+        self.stop()
+        self.start()
 
 
 @contextlib.contextmanager
@@ -44,17 +67,12 @@ def reference_rabbitmq(port: int, *options: str) -> Iterator[Reference]:
         pytest.skip(f"port {port} or {port + 10000} is taken: the reference RabbitMQ needs both")
     root = Path(tempfile.mkdtemp(prefix="warren-reference-"))
     root.chmod(0o755)  # the node may run as the rabbitmq user, who must reach its data dir
-    log = open(root / "rabbitmq.log", "wb")
-    process = subprocess.Popen([str(REFERENCE_SCRIPT), str(port), str(root / "node"), "--management", *options],
-                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    log.close()
+    node = Reference(port, root, options)
     try:
-        # (the management plugin listens before the AMQP listener, which RabbitMQ starts last)
-        for listener in (port + 10000, port):
-            wait_for_port("127.0.0.1", listener, process, timeout=60)
-        yield Reference(port)
+        node.start()
+        yield node
     finally:
-        stop_reference(process, root / "node" / "pid", port)
+        node.stop()
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -62,10 +80,19 @@ def stop_reference(process: subprocess.Popen, pid_file: Path, port: int, timeout
     """Stop the node through the pid it wrote (rabbitmq-server runs it under su, in a session of its own, which
     a signal to the launcher's process group would not reach), then the launcher."""
     if pid_file.exists():
-        os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
+        pid = int(pid_file.read_text().strip())
+        os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        while listening(port) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        while (listening(port) or _alive(pid)) and time.monotonic() < deadline:
+            time.sleep(0.2)  # (until the node's VM is gone: a restart needs its distribution port free)
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

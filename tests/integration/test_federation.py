@@ -233,8 +233,9 @@ def test_a_federated_queue_takes_messages_only_while_a_consumer_waits(broker, fe
                  until=lambda n: n == 20)
         ch.basic_cancel(tag)
         assert received == [b"%d" % number for number in range(20)]
-        wait_for(lambda: management.request(broker, "GET", f"/api/queues/%2F/{up}").body["consumers"],
-                 LINK_TIMEOUT, "the link's consumer upstream cancelled", until=lambda n: n == 0)
+        wait_for(lambda: [consumer for consumer in management.request(broker, "GET", "/api/consumers/%2F").body
+                          if consumer["queue"]["name"] == up], LINK_TIMEOUT, "the link's consumer upstream cancelled",
+                 until=lambda consumers: consumers == [])
         ch.basic_publish("", up, b"while no consumer waits", pika.BasicProperties(delivery_mode=2))
         method, got, body = ch.basic_get(up, auto_ack=True)  # (still upstream: nothing downstream wanted it)
         assert body == b"while no consumer waits"
