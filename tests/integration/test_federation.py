@@ -6,6 +6,7 @@ exchange or queue of the same vhost, named by the upstream's "exchange" or "queu
 from __future__ import annotations
 
 import hashlib
+import threading
 
 import pika
 import pytest
@@ -371,3 +372,77 @@ def test_definitions_rabbitmq_refuses_are_refused_with_its_reasons(broker, feder
         in reply.body["reason"], reply
     reply = policy(f"{unique}.policy", "^x$", {"federation-upstream": 5})
     assert reply.status == 400 and "5 is not a valid federation upstream name" in reply.body["reason"], reply
+
+
+def test_a_definitions_import_with_upstreams_and_their_policy_starts_the_link_and_the_export_keeps_them(
+        broker, unique):
+    up, down = f"{unique}.up", f"{unique}.down"
+    document = {
+        "parameters": [
+            {"vhost": "/", "component": "federation-upstream", "name": f"{unique}.upstream",
+             "value": {"uri": broker.url, "exchange": up, "ack-mode": "on-confirm"}},
+            {"vhost": "/", "component": "federation-upstream-set", "name": f"{unique}.set",
+             "value": [{"upstream": f"{unique}.upstream"}]}],
+        "policies": [{"vhost": "/", "name": f"{unique}.policy", "pattern": f"^{down}$", "apply-to": "exchanges",
+                      "definition": {"federation-upstream-set": f"{unique}.set"}, "priority": 0}],
+        "exchanges": [{"vhost": "/", "name": name, "type": "fanout", "durable": True, "auto_delete": False,
+                       "internal": False, "arguments": {}} for name in (up, down)]}
+    try:
+        assert management.request(broker, "POST", "/api/definitions", document).status in (200, 201, 204)
+        assert running_link(broker, down)["upstream_exchange"] == up
+        exported = management.request(broker, "GET", "/api/definitions").body
+        assert {(parameter["component"], parameter["name"]) for parameter in exported["parameters"]} >= {
+            ("federation-upstream", f"{unique}.upstream"), ("federation-upstream-set", f"{unique}.set")}
+    finally:
+        for path in (f"/api/policies/%2F/{unique}.policy", f"/api/parameters/federation-upstream-set/%2F/{unique}.set",
+                     f"/api/parameters/federation-upstream/%2F/{unique}.upstream", f"/api/exchanges/%2F/{up}",
+                     f"/api/exchanges/%2F/{down}"):
+            management.request(broker, "DELETE", path)
+
+
+def test_a_downstream_killed_mid_way_loses_nothing_its_upstream_held(own_broker, tmp_path):
+    """Between two brokers, on-confirm: the downstream killed -9 while 3,000 persistent messages come through its
+    exchange link, then started again: every message arrives (some twice: those it had made safe but not acked
+    upstream yet), and the link's queue upstream ends empty."""
+    upstream_broker = own_broker(data_dir=tmp_path / "upstream")
+    downstream = own_broker(data_dir=tmp_path / "downstream")
+    sent = [b"%d" % number for number in range(3000)]
+    with connect(upstream_broker) as conn:
+        conn.channel().exchange_declare("x", "fanout", durable=True)
+    with connect(downstream) as conn:
+        ch = conn.channel()
+        ch.exchange_declare("x", "fanout", durable=True)
+        declare_queue(ch, "q", durable=True)
+        ch.queue_bind("q", "x")
+    for path, body in (("/api/parameters/federation-upstream/%2F/up", {"value": {
+            "uri": upstream_broker.url, "prefetch-count": 100, "reconnect-delay": 1}}),
+            ("/api/policies/%2F/federated", {"pattern": "^x$", "apply-to": "exchanges", "definition": {
+                "federation-upstream": "up"}})):
+        assert management.request(downstream, "PUT", path, body).status == 201
+    link_queue = f"/api/queues/%2F/{management.quote('federation: x -> warren')}"
+    wait_for(lambda: management.request(upstream_broker, "GET", link_queue).status, LINK_TIMEOUT,
+             "the link's queue upstream", until=lambda status: status == 200)
+    wait_for(lambda: mirrored_keys(upstream_broker, "x"), LINK_TIMEOUT, "the binding mirrored")
+
+    def publish() -> None:
+        with connect(upstream_broker) as conn:
+            ch = conn.channel()
+            ch.confirm_delivery()
+            for body in sent:
+                ch.basic_publish("x", "", body, pika.BasicProperties(delivery_mode=2))
+
+    publisher = threading.Thread(target=publish)
+    publisher.start()
+    with connect(downstream) as conn:
+        ch = conn.channel()
+        moved = wait_for(lambda: message_count(ch, "q"), LINK_TIMEOUT, "some messages federated", step=0.001,
+                         until=lambda n: n >= 300)
+    downstream.kill()
+    publisher.join()
+    assert moved < len(sent)  # (the kill came mid-way)
+    downstream.start()
+    wait_for(lambda: management.request(upstream_broker, "GET", link_queue).body["messages"], 60,
+             "the link's queue upstream emptied", until=lambda n: n == 0)
+    with connect(downstream) as conn:
+        received = get_all(conn.channel(), "q")
+    assert set(received) == set(sent)

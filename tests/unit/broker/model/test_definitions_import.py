@@ -182,9 +182,8 @@ def test_an_import_overwrites_what_it_names_and_leaves_the_rest():
      "exchange 'e' in vhost '/': unknown exchange type 'nope'"),
     ({"policies": [{"vhost": "/", "name": "p", "pattern": "^q", "definition": {"bogus": 1}}]},
      "policy 'p' in vhost '/': "),
-    ({"parameters": [{"vhost": "/", "name": "up", "component": "federation-upstream", "value": {}}]},
-     "parameter 'up' of component 'federation-upstream' in vhost '/': unknown parameter component "
-     "'federation-upstream'"),
+    ({"parameters": [{"vhost": "/", "name": "up", "component": "nonesuch", "value": {}}]},
+     "parameter 'up' of component 'nonesuch' in vhost '/': unknown parameter component 'nonesuch'"),
     ({"bindings": [{"source": "amq.headers", "vhost": "/", "destination": "amq.direct",
                     "destination_type": "exchange", "arguments": {"x-match": "some"}}]},
      "binding of exchange 'amq.direct' to exchange 'amq.headers' in vhost '/': "),
