@@ -155,7 +155,7 @@ class Server:
         if role is not None:
             self.node.serves = role.serves
         self.shovels = Shovels(self.node, config.cluster_name, self._loopback)  # run while this server serves
-        self.federation = Federation(self.node, config.cluster_name)  # its links too
+        self.federation = Federation(self.node, config.cluster_name, self._loopback)  # its links too
         self.connections: set[Connection] = set()
         self.version = version()
         self.platform = platform_name()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Coroutine
+from typing import Callable, Coroutine
 
 from broker.federation.exchange_link import ExchangeLink
 from broker.federation.link import FederationLink
@@ -34,9 +34,10 @@ INTERNAL_PURPOSE = "x-internal-purpose"  # an argument of what links declare: ne
 class Federation:
     """Both components (broker.model.interfaces.ParameterComponent), the topology watcher, and the links."""
 
-    def __init__(self, node: Node, cluster_name: str) -> None:
+    def __init__(self, node: Node, cluster_name: str, local: Callable[[], tuple[str, int]]) -> None:
         self.node = node
         self.cluster_name = cluster_name  # named upstream as the downstream of every link
+        self.local = local  # this node's AMQP host and port, for URIs without a host
         # (vhost, "exchanges" or "queues", name) -> (upstream, its exchange or queue) -> its link at work (a set may
         # name one upstream twice, with two exchanges or queues: two links)
         self.links: dict[tuple[str, str, str], dict[tuple[str, str], FederationLink]] = {}
@@ -119,7 +120,7 @@ class Federation:
             if link_key not in links and vhost is not None:
                 actor = Actor(vhost, InternalAccess(self.node, vhost.name), OPERATOR_OWNER)
                 kind = ExchangeLink if key[1] == "exchanges" else QueueLink
-                links[link_key] = kind(actor, key[2], upstream, policy, self.cluster_name)
+                links[link_key] = kind(actor, key[2], upstream, policy, self.cluster_name, self.local)
         if not links:
             del self.links[key]
 
@@ -157,7 +158,7 @@ class Federation:
                 if key[0] == vhost and link.id == link_id:
                     link.stop()
                     links[link_key] = type(link)(link.actor, link.name, link.upstream, link.policy,
-                                                      self.cluster_name)
+                                                  self.cluster_name, self.local)
                     return True
         return False
 

@@ -12,12 +12,13 @@ covered. Should a run end first, its unacked deliveries go back to their upstrea
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
 import random
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from pamqp import commands as spec
 
@@ -45,12 +46,14 @@ class FederationLink:
 
     kind = ""  # "exchange" or "queue": the subclass's
 
-    def __init__(self, actor: "Actor", name: str, upstream: Upstream, policy: str, cluster_name: str) -> None:
+    def __init__(self, actor: "Actor", name: str, upstream: Upstream, policy: str, cluster_name: str,
+                 local: Callable[[], tuple[str, int]]) -> None:
         self.actor = actor  # who republishes, and where: the federated object's vhost
         self.name = name  # the federated exchange or queue
         self.upstream = upstream
         self.policy = policy  # the name of the policy that federates it (in the connection's name)
         self.cluster_name = cluster_name  # this broker's, in the headers that tell where a message has been
+        self.local = local  # this node's AMQP host and port, where a URI without a host connects
         self.status = "starting"  # then "running", or "error" (and why)
         self.error = ""
         self.said = ""  # the last failure logged: a link failing again for the same reason logs it once
@@ -114,6 +117,8 @@ class FederationLink:
         failures = []
         for uri in random.sample(self.upstream.uris, len(self.upstream.uris)):
             address = parse(uri, self.vhost.name)
+            if address.local:  # (amqp://: this node, as RabbitMQ's direct connection)
+                address = dataclasses.replace(address, host=self.local()[0], port=self.local()[1])
             try:
                 link = await Link.open(address, address.connection_timeout, self.connection_name,
                                        "Warren federation", on_content=self._delivered)

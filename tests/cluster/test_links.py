@@ -1,6 +1,6 @@
-"""A shovel in a cluster of three nodes: it runs once, on the leader of its vhost's group, whichever node's API
-defined it, and moves to the new leader after a failover (RabbitMQ's users have seen shovels run on every node, and
-duplicate: rabbitmq-server #3153)."""
+"""Shovels and federation links in a cluster of three nodes: each runs once, on the leader of its vhost's group,
+whichever node's API defined it, and moves to the new leader after a failover (RabbitMQ's users have seen shovels
+run on every node, and duplicate: rabbitmq-server #3153)."""
 
 from __future__ import annotations
 
@@ -60,3 +60,46 @@ def test_a_shovel_runs_once_on_the_leader_and_moves_with_it(cluster: Cluster):
         received = set(drained(connection, "to"))
     assert received >= {b"before-%d" % number for number in range(100)} | {b"after-%d" % number
                                                                           for number in range(100)}
+
+
+def links_running_on(asked: Node) -> list[str] | None:
+    """The nodes every running federation link is listed on, as asked's API lists them; None while it does not
+    answer."""
+    status, links = asked.api("GET", "/api/federation-links")
+    if status != 200:
+        return None
+    return [entry["node"].split("@")[0] for entry in links if entry["status"] == "running"]
+
+
+def test_a_federation_link_runs_once_on_the_leader_and_moves_with_it(cluster: Cluster):
+    leader = cluster.ready()
+    follower = cluster.followers()[0]
+    with connect(cluster, follower.name, "/") as connection:
+        channel = connection.channel()
+        channel.queue_declare("upstream", durable=True)
+        channel.queue_declare("federated", durable=True)
+    wait_for(lambda: follower.api("GET", "/api/overview")[0] == 200, 30, "the follower's API")
+    for path, body in (("/api/parameters/federation-upstream/%2F/here", {"value": {
+            "uri": "amqp://", "queue": "upstream", "reconnect-delay": 1}}),
+            ("/api/policies/%2F/federated", {"pattern": "^federated$", "apply-to": "queues", "definition": {
+                "federation-upstream": "here"}})):
+        assert follower.api("PUT", path, body)[0] == 201
+    for asked in cluster.nodes.values():
+        wait_for(lambda: links_running_on(asked), MOVED_WITHIN, f"the link listed by {asked.name}",
+                 until=lambda nodes: nodes == [leader.name])
+    with connect(cluster, follower.name, "/") as connection:
+        publish_confirmed(connection, "upstream", [b"before-%d" % number for number in range(100)])
+    leader.kill()
+    wait_for(lambda: cluster.leader() not in (None, leader), 60, "another node leading")
+    new_leader = cluster.ready(timeout=60)
+    wait_for(lambda: links_running_on(new_leader), MOVED_WITHIN, "the link running on the new leader",
+             until=lambda nodes: nodes == [new_leader.name])
+    wanted = {b"before-%d" % number for number in range(100)} | {b"after-%d" % number for number in range(100)}
+    with connect(cluster, new_leader.name, "/") as connection:
+        publish_confirmed(connection, "upstream", [b"after-%d" % number for number in range(100)])
+        channel = connection.channel()
+        received: set[bytes] = set()  # (a federated queue takes messages while a consumer waits)
+        channel.basic_consume("federated", lambda ch, method, _, body: (received.add(body), ch.basic_ack(
+            method.delivery_tag)))
+        wait_for(lambda: (connection.process_data_events(0.01), received)[1], MOVED_WITHIN,
+                 "every message federated", until=lambda got: got >= wanted)
