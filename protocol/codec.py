@@ -159,8 +159,41 @@ _PROPERTY_FIELDS = tuple((_PROPERTIES.flags[name], name, _PROPERTIES.amqp_type(n
 
 def encode_method(channel: int, method: base.Frame) -> bytes:
     """One complete method frame."""
-    payload = _METHOD_ID.pack(method.index) + method.marshal()
+    payload = _METHOD_ID.pack(method.index) + _marshal(method)
     return _FRAME_HEADER.pack(FRAME_METHOD, channel, len(payload)) + payload + _END
+
+
+def _marshal(method: base.Frame) -> bytes:
+    """The method's fields, as pamqp's Frame.marshal encodes them but unchecked: pamqp holds exchange and queue
+    names to AMQP 0-9-1's 127 characters, which RabbitMQ does not (255 bytes, a short string)."""
+    output, byte, offset, bits = [], 0, 0, False
+    for name, data_type in _METHOD_FIELDS[method.index]:
+        value = getattr(method, name, 0)
+        if data_type == "bit":
+            if not bits:
+                byte, offset, bits = 0, 0, True
+            byte = pamqp_encode.bit(value, byte, offset)
+            offset += 1
+            if offset == 8:
+                output.append(pamqp_encode.octet(byte))
+                bits = False
+            continue
+        if bits:
+            output.append(pamqp_encode.octet(byte))
+            bits = False
+        output.append(pamqp_encode.by_type(value, data_type))
+    if bits:
+        output.append(pamqp_encode.octet(byte))
+    return b"".join(output)
+
+
+def make_method(method_class: type[base.Frame], **fields: object) -> base.Frame:
+    """A method with these fields, unchecked as _marshal encodes it (pamqp's constructor would refuse a name of
+    more than 127 characters)."""
+    method = method_class()
+    for name, value in fields.items():
+        setattr(method, name, value)
+    return method
 
 
 def encode_content(channel: int, header_payload: bytes, body: bytes, frame_max: int) -> bytes:

@@ -116,11 +116,13 @@ def list_verb(name: str) -> None:
 
     def run(ctx: Context, args: Any) -> None:
         vhost = getattr(args, "vhost", "/")
-        node = ctx.client.get("/api/overview").get("node", "") if "{node}" in listing.banner and not (
+        path, banner = listing.only_down if getattr(args, "only_down", False) and listing.only_down else (
+            listing.path, listing.banner)
+        node = ctx.client.get("/api/overview").get("node", "") if "{node}" in banner and not (
             ctx.quiet or ctx.as_json) else ""
-        ctx.say(listing.banner.format(vhost=vhost, node=node))
+        ctx.say(banner.format(vhost=vhost, node=node))
         try:
-            items = ctx.client.get(listing.path.format(vhost=quote(vhost)))
+            items = ctx.client.get(path.format(vhost=quote(vhost)))
         except NotFound:
             if listing.per_vhost:
                 require_vhost(ctx.client, vhost)
@@ -133,8 +135,10 @@ def list_verb(name: str) -> None:
 
     details = (f"Columns (rabbitmqctl's info keys; default {' '.join(listing.defaults)}): "
                f"{' '.join(listing.columns)}.")
+    options = (Option(("--only-down",), {"action": "store_true", "help": "only the links neither running nor "
+                                                                         "starting"}),) if listing.only_down else ()
     VERBS[name] = Verb(run, listing.summary or f"Lists {noun} and their properties", ("columns...",),
-                       listing.per_vhost, (), details)
+                       listing.per_vhost, options, details)
 
 
 for _name in LISTINGS:
@@ -369,7 +373,7 @@ def clear_policy(ctx: Context, args: Any) -> None:
         raise CommandError(f'Policy "{args.name}" does not exist in vhost "{args.vhost}"', EX_UNAVAILABLE) from None
 
 
-# --- runtime parameters and shovels ----------------------------------------------------------------------------
+# --- runtime parameters, shovels and federation links -----------------------------------------------------------
 
 @verb("set_parameter", "Sets a runtime parameter (a shovel's definition: component shovel) to a JSON value",
       "component", "name", "value", per_vhost=True)
@@ -409,6 +413,17 @@ def restart_shovel(ctx: Context, args: Any) -> None:
     except NotFound:
         raise CommandError(f"Shovel with the given name was not found in virtual host '{args.vhost}'",
                            EX_UNAVAILABLE) from None
+
+
+@verb("restart_federation_link", "Starts a federation link again at once", "link_id")
+def restart_federation_link(ctx: Context, args: Any) -> None:
+    node = ctx.client.get("/api/overview").get("node", "")
+    ctx.say(f"Restarting federation link {args.link_id} on node {node}")
+    link = next((link for link in ctx.client.get("/api/federation-links") if link.get("id") == args.link_id), None)
+    if link is None:
+        raise CommandError("Link with the given ID was not found", EX_UNAVAILABLE)
+    ctx.client.delete(f"/api/federation-links/vhost/{quote(link['vhost'])}/{quote(args.link_id)}/"
+                      f"{quote(link['node'])}/restart")
 
 
 # --- queues and connections ------------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ class Listing:
     defaults: tuple[str, ...]  # the columns shown when none are named (rabbitmqctl's)
     columns: dict[str, Reader]  # every column (rabbitmqctl's info key) this listing can show
     summary: str = ""  # the --help line, where "Lists <things> and their properties" does not fit
+    only_down: tuple[str, str] | None = None  # the path and banner of --only-down: what is neither running nor starting
 
     @property
     def per_vhost(self) -> bool:
@@ -109,6 +110,15 @@ LISTINGS: dict[str, Listing] = {
          **same_names("name", "vhost", "type", "state", "node", "forwarded", "pending", "remaining",
                       "remaining_unacked", "blocked_status")},
         "Displays the status of every shovel"),
+    "federation_status": Listing(
+        "/api/federation-links", "Listing federation links on node {node}...",
+        ("id", "uri", "status", "type", "upstream", "exchange", "upstream_exchange", "queue", "upstream_queue",
+         "vhost", "local_connection", "last_changed", "error"),
+        {"last_changed": field("timestamp"), **same_names(
+            "id", "uri", "status", "type", "upstream", "exchange", "upstream_exchange", "queue", "upstream_queue",
+            "consumer_tag", "vhost", "local_connection", "error", "node")},
+        "Displays the status of every federation link",
+        ("/api/federation-links/state/down", "Listing federation links which are down on node {node}...")),
     "list_policies": Listing(
         "/api/policies/{vhost}", 'Listing policies for vhost "{vhost}" ...',
         ("vhost", "name", "pattern", "apply-to", "definition", "priority"),

@@ -21,7 +21,7 @@ from broker.federation.link import RECEIVED_FROM, FederationLink, already_seen
 from broker.links.client import Link, LinkError, Missing
 from broker.links.headers import prepend_table
 from broker.model.exchange import canonical_arguments
-from protocol.codec import LongLong
+from protocol.codec import LongLong, make_method
 
 BOUND_FROM = "x-bound-from"  # a mirrored binding's argument: where it came from, and the hops it may still travel
 MAX_QUEUE_NAME = 253  # bytes: the internal exchange's name adds a suffix, and a name is a short string (255)
@@ -55,13 +55,13 @@ class ExchangeLink(FederationLink):
         if exchange is None:
             raise LinkError(f"the federated exchange {self.name!r} is gone")
         try:
-            await link.passive(spec.Exchange.Declare(exchange=upstream.exchange, passive=True),
+            await link.passive(make_method(spec.Exchange.Declare, exchange=upstream.exchange, passive=True),
                                spec.Exchange.DeclareOk)
         except Missing:  # declared upstream as it is here
-            await link.call(spec.Exchange.Declare(
-                exchange=upstream.exchange, exchange_type=exchange.kind, durable=exchange.durable,
-                auto_delete=exchange.auto_delete, internal=exchange.internal, arguments=exchange.arguments),
-                spec.Exchange.DeclareOk)
+            await link.call(make_method(
+                spec.Exchange.Declare, exchange=upstream.exchange, exchange_type=exchange.kind,
+                durable=exchange.durable, auto_delete=exchange.auto_delete, internal=exchange.internal,
+                arguments=exchange.arguments), spec.Exchange.DeclareOk)
         queue = self.queue
         if len(queue.encode()) > MAX_QUEUE_NAME:
             raise LinkError(f"the upstream queue's name would be {len(queue.encode())} bytes long, over "
@@ -69,31 +69,31 @@ class ExchangeLink(FederationLink):
         old = await self._current_suffix(link, queue)
         self.suffix = "B" if old == "A" else "A"
         self.internal = f"{queue} {self.suffix}"
-        await link.call(spec.Exchange.Delete(exchange=self.internal), spec.Exchange.DeleteOk)
-        await link.call(spec.Exchange.Declare(
-            exchange=self.internal, exchange_type="x-federation-upstream", durable=True, internal=True,
-            auto_delete=True, arguments={"x-max-hops": LongLong(upstream.max_hops),
-                                         "x-downstream-name": self.cluster_name,
-                                         "x-downstream-vhost": self.vhost.name, **PURPOSE}),
-            spec.Exchange.DeclareOk)
+        await link.call(make_method(spec.Exchange.Delete, exchange=self.internal), spec.Exchange.DeleteOk)
+        await link.call(make_method(
+            spec.Exchange.Declare, exchange=self.internal, exchange_type="x-federation-upstream", durable=True,
+            internal=True, auto_delete=True, arguments={
+                "x-max-hops": LongLong(upstream.max_hops), "x-downstream-name": self.cluster_name,
+                "x-downstream-vhost": self.vhost.name, **PURPOSE}), spec.Exchange.DeclareOk)
         arguments = {"x-expires": upstream.expires, "x-message-ttl": upstream.message_ttl}
-        await link.call(spec.Queue.Declare(queue=queue, durable=True, arguments={
+        await link.call(make_method(spec.Queue.Declare, queue=queue, durable=True, arguments={
             **{key: LongLong(value) for key, value in arguments.items() if value is not None}, **PURPOSE}),
             spec.Queue.DeclareOk)
-        await link.call(spec.Queue.Bind(queue=queue, exchange=self.internal), spec.Queue.BindOk)
+        await link.call(make_method(spec.Queue.Bind, queue=queue, exchange=self.internal), spec.Queue.BindOk)
         self.bound = {}
         await self._mirror_bindings(link)
-        await link.call(spec.Exchange.Delete(exchange=f"{queue} {old}"), spec.Exchange.DeleteOk)
+        await link.call(make_method(spec.Exchange.Delete, exchange=f"{queue} {old}"), spec.Exchange.DeleteOk)
         if upstream.ack_mode != "no-ack":
             await link.call(spec.Basic.Qos(prefetch_count=upstream.prefetch), spec.Basic.QosOk)
-        await link.call(spec.Basic.Consume(queue=queue, no_ack=upstream.ack_mode == "no-ack"),
+        await link.call(make_method(spec.Basic.Consume, queue=queue, no_ack=upstream.ack_mode == "no-ack"),
                         spec.Basic.ConsumeOk)
         self.syncing = asyncio.get_running_loop().create_task(self._keep_mirroring(link))
 
     async def _current_suffix(self, link: Link, queue: str) -> str:
         """The suffix of the internal exchange an earlier run left upstream ("B" where there is none)."""
         try:
-            await link.passive(spec.Exchange.Declare(exchange=f"{queue} A", passive=True), spec.Exchange.DeclareOk)
+            await link.passive(make_method(spec.Exchange.Declare, exchange=f"{queue} A", passive=True),
+                               spec.Exchange.DeclareOk)
             return "A"
         except Missing:
             return "B"
@@ -127,14 +127,14 @@ class ExchangeLink(FederationLink):
                 wanted[(binding.routing_key, canonical_arguments(arguments))] = binding.routing_key, arguments
         nowait = self.upstream.bind_nowait
         for key in [key for key in self.bound if key not in wanted]:
-            await _command(link, spec.Exchange.Unbind(
-                destination=self.internal, source=self.upstream.exchange, routing_key=key[0],
+            await _command(link, make_method(
+                spec.Exchange.Unbind, destination=self.internal, source=self.upstream.exchange, routing_key=key[0],
                 arguments=self.bound.pop(key), nowait=nowait), spec.Exchange.UnbindOk)
         for key, (routing_key, arguments) in wanted.items():
             if key not in self.bound:
-                await _command(link, spec.Exchange.Bind(
-                    destination=self.internal, source=self.upstream.exchange, routing_key=routing_key,
-                    arguments=arguments, nowait=nowait), spec.Exchange.BindOk)
+                await _command(link, make_method(
+                    spec.Exchange.Bind, destination=self.internal, source=self.upstream.exchange,
+                    routing_key=routing_key, arguments=arguments, nowait=nowait), spec.Exchange.BindOk)
                 self.bound[key] = arguments
 
     def _mirrored_arguments(self, arguments: dict) -> dict | None:
@@ -180,9 +180,10 @@ class ExchangeLink(FederationLink):
             link = await self._connect()
             try:
                 queue = self.queue
-                await link.call(spec.Queue.Delete(queue=queue), spec.Queue.DeleteOk)
+                await link.call(make_method(spec.Queue.Delete, queue=queue), spec.Queue.DeleteOk)
                 for suffix in "AB":
-                    await link.call(spec.Exchange.Delete(exchange=f"{queue} {suffix}"), spec.Exchange.DeleteOk)
+                    await link.call(make_method(spec.Exchange.Delete, exchange=f"{queue} {suffix}"),
+                                    spec.Exchange.DeleteOk)
             finally:
                 link.close()
         except LinkError as error:

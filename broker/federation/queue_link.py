@@ -17,6 +17,7 @@ from pamqp import commands as spec
 
 from broker.federation.link import RECEIVED_FROM, FederationLink
 from broker.links.client import Link, LinkError, Missing
+from protocol.codec import make_method
 
 DEMAND_INTERVAL = 0.05  # seconds between two looks at whether the federated queue wants messages
 
@@ -37,10 +38,11 @@ class QueueLink(FederationLink):
         if not capabilities.get("consumer_priorities"):
             raise LinkError("the upstream lacks consumer priorities (upstream_lacks_consumer_priorities)")
         try:
-            await link.passive(spec.Queue.Declare(queue=upstream.queue, passive=True), spec.Queue.DeclareOk)
+            await link.passive(make_method(spec.Queue.Declare, queue=upstream.queue, passive=True),
+                               spec.Queue.DeclareOk)
         except Missing:  # declared upstream as it is here
-            await link.call(spec.Queue.Declare(queue=upstream.queue, durable=queue.durable,
-                                               auto_delete=queue.auto_delete, arguments=queue.arguments),
+            await link.call(make_method(spec.Queue.Declare, queue=upstream.queue, durable=queue.durable,
+                                        auto_delete=queue.auto_delete, arguments=queue.arguments),
                             spec.Queue.DeclareOk)
         if upstream.ack_mode != "no-ack":
             await link.call(spec.Basic.Qos(prefetch_count=upstream.prefetch), spec.Basic.QosOk)
@@ -60,11 +62,11 @@ class QueueLink(FederationLink):
         wanted = queue is not None and not queue.has_ready() and any(
             consumer.priority >= 0 and consumer.credit() > 0 for consumer in queue.consumers)
         if wanted and not self.consuming:
-            link.send(spec.Basic.Consume(queue=self.upstream.queue, consumer_tag=self.upstream.consumer_tag,
-                                         no_ack=self.upstream.ack_mode == "no-ack", nowait=True,
-                                         arguments={"x-priority": -1}))
+            link.send(make_method(spec.Basic.Consume, queue=self.upstream.queue,
+                                  consumer_tag=self.upstream.consumer_tag, no_ack=self.upstream.ack_mode == "no-ack",
+                                  nowait=True, arguments={"x-priority": -1}))
         elif self.consuming and not wanted:
-            link.send(spec.Basic.Cancel(consumer_tag=self.upstream.consumer_tag, nowait=True))
+            link.send(make_method(spec.Basic.Cancel, consumer_tag=self.upstream.consumer_tag, nowait=True))
         self.consuming = wanted
         self.watching = asyncio.get_running_loop().call_later(DEMAND_INTERVAL, self._look, link)
 

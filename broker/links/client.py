@@ -13,7 +13,7 @@ from pamqp import commands as spec
 from pamqp.base import Frame
 
 from broker.links.uri import Address
-from protocol.codec import decode_method, encode_content, encode_method
+from protocol.codec import decode_method, encode_content, encode_method, make_method
 from protocol.constants import (
     FRAME_BODY, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD, FRAME_MIN_SIZE, NOT_FOUND, PROTOCOL_HEADER,
     REPLY_SUCCESS)
@@ -153,8 +153,8 @@ class Link(asyncio.Protocol):
         """Publish a message whose content header is header_payload, as given."""
         if self.transport is None or self.transport.is_closing():
             return
-        self.transport.write(encode_method(CHANNEL, spec.Basic.Publish(exchange=exchange, routing_key=routing_key,
-                                                                       mandatory=mandatory))
+        publish = make_method(spec.Basic.Publish, exchange=exchange, routing_key=routing_key, mandatory=mandatory)
+        self.transport.write(encode_method(CHANNEL, publish)
                              + encode_content(CHANNEL, header_payload, body, self.frame_max))
 
     def close(self, reason: str = "closed by its owner") -> None:

@@ -23,7 +23,7 @@ from broker.links.client import Content, Link, LinkError, Missing
 from broker.links.headers import prepend_table
 from broker.links.status import local_timestamp
 from broker.shovel.definition import Endpoint, Shovel
-from protocol.codec import LongLong, decode_properties, encode_header_payload
+from protocol.codec import LongLong, decode_properties, encode_header_payload, make_method
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +103,9 @@ class RunningShovel:
                 await self.destination.call(spec.Confirm.Select(), spec.Confirm.SelectOk)
             if shovel.ack_mode != "no-ack":
                 await self.source.call(spec.Basic.Qos(prefetch_count=shovel.prefetch), spec.Basic.QosOk)
-            await self.source.call(spec.Basic.Consume(queue=queue, consumer_tag=shovel.consumer_name,
-                                                      no_ack=shovel.ack_mode == "no-ack",
-                                                      arguments=shovel.consumer_args), spec.Basic.ConsumeOk)
+            await self.source.call(make_method(spec.Basic.Consume, queue=queue, consumer_tag=shovel.consumer_name,
+                                               no_ack=shovel.ack_mode == "no-ack", arguments=shovel.consumer_args),
+                                   spec.Basic.ConsumeOk)
             self._report("running", "")
             self.said = ""
             ends = [self.failed, asyncio.ensure_future(asyncio.shield(self.source.closed)),
@@ -131,10 +131,10 @@ class RunningShovel:
         source = self.shovel.source
         if source.queue is None:
             queue = self.shovel.exchange_queue
-            declared = await link.call(spec.Queue.Declare(queue=queue, durable=True, arguments=source.queue_args),
-                                       spec.Queue.DeclareOk)
-            await link.call(spec.Queue.Bind(queue=queue, exchange=source.exchange,
-                                            routing_key=source.exchange_key or ""), spec.Queue.BindOk)
+            declared = await link.call(make_method(spec.Queue.Declare, queue=queue, durable=True,
+                                                   arguments=source.queue_args), spec.Queue.DeclareOk)
+            await link.call(make_method(spec.Queue.Bind, queue=queue, exchange=source.exchange,
+                                        routing_key=source.exchange_key or ""), spec.Queue.BindOk)
             return queue, declared.message_count
         return source.queue, await _ensure_queue(link, source, "source")
 
@@ -156,7 +156,7 @@ class RunningShovel:
         try:
             link = await _connect(shovel, "source", self.local())
             try:
-                await link.call(spec.Queue.Delete(queue=shovel.exchange_queue), spec.Queue.DeleteOk)
+                await link.call(make_method(spec.Queue.Delete, queue=shovel.exchange_queue), spec.Queue.DeleteOk)
             finally:
                 link.close()
         except LinkError as error:
@@ -310,13 +310,14 @@ async def _ensure_queue(link: Link, endpoint: Endpoint, side: str) -> int:
     """The endpoint's queue, declared durable if it is missing (unless predeclared); its ready messages."""
     assert endpoint.queue is not None
     try:
-        found = await link.passive(spec.Queue.Declare(queue=endpoint.queue, passive=True), spec.Queue.DeclareOk)
+        found = await link.passive(make_method(spec.Queue.Declare, queue=endpoint.queue, passive=True),
+                                   spec.Queue.DeclareOk)
         return found.message_count
     except Missing as missing:
         if endpoint.predeclared:
             raise LinkError(f"failed to set up topology: the {side}'s queue {endpoint.queue!r}: {missing}") from None
     except LinkError as error:
         raise LinkError(f"failed to set up topology: the {side}'s queue {endpoint.queue!r}: {error}") from None
-    await link.call(spec.Queue.Declare(queue=endpoint.queue, durable=True, arguments=endpoint.queue_args),
-                    spec.Queue.DeclareOk)
+    await link.call(make_method(spec.Queue.Declare, queue=endpoint.queue, durable=True,
+                                arguments=endpoint.queue_args), spec.Queue.DeclareOk)
     return 0

@@ -320,3 +320,29 @@ def test_a_shovel_set_as_a_parameter_shown_restarted_and_deleted(broker, conn, u
 def test_shovel_status_names_the_node_as_rabbitmqctl_does(broker):
     node = request(broker, "GET", "/api/overview").body["node"]
     assert ok(broker, "shovel_status").splitlines()[0] == f"Shovel status on node {node}"
+
+
+def test_federation_links_listed_down_or_all_and_restarted(broker, conn, unique):
+    channel = conn.channel()
+    down, up = f"{unique}-down", f"{unique}-up"
+    channel.exchange_declare(down, "fanout")
+    channel.exchange_declare(up, "fanout")
+    upstream = json.dumps({"uri": broker.url, "exchange": up})
+    assert ok(broker, "set_parameter", "federation-upstream", unique, upstream) == (
+        f'Setting runtime parameter "{unique}" for component "federation-upstream" to "{upstream}" in vhost "/" ...\n')
+    try:
+        ok(broker, "set_policy", unique, f"^{down}$", json.dumps({"federation-upstream": unique}), "--apply-to",
+           "exchanges")
+        [link] = wait_for(lambda: [row for row in json.loads(ok(broker, "federation_status", "--formatter", "json"))
+                                   if row["exchange"] == down], 30, "the link running",
+                          until=lambda rows: [row["status"] for row in rows] == ["running"])
+        assert (link["upstream_exchange"], link["type"], link["upstream"]) == (up, "exchange", unique)
+        assert json.loads(ok(broker, "federation_status", "--only-down", "--formatter", "json")) == []
+        node = request(broker, "GET", "/api/overview").body["node"]
+        assert ok(broker, "restart_federation_link", link["id"]) == (
+            f"Restarting federation link {link['id']} on node {node}\n")
+        assert failed(broker, "restart_federation_link", "nonesuch") == (
+            69, "Error: Link with the given ID was not found")
+    finally:
+        ok(broker, "clear_policy", unique)
+        ok(broker, "clear_parameter", "federation-upstream", unique)
