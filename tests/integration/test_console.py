@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 from tests.integration.helpers import EVENT_TIMEOUT, connect
-from tests.integration.management import add_user, set_permissions
+from tests.integration.management import add_user, request, set_permissions
 from tests.waiting import wait_for
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="the console tests need selenium (pip install selenium)")
@@ -186,6 +186,27 @@ def test_an_administrator_adds_a_shovel_and_sees_it_run(browser, console_broker,
     wait(browser, lambda d: "running" in text_of(d, "#shovels"))
     assert "guest" not in text_of(browser, "#shovels")  # (no credentials shown)
     screenshot(browser, "shovels")
+
+
+def test_an_administrator_adds_a_federation_upstream_and_sees_the_link_its_policy_makes(browser, console_broker,
+                                                                                        unique):
+    with connect(console_broker) as conn:
+        conn.channel().exchange_declare(unique, "fanout")
+    log_in(browser, console_broker)
+    click(browser, By.LINK_TEXT, "Admin")
+    submit(browser, "add-federation-upstream", vhost="/", name=unique, uri=console_broker.url)
+    wait(browser, lambda d: unique in text_of(d, "#federation-upstreams"))
+    submit(browser, "add-policy", vhost="/", name=unique, pattern=f"^{unique}$",
+           definition=json.dumps({"federation-upstream": unique}))
+    wait_for(lambda: [link["status"] for link in request(console_broker, "GET", "/api/federation-links").body
+                      if link["exchange"] == unique], 30, "the link running", until=lambda states: states == ["running"])
+    click(browser, By.LINK_TEXT, "Overview")
+    click(browser, By.LINK_TEXT, "Admin")  # (drawn again: the links as they are now)
+    wait(browser, lambda d: "running" in text_of(d, "#federation-links"))
+    assert "guest" not in text_of(browser, "#federation-upstreams")  # (no credentials shown)
+    screenshot(browser, "federation")
+    request(console_broker, "DELETE", f"/api/policies/%2F/{unique}")
+    request(console_broker, "DELETE", f"/api/parameters/federation-upstream/%2F/{unique}")
 
 
 def test_definitions_uploaded_through_the_console_are_imported(browser, console_broker, unique, tmp_path):

@@ -519,7 +519,7 @@ async function admin() {
     "Add policy", (f) => api("PUT", `/policies/${enc(f.vhost.value)}/${enc(f.name.value)}`, {
       pattern: f.pattern.value, definition: JSON.parse(f.definition.value || "{}"),
       priority: Number(f.priority.value || 0), "apply-to": "all"})));
-  content.append(...await shovels());
+  content.append(...await shovels(), ...await federation());
   return content;
 }
 
@@ -544,6 +544,32 @@ async function shovels() {
     (f) => api("PUT", `/parameters/shovel/${enc(f.vhost.value)}/${enc(f.name.value)}`, {value: {
       "src-uri": f["src-uri"].value, "src-queue": f["src-queue"].value, "dest-uri": f["dest-uri"].value,
       "dest-queue": f["dest-queue"].value}}))];
+}
+
+// Federation: the upstreams (policymaker, administrator; their URIs, which hold credentials, not shown) and the
+// links the policies made, with their status and a restart (monitoring). A policy with federation-upstream makes a
+// queue or exchange federated.
+async function federation() {
+  const upstreams = await api("GET", "/parameters/federation-upstream");
+  const links = has("monitoring", "administrator") ? await api("GET", "/federation-links") : [];
+  const restart = (l) => `/federation-links/vhost/${enc(l.vhost)}/${enc(l.id)}/${enc(l.node)}/restart`;
+  return [el("h2", {}, "Federation upstreams"), table([
+    {title: "Virtual host", value: (u) => u.vhost}, {title: "Name", value: (u) => u.name},
+    {title: "Exchange", value: (u) => u.value.exchange ?? ""}, {title: "Queue", value: (u) => u.value.queue ?? ""},
+    {title: "Max hops", value: (u) => u.value["max-hops"] ?? 1},
+    {title: "", value: () => "", render: (u) => remove(
+      "Delete", `/parameters/federation-upstream/${enc(u.vhost)}/${enc(u.name)}`)},
+  ], upstreams, {id: "federation-upstreams"}), form("add-federation-upstream", [["vhost", "Virtual host"],
+    ["name", "Name"], ["uri", "URI, e.g. amqp://user:password@host/%2F", "password"]], "Add upstream",
+    (f) => api("PUT", `/parameters/federation-upstream/${enc(f.vhost.value)}/${enc(f.name.value)}`, {value: {
+      uri: f.uri.value}})),
+  el("h2", {}, "Federation links"), table([
+    {title: "Virtual host", value: (l) => l.vhost}, {title: "Type", value: (l) => l.type},
+    {title: "Federated", value: (l) => l.exchange ?? l.queue}, {title: "Upstream", value: (l) => l.upstream},
+    {title: "From", value: (l) => `${l.upstream_exchange ?? l.upstream_queue} on ${l.uri}`},
+    {title: "Status", value: (l) => l.status}, {title: "Error", value: (l) => l.error || ""},
+    {title: "", value: () => "", render: (l) => remove("Restart", restart(l))},
+  ], links, {id: "federation-links"})];
 }
 
 async function definitions() {
