@@ -75,10 +75,13 @@ class ExchangeLink(FederationLink):
             internal=True, auto_delete=True, arguments={
                 "x-max-hops": LongLong(upstream.max_hops), "x-downstream-name": self.cluster_name,
                 "x-downstream-vhost": self.vhost.name, **PURPOSE}), spec.Exchange.DeclareOk)
-        arguments = {"x-expires": upstream.expires, "x-message-ttl": upstream.message_ttl}
-        await link.call(make_method(spec.Queue.Declare, queue=queue, durable=True, arguments={
-            **{key: LongLong(value) for key, value in arguments.items() if value is not None}, **PURPOSE}),
-            spec.Queue.DeclareOk)
+        arguments = {key: LongLong(value) for key, value in (("x-expires", upstream.expires),
+                                                             ("x-message-ttl", upstream.message_ttl))
+                     if value is not None}
+        if upstream.ha_policy is not None:
+            arguments["x-ha-policy"] = upstream.ha_policy
+        await link.call(make_method(spec.Queue.Declare, queue=queue, durable=True, arguments={**arguments, **PURPOSE}),
+                        spec.Queue.DeclareOk)
         await link.call(make_method(spec.Queue.Bind, queue=queue, exchange=self.internal), spec.Queue.BindOk)
         self.bound = {}
         await self._mirror_bindings(link)

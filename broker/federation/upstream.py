@@ -47,6 +47,7 @@ class Upstream:
     max_hops: int
     expires: int | None  # the upstream queue's x-expires (exchange federation), milliseconds
     message_ttl: int | None  # and its x-message-ttl
+    ha_policy: str | None  # and its x-ha-policy (RabbitMQ 3's mirroring argument, passed on as RabbitMQ does)
     trust_user_id: bool  # keep a message's user_id (else it is cleared, as the downstream cannot check it)
     ack_mode: str
     bind_nowait: bool
@@ -108,6 +109,7 @@ def _upstream(entry: dict, defined: dict, kind: str, name: str) -> Upstream:
         prefetch=int(key("prefetch-count", DEFAULT_PREFETCH)),
         reconnect_delay=key("reconnect-delay", DEFAULT_RECONNECT_DELAY), max_hops=int(key("max-hops", 1)),
         expires=_whole(key("expires", None)), message_ttl=_whole(key("message-ttl", None)),
+        ha_policy=key("ha-policy", None),
         trust_user_id=key("trust-user-id", False), ack_mode=key("ack-mode", "on-confirm"),
         bind_nowait=key("bind-nowait", False), cleanup=key("resource-cleanup-mode", "default") != "never")
 

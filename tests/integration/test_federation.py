@@ -446,3 +446,20 @@ def test_a_downstream_killed_mid_way_loses_nothing_its_upstream_held(own_broker,
     with connect(downstream) as conn:
         received = get_all(conn.channel(), "q")
     assert set(received) == set(sent)
+
+
+def test_the_queue_an_exchange_link_declares_upstream_has_the_upstreams_expires_and_message_ttl(
+        broker, federation, unique):
+    upstream, policy = federation
+    up, down = f"{unique}.up", f"{unique}.down"
+    with connect(broker) as conn:
+        ch = conn.channel()
+        ch.exchange_declare(up, "fanout")
+        ch.exchange_declare(down, "fanout")
+    upstream(f"{unique}.upstream", {"exchange": up, "expires": 3600000, "message-ttl": 60000})
+    policy(f"{unique}.policy", f"^{down}$", {"federation-upstream": f"{unique}.upstream"}, "exchanges")
+    running_link(broker, down)
+    [queue] = [queue for queue in management.request(broker, "GET", "/api/queues/%2F").body
+               if queue["name"].startswith(f"federation: {up} -> ")]
+    assert queue["durable"] and queue["arguments"] == {
+        "x-expires": 3600000, "x-message-ttl": 60000, "x-internal-purpose": "federation"}
