@@ -45,6 +45,7 @@ class Federation:
         self.pending_names: dict[tuple[str, str], set[str]] = {}
         self.looking: asyncio.Handle | None = None  # the next turn's look, once scheduled
         self.started = False  # start() has run: changes start links at once (before, start() does)
+        self.federating: set[str] = set()  # the vhosts that have upstreams
         self.cleaning: set[asyncio.Task] = set()  # removed links deleting what they declared upstream
         node.parameter_components[UPSTREAM] = self
         node.parameter_components[UPSTREAM_SET] = _UpstreamSets(self)
@@ -59,8 +60,8 @@ class Federation:
 
     # --- broker.model.interfaces.TopologyWatcher ------------------------------------------------------------
     def topology_changed(self, vhost: VirtualHost, kind: str, name: str) -> None:
-        if not self.started:
-            return
+        if not self.started or (vhost.name not in self.federating and (vhost.name, kind, name) not in self.links):
+            return  # (a vhost without upstreams federates nothing: its changes cost a set lookup)
         self.pending_names.setdefault((vhost.name, kind), set()).add(name)
         if self.looking is None:
             self.looking = asyncio.get_running_loop().call_soon(self._look)
@@ -68,6 +69,10 @@ class Federation:
     def look_at_vhost(self, vhost_name: str) -> None:
         """Every federated object of a vhost is looked at again (an upstream or a set changed)."""
         vhost = self.node.vhosts.get(vhost_name)
+        if vhost is not None and any(component == UPSTREAM for component, _ in vhost.parameters):
+            self.federating.add(vhost_name)
+        else:
+            self.federating.discard(vhost_name)
         for kind, names in (("exchanges", vhost.exchanges if vhost else {}), ("queues", vhost.queues if vhost else {})):
             for name in [*names, *(key[2] for key in self.links if key[:2] == (vhost_name, kind))]:
                 if vhost is not None:
@@ -96,11 +101,8 @@ class Federation:
             policy = target.policy.name if target.policy is not None else ""
             wanted = upstreams_for(vhost.parameters, definition, kind, name)
         self._set_links((vhost_name, kind, name), wanted, policy)
-        links = self.links.get((vhost_name, kind, name))
-        if kind == "exchanges" and links:
-            for link in links.values():
-                assert isinstance(link, ExchangeLink)
-                link.topology_changed()
+        for link in self.links.get((vhost_name, kind, name), {}).values():
+            link.topology_changed()
 
     def _set_links(self, key: tuple[str, str, str], wanted: list[Upstream], policy: str) -> None:
         links = self.links.setdefault(key, {})

@@ -108,7 +108,6 @@ class ExchangeLink(FederationLink):
 
     # --- bindings ---------------------------------------------------------------------------------------------
     def topology_changed(self) -> None:
-        """The federated exchange's bindings may have changed."""
         self.bindings_changed.set()
 
     async def _keep_mirroring(self, link: Link) -> None:

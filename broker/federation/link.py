@@ -138,6 +138,9 @@ class FederationLink:
     async def _tear_down(self) -> None:
         """What the subclass stops as a run ends."""
 
+    def topology_changed(self) -> None:
+        """What it federates may have changed (an exchange's bindings, a queue's consumers): the subclass looks."""
+
     def stop(self) -> None:
         """The link is no longer wanted here (its policy or upstream changed, the vhost moved away)."""
         self.task.cancel()

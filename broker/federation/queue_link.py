@@ -3,10 +3,11 @@ its upstream queue while it has a consumer waiting here and nothing ready to giv
 
 The link consumes from the upstream queue (declared there as the federated queue is, if it is missing) at priority
 -1, so that the upstream's own consumers come first, and cancels that consumer whenever the federated queue has
-ready messages or no consumer with credit (it looks every DEMAND_INTERVAL). Each message read is republished to
-the federated queue through the default exchange, with an ``x-received-from`` hop counting its visits; its first
-hop also records where it was published (``x-original-exchange``, ``x-original-routing-key``) and renames a CC
-header ``x-original-cc``, so that republishing routes it to this queue alone.
+ready messages or no consumer with credit: it looks when a consumer comes, then every DEMAND_INTERVAL while the
+queue has consumers. Each message read is republished to the federated queue through the default exchange, with an
+``x-received-from`` hop counting its visits; its first hop also records where it was published
+(``x-original-exchange``, ``x-original-routing-key``) and renames a CC header ``x-original-cc``, so that
+republishing routes it to this queue alone.
 """
 
 from __future__ import annotations
@@ -55,9 +56,16 @@ class QueueLink(FederationLink):
             self.watching = None
         self.consuming = False
 
+    def topology_changed(self) -> None:
+        """A consumer came (or the queue changed otherwise): look now, if no look is due."""
+        if self.watching is None and self.link is not None and self.status == "running":
+            self._look(self.link)
+
     def _look(self, link: Link) -> None:
         """Consume upstream while the federated queue is empty and a consumer with credit waits (priority 0 or
-        more: RabbitMQ's active_unfederated); cancel otherwise."""
+        more: RabbitMQ's active_unfederated); cancel otherwise. Looked at again every DEMAND_INTERVAL while the
+        queue has consumers; without any, once one comes (topology_changed)."""
+        self.watching = None
         queue = self.vhost.queues.get(self.name)
         wanted = queue is not None and not queue.has_ready() and any(
             consumer.priority >= 0 and consumer.credit() > 0 for consumer in queue.consumers)
@@ -68,7 +76,8 @@ class QueueLink(FederationLink):
         elif self.consuming and not wanted:
             link.send(make_method(spec.Basic.Cancel, consumer_tag=self.upstream.consumer_tag, nowait=True))
         self.consuming = wanted
-        self.watching = asyncio.get_running_loop().call_later(DEMAND_INTERVAL, self._look, link)
+        if queue is not None and queue.consumers:
+            self.watching = asyncio.get_running_loop().call_later(DEMAND_INTERVAL, self._look, link)
 
     def _target(self, deliver: spec.Basic.Deliver, headers: dict) -> tuple[str, str] | None:
         hops = headers.get(RECEIVED_FROM)

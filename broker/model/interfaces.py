@@ -78,9 +78,9 @@ class ParameterComponent(Protocol):
 
 
 class TopologyWatcher(Protocol):
-    """What is told when a vhost's queues and exchanges may have changed in a way federation acts on (broker.federation):
-    one made or deleted, its policies applied again, an exchange's bindings changed. Told synchronously, in the
-    middle of the change: it notes the name and looks later."""
+    """What is told when a vhost's queues and exchanges may have changed in a way federation acts on
+    (broker.federation): one made or deleted, its policies applied again, an exchange's bindings changed, a queue's
+    consumer added. Told synchronously, in the middle of the change: it notes the name and looks later."""
 
     def topology_changed(self, vhost: "VirtualHost", kind: str, name: str) -> None:
         """kind: "queues" or "exchanges" (as a policy's apply-to names them)."""

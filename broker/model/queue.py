@@ -591,6 +591,7 @@ class Queue:
         self._place_last_of_its_priority(consumer)
         self.passed_over = 0
         self.vhost.dispatcher.mark(self)
+        self.vhost.changed("queues", self.name)  # (a federated queue's link consumes upstream while one waits)
 
     def credit_offered(self) -> None:
         """A consumer may have got credit back (an ack, a qos, a channel's flow, a socket writable again): every

@@ -227,7 +227,7 @@ class VirtualHost:
             live = self.queues.get(queue.name)
             if live is not None and live is queue and chosen != (live.policy, live.operator_policy):
                 live.apply_policies(*chosen)
-                self._changed("queues", live.name)
+                self.changed("queues", live.name)
             yield None
         for exchange, chosen in choices.exchanges:
             if choices.version != self.policies_version:
@@ -236,7 +236,7 @@ class VirtualHost:
             if live_exchange is not None and live_exchange is exchange and chosen != (
                     live_exchange.policy, live_exchange.operator_policy):
                 live_exchange.apply_policies(*chosen)
-                self._changed("exchanges", live_exchange.name)
+                self.changed("exchanges", live_exchange.name)
             yield None
 
     def policy_table(self, operator: bool) -> dict[str, Policy]:
@@ -322,7 +322,7 @@ class VirtualHost:
             exchange.delayed = DelayedMessages(self, exchange, delayed_key(self.name, exchange.name))
         exchange.apply_policies(*self.policies_for("exchanges", exchange.name))
         self.exchanges[exchange.name] = exchange
-        self._changed("exchanges", exchange.name)
+        self.changed("exchanges", exchange.name)
         return exchange
 
     def restore_queue(self, name: str, auto_delete: bool, arguments: dict) -> None:
@@ -335,7 +335,7 @@ class VirtualHost:
         self.queues[queue.name] = queue
         if queue.stores_all:
             self.queues_storing_all += 1
-        self._changed("queues", queue.name)
+        self.changed("queues", queue.name)
 
     def delete_exchange(self, name: str, if_unused: bool) -> None:
         if name == "" or name.startswith("amq."):
@@ -363,7 +363,7 @@ class VirtualHost:
         exchange.bindings.clear()
         for binding in list(exchange.inbound):
             self._drop_binding(binding)
-        self._changed("exchanges", exchange.name)
+        self.changed("exchanges", exchange.name)
 
     # --- queues ---------------------------------------------------------------------------------------------
     def declare_queue(self, name: str, connection: "QueueOwner", passive: bool, durable: bool, exclusive: bool,
@@ -427,7 +427,7 @@ class VirtualHost:
         if queue.recorded:
             self.store.delete_queue(queue.store_key)
             self.durable_changes += 1
-        self._changed("queues", queue.name)
+        self.changed("queues", queue.name)
         return count
 
     # --- bindings -------------------------------------------------------------------------------------------
@@ -441,7 +441,7 @@ class VirtualHost:
         binding = Binding(source, destination, routing_key, arguments)
         if source.add_binding(binding):
             (destination.bindings if isinstance(destination, Queue) else destination.inbound).add(binding)
-            self._changed("exchanges", source.name)
+            self.changed("exchanges", source.name)
             if record and self.store is not None and durability.binding_is_durable(binding):
                 self._record("binding", _binding_key(self.name, binding),
                              durability.binding_definition(self, binding))
@@ -464,7 +464,7 @@ class VirtualHost:
         source = binding.source
         source.remove_binding(binding)
         self._unlink(binding)
-        self._changed("exchanges", source.name)
+        self.changed("exchanges", source.name)
         if auto_delete_source and source.auto_delete and not source.bindings and not source.deleted:
             self._remove_exchange(source)
 
@@ -475,7 +475,8 @@ class VirtualHost:
         destination = binding.destination
         (destination.bindings if isinstance(destination, Queue) else destination.inbound).discard(binding)
 
-    def _changed(self, kind: str, name: str) -> None:
+    def changed(self, kind: str, name: str) -> None:
+        """Tell the watcher that a queue or exchange may have changed (see TopologyWatcher)."""
         if self.watcher is not None:
             self.watcher.topology_changed(self, kind, name)
 
