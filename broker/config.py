@@ -97,6 +97,9 @@ class Config:
     # Every link between nodes over TLS (replication, forwarded clients and API requests), each node's [tls]
     # certificate checked by the other against [tls] cacertfile
     cluster_tls: bool = False
+    # [federation]: ms between two checks that an exchange link's internal exchange is still there upstream (one
+    # deleted there starts the link again), as RabbitMQ's internal_exchange_check_interval
+    federation_internal_exchange_check_interval: int = 90000
 
 
 # Which TOML section each key lives in. A key of a section in PREFIXED_SECTIONS is the Config field of the same name
@@ -110,13 +113,15 @@ SECTIONS = {
     "cluster": ("etcd_endpoints", "node_id", "replication_port", "advertise_host", "lease_ttl", "ack_timeout",
                 "min_insync", "secret_file", "tls"),
     "tls": ("port", "certfile", "keyfile", "cacertfile", "verify", "fail_if_no_peer_cert"),
+    "federation": ("internal_exchange_check_interval",),
     "amqp": ("frame_max", "channel_max", "heartbeat", "default_consumer_prefetch", "consumer_timeout",
              "max_message_size", "default_user", "default_pass", "default_vhost", "loopback_users",
              "failed_login_delay"),
 }
 
 
-PREFIXED_SECTIONS = ("management", "prometheus", "tls", "cluster")  # sections whose keys are prefixed with the section's name
+# sections whose keys are prefixed with the section's name
+PREFIXED_SECTIONS = ("management", "prometheus", "tls", "cluster", "federation")
 
 # The keys of each [[table]] array, and whether each is required; each table is one item of RabbitMQ's
 # definitions of that kind, so these are the keys a definitions file has too, but for WARREN_KEYS.
@@ -369,6 +374,9 @@ def _validate(config: Config) -> None:
         raise ConfigError(f"memory_limit must not be negative, got {config.memory_limit}")
     if config.queue_messages_in_memory < 1:
         raise ConfigError(f"queue_messages_in_memory must be at least 1, got {config.queue_messages_in_memory}")
+    if not 100 <= config.federation_internal_exchange_check_interval <= 86400000:
+        raise ConfigError(f"federation internal_exchange_check_interval must be between 100 and 86400000 ms, got "
+                          f"{config.federation_internal_exchange_check_interval}")
     if not 1 <= config.max_message_size <= MAX_MESSAGE_SIZE_LIMIT:
         raise ConfigError(f"max_message_size must be between 1 and {MAX_MESSAGE_SIZE_LIMIT}, got "
                           f"{config.max_message_size}")

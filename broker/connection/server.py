@@ -28,6 +28,7 @@ from broker.model.durability import held_vhosts, restore
 from broker.model.features.paging import Paging
 from broker.model.node import Node
 from broker.federation.component import Federation
+from broker.federation.link import LinkSettings
 from broker.shovel.component import Shovels
 from broker.session.limits import ChannelLimits
 from storage.format import UnsupportedFormat
@@ -155,7 +156,8 @@ class Server:
         if role is not None:
             self.node.serves = role.serves
         self.shovels = Shovels(self.node, config.cluster_name, self._loopback)  # run while this server serves
-        self.federation = Federation(self.node, config.cluster_name, self._loopback)  # its links too
+        self.federation = Federation(self.node, LinkSettings(  # its links too
+            config.cluster_name, self._loopback, config.federation_internal_exchange_check_interval / 1000))
         self.connections: set[Connection] = set()
         self.version = version()
         self.platform = platform_name()

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable, Coroutine
+from typing import Coroutine
 
 from broker.federation.exchange_link import ExchangeLink
-from broker.federation.link import FederationLink
+from broker.federation.link import FederationLink, LinkSettings
 from broker.federation.queue_link import QueueLink
 from broker.federation.upstream import UPSTREAM, UPSTREAM_SET, Upstream, check_set, check_upstream, upstreams_for
 from broker.model.access import InternalAccess
@@ -34,10 +34,9 @@ INTERNAL_PURPOSE = "x-internal-purpose"  # an argument of what links declare: ne
 class Federation:
     """Both components (broker.model.interfaces.ParameterComponent), the topology watcher, and the links."""
 
-    def __init__(self, node: Node, cluster_name: str, local: Callable[[], tuple[str, int]]) -> None:
+    def __init__(self, node: Node, settings: LinkSettings) -> None:
         self.node = node
-        self.cluster_name = cluster_name  # named upstream as the downstream of every link
-        self.local = local  # this node's AMQP host and port, for URIs without a host
+        self.settings = settings  # what every link shares
         # (vhost, "exchanges" or "queues", name) -> (upstream, its exchange or queue) -> its link at work (a set may
         # name one upstream twice, with two exchanges or queues: two links)
         self.links: dict[tuple[str, str, str], dict[tuple[str, str], FederationLink]] = {}
@@ -122,7 +121,7 @@ class Federation:
             if link_key not in links and vhost is not None:
                 actor = Actor(vhost, InternalAccess(self.node, vhost.name), OPERATOR_OWNER)
                 kind = ExchangeLink if key[1] == "exchanges" else QueueLink
-                links[link_key] = kind(actor, key[2], upstream, policy, self.cluster_name, self.local)
+                links[link_key] = kind(actor, key[2], upstream, policy, self.settings)
         if not links:
             del self.links[key]
 
@@ -159,8 +158,7 @@ class Federation:
             for link_key, link in links.items():
                 if key[0] == vhost and link.id == link_id:
                     link.stop()
-                    links[link_key] = type(link)(link.actor, link.name, link.upstream, link.policy,
-                                                  self.cluster_name, self.local)
+                    links[link_key] = type(link)(link.actor, link.name, link.upstream, link.policy, self.settings)
                     return True
         return False
 

@@ -38,7 +38,7 @@ class ExchangeLink(FederationLink):
         self.internal = ""  # the internal exchange of this run, upstream
         self.suffix = ""  # its suffix
         self.bindings_changed = asyncio.Event()  # the federated exchange's bindings may differ from self.bound
-        self.syncing: asyncio.Task | None = None  # the run's task that mirrors them
+        self.syncing: asyncio.Task | None = None  # the run's task that mirrors them (_keep_up)
         super().__init__(*arguments, **keywords)
 
     @property
@@ -48,7 +48,7 @@ class ExchangeLink(FederationLink):
             local = "" if self.upstream.exchange == self.name else f":{self.name}"
         else:
             local = f":{self.vhost.name}:{self.name}"
-        return f"federation: {self.upstream.exchange} -> {self.cluster_name}{local}"
+        return f"federation: {self.upstream.exchange} -> {self.settings.cluster_name}{local}"
 
     async def _set_up(self, link: Link) -> None:
         upstream, exchange = self.upstream, self.vhost.exchanges.get(self.name)
@@ -73,7 +73,7 @@ class ExchangeLink(FederationLink):
         await link.call(make_method(
             spec.Exchange.Declare, exchange=self.internal, exchange_type="x-federation-upstream", durable=True,
             internal=True, auto_delete=True, arguments={
-                "x-max-hops": LongLong(upstream.max_hops), "x-downstream-name": self.cluster_name,
+                "x-max-hops": LongLong(upstream.max_hops), "x-downstream-name": self.settings.cluster_name,
                 "x-downstream-vhost": self.vhost.name, **PURPOSE}), spec.Exchange.DeclareOk)
         arguments = {key: LongLong(value) for key, value in (("x-expires", upstream.expires),
                                                              ("x-message-ttl", upstream.message_ttl))
@@ -90,7 +90,7 @@ class ExchangeLink(FederationLink):
             await link.call(spec.Basic.Qos(prefetch_count=upstream.prefetch), spec.Basic.QosOk)
         await link.call(make_method(spec.Basic.Consume, queue=queue, no_ack=upstream.ack_mode == "no-ack"),
                         spec.Basic.ConsumeOk)
-        self.syncing = asyncio.get_running_loop().create_task(self._keep_mirroring(link))
+        self.syncing = asyncio.get_running_loop().create_task(self._keep_up(link))
 
     async def _current_suffix(self, link: Link, queue: str) -> str:
         """The suffix of the internal exchange an earlier run left upstream ("B" where there is none)."""
@@ -110,11 +110,21 @@ class ExchangeLink(FederationLink):
     def topology_changed(self) -> None:
         self.bindings_changed.set()
 
-    async def _keep_mirroring(self, link: Link) -> None:
+    async def _keep_up(self, link: Link) -> None:
+        """Mirror the bindings as they change; and every check_interval without a change, look that the internal
+        exchange is still there upstream (RabbitMQ's check): a link must not show running while nothing can reach
+        its queue."""
         try:
             while True:
-                await self.bindings_changed.wait()
+                try:
+                    await asyncio.wait_for(self.bindings_changed.wait(), self.settings.check_interval)
+                except TimeoutError:
+                    await link.passive(make_method(spec.Exchange.Declare, exchange=self.internal, passive=True),
+                                       spec.Exchange.DeclareOk)
+                    continue
                 await self._mirror_bindings(link)
+        except Missing:
+            self._fail(f"the internal exchange {self.internal!r} is gone upstream")
         except Exception as error:  # (a refusal upstream: the run ends, and the next one mirrors afresh)
             self._fail(f"cannot mirror a binding upstream: {error}")
 
@@ -152,7 +162,7 @@ class ExchangeLink(FederationLink):
         if hops <= 0:
             return None
         mirrored = dict(arguments)
-        prepend_table(mirrored, BOUND_FROM, {"cluster-name": self.cluster_name, "vhost": self.vhost.name,
+        prepend_table(mirrored, BOUND_FROM, {"cluster-name": self.settings.cluster_name, "vhost": self.vhost.name,
                                              "exchange": f"{self.vhost.name}:{self.name} {self.suffix}",
                                              "hops": hops})
         return mirrored
@@ -161,7 +171,7 @@ class ExchangeLink(FederationLink):
     def _target(self, deliver: spec.Basic.Deliver, headers: dict) -> tuple[str, str] | None:
         hops = headers.get(RECEIVED_FROM)
         if isinstance(hops, list) and (len(hops) >= self.upstream.max_hops
-                                       or already_seen(self.cluster_name, self.vhost.name, hops)):
+                                       or already_seen(self.settings.cluster_name, self.vhost.name, hops)):
             return None
         hop = {"uri": self.uri, "exchange": self.name, "redelivered": deliver.redelivered}  # (the federated one's)
         if self.upstream_cluster:

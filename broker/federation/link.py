@@ -41,19 +41,26 @@ MIN_RECONNECT_DELAY = 1.0  # seconds between runs at least, whatever reconnect-d
 RECEIVED_FROM = "x-received-from"  # the header of a message's hops between brokers, the latest first
 
 
+@dataclasses.dataclass(frozen=True)
+class LinkSettings:
+    """What every federation link of this broker shares."""
+
+    cluster_name: str  # this broker's, in the headers that tell where a message has been
+    local: Callable[[], tuple[str, int]]  # this node's AMQP host and port, where a URI without a host connects
+    check_interval: float  # seconds between two checks that what an exchange link reads upstream is still there
+
+
 class FederationLink:
     """One federated exchange or queue and one of its upstreams, as GET /api/federation-links shows it."""
 
     kind = ""  # "exchange" or "queue": the subclass's
 
-    def __init__(self, actor: "Actor", name: str, upstream: Upstream, policy: str, cluster_name: str,
-                 local: Callable[[], tuple[str, int]]) -> None:
+    def __init__(self, actor: "Actor", name: str, upstream: Upstream, policy: str, settings: LinkSettings) -> None:
         self.actor = actor  # who republishes, and where: the federated object's vhost
         self.name = name  # the federated exchange or queue
         self.upstream = upstream
         self.policy = policy  # the name of the policy that federates it (in the connection's name)
-        self.cluster_name = cluster_name  # this broker's, in the headers that tell where a message has been
-        self.local = local  # this node's AMQP host and port, where a URI without a host connects
+        self.settings = settings
         self.status = "starting"  # then "running", or "error" (and why)
         self.error = ""
         self.said = ""  # the last failure logged: a link failing again for the same reason logs it once
@@ -118,7 +125,8 @@ class FederationLink:
         for uri in random.sample(self.upstream.uris, len(self.upstream.uris)):
             address = parse(uri, self.vhost.name)
             if address.local:  # (amqp://: this node, as RabbitMQ's direct connection)
-                address = dataclasses.replace(address, host=self.local()[0], port=self.local()[1])
+                host, port = self.settings.local()
+                address = dataclasses.replace(address, host=host, port=port)
             try:
                 link = await Link.open(address, address.connection_timeout, self.connection_name,
                                        "Warren federation", on_content=self._delivered)

@@ -463,3 +463,32 @@ def test_the_queue_an_exchange_link_declares_upstream_has_the_upstreams_expires_
                if queue["name"].startswith(f"federation: {up} -> ")]
     assert queue["durable"] and queue["arguments"] == {
         "x-expires": 3600000, "x-message-ttl": 60000, "x-internal-purpose": "federation"}
+
+
+def test_a_link_whose_internal_exchange_is_deleted_upstream_starts_again(own_broker, tmp_path):
+    """RabbitMQ's check: every [federation] internal_exchange_check_interval, a running exchange link looks that
+    its internal exchange is still there upstream; one deleted there starts the link again, which declares it anew
+    (a link must not show running while nothing can reach its queue)."""
+    config = tmp_path / "warren.toml"
+    config.write_text("[federation]\ninternal_exchange_check_interval = 200\n")
+    broker = own_broker("--config", str(config))
+    with connect(broker) as conn:
+        ch = conn.channel()
+        for name in ("up", "down"):
+            ch.exchange_declare(name, "fanout")
+        declare_queue(ch, "q")
+        ch.queue_bind("q", "down")
+        for path, body in (("/api/parameters/federation-upstream/%2F/self", {"value": {
+                "uri": broker.url, "exchange": "up", "reconnect-delay": 1}}),
+                           ("/api/policies/%2F/federated", {"pattern": "^down$", "apply-to": "exchanges",
+                                                            "definition": {"federation-upstream": "self"}})):
+            assert management.request(broker, "PUT", path, body).status == 201
+        first = running_link(broker, "down")
+        [internal] = [binding["destination"] for binding in upstream_bindings(broker, "up")]
+        ch.exchange_delete(internal)
+        wait_for(broker.log, LINK_TIMEOUT, "the check seeing it", until=lambda log: "is gone upstream" in log)
+        wait_for(lambda: [binding["destination"] for binding in upstream_bindings(broker, "up")], LINK_TIMEOUT,
+                 "the link set up again", until=lambda names: len(names) == 1)
+        assert running_link(broker, "down")["id"] == first["id"]
+        ch.basic_publish("up", "", b"federated again")
+        wait_for(lambda: message_count(ch, "q"), LINK_TIMEOUT, "the message federated")

@@ -47,6 +47,8 @@ def test_file_then_overrides(tmp_path):
     ("[amqp]\nfailed_login_delay = -1\n", "failed_login_delay must be between 0 and 10, got -1"),
     ("[amqp]\nconsumer_timeout = -1\n", "consumer_timeout must be 0 (no limit) or more milliseconds, got -1"),
     ("[server]\nqueue_messages_in_memory = 0\n", "queue_messages_in_memory must be at least 1, got 0"),
+    ("[federation]\ninternal_exchange_check_interval = 5\n",
+     "federation internal_exchange_check_interval must be between 100 and 86400000 ms, got 5"),
     ("[prometheus]\nport = 99999\n", "prometheus_port must be between 0 and 65535, got 99999"),
     ("[tls]\nport = 70000\n", "tls_port must be between 0 and 65535, got 70000"),
     ('[tls]\ncertfile = "a.pem"\n', "tls certfile and keyfile go together: give both or neither"),
