@@ -40,21 +40,23 @@ def api(management_port: int, method: str, path: str, body: dict | None = None) 
         return response.status
 
 
-async def preload(broker: RunningBroker, count: int, size: int) -> None:
+async def preload(broker: RunningBroker, count: int, size: int, queue: str = QUEUE,
+                  arguments: dict | None = None) -> None:
+    """The durable queue (declared with arguments) holds count more persistent messages of size bytes."""
     connection = await BenchConnection.open(BrokerURL.parse(broker.url))
     channel = await connection.open_channel()
-    await connection.declare_queue(channel, QUEUE, durable=True)
+    await connection.declare_queue(channel, queue, durable=True, arguments=arguments)
     tracker = ConfirmTracker(WINDOW, record_latency=False)
     await connection.select_confirms(channel, tracker)
-    message = message_frames(channel, "", QUEUE, b"x" * size, persistent=True)
+    message = message_frames(channel, "", queue, b"x" * size, persistent=True)
     await _publish_confirmed(connection, channel, message, tracker, time.perf_counter() + 3600, count)
     await connection.close()
 
 
-async def queue_length(broker: RunningBroker, durable: bool = True) -> int:
+async def queue_length(broker: RunningBroker, queue: str = QUEUE) -> int:
     connection = await BenchConnection.open(BrokerURL.parse(broker.url))
     channel = await connection.open_channel()
-    count = await connection.declare_queue(channel, QUEUE, durable=durable, passive=True)
+    count = await connection.declare_queue(channel, queue, durable=True, passive=True)
     await connection.close()
     return count
 
@@ -76,7 +78,7 @@ def one_run(kind: str, count: int, size: int) -> tuple[float, float]:
                     broker = start_rabbitmq(workdir, "--management", "--shovel")
                     brokers.append(broker)
                     management.append(broker.port + 10000)
-                    wait_for(lambda: _answers(broker.port + 10000), 120, f"{kind}'s API", step=0.2)
+                    wait_for(lambda: answers(broker.port + 10000), 120, f"{kind}'s API", step=0.2)
             source, destination = brokers
             asyncio.run(preload(source, count, size))
             asyncio.run(preload(destination, 0, size))  # (declares the destination's queue)
@@ -94,7 +96,7 @@ def one_run(kind: str, count: int, size: int) -> tuple[float, float]:
                 broker.stop()
 
 
-def _answers(port: int) -> bool:
+def answers(port: int) -> bool:
     try:
         return api(port, "GET", "/api/overview") == 200
     except OSError:

@@ -117,9 +117,13 @@ def test_warren_federates_an_exchange_of_rabbitmq_with_what_rabbitmqs_links_decl
     assert (internal["type"], internal["internal"], internal["arguments"]["x-max-hops"]) == (
         "x-federation-upstream", True, 1)
     assert management.request(rabbitmq, "GET", f"/api/queues/%2F/{management.quote(queue)}").status == 200
+    hop = {"uri": "amqp://elsewhere", "exchange": "fed.rx", "redelivered": False, "cluster-name": "other",
+           "vhost": "/"}
     with connect(rabbitmq) as conn:
         channel = conn.channel()
         channel.basic_publish("fed.rx", "other", b"not bound in Warren")
+        channel.basic_publish("fed.rx", "k.0", b"one hop already", pika.BasicProperties(headers={
+            "x-received-from": [hop]}))  # (max-hops 1: RabbitMQ's upstream exchange drops it)
         channel.basic_publish("fed.rx", "k.1", b"bound", pika.BasicProperties(delivery_mode=2))
     with connect(warren) as conn:
         channel = conn.channel()
@@ -199,3 +203,30 @@ def test_a_link_comes_back_after_either_side_restarts_and_what_was_published_mea
         channel = conn.channel()
         wait_for(lambda: message_count(channel, "fed.restarts.q"), LINKED_WITHIN, "federated after the restart")
         assert get_all(channel, "fed.restarts.q") == [b"after RabbitMQ restarted"]
+
+
+def test_rabbitmqs_link_comes_back_after_warren_restarts(rabbitmq, own_broker, tmp_path):
+    """RabbitMQ federates an exchange of Warren. Warren restarts: the link's durable queue and exchange on Warren
+    come back with it, bound as before, and RabbitMQ's link connects again: what is published to Warren arrives."""
+    warren = own_broker(data_dir=tmp_path / "warren")
+    with connect(warren) as conn:
+        conn.channel().exchange_declare("fed.wr", "fanout", durable=True)
+    put_all(rabbitmq, [("/api/exchanges/%2F/fed.wr", {"type": "fanout", "durable": True}),
+                       ("/api/queues/%2F/fed.wr.q", {"durable": True}),
+                       ("/api/parameters/federation-upstream/%2F/warren-restarting", {"value": {
+                           "uri": warren.url, "reconnect-delay": 1}}),
+                       ("/api/policies/%2F/fed-wr", {"pattern": r"^fed\.wr$", "apply-to": "exchanges",
+                                                     "definition": {"federation-upstream": "warren-restarting"}})])
+    assert management.request(rabbitmq, "POST", "/api/bindings/%2F/e/fed.wr/q/fed.wr.q", {"routing_key": ""}
+                              ).status == 201
+    management.wait_for(warren, "/api/exchanges/%2F/fed.wr/bindings/source", lambda found: len(found) == 1,
+                        LINKED_WITHIN)
+    warren.restart()
+    management.wait_for(warren, "/api/exchanges/%2F/fed.wr/bindings/source", lambda found: len(found) == 1,
+                        LINKED_WITHIN)  # (the binding to the link's exchange, durable, restored)
+    with connect(warren) as conn:
+        conn.channel().basic_publish("fed.wr", "", b"after Warren restarted", pika.BasicProperties(delivery_mode=2))
+    with connect(rabbitmq) as conn:
+        channel = conn.channel()
+        wait_for(lambda: message_count(channel, "fed.wr.q"), LINKED_WITHIN, "federated after the restart")
+        assert get_all(channel, "fed.wr.q") == [b"after Warren restarted"]
