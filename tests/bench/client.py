@@ -287,11 +287,10 @@ class BenchConnection(asyncio.Protocol):
         await self.rpc(channel, commands.Channel.Open(), commands.Channel.OpenOk)
         return channel
 
-    async def declare_queue(self, channel: int, name: str, durable: bool = False, passive: bool = False,
-                            arguments: dict | None = None) -> int:
+    async def declare_queue(self, channel: int, name: str, durable: bool = False, passive: bool = False) -> int:
         """Declare a queue; returns its message count."""
-        reply = await self.rpc(channel, commands.Queue.Declare(queue=name, durable=durable, passive=passive,
-                                                               arguments=arguments), commands.Queue.DeclareOk)
+        reply = await self.rpc(channel, commands.Queue.Declare(queue=name, durable=durable, passive=passive),
+                               commands.Queue.DeclareOk)
         return reply.message_count
 
     async def delete_queue(self, channel: int, name: str) -> None:

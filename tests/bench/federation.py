@@ -23,15 +23,19 @@ import urllib.request
 from base64 import b64encode
 from pathlib import Path
 
-from tests.bench.brokers import start_rabbitmq, start_warren
-from tests.bench.client import BenchConnection, BrokerURL
+import pika
+
+from tests.bench.brokers import RunningBroker, start_rabbitmq, start_warren
+from tests.bench.client import BenchConnection, BrokerURL, ConfirmTracker, message_frames
 from tests.bench.process_memory import cpu_seconds
-from tests.bench.shovel import answers, api, preload, queue_length
+from tests.bench.scenarios import _publish_confirmed
+from tests.bench.shovel import WINDOW, answers, api, queue_length
 from tests.conftest import free_port
 from tests.waiting import wait_for
 
 EXCHANGE = "bench-fed"
 QUEUE = "bench-fed-q"
+PRELOAD = "bench-fed-preload"  # the exchange the link's queue upstream is preloaded through
 
 
 def cluster_name(management_port: int) -> str:
@@ -48,6 +52,27 @@ async def declare_exchange(url: str, bound_queue: bool) -> None:
     if bound_queue:
         await connection.declare_queue(channel, QUEUE, durable=True)
         await connection.bind_queue(channel, QUEUE, EXCHANGE, "")
+    await connection.close()
+
+
+def prepare_link_queue(url: str, name: str) -> None:
+    """The queue the downstream's link will read, declared as it declares it, bound to PRELOAD (through pika: the
+    bench client's pamqp refuses its ">")."""
+    with pika.BlockingConnection(pika.URLParameters(url)) as connection:
+        channel = connection.channel()
+        channel.queue_declare(name, durable=True, arguments={"x-internal-purpose": "federation"})
+        channel.exchange_declare(PRELOAD, "fanout")
+        channel.queue_bind(name, PRELOAD)
+
+
+async def preload_through(broker: RunningBroker, count: int, size: int) -> None:
+    """count persistent messages of size bytes published to PRELOAD, confirmed."""
+    connection = await BenchConnection.open(BrokerURL.parse(broker.url))
+    channel = await connection.open_channel()
+    tracker = ConfirmTracker(WINDOW, record_latency=False)
+    await connection.select_confirms(channel, tracker)
+    message = message_frames(channel, PRELOAD, "", b"x" * size, persistent=True)
+    await _publish_confirmed(connection, channel, message, tracker, time.perf_counter() + 3600, count)
     await connection.close()
 
 
@@ -72,8 +97,8 @@ def one_run(kind: str, count: int, size: int) -> tuple[float, float]:
             upstream, downstream = brokers
             asyncio.run(declare_exchange(upstream.url, bound_queue=False))
             asyncio.run(declare_exchange(downstream.url, bound_queue=True))
-            link_queue = f"federation: {EXCHANGE} -> {cluster_name(management[1])}"
-            asyncio.run(preload(upstream, count, size, link_queue, {"x-internal-purpose": "federation"}))
+            prepare_link_queue(upstream.url, f"federation: {EXCHANGE} -> {cluster_name(management[1])}")
+            asyncio.run(preload_through(upstream, count, size))
             before = cpu_seconds(upstream.pid) + cpu_seconds(downstream.pid)
             started = time.perf_counter()
             api(management[1], "PUT", "/api/parameters/federation-upstream/%2F/bench", {"value": {

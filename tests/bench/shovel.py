@@ -40,12 +40,10 @@ def api(management_port: int, method: str, path: str, body: dict | None = None) 
         return response.status
 
 
-async def preload(broker: RunningBroker, count: int, size: int, queue: str = QUEUE,
-                  arguments: dict | None = None) -> None:
-    """The durable queue (declared with arguments) holds count more persistent messages of size bytes."""
+async def preload(broker: RunningBroker, count: int, size: int, queue: str = QUEUE) -> None:
     connection = await BenchConnection.open(BrokerURL.parse(broker.url))
     channel = await connection.open_channel()
-    await connection.declare_queue(channel, queue, durable=True, arguments=arguments)
+    await connection.declare_queue(channel, queue, durable=True)
     tracker = ConfirmTracker(WINDOW, record_latency=False)
     await connection.select_confirms(channel, tracker)
     message = message_frames(channel, "", queue, b"x" * size, persistent=True)
