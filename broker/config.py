@@ -82,6 +82,9 @@ class Config:
     vhosts: list[dict] = field(default_factory=list)
     users: list[dict] = field(default_factory=list)
     permissions: list[dict] = field(default_factory=list)
+    # [[shovels]] tables: shovels defined at every start (RabbitMQ's static shovels), each a name, a vhost and the
+    # keys of a dynamic shovel's definition
+    shovels: list[dict] = field(default_factory=list)
     # [cluster]: this node is one of a replicated group coordinated through etcd (cluster/); no endpoints = one node
     cluster_etcd_endpoints: list[str] = field(default_factory=list)  # etcd client addresses, "host:port"
     cluster_node_id: str = ""  # this node's name in the cluster, unique and stable across restarts
@@ -129,7 +132,9 @@ TABLE_ARRAYS = {
     "vhosts": {"name": True, "description": False, "tags": False, "worker": False},
     "users": {"name": True, "password": False, "password_hash": False, "hashing_algorithm": False, "tags": False},
     "permissions": {"user": True, "vhost": True, "configure": True, "write": True, "read": True},
+    "shovels": {"name": True, "vhost": False},  # and the shovel's own keys, checked as an API's PUT checks them
 }
+OPEN_TABLES = ("shovels",)  # arrays whose tables hold keys beyond TABLE_ARRAYS' (checked where they are applied)
 TABLE_KEY_TYPES = {"tags": (list, "a list of strings"), "worker": (int, "a worker number")}  # others: strings
 WARREN_KEYS = {"vhosts": ("worker",)}  # keys of the tables that are not definitions: the worker a vhost is pinned to
 
@@ -186,12 +191,14 @@ def read_definitions(path: str) -> dict:
 
 
 def _validate_table(array: str, table: dict) -> None:
-    """One [[vhosts]], [[users]] or [[permissions]] table: known keys of the right types, required ones present,
-    and a password (or password hash) for a user."""
+    """One [[vhosts]], [[users]], [[permissions]] or [[shovels]] table: known keys of the right types, required
+    ones present, and a password (or password hash) for a user."""
     keys = TABLE_ARRAYS[array]
     name = table.get("name", table.get("user"))
     where = f"[[{array}]] '{name}'" if isinstance(name, str) else f"[[{array}]]"
     for key, value in table.items():
+        if key not in keys and array in OPEN_TABLES:
+            continue
         if key not in keys:
             raise ConfigError(f"{where}: unknown key '{key}' (known: {', '.join(keys)})")
         kind, described = TABLE_KEY_TYPES.get(key, (str, "a string"))

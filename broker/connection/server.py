@@ -29,7 +29,7 @@ from broker.model.features.paging import Paging
 from broker.model.node import Node
 from broker.federation.component import Federation
 from broker.federation.link import LinkSettings
-from broker.shovel.component import Shovels
+from broker.shovel.component import Shovels, static_shovel
 from broker.session.limits import ChannelLimits
 from storage.format import UnsupportedFormat
 from storage.pages import PageStore
@@ -283,7 +283,7 @@ class Server:
 
     def _boot_definitions(self) -> dict:
         """What every start applies once recovery is done: the load_definitions file's definitions, then the
-        config's [[vhosts]], [[users]] and [[permissions]] (so that these win)."""
+        config's [[vhosts]], [[users]], [[permissions]] and [[shovels]] (so that these win)."""
         path = self.config.load_definitions
         try:
             document = read_definitions(path) if path else {}
@@ -293,6 +293,8 @@ class Server:
             kept_out = WARREN_KEYS.get(section, ())
             tables = [{key: value for key, value in table.items() if key not in kept_out}
                       for table in getattr(self.config, section)]
+            if section == "shovels":  # (a shovel is a runtime parameter, as an export holds it)
+                section, tables = "parameters", [static_shovel(table) for table in tables]
             existing = document.get(section, [])
             if tables and isinstance(existing, list):  # a file's non-list is reported by the import
                 document[section] = existing + tables

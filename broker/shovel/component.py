@@ -110,3 +110,10 @@ class Shovels:
         vhost = self.node.vhosts.get(shovel.vhost)
         if vhost is not None and (COMPONENT, shovel.name) in vhost.parameters:
             self.node.clear_parameter(shovel.vhost, COMPONENT, shovel.name)
+
+
+def static_shovel(table: dict) -> dict:
+    """The runtime parameter a [[shovels]] table of the config defines, as a definitions export holds it: its
+    name, its vhost ("/" unless it names one) and the rest of its keys as the shovel's definition."""
+    value = {key: item for key, item in table.items() if key not in ("name", "vhost")}
+    return {"vhost": table.get("vhost", "/"), "component": COMPONENT, "name": table["name"], "value": value}

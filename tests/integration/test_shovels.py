@@ -439,3 +439,32 @@ def test_a_message_of_200_kib_crosses_in_several_frames_whole(broker, shovels, u
         shovels(name, {"src-queue": source, "dest-queue": target})
         wait_for(lambda: message_count(ch, target), SHOVEL_TIMEOUT, "the message moved", until=lambda n: n == 1)
         assert get_all(ch, target) == [body]
+
+
+def test_a_shovel_in_the_config_file_runs_from_the_start_and_a_bad_one_stops_the_start(own_broker, tmp_path, unique):
+    """RabbitMQ's static shovels: a [[shovels]] table (a name, a vhost, the keys of a dynamic shovel) is defined at
+    every start; one that RabbitMQ would refuse keeps the broker from starting, saying why."""
+    config = tmp_path / "warren.toml"
+    config.write_text(f"""
+[[shovels]]
+name = "from-the-config"
+vhost = "/"
+src-uri = "amqp://"
+src-queue = "{unique}.from"
+dest-uri = "amqp://"
+dest-queue = "{unique}.to"
+reconnect-delay = 1
+""")
+    broker = own_broker("--config", str(config))
+    with connect(broker) as conn:
+        ch = conn.channel()
+        declare_queue(ch, f"{unique}.from", durable=True)
+        ch.basic_publish("", f"{unique}.from", b"moved")
+        wait_for(lambda: message_count(ch, f"{unique}.to"), SHOVEL_TIMEOUT, "the message moved",
+                 until=lambda n: n == 1)
+    assert running(broker, "from-the-config")["dest_queue"] == f"{unique}.to"
+    broker.stop()
+    config.write_text(config.read_text().replace('reconnect-delay = 1', 'ack-mode = "sometimes"'))
+    with pytest.raises(RuntimeError):
+        broker.start()
+    assert "ack-mode should be one of" in broker.log() and "from-the-config" in broker.log()

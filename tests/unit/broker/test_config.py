@@ -133,6 +133,8 @@ def test_load_definitions_names_a_json_file(tmp_path):
     ('[[users]]\nname = "app"\n', "[[users]] 'app': needs a password or a password_hash"),
     ('[[users]]\nname = "app"\npassword = "x"\nrole = "admin"\n', "[[users]] 'app': unknown key 'role'"),
     ('[[users]]\nname = "app"\npassword = 7\n', "[[users]] 'app': password must be a string, got 7"),
+    ('[[shovels]]\nsrc-queue = "q"\n', "[[shovels]]: name missing"),
+    ('[[shovels]]\nname = "s"\nvhost = 5\n', "[[shovels]] 's': vhost must be a string, got 5"),
     ('[[users]]\nname = "app"\npassword = "x"\ntags = "administrator"\n',
      "[[users]] 'app': tags must be a list of strings, got 'administrator'"),
     ('[[users]]\npassword = "x"\n', "[[users]]: name missing"),
