@@ -459,6 +459,7 @@ reconnect-delay = 1
     with connect(broker) as conn:
         ch = conn.channel()
         declare_queue(ch, f"{unique}.from", durable=True)
+        declare_queue(ch, f"{unique}.to", durable=True)
         ch.basic_publish("", f"{unique}.from", b"moved")
         wait_for(lambda: message_count(ch, f"{unique}.to"), SHOVEL_TIMEOUT, "the message moved",
                  until=lambda n: n == 1)
