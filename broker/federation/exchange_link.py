@@ -70,11 +70,7 @@ class ExchangeLink(FederationLink):
         self.suffix = "B" if old == "A" else "A"
         self.internal = f"{queue} {self.suffix}"
         await link.call(make_method(spec.Exchange.Delete, exchange=self.internal), spec.Exchange.DeleteOk)
-        await link.call(make_method(
-            spec.Exchange.Declare, exchange=self.internal, exchange_type="x-federation-upstream", durable=True,
-            internal=True, auto_delete=True, arguments={
-                "x-max-hops": LongLong(upstream.max_hops), "x-downstream-name": self.settings.cluster_name,
-                "x-downstream-vhost": self.vhost.name, **PURPOSE}), spec.Exchange.DeclareOk)
+        await self._declare_internal(link)
         arguments = {key: LongLong(value) for key, value in (("x-expires", upstream.expires),
                                                              ("x-message-ttl", upstream.message_ttl))
                      if value is not None}
@@ -91,6 +87,30 @@ class ExchangeLink(FederationLink):
         await link.call(make_method(spec.Basic.Consume, queue=queue, no_ack=upstream.ack_mode == "no-ack"),
                         spec.Basic.ConsumeOk)
         self.syncing = asyncio.get_running_loop().create_task(self._keep_up(link))
+
+    async def _declare_internal(self, link: Link) -> None:
+        """The internal exchange, of type x-federation-upstream; where the upstream lacks that type (a RabbitMQ
+        without its federation plugin), a fanout one, as RabbitMQ's link falls back: max-hops and cycles are then
+        checked here alone. The type is tried on a connection of its own, which RabbitMQ 3.x closes for an unknown
+        exchange type (4.x and Warren close the channel)."""
+        assert self.address is not None
+        declare = dict(exchange=self.internal, durable=True, internal=True, auto_delete=True)
+        trial = await Link.open(self.address, self.address.connection_timeout,
+                                "Disposable exchange federation link connection", "Warren federation")
+        try:
+            await trial.call(make_method(spec.Exchange.Declare, exchange_type="x-federation-upstream", arguments={
+                "x-max-hops": LongLong(self.upstream.max_hops), "x-downstream-name": self.settings.cluster_name,
+                "x-downstream-vhost": self.vhost.name, **PURPOSE}, **declare), spec.Exchange.DeclareOk)
+            return
+        except LinkError as error:
+            if "unknown exchange type" not in str(error):
+                raise
+            log.info("federation link of exchange %r in vhost %r: the upstream %r has no x-federation-upstream "
+                     "exchange type; a fanout one instead", self.name, self.vhost.name, self.upstream.name)
+        finally:
+            trial.close()
+        await link.call(make_method(spec.Exchange.Declare, exchange_type="fanout", arguments=PURPOSE, **declare),
+                        spec.Exchange.DeclareOk)
 
     async def _current_suffix(self, link: Link, queue: str) -> str:
         """The suffix of the internal exchange an earlier run left upstream ("B" where there is none)."""

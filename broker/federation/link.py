@@ -25,7 +25,7 @@ from pamqp import commands as spec
 from broker.federation.upstream import Upstream
 from broker.links.client import Content, Link, LinkError
 from broker.links.status import local_timestamp
-from broker.links.uri import parse, without_credentials
+from broker.links.uri import Address, parse, without_credentials
 from broker.model import operations
 from broker.model.message import Address, Header, Message, carbon_copy_keys
 from protocol.codec import decode_properties, encode_header_payload
@@ -66,7 +66,8 @@ class FederationLink:
         self.said = ""  # the last failure logged: a link failing again for the same reason logs it once
         self.since = time.time()  # when the status last changed
         self.link: Link | None = None  # the connection to the upstream, while a run has it
-        self.uri = upstream.uri  # the URI the link connected to last (without credentials)
+        self.address: Address | None = None  # where the link connected last
+        self.uri = upstream.uri  # and its URI (without credentials)
         self.upstream_vhost = ""  # and its vhost
         self.upstream_cluster = ""  # the upstream's cluster_name ("" if it says none)
         self.failed: asyncio.Future[str] | None = None  # set when this run must end: why
@@ -133,6 +134,7 @@ class FederationLink:
             except LinkError as error:
                 failures.append(str(error))
                 continue
+            self.address = address
             self.uri, self.upstream_vhost = without_credentials(uri), address.vhost
             cluster = link.server_properties.get("cluster_name")
             self.upstream_cluster = cluster.decode() if isinstance(cluster, bytes) else str(cluster or "")

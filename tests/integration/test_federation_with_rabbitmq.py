@@ -17,6 +17,7 @@ from tests.waiting import wait_for
 pytestmark = pytest.mark.slow
 
 REFERENCE_PORT = 17400  # below the ephemeral range, as the other reference tests' (17360, 17380)
+PLAIN_PORT = 17420  # a second reference, without the federation plugin
 LINKED_WITHIN = 60.0  # seconds a link may take to start (its policy is applied, then it connects)
 
 
@@ -230,3 +231,36 @@ def test_rabbitmqs_link_comes_back_after_warren_restarts(rabbitmq, own_broker, t
         channel = conn.channel()
         wait_for(lambda: message_count(channel, "fed.wr.q"), LINKED_WITHIN, "federated after the restart")
         assert get_all(channel, "fed.wr.q") == [b"after Warren restarted"]
+
+
+def test_warren_federates_an_exchange_of_a_rabbitmq_without_its_federation_plugin(own_broker):
+    """An upstream without the x-federation-upstream exchange type (RabbitMQ 3.10 closes the connection that asks
+    for it): the link falls back to a fanout internal exchange, as RabbitMQ's does, and checks max-hops itself."""
+    with reference_rabbitmq(PLAIN_PORT) as plain:
+        warren = own_broker()
+        with connect(plain) as conn:
+            conn.channel().exchange_declare("fed.plain", "direct", durable=True)
+        with connect(warren) as conn:
+            channel = conn.channel()
+            channel.exchange_declare("fed.plain", "direct", durable=True)
+            declare_queue(channel, "fed.plain.q", durable=True)
+            channel.queue_bind("fed.plain.q", "fed.plain", "k")
+        put_all(warren, [("/api/parameters/federation-upstream/%2F/plain", {"value": {"uri": plain.url}}),
+                         ("/api/policies/%2F/fed-plain", {"pattern": r"^fed\.plain$", "apply-to": "exchanges",
+                                                          "definition": {"federation-upstream": "plain"}})])
+        management.wait_for(warren, "/api/federation-links/%2F", lambda found: [
+            link["status"] for link in found] == ["running"], LINKED_WITHIN)
+        internal = management.request(plain, "GET", "/api/exchanges/%2F/" + management.quote(
+            "federation: fed.plain -> warren A")).body
+        assert internal["type"] == "fanout"
+        hop = {"uri": "amqp://elsewhere", "exchange": "fed.plain", "redelivered": False, "cluster-name": "other",
+               "vhost": "/"}
+        with connect(plain) as conn:
+            channel = conn.channel()
+            channel.basic_publish("fed.plain", "k", b"one hop already", pika.BasicProperties(headers={
+                "x-received-from": [hop]}))  # (max-hops 1: the link drops it)
+            channel.basic_publish("fed.plain", "k", b"federated")
+        with connect(warren) as conn:
+            channel = conn.channel()
+            wait_for(lambda: message_count(channel, "fed.plain.q"), LINKED_WITHIN, "the message federated")
+            assert get_all(channel, "fed.plain.q") == [b"federated"]
