@@ -188,9 +188,13 @@ class FederationLink:
             properties.user_id = None
         message = Message(Address(exchange, routing_key), Header(encode_header_payload(len(body), properties)), body)
         try:
-            operations.publish(self.actor, exchange, routing_keys, message)
+            refused = operations.publish(self.actor, exchange, routing_keys, message,
+                                         confirm=ack_mode == "on-confirm").refused
         except AMQPError as error:
             self._fail(f"cannot republish to {exchange or routing_key!r}: {error.text}")
+            return
+        if refused and ack_mode != "no-ack":  # (not acked: it goes back upstream, and comes again after a while)
+            self._fail(f"a queue refused a message republished to {exchange or routing_key!r} (reject-publish)")
             return
         if ack_mode == "on-publish":
             link.send(spec.Basic.Ack(delivery_tag=deliver.delivery_tag))

@@ -174,10 +174,17 @@ def unbind(actor: Actor, source_name: str, kind: str, destination_name: str, rou
 
 
 # --- messages --------------------------------------------------------------------------------------------------
+class Published(NamedTuple):
+    """What became of a publish."""
+
+    routed: bool  # a queue (or the delayed exchange) took it
+    refused: bool  # a queue turned it away (reject-publish): on a channel in confirm mode, a basic.nack
+
+
 def publish(actor: Actor, exchange_name: str, routing_keys: list[str], message: "Message",
-            mandatory: bool = False, confirm: bool = False) -> bool:
-    """basic.publish of a message made by the broker (the API's): checked as the channel checks a client's, then
-    routed by routing_keys (its own and its CC and BCC headers'); whether a queue took it. Counted in the node's
+            mandatory: bool = False, confirm: bool = False) -> Published:
+    """basic.publish of a message made by the broker (the API's, a federation link's): checked as the channel
+    checks a client's, then routed by routing_keys (its own and its CC and BCC headers'). Counted in the node's
     counters as a channel counts a publish, on a channel in confirm mode with confirm, mandatory with mandatory
     (RabbitMQ's API publish is both; its aliveness test neither)."""
     check_shortstr("exchange", exchange_name)
@@ -198,11 +205,11 @@ def publish(actor: Actor, exchange_name: str, routing_keys: list[str], message: 
         # the API answers routed: false, as RabbitMQ's does
         exchange.delayed.hold(message, routing_keys, delay)
         _count_publish(vhost.counters, confirm, True, False, mandatory)
-        return False
+        return Published(False, False)
     queues = vhost.route(exchange, routing_keys, message)
     refused = bool(queues) and vhost.publish_to(queues, message)[1]
     _count_publish(vhost.counters, confirm, bool(queues), refused, mandatory)
-    return bool(queues)
+    return Published(bool(queues), refused)
 
 
 def _count_publish(counters: "NodeCounters", confirm: bool, routed: bool, refused: bool, mandatory: bool) -> None:

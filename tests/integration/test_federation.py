@@ -12,7 +12,7 @@ import pika
 import pytest
 
 from tests.integration import management
-from tests.integration.helpers import connect, declare_queue, get_all, message_count
+from tests.integration.helpers import beyond_rabbitmq, connect, declare_queue, get_all, message_count
 from tests.waiting import wait_for
 
 LINK_TIMEOUT = 30.0  # seconds a link may take to start and move a few messages
@@ -492,3 +492,29 @@ def test_a_link_whose_internal_exchange_is_deleted_upstream_starts_again(own_bro
         assert running_link(broker, "down")["id"] == first["id"]
         ch.basic_publish("up", "", b"federated again")
         wait_for(lambda: message_count(ch, "q"), LINK_TIMEOUT, "the message federated")
+
+
+@beyond_rabbitmq  # (RabbitMQ's link is nacked and requeues at once, for ever: its status shows nothing)
+def test_a_message_a_full_queue_refuses_goes_back_upstream_until_the_queue_takes_it(broker, federation, unique):
+    """A queue here with reject-publish turns a republished message away: the link acks nothing more, its run ends
+    saying why, what it had not acked goes back upstream, and it comes again after reconnect-delay, until the queue
+    has room (RabbitMQ's link gets a nack, and requeues at once)."""
+    upstream, policy = federation
+    up, down, queue = f"{unique}.up", f"{unique}.down", f"{unique}.q"
+    with connect(broker) as conn:
+        ch = conn.channel()
+        ch.exchange_declare(up, "fanout")
+        ch.exchange_declare(down, "fanout")
+        declare_queue(ch, queue, arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
+        ch.queue_bind(queue, down)
+        upstream(f"{unique}.upstream", {"exchange": up, "reconnect-delay": 1})
+        policy(f"{unique}.policy", f"^{down}$", {"federation-upstream": f"{unique}.upstream"}, "exchanges")
+        running_link(broker, down)
+        wait_for(lambda: mirrored_keys(broker, up), LINK_TIMEOUT, "the binding mirrored")
+        ch.basic_publish(up, "", b"first")
+        ch.basic_publish(up, "", b"second")
+        wait_for(lambda: next(link for link in links(broker) if link.get("exchange") == down), LINK_TIMEOUT,
+                 "the link saying a queue refused", until=lambda link: "refused" in link.get("error", ""))
+        received: list[bytes] = []
+        wait_for(lambda: received.extend(get_all(ch, queue)) or received, LINK_TIMEOUT, "both taken in turn",
+                 until=lambda got: {b"first", b"second"} <= set(got))

@@ -73,7 +73,7 @@ async def publish(request: web.Request) -> web.Response:
     try:
         # RabbitMQ's API publishes mandatory, on a channel in confirm mode, and counts it as such
         routed = operations.publish(actor_of(request, vhost), name, routing_keys, message, mandatory=True,
-                                    confirm=True)
+                                    confirm=True).routed
     except AMQPError as error:
         raise http.bad_request(f"{error.reply_code} {error.text}") from None
     if routed:
