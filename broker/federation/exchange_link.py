@@ -17,15 +17,14 @@ import logging
 
 from pamqp import commands as spec
 
-from broker.federation.link import RECEIVED_FROM, FederationLink, already_seen
+from broker.federation.link import INTERNAL_PURPOSE, FederationLink
 from broker.links.client import Link, LinkError, Missing
 from broker.links.headers import prepend_table
-from broker.model.exchange import canonical_arguments
+from broker.model.exchange import RECEIVED_FROM, already_seen, canonical_arguments, should_forward
 from protocol.codec import LongLong, make_method
 
 BOUND_FROM = "x-bound-from"  # a mirrored binding's argument: where it came from, and the hops it may still travel
 MAX_QUEUE_NAME = 253  # bytes: the internal exchange's name adds a suffix, and a name is a short string (255)
-PURPOSE = {"x-internal-purpose": "federation"}  # marks what a link declares upstream (never federated itself)
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +75,8 @@ class ExchangeLink(FederationLink):
                      if value is not None}
         if upstream.ha_policy is not None:
             arguments["x-ha-policy"] = upstream.ha_policy
-        await link.call(make_method(spec.Queue.Declare, queue=queue, durable=True, arguments={**arguments, **PURPOSE}),
-                        spec.Queue.DeclareOk)
+        await link.call(make_method(spec.Queue.Declare, queue=queue, durable=True,
+                                    arguments={**arguments, **INTERNAL_PURPOSE}), spec.Queue.DeclareOk)
         await link.call(make_method(spec.Queue.Bind, queue=queue, exchange=self.internal), spec.Queue.BindOk)
         self.bound = {}
         await self._mirror_bindings(link)
@@ -100,7 +99,7 @@ class ExchangeLink(FederationLink):
         try:
             await trial.call(make_method(spec.Exchange.Declare, exchange_type="x-federation-upstream", arguments={
                 "x-max-hops": LongLong(self.upstream.max_hops), "x-downstream-name": self.settings.cluster_name,
-                "x-downstream-vhost": self.vhost.name, **PURPOSE}, **declare), spec.Exchange.DeclareOk)
+                "x-downstream-vhost": self.vhost.name, **INTERNAL_PURPOSE}, **declare), spec.Exchange.DeclareOk)
             return
         except LinkError as error:
             if "unknown exchange type" not in str(error):
@@ -109,8 +108,8 @@ class ExchangeLink(FederationLink):
                      "exchange type; a fanout one instead", self.name, self.vhost.name, self.upstream.name)
         finally:
             trial.close()
-        await link.call(make_method(spec.Exchange.Declare, exchange_type="fanout", arguments=PURPOSE, **declare),
-                        spec.Exchange.DeclareOk)
+        await link.call(make_method(spec.Exchange.Declare, exchange_type="fanout", arguments=INTERNAL_PURPOSE,
+                                    **declare), spec.Exchange.DeclareOk)
 
     async def _current_suffix(self, link: Link, queue: str) -> str:
         """The suffix of the internal exchange an earlier run left upstream ("B" where there is none)."""
@@ -145,8 +144,8 @@ class ExchangeLink(FederationLink):
                 await self._mirror_bindings(link)
         except Missing:
             self._fail(f"the internal exchange {self.internal!r} is gone upstream")
-        except Exception as error:  # (a refusal upstream: the run ends, and the next one mirrors afresh)
-            self._fail(f"cannot mirror a binding upstream: {error}")
+        except Exception as error:  # (a refusal upstream, the connection gone: the next run mirrors afresh)
+            self._fail(f"keeping the bindings upstream failed: {error}")
 
     async def _mirror_bindings(self, link: Link) -> None:
         """Bind upstream what the federated exchange's bindings route here, and unbind what they no longer do."""
@@ -175,7 +174,7 @@ class ExchangeLink(FederationLink):
         hops = self.upstream.max_hops
         earlier = arguments.get(BOUND_FROM)
         if isinstance(earlier, list) and earlier and isinstance(earlier[0], dict):
-            if already_seen(self.upstream_cluster, self.upstream_vhost, earlier):
+            if already_seen(earlier, self.upstream_cluster, self.upstream_vhost):
                 return None
             previous = earlier[0].get("hops")
             hops = min((previous if isinstance(previous, int) else 0) - 1, hops)
@@ -189,9 +188,8 @@ class ExchangeLink(FederationLink):
 
     # --- messages ---------------------------------------------------------------------------------------------
     def _target(self, deliver: spec.Basic.Deliver, headers: dict) -> tuple[str, str] | None:
-        hops = headers.get(RECEIVED_FROM)
-        if isinstance(hops, list) and (len(hops) >= self.upstream.max_hops
-                                       or already_seen(self.settings.cluster_name, self.vhost.name, hops)):
+        if not should_forward(headers.get(RECEIVED_FROM), self.upstream.max_hops, self.settings.cluster_name,
+                              self.vhost.name):
             return None
         hop = {"uri": self.uri, "exchange": self.name, "redelivered": deliver.redelivered}  # (the federated one's)
         if self.upstream_cluster:
@@ -201,15 +199,15 @@ class ExchangeLink(FederationLink):
         return self.name, deliver.routing_key
 
     # --- removal ----------------------------------------------------------------------------------------------
-    async def remove(self) -> None:
-        """Stopped for good (its policy or upstream gone, the exchange deleted): its queue and internal exchanges
-        upstream go too, unless resource-cleanup-mode is never. (A restart, or this node stopping, keeps them: what
-        they hold meanwhile is read by the next run.)"""
-        self.stop()
+    async def clean_up(self) -> None:
+        """Its queue and internal exchanges upstream go too, unless resource-cleanup-mode is never. (A restart, or
+        this node stopping, keeps them: what they hold meanwhile is read by the next run.) Where the link connected
+        last, or where one of its URIs answers."""
         if not self.upstream.cleanup:
             return
         try:
-            link = await self._connect()
+            link = await (Link.open(self.address, self.address.connection_timeout, self.connection_name,
+                                    "Warren federation") if self.address is not None else self._connect())
             try:
                 queue = self.queue
                 await link.call(make_method(spec.Queue.Delete, queue=queue), spec.Queue.DeleteOk)
@@ -218,7 +216,7 @@ class ExchangeLink(FederationLink):
                                     spec.Exchange.DeleteOk)
             finally:
                 link.close()
-        except LinkError as error:
+        except Exception as error:  # (said: what is left upstream is the operator's to delete)
             log.warning("federation link of exchange %r in vhost %r removed, but not its queue upstream: %s",
                         self.name, self.vhost.name, error)
 

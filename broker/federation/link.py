@@ -27,7 +27,8 @@ from broker.links.client import Content, Link, LinkError
 from broker.links.status import local_timestamp
 from broker.links.uri import Address, parse, without_credentials
 from broker.model import operations
-from broker.model.message import Address, Header, Message, carbon_copy_keys
+from broker.model.message import Address as PublishedTo
+from broker.model.message import Header, Message, carbon_copy_keys
 from protocol.codec import decode_properties, encode_header_payload
 from protocol.errors import AMQPError
 
@@ -38,7 +39,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MIN_RECONNECT_DELAY = 1.0  # seconds between runs at least, whatever reconnect-delay says (never a hot loop)
-RECEIVED_FROM = "x-received-from"  # the header of a message's hops between brokers, the latest first
+SETTLE_TIMEOUT = 5.0  # seconds a run that ends waits at most for the store, to ack what it wrote
+INTERNAL_PURPOSE = {"x-internal-purpose": "federation"}  # marks what links declare upstream: never federated itself
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,8 +57,10 @@ class FederationLink:
 
     kind = ""  # "exchange" or "queue": the subclass's
 
-    def __init__(self, actor: "Actor", name: str, upstream: Upstream, policy: str, settings: LinkSettings) -> None:
+    def __init__(self, actor: "Actor", name: str, upstream: Upstream, policy: str, settings: LinkSettings,
+                 after: "asyncio.Task | None") -> None:
         self.actor = actor  # who republishes, and where: the federated object's vhost
+        self.after = after  # a removed link's clean-up upstream, which the first run waits for
         self.name = name  # the federated exchange or queue
         self.upstream = upstream
         self.policy = policy  # the name of the policy that federates it (in the connection's name)
@@ -73,6 +77,8 @@ class FederationLink:
         self.failed: asyncio.Future[str] | None = None  # set when this run must end: why
         self.last_tag = 0  # on-confirm: the latest delivery republished in this run
         self.awaiting_store = False  # on-confirm: a when_durable is pending
+        self.settled: asyncio.Future | None = None  # set once none is pending, while a run ends (_settle)
+        self.stopping = False  # stop() was called: the run ends, and no other starts
         self.task = asyncio.get_running_loop().create_task(self._run())
 
     @property
@@ -85,10 +91,14 @@ class FederationLink:
 
     # --- the runs ---------------------------------------------------------------------------------------------
     async def _run(self) -> None:
+        if self.after is not None:
+            await asyncio.wait((self.after,))
         while True:
             try:
                 await self._session()
             except (LinkError, AMQPError) as error:
+                if self.stopping:
+                    return
                 self._failed(str(error) if isinstance(error, LinkError) else error.text)
             except Exception as error:  # (not foreseen: said, and tried again as any failure)
                 if repr(error) != self.said:
@@ -115,10 +125,23 @@ class FederationLink:
                 closed.cancel()
             raise LinkError(next(iter(finished)).result())
         finally:
+            await self._settle()
             await self._tear_down()
             if self.link is not None:
                 self.link.close()
             self.link = None
+
+    async def _settle(self) -> None:
+        """Before a run ends, the acks of what the store is writing go out (at most SETTLE_TIMEOUT later), so that
+        an end for a reason of this side (a refusal, a stop) sends none of it again."""
+        link = self.link
+        if link is None or link.closed.done() or not self.awaiting_store:
+            return
+        self.settled = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait((self.settled,), timeout=SETTLE_TIMEOUT)
+        finally:
+            self.settled = None
 
     async def _connect(self) -> Link:
         """A link to one of the upstream's URIs (in a random order, as RabbitMQ picks one at random)."""
@@ -152,14 +175,20 @@ class FederationLink:
         """What it federates may have changed (an exchange's bindings, a queue's consumers): the subclass looks."""
 
     def stop(self) -> None:
-        """The link is no longer wanted here (its policy or upstream changed, the vhost moved away)."""
-        self.task.cancel()
-        if self.link is not None:
-            self.link.close()
+        """The link is no longer wanted here (removed, changed, restarted, the vhost served elsewhere): its run
+        ends, the acks of what the store is writing sent first (at most SETTLE_TIMEOUT)."""
+        self.stopping = True
+        if self.link is None or self.status != "running" or not self.awaiting_store:
+            self.task.cancel()
+            if self.link is not None:
+                self.link.close()
+            return
+        self._fail("stopped")  # (the run settles, then closes; cancelled should the store not answer)
+        asyncio.get_running_loop().call_later(SETTLE_TIMEOUT, self.task.cancel)
 
-    async def remove(self) -> None:
-        """The link is no longer wanted anywhere: stop it, and delete what it declared upstream (the subclass's)."""
-        self.stop()
+    async def clean_up(self) -> None:
+        """The link was stopped for good (its policy or upstream gone, the object deleted): delete what it
+        declared upstream (the subclass's)."""
 
     # --- messages ---------------------------------------------------------------------------------------------
     def _target(self, deliver: spec.Basic.Deliver, headers: dict) -> tuple[str, str] | None:
@@ -186,7 +215,8 @@ class FederationLink:
         properties.headers = headers or None
         if not self.upstream.trust_user_id:
             properties.user_id = None
-        message = Message(Address(exchange, routing_key), Header(encode_header_payload(len(body), properties)), body)
+        header = Header(encode_header_payload(len(body), properties))
+        message = Message(PublishedTo(exchange, routing_key), header, body)
         try:
             refused = operations.publish(self.actor, exchange, routing_keys, message,
                                          confirm=ack_mode == "on-confirm").refused
@@ -218,10 +248,14 @@ class FederationLink:
         self.awaiting_store = False
         if not ok:
             self._fail("the store could not write what was republished")
+            if self.settled is not None and not self.settled.done():
+                self.settled.set_result(None)
             return
         link.send(spec.Basic.Ack(delivery_tag=tag, multiple=True))
         if self.last_tag > tag:
             self._await_store(link)
+        elif self.settled is not None and not self.settled.done():
+            self.settled.set_result(None)
 
     def _fail(self, why: str) -> None:
         if self.failed is not None and not self.failed.done():
@@ -263,9 +297,3 @@ class FederationLink:
         elif self.status == "error":
             identity["error"] = self.error
         return {**identity, "uri": self.uri, "timestamp": local_timestamp(self.since)}
-
-
-def already_seen(cluster_name: str, vhost: str, hops: list) -> bool:
-    """Whether a message (or binding) has been through that broker's vhost already (a cycle)."""
-    return any(isinstance(hop, dict) and hop.get("cluster-name") == cluster_name and hop.get("vhost") == vhost
-               for hop in hops)

@@ -16,8 +16,9 @@ import asyncio
 
 from pamqp import commands as spec
 
-from broker.federation.link import RECEIVED_FROM, FederationLink
+from broker.federation.link import FederationLink
 from broker.links.client import Link, LinkError, Missing
+from broker.model.exchange import RECEIVED_FROM
 from protocol.codec import make_method
 
 DEMAND_INTERVAL = 0.05  # seconds between two looks at whether the federated queue wants messages

@@ -9,7 +9,7 @@ import dataclasses
 from typing import Any
 
 from broker.links import validation
-from broker.links.uri import Address, parse, without_credentials
+from broker.links.uri import without_credentials
 from broker.links.validation import DefinitionError
 from broker.model.patterns import compile_pattern
 
@@ -22,7 +22,7 @@ DEFAULT_RECONNECT_DELAY = 5  # seconds
 
 _binary, _number, _boolean = validation.binary, validation.number, validation.boolean
 SHARED: dict[str, validation.Check] = {
-    "exchange": _binary, "queue": _binary, "consumer-tag": _binary, "prefetch-count": _number,
+    "exchange": _binary, "queue": _binary, "consumer-tag": _binary, "prefetch-count": validation.prefetch,
     "reconnect-delay": _number, "max-hops": _number, "expires": _number, "message-ttl": _number,
     "trust-user-id": _boolean, "ack-mode": validation.one_of(*ACK_MODES),
     "resource-cleanup-mode": validation.one_of("default", "never"), "ha-policy": _binary,
@@ -53,8 +53,11 @@ class Upstream:
     bind_nowait: bool
     cleanup: bool  # a removed link deletes its upstream queue and exchange (resource-cleanup-mode default)
 
-    def addresses(self) -> list[Address]:
-        return [parse(uri) for uri in self.uris]
+    def declares_otherwise(self, other: "Upstream") -> bool:
+        """Whether a link with this upstream declares upstream what one with the other would not: elsewhere, or
+        its queue with other arguments (which the declare would refuse)."""
+        return ((self.uris, self.expires, self.message_ttl, self.ha_policy)
+                != (other.uris, other.expires, other.message_ttl, other.ha_policy))
 
     @property
     def uri(self) -> str:

@@ -24,6 +24,7 @@ CHANNEL = 1  # the channel a link moves messages on
 SIDE_CHANNEL = 2  # and one where a queue is looked for (a 404 closes that channel alone)
 FRAME_MAX = 131072  # the largest frame the link asks for, and reads: a larger one fails the link
 REPLY_TIMEOUT = 30.0  # seconds a method's reply may take (a peer that never answers fails the link)
+MAX_BODY = 536870912  # bytes of a message's body read at most (RabbitMQ's largest max_message_size): more fails
 HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
 CLIENT_PROPERTIES = {
     "platform": "Python",
@@ -85,6 +86,10 @@ class Link(asyncio.Protocol):
             if link is not None:
                 link.close()
             raise LinkError(f"cannot connect to {address.shown}: {error or 'timed out'}") from None
+        except asyncio.CancelledError:  # (its owner stopped meanwhile: the connection goes too)
+            if link is not None:
+                link.close()
+            raise
         return link
 
     async def _handshake(self, address: Address, name: str, product: str) -> None:
@@ -117,6 +122,8 @@ class Link(asyncio.Protocol):
     async def _reply(self, replies: tuple[type, ...]) -> Frame:
         if self.closed.done():
             raise LinkError(self.closed.result())
+        if self._waiting is not None:  # (one method at a time: its owner's code is wrong)
+            raise LinkError("a method was sent while another's reply is awaited")
         future = asyncio.get_running_loop().create_future()
         self._waiting = future, replies
         closed = asyncio.ensure_future(asyncio.shield(self.closed))
@@ -201,6 +208,8 @@ class Link(asyncio.Protocol):
                 elif frame_type == FRAME_HEADER and self._content and len(self._content) == 1:
                     self._content.append(payload)
                     self._body_left = int.from_bytes(payload[4:12], "big")
+                    if self._body_left > MAX_BODY:
+                        raise LinkError(f"a message of {self._body_left} bytes, over {MAX_BODY}")
                     self._content_read()
                 elif frame_type == FRAME_BODY and len(self._content) >= 2:
                     self._content.append(payload)

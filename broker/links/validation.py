@@ -60,6 +60,13 @@ def number(key: str, item: Any) -> str | None:
     return None
 
 
+def prefetch(key: str, item: Any) -> str | None:
+    """A number a basic.qos can carry (RabbitMQ takes any number here, and its link then fails at every start)."""
+    if reason := number(key, item):
+        return reason
+    return f"{key} should be at most 65535, actually was {write_value(item)}" if item > 65535 else None
+
+
 def boolean(key: str, item: Any) -> str | None:
     return None if isinstance(item, bool) else f"{key} should be boolean, actually was {write_value(item)}"
 

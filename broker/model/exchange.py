@@ -262,16 +262,25 @@ class FederationUpstreamExchange(FanoutExchange):
 
     def route(self, routing_key, message):
         headers = message.headers
-        hops = headers.get(RECEIVED_FROM) if headers else None
-        if isinstance(hops, list) and (len(hops) >= self.max_hops or any(
-                isinstance(hop, dict) and (hop.get("cluster-name"), hop.get("vhost")) == self.downstream
-                for hop in hops)):
+        if not should_forward(headers.get(RECEIVED_FROM) if headers else None, self.max_hops, *self.downstream):
             return ()
         return self._all.get(None, ())
 
 
 MAX_HOPS = "x-max-hops"  # (FederationUpstreamExchange's argument)
 RECEIVED_FROM = "x-received-from"  # the header a federation link adds to each message it republishes: its hops
+
+
+def should_forward(hops: object, max_hops: int, cluster_name: object, vhost: object) -> bool:
+    """Whether a message whose x-received-from is hops goes on to that cluster's vhost
+    (rabbit_federation_util:should_forward): it has crossed fewer than max_hops links, and not been there."""
+    return not isinstance(hops, list) or (len(hops) < max_hops and not already_seen(hops, cluster_name, vhost))
+
+
+def already_seen(hops: list, cluster_name: object, vhost: object) -> bool:
+    """Whether a message's (or a binding's) hops name that cluster's vhost: a cycle."""
+    return any(isinstance(hop, dict) and hop.get("cluster-name") == cluster_name and hop.get("vhost") == vhost
+               for hop in hops)
 
 EXCHANGE_TYPES: dict[str, type[Exchange]] = {**ROUTING_TYPES, DelayedExchange.kind: DelayedExchange,
                                             FederationUpstreamExchange.kind: FederationUpstreamExchange}

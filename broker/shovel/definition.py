@@ -56,7 +56,7 @@ KEYS: dict[str, validation.Check] = {
     "ack-mode": validation.one_of(*ACK_MODES), "reconnect-delay": _number, "src-protocol": _protocol,
     "dest-protocol": _protocol, "src-uri": validation.uris, "src-exchange": _binary, "src-exchange-key": _binary,
     "src-queue": _binary, "src-queue-args": _table, "src-consumer-args": _table, "src-consumer-name": _binary,
-    "prefetch-count": _number, "src-prefetch-count": _number, "delete-after": _delete_after,
+    "prefetch-count": validation.prefetch, "src-prefetch-count": validation.prefetch, "delete-after": _delete_after,
     "src-delete-after": _delete_after, "src-predeclared": _boolean,
     "dest-uri": validation.uris, "dest-exchange": _binary, "dest-exchange-key": _binary,
     "dest-queue": validation.short_binary, "dest-queue-args": _table, "add-forward-headers": _boolean,

@@ -518,3 +518,18 @@ def test_a_message_a_full_queue_refuses_goes_back_upstream_until_the_queue_takes
         received: list[bytes] = []
         wait_for(lambda: received.extend(get_all(ch, queue)) or received, LINK_TIMEOUT, "both taken in turn",
                  until=lambda got: {b"first", b"second"} <= set(got))
+
+
+def test_an_internal_exchange_is_not_federated(broker, federation, unique):
+    upstream, policy = federation
+    up, internal, plain = f"{unique}.up", f"{unique}.internal", f"{unique}.plain"
+    with connect(broker) as conn:
+        ch = conn.channel()
+        ch.exchange_declare(up, "fanout")
+        ch.exchange_declare(internal, "fanout", internal=True)
+        ch.exchange_declare(plain, "fanout")
+    upstream(f"{unique}.upstream", {"exchange": up})
+    policy(f"{unique}.policy", f"^{unique}\\.(internal|plain)$", {"federation-upstream": f"{unique}.upstream"},
+           "exchanges")
+    running_link(broker, plain)  # (the same policy federates the other one)
+    assert [link for link in links(broker) if link.get("exchange") == internal] == []

@@ -41,8 +41,9 @@ def test_rabbitmq_federates_an_exchange_of_warren_and_max_hops_holds(rabbitmq, o
         assert management.request(rabbitmq, "PUT", path, body).status in (201, 204), path
     assert management.request(rabbitmq, "POST", "/api/bindings/%2F/e/fed.x/q/fed.q", {"routing_key": ""}
                               ).status == 201
-    management.wait_for(warren, "/api/exchanges/%2F", lambda exchanges: any(
-        exchange["type"] == "x-federation-upstream" for exchange in exchanges), LINKED_WITHIN)
+    # (the link declares its exchange on Warren, then binds fed.x to it: a message published before is dropped)
+    management.wait_for(warren, "/api/exchanges/%2F/fed.x/bindings/source", lambda bindings: any(
+        binding["destination"].startswith("federation: fed.x -> ") for binding in bindings), LINKED_WITHIN)
     hop = {"uri": "amqp://elsewhere", "exchange": "fed.x", "redelivered": False, "cluster-name": "other",
            "vhost": "/"}
     with connect(warren) as conn:

@@ -86,3 +86,8 @@ def test_a_policy_with_federation_keys_rabbitmq_refuses_is_refused_with_its_text
     with pytest.raises(PolicyError) as refused:
         make_policy("/", "p", "^x$", definition)
     assert refused.value.problem == problem
+
+
+def test_a_prefetch_a_basic_qos_cannot_carry_is_refused():
+    assert reasons(check_upstream, {"uri": URI, "prefetch-count": 70000}) == [
+        "prefetch-count should be at most 65535, actually was 70000"]

@@ -9,6 +9,7 @@ from pamqp import commands as spec
 
 from broker.links import client
 from broker.links.client import Link, LinkError
+from broker.links.headers import prepend_table
 from broker.links.uri import parse
 from protocol.codec import decode_method, encode_method
 from protocol.constants import FRAME_METHOD
@@ -63,3 +64,12 @@ def test_a_frame_larger_than_the_link_reads_fails_it_without_reading_it_whole():
         return str(failed.value)
 
     assert "the peer sent what cannot be read: FRAME_ERROR" in asyncio.run(run())
+
+
+def test_a_header_of_another_type_is_kept_in_x_invalid_headers_as_rabbitmq_keeps_it():
+    headers = {"x-received-from": "not an array", "x-invalid-headers": "not a table"}
+    prepend_table(headers, "x-received-from", {"hop": 1})
+    assert headers == {"x-received-from": [{"hop": 1}], "x-invalid-headers": {"x-received-from": ["not an array"]}}
+    headers["x-received-from"] = 7
+    prepend_table(headers, "x-received-from", {"hop": 2})
+    assert headers["x-invalid-headers"] == {"x-received-from": [7, "not an array"]}
