@@ -533,3 +533,56 @@ def test_an_internal_exchange_is_not_federated(broker, federation, unique):
            "exchanges")
     running_link(broker, plain)  # (the same policy federates the other one)
     assert [link for link in links(broker) if link.get("exchange") == internal] == []
+
+
+def test_an_upstream_changed_to_other_queue_arguments_declares_its_queue_anew(broker, federation, unique):
+    """The queue a link declares upstream holds the upstream's expires and message-ttl: changing them deletes the
+    old queue before the new link declares its own (the declare would otherwise be refused as inequivalent)."""
+    upstream, policy = federation
+    up, down = f"{unique}.up", f"{unique}.down"
+    with connect(broker) as conn:
+        ch = conn.channel()
+        ch.exchange_declare(up, "fanout")
+        ch.exchange_declare(down, "fanout")
+
+    def link_queue_arguments() -> list[dict]:
+        return [queue["arguments"] for queue in management.request(broker, "GET", "/api/queues/%2F").body
+                if queue["name"].startswith(f"federation: {up} -> ")]
+
+    upstream(f"{unique}.upstream", {"exchange": up, "message-ttl": 60000})
+    policy(f"{unique}.policy", f"^{down}$", {"federation-upstream": f"{unique}.upstream"}, "exchanges")
+    running_link(broker, down)
+    assert [arguments.get("x-message-ttl") for arguments in link_queue_arguments()] == [60000]
+    upstream(f"{unique}.upstream", {"exchange": up, "message-ttl": 120000})
+    wait_for(link_queue_arguments, LINK_TIMEOUT, "the queue declared anew",
+             until=lambda found: [arguments.get("x-message-ttl") for arguments in found] == [120000])
+    assert running_link(broker, down)["status"] == "running"
+
+
+def test_a_policy_removed_and_set_again_at_once_leaves_a_link_that_works_from_the_start(own_broker):
+    """The removed link's clean-up upstream (its queue and exchanges deleted) runs before the new link sets up the
+    same names: the new one neither loses its consumer to it nor fails."""
+    broker = own_broker()
+    with connect(broker) as conn:
+        ch = conn.channel()
+        ch.exchange_declare("up", "fanout")
+        ch.exchange_declare("down", "fanout")
+        declare_queue(ch, "q")
+        ch.queue_bind("q", "down")
+        for path, body in (("/api/parameters/federation-upstream/%2F/self", {"value": {"uri": broker.url,
+                                                                                      "exchange": "up"}}),
+                           ("/api/policies/%2F/federated", {"pattern": "^down$", "apply-to": "exchanges",
+                                                            "definition": {"federation-upstream": "self"}})):
+            assert management.request(broker, "PUT", path, body).status == 201
+        for _ in range(5):
+            running_link(broker, "down")
+            assert management.request(broker, "DELETE", "/api/policies/%2F/federated").status == 204
+            assert management.request(broker, "PUT", "/api/policies/%2F/federated", {
+                "pattern": "^down$", "apply-to": "exchanges", "definition": {"federation-upstream": "self"}}
+                                      ).status == 201
+        running_link(broker, "down")
+        wait_for(lambda: mirrored_keys(broker, "up"), LINK_TIMEOUT, "the binding mirrored", until=lambda keys: keys == [
+            "q"])
+        ch.basic_publish("up", "", b"federated")
+        wait_for(lambda: message_count(ch, "q"), LINK_TIMEOUT, "the message federated")
+    assert "federation link of exchange 'down' in vhost '/' (upstream 'self'):" not in broker.log()  # (no failure)
