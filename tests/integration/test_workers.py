@@ -525,3 +525,36 @@ def test_a_move_a_stop_interrupted_is_finished_at_the_next_start(workers):
     with connect(broker, "v1") as conn:
         assert conn.channel().basic_get("kept", auto_ack=True)[2] == b"hello"
     assert "moved from worker 1 to worker 2" in broker.log()
+
+
+def test_a_shovel_and_a_federation_link_run_once_in_the_worker_of_their_vhost(workers):
+    """v1 is led by worker 1: its shovel and its federation link run there alone, and the API that merges every
+    worker's answers lists each once."""
+    broker = workers()
+    for path, body in (
+            ("/api/parameters/shovel/v1/move", {"value": {
+                "src-uri": "amqp:///v1", "src-queue": "from", "dest-uri": "amqp:///v1", "dest-queue": "to"}}),
+            ("/api/parameters/federation-upstream/v1/self", {"value": {"uri": "amqp:///v1", "exchange": "up"}}),
+            ("/api/policies/v1/federated", {"pattern": "^down$", "apply-to": "exchanges",
+                                            "definition": {"federation-upstream": "self"}})):
+        assert request(broker, "PUT", path, body).status == 201, path
+    with connect(broker, "v1") as conn:
+        channel = conn.channel()
+        channel.exchange_declare("up", "fanout")
+        channel.exchange_declare("down", "fanout")
+        declare_queue(channel, "federated")
+        channel.queue_bind("federated", "down")
+        declare_queue(channel, "from", durable=True)
+        declare_queue(channel, "to", durable=True)
+        wait_for(lambda: [link["status"] for link in request(broker, "GET", "/api/federation-links").body], 30,
+                 "the federation link listed once, running", until=lambda states: states == ["running"])
+        wait_for(lambda: request(broker, "GET", "/api/exchanges/v1/up/bindings/source").body, 30,
+                 "the binding mirrored")
+        channel.basic_publish("", "from", b"shovelled")
+        channel.basic_publish("up", "", b"federated")
+        for queue in ("to", "federated"):
+            wait_for(lambda: channel.queue_declare(queue, passive=True).method.message_count, 30,
+                     f"a message in {queue}", until=lambda count: count == 1)
+    shovels = request(broker, "GET", "/api/shovels").body
+    assert [(shovel["name"], shovel["state"]) for shovel in shovels] == [("move", "running")]
+    assert "shovel 'move' in vhost 'v1'" not in broker.log()  # (it never failed, on either worker)
