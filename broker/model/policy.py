@@ -53,16 +53,6 @@ def _name(value) -> bool:
     return isinstance(value, str)
 
 
-def _pattern(value) -> bool:
-    if not isinstance(value, str):
-        return False
-    try:
-        compile_pattern(value)
-    except (PatternError, re.error):
-        return False
-    return True
-
-
 def _integer(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -115,8 +105,9 @@ KEYS: dict[str, PolicyKey] = {
     # federation (broker.federation): which upstreams a queue or exchange receives from; one of the three at most
     "federation-upstream": PolicyKey(_name, "is not a valid federation upstream name", "any", False, False),
     "federation-upstream-set": PolicyKey(_name, "is not a valid federation upstream set name", "any", False, False),
-    "federation-upstream-pattern": PolicyKey(_pattern, "is not a valid federation upstream pattern name", "any",
-                                             False, False),
+    # (a string that does not compile: _check_upstream_pattern's text)
+    "federation-upstream-pattern": PolicyKey(_name, "is not a valid federation upstream pattern name", "any", False,
+                                             False),
 }
 FEDERATION_KEYS = ("federation-upstream", "federation-upstream-set", "federation-upstream-pattern")
 
@@ -170,6 +161,8 @@ def _check_definition(definition, operator: bool) -> None:
     for key in sorted(definition):
         if key in allowed and not KEYS[key].valid(definition[key]):
             raise PolicyError(f"{erlang_json(definition[key])} {KEYS[key].refusal}")
+        if key == "federation-upstream-pattern":
+            _check_upstream_pattern(definition[key])
     unknown = [(key, definition[key]) for key in sorted(definition) if key not in allowed]
     if unknown:
         printed = ",".join(f"{{{erlang_json(key)},{erlang_json(value)}}}" for key, value in unknown)
@@ -209,12 +202,29 @@ def _compiled(pattern: str):
     except PatternError as error:
         raise PolicyError(str(error)) from None
     except re.error as error:
-        message = _PCRE_ERRORS.get(error.msg, error.msg)
-        offset = len(pattern.encode()) if message in _AT_END else (error.pos or 0)
+        message, offset = _pcre_error(pattern, error)
         flat = f'{{"{message}",{offset}}}'
         if len(_REGEX_PROBLEM) + len(flat) >= _LINE_WIDTH:
             flat = f'{{"{message}",\n{" " * (len(_REGEX_PROBLEM) + 1)}{offset}}}'
         raise PolicyError(_REGEX_PROBLEM + flat) from None
+
+
+def _pcre_error(pattern: str, error: re.error) -> tuple[str, int]:
+    """What PCRE says of a pattern Python's re refuses: its words, and the byte offset it names."""
+    message = _PCRE_ERRORS.get(error.msg, error.msg)
+    return message, len(pattern.encode()) if message in _AT_END else (error.pos or 0)
+
+
+def _check_upstream_pattern(pattern: str) -> None:
+    """federation-upstream-pattern's regular expression, as rabbit_federation_parameters checks it."""
+    try:
+        compile_pattern(pattern)
+    except PatternError as error:
+        raise PolicyError(f"could not compile pattern {pattern} to a regular expression. Error: {error}") from None
+    except re.error as error:
+        message, offset = _pcre_error(pattern, error)
+        raise PolicyError(f'could not compile pattern {pattern} to a regular expression. Error: '
+                          f'{{"{message}",{offset}}}') from None
 
 
 def _plain(value) -> str:

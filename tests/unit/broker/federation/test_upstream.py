@@ -79,6 +79,8 @@ def test_a_policy_names_one_upstream_a_set_every_upstream_or_a_pattern_of_names(
     ({"federation-upstream": 5}, "5 is not a valid federation upstream name"),
     ({"federation-upstream-set": ["a"]}, '[<<"a">>] is not a valid federation upstream set name'),
     ({"federation-upstream-pattern": 1}, "1 is not a valid federation upstream pattern name"),
+    ({"federation-upstream-pattern": "("},
+     'could not compile pattern ( to a regular expression. Error: {"missing )",1}'),
     ({"federation-upstream": "a", "federation-upstream-pattern": "b"},
      "cannot specify federation-upstream, federation-upstream-set or federation-upstream-pattern together"),
 ])
