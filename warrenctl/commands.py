@@ -420,10 +420,14 @@ def restart_federation_link(ctx: Context, args: Any) -> None:
     node = ctx.client.get("/api/overview").get("node", "")
     ctx.say(f"Restarting federation link {args.link_id} on node {node}")
     link = next((link for link in ctx.client.get("/api/federation-links") if link.get("id") == args.link_id), None)
+    missing = CommandError("Link with the given ID was not found", EX_UNAVAILABLE)
     if link is None:
-        raise CommandError("Link with the given ID was not found", EX_UNAVAILABLE)
-    ctx.client.delete(f"/api/federation-links/vhost/{quote(link['vhost'])}/{quote(args.link_id)}/"
-                      f"{quote(link['node'])}/restart")
+        raise missing
+    try:
+        ctx.client.delete(f"/api/federation-links/vhost/{quote(link['vhost'])}/{quote(args.link_id)}/"
+                          f"{quote(link['node'])}/restart")
+    except NotFound:  # (gone since it was listed)
+        raise missing from None
 
 
 # --- queues and connections ------------------------------------------------------------------------------------
