@@ -1,5 +1,6 @@
 """What the queue, exchange and binding views share: the JSON RabbitMQ's API gives for each, RabbitMQ's binding
-properties keys, the user acting through the API, and model errors as the API reports them."""
+properties keys, the user acting through the API, and model errors as the API reports them; and what the views of
+links (shovels, federation) share: their status entries as the user may see them."""
 
 from __future__ import annotations
 
@@ -34,6 +35,20 @@ COUNTED_ENTRIES = 10_000  # ready messages in memory a queue's counts walk at mo
 
 
 # --- vhosts a user may read ---------------------------------------------------------------------------------
+def link_entries(request: web.Request, status: Callable[[str | None], list[dict]], one_vhost: bool) -> list[dict]:
+    """The status entries of links (status(vhost) of a component: all vhosts' for None), as RabbitMQ's shovel and
+    federation plugins list them: the monitoring tag needed; the path's vhost's, which the user may see, or those of
+    every vhost the user has permissions in (all for an administrator); each with this node's name."""
+    http.require(request, "monitoring")
+    if one_vhost:
+        found = status(http.login_vhost_of(request).name)
+    else:
+        seen = {vhost.name for vhost in http.vhosts_for(request, "administrator")}
+        found = [entry for entry in status(None) if entry["vhost"] in seen]
+    node = http.node_name()
+    return [{"node": node, **entry} for entry in found]
+
+
 def readable_vhosts(request: web.Request) -> list["VirtualHost"]:
     """The vhosts whose queues, exchanges and bindings the user is shown (monitoring does not widen these)."""
     return http.vhosts_for(request, "administrator")

@@ -9,50 +9,39 @@ from __future__ import annotations
 from aiohttp import web
 
 from broker.management import http
-from broker.management.resources import listing
+from broker.management.resources import link_entries, listing
 
 routes = web.RouteTableDef()
 
 
-def entries(request: web.Request, vhost: str | None) -> list[dict]:
-    node = http.node_name()
-    return [{"node": node, **entry} for entry in http.server_of(request).federation.status(vhost)]
+def links(request: web.Request, one_vhost: bool) -> list[dict]:
+    return link_entries(request, http.server_of(request).federation.status, one_vhost)
 
 
-def down(links: list[dict]) -> list[dict]:
+def down(entries: list[dict]) -> list[dict]:
     """The links neither running nor starting."""
-    return [link for link in links if link["status"] not in ("running", "starting")]
+    return [link for link in entries if link["status"] not in ("running", "starting")]
 
 
 @routes.get("/api/federation-links")
 async def list_all(request: web.Request) -> web.Response:
-    http.require(request, "monitoring")
-    seen = {vhost.name for vhost in http.vhosts_for(request, "administrator")}
-    return await listing(request, [entry for entry in entries(request, None) if entry["vhost"] in seen],
-                         pageable=False)
+    return await listing(request, links(request, False), pageable=False)
 
 
 @routes.get("/api/federation-links/state/down")
 @routes.get("/api/federation-links/state/down/")
 async def list_all_down(request: web.Request) -> web.Response:
-    http.require(request, "monitoring")
-    seen = {vhost.name for vhost in http.vhosts_for(request, "administrator")}
-    return await listing(request, down([entry for entry in entries(request, None) if entry["vhost"] in seen]),
-                         pageable=False)
+    return await listing(request, down(links(request, False)), pageable=False)
 
 
 @routes.get("/api/federation-links/{vhost}")
 async def list_vhost(request: web.Request) -> web.Response:
-    http.require(request, "monitoring")
-    vhost = http.login_vhost_of(request)
-    return await listing(request, entries(request, vhost.name), pageable=False)
+    return await listing(request, links(request, True), pageable=False)
 
 
 @routes.get("/api/federation-links/{vhost}/state/down")
 async def list_vhost_down(request: web.Request) -> web.Response:
-    http.require(request, "monitoring")
-    vhost = http.login_vhost_of(request)
-    return await listing(request, down(entries(request, vhost.name)), pageable=False)
+    return await listing(request, down(links(request, True)), pageable=False)
 
 
 @routes.delete("/api/federation-links/vhost/{vhost}/{id}/{node}/restart")

@@ -8,31 +8,23 @@ from __future__ import annotations
 from aiohttp import web
 
 from broker.management import http
-from broker.management.resources import listing
+from broker.management.resources import link_entries, listing
 from broker.management.views.parameters import parameter
 from broker.shovel.component import COMPONENT
 
 routes = web.RouteTableDef()
 
 
-def entries(request: web.Request, vhost: str | None) -> list[dict]:
-    node = http.node_name()
-    return [{"node": node, **entry} for entry in http.server_of(request).shovels.status(vhost)]
-
-
 @routes.get("/api/shovels")
 async def list_all(request: web.Request) -> web.Response:
-    http.require(request, "monitoring")
-    seen = {vhost.name for vhost in http.vhosts_for(request, "administrator")}
-    return await listing(request, [entry for entry in entries(request, None) if entry["vhost"] in seen],
+    return await listing(request, link_entries(request, http.server_of(request).shovels.status, False),
                          pageable=False)
 
 
 @routes.get("/api/shovels/{vhost}")
 async def list_vhost(request: web.Request) -> web.Response:
-    http.require(request, "monitoring")
-    vhost = http.login_vhost_of(request)
-    return await listing(request, entries(request, vhost.name), pageable=False)
+    return await listing(request, link_entries(request, http.server_of(request).shovels.status, True),
+                         pageable=False)
 
 
 @routes.get("/api/shovels/vhost/{vhost}/{name}")
