@@ -63,6 +63,14 @@ def vhosts(broker, unique):
         management.request(broker, "DELETE", f"/api/vhosts/{name}")
 
 
+def federate(federation, unique: str, federated: str, value: dict, kind: str) -> None:
+    """An upstream f"{unique}.upstream" (the broker itself and value's keys) federating the exchange or queue named
+    federated, through the policy f"{unique}.policy"."""
+    upstream, policy = federation
+    upstream(f"{unique}.upstream", value)
+    policy(f"{unique}.policy", f"^{federated}$", {"federation-upstream": f"{unique}.upstream"}, kind)
+
+
 def connect_to(url: str) -> pika.BlockingConnection:
     return pika.BlockingConnection(pika.URLParameters(url))
 
@@ -124,7 +132,6 @@ def test_an_exchange_receives_what_its_upstream_routes_to_its_bindings_with_an_x
 
 
 def test_bindings_made_and_removed_downstream_are_mirrored_upstream(broker, federation, unique):
-    upstream, policy = federation
     up, down, first, second = f"{unique}.up", f"{unique}.down", f"{unique}.first", f"{unique}.second"
     with connect(broker) as conn:
         ch = conn.channel()
@@ -132,8 +139,7 @@ def test_bindings_made_and_removed_downstream_are_mirrored_upstream(broker, fede
         ch.exchange_declare(down, "direct")
         declare_queue(ch, first)
         declare_queue(ch, second)
-        upstream(f"{unique}.upstream", {"exchange": up})
-        policy(f"{unique}.policy", f"^{down}$", {"federation-upstream": f"{unique}.upstream"}, "exchanges")
+        federate(federation, unique, down, {"exchange": up}, "exchanges")
         running_link(broker, down)
         ch.queue_bind(first, down, "k1")
         ch.queue_bind(second, down, "k1")  # (one binding upstream for both)
@@ -212,14 +218,12 @@ def test_two_exchanges_federated_from_each_other_pass_a_message_once(broker, fed
 
 
 def test_a_federated_queue_takes_messages_only_while_a_consumer_waits(broker, federation, unique):
-    upstream, policy = federation
     up, down = f"{unique}.up", f"{unique}.down"
     with connect(broker) as conn:
         ch = conn.channel()
         declare_queue(ch, up, durable=True)
         declare_queue(ch, down, durable=True)
-        upstream(f"{unique}.upstream", {"queue": up})
-        policy(f"{unique}.policy", f"^{down}$", {"federation-upstream": f"{unique}.upstream"}, "queues")
+        federate(federation, unique, down, {"queue": up}, "queues")
         link = running_link(broker, down)
         assert (link["type"], link["upstream_queue"], link["consumer_tag"]) == (
             "queue", up, f"federation-link-{unique}.upstream")
@@ -244,7 +248,6 @@ def test_a_federated_queue_takes_messages_only_while_a_consumer_waits(broker, fe
 
 
 def test_a_federated_queue_marks_where_a_message_was_published(broker, federation, unique):
-    upstream, policy = federation
     up, down, exchange = f"{unique}.up", f"{unique}.down", f"{unique}.x"
     with connect(broker) as conn:
         ch = conn.channel()
@@ -252,8 +255,7 @@ def test_a_federated_queue_marks_where_a_message_was_published(broker, federatio
         declare_queue(ch, up)
         declare_queue(ch, down)
         ch.queue_bind(up, exchange, "key")
-        upstream(f"{unique}.upstream", {"queue": up})
-        policy(f"{unique}.policy", f"^{down}$", {"federation-upstream": f"{unique}.upstream"}, "queues")
+        federate(federation, unique, down, {"queue": up}, "queues")
         running_link(broker, down)
         ch.basic_publish(exchange, "key", b"routed", pika.BasicProperties(headers={"CC": ["other"]}))
         inbox: list = []
@@ -270,13 +272,11 @@ def test_a_federated_queue_marks_where_a_message_was_published(broker, federatio
 
 
 def test_an_upstream_that_cannot_be_reached_shows_the_link_in_error_saying_why(broker, federation, unique):
-    upstream, policy = federation
     down = f"{unique}.down"
     with connect(broker) as conn:
         conn.channel().exchange_declare(down, "fanout")
     wrong = broker.url.replace("guest:guest", "guest:wrong")
-    upstream(f"{unique}.upstream", {"uri": wrong, "reconnect-delay": 1})
-    policy(f"{unique}.policy", f"^{down}$", {"federation-upstream": f"{unique}.upstream"}, "exchanges")
+    federate(federation, unique, down, {"uri": wrong, "reconnect-delay": 1}, "exchanges")
     link = wait_for(lambda: next((link for link in links(broker) if link.get("exchange") == down), None),
                     LINK_TIMEOUT, "the link failing", until=lambda link: link is not None and link["status"] == "error")
     assert "ACCESS_REFUSED" in link["error"] or "403" in link["error"], link
@@ -284,14 +284,12 @@ def test_an_upstream_that_cannot_be_reached_shows_the_link_in_error_saying_why(b
 
 
 def test_the_status_shows_a_running_link_in_rabbitmqs_keys_and_it_restarts_on_request(broker, federation, unique):
-    upstream, policy = federation
     up, down = f"{unique}.up", f"{unique}.down"
     with connect(broker) as conn:
         ch = conn.channel()
         ch.exchange_declare(up, "fanout")
         ch.exchange_declare(down, "fanout")
-    upstream(f"{unique}.upstream", {"exchange": up})
-    policy(f"{unique}.policy", f"^{down}$", {"federation-upstream": f"{unique}.upstream"}, "exchanges")
+    federate(federation, unique, down, {"exchange": up}, "exchanges")
     link = running_link(broker, down)
     assert {key: link[key] for key in ("exchange", "upstream_exchange", "type", "vhost", "upstream", "status",
                                        "uri")} == {
@@ -307,14 +305,12 @@ def test_the_status_shows_a_running_link_in_rabbitmqs_keys_and_it_restarts_on_re
 
 
 def test_a_link_removed_with_its_policy_deletes_what_it_declared_upstream(broker, federation, unique):
-    upstream, policy = federation
     up, down = f"{unique}.up", f"{unique}.down"
     with connect(broker) as conn:
         ch = conn.channel()
         ch.exchange_declare(up, "fanout")
         ch.exchange_declare(down, "fanout")
-    upstream(f"{unique}.upstream", {"exchange": up})
-    policy(f"{unique}.policy", f"^{down}$", {"federation-upstream": f"{unique}.upstream"}, "exchanges")
+    federate(federation, unique, down, {"exchange": up}, "exchanges")
     running_link(broker, down)
 
     def declared() -> list[str]:
@@ -358,7 +354,7 @@ def test_an_upstream_set_federates_from_each_of_its_upstreams_with_their_overrid
 
 
 def test_definitions_rabbitmq_refuses_are_refused_with_its_reasons(broker, federation, unique):
-    upstream, policy = federation
+    _, policy = federation
     path = f"/api/parameters/federation-upstream/%2F/{unique}.upstream"
     reply = management.request(broker, "PUT", path, {"value": {"ack-mode": "sometimes", "max-hops": "two"}})
     assert reply.status == 400
@@ -450,14 +446,12 @@ def test_a_downstream_killed_mid_way_loses_nothing_its_upstream_held(own_broker,
 
 def test_the_queue_an_exchange_link_declares_upstream_has_the_upstreams_expires_and_message_ttl(
         broker, federation, unique):
-    upstream, policy = federation
     up, down = f"{unique}.up", f"{unique}.down"
     with connect(broker) as conn:
         ch = conn.channel()
         ch.exchange_declare(up, "fanout")
         ch.exchange_declare(down, "fanout")
-    upstream(f"{unique}.upstream", {"exchange": up, "expires": 3600000, "message-ttl": 60000})
-    policy(f"{unique}.policy", f"^{down}$", {"federation-upstream": f"{unique}.upstream"}, "exchanges")
+    federate(federation, unique, down, {"exchange": up, "expires": 3600000, "message-ttl": 60000}, "exchanges")
     running_link(broker, down)
     [queue] = [queue for queue in management.request(broker, "GET", "/api/queues/%2F").body
                if queue["name"].startswith(f"federation: {up} -> ")]
@@ -499,7 +493,6 @@ def test_a_message_a_full_queue_refuses_goes_back_upstream_until_the_queue_takes
     """A queue here with reject-publish turns a republished message away: the link acks nothing more, its run ends
     saying why, what it had not acked goes back upstream, and it comes again after reconnect-delay, until the queue
     has room (RabbitMQ's link gets a nack, and requeues at once)."""
-    upstream, policy = federation
     up, down, queue = f"{unique}.up", f"{unique}.down", f"{unique}.q"
     with connect(broker) as conn:
         ch = conn.channel()
@@ -507,8 +500,7 @@ def test_a_message_a_full_queue_refuses_goes_back_upstream_until_the_queue_takes
         ch.exchange_declare(down, "fanout")
         declare_queue(ch, queue, arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
         ch.queue_bind(queue, down)
-        upstream(f"{unique}.upstream", {"exchange": up, "reconnect-delay": 1})
-        policy(f"{unique}.policy", f"^{down}$", {"federation-upstream": f"{unique}.upstream"}, "exchanges")
+        federate(federation, unique, down, {"exchange": up, "reconnect-delay": 1}, "exchanges")
         running_link(broker, down)
         wait_for(lambda: mirrored_keys(broker, up), LINK_TIMEOUT, "the binding mirrored")
         ch.basic_publish(up, "", b"first")
@@ -538,7 +530,7 @@ def test_an_internal_exchange_is_not_federated(broker, federation, unique):
 def test_an_upstream_changed_to_other_queue_arguments_declares_its_queue_anew(broker, federation, unique):
     """The queue a link declares upstream holds the upstream's expires and message-ttl: changing them deletes the
     old queue before the new link declares its own (the declare would otherwise be refused as inequivalent)."""
-    upstream, policy = federation
+    upstream, _ = federation
     up, down = f"{unique}.up", f"{unique}.down"
     with connect(broker) as conn:
         ch = conn.channel()
@@ -549,8 +541,7 @@ def test_an_upstream_changed_to_other_queue_arguments_declares_its_queue_anew(br
         return [queue["arguments"] for queue in management.request(broker, "GET", "/api/queues/%2F").body
                 if queue["name"].startswith(f"federation: {up} -> ")]
 
-    upstream(f"{unique}.upstream", {"exchange": up, "message-ttl": 60000})
-    policy(f"{unique}.policy", f"^{down}$", {"federation-upstream": f"{unique}.upstream"}, "exchanges")
+    federate(federation, unique, down, {"exchange": up, "message-ttl": 60000}, "exchanges")
     running_link(broker, down)
     assert [arguments.get("x-message-ttl") for arguments in link_queue_arguments()] == [60000]
     upstream(f"{unique}.upstream", {"exchange": up, "message-ttl": 120000})
