@@ -22,13 +22,18 @@ def cluster(tmp_path, etcd_endpoint):
         yield instance
 
 
-def running_on(cluster: Cluster, asked: Node) -> list[str] | None:
-    """The nodes every running shovel is listed on, as asked's API lists them (its node names, before their @);
-    None while it does not answer (a failover under way)."""
-    status, shovels = asked.api("GET", "/api/shovels")
+def running_on(asked: Node, path: str = "/api/shovels", state: str = "state") -> list[str] | None:
+    """The nodes every running link of path is listed on (shovels, or federation links with their "status"), as
+    asked's API lists them (its node names, before their @); None while it does not answer (a failover under
+    way)."""
+    status, links = asked.api("GET", path)
     if status != 200:
         return None
-    return [entry["node"].split("@")[0] for entry in shovels if entry["state"] == "running"]
+    return [entry["node"].split("@")[0] for entry in links if entry[state] == "running"]
+
+
+def links_running_on(asked: Node) -> list[str] | None:
+    return running_on(asked, "/api/federation-links", "status")
 
 
 def test_a_shovel_runs_once_on_the_leader_and_moves_with_it(cluster: Cluster):
@@ -43,14 +48,14 @@ def test_a_shovel_runs_once_on_the_leader_and_moves_with_it(cluster: Cluster):
         "src-uri": "amqp://", "src-queue": "from", "dest-uri": "amqp://", "dest-queue": "to", "reconnect-delay": 1}})
     assert status == 201
     for asked in cluster.nodes.values():
-        wait_for(lambda: running_on(cluster, asked), MOVED_WITHIN, f"the shovel listed by {asked.name}",
+        wait_for(lambda: running_on(asked), MOVED_WITHIN, f"the shovel listed by {asked.name}",
                  until=lambda nodes: nodes == [leader.name])
     with connect(cluster, follower.name, "/") as connection:
         publish_confirmed(connection, "from", [b"before-%d" % number for number in range(100)])
     leader.kill()
     wait_for(lambda: cluster.leader() not in (None, leader), 60, "another node leading")
     new_leader = cluster.ready(timeout=60)
-    wait_for(lambda: running_on(cluster, new_leader), MOVED_WITHIN, "the shovel running on the new leader",
+    wait_for(lambda: running_on(new_leader), MOVED_WITHIN, "the shovel running on the new leader",
              until=lambda nodes: nodes == [new_leader.name])
     with connect(cluster, new_leader.name, "/") as connection:
         publish_confirmed(connection, "from", [b"after-%d" % number for number in range(100)])
@@ -60,15 +65,6 @@ def test_a_shovel_runs_once_on_the_leader_and_moves_with_it(cluster: Cluster):
         received = set(drained(connection, "to"))
     assert received >= {b"before-%d" % number for number in range(100)} | {b"after-%d" % number
                                                                           for number in range(100)}
-
-
-def links_running_on(asked: Node) -> list[str] | None:
-    """The nodes every running federation link is listed on, as asked's API lists them; None while it does not
-    answer."""
-    status, links = asked.api("GET", "/api/federation-links")
-    if status != 200:
-        return None
-    return [entry["node"].split("@")[0] for entry in links if entry["status"] == "running"]
 
 
 def test_a_federation_link_runs_once_on_the_leader_and_moves_with_it(cluster: Cluster):
