@@ -24,7 +24,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 COMPILED = (
     "protocol/framing.py", "protocol/fastpath.py", "protocol/assembler.py", "protocol/properties.py",
     "broker/model/message.py", "broker/model/queue.py", "broker/model/stream.py", "broker/model/exchange.py",
-    "broker/model/vhost.py", "broker/model/routing/topic.py", "broker/session/channel.py",
+    "broker/model/vhost.py", "broker/model/remote.py", "broker/model/routing/topic.py", "broker/session/channel.py",
     "broker/session/consumer.py", "broker/session/unacked.py", "broker/session/confirms.py",
     "broker/session/limits.py", "broker/session/settlement.py", "broker/connection/connection.py",
     "storage/records.py", "storage/index.py", "storage/store.py", "storage/recovery.py",

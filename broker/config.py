@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from broker.connection.login_throttle import MAX_DELAY as MAX_FAILED_LOGIN_DELAY
+from broker.model.arguments.queue import LEADER_LOCATORS
 from protocol.constants import DEFAULT_CHANNEL_MAX, DEFAULT_FRAME_MAX, DEFAULT_HEARTBEAT, FRAME_MIN_SIZE
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -103,6 +104,9 @@ class Config:
     # [federation]: ms between two checks that an exchange link's internal exchange is still there upstream (one
     # deleted there starts the link again), as RabbitMQ's internal_exchange_check_interval
     federation_internal_exchange_check_interval: int = 90000
+    # [queues]: the worker that owns a new queue whose declare and policies name no leader locator, as RabbitMQ's
+    # queue_leader_locator: "client-local" (the worker of its vhost) or "balanced" (the one with the fewest)
+    queues_leader_locator: str = "client-local"
 
 
 # Which TOML section each key lives in. A key of a section in PREFIXED_SECTIONS is the Config field of the same name
@@ -117,6 +121,7 @@ SECTIONS = {
                 "min_insync", "secret_file", "tls"),
     "tls": ("port", "certfile", "keyfile", "cacertfile", "verify", "fail_if_no_peer_cert"),
     "federation": ("internal_exchange_check_interval",),
+    "queues": ("leader_locator",),
     "amqp": ("frame_max", "channel_max", "heartbeat", "default_consumer_prefetch", "consumer_timeout",
              "max_message_size", "default_user", "default_pass", "default_vhost", "loopback_users",
              "failed_login_delay"),
@@ -124,7 +129,7 @@ SECTIONS = {
 
 
 # sections whose keys are prefixed with the section's name
-PREFIXED_SECTIONS = ("management", "prometheus", "tls", "cluster", "federation")
+PREFIXED_SECTIONS = ("management", "prometheus", "tls", "cluster", "federation", "queues")
 
 # The keys of each [[table]] array, and whether each is required; each table is one item of RabbitMQ's
 # definitions of that kind, so these are the keys a definitions file has too, but for WARREN_KEYS.
@@ -367,6 +372,9 @@ def _validate(config: Config) -> None:
                           f"{config.management_collect_statistics_interval}")
     if config.log_level not in LOG_LEVELS:
         raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {config.log_level!r}")
+    if config.queues_leader_locator not in LEADER_LOCATORS:
+        raise ConfigError(f"[queues] leader_locator must be one of {', '.join(LEADER_LOCATORS)}, got "
+                          f"{config.queues_leader_locator!r}")
     if config.log_format not in LOG_FORMATS:
         raise ConfigError(f"log_format must be one of {', '.join(LOG_FORMATS)}, got {config.log_format!r}")
     if config.frame_max < FRAME_MIN_SIZE:

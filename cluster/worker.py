@@ -38,6 +38,8 @@ from broker.connection.connection import Connection
 from broker.connection.handoff import HandedOver, receive_all
 from broker.connection.server import Server, StartupError, stop_on_signals, version
 from broker.connection.tls import server_context
+from broker.crossing.home import Crossing
+from broker.crossing.owner import serve_links
 from broker.management import http
 from broker.management.app import make_app, unavailable
 from broker.management.prometheus import make_prometheus_app
@@ -62,7 +64,8 @@ class GroupWorker:
     """This worker's group: the broker it leads with, the routes of its front doors, and when it campaigns."""
 
     def __init__(self, config: Config, number: int, groups: RecordedPlacement, board: BoardCopy,
-                 senders: dict[int, socket.socket], logins: NodeLoginThrottle, node_wide: dict | None = None):
+                 senders: dict[int, socket.socket], logins: NodeLoginThrottle, node_wide: dict | None = None,
+                 crossing: Crossing | None = None):
         self.config = config
         self.number = number  # this worker's number, and its group's
         self.groups = groups
@@ -85,6 +88,9 @@ class GroupWorker:
         self.leading = asyncio.Event()  # set once this node first leads the group
         self.doors: FrontDoors | None = None  # this worker's front doors, once they are made
         self.posting: asyncio.Task | None = None  # the last leader to post on the board (each after the one before)
+        # its links to the node's other workers, which own queues of its vhosts (outside a cluster); None: all its
+        # vhosts' queues are its own
+        self.crossing = crossing
 
     def why_not(self) -> str:
         """Why this worker's group has no leader, as its node sees it ("": no reason known, an election under way)."""
@@ -106,6 +112,9 @@ class GroupWorker:
         server = Server(config, role=self, accepting=False)
         server.failed_logins = self.logins
         server.leadership = self
+        if self.crossing is not None:  # (before its store is read: the definitions it holds name queues' owners)
+            server.node.cross(self.crossing)
+            self.crossing.node = server.node
         return server
 
     def announce(self, leader: Member | None) -> None:
@@ -425,7 +434,12 @@ async def serve(control_socket: socket.socket) -> None:
         groups = RecordedPlacement(instructions["placement"] or {}, recorded_by(control) if number == 0 else None,
                                    workers, pins)
     control.placed = groups.told
-    group = GroupWorker(config, number, groups, board, senders, logins, instructions["node"])
+    link = socket.socket(fileno=instructions["link"])
+    crossing = None
+    if not coordinator.followed and workers > 1:  # (queues are placed in other workers outside a cluster)
+        crossing = Crossing(number, {int(other): path for other, path in instructions["links"].items()},
+                            config.queues_leader_locator)
+    group = GroupWorker(config, number, groups, board, senders, logins, instructions["node"], crossing)
     control.export = group.export
     cluster = group.cluster = ClusterNode(config, coordinator, group)
     await board.start()
@@ -456,6 +470,12 @@ async def serve(control_socket: socket.socket) -> None:
     for internal, fd in zip(group.internal, (instructions["api"], instructions["metrics"])):
         await internal.start(fd)
     background.append(loop.create_task(keep_up(cluster, board, number)))
+    links = None
+    if crossing is not None:
+        links = await serve_links(link, lambda: cluster.server.node if cluster.server is not None else None)
+        background.extend(crossing.start())
+    else:
+        link.close()
     # (the first worker outside a cluster gives its node-wide definitions, which a worker started again copies)
     node_wide = group.export() if number == 0 and not coordinator.followed else None
     await send(writer, {"serving": True, "node": node_wide})
@@ -479,6 +499,8 @@ async def serve(control_socket: socket.socket) -> None:
         loop.remove_reader(receiving.fileno())
         for listener in listeners:
             listener.close()
+        if links is not None:
+            links.close()
         doors.close()
 
 

@@ -29,6 +29,12 @@ EXTERNAL_URL = os.environ.get("WARREN_TEST_URL")
 EXTERNAL_MANAGEMENT_URL = os.environ.get("WARREN_TEST_MANAGEMENT_URL")
 WORKERS = int(os.environ.get("WARREN_TEST_WORKERS", "1"))  # worker processes of the brokers the tests start
 WORKER_OPTIONS = ["--workers", str(WORKERS)] if WORKERS > 1 else []  # the options that ask for them
+# [queues] leader_locator of those brokers (a test that gives a config of its own runs with that config's)
+LEADER_LOCATOR = os.environ.get("WARREN_TEST_LEADER_LOCATOR")
+if LEADER_LOCATOR:
+    _locator_config = Path(tempfile.mkdtemp(prefix="warren-test-config-")) / "warren.toml"
+    _locator_config.write_text(f'[queues]\nleader_locator = "{LEADER_LOCATOR}"\n')
+    WORKER_OPTIONS += ["--config", str(_locator_config)]
 # The Spark JVMs the tests start (a session here, the drivers of the examples) run for seconds to minutes: the C1
 # compiler alone and one GC thread serve them as well, and save a third of their CPU time (C2's compiler threads),
 # which the other tests running at the same time on a small machine get instead.

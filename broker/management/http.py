@@ -173,13 +173,20 @@ def node_of(request: web.Request) -> "Node":
 # node runs several workers): name_worker
 UNCLUSTERED_NODE = "warren"  # a node's name without [cluster] node_id
 NODE = [UNCLUSTERED_NODE]
+WORKERS_OF = [(UNCLUSTERED_NODE, 1)]  # the node this process is a worker of, and how many workers it runs
 
 
 def name_worker(number: int, node: str = UNCLUSTERED_NODE, workers: int = 2) -> None:
     """This process is worker N of ``workers`` (of the cluster node named ``node``): its node name says so (what its
     vhosts' queues and connections show)."""
     NODE[0] = worker_name(number, node, workers).partition("@")[0]
+    WORKERS_OF[0] = (node, workers)
     node_name.cache_clear()
+
+
+def owner_name(group: int | None) -> str:
+    """The node name of the process that owns a queue: this one (None), or another worker of its node."""
+    return node_name() if group is None else worker_name(group, *WORKERS_OF[0])
 
 
 def worker_name(number: int, node: str = UNCLUSTERED_NODE, workers: int = 2) -> str:

@@ -3,6 +3,7 @@ JSON of a get reply, both with RabbitMQ's field names, encodings and errors."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import datetime
@@ -15,6 +16,7 @@ from broker.management import http
 from broker.model import operations
 from broker.model.message import Address, Header, Message, QueueEntry, carbon_copy_keys
 from broker.model.queue import Queue
+from broker.model.remote import RemoteQueue
 from protocol.codec import LongLong, encode_header_payload
 from protocol.field_table import MAX_DEPTH
 
@@ -56,8 +58,32 @@ def from_request(body: dict, exchange: str, user: str) -> tuple[list[str], Messa
 async def take(queue: Queue, count: int, no_ack: bool, each: Callable[[QueueEntry], None]) -> None:
     """Up to count messages from the head of the queue (a negative count: all, as RabbitMQ counts down to 0), as gets
     take them, each handed to each() as it is taken; the event loop turns every SLICE (http.in_slices), and after
-    each turn's share of the expired messages ahead of one (Queue.take)."""
-    await http.in_slices(_taking(queue, count, no_ack, each))
+    each turn's share of the expired messages ahead of one (Queue.take). A queue another process owns is asked
+    there, one get after the other."""
+    if isinstance(queue, RemoteQueue):
+        await _taking_there(queue, count, no_ack, each)
+    else:
+        await http.in_slices(_taking(queue, count, no_ack, each))
+
+
+async def _taking_there(queue: RemoteQueue, count: int, no_ack: bool, each: Callable[[QueueEntry], None]) -> None:
+    taken = 0
+    while taken != count:
+        answer: asyncio.Future[QueueEntry | None] = asyncio.get_running_loop().create_future()
+        queue.take_there(no_ack, lambda got: _answered(queue, answer, got))
+        entry = await answer
+        if entry is None:
+            return
+        each(entry)
+        taken += 1
+
+
+def _answered(queue: RemoteQueue, answer: "asyncio.Future[QueueEntry | None]", entry: QueueEntry | None) -> None:
+    """A get's answer from the queue's owner; one for a request that ended meanwhile goes back to the queue."""
+    if not answer.done():
+        answer.set_result(entry)
+    elif entry is not None:
+        queue.settle([entry], True)
 
 
 def _taking(queue: Queue, count: int, no_ack: bool, each: Callable[[QueueEntry], None]) -> Iterator[None]:

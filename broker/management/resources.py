@@ -211,7 +211,7 @@ def queue_json(vhost: "VirtualHost", queue: Queue) -> dict:
     return {
         "name": queue.name, "vhost": vhost.name, "durable": queue.durable, "auto_delete": queue.auto_delete,
         "exclusive": queue.exclusive_owner is not None, "arguments": json_value(queue.arguments),
-        "node": http.node_name(), "state": "running",
+        "node": http.owner_name(queue.owner), "state": "running",
         "type": queue.queue_type,
         "messages": ready + unacked_count + queue.count_retrying(), "messages_ready": ready,
         "messages_unacknowledged": unacked_count,

@@ -43,7 +43,9 @@ def exchange_definition(vhost: "VirtualHost", exchange: "Exchange") -> dict:
 
 
 def queue_definition(vhost: "VirtualHost", queue: "Queue") -> dict:
-    return {"vhost": vhost.name, **queue.definition()}
+    """What the store keeps of a queue: its definition, and the process that owns it where another one does."""
+    owned_elsewhere = {"owner": queue.owner} if queue.owner is not None else {}
+    return {"vhost": vhost.name, **queue.definition(), **owned_elsewhere}
 
 
 def binding_is_durable(binding: "Binding") -> bool:
@@ -231,7 +233,10 @@ def _restore_queue(vhost: "VirtualHost", data: dict) -> None:
         raise ValueError("a queue of that name was already restored")
     arguments = _field(data, "arguments", dict)
     validate_queue_arguments(name, vhost.name, arguments)
-    vhost.restore_queue(name, _field(data, "auto_delete", bool), arguments)
+    owner = data.get("owner")
+    if owner is not None and type(owner) is not int:
+        raise ValueError("its owner must be a worker's number")
+    vhost.restore_queue(name, _field(data, "auto_delete", bool), arguments, owner)
 
 
 def _restore_binding(vhost: "VirtualHost", data: dict) -> None:

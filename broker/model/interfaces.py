@@ -7,8 +7,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from typing import Callable
+
     from broker.model.message import Message, QueueEntry
     from broker.model.queue import Queue
+    from broker.model.remote import RemoteQueue
     from broker.model.vhost import VirtualHost
 
 
@@ -27,6 +30,7 @@ class Subscriber(Protocol):
 
     priority: int  # higher-priority subscribers are served first
     exclusive: bool  # no other subscriber may join the queue
+    no_ack: bool  # its deliveries are settled as they are sent
     unacked: int  # deliveries sent to it and not yet settled
     arguments: dict  # those of its basic.consume
 
@@ -85,3 +89,51 @@ class TopologyWatcher(Protocol):
     def topology_changed(self, vhost: "VirtualHost", kind: str, name: str) -> None:
         """kind: "queues" or "exchanges" (as a policy's apply-to names them)."""
         ...
+
+
+class QueueCrossing(Protocol):
+    """How the stand-ins of queues owned by other processes of the node (broker.model.remote) reach their owners
+    (broker.crossing): each call is sent with the link's next batch, at the end of the loop turn, and answered
+    later (an ack of the batch, deliveries to the subscribers)."""
+
+    def reaches(self, owner: int) -> bool:
+        """Whether owner is a process of this node."""
+        ...
+
+    def place(self, vhost: "VirtualHost", locator: str | None) -> int | None:
+        """The process that is to own a new queue of vhost with this leader locator; None: this one."""
+        ...
+
+    def declare(self, queue: "RemoteQueue") -> None:
+        """Make the queue at its owner."""
+
+    def delete(self, queue: "RemoteQueue") -> None:
+        """Delete it there, with its messages."""
+
+    def purge(self, queue: "RemoteQueue") -> None:
+        """Drop its ready messages there."""
+
+    def touch(self, queue: "RemoteQueue") -> None:
+        """It was used: its x-expires lease starts again there."""
+
+    def publish(self, queue: "RemoteQueue", message: "Message") -> bool:
+        """Send a message to the queue; False if its owner cannot be reached now."""
+        ...
+
+    def get(self, queue: "RemoteQueue", no_ack: bool, answer: "Callable[[QueueEntry | None], None]") -> None:
+        """A basic.get of the queue's head: answer(entry) once the owner took it (None: none, or no owner)."""
+
+    def subscribe(self, queue: "RemoteQueue", subscriber: "Subscriber") -> None:
+        """Start consuming from the queue, with the subscriber's credit."""
+
+    def unsubscribe(self, queue: "RemoteQueue", subscribers: "list[Subscriber]") -> None:
+        """Stop those subscribers (their deliveries not yet received go back to the queue at the owner)."""
+
+    def offer_credit(self, queue: "RemoteQueue") -> None:
+        """Its subscribers may take more: tell the owner what they took since."""
+
+    def settle(self, queue: "RemoteQueue", entries: "list[QueueEntry]", requeue: bool | None, failed: bool) -> None:
+        """Deliveries of the queue acked (requeue None), requeued or rejected."""
+
+    def when_acked(self, owners: set[int], callback: "Callable[[bool], None]") -> None:
+        """callback(ok) once each of these owners acked what it was sent so far (ok False if one could not)."""

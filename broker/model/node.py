@@ -16,7 +16,7 @@ from broker.model.access import (
     DEFAULT_HASHING, HASHING_ALGORITHMS, Permission, User, hash_password, valid_password_hash,
 )
 from broker.model.counters import NodeCounters
-from broker.model.interfaces import ParameterComponent, TopologyWatcher
+from broker.model.interfaces import ParameterComponent, QueueCrossing, TopologyWatcher
 from broker.model.keys import permission_key
 from broker.model.vhost import VirtualHost
 from protocol import errors
@@ -53,6 +53,8 @@ class Node:
         self.serves: Callable[[str], bool] = lambda name: True
         self.parameter_components: dict[str, ParameterComponent] = {}  # component -> what runs its parameters
         self.watcher: TopologyWatcher | None = None  # told of changes to every vhost's topology (federation)
+        # how queues owned by other processes of the node are reached (broker.crossing); None: all are here
+        self.crossing: QueueCrossing | None = None
 
     # --- durability ------------------------------------------------------------------------------------------
     def _record(self, kind: str, name: str, data: dict | None) -> None:
@@ -93,6 +95,13 @@ class Node:
         self._record("vhost", name, None)
         log.info("vhost %.200r deleted", name)
         return vhost
+
+    def cross(self, crossing: QueueCrossing) -> None:
+        """Let queues of every vhost be owned by other processes of the node, reached through crossing (before the
+        store's definitions are restored, which name the owners)."""
+        self.crossing = crossing
+        for vhost in self.vhosts.values():
+            vhost.crossing = crossing
 
     def watch(self, watcher: TopologyWatcher) -> None:
         """Tell watcher of the topology changes of every vhost, those made later included."""

@@ -12,6 +12,7 @@ from broker.model.access import ChannelAccess, internal_exchange_refusal, user_i
 from broker.model.features.delayed_messages import delay_of
 from broker.model.features.expiry import parse_expiration
 from broker.model.features.redelivery import DelayedRetry
+from broker.model.join import Join
 from broker.model.message import Address, Header, Message, QueueEntry, carbon_copy_keys
 from broker.model.queue import PIECE, Queue
 from broker.model.turns import next_turn
@@ -81,6 +82,10 @@ class Channel:
         # Confirm seqs of this read's persistent publishes, waiting for the disk under one store callback;
         # None until the read's first persistent publish.
         self.awaiting_disk: list[int] | None = None
+        # Where its vhost has queues other processes own (broker.crossing): the owners this read's publishes went to,
+        # and what their acks and the disk join in before it confirms them
+        self.awaiting_owners: set[int] | None = None
+        self.awaiting_join: Join | None = None
         self.tx: Transaction | None = None  # set by tx.select: publishes and acks held until commit
         self.last_queue: str = ""  # name of the last queue declared, for methods that name the queue ""
         self.reply_consumer: direct_reply.ReplyConsumer | None = None  # consumer of amq.rabbitmq.reply-to
@@ -182,7 +187,8 @@ class Channel:
     def _wait_for_disk(self, method) -> None:
         self.deliverable = False
         self.backlog = []
-        self.vhost.store.when_durable(lambda ok: self._written(method, ok))
+        vhost = self.vhost
+        vhost.when_durable(lambda ok: self._written(method, ok), vhost.take_changed_owners())
 
     def _hold_frame(self, backlog: list[tuple[int, int, bytes]], frame_type: int, payload: bytes) -> None:
         backlog.append((frame_type, self.number, payload))
@@ -294,6 +300,8 @@ class Channel:
         else:
             persisted, refused = self.vhost.publish_to(queues, message, self.connection)
             self.counters.routed += 1
+            if persisted and self.vhost.remote_queues:
+                self._note_owners(queues)
         if seq is not None:
             confirms = self.confirms
             assert confirms is not None, "seq is its next number"
@@ -308,13 +316,27 @@ class Channel:
 
     def _await_disk(self, seq: int | None) -> None:
         """Confirm seq (None without confirms) once this read's persistent publishes are on disk. The store
-        callback is asked for right after the read's first write, so that it belongs to the same batch."""
+        callback is asked for right after the read's first write, so that it belongs to the same batch; the acks of
+        the owners of queues elsewhere join it once the read is processed (read_processed)."""
         awaiting = self.awaiting_disk
         if awaiting is None:
             awaiting = self.awaiting_disk = []
-            self.vhost.store.when_durable(lambda ok: self._on_disk(awaiting, ok))  # closed by read_processed
+            vhost = self.vhost
+            if vhost.remote_queues:
+                join = self.awaiting_join = Join(lambda ok: self._on_disk(awaiting, ok), 1)
+                vhost.store.when_durable(join.done)
+            else:
+                vhost.store.when_durable(lambda ok: self._on_disk(awaiting, ok))  # closed by read_processed
         if seq is not None:
             awaiting.append(seq)
+
+    def _note_owners(self, queues: list[Queue]) -> None:
+        """The processes that own some of these queues, whose acks the read's confirms wait for."""
+        for queue in queues:
+            if queue.owner is not None:
+                if self.awaiting_owners is None:
+                    self.awaiting_owners = set()
+                self.awaiting_owners.add(queue.owner)
 
     def _return_unroutable(self, message: Message) -> None:
         self.send_method(spec.Basic.Return(NO_ROUTE, "NO_ROUTE", message.exchange, message.routing_key))
@@ -324,6 +346,15 @@ class Channel:
         """The connection has processed a read that had frames for this channel: close the read's disk wait and
         send the confirms settled so far (rabbit_channel's next_state -> send_confirms_and_nacks)."""
         self.awaiting_disk = None
+        owners = self.awaiting_owners
+        if owners is not None:
+            self.awaiting_owners = None
+            join = self.awaiting_join
+            assert join is not None, "a publish went to a queue elsewhere: the store's wait was joined"
+            if self.confirms is not None:  # (without confirms, nothing waits for the owners)
+                join.left += 1
+                self.vhost.when_durable(join.done, owners)
+        self.awaiting_join = None
         if self.confirms is not None:
             self.send_confirms()
 
@@ -394,7 +425,7 @@ class Channel:
             queue = delivery.queue
             queue.acknowledged += 1
             self.ack_count += 1
-            if queue.stored and not queue.deleted:
+            if (queue.stored or queue.settled_remotely) and not queue.deleted:
                 queue.forget((delivery.entry,))
             self.offer_credit((queue,))
             return
@@ -454,12 +485,17 @@ class Channel:
             if self.backlog is None and self.open:
                 self.backlog = []
                 self.held_for_settling = True
-            next_turn(self._settle_slice)
+            if not self.settling[0].parked():
+                next_turn(self._settle_slice)
         elif self.held_for_settling:
             self.held_for_settling = False
             backlog, self.backlog = self.backlog or [], None
             if self.open:
                 self.connection.replay(self, backlog)
+
+    def unpark(self) -> None:
+        """The work at the head of the line waited for something else, which came: it goes on in the next turn."""
+        next_turn(self._settle_slice)
 
     def offer_credit(self, queues) -> None:
         """Prefetch room opened up on these queues (or, where the channel-wide limit was reached, on all this channel
@@ -549,7 +585,8 @@ class Channel:
             else:
                 self._disk_failed()
 
-        self.vhost.store.when_durable(on_disk)
+        owners, self.awaiting_owners = self.awaiting_owners, None
+        self.vhost.when_durable(on_disk, owners)
 
     def rollback_tx(self) -> None:
         """tx.rollback: the publishes dropped, the acks undone (settlement.Rollback answers)."""

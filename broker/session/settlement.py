@@ -2,7 +2,7 @@
 order its client asked for it (Channel.settling): a multiple ack, nack or reject of millions and the requeue of a
 closing channel's deliveries (Settlement), and within a transaction a multiple ack, nack or reject taken into it
 (TakenIntoTransaction), its commit (Commit) and its rollback (Rollback); and a basic.get, which may wait for the
-expired messages at its queue's head to leave (Get). The frames the client sent after it wait meanwhile, as they
+expired messages at its queue's head to leave, or for the process that owns it (Get). The frames the client sent after it wait meanwhile, as they
 wait for a reply that waits for the disk, so that what follows sees it done."""
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING, Final, Iterator
 from pamqp import commands as spec
 
 from broker.model.queue import PIECE, SLICE_SECONDS, in_pieces
+from broker.model.remote import RemoteQueue
 
 if TYPE_CHECKING:
+    from broker.model.message import QueueEntry
     from broker.model.queue import Queue
     from broker.session.channel import Channel
     from broker.session.transaction import Transaction
@@ -34,6 +36,11 @@ class Slices:
 
     def step(self, channel: Channel) -> bool:
         raise NotImplementedError
+
+    def parked(self) -> bool:
+        """Whether it waits for something else, which wakes the channel (Channel.unpark), rather than for the next
+        turn."""
+        return False
 
 
 class Settlement(Slices):
@@ -157,23 +164,41 @@ class Rollback(Slices):
 class Get(Slices):
     """A basic.get, answered in its turn unless the queue holds more expired messages at its head than one turn lets
     go (Queue.take): they leave a slice a turn, then it is answered (get-empty if the queue went meanwhile), unless
-    the channel closed."""
+    the channel closed. A queue owned by another process is asked there, and the get waits for its answer."""
 
-    __slots__ = ("queue", "no_ack")
+    __slots__ = ("queue", "no_ack", "asked", "answered", "answer")
 
     def __init__(self, queue: Queue, no_ack: bool) -> None:
         self.queue = queue
         self.no_ack = no_ack
+        self.asked = False  # the owner of the queue was asked
+        self.answered = False  # and has answered: answer (None: no message)
+        self.answer: QueueEntry | None = None
+
+    def parked(self) -> bool:
+        return self.asked and not self.answered
 
     def step(self, channel: Channel) -> bool:
         queue = self.queue
         if not channel.open:
             return True
+        if self.answered:
+            channel.answer_get(queue, self.answer, self.no_ack)
+            return True
+        if isinstance(queue, RemoteQueue) and not queue.deleted:
+            self.asked = True
+            queue.take_there(self.no_ack, lambda entry: self._answered(channel, entry))
+            return False
         entry = None if queue.deleted else queue.take(self.no_ack)
         if entry is None and queue.take_again():
             return False
         channel.answer_get(queue, entry, self.no_ack)
         return True
+
+
+    def _answered(self, channel: Channel, entry: QueueEntry | None) -> None:
+        self.answer, self.answered = entry, True
+        channel.unpark()
 
 
 def _routed() -> bool:

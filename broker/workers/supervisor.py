@@ -131,6 +131,12 @@ class WorkerProcess:
         self.metrics_path = str(private / f"{number}.metrics")  # its Prometheus endpoint's, likewise
         self.metrics = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.metrics.bind(self.metrics_path)
+        # Where the other workers link to it, for the queues it owns of vhosts they serve (broker.crossing): it
+        # listens across its restarts, so that a link made meanwhile waits for it
+        self.link_path = str(private / f"{number}.link")
+        self.link = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.link.bind(self.link_path)
+        self.link.listen(MAX_WORKERS)
         # The control socket's ends while it serves (None before and after), and the lock that keeps one exchange
         # on it at a time
         self.control: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
@@ -229,8 +235,9 @@ class Supervisor:
         # (a worker hands a client to itself too: its front door does not serve the client)
         senders = {other.number: other.sending.fileno() for other in self.workers}
         tls = self.listening_tls.fileno() if self.listening_tls is not None else None
+        links = {other.number: other.link_path for other in self.workers if other is not worker}
         inherited = [child.fileno(), self.listening.fileno(), worker.receiving.fileno(), worker.api.fileno(),
-                     worker.metrics.fileno(), logins_fd, board_fd, *senders.values(),
+                     worker.metrics.fileno(), worker.link.fileno(), logins_fd, board_fd, *senders.values(),
                      *([tls] if tls is not None else [])]
         # A session of its own: a terminal's Ctrl-C reaches the supervisor alone, which stops the workers in turn.
         try:
@@ -254,7 +261,8 @@ class Supervisor:
             await send(writer, {
                 "config": dataclasses.asdict(self.config), "worker": worker.number, "workers": len(self.workers),
                 "listening": self.listening.fileno(), "listening_tls": tls, "receiving": worker.receiving.fileno(),
-                "api": worker.api.fileno(), "metrics": worker.metrics.fileno(), "logins": logins_fd,
+                "api": worker.api.fileno(), "metrics": worker.metrics.fileno(), "link": worker.link.fileno(),
+                "links": links, "logins": logins_fd,
                 "board": board_fd, "senders": senders, "placement": None if first else placed,
                 "node": None if first else self.node_wide})
             told = dict(placed)

@@ -348,9 +348,10 @@ class ConfirmedPublisher(threading.Thread):
     """Publishes persistent messages one by one with confirms, reconnecting after an error; records the ids the
     broker confirmed, each confirm's latency, and every time its connection was lost."""
 
-    def __init__(self, broker, vhost: str, queue: str, stop: threading.Event):
+    def __init__(self, broker, vhost: str, queue: str, stop: threading.Event, arguments: dict | None = None):
         super().__init__(daemon=True)
         self.broker, self.vhost, self.queue, self.stop = broker, vhost, queue, stop
+        self.arguments = arguments  # the queue's, as it declares it
         self.confirmed: list[int] = []
         self.latencies: list[float] = []
         self.lost = 0  # connections lost
@@ -363,7 +364,7 @@ class ConfirmedPublisher(threading.Thread):
                 with connect(self.broker, self.vhost) as conn:
                     channel = conn.channel()
                     channel.confirm_delivery()
-                    channel.queue_declare(self.queue, durable=True)
+                    channel.queue_declare(self.queue, durable=True, arguments=self.arguments)
                     while not self.stop.is_set():
                         number += 1
                         started = time.perf_counter()
@@ -401,6 +402,14 @@ def test_a_killed_worker_costs_the_other_vhosts_nothing_and_loses_nothing_confir
     before = len(survivor.latencies)
     os.kill(killed, signal.SIGKILL)
     wait_for(lambda: victim.lost >= 1, what="the victim's connection lost")
+    after_the_kill(broker, killed, survivor, victim, stop, before, p99_limit=0.050)
+
+
+def after_the_kill(broker, killed: int, survivor: ConfirmedPublisher, victim: ConfirmedPublisher,
+                   stop: threading.Event, before: int, p99_limit: float) -> None:
+    """Once worker 1 (pid killed) serves again and the victim's publishes are confirmed again, both stop: the
+    survivor kept its connection and its confirms under p99_limit seconds from its before-th on, and no confirmed
+    message of either is lost."""
     wait_for(lambda: worker_pids(broker)[1] != killed, what="worker 1 started again")
     confirmed_at_restart = len(victim.confirmed)
     wait_for(lambda: len(victim.confirmed) > confirmed_at_restart + 100, what="the victim publishing again")
@@ -413,11 +422,11 @@ def test_a_killed_worker_costs_the_other_vhosts_nothing_and_loses_nothing_confir
     p99 = during[int(len(during) * 0.99)]
     print(f"survivor: {len(during)} confirms while worker 1 died and came back, p50 "
           f"{statistics.median(during) * 1000:.2f} ms, p99 {p99 * 1000:.2f} ms")
-    assert p99 < 0.050
+    assert p99 < p99_limit
     for publisher in (survivor, victim):
         found = set(drain(broker, publisher.vhost, publisher.queue))
         missing = set(publisher.confirmed) - found
-        assert not missing, f"{len(missing)} confirmed messages lost in {publisher.vhost}"
+        assert not missing, f"{len(missing)} confirmed messages lost in {publisher.queue} of {publisher.vhost}"
 
 
 def test_a_vhost_moves_to_another_worker_with_what_a_restart_keeps(own_broker, tmp_path):

@@ -26,6 +26,9 @@ NEVER = {
     # a federation link reads its upstream over the network and acts on this broker's model through its operations
     "broker/federation": ("broker.session", "broker.connection", "broker.management", "broker.workers",
                           "broker.shovel", "cluster"),
+    # the links between a node's processes carry what the model's queues are asked and answer: they know no client
+    "broker/crossing": ("broker.session", "broker.connection", "broker.management", "broker.workers",
+                        "broker.shovel", "broker.federation", "cluster"),
     # the broker knows nothing of the cluster above it (the supervisor starts a clustered node's workers by their
     # module's name: cluster.worker)
     "broker": ("cluster", "spark_connector"),

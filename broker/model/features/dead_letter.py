@@ -13,6 +13,7 @@ from protocol.codec import LongLong, encode_header_payload, with_body_size
 if TYPE_CHECKING:
     from broker.model.message import QueueEntry
     from broker.model.queue import Queue
+    from broker.model.vhost import VirtualHost
 
 REJECTED, EXPIRED, MAXLEN = "rejected", "expired", "maxlen"  # the reasons x-death records
 DELIVERY_LIMIT = "delivery_limit"  # returned more often than the queue's delivery limit (RabbitMQ 4)
@@ -76,8 +77,8 @@ def dead_letter(queue: "Queue", entries: list["QueueEntry"], reason: str) -> Non
     if exchange_name is None:
         return
     vhost = queue.vhost
-    exchange = vhost.exchanges.get(exchange_name)
-    if exchange is None:
+    forward = vhost.dead_letters_to  # (the vhost's exchanges are in the process that serves it)
+    if forward is None and exchange_name not in vhost.exchanges:
         return  # as in RabbitMQ, a dead-letter exchange that does not exist drops the message
     routing_key = queue.dead_letter_routing_key
     now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
@@ -95,11 +96,25 @@ def dead_letter(queue: "Queue", entries: list["QueueEntry"], reason: str) -> Non
             header = first.header if len(first.body) == len(original.body) else Header(
                 with_body_size(first.header.payload, len(original.body)))
             message = Message(first.address, header, original.body)
-        if exchange.holds_delayed and (delay := delay_of(message)):
-            exchange.delayed.hold(message, keys, delay)  # a delayed dead-letter exchange: routed when due
-            continue
-        targets = vhost.route(exchange, keys, message)
-        if reason != REJECTED:
-            targets = [target for target in targets if not _is_cycle(known[2], target)]
-        vhost.publish_to(targets, message)
+        if forward is not None:
+            forward(vhost.name, exchange_name, keys, message, reason != REJECTED)
+        else:
+            republish(vhost, exchange_name, keys, message, known[2] if reason != REJECTED else None)
+
+
+def republish(vhost: "VirtualHost", exchange_name: str, keys: list[str], message: Message,
+              deaths: list | None) -> None:
+    """Route a dead-lettered message from its dead-letter exchange (held, if that is a delayed exchange, until it
+    is due); with its x-death history (deaths), not to the queues it would go round to without a client's
+    rejection on the way."""
+    exchange = vhost.exchanges.get(exchange_name)
+    if exchange is None:
+        return
+    if exchange.holds_delayed and (delay := delay_of(message)):
+        exchange.delayed.hold(message, keys, delay)  # a delayed dead-letter exchange: routed when due
+        return
+    targets = vhost.route(exchange, keys, message)
+    if deaths is not None:
+        targets = [target for target in targets if not _is_cycle(deaths, target)]
+    vhost.publish_to(targets, message)
 

@@ -54,6 +54,8 @@ def test_file_then_overrides(tmp_path):
     ('[tls]\ncertfile = "a.pem"\n', "tls certfile and keyfile go together: give both or neither"),
     ('[tls]\nfail_if_no_peer_cert = true\n', 'tls fail_if_no_peer_cert needs verify = "verify_peer"'),
     ('[server]\nlog_format = "xml"\n', "log_format must be one of text, json, got 'xml'"),
+    ('[queues]\nleader_locator = "nearest"\n', "[queues] leader_locator must be one of client-local, balanced, "
+                                               "random, least-leaders, min-masters, got 'nearest'"),
     ("[amqp]\nfailed_login_delay = 11.5\n", "failed_login_delay must be between 0 and 10, got 11.5"),
     ('[amqp]\nfailed_login_delay = "1s"\n', "failed_login_delay must be a number, got '1s'"),
     ("[server]\nworkers = 0\n", 'workers must be "auto" or between 1 and 256, got 0'),

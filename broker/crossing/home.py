@@ -1,0 +1,383 @@
+"""The side of the process that serves a vhost's clients (its home): the stand-ins of the vhost's queues that other
+processes own (broker.model.remote) reach them here, over one link per owner, which this process dials.
+
+What goes to an owner: batches of messages (PUBLISH), batches of acks (ACKED), and operations (CONTROL: declare,
+delete, purge, consume, cancel, settle, credit). What comes back: ACKs of those frames (once the owner applied them
+and its store has them on disk), deliveries, and notices (a subscriber cancelled, a queue gone, queues' counts).
+
+Credit: a subscriber with a prefetch below WINDOW gets its prefetch as a window at the owner, which its settlements
+give back; any other (no ack, or no limit) gets WINDOW, which comes back as its deliveries are written to its
+client, so that a slow client holds its deliveries at the owner rather than here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import TYPE_CHECKING, Callable, Final
+
+from broker.crossing.frames import (
+    ACK, ACKED, CONTROL, DEAD_LETTER, DELIVER, GOT, ID, NOTICE, PUBLISH, FrameError, Messages, decode_ack,
+    decode_dead_letter, decode_got, decode_table, encode_message, encode_table,
+)
+from broker.crossing.link import Link
+from broker.model.features.dead_letter import republish
+from broker.model.join import Join
+from broker.model.message import QueueEntry
+from broker.model.remote import NO_ACK_ID, RemoteQueue
+
+if TYPE_CHECKING:
+    from broker.model.interfaces import Subscriber
+    from broker.model.message import Message
+    from broker.model.node import Node
+    from broker.model.vhost import VirtualHost
+
+log = logging.getLogger(__name__)
+
+WINDOW: Final = 1000  # deliveries a subscriber without a smaller prefetch may have on their way to it
+DIAL_RETRY: Final = 0.1  # seconds between attempts to reach an owner's link socket
+EPOCH_SHIFT: Final = 40  # a delivery id holds the link's epoch above these bits (see OwnerLink.epoch)
+CLIENT_LOCAL: Final = "client-local"  # RabbitMQ's leader locator that keeps a queue with its declaring client
+
+
+class Crossing:
+    """broker.model.interfaces.QueueCrossing for one process: its links to the other processes of the node."""
+
+    def __init__(self, number: int, paths: dict[int, str], default_locator: str):
+        self.number = number  # this process's group
+        self.default_locator = default_locator  # the locator of a queue that names none ([queues] leader_locator)
+        self.owners = {group: OwnerLink(self, group, path) for group, path in paths.items()}
+        self.node: Node | None = None  # the node of the broker this process runs, once it runs one
+        self.gone: RemoteQueue | None = None  # a stand-in being deleted because its owner deleted the queue
+
+    def start(self) -> list[asyncio.Task]:
+        loop = asyncio.get_running_loop()
+        return [loop.create_task(owner.keep_linked()) for owner in self.owners.values()]
+
+    # --- broker.model.interfaces.QueueCrossing ----------------------------------------------------------------
+    def reaches(self, owner: int) -> bool:
+        return owner in self.owners
+
+    def place(self, vhost: "VirtualHost", locator: str | None) -> int | None:
+        """client-local: here. balanced (and its deprecated names): the process owning the fewest of the vhost's
+        queues, this one first among equals, then the lowest number."""
+        if (locator or self.default_locator) == CLIENT_LOCAL:
+            return None
+        counts = {self.number: 0, **{group: 0 for group, owner in self.owners.items() if owner.link is not None}}
+        for queue in vhost.queues.values():
+            group = queue.owner if queue.owner is not None else self.number
+            if group in counts:
+                counts[group] += 1
+        chosen = min(counts, key=lambda group: (counts[group], group != self.number, group))
+        return None if chosen == self.number else chosen
+
+    def declare(self, queue: RemoteQueue) -> None:
+        self.owners[queue.owner].control({"op": "declare", "vhost": queue.vhost.name, "queue": queue.name,
+                                          "durable": queue.durable, "auto_delete": queue.auto_delete,
+                                          "arguments": queue.arguments})
+
+    def delete(self, queue: RemoteQueue) -> None:
+        if queue is not self.gone:
+            self.owners[queue.owner].control({"op": "delete", "vhost": queue.vhost.name, "queue": queue.name})
+
+    def purge(self, queue: RemoteQueue) -> None:
+        self.owners[queue.owner].control({"op": "purge", "vhost": queue.vhost.name, "queue": queue.name})
+
+    def touch(self, queue: RemoteQueue) -> None:
+        self.owners[queue.owner].control({"op": "touch", "vhost": queue.vhost.name, "queue": queue.name})
+
+    def publish(self, queue: RemoteQueue, message: "Message") -> bool:
+        link = self.owners[queue.owner].link
+        if link is None:
+            return False
+        link.add(PUBLISH, encode_message(queue.vhost.name.encode(), queue.name.encode(), message))
+        return True
+
+    def get(self, queue: RemoteQueue, no_ack: bool, answer: Callable[[QueueEntry | None], None]) -> None:
+        self.owners[queue.owner].get(queue, no_ack, answer)
+
+    def subscribe(self, queue: RemoteQueue, subscriber: "Subscriber") -> None:
+        self.owners[queue.owner].subscribe(queue, subscriber)
+
+    def unsubscribe(self, queue: RemoteQueue, subscribers: "list[Subscriber]") -> None:
+        self.owners[queue.owner].unsubscribe(subscribers)
+
+    def offer_credit(self, queue: RemoteQueue) -> None:
+        self.owners[queue.owner].offer_credit(queue)
+
+    def settle(self, queue: RemoteQueue, entries: list[QueueEntry], requeue: bool | None, failed: bool) -> None:
+        self.owners[queue.owner].settle(entries, requeue, failed)
+
+    def when_acked(self, owners: set[int], callback: Callable[[bool], None]) -> None:
+        join = Join(callback, len(owners))
+        for group in owners:
+            self.owners[group].when_acked(join.done)
+
+    # --- what owners say ------------------------------------------------------------------------------------
+    def stand_in(self, vhost_name: str, name: str) -> RemoteQueue | None:
+        vhost = self.node.vhosts.get(vhost_name) if self.node is not None else None
+        queue = vhost.queues.get(name) if vhost is not None else None
+        return queue if isinstance(queue, RemoteQueue) else None
+
+    def served(self) -> list[str]:
+        """The vhosts whose clients this process serves."""
+        node = self.node
+        return [name for name in node.vhosts if node.serves(name)] if node is not None else []
+
+    def stand_ins_of(self, group: int) -> list[list[str]]:
+        """[vhost, queue] of each stand-in of a queue that group owns."""
+        vhosts = self.node.vhosts.values() if self.node is not None else ()
+        return [[vhost.name, queue.name] for vhost in vhosts for queue in vhost.queues.values()
+                if queue.owner == group]
+
+    def dead_lettered(self, table: dict, message: "Message") -> None:
+        """A message a queue of another process dead-lettered: routed here, where the vhost's exchanges are."""
+        vhost = self.node.vhosts.get(table["vhost"]) if self.node is not None else None
+        if vhost is not None:
+            deaths = None
+            if table["no_cycles"]:
+                deaths = [death for death in (message.properties.headers or {}).get("x-death", [])
+                          if isinstance(death, dict)]
+            republish(vhost, table["exchange"], table["keys"], message, deaths)
+
+    def queue_gone(self, queue: RemoteQueue) -> None:
+        """Its owner deleted it (x-expires, auto-delete): so does its vhost here, without telling the owner again."""
+        self.gone = queue
+        try:
+            queue.vhost.delete_queue(queue)
+        finally:
+            self.gone = None
+
+
+class OwnerLink:
+    """This process's link to one owner: what it sent that is not acked yet, and the subscribers it registered
+    there. The link is dialled again whenever it closes (the owner's socket waits for it while the owner restarts);
+    each new link has a new epoch, which the owner puts in its delivery ids, so that a settlement of a delivery of
+    an earlier link (requeued by the owner when that link closed) is not sent."""
+
+    def __init__(self, crossing: Crossing, group: int, path: str):
+        self.crossing = crossing
+        self.group = group  # the owner's
+        self.path = path  # its link socket
+        self.link: Link | None = None  # while linked
+        self.epoch = 0  # counts the links made
+        self.acked = 0  # the number of the last frame the owner acked on this link
+        self.waiters: deque[list] = deque()  # [frame number, callback, ok] in the order of their numbers
+        self.subscribers: dict[int, tuple[RemoteQueue, Subscriber]] = {}  # id -> its stand-in and subscriber
+        self.ids: dict[Subscriber, int] = {}  # subscriber -> its id
+        self.next_id = 1
+        self.returns_on_write: dict[int, int] = {}  # id of a subscriber whose credit comes back as it is written ->
+        # deliveries written to it since its credit last went back
+        self.grants: dict[int, int] = {}  # credit to give back with this turn's frames, by subscriber id
+        self.gets: dict[int, tuple[RemoteQueue, Callable[[QueueEntry | None], None]]] = {}  # asked, by their ids
+        self.next_get = 1
+        self.messages = Messages()
+        self.closed: asyncio.Event | None = None
+
+    async def keep_linked(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                _, link = await loop.create_unix_connection(lambda: Link(self, f"worker {self.group}"), self.path)
+            except OSError:
+                await asyncio.sleep(DIAL_RETRY)
+                continue
+            self.epoch += 1
+            self.acked = 0
+            self.closed = asyncio.Event()
+            self.link = link
+            link.send(CONTROL, encode_table({"op": "hello", "epoch": self.epoch}))
+            self.control({"op": "watch", "vhosts": self.crossing.served(),
+                          "queues": self.crossing.stand_ins_of(self.group)})
+            await self.closed.wait()
+            await asyncio.sleep(DIAL_RETRY)
+
+    def control(self, operation: dict) -> None:
+        if self.link is not None:
+            self.link.send(CONTROL, encode_table(operation))
+
+    # --- acks -----------------------------------------------------------------------------------------------
+    def when_acked(self, callback: Callable[[bool], None]) -> None:
+        """callback(ok) once the owner acked every frame made so far on this link (False if the link closes)."""
+        link = self.link
+        if link is None:
+            callback(False)
+        elif link.last_number() <= self.acked:
+            callback(True)
+        else:
+            self.waiters.append([link.last_number(), callback, True])
+
+    # --- gets and subscribers ---------------------------------------------------------------------------------
+    def get(self, queue: RemoteQueue, no_ack: bool, answer: Callable[[QueueEntry | None], None]) -> None:
+        if self.link is None:
+            asyncio.get_running_loop().call_soon(answer, None)
+            return
+        number = self.next_get
+        self.next_get += 1
+        self.gets[number] = (queue, answer)
+        self.control({"op": "get", "vhost": queue.vhost.name, "queue": queue.name, "id": number, "no_ack": no_ack})
+
+    def _got(self, payload: bytes) -> None:
+        number, ready, found = decode_got(payload, self.messages)
+        asked = self.gets.pop(number, None)
+        if asked is None:
+            raise FrameError(f"an answer to get {number}, which was not asked")
+        queue, answer = asked
+        queue.ready_at_owner = ready
+        answer(QueueEntry(*found) if found is not None else None)
+
+    def subscribe(self, queue: RemoteQueue, subscriber: "Subscriber") -> None:
+        if self.link is None:
+            self.crossing_cancelled(queue, subscriber)
+            return
+        number = self.next_id
+        self.next_id += 1
+        self.subscribers[number] = (queue, subscriber)
+        self.ids[subscriber] = number
+        credit = subscriber.credit()
+        on_settle = credit < WINDOW and not subscriber.no_ack
+        if not on_settle:
+            self.returns_on_write[number] = 0
+        self.control({"op": "consume", "vhost": queue.vhost.name, "queue": queue.name, "id": number,
+                      "window": credit if on_settle else WINDOW, "on_settle": on_settle, "no_ack": subscriber.no_ack,
+                      "priority": subscriber.priority, "exclusive": subscriber.exclusive,
+                      "arguments": subscriber.arguments})
+
+    def unsubscribe(self, subscribers: "list[Subscriber]") -> None:
+        numbers = []
+        for subscriber in subscribers:
+            number = self.ids.pop(subscriber, None)
+            if number is not None:
+                del self.subscribers[number]
+                self.returns_on_write.pop(number, None)
+                self.grants.pop(number, None)
+                numbers.append(number)
+        if numbers:
+            self.control({"op": "cancel", "ids": numbers})
+
+    def offer_credit(self, queue: RemoteQueue) -> None:
+        """Credit of subscribers whose deliveries were written goes back once their channel can deliver again."""
+        owed = self.returns_on_write
+        for subscriber in queue.consumers:
+            number = self.ids.get(subscriber)
+            if number is not None and owed.get(number) and subscriber.credit() > 0:
+                self._grant(number, owed[number])
+                owed[number] = 0
+
+    def _grant(self, number: int, count: int) -> None:
+        if self.link is not None:
+            if not self.grants:
+                self.link.wake()  # (they go as it flushes: see flushing)
+            self.grants[number] = self.grants.get(number, 0) + count
+
+    def settle(self, entries: list[QueueEntry], requeue: bool | None, failed: bool) -> None:
+        link, epoch = self.link, self.epoch
+        if link is None:
+            return
+        ids = [entry.seq for entry in entries if entry.seq != NO_ACK_ID and entry.seq >> EPOCH_SHIFT == epoch]
+        if not ids:
+            return
+        if requeue is None:
+            for delivery_id in ids:
+                link.add(ACKED, ID.pack(delivery_id))
+        else:
+            self.control({"op": "settle", "ids": ids, "requeue": requeue, "failed": failed})
+
+    def crossing_cancelled(self, queue: RemoteQueue, subscriber: "Subscriber") -> None:
+        """The subscriber cannot be served (its owner is not linked, or cancelled it): its client is told."""
+        if subscriber in queue.consumers:
+            queue.consumers.remove(subscriber)
+        subscriber.channel.consumer_cancelled_by_server(subscriber)
+
+    # --- broker.crossing.link.Handler -----------------------------------------------------------------------
+    def received(self, kind: int, payload: bytes) -> None:
+        if kind == ACK:
+            self._acked(*decode_ack(payload))
+        elif kind == DELIVER:
+            self._delivered(payload)
+        elif kind == NOTICE:
+            self._noticed(decode_table(payload))
+        elif kind == GOT:
+            self._got(payload)
+        elif kind == DEAD_LETTER:
+            self.crossing.dead_lettered(*decode_dead_letter(payload, self.messages))
+        else:
+            raise FrameError(f"a frame of kind {kind} from an owner")
+
+    def flushing(self) -> None:
+        grants, self.grants = self.grants, {}
+        if grants:
+            self.control({"op": "credit", "grants": [[number, count] for number, count in grants.items()]})
+
+    def lost(self) -> None:
+        log.info("the link with worker %d closed: its queues' consumers here are cancelled", self.group)
+        self.link = None
+        waiters, self.waiters = self.waiters, deque()
+        for _, callback, _ in waiters:
+            callback(False)
+        gets, self.gets = self.gets, {}
+        for _, answer in gets.values():
+            answer(None)
+        subscribers, self.subscribers = self.subscribers, {}
+        self.ids.clear()
+        self.returns_on_write.clear()
+        self.grants.clear()
+        for queue, subscriber in subscribers.values():
+            self.crossing_cancelled(queue, subscriber)
+        if self.closed is not None:
+            self.closed.set()
+
+    def _acked(self, number: int, ok: bool) -> None:
+        self.acked = number
+        waiters = self.waiters
+        if not ok:
+            for waiter in waiters:
+                waiter[2] = False
+        while waiters and waiters[0][0] <= number:
+            _, callback, waiter_ok = waiters.popleft()
+            callback(waiter_ok)
+
+    def _delivered(self, payload: bytes) -> None:
+        subscribers, owed = self.subscribers, self.returns_on_write
+        returned: list[int] = []  # deliveries for subscribers cancelled meanwhile: they go back to the queue
+        written: set[int] = set()
+        for number, delivery_id, redelivered, message in self.messages.delivered(payload):
+            found = subscribers.get(number)
+            if found is None:
+                if delivery_id != NO_ACK_ID:
+                    returned.append(delivery_id)
+                continue
+            queue, subscriber = found
+            subscriber.channel.deliver(subscriber, queue, QueueEntry(delivery_id, message, redelivered))
+            if number in owed:
+                owed[number] += 1
+                written.add(number)
+        if returned:
+            self.control({"op": "settle", "ids": returned, "requeue": True, "failed": False})
+        for number in written:
+            queue, subscriber = subscribers[number]
+            if subscriber.credit() > 0:
+                self._grant(number, owed[number])
+                owed[number] = 0
+
+    def _noticed(self, notice: dict) -> None:
+        operation = notice.get("op")
+        if operation == "cancelled":
+            found = self.subscribers.pop(notice.get("id"), None)  # type: ignore[arg-type]
+            if found is not None:
+                queue, subscriber = found
+                number = self.ids.pop(subscriber)
+                self.returns_on_write.pop(number, None)
+                self.crossing_cancelled(queue, subscriber)
+        elif operation == "counts":
+            for vhost, name, ready, ready_bytes in notice.get("queues", ()):
+                queue = self.crossing.stand_in(vhost, name)
+                if queue is not None:
+                    queue.ready_at_owner, queue.ready_bytes = ready, ready_bytes
+        elif operation == "gone":
+            queue = self.crossing.stand_in(notice.get("vhost", ""), notice.get("queue", ""))
+            if queue is not None and queue.owner == self.group:
+                self.crossing.queue_gone(queue)
+        else:
+            raise FrameError(f"unknown notice {operation!r}")

@@ -1,0 +1,340 @@
+"""The side of a process that owns queues of vhosts another process serves: it listens on its link socket, and
+for each process that links to it applies what comes (messages into its queues, declares, deletes, purges,
+subscribers and their settlements) with the code that applies them for its own clients, acks the frames once its
+store has what they wrote, and sends the deliveries to the subscribers of that process (broker.crossing.home says
+what each frame holds).
+
+A subscriber here stands for a consumer of the other process, with the credit it was given; the deliveries it was
+sent wait here for their settlements, by delivery id. When the link closes (the other process ended) its
+subscribers go and those deliveries are requeued, as a closed channel's are."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Callable, Final
+
+from broker.crossing.frames import (
+    ACK, ACKED, CONTROL, DEAD_LETTER, DELIVER, GOT, NOTICE, PUBLISH, FrameError, Messages, decode_ids, decode_table,
+    encode_ack, encode_dead_letter, encode_delivery, encode_got, encode_table,
+)
+from broker.crossing.link import Link
+from broker.model.remote import NO_ACK_ID
+from broker.model.turns import next_turn
+from broker.model.vhost import OPERATOR_OWNER
+from protocol.errors import AMQPError
+
+if TYPE_CHECKING:
+    from broker.model.message import Message, QueueEntry
+    from broker.model.node import Node
+    from broker.model.queue import Queue
+
+log = logging.getLogger(__name__)
+
+COUNTS_INTERVAL: Final = 1.0  # seconds between two counts of every queue a linked process uses, sent to it
+EPOCH_SHIFT: Final = 40  # (broker.crossing.home.EPOCH_SHIFT)
+
+
+async def serve_links(listening, serving: Callable[[], "Node | None"]) -> asyncio.AbstractServer:
+    """Take the links of the other processes on the listening Unix socket."""
+
+    def make() -> Link:
+        home = HomeLink(serving)
+        home.link = Link(home, "a worker")
+        return home.link
+
+    return await asyncio.get_running_loop().create_unix_server(make, sock=listening)
+
+
+class RemoteSubscriber:
+    """A consumer of another process, as its queue here sees it (broker.model.interfaces.Subscriber)."""
+
+    __slots__ = ("number", "home", "queue", "priority", "exclusive", "no_ack", "arguments", "unacked", "window",
+                 "on_settle", "in_flight")
+
+    def __init__(self, number: int, home: "HomeLink", queue: "Queue", operation: dict):
+        self.number = number  # its id on the link
+        self.home = home
+        self.queue = queue
+        self.priority = int(operation.get("priority", 0))
+        self.exclusive = bool(operation.get("exclusive"))
+        self.no_ack = bool(operation.get("no_ack"))
+        self.arguments = operation.get("arguments") or {}
+        self.unacked = 0  # deliveries sent and not settled
+        self.window = int(operation["window"])  # how many it may have: unsettled ones, or on their way
+        self.on_settle = bool(operation.get("on_settle"))  # its credit comes back with settlements (else: grants)
+        self.in_flight = 0  # deliveries sent whose credit has not come back (on_settle False)
+
+    @property
+    def channel(self) -> "HomeLink":
+        return self.home
+
+    def credit(self) -> int:
+        if not self.home.link.open:
+            return 0
+        return self.window - (self.unacked if self.on_settle else self.in_flight)
+
+
+class HomeLink:
+    """The link of one process that serves vhosts whose queues are here."""
+
+    link: Link
+
+    def __init__(self, serving: Callable[[], "Node | None"]):
+        self.serving = serving  # the node of the broker this process runs (None while it runs none)
+        self.applied = 0  # the frames applied (numbered as the other process numbers them)
+        self.ok = True  # whether every frame applied since the last ack went well
+        self.ack_asked = False  # an ack is due at the end of this turn
+        self.id_base = 0  # the link's epoch, in the high bits of its delivery ids
+        self.next_id = 1
+        self.subscribers: dict[int, RemoteSubscriber] = {}
+        # delivery id -> its queue, its entry, and the subscriber it went to (None: a get's)
+        self.outstanding: dict[int, tuple[Queue, QueueEntry, RemoteSubscriber | None]] = {}
+        self.used: dict[tuple[str, str], Queue] = {}  # the queues the other process used, for their counts
+        self.touched: set[Queue] = set()  # those whose counts changed this turn
+        self.messages = Messages()
+        self.counting: asyncio.TimerHandle | None = None
+
+    # --- broker.crossing.link.Handler -----------------------------------------------------------------------
+    def received(self, kind: int, payload: bytes) -> None:
+        node = self.serving()
+        if node is None:
+            raise FrameError("this worker serves no broker now")
+        self.applied += 1
+        if kind == PUBLISH:
+            self._published(node, payload)
+        elif kind == ACKED:
+            self._settle(decode_ids(payload), None, False)
+        elif kind == CONTROL:
+            self._control(node, decode_table(payload))
+        else:
+            raise FrameError(f"a frame of kind {kind} from a worker that serves a vhost")
+        if not self.ack_asked:
+            self.ack_asked = True
+            asyncio.get_running_loop().call_soon(self._ask_ack, node)
+        if self.counting is None:
+            self.counting = asyncio.get_running_loop().call_later(COUNTS_INTERVAL, self._count_all)
+
+    def flushing(self) -> None:
+        touched, self.touched = self.touched, set()
+        counts, gone = [], []
+        for queue in touched:
+            if queue.deleted:
+                gone.append(queue)
+            else:
+                counts.append([queue.vhost.name, queue.name, queue.ready_as_held(), queue.ready_bytes])
+        for queue in gone:
+            self.used.pop((queue.vhost.name, queue.name), None)
+            self.link.send(NOTICE, encode_table({"op": "gone", "vhost": queue.vhost.name, "queue": queue.name}))
+        if counts:
+            self.link.send(NOTICE, encode_table({"op": "counts", "queues": counts}))
+
+    def lost(self) -> None:
+        if self.counting is not None:
+            self.counting.cancel()
+        for subscriber in self.subscribers.values():
+            subscriber.queue.remove_consumers([subscriber])
+        self.subscribers.clear()
+        self.touched.clear()  # (no one to tell)
+        outstanding, self.outstanding = self.outstanding, {}
+        by_queue: dict[Queue, list[QueueEntry]] = {}
+        for queue, entry, _ in outstanding.values():
+            queue.unacked_count -= 1
+            by_queue.setdefault(queue, []).append(entry)
+        for queue, entries in by_queue.items():
+            if not queue.deleted:
+                queue.settle(entries, True, True)  # (as a closed channel's deliveries: back, counted as failed)
+
+    # --- acks -----------------------------------------------------------------------------------------------
+    def _ask_ack(self, node: "Node") -> None:
+        """Ack what was applied this turn once the store has it (acks go in order: the store's callbacks do)."""
+        self.ack_asked = False
+        number, ok = self.applied, self.ok
+        self.ok = True
+        if node.store is None:
+            self._ack(number, ok, True)
+        else:
+            node.store.when_durable(lambda stored: self._ack(number, ok, stored))
+
+    def _ack(self, number: int, ok: bool, stored: bool) -> None:
+        if self.link.open:
+            self.link.send(ACK, encode_ack(number, ok and stored))
+
+    # --- frames ---------------------------------------------------------------------------------------------
+    def _queue(self, node: "Node", vhost_name: str, name: str) -> "Queue | None":
+        queue = self.used.get((vhost_name, name))
+        if queue is None or queue.deleted:
+            vhost = node.vhosts.get(vhost_name)
+            queue = vhost.queues.get(name) if vhost is not None else None
+            if queue is None:
+                return None
+            self._use(queue)
+        return queue
+
+    def _use(self, queue: "Queue") -> None:
+        """The other process uses the queue: it is told of its counts, and routes what it dead-letters."""
+        self.used[queue.vhost.name, queue.name] = queue
+        queue.vhost.dead_letters_to = self._dead_letter
+        self.touched.add(queue)
+
+    def _dead_letter(self, vhost: str, exchange: str, keys: list[str], message: "Message", no_cycles: bool) -> None:
+        if self.link.open:  # (else it is lost, as when its dead-letter exchange is missing)
+            self.link.send(DEAD_LETTER, encode_dead_letter(vhost, exchange, keys, message, no_cycles))
+
+    def _published(self, node: "Node", payload: bytes) -> None:
+        for vhost_name, name, message in self.messages.published(payload):
+            queue = self._queue(node, vhost_name, name)
+            if queue is None:
+                self.ok = False  # (its publisher is nacked)
+                continue
+            _, refused = queue.vhost.publish_to([queue], message)
+            if refused:
+                self.ok = False
+            self.touched.add(queue)
+
+    def _control(self, node: "Node", operation: dict) -> None:
+        kind = operation.get("op")
+        if kind == "hello":
+            self.id_base = int(operation["epoch"]) << EPOCH_SHIFT
+            return
+        if kind == "settle":
+            self._settle(operation["ids"], operation["requeue"], bool(operation.get("failed")))
+            return
+        if kind == "cancel":
+            for number in operation["ids"]:
+                subscriber = self.subscribers.pop(number, None)
+                if subscriber is not None:
+                    subscriber.queue.remove_consumers([subscriber])
+                    self.touched.add(subscriber.queue)  # (an auto-delete queue may have gone with its last one)
+            return
+        if kind == "watch":  # (the other process's stand-ins of queues here, as it links)
+            self._watch(node, operation["vhosts"], {(vhost, name) for vhost, name in operation["queues"]})
+            return
+        if kind == "credit":
+            for number, count in operation["grants"]:
+                subscriber = self.subscribers.get(number)
+                if subscriber is not None:
+                    subscriber.in_flight -= count
+                    subscriber.queue.credit_offered()
+            return
+        vhost_name, name = str(operation.get("vhost")), str(operation.get("queue"))
+        try:
+            if kind == "declare":
+                vhost = node.vhost(vhost_name)
+                queue = vhost.declare_queue(name, OPERATOR_OWNER, False, bool(operation["durable"]), False,
+                                            bool(operation["auto_delete"]), operation["arguments"], placed=True)
+                self._use(queue)
+                return
+            queue = self._queue(node, vhost_name, name)
+            if kind == "consume":
+                number = int(operation["id"])
+                if queue is None:
+                    self.link.send(NOTICE, encode_table({"op": "cancelled", "id": number}))
+                    return
+                subscriber = self.subscribers[number] = RemoteSubscriber(number, self, queue, operation)
+                queue.add_consumer(subscriber)
+            elif kind == "get":
+                self._get(queue, int(operation["id"]), bool(operation["no_ack"]))
+            elif kind == "delete":
+                if queue is not None:
+                    queue.vhost.delete_queue(queue)
+                    self.used.pop((vhost_name, name), None)
+            elif kind == "touch":
+                if queue is not None:
+                    queue.touch()
+            elif kind == "purge":
+                if queue is not None:
+                    queue.purge()
+                    self.touched.add(queue)
+            else:
+                raise FrameError(f"unknown operation {kind!r}")
+        except AMQPError as error:  # (the home checked it first: only a queue changed meanwhile gets here)
+            log.warning("could not %s queue %.200r in vhost %.200r for the worker that serves it: %s", kind, name,
+                        vhost_name, error.reply_text)
+            self.ok = False
+
+    def _watch(self, node: "Node", vhosts: list[str], stand_ins: set[tuple[str, str]]) -> None:
+        """The queues here that the other process has stand-ins of are used; its vhosts' transient queues it has
+        none of are gone there (it started again, which a transient queue does not outlive), and go here too."""
+        for vhost_name, name in stand_ins:
+            self._queue(node, vhost_name, name)
+        for vhost_name in vhosts:
+            vhost = node.vhosts.get(vhost_name)
+            if vhost is None or node.serves(vhost_name):
+                continue
+            for queue in [queue for queue in vhost.queues.values()
+                          if not queue.durable and (vhost_name, queue.name) not in stand_ins]:
+                vhost.delete_queue(queue)
+
+    def _get(self, queue: "Queue | None", request: int, no_ack: bool) -> None:
+        """The queue's head for a basic.get (once the expired messages ahead of it left, over turns if many)."""
+        if not self.link.open:
+            return
+        entry = None if queue is None or queue.deleted else queue.take(no_ack)
+        if entry is None and queue is not None and queue.take_again():
+            next_turn(lambda: self._get(queue, request, no_ack))
+            return
+        delivery = b""
+        if entry is not None:
+            assert queue is not None and entry.message is not None, "taken from a queue: a live entry"
+            delivery_id = self._delivery_id(queue, entry, None) if not no_ack else NO_ACK_ID
+            if no_ack:
+                queue.forget((entry,))
+            delivery = encode_delivery(0, delivery_id, entry.redelivered, entry.message)
+            self.touched.add(queue)
+        self.link.send(GOT, encode_got(request, queue.count_ready() if queue is not None else 0, delivery))
+
+    def _delivery_id(self, queue: "Queue", entry: "QueueEntry", subscriber: RemoteSubscriber | None) -> int:
+        """A new delivery of entry, awaiting its settlement: its id."""
+        delivery_id = self.id_base | self.next_id
+        self.next_id += 1
+        self.outstanding[delivery_id] = (queue, entry, subscriber)
+        queue.unacked_count += 1
+        queue.mark_delivered((entry,))
+        return delivery_id
+
+    def _settle(self, ids: list[int], requeue: bool | None, failed: bool) -> None:
+        by_queue: dict[Queue, list[QueueEntry]] = {}
+        for delivery_id in ids:
+            found = self.outstanding.pop(delivery_id, None)
+            if found is None:
+                continue
+            queue, entry, subscriber = found
+            if subscriber is not None:
+                subscriber.unacked -= 1
+            queue.unacked_count -= 1
+            by_queue.setdefault(queue, []).append(entry)
+        for queue, entries in by_queue.items():
+            if requeue is None:
+                queue.acknowledged += len(entries)
+            if not queue.deleted:
+                queue.settle(entries, requeue, failed)
+                queue.credit_offered()
+            self.touched.add(queue)
+
+    def _count_all(self) -> None:
+        """Every used queue's counts, now and then (its messages expire, it may have deleted itself)."""
+        self.counting = None
+        if self.link.open and self.used:
+            self.touched.update(self.used.values())
+            self.link.wake()
+            self.counting = asyncio.get_running_loop().call_later(COUNTS_INTERVAL, self._count_all)
+
+    # --- broker.model.interfaces.DeliveryTarget -------------------------------------------------------------
+    def deliver(self, subscriber: RemoteSubscriber, queue: "Queue", entry: "QueueEntry") -> None:
+        message = entry.message
+        assert message is not None, "a live entry"
+        if subscriber.no_ack:
+            queue.forget((entry,))
+            delivery_id = NO_ACK_ID
+        else:
+            delivery_id = self._delivery_id(queue, entry, subscriber)
+            subscriber.unacked += 1
+        if not subscriber.on_settle:
+            subscriber.in_flight += 1
+        self.link.add(DELIVER, encode_delivery(subscriber.number, delivery_id, entry.redelivered, message))
+        self.touched.add(queue)
+
+    def consumer_cancelled_by_server(self, subscriber: RemoteSubscriber) -> None:
+        if self.subscribers.pop(subscriber.number, None) is not None and self.link.open:
+            self.link.send(NOTICE, encode_table({"op": "cancelled", "id": subscriber.number}))

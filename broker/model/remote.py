@@ -1,0 +1,129 @@
+"""A queue owned by another process of the node (a group of its own, broker.crossing), as the process that serves
+its vhost sees it: a stand-in that routes, counts and consumes like any queue, its messages, dispatch, TTLs, limits
+and acks being the owner's. It keeps no message: what a queue is asked here goes to the owner over a link (the
+vhost's crossing), and what the owner sends back (deliveries, counts, the queue's end) comes in through it.
+
+A delivery's entry here carries the owner's delivery id as its seq (NO_ACK_ID for a delivery the owner forgot when it
+sent it), so that settling it names it at the owner."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Final, Iterable
+
+from broker.model.features.length_limit import APPENDED, REFUSED
+from broker.model.message import Message, QueueEntry
+from broker.model.policy import effective_settings, merged_definition
+from broker.model.queue import Queue
+
+if TYPE_CHECKING:
+    from broker.model.features.redelivery import DelayedRetry
+    from broker.model.interfaces import QueueCrossing, Subscriber
+    from broker.model.vhost import VirtualHost
+
+NO_ACK_ID: Final = -1  # the id of a delivery that needs no settling (the owner forgot it as it sent it)
+
+
+def leader_locator(vhost: "VirtualHost", name: str, arguments: dict) -> str | None:
+    """How a new queue asks to be placed: x-queue-leader-locator, else the queue-leader-locator policy key, else
+    their 3.x names (x-queue-master-locator, queue-master-locator); None: as the node's config says."""
+    settings = effective_settings(arguments, merged_definition(*vhost.policies_for("queues", name)), "queues")
+    locator = settings.get("queue-leader-locator", settings.get("queue-master-locator"))
+    return str(locator) if locator is not None else None
+
+
+class RemoteQueue(Queue):
+    def __init__(self, vhost: "VirtualHost", name: str, durable: bool, auto_delete: bool, arguments: dict,
+                 owner: int, crossing: "QueueCrossing"):
+        super().__init__(vhost, name, durable, None, auto_delete, arguments)
+        self.owner = owner
+        self.crossing = crossing  # how the owner is reached
+        self.stored = self.stores_all = False  # (this process's store keeps none of its messages: the owner's does)
+        self.settled_remotely = True  # its acks go to the owner
+        self.ready_at_owner = 0  # ready messages, as the owner last said (ready_bytes: their body bytes)
+
+    def touch(self) -> None:
+        """Used (declared, consumed): the owner, which times an unused queue's expiry, starts counting again."""
+        if self.owner is not None and self.unused_ttl is not None and not self.deleted:  # (owner: made)
+            self.crossing.touch(self)
+
+    def count_ready(self) -> int:
+        return self.ready_at_owner
+
+    def ready_as_held(self) -> int:
+        return self.ready_at_owner
+
+    def has_ready(self) -> bool:
+        return self.ready_at_owner > 0
+
+    # --- messages -----------------------------------------------------------------------------------------
+    def enqueue(self, message: Message) -> int:
+        """Sent to the owner with the link's next batch: the confirm waits for the owner's ack of it (the channel
+        asks the crossing); refused while the owner cannot be reached."""
+        return APPENDED if self.crossing.publish(self, message) else REFUSED
+
+    def settle(self, entries: list[QueueEntry], requeue: bool | None, failed: bool = False,
+               retry: "DelayedRetry | None" = None) -> None:
+        self.crossing.settle(self, entries, requeue, failed)
+
+    def forget(self, entries: Iterable[QueueEntry]) -> bool:
+        """Acked here: the owner lets them go."""
+        self.crossing.settle(self, list(entries), None, False)
+        return False
+
+    def mark_delivered(self, entries: Iterable[QueueEntry]) -> None:
+        pass  # (the owner marks what it sends)
+
+    def purge(self) -> int:
+        """The owner purges it (purge-ok waits for its ack)."""
+        self.crossing.purge(self)
+        return self._emptied_there()
+
+    def drop_all(self) -> int:
+        """Deleted here: the owner deletes it too (delete-ok waits for its ack)."""
+        self.crossing.delete(self)
+        return self._emptied_there()
+
+    def _emptied_there(self) -> int:
+        """The owner was told to drop its ready messages: how many it last said it had. The method's reply waits for
+        its ack."""
+        count, owner = self.ready_at_owner, self.owner
+        assert owner is not None, "a stand-in names its owner"
+        self.ready_at_owner = self.ready_bytes = 0
+        self.vhost.durable_changes += 1
+        self.vhost.changed_owners.add(owner)
+        return count
+
+    def take_there(self, no_ack: bool, answer: "Callable[[QueueEntry | None], None]") -> None:
+        """A basic.get: the owner takes the head, and answer(entry) is called with it (None: there was none, or the
+        owner could not be asked), counted here as a get."""
+        self.crossing.get(self, no_ack, lambda entry: self._got(entry, no_ack, answer))
+
+    def _got(self, entry: QueueEntry | None, no_ack: bool, answer: "Callable[[QueueEntry | None], None]") -> None:
+        if entry is None:
+            self.get_empty += 1
+        else:
+            self.redelivered += entry.redelivered
+            if no_ack:
+                self.delivered_get_auto_ack += 1
+            else:
+                self.delivered_get_manual_ack += 1
+        answer(entry)
+
+    # --- consumers ----------------------------------------------------------------------------------------
+    def add_consumer(self, consumer: "Subscriber") -> None:
+        self._place_last_of_its_priority(consumer)
+        self.crossing.subscribe(self, consumer)
+        self.vhost.changed("queues", self.name)  # (as Queue.add_consumer)
+
+    def credit_offered(self) -> None:
+        if self.consumers:
+            self.crossing.offer_credit(self)
+
+    def remove_consumers(self, leaving: "list[Subscriber]") -> None:
+        gone = set(leaving)
+        self.consumers[:] = [consumer for consumer in self.consumers if consumer not in gone]
+        if not self.deleted:
+            self.crossing.unsubscribe(self, leaving)
+
+    def dispatch(self) -> None:
+        pass  # (the owner dispatches)

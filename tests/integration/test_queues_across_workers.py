@@ -1,0 +1,230 @@
+"""Queues of one vhost owned by several workers (`--workers`, docs/workers.md#queues-of-one-vhost-over-workers): a
+queue whose leader locator is `balanced` may be owned by another worker than the one that serves its vhost's
+clients, which sends it its messages and serves its consumers, gets, acks and dead letters over a link. These tests
+judge from outside: which node the API names for each queue, what clients receive, what a kill -9 or a restart
+leaves."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+
+import pika
+import pytest
+
+from tests.bench.client import BenchConnection, BrokerURL, ConfirmTracker, message_frames
+from tests.integration.helpers import Inbox, channel_error, consume, message_count, stay_quiet, wait_until
+from tests.integration.management import request
+from tests.integration.test_workers import ConfirmedPublisher, after_the_kill, worker_pids
+from tests.waiting import wait_for
+
+if os.environ.get("WARREN_TEST_URL"):
+    pytest.skip("starts brokers of its own", allow_module_level=True)
+
+BALANCED = {"x-queue-leader-locator": "balanced"}
+PERSISTENT = pika.BasicProperties(delivery_mode=2)
+
+
+@pytest.fixture
+def two_workers(own_broker, tmp_path):
+    def start(config: str = ""):
+        path = tmp_path / "warren.toml"
+        path.write_text(config)
+        return own_broker("--workers", "2", "--config", str(path))
+    return start
+
+
+def connect(broker) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.URLParameters(broker.url))
+
+
+def owners(broker) -> dict[str, str]:
+    """Each queue of / -> the node the API names as its owner (the worker's number, from warren-N@host)."""
+    reply = request(broker, "GET", "/api/queues/%2F")
+    assert reply.status == 200, reply
+    return {queue["name"]: queue["node"].partition("@")[0].rpartition("-")[2] for queue in reply.body}
+
+
+async def publish_confirmed(broker, exchange: str, count: int, window: int = 500) -> None:
+    """count persistent messages numbered from 0, to exchange, up to window unconfirmed; every one confirmed."""
+    connection = await BenchConnection.open(BrokerURL.parse(broker.url))
+    channel = await connection.open_channel()
+    tracker = ConfirmTracker(window, record_latency=False)
+    await connection.select_confirms(channel, tracker)
+    try:
+        for index in range(count):
+            await tracker.wait_for_room()
+            tracker.published += 1
+            await connection.send(message_frames(channel, exchange, "", b"%06d" % index, persistent=True))
+        await tracker.wait_for_all()
+        assert not tracker.nacked
+    finally:
+        connection.transport.abort()
+
+
+class AckingInbox(Inbox):
+    """An inbox that acks each delivery as it comes."""
+
+    def __call__(self, channel, method, properties, body) -> None:
+        super().__call__(channel, method, properties, body)
+        channel.basic_ack(method.delivery_tag)
+
+
+def test_balanced_queues_spread_over_the_workers_and_a_fanout_reaches_each_once_and_in_order(two_workers):
+    """Six queues declared balanced: three on each worker; 20,000 confirmed persistent messages published to a
+    fanout exchange bound to them all are in every queue once, in order, whichever worker owns it."""
+    broker = two_workers()
+    queues = [f"q{number}" for number in range(6)]
+    with connect(broker) as conn:
+        channel = conn.channel()
+        channel.exchange_declare("spread", "fanout", durable=True)
+        for name in queues:
+            channel.queue_declare(name, durable=True, arguments=BALANCED)
+            channel.queue_bind(name, "spread")
+    placed = owners(broker)
+    assert sorted(placed[name] for name in queues) == ["0", "0", "0", "1", "1", "1"]
+    count = 20_000
+    asyncio.run(publish_confirmed(broker, "spread", count))
+    with connect(broker) as conn:
+        channel = conn.channel()
+        channel.basic_qos(prefetch_count=500)
+        inboxes = {name: AckingInbox() for name in queues}
+        for name, inbox in inboxes.items():
+            channel.basic_consume(name, inbox)
+        wait_until(conn, lambda: all(len(inbox.deliveries) >= count for inbox in inboxes.values()), timeout=60)
+        for name, inbox in inboxes.items():
+            assert [int(body) for body in inbox.bodies] == list(range(count)), f"{name} (on worker {placed[name]})"
+        channel.close()
+        assert message_count(conn.channel(), queues[0]) == 0
+
+
+def test_the_leader_locator_comes_from_the_argument_a_policy_or_the_config(two_workers):
+    """RabbitMQ's keys: x-queue-leader-locator, its 3.x name x-queue-master-locator, the queue-leader-locator policy
+    key, and [queues] leader_locator; client-local keeps a queue on the worker of its vhost, as do exclusive and
+    server-named queues whatever is asked."""
+    broker = two_workers('[queues]\nleader_locator = "balanced"\n')
+    with connect(broker) as conn:
+        channel = conn.channel()
+        channel.queue_declare("local-1", arguments={"x-queue-leader-locator": "client-local"})  # 0 queues: here
+        channel.queue_declare("by-config")  # 1 here, 0 there
+        channel.queue_declare("master-locator", arguments={"x-queue-master-locator": "client-local"})
+        channel.queue_declare("exclusive", exclusive=True, arguments=BALANCED)
+        server_named = channel.queue_declare("", arguments=BALANCED).method.queue
+        reply = request(broker, "PUT", "/api/policies/%2F/local", {
+            "pattern": "^pinned", "definition": {"queue-leader-locator": "client-local"}, "apply-to": "queues"})
+        assert reply.status in (201, 204), reply
+        channel.queue_declare("pinned")
+        channel.queue_declare("by-argument", arguments=BALANCED)
+        placed = owners(broker)
+    assert placed == {"local-1": "0", "by-config": "1", "master-locator": "0", "exclusive": "0", server_named: "0",
+                      "pinned": "0", "by-argument": "1"}
+
+
+def test_a_queue_on_another_worker_serves_gets_settlements_prefetch_and_counts(two_workers):
+    broker = two_workers()
+    with connect(broker) as conn:
+        channel = conn.channel()
+        channel.confirm_delivery()
+        channel.queue_declare("here")  # (balanced: the worker with fewer queues, this one first among equals)
+        channel.queue_declare("there", arguments=BALANCED)
+        assert owners(broker)["there"] == "1"
+        for number in range(5):
+            channel.basic_publish("", "there", b"m%d" % number, PERSISTENT)
+        assert channel.queue_declare("there", passive=True).method.message_count == 5  # (counted once confirmed)
+        method, _, body = channel.basic_get("there", auto_ack=True)
+        assert (body, method.message_count) == (b"m0", 4)
+        method, _, body = channel.basic_get("there")
+        channel.basic_nack(method.delivery_tag, requeue=True)
+        method, _, body = channel.basic_get("there")
+        assert (body, method.redelivered) == (b"m1", True)
+        channel.basic_reject(method.delivery_tag, requeue=False)  # (no dead-letter exchange: dropped)
+        channel.basic_qos(prefetch_count=1)
+        tag, inbox = consume(channel, "there")
+        wait_until(conn, lambda: len(inbox.deliveries) == 1)
+        stay_quiet(conn)
+        assert inbox.bodies == [b"m2"]  # one at a time: the prefetch holds the rest at the owner
+        channel.basic_ack(inbox.deliveries[0].delivery_tag)
+        wait_until(conn, lambda: len(inbox.deliveries) == 2)
+        assert inbox.bodies == [b"m2", b"m3"]
+        channel.basic_cancel(tag)
+        channel.close()  # (m3 unacked: back to the queue)
+        channel = conn.channel()
+        wait_until(conn, lambda: channel.queue_declare("there", passive=True).method.message_count == 2)
+        assert channel.queue_purge("there").method.message_count == 2
+        assert channel.basic_get("there") == (None, None, None)
+        assert channel.queue_delete("there").method.message_count == 0
+        code, _ = channel_error(lambda: channel.queue_declare("there", passive=True))
+        assert code == 404
+
+
+def test_dead_letters_of_a_queue_on_another_worker_are_routed_by_the_worker_that_serves_the_vhost(two_workers):
+    """The owner of a queue holds no bindings of its vhost: what it dead-letters (expired, rejected, over its
+    length limit) goes to the worker that serves the vhost, which routes it to queues on either worker."""
+    broker = two_workers()
+    with connect(broker) as conn:
+        channel = conn.channel()
+        channel.exchange_declare("dlx", "topic")
+        channel.queue_declare("dead-here")  # worker 0
+        channel.queue_declare("dead-there", arguments=BALANCED)  # worker 1
+        channel.queue_bind("dead-here", "dlx", "#")
+        channel.queue_bind("dead-there", "dlx", "#")
+        channel.queue_declare("other-here")  # worker 0: 2 queues, worker 1: 1
+        channel.queue_declare("source", arguments={**BALANCED, "x-message-ttl": 50, "x-dead-letter-exchange": "dlx"})
+        assert owners(broker) == {"dead-here": "0", "dead-there": "1", "other-here": "0", "source": "1"}
+        channel.basic_publish("", "source", b"expiring")
+        wait_until(conn, lambda: message_count(channel, "dead-here") == 1 and message_count(channel, "dead-there") == 1)
+        for queue in ("dead-here", "dead-there"):
+            _, properties, body = channel.basic_get(queue, auto_ack=True)
+            assert body == b"expiring"
+            death = properties.headers["x-death"][0]
+            assert (death["queue"], death["reason"], death["count"]) == ("source", "expired", 1)
+
+
+def test_queues_on_another_worker_keep_their_messages_and_counts_across_a_restart(two_workers):
+    broker = two_workers()
+    with connect(broker) as conn:
+        channel = conn.channel()
+        channel.confirm_delivery()
+        channel.queue_declare("here", durable=True)
+        channel.queue_declare("kept", durable=True, arguments=BALANCED)
+        for number in range(100):
+            channel.basic_publish("", "kept", b"%d" % number, PERSISTENT)
+    broker.restart()
+    assert owners(broker)["kept"] == "1"
+    with connect(broker) as conn:
+        channel = conn.channel()
+        wait_until(conn, lambda: channel.queue_declare("kept", passive=True).method.message_count == 100)
+        _, inbox = consume(channel, "kept", auto_ack=True)
+        inbox.wait_for(conn, 100)
+        assert [int(body) for body in inbox.bodies] == list(range(100))
+
+
+@pytest.mark.alone
+def test_a_killed_owner_loses_nothing_confirmed_and_costs_the_other_workers_queues_nothing(two_workers):
+    """kill -9 of the worker that owns a queue: its consumers elsewhere are cancelled, every confirmed message is
+    there once it is back, and a publisher to a queue of the other worker keeps its confirms."""
+    broker = two_workers()
+    with connect(broker) as conn:
+        channel = conn.channel()
+        channel.queue_declare("survivor", durable=True)  # worker 0, which serves the vhost
+        channel.queue_declare("victim", durable=True, arguments=BALANCED)
+        assert owners(broker) == {"survivor": "0", "victim": "1"}
+    stop = threading.Event()
+    survivor = ConfirmedPublisher(broker, "/", "survivor", stop)
+    victim = ConfirmedPublisher(broker, "/", "victim", stop, BALANCED)
+    survivor.start()
+    victim.start()
+    wait_for(lambda: len(victim.confirmed) > 5000, timeout=60, what="5,000 confirmed in the victim's queue")
+    with connect(broker) as conn:
+        channel = conn.channel()
+        cancelled = threading.Event()
+        channel.add_on_cancel_callback(lambda _: cancelled.set())
+        channel.basic_qos(prefetch_count=10)
+        consume(channel, "victim")
+        killed = worker_pids(broker)[1]
+        before = len(survivor.latencies)
+        os.kill(killed, signal.SIGKILL)
+        wait_until(conn, cancelled.is_set, what="the consumer of the killed worker's queue cancelled")
+    after_the_kill(broker, killed, survivor, victim, stop, before, p99_limit=0.100)
