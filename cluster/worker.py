@@ -438,7 +438,7 @@ async def serve(control_socket: socket.socket) -> None:
     crossing = None
     if not coordinator.followed and workers > 1:  # (queues are placed in other workers outside a cluster)
         crossing = Crossing(number, {int(other): path for other, path in instructions["links"].items()},
-                            config.queues_leader_locator)
+                            config.queues_leader_locator, http.owner_name)
     group = GroupWorker(config, number, groups, board, senders, logins, instructions["node"], crossing)
     control.export = group.export
     cluster = group.cluster = ClusterNode(config, coordinator, group)

@@ -44,8 +44,9 @@ CLIENT_LOCAL: Final = "client-local"  # RabbitMQ's leader locator that keeps a q
 class Crossing:
     """broker.model.interfaces.QueueCrossing for one process: its links to the other processes of the node."""
 
-    def __init__(self, number: int, paths: dict[int, str], default_locator: str):
+    def __init__(self, number: int, paths: dict[int, str], default_locator: str, name_of: Callable[[int], str]):
         self.number = number  # this process's group
+        self.name_of = name_of  # a process's node name, by its group
         self.default_locator = default_locator  # the locator of a queue that names none ([queues] leader_locator)
         self.owners = {group: OwnerLink(self, group, path) for group, path in paths.items()}
         self.node: Node | None = None  # the node of the broker this process runs, once it runs one
@@ -56,8 +57,11 @@ class Crossing:
         return [loop.create_task(owner.keep_linked()) for owner in self.owners.values()]
 
     # --- broker.model.interfaces.QueueCrossing ----------------------------------------------------------------
-    def reaches(self, owner: int) -> bool:
+    def runs(self, owner: int) -> bool:
         return owner in self.owners
+
+    def reaches(self, owner: int) -> bool:
+        return self.owners[owner].link is not None
 
     def place(self, vhost: "VirtualHost", locator: str | None) -> int | None:
         """client-local: here. balanced (and its deprecated names): the process owning the fewest of the vhost's
@@ -140,6 +144,14 @@ class Crossing:
                 deaths = [death for death in (message.properties.headers or {}).get("x-death", [])
                           if isinstance(death, dict)]
             republish(vhost, table["exchange"], table["keys"], message, deaths)
+
+    def transient_gone(self, group: int) -> None:
+        """That owner ended: its transient queues are gone with it (as RabbitMQ's of a node that went down)."""
+        vhosts = list(self.node.vhosts.values()) if self.node is not None else []
+        for vhost in vhosts:
+            for queue in [queue for queue in vhost.queues.values() if queue.owner == group and not queue.durable]:
+                assert isinstance(queue, RemoteQueue), "a queue with an owner is a stand-in"
+                self.queue_gone(queue)
 
     def queue_gone(self, queue: RemoteQueue) -> None:
         """Its owner deleted it (x-expires, auto-delete): so does its vhost here, without telling the owner again."""
@@ -325,6 +337,7 @@ class OwnerLink:
         self.grants.clear()
         for queue, subscriber in subscribers.values():
             self.crossing_cancelled(queue, subscriber)
+        self.crossing.transient_gone(self.group)
         if self.closed is not None:
             self.closed.set()
 

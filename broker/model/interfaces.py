@@ -96,8 +96,16 @@ class QueueCrossing(Protocol):
     (broker.crossing): each call is sent with the link's next batch, at the end of the loop turn, and answered
     later (an ack of the batch, deliveries to the subscribers)."""
 
-    def reaches(self, owner: int) -> bool:
+    def runs(self, owner: int) -> bool:
         """Whether owner is a process of this node."""
+        ...
+
+    def reaches(self, owner: int) -> bool:
+        """Whether owner can be reached now (its link is made)."""
+        ...
+
+    def name_of(self, owner: int) -> str:
+        """Its node name, as the management API shows it."""
         ...
 
     def place(self, vhost: "VirtualHost", locator: str | None) -> int | None:

@@ -14,6 +14,7 @@ from broker.model.features.length_limit import APPENDED, REFUSED
 from broker.model.message import Message, QueueEntry
 from broker.model.policy import effective_settings, merged_definition
 from broker.model.queue import Queue
+from protocol import errors
 
 if TYPE_CHECKING:
     from broker.model.features.redelivery import DelayedRetry
@@ -40,6 +41,15 @@ class RemoteQueue(Queue):
         self.stored = self.stores_all = False  # (this process's store keeps none of its messages: the owner's does)
         self.settled_remotely = True  # its acks go to the owner
         self.ready_at_owner = 0  # ready messages, as the owner last said (ready_bytes: their body bytes)
+
+    def check_reachable(self) -> None:
+        """RabbitMQ's 404 for a durable queue whose node is down, while its owner cannot be reached (its link is made
+        again within a tenth of a second of its end; meanwhile the owner may be starting again)."""
+        owner = self.owner
+        assert owner is not None, "a stand-in names its owner"
+        if not self.crossing.reaches(owner):
+            raise errors.not_found(f"home node '{self.crossing.name_of(owner)}' of durable queue '{self.name}' in "
+                                   f"vhost '{self.vhost.name}' is down or inaccessible")
 
     def touch(self) -> None:
         """Used (declared, consumed): the owner, which times an unused queue's expiry, starts counting again."""

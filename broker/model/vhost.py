@@ -285,6 +285,8 @@ class VirtualHost:
         queue = self.queues.get(name)
         if queue is None:
             raise errors.not_found(f"no queue '{name}' in vhost '{self.name}'")
+        if isinstance(queue, RemoteQueue):
+            queue.check_reachable()
         if connection is not None:
             self.check_exclusive_access(queue, connection)
         return queue
@@ -339,7 +341,7 @@ class VirtualHost:
         """A durable queue read back from the store (owner: the process that owns it, when another does)."""
         if owner is not None:
             crossing = self.crossing
-            if crossing is None or not crossing.reaches(owner):
+            if crossing is None or not crossing.runs(owner):
                 raise ValueError(f"it is owned by worker {owner}, which this node does not run")
             self._add_queue(RemoteQueue(self, name, True, auto_delete, arguments, owner, crossing))
         elif queue_type_of(arguments) == "stream":
@@ -403,6 +405,8 @@ class VirtualHost:
             raise errors.access_refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
         existing = self.queues.get(name)
         if existing is not None:
+            if isinstance(existing, RemoteQueue):
+                existing.check_reachable()
             existing.touch()
             self.check_exclusive_access(existing, connection)
             check_queue_equivalent(

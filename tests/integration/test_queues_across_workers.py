@@ -228,3 +228,23 @@ def test_a_killed_owner_loses_nothing_confirmed_and_costs_the_other_workers_queu
         os.kill(killed, signal.SIGKILL)
         wait_until(conn, cancelled.is_set, what="the consumer of the killed worker's queue cancelled")
     after_the_kill(broker, killed, survivor, victim, stop, before, p99_limit=0.100)
+
+
+def test_a_transient_queue_goes_with_the_worker_that_owned_it_and_a_durable_one_stays(two_workers):
+    """As RabbitMQ removes the transient queues of a node that goes down: kill -9 of their owner ends them."""
+    broker = two_workers()
+    with connect(broker) as conn:
+        channel = conn.channel()
+        channel.queue_declare("here")
+        channel.queue_declare("here-too")
+        channel.queue_declare("transient", arguments=BALANCED)
+        channel.queue_declare("durable", durable=True, arguments=BALANCED)
+        assert owners(broker) == {"here": "0", "here-too": "0", "transient": "1", "durable": "1"}
+        killed = worker_pids(broker)[1]
+        os.kill(killed, signal.SIGKILL)
+        wait_for(lambda: worker_pids(broker)[1] != killed, what="worker 1 started again")
+        wait_until(conn, lambda: "transient" not in owners(broker), what="the transient queue gone")
+        code, text = channel_error(lambda: channel.queue_declare("transient", passive=True))
+        assert (code, text) == (404, "NOT_FOUND - no queue 'transient' in vhost '/'")
+        channel = conn.channel()
+        assert channel.queue_declare("durable", passive=True, arguments=BALANCED).method.queue == "durable"
