@@ -27,6 +27,7 @@ COMPILED = (
     "broker/model/vhost.py", "broker/model/remote.py", "broker/model/routing/topic.py", "broker/session/channel.py",
     "broker/session/consumer.py", "broker/session/unacked.py", "broker/session/confirms.py",
     "broker/session/limits.py", "broker/session/settlement.py", "broker/connection/connection.py",
+    "broker/crossing/frames.py", "broker/crossing/link.py", "broker/crossing/home.py", "broker/crossing/owner.py",
     "storage/records.py", "storage/index.py", "storage/store.py", "storage/recovery.py",
 )
 

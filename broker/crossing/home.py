@@ -56,6 +56,11 @@ class Crossing:
         loop = asyncio.get_running_loop()
         return [loop.create_task(owner.keep_linked()) for owner in self.owners.values()]
 
+    def _owner_of(self, queue: RemoteQueue) -> "OwnerLink":
+        owner = queue.owner
+        assert owner is not None, "a stand-in names its owner"
+        return self.owners[owner]
+
     # --- broker.model.interfaces.QueueCrossing ----------------------------------------------------------------
     def runs(self, owner: int) -> bool:
         return owner in self.owners
@@ -77,46 +82,47 @@ class Crossing:
         return None if chosen == self.number else chosen
 
     def declare(self, queue: RemoteQueue) -> None:
-        self.owners[queue.owner].control({"op": "declare", "vhost": queue.vhost.name, "queue": queue.name,
+        self._owner_of(queue).control({"op": "declare", "vhost": queue.vhost.name, "queue": queue.name,
                                           "durable": queue.durable, "auto_delete": queue.auto_delete,
                                           "arguments": queue.arguments})
 
     def delete(self, queue: RemoteQueue) -> None:
         if queue is not self.gone:
-            self.owners[queue.owner].control({"op": "delete", "vhost": queue.vhost.name, "queue": queue.name})
+            self._owner_of(queue).control({"op": "delete", "vhost": queue.vhost.name, "queue": queue.name})
 
     def purge(self, queue: RemoteQueue) -> None:
-        self.owners[queue.owner].control({"op": "purge", "vhost": queue.vhost.name, "queue": queue.name})
+        self._owner_of(queue).control({"op": "purge", "vhost": queue.vhost.name, "queue": queue.name})
 
     def touch(self, queue: RemoteQueue) -> None:
-        self.owners[queue.owner].control({"op": "touch", "vhost": queue.vhost.name, "queue": queue.name})
+        self._owner_of(queue).control({"op": "touch", "vhost": queue.vhost.name, "queue": queue.name})
 
     def publish(self, queue: RemoteQueue, message: "Message") -> bool:
-        link = self.owners[queue.owner].link
+        link = self._owner_of(queue).link
         if link is None:
             return False
         link.add(PUBLISH, encode_message(queue.vhost.name.encode(), queue.name.encode(), message))
         return True
 
     def get(self, queue: RemoteQueue, no_ack: bool, answer: Callable[[QueueEntry | None], None]) -> None:
-        self.owners[queue.owner].get(queue, no_ack, answer)
+        self._owner_of(queue).get(queue, no_ack, answer)
 
     def subscribe(self, queue: RemoteQueue, subscriber: "Subscriber") -> None:
-        self.owners[queue.owner].subscribe(queue, subscriber)
+        self._owner_of(queue).subscribe(queue, subscriber)
 
     def unsubscribe(self, queue: RemoteQueue, subscribers: "list[Subscriber]") -> None:
-        self.owners[queue.owner].unsubscribe(subscribers)
+        self._owner_of(queue).unsubscribe(subscribers)
 
     def offer_credit(self, queue: RemoteQueue) -> None:
-        self.owners[queue.owner].offer_credit(queue)
+        self._owner_of(queue).offer_credit(queue)
 
     def settle(self, queue: RemoteQueue, entries: list[QueueEntry], requeue: bool | None, failed: bool) -> None:
-        self.owners[queue.owner].settle(entries, requeue, failed)
+        self._owner_of(queue).settle(entries, requeue, failed)
 
     def when_acked(self, owners: set[int], callback: Callable[[bool], None]) -> None:
-        join = Join(callback, len(owners))
+        join = Join(callback)
         for group in owners:
-            self.owners[group].when_acked(join.done)
+            self.owners[group].when_acked(join.part())
+        join.seal()
 
     # --- what owners say ------------------------------------------------------------------------------------
     def stand_in(self, vhost_name: str, name: str) -> RemoteQueue | None:
@@ -141,8 +147,8 @@ class Crossing:
         if vhost is not None:
             deaths = None
             if table["no_cycles"]:
-                deaths = [death for death in (message.properties.headers or {}).get("x-death", [])
-                          if isinstance(death, dict)]
+                history = (message.properties.headers or {}).get("x-death")
+                deaths = [death for death in history if isinstance(death, dict)] if isinstance(history, list) else []
             republish(vhost, table["exchange"], table["keys"], message, deaths)
 
     def transient_gone(self, group: int) -> None:
@@ -236,7 +242,7 @@ class OwnerLink:
         if asked is None:
             raise FrameError(f"an answer to get {number}, which was not asked")
         queue, answer = asked
-        queue.ready_at_owner = ready
+        queue.counted(ready, queue.ready_bytes)
         answer(QueueEntry(*found) if found is not None else None)
 
     def subscribe(self, queue: RemoteQueue, subscriber: "Subscriber") -> None:
@@ -385,12 +391,12 @@ class OwnerLink:
                 self.crossing_cancelled(queue, subscriber)
         elif operation == "counts":
             for vhost, name, ready, ready_bytes in notice.get("queues", ()):
-                queue = self.crossing.stand_in(vhost, name)
-                if queue is not None:
-                    queue.ready_at_owner, queue.ready_bytes = ready, ready_bytes
+                counted = self.crossing.stand_in(vhost, name)
+                if counted is not None:
+                    counted.counted(ready, ready_bytes)
         elif operation == "gone":
-            queue = self.crossing.stand_in(notice.get("vhost", ""), notice.get("queue", ""))
-            if queue is not None and queue.owner == self.group:
-                self.crossing.queue_gone(queue)
+            gone = self.crossing.stand_in(notice.get("vhost", ""), notice.get("queue", ""))
+            if gone is not None and gone.owner == self.group:
+                self.crossing.queue_gone(gone)
         else:
             raise FrameError(f"unknown notice {operation!r}")

@@ -84,7 +84,9 @@ class HomeLink:
         self.serving = serving  # the node of the broker this process runs (None while it runs none)
         self.applied = 0  # the frames applied (numbered as the other process numbers them)
         self.ok = True  # whether every frame applied since the last ack went well
+        self.wrote = False  # whether one of them gave the store something to write
         self.ack_asked = False  # an ack is due at the end of this turn
+        self.acks_waiting = 0  # acks waiting for the store to write what their frames gave it
         self.id_base = 0  # the link's epoch, in the high bits of its delivery ids
         self.next_id = 1
         self.subscribers: dict[int, RemoteSubscriber] = {}
@@ -133,7 +135,9 @@ class HomeLink:
         if self.counting is not None:
             self.counting.cancel()
         for subscriber in self.subscribers.values():
-            subscriber.queue.remove_consumers([subscriber])
+            # (a RemoteSubscriber is the queue's Subscriber, though its target takes only RemoteSubscribers: the
+            # queue hands each target back its own)
+            subscriber.queue.remove_consumers([subscriber])  # type: ignore[list-item]
         self.subscribers.clear()
         self.touched.clear()  # (no one to tell)
         outstanding, self.outstanding = self.outstanding, {}
@@ -149,14 +153,16 @@ class HomeLink:
     def _ask_ack(self, node: "Node") -> None:
         """Ack what was applied this turn once the store has it (acks go in order: the store's callbacks do)."""
         self.ack_asked = False
-        number, ok = self.applied, self.ok
-        self.ok = True
-        if node.store is None:
+        number, ok, wrote = self.applied, self.ok, self.wrote
+        self.ok, self.wrote = True, False
+        if node.store is None or not (wrote or self.acks_waiting):  # (no write of theirs waits for the disk)
             self._ack(number, ok, True)
         else:
-            node.store.when_durable(lambda stored: self._ack(number, ok, stored))
+            self.acks_waiting += 1
+            node.store.when_durable(lambda stored: self._ack(number, ok, stored, waited=True))
 
-    def _ack(self, number: int, ok: bool, stored: bool) -> None:
+    def _ack(self, number: int, ok: bool, stored: bool, waited: bool = False) -> None:
+        self.acks_waiting -= waited
         if self.link.open:
             self.link.send(ACK, encode_ack(number, ok and stored))
 
@@ -187,7 +193,8 @@ class HomeLink:
             if queue is None:
                 self.ok = False  # (its publisher is nacked)
                 continue
-            _, refused = queue.vhost.publish_to([queue], message)
+            persisted, refused = queue.vhost.publish_to([queue], message)
+            self.wrote = self.wrote or persisted
             if refused:
                 self.ok = False
             self.touched.add(queue)
@@ -204,7 +211,7 @@ class HomeLink:
             for number in operation["ids"]:
                 subscriber = self.subscribers.pop(number, None)
                 if subscriber is not None:
-                    subscriber.queue.remove_consumers([subscriber])
+                    subscriber.queue.remove_consumers([subscriber])  # type: ignore[list-item]
                     self.touched.add(subscriber.queue)  # (an auto-delete queue may have gone with its last one)
             return
         if kind == "watch":  # (the other process's stand-ins of queues here, as it links)
@@ -218,34 +225,34 @@ class HomeLink:
                     subscriber.queue.credit_offered()
             return
         vhost_name, name = str(operation.get("vhost")), str(operation.get("queue"))
+        self.wrote = True  # (a declare, a delete, a purge may write to the store)
         try:
             if kind == "declare":
                 vhost = node.vhost(vhost_name)
-                queue = vhost.declare_queue(name, OPERATOR_OWNER, False, bool(operation["durable"]), False,
-                                            bool(operation["auto_delete"]), operation["arguments"], placed=True)
-                self._use(queue)
+                self._use(vhost.declare_queue(name, OPERATOR_OWNER, False, bool(operation["durable"]), False,
+                                              bool(operation["auto_delete"]), operation["arguments"], placed=True))
                 return
-            queue = self._queue(node, vhost_name, name)
+            found = self._queue(node, vhost_name, name)
             if kind == "consume":
                 number = int(operation["id"])
-                if queue is None:
+                if found is None:
                     self.link.send(NOTICE, encode_table({"op": "cancelled", "id": number}))
                     return
-                subscriber = self.subscribers[number] = RemoteSubscriber(number, self, queue, operation)
-                queue.add_consumer(subscriber)
+                subscriber = self.subscribers[number] = RemoteSubscriber(number, self, found, operation)
+                found.add_consumer(subscriber)  # type: ignore[arg-type]
             elif kind == "get":
-                self._get(queue, int(operation["id"]), bool(operation["no_ack"]))
+                self._get(found, int(operation["id"]), bool(operation["no_ack"]))
             elif kind == "delete":
-                if queue is not None:
-                    queue.vhost.delete_queue(queue)
+                if found is not None:
+                    found.vhost.delete_queue(found)
                     self.used.pop((vhost_name, name), None)
             elif kind == "touch":
-                if queue is not None:
-                    queue.touch()
+                if found is not None:
+                    found.touch()
             elif kind == "purge":
-                if queue is not None:
-                    queue.purge()
-                    self.touched.add(queue)
+                if found is not None:
+                    found.purge()
+                    self.touched.add(found)
             else:
                 raise FrameError(f"unknown operation {kind!r}")
         except AMQPError as error:  # (the home checked it first: only a queue changed meanwhile gets here)
@@ -307,6 +314,7 @@ class HomeLink:
         for queue, entries in by_queue.items():
             if requeue is None:
                 queue.acknowledged += len(entries)
+            self.wrote = self.wrote or queue.stored
             if not queue.deleted:
                 queue.settle(entries, requeue, failed)
                 queue.credit_offered()

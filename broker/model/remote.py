@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Final, Iterable
 
-from broker.model.features.length_limit import APPENDED, REFUSED
+from broker.model.features.length_limit import ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, REFUSED
 from broker.model.message import Message, QueueEntry
 from broker.model.policy import effective_settings, merged_definition
-from broker.model.queue import Queue
+from broker.model.queue import FLOW_HIGH, FLOW_LOW, Queue
 from protocol import errors
 
 if TYPE_CHECKING:
@@ -41,6 +41,7 @@ class RemoteQueue(Queue):
         self.stored = self.stores_all = False  # (this process's store keeps none of its messages: the owner's does)
         self.settled_remotely = True  # its acks go to the owner
         self.ready_at_owner = 0  # ready messages, as the owner last said (ready_bytes: their body bytes)
+        self.sent_since_counted = 0  # messages sent to it since (its backlog, for flow control)
 
     def check_reachable(self) -> None:
         """RabbitMQ's 404 for a durable queue whose node is down, while its owner cannot be reached (its link is made
@@ -67,9 +68,21 @@ class RemoteQueue(Queue):
 
     # --- messages -----------------------------------------------------------------------------------------
     def enqueue(self, message: Message) -> int:
-        """Sent to the owner with the link's next batch: the confirm waits for the owner's ack of it (the channel
-        asks the crossing); refused while the owner cannot be reached."""
-        return APPENDED if self.crossing.publish(self, message) else REFUSED
+        """Sent to the owner with the link's next batch (a confirm waits for the owner's ack of it: the channel
+        asks for it); refused while the owner cannot be reached. Over FLOW_HIGH ready there with consumers, its
+        publishers wait until the owner counts fewer than FLOW_LOW, as for a queue here."""
+        if not self.crossing.publish(self, message):
+            return REFUSED
+        self.sent_since_counted += 1
+        if self.consumers and self.ready_at_owner + self.sent_since_counted > FLOW_HIGH:
+            return ENQUEUED_OVER_FLOW_LIMIT
+        return ENQUEUED
+
+    def counted(self, ready: int, ready_bytes: int) -> None:
+        """The owner counted the queue's ready messages: publishers held back go on once they are few."""
+        self.ready_at_owner, self.ready_bytes, self.sent_since_counted = ready, ready_bytes, 0
+        if self.throttled and ready < FLOW_LOW:
+            self.release_publishers()
 
     def settle(self, entries: list[QueueEntry], requeue: bool | None, failed: bool = False,
                retry: "DelayedRetry | None" = None) -> None:
@@ -132,6 +145,8 @@ class RemoteQueue(Queue):
     def remove_consumers(self, leaving: "list[Subscriber]") -> None:
         gone = set(leaving)
         self.consumers[:] = [consumer for consumer in self.consumers if consumer not in gone]
+        if not self.consumers:
+            self.release_publishers()
         if not self.deleted:
             self.crossing.unsubscribe(self, leaving)
 

@@ -526,13 +526,19 @@ class VirtualHost:
         """callback(ok) once what was written so far is on disk (the store's when_durable) and the owners named
         (processes that own queues of the vhost: broker.crossing) acked what they were sent so far; ok False if any
         part failed."""
-        crossing = self.crossing
-        if not owners or crossing is None:
+        if not owners:
             self.store.when_durable(callback)
             return
-        join = Join(callback, 2)
-        self.store.when_durable(join.done)
-        crossing.when_acked(owners, join.done)
+        join = Join(callback)
+        self.store.when_durable(join.part())
+        self.when_acked(owners, join.part())
+        join.seal()
+
+    def when_acked(self, owners: set[int], callback: "Callable[[bool], None]") -> None:
+        """callback(ok) once these owners of queues of the vhost acked what they were sent so far."""
+        crossing = self.crossing
+        assert crossing is not None, "owners are processes its crossing reaches"
+        crossing.when_acked(owners, callback)
 
     def take_changed_owners(self) -> "set[int] | None":
         """The owners of queues of the vhost a method changed (its reply waits for them), forgotten here."""

@@ -86,6 +86,7 @@ class Channel:
         # and what their acks and the disk join in before it confirms them
         self.awaiting_owners: set[int] | None = None
         self.awaiting_join: Join | None = None
+        self.awaiting_store = False  # (whether the join has the store's part yet)
         self.tx: Transaction | None = None  # set by tx.select: publishes and acks held until commit
         self.last_queue: str = ""  # name of the last queue declared, for methods that name the queue ""
         self.reply_consumer: direct_reply.ReplyConsumer | None = None  # consumer of amq.rabbitmq.reply-to
@@ -284,9 +285,9 @@ class Channel:
         self._route(exchange, routing_keys, mandatory, message, seq)
 
     def _route(self, exchange, routing_keys, mandatory, message: Message, seq: int | None) -> bool:
-        """Route and enqueue a message (or hold it in a delayed exchange); True when it went to durable storage
-        (its confirm waits for the disk)."""
-        persisted = refused = False
+        """Route and enqueue a message (or hold it in a delayed exchange); True when it went to durable storage or
+        to queues other processes own (its confirm waits for the disk, or for their acks)."""
+        persisted = refused = crossed = False
         if exchange.holds_delayed and (delay := delay_of(message)):
             # held, never returned: the plugin returns a mandatory one at once, though it is routed later
             persisted = exchange.delayed.hold(message, routing_keys, delay)
@@ -300,43 +301,51 @@ class Channel:
         else:
             persisted, refused = self.vhost.publish_to(queues, message, self.connection)
             self.counters.routed += 1
-            if persisted and self.vhost.remote_queues:
-                self._note_owners(queues)
+            if self.vhost.remote_queues:
+                crossed = self._note_owners(queues)
         if seq is not None:
             confirms = self.confirms
             assert confirms is not None, "seq is its next number"
             if refused:
                 confirms.settle(seq, ack=False)  # reject-publish: the publisher is told with a nack
                 seq = None
-            elif not persisted:
+            elif not persisted and not crossed:
                 confirms.settle(seq)
-        if persisted:
-            self._await_disk(seq)
-        return persisted
+        if persisted or crossed:
+            self._await_disk(seq, persisted)
+        return persisted or crossed
 
-    def _await_disk(self, seq: int | None) -> None:
-        """Confirm seq (None without confirms) once this read's persistent publishes are on disk. The store
-        callback is asked for right after the read's first write, so that it belongs to the same batch; the acks of
-        the owners of queues elsewhere join it once the read is processed (read_processed)."""
+    def _await_disk(self, seq: int | None, stored: bool = True) -> None:
+        """Confirm seq (None without confirms) once this read's persistent publishes are on disk (stored: this one
+        is) and the owners of the queues elsewhere that they went to acked them. The store callback is asked for
+        right after the read's first write, so that it belongs to the same batch; the owners' acks once the read is
+        processed (read_processed)."""
         awaiting = self.awaiting_disk
+        vhost = self.vhost
         if awaiting is None:
             awaiting = self.awaiting_disk = []
-            vhost = self.vhost
-            if vhost.remote_queues:
-                join = self.awaiting_join = Join(lambda ok: self._on_disk(awaiting, ok), 1)
-                vhost.store.when_durable(join.done)
-            else:
+            if not vhost.remote_queues:  # (every queue is here: the store alone, as one process has it)
                 vhost.store.when_durable(lambda ok: self._on_disk(awaiting, ok))  # closed by read_processed
+            else:
+                self.awaiting_join = Join(lambda ok: self._on_disk(awaiting, ok))
+        join = self.awaiting_join
+        if join is not None and stored and not self.awaiting_store:
+            self.awaiting_store = True
+            vhost.store.when_durable(join.part())
         if seq is not None:
             awaiting.append(seq)
 
-    def _note_owners(self, queues: list[Queue]) -> None:
-        """The processes that own some of these queues, whose acks the read's confirms wait for."""
+    def _note_owners(self, queues: list[Queue]) -> bool:
+        """The processes that own some of these queues, whose acks the read's confirms wait for; whether there are
+        any."""
+        crossed = False
         for queue in queues:
             if queue.owner is not None:
                 if self.awaiting_owners is None:
                     self.awaiting_owners = set()
                 self.awaiting_owners.add(queue.owner)
+                crossed = True
+        return crossed
 
     def _return_unroutable(self, message: Message) -> None:
         self.send_method(spec.Basic.Return(NO_ROUTE, "NO_ROUTE", message.exchange, message.routing_key))
@@ -346,15 +355,13 @@ class Channel:
         """The connection has processed a read that had frames for this channel: close the read's disk wait and
         send the confirms settled so far (rabbit_channel's next_state -> send_confirms_and_nacks)."""
         self.awaiting_disk = None
-        owners = self.awaiting_owners
-        if owners is not None:
-            self.awaiting_owners = None
-            join = self.awaiting_join
-            assert join is not None, "a publish went to a queue elsewhere: the store's wait was joined"
-            if self.confirms is not None:  # (without confirms, nothing waits for the owners)
-                join.left += 1
-                self.vhost.when_durable(join.done, owners)
-        self.awaiting_join = None
+        join = self.awaiting_join
+        if join is not None:
+            owners = self.awaiting_owners
+            self.awaiting_join, self.awaiting_owners, self.awaiting_store = None, None, False
+            if owners is not None and self.confirms is not None:  # (without confirms, nothing waits for them)
+                self.vhost.when_acked(owners, join.part())
+            join.seal()
         if self.confirms is not None:
             self.send_confirms()
 

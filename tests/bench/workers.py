@@ -23,7 +23,9 @@ the other cores (or, where none are left, the broker's cores' other threads): wh
 With --independent, N one-process brokers run side by side instead (each its own data dir and port, pinned to a
 core of its own with --pin): what the machine itself gives N busy processes, the figure to read the workers' against.
 With --one-vhost, N busy queues share one vhost instead, on N workers, beside RabbitMQ with the same N queues (the
-two alternated): what an application of one vhost gets from more cores.
+two alternated): what an application of one vhost gets from more cores. Warren places them `balanced` ([queues]
+leader_locator), so that each worker owns one (docs/workers.md#queues-of-one-vhost-over-workers), while the worker
+of the vhost serves every client.
 """
 
 from __future__ import annotations
@@ -257,6 +259,9 @@ def scale(counts: list[int], seconds: float, pinned: bool, independent: bool = F
              "load generators"))
 
 
+BALANCED_QUEUES = '[queues]\nleader_locator = "balanced"\n'  # each new queue on the worker that owns fewest
+
+
 def one_vhost(counts: list[int], seconds: float) -> None:
     """Throughput of N busy queues in one vhost (a producer and a consumer process each) on N workers, beside
     RabbitMQ with the same N queues, for each N of counts (forward, then backward, the brokers alternated)."""
@@ -267,8 +272,9 @@ def one_vhost(counts: list[int], seconds: float) -> None:
             for name in ("Warren", "RabbitMQ") if index % 2 == 0 else ("RabbitMQ", "Warren"):
                 workdir = Path(scratch) / f"{index}-{name}"
                 workdir.mkdir()
-                broker = (start_warren(workdir, "--workers", str(queues)) if name == "Warren"
-                          else start_rabbitmq(workdir))
+                (workdir / "warren.toml").write_text(BALANCED_QUEUES)
+                broker = (start_warren(workdir, "--workers", str(queues), "--config", str(workdir / "warren.toml"))
+                          if name == "Warren" else start_rabbitmq(workdir))
                 try:
                     targets = [(broker, "/", f"bench-one-vhost-{number}") for number in range(queues)]
                     runs.setdefault((name, queues), []).append(busy(targets, seconds, None))
@@ -288,7 +294,7 @@ def one_vhost(counts: list[int], seconds: float) -> None:
                   f"{figures['broker cores']:13.2f} {figures['load cores']:11.2f} "
                   f"{f'{ratio:.2f}' if name == 'Warren' else '':>18}")
     print(f"one vhost, a producer and a consumer process per queue, 16 B, auto-ack, {seconds:g} s a run, "
-          f"{os.cpu_count()} CPUs; Warren runs as many workers as queues")
+          f"{os.cpu_count()} CPUs; Warren runs as many workers as queues, a queue owned by each")
 
 
 def main(argv: list[str] | None = None) -> int:
