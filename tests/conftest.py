@@ -33,6 +33,7 @@ WORKER_OPTIONS = ["--workers", str(WORKERS)] if WORKERS > 1 else []  # the optio
 LEADER_LOCATOR = os.environ.get("WARREN_TEST_LEADER_LOCATOR")
 if LEADER_LOCATOR:
     _locator_config = Path(tempfile.mkdtemp(prefix="warren-test-config-")) / "warren.toml"
+    _locator_config.parent.chmod(0o755)  # (a broker some tests run as another user reads it too)
     _locator_config.write_text(f'[queues]\nleader_locator = "{LEADER_LOCATOR}"\n')
     WORKER_OPTIONS += ["--config", str(_locator_config)]
 # The Spark JVMs the tests start (a session here, the drivers of the examples) run for seconds to minutes: the C1

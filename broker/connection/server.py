@@ -24,7 +24,7 @@ from broker.connection.greeting import platform_name
 from broker.connection.login_throttle import LoginThrottle
 from broker.connection.tls import TlsError, server_context
 from broker.model.definitions import DefinitionsError, import_definitions
-from broker.model.durability import held_vhosts, restore
+from broker.model.durability import UnownedQueue, held_vhosts, restore
 from broker.model.features.paging import Paging
 from broker.model.node import Node
 from broker.federation.component import Federation
@@ -262,7 +262,10 @@ class Server:
                 self._bootstrap(defines_users=bool(boot_definitions.get("users")))
             if self.role is not None:
                 boot_definitions = await self.role.boot_definitions(boot_definitions, found, self.node)
-            restore(self.node, recovered, self.role.led if self.role is not None else None)
+            try:
+                restore(self.node, recovered, self.role.led if self.role is not None else None)
+            except UnownedQueue as refusal:
+                raise StartupError(str(refusal)) from refusal
             self.store.streams.remove_orphans()  # what deleted streams left behind
             self._import_boot_definitions(boot_definitions)
             self.recovery_seconds = time.perf_counter() - started

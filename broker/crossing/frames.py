@@ -35,7 +35,7 @@ HEADER: Final = struct.Struct(">BI")
 MESSAGE: Final = struct.Struct(">HHBBII")  # the lengths of a message's vhost, queue, exchange, key, header, body
 DELIVERY_HEAD: Final = struct.Struct(">IqB")  # a delivery's subscriber, delivery id, redelivered
 DELIVERY_LENGTHS: Final = struct.Struct(">BBII")  # the lengths of its exchange, routing key, header, body
-ACK_BODY: Final = struct.Struct(">qB")
+ACK_BODY: Final = struct.Struct(">qB")  # the last frame applied, whether the store wrote them; then failed frames
 ID: Final = struct.Struct(">q")
 MAX_PAYLOAD: Final = 1 << 30  # far above a batch of the largest messages
 
@@ -117,15 +117,16 @@ def decode_dead_letter(payload: bytes, messages: "Messages") -> tuple[dict, Mess
     return table, found[0][2]
 
 
-def encode_ack(number: int, ok: bool) -> bytes:
-    return ACK_BODY.pack(number, ok)
+def encode_ack(number: int, stored: bool, failed: list[int]) -> bytes:
+    """The frames up to number are applied (and on disk, if stored), those of failed not as asked."""
+    return ACK_BODY.pack(number, stored) + b"".join(ID.pack(frame_number) for frame_number in failed)
 
 
-def decode_ack(payload: bytes) -> tuple[int, bool]:
-    if len(payload) != ACK_BODY.size:
-        raise FrameError(f"ack of {len(payload)} bytes, expected {ACK_BODY.size}")
-    number, ok = ACK_BODY.unpack(payload)
-    return number, bool(ok)
+def decode_ack(payload: bytes) -> tuple[int, bool, list[int]]:
+    if len(payload) < ACK_BODY.size or (len(payload) - ACK_BODY.size) % ID.size:
+        raise FrameError(f"ack of {len(payload)} bytes")
+    number, stored = ACK_BODY.unpack_from(payload)
+    return number, bool(stored), decode_ids(payload[ACK_BODY.size:])
 
 
 def decode_ids(payload: bytes) -> list[int]:

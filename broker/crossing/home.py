@@ -25,10 +25,11 @@ from broker.crossing.link import Link
 from broker.model.features.dead_letter import republish
 from broker.model.join import Join
 from broker.model.message import QueueEntry
-from broker.model.remote import NO_ACK_ID, RemoteQueue
+from broker.model.remote import NO_ACK_ID, Counted, RemoteQueue
 
 if TYPE_CHECKING:
     from broker.model.interfaces import Subscriber
+    from broker.model.queue import Queue
     from broker.model.message import Message
     from broker.model.node import Node
     from broker.model.vhost import VirtualHost
@@ -39,6 +40,7 @@ WINDOW: Final = 1000  # deliveries a subscriber without a smaller prefetch may h
 DIAL_RETRY: Final = 0.1  # seconds between attempts to reach an owner's link socket
 EPOCH_SHIFT: Final = 40  # a delivery id holds the link's epoch above these bits (see OwnerLink.epoch)
 CLIENT_LOCAL: Final = "client-local"  # RabbitMQ's leader locator that keeps a queue with its declaring client
+FAILED_KEPT: Final = 100_000  # frames back that a failed one is remembered for the waits that name them
 
 
 class Crossing:
@@ -83,15 +85,23 @@ class Crossing:
 
     def declare(self, queue: RemoteQueue) -> None:
         self._owner_of(queue).control({"op": "declare", "vhost": queue.vhost.name, "queue": queue.name,
-                                          "durable": queue.durable, "auto_delete": queue.auto_delete,
-                                          "arguments": queue.arguments})
+                                       "durable": queue.durable, "auto_delete": queue.auto_delete,
+                                       "arguments": queue.arguments, **policies_of(queue)})
 
-    def delete(self, queue: RemoteQueue) -> None:
+    def apply_policies(self, queue: RemoteQueue) -> None:
+        self._owner_of(queue).control({"op": "policies", "vhost": queue.vhost.name, "queue": queue.name,
+                                       **policies_of(queue)})
+
+    def delete(self, queue: RemoteQueue, counted: Counted) -> None:
+        self._owner_of(queue).forget(queue)  # (its consumers here were cancelled with it)
         if queue is not self.gone:
-            self._owner_of(queue).control({"op": "delete", "vhost": queue.vhost.name, "queue": queue.name})
+            self._owner_of(queue).ask({"op": "delete", "vhost": queue.vhost.name, "queue": queue.name}, counted)
 
-    def purge(self, queue: RemoteQueue) -> None:
-        self._owner_of(queue).control({"op": "purge", "vhost": queue.vhost.name, "queue": queue.name})
+    def purge(self, queue: RemoteQueue, counted: Counted) -> None:
+        self._owner_of(queue).ask({"op": "purge", "vhost": queue.vhost.name, "queue": queue.name}, counted)
+
+    def count(self, queue: RemoteQueue, counted: Counted) -> None:
+        self._owner_of(queue).ask({"op": "count", "vhost": queue.vhost.name, "queue": queue.name}, counted)
 
     def touch(self, queue: RemoteQueue) -> None:
         self._owner_of(queue).control({"op": "touch", "vhost": queue.vhost.name, "queue": queue.name})
@@ -118,10 +128,14 @@ class Crossing:
     def settle(self, queue: RemoteQueue, entries: list[QueueEntry], requeue: bool | None, failed: bool) -> None:
         self._owner_of(queue).settle(entries, requeue, failed)
 
-    def when_acked(self, owners: set[int], callback: Callable[[bool], None]) -> None:
+    def frame(self, owner: int) -> int:
+        link = self.owners[owner].link
+        return link.last_number() if link is not None else 0
+
+    def when_acked(self, owners: dict[int, int], callback: Callable[[bool], None]) -> None:
         join = Join(callback)
-        for group in owners:
-            self.owners[group].when_acked(join.part())
+        for group, before in owners.items():
+            self.owners[group].when_acked(before, join.part())
         join.seal()
 
     # --- what owners say ------------------------------------------------------------------------------------
@@ -135,11 +149,11 @@ class Crossing:
         node = self.node
         return [name for name in node.vhosts if node.serves(name)] if node is not None else []
 
-    def stand_ins_of(self, group: int) -> list[list[str]]:
-        """[vhost, queue] of each stand-in of a queue that group owns."""
+    def stand_ins_of(self, group: int) -> list[dict]:
+        """Each stand-in of a queue that group owns: its vhost, its name and the policies that apply to it."""
         vhosts = self.node.vhosts.values() if self.node is not None else ()
-        return [[vhost.name, queue.name] for vhost in vhosts for queue in vhost.queues.values()
-                if queue.owner == group]
+        return [{"vhost": vhost.name, "queue": queue.name, **policies_of(queue)}
+                for vhost in vhosts for queue in vhost.queues.values() if queue.owner == group]
 
     def dead_lettered(self, table: dict, message: "Message") -> None:
         """A message a queue of another process dead-lettered: routed here, where the vhost's exchanges are."""
@@ -168,6 +182,12 @@ class Crossing:
             self.gone = None
 
 
+def policies_of(queue: "Queue") -> dict:
+    """The policy and operator policy that apply to a queue (its owner holds none of its vhost's)."""
+    return {"policy": queue.policy.export() if queue.policy is not None else None,
+            "operator_policy": queue.operator_policy.export() if queue.operator_policy is not None else None}
+
+
 class OwnerLink:
     """This process's link to one owner: what it sent that is not acked yet, and the subscribers it registered
     there. The link is dialled again whenever it closes (the owner's socket waits for it while the owner restarts);
@@ -181,13 +201,17 @@ class OwnerLink:
         self.link: Link | None = None  # while linked
         self.epoch = 0  # counts the links made
         self.acked = 0  # the number of the last frame the owner acked on this link
-        self.waiters: deque[list] = deque()  # [frame number, callback, ok] in the order of their numbers
+        # (the frame before those it is for, the last of them, callback) of each wait for acks, in the order made
+        self.waiters: deque[tuple[int, int, Callable[[bool], None]]] = deque()
+        # frames the owner said failed, of the last FAILED_KEPT (a wait names the frame its caller's first went in)
+        self.failed: deque[int] = deque()
         self.subscribers: dict[int, tuple[RemoteQueue, Subscriber]] = {}  # id -> its stand-in and subscriber
         self.ids: dict[Subscriber, int] = {}  # subscriber -> its id
         self.next_id = 1
         self.returns_on_write: dict[int, int] = {}  # id of a subscriber whose credit comes back as it is written ->
         # deliveries written to it since its credit last went back
         self.grants: dict[int, int] = {}  # credit to give back with this turn's frames, by subscriber id
+        self.counting: deque[Counted] = deque()  # the counts asked for and not answered yet, in order
         self.gets: dict[int, tuple[RemoteQueue, Callable[[QueueEntry | None], None]]] = {}  # asked, by their ids
         self.next_get = 1
         self.messages = Messages()
@@ -215,16 +239,26 @@ class OwnerLink:
         if self.link is not None:
             self.link.send(CONTROL, encode_table(operation))
 
+    def ask(self, operation: dict, counted: Counted) -> None:
+        """An operation the owner answers with a count (a notice, in the order they were asked)."""
+        if self.link is not None:
+            self.counting.append(counted)
+            self.control(operation)
+
     # --- acks -----------------------------------------------------------------------------------------------
-    def when_acked(self, callback: Callable[[bool], None]) -> None:
-        """callback(ok) once the owner acked every frame made so far on this link (False if the link closes)."""
+    def when_acked(self, before: int, callback: Callable[[bool], None]) -> None:
+        """callback(ok) once the owner acked every frame made so far on this link: ok unless the link closed, the
+        owner's store failed, or a frame after before failed (a message refused, an operation the owner could not
+        apply). The batch being gathered is closed, so that what comes next is in frames of its own."""
         link = self.link
         if link is None:
             callback(False)
-        elif link.last_number() <= self.acked:
-            callback(True)
+            return
+        link.cut()
+        if link.sent <= self.acked:
+            callback(not any(frame > before for frame in self.failed))
         else:
-            self.waiters.append([link.last_number(), callback, True])
+            self.waiters.append((before, link.sent, callback))
 
     # --- gets and subscribers ---------------------------------------------------------------------------------
     def get(self, queue: RemoteQueue, no_ack: bool, answer: Callable[[QueueEntry | None], None]) -> None:
@@ -242,7 +276,7 @@ class OwnerLink:
         if asked is None:
             raise FrameError(f"an answer to get {number}, which was not asked")
         queue, answer = asked
-        queue.counted(ready, queue.ready_bytes)
+        queue.counted(ready, queue.ready_bytes, queue.retrying_at_owner)
         answer(QueueEntry(*found) if found is not None else None)
 
     def subscribe(self, queue: RemoteQueue, subscriber: "Subscriber") -> None:
@@ -261,6 +295,14 @@ class OwnerLink:
                       "window": credit if on_settle else WINDOW, "on_settle": on_settle, "no_ack": subscriber.no_ack,
                       "priority": subscriber.priority, "exclusive": subscriber.exclusive,
                       "arguments": subscriber.arguments})
+
+    def forget(self, queue: RemoteQueue) -> None:
+        """The queue is deleted here, its consumers cancelled: the owner's cancels of them are not passed on."""
+        for number in [number for number, (subscribed, _) in self.subscribers.items() if subscribed is queue]:
+            _, subscriber = self.subscribers.pop(number)
+            self.ids.pop(subscriber, None)
+            self.returns_on_write.pop(number, None)
+            self.grants.pop(number, None)
 
     def unsubscribe(self, subscribers: "list[Subscriber]") -> None:
         numbers = []
@@ -331,8 +373,10 @@ class OwnerLink:
     def lost(self) -> None:
         log.info("the link with worker %d closed: its queues' consumers here are cancelled", self.group)
         self.link = None
+        self.counting.clear()  # (the replies that waited for them fail: see when_acked)
         waiters, self.waiters = self.waiters, deque()
-        for _, callback, _ in waiters:
+        self.failed = deque()
+        for _, _, callback in waiters:
             callback(False)
         gets, self.gets = self.gets, {}
         for _, answer in gets.values():
@@ -347,15 +391,16 @@ class OwnerLink:
         if self.closed is not None:
             self.closed.set()
 
-    def _acked(self, number: int, ok: bool) -> None:
+    def _acked(self, number: int, stored: bool, failed: list[int]) -> None:
         self.acked = number
+        kept = self.failed
+        kept.extend(failed)
+        while kept and kept[0] <= number - FAILED_KEPT:
+            kept.popleft()
         waiters = self.waiters
-        if not ok:
-            for waiter in waiters:
-                waiter[2] = False
-        while waiters and waiters[0][0] <= number:
-            _, callback, waiter_ok = waiters.popleft()
-            callback(waiter_ok)
+        while waiters and waiters[0][1] <= number:
+            before, last, callback = waiters.popleft()
+            callback(stored and not any(before < frame <= last for frame in kept))
 
     def _delivered(self, payload: bytes) -> None:
         subscribers, owed = self.subscribers, self.returns_on_write
@@ -389,11 +434,15 @@ class OwnerLink:
                 number = self.ids.pop(subscriber)
                 self.returns_on_write.pop(number, None)
                 self.crossing_cancelled(queue, subscriber)
+        elif operation == "counted":
+            if not self.counting:
+                raise FrameError("a count that was not asked for")
+            self.counting.popleft().value = int(notice["count"])
         elif operation == "counts":
-            for vhost, name, ready, ready_bytes in notice.get("queues", ()):
-                counted = self.crossing.stand_in(vhost, name)
-                if counted is not None:
-                    counted.counted(ready, ready_bytes)
+            for vhost, name, ready, ready_bytes, retrying in notice.get("queues", ()):
+                stand_in = self.crossing.stand_in(vhost, name)
+                if stand_in is not None:
+                    stand_in.counted(ready, ready_bytes, retrying)
         elif operation == "gone":
             gone = self.crossing.stand_in(notice.get("vhost", ""), notice.get("queue", ""))
             if gone is not None and gone.owner == self.group:

@@ -91,6 +91,10 @@ class Link(asyncio.Protocol):
             self.transport.close()
         self.connection_lost(None)
 
+    def cut(self) -> None:
+        """The batch being gathered is closed: what is added next goes in another frame."""
+        self._close_batch()
+
     def _close_batch(self) -> None:
         if self.batch:
             self.frames.append(frame(self.batch_kind, b"".join(self.batch)))

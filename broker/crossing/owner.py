@@ -19,14 +19,18 @@ from broker.crossing.frames import (
     encode_ack, encode_dead_letter, encode_delivery, encode_got, encode_table,
 )
 from broker.crossing.link import Link
+from broker.model.features.redelivery import consumer_delayed_retry
+from broker.model.policy import PolicyError, make_policy
 from broker.model.remote import NO_ACK_ID
 from broker.model.turns import next_turn
 from broker.model.vhost import OPERATOR_OWNER
 from protocol.errors import AMQPError
 
 if TYPE_CHECKING:
+    from broker.model.features.redelivery import DelayedRetry
     from broker.model.message import Message, QueueEntry
     from broker.model.node import Node
+    from broker.model.policy import Policy
     from broker.model.queue import Queue
 
 log = logging.getLogger(__name__)
@@ -46,11 +50,23 @@ async def serve_links(listening, serving: Callable[[], "Node | None"]) -> asynci
     return await asyncio.get_running_loop().create_unix_server(make, sock=listening)
 
 
+def apply_policies(queue: "Queue", operation: dict) -> None:
+    """The policy and operator policy the process that serves the queue's vhost says apply to it."""
+    queue.apply_policies(_policy(operation.get("policy"), False), _policy(operation.get("operator_policy"), True))
+
+
+def _policy(exported: dict | None, operator: bool) -> "Policy | None":
+    if exported is None:
+        return None
+    return make_policy(exported["vhost"], exported["name"], exported["pattern"], exported["definition"],
+                       exported["priority"], exported["apply-to"], operator)
+
+
 class RemoteSubscriber:
     """A consumer of another process, as its queue here sees it (broker.model.interfaces.Subscriber)."""
 
     __slots__ = ("number", "home", "queue", "priority", "exclusive", "no_ack", "arguments", "unacked", "window",
-                 "on_settle", "in_flight")
+                 "on_settle", "in_flight", "delayed_retry")
 
     def __init__(self, number: int, home: "HomeLink", queue: "Queue", operation: dict):
         self.number = number  # its id on the link
@@ -64,6 +80,7 @@ class RemoteSubscriber:
         self.window = int(operation["window"])  # how many it may have: unsettled ones, or on their way
         self.on_settle = bool(operation.get("on_settle"))  # its credit comes back with settlements (else: grants)
         self.in_flight = 0  # deliveries sent whose credit has not come back (on_settle False)
+        self.delayed_retry = consumer_delayed_retry(self.arguments)  # its own, over its queue's; None: the queue's
 
     @property
     def channel(self) -> "HomeLink":
@@ -83,7 +100,8 @@ class HomeLink:
     def __init__(self, serving: Callable[[], "Node | None"]):
         self.serving = serving  # the node of the broker this process runs (None while it runs none)
         self.applied = 0  # the frames applied (numbered as the other process numbers them)
-        self.ok = True  # whether every frame applied since the last ack went well
+        self.ok = True  # whether the frame being applied went well
+        self.failed: list[int] = []  # the frames applied since the last ack that did not (a message refused...)
         self.wrote = False  # whether one of them gave the store something to write
         self.ack_asked = False  # an ack is due at the end of this turn
         self.acks_waiting = 0  # acks waiting for the store to write what their frames gave it
@@ -111,6 +129,9 @@ class HomeLink:
             self._control(node, decode_table(payload))
         else:
             raise FrameError(f"a frame of kind {kind} from a worker that serves a vhost")
+        if not self.ok:
+            self.failed.append(self.applied)
+            self.ok = True
         if not self.ack_asked:
             self.ack_asked = True
             asyncio.get_running_loop().call_soon(self._ask_ack, node)
@@ -124,7 +145,8 @@ class HomeLink:
             if queue.deleted:
                 gone.append(queue)
             else:
-                counts.append([queue.vhost.name, queue.name, queue.ready_as_held(), queue.ready_bytes])
+                counts.append([queue.vhost.name, queue.name, queue.ready_as_held(), queue.ready_bytes,
+                               queue.count_retrying()])
         for queue in gone:
             self.used.pop((queue.vhost.name, queue.name), None)
             self.link.send(NOTICE, encode_table({"op": "gone", "vhost": queue.vhost.name, "queue": queue.name}))
@@ -153,18 +175,19 @@ class HomeLink:
     def _ask_ack(self, node: "Node") -> None:
         """Ack what was applied this turn once the store has it (acks go in order: the store's callbacks do)."""
         self.ack_asked = False
-        number, ok, wrote = self.applied, self.ok, self.wrote
-        self.ok, self.wrote = True, False
+        number, failed, wrote = self.applied, self.failed, self.wrote
+        self.failed, self.wrote = [], False
         if node.store is None or not (wrote or self.acks_waiting):  # (no write of theirs waits for the disk)
-            self._ack(number, ok, True)
+            self._ack(number, failed, True)
         else:
             self.acks_waiting += 1
-            node.store.when_durable(lambda stored: self._ack(number, ok, stored, waited=True))
+            # (frames that wrote nothing are not failed by the disk: they only wait for the acks before them)
+            node.store.when_durable(lambda stored: self._ack(number, failed, stored or not wrote, waited=True))
 
-    def _ack(self, number: int, ok: bool, stored: bool, waited: bool = False) -> None:
+    def _ack(self, number: int, failed: list[int], stored: bool, waited: bool = False) -> None:
         self.acks_waiting -= waited
         if self.link.open:
-            self.link.send(ACK, encode_ack(number, ok and stored))
+            self.link.send(ACK, encode_ack(number, stored, failed))
 
     # --- frames ---------------------------------------------------------------------------------------------
     def _queue(self, node: "Node", vhost_name: str, name: str) -> "Queue | None":
@@ -180,12 +203,19 @@ class HomeLink:
     def _use(self, queue: "Queue") -> None:
         """The other process uses the queue: it is told of its counts, and routes what it dead-letters."""
         self.used[queue.vhost.name, queue.name] = queue
-        queue.vhost.dead_letters_to = self._dead_letter
+        queue.vhost.home = self
         self.touched.add(queue)
 
-    def _dead_letter(self, vhost: str, exchange: str, keys: list[str], message: "Message", no_cycles: bool) -> None:
+    # --- broker.model.interfaces.VhostHome ------------------------------------------------------------------
+    def dead_letter(self, vhost: str, exchange: str, keys: list[str], message: "Message", no_cycles: bool) -> None:
         if self.link.open:  # (else it is lost, as when its dead-letter exchange is missing)
             self.link.send(DEAD_LETTER, encode_dead_letter(vhost, exchange, keys, message, no_cycles))
+
+    def queue_deleted(self, queue: "Queue") -> None:
+        """(One the other process asked to delete has left used first: only those that went by themselves.)"""
+        if self.used.get((queue.vhost.name, queue.name)) is queue and self.link.open:
+            self.touched.add(queue)
+            self.link.wake()
 
     def _published(self, node: "Node", payload: bytes) -> None:
         for vhost_name, name, message in self.messages.published(payload):
@@ -215,7 +245,7 @@ class HomeLink:
                     self.touched.add(subscriber.queue)  # (an auto-delete queue may have gone with its last one)
             return
         if kind == "watch":  # (the other process's stand-ins of queues here, as it links)
-            self._watch(node, operation["vhosts"], {(vhost, name) for vhost, name in operation["queues"]})
+            self._watch(node, operation["vhosts"], operation["queues"])
             return
         if kind == "credit":
             for number, count in operation["grants"]:
@@ -225,12 +255,14 @@ class HomeLink:
                     subscriber.queue.credit_offered()
             return
         vhost_name, name = str(operation.get("vhost")), str(operation.get("queue"))
-        self.wrote = True  # (a declare, a delete, a purge may write to the store)
+        self.wrote = self.wrote or kind in ("declare", "delete", "purge")  # (these may write to the store)
         try:
             if kind == "declare":
                 vhost = node.vhost(vhost_name)
-                self._use(vhost.declare_queue(name, OPERATOR_OWNER, False, bool(operation["durable"]), False,
-                                              bool(operation["auto_delete"]), operation["arguments"], placed=True))
+                queue = vhost.declare_queue(name, OPERATOR_OWNER, False, bool(operation["durable"]), False,
+                                            bool(operation["auto_delete"]), operation["arguments"], placed=True)
+                apply_policies(queue, operation)
+                self._use(queue)
                 return
             found = self._queue(node, vhost_name, name)
             if kind == "consume":
@@ -243,35 +275,54 @@ class HomeLink:
             elif kind == "get":
                 self._get(found, int(operation["id"]), bool(operation["no_ack"]))
             elif kind == "delete":
+                count = 0
                 if found is not None:
-                    found.vhost.delete_queue(found)
                     self.used.pop((vhost_name, name), None)
+                    count = found.vhost.delete_queue(found)
+                self._counted(count)
+            elif kind == "count":
+                self._counted(found.count_ready() if found is not None else 0)
             elif kind == "touch":
                 if found is not None:
                     found.touch()
             elif kind == "purge":
+                count = 0
                 if found is not None:
-                    found.purge()
+                    count = found.purge()
                     self.touched.add(found)
+                self._counted(count)
+            elif kind == "policies":
+                if found is not None:
+                    apply_policies(found, operation)
             else:
                 raise FrameError(f"unknown operation {kind!r}")
-        except AMQPError as error:  # (the home checked it first: only a queue changed meanwhile gets here)
+        except (AMQPError, PolicyError) as error:  # (the home checked it first: only a queue changed meanwhile)
             log.warning("could not %s queue %.200r in vhost %.200r for the worker that serves it: %s", kind, name,
-                        vhost_name, error.reply_text)
+                        vhost_name, error.reply_text if isinstance(error, AMQPError) else error)
             self.ok = False
+            if kind in ("delete", "purge", "count"):  # (answered whatever happens: the other process waits for it)
+                self._counted(0)
 
-    def _watch(self, node: "Node", vhosts: list[str], stand_ins: set[tuple[str, str]]) -> None:
-        """The queues here that the other process has stand-ins of are used; its vhosts' transient queues it has
-        none of are gone there (it started again, which a transient queue does not outlive), and go here too."""
-        for vhost_name, name in stand_ins:
-            self._queue(node, vhost_name, name)
+    def _watch(self, node: "Node", vhosts: list[str], stand_ins: list[dict]) -> None:
+        """The queues here that the other process has stand-ins of are used, with the policies it says apply; its
+        vhosts' transient queues it has none of are gone there (it started again, which a transient queue does not
+        outlive), and go here too."""
+        for stand_in in stand_ins:
+            queue = self._queue(node, stand_in["vhost"], stand_in["queue"])
+            if queue is not None:
+                apply_policies(queue, stand_in)
+        named = {(stand_in["vhost"], stand_in["queue"]) for stand_in in stand_ins}
         for vhost_name in vhosts:
             vhost = node.vhosts.get(vhost_name)
             if vhost is None or node.serves(vhost_name):
                 continue
             for queue in [queue for queue in vhost.queues.values()
-                          if not queue.durable and (vhost_name, queue.name) not in stand_ins]:
+                          if not queue.durable and (vhost_name, queue.name) not in named]:
                 vhost.delete_queue(queue)
+
+    def _counted(self, count: int) -> None:
+        """The answer to a delete, a purge or a count (before the ack the other process's reply waits for)."""
+        self.link.send(NOTICE, encode_table({"op": "counted", "count": count}))
 
     def _get(self, queue: "Queue | None", request: int, no_ack: bool) -> None:
         """The queue's head for a basic.get (once the expired messages ahead of it left, over turns if many)."""
@@ -301,22 +352,24 @@ class HomeLink:
         return delivery_id
 
     def _settle(self, ids: list[int], requeue: bool | None, failed: bool) -> None:
-        by_queue: dict[Queue, list[QueueEntry]] = {}
+        """Deliveries acked (requeue None), requeued or rejected, by their ids; a requeue follows the delayed retry of
+        the consumer that had them, if it set one (as a channel's settle does)."""
+        by_queue: dict[tuple[Queue, DelayedRetry | None], list[QueueEntry]] = {}
         for delivery_id in ids:
             found = self.outstanding.pop(delivery_id, None)
             if found is None:
                 continue
             queue, entry, subscriber = found
+            retry = None
             if subscriber is not None:
                 subscriber.unacked -= 1
+                retry = subscriber.delayed_retry if requeue else None
             queue.unacked_count -= 1
-            by_queue.setdefault(queue, []).append(entry)
-        for queue, entries in by_queue.items():
-            if requeue is None:
-                queue.acknowledged += len(entries)
+            by_queue.setdefault((queue, retry), []).append(entry)
+        for (queue, retry), entries in by_queue.items():
             self.wrote = self.wrote or queue.stored
             if not queue.deleted:
-                queue.settle(entries, requeue, failed)
+                queue.settle(entries, requeue, failed, retry)
                 queue.credit_offered()
             self.touched.add(queue)
 

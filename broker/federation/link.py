@@ -77,6 +77,8 @@ class FederationLink:
         self.failed: asyncio.Future[str] | None = None  # set when this run must end: why
         self.last_tag = 0  # on-confirm: the latest delivery republished in this run
         self.awaiting_store = False  # on-confirm: a when_durable is pending
+        # on-confirm: the processes that own queues republished to since (broker.model.remote), whose acks it awaits
+        self.crossed: dict[int, int] = {}  # (owner -> the frame before the first sent to it since)
         self.settled: asyncio.Future | None = None  # set once none is pending, while a run ends (_settle)
         self.stopping = False  # stop() was called: the run ends, and no other starts
         self.task = asyncio.get_running_loop().create_task(self._run())
@@ -218,36 +220,41 @@ class FederationLink:
         header = Header(encode_header_payload(len(body), properties))
         message = Message(PublishedTo(exchange, routing_key), header, body)
         try:
-            refused = operations.publish(self.actor, exchange, routing_keys, message,
-                                         confirm=ack_mode == "on-confirm").refused
+            published = operations.publish(self.actor, exchange, routing_keys, message,
+                                           confirm=ack_mode == "on-confirm")
         except AMQPError as error:
             self._fail(f"cannot republish to {exchange or routing_key!r}: {error.text}")
             return
-        if refused and ack_mode != "no-ack":  # (not acked: it goes back upstream, and comes again after a while)
+        if published.refused and ack_mode != "no-ack":  # (not acked: it goes back upstream, and comes again later)
             self._fail(f"a queue refused a message republished to {exchange or routing_key!r} (reject-publish)")
             return
         if ack_mode == "on-publish":
             link.send(spec.Basic.Ack(delivery_tag=deliver.delivery_tag))
         elif ack_mode == "on-confirm":
             self.last_tag = deliver.delivery_tag
+            for owner, before in (published.crossed or {}).items():
+                self.crossed.setdefault(owner, before)
             if not self.awaiting_store:
                 self._await_store(link)
 
     def _await_store(self, link: Link) -> None:
-        store, tag = self.vhost.store, self.last_tag
-        if store is None:
+        tag = self.last_tag
+        if self.vhost.store is None:
             link.send(spec.Basic.Ack(delivery_tag=tag, multiple=True))
             return
         self.awaiting_store = True
-        store.when_durable(lambda ok: self._stored(link, tag, ok))
+        crossed, self.crossed = self.crossed, {}
+        self.vhost.when_durable(lambda ok: self._stored(link, tag, ok, bool(crossed)), crossed)
 
-    def _stored(self, link: Link, tag: int, ok: bool) -> None:
-        """What was republished up to tag is durable (or the store failed)."""
+    def _stored(self, link: Link, tag: int, ok: bool, crossed: bool = False) -> None:
+        """What was republished up to tag is durable (or the store failed, or, where some went to queues other
+        workers own, one of those refused it or ended)."""
         if link is not self.link:
             return  # (that run ended: its unacked deliveries went back upstream)
         self.awaiting_store = False
         if not ok:
-            self._fail("the store could not write what was republished")
+            self._fail("a queue of another worker refused what was republished (reject-publish), or that worker "
+                       "ended" if crossed else "the store could not write what was republished")
             if self.settled is not None and not self.settled.done():
                 self.settled.set_result(None)
             return

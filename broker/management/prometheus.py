@@ -98,6 +98,8 @@ async def take_snapshot(server: "Server", per_object: bool) -> Snapshot:
         sums[queue_type] = dict(deleted) if deleted else dict.fromkeys(QUEUE_COUNTERS, 0)
     started = time.perf_counter()
     for vhost in list(server.node.vhosts.values()):
+        if vhost.home is not None:  # (its queues here are owned for another process, which counts them)
+            continue
         for queue in list(vhost.queues.values()):
             if queue.deleted:
                 continue

@@ -191,10 +191,17 @@ def _ours(kind: str, data, vhost: "VirtualHost") -> bool:
     return data.get("vhost") == vhost.name
 
 
+class UnownedQueue(Exception):
+    """A stored queue lives in the store of a worker this node does not run: starting would hide its messages."""
+
+
 def _restored(kind: str, data: dict, restore_one: Callable[[], None]) -> bool:
-    """Run restore_one; on any failure, log one line naming the definition and say it was skipped."""
+    """Run restore_one; on any failure, log one line naming the definition and say it was skipped (but for a queue
+    owned by a worker this node does not run: UnownedQueue)."""
     try:
         restore_one()
+    except UnownedQueue:
+        raise
     except Exception as error:
         described = reprlib.repr(data)
         if isinstance(error, AMQPError):

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
     from broker.model.message import Message, QueueEntry
     from broker.model.queue import Queue
-    from broker.model.remote import RemoteQueue
+    from broker.model.remote import Counted, RemoteQueue
     from broker.model.vhost import VirtualHost
 
 
@@ -115,11 +115,17 @@ class QueueCrossing(Protocol):
     def declare(self, queue: "RemoteQueue") -> None:
         """Make the queue at its owner."""
 
-    def delete(self, queue: "RemoteQueue") -> None:
-        """Delete it there, with its messages."""
+    def apply_policies(self, queue: "RemoteQueue") -> None:
+        """Other policies apply to it: its owner applies them too."""
 
-    def purge(self, queue: "RemoteQueue") -> None:
-        """Drop its ready messages there."""
+    def delete(self, queue: "RemoteQueue", counted: "Counted") -> None:
+        """Delete it there, with its messages (counted: what it dropped, once the owner answers)."""
+
+    def purge(self, queue: "RemoteQueue", counted: "Counted") -> None:
+        """Drop its ready messages there (counted: how many, once the owner answers)."""
+
+    def count(self, queue: "RemoteQueue", counted: "Counted") -> None:
+        """Count its ready messages there (counted: how many, once the owner answers)."""
 
     def touch(self, queue: "RemoteQueue") -> None:
         """It was used: its x-expires lease starts again there."""
@@ -143,5 +149,22 @@ class QueueCrossing(Protocol):
     def settle(self, queue: "RemoteQueue", entries: "list[QueueEntry]", requeue: bool | None, failed: bool) -> None:
         """Deliveries of the queue acked (requeue None), requeued or rejected."""
 
-    def when_acked(self, owners: set[int], callback: "Callable[[bool], None]") -> None:
-        """callback(ok) once each of these owners acked what it was sent so far (ok False if one could not)."""
+    def frame(self, owner: int) -> int:
+        """The number of the frame to that owner that what is sent now goes in (0: it cannot be reached)."""
+        ...
+
+    def when_acked(self, owners: dict[int, int], callback: "Callable[[bool], None]") -> None:
+        """callback(ok) once each of these owners acked what it was sent so far; ok False if one could not, or
+        failed one of the frames after the one each names (where the waiting caller's first went)."""
+
+
+class VhostHome(Protocol):
+    """The process that serves a vhost, as one that owns some of its queues sees it (broker.crossing): it holds
+    the vhost's exchanges, and counts what its clients do."""
+
+    def dead_letter(self, vhost: str, exchange: str, keys: list[str], message: "Message", no_cycles: bool) -> None:
+        """Route a message a queue here dead-lettered from its dead-letter exchange (no_cycles: not back to a queue
+        its x-death history went round)."""
+
+    def queue_deleted(self, queue: "Queue") -> None:
+        """A queue here went (it expired, or auto-deleted with its last consumer)."""

@@ -179,6 +179,9 @@ class Published(NamedTuple):
 
     routed: bool  # a queue (or the delayed exchange) took it
     refused: bool  # a queue turned it away (reject-publish): on a channel in confirm mode, a basic.nack
+    # the processes that own queues it went to (broker.model.remote), whose acks say they took it, and the frame to
+    # each before the one it went in
+    crossed: dict[int, int] | None = None
 
 
 def publish(actor: Actor, exchange_name: str, routing_keys: list[str], message: "Message",
@@ -209,7 +212,12 @@ def publish(actor: Actor, exchange_name: str, routing_keys: list[str], message: 
     queues = vhost.route(exchange, routing_keys, message)
     refused = bool(queues) and vhost.publish_to(queues, message)[1]
     _count_publish(vhost.counters, confirm, bool(queues), refused, mandatory)
-    return Published(bool(queues), refused)
+    crossed: dict[int, int] = {}
+    if vhost.remote_queues:
+        for queue in queues:
+            if queue.owner is not None:
+                vhost.note_owner(crossed, queue.owner)
+    return Published(bool(queues), refused, crossed or None)
 
 
 def _count_publish(counters: "NodeCounters", confirm: bool, routed: bool, refused: bool, mandatory: bool) -> None:

@@ -19,6 +19,7 @@ from protocol import errors
 if TYPE_CHECKING:
     from broker.model.features.redelivery import DelayedRetry
     from broker.model.interfaces import QueueCrossing, Subscriber
+    from broker.model.policy import Policy
     from broker.model.vhost import VirtualHost
 
 NO_ACK_ID: Final = -1  # the id of a delivery that needs no settling (the owner forgot it as it sent it)
@@ -32,6 +33,16 @@ def leader_locator(vhost: "VirtualHost", name: str, arguments: dict) -> str | No
     return str(locator) if locator is not None else None
 
 
+class Counted:
+    """A count a queue's owner answers with (what a purge or a delete dropped, what a declare finds): the stand-in's
+    estimate until the answer comes, which comes before the ack the method's reply waits for."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: int):
+        self.value = value
+
+
 class RemoteQueue(Queue):
     def __init__(self, vhost: "VirtualHost", name: str, durable: bool, auto_delete: bool, arguments: dict,
                  owner: int, crossing: "QueueCrossing"):
@@ -42,6 +53,7 @@ class RemoteQueue(Queue):
         self.settled_remotely = True  # its acks go to the owner
         self.ready_at_owner = 0  # ready messages, as the owner last said (ready_bytes: their body bytes)
         self.sent_since_counted = 0  # messages sent to it since (its backlog, for flow control)
+        self.retrying_at_owner = 0  # returned messages waiting out a retry delay there, as it last said
 
     def check_reachable(self) -> None:
         """RabbitMQ's 404 for a durable queue whose node is down, while its owner cannot be reached (its link is made
@@ -51,6 +63,12 @@ class RemoteQueue(Queue):
         if not self.crossing.reaches(owner):
             raise errors.not_found(f"home node '{self.crossing.name_of(owner)}' of durable queue '{self.name}' in "
                                    f"vhost '{self.vhost.name}' is down or inaccessible")
+
+    def apply_policies(self, policy: "Policy | None", operator_policy: "Policy | None") -> None:
+        """Here (its settings, for what the channel asks of it), and at the owner, which holds no policy."""
+        super().apply_policies(policy, operator_policy)
+        if self.owner is not None:  # (made)
+            self.crossing.apply_policies(self)
 
     def touch(self) -> None:
         """Used (declared, consumed): the owner, which times an unused queue's expiry, starts counting again."""
@@ -78,15 +96,24 @@ class RemoteQueue(Queue):
             return ENQUEUED_OVER_FLOW_LIMIT
         return ENQUEUED
 
-    def counted(self, ready: int, ready_bytes: int) -> None:
-        """The owner counted the queue's ready messages: publishers held back go on once they are few."""
+    def count_retrying(self) -> int:
+        return self.retrying_at_owner
+
+    def counted(self, ready: int, ready_bytes: int, retrying: int) -> None:
+        """The owner counted the queue's messages: publishers held back go on once they are few."""
         self.ready_at_owner, self.ready_bytes, self.sent_since_counted = ready, ready_bytes, 0
+        self.retrying_at_owner = retrying
         if self.throttled and ready < FLOW_LOW:
             self.release_publishers()
 
     def settle(self, entries: list[QueueEntry], requeue: bool | None, failed: bool = False,
                retry: "DelayedRetry | None" = None) -> None:
+        """At the owner (which follows the delayed retry of the consumer that had them, as it was told). Where that
+        may dead-letter them, the channel's next method waits for the owner's ack, by which what it dead-lettered
+        is routed, as a queue here routes it before the method."""
         self.crossing.settle(self, entries, requeue, failed)
+        if self.dead_letter_exchange is not None and (requeue is False or (requeue and self.delivery_limit is not None)):
+            self._hold_replies()
 
     def forget(self, entries: Iterable[QueueEntry]) -> bool:
         """Acked here: the owner lets them go."""
@@ -97,24 +124,37 @@ class RemoteQueue(Queue):
         pass  # (the owner marks what it sends)
 
     def purge(self) -> int:
-        """The owner purges it (purge-ok waits for its ack)."""
-        self.crossing.purge(self)
-        return self._emptied_there()
+        """The owner purges it; purge-ok waits for its ack, and says the count it answers."""
+        return self._emptied_there(self.crossing.purge)
 
     def drop_all(self) -> int:
-        """Deleted here: the owner deletes it too (delete-ok waits for its ack)."""
-        self.crossing.delete(self)
-        return self._emptied_there()
+        """Deleted here: the owner deletes it too; delete-ok waits for its ack, and says the count it answers."""
+        return self._emptied_there(self.crossing.delete)
 
-    def _emptied_there(self) -> int:
-        """The owner was told to drop its ready messages: how many it last said it had. The method's reply waits for
-        its ack."""
-        count, owner = self.ready_at_owner, self.owner
+    def _emptied_there(self, tell: "Callable[[RemoteQueue, Counted], None]") -> int:
+        counted = Counted(self.ready_at_owner + self.retrying_at_owner)
+        tell(self, counted)
+        self.ready_at_owner = self.ready_bytes = self.retrying_at_owner = 0
+        self._asked_owner(counted)
+        return counted.value
+
+    def count_there(self) -> Counted:
+        """The ready messages the owner counts (a declare-ok waits for its answer)."""
+        counted = Counted(self.ready_at_owner)
+        self.crossing.count(self, counted)
+        self._asked_owner(counted)
+        return counted
+
+    def _asked_owner(self, counted: Counted) -> None:
+        """The method at hand's reply waits for the owner's ack, and says the count it answers."""
+        self._hold_replies()
+        self.vhost.counted_there = counted
+
+    def _hold_replies(self) -> None:
+        """The method at hand's reply (and the channel's next frames) wait for the owner's ack."""
+        owner = self.owner
         assert owner is not None, "a stand-in names its owner"
-        self.ready_at_owner = self.ready_bytes = 0
-        self.vhost.durable_changes += 1
-        self.vhost.changed_owners.add(owner)
-        return count
+        self.vhost.note_owner(self.vhost.changed_owners, owner)
 
     def take_there(self, no_ack: bool, answer: "Callable[[QueueEntry | None], None]") -> None:
         """A basic.get: the owner takes the head, and answer(entry) is called with it (None: there was none, or the

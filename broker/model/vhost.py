@@ -23,7 +23,7 @@ from broker.model.join import Join
 from broker.model.keys import binding_key, delayed_key, exchange_key, parameter_key, policy_key
 from broker.model.policy import Policy, PolicyChoices, PolicySnapshot, choose_both, make_policy
 from broker.model.queue import SLICE_SECONDS, Queue
-from broker.model.remote import RemoteQueue, leader_locator
+from broker.model.remote import Counted, RemoteQueue, leader_locator
 from broker.model.stream import Stream
 from broker.model.turns import TURN_SECONDS, next_turn
 from broker.model.routing.headers import validate_x_match
@@ -31,7 +31,9 @@ from protocol import errors
 
 if TYPE_CHECKING:
     from broker.model.features.paging import Paging
-    from broker.model.interfaces import Publisher, QueueCrossing, QueueOwner, ReplyReceiver, TopologyWatcher
+    from broker.model.interfaces import (
+        Publisher, QueueCrossing, QueueOwner, ReplyReceiver, TopologyWatcher, VhostHome,
+    )
     from broker.model.message import Message
     from broker.model.node import Node
 
@@ -149,10 +151,12 @@ class VirtualHost:
         # how queues owned by other processes of the node are reached (broker.crossing); None: every queue is here
         self.crossing: QueueCrossing | None = self.node.crossing
         self.remote_queues = 0  # its queues owned by other processes (broker.model.remote)
-        self.changed_owners: set[int] = set()  # owners of those told of a change by the method at hand
-        # Where its queues here send what they dead-letter when another process serves the vhost (and so holds its
-        # exchanges and bindings): (vhost, exchange, routing keys, message, whether to drop cycles); None: routed here
-        self.dead_letters_to: Callable[[str, str, list[str], Message, bool], None] | None = None
+        # owners of those told of a change by the method at hand -> the frame before the first it was sent
+        self.changed_owners: dict[int, int] = {}
+        self.counted_there: Counted | None = None  # the count an owner answers the method at hand with
+        # The process that serves the vhost when another one does, for which this one owns some of its queues: it
+        # routes what they dead-letter, and counts what its clients do (None: this process serves it)
+        self.home: VhostHome | None = None
         self.queues: dict[str, Queue] = {}
         self.queues_storing_all = 0  # queues that store transient messages too (quorum queues)
         self.default_exchange = DefaultExchange(self)
@@ -342,7 +346,9 @@ class VirtualHost:
         if owner is not None:
             crossing = self.crossing
             if crossing is None or not crossing.runs(owner):
-                raise ValueError(f"it is owned by worker {owner}, which this node does not run")
+                raise durability.UnownedQueue(
+                    f"queue '{name}' in vhost '{self.name}' lives in the store of worker {owner}, which this node does "
+                    f"not run: start it with at least {owner + 1} workers")
             self._add_queue(RemoteQueue(self, name, True, auto_delete, arguments, owner, crossing))
         elif queue_type_of(arguments) == "stream":
             self._add_queue(Stream(self, name, True, None, auto_delete, arguments, fresh=False))
@@ -419,8 +425,9 @@ class VirtualHost:
         check_queue_type_properties(name, self.name, arguments, durable, exclusive, auto_delete)
         queue = self._new_queue(name, connection, durable, exclusive, auto_delete, arguments, server_named or placed)
         self._add_queue(queue)
-        self.counters.queues_declared += 1
-        self.counters.queues_created += 1
+        if not placed:  # (counted where the vhost is served)
+            self.counters.queues_declared += 1
+            self.counters.queues_created += 1
         if queue.recorded:
             self._record("queue", queue.store_key, durability.queue_definition(self, queue))
         if exclusive:
@@ -439,8 +446,7 @@ class VirtualHost:
             if owner is not None:
                 queue = RemoteQueue(self, name, durable, auto_delete, arguments, owner, crossing)
                 crossing.declare(queue)
-                self.durable_changes += 1
-                self.changed_owners.add(owner)
+                self.note_owner(self.changed_owners, owner)  # (the declare-ok waits for its ack)
                 return queue
         kind = Stream if queue_type == "stream" else Queue
         return kind(self, name, durable, connection if exclusive else None, auto_delete, arguments)
@@ -450,7 +456,11 @@ class VirtualHost:
         if queue.deleted:
             return 0
         queue.deleted = True
-        self.counters.queue_deleted(queue)
+        home = self.home
+        if home is None:
+            self.counters.queue_deleted(queue)
+        else:  # (counted where the vhost is served)
+            home.queue_deleted(queue)
         queue.stop_timers()
         self.queues.pop(queue.name, None)
         if queue.stores_all:
@@ -522,7 +532,7 @@ class VirtualHost:
         if self.watcher is not None:
             self.watcher.topology_changed(self, kind, name)
 
-    def when_durable(self, callback: "Callable[[bool], None]", owners: "set[int] | None" = None) -> None:
+    def when_durable(self, callback: "Callable[[bool], None]", owners: "dict[int, int] | None" = None) -> None:
         """callback(ok) once what was written so far is on disk (the store's when_durable) and the owners named
         (processes that own queues of the vhost: broker.crossing) acked what they were sent so far; ok False if any
         part failed."""
@@ -534,18 +544,26 @@ class VirtualHost:
         self.when_acked(owners, join.part())
         join.seal()
 
-    def when_acked(self, owners: set[int], callback: "Callable[[bool], None]") -> None:
-        """callback(ok) once these owners of queues of the vhost acked what they were sent so far."""
+    def when_acked(self, owners: dict[int, int], callback: "Callable[[bool], None]") -> None:
+        """callback(ok) once these owners of queues of the vhost acked what they were sent so far, and took what
+        they were sent after the frame each names."""
         crossing = self.crossing
         assert crossing is not None, "owners are processes its crossing reaches"
         crossing.when_acked(owners, callback)
 
-    def take_changed_owners(self) -> "set[int] | None":
+    def note_owner(self, owners: dict[int, int], owner: int) -> None:
+        """owner was just sent something a caller waits for: owners says from which frame on, the first time."""
+        if owner not in owners:
+            crossing = self.crossing
+            assert crossing is not None, "owners are processes its crossing reaches"
+            owners[owner] = crossing.frame(owner) - 1
+
+    def take_changed_owners(self) -> "dict[int, int] | None":
         """The owners of queues of the vhost a method changed (its reply waits for them), forgotten here."""
         owners = self.changed_owners
         if not owners:
             return None
-        self.changed_owners = set()
+        self.changed_owners = {}
         return owners
 
     def _record(self, kind: str, name: str, data: dict | None) -> None:

@@ -6,7 +6,7 @@ import struct
 from collections import deque
 from typing import TYPE_CHECKING, Callable, Final
 
-from pamqp import commands as spec
+from pamqp import base, commands as spec
 
 from broker.model.access import ChannelAccess, internal_exchange_refusal, user_id_refusal
 from broker.model.features.delayed_messages import delay_of
@@ -84,9 +84,10 @@ class Channel:
         self.awaiting_disk: list[int] | None = None
         # Where its vhost has queues other processes own (broker.crossing): the owners this read's publishes went to,
         # and what their acks and the disk join in before it confirms them
-        self.awaiting_owners: set[int] | None = None
+        self.awaiting_owners: dict[int, int] | None = None
         self.awaiting_join: Join | None = None
         self.awaiting_store = False  # (whether the join has the store's part yet)
+        self.late_reply: Callable[[], base.Frame] | None = None  # the method at hand's reply, made as it is sent
         self.tx: Transaction | None = None  # set by tx.select: publishes and acks held until commit
         self.last_queue: str = ""  # name of the last queue declared, for methods that name the queue ""
         self.reply_consumer: direct_reply.ReplyConsumer | None = None  # consumer of amq.rabbitmq.reply-to
@@ -126,9 +127,13 @@ class Channel:
             elif method_id == BASIC_NACK:
                 tag, multiple, requeue = decode_nack(payload)
                 self.reject(tag, multiple, requeue)
+                if self.vhost.changed_owners:
+                    self._hold_for_owners()
             elif method_id == BASIC_REJECT:
                 tag, requeue = decode_reject(payload)
                 self.reject(tag, False, requeue, failed=True)
+                if self.vhost.changed_owners:
+                    self._hold_for_owners()
             else:
                 self.handle_method(decode_method(payload))
         elif pending is None:
@@ -180,16 +185,35 @@ class Channel:
         except Exception:
             self._send_replies()
             raise
-        if vhost.durable_changes != changes and self.open:
-            self._wait_for_disk(method)
+        written = vhost.durable_changes != changes
+        if (written or vhost.changed_owners) and self.open:
+            self._wait_for_disk(method, written)
         else:
             self._send_replies()
 
-    def _wait_for_disk(self, method) -> None:
+    def _hold_for_owners(self) -> None:
+        """A nack or reject had queues other processes own dead-letter (broker.model.remote): the channel's next
+        frames wait for their acks, by which what they dead-lettered is routed here, as a queue here routes it before
+        the next frame. (What an owner that ended dead-lettered is lost, as dead-lettering is at most once.)"""
+        owners = self.vhost.take_changed_owners()
+        if owners is None or not self.open:
+            return
+        self.deliverable = False
+        self.backlog = []
+        self.replies = []
+        self.vhost.when_acked(owners, lambda ok: self._written(None, True))
+
+    def _wait_for_disk(self, method, written: bool) -> None:
+        """Reply once the method's durable changes are on disk (written) and the processes that own queues it
+        changed acked them."""
         self.deliverable = False
         self.backlog = []
         vhost = self.vhost
-        vhost.when_durable(lambda ok: self._written(method, ok), vhost.take_changed_owners())
+        owners = vhost.take_changed_owners()
+        if written or owners is None:
+            vhost.when_durable(lambda ok: self._written(method, ok), owners)
+        else:
+            vhost.when_acked(owners, lambda ok: self._written(method, ok))
 
     def _hold_frame(self, backlog: list[tuple[int, int, bytes]], frame_type: int, payload: bytes) -> None:
         backlog.append((frame_type, self.number, payload))
@@ -206,6 +230,7 @@ class Channel:
             self._send_replies()
         else:
             self.replies = None
+            self.late_reply = None
             if self.undo is not None:
                 self.undo()
             self.connection.failed(AMQPError(
@@ -220,8 +245,16 @@ class Channel:
         write = self.write_now
         for data in replies or ():
             write(data)
+        late, self.late_reply = self.late_reply, None
+        if late is not None:
+            write(encode_method(self.number, late()))
         for data in notices:
             write(data)
+
+    def send_method_later(self, make: Callable[[], base.Frame]) -> None:
+        """The reply of the method at hand, made once it is sent: its counts are a queue owner's answer, which comes
+        with the ack its reply waits for (broker.model.remote.Counted)."""
+        self.late_reply = make
 
     def write(self, data: bytes) -> None:
         """Frames of the method being handled wait with its reply; the rest go out at once."""
@@ -340,10 +373,11 @@ class Channel:
         any."""
         crossed = False
         for queue in queues:
-            if queue.owner is not None:
+            owner = queue.owner
+            if owner is not None:
                 if self.awaiting_owners is None:
-                    self.awaiting_owners = set()
-                self.awaiting_owners.add(queue.owner)
+                    self.awaiting_owners = {}
+                self.vhost.note_owner(self.awaiting_owners, owner)
                 crossed = True
         return crossed
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from pamqp import commands as spec
+from pamqp import base, commands as spec
 
 from broker.model import operations
 from broker.model.access import EXCHANGE, QUEUE
+from broker.model.remote import RemoteQueue
 from broker.model.vhost import generated_name
 from broker.session import direct_reply
 from broker.session.consumer import Consumer
@@ -96,7 +97,12 @@ def _queue_declare(channel: Channel, method: spec.Queue.Declare) -> None:
     if created:
         channel.undo = lambda: vhost.delete_queue(queue)
     channel.last_queue = queue.name
-    if not method.nowait:
+    if method.nowait:
+        return
+    if isinstance(queue, RemoteQueue) and not created:  # (its owner counts its messages)
+        counted = queue.count_there()
+        channel.send_method_later(lambda: spec.Queue.DeclareOk(queue.name, counted.value, len(queue.consumers)))
+    else:
         channel.send_method(spec.Queue.DeclareOk(queue.name, queue.count_ready(), len(queue.consumers)))
 
 
@@ -120,16 +126,28 @@ def _readable_queue(channel: Channel, name: str):
 
 
 def _queue_purge(channel: Channel, method: spec.Queue.Purge) -> None:
+    channel.vhost.counted_there = None
     count = operations.purge(_actor(channel), _queue_name(channel, method.queue))
     if not method.nowait:
-        channel.send_method(spec.Queue.PurgeOk(message_count=count))
+        _reply_with_count(channel, lambda counted: spec.Queue.PurgeOk(message_count=counted), count)
 
 
 def _queue_delete(channel: Channel, method: spec.Queue.Delete) -> None:
+    channel.vhost.counted_there = None
     count = operations.delete_queue(_actor(channel), _queue_name(channel, method.queue), method.if_unused,
                                     method.if_empty)
     if not method.nowait:
-        channel.send_method(spec.Queue.DeleteOk(message_count=count))
+        _reply_with_count(channel, lambda counted: spec.Queue.DeleteOk(message_count=counted), count)
+
+
+def _reply_with_count(channel: Channel, reply: Callable[[int], base.Frame], count: int) -> None:
+    """A purge-ok or delete-ok with the count of what was dropped: count, or the count a queue's owner answers
+    with (broker.model.remote.Counted) where another process owns it."""
+    counted, channel.vhost.counted_there = channel.vhost.counted_there, None
+    if counted is None:
+        channel.send_method(reply(count))
+    else:
+        channel.send_method_later(lambda: reply(counted.value))
 
 
 def _basic_qos(channel: Channel, method: spec.Basic.Qos) -> None:

@@ -1,6 +1,6 @@
 """Instructions per message, counted by callgrind: what a message costs the broker, free of the machine's noise.
 
-    python -m tests.bench.instructions [--messages N] [--setups 1:v1,2:v1,2:/+v1]
+    python -m tests.bench.instructions [--messages N] [--setups 1:v1,2:v1,2:/+v1,2:v1*]
 
 For each setup (a worker count and the vhosts busy at once), Warren runs under callgrind (valgrind), instrumenting
 nothing until the load starts: in each busy vhost a consumer (auto-ack) and a publisher of 16 B messages, in this
@@ -11,8 +11,9 @@ threads of the processes that served the load (one process, or the workers leadi
 threads, in the broker's other processes (the supervisor, idle workers) and in all.
 
 The default setups compare one process with one busy vhost, two workers with the same one vhost busy (what a worker
-costs), and two workers with a busy vhost each (what the hand-off and the shared definitions cost per message,
-summed over every process).
+costs), two workers with a busy vhost each (what the hand-off and the shared definitions cost per message, summed
+over every process), and two workers where the busy vhost's queue is owned by the other worker (a vhost written
+with a star: what a crossing costs, docs/workers.md#queues-of-one-vhost-over-workers).
 
 The counts move by about 1.5 % from run to run whatever else the machine does, where a timed run on a 2-core
 machine swings by a third: the figure to compare two versions of the hot path with, or one process with a worker
@@ -114,18 +115,32 @@ def callgrind_control(option: str, pids: list[int]) -> None:
 
 @dataclass(frozen=True)
 class Setup:
-    """A broker's worker count and the vhosts busy at once, each with its own publisher and consumer."""
+    """A broker's worker count and the vhosts busy at once, each with its own publisher and consumer, and those of
+    them whose queue another worker owns."""
     workers: int
     vhosts: tuple[str, ...]
+    crossing: tuple[str, ...] = ()
 
     @classmethod
     def parse(cls, text: str) -> Setup:
-        """WORKERS:VHOST[+VHOST...], e.g. 2:/+v1"""
+        """WORKERS:VHOST[+VHOST...], e.g. 2:/+v1; VHOST* for a vhost whose queue another worker owns"""
         workers, _, vhosts = text.partition(":")
-        return cls(int(workers), tuple(vhosts.split("+")) if vhosts else ("v1",))
+        names = vhosts.split("+") if vhosts else ["v1"]
+        return cls(int(workers), tuple(name.rstrip("*") for name in names),
+                   tuple(name.rstrip("*") for name in names if name.endswith("*")))
 
     def __str__(self) -> str:
-        return f"{self.workers}w {'+'.join(self.vhosts)}"
+        return f"{self.workers}w {'+'.join(name + '*' * (name in self.crossing) for name in self.vhosts)}"
+
+
+async def place_elsewhere(broker: RunningBroker, vhost: str) -> None:
+    """Have the vhost's busy queue owned by another worker than the vhost's: its worker gets a queue first, and the
+    busy one goes to the worker that owns the fewest (the config's balanced locator)."""
+    connection = await BenchConnection.open(BrokerURL.parse(url(broker, vhost)))
+    try:
+        await connection.declare_queue(await connection.open_channel(), "instructions-filler")
+    finally:
+        await connection.close()
 
 
 async def pass_everywhere(broker: RunningBroker, vhosts: tuple[str, ...], messages: int) -> None:
@@ -138,12 +153,15 @@ def count(setup: Setup, messages: int, workdir: Path) -> dict[str, dict[str, flo
     dumps = workdir / "callgrind"
     dumps.mkdir()
     config = workdir / "warren.toml"
-    config.write_text(config_of(list(dict.fromkeys(["v1", *setup.vhosts]))))
+    config.write_text(config_of(list(dict.fromkeys(["v1", *setup.vhosts])))
+                      + ('[queues]\nleader_locator = "balanced"\n' if setup.crossing else ""))
     wrapper = ("valgrind", "--tool=callgrind", "--cache-sim=yes", "--instr-atstart=no", "--separate-threads=yes",
                "--trace-children=yes", f"--callgrind-out-file={dumps}/cg.%p")
     broker: RunningBroker = start_warren(workdir, "--workers", str(setup.workers), "--config", str(config),
                                          wrapper=wrapper, start_seconds=START_SECONDS)
     try:  # (with several workers, the warm-up also waits for each vhost's to serve)
+        for vhost in setup.crossing:
+            asyncio.run(place_elsewhere(broker, vhost))
         asyncio.run(pass_everywhere(broker, setup.vhosts, WARM_UP))
         processes = [broker.process.pid, *descendants(broker.process.pid)]
         callgrind_control("--instr=on", processes)
@@ -188,9 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.bench.instructions", description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=20_000, help="messages counted in each busy vhost (a "
                                                                       "multiple of 100)")
-    parser.add_argument("--setups", default="1:v1,2:v1,2:/+v1",
+    parser.add_argument("--setups", default="1:v1,2:v1,2:/+v1,2:v1*",
                         help="WORKERS:VHOST[+VHOST...] to run, comma-separated (vhost / is led by worker 0, v1 by "
-                             "worker 1)")
+                             "worker 1; v1*: v1, its queue owned by the other worker)")
     args = parser.parse_args(argv)
     if args.messages <= 0 or args.messages % BATCH:
         parser.error(f"--messages must be a positive multiple of {BATCH}")

@@ -12,6 +12,7 @@ import signal
 import threading
 
 import pika
+import pika.exceptions
 import pytest
 
 from tests.bench.client import BenchConnection, BrokerURL, ConfirmTracker, message_frames
@@ -45,6 +46,17 @@ def owners(broker) -> dict[str, str]:
     reply = request(broker, "GET", "/api/queues/%2F")
     assert reply.status == 200, reply
     return {queue["name"]: queue["node"].partition("@")[0].rpartition("-")[2] for queue in reply.body}
+
+
+def declare_elsewhere(broker, channel, name: str, messages: int = 0, **arguments) -> None:
+    """Declare a queue after one of the vhost's worker ("here"), so that balanced gives it to worker 1; then, in
+    confirm mode, publish messages numbered from 0 to it."""
+    channel.queue_declare("here")
+    channel.queue_declare(name, arguments={**BALANCED, **arguments})
+    assert owners(broker)[name] == "1"
+    channel.confirm_delivery()
+    for number in range(messages):
+        channel.basic_publish("", name, b"%d" % number)
 
 
 async def publish_confirmed(broker, exchange: str, count: int, window: int = 500) -> None:
@@ -126,30 +138,25 @@ def test_a_queue_on_another_worker_serves_gets_settlements_prefetch_and_counts(t
     broker = two_workers()
     with connect(broker) as conn:
         channel = conn.channel()
-        channel.confirm_delivery()
-        channel.queue_declare("here")  # (balanced: the worker with fewer queues, this one first among equals)
-        channel.queue_declare("there", arguments=BALANCED)
-        assert owners(broker)["there"] == "1"
-        for number in range(5):
-            channel.basic_publish("", "there", b"m%d" % number, PERSISTENT)
-        assert channel.queue_declare("there", passive=True).method.message_count == 5  # (counted once confirmed)
+        declare_elsewhere(broker, channel, "there", messages=5)  # (balanced: this worker first among equals)
+        assert channel.queue_declare("there", passive=True).method.message_count == 5
         method, _, body = channel.basic_get("there", auto_ack=True)
-        assert (body, method.message_count) == (b"m0", 4)
+        assert (body, method.message_count) == (b"0", 4)
         method, _, body = channel.basic_get("there")
         channel.basic_nack(method.delivery_tag, requeue=True)
         method, _, body = channel.basic_get("there")
-        assert (body, method.redelivered) == (b"m1", True)
+        assert (body, method.redelivered) == (b"1", True)
         channel.basic_reject(method.delivery_tag, requeue=False)  # (no dead-letter exchange: dropped)
         channel.basic_qos(prefetch_count=1)
         tag, inbox = consume(channel, "there")
         wait_until(conn, lambda: len(inbox.deliveries) == 1)
         stay_quiet(conn)
-        assert inbox.bodies == [b"m2"]  # one at a time: the prefetch holds the rest at the owner
+        assert inbox.bodies == [b"2"]  # one at a time: the prefetch holds the rest at the owner
         channel.basic_ack(inbox.deliveries[0].delivery_tag)
         wait_until(conn, lambda: len(inbox.deliveries) == 2)
-        assert inbox.bodies == [b"m2", b"m3"]
+        assert inbox.bodies == [b"2", b"3"]
         channel.basic_cancel(tag)
-        channel.close()  # (m3 unacked: back to the queue)
+        channel.close()  # (3 unacked: back to the queue)
         channel = conn.channel()
         wait_until(conn, lambda: channel.queue_declare("there", passive=True).method.message_count == 2)
         assert channel.queue_purge("there").method.message_count == 2
@@ -183,6 +190,7 @@ def test_dead_letters_of_a_queue_on_another_worker_are_routed_by_the_worker_that
 
 
 def test_queues_on_another_worker_keep_their_messages_and_counts_across_a_restart(two_workers):
+    """And a start with too few workers to read the store of the one that owns a queue is refused, naming it."""
     broker = two_workers()
     with connect(broker) as conn:
         channel = conn.channel()
@@ -199,6 +207,12 @@ def test_queues_on_another_worker_keep_their_messages_and_counts_across_a_restar
         _, inbox = consume(channel, "kept", auto_ack=True)
         inbox.wait_for(conn, 100)
         assert [int(body) for body in inbox.bodies] == list(range(100))
+    broker.stop()
+    broker.extra_args[1] = "1"  # one process would not read worker 1's store
+    with pytest.raises(RuntimeError):
+        broker.start()
+    assert ("queue 'kept' in vhost '/' lives in the store of worker 1, which this node does not run: start it with "
+            "at least 2 workers") in broker.log()
 
 
 @pytest.mark.alone
@@ -248,3 +262,126 @@ def test_a_transient_queue_goes_with_the_worker_that_owned_it_and_a_durable_one_
         assert (code, text) == (404, "NOT_FOUND - no queue 'transient' in vhost '/'")
         channel = conn.channel()
         assert channel.queue_declare("durable", passive=True, arguments=BALANCED).method.queue == "durable"
+
+
+class Nacks(ConfirmTracker):
+    """Which publishes the broker nacked, by their tags."""
+
+    def __init__(self) -> None:
+        super().__init__(window=100, record_latency=False)
+        self.nacked_tags: set[int] = set()
+
+    def on_confirm(self, delivery_tag: int, multiple: bool, acked: bool) -> None:
+        if not acked:
+            self.nacked_tags.add(delivery_tag)
+        super().on_confirm(delivery_tag, multiple, acked)
+
+
+async def publish_in_one_write(broker, queue: str, count: int) -> Nacks:
+    connection = await BenchConnection.open(BrokerURL.parse(broker.url))
+    try:
+        channel = await connection.open_channel()
+        tracker = Nacks()
+        await connection.select_confirms(channel, tracker)
+        tracker.published = count
+        await connection.send(b"".join(message_frames(channel, "", queue, b"%d" % number, persistent=True)
+                                       for number in range(count)))
+        await tracker.wait_for_all()
+        return tracker
+    finally:
+        connection.transport.abort()
+
+
+def test_a_queue_elsewhere_that_refuses_a_message_nacks_it(two_workers):
+    """reject-publish at the owner: a message it refused is nacked, and one published in another read of the
+    connection than a refused one is acked. Within one read, the refusal of one nacks every publish of that read to
+    that worker (so the publisher sends them again: at least once), and none it nacked is lost."""
+    broker = two_workers()
+    with connect(broker) as conn:
+        channel = conn.channel()
+        channel.queue_declare("here")
+        channel.queue_declare("full", durable=True,
+                              arguments={**BALANCED, "x-max-length": 2, "x-overflow": "reject-publish"})
+        assert owners(broker)["full"] == "1"
+        channel.confirm_delivery()
+        channel.basic_publish("", "full", b"0", PERSISTENT)
+        channel.basic_publish("", "full", b"1", PERSISTENT)
+        with pytest.raises(pika.exceptions.NackError):
+            channel.basic_publish("", "full", b"2", PERSISTENT)
+        channel.queue_purge("full")
+    tracker = asyncio.run(publish_in_one_write(broker, "full", 5))
+    assert {3, 4, 5} <= tracker.nacked_tags
+    with connect(broker) as conn:
+        kept = [body for _, _, body in iter(lambda: conn.channel().basic_get("full", auto_ack=True),
+                                            (None, None, None))]
+    acked = {b"%d" % (tag - 1) for tag in range(1, 6) if tag not in tracker.nacked_tags}
+    assert acked <= set(kept) and kept == [b"0", b"1"]
+
+
+def test_policies_apply_at_the_owner_and_change_with_the_vhosts_policies(two_workers):
+    """The owner holds none of the vhost's policies: those that apply to its queues are sent to it, at the declare
+    and at every change."""
+    broker = two_workers()
+    reply = request(broker, "PUT", "/api/policies/%2F/short", {
+        "pattern": "^short$", "definition": {"max-length": 2}, "apply-to": "queues"})
+    assert reply.status in (201, 204), reply
+    with connect(broker) as conn:
+        channel = conn.channel()
+        declare_elsewhere(broker, channel, "short", messages=5)
+        assert channel.queue_declare("short", passive=True).method.message_count == 2  # (drop-head: 3 and 4)
+        reply = request(broker, "PUT", "/api/policies/%2F/short", {
+            "pattern": "^short$", "definition": {"max-length": 1}, "apply-to": "queues"})
+        assert reply.status in (201, 204), reply
+        wait_until(conn, lambda: channel.queue_declare("short", passive=True).method.message_count == 1,
+                   what="the lower limit applied at the owner")
+        assert channel.basic_get("short", auto_ack=True)[2] == b"4"
+
+
+def test_counts_in_replies_are_the_owners_at_the_time_it_answers(two_workers):
+    """declare-ok, purge-ok and delete-ok of a queue elsewhere wait for its owner's count, as RabbitMQ's queue
+    process answers them: right after a requeue or an ack, they count it."""
+    broker = two_workers()
+    with connect(broker) as conn:
+        channel = conn.channel()
+        declare_elsewhere(broker, channel, "counted", messages=3)
+        method, _, _ = channel.basic_get("counted")
+        assert channel.queue_declare("counted", passive=True).method.message_count == 2
+        channel.basic_nack(method.delivery_tag, requeue=True)
+        assert channel.queue_declare("counted", passive=True).method.message_count == 3
+        assert channel.queue_purge("counted").method.message_count == 3
+        channel.basic_publish("", "counted", b"again")
+        assert channel.queue_delete("counted").method.message_count == 1
+
+
+def test_a_rejected_message_is_dead_lettered_before_the_channels_next_method(two_workers):
+    broker = two_workers()
+    with connect(broker) as conn:
+        channel = conn.channel()
+        channel.queue_declare("dead")
+        channel.queue_declare("source", arguments={**BALANCED, "x-dead-letter-exchange": "",
+                                                   "x-dead-letter-routing-key": "dead"})
+        assert owners(broker) == {"dead": "0", "source": "1"}
+        channel.confirm_delivery()
+        channel.basic_publish("", "source", b"rejected")
+        method, _, _ = channel.basic_get("source")
+        channel.basic_reject(method.delivery_tag, requeue=False)
+        _, properties, body = channel.basic_get("dead", auto_ack=True)
+        assert (body, properties.headers["x-death"][0]["reason"]) == (b"rejected", "rejected")
+
+
+def test_an_unused_queue_elsewhere_expires_and_a_redeclare_keeps_it(two_workers):
+    broker = two_workers()
+    with connect(broker) as conn:
+        channel = conn.channel()
+        channel.queue_declare("here")
+        channel.queue_declare("here-too")
+        channel.queue_declare("kept-alive", arguments={**BALANCED, "x-expires": 300})
+        channel.queue_declare("expiring", arguments={**BALANCED, "x-expires": 300})
+        assert owners(broker) == {"here": "0", "here-too": "0", "kept-alive": "1", "expiring": "1"}
+
+        def renewed_until_the_other_expired() -> bool:
+            channel.queue_declare("kept-alive", passive=True)  # (renews its lease at the owner)
+            return "expiring" not in owners(broker)
+
+        wait_until(conn, renewed_until_the_other_expired, what="the unused queue expired")
+        assert "kept-alive" in owners(broker)

@@ -77,8 +77,8 @@ def dead_letter(queue: "Queue", entries: list["QueueEntry"], reason: str) -> Non
     if exchange_name is None:
         return
     vhost = queue.vhost
-    forward = vhost.dead_letters_to  # (the vhost's exchanges are in the process that serves it)
-    if forward is None and exchange_name not in vhost.exchanges:
+    home = vhost.home  # (the process that serves the vhost, where its exchanges are, when another one does)
+    if home is None and exchange_name not in vhost.exchanges:
         return  # as in RabbitMQ, a dead-letter exchange that does not exist drops the message
     routing_key = queue.dead_letter_routing_key
     now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
@@ -96,8 +96,8 @@ def dead_letter(queue: "Queue", entries: list["QueueEntry"], reason: str) -> Non
             header = first.header if len(first.body) == len(original.body) else Header(
                 with_body_size(first.header.payload, len(original.body)))
             message = Message(first.address, header, original.body)
-        if forward is not None:
-            forward(vhost.name, exchange_name, keys, message, reason != REJECTED)
+        if home is not None:
+            home.dead_letter(vhost.name, exchange_name, keys, message, reason != REJECTED)
         else:
             republish(vhost, exchange_name, keys, message, known[2] if reason != REJECTED else None)
 
