@@ -110,7 +110,8 @@ class Crossing:
         link = self._owner_of(queue).link
         if link is None:
             return False
-        link.add(PUBLISH, encode_message(queue.vhost.name.encode(), queue.name.encode(), message))
+        vhost_name, queue_name = queue.names
+        link.add(PUBLISH, encode_message(vhost_name, queue_name, message))
         return True
 
     def get(self, queue: RemoteQueue, no_ack: bool, answer: Callable[[QueueEntry | None], None]) -> None:
@@ -405,25 +406,29 @@ class OwnerLink:
     def _delivered(self, payload: bytes) -> None:
         subscribers, owed = self.subscribers, self.returns_on_write
         returned: list[int] = []  # deliveries for subscribers cancelled meanwhile: they go back to the queue
-        written: set[int] = set()
+        written: dict[int, int] = {}  # subscriber whose credit comes back as it is written -> deliveries written
+        last, found = -1, None  # (a batch mostly holds runs of deliveries to one subscriber)
         for number, delivery_id, redelivered, message in self.messages.delivered(payload):
-            found = subscribers.get(number)
+            if number != last:
+                last, found = number, subscribers.get(number)
             if found is None:
                 if delivery_id != NO_ACK_ID:
                     returned.append(delivery_id)
                 continue
             queue, subscriber = found
             subscriber.channel.deliver(subscriber, queue, QueueEntry(delivery_id, message, redelivered))
+            written[number] = written.get(number, 0) + 1
+        for number, count in written.items():
             if number in owed:
-                owed[number] += 1
-                written.add(number)
+                owed[number] += count
         if returned:
             self.control({"op": "settle", "ids": returned, "requeue": True, "failed": False})
         for number in written:
-            queue, subscriber = subscribers[number]
-            if subscriber.credit() > 0:
-                self._grant(number, owed[number])
-                owed[number] = 0
+            if number in owed and number in subscribers:
+                queue, subscriber = subscribers[number]
+                if subscriber.credit() > 0:
+                    self._grant(number, owed[number])
+                    owed[number] = 0
 
     def _noticed(self, notice: dict) -> None:
         operation = notice.get("op")

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Callable, Final
 
 from broker.crossing.frames import (
     ACK, ACKED, CONTROL, DEAD_LETTER, DELIVER, GOT, NOTICE, PUBLISH, FrameError, Messages, decode_ids, decode_table,
-    encode_ack, encode_dead_letter, encode_delivery, encode_got, encode_table,
+    encode_ack, encode_dead_letter, encode_delivery, encode_got, encode_table, queue_of,
 )
 from broker.crossing.link import Link
 from broker.model.features.redelivery import consumer_delayed_retry
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+PLACES_KEPT: Final = 100_000  # queues looked up by a record's bytes at most (then forgotten, and looked up again)
 COUNTS_INTERVAL: Final = 1.0  # seconds between two counts of every queue a linked process uses, sent to it
 EPOCH_SHIFT: Final = 40  # (broker.crossing.home.EPOCH_SHIFT)
 
@@ -111,6 +112,7 @@ class HomeLink:
         # delivery id -> its queue, its entry, and the subscriber it went to (None: a get's)
         self.outstanding: dict[int, tuple[Queue, QueueEntry, RemoteSubscriber | None]] = {}
         self.used: dict[tuple[str, str], Queue] = {}  # the queues the other process used, for their counts
+        self.places: dict[bytes, Queue] = {}  # those it publishes to, by their names as a record holds them
         self.touched: set[Queue] = set()  # those whose counts changed this turn
         self.messages = Messages()
         self.counting: asyncio.TimerHandle | None = None
@@ -218,8 +220,15 @@ class HomeLink:
             self.link.wake()
 
     def _published(self, node: "Node", payload: bytes) -> None:
-        for vhost_name, name, message in self.messages.published(payload):
-            queue = self._queue(node, vhost_name, name)
+        places = self.places
+        for names, vhost_length, message in self.messages.published(payload):
+            queue = places.get(names)
+            if queue is None or queue.deleted:
+                queue = self._queue(node, *queue_of(names, vhost_length))
+                if queue is not None:
+                    if len(places) >= PLACES_KEPT:
+                        places.clear()
+                    places[names] = queue
             if queue is None:
                 self.ok = False  # (its publisher is nacked)
                 continue

@@ -48,6 +48,7 @@ class RemoteQueue(Queue):
                  owner: int, crossing: "QueueCrossing"):
         super().__init__(vhost, name, durable, None, auto_delete, arguments)
         self.owner = owner
+        self.names = (vhost.name.encode(), name.encode())  # its vhost's and its own name, as the link's records hold them
         self.crossing = crossing  # how the owner is reached
         self.stored = self.stores_all = False  # (this process's store keeps none of its messages: the owner's does)
         self.settled_remotely = True  # its acks go to the owner
@@ -116,8 +117,10 @@ class RemoteQueue(Queue):
             self._hold_replies()
 
     def forget(self, entries: Iterable[QueueEntry]) -> bool:
-        """Acked here: the owner lets them go."""
-        self.crossing.settle(self, list(entries), None, False)
+        """Acked here: the owner lets them go (a no-ack delivery's it forgot as it sent it)."""
+        acked = [entry for entry in entries if entry.seq != NO_ACK_ID]
+        if acked:
+            self.crossing.settle(self, acked, None, False)
         return False
 
     def mark_delivered(self, entries: Iterable[QueueEntry]) -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from broker.crossing.frames import (
-    CONTROL, DELIVER, PUBLISH, FrameError, Messages, Reader, decode_dead_letter, decode_got, decode_table,
-    encode_dead_letter, encode_delivery, encode_got, encode_message, encode_table, frame,
+    CONTROL, PUBLISH, FrameError, Messages, Reader, decode_dead_letter, decode_got, decode_table,
+    encode_dead_letter, encode_delivery, encode_got, encode_message, encode_table, frame, queue_of,
 )
 from broker.model.message import Address, Header, Message
 from protocol.codec import encode_header_payload
@@ -29,8 +29,8 @@ def test_a_batch_of_messages_reads_back_whole_across_any_cut_of_the_stream():
         frames += reader.feed(stream[start:start + 7])
     assert [kind for kind, _ in frames] == [PUBLISH, CONTROL]
     received = list(Messages().published(frames[0][1]))
-    assert [(vhost, queue, item.exchange, item.routing_key, item.header_payload, item.body)
-            for vhost, queue, item in received] == [
+    assert [(*queue_of(names, vhost_length), item.exchange, item.routing_key, item.header_payload, item.body)
+            for names, vhost_length, item in received] == [
         ("v\u00e9", "queue", item.exchange, item.routing_key, item.header_payload, item.body) for item in sent]
     assert decode_table(frames[1][1]) == {"op": "cancel", "ids": [1, 2]}
 
