@@ -195,6 +195,13 @@ class GroupWorker:
 
     def check_move(self, vhost: str, group: int) -> None:
         self.groups.check_move(vhost, group)
+        server = self.cluster.server if self.cluster is not None else None
+        served = server.node.vhosts.get(vhost) if server is not None else None
+        if served is not None and served.remote_queues:
+            names = ", ".join(sorted(repr(queue.name) for queue in served.queues.values() if queue.owner is not None))
+            raise ValueError(f"vhost '{vhost}' has queues other workers own ({names[:200]}): moving a vhost moves "
+                             "what its worker's store holds, so these would be left behind; moving such a vhost is "
+                             "not supported yet")
 
     # --- broker.connection.server.WorkerRole ----------------------------------------------------------------
     def serves(self, vhost: str) -> bool:

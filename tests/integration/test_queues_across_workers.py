@@ -385,3 +385,12 @@ def test_an_unused_queue_elsewhere_expires_and_a_redeclare_keeps_it(two_workers)
 
         wait_until(conn, renewed_until_the_other_expired, what="the unused queue expired")
         assert "kept-alive" in owners(broker)
+
+
+def test_a_vhost_whose_queues_other_workers_own_is_not_moved(two_workers):
+    broker = two_workers()
+    with connect(broker) as conn:
+        declare_elsewhere(broker, conn.channel(), "elsewhere")
+    reply = request(broker, "PUT", "/api/vhosts/%2F/group", {"group": 1})
+    assert reply.status == 400
+    assert "vhost '/' has queues other workers own ('elsewhere')" in reply.body["reason"]
