@@ -372,7 +372,9 @@ class OwnerLink:
             self.control({"op": "credit", "grants": [[number, count] for number, count in grants.items()]})
 
     def lost(self) -> None:
-        log.info("the link with worker %d closed: its queues' consumers here are cancelled", self.group)
+        if self.subscribers or self.waiters:  # (a link made while the owner starts closes quietly)
+            log.info("the link with worker %d closed: the consumers of its queues here are cancelled, and what waits "
+                     "for its acks is nacked", self.group)
         self.link = None
         self.counting.clear()  # (the replies that waited for them fail: see when_acked)
         waiters, self.waiters = self.waiters, deque()

@@ -120,8 +120,10 @@ class HomeLink:
     # --- broker.crossing.link.Handler -----------------------------------------------------------------------
     def received(self, kind: int, payload: bytes) -> None:
         node = self.serving()
-        if node is None:
-            raise FrameError("this worker serves no broker now")
+        if node is None:  # (stopping, or not started yet: the other process links again, and waits meanwhile)
+            log.debug("closing a link from another worker: this worker serves no broker now")
+            self.link.close()
+            return
         self.applied += 1
         if kind == PUBLISH:
             self._published(node, payload)
