@@ -64,10 +64,6 @@ def encode_delivery(subscriber: int, delivery_id: int, redelivered: bool, messag
                                    len(body)), exchange, routing_key, header, body))
 
 
-def encode_table(table: dict) -> bytes:
-    return encode_data(table)
-
-
 def decode_table(payload: bytes) -> dict:
     try:
         table = decode_data(payload)

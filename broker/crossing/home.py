@@ -19,13 +19,14 @@ from typing import TYPE_CHECKING, Callable, Final
 
 from broker.crossing.frames import (
     ACK, ACKED, CONTROL, DEAD_LETTER, DELIVER, GOT, ID, NOTICE, PUBLISH, FrameError, Messages, decode_ack,
-    decode_dead_letter, decode_got, decode_table, encode_message, encode_table,
+    decode_dead_letter, decode_got, decode_table, encode_message,
 )
 from broker.crossing.link import Link
 from broker.model.features.dead_letter import republish
 from broker.model.join import Join
 from broker.model.message import QueueEntry
 from broker.model.remote import NO_ACK_ID, Counted, RemoteQueue
+from storage.definitions_log import encode_data
 
 if TYPE_CHECKING:
     from broker.model.interfaces import Subscriber
@@ -230,7 +231,7 @@ class OwnerLink:
             self.acked = 0
             self.closed = asyncio.Event()
             self.link = link
-            link.send(CONTROL, encode_table({"op": "hello", "epoch": self.epoch}))
+            link.send(CONTROL, encode_data({"op": "hello", "epoch": self.epoch}))
             self.control({"op": "watch", "vhosts": self.crossing.served(),
                           "queues": self.crossing.stand_ins_of(self.group)})
             await self.closed.wait()
@@ -238,7 +239,7 @@ class OwnerLink:
 
     def control(self, operation: dict) -> None:
         if self.link is not None:
-            self.link.send(CONTROL, encode_table(operation))
+            self.link.send(CONTROL, encode_data(operation))
 
     def ask(self, operation: dict, counted: Counted) -> None:
         """An operation the owner answers with a count (a notice, in the order they were asked)."""

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Callable, Final
 
 from broker.crossing.frames import (
     ACK, ACKED, CONTROL, DEAD_LETTER, DELIVER, GOT, NOTICE, PUBLISH, FrameError, Messages, decode_ids, decode_table,
-    encode_ack, encode_dead_letter, encode_delivery, encode_got, encode_table, queue_of,
+    encode_ack, encode_dead_letter, encode_delivery, encode_got, queue_of,
 )
 from broker.crossing.link import Link
 from broker.model.features.redelivery import consumer_delayed_retry
@@ -25,6 +25,7 @@ from broker.model.remote import NO_ACK_ID
 from broker.model.turns import next_turn
 from broker.model.vhost import OPERATOR_OWNER
 from protocol.errors import AMQPError
+from storage.definitions_log import encode_data
 
 if TYPE_CHECKING:
     from broker.model.features.redelivery import DelayedRetry
@@ -153,9 +154,9 @@ class HomeLink:
                                queue.count_retrying()])
         for queue in gone:
             self.used.pop((queue.vhost.name, queue.name), None)
-            self.link.send(NOTICE, encode_table({"op": "gone", "vhost": queue.vhost.name, "queue": queue.name}))
+            self.link.send(NOTICE, encode_data({"op": "gone", "vhost": queue.vhost.name, "queue": queue.name}))
         if counts:
-            self.link.send(NOTICE, encode_table({"op": "counts", "queues": counts}))
+            self.link.send(NOTICE, encode_data({"op": "counts", "queues": counts}))
 
     def lost(self) -> None:
         if self.counting is not None:
@@ -279,7 +280,7 @@ class HomeLink:
             if kind == "consume":
                 number = int(operation["id"])
                 if found is None:
-                    self.link.send(NOTICE, encode_table({"op": "cancelled", "id": number}))
+                    self.link.send(NOTICE, encode_data({"op": "cancelled", "id": number}))
                     return
                 subscriber = self.subscribers[number] = RemoteSubscriber(number, self, found, operation)
                 found.add_consumer(subscriber)  # type: ignore[arg-type]
@@ -333,7 +334,7 @@ class HomeLink:
 
     def _counted(self, count: int) -> None:
         """The answer to a delete, a purge or a count (before the ack the other process's reply waits for)."""
-        self.link.send(NOTICE, encode_table({"op": "counted", "count": count}))
+        self.link.send(NOTICE, encode_data({"op": "counted", "count": count}))
 
     def _get(self, queue: "Queue | None", request: int, no_ack: bool) -> None:
         """The queue's head for a basic.get (once the expired messages ahead of it left, over turns if many)."""
@@ -409,4 +410,4 @@ class HomeLink:
 
     def consumer_cancelled_by_server(self, subscriber: RemoteSubscriber) -> None:
         if self.subscribers.pop(subscriber.number, None) is not None and self.link.open:
-            self.link.send(NOTICE, encode_table({"op": "cancelled", "id": subscriber.number}))
+            self.link.send(NOTICE, encode_data({"op": "cancelled", "id": subscriber.number}))

@@ -214,9 +214,7 @@ def publish(actor: Actor, exchange_name: str, routing_keys: list[str], message: 
     _count_publish(vhost.counters, confirm, bool(queues), refused, mandatory)
     crossed: dict[int, int] = {}
     if vhost.remote_queues:
-        for queue in queues:
-            if queue.owner is not None:
-                vhost.note_owner(crossed, queue.owner)
+        vhost.note_owners(crossed, queues)
     return Published(bool(queues), refused, crossed or None)
 
 

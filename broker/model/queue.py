@@ -115,7 +115,6 @@ class Queue:
         self.stored = self.recorded  # whether its persistent messages go to the message store
         self.stores_all = self.stored and self.quorum  # transient messages go to disk too
         self.owner: int | None = None  # the process (group) that owns it when another one does (model.remote)
-        self.settled_remotely = False  # its acks go to that process
         self.store_key = queue_key(vhost.name, name)  # the queue's name in the store
         self.policy, self.operator_policy = vhost.policies_for("queues", name)  # those that apply, or None
         # The settings below come from the arguments and the policies (policy.effective_settings); they are

@@ -48,10 +48,9 @@ class RemoteQueue(Queue):
                  owner: int, crossing: "QueueCrossing"):
         super().__init__(vhost, name, durable, None, auto_delete, arguments)
         self.owner = owner
-        self.names = (vhost.name.encode(), name.encode())  # its vhost's and its own name, as the link's records hold them
+        self.names = (vhost.name.encode(), name.encode())  # its vhost's name and its own, as a link's records hold them
         self.crossing = crossing  # how the owner is reached
         self.stored = self.stores_all = False  # (this process's store keeps none of its messages: the owner's does)
-        self.settled_remotely = True  # its acks go to the owner
         self.ready_at_owner = 0  # ready messages, as the owner last said (ready_bytes: their body bytes)
         self.sent_since_counted = 0  # messages sent to it since (its backlog, for flow control)
         self.retrying_at_owner = 0  # returned messages waiting out a retry delay there, as it last said
@@ -113,7 +112,8 @@ class RemoteQueue(Queue):
         may dead-letter them, the channel's next method waits for the owner's ack, by which what it dead-lettered
         is routed, as a queue here routes it before the method."""
         self.crossing.settle(self, entries, requeue, failed)
-        if self.dead_letter_exchange is not None and (requeue is False or (requeue and self.delivery_limit is not None)):
+        may_dead_letter = requeue is False or (requeue and self.delivery_limit is not None)
+        if may_dead_letter and self.dead_letter_exchange is not None:
             self._hold_replies()
 
     def forget(self, entries: Iterable[QueueEntry]) -> bool:

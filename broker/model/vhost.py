@@ -551,6 +551,16 @@ class VirtualHost:
         assert crossing is not None, "owners are processes its crossing reaches"
         crossing.when_acked(owners, callback)
 
+    def note_owners(self, owners: dict[int, int], queues: list[Queue]) -> bool:
+        """Note in owners (see note_owner) the processes that own some of queues, just sent a message; whether
+        any does."""
+        crossed = False
+        for queue in queues:
+            if queue.owner is not None:
+                self.note_owner(owners, queue.owner)
+                crossed = True
+        return crossed
+
     def note_owner(self, owners: dict[int, int], owner: int) -> None:
         """owner was just sent something a caller waits for: owners says from which frame on, the first time."""
         if owner not in owners:

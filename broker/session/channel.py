@@ -127,13 +127,9 @@ class Channel:
             elif method_id == BASIC_NACK:
                 tag, multiple, requeue = decode_nack(payload)
                 self.reject(tag, multiple, requeue)
-                if self.vhost.changed_owners:
-                    self._hold_for_owners()
             elif method_id == BASIC_REJECT:
                 tag, requeue = decode_reject(payload)
                 self.reject(tag, False, requeue, failed=True)
-                if self.vhost.changed_owners:
-                    self._hold_for_owners()
             else:
                 self.handle_method(decode_method(payload))
         elif pending is None:
@@ -332,10 +328,13 @@ class Channel:
             else:
                 self.counters.unroutable_dropped += 1
         else:
-            persisted, refused = self.vhost.publish_to(queues, message, self.connection)
+            vhost = self.vhost
+            persisted, refused = vhost.publish_to(queues, message, self.connection)
             self.counters.routed += 1
-            if self.vhost.remote_queues:
-                crossed = self._note_owners(queues)
+            if vhost.remote_queues:
+                if self.awaiting_owners is None:
+                    self.awaiting_owners = {}
+                crossed = vhost.note_owners(self.awaiting_owners, queues)
         if seq is not None:
             confirms = self.confirms
             assert confirms is not None, "seq is its next number"
@@ -368,19 +367,6 @@ class Channel:
         if seq is not None:
             awaiting.append(seq)
 
-    def _note_owners(self, queues: list[Queue]) -> bool:
-        """The processes that own some of these queues, whose acks the read's confirms wait for; whether there are
-        any."""
-        crossed = False
-        for queue in queues:
-            owner = queue.owner
-            if owner is not None:
-                if self.awaiting_owners is None:
-                    self.awaiting_owners = {}
-                self.vhost.note_owner(self.awaiting_owners, owner)
-                crossed = True
-        return crossed
-
     def _return_unroutable(self, message: Message) -> None:
         self.send_method(spec.Basic.Return(NO_ROUTE, "NO_ROUTE", message.exchange, message.routing_key))
         self.write(encode_content(self.number, message.header_payload, message.body, self.frame_max))
@@ -393,7 +379,7 @@ class Channel:
         if join is not None:
             owners = self.awaiting_owners
             self.awaiting_join, self.awaiting_owners, self.awaiting_store = None, None, False
-            if owners is not None and self.confirms is not None:  # (without confirms, nothing waits for them)
+            if owners and self.confirms is not None:  # (without confirms, nothing waits for them)
                 self.vhost.when_acked(owners, join.part())
             join.seal()
         if self.confirms is not None:
@@ -466,7 +452,7 @@ class Channel:
             queue = delivery.queue
             queue.acknowledged += 1
             self.ack_count += 1
-            if (queue.stored or queue.settled_remotely) and not queue.deleted:
+            if (queue.stored or queue.owner is not None) and not queue.deleted:  # (its store, or its owner, lets go)
                 queue.forget((delivery.entry,))
             self.offer_credit((queue,))
             return
@@ -490,6 +476,8 @@ class Channel:
         else:
             self.unacked.release(taken)
             self.settle(taken, requeue, failed)
+            if self.vhost.changed_owners:  # (queues elsewhere that may have dead-lettered some)
+                self._hold_for_owners()
 
     def settle(self, taken: list[Unacked], requeue: bool | None, failed: bool = False) -> None:
         """Finish deliveries: acked (requeue None), requeued (failed or not), or dropped; then let consumers take

@@ -48,12 +48,20 @@ def owners(broker) -> dict[str, str]:
     return {queue["name"]: queue["node"].partition("@")[0].rpartition("-")[2] for queue in reply.body}
 
 
+def place_elsewhere(broker, channel, queues: dict[str, dict]) -> None:
+    """Declare queues (name -> queue_declare's keywords; balanced) after as many of the vhost's worker ("here-N"),
+    so that balanced gives each to worker 1."""
+    for number in range(len(queues)):
+        channel.queue_declare(f"here-{number}")
+    for name, keywords in queues.items():
+        channel.queue_declare(name, **{**keywords, "arguments": {**BALANCED, **keywords.get("arguments", {})}})
+    placed = owners(broker)
+    assert {name: placed[name] for name in queues} == dict.fromkeys(queues, "1")
+
+
 def declare_elsewhere(broker, channel, name: str, messages: int = 0, **arguments) -> None:
-    """Declare a queue after one of the vhost's worker ("here"), so that balanced gives it to worker 1; then, in
-    confirm mode, publish messages numbered from 0 to it."""
-    channel.queue_declare("here")
-    channel.queue_declare(name, arguments={**BALANCED, **arguments})
-    assert owners(broker)[name] == "1"
+    """Declare a queue that worker 1 owns; then, in confirm mode, publish messages numbered from 0 to it."""
+    place_elsewhere(broker, channel, {name: {"arguments": arguments}})
     channel.confirm_delivery()
     for number in range(messages):
         channel.basic_publish("", name, b"%d" % number)
@@ -194,9 +202,8 @@ def test_queues_on_another_worker_keep_their_messages_and_counts_across_a_restar
     broker = two_workers()
     with connect(broker) as conn:
         channel = conn.channel()
+        place_elsewhere(broker, channel, {"kept": {"durable": True}})
         channel.confirm_delivery()
-        channel.queue_declare("here", durable=True)
-        channel.queue_declare("kept", durable=True, arguments=BALANCED)
         for number in range(100):
             channel.basic_publish("", "kept", b"%d" % number, PERSISTENT)
     broker.restart()
@@ -249,11 +256,7 @@ def test_a_transient_queue_goes_with_the_worker_that_owned_it_and_a_durable_one_
     broker = two_workers()
     with connect(broker) as conn:
         channel = conn.channel()
-        channel.queue_declare("here")
-        channel.queue_declare("here-too")
-        channel.queue_declare("transient", arguments=BALANCED)
-        channel.queue_declare("durable", durable=True, arguments=BALANCED)
-        assert owners(broker) == {"here": "0", "here-too": "0", "transient": "1", "durable": "1"}
+        place_elsewhere(broker, channel, {"transient": {}, "durable": {"durable": True}})
         killed = worker_pids(broker)[1]
         os.kill(killed, signal.SIGKILL)
         wait_for(lambda: worker_pids(broker)[1] != killed, what="worker 1 started again")
@@ -299,10 +302,8 @@ def test_a_queue_elsewhere_that_refuses_a_message_nacks_it(two_workers):
     broker = two_workers()
     with connect(broker) as conn:
         channel = conn.channel()
-        channel.queue_declare("here")
-        channel.queue_declare("full", durable=True,
-                              arguments={**BALANCED, "x-max-length": 2, "x-overflow": "reject-publish"})
-        assert owners(broker)["full"] == "1"
+        place_elsewhere(broker, channel, {"full": {"durable": True, "arguments": {"x-max-length": 2,
+                                                                                 "x-overflow": "reject-publish"}}})
         channel.confirm_delivery()
         channel.basic_publish("", "full", b"0", PERSISTENT)
         channel.basic_publish("", "full", b"1", PERSISTENT)
@@ -373,11 +374,8 @@ def test_an_unused_queue_elsewhere_expires_and_a_redeclare_keeps_it(two_workers)
     broker = two_workers()
     with connect(broker) as conn:
         channel = conn.channel()
-        channel.queue_declare("here")
-        channel.queue_declare("here-too")
-        channel.queue_declare("kept-alive", arguments={**BALANCED, "x-expires": 300})
-        channel.queue_declare("expiring", arguments={**BALANCED, "x-expires": 300})
-        assert owners(broker) == {"here": "0", "here-too": "0", "kept-alive": "1", "expiring": "1"}
+        place_elsewhere(broker, channel, {"kept-alive": {"arguments": {"x-expires": 300}},
+                                          "expiring": {"arguments": {"x-expires": 300}}})
 
         def renewed_until_the_other_expired() -> bool:
             channel.queue_declare("kept-alive", passive=True)  # (renews its lease at the owner)

@@ -7,11 +7,12 @@ import pytest
 
 from broker.crossing.frames import (
     CONTROL, PUBLISH, FrameError, Messages, Reader, decode_dead_letter, decode_got, decode_table,
-    encode_dead_letter, encode_delivery, encode_got, encode_message, encode_table, frame, queue_of,
+    encode_dead_letter, encode_delivery, encode_got, encode_message, frame, queue_of,
 )
 from broker.model.message import Address, Header, Message
 from protocol.codec import encode_header_payload
 from pamqp.commands import Basic
+from storage.definitions_log import encode_data
 
 
 def message(exchange: str, routing_key: str, body: bytes, **properties) -> Message:
@@ -23,7 +24,7 @@ def test_a_batch_of_messages_reads_back_whole_across_any_cut_of_the_stream():
     sent = [message("amq.topic", "a.b", b"one", delivery_mode=2), message("", "q", b"", headers={"k": "v"}),
             message("ex\u00e9", "cl\u00e9", b"x" * 70_000)]
     batch = b"".join(encode_message("v\u00e9".encode(), b"queue", item) for item in sent)
-    stream = frame(PUBLISH, batch) + frame(CONTROL, encode_table({"op": "cancel", "ids": [1, 2]}))
+    stream = frame(PUBLISH, batch) + frame(CONTROL, encode_data({"op": "cancel", "ids": [1, 2]}))
     reader, frames = Reader(), []
     for start in range(0, len(stream), 7):
         frames += reader.feed(stream[start:start + 7])
