@@ -30,6 +30,9 @@ class Config:
     # Worker processes behind the AMQP port, each leading a share of the vhosts ("auto": one per core), as
     # broker.workers runs them; 1 = one process, as ever
     workers: int = 1
+    # With workers: every worker serves every vhost's clients, with a copy of its definitions, rather than hand
+    # them to the worker that leads it (docs/workers.md#one-vhost-on-every-worker)
+    spread_vhosts: bool = False
     log_level: str = "info"
     log_format: str = "text"  # one of LOG_FORMATS
     frame_max: int = DEFAULT_FRAME_MAX  # largest frame offered in connection.tune
@@ -112,7 +115,7 @@ class Config:
 # Which TOML section each key lives in. A key of a section in PREFIXED_SECTIONS is the Config field of the same name
 # prefixed with the section's ([management] port = management_port).
 SECTIONS = {
-    "server": ("host", "port", "data_dir", "workers", "log_level", "log_format", "cluster_name",
+    "server": ("host", "port", "data_dir", "workers", "spread_vhosts", "log_level", "log_format", "cluster_name",
                "memory_high_watermark", "memory_limit", "queue_messages_in_memory", "load_definitions"),
     "management": ("host", "port", "tls", "collect_statistics_interval", "max_body_size", "max_connections",
                    "hostnames"),
@@ -343,6 +346,9 @@ def _validate_workers(config: Config) -> None:
     """The number of workers, and on a node of a cluster the replication ports of their groups."""
     if not 1 <= config.workers <= MAX_WORKERS:
         raise ConfigError(f"workers must be \"auto\" or between 1 and {MAX_WORKERS}, got {config.workers}")
+    if config.spread_vhosts and config.cluster_etcd_endpoints:
+        raise ConfigError("[server] spread_vhosts is for one node of workers: a cluster keeps each vhost in its "
+                          "replication group")
     if not config.cluster_etcd_endpoints:
         return
     last = config.cluster_replication_port + config.workers - 1

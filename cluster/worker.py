@@ -195,6 +195,9 @@ class GroupWorker:
 
     def check_move(self, vhost: str, group: int) -> None:
         self.groups.check_move(vhost, group)
+        if self.config.spread_vhosts:
+            raise ValueError(f"with [server] spread_vhosts every worker serves vhost '{vhost}' already, and its "
+                             "queues are owned by several; moving a vhost is not supported there yet")
         server = self.cluster.server if self.cluster is not None else None
         served = server.node.vhosts.get(vhost) if server is not None else None
         if served is not None and served.remote_queues:
@@ -231,6 +234,8 @@ class GroupWorker:
 
     # --- the front doors ------------------------------------------------------------------------------------
     def route(self, vhost: str | None, forwarded: bool) -> Route:
+        if vhost is not None and self._keeps_copy(vhost):  # ([server] spread_vhosts: served here)
+            return self.senders[self.number]
         group = self.groups.of(vhost) if vhost is not None else DEFAULT_GROUP
         leader = self.board.entries.get(group_key(group))
         if leader is None:
@@ -240,6 +245,13 @@ class GroupWorker:
         if forwarded:
             return refused(vhost, f"node {self.node_id} does not lead it now")
         return leader["host"], leader["tls_port"] if self.config.cluster_tls else leader["port"]
+
+
+    def _keeps_copy(self, vhost: str) -> bool:
+        """Whether this worker has a copy of the vhost with its home's definitions (broker.crossing.copies)."""
+        server = self.cluster.server if self.cluster is not None else None
+        copy = server.node.vhosts.get(vhost) if server is not None else None
+        return copy is not None and copy.copy_ready
 
 
 class Adoption:
@@ -445,7 +457,7 @@ async def serve(control_socket: socket.socket) -> None:
     crossing = None
     if not coordinator.followed and workers > 1:  # (queues are placed in other workers outside a cluster)
         crossing = Crossing(number, {int(other): path for other, path in instructions["links"].items()},
-                            config.queues_leader_locator, http.owner_name)
+                            config.queues_leader_locator, http.owner_name, config.spread_vhosts)
     group = GroupWorker(config, number, groups, board, senders, logins, instructions["node"], crossing)
     control.export = group.export
     cluster = group.cluster = ClusterNode(config, coordinator, group)

@@ -54,6 +54,13 @@ class Close(NamedTuple):
     send_close: bool  # False: drop the socket without connection.close
 
 
+def made_elsewhere(reply_code: int, text: str, class_id: int, method_id: int) -> AMQPError:
+    """An error another process of the broker refused a method with: its reply text as made there."""
+    error = AMQPError(reply_code, None, class_id, method_id)
+    error.text = text
+    return error
+
+
 def close_for(error: AMQPError, on_channel: bool, frame_type: int = 0, payload: bytes = b"") -> Close:
     """The close an error calls for (rabbit_binary_generator:map_exception): a hard error, or one outside an open
     channel, closes the connection; a soft one closes its channel. The failed method is the error's own, else the

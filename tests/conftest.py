@@ -31,11 +31,14 @@ WORKERS = int(os.environ.get("WARREN_TEST_WORKERS", "1"))  # worker processes of
 WORKER_OPTIONS = ["--workers", str(WORKERS)] if WORKERS > 1 else []  # the options that ask for them
 # [queues] leader_locator of those brokers (a test that gives a config of its own runs with that config's)
 LEADER_LOCATOR = os.environ.get("WARREN_TEST_LEADER_LOCATOR")
-if LEADER_LOCATOR:
-    _locator_config = Path(tempfile.mkdtemp(prefix="warren-test-config-")) / "warren.toml"
-    _locator_config.parent.chmod(0o755)  # (a broker some tests run as another user reads it too)
-    _locator_config.write_text(f'[queues]\nleader_locator = "{LEADER_LOCATOR}"\n')
-    WORKER_OPTIONS += ["--config", str(_locator_config)]
+# [server] spread_vhosts of those brokers: every worker serves every vhost's clients
+SPREAD = os.environ.get("WARREN_TEST_SPREAD") == "1"
+if LEADER_LOCATOR or SPREAD:
+    _workers_config = Path(tempfile.mkdtemp(prefix="warren-test-config-")) / "warren.toml"
+    _workers_config.parent.chmod(0o755)  # (a broker some tests run as another user reads it too)
+    _workers_config.write_text(("[server]\nspread_vhosts = true\n" if SPREAD else "")
+                               + (f'[queues]\nleader_locator = "{LEADER_LOCATOR}"\n' if LEADER_LOCATOR else ""))
+    WORKER_OPTIONS += ["--config", str(_workers_config)]
 # The Spark JVMs the tests start (a session here, the drivers of the examples) run for seconds to minutes: the C1
 # compiler alone and one GC thread serve them as well, and save a third of their CPU time (C2's compiler threads),
 # which the other tests running at the same time on a small machine get instead.

@@ -15,17 +15,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, Callable, Final
+from typing import TYPE_CHECKING, Any, Callable, Final
 
 from broker.crossing.frames import (
     ACK, ACKED, CONTROL, DEAD_LETTER, DELIVER, GOT, ID, NOTICE, PUBLISH, FrameError, Messages, decode_ack,
     decode_dead_letter, decode_got, decode_table, encode_message,
 )
+from broker.crossing import copies
 from broker.crossing.link import Link
 from broker.model.features.dead_letter import republish
 from broker.model.join import Join
 from broker.model.message import QueueEntry
 from broker.model.remote import NO_ACK_ID, Counted, RemoteQueue
+from protocol.constants import INTERNAL_ERROR
 from storage.definitions_log import encode_data
 
 if TYPE_CHECKING:
@@ -47,10 +49,12 @@ FAILED_KEPT: Final = 100_000  # frames back that a failed one is remembered for 
 class Crossing:
     """broker.model.interfaces.QueueCrossing for one process: its links to the other processes of the node."""
 
-    def __init__(self, number: int, paths: dict[int, str], default_locator: str, name_of: Callable[[int], str]):
+    def __init__(self, number: int, paths: dict[int, str], default_locator: str, name_of: Callable[[int], str],
+                 spread: bool = False):
         self.number = number  # this process's group
         self.name_of = name_of  # a process's node name, by its group
         self.default_locator = default_locator  # the locator of a queue that names none ([queues] leader_locator)
+        self.spread = spread  # each process keeps a copy of each vhost and serves its clients (broker.crossing.copies)
         self.owners = {group: OwnerLink(self, group, path) for group, path in paths.items()}
         self.node: Node | None = None  # the node of the broker this process runs, once it runs one
         self.gone: RemoteQueue | None = None  # a stand-in being deleted because its owner deleted the queue
@@ -72,10 +76,11 @@ class Crossing:
         return self.owners[owner].link is not None
 
     def place(self, vhost: "VirtualHost", locator: str | None) -> int | None:
-        """client-local: here. balanced (and its deprecated names): the process owning the fewest of the vhost's
-        queues, this one first among equals, then the lowest number."""
+        """client-local: the process of the declaring client (here, unless a copy's client asked). balanced (and its
+        deprecated names): the process owning the fewest of the vhost's queues, this one first among equals, then
+        the lowest number."""
         if (locator or self.default_locator) == CLIENT_LOCAL:
-            return None
+            return vhost.placing_for
         counts = {self.number: 0, **{group: 0 for group, owner in self.owners.items() if owner.link is not None}}
         for queue in vhost.queues.values():
             group = queue.owner if queue.owner is not None else self.number
@@ -88,6 +93,27 @@ class Crossing:
         self._owner_of(queue).control({"op": "declare", "vhost": queue.vhost.name, "queue": queue.name,
                                        "durable": queue.durable, "auto_delete": queue.auto_delete,
                                        "arguments": queue.arguments, **policies_of(queue)})
+
+    def defined(self, vhost: "VirtualHost", kind: str, subject: Any, present: bool) -> None:
+        node = self.node
+        if not self.spread or node is None or not node.serves(vhost.name):
+            return
+        operation = {"op": "define", "vhost": vhost.name, "kind": kind, "present": present,
+                     "data": copies.definition_of(vhost, kind, subject, self.number)}
+        for group, owner in self.owners.items():
+            if owner.link is not None:
+                owner.control(operation)
+                vhost.note_owner(vhost.changed_owners, group)  # (the method's reply waits for every copy)
+
+    def run_at_home(self, vhost: "VirtualHost", operation: dict, answer: Callable[[dict], None]) -> None:
+        """A copy's client changes the vhost's definitions: its home runs it (broker.crossing.forwarded), and
+        answer(result) is called once every copy applied it (result["error"]: [code, text] when it was refused)."""
+        home = vhost.home
+        group = home.group if home is not None else None
+        if group is None or group not in self.owners:
+            asyncio.get_running_loop().call_soon(answer, unreachable(vhost.name))
+            return
+        self.owners[group].run({**operation, "vhost": vhost.name}, answer)
 
     def apply_policies(self, queue: RemoteQueue) -> None:
         self._owner_of(queue).control({"op": "policies", "vhost": queue.vhost.name, "queue": queue.name,
@@ -147,9 +173,12 @@ class Crossing:
         return queue if isinstance(queue, RemoteQueue) else None
 
     def served(self) -> list[str]:
-        """The vhosts whose clients this process serves."""
+        """The vhosts this process leads."""
+        return [vhost.name for vhost in self.served_vhosts()]
+
+    def served_vhosts(self) -> list["VirtualHost"]:
         node = self.node
-        return [name for name in node.vhosts if node.serves(name)] if node is not None else []
+        return [vhost for name, vhost in node.vhosts.items() if node.serves(name)] if node is not None else []
 
     def stand_ins_of(self, group: int) -> list[dict]:
         """Each stand-in of a queue that group owns: its vhost, its name and the policies that apply to it."""
@@ -184,6 +213,12 @@ class Crossing:
             self.gone = None
 
 
+def unreachable(vhost: str) -> dict:
+    """The answer to a copy's change while the vhost's home cannot be reached (RabbitMQ's for a vhost that is down)."""
+    return {"error": [INTERNAL_ERROR, f"INTERNAL_ERROR - the worker that orders the definitions of vhost '{vhost}' "
+                                      "cannot be reached now; try again"]}
+
+
 def policies_of(queue: "Queue") -> dict:
     """The policy and operator policy that apply to a queue (its owner holds none of its vhost's)."""
     return {"policy": queue.policy.export() if queue.policy is not None else None,
@@ -216,6 +251,8 @@ class OwnerLink:
         self.counting: deque[Counted] = deque()  # the counts asked for and not answered yet, in order
         self.gets: dict[int, tuple[RemoteQueue, Callable[[QueueEntry | None], None]]] = {}  # asked, by their ids
         self.next_get = 1
+        self.runs: dict[int, Callable[[dict], None]] = {}  # definitions changes this process's clients asked for
+        self.next_run = 1
         self.messages = Messages()
         self.closed: asyncio.Event | None = None
 
@@ -231,9 +268,12 @@ class OwnerLink:
             self.acked = 0
             self.closed = asyncio.Event()
             self.link = link
-            link.send(CONTROL, encode_data({"op": "hello", "epoch": self.epoch}))
+            link.send(CONTROL, encode_data({"op": "hello", "epoch": self.epoch, "group": self.crossing.number}))
             self.control({"op": "watch", "vhosts": self.crossing.served(),
                           "queues": self.crossing.stand_ins_of(self.group)})
+            if self.crossing.spread:
+                for vhost in self.crossing.served_vhosts():
+                    self.control(copies.whole(vhost, self.crossing.number))
             await self.closed.wait()
             await asyncio.sleep(DIAL_RETRY)
 
@@ -246,6 +286,16 @@ class OwnerLink:
         if self.link is not None:
             self.counting.append(counted)
             self.control(operation)
+
+    def run(self, operation: dict, answer: Callable[[dict], None]) -> None:
+        """A change of a vhost's definitions, run by this process, its home (see Crossing.run_at_home)."""
+        if self.link is None:
+            asyncio.get_running_loop().call_soon(answer, unreachable(str(operation["vhost"])))
+            return
+        number = self.next_run
+        self.next_run += 1
+        self.runs[number] = answer
+        self.control({**operation, "op": "run", "id": number})
 
     # --- acks -----------------------------------------------------------------------------------------------
     def when_acked(self, before: int, callback: Callable[[bool], None]) -> None:
@@ -385,6 +435,9 @@ class OwnerLink:
         gets, self.gets = self.gets, {}
         for _, answer in gets.values():
             answer(None)
+        runs, self.runs = self.runs, {}
+        for ran in runs.values():
+            ran(unreachable("?"))
         subscribers, self.subscribers = self.subscribers, {}
         self.ids.clear()
         self.returns_on_write.clear()
@@ -445,12 +498,18 @@ class OwnerLink:
         elif operation == "counted":
             if not self.counting:
                 raise FrameError("a count that was not asked for")
-            self.counting.popleft().value = int(notice["count"])
+            self.counting.popleft().answered(int(notice["count"]), int(notice.get("consumers", 0)))
         elif operation == "counts":
-            for vhost, name, ready, ready_bytes, retrying in notice.get("queues", ()):
+            for vhost, name, ready, ready_bytes, retrying, consumers in notice.get("queues", ()):
                 stand_in = self.crossing.stand_in(vhost, name)
                 if stand_in is not None:
                     stand_in.counted(ready, ready_bytes, retrying)
+                    stand_in.consumers_at_owner = consumers
+        elif operation == "ran":
+            ran = self.runs.pop(int(notice["id"]), None)
+            if ran is None:
+                raise FrameError(f"an answer to change {notice['id']}, which was not asked")
+            ran(notice)
         elif operation == "gone":
             gone = self.crossing.stand_in(notice.get("vhost", ""), notice.get("queue", ""))
             if gone is not None and gone.owner == self.group:

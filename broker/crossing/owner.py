@@ -18,6 +18,8 @@ from broker.crossing.frames import (
     ACK, ACKED, CONTROL, DEAD_LETTER, DELIVER, GOT, NOTICE, PUBLISH, FrameError, Messages, decode_ids, decode_table,
     encode_ack, encode_dead_letter, encode_delivery, encode_got, queue_of,
 )
+from broker.crossing import copies, forwarded
+from broker.crossing.home import Crossing
 from broker.crossing.link import Link
 from broker.model.features.redelivery import consumer_delayed_retry
 from broker.model.policy import PolicyError, make_policy
@@ -108,6 +110,7 @@ class HomeLink:
         self.ack_asked = False  # an ack is due at the end of this turn
         self.acks_waiting = 0  # acks waiting for the store to write what their frames gave it
         self.id_base = 0  # the link's epoch, in the high bits of its delivery ids
+        self.group: int | None = None  # the other process's (broker.model.interfaces.VhostHome)
         self.next_id = 1
         self.subscribers: dict[int, RemoteSubscriber] = {}
         # delivery id -> its queue, its entry, and the subscriber it went to (None: a get's)
@@ -117,6 +120,7 @@ class HomeLink:
         self.touched: set[Queue] = set()  # those whose counts changed this turn
         self.messages = Messages()
         self.counting: asyncio.TimerHandle | None = None
+        self.reapplying: set[asyncio.Task] = set()  # policies being applied to a copy's queues and exchanges
 
     # --- broker.crossing.link.Handler -----------------------------------------------------------------------
     def received(self, kind: int, payload: bytes) -> None:
@@ -151,7 +155,7 @@ class HomeLink:
                 gone.append(queue)
             else:
                 counts.append([queue.vhost.name, queue.name, queue.ready_as_held(), queue.ready_bytes,
-                               queue.count_retrying()])
+                               queue.count_retrying(), len(queue.consumers)])
         for queue in gone:
             self.used.pop((queue.vhost.name, queue.name), None)
             self.link.send(NOTICE, encode_data({"op": "gone", "vhost": queue.vhost.name, "queue": queue.name}))
@@ -161,6 +165,10 @@ class HomeLink:
     def lost(self) -> None:
         if self.counting is not None:
             self.counting.cancel()
+        node = self.serving()
+        for vhost in node.vhosts.values() if node is not None else ():
+            if vhost.home is self:
+                vhost.copy_ready = False  # (its clients here go on; new ones wait for the home's definitions again)
         for subscriber in self.subscribers.values():
             # (a RemoteSubscriber is the queue's Subscriber, though its target takes only RemoteSubscribers: the
             # queue hands each target back its own)
@@ -206,9 +214,13 @@ class HomeLink:
         return queue
 
     def _use(self, queue: "Queue") -> None:
-        """The other process uses the queue: it is told of its counts, and routes what it dead-letters."""
-        self.used[queue.vhost.name, queue.name] = queue
-        queue.vhost.home = self
+        """The other process uses the queue: it is told of its counts, and, where it serves the vhost and this one
+        keeps no copy of it, routes what the queue dead-letters."""
+        vhost = queue.vhost
+        self.used[vhost.name, queue.name] = queue
+        node = self.serving()
+        if not vhost.copy and node is not None and not node.serves(vhost.name):
+            vhost.home = self
         self.touched.add(queue)
 
     # --- broker.model.interfaces.VhostHome ------------------------------------------------------------------
@@ -245,6 +257,13 @@ class HomeLink:
         kind = operation.get("op")
         if kind == "hello":
             self.id_base = int(operation["epoch"]) << EPOCH_SHIFT
+            self.group = operation.get("group")
+            return
+        if kind in ("define", "definitions"):
+            self._copy(node, operation)
+            return
+        if kind == "run":
+            forwarded.run(node, self, operation)
             return
         if kind == "settle":
             self._settle(operation["ids"], operation["requeue"], bool(operation.get("failed")))
@@ -282,8 +301,13 @@ class HomeLink:
                 if found is None:
                     self.link.send(NOTICE, encode_data({"op": "cancelled", "id": number}))
                     return
-                subscriber = self.subscribers[number] = RemoteSubscriber(number, self, found, operation)
-                found.add_consumer(subscriber)  # type: ignore[arg-type]
+                subscriber = RemoteSubscriber(number, self, found, operation)
+                try:
+                    found.add_consumer(subscriber)  # type: ignore[arg-type]
+                except AMQPError:  # (a stream's offset it cannot read: the consumer is cancelled there)
+                    self.link.send(NOTICE, encode_data({"op": "cancelled", "id": number}))
+                    raise
+                self.subscribers[number] = subscriber
             elif kind == "get":
                 self._get(found, int(operation["id"]), bool(operation["no_ack"]))
             elif kind == "delete":
@@ -293,7 +317,8 @@ class HomeLink:
                     count = found.vhost.delete_queue(found)
                 self._counted(count)
             elif kind == "count":
-                self._counted(found.count_ready() if found is not None else 0)
+                self._counted(found.count_ready() if found is not None else 0,
+                              len(found.consumers) if found is not None else 0)
             elif kind == "touch":
                 if found is not None:
                     found.touch()
@@ -315,6 +340,33 @@ class HomeLink:
             if kind in ("delete", "purge", "count"):  # (answered whatever happens: the other process waits for it)
                 self._counted(0)
 
+    def _copy(self, node: "Node", operation: dict) -> None:
+        """A change of a vhost this process keeps a copy of, or its whole definitions, from its home."""
+        vhost = node.vhosts.get(str(operation["vhost"]))
+        crossing = node.crossing
+        if vhost is None or crossing is None or node.serves(vhost.name):  # (a vhost made or moved meanwhile)
+            return
+        assert isinstance(crossing, Crossing), "a node of workers crosses with broker.crossing"
+        vhost.copy, vhost.home = True, self
+        try:
+            if operation["op"] == "definitions":
+                owned = copies.replace(vhost, crossing, crossing.number, operation)
+                vhost.copy_ready = True
+            else:
+                queue = copies.apply(vhost, crossing, crossing.number, str(operation["kind"]),
+                                     bool(operation["present"]), operation["data"])
+                owned = [queue] if queue is not None else []
+            if operation["op"] == "definitions" or "policy" in str(operation["kind"]):
+                task = asyncio.get_running_loop().create_task(copies.reapply_policies(vhost))
+                self.reapplying.add(task)
+                task.add_done_callback(self.reapplying.discard)
+        except (AMQPError, PolicyError) as error:  # (the home made it with the same checks: a bug, said once)
+            log.error("could not copy a definition of vhost %.200r from the worker that leads it: %s", vhost.name,
+                      error.reply_text if isinstance(error, AMQPError) else error)
+            return
+        for queue in owned:
+            self._use(queue)
+
     def _watch(self, node: "Node", vhosts: list[str], stand_ins: list[dict]) -> None:
         """The queues here that the other process has stand-ins of are used, with the policies it says apply; its
         vhosts' transient queues it has none of are gone there (it started again, which a transient queue does not
@@ -332,9 +384,10 @@ class HomeLink:
                           if not queue.durable and (vhost_name, queue.name) not in named]:
                 vhost.delete_queue(queue)
 
-    def _counted(self, count: int) -> None:
-        """The answer to a delete, a purge or a count (before the ack the other process's reply waits for)."""
-        self.link.send(NOTICE, encode_data({"op": "counted", "count": count}))
+    def _counted(self, count: int, consumers: int = 0) -> None:
+        """The answer to a delete, a purge or a count (before the ack the other process's reply waits for); a
+        count's says the queue's consumers too, wherever they are."""
+        self.link.send(NOTICE, encode_data({"op": "counted", "count": count, "consumers": consumers}))
 
     def _get(self, queue: "Queue | None", request: int, no_ack: bool) -> None:
         """The queue's head for a basic.get (once the expired messages ahead of it left, over turns if many)."""

@@ -243,15 +243,24 @@ def login_vhost_of(request: web.Request, key: str = "vhost") -> "VirtualHost":
 
 
 async def on_disk(request: web.Request) -> None:
-    """Wait until every durable change made so far (definitions, purges) is on disk, as an AMQP declare-ok waits;
-    500 if the write failed."""
-    store = node_of(request).store
+    """Wait until every durable change made so far (definitions, purges) is on disk, and the other processes of
+    the node that the request's vhost changed (the owners of its queues, its copies: broker.crossing) acked it, as
+    an AMQP declare-ok waits; 500 if the write failed."""
+    node = node_of(request)
+    store = node.store
     if store is None:
         return
+    vhost = node.vhosts.get(request.match_info.get("vhost", ""))
+    owners = vhost.take_changed_owners() if vhost is not None else None
     done = asyncio.get_running_loop().create_future()
-    store.when_durable(lambda ok: done.done() or done.set_result(ok))
+    settle = lambda ok: done.done() or done.set_result(ok)  # noqa: E731
+    if vhost is not None and owners:
+        vhost.when_durable(settle, owners)
+    else:
+        store.when_durable(settle)
     if not await done:
         raise ApiError(500, "internal_error", "the change could not be written to disk")
+
 
 
 async def in_slices(steps: Iterable[OffLoop | None]) -> None:

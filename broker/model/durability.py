@@ -129,7 +129,7 @@ def _restore_vhost(vhost: "VirtualHost", recovered: "Recovered", skipped: set[st
     for data in recovered.exchanges:
         if not _ours("exchange", data, vhost):
             continue
-        if _restored("exchange", data, lambda: _restore_exchange(vhost, data)):
+        if _restored("exchange", data, lambda: exchange_from(vhost, data)):
             exchanges += 1
         else:
             skipped |= store_keys("exchange", vhost.name, data)
@@ -141,7 +141,7 @@ def _restore_vhost(vhost: "VirtualHost", recovered: "Recovered", skipped: set[st
         else:
             skipped |= store_keys("queue", vhost.name, data)
     for data in recovered.bindings:
-        if _ours("binding", data, vhost) and _restored("binding", data, lambda: _restore_binding(vhost, data)):
+        if _ours("binding", data, vhost) and _restored("binding", data, lambda: binding_from(vhost, data)):
             bindings += 1
     restored = 0
     as_message = StoredToMessage()
@@ -222,7 +222,9 @@ def _field(data: dict, key: str, kind: type):
     return value
 
 
-def _restore_exchange(vhost: "VirtualHost", data: dict) -> None:
+def exchange_from(vhost: "VirtualHost", data: dict) -> None:
+    """Add the exchange a stored (or copied: broker.crossing.copies) definition describes, unless it is there;
+    ValueError, TypeError or KeyError for one that cannot be used."""
     name = _field(data, "name", str)
     if name in vhost.exchanges:
         return
@@ -231,7 +233,8 @@ def _restore_exchange(vhost: "VirtualHost", data: dict) -> None:
         raise ValueError(f"unknown exchange type '{kind}'")
     arguments = _field(data, "arguments", dict)
     validate_exchange_arguments(name, vhost.name, kind, arguments)
-    vhost.restore_exchange(name, kind, _field(data, "auto_delete", bool), _field(data, "internal", bool), arguments)
+    vhost.restore_exchange(name, kind, _field(data, "auto_delete", bool), _field(data, "internal", bool), arguments,
+                           data.get("durable") is not False)
 
 
 def _restore_queue(vhost: "VirtualHost", data: dict) -> None:
@@ -246,7 +249,8 @@ def _restore_queue(vhost: "VirtualHost", data: dict) -> None:
     vhost.restore_queue(name, _field(data, "auto_delete", bool), arguments, owner)
 
 
-def _restore_binding(vhost: "VirtualHost", data: dict) -> None:
+def binding_from(vhost: "VirtualHost", data: dict) -> None:
+    """Add the binding a stored (or copied) definition describes (a binding that is there stays as it is)."""
     source = vhost.exchanges.get(_field(data, "source", str))
     destination_kind = _field(data, "destination_kind", str)
     if destination_kind not in ("exchange", "queue"):

@@ -4,7 +4,7 @@ implement these. They are typing only: calls stay direct method calls on the hot
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from typing import Callable
@@ -115,6 +115,15 @@ class QueueCrossing(Protocol):
     def declare(self, queue: "RemoteQueue") -> None:
         """Make the queue at its owner."""
 
+    def defined(self, vhost: "VirtualHost", kind: str, subject: Any, present: bool) -> None:
+        """A definition of vhost (kind: exchange, queue, binding, policy or operator_policy; subject: the object)
+        was made (present) or is gone: where this process is the vhost's home and other processes keep copies of
+        it, they are told, and the method at hand's reply waits for their acks."""
+
+    def run_at_home(self, vhost: "VirtualHost", operation: dict, answer: "Callable[[dict], None]") -> None:
+        """A change of a vhost this process keeps a copy of, asked by a client here: its home runs it, and
+        answer(result) follows once the copies applied it (result["error"]: [reply code, reply text] if refused)."""
+
     def apply_policies(self, queue: "RemoteQueue") -> None:
         """Other policies apply to it: its owner applies them too."""
 
@@ -161,6 +170,8 @@ class QueueCrossing(Protocol):
 class VhostHome(Protocol):
     """The process that serves a vhost, as one that owns some of its queues sees it (broker.crossing): it holds
     the vhost's exchanges, and counts what its clients do."""
+
+    group: int | None  # its process (its group), once its link said
 
     def dead_letter(self, vhost: str, exchange: str, keys: list[str], message: "Message", no_cycles: bool) -> None:
         """Route a message a queue here dead-lettered from its dead-letter exchange (no_cycles: not back to a queue

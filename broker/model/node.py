@@ -211,13 +211,14 @@ class Node:
 
     def open_vhost(self, user: str, name: str) -> VirtualHost:
         """The vhost a connection.open names, if user may use it (any permission entry there), else RabbitMQ's
-        530; 541 for one this process does not serve now (RabbitMQ's answer for a vhost that is down)."""
+        530; 541 for one this process does not serve now (RabbitMQ's answer for a vhost that is down): it leads it,
+        or keeps a copy of it that has its home's definitions (broker.crossing.copies)."""
         vhost = self.vhosts.get(name)
         if vhost is None:
             raise errors.not_allowed(f"vhost {name} not found")
         if (name, user) not in self.permissions:
             raise errors.not_allowed(f"access to vhost '{name}' refused for user '{user}'")
-        if not self.serves(name):
+        if not (self.serves(name) or vhost.copy_ready):
             raise vhost_down(name, user)
         return vhost
 

@@ -119,7 +119,7 @@ def delete_queue(actor: Actor, name: str, if_unused: bool, if_empty: bool) -> in
     if queue is None:
         return 0
     vhost.check_exclusive_access(queue, actor.owner)
-    if if_unused and queue.consumers:
+    if if_unused and queue.has_consumers():
         raise errors.precondition_failed(f"queue '{queue.name}' in vhost '{vhost.name}' in use")
     if if_empty and queue.has_ready():
         raise errors.precondition_failed(f"queue '{queue.name}' in vhost '{vhost.name}' not empty")

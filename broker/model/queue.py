@@ -188,6 +188,10 @@ class Queue:
         """Whether a message waits to be delivered (expired ones may still count until they leave)."""
         return bool(self.entries)
 
+    def has_consumers(self) -> bool:
+        """Whether a consumer consumes from it (queue.delete's if-unused)."""
+        return bool(self.consumers)
+
     def count_retrying(self) -> int:
         """Returned messages waiting out a retry delay."""
         return len(self.retrying) if self.retrying is not None else 0

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Final, Iterable
 
+from broker.model import stream
+from broker.model.arguments.queue import queue_type_of
 from broker.model.features.length_limit import ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, REFUSED
 from broker.model.message import Message, QueueEntry
 from broker.model.policy import effective_settings, merged_definition
@@ -37,10 +39,18 @@ class Counted:
     """A count a queue's owner answers with (what a purge or a delete dropped, what a declare finds): the stand-in's
     estimate until the answer comes, which comes before the ack the method's reply waits for."""
 
-    __slots__ = ("value",)
+    __slots__ = ("value", "consumers", "queue")
 
-    def __init__(self, value: int):
+    def __init__(self, value: int, queue: "RemoteQueue | None" = None):
         self.value = value
+        self.consumers = 0  # the queue's consumers, wherever they are (a count's answer says)
+        self.queue = queue  # the stand-in whose counts the answer renews (a count's), or None
+
+    def answered(self, value: int, consumers: int) -> None:
+        self.value, self.consumers = value, consumers
+        queue = self.queue
+        if queue is not None:
+            queue.ready_at_owner, queue.consumers_at_owner = value, consumers
 
 
 class RemoteQueue(Queue):
@@ -54,6 +64,9 @@ class RemoteQueue(Queue):
         self.ready_at_owner = 0  # ready messages, as the owner last said (ready_bytes: their body bytes)
         self.sent_since_counted = 0  # messages sent to it since (its backlog, for flow control)
         self.retrying_at_owner = 0  # returned messages waiting out a retry delay there, as it last said
+        self.consumers_at_owner = 0  # its consumers there (those of every process), as it last said
+        if queue_type_of(arguments) == "stream":
+            self.queue_type = "stream"  # (a stream stand-in refuses what a stream refuses: see check_consume)
 
     def check_reachable(self) -> None:
         """RabbitMQ's 404 for a durable queue whose node is down, while its owner cannot be reached (its link is made
@@ -65,9 +78,10 @@ class RemoteQueue(Queue):
                                    f"vhost '{self.vhost.name}' is down or inaccessible")
 
     def apply_policies(self, policy: "Policy | None", operator_policy: "Policy | None") -> None:
-        """Here (its settings, for what the channel asks of it), and at the owner, which holds no policy."""
+        """Here (its settings, for what the channel asks of it), and at the owner, which the vhost's home tells (a
+        copy of the vhost applies the same policies in the same order: broker.crossing.copies)."""
         super().apply_policies(policy, operator_policy)
-        if self.owner is not None:  # (made)
+        if self.owner is not None and not self.vhost.copy:  # (owner: made)
             self.crossing.apply_policies(self)
 
     def touch(self) -> None:
@@ -77,6 +91,20 @@ class RemoteQueue(Queue):
 
     def count_ready(self) -> int:
         return self.ready_at_owner
+
+    def has_consumers(self) -> bool:
+        return bool(self.consumers) or self.consumers_at_owner > 0
+
+    def check_consume(self, no_ack: bool, prefetch: int, global_prefetch: int, arguments: dict) -> None:
+        """As its owner checks a consume (a stream's offset it checks there, cancelling a consumer that named a bad
+        one)."""
+        if self.queue_type == "stream":
+            if "x-stream-offset" in arguments:
+                stream.check_consume_arguments(self, arguments)
+                stream.check_offset(self, arguments["x-stream-offset"])
+            stream.check_consume(self, no_ack, prefetch, global_prefetch, arguments)
+        else:
+            super().check_consume(no_ack, prefetch, global_prefetch, arguments)
 
     def ready_as_held(self) -> int:
         return self.ready_at_owner
@@ -128,6 +156,8 @@ class RemoteQueue(Queue):
 
     def purge(self) -> int:
         """The owner purges it; purge-ok waits for its ack, and says the count it answers."""
+        if self.queue_type == "stream":
+            raise stream.purge_refused(self)
         return self._emptied_there(self.crossing.purge)
 
     def drop_all(self) -> int:
@@ -143,7 +173,7 @@ class RemoteQueue(Queue):
 
     def count_there(self) -> Counted:
         """The ready messages the owner counts (a declare-ok waits for its answer)."""
-        counted = Counted(self.ready_at_owner)
+        counted = Counted(self.ready_at_owner, self)
         self.crossing.count(self, counted)
         self._asked_owner(counted)
         return counted
@@ -162,6 +192,8 @@ class RemoteQueue(Queue):
     def take_there(self, no_ack: bool, answer: "Callable[[QueueEntry | None], None]") -> None:
         """A basic.get: the owner takes the head, and answer(entry) is called with it (None: there was none, or the
         owner could not be asked), counted here as a get."""
+        if self.queue_type == "stream":
+            raise stream.get_refused(self)
         self.crossing.get(self, no_ack, lambda entry: self._got(entry, no_ack, answer))
 
     def _got(self, entry: QueueEntry | None, no_ack: bool, answer: "Callable[[QueueEntry | None], None]") -> None:

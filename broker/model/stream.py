@@ -32,6 +32,55 @@ OTHER_QUEUE_TYPES_CONSUME_ARGUMENTS = ("x-priority", "x-consumer-timeout", "x-de
 ADDRESSES_KEPT: Final = 1024  # (exchange, routing key) pairs whose Address a stream reuses for its deliveries
 
 
+def _resource_of(queue: Queue) -> str:
+    return queue_resource(queue.name, queue.vhost.name)
+
+
+def get_refused(queue: Queue) -> errors.AMQPError:
+    """RabbitMQ's answer to a basic.get of a stream (here, or owned by another process: broker.model.remote)."""
+    return errors.not_implemented(f"basic.get not supported by stream queues {_resource_of(queue)}")
+
+
+def purge_refused(queue: Queue) -> errors.AMQPError:
+    return errors.not_implemented(f"queue.purge not supported by stream queues {_resource_of(queue)}")
+
+
+def check_consume_arguments(queue: Queue, arguments: dict) -> None:
+    """A stream takes x-stream-offset only among the consume arguments (RabbitMQ's text)."""
+    for name in arguments:
+        if name in OTHER_QUEUE_TYPES_CONSUME_ARGUMENTS:
+            raise errors.precondition_failed(f"invalid arg '{name}' for {_resource_of(queue)} of queue type "
+                                             "rabbit_stream_queue")
+
+
+def offset_refused(queue: Queue, spec) -> errors.AMQPError:
+    """RabbitMQ's text for an x-stream-offset it cannot read (3.10 crashes the channel with 541 on values of other
+    types and on strings without a leading digit: Warren answers those alike)."""
+    return errors.precondition_failed(f"invalid arg 'x-stream-offset' for {_resource_of(queue)}: "
+                                      f"{{invalid_stream_offset_arg,{{{amqp_type_name(spec)},{erlang_term(spec)}}}}}")
+
+
+def check_offset(queue: Queue, spec) -> None:
+    """406 for an x-stream-offset that is none of those Stream._start_offset reads (a stream's owner reads it)."""
+    readable = (text_of(spec) in ("first", "last", "next") or age_ms(text_of(spec)) is not None if is_longstr(spec)
+                else isinstance(spec, (int, datetime.datetime)) and not isinstance(spec, bool))
+    if not readable:
+        raise offset_refused(queue, spec)
+
+
+def check_consume(queue: Queue, no_ack: bool, prefetch: int, global_prefetch: int, arguments: dict) -> None:
+    """RabbitMQ's order: the consume arguments (a stream takes x-stream-offset only, checked by its owner), the
+    prefetch count, manual acks, no channel-wide prefetch."""
+    check_consume_arguments(queue, arguments)
+    resource = _resource_of(queue)
+    if not prefetch:
+        raise errors.precondition_failed(f"consumer prefetch count is not set for '{resource}'")
+    if no_ack:
+        raise errors.not_implemented(f"automatic acknowledgement not supported by stream queues {resource}")
+    if global_prefetch:
+        raise errors.not_implemented(f"{resource} does not support global qos")
+
+
 class Stream(Queue):
     def __init__(self, vhost: "VirtualHost", name: str, durable: bool, exclusive_owner: "QueueOwner | None",
                  auto_delete: bool, arguments: dict, fresh: bool = True):
@@ -84,29 +133,16 @@ class Stream(Queue):
 
     # --- what a stream refuses (RabbitMQ's texts) ---------------------------------------------------------------
     def take(self, no_ack: bool) -> QueueEntry | None:
-        raise errors.not_implemented(f"basic.get not supported by stream queues {self._resource()}")
+        raise get_refused(self)
 
     def purge(self) -> int:
-        raise errors.not_implemented(f"queue.purge not supported by stream queues {self._resource()}")
-
-    def _resource(self) -> str:
-        return queue_resource(self.name, self.vhost.name)
+        raise purge_refused(self)
 
     def check_consume(self, no_ack: bool, prefetch: int, global_prefetch: int, arguments: dict) -> None:
-        """RabbitMQ's order: the consume arguments (a stream takes x-stream-offset only), the prefetch count, manual
-        acks, no channel-wide prefetch."""
-        for name in arguments:
-            if name in OTHER_QUEUE_TYPES_CONSUME_ARGUMENTS:
-                raise errors.precondition_failed(
-                    f"invalid arg '{name}' for {self._resource()} of queue type rabbit_stream_queue")
         if "x-stream-offset" in arguments:
+            check_consume_arguments(self, arguments)
             self._start_offset(arguments["x-stream-offset"])
-        if not prefetch:
-            raise errors.precondition_failed(f"consumer prefetch count is not set for '{self._resource()}'")
-        if no_ack:
-            raise errors.not_implemented(f"automatic acknowledgement not supported by stream queues {self._resource()}")
-        if global_prefetch:
-            raise errors.not_implemented(f"{self._resource()} does not support global qos")
+        check_consume(self, no_ack, prefetch, global_prefetch, arguments)
 
     # --- consumers ------------------------------------------------------------------------------------------
     def add_consumer(self, consumer: "Subscriber") -> None:
@@ -138,10 +174,7 @@ class Stream(Queue):
             return max(spec, log.first_offset)
         elif isinstance(spec, datetime.datetime):
             return log.offset_at_time(int(spec.replace(tzinfo=spec.tzinfo or datetime.timezone.utc).timestamp()) * 1000)
-        # RabbitMQ's text for a string it cannot read as an interval (3.10 crashes the channel with 541 on other
-        # values and on strings without a leading digit: Warren answers those alike)
-        raise errors.precondition_failed(f"invalid arg 'x-stream-offset' for {self._resource()}: "
-                                         f"{{invalid_stream_offset_arg,{{{amqp_type_name(spec)},{erlang_term(spec)}}}}}")
+        raise offset_refused(self, spec)
 
     # --- delivering -------------------------------------------------------------------------------------------
     def dispatch(self) -> None:

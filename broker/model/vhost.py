@@ -157,6 +157,14 @@ class VirtualHost:
         # The process that serves the vhost when another one does, for which this one owns some of its queues: it
         # routes what they dead-letter, and counts what its clients do (None: this process serves it)
         self.home: VhostHome | None = None
+        # A copy of a vhost whose definitions its home orders, kept here to serve clients of its own (a node that
+        # spreads vhosts: broker.crossing.copies): it writes none of them to the store but its own queues'
+        self.copy = False
+        self.copy_ready = False  # the copy had its home's whole definitions since the link to it was made
+        self.placing_for: int | None = None  # the process whose client declares the queue at hand, when another's
+        # the connections of other processes that queues here are exclusive to, by (process, token): see
+        # broker.crossing.copies.OwnerElsewhere
+        self.owners_elsewhere: dict[tuple[int, str], Any] = {}
         self.queues: dict[str, Queue] = {}
         self.queues_storing_all = 0  # queues that store transient messages too (quorum queues)
         self.default_exchange = DefaultExchange(self)
@@ -197,6 +205,7 @@ class VirtualHost:
         self.policy_table(operator)[name] = policy
         self.policies_version += 1
         self._record_policy(name, operator, policy.export())
+        self._copied("operator_policy" if operator else "policy", policy, True)
         log.info("%s %.200r set in vhost %.200r: pattern %.200r, apply-to %s, priority %s, definition %.500s",
                  "operator policy" if operator else "policy", name, self.name, policy.pattern, policy.apply_to,
                  policy.priority, json.dumps(policy.definition))
@@ -258,8 +267,9 @@ class VirtualHost:
         return self.operator_policies if operator else self.policies
 
     def _drop_policy(self, name: str, operator: bool) -> None:
-        del self.policy_table(operator)[name]
+        policy = self.policy_table(operator).pop(name)
         self._record_policy(name, operator, None)
+        self._copied("operator_policy" if operator else "policy", policy, False)
 
     def _record_policy(self, name: str, operator: bool, data: dict | None) -> None:
         if self.store is not None:
@@ -330,8 +340,10 @@ class VirtualHost:
                          durability.exchange_definition(self, exchange))
         return exchange
 
-    def restore_exchange(self, name: str, kind: str, auto_delete: bool, internal: bool, arguments: dict) -> None:
-        self._add_exchange(EXCHANGE_TYPES[kind](name, True, auto_delete, internal, arguments))
+    def restore_exchange(self, name: str, kind: str, auto_delete: bool, internal: bool, arguments: dict,
+                         durable: bool = True) -> None:
+        """A stored exchange (or a copied one, which may be transient)."""
+        self._add_exchange(EXCHANGE_TYPES[kind](name, durable, auto_delete, internal, arguments))
 
     def _add_exchange(self, exchange: Exchange) -> Exchange:
         if isinstance(exchange, DelayedExchange):
@@ -339,6 +351,7 @@ class VirtualHost:
         exchange.apply_policies(*self.policies_for("exchanges", exchange.name))
         self.exchanges[exchange.name] = exchange
         self.changed("exchanges", exchange.name)
+        self._copied("exchange", exchange, True)
         return exchange
 
     def restore_queue(self, name: str, auto_delete: bool, arguments: dict, owner: int | None = None) -> None:
@@ -362,6 +375,23 @@ class VirtualHost:
         if queue.stores_all:
             self.queues_storing_all += 1
         self.changed("queues", queue.name)
+        self._copied("queue", queue, True)
+
+    def add_stand_in(self, queue: RemoteQueue, record: bool) -> None:
+        """A queue another process owns, as a copy of the vhost (record False: its home keeps it) or its home (a
+        queue a copy's client declared there) learns of it (broker.crossing)."""
+        queue.recorded = queue.recorded and record
+        self._add_queue(queue)
+        if queue.recorded:
+            self._record("queue", queue.store_key, durability.queue_definition(self, queue))
+
+    def remove_exchange(self, exchange: Exchange) -> None:
+        """An exchange gone at the home of a copy of the vhost: here too, with its bindings."""
+        self._remove_exchange(exchange)
+
+    def remove_binding(self, binding: Binding) -> None:
+        """A binding gone at the home of a copy of the vhost: here too (its source goes by a change of its own)."""
+        self._drop_binding(binding, auto_delete_source=False)
 
     def delete_exchange(self, name: str, if_unused: bool) -> None:
         if name == "" or name.startswith("amq."):
@@ -378,6 +408,7 @@ class VirtualHost:
     def _remove_exchange(self, exchange: Exchange) -> None:
         exchange.deleted = True
         del self.exchanges[exchange.name]
+        self._copied("exchange", exchange, False)
         if exchange.durable and self.store is not None:
             self._record("exchange", exchange_key(self.name, exchange.name), None)
         if isinstance(exchange, DelayedExchange) and exchange.delayed is not None:
@@ -480,6 +511,7 @@ class VirtualHost:
             self.store.delete_queue(queue.store_key)
             self.durable_changes += 1
         self.changed("queues", queue.name)
+        self._copied("queue", queue, False)
         return count
 
     # --- bindings -------------------------------------------------------------------------------------------
@@ -494,6 +526,7 @@ class VirtualHost:
         if source.add_binding(binding):
             (destination.bindings if isinstance(destination, Queue) else destination.inbound).add(binding)
             self.changed("exchanges", source.name)
+            self._copied("binding", binding, True)
             if record and self.store is not None and durability.binding_is_durable(binding):
                 self._record("binding", _binding_key(self.name, binding),
                              durability.binding_definition(self, binding))
@@ -524,6 +557,7 @@ class VirtualHost:
         """A binding leaves its destination and, if durable, the store (its source's index is the caller's)."""
         if self.store is not None and durability.binding_is_durable(binding):
             self._record("binding", _binding_key(self.name, binding), None)
+        self._copied("binding", binding, False)
         destination = binding.destination
         (destination.bindings if isinstance(destination, Queue) else destination.inbound).discard(binding)
 
@@ -577,9 +611,18 @@ class VirtualHost:
         return owners
 
     def _record(self, kind: str, name: str, data: dict | None) -> None:
-        """A durable definition changed (data None: it is gone)."""
+        """A durable definition changed (data None: it is gone). A copy's are its home's to keep, but for the
+        queues it owns."""
+        if self.copy and kind != "queue":
+            return
         self.store.append_definition(kind, name, data)
         self.durable_changes += 1
+
+    def _copied(self, kind: str, subject: Any, present: bool) -> None:
+        """A definition was made (present) or is gone: the copies of the vhost are told (broker.crossing)."""
+        crossing = self.crossing
+        if crossing is not None:
+            crossing.defined(self, kind, subject, present)
 
     def publish_to(self, queues: list[Queue], message: "Message",
                    publisher: "Publisher | None" = None) -> tuple[bool, bool]:

@@ -97,6 +97,7 @@ class Channel:
         # has its durable changes. None between methods.
         self.replies: list[bytes] | None = None
         self.notices: list[bytes] = []  # server-sent basic.cancel for our consumers meanwhile, sent after the replies
+        self.notices_held = False  # a change the vhost's home runs for the channel holds them too (its reply first)
         # open, and not waiting for the disk before a reply (deliveries would overtake it)
         self.deliverable: bool = True
         # Frames received while a reply waits for the disk, handled once it is sent (as RabbitMQ's channel process,
@@ -203,7 +204,8 @@ class Channel:
         """Reply once the method's durable changes are on disk (written) and the processes that own queues it
         changed acked them."""
         self.deliverable = False
-        self.backlog = []
+        if self.backlog is None:  # (sliced work the method started may hold the frames already)
+            self.backlog = []
         vhost = self.vhost
         owners = vhost.take_changed_owners()
         if written or owners is None:
@@ -221,7 +223,10 @@ class Channel:
         if not self.open:
             return
         self.deliverable = True
-        backlog, self.backlog = self.backlog or [], None
+        if self.held_for_settling:  # (the sliced work the method started holds the frames that follow, and hands
+            backlog: list[tuple[int, int, bytes]] = []  # them on once done)
+        else:
+            backlog, self.backlog = self.backlog or [], None
         if ok:
             self._send_replies()
         else:
@@ -246,6 +251,13 @@ class Channel:
             write(encode_method(self.number, late()))
         for data in notices:
             write(data)
+
+    def release_notices(self) -> None:
+        """The reply the notices waited for is sent: they follow it."""
+        self.notices_held = False
+        notices, self.notices = self.notices, []
+        for data in notices:
+            self.write_now(data)
 
     def send_method_later(self, make: Callable[[], base.Frame]) -> None:
         """The reply of the method at hand, made once it is sent: its counts are a queue owner's answer, which comes
@@ -651,7 +663,7 @@ class Channel:
         self.consumers.pop(consumer.tag, None)
         if self.open and self.connection.client_capabilities.get("consumer_cancel_notify"):
             cancel = encode_method(self.number, spec.Basic.Cancel(consumer_tag=consumer.tag, nowait=True))
-            if self.replies is not None:
+            if self.replies is not None or self.notices_held:
                 self.notices.append(cancel)  # after the reply of the method at hand (RabbitMQ's delete-ok first)
             else:
                 self.write_now(cancel)

@@ -12,6 +12,7 @@ from broker.model.remote import RemoteQueue
 from broker.model.vhost import generated_name
 from broker.session import direct_reply
 from broker.session.consumer import Consumer
+from broker.session.settlement import Forwarded
 from protocol import errors
 
 if TYPE_CHECKING:
@@ -36,8 +37,24 @@ def _actor(channel: Channel) -> operations.Actor:
     return operations.Actor(channel.vhost, channel.access, channel.connection)
 
 
+def _forward(channel: Channel, method: base.Frame, operation: dict,
+             reply: Callable[[dict], base.Frame | None], undo: Callable[[], None] | None = None) -> None:
+    """A change of the definitions of a vhost this process keeps a copy of (broker.crossing.copies): its home runs
+    it for the channel's user, and the reply waits for its answer (undo: what to take back if it refuses)."""
+    connection = channel.connection
+    operation = {**operation, "user": connection.user, "connection": str(id(connection))}
+    channel.start(Forwarded(operation, method.index, reply, undo))
+
+
 def _exchange_declare(channel: Channel, method: spec.Exchange.Declare) -> None:
     vhost = channel.vhost
+    if vhost.copy and not method.passive:
+        _forward(channel, method, {"what": "exchange.declare", "exchange": method.exchange,
+                                   "type": method.exchange_type, "durable": method.durable,
+                                   "auto_delete": method.auto_delete, "internal": method.internal,
+                                   "arguments": method.arguments or {}},
+                 lambda answer: None if method.nowait else spec.Exchange.DeclareOk())
+        return
     exchange, created = operations.declare_exchange(
         _actor(channel), method.exchange, method.exchange_type, method.passive, method.durable, method.auto_delete,
         method.internal, method.arguments or {})
@@ -48,31 +65,51 @@ def _exchange_declare(channel: Channel, method: spec.Exchange.Declare) -> None:
 
 
 def _exchange_delete(channel: Channel, method: spec.Exchange.Delete) -> None:
+    if channel.vhost.copy:
+        _forward(channel, method, {"what": "exchange.delete", "exchange": method.exchange,
+                                   "if_unused": method.if_unused},
+                 lambda answer: None if method.nowait else spec.Exchange.DeleteOk())
+        return
     operations.delete_exchange(_actor(channel), method.exchange, method.if_unused)
     if not method.nowait:
         channel.send_method(spec.Exchange.DeleteOk())
 
 
-def _bind(channel: Channel, source: str, kind: str, destination: str, routing_key: str, arguments: dict) -> None:
+def _bind(channel: Channel, method: base.Frame, source: str, kind: str, destination: str, routing_key: str,
+          arguments: dict, reply: base.Frame | None) -> None:
     """queue.bind and exchange.bind: a binding this makes is taken back if its record cannot be written."""
     vhost = channel.vhost
+    if vhost.copy:
+        _forward(channel, method, {"what": "bind", "source": source, "kind": kind, "destination": destination,
+                                   "routing_key": routing_key, "arguments": arguments}, lambda answer: reply)
+        return
     source_exchange, destination_end, created = operations.bind(_actor(channel), source, kind, destination,
                                                                  routing_key, arguments)
     if created:
         channel.undo = lambda: vhost.unbind(source_exchange, destination_end, routing_key, arguments)
+    if reply is not None:
+        channel.send_method(reply)
+
+
+def _unbind(channel: Channel, method: base.Frame, source: str, kind: str, destination: str, routing_key: str,
+            arguments: dict, reply: base.Frame | None) -> None:
+    if channel.vhost.copy:
+        _forward(channel, method, {"what": "unbind", "source": source, "kind": kind, "destination": destination,
+                                   "routing_key": routing_key, "arguments": arguments}, lambda answer: reply)
+        return
+    operations.unbind(_actor(channel), source, kind, destination, routing_key, arguments)
+    if reply is not None:
+        channel.send_method(reply)
 
 
 def _exchange_bind(channel: Channel, method: spec.Exchange.Bind) -> None:
-    _bind(channel, method.source, EXCHANGE, method.destination, method.routing_key, method.arguments or {})
-    if not method.nowait:
-        channel.send_method(spec.Exchange.BindOk())
+    _bind(channel, method, method.source, EXCHANGE, method.destination, method.routing_key, method.arguments or {},
+          None if method.nowait else spec.Exchange.BindOk())
 
 
 def _exchange_unbind(channel: Channel, method: spec.Exchange.Unbind) -> None:
-    operations.unbind(_actor(channel), method.source, EXCHANGE, method.destination, method.routing_key,
-                      method.arguments or {})
-    if not method.nowait:
-        channel.send_method(spec.Exchange.UnbindOk())
+    _unbind(channel, method, method.source, EXCHANGE, method.destination, method.routing_key,
+            method.arguments or {}, None if method.nowait else spec.Exchange.UnbindOk())
 
 
 def _queue_name(channel: Channel, name: str) -> str:
@@ -92,16 +129,30 @@ def _queue_declare(channel: Channel, method: spec.Queue.Declare) -> None:
     vhost = channel.vhost
     # an empty name is the last declared queue to a passive declare, and asks any other for a server-named queue
     name = _queue_name(channel, method.queue) if method.passive else method.queue
+    if vhost.copy and not method.passive and name and not method.exclusive:  # (those stay here: below)
+        channel.last_queue = name
+        _forward(channel, method, {"what": "queue.declare", "queue": name, "durable": method.durable,
+                                   "auto_delete": method.auto_delete, "arguments": method.arguments or {}},
+                 lambda answer: None if method.nowait else spec.Queue.DeclareOk(
+                     name, int(answer.get("messages", 0)), int(answer.get("consumers", 0))))
+        return
     queue, created = operations.declare_queue(_actor(channel), name, method.passive, method.durable,
                                               method.exclusive, method.auto_delete, method.arguments or {})
     if created:
         channel.undo = lambda: vhost.delete_queue(queue)
     channel.last_queue = queue.name
+    if created and vhost.copy:  # (an exclusive or server-named one, made here: the home learns of it)
+        _forward(channel, method, {"what": "register", "queue": queue.name, "durable": method.durable,
+                                   "auto_delete": method.auto_delete, "arguments": method.arguments or {},
+                                   "exclusive": method.exclusive},
+                 lambda answer: None if method.nowait else spec.Queue.DeclareOk(queue.name, 0, 0),
+                 lambda: vhost.delete_queue(queue))
+        return
     if method.nowait:
         return
     if isinstance(queue, RemoteQueue) and not created:  # (its owner counts its messages)
         counted = queue.count_there()
-        channel.send_method_later(lambda: spec.Queue.DeclareOk(queue.name, counted.value, len(queue.consumers)))
+        channel.send_method_later(lambda: spec.Queue.DeclareOk(queue.name, counted.value, counted.consumers))
     else:
         channel.send_method(spec.Queue.DeclareOk(queue.name, queue.count_ready(), len(queue.consumers)))
 
@@ -110,15 +161,13 @@ def _queue_bind(channel: Channel, method: spec.Queue.Bind) -> None:
     name = _queue_name(channel, method.queue)
     # an empty routing key with the last declared queue binds by that queue's name
     routing_key = method.routing_key if (method.routing_key or method.queue) else name
-    _bind(channel, method.exchange, QUEUE, name, routing_key, method.arguments or {})
-    if not method.nowait:
-        channel.send_method(spec.Queue.BindOk())
+    _bind(channel, method, method.exchange, QUEUE, name, routing_key, method.arguments or {},
+          None if method.nowait else spec.Queue.BindOk())
 
 
 def _queue_unbind(channel: Channel, method: spec.Queue.Unbind) -> None:
-    operations.unbind(_actor(channel), method.exchange, QUEUE, _queue_name(channel, method.queue),
-                      method.routing_key, method.arguments or {})
-    channel.send_method(spec.Queue.UnbindOk())
+    _unbind(channel, method, method.exchange, QUEUE, _queue_name(channel, method.queue), method.routing_key,
+            method.arguments or {}, spec.Queue.UnbindOk())
 
 
 def _readable_queue(channel: Channel, name: str):
@@ -133,6 +182,11 @@ def _queue_purge(channel: Channel, method: spec.Queue.Purge) -> None:
 
 
 def _queue_delete(channel: Channel, method: spec.Queue.Delete) -> None:
+    if channel.vhost.copy:
+        _forward(channel, method, {"what": "queue.delete", "queue": _queue_name(channel, method.queue),
+                                   "if_unused": method.if_unused, "if_empty": method.if_empty},
+                 lambda answer: None if method.nowait else spec.Queue.DeleteOk(int(answer.get("messages", 0))))
+        return
     channel.vhost.counted_there = None
     count = operations.delete_queue(_actor(channel), _queue_name(channel, method.queue), method.if_unused,
                                     method.if_empty)

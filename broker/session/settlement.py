@@ -8,12 +8,13 @@ wait for a reply that waits for the disk, so that what follows sees it done."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Final, Iterator
+from typing import TYPE_CHECKING, Callable, Final, Iterator
 
 from pamqp import commands as spec
 
 from broker.model.queue import PIECE, SLICE_SECONDS, in_pieces
 from broker.model.remote import RemoteQueue
+from protocol.errors import made_elsewhere
 
 if TYPE_CHECKING:
     from broker.model.message import QueueEntry
@@ -198,6 +199,55 @@ class Get(Slices):
 
     def _answered(self, channel: Channel, entry: QueueEntry | None) -> None:
         self.answer, self.answered = entry, True
+        channel.unpark()
+
+
+class Forwarded(Slices):
+    """A change of the vhost's definitions asked on a copy of it (broker.crossing.copies): the vhost's home runs it,
+    and the channel's reply (reply makes it of the answer; None for a nowait method) or the error it was refused
+    with follows the answer, by which this process's copy has the change."""
+
+    __slots__ = ("operation", "method_index", "reply", "undo", "asked", "answer")
+
+    def __init__(self, operation: dict, method_index: int, reply: Callable[[dict], object],
+                 undo: Callable[[], None] | None = None) -> None:
+        self.operation = operation
+        self.method_index = method_index  # the method's class and method ids, for the error that closes the channel
+        self.reply = reply
+        self.undo = undo  # what to take back here if the home refuses it
+        self.asked = False
+        self.answer: dict | None = None
+
+    def parked(self) -> bool:
+        return self.asked and self.answer is None
+
+    def step(self, channel: Channel) -> bool:
+        if not channel.open:
+            return True
+        answer = self.answer
+        if answer is None:
+            vhost = channel.vhost
+            crossing = vhost.crossing
+            assert crossing is not None, "a copy reaches its home across"
+            self.asked = True
+            channel.notices_held = True  # (a cancel of a consumer of the channel's comes after the reply)
+            crossing.run_at_home(vhost, self.operation, lambda answer: self._answered(channel, answer))
+            return False
+        error = answer.get("error")
+        if error is not None:
+            if self.undo is not None:
+                self.undo()
+            channel.connection.failed(made_elsewhere(int(error[0]), str(error[1]), *divmod(self.method_index, 65536)),
+                                      channel)
+            return True
+        method = self.reply(answer)
+        if method is not None:
+            channel.send_method(method)
+        channel.release_notices()
+        return True
+
+    def _answered(self, channel: Channel, answer: dict) -> None:
+        self.answer = answer
         channel.unpark()
 
 

@@ -8,7 +8,8 @@ A request goes where what it names lives:
   its answer is the reply, and a refusal there changes nothing anywhere; a new vhost is placed once the first
   worker has checked the request, before any makes it;
 - a listing over every vhost (queues, exchanges, connections...) to every worker, each item kept from the worker
-  that leads its vhost, then filtered, paged and cut to columns here as one worker would;
+  that leads its vhost (a connection, a channel or a consumer from the worker that serves it), then filtered,
+  paged and cut to columns here as one worker would;
 - a connection or a channel by name to each worker until one has it;
 - the nodes (a node per worker) to every worker of this node, and on a clustered node to every other node too, a
   worker that does not answer listed as not running;
@@ -59,6 +60,9 @@ GATHERED: dict[str, tuple[Callable[[list[dict]], list[dict]], bool]] = {
     "/api/connections": (lambda items: http.sorted_by(items, "name"), True),
     "/api/channels": (lambda items: http.sorted_by(items, "name"), True),
     "/api/consumers": (lambda items: items, False),
+    "/api/vhosts/{vhost}/connections": (lambda items: http.sorted_by(items, "name"), True),
+    "/api/vhosts/{vhost}/channels": (lambda items: http.sorted_by(items, "name"), True),
+    "/api/consumers/{vhost}": (lambda items: items, False),
     "/api/vhosts": (lambda items: http.sorted_by(items, "name"), True),
     "/api/{kind}": (lambda items: http.sorted_by(items, "vhost", "name"), False),
     "/api/parameters": (lambda items: http.sorted_by(items, "vhost", "component", "name"), False),
@@ -67,7 +71,12 @@ GATHERED: dict[str, tuple[Callable[[list[dict]], list[dict]], bool]] = {
     "/api/federation-links": (lambda items: http.sorted_by(items, "vhost"), False),
     "/api/federation-links/state/down": (lambda items: http.sorted_by(items, "vhost"), False),
 }
+# Listings of clients, each served by one worker: every worker's are kept (with [server] spread_vhosts, a vhost's
+# clients are on every worker)
+CLIENTS = frozenset(("/api/connections", "/api/channels", "/api/consumers", "/api/vhosts/{vhost}/connections",
+                     "/api/vhosts/{vhost}/channels", "/api/consumers/{vhost}"))
 FOUND_ON_ONE = frozenset(("/api/connections/{name}", "/api/connections/{name}/channels", "/api/channels/{name}"))
+QUEUE = "/api/queues/{vhost}/{name}"  # one queue: with spread_vhosts, its consumers are on every worker
 GROUP = "/api/vhosts/{vhost}/group"  # a vhost's data moved to another worker's group (PUT), by the supervisor
 MAINTENANCE = "/api/nodes/{name}/maintenance"  # PUT: the node drained; DELETE: revived (by the supervisor)
 NODES = "/api/nodes"  # a worker's answer: its own entry (a node per worker), following its group's leader or not
@@ -179,6 +188,10 @@ class Gateway:
             return await self.import_everywhere(request)
         if method in ("PUT", "DELETE") and pattern == MAINTENANCE:
             return await self.maintenance(request, match["name"])
+        if vhost is not None and method == "GET" and pattern in CLIENTS:
+            return await self.gathered(request, pattern)
+        if vhost is not None and method == "GET" and pattern == QUEUE and self.supervisor.config.spread_vhosts:
+            return await self.queue_everywhere(request, vhost)
         if vhost is not None:
             await self.supervisor.learn(vhost)
             return (await self.apis.ask(self.leader_of(vhost), request, body_of(request))).response()
@@ -285,10 +298,27 @@ class Gateway:
             if answer.status != 200:
                 return answer.response()
             key = "name" if pattern == "/api/vhosts" else "vhost"
-            items += [item for item in answer.json() if not isinstance(item.get(key), str)
+            items += [item for item in answer.json() if pattern in CLIENTS or not isinstance(item.get(key), str)
                       or self.leader_of(item[key]) == worker]
         order, pageable = GATHERED[pattern]
         return await listing(request, order(items), pageable)
+
+    async def queue_everywhere(self, request: web.Request, vhost: str) -> web.Response:
+        """One queue of a vhost every worker serves ([server] spread_vhosts): as its owner shows it, with the consumers
+        of every worker (each lists those of its own clients)."""
+        answers = await self._each(lambda worker: self.apis.ask(worker, request))
+        home = answers[self.workers.index(self.leader_of(vhost))]
+        if home.status != 200:
+            return home.response()
+        owner = http.worker_named(str(home.json().get("node")), len(self.workers))
+        base = answers[self.workers.index(owner)] if owner in self.workers else home
+        if base.status != 200:
+            base = home
+        queue = base.json()
+        queue["consumer_details"] = [consumer for answer in answers if answer.status == 200
+                                     for consumer in answer.json().get("consumer_details", [])]
+        queue["consumers"] = len(queue["consumer_details"])
+        return http.reply(queue)
 
     async def move(self, request: web.Request, vhost: str) -> web.Response:
         """A vhost moved to another worker's group: the worker that leads it checks the request (credentials, the
@@ -379,11 +409,11 @@ class Gateway:
             [{"name": http.worker_name(worker, node, len(self.workers)), "type": "disc", "running": False}])]
 
     async def first_found(self, request: web.Request) -> web.Response:
-        for worker in self.workers:
-            answer = await self.apis.ask(worker, request)
-            if answer.status != 404:
-                break
-        return answer.response()
+        """The answer of the worker that has the connection or channel (each worker answers for its own): a 2xx
+        where one has it, else the refusal (RabbitMQ's 401 to a user who may not see it, found or not) or 404."""
+        answers = await self._each(lambda worker: self.apis.ask(worker, request))
+        found = next((answer for answer in answers if 200 <= answer.status < 300), None)
+        return (found or next((answer for answer in answers if answer.status != 404), answers[0])).response()
 
     async def from_every_worker(self, request: web.Request, pattern: str) -> web.Response:
         """Every worker's answers made one reply: the first that is not a 200, or else the first worker's answer (a

@@ -2,7 +2,7 @@
 
     python -m tests.bench.workers [--seconds N] [--opens N]
     python -m tests.bench.workers --scale 1,2,4,8 [--pin] [--independent] [--seconds N]
-    python -m tests.bench.workers --scale 1,2,4,8 --one-vhost [--seconds N]
+    python -m tests.bench.workers --scale 1,2,4,8 --one-vhost [--spread] [--seconds N]
 
 - Opening a connection (TCP connect to connection.open-ok, the bench client) to vhost v1: on one worker, and on two
   workers where worker 1 leads v1, counting only the connections worker 0 accepted and handed over (their client
@@ -25,7 +25,8 @@ core of its own with --pin): what the machine itself gives N busy processes, the
 With --one-vhost, N busy queues share one vhost instead, on N workers, beside RabbitMQ with the same N queues (the
 two alternated): what an application of one vhost gets from more cores. Warren places them `balanced` ([queues]
 leader_locator), so that each worker owns one (docs/workers.md#queues-of-one-vhost-over-workers), while the worker
-of the vhost serves every client.
+of the vhost serves every client; with --spread ([server] spread_vhosts), each client is served by the worker the
+kernel gives it (docs/workers.md#one-vhost-on-every-worker).
 """
 
 from __future__ import annotations
@@ -262,9 +263,13 @@ def scale(counts: list[int], seconds: float, pinned: bool, independent: bool = F
 BALANCED_QUEUES = '[queues]\nleader_locator = "balanced"\n'  # each new queue on the worker that owns fewest
 
 
-def one_vhost(counts: list[int], seconds: float) -> None:
+SPREAD_VHOSTS = "[server]\nspread_vhosts = true\n"  # every worker serves the vhost's clients
+
+
+def one_vhost(counts: list[int], seconds: float, spread: bool) -> None:
     """Throughput of N busy queues in one vhost (a producer and a consumer process each) on N workers, beside
-    RabbitMQ with the same N queues, for each N of counts (forward, then backward, the brokers alternated)."""
+    RabbitMQ with the same N queues, for each N of counts (forward, then backward, the brokers alternated); spread:
+    each client served by the worker that accepts it."""
     runs: dict[tuple[str, int], list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="warren-bench-one-vhost-") as scratch:
         os.chmod(scratch, 0o755)  # rabbitmq-server runs as the rabbitmq user and must reach its data dir
@@ -272,7 +277,7 @@ def one_vhost(counts: list[int], seconds: float) -> None:
             for name in ("Warren", "RabbitMQ") if index % 2 == 0 else ("RabbitMQ", "Warren"):
                 workdir = Path(scratch) / f"{index}-{name}"
                 workdir.mkdir()
-                (workdir / "warren.toml").write_text(BALANCED_QUEUES)
+                (workdir / "warren.toml").write_text((SPREAD_VHOSTS if spread else "") + BALANCED_QUEUES)
                 broker = (start_warren(workdir, "--workers", str(queues), "--config", str(workdir / "warren.toml"))
                           if name == "Warren" else start_rabbitmq(workdir))
                 try:
@@ -294,7 +299,8 @@ def one_vhost(counts: list[int], seconds: float) -> None:
                   f"{figures['broker cores']:13.2f} {figures['load cores']:11.2f} "
                   f"{f'{ratio:.2f}' if name == 'Warren' else '':>18}")
     print(f"one vhost, a producer and a consumer process per queue, 16 B, auto-ack, {seconds:g} s a run, "
-          f"{os.cpu_count()} CPUs; Warren runs as many workers as queues, a queue owned by each")
+          f"{os.cpu_count()} CPUs; Warren runs as many workers as queues, a queue owned by each"
+          + ("; every worker serves the vhost's clients (spread_vhosts)" if spread else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -307,9 +313,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --scale: N one-process brokers side by side instead of N workers")
     parser.add_argument("--one-vhost", action="store_true",
                         help="with --scale: N busy queues in one vhost on N workers, beside RabbitMQ")
+    parser.add_argument("--spread", action="store_true",
+                        help="with --one-vhost: every worker serves the vhost's clients ([server] spread_vhosts)")
     args = parser.parse_args(argv)
     if args.scale and args.one_vhost:
-        one_vhost([int(count) for count in args.scale.split(",")], args.seconds)
+        one_vhost([int(count) for count in args.scale.split(",")], args.seconds, args.spread)
         return 0
     if args.scale:
         scale([int(count) for count in args.scale.split(",")], args.seconds, args.pin, args.independent)

@@ -84,6 +84,21 @@ async def publish_confirmed(broker, exchange: str, count: int, window: int = 500
         connection.transport.abort()
 
 
+def fanout_to_six_balanced_queues(broker, conn, count: int) -> tuple[list[str], dict[str, str]]:
+    """Six durable queues declared balanced on conn (three on each worker) and bound to a fanout exchange, through
+    which count confirmed persistent messages are published: the queues, and the worker that owns each."""
+    queues = [f"q{number}" for number in range(6)]
+    channel = conn.channel()
+    channel.exchange_declare("spread", "fanout", durable=True)
+    for name in queues:
+        channel.queue_declare(name, durable=True, arguments=BALANCED)
+        channel.queue_bind(name, "spread")
+    placed = owners(broker)
+    assert sorted(placed[name] for name in queues) == ["0", "0", "0", "1", "1", "1"]
+    asyncio.run(publish_confirmed(broker, "spread", count))
+    return queues, placed
+
+
 class AckingInbox(Inbox):
     """An inbox that acks each delivery as it comes."""
 
@@ -96,17 +111,9 @@ def test_balanced_queues_spread_over_the_workers_and_a_fanout_reaches_each_once_
     """Six queues declared balanced: three on each worker; 20,000 confirmed persistent messages published to a
     fanout exchange bound to them all are in every queue once, in order, whichever worker owns it."""
     broker = two_workers()
-    queues = [f"q{number}" for number in range(6)]
-    with connect(broker) as conn:
-        channel = conn.channel()
-        channel.exchange_declare("spread", "fanout", durable=True)
-        for name in queues:
-            channel.queue_declare(name, durable=True, arguments=BALANCED)
-            channel.queue_bind(name, "spread")
-    placed = owners(broker)
-    assert sorted(placed[name] for name in queues) == ["0", "0", "0", "1", "1", "1"]
     count = 20_000
-    asyncio.run(publish_confirmed(broker, "spread", count))
+    with connect(broker) as conn:
+        queues, placed = fanout_to_six_balanced_queues(broker, conn, count)
     with connect(broker) as conn:
         channel = conn.channel()
         channel.basic_qos(prefetch_count=500)

@@ -8,6 +8,8 @@ from broker.management.resources import (
     on_disk_or_undo, parse_bool, queue_json, readable_vhosts,
 )
 from broker.model import operations
+from broker.model.remote import RemoteQueue
+from broker.session.consumer import Consumer
 from protocol.errors import AMQPError
 
 routes = web.RouteTableDef()
@@ -50,7 +52,9 @@ async def show(request: web.Request) -> web.Response:
     vhost = http.login_vhost_of(request)
     queue = find_queue(vhost, request.match_info["name"])
     data = _with_rates(request, queue, queue_json(vhost, queue))
-    data["consumer_details"] = [consumer_json(vhost, queue, consumer) for consumer in queue.consumers]
+    # (the consumers of this process's clients: those of another process's, at a queue here, that process lists)
+    data["consumer_details"] = [consumer_json(vhost, queue, consumer) for consumer in queue.consumers
+                                if isinstance(consumer, Consumer)]
     data.update(deliveries=[], incoming=[])  # rates per peer: Warren keeps no such statistics
     return http.reply(data)
 
@@ -70,8 +74,12 @@ async def declare(request: web.Request) -> web.Response:
 async def delete(request: web.Request) -> web.Response:
     vhost = http.login_vhost_of(request)
     queue = find_queue(vhost, request.match_info["name"])
-    operations.delete_queue(actor_of(request, vhost), queue.name, flag(request, "if-unused"),
-                            flag(request, "if-empty"))
+    if_unused, if_empty = flag(request, "if-unused"), flag(request, "if-empty")
+    if (if_unused or if_empty) and isinstance(queue, RemoteQueue):  # (its owner counts what it has, and where)
+        queue.count_there()
+        vhost.counted_there = None
+        await http.on_disk(request)
+    operations.delete_queue(actor_of(request, vhost), queue.name, if_unused, if_empty)
     await http.on_disk(request)
     return http.no_content()
 

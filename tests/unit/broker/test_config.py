@@ -64,6 +64,9 @@ def test_file_then_overrides(tmp_path):
        "[cluster]\netcd_endpoints = ['127.0.0.1:2379']\nnode_id = 'a'\n",
        "[management] tls with [cluster] etcd_endpoints needs [tls] cacertfile: the CA that signed the other nodes' "
        "certificates, which this node's API checks when it asks theirs") for workers in (1, 2)],
+    ("[server]\nworkers = 2\nspread_vhosts = true\n[cluster]\netcd_endpoints = ['127.0.0.1:2379']\nnode_id = 'a'\n",
+     "[server] spread_vhosts is for one node of workers: a cluster keeps each vhost in its replication group"),
+    ('[server]\nspread_vhosts = "yes"\n', "spread_vhosts must be true or false, got 'yes'"),
     ("[server]\nworkers = 2\n[management]\nport = 0\n[prometheus]\nport = 0\n[cluster]\n"
      "etcd_endpoints = ['127.0.0.1:2379']\nnode_id = 'a'\nreplication_port = 65535\n",
      "[cluster] replication_port 65535: worker k's group uses replication_port + k, and 65536 is past 65535"),

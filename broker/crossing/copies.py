@@ -1,0 +1,206 @@
+"""Copies of a vhost's definitions on the other processes of a node that spreads vhosts ([server] spread_vhosts), so
+that each serves the vhost's clients itself: its exchanges, bindings, policies, and a stand-in of every queue
+another process owns (broker.model.remote).
+
+The vhost's home (the process that leads it) orders every change: it makes it with the model's code, for its own
+clients and for those of the other processes, which ask it (broker.crossing.forwarded), and sends it to every copy
+as one ``define`` operation; a method's reply waits for every copy's ack of it, so that a publish right after a
+bind-ok routes by the binding wherever it is published. When the home links to a process (at start, and after
+either restarts), it first sends the whole vhost (``definitions``), which the copy takes in place of what it had;
+until then the copy serves no client of the vhost.
+
+A copy writes none of these definitions to its store: its home's store holds them, and sends them again after a
+restart. What a copy owns (its queues, with their messages) it stores as ever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+from broker.model.durability import binding_from, exchange_definition, exchange_from
+from broker.model.exchange import canonical_arguments
+from broker.model.remote import RemoteQueue
+from broker.model.turns import TURN_SECONDS
+
+if TYPE_CHECKING:
+    from broker.crossing.home import Crossing
+    from broker.model.exchange import Binding
+    from broker.model.interfaces import QueueOwner
+    from broker.model.queue import Queue
+    from broker.model.vhost import VirtualHost
+
+
+class OwnerElsewhere:
+    """The connection of another process that a queue is exclusive to, as this process sees it: one object per
+    connection and vhost (broker.model.interfaces.QueueOwner), so that the identity checks of exclusive access hold
+    for the methods that connection has this process make for it, and refuse everyone else's."""
+
+    def __init__(self, group: int, token: str):
+        self.group = group  # the process its connection is on
+        self.token = token  # its connection there, by a name unique while it is open
+        self.exclusive_queues: set[Queue] = set()
+
+
+def owner_elsewhere(vhost: "VirtualHost", group: int, token: str) -> OwnerElsewhere:
+    owners: dict[tuple[int, str], OwnerElsewhere] = vhost.owners_elsewhere
+    found = owners.get((group, token))
+    if found is None:
+        found = owners[(group, token)] = OwnerElsewhere(group, token)
+    return found
+
+
+def exclusive_of(owner: "QueueOwner | None", group: int) -> list | None:
+    """[process, token] of the connection a queue is exclusive to (group: this process), or None."""
+    if owner is None:
+        return None
+    if isinstance(owner, OwnerElsewhere):
+        return [owner.group, owner.token]
+    return [group, str(id(owner))]
+
+
+# --- what the home sends ----------------------------------------------------------------------------------------
+def definition_of(vhost: "VirtualHost", kind: str, subject: Any, group: int) -> dict:
+    """One definition as a copy takes it (group: the home's process, which owns the queues it holds itself)."""
+    if kind == "exchange":
+        return exchange_definition(vhost, subject)
+    if kind == "queue":
+        queue: Queue = subject
+        return {**queue.definition(), "owner": queue.owner if queue.owner is not None else group,
+                "exclusive": exclusive_of(queue.exclusive_owner, group)}
+    if kind == "binding":
+        binding: Binding = subject
+        return {"source": binding.source.name, "destination": binding.destination.name,
+                "destination_kind": binding.destination_type, "routing_key": binding.routing_key,
+                "arguments": binding.arguments}
+    return subject.export()  # (a policy or an operator policy)
+
+
+def whole(vhost: "VirtualHost", group: int) -> dict:
+    """The ``definitions`` operation: everything a copy of the vhost holds, in the order it is applied."""
+    exchanges = [exchange for exchange in vhost.exchanges.values() if exchange is not vhost.default_exchange]
+    return {"op": "definitions", "vhost": vhost.name,
+            "policies": [policy.export() for policy in vhost.policies.values()],
+            "operator_policies": [policy.export() for policy in vhost.operator_policies.values()],
+            "exchanges": [definition_of(vhost, "exchange", exchange, group) for exchange in exchanges],
+            "queues": [definition_of(vhost, "queue", queue, group) for queue in vhost.queues.values()],
+            "bindings": [definition_of(vhost, "binding", binding, group)
+                         for exchange in exchanges for binding in exchange.bindings.values()]}
+
+
+# --- what a copy does with it ------------------------------------------------------------------------------------
+def apply(vhost: "VirtualHost", crossing: "Crossing", group: int, kind: str, present: bool,
+          data: dict) -> "Queue | None":
+    """Apply one definition the home sent (group: this process); a queue this process owns is returned. A policy
+    is kept, and applied to the queues and exchanges by reapply_policies."""
+    if kind == "exchange":
+        existing = vhost.exchanges.get(data["name"])
+        if present and existing is None:
+            exchange_from(vhost, data)
+        elif not present and existing is not None and existing is not vhost.default_exchange:
+            vhost.remove_exchange(existing)
+    elif kind == "queue":
+        return _apply_queue(vhost, crossing, group, present, data)
+    elif kind == "binding":
+        binding = _binding(vhost, data)
+        if present and binding is None:
+            binding_from(vhost, data)
+        elif not present and binding is not None:
+            vhost.remove_binding(binding)
+    elif kind in ("policy", "operator_policy"):
+        operator = kind == "operator_policy"
+        if present:
+            vhost.restore_policy(data, operator)
+        else:
+            vhost.policy_table(operator).pop(data["name"], None)
+        vhost.policies_version += 1
+    else:
+        raise ValueError(f"unknown kind of definition {kind!r}")
+    return None
+
+
+def replace(vhost: "VirtualHost", crossing: "Crossing", group: int, definitions: dict) -> list["Queue"]:
+    """Take the home's whole definitions in place of the copy's (what is not in them goes, but queues this process
+    owns: broker.crossing.owner's watch decides on those); the queues this process owns that they name are
+    returned."""
+    for operator, key in ((False, "policies"), (True, "operator_policies")):
+        vhost.policy_table(operator).clear()
+        for data in definitions[key]:
+            vhost.restore_policy(data, operator)
+    exchanges = {data["name"]: data for data in definitions["exchanges"]}
+    for name, exchange in list(vhost.exchanges.items()):
+        wanted = exchanges.get(name)
+        if exchange is not vhost.default_exchange and (
+                wanted is None or exchange_definition(vhost, exchange) != wanted):
+            vhost.remove_exchange(exchange)
+    for data in exchanges.values():
+        apply(vhost, crossing, group, "exchange", True, data)
+    queues = {data["name"]: data for data in definitions["queues"]}
+    for name, queue in list(vhost.queues.items()):
+        wanted = queues.get(name)
+        if isinstance(queue, RemoteQueue) and (wanted is None or wanted["owner"] != queue.owner):
+            crossing.queue_gone(queue)
+    owned = [queue for data in queues.values()
+             if (queue := _apply_queue(vhost, crossing, group, True, data)) is not None]
+    wanted_bindings = {_identity(data) for data in definitions["bindings"]}
+    for exchange in list(vhost.exchanges.values()):
+        for binding in list(exchange.bindings.values()):
+            if (binding.source.name, binding.destination_type, binding.destination.name, binding.routing_key,
+                    binding.arguments_key) not in wanted_bindings:
+                vhost.remove_binding(binding)
+    for data in definitions["bindings"]:
+        if _binding(vhost, data) is None:
+            binding_from(vhost, data)
+    vhost.policies_version += 1
+    return owned
+
+
+async def reapply_policies(vhost: "VirtualHost") -> None:
+    """The copy's queues and exchanges take the policies that now apply, as the home applies them: names matched
+    on a worker thread (a costly pattern takes a millisecond a name), the choices applied a turn's share at a
+    time, those of an older change skipped."""
+    choices = await asyncio.to_thread(vhost.policy_snapshot().choose)
+    ends = time.perf_counter() + TURN_SECONDS
+    for _ in vhost.applying_policy_choices(choices):
+        if time.perf_counter() >= ends:
+            await asyncio.sleep(0)
+            ends = time.perf_counter() + TURN_SECONDS
+
+
+def _apply_queue(vhost: "VirtualHost", crossing: "Crossing", group: int, present: bool,
+                 data: dict) -> "Queue | None":
+    name, owner = data["name"], data["owner"]
+    existing = vhost.queues.get(name)
+    if not present:
+        if isinstance(existing, RemoteQueue):
+            crossing.queue_gone(existing)
+        return None
+    if owner == group:
+        return existing if existing is not None and not isinstance(existing, RemoteQueue) else None
+    if existing is None:
+        stand_in = RemoteQueue(vhost, name, bool(data["durable"]), bool(data["auto_delete"]), dict(data["arguments"]),
+                               int(owner), crossing)
+        exclusive = data.get("exclusive")
+        if exclusive:
+            holder = owner_elsewhere(vhost, int(exclusive[0]), str(exclusive[1]))
+            stand_in.exclusive_owner = holder
+            holder.exclusive_queues.add(stand_in)
+        vhost.add_stand_in(stand_in, record=False)
+        stand_in.apply_policies(*vhost.policies_for("queues", name))
+    return None
+
+
+def _identity(data: dict) -> tuple:
+    return (data["source"], data["destination_kind"], data["destination"], data["routing_key"],
+            canonical_arguments(data["arguments"]))
+
+
+def _binding(vhost: "VirtualHost", data: dict) -> "Binding | None":
+    """The binding a definition names, if the copy has it."""
+    source = vhost.exchanges.get(data["source"])
+    table: dict = vhost.exchanges if data["destination_kind"] == "exchange" else vhost.queues
+    destination = table.get(data["destination"])
+    if source is None or destination is None:
+        return None
+    return source.find_binding(destination, data["routing_key"], data["arguments"])

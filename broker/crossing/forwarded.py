@@ -1,0 +1,157 @@
+"""The changes a copy's client makes to a vhost's definitions (broker.crossing.copies), run at the vhost's home: by
+the operations the home's own clients go through (broker.model.operations), with the same checks, as the client's
+user; answered once every copy applied what they changed (and the home's disk has it, where they wrote), so that the
+client's reply follows its copy's change.
+
+A queue a copy's client declares ``client-local`` is placed at the client's process; an exclusive or server-named
+one is made there first and registered here (``register``), as a stand-in exclusive to that client's connection
+(broker.crossing.copies.OwnerElsewhere)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+from broker.crossing.copies import owner_elsewhere
+from broker.crossing.frames import NOTICE
+from broker.model import operations
+from broker.model.access import ChannelAccess
+from broker.model.remote import RemoteQueue
+from protocol import errors
+from protocol.constants import INTERNAL_ERROR
+from protocol.errors import AMQPError
+from storage.definitions_log import encode_data
+
+if TYPE_CHECKING:
+    from broker.crossing.owner import HomeLink
+    from broker.model.node import Node
+    from broker.model.vhost import VirtualHost
+
+
+def run(node: "Node", link: "HomeLink", operation: dict) -> None:
+    """Run one change a copy asked for, and answer it (a ``ran`` notice with the asker's id) once it is applied
+    everywhere."""
+    number = int(operation["id"])
+    vhost = node.vhosts.get(str(operation["vhost"]))
+    group = link.group
+    if vhost is None or group is None or not node.serves(vhost.name):  # (moved, or deleted, meanwhile)
+        _answer(link, number, {"error": [INTERNAL_ERROR, f"INTERNAL_ERROR - vhost '{operation['vhost']}' is not "
+                                                         "led by the worker asked"]})
+        return
+    stand_in = _counted_first(vhost, operation)
+    if stand_in is not None:
+        stand_in.count_there()
+        vhost.counted_there = None
+        owners = vhost.take_changed_owners()
+        assert owners is not None, "a count asks the queue's owner"
+        vhost.when_acked(owners, lambda ok: run(node, link, {**operation, "counted": True}))
+        return
+    owner = owner_elsewhere(vhost, group, str(operation["connection"]))
+    actor = operations.Actor(vhost, ChannelAccess(node, str(operation["user"]), vhost.name), owner)
+    changes = vhost.durable_changes
+    vhost.counted_there = None
+    vhost.placing_for = group
+    result: dict = {}
+    undo: Callable[[], object] | None = None  # takes the change back, if the disk or a copy could not take it
+    try:
+        result, undo = _run(actor, operation, group)
+    except AMQPError as error:
+        result = {"error": [error.reply_code, error.text]}
+    finally:
+        vhost.placing_for = None
+    counted, vhost.counted_there = vhost.counted_there, None
+    owners = vhost.take_changed_owners()
+    written = vhost.durable_changes != changes
+
+    def applied(ok: bool) -> None:
+        if not ok and "error" not in result:
+            if undo is not None:
+                undo()
+            result["error"] = [INTERNAL_ERROR, f"INTERNAL_ERROR - {operation['what']} could not be written to disk "
+                                               "or applied by every worker"]
+        if counted is not None:
+            result["messages"] = counted.value
+            if "consumers" in result:  # (a declare's: the owner counts those of every process)
+                result["consumers"] = counted.consumers
+        _answer(link, number, result)
+
+    if written:
+        vhost.when_durable(applied, owners)
+    elif owners:
+        vhost.when_acked(owners, applied)
+    else:
+        applied(True)
+
+
+def _counted_first(vhost: "VirtualHost", operation: dict) -> RemoteQueue | None:
+    """The queue elsewhere whose owner is to count its messages and consumers (on any process) for the if-empty
+    or if-unused of a delete, before it runs; None if there is none, or it has."""
+    queue = vhost.queues.get(str(operation.get("queue")))
+    if (operation["what"] == "queue.delete" and "counted" not in operation
+            and (operation["if_unused"] or operation["if_empty"]) and isinstance(queue, RemoteQueue)):
+        return queue
+    return None
+
+
+def _run(actor: operations.Actor, operation: dict, group: int) -> tuple[dict, Callable[[], object] | None]:
+    """The change made: what the answer says, and how to take it back (as the AMQP handlers' undo)."""
+    what = operation["what"]
+    vhost = actor.vhost
+    if what == "exchange.declare":
+        name = str(operation["exchange"])
+        _, made = operations.declare_exchange(actor, name, str(operation["type"]), False, bool(operation["durable"]),
+                                              bool(operation["auto_delete"]), bool(operation["internal"]),
+                                              dict(operation["arguments"]))
+        return {}, (lambda: vhost.delete_exchange(name, if_unused=False)) if made else None
+    if what == "exchange.delete":
+        operations.delete_exchange(actor, str(operation["exchange"]), bool(operation["if_unused"]))
+        return {}, None
+    if what == "bind":
+        key, arguments = str(operation["routing_key"]), dict(operation["arguments"])
+        source, destination, made = operations.bind(actor, str(operation["source"]), str(operation["kind"]),
+                                                    str(operation["destination"]), key, arguments)
+        return {}, (lambda: vhost.unbind(source, destination, key, arguments)) if made else None
+    if what == "unbind":
+        operations.unbind(actor, str(operation["source"]), str(operation["kind"]), str(operation["destination"]),
+                          str(operation["routing_key"]), dict(operation["arguments"]))
+        return {}, None
+    if what == "queue.declare":
+        queue, made = operations.declare_queue(actor, str(operation["queue"]), False, bool(operation["durable"]),
+                                               False, bool(operation["auto_delete"]), dict(operation["arguments"]))
+        undo = (lambda: vhost.delete_queue(queue)) if made else None
+        if isinstance(queue, RemoteQueue) and not made:  # (its owner counts its messages)
+            queue.count_there()
+            return {"consumers": len(queue.consumers)}, undo
+        return {"messages": queue.count_ready(), "consumers": len(queue.consumers)}, undo
+    if what == "queue.delete":  # (a stand-in's if-empty and if-unused read what its owner counted just now)
+        return {"messages": operations.delete_queue(actor, str(operation["queue"]), bool(operation["if_unused"]),
+                                                    bool(operation["if_empty"]))}, None
+    if what == "register":
+        stand_in = _register(vhost, actor, operation, group)
+        return {}, lambda: vhost.delete_queue(stand_in)
+    raise errors.command_invalid(f"unknown change {what!r}")
+
+
+def _register(vhost: "VirtualHost", actor: operations.Actor, operation: dict, group: int) -> RemoteQueue:
+    """A queue a copy's client made there (exclusive or server-named): a stand-in here, which the copies learn of."""
+    name = str(operation["queue"])
+    if name in vhost.queues:
+        raise errors.resource_locked(
+            f"cannot obtain exclusive access to locked queue '{name}' in vhost '{vhost.name}'. It could be originally "
+            "declared on another connection or the exclusive property value does not match that of the original "
+            "declaration.")
+    crossing = vhost.crossing
+    assert crossing is not None, "a copy's client reaches its home across"
+    stand_in = RemoteQueue(vhost, name, bool(operation["durable"]), bool(operation["auto_delete"]),
+                           dict(operation["arguments"]), group, crossing)
+    if operation.get("exclusive"):
+        stand_in.exclusive_owner = actor.owner
+        stand_in.recorded = False  # (an exclusive queue goes with its connection)
+        actor.owner.exclusive_queues.add(stand_in)
+    vhost.add_stand_in(stand_in, record=True)
+    stand_in.apply_policies(*vhost.policies_for("queues", name))
+    return stand_in
+
+
+def _answer(link: "HomeLink", number: int, result: dict) -> None:
+    if link.link.open:
+        link.link.send(NOTICE, encode_data({"op": "ran", "id": number, **result}))

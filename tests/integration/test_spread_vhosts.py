@@ -1,0 +1,214 @@
+"""One vhost served by every worker (`--workers` with `[server] spread_vhosts`,
+docs/workers.md#one-vhost-on-every-worker): each worker keeps a copy of the vhost's definitions and serves the
+clients the kernel gives it; a change a client makes anywhere is made by the vhost's worker and copied to every
+other before its reply. These tests judge from outside: which worker the API names for each connection and queue,
+what clients on either worker receive, what a kill -9 leaves."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+
+import pika
+import pika.exceptions
+import pytest
+
+from tests.integration.helpers import Inbox, channel_error
+from tests.integration.management import request
+from tests.integration.test_queues_across_workers import AckingInbox, fanout_to_six_balanced_queues, owners
+from tests.integration.test_workers import worker_pids
+from tests.waiting import wait_for
+
+if os.environ.get("WARREN_TEST_URL"):
+    pytest.skip("starts brokers of its own", allow_module_level=True)
+
+names = itertools.count()
+
+
+@pytest.fixture
+def spread(own_broker, tmp_path):
+    def start(config: str = ""):
+        path = tmp_path / "warren.toml"
+        path.write_text("[server]\nspread_vhosts = true\n" + config)
+        return own_broker("--workers", "2", "--config", str(path))
+    return start
+
+
+def worker_of(broker, name: str) -> str | None:
+    """The worker the API names for the connection of that client-provided name (None while it lists none)."""
+    reply = request(broker, "GET", "/api/connections")
+    assert reply.status == 200, reply
+    found = [item["node"] for item in reply.body if item["client_properties"].get("connection_name") == name]
+    return found[0].partition("@")[0].rpartition("-")[2] if found else None
+
+
+def connect_on(broker, worker: str, user: str = "guest") -> pika.BlockingConnection:
+    """A connection served by that worker: every worker listens on the port, and the kernel picks one, so clients
+    connect until one lands there."""
+    for _ in range(200):
+        name = f"client-{next(names)}"
+        parameters = pika.URLParameters(broker.url.replace("guest:guest", f"{user}:{user}") if user != "guest"
+                                        else broker.url)
+        parameters.client_properties = {"connection_name": name}
+        conn = pika.BlockingConnection(parameters)
+        landed = wait_for(lambda: worker_of(broker, name), what="the connection listed")
+        if landed == worker:
+            return conn
+        conn.close()
+    raise AssertionError(f"no connection landed on worker {worker}")
+
+
+def wait_on_all(conns, condition, timeout: float = 10.0) -> None:
+    """Until condition(), every connection handling what it received (deliveries to its consumers)."""
+    def pumped() -> bool:
+        for conn in conns:
+            conn.process_data_events(time_limit=0.01)
+        return bool(condition())
+    wait_for(pumped, timeout, step=0)
+
+
+def test_both_workers_serve_the_vhost_and_a_binding_made_on_one_routes_a_publish_on_the_other_at_once(spread):
+    """Fifty times each way: an exchange, a queue and a binding made by a client of one worker, then at once a
+    mandatory publish by a client of the other, which the binding routes (no return) to the queue."""
+    broker = spread()
+    ends = {worker: connect_on(broker, worker) for worker in ("0", "1")}
+    channels = {worker: conn.channel() for worker, conn in ends.items()}
+    for channel in channels.values():
+        channel.confirm_delivery()
+    for number in range(50):
+        for maker, publisher in (("0", "1"), ("1", "0")):
+            name = f"x{number}-{maker}"
+            channels[maker].exchange_declare(name, "direct")
+            channels[maker].queue_declare(name)
+            channels[maker].queue_bind(name, name, "key")
+            channels[publisher].basic_publish(name, "key", b"m", mandatory=True)  # (unroutable raises)
+    for maker in ("0", "1"):
+        placed = owners(broker)
+        assert {placed[f"x{number}-{maker}"] for number in range(50)} == {maker}  # client-local: where declared
+        for number in range(50):
+            assert channels["0"].queue_declare(f"x{number}-{maker}", passive=True).method.message_count == 1
+    for conn in ends.values():
+        conn.close()
+
+
+def test_consumers_on_either_worker_get_the_messages_of_queues_of_either(spread):
+    """A queue of each worker, a consumer of each on the other worker, publishers on both: each consumer gets
+    every message of its queue once and in order."""
+    broker = spread()
+    ends = {worker: connect_on(broker, worker) for worker in ("0", "1")}
+    for worker, conn in ends.items():
+        conn.channel().queue_declare(f"of-{worker}", durable=True)
+    assert owners(broker) == {"of-0": "0", "of-1": "1"}
+    inboxes = {}
+    for worker, conn in ends.items():
+        other = "1" if worker == "0" else "0"
+        channel = conn.channel()
+        channel.basic_qos(prefetch_count=50)
+        inboxes[other] = AckingInbox()
+        channel.basic_consume(f"of-{other}", inboxes[other])
+    for worker, conn in ends.items():
+        channel = conn.channel()
+        channel.confirm_delivery()
+        for number in range(500):
+            for queue in ("of-0", "of-1"):
+                channel.basic_publish("", queue, f"{worker}-{number}".encode())
+    wait_on_all(ends.values(), lambda: all(len(inbox.bodies) == 1000 for inbox in inboxes.values()))
+    for inbox in inboxes.values():
+        for worker in ("0", "1"):
+            assert [body for body in inbox.bodies if body.startswith(f"{worker}-".encode())] == [
+                f"{worker}-{number}".encode() for number in range(500)]
+
+
+def test_an_exclusive_queue_stays_with_its_connection_locked_to_the_others_and_goes_with_it(spread):
+    broker = spread()
+    here, there = connect_on(broker, "1"), connect_on(broker, "0")
+    holder = here.channel()
+    exclusive = holder.queue_declare("", exclusive=True).method.queue
+    holder.queue_declare("mine", exclusive=True)
+    holder.queue_bind(exclusive, "amq.fanout")  # (its own connection may bind it, through worker 0)
+    assert owners(broker)[exclusive] == owners(broker)["mine"] == "1"
+    for name in (exclusive, "mine"):
+        code, text = channel_error(lambda: there.channel().queue_declare(name, passive=True))
+        assert code == 405 and text == (
+            f"RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '{name}' in vhost '/'. It could be "
+            "originally declared on another connection or the exclusive property value does not match that of the "
+            "original declaration.")
+    publisher = there.channel()
+    publisher.confirm_delivery()
+    publisher.basic_publish("amq.fanout", "", b"to the exclusive one")
+    assert holder.basic_get(exclusive, auto_ack=True)[2] == b"to the exclusive one"
+    here.close()
+    wait_for(lambda: not {exclusive, "mine"} & set(owners(broker)), what="the exclusive queues gone")
+    checker = there.channel()
+    checker.queue_declare("mine", exclusive=True)  # (free again)
+    there.close()
+
+
+def test_a_change_refused_at_the_vhosts_worker_closes_the_channel_with_rabbitmqs_error(spread):
+    broker = spread()
+    assert request(broker, "PUT", "/api/users/limited", {"password": "limited", "tags": ""}).status == 201
+    assert request(broker, "PUT", "/api/permissions/%2F/limited",
+                   {"configure": "^own-.*", "write": ".*", "read": ".*"}).status == 201
+    conn = connect_on(broker, "1")
+    conn.channel().exchange_declare("kind", "direct")
+    code, text = channel_error(lambda: conn.channel().exchange_declare("kind", "fanout"))
+    assert (code, text) == (406, "PRECONDITION_FAILED - inequivalent arg 'type' for exchange 'kind' in vhost '/': "
+                                 "received 'fanout' but current is 'direct'")
+    channel = conn.channel()
+    channel.queue_declare("used")
+    channel.basic_consume("used", Inbox())
+    code, text = channel_error(lambda: conn.channel().queue_delete("used", if_unused=True))
+    assert (code, text) == (406, "PRECONDITION_FAILED - queue 'used' in vhost '/' in use")
+    limited = connect_on(broker, "1", user="limited")
+    code, text = channel_error(lambda: limited.channel().queue_declare("theirs"))
+    assert (code, text) == (403, "ACCESS_REFUSED - access to queue 'theirs' in vhost '/' refused for user 'limited'")
+    limited.channel().queue_declare("own-queue")
+    assert "theirs" not in owners(broker) and owners(broker)["own-queue"] == "1"
+    limited.close()
+    conn.close()
+
+
+def test_six_balanced_queues_get_a_fanout_once_and_in_order_with_consumers_on_either_worker(spread):
+    """The issue's scenario with the vhost spread: six queues declared balanced (three on each worker), 20,000
+    confirmed persistent messages published through a fanout, consumers of three queues on each worker."""
+    broker = spread()
+    count = 20_000
+    with connect_on(broker, "1") as conn:
+        queues, placed = fanout_to_six_balanced_queues(broker, conn, count)
+    ends = {worker: connect_on(broker, worker) for worker in ("0", "1")}
+    inboxes = {name: AckingInbox() for name in queues}
+    for number, name in enumerate(queues):
+        channel = ends[str(number % 2)].channel()
+        channel.basic_qos(prefetch_count=500)
+        channel.basic_consume(name, inboxes[name])
+    wait_on_all(ends.values(), lambda: all(len(inbox.bodies) >= count for inbox in inboxes.values()), timeout=60)
+    for name, inbox in inboxes.items():
+        assert [int(body) for body in inbox.bodies] == list(range(count)), f"{name} (on worker {placed[name]})"
+    for conn in ends.values():
+        conn.close()
+
+
+def test_a_worker_killed_and_started_again_copies_the_vhost_before_it_serves_its_clients(spread):
+    """kill -9 of the worker that keeps a copy: what it owned durably comes back; once it serves again, a client of
+    it routes by the bindings made while it was down."""
+    broker = spread()
+    with connect_on(broker, "1") as conn:
+        channel = conn.channel()
+        channel.queue_declare("kept", durable=True)
+        channel.confirm_delivery()
+        channel.basic_publish("", "kept", b"before", pika.BasicProperties(delivery_mode=2))
+    killed = worker_pids(broker)[1]
+    os.kill(killed, signal.SIGKILL)
+    wait_for(lambda: worker_pids(broker)[1] != killed, what="worker 1 started again")
+    with connect_on(broker, "0") as conn:
+        channel = conn.channel()
+        channel.exchange_declare("later", "topic")
+        channel.queue_declare("later-queue")
+        channel.queue_bind("later-queue", "later", "#")
+    with connect_on(broker, "1") as conn:
+        channel = conn.channel()
+        channel.confirm_delivery()
+        channel.basic_publish("later", "any", b"routed", mandatory=True)
+        assert channel.basic_get("later-queue", auto_ack=True)[2] == b"routed"
+        assert channel.basic_get("kept", auto_ack=True)[2] == b"before"
