@@ -66,8 +66,8 @@ def run(node: "Node", link: "HomeLink", operation: dict) -> None:
         if not ok and "error" not in result:
             if undo is not None:
                 undo()
-            result["error"] = [INTERNAL_ERROR, f"INTERNAL_ERROR - {operation['what']} could not be written to disk "
-                                               "or applied by every worker"]
+            # (the text of a change of the home's own clients that the disk, or a copy, could not take)
+            result["error"] = [INTERNAL_ERROR, f"INTERNAL_ERROR - {operation['what']} could not be written to disk"]
         if counted is not None:
             result["messages"] = counted.value
             if "consumers" in result:  # (a declare's: the owner counts those of every process)

@@ -97,11 +97,15 @@ async def take_snapshot(server: "Server", per_object: bool) -> Snapshot:
         deleted = counters.deleted_queues.get(queue_type)
         sums[queue_type] = dict(deleted) if deleted else dict.fromkeys(QUEUE_COUNTERS, 0)
     started = time.perf_counter()
+    # Each queue is counted once: by the process that owns it where every process serves every vhost's clients
+    # ([server] spread_vhosts: its own clients' deliveries and acks, and every message that reached it); else by the
+    # process that serves its vhost, whose clients do all that is counted (a stand-in's counts are its owner's)
+    by_owner = server.config.spread_vhosts
     for vhost in list(server.node.vhosts.values()):
-        if vhost.home is not None:  # (its queues here are owned for another process, which counts them)
+        if vhost.home is not None and not by_owner:  # (its queues here are owned for another process, which counts)
             continue
         for queue in list(vhost.queues.values()):
-            if queue.deleted:
+            if queue.deleted or (by_owner and queue.owner is not None):
                 continue
             values = tuple(getattr(queue, name) for name in QUEUE_COUNTERS)
             snapshot.queues.append(QueueSample(vhost.name, queue.name, queue_counts(queue),

@@ -55,6 +55,7 @@ SHAPING = ("page", "page_size", "name", "use_regex", "columns")
 # Listings over every vhost, with how one worker orders them and whether they page
 GATHERED: dict[str, tuple[Callable[[list[dict]], list[dict]], bool]] = {
     "/api/queues": (lambda items: http.sorted_by(items, "vhost", "name"), True),
+    "/api/queues/{vhost}": (lambda items: http.sorted_by(items, "vhost", "name"), True),
     "/api/exchanges": (lambda items: http.sorted_by(items, "vhost", "name"), True),
     "/api/bindings": (sorted_bindings, False),
     "/api/connections": (lambda items: http.sorted_by(items, "name"), True),
@@ -77,6 +78,7 @@ CLIENTS = frozenset(("/api/connections", "/api/channels", "/api/consumers", "/ap
                      "/api/vhosts/{vhost}/channels", "/api/consumers/{vhost}"))
 FOUND_ON_ONE = frozenset(("/api/connections/{name}", "/api/connections/{name}/channels", "/api/channels/{name}"))
 QUEUE = "/api/queues/{vhost}/{name}"  # one queue: with spread_vhosts, its consumers are on every worker
+QUEUES = frozenset(("/api/queues", "/api/queues/{vhost}"))  # with spread_vhosts, each queue as its owner counts it
 GROUP = "/api/vhosts/{vhost}/group"  # a vhost's data moved to another worker's group (PUT), by the supervisor
 MAINTENANCE = "/api/nodes/{name}/maintenance"  # PUT: the node drained; DELETE: revived (by the supervisor)
 NODES = "/api/nodes"  # a worker's answer: its own entry (a node per worker), following its group's leader or not
@@ -190,8 +192,11 @@ class Gateway:
             return await self.maintenance(request, match["name"])
         if vhost is not None and method == "GET" and pattern in CLIENTS:
             return await self.gathered(request, pattern)
-        if vhost is not None and method == "GET" and pattern == QUEUE and self.supervisor.config.spread_vhosts:
+        spread = self.supervisor.config.spread_vhosts
+        if vhost is not None and method == "GET" and pattern == QUEUE and spread:
             return await self.queue_everywhere(request, vhost)
+        if vhost is not None and method == "GET" and pattern in QUEUES and spread:
+            return await self.gathered(request, pattern)
         if vhost is not None:
             await self.supervisor.learn(vhost)
             return (await self.apis.ask(self.leader_of(vhost), request, body_of(request))).response()
@@ -294,12 +299,14 @@ class Gateway:
         path_qs = str(request.rel_url.with_query(query))
         answers = await self._each(lambda worker: self.apis.ask(worker, request, path_qs=path_qs))
         items: list[dict] = []
+        by_owner = pattern in QUEUES and self.supervisor.config.spread_vhosts
         for worker, answer in zip(self.workers, answers):
             if answer.status != 200:
                 return answer.response()
             key = "name" if pattern == "/api/vhosts" else "vhost"
             items += [item for item in answer.json() if pattern in CLIENTS or not isinstance(item.get(key), str)
-                      or self.leader_of(item[key]) == worker]
+                      or (http.worker_named(str(item.get("node")), len(self.workers)) == worker if by_owner
+                          else self.leader_of(item[key]) == worker)]
         order, pageable = GATHERED[pattern]
         return await listing(request, order(items), pageable)
 

@@ -24,6 +24,14 @@ from tests.cluster.netns import LOCAL, Place
 from tests.conftest import REPO_ROOT, free_port, free_ports_in_a_row
 from tests.waiting import wait_for  # also imported from here by tests of the cluster
 
+
+def _zombie(pid: int) -> bool:
+    """Whether the process has ended and waits to be reaped (by whichever process adopted it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
 LEASE_TTL = 2.0  # the acceptance tests' lease (seconds)
 ACK_TIMEOUT = 1.0  # and follower ack deadline
 
@@ -82,17 +90,28 @@ class Node:
         """sig to every process of the node, its supervisor and its workers (each in a session of its own): a SIGSTOP
         pauses the whole node."""
         assert self.process is not None
-        pid = self.process.pid
-        workers = [int(child) for task in Path(f"/proc/{pid}/task").glob("*")
-                   for child in (task / "children").read_text().split()]
-        for each in (pid, *workers):
+        for each in self.pids():
             os.kill(each, sig)
 
+    def pids(self) -> list[int]:
+        """The node's processes: its supervisor, then its workers."""
+        assert self.process is not None
+        pid = self.process.pid
+        return [pid, *(int(child) for task in Path(f"/proc/{pid}/task").glob("*")
+                       for child in (task / "children").read_text().split())]
+
     def kill(self) -> None:
-        """kill -9, and wait until the process is gone."""
+        """kill -9 of the whole node, as a crash of its machine: its supervisor and its workers at once (a worker
+        whose supervisor alone died would still lead its group until it noticed), waiting until they are gone."""
         if self.process is not None and self.process.poll() is None:
+            workers = self.pids()[1:]
+            for pid in workers:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             self.process.kill()
             self.process.wait(10)
+            for pid in workers:
+                wait_for(lambda: not Path(f"/proc/{pid}").exists() or _zombie(pid), 10, f"worker {pid} gone")
 
     def stop(self) -> int | None:
         if self.process is None:

@@ -212,3 +212,31 @@ def test_a_worker_killed_and_started_again_copies_the_vhost_before_it_serves_its
         channel.basic_publish("later", "any", b"routed", mandatory=True)
         assert channel.basic_get("later-queue", auto_ack=True)[2] == b"routed"
         assert channel.basic_get("kept", auto_ack=True)[2] == b"before"
+
+
+def test_the_api_shows_each_queue_as_its_owner_counts_it_with_the_consumers_of_every_worker(spread):
+    """A queue of worker 1 with three messages and a consumer on each worker: its API entry and the listing count
+    what its owner holds at once, and name both consumers; the connections of both workers are listed."""
+    broker = spread()
+    ends = {worker: connect_on(broker, worker) for worker in ("0", "1")}
+    owner = ends["1"].channel()
+    owner.queue_declare("counted")
+    owner.confirm_delivery()
+    for _ in range(3):
+        owner.basic_publish("", "counted", b"m")
+    assert owners(broker)["counted"] == "1"
+    for worker, conn in ends.items():
+        channel = conn.channel()
+        channel.basic_qos(prefetch_count=1)
+        channel.basic_consume("counted", Inbox(), consumer_tag=f"on-{worker}")
+    shown = wait_for(lambda: request(broker, "GET", "/api/queues/%2F/counted").body,
+                     what="both consumers shown, each with its delivery",
+                     until=lambda body: body["consumers"] == 2 and body["messages_unacknowledged"] == 2)
+    assert sorted(consumer["consumer_tag"] for consumer in shown["consumer_details"]) == ["on-0", "on-1"]
+    assert shown["messages"] == 3
+    [listed] = [queue for queue in request(broker, "GET", "/api/queues/%2F").body if queue["name"] == "counted"]
+    assert (listed["messages"], listed["consumers"]) == (3, 2)
+    nodes = {item["node"] for item in request(broker, "GET", "/api/vhosts/%2F/connections").body}
+    assert {node.partition("@")[0].rpartition("-")[2] for node in nodes} == {"0", "1"}
+    for conn in ends.values():
+        conn.close()
