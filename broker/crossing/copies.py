@@ -16,13 +16,18 @@ restart. What a copy owns (its queues, with their messages) it stores as ever.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from protocol.constants import RESOURCE_LOCKED
 from broker.model.durability import binding_from, exchange_definition, exchange_from
 from broker.model.exchange import canonical_arguments
 from broker.model.remote import RemoteQueue
 from broker.model.turns import TURN_SECONDS
+from broker.model.vhost import OwnerElsewhere, connection_token
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from broker.crossing.home import Crossing
@@ -32,32 +37,13 @@ if TYPE_CHECKING:
     from broker.model.vhost import VirtualHost
 
 
-class OwnerElsewhere:
-    """The connection of another process that a queue is exclusive to, as this process sees it: one object per
-    connection and vhost (broker.model.interfaces.QueueOwner), so that the identity checks of exclusive access hold
-    for the methods that connection has this process make for it, and refuse everyone else's."""
-
-    def __init__(self, group: int, token: str):
-        self.group = group  # the process its connection is on
-        self.token = token  # its connection there, by a name unique while it is open
-        self.exclusive_queues: set[Queue] = set()
-
-
-def owner_elsewhere(vhost: "VirtualHost", group: int, token: str) -> OwnerElsewhere:
-    owners: dict[tuple[int, str], OwnerElsewhere] = vhost.owners_elsewhere
-    found = owners.get((group, token))
-    if found is None:
-        found = owners[(group, token)] = OwnerElsewhere(group, token)
-    return found
-
-
 def exclusive_of(owner: "QueueOwner | None", group: int) -> list | None:
     """[process, token] of the connection a queue is exclusive to (group: this process), or None."""
     if owner is None:
         return None
     if isinstance(owner, OwnerElsewhere):
-        return [owner.group, owner.token]
-    return [group, str(id(owner))]
+        return list(owner.key)
+    return [group, connection_token(owner)]
 
 
 # --- what the home sends ----------------------------------------------------------------------------------------
@@ -104,7 +90,7 @@ def apply(vhost: "VirtualHost", crossing: "Crossing", group: int, kind: str, pre
         return _apply_queue(vhost, crossing, group, present, data)
     elif kind == "binding":
         binding = _binding(vhost, data)
-        if present and binding is None:
+        if present and binding is None and _ends_here(vhost, data):
             binding_from(vhost, data)
         elif not present and binding is not None:
             vhost.remove_binding(binding)
@@ -150,10 +136,31 @@ def replace(vhost: "VirtualHost", crossing: "Crossing", group: int, definitions:
                     binding.arguments_key) not in wanted_bindings:
                 vhost.remove_binding(binding)
     for data in definitions["bindings"]:
-        if _binding(vhost, data) is None:
+        if _binding(vhost, data) is None and _ends_here(vhost, data):
             binding_from(vhost, data)
     vhost.policies_version += 1
     return owned
+
+
+def register_again(vhost: "VirtualHost", crossing: "Crossing", named: list["Queue"]) -> None:
+    """The queues this process owns that its home's definitions do not name (the home started again, and its
+    transient stand-ins went with it: exclusive and server-named queues of live clients here) are registered there
+    again; one the home refuses (another took its name meanwhile) is deleted here."""
+    kept = set(named)
+    for queue in [queue for queue in vhost.queues.values() if queue.owner is None and queue not in kept]:
+        holder = queue.exclusive_owner
+        operation = {"what": "register", "queue": queue.name, "durable": queue.durable,
+                     "auto_delete": queue.auto_delete, "arguments": queue.arguments, "exclusive": holder is not None,
+                     "user": "", "connection": connection_token(holder) if holder is not None else ""}
+        crossing.run_at_home(vhost, operation, lambda answer, queue=queue: _registered(queue, answer))
+
+
+def _registered(queue: "Queue", answer: dict) -> None:
+    error = answer.get("error")
+    if error is not None and error[0] == RESOURCE_LOCKED and not queue.deleted:  # (not while the home is away)
+        log.warning("deleting queue %.200r of vhost %.200r: the worker that leads the vhost refused it (%s)",
+                    queue.name, queue.vhost.name, answer["error"][1])
+        queue.vhost.delete_queue(queue)
 
 
 async def reapply_policies(vhost: "VirtualHost") -> None:
@@ -183,7 +190,7 @@ def _apply_queue(vhost: "VirtualHost", crossing: "Crossing", group: int, present
                                int(owner), crossing)
         exclusive = data.get("exclusive")
         if exclusive:
-            holder = owner_elsewhere(vhost, int(exclusive[0]), str(exclusive[1]))
+            holder = vhost.owner_elsewhere(int(exclusive[0]), str(exclusive[1]))
             stand_in.exclusive_owner = holder
             holder.exclusive_queues.add(stand_in)
         vhost.add_stand_in(stand_in, record=False)
@@ -194,6 +201,13 @@ def _apply_queue(vhost: "VirtualHost", crossing: "Crossing", group: int, present
 def _identity(data: dict) -> tuple:
     return (data["source"], data["destination_kind"], data["destination"], data["routing_key"],
             canonical_arguments(data["arguments"]))
+
+
+def _ends_here(vhost: "VirtualHost", data: dict) -> bool:
+    """Whether the copy has both ends of a binding (not a queue of its own it deleted meanwhile, of which it told
+    the home, which drops the binding with it)."""
+    table: dict = vhost.exchanges if data["destination_kind"] == "exchange" else vhost.queues
+    return data["source"] in vhost.exchanges and data["destination"] in table
 
 
 def _binding(vhost: "VirtualHost", data: dict) -> "Binding | None":

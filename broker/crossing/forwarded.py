@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from broker.crossing.copies import owner_elsewhere
 from broker.crossing.frames import NOTICE
 from broker.model import operations
 from broker.model.access import ChannelAccess
@@ -37,6 +36,9 @@ def run(node: "Node", link: "HomeLink", operation: dict) -> None:
         _answer(link, number, {"error": [INTERNAL_ERROR, f"INTERNAL_ERROR - vhost '{operation['vhost']}' is not "
                                                          "led by the worker asked"]})
         return
+    crossing = vhost.crossing
+    assert crossing is not None, "a copy's client reaches its home across"
+    vhost.changed_owners = {}  # (those of changes made outside any method: nobody waits for them)
     stand_in = _counted_first(vhost, operation)
     if stand_in is not None:
         stand_in.count_there()
@@ -45,7 +47,7 @@ def run(node: "Node", link: "HomeLink", operation: dict) -> None:
         assert owners is not None, "a count asks the queue's owner"
         vhost.when_acked(owners, lambda ok: run(node, link, {**operation, "counted": True}))
         return
-    owner = owner_elsewhere(vhost, group, str(operation["connection"]))
+    owner = vhost.owner_elsewhere(group, str(operation["connection"]))
     actor = operations.Actor(vhost, ChannelAccess(node, str(operation["user"]), vhost.name), owner)
     changes = vhost.durable_changes
     vhost.counted_there = None
@@ -58,7 +60,11 @@ def run(node: "Node", link: "HomeLink", operation: dict) -> None:
         result = {"error": [error.reply_code, error.text]}
     finally:
         vhost.placing_for = None
+    if not owner.exclusive_queues:  # (kept while a queue is exclusive to its connection)
+        vhost.owners_elsewhere.pop(owner.key, None)
     counted, vhost.counted_there = vhost.counted_there, None
+    if crossing.reaches(group):  # (the asker's copy has every change made so far before the answer)
+        vhost.note_owner(vhost.changed_owners, group)
     owners = vhost.take_changed_owners()
     written = vhost.durable_changes != changes
 

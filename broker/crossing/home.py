@@ -44,6 +44,7 @@ DIAL_RETRY: Final = 0.1  # seconds between attempts to reach an owner's link soc
 EPOCH_SHIFT: Final = 40  # a delivery id holds the link's epoch above these bits (see OwnerLink.epoch)
 CLIENT_LOCAL: Final = "client-local"  # RabbitMQ's leader locator that keeps a queue with its declaring client
 FAILED_KEPT: Final = 100_000  # frames back that a failed one is remembered for the waits that name them
+COPY_CHECK: Final = 1.0  # seconds between two looks for vhosts led here that the other processes have no copy of
 
 
 class Crossing:
@@ -61,7 +62,17 @@ class Crossing:
 
     def start(self) -> list[asyncio.Task]:
         loop = asyncio.get_running_loop()
-        return [loop.create_task(owner.keep_linked()) for owner in self.owners.values()]
+        tasks = [loop.create_task(owner.keep_linked()) for owner in self.owners.values()]
+        if self.spread:
+            tasks.append(loop.create_task(self._copy_new_vhosts()))
+        return tasks
+
+    async def _copy_new_vhosts(self) -> None:
+        """A vhost this process came to lead after its links were made (one made since) is copied to them too."""
+        while True:
+            await asyncio.sleep(COPY_CHECK)
+            for owner in self.owners.values():
+                owner.copy_vhosts()
 
     def _owner_of(self, queue: RemoteQueue) -> "OwnerLink":
         owner = queue.owner
@@ -197,9 +208,12 @@ class Crossing:
             republish(vhost, table["exchange"], table["keys"], message, deaths)
 
     def transient_gone(self, group: int) -> None:
-        """That owner ended: its transient queues are gone with it (as RabbitMQ's of a node that went down)."""
+        """That owner ended: its transient queues are gone with it (as RabbitMQ's of a node that went down); from a
+        copy of a vhost, when its home says so."""
         vhosts = list(self.node.vhosts.values()) if self.node is not None else []
         for vhost in vhosts:
+            if vhost.copy:
+                continue
             for queue in [queue for queue in vhost.queues.values() if queue.owner == group and not queue.durable]:
                 assert isinstance(queue, RemoteQueue), "a queue with an owner is a stand-in"
                 self.queue_gone(queue)
@@ -251,7 +265,9 @@ class OwnerLink:
         self.counting: deque[Counted] = deque()  # the counts asked for and not answered yet, in order
         self.gets: dict[int, tuple[RemoteQueue, Callable[[QueueEntry | None], None]]] = {}  # asked, by their ids
         self.next_get = 1
-        self.runs: dict[int, Callable[[dict], None]] = {}  # definitions changes this process's clients asked for
+        self.copied: set[str] = set()  # the vhosts led here whose whole the other process was sent on this link
+        # the definitions changes this process's clients asked for, by id: their vhost's name, and the answer's callback
+        self.runs: dict[int, tuple[str, Callable[[dict], None]]] = {}
         self.next_run = 1
         self.messages = Messages()
         self.closed: asyncio.Event | None = None
@@ -271,9 +287,8 @@ class OwnerLink:
             link.send(CONTROL, encode_data({"op": "hello", "epoch": self.epoch, "group": self.crossing.number}))
             self.control({"op": "watch", "vhosts": self.crossing.served(),
                           "queues": self.crossing.stand_ins_of(self.group)})
-            if self.crossing.spread:
-                for vhost in self.crossing.served_vhosts():
-                    self.control(copies.whole(vhost, self.crossing.number))
+            self.copied = set()
+            self.copy_vhosts()
             await self.closed.wait()
             await asyncio.sleep(DIAL_RETRY)
 
@@ -287,6 +302,15 @@ class OwnerLink:
             self.counting.append(counted)
             self.control(operation)
 
+    def copy_vhosts(self) -> None:
+        """Send the whole of each vhost this process leads that the other process has no copy of yet."""
+        if self.link is None or not self.crossing.spread:
+            return
+        for vhost in self.crossing.served_vhosts():
+            if vhost.name not in self.copied:
+                self.copied.add(vhost.name)
+                self.control(copies.whole(vhost, self.crossing.number))
+
     def run(self, operation: dict, answer: Callable[[dict], None]) -> None:
         """A change of a vhost's definitions, run by this process, its home (see Crossing.run_at_home)."""
         if self.link is None:
@@ -294,7 +318,7 @@ class OwnerLink:
             return
         number = self.next_run
         self.next_run += 1
-        self.runs[number] = answer
+        self.runs[number] = (str(operation["vhost"]), answer)
         self.control({**operation, "op": "run", "id": number})
 
     # --- acks -----------------------------------------------------------------------------------------------
@@ -436,8 +460,8 @@ class OwnerLink:
         for _, answer in gets.values():
             answer(None)
         runs, self.runs = self.runs, {}
-        for ran in runs.values():
-            ran(unreachable("?"))
+        for vhost_name, ran in runs.values():
+            ran(unreachable(vhost_name))
         subscribers, self.subscribers = self.subscribers, {}
         self.ids.clear()
         self.returns_on_write.clear()
@@ -506,10 +530,10 @@ class OwnerLink:
                     stand_in.counted(ready, ready_bytes, retrying)
                     stand_in.consumers_at_owner = consumers
         elif operation == "ran":
-            ran = self.runs.pop(int(notice["id"]), None)
-            if ran is None:
+            asked = self.runs.pop(int(notice["id"]), None)
+            if asked is None:
                 raise FrameError(f"an answer to change {notice['id']}, which was not asked")
-            ran(notice)
+            asked[1](notice)
         elif operation == "gone":
             gone = self.crossing.stand_in(notice.get("vhost", ""), notice.get("queue", ""))
             if gone is not None and gone.owner == self.group:

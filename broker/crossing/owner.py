@@ -351,6 +351,7 @@ class HomeLink:
         try:
             if operation["op"] == "definitions":
                 owned = copies.replace(vhost, crossing, crossing.number, operation)
+                copies.register_again(vhost, crossing, owned)
                 vhost.copy_ready = True
             else:
                 queue = copies.apply(vhost, crossing, crossing.number, str(operation["kind"]),
@@ -360,10 +361,16 @@ class HomeLink:
                 task = asyncio.get_running_loop().create_task(copies.reapply_policies(vhost))
                 self.reapplying.add(task)
                 task.add_done_callback(self.reapplying.discard)
-        except (AMQPError, PolicyError) as error:  # (the home made it with the same checks: a bug, said once)
+        except (AMQPError, PolicyError, ValueError, KeyError, TypeError) as error:  # (the home made it with the same
+            # checks: what a copy cannot take is a bug, said once, and the copy goes on without it)
             log.error("could not copy a definition of vhost %.200r from the worker that leads it: %s", vhost.name,
-                      error.reply_text if isinstance(error, AMQPError) else error)
+                      error.reply_text if isinstance(error, AMQPError) else repr(error))
+            self.ok = False
             return
+        if operation["op"] == "define" and operation["kind"] == "queue" and operation["present"]:
+            data = operation["data"]
+            if data["owner"] == crossing.number and data["name"] not in vhost.queues:  # (gone meanwhile: the home
+                self.link.send(NOTICE, encode_data({"op": "gone", "vhost": vhost.name, "queue": data["name"]}))  # too)
         for queue in owned:
             self._use(queue)
 
@@ -378,7 +385,7 @@ class HomeLink:
         named = {(stand_in["vhost"], stand_in["queue"]) for stand_in in stand_ins}
         for vhost_name in vhosts:
             vhost = node.vhosts.get(vhost_name)
-            if vhost is None or node.serves(vhost_name):
+            if vhost is None or node.serves(vhost_name) or vhost.copy:  # (a copy's are registered again: _copy)
                 continue
             for queue in [queue for queue in vhost.queues.values()
                           if not queue.durable and (vhost_name, queue.name) not in named]:

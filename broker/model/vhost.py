@@ -67,6 +67,23 @@ class OperatorOwner:
 OPERATOR_OWNER = OperatorOwner()
 
 
+class OwnerElsewhere:
+    """The connection of another process of the node that a queue is exclusive to, as this process sees it
+    (broker.crossing.copies): one object per connection and vhost, so that the identity checks of exclusive access
+    hold for the changes that connection has this process make for it, and refuse everyone else's. The vhost
+    forgets it with the last queue exclusive to it."""
+
+    def __init__(self, group: int, token: str):
+        self.key = (group, token)  # its process, and its connection there (a name unique to it: connection_token)
+        self.exclusive_queues: set[Queue] = set()
+
+
+def connection_token(connection: Any) -> str:
+    """A name of a connection unique in its process (its object's id, which a later one may reuse, with the
+    millisecond it was accepted)."""
+    return f"{id(connection)}.{connection.connected_at}"
+
+
 class DefaultExchange(DirectExchange):
     """The nameless exchange: every queue is bound to it by its own name, implicitly."""
 
@@ -162,9 +179,8 @@ class VirtualHost:
         self.copy = False
         self.copy_ready = False  # the copy had its home's whole definitions since the link to it was made
         self.placing_for: int | None = None  # the process whose client declares the queue at hand, when another's
-        # the connections of other processes that queues here are exclusive to, by (process, token): see
-        # broker.crossing.copies.OwnerElsewhere
-        self.owners_elsewhere: dict[tuple[int, str], Any] = {}
+        # the connections of other processes that queues here are exclusive to, by (process, token)
+        self.owners_elsewhere: dict[tuple[int, str], OwnerElsewhere] = {}
         self.queues: dict[str, Queue] = {}
         self.queues_storing_all = 0  # queues that store transient messages too (quorum queues)
         self.default_exchange = DefaultExchange(self)
@@ -377,6 +393,13 @@ class VirtualHost:
         self.changed("queues", queue.name)
         self._copied("queue", queue, True)
 
+    def owner_elsewhere(self, group: int, token: str) -> OwnerElsewhere:
+        """The connection of another process by its token there (OwnerElsewhere), made if new."""
+        found = self.owners_elsewhere.get((group, token))
+        if found is None:
+            found = self.owners_elsewhere[(group, token)] = OwnerElsewhere(group, token)
+        return found
+
     def add_stand_in(self, queue: RemoteQueue, record: bool) -> None:
         """A queue another process owns, as a copy of the vhost (record False: its home keeps it) or its home (a
         queue a copy's client declared there) learns of it (broker.crossing)."""
@@ -505,8 +528,11 @@ class VirtualHost:
         queue.release_publishers()
         for binding in list(queue.bindings):
             self._drop_binding(binding)
-        if queue.exclusive_owner is not None:
-            queue.exclusive_owner.exclusive_queues.discard(queue)
+        holder = queue.exclusive_owner
+        if holder is not None:
+            holder.exclusive_queues.discard(queue)
+            if isinstance(holder, OwnerElsewhere) and not holder.exclusive_queues:
+                self.owners_elsewhere.pop(holder.key, None)
         if queue.recorded:
             self.store.delete_queue(queue.store_key)
             self.durable_changes += 1
@@ -550,7 +576,8 @@ class VirtualHost:
         source.remove_binding(binding)
         self._unlink(binding)
         self.changed("exchanges", source.name)
-        if auto_delete_source and source.auto_delete and not source.bindings and not source.deleted:
+        # (a copy's auto-delete exchange goes when its home says: broker.crossing.copies)
+        if auto_delete_source and source.auto_delete and not source.bindings and not source.deleted and not self.copy:
             self._remove_exchange(source)
 
     def _unlink(self, binding: Binding) -> None:

@@ -175,6 +175,8 @@ class Channel:
             raise errors.command_invalid("unimplemented method")
         vhost = self.vhost
         changes = vhost.durable_changes
+        if vhost.changed_owners:  # (those of changes made outside any method, which nobody waits for)
+            vhost.changed_owners = {}
         self.replies = []
         self.undo = None
         try:
@@ -530,6 +532,8 @@ class Channel:
                 next_turn(self._settle_slice)
         elif self.held_for_settling:
             self.held_for_settling = False
+            if not self.deliverable:  # (a reply waits for the disk too: once written, it hands the frames on)
+                return
             backlog, self.backlog = self.backlog or [], None
             if self.open:
                 self.connection.replay(self, backlog)

@@ -9,7 +9,7 @@ from pamqp import base, commands as spec
 from broker.model import operations
 from broker.model.access import EXCHANGE, QUEUE
 from broker.model.remote import RemoteQueue
-from broker.model.vhost import generated_name
+from broker.model.vhost import connection_token, generated_name
 from broker.session import direct_reply
 from broker.session.consumer import Consumer
 from broker.session.settlement import Forwarded
@@ -42,7 +42,7 @@ def _forward(channel: Channel, method: base.Frame, operation: dict,
     """A change of the definitions of a vhost this process keeps a copy of (broker.crossing.copies): its home runs
     it for the channel's user, and the reply waits for its answer (undo: what to take back if it refuses)."""
     connection = channel.connection
-    operation = {**operation, "user": connection.user, "connection": str(id(connection))}
+    operation = {**operation, "user": connection.user, "connection": connection_token(connection)}
     channel.start(Forwarded(operation, method.index, reply, undo))
 
 

@@ -43,13 +43,14 @@ def worker_of(broker, name: str) -> str | None:
     return found[0].partition("@")[0].rpartition("-")[2] if found else None
 
 
-def connect_on(broker, worker: str, user: str = "guest") -> pika.BlockingConnection:
-    """A connection served by that worker: every worker listens on the port, and the kernel picks one, so clients
-    connect until one lands there."""
+def connect_on(broker, worker: str, user: str = "guest", vhost: str = "/") -> pika.BlockingConnection:
+    """A connection to vhost served by that worker: every worker listens on the port, and the kernel picks one, so
+    clients connect until one lands there."""
     for _ in range(200):
         name = f"client-{next(names)}"
         parameters = pika.URLParameters(broker.url.replace("guest:guest", f"{user}:{user}") if user != "guest"
                                         else broker.url)
+        parameters.virtual_host = vhost
         parameters.client_properties = {"connection_name": name}
         conn = pika.BlockingConnection(parameters)
         landed = wait_for(lambda: worker_of(broker, name), what="the connection listed")
@@ -238,5 +239,37 @@ def test_the_api_shows_each_queue_as_its_owner_counts_it_with_the_consumers_of_e
     assert (listed["messages"], listed["consumers"]) == (3, 2)
     nodes = {item["node"] for item in request(broker, "GET", "/api/vhosts/%2F/connections").body}
     assert {node.partition("@")[0].rpartition("-")[2] for node in nodes} == {"0", "1"}
+    for conn in ends.values():
+        conn.close()
+
+
+def test_an_exclusive_queue_outlives_a_restart_of_the_vhosts_worker_still_locked_to_its_connection(spread):
+    """kill -9 of the vhost's worker (its home), which kept the exclusive queue of a client of the other worker as a
+    stand-in: once it serves again, the queue is there again for everyone, locked to its connection, which uses it."""
+    broker = spread()
+    holder = connect_on(broker, "1")
+    channel = holder.channel()
+    channel.queue_declare("held", exclusive=True)
+    killed = worker_pids(broker)[0]
+    os.kill(killed, signal.SIGKILL)
+    wait_for(lambda: worker_pids(broker)[0] != killed, what="worker 0 started again")
+    other = connect_on(broker, "0")
+    wait_for(lambda: channel_error(lambda: other.channel().queue_declare("held", exclusive=True))[0] == 405,
+             what="the queue locked on worker 0 again")
+    channel.queue_bind("held", "amq.fanout")  # (through worker 0, for its connection)
+    publisher = other.channel()
+    publisher.confirm_delivery()
+    publisher.basic_publish("amq.fanout", "", b"after the restart")
+    assert channel.basic_get("held", auto_ack=True)[2] == b"after the restart"
+    holder.close()
+    other.close()
+
+
+def test_a_vhost_made_after_the_start_is_served_by_every_worker(spread):
+    broker = spread()
+    assert request(broker, "PUT", "/api/vhosts/later").status == 201  # (its maker, guest, may use it)
+    ends = {worker: connect_on(broker, worker, vhost="later") for worker in ("0", "1")}
+    ends["1"].channel().queue_declare("made-on-1")
+    assert ends["0"].channel().queue_declare("made-on-1", passive=True).method.queue == "made-on-1"
     for conn in ends.values():
         conn.close()
