@@ -302,6 +302,11 @@ class HomeLink:
                     self.link.send(NOTICE, encode_data({"op": "cancelled", "id": number}))
                     return
                 subscriber = RemoteSubscriber(number, self, found, operation)
+                if found.has_exclusive_consumer() or (subscriber.exclusive and found.consumers):
+                    # (exclusive among every process's consumers: the later one is cancelled, as its own process,
+                    # which saw none, could not refuse it)
+                    self.link.send(NOTICE, encode_data({"op": "cancelled", "id": number}))
+                    return
                 try:
                     found.add_consumer(subscriber)  # type: ignore[arg-type]
                 except AMQPError:  # (a stream's offset it cannot read: the consumer is cancelled there)

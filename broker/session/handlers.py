@@ -228,7 +228,7 @@ def _basic_consume(channel: Channel, method: spec.Basic.Consume) -> None:
     queue = _readable_queue(channel, method.queue)
     arguments = method.arguments or {}
     queue.check_consume(method.no_ack, channel.consumer_prefetch, channel.unacked.global_prefetch, arguments)
-    if queue.has_exclusive_consumer() or (method.exclusive and queue.consumers):
+    if queue.has_exclusive_consumer() or (method.exclusive and queue.has_consumers()):
         raise errors.access_refused(f"queue '{queue.name}' in vhost '{vhost.name}' in exclusive use")
     consumer = Consumer(tag, channel, queue, method.no_ack, method.exclusive, arguments, channel.consumer_prefetch)
     channel.consumers[tag] = consumer
