@@ -77,7 +77,9 @@ def dead_letter(queue: "Queue", entries: list["QueueEntry"], reason: str) -> Non
     if exchange_name is None:
         return
     vhost = queue.vhost
-    home = vhost.home  # (the process that serves the vhost, where its exchanges are, when another one does)
+    # (the process that serves the vhost, where its exchanges are, when another one does and this one keeps no copy
+    # of them: broker.crossing.copies)
+    home = vhost.home if not vhost.copy else None
     if home is None and exchange_name not in vhost.exchanges:
         return  # as in RabbitMQ, a dead-letter exchange that does not exist drops the message
     routing_key = queue.dead_letter_routing_key
