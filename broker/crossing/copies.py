@@ -84,6 +84,7 @@ def apply(vhost: "VirtualHost", crossing: "Crossing", group: int, kind: str, pre
         existing = vhost.exchanges.get(data["name"])
         if present and existing is None:
             exchange_from(vhost, data)
+            vhost.keep_delayed(vhost.exchanges[data["name"]])  # (its waiting messages are this process's to keep)
         elif not present and existing is not None and existing is not vhost.default_exchange:
             vhost.remove_exchange(existing)
     elif kind == "queue":

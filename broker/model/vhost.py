@@ -11,6 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator, cast
 
 from broker.model import durability
+from broker.model.arguments.exchange import DELAYED_TYPE
 from broker.model.arguments import (
     QUEUE_TYPE_MODULES, check_exchange_equivalent, check_queue_equivalent, check_queue_type_properties, queue_type_of,
     validate_exchange_arguments, validate_queue_arguments,
@@ -102,6 +103,7 @@ class _MessageIds:
     def __init__(self):
         self.next_msg_id = 1
         self.crossing = None  # (no other process to own its queues)
+        self.serves = lambda name: True  # (it serves its vhost's clients: Node.serves)
 
 
 class Dispatcher:
@@ -408,6 +410,18 @@ class VirtualHost:
         if queue.recorded:
             self._record("queue", queue.store_key, durability.queue_definition(self, queue))
 
+    def keep_delayed(self, exchange: Exchange) -> None:
+        """A copy's durable delayed exchange, whose waiting messages are in this process's store, is kept there too,
+        so that a restart finds them an exchange (its home's definitions come after it)."""
+        if exchange.durable and exchange.holds_delayed and self.store is not None:
+            self._record("exchange", exchange_key(self.name, exchange.name),
+                         durability.exchange_definition(self, exchange))
+
+    def serving(self) -> bool:
+        """Whether this process routes for the vhost now: it leads it, or keeps a copy of it with its home's
+        definitions (one restarted has only what it owns until they come)."""
+        return self.copy_ready or self.node.serves(self.name)
+
     def remove_exchange(self, exchange: Exchange) -> None:
         """An exchange gone at the home of a copy of the vhost: here too, with its bindings."""
         self._remove_exchange(exchange)
@@ -639,8 +653,9 @@ class VirtualHost:
 
     def _record(self, kind: str, name: str, data: dict | None) -> None:
         """A durable definition changed (data None: it is gone). A copy's are its home's to keep, but for the
-        queues it owns."""
-        if self.copy and kind != "queue":
+        queues it owns and its delayed exchanges (keep_delayed; an exchange's removal is written whatever it was)."""
+        delayed = kind == "exchange" and (data is None or data["type"] == DELAYED_TYPE)
+        if self.copy and kind != "queue" and not delayed:
             return
         self.store.append_definition(kind, name, data)
         self.durable_changes += 1

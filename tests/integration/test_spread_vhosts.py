@@ -295,3 +295,26 @@ def test_an_exclusive_consumer_is_exclusive_among_the_consumers_of_every_worker(
     wait_on_all([holder], lambda: len(inbox.bodies) == 10)
     holder.close()
     other.close()
+
+
+def test_a_message_waiting_in_a_delayed_exchange_of_a_worker_killed_meanwhile_is_routed_after_its_restart(spread):
+    """Published through worker 1, a persistent delayed message waits there (in its store); kill -9 of worker 1:
+    once started again, worker 1 routes it when due, by the bindings of the vhost's worker."""
+    broker = spread()
+    with connect_on(broker, "1") as conn:
+        channel = conn.channel()
+        channel.exchange_declare("later", "x-delayed-message", durable=True,
+                                 arguments={"x-delayed-type": "direct"})
+        channel.queue_declare("due", durable=True)
+        channel.queue_bind("due", "later", "k")
+        channel.confirm_delivery()
+        channel.basic_publish("later", "k", b"waited",
+                              pika.BasicProperties(delivery_mode=2, headers={"x-delay": 4000}))
+    killed = worker_pids(broker)[1]
+    os.kill(killed, signal.SIGKILL)
+    wait_for(lambda: worker_pids(broker)[1] != killed, what="worker 1 started again")
+    with connect_on(broker, "0") as conn:
+        channel = conn.channel()
+        wait_for(lambda: channel.queue_declare("due", passive=True).method.message_count == 1,
+                 what="the delayed message routed")
+        assert channel.basic_get("due", auto_ack=True)[2] == b"waited"

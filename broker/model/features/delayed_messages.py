@@ -53,6 +53,9 @@ class Waiting(NamedTuple):
     routing_keys: list[str]
 
 
+NOT_SERVING_RETRY_MS = 100  # ms before due messages are looked at again while their vhost is not served here yet
+
+
 class DelayedMessages:
     """The messages an x-delayed-message exchange holds."""
 
@@ -98,6 +101,11 @@ class DelayedMessages:
     def _due(self, due: list[Waiting]) -> None:
         vhost, exchange = self.vhost, self.exchange
         if exchange.deleted:
+            return
+        if not vhost.serving():  # (a copy of the vhost started again, its bindings not come yet: a little later)
+            later = now_ms() + NOT_SERVING_RETRY_MS
+            for waiting in due:
+                self.waiting.add(later, waiting)
             return
         removed = []
         for message, routing_keys in due:
