@@ -15,16 +15,13 @@ restart. What a copy owns (its queues, with their messages) it stores as ever.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from typing import TYPE_CHECKING, Any
 
 from protocol.constants import RESOURCE_LOCKED
 from broker.model.durability import binding_from, exchange_definition, exchange_from
 from broker.model.exchange import canonical_arguments
 from broker.model.remote import RemoteQueue
-from broker.model.turns import TURN_SECONDS
 from broker.model.vhost import OwnerElsewhere, connection_token
 
 log = logging.getLogger(__name__)
@@ -79,7 +76,7 @@ def whole(vhost: "VirtualHost", group: int) -> dict:
 def apply(vhost: "VirtualHost", crossing: "Crossing", group: int, kind: str, present: bool,
           data: dict) -> "Queue | None":
     """Apply one definition the home sent (group: this process); a queue this process owns is returned. A policy
-    is kept, and applied to the queues and exchanges by reapply_policies."""
+    is kept, and applied to the queues and exchanges by broker.model.turns.reapply_policies."""
     if kind == "exchange":
         existing = vhost.exchanges.get(data["name"])
         if present and existing is None:
@@ -164,18 +161,6 @@ def _registered(queue: "Queue", answer: dict) -> None:
         queue.vhost.delete_queue(queue)
 
 
-async def reapply_policies(vhost: "VirtualHost") -> None:
-    """The copy's queues and exchanges take the policies that now apply, as the home applies them: names matched
-    on a worker thread (a costly pattern takes a millisecond a name), the choices applied a turn's share at a
-    time, those of an older change skipped."""
-    choices = await asyncio.to_thread(vhost.policy_snapshot().choose)
-    ends = time.perf_counter() + TURN_SECONDS
-    for _ in vhost.applying_policy_choices(choices):
-        if time.perf_counter() >= ends:
-            await asyncio.sleep(0)
-            ends = time.perf_counter() + TURN_SECONDS
-
-
 def _apply_queue(vhost: "VirtualHost", crossing: "Crossing", group: int, present: bool,
                  data: dict) -> "Queue | None":
     name, owner = data["name"], data["owner"]
@@ -190,12 +175,8 @@ def _apply_queue(vhost: "VirtualHost", crossing: "Crossing", group: int, present
         stand_in = RemoteQueue(vhost, name, bool(data["durable"]), bool(data["auto_delete"]), dict(data["arguments"]),
                                int(owner), crossing)
         exclusive = data.get("exclusive")
-        if exclusive:
-            holder = vhost.owner_elsewhere(int(exclusive[0]), str(exclusive[1]))
-            stand_in.exclusive_owner = holder
-            holder.exclusive_queues.add(stand_in)
-        vhost.add_stand_in(stand_in, record=False)
-        stand_in.apply_policies(*vhost.policies_for("queues", name))
+        holder = vhost.owner_elsewhere(int(exclusive[0]), str(exclusive[1])) if exclusive else None
+        vhost.add_stand_in(stand_in, False, holder)
     return None
 
 
@@ -207,15 +188,18 @@ def _identity(data: dict) -> tuple:
 def _ends_here(vhost: "VirtualHost", data: dict) -> bool:
     """Whether the copy has both ends of a binding (not a queue of its own it deleted meanwhile, of which it told
     the home, which drops the binding with it)."""
-    table: dict = vhost.exchanges if data["destination_kind"] == "exchange" else vhost.queues
-    return data["source"] in vhost.exchanges and data["destination"] in table
+    return None not in _ends(vhost, data)
 
 
 def _binding(vhost: "VirtualHost", data: dict) -> "Binding | None":
     """The binding a definition names, if the copy has it."""
-    source = vhost.exchanges.get(data["source"])
-    table: dict = vhost.exchanges if data["destination_kind"] == "exchange" else vhost.queues
-    destination = table.get(data["destination"])
+    source, destination = _ends(vhost, data)
     if source is None or destination is None:
         return None
     return source.find_binding(destination, data["routing_key"], data["arguments"])
+
+
+def _ends(vhost: "VirtualHost", data: dict) -> tuple:
+    """The source and destination a binding's definition names, each None where the copy has none of that name."""
+    table: dict = vhost.exchanges if data["destination_kind"] == "exchange" else vhost.queues
+    return vhost.exchanges.get(data["source"]), table.get(data["destination"])

@@ -15,6 +15,7 @@ from broker.crossing.frames import NOTICE
 from broker.model import operations
 from broker.model.access import ChannelAccess
 from broker.model.remote import RemoteQueue
+from broker.model.vhost import OwnerElsewhere
 from protocol import errors
 from protocol.constants import INTERNAL_ERROR
 from protocol.errors import AMQPError
@@ -141,20 +142,14 @@ def _register(vhost: "VirtualHost", actor: operations.Actor, operation: dict, gr
     """A queue a copy's client made there (exclusive or server-named): a stand-in here, which the copies learn of."""
     name = str(operation["queue"])
     if name in vhost.queues:
-        raise errors.resource_locked(
-            f"cannot obtain exclusive access to locked queue '{name}' in vhost '{vhost.name}'. It could be originally "
-            "declared on another connection or the exclusive property value does not match that of the original "
-            "declaration.")
+        raise vhost.locked(name)
     crossing = vhost.crossing
     assert crossing is not None, "a copy's client reaches its home across"
     stand_in = RemoteQueue(vhost, name, bool(operation["durable"]), bool(operation["auto_delete"]),
                            dict(operation["arguments"]), group, crossing)
-    if operation.get("exclusive"):
-        stand_in.exclusive_owner = actor.owner
-        stand_in.recorded = False  # (an exclusive queue goes with its connection)
-        actor.owner.exclusive_queues.add(stand_in)
-    vhost.add_stand_in(stand_in, record=True)
-    stand_in.apply_policies(*vhost.policies_for("queues", name))
+    holder = actor.owner if operation.get("exclusive") else None
+    assert holder is None or isinstance(holder, OwnerElsewhere), "a copy's client is a connection elsewhere"
+    vhost.add_stand_in(stand_in, True, holder)
     return stand_in
 
 

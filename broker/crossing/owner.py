@@ -24,7 +24,7 @@ from broker.crossing.link import Link
 from broker.model.features.redelivery import consumer_delayed_retry
 from broker.model.policy import PolicyError, make_policy
 from broker.model.remote import NO_ACK_ID
-from broker.model.turns import next_turn
+from broker.model.turns import next_turn, reapply_policies
 from broker.model.vhost import OPERATOR_OWNER
 from protocol.errors import AMQPError
 from storage.definitions_log import encode_data
@@ -363,7 +363,7 @@ class HomeLink:
                                      bool(operation["present"]), operation["data"])
                 owned = [queue] if queue is not None else []
             if operation["op"] == "definitions" or "policy" in str(operation["kind"]):
-                task = asyncio.get_running_loop().create_task(copies.reapply_policies(vhost))
+                task = asyncio.get_running_loop().create_task(reapply_policies(vhost))
                 self.reapplying.add(task)
                 task.add_done_callback(self.reapplying.discard)
         except (AMQPError, PolicyError, ValueError, KeyError, TypeError) as error:  # (the home made it with the same

@@ -7,19 +7,16 @@ import asyncio
 import base64
 import binascii
 import functools
-import gc
 import json
 import math
 import re
 import socket
-import time
-from typing import TYPE_CHECKING, Any, Callable, Iterable, cast
+from typing import TYPE_CHECKING, Any, Callable
 
 from aiohttp import web
 
 from broker.connection.auth import may_log_in_from
 from broker.model.access import User
-from broker.model.turns import OffLoop, Steps
 from protocol import node_proof
 
 if TYPE_CHECKING:
@@ -31,7 +28,6 @@ SERVER = web.AppKey("server", object)  # the AMQP Server (its node, connections 
 RATES = web.AppKey("rates", object)  # management.rates.Rates: the sampled message counters
 STARTED = web.AppKey("started", float)  # time.monotonic() when the API started (the node's uptime counts from it)
 MAX_BODY_SIZE = web.AppKey("max_body_size", int)  # largest request body read, in bytes (config's)
-SLICE = 0.005  # seconds long work an API request sets off runs before it lets the event loop turn (in_slices)
 ENCODE_SLICE = 1_000  # items of a list reply encoded between two turns of the event loop (about 5 ms of queues)
 # The address of the client a request came from, as the supervisor of several workers forwards it to a worker's
 # internal API (broker.workers.api); believed only there
@@ -261,25 +257,6 @@ async def on_disk(request: web.Request) -> None:
     if not await done:
         raise ApiError(500, "internal_error", "the change could not be written to disk")
 
-
-
-async def in_slices(steps: Iterable[OffLoop | None]) -> None:
-    """Run work that yields between its small changes (an import of definitions, a policy applied to every queue of
-    a vhost), letting the event loop turn every SLICE seconds; a call it yields as OffLoop runs on a worker thread,
-    its result sent back. Each slice's young objects are collected at its end: left to the collector's own schedule,
-    the objects of ten of its first collections (50,000 allocations each, most of them kept: an import's new queues)
-    were walked in one go, 70 to 110 ms of the loop at once for 30,000 queues."""
-    slice_ends = time.monotonic() + SLICE
-    for step in steps:
-        while isinstance(step, OffLoop):  # (yielded by a generator, which takes the call's result back)
-            try:
-                step = cast(Steps, steps).send(await asyncio.to_thread(step.call))
-            except StopIteration:
-                return
-        if time.monotonic() >= slice_ends:
-            gc.collect(1)  # (the young generations: a slice's objects, a few ms at most)
-            await asyncio.sleep(0)
-            slice_ends = time.monotonic() + SLICE
 
 
 # --- authentication and tags -----------------------------------------------------------------------------------

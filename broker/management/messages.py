@@ -13,6 +13,7 @@ from typing import Callable, Iterator
 from pamqp.commands import Basic
 
 from broker.management import http
+from broker.model.turns import in_slices
 from broker.model import operations
 from broker.model.message import Address, Header, Message, QueueEntry, carbon_copy_keys
 from broker.model.queue import Queue
@@ -57,13 +58,13 @@ def from_request(body: dict, exchange: str, user: str) -> tuple[list[str], Messa
 
 async def take(queue: Queue, count: int, no_ack: bool, each: Callable[[QueueEntry], None]) -> None:
     """Up to count messages from the head of the queue (a negative count: all, as RabbitMQ counts down to 0), as gets
-    take them, each handed to each() as it is taken; the event loop turns every SLICE (http.in_slices), and after
+    take them, each handed to each() as it is taken; the event loop turns every TURN_SECONDS (in_slices), and after
     each turn's share of the expired messages ahead of one (Queue.take). A queue another process owns is asked
     there, one get after the other."""
     if isinstance(queue, RemoteQueue):
         await _taking_there(queue, count, no_ack, each)
     else:
-        await http.in_slices(_taking(queue, count, no_ack, each))
+        await in_slices(_taking(queue, count, no_ack, each))
 
 
 async def _taking_there(queue: RemoteQueue, count: int, no_ack: bool, each: Callable[[QueueEntry], None]) -> None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple
 from aiohttp import web
 
 from broker.management import http
+from broker.model.turns import in_slices
 from broker.management.messages import field_table, json_value
 from broker.model.access import ChannelAccess
 from broker.model.operations import Actor
@@ -346,7 +347,7 @@ async def named_listing(request: web.Request, named: list[tuple[str, Callable[[]
     (100,000 queues took it 3 s in one piece)."""
     if "page" not in request.query:
         items: list[dict] = []
-        await http.in_slices(items.append(make()) for _, make in named)
+        await in_slices(items.append(make()) for _, make in named)
         return await listing(request, items)
     page, page_size = _pagination(request.query)
     columns = request.query["columns"].split(",") if "columns" in request.query else None

@@ -325,10 +325,14 @@ class VirtualHost:
 
     def check_exclusive_access(self, queue: Queue, connection: "QueueOwner") -> None:
         if queue.exclusive_owner is not None and queue.exclusive_owner is not connection:
-            raise errors.resource_locked(
-                f"cannot obtain exclusive access to locked queue '{queue.name}' in vhost '{self.name}'. "
-                "It could be originally declared on another connection or the exclusive property value does "
-                "not match that of the original declaration.")
+            raise self.locked(queue.name)
+
+    def locked(self, name: str) -> errors.AMQPError:
+        """RabbitMQ's 405 for a queue another connection holds exclusively."""
+        return errors.resource_locked(
+            f"cannot obtain exclusive access to locked queue '{name}' in vhost '{self.name}'. It could be originally "
+            "declared on another connection or the exclusive property value does not match that of the original "
+            "declaration.")
 
     # --- exchanges ------------------------------------------------------------------------------------------
     def declare_exchange(self, name: str, kind: str, passive: bool, durable: bool, auto_delete: bool,
@@ -402,13 +406,18 @@ class VirtualHost:
             found = self.owners_elsewhere[(group, token)] = OwnerElsewhere(group, token)
         return found
 
-    def add_stand_in(self, queue: RemoteQueue, record: bool) -> None:
+    def add_stand_in(self, queue: RemoteQueue, record: bool, holder: "OwnerElsewhere | None" = None) -> None:
         """A queue another process owns, as a copy of the vhost (record False: its home keeps it) or its home (a
-        queue a copy's client declared there) learns of it (broker.crossing)."""
-        queue.recorded = queue.recorded and record
+        queue a copy's client declared there) learns of it (broker.crossing), with the policies that apply to it;
+        holder: the connection it is exclusive to (an exclusive queue goes with it, unrecorded)."""
+        if holder is not None:
+            queue.exclusive_owner = holder
+            holder.exclusive_queues.add(queue)
+        queue.recorded = queue.recorded and record and holder is None
         self._add_queue(queue)
         if queue.recorded:
             self._record("queue", queue.store_key, durability.queue_definition(self, queue))
+        queue.apply_policies(*self.policies_for("queues", queue.name))
 
     def keep_delayed(self, exchange: Exchange) -> None:
         """A copy's durable delayed exchange, whose waiting messages are in this process's store, is kept there too,

@@ -7,6 +7,7 @@ from urllib.parse import quote
 from aiohttp import web
 
 from broker.management import http
+from broker.model.turns import in_slices
 from broker.model.definitions import DefinitionsError, export_node, export_vhost, importing
 
 routes = web.RouteTableDef()
@@ -70,7 +71,7 @@ async def _imported(request: web.Request, vhost: str | None) -> web.Response:
     check_only = http.check_only(request)
     try:
         # (in slices: a 10 MB document, 290,000 queues, took 14 s of the event loop in one piece)
-        await http.in_slices(importing(http.node_of(request), await _document(request), vhost, check_only))
+        await in_slices(importing(http.node_of(request), await _document(request), vhost, check_only))
     except DefinitionsError as error:
         raise http.bad_request(str(error)) from None
     if not check_only:

@@ -6,7 +6,6 @@ administrators."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -14,6 +13,7 @@ from aiohttp import web
 from broker.management import http
 from broker.management.resources import listing
 from broker.model.policy import PolicyError
+from broker.model.turns import reapply_policies
 
 if TYPE_CHECKING:
     from broker.model.policy import Policy
@@ -98,9 +98,3 @@ async def delete_policy(request: web.Request) -> web.Response:
     await http.on_disk(request)
     return http.no_content()
 
-
-async def reapply_policies(vhost: "VirtualHost") -> None:
-    """Apply a policy change to the vhost's queues and exchanges, their names matched on a worker thread (with the
-    costliest pattern RE2 takes, a millisecond each, a vhost of 10,000 queues would hold the event loop 10 s), the
-    choices applied in slices (100,000 queues held it about 1 s in one piece)."""
-    await http.in_slices(vhost.applying_policy_choices(await asyncio.to_thread(vhost.policy_snapshot().choose)))

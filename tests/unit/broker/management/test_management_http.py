@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 
 import pytest
 
 from broker.management import http
 from broker.model.access import User
-from broker.model.turns import OffLoop
 
 
 @pytest.mark.parametrize("tags, rights", [
@@ -90,19 +88,3 @@ def test_a_reply_in_slices_is_compact_json_its_lists_encoded_a_slice_a_loop_turn
     assert response.content_type == "application/json"
     assert response.text == http.compact_json(items)
     assert len(turns) == max(0, (count - 1) // http.ENCODE_SLICE)
-
-
-def test_work_in_slices_has_the_calls_it_yields_off_the_loop_made_on_a_thread_and_gets_their_results():
-    seen = []
-
-    def steps():
-        seen.append((yield OffLoop(threading.get_ident)))
-        yield None
-        seen.append((yield OffLoop(lambda: "last")))
-
-    async def run():
-        await http.in_slices(steps())
-        return threading.get_ident()
-
-    loop_thread = asyncio.run(run())
-    assert seen[0] != loop_thread and seen[1] == "last"

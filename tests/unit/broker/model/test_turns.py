@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
-from broker.model.turns import TURN_SECONDS, next_turn
+from broker.model.turns import TURN_SECONDS, OffLoop, in_slices, next_turn
 
 
 def test_slices_of_many_owners_run_a_turns_budget_at_a_time_in_order():
@@ -49,3 +50,19 @@ def test_a_slice_scheduled_by_a_slice_waits_for_a_later_turn():
 
     asyncio.run(scenario())
     assert order == ["first", "second", "its next"]
+
+
+def test_work_in_slices_has_the_calls_it_yields_off_the_loop_made_on_a_thread_and_gets_their_results():
+    seen = []
+
+    def steps():
+        seen.append((yield OffLoop(threading.get_ident)))
+        yield None
+        seen.append((yield OffLoop(lambda: "last")))
+
+    async def run():
+        await in_slices(steps())
+        return threading.get_ident()
+
+    loop_thread = asyncio.run(run())
+    assert seen[0] != loop_thread and seen[1] == "last"
