@@ -218,7 +218,7 @@ class Node:
             raise errors.not_allowed(f"vhost {name} not found")
         if (name, user) not in self.permissions:
             raise errors.not_allowed(f"access to vhost '{name}' refused for user '{user}'")
-        if not (self.serves(name) or vhost.copy_ready):
+        if not vhost.serving():
             raise vhost_down(name, user)
         return vhost
 
