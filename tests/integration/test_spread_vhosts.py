@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import time
 
 import pika
 import pika.exceptions
@@ -45,8 +46,10 @@ def worker_of(broker, name: str) -> str | None:
 
 def connect_on(broker, worker: str, user: str = "guest", vhost: str = "/") -> pika.BlockingConnection:
     """A connection to vhost served by that worker: every worker listens on the port, and the kernel picks one, so
-    clients connect until one lands there."""
-    for _ in range(200):
+    clients connect until one lands there (for a few seconds: a worker serves a vhost made since it started once
+    its copy of it comes, within a second)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
         name = f"client-{next(names)}"
         parameters = pika.URLParameters(broker.url.replace("guest:guest", f"{user}:{user}") if user != "guest"
                                         else broker.url)
