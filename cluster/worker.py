@@ -46,6 +46,7 @@ from broker.management.prometheus import make_prometheus_app
 from broker.management.views.nodes import node_entry
 from broker.model.definitions import VHOST_SECTIONS, export_node_wide, of_vhosts
 from broker.model.node import Node
+from broker.model.queue import Queue
 from broker.workers.board import CLUSTER_SECRET, PLACEMENT_KEY, BoardCopy, group_key, maintenance_key, members_key
 from broker.workers.control import CONTROL_LINE_LIMIT, WorkerControl, receive, run_worker, send
 from broker.workers.logins import NodeLoginThrottle
@@ -203,8 +204,22 @@ class GroupWorker:
         if served is not None and served.remote_queues:
             names = ", ".join(sorted(repr(queue.name) for queue in served.queues.values() if queue.owner is not None))
             raise ValueError(f"vhost '{vhost}' has queues other workers own ({names[:200]}): moving a vhost moves "
-                             "what its worker's store holds, so these would be left behind; moving such a vhost is "
-                             "not supported yet")
+                             "what its worker's store holds, so these would be left behind; move them to its worker "
+                             "first (PUT /api/queues/{vhost}/{name}/group)")
+
+    def check_queue_move(self, vhost: str, queue: Queue, group: int) -> None:
+        self.groups.check_group(group)
+        if self.config.spread_vhosts:
+            raise ValueError(f"with [server] spread_vhosts every worker keeps a copy of vhost '{vhost}'; moving a queue "
+                             "is not supported there yet")
+        named = f"queue '{queue.name}' in vhost '{vhost}'"
+        if queue.queue_type == "stream":
+            raise ValueError(f"{named} is a stream: a stream stays on the worker of its vhost")
+        if queue.exclusive_owner is not None:
+            raise ValueError(f"{named} is exclusive: it stays on the worker that serves its connection")
+        if not queue.durable:
+            raise ValueError(f"{named} is not durable: moving a queue restarts the workers that hold it, which a "
+                             "transient queue does not outlive")
 
     # --- broker.connection.server.WorkerRole ----------------------------------------------------------------
     def serves(self, vhost: str) -> bool:

@@ -267,11 +267,11 @@ class MessageStore:
 
     def delete_queue(self, queue: str) -> None:
         """All messages of ``queue`` are gone, and so is its definition."""
-        self._drop_messages(queue)
+        self.drop_messages(queue)
         self.append_definition("queue", queue, None)
 
-    def _drop_messages(self, queue: str) -> None:
-        """All messages of ``queue`` are gone (a watermark in the definitions log says so)."""
+    def drop_messages(self, queue: str) -> None:
+        """All messages of ``queue`` are gone (a watermark in the definitions log says so); its definition stays."""
         below = self._recovered_index().drop_queue(queue)
         self._pending_definitions += records.queue_deleted(queue, below)
         if not self._kick_scheduled:
@@ -318,7 +318,7 @@ class MessageStore:
             kept.append(quarantine.write(f"messages-{name}", _publish_records(key, stored)))
         if self.streams.path_of(key).exists():
             kept.append(quarantine.take(self.streams.path_of(key), f"stream-{name}"))
-        self._drop_messages(key)
+        self.drop_messages(key)
         return kept
 
     def when_durable(self, callback: Callable[[bool], None]) -> None:

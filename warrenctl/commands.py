@@ -329,14 +329,18 @@ def set_vhost_leader(ctx: Context, args: Any) -> None:
       "workers: the two workers stop, and start again once it is moved", "group", per_vhost=True)
 def move_vhost(ctx: Context, args: Any) -> None:
     ctx.say(f'Moving vhost "{args.vhost}" to group {args.group} ...')
-    try:
-        group = int(args.group)
-    except ValueError:
-        raise CommandError(f"the group is a worker's number, got {args.group!r}", EX_USAGE) from None
+    group = group_number(args.group)
     try:
         ctx.client.put(f"/api/vhosts/{quote(args.vhost)}/group", {"group": group})
     except NotFound:
         raise vhost_missing(args.vhost) from None
+
+
+def group_number(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise CommandError(f"the group is a worker's number, got {text!r}", EX_USAGE) from None
 
 
 @verb("clear_vhost_leader", "Lets the cluster's elections choose the node that leads the virtual host again",
@@ -459,6 +463,18 @@ def delete_queue(ctx: Context, args: Any) -> None:
     except NotFound:
         raise queue_missing(args.queue, args.vhost) from None
     ctx.say(f"Queue was successfully deleted with {ready} ready messages")
+
+
+@verb("move_queue", "Moves a durable queue to another worker's replication group, on a node of several workers: the "
+      "workers that hold it stop, and start again once it is moved", "queue", "group", per_vhost=True)
+def move_queue(ctx: Context, args: Any) -> None:
+    ctx.say(f"Moving queue '{args.queue}' in vhost '{args.vhost}' to group {args.group} ...")
+    group = group_number(args.group)
+    try:
+        ctx.client.put(f"/api/queues/{quote(args.vhost)}/{quote(args.queue)}/group", {"group": group})
+    except NotFound:
+        require_vhost(ctx.client, args.vhost)
+        raise queue_missing(args.queue, args.vhost) from None
 
 
 @verb("close_connection", "Closes a connection (named as list_connections name shows it) with a reason",

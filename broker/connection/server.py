@@ -27,6 +27,7 @@ from broker.model.definitions import DefinitionsError, import_definitions
 from broker.model.durability import UnownedQueue, held_vhosts, restore
 from broker.model.features.paging import Paging
 from broker.model.node import Node
+from broker.model.queue import Queue
 from broker.federation.component import Federation
 from broker.federation.link import LinkSettings
 from broker.shovel.component import Shovels, static_shovel
@@ -131,6 +132,11 @@ class Leadership(Protocol):
     def check_move(self, vhost: str, group: int) -> None:
         """ValueError naming why the vhost's data cannot move to another group (then moved by the supervisor, on a
         node of workers outside a cluster: broker.workers.moving)."""
+        ...
+
+    def check_queue_move(self, vhost: str, queue: Queue, group: int) -> None:
+        """ValueError naming why a queue of the vhost cannot move to another worker's group (then moved by the
+        supervisor, on a node of workers outside a cluster: broker.workers.moving)."""
         ...
 
 

@@ -80,6 +80,7 @@ FOUND_ON_ONE = frozenset(("/api/connections/{name}", "/api/connections/{name}/ch
 QUEUE = "/api/queues/{vhost}/{name}"  # one queue: with spread_vhosts, its consumers are on every worker
 QUEUES = frozenset(("/api/queues", "/api/queues/{vhost}"))  # with spread_vhosts, each queue as its owner counts it
 GROUP = "/api/vhosts/{vhost}/group"  # a vhost's data moved to another worker's group (PUT), by the supervisor
+QUEUE_GROUP = "/api/queues/{vhost}/{name}/group"  # one queue's, the same way
 MAINTENANCE = "/api/nodes/{name}/maintenance"  # PUT: the node drained; DELETE: revived (by the supervisor)
 NODES = "/api/nodes"  # a worker's answer: its own entry (a node per worker), following its group's leader or not
 # Node-wide changes: made on every worker (PUT and DELETE; the import of a whole node's definitions is POSTed)
@@ -105,17 +106,17 @@ class WorkerApis(ApiClient):
 
     async def ask(self, worker: int, request: web.Request, body: Body = None, path_qs: str | None = None,
                   check_only: bool = False, metrics: bool = False, client: str | None = None,
-                  body_key: bytes | None = None) -> Answer:
+                  body_key: bytes | None = None, method: str | None = None) -> Answer:
         """The worker's answer to request (with body: bytes, or the request's own, streamed as the worker reads
         it), from its management API or, with metrics, its Prometheus endpoint; on a clustered node, from the
         worker that leads its group, here or on another node (whose API is asked, proven, for that worker's answer).
         ``client``: the client's address, when not the request's (a request another node's API forwarded, whose
-        body ends with the HMAC ``body_key`` checks)."""
+        body ends with the HMAC ``body_key`` checks); ``method``: the one to ask with, if not the request's."""
         await self.supervisor.leader_named(worker)
         target = self.supervisor.api_target(worker, metrics)
         if target is None:
             return unavailable(f"worker {worker}", request, ConnectionError(f"no node leads group {worker} now"))
-        return await self.ask_at(target, worker, request, body, path_qs, check_only, client, body_key=body_key)
+        return await self.ask_at(target, worker, request, body, path_qs, check_only, client, method, body_key)
 
 class Gateway:
     """The public API's one handler: what goes where (see the module's text)."""
@@ -186,6 +187,8 @@ class Gateway:
             return await self.everywhere(request, pattern, vhost)
         if method == "PUT" and pattern == GROUP and vhost is not None:
             return await self.move(request, vhost)
+        if method == "PUT" and pattern == QUEUE_GROUP and vhost is not None:
+            return await self.move_queue(request, vhost, match["name"])
         if method == "POST" and pattern == "/api/definitions":
             return await self.import_everywhere(request)
         if method in ("PUT", "DELETE") and pattern == MAINTENANCE:
@@ -340,6 +343,30 @@ class Gateway:
         except (MoveError, OSError) as error:
             log.error("could not move vhost '%s' to worker %d: %s", vhost, target, error)
             return http.error_response(500, "internal_server_error", f"the vhost could not be moved: {error}")
+        return web.Response(status=204)
+
+    async def move_queue(self, request: web.Request, vhost: str, name: str) -> web.Response:
+        """A durable queue moved to another worker's group: the worker that leads its vhost checks the request (as
+        a vhost's move, and the queue: cluster.worker's check_queue_move) and names its owner, then the supervisor
+        moves it."""
+        kept = bytearray()
+        home = self.leader_of(vhost)
+        answer = await self.apis.ask(home, request, body_of(request, kept))
+        if answer.status >= 300:
+            return answer.response()
+        shown = await self.apis.ask(home, request, b"", path_qs=request.raw_path.partition("?")[0].removesuffix(
+            "/group"), method="GET")
+        if shown.status != 200:
+            return shown.response()
+        source = http.worker_named(str(shown.json().get("node")), len(self.workers))
+        target = json.loads(kept)["group"]
+        try:
+            if source is None:
+                raise MoveError(f"its owner, {shown.json().get('node')!r:.100}, is not a worker of this node")
+            await self.supervisor.move_queue(vhost, name, source, target)
+        except (MoveError, OSError) as error:
+            log.error("could not move queue '%s' of vhost '%s' to worker %d: %s", name, vhost, target, error)
+            return http.error_response(500, "internal_server_error", f"the queue could not be moved: {error}")
         return web.Response(status=204)
 
     async def nodes(self, request: web.Request, name: str | None) -> web.Response:

@@ -150,6 +150,8 @@ class Placement(VhostLeaders):
 Recorder = Callable[[list[str], list[str]], Awaitable[dict[str, int]]]
 MOVES_IN_A_CLUSTER = ("a vhost of a cluster stays in the group it was recorded in: it does not move between groups; "
                       "choose the node that leads its group instead (PUT .../leader)")
+QUEUE_MOVES_IN_A_CLUSTER = ("a queue of a cluster stays in its vhost's group: it does not move between groups; choose "
+                            "the node that leads the group instead (PUT /api/vhosts/{vhost}/leader)")
 
 
 class RecordedPlacement(VhostLeaders):
@@ -176,15 +178,21 @@ class RecordedPlacement(VhostLeaders):
 
     def check_move(self, vhost: str, group: int) -> None:
         """ValueError naming why the vhost cannot move to that worker's group (broker.workers.moving moves it)."""
-        if not self.movable:
-            raise ValueError(MOVES_IN_A_CLUSTER)
-        if not 0 <= group < self.workers:
-            raise ValueError(f"there is no group {group}: this node runs {self.workers} workers, groups 0 to "
-                             f"{self.workers - 1}")
+        self.check_group(group, MOVES_IN_A_CLUSTER)
         pinned = self.pins.get(vhost)
         if pinned is not None and pinned != group:
             raise ValueError(f"vhost '{vhost}' is pinned to group {pinned} by the config ([[vhosts]] worker): change "
                              "the pin to move it")
+
+
+    def check_group(self, group: int, in_a_cluster: str = QUEUE_MOVES_IN_A_CLUSTER) -> None:
+        """ValueError unless data may move to that worker's group: one this node runs, outside a cluster (whose
+        refusal says in_a_cluster)."""
+        if not self.movable:
+            raise ValueError(in_a_cluster)
+        if not 0 <= group < self.workers:
+            raise ValueError(f"there is no group {group}: this node runs {self.workers} workers, groups 0 to "
+                             f"{self.workers - 1}")
 
 
 class ClusterPlacement(VhostLeaders):

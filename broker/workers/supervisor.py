@@ -170,7 +170,7 @@ class Supervisor:
         self.clustered = bool(config.cluster_etcd_endpoints)
         config.cluster_node_id = config.cluster_node_id or http.UNCLUSTERED_NODE  # (the board's and the API's name)
         self.board = Board(led_elsewhere(config.cluster_node_id), changed=self._posted)
-        self.moving = asyncio.Lock()  # one vhost moved at a time
+        self.moving = asyncio.Lock()  # one vhost or queue moved at a time
         self.saving = asyncio.Lock()  # one write of placement.json at a time
         # One change of the vhosts through the API at a time (broker.workers.api): its vhosts placed, made on every
         # worker, and forgotten if refused, with no other change of them in between
@@ -459,23 +459,44 @@ class Supervisor:
             source = self.placement.leaders.get(vhost, 0)
             if source == target:
                 return
-            pair = [self.workers[source], self.workers[target]]
-            held = asyncio.Event()
-            for worker in pair:
-                worker.held = held
             loop = asyncio.get_running_loop()
-            try:
-                log.info("stopping workers %d and %d to move vhost '%s' from one to the other", source, target, vhost)
-                await self._stop_workers(pair)
-                await loop.run_in_executor(None, moving.move, self.data_dir, vhost, source, target,
-                                           lambda: self.placement.leaders.get(vhost, 0),
-                                           lambda: self._lead(vhost, target, loop))
-            finally:
-                for worker in pair:
-                    worker.held = None
-                held.set()
-            await asyncio.wait([asyncio.ensure_future(worker.serving.wait()) for worker in pair],
-                               timeout=MOVED_SERVING_WAIT)
+            log.info("stopping workers %d and %d to move vhost '%s' from one to the other", source, target, vhost)
+            await self._stopped_for([source, target], lambda: moving.move(
+                self.data_dir, vhost, source, target, lambda: self.placement.leaders.get(vhost, 0),
+                lambda: self._lead(vhost, target, loop)))
+
+    async def move_queue(self, vhost: str, queue: str, source: int, target: int) -> None:
+        """Move a durable queue of vhost from worker source (its owner when the move was asked) to target
+        (broker.workers.moving): the vhost's worker, source and target stop cleanly, the queue's data moves, and
+        they start again; returns once they serve. moving.MoveError if a store could not be read or written, or the
+        queue changed meanwhile. (The vhost's worker has checked the move first: cluster.worker's
+        check_queue_move.)"""
+        async with self.moving:
+            home = self.placement.leaders.get(vhost, 0)
+            if source == target:
+                return
+            stopped = sorted({home, source, target})
+            log.info("stopping workers %s to move queue '%s' of vhost '%s' from worker %d to worker %d",
+                     ", ".join(map(str, stopped)), queue, vhost, source, target)
+            await self._stopped_for(stopped, lambda: moving.move_queue(self.data_dir, vhost, queue, home, source,
+                                                                       target))
+
+    async def _stopped_for(self, numbers: list[int], work: Callable[[], None]) -> None:
+        """work() run on a thread while these workers are stopped (cleanly); they start again after it, and this
+        returns once they serve (or MOVED_SERVING_WAIT passed)."""
+        stopped = [self.workers[number] for number in numbers]
+        held = asyncio.Event()
+        for worker in stopped:
+            worker.held = held
+        try:
+            await self._stop_workers(stopped)
+            await asyncio.get_running_loop().run_in_executor(None, work)
+        finally:
+            for worker in stopped:
+                worker.held = None
+            held.set()
+        await asyncio.wait([asyncio.ensure_future(worker.serving.wait()) for worker in stopped],
+                           timeout=MOVED_SERVING_WAIT)
 
     def _lead(self, vhost: str, worker: int, loop: asyncio.AbstractEventLoop) -> None:
         """The placement names worker for vhost, durably: called on the mover's thread, done on the loop."""
@@ -492,7 +513,8 @@ class Supervisor:
 
     async def _finish_moving(self) -> None:
         """A move a stop interrupted is finished before any worker starts (broker.workers.moving); one that cannot
-        be is logged, and tried again at the next start: the vhost is whole where the placement says meanwhile."""
+        be is logged, and tried again at the next start: the vhost (or queue) is whole where the placement (or its
+        home's record) says meanwhile."""
         try:
             move = moving.pending(self.data_dir)
             if move is not None:
@@ -501,7 +523,7 @@ class Supervisor:
                                            lambda: self.placement.leaders.get(move["vhost"], 0),
                                            lambda: self._lead(move["vhost"], move["to"], loop))
         except (moving.MoveError, OSError) as error:
-            log.error("could not finish moving a vhost between workers: %s", error)
+            log.error("could not finish moving a vhost or queue between workers: %s", error)
 
     async def _stop_workers(self, workers: list[WorkerProcess]) -> None:
         """Stop workers cleanly (SIGTERM, then SIGKILL after STOP_GRACE)."""

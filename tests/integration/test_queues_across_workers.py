@@ -18,6 +18,7 @@ import pytest
 from tests.bench.client import BenchConnection, BrokerURL, ConfirmTracker, message_frames
 from tests.integration.helpers import Inbox, channel_error, consume, message_count, stay_quiet, wait_until
 from tests.integration.management import request
+from tests.integration.test_warrenctl import failed, ok
 from tests.integration.test_workers import ConfirmedPublisher, after_the_kill, worker_pids
 from tests.waiting import wait_for
 
@@ -392,10 +393,78 @@ def test_an_unused_queue_elsewhere_expires_and_a_redeclare_keeps_it(two_workers)
         assert "kept-alive" in owners(broker)
 
 
-def test_a_vhost_whose_queues_other_workers_own_is_not_moved(two_workers):
+def test_a_vhost_whose_queues_other_workers_own_is_not_moved_until_they_are_moved_to_its_worker(two_workers):
     broker = two_workers()
     with connect(broker) as conn:
-        declare_elsewhere(broker, conn.channel(), "elsewhere")
+        place_elsewhere(broker, conn.channel(), {"elsewhere": {"durable": True}})
     reply = request(broker, "PUT", "/api/vhosts/%2F/group", {"group": 1})
     assert reply.status == 400
     assert "vhost '/' has queues other workers own ('elsewhere')" in reply.body["reason"]
+    assert request(broker, "PUT", "/api/queues/%2F/elsewhere/group", {"group": 0}).status == 204  # moved home first
+    assert request(broker, "PUT", "/api/vhosts/%2F/group", {"group": 1}).status == 204
+    assert set(owners(broker).values()) == {"1"}
+
+
+def test_a_queue_moves_to_another_worker_and_back_with_its_messages_bindings_and_policy(two_workers):
+    """PUT /api/queues/{vhost}/{name}/group (warrenctl move_queue) moves a durable queue to another worker: the
+    workers that hold it stop and start again, and it comes back on the worker named with what a restart keeps, its
+    bindings and its policy; what cannot move is refused, naming why."""
+    broker = two_workers()
+    with connect(broker) as conn:
+        channel = conn.channel()
+        channel.confirm_delivery()
+        channel.exchange_declare("orders", "direct", durable=True)
+        channel.queue_declare("moving", durable=True)
+        channel.queue_bind("moving", "orders", "new")
+        for number in range(3):
+            channel.basic_publish("orders", "new", b"order %d" % number, PERSISTENT)
+        delivered, _, _ = channel.basic_get("moving")  # order 0, given back: it moves redelivered
+        channel.basic_nack(delivered.delivery_tag, requeue=True)
+        channel.queue_declare("transient")
+        channel.queue_declare("log", durable=True, arguments={"x-queue-type": "stream"})
+        holder = connect(broker)
+        holder.channel().queue_declare("mine", durable=True, exclusive=True)
+    assert request(broker, "PUT", "/api/policies/%2F/short", {"pattern": "^moving$", "definition": {"max-length": 10},
+                                                              "apply-to": "queues"}).status == 201
+    assert owners(broker)["moving"] == "0"
+
+    def refused(name: str, group) -> str:
+        reply = request(broker, "PUT", f"/api/queues/%2F/{name}/group", {"group": group})
+        assert reply.status == 400, reply
+        return reply.body["reason"]
+
+    assert refused("moving", 2) == "there is no group 2: this node runs 2 workers, groups 0 to 1"
+    assert refused("moving", "1") == "group must be a number, got '1'"
+    assert refused("transient", 1) == ("queue 'transient' in vhost '/' is not durable: moving a queue restarts the "
+                                       "workers that hold it, which a transient queue does not outlive")
+    assert refused("log", 1) == "queue 'log' in vhost '/' is a stream: a stream stays on the worker of its vhost"
+    assert refused("mine", 1) == ("queue 'mine' in vhost '/' is exclusive: it stays on the worker that serves its "
+                                  "connection")
+    assert request(broker, "PUT", "/api/queues/%2F/nope/group", {"group": 1}).status == 404
+    assert failed(broker, "move_queue", "nope", "1") == (69, "Error: Queue 'nope' does not exist in vhost '/'")
+    holder.close()
+
+    assert ok(broker, "move_queue", "moving", "1") == "Moving queue 'moving' in vhost '/' to group 1 ...\n"
+    assert owners(broker)["moving"] == "1"
+    assert request(broker, "GET", "/api/queues/%2F/moving").body["policy"] == "short"
+    with connect(broker) as conn:
+        channel = conn.channel()
+        channel.confirm_delivery()
+        channel.basic_publish("orders", "new", b"after the move", PERSISTENT)  # routed by the binding it kept
+        gets = [channel.basic_get("moving", auto_ack=True) for _ in range(5)]
+        assert [(body, method.redelivered) for method, _, body in gets[:4]] == [
+            (b"order 0", True), (b"order 1", False), (b"order 2", False), (b"after the move", False)]
+        assert gets[4][0] is None
+        for number in range(12):  # its policy applies where it is now
+            channel.basic_publish("orders", "new", b"back %d" % number, PERSISTENT)
+        assert channel.queue_declare("moving", passive=True).method.message_count == 10
+
+    assert request(broker, "PUT", "/api/queues/%2F/moving/group", {"group": 0}).status == 204  # and back
+    assert owners(broker)["moving"] == "0"
+    broker.restart()
+    assert not (broker.data_dir / "workers" / "moving.json").exists()
+    assert owners(broker)["moving"] == "0"
+    with connect(broker) as conn:
+        channel = conn.channel()
+        bodies = [channel.basic_get("moving", auto_ack=True)[2] for _ in range(11)]
+        assert bodies == [b"back %d" % number for number in range(2, 12)] + [None]

@@ -280,8 +280,8 @@ def test_refused_credentials_exit_77(broker):
 
 @pytest.mark.skipif(WORKERS > 1, reason="a broker of several workers moves vhosts between them (test_workers.py)")
 def test_a_vhosts_leader_is_chosen_only_among_workers(broker):
-    for verb, argument in (("set_vhost_leader", "b"), ("move_vhost", "1")):
-        assert failed(broker, verb, argument)[1] == (
+    for argv in (("set_vhost_leader", "b"), ("move_vhost", "1"), ("move_queue", "q", "1")):
+        assert failed(broker, *argv)[1] == (
             "Error: a vhost's leader and group are chosen among the workers of a broker with several ([server] "
             "workers), or the nodes of a cluster; this broker runs one process of its own")
     assert failed(broker, "clear_vhost_leader", "-p", "no-such-vhost")[1] == (

@@ -1,5 +1,5 @@
-"""The management API: which node leads a vhost, an operator's choice of it, and a vhost moved to another group
-(Warren's own).
+"""The management API: which node leads a vhost, an operator's choice of it, and a vhost or one of its queues moved
+to another group (Warren's own).
 
 Each worker slot of a node of workers is a replication group, and a vhost lives in one group (cluster.worker).
 - ``.../leader``: moving a vhost's leadership moves its group's, with the other vhosts of that group, and no data:
@@ -7,13 +7,16 @@ Each worker slot of a node of workers is a replication group, and a vhost lives 
   leadership moves the cluster's; a node outside a cluster leads every group itself.)
 - ``.../group``: on a node of workers outside a cluster, the vhost's data moves to another worker's group: the
   worker that leads it checks the request, and the supervisor moves it (broker.workers.api, broker.workers.moving).
-  A cluster's vhosts stay in the group recorded for them (broker.workers.placement)."""
+  A cluster's vhosts stay in the group recorded for them (broker.workers.placement).
+- ``/api/queues/{vhost}/{name}/group``: the same for one durable queue of the vhost (a queue's owner is the group
+  that keeps its messages and runs it: broker.crossing)."""
 
 from __future__ import annotations
 
 from aiohttp import web
 
 from broker.management import http
+from broker.management.resources import find_queue
 
 routes = web.RouteTableDef()
 
@@ -65,15 +68,33 @@ async def unpin_leader(request: web.Request) -> web.Response:
 @routes.put("/api/vhosts/{vhost}/group")
 async def move_to_group(request: web.Request) -> web.Response:
     """Checked here, by the worker that leads the vhost; moved by the supervisor once this answers 204."""
-    leadership, body = await asked(request, "group")
-    group = body["group"]
-    if type(group) is not int:
-        raise http.bad_request(f"group must be a number, got {group!r:.100}")
+    leadership, group = await group_asked(request)
     try:
         leadership.check_move(request.match_info["vhost"], group)
     except ValueError as error:
         raise http.bad_request(str(error)) from None
     return web.Response(status=204)
+
+
+@routes.put("/api/queues/{vhost}/{name}/group")
+async def move_queue_to_group(request: web.Request) -> web.Response:
+    """Checked here, by the worker that leads the queue's vhost; moved by the supervisor once this answers 204."""
+    leadership, group = await group_asked(request)
+    queue = find_queue(http.named_vhost(request), request.match_info["name"])
+    try:
+        leadership.check_queue_move(request.match_info["vhost"], queue, group)
+    except ValueError as error:
+        raise http.bad_request(str(error)) from None
+    return web.Response(status=204)
+
+
+async def group_asked(request: web.Request):
+    """An administrator's request to move something to a group: the leadership, and the group's number."""
+    leadership, body = await asked(request, "group")
+    group = body["group"]
+    if type(group) is not int:
+        raise http.bad_request(f"group must be a number, got {group!r:.100}")
+    return leadership, group
 
 
 async def changed(leadership, vhost: str, node: str | None) -> web.Response:
