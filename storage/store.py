@@ -39,6 +39,7 @@ STOP_TIMEOUT: Final = 60.0  # seconds close() waits for the writer to write the 
 ID_RECORD_IDS: Final = 16384  # ids gathered for one REMOVED or DELIVERED record, at most (its compaction's step)
 REMOVAL_SLICE: Final = 16384  # ids of a large removal (a purge of a deep queue) marked per loop turn
 PROBE_INTERVAL: Final = 1.0  # seconds between two tries of the disk while writes fail and nothing else is written
+COMPACTION_RETRY: Final = 1.0  # seconds before a segment whose compaction failed is compacted again
 
 
 class MessageStore:
@@ -64,6 +65,7 @@ class MessageStore:
         self._loop = loop  # None: the running loop at the first append
         self._segment_bytes = segment_bytes
         self._compact_ratio = compact_ratio
+        self._paused_compactions: set[int] = set()  # segments whose compaction failed, until it is tried again
         self._min_compact_bytes = min_compact_bytes
         self._stop_timeout = stop_timeout
         self._lock = DataDirLock(self._data_dir)  # held from recover() until close()
@@ -528,12 +530,24 @@ class MessageStore:
         index = self._recovered_index()
         if index.segments.get(segment.number) is not segment:
             return  # it emptied and was deleted (with its rewrite) meanwhile; the deletion's batch kicks anyway
-        if compaction.size is None:
-            segment.compacting = False
-        else:
-            index.compacted(segment, compaction.size, compaction.upto, compaction.refers)
+        if compaction.size is None:  # tried again after a pause: a full disk would fail it at once, again and again
+            assert self._loop is not None, "compactions start from batches, handed over on the loop"
+            self._paused_compactions.add(segment.number)  # (still marked compacting meanwhile, so that none starts)
+            self._loop.call_later(COMPACTION_RETRY, self._compaction_retried, segment)
+            return
+        index.compacted(segment, compaction.size, compaction.upto, compaction.refers)
         if not self._kick_scheduled and not self._closed:
             self._schedule_kick()
+
+    def _compaction_retried(self, segment: Segment) -> None:
+        """A segment whose compaction failed may be compacted again (unless it went meanwhile)."""
+        self._paused_compactions.discard(segment.number)
+        segment.compacting = False
+        index = self._recovered_index()
+        if index.segments.get(segment.number) is segment and not self._closed:
+            index.dirty.add(segment.number)
+            if not self._kick_scheduled:
+                self._schedule_kick()
 
     # --- replication ----------------------------------------------------------------------------------------
     def replicate(self, tap: Tap, gate: Callable[[int, Callable[[], None]], None]) -> None:
@@ -593,7 +607,8 @@ class MessageStore:
             "segments": len(segments),
             "live_messages": index.live_refs if index else 0,  # (queue, message) pairs
             "index_bytes": sum(len(segment.states) for segment in segments),
-            "compactions_running": sum(segment.compacting for segment in segments),
+            "compactions_running": sum(segment.compacting and segment.number not in self._paused_compactions
+                                       for segment in segments),
             "batches": self._writer.batches,
             "fsyncs": self._writer.fsyncs,
             "bytes_written": self._writer.bytes_written,

@@ -20,6 +20,7 @@ batches, so that what they hold up to those sizes plus every later frame is the 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import queue
@@ -42,6 +43,7 @@ from storage.segments import (
 log = logging.getLogger(__name__)
 
 COMPACTION_PACE = 2  # compaction input bytes owed per byte written: a segment may be rewritten twice as it empties
+NO_ROOM = frozenset((errno.ENOSPC, errno.EDQUOT))  # a write failed for want of room (the disk, or the user's quota)
 
 Tap = Callable[[int, list[Op]], None]  # tap(sequence, ops), on the writer thread
 # cut(sequence, [(relative path, fd open for reading, size)]): the files as of that sequence; the receiver closes fds
@@ -95,6 +97,7 @@ class Writer:
         self._compaction_owed = 0  # input bytes compactions get before the next batch, even if one is waiting
         self.failed = False  # a write failed and could not be undone: every later batch fails too
         self._failing = False  # the last batch failed (an OSError is logged once per run of failures)
+        self._compaction_failing = False  # the last compaction failed for an OSError (logged once per run of them)
         self.batches = 0  # batches written
         self.fsyncs = 0  # fdatasync/fsync calls made for batches
         self.bytes_written = 0
@@ -158,20 +161,27 @@ class Writer:
             pass
 
     def _write(self, batch: Batch) -> bool:
-        """Write and fdatasync the batch, then act on it; on any failure cut the files back and return False."""
+        """Write and fdatasync the batch, then act on it; on any failure cut the files back and return False. A
+        batch the disk had no room for first frees what it lets go (its spent segments, and the stream segments
+        retention let go), and is tried once more: deleting a segment whose messages are all gone only makes their
+        removal final, though the records that say so are not written yet, and on a full disk it is the only way
+        out (a spent segment that waits for a batch to succeed would wait for ever)."""
         if self.failed:
             return False
-        touched: dict[int, int] = {}  # fd -> size before this batch
-        self._frame = None if self.tap is None else []
-        try:
-            self._append(batch, touched)
-        except Exception as error:
+        error = self._try(batch)
+        if isinstance(error, OSError) and error.errno in NO_ROOM and (batch.deletions or batch.unlinks) \
+                and not self.failed:
+            self._apply_deletions(batch.deletions)
+            self._apply_unlinks(batch.unlinks)
+            self._tell_tap("the deletions that make room for a failed batch")
+            batch.deletions, batch.unlinks = [], []  # (done: not asked again if the batch fails once more)
+            error = self._try(batch)
+        if error is not None:
             if not isinstance(error, OSError):
-                log.critical("store write failed, %d callbacks get a failure", len(batch.callbacks), exc_info=True)
+                log.critical("store write failed, %d callbacks get a failure", len(batch.callbacks), exc_info=error)
             elif not self._failing:
                 log.error("store write failed, %d callbacks get a failure: %s", len(batch.callbacks), error)
             self._failing = True
-            self._roll_back(touched)
             return False
         self._failing = False
         self.batches += 1
@@ -181,6 +191,17 @@ class Writer:
             log.critical("store housekeeping after a batch failed (the batch itself is on disk)", exc_info=True)
         self._tell_tap("the deletions after a batch")
         return True
+
+    def _try(self, batch: Batch) -> Exception | None:
+        """Append the batch and make it durable; on any failure cut the files back and return the error."""
+        touched: dict[int, int] = {}  # fd -> size before this batch
+        self._frame = None if self.tap is None else []
+        try:
+            self._append(batch, touched)
+        except Exception as error:
+            self._roll_back(touched)
+            return error
+        return None
 
     def _append(self, batch: Batch, touched: dict[int, int]) -> None:
         """Write the batch's bytes and make them durable, with the entries of any file it made; ``touched`` gets
@@ -375,9 +396,12 @@ class Writer:
             return next(steps)
         except StopIteration:
             log.debug("compacted segment %d to %d bytes", job.segment.number, job.size)
+            self._compaction_failing = False
             self._tell_compacted(job)
         except OSError as error:
-            log.error("compaction of segment %d failed: %s", job.segment.number, error)
+            if not self._compaction_failing:  # (once per run of failures: a full disk fails each retry)
+                log.error("compaction of segment %d failed: %s", job.segment.number, error)
+            self._compaction_failing = True
             job.abandon()
             job.size = None
         except CorruptRecord as error:

@@ -163,3 +163,78 @@ def test_the_segment_that_filled_the_disk_goes_once_consumed(tiny_tmpfs):
 
     asyncio.run(main())
     assert [m.msg_id for m in reopen(data_dir).messages["q"]] == list(range(2000, 2010))
+
+
+def take_every_byte_left(path) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, b"\0" * 512):
+            pass
+    except OSError as error:
+        assert error.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+
+
+async def fill_a_segment(store) -> list[int]:
+    """Messages of 4 KB to "q" until the disk refuses one; the ids stored (the store goes on in a fresh segment)."""
+    stored = []
+    for msg_id in range(1000):
+        store.append_message(msg_id, ("q",), "", "q", b"h", b"%d:" % msg_id + b"x" * 4000)
+        if not await durable(store):
+            return stored
+        stored.append(msg_id)
+    pytest.fail("the disk never filled")
+
+
+def test_a_removal_with_no_byte_left_makes_room_by_deleting_the_segment_it_empties(tiny_tmpfs):
+    """Not even the removal records fit: the batch frees the segment they empty, and is written at the second try."""
+    data_dir = tiny_tmpfs / "data"
+
+    async def main() -> None:
+        store = MessageStore(data_dir)
+        store.recover()
+        stored = await fill_a_segment(store)
+        take_every_byte_left(tiny_tmpfs / "filler")
+        store.append_removed("q", stored)  # consumed
+        assert await durable(store) is True
+        assert store.healthy is True
+        store.close()
+
+    asyncio.run(main())
+    assert "q" not in reopen(data_dir).messages
+
+
+def test_a_compaction_the_full_disk_refuses_is_tried_again_after_a_pause_and_said_once(tiny_tmpfs, caplog):
+    data_dir = tiny_tmpfs / "data"
+    first = data_dir / "messages" / "0000000000.seg"
+
+    async def main() -> list[int]:
+        ballast = tiny_tmpfs / "ballast"  # room given back later
+        ballast.write_bytes(b"\0" * 65536)
+        store = MessageStore(data_dir, min_compact_bytes=1)
+        store.recover()
+        stored = await fill_a_segment(store)
+        take_every_byte_left(tiny_tmpfs / "filler")
+        full_size = first.stat().st_size
+        for msg_id in stored[: len(stored) * 3 // 4]:  # the segment worth compacting, the disk too full for it
+            store.append_removed("q", [msg_id])
+            await durable(store)
+        ballast.unlink()
+        await wait_until(lambda: first.stat().st_size < full_size, 5.0)  # compacted once the pause is over
+        store.append_removed("q", [stored[-1]])
+        assert await durable(store) is True
+        store.close()
+        return stored
+
+    stored = asyncio.run(main())
+    failures = [record for record in caplog.records if "compaction of segment" in record.getMessage()]
+    assert len(failures) == 1, [record.getMessage() for record in failures]
+    assert [message.msg_id for message in reopen(data_dir).messages["q"]] == stored[len(stored) * 3 // 4:-1]
+
+
+async def wait_until(condition, seconds: float) -> None:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "not within %s s" % seconds
+        await asyncio.sleep(0.05)
