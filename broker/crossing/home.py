@@ -352,7 +352,8 @@ class OwnerLink:
         if asked is None:
             raise FrameError(f"an answer to get {number}, which was not asked")
         queue, answer = asked
-        queue.counted(ready, queue.ready_bytes, queue.retrying_at_owner)
+        queue.counted(ready, queue.ready_bytes, queue.retrying_at_owner, queue.consumers_at_owner,
+                      queue.waiting_at_owner)
         answer(QueueEntry(*found) if found is not None else None)
 
     def subscribe(self, queue: RemoteQueue, subscriber: "Subscriber") -> None:
@@ -524,11 +525,10 @@ class OwnerLink:
                 raise FrameError("a count that was not asked for")
             self.counting.popleft().answered(int(notice["count"]), int(notice.get("consumers", 0)))
         elif operation == "counts":
-            for vhost, name, ready, ready_bytes, retrying, consumers in notice.get("queues", ()):
+            for vhost, name, ready, ready_bytes, retrying, consumers, waiting in notice.get("queues", ()):
                 stand_in = self.crossing.stand_in(vhost, name)
                 if stand_in is not None:
-                    stand_in.counted(ready, ready_bytes, retrying)
-                    stand_in.consumers_at_owner = consumers
+                    stand_in.counted(ready, ready_bytes, retrying, consumers, bool(waiting))
         elif operation == "ran":
             asked = self.runs.pop(int(notice["id"]), None)
             if asked is None:

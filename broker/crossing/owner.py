@@ -155,7 +155,7 @@ class HomeLink:
                 gone.append(queue)
             else:
                 counts.append([queue.vhost.name, queue.name, queue.ready_as_held(), queue.ready_bytes,
-                               queue.count_retrying(), len(queue.consumers)])
+                               queue.count_retrying(), len(queue.consumers), queue.has_waiting_consumer()])
         for queue in gone:
             self.used.pop((queue.vhost.name, queue.name), None)
             self.link.send(NOTICE, encode_data({"op": "gone", "vhost": queue.vhost.name, "queue": queue.name}))

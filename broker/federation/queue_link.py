@@ -68,8 +68,7 @@ class QueueLink(FederationLink):
         queue has consumers; without any, once one comes (topology_changed)."""
         self.watching = None
         queue = self.vhost.queues.get(self.name)
-        wanted = queue is not None and not queue.has_ready() and any(
-            consumer.priority >= 0 and consumer.credit() > 0 for consumer in queue.consumers)
+        wanted = queue is not None and not queue.has_ready() and queue.has_waiting_consumer()
         if wanted and not self.consuming:
             link.send(make_method(spec.Basic.Consume, queue=self.upstream.queue,
                                   consumer_tag=self.upstream.consumer_tag, no_ack=self.upstream.ack_mode == "no-ack",
@@ -77,7 +76,7 @@ class QueueLink(FederationLink):
         elif self.consuming and not wanted:
             link.send(make_method(spec.Basic.Cancel, consumer_tag=self.upstream.consumer_tag, nowait=True))
         self.consuming = wanted
-        if queue is not None and queue.consumers:
+        if queue is not None and queue.has_consumers():
             self.watching = asyncio.get_running_loop().call_later(DEMAND_INTERVAL, self._look, link)
 
     def _target(self, deliver: spec.Basic.Deliver, headers: dict) -> tuple[str, str] | None:

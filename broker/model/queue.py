@@ -192,6 +192,11 @@ class Queue:
         """Whether a consumer consumes from it (queue.delete's if-unused)."""
         return bool(self.consumers)
 
+    def has_waiting_consumer(self) -> bool:
+        """Whether a consumer of priority 0 or more has credit: one waits for a message (a federation link fetches
+        for it, as RabbitMQ's active_unfederated)."""
+        return any(consumer.priority >= 0 and consumer.credit() > 0 for consumer in self.consumers)
+
     def count_retrying(self) -> int:
         """Returned messages waiting out a retry delay."""
         return len(self.retrying) if self.retrying is not None else 0

@@ -65,6 +65,7 @@ class RemoteQueue(Queue):
         self.sent_since_counted = 0  # messages sent to it since (its backlog, for flow control)
         self.retrying_at_owner = 0  # returned messages waiting out a retry delay there, as it last said
         self.consumers_at_owner = 0  # its consumers there (those of every process), as it last said
+        self.waiting_at_owner = False  # whether one of them waits for a message (has_waiting_consumer), as it last said
         if queue_type_of(arguments) == "stream":
             self.queue_type = "stream"  # (a stream stand-in refuses what a stream refuses: see check_consume)
 
@@ -94,6 +95,9 @@ class RemoteQueue(Queue):
 
     def has_consumers(self) -> bool:
         return bool(self.consumers) or self.consumers_at_owner > 0
+
+    def has_waiting_consumer(self) -> bool:
+        return self.waiting_at_owner or super().has_waiting_consumer()
 
     def check_consume(self, no_ack: bool, prefetch: int, global_prefetch: int, arguments: dict) -> None:
         """As its owner checks a consume (a stream's offset it checks there, cancelling a consumer that named a bad
@@ -127,10 +131,15 @@ class RemoteQueue(Queue):
     def count_retrying(self) -> int:
         return self.retrying_at_owner
 
-    def counted(self, ready: int, ready_bytes: int, retrying: int) -> None:
-        """The owner counted the queue's messages: publishers held back go on once they are few."""
+    def counted(self, ready: int, ready_bytes: int, retrying: int, consumers: int, waiting: bool) -> None:
+        """The owner counted the queue's messages and consumers: publishers held back go on once the messages are
+        few, and a consumer there that now waits for a message is news to the vhost's watcher (a federation link
+        fetches for it)."""
         self.ready_at_owner, self.ready_bytes, self.sent_since_counted = ready, ready_bytes, 0
-        self.retrying_at_owner = retrying
+        self.retrying_at_owner, self.consumers_at_owner = retrying, consumers
+        if waiting and not self.waiting_at_owner:
+            self.vhost.changed("queues", self.name)
+        self.waiting_at_owner = waiting
         if self.throttled and ready < FLOW_LOW:
             self.release_publishers()
 

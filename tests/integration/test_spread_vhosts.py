@@ -321,3 +321,25 @@ def test_a_message_waiting_in_a_delayed_exchange_of_a_worker_killed_meanwhile_is
         wait_for(lambda: channel.queue_declare("due", passive=True).method.message_count == 1,
                  what="the delayed message routed")
         assert channel.basic_get("due", auto_ack=True)[2] == b"waited"
+
+
+def test_a_federated_queue_another_worker_owns_fetches_for_the_consumers_there(spread):
+    """The link runs at the vhost's worker (0), the federated queue and its consumer are on worker 1: the owner's
+    counts tell the link that a consumer waits there."""
+    broker = spread()
+    with connect_on(broker, "1") as conn:
+        channel = conn.channel()
+        channel.queue_declare("upstream")
+        channel.queue_declare("federated")  # client-local: worker 1's
+        assert owners(broker)["federated"] == "1"
+        assert request(broker, "PUT", "/api/parameters/federation-upstream/%2F/self",
+                       {"value": {"uri": broker.url, "queue": "upstream"}}).status == 201
+        assert request(broker, "PUT", "/api/policies/%2F/federated", {
+            "pattern": "^federated$", "definition": {"federation-upstream": "self"},
+            "apply-to": "queues"}).status == 201
+        wait_for(lambda: [link["status"] for link in request(broker, "GET", "/api/federation-links/%2F").body],
+                 30, "the link running", until=lambda statuses: statuses == ["running"])
+        inbox = Inbox()
+        channel.basic_consume("federated", inbox, auto_ack=True)
+        channel.basic_publish("", "upstream", b"fetched")
+        wait_on_all([conn], lambda: inbox.bodies == [b"fetched"])
