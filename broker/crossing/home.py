@@ -26,7 +26,7 @@ from broker.crossing.link import Link
 from broker.model.features.dead_letter import republish
 from broker.model.join import Join
 from broker.model.message import QueueEntry
-from broker.model.remote import NO_ACK_ID, Counted, RemoteQueue
+from broker.model.remote import NO_ACK_ID, Counted, RemoteQueue, Verdict
 from protocol.constants import INTERNAL_ERROR
 from storage.definitions_log import encode_data
 
@@ -155,8 +155,8 @@ class Crossing:
     def get(self, queue: RemoteQueue, no_ack: bool, answer: Callable[[QueueEntry | None], None]) -> None:
         self._owner_of(queue).get(queue, no_ack, answer)
 
-    def subscribe(self, queue: RemoteQueue, subscriber: "Subscriber") -> None:
-        self._owner_of(queue).subscribe(queue, subscriber)
+    def subscribe(self, queue: RemoteQueue, subscriber: "Subscriber", verdict: Verdict | None = None) -> None:
+        self._owner_of(queue).subscribe(queue, subscriber, verdict)
 
     def unsubscribe(self, queue: RemoteQueue, subscribers: "list[Subscriber]") -> None:
         self._owner_of(queue).unsubscribe(subscribers)
@@ -258,6 +258,7 @@ class OwnerLink:
         self.failed: deque[int] = deque()
         self.subscribers: dict[int, tuple[RemoteQueue, Subscriber]] = {}  # id -> its stand-in and subscriber
         self.ids: dict[Subscriber, int] = {}  # subscriber -> its id
+        self.verdicts: dict[int, Verdict] = {}  # id of a subscriber whose consume waits for the owner's verdict
         self.next_id = 1
         self.returns_on_write: dict[int, int] = {}  # id of a subscriber whose credit comes back as it is written ->
         # deliveries written to it since its credit last went back
@@ -356,14 +357,18 @@ class OwnerLink:
                       queue.waiting_at_owner)
         answer(QueueEntry(*found) if found is not None else None)
 
-    def subscribe(self, queue: RemoteQueue, subscriber: "Subscriber") -> None:
+    def subscribe(self, queue: RemoteQueue, subscriber: "Subscriber", verdict: Verdict | None) -> None:
         if self.link is None:
+            if verdict is not None:
+                verdict(None)  # (consume-ok, then the cancel of a consumer whose owner is down)
             self.crossing_cancelled(queue, subscriber)
             return
         number = self.next_id
         self.next_id += 1
         self.subscribers[number] = (queue, subscriber)
         self.ids[subscriber] = number
+        if verdict is not None:
+            self.verdicts[number] = verdict
         credit = subscriber.credit()
         on_settle = credit < WINDOW and not subscriber.no_ack
         if not on_settle:
@@ -380,6 +385,7 @@ class OwnerLink:
             self.ids.pop(subscriber, None)
             self.returns_on_write.pop(number, None)
             self.grants.pop(number, None)
+            self._judged(number, None)
 
     def unsubscribe(self, subscribers: "list[Subscriber]") -> None:
         numbers = []
@@ -420,6 +426,12 @@ class OwnerLink:
                 link.add(ACKED, ID.pack(delivery_id))
         else:
             self.control({"op": "settle", "ids": ids, "requeue": requeue, "failed": failed})
+
+    def _judged(self, number: int, refusal: tuple[int, str] | None) -> None:
+        """The owner's verdict on a consume that waits for it, if one does."""
+        verdict = self.verdicts.pop(number, None)
+        if verdict is not None:
+            verdict(refusal)
 
     def crossing_cancelled(self, queue: RemoteQueue, subscriber: "Subscriber") -> None:
         """The subscriber cannot be served (its owner is not linked, or cancelled it): its client is told."""
@@ -467,6 +479,9 @@ class OwnerLink:
         self.ids.clear()
         self.returns_on_write.clear()
         self.grants.clear()
+        verdicts, self.verdicts = self.verdicts, {}
+        for verdict in verdicts.values():
+            verdict(None)  # (consume-ok, then the cancel)
         for queue, subscriber in subscribers.values():
             self.crossing_cancelled(queue, subscriber)
         self.crossing.transient_gone(self.group)
@@ -513,13 +528,21 @@ class OwnerLink:
 
     def _noticed(self, notice: dict) -> None:
         operation = notice.get("op")
-        if operation == "cancelled":
+        if operation == "consumed":
+            self._judged(int(notice["id"]), None)
+        elif operation in ("cancelled", "refused"):
             found = self.subscribers.pop(notice.get("id"), None)  # type: ignore[arg-type]
             if found is not None:
                 queue, subscriber = found
                 number = self.ids.pop(subscriber)
                 self.returns_on_write.pop(number, None)
-                self.crossing_cancelled(queue, subscriber)
+                if operation == "refused" and number in self.verdicts:  # (the client never heard of it)
+                    if subscriber in queue.consumers:
+                        queue.consumers.remove(subscriber)
+                    self._judged(number, (int(notice["code"]), str(notice["text"])))
+                else:
+                    self._judged(number, None)
+                    self.crossing_cancelled(queue, subscriber)
         elif operation == "counted":
             if not self.counting:
                 raise FrameError("a count that was not asked for")

@@ -26,6 +26,7 @@ from broker.model.policy import PolicyError, make_policy
 from broker.model.remote import NO_ACK_ID
 from broker.model.turns import next_turn, reapply_policies
 from broker.model.vhost import OPERATOR_OWNER
+from protocol.constants import ACCESS_REFUSED, NOT_FOUND
 from protocol.errors import AMQPError
 from storage.definitions_log import encode_data
 
@@ -299,14 +300,16 @@ class HomeLink:
             if kind == "consume":
                 number = int(operation["id"])
                 if found is None:
-                    self.link.send(NOTICE, encode_data({"op": "cancelled", "id": number}))
+                    self._refuse(number, NOT_FOUND, f"NOT_FOUND - no queue '{name}' in vhost '{vhost_name}'")
                     return
                 subscriber = RemoteSubscriber(number, self, found, operation)
                 if found.has_exclusive_consumer() or (subscriber.exclusive and found.consumers):
-                    # (exclusive among every process's consumers: the later one is cancelled, as its own process,
-                    # which saw none, could not refuse it)
-                    self.link.send(NOTICE, encode_data({"op": "cancelled", "id": number}))
+                    # (exclusive among every process's consumers: its own process saw none of the others)
+                    self._refuse(number, ACCESS_REFUSED, f"ACCESS_REFUSED - queue '{name}' in vhost '{vhost_name}' in "
+                                                         "exclusive use")
                     return
+                # (before any delivery to it: its process answers consume-ok first)
+                self.link.send(NOTICE, encode_data({"op": "consumed", "id": number}))
                 try:
                     found.add_consumer(subscriber)  # type: ignore[arg-type]
                 except AMQPError:  # (a stream's offset it cannot read: the consumer is cancelled there)
@@ -395,6 +398,10 @@ class HomeLink:
             for queue in [queue for queue in vhost.queues.values()
                           if not queue.durable and (vhost_name, queue.name) not in named]:
                 vhost.delete_queue(queue)
+
+    def _refuse(self, number: int, code: int, text: str) -> None:
+        """A consume of the other process's refused: its channel closes with code and text (RabbitMQ's)."""
+        self.link.send(NOTICE, encode_data({"op": "refused", "id": number, "code": code, "text": text}))
 
     def _counted(self, count: int, consumers: int = 0) -> None:
         """The answer to a delete, a purge or a count (before the ack the other process's reply waits for); a

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
     from broker.model.message import Message, QueueEntry
     from broker.model.queue import Queue
-    from broker.model.remote import Counted, RemoteQueue
+    from broker.model.remote import Counted, RemoteQueue, Verdict
     from broker.model.vhost import VirtualHost
 
 
@@ -146,8 +146,8 @@ class QueueCrossing(Protocol):
     def get(self, queue: "RemoteQueue", no_ack: bool, answer: "Callable[[QueueEntry | None], None]") -> None:
         """A basic.get of the queue's head: answer(entry) once the owner took it (None: none, or no owner)."""
 
-    def subscribe(self, queue: "RemoteQueue", subscriber: "Subscriber") -> None:
-        """Start consuming from the queue, with the subscriber's credit."""
+    def subscribe(self, queue: "RemoteQueue", subscriber: "Subscriber", verdict: "Verdict | None" = None) -> None:
+        """Start consuming from the queue, with the subscriber's credit (verdict: told the owner's answer)."""
 
     def unsubscribe(self, queue: "RemoteQueue", subscribers: "list[Subscriber]") -> None:
         """Stop those subscribers (their deliveries not yet received go back to the queue at the owner)."""

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from broker.model.vhost import VirtualHost
 
 NO_ACK_ID: Final = -1  # the id of a delivery that needs no settling (the owner forgot it as it sent it)
+# A consume's answer from the queue's owner: None (consuming), or the reply code and text it was refused with
+Verdict = Callable[["tuple[int, str] | None"], None]
 
 
 def leader_locator(vhost: "VirtualHost", name: str, arguments: dict) -> str | None:
@@ -218,8 +220,13 @@ class RemoteQueue(Queue):
 
     # --- consumers ----------------------------------------------------------------------------------------
     def add_consumer(self, consumer: "Subscriber") -> None:
+        self.subscribe_there(consumer, None)
+
+    def subscribe_there(self, consumer: "Subscriber", verdict: Verdict | None) -> None:
+        """A consumer of the queue, subscribed at its owner: verdict(None) once the owner took it, or verdict with
+        the error it refused it with (an exclusive consumer of another process's there: RabbitMQ's 403)."""
         self._place_last_of_its_priority(consumer)
-        self.crossing.subscribe(self, consumer)
+        self.crossing.subscribe(self, consumer, verdict)
         self.vhost.changed("queues", self.name)  # (as Queue.add_consumer)
 
     def credit_offered(self) -> None:

@@ -12,7 +12,7 @@ from broker.model.remote import RemoteQueue
 from broker.model.vhost import connection_token, generated_name
 from broker.session import direct_reply
 from broker.session.consumer import Consumer
-from broker.session.settlement import Forwarded
+from broker.session.settlement import Forwarded, Subscribing
 from protocol import errors
 
 if TYPE_CHECKING:
@@ -232,6 +232,9 @@ def _basic_consume(channel: Channel, method: spec.Basic.Consume) -> None:
         raise errors.access_refused(f"queue '{queue.name}' in vhost '{vhost.name}' in exclusive use")
     consumer = Consumer(tag, channel, queue, method.no_ack, method.exclusive, arguments, channel.consumer_prefetch)
     channel.consumers[tag] = consumer
+    if isinstance(queue, RemoteQueue):  # (its owner sees the consumers of every process: consume-ok once it took it)
+        channel.start(Subscribing(queue, consumer, method.nowait, method.index))
+        return
     if not method.nowait:
         channel.send_method(spec.Basic.ConsumeOk(consumer_tag=tag))
     queue.add_consumer(consumer)

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from broker.model.message import QueueEntry
     from broker.model.queue import Queue
     from broker.session.channel import Channel
+    from broker.session.consumer import Consumer
     from broker.session.transaction import Transaction
     from broker.session.unacked import Unacked, UnackedStore
 
@@ -200,6 +201,49 @@ class Get(Slices):
     def _answered(self, channel: Channel, entry: QueueEntry | None) -> None:
         self.answer, self.answered = entry, True
         channel.unpark()
+
+
+class Subscribing(Slices):
+    """A basic.consume of a queue another process owns: consume-ok once the owner took the consumer (before any
+    delivery to it, which follows the owner's answer), or the channel closed with the error the owner refused it
+    with (an exclusive consumer of another process's there, which this process could not see: RabbitMQ's 403)."""
+
+    __slots__ = ("queue", "consumer", "nowait", "method_index", "waiting", "answered", "refusal")
+
+    def __init__(self, queue: RemoteQueue, consumer: Consumer, nowait: bool, method_index: int) -> None:
+        self.queue = queue
+        self.consumer = consumer
+        self.nowait = nowait
+        self.method_index = method_index  # the method's class and method ids, for the error that closes the channel
+        self.waiting = False  # parked for the owner's answer
+        self.answered = False
+        self.refusal: tuple[int, str] | None = None  # the reply code and text the owner refused it with
+
+    def parked(self) -> bool:
+        return self.waiting and not self.answered
+
+    def step(self, channel: Channel) -> bool:
+        if not self.answered:
+            if not self.waiting:
+                # (a Consumer is the queue's Subscriber: see Channel.cancel_consumer)
+                self.queue.subscribe_there(self.consumer,  # type: ignore[arg-type]
+                                           lambda refusal: self._answered(channel, refusal))
+            self.waiting = not self.answered  # (answered at once where the owner cannot be reached)
+            if self.waiting:
+                return False
+        refusal = self.refusal
+        if refusal is not None and channel.open:
+            channel.consumers.pop(self.consumer.tag, None)
+            channel.connection.failed(made_elsewhere(refusal[0], refusal[1], *divmod(self.method_index, 65536)),
+                                      channel)
+        return True
+
+    def _answered(self, channel: Channel, refusal: tuple[int, str] | None) -> None:
+        self.answered, self.refusal = True, refusal
+        if refusal is None and not self.nowait and channel.open:
+            channel.send_method(spec.Basic.ConsumeOk(consumer_tag=self.consumer.tag))
+        if self.waiting:
+            channel.unpark()
 
 
 class Forwarded(Slices):

@@ -279,23 +279,29 @@ def test_a_vhost_made_after_the_start_is_served_by_every_worker(spread):
 
 
 def test_an_exclusive_consumer_is_exclusive_among_the_consumers_of_every_worker(spread):
-    """An exclusive consumer on worker 1: a consumer of the queue on worker 0, which had not heard of it, is
-    cancelled by the queue's owner (basic.cancel), and the exclusive one keeps every message."""
+    """An exclusive consumer on worker 1: a consumer of the queue on worker 0, which had not heard of it, is refused
+    with RabbitMQ's 403 by the queue's owner, and the exclusive one keeps every message; a consumer on worker 0
+    first makes an exclusive one on worker 1 refused the same way."""
     broker = spread()
     holder, other = connect_on(broker, "1"), connect_on(broker, "0")
     channel = holder.channel()
     channel.queue_declare("sole")
     inbox = Inbox()
     channel.basic_consume("sole", inbox, exclusive=True, auto_ack=True)
-    cancelled = []
     late = other.channel()
-    late.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
-    tag = late.basic_consume("sole", Inbox(), auto_ack=True)
-    wait_on_all([other], lambda: cancelled == [tag])
-    late.confirm_delivery()
+    assert channel_error(lambda: late.basic_consume("sole", Inbox(), auto_ack=True)) == (
+        403, "ACCESS_REFUSED - queue 'sole' in vhost '/' in exclusive use")
+    publisher = other.channel()
+    publisher.confirm_delivery()
     for number in range(10):
-        late.basic_publish("", "sole", b"%d" % number)
+        publisher.basic_publish("", "sole", b"%d" % number)
     wait_on_all([holder], lambda: len(inbox.bodies) == 10)
+
+    channel.queue_declare("shared")
+    first = other.channel()
+    first.basic_consume("shared", Inbox(), auto_ack=True)
+    assert channel_error(lambda: holder.channel().basic_consume("shared", Inbox(), exclusive=True)) == (
+        403, "ACCESS_REFUSED - queue 'shared' in vhost '/' in exclusive use")
     holder.close()
     other.close()
 
