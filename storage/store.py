@@ -40,6 +40,7 @@ ID_RECORD_IDS: Final = 16384  # ids gathered for one REMOVED or DELIVERED record
 REMOVAL_SLICE: Final = 16384  # ids of a large removal (a purge of a deep queue) marked per loop turn
 PROBE_INTERVAL: Final = 1.0  # seconds between two tries of the disk while writes fail and nothing else is written
 COMPACTION_RETRY: Final = 1.0  # seconds before a segment whose compaction failed is compacted again
+HEALTH_SAID_EVERY: Final = 10.0  # seconds between two logged turns of the store's health to failing, at most
 
 
 class MessageStore:
@@ -66,6 +67,8 @@ class MessageStore:
         self._segment_bytes = segment_bytes
         self._compact_ratio = compact_ratio
         self._paused_compactions: set[int] = set()  # segments whose compaction failed, until it is tried again
+        self._failing_said = False  # the log said writes fail, and not yet that they succeed again
+        self._failing_said_at = -HEALTH_SAID_EVERY  # (the loop's time) when it last said so
         self._min_compact_bytes = min_compact_bytes
         self._stop_timeout = stop_timeout
         self._lock = DataDirLock(self._data_dir)  # held from recover() until close()
@@ -492,12 +495,16 @@ class MessageStore:
             return
         self._healthy = healthy
         if healthy:
-            log.warning("store writes succeed again")
+            if self._failing_said:
+                log.warning("store writes succeed again")
+                self._failing_said = False
             assert self._probe_timer is not None, "set when writes began to fail"
             self._probe_timer.cancel()
         else:
-            log.error("store writes are failing: durable writes are refused until one succeeds")
             assert self._loop is not None, "batches are handed over on the loop"
+            if self._loop.time() - self._failing_said_at >= HEALTH_SAID_EVERY:  # (a full disk flaps: said seldom)
+                log.error("store writes are failing: durable writes are refused until one succeeds")
+                self._failing_said, self._failing_said_at = True, self._loop.time()
             self._probe_timer = self._loop.call_later(PROBE_INTERVAL, self._probe)
         if self.on_health is not None:
             try:

@@ -43,6 +43,7 @@ from storage.segments import (
 log = logging.getLogger(__name__)
 
 COMPACTION_PACE = 2  # compaction input bytes owed per byte written: a segment may be rewritten twice as it empties
+FAILURE_SAID_EVERY = 10.0  # seconds between two log lines of failed writes, at most
 NO_ROOM = frozenset((errno.ENOSPC, errno.EDQUOT))  # a write failed for want of room (the disk, or the user's quota)
 
 Tap = Callable[[int, list[Op]], None]  # tap(sequence, ops), on the writer thread
@@ -96,7 +97,9 @@ class Writer:
         self._jobs: deque[tuple[Compaction, Iterator[int]]] = deque()  # compactions and their step iterators
         self._compaction_owed = 0  # input bytes compactions get before the next batch, even if one is waiting
         self.failed = False  # a write failed and could not be undone: every later batch fails too
-        self._failing = False  # the last batch failed (an OSError is logged once per run of failures)
+        # when a failed write (an OSError) was last logged: on a full disk, writes that fit and writes that do not
+        # alternate, one of each per client action, so failures are said once per FAILURE_SAID_EVERY at most
+        self._failure_said_at = -FAILURE_SAID_EVERY
         self._compaction_failing = False  # the last compaction failed for an OSError (logged once per run of them)
         self.batches = 0  # batches written
         self.fsyncs = 0  # fdatasync/fsync calls made for batches
@@ -162,28 +165,25 @@ class Writer:
 
     def _write(self, batch: Batch) -> bool:
         """Write and fdatasync the batch, then act on it; on any failure cut the files back and return False. A
-        batch the disk had no room for first frees what it lets go (its spent segments, and the stream segments
-        retention let go), and is tried once more: deleting a segment whose messages are all gone only makes their
-        removal final, though the records that say so are not written yet, and on a full disk it is the only way
-        out (a spent segment that waits for a batch to succeed would wait for ever)."""
+        batch the disk had no room for still frees what it lets go (its spent segments, and the stream segments
+        retention let go), for the batches after it: deleting a segment whose messages are all gone only makes
+        their removal final, though the records that say so are not written, and on a full disk it is the only way
+        out (a spent segment that waited for a batch to succeed would wait for ever)."""
         if self.failed:
             return False
         error = self._try(batch)
-        if isinstance(error, OSError) and error.errno in NO_ROOM and (batch.deletions or batch.unlinks) \
-                and not self.failed:
+        if isinstance(error, OSError) and error.errno in NO_ROOM and not self.failed:
             self._apply_deletions(batch.deletions)
             self._apply_unlinks(batch.unlinks)
-            self._tell_tap("the deletions that make room for a failed batch")
-            batch.deletions, batch.unlinks = [], []  # (done: not asked again if the batch fails once more)
-            error = self._try(batch)
+            self._tell_tap("the deletions of a batch the disk had no room for")
+            batch.deletions, batch.unlinks = [], []  # (done: not asked of the next batch again)
         if error is not None:
             if not isinstance(error, OSError):
                 log.critical("store write failed, %d callbacks get a failure", len(batch.callbacks), exc_info=error)
-            elif not self._failing:
+            elif time.monotonic() - self._failure_said_at >= FAILURE_SAID_EVERY:
                 log.error("store write failed, %d callbacks get a failure: %s", len(batch.callbacks), error)
-            self._failing = True
+                self._failure_said_at = time.monotonic()
             return False
-        self._failing = False
         self.batches += 1
         try:
             self._after_durable(batch)

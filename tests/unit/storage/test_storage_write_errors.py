@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import os
 import subprocess
 
@@ -188,7 +189,7 @@ async def fill_a_segment(store) -> list[int]:
 
 
 def test_a_removal_with_no_byte_left_makes_room_by_deleting_the_segment_it_empties(tiny_tmpfs):
-    """Not even the removal records fit: the batch frees the segment they empty, and is written at the second try."""
+    """Not even the removal records fit: the batch fails, and frees the segment they empty for the next one."""
     data_dir = tiny_tmpfs / "data"
 
     async def main() -> None:
@@ -197,6 +198,8 @@ def test_a_removal_with_no_byte_left_makes_room_by_deleting_the_segment_it_empti
         stored = await fill_a_segment(store)
         take_every_byte_left(tiny_tmpfs / "filler")
         store.append_removed("q", stored)  # consumed
+        assert await durable(store) is False
+        store.append_definition("queue", "after", {"name": "after"})
         assert await durable(store) is True
         assert store.healthy is True
         store.close()
@@ -238,3 +241,24 @@ async def wait_until(condition, seconds: float) -> None:
     while not condition():
         assert asyncio.get_running_loop().time() < deadline, "not within %s s" % seconds
         await asyncio.sleep(0.05)
+
+
+def test_writes_that_fail_and_succeed_in_turn_are_said_once_not_at_each_turn(tmp_path, monkeypatch, caplog):
+    """On a full disk a small write fits and a big one does not, one of each per client action: the log says the
+    failure once (then again at most every storage.writer.FAILURE_SAID_EVERY), not at each of them."""
+    disk = FailingDisk(monkeypatch)
+
+    async def main() -> None:
+        store = MessageStore(tmp_path)
+        store.recover()
+        for msg_id in range(50):
+            disk.failing = msg_id % 2 == 1
+            publish(store, msg_id)
+            assert await durable(store) is not disk.failing
+        store.close()
+
+    asyncio.run(main())
+    said = [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
+    assert sum("store write failed" in line for line in said) == 1, said
+    assert sum("store writes are failing" in line for line in said) == 1, said
+    assert sum("store writes succeed again" in line for line in said) == 1, said
