@@ -21,6 +21,7 @@ from broker.model.access import ChannelAccess
 from broker.model.operations import Actor
 from broker.model.patterns import PatternError, compile_pattern
 from broker.model.queue import Queue
+from broker.model.stream import Stream
 from broker.model.vhost import OPERATOR_OWNER
 from protocol.constants import ACCESS_REFUSED, NOT_FOUND, REPLY_NAMES
 from protocol.errors import AMQPError
@@ -181,7 +182,8 @@ def queue_counts(queue: Queue) -> QueueCounts:
     paged ones have counters."""
     ready = queue.count_ready()
     if queue.queue_type == "stream":  # every message of a stream is on disk, and none is held in memory for it
-        stored = queue.log.total_bytes
+        # (a stand-in of a stream another worker owns: as its owner last counted it)
+        stored = queue.log.total_bytes if isinstance(queue, Stream) else queue.ready_bytes
         return QueueCounts(ready, stored, queue.unacked_count, queue.unacked_bytes, ready, stored, ready, stored)
     paging = queue.paging
     paged = paged_bytes = paged_persistent = paged_persistent_bytes = 0

@@ -57,6 +57,7 @@ GATHERED: dict[str, tuple[Callable[[list[dict]], list[dict]], bool]] = {
     "/api/queues": (lambda items: http.sorted_by(items, "vhost", "name"), True),
     "/api/queues/{vhost}": (lambda items: http.sorted_by(items, "vhost", "name"), True),
     "/api/exchanges": (lambda items: http.sorted_by(items, "vhost", "name"), True),
+    "/api/exchanges/{vhost}": (lambda items: http.sorted_by(items, "vhost", "name"), True),
     "/api/bindings": (sorted_bindings, False),
     "/api/connections": (lambda items: http.sorted_by(items, "name"), True),
     "/api/channels": (lambda items: http.sorted_by(items, "name"), True),
@@ -79,6 +80,9 @@ CLIENTS = frozenset(("/api/connections", "/api/channels", "/api/consumers", "/ap
 FOUND_ON_ONE = frozenset(("/api/connections/{name}", "/api/connections/{name}/channels", "/api/channels/{name}"))
 QUEUE = "/api/queues/{vhost}/{name}"  # one queue: with spread_vhosts, its consumers are on every worker
 QUEUES = frozenset(("/api/queues", "/api/queues/{vhost}"))  # with spread_vhosts, each queue as its owner counts it
+# With spread_vhosts, a delayed exchange's messages wait in the worker they were published through: counted on each
+EXCHANGE = "/api/exchanges/{vhost}/{name}"
+EXCHANGES = frozenset(("/api/exchanges", "/api/exchanges/{vhost}"))
 GROUP = "/api/vhosts/{vhost}/group"  # a vhost's data moved to another worker's group (PUT), by the supervisor
 QUEUE_GROUP = "/api/queues/{vhost}/{name}/group"  # one queue's, the same way
 MAINTENANCE = "/api/nodes/{name}/maintenance"  # PUT: the node drained; DELETE: revived (by the supervisor)
@@ -198,8 +202,10 @@ class Gateway:
         spread = self.supervisor.config.spread_vhosts
         if vhost is not None and method == "GET" and pattern == QUEUE and spread:
             return await self.queue_everywhere(request, vhost)
-        if vhost is not None and method == "GET" and pattern in QUEUES and spread:
+        if vhost is not None and method == "GET" and pattern in QUEUES | EXCHANGES and spread:
             return await self.gathered(request, pattern)
+        if vhost is not None and method == "GET" and pattern == EXCHANGE and spread:
+            return await self.exchange_everywhere(request, vhost)
         if vhost is not None:
             await self.supervisor.learn(vhost)
             return (await self.apis.ask(self.leader_of(vhost), request, body_of(request))).response()
@@ -310,8 +316,21 @@ class Gateway:
             items += [item for item in answer.json() if pattern in CLIENTS or not isinstance(item.get(key), str)
                       or (http.worker_named(str(item.get("node")), len(self.workers)) == worker if by_owner
                           else self.leader_of(item[key]) == worker)]
+        if pattern in EXCHANGES and self.supervisor.config.spread_vhosts:
+            _count_delayed_everywhere(items, answers)
         order, pageable = GATHERED[pattern]
         return await listing(request, order(items), pageable)
+
+    async def exchange_everywhere(self, request: web.Request, vhost: str) -> web.Response:
+        """One exchange of a vhost every worker serves ([server] spread_vhosts): as the vhost's worker shows it, with
+        the messages a delayed exchange holds in every worker."""
+        answers = await self._each(lambda worker: self.apis.ask(worker, request))
+        home = answers[self.workers.index(self.leader_of(vhost))]
+        if home.status != 200:
+            return home.response()
+        exchange = home.json()
+        _count_delayed_everywhere([exchange], [answer for answer in answers if answer.status == 200])
+        return http.reply(exchange)
 
     async def queue_everywhere(self, request: web.Request, vhost: str) -> web.Response:
         """One queue of a vhost every worker serves ([server] spread_vhosts): as its owner shows it, with the consumers
@@ -512,3 +531,17 @@ def make_gateway_app(supervisor: "Supervisor") -> web.Application:
     app.router.add_static("/console/", CONSOLE)
     app.router.add_route("*", r"/api/{path:[\s\S]*}", gateway.handle)  # names may hold line breaks
     return app
+
+
+def _count_delayed_everywhere(exchanges: list[dict], answers: list[Answer]) -> None:
+    """Each delayed exchange's waiting messages: those of every worker's answer (an exchange, or a list of them)."""
+    waiting: dict[tuple[str, str], int] = {}
+    for answer in answers:
+        body = answer.json()
+        for item in body if isinstance(body, list) else [body]:
+            if isinstance(item, dict) and "messages_delayed" in item:
+                key = (str(item.get("vhost")), str(item.get("name")))
+                waiting[key] = waiting.get(key, 0) + int(item["messages_delayed"])
+    for exchange in exchanges:
+        if "messages_delayed" in exchange:
+            exchange["messages_delayed"] = waiting.get((str(exchange.get("vhost")), str(exchange.get("name"))), 0)

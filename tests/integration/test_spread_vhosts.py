@@ -349,3 +349,17 @@ def test_a_federated_queue_another_worker_owns_fetches_for_the_consumers_there(s
         channel.basic_consume("federated", inbox, auto_ack=True)
         channel.basic_publish("", "upstream", b"fetched")
         wait_on_all([conn], lambda: inbox.bodies == [b"fetched"])
+
+
+def test_the_api_counts_the_messages_a_delayed_exchange_holds_in_every_worker(spread):
+    broker = spread()
+    for worker in ("0", "1"):
+        with connect_on(broker, worker) as conn:
+            channel = conn.channel()
+            channel.exchange_declare("later", "x-delayed-message", arguments={"x-delayed-type": "direct"})
+            channel.confirm_delivery()
+            channel.basic_publish("later", "k", b"waiting", pika.BasicProperties(headers={"x-delay": 60_000}))
+    assert request(broker, "GET", "/api/exchanges/%2F/later").body["messages_delayed"] == 2
+    for path in ("/api/exchanges/%2F", "/api/exchanges"):
+        [later] = [item for item in request(broker, "GET", path).body if item["name"] == "later"]
+        assert later["messages_delayed"] == 2, path
