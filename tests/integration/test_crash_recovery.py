@@ -237,7 +237,10 @@ def test_acked_messages_come_back_only_if_the_ack_had_not_reached_the_disk(own_b
 # --- a torn or corrupt tail ------------------------------------------------------------------------------------
 
 def last_segment(data_dir: Path) -> Path:
-    return max((data_dir / "messages").glob("*.seg"))
+    """The segment written last, in whichever worker's store it is (with several workers the queue is owned by the
+    worker of the client that declared it, under spread_vhosts any of them; worker 0's store is data_dir's own)."""
+    segments = [*(data_dir / "messages").glob("*.seg"), *(data_dir / "workers").glob("*/messages/*.seg")]
+    return max(segments, key=lambda path: (path.stat().st_mtime_ns, path.name))
 
 
 def append_bytes(data: bytes):
