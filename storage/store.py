@@ -81,7 +81,8 @@ class MessageStore:
         self._chunks: list[tuple[int, bytearray]] = []  # pending segment bytes, per segment
         self._buffer = bytearray()  # the last of _chunks: where appends go
         self._pending_definitions = bytearray()
-        self._callbacks: list[Callable[[bool], None]] = []
+        # durability callbacks for the next batch, each with the number of batches that had failed when it was asked
+        self._callbacks: list[tuple[Callable[[bool], None], int]] = []
         self._published: list[tuple[int, tuple[str, ...]]] = []  # publishes in the pending batch
         # REMOVED/DELIVERED ids by (record type, queue), gathered until the batch is taken (or the head rolls), so
         # that a turn's acks or deliveries from one queue make one record rather than one each
@@ -89,7 +90,8 @@ class MessageStore:
         # Removals of more than REMOVAL_SLICE ids (a purge of a deep queue), marked in the index a slice a loop turn:
         # (queue, the ids not marked yet), first first; and the durability callbacks that wait for the last slice
         self._removals: deque[tuple[str, Iterator[int]]] = deque()
-        self._after_removals: list[Callable[[bool], None]] = []
+        self._after_removals: list[tuple[Callable[[bool], None], int]] = []
+        self._failures = 0  # batches that failed so far (a durability callback fails if one did since it was asked)
         self._deletions: list[int] = []  # spent segments whose unlink failed with a batch: retried with the next
         self._definitions_log_bytes = 0  # definitions log size once the pending batch is written
         self._snapshot_due = False  # rewrite the definitions log with the next batch
@@ -327,11 +329,15 @@ class MessageStore:
         return kept
 
     def when_durable(self, callback: Callable[[bool], None]) -> None:
-        """Run callback(ok) on the loop once everything appended so far is on disk; ok=False if the write failed."""
+        """Run callback(ok) on the loop once everything appended so far is on disk; ok=False if the write failed.
+        What was appended so far may be in the batch being written, while the callback goes with the next one: it
+        is told of a failure of any batch that ends after it was asked for (a later batch that succeeds says
+        nothing of the bytes of one that failed)."""
+        asked = (callback, self._failures)
         if self._removals:
-            self._after_removals.append(callback)
+            self._after_removals.append(asked)
             return
-        self._callbacks.append(callback)
+        self._callbacks.append(asked)
         if not self._kick_scheduled:
             self._schedule_kick()
 
@@ -444,6 +450,8 @@ class MessageStore:
 
     def _on_written(self, batch: Batch, ok: bool) -> None:
         self._in_flight = None
+        if not ok:
+            self._failures += 1
         if ok:
             if self._writes_bytes(batch):
                 head = self._head().number
@@ -456,15 +464,20 @@ class MessageStore:
         # may read the chunks before the publishers' confirms go out
         self._run_callbacks(batch.streams, ok)
         self._sequence = max(self._sequence, batch.sequence)
+        # (the outcome each callback is told: the batch's, unless a batch failed since the callback was asked for)
+        told = [(callback, ok and failures == self._failures) for callback, failures in batch.callbacks]
         if self._gate is None:
-            self._run_callbacks(batch.callbacks, ok)
-        elif batch.callbacks:
-            self._gate(self._sequence, partial(self._run_callbacks, batch.callbacks, ok))
+            self._tell(told)
+        elif told:
+            self._gate(self._sequence, partial(self._tell, told))
         if not self._closed:
             self._hand_over()
 
     def _run_callbacks(self, callbacks: list[Callable[[bool], None]], ok: bool) -> None:
-        for callback in callbacks:
+        self._tell([(callback, ok) for callback in callbacks])
+
+    def _tell(self, told: list[tuple[Callable[[bool], None], bool]]) -> None:
+        for callback, ok in told:
             try:
                 callback(ok)
             except Exception:

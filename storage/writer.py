@@ -56,7 +56,8 @@ class Batch:
     chunks: list[tuple[int, bytearray]]  # (segment number, bytes to append), in order
     definitions: bytes = b""  # bytes to append to the definitions log
     definitions_snapshot: bytes | None = None  # replaces the definitions log (then ``definitions`` is ignored)
-    callbacks: list[Callable[[bool], None]] = field(default_factory=list)  # run with the outcome once written
+    # run with the outcome once written (each with the store's count of failed batches when it was asked for)
+    callbacks: list[tuple[Callable[[bool], None], int]] = field(default_factory=list)
     published: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)  # (msg id, queues) to undo on failure
     deletions: list[int] = field(default_factory=list)  # segments to unlink once this batch is durable
     compactions: list[Compaction] = field(default_factory=list)  # rewrites to start once this batch is durable

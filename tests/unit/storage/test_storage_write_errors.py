@@ -262,3 +262,24 @@ def test_writes_that_fail_and_succeed_in_turn_are_said_once_not_at_each_turn(tmp
     assert sum("store write failed" in line for line in said) == 1, said
     assert sum("store writes are failing" in line for line in said) == 1, said
     assert sum("store writes succeed again" in line for line in said) == 1, said
+
+
+def test_a_callback_asked_for_while_its_bytes_are_being_written_hears_that_they_failed(tmp_path, monkeypatch):
+    """The message's batch is handed to the writer before the callback is asked for, which so goes with the next
+    batch: that one writes nothing and succeeds, but the message is not on disk, and the callback must say so."""
+    disk = FailingDisk(monkeypatch)
+
+    async def main() -> None:
+        store = MessageStore(tmp_path)
+        store.recover()
+        disk.failing = True
+        publish(store, 1)
+        await asyncio.sleep(0)  # the batch with the message is handed over
+        assert await durable(store) is False
+        disk.failing = False
+        publish(store, 2)
+        assert await durable(store) is True
+        store.close()
+
+    asyncio.run(main())
+    assert [message.msg_id for message in reopen(tmp_path).messages["q"]] == [2]
