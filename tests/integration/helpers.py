@@ -8,6 +8,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import amqp
@@ -266,3 +267,11 @@ def confirmed_barrier(conn: pika.BlockingConnection) -> None:
     barrier.confirm_delivery()
     barrier.basic_publish("", "barrier", b"barrier", pika.BasicProperties(delivery_mode=2))
     barrier.close()
+
+
+def segment_written_last(data_dir: Path) -> Path:
+    """The message store segment written last, in whichever worker's store it is (with several workers a queue is
+    owned by the worker of the client that declared it, under spread_vhosts any of them; worker 0's store is
+    data_dir's own, worker k's data_dir/workers/k)."""
+    segments = [*(data_dir / "messages").glob("*.seg"), *(data_dir / "workers").glob("*/messages/*.seg")]
+    return max(segments, key=lambda path: (path.stat().st_mtime_ns, path.name))

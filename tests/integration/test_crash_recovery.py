@@ -19,7 +19,9 @@ import pika.exceptions
 import pytest
 
 from tests.bench.client import BenchConnection, BrokerClosed, BrokerURL, ConfirmTracker, message_frames
-from tests.integration.helpers import confirmed_barrier, connect, enqueue, message_count, sync, wait_until
+from tests.integration.helpers import (
+    confirmed_barrier, connect, enqueue, message_count, segment_written_last, sync, wait_until,
+)
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 BODY_PADDING = b"." * 100  # bodies of about 110 bytes: a numbered prefix, then padding
@@ -236,13 +238,6 @@ def test_acked_messages_come_back_only_if_the_ack_had_not_reached_the_disk(own_b
 
 # --- a torn or corrupt tail ------------------------------------------------------------------------------------
 
-def last_segment(data_dir: Path) -> Path:
-    """The segment written last, in whichever worker's store it is (with several workers the queue is owned by the
-    worker of the client that declared it, under spread_vhosts any of them; worker 0's store is data_dir's own)."""
-    segments = [*(data_dir / "messages").glob("*.seg"), *(data_dir / "workers").glob("*/messages/*.seg")]
-    return max(segments, key=lambda path: (path.stat().st_mtime_ns, path.name))
-
-
 def append_bytes(data: bytes):
     def damage(path: Path) -> None:
         with path.open("ab") as file:
@@ -282,7 +277,7 @@ def test_a_torn_tail_is_truncated_and_what_came_before_is_served(own_broker, dam
         conn.channel().queue_declare("q", durable=True)
         enqueue(conn, "q", [numbered(index) for index in range(50)], properties=PERSISTENT)
     broker.kill()
-    segment = last_segment(broker.data_dir)
+    segment = segment_written_last(broker.data_dir)
     intact_size = segment.stat().st_size
     damage(segment)
     broker.start()  # recovery is over once the broker listens

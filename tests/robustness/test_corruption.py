@@ -16,7 +16,7 @@ import pytest
 from storage import records
 from storage.segments import messages_directory, segment_numbers, segment_path
 from storage.store import MessageStore
-from tests.integration.helpers import connect, enqueue, get_all
+from tests.integration.helpers import connect, enqueue, get_all, segment_written_last
 
 MESSAGES = 60
 QUEUES = 12
@@ -165,8 +165,7 @@ def test_the_broker_starts_and_serves_after_a_flipped_byte_in_its_last_segment(o
         enqueue(conn, "kept", bodies, properties=pika.BasicProperties(delivery_mode=2))
     broker.stop()
 
-    directory = messages_directory(broker.data_dir)
-    path = segment_path(directory, segment_numbers(directory)[-1])
+    path = segment_written_last(broker.data_dir)  # (in the store of the worker that owns the queue)
     data = bytearray(path.read_bytes())
     start, end, payload = record_around(bytes(data), len(data) // 2)
     lost = records.decode_publish(payload).body
@@ -177,7 +176,7 @@ def test_the_broker_starts_and_serves_after_a_flipped_byte_in_its_last_segment(o
     with connect(broker) as conn:
         assert get_all(conn.channel(), "kept") == [body for body in bodies if body != lost]
     assert f"corrupt record at offset {start}" in broker.log()
-    assert (broker.data_dir / "quarantine" / f"{path.name}@{start}").exists()
+    assert (path.parent.parent / "quarantine" / f"{path.name}@{start}").exists()  # (that store's own)
 
 
 def test_damaged_bytes_that_cannot_be_quarantined_stay_where_they_are(tmp_path, caplog):
