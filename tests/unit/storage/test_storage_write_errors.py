@@ -11,6 +11,7 @@ import subprocess
 import pytest
 
 from storage.store import MessageStore
+from tests.tmpfs import fill
 from tests.unit.storage.storage_support import durable, publish, reopen
 
 
@@ -138,6 +139,17 @@ def test_a_full_disk_nacks_and_the_store_recovers_when_space_returns(tiny_tmpfs)
     assert [m.body for m in reopen(tiny_tmpfs / "data").messages["q"]] == [b"m0", b"m2"]
 
 
+async def fill_a_segment(store) -> list[int]:
+    """Messages of 4 KB to "q" until the disk refuses one; the ids stored (the store goes on in a fresh segment)."""
+    stored = []
+    for msg_id in range(1000):
+        store.append_message(msg_id, ("q",), "", "q", b"h", b"%d:" % msg_id + b"x" * 4000)
+        if not await durable(store):
+            return stored
+        stored.append(msg_id)
+    pytest.fail("the disk never filled")
+
+
 def test_the_segment_that_filled_the_disk_goes_once_consumed(tiny_tmpfs):
     """Nothing else frees space here: the store must stop appending to the full segment so that it can delete it."""
     data_dir = tiny_tmpfs / "data"
@@ -145,14 +157,7 @@ def test_the_segment_that_filled_the_disk_goes_once_consumed(tiny_tmpfs):
     async def main() -> None:
         store = MessageStore(data_dir)
         store.recover()
-        stored = []
-        for msg_id in range(1000):
-            store.append_message(msg_id, ("q",), "", "q", b"h", b"%d:" % msg_id + b"x" * 4000)
-            if not await durable(store):
-                break
-            stored.append(msg_id)
-        else:
-            pytest.fail("the disk never filled")
+        stored = await fill_a_segment(store)
         store.append_removed("q", stored)  # consumed
         await durable(store)  # may fail for want of room, but the spent segment goes with the batch after it
         await durable(store)
@@ -166,28 +171,6 @@ def test_the_segment_that_filled_the_disk_goes_once_consumed(tiny_tmpfs):
     assert [m.msg_id for m in reopen(data_dir).messages["q"]] == list(range(2000, 2010))
 
 
-def take_every_byte_left(path) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
-    try:
-        while os.write(fd, b"\0" * 512):
-            pass
-    except OSError as error:
-        assert error.errno == errno.ENOSPC
-    finally:
-        os.close(fd)
-
-
-async def fill_a_segment(store) -> list[int]:
-    """Messages of 4 KB to "q" until the disk refuses one; the ids stored (the store goes on in a fresh segment)."""
-    stored = []
-    for msg_id in range(1000):
-        store.append_message(msg_id, ("q",), "", "q", b"h", b"%d:" % msg_id + b"x" * 4000)
-        if not await durable(store):
-            return stored
-        stored.append(msg_id)
-    pytest.fail("the disk never filled")
-
-
 def test_a_removal_with_no_byte_left_makes_room_by_deleting_the_segment_it_empties(tiny_tmpfs):
     """Not even the removal records fit: the batch fails, and frees the segment they empty for the next one."""
     data_dir = tiny_tmpfs / "data"
@@ -196,7 +179,7 @@ def test_a_removal_with_no_byte_left_makes_room_by_deleting_the_segment_it_empti
         store = MessageStore(data_dir)
         store.recover()
         stored = await fill_a_segment(store)
-        take_every_byte_left(tiny_tmpfs / "filler")
+        fill(tiny_tmpfs)  # every byte left
         store.append_removed("q", stored)  # consumed
         assert await durable(store) is False
         store.append_definition("queue", "after", {"name": "after"})
@@ -218,7 +201,7 @@ def test_a_compaction_the_full_disk_refuses_is_tried_again_after_a_pause_and_sai
         store = MessageStore(data_dir, min_compact_bytes=1)
         store.recover()
         stored = await fill_a_segment(store)
-        take_every_byte_left(tiny_tmpfs / "filler")
+        fill(tiny_tmpfs)  # every byte left
         full_size = first.stat().st_size
         for msg_id in stored[: len(stored) * 3 // 4]:  # the segment worth compacting, the disk too full for it
             store.append_removed("q", [msg_id])
