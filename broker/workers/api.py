@@ -321,11 +321,16 @@ class Gateway:
         order, pageable = GATHERED[pattern]
         return await listing(request, order(items), pageable)
 
+    async def _asked_everywhere(self, request: web.Request, vhost: str) -> tuple[list[Answer], Answer]:
+        """Every worker's answer to a request for one object of a vhost every worker serves, and among them the
+        answer of the vhost's worker."""
+        answers = await self._each(lambda worker: self.apis.ask(worker, request))
+        return answers, answers[self.workers.index(self.leader_of(vhost))]
+
     async def exchange_everywhere(self, request: web.Request, vhost: str) -> web.Response:
         """One exchange of a vhost every worker serves ([server] spread_vhosts): as the vhost's worker shows it, with
         the messages a delayed exchange holds in every worker."""
-        answers = await self._each(lambda worker: self.apis.ask(worker, request))
-        home = answers[self.workers.index(self.leader_of(vhost))]
+        answers, home = await self._asked_everywhere(request, vhost)
         if home.status != 200:
             return home.response()
         exchange = home.json()
@@ -335,8 +340,7 @@ class Gateway:
     async def queue_everywhere(self, request: web.Request, vhost: str) -> web.Response:
         """One queue of a vhost every worker serves ([server] spread_vhosts): as its owner shows it, with the consumers
         of every worker (each lists those of its own clients)."""
-        answers = await self._each(lambda worker: self.apis.ask(worker, request))
-        home = answers[self.workers.index(self.leader_of(vhost))]
+        answers, home = await self._asked_everywhere(request, vhost)
         if home.status != 200:
             return home.response()
         owner = http.worker_named(str(home.json().get("node")), len(self.workers))
