@@ -24,9 +24,13 @@ from bisect import bisect_right
 from collections.abc import Iterable
 from typing import Final
 
+from storage.records import held_parts
+
 LIVE: Final = 1  # the message is live in the one queue of its publish record
 DELIVERED: Final = 2  # (with LIVE) the message was delivered at least once
 MULTI: Final = 4  # the message was routed to several queues: MessageIndex.multi holds their states
+# (with LIVE) its record names a held key (storage.records.HELD_PREFIX): the message is the queue's that key names
+ADOPTED: Final = 8
 
 
 class Segment:
@@ -283,6 +287,36 @@ class MessageIndex:
             self._refer(segment)
         return marked
 
+    def adopt(self, held: str, queue: str, msg_ids: Iterable[int]) -> list[int]:
+        """Messages written under the held key ``held`` become ``queue``'s; return the ids that were live there."""
+        self.seq += 1
+        adopted = []
+        for msg_id in msg_ids:
+            segment = self.home(msg_id)
+            if segment is None:
+                continue
+            offset = msg_id - segment.first_id
+            if not 0 <= offset < len(segment.states):
+                continue
+            state = segment.states[offset]
+            if state & LIVE:
+                segment.states[offset] = state | ADOPTED
+            elif state & MULTI:
+                entries = self.multi[msg_id]
+                if not any(name == held for name, _ in entries):
+                    continue
+                self.multi[msg_id] = tuple((queue if name == held else name, flag) for name, flag in entries)
+            else:
+                continue
+            refs = segment.queue_refs
+            self._unref(segment, held, 1)
+            refs[queue] = refs.get(queue, 0) + 1
+            segment.refs += 1
+            self.live_refs += 1
+            adopted.append(msg_id)
+            self._refer(segment)
+        return adopted
+
     def drop_queue(self, queue: str) -> int:
         """Every message of ``queue`` is gone; return the watermark below which its ids are dead."""
         below = self.last_id + 1
@@ -318,6 +352,8 @@ class MessageIndex:
         state = segment.state(msg_id)
         if state & LIVE:
             queue = queues[0][0]
+            if state & ADOPTED and (parts := held_parts(queue)) is not None:
+                queue = parts[1]  # (a rewrite names the queue that adopted it)
             if msg_id < self.deleted_below.get(queue, -1):
                 return []
             return [(queue, bool(state & DELIVERED))]

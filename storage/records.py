@@ -22,12 +22,13 @@ MAX_PAYLOAD: Final = 1 << 31  # anything larger is a corrupt length field, not a
 PUBLISH: Final = 1  # a persistent message routed to one or more durable queues
 REMOVED: Final = 2  # messages left a queue (ack, reject, expiry, purge...)
 DELIVERED: Final = 3  # messages were handed to a consumer and may come back redelivered
+ADOPTED: Final = 4  # messages written under a held key (HELD_PREFIX) are now the messages of the queue it names
 # Definitions-log records
 LEGACY_DEFINITION: Final = 10  # a DEFINITION of the first format (data: JSON with tagged values; still read)
 QUEUE_DELETED: Final = 11  # every message of a queue with an id below a watermark is gone
 DEFINITION: Final = 12  # latest state of one definition (or its deletion); data in the typed format of definitions.py
 
-SEGMENT_TYPES: Final = frozenset((PUBLISH, REMOVED, DELIVERED))
+SEGMENT_TYPES: Final = frozenset((PUBLISH, REMOVED, DELIVERED, ADOPTED))
 DEFINITIONS_TYPES: Final = frozenset((LEGACY_DEFINITION, QUEUE_DELETED, DEFINITION))
 MAX_PLAUSIBLE_ID: Final = 1 << 48  # message ids count up from 1: a larger one is a stray byte pattern, not an id
 
@@ -38,6 +39,24 @@ _U32: Final = struct.Struct("<I")
 _ID_LIST_HEAD: Final = struct.Struct("<BH")  # type, queue name length (ids follow the name)
 _QUEUE_DELETED: Final = struct.Struct("<BQH")  # type, watermark, queue name length
 _DEFINITION_HEAD: Final = struct.Struct("<BHH")  # type, kind length, name length
+# Before the key a transaction's messages for one queue are written under until the transaction is decided: then an
+# ADOPTED record makes them the queue's, or a REMOVED record drops them. "<prefix><transaction>|<queue's key>": no
+# key made of names holds a NUL, and a transaction's name holds no "|".
+HELD_PREFIX: Final = "\x00held|"
+
+
+def held_key(transaction: str, queue: str) -> str:
+    """The key a transaction's messages for queue (its key) are held under."""
+    assert "|" not in transaction, "a transaction's name ends at the first separator"
+    return f"{HELD_PREFIX}{transaction}|{queue}"
+
+
+def held_parts(key: str) -> tuple[str, str] | None:
+    """(transaction, queue's key) of a held key; None for any other key."""
+    if not key.startswith(HELD_PREFIX):
+        return None
+    transaction, separator, queue = key[len(HELD_PREFIX):].partition("|")
+    return (transaction, queue) if separator else None
 
 
 class CorruptRecord(Exception):
@@ -74,7 +93,7 @@ def publish_head(
 
 
 def id_list(kind: int, queue: str, msg_ids: list[int] | array[int]) -> bytes:
-    """A framed REMOVED or DELIVERED record."""
+    """A framed REMOVED, DELIVERED or ADOPTED record."""
     name = queue.encode()
     ids = msg_ids if isinstance(msg_ids, array) else array("Q", msg_ids)
     return frame(_ID_LIST_HEAD.pack(kind, len(name)) + name + ids.tobytes())

@@ -114,6 +114,25 @@ class RecoveredMessages:
             self.removed = set()
             self.found = -1
 
+    def absorb(self, other: "RecoveredMessages") -> None:
+        """other's messages (those a transaction held for this queue, which adopted them) join these, in id order
+        (before finish())."""
+        self.drop_removed()
+        other.drop_removed()
+        self.redelivered |= other.redelivered
+        self.transient |= other.transient
+        if not self.ids or not other.ids or other.ids[0] > self.ids[-1]:
+            self.ids.extend(other.ids)
+            self.places.extend(other.places)
+            self.sizes.extend(other.sizes)
+            return
+        ids, places, sizes = self.ids + other.ids, self.places + other.places, self.sizes + other.sizes
+        order = sorted(range(len(ids)), key=ids.__getitem__)
+        self.ids = array("Q", [ids[position] for position in order])
+        self.places = array("Q", [places[position] for position in order])
+        self.sizes = array("I", [sizes[position] for position in order])
+        self.found = -1
+
     def finish(self) -> int:
         """Drop the removed messages from the columns and pin the segments of the rest; return how many are
         left."""

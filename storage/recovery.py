@@ -109,6 +109,8 @@ class RecordReader:
         self.moved: list[tuple[int, int]] = []  # byte ranges of the current file's misplaced publishes
         self.unkept = False  # some damaged bytes of the current file could not be put in quarantine
         self.set_aside_definitions: list[tuple[str, str]] = []
+        self.adoptions: dict[str, str] = {}  # held key -> the queue that adopted its messages (ADOPTED records)
+        self.adopted: dict[int, str] = {}  # id of a live message a queue adopted -> the held key it is listed under
         self.report: dict[str, int | float] = {
             "records": 0, "bytes": 0, "torn_tail_bytes": 0, "corrupt_segments": 0, "corrupt_ranges": 0,
             "quarantined_bytes": 0, "set_aside_records": 0, "rehomed_messages": 0,
@@ -321,15 +323,48 @@ class RecordReader:
             # a compacted publish lists only its live queues, so an older record may name a queue it has left
             queue, ids = records.decode_id_list(payload)
             listed = self.queues.get(queue)
-            if listed is None:
+            if listed is not None:
+                self._removed_or_delivered(kind, queue, listed, [msg_id for msg_id in ids if msg_id in listed])
+            if self.adopted:  # (messages a queue adopted are still listed under the key they were held under)
+                for held in {self.adopted[msg_id] for msg_id in ids if msg_id in self.adopted}:
+                    if self.adoptions[held] == queue:
+                        held_listed = self.queues[held]
+                        self._removed_or_delivered(kind, queue, held_listed,
+                                                   [msg_id for msg_id in ids if msg_id in held_listed])
+        elif kind == records.ADOPTED:
+            held, ids = records.decode_id_list(payload)
+            listed = self.queues.get(held)
+            parts = records.held_parts(held)
+            if listed is None or parts is None:
                 return
-            present = [msg_id for msg_id in ids if msg_id in listed]
-            if kind == records.REMOVED:
-                listed.removed.update(index.remove(queue, present))
-            else:
-                listed.redelivered.update(index.deliver(queue, present))
+            for msg_id in index.adopt(held, parts[1], [msg_id for msg_id in ids if msg_id in listed]):
+                self.adopted[msg_id] = held
+            self.adoptions[held] = parts[1]
         else:
             raise ValueError(f"unknown segment record type {kind}")
+
+    def _removed_or_delivered(self, kind: int, queue: str, listed: RecoveredMessages, present: list[int]) -> None:
+        if kind == records.REMOVED:
+            removed = self.index.remove(queue, present)
+            listed.removed.update(removed)
+            if self.adopted:
+                for msg_id in removed:
+                    self.adopted.pop(msg_id, None)
+        else:
+            listed.redelivered.update(self.index.deliver(queue, present))
+
+    def adopt_held(self) -> None:
+        """Each held key's messages that a queue adopted join that queue's, in id order (once all is read)."""
+        for held, queue in self.adoptions.items():
+            listed = self.queues.pop(held, None)
+            if listed is None:
+                continue
+            into = self.queues.get(queue)
+            if into is None:
+                into = self.queues[queue] = RecoveredMessages(queue, self.segments_dir, self.index)
+            into.absorb(listed)
+        self.adoptions.clear()
+        self.adopted.clear()
 
     def _add(self, msg_id: int, live: tuple[tuple[str, bool], ...], where: int, size: int,
              header_payload: bytes) -> None:
@@ -413,6 +448,7 @@ def recover(data_dir: Path, segments_dir: Path,
         reader.rehome(segments_dir, next_segment)
         next_segment += 1
     reader.repair()
+    reader.adopt_held()
     index = reader.index
     index.head = None
     index.dirty = set(index.segments)

@@ -240,6 +240,19 @@ class MessageStore:
         if marked:
             self._append_ids(records.DELIVERED, queue, marked)
 
+    def adopt(self, held: str, queue: str, msg_ids: Iterable[int]) -> None:
+        """Messages written under the held key ``held`` (storage.records.held_key: a transaction's, until it was
+        decided) are ``queue``'s from now on, in one record. Written at once, not gathered as removals are, so that
+        a removal of one of them, gathered after it, follows it on disk."""
+        self._roll_if_full()
+        adopted = self._recovered_index().adopt(held, queue, msg_ids)
+        if adopted:
+            record = records.id_list(records.ADOPTED, held, adopted)
+            self._head().size += len(record)
+            self._buffer += record
+            if not self._kick_scheduled:
+                self._schedule_kick()
+
     def _append_ids(self, kind: int, queue: str, msg_ids: list[int]) -> None:
         pending = self._pending_ids.get((kind, queue))
         if pending is None:
