@@ -98,3 +98,18 @@ def test_a_rewrite_of_the_held_records_names_the_queue_and_the_adoption_can_go(t
     segments = sorted((tmp_path / "messages").iterdir())
     written = b"".join(path.read_bytes() for path in segments)
     assert HELD.encode() not in written  # rewritten under the queue's key, and the ADOPTED record gone with its need
+
+
+def test_an_adoption_after_a_damaged_record_is_still_found_and_applied(tmp_path):
+    def work(store):
+        store.append_message(1, (HELD,), "", "q", b"h", b"held")
+        store.append_message(2, ("v|q",), "", "q", b"h", b"damaged")
+        store.adopt(HELD, "v|q", [1])
+
+    run(tmp_path, work)
+    segment = next((tmp_path / "messages").glob("*.seg"))
+    data = bytearray(segment.read_bytes())
+    data[data.index(b"damaged")] ^= 0xFF  # that record's CRC no longer holds: reading resumes at the next one
+    segment.write_bytes(bytes(data))
+    recovered = reopen(tmp_path)
+    assert ids(recovered, "v|q") == [1] and HELD not in recovered.messages
