@@ -1,5 +1,5 @@
-"""Durable definitions (exchanges, queues, bindings, vhosts, users, permissions, policies, runtime parameters) and
-queue-deletion watermarks.
+"""Durable definitions (exchanges, queues, bindings, vhosts, users, permissions, policies, runtime parameters), the
+decisions of transactions across processes until every process took its share, and queue-deletion watermarks.
 
 They live in their own small log, ``definitions.log``. When the log has grown well past the live state, the writer
 replaces it by a snapshot (written aside, fsynced, renamed over).
@@ -24,7 +24,8 @@ from typing import Any
 
 from storage import records
 
-KINDS = ("exchange", "queue", "binding", "vhost", "user", "policy", "permission", "operator_policy", "parameter")
+KINDS = ("exchange", "queue", "binding", "vhost", "user", "policy", "permission", "operator_policy", "parameter",
+         "transaction")
 
 # Wrappers of the typed format
 _TABLE = "m"

@@ -28,6 +28,7 @@ from broker.model.durability import UnownedQueue, held_vhosts, restore
 from broker.model.features.paging import Paging
 from broker.model.node import Node
 from broker.model.queue import Queue
+from broker.model.transactions import restore_shares
 from broker.federation.component import Federation
 from broker.federation.link import LinkSettings
 from broker.shovel.component import Shovels, static_shovel
@@ -272,6 +273,7 @@ class Server:
                 restore(self.node, recovered, self.role.led if self.role is not None else None)
             except UnownedQueue as refusal:
                 raise StartupError(str(refusal)) from refusal
+            restore_shares(self.node, recovered)  # (of transactions across processes a stop interrupted)
             self.store.streams.remove_orphans()  # what deleted streams left behind
             self._import_boot_definitions(boot_definitions)
             self.recovery_seconds = time.perf_counter() - started

@@ -2,7 +2,7 @@
 processes own (broker.model.remote) reach them here, over one link per owner, which this process dials.
 
 What goes to an owner: batches of messages (PUBLISH), batches of acks (ACKED), and operations (CONTROL: declare,
-delete, purge, consume, cancel, settle, credit). What comes back: ACKs of those frames (once the owner applied them
+delete, purge, consume, cancel, settle, credit, and those of transactions: broker.crossing.transactions). What comes back: ACKs of those frames (once the owner applied them
 and its store has them on disk), deliveries, and notices (a subscriber cancelled, a queue gone, queues' counts).
 
 Credit: a subscriber with a prefetch below WINDOW gets its prefetch as a window at the owner, which its settlements
@@ -23,10 +23,12 @@ from broker.crossing.frames import (
 )
 from broker.crossing import copies
 from broker.crossing.link import Link
+from broker.crossing.transactions import Transactions
 from broker.model.features.dead_letter import republish
 from broker.model.join import Join
 from broker.model.message import QueueEntry
 from broker.model.remote import NO_ACK_ID, Counted, RemoteQueue, Verdict
+from broker.model.transactions import Share
 from protocol.constants import INTERNAL_ERROR
 from storage.definitions_log import encode_data
 
@@ -59,6 +61,7 @@ class Crossing:
         self.owners = {group: OwnerLink(self, group, path) for group, path in paths.items()}
         self.node: Node | None = None  # the node of the broker this process runs, once it runs one
         self.gone: RemoteQueue | None = None  # a stand-in being deleted because its owner deleted the queue
+        self.transactions = Transactions(self)  # those across processes, at either end
 
     def start(self) -> list[asyncio.Task]:
         loop = asyncio.get_running_loop()
@@ -145,12 +148,44 @@ class Crossing:
         self._owner_of(queue).control({"op": "touch", "vhost": queue.vhost.name, "queue": queue.name})
 
     def publish(self, queue: RemoteQueue, message: "Message") -> bool:
-        link = self._owner_of(queue).link
+        owner = self._owner_of(queue)
+        link = owner.link
         if link is None:
             return False
+        if owner.holding is not None:
+            owner.hold(None)
         vhost_name, queue_name = queue.names
         link.add(PUBLISH, encode_message(vhost_name, queue_name, message))
         return True
+
+    # --- transactions across processes (broker.crossing.transactions) --------------------------------------
+    def begin_transaction(self) -> Share:
+        return self.transactions.begin()
+
+    def publish_held(self, queue: RemoteQueue, message: "Message", share: Share) -> bool:
+        owner = self._owner_of(queue)
+        link = owner.link
+        if link is None:
+            return False
+        if owner.holding != share.name:
+            owner.hold(share.name)
+        vhost_name, queue_name = queue.names
+        link.add(PUBLISH, encode_message(vhost_name, queue_name, message))
+        if owner.group not in share.owners:
+            share.owners[owner.group] = link.last_number() - 1
+        return True
+
+    def decide(self, share: Share, callback: Callable[[bool], None]) -> None:
+        self.transactions.decide(share, callback)
+
+    def commit(self, share: Share, callback: Callable[[bool], None]) -> None:
+        self.transactions.commit(share, callback)
+
+    def abort(self, share: Share) -> None:
+        self.transactions.abort(share)
+
+    def recovered(self, decisions: list[dict], shares: dict[str, Share]) -> dict[str, Share]:
+        return self.transactions.recovered(decisions, shares)
 
     def get(self, queue: RemoteQueue, no_ack: bool, answer: Callable[[QueueEntry | None], None]) -> None:
         self._owner_of(queue).get(queue, no_ack, answer)
@@ -272,6 +307,7 @@ class OwnerLink:
         self.next_run = 1
         self.messages = Messages()
         self.closed: asyncio.Event | None = None
+        self.holding: str | None = None  # the transaction the owner holds what comes next on the link for
 
     async def keep_linked(self) -> None:
         loop = asyncio.get_running_loop()
@@ -286,6 +322,8 @@ class OwnerLink:
             self.closed = asyncio.Event()
             self.link = link
             link.send(CONTROL, encode_data({"op": "hello", "epoch": self.epoch, "group": self.crossing.number}))
+            self.holding = None
+            self.crossing.transactions.linked(self)
             self.control({"op": "watch", "vhosts": self.crossing.served(),
                           "queues": self.crossing.stand_ins_of(self.group)})
             self.copied = set()
@@ -296,6 +334,11 @@ class OwnerLink:
     def control(self, operation: dict) -> None:
         if self.link is not None:
             self.link.send(CONTROL, encode_data(operation))
+
+    def hold(self, transaction: str | None) -> None:
+        """What comes next on the link is for the owner to hold for this transaction (None: to take as it comes)."""
+        self.control({"op": "hold", "transaction": transaction})
+        self.holding = transaction
 
     def ask(self, operation: dict, counted: Counted) -> None:
         """An operation the owner answers with a count (a notice, in the order they were asked)."""

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from broker.model.message import Message, QueueEntry
     from broker.model.node import Node
     from broker.model.policy import Policy
+    from broker.model.transactions import Share
     from broker.model.queue import Queue
 
 log = logging.getLogger(__name__)
@@ -122,6 +123,7 @@ class HomeLink:
         self.messages = Messages()
         self.counting: asyncio.TimerHandle | None = None
         self.reapplying: set[asyncio.Task] = set()  # policies being applied to a copy's queues and exchanges
+        self.holding: Share | None = None  # the share of a transaction that what comes next is held for
 
     # --- broker.crossing.link.Handler -----------------------------------------------------------------------
     def received(self, kind: int, payload: bytes) -> None:
@@ -164,6 +166,7 @@ class HomeLink:
             self.link.send(NOTICE, encode_data({"op": "counts", "queues": counts}))
 
     def lost(self) -> None:
+        self.holding = None  # (its shares wait for their coordinator's decision: broker.crossing.transactions)
         if self.counting is not None:
             self.counting.cancel()
         node = self.serving()
@@ -248,6 +251,9 @@ class HomeLink:
             if queue is None:
                 self.ok = False  # (its publisher is nacked)
                 continue
+            if self.holding is not None:
+                self.wrote = self.holding.take(queue.vhost, [queue], message) or self.wrote
+                continue
             persisted, refused = queue.vhost.publish_to([queue], message)
             self.wrote = self.wrote or persisted
             if refused:
@@ -262,6 +268,9 @@ class HomeLink:
             return
         if kind in ("define", "definitions"):
             self._copy(node, operation)
+            return
+        if kind in ("hold", "commit", "abort", "decided"):
+            self._transaction(node, kind, operation)
             return
         if kind == "run":
             forwarded.run(node, self, operation)
@@ -347,6 +356,21 @@ class HomeLink:
             self.ok = False
             if kind in ("delete", "purge", "count"):  # (answered whatever happens: the other process waits for it)
                 self._counted(0)
+
+    def _transaction(self, node: "Node", kind: str, operation: dict) -> None:
+        """What the coordinator of a transaction across processes says of it (broker.crossing.transactions)."""
+        crossing = node.crossing
+        assert isinstance(crossing, Crossing), "a node of workers crosses with broker.crossing"
+        transactions = crossing.transactions
+        if kind == "hold":
+            name = operation["transaction"]
+            self.holding = transactions.hold(str(name), self) if name is not None else None
+        elif kind == "decided":  # (after the hello that named the coordinator)
+            coordinator = self.group if self.group is not None else -1
+            self.wrote = transactions.resolve(coordinator, [str(name) for name in operation["transactions"]],
+                                              self) or self.wrote
+        else:
+            self.wrote = transactions.settle(str(operation["transaction"]), kind == "commit") or self.wrote
 
     def _copy(self, node: "Node", operation: dict) -> None:
         """A change of a vhost this process keeps a copy of, or its whole definitions, from its home."""

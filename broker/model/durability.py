@@ -14,6 +14,7 @@ from broker.model.message import Address, Header, Message
 from broker.model.policy import PolicyError
 from broker.model.upgrade import upgrade
 from protocol.errors import AMQPError
+from storage.records import HELD_PREFIX
 
 if TYPE_CHECKING:
     from broker.model.exchange import Binding, Exchange
@@ -95,7 +96,8 @@ def restore(node: "Node", recovered: "Recovered", led: Collection[str] | None = 
                  if exchange.holds_delayed)
     known.update(name for kind, name in recovered.set_aside_definitions if kind == "queue")
     set_aside_exchanges = {name for kind, name in recovered.set_aside_definitions if kind == "exchange"}
-    orphans = [key for key in recovered.messages if key not in known and not _set_aside(key, set_aside_exchanges)]
+    orphans = [key for key in recovered.messages if key not in known and not _set_aside(key, set_aside_exchanges)
+               and not key.startswith(HELD_PREFIX)]  # (a transaction's share: broker.model.transactions)
     if orphans and recovered.report.get("definitions_damaged"):
         # a damaged definitions log may have lost the definitions of these queues: their messages stay on disk
         log.error("keeping the stored messages of %d queues whose definitions are missing (the definitions log "

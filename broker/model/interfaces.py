@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from broker.model.message import Message, QueueEntry
     from broker.model.queue import Queue
     from broker.model.remote import Counted, RemoteQueue, Verdict
+    from broker.model.transactions import Share
     from broker.model.vhost import VirtualHost
 
 
@@ -165,6 +166,32 @@ class QueueCrossing(Protocol):
     def when_acked(self, owners: dict[int, int], callback: "Callable[[bool], None]") -> None:
         """callback(ok) once each of these owners acked what it was sent so far; ok False if one could not, or
         failed one of the frames after the one each names (where the waiting caller's first went)."""
+
+    # transactions across processes (broker.model.transactions, broker.crossing.transactions)
+    def begin_transaction(self) -> "Share":
+        """A new transaction's share of this process, named for it (this process coordinates it)."""
+        ...
+
+    def publish_held(self, queue: "RemoteQueue", message: "Message", share: "Share") -> bool:
+        """Send a message of the transaction to be held by the queue's owner (noted in share.owners); False if the
+        owner cannot be reached now."""
+        ...
+
+    def decide(self, share: "Share", callback: "Callable[[bool], None]") -> None:
+        """Every share is safe: the decision to commit, recorded where more than one process holds a share;
+        callback(ok) once on disk."""
+
+    def commit(self, share: "Share", callback: "Callable[[bool], None]") -> None:
+        """Decided: this process adopts its share and every owner is told to adopt its own; callback(ok) once they
+        did (on their disks and on this one's)."""
+
+    def abort(self, share: "Share") -> None:
+        """Not committed: this process's share and every owner's are dropped."""
+
+    def recovered(self, decisions: list[dict], shares: "dict[str, Share]") -> "dict[str, Share]":
+        """At start: the decisions the store kept and the shares it read back; returns the shares of this process's
+        own transactions (for the caller to decide), and keeps the others until their coordinators decide."""
+        ...
 
 
 class VhostHome(Protocol):

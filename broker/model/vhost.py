@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     )
     from broker.model.message import Message
     from broker.model.node import Node
+    from broker.model.transactions import Share
 
 log = logging.getLogger(__name__)
 
@@ -675,15 +676,23 @@ class VirtualHost:
         if crossing is not None:
             crossing.defined(self, kind, subject, present)
 
-    def publish_to(self, queues: list[Queue], message: "Message",
-                   publisher: "Publisher | None" = None) -> tuple[bool, bool]:
+    def publish_to(self, queues: list[Queue], message: "Message", publisher: "Publisher | None" = None,
+                   held: "Share | None" = None) -> tuple[bool, bool]:
         """Hand a routed message to its queues: (went to disk, refused by a length limit). A persistent message
         is written before any queue delivers it, so that a delivery's record never precedes the message's own in
         the log; queues that turn it away then let their copy go. A transient message is written too when it goes
-        to a quorum queue, for those queues only."""
-        persistent = message.persistent
-        persisted = (self.store is not None and (persistent or self.queues_storing_all > 0)
+        to a quorum queue, for those queues only. A message of a transaction across processes is held instead,
+        until the transaction is decided (held: this process's share of it, broker.model.transactions)."""
+        if held is not None:
+            return held.take(self, queues, message), False
+        persisted = (self.store is not None and (message.persistent or self.queues_storing_all > 0)
                      and self.persist(message, queues))
+        return self.enqueue_routed(queues, message, persisted, publisher)
+
+    def enqueue_routed(self, queues: list[Queue], message: "Message", persisted: bool,
+                       publisher: "Publisher | None" = None) -> tuple[bool, bool]:
+        """The queues take a routed message, written already where persisted (see publish_to)."""
+        persistent = message.persistent
         refused = False
         for queue in queues:
             queued = message

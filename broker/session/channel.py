@@ -22,7 +22,7 @@ from broker.session.confirms import ConfirmTracker
 from broker.session.consumer import Consumer
 from broker.session.handlers import HANDLERS
 from broker.session.settlement import (
-    SETTLE_SLICE, Commit, Get, Rollback, Settlement, Slices, TakenIntoTransaction,
+    SETTLE_SLICE, Commit, CommitAcross, Get, Rollback, Settlement, Slices, TakenIntoTransaction,
 )
 from broker.session.transaction import Transaction
 from broker.session.unacked import Unacked, UnackedStore
@@ -40,6 +40,7 @@ from protocol.properties import EXPIRATION, REPLY_TO, USER_ID, property_flags
 
 if TYPE_CHECKING:
     from broker.model.counters import NodeCounters
+    from broker.model.transactions import Share
     from broker.model.vhost import VirtualHost
     from broker.session.interfaces import ChannelHost
     from broker.session.limits import ChannelLimits
@@ -322,14 +323,17 @@ class Channel:
         if message.scan.has_headers:
             message, routing_keys = _sender_selected(message, routing_key)
         if (tx := self.tx) is not None:
-            tx.publishes.append(lambda: self._route(exchange, routing_keys, mandatory, message, None))
+            tx.publishes.append(lambda held=None: self._route(exchange, routing_keys, mandatory, message, None, held))
             return
         seq = self.confirms.next_seq() if self.confirms is not None else None
         self._route(exchange, routing_keys, mandatory, message, seq)
 
-    def _route(self, exchange, routing_keys, mandatory, message: Message, seq: int | None) -> bool:
+    def _route(self, exchange, routing_keys, mandatory, message: Message, seq: int | None,
+               held: Share | None = None) -> bool:
         """Route and enqueue a message (or hold it in a delayed exchange); True when it went to durable storage or
-        to queues other processes own (its confirm waits for the disk, or for their acks)."""
+        to queues other processes own (its confirm waits for the disk, or for their acks). A message of a commit
+        across processes is held for it (held: this process's share, broker.model.transactions), which waits for
+        every share itself."""
         persisted = refused = crossed = False
         if exchange.holds_delayed and (delay := delay_of(message)):
             # held, never returned: the plugin returns a mandatory one at once, though it is routed later
@@ -343,8 +347,10 @@ class Channel:
                 self.counters.unroutable_dropped += 1
         else:
             vhost = self.vhost
-            persisted, refused = vhost.publish_to(queues, message, self.connection)
+            persisted, refused = vhost.publish_to(queues, message, self.connection, held)
             self.counters.routed += 1
+            if held is not None:
+                return persisted
             if vhost.remote_queues:
                 if self.awaiting_owners is None:
                     self.awaiting_owners = {}
@@ -417,9 +423,9 @@ class Channel:
                 settle(seq, ok)
             self.send_confirms()
         elif not ok:
-            self._disk_failed()
+            self.disk_failed()
 
-    def _disk_failed(self) -> None:
+    def disk_failed(self) -> None:
         self.connection.failed(errors.internal_error("persistent messages could not be written to disk"), self)
 
     # --- delivering ----------------------------------------------------------------------------------------
@@ -613,7 +619,11 @@ class Channel:
         if tx is None:
             raise errors.precondition_failed("channel is not transactional")
         self.tx = Transaction()
-        self.start(Commit(tx))
+        crossing = self.vhost.crossing
+        if self.vhost.remote_queues and crossing is not None:
+            self.start(CommitAcross(tx, crossing.begin_transaction()))
+        else:
+            self.start(Commit(tx))
 
     def committed(self, persisted: bool) -> None:
         """A commit is applied: commit-ok, after the disk has its publishes where some went there."""
@@ -628,7 +638,7 @@ class Channel:
             if ok:  # written directly: it answers a method older than any reply held for the disk now
                 self.write_now(encode_method(self.number, spec.Tx.CommitOk()))
             else:
-                self._disk_failed()
+                self.disk_failed()
 
         owners, self.awaiting_owners = self.awaiting_owners, None
         self.vhost.when_durable(on_disk, owners)

@@ -1,9 +1,10 @@
 """Work on a channel's deliveries that can be too large for one turn of the event loop, done a slice a turn, in the
 order its client asked for it (Channel.settling): a multiple ack, nack or reject of millions and the requeue of a
 closing channel's deliveries (Settlement), and within a transaction a multiple ack, nack or reject taken into it
-(TakenIntoTransaction), its commit (Commit) and its rollback (Rollback); and a basic.get, which may wait for the
-expired messages at its queue's head to leave, or for the process that owns it (Get). The frames the client sent after it wait meanwhile, as they
-wait for a reply that waits for the disk, so that what follows sees it done."""
+(TakenIntoTransaction), its commit (Commit, or CommitAcross where queues of other processes may take part) and its
+rollback (Rollback); and a basic.get, which may wait for the expired messages at its queue's head to leave, or for
+the process that owns it (Get). The frames the client sent after it wait meanwhile, as they wait for a reply that
+waits for the disk, so that what follows sees it done."""
 
 from __future__ import annotations
 
@@ -14,10 +15,13 @@ from pamqp import commands as spec
 
 from broker.model.queue import PIECE, SLICE_SECONDS, in_pieces
 from broker.model.remote import RemoteQueue
+from protocol import errors
 from protocol.errors import made_elsewhere
 
 if TYPE_CHECKING:
+    from broker.model.interfaces import QueueCrossing
     from broker.model.message import QueueEntry
+    from broker.model.transactions import Share
     from broker.model.queue import Queue
     from broker.session.channel import Channel
     from broker.session.consumer import Consumer
@@ -31,6 +35,8 @@ SETTLE_SLICE: Final = 4096
 PUBLISH_COST: Final = 4
 # What a commit leaves of an ack, nack or reject it settled
 SETTLED: Final[tuple[list[Unacked], bool | None, bool]] = ([], None, False)
+# The stages of a commit across processes (CommitAcross)
+ROUTE, DECIDE, SETTLE, ADOPT = range(4)
 
 
 class Slices:
@@ -143,6 +149,114 @@ class Commit(Slices):
                 channel.committed(self.persisted)
                 return True
         return False
+
+
+class CommitAcross(Slices):
+    """A commit in a vhost some of whose queues other processes own: on every process or on none
+    (broker.model.transactions). Its publishes are routed and held, a slice a turn: each process writes its share
+    aside and enqueues none of it. Once every share is safe (on this process's disk, and acked by each owner after
+    its own), the decision is recorded where several processes hold a share; then its acks, nacks and rejects are
+    settled, a slice a turn, and each process adopts its share; commit-ok once every one did. A share that could not
+    be held (an owner unreachable or gone, a queue deleted there, a disk that failed) ends it on none: every share is
+    dropped, its deliveries go back to their queues, and the channel is closed (541). The frames that follow wait
+    until it ends. Finished though the channel closes meanwhile: its client asked for it."""
+
+    __slots__ = ("tx", "share", "stage", "routed", "settled", "waiting", "answered", "ok")
+
+    def __init__(self, tx: Transaction, share: Share) -> None:
+        self.tx = tx
+        self.share = share  # this process's share, which names the transaction and notes the other owners
+        self.stage = ROUTE
+        self.routed = 0  # publishes of tx.publishes routed
+        self.settled = 0  # entries of tx.settles done
+        self.waiting = False  # parked for an answer (the disk's, the owners')
+        self.answered = False  # the answer asked for last came
+        self.ok = True  # every answer so far said it went well
+
+    def parked(self) -> bool:
+        return self.waiting
+
+    def step(self, channel: Channel) -> bool:
+        crossing = channel.vhost.crossing
+        assert crossing is not None, "a vhost whose queues other processes own crosses to them"
+        stage, share = self.stage, self.share
+        if stage == ROUTE:
+            if self._route(channel):
+                self.stage = DECIDE
+                if share.failed:
+                    return self._fail(channel, crossing)
+                self._wait(channel, lambda done: channel.vhost.when_durable(done, dict(share.owners) or None))
+            return False
+        if stage == ADOPT:  # every process took its share, or will once it can where the decision was recorded
+            if channel.open:
+                if self.ok or share.recorded:
+                    channel.send_method(spec.Tx.CommitOk())
+                else:  # (one process held it all, and its disk or its link failed as it adopted it)
+                    channel.disk_failed()
+            return True
+        if not self.ok:
+            return self._fail(channel, crossing)
+        if stage == DECIDE:
+            self.stage = SETTLE
+            self._wait(channel, lambda done: crossing.decide(share, done))
+        elif self._settle(channel):  # (SETTLE)
+            self.stage = ADOPT
+            self._wait(channel, lambda done: crossing.commit(share, done))
+        return False
+
+    def _route(self, channel: Channel) -> bool:
+        """A slice of the publishes routed and held; whether they were the last."""
+        publishes, share = self.tx.publishes, self.share
+        budget = SETTLE_SLICE
+        ends = time.perf_counter() + SLICE_SECONDS
+        while self.routed < len(publishes):
+            if budget <= 0 or time.perf_counter() >= ends:
+                return False
+            publishes[self.routed](share)
+            publishes[self.routed] = _routed
+            self.routed += 1
+            budget -= PUBLISH_COST
+        return True
+
+    def _settle(self, channel: Channel) -> bool:
+        """A slice of the acks, nacks and rejects settled; whether they were the last."""
+        settles = self.tx.settles
+        budget = SETTLE_SLICE
+        ends = time.perf_counter() + SLICE_SECONDS
+        while self.settled < len(settles):
+            if budget <= 0 or time.perf_counter() >= ends:
+                return False
+            deliveries, requeue, failed = settles[self.settled]
+            settles[self.settled] = SETTLED
+            self.settled += 1
+            channel.unacked.release(deliveries)
+            channel.settle(deliveries, requeue, failed)
+            budget -= len(deliveries)
+        return True
+
+    def _wait(self, channel: Channel, ask: Callable[[Callable[[bool], None]], None]) -> None:
+        self.answered = False
+        ask(lambda ok: self._answered(channel, ok))
+        self.waiting = not self.answered  # (answered at once where nothing was to wait for)
+
+    def _answered(self, channel: Channel, ok: bool) -> None:
+        self.answered = True
+        self.ok = self.ok and ok
+        if self.waiting:
+            self.waiting = False
+            channel.unpark()
+
+    def _fail(self, channel: Channel, crossing: QueueCrossing) -> bool:
+        """Not committed anywhere: the shares dropped, the deliveries back in their queues, the channel closed."""
+        crossing.abort(self.share)
+        for deliveries, _, _ in self.tx.settles:
+            channel.unacked.release(deliveries)
+            channel.settle(deliveries, True)
+        if channel.open:
+            channel.connection.failed(errors.internal_error(
+                "the transaction could not be held by every process that owns one of its queues: it was committed "
+                "on none"), channel)
+        return True
 
 
 class Rollback(Slices):
@@ -295,7 +409,7 @@ class Forwarded(Slices):
         channel.unpark()
 
 
-def _routed() -> bool:
+def _routed(held: Share | None = None) -> bool:
     """What a commit leaves of a publish it routed."""
     return False
 

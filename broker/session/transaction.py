@@ -12,7 +12,8 @@ class Transaction:
     __slots__ = ("publishes", "settles")
 
     def __init__(self) -> None:
-        # routings to run at commit, in order (each says whether its message went to disk)
-        self.publishes: list[Callable[[], bool]] = []
+        # routings to run at commit, in order (each says whether its message went to disk; given a share, they hold
+        # it for a commit across processes: broker.model.transactions)
+        self.publishes: list[Callable[..., bool]] = []
         # (deliveries, requeue, failed) acked or rejected, as Channel.reject takes them
         self.settles: list[tuple[list[Unacked], bool | None, bool]] = []
