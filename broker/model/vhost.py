@@ -692,11 +692,10 @@ class VirtualHost:
     def enqueue_routed(self, queues: list[Queue], message: "Message", persisted: bool,
                        publisher: "Publisher | None" = None) -> tuple[bool, bool]:
         """The queues take a routed message, written already where persisted (see publish_to)."""
-        persistent = message.persistent
         refused = False
         for queue in queues:
             queued = message
-            if persisted and not persistent and not queue.stores_all:
+            if persisted and not queue.stores_all and not message.persistent:
                 queued = message.unstored()  # this queue's copy is not on disk: no store records for it
             queue.published += 1
             status = queue.enqueue(queued)
