@@ -250,6 +250,8 @@ class HomeLink:
                     places[names] = queue
             if queue is None:
                 self.ok = False  # (its publisher is nacked)
+                if self.holding is not None:
+                    self.holding.failed = True  # (a transaction's share: not to be adopted)
                 continue
             if self.holding is not None:
                 self.wrote = self.holding.take(queue.vhost, [queue], message) or self.wrote
@@ -370,7 +372,10 @@ class HomeLink:
             self.wrote = transactions.resolve(coordinator, [str(name) for name in operation["transactions"]],
                                               self) or self.wrote
         else:
-            self.wrote = transactions.settle(str(operation["transaction"]), kind == "commit") or self.wrote
+            adopted = transactions.settle(str(operation["transaction"]), kind == "commit")
+            if adopted is None:
+                self.ok = False  # (its coordinator is told it could not be committed here)
+            self.wrote = bool(adopted) or self.wrote
 
     def _copy(self, node: "Node", operation: dict) -> None:
         """A change of a vhost this process keeps a copy of, or its whole definitions, from its home."""

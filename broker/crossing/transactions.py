@@ -3,7 +3,8 @@ process holds of one): the decisions of the transactions this process coordinate
 owner has taken its share, and the shares it holds of other processes' transactions until they are decided.
 
 An owner holds what a coordinator's link carries between a "hold" of a transaction and the next "hold" (of another,
-or of none). "commit" or "abort" decides its share. A coordinator tells each owner as it links, first after "hello",
+or of none). "commit" or "abort" decides its share; where the owner holds the whole transaction, "commit" follows
+the share at once, and a share that could not all be held (a queue gone) is then dropped, its frame failed. A coordinator tells each owner as it links, first after "hello",
 which of its transactions that owner holds a share of were committed ("decided"): the owner adopts those shares, and
 drops every other share of that coordinator's that came on an earlier link or was read back at start, as the
 coordinator decided to commit none of those (it records a decision before any owner hears of it, and gives up a
@@ -52,10 +53,6 @@ class Transactions:
         return Share(f"{self.crossing.number}.{self.started}.{self.count}")
 
     def decide(self, share: Share, callback: Callable[[bool], None]) -> None:
-        """Where one process holds all of it, its adoption is the commit: nothing to record."""
-        if len(share.owners) + bool(share.entries) < 2:
-            callback(True)
-            return
         self.decided[share.name] = set(share.owners)
         store = self._node().store
         store.append_definition("transaction", share.name, {"name": share.name, "owners": sorted(share.owners)})
@@ -121,16 +118,18 @@ class Transactions:
             share = self.held[name] = Share(name, origin)
         return share
 
-    def settle(self, name: str, committed: bool) -> bool:
+    def settle(self, name: str, committed: bool) -> bool | None:
         """The coordinator decided: the share is adopted or dropped. Whether the store was given something to
-        write."""
+        write; None where it was to be adopted but some of it could not be held (a queue gone): then it is dropped
+        (where this process holds the whole transaction, its coordinator asks for the adoption at once, so the
+        transaction is then committed nowhere)."""
         share = self.held.pop(name, None)
         if share is None:
             return False
-        if committed:
+        if committed and not share.failed:
             return share.adopt(self._node())
         share.drop(self._node())
-        return False
+        return None if committed else False
 
     def resolve(self, coordinator: int, committed: list[str], origin: object) -> bool:
         """Coordinator linked again (origin: its new link) and named its committed transactions: its other shares
@@ -140,7 +139,7 @@ class Transactions:
         for name, share in list(self.held.items()):
             if share.origin is origin or coordinator_of(name) != coordinator:
                 continue
-            wrote = self.settle(name, name in chosen) or wrote
+            wrote = bool(self.settle(name, name in chosen)) or wrote
         return wrote
 
     def recovered(self, decisions: list[dict], shares: dict[str, Share]) -> dict[str, Share]:

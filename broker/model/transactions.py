@@ -1,9 +1,9 @@
 """What one process holds of a transaction whose publishes went to queues of several processes, until it is decided:
 a share. Committed on every process or on none (docs/workers.md#transactions-across-workers): each holds its share
 aside, its persistent messages written under held keys of its store (storage.records.held_key) and none enqueued;
-once every share is safe, the coordinator (the process of the channel) records its decision where more than one
-process holds a share, and each then adopts its share: one ADOPTED record per queue makes the messages the queue's,
-and they join it. A share of a transaction that was not committed is dropped. A share read back at a start waits
+once every share is safe, the coordinator (the process of the channel) records its decision, and each then adopts
+its share: one ADOPTED record per queue makes the messages the queue's, and they join it. Where one process holds
+the whole transaction, it adopts it at once: that record is the commit. A share of a transaction that was not committed is dropped. A share read back at a start waits
 for its coordinator's decision (broker.crossing.transactions), or is decided at once where this process coordinated
 it."""
 
@@ -37,7 +37,7 @@ class Share:
         self.held: dict[str, list[int]] = {}  # held key -> the ids written under it
         self.recovered: dict[str, RecoveredMessages] = {}  # held key -> its messages read back at start
         self.owners: dict[int, int] = {}  # (the coordinator's) other processes sent a share -> the frame before it
-        self.failed = False  # (the coordinator's) a part could not be sent: the transaction is not committed
+        self.failed = False  # a part could not be sent, or held here: the transaction is not to be committed
         self.recorded = False  # (the coordinator's) its decision to commit was recorded: it is committed whatever comes
         self.origin = origin  # the link a participant's share came on (None: read back at start, or its own)
 

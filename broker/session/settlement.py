@@ -154,12 +154,13 @@ class Commit(Slices):
 class CommitAcross(Slices):
     """A commit in a vhost some of whose queues other processes own: on every process or on none
     (broker.model.transactions). Its publishes are routed and held, a slice a turn: each process writes its share
-    aside and enqueues none of it. Once every share is safe (on this process's disk, and acked by each owner after
-    its own), the decision is recorded where several processes hold a share; then its acks, nacks and rejects are
-    settled, a slice a turn, and each process adopts its share; commit-ok once every one did. A share that could not
-    be held (an owner unreachable or gone, a queue deleted there, a disk that failed) ends it on none: every share is
-    dropped, its deliveries go back to their queues, and the channel is closed (541). The frames that follow wait
-    until it ends. Finished though the channel closes meanwhile: its client asked for it."""
+    aside and enqueues none of it. Where several processes hold a share, once every share is safe (on this
+    process's disk, and acked by each owner after its own) the decision is recorded; then its acks, nacks and
+    rejects are settled, a slice a turn, and each process adopts its share; commit-ok once every one did. Where one
+    process holds it all, its adoption (one write, after its share's) commits it. A share that could not be held (an
+    owner unreachable or gone, a queue deleted there, a disk that failed) ends it on none: every share is dropped,
+    its deliveries go back to their queues, and the channel is closed (541). The frames that follow wait until it
+    ends. Finished though the channel closes meanwhile: its client asked for it."""
 
     __slots__ = ("tx", "share", "stage", "routed", "settled", "waiting", "answered", "ok")
 
@@ -181,17 +182,22 @@ class CommitAcross(Slices):
         assert crossing is not None, "a vhost whose queues other processes own crosses to them"
         stage, share = self.stage, self.share
         if stage == ROUTE:
-            if self._route(channel):
+            if not self._route(channel):
+                return False
+            if share.failed:
+                return self._fail(channel, crossing)
+            if len(share.owners) + bool(share.entries) > 1:
                 self.stage = DECIDE
-                if share.failed:
-                    return self._fail(channel, crossing)
-                self._wait(channel, lambda done: channel.vhost.when_durable(done, dict(share.owners) or None))
-            return False
+                self._wait(channel, lambda done: channel.vhost.when_durable(done, dict(share.owners)))
+                return False
+            # one process holds it all, and its adoption commits it: in this turn, so that the adoption's record
+            # goes to disk with the share's (one write, as a commit in one process)
+            self.stage = stage = SETTLE
         if stage == ADOPT:  # every process took its share, or will once it can where the decision was recorded
             if channel.open:
                 if self.ok or share.recorded:
                     channel.send_method(spec.Tx.CommitOk())
-                else:  # (one process held it all, and its disk or its link failed as it adopted it)
+                else:  # (one process held it all, and could not adopt all of it, or its disk or link failed)
                     channel.disk_failed()
             return True
         if not self.ok:
