@@ -14,8 +14,9 @@ the one closed last, mostly consumed already when the head rolls) would be rewri
 after. A segment that empties is deleted even while its compaction is queued or running (the writer drops the job).
 
 The writer thread reads ``states``, ``multi`` and ``deleted_below`` while compacting; the event loop only ever turns
-messages from live to dead there (or sets DELIVERED), and replaces ``multi`` values whole, so a concurrent reader
-sees either the old or the new value and at worst keeps a record that just died (its REMOVED record is newer).
+messages from live to dead there (or sets DELIVERED or ADOPTED), and replaces ``multi`` values whole, so a concurrent
+reader sees either the old or the new value and at worst keeps a record that just died (its REMOVED record is newer)
+or writes an adopted message under its held key (its ADOPTED record is newer, and kept until a rewrite after it).
 """
 
 from __future__ import annotations
@@ -201,8 +202,9 @@ class MessageIndex:
         segment = self.home(msg_id)
         if segment is None or not segment.state(msg_id):
             return
+        state = segment.state(msg_id)
         segment.states[msg_id - segment.first_id] = 0
-        live = [queue for queue, _ in self.multi.pop(msg_id, ())] or queues[:1]
+        live = [queue for queue, _ in self.multi.pop(msg_id, ())] or [self._queue_of(queues[0], state)]
         for queue in live:
             self._unref(segment, queue, 1)
 
@@ -351,9 +353,7 @@ class MessageIndex:
         """The (queue, delivered) pairs of a publish record in ``segment`` that are still live."""
         state = segment.state(msg_id)
         if state & LIVE:
-            queue = queues[0][0]
-            if state & ADOPTED and (parts := held_parts(queue)) is not None:
-                queue = parts[1]  # (a rewrite names the queue that adopted it)
+            queue = self._queue_of(queues[0][0], state)  # (a rewrite names the queue that adopted it)
             if msg_id < self.deleted_below.get(queue, -1):
                 return []
             return [(queue, bool(state & DELIVERED))]
@@ -361,6 +361,13 @@ class MessageIndex:
             entries = self.multi.get(msg_id, ())
             return [(q, flag) for q, flag in entries if msg_id >= self.deleted_below.get(q, -1)]
         return []
+
+    @staticmethod
+    def _queue_of(name: str, state: int) -> str:
+        """The queue a LIVE message is in, whose record names name."""
+        if state & ADOPTED and (parts := held_parts(name)) is not None:
+            return parts[1]
+        return name
 
     def depends_on(self, segment: Segment, older: int) -> bool:
         """Whether ``segment``'s records aimed at segment ``older`` are still needed."""

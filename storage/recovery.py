@@ -112,7 +112,8 @@ class RecordReader:
         self.unkept = False  # some damaged bytes of the current file could not be put in quarantine
         self.set_aside_definitions: list[tuple[str, str]] = []
         self.adoptions: dict[str, str] = {}  # held key -> the queue that adopted its messages (ADOPTED records)
-        self.adopted: dict[int, str] = {}  # id of a live message a queue adopted -> the held key it is listed under
+        # id of a live message a queue adopted -> the held keys it is listed under (one per queue that adopted it)
+        self.adopted: dict[int, list[str]] = {}
         self.report: dict[str, int | float] = {
             "records": 0, "bytes": 0, "torn_tail_bytes": 0, "corrupt_segments": 0, "corrupt_ranges": 0,
             "quarantined_bytes": 0, "set_aside_records": 0, "rehomed_messages": 0,
@@ -328,20 +329,25 @@ class RecordReader:
             if listed is not None:
                 self._removed_or_delivered(kind, queue, listed, [msg_id for msg_id in ids if msg_id in listed])
             if self.adopted:  # (messages a queue adopted are still listed under the key they were held under)
-                for held in {self.adopted[msg_id] for msg_id in ids if msg_id in self.adopted}:
-                    if self.adoptions[held] == queue:
-                        held_listed = self.queues[held]
-                        self._removed_or_delivered(kind, queue, held_listed,
-                                                   [msg_id for msg_id in ids if msg_id in held_listed])
+                adopted = self.adopted
+                for held in {held for msg_id in ids for held in adopted.get(msg_id, ())
+                             if self.adoptions[held] == queue}:
+                    held_listed = self.queues[held]
+                    self._removed_or_delivered(kind, queue, held_listed,
+                                               [msg_id for msg_id in ids if msg_id in held_listed])
         elif kind == records.ADOPTED:
             held, ids = records.decode_id_list(payload)
             listed = self.queues.get(held)
             parts = records.held_parts(held)
             if listed is None or parts is None:
                 return
-            for msg_id in index.adopt(held, parts[1], [msg_id for msg_id in ids if msg_id in listed]):
-                self.adopted[msg_id] = held
-            self.adoptions[held] = parts[1]
+            queue = parts[1]
+            present = [msg_id for msg_id in ids if msg_id in listed]
+            below = index.deleted_below.get(queue, -1)  # (a queue deleted since: they went with it)
+            listed.removed.update(index.remove(held, [msg_id for msg_id in present if msg_id < below]))
+            for msg_id in index.adopt(held, queue, [msg_id for msg_id in present if msg_id >= below]):
+                self.adopted.setdefault(msg_id, []).append(held)
+            self.adoptions[held] = queue
         else:
             raise ValueError(f"unknown segment record type {kind}")
 
@@ -349,9 +355,14 @@ class RecordReader:
         if kind == records.REMOVED:
             removed = self.index.remove(queue, present)
             listed.removed.update(removed)
-            if self.adopted:
+            adopted = self.adopted
+            if adopted:
                 for msg_id in removed:
-                    self.adopted.pop(msg_id, None)
+                    helds = adopted.get(msg_id)
+                    if helds is not None:
+                        helds[:] = [held for held in helds if self.adoptions[held] != queue]
+                        if not helds:
+                            del adopted[msg_id]
         else:
             listed.redelivered.update(self.index.deliver(queue, present))
 

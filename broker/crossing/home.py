@@ -165,8 +165,8 @@ class Crossing:
     def publish_held(self, queue: RemoteQueue, message: "Message", share: Share) -> bool:
         owner = self._owner_of(queue)
         link = owner.link
-        if link is None:
-            return False
+        if link is None or share.links.setdefault(owner.group, owner.epoch) != owner.epoch:
+            return False  # (its share is not held there, or was sent on a link since closed: dropped there)
         if owner.holding != share.name:
             owner.hold(share.name)
         vhost_name, queue_name = queue.names

@@ -21,6 +21,7 @@ from broker.crossing.frames import (
 from broker.crossing import copies, forwarded
 from broker.crossing.home import Crossing
 from broker.crossing.link import Link
+from broker.crossing.transactions import checked
 from broker.model.features.redelivery import consumer_delayed_retry
 from broker.model.policy import PolicyError, make_policy
 from broker.model.remote import NO_ACK_ID
@@ -366,13 +367,13 @@ class HomeLink:
         transactions = crossing.transactions
         if kind == "hold":
             name = operation["transaction"]
-            self.holding = transactions.hold(str(name), self) if name is not None else None
+            self.holding = transactions.hold(checked(name), self) if name is not None else None
         elif kind == "decided":  # (after the hello that named the coordinator)
             coordinator = self.group if self.group is not None else -1
-            self.wrote = transactions.resolve(coordinator, [str(name) for name in operation["transactions"]],
-                                              self) or self.wrote
+            self.wrote = transactions.resolve(coordinator, [checked(name) for name in operation["transactions"]],
+                                              [checked(name) for name in operation["deciding"]], self) or self.wrote
         else:
-            adopted = transactions.settle(str(operation["transaction"]), kind == "commit")
+            adopted = transactions.settle(checked(operation["transaction"]), kind == "commit")
             if adopted is None:
                 self.ok = False  # (its coordinator is told it could not be committed here)
             self.wrote = bool(adopted) or self.wrote

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 class Share:
-    __slots__ = ("name", "entries", "held", "recovered", "owners", "failed", "recorded", "origin")
+    __slots__ = ("name", "entries", "held", "recovered", "owners", "links", "failed", "recorded", "origin")
 
     def __init__(self, name: str, origin: object = None) -> None:
         self.name = name  # the transaction's: "<coordinator's group>.<its start>.<count>" (no "|": see held_key)
@@ -37,9 +37,11 @@ class Share:
         self.held: dict[str, list[int]] = {}  # held key -> the ids written under it
         self.recovered: dict[str, RecoveredMessages] = {}  # held key -> its messages read back at start
         self.owners: dict[int, int] = {}  # (the coordinator's) other processes sent a share -> the frame before it
+        # (the coordinator's) each of those -> the link its share is held on (its number: broker.crossing.home)
+        self.links: dict[int, int] = {}
         self.failed = False  # a part could not be sent, or held here: the transaction is not to be committed
         self.recorded = False  # (the coordinator's) its decision to commit was recorded: it is committed whatever comes
-        self.origin = origin  # the link a participant's share came on (None: read back at start, or its own)
+        self.origin = origin  # the link a participant's share is held for (None: read back at start, or its own)
 
     def take(self, vhost: VirtualHost, queues: list[Queue], message: Message) -> bool:
         """Hold a routed message: for this process's queues, written where publish_to would write it, under their
@@ -71,8 +73,13 @@ class Share:
         """Committed: what this process holds joins its queues (those deleted meanwhile drop theirs), in the order
         it was published. Whether the store was given something to write."""
         store = node.store
+        gone = {held_key(self.name, queue.store_key) for _, queues, _, _ in self.entries for queue in queues
+                if queue.deleted}
         for key, ids in self.held.items():
-            store.adopt(key, held_parts(key)[1], ids)  # type: ignore[index]
+            if key in gone:
+                store.append_removed(key, ids)
+            else:
+                store.adopt(key, held_parts(key)[1], ids)  # type: ignore[index]
         for vhost, queues, message, persisted in self.entries:
             live = [queue for queue in queues if not queue.deleted]
             if live:

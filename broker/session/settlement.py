@@ -36,7 +36,7 @@ PUBLISH_COST: Final = 4
 # What a commit leaves of an ack, nack or reject it settled
 SETTLED: Final[tuple[list[Unacked], bool | None, bool]] = ([], None, False)
 # The stages of a commit across processes (CommitAcross)
-ROUTE, DECIDE, SETTLE, ADOPT = range(4)
+ROUTE, PREPARE, DECIDE, ADOPT, SETTLE = range(5)
 
 
 class Slices:
@@ -155,12 +155,12 @@ class CommitAcross(Slices):
     """A commit in a vhost some of whose queues other processes own: on every process or on none
     (broker.model.transactions). Its publishes are routed and held, a slice a turn: each process writes its share
     aside and enqueues none of it. Where several processes hold a share, once every share is safe (on this
-    process's disk, and acked by each owner after its own) the decision is recorded; then its acks, nacks and
-    rejects are settled, a slice a turn, and each process adopts its share; commit-ok once every one did. Where one
-    process holds it all, its adoption (one write, after its share's) commits it. A share that could not be held (an
-    owner unreachable or gone, a queue deleted there, a disk that failed) ends it on none: every share is dropped,
-    its deliveries go back to their queues, and the channel is closed (541). The frames that follow wait until it
-    ends. Finished though the channel closes meanwhile: its client asked for it."""
+    process's disk, and acked by each owner after its own) the decision is recorded, and each process adopts its
+    share. Where one process holds it all, its adoption (written with its share, in the turn of the last slice)
+    commits it. Then its acks, nacks and rejects are settled, a slice a turn, and commit-ok follows. A share that
+    could not be held (an owner unreachable or gone, a queue deleted there, a disk that failed) ends it on none: the
+    shares are dropped, its deliveries go back to their queues, and the channel is closed (541). The frames that
+    follow wait until it ends. Finished though the channel closes meanwhile: its client asked for it."""
 
     __slots__ = ("tx", "share", "stage", "routed", "settled", "waiting", "answered", "ok")
 
@@ -180,35 +180,38 @@ class CommitAcross(Slices):
     def step(self, channel: Channel) -> bool:
         crossing = channel.vhost.crossing
         assert crossing is not None, "a vhost whose queues other processes own crosses to them"
-        stage, share = self.stage, self.share
-        if stage == ROUTE:
+        share = self.share
+        if self.stage == ROUTE:
             if not self._route(channel):
                 return False
             if share.failed:
                 return self._fail(channel, crossing)
             if len(share.owners) + bool(share.entries) > 1:
-                self.stage = DECIDE
+                self.stage = PREPARE
                 self._wait(channel, lambda done: channel.vhost.when_durable(done, dict(share.owners)))
-                return False
-            # one process holds it all, and its adoption commits it: in this turn, so that the adoption's record
-            # goes to disk with the share's (one write, as a commit in one process)
-            self.stage = stage = SETTLE
-        if stage == ADOPT:  # every process took its share, or will once it can where the decision was recorded
-            if channel.open:
-                if self.ok or share.recorded:
-                    channel.send_method(spec.Tx.CommitOk())
-                else:  # (one process held it all, and could not adopt all of it, or its disk or link failed)
-                    channel.disk_failed()
-            return True
-        if not self.ok:
-            return self._fail(channel, crossing)
-        if stage == DECIDE:
+            else:  # (one process holds it all)
+                self.stage = ADOPT
+                self._wait(channel, lambda done: crossing.commit(share, done))
+            return False
+        if self.stage in (PREPARE, DECIDE):
+            if not self.ok:
+                return self._fail(channel, crossing)
+            if self.stage == PREPARE:
+                self.stage = DECIDE
+                self._wait(channel, lambda done: crossing.decide(share, done))
+            else:
+                self.stage = ADOPT
+                self._wait(channel, lambda done: crossing.commit(share, done))
+            return False
+        if self.stage == ADOPT:  # every process took its share, or will once it can where the decision was recorded
+            if not (self.ok or share.recorded):
+                return self._unadopted(channel)
             self.stage = SETTLE
-            self._wait(channel, lambda done: crossing.decide(share, done))
-        elif self._settle(channel):  # (SETTLE)
-            self.stage = ADOPT
-            self._wait(channel, lambda done: crossing.commit(share, done))
-        return False
+        if not self._settle(channel):
+            return False
+        if channel.open:
+            channel.send_method(spec.Tx.CommitOk())
+        return True
 
     def _route(self, channel: Channel) -> bool:
         """A slice of the publishes routed and held; whether they were the last."""
@@ -255,14 +258,29 @@ class CommitAcross(Slices):
     def _fail(self, channel: Channel, crossing: QueueCrossing) -> bool:
         """Not committed anywhere: the shares dropped, the deliveries back in their queues, the channel closed."""
         crossing.abort(self.share)
-        for deliveries, _, _ in self.tx.settles:
-            channel.unacked.release(deliveries)
-            channel.settle(deliveries, True)
+        self._requeue(channel)
         if channel.open:
             channel.connection.failed(errors.internal_error(
                 "the transaction could not be held by every process that owns one of its queues: it was committed "
                 "on none"), channel)
         return True
+
+    def _unadopted(self, channel: Channel) -> bool:
+        """The one process that held it all could not adopt all of it (a queue gone), or its disk or its link
+        failed meanwhile: the deliveries go back to their queues and the channel is closed."""
+        self._requeue(channel)
+        if channel.open:
+            if self.share.owners:
+                channel.connection.failed(errors.internal_error(
+                    "the transaction's commit was not confirmed by the process that owns its queues"), channel)
+            else:
+                channel.disk_failed()
+        return True
+
+    def _requeue(self, channel: Channel) -> None:
+        for deliveries, _, _ in self.tx.settles:
+            channel.unacked.release(deliveries)
+            channel.settle(deliveries, True)
 
 
 class Rollback(Slices):

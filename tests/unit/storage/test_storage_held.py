@@ -113,3 +113,29 @@ def test_an_adoption_after_a_damaged_record_is_still_found_and_applied(tmp_path)
     segment.write_bytes(bytes(data))
     recovered = reopen(tmp_path)
     assert ids(recovered, "v|q") == [1] and HELD not in recovered.messages
+
+
+def test_a_message_two_queues_adopted_leaves_each_by_that_queues_removal_alone(tmp_path):
+    first, second = records.held_key("1.7.3", "v|q1"), records.held_key("1.7.3", "v|q2")
+
+    def work(store):
+        store.append_message(1, (first, second), "", "q", b"h", b"both")  # (one record, held for both queues)
+        store.adopt(first, "v|q1", [1])
+        store.adopt(second, "v|q2", [1])
+        store.append_removed("v|q1", [1])
+
+    run(tmp_path, work)
+    recovered = reopen(tmp_path)
+    assert ids(recovered, "v|q1") == [] and ids(recovered, "v|q2") == [1]
+    assert set(recovered.messages) == {"v|q2"}
+
+
+def test_an_adoption_by_a_queue_deleted_since_brings_nothing_back(tmp_path):
+    def work(store):
+        store.append_message(1, (HELD,), "", "q", b"h", b"held")
+        store.adopt(HELD, "v|q", [1])
+        store.drop_messages("v|q")  # (the queue deleted after its adoption)
+        store.append_message(2, ("v|q",), "", "q", b"h", b"a new queue of that name")
+
+    run(tmp_path, work)
+    assert ids(reopen(tmp_path), "v|q") == [2]

@@ -9,7 +9,11 @@ import asyncio
 from pathlib import Path
 from typing import Callable, TypeVar
 
+import pytest
+
+from broker.crossing.frames import FrameError
 from broker.crossing.home import Crossing
+from broker.crossing.transactions import checked, coordinator_of
 from broker.model.durability import restore
 from broker.model.keys import queue_key
 from broker.model.node import Node
@@ -77,8 +81,8 @@ def test_a_share_of_another_workers_transaction_waits_for_its_decision(tmp_path)
     held, transactions = started(tmp_path, 1, lambda node: set(node.crossing.transactions.held))
     assert held == [b"m1", b"m3"] and transactions == {ELSEWHERE}
     # another worker's shares are not decided by a link of a third one, nor by a decision that names others
-    kept = started(tmp_path, 1, lambda node: node.crossing.transactions.resolve(2, [ELSEWHERE], object())
-                   or node.crossing.transactions.resolve(0, ["0.1700000000.8", ELSEWHERE], object()))
+    kept = started(tmp_path, 1, lambda node: node.crossing.transactions.resolve(2, [ELSEWHERE], [], object())
+                   or node.crossing.transactions.resolve(0, ["0.1700000000.8", ELSEWHERE], [], object()))
     assert kept == ([b"m1", b"m3", b"m2", b"m4"], True)
     assert started(tmp_path, 1, lambda node: set(node.crossing.transactions.held)) == (
         [b"m1", b"m2", b"m3", b"m4"], set())
@@ -86,6 +90,27 @@ def test_a_share_of_another_workers_transaction_waits_for_its_decision(tmp_path)
 
 def test_a_share_of_another_workers_transaction_that_it_did_not_commit_is_dropped(tmp_path):
     stored(tmp_path, decided=False)
-    assert started(tmp_path, 1, lambda node: node.crossing.transactions.resolve(0, [], object()))[0] == [
+    assert started(tmp_path, 1, lambda node: node.crossing.transactions.resolve(0, [], [], object()))[0] == [
         b"m1", b"m3"]
     assert started(tmp_path, 1, lambda node: set(node.crossing.transactions.held)) == ([b"m1", b"m3"], set())
+
+
+def test_a_share_whose_decision_its_coordinator_is_writing_is_kept_for_the_link_that_says_how_it_went(tmp_path):
+    stored(tmp_path, decided=False)
+    link = object()
+
+    def linked_while_deciding(node: Node) -> tuple[bool, bool]:
+        transactions = node.crossing.transactions
+        transactions.resolve(0, [], [ELSEWHERE], link)
+        again = transactions.resolve(0, [], [], link)  # (a later word of that link's own does not drop it)
+        return ELSEWHERE in transactions.held and not again, transactions.settle(ELSEWHERE, True)
+
+    assert started(tmp_path, 1, linked_while_deciding) == ([b"m1", b"m3", b"m2", b"m4"], (True, True))
+
+
+def test_a_link_may_name_only_transactions_this_version_makes():
+    assert checked(ELSEWHERE) == ELSEWHERE and coordinator_of(ELSEWHERE) == 0
+    for name in ("\u00b2.1.1", "1|2.3.4", "1.2", None, 7, "9" * 30 + ".1.1"):
+        assert coordinator_of(str(name)) == -1
+        with pytest.raises(FrameError, match="malformed transaction name"):
+            checked(name)
