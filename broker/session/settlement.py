@@ -134,12 +134,8 @@ class Commit(Slices):
         ends = time.perf_counter() + SLICE_SECONDS
         while budget > 0 and time.perf_counter() < ends:
             if self.settled < len(settles):
-                deliveries, requeue, failed = settles[self.settled]
-                settles[self.settled] = SETTLED  # (each let go as it is settled: millions at the end held the loop)
+                budget -= _settle_one(channel, settles, self.settled)
                 self.settled += 1
-                channel.unacked.release(deliveries)
-                channel.settle(deliveries, requeue, failed)
-                budget -= len(deliveries)
             elif self.routed < len(publishes):
                 self.persisted = publishes[self.routed]() or self.persisted
                 publishes[self.routed] = _routed  # (its message let go: it is in its queues now)
@@ -235,12 +231,8 @@ class CommitAcross(Slices):
         while self.settled < len(settles):
             if budget <= 0 or time.perf_counter() >= ends:
                 return False
-            deliveries, requeue, failed = settles[self.settled]
-            settles[self.settled] = SETTLED
+            budget -= _settle_one(channel, settles, self.settled)
             self.settled += 1
-            channel.unacked.release(deliveries)
-            channel.settle(deliveries, requeue, failed)
-            budget -= len(deliveries)
         return True
 
     def _wait(self, channel: Channel, ask: Callable[[Callable[[bool], None]], None]) -> None:
@@ -431,6 +423,16 @@ class Forwarded(Slices):
     def _answered(self, channel: Channel, answer: dict) -> None:
         self.answer = answer
         channel.unpark()
+
+
+def _settle_one(channel: Channel, settles: list[tuple[list[Unacked], bool | None, bool]], index: int) -> int:
+    """A transaction's index-th ack, nack or reject settled at its commit, and let go (millions held to the end
+    held the loop); how many deliveries it settled."""
+    deliveries, requeue, failed = settles[index]
+    settles[index] = SETTLED
+    channel.unacked.release(deliveries)
+    channel.settle(deliveries, requeue, failed)
+    return len(deliveries)
 
 
 def _routed(held: Share | None = None) -> bool:
