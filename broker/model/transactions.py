@@ -3,9 +3,9 @@ a share. Committed on every process or on none (docs/workers.md#transactions-acr
 aside, its persistent messages written under held keys of its store (storage.records.held_key) and none enqueued;
 once every share is safe, the coordinator (the process of the channel) records its decision, and each then adopts
 its share: one ADOPTED record per queue makes the messages the queue's, and they join it. Where one process holds
-the whole transaction, it adopts it at once: that record is the commit. A share of a transaction that was not committed is dropped. A share read back at a start waits
-for its coordinator's decision (broker.crossing.transactions), or is decided at once where this process coordinated
-it."""
+the whole transaction, it adopts it at once: that record is the commit. A share of a transaction that was not
+committed is dropped. A share read back at a start waits for its coordinator's decision
+(broker.crossing.transactions), or is decided at once where this process coordinated it."""
 
 from __future__ import annotations
 
@@ -46,26 +46,19 @@ class Share:
     def take(self, vhost: VirtualHost, queues: list[Queue], message: Message) -> bool:
         """Hold a routed message: for this process's queues, written where publish_to would write it, under their
         held keys; for queues of other processes, sent to be held there. Whether it was written here."""
-        here = [queue for queue in queues if queue.owner is None]
+        here = []
         for queue in queues:
-            if queue.owner is not None:
+            if queue.owner is None:
+                here.append(queue)
+            else:
                 crossing = vhost.crossing
                 assert crossing is not None and isinstance(queue, RemoteQueue), "owners are reached across"
-                if not crossing.publish_held(queue, message, self):
-                    self.failed = True
+                self.failed = not crossing.publish_held(queue, message, self) or self.failed
         if not here:
             return False
-        persistent = message.persistent
-        keys = tuple(held_key(self.name, queue.store_key) for queue in here
-                     if queue.stored and (persistent or queue.stores_all))
-        if keys:
-            node = vhost.node
-            message.msg_id = node.next_msg_id
-            node.next_msg_id += 1
-            message.place = vhost.store.append_message(message.msg_id, keys, message.exchange, message.routing_key,
-                                                       message.header_payload, message.body)
-            for key in keys:
-                self.held.setdefault(key, []).append(message.msg_id)
+        keys = vhost.persist(message, here, self.name) if vhost.store is not None else ()
+        for key in keys:
+            self.held.setdefault(key, []).append(message.msg_id)
         self.entries.append((vhost, here, message, bool(keys)))
         return bool(keys)
 

@@ -29,6 +29,7 @@ from broker.model.stream import Stream
 from broker.model.turns import TURN_SECONDS, next_turn
 from broker.model.routing.headers import validate_x_match
 from protocol import errors
+from storage.records import held_key
 
 if TYPE_CHECKING:
     from broker.model.features.paging import Paging
@@ -686,7 +687,7 @@ class VirtualHost:
         if held is not None:
             return held.take(self, queues, message), False
         persisted = (self.store is not None and (message.persistent or self.queues_storing_all > 0)
-                     and self.persist(message, queues))
+                     and bool(self.persist(message, queues)))
         return self.enqueue_routed(queues, message, persisted, publisher)
 
     def enqueue_routed(self, queues: list[Queue], message: "Message", persisted: bool,
@@ -710,19 +711,22 @@ class VirtualHost:
                     self.store.append_removed(queue.store_key, (message.msg_id,))
         return persisted, refused
 
-    def persist(self, message: "Message", queues: list[Queue]) -> bool:
+    def persist(self, message: "Message", queues: list[Queue], transaction: str | None = None) -> tuple[str, ...]:
         """Write a message for those of queues that keep it on disk (a persistent one in every durable queue, a
-        transient one in quorum queues); True if it was written."""
+        transient one in quorum queues), under their held keys where it is a transaction's to hold (its name:
+        broker.model.transactions); the keys it was written under (none: it was not written)."""
         persistent = message.persistent
         keys = tuple(queue.store_key for queue in queues if queue.stored and (persistent or queue.stores_all))
         if not keys:
-            return False
+            return keys
+        if transaction is not None:
+            keys = tuple(held_key(transaction, key) for key in keys)
         node = self.node
         message.msg_id = node.next_msg_id
         node.next_msg_id += 1
         message.place = self.store.append_message(message.msg_id, keys, message.exchange, message.routing_key,
                                                   message.header_payload, message.body)
-        return True
+        return keys
 
     # --- routing --------------------------------------------------------------------------------------------
     def route(self, exchange: Exchange, routing_keys: list[str], message: "Message") -> list[Queue]:
