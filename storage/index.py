@@ -297,12 +297,9 @@ class MessageIndex:
             segment = self.home(msg_id)
             if segment is None:
                 continue
-            offset = msg_id - segment.first_id
-            if not 0 <= offset < len(segment.states):
-                continue
-            state = segment.states[offset]
+            state = segment.state(msg_id)
             if state & LIVE:
-                segment.states[offset] = state | ADOPTED
+                segment.states[msg_id - segment.first_id] = state | ADOPTED
             elif state & MULTI:
                 entries = self.multi[msg_id]
                 if not any(name == held for name, _ in entries):
@@ -310,11 +307,13 @@ class MessageIndex:
                 self.multi[msg_id] = tuple((queue if name == held else name, flag) for name, flag in entries)
             else:
                 continue
-            refs = segment.queue_refs
-            self._unref(segment, held, 1)
+            refs = segment.queue_refs  # (the same pair stays live: its reference moves to the queue)
+            left = refs.get(held, 0) - 1
+            if left > 0:
+                refs[held] = left
+            else:
+                refs.pop(held, None)
             refs[queue] = refs.get(queue, 0) + 1
-            segment.refs += 1
-            self.live_refs += 1
             adopted.append(msg_id)
             self._refer(segment)
         return adopted
