@@ -2,8 +2,9 @@
 processes own (broker.model.remote) reach them here, over one link per owner, which this process dials.
 
 What goes to an owner: batches of messages (PUBLISH), batches of acks (ACKED), and operations (CONTROL: declare,
-delete, purge, consume, cancel, settle, credit, and those of transactions: broker.crossing.transactions). What comes back: ACKs of those frames (once the owner applied them
-and its store has them on disk), deliveries, and notices (a subscriber cancelled, a queue gone, queues' counts).
+delete, purge, consume, cancel, settle, credit, and those of transactions: broker.crossing.transactions). What comes
+back: ACKs of those frames (once the owner applied them and its store has them on disk), deliveries, and notices (a
+subscriber cancelled, a queue gone, queues' counts).
 
 Credit: a subscriber with a prefetch below WINDOW gets its prefetch as a window at the owner, which its settlements
 give back; any other (no ack, or no limit) gets WINDOW, which comes back as its deliveries are written to its

@@ -81,6 +81,8 @@ class Transactions:
         share.recorded = ok
         if ok:  # (only now may a link made from here on name it committed)
             self.decided[share.name] = set(share.owners)
+        else:  # (taken back, so that no later write of the definitions holds it)
+            self._node().store.append_definition("transaction", share.name, None)
         callback(ok)
 
     def _on_its_link(self, share: Share, group: int) -> bool:
@@ -101,12 +103,8 @@ class Transactions:
         join.seal()
 
     def abort(self, share: Share) -> None:
-        """(Where the decision could not be written, it is taken back.)"""
-        node = self._node()
-        share.drop(node)
-        if share.recorded or share.name in self.decided:
-            self.decided.pop(share.name, None)
-            node.store.append_definition("transaction", share.name, None)
+        """(Before any decision was recorded: CommitAcross.)"""
+        share.drop(self._node())
         for group in share.owners:
             if self._on_its_link(share, group):
                 self.crossing.owners[group].control({"op": "abort", "transaction": share.name})
