@@ -48,6 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="amqps port, used once [tls] names a certificate (default 5671; 0 picks a free one)")
     parser.add_argument("--prometheus-port", dest="prometheus_port", type=int,
                         help="Prometheus metrics port (default 15692; 0 = no metrics endpoint)")
+    parser.add_argument("--mqtt-port", dest="mqtt_port", type=int, help="MQTT port (default 1883; 0 = no MQTT)")
     parser.add_argument("--version", action="version", version=f"warren-server {version()}")
     return parser.parse_args(argv)
 
@@ -56,7 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # need not appear in a config file or on a command line (the Docker image's WARREN_DEFAULT_USER/PASS).
 ENVIRONMENT = {"default_user": "WARREN_DEFAULT_USER", "default_pass": "WARREN_DEFAULT_PASS"}
 COMMAND_LINE = ("host", "port", "data_dir", "workers", "log_level", "log_format", "management_port", "prometheus_port",
-                "tls_port")
+                "tls_port", "mqtt_port")
 
 
 def config_overrides(args: argparse.Namespace, environ: dict[str, str]) -> dict:

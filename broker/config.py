@@ -110,6 +110,17 @@ class Config:
     # [queues]: the worker that owns a new queue whose declare and policies name no leader locator, as RabbitMQ's
     # queue_leader_locator: "client-local" (the worker of its vhost) or "balanced" (the one with the fewest)
     queues_leader_locator: str = "client-local"
+    # [mqtt]: the MQTT listener (docs/mqtt.md), RabbitMQ's plugin's settings
+    mqtt_port: int = 1883  # 0 = no MQTT
+    mqtt_vhost: str = "/"  # the vhost of clients whose user name names none ("vhost:user" names one)
+    mqtt_exchange: str = "amq.topic"  # the topic exchange MQTT publishes go to and subscriptions bind to
+    mqtt_prefetch: int = 10  # QoS 1 messages sent to a client and not yet acknowledged, at most
+    # Clients that give no user name log in as default_user with default_pass; false: they are refused (RabbitMQ's
+    # default is true, with guest, whom loopback_users keeps to this machine)
+    mqtt_allow_anonymous: bool = False
+    mqtt_default_user: str = "guest"
+    mqtt_default_pass: str = "guest"
+    mqtt_max_packet_size: int = 268_435_455  # largest packet accepted once logged in (before: 65,536 bytes)
 
 
 # Which TOML section each key lives in. A key of a section in PREFIXED_SECTIONS is the Config field of the same name
@@ -125,6 +136,8 @@ SECTIONS = {
     "tls": ("port", "certfile", "keyfile", "cacertfile", "verify", "fail_if_no_peer_cert"),
     "federation": ("internal_exchange_check_interval",),
     "queues": ("leader_locator",),
+    "mqtt": ("port", "vhost", "exchange", "prefetch", "allow_anonymous", "default_user", "default_pass",
+             "max_packet_size"),
     "amqp": ("frame_max", "channel_max", "heartbeat", "default_consumer_prefetch", "consumer_timeout",
              "max_message_size", "default_user", "default_pass", "default_vhost", "loopback_users",
              "failed_login_delay"),
@@ -132,7 +145,7 @@ SECTIONS = {
 
 
 # sections whose keys are prefixed with the section's name
-PREFIXED_SECTIONS = ("management", "prometheus", "tls", "cluster", "federation", "queues")
+PREFIXED_SECTIONS = ("management", "prometheus", "tls", "cluster", "federation", "queues", "mqtt")
 
 # The keys of each [[table]] array, and whether each is required; each table is one item of RabbitMQ's
 # definitions of that kind, so these are the keys a definitions file has too, but for WARREN_KEYS.
@@ -244,7 +257,7 @@ def _read_toml(path: Path) -> dict:
 
 
 # the listeners' ports (0 picks a free one)
-PORTS = ("port", "management_port", "prometheus_port", "tls_port", "cluster_replication_port")
+PORTS = ("port", "management_port", "prometheus_port", "tls_port", "cluster_replication_port", "mqtt_port")
 TLS_VERIFY = ("verify_none", "verify_peer")  # RabbitMQ's ssl_options.verify values
 
 
@@ -406,6 +419,11 @@ def _validate(config: Config) -> None:
                           f"{config.failed_login_delay}")
     if config.consumer_timeout < 0:
         raise ConfigError(f"consumer_timeout must be 0 (no limit) or more milliseconds, got {config.consumer_timeout}")
+    if not 1 <= config.mqtt_prefetch <= 65535:
+        raise ConfigError(f"[mqtt] prefetch must be between 1 and 65535, got {config.mqtt_prefetch}")
+    if not 65_536 <= config.mqtt_max_packet_size <= 268_435_455:
+        raise ConfigError(f"[mqtt] max_packet_size must be between 65536 and 268435455, got "
+                          f"{config.mqtt_max_packet_size}")
     if not 0 <= config.default_consumer_prefetch <= 65535:
         raise ConfigError(f"default_consumer_prefetch must be between 0 and 65535, got "
                           f"{config.default_consumer_prefetch}")

@@ -46,6 +46,7 @@ class Recovered:
     parameters: list[dict] = field(default_factory=list)  # runtime parameters (a shovel's definition)
     # decisions to commit a transaction across processes that some process has not taken its share of yet
     transactions: list[dict] = field(default_factory=list)
+    retained: list[dict] = field(default_factory=list)  # MQTT's retained messages (broker.model.retained)
     # (kind, name) of definitions whose latest record could not be decoded and was set aside (in quarantine/):
     # the broker should keep the messages of such a queue rather than drop them as a queue's that is gone
     set_aside_definitions: list[tuple[str, str]] = field(default_factory=list)
@@ -484,7 +485,7 @@ def recover(data_dir: Path, segments_dir: Path,
         vhosts=definitions.of_kind("vhost"), users=definitions.of_kind("user"),
         policies=definitions.of_kind("policy"), permissions=definitions.of_kind("permission"),
         operator_policies=definitions.of_kind("operator_policy"), parameters=definitions.of_kind("parameter"),
-        transactions=definitions.of_kind("transaction"),
+        transactions=definitions.of_kind("transaction"), retained=definitions.of_kind("retained"),
         set_aside_definitions=reader.set_aside_definitions,
     )
     return RecoveredState(recovered, index, definitions, reader.definitions_bytes, next_segment)

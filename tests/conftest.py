@@ -191,6 +191,7 @@ class Broker:
     log_path: Path | None = None
     management_port: int = 0  # the management API's port (an ephemeral one for a broker started here)
     prometheus_port: int = 0  # the Prometheus endpoint's port (likewise)
+    mqtt_port: int = 0  # the MQTT listener's port (likewise)
     started: bool = False  # it has run once: its AMQP port stays what clients were told
 
     @property
@@ -223,7 +224,7 @@ class Broker:
                     raise
                 if f":{self.port}:" in last and first:  # "cannot listen on HOST:PORT: reason"
                     self.port = free_port()
-                self.management_port = self.prometheus_port = 0
+                self.management_port = self.prometheus_port = self.mqtt_port = 0
 
     def _start(self) -> None:
         assert self.data_dir is not None
@@ -233,10 +234,12 @@ class Broker:
             self.management_port = free_port()
         if not self.prometheus_port:
             self.prometheus_port = free_port()
+        if not self.mqtt_port:
+            self.mqtt_port = free_port()
         cmd = [sys.executable, "-m", "broker", "--host", self.host, "--port", str(self.port),
                "--data-dir", str(self.data_dir), "--log-level", "info",
                "--management-port", str(self.management_port), "--prometheus-port", str(self.prometheus_port),
-               *WORKER_OPTIONS, *self.extra_args]
+               "--mqtt-port", str(self.mqtt_port), *WORKER_OPTIONS, *self.extra_args]
         self.process = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         wait_for_port(self.host, self.port, self.process)
@@ -273,7 +276,7 @@ def _external_broker() -> Broker:
     parsed = urllib.parse.urlparse(EXTERNAL_URL)
     port = parsed.port or 5672
     return Broker(host=parsed.hostname or "127.0.0.1", port=port, management_port=port + 10000,
-                  prometheus_port=port + 20000)
+                  prometheus_port=port + 20000, mqtt_port=int(os.environ.get("WARREN_TEST_MQTT_PORT", "1883")))
 
 
 @pytest.fixture(scope="session")

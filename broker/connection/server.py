@@ -13,7 +13,7 @@ import ssl
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 from broker import collector
 from broker.config import TABLE_ARRAYS, WARREN_KEYS, Config, ConfigError, read_definitions
@@ -22,6 +22,7 @@ from broker.connection.alarms.memory import MemoryAlarm, memory_limit, release_f
 from broker.connection.connection import HANDSHAKE_TIMEOUT, Connection
 from broker.connection.greeting import platform_name
 from broker.connection.login_throttle import LoginThrottle
+from broker.connection.mqtt.connection import MqttConnection
 from broker.connection.tls import TlsError, server_context
 from broker.model.definitions import DefinitionsError, import_definitions
 from broker.model.durability import UnownedQueue, held_vhosts, restore
@@ -166,11 +167,15 @@ class Server:
         self.federation = Federation(self.node, LinkSettings(  # its links too
             config.cluster_name, self._loopback, config.federation_internal_exchange_check_interval / 1000))
         self.connections: set[Connection] = set()
+        self.mqtt_connections: set[MqttConnection] = set()
+        # the MQTT connection of each (vhost, client id): a second one with the same takes over
+        self.mqtt_clients: dict[tuple[str, str], MqttConnection] = {}
         self.version = version()
         self.platform = platform_name()
         self.listener: asyncio.base_events.Server | None = None
         self.tls_listener: asyncio.base_events.Server | None = None  # amqps, when [tls] names a certificate
         self.tls_context: ssl.SSLContext | None = None  # the amqps listener's (the management API's too, if asked)
+        self.mqtt_listener: asyncio.base_events.Server | None = None  # [mqtt] port's
         limit = memory_limit(config.memory_high_watermark, config.memory_limit)
         self.memory_alarm = MemoryAlarm(limit, self._memory_alarm_changed)  # blocks publishers above the limit
         self.alarms: set[str] = set()  # resources whose alarm is on (keys of ALARM_REASONS)
@@ -192,7 +197,7 @@ class Server:
         alarm = next((reason for name, reason in ALARM_REASONS.items() if name in self.alarms), None)
         self.channel_limits.alarm = alarm
         if alarm is None:
-            for connection in list(self.connections):
+            for connection in [*self.connections, *self.mqtt_connections]:
                 connection.unblock()
 
     def _memory_alarm_changed(self, active: bool) -> None:
@@ -224,6 +229,8 @@ class Server:
         self.listener = await self._listen(config.port)
         if self.tls_context is not None:
             self.tls_listener = await self._listen(config.tls_port, self.tls_context)
+        if config.mqtt_port:
+            self.mqtt_listener = await self._listen(config.mqtt_port, None, lambda: MqttConnection(self))
 
     async def start(self) -> None:
         """Take the ports if take_ports() has not, recover durable state, then serve."""
@@ -232,7 +239,8 @@ class Server:
         await self._recover()
         release_freed_memory()
         self.memory_alarm.start()
-        for listener, what in ((self.tls_listener, " (AMQP over TLS)"), (self.listener, "")):
+        for listener, what in ((self.mqtt_listener, " (MQTT)"), (self.tls_listener, " (AMQP over TLS)"),
+                               (self.listener, "")):
             if listener is not None:
                 await listener.start_serving()
                 host, port = listener.sockets[0].getsockname()[:2]
@@ -241,11 +249,13 @@ class Server:
         self.shovels.start()
         self.federation.start()
 
-    async def _listen(self, port: int, tls: ssl.SSLContext | None = None) -> asyncio.base_events.Server:
+    async def _listen(self, port: int, tls: ssl.SSLContext | None = None,
+                      protocol: Callable[[], asyncio.Protocol] | None = None) -> asyncio.base_events.Server:
         host = self.config.host
         try:
             return await asyncio.get_running_loop().create_server(
-                lambda: Connection(self), host, port, reuse_address=True, backlog=1024, start_serving=False,
+                protocol or (lambda: Connection(self)), host, port, reuse_address=True, backlog=1024,
+                start_serving=False,
                 ssl=tls, ssl_handshake_timeout=HANDSHAKE_TIMEOUT if tls is not None else None)
         except OSError as error:
             raise StartupError(f"cannot listen on {host}:{port}: {reason_of(error)}") from error
@@ -356,9 +366,11 @@ class Server:
         served, self.serving = self.serving, False
         self.shovels.stop()
         self.federation.stop()
-        for listener in (self.listener, self.tls_listener):
+        for listener in (self.listener, self.tls_listener, self.mqtt_listener):
             if listener is not None:
                 listener.close()
+        for mqtt_connection in list(self.mqtt_connections):
+            mqtt_connection.close_for_shutdown()
         connections = list(self.connections)
         for connection in connections:
             connection.close_for_shutdown()
@@ -367,7 +379,7 @@ class Server:
             await asyncio.sleep(0.01)
         for connection in list(self.connections):
             connection._terminate()
-        for listener in (self.listener, self.tls_listener):
+        for listener in (self.listener, self.tls_listener, self.mqtt_listener):
             if listener is not None:
                 await listener.wait_closed()
         self.memory_alarm.stop()

@@ -105,6 +105,7 @@ def restore(node: "Node", recovered: "Recovered", led: Collection[str] | None = 
     elif node.store is not None:
         for key in orphans:
             node.store.delete_queue(key)  # messages of a queue deleted before its removal records were written
+    node.retained.restore(recovered.retained, set(node.vhosts))
     node.next_msg_id = max(recovered.next_msg_id, 1)  # 0 marks a message that is not stored
 
 

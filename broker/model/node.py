@@ -18,6 +18,7 @@ from broker.model.access import (
 from broker.model.counters import NodeCounters
 from broker.model.interfaces import ParameterComponent, QueueCrossing, TopologyWatcher
 from broker.model.keys import permission_key
+from broker.model.retained import RetainedMessages
 from broker.model.vhost import VirtualHost
 from protocol import errors
 
@@ -55,6 +56,7 @@ class Node:
         self.watcher: TopologyWatcher | None = None  # told of changes to every vhost's topology (federation)
         # how queues owned by other processes of the node are reached (broker.crossing); None: all are here
         self.crossing: QueueCrossing | None = None
+        self.retained = RetainedMessages(store)  # MQTT's retained messages of every vhost
 
     # --- durability ------------------------------------------------------------------------------------------
     def _record(self, kind: str, name: str, data: dict | None) -> None:
@@ -89,6 +91,7 @@ class Node:
         for component, parameter in list(vhost.parameters):  # (their components stop what runs them)
             self.clear_parameter(name, component, parameter)
         vhost.delete_everything()
+        self.retained.drop_vhost(name)
         del self.vhosts[name]
         for key in [key for key in self.permissions if key[0] == name]:
             self._drop_permission(key)

@@ -115,7 +115,7 @@ def start_warren(workdir: Path, *extra_args: str, wrapper: tuple[str, ...] = (),
         process = subprocess.Popen(
             [*wrapper, sys.executable, "-m", "broker", "--host", "127.0.0.1", "--port", str(port),
              "--data-dir", str(workdir / "warren-data"), "--log-level", "warning", "--management-port", "0",
-             "--prometheus-port", "0", *extra_args],
+             "--prometheus-port", "0", "--mqtt-port", "0", *extra_args],
             cwd=REPO_ROOT, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
     return _wait_until_ready("Warren", process, port, log, start_seconds)
 

@@ -81,7 +81,7 @@ def start_warren(data_dir: Path, log: Path, seconds: float) -> tuple[RunningBrok
     with open(log, "wb") as output:
         process = subprocess.Popen(
             [sys.executable, "-m", "broker", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(data_dir),
-             "--log-level", "info", "--management-port", "0", "--prometheus-port", "0",
+             "--log-level", "info", "--management-port", "0", "--prometheus-port", "0", "--mqtt-port", "0",
              *(["--config", str(config)] if config.exists() else [])],
             cwd=REPO_ROOT, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = started + seconds

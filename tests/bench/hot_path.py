@@ -97,7 +97,8 @@ async def one_round(messages: int, size: int, ack_every: int) -> float:
     """Broker CPU µs per message: publish -> route -> enqueue -> deliver (-> ack)."""
     collector.install()  # as the daemon runs
     with tempfile.TemporaryDirectory() as data_dir:
-        config = load_config(None, {"port": 0, "data_dir": data_dir, "management_port": 0, "log_level": "warning"})
+        config = load_config(None, {"port": 0, "data_dir": data_dir, "management_port": 0, "mqtt_port": 0,
+                                    "log_level": "warning"})
         server = Server(config)
         await server.start()
         try:

@@ -240,7 +240,7 @@ def test_boot_definitions_replace_the_default_user_and_apply_at_every_start(own_
 
 def run_server(tmp_path: Path, config: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "broker", "--config", str(config), "--data-dir",
-                           str(tmp_path / "data"), "--port", "0", "--management-port", "0", "--prometheus-port", "0"],
+                           str(tmp_path / "data"), "--port", "0", "--management-port", "0", "--prometheus-port", "0", "--mqtt-port", "0"],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
 
 

@@ -121,7 +121,7 @@ def test_declare_oks_and_confirms_wait_for_the_fsync_of_new_directory_entries(tm
     data_dir, trace_file, port = tmp_path / "data", tmp_path / "strace.txt", free_port()
     command = ["strace", "-f", "-y", "-x", "-s", "1024", "-o", str(trace_file), "-e", f"trace={TRACED}",
                sys.executable, "-m", "broker", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(data_dir),
-               "--management-port", "0", "--prometheus-port", "0"]
+               "--management-port", "0", "--prometheus-port", "0", "--mqtt-port", "0"]
     with open(tmp_path / "broker.log", "wb") as log:
         tracer = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
     try:

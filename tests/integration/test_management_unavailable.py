@@ -81,7 +81,8 @@ def start_broker(loop: LoopThread, data_dir: Path) -> tuple[Server, ManagementSe
     """A broker on ephemeral loopback ports, and its management API."""
     async def start() -> tuple[Server, ManagementServer]:
         server = Server(load_config(None, {"host": "127.0.0.1", "port": 0, "data_dir": str(data_dir),
-                                           "management_host": "127.0.0.1", "management_port": 0}))
+                                           "management_host": "127.0.0.1", "management_port": 0,
+                                           "mqtt_port": 0}))
         await server.start()
         return server, await start_management(server)
     return loop.run(start())

@@ -166,7 +166,7 @@ def leader(loop_thread, tmp_path_factory):
 def single(loop_thread, tmp_path_factory):
     """A broker outside any cluster, listening itself."""
     server = Server(Config(port=0, data_dir=str(tmp_path_factory.mktemp("single")), management_port=0,
-                           prometheus_port=0))
+                           prometheus_port=0, mqtt_port=0))
     loop_thread.run(server.start())
     yield Endpoint("127.0.0.1", server.port, 0)
     loop_thread.run(server.stop())

@@ -27,7 +27,7 @@ def run_broker(data_dir: Path, port: int | None = None, user: int | None = None,
     """Run a broker that is expected to exit at once; `user` runs it under that uid (and gid); `extra` options come
     last (a later option overrides an earlier one)."""
     command = [sys.executable, "-m", "broker", "--host", "127.0.0.1", "--port", str(port or free_port()),
-               "--data-dir", str(data_dir), "--management-port", "0", "--prometheus-port", "0", *WORKER_OPTIONS, *extra]
+               "--data-dir", str(data_dir), "--management-port", "0", "--prometheus-port", "0", "--mqtt-port", "0", *WORKER_OPTIONS, *extra]
     if user is not None:
         command = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *command]
     return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=EXIT_TIMEOUT)
@@ -42,7 +42,7 @@ def test_a_missing_data_dir_is_created_with_its_parents(tmp_path):
     data_dir = tmp_path / "not" / "yet" / "data"
     port = free_port()
     command = [sys.executable, "-m", "broker", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(data_dir),
-               "--management-port", "0", "--prometheus-port", "0"]
+               "--management-port", "0", "--prometheus-port", "0", "--mqtt-port", "0"]
     broker = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for_port("127.0.0.1", port, broker)

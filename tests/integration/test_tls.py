@@ -154,7 +154,7 @@ def test_a_certificate_that_cannot_be_used_stops_start_up_with_a_message(tmp_pat
     config = tmp_path / "warren.toml"
     config.write_text("[tls]\n" + "".join(f'{key} = "{certificates.path(name)}"\n' for key, name in keys.items()))
     result = subprocess.run([sys.executable, "-m", "broker", "--config", str(config), "--port", "0",
-                             "--tls-port", "0", "--management-port", "0", "--prometheus-port", "0",
+                             "--tls-port", "0", "--management-port", "0", "--prometheus-port", "0", "--mqtt-port", "0",
                              "--data-dir", str(tmp_path / "data")], cwd=REPO_ROOT, capture_output=True, text=True,
                             timeout=30)
     assert result.returncode == 1

@@ -312,7 +312,7 @@ def test_an_import_is_checked_by_every_worker_before_any_applies_it(workers):
 
 def test_a_data_dir_of_one_process_keeps_its_vhosts_on_the_first_worker(workers, own_broker, tmp_path):
     data_dir = tmp_path / "data"
-    single = own_broker("--management-port", "0", "--prometheus-port", "0", data_dir=data_dir)
+    single = own_broker("--management-port", "0", "--prometheus-port", "0", "--mqtt-port", "0", data_dir=data_dir)
     with connect(single, "/") as conn:
         declare_queue(conn.channel(), "before", durable=True)
         enqueue(conn, "before", [b"from one process"], properties=PERSISTENT)

@@ -66,7 +66,7 @@ def test_a_temporary_directory_too_long_for_the_workers_sockets_is_refused_at_st
     temporary = tmp_path / ("t" * (100 - len(str(tmp_path))))
     temporary.mkdir()
     done = subprocess.run([sys.executable, "-m", "broker", "--workers", "2", "--port", "0", "--management-port", "0",
-                           "--prometheus-port", "0", "--data-dir", str(tmp_path / "data")],
+                           "--prometheus-port", "0", "--mqtt-port", "0", "--data-dir", str(tmp_path / "data")],
                           cwd=REPO_ROOT, env={**os.environ, "TMPDIR": str(temporary)}, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode != 0

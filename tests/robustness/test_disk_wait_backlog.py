@@ -29,7 +29,8 @@ class BrokerThread:
     def __init__(self, data_dir, monkeypatch) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.server = Server(load_config(None, {"host": "127.0.0.1", "port": 0, "data_dir": str(data_dir)}))
+        self.server = Server(load_config(None, {"host": "127.0.0.1", "port": 0, "data_dir": str(data_dir),
+                                                   "mqtt_port": 0}))
         self.disk = threading.Event()  # set while the disk answers: fdatasync waits for it
         self.disk.set()
         fdatasync = os.fdatasync

@@ -90,7 +90,7 @@ def test_missing_file_is_refused(tmp_path):
 def test_the_server_exits_2_with_the_message_on_bad_config(tmp_path):
     path = write(tmp_path, "[amqp]\nchannel_max = 0\n")
     result = subprocess.run([sys.executable, "-m", "broker", "--config", str(path), "--data-dir", str(tmp_path),
-                             "--management-port", "0", "--prometheus-port", "0"],
+                             "--management-port", "0", "--prometheus-port", "0", "--mqtt-port", "0"],
                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
     assert "warren-server: channel_max must be between 1 and 65535, got 0" in result.stderr
@@ -177,7 +177,7 @@ def test_an_unusable_definitions_file_is_refused(tmp_path, content, message):
 def test_the_server_exits_2_when_a_user_has_no_password(tmp_path):
     path = write(tmp_path, '[[users]]\nname = "app"\ntags = ["administrator"]\n')
     result = subprocess.run([sys.executable, "-m", "broker", "--config", str(path), "--data-dir", str(tmp_path),
-                             "--management-port", "0", "--prometheus-port", "0"],
+                             "--management-port", "0", "--prometheus-port", "0", "--mqtt-port", "0"],
                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
     assert result.stderr.strip() == "warren-server: [[users]] 'app': needs a password or a password_hash"

@@ -57,7 +57,7 @@ class OnlyGroup:
 def make_node(root: Path, etcd: MemoryEtcd, name: str = "n1") -> ClusterNode:
     config = load_config(None, {
         "host": "127.0.0.1", "port": free_port(), "data_dir": str(root / name), "management_port": 0,
-        "prometheus_port": 0, "cluster_etcd_endpoints": ["127.0.0.1:1"], "cluster_node_id": name,
+        "prometheus_port": 0, "mqtt_port": 0, "cluster_etcd_endpoints": ["127.0.0.1:1"], "cluster_node_id": name,
         "cluster_replication_port": free_port(), "cluster_lease_ttl": TTL, "cluster_ack_timeout": 1.0,
         "cluster_min_insync": 1})
     return ClusterNode(config, MemoryCoordinator(etcd, "/warren/test", name, TTL), OnlyGroup())
@@ -253,7 +253,8 @@ def test_a_group_no_node_follows_leads_by_walkover_and_listens_for_no_follower(t
         replication_port = free_port()
         config = load_config(None, {
             "host": "127.0.0.1", "port": free_port(), "data_dir": str(tmp_path / "n1"), "management_port": 0,
-            "prometheus_port": 0, "cluster_node_id": "n1", "cluster_replication_port": replication_port})
+            "prometheus_port": 0, "mqtt_port": 0, "cluster_node_id": "n1",
+            "cluster_replication_port": replication_port})
         node = ClusterNode(config, make_coordinator(config), OnlyGroup())
         assert isinstance(node.coordinator, WalkoverCoordinator)
         running = Running(node)

@@ -47,7 +47,7 @@ def test_a_second_broker_on_the_same_data_dir_exits_naming_the_first(own_broker,
     first = own_broker()
     second = subprocess.run(
         [sys.executable, "-m", "broker", "--host", "127.0.0.1", "--port", str(free_port()),
-         "--data-dir", str(first.data_dir), "--management-port", "0", "--prometheus-port", "0"],
+         "--data-dir", str(first.data_dir), "--management-port", "0", "--prometheus-port", "0", "--mqtt-port", "0"],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
     )
     assert second.returncode != 0

@@ -1,0 +1,938 @@
+"""One MQTT client connection (3.1, 3.1.1 or 5.0): CONNECT and its login, the session's queues, PUBLISH, SUBSCRIBE,
+keepalive, wills and takeover. Everything it does with messages goes through one AMQP channel of its own
+(broker.session.channel, the one AMQP clients use, with every check, confirm and settlement of theirs): an MQTT
+publish is a basic.publish to the MQTT exchange (amq.topic), a subscription a binding of the client's queue
+(mqtt-subscription-<client id>qos0 or qos1) consumed by the channel, a PUBACK from the client a basic.ack, a
+confirm of the channel a PUBACK to it (broker.connection.mqtt.replies reads what the channel writes back)."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import socket
+import struct
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any, Callable, Final
+
+from pamqp import commands as spec
+
+from broker.connection.auth import authenticate
+from broker.connection.mqtt import topics
+from broker.connection.mqtt.messages import amqp_header, encoded_properties, view_of
+from broker.connection.mqtt.replies import ChannelReplies
+from broker.connection.peer_log import PeerLog
+from broker.session.channel import Channel
+from protocol import mqtt
+from protocol.codec import encode_method
+from protocol.constants import CHANNEL_CLOSE_OK, FRAME_BODY, FRAME_HEADER, FRAME_METHOD, BASIC_PUBLISH
+from protocol.errors import AMQPError
+from protocol.fastpath import encode_ack
+
+if TYPE_CHECKING:
+    from broker.connection.server import Server
+    from broker.model.retained import Retained
+    from broker.model.vhost import VirtualHost
+    from broker.session.limits import ChannelLimits
+
+log = logging.getLogger(__name__)
+peer_log = PeerLog(log)  # every line about one client goes through here, so that no client can flood the log
+
+CONNECT_TIMEOUT: Final = 10.0  # seconds a client has to send CONNECT (RabbitMQ's login_timeout)
+QUEUE_PREFIX: Final = "mqtt-subscription-"  # the session queues: QUEUE_PREFIX + client id + "qos0" or "qos1"
+CONSUMER_TAGS: Final = (b"mqtt-qos0", b"mqtt-qos1")  # the consumer of each session queue
+SESSION_TTL: Final = 86_400_000  # ms a persistent session's queue outlives its client (RabbitMQ's subscription_ttl)
+MAX_SESSION_EXPIRY: Final = 86_400  # seconds: the longest 5.0 session expiry interval granted (as RabbitMQ 4.x)
+READ_BUDGET: Final = 128 * 1024  # bytes read from one client per loop turn (as an AMQP connection's)
+OUTPUT_LIMIT: Final = 4 * 1024 * 1024  # unread bytes to a client above which it is not read until it reads them
+FLOW_MAX_PAUSE: Final = 0.1  # longest a queue's flow control holds the client back at a time (as AMQP's)
+_PUBLISH_HEAD: Final = struct.Struct(">IHB")  # basic.publish's method id, ticket, exchange length
+_CHANNEL: Final = 1  # the number of the connection's one channel
+
+
+class State(enum.Enum):
+    AWAIT_CONNECT = "awaiting CONNECT"
+    CONNECTING = "CONNECT read: logging in and opening the session"
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+AWAIT_CONNECT: Final = State.AWAIT_CONNECT
+CONNECTING: Final = State.CONNECTING
+OPEN: Final = State.OPEN
+CLOSED: Final = State.CLOSED
+
+
+class _Pending:
+    """A method sent to the channel, waiting for its reply: ok() then, or refused(error) if the channel refuses it."""
+
+    __slots__ = ("payload", "ok", "refused")
+
+    def __init__(self, payload: bytes, ok: Callable[[], None], refused: Callable[[AMQPError], None]):
+        self.payload = payload  # its frame's payload: the very object the channel hands back if it held the frame
+        self.ok = ok
+        self.refused = refused
+
+
+class MqttConnection(asyncio.Protocol):
+    """An MQTT client's socket, and the ChannelHost (broker.session.interfaces) of its one channel."""
+
+    def __init__(self, server: "Server"):
+        self.server = server
+        self.config = server.config
+        self.loop = asyncio.get_running_loop()
+        self.transport: Any = None
+        self.state = AWAIT_CONNECT
+        self.reader = mqtt.PacketReader(self.config.mqtt_max_packet_size)
+        self.level = mqtt.MQTT_3_1_1  # the protocol level CONNECT asked for
+        self.client_id = ""
+        self.clean = True  # a clean session: its queues go with the connection (5.0: session expiry 0)
+        self.session_expiry = 0  # 5.0: seconds the session outlives the connection
+        self.keepalive = 0  # seconds, 0 = none
+        self.will: mqtt.Will | None = None  # published if the client goes without DISCONNECT
+        self.user = ""  # who logged in
+        self.vhost: VirtualHost | None = None
+        self.channel: Channel | None = None
+        self.replies = ChannelReplies(self)
+        self.channel_out: list[bytes] = []  # what the channel wrote, read once the call that wrote it is over
+        self.draining_scheduled = False
+        self.draining = False  # the channel's output is being read (what is written meanwhile joins it)
+        self.waiting: deque[_Pending] = deque()  # methods sent to the channel, in order, waiting for replies
+        self.next_seq = 1  # the channel's confirm number of the next publish
+        self.awaiting_confirm: dict[int, int] = {}  # confirm number -> packet id, of QoS 1 publishes
+        self.next_packet_id = 1  # of the next QoS 1 message sent to the client
+        self.inflight: dict[int, int] = {}  # packet id -> delivery tag (0: a retained message) awaiting PUBACK
+        self.to_ack: list[int] = []  # deliveries of the QoS 1 queue sent at QoS 0: acked as soon as they are sent
+        self.subscriptions: dict[str, int] = {}  # topic filter -> QoS of the queue it is bound to
+        self.subscription_ids: dict[str, int] = {}  # 5.0: topic filter -> its subscription identifier
+        self.consuming = [False, False]  # whether the session queue of QoS 0 / 1 is consumed
+        self.early: list[tuple[int, bytes]] = []  # packets that came while CONNECT was being answered
+        self.out: list[bytes] = []
+        self.out_size = 0
+        self.flush_scheduled = False
+        self.write_paused = False  # (ChannelHost) the client reads too slowly: no deliveries until it catches up
+        self.exclusive_queues: set = set()  # (ChannelHost) none: the session queues are never exclusive
+        self.limits: ChannelLimits = server.channel_limits
+        self.frame_max = self.config.max_message_size + 4096  # (ChannelHost) a delivery's body in one frame
+        self.client_capabilities: dict = {}  # (ChannelHost) none: it hears nothing of AMQP's extensions
+        self.last_received = 0.0  # loop time of the last bytes from the client
+        self.read_this_turn = 0
+        self.turn_paused = False
+        self.held_by_channel = False  # the channel holds many frames while a reply waits for the disk
+        self.throttled_by: set = set()  # queues over their flow-control limit this client publishes to
+        self.flow_timer: asyncio.TimerHandle | None = None
+        self.blocked = False  # published during a resource alarm: not read until it clears
+        self.timer: asyncio.TimerHandle | None = None  # the CONNECT timeout, then keepalive checks
+        self.disconnected = False  # it sent DISCONNECT: no will
+        self.taken_over = False  # another connection took its client id: no will
+        self.peer = self.peer_address = self.name = ""
+        self.peer_port = 0
+        self.connected_at = 0  # wall-clock milliseconds, for the management API
+        self.received_bytes = self.sent_bytes = 0
+        self.tls = False
+        self.publish_count = 0  # messages it published (the management API's)
+
+    # --- the socket --------------------------------------------------------------------------------------------
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family != socket.AF_UNIX:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.tls = transport.get_extra_info("sslcontext") is not None
+        peer = transport.get_extra_info("peername")
+        local = transport.get_extra_info("sockname")
+        self.peer_address, self.peer_port = (peer[0], peer[1]) if peer else ("", 0)
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.name = f"{self.peer} -> {local[0]}:{local[1]}" if local else self.peer
+        self.connected_at = int(time.time() * 1000)
+        self.last_received = self.loop.time()
+        self.server.mqtt_connections.add(self)
+        self.timer = self.loop.call_later(CONNECT_TIMEOUT, self._connect_timeout)
+
+    def data_received(self, data: bytes) -> None:
+        if self.state is CLOSED:
+            return
+        self.last_received = self.loop.time()
+        self.received_bytes += len(data)
+        self.read_this_turn += len(data)
+        try:
+            packets = self.reader.feed(data)
+            failure = None
+        except mqtt.MqttError as error:
+            packets, failure = [], error
+            packets = []
+        self._handle(packets)
+        if failure is not None and self.state is not CLOSED:
+            self._refuse_packet(failure)
+        if self.read_this_turn > READ_BUDGET and self.state is not CLOSED:
+            self.turn_paused = True
+            self._update_reading()
+            self.loop.call_soon(self._next_turn)
+
+    def _handle(self, packets: list[tuple[int, bytes]]) -> None:
+        channel = self.channel
+        for index, (first, body) in enumerate(packets):
+            if self.state is CLOSED:
+                return
+            if self.state is CONNECTING or self.held_by_channel:
+                self.early.extend(packets[index:])
+                self._update_reading()
+                break
+            try:
+                if self.state is AWAIT_CONNECT:
+                    self._connect(first, body)
+                else:
+                    self._packet(mqtt.read_packet(first, body, self.level))
+            except mqtt.MqttError as error:
+                self._refuse_packet(error)
+                return
+            except AMQPError as error:
+                self._refused_by_channel(error)
+                return
+            channel = self.channel
+        if channel is not None and channel.open:
+            channel.read_processed()
+        self._drain_channel()
+
+    def _next_turn(self) -> None:
+        self.read_this_turn = 0
+        self.turn_paused = False
+        self._update_reading()
+
+    def _update_reading(self) -> None:
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if (self.turn_paused or self.throttled_by or self.blocked or self.held_by_channel or self.early
+                or self.out_size > OUTPUT_LIMIT):
+            transport.pause_reading()
+        else:
+            transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.state is OPEN and not self.disconnected and not self.taken_over:
+            peer_log.warning(self.peer_address, "MQTT connection %s will terminate because peer closed TCP "
+                             "connection", self.described())
+            self._publish_will()
+        self._release()
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        self._update_reading()
+        channel = self.channel
+        if channel is not None and channel.open:
+            channel.offer_credit({consumer.queue for consumer in channel.consumers.values()})
+
+    # --- writing to the client ---------------------------------------------------------------------------------
+    def send(self, data: bytes) -> None:
+        self.out.append(data)
+        self.out_size += len(data)
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            self.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self.flush_scheduled = False
+        transport = self.transport
+        if self.out and transport is not None and not transport.is_closing():
+            data = b"".join(self.out)
+            transport.write(data)
+            self.sent_bytes += len(data)
+        self.out.clear()
+        self.out_size = 0
+        self._update_reading()
+
+    # --- CONNECT -----------------------------------------------------------------------------------------------
+    def _connect(self, first: int, body: bytes) -> None:
+        if first >> 4 != mqtt.CONNECT:
+            peer_log.warning(self.peer_address, "MQTT protocol error on connection %s: the first packet is %s, "
+                             "not CONNECT", self.name, mqtt.NAMES.get(first >> 4, first >> 4))
+            self._terminate()
+            return
+        if first & 0x0F:
+            raise mqtt.malformed("CONNECT with flags")
+        try:
+            connect = mqtt.read_connect(body)
+        except mqtt.MqttError as error:
+            if error.reason == mqtt.UNSUPPORTED_PROTOCOL_VERSION:
+                level = mqtt.MQTT_5 if error.text.endswith("level 5 is not supported") else mqtt.MQTT_3_1_1
+                peer_log.warning(self.peer_address, "MQTT connection %s refused: %s", self.name, error.text)
+                self._refuse_connect(mqtt.REFUSED_PROTOCOL_VERSION, mqtt.UNSUPPORTED_PROTOCOL_VERSION, level)
+                return
+            raise
+        self.level = connect.level
+        self.keepalive = connect.keepalive
+        self.will = connect.will
+        self.clean = connect.clean_start
+        if connect.level == mqtt.MQTT_5:
+            self.session_expiry = min(connect.properties.get("session_expiry_interval", 0), MAX_SESSION_EXPIRY)
+        elif not connect.clean_start:
+            self.session_expiry = SESSION_TTL // 1000
+        assigned = None
+        client_id = connect.client_id
+        if not client_id:
+            if not connect.clean_start and connect.level != mqtt.MQTT_5:
+                peer_log.warning(self.peer_address, "MQTT cannot accept connection %s: client uses an invalid ID",
+                                 self.name)
+                self._refuse_connect(mqtt.REFUSED_IDENTIFIER, mqtt.CLIENT_IDENTIFIER_NOT_VALID)
+                return
+            client_id = assigned = _generated_id()
+        if len((QUEUE_PREFIX + client_id + "qos0").encode()) > 255:
+            peer_log.warning(self.peer_address, "MQTT cannot accept connection %s: its client id is longer than "
+                             "the %d bytes a queue name leaves it", self.name, 255 - len(QUEUE_PREFIX) - 4)
+            self._refuse_connect(mqtt.REFUSED_IDENTIFIER, mqtt.CLIENT_IDENTIFIER_NOT_VALID)
+            return
+        self.client_id = client_id
+        self.state = CONNECTING
+        self._log_in(connect, assigned)
+
+    def _log_in(self, connect: mqtt.Connect, assigned: str | None) -> None:
+        """Check the login as AMQP's is checked: the node's users, loopback users from this machine alone, the
+        throttle on refused logins; then the vhost and its permissions."""
+        config = self.config
+        username, password = connect.username, connect.password
+        if username is None and password is None and config.mqtt_allow_anonymous:
+            username, password = config.mqtt_default_user, config.mqtt_default_pass.encode()
+        if username is None or password is None:
+            peer_log.warning(self.peer_address, "MQTT login failed for connection %s: no credentials provided",
+                             self.name)
+            self._refuse_login()
+            return
+        vhost_name = config.mqtt_vhost
+        if ":" in username:
+            vhost_name, username = username.rsplit(":", 1)
+        server = self.server
+        node = server.node
+        login = authenticate(node, config.loopback_users, "PLAIN",
+                             b"\x00" + username.encode() + b"\x00" + password, self.peer_address)
+        node.counters.auth_attempts += 1
+        if not login.accepted:
+            node.counters.auth_failed += 1
+            peer_log.warning(self.peer_address, "MQTT login failed for user %.100r from %s: authentication failed",
+                             username, self.peer)
+            self._refuse_login()
+            return
+        server.failed_logins.accepted(self.peer_address)
+        self.user = login.user
+        if vhost_name not in node.vhosts:
+            peer_log.warning(self.peer_address, "MQTT login failed for user %.100r: virtual host %.200r does not "
+                             "exist", username, vhost_name)
+            self._refuse_connect(mqtt.REFUSED_BAD_CREDENTIALS, mqtt.BAD_USER_NAME_OR_PASSWORD)
+            return
+        try:
+            vhost = node.open_vhost(login.user, vhost_name)
+        except AMQPError as error:
+            peer_log.warning(self.peer_address, "MQTT login failed for user %.100r: virtual host access not "
+                             "allowed (%s)", username, error.reply_text)
+            self._refuse_connect(mqtt.REFUSED_NOT_AUTHORIZED, mqtt.NOT_AUTHORIZED)
+            return
+        self.vhost = vhost
+        vhost.counters.connections_opened += 1
+        peer_log.info(self.peer_address, "accepting MQTT connection %s (client id: %.200r)", self.name,
+                      self.client_id)
+        self._take_client_id()
+        self.channel = Channel(self, _CHANNEL)
+        self._send_method(spec.Confirm.Select(), _nothing)
+        self._send_method(spec.Basic.Qos(prefetch_count=config.mqtt_prefetch), _nothing)
+        self._open_session(lambda present: self._accepted(present, assigned))
+
+    def _refuse_login(self) -> None:
+        """A refused login's CONNACK waits as an AMQP one's close does (broker.connection.login_throttle)."""
+        self.transport.pause_reading()
+        if self.timer is not None:
+            self.timer.cancel()
+        answer = lambda: self._refuse_connect(mqtt.REFUSED_BAD_CREDENTIALS, mqtt.BAD_USER_NAME_OR_PASSWORD)
+        self.server.failed_logins.count_refused(
+            self.peer_address, self.config.failed_login_delay,
+            lambda delay: self._later(delay, answer))
+
+    def _later(self, delay: float, action: Callable[[], None]) -> None:
+        if self.state is CLOSED:
+            return
+        self.timer = self.loop.call_later(max(delay, 0), action)
+
+    def _refuse_connect(self, code: int, reason: int, level: int | None = None) -> None:
+        """CONNACK with the refusal (a 3.1.1 return code, or a 5.0 reason code), then close."""
+        level = self.level if level is None else level
+        self.send(mqtt.connack(False, reason if level == mqtt.MQTT_5 else code, level))
+        self.flush()
+        self._terminate()
+
+    def _take_client_id(self) -> None:
+        """A second connection with the same client id in the vhost takes over: the first is closed, without its
+        will (RabbitMQ keys client ids by vhost and client id since 3.13)."""
+        assert self.vhost is not None, "logged in"
+        key = (self.vhost.name, self.client_id)
+        clients = self.server.mqtt_clients
+        earlier = clients.get(key)
+        clients[key] = self
+        if earlier is not None and earlier is not self:
+            earlier.take_over()
+
+    def take_over(self) -> None:
+        peer_log.warning(self.peer_address, "MQTT disconnecting client %s with duplicate id %.200r", self.name,
+                         self.client_id)
+        self.taken_over = True
+        if self.level == mqtt.MQTT_5 and self.state is OPEN:
+            self.send(mqtt.disconnect(mqtt.SESSION_TAKEN_OVER))
+            self.flush()
+        self._terminate()
+
+    def _open_session(self, done: Callable[[bool], None]) -> None:
+        """A clean session deletes the queue a persistent one left; a persistent one consumes the queues it left
+        (done(present): whether there was a session to go on with)."""
+        assert self.vhost is not None, "logged in"
+        name = self.queue_name(1)
+        existed = name in self.vhost.queues
+        if self.clean:
+            if existed:
+                self._send_method(spec.Queue.Delete(queue=name), lambda: done(False), self._session_refused)
+            else:
+                done(False)
+            return
+        if not existed:
+            done(False)
+            return
+        self._ensure_queue(1, lambda: done(True), self._session_refused)
+
+    def _session_refused(self, error: AMQPError) -> None:
+        peer_log.warning(self.peer_address, "MQTT cannot start a session for connection %s: %s", self.name,
+                         error.reply_text)
+        self._refuse_connect(mqtt.REFUSED_SERVER_UNAVAILABLE, mqtt.IMPLEMENTATION_SPECIFIC_ERROR)
+
+    def _accepted(self, session_present: bool, assigned: str | None) -> None:
+        if self.state is not CONNECTING:
+            return
+        properties: dict = {}
+        if self.level == mqtt.MQTT_5:
+            properties = {"maximum_qos": 1, "retain_available": 1, "shared_subscription_available": 0,
+                          "subscription_identifier_available": 1, "wildcard_subscription_available": 1,
+                          "topic_alias_maximum": 0, "maximum_packet_size": self.config.mqtt_max_packet_size}
+            if assigned is not None:
+                properties["assigned_client_identifier"] = assigned
+        self.send(mqtt.connack(session_present, mqtt.ACCEPTED, self.level, properties))
+        self.state = OPEN
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.keepalive:
+            self.timer = self.loop.call_later(self.keepalive * 1.5, self._keepalive_check)
+        self._go_on()
+
+    def _go_on(self) -> None:
+        """Handle the packets that waited (for CONNACK, or for the channel), then read again."""
+        early, self.early = self.early, []
+        if early:
+            self._handle(early)
+        self._update_reading()
+
+    # --- packets after CONNECT ---------------------------------------------------------------------------------
+    def _packet(self, packet: mqtt.Packet) -> None:
+        if isinstance(packet, mqtt.Publish):
+            self._publish(packet)
+        elif isinstance(packet, mqtt.Acknowledgement):
+            self._acknowledged(packet)
+        elif isinstance(packet, mqtt.Subscribe):
+            self._subscribe(packet)
+        elif isinstance(packet, mqtt.Unsubscribe):
+            self._unsubscribe(packet)
+        elif isinstance(packet, mqtt.Ping):
+            self.send(mqtt.PINGRESP_PACKET)
+        elif isinstance(packet, mqtt.Disconnect):
+            if self.level == mqtt.MQTT_5 and packet.reason == 0x04:  # "disconnect with will message"
+                self._publish_will()
+            self.disconnected = True
+            peer_log.info(self.peer_address, "closing MQTT connection %s (client disconnected)", self.described())
+            self._terminate()
+        else:
+            raise mqtt.protocol_error("AUTH outside an authentication exchange")
+
+    def _publish(self, packet: mqtt.Publish) -> None:
+        qos = min(packet.qos, 1)  # QoS 2 is taken as 1, as RabbitMQ does
+        self._send_publish(packet.topic, packet.payload, qos, packet.dup, packet.properties)
+        if qos:
+            self.awaiting_confirm[self.next_seq - 1] = packet.packet_id
+        if packet.retain:  # (once the channel took the publish: the user may write there)
+            self.server.node.retained.put(self.vhost.name, packet.topic, packet.payload, qos,
+                                          _retained_properties(packet.properties))
+
+    def _send_publish(self, topic: str, payload: bytes, qos: int, dup: bool, properties: dict) -> None:
+        """basic.publish to the MQTT exchange, through the channel."""
+        key = topics.routing_key(topic).encode()
+        if len(key) > 255:
+            raise mqtt.MqttError(mqtt.TOPIC_NAME_INVALID, f"the topic {topic[:100]!r}... is longer than the 255 "
+                                                          f"bytes of a routing key")
+        channel = self.channel
+        assert channel is not None, "logged in"
+        exchange = self.config.mqtt_exchange.encode()
+        channel.handle_frame(FRAME_METHOD, _PUBLISH_HEAD.pack(BASIC_PUBLISH, 0, len(exchange)) + exchange
+                             + bytes((len(key),)) + key + b"\x00")
+        channel.handle_frame(FRAME_HEADER, amqp_header(qos, dup, len(payload), properties))
+        if payload:
+            channel.handle_frame(FRAME_BODY, payload)
+        self.next_seq += 1
+        self.publish_count += 1
+
+    def _acknowledged(self, packet: mqtt.Acknowledgement) -> None:
+        if packet.kind == mqtt.PUBACK:
+            tag = self.inflight.pop(packet.packet_id, None)
+            if tag:
+                self._ack(tag)
+        elif packet.kind == mqtt.PUBREL:  # (a QoS 2 flow this broker never started: completed all the same)
+            self.send(mqtt.acknowledgement(mqtt.PUBCOMP, packet.packet_id, self.level))
+
+    def _ack(self, tag: int) -> None:
+        channel = self.channel
+        if channel is not None and channel.open:
+            channel.handle_frame(FRAME_METHOD, encode_ack(_CHANNEL, tag, False)[7:-1])
+
+    def _subscribe(self, packet: mqtt.Subscribe) -> None:
+        v5 = self.level == mqtt.MQTT_5
+        codes: list[int] = [mqtt.UNSPECIFIED_ERROR] * len(packet.subscriptions)
+        granted: list[tuple[str, int]] = []
+        identifier = (packet.properties.get("subscription_identifier") or [0])[0]
+        steps = _Countdown(lambda: self._subscribed(packet.packet_id, codes, granted))
+        for index, subscription in enumerate(packet.subscriptions):
+            topic_filter = subscription.topic_filter
+            problem = mqtt.topic_filter_problem(topic_filter)
+            if problem is None and topic_filter.startswith("$share/"):
+                problem = "shared subscriptions are not supported"
+                codes[index] = mqtt.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED if v5 else mqtt.UNSPECIFIED_ERROR
+            elif problem is None and len(topics.binding_key(topic_filter).encode()) > 255:
+                problem = "the topic filter is longer than the 255 bytes of a binding key"
+            elif problem is not None:
+                codes[index] = mqtt.TOPIC_FILTER_INVALID if v5 else mqtt.UNSPECIFIED_ERROR
+            if problem is not None:
+                peer_log.warning(self.peer_address, "MQTT connection %s: subscription to %.200r refused: %s",
+                                 self.name, topic_filter, problem)
+                continue
+            qos = min(subscription.qos, 1)
+            step = steps.step()
+
+            def bound(index=index, topic_filter=topic_filter, qos=qos, step=step,
+                      retain_handling=subscription.retain_handling) -> None:
+                new = topic_filter not in self.subscriptions
+                self.subscriptions[topic_filter] = qos
+                if identifier:
+                    self.subscription_ids[topic_filter] = identifier
+                else:
+                    self.subscription_ids.pop(topic_filter, None)
+                codes[index] = qos
+                if retain_handling == 0 or (retain_handling == 1 and new):
+                    granted.append((topic_filter, qos))
+                step()
+
+            def refused(error: AMQPError, index=index, step=step) -> None:
+                peer_log.warning(self.peer_address, "MQTT connection %s: subscription refused: %s", self.name,
+                                 error.reply_text)
+                codes[index] = mqtt.NOT_AUTHORIZED if v5 else mqtt.UNSPECIFIED_ERROR
+                step()
+
+            self._bind(topic_filter, qos, bound, refused)
+        steps.start()
+
+    def _bind(self, topic_filter: str, qos: int, bound: Callable[[], None],
+              refused: Callable[[AMQPError], None]) -> None:
+        """Bind the session queue of qos to the filter's key, after it is declared and consumed; a binding of the
+        other queue for the filter goes (a subscription made again with another QoS replaces the first, as
+        RabbitMQ 4.x does)."""
+        key = topics.binding_key(topic_filter)
+        exchange = self.config.mqtt_exchange
+        other = 1 - qos
+        if self.consuming[other]:
+            self._send_method(spec.Queue.Unbind(queue=self.queue_name(other), exchange=exchange, routing_key=key),
+                              _nothing, _ignored)
+        self._ensure_queue(qos, lambda: self._send_method(
+            spec.Queue.Bind(queue=self.queue_name(qos), exchange=exchange, routing_key=key), bound, refused),
+            refused)
+
+    def _ensure_queue(self, qos: int, then: Callable[[], None], refused: Callable[[AMQPError], None]) -> None:
+        """Declare the session queue of qos and consume it, once per connection."""
+        if self.consuming[qos]:
+            then()
+            return
+        name = self.queue_name(qos)
+        if qos == 0:  # (QoS 0 messages never outlive the connection, as with RabbitMQ)
+            declare = spec.Queue.Declare(queue=name, durable=False, auto_delete=True)
+        elif self.clean and not self.session_expiry:
+            declare = spec.Queue.Declare(queue=name, durable=True, auto_delete=True)
+        else:
+            declare = spec.Queue.Declare(queue=name, durable=True, arguments={
+                "x-expires": max(self.session_expiry, 1) * 1000})
+
+        def declared() -> None:
+            self.consuming[qos] = True
+            self._send_method(spec.Basic.Consume(queue=name, consumer_tag=CONSUMER_TAGS[qos].decode(),
+                                                 no_ack=qos == 0), then, refused)
+
+        self._send_method(declare, declared, refused)
+
+    def _subscribed(self, packet_id: int, codes: list[int], granted: list[tuple[str, int]]) -> None:
+        if self.state is not OPEN:
+            return
+        self.send(mqtt.suback(packet_id, codes, self.level))
+        retained = self.server.node.retained
+        for topic_filter, qos in granted:
+            for message in retained.matching(self.vhost.name, lambda topic: topics.matches(topic_filter, topic)):
+                self._send_retained(message, topic_filter, qos)
+
+    def _send_retained(self, message: "Retained", topic_filter: str, qos: int) -> None:
+        qos = min(qos, message.qos)
+        packet_id = self._packet_id(0) if qos else 0
+        properties = b""
+        if self.level == mqtt.MQTT_5:
+            extra = dict(message.properties)
+            if identifier := self.subscription_ids.get(topic_filter):
+                extra["subscription_identifier"] = [identifier]
+            properties = mqtt.encode_properties(extra)
+        self.send(mqtt.publish(message.topic.encode(), message.payload, qos, True, False, packet_id, properties))
+
+    def _unsubscribe(self, packet: mqtt.Unsubscribe) -> None:
+        codes = [mqtt.SUCCESS] * len(packet.topic_filters)
+        steps = _Countdown(lambda: self.send(mqtt.unsuback(packet.packet_id, codes, self.level)))
+        exchange = self.config.mqtt_exchange
+        for index, topic_filter in enumerate(packet.topic_filters):
+            if self.subscriptions.pop(topic_filter, None) is None:
+                codes[index] = mqtt.NO_SUBSCRIPTION_EXISTED
+            self.subscription_ids.pop(topic_filter, None)
+            key = topics.binding_key(topic_filter)
+            if len(key.encode()) > 255:
+                continue
+            for qos in (0, 1):  # (a session carried over may have bound either)
+                if self.consuming[qos]:
+                    step = steps.step()
+                    self._send_method(spec.Queue.Unbind(queue=self.queue_name(qos), exchange=exchange,
+                                                        routing_key=key), step, lambda error, step=step: step())
+        steps.start()
+
+    def queue_name(self, qos: int) -> str:
+        return f"{QUEUE_PREFIX}{self.client_id}qos{qos}"
+
+    # --- the channel -------------------------------------------------------------------------------------------
+    def _send_method(self, method, ok: Callable[[], None],
+                     refused: Callable[[AMQPError], None] | None = None) -> None:
+        """Hand the channel a method; ok() once it replied, refused(error) if it refused it (None: the refusal
+        ends the connection)."""
+        channel = self.channel
+        if channel is None or not channel.open:
+            return
+        pending = _Pending(encode_method(_CHANNEL, method)[7:-1], ok, refused or self._refused_by_channel)
+        self.waiting.append(pending)
+        try:
+            channel.handle_frame(FRAME_METHOD, pending.payload)
+        except AMQPError as error:
+            self._method_refused(pending, error)
+
+    def _method_refused(self, pending: _Pending, error: AMQPError) -> None:
+        """A method was refused: it gets no reply (those of the methods before it still come, in order)."""
+        self.waiting.remove(pending)
+        pending.refused(error)
+
+    def write(self, data: bytes) -> None:
+        """(ChannelHost) what the channel writes: read once the call that wrote it returns."""
+        self.channel_out.append(data)
+        if not self.draining_scheduled:
+            self.draining_scheduled = True
+            self.loop.call_soon(self._drain_channel)
+
+    def _drain_channel(self) -> None:
+        """Read what the channel wrote, in order (what its reading makes the channel write joins the end)."""
+        self.draining_scheduled = False
+        if self.draining:
+            return
+        self.draining = True
+        out = self.channel_out
+        try:
+            while out and self.state is not CLOSED:
+                self.replies.feed(out.pop(0))
+                to_ack, self.to_ack = self.to_ack, []
+                for tag in to_ack:
+                    self._ack(tag)
+        finally:
+            self.draining = False
+        out.clear()
+
+    def delivered(self, consumer_tag: bytes, delivery_tag: int, redelivered: bool, routing_key: bytes,
+                  header_payload: bytes, body: bytes) -> None:
+        view = view_of(header_payload)
+        from_qos1 = consumer_tag == CONSUMER_TAGS[1]
+        qos = min(view.qos, 1) if from_qos1 else 0
+        topic = topics.topic(routing_key.decode())
+        properties = b""
+        if self.level == mqtt.MQTT_5:
+            identifier = self._subscription_identifier(topic)
+            properties = encoded_properties(view, {"subscription_identifier": [identifier]} if identifier else None)
+        if qos:
+            packet_id = self._packet_id(delivery_tag)
+            self.send(mqtt.publish(topic.encode(), body, 1, False, redelivered or view.dup, packet_id, properties))
+        else:
+            if from_qos1:
+                self.to_ack.append(delivery_tag)
+            self.send(mqtt.publish(topic.encode(), body, 0, False, False, 0, properties))
+
+    def _subscription_identifier(self, topic: str) -> int:
+        """5.0: the identifier of a subscription of the client that the topic matches (0: none)."""
+        for topic_filter, identifier in self.subscription_ids.items():
+            if topics.matches(topic_filter, topic):
+                return identifier
+        return 0
+
+    def _packet_id(self, delivery_tag: int) -> int:
+        inflight = self.inflight
+        packet_id = self.next_packet_id
+        while packet_id in inflight:
+            packet_id = packet_id % 0xFFFF + 1
+        self.next_packet_id = packet_id % 0xFFFF + 1
+        inflight[packet_id] = delivery_tag
+        return packet_id
+
+    def confirmed(self, seq: int, multiple: bool, ack: bool) -> None:
+        waiting = self.awaiting_confirm
+        if multiple:
+            settled = []
+            for number in waiting:  # (in the order they were published)
+                if number > seq:
+                    break
+                settled.append(number)
+        else:
+            settled = [seq] if seq in waiting else []
+        for number in settled:
+            packet_id = waiting.pop(number)
+            if ack:
+                self.send(mqtt.acknowledgement(mqtt.PUBACK, packet_id, self.level))
+            elif self.level == mqtt.MQTT_5:
+                self.send(mqtt.acknowledgement(mqtt.PUBACK, packet_id, self.level, mqtt.IMPLEMENTATION_SPECIFIC_ERROR))
+        if settled and not ack and self.level != mqtt.MQTT_5:  # (3.1.1 has no way to say a publish failed)
+            peer_log.warning(self.peer_address, "closing MQTT connection %s: a publish could not be stored",
+                             self.described())
+            self._terminate()
+
+    def replied(self, method_index: int) -> None:
+        if method_index == CHANNEL_CLOSE_OK or not self.waiting:
+            return
+        self.waiting.popleft().ok()
+
+    def cancelled(self) -> None:
+        peer_log.warning(self.peer_address, "closing MQTT connection %s: its queue was deleted", self.described())
+        self._terminate()
+
+    def channel_closed(self, reply_code: int, reply_text: str) -> None:
+        self._refused_by_channel(AMQPError(reply_code, reply_text))
+
+    # (ChannelHost) the rest of what a channel asks of its connection
+    def block(self, reason: str) -> None:
+        if not self.blocked:
+            self.blocked = True
+            self._update_reading()
+
+    def unblock(self) -> None:
+        if self.blocked:
+            self.blocked = False
+            self._update_reading()
+
+    def throttle(self, queue) -> None:
+        self.throttled_by.add(queue)
+        if self.flow_timer is None:
+            self.flow_timer = self.loop.call_later(FLOW_MAX_PAUSE, self._flow_pause_over)
+        self._update_reading()
+
+    def unthrottle(self, queue) -> None:
+        self.throttled_by.discard(queue)
+        if not self.throttled_by and self.flow_timer is not None:
+            self.flow_timer.cancel()
+            self.flow_timer = None
+        self._update_reading()
+
+    def _flow_pause_over(self) -> None:
+        self.flow_timer = None
+        for queue in list(self.throttled_by):
+            queue.throttled.discard(self)
+        self.throttled_by.clear()
+        self._update_reading()
+
+    def hold_reading_for(self, channel: Channel) -> None:
+        self.held_by_channel = True
+        self._update_reading()
+
+    def replay(self, channel: Channel, frames: list) -> None:
+        """The frames the channel held while a reply waited for the disk, handled now; then the packets that came
+        meanwhile, and reading goes on."""
+        self.held_by_channel = False
+        for frame_type, _, payload in frames:
+            if not channel.open or self.state is CLOSED:
+                break
+            try:
+                channel.handle_frame(frame_type, payload)
+            except AMQPError as error:
+                pending = next((pending for pending in self.waiting if pending.payload is payload), None)
+                if pending is None:  # (a publish, or the channel's own failure)
+                    self._refused_by_channel(error)
+                    break
+                self._method_refused(pending, error)
+        if channel.open and frames:
+            channel.read_processed()
+        self._drain_channel()
+        if self.state is OPEN:
+            self._go_on()
+
+    def failed(self, error: AMQPError, channel: Channel | None) -> None:
+        self._refused_by_channel(error)
+
+    def close_channel(self, number: int, send_close_ok: bool) -> None:
+        channel = self.channel
+        if channel is not None and channel.open:
+            channel.shutdown()
+
+    def _refused_by_channel(self, error: AMQPError) -> None:
+        """The channel refused a publish, or failed: the connection closes, as RabbitMQ's does."""
+        if self.state is CLOSED:
+            return
+        peer_log.warning(self.peer_address, "MQTT connection %s is closing: %d %s", self.described(),
+                         error.reply_code, error.reply_text)
+        if self.level == mqtt.MQTT_5 and self.state is OPEN:
+            self.send(mqtt.disconnect(mqtt.NOT_AUTHORIZED if error.reply_code == 403
+                                      else mqtt.IMPLEMENTATION_SPECIFIC_ERROR))
+            self.flush()
+        self._terminate()
+
+    # --- ends --------------------------------------------------------------------------------------------------
+    def _refuse_packet(self, error: mqtt.MqttError) -> None:
+        """A malformed packet, or one out of place: the connection closes (5.0: after DISCONNECT with the reason;
+        before CONNACK, a CONNACK with it), without the will."""
+        peer_log.warning(self.peer_address, "MQTT protocol error on connection %s: %s", self.described(),
+                         error.text)
+        if self.level == mqtt.MQTT_5:
+            if self.state is OPEN:
+                self.send(mqtt.disconnect(error.reason))
+            elif self.state is AWAIT_CONNECT:
+                self.send(mqtt.connack(False, error.reason, self.level))
+            self.flush()
+        self._terminate()
+
+    def _connect_timeout(self) -> None:
+        if self.state is AWAIT_CONNECT:
+            peer_log.warning(self.peer_address, "closing MQTT connection %s (login timeout)", self.name)
+            self._terminate()
+
+    def _keepalive_check(self) -> None:
+        """The spec's rule: a client silent for one and a half keepalive intervals is gone, and its will goes."""
+        self.timer = None
+        if self.state is not OPEN:
+            return
+        silent = self.loop.time() - self.last_received
+        limit = self.keepalive * 1.5
+        paused = self.turn_paused or self.throttled_by or self.blocked or self.held_by_channel or self.early
+        if silent < limit or paused:
+            self.timer = self.loop.call_later(max(limit - silent, 0.05) if not paused else limit, self._keepalive_check)
+            return
+        peer_log.warning(self.peer_address, "closing MQTT connection %s (keepalive timeout)", self.described())
+        if self.level == mqtt.MQTT_5:
+            self.send(mqtt.disconnect(mqtt.KEEP_ALIVE_TIMEOUT))
+            self.flush()
+        self._publish_will()
+        self._terminate()
+
+    def _publish_will(self) -> None:
+        """The will, published as the client would have published it (its permissions checked the same way)."""
+        will, self.will = self.will, None
+        channel = self.channel
+        if will is None or channel is None or not channel.open or self.vhost is None:
+            return
+        try:
+            qos = min(will.qos, 1)
+            if will.retain:
+                self.server.node.retained.put(self.vhost.name, will.topic, will.payload, qos,
+                                              _retained_properties(will.properties))
+            self._send_publish(will.topic, will.payload, qos, False, _retained_properties(will.properties))
+            channel.read_processed()
+        except (AMQPError, mqtt.MqttError) as error:
+            peer_log.warning(self.peer_address, "Could not send last will of MQTT connection %s: %s",
+                             self.described(), getattr(error, "reply_text", None) or str(error))
+
+    def close_for_shutdown(self) -> None:
+        if self.level == mqtt.MQTT_5 and self.state is OPEN:
+            self.send(mqtt.disconnect(mqtt.SERVER_SHUTTING_DOWN))
+            self.flush()
+        self.taken_over = True  # (no will: the broker goes, not the client)
+        self._terminate()
+
+    def close_by_operator(self, reason: str) -> None:
+        peer_log.warning(self.peer_address, "closing MQTT connection %s: %s", self.described(), reason)
+        if self.level == mqtt.MQTT_5 and self.state is OPEN:
+            self.send(mqtt.disconnect(mqtt.ADMINISTRATIVE_ACTION))
+            self.flush()
+        self._terminate()
+
+    def described(self) -> str:
+        if self.vhost is None:
+            return self.name
+        return f"{self.name} (vhost '{self.vhost.name}', user '{self.user}', client id {self.client_id[:200]!r})"
+
+    def _terminate(self) -> None:
+        if self.state is not CLOSED:
+            self.state = CLOSED
+        if self.transport is not None:
+            self.transport.close()
+
+    def _release(self) -> None:
+        """The socket is gone: the channel with it (its unacked deliveries back in their queues, its consumers
+        cancelled, a clean session's queues deleted as they auto-delete), and the client id."""
+        self.state = CLOSED
+        for timer in (self.timer, self.flow_timer):
+            if timer is not None:
+                timer.cancel()
+        for queue in self.throttled_by:
+            queue.throttled.discard(self)
+        channel, self.channel = self.channel, None
+        if channel is not None and channel.open:
+            channel.shutdown()
+        if self.vhost is not None:
+            self.vhost.counters.connections_closed += 1
+            key = (self.vhost.name, self.client_id)
+            if self.server.mqtt_clients.get(key) is self:
+                del self.server.mqtt_clients[key]
+        self.server.mqtt_connections.discard(self)
+
+
+class _Countdown:
+    """Calls done() once every step it handed out was taken, and start() was called."""
+
+    def __init__(self, done: Callable[[], None]):
+        self.done = done
+        self.left = 1  # (start's own)
+
+    def step(self) -> Callable[[], None]:
+        self.left += 1
+        return self._taken
+
+    def start(self) -> None:
+        self._taken()
+
+    def _taken(self) -> None:
+        self.left -= 1
+        if self.left == 0:
+            self.done()
+
+
+def _nothing() -> None:
+    pass
+
+
+def _ignored(error: AMQPError) -> None:
+    pass
+
+
+def _retained_properties(properties: dict) -> dict:
+    """The 5.0 properties a message keeps (its topic alias is the publisher's own)."""
+    return {name: value for name, value in properties.items() if name != "topic_alias"}
+
+
+def _generated_id() -> str:
+    """A client id for a client that gave none (as RabbitMQ: 22 characters of base64url)."""
+    import base64
+    import os
+    return base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")

@@ -1,0 +1,116 @@
+"""An MQTT message as the AMQP message it becomes, and back, as RabbitMQ's plugin maps them: QoS 1 is delivery mode
+2 (persistent), the headers x-mqtt-publish-qos and x-mqtt-dup say how it was published; MQTT 5.0's properties are
+the AMQP properties of the same meaning (content type, response topic as reply_to, correlation data as
+correlation_id, message expiry as a per-message TTL, user properties as headers)."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from pamqp import commands as spec
+
+from broker.connection.mqtt import topics
+from protocol import mqtt
+from protocol.codec import decode_properties, encode_header_payload, with_body_size
+
+QOS_HEADER: Final = "x-mqtt-publish-qos"
+DUP_HEADER: Final = "x-mqtt-dup"
+CORRELATION_HEADER: Final = "x-correlation-id"  # correlation data that no shortstr can hold (binary, or long)
+CACHE_LIMIT: Final = 1024  # content headers whose MQTT view is remembered (publishers repeat theirs)
+
+_plain: dict[tuple[int, bool], bytes] = {}  # (qos, dup) -> the header of a message without 5.0 properties
+
+
+def amqp_header(qos: int, dup: bool, body_size: int, properties: dict) -> bytes:
+    """The content-header payload of an MQTT publish (properties: its 5.0 properties, {} for 3.1.1)."""
+    if not properties:
+        header = _plain.get((qos, dup))
+        if header is None:
+            header = _plain[(qos, dup)] = _encode(qos, dup, 0, {})
+        return with_body_size(header, body_size)
+    return _encode(qos, dup, body_size, properties)
+
+
+def _encode(qos: int, dup: bool, body_size: int, properties: dict) -> bytes:
+    headers: dict = dict(properties.get("user_property", ()))  # (a name given twice keeps its last value)
+    headers[QOS_HEADER] = qos
+    headers[DUP_HEADER] = dup
+    amqp = spec.Basic.Properties(delivery_mode=2 if qos else 1, headers=headers)
+    if "content_type" in properties and len(properties["content_type"].encode()) <= 255:
+        amqp.content_type = properties["content_type"]
+    if "response_topic" in properties and len(properties["response_topic"].encode()) <= 255:
+        amqp.reply_to = topics.routing_key(properties["response_topic"])
+    if "correlation_data" in properties:
+        data = properties["correlation_data"]
+        try:
+            text = data.decode()
+        except UnicodeDecodeError:
+            text = None
+        if text is not None and len(data) <= 255:
+            amqp.correlation_id = text
+        else:
+            headers[CORRELATION_HEADER] = data
+    if "message_expiry_interval" in properties:
+        amqp.expiration = str(properties["message_expiry_interval"] * 1000)
+    if "payload_format_indicator" in properties:
+        headers["x-mqtt-payload-format-indicator"] = properties["payload_format_indicator"]
+    return encode_header_payload(body_size, amqp)
+
+
+class MqttView:
+    """What an MQTT subscriber is sent of an AMQP message: its QoS, its DUP flag, and its 5.0 properties."""
+
+    __slots__ = ("qos", "dup", "properties")
+
+    def __init__(self, qos: int, dup: bool, properties: dict):
+        self.qos = qos  # the QoS it was published with: x-mqtt-publish-qos, else 1 for a persistent message
+        self.dup = dup
+        self.properties = properties  # for a 5.0 subscriber
+
+
+_views: dict[bytes, MqttView] = {}  # a content header's properties (body size left out) -> its view
+
+
+def view_of(header_payload: bytes) -> MqttView:
+    """The MQTT view of a delivered message's content header."""
+    key = header_payload[12:]
+    view = _views.get(key)
+    if view is None:
+        if len(_views) >= CACHE_LIMIT:
+            _views.clear()
+        view = _views[key] = _view(header_payload)
+    return view
+
+
+def _view(header_payload: bytes) -> MqttView:
+    amqp = decode_properties(header_payload)
+    headers = amqp.headers or {}
+    qos = headers.get(QOS_HEADER)
+    if not isinstance(qos, int) or isinstance(qos, bool) or qos not in (0, 1, 2):
+        # (RabbitMQ 4.x reads an AMQP publisher's QoS from its delivery mode; 3.10 took every such message as QoS 1)
+        qos = 1 if amqp.delivery_mode == 2 else 0
+    properties: dict = {}
+    users = [(name, value if isinstance(value, str) else str(value)) for name, value in headers.items()
+             if not name.startswith("x-mqtt-") and name != CORRELATION_HEADER
+             and isinstance(value, (str, int, float)) and not isinstance(value, bool)]
+    if users:
+        properties["user_property"] = users
+    if amqp.content_type:
+        properties["content_type"] = amqp.content_type
+    if amqp.reply_to:
+        properties["response_topic"] = topics.topic(amqp.reply_to)
+    if amqp.correlation_id:
+        properties["correlation_data"] = amqp.correlation_id.encode()
+    elif isinstance(headers.get(CORRELATION_HEADER), bytes):
+        properties["correlation_data"] = headers[CORRELATION_HEADER]
+    indicator = headers.get("x-mqtt-payload-format-indicator")
+    if indicator in (0, 1):
+        properties["payload_format_indicator"] = indicator
+    return MqttView(min(qos, 1), headers.get(DUP_HEADER) is True, properties)
+
+
+def encoded_properties(view: MqttView, extra: dict | None = None) -> bytes:
+    """A 5.0 PUBLISH's property list: the message's, with extra (a subscription identifier) added."""
+    if not extra:
+        return mqtt.encode_properties(view.properties)
+    return mqtt.encode_properties({**view.properties, **extra})
