@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 peer_log = PeerLog(log)  # every line about one client goes through here, so that no client can flood the log
 
 CONNECT_TIMEOUT: Final = 10.0  # seconds a client has to send CONNECT (RabbitMQ's login_timeout)
+UNAUTHENTICATED_PACKET_SIZE: Final = 65_536  # largest packet before the login (RabbitMQ 4.x's)
 QUEUE_PREFIX: Final = "mqtt-subscription-"  # the session queues: QUEUE_PREFIX + client id + "qos0" or "qos1"
 CONSUMER_TAGS: Final = (b"mqtt-qos0", b"mqtt-qos1")  # the consumer of each session queue
 SESSION_TTL: Final = 86_400_000  # ms a persistent session's queue outlives its client (RabbitMQ's subscription_ttl)
@@ -84,7 +85,7 @@ class MqttConnection(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self.transport: Any = None
         self.state = AWAIT_CONNECT
-        self.reader = mqtt.PacketReader(self.config.mqtt_max_packet_size)
+        self.reader = mqtt.PacketReader(UNAUTHENTICATED_PACKET_SIZE)
         self.level = mqtt.MQTT_3_1_1  # the protocol level CONNECT asked for
         self.client_id = ""
         self.clean = True  # a clean session: its queues go with the connection (5.0: session expiry 0)
@@ -331,6 +332,7 @@ class MqttConnection(asyncio.Protocol):
             self._refuse_connect(mqtt.REFUSED_NOT_AUTHORIZED, mqtt.NOT_AUTHORIZED)
             return
         self.vhost = vhost
+        self.reader.max_size = config.mqtt_max_packet_size
         vhost.counters.connections_opened += 1
         peer_log.info(self.peer_address, "accepting MQTT connection %s (client id: %.200r)", self.name,
                       self.client_id)
