@@ -218,7 +218,7 @@ class PacketReader:
     def feed(self, data: bytes) -> list[tuple[int, bytes]]:
         buffer = self.buffer
         buffer += data
-        packets = []
+        packets: list[tuple[int, bytes]] = []
         start = 0
         end = len(buffer)
         while end - start >= 2:
@@ -584,6 +584,12 @@ def publish(topic: bytes, payload: bytes, qos: int, retain: bool, dup: bool, pac
     first = (PUBLISH << 4) | (8 if dup else 0) | (qos << 1) | (1 if retain else 0)
     head = _U16.pack(len(topic)) + topic + (_U16.pack(packet_id) if qos else b"") + properties
     return bytes((first,)) + _varint(len(head) + len(payload)) + head + payload
+
+
+def publish_size(topic: bytes, payload: bytes, qos: int, properties: bytes = b"") -> int:
+    """The size of the PUBLISH publish() would write, for a client that takes packets up to a size."""
+    remaining = 2 + len(topic) + (2 if qos else 0) + len(properties) + len(payload)
+    return 1 + len(_varint(remaining)) + remaining
 
 
 def acknowledgement(kind: int, packet_id: int, level: int, reason: int = SUCCESS) -> bytes:

@@ -197,8 +197,10 @@ class Server:
         alarm = next((reason for name, reason in ALARM_REASONS.items() if name in self.alarms), None)
         self.channel_limits.alarm = alarm
         if alarm is None:
-            for connection in [*self.connections, *self.mqtt_connections]:
+            for connection in list(self.connections):
                 connection.unblock()
+            for mqtt_connection in list(self.mqtt_connections):
+                mqtt_connection.unblock()
 
     def _memory_alarm_changed(self, active: bool) -> None:
         if active:

@@ -22,6 +22,7 @@ from broker.connection.auth import authenticate
 from broker.connection.mqtt import topics
 from broker.connection.mqtt.messages import amqp_header, encoded_properties, view_of
 from broker.connection.mqtt.replies import ChannelReplies
+from broker.connection.mqtt.subscriptions import Subscriptions, qos_of_consumer, queue_name
 from broker.connection.peer_log import PeerLog
 from broker.session.channel import Channel
 from protocol import mqtt
@@ -41,9 +42,8 @@ peer_log = PeerLog(log)  # every line about one client goes through here, so tha
 
 CONNECT_TIMEOUT: Final = 10.0  # seconds a client has to send CONNECT (RabbitMQ's login_timeout)
 UNAUTHENTICATED_PACKET_SIZE: Final = 65_536  # largest packet before the login (RabbitMQ 4.x's)
-QUEUE_PREFIX: Final = "mqtt-subscription-"  # the session queues: QUEUE_PREFIX + client id + "qos0" or "qos1"
-CONSUMER_TAGS: Final = (b"mqtt-qos0", b"mqtt-qos1")  # the consumer of each session queue
 SESSION_TTL: Final = 86_400_000  # ms a persistent session's queue outlives its client (RabbitMQ's subscription_ttl)
+TOPIC_ALIAS_MAXIMUM: Final = 16  # 5.0: topic aliases a client may set (as RabbitMQ 4.x)
 MAX_SESSION_EXPIRY: Final = 86_400  # seconds: the longest 5.0 session expiry interval granted (as RabbitMQ 4.x)
 READ_BUDGET: Final = 128 * 1024  # bytes read from one client per loop turn (as an AMQP connection's)
 OUTPUT_LIMIT: Final = 4 * 1024 * 1024  # unread bytes to a client above which it is not read until it reads them
@@ -105,9 +105,9 @@ class MqttConnection(asyncio.Protocol):
         self.next_packet_id = 1  # of the next QoS 1 message sent to the client
         self.inflight: dict[int, int] = {}  # packet id -> delivery tag (0: a retained message) awaiting PUBACK
         self.to_ack: list[int] = []  # deliveries of the QoS 1 queue sent at QoS 0: acked as soon as they are sent
-        self.subscriptions: dict[str, int] = {}  # topic filter -> QoS of the queue it is bound to
-        self.subscription_ids: dict[str, int] = {}  # 5.0: topic filter -> its subscription identifier
-        self.consuming = [False, False]  # whether the session queue of QoS 0 / 1 is consumed
+        self.subscriptions = Subscriptions(self)
+        self.topic_aliases: dict[int, str] = {}  # 5.0: the topics the client's publishes name by alias
+        self.client_max_packet = mqtt.MAX_REMAINING_LENGTH  # 5.0: the largest packet the client takes
         self.early: list[tuple[int, bytes]] = []  # packets that came while CONNECT was being answered
         self.out: list[bytes] = []
         self.out_size = 0
@@ -270,7 +270,11 @@ class MqttConnection(asyncio.Protocol):
         self.will = connect.will
         self.clean = connect.clean_start
         if connect.level == mqtt.MQTT_5:
-            self.session_expiry = min(connect.properties.get("session_expiry_interval", 0), MAX_SESSION_EXPIRY)
+            properties = connect.properties
+            self.session_expiry = min(properties.get("session_expiry_interval", 0), MAX_SESSION_EXPIRY)
+            if properties.get("receive_maximum") == 0 or properties.get("maximum_packet_size") == 0:
+                raise mqtt.protocol_error("a receive maximum or maximum packet size of 0")
+            self.client_max_packet = properties.get("maximum_packet_size", self.client_max_packet)
         elif not connect.clean_start:
             self.session_expiry = SESSION_TTL // 1000
         assigned = None
@@ -282,9 +286,9 @@ class MqttConnection(asyncio.Protocol):
                 self._refuse_connect(mqtt.REFUSED_IDENTIFIER, mqtt.CLIENT_IDENTIFIER_NOT_VALID)
                 return
             client_id = assigned = _generated_id()
-        if len((QUEUE_PREFIX + client_id + "qos0").encode()) > 255:
+        if len(queue_name(client_id, 0).encode()) > 255:
             peer_log.warning(self.peer_address, "MQTT cannot accept connection %s: its client id is longer than "
-                             "the %d bytes a queue name leaves it", self.name, 255 - len(QUEUE_PREFIX) - 4)
+                             "the %d bytes a queue name leaves it", self.name, 255 - len(queue_name("", 0)))
             self._refuse_connect(mqtt.REFUSED_IDENTIFIER, mqtt.CLIENT_IDENTIFIER_NOT_VALID)
             return
         self.client_id = client_id
@@ -338,8 +342,9 @@ class MqttConnection(asyncio.Protocol):
                       self.client_id)
         self._take_client_id()
         self.channel = Channel(self, _CHANNEL)
-        self._send_method(spec.Confirm.Select(), _nothing)
-        self._send_method(spec.Basic.Qos(prefetch_count=config.mqtt_prefetch), _nothing)
+        self.send_method(spec.Confirm.Select(), lambda: None)
+        prefetch = min(config.mqtt_prefetch, connect.properties.get("receive_maximum", config.mqtt_prefetch))
+        self.send_method(spec.Basic.Qos(prefetch_count=prefetch), lambda: None)
         self._open_session(lambda present: self._accepted(present, assigned))
 
     def _refuse_login(self) -> None:
@@ -388,18 +393,18 @@ class MqttConnection(asyncio.Protocol):
         """A clean session deletes the queue a persistent one left; a persistent one consumes the queues it left
         (done(present): whether there was a session to go on with)."""
         assert self.vhost is not None, "logged in"
-        name = self.queue_name(1)
+        name = self.subscriptions.queue_name(1)
         existed = name in self.vhost.queues
         if self.clean:
             if existed:
-                self._send_method(spec.Queue.Delete(queue=name), lambda: done(False), self._session_refused)
+                self.send_method(spec.Queue.Delete(queue=name), lambda: done(False), self._session_refused)
             else:
                 done(False)
             return
         if not existed:
             done(False)
             return
-        self._ensure_queue(1, lambda: done(True), self._session_refused)
+        self.subscriptions.ensure_queue(1, lambda: done(True), self._session_refused)
 
     def _session_refused(self, error: AMQPError) -> None:
         peer_log.warning(self.peer_address, "MQTT cannot start a session for connection %s: %s", self.name,
@@ -411,9 +416,9 @@ class MqttConnection(asyncio.Protocol):
             return
         properties: dict = {}
         if self.level == mqtt.MQTT_5:
-            properties = {"maximum_qos": 1, "retain_available": 1, "shared_subscription_available": 0,
+            properties = {"maximum_qos": 1, "retain_available": 1, "shared_subscription_available": 1,
                           "subscription_identifier_available": 1, "wildcard_subscription_available": 1,
-                          "topic_alias_maximum": 0, "maximum_packet_size": self.config.mqtt_max_packet_size}
+                          "topic_alias_maximum": TOPIC_ALIAS_MAXIMUM, "maximum_packet_size": self.config.mqtt_max_packet_size}
             if assigned is not None:
                 properties["assigned_client_identifier"] = assigned
         self.send(mqtt.connack(session_present, mqtt.ACCEPTED, self.level, properties))
@@ -439,9 +444,9 @@ class MqttConnection(asyncio.Protocol):
         elif isinstance(packet, mqtt.Acknowledgement):
             self._acknowledged(packet)
         elif isinstance(packet, mqtt.Subscribe):
-            self._subscribe(packet)
+            self.subscriptions.subscribe(packet)
         elif isinstance(packet, mqtt.Unsubscribe):
-            self._unsubscribe(packet)
+            self.subscriptions.unsubscribe(packet)
         elif isinstance(packet, mqtt.Ping):
             self.send(mqtt.PINGRESP_PACKET)
         elif isinstance(packet, mqtt.Disconnect):
@@ -454,13 +459,29 @@ class MqttConnection(asyncio.Protocol):
             raise mqtt.protocol_error("AUTH outside an authentication exchange")
 
     def _publish(self, packet: mqtt.Publish) -> None:
+        if "topic_alias" in packet.properties:
+            self._resolve_alias(packet)
         qos = min(packet.qos, 1)  # QoS 2 is taken as 1, as RabbitMQ does
         self._send_publish(packet.topic, packet.payload, qos, packet.dup, packet.properties)
         if qos:
             self.awaiting_confirm[self.next_seq - 1] = packet.packet_id
         if packet.retain:  # (once the channel took the publish: the user may write there)
+            assert self.vhost is not None, "logged in"
             self.server.node.retained.put(self.vhost.name, packet.topic, packet.payload, qos,
                                           _retained_properties(packet.properties))
+
+    def _resolve_alias(self, packet: mqtt.Publish) -> None:
+        """5.0: a topic alias set (with a topic) or used (without)."""
+        alias = packet.properties["topic_alias"]
+        if not 0 < alias <= TOPIC_ALIAS_MAXIMUM:
+            raise mqtt.MqttError(mqtt.TOPIC_ALIAS_INVALID, f"topic alias {alias} is outside 1 to {TOPIC_ALIAS_MAXIMUM}")
+        if packet.topic:
+            self.topic_aliases[alias] = packet.topic
+            return
+        topic = self.topic_aliases.get(alias)
+        if topic is None:
+            raise mqtt.protocol_error(f"topic alias {alias} was never set")
+        packet.topic = topic
 
     def _send_publish(self, topic: str, payload: bytes, qos: int, dup: bool, properties: dict) -> None:
         """basic.publish to the MQTT exchange, through the channel."""
@@ -492,91 +513,16 @@ class MqttConnection(asyncio.Protocol):
         if channel is not None and channel.open:
             channel.handle_frame(FRAME_METHOD, encode_ack(_CHANNEL, tag, False)[7:-1])
 
-    def _subscribe(self, packet: mqtt.Subscribe) -> None:
-        v5 = self.level == mqtt.MQTT_5
-        codes: list[int] = [mqtt.UNSPECIFIED_ERROR] * len(packet.subscriptions)
-        granted: list[tuple[str, int]] = []
-        identifier = (packet.properties.get("subscription_identifier") or [0])[0]
-        steps = _Countdown(lambda: self._subscribed(packet.packet_id, codes, granted))
-        for index, subscription in enumerate(packet.subscriptions):
-            topic_filter = subscription.topic_filter
-            problem = mqtt.topic_filter_problem(topic_filter)
-            if problem is None and topic_filter.startswith("$share/"):
-                problem = "shared subscriptions are not supported"
-                codes[index] = mqtt.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED if v5 else mqtt.UNSPECIFIED_ERROR
-            elif problem is None and len(topics.binding_key(topic_filter).encode()) > 255:
-                problem = "the topic filter is longer than the 255 bytes of a binding key"
-            elif problem is not None:
-                codes[index] = mqtt.TOPIC_FILTER_INVALID if v5 else mqtt.UNSPECIFIED_ERROR
-            if problem is not None:
-                peer_log.warning(self.peer_address, "MQTT connection %s: subscription to %.200r refused: %s",
-                                 self.name, topic_filter, problem)
-                continue
-            qos = min(subscription.qos, 1)
-            step = steps.step()
+    def log_refusal(self, topic_filter: str, why: str) -> None:
+        peer_log.warning(self.peer_address, "MQTT connection %s: subscription to %.200r refused: %s", self.name,
+                         topic_filter, why)
 
-            def bound(index=index, topic_filter=topic_filter, qos=qos, step=step,
-                      retain_handling=subscription.retain_handling) -> None:
-                new = topic_filter not in self.subscriptions
-                self.subscriptions[topic_filter] = qos
-                if identifier:
-                    self.subscription_ids[topic_filter] = identifier
-                else:
-                    self.subscription_ids.pop(topic_filter, None)
-                codes[index] = qos
-                if retain_handling == 0 or (retain_handling == 1 and new):
-                    granted.append((topic_filter, qos))
-                step()
-
-            def refused(error: AMQPError, index=index, step=step) -> None:
-                peer_log.warning(self.peer_address, "MQTT connection %s: subscription refused: %s", self.name,
-                                 error.reply_text)
-                codes[index] = mqtt.NOT_AUTHORIZED if v5 else mqtt.UNSPECIFIED_ERROR
-                step()
-
-            self._bind(topic_filter, qos, bound, refused)
-        steps.start()
-
-    def _bind(self, topic_filter: str, qos: int, bound: Callable[[], None],
-              refused: Callable[[AMQPError], None]) -> None:
-        """Bind the session queue of qos to the filter's key, after it is declared and consumed; a binding of the
-        other queue for the filter goes (a subscription made again with another QoS replaces the first, as
-        RabbitMQ 4.x does)."""
-        key = topics.binding_key(topic_filter)
-        exchange = self.config.mqtt_exchange
-        other = 1 - qos
-        if self.consuming[other]:
-            self._send_method(spec.Queue.Unbind(queue=self.queue_name(other), exchange=exchange, routing_key=key),
-                              _nothing, _ignored)
-        self._ensure_queue(qos, lambda: self._send_method(
-            spec.Queue.Bind(queue=self.queue_name(qos), exchange=exchange, routing_key=key), bound, refused),
-            refused)
-
-    def _ensure_queue(self, qos: int, then: Callable[[], None], refused: Callable[[AMQPError], None]) -> None:
-        """Declare the session queue of qos and consume it, once per connection."""
-        if self.consuming[qos]:
-            then()
-            return
-        name = self.queue_name(qos)
-        if qos == 0:  # (QoS 0 messages never outlive the connection, as with RabbitMQ)
-            declare = spec.Queue.Declare(queue=name, durable=False, auto_delete=True)
-        elif self.clean and not self.session_expiry:
-            declare = spec.Queue.Declare(queue=name, durable=True, auto_delete=True)
-        else:
-            declare = spec.Queue.Declare(queue=name, durable=True, arguments={
-                "x-expires": max(self.session_expiry, 1) * 1000})
-
-        def declared() -> None:
-            self.consuming[qos] = True
-            self._send_method(spec.Basic.Consume(queue=name, consumer_tag=CONSUMER_TAGS[qos].decode(),
-                                                 no_ack=qos == 0), then, refused)
-
-        self._send_method(declare, declared, refused)
-
-    def _subscribed(self, packet_id: int, codes: list[int], granted: list[tuple[str, int]]) -> None:
+    def subscribed(self, packet_id: int, codes: list[int], granted: list[tuple[str, int]]) -> None:
+        """SUBACK, then the retained messages the new subscriptions (topic filter, QoS) match."""
         if self.state is not OPEN:
             return
         self.send(mqtt.suback(packet_id, codes, self.level))
+        assert self.vhost is not None, "logged in"
         retained = self.server.node.retained
         for topic_filter, qos in granted:
             for message in retained.matching(self.vhost.name, lambda topic: topics.matches(topic_filter, topic)):
@@ -588,34 +534,13 @@ class MqttConnection(asyncio.Protocol):
         properties = b""
         if self.level == mqtt.MQTT_5:
             extra = dict(message.properties)
-            if identifier := self.subscription_ids.get(topic_filter):
+            if identifier := self.subscriptions.identifiers.get(topic_filter):
                 extra["subscription_identifier"] = [identifier]
             properties = mqtt.encode_properties(extra)
         self.send(mqtt.publish(message.topic.encode(), message.payload, qos, True, False, packet_id, properties))
 
-    def _unsubscribe(self, packet: mqtt.Unsubscribe) -> None:
-        codes = [mqtt.SUCCESS] * len(packet.topic_filters)
-        steps = _Countdown(lambda: self.send(mqtt.unsuback(packet.packet_id, codes, self.level)))
-        exchange = self.config.mqtt_exchange
-        for index, topic_filter in enumerate(packet.topic_filters):
-            if self.subscriptions.pop(topic_filter, None) is None:
-                codes[index] = mqtt.NO_SUBSCRIPTION_EXISTED
-            self.subscription_ids.pop(topic_filter, None)
-            key = topics.binding_key(topic_filter)
-            if len(key.encode()) > 255:
-                continue
-            for qos in (0, 1):  # (a session carried over may have bound either)
-                if self.consuming[qos]:
-                    step = steps.step()
-                    self._send_method(spec.Queue.Unbind(queue=self.queue_name(qos), exchange=exchange,
-                                                        routing_key=key), step, lambda error, step=step: step())
-        steps.start()
-
-    def queue_name(self, qos: int) -> str:
-        return f"{QUEUE_PREFIX}{self.client_id}qos{qos}"
-
     # --- the channel -------------------------------------------------------------------------------------------
-    def _send_method(self, method, ok: Callable[[], None],
+    def send_method(self, method, ok: Callable[[], None],
                      refused: Callable[[AMQPError], None] | None = None) -> None:
         """Hand the channel a method; ok() once it replied, refused(error) if it refused it (None: the refusal
         ends the connection)."""
@@ -661,27 +586,28 @@ class MqttConnection(asyncio.Protocol):
     def delivered(self, consumer_tag: bytes, delivery_tag: int, redelivered: bool, routing_key: bytes,
                   header_payload: bytes, body: bytes) -> None:
         view = view_of(header_payload)
-        from_qos1 = consumer_tag == CONSUMER_TAGS[1]
+        from_qos1 = qos_of_consumer(consumer_tag) == 1
         qos = min(view.qos, 1) if from_qos1 else 0
         topic = topics.topic(routing_key.decode())
         properties = b""
         if self.level == mqtt.MQTT_5:
-            identifier = self._subscription_identifier(topic)
+            identifier = self.subscriptions.identifier_for(topic)
             properties = encoded_properties(view, {"subscription_identifier": [identifier]} if identifier else None)
+        topic_bytes = topic.encode()
+        if self.client_max_packet < mqtt.MAX_REMAINING_LENGTH and mqtt.publish_size(
+                topic_bytes, body, qos, properties) > self.client_max_packet:
+            peer_log.warning(self.peer_address, "MQTT connection %s: a message is dropped: the client takes "
+                             "packets of %d bytes at most", self.described(), self.client_max_packet)
+            if from_qos1:
+                self.to_ack.append(delivery_tag)  # (5.0: as if sent, the spec says)
+            return
         if qos:
             packet_id = self._packet_id(delivery_tag)
-            self.send(mqtt.publish(topic.encode(), body, 1, False, redelivered or view.dup, packet_id, properties))
+            self.send(mqtt.publish(topic_bytes, body, 1, False, redelivered or view.dup, packet_id, properties))
         else:
             if from_qos1:
                 self.to_ack.append(delivery_tag)
-            self.send(mqtt.publish(topic.encode(), body, 0, False, False, 0, properties))
-
-    def _subscription_identifier(self, topic: str) -> int:
-        """5.0: the identifier of a subscription of the client that the topic matches (0: none)."""
-        for topic_filter, identifier in self.subscription_ids.items():
-            if topics.matches(topic_filter, topic):
-                return identifier
-        return 0
+            self.send(mqtt.publish(topic_bytes, body, 0, False, False, 0, properties))
 
     def _packet_id(self, delivery_tag: int) -> int:
         inflight = self.inflight
@@ -898,34 +824,6 @@ class MqttConnection(asyncio.Protocol):
             if self.server.mqtt_clients.get(key) is self:
                 del self.server.mqtt_clients[key]
         self.server.mqtt_connections.discard(self)
-
-
-class _Countdown:
-    """Calls done() once every step it handed out was taken, and start() was called."""
-
-    def __init__(self, done: Callable[[], None]):
-        self.done = done
-        self.left = 1  # (start's own)
-
-    def step(self) -> Callable[[], None]:
-        self.left += 1
-        return self._taken
-
-    def start(self) -> None:
-        self._taken()
-
-    def _taken(self) -> None:
-        self.left -= 1
-        if self.left == 0:
-            self.done()
-
-
-def _nothing() -> None:
-    pass
-
-
-def _ignored(error: AMQPError) -> None:
-    pass
 
 
 def _retained_properties(properties: dict) -> dict:

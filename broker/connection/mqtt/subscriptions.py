@@ -1,0 +1,252 @@
+"""An MQTT session's subscriptions as the AMQP objects RabbitMQ makes of them: the session queues
+mqtt-subscription-<client id>qos0 and qos1, each bound to the MQTT exchange by the filters subscribed at that QoS
+and consumed by the connection's channel; and 5.0's shared subscriptions ($share/<group>/<filter>), one queue per
+group and filter that the members' channels consume in turn."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Final
+
+from pamqp import commands as spec
+
+from broker.connection.mqtt import topics
+from protocol import mqtt
+from protocol.errors import AMQPError
+
+if TYPE_CHECKING:
+    from broker.connection.mqtt.connection import MqttConnection
+
+QUEUE_PREFIX: Final = "mqtt-subscription-"  # the session queues: QUEUE_PREFIX + client id + "qos0" or "qos1"
+SHARED_PREFIX: Final = "mqtt-shared-"  # a shared subscription's queue: SHARED_PREFIX + group + "/" + filter
+SHARE: Final = "$share/"  # how a shared subscription's filter begins
+CONSUMER_TAGS: Final = (b"mqtt-qos0", b"mqtt-qos1")  # the consumer of each session queue
+SHARED_TAGS: Final = (b"mqtt-share0:", b"mqtt-share1:")  # before a shared queue's name in its consumer's tag
+
+
+def queue_name(client_id: str, qos: int) -> str:
+    return f"{QUEUE_PREFIX}{client_id}qos{qos}"
+
+
+def qos_of_consumer(consumer_tag: bytes) -> int:
+    """The QoS of the subscription whose consumer delivered a message."""
+    return 1 if consumer_tag == CONSUMER_TAGS[1] or consumer_tag.startswith(SHARED_TAGS[1]) else 0
+
+
+def _shared(topic_filter: str) -> tuple[str, str] | None:
+    """(group, filter) of a shared subscription's filter, or None for another."""
+    if not topic_filter.startswith(SHARE):
+        return None
+    group, _, inner = topic_filter[len(SHARE):].partition("/")
+    return group, inner
+
+
+class Subscriptions:
+    """A connection's subscriptions, made and undone through its channel (MqttConnection.send_method)."""
+
+    def __init__(self, connection: "MqttConnection"):
+        self.connection = connection
+        self.filters: dict[str, int] = {}  # topic filter (shared ones whole) -> its QoS
+        self.identifiers: dict[str, int] = {}  # 5.0: topic filter (a shared one's inner filter) -> its identifier
+        self.consuming = [False, False]  # whether the session queue of QoS 0 / 1 is consumed
+
+    # --- subscribe -----------------------------------------------------------------------------------------------
+    def subscribe(self, packet: mqtt.Subscribe) -> None:
+        """Make each subscription, then SUBACK with each one's granted QoS or refusal, then the retained messages
+        the new subscriptions match."""
+        connection = self.connection
+        v5 = connection.level == mqtt.MQTT_5
+        codes: list[int] = [mqtt.UNSPECIFIED_ERROR] * len(packet.subscriptions)
+        granted: list[tuple[str, int]] = []
+        identifier = (packet.properties.get("subscription_identifier") or [0])[0]
+        steps = Countdown(lambda: connection.subscribed(packet.packet_id, codes, granted))
+        for index, subscription in enumerate(packet.subscriptions):
+            topic_filter = subscription.topic_filter
+            shared = _shared(topic_filter) if v5 else None
+            code, problem = self._problem(topic_filter, shared, v5)
+            if problem is not None:
+                codes[index] = code
+                connection.log_refusal(topic_filter, problem)
+                continue
+            qos = min(subscription.qos, 1)
+            step = steps.step()
+
+            def made(index=index, topic_filter=topic_filter, qos=qos, step=step, shared=shared,
+                     retain_handling=subscription.retain_handling) -> None:
+                new = topic_filter not in self.filters
+                self.filters[topic_filter] = qos
+                inner = shared[1] if shared else topic_filter
+                if identifier:
+                    self.identifiers[inner] = identifier
+                else:
+                    self.identifiers.pop(inner, None)
+                codes[index] = qos
+                # (a shared subscription gets no retained messages, as the spec says)
+                if shared is None and (retain_handling == 0 or (retain_handling == 1 and new)):
+                    granted.append((topic_filter, qos))
+                step()
+
+            def refused(error: AMQPError, index=index, step=step, topic_filter=topic_filter) -> None:
+                connection.log_refusal(topic_filter, error.reply_text)
+                codes[index] = mqtt.NOT_AUTHORIZED if v5 else mqtt.UNSPECIFIED_ERROR
+                step()
+
+            if shared is not None:
+                self._share(shared, topic_filter, qos, made, refused)
+            else:
+                self._bind(topic_filter, qos, made, refused)
+        steps.start()
+
+    def _problem(self, topic_filter: str, shared: tuple[str, str] | None, v5: bool) -> tuple[int, str | None]:
+        """(the refusal's reason code, why) for a filter that cannot be subscribed; (0, None) for one that can."""
+        invalid = mqtt.TOPIC_FILTER_INVALID if v5 else mqtt.UNSPECIFIED_ERROR
+        if shared is not None:
+            group, inner = shared
+            if not group or "+" in group or "#" in group or not inner:
+                return invalid, "a shared subscription is $share/<group>/<filter>, the group without wildcards"
+            problem = mqtt.topic_filter_problem(inner)
+            if problem is None and len(f"{SHARED_PREFIX}{group}/{inner}".encode()) > 255 - len(SHARED_TAGS[1]):
+                problem = "the shared subscription's queue name would be longer than 255 bytes"
+        else:
+            problem = mqtt.topic_filter_problem(topic_filter)
+            inner = topic_filter
+        if problem is None and len(topics.binding_key(inner).encode()) > 255:
+            problem = "the topic filter is longer than the 255 bytes of a binding key"
+        return (invalid, problem) if problem is not None else (0, None)
+
+    def _bind(self, topic_filter: str, qos: int, bound: Callable[[], None],
+              refused: Callable[[AMQPError], None]) -> None:
+        """Bind the session queue of qos to the filter's key, after it is declared and consumed; a binding of the
+        other queue for the filter goes (a subscription made again with another QoS replaces the first, as
+        RabbitMQ 4.x does)."""
+        connection = self.connection
+        key = topics.binding_key(topic_filter)
+        exchange = connection.config.mqtt_exchange
+        other = 1 - qos
+        if self.consuming[other]:
+            connection.send_method(spec.Queue.Unbind(queue=self.queue_name(other), exchange=exchange,
+                                                     routing_key=key), _nothing, _ignored)
+        self.ensure_queue(qos, lambda: connection.send_method(
+            spec.Queue.Bind(queue=self.queue_name(qos), exchange=exchange, routing_key=key), bound, refused),
+            refused)
+
+    def ensure_queue(self, qos: int, then: Callable[[], None], refused: Callable[[AMQPError], None]) -> None:
+        """Declare the session queue of qos and consume it, once per connection: QoS 0's never outlives the
+        connection, QoS 1's does in a persistent session (for its session expiry; 3.1.1: a day, RabbitMQ's
+        subscription_ttl)."""
+        if self.consuming[qos]:
+            then()
+            return
+        connection = self.connection
+        name = self.queue_name(qos)
+        if qos == 0:
+            declare = spec.Queue.Declare(queue=name, durable=False, auto_delete=True)
+        elif not connection.session_expiry:
+            declare = spec.Queue.Declare(queue=name, durable=True, auto_delete=True)
+        else:
+            declare = spec.Queue.Declare(queue=name, durable=True, arguments={
+                "x-expires": connection.session_expiry * 1000})
+
+        def declared() -> None:
+            self.consuming[qos] = True
+            connection.send_method(spec.Basic.Consume(queue=name, consumer_tag=CONSUMER_TAGS[qos].decode(),
+                                                      no_ack=qos == 0), then, refused)
+
+        connection.send_method(declare, declared, refused)
+
+    def _share(self, shared: tuple[str, str], topic_filter: str, qos: int, made: Callable[[], None],
+               refused: Callable[[AMQPError], None]) -> None:
+        """Join a group's shared subscription: its queue (gone with its last member) bound to the filter, and a
+        consumer of this connection's on it. Made again with another QoS, the consumer is made again."""
+        connection = self.connection
+        group, inner = shared
+        name = f"{SHARED_PREFIX}{group}/{inner}"
+        exchange = connection.config.mqtt_exchange
+        earlier = self.filters.get(topic_filter)
+        if earlier is not None:
+            if earlier == qos:
+                made()
+                return
+            connection.send_method(spec.Basic.Cancel(consumer_tag=(SHARED_TAGS[earlier] + name.encode()).decode()),
+                                   _nothing, _ignored)
+
+        def declared() -> None:
+            connection.send_method(spec.Queue.Bind(queue=name, exchange=exchange,
+                                                   routing_key=topics.binding_key(inner)), bound, refused)
+
+        def bound() -> None:
+            connection.send_method(spec.Basic.Consume(queue=name, consumer_tag=(SHARED_TAGS[qos] + name.encode())
+                                                      .decode(), no_ack=qos == 0), made, refused)
+
+        connection.send_method(spec.Queue.Declare(queue=name, durable=True, auto_delete=True), declared, refused)
+
+    # --- unsubscribe ---------------------------------------------------------------------------------------------
+    def unsubscribe(self, packet: mqtt.Unsubscribe) -> None:
+        connection = self.connection
+        codes = [mqtt.SUCCESS] * len(packet.topic_filters)
+        steps = Countdown(lambda: connection.send(mqtt.unsuback(packet.packet_id, codes, connection.level)))
+        exchange = connection.config.mqtt_exchange
+        for index, topic_filter in enumerate(packet.topic_filters):
+            qos = self.filters.pop(topic_filter, None)
+            if qos is None:
+                codes[index] = mqtt.NO_SUBSCRIPTION_EXISTED
+            shared = _shared(topic_filter) if connection.level == mqtt.MQTT_5 else None
+            self.identifiers.pop(shared[1] if shared else topic_filter, None)
+            if shared is not None:
+                if qos is not None:
+                    step = steps.step()
+                    tag = SHARED_TAGS[qos] + f"{SHARED_PREFIX}{shared[0]}/{shared[1]}".encode()
+                    connection.send_method(spec.Basic.Cancel(consumer_tag=tag.decode()), step, _anyway(step))
+                continue
+            key = topics.binding_key(topic_filter)
+            if len(key.encode()) > 255:
+                continue
+            for queue_qos in (0, 1):  # (a session carried over may have bound either)
+                if self.consuming[queue_qos]:
+                    step = steps.step()
+                    connection.send_method(spec.Queue.Unbind(queue=self.queue_name(queue_qos), exchange=exchange,
+                                                             routing_key=key), step, _anyway(step))
+        steps.start()
+
+    # --- what deliveries need ------------------------------------------------------------------------------------
+    def identifier_for(self, topic: str) -> int:
+        """5.0: the identifier of a subscription that the topic matches (0: none)."""
+        for topic_filter, identifier in self.identifiers.items():
+            if topics.matches(topic_filter, topic):
+                return identifier
+        return 0
+
+    def queue_name(self, qos: int) -> str:
+        return queue_name(self.connection.client_id, qos)
+
+
+class Countdown:
+    """Calls done() once every step it handed out was taken, and start() was called."""
+
+    def __init__(self, done: Callable[[], None]):
+        self.done = done
+        self.left = 1  # (start's own)
+
+    def step(self) -> Callable[[], None]:
+        self.left += 1
+        return self._taken
+
+    def start(self) -> None:
+        self._taken()
+
+    def _taken(self) -> None:
+        self.left -= 1
+        if self.left == 0:
+            self.done()
+
+
+def _nothing() -> None:
+    pass
+
+
+def _ignored(error: AMQPError) -> None:
+    pass
+
+
+def _anyway(step: Callable[[], None]) -> Callable[[AMQPError], None]:
+    """A refusal that counts as the step done (an unsubscribe is answered whatever its unbinding met)."""
+    return lambda error: step()
