@@ -404,7 +404,7 @@ class MqttConnection(asyncio.Protocol):
         if not existed:
             done(False)
             return
-        self.subscriptions.ensure_queue(1, lambda: done(True), self._session_refused)
+        self.subscriptions.ensure_queue(1, lambda: done(True), self._session_refused, resumed=True)
 
     def _session_refused(self, error: AMQPError) -> None:
         peer_log.warning(self.peer_address, "MQTT cannot start a session for connection %s: %s", self.name,
@@ -815,9 +815,13 @@ class MqttConnection(asyncio.Protocol):
                 timer.cancel()
         for queue in self.throttled_by:
             queue.throttled.discard(self)
-        channel, self.channel = self.channel, None
+        channel = self.channel
         if channel is not None and channel.open:
+            if not self.session_expiry and self.subscriptions.consuming[1]:
+                # the session ends with its connection (5.0's session expiry 0, also where it resumed one)
+                self.send_method(spec.Queue.Delete(queue=self.subscriptions.queue_name(1)), lambda: None)
             channel.shutdown()
+        self.channel = None
         if self.vhost is not None:
             self.vhost.counters.connections_closed += 1
             key = (self.vhost.name, self.client_id)

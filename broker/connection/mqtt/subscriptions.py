@@ -129,16 +129,19 @@ class Subscriptions:
             spec.Queue.Bind(queue=self.queue_name(qos), exchange=exchange, routing_key=key), bound, refused),
             refused)
 
-    def ensure_queue(self, qos: int, then: Callable[[], None], refused: Callable[[AMQPError], None]) -> None:
+    def ensure_queue(self, qos: int, then: Callable[[], None], refused: Callable[[AMQPError], None],
+                     resumed: bool = False) -> None:
         """Declare the session queue of qos and consume it, once per connection: QoS 0's never outlives the
         connection, QoS 1's does in a persistent session (for its session expiry; 3.1.1: a day, RabbitMQ's
-        subscription_ttl)."""
+        subscription_ttl). A session resumed keeps its queue as it is (resumed: declared passively)."""
         if self.consuming[qos]:
             then()
             return
         connection = self.connection
         name = self.queue_name(qos)
-        if qos == 0:
+        if resumed:
+            declare = spec.Queue.Declare(queue=name, passive=True)
+        elif qos == 0:
             declare = spec.Queue.Declare(queue=name, durable=False, auto_delete=True)
         elif not connection.session_expiry:
             declare = spec.Queue.Declare(queue=name, durable=True, auto_delete=True)

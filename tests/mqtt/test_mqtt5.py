@@ -1,0 +1,184 @@
+"""MQTT 5.0 with paho-mqtt: what CONNACK says of the server, properties carried to MQTT and AMQP subscribers alike,
+subscription identifiers, topic aliases, session expiry, shared subscriptions, reason codes."""
+
+from __future__ import annotations
+
+import time
+
+import pika
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from tests.mqtt.clients import Client, RawClient, connect_packet, connected, user_properties
+
+
+def v5(broker, client_id: str, **options):
+    return connected(broker, client_id, version=5, **options)
+
+
+def connect_properties(**values) -> Properties:
+    properties = Properties(PacketTypes.CONNECT)
+    for name, value in values.items():
+        setattr(properties, name, value)
+    return properties
+
+
+def test_connack_says_what_the_server_supports_and_assigns_a_client_id(broker):
+    client = Client(broker, "", version=5).connect()
+    try:
+        properties = client.connack[2]
+        assert properties.MaximumQoS == 1
+        assert properties.RetainAvailable == 1
+        assert properties.TopicAliasMaximum == 16
+        assert properties.SharedSubscriptionAvailable == 1
+        assert properties.SubscriptionIdentifierAvailable == 1
+        assert len(properties.AssignedClientIdentifier) == 22
+    finally:
+        client.disconnect()
+
+
+def test_user_properties_content_type_response_topic_and_correlation_data_reach_a_5_0_subscriber(broker, unique):
+    with v5(broker, f"{unique}-s") as subscriber, v5(broker, f"{unique}-p") as publisher:
+        subscriber.subscribe(f"{unique}/req", qos=1)
+        properties = user_properties(("region", "eu"), ("unit", "C"), ContentType="text/plain",
+                                     ResponseTopic=f"{unique}/replies/1", CorrelationData=b"\x00\x01id")
+        publisher.publish(f"{unique}/req", b"21.5", qos=1, properties=properties)
+        got = subscriber.receive().properties
+        assert sorted(got.UserProperty) == [("region", "eu"), ("unit", "C")]
+        assert (got.ContentType, got.ResponseTopic, got.CorrelationData) == (
+            "text/plain", f"{unique}/replies/1", b"\x00\x01id")
+
+
+def test_5_0_properties_are_amqp_properties_for_an_amqp_consumer(broker, unique):
+    connection = pika.BlockingConnection(pika.URLParameters(broker.url))
+    try:
+        channel = connection.channel()
+        channel.queue_declare(unique, exclusive=True)
+        channel.queue_bind(unique, "amq.topic", f"{unique}.req")
+        with v5(broker, f"{unique}-p") as publisher:
+            publisher.publish(f"{unique}/req", b"x", qos=1, properties=user_properties(
+                ("region", "eu"), ContentType="application/json", ResponseTopic=f"{unique}/replies",
+                CorrelationData=b"42", MessageExpiryInterval=60))
+        method, properties, body = next(channel.consume(unique, inactivity_timeout=10))
+        assert (properties.content_type, properties.reply_to, properties.correlation_id, properties.expiration) == (
+            "application/json", f"{unique}.replies", "42", "60000")
+        assert properties.headers["region"] == "eu"
+    finally:
+        connection.close()
+
+
+def test_deliveries_carry_the_identifier_of_the_subscription_they_match(broker, unique):
+    with v5(broker, f"{unique}-s") as subscriber, v5(broker, f"{unique}-p") as publisher:
+        identified = Properties(PacketTypes.SUBSCRIBE)
+        identified.SubscriptionIdentifier = 7
+        subscriber.subscribe(f"{unique}/a/#", qos=1, properties=identified)
+        publisher.publish(f"{unique}/a/b", b"x", qos=1)
+        assert subscriber.receive().properties.SubscriptionIdentifier == [7]
+
+
+def test_a_topic_alias_stands_for_its_topic(broker, unique):
+    with v5(broker, f"{unique}-s") as subscriber:
+        subscriber.subscribe(f"{unique}/long/topic/name", qos=1)
+        raw = RawClient(broker)
+        raw.send(connect_packet(f"{unique}-raw", level=5))
+        assert raw.read(3)[:1] == b"\x20"
+        topic = f"{unique}/long/topic/name".encode()
+        # PUBLISH QoS 0 with the topic and alias 1, then with no topic and alias 1
+        first = len(topic).to_bytes(2, "big") + topic + b"\x03\x23\x00\x01" + b"first"
+        second = b"\x00\x00\x03\x23\x00\x01" + b"second"
+        raw.send(bytes((0x30, len(first))) + first + bytes((0x30, len(second))) + second)
+        assert [subscriber.receive().payload, subscriber.receive().payload] == [b"first", b"second"]
+        raw.close()
+
+
+def test_an_unknown_topic_alias_ends_the_connection_with_a_protocol_error(broker, unique):
+    raw = RawClient(broker)
+    raw.send(connect_packet(f"{unique}-raw", level=5))
+    connack = raw.read(2)
+    raw.read(connack[1])
+    raw.send(b"\x30\x07\x00\x00\x03\x23\x00\x09x")  # PUBLISH with no topic and alias 9, never set
+    assert raw.read(4) == b"\xe0\x02\x82\x00"  # DISCONNECT, protocol error
+    assert raw.closed()
+    raw.close()
+
+
+def test_a_session_with_an_expiry_interval_outlives_the_connection(broker, unique):
+    first = Client(broker, f"{unique}-s", version=5, clean=False)
+    first.connect(connect_properties(SessionExpiryInterval=60))
+    first.subscribe(f"{unique}/a", qos=1)
+    first.disconnect()
+    with v5(broker, f"{unique}-p") as publisher:
+        publisher.publish(f"{unique}/a", b"kept", qos=1)
+    again = Client(broker, f"{unique}-s", version=5, clean=False)
+    again.connect(connect_properties(SessionExpiryInterval=0))
+    try:
+        assert again.connack[0] is True
+        assert again.receive().payload == b"kept"
+    finally:
+        again.disconnect()
+    last = Client(broker, f"{unique}-s", version=5, clean=False).connect()
+    try:
+        assert last.connack[0] is False  # expiry 0 ended the session with its connection
+    finally:
+        last.disconnect()
+
+
+def test_a_message_expiry_interval_is_a_per_message_ttl(broker, unique):
+    first = Client(broker, f"{unique}-s", version=5, clean=False)
+    first.connect(connect_properties(SessionExpiryInterval=60))
+    first.subscribe(f"{unique}/a", qos=1)
+    first.disconnect()
+    with v5(broker, f"{unique}-p") as publisher:
+        publisher.publish(f"{unique}/a", b"expires", qos=1, properties=user_properties(MessageExpiryInterval=1))
+        publisher.publish(f"{unique}/a", b"stays", qos=1)
+    time.sleep(1.2)  # (the expiry itself is what is tested)
+    again = Client(broker, f"{unique}-s", version=5, clean=False)
+    again.connect(connect_properties(SessionExpiryInterval=0))
+    try:
+        assert again.receive().payload == b"stays"
+        again.nothing_more()
+    finally:
+        again.disconnect()
+
+
+def test_a_shared_subscription_hands_each_message_to_one_member(broker, unique):
+    with v5(broker, f"{unique}-m1") as one, v5(broker, f"{unique}-m2") as two, \
+            v5(broker, f"{unique}-p") as publisher:
+        assert [code.value for code in one.subscribe(f"$share/workers/{unique}/jobs/+", qos=1)] == [1]
+        assert [code.value for code in two.subscribe(f"$share/workers/{unique}/jobs/+", qos=1)] == [1]
+        for number in range(10):
+            publisher.publish(f"{unique}/jobs/{number}", b"%d" % number, qos=1)
+        received: dict[bytes, str] = {}
+        deadline = time.monotonic() + 10
+        while len(received) < 10 and time.monotonic() < deadline:
+            for name, member in (("one", one), ("two", two)):
+                while not member.messages.empty():
+                    received[member.receive().payload] = name
+        assert sorted(received) == sorted(b"%d" % n for n in range(10))
+        assert set(received.values()) == {"one", "two"}  # in turn
+        one.nothing_more(0.1)
+        two.nothing_more(0.1)
+
+
+def test_reason_codes_of_suback_and_unsuback(broker, unique):
+    with v5(broker, f"{unique}-s") as client:
+        assert [code.value for code in client.unsubscribe(f"{unique}/never")] == [0x11]
+        client.subscribe(f"{unique}/a", qos=1)
+        assert [code.value for code in client.unsubscribe(f"{unique}/a")] == [0x00]
+    raw = RawClient(broker)  # (paho refuses to send a bad filter)
+    raw.send(connect_packet(f"{unique}-raw", level=5))
+    connack = raw.read(2)
+    raw.read(connack[1])
+    bad = f"{unique}/a/#/b".encode()
+    body = b"\x00\x05\x00" + len(bad).to_bytes(2, "big") + bad + b"\x01"
+    raw.send(bytes((0x82, len(body))) + body)
+    assert raw.read(6) == b"\x90\x04\x00\x05\x00\x8f"  # SUBACK: topic filter invalid
+    raw.close()
+
+
+def test_a_takeover_tells_a_5_0_client_why(broker, unique):
+    first = Client(broker, f"{unique}-same", version=5).connect()
+    with v5(broker, f"{unique}-same"):
+        assert first.disconnected.wait(10)
+        assert first.disconnect_reason.value == 0x8E
+    first.paho.loop_stop()
