@@ -117,6 +117,7 @@ FLOW_MAX_PAUSE: Final = 0.1
 
 
 class Connection(asyncio.Protocol):
+    protocol: Final = "AMQP 0-9-1"  # as the management API names it
     def __init__(self, server: "Server", handed: handoff.HandedOver | None = None):
         self.server = server
         # The handshake a front door answered for this connection, whose socket it handed to this process (which

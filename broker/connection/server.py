@@ -166,8 +166,7 @@ class Server:
         self.shovels = Shovels(self.node, config.cluster_name, self._loopback)  # run while this server serves
         self.federation = Federation(self.node, LinkSettings(  # its links too
             config.cluster_name, self._loopback, config.federation_internal_exchange_check_interval / 1000))
-        self.connections: set[Connection] = set()
-        self.mqtt_connections: set[MqttConnection] = set()
+        self.connections: set[Connection | MqttConnection] = set()  # every client's, whatever its protocol
         # the MQTT connection of each (vhost, client id): a second one with the same takes over
         self.mqtt_clients: dict[tuple[str, str], MqttConnection] = {}
         self.version = version()
@@ -199,8 +198,6 @@ class Server:
         if alarm is None:
             for connection in list(self.connections):
                 connection.unblock()
-            for mqtt_connection in list(self.mqtt_connections):
-                mqtt_connection.unblock()
 
     def _memory_alarm_changed(self, active: bool) -> None:
         if active:
@@ -371,8 +368,6 @@ class Server:
         for listener in (self.listener, self.tls_listener, self.mqtt_listener):
             if listener is not None:
                 listener.close()
-        for mqtt_connection in list(self.mqtt_connections):
-            mqtt_connection.close_for_shutdown()
         connections = list(self.connections)
         for connection in connections:
             connection.close_for_shutdown()

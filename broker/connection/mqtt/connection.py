@@ -115,7 +115,7 @@ class MqttConnection(asyncio.Protocol):
         self.write_paused = False  # (ChannelHost) the client reads too slowly: no deliveries until it catches up
         self.exclusive_queues: set = set()  # (ChannelHost) none: the session queues are never exclusive
         self.limits: ChannelLimits = server.channel_limits
-        self.frame_max = self.config.max_message_size + 4096  # (ChannelHost) a delivery's body in one frame
+        self.frame_max = 0  # (ChannelHost) no limit: a delivery's body comes in one frame (0 in the API, as RabbitMQ)
         self.client_capabilities: dict = {}  # (ChannelHost) none: it hears nothing of AMQP's extensions
         self.last_received = 0.0  # loop time of the last bytes from the client
         self.read_this_turn = 0
@@ -132,7 +132,11 @@ class MqttConnection(asyncio.Protocol):
         self.connected_at = 0  # wall-clock milliseconds, for the management API
         self.received_bytes = self.sent_bytes = 0
         self.tls = False
-        self.publish_count = 0  # messages it published (the management API's)
+        # What the management API shows of it, as it shows an AMQP connection (RabbitMQ's keys)
+        self.channels: dict[int, Channel] = {}  # its one channel, once logged in
+        self.channel_max = 1
+        self.client_properties: dict = {}  # RabbitMQ's for an MQTT client: product and client id
+        self.local: tuple | None = None  # (host, port) the client connected to
 
     # --- the socket --------------------------------------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:
@@ -145,10 +149,11 @@ class MqttConnection(asyncio.Protocol):
         local = transport.get_extra_info("sockname")
         self.peer_address, self.peer_port = (peer[0], peer[1]) if peer else ("", 0)
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.local = tuple(local) if local else None
         self.name = f"{self.peer} -> {local[0]}:{local[1]}" if local else self.peer
         self.connected_at = int(time.time() * 1000)
         self.last_received = self.loop.time()
-        self.server.mqtt_connections.add(self)
+        self.server.connections.add(self)
         self.timer = self.loop.call_later(CONNECT_TIMEOUT, self._connect_timeout)
 
     def data_received(self, data: bytes) -> None:
@@ -342,6 +347,8 @@ class MqttConnection(asyncio.Protocol):
                       self.client_id)
         self._take_client_id()
         self.channel = Channel(self, _CHANNEL)
+        self.channels = {_CHANNEL: self.channel}
+        self.client_properties = {"product": "MQTT client", "client_id": self.client_id}
         self.send_method(spec.Confirm.Select(), lambda: None)
         prefetch = min(config.mqtt_prefetch, connect.properties.get("receive_maximum", config.mqtt_prefetch))
         self.send_method(spec.Basic.Qos(prefetch_count=prefetch), lambda: None)
@@ -795,6 +802,16 @@ class MqttConnection(asyncio.Protocol):
             self.flush()
         self._terminate()
 
+    @property
+    def protocol(self) -> str:
+        """As the management API names it ("MQTT 3.1.1")."""
+        return f"MQTT {mqtt.VERSION_NAMES[self.level]}"
+
+    @property
+    def heartbeat(self) -> int:
+        """(The API's timeout) the keepalive."""
+        return self.keepalive
+
     def described(self) -> str:
         if self.vhost is None:
             return self.name
@@ -822,12 +839,13 @@ class MqttConnection(asyncio.Protocol):
                 self.send_method(spec.Queue.Delete(queue=self.subscriptions.queue_name(1)), lambda: None)
             channel.shutdown()
         self.channel = None
+        self.channels = {}
         if self.vhost is not None:
             self.vhost.counters.connections_closed += 1
             key = (self.vhost.name, self.client_id)
             if self.server.mqtt_clients.get(key) is self:
                 del self.server.mqtt_clients[key]
-        self.server.mqtt_connections.discard(self)
+        self.server.connections.discard(self)
 
 
 def _retained_properties(properties: dict) -> dict:

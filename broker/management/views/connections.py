@@ -58,7 +58,7 @@ def connection_json(request: web.Request, connection: "Connection") -> dict:
     data = {
         "name": connection.name, "node": http.node_name(), "vhost": connection.vhost.name,
         "user": connection.user, "user_who_performed_action": connection.user, "state": connection_state(connection),
-        "type": "network", "protocol": "AMQP 0-9-1",
+        "type": "network", "protocol": connection.protocol,
         "ssl": connection.tls,
         "host": local[0] if local else None, "port": local[1] if local else None, **http.peer(connection),
         "channels": len(connection.channels), "channel_max": connection.channel_max,

@@ -1,0 +1,49 @@
+"""MQTT connections and their sessions in the management API and the metrics, as AMQP ones are there."""
+
+from __future__ import annotations
+
+from tests.integration.management import add_user, delete_user, quote, request, set_permissions
+from tests.mqtt.clients import Client, connected
+from tests.waiting import wait_for
+
+
+def mqtt_connections(broker, unique: str) -> list[dict]:
+    return [c for c in request(broker, "GET", "/api/connections").body
+            if c["client_properties"].get("client_id", "").startswith(unique)]
+
+
+def test_an_mqtt_connection_is_listed_with_its_protocol_and_client_id(broker, unique):
+    with connected(broker, f"{unique}-a", keepalive=30), connected(broker, f"{unique}-b", version=5):
+        listed = sorted(mqtt_connections(broker, unique), key=lambda c: c["client_properties"]["client_id"])
+        assert [(c["protocol"], c["client_properties"], c["vhost"], c["user"], c["timeout"], c["channels"])
+                for c in listed] == [
+            ("MQTT 3.1.1", {"product": "MQTT client", "client_id": f"{unique}-a"}, "/", "guest", 30, 1),
+            ("MQTT 5.0", {"product": "MQTT client", "client_id": f"{unique}-b"}, "/", "guest", 60, 1)]
+
+
+def test_an_operator_closes_an_mqtt_connection_through_the_api(broker, unique):
+    client = Client(broker, f"{unique}-a").connect()
+    (listed,) = mqtt_connections(broker, unique)
+    assert request(broker, "DELETE", f"/api/connections/{quote(listed['name'])}").status == 204
+    assert client.disconnected.wait(10)
+    client.paho.loop_stop()
+    wait_for(lambda: not mqtt_connections(broker, unique), what="the connection gone from the list")
+
+
+def test_a_subscription_is_a_queue_and_binding_in_the_api(broker, unique):
+    with connected(broker, f"{unique}-s") as client:
+        client.subscribe(f"{unique}/rooms/+/t", qos=1)
+        queue = request(broker, "GET", f"/api/queues/%2F/mqtt-subscription-{unique}-sqos1").body
+        assert (queue["durable"], queue["auto_delete"], queue["consumers"]) == (True, True, 1)
+        bindings = request(broker, "GET", f"/api/queues/%2F/mqtt-subscription-{unique}-sqos1/bindings").body
+        assert [(b["source"], b["routing_key"]) for b in bindings if b["source"]] == [
+            ("amq.topic", f"{unique}.rooms.*.t")]
+
+
+def test_deleting_the_user_closes_its_mqtt_connections(broker, unique):
+    add_user(broker, unique, "secret")
+    set_permissions(broker, "/", unique)
+    client = Client(broker, f"{unique}-a", username=unique, password="secret").connect()
+    delete_user(broker, unique)
+    assert client.disconnected.wait(10)
+    client.paho.loop_stop()
