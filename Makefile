@@ -6,6 +6,7 @@ HOST ?= 127.0.0.1
 PORT ?= 5672
 MANAGEMENT_PORT ?= 15672
 PROMETHEUS_PORT ?= 15692
+MQTT_PORT ?= 1883
 DATA_DIR ?= ./data
 LOG_LEVEL ?= info
 
@@ -40,7 +41,7 @@ $(VENV)/.compiled: $(COMPILED_SOURCES) | $(VENV)/.installed-run
 	touch $@
 
 run: $(VENV)/.installed-run $(VENV)/.compiled
-	$(BIN)/python -m broker --host $(HOST) --port $(PORT) --management-port $(MANAGEMENT_PORT) --prometheus-port $(PROMETHEUS_PORT) --data-dir $(DATA_DIR) --log-level $(LOG_LEVEL)
+	$(BIN)/python -m broker --host $(HOST) --port $(PORT) --management-port $(MANAGEMENT_PORT) --prometheus-port $(PROMETHEUS_PORT) --mqtt-port $(MQTT_PORT) --data-dir $(DATA_DIR) --log-level $(LOG_LEVEL)
 
 # The suite runs on TEST_PROCESSES processes at once (pytest-xdist; most tests wait on a broker far more than they
 # compute), then the tests marked `alone` by themselves: they time the broker, or what runs at the same time, which

@@ -26,7 +26,8 @@ PAGES = [REPO_ROOT / "README.md", *(page for page in sorted((REPO_ROOT / "docs")
                                     if page.name not in SKETCHES)]
 FENCE = re.compile(r"^```(\S*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 LANGUAGES = {"python", "toml", "sh", "text", "yaml"}
-DEFAULT_PORTS = {"5672": "port", "15672": "management_port", "15692": "prometheus_port"}  # the docs show these
+DEFAULT_PORTS = {"5672": "port", "15672": "management_port", "15692": "prometheus_port",  # the docs show these
+                 "1883": "mqtt_port"}
 TOOLS = {"curl", "rabbitmqadmin", "warrenctl"}  # shell commands run against the test's broker
 SNIPPET_TIMEOUT = 180  # seconds; a Spark snippet starts a JVM
 
@@ -41,7 +42,7 @@ def with_broker_ports(code: str, broker) -> str:
     """The code with the broker's ports where the docs show the defaults (127.0.0.1:5672, -P 15672...)."""
     def port(match: re.Match) -> str:
         return str(getattr(broker, DEFAULT_PORTS[match.group(0)]))
-    return re.sub(r"(?<![0-9])(?:15672|15692|5672)(?![0-9])", port, code)
+    return re.sub(r"(?<![0-9])(?:15672|15692|5672|1883)(?![0-9])", port, code)
 
 
 def test_every_block_says_what_it_is():
@@ -94,7 +95,18 @@ def spark_wrote(broker, directory: Path, output: str) -> None:
     assert list(directory.glob("events/batch=*/*.parquet"))
 
 
-EFFECTS = {"README.md": printed_hello, "spark.md": spark_wrote}  # what each page's Python is seen to do
+def mqtt_went_both_ways(broker, directory: Path, output: str) -> None:
+    """The MQTT subscriber got its own publishes and the AMQP one; the AMQP queue got an MQTT one, with its headers
+    (the subscriber's lines and the AMQP consumer's come from two threads: in either order)."""
+    assert sorted(output.splitlines()) == [
+        "sensors.room2.temperature b'19.0' {'x-mqtt-publish-qos': 1, 'x-mqtt-dup': False}",
+        "sensors/room1/temperature b'21.5'",
+        "sensors/room2/temperature b'19.0'",
+        "sensors/room3/temperature b'20.0'"]
+
+
+# what each page's Python is seen to do
+EFFECTS = {"README.md": printed_hello, "spark.md": spark_wrote, "mqtt.md": mqtt_went_both_ways}
 
 
 def commands(code: str) -> list[list[str]]:

@@ -1,0 +1,114 @@
+"""The MQTT front door of a node of workers: it reads a client's CONNECT, takes the vhost from it (the user name's
+"vhost:user", else [mqtt] vhost), and sends the client where that vhost is served, as the AMQP front door does
+(broker.connection.front_door): to a worker of this node, its socket handed over with every byte it sent
+(broker.connection.handoff), which reads them as its own client's. The login is checked there. A vhost led on
+another node, or by none now, is refused with CONNACK 3 (server unavailable): the client connects again."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from typing import Any
+
+from broker.connection import handoff
+from broker.connection.front_door import FrontDoors
+from broker.connection.mqtt.connection import CONNECT_TIMEOUT, UNAUTHENTICATED_PACKET_SIZE, vhost_and_user
+from broker.connection.peer_log import PeerLog
+from protocol import mqtt
+
+log = logging.getLogger(__name__)
+peer_log = PeerLog(log)
+
+PROTOCOL: str = "mqtt"  # a hand-off's protocol (handoff.HandedOver.protocol)
+
+
+async def open_mqtt_doors(doors: FrontDoors, **where: Any) -> asyncio.Server:
+    """A listener whose every client comes in through an MQTT front door; where: host and port, or sock."""
+    return await asyncio.get_running_loop().create_server(lambda: MqttFrontDoor(doors), backlog=1024, **where)
+
+
+class MqttFrontDoor(asyncio.Protocol):
+    """One MQTT client, until its CONNECT is read."""
+
+    def __init__(self, doors: FrontDoors) -> None:
+        self.doors = doors
+        self.transport: Any = None
+        self.reader = mqtt.PacketReader(UNAUTHENTICATED_PACKET_SIZE)
+        self.kept = bytearray()  # everything the client sent
+        self.peer: tuple = ("", 0)
+        self.local: tuple = ("", 0)
+        self.connected_at = 0
+        self.timer: asyncio.TimerHandle | None = None
+        self.level = mqtt.MQTT_3_1_1  # the protocol level CONNECT asked for (a refusal's CONNACK is of that level)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.peer = tuple(transport.get_extra_info("peername") or ("", 0))[:2]
+        self.local = tuple(transport.get_extra_info("sockname") or ("", 0))[:2]
+        self.connected_at = int(time.time() * 1000)
+        if self.doors.suspended:
+            self.transport.abort()
+            return
+        self.timer = asyncio.get_running_loop().call_later(CONNECT_TIMEOUT, self._timed_out)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _timed_out(self) -> None:
+        peer_log.warning(self.peer[0], "closing MQTT connection from %s:%s (login timeout)", *self.peer)
+        self.transport.abort()
+
+    def data_received(self, data: bytes) -> None:
+        self.kept += data
+        try:
+            packets = self.reader.feed(data)
+        except mqtt.MqttError:
+            self._go(None)  # (the worker reads the same bytes, and says what is wrong with them)
+            return
+        if not packets:
+            return
+        first, body = packets[0]
+        vhost = None
+        if first == mqtt.CONNECT << 4:
+            try:
+                connect = mqtt.read_connect(body)
+                self.level = connect.level
+                vhost = vhost_and_user(connect.username or "", self.doors.config.mqtt_vhost)[0]
+            except mqtt.MqttError:
+                pass
+        self._go(vhost)
+
+    def _go(self, vhost: str | None) -> None:
+        self.transport.pause_reading()
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        route = self.doors.route(vhost, False)
+        if not isinstance(route, socket.socket):
+            why = route if isinstance(route, str) else "its vhost is led on another node (MQTT goes to that node)"
+            peer_log.warning(self.peer[0], "closing MQTT connection from %s:%s: %s", *self.peer, why)
+            self._refuse()
+            return
+        handed = handoff.HandedOver(user="", peer=list(self.peer), local=list(self.local),
+                                    connected_at=self.connected_at, received_bytes=0, sent_bytes=0,
+                                    answered=0, data=bytes(self.kept), protocol=PROTOCOL)
+        try:
+            handoff.hand_over(self.transport, route, handed, self.doors.splicing)
+        except OSError as error:
+            peer_log.warning(self.peer[0], "closing MQTT connection from %s:%s: cannot hand it to the worker that "
+                             "serves its vhost: %s", *self.peer, error)
+            self._refuse()
+
+    def _refuse(self) -> None:
+        """CONNACK 3, server unavailable (5.0: 0x88), then close."""
+        if not self.transport.is_closing():
+            code = mqtt.SERVER_UNAVAILABLE if self.level == mqtt.MQTT_5 else mqtt.REFUSED_SERVER_UNAVAILABLE
+            self.transport.write(mqtt.connack(False, code, self.level))
+            self.transport.close()
