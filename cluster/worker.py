@@ -36,6 +36,8 @@ from broker.connection.front_door import FrontDoors, Route, close_frame, open_do
 from broker.connection.greeting import platform_name
 from broker.connection.connection import Connection
 from broker.connection.handoff import HandedOver, receive_all
+from broker.connection.mqtt.connection import MqttConnection
+from broker.connection.mqtt.front_door import PROTOCOL as MQTT, mqtt_unavailable, open_mqtt_doors
 from broker.connection.server import Server, StartupError, stop_on_signals, version
 from broker.connection.tls import server_context
 from broker.crossing.home import Crossing
@@ -248,8 +250,8 @@ class GroupWorker:
             node.clear_permissions(user, vhost)
 
     # --- the front doors ------------------------------------------------------------------------------------
-    def route(self, vhost: str | None, forwarded: bool) -> Route:
-        if vhost is not None and self._keeps_copy(vhost):  # ([server] spread_vhosts: served here)
+    def route(self, vhost: str | None, forwarded: bool, copies: bool = True) -> Route:
+        if copies and vhost is not None and self._keeps_copy(vhost):  # ([server] spread_vhosts: served here)
             return self.senders[self.number]
         group = self.groups.of(vhost) if vhost is not None else DEFAULT_GROUP
         leader = self.board.entries.get(group_key(group))
@@ -281,10 +283,11 @@ class Adoption:
         server = self.serving()
         if server is None or not server.serving:
             refuse(client, "INTERNAL_ERROR - vhost unavailable: its leader changed while the connection was handed "
-                           "to it; connect again")
+                           "to it; connect again", handed.protocol)
             return
         loop = asyncio.get_running_loop()
-        task = loop.create_task(loop.connect_accepted_socket(lambda: Connection(server, handed), client))
+        protocol = MqttConnection if handed.protocol == MQTT else Connection
+        task = loop.create_task(loop.connect_accepted_socket(lambda: protocol(server, handed), client))
         self.adopting.add(task)
         task.add_done_callback(lambda done: self._adopted(done, client, handed))
 
@@ -296,11 +299,12 @@ class Adoption:
             client.close()
 
 
-def refuse(client: socket.socket, text: str) -> None:
-    """Close a handed connection with 541 and text, as far as its socket takes it at once."""
+def refuse(client: socket.socket, text: str, protocol: str = "amqp") -> None:
+    """Close a handed connection with 541 and text (an MQTT client: CONNACK 3, server unavailable), as far as its
+    socket takes it at once."""
     client.setblocking(False)
     try:
-        client.send(close_frame(INTERNAL_ERROR, text))
+        client.send(mqtt_unavailable() if protocol == MQTT else close_frame(INTERNAL_ERROR, text))
     except OSError:
         pass
     client.close()
@@ -524,6 +528,9 @@ async def serve(control_socket: socket.socket) -> None:
             if instructions["listening_tls"] is not None:  # amqps: the TLS session ends at the front door
                 listeners.append(await open_doors(doors, server_context(config),
                                                   sock=socket.socket(fileno=instructions["listening_tls"])))
+            for name, fd in instructions["listening_mqtt"].items():  # (MQTT over TLS: as amqps)
+                tls = server_context(config) if name == "mqtt_tls" else None
+                listeners.append(await open_mqtt_doors(doors, tls, sock=socket.socket(fileno=fd)))
         await running
     finally:
         for task in (*background, following):

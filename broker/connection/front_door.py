@@ -31,7 +31,7 @@ import ssl
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Union
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Union
 
 from pamqp import commands as spec
 
@@ -73,6 +73,13 @@ TURNED_AWAY = ("CONNECTION_FORCED - broker forced connection closure with reason
 Route = Union[socket.socket, tuple[str, int], str]
 
 
+class Router(Protocol):
+    def __call__(self, vhost: str | None, forwarded: bool, copies: bool = True) -> Route:
+        """Where a client of vhost goes; copies: a worker that keeps a copy of the vhost ([server] spread_vhosts)
+        may serve it (False: its home alone, which keeps what its MQTT clients share)."""
+        ...
+
+
 @dataclass
 class FrontDoors:
     """What every front door of a process shares."""
@@ -82,7 +89,7 @@ class FrontDoors:
     platform: str
     # Where a connection to a vhost goes (None: whatever the front door could not read goes to the default group);
     # forwarded: it came from another node's front door, so only a worker of this node may take it
-    route: Callable[[str | None, bool], Route]
+    route: Router
     secret: Callable[[], str]  # the cluster's, which forwards between nodes are proven with ("": not learnt yet)
     # The broker of this process while it holds the node's users (it leads its group): logins are checked here
     users: Callable[[], Server | None] = lambda: None

@@ -48,7 +48,8 @@ class HandedOver:
     # Handshake frames the front door answered (1: connection.start, 2: and connection.tune): the receiving worker
     # runs the handshake from start-ok on, leaving them unsent
     answered: int = 1
-    data: bytes = b""  # the client's bytes after its protocol header
+    data: bytes = b""  # the client's bytes after its protocol header (MQTT: all of them)
+    protocol: str = "amqp"  # or "mqtt" (broker.connection.mqtt.front_door)
 
 
 def encode(handed: HandedOver) -> bytes:

@@ -175,6 +175,7 @@ class Server:
         self.tls_listener: asyncio.base_events.Server | None = None  # amqps, when [tls] names a certificate
         self.tls_context: ssl.SSLContext | None = None  # the amqps listener's (the management API's too, if asked)
         self.mqtt_listener: asyncio.base_events.Server | None = None  # [mqtt] port's
+        self.mqtt_tls_listener: asyncio.base_events.Server | None = None  # [mqtt] tls_port's
         limit = memory_limit(config.memory_high_watermark, config.memory_limit)
         self.memory_alarm = MemoryAlarm(limit, self._memory_alarm_changed)  # blocks publishers above the limit
         self.alarms: set[str] = set()  # resources whose alarm is on (keys of ALARM_REASONS)
@@ -230,6 +231,9 @@ class Server:
             self.tls_listener = await self._listen(config.tls_port, self.tls_context)
         if config.mqtt_port:
             self.mqtt_listener = await self._listen(config.mqtt_port, None, lambda: MqttConnection(self))
+        if config.mqtt_tls_port:
+            self.mqtt_tls_listener = await self._listen(config.mqtt_tls_port, self.tls_context,
+                                                        lambda: MqttConnection(self))
 
     async def start(self) -> None:
         """Take the ports if take_ports() has not, recover durable state, then serve."""
@@ -238,8 +242,8 @@ class Server:
         await self._recover()
         release_freed_memory()
         self.memory_alarm.start()
-        for listener, what in ((self.mqtt_listener, " (MQTT)"), (self.tls_listener, " (AMQP over TLS)"),
-                               (self.listener, "")):
+        for listener, what in ((self.mqtt_listener, " (MQTT)"), (self.mqtt_tls_listener, " (MQTT over TLS)"),
+                               (self.tls_listener, " (AMQP over TLS)"), (self.listener, "")):
             if listener is not None:
                 await listener.start_serving()
                 host, port = listener.sockets[0].getsockname()[:2]
@@ -247,6 +251,10 @@ class Server:
         self.serving = True
         self.shovels.start()
         self.federation.start()
+
+    def listeners(self) -> list[asyncio.base_events.Server]:
+        return [listener for listener in (self.listener, self.tls_listener, self.mqtt_listener, self.mqtt_tls_listener)
+                if listener is not None]
 
     async def _listen(self, port: int, tls: ssl.SSLContext | None = None,
                       protocol: Callable[[], asyncio.Protocol] | None = None) -> asyncio.base_events.Server:
@@ -365,9 +373,8 @@ class Server:
         served, self.serving = self.serving, False
         self.shovels.stop()
         self.federation.stop()
-        for listener in (self.listener, self.tls_listener, self.mqtt_listener):
-            if listener is not None:
-                listener.close()
+        for listener in self.listeners():
+            listener.close()
         connections = list(self.connections)
         for connection in connections:
             connection.close_for_shutdown()
@@ -376,9 +383,8 @@ class Server:
             await asyncio.sleep(0.01)
         for connection in list(self.connections):
             connection._terminate()
-        for listener in (self.listener, self.tls_listener, self.mqtt_listener):
-            if listener is not None:
-                await listener.wait_closed()
+        for listener in self.listeners():
+            await listener.wait_closed()
         self.memory_alarm.stop()
         self.disk_alarm.stop()
         if self.store.begin_close():  # the writer's last fsync may hang on a failing disk: waited for off the loop

@@ -161,6 +161,8 @@ class Supervisor:
         self.tasks: set[asyncio.Task] = set()
         self.listening: socket.socket | None = None  # the AMQP port's socket, which every worker accepts from
         self.listening_tls: socket.socket | None = None  # the amqps port's, when [tls] names a certificate
+        self.listening_mqtt: socket.socket | None = None  # the MQTT port's ([mqtt] port)
+        self.listening_mqtt_tls: socket.socket | None = None  # MQTT over TLS's ([mqtt] tls_port)
         self.lock = DataDirLock(self.data_dir, WORKERS_LOCK)  # held while this node's workers use the data dir
         self.stopping = False
         self.opened = False  # every worker served once: the node's port is open
@@ -179,7 +181,7 @@ class Supervisor:
 
     def take_ports(self) -> None:
         """The AMQP port, and the amqps one once [tls] names a certificate (checked here first, as one process
-        does)."""
+        does); the MQTT ports."""
         self.listening = self._bind(self.config.port)
         self.config.port = self.listening.getsockname()[1]  # (0 picked one): the port other nodes forward clients to
         if self.config.tls_certfile:
@@ -189,6 +191,10 @@ class Supervisor:
                 raise StartupError(str(error)) from error
             self.listening_tls = self._bind(self.config.tls_port)
             self.config.tls_port = self.listening_tls.getsockname()[1]
+        if self.config.mqtt_port:
+            self.listening_mqtt = self._bind(self.config.mqtt_port)
+        if self.config.mqtt_tls_port:
+            self.listening_mqtt_tls = self._bind(self.config.mqtt_tls_port)
 
     def _bind(self, port: int) -> socket.socket:
         host = self.config.host
@@ -235,10 +241,12 @@ class Supervisor:
         # (a worker hands a client to itself too: its front door does not serve the client)
         senders = {other.number: other.sending.fileno() for other in self.workers}
         tls = self.listening_tls.fileno() if self.listening_tls is not None else None
+        mqtt = {name: sock.fileno() for name, sock in (("mqtt", self.listening_mqtt),
+                                                      ("mqtt_tls", self.listening_mqtt_tls)) if sock is not None}
         links = {other.number: other.link_path for other in self.workers if other is not worker}
         inherited = [child.fileno(), self.listening.fileno(), worker.receiving.fileno(), worker.api.fileno(),
                      worker.metrics.fileno(), worker.link.fileno(), logins_fd, board_fd, *senders.values(),
-                     *([tls] if tls is not None else [])]
+                     *([tls] if tls is not None else []), *mqtt.values()]
         # A session of its own: a terminal's Ctrl-C reaches the supervisor alone, which stops the workers in turn.
         try:
             worker.process = await asyncio.create_subprocess_exec(
@@ -260,7 +268,8 @@ class Supervisor:
         try:
             await send(writer, {
                 "config": dataclasses.asdict(self.config), "worker": worker.number, "workers": len(self.workers),
-                "listening": self.listening.fileno(), "listening_tls": tls, "receiving": worker.receiving.fileno(),
+                "listening": self.listening.fileno(), "listening_tls": tls, "listening_mqtt": mqtt,
+                "receiving": worker.receiving.fileno(),
                 "api": worker.api.fileno(), "metrics": worker.metrics.fileno(), "link": worker.link.fileno(),
                 "links": links, "logins": logins_fd,
                 "board": board_fd, "senders": senders, "placement": None if first else placed,
@@ -548,7 +557,7 @@ class Supervisor:
             if worker.held is not None:
                 worker.held.set()  # (a move under way ends with the node: its journal finishes it at the next start)
         await self._stop_workers(self.workers)
-        for listening in (self.listening, self.listening_tls):
+        for listening in (self.listening, self.listening_tls, self.listening_mqtt, self.listening_mqtt_tls):
             if listening is not None:
                 listening.close()
         shutil.rmtree(self.private, ignore_errors=True)

@@ -32,15 +32,21 @@ class Client:
 
     def __init__(self, broker, client_id: str = "", clean: bool = True, version: int = 4,
                  username: str | None = "guest", password: str | None = "guest", will: tuple | None = None,
-                 keepalive: int = 60, auto_ack: bool = True):
+                 keepalive: int = 60, auto_ack: bool = True, port: int | None = None, tls=None,
+                 transport: str = "tcp"):
         protocol = {4: MQTTProtocolVersion.MQTTv311, 5: MQTTProtocolVersion.MQTTv5,
                     3: MQTTProtocolVersion.MQTTv31}[version]
         self.broker = broker
         self.version = version
         self.clean = clean
         self.keepalive = keepalive
+        self.port = port or broker.mqtt_port
         self.paho = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol,
-                                clean_session=clean if version != 5 else None)
+                                clean_session=clean if version != 5 else None, transport=transport)
+        if transport == "websockets":
+            self.paho.ws_set_options(path="/ws")
+        if tls is not None:
+            self.paho.tls_set_context(tls)
         self.paho.enable_logger(None)
         self.paho.manual_ack_set(not auto_ack)
         if username is not None:
@@ -76,7 +82,8 @@ class Client:
 
     def connect(self, properties: Properties | None = None, expect_success: bool = True) -> Client:
         kwargs = {"clean_start": self.clean, "properties": properties} if self.version == 5 else {}
-        self.paho.connect("127.0.0.1", self.broker.mqtt_port, keepalive=self.keepalive, **kwargs)
+        self.paho.connect("localhost" if self.paho._ssl else "127.0.0.1", self.port, keepalive=self.keepalive,
+                          **kwargs)
         self.paho.loop_start()
         assert self.connected.wait(TIMEOUT) or self.disconnected.wait(0), "no CONNACK"
         if expect_success:

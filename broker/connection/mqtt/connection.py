@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Final
 
 from pamqp import commands as spec
 
+from broker.connection import handoff
 from broker.connection.auth import authenticate
 from broker.connection.mqtt import topics
 from broker.connection.mqtt.messages import amqp_header, encoded_properties, view_of
@@ -79,8 +80,9 @@ class _Pending:
 class MqttConnection(asyncio.Protocol):
     """An MQTT client's socket, and the ChannelHost (broker.session.interfaces) of its one channel."""
 
-    def __init__(self, server: "Server"):
+    def __init__(self, server: "Server", handed: handoff.HandedOver | None = None):
         self.server = server
+        self.handed = handed  # what a front door read of the client (broker.connection.mqtt.front_door), if one did
         self.config = server.config
         self.loop = asyncio.get_running_loop()
         self.transport: Any = None
@@ -145,8 +147,9 @@ class MqttConnection(asyncio.Protocol):
         if sock is not None and sock.family != socket.AF_UNIX:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.tls = transport.get_extra_info("sslcontext") is not None
-        peer = transport.get_extra_info("peername")
-        local = transport.get_extra_info("sockname")
+        handed = self.handed
+        peer = tuple(handed.peer) if handed is not None else transport.get_extra_info("peername")
+        local = tuple(handed.local) if handed is not None else transport.get_extra_info("sockname")
         self.peer_address, self.peer_port = (peer[0], peer[1]) if peer else ("", 0)
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.local = tuple(local) if local else None
@@ -155,6 +158,11 @@ class MqttConnection(asyncio.Protocol):
         self.last_received = self.loop.time()
         self.server.connections.add(self)
         self.timer = self.loop.call_later(CONNECT_TIMEOUT, self._connect_timeout)
+        if handed is not None:
+            self.tls = handed.tls
+            self.connected_at = handed.connected_at
+            if handed.data:
+                self.data_received(handed.data)
 
     def data_received(self, data: bytes) -> None:
         if self.state is CLOSED:
@@ -195,6 +203,10 @@ class MqttConnection(asyncio.Protocol):
                 return
             except AMQPError as error:
                 self._refused_by_channel(error)
+                return
+            except Exception:
+                peer_log.internal_error(self.peer_address, "internal error on MQTT connection %s", self.described())
+                self._terminate()
                 return
             channel = self.channel
         if channel is not None and channel.open:
@@ -312,9 +324,7 @@ class MqttConnection(asyncio.Protocol):
                              self.name)
             self._refuse_login()
             return
-        vhost_name = config.mqtt_vhost
-        if ":" in username:
-            vhost_name, username = username.rsplit(":", 1)
+        vhost_name, username = vhost_and_user(username, config.mqtt_vhost)
         server = self.server
         node = server.node
         login = authenticate(node, config.loopback_users, "PLAIN",
@@ -505,7 +515,6 @@ class MqttConnection(asyncio.Protocol):
         if payload:
             channel.handle_frame(FRAME_BODY, payload)
         self.next_seq += 1
-        self.publish_count += 1
 
     def _acknowledged(self, packet: mqtt.Acknowledgement) -> None:
         if packet.kind == mqtt.PUBACK:
@@ -846,6 +855,15 @@ class MqttConnection(asyncio.Protocol):
             if self.server.mqtt_clients.get(key) is self:
                 del self.server.mqtt_clients[key]
         self.server.connections.discard(self)
+
+
+def vhost_and_user(username: str, default_vhost: str) -> tuple[str, str]:
+    """The vhost and user a CONNECT's user name names: RabbitMQ's "vhost:user" (split at the last colon), else the
+    default vhost."""
+    if ":" in username:
+        vhost, user = username.rsplit(":", 1)
+        return vhost, user
+    return default_vhost, username
 
 
 def _retained_properties(properties: dict) -> dict:

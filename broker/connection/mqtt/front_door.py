@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 import time
 from typing import Any
 
 from broker.connection import handoff
+from broker.connection.connection import HANDSHAKE_TIMEOUT
 from broker.connection.front_door import FrontDoors
 from broker.connection.mqtt.connection import CONNECT_TIMEOUT, UNAUTHENTICATED_PACKET_SIZE, vhost_and_user
 from broker.connection.peer_log import PeerLog
@@ -24,9 +26,18 @@ peer_log = PeerLog(log)
 PROTOCOL: str = "mqtt"  # a hand-off's protocol (handoff.HandedOver.protocol)
 
 
-async def open_mqtt_doors(doors: FrontDoors, **where: Any) -> asyncio.Server:
-    """A listener whose every client comes in through an MQTT front door; where: host and port, or sock."""
-    return await asyncio.get_running_loop().create_server(lambda: MqttFrontDoor(doors), backlog=1024, **where)
+def mqtt_unavailable(level: int = mqtt.MQTT_3_1_1) -> bytes:
+    """CONNACK 3, server unavailable (5.0: 0x88): the client connects again."""
+    return mqtt.connack(False, mqtt.SERVER_UNAVAILABLE if level == mqtt.MQTT_5 else mqtt.REFUSED_SERVER_UNAVAILABLE,
+                        level)
+
+
+async def open_mqtt_doors(doors: FrontDoors, tls: ssl.SSLContext | None = None, **where: Any) -> asyncio.Server:
+    """A listener whose every client comes in through an MQTT front door; where: host and port, or sock. With tls,
+    MQTT over TLS: the TLS session ends here (as amqps's, broker.connection.front_door.open_doors)."""
+    return await asyncio.get_running_loop().create_server(
+        lambda: MqttFrontDoor(doors), backlog=1024, ssl=tls,
+        ssl_handshake_timeout=HANDSHAKE_TIMEOUT if tls is not None else None, **where)
 
 
 class MqttFrontDoor(asyncio.Protocol):
@@ -90,7 +101,9 @@ class MqttFrontDoor(asyncio.Protocol):
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        route = self.doors.route(vhost, False)
+        # (with [server] spread_vhosts too, the vhost's home serves its MQTT clients: its retained messages and client
+        # ids are kept there)
+        route = self.doors.route(vhost, False, copies=False)
         if not isinstance(route, socket.socket):
             why = route if isinstance(route, str) else "its vhost is led on another node (MQTT goes to that node)"
             peer_log.warning(self.peer[0], "closing MQTT connection from %s:%s: %s", *self.peer, why)
@@ -98,7 +111,8 @@ class MqttFrontDoor(asyncio.Protocol):
             return
         handed = handoff.HandedOver(user="", peer=list(self.peer), local=list(self.local),
                                     connected_at=self.connected_at, received_bytes=0, sent_bytes=0,
-                                    answered=0, data=bytes(self.kept), protocol=PROTOCOL)
+                                    tls=self.transport.get_extra_info("sslcontext") is not None, answered=0,
+                                    data=bytes(self.kept), protocol=PROTOCOL)
         try:
             handoff.hand_over(self.transport, route, handed, self.doors.splicing)
         except OSError as error:
@@ -109,6 +123,5 @@ class MqttFrontDoor(asyncio.Protocol):
     def _refuse(self) -> None:
         """CONNACK 3, server unavailable (5.0: 0x88), then close."""
         if not self.transport.is_closing():
-            code = mqtt.SERVER_UNAVAILABLE if self.level == mqtt.MQTT_5 else mqtt.REFUSED_SERVER_UNAVAILABLE
-            self.transport.write(mqtt.connack(False, code, self.level))
+            self.transport.write(mqtt_unavailable(self.level))
             self.transport.close()

@@ -1,0 +1,40 @@
+"""MQTT over TLS (the [tls] certificate on [mqtt] tls_port), beside plain MQTT on the same broker."""
+
+from __future__ import annotations
+
+import ssl
+
+import pytest
+
+from tests.conftest import free_port
+from tests.mqtt.clients import Client, connected
+from tests.tls_certs import make_certificates
+
+
+@pytest.fixture
+def tls_broker(own_broker, tmp_path):
+    """A broker with MQTT over TLS: (broker, its MQTT over TLS port, a client context trusting its CA)."""
+    certificates = make_certificates(tmp_path / "certs")
+    config = tmp_path / "warren.toml"
+    port = free_port()
+    config.write_text(f'[tls]\ncertfile = "{certificates.path("server.pem")}"\n'
+                      f'keyfile = "{certificates.path("server.key")}"\n[mqtt]\ntls_port = {port}\n')
+    return own_broker("--config", str(config)), port, ssl.create_default_context(cafile=certificates.path("ca.pem"))
+
+
+def test_mqtt_over_tls_meets_plain_mqtt(tls_broker, unique):
+    broker, port, context = tls_broker
+    with connected(broker, f"{unique}-s", port=port, tls=context) as secure, \
+            connected(broker, f"{unique}-p") as plain:
+        secure.subscribe(f"{unique}/a", qos=1)
+        plain.publish(f"{unique}/a", b"to the TLS client", qos=1)
+        assert secure.receive().payload == b"to the TLS client"
+        secure.publish(f"{unique}/a", b"from it", qos=1)
+        assert secure.receive().payload == b"from it"
+
+
+def test_a_client_that_does_not_trust_the_certificate_is_refused(tls_broker, unique):
+    broker, port, _ = tls_broker
+    client = Client(broker, unique, port=port, tls=ssl.create_default_context())
+    with pytest.raises(ssl.SSLError):
+        client.paho.connect("localhost", port)
