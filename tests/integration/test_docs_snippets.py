@@ -99,7 +99,7 @@ def mqtt_went_both_ways(broker, directory: Path, output: str) -> None:
     """The MQTT subscriber got its own publishes and the AMQP one; the AMQP queue got an MQTT one, with its headers
     (the subscriber's lines and the AMQP consumer's come from two threads: in either order)."""
     assert sorted(output.splitlines()) == [
-        "sensors.room2.temperature b'19.0' {'x-mqtt-publish-qos': 1, 'x-mqtt-dup': False}",
+        "sensors.room2.temperature b'19.0' {'x-mqtt-dup': False, 'x-mqtt-publish-qos': 1}",
         "sensors/room1/temperature b'21.5'",
         "sensors/room2/temperature b'19.0'",
         "sensors/room3/temperature b'20.0'"]
