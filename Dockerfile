@@ -27,7 +27,7 @@ RUN chmod 0755 /usr/local/bin/warren-entrypoint.sh \
     && chown warren:warren /var/lib/warren
 
 VOLUME /var/lib/warren
-EXPOSE 5672 15672 15692
+EXPOSE 5672 1883 15672 15692
 USER warren
 WORKDIR /var/lib/warren
 

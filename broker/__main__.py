@@ -15,7 +15,7 @@ import uvloop
 from broker import collector, compiled, logs
 from broker.config import LOG_FORMATS, LOG_LEVELS, ConfigError, load_config
 from broker.connection.server import Server, StartupError, stop_on_signals, version
-from broker.management.server import take_management, take_prometheus
+from broker.management.server import take_management, take_prometheus, take_web_mqtt
 from broker.workers.placement import Placement, PlacementError
 
 log = logging.getLogger("broker")
@@ -86,15 +86,16 @@ async def serve(config, files: OpenFiles) -> None:
     await server.take_ports()  # every port, the HTTP ones too, before the data dir is touched
     management = await take_management(server) if config.management_port else None
     prometheus = await take_prometheus(server) if config.prometheus_port else None
+    web_mqtt = await take_web_mqtt(server) if config.mqtt_web_port else None
     await server.start()
     say_open_files_limit(config, files)
-    for listener in (management, prometheus):
+    for listener in (management, prometheus, web_mqtt):
         if listener is not None:
             await listener.serve()
     stop = stop_on_signals()
     await stop.wait()
     log.info("shutting down")
-    for listener in (management, prometheus):
+    for listener in (management, prometheus, web_mqtt):
         if listener is not None:
             await listener.stop()
     await server.stop()

@@ -113,6 +113,7 @@ class Config:
     # [mqtt]: the MQTT listener (docs/mqtt.md), RabbitMQ's plugin's settings
     mqtt_port: int = 1883  # 0 = no MQTT
     mqtt_tls_port: int = 0  # MQTT over TLS with the [tls] certificate (RabbitMQ's is 8883); 0 = none
+    mqtt_web_port: int = 0  # MQTT over WebSockets on /ws (RabbitMQ's web_mqtt is 15675); 0 = none
     mqtt_vhost: str = "/"  # the vhost of clients whose user name names none ("vhost:user" names one)
     mqtt_exchange: str = "amq.topic"  # the topic exchange MQTT publishes go to and subscriptions bind to
     mqtt_prefetch: int = 10  # QoS 1 messages sent to a client and not yet acknowledged, at most
@@ -137,7 +138,7 @@ SECTIONS = {
     "tls": ("port", "certfile", "keyfile", "cacertfile", "verify", "fail_if_no_peer_cert"),
     "federation": ("internal_exchange_check_interval",),
     "queues": ("leader_locator",),
-    "mqtt": ("port", "tls_port", "vhost", "exchange", "prefetch", "allow_anonymous", "default_user", "default_pass",
+    "mqtt": ("port", "tls_port", "web_port", "vhost", "exchange", "prefetch", "allow_anonymous", "default_user", "default_pass",
              "max_packet_size"),
     "amqp": ("frame_max", "channel_max", "heartbeat", "default_consumer_prefetch", "consumer_timeout",
              "max_message_size", "default_user", "default_pass", "default_vhost", "loopback_users",
@@ -259,7 +260,7 @@ def _read_toml(path: Path) -> dict:
 
 # the listeners' ports (0 picks a free one)
 PORTS = ("port", "management_port", "prometheus_port", "tls_port", "cluster_replication_port", "mqtt_port",
-         "mqtt_tls_port")
+         "mqtt_tls_port", "mqtt_web_port")
 TLS_VERIFY = ("verify_none", "verify_peer")  # RabbitMQ's ssl_options.verify values
 
 
@@ -423,6 +424,8 @@ def _validate(config: Config) -> None:
         raise ConfigError(f"consumer_timeout must be 0 (no limit) or more milliseconds, got {config.consumer_timeout}")
     if config.mqtt_tls_port and not config.tls_certfile:
         raise ConfigError("[mqtt] tls_port needs [tls] certfile and keyfile: the certificate MQTT over TLS presents")
+    if config.mqtt_web_port and (config.workers > 1 or config.cluster_etcd_endpoints):
+        raise ConfigError("[mqtt] web_port is served by one process for now: not with workers or in a cluster")
     if not 1 <= config.mqtt_prefetch <= 65535:
         raise ConfigError(f"[mqtt] prefetch must be between 1 and 65535, got {config.mqtt_prefetch}")
     if not 65_536 <= config.mqtt_max_packet_size <= 268_435_455:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from broker.connection.mqtt.websocket import make_web_mqtt_app
 from broker.connection.peer_log import PeerLog
 from broker.connection.server import StartupError, reason_of
 from broker.management.app import make_app
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 peer_log = PeerLog(log)  # lines about requests that are not HTTP, so that no client can flood the log
 DEFAULT_MAX_CONNECTIONS = 64  # connections a listener holds at most unless told
+WEB_MQTT_CONNECTIONS = 10_000  # MQTT clients over WebSockets at once, at most
 
 
 class ManagementServer:
@@ -95,6 +97,13 @@ async def take_prometheus(server: "Server") -> ManagementServer:
     config = server.config
     return await take(make_prometheus_app(server), config.prometheus_host, config.prometheus_port,
                       "Prometheus metrics", max_connections=config.prometheus_max_connections)
+
+
+async def take_web_mqtt(server: "Server") -> ManagementServer:
+    """Take [mqtt] web_port for MQTT over WebSockets (StartupError when that fails); serve() answers on it."""
+    config = server.config
+    return await take(make_web_mqtt_app(server), config.host, config.mqtt_web_port, "MQTT over WebSockets",
+                      max_connections=WEB_MQTT_CONNECTIONS)
 
 
 async def listen(app: web.Application, host: str, port: int, what: str, tls: ssl.SSLContext | None = None,

@@ -38,3 +38,25 @@ def test_a_client_that_does_not_trust_the_certificate_is_refused(tls_broker, uni
     client = Client(broker, unique, port=port, tls=ssl.create_default_context())
     with pytest.raises(ssl.SSLError):
         client.paho.connect("localhost", port)
+
+
+def test_mqtt_over_websockets_meets_plain_mqtt(own_broker, tmp_path, unique):
+    port = free_port()
+    broker = own_broker("--config", str(_config(tmp_path, f"[mqtt]\nweb_port = {port}\n")))
+    with connected(broker, f"{unique}-s", port=port, transport="websockets") as browser, \
+            connected(broker, f"{unique}-p") as plain:
+        browser.subscribe(f"{unique}/a", qos=1)
+        plain.publish(f"{unique}/a", b"to the browser", qos=1)
+        assert browser.receive().payload == b"to the browser"
+        browser.publish(f"{unique}/a", b"from it", qos=1, retain=True)
+        assert browser.receive().payload == b"from it"
+    with connected(broker, f"{unique}-s2", port=port, transport="websockets", version=5) as again:
+        again.subscribe(f"{unique}/a", qos=1)
+        message = again.receive()
+        assert (message.payload, message.retain) == (b"from it", True)
+
+
+def _config(tmp_path, text: str):
+    path = tmp_path / "warren.toml"
+    path.write_text(text)
+    return path

@@ -1,0 +1,128 @@
+"""MQTT over WebSockets (RabbitMQ's web_mqtt: the path /ws, subprotocol "mqtt"): each binary message of a WebSocket
+carries bytes of the MQTT stream, which an ordinary MQTT connection reads, writing its own through the transport
+this module makes of the WebSocket."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import TYPE_CHECKING, Any, Final
+
+from aiohttp import WSMsgType, web
+
+from broker.connection.mqtt.connection import MqttConnection
+
+if TYPE_CHECKING:
+    from broker.connection.server import Server
+
+PATH: Final = "/ws"
+SUBPROTOCOLS: Final = ("mqtt",)
+HIGH_WATER: Final = 64 * 1024  # bytes waiting to be sent above which the connection delivers nothing more
+
+
+class WebSocketTransport:
+    """What an MQTT connection asks of its transport (broker.connection.connection.Transport), over a WebSocket: its
+    writes sent in order as binary messages, reading paused and resumed, the request's addresses."""
+
+    def __init__(self, socket: web.WebSocketResponse, request: web.Request, protocol: MqttConnection):
+        self.socket = socket
+        self.request = request
+        self.protocol = protocol
+        self.waiting: deque[bytes] = deque()  # written, not yet sent
+        self.size = 0  # bytes in waiting and being sent
+        self.sending: asyncio.Task | None = None
+        self.closing = False
+        self.readable = asyncio.Event()  # set while reading is not paused
+        self.readable.set()
+        self.paused_writing = False
+
+    def write(self, data: bytes) -> None:
+        if self.closing:
+            return
+        self.waiting.append(data)
+        self.size += len(data)
+        if self.size > HIGH_WATER and not self.paused_writing:
+            self.paused_writing = True
+            self.protocol.pause_writing()
+        if self.sending is None:
+            self.sending = asyncio.get_running_loop().create_task(self._send())
+
+    async def _send(self) -> None:
+        try:
+            while self.waiting:
+                data = b"".join(self.waiting)
+                self.waiting.clear()
+                await self.socket.send_bytes(data)
+                self.size -= len(data)
+                if self.paused_writing and self.size <= HIGH_WATER // 4:
+                    self.paused_writing = False
+                    self.protocol.resume_writing()
+        except ConnectionError:
+            self.waiting.clear()
+        finally:
+            self.sending = None
+        if self.closing:
+            await self.socket.close()
+
+    def close(self) -> None:
+        if not self.closing:
+            self.closing = True
+            self.readable.set()
+            if self.sending is None:
+                asyncio.get_running_loop().create_task(self.socket.close())
+
+    abort = close
+
+    def is_closing(self) -> bool:
+        return self.closing or self.socket.closed
+
+    def pause_reading(self) -> None:
+        self.readable.clear()
+
+    def resume_reading(self) -> None:
+        self.readable.set()
+
+    def get_write_buffer_size(self) -> int:
+        return self.size
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def can_write_eof(self) -> bool:
+        return False
+
+    def write_eof(self) -> None:
+        pass
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        if name in ("peername", "sockname", "sslcontext"):
+            transport = self.request.transport
+            return transport.get_extra_info(name, default) if transport is not None else default
+        return default
+
+
+def make_web_mqtt_app(server: "Server") -> web.Application:
+    """The application of [mqtt] web_port: MQTT over WebSockets on /ws."""
+    async def serve(request: web.Request) -> web.StreamResponse:
+        socket = web.WebSocketResponse(protocols=SUBPROTOCOLS, max_msg_size=server.config.mqtt_max_packet_size,
+                                       autoping=True)
+        await socket.prepare(request)
+        connection = MqttConnection(server)
+        transport = WebSocketTransport(socket, request, connection)
+        connection.connection_made(transport)
+        try:
+            async for message in socket:
+                if message.type != WSMsgType.BINARY:  # (MQTT over WebSockets is binary messages alone)
+                    break
+                await transport.readable.wait()
+                if transport.closing:
+                    break
+                connection.data_received(message.data)
+        finally:
+            transport.close()
+            connection.connection_lost(None)
+        return socket
+
+    app = web.Application()
+    app.router.add_get(PATH, serve)
+    return app
