@@ -8,6 +8,7 @@ import time
 import pika
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from tests.mqtt.clients import Client, RawClient, connect_packet, connected, user_properties
 
@@ -182,3 +183,44 @@ def test_a_takeover_tells_a_5_0_client_why(broker, unique):
         assert first.disconnected.wait(10)
         assert first.disconnect_reason.value == 0x8E
     first.paho.loop_stop()
+
+
+def will_properties(**values) -> Properties:
+    properties = Properties(PacketTypes.WILLMESSAGE)
+    for name, value in values.items():
+        setattr(properties, name, value)
+    return properties
+
+
+def test_a_will_delay_holds_the_will_back_and_a_reconnection_cancels_it(broker, unique):
+    with v5(broker, f"{unique}-w") as watcher:
+        watcher.subscribe(f"{unique}/status", qos=1)
+        dying = Client(broker, f"{unique}-d", version=5, clean=False)
+        dying.paho.will_set(f"{unique}/status", b"gone", 1, properties=will_properties(WillDelayInterval=1))
+        dying.connect(connect_properties(SessionExpiryInterval=60))
+        dropped = time.monotonic()
+        dying.drop()
+        assert watcher.receive().payload == b"gone"
+        assert time.monotonic() - dropped >= 0.9  # (not at once)
+        back = Client(broker, f"{unique}-b", version=5, clean=False)
+        back.paho.will_set(f"{unique}/status", b"back gone", 1, properties=will_properties(WillDelayInterval=1))
+        back.connect(connect_properties(SessionExpiryInterval=60))
+        back.drop()
+        with v5(broker, f"{unique}-b", clean=False):  # the session taken up again within the delay
+            watcher.subscribe(f"{unique}/marker", qos=1)
+            time.sleep(1.2)  # (past the delay: the will is not published)
+            with v5(broker, f"{unique}-p") as publisher:
+                publisher.publish(f"{unique}/marker", b"m", qos=1)
+            assert watcher.receive().payload == b"m"
+            watcher.nothing_more()
+
+
+def test_retain_as_published_keeps_the_retain_flag_of_a_live_message(broker, unique):
+    with v5(broker, f"{unique}-s") as subscriber, v5(broker, f"{unique}-p") as publisher:
+        subscriber.paho.subscribe(f"{unique}/kept", options=SubscribeOptions(qos=1, retainAsPublished=True))
+        subscriber.subacks.get(timeout=10)
+        subscriber.subscribe(f"{unique}/plain", qos=1)
+        publisher.publish(f"{unique}/kept", b"a", qos=1, retain=True)
+        publisher.publish(f"{unique}/plain", b"b", qos=1, retain=True)
+        assert [(m.payload, m.retain) for m in (subscriber.receive(), subscriber.receive())] == [
+            (b"a", True), (b"b", False)]

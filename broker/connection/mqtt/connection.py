@@ -394,6 +394,10 @@ class MqttConnection(asyncio.Protocol):
         clients = self.server.mqtt_clients
         earlier = clients.get(key)
         clients[key] = self
+        if self.clean:  # (the session a held will waits on ends now; one taken up again keeps its will back)
+            self.server.mqtt_wills.session_ended(key, self.peer_address)
+        else:
+            self.server.mqtt_wills.cancel(key)
         if earlier is not None and earlier is not self:
             earlier.take_over()
 
@@ -479,7 +483,7 @@ class MqttConnection(asyncio.Protocol):
         if "topic_alias" in packet.properties:
             self._resolve_alias(packet)
         qos = min(packet.qos, 1)  # QoS 2 is taken as 1, as RabbitMQ does
-        self._send_publish(packet.topic, packet.payload, qos, packet.dup, packet.properties)
+        self._send_publish(packet.topic, packet.payload, qos, packet.dup, packet.properties, packet.retain)
         if qos:
             self.awaiting_confirm[self.next_seq - 1] = packet.packet_id
         if packet.retain:  # (once the channel took the publish: the user may write there)
@@ -500,7 +504,8 @@ class MqttConnection(asyncio.Protocol):
             raise mqtt.protocol_error(f"topic alias {alias} was never set")
         packet.topic = topic
 
-    def _send_publish(self, topic: str, payload: bytes, qos: int, dup: bool, properties: dict) -> None:
+    def _send_publish(self, topic: str, payload: bytes, qos: int, dup: bool, properties: dict,
+                      retain: bool) -> None:
         """basic.publish to the MQTT exchange, through the channel."""
         key = topics.routing_key(topic).encode()
         if len(key) > 255:
@@ -511,7 +516,7 @@ class MqttConnection(asyncio.Protocol):
         exchange = self.config.mqtt_exchange.encode()
         channel.handle_frame(FRAME_METHOD, _PUBLISH_HEAD.pack(BASIC_PUBLISH, 0, len(exchange)) + exchange
                              + bytes((len(key),)) + key + b"\x00")
-        channel.handle_frame(FRAME_HEADER, amqp_header(qos, dup, len(payload), properties))
+        channel.handle_frame(FRAME_HEADER, amqp_header(qos, dup, len(payload), properties, retain))
         if payload:
             channel.handle_frame(FRAME_BODY, payload)
         self.next_seq += 1
@@ -606,9 +611,12 @@ class MqttConnection(asyncio.Protocol):
         qos = min(view.qos, 1) if from_qos1 else 0
         topic = topics.topic(routing_key.decode())
         properties = b""
+        retain = False
         if self.level == mqtt.MQTT_5:
-            identifier = self.subscriptions.identifier_for(topic)
+            subscriptions = self.subscriptions
+            identifier = subscriptions.identifier_for(topic) if subscriptions.identifiers else 0
             properties = encoded_properties(view, {"subscription_identifier": [identifier]} if identifier else None)
+            retain = view.retain and bool(subscriptions.as_published) and subscriptions.keeps_retain_flag(topic)
         topic_bytes = topic.encode()
         if self.client_max_packet < mqtt.MAX_REMAINING_LENGTH and mqtt.publish_size(
                 topic_bytes, body, qos, properties) > self.client_max_packet:
@@ -619,11 +627,11 @@ class MqttConnection(asyncio.Protocol):
             return
         if qos:
             packet_id = self._packet_id(delivery_tag)
-            self.send(mqtt.publish(topic_bytes, body, 1, False, redelivered or view.dup, packet_id, properties))
+            self.send(mqtt.publish(topic_bytes, body, 1, retain, redelivered or view.dup, packet_id, properties))
         else:
             if from_qos1:
                 self.to_ack.append(delivery_tag)
-            self.send(mqtt.publish(topic_bytes, body, 0, False, False, 0, properties))
+            self.send(mqtt.publish(topic_bytes, body, 0, retain, False, 0, properties))
 
     def _packet_id(self, delivery_tag: int) -> int:
         inflight = self.inflight
@@ -781,21 +789,12 @@ class MqttConnection(asyncio.Protocol):
         self._terminate()
 
     def _publish_will(self) -> None:
-        """The will, published as the client would have published it (its permissions checked the same way)."""
+        """The will, now or after its delay (5.0: the will delay interval, or the session's end if sooner)."""
         will, self.will = self.will, None
-        channel = self.channel
-        if will is None or channel is None or not channel.open or self.vhost is None:
+        if will is None or self.vhost is None:
             return
-        try:
-            qos = min(will.qos, 1)
-            if will.retain:
-                self.server.node.retained.put(self.vhost.name, will.topic, will.payload, qos,
-                                              _retained_properties(will.properties))
-            self._send_publish(will.topic, will.payload, qos, False, _retained_properties(will.properties))
-            channel.read_processed()
-        except (AMQPError, mqtt.MqttError) as error:
-            peer_log.warning(self.peer_address, "Could not send last will of MQTT connection %s: %s",
-                             self.described(), getattr(error, "reply_text", None) or str(error))
+        delay = min(will.properties.get("will_delay_interval", 0), self.session_expiry)
+        self.server.mqtt_wills.publish((self.vhost.name, self.client_id), self.user, will, delay, self.peer_address)
 
     def close_for_shutdown(self) -> None:
         if self.level == mqtt.MQTT_5 and self.state is OPEN:

@@ -15,26 +15,29 @@ from protocol.codec import decode_properties, encode_header_payload, with_body_s
 
 QOS_HEADER: Final = "x-mqtt-publish-qos"
 DUP_HEADER: Final = "x-mqtt-dup"
+RETAIN_HEADER: Final = "x-mqtt-retain"  # on a message published with the retain flag (5.0's retain as published)
 CORRELATION_HEADER: Final = "x-correlation-id"  # correlation data that no shortstr can hold (binary, or long)
 CACHE_LIMIT: Final = 1024  # content headers whose MQTT view is remembered (publishers repeat theirs)
 
-_plain: dict[tuple[int, bool], bytes] = {}  # (qos, dup) -> the header of a message without 5.0 properties
+_plain: dict[tuple[int, bool, bool], bytes] = {}  # (qos, dup, retain) -> a header without 5.0 properties
 
 
-def amqp_header(qos: int, dup: bool, body_size: int, properties: dict) -> bytes:
+def amqp_header(qos: int, dup: bool, body_size: int, properties: dict, retain: bool = False) -> bytes:
     """The content-header payload of an MQTT publish (properties: its 5.0 properties, {} for 3.1.1)."""
     if not properties:
-        header = _plain.get((qos, dup))
+        header = _plain.get((qos, dup, retain))
         if header is None:
-            header = _plain[(qos, dup)] = _encode(qos, dup, 0, {})
+            header = _plain[(qos, dup, retain)] = _encode(qos, dup, retain, 0, {})
         return with_body_size(header, body_size)
-    return _encode(qos, dup, body_size, properties)
+    return _encode(qos, dup, retain, body_size, properties)
 
 
-def _encode(qos: int, dup: bool, body_size: int, properties: dict) -> bytes:
+def _encode(qos: int, dup: bool, retain: bool, body_size: int, properties: dict) -> bytes:
     headers: dict = dict(properties.get("user_property", ()))  # (a name given twice keeps its last value)
     headers[QOS_HEADER] = qos
     headers[DUP_HEADER] = dup
+    if retain:
+        headers[RETAIN_HEADER] = True
     amqp = spec.Basic.Properties(delivery_mode=2 if qos else 1, headers=headers)
     if "content_type" in properties and len(properties["content_type"].encode()) <= 255:
         amqp.content_type = properties["content_type"]
@@ -58,13 +61,15 @@ def _encode(qos: int, dup: bool, body_size: int, properties: dict) -> bytes:
 
 
 class MqttView:
-    """What an MQTT subscriber is sent of an AMQP message: its QoS, its DUP flag, and its 5.0 properties."""
+    """What an MQTT subscriber is sent of an AMQP message: its QoS, its DUP and retain flags, and its 5.0
+    properties."""
 
-    __slots__ = ("qos", "dup", "properties")
+    __slots__ = ("qos", "dup", "retain", "properties")
 
-    def __init__(self, qos: int, dup: bool, properties: dict):
+    def __init__(self, qos: int, dup: bool, retain: bool, properties: dict):
         self.qos = qos  # the QoS it was published with: x-mqtt-publish-qos, else 1 for a persistent message
         self.dup = dup
+        self.retain = retain  # it was published with the retain flag (sent so where a subscription asks)
         self.properties = properties  # for a 5.0 subscriber
 
 
@@ -106,7 +111,7 @@ def _view(header_payload: bytes) -> MqttView:
     indicator = headers.get("x-mqtt-payload-format-indicator")
     if indicator in (0, 1):
         properties["payload_format_indicator"] = indicator
-    return MqttView(min(qos, 1), headers.get(DUP_HEADER) is True, properties)
+    return MqttView(min(qos, 1), headers.get(DUP_HEADER) is True, headers.get(RETAIN_HEADER) is True, properties)
 
 
 def encoded_properties(view: MqttView, extra: dict | None = None) -> bytes:

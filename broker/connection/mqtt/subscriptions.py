@@ -47,6 +47,7 @@ class Subscriptions:
         self.connection = connection
         self.filters: dict[str, int] = {}  # topic filter (shared ones whole) -> its QoS
         self.identifiers: dict[str, int] = {}  # 5.0: topic filter (a shared one's inner filter) -> its identifier
+        self.as_published: set[str] = set()  # 5.0: the filters whose messages keep the retain flag they came with
         self.consuming = [False, False]  # whether the session queue of QoS 0 / 1 is consumed
 
     # --- subscribe -----------------------------------------------------------------------------------------------
@@ -71,7 +72,8 @@ class Subscriptions:
             step = steps.step()
 
             def made(index=index, topic_filter=topic_filter, qos=qos, step=step, shared=shared,
-                     retain_handling=subscription.retain_handling) -> None:
+                     retain_handling=subscription.retain_handling,
+                     as_published=subscription.retain_as_published) -> None:
                 new = topic_filter not in self.filters
                 self.filters[topic_filter] = qos
                 inner = shared[1] if shared else topic_filter
@@ -79,6 +81,10 @@ class Subscriptions:
                     self.identifiers[inner] = identifier
                 else:
                     self.identifiers.pop(inner, None)
+                if as_published:
+                    self.as_published.add(inner)
+                else:
+                    self.as_published.discard(inner)
                 codes[index] = qos
                 # (a shared subscription gets no retained messages, as the spec says)
                 if shared is None and (retain_handling == 0 or (retain_handling == 1 and new)):
@@ -194,6 +200,7 @@ class Subscriptions:
                 codes[index] = mqtt.NO_SUBSCRIPTION_EXISTED
             shared = _shared(topic_filter) if connection.level == mqtt.MQTT_5 else None
             self.identifiers.pop(shared[1] if shared else topic_filter, None)
+            self.as_published.discard(shared[1] if shared else topic_filter)
             if shared is not None:
                 if qos is not None:
                     step = steps.step()
@@ -217,6 +224,10 @@ class Subscriptions:
             if topics.matches(topic_filter, topic):
                 return identifier
         return 0
+
+    def keeps_retain_flag(self, topic: str) -> bool:
+        """5.0: whether a subscription that the topic matches asked for messages as published (retain flag kept)."""
+        return any(topics.matches(topic_filter, topic) for topic_filter in self.as_published)
 
     def queue_name(self, qos: int) -> str:
         return queue_name(self.connection.client_id, qos)
