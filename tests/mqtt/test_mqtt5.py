@@ -224,3 +224,14 @@ def test_retain_as_published_keeps_the_retain_flag_of_a_live_message(broker, uni
         publisher.publish(f"{unique}/plain", b"b", qos=1, retain=True)
         assert [(m.payload, m.retain) for m in (subscriber.receive(), subscriber.receive())] == [
             (b"a", True), (b"b", False)]
+
+
+def test_a_message_matching_two_subscriptions_comes_once_with_both_identifiers(broker, unique):
+    with v5(broker, f"{unique}-s") as subscriber, v5(broker, f"{unique}-p") as publisher:
+        for identifier, topic_filter in ((2, f"{unique}/a"), (3, f"{unique}/#")):
+            properties = Properties(PacketTypes.SUBSCRIBE)
+            properties.SubscriptionIdentifier = identifier
+            subscriber.subscribe(topic_filter, qos=1, properties=properties)
+        publisher.publish(f"{unique}/a", b"x", qos=1)
+        assert sorted(subscriber.receive().properties.SubscriptionIdentifier) == [2, 3]
+        subscriber.nothing_more()

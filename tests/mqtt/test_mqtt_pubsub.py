@@ -126,3 +126,13 @@ def test_an_unacknowledged_qos1_message_comes_again_to_the_next_connection(broke
             assert (message.payload, message.dup) == (b"again", True)
         with connected(broker, f"{unique}-s", clean=True):
             pass
+
+
+def test_a_filter_that_begins_with_a_wildcard_does_not_match_a_dollar_topic(broker, unique):
+    with connected(broker, f"{unique}-s") as subscriber, connected(broker, f"{unique}-p") as publisher:
+        subscriber.subscribe(f"+/{unique}", qos=1)
+        subscriber.subscribe(f"${unique}/{unique}", qos=1)
+        publisher.publish(f"$other/{unique}", b"not matched", qos=1)  # (+/... alone matches it)
+        publisher.publish(f"${unique}/{unique}", b"matched", qos=1)
+        assert subscriber.receive().payload == b"matched"
+        subscriber.nothing_more()

@@ -610,12 +610,16 @@ class MqttConnection(asyncio.Protocol):
         from_qos1 = qos_of_consumer(consumer_tag) == 1
         qos = min(view.qos, 1) if from_qos1 else 0
         topic = topics.topic(routing_key.decode())
+        if topic.startswith("$") and not self.subscriptions.reaches(topic):
+            if from_qos1:  # (matched by a filter that begins with a wildcard alone: not for this client)
+                self.to_ack.append(delivery_tag)
+            return
         properties = b""
         retain = False
         if self.level == mqtt.MQTT_5:
             subscriptions = self.subscriptions
-            identifier = subscriptions.identifier_for(topic) if subscriptions.identifiers else 0
-            properties = encoded_properties(view, {"subscription_identifier": [identifier]} if identifier else None)
+            identifiers = subscriptions.identifiers_for(topic) if subscriptions.identifiers else None
+            properties = encoded_properties(view, {"subscription_identifier": identifiers} if identifiers else None)
             retain = view.retain and bool(subscriptions.as_published) and subscriptions.keeps_retain_flag(topic)
         topic_bytes = topic.encode()
         if self.client_max_packet < mqtt.MAX_REMAINING_LENGTH and mqtt.publish_size(

@@ -218,12 +218,16 @@ class Subscriptions:
         steps.start()
 
     # --- what deliveries need ------------------------------------------------------------------------------------
-    def identifier_for(self, topic: str) -> int:
-        """5.0: the identifier of a subscription that the topic matches (0: none)."""
-        for topic_filter, identifier in self.identifiers.items():
-            if topics.matches(topic_filter, topic):
-                return identifier
-        return 0
+    def identifiers_for(self, topic: str) -> list[int]:
+        """5.0: the identifiers of the subscriptions that the topic matches (one delivery carries them all)."""
+        return sorted({identifier for topic_filter, identifier in self.identifiers.items()
+                       if topics.matches(topic_filter, topic)})
+
+    def reaches(self, topic: str) -> bool:
+        """Whether a subscription matches a topic that begins with "$" as the spec says: not by a filter that
+        begins with a wildcard (the topic exchange's binding of such a filter matches it all the same)."""
+        return any(not topic_filter.startswith(("+", "#")) and topics.matches(topic_filter, topic)
+                   for topic_filter in self.filters if not topic_filter.startswith(SHARE))
 
     def keeps_retain_flag(self, topic: str) -> bool:
         """5.0: whether a subscription that the topic matches asked for messages as published (retain flag kept)."""
