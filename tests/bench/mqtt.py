@@ -21,6 +21,7 @@ Every rate comes with the broker's CPU time (its process and children, from /pro
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import multiprocessing
 import os
@@ -34,6 +35,8 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
+
+import paho.mqtt.client as mqtt
 
 from tests.bench.brokers import BrokerUnavailable, RunningBroker, _tail, start_rabbitmq, start_warren
 from tests.bench.compare import CPU_PER_MESSAGE, BenchRun, Row, _mean, print_table
@@ -55,6 +58,8 @@ PING_EVERY = 30.0  # an idle connection's PINGREQ, well within its keepalive
 SETTLE_SECONDS = 2.0  # after the last CONNACK, before reading the broker's memory
 CONNECT_SECONDS = 30.0  # for one raw connection's TCP connect and CONNACK
 JOIN_SECONDS = 15.0  # for a client process to end once told to
+QUIET_CPU = 0.1  # a broker using less of a core than this has done with closed connections...
+QUIET_WAIT_SECONDS = 60.0  # ...waited for this long at most, after the idle connections, before the next run
 
 CONNACK_ACCEPTED = b"\x20\x02\x00\x00"
 PINGREQ, PINGRESP, DISCONNECT = b"\xc0\x00", b"\xd0\x00", b"\xe0\x00"
@@ -179,17 +184,24 @@ def hold_idle(pipe: Connection, port: int, count: int, seconds: float) -> None:
         pipe.send({"error": f"{type(error).__name__}: {error} ({len(sockets)} connections open)"})
     finally:
         for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.sendall(DISCONNECT)  # (without it, the broker logs each close as unexpected)
             sock.close()
 
 
 # --- paho clients, for the message runs ---------------------------------------------------------------------------
 
-def _paho_client(client_id: str):
-    import paho.mqtt.client as mqtt  # (in the client processes only)
+def _paho_client(client_id: str) -> mqtt.Client:
     client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv311,
                          clean_session=True)
     client.username_pw_set(USER, PASSWORD)
     return client
+
+
+def _loop(client: mqtt.Client, timeout: float) -> None:
+    """One turn of paho's network loop; a lost connection raises."""
+    if code := client.loop(timeout):
+        raise ConnectionError(f"paho: {mqtt.error_string(code)}")
 
 
 def publish(pipe: Connection, port: int, topic: str, qos: int, size: int, messages: int | None, seconds: float | None,
@@ -201,11 +213,12 @@ def publish(pipe: Connection, port: int, topic: str, qos: int, size: int, messag
         client.max_inflight_messages_set(window)
         refused, acked = [], [0]
         client.on_connect = lambda _c, _u, _f, reason, _p: refused.append(reason) if reason.is_failure else None
-        client.on_publish = lambda *_: acked.__setitem__(0, acked[0] + 1)  # (QoS 0: once written; unused)
+        if qos:  # (at QoS 0 paho would call it for every packet written)
+            client.on_publish = lambda *_: acked.__setitem__(0, acked[0] + 1)
         client.connect(HOST, port, keepalive=KEEPALIVE)
         deadline = time.monotonic() + CLIENT_READY_SECONDS
         while not client.is_connected() and not refused and time.monotonic() < deadline:
-            client.loop(0.1)
+            _loop(client, 0.1)
         if not client.is_connected():
             pipe.send({"error": f"publisher not connected: {refused[0] if refused else 'no CONNACK'}"})
             return
@@ -220,20 +233,23 @@ def publish(pipe: Connection, port: int, topic: str, qos: int, size: int, messag
         sent = 0
         while sent < count:
             if qos and sent - acked[0] >= window:
-                client.loop(1.0)  # reads PUBACKs
-            else:
-                client.publish(topic, payload, qos)
-                sent += 1
-                if client.want_write():  # the socket is full: wait until paho could write it all
-                    while client.want_write() and time.perf_counter() < end:
-                        client.loop(1.0)
-                elif sent % 1000 == 0:
-                    client.loop(0)  # PINGRESPs, PUBACKs
+                if time.perf_counter() >= end:
+                    break
+                _loop(client, 1.0)  # reads PUBACKs
+                continue
+            if code := client.publish(topic, payload, qos).rc:
+                raise ConnectionError(f"paho's publish: {mqtt.error_string(code)}")
+            sent += 1
+            if client.want_write():  # the socket is full: wait until paho could write it all
+                while client.want_write() and time.perf_counter() < end:
+                    _loop(client, 1.0)
+            elif sent % 1000 == 0:
+                _loop(client, 0)  # PINGRESPs, PUBACKs
             if sent % 100 == 0 and time.perf_counter() >= end:
                 break
         limit_end = start + limit
         while (client.want_write() or (qos and acked[0] < sent)) and time.perf_counter() < limit_end:
-            client.loop(1.0)
+            _loop(client, 1.0)
         elapsed = time.perf_counter() - start
         pipe.send({"sent": sent, "acked": acked[0] if qos else sent, "seconds": elapsed})
         client.disconnect()
@@ -242,7 +258,7 @@ def publish(pipe: Connection, port: int, topic: str, qos: int, size: int, messag
         pipe.send({"error": f"publisher: {type(error).__name__}: {error}"})
 
 
-def subscribe(pipe: Connection, port: int, topic: str, qos: int, received, last_received) -> None:
+def subscribe(pipe: Connection, port: int, topic: str, qos: int, received, last_received, limit: float) -> None:
     """Subscriber process: paho in its own thread counting messages into `received` (the time of the last one into
     `last_received`); says "ready" once subscribed, disconnects when told to stop."""
     try:
@@ -257,6 +273,8 @@ def subscribe(pipe: Connection, port: int, topic: str, qos: int, received, last_
             if reason.is_failure:
                 outcome.append(f"subscriber not connected: {reason}")
                 subscribed.set()
+            else:
+                client.subscribe(topic, qos)
 
         def on_subscribe(_client, _userdata, _mid, reasons, _properties) -> None:
             if reasons[0].is_failure:
@@ -265,14 +283,13 @@ def subscribe(pipe: Connection, port: int, topic: str, qos: int, received, last_
 
         client.on_message, client.on_connect, client.on_subscribe = on_message, on_connect, on_subscribe
         client.connect(HOST, port, keepalive=KEEPALIVE)
-        client.subscribe(topic, qos)  # (sent after the CONNECT)
         client.loop_start()
         try:
             if not subscribed.wait(CLIENT_READY_SECONDS):
                 outcome.append("subscriber: no SUBACK")
             pipe.send({"error": outcome[0]} if outcome else "ready")
-            if not outcome and pipe.poll(3600):  # the parent's own deadline ends this sooner
-                pipe.recv()
+            if not outcome and pipe.poll(limit + CLIENT_READY_SECONDS * 2):
+                pipe.recv()  # "stop"
             client.disconnect()
         finally:
             client.loop_stop()
@@ -301,8 +318,14 @@ def _answer(pipe: Connection, process, seconds: float) -> str | dict:
     return {"error": f"no answer from a client process within {seconds:.0f} s"}
 
 
+def _reason(answer: str | dict) -> str:
+    return answer["error"] if isinstance(answer, dict) and "error" in answer else f"unexpected answer {answer!r}"
+
+
 def _end(processes) -> None:
     for process in processes:
+        if process.pid is None:  # never started
+            continue
         process.join(JOIN_SECONDS)
         if process.is_alive():
             process.kill()
@@ -318,7 +341,7 @@ def run_pubsub(target: MqttBroker, qos: int, options: argparse.Namespace) -> dic
     sub_pipe, sub_end = context.Pipe()
     pub_pipe, pub_end = context.Pipe()
     subscriber = context.Process(target=subscribe, args=(sub_end, target.mqtt_port, topic, qos, received,
-                                                         last_received), daemon=True)
+                                                         last_received, options.timeout), daemon=True)
     publisher = context.Process(target=publish, args=(pub_end, target.mqtt_port, topic, qos, options.size,
                                                       options.messages, options.seconds, options.window,
                                                       options.timeout), daemon=True)
@@ -328,13 +351,13 @@ def run_pubsub(target: MqttBroker, qos: int, options: argparse.Namespace) -> dic
             process.start()
             answer = _answer(pipe, process, CLIENT_READY_SECONDS + 30)
             if answer != "ready":
-                return answer["error"]
+                return _reason(answer)
         before = cpu_seconds(pid)
         go = time.perf_counter()
         pub_pipe.send("go")
         published = _answer(pub_pipe, publisher, options.timeout + 30)
-        if "error" in published:
-            return published["error"]
+        if not isinstance(published, dict) or "error" in published:
+            return _reason(published)
         sent, deadline = published["sent"], go + options.timeout
         seen, cpu, moved = -1, 0.0, time.perf_counter()
         while True:
@@ -354,10 +377,32 @@ def run_pubsub(target: MqttBroker, qos: int, options: argparse.Namespace) -> dic
             "sent": sent, "received": got, "publish msg/s": sent / published["seconds"]}
 
 
+def _until_quiet(pid: int) -> None:
+    """Wait (bounded) until the broker has done with the connections closed, so that the next run is not billed."""
+    deadline = time.monotonic() + QUIET_WAIT_SECONDS
+    while time.monotonic() < deadline:
+        before = cpu_seconds(pid)
+        time.sleep(0.5)
+        if cpu_seconds(pid) - before < QUIET_CPU * 0.5:
+            return
+
+
+def open_files_limit(pid: int) -> int:
+    """A process's soft limit on open files (/proc/PID/limits)."""
+    with open(f"/proc/{pid}/limits") as limits:
+        for line in limits:
+            if line.startswith("Max open files"):
+                soft = line[len("Max open files"):].split()[0]
+                return sys.maxsize if soft == "unlimited" else int(soft)
+    raise LookupError(f"no open-files limit for process {pid}")
+
+
 def run_idle(target: MqttBroker, options: argparse.Namespace) -> dict[str, float] | str:
     """--connections idle connections from IDLE_PROCESSES client processes; the broker's RSS before they open and
     once they are all open, its CPU time while they open."""
     pid = target.broker.pid
+    if (limit := open_files_limit(pid)) < options.connections + FD_MARGIN:
+        return f"skipped: the broker's open-files limit is {limit}, below {options.connections + FD_MARGIN}"
     with open_raw(target.mqtt_port, f"bench-warm-up-{os.getpid()}") as warm_up:  # one-off allocations
         warm_up.sendall(DISCONNECT)
     time.sleep(SETTLE_SECONDS)
@@ -383,10 +428,11 @@ def run_idle(target: MqttBroker, options: argparse.Namespace) -> dict[str, float
         closed = [_answer(pipe, process, JOIN_SECONDS) for process, pipe in clients if process.is_alive()]
     finally:
         _end([process for process, _ in clients])
-    failures = [answer["error"] for answer in (*answers, *closed) if "error" in answer]
+        _until_quiet(pid)
+    failures = [_reason(answer) for answer in (*answers, *closed) if not isinstance(answer, dict) or "error" in answer]
     if failures:
         return failures[0]
-    opened = sum(answer["opened"] for answer in answers)
+    opened = sum(answer["opened"] for answer in answers if isinstance(answer, dict))
     return {"KiB/conn": (after - before) / opened, "cpu us/conn": cpu * 1e6 / opened, "opened": opened,
             "rss before MiB": before / 1024, "rss after MiB": after / 1024}
 
@@ -427,8 +473,8 @@ def _await_mqtt(broker: RunningBroker, mqtt_port: int, log: Path) -> MqttBroker:
     return MqttBroker(broker, mqtt_port)
 
 
-def start_brokers(workdir: Path, with_rabbitmq: bool) -> list[MqttBroker]:
-    started = []
+def start_brokers(workdir: Path, with_rabbitmq: bool, started: list[MqttBroker]) -> None:
+    """Warren, then RabbitMQ unless left out, each with its MQTT listener answering, into `started`."""
     port = free_port()
     try:
         started.append(_await_mqtt(start_warren(workdir, "--mqtt-port", str(port)), port, workdir / "warren.log"))
@@ -436,13 +482,12 @@ def start_brokers(workdir: Path, with_rabbitmq: bool) -> list[MqttBroker]:
         print(f"not compared: {reason}", flush=True)
     if not with_rabbitmq:
         print("RabbitMQ: not run (--no-rabbitmq): Warren's figures alone", flush=True)
-        return started
+        return
     port = free_port()
     try:
         started.append(_await_mqtt(start_rabbitmq(workdir, f"--mqtt={port}"), port, workdir / "rabbitmq.log"))
     except BrokerUnavailable as reason:
         print(f"not compared: {reason} (--no-rabbitmq runs Warren alone)", flush=True)
-    return started
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -483,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
         os.chmod(workdir, 0o755)  # rabbitmq-server runs as the rabbitmq user and must reach its data dir
         brokers: list[MqttBroker] = []
         try:
-            brokers = start_brokers(Path(workdir), not args.no_rabbitmq)
+            start_brokers(Path(workdir), not args.no_rabbitmq, brokers)
             if not brokers:
                 return 1
             results: dict[str, dict[str, dict | str]] = {}

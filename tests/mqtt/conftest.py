@@ -7,6 +7,8 @@ import os
 
 import pytest
 
+collect_ignore = ["paho_interop"]  # Eclipse Paho's tests, vendored: tests/mqtt/test_paho_interop.py runs them
+
 _numbers = itertools.count()
 
 

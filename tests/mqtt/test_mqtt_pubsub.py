@@ -6,7 +6,7 @@ from __future__ import annotations
 import pika
 import pytest
 
-from tests.mqtt.clients import Client, connected
+from tests.mqtt.clients import Client, RawClient, connect_packet, connected
 
 
 def test_a_qos1_message_reaches_a_qos1_subscriber_as_published(broker, unique):
@@ -28,12 +28,32 @@ def test_the_delivered_qos_is_the_lower_of_the_publish_and_the_subscription(brok
         assert [(m.payload, m.qos) for m in (at_qos1.receive(), at_qos1.receive())] == [(b"one", 1), (b"zero", 0)]
 
 
-def test_qos2_is_granted_and_published_as_qos1(broker, unique):
+def test_a_qos2_subscription_is_granted_qos1_and_a_qos2_publish_completes_its_flow(broker, unique):
     with connected(broker, f"{unique}-s") as subscriber, connected(broker, f"{unique}-p") as publisher:
         assert subscriber.subscribe(f"{unique}/t", qos=2) == [1]
-        publisher.paho.publish(f"{unique}/t", b"two", qos=2)
+        publisher.publish(f"{unique}/t", b"two", qos=2)  # (PUBREC, PUBREL, PUBCOMP)
         message = subscriber.receive()
         assert (message.payload, message.qos) == (b"two", 1)
+        subscriber.nothing_more()
+
+
+def test_a_qos2_publish_sent_again_before_pubrel_is_published_once(broker, unique):
+    with connected(broker, f"{unique}-s") as subscriber:
+        subscriber.subscribe(f"{unique}/t", qos=1)
+        raw = RawClient(broker)
+        raw.send(connect_packet(f"{unique}-raw"))
+        assert raw.read(4) == b"\x20\x02\x00\x00"
+        topic = f"{unique}/t".encode()
+        body = len(topic).to_bytes(2, "big") + topic + b"\x00\x07" + b"once"
+        raw.send(bytes((0x34, len(body))) + body)  # QoS 2, packet id 7
+        assert raw.read(4) == b"\x50\x02\x00\x07"  # PUBREC
+        raw.send(bytes((0x3C, len(body))) + body)  # sent again (DUP)
+        assert raw.read(4) == b"\x50\x02\x00\x07"
+        raw.send(b"\x62\x02\x00\x07")  # PUBREL
+        assert raw.read(4) == b"\x70\x02\x00\x07"  # PUBCOMP
+        raw.close()
+        assert subscriber.receive().payload == b"once"
+        subscriber.nothing_more()
 
 
 @pytest.mark.parametrize("topic_filter, topic, matches", [

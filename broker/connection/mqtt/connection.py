@@ -44,6 +44,7 @@ peer_log = PeerLog(log)  # every line about one client goes through here, so tha
 CONNECT_TIMEOUT: Final = 10.0  # seconds a client has to send CONNECT (RabbitMQ's login_timeout)
 UNAUTHENTICATED_PACKET_SIZE: Final = 65_536  # largest packet before the login (RabbitMQ 4.x's)
 SESSION_TTL: Final = 86_400_000  # ms a persistent session's queue outlives its client (RabbitMQ's subscription_ttl)
+RECEIVE_MAXIMUM: Final = 1024  # QoS 2 publishes a client may have waiting for their PUBREL (5.0: in CONNACK)
 TOPIC_ALIAS_MAXIMUM: Final = 16  # 5.0: topic aliases a client may set (as RabbitMQ 4.x)
 MAX_SESSION_EXPIRY: Final = 86_400  # seconds: the longest 5.0 session expiry interval granted (as RabbitMQ 4.x)
 READ_BUDGET: Final = 128 * 1024  # bytes read from one client per loop turn (as an AMQP connection's)
@@ -103,7 +104,11 @@ class MqttConnection(asyncio.Protocol):
         self.draining = False  # the channel's output is being read (what is written meanwhile joins it)
         self.waiting: deque[_Pending] = deque()  # methods sent to the channel, in order, waiting for replies
         self.next_seq = 1  # the channel's confirm number of the next publish
-        self.awaiting_confirm: dict[int, int] = {}  # confirm number -> packet id, of QoS 1 publishes
+        # confirm number -> (packet id, PUBACK or PUBREC) of QoS 1 and 2 publishes, answered once confirmed
+        self.awaiting_confirm: dict[int, tuple[int, int]] = {}
+        # QoS 2 publishes taken, by packet id, until the client's PUBREL: whether PUBREC went (a resend is not
+        # published again; this connection's alone: a new one starts without them)
+        self.received_qos2: dict[int, bool] = {}
         self.next_packet_id = 1  # of the next QoS 1 message sent to the client
         self.inflight: dict[int, int] = {}  # packet id -> delivery tag (0: a retained message) awaiting PUBACK
         self.to_ack: list[int] = []  # deliveries of the QoS 1 queue sent at QoS 0: acked as soon as they are sent
@@ -437,7 +442,7 @@ class MqttConnection(asyncio.Protocol):
             return
         properties: dict = {}
         if self.level == mqtt.MQTT_5:
-            properties = {"maximum_qos": 1, "retain_available": 1, "shared_subscription_available": 1,
+            properties = {"receive_maximum": RECEIVE_MAXIMUM, "retain_available": 1, "shared_subscription_available": 1,
                           "subscription_identifier_available": 1, "wildcard_subscription_available": 1,
                           "topic_alias_maximum": TOPIC_ALIAS_MAXIMUM, "maximum_packet_size": self.config.mqtt_max_packet_size}
             if assigned is not None:
@@ -482,10 +487,21 @@ class MqttConnection(asyncio.Protocol):
     def _publish(self, packet: mqtt.Publish) -> None:
         if "topic_alias" in packet.properties:
             self._resolve_alias(packet)
-        qos = min(packet.qos, 1)  # QoS 2 is taken as 1, as RabbitMQ does
+        if packet.qos == 2:
+            received = self.received_qos2.get(packet.packet_id)
+            if received is not None:  # (a resend of one published already: PUBREC again, once it went)
+                if received:
+                    self.send(mqtt.acknowledgement(mqtt.PUBREC, packet.packet_id, self.level))
+                return
+            if len(self.received_qos2) >= RECEIVE_MAXIMUM:
+                raise mqtt.MqttError(mqtt.RECEIVE_MAXIMUM_EXCEEDED, f"more than {RECEIVE_MAXIMUM} QoS 2 publishes "
+                                                                    f"wait for their PUBREL")
+            self.received_qos2[packet.packet_id] = False
+        qos = min(packet.qos, 1)  # (stored as QoS 1: a QoS 2 publish is once here by its packet id)
         self._send_publish(packet.topic, packet.payload, qos, packet.dup, packet.properties, packet.retain)
         if qos:
-            self.awaiting_confirm[self.next_seq - 1] = packet.packet_id
+            answer = mqtt.PUBREC if packet.qos == 2 else mqtt.PUBACK
+            self.awaiting_confirm[self.next_seq - 1] = (packet.packet_id, answer)
         if packet.retain:  # (once the channel took the publish: the user may write there)
             assert self.vhost is not None, "logged in"
             self.server.node.retained.put(self.vhost.name, packet.topic, packet.payload, qos,
@@ -526,8 +542,10 @@ class MqttConnection(asyncio.Protocol):
             tag = self.inflight.pop(packet.packet_id, None)
             if tag:
                 self._ack(tag)
-        elif packet.kind == mqtt.PUBREL:  # (a QoS 2 flow this broker never started: completed all the same)
-            self.send(mqtt.acknowledgement(mqtt.PUBCOMP, packet.packet_id, self.level))
+        elif packet.kind == mqtt.PUBREL:
+            known = self.received_qos2.pop(packet.packet_id, None) is not None
+            self.send(mqtt.acknowledgement(mqtt.PUBCOMP, packet.packet_id, self.level,
+                                           mqtt.SUCCESS if known else mqtt.PACKET_IDENTIFIER_NOT_FOUND))
 
     def _ack(self, tag: int) -> None:
         channel = self.channel
@@ -657,11 +675,13 @@ class MqttConnection(asyncio.Protocol):
         else:
             settled = [seq] if seq in waiting else []
         for number in settled:
-            packet_id = waiting.pop(number)
+            packet_id, answer = waiting.pop(number)
+            if answer == mqtt.PUBREC:
+                self.received_qos2[packet_id] = ack
             if ack:
-                self.send(mqtt.acknowledgement(mqtt.PUBACK, packet_id, self.level))
+                self.send(mqtt.acknowledgement(answer, packet_id, self.level))
             elif self.level == mqtt.MQTT_5:
-                self.send(mqtt.acknowledgement(mqtt.PUBACK, packet_id, self.level, mqtt.IMPLEMENTATION_SPECIFIC_ERROR))
+                self.send(mqtt.acknowledgement(answer, packet_id, self.level, mqtt.IMPLEMENTATION_SPECIFIC_ERROR))
         if settled and not ack and self.level != mqtt.MQTT_5:  # (3.1.1 has no way to say a publish failed)
             peer_log.warning(self.peer_address, "closing MQTT connection %s: a publish could not be stored",
                              self.described())

@@ -108,6 +108,8 @@ def _view(header_payload: bytes) -> MqttView:
         properties["correlation_data"] = amqp.correlation_id.encode()
     elif isinstance(headers.get(CORRELATION_HEADER), bytes):
         properties["correlation_data"] = headers[CORRELATION_HEADER]
+    if amqp.expiration and amqp.expiration.isdigit():  # (the interval as published, not what is left of it)
+        properties["message_expiry_interval"] = -(-int(amqp.expiration) // 1000)
     indicator = headers.get("x-mqtt-payload-format-indicator")
     if indicator in (0, 1):
         properties["payload_format_indicator"] = indicator

@@ -155,12 +155,20 @@ class Subscriptions:
             declare = spec.Queue.Declare(queue=name, durable=True, arguments={
                 "x-expires": connection.session_expiry * 1000})
 
-        def declared() -> None:
-            self.consuming[qos] = True
-            connection.send_method(spec.Basic.Consume(queue=name, consumer_tag=CONSUMER_TAGS[qos].decode(),
-                                                      no_ack=qos == 0), then, refused)
+        # Both go at once (the channel takes them in order): a subscription made meanwhile binds the queue the
+        # declare makes. Should either be refused, the subscription is, once, and the next one tries again.
+        self.consuming[qos] = True
+        told: list[AMQPError] = []
 
-        connection.send_method(declare, declared, refused)
+        def failed(error: AMQPError) -> None:
+            self.consuming[qos] = False
+            if not told:
+                told.append(error)
+                refused(error)
+
+        connection.send_method(declare, _nothing, failed)
+        connection.send_method(spec.Basic.Consume(queue=name, consumer_tag=CONSUMER_TAGS[qos].decode(),
+                                                  no_ack=qos == 0), then, failed)
 
     def _share(self, shared: tuple[str, str], topic_filter: str, qos: int, made: Callable[[], None],
                refused: Callable[[AMQPError], None]) -> None:

@@ -1,0 +1,64 @@
+"""Eclipse Paho's MQTT interoperability tests (client_test.py for 3.1.1, client_test5.py for 5.0; vendored in
+tests/mqtt/paho_interop), each test case against a broker of its own that lets their anonymous clients in. The
+cases Warren fails are marked with the reason: on purpose (QoS 2 is granted as 1 to subscribers, as RabbitMQ and
+LavinMQ do), or not built yet (docs/mqtt.md#mqtt-50 lists them)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+QOS2_GRANTED_AS_1 = "QoS 2 subscriptions are granted QoS 1 on purpose: the case wants a delivery at QoS 2"
+NOT_BUILT = "not built yet: "
+
+CASES_3_1_1 = {
+    "testBasic": None, "test_retained_messages": None, "test_zero_length_clientid": None,
+    "test_offline_message_queueing": None, "test_overlapping_subscriptions": QOS2_GRANTED_AS_1,
+    "test_keepalive": None, "test_redelivery_on_reconnect": None,
+    "test_subscribe_failure": NOT_BUILT + "a filter the broker refuses (RabbitMQ's topic permissions)",
+    "test_dollar_topics": None, "test_unsubscribe": None,
+}
+CASES_5_0 = {
+    "test_basic": None, "test_retained_message": QOS2_GRANTED_AS_1, "test_will_message": None,
+    "test_zero_length_clientid": None, "test_offline_message_queueing": None,
+    "test_overlapping_subscriptions": QOS2_GRANTED_AS_1, "test_keepalive": None,
+    "test_redelivery_on_reconnect": None,
+    "test_subscribe_failure": NOT_BUILT + "a filter the broker refuses (RabbitMQ's topic permissions)",
+    "test_dollar_topics": None, "test_unsubscribe": None,
+    "test_session_expiry": NOT_BUILT + "a session expiry interval changed by DISCONNECT",
+    "test_user_properties": QOS2_GRANTED_AS_1, "test_payload_format": QOS2_GRANTED_AS_1,
+    "test_publication_expiry": NOT_BUILT + "the message expiry interval counted down for the subscriber",
+    "test_subscribe_options": NOT_BUILT + "no_local", "test_assigned_clientid": None,
+    "test_subscribe_identifiers": None, "test_request_response": NOT_BUILT + "no_local",
+    "test_client_topic_alias": None, "test_server_topic_alias": NOT_BUILT + "topic aliases from the server",
+    "test_maximum_packet_size": None,
+    "test_server_keep_alive": "on purpose: the case wants the keepalive of 120 s a client asks for cut to 60 s, "
+                              "the Paho test broker's own setting (Warren takes the client's)",
+    "test_flow_control1": None, "test_will_delay": None, "test_shared_subscriptions": None,
+    # (test_flow_control2 is left out: it sends QoS 2 publishes past the receive maximum, waiting without a
+    # limit for a DISCONNECT the Paho test broker itself never sends: eclipse/paho.mqtt.testing issues 68, 77)
+}
+CASE_TIMEOUT = 90  # seconds; the longest case (will delay) takes about 20
+
+
+def cases() -> list:
+    return [pytest.param(level, name, marks=[pytest.mark.xfail(reason=reason, strict=True)] if reason else [],
+                         id=f"{'3.1.1' if level == 4 else '5.0'}-{name}")
+            for level, table in ((4, CASES_3_1_1), (5, CASES_5_0)) for name, reason in table.items()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("level, name", cases())
+def test_paho_interoperability(own_broker, tmp_path, level, name):
+    config = tmp_path / "warren.toml"
+    config.write_text("[mqtt]\nallow_anonymous = true\n")  # (the Paho clients give no user name)
+    broker = own_broker("--config", str(config))
+    result = subprocess.run([sys.executable, "-m", "tests.mqtt.paho_runner", str(level), str(broker.mqtt_port), name],
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=CASE_TIMEOUT,
+                            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    assert result.returncode == 0, result.stderr[-4000:]
