@@ -10,7 +10,10 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from tests.integration.helpers import RABBITMQ4
 from tests.mqtt.clients import Client, RawClient, connect_packet, connected, user_properties
+
+pytestmark = list(RABBITMQ4)  # (MQTT 5.0 came with RabbitMQ 3.13)
 
 
 def v5(broker, client_id: str, **options):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.integration.helpers import beyond_rabbitmq, rabbitmq4
 from tests.integration.management import add_user, add_vhost, delete_user, delete_vhost, set_permissions
 from tests.mqtt.clients import Client, RawClient, connect_packet, connected
 
@@ -69,6 +70,7 @@ def test_a_vhost_that_does_not_exist_is_bad_credentials_and_one_without_permissi
     assert connack_of(broker, connect_packet(unique, f"/:{user}", password)) == CONNACK_NOT_AUTHORIZED
 
 
+@rabbitmq4  # (3.10 leaves a QoS 1 publish it refused unanswered)
 def test_publishing_without_write_permission_closes_the_connection(broker, unique, user_in_vhost):
     user, password, vhost = user_in_vhost
     set_permissions(broker, vhost, user, write="^$")
@@ -78,6 +80,7 @@ def test_publishing_without_write_permission_closes_the_connection(broker, uniqu
     client.paho.loop_stop()
 
 
+@beyond_rabbitmq  # (3.10 closes the connection, where the spec has SUBACK 0x80)
 def test_subscribing_without_read_permission_is_refused_in_the_suback(broker, unique, user_in_vhost):
     user, password, vhost = user_in_vhost
     set_permissions(broker, vhost, user, read="^$")
