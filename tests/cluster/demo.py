@@ -171,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         for node in nodes:
             print(f"  node {node.name} (pid {node.process.pid}): amqp://guest:guest@127.0.0.1:{node.port}/  "
                   f"management :{node.management_port}  replication :{node.replication_port}  "
+                  f"MQTT :{node.mqtt_port}  "
                   f"data {node.data_dir}  log {node.log_path}")
         leader = observer.leader()
         led_by = next((node for node in nodes if leader is not None and node.name == leader[0]), None)

@@ -16,6 +16,7 @@ import pytest
 from tests.conftest import REPO_ROOT
 from tests.integration.helpers import EVENT_TIMEOUT, connect
 from tests.integration.management import add_user, request, set_permissions
+from tests.mqtt.clients import connected
 from tests.waiting import wait_for
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="the console tests need selenium (pip install selenium)")
@@ -151,8 +152,12 @@ def test_an_administrator_closes_a_connection_and_adds_a_user(browser, console_b
     conn = connect(console_broker)
     log_in(browser, console_broker)
     wait(browser, lambda d: d.find_element(By.CSS_SELECTOR, "main[data-page=overview]"))
-    click(browser, By.LINK_TEXT, "Connections")
-    wait(browser, lambda d: d.find_element(By.CSS_SELECTOR, "button.close-connection"))
+    with connected(console_broker, f"{unique}-device"):  # an MQTT client is listed beside the AMQP one
+        click(browser, By.LINK_TEXT, "Connections")
+        wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "button.close-connection")) == 2)
+        listed = text_of(browser, "main")
+        assert "AMQP 0-9-1" in listed and "MQTT 3.1.1" in listed and f"MQTT client {unique}-device" in listed
+    wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "button.close-connection")) == 1)
     screenshot(browser, "connections")
     click(browser, By.CSS_SELECTOR, "button.close-connection")
     wait(browser, lambda d: not d.find_elements(By.CSS_SELECTOR, "button.close-connection"))

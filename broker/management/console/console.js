@@ -437,7 +437,9 @@ async function connections() {
   const [list, channels] = await Promise.all([api("GET", "/connections"), api("GET", "/channels")]);
   return el("div", {}, el("h1", {}, `Connections (${list.length})`), table([
     {title: "Name", value: (c) => c.name},
-    {title: "Client", value: (c) => (c.client_properties && c.client_properties.product) || ""},
+    {title: "Client", value: (c) => [(c.client_properties || {}).product, (c.client_properties || {}).client_id]
+      .filter((part) => typeof part === "string").join(" ")},
+    {title: "Protocol", value: (c) => c.protocol},
     {title: "User", value: (c) => c.user},
     {title: "Virtual host", value: (c) => c.vhost},
     {title: "TLS", value: (c) => (c.ssl ? "yes" : "no")},
