@@ -377,7 +377,7 @@ def read_connect(body_bytes: bytes) -> Connect:
     name = body.string("protocol name")
     level = body.byte("protocol level")
     if (name, level) not in (("MQIsdp", MQTT_3_1), ("MQTT", MQTT_3_1_1), ("MQTT", MQTT_5)):
-        raise MqttError(UNSUPPORTED_PROTOCOL_VERSION, f"protocol {name!r} level {level} is not supported")
+        raise MqttError(UNSUPPORTED_PROTOCOL_VERSION, f"protocol {name[:100]!r} level {level} is not supported")
     flags = body.byte("connect flags")
     if flags & 0x01:
         raise malformed("the reserved connect flag is set")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import reprlib
-from typing import TYPE_CHECKING, Callable, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from broker.model.keys import composite_key
 
@@ -40,14 +40,6 @@ class RetainedMessages:
         message = topics[topic] = Retained(topic, payload, qos, properties)
         self._write(vhost, topic, {"vhost": vhost, "topic": topic, "payload": payload, "qos": qos,
                                    "properties": _storable(message.properties)})
-
-    def matching(self, vhost: str, matches: Callable[[str], bool]) -> list[Retained]:
-        """The retained messages of vhost whose topic matches, in topic order."""
-        topics = self.by_vhost.get(vhost, {})
-        return [topics[topic] for topic in sorted(topics) if matches(topic)]
-
-    def count(self, vhost: str) -> int:
-        return len(self.by_vhost.get(vhost, ()))
 
     def drop_vhost(self, vhost: str) -> None:
         """The vhost is deleted: so are its retained messages."""

@@ -23,8 +23,10 @@ from broker.connection.auth import authenticate
 from broker.connection.mqtt import topics
 from broker.connection.mqtt.messages import amqp_header, encoded_properties, view_of
 from broker.connection.mqtt.replies import ChannelReplies
+from broker.connection.mqtt.retained_out import RetainedSender
 from broker.connection.mqtt.subscriptions import Subscriptions, qos_of_consumer, queue_name
 from broker.connection.peer_log import PeerLog
+from broker.model.operations import Actor, delete_queue
 from broker.session.channel import Channel
 from protocol import mqtt
 from protocol.codec import encode_method
@@ -111,6 +113,8 @@ class MqttConnection(asyncio.Protocol):
         self.received_qos2: dict[int, bool] = {}
         self.next_packet_id = 1  # of the next QoS 1 message sent to the client
         self.inflight: dict[int, int] = {}  # packet id -> delivery tag (0: a retained message) awaiting PUBACK
+        self.retained_inflight = 0  # of those, retained messages
+        self.retained_out: RetainedSender | None = None  # sends the retained messages of new subscriptions
         self.to_ack: list[int] = []  # deliveries of the QoS 1 queue sent at QoS 0: acked as soon as they are sent
         self.subscriptions = Subscriptions(self)
         self.topic_aliases: dict[int, str] = {}  # 5.0: the topics the client's publishes name by alias
@@ -123,7 +127,8 @@ class MqttConnection(asyncio.Protocol):
         self.exclusive_queues: set = set()  # (ChannelHost) none: the session queues are never exclusive
         self.limits: ChannelLimits = server.channel_limits
         self.frame_max = 0  # (ChannelHost) no limit: a delivery's body comes in one frame (0 in the API, as RabbitMQ)
-        self.client_capabilities: dict = {}  # (ChannelHost) none: it hears nothing of AMQP's extensions
+        # (ChannelHost) a consumer its queue's deletion cancels is told (basic.cancel): the connection closes then
+        self.client_capabilities: dict = {"consumer_cancel_notify": True}
         self.last_received = 0.0  # loop time of the last bytes from the client
         self.read_this_turn = 0
         self.turn_paused = False
@@ -134,6 +139,7 @@ class MqttConnection(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None  # the CONNECT timeout, then keepalive checks
         self.disconnected = False  # it sent DISCONNECT: no will
         self.taken_over = False  # another connection took its client id: no will
+        self.fresh_session = False  # it took a client id over from a clean session: there is none to resume
         self.peer = self.peer_address = self.name = ""
         self.peer_port = 0
         self.connected_at = 0  # wall-clock milliseconds, for the management API
@@ -228,7 +234,7 @@ class MqttConnection(asyncio.Protocol):
         if transport is None or transport.is_closing():
             return
         if (self.turn_paused or self.throttled_by or self.blocked or self.held_by_channel or self.early
-                or self.out_size > OUTPUT_LIMIT):
+                or self.out_size + transport.get_write_buffer_size() > OUTPUT_LIMIT):
             transport.pause_reading()
         else:
             transport.resume_reading()
@@ -246,6 +252,8 @@ class MqttConnection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self.write_paused = False
         self._update_reading()
+        if self.retained_out is not None:
+            self.retained_out.resume()
         channel = self.channel
         if channel is not None and channel.open:
             channel.offer_credit({consumer.queue for consumer in channel.consumers.values()})
@@ -356,6 +364,7 @@ class MqttConnection(asyncio.Protocol):
             self._refuse_connect(mqtt.REFUSED_NOT_AUTHORIZED, mqtt.NOT_AUTHORIZED)
             return
         self.vhost = vhost
+        self.retained_out = RetainedSender(node.retained, vhost.name, self._send_retained, self._may_send_retained)
         self.reader.max_size = config.mqtt_max_packet_size
         vhost.counters.connections_opened += 1
         peer_log.info(self.peer_address, "accepting MQTT connection %s (client id: %.200r)", self.name,
@@ -404,6 +413,7 @@ class MqttConnection(asyncio.Protocol):
         else:
             self.server.mqtt_wills.cancel(key)
         if earlier is not None and earlier is not self:
+            self.fresh_session = not earlier.session_expiry  # (its session ends with it: none goes on here)
             earlier.take_over()
 
     def take_over(self) -> None:
@@ -421,7 +431,7 @@ class MqttConnection(asyncio.Protocol):
         assert self.vhost is not None, "logged in"
         name = self.subscriptions.queue_name(1)
         existed = name in self.vhost.queues
-        if self.clean:
+        if self.clean or self.fresh_session:
             if existed:
                 self.send_method(spec.Queue.Delete(queue=name), lambda: done(False), self._session_refused)
             else:
@@ -502,8 +512,9 @@ class MqttConnection(asyncio.Protocol):
         if qos:
             answer = mqtt.PUBREC if packet.qos == 2 else mqtt.PUBACK
             self.awaiting_confirm[self.next_seq - 1] = (packet.packet_id, answer)
-        if packet.retain:  # (once the channel took the publish: the user may write there)
-            assert self.vhost is not None, "logged in"
+        if packet.retain:  # (the user may write there, whether or not the channel has taken the publish yet)
+            assert self.vhost is not None and self.channel is not None, "logged in"
+            self.channel.access.check_publish(self.config.mqtt_exchange)
             self.server.node.retained.put(self.vhost.name, packet.topic, packet.payload, qos,
                                           _retained_properties(packet.properties))
 
@@ -542,6 +553,9 @@ class MqttConnection(asyncio.Protocol):
             tag = self.inflight.pop(packet.packet_id, None)
             if tag:
                 self._ack(tag)
+            elif tag == 0:
+                self.retained_inflight -= 1
+                self.retained_out.resume()
         elif packet.kind == mqtt.PUBREL:
             known = self.received_qos2.pop(packet.packet_id, None) is not None
             self.send(mqtt.acknowledgement(mqtt.PUBCOMP, packet.packet_id, self.level,
@@ -557,26 +571,37 @@ class MqttConnection(asyncio.Protocol):
                          topic_filter, why)
 
     def subscribed(self, packet_id: int, codes: list[int], granted: list[tuple[str, int]]) -> None:
-        """SUBACK, then the retained messages the new subscriptions (topic filter, QoS) match."""
+        """SUBACK, then the retained messages the new subscriptions (topic filter, QoS) match, a slice at a time."""
         if self.state is not OPEN:
             return
         self.send(mqtt.suback(packet_id, codes, self.level))
-        assert self.vhost is not None, "logged in"
-        retained = self.server.node.retained
         for topic_filter, qos in granted:
-            for message in retained.matching(self.vhost.name, lambda topic: topics.matches(topic_filter, topic)):
-                self._send_retained(message, topic_filter, qos)
+            if not self.retained_out.add(topic_filter, qos):
+                peer_log.warning(self.peer_address, "MQTT connection %s: no retained messages for %.200r: the "
+                                 "retained messages of too many subscriptions wait to be sent", self.described(),
+                                 topic_filter)
+
+    def _may_send_retained(self, qos: int) -> bool:
+        """A retained message goes while the client reads, and at QoS 1 within the prefetch's count of retained
+        messages unacknowledged."""
+        return not self.write_paused and (not qos or self.retained_inflight < self.config.mqtt_prefetch)
 
     def _send_retained(self, message: "Retained", topic_filter: str, qos: int) -> None:
         qos = min(qos, message.qos)
-        packet_id = self._packet_id(0) if qos else 0
         properties = b""
         if self.level == mqtt.MQTT_5:
             extra = dict(message.properties)
             if identifier := self.subscriptions.identifiers.get(topic_filter):
                 extra["subscription_identifier"] = [identifier]
             properties = mqtt.encode_properties(extra)
-        self.send(mqtt.publish(message.topic.encode(), message.payload, qos, True, False, packet_id, properties))
+        topic = message.topic.encode()
+        if mqtt.publish_size(topic, message.payload, qos, properties) > self.client_max_packet:
+            return  # (5.0: a message the client cannot take is dropped)
+        packet_id = 0
+        if qos:
+            packet_id = self._packet_id(0)
+            self.retained_inflight += 1
+        self.send(mqtt.publish(topic, message.payload, qos, True, False, packet_id, properties))
 
     # --- the channel -------------------------------------------------------------------------------------------
     def send_method(self, method, ok: Callable[[], None],
@@ -618,6 +643,11 @@ class MqttConnection(asyncio.Protocol):
                 to_ack, self.to_ack = self.to_ack, []
                 for tag in to_ack:
                     self._ack(tag)
+        except AMQPError as error:
+            self._refused_by_channel(error)
+        except Exception:
+            peer_log.internal_error(self.peer_address, "internal error on MQTT connection %s", self.described())
+            self._terminate()
         finally:
             self.draining = False
         out.clear()
@@ -657,6 +687,7 @@ class MqttConnection(asyncio.Protocol):
 
     def _packet_id(self, delivery_tag: int) -> int:
         inflight = self.inflight
+        assert len(inflight) < 0xFFFF, "bounded by the prefetch (deliveries) and mqtt_prefetch (retained)"
         packet_id = self.next_packet_id
         while packet_id in inflight:
             packet_id = packet_id % 0xFFFF + 1
@@ -677,7 +708,10 @@ class MqttConnection(asyncio.Protocol):
         for number in settled:
             packet_id, answer = waiting.pop(number)
             if answer == mqtt.PUBREC:
-                self.received_qos2[packet_id] = ack
+                if not ack:  # (refused: the client may send it again, under the same packet id)
+                    self.received_qos2.pop(packet_id, None)
+                elif packet_id in self.received_qos2:  # (unless a PUBREL came first)
+                    self.received_qos2[packet_id] = True
             if ack:
                 self.send(mqtt.acknowledgement(answer, packet_id, self.level))
             elif self.level == mqtt.MQTT_5:
@@ -820,6 +854,20 @@ class MqttConnection(asyncio.Protocol):
         delay = min(will.properties.get("will_delay_interval", 0), self.session_expiry)
         self.server.mqtt_wills.publish((self.vhost.name, self.client_id), self.user, will, delay, self.peer_address)
 
+    def _end_session(self, channel: Channel) -> None:
+        """The session ends with its connection (a clean one; 5.0's session expiry 0, where it resumed one too):
+        its queues go, also those whose declare or consume the channel held back for the disk when it closed."""
+        assert self.vhost is not None, "logged in"
+        actor = Actor(self.vhost, channel.access, self)
+        for qos in (0, 1):
+            name = self.subscriptions.queue_name(qos)
+            if name in self.vhost.queues:
+                try:
+                    delete_queue(actor, name, False, False)
+                except AMQPError as error:
+                    peer_log.warning(self.peer_address, "MQTT connection %s: its session's queue %r stays: %s",
+                                     self.described(), name, error.reply_text)
+
     def close_for_shutdown(self) -> None:
         if self.level == mqtt.MQTT_5 and self.state is OPEN:
             self.send(mqtt.disconnect(mqtt.SERVER_SHUTTING_DOWN))
@@ -864,12 +912,13 @@ class MqttConnection(asyncio.Protocol):
                 timer.cancel()
         for queue in self.throttled_by:
             queue.throttled.discard(self)
+        if self.retained_out is not None:
+            self.retained_out.stop()
         channel = self.channel
         if channel is not None and channel.open:
-            if not self.session_expiry and self.subscriptions.consuming[1]:
-                # the session ends with its connection (5.0's session expiry 0, also where it resumed one)
-                self.send_method(spec.Queue.Delete(queue=self.subscriptions.queue_name(1)), lambda: None)
             channel.shutdown()
+            if not self.session_expiry and not self.taken_over:
+                self._end_session(channel)
         self.channel = None
         self.channels = {}
         if self.vhost is not None:

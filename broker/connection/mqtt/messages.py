@@ -17,6 +17,8 @@ QOS_HEADER: Final = "x-mqtt-publish-qos"
 DUP_HEADER: Final = "x-mqtt-dup"
 RETAIN_HEADER: Final = "x-mqtt-retain"  # on a message published with the retain flag (5.0's retain as published)
 CORRELATION_HEADER: Final = "x-correlation-id"  # correlation data that no shortstr can hold (binary, or long)
+MAX_STRING: Final = 65_535  # bytes of an MQTT string or binary property
+MAX_EXPIRY_SECONDS: Final = 315_360_000  # a longer message expiry interval (a "never") sets no TTL (ten years)
 CACHE_LIMIT: Final = 1024  # content headers whose MQTT view is remembered (publishers repeat theirs)
 
 _plain: dict[tuple[int, bool, bool], bytes] = {}  # (qos, dup, retain) -> a header without 5.0 properties
@@ -53,7 +55,7 @@ def _encode(qos: int, dup: bool, retain: bool, body_size: int, properties: dict)
             amqp.correlation_id = text
         else:
             headers[CORRELATION_HEADER] = data
-    if "message_expiry_interval" in properties:
+    if properties.get("message_expiry_interval", MAX_EXPIRY_SECONDS + 1) <= MAX_EXPIRY_SECONDS:
         amqp.expiration = str(properties["message_expiry_interval"] * 1000)
     if "payload_format_indicator" in properties:
         headers["x-mqtt-payload-format-indicator"] = properties["payload_format_indicator"]
@@ -95,9 +97,11 @@ def _view(header_payload: bytes) -> MqttView:
         # (RabbitMQ 4.x reads an AMQP publisher's QoS from its delivery mode; 3.10 took every such message as QoS 1)
         qos = 1 if amqp.delivery_mode == 2 else 0
     properties: dict = {}
-    users = [(name, value if isinstance(value, str) else str(value)) for name, value in headers.items()
-             if not name.startswith("x-mqtt-") and name != CORRELATION_HEADER
-             and isinstance(value, (str, int, float)) and not isinstance(value, bool)]
+    users = [(name, text) for name, text in (
+        (name, value if isinstance(value, str) else str(value)) for name, value in headers.items()
+        if not name.startswith("x-mqtt-") and name != CORRELATION_HEADER
+        and isinstance(value, (str, int, float)) and not isinstance(value, bool))
+        if len(text.encode()) <= MAX_STRING]  # (one MQTT cannot carry is left out)
     if users:
         properties["user_property"] = users
     if amqp.content_type:
@@ -106,7 +110,7 @@ def _view(header_payload: bytes) -> MqttView:
         properties["response_topic"] = topics.topic(amqp.reply_to)
     if amqp.correlation_id:
         properties["correlation_data"] = amqp.correlation_id.encode()
-    elif isinstance(headers.get(CORRELATION_HEADER), bytes):
+    elif isinstance(headers.get(CORRELATION_HEADER), bytes) and len(headers[CORRELATION_HEADER]) <= MAX_STRING:
         properties["correlation_data"] = headers[CORRELATION_HEADER]
     if amqp.expiration and amqp.expiration.isdigit():  # (the interval as published, not what is left of it)
         properties["message_expiry_interval"] = -(-int(amqp.expiration) // 1000)

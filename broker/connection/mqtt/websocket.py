@@ -17,6 +17,9 @@ if TYPE_CHECKING:
 
 PATH: Final = "/ws"
 SUBPROTOCOLS: Final = ("mqtt",)
+# Bytes a WebSocket message may hold (a whole one is read before any of it is handed on, before the login too):
+# an MQTT packet over WebSockets is this large at most
+MESSAGE_LIMIT: Final = 1024 * 1024
 HIGH_WATER: Final = 64 * 1024  # bytes waiting to be sent above which the connection delivers nothing more
 
 
@@ -104,8 +107,8 @@ class WebSocketTransport:
 def make_web_mqtt_app(server: "Server") -> web.Application:
     """The application of [mqtt] web_port: MQTT over WebSockets on /ws."""
     async def serve(request: web.Request) -> web.StreamResponse:
-        socket = web.WebSocketResponse(protocols=SUBPROTOCOLS, max_msg_size=server.config.mqtt_max_packet_size,
-                                       autoping=True)
+        socket = web.WebSocketResponse(protocols=SUBPROTOCOLS, autoping=True,
+                                       max_msg_size=min(server.config.mqtt_max_packet_size, MESSAGE_LIMIT))
         await socket.prepare(request)
         connection = MqttConnection(server)
         transport = WebSocketTransport(socket, request, connection)
