@@ -783,6 +783,11 @@ class MqttConnection(asyncio.Protocol):
                     self._refused_by_channel(error)
                     break
                 self._method_refused(pending, error)
+            except Exception:
+                peer_log.internal_error(self.peer_address, "internal error on MQTT connection %s",
+                                        self.described())
+                self._terminate()
+                break
         if channel.open and frames:
             channel.read_processed()
         self._drain_channel()
