@@ -50,6 +50,8 @@ class Member:
     amqps_port: int = 0  # its amqps port, at amqp_host, where other nodes forward clients with [cluster] tls (0: none)
     # its hot standby holds all its data dir does (storage.standby): elected, it serves without reading the data dir
     standby: bool = False
+    mqtt_port: int = 0  # its MQTT port, at amqp_host, where other nodes forward MQTT clients (0: none)
+    mqtt_tls_port: int = 0  # its MQTT over TLS port, where they forward them with [cluster] tls (0: none)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -66,7 +68,8 @@ class Member:
         if not (isinstance(member.node_id, str) and type(member.amqp_port) is int
                 and type(member.replication_port) is int and isinstance(member.dir, str)
                 and type(member.lost_leader) is int and type(member.management_port) is int
-                and type(member.amqps_port) is int and type(member.standby) is bool):
+                and type(member.amqps_port) is int and type(member.standby) is bool
+                and type(member.mqtt_port) is int and type(member.mqtt_tls_port) is int):
             raise CoordinatorError(f"a member or leader key in etcd holds a malformed member: {text!r:.200}")
         return member
 

@@ -23,9 +23,11 @@ DEFAULT_GROUP = 0  # where a client goes whose handshake a front door could not 
 
 
 def posted(leader: Member | None) -> dict | None:
-    """A group's leader as the board holds it: its node, AMQP address (and amqps port) and management API port."""
+    """A group's leader as the board holds it: its node, AMQP address (and amqps port), management API port and MQTT
+    ports."""
     return None if leader is None else {"node": leader.node_id, "host": leader.amqp_host, "port": leader.amqp_port,
-                                        "tls_port": leader.amqps_port, "api": leader.management_port}
+                                        "tls_port": leader.amqps_port, "api": leader.management_port,
+                                        "mqtt_port": leader.mqtt_port, "mqtt_tls_port": leader.mqtt_tls_port}
 
 
 def led_by(board: dict, node: str, groups: int) -> list[int]:

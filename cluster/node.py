@@ -102,7 +102,8 @@ class ClusterNode:
         advertised = config.cluster_advertise_host or config.host
         self.member = Member(self.node, advertised, config.port, advertised,
                              config.cluster_replication_port, management_port=config.management_port,
-                             amqps_port=config.tls_port if config.tls_certfile else 0)
+                             amqps_port=config.tls_port if config.tls_certfile else 0,
+                             mqtt_port=config.mqtt_port, mqtt_tls_port=config.mqtt_tls_port)
         # [cluster] tls: this node's TLS towards the other nodes (the accepting side's context, the connecting side's)
         try:
             self.tls = node_contexts(config) if config.cluster_tls else None

@@ -250,7 +250,7 @@ class GroupWorker:
             node.clear_permissions(user, vhost)
 
     # --- the front doors ------------------------------------------------------------------------------------
-    def route(self, vhost: str | None, forwarded: bool, copies: bool = True) -> Route:
+    def route(self, vhost: str | None, forwarded: bool, copies: bool = True, mqtt: bool = False) -> Route:
         if copies and vhost is not None and self._keeps_copy(vhost):  # ([server] spread_vhosts: served here)
             return self.senders[self.number]
         group = self.groups.of(vhost) if vhost is not None else DEFAULT_GROUP
@@ -261,6 +261,12 @@ class GroupWorker:
             return self.senders[group]
         if forwarded:
             return refused(vhost, f"node {self.node_id} does not lead it now")
+        if mqtt:  # (its MQTT port; over TLS with [cluster] tls, as amqps)
+            port = leader.get("mqtt_tls_port" if self.config.cluster_tls else "mqtt_port") or 0
+            if not port:
+                return refused(vhost, f"node {leader['node']}, which leads it, takes no MQTT clients"
+                               + (" over TLS" if self.config.cluster_tls else ""))
+            return leader["host"], port
         return leader["host"], leader["tls_port"] if self.config.cluster_tls else leader["port"]
 
 

@@ -1,5 +1,5 @@
-"""The start of a client's byte stream: AMQP's 8-byte protocol header, after a PROXY header where another node of the
-cluster forwards the client. A broker's connection and a cluster's front door read it alike (StartReader); a node
+"""The start of a client's byte stream: AMQP's 8-byte protocol header (MQTT has none), after a PROXY header where
+another node of the cluster forwards the client. A broker's connection and a cluster's front door read it alike (StartReader); a node
 that forwards a client writes it (Forwarding).
 
 A PROXY header is believed for what its sender proves, never for the address it comes from: it carries the
@@ -18,6 +18,7 @@ from protocol import node_proof, proxy_header
 from protocol.constants import PROTOCOL_HEADER
 
 LINK: Final = "amqp"  # the kind of link the proofs of a forwarded client are made for (node_proof.link_key)
+MQTT_LINK: Final = "mqtt"  # that of a forwarded MQTT client (its proofs are no AMQP client's, nor the other way)
 PROXY, PROOF, HEADER = "a PROXY header", "a proof", "the protocol header"  # what a StartReader reads next
 
 
@@ -44,8 +45,10 @@ class StartReader:
     """The start of one stream, read as it arrives: a PROXY header may come first, then its sender's proof, then the
     protocol header."""
 
-    def __init__(self, secret: str | None) -> None:
+    def __init__(self, secret: str | None, link: str = LINK, protocol_header: bytes = PROTOCOL_HEADER) -> None:
         self.secret = secret  # the cluster's ("": not learnt yet; None: not in a cluster, no PROXY header is read)
+        self.link = link  # the kind of link the proofs are made for
+        self.protocol_header = protocol_header  # what must follow (b"": nothing, as for MQTT)
         self.data = b""  # what arrived and is not read yet
         self.stage = PROXY  # what is read next: PROXY (a PROXY header may come), PROOF or HEADER
         self.header = b""  # a PROXY header read whole, whose sender is to prove itself
@@ -96,17 +99,16 @@ class StartReader:
 
     def _key(self) -> bytes:
         assert self.secret
-        return node_proof.link_key(self.secret, LINK)
+        return node_proof.link_key(self.secret, self.link)
 
     def _protocol_header(self) -> StreamStart | None:
-        data = self.data
-        if len(data) < len(PROTOCOL_HEADER) and PROTOCOL_HEADER.startswith(data):
+        data, header = self.data, self.protocol_header
+        if len(data) < len(header) and header.startswith(data):
             return None
-        if data[:len(PROTOCOL_HEADER)] != PROTOCOL_HEADER:
+        if data[:len(header)] != header:
             raise WrongProtocolHeader()
         proxied = self.proxied
-        return StreamStart(proxied.ends if proxied else None, proxied is not None and proxied.tls,
-                           data[len(PROTOCOL_HEADER):])
+        return StreamStart(proxied.ends if proxied else None, proxied is not None and proxied.tls, data[len(header):])
 
 
 class Forwarding:
@@ -114,8 +116,8 @@ class Forwarding:
     carrying this node's nonce; then, once the other node's challenge proves it knows the cluster's secret, this
     node's proof, and the client's bytes behind it."""
 
-    def __init__(self, secret: str, client: tuple, local: tuple, tls: bool) -> None:
-        self.key = node_proof.link_key(secret, LINK)
+    def __init__(self, secret: str, client: tuple, local: tuple, tls: bool, link: str = LINK) -> None:
+        self.key = node_proof.link_key(secret, link)
         self.asked = node_proof.nonce()
         self.header = proxy_header.encode(client, local, tls, self.asked)  # written first
         self.received = b""  # the challenge as it arrives

@@ -44,7 +44,7 @@ from broker.connection.refused_login import Refusal, check_login
 from broker.connection.splice import SpliceEnd, join
 from broker.model.node import vhost_down
 from protocol import node_proof, proxy_header, stream_start
-from protocol.stream_start import Forwarding, StartReader
+from protocol.stream_start import LINK, MQTT_LINK, Forwarding, StartReader
 from protocol.codec import decode_method, encode_method
 from protocol.constants import (
     ACCESS_REFUSED, CONNECTION_FORCED, FRAME_END, FRAME_HEARTBEAT, FRAME_METHOD, FRAME_MIN_SIZE, INTERNAL_ERROR, PROTOCOL_HEADER,
@@ -74,9 +74,10 @@ Route = Union[socket.socket, tuple[str, int], str]
 
 
 class Router(Protocol):
-    def __call__(self, vhost: str | None, forwarded: bool, copies: bool = True) -> Route:
+    def __call__(self, vhost: str | None, forwarded: bool, copies: bool = True, mqtt: bool = False) -> Route:
         """Where a client of vhost goes; copies: a worker that keeps a copy of the vhost ([server] spread_vhosts)
-        may serve it (False: its home alone, which keeps what its MQTT clients share)."""
+        may serve it (False: its home alone, which keeps what its MQTT clients share); mqtt: an MQTT client (on
+        another node: that node's MQTT address)."""
         ...
 
 
@@ -114,7 +115,7 @@ class FrontDoors:
         known now): it connects again, and goes where its vhost is led now, rather than wait on a node that may be
         out of reach (as after a partition)."""
         for client in list(self.joined):
-            if self.route(client.vhost, False) != client.address:
+            if self.route(client.vhost, False, copies=not client.mqtt, mqtt=client.mqtt) != client.address:
                 client.abort()
 
     def close(self) -> None:
@@ -366,27 +367,10 @@ class FrontDoor(asyncio.Protocol):
             self.refuse(CONNECTION_FORCED, handoff.UNAVAILABLE)
 
     async def _forward(self, address: tuple[str, int], vhost: str | None) -> None:
-        """The client goes on through the node at address, once each node has proven to the other that it knows the
-        cluster's secret (ForwardEnd joins the two sockets then)."""
-        loop = asyncio.get_running_loop()
-        client_end = _Joined(self.doors.joined, vhost, address)
-        client_end.transport = self.transport
-        self.transport.set_protocol(client_end)
-        secret = self.doors.secret()
-        try:
-            if not secret:
-                raise ConnectionRefusedError(0, "this node has not learnt the cluster's secret yet")
-            forwarding = Forwarding(secret, self.peer, self.local, self.tls)
-            after = PROTOCOL_HEADER + bytes(self.kept)
-            async with asyncio.timeout(CONNECT_TIMEOUT):
-                await loop.create_connection(lambda: ForwardEnd(self.answered, forwarding, after, client_end), *address,
-                                             ssl=self.doors.towards)
-        except OSError as error:  # TimeoutError included
-            reason = "no answer in time" if isinstance(error, TimeoutError) else error.strerror or str(error)
-            peer_log.warning(address[0], "cannot forward a client to the node at %s:%d that leads its vhost: %s",
-                             *address, reason)
-            self.refuse(CONNECTION_FORCED, "CONNECTION_FORCED - broker forced connection closure with reason "
-                                            f"'vhost {vhost!r} unavailable'")
+        await forward(self.doors, self.transport, address, vhost, (self.peer, self.local, self.tls),
+                      PROTOCOL_HEADER + bytes(self.kept), self.answered,
+                      lambda: self.refuse(CONNECTION_FORCED, "CONNECTION_FORCED - broker forced connection closure "
+                                                             f"with reason 'vhost {vhost!r} unavailable'"))
 
     def refuse(self, code: int, text: str, method: tuple[int, int] = (0, 0)) -> None:
         """Tell the client why it cannot go on (it may connect again); method: the one refused, as (class, method)."""
@@ -395,14 +379,43 @@ class FrontDoor(asyncio.Protocol):
             self.transport.close()
 
 
+async def forward(doors: FrontDoors, transport: Any, address: tuple[str, int], vhost: str | None,
+                  client: tuple[tuple, tuple, bool], after: bytes, answered: int, refuse: Callable[[], None],
+                  turned_away: bytes = close_frame(CONNECTION_FORCED, TURNED_AWAY), link: str = LINK) -> None:
+    """The client (its address, the one it connected to, whether it speaks TLS) goes on through the node at address,
+    once each node has proven to the other that it knows the cluster's secret (ForwardEnd joins the two sockets
+    then, and sends after: what the client sent here); answered: the handshake frames this door sent, which that
+    node's answers first; refuse() tells the client it cannot go on, turned_away what it is told when that node does
+    not take it. link: the kind of link the proofs are made for (MQTT_LINK: an MQTT client, to that node's MQTT
+    port)."""
+    loop = asyncio.get_running_loop()
+    client_end = _Joined(doors.joined, vhost, address, link == MQTT_LINK)
+    client_end.transport = transport
+    transport.set_protocol(client_end)
+    secret = doors.secret()
+    try:
+        if not secret:
+            raise ConnectionRefusedError(0, "this node has not learnt the cluster's secret yet")
+        forwarding = Forwarding(secret, *client, link=link)
+        async with asyncio.timeout(CONNECT_TIMEOUT):
+            await loop.create_connection(lambda: ForwardEnd(answered, forwarding, after, client_end, turned_away),
+                                         *address, ssl=doors.towards)
+    except OSError as error:  # TimeoutError included
+        reason = "no answer in time" if isinstance(error, TimeoutError) else error.strerror or str(error)
+        peer_log.warning(address[0], "cannot forward a client to the node at %s:%d that leads its vhost: %s",
+                         *address, reason)
+        refuse()
+
+
 class _Joined(SpliceEnd):
     """A client's end of its forward to another node, in its front doors' set while it is open."""
 
-    def __init__(self, joined: set[_Joined], vhost: str | None, address: tuple[str, int]) -> None:
+    def __init__(self, joined: set[_Joined], vhost: str | None, address: tuple[str, int], mqtt: bool) -> None:
         super().__init__()
         self.joined = joined
         self.vhost = vhost  # what it opened (None: what the front door could not read)
         self.address = address  # the node it was forwarded to, which led that vhost then
+        self.mqtt = mqtt  # an MQTT client (forwarded to that node's MQTT port)
         joined.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -423,8 +436,10 @@ class ForwardEnd(SpliceEnd):
     this node's answered already, are dropped; what follows goes to the client. A node that cannot prove it knows
     the cluster's secret, answers otherwise, or closes first has the client told to come again."""
 
-    def __init__(self, frames: int, forwarding: Forwarding, after: bytes, client: SpliceEnd) -> None:
+    def __init__(self, frames: int, forwarding: Forwarding, after: bytes, client: SpliceEnd,
+                 turned_away: bytes) -> None:
         super().__init__()
+        self.turned_away = turned_away  # what the client is told when this node cannot take it
         self.frames = frames  # answered frames still to drop
         self.head = b""  # the start of the one being dropped
         self.forwarding: Forwarding | None = forwarding  # the proofs under way (None once the client's bytes go on)
@@ -522,6 +537,6 @@ class ForwardEnd(SpliceEnd):
         self.frames = 0
         client = self.other.transport if self.other is not None else None
         if client is not None and not client.is_closing():
-            client.write(close_frame(CONNECTION_FORCED, TURNED_AWAY))
+            client.write(self.turned_away)
             client.close()
         self.transport.close()

@@ -17,6 +17,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from types import SimpleNamespace
 
 import pika
 import pytest
@@ -26,6 +27,7 @@ from tests.cluster.netns import Place
 from tests.cluster.nodes import LEASE_TTL, Cluster, wait_for
 from tests.cluster.shapes import (Nodes, api, api_ready, connect, drained, in_path, publish_confirmed, three_nodes,
                                   warrenctl)
+from tests.mqtt.clients import Client as MqttClient
 from tests.tls_certs import make_certificates
 
 pytestmark = pytest.mark.slow
@@ -433,3 +435,43 @@ def test_a_drained_node_takes_no_client_and_leads_no_group_until_revived(shaped:
     done = warrenctl(cluster, target, "revive")
     assert done.returncode == 0, done.stderr
     connect(cluster, target, shaped.vhosts[0]).close()
+
+
+def test_mqtt_clients_of_any_node_meet_at_their_vhosts_leader(shaped: Nodes):
+    """MQTT clients are forwarded as AMQP ones are: in the vhost of each group, a subscriber on a node that does not
+    lead it and a publisher on a third node meet at the group's leader, which shows them as connections of its own."""
+    cluster = shaped.cluster
+    led = shaped.leaders()
+    for group, vhost in enumerate(shaped.vhosts):
+        subscribing = next(node for node in "abc" if node != led[group])
+        publishing = next(node for node in "abc" if node not in (led[group], subscribing))
+        login = {"username": f"{vhost}:guest" if vhost != "/" else "guest", "password": "guest"}
+        subscriber = mqtt_client(cluster, subscribing, f"sub-{group}", login)
+        try:
+            subscriber.subscribe(f"orders/{group}/+", qos=1)
+            publisher = mqtt_client(cluster, publishing, f"pub-{group}", login)
+            publisher.publish(f"orders/{group}/new", b"through two nodes", qos=1)
+            publisher.disconnect()
+            message = subscriber.receive()
+            assert (message.topic, message.payload) == (f"orders/{group}/new", b"through two nodes")
+            listed = wait_for(lambda: [c for c in api(cluster, led[group], "GET", "/api/connections")[1]
+                                       if c["protocol"] == "MQTT 3.1.1"], 10, "the subscriber at the leader")
+            assert [(c["client_properties"]["client_id"], c["vhost"]) for c in listed] == [(f"sub-{group}", vhost)]
+        finally:
+            subscriber.disconnect()
+
+
+def mqtt_client(cluster: Cluster, node: str, client_id: str, login: dict) -> MqttClient:
+    """An MQTT client of node, connected once the node knows where its vhost is led (until then it is told to come
+    again, with CONNACK 3)."""
+    def attempt() -> MqttClient | None:
+        client = MqttClient(SimpleNamespace(mqtt_port=cluster.nodes[node].mqtt_port), client_id, **login)
+        try:
+            client.connect(expect_success=False)
+        except ConnectionRefusedError:  # (its doors open once all its workers serve)
+            return None
+        if client.connack is not None and not client.connack[1].is_failure:
+            return client
+        client.paho.loop_stop()
+        return None
+    return wait_for(attempt, 30, f"an MQTT client of node {node} connected", step=0.2)

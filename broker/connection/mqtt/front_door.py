@@ -1,8 +1,10 @@
 """The MQTT front door of a node of workers: it reads a client's CONNECT, takes the vhost from it (the user name's
 "vhost:user", else [mqtt] vhost), and sends the client where that vhost is served, as the AMQP front door does
 (broker.connection.front_door): to a worker of this node, its socket handed over with every byte it sent
-(broker.connection.handoff), which reads them as its own client's. The login is checked there. A vhost led on
-another node, or by none now, is refused with CONNACK 3 (server unavailable): the client connects again."""
+(broker.connection.handoff), which reads them as its own client's, checking the login; to another node of a
+cluster, through that node's MQTT port with a proven PROXY header before the client's bytes (MQTT's link: no AMQP
+forward's proofs pass for it), as AMQP clients are forwarded. A vhost led by none now is refused with CONNACK 3
+(server unavailable): the client connects again."""
 
 from __future__ import annotations
 
@@ -15,10 +17,11 @@ from typing import Any
 
 from broker.connection import handoff
 from broker.connection.connection import HANDSHAKE_TIMEOUT
-from broker.connection.front_door import FrontDoors
+from broker.connection.front_door import FrontDoors, forward
 from broker.connection.mqtt.connection import CONNECT_TIMEOUT, UNAUTHENTICATED_PACKET_SIZE, vhost_and_user
 from broker.connection.peer_log import PeerLog
-from protocol import mqtt
+from protocol import mqtt, proxy_header, stream_start
+from protocol.stream_start import MQTT_LINK, StartReader
 
 log = logging.getLogger(__name__)
 peer_log = PeerLog(log)
@@ -47,7 +50,10 @@ class MqttFrontDoor(asyncio.Protocol):
         self.doors = doors
         self.transport: Any = None
         self.reader = mqtt.PacketReader(UNAUTHENTICATED_PACKET_SIZE)
-        self.kept = bytearray()  # everything the client sent
+        self.start: StartReader | None = None  # reads another node's PROXY header and proofs, if one comes
+        self.forwarded = False  # the client came through another node's front door (a proven PROXY header)
+        self.tls = False  # it speaks TLS, here or to the node that forwarded it
+        self.kept = bytearray()  # everything the client sent (after another node's PROXY header and proofs)
         self.peer: tuple = ("", 0)
         self.local: tuple = ("", 0)
         self.connected_at = 0
@@ -62,9 +68,8 @@ class MqttFrontDoor(asyncio.Protocol):
         self.peer = tuple(transport.get_extra_info("peername") or ("", 0))[:2]
         self.local = tuple(transport.get_extra_info("sockname") or ("", 0))[:2]
         self.connected_at = int(time.time() * 1000)
-        if self.doors.suspended:
-            self.transport.abort()
-            return
+        self.tls = transport.get_extra_info("sslcontext") is not None
+        self.start = StartReader(self.doors.secret(), MQTT_LINK, protocol_header=b"")
         self.timer = asyncio.get_running_loop().call_later(CONNECT_TIMEOUT, self._timed_out)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -77,6 +82,10 @@ class MqttFrontDoor(asyncio.Protocol):
         self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
+        if self.start is not None:
+            data = self._stream_start(data)
+            if not data:
+                return
         self.kept += data
         try:
             packets = self.reader.feed(data)
@@ -96,6 +105,30 @@ class MqttFrontDoor(asyncio.Protocol):
                 pass
         self._go(vhost)
 
+    def _stream_start(self, data: bytes) -> bytes:
+        """Another node's PROXY header and proofs, where one forwards the client; what follows them."""
+        assert self.start is not None
+        try:
+            challenge, start = self.start.feed(data)
+        except (proxy_header.ProxyHeaderError, stream_start.NotProven) as error:
+            peer_log.warning(self.peer[0], "closing connection from %s:%s: %s PROXY header: %s", *self.peer,
+                             "malformed" if isinstance(error, proxy_header.ProxyHeaderError) else "refused", error)
+            self.transport.abort()
+            return b""
+        if challenge:
+            self.transport.write(challenge)
+        if start is None:
+            return b""
+        self.start = None
+        if start.forwarded is not None:
+            self.peer, self.local = start.forwarded
+            self.forwarded = True
+            self.tls = start.tls  # (the client's, not the link's between the nodes)
+        elif self.doors.suspended:  # (the node is in maintenance: its own clients go, as at a closed port)
+            self.transport.abort()
+            return b""
+        return start.rest
+
     def _go(self, vhost: str | None) -> None:
         self.transport.pause_reading()
         if self.timer is not None:
@@ -103,16 +136,21 @@ class MqttFrontDoor(asyncio.Protocol):
             self.timer = None
         # (with [server] spread_vhosts too, the vhost's home serves its MQTT clients: its retained messages and client
         # ids are kept there)
-        route = self.doors.route(vhost, False, copies=False)
+        route = self.doors.route(vhost, self.forwarded, copies=False, mqtt=True)
+        if isinstance(route, tuple):
+            task = asyncio.get_running_loop().create_task(forward(
+                self.doors, self.transport, route, vhost, (self.peer, self.local, self.tls), bytes(self.kept), 0,
+                self._refuse, mqtt_unavailable(self.level), MQTT_LINK))
+            self.doors.splicing.add(task)
+            task.add_done_callback(self.doors.splicing.discard)
+            return
         if not isinstance(route, socket.socket):
-            why = route if isinstance(route, str) else "its vhost is led on another node (MQTT goes to that node)"
-            peer_log.warning(self.peer[0], "closing MQTT connection from %s:%s: %s", *self.peer, why)
+            peer_log.warning(self.peer[0], "closing MQTT connection from %s:%s: %s", *self.peer, route)
             self._refuse()
             return
         handed = handoff.HandedOver(user="", peer=list(self.peer), local=list(self.local),
                                     connected_at=self.connected_at, received_bytes=0, sent_bytes=0,
-                                    tls=self.transport.get_extra_info("sslcontext") is not None, answered=0,
-                                    data=bytes(self.kept), protocol=PROTOCOL)
+                                    tls=self.tls, answered=0, data=bytes(self.kept), protocol=PROTOCOL)
         try:
             handoff.hand_over(self.transport, route, handed, self.doors.splicing)
         except OSError as error:

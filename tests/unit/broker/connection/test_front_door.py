@@ -50,7 +50,7 @@ class Door:
     def __init__(self, route, secret: str = SECRET, users=None):
         self.asked: list[tuple[str | None, bool]] = []
 
-        def asked(vhost, forwarded):
+        def asked(vhost, forwarded, copies=True, mqtt=False):  # (FrontDoors.route: a Router)
             self.asked.append((vhost, forwarded))
             return route
 
@@ -212,7 +212,7 @@ def test_a_client_forwarded_to_a_node_that_no_longer_leads_its_vhost_is_dropped(
                 assert isinstance(await read_frame(reader), spec.Connection.OpenOk)
                 door.doors.reroute()  # the same leader: the client stays
                 assert len(door.doors.joined) == 1
-                door.doors.route = lambda vhost, forwarded: refused(vhost, "no leader now")
+                door.doors.route = lambda vhost, forwarded, **options: refused(vhost, "no leader now")
                 door.doors.reroute()
                 assert await reader.read() == b""  # closed
                 assert not door.doors.joined
