@@ -32,7 +32,7 @@ from broker.management import http
 from broker.management.rates import SLICE
 from broker.management.resources import QueueCounts, queue_counts
 from broker.management.views.nodes import open_files
-from broker.model.counters import QUEUE_COUNTERS
+from broker.model.counters import AMQP_LABEL, QUEUE_COUNTERS
 from broker.model.definitions import RABBITMQ_VERSION
 
 if TYPE_CHECKING:
@@ -40,7 +40,12 @@ if TYPE_CHECKING:
     from storage.histogram import Histogram
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # the text format generate_latest writes, as RabbitMQ's
-PROTOCOL = ["amqp091"]  # the protocol label of RabbitMQ's global counters
+PROTOCOL = [AMQP_LABEL]  # the protocol label of RabbitMQ's global queue counters (messages of every protocol)
+
+
+def protocol_label(protocol: str) -> str:
+    """RabbitMQ's label of a connection's protocol ("MQTT 3.1.1" -> "mqtt311", "AMQP 0-9-1" -> "amqp091")."""
+    return protocol.lower().replace(" ", "").replace(".", "").replace("-", "").replace("amqp091", AMQP_LABEL)
 # Warren's queue types under RabbitMQ's names (the queue_type label); streams are listed with zeros, as RabbitMQ
 # lists every type it knows.
 QUEUE_TYPES = {"classic": "rabbit_classic_queue", "quorum": "rabbit_quorum_queue", "stream": "rabbit_stream_queue"}
@@ -67,7 +72,11 @@ class Snapshot:
     # (channel's name, its consumers) of every channel: taken for the per-object endpoint only
     channel_consumers: list[tuple[str, int]] = field(default_factory=list)
     publishers: int = 0
-    counters: dict[str, int] = field(default_factory=dict)  # NodeCounters' plain counters
+    counters: dict[str, int] = field(default_factory=dict)  # NodeCounters' plain counters, summed over protocols
+    # protocol label -> its NodeCounters' plain counters (RabbitMQ's global counters are labelled by protocol)
+    protocols: dict[str, dict[str, int]] = field(default_factory=dict)
+    # protocol label -> (its publishing channels, its consumers)
+    clients: dict[str, tuple[int, int]] = field(default_factory=dict)
     # queue type -> QUEUE_COUNTERS summed over its queues, live and deleted
     queue_counters: dict[str, dict[str, int]] = field(default_factory=dict)
     dead_lettered: dict[tuple[str, str, str], int] = field(default_factory=dict)
@@ -89,8 +98,16 @@ async def take_snapshot(server: "Server", per_object: bool) -> Snapshot:
         snapshot.channel_consumers = [(http.channel_name(channel), len(channel.consumers)) for channel in channels]
     snapshot.publishers = sum(channel.publish_count > 0 for channel in channels)
     counters = server.node.counters
-    snapshot.counters = {name: getattr(counters, name) for name in counters.__slots__
-                         if isinstance(getattr(counters, name), int)}
+    plain = [name for name in counters.__slots__ if isinstance(getattr(counters, name), int)]
+    snapshot.protocols = {label: {name: getattr(of, name) for name in plain}
+                          for label, of in server.node.by_protocol()}
+    snapshot.counters = {name: sum(values[name] for values in snapshot.protocols.values()) for name in plain}
+    for connection in connections:  # (publishers and consumers by protocol, as RabbitMQ's global gauges)
+        label = protocol_label(connection.protocol)
+        publishing, consuming = snapshot.clients.get(label, (0, 0))
+        snapshot.clients[label] = (
+            publishing + sum(channel.publish_count > 0 for channel in connection.channels.values()),
+            consuming + sum(len(channel.consumers) for channel in connection.channels.values()))
     snapshot.dead_lettered = dict(counters.dead_lettered)
     sums = snapshot.queue_counters
     for queue_type in QUEUE_TYPES:
@@ -241,14 +258,16 @@ def families(snapshot: Snapshot, per_object: bool) -> Iterator:
         _gauge("rabbitmq_disk_space_available_limit_bytes", "Free disk space low watermark in bytes", 0),
         _gauge("rabbitmq_erlang_uptime_seconds", "Node uptime", time.time() - server.started_at),
     ]
-    for name, documentation, value in (
-            ("rabbitmq_auth_attempts_total", "Total number of authorization attempts", counters["auth_attempts"]),
+    for name, documentation, value_of in (
+            ("rabbitmq_auth_attempts_total", "Total number of authorization attempts",
+             lambda values: values["auth_attempts"]),
             ("rabbitmq_auth_attempts_succeeded_total", "Total number of successful authentication attempts",
-             counters["auth_attempts"] - counters["auth_failed"]),
+             lambda values: values["auth_attempts"] - values["auth_failed"]),
             ("rabbitmq_auth_attempts_failed_total", "Total number of failed authentication attempts",
-             counters["auth_failed"])):
+             lambda values: values["auth_failed"])):
         family = CounterMetricFamily(name, documentation, labels=["protocol"])
-        family.add_metric(PROTOCOL, value)
+        for label, values in snapshot.protocols.items():
+            family.add_metric([label], value_of(values))
         yield family
     yield from _queue_families(snapshot.queues, per_object)
     yield _channel_consumers(snapshot, per_object)
@@ -314,15 +333,17 @@ def _label_value(text: str) -> str:
 
 
 def _global_families(snapshot: Snapshot) -> list:
-    counters = snapshot.counters
     consumers = GaugeMetricFamily("rabbitmq_global_consumers", "Current number of consumers", labels=["protocol"])
-    consumers.add_metric(PROTOCOL, snapshot.consumers)
     publishers = GaugeMetricFamily("rabbitmq_global_publishers", "Current number of publishers", labels=["protocol"])
-    publishers.add_metric(PROTOCOL, snapshot.publishers)
+    for label in snapshot.protocols:
+        publishing, consuming = snapshot.clients.get(label, (0, 0))
+        consumers.add_metric([label], consuming)
+        publishers.add_metric([label], publishing)
     result = [consumers, publishers]
     for name, documentation, key in GLOBAL_COUNTERS:
         family = CounterMetricFamily(name, documentation, labels=["protocol"])
-        family.add_metric(PROTOCOL, counters[key])
+        for label, values in snapshot.protocols.items():
+            family.add_metric([label], values[key])
         result.append(family)
     for name, documentation, keys in GLOBAL_QUEUE_COUNTERS:
         family = CounterMetricFamily(name, documentation, labels=["protocol", "queue_type"])

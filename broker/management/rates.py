@@ -152,7 +152,8 @@ class Rates:
                     slice_started = time.perf_counter()
                     now_ms = int(time.time() * 1000)
         self.queues = live  # deleted queues' histories go
-        node_values = _queue_stats(tuple(sums)) + tuple(getattr(counters, field) for field in NODE_STATS.values())
+        node = self.server.node  # (publishes of every protocol)
+        node_values = _queue_stats(tuple(sums)) + tuple(node.total(field) for field in NODE_STATS.values())
         now_ms = int(time.time() * 1000)
         self.node.add(now_ms, node_values)
         self._sample_connections(now_ms)

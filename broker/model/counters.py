@@ -23,6 +23,9 @@ QUEUE_COUNTERS = (
 )
 
 
+AMQP_LABEL = "amqp091"  # RabbitMQ's protocol label of AMQP 0-9-1's counters
+
+
 class NodeCounters:
     """The node's counters that are not a queue's."""
 

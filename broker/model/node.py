@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from broker.model.access import (
     DEFAULT_HASHING, HASHING_ALGORITHMS, Permission, User, hash_password, valid_password_hash,
 )
-from broker.model.counters import NodeCounters
+from broker.model.counters import AMQP_LABEL, NodeCounters
 from broker.model.interfaces import ParameterComponent, QueueCrossing, TopologyWatcher
 from broker.model.keys import permission_key
 from broker.model.retained import RetainedMessages
@@ -49,6 +49,9 @@ class Node:
         self.permissions_version = 0
         self.next_msg_id = 1  # id of the next persistent message written to the store (shared by every vhost)
         self.counters = NodeCounters()  # what the node did since it started, for the Prometheus endpoint
+        # the same of the clients of other protocols, by RabbitMQ's protocol label ("mqtt311"...): their channels
+        # count there (the node's totals are the sums: totals())
+        self.other_protocols: dict[str, NodeCounters] = {}
         # whether this process serves a vhost's clients now: a worker of several, those of the vhosts recorded in
         # its group (broker.workers.placement); a client sent by a record it has not learnt yet is told to come again
         self.serves: Callable[[str], bool] = lambda name: True
@@ -57,6 +60,23 @@ class Node:
         # how queues owned by other processes of the node are reached (broker.crossing); None: all are here
         self.crossing: QueueCrossing | None = None
         self.retained = RetainedMessages(store)  # MQTT's retained messages of every vhost
+
+    def counters_of(self, protocol: str) -> NodeCounters:
+        """The counters of a protocol's clients (RabbitMQ's label: "amqp091" those of self.counters)."""
+        if protocol == AMQP_LABEL:
+            return self.counters
+        counters = self.other_protocols.get(protocol)
+        if counters is None:
+            counters = self.other_protocols[protocol] = NodeCounters()
+        return counters
+
+    def by_protocol(self) -> list[tuple[str, NodeCounters]]:
+        """Each protocol's counters, AMQP 0-9-1's first."""
+        return [(AMQP_LABEL, self.counters), *self.other_protocols.items()]
+
+    def total(self, name: str) -> int:
+        """A plain counter (received, confirmed ...) summed over the protocols."""
+        return sum(getattr(counters, name) for _, counters in self.by_protocol())
 
     # --- durability ------------------------------------------------------------------------------------------
     def _record(self, kind: str, name: str, data: dict | None) -> None:

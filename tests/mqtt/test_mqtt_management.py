@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from tests.integration.helpers import rabbitmq4
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.integration.helpers import beyond_rabbitmq, rabbitmq4
 from tests.integration.management import add_user, delete_user, quote, request, set_permissions
 from tests.mqtt.clients import Client, connected
 from tests.waiting import wait_for
@@ -61,3 +65,21 @@ def test_deleting_the_user_closes_its_mqtt_connections(broker, unique):
     delete_user(broker, unique)
     assert client.disconnected.wait(10)
     client.paho.loop_stop()
+
+
+@beyond_rabbitmq  # (3.10's metrics have no protocol of MQTT's: its clients are AMQP channels there)
+def test_the_global_counters_are_labelled_by_protocol_as_rabbitmq_4_labels_them(own_broker, unique):
+    broker = own_broker()
+    with connected(broker, f"{unique}-s") as subscriber, connected(broker, f"{unique}-p", version=5) as publisher:
+        subscriber.subscribe(f"{unique}/a", qos=1)
+        for _ in range(3):
+            publisher.publish(f"{unique}/a", b"x", qos=1)
+        assert [subscriber.receive().payload for _ in range(3)] == [b"x"] * 3
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{broker.prometheus_port}/metrics", timeout=10).read()
+    samples = {(sample.name, sample.labels.get("protocol")): sample.value
+               for family in text_string_to_metric_families(metrics.decode()) for sample in family.samples}
+    assert samples[("rabbitmq_global_messages_received_total", "mqtt50")] == 3
+    assert samples[("rabbitmq_global_messages_confirmed_total", "mqtt50")] == 3
+    assert samples[("rabbitmq_global_messages_received_total", "amqp091")] == 0
+    assert samples[("rabbitmq_global_consumers", "mqtt311")] == 1
+    assert samples[("rabbitmq_auth_attempts_total", "mqtt311")] == 1

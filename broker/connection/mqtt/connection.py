@@ -54,6 +54,7 @@ OUTPUT_LIMIT: Final = 4 * 1024 * 1024  # unread bytes to a client above which it
 FLOW_MAX_PAUSE: Final = 0.1  # longest a queue's flow control holds the client back at a time (as AMQP's)
 _PUBLISH_HEAD: Final = struct.Struct(">IHB")  # basic.publish's method id, ticket, exchange length
 _CHANNEL: Final = 1  # the number of the connection's one channel
+METRIC_LABELS: Final = {mqtt.MQTT_3_1: "mqtt310", mqtt.MQTT_3_1_1: "mqtt311", mqtt.MQTT_5: "mqtt50"}
 
 
 class State(enum.Enum):
@@ -342,9 +343,10 @@ class MqttConnection(asyncio.Protocol):
         node = server.node
         login = authenticate(node, config.loopback_users, "PLAIN",
                              b"\x00" + username.encode() + b"\x00" + password, self.peer_address)
-        node.counters.auth_attempts += 1
+        counters = node.counters_of(self.protocol_label)
+        counters.auth_attempts += 1
         if not login.accepted:
-            node.counters.auth_failed += 1
+            counters.auth_failed += 1
             peer_log.warning(self.peer_address, "MQTT login failed for user %.100r from %s: authentication failed",
                              username, self.peer)
             self._refuse_login()
@@ -366,11 +368,12 @@ class MqttConnection(asyncio.Protocol):
         self.vhost = vhost
         self.retained_out = RetainedSender(node.retained, vhost.name, self._send_retained, self._may_send_retained)
         self.reader.max_size = config.mqtt_max_packet_size
-        vhost.counters.connections_opened += 1
+        counters.connections_opened += 1
         peer_log.info(self.peer_address, "accepting MQTT connection %s (client id: %.200r)", self.name,
                       self.client_id)
         self._take_client_id()
         self.channel = Channel(self, _CHANNEL)
+        self.channel.counters = counters  # (its publishes counted as MQTT's, as RabbitMQ's global counters are)
         self.channels = {_CHANNEL: self.channel}
         self.client_properties = {"product": "MQTT client", "client_id": self.client_id}
         self.send_method(spec.Confirm.Select(), lambda: None)
@@ -893,6 +896,11 @@ class MqttConnection(asyncio.Protocol):
         return f"MQTT {mqtt.VERSION_NAMES[self.level]}"
 
     @property
+    def protocol_label(self) -> str:
+        """RabbitMQ's label of its protocol in the metrics: mqtt310, mqtt311 or mqtt50."""
+        return METRIC_LABELS[self.level]
+
+    @property
     def heartbeat(self) -> int:
         """(The API's timeout) the keepalive."""
         return self.keepalive
@@ -927,7 +935,7 @@ class MqttConnection(asyncio.Protocol):
         self.channel = None
         self.channels = {}
         if self.vhost is not None:
-            self.vhost.counters.connections_closed += 1
+            self.server.node.counters_of(self.protocol_label).connections_closed += 1
             key = (self.vhost.name, self.client_id)
             if self.server.mqtt_clients.get(key) is self:
                 del self.server.mqtt_clients[key]
