@@ -239,3 +239,13 @@ def test_a_message_matching_two_subscriptions_comes_once_with_both_identifiers(b
         publisher.publish(f"{unique}/a", b"x", qos=1)
         assert sorted(subscriber.receive().properties.SubscriptionIdentifier) == [2, 3]
         subscriber.nothing_more()
+
+
+def test_a_no_local_subscription_takes_no_message_of_its_own_connection(broker, unique):
+    with v5(broker, f"{unique}-a") as client, v5(broker, f"{unique}-b") as other:
+        client.paho.subscribe(f"{unique}/chat", options=SubscribeOptions(qos=1, noLocal=True))
+        client.subacks.get(timeout=10)
+        client.publish(f"{unique}/chat", b"mine", qos=1)
+        other.publish(f"{unique}/chat", b"theirs", qos=1)
+        assert client.receive().payload == b"theirs"
+        client.nothing_more()

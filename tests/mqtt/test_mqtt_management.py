@@ -48,14 +48,26 @@ def test_an_operator_closes_an_mqtt_connection_through_the_api(broker, unique):
 
 
 def test_a_subscription_is_a_queue_and_binding_in_the_api(broker, unique):
-    with connected(broker, f"{unique}-s") as client:
+    with connected(broker, f"{unique}-s", clean=False) as client:
         client.subscribe(f"{unique}/rooms/+/t", qos=1)
         queue = wait_for(lambda: request(broker, "GET", f"/api/queues/%2F/mqtt-subscription-{unique}-sqos1").body,
                          what="the queue's statistics", until=lambda queue: "consumers" in queue)
-        assert (queue["durable"], queue["auto_delete"], queue["consumers"]) == (True, True, 1)
+        assert (queue["durable"], queue["auto_delete"], queue["consumers"]) == (True, False, 1)
         bindings = request(broker, "GET", f"/api/queues/%2F/mqtt-subscription-{unique}-sqos1/bindings").body
         assert [(b["source"], b["routing_key"]) for b in bindings if b["source"]] == [
             ("amq.topic", f"{unique}.rooms.*.t")]
+    with connected(broker, f"{unique}-s", clean=True):
+        pass
+
+
+@beyond_rabbitmq  # (3.10 makes it durable)
+def test_a_clean_sessions_queues_are_transient(broker, unique):
+    with connected(broker, f"{unique}-s", clean=True) as client:
+        client.subscribe(f"{unique}/a", qos=1)
+        client.subscribe(f"{unique}/b", qos=0)
+        for qos in (0, 1):
+            queue = request(broker, "GET", f"/api/queues/%2F/mqtt-subscription-{unique}-sqos{qos}").body
+            assert (queue["durable"], queue["auto_delete"]) == (False, True)
 
 
 def test_deleting_the_user_closes_its_mqtt_connections(broker, unique):

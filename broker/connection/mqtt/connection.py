@@ -8,8 +8,10 @@ confirm of the channel a PUBACK to it (broker.connection.mqtt.replies reads what
 from __future__ import annotations
 
 import asyncio
+import base64
 import enum
 import logging
+import os
 import socket
 import struct
 import time
@@ -140,6 +142,7 @@ class MqttConnection(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None  # the CONNECT timeout, then keepalive checks
         self.disconnected = False  # it sent DISCONNECT: no will
         self.taken_over = False  # another connection took its client id: no will
+        self.token = os.urandom(8).hex()  # marks its publishes while it has no_local subscriptions (never its id)
         self.fresh_session = False  # it took a client id over from a clean session: there is none to resume
         self.peer = self.peer_address = self.name = ""
         self.peer_port = 0
@@ -546,7 +549,8 @@ class MqttConnection(asyncio.Protocol):
         exchange = self.config.mqtt_exchange.encode()
         channel.handle_frame(FRAME_METHOD, _PUBLISH_HEAD.pack(BASIC_PUBLISH, 0, len(exchange)) + exchange
                              + bytes((len(key),)) + key + b"\x00")
-        channel.handle_frame(FRAME_HEADER, amqp_header(qos, dup, len(payload), properties, retain))
+        publisher = self.token if self.subscriptions.no_local else ""
+        channel.handle_frame(FRAME_HEADER, amqp_header(qos, dup, len(payload), properties, retain, publisher))
         if payload:
             channel.handle_frame(FRAME_BODY, payload)
         self.next_seq += 1
@@ -672,6 +676,10 @@ class MqttConnection(asyncio.Protocol):
             identifiers = subscriptions.identifiers_for(topic) if subscriptions.identifiers else None
             properties = encoded_properties(view, {"subscription_identifier": identifiers} if identifiers else None)
             retain = view.retain and bool(subscriptions.as_published) and subscriptions.keeps_retain_flag(topic)
+            if view.publisher == self.token and subscriptions.only_no_local(topic):
+                if from_qos1:  # (its own message, which its subscriptions take no_local)
+                    self.to_ack.append(delivery_tag)
+                return
         topic_bytes = topic.encode()
         if self.client_max_packet < mqtt.MAX_REMAINING_LENGTH and mqtt.publish_size(
                 topic_bytes, body, qos, properties) > self.client_max_packet:
@@ -958,6 +966,4 @@ def _retained_properties(properties: dict) -> dict:
 
 def _generated_id() -> str:
     """A client id for a client that gave none (as RabbitMQ: 22 characters of base64url)."""
-    import base64
-    import os
     return base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")

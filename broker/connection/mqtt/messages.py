@@ -16,6 +16,9 @@ from protocol.codec import decode_properties, encode_header_payload, with_body_s
 QOS_HEADER: Final = "x-mqtt-publish-qos"
 DUP_HEADER: Final = "x-mqtt-dup"
 RETAIN_HEADER: Final = "x-mqtt-retain"  # on a message published with the retain flag (5.0's retain as published)
+# on a message of a connection that has no_local subscriptions: a token of that connection (never its client id),
+# by which its own messages are kept from it
+PUBLISHER_HEADER: Final = "x-mqtt-publisher"
 CORRELATION_HEADER: Final = "x-correlation-id"  # correlation data that no shortstr can hold (binary, or long)
 MAX_STRING: Final = 65_535  # bytes of an MQTT string or binary property
 MAX_EXPIRY_SECONDS: Final = 315_360_000  # a longer message expiry interval (a "never") sets no TTL (ten years)
@@ -24,8 +27,11 @@ CACHE_LIMIT: Final = 1024  # content headers whose MQTT view is remembered (publ
 _plain: dict[tuple[int, bool, bool], bytes] = {}  # (qos, dup, retain) -> a header without 5.0 properties
 
 
-def amqp_header(qos: int, dup: bool, body_size: int, properties: dict, retain: bool = False) -> bytes:
+def amqp_header(qos: int, dup: bool, body_size: int, properties: dict, retain: bool = False,
+                publisher: str = "") -> bytes:
     """The content-header payload of an MQTT publish (properties: its 5.0 properties, {} for 3.1.1)."""
+    if publisher:
+        return _encode(qos, dup, retain, body_size, properties, publisher)
     if not properties:
         header = _plain.get((qos, dup, retain))
         if header is None:
@@ -34,12 +40,14 @@ def amqp_header(qos: int, dup: bool, body_size: int, properties: dict, retain: b
     return _encode(qos, dup, retain, body_size, properties)
 
 
-def _encode(qos: int, dup: bool, retain: bool, body_size: int, properties: dict) -> bytes:
+def _encode(qos: int, dup: bool, retain: bool, body_size: int, properties: dict, publisher: str = "") -> bytes:
     headers: dict = dict(properties.get("user_property", ()))  # (a name given twice keeps its last value)
     headers[QOS_HEADER] = qos
     headers[DUP_HEADER] = dup
     if retain:
         headers[RETAIN_HEADER] = True
+    if publisher:
+        headers[PUBLISHER_HEADER] = publisher
     amqp = spec.Basic.Properties(delivery_mode=2 if qos else 1, headers=headers)
     if "content_type" in properties and len(properties["content_type"].encode()) <= 255:
         amqp.content_type = properties["content_type"]
@@ -66,12 +74,13 @@ class MqttView:
     """What an MQTT subscriber is sent of an AMQP message: its QoS, its DUP and retain flags, and its 5.0
     properties."""
 
-    __slots__ = ("qos", "dup", "retain", "properties")
+    __slots__ = ("qos", "dup", "retain", "publisher", "properties")
 
-    def __init__(self, qos: int, dup: bool, retain: bool, properties: dict):
+    def __init__(self, qos: int, dup: bool, retain: bool, publisher: str, properties: dict):
         self.qos = qos  # the QoS it was published with: x-mqtt-publish-qos, else 1 for a persistent message
         self.dup = dup
         self.retain = retain  # it was published with the retain flag (sent so where a subscription asks)
+        self.publisher = publisher  # the token of the connection that published it, if that one asked for it
         self.properties = properties  # for a 5.0 subscriber
 
 
@@ -117,7 +126,9 @@ def _view(header_payload: bytes) -> MqttView:
     indicator = headers.get("x-mqtt-payload-format-indicator")
     if indicator in (0, 1):
         properties["payload_format_indicator"] = indicator
-    return MqttView(min(qos, 1), headers.get(DUP_HEADER) is True, headers.get(RETAIN_HEADER) is True, properties)
+    publisher = headers.get(PUBLISHER_HEADER)
+    return MqttView(min(qos, 1), headers.get(DUP_HEADER) is True, headers.get(RETAIN_HEADER) is True,
+                    publisher if isinstance(publisher, str) else "", properties)
 
 
 def encoded_properties(view: MqttView, extra: dict | None = None) -> bytes:

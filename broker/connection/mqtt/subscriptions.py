@@ -48,6 +48,7 @@ class Subscriptions:
         self.filters: dict[str, int] = {}  # topic filter (shared ones whole) -> its QoS
         self.identifiers: dict[str, int] = {}  # 5.0: topic filter (a shared one's inner filter) -> its identifier
         self.as_published: set[str] = set()  # 5.0: the filters whose messages keep the retain flag they came with
+        self.no_local: set[str] = set()  # 5.0: the filters that take no message this connection published
         self.consuming = [False, False]  # whether the session queue of QoS 0 / 1 is consumed
         self.resumed = False  # the session queue was an earlier connection's: its bindings are not all in filters
 
@@ -74,7 +75,7 @@ class Subscriptions:
 
             def made(index=index, topic_filter=topic_filter, qos=qos, step=step, shared=shared,
                      retain_handling=subscription.retain_handling,
-                     as_published=subscription.retain_as_published) -> None:
+                     as_published=subscription.retain_as_published, no_local=subscription.no_local) -> None:
                 new = topic_filter not in self.filters
                 self.filters[topic_filter] = qos
                 inner = shared[1] if shared else topic_filter
@@ -86,6 +87,10 @@ class Subscriptions:
                     self.as_published.add(inner)
                 else:
                     self.as_published.discard(inner)
+                if no_local and shared is None:  # (the spec forbids it on a shared subscription: not kept there)
+                    self.no_local.add(inner)
+                else:
+                    self.no_local.discard(inner)
                 codes[index] = qos
                 # (a shared subscription gets no retained messages, as the spec says)
                 if shared is None and (retain_handling == 0 or (retain_handling == 1 and new)):
@@ -139,8 +144,10 @@ class Subscriptions:
     def ensure_queue(self, qos: int, then: Callable[[], None], refused: Callable[[AMQPError], None],
                      resumed: bool = False) -> None:
         """Declare the session queue of qos and consume it, once per connection: QoS 0's never outlives the
-        connection, QoS 1's does in a persistent session (for its session expiry; 3.1.1: a day, RabbitMQ's
-        subscription_ttl). A session resumed keeps its queue as it is (resumed: declared passively)."""
+        connection, QoS 1's does in a persistent session (durable, for its session expiry; 3.1.1: a day, RabbitMQ's
+        subscription_ttl). In a clean session it is transient too, as the session ends with the connection (RabbitMQ
+        makes it durable: its declare would wait for the disk, and the SUBACK with it, for nothing). A session
+        resumed keeps its queue as it is (resumed: declared passively)."""
         if self.consuming[qos]:
             then()
             return
@@ -149,10 +156,8 @@ class Subscriptions:
         if resumed:
             self.resumed = True
             declare = spec.Queue.Declare(queue=name, passive=True)
-        elif qos == 0:
+        elif qos == 0 or not connection.session_expiry:
             declare = spec.Queue.Declare(queue=name, durable=False, auto_delete=True)
-        elif not connection.session_expiry:
-            declare = spec.Queue.Declare(queue=name, durable=True, auto_delete=True)
         else:
             declare = spec.Queue.Declare(queue=name, durable=True, arguments={
                 "x-expires": connection.session_expiry * 1000})
@@ -211,6 +216,7 @@ class Subscriptions:
             shared = _shared(topic_filter) if connection.level == mqtt.MQTT_5 else None
             self.identifiers.pop(shared[1] if shared else topic_filter, None)
             self.as_published.discard(shared[1] if shared else topic_filter)
+            self.no_local.discard(shared[1] if shared else topic_filter)
             if shared is not None:
                 if qos is not None:
                     step = steps.step()
@@ -245,6 +251,12 @@ class Subscriptions:
             if not inner.startswith(("+", "#")) and topics.matches(inner, topic):
                 return True
         return False
+
+    def only_no_local(self, topic: str) -> bool:
+        """5.0: whether every subscription that the topic matches takes no message of this connection's own."""
+        return all(topic_filter in self.no_local for topic_filter in self.filters
+                   if not topic_filter.startswith(SHARE) and topics.matches(topic_filter, topic)) and any(
+            topics.matches(topic_filter, topic) for topic_filter in self.no_local)
 
     def keeps_retain_flag(self, topic: str) -> bool:
         """5.0: whether a subscription that the topic matches asked for messages as published (retain flag kept)."""
