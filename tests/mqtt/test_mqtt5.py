@@ -249,3 +249,36 @@ def test_a_no_local_subscription_takes_no_message_of_its_own_connection(broker, 
         other.publish(f"{unique}/chat", b"theirs", qos=1)
         assert client.receive().payload == b"theirs"
         client.nothing_more()
+
+
+def test_a_message_expiry_interval_reaches_the_subscriber_as_what_is_left_of_it(broker, unique):
+    first = Client(broker, f"{unique}-s", version=5, clean=False)
+    first.connect(connect_properties(SessionExpiryInterval=60))
+    first.subscribe(f"{unique}/a", qos=1)
+    first.disconnect()
+    with v5(broker, f"{unique}-p") as publisher:
+        publisher.publish(f"{unique}/a", b"x", qos=1, properties=user_properties(MessageExpiryInterval=10))
+    time.sleep(2.1)  # (the time it waits is what is tested)
+    again = Client(broker, f"{unique}-s", version=5, clean=False)
+    again.connect(connect_properties(SessionExpiryInterval=0))
+    try:
+        assert again.receive().properties.MessageExpiryInterval in (7, 8)
+    finally:
+        again.disconnect()
+
+
+def test_the_server_names_topics_by_alias_where_the_client_takes_them(broker, unique):
+    client = Client(broker, f"{unique}-s", version=5)
+    client.connect(connect_properties(TopicAliasMaximum=1))
+    try:
+        client.subscribe(f"{unique}/#", qos=1)
+        with v5(broker, f"{unique}-p") as publisher:
+            for topic in ("a", "a", "b"):
+                publisher.publish(f"{unique}/{topic}", topic.encode(), qos=1)
+        received = [client.receive() for _ in range(3)]
+        # (paho hands a PUBLISH on as it came: the topic the first time, then the alias alone; its one alias taken,
+        # the next topic goes without)
+        assert [(m.topic, getattr(m.properties, "TopicAlias", None)) for m in received] == [
+            (f"{unique}/a", 1), ("", 1), (f"{unique}/b", None)]
+    finally:
+        client.disconnect()

@@ -122,6 +122,8 @@ class MqttConnection(asyncio.Protocol):
         self.subscriptions = Subscriptions(self)
         self.topic_aliases: dict[int, str] = {}  # 5.0: the topics the client's publishes name by alias
         self.client_max_packet = mqtt.MAX_REMAINING_LENGTH  # 5.0: the largest packet the client takes
+        self.client_alias_maximum = 0  # 5.0: topic aliases the client takes from the server
+        self.server_aliases: dict[str, int] = {}  # 5.0: topic -> the alias this server gave it (first come)
         self.early: list[tuple[int, bytes]] = []  # packets that came while CONNECT was being answered
         self.out: list[bytes] = []
         self.out_size = 0
@@ -309,6 +311,7 @@ class MqttConnection(asyncio.Protocol):
             if properties.get("receive_maximum") == 0 or properties.get("maximum_packet_size") == 0:
                 raise mqtt.protocol_error("a receive maximum or maximum packet size of 0")
             self.client_max_packet = properties.get("maximum_packet_size", self.client_max_packet)
+            self.client_alias_maximum = properties.get("topic_alias_maximum", 0)
         elif not connect.clean_start:
             self.session_expiry = SESSION_TTL // 1000
         assigned = None
@@ -671,16 +674,26 @@ class MqttConnection(asyncio.Protocol):
             return
         properties = b""
         retain = False
+        topic_bytes = topic.encode()
+        alias = 0  # 5.0: the topic alias it goes with (0: none)
         if self.level == mqtt.MQTT_5:
             subscriptions = self.subscriptions
-            identifiers = subscriptions.identifiers_for(topic) if subscriptions.identifiers else None
-            properties = encoded_properties(view, {"subscription_identifier": identifiers} if identifiers else None)
-            retain = view.retain and bool(subscriptions.as_published) and subscriptions.keeps_retain_flag(topic)
             if view.publisher == self.token and subscriptions.only_no_local(topic):
                 if from_qos1:  # (its own message, which its subscriptions take no_local)
                     self.to_ack.append(delivery_tag)
                 return
-        topic_bytes = topic.encode()
+            retain = view.retain and bool(subscriptions.as_published) and subscriptions.keeps_retain_flag(topic)
+            extra: dict = {}
+            if subscriptions.identifiers and (identifiers := subscriptions.identifiers_for(topic)):
+                extra["subscription_identifier"] = identifiers
+            if view.expires_at:  # (what is left of its expiry interval)
+                extra["message_expiry_interval"] = max(1, -(-(view.expires_at - int(time.time() * 1000)) // 1000))
+            if self.client_alias_maximum:
+                alias = self.server_aliases.get(topic) or (len(self.server_aliases) + 1 if len(
+                    self.server_aliases) < self.client_alias_maximum else 0)
+                if alias:
+                    extra["topic_alias"] = alias
+            properties = encoded_properties(view, extra)
         if self.client_max_packet < mqtt.MAX_REMAINING_LENGTH and mqtt.publish_size(
                 topic_bytes, body, qos, properties) > self.client_max_packet:
             peer_log.warning(self.peer_address, "MQTT connection %s: a message is dropped: the client takes "
@@ -688,6 +701,11 @@ class MqttConnection(asyncio.Protocol):
             if from_qos1:
                 self.to_ack.append(delivery_tag)  # (5.0: as if sent, the spec says)
             return
+        if alias:  # (the topic goes with its alias the first time, then the alias alone)
+            if topic in self.server_aliases:
+                topic_bytes = b""
+            else:
+                self.server_aliases[topic] = alias
         if qos:
             packet_id = self._packet_id(delivery_tag)
             self.send(mqtt.publish(topic_bytes, body, 1, retain, redelivered or view.dup, packet_id, properties))

@@ -5,6 +5,7 @@ correlation_id, message expiry as a per-message TTL, user properties as headers)
 
 from __future__ import annotations
 
+import time
 from typing import Final
 
 from pamqp import commands as spec
@@ -16,6 +17,8 @@ from protocol.codec import decode_properties, encode_header_payload, with_body_s
 QOS_HEADER: Final = "x-mqtt-publish-qos"
 DUP_HEADER: Final = "x-mqtt-dup"
 RETAIN_HEADER: Final = "x-mqtt-retain"  # on a message published with the retain flag (5.0's retain as published)
+# on a message with a message expiry interval: when it expires (ms since the epoch), for what is left of it
+EXPIRES_HEADER: Final = "x-mqtt-expires-at"
 # on a message of a connection that has no_local subscriptions: a token of that connection (never its client id),
 # by which its own messages are kept from it
 PUBLISHER_HEADER: Final = "x-mqtt-publisher"
@@ -65,6 +68,7 @@ def _encode(qos: int, dup: bool, retain: bool, body_size: int, properties: dict,
             headers[CORRELATION_HEADER] = data
     if properties.get("message_expiry_interval", MAX_EXPIRY_SECONDS + 1) <= MAX_EXPIRY_SECONDS:
         amqp.expiration = str(properties["message_expiry_interval"] * 1000)
+        headers[EXPIRES_HEADER] = int(time.time() * 1000) + properties["message_expiry_interval"] * 1000
     if "payload_format_indicator" in properties:
         headers["x-mqtt-payload-format-indicator"] = properties["payload_format_indicator"]
     return encode_header_payload(body_size, amqp)
@@ -74,13 +78,14 @@ class MqttView:
     """What an MQTT subscriber is sent of an AMQP message: its QoS, its DUP and retain flags, and its 5.0
     properties."""
 
-    __slots__ = ("qos", "dup", "retain", "publisher", "properties")
+    __slots__ = ("qos", "dup", "retain", "publisher", "expires_at", "properties")
 
-    def __init__(self, qos: int, dup: bool, retain: bool, publisher: str, properties: dict):
+    def __init__(self, qos: int, dup: bool, retain: bool, publisher: str, expires_at: int, properties: dict):
         self.qos = qos  # the QoS it was published with: x-mqtt-publish-qos, else 1 for a persistent message
         self.dup = dup
         self.retain = retain  # it was published with the retain flag (sent so where a subscription asks)
         self.publisher = publisher  # the token of the connection that published it, if that one asked for it
+        self.expires_at = expires_at  # when its MQTT expiry interval ends (ms since the epoch; 0: none)
         self.properties = properties  # for a 5.0 subscriber
 
 
@@ -127,8 +132,10 @@ def _view(header_payload: bytes) -> MqttView:
     if indicator in (0, 1):
         properties["payload_format_indicator"] = indicator
     publisher = headers.get(PUBLISHER_HEADER)
+    expires_at = headers.get(EXPIRES_HEADER)
     return MqttView(min(qos, 1), headers.get(DUP_HEADER) is True, headers.get(RETAIN_HEADER) is True,
-                    publisher if isinstance(publisher, str) else "", properties)
+                    publisher if isinstance(publisher, str) else "",
+                    expires_at if isinstance(expires_at, int) and not isinstance(expires_at, bool) else 0, properties)
 
 
 def encoded_properties(view: MqttView, extra: dict | None = None) -> bytes:
