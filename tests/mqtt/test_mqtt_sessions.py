@@ -159,3 +159,36 @@ def test_a_silent_client_is_closed_after_one_and_a_half_keepalives_and_its_will_
         assert 1.4 <= waited < 2.5, waited
         assert watcher.receive().payload == b"timed out"
         silent.close()
+
+
+def test_an_amqp_publish_waits_in_a_persistent_mqtt_session_across_a_restart(own_broker, unique):
+    broker = own_broker()
+    client = Client(broker, f"{unique}-s", clean=False).connect()
+    client.subscribe(f"{unique}/orders/#", qos=1)
+    client.disconnect()
+    connection = pika.BlockingConnection(pika.URLParameters(broker.url))
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.basic_publish("amq.topic", f"{unique}.orders.1", b"from AMQP", pika.BasicProperties(delivery_mode=2))
+    finally:
+        connection.close()
+    broker.kill()
+    broker.start()
+    with connected(broker, f"{unique}-s", clean=False) as again:
+        message = again.receive()
+        assert (message.topic, message.payload, message.qos) == (f"{unique}/orders/1", b"from AMQP", 1)
+
+
+def test_a_will_reaches_an_amqp_queue_bound_to_its_topic(broker, unique):
+    connection = pika.BlockingConnection(pika.URLParameters(broker.url))
+    try:
+        channel = connection.channel()
+        channel.queue_declare(unique, exclusive=True)
+        channel.queue_bind(unique, "amq.topic", f"{unique}.status.*")
+        dying = Client(broker, f"{unique}-d", will=(f"{unique}/status/d", b"offline", 1, False)).connect()
+        dying.drop()
+        method, properties, body = next(channel.consume(unique, inactivity_timeout=10))
+        assert (method.routing_key, body, properties.delivery_mode) == (f"{unique}.status.d", b"offline", 2)
+    finally:
+        connection.close()
