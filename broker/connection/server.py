@@ -23,6 +23,7 @@ from broker.connection.connection import HANDSHAKE_TIMEOUT, Connection
 from broker.connection.greeting import platform_name
 from broker.connection.login_throttle import LoginThrottle
 from broker.connection.mqtt.connection import MqttConnection
+from broker.connection.mqtt.expiry import SessionExpiry
 from broker.connection.mqtt.wills import Wills
 from broker.connection.tls import TlsError, server_context
 from broker.model.definitions import DefinitionsError, import_definitions
@@ -171,6 +172,7 @@ class Server:
         # the MQTT connection of each (vhost, client id): a second one with the same takes over
         self.mqtt_clients: dict[tuple[str, str], MqttConnection] = {}
         self.mqtt_wills = Wills(self.node, config.mqtt_exchange)  # the wills MQTT 5.0 holds back for a while
+        self.mqtt_sessions = SessionExpiry(self.node)  # MQTT sessions that outlive their connection for a while
         self.version = version()
         self.platform = platform_name()
         self.listener: asyncio.base_events.Server | None = None
@@ -376,6 +378,7 @@ class Server:
         self.shovels.stop()
         self.federation.stop()
         self.mqtt_wills.stop()
+        self.mqtt_sessions.stop()
         for listener in self.listeners():
             listener.close()
         connections = list(self.connections)

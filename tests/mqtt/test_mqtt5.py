@@ -282,3 +282,23 @@ def test_the_server_names_topics_by_alias_where_the_client_takes_them(broker, un
             (f"{unique}/a", 1), ("", 1), (f"{unique}/b", None)]
     finally:
         client.disconnect()
+
+
+def test_a_session_ends_when_its_expiry_interval_has_passed_as_its_disconnect_last_set_it(broker, unique):
+    def session_present(expiry: int) -> bool:
+        client = Client(broker, f"{unique}-s", version=5, clean=False)
+        client.connect(connect_properties(SessionExpiryInterval=expiry))
+        present = client.connack[0]
+        client.subscribe(f"{unique}/a", qos=1)
+        properties = Properties(PacketTypes.DISCONNECT)
+        properties.SessionExpiryInterval = 3  # (longer than CONNECT's 1)
+        client.paho.disconnect(properties=properties) if expiry == 1 else client.paho.disconnect()
+        client.disconnected.wait(10)
+        client.paho.loop_stop()
+        return present
+
+    assert session_present(1) is False
+    time.sleep(1.5)  # (past CONNECT's interval, within DISCONNECT's: the waiting is what is tested)
+    assert session_present(2) is True
+    time.sleep(2.5)  # (past this connection's 2 s)
+    assert session_present(0) is False

@@ -23,6 +23,7 @@ from pamqp import commands as spec
 from broker.connection import handoff
 from broker.connection.auth import authenticate
 from broker.connection.mqtt import topics
+from broker.connection.mqtt.expiry import MAX_SESSION_EXPIRY
 from broker.connection.mqtt.messages import amqp_header, encoded_properties, view_of
 from broker.connection.mqtt.replies import ChannelReplies
 from broker.connection.mqtt.retained_out import RetainedSender
@@ -47,10 +48,8 @@ peer_log = PeerLog(log)  # every line about one client goes through here, so tha
 
 CONNECT_TIMEOUT: Final = 10.0  # seconds a client has to send CONNECT (RabbitMQ's login_timeout)
 UNAUTHENTICATED_PACKET_SIZE: Final = 65_536  # largest packet before the login (RabbitMQ 4.x's)
-SESSION_TTL: Final = 86_400_000  # ms a persistent session's queue outlives its client (RabbitMQ's subscription_ttl)
 RECEIVE_MAXIMUM: Final = 1024  # QoS 2 publishes a client may have waiting for their PUBREL (5.0: in CONNACK)
 TOPIC_ALIAS_MAXIMUM: Final = 16  # 5.0: topic aliases a client may set (as RabbitMQ 4.x)
-MAX_SESSION_EXPIRY: Final = 86_400  # seconds: the longest 5.0 session expiry interval granted (as RabbitMQ 4.x)
 READ_BUDGET: Final = 128 * 1024  # bytes read from one client per loop turn (as an AMQP connection's)
 OUTPUT_LIMIT: Final = 4 * 1024 * 1024  # unread bytes to a client above which it is not read until it reads them
 FLOW_MAX_PAUSE: Final = 0.1  # longest a queue's flow control holds the client back at a time (as AMQP's)
@@ -313,7 +312,7 @@ class MqttConnection(asyncio.Protocol):
             self.client_max_packet = properties.get("maximum_packet_size", self.client_max_packet)
             self.client_alias_maximum = properties.get("topic_alias_maximum", 0)
         elif not connect.clean_start:
-            self.session_expiry = SESSION_TTL // 1000
+            self.session_expiry = MAX_SESSION_EXPIRY
         assigned = None
         client_id = connect.client_id
         if not client_id:
@@ -417,6 +416,7 @@ class MqttConnection(asyncio.Protocol):
         clients = self.server.mqtt_clients
         earlier = clients.get(key)
         clients[key] = self
+        self.server.mqtt_sessions.cancel(key)  # (taken up, or ended below)
         if self.clean:  # (the session a held will waits on ends now; one taken up again keeps its will back)
             self.server.mqtt_wills.session_ended(key, self.peer_address)
         else:
@@ -463,7 +463,8 @@ class MqttConnection(asyncio.Protocol):
         if self.level == mqtt.MQTT_5:
             properties = {"receive_maximum": RECEIVE_MAXIMUM, "retain_available": 1, "shared_subscription_available": 1,
                           "subscription_identifier_available": 1, "wildcard_subscription_available": 1,
-                          "topic_alias_maximum": TOPIC_ALIAS_MAXIMUM, "maximum_packet_size": self.config.mqtt_max_packet_size}
+                          "topic_alias_maximum": TOPIC_ALIAS_MAXIMUM,
+                          "maximum_packet_size": self.config.mqtt_max_packet_size}
             if assigned is not None:
                 properties["assigned_client_identifier"] = assigned
         self.send(mqtt.connack(session_present, mqtt.ACCEPTED, self.level, properties))
@@ -495,6 +496,11 @@ class MqttConnection(asyncio.Protocol):
         elif isinstance(packet, mqtt.Ping):
             self.send(mqtt.PINGRESP_PACKET)
         elif isinstance(packet, mqtt.Disconnect):
+            expiry = packet.properties.get("session_expiry_interval")
+            if expiry is not None:  # (5.0: the session's expiry changed as the connection goes)
+                if expiry and not self.session_expiry:
+                    raise mqtt.protocol_error("a session expiry interval set at DISCONNECT after CONNECT's 0")
+                self.session_expiry = min(expiry, MAX_SESSION_EXPIRY)
             if self.level == mqtt.MQTT_5 and packet.reason == 0x04:  # "disconnect with will message"
                 self._publish_will()
             self.disconnected = True
@@ -956,8 +962,12 @@ class MqttConnection(asyncio.Protocol):
         channel = self.channel
         if channel is not None and channel.open:
             channel.shutdown()
-            if not self.session_expiry and not self.taken_over:
-                self._end_session(channel)
+            if not self.taken_over:
+                if not self.session_expiry:
+                    self._end_session(channel)
+                elif self.vhost is not None:
+                    self.server.mqtt_sessions.start((self.vhost.name, self.client_id), self.user, self.session_expiry,
+                                                    [self.subscriptions.queue_name(qos) for qos in (0, 1)])
         self.channel = None
         self.channels = {}
         if self.vhost is not None:

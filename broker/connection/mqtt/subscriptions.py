@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Callable, Final
 from pamqp import commands as spec
 
 from broker.connection.mqtt import topics
+from broker.connection.mqtt.expiry import MAX_SESSION_EXPIRY
 from protocol import mqtt
 from protocol.errors import AMQPError
 
@@ -158,9 +159,8 @@ class Subscriptions:
             declare = spec.Queue.Declare(queue=name, passive=True)
         elif qos == 0 or not connection.session_expiry:
             declare = spec.Queue.Declare(queue=name, durable=False, auto_delete=True)
-        else:
-            declare = spec.Queue.Declare(queue=name, durable=True, arguments={
-                "x-expires": connection.session_expiry * 1000})
+        else:  # (the session's own expiry, which a DISCONNECT may change, is timed by the server: SessionExpiry)
+            declare = spec.Queue.Declare(queue=name, durable=True, arguments={"x-expires": MAX_SESSION_EXPIRY * 1000})
 
         # Both go at once (the channel takes them in order): a subscription made meanwhile binds the queue the
         # declare makes. Should either be refused, the subscription is, once, and the next one tries again.
