@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import reprlib
+import time
 from typing import TYPE_CHECKING, NamedTuple
 
 from broker.model.keys import composite_key
@@ -21,6 +22,7 @@ class Retained(NamedTuple):
     payload: bytes
     qos: int  # the QoS it was published with (0 or 1)
     properties: dict  # its MQTT 5.0 properties (user properties, content type ...), {} from 3.1.1
+    expires_at: int = 0  # when its message expiry interval ends (ms since the epoch; 0: never)
 
 
 class RetainedMessages:
@@ -37,9 +39,11 @@ class RetainedMessages:
             if topics.pop(topic, None) is not None:
                 self._write(vhost, topic, None)
             return
-        message = topics[topic] = Retained(topic, payload, qos, properties)
+        interval = properties.get("message_expiry_interval")
+        expires_at = int(time.time() * 1000) + interval * 1000 if isinstance(interval, int) else 0
+        message = topics[topic] = Retained(topic, payload, qos, properties, expires_at)
         self._write(vhost, topic, {"vhost": vhost, "topic": topic, "payload": payload, "qos": qos,
-                                   "properties": _storable(message.properties)})
+                                   "properties": _storable(message.properties), "expires_at": expires_at})
 
     def drop_vhost(self, vhost: str) -> None:
         """The vhost is deleted: so are its retained messages."""
@@ -52,8 +56,9 @@ class RetainedMessages:
             try:
                 vhost, topic, payload, qos = data["vhost"], data["topic"], data["payload"], data["qos"]
                 properties = data.get("properties") or {}
+                expires_at = data.get("expires_at", 0)
                 if not (isinstance(vhost, str) and isinstance(topic, str) and isinstance(payload, bytes)
-                        and qos in (0, 1) and isinstance(properties, dict)):
+                        and qos in (0, 1) and isinstance(properties, dict) and isinstance(expires_at, int)):
                     raise TypeError("a field of the wrong type")
             except (KeyError, TypeError) as error:
                 log.error("skipping stored retained message %s: %s", reprlib.repr(data), error)
@@ -61,7 +66,8 @@ class RetainedMessages:
             if vhost not in vhosts:
                 self._write(vhost, topic, None)
                 continue
-            self.by_vhost.setdefault(vhost, {})[topic] = Retained(topic, payload, qos, _restored(properties))
+            self.by_vhost.setdefault(vhost, {})[topic] = Retained(topic, payload, qos, _restored(properties),
+                                                                  expires_at)
 
     def _write(self, vhost: str, topic: str, data: dict | None) -> None:
         if self.store is not None:

@@ -6,7 +6,10 @@ carry."""
 from __future__ import annotations
 
 
+import time
+
 import pika
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from tests.integration.helpers import beyond_rabbitmq, rabbitmq4
 from tests.integration.management import add_user, delete_user, request, set_permissions
@@ -170,3 +173,65 @@ def test_a_qos2_publish_refused_frees_its_packet_id(broker, unique):
         raw.close()
     finally:
         connection.close()
+
+
+@rabbitmq4  # (MQTT 5.0)
+def test_an_amqp_header_posing_as_an_expiry_costs_a_5_0_subscriber_nothing(broker, unique):
+    with connected(broker, f"{unique}-s", version=5) as subscriber:
+        subscriber.subscribe(f"{unique}/a", qos=1)
+        connection = pika.BlockingConnection(pika.URLParameters(broker.url))
+        try:
+            connection.channel().basic_publish("amq.topic", f"{unique}.a", b"x", pika.BasicProperties(
+                delivery_mode=2, headers={"x-mqtt-expires-at": 10 ** 15}))
+        finally:
+            connection.close()
+        assert subscriber.receive().properties.MessageExpiryInterval == 0xFFFFFFFF
+        subscriber.publish(f"{unique}/a", b"still served", qos=1)
+        assert subscriber.receive().payload == b"still served"
+
+
+@beyond_rabbitmq
+def test_retained_messages_match_as_live_ones_do(broker, unique):
+    with connected(broker, f"{unique}-p") as publisher:
+        publisher.publish(f"${unique}/x", b"dollar", qos=1, retain=True)  # (a filter's leading wildcard misses it)
+        publisher.publish(f"{unique}.dots", b"dotted", qos=1, retain=True)  # (its "." separates levels)
+    with connected(broker, f"{unique}-s") as subscriber:
+        subscriber.subscribe("+/x", qos=1)
+        subscriber.subscribe(f"{unique}/dots", qos=1)
+        message = subscriber.receive()
+        assert (message.topic, message.payload) == (f"{unique}.dots", b"dotted")
+        subscriber.nothing_more()
+
+
+@rabbitmq4  # (MQTT 5.0)
+def test_a_retained_message_expires_with_its_interval(broker, unique):
+    with connected(broker, f"{unique}-p", version=5) as publisher:
+        publisher.publish(f"{unique}/brief", b"gone soon", qos=1, retain=True,
+                          properties=user_properties(MessageExpiryInterval=1))
+        publisher.publish(f"{unique}/kept", b"kept", qos=1, retain=True,
+                          properties=user_properties(MessageExpiryInterval=60))
+    time.sleep(1.2)  # (the expiry itself is what is tested)
+    with connected(broker, f"{unique}-s", version=5) as subscriber:
+        subscriber.subscribe(f"{unique}/#", qos=1)
+        message = subscriber.receive()
+        assert message.payload == b"kept" and message.properties.MessageExpiryInterval in (57, 58, 59)
+        subscriber.nothing_more()
+
+
+@rabbitmq4  # (MQTT 5.0)
+def test_no_local_keeps_nothing_from_the_other_members_of_a_shared_subscription(broker, unique):
+    with connected(broker, f"{unique}-a", version=5) as member, connected(broker, f"{unique}-b", version=5) as other:
+        member.paho.subscribe(f"{unique}/#", options=SubscribeOptions(qos=1, noLocal=True))
+        member.subacks.get(timeout=10)
+        for client in (member, other):
+            client.subscribe(f"$share/g/{unique}/t", qos=1)
+        for number in range(6):
+            member.publish(f"{unique}/t", b"%d" % number, qos=1)
+        received = []
+        deadline = time.monotonic() + 10
+        while len(received) < 6 and time.monotonic() < deadline:
+            for client in (member, other):
+                while not client.messages.empty():
+                    received.append(client.receive().payload)
+            time.sleep(0.02)
+        assert sorted(received) == [b"%d" % number for number in range(6)]

@@ -27,7 +27,7 @@ from broker.connection.mqtt.expiry import MAX_SESSION_EXPIRY
 from broker.connection.mqtt.messages import amqp_header, encoded_properties, view_of
 from broker.connection.mqtt.replies import ChannelReplies
 from broker.connection.mqtt.retained_out import RetainedSender
-from broker.connection.mqtt.subscriptions import Subscriptions, qos_of_consumer, queue_name
+from broker.connection.mqtt.subscriptions import SHARED_TAG_PREFIX, Subscriptions, qos_of_consumer, queue_name
 from broker.connection.peer_log import PeerLog
 from broker.model.operations import Actor, delete_queue
 from broker.session.channel import Channel
@@ -116,6 +116,7 @@ class MqttConnection(asyncio.Protocol):
         self.next_packet_id = 1  # of the next QoS 1 message sent to the client
         self.inflight: dict[int, int] = {}  # packet id -> delivery tag (0: a retained message) awaiting PUBACK
         self.retained_inflight = 0  # of those, retained messages
+        self.receive_maximum = self.config.mqtt_prefetch  # QoS 1 messages it takes unacknowledged (a consumer's)
         self.retained_out: RetainedSender | None = None  # sends the retained messages of new subscriptions
         self.to_ack: list[int] = []  # deliveries of the QoS 1 queue sent at QoS 0: acked as soon as they are sent
         self.subscriptions = Subscriptions(self)
@@ -310,7 +311,8 @@ class MqttConnection(asyncio.Protocol):
             if properties.get("receive_maximum") == 0 or properties.get("maximum_packet_size") == 0:
                 raise mqtt.protocol_error("a receive maximum or maximum packet size of 0")
             self.client_max_packet = properties.get("maximum_packet_size", self.client_max_packet)
-            self.client_alias_maximum = properties.get("topic_alias_maximum", 0)
+            # (as many as it takes, up to as many as it may give: the broker keeps a topic for each)
+            self.client_alias_maximum = min(properties.get("topic_alias_maximum", 0), TOPIC_ALIAS_MAXIMUM)
         elif not connect.clean_start:
             self.session_expiry = MAX_SESSION_EXPIRY
         assigned = None
@@ -382,7 +384,8 @@ class MqttConnection(asyncio.Protocol):
         self.channels = {_CHANNEL: self.channel}
         self.client_properties = {"product": "MQTT client", "client_id": self.client_id}
         self.send_method(spec.Confirm.Select(), lambda: None)
-        prefetch = min(config.mqtt_prefetch, connect.properties.get("receive_maximum", config.mqtt_prefetch))
+        prefetch = self.receive_maximum = min(config.mqtt_prefetch,
+                                              connect.properties.get("receive_maximum", config.mqtt_prefetch))
         self.send_method(spec.Basic.Qos(prefetch_count=prefetch), lambda: None)
         self._open_session(lambda present: self._accepted(present, assigned))
 
@@ -600,7 +603,7 @@ class MqttConnection(asyncio.Protocol):
     def _may_send_retained(self, qos: int) -> bool:
         """A retained message goes while the client reads, and at QoS 1 within the prefetch's count of retained
         messages unacknowledged."""
-        return not self.write_paused and (not qos or self.retained_inflight < self.config.mqtt_prefetch)
+        return not self.write_paused and (not qos or self.retained_inflight < self.receive_maximum)
 
     def _send_retained(self, message: "Retained", topic_filter: str, qos: int) -> None:
         qos = min(qos, message.qos)
@@ -609,6 +612,8 @@ class MqttConnection(asyncio.Protocol):
             extra = dict(message.properties)
             if identifier := self.subscriptions.identifiers.get(topic_filter):
                 extra["subscription_identifier"] = [identifier]
+            if message.expires_at:  # (what is left of its expiry interval)
+                extra["message_expiry_interval"] = _seconds_left(message.expires_at)
             properties = mqtt.encode_properties(extra)
         topic = message.topic.encode()
         if mqtt.publish_size(topic, message.payload, qos, properties) > self.client_max_packet:
@@ -672,6 +677,7 @@ class MqttConnection(asyncio.Protocol):
                   header_payload: bytes, body: bytes) -> None:
         view = view_of(header_payload)
         from_qos1 = qos_of_consumer(consumer_tag) == 1
+        shared = consumer_tag.startswith(SHARED_TAG_PREFIX)  # (a shared subscription's: no_local is none of its)
         qos = min(view.qos, 1) if from_qos1 else 0
         topic = topics.topic(routing_key.decode())
         if topic.startswith("$") and not self.subscriptions.reaches(topic):
@@ -684,7 +690,7 @@ class MqttConnection(asyncio.Protocol):
         alias = 0  # 5.0: the topic alias it goes with (0: none)
         if self.level == mqtt.MQTT_5:
             subscriptions = self.subscriptions
-            if view.publisher == self.token and subscriptions.only_no_local(topic):
+            if view.publisher == self.token and not shared and subscriptions.only_no_local(topic):
                 if from_qos1:  # (its own message, which its subscriptions take no_local)
                     self.to_ack.append(delivery_tag)
                 return
@@ -693,7 +699,7 @@ class MqttConnection(asyncio.Protocol):
             if subscriptions.identifiers and (identifiers := subscriptions.identifiers_for(topic)):
                 extra["subscription_identifier"] = identifiers
             if view.expires_at:  # (what is left of its expiry interval)
-                extra["message_expiry_interval"] = max(1, -(-(view.expires_at - int(time.time() * 1000)) // 1000))
+                extra["message_expiry_interval"] = _seconds_left(view.expires_at)
             if self.client_alias_maximum:
                 alias = self.server_aliases.get(topic) or (len(self.server_aliases) + 1 if len(
                     self.server_aliases) < self.client_alias_maximum else 0)
@@ -976,6 +982,11 @@ class MqttConnection(asyncio.Protocol):
             if self.server.mqtt_clients.get(key) is self:
                 del self.server.mqtt_clients[key]
         self.server.connections.discard(self)
+
+
+def _seconds_left(expires_at: int) -> int:
+    """A message expiry interval: what is left until expires_at (ms since the epoch), as MQTT can carry it."""
+    return min(max(1, -(-(expires_at - int(time.time() * 1000)) // 1000)), 0xFFFFFFFF)
 
 
 def vhost_and_user(username: str, default_vhost: str) -> tuple[str, str]:

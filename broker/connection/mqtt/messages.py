@@ -44,7 +44,9 @@ def amqp_header(qos: int, dup: bool, body_size: int, properties: dict, retain: b
 
 
 def _encode(qos: int, dup: bool, retain: bool, body_size: int, properties: dict, publisher: str = "") -> bytes:
-    headers: dict = dict(properties.get("user_property", ()))  # (a name given twice keeps its last value)
+    # (a name given twice keeps its last value; those of the x-mqtt- headers are the broker's own: left out)
+    headers: dict = {name: value for name, value in properties.get("user_property", ())
+                     if not name.startswith("x-mqtt-")}
     headers[QOS_HEADER] = qos
     headers[DUP_HEADER] = dup
     if retain:

@@ -12,10 +12,13 @@ from typing import TYPE_CHECKING, Callable, Final, Iterator
 from broker.connection.mqtt import topics
 from broker.model.turns import next_turn
 
+_END: Final = object()  # what a subscription's matching gives once it is done
+
 if TYPE_CHECKING:
     from broker.model.retained import Retained, RetainedMessages
 
 SLICE_SECONDS: Final = 0.003  # matching and sending a loop turn, at most
+CHECKED: Final = 256  # topics matched between two looks at the time
 MAX_WAITING: Final = 10_000  # subscriptions whose retained messages wait to be sent; past them, none are
 
 
@@ -62,10 +65,12 @@ class RetainedSender:
                 topic_filter, qos = self.waiting.popleft()
                 self.current = (topic_filter, qos, self._matching(topic_filter))
             topic_filter, qos, messages = self.current
-            message = self.held if self.held is not None else next(messages, None)
+            message = self.held if self.held is not None else next(messages, _END)
             self.held = None
-            if message is None:
+            if message is _END:
                 self.current = None
+                continue
+            if message is None:  # (topics looked at, none matching: the time is looked at again)
                 continue
             if not self.may_send(min(qos, message.qos)):
                 self.held = message  # (resume() comes when the client reads or acknowledges)
@@ -73,11 +78,18 @@ class RetainedSender:
             self.send(message, topic_filter, qos)
         self.resume()
 
-    def _matching(self, topic_filter: str) -> Iterator["Retained"]:
-        """The vhost's retained messages the filter matches: looked up for a filter without wildcards, else the
-        topics matched one by one (a slice at a time, as the caller asks for them)."""
+    def _matching(self, topic_filter: str) -> Iterator["Retained | None"]:
+        """The vhost's retained messages the filter matches (not those of a topic that begins with "$" where the
+        filter begins with a wildcard, nor those expired), with None after every CHECKED topics looked at, so that
+        the caller looks at the time."""
         held = self.store.by_vhost.get(self.vhost, {})
-        if "+" not in topic_filter and "#" not in topic_filter:
-            message = held.get(topic_filter)
-            return iter(() if message is None else (message,))
-        return (message for topic, message in list(held.items()) if topics.matches(topic_filter, topic))
+        wildcard_first = topic_filter.startswith(("+", "#"))
+        now = int(time.time() * 1000)
+        for index, topic in enumerate(list(held)):
+            if index % CHECKED == CHECKED - 1:
+                yield None
+            message = held.get(topic)
+            if (message is not None and topics.matches(topic_filter, topic)
+                    and not (wildcard_first and topic.startswith("$"))
+                    and not (message.expires_at and message.expires_at <= now)):
+                yield message

@@ -22,6 +22,8 @@ SHARED_PREFIX: Final = "mqtt-shared-"  # a shared subscription's queue: SHARED_P
 SHARE: Final = "$share/"  # how a shared subscription's filter begins
 CONSUMER_TAGS: Final = (b"mqtt-qos0", b"mqtt-qos1")  # the consumer of each session queue
 SHARED_TAGS: Final = (b"mqtt-share0:", b"mqtt-share1:")  # before a shared queue's name in its consumer's tag
+SHARED_TAG_PREFIX: Final = b"mqtt-share"
+MAX_SHARED: Final = 1_000  # shared subscriptions of one connection: their consumers' prefetches stay within packet ids
 
 
 def queue_name(client_id: str, qos: int) -> str:
@@ -31,6 +33,12 @@ def queue_name(client_id: str, qos: int) -> str:
 def qos_of_consumer(consumer_tag: bytes) -> int:
     """The QoS of the subscription whose consumer delivered a message."""
     return 1 if consumer_tag == CONSUMER_TAGS[1] or consumer_tag.startswith(SHARED_TAGS[1]) else 0
+
+
+def _inner(topic_filter: str) -> str:
+    """The filter a subscription matches topics by (a shared one's, without $share/<group>/)."""
+    shared = _shared(topic_filter)
+    return shared[1] if shared is not None else topic_filter
 
 
 def _shared(topic_filter: str) -> tuple[str, str] | None:
@@ -79,19 +87,18 @@ class Subscriptions:
                      as_published=subscription.retain_as_published, no_local=subscription.no_local) -> None:
                 new = topic_filter not in self.filters
                 self.filters[topic_filter] = qos
-                inner = shared[1] if shared else topic_filter
                 if identifier:
-                    self.identifiers[inner] = identifier
+                    self.identifiers[topic_filter] = identifier
                 else:
-                    self.identifiers.pop(inner, None)
+                    self.identifiers.pop(topic_filter, None)
                 if as_published:
-                    self.as_published.add(inner)
+                    self.as_published.add(topic_filter)
                 else:
-                    self.as_published.discard(inner)
+                    self.as_published.discard(topic_filter)
                 if no_local and shared is None:  # (the spec forbids it on a shared subscription: not kept there)
-                    self.no_local.add(inner)
+                    self.no_local.add(topic_filter)
                 else:
-                    self.no_local.discard(inner)
+                    self.no_local.discard(topic_filter)
                 codes[index] = qos
                 # (a shared subscription gets no retained messages, as the spec says)
                 if shared is None and (retain_handling == 0 or (retain_handling == 1 and new)):
@@ -104,6 +111,11 @@ class Subscriptions:
                 step()
 
             if shared is not None:
+                if topic_filter not in self.filters and sum(map(_is_shared, self.filters)) >= MAX_SHARED:
+                    connection.log_refusal(topic_filter, f"more than {MAX_SHARED} shared subscriptions")
+                    codes[index] = mqtt.QUOTA_EXCEEDED if v5 else mqtt.UNSPECIFIED_ERROR
+                    step()
+                    continue
                 self._share(shared, topic_filter, qos, made, refused)
             else:
                 self._bind(topic_filter, qos, made, refused)
@@ -214,9 +226,9 @@ class Subscriptions:
             if qos is None:
                 codes[index] = mqtt.NO_SUBSCRIPTION_EXISTED
             shared = _shared(topic_filter) if connection.level == mqtt.MQTT_5 else None
-            self.identifiers.pop(shared[1] if shared else topic_filter, None)
-            self.as_published.discard(shared[1] if shared else topic_filter)
-            self.no_local.discard(shared[1] if shared else topic_filter)
+            self.identifiers.pop(topic_filter, None)
+            self.as_published.discard(topic_filter)
+            self.no_local.discard(topic_filter)
             if shared is not None:
                 if qos is not None:
                     step = steps.step()
@@ -237,7 +249,7 @@ class Subscriptions:
     def identifiers_for(self, topic: str) -> list[int]:
         """5.0: the identifiers of the subscriptions that the topic matches (one delivery carries them all)."""
         return sorted({identifier for topic_filter, identifier in self.identifiers.items()
-                       if topics.matches(topic_filter, topic)})
+                       if topics.matches(_inner(topic_filter), topic)})
 
     def reaches(self, topic: str) -> bool:
         """Whether a subscription matches a topic that begins with "$" as the spec says: not by a filter that
@@ -253,14 +265,15 @@ class Subscriptions:
         return False
 
     def only_no_local(self, topic: str) -> bool:
-        """5.0: whether every subscription that the topic matches takes no message of this connection's own."""
+        """5.0: whether every (unshared) subscription that the topic matches takes no message of this connection's
+        own."""
         return all(topic_filter in self.no_local for topic_filter in self.filters
                    if not topic_filter.startswith(SHARE) and topics.matches(topic_filter, topic)) and any(
             topics.matches(topic_filter, topic) for topic_filter in self.no_local)
 
     def keeps_retain_flag(self, topic: str) -> bool:
         """5.0: whether a subscription that the topic matches asked for messages as published (retain flag kept)."""
-        return any(topics.matches(topic_filter, topic) for topic_filter in self.as_published)
+        return any(topics.matches(_inner(topic_filter), topic) for topic_filter in self.as_published)
 
     def queue_name(self, qos: int) -> str:
         return queue_name(self.connection.client_id, qos)
@@ -284,6 +297,10 @@ class Countdown:
         self.left -= 1
         if self.left == 0:
             self.done()
+
+
+def _is_shared(topic_filter: str) -> bool:
+    return topic_filter.startswith(SHARE)
 
 
 def _nothing() -> None:
