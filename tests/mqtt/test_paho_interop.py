@@ -35,13 +35,16 @@ CASES_5_0 = {
     "test_publication_expiry": None,
     "test_subscribe_options": QOS2_GRANTED_AS_1, "test_assigned_clientid": None,
     "test_subscribe_identifiers": None, "test_request_response": None,
-    "test_client_topic_alias": None, "test_server_topic_alias": None,
+    "test_server_topic_alias": None,
     "test_maximum_packet_size": None,
     "test_server_keep_alive": "on purpose: the case wants the keepalive of 120 s a client asks for cut to 60 s, "
                               "the Paho test broker's own setting (Warren takes the client's)",
     "test_flow_control1": None, "test_will_delay": None, "test_shared_subscriptions": None,
     # (test_flow_control2 is left out: it sends QoS 2 publishes past the receive maximum, waiting without a
-    # limit for a DISCONNECT the Paho test broker itself never sends: eclipse/paho.mqtt.testing issues 68, 77)
+    # limit for a DISCONNECT the Paho test broker itself never sends: eclipse/paho.mqtt.testing issues 68, 77. So is
+    # test_client_topic_alias: it takes a QoS 1 publish's PUBACK to come before the same message's delivery to the
+    # publisher's own subscription, which a broker that acknowledges once the message is on disk does not promise,
+    # and failed so under load; tests/mqtt/test_mqtt5.py tests topic aliases from clients instead)
 }
 CASE_TIMEOUT = 90  # seconds; the longest case (will delay) takes about 20
 

@@ -206,6 +206,9 @@ def test_a_compaction_the_full_disk_refuses_is_tried_again_after_a_pause_and_sai
         for msg_id in stored[: len(stored) * 3 // 4]:  # the segment worth compacting, the disk too full for it
             store.append_removed("q", [msg_id])
             await durable(store)
+        # (the compaction runs on the writer's time: the room comes back once it has been refused)
+        await wait_until(lambda: any("compaction of segment" in record.getMessage() for record in caplog.records),
+                         5.0)
         ballast.unlink()
         await wait_until(lambda: first.stat().st_size < full_size, 5.0)  # compacted once the pause is over
         store.append_removed("q", [stored[-1]])
