@@ -163,23 +163,20 @@ class MqttConnection(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family != socket.AF_UNIX:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.tls = transport.get_extra_info("sslcontext") is not None
-        handed = self.handed
+        handed = self.handed  # (a handed connection's ends, and whether it speaks TLS, are what its front door saw)
+        self.tls = handed.tls if handed is not None else transport.get_extra_info("sslcontext") is not None
         peer = tuple(handed.peer) if handed is not None else transport.get_extra_info("peername")
         local = tuple(handed.local) if handed is not None else transport.get_extra_info("sockname")
         self.peer_address, self.peer_port = (peer[0], peer[1]) if peer else ("", 0)
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.local = tuple(local) if local else None
         self.name = f"{self.peer} -> {local[0]}:{local[1]}" if local else self.peer
-        self.connected_at = int(time.time() * 1000)
+        self.connected_at = handed.connected_at if handed is not None else int(time.time() * 1000)
         self.last_received = self.loop.time()
         self.server.connections.add(self)
         self.timer = self.loop.call_later(CONNECT_TIMEOUT, self._connect_timeout)
-        if handed is not None:
-            self.tls = handed.tls
-            self.connected_at = handed.connected_at
-            if handed.data:
-                self.data_received(handed.data)
+        if handed is not None and handed.data:
+            self.data_received(handed.data)
 
     def data_received(self, data: bytes) -> None:
         if self.state is CLOSED:
@@ -192,7 +189,6 @@ class MqttConnection(asyncio.Protocol):
             failure = None
         except mqtt.MqttError as error:
             packets, failure = [], error
-            packets = []
         self._handle(packets)
         if failure is not None and self.state is not CLOSED:
             self._refuse_packet(failure)
