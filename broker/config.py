@@ -82,10 +82,12 @@ class Config:
     # A RabbitMQ definitions file (JSON) imported at every start, after recovery ("" = none), as RabbitMQ's
     # load_definitions.
     load_definitions: str = ""
-    # [[vhosts]], [[users]] and [[permissions]] tables: definitions made at every start, after load_definitions.
+    # [[vhosts]], [[users]], [[permissions]] and [[topic_permissions]] tables: definitions made at every start, after
+    # load_definitions.
     vhosts: list[dict] = field(default_factory=list)
     users: list[dict] = field(default_factory=list)
     permissions: list[dict] = field(default_factory=list)
+    topic_permissions: list[dict] = field(default_factory=list)
     # [[shovels]] tables: shovels defined at every start (RabbitMQ's static shovels), each a name, a vhost and the
     # keys of a dynamic shovel's definition
     shovels: list[dict] = field(default_factory=list)
@@ -155,6 +157,7 @@ TABLE_ARRAYS = {
     "vhosts": {"name": True, "description": False, "tags": False, "worker": False},
     "users": {"name": True, "password": False, "password_hash": False, "hashing_algorithm": False, "tags": False},
     "permissions": {"user": True, "vhost": True, "configure": True, "write": True, "read": True},
+    "topic_permissions": {"user": True, "vhost": True, "exchange": True, "write": True, "read": True},
     "shovels": {"name": True, "vhost": False},  # and the shovel's own keys, checked as an API's PUT checks them
 }
 OPEN_TABLES = ("shovels",)  # arrays whose tables hold keys beyond TABLE_ARRAYS' (checked where they are applied)
@@ -214,8 +217,8 @@ def read_definitions(path: str) -> dict:
 
 
 def _validate_table(array: str, table: dict) -> None:
-    """One [[vhosts]], [[users]], [[permissions]] or [[shovels]] table: known keys of the right types, required
-    ones present, and a password (or password hash) for a user."""
+    """One [[vhosts]], [[users]], [[permissions]], [[topic_permissions]] or [[shovels]] table: known keys of the
+    right types, required ones present, and a password (or password hash) for a user."""
     keys = TABLE_ARRAYS[array]
     name = table.get("name", table.get("user"))
     where = f"[[{array}]] '{name}'" if isinstance(name, str) else f"[[{array}]]"

@@ -240,14 +240,20 @@ class GroupWorker:
         return of_vhosts(document, self.led)
 
     def _forget_what_the_first_worker_has_not(self, node: Node) -> None:
-        """Users and permissions this store kept that the first worker no longer has (its copy is the node's)."""
+        """Users, permissions and topic permissions this store kept that the first worker no longer has (its copy is
+        the node's)."""
         assert self.node_wide is not None
         users = {item["name"] for item in self.node_wide["users"]}
         permissions = {(item["vhost"], item["user"]) for item in self.node_wide["permissions"]}
+        topic_permissions = {(item["vhost"], item["user"], item["exchange"])
+                             for item in self.node_wide["topic_permissions"]}
         for name in [name for name in node.users if name not in users]:
             node.delete_user(name)
         for vhost, user in [key for key in node.permissions if key not in permissions]:
             node.clear_permissions(user, vhost)
+        for vhost, user, exchange in [(vhost, user, exchange) for (vhost, user), held in node.topic_permissions.items()
+                                      for exchange in held if (vhost, user, exchange) not in topic_permissions]:
+            node.clear_topic_permissions(user, vhost, exchange)
 
     # --- the front doors ------------------------------------------------------------------------------------
     def route(self, vhost: str | None, forwarded: bool, copies: bool = True, mqtt: bool = False) -> Route:

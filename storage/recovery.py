@@ -42,6 +42,7 @@ class Recovered:
     users: list[dict] = field(default_factory=list)
     policies: list[dict] = field(default_factory=list)
     permissions: list[dict] = field(default_factory=list)
+    topic_permissions: list[dict] = field(default_factory=list)
     operator_policies: list[dict] = field(default_factory=list)
     parameters: list[dict] = field(default_factory=list)  # runtime parameters (a shovel's definition)
     # decisions to commit a transaction across processes that some process has not taken its share of yet
@@ -484,6 +485,7 @@ def recover(data_dir: Path, segments_dir: Path,
         bindings=definitions.of_kind("binding"), messages=messages, next_msg_id=next_msg_id, report=report,
         vhosts=definitions.of_kind("vhost"), users=definitions.of_kind("user"),
         policies=definitions.of_kind("policy"), permissions=definitions.of_kind("permission"),
+        topic_permissions=definitions.of_kind("topic_permission"),
         operator_policies=definitions.of_kind("operator_policy"), parameters=definitions.of_kind("parameter"),
         transactions=definitions.of_kind("transaction"), retained=definitions.of_kind("retained"),
         set_aside_definitions=reader.set_aside_definitions,

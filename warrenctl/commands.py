@@ -298,11 +298,16 @@ def delete_vhost(ctx: Context, args: Any) -> None:
 def set_permissions(ctx: Context, args: Any) -> None:
     ctx.say(f'Setting permissions for user "{args.username}" in vhost "{args.vhost}" ...')
     body = {"configure": args.conf, "write": args.write, "read": args.read}
+    put_for_user(ctx, "/api/permissions", args.username, args.vhost, body)
+
+
+def put_for_user(ctx: Context, path: str, user: str, vhost: str, body: dict) -> None:
+    """PUT path/{vhost}/{user}; a refusal for want of the user or the vhost says which is missing."""
     try:
-        ctx.client.put(f"/api/permissions/{quote(args.vhost)}/{quote(args.username)}", body)
+        ctx.client.put(f"{path}/{quote(vhost)}/{quote(user)}", body)
     except CommandError as error:
         if error.exit_code == EX_DATAERR and "not_found" in error.message:
-            require_user_and_vhost(ctx.client, args.username, args.vhost)
+            require_user_and_vhost(ctx.client, user, vhost)
         raise
 
 
@@ -311,6 +316,26 @@ def clear_permissions(ctx: Context, args: Any) -> None:
     ctx.say(f'Clearing permissions for user "{args.username}" in vhost "{args.vhost}" ...')
     try:
         ctx.client.delete(f"/api/permissions/{quote(args.vhost)}/{quote(args.username)}")
+    except NotFound:
+        require_user_and_vhost(ctx.client, args.username, args.vhost)  # else: there was nothing to clear
+
+
+@verb("set_topic_permissions", "Sets the routing keys a user may publish with (write) and bind with (read) on a "
+      "topic exchange of a virtual host", "username", "exchange", "write", "read", per_vhost=True)
+def set_topic_permissions(ctx: Context, args: Any) -> None:
+    ctx.say(f'Setting topic permissions on "{args.exchange}" for user "{args.username}" in vhost "{args.vhost}" ...')
+    body = {"exchange": args.exchange, "write": args.write, "read": args.read}
+    put_for_user(ctx, "/api/topic-permissions", args.username, args.vhost, body)
+
+
+@verb("clear_topic_permissions", "Revokes a user's topic permissions in a virtual host: on one exchange, or on every "
+      "one when none is named", "username", "exchange?", per_vhost=True)
+def clear_topic_permissions(ctx: Context, args: Any) -> None:
+    on = f'on "{args.exchange}" ' if args.exchange is not None else ""
+    ctx.say(f'Clearing topic permissions {on}for user "{args.username}" in vhost "{args.vhost}" ...')
+    path = f"/api/topic-permissions/{quote(args.vhost)}/{quote(args.username)}"
+    try:
+        ctx.client.delete(path + (f"?exchange={quote(args.exchange)}" if args.exchange is not None else ""))
     except NotFound:
         require_user_and_vhost(ctx.client, args.username, args.vhost)  # else: there was nothing to clear
 

@@ -98,6 +98,10 @@ LISTINGS: dict[str, Listing] = {
         "/api/vhosts/{vhost}/permissions", 'Listing permissions for vhost "{vhost}" ...',
         ("user", "configure", "write", "read"),
         same_names("user", "configure", "write", "read")),
+    "list_topic_permissions": Listing(
+        "/api/vhosts/{vhost}/topic-permissions", 'Listing topic permissions for vhost "{vhost}" ...',
+        ("user", "exchange", "write", "read"),
+        same_names("user", "exchange", "write", "read")),
     "shovel_status": Listing(
         "/api/shovels", "Shovel status on node {node}",
         ("name", "vhost", "type", "state", "source", "destination", "termination_reason"),

@@ -85,6 +85,8 @@ def add_verb(verbs: Any, name: str, spec: Verb, common: argparse.ArgumentParser)
     for argument in spec.arguments:
         if argument.endswith("..."):
             sub.add_argument(argument.removesuffix("..."), nargs="*", metavar=argument.removesuffix("...").upper())
+        elif argument.endswith("?"):  # (one that may be left out)
+            sub.add_argument(argument.removesuffix("?"), nargs="?", metavar=argument.removesuffix("?").upper())
         else:
             sub.add_argument(argument, metavar=argument.upper())
     if spec.per_vhost:

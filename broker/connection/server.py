@@ -283,7 +283,8 @@ class Server:
             recovered = await asyncio.get_running_loop().run_in_executor(None, self._recover_store)
             self.recovery_report = recovered.report
             self.paging.store.start()
-            self.node.restore_definitions(recovered.vhosts, recovered.users, recovered.permissions)
+            self.node.restore_definitions(recovered.vhosts, recovered.users, recovered.permissions,
+                                          recovered.topic_permissions)
             found = held_vhosts(recovered)
             boot_definitions = self._boot_definitions()
             if self.role is None or self.role.keeps_node_definitions:  # the other workers copy the first one's users
@@ -315,7 +316,8 @@ class Server:
 
     def _boot_definitions(self) -> dict:
         """What every start applies once recovery is done: the load_definitions file's definitions, then the
-        config's [[vhosts]], [[users]], [[permissions]] and [[shovels]] (so that these win)."""
+        config's [[vhosts]], [[users]], [[permissions]], [[topic_permissions]] and [[shovels]] (so that these
+        win)."""
         path = self.config.load_definitions
         try:
             document = read_definitions(path) if path else {}

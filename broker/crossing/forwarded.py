@@ -49,7 +49,9 @@ def run(node: "Node", link: "HomeLink", operation: dict) -> None:
         vhost.when_acked(owners, lambda ok: run(node, link, {**operation, "counted": True}))
         return
     owner = vhost.owner_elsewhere(group, str(operation["connection"]))
-    actor = operations.Actor(vhost, ChannelAccess(node, str(operation["user"]), vhost.name), owner)
+    client_id = operation.get("client_id")  # (an MQTT client's, for its topic permissions)
+    access = ChannelAccess(node, str(operation["user"]), vhost.name, None if client_id is None else str(client_id))
+    actor = operations.Actor(vhost, access, owner)
     changes = vhost.durable_changes
     vhost.counted_there = None
     vhost.placing_for = group

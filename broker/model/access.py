@@ -1,19 +1,23 @@
-"""Users, their password hashes and tags, and per-vhost permissions, with RabbitMQ's checks and refusal texts."""
+"""Users, their password hashes and tags, per-vhost permissions and topic permissions, with RabbitMQ's checks and
+refusal texts."""
 
 from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import hmac
 import os
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from broker.model.patterns import compile_pattern
+from broker.model.patterns import PatternError, compile_pattern
 from protocol import errors
 
 if TYPE_CHECKING:
+    from broker.model.exchange import Exchange
     from broker.model.node import Node
 
 # RabbitMQ's password hashing modules, by the name its definitions export gives them, and the digest each uses.
@@ -29,6 +33,10 @@ CONFIGURE, WRITE, READ = ACCESS_KINDS = ("configure", "write", "read")
 QUEUE, EXCHANGE = "queue", "exchange"  # the kinds of resource a permission covers, as refusal texts name them
 # Exchanges a channel remembers it may publish to (RabbitMQ's channels remember 12 decisions); past that it starts over
 PUBLISH_CACHE_SIZE = 64
+# Routing keys a channel remembers it may publish or bind with under topic permissions; past that it starts over
+TOPIC_CACHE_SIZE = 64
+TOPIC_VARIABLES = ("username", "vhost", "client_id")  # what a topic permission's {name} placeholders stand for
+TOPIC_EXCHANGE = "topic"  # the only kind of exchange topic permissions apply to
 
 
 def hash_password(password: str, algorithm: str = DEFAULT_HASHING, salt: bytes | None = None) -> str:
@@ -101,6 +109,57 @@ class Permission:
                 "read": self.read}
 
 
+@dataclass
+class TopicPermission:
+    """What one user may publish (write) and bind (read) through one topic exchange of one vhost: two regular
+    expressions over routing keys and binding keys, RabbitMQ's topic authorisation. {username}, {vhost} and (for
+    an MQTT client) {client_id} in a pattern stand for the client's; "" allows only the empty key, as RabbitMQ's
+    "^$"."""
+
+    user: str
+    vhost: str
+    exchange: str
+    write: str
+    read: str
+
+    def __post_init__(self) -> None:
+        for kind in (WRITE, READ):  # (re.error or PatternError for one that cannot be used)
+            _compiled_topic_pattern(_expanded(getattr(self, kind), {name: "x" for name in TOPIC_VARIABLES}))
+
+    def allows(self, access: str, key: str, variables: dict[str, str]) -> bool:
+        """Whether the routing key may be used for access ("write" or "read") by a client of these variables."""
+        try:
+            pattern = _compiled_topic_pattern(_expanded(getattr(self, access), variables))
+        except (PatternError, re.error):  # (a client's long name made the pattern too big: nothing is allowed)
+            return False
+        return pattern.search(key) is not None
+
+    def definition(self) -> dict:
+        return {"user": self.user, "vhost": self.vhost, "exchange": self.exchange, "write": self.write,
+                "read": self.read}
+
+
+def _expanded(pattern: str, variables: dict[str, str]) -> str:
+    """pattern with each {name} replaced by the variable's value, escaped: unlike RabbitMQ, which puts the value in
+    as it is, a user or client called "a.*" cannot widen a pattern made for its own name."""
+    if not pattern:
+        return "^$"
+    for name, value in variables.items():
+        pattern = pattern.replace("{" + name + "}", re.escape(value))
+    return pattern
+
+
+@functools.lru_cache(maxsize=1024)  # (the patterns of the users and clients at hand; compiling one takes up to 5 ms)
+def _compiled_topic_pattern(pattern: str):
+    return compile_pattern(pattern)
+
+
+def topic_refusal(access: "ChannelAccess", exchange: str, key: str) -> errors.AMQPError:
+    """RabbitMQ's refusal of a routing key (a publish's) or binding key (a bind's) under a topic permission."""
+    return errors.access_refused(f"access to topic '{key}' in exchange '{exchange}' in vhost '{access.vhost}' "
+                                 f"refused for user '{access.user}'")
+
+
 def permission_name(name: str) -> str:
     """The name a resource's permission is checked against: the default exchange is 'amq.default'."""
     return name or "amq.default"
@@ -127,19 +186,25 @@ def user_id_refusal(user_id: str, user: str) -> errors.AMQPError:
 
 
 class ChannelAccess:
-    """What one channel's user may do in its vhost: RabbitMQ's check_configure/write/read_permitted. Publishing
-    checks no regex per message: the exchanges it may publish to are remembered (as rabbit_channel's permission
-    cache) until the node's permissions change, so that a change applies to open channels at once."""
+    """What one channel's user may do in its vhost: RabbitMQ's check_configure/write/read_permitted, and its
+    check_topic_access. Publishing checks no regex per message: the exchanges it may publish to, and the routing keys
+    its topic permissions allow, are remembered (as rabbit_channel's permission caches) until the node's permissions
+    change, so that a change applies to open channels at once."""
 
-    __slots__ = ("node", "user", "vhost", "version", "permission", "writable")
+    __slots__ = ("node", "user", "vhost", "client_id", "version", "permission", "writable", "topics",
+                 "topic_allowed")
 
-    def __init__(self, node: "Node", user: str, vhost: str):
+    def __init__(self, node: "Node", user: str, vhost: str, client_id: str | None = None):
         self.node = node
         self.user = user
         self.vhost = vhost
+        self.client_id = client_id  # an MQTT client's id, for {client_id} in topic permissions (None: AMQP's)
         self.version = -1  # the node's permissions_version that permission and writable were taken at
         self.permission: Permission | None = None  # the user's permission in the vhost (None: it has none)
         self.writable: set[str] = set()  # exchanges this channel may publish to, checked under version
+        # the user's topic permissions in the vhost, by exchange, under version (None: it has none, as most users)
+        self.topics: dict[str, TopicPermission] | None = None
+        self.topic_allowed: set[tuple[str, str, str]] = set()  # (access, exchange, key) allowed under version
 
     def _permission(self) -> Permission | None:
         node = self.node
@@ -147,6 +212,8 @@ class ChannelAccess:
             self.version = node.permissions_version
             self.permission = node.permissions.get((self.vhost, self.user))
             self.writable = set()
+            self.topics = node.topic_permissions.get((self.vhost, self.user))
+            self.topic_allowed = set()
         return self.permission
 
     def check(self, access: str, kind: str, name: str) -> None:
@@ -165,6 +232,25 @@ class ChannelAccess:
             self.writable.clear()
         self.writable.add(exchange)
 
+    def check_topic(self, access: str, exchange: "Exchange", key: str) -> None:
+        """Raise RabbitMQ's 403 unless the user's topic permission on a topic exchange (if it has one there) allows
+        the routing key for access: "write" to publish with it, "read" to bind with it."""
+        self._permission()
+        topics = self.topics
+        if topics is None or exchange.kind != TOPIC_EXCHANGE:
+            return
+        permission = topics.get(exchange.name)
+        if permission is None or (access, exchange.name, key) in self.topic_allowed:
+            return
+        variables = {"username": self.user, "vhost": self.vhost}
+        if self.client_id is not None:
+            variables["client_id"] = self.client_id
+        if not permission.allows(access, key, variables):
+            raise topic_refusal(self, exchange.name, key)
+        if len(self.topic_allowed) >= TOPIC_CACHE_SIZE:
+            self.topic_allowed.clear()
+        self.topic_allowed.add((access, exchange.name, key))
+
 
 class InternalAccess(ChannelAccess):
     """What the broker's own federation links act with in a vhost, as RabbitMQ's act through an internal
@@ -176,6 +262,9 @@ class InternalAccess(ChannelAccess):
         super().__init__(node, "", vhost)
 
     def check(self, access: str, kind: str, name: str) -> None:
+        return None
+
+    def check_topic(self, access: str, exchange: "Exchange", key: str) -> None:
         return None
 
     def may_impersonate(self) -> bool:

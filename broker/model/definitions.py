@@ -1,5 +1,5 @@
-"""Definitions: RabbitMQ's JSON export of a node's (or one vhost's) vhosts, users, permissions, policies, queues,
-exchanges and bindings, and its import.
+"""Definitions: RabbitMQ's JSON export of a node's (or one vhost's) vhosts, users, permissions, topic permissions,
+policies, queues, exchanges and bindings, and its import.
 
 An import is checked whole before anything changes (the shape of every item, the vhosts and users it names,
 password hashes, permission patterns, policies, exchange types, queue and exchange arguments), then applied
@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
-from broker.model.access import HASHING_ALGORITHMS, DEFAULT_HASHING, valid_password_hash
+from broker.model.access import HASHING_ALGORITHMS, DEFAULT_HASHING, TopicPermission, valid_password_hash
 from broker.model.arguments import (
     check_exchange_equivalent, check_queue_equivalent, validate_exchange_arguments, validate_queue_arguments,
 )
@@ -61,7 +61,7 @@ def export_node(node: "Node", product_name: str, product_version: str) -> dict:
         "users": [user.definition() for user in node.users.values()],
         "vhosts": [_vhost_definition(vhost) for vhost in vhosts],
         "permissions": [permission.definition() for permission in node.permissions.values()],
-        "topic_permissions": [],
+        "topic_permissions": topic_permissions(node),
         "parameters": [item for vhost in vhosts for item in (*_operator_policies(vhost), *_parameters(vhost))],
         "global_parameters": [],
         "policies": [item for vhost in vhosts for item in _policies(vhost, with_vhost=True)],
@@ -71,17 +71,24 @@ def export_node(node: "Node", product_name: str, product_version: str) -> dict:
     }
 
 
-NODE_WIDE_SECTIONS = ("users", "vhosts", "permissions")  # what every worker process holds a copy of
+NODE_WIDE_SECTIONS = ("users", "vhosts", "permissions", "topic_permissions")  # what every worker holds a copy of
 VHOST_SECTIONS = ("parameters", "policies", "queues", "exchanges", "bindings")  # what lives in one vhost
 
 
 def export_node_wide(node: "Node") -> dict:
-    """The node-wide part of export_node: users, vhosts and permissions, which every worker process holds."""
+    """The node-wide part of export_node: users, vhosts, permissions and topic permissions, which every worker
+    process holds."""
     return {
         "users": [user.definition() for user in node.users.values()],
         "vhosts": [_vhost_definition(vhost) for vhost in node.vhosts.values()],
         "permissions": [permission.definition() for permission in node.permissions.values()],
+        "topic_permissions": topic_permissions(node),
     }
+
+
+def topic_permissions(node: "Node") -> list[dict]:
+    """Every topic permission, as RabbitMQ's exports and its API list them."""
+    return [permission.definition() for held in node.topic_permissions.values() for permission in held.values()]
 
 
 def of_vhosts(document: dict, names: set[str]) -> dict:
@@ -235,6 +242,7 @@ class _Plan:
     vhosts: list[tuple[str, dict]] = field(default_factory=list)
     users: list[tuple[str, dict]] = field(default_factory=list)
     permissions: list[tuple[str, dict]] = field(default_factory=list)
+    topic_permissions: list[tuple[str, dict]] = field(default_factory=list)
     # (label, vhost, set_policy's keyword arguments); operator policies too ("operator": True)
     policies: list[tuple[str, str, dict]] = field(default_factory=list)
     # (label, node.set_parameter's keyword arguments): runtime parameters of components other than operator_policy
@@ -246,7 +254,8 @@ class _Plan:
 
 def import_definitions(node: "Node", document, vhost: str | None = None) -> None:
     """Check the whole document, then apply it to node (to one vhost, named by vhost, as RabbitMQ's POST
-    /api/definitions/{vhost}: its users, vhosts and permissions are ignored, and items take that vhost).
+    /api/definitions/{vhost}: its users, vhosts, permissions and topic permissions are ignored, and items take
+    that vhost).
     DefinitionsError, before anything changed, if an item cannot be applied."""
     steps = importing(node, document, vhost)
     for step in steps:
@@ -269,10 +278,10 @@ def importing(node: "Node", document, vhost: str | None = None, check_only: bool
         return
     plan = planner.result
     yield from _apply(node, plan)
-    log.info("definitions imported%s: %d vhosts, %d users, %d permissions, %d policies, %d queues, %d exchanges, "
-             "%d bindings", f" into vhost {vhost[:200]!r}" if vhost is not None else "", len(plan.vhosts),
-             len(plan.users), len(plan.permissions), len(plan.policies), len(plan.queues), len(plan.exchanges),
-             len(plan.bindings))
+    log.info("definitions imported%s: %d vhosts, %d users, %d permissions, %d topic permissions, %d policies, "
+             "%d queues, %d exchanges, %d bindings", f" into vhost {vhost[:200]!r}" if vhost is not None else "",
+             len(plan.vhosts), len(plan.users), len(plan.permissions), len(plan.topic_permissions),
+             len(plan.policies), len(plan.queues), len(plan.exchanges), len(plan.bindings))
 
 
 class _Planner:
@@ -301,6 +310,7 @@ class _Planner:
             yield from self._read("vhosts", self._vhost)
             yield from self._read("users", self._user)
             yield from self._read("permissions", self._permission)
+            yield from self._read("topic_permissions", self._topic_permission)
         yield from self._read("policies", self._policy)
         yield from self._read("parameters", self._parameter)
         yield from self._read("queues", self._queue)
@@ -381,6 +391,24 @@ class _Planner:
             except PatternError as error:
                 raise item.error(f"'{kind}': {error}") from None
         self.result.permissions.append((item.label, {"user": user, "vhost": vhost, **patterns}))
+
+    def _topic_permission(self, item: _Item) -> None:
+        user = item.get("user", str)
+        item.label = f"topic permission of user '{user}'"
+        vhost = self._vhost_of(item)
+        exchange = item.get("exchange", str)
+        item.label = f"topic permission of user '{user}' in vhost '{vhost}' on exchange '{exchange}'"
+        if user not in self.user_names:
+            raise item.error(f"no user '{user}'")
+        patterns = {kind: item.get(kind, str) for kind in ("write", "read")}
+        try:
+            TopicPermission(user, vhost, exchange, **patterns)
+        except re.error as error:
+            raise item.error(f"not a valid regular expression: {error}") from None
+        except PatternError as error:
+            raise item.error(str(error)) from None
+        self.result.topic_permissions.append((item.label, {"user": user, "vhost": vhost, "exchange": exchange,
+                                                           **patterns}))
 
     # --- policies ---------------------------------------------------------------------------------------------
     def _policy(self, item: _Item, operator: bool = False, settings: dict | None = None) -> None:
@@ -512,15 +540,17 @@ class _Planner:
 
 # --- import: applying the plan -----------------------------------------------------------------------------------
 def _apply(node: "Node", plan: _Plan) -> Steps:
-    """Apply a checked plan in RabbitMQ's order: vhosts, users, permissions, policies, queues, exchanges,
-    bindings; yield after each change. The policies are applied to the queues and exchanges that exist once, after
-    the last of them."""
+    """Apply a checked plan in RabbitMQ's order: vhosts, users, permissions, topic permissions, policies, queues,
+    exchanges, bindings; yield after each change. The policies are applied to the queues and exchanges that exist
+    once, after the last of them."""
     for label, vhost in plan.vhosts:
         yield _applying(label, lambda: node.add_vhost(**vhost))
     for label, user in plan.users:
         yield _applying(label, lambda: node.put_user(**user))
     for label, permission in plan.permissions:
         yield _applying(label, lambda: node.set_permissions(**permission))
+    for label, topic_permission in plan.topic_permissions:
+        yield _applying(label, lambda: node.set_topic_permissions(**topic_permission))
     for label, vhost_name, policy in plan.policies:
         yield _applying(label, lambda: node.vhosts[vhost_name].set_policy(**policy, reapply=False))
     for vhost_name in dict.fromkeys(vhost_name for _, vhost_name, _ in plan.policies):

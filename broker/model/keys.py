@@ -1,5 +1,5 @@
 """The names the store knows objects by (their store keys): a queue's messages and definition, an exchange's, a
-policy's, a permission's and a binding's definitions, a delayed exchange's waiting messages.
+policy's, a permission's, a topic permission's and a binding's definitions, a delayed exchange's waiting messages.
 
 A key is made of the names that identify the object, as RabbitMQ identifies a resource by its vhost and its name,
 so that no two objects share one: composite_key writes the separator and its escape character out of each name.
@@ -55,6 +55,11 @@ def parameter_key(vhost_name: str, component: str, name: str) -> str:
 def permission_key(vhost_name: str, user: str) -> str:
     """The name a permission has in the definitions log."""
     return composite_key(vhost_name, user)
+
+
+def topic_permission_key(vhost_name: str, user: str, exchange: str) -> str:
+    """The name a topic permission has in the definitions log."""
+    return composite_key(vhost_name, user, exchange)
 
 
 def binding_key(vhost_name: str, source: str, destination_kind: str, destination: str, routing_key: str,

@@ -13,11 +13,11 @@ import reprlib
 from typing import TYPE_CHECKING, Any, Callable
 
 from broker.model.access import (
-    DEFAULT_HASHING, HASHING_ALGORITHMS, Permission, User, hash_password, valid_password_hash,
+    DEFAULT_HASHING, HASHING_ALGORITHMS, Permission, TopicPermission, User, hash_password, valid_password_hash,
 )
 from broker.model.counters import AMQP_LABEL, NodeCounters
 from broker.model.interfaces import ParameterComponent, QueueCrossing, TopologyWatcher
-from broker.model.keys import permission_key
+from broker.model.keys import permission_key, topic_permission_key
 from broker.model.retained import RetainedMessages
 from broker.model.vhost import VirtualHost
 from protocol import errors
@@ -45,6 +45,8 @@ class Node:
         self.vhosts: dict[str, VirtualHost] = {}
         self.users: dict[str, User] = {}
         self.permissions: dict[tuple[str, str], Permission] = {}  # (vhost, user) -> what user may do there
+        # (vhost, user) -> exchange -> the routing keys user may publish and bind with through it
+        self.topic_permissions: dict[tuple[str, str], dict[str, TopicPermission]] = {}
         # Bumped on every permission change, so that channels caching access decisions know to drop them.
         self.permissions_version = 0
         self.next_msg_id = 1  # id of the next persistent message written to the store (shared by every vhost)
@@ -115,6 +117,8 @@ class Node:
         del self.vhosts[name]
         for key in [key for key in self.permissions if key[0] == name]:
             self._drop_permission(key)
+        for key in [key for key in self.topic_permissions if key[0] == name]:
+            self._drop_topic_permissions(key, None)
         self._record("vhost", name, None)
         log.info("vhost %.200r deleted", name)
         return vhost
@@ -193,6 +197,8 @@ class Node:
             raise errors.not_found(f"no user '{name}'")
         for key in [key for key in self.permissions if key[1] == name]:
             self._drop_permission(key)
+        for key in [key for key in self.topic_permissions if key[1] == name]:
+            self._drop_topic_permissions(key, None)
         self._record("user", name, None)
         log.info("user %.200r deleted", name)
         return user
@@ -232,6 +238,37 @@ class Node:
         self.permissions_version += 1
         self._record("permission", permission_key(*key), None)
 
+    def set_topic_permissions(self, user: str, vhost: str, exchange: str, write: str, read: str) -> TopicPermission:
+        if user not in self.users:
+            raise errors.not_found(f"no user '{user}'")
+        self.vhost(vhost)
+        permission = TopicPermission(user, vhost, exchange, write, read)  # raises re.error for a bad pattern
+        self.topic_permissions.setdefault((vhost, user), {})[exchange] = permission
+        self.permissions_version += 1
+        self._record("topic_permission", topic_permission_key(vhost, user, exchange), permission.definition())
+        log.info("topic permissions of user %.200r in vhost %.200r on exchange %.200r set: write %.200r, read %.200r",
+                 user, vhost, exchange, write, read)
+        return permission
+
+    def clear_topic_permissions(self, user: str, vhost: str, exchange: str | None = None) -> None:
+        """Drop the user's topic permissions in the vhost: on one exchange, or (None) on every one."""
+        held = self.topic_permissions.get((vhost, user), {})
+        if not held or (exchange is not None and exchange not in held):
+            raise errors.not_found(f"no topic permissions for user '{user}' in vhost '{vhost}'"
+                                   + (f" on exchange '{exchange}'" if exchange is not None else ""))
+        self._drop_topic_permissions((vhost, user), exchange)
+        log.info("topic permissions of user %.200r in vhost %.200r%s cleared", user, vhost,
+                 f" on exchange {exchange[:200]!r}" if exchange is not None else "")
+
+    def _drop_topic_permissions(self, key: tuple[str, str], exchange: str | None) -> None:
+        held = self.topic_permissions[key]
+        for name in list(held) if exchange is None else [exchange]:
+            del held[name]
+            self._record("topic_permission", topic_permission_key(*key, name), None)
+        if not held:
+            del self.topic_permissions[key]
+        self.permissions_version += 1
+
     def open_vhost(self, user: str, name: str) -> VirtualHost:
         """The vhost a connection.open names, if user may use it (any permission entry there), else RabbitMQ's
         530; 541 for one this process does not serve now (RabbitMQ's answer for a vhost that is down): it leads it,
@@ -256,15 +293,17 @@ class Node:
         self.set_permissions(user, vhost, FULL_ACCESS, FULL_ACCESS, FULL_ACCESS)
         log.info("created the default vhost '%s' and user '%s'", vhost, user)
 
-    def restore_definitions(self, vhosts: list, users: list, permissions: list) -> None:
-        """Rebuild vhosts, users and permissions from their stored definitions; one that cannot be used is logged
-        and skipped."""
+    def restore_definitions(self, vhosts: list, users: list, permissions: list, topic_permissions: list) -> None:
+        """Rebuild vhosts, users, permissions and topic permissions from their stored definitions; one that cannot
+        be used is logged and skipped."""
         for data in vhosts:
             self._restore_one("vhost", data, lambda d: self._restore_vhost(d))
         for data in users:
             self._restore_one("user", data, lambda d: self._restore_user(d))
         for data in permissions:
             self._restore_one("permission", data, lambda d: self._restore_permission(d))
+        for data in topic_permissions:
+            self._restore_one("topic permission", data, lambda d: self._restore_topic_permission(d))
 
     def _restore_one(self, kind: str, data, restore) -> None:
         try:
@@ -293,3 +332,9 @@ class Node:
             raise ValueError("its user or vhost is gone")
         self.permissions[data["vhost"], data["user"]] = Permission(
             data["user"], data["vhost"], data["configure"], data["write"], data["read"])
+
+    def _restore_topic_permission(self, data: dict) -> None:
+        if data["vhost"] not in self.vhosts or data["user"] not in self.users:
+            raise ValueError("its user or vhost is gone")
+        permission = TopicPermission(data["user"], data["vhost"], data["exchange"], data["write"], data["read"])
+        self.topic_permissions.setdefault((data["vhost"], data["user"]), {})[data["exchange"]] = permission

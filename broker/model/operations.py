@@ -140,7 +140,8 @@ def purge(actor: Actor, name: str) -> int:
 # --- bindings --------------------------------------------------------------------------------------------------
 def _check_binding(access: "ChannelAccess", source: str, kind: str, destination: str) -> None:
     """(Un)binding needs write on the destination and read on the source exchange, checked before either is
-    looked up, as in RabbitMQ, which refuses the default exchange between the two checks."""
+    looked up, as in RabbitMQ, which refuses the default exchange between the two checks (and then, the source
+    found, the binding key under the user's topic permission there: ChannelAccess.check_topic)."""
     access.check(WRITE, kind, destination)
     if not source or not destination:
         raise errors.access_refused("operation not permitted on the default exchange")
@@ -156,6 +157,7 @@ def bind(actor: Actor, source_name: str, kind: str, destination_name: str, routi
     vhost = actor.vhost
     _check_binding(actor.access, source_name, kind, destination_name)
     source = vhost.get_exchange(source_name)
+    actor.access.check_topic(READ, source, routing_key)
     destination = vhost.get_queue(destination_name) if kind == QUEUE else vhost.get_exchange(destination_name)
     if kind == QUEUE:
         vhost.check_exclusive_access(destination, actor.owner)
@@ -169,8 +171,11 @@ def unbind(actor: Actor, source_name: str, kind: str, destination_name: str, rou
     """queue.unbind or exchange.unbind; a missing binding or end is no error."""
     vhost = actor.vhost
     _check_binding(actor.access, source_name, kind, destination_name)
+    source = vhost.exchanges.get(source_name)
+    if source is not None:
+        actor.access.check_topic(READ, source, routing_key)
     destination = vhost.queues.get(destination_name) if kind == QUEUE else vhost.exchanges.get(destination_name)
-    vhost.unbind(vhost.exchanges.get(source_name), destination, routing_key, arguments, actor.owner)
+    vhost.unbind(source, destination, routing_key, arguments, actor.owner)
 
 
 # --- messages --------------------------------------------------------------------------------------------------
@@ -197,6 +202,8 @@ def publish(actor: Actor, exchange_name: str, routing_keys: list[str], message: 
     exchange = vhost.get_exchange(exchange_name)
     if exchange.internal:
         raise internal_exchange_refusal(exchange_name, vhost.name)
+    for key in routing_keys:  # (its CC and BCC keys too, as RabbitMQ 4.x checks them; 3.x checked only its own)
+        access.check_topic(WRITE, exchange, key)
     properties = message.properties
     if properties.expiration is not None:
         parse_expiration(properties.expiration)

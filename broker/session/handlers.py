@@ -42,7 +42,8 @@ def _forward(channel: Channel, method: base.Frame, operation: dict,
     """A change of the definitions of a vhost this process keeps a copy of (broker.crossing.copies): its home runs
     it for the channel's user, and the reply waits for its answer (undo: what to take back if it refuses)."""
     connection = channel.connection
-    operation = {**operation, "user": connection.user, "connection": connection_token(connection)}
+    operation = {**operation, "user": connection.user, "client_id": channel.access.client_id,
+                 "connection": connection_token(connection)}
     channel.start(Forwarded(operation, method.index, reply, undo))
 
 

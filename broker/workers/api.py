@@ -88,7 +88,8 @@ QUEUE_GROUP = "/api/queues/{vhost}/{name}/group"  # one queue's, the same way
 MAINTENANCE = "/api/nodes/{name}/maintenance"  # PUT: the node drained; DELETE: revived (by the supervisor)
 NODES = "/api/nodes"  # a worker's answer: its own entry (a node per worker), following its group's leader or not
 # Node-wide changes: made on every worker (PUT and DELETE; the import of a whole node's definitions is POSTed)
-EVERYWHERE = frozenset(("/api/users/{name}", "/api/permissions/{vhost}/{user}", "/api/vhosts/{vhost}"))
+EVERYWHERE = frozenset(("/api/users/{name}", "/api/permissions/{vhost}/{user}",
+                        "/api/topic-permissions/{vhost}/{user}", "/api/vhosts/{vhost}"))
 FAILING_FIRST = frozenset(("/api/health/checks/alarms", "/api/health/checks/local-alarms",
                            "/api/health/checks/virtual-hosts"))  # checks that fail if any worker's fails
 

@@ -156,7 +156,8 @@ class Supervisor:
         # Which worker leads each vhost: recorded in placement.json (loaded at start), or on a clustered node in etcd
         self.placement: Placement | ClusterPlacement = ClusterPlacement(
             pins_of(config.vhosts), lambda request: self._ask(self.workers[0], lambda: request))
-        self.node_wide: dict | None = None  # the first worker's users, vhosts and permissions, as of its last change
+        # the first worker's users, vhosts and (topic) permissions, as of its last change
+        self.node_wide: dict | None = None
         # each worker's _watch, refused logins being counted, posts being read (the loop keeps tasks by weak references)
         self.tasks: set[asyncio.Task] = set()
         self.listening: socket.socket | None = None  # the AMQP port's socket, which every worker accepts from

@@ -77,6 +77,13 @@ def set_permissions(broker: Any, vhost: str, user: str, configure: str = ".*", w
     assert reply.status in (201, 204), reply
 
 
+def set_topic_permissions(broker: Any, vhost: str, user: str, exchange: str = "amq.topic", write: str = ".*",
+                          read: str = ".*") -> None:
+    reply = request(broker, "PUT", f"/api/topic-permissions/{quote(vhost)}/{quote(user)}",
+                    {"exchange": exchange, "write": write, "read": read})
+    assert reply.status in (201, 204), reply
+
+
 def set_policy(broker: Any, vhost: str, name: str, pattern: str, definition: dict, priority: int = 0,
                apply_to: str = "all", kind: str = "policies") -> None:
     """kind "operator-policies" sets an operator policy."""

@@ -1,6 +1,7 @@
 """Definitions: GET /api/definitions exports RabbitMQ's JSON, POST imports it (users log in with their old
 passwords, permissions and policies apply, queues and bindings route), a RabbitMQ 3.10 export imports into Warren
-and Warren's back into RabbitMQ; load_definitions and [[users]]/[[vhosts]]/[[permissions]] are applied at start."""
+and Warren's back into RabbitMQ; load_definitions and [[users]]/[[vhosts]]/[[permissions]]/[[topic_permissions]] are
+applied at start."""
 
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ def definitions(vhost: str, user: str, password: str) -> dict:
         "users": [{"name": user, "password": password, "tags": "management"}],
         "permissions": [{"user": user, "vhost": vhost, "configure": "^app\\.", "write": ".*", "read": ".*"},
                         {"user": "guest", "vhost": vhost, "configure": ".*", "write": ".*", "read": ".*"}],
+        "topic_permissions": [{"user": user, "vhost": vhost, "exchange": "app.in", "write": "^work\\.", "read": ".*"}],
         "policies": [{"vhost": vhost, "name": "dlx", "pattern": "^app\\.work$", "apply-to": "queues",
                       "definition": {"dead-letter-exchange": "app.dead"}, "priority": 1}],
         "exchanges": [{"name": "app.in", "vhost": vhost, "type": "topic", "durable": True, "auto_delete": False,
@@ -65,12 +67,17 @@ def definitions(vhost: str, user: str, password: str) -> dict:
 
 
 def check_definitions_apply(broker, vhost: str, user: str, password: str) -> None:
-    """What a user of the imported definitions observes: the login, the permissions, the routing, the policy."""
+    """What a user of the imported definitions observes: the login, the permissions and topic permissions, the
+    routing, the policy."""
     with connect_as(broker, user, password, vhost) as conn:
         ch = conn.channel()
         code, text = channel_error(lambda: ch.queue_declare("other", durable=True))
         assert (code, text) == (403, f"ACCESS_REFUSED - access to queue 'other' in vhost '{vhost}' refused for "
                                      f"user '{user}'")
+        ch = conn.channel()
+        code, text = channel_error(lambda: ch.basic_publish("app.in", "other.1", b"refused"), ch)
+        assert code == 403  # (the text names the vhost and the user after this, cut at 255 bytes where they are long)
+        assert text.startswith(f"ACCESS_REFUSED - access to topic 'other.1' in exchange 'app.in' in vhost '{vhost}'")
         ch = conn.channel()
         ch.basic_publish("app.in", "work.1", b"routed")
         wait_for_message_count(ch, "app.work", 1)
@@ -110,6 +117,8 @@ def test_imported_definitions_apply_and_are_exported_in_rabbitmqs_shape(broker, 
             "routing_key": "work.#", "arguments": {}} in exported["bindings"]
     assert {"vhost": vhost, "name": "dlx", "pattern": "^app\\.work$", "apply-to": "queues",
             "definition": {"dead-letter-exchange": "app.dead"}, "priority": 1} in exported["policies"]
+    assert {"user": user, "vhost": vhost, "exchange": "app.in", "write": "^work\\.",
+            "read": ".*"} in exported["topic_permissions"]
     one = request(broker, "GET", f"/api/definitions/{quote(vhost)}").body
     assert set(one) == {"rabbit_version", "parameters", "policies", "queues", "exchanges", "bindings"}
     assert {"name": "app.work", "durable": True, "auto_delete": False, "arguments": {}} in one["queues"]
@@ -216,6 +225,12 @@ vhost = "shop"
 configure = ".*"
 write = ".*"
 read = ".*"
+[[topic_permissions]]
+user = "ops"
+vhost = "shop"
+exchange = "app.in"
+write = "^ops\\\\."
+read = ".*"
 """
 
 
@@ -230,6 +245,8 @@ def test_boot_definitions_replace_the_default_user_and_apply_at_every_start(own_
     users = {user["name"] for user in request(warren, "GET", "/api/users", user="ops", password="ops-pass").body}
     assert users == {"clerk", "ops"}  # no guest: the boot definitions define users
     assert request(warren, "GET", "/api/vhosts/%2F", user="ops", password="ops-pass").status == 200
+    assert request(warren, "GET", "/api/topic-permissions/shop/ops", user="ops", password="ops-pass").body == [
+        {"user": "ops", "vhost": "shop", "exchange": "app.in", "write": "^ops\\.", "read": ".*"}]
     # changed through the API, then restored by the next start
     assert request(warren, "PUT", "/api/users/clerk", {"password": "changed", "tags": ""},
                    user="ops", password="ops-pass").status == 204

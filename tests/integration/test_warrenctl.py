@@ -155,6 +155,31 @@ def test_vhosts_and_permissions(broker, unique):
     assert failed(broker, "list_queues", "-p", vhost) == (65, f"Error: Virtual host '{vhost}' does not exist")
 
 
+def test_topic_permissions_set_listed_and_cleared(broker, unique):
+    vhost, user = f"{unique}-v", f"{unique}-u"
+    ok(broker, "add_vhost", vhost)
+    ok(broker, "add_user", user, "pw")
+    try:
+        assert ok(broker, "set_topic_permissions", "-p", vhost, user, "amq.topic", "^a", "^b") == \
+            f'Setting topic permissions on "amq.topic" for user "{user}" in vhost "{vhost}" ...\n'
+        ok(broker, "set_topic_permissions", "-p", vhost, user, "events", ".*", "")
+        assert ok(broker, "list_topic_permissions", "-p", vhost) == (
+            f'Listing topic permissions for vhost "{vhost}" ...\nuser\texchange\twrite\tread\n'
+            f"{user}\tamq.topic\t^a\t^b\n{user}\tevents\t.*\t\n")
+        assert failed(broker, "set_topic_permissions", "-p", vhost, f"{user}-x", "amq.topic", ".*", ".*") == \
+            (67, f'Error: User "{user}-x" does not exist')
+        assert failed(broker, "set_topic_permissions", "-p", vhost, user, "amq.topic", "(", ".*")[0] == 65
+        assert ok(broker, "clear_topic_permissions", "-p", vhost, user, "events") == \
+            f'Clearing topic permissions on "events" for user "{user}" in vhost "{vhost}" ...\n'
+        assert f"\n{user}\tevents\t" not in ok(broker, "list_topic_permissions", "-p", vhost)
+        assert ok(broker, "clear_topic_permissions", "-p", vhost, user) == \
+            f'Clearing topic permissions for user "{user}" in vhost "{vhost}" ...\n'
+        assert f"\n{user}\t" not in ok(broker, "list_topic_permissions", "-p", vhost)
+    finally:
+        ok(broker, "delete_user", user)
+        ok(broker, "delete_vhost", vhost)
+
+
 def test_policies_set_listed_and_cleared(broker, unique):
     name = f"{unique}-p"
     assert ok(broker, "set_policy", name, f"^{unique}", '{"max-length":10,"dead-letter-exchange":"dlx"}',

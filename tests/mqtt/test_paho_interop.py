@@ -1,7 +1,7 @@
 """Eclipse Paho's MQTT interoperability tests (client_test.py for 3.1.1, client_test5.py for 5.0; vendored in
 tests/mqtt/paho_interop), each test case against a broker of its own that lets their anonymous clients in. The
 cases Warren fails are marked with the reason: on purpose (QoS 2 is granted as 1 to subscribers, as RabbitMQ and
-LavinMQ do), or not built yet (docs/mqtt.md#mqtt-50 lists them)."""
+LavinMQ do; docs/mqtt.md#mqtt-50 lists them)."""
 
 from __future__ import annotations
 
@@ -11,26 +11,28 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, wait_for_port
+from tests.integration.management import request
 
 QOS2_GRANTED_AS_1 = "QoS 2 subscriptions are granted QoS 1 on purpose: the case wants a delivery at QoS 2"
-NOT_BUILT = "not built yet: "
+# test_subscribe_failure wants the filter "test/nosubscribe" refused, as the Paho test broker's -n option has it: here
+# by a topic permission of guest's (RE2 runs no look-ahead: every other filter of the cases begins with another letter)
+NOSUBSCRIBE = {"exchange": "amq.topic", "write": ".*", "read": "^[^t]"}
 
 CASES_3_1_1 = {
     "testBasic": None, "test_retained_messages": None, "test_zero_length_clientid": None,
     "test_offline_message_queueing": None, "test_overlapping_subscriptions": QOS2_GRANTED_AS_1,
     "test_keepalive": None, "test_redelivery_on_reconnect": None,
-    "test_subscribe_failure": NOT_BUILT + "a filter the broker refuses (RabbitMQ's topic permissions)",
-    "test_dollar_topics": None, "test_unsubscribe": None,
+    "test_subscribe_failure": None, "test_dollar_topics": None, "test_unsubscribe": None,
 }
 CASES_5_0 = {
     "test_basic": None, "test_retained_message": QOS2_GRANTED_AS_1, "test_will_message": None,
     "test_zero_length_clientid": None, "test_offline_message_queueing": None,
     "test_overlapping_subscriptions": QOS2_GRANTED_AS_1, "test_keepalive": None,
     "test_redelivery_on_reconnect": None,
-    "test_subscribe_failure": NOT_BUILT + "a filter the broker refuses (RabbitMQ's topic permissions)",
-    "test_dollar_topics": None, "test_unsubscribe": None,
-    "test_session_expiry": None,
+    "test_subscribe_failure": "on purpose: a filter refused by permissions is answered 0x87 (not authorized), as 5.0 "
+                              "has it, where the case's client accepts only 0x80 (unspecified error)",
+    "test_dollar_topics": None, "test_unsubscribe": None, "test_session_expiry": None,
     "test_user_properties": QOS2_GRANTED_AS_1, "test_payload_format": QOS2_GRANTED_AS_1,
     "test_publication_expiry": None,
     "test_subscribe_options": QOS2_GRANTED_AS_1, "test_assigned_clientid": None,
@@ -61,6 +63,9 @@ def test_paho_interoperability(own_broker, tmp_path, level, name):
     config = tmp_path / "warren.toml"
     config.write_text("[mqtt]\nallow_anonymous = true\n")  # (the Paho clients give no user name)
     broker = own_broker("--config", str(config))
+    if name == "test_subscribe_failure":
+        wait_for_port(broker.host, broker.management_port, broker.process)
+        assert request(broker, "PUT", "/api/topic-permissions/%2F/guest", NOSUBSCRIBE).status == 201
     result = subprocess.run([sys.executable, "-m", "tests.mqtt.paho_runner", str(level), str(broker.mqtt_port), name],
                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=CASE_TIMEOUT,
                             env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})

@@ -29,6 +29,7 @@ from broker.connection.mqtt.replies import ChannelReplies
 from broker.connection.mqtt.retained_out import RetainedSender
 from broker.connection.mqtt.subscriptions import SHARED_TAG_PREFIX, Subscriptions, qos_of_consumer, queue_name
 from broker.connection.peer_log import PeerLog
+from broker.model.access import WRITE
 from broker.model.operations import Actor, delete_queue
 from broker.session.channel import Channel
 from protocol import mqtt
@@ -376,6 +377,7 @@ class MqttConnection(asyncio.Protocol):
                       self.client_id)
         self._take_client_id()
         self.channel = Channel(self, _CHANNEL)
+        self.channel.access.client_id = self.client_id  # ({client_id} in topic permissions)
         self.channel.counters = counters  # (its publishes counted as MQTT's, as RabbitMQ's global counters are)
         self.channels = {_CHANNEL: self.channel}
         self.client_properties = {"product": "MQTT client", "client_id": self.client_id}
@@ -528,7 +530,10 @@ class MqttConnection(asyncio.Protocol):
             self.awaiting_confirm[self.next_seq - 1] = (packet.packet_id, answer)
         if packet.retain:  # (the user may write there, whether or not the channel has taken the publish yet)
             assert self.vhost is not None and self.channel is not None, "logged in"
-            self.channel.access.check_publish(self.config.mqtt_exchange)
+            access, exchange = self.channel.access, self.config.mqtt_exchange
+            access.check_publish(exchange)
+            if (found := self.vhost.exchanges.get(exchange)) is not None:
+                access.check_topic(WRITE, found, topics.routing_key(packet.topic))
             self.server.node.retained.put(self.vhost.name, packet.topic, packet.payload, qos,
                                           _retained_properties(packet.properties))
 

@@ -79,7 +79,7 @@ class Wills:
         header = Header(amqp_header(qos, False, len(body), properties, will.retain))
         message = Message(Address(self.exchange, key_text), header, body)
         try:
-            publish(Actor(vhost, ChannelAccess(self.node, user, vhost_name), OPERATOR_OWNER), self.exchange,
+            publish(Actor(vhost, ChannelAccess(self.node, user, vhost_name, client_id), OPERATOR_OWNER), self.exchange,
                     [key_text], message)
             if will.retain:  # (once the publish was allowed)
                 self.node.retained.put(vhost_name, will.topic, body, qos, properties)

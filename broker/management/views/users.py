@@ -7,6 +7,7 @@ from aiohttp import web
 from broker.management import http
 from broker.management.resources import listing
 from broker.management.views.connections import close_connections
+from broker.management.views.permissions import topic_permissions_where
 from broker.model.access import DEFAULT_HASHING
 
 routes = web.RouteTableDef()
@@ -80,3 +81,9 @@ async def user_permissions(request: web.Request) -> web.Response:
     return await listing(request, http.sorted_by([permission.definition() for (_, user), permission in
                                                   http.node_of(request).permissions.items() if user == name],
                                                  "vhost", "user"), pageable=False)
+
+
+@routes.get("/api/users/{name}/topic-permissions")
+async def user_topic_permissions(request: web.Request) -> web.Response:
+    http.require(request, "administrator")
+    return await listing(request, topic_permissions_where(request, user=user_of(request).name), pageable=False)

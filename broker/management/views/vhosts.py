@@ -9,6 +9,7 @@ from aiohttp import web
 from broker.management import http
 from broker.management.resources import listing
 from broker.management.views.connections import close_connections
+from broker.management.views.permissions import topic_permissions_where
 from broker.model.node import FULL_ACCESS
 from broker.model.operations import shortstr_problem
 
@@ -98,3 +99,10 @@ async def vhost_permissions(request: web.Request) -> web.Response:
     return await listing(request, http.sorted_by([permission.definition() for (vhost, _), permission in
                                                   http.node_of(request).permissions.items() if vhost == name],
                                                  "vhost", "user"), pageable=False)
+
+
+@routes.get("/api/vhosts/{vhost}/topic-permissions")
+async def vhost_topic_permissions(request: web.Request) -> web.Response:
+    http.require(request, "administrator")
+    name = http.named_vhost(request).name
+    return await listing(request, topic_permissions_where(request, vhost=name), pageable=False)

@@ -120,11 +120,19 @@ vhost = "prod"
 configure = "^app\\\\."
 write = ".*"
 read = ".*"
+[[topic_permissions]]
+user = "app"
+vhost = "prod"
+exchange = "amq.topic"
+write = "^app\\\\."
+read = ""
 """))
     assert config.vhosts == [{"name": "prod", "description": "production"}]
     assert [user["name"] for user in config.users] == ["app", "ops"]
     assert config.permissions == [{"user": "app", "vhost": "prod", "configure": "^app\\.", "write": ".*",
                                    "read": ".*"}]
+    assert config.topic_permissions == [{"user": "app", "vhost": "prod", "exchange": "amq.topic", "write": "^app\\.",
+                                         "read": ""}]
 
 
 def test_load_definitions_names_a_json_file(tmp_path):
@@ -150,6 +158,8 @@ def test_load_definitions_names_a_json_file(tmp_path):
     ('[[vhosts]]\nname = "v"\nworker = true\n', "[[vhosts]] 'v': worker must be a worker number, got True"),
     ('[[permissions]]\nuser = "app"\nvhost = "/"\nconfigure = ".*"\n',
      "[[permissions]] 'app': write, read missing"),
+    ('[[topic_permissions]]\nuser = "app"\nvhost = "/"\nwrite = ".*"\nread = ""\n',
+     "[[topic_permissions]] 'app': exchange missing"),
     ('[users]\nname = "app"\n', "unknown section [users]"),
     ("users = 3\n", "unknown section [users]"),
     ('[server]\nload_definitions = 3\n', "load_definitions must be a string, got 3"),

@@ -52,7 +52,8 @@ def started(data_dir: Path, group: int | None, then: Callable[[Node], T] = lambd
             crossing = Crossing(group, {}, "client-local", str)
             node.cross(crossing)
             crossing.node = node
-        node.restore_definitions(recovered.vhosts, recovered.users, recovered.permissions)
+        node.restore_definitions(recovered.vhosts, recovered.users, recovered.permissions,
+                                 recovered.topic_permissions)
         restore(node, recovered)
         restore_shares(node, recovered)
         seen = then(node)

@@ -4,12 +4,16 @@ rabbitmqctl eval 'rabbit_password:hash(rabbit_password_hashing_sha512, <<"s3cret
 RabbitMQ's."""
 
 import base64
+import re
 
 import pytest
 
 from broker.model.access import (
-    PUBLISH_CACHE_SIZE, ChannelAccess, Permission, User, check_resource, hash_password, valid_password_hash,
+    PUBLISH_CACHE_SIZE, TOPIC_CACHE_SIZE, ChannelAccess, Permission, TopicPermission, User, check_resource,
+    hash_password, valid_password_hash,
 )
+from broker.model.exchange import DirectExchange, TopicExchange
+from broker.model.patterns import PatternError
 from broker.model.node import Node
 from protocol.errors import AMQPError
 
@@ -165,6 +169,86 @@ def test_what_a_channel_remembers_is_bounded(node):
     for index in range(PUBLISH_CACHE_SIZE * 3):
         access.check_publish(f"x{index}")
     assert 0 < len(access.writable) <= PUBLISH_CACHE_SIZE
+
+
+# --- topic permissions -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("pattern, key, variables, allowed", [
+    ("^a\\.", "a.b", {}, True),
+    ("^a\\.", "b.a.", {}, False),
+    ("", "", {}, True),  # an empty pattern is RabbitMQ's "^$"
+    ("", "a", {}, False),
+    ("^{username}\\.{vhost}$", "bob.v", {"username": "bob", "vhost": "v"}, True),
+    ("^{username}$", "bxb", {"username": "b.b"}, False),  # a name stands for itself, never for a pattern
+    ("^{username}$", "b.b", {"username": "b.b"}, True),
+    ("^{client_id}$", "{client_id}", {"username": "bob"}, True),  # (an AMQP client has no client id)
+    ("^{client_id}$", "x" * 9000, {"client_id": "x" * 9000}, False),  # (too big a pattern: nothing is allowed)
+])
+def test_a_topic_pattern_allows_the_keys_it_matches(pattern, key, variables, allowed):
+    assert TopicPermission("bob", "v", "t", pattern, pattern).allows("write", key, variables) is allowed
+
+
+@pytest.mark.parametrize("pattern", ["(", "(a)\\1"])
+def test_a_topic_pattern_that_cannot_be_used_is_refused(pattern):
+    with pytest.raises((PatternError, re.error)):
+        TopicPermission("bob", "v", "t", ".*", pattern)
+
+
+@pytest.fixture
+def exchanges(node):
+    """Bob may use every resource of vhost v; its topic exchanges t and other, and a direct exchange d."""
+    node.set_permissions("bob", "v", ".*", ".*", ".*")
+    return TopicExchange("t"), TopicExchange("other"), DirectExchange("d")
+
+
+def test_a_topic_permission_limits_its_topic_exchange_only(node, exchanges):
+    topic, other, direct = exchanges
+    node.set_topic_permissions("bob", "v", "t", "^w", "^r")
+    node.set_topic_permissions("bob", "v", "d", "^w", "^r")
+    access = ChannelAccess(node, "bob", "v")
+    access.check_topic("write", topic, "w.1")
+    access.check_topic("read", topic, "r.1")
+    assert refusal(lambda: access.check_topic("write", topic, "r.1")) == (
+        403, "ACCESS_REFUSED - access to topic 'r.1' in exchange 't' in vhost 'v' refused for user 'bob'")
+    assert refusal(lambda: access.check_topic("read", topic, "w.1"))[0] == 403
+    access.check_topic("write", other, "anything")
+    access.check_topic("write", direct, "anything")
+
+
+def test_a_topic_permission_change_drops_what_a_channel_remembers(node, exchanges):
+    topic = exchanges[0]
+    access = ChannelAccess(node, "bob", "v")
+    access.check_topic("write", topic, "k")
+    assert access.topics is None  # (no topic permission: the publish path skips the check)
+    node.set_topic_permissions("bob", "v", "t", "^w", ".*")
+    assert refusal(lambda: access.check_topic("write", topic, "k"))[0] == 403
+    node.clear_topic_permissions("bob", "v", "t")
+    access.check_topic("write", topic, "k")
+    assert access.topics is None
+
+
+def test_what_a_channel_remembers_of_topics_is_bounded(node, exchanges):
+    node.set_topic_permissions("bob", "v", "t", ".*", ".*")
+    access = ChannelAccess(node, "bob", "v")
+    for index in range(TOPIC_CACHE_SIZE * 3):
+        access.check_topic("write", exchanges[0], f"k{index}")
+    assert 0 < len(access.topic_allowed) <= TOPIC_CACHE_SIZE
+
+
+def test_an_mqtt_clients_id_stands_in_its_topic_permissions(node, exchanges):
+    node.set_topic_permissions("bob", "v", "t", "^devices\\.{client_id}\\.", ".*")
+    ChannelAccess(node, "bob", "v", client_id="d1").check_topic("write", exchanges[0], "devices.d1.t")
+    assert refusal(lambda: ChannelAccess(node, "bob", "v", client_id="d2").check_topic(
+        "write", exchanges[0], "devices.d1.t"))[0] == 403
+
+
+def test_a_users_or_vhosts_deletion_drops_their_topic_permissions(node):
+    node.add_vhost("w")
+    node.set_topic_permissions("bob", "v", "t", ".*", ".*")
+    node.set_topic_permissions("bob", "w", "t", ".*", ".*")
+    node.delete_vhost("w")
+    assert list(node.topic_permissions) == [("v", "bob")]
+    node.delete_user("bob")
+    assert node.topic_permissions == {}
 
 
 # --- connection.open -------------------------------------------------------------------------------------------

@@ -21,14 +21,15 @@ BOB = {"name": "bob", "password_hash": "p+Hnae8wmkCIQziOena0oBWDRU/R8nKTxMvyjIC/
        "hashing_algorithm": "rabbit_password_hashing_sha256", "tags": [], "limits": {}}
 BOB_PASSWORD = "pw"
 
-# Part of that export: a vhost, permissions, a policy, an operator policy, queues, exchanges and bindings.
+# Part of that export: a vhost, permissions, a topic permission, a policy, an operator policy, queues, exchanges and
+# bindings.
 RABBITMQ_EXPORT = {
     "rabbit_version": "3.10.8", "rabbitmq_version": "3.10.8", "product_name": "RabbitMQ",
     "product_version": "3.10.8",
     "users": [BOB, ALICE],
     "vhosts": [{"name": "/"}, {"name": "v1"}],
     "permissions": [{"user": "alice", "vhost": "v1", "configure": "^a", "write": ".*", "read": ""}],
-    "topic_permissions": [],
+    "topic_permissions": [{"user": "alice", "vhost": "v1", "exchange": "x2", "write": "^a", "read": ""}],
     "parameters": [{"value": {"pattern": ".*", "definition": {"max-length": 10}, "priority": 0,
                               "apply-to": "queues"}, "vhost": "v1", "component": "operator_policy", "name": "cap"}],
     "global_parameters": [{"name": "internal_cluster_id", "value": "rabbitmq-cluster-id-TEQUbq6RogYkRBm8q7nw5w"}],
@@ -70,6 +71,8 @@ def test_a_rabbitmq_export_imports_and_its_users_log_in_with_their_passwords():
     assert node.users["alice"].tags == ["monitoring", "policymaker"]
     permission = node.permissions["v1", "alice"]
     assert (permission.configure, permission.write, permission.read) == ("^a", ".*", "")
+    topic = node.topic_permissions["v1", "alice"]["x2"]
+    assert (topic.write, topic.read) == ("^a", "")
     vhost = node.vhosts["v1"]
     assert vhost.policies["dlx"].definition == {"dead-letter-exchange": "dlx", "message-ttl": 100}
     assert vhost.operator_policies["cap"].definition == {"max-length": 10}
@@ -89,6 +92,7 @@ def test_the_export_has_rabbitmqs_shape_and_imports_into_an_empty_node_unchanged
     assert (exported["product_name"], exported["product_version"]) == ("Warren", "1.2.3")
     assert exported["users"] == [BOB, ALICE]
     assert exported["permissions"] == RABBITMQ_EXPORT["permissions"]
+    assert exported["topic_permissions"] == RABBITMQ_EXPORT["topic_permissions"]
     assert exported["parameters"] == RABBITMQ_EXPORT["parameters"]
     assert exported["policies"] == RABBITMQ_EXPORT["policies"]
     for section in ("queues", "exchanges"):
@@ -172,6 +176,12 @@ def test_an_import_overwrites_what_it_names_and_leaves_the_rest():
      "permission of user 'guest': no vhost 'nope'"),
     ({"permissions": [{"user": "guest", "vhost": "/", "configure": "(", "write": ".*", "read": ".*"}]},
      "permission of user 'guest' in vhost '/': 'configure' is not a valid regular expression"),
+    ({"topic_permissions": [{"user": "ghost", "vhost": "/", "exchange": "t", "write": ".*", "read": ".*"}]},
+     "topic permission of user 'ghost' in vhost '/' on exchange 't': no user 'ghost'"),
+    ({"topic_permissions": [{"user": "guest", "vhost": "/", "write": ".*", "read": ".*"}]},
+     "topic permission of user 'guest': "),
+    ({"topic_permissions": [{"user": "guest", "vhost": "/", "exchange": "t", "write": ".*", "read": "("}]},
+     "topic permission of user 'guest' in vhost '/' on exchange 't': not a valid regular expression"),
     ({"queues": [{"name": "a", "vhost": "nope", "durable": True, "auto_delete": False, "arguments": {}}]},
      "queue 'a': no vhost 'nope'"),
     ({"queues": [{"name": "a", "vhost": "/", "durable": "yes"}]},

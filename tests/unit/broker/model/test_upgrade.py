@@ -70,7 +70,8 @@ def started(data_dir: Path, look: Callable[[Node], T]) -> T:
         store = MessageStore(data_dir)
         recovered = store.recover()
         node = Node(store)
-        node.restore_definitions(recovered.vhosts, recovered.users, recovered.permissions)
+        node.restore_definitions(recovered.vhosts, recovered.users, recovered.permissions,
+                                 recovered.topic_permissions)
         restore(node, recovered)
         seen = look(node)
         assert await durable(store)
