@@ -302,3 +302,16 @@ def test_a_session_ends_when_its_expiry_interval_has_passed_as_its_disconnect_la
     assert session_present(2) is True
     time.sleep(2.5)  # (past this connection's 2 s)
     assert session_present(0) is False
+
+
+def test_enhanced_authentication_is_refused_with_bad_authentication_method(broker, unique):
+    """A CONNECT that names an authentication method (5.0's enhanced authentication, which RabbitMQ has not either)
+    is refused with CONNACK 0x8C, whatever its user name and password."""
+    properties = Properties(PacketTypes.CONNECT)
+    properties.AuthenticationMethod = "SCRAM-SHA-256"
+    client = Client(broker, unique, version=5).connect(properties, expect_success=False)
+    try:
+        assert client.connack is not None and client.connack[1].value == 0x8C
+        assert client.disconnected.wait(10)
+    finally:
+        client.paho.loop_stop()

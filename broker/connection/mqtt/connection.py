@@ -304,6 +304,11 @@ class MqttConnection(asyncio.Protocol):
         self.clean = connect.clean_start
         if connect.level == mqtt.MQTT_5:
             properties = connect.properties
+            if "authentication_method" in properties:  # (enhanced authentication: refused, as RabbitMQ 4.x does)
+                peer_log.warning(self.peer_address, "MQTT cannot accept connection %s: enhanced authentication "
+                                 "(method %.100r) is not supported", self.name, properties["authentication_method"])
+                self._refuse_connect(mqtt.REFUSED_NOT_AUTHORIZED, mqtt.BAD_AUTHENTICATION_METHOD)
+                return
             self.session_expiry = min(properties.get("session_expiry_interval", 0), MAX_SESSION_EXPIRY)
             if properties.get("receive_maximum") == 0 or properties.get("maximum_packet_size") == 0:
                 raise mqtt.protocol_error("a receive maximum or maximum packet size of 0")
