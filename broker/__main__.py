@@ -14,6 +14,7 @@ import uvloop
 
 from broker import collector, compiled, logs
 from broker.config import LOG_FORMATS, LOG_LEVELS, ConfigError, load_config
+from broker.connection.mqtt.connection import MqttConnection
 from broker.connection.server import Server, StartupError, stop_on_signals, version
 from broker.management.server import take_management, take_prometheus, take_web_mqtt
 from broker.workers.placement import Placement, PlacementError
@@ -86,7 +87,7 @@ async def serve(config, files: OpenFiles) -> None:
     await server.take_ports()  # every port, the HTTP ones too, before the data dir is touched
     management = await take_management(server) if config.management_port else None
     prometheus = await take_prometheus(server) if config.prometheus_port else None
-    web_mqtt = await take_web_mqtt(server) if config.mqtt_web_port else None
+    web_mqtt = await take_web_mqtt(config, lambda: MqttConnection(server)) if config.mqtt_web_port else None
     await server.start()
     say_open_files_limit(config, files)
     for listener in (management, prometheus, web_mqtt):

@@ -427,8 +427,6 @@ def _validate(config: Config) -> None:
         raise ConfigError(f"consumer_timeout must be 0 (no limit) or more milliseconds, got {config.consumer_timeout}")
     if config.mqtt_tls_port and not config.tls_certfile:
         raise ConfigError("[mqtt] tls_port needs [tls] certfile and keyfile: the certificate MQTT over TLS presents")
-    if config.mqtt_web_port and (config.workers > 1 or config.cluster_etcd_endpoints):
-        raise ConfigError("[mqtt] web_port is served by one process for now: not with workers or in a cluster")
     if not 1 <= config.mqtt_prefetch <= 65535:
         raise ConfigError(f"[mqtt] prefetch must be between 1 and 65535, got {config.mqtt_prefetch}")
     if not 65_536 <= config.mqtt_max_packet_size <= 268_435_455:

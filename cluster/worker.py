@@ -37,7 +37,7 @@ from broker.connection.greeting import platform_name
 from broker.connection.connection import Connection
 from broker.connection.handoff import HandedOver, receive_all
 from broker.connection.mqtt.connection import MqttConnection
-from broker.connection.mqtt.front_door import PROTOCOL as MQTT, mqtt_unavailable, open_mqtt_doors
+from broker.connection.mqtt.front_door import PROTOCOL as MQTT, MqttFrontDoor, mqtt_unavailable, open_mqtt_doors
 from broker.connection.server import Server, StartupError, stop_on_signals, version
 from broker.connection.tls import server_context
 from broker.crossing.home import Crossing
@@ -45,6 +45,7 @@ from broker.crossing.owner import serve_links
 from broker.management import http
 from broker.management.app import make_app, unavailable
 from broker.management.prometheus import make_prometheus_app
+from broker.management.server import ManagementServer, take_web_mqtt
 from broker.management.views.nodes import node_entry
 from broker.model.definitions import VHOST_SECTIONS, export_node_wide, of_vhosts
 from broker.model.node import Node
@@ -530,6 +531,7 @@ async def serve(control_socket: socket.socket) -> None:
     node_wide = group.export() if number == 0 and not coordinator.followed else None
     await send(writer, {"serving": True, "node": node_wide})
     listeners = []
+    web_mqtt: ManagementServer | None = None  # MQTT over WebSockets ([mqtt] web_port): front doors too
     try:
         # The node's port opens once every worker serves: no client finds a vhost down while the node starts
         opening = loop.create_task(control.opened.wait())
@@ -541,6 +543,11 @@ async def serve(control_socket: socket.socket) -> None:
                 listeners.append(await open_doors(doors, server_context(config),
                                                   sock=socket.socket(fileno=instructions["listening_tls"])))
             for name, fd in instructions["listening_mqtt"].items():  # (MQTT over TLS: as amqps)
+                if name == "mqtt_web":
+                    web_mqtt = await take_web_mqtt(config, lambda: MqttFrontDoor(doors, forwards=False),
+                                                   socket.socket(fileno=fd))
+                    await web_mqtt.serve()
+                    continue
                 tls = server_context(config) if name == "mqtt_tls" else None
                 listeners.append(await open_mqtt_doors(doors, tls, sock=socket.socket(fileno=fd)))
         await running
@@ -552,6 +559,8 @@ async def serve(control_socket: socket.socket) -> None:
         loop.remove_reader(receiving.fileno())
         for listener in listeners:
             listener.close()
+        if web_mqtt is not None:
+            await web_mqtt.stop()
         if links is not None:
             links.close()
         doors.close()

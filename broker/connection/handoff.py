@@ -85,10 +85,11 @@ def send(sending: socket.socket, client: int, handed: HandedOver) -> None:
 
 
 def hand_over(transport: Any, sender: socket.socket, handed: HandedOver, splicing: set[asyncio.Task]) -> None:
-    """Send the client's socket with its state, then let it go here; over a TLS session of this transport's, which
-    stays here, one end of a socket pair goes instead, joined here to the client (broker.connection.splice; the task
-    in splicing until it is done). OSError when it cannot go, the transport left as it was."""
-    session_here = transport.get_extra_info("sslcontext") is not None
+    """Send the client's socket with its state, then let it go here; over a TLS session or a WebSocket of this
+    transport's, which stays here, one end of a socket pair goes instead, joined here to the client
+    (broker.connection.splice; the task in splicing until it is done). OSError when it cannot go, the transport left
+    as it was."""
+    session_here = transport.get_extra_info("sslcontext") is not None or transport.get_extra_info("socket") is None
     inner, handed_end = socket.socketpair() if session_here else (None, None)
     try:
         sent = handed_end if handed_end is not None else transport.get_extra_info("socket")

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import ssl
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -19,6 +20,7 @@ from broker.management.listener import ConnectionSlots, GuardedRequestHandler
 from broker.management.prometheus import make_prometheus_app
 
 if TYPE_CHECKING:
+    from broker.config import Config
     from broker.connection.server import Server
 
 log = logging.getLogger(__name__)
@@ -99,11 +101,12 @@ async def take_prometheus(server: "Server") -> ManagementServer:
                       "Prometheus metrics", max_connections=config.prometheus_max_connections)
 
 
-async def take_web_mqtt(server: "Server") -> ManagementServer:
-    """Take [mqtt] web_port for MQTT over WebSockets (StartupError when that fails); serve() answers on it."""
-    config = server.config
-    return await take(make_web_mqtt_app(server), config.host, config.mqtt_web_port, "MQTT over WebSockets",
-                      max_connections=WEB_MQTT_CONNECTIONS)
+async def take_web_mqtt(config: "Config", accept: Callable[[], asyncio.Protocol],
+                        sock: socket.socket | None = None) -> ManagementServer:
+    """Take [mqtt] web_port (or answer on sock, a worker's copy of the node's) for MQTT over WebSockets, each
+    WebSocket's stream read by what accept() makes (StartupError when that fails); serve() answers on it."""
+    return await take(make_web_mqtt_app(accept, config.mqtt_max_packet_size), config.host, config.mqtt_web_port,
+                      "MQTT over WebSockets", max_connections=WEB_MQTT_CONNECTIONS, sock=sock)
 
 
 async def listen(app: web.Application, host: str, port: int, what: str, tls: ssl.SSLContext | None = None,
@@ -113,9 +116,9 @@ async def listen(app: web.Application, host: str, port: int, what: str, tls: ssl
 
 
 async def take(app: web.Application, host: str, port: int, what: str, tls: ssl.SSLContext | None = None,
-               max_connections: int = DEFAULT_MAX_CONNECTIONS) -> ManagementServer:
-    """Take host:port for app (0 picks a free port), over HTTPS with tls, holding max_connections connections at
-    most once it serves; StartupError naming what when the port cannot be had."""
+               max_connections: int = DEFAULT_MAX_CONNECTIONS, sock: socket.socket | None = None) -> ManagementServer:
+    """Take host:port for app (0 picks a free port; sock: a socket bound already), over HTTPS with tls, holding
+    max_connections connections at most once it serves; StartupError naming what when the port cannot be had."""
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
     slots = ConnectionSlots(max_connections)
@@ -126,8 +129,9 @@ async def take(app: web.Application, host: str, port: int, what: str, tls: ssl.S
 
     loop = asyncio.get_running_loop()
     try:
-        listener = await loop.create_server(connection, host, port, ssl=tls, reuse_address=True,
-                                            start_serving=False)
+        where: dict[str, Any] = {"sock": sock} if sock is not None else {"host": host, "port": port,
+                                                                          "reuse_address": True}
+        listener = await loop.create_server(connection, ssl=tls, start_serving=False, **where)
     except OSError as error:
         await runner.cleanup()
         raise StartupError(f"cannot listen on {host}:{port} for the {what}: {reason_of(error)}") from error

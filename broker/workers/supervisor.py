@@ -162,8 +162,8 @@ class Supervisor:
         self.tasks: set[asyncio.Task] = set()
         self.listening: socket.socket | None = None  # the AMQP port's socket, which every worker accepts from
         self.listening_tls: socket.socket | None = None  # the amqps port's, when [tls] names a certificate
-        self.listening_mqtt: socket.socket | None = None  # the MQTT port's ([mqtt] port)
-        self.listening_mqtt_tls: socket.socket | None = None  # MQTT over TLS's ([mqtt] tls_port)
+        # the MQTT ports', by name: "mqtt" ([mqtt] port), "mqtt_tls" (tls_port), "mqtt_web" (web_port, WebSockets)
+        self.listening_mqtt: dict[str, socket.socket] = {}
         self.lock = DataDirLock(self.data_dir, WORKERS_LOCK)  # held while this node's workers use the data dir
         self.stopping = False
         self.opened = False  # every worker served once: the node's port is open
@@ -192,10 +192,10 @@ class Supervisor:
                 raise StartupError(str(error)) from error
             self.listening_tls = self._bind(self.config.tls_port)
             self.config.tls_port = self.listening_tls.getsockname()[1]
-        if self.config.mqtt_port:
-            self.listening_mqtt = self._bind(self.config.mqtt_port)
-        if self.config.mqtt_tls_port:
-            self.listening_mqtt_tls = self._bind(self.config.mqtt_tls_port)
+        for name, port in (("mqtt", self.config.mqtt_port), ("mqtt_tls", self.config.mqtt_tls_port),
+                           ("mqtt_web", self.config.mqtt_web_port)):
+            if port:
+                self.listening_mqtt[name] = self._bind(port)
 
     def _bind(self, port: int) -> socket.socket:
         host = self.config.host
@@ -242,8 +242,7 @@ class Supervisor:
         # (a worker hands a client to itself too: its front door does not serve the client)
         senders = {other.number: other.sending.fileno() for other in self.workers}
         tls = self.listening_tls.fileno() if self.listening_tls is not None else None
-        mqtt = {name: sock.fileno() for name, sock in (("mqtt", self.listening_mqtt),
-                                                      ("mqtt_tls", self.listening_mqtt_tls)) if sock is not None}
+        mqtt = {name: sock.fileno() for name, sock in self.listening_mqtt.items()}
         links = {other.number: other.link_path for other in self.workers if other is not worker}
         inherited = [child.fileno(), self.listening.fileno(), worker.receiving.fileno(), worker.api.fileno(),
                      worker.metrics.fileno(), worker.link.fileno(), logins_fd, board_fd, *senders.values(),
@@ -558,7 +557,7 @@ class Supervisor:
             if worker.held is not None:
                 worker.held.set()  # (a move under way ends with the node: its journal finishes it at the next start)
         await self._stop_workers(self.workers)
-        for listening in (self.listening, self.listening_tls, self.listening_mqtt, self.listening_mqtt_tls):
+        for listening in (self.listening, self.listening_tls, *self.listening_mqtt.values()):
             if listening is not None:
                 listening.close()
         shutil.rmtree(self.private, ignore_errors=True)

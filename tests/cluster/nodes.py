@@ -63,6 +63,7 @@ class Node:
         cluster_settings = {"lease_ttl": LEASE_TTL, "ack_timeout": ACK_TIMEOUT, "min_insync": 2, **settings}
         self.prometheus_port = free_port() if workers > 1 else 0
         self.mqtt_port = free_port()  # (the default, 1883, is one per machine: never the tests')
+        self.mqtt_web_port = free_port()  # MQTT over WebSockets
         if place != LOCAL:  # the test process reaches it from another address: not loopback
             cluster_settings.setdefault("advertise_host", self.host)
         self.config_path.write_text("\n".join([
@@ -71,6 +72,7 @@ class Node:
             *([] if place == LOCAL else [f'host = "{self.host}"', "[amqp]",
                                          f"loopback_users = {json.dumps(loopback_users or [])}"]),
             "[prometheus]", f"port = {self.prometheus_port}", "[mqtt]", f"port = {self.mqtt_port}",
+            f"web_port = {self.mqtt_web_port}",
             "[cluster]", f'etcd_endpoints = ["{etcd}"]', f'node_id = "{name}"',
             f"replication_port = {self.replication_port}",
             *(f"{key} = {json.dumps(value) if isinstance(value, bool) else repr(value)}"

@@ -99,7 +99,7 @@ def port_not_given(cluster: Cluster, workers: int) -> int:
     went to listens on it)."""
     given = {port for node in cluster.nodes.values()
              for port in (node.port, node.management_port, node.prometheus_port, getattr(node, "tls_port", 0),
-                          node.mqtt_port,
+                          node.mqtt_port, node.mqtt_web_port,
                           *range(node.replication_port, node.replication_port + workers))}
     while (port := free_port()) in given:
         pass

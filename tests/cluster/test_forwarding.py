@@ -439,14 +439,15 @@ def test_a_drained_node_takes_no_client_and_leads_no_group_until_revived(shaped:
 
 def test_mqtt_clients_of_any_node_meet_at_their_vhosts_leader(shaped: Nodes):
     """MQTT clients are forwarded as AMQP ones are: in the vhost of each group, a subscriber on a node that does not
-    lead it and a publisher on a third node meet at the group's leader, which shows them as connections of its own."""
+    lead it (over a WebSocket) and a publisher on a third node meet at the group's leader, which shows them as
+    connections of its own."""
     cluster = shaped.cluster
     led = shaped.leaders()
     for group, vhost in enumerate(shaped.vhosts):
         subscribing = next(node for node in "abc" if node != led[group])
         publishing = next(node for node in "abc" if node not in (led[group], subscribing))
         login = {"username": f"{vhost}:guest" if vhost != "/" else "guest", "password": "guest"}
-        subscriber = mqtt_client(cluster, subscribing, f"sub-{group}", login)
+        subscriber = mqtt_client(cluster, subscribing, f"sub-{group}", login, websocket=True)
         try:
             subscriber.subscribe(f"orders/{group}/+", qos=1)
             publisher = mqtt_client(cluster, publishing, f"pub-{group}", login)
@@ -465,11 +466,14 @@ def test_mqtt_clients_of_any_node_meet_at_their_vhosts_leader(shaped: Nodes):
             subscriber.disconnect()
 
 
-def mqtt_client(cluster: Cluster, node: str, client_id: str, login: dict) -> MqttClient:
-    """An MQTT client of node, connected once the node knows where its vhost is led (until then it is told to come
-    again, with CONNACK 3)."""
+def mqtt_client(cluster: Cluster, node: str, client_id: str, login: dict, websocket: bool = False) -> MqttClient:
+    """An MQTT client of node (over a WebSocket: of its web_port), connected once the node knows where its vhost is
+    led (until then it is told to come again, with CONNACK 3)."""
+    where = cluster.nodes[node]
+    transport = {"port": where.mqtt_web_port, "transport": "websockets"} if websocket else {}
+
     def attempt() -> MqttClient | None:
-        client = MqttClient(SimpleNamespace(mqtt_port=cluster.nodes[node].mqtt_port), client_id, **login)
+        client = MqttClient(SimpleNamespace(mqtt_port=where.mqtt_port), client_id, **login, **transport)
         try:
             client.connect(expect_success=False)
         except ConnectionRefusedError:  # (its doors open once all its workers serve)

@@ -1,4 +1,5 @@
-"""MQTT over TLS (the [tls] certificate on [mqtt] tls_port), beside plain MQTT on the same broker."""
+"""MQTT over TLS (the [tls] certificate on [mqtt] tls_port) and over WebSockets ([mqtt] web_port), beside plain MQTT
+on the same broker."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import ssl
 
 import pytest
 
-from tests.conftest import WORKERS, free_port
+from tests.conftest import free_port
 from tests.mqtt.clients import Client, connected
 from tests.tls_certs import make_certificates
 
@@ -40,7 +41,6 @@ def test_a_client_that_does_not_trust_the_certificate_is_refused(tls_broker, uni
         client.paho.connect("localhost", port)
 
 
-@pytest.mark.skipif(WORKERS > 1, reason="MQTT over WebSockets is served by one process for now")
 def test_mqtt_over_websockets_meets_plain_mqtt(own_broker, tmp_path, unique):
     port = free_port()
     broker = own_broker("--config", str(_config(tmp_path, f"[mqtt]\nweb_port = {port}\n")))
@@ -55,6 +55,27 @@ def test_mqtt_over_websockets_meets_plain_mqtt(own_broker, tmp_path, unique):
         again.subscribe(f"{unique}/a", qos=1)
         message = again.receive()
         assert (message.payload, message.retain) == (b"from it", True)
+
+
+def test_a_websocket_client_reaches_the_worker_that_serves_its_vhost(own_broker, tmp_path, unique):
+    """With workers, whichever worker takes a WebSocket sends its MQTT stream to the worker of the client's vhost
+    (two vhosts, one pinned to each of two workers), where plain MQTT clients of that vhost meet it."""
+    port = free_port()
+    vhosts = ("zero", "one")
+    config = f"[mqtt]\nweb_port = {port}\n" + "".join(
+        f'[[vhosts]]\nname = "{vhost}"\nworker = {number}\n[[permissions]]\nuser = "guest"\nvhost = "{vhost}"\n'
+        f'configure = ".*"\nwrite = ".*"\nread = ".*"\n' for number, vhost in enumerate(vhosts))
+    broker = own_broker("--workers", "2", "--config", str(_config(tmp_path, config)))
+    for vhost in vhosts:
+        login = {"username": f"{vhost}:guest", "password": "guest"}
+        with connected(broker, f"{unique}-{vhost}-s", port=port, transport="websockets", **login) as browser, \
+                connected(broker, f"{unique}-{vhost}-p", **login) as plain:
+            browser.subscribe(f"{unique}/a", qos=1)
+            plain.publish(f"{unique}/a", f"to the browser in {vhost}".encode(), qos=1)
+            assert browser.receive().payload == f"to the browser in {vhost}".encode()
+            browser.publish(f"{unique}/a", b"from it", qos=1)
+            assert browser.receive().payload == b"from it"
+            browser.nothing_more()  # (nothing of the other vhost's)
 
 
 def _config(tmp_path, text: str):

@@ -1,10 +1,10 @@
-"""The MQTT front door of a node of workers: it reads a client's CONNECT, takes the vhost from it (the user name's
-"vhost:user", else [mqtt] vhost), and sends the client where that vhost is served, as the AMQP front door does
-(broker.connection.front_door): to a worker of this node, its socket handed over with every byte it sent
-(broker.connection.handoff), which reads them as its own client's, checking the login; to another node of a
-cluster, through that node's MQTT port with a proven PROXY header before the client's bytes (MQTT's link: no AMQP
-forward's proofs pass for it), as AMQP clients are forwarded. A vhost led by none now is refused with CONNACK 3
-(server unavailable): the client connects again."""
+"""The MQTT front door of a node of workers: it reads a client's CONNECT (on the MQTT ports, or over a WebSocket),
+takes the vhost from it (the user name's "vhost:user", else [mqtt] vhost), and sends the client where that vhost is
+served, as the AMQP front door does (broker.connection.front_door): to a worker of this node, its socket handed over
+with every byte it sent (broker.connection.handoff), which reads them as its own client's, checking the login; to
+another node of a cluster, through that node's MQTT port with a proven PROXY header before the client's bytes
+(MQTT's link: no AMQP forward's proofs pass for it), as AMQP clients are forwarded. A vhost led by none now is refused
+with CONNACK 3 (server unavailable): the client connects again."""
 
 from __future__ import annotations
 
@@ -46,8 +46,9 @@ async def open_mqtt_doors(doors: FrontDoors, tls: ssl.SSLContext | None = None, 
 class MqttFrontDoor(asyncio.Protocol):
     """One MQTT client, until its CONNECT is read."""
 
-    def __init__(self, doors: FrontDoors) -> None:
+    def __init__(self, doors: FrontDoors, forwards: bool = True) -> None:
         self.doors = doors
+        self.forwards = forwards  # whether another node may forward its clients through it (not over a WebSocket)
         self.transport: Any = None
         self.reader = mqtt.PacketReader(UNAUTHENTICATED_PACKET_SIZE)
         self.start: StartReader | None = None  # reads another node's PROXY header and proofs, if one comes
@@ -69,7 +70,11 @@ class MqttFrontDoor(asyncio.Protocol):
         self.local = tuple(transport.get_extra_info("sockname") or ("", 0))[:2]
         self.connected_at = int(time.time() * 1000)
         self.tls = transport.get_extra_info("sslcontext") is not None
-        self.start = StartReader(self.doors.secret(), MQTT_LINK, protocol_header=b"")
+        if self.forwards:
+            self.start = StartReader(self.doors.secret(), MQTT_LINK, protocol_header=b"")
+        elif self.doors.suspended:  # (the node is in maintenance: its own clients go, as at a closed port)
+            transport.abort()
+            return
         self.timer = asyncio.get_running_loop().call_later(CONNECT_TIMEOUT, self._timed_out)
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -1,19 +1,16 @@
 """MQTT over WebSockets (RabbitMQ's web_mqtt: the path /ws, subprotocol "mqtt"): each binary message of a WebSocket
 carries bytes of the MQTT stream, which an ordinary MQTT connection reads, writing its own through the transport
-this module makes of the WebSocket."""
+this module makes of the WebSocket. With workers or in a cluster an MQTT front door reads them first, as on the MQTT
+port, and sends the client where its vhost is served: the WebSocket's framing stays here, its MQTT stream goes on
+(broker.connection.handoff, broker.connection.front_door.forward)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Callable, Final
 
 from aiohttp import WSMsgType, web
-
-from broker.connection.mqtt.connection import MqttConnection
-
-if TYPE_CHECKING:
-    from broker.connection.server import Server
 
 PATH: Final = "/ws"
 SUBPROTOCOLS: Final = ("mqtt",)
@@ -24,13 +21,14 @@ HIGH_WATER: Final = 64 * 1024  # bytes waiting to be sent above which the connec
 
 
 class WebSocketTransport:
-    """What an MQTT connection asks of its transport (broker.connection.connection.Transport), over a WebSocket: its
-    writes sent in order as binary messages, reading paused and resumed, the request's addresses."""
+    """What an MQTT connection (or a front door, or the end of a splice) asks of its transport, over a WebSocket: its
+    writes sent in order as binary messages, reading paused and resumed, the request's addresses, and no socket of
+    its own to hand to another process."""
 
-    def __init__(self, socket: web.WebSocketResponse, request: web.Request, protocol: MqttConnection):
+    def __init__(self, socket: web.WebSocketResponse, request: web.Request, protocol: asyncio.Protocol):
         self.socket = socket
         self.request = request
-        self.protocol = protocol
+        self.protocol: Any = protocol  # what reads the WebSocket's bytes (set_protocol: the next one)
         self.waiting: deque[bytes] = deque()  # written, not yet sent
         self.size = 0  # bytes in waiting and being sent
         self.sending: asyncio.Task | None = None
@@ -101,18 +99,24 @@ class WebSocketTransport:
         if name in ("peername", "sockname", "sslcontext"):
             transport = self.request.transport
             return transport.get_extra_info(name, default) if transport is not None else default
-        return default
+        return default  # (no "socket": the WebSocket's framing stays in this process)
+
+    def set_protocol(self, protocol: asyncio.Protocol) -> None:
+        self.protocol = protocol
+
+    def get_protocol(self) -> asyncio.Protocol:
+        return self.protocol
 
 
-def make_web_mqtt_app(server: "Server") -> web.Application:
-    """The application of [mqtt] web_port: MQTT over WebSockets on /ws."""
+def make_web_mqtt_app(accept: Callable[[], asyncio.Protocol], max_packet_size: int) -> web.Application:
+    """The application of [mqtt] web_port: MQTT over WebSockets on /ws, each WebSocket's MQTT stream read by what
+    accept() makes (an MQTT connection, or an MQTT front door)."""
     async def serve(request: web.Request) -> web.StreamResponse:
         socket = web.WebSocketResponse(protocols=SUBPROTOCOLS, autoping=True,
-                                       max_msg_size=min(server.config.mqtt_max_packet_size, MESSAGE_LIMIT))
+                                       max_msg_size=min(max_packet_size, MESSAGE_LIMIT))
         await socket.prepare(request)
-        connection = MqttConnection(server)
-        transport = WebSocketTransport(socket, request, connection)
-        connection.connection_made(transport)
+        transport = WebSocketTransport(socket, request, accept())
+        transport.protocol.connection_made(transport)
         try:
             async for message in socket:
                 if message.type != WSMsgType.BINARY:  # (MQTT over WebSockets is binary messages alone)
@@ -120,10 +124,10 @@ def make_web_mqtt_app(server: "Server") -> web.Application:
                 await transport.readable.wait()
                 if transport.closing:
                     break
-                connection.data_received(message.data)
+                transport.protocol.data_received(message.data)
         finally:
             transport.close()
-            connection.connection_lost(None)
+            transport.protocol.connection_lost(None)
         return socket
 
     app = web.Application()
