@@ -1,6 +1,6 @@
 """Durable definitions (exchanges, queues, bindings, vhosts, users, permissions, topic permissions, policies, runtime
 parameters), the decisions of transactions across processes until every process took its share, MQTT's retained
-messages, and queue-deletion watermarks.
+messages, waiting sessions and held wills, and queue-deletion watermarks.
 
 They live in their own small log, ``definitions.log``. When the log has grown well past the live state, the writer
 replaces it by a snapshot (written aside, fsynced, renamed over).
@@ -26,7 +26,7 @@ from typing import Any
 from storage import records
 
 KINDS = ("exchange", "queue", "binding", "vhost", "user", "policy", "permission", "operator_policy", "parameter",
-         "transaction", "retained", "topic_permission")
+         "transaction", "retained", "topic_permission", "mqtt_session", "mqtt_will")
 
 # Wrappers of the typed format
 _TABLE = "m"

@@ -359,7 +359,8 @@ def _queue_deleted_layout(view: memoryview, start: int, end: int) -> bool:
 
 _KINDS: Final = frozenset((b"exchange", b"queue", b"binding", b"vhost", b"user", b"policy", b"permission",
                            b"operator_policy", b"parameter", b"transaction",
-                           b"retained", b"topic_permission"))  # definitions.KINDS, encoded
+                           b"retained", b"topic_permission", b"mqtt_session",
+                           b"mqtt_will"))  # definitions.KINDS, encoded
 _LAYOUTS: Final[dict[int, Callable[[memoryview, int, int], bool]]] = {
     PUBLISH: _publish_layout, REMOVED: _id_list_layout, DELIVERED: _id_list_layout, ADOPTED: _id_list_layout,
     LEGACY_DEFINITION: _definition_layout, DEFINITION: _definition_layout, QUEUE_DELETED: _queue_deleted_layout,

@@ -48,6 +48,8 @@ class Recovered:
     # decisions to commit a transaction across processes that some process has not taken its share of yet
     transactions: list[dict] = field(default_factory=list)
     retained: list[dict] = field(default_factory=list)  # MQTT's retained messages (broker.model.retained)
+    mqtt_sessions: list[dict] = field(default_factory=list)  # MQTT sessions waiting to end (broker.connection.mqtt)
+    mqtt_wills: list[dict] = field(default_factory=list)  # MQTT wills held back by their delay (likewise)
     # (kind, name) of definitions whose latest record could not be decoded and was set aside (in quarantine/):
     # the broker should keep the messages of such a queue rather than drop them as a queue's that is gone
     set_aside_definitions: list[tuple[str, str]] = field(default_factory=list)
@@ -488,6 +490,7 @@ def recover(data_dir: Path, segments_dir: Path,
         topic_permissions=definitions.of_kind("topic_permission"),
         operator_policies=definitions.of_kind("operator_policy"), parameters=definitions.of_kind("parameter"),
         transactions=definitions.of_kind("transaction"), retained=definitions.of_kind("retained"),
+        mqtt_sessions=definitions.of_kind("mqtt_session"), mqtt_wills=definitions.of_kind("mqtt_will"),
         set_aside_definitions=reader.set_aside_definitions,
     )
     return RecoveredState(recovered, index, definitions, reader.definitions_bytes, next_segment)

@@ -296,6 +296,8 @@ class Server:
             except UnownedQueue as refusal:
                 raise StartupError(str(refusal)) from refusal
             restore_shares(self.node, recovered)  # (of transactions across processes a stop interrupted)
+            self.mqtt_sessions.restore(recovered.mqtt_sessions)
+            self.mqtt_wills.restore(recovered.mqtt_wills)
             self.store.streams.remove_orphans()  # what deleted streams left behind
             self._import_boot_definitions(boot_definitions)
             self.recovery_seconds = time.perf_counter() - started

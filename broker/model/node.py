@@ -81,7 +81,8 @@ class Node:
         return sum(getattr(counters, name) for _, counters in self.by_protocol())
 
     # --- durability ------------------------------------------------------------------------------------------
-    def _record(self, kind: str, name: str, data: dict | None) -> None:
+    def record(self, kind: str, name: str, data: dict | None) -> None:
+        """Keep a definition (data; None: its end) under kind and name in the definitions log, where there is one."""
         if self.store is not None:
             self.store.append_definition(kind, name, data)
 
@@ -103,7 +104,7 @@ class Node:
         vhost.description = description
         vhost.tags = list(tags or [])
         vhost.default_queue_type = default_queue_type
-        self._record("vhost", name, vhost.definition())
+        self.record("vhost", name, vhost.definition())
         return vhost
 
     def delete_vhost(self, name: str) -> VirtualHost:
@@ -119,7 +120,7 @@ class Node:
             self._drop_permission(key)
         for key in [key for key in self.topic_permissions if key[0] == name]:
             self._drop_topic_permissions(key, None)
-        self._record("vhost", name, None)
+        self.record("vhost", name, None)
         log.info("vhost %.200r deleted", name)
         return vhost
 
@@ -187,7 +188,7 @@ class Node:
         log.info("user %.200r %s (tags: %.200s)", name, "updated" if name in self.users else "added",
                  ", ".join(user.tags) or "none")
         self.users[name] = user
-        self._record("user", name, user.definition())
+        self.record("user", name, user.definition())
         return user
 
     def delete_user(self, name: str) -> User:
@@ -199,7 +200,7 @@ class Node:
             self._drop_permission(key)
         for key in [key for key in self.topic_permissions if key[1] == name]:
             self._drop_topic_permissions(key, None)
-        self._record("user", name, None)
+        self.record("user", name, None)
         log.info("user %.200r deleted", name)
         return user
 
@@ -222,7 +223,7 @@ class Node:
         permission = Permission(user, vhost, configure, write, read)  # raises re.error for a bad pattern
         self.permissions[vhost, user] = permission
         self.permissions_version += 1
-        self._record("permission", permission_key(vhost, user), permission.definition())
+        self.record("permission", permission_key(vhost, user), permission.definition())
         log.info("permissions of user %.200r in vhost %.200r set: configure %.200r, write %.200r, read %.200r", user,
                  vhost, configure, write, read)
         return permission
@@ -236,7 +237,7 @@ class Node:
     def _drop_permission(self, key: tuple[str, str]) -> None:
         del self.permissions[key]
         self.permissions_version += 1
-        self._record("permission", permission_key(*key), None)
+        self.record("permission", permission_key(*key), None)
 
     def set_topic_permissions(self, user: str, vhost: str, exchange: str, write: str, read: str) -> TopicPermission:
         if user not in self.users:
@@ -245,7 +246,7 @@ class Node:
         permission = TopicPermission(user, vhost, exchange, write, read)  # raises re.error for a bad pattern
         self.topic_permissions.setdefault((vhost, user), {})[exchange] = permission
         self.permissions_version += 1
-        self._record("topic_permission", topic_permission_key(vhost, user, exchange), permission.definition())
+        self.record("topic_permission", topic_permission_key(vhost, user, exchange), permission.definition())
         log.info("topic permissions of user %.200r in vhost %.200r on exchange %.200r set: write %.200r, read %.200r",
                  user, vhost, exchange, write, read)
         return permission
@@ -264,7 +265,7 @@ class Node:
         held = self.topic_permissions[key]
         for name in list(held) if exchange is None else [exchange]:
             del held[name]
-            self._record("topic_permission", topic_permission_key(*key, name), None)
+            self.record("topic_permission", topic_permission_key(*key, name), None)
         if not held:
             del self.topic_permissions[key]
         self.permissions_version += 1

@@ -43,7 +43,7 @@ class RetainedMessages:
         expires_at = int(time.time() * 1000) + interval * 1000 if isinstance(interval, int) else 0
         message = topics[topic] = Retained(topic, payload, qos, properties, expires_at)
         self._write(vhost, topic, {"vhost": vhost, "topic": topic, "payload": payload, "qos": qos,
-                                   "properties": _storable(message.properties), "expires_at": expires_at})
+                                   "properties": storable_properties(message.properties), "expires_at": expires_at})
 
     def drop_vhost(self, vhost: str) -> None:
         """The vhost is deleted: so are its retained messages."""
@@ -66,20 +66,21 @@ class RetainedMessages:
             if vhost not in vhosts:
                 self._write(vhost, topic, None)
                 continue
-            self.by_vhost.setdefault(vhost, {})[topic] = Retained(topic, payload, qos, _restored(properties),
-                                                                  expires_at)
+            self.by_vhost.setdefault(vhost, {})[topic] = Retained(topic, payload, qos,
+                                                                  restored_properties(properties), expires_at)
 
     def _write(self, vhost: str, topic: str, data: dict | None) -> None:
         if self.store is not None:
             self.store.append_definition("retained", composite_key(vhost, topic), data)
 
 
-def _storable(properties: dict) -> dict:
-    """The properties as a definition keeps them (user properties as [name, value] lists)."""
+def storable_properties(properties: dict) -> dict:
+    """MQTT 5.0 properties as a definition keeps them (user properties as [name, value] lists)."""
     return {name: [list(pair) for pair in value] if name == "user_property" else value
             for name, value in properties.items()}
 
 
-def _restored(properties: dict) -> dict:
+def restored_properties(properties: dict) -> dict:
+    """The properties a definition kept, as they came (user properties as (name, value) pairs)."""
     return {name: [tuple(pair) for pair in value] if name == "user_property" else value
             for name, value in properties.items()}

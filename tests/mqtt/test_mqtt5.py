@@ -10,8 +10,11 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from tests.conftest import wait_for_port
 from tests.integration.helpers import RABBITMQ4
+from tests.integration.management import quote, request
 from tests.mqtt.clients import Client, RawClient, connect_packet, connected, user_properties
+from tests.waiting import wait_for
 
 pytestmark = list(RABBITMQ4)  # (MQTT 5.0 came with RabbitMQ 3.13)
 
@@ -315,3 +318,45 @@ def test_enhanced_authentication_is_refused_with_bad_authentication_method(broke
         assert client.disconnected.wait(10)
     finally:
         client.paho.loop_stop()
+
+
+def test_a_session_waiting_to_expire_ends_when_due_after_a_restart(own_broker, unique):
+    """A session's expiry is kept across a restart: its queue goes when the interval ends, not a day later (the
+    longest a session's queue waits unused)."""
+    broker = own_broker()
+    wait_for_port(broker.host, broker.management_port, broker.process)
+    client = Client(broker, f"{unique}-s", version=5, clean=False)
+    client.connect(connect_properties(SessionExpiryInterval=4))
+    client.subscribe(f"{unique}/a", qos=1)
+    client.disconnect()
+    queue = f"/api/queues/%2F/{quote(f'mqtt-subscription-{unique}-sqos1')}"
+    assert request(broker, "GET", queue).status == 200
+    broker.kill()
+    broker.start()
+    wait_for_port(broker.host, broker.management_port, broker.process)
+    wait_for(lambda: request(broker, "GET", queue).status == 404, 30, "the session's queue deleted when it was due")
+
+
+def test_a_held_will_goes_when_due_after_a_restart(own_broker, unique):
+    broker = own_broker()
+    wait_for_port(broker.host, broker.management_port, broker.process)
+    connection = pika.BlockingConnection(pika.URLParameters(broker.url))
+    channel = connection.channel()
+    channel.queue_declare(unique, durable=True)
+    channel.queue_bind(unique, "amq.topic", f"{unique}.status")
+    connection.close()
+    dying = Client(broker, f"{unique}-d", version=5, clean=False)
+    dying.paho.will_set(f"{unique}/status", b"gone", 1, properties=will_properties(WillDelayInterval=10))
+    dying.connect(connect_properties(SessionExpiryInterval=60))
+    dying.drop()
+    wait_for(lambda: not [c for c in request(broker, "GET", "/api/connections").body
+                          if c["client_properties"].get("client_id") == f"{unique}-d"], 10, "the drop noticed")
+    assert request(broker, "GET", f"/api/queues/%2F/{quote(unique)}").body["messages"] == 0  # (held back)
+    broker.kill()
+    broker.start()
+    connection = pika.BlockingConnection(pika.URLParameters(broker.url))
+    try:
+        method, _, body = next(connection.channel().consume(unique, inactivity_timeout=30))
+        assert (method.routing_key, body) == (f"{unique}.status", b"gone")
+    finally:
+        connection.close()

@@ -1,16 +1,20 @@
 """Sessions that outlive their connection for their expiry interval (MQTT 5.0's, which a DISCONNECT may change;
 3.1.1's persistent sessions: a day), then end: their queues deleted, as their user may. A connection that takes the
-session up in time cancels it. The timers live in memory; across a restart the queues' own x-expires (a day, the
-longest interval granted) ends a session instead."""
+session up in time cancels it. Each waiting session is kept in the definitions log (kind "mqtt_session") until it
+ends or is taken up, so that a restart ends it when it was due (its queues' own x-expires, a day, is the longest it
+can wait)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import reprlib
+import time
 from typing import TYPE_CHECKING, Final
 
 from broker.connection.peer_log import PeerLog
 from broker.model.access import ChannelAccess
+from broker.model.keys import composite_key
 from broker.model.operations import Actor, delete_queue
 from broker.model.vhost import OPERATOR_OWNER
 from protocol.errors import AMQPError
@@ -25,6 +29,7 @@ Key = tuple[str, str]  # (vhost, client id): a session
 # The longest session expiry granted, in seconds (as RabbitMQ 4.x's), and 3.1.1's persistent sessions' (RabbitMQ's
 # subscription_ttl): a session's queues live unused that long at most, across a restart too (their x-expires)
 MAX_SESSION_EXPIRY: Final = 86_400
+KIND: Final = "mqtt_session"  # a waiting session's kind in the definitions log
 
 
 class SessionExpiry:
@@ -37,12 +42,37 @@ class SessionExpiry:
     def start(self, key: Key, user: str, delay: float, queues: list[str]) -> None:
         """End the session after delay seconds: its queues go, if no connection took it up meanwhile."""
         self.cancel(key)
+        ends_at = int(time.time() * 1000 + delay * 1000)
+        self._write(key, {"vhost": key[0], "client_id": key[1], "user": user, "ends_at": ends_at, "queues": queues})
+        self._wait(key, user, delay, queues)
+
+    def _wait(self, key: Key, user: str, delay: float, queues: list[str]) -> None:
         self.timers[key] = asyncio.get_running_loop().call_later(delay, self._expire, key, user, queues)
 
     def cancel(self, key: Key) -> None:
         timer = self.timers.pop(key, None)
         if timer is not None:
             timer.cancel()
+            self._write(key, None)
+
+    def restore(self, stored: list[dict]) -> None:
+        """The sessions the store kept waiting: each ends when it was due (at once, if that is past); one that
+        cannot be used, or whose vhost is gone, is logged and dropped."""
+        now = time.time() * 1000
+        for data in stored:
+            try:
+                key = (data["vhost"], data["client_id"])
+                user, ends_at, queues = data["user"], data["ends_at"], data["queues"]
+                if not (all(isinstance(name, str) for name in (*key, user)) and isinstance(ends_at, int)
+                        and isinstance(queues, list) and all(isinstance(name, str) for name in queues)):
+                    raise TypeError("a field of the wrong type")
+            except (KeyError, TypeError) as error:
+                log.error("skipping stored MQTT session %s: %s", reprlib.repr(data), error)
+                continue
+            if key[0] not in self.node.vhosts:
+                self._write(key, None)
+                continue
+            self._wait(key, user, max(0.0, (ends_at - now) / 1000), queues)
 
     def stop(self) -> None:
         for timer in self.timers.values():
@@ -51,6 +81,7 @@ class SessionExpiry:
 
     def _expire(self, key: Key, user: str, queues: list[str]) -> None:
         del self.timers[key]
+        self._write(key, None)
         vhost = self.node.vhosts.get(key[0])
         if vhost is None:
             return
@@ -62,3 +93,6 @@ class SessionExpiry:
                 except AMQPError as error:
                     log.warning("MQTT session %.200r of vhost %.200r: its queue %.200r stays past the session's "
                                 "expiry: %s", key[1], key[0], name, error.reply_text)
+
+    def _write(self, key: Key, data: dict | None) -> None:
+        self.node.record(KIND, composite_key(*key), data)
