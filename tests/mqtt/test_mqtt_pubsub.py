@@ -7,7 +7,9 @@ import pika
 import pytest
 
 from tests.integration.helpers import beyond_rabbitmq, rabbitmq4
+from tests.integration.management import request
 from tests.mqtt.clients import Client, RawClient, connect_packet, connected
+from tests.waiting import wait_for
 
 
 def test_a_qos1_message_reaches_a_qos1_subscriber_as_published(broker, unique):
@@ -56,6 +58,44 @@ def test_a_qos2_publish_sent_again_before_pubrel_is_published_once(broker, uniqu
         raw.close()
         assert subscriber.receive().payload == b"once"
         subscriber.nothing_more()
+
+
+@beyond_rabbitmq  # (3.10 answers a QoS 2 publish with PUBACK)
+@pytest.mark.parametrize("takeover", [False, True])
+def test_a_qos2_publish_sent_again_by_the_next_connection_of_its_session_is_published_once(broker, unique, takeover):
+    """The QoS 2 publishes a persistent session took are the session's: a connection that takes it up (after the
+    first went, or taking over from it) answers a resend with PUBREC and publishes nothing again."""
+    with connected(broker, f"{unique}-s") as subscriber:
+        subscriber.subscribe(f"{unique}/t", qos=1)
+        first = RawClient(broker)
+        first.send(connect_packet(f"{unique}-raw", clean=False))
+        assert first.read(4) == b"\x20\x02\x00\x00"
+        own = f"{unique}/own".encode()  # (a subscription: the session has a queue, and is present again)
+        subscribe = b"\x00\x01" + len(own).to_bytes(2, "big") + own + b"\x01"
+        first.send(bytes((0x82, len(subscribe))) + subscribe)
+        assert first.read(5) == b"\x90\x03\x00\x01\x01"
+        topic = f"{unique}/t".encode()
+        body = len(topic).to_bytes(2, "big") + topic + b"\x00\x07" + b"once"
+        first.send(bytes((0x34, len(body))) + body)  # QoS 2, packet id 7
+        assert first.read(4) == b"\x50\x02\x00\x07"  # PUBREC
+        if not takeover:
+            first.close()  # (gone before its PUBREL)
+            wait_for(lambda: not [c for c in request(broker, "GET", "/api/connections").body
+                                  if c["client_properties"].get("client_id") == f"{unique}-raw"], 10,
+                     "the first connection gone")
+        second = RawClient(broker)
+        second.send(connect_packet(f"{unique}-raw", clean=False))
+        assert second.read(4) == b"\x20\x02\x01\x00"  # (session present)
+        second.send(bytes((0x3C, len(body))) + body)  # sent again (DUP)
+        assert second.read(4) == b"\x50\x02\x00\x07"
+        second.send(b"\x62\x02\x00\x07")  # PUBREL
+        assert second.read(4) == b"\x70\x02\x00\x07"  # PUBCOMP
+        assert subscriber.receive().payload == b"once"
+        subscriber.nothing_more()
+        second.close()
+        first.close()
+    with connected(broker, f"{unique}-raw", clean=True):  # (the session ends)
+        pass
 
 
 @pytest.mark.parametrize("topic_filter, topic, matches", [

@@ -112,7 +112,7 @@ class MqttConnection(asyncio.Protocol):
         # confirm number -> (packet id, PUBACK or PUBREC) of QoS 1 and 2 publishes, answered once confirmed
         self.awaiting_confirm: dict[int, tuple[int, int]] = {}
         # QoS 2 publishes taken, by packet id, until the client's PUBREL: whether PUBREC went (a resend is not
-        # published again; this connection's alone: a new one starts without them)
+        # published again); the session's, which a connection that takes it up goes on with
         self.received_qos2: dict[int, bool] = {}
         self.next_packet_id = 1  # of the next QoS 1 message sent to the client
         self.inflight: dict[int, int] = {}  # packet id -> delivery tag (0: a retained message) awaiting PUBACK
@@ -422,13 +422,16 @@ class MqttConnection(asyncio.Protocol):
         clients = self.server.mqtt_clients
         earlier = clients.get(key)
         clients[key] = self
-        self.server.mqtt_sessions.cancel(key)  # (taken up, or ended below)
+        waiting_qos2 = self.server.mqtt_sessions.cancel(key)  # (taken up, or ended below)
         if self.clean:  # (the session a held will waits on ends now; one taken up again keeps its will back)
             self.server.mqtt_wills.session_ended(key, self.peer_address)
         else:
             self.server.mqtt_wills.cancel(key)
+            self.received_qos2 = dict.fromkeys(waiting_qos2, True)
         if earlier is not None and earlier is not self:
             self.fresh_session = not earlier.session_expiry  # (its session ends with it: none goes on here)
+            if not self.clean and not self.fresh_session:
+                self.received_qos2 = dict.fromkeys(earlier.received_qos2, True)
             earlier.take_over()
 
     def take_over(self) -> None:
@@ -979,7 +982,8 @@ class MqttConnection(asyncio.Protocol):
                     self._end_session(channel)
                 elif self.vhost is not None:
                     self.server.mqtt_sessions.start((self.vhost.name, self.client_id), self.user, self.session_expiry,
-                                                    [self.subscriptions.queue_name(qos) for qos in (0, 1)])
+                                                    [self.subscriptions.queue_name(qos) for qos in (0, 1)],
+                                                    list(self.received_qos2))
         self.channel = None
         self.channels = {}
         if self.vhost is not None:
