@@ -25,6 +25,7 @@ class Received:
     retain: bool
     dup: bool
     properties: object | None
+    mid: int = 0  # its packet id (what a client acknowledges it by, with auto_ack off)
 
 
 class Client:
@@ -77,7 +78,7 @@ class Client:
 
     def _on_message(self, client, userdata, message) -> None:
         self.messages.put(Received(message.topic, message.payload, message.qos, message.retain, message.dup,
-                                   getattr(message, "properties", None)))
+                                   getattr(message, "properties", None), message.mid))
         self.last_message = message
 
     def connect(self, properties: Properties | None = None, expect_success: bool = True) -> Client:

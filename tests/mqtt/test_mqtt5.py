@@ -360,3 +360,24 @@ def test_a_held_will_goes_when_due_after_a_restart(own_broker, unique):
         assert (method.routing_key, body) == (f"{unique}.status", b"gone")
     finally:
         connection.close()
+
+
+def test_the_receive_maximum_bounds_what_every_subscription_of_a_client_has_in_flight(broker, unique):
+    """A client's receive maximum is the connection's: a plain and a shared subscription together send no more
+    unacknowledged QoS 1 messages than it."""
+    client = Client(broker, f"{unique}-s", version=5, auto_ack=False)
+    client.connect(connect_properties(ReceiveMaximum=2))
+    try:
+        client.subscribe(f"{unique}/a/#", qos=1)
+        client.subscribe(f"$share/g/{unique}/b/#", qos=1)
+        with v5(broker, f"{unique}-p") as publisher:
+            for number in range(4):
+                publisher.publish(f"{unique}/a/{number}", b"a", qos=1)
+                publisher.publish(f"{unique}/b/{number}", b"b", qos=1)
+        first = [client.receive(), client.receive()]
+        client.nothing_more(wait=0.5)
+        client.paho.ack(first[0].mid, 1)
+        client.receive()
+        client.nothing_more(wait=0.5)
+    finally:
+        client.disconnect()

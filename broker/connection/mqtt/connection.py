@@ -390,6 +390,8 @@ class MqttConnection(asyncio.Protocol):
         prefetch = self.receive_maximum = min(config.mqtt_prefetch,
                                               connect.properties.get("receive_maximum", config.mqtt_prefetch))
         self.send_method(spec.Basic.Qos(prefetch_count=prefetch), lambda: None)
+        if "receive_maximum" in connect.properties:  # (5.0: a limit of the whole connection, whatever it consumes)
+            self.send_method(spec.Basic.Qos(prefetch_count=prefetch, global_=True), lambda: None)
         self._open_session(lambda present: self._accepted(present, assigned))
 
     def _refuse_login(self) -> None:
