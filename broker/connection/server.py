@@ -171,6 +171,9 @@ class Server:
         self.connections: set[Connection | MqttConnection] = set()  # every client's, whatever its protocol
         # the MQTT connection of each (vhost, client id): a second one with the same takes over
         self.mqtt_clients: dict[tuple[str, str], MqttConnection] = {}
+        # keys the token that marks an MQTT client's own publishes for its no_local subscriptions: the same for every
+        # connection of a client id while this process runs (its sessions are served here), guessed by none
+        self.mqtt_token_key = os.urandom(32)
         self.mqtt_wills = Wills(self.node, config.mqtt_exchange)  # the wills MQTT 5.0 holds back for a while
         self.mqtt_sessions = SessionExpiry(self.node)  # MQTT sessions that outlive their connection for a while
         self.version = version()

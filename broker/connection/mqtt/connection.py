@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import enum
+import hashlib
+import hmac
 import logging
 import os
 import socket
@@ -145,7 +147,8 @@ class MqttConnection(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None  # the CONNECT timeout, then keepalive checks
         self.disconnected = False  # it sent DISCONNECT: no will
         self.taken_over = False  # another connection took its client id: no will
-        self.token = os.urandom(8).hex()  # marks its publishes while it has no_local subscriptions (never its id)
+        # marks its publishes while it has no_local subscriptions: its client id's, keyed (never the id itself)
+        self.token = ""
         self.fresh_session = False  # it took a client id over from a clean session: there is none to resume
         self.peer = self.peer_address = self.name = ""
         self.peer_port = 0
@@ -375,6 +378,8 @@ class MqttConnection(asyncio.Protocol):
             self._refuse_connect(mqtt.REFUSED_NOT_AUTHORIZED, mqtt.NOT_AUTHORIZED)
             return
         self.vhost = vhost
+        self.token = hmac.new(self.server.mqtt_token_key, f"{vhost.name}\x00{self.client_id}".encode(),
+                              hashlib.sha256).hexdigest()[:32]
         self.retained_out = RetainedSender(node.retained, vhost.name, self._send_retained, self._may_send_retained)
         self.reader.max_size = config.mqtt_max_packet_size
         counters.connections_opened += 1
@@ -460,6 +465,7 @@ class MqttConnection(asyncio.Protocol):
         if not existed:
             done(False)
             return
+        self.subscriptions.resume(self.vhost.queues[name])
         self.subscriptions.ensure_queue(1, lambda: done(True), self._session_refused, resumed=True)
 
     def _session_refused(self, error: AMQPError) -> None:

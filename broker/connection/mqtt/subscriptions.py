@@ -1,7 +1,9 @@
 """An MQTT session's subscriptions as the AMQP objects RabbitMQ makes of them: the session queues
 mqtt-subscription-<client id>qos0 and qos1, each bound to the MQTT exchange by the filters subscribed at that QoS
 and consumed by the connection's channel; and 5.0's shared subscriptions ($share/<group>/<filter>), one queue per
-group and filter that the members' channels consume in turn."""
+group and filter that the members' channels consume in turn. A 5.0 subscription's options are its binding's
+arguments (RabbitMQ 4.x's x-mqtt-subscription-opts), so that a persistent session's subscriptions, options and all,
+are read back from its queue's bindings when a connection takes it up, after a restart too."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from protocol.errors import AMQPError
 
 if TYPE_CHECKING:
     from broker.connection.mqtt.connection import MqttConnection
+    from broker.model.queue import Queue
 
 QUEUE_PREFIX: Final = "mqtt-subscription-"  # the session queues: QUEUE_PREFIX + client id + "qos0" or "qos1"
 SHARED_PREFIX: Final = "mqtt-shared-"  # a shared subscription's queue: SHARED_PREFIX + group + "/" + filter
@@ -24,6 +27,7 @@ CONSUMER_TAGS: Final = (b"mqtt-qos0", b"mqtt-qos1")  # the consumer of each sess
 SHARED_TAGS: Final = (b"mqtt-share0:", b"mqtt-share1:")  # before a shared queue's name in its consumer's tag
 SHARED_TAG_PREFIX: Final = b"mqtt-share"
 MAX_SHARED: Final = 1_000  # shared subscriptions of one connection: their consumers' prefetches stay within packet ids
+OPTIONS: Final = "x-mqtt-subscription-opts"  # the binding argument that holds a 5.0 subscription's options
 
 
 def queue_name(client_id: str, qos: int) -> str:
@@ -57,9 +61,10 @@ class Subscriptions:
         self.filters: dict[str, int] = {}  # topic filter (shared ones whole) -> its QoS
         self.identifiers: dict[str, int] = {}  # 5.0: topic filter (a shared one's inner filter) -> its identifier
         self.as_published: set[str] = set()  # 5.0: the filters whose messages keep the retain flag they came with
-        self.no_local: set[str] = set()  # 5.0: the filters that take no message this connection published
+        self.no_local: set[str] = set()  # 5.0: the filters that take no message this client published
+        # unshared filter -> (the QoS of the session queue it binds, that binding's arguments)
+        self.bound: dict[str, tuple[int, dict]] = {}
         self.consuming = [False, False]  # whether the session queue of QoS 0 / 1 is consumed
-        self.resumed = False  # the session queue was an earlier connection's: its bindings are not all in filters
 
     # --- subscribe -----------------------------------------------------------------------------------------------
     def subscribe(self, packet: mqtt.Subscribe) -> None:
@@ -72,7 +77,7 @@ class Subscriptions:
         identifier = (packet.properties.get("subscription_identifier") or [0])[0]
         steps = Countdown(lambda: connection.subscribed(packet.packet_id, codes, granted))
         for index, subscription in enumerate(packet.subscriptions):
-            topic_filter = subscription.topic_filter
+            topic_filter = self._known(subscription.topic_filter)
             shared = _shared(topic_filter) if v5 else None
             code, problem = self._problem(topic_filter, shared, v5)
             if problem is not None:
@@ -118,7 +123,9 @@ class Subscriptions:
                     continue
                 self._share(shared, topic_filter, qos, made, refused)
             else:
-                self._bind(topic_filter, qos, made, refused)
+                arguments = _arguments(qos, identifier, subscription.no_local, subscription.retain_as_published) \
+                    if v5 else {}
+                self._bind(topic_filter, qos, arguments, made, refused)
         steps.start()
 
     def _problem(self, topic_filter: str, shared: tuple[str, str] | None, v5: bool) -> tuple[int, str | None]:
@@ -138,21 +145,63 @@ class Subscriptions:
             problem = "the topic filter is longer than the 255 bytes of a binding key"
         return (invalid, problem) if problem is not None else (0, None)
 
-    def _bind(self, topic_filter: str, qos: int, bound: Callable[[], None],
+    def _bind(self, topic_filter: str, qos: int, arguments: dict, made: Callable[[], None],
               refused: Callable[[AMQPError], None]) -> None:
-        """Bind the session queue of qos to the filter's key, after it is declared and consumed; a binding of the
-        other queue for the filter goes (a subscription made again with another QoS replaces the first, as
-        RabbitMQ 4.x does)."""
+        """Bind the session queue of qos to the filter's key with the subscription's options, after it is declared
+        and consumed; the filter's earlier binding goes (a subscription made again replaces the first, as RabbitMQ
+        4.x does)."""
         connection = self.connection
         key = topics.binding_key(topic_filter)
         exchange = connection.config.mqtt_exchange
-        other = 1 - qos
-        if self.consuming[other]:
-            connection.send_method(spec.Queue.Unbind(queue=self.queue_name(other), exchange=exchange,
-                                                     routing_key=key), _nothing, _ignored)
+        earlier = self.bound.get(topic_filter)
+        if earlier is not None and earlier != (qos, arguments):
+            self._unbind(topic_filter, _nothing, _ignored)
+
+        def bound() -> None:
+            self.bound[topic_filter] = (qos, arguments)
+            made()
+
         self.ensure_queue(qos, lambda: connection.send_method(
-            spec.Queue.Bind(queue=self.queue_name(qos), exchange=exchange, routing_key=key), bound, refused),
-            refused)
+            spec.Queue.Bind(queue=self.queue_name(qos), exchange=exchange, routing_key=key, arguments=arguments),
+            bound, refused), refused)
+
+    def _unbind(self, topic_filter: str, done: Callable[[], None], refused: Callable[[AMQPError], None]) -> None:
+        """Undo the filter's binding of its session queue (done at once if it has none)."""
+        earlier = self.bound.pop(topic_filter, None)
+        if earlier is None:
+            done()
+            return
+        qos, arguments = earlier
+        self.connection.send_method(spec.Queue.Unbind(
+            queue=self.queue_name(qos), exchange=self.connection.config.mqtt_exchange,
+            routing_key=topics.binding_key(topic_filter), arguments=arguments), done, refused)
+
+    def _known(self, topic_filter: str) -> str:
+        """The filter as the session knows it: one read back from a binding key (resume) may write "/" where the
+        client wrote ".", which is the same separator."""
+        if topic_filter in self.filters or topic_filter.startswith(SHARE):
+            return topic_filter
+        key = topics.binding_key(topic_filter)
+        return next((known for known in self.bound if topics.binding_key(known) == key), topic_filter)
+
+    def resume(self, queue: "Queue") -> None:
+        """A persistent session taken up: its subscriptions are its QoS 1 queue's bindings of the MQTT exchange,
+        their options in their arguments."""
+        exchange = self.connection.config.mqtt_exchange
+        for binding in queue.bindings:
+            if binding.source.name != exchange:
+                continue
+            topic_filter = topics.topic_filter(binding.routing_key)
+            options = binding.arguments.get(OPTIONS)
+            options = options if isinstance(options, dict) else {}
+            self.filters[topic_filter] = 1
+            self.bound[topic_filter] = (1, binding.arguments)
+            if identifier := options.get("id"):
+                self.identifiers[topic_filter] = identifier
+            if options.get("no-local"):
+                self.no_local.add(topic_filter)
+            if options.get("retain-as-published"):
+                self.as_published.add(topic_filter)
 
     def ensure_queue(self, qos: int, then: Callable[[], None], refused: Callable[[AMQPError], None],
                      resumed: bool = False) -> None:
@@ -167,7 +216,6 @@ class Subscriptions:
         connection = self.connection
         name = self.queue_name(qos)
         if resumed:
-            self.resumed = True
             declare = spec.Queue.Declare(queue=name, passive=True)
         elif qos == 0 or not connection.session_expiry:
             declare = spec.Queue.Declare(queue=name, durable=False, auto_delete=True)
@@ -220,8 +268,8 @@ class Subscriptions:
         connection = self.connection
         codes = [mqtt.SUCCESS] * len(packet.topic_filters)
         steps = Countdown(lambda: connection.send(mqtt.unsuback(packet.packet_id, codes, connection.level)))
-        exchange = connection.config.mqtt_exchange
-        for index, topic_filter in enumerate(packet.topic_filters):
+        for index, given in enumerate(packet.topic_filters):
+            topic_filter = self._known(given)
             qos = self.filters.pop(topic_filter, None)
             if qos is None:
                 codes[index] = mqtt.NO_SUBSCRIPTION_EXISTED
@@ -235,14 +283,8 @@ class Subscriptions:
                     tag = SHARED_TAGS[qos] + f"{SHARED_PREFIX}{shared[0]}/{shared[1]}".encode()
                     connection.send_method(spec.Basic.Cancel(consumer_tag=tag.decode()), step, _anyway(step))
                 continue
-            key = topics.binding_key(topic_filter)
-            if len(key.encode()) > 255:
-                continue
-            for queue_qos in (0, 1):  # (a session carried over may have bound either)
-                if self.consuming[queue_qos]:
-                    step = steps.step()
-                    connection.send_method(spec.Queue.Unbind(queue=self.queue_name(queue_qos), exchange=exchange,
-                                                             routing_key=key), step, _anyway(step))
+            step = steps.step()
+            self._unbind(topic_filter, step, _anyway(step))
         steps.start()
 
     # --- what deliveries need ------------------------------------------------------------------------------------
@@ -253,10 +295,7 @@ class Subscriptions:
 
     def reaches(self, topic: str) -> bool:
         """Whether a subscription matches a topic that begins with "$" as the spec says: not by a filter that
-        begins with a wildcard (the topic exchange's binding of such a filter matches it all the same). A resumed
-        session's filters are not all known here: its messages all go."""
-        if self.resumed:
-            return True
+        begins with a wildcard (the topic exchange's binding of such a filter matches it all the same)."""
         for topic_filter in self.filters:
             shared = _shared(topic_filter) if topic_filter.startswith(SHARE) else None
             inner = shared[1] if shared is not None else topic_filter
@@ -265,7 +304,7 @@ class Subscriptions:
         return False
 
     def only_no_local(self, topic: str) -> bool:
-        """5.0: whether every (unshared) subscription that the topic matches takes no message of this connection's
+        """5.0: whether every (unshared) subscription that the topic matches takes no message of this client's
         own."""
         return all(topic_filter in self.no_local for topic_filter in self.filters
                    if not topic_filter.startswith(SHARE) and topics.matches(topic_filter, topic)) and any(
@@ -297,6 +336,11 @@ class Countdown:
         self.left -= 1
         if self.left == 0:
             self.done()
+
+
+def _arguments(qos: int, identifier: int, no_local: bool, as_published: bool) -> dict:
+    """A 5.0 subscription's binding arguments: its options, as RabbitMQ 4.x keeps them."""
+    return {OPTIONS: {"id": identifier, "no-local": no_local, "retain-as-published": as_published, "qos": qos}}
 
 
 def _is_shared(topic_filter: str) -> bool:
