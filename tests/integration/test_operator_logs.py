@@ -89,8 +89,8 @@ def test_policy_user_and_definition_changes_are_logged(own_broker, unique):
     assert logged(broker, "user 'ops' added (tags: monitoring)")
     assert logged(broker, "vhost 'staging' added")
     assert logged(broker, "permissions of user 'ops' in vhost 'staging' set: configure '', write '', read '.*'")
-    assert logged(broker, "definitions imported: 1 vhosts, 1 users, 1 permissions, 0 policies, 1 queues, "
-                          "0 exchanges, 0 bindings")
+    assert logged(broker, "definitions imported: 1 vhosts, 1 users, 1 permissions, 0 topic permissions, 0 policies, "
+                          "1 queues, 0 exchanges, 0 bindings")
 
 
 def test_the_json_format_writes_one_object_per_line(own_broker):
