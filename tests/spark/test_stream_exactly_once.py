@@ -107,18 +107,22 @@ def task_connections(broker, stream: str) -> list[dict]:
             if str(connection.get("user_provided_name", "")).startswith(prefix)]
 
 
-def process_with_socket(local_port: int) -> int | None:
-    """The pid of the process holding the loopback TCP socket bound to local_port (from /proc), if any."""
+def spark_worker_with_socket(local_port: int, remote_port: int) -> int | None:
+    """The pid of the Spark Python worker holding the TCP socket from local_port to remote_port (from /proc), if
+    any. (The management API's list of connections may be a moment old: the port of a connection that closed
+    meanwhile may be another process's now, say the driver's, which is never the one killed.)"""
     inodes = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with open(table) as lines:
             for line in list(lines)[1:]:
                 fields = line.split()
-                if int(fields[1].rsplit(":", 1)[1], 16) == local_port:
+                ports = (int(fields[1].rsplit(":", 1)[1], 16), int(fields[2].rsplit(":", 1)[1], 16))
+                if ports == (local_port, remote_port):
                     inodes.add(f"socket:[{fields[9]}]")
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in os.listdir(f"/proc/{pid}/fd")):
+            if (any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in os.listdir(f"/proc/{pid}/fd"))
+                    and b"pyspark" in Path(f"/proc/{pid}/cmdline").read_bytes()):
                 return int(pid)
         except OSError:  # gone meanwhile, or not ours to look at
             continue
@@ -142,7 +146,7 @@ def test_a_task_killed_mid_read_is_retried_and_reads_its_range_again(spark_insta
             for connection in task_connections(broker, unique):
                 name = connection["user_provided_name"]
                 low = int(name.rsplit("[", 1)[1].split(",")[0])
-                worker = process_with_socket(connection["peer_port"])
+                worker = spark_worker_with_socket(connection["peer_port"], broker.port)
                 if low // batch_size not in killed and worker is not None:
                     os.kill(worker, signal.SIGKILL)
                     killed[low // batch_size] = name
@@ -199,7 +203,7 @@ def test_a_batch_is_read_by_four_tasks_at_once(spark_installed, broker, unique, 
             for connection in task_connections(broker, unique):
                 name = connection["user_provided_name"]
                 if name not in held:
-                    held[name] = process_with_socket(connection["peer_port"])
+                    held[name] = spark_worker_with_socket(connection["peer_port"], broker.port)
                     if held[name] is not None:
                         os.kill(held[name], signal.SIGSTOP)
             time.sleep(0.02)
