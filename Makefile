@@ -10,7 +10,7 @@ MQTT_PORT ?= 1883
 DATA_DIR ?= ./data
 LOG_LEVEL ?= info
 
-.PHONY: all run test bench clean browser etcd cluster-demo
+.PHONY: all run test bench clean browser etcd cluster-demo spark
 
 # `make` alone installs Warren into .venv and compiles the modules again where one of their sources changed, as
 # `make run` and `make test` do before they start (the first rule would otherwise be the default: .venv/bin/python).
@@ -21,14 +21,21 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-# Installing is recorded in a stamp so repeated runs skip it until pyproject.toml changes.
-$(VENV)/.installed-run: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e .
+# Installing is recorded in a stamp so repeated runs skip it until pyproject.toml changes. The editable install
+# builds nothing (WARREN_COMPILE=0, with the venv's setuptools rather than a build environment of its own): the
+# modules are compiled in place below, again only where their sources changed.
+EDITABLE := $(BIN)/pip install --quiet setuptools wheel && WARREN_COMPILE=0 $(BIN)/pip install --quiet --no-build-isolation -e
+$(VENV)/.installed-run: pyproject.toml setup.py | $(BIN)/python
+	$(EDITABLE) .
 	touch $@
 
-$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[test,spark]'
+$(VENV)/.installed-test: pyproject.toml setup.py | $(BIN)/python
+	$(EDITABLE) '.[test,spark]'
 	touch $@ $(VENV)/.installed-run
+
+# The Spark connector's dependencies (pyspark, pyarrow, pika), for its examples (docs/spark.md), without the tests'.
+spark: $(VENV)/.installed-run
+	$(EDITABLE) '.[spark]'
 
 # mypyc compiles the modules broker/compiled.py names, again whenever one of them changes; where it cannot (no C
 # compiler or Python headers), Warren runs as pure Python. mypy 1.17 is the first that builds mypyc's runtime library
@@ -41,6 +48,7 @@ $(VENV)/.compiled: $(COMPILED_SOURCES) | $(VENV)/.installed-run
 	touch $@
 
 run: $(VENV)/.installed-run $(VENV)/.compiled
+	@echo "warrenctl: $(BIN)/warrenctl$(if $(filter-out 15672,$(MANAGEMENT_PORT)), --port $(MANAGEMENT_PORT)) list_queues"
 	$(BIN)/python -m broker --host $(HOST) --port $(PORT) --management-port $(MANAGEMENT_PORT) --prometheus-port $(PROMETHEUS_PORT) --mqtt-port $(MQTT_PORT) --data-dir $(DATA_DIR) --log-level $(LOG_LEVEL)
 
 # The suite runs on TEST_PROCESSES processes at once (pytest-xdist; most tests wait on a broker far more than they

@@ -43,10 +43,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--log-level", dest="log_level", choices=LOG_LEVELS, help="default info")
     parser.add_argument("--log-format", dest="log_format", choices=LOG_FORMATS,
                         help="text lines (default) or one JSON object per line")
+    parser.add_argument("--management-host", dest="management_host",
+                        help="address of the management HTTP API (default 127.0.0.1, whatever --host is)")
     parser.add_argument("--management-port", dest="management_port", type=int,
                         help="management HTTP API port (default 15672; 0 = no API)")
     parser.add_argument("--tls-port", dest="tls_port", type=int,
                         help="amqps port, used once [tls] names a certificate (default 5671; 0 picks a free one)")
+    parser.add_argument("--prometheus-host", dest="prometheus_host",
+                        help="address of the Prometheus metrics endpoint (default 127.0.0.1, whatever --host is)")
     parser.add_argument("--prometheus-port", dest="prometheus_port", type=int,
                         help="Prometheus metrics port (default 15692; 0 = no metrics endpoint)")
     parser.add_argument("--mqtt-port", dest="mqtt_port", type=int, help="MQTT port (default 1883; 0 = no MQTT)")
@@ -57,8 +61,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # Settings that may come from the environment (above the config file, below the command line), so that a password
 # need not appear in a config file or on a command line (the Docker image's WARREN_DEFAULT_USER/PASS).
 ENVIRONMENT = {"default_user": "WARREN_DEFAULT_USER", "default_pass": "WARREN_DEFAULT_PASS"}
-COMMAND_LINE = ("host", "port", "data_dir", "workers", "log_level", "log_format", "management_port", "prometheus_port",
-                "tls_port", "mqtt_port")
+COMMAND_LINE = ("host", "port", "data_dir", "workers", "log_level", "log_format", "management_host", "management_port",
+                "prometheus_host", "prometheus_port", "tls_port", "mqtt_port")
 
 
 def config_overrides(args: argparse.Namespace, environ: dict[str, str]) -> dict:
@@ -149,6 +153,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warren-server: {error}", file=sys.stderr)
         return 2
     logs.configure(config.log_level, config.log_format)
+    if pure := compiled.missing():
+        log.warning("%d of the %d modules on the path of every message run as pure Python, which costs more CPU per "
+                    "message (make, or a wheel built where a C compiler is, compiles them): %s", len(pure),
+                    len(compiled.COMPILED), ", ".join(pure))
     files = raise_open_files_limit()
     try:
         uvloop.run(serve(config, files))

@@ -7,14 +7,21 @@ instead of the source, and the runtime library they all load inside the broker p
 import wherever the packages do (an editable install puts the packages on the path, not the repo root). `make`,
 `make run` and `make test` run it whenever a source changed; a build that fails (no C compiler, no Python headers,
 no mypy 1.17 or later, no setuptools) leaves every module pure Python, as does `python -m broker.compiled --clean`.
+The wheel's build (setup.py: `pip install .`, `pip wheel .`, `python -m build`) builds the same extensions.
+
+Each build records the hashes of the sources it compiled (MANIFEST): a compiled module whose source no longer has its
+hash would run instead of the edit, and the broker refuses to start so (refusal()).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.machinery
+import json
 import os
 import sys
+import sysconfig
 import tempfile
 from pathlib import Path
 
@@ -34,6 +41,8 @@ COMPILED = (
 # The runtime library's module: broker/_compiled_runtime__mypyc.<suffix> (mypyc adds "__mypyc" to the group name).
 RUNTIME_GROUP = "broker._compiled_runtime"
 MYPY_NEEDED = (1, 17)  # mypycify's group_name: the runtime library inside a package
+MANIFEST = "broker/_compiled_sources.json"  # source -> the SHA-256 of the text it was compiled from
+BUILD_DIR = "build/compiled"  # the objects of the last in-place build, which the next one reuses where it can
 
 
 def _extensions(source: Path) -> list[Path]:
@@ -50,23 +59,32 @@ def _shared_libraries() -> list[Path]:
 
 
 def refusal() -> str | None:
-    """Why the modules cannot run as they are (compiled ones older than their sources, which would run instead of
-    the edits), saying how to rebuild or remove them; None when they can."""
+    """Why the modules cannot run as they are (compiled ones whose sources were edited since, which would run instead
+    of the edits), saying how to rebuild or remove them; None when they can."""
     outdated = stale()
     if not outdated:
         return None
-    return (f"the compiled modules of {', '.join(outdated)} are older than their sources: rebuild them (make, or "
-            "python -m broker.compiled) or remove them (python -m broker.compiled --clean)")
+    return (f"the compiled modules of {', '.join(outdated)} were built from other sources than those here: rebuild "
+            "them (make, or python -m broker.compiled) or remove them (python -m broker.compiled --clean)")
 
 
 def stale() -> list[str]:
-    """Sources edited since their compiled module was built: the compiled module would run instead of the edit."""
-    found = []
-    for name in COMPILED:
-        source = REPO_ROOT / name
-        if any(extension.stat().st_mtime < source.stat().st_mtime for extension in _extensions(source)):
-            found.append(name)
-    return found
+    """Sources edited since their compiled module was built (their hash is not the one MANIFEST recorded): the
+    compiled module would run instead of the edit."""
+    try:
+        built = json.loads((REPO_ROOT / MANIFEST).read_text())
+    except (OSError, ValueError):
+        built = {}
+    return [name for name in COMPILED if _extensions(REPO_ROOT / name) and built.get(name) != _hash(name)]
+
+
+def missing() -> list[str]:
+    """The modules of COMPILED that run as pure Python here (no compiled module beside them)."""
+    return [name for name in COMPILED if not _extensions(REPO_ROOT / name)]
+
+
+def _hash(name: str) -> str:
+    return hashlib.sha256((REPO_ROOT / name).read_bytes()).hexdigest()
 
 
 def clean() -> None:
@@ -75,27 +93,63 @@ def clean() -> None:
             extension.unlink()
     for library in _shared_libraries():
         library.unlink()
+    (REPO_ROOT / MANIFEST).unlink(missing_ok=True)
 
 
-def build() -> None:
-    """Compile COMPILED in place; where that cannot be done here, say so and leave every module pure Python."""
-    clean()
+def extensions() -> list:
+    """mypyc's extension modules of COMPILED for setuptools to build (from REPO_ROOT as the current directory), their
+    sources' hashes recorded in MANIFEST; none where they cannot be built here (no C compiler or Python headers, no
+    mypy 1.17 or later), saying why on stderr: Warren then runs as pure Python."""
     try:
         from mypy.version import __version__ as mypy_version
         from mypyc.build import mypycify
-        from setuptools import setup
 
         if tuple(int(part) for part in mypy_version.split("+")[0].split(".")[:2]) < MYPY_NEEDED:
             raise RuntimeError(f"mypy {mypy_version} is older than {'.'.join(map(str, MYPY_NEEDED))}, the first "
                                "whose mypyc can build its runtime library inside a package")
-
-        with tempfile.TemporaryDirectory() as scratch:
-            setup(name="warren-compiled", packages=[], script_name="setup.py",
-                  script_args=["--quiet", "build_ext", "--inplace", "--build-temp", scratch, "--build-lib", scratch],
-                  ext_modules=mypycify(["--ignore-missing-imports", "--follow-imports=silent",
-                                        "--disable-error-code", "annotation-unchecked", *COMPILED],
-                                       opt_level="3", group_name=RUNTIME_GROUP))
+        _check_compiler()
+        modules = mypycify(["--ignore-missing-imports", "--follow-imports=silent", "--disable-error-code",
+                            "annotation-unchecked", *COMPILED], opt_level="3", group_name=RUNTIME_GROUP)
     except (Exception, SystemExit) as error:  # mypyc reports its errors and then exits
+        print(f"warren: modules not compiled, Warren runs as pure Python ({type(error).__name__}: {error})",
+              file=sys.stderr)
+        return []
+    manifest = REPO_ROOT / MANIFEST
+    manifest.parent.mkdir(parents=True, exist_ok=True)
+    manifest.write_text(json.dumps({name: _hash(name) for name in COMPILED}, indent=1) + "\n")
+    return modules
+
+
+def _check_compiler() -> None:
+    """Compile a file that includes Python.h, as each extension does: an error names what is missing (a C
+    compiler, Python's headers)."""
+    import setuptools  # noqa: F401  (puts its distutils in place, which Python 3.12 no longer has)
+    from distutils.ccompiler import new_compiler
+    from distutils.sysconfig import customize_compiler
+
+    compiler = new_compiler()
+    customize_compiler(compiler)
+    with tempfile.TemporaryDirectory() as scratch:
+        probe = Path(scratch) / "probe.c"
+        probe.write_text("#include <Python.h>\nint probe(void) { return 0; }\n")
+        compiler.compile([str(probe)], output_dir=scratch, include_dirs=[sysconfig.get_paths()["include"]])
+
+
+def build() -> None:
+    """Compile COMPILED in place; where that cannot be done here, say so and leave every module pure Python. What an
+    earlier build made is kept in BUILD_DIR: only the modules whose C code changed are compiled again."""
+    modules = extensions()
+    if not modules:
+        clean()
+        return
+    try:
+        from setuptools import setup
+
+        scratch = str(REPO_ROOT / BUILD_DIR)
+        setup(name="warren-compiled", packages=[], script_name="setup.py",
+              script_args=["--quiet", "build_ext", "--inplace", "--build-temp", scratch, "--build-lib", scratch],
+              ext_modules=modules)
+    except (Exception, SystemExit) as error:
         clean()
         print(f"warren: modules not compiled, Warren runs as pure Python ({type(error).__name__}: {error})",
               file=sys.stderr)
@@ -104,7 +158,14 @@ def build() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m broker.compiled", description=__doc__.splitlines()[0])
     parser.add_argument("--clean", action="store_true", help="remove the compiled modules: pure Python")
+    parser.add_argument("--check", action="store_true", help="exit 1, saying which, unless every module is "
+                        "compiled from the sources here (what an install or an image is checked with)")
     args = parser.parse_args(argv)
+    if args.check:
+        problem = refusal() or (f"not compiled, running as pure Python: {', '.join(missing())}" if missing() else None)
+        print(f"warren: {problem}" if problem else f"warren: the {len(COMPILED)} modules are compiled",
+              file=sys.stderr if problem else sys.stdout)
+        return 1 if problem else 0
     os.chdir(REPO_ROOT)  # mypycify takes the sources' paths relative to the tree
     if args.clean:
         clean()

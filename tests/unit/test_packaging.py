@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -106,10 +107,71 @@ def test_make_rebuilds_the_compiled_modules_after_a_source_changed(target):
     assert "-m broker.compiled" in result.stdout, result.stdout
 
 
+@pytest.mark.parametrize("port, command", [("15672", ".venv/bin/warrenctl list_queues"),
+                                           ("15999", ".venv/bin/warrenctl --port 15999 list_queues")])
+def test_make_run_says_how_to_call_warrenctl_on_its_management_port(port, command):
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    env = {key: value for key, value in os.environ.items() if key not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    result = subprocess.run(["make", "-n", "run", f"MANAGEMENT_PORT={port}"], cwd=REPO_ROOT, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert f'echo "warrenctl: {command}"' in result.stdout, result.stdout
+
+
 def test_the_docker_image_copies_every_package_pyproject_installs():
-    copied = set(re.findall(r"^COPY\s+([\w.]+)/\s+/tmp/warren-src/\1/?\s*$",
-                            (REPO_ROOT / "Dockerfile").read_text(), re.MULTILINE))
+    copied = set(re.findall(r"^COPY\s+([\w.]+)/\s+/src/\1/?\s*$", (REPO_ROOT / "Dockerfile").read_text(),
+                            re.MULTILINE))
     assert copied == _pyproject_packages()
+
+
+def _stages() -> list[str]:
+    """The Dockerfile's build stages, each from its FROM line on."""
+    text = (REPO_ROOT / "Dockerfile").read_text()
+    return re.split(r"^(?=FROM )", text, flags=re.MULTILINE)[1:]
+
+
+def test_the_image_installs_a_wheel_compiled_in_a_stage_of_its_own_and_checks_it():
+    """No Docker daemon runs here: the stages are checked as written. The first has a compiler and builds the wheel;
+    the image (the last) installs that wheel, has no compiler, and its build fails unless every module is
+    compiled, by the check the broker makes at start."""
+    builder, image = _stages()
+    assert re.search(r"apt-get install .*\bgcc\b", builder) and "pip wheel" in builder
+    name = re.match(r"FROM \S+ AS (\w+)", builder).group(1)
+    assert f"COPY --from={name} /wheels/" in image
+    assert "gcc" not in image and "apt-get" not in image
+    assert re.search(r"pip install /tmp/wheels/\*\.whl .*python -m broker\.compiled --check", image)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_wheel_built_from_the_sources_holds_the_compiled_modules_and_runs_them(tmp_path):
+    """pip wheel compiles the modules, as the image's first stage does (from a copy of what it copies); the wheel's
+    files, put on the path, pass the check the broker makes at start, from any directory."""
+    if compiled.missing():
+        pytest.skip("the modules are not compiled here (no C compiler or Python headers): nor would the wheel be")
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy(REPO_ROOT / name, source / name)
+    for package in _pyproject_packages():
+        shutil.copytree(REPO_ROOT / package, source / package,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.so", "*__mypyc.*", "_compiled_sources.json"))
+    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir",
+                             str(tmp_path / "wheels"), str(source)], capture_output=True, text=True, timeout=840)
+    assert result.returncode == 0, result.stderr[-3000:]
+    [wheel] = (tmp_path / "wheels").glob("*.whl")
+    assert not wheel.name.endswith("-py3-none-any.whl"), wheel.name  # (a platform's wheel: compiled modules in it)
+    installed = tmp_path / "installed"
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(installed)
+    env = {**{key: value for key, value in os.environ.items() if key != "PYTHONPATH"}, "PYTHONPATH": str(installed)}
+    check = subprocess.run([sys.executable, "-m", "broker.compiled", "--check"], cwd="/", env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert (check.returncode, check.stdout.strip()) == (0, f"warren: the {len(compiled.COMPILED)} modules are "
+                                                           "compiled"), check.stderr
+    loaded = subprocess.run([sys.executable, "-c", "import broker.session.channel as m; print(m.__file__)"], cwd="/",
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert loaded.stdout.strip().startswith(str(installed)) and loaded.stdout.strip().endswith(".so"), loaded
 
 
 def test_the_docs_and_the_compose_file_give_the_same_compose_command():

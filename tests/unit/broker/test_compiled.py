@@ -1,9 +1,11 @@
-"""The check that keeps a compiled module from running in place of an edited source."""
+"""The check that keeps a compiled module from running in place of an edited source, and that says which modules
+run as pure Python."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.machinery
-import os
+import json
 
 from broker import compiled
 
@@ -14,17 +16,30 @@ def test_a_source_edited_after_its_compiled_module_was_built_is_stale(tmp_path, 
     (tmp_path / "pkg").mkdir()
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     for name in ("edited", "built", "pure"):
-        (tmp_path / "pkg" / f"{name}.py").write_text("")
-    for name, built_at in (("edited", 1_000), ("built", 3_000)):
-        extension = tmp_path / "pkg" / f"{name}{suffix}"
-        extension.write_bytes(b"")
-        os.utime(extension, (built_at, built_at))
-    for name in ("edited", "built", "pure"):
-        os.utime(tmp_path / "pkg" / f"{name}.py", (2_000, 2_000))
+        (tmp_path / "pkg" / f"{name}.py").write_text(f"{name} = 1\n")
+    for name in ("edited", "built"):
+        (tmp_path / "pkg" / f"{name}{suffix}").write_bytes(b"")
+    (tmp_path / "broker").mkdir()
+    (tmp_path / compiled.MANIFEST).write_text(json.dumps({
+        f"pkg/{name}.py": hashlib.sha256(f"{name} = 1\n".encode()).hexdigest() for name in ("edited", "built")}))
     (tmp_path / f"0123__mypyc{suffix}").write_bytes(b"")
+    assert compiled.stale() == [] and compiled.missing() == ["pkg/pure.py"]
+
+    (tmp_path / "pkg" / "edited.py").write_text("edited = 2\n")  # (whatever the files' times say)
 
     assert compiled.stale() == ["pkg/edited.py"]  # a source without a compiled module is simply pure Python
     assert "pkg/edited.py" in compiled.refusal() and "python -m broker.compiled" in compiled.refusal()
+    assert compiled.main(["--check"]) == 1
     compiled.clean()
     assert compiled.stale() == [] and compiled.refusal() is None
+    assert compiled.missing() == ["pkg/edited.py", "pkg/built.py", "pkg/pure.py"]
     assert sorted(path.name for path in tmp_path.rglob("*") if path.is_file()) == ["built.py", "edited.py", "pure.py"]
+
+
+def test_compiled_modules_without_the_hashes_of_their_sources_are_stale(tmp_path, monkeypatch):
+    monkeypatch.setattr(compiled, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(compiled, "COMPILED", ("pkg/built.py",))
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "built.py").write_text("")
+    (tmp_path / "pkg" / f"built{importlib.machinery.EXTENSION_SUFFIXES[0]}").write_bytes(b"")
+    assert compiled.stale() == ["pkg/built.py"]  # (built by an earlier version, which recorded none)

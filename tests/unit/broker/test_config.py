@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from broker.__main__ import config_overrides, parse_args
 from broker.config import ConfigError, load_config, read_secret
 from tests.conftest import REPO_ROOT
 
@@ -265,3 +266,11 @@ def test_a_vhost_may_be_pinned_to_a_worker_that_the_command_line_gives(tmp_path)
     assert load_config(path, {"workers": 2}).vhosts == [{"name": "v", "worker": 1}]
     with pytest.raises(ConfigError, match="worker 1 does not exist: workers are numbered from 0 to 0"):
         load_config(path)
+
+
+def test_the_command_line_gives_the_management_and_metrics_addresses_apart_from_the_amqp_one():
+    args = parse_args(["--host", "0.0.0.0", "--management-host", "0.0.0.0", "--prometheus-host", "10.0.0.1"])
+    config = load_config(args.config, config_overrides(args, {}))
+    assert (config.host, config.management_host, config.prometheus_host) == ("0.0.0.0", "0.0.0.0", "10.0.0.1")
+    alone = parse_args(["--host", "0.0.0.0"])  # (the API stays on loopback unless asked: it takes logins)
+    assert load_config(alone.config, config_overrides(alone, {})).management_host == "127.0.0.1"
