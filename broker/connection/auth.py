@@ -14,6 +14,10 @@ class Login(NamedTuple):
 
     user: str  # the user name the client gave, for the log ("" when its response cannot be read)
     accepted: bool
+    reason: str = ""  # why it was refused, in RabbitMQ's words, for the log (never for the client)
+
+
+INVALID_CREDENTIALS = "invalid credentials"  # (a wrong password or user name, or a response that cannot be read)
 
 
 def parse_response(mechanism: str, response: bytes | str) -> tuple[str, str] | None:
@@ -63,8 +67,10 @@ def authenticate(node: Node, loopback_users: list[str], mechanism: str, response
     """Check a login against the node's users (loopback users from elsewhere are refused)."""
     credentials = parse_response(mechanism, response)
     if credentials is None:
-        return Login("", False)
+        return Login("", False, INVALID_CREDENTIALS)
     user, password = credentials
     if node.authenticate(user, password) is None:
-        return Login(user, False)
-    return Login(user, may_log_in_from(user, loopback_users, peer_address))
+        return Login(user, False, INVALID_CREDENTIALS)
+    if not may_log_in_from(user, loopback_users, peer_address):
+        return Login(user, False, f"user '{user[:100]}' can only connect via localhost")
+    return Login(user, True)

@@ -42,8 +42,8 @@ def check_login(server: Server, start_ok: spec.Connection.StartOk, peer_address:
     node.counters.auth_attempts += 1
     if not login.accepted:
         node.counters.auth_failed += 1
-        peer_log.warning(peer_address, "login refused for user %.100r from %s (mechanism %.40r)", login.user, peer,
-                         start_ok.mechanism)
+        peer_log.warning(peer_address, "login refused for user %.100r from %s (mechanism %.40r): %s", login.user,
+                         peer, start_ok.mechanism, login.reason)
         return None
     server.failed_logins.accepted(peer_address)
     return login.user

@@ -340,7 +340,8 @@ def test_loopback_users_are_checked_against_the_client_the_header_names(leader, 
         proven(client, (source, 40000))
         assert login(client) == answer
     if answer == "refused":
-        assert f"login refused for user 'guest' from {source}:40000" in broker_log.text
+        assert f"login refused for user 'guest' from {source}:40000 (mechanism 'PLAIN'): user 'guest' can only " \
+               f"connect via localhost" in broker_log.text
 
 
 @pytest.fixture

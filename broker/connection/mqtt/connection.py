@@ -359,8 +359,8 @@ class MqttConnection(asyncio.Protocol):
         counters.auth_attempts += 1
         if not login.accepted:
             counters.auth_failed += 1
-            peer_log.warning(self.peer_address, "MQTT login failed for user %.100r from %s: authentication failed",
-                             username, self.peer)
+            peer_log.warning(self.peer_address, "MQTT login failed for user %.100r from %s: %s", username, self.peer,
+                             login.reason)
             self._refuse_login()
             return
         server.failed_logins.accepted(self.peer_address)
