@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.verb == "help":
             sys.stdout.write(verb_help(args.topic))
             return EX_OK
-        client = Client(args.url, args.api_user, args.api_password, args.timeout)
+        client = Client(args.url, args.api_user, args.api_password, args.timeout, args.cacert)
         context = Context(client, args.quiet, args.formatter == "json", not args.no_table_headers)
         VERBS[args.verb].run(context, args)
     except SystemExit as done:  # --help printed its text

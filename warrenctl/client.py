@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import base64
 import html
+import http.client
 import json
 import socket
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -29,11 +31,16 @@ class NotFound(CommandError):
 class Client:
     """Talks to one management API as one user."""
 
-    def __init__(self, base_url: str, username: str, password: str, timeout: float) -> None:
+    def __init__(self, base_url: str, username: str, password: str, timeout: float,
+                 cacert: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")  # e.g. http://127.0.0.1:15672
         self.timeout = timeout  # seconds to wait for each answer
         credentials = base64.b64encode(f"{username}:{password}".encode()).decode()
         self.authorization = f"Basic {credentials}"  # the same header on every request
+        try:  # (an https API's certificate is checked against the system's CAs, and cacert's)
+            self.tls = ssl.create_default_context(cafile=cacert)
+        except (OSError, ssl.SSLError) as error:
+            raise CommandError(f"cannot read the CA certificates of --cacert {cacert}: {error}", EX_DATAERR) from None
 
     def get(self, path: str) -> Any:
         return self.request("GET", path)
@@ -55,7 +62,7 @@ class Client:
             sent["content-type"] = "application/json"
         call = urllib.request.Request(self.base_url + path, data=data, method=method, headers=sent)
         try:
-            with urllib.request.urlopen(call, timeout=self.timeout) as response:
+            with urllib.request.urlopen(call, timeout=self.timeout, context=self.tls) as response:
                 return _decoded(response.read())
         except urllib.error.HTTPError as error:
             if error.code == 404:
@@ -63,6 +70,11 @@ class Client:
             raise _refusal(error.code, _error_body(error.read())) from None
         except (socket.timeout, TimeoutError):
             raise CommandError(f"no answer from {self.base_url} within {self.timeout:g} s", EX_TEMPFAIL) from None
+        except http.client.RemoteDisconnected:  # (what an HTTPS port does with plain HTTP)
+            hint = " (if it takes HTTPS, give an https:// URL: $WARREN_MANAGEMENT_URL)" \
+                if self.base_url.startswith("http://") else ""
+            raise CommandError(f"the management API at {self.base_url} closed the connection without an "
+                               f"answer{hint}", EX_UNAVAILABLE) from None
         except urllib.error.URLError as error:
             raise CommandError(f"cannot reach the management API at {self.base_url}: {_reason(error)}",
                                EX_UNAVAILABLE) from None

@@ -18,6 +18,7 @@ ENVIRONMENT = {  # option -> the environment variable that gives its default, an
     "api_user": ("WARREN_MANAGEMENT_USER", "guest"),
     "api_password": ("WARREN_MANAGEMENT_PASSWORD", "guest"),
     "url": ("WARREN_MANAGEMENT_URL", DEFAULT_URL),
+    "cacert": ("WARREN_MANAGEMENT_CACERT", None),
 }
 EPILOG = ("The management API is at --host/--port (default 127.0.0.1:15672), or at $WARREN_MANAGEMENT_URL; "
           "credentials are --username/--password, or $WARREN_MANAGEMENT_USER/$WARREN_MANAGEMENT_PASSWORD "
@@ -60,6 +61,8 @@ def common_options() -> argparse.ArgumentParser:
     group.add_argument("--username", dest="api_user", metavar="USER", help="user to call the API as (default guest)")
     group.add_argument("--password", dest="api_password", metavar="PASSWORD",
                        help="that user's password (default guest)")
+    group.add_argument("--cacert", metavar="FILE", help="the CA certificates (PEM) an https:// API's certificate is "
+                       "checked against, besides the system's ($WARREN_MANAGEMENT_CACERT)")
     group.add_argument("-t", "--timeout", type=seconds, help="seconds to wait for each answer (default 60)")
     group.add_argument("-q", "--quiet", action="store_true", help="print results only, no informational lines")
     group.add_argument("--formatter", choices=("table", "json"), help="output format (default table)")

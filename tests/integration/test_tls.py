@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import os
 import socket
 import ssl
 import subprocess
@@ -17,7 +18,7 @@ import aio_pika
 import pika
 import pytest
 
-from tests.conftest import REPO_ROOT, free_port
+from tests.conftest import REPO_ROOT, free_port, wait_for_port
 from tests.integration.helpers import connect
 from tests.tls_certs import make_certificates
 
@@ -91,6 +92,25 @@ def test_pika_and_aio_pika_publish_and_consume_over_tls(own_broker, tmp_path, ce
         ("amqp/ssl", port), ("https", broker.management_port), ("amqp", broker.port)}
     assert https_get(broker, "/api/health/checks/certificate-expiration/1/months", certificates) == (
         200, {"status": "ok"})
+
+
+def test_warrenctl_trusts_a_private_ca_it_is_given_and_says_so_when_an_http_url_meets_https(own_broker, tmp_path,
+                                                                                            certificates):
+    broker, _ = tls_broker(own_broker, tmp_path, certificates)
+    wait_for_port(broker.host, broker.management_port, broker.process)
+
+    def warrenctl(url: str, *options: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "warrenctl", *options, "list_vhosts"], cwd=REPO_ROOT,
+                              env={**os.environ, "WARREN_MANAGEMENT_URL": url}, capture_output=True, text=True,
+                              timeout=60)
+
+    https = f"https://localhost:{broker.management_port}"
+    trusted = warrenctl(https, "--cacert", certificates.path("ca.pem"))
+    assert (trusted.returncode, trusted.stdout) == (0, "Listing vhosts ...\nname\n/\n"), trusted.stderr
+    untrusted = warrenctl(https)
+    assert untrusted.returncode == 69 and "CERTIFICATE_VERIFY_FAILED" in untrusted.stderr, untrusted.stderr
+    plain = warrenctl(f"http://localhost:{broker.management_port}")
+    assert plain.returncode == 69 and "give an https:// URL" in plain.stderr, plain.stderr
 
 
 def test_a_client_that_does_not_trust_the_servers_ca_fails_its_handshake(own_broker, tmp_path, certificates):
