@@ -438,6 +438,11 @@ def test_nodes_show_the_node_with_its_alarms(broker):
     assert request(broker, "GET", f"/api/nodes/{quote(node['name'])}").body["name"] == node["name"]
 
 
+def test_nodes_give_only_the_columns_asked_for(broker):
+    nodes = request(broker, "GET", "/api/nodes?columns=name,running").body
+    assert nodes and all(set(node) == {"name", "running"} and node["running"] is True for node in nodes)
+
+
 def test_nodes_are_for_monitoring_users(broker, unique):
     with user(broker, unique, "pw", "management"):
         reply = request(broker, "GET", "/api/nodes", user=unique, password="pw")

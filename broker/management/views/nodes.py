@@ -14,6 +14,7 @@ from aiohttp import web
 from broker.connection.alarms.disk import free_bytes
 from broker.connection.alarms.memory import resident_bytes
 from broker.management import http
+from broker.management.resources import listing
 from broker.model.exchange import EXCHANGE_TYPES
 
 if TYPE_CHECKING:
@@ -80,7 +81,7 @@ def node_entry(started: float, data_dir: Path, memory_limit: int, alarms: Collec
 @routes.get("/api/nodes")
 async def list_nodes(request: web.Request) -> web.Response:
     http.require(request, "monitoring")
-    return http.reply([node_json(request)])
+    return await listing(request, [node_json(request)], pageable=False)
 
 
 @routes.get("/api/nodes/{name}")
