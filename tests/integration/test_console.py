@@ -149,7 +149,9 @@ def test_create_a_queue_publish_see_the_count_purge_and_a_rate_chart(browser, co
 
 
 def test_an_administrator_closes_a_connection_and_adds_a_user(browser, console_broker, unique):
-    conn = connect(console_broker)
+    parameters = pika.URLParameters(console_broker.url)
+    parameters.client_properties = {"connection_name": f"{unique}-orders"}  # (shown beside the connection's name)
+    conn = pika.BlockingConnection(parameters)
     log_in(browser, console_broker)
     wait(browser, lambda d: d.find_element(By.CSS_SELECTOR, "main[data-page=overview]"))
     with connected(console_broker, f"{unique}-device"):  # an MQTT client is listed beside the AMQP one
@@ -157,6 +159,7 @@ def test_an_administrator_closes_a_connection_and_adds_a_user(browser, console_b
         wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "button.close-connection")) == 2)
         listed = text_of(browser, "main")
         assert "AMQP 0-9-1" in listed and "MQTT 3.1.1" in listed and f"MQTT client {unique}-device" in listed
+        assert f"({unique}-orders)" in listed
     wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "button.close-connection")) == 1)
     screenshot(browser, "connections")
     click(browser, By.CSS_SELECTOR, "button.close-connection")

@@ -436,7 +436,7 @@ async function exchanges() {
 async function connections() {
   const [list, channels] = await Promise.all([api("GET", "/connections"), api("GET", "/channels")]);
   return el("div", {}, el("h1", {}, `Connections (${list.length})`), table([
-    {title: "Name", value: (c) => c.name},
+    {title: "Name", value: (c) => (c.user_provided_name ? `${c.name} (${c.user_provided_name})` : c.name)},
     {title: "Client", value: (c) => [(c.client_properties || {}).product, (c.client_properties || {}).client_id]
       .filter((part) => typeof part === "string").join(" ")},
     {title: "Protocol", value: (c) => c.protocol},
