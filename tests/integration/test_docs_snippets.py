@@ -10,6 +10,7 @@ import os
 import re
 import shlex
 import shutil
+import ssl
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,8 @@ import pika
 import pytest
 
 from broker.__main__ import parse_args
-from broker.config import load_config
+from broker.config import Config, load_config
+from broker.connection.tls import server_context
 from tests.conftest import REPO_ROOT
 
 SKETCHES = {"design.md", "scale-out.md"}
@@ -129,7 +131,7 @@ SHELL_COMMANDS = [(page, words) for page, code in blocks("sh") for words in comm
 
 @pytest.mark.parametrize("page, words", SHELL_COMMANDS, ids=lambda value: " ".join(value)[:50]
                          if isinstance(value, list) else value)
-def test_a_shell_command_runs_or_names_what_exists(page, words, broker):
+def test_a_shell_command_runs_or_names_what_exists(page, words, broker, tmp_path):
     program, arguments = words[0], words[1:]
     if program in TOOLS:
         if program == "rabbitmqadmin" and shutil.which("rabbitmqadmin") is None:
@@ -154,5 +156,13 @@ def test_a_shell_command_runs_or_names_what_exists(page, words, broker):
         assert (REPO_ROOT / arguments[arguments.index("-f") + 1]).is_file()
     elif program.startswith("tools/"):
         assert os.access(REPO_ROOT / program, os.X_OK)
+    elif program == "openssl":  # (a recipe for certificates: it makes them, in a folder of the test's own)
+        if shutil.which("openssl") is None:
+            pytest.skip("openssl is not installed")
+        result = subprocess.run(words, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        if (tmp_path / "server.pem").exists():  # what it made is a certificate Warren takes, and a client trusts
+            server_context(Config(tls_certfile=str(tmp_path / "server.pem"), tls_keyfile=str(tmp_path / "server.key")))
+            ssl.create_default_context(cafile=str(tmp_path / "server.pem"))
     else:
         assert program == "apt-get", f"{page}: no check for {program!r}"
