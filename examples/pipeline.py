@@ -1,7 +1,6 @@
 """Example pipeline: orders from one queue -> Spark transformation -> enriched orders on another queue.
 
-With a broker listening on 127.0.0.1:5672 (`make run`) and the packages installed (`make test`, or
-`pip install -e '.[spark]'`):
+With a broker listening on 127.0.0.1:5672 (`make run`) and the connector's packages installed (`make spark`):
 
     .venv/bin/python examples/pipeline.py --seed 10000
 
@@ -25,11 +24,12 @@ ORDER_SCHEMA = "id INT, customer STRING, amount DOUBLE, currency STRING"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--uri", default="amqp://guest:guest@127.0.0.1:5672/%2F", help="broker to read from and write to")
     parser.add_argument("--source", default="orders", help="queue the orders are read from")
     parser.add_argument("--target", default="orders.enriched", help="queue the enriched orders are published to")
-    parser.add_argument("--checkpoint", default="/tmp/warren-example-checkpoint", help="Spark checkpoint directory")
+    parser.add_argument("--checkpoint", default="warren-examples/pipeline/checkpoint",
+                        help="Spark checkpoint directory (default under the current directory)")
     parser.add_argument("--seed", type=int, default=0, help="publish this many sample orders before starting")
     parser.add_argument("--max-per-batch", type=int, default=None, help="maxMessagesPerBatch of the source")
     parser.add_argument("--continuous", action="store_true", help="keep running instead of draining once")

@@ -1,13 +1,12 @@
 """Example replay pipeline: a stream queue read exactly once into Parquet, one directory per micro-batch.
 
-With a broker listening on 127.0.0.1:5672 (`make run`) and the packages installed (`make test`, or
-`pip install -e '.[spark]'`):
+With a broker listening on 127.0.0.1:5672 (`make run`) and the connector's packages installed (`make spark`):
 
     .venv/bin/python examples/stream_replay.py --seed 100000
 
-declares the stream queue `events` (if needed), publishes that many events with publisher confirms, reads the
-stream from its earliest offset until the tail seen at start (Trigger.AvailableNow) into
-`/tmp/warren-replay/output/batch=<id>/`, and prints how many rows and distinct offsets the output holds. Each
+declares the stream queue `replay.events` (if needed), publishes that many events with publisher confirms, reads
+the stream from its earliest offset until the tail seen at start (Trigger.AvailableNow) into
+`warren-examples/replay/output/batch=<id>/` (under the current directory), and prints how many rows and distinct offsets the output holds. Each
 micro-batch overwrites its own directory, so a batch replayed after a crash replaces what its first attempt left:
 kill the script at any point (`--continuous` keeps it running) and run it again, and the output holds every
 message exactly once. `--fresh` starts over (deletes the output and the checkpoint).
@@ -31,11 +30,12 @@ from spark_connector.publisher import ConfirmedPublisher  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--uri", default="amqp://guest:guest@127.0.0.1:5672/%2F", help="broker to read from")
-    parser.add_argument("--stream", default="events", help="stream queue to read (declared if missing)")
-    parser.add_argument("--output", default="/tmp/warren-replay/output", help="Parquet output directory")
-    parser.add_argument("--checkpoint", default="/tmp/warren-replay/checkpoint", help="Spark checkpoint directory")
+    parser.add_argument("--stream", default="replay.events", help="stream queue to read (declared if missing)")
+    parser.add_argument("--output", default="warren-examples/replay/output", help="Parquet output directory")
+    parser.add_argument("--checkpoint", default="warren-examples/replay/checkpoint",
+                        help="Spark checkpoint directory")
     parser.add_argument("--seed", type=int, default=0, help="publish this many events before starting")
     parser.add_argument("--max-per-trigger", type=int, default=5000, help="maxOffsetsPerTrigger of the source")
     parser.add_argument("--min-partitions", type=int, default=4, help="minPartitions of the source")

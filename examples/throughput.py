@@ -169,8 +169,8 @@ def declare(channel, queue: str, stream: bool = False) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--uri", default="amqp://guest:guest@127.0.0.1:5672/%2F")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--uri", default="amqp://guest:guest@127.0.0.1:5672/%2F", help="the broker to measure")
     parser.add_argument("--rows", type=int, default=200_000, help="messages for the queue source and the sink")
     parser.add_argument("--stream-rows", type=int, default=1_000_000, help="messages for the stream source")
     args = parser.parse_args()
