@@ -133,6 +133,8 @@ class Keys:
         self.leader = f"{prefix}/leader"
         self.isr = f"{prefix}/isr"
         self.members = f"{prefix}/members/"
+        # every node that ever registered, its latest addresses, bound to no lease: the cluster's membership
+        self.known = f"{prefix}/known/"
         self.secret = f"{prefix}/secret"
         self.preferred = f"{prefix}/preferred"
         # the nodes in maintenance (drained): one key per node, its id after this, for the whole cluster
@@ -140,6 +142,9 @@ class Keys:
 
     def member(self, node_id: str) -> str:
         return self.members + node_id
+
+    def known_member(self, node_id: str) -> str:
+        return self.known + node_id
 
     def setting(self, name: str) -> str:
         return f"{self.prefix}/settings/{name}"
@@ -185,11 +190,15 @@ class Coordinator(Protocol):
         not answer within about lease_ttl/3 (lease_alive then lapses on its own unless a later refresh succeeds)."""
 
     async def register(self, member: Member) -> None:
-        """Publish this node's addresses under members/, bound to the lease (gone when the lease goes).
-        Raises LeaseExpired when the lease is gone."""
+        """Publish this node's addresses under members/, bound to the lease (gone when the lease goes), and under
+        known/, bound to none. Raises LeaseExpired when the lease is gone."""
 
     async def members(self) -> dict[str, Member]:
         """The registered members by node id."""
+
+    async def known(self) -> dict[str, Member]:
+        """Every node that ever registered, running or not, by node id (as RabbitMQ lists its cluster's stopped
+        nodes)."""
 
     async def campaign(self, leader: Member) -> int | None:
         """One attempt to become leader: create the leader key bound to the lease if there is none. The epoch

@@ -101,10 +101,18 @@ class EtcdCoordinator(LeaseHolder):
     async def register(self, member: Member) -> None:
         key = self.keys.member(member.node_id).encode()
         await self._call(lambda client: client.put(key, member.to_json().encode(), lease=self._lease_id))
+        known = self.keys.known_member(member.node_id).encode()
+        await self._call(lambda client: client.put(known, member.to_json().encode()))
 
     async def members(self) -> dict[str, Member]:
-        found = await self._call(lambda client: client.get_prefix(self.keys.members.encode()))
-        return {kv.key.decode().removeprefix(self.keys.members): Member.from_json(kv.value) for kv in found}
+        return await self._members_under(self.keys.members)
+
+    async def known(self) -> dict[str, Member]:
+        return await self._members_under(self.keys.known)
+
+    async def _members_under(self, prefix: str) -> dict[str, Member]:
+        found = await self._call(lambda client: client.get_prefix(prefix.encode()))
+        return {kv.key.decode().removeprefix(prefix): Member.from_json(kv.value) for kv in found}
 
     async def campaign(self, leader: Member) -> int | None:
         key = self.keys.leader.encode()

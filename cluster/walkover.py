@@ -40,6 +40,9 @@ class WalkoverCoordinator:
     async def members(self) -> dict[str, Member]:
         return {self.node_id: self._member} if self._member is not None else {}
 
+    async def known(self) -> dict[str, Member]:
+        return await self.members()
+
     async def campaign(self, leader: Member) -> int | None:
         self._epochs += 1
         self._leader = Leader(leader, self._epochs)

@@ -50,7 +50,9 @@ from broker.management.views.nodes import node_entry
 from broker.model.definitions import VHOST_SECTIONS, export_node_wide, of_vhosts
 from broker.model.node import Node
 from broker.model.queue import Queue
-from broker.workers.board import CLUSTER_SECRET, PLACEMENT_KEY, BoardCopy, group_key, maintenance_key, members_key
+from broker.workers.board import (
+    CLUSTER_SECRET, PLACEMENT_KEY, BoardCopy, group_key, known_key, maintenance_key, members_key,
+)
 from broker.workers.control import CONTROL_LINE_LIMIT, WorkerControl, receive, run_worker, send
 from broker.workers.logins import NodeLoginThrottle
 from broker.workers.placement import RecordedPlacement, Recorder, pins_of, worker_data_dir
@@ -413,13 +415,15 @@ async def agree_on_workers(coordinator: Coordinator, workers: int) -> str | None
 
 
 async def keep_up(cluster: ClusterNode, board: BoardCopy, number: int) -> None:
-    """Keep the members, as etcd has them, posted on the board for the API's list of nodes (while etcd does not
-    answer, those posted stay)."""
+    """Keep the members, and every node ever registered, as etcd has them, posted on the board for the API's list of
+    nodes (while etcd does not answer, those posted stay)."""
     while True:
         try:
-            listed = members_posted((await cluster.coordinator.members()).values())
-            if board.entries.get(members_key(number)) != listed:
-                board.post({members_key(number): listed})
+            posts = {members_key(number): members_posted((await cluster.coordinator.members()).values()),
+                     known_key(number): members_posted((await cluster.coordinator.known()).values())}
+            changed = {key: value for key, value in posts.items() if board.entries.get(key) != value}
+            if changed:
+                board.post(changed)
         except CoordinatorError:
             pass
         await asyncio.sleep(cluster.ttl / 2)

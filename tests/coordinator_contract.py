@@ -155,6 +155,7 @@ async def members_vanish_with_their_lease(nodes: Nodes) -> None:
     assert await a.members() == {"a": member("a"), "b": member("b")}
     await nodes.expire(a)
     assert await b.members() == {"b": member("b")}
+    assert await b.known() == {"a": member("a"), "b": member("b")}  # (a node known, running or not)
 
 
 @check

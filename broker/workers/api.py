@@ -37,9 +37,9 @@ from broker.management.forwarding import (
     NODE_ITSELF, Answer, ApiClient, Body, body_of, from_other_nodes, other_nodes_context, unavailable,
 )
 from broker.management.resources import listing, sorted_bindings
-from broker.management.views.nodes import NOT_CLUSTERED
+from broker.management.views.nodes import NOT_CLUSTERED, down_node
 from broker.model.definitions import VHOST_SECTIONS, of_vhosts
-from broker.workers.board import CLUSTER_SECRET, nodes_of
+from broker.workers.board import CLUSTER_SECRET, known_key, nodes_of
 from broker.workers.moving import MoveError
 from broker.workers.placement import PlacementError
 
@@ -130,6 +130,8 @@ class Gateway:
         self.supervisor = supervisor
         self.apis = WorkerApis(supervisor)
         self.failed_logins = LoginThrottle()  # refused API logins per address, counted for every worker
+        # the node names each other node of the cluster last listed for its workers (shown again while it is down)
+        self.names: dict[str, list[str]] = {}
         self.routes = web.Application()  # the usual API's routes, to tell what a path names
         for view in VIEWS:
             self.routes.add_routes(view.routes)
@@ -403,12 +405,23 @@ class Gateway:
             return verdict.response()
         items = self.entries(own)
         here = self.supervisor.config.cluster_node_id
-        members = nodes_of(self.supervisor.board.entries, len(self.workers))  # (none outside a cluster)
-        others = [(address["host"], address["api"]) for node, address in members.items()
+        workers = len(self.workers)
+        board = self.supervisor.board.entries
+        members = nodes_of(board, workers)  # (none outside a cluster)
+        others = [(node, (address["host"], address["api"])) for node, address in members.items()
                   if node != here and address["api"]]
-        for answer in await asyncio.gather(*(self.apis.ask_at(target, NODE_ITSELF, request, path_qs=NODES,
-                                                              method="GET") for target in others)):
-            items += answer.json() if answer.status == 200 else []  # (a node that does not answer: logged)
+        answers = await asyncio.gather(*(self.apis.ask_at(target, NODE_ITSELF, request, path_qs=NODES, method="GET")
+                                         for _, target in others))
+        answered = set()
+        for (node, _), answer in zip(others, answers):
+            if answer.status == 200:  # (a node that does not answer is logged, and listed as not running)
+                entries = answer.json()
+                items += entries
+                answered.add(node)
+                self.names[node] = [entry.get("name", "") for entry in entries]
+        for node in sorted(set(nodes_of(board, workers, known_key)) - answered - {here}):
+            items += [down_node(name) for name in self.names.get(node) or
+                      [http.worker_name(worker, node, workers) for worker in range(workers)]]
         items = http.sorted_by(items, "name")
         if name is None:
             return await listing(request, items, pageable=False)

@@ -36,15 +36,22 @@ def members_key(group: int) -> str:
     return f"members {group}"
 
 
+def known_key(group: int) -> str:
+    """A clustered node's key for every node that ever registered in a replication group, running or not: {node:
+    {"host", "api"}}, as members_key's."""
+    return f"known {group}"
+
+
 def maintenance_key(worker: int) -> str:
     """A clustered node's key for whether a worker has taken the node's maintenance in (True: its front doors
     take no client, cluster.node), for a drain or a revive to wait on."""
     return f"maintenance {worker}"
 
 
-def nodes_of(board: dict[str, Any], groups: int) -> dict[str, dict]:
-    """Every node registered in any of a clustered node's groups, as its board says: node -> {"host", "api"}."""
-    return {node: address for group in range(groups) for node, address in (board.get(members_key(group)) or {}).items()}
+def nodes_of(board: dict[str, Any], groups: int, key: Callable[[int], str] = members_key) -> dict[str, dict]:
+    """Every node registered in any of a clustered node's groups, as its board says: node -> {"host", "api"} (with
+    known_key: every node that ever registered, running or not)."""
+    return {node: address for group in range(groups) for node, address in (board.get(key(group)) or {}).items()}
 
 
 def led_elsewhere(node: str) -> Callable[[str, Any], bool]:

@@ -78,6 +78,13 @@ def node_entry(started: float, data_dir: Path, memory_limit: int, alarms: Collec
     }
 
 
+def down_node(name: str) -> dict:
+    """A node of the cluster that does not run now (its lease gone, or its API silent), as RabbitMQ lists a
+    stopped node: its name, and what it is."""
+    return {"name": name, "type": "disc", "running": False, "being_drained": False, "partitions": [],
+            "cluster_links": []}
+
+
 @routes.get("/api/nodes")
 async def list_nodes(request: web.Request) -> web.Response:
     http.require(request, "monitoring")

@@ -158,11 +158,18 @@ class MemoryCoordinator(LeaseHolder):
     async def register(self, member: Member) -> None:
         self.etcd.check()
         self.etcd.put(self.keys.member(member.node_id), member.to_json(), self._lease_id)
+        self.etcd.put(self.keys.known_member(member.node_id), member.to_json())
 
     async def members(self) -> dict[str, Member]:
+        return self._members_under(self.keys.members)
+
+    async def known(self) -> dict[str, Member]:
+        return self._members_under(self.keys.known)
+
+    def _members_under(self, prefix: str) -> dict[str, Member]:
         self.etcd.check()
-        entries = self.etcd.get_prefix(self.keys.members)
-        return {key.removeprefix(self.keys.members): Member.from_json(entry.value) for key, entry in entries.items()}
+        entries = self.etcd.get_prefix(prefix)
+        return {key.removeprefix(prefix): Member.from_json(entry.value) for key, entry in entries.items()}
 
     async def campaign(self, leader: Member) -> int | None:
         self.etcd.check()
