@@ -12,4 +12,8 @@ os.chdir(os.path.dirname(os.path.abspath(__file__)))  # (mypyc takes the sources
 sys.path.insert(0, os.getcwd())
 from broker import compiled  # noqa: E402  (the tree's own, which the build env does not install)
 
-setup(ext_modules=compiled.extensions() if os.environ.get("WARREN_COMPILE") != "0" else [])
+# The commands that build what they install (the metadata's, egg_info and dist_info, need nothing compiled: mypyc would
+# check and translate every module for nothing before the build itself does it again)
+BUILDING = ("bdist_wheel", "build", "build_ext", "install", "develop", "editable_wheel")
+wanted = os.environ.get("WARREN_COMPILE") != "0" and any(command in sys.argv[1:] for command in BUILDING)
+setup(ext_modules=compiled.extensions() if wanted else [])
