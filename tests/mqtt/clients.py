@@ -14,6 +14,9 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.properties import Properties
 from paho.mqtt.packettypes import PacketTypes
 
+from tests.integration.management import request
+from tests.waiting import wait_for
+
 TIMEOUT = 10.0  # seconds any one step may take
 
 
@@ -214,3 +217,10 @@ def _varint(value: int) -> bytes:
         out.append(byte | (0x80 if value else 0))
         if not value:
             return bytes(out)
+
+
+def wait_until_gone(broker, client_id: str) -> None:
+    """Wait until the broker no longer lists a connection of the client id (it noticed the client went)."""
+    wait_for(lambda: not [connection for connection in request(broker, "GET", "/api/connections").body
+                          if connection["client_properties"].get("client_id") == client_id], 10,
+             f"the connection of {client_id} gone")

@@ -13,7 +13,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 from tests.conftest import wait_for_port
 from tests.integration.helpers import RABBITMQ4
 from tests.integration.management import quote, request
-from tests.mqtt.clients import Client, RawClient, connect_packet, connected, user_properties
+from tests.mqtt.clients import Client, RawClient, connect_packet, connected, user_properties, wait_until_gone
 from tests.waiting import wait_for
 
 pytestmark = list(RABBITMQ4)  # (MQTT 5.0 came with RabbitMQ 3.13)
@@ -348,8 +348,7 @@ def test_a_held_will_goes_when_due_after_a_restart(own_broker, unique):
     dying.paho.will_set(f"{unique}/status", b"gone", 1, properties=will_properties(WillDelayInterval=10))
     dying.connect(connect_properties(SessionExpiryInterval=60))
     dying.drop()
-    wait_for(lambda: not [c for c in request(broker, "GET", "/api/connections").body
-                          if c["client_properties"].get("client_id") == f"{unique}-d"], 10, "the drop noticed")
+    wait_until_gone(broker, f"{unique}-d")
     assert request(broker, "GET", f"/api/queues/%2F/{quote(unique)}").body["messages"] == 0  # (held back)
     broker.restart()  # (stopped as an operator stops it: a kill at once may come before the disk has the will)
     connection = pika.BlockingConnection(pika.URLParameters(broker.url))
@@ -393,8 +392,7 @@ def test_a_no_local_subscription_takes_no_message_of_an_earlier_connection_of_it
     assert first.receive().payload == b"from another"  # (unacknowledged: the receive maximum holds what follows)
     first.publish(f"{unique}/chat", b"its own", qos=1)
     first.drop()
-    wait_for(lambda: not [c for c in request(broker, "GET", "/api/connections").body
-                          if c["client_properties"].get("client_id") == f"{unique}-c"], 10, "the drop noticed")
+    wait_until_gone(broker, f"{unique}-c")
     again = Client(broker, f"{unique}-c", version=5, clean=False)
     again.connect(connect_properties(SessionExpiryInterval=0))
     try:

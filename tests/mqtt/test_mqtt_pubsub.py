@@ -7,9 +7,7 @@ import pika
 import pytest
 
 from tests.integration.helpers import beyond_rabbitmq, rabbitmq4
-from tests.integration.management import request
-from tests.mqtt.clients import Client, RawClient, connect_packet, connected
-from tests.waiting import wait_for
+from tests.mqtt.clients import Client, RawClient, connect_packet, connected, wait_until_gone
 
 
 def test_a_qos1_message_reaches_a_qos1_subscriber_as_published(broker, unique):
@@ -80,9 +78,7 @@ def test_a_qos2_publish_sent_again_by_the_next_connection_of_its_session_is_publ
         assert first.read(4) == b"\x50\x02\x00\x07"  # PUBREC
         if not takeover:
             first.close()  # (gone before its PUBREL)
-            wait_for(lambda: not [c for c in request(broker, "GET", "/api/connections").body
-                                  if c["client_properties"].get("client_id") == f"{unique}-raw"], 10,
-                     "the first connection gone")
+            wait_until_gone(broker, f"{unique}-raw")
         second = RawClient(broker)
         second.send(connect_packet(f"{unique}-raw", clean=False))
         assert second.read(4) == b"\x20\x02\x01\x00"  # (session present)
