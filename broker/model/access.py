@@ -232,6 +232,12 @@ class ChannelAccess:
             self.writable.clear()
         self.writable.add(exchange)
 
+    def check_published_keys(self, exchange: "Exchange", keys: list[str]) -> None:
+        """A publish's topic check: every key it is routed by (its CC and BCC keys too, as RabbitMQ 4.x checks them;
+        3.x checked its own routing key alone)."""
+        for key in keys:
+            self.check_topic(WRITE, exchange, key)
+
     def check_topic(self, access: str, exchange: "Exchange", key: str) -> None:
         """Raise RabbitMQ's 403 unless the user's topic permission on a topic exchange (if it has one there) allows
         the routing key for access: "write" to publish with it, "read" to bind with it."""

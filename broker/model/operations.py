@@ -202,8 +202,7 @@ def publish(actor: Actor, exchange_name: str, routing_keys: list[str], message: 
     exchange = vhost.get_exchange(exchange_name)
     if exchange.internal:
         raise internal_exchange_refusal(exchange_name, vhost.name)
-    for key in routing_keys:  # (its CC and BCC keys too, as RabbitMQ 4.x checks them; 3.x checked only its own)
-        access.check_topic(WRITE, exchange, key)
+    access.check_published_keys(exchange, routing_keys)
     properties = message.properties
     if properties.expiration is not None:
         parse_expiration(properties.expiration)

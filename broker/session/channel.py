@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Callable, Final
 
 from pamqp import base, commands as spec
 
-from broker.model.access import WRITE, ChannelAccess, internal_exchange_refusal, user_id_refusal
+from broker.model.access import ChannelAccess, internal_exchange_refusal, user_id_refusal
 from broker.model.features.delayed_messages import delay_of
 from broker.model.features.expiry import parse_expiration
 from broker.model.features.redelivery import DelayedRetry
@@ -323,8 +323,7 @@ class Channel:
         if message.scan.has_headers:
             message, routing_keys = _sender_selected(message, routing_key)
         if access.topics is not None:  # (the user has topic permissions in the vhost: rarely)
-            for key in routing_keys:  # (its CC and BCC keys too, as RabbitMQ 4.x checks them; 3.x checked only its own)
-                access.check_topic(WRITE, exchange, key)
+            access.check_published_keys(exchange, routing_keys)
         if (tx := self.tx) is not None:
             tx.publishes.append(lambda held=None: self._route(exchange, routing_keys, mandatory, message, None, held))
             return

@@ -31,7 +31,6 @@ from broker.connection.mqtt.replies import ChannelReplies
 from broker.connection.mqtt.retained_out import RetainedSender
 from broker.connection.mqtt.subscriptions import SHARED_TAG_PREFIX, Subscriptions, qos_of_consumer, queue_name
 from broker.connection.peer_log import PeerLog
-from broker.model.access import WRITE
 from broker.model.operations import Actor, delete_queue
 from broker.session.channel import Channel
 from protocol import mqtt
@@ -549,7 +548,7 @@ class MqttConnection(asyncio.Protocol):
             access, exchange = self.channel.access, self.config.mqtt_exchange
             access.check_publish(exchange)
             if (found := self.vhost.exchanges.get(exchange)) is not None:
-                access.check_topic(WRITE, found, topics.routing_key(packet.topic))
+                access.check_published_keys(found, [topics.routing_key(packet.topic)])
             self.server.node.retained.put(self.vhost.name, packet.topic, packet.payload, qos,
                                           _retained_properties(packet.properties))
 
