@@ -12,16 +12,14 @@ because they only mean something on this connection's channel.
 from __future__ import annotations
 
 import threading
-from collections import deque
 from collections.abc import Callable
-from itertools import islice
 from typing import Any, TypeVar
 
 import pika
 import pika.exceptions
 
 from spark_connector.options import SourceOptions
-from spark_connector.schema import Delivery, property_values
+from spark_connector.schema import QueueRows
 
 T = TypeVar("T")
 
@@ -40,10 +38,9 @@ class BackgroundConsumer:
     def __init__(self, options: SourceOptions) -> None:
         self._options = options
         self._changed = threading.Condition()  # guards every field below; notified when the thread reports
-        # (delivery tag, (exchange, routing key, redelivered, properties, body)) of unacked deliveries, as pika gave
-        # them: the consuming thread does no more with them, as it reads for the whole query
-        self._buffer: deque[tuple[int, tuple]] = deque()
-        self._first_buffered = 1  # sequence number of the buffer's first entry
+        self._rows = QueueRows()  # the unacknowledged deliveries, in arrival order
+        self._tags: list[int] = []  # their delivery tags, in the same order
+        self._first_buffered = 1  # sequence number of the first unacknowledged delivery
         self._received = 0  # deliveries received so far (= sequence number of the latest)
         self._wanted: int | None = None  # `_received` value a waiter is blocked for (deliveries notify only then)
         self._consuming = False  # basic.consume succeeded
@@ -138,9 +135,9 @@ class BackgroundConsumer:
         return queue, ok.method.message_count
 
     def _on_message(self, channel: Any, method: Any, properties: Any, body: bytes) -> None:
-        delivery = (method.exchange, method.routing_key, method.redelivered, properties, body)
         with self._changed:
-            self._buffer.append((method.delivery_tag, delivery))
+            self._rows.add(method, properties, body)
+            self._tags.append(method.delivery_tag)
             self._received += 1
             if self._wanted is not None and self._received >= self._wanted:
                 self._changed.notify_all()
@@ -166,16 +163,15 @@ class BackgroundConsumer:
         self._raise_if_failed()
         return self._received >= count
 
-    def deliveries(self, after: int, through: int) -> list[Delivery]:
-        """The deliveries numbered after+1 .. through (all must still be unacknowledged), for a task to turn into
-        rows (schema.source_batches)."""
+    def rows(self, after: int, through: int, encoding: str | None) -> bytes:
+        """The deliveries numbered after+1 .. through (all must still be unacknowledged) as an Arrow IPC stream of
+        the source's rows (QueueRows.arrow_stream)."""
         with self._changed:
             start = after + 1 - self._first_buffered
             if start < 0:
                 raise AssertionError(f"deliveries after {after} were already acknowledged")
-            taken = list(islice(self._buffer, start, start + through - after))
-        return [(exchange, routing_key, redelivered, body, property_values(properties))
-                for _, (exchange, routing_key, redelivered, properties, body) in taken]
+            taken = self._rows.copy(start, start + through - after)
+        return taken.arrow_stream(encoding)
 
     def ready_count(self) -> int:
         """Messages ready in the consumed queue now (asked on the consuming channel)."""
@@ -187,11 +183,11 @@ class BackgroundConsumer:
             count = sequence - self._first_buffered + 1
             if count <= 0:
                 return
-            tag = self._buffer[count - 1][0]
+            tag = self._tags[count - 1]
         self._call(lambda: self._channel.basic_ack(tag, multiple=True))
         with self._changed:
-            for _ in range(count):
-                self._buffer.popleft()
+            self._rows.drop(count)
+            del self._tags[:count]
             self._first_buffered += count
 
     def _call(self, function: Callable[[], T]) -> T:

@@ -10,7 +10,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-DEFAULT_PREFETCH = 10000
+# The queue source's window: a micro-batch is at most half of it, and Spark's fixed cost per batch (about 150 ms)
+# is paid per batch, so the window is large; the driver holds up to this many messages
+DEFAULT_PREFETCH = 60000
+MAX_PREFETCH = 65535  # basic.qos's prefetch-count is an unsigned short
 DEFAULT_CONFIRM_WINDOW = 1000
 DEFAULT_STREAM_PREFETCH = 1000
 
@@ -47,6 +50,14 @@ def _int_at_least(options: Mapping[str, str], name: str, role: str, default: int
 
 def _positive_int(options: Mapping[str, str], name: str, role: str, default: int | None) -> int | None:
     return _int_at_least(options, name, role, default, 1)
+
+
+def _prefetch(options: Mapping[str, str], role: str, default: int) -> int:
+    prefetch = _positive_int(options, "prefetch", role, default)
+    if prefetch > MAX_PREFETCH:
+        raise AmqpOptionError(f"amqp {role}: option 'prefetch' must be at most {MAX_PREFETCH} "
+                              f"(AMQP's prefetch count is 16 bits), got {prefetch}")
+    return prefetch
 
 
 def _bool(options: Mapping[str, str], name: str, role: str, default: bool) -> bool:
@@ -99,7 +110,7 @@ class SourceOptions:
         binding_key = _get(options, "bindingKey")
         if binding_key is not None and exchange is None:
             raise AmqpOptionError("amqp source: option 'bindingKey' needs option 'exchange'")
-        prefetch = _positive_int(options, "prefetch", role, DEFAULT_PREFETCH)
+        prefetch = _prefetch(options, role, DEFAULT_PREFETCH)
         return cls(
             uri=_uri(options, role),
             queue=queue,
@@ -168,7 +179,7 @@ class StreamSourceOptions:
             min_partitions=_positive_int(options, "minPartitions", role, 1),
             max_records_per_partition=_positive_int(options, "maxRecordsPerPartition", role, None),
             fail_on_data_loss=_bool(options, "failOnDataLoss", role, True),
-            prefetch=_positive_int(options, "prefetch", role, DEFAULT_STREAM_PREFETCH),
+            prefetch=_prefetch(options, role, DEFAULT_STREAM_PREFETCH),
         )
 
 

@@ -81,30 +81,74 @@ def _header_text(value: Any) -> str | None:
 
 PROPERTY_NAMES = ("content_type", "content_encoding", "headers", "delivery_mode", "priority", "correlation_id",
                   "reply_to", "expiration", "message_id", "timestamp", "type", "user_id", "app_id")
-property_values = operator.attrgetter(*PROPERTY_NAMES)  # a message's properties as a tuple, in that order
-
-# One delivery of the queue source as the driver ships it to a task: exchange, routing key, redelivered, body and
-# property_values; the task turns it into a row
-Delivery = tuple[str, str, bool, bytes, tuple]
+_property_values = operator.attrgetter(*PROPERTY_NAMES)  # a message's properties as a tuple, in that order
 
 
-def source_batches(deliveries: list[Delivery], encoding: str | None) -> Iterator[pa.RecordBatch]:
-    """The rows of `source_schema` for deliveries, as Arrow record batches of ARROW_BATCH_ROWS made a column at a
-    time (Spark would convert tuples one value at a time)."""
-    schema = _arrow_schema(source_schema(encoding is not None))
-    for start in range(0, len(deliveries), ARROW_BATCH_ROWS):
-        exchanges, routing_keys, redelivered, bodies, properties = zip(*deliveries[start:start + ARROW_BATCH_ROWS])
+class QueueRows:
+    """The queue source's unacknowledged deliveries, kept column by column in arrival order: a batch's rows leave the
+    driver as one Arrow IPC stream (a task only reads it back), and no pika object outlives its callback, so the
+    garbage collector has few containers to walk however many deliveries the prefetch window holds."""
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+        self.exchanges: list[str] = []
+        self.routing_keys: list[str] = []
+        self.redelivered: list[bool] = []
+        self.properties: list[tuple] = []  # each delivery's properties, in PROPERTY_NAMES order
+
+    def __len__(self) -> int:
+        return len(self.bodies)
+
+    def add(self, method: pika.spec.Basic.Deliver, properties: pika.BasicProperties, body: bytes) -> None:
+        self.bodies.append(body)
+        self.exchanges.append(method.exchange)
+        self.routing_keys.append(method.routing_key)
+        self.redelivered.append(method.redelivered)
+        self.properties.append(_property_values(properties))
+
+    def drop(self, count: int) -> None:
+        """Forget the first `count` rows (acknowledged)."""
+        for column in self._columns():
+            del column[:count]
+
+    def copy(self, start: int, stop: int) -> QueueRows:
+        """Rows start..stop-1, apart from these (which keep growing)."""
+        rows = QueueRows()
+        rows.bodies, rows.exchanges, rows.routing_keys, rows.redelivered, rows.properties = (
+            column[start:stop] for column in self._columns())
+        return rows
+
+    def _columns(self) -> tuple[list, ...]:
+        return self.bodies, self.exchanges, self.routing_keys, self.redelivered, self.properties
+
+    def arrow_stream(self, encoding: str | None) -> bytes:
+        """The rows as an Arrow IPC stream of `source_schema`, in record batches of ARROW_BATCH_ROWS."""
+        schema = _arrow_schema(source_schema(encoding is not None))
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, schema) as writer:
+            for start in range(0, len(self), ARROW_BATCH_ROWS):
+                writer.write_batch(self._batch(start, start + ARROW_BATCH_ROWS, encoding, schema))
+        return sink.getvalue().to_pybytes()
+
+    def _batch(self, start: int, stop: int, encoding: str | None, schema: pa.Schema) -> pa.RecordBatch:
+        bodies = self.bodies[start:stop]
         (content_types, content_encodings, headers, delivery_modes, priorities, correlation_ids, reply_tos,
-         expirations, message_ids, timestamps, types, user_ids, app_ids) = zip(*properties)
-        columns = [bodies]
+         expirations, message_ids, timestamps, types, user_ids, app_ids) = zip(*self.properties[start:stop])
+        columns: list = [bodies]
         if encoding is not None:
             columns.append([body.decode(encoding, errors="replace") for body in bodies])
-        columns += [exchanges, routing_keys, redelivered, content_types, content_encodings,
+        columns += [self.exchanges[start:stop], self.routing_keys[start:stop], self.redelivered[start:stop],
+                    content_types, content_encodings,
                     [None if table is None else _header_pairs(table) for table in headers],
                     delivery_modes, priorities, correlation_ids, reply_tos, expirations, message_ids,
                     [None if stamp is None else stamp * 1_000_000 for stamp in timestamps], types, user_ids, app_ids]
-        yield pa.RecordBatch.from_arrays([pa.array(column, field.type) for column, field in zip(columns, schema)],
-                                         schema=schema)
+        return pa.RecordBatch.from_arrays([pa.array(column, field.type) for column, field in zip(columns, schema)],
+                                          schema=schema)
+
+
+def read_arrow_stream(data: bytes) -> Iterator[pa.RecordBatch]:
+    """The record batches of an Arrow IPC stream (QueueRows.arrow_stream), without copying their buffers."""
+    yield from pa.ipc.open_stream(data)
 
 
 def _arrow_schema(schema: StructType) -> pa.Schema:

@@ -28,18 +28,21 @@ from pyspark.sql.streaming.datasource import (
 
 from spark_connector.client import BackgroundConsumer
 from spark_connector.options import SourceOptions
-from spark_connector.schema import Delivery, source_batches
+from spark_connector.schema import read_arrow_stream
 
 # How long an AvailableNow batch waits for the deliveries it expects before planning what it has.
 AVAILABLE_NOW_WAIT_SECONDS = 2.0
 
 
 class MessagesPartition(InputPartition):
-    """The deliveries of one batch, shipped from the driver to the executor that turns them into rows."""
+    """The rows of one batch, shipped from the driver to the executor that hands them to Spark."""
 
-    def __init__(self, deliveries: list[Delivery]) -> None:
-        super().__init__(len(deliveries))
-        self.deliveries = deliveries
+    def __init__(self, count: int, rows: bytes) -> None:
+        super().__init__(count)  # the batch's row count
+        self.rows = rows  # an Arrow IPC stream of the source's schema
+
+    def __repr__(self) -> str:
+        return f"MessagesPartition({self.value} rows)"
 
 
 class AmqpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -112,10 +115,10 @@ class AmqpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         first, last = self._start_sequence(start), end["seq"]
         if last <= first:
             return []
-        return [MessagesPartition(self._connected().deliveries(first, last))]
+        return [MessagesPartition(last - first, self._connected().rows(first, last, self._options.body_encoding))]
 
     def read(self, partition: MessagesPartition) -> Iterator[pa.RecordBatch]:
-        return source_batches(partition.deliveries, self._options.body_encoding)
+        return read_arrow_stream(partition.rows)
 
     def commit(self, end: dict) -> None:
         if end.get("run") != self._run or end["seq"] <= self._acked:

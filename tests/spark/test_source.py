@@ -216,6 +216,7 @@ def test_deleting_the_consumed_queue_fails_the_query(spark, broker, amqp, unique
     [
         ({}, "option 'queue' or 'exchange' is required"),
         ({"queue": "q", "prefetch": "many"}, "'prefetch' must be a positive integer, got 'many'"),
+        ({"queue": "q", "prefetch": "65536"}, "'prefetch' must be at most 65535 (AMQP's prefetch count is 16 bits), got 65536"),
         ({"queue": "q", "maxmessagesperbatch": "0"}, "'maxMessagesPerBatch' must be a positive integer, got '0'"),
         ({"queue": "q", "bindingkey": "a.*"}, "'bindingKey' needs option 'exchange'"),
         ({"queue": "q", "bodyencoding": "klingon"}, "'bodyEncoding' names no known text codec: 'klingon'"),

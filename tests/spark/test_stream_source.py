@@ -148,6 +148,7 @@ def test_a_deleted_stream_fails_the_query(spark, broker, amqp, unique, tmp_path)
     ({"stream": "s", "startingOffsets": "earliest", "startingTimestamp": "0"},
      "options 'startingOffsets' and 'startingTimestamp' exclude each other"),
     ({"stream": "s", "maxOffsetsPerTrigger": "0"}, "option 'maxOffsetsPerTrigger' must be a positive integer"),
+    ({"stream": "s", "prefetch": "70000"}, "option 'prefetch' must be at most 65535"),
     ({"stream": "s", "maxTriggerDelay": "soon"}, "option 'maxTriggerDelay' must be a duration"),
     ({"stream": "s", "failOnDataLoss": "maybe"}, "option 'failOnDataLoss' must be 'true' or 'false'"),
 ])
