@@ -18,6 +18,7 @@ COPY storage/ /src/storage/
 COPY cluster/ /src/cluster/
 COPY spark_connector/ /src/spark_connector/
 COPY warrenctl/ /src/warrenctl/
+COPY warrenperf/ /src/warrenperf/
 RUN pip wheel --no-deps --wheel-dir /wheels /src
 
 # The image: the wheel installed, no compiler.

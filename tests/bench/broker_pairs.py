@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from tests.bench.brokers import RunningBroker, start_rabbitmq, start_warren
-from tests.bench.client import BenchConnection, BrokerURL, ConfirmTracker, message_frames
 from tests.bench.scenarios import _publish_confirmed
 from tests.conftest import free_port
 from tests.waiting import wait_for
+from warrenperf.client import BenchConnection, BrokerURL, ConfirmTracker, message_frames
 
 WINDOW = 1000  # publishes kept unconfirmed while preloading
 

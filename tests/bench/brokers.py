@@ -12,10 +12,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.bench.client import BenchConnection, BrokerURL
-from tests.bench.process_memory import descendants, listener_pid
 from tests.conftest import free_port, free_ports_in_a_row
 from tests.waiting import wait_for
+from warrenperf.client import BenchConnection, BrokerURL
+from warrenperf.process_memory import descendants, listener_pid
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RABBITMQ_REF = Path(os.environ.get("WARREN_RABBITMQ_REF", REPO_ROOT / "tools" / "rabbitmq-ref"))

@@ -40,11 +40,11 @@ from pathlib import Path
 
 from tests.bench.brokers import RunningBroker, start_warren
 from tests.bench.compare import RUNS_BY_NAME, BenchRun, _mean, run_loadgen
-from tests.bench.process_memory import cpu_seconds
 from tests.cluster.etcd import NO_ETCD_REASON, EtcdServer, find_etcd
 from tests.cluster.nodes import ACK_TIMEOUT, LEASE_TTL, Cluster
 from tests.cluster.publisher import start_publisher
 from tests.waiting import wait_for
+from warrenperf.process_memory import cpu_seconds
 
 CONFIRMS = RUNS_BY_NAME["confirms-persistent"]  # window 1000, persistent, durable queue, 16 B
 LATENCY = RUNS_BY_NAME["confirm-latency-persistent"]  # window 1

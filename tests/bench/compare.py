@@ -5,9 +5,9 @@
 Starts Warren and a throwaway RabbitMQ on free loopback ports, runs each scenario against both (the load generator
 in its own process, scenario by scenario, brokers alternated W R R W and each broker's two figures averaged, so that
 drift on a shared machine touches both alike), prints a table of figures with the ratio Warren / RabbitMQ, and stops
-both brokers. Scenarios with a publisher and a consumer run them as two processes, the publisher unthrottled (as
-RabbitMQ's PerfTest does). Every rate comes with the broker's CPU time (its process and children) per message
-delivered or confirmed, or per connection.
+both brokers. Scenarios with a publisher and a consumer are warren-perf runs (warrenperf.run): two processes, the
+publisher unthrottled (as RabbitMQ's PerfTest does). Every rate comes with the broker's CPU time (its process and
+children) per message delivered or confirmed, or per connection.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.bench.brokers import REPO_ROOT, BrokerUnavailable, RunningBroker, start_rabbitmq, start_warren
-from tests.bench.loadgen import time_limit
-from tests.bench.process_memory import cpu_seconds
+from warrenperf.roles import Split, time_limit
+from warrenperf.run import run as perf_run
 
 
 @dataclass(frozen=True)
@@ -37,8 +37,8 @@ class Row:
 @dataclass(frozen=True)
 class BenchRun:
     name: str  # what --scenario selects
-    scenario: str  # the load generator's scenario, or "split": a consumer and a producer process
-    extra_args: tuple[str, ...]  # for the load generator (both processes of a split run)
+    scenario: str  # the load generator's scenario, or "split": a warren-perf run (a consumer and a producer process)
+    extra_args: tuple[str, ...]  # for the load generator; for a split run, Split's fields it sets, as (name, value)
     rows: tuple[Row, ...]
     alternate: bool = True  # run W R R W and average; False: once each (a fresh broker's memory)
 
@@ -46,9 +46,9 @@ class BenchRun:
 CPU_PER_MESSAGE = Row("  broker CPU per message (µs)", "cpu us/msg", higher_is_better=False)
 
 
-def _split(name: str, label: str, extra_args: tuple[str, ...] = ()) -> BenchRun:
+def _split(name: str, label: str, **fields) -> BenchRun:
     """A producer process -> broker -> consumer process run: delivery rate and broker CPU per message."""
-    return BenchRun(name, "split", extra_args, (Row(label, "msg/s"), CPU_PER_MESSAGE))
+    return BenchRun(name, "split", tuple(fields.items()), (Row(label, "msg/s"), CPU_PER_MESSAGE))
 
 
 # idle-memory runs first: after message-heavy scenarios freed memory makes RSS growth meaningless.
@@ -59,21 +59,18 @@ RUNS = (
                                     Row("  broker CPU per connection (µs)", "cpu us/conn", higher_is_better=False))),
     BenchRun("publish", "publish", (), (Row("publish, 1 publisher (msg/s)", "msg/s"), CPU_PER_MESSAGE)),
     BenchRun("consume", "consume", (), (Row("consume pre-filled queue, auto-ack (msg/s)", "msg/s"), CPU_PER_MESSAGE)),
-    _split("pubsub", "publisher -> queue -> consumer, auto-ack, 16 B (msg/s)", ("--window", "0")),
-    _split("pubsub-ack", "the same, manual acks: prefetch 100, multiple ack every 50 (msg/s)",
-           ("--window", "0", "--ack-every", "50")),
-    _split("pubsub-1k", "publisher -> queue -> consumer, auto-ack, 1 KiB (msg/s)",
-           ("--window", "0", "--size", "1024")),
-    _split("pubsub-ack-1k", "the same, manual acks, 1 KiB (msg/s)",
-           ("--window", "0", "--ack-every", "50", "--size", "1024")),
-    _split("fanout", "fanout to 10 queues, a consumer each (deliveries/s)", ("--window", "0", "--queues", "10")),
+    _split("pubsub", "publisher -> queue -> consumer, auto-ack, 16 B (msg/s)"),
+    _split("pubsub-ack", "the same, manual acks: prefetch 100, multiple ack every 50 (msg/s)", ack_every=50),
+    _split("pubsub-1k", "publisher -> queue -> consumer, auto-ack, 1 KiB (msg/s)", size=1024),
+    _split("pubsub-ack-1k", "the same, manual acks, 1 KiB (msg/s)", ack_every=50, size=1024),
+    _split("fanout", "fanout to 10 queues, a consumer each (deliveries/s)", queues=10),
     BenchRun("confirms", "confirms", ("--window", "1000"),
              (Row("confirms, window 1000 (msg/s)", "msg/s"), CPU_PER_MESSAGE)),
     BenchRun("confirms-persistent", "confirms", ("--window", "1000", "--persistent"),
              (Row("confirms, persistent, durable queue (msg/s)", "msg/s"), CPU_PER_MESSAGE)),
     _split("confirms-persistent-consumed", "the same, consumed with manual acks meanwhile (msg/s)",
-           ("--window", "1000", "--persistent", "--ack-every", "50")),
-    BenchRun("latency", "split", ("--window", "0", "--rate", "1000", "--latency"), (
+           window=1000, persistent=True, ack_every=50),
+    BenchRun("latency", "split", (("rate", 1000), ("latency", True)), (
         Row("end-to-end latency p50 at 1,000 msg/s (ms)", "p50 ms", higher_is_better=False),
         Row("end-to-end latency p99 at 1,000 msg/s (ms)", "p99 ms", higher_is_better=False))),
     BenchRun("confirm-latency", "confirms", ("--window", "1"),
@@ -118,44 +115,15 @@ def run_loadgen(broker: RunningBroker, run: BenchRun, seconds: float) -> dict[st
     return _figures(done.stdout)
 
 
-def run_split(broker: RunningBroker, run: BenchRun, seconds: float) -> dict[str, float] | str:
-    """A consumer process and a producer process, started together once both are ready; the broker's CPU time is
-    read around the producer's run."""
-    name = f"bench-{run.name}-{os.getpid()}-{next(_names)}"
-    args = [*run.extra_args, "--queue", name]
-    if "--queues" in run.extra_args:
-        args += ["--exchange", name]
-    sides = [subprocess.Popen(_loadgen(broker, role, seconds, args), cwd=REPO_ROOT, stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for role in ("consumer", "producer")]
-    consumer, producer = sides
-    try:
-        for side in sides:
-            if side.stdout.readline().strip() != "ready":
-                side.kill()
-                return _failure(side.communicate()[1], side.wait())
-        before = cpu_seconds(broker.pid)
-        for side in sides:
-            side.stdin.write("go\n")
-            side.stdin.flush()
-        produced, errors = producer.communicate(timeout=time_limit(seconds))
-        if producer.returncode != 0:
-            return _failure(errors, producer.returncode)
-        consumer.stdin.write("stop\n")
-        consumer.stdin.flush()
-        cpu = cpu_seconds(broker.pid) - before
-        consumed, errors = consumer.communicate(timeout=time_limit(seconds))
-        if consumer.returncode != 0:
-            return _failure(errors, consumer.returncode)
-    except subprocess.TimeoutExpired:
-        return "timed out"
-    finally:
-        for side in sides:
-            if side.poll() is None:
-                side.kill()
-    figures = {**_figures(produced), **_figures(consumed)}
-    figures["cpu us/msg"] = cpu * 1e6 / figures["delivered"] if figures["delivered"] else 0.0
-    return figures
+def run_split(broker: RunningBroker, bench: BenchRun, seconds: float) -> dict[str, float] | str:
+    """A warren-perf run of one consumer and one producer process; the broker's CPU time read around the
+    producer's run."""
+    name = f"bench-{bench.name}-{os.getpid()}-{next(_names)}"
+    fields = dict(bench.extra_args)
+    split = Split(**{"exchange": name if fields.get("queues", 1) > 1 else "", "queue": name, "queues": 1, "size": 16,
+                     "persistent": False, "ack_every": 0, "prefetch": 100, "window": 0, "rate": 0, "latency": False,
+                     **fields})
+    return perf_run(broker.url, split, seconds, broker_pid=broker.pid)
 
 
 def _mean(first: dict[str, float] | str, second: dict[str, float] | str) -> dict[str, float] | str:

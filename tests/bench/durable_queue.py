@@ -30,10 +30,10 @@ import uvloop
 from pamqp import commands, frame
 
 from tests.bench.brokers import REPO_ROOT, BrokerUnavailable, RunningBroker, _wait_until_ready
-from tests.bench.client import BenchConnection, BrokerURL, ConfirmTracker, DeliveryCounter, message_frames
-from tests.bench.process_memory import resident_kib
 from tests.bench.scenarios import _publish_confirmed
 from tests.conftest import free_port
+from warrenperf.client import BenchConnection, BrokerURL, ConfirmTracker, DeliveryCounter, message_frames
+from warrenperf.process_memory import resident_kib
 
 QUEUE = "bench-durable-queue"
 CONFIG_FILE = "warren.toml"  # written beside the data dir when --in-memory is given

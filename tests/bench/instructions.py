@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.bench.brokers import RunningBroker, start_warren
-from tests.bench.client import BenchConnection, BrokerURL, DeliveryCounter, message_frames
-from tests.bench.process_memory import descendants
 from tests.bench.workers import config_of, url
+from warrenperf.client import BenchConnection, BrokerURL, DeliveryCounter, message_frames
+from warrenperf.process_memory import descendants
 
 WARM_UP = 2_000  # messages passed before counting: first calls fill caches and run one-off code
 PACE = 2_000  # messages the publisher may be ahead of the consumer

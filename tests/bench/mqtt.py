@@ -40,9 +40,9 @@ import paho.mqtt.client as mqtt
 
 from tests.bench.brokers import BrokerUnavailable, RunningBroker, _tail, start_rabbitmq, start_warren
 from tests.bench.compare import CPU_PER_MESSAGE, BenchRun, Row, _mean, print_table
-from tests.bench.process_memory import cpu_seconds, resident_kib
 from tests.conftest import free_port
 from tests.waiting import wait_for
+from warrenperf.process_memory import cpu_seconds, resident_kib
 
 HOST = "127.0.0.1"
 USER = PASSWORD = "guest"  # both brokers' default user, allowed from loopback

@@ -16,8 +16,8 @@ from pathlib import Path
 from pamqp import body, commands, frame, header
 
 from tests.bench.brokers import start_warren
-from tests.bench.client import BenchConnection, BrokerURL, ConfirmTracker, DeliveryCounter
-from tests.bench.process_memory import cpu_seconds
+from warrenperf.client import BenchConnection, BrokerURL, ConfirmTracker, DeliveryCounter
+from warrenperf.process_memory import cpu_seconds
 
 WINDOW = 1000  # unconfirmed publishes at once
 PRIORITIES = 10  # messages carry priorities 0..9 in turn

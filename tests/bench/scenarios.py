@@ -9,8 +9,8 @@ import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
-from tests.bench.client import BenchConnection, BrokerURL, ConfirmTracker, DeliveryCounter, message_frames
-from tests.bench.process_memory import cpu_seconds, listener_pid, resident_kib
+from warrenperf.client import BenchConnection, BrokerURL, ConfirmTracker, DeliveryCounter, message_frames
+from warrenperf.process_memory import cpu_seconds, listener_pid, resident_kib
 
 PAYLOAD = b"x" * 16  # every scenario publishes 16-byte messages
 BATCH = 100  # messages written per transport.write by an unconfirmed publisher

@@ -14,9 +14,9 @@ import asyncio
 import time
 
 from tests.bench.broker_pairs import api, compare, publish_confirmed, queue_length, two_brokers
-from tests.bench.client import BenchConnection, BrokerURL
-from tests.bench.process_memory import cpu_seconds
 from tests.waiting import wait_for
+from warrenperf.client import BenchConnection, BrokerURL
+from warrenperf.process_memory import cpu_seconds
 
 QUEUE = "bench-shovel"
 

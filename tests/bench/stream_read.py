@@ -22,7 +22,7 @@ from pathlib import Path
 import pika
 
 from tests.bench.brokers import REPO_ROOT, BrokerUnavailable, RunningBroker, start_rabbitmq, start_warren
-from tests.bench.process_memory import cpu_seconds, resident_kib
+from warrenperf.process_memory import cpu_seconds, resident_kib
 
 sys.path.insert(0, str(REPO_ROOT / "examples"))
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import re
 import resource
@@ -44,10 +45,10 @@ import time
 from pathlib import Path
 
 from tests.bench.brokers import REPO_ROOT, RunningBroker, start_rabbitmq, start_warren
-from tests.bench.client import BenchConnection, BrokerURL
-from tests.bench.compare import _failure, _figures
-from tests.bench.loadgen import time_limit
-from tests.bench.process_memory import cpu_seconds, descendants
+from tests.bench.compare import _failure
+from warrenperf.client import BenchConnection, BrokerURL
+from warrenperf.process_memory import cpu_seconds, descendants
+from warrenperf.roles import Split, command, time_limit
 
 def config_of(vhosts: list[str]) -> str:
     """A config that makes these vhosts (besides /), with guest's permissions on each."""
@@ -100,9 +101,9 @@ def percentile(values: list[float], share: float) -> float:
 
 
 def loadgen(target: str, role: str, seconds: float, queue: str, cpus: set[int] | None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tests.bench.loadgen", "--url", target, "--scenario", role,
-                             "--seconds", str(seconds), "--json", "--window", "0", "--queue", queue],
-                            cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    split = Split(exchange="", queue=queue, queues=1, size=16, persistent=False, ack_every=0, prefetch=100, window=0,
+                  rate=0, latency=False)
+    return subprocess.Popen(command(role, target, split, seconds), cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus))
 
 
@@ -174,7 +175,7 @@ def busy(targets: list[tuple[RunningBroker, str, str]], seconds: float,
             consumer.stdin.flush()
         cpu = sum(cpu_seconds(broker.process.pid) for broker in brokers) - before
         elapsed = time.perf_counter() - started  # longer than seconds where the load generators start late
-        delivered = sum(_figures(consumer.communicate(timeout=time_limit(seconds))[0])["delivered"]
+        delivered = sum(json.loads(consumer.communicate(timeout=time_limit(seconds))[0].splitlines()[-1])["delivered"]
                         for _, consumer in consumers)
         load = _children_cpu_seconds() - load_before  # the load generators, reaped by now (the broker is not yet)
     finally:

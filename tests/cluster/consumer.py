@@ -34,8 +34,8 @@ from typing import Any
 import uvloop
 from pamqp import commands, frame
 
-from tests.bench.client import BenchConnection, BrokerClosed
 from tests.cluster.ids import ID, to_ranges
+from warrenperf.client import BenchConnection, BrokerClosed
 from tests.cluster.publisher import (
     CONNECT_TIMEOUT,
     CONNECTION_ERRORS,

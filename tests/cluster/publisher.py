@@ -41,8 +41,8 @@ from typing import Any, ClassVar, TypeVar
 import uvloop
 
 from tests import waiting
-from tests.bench.client import BenchConnection, BrokerClosed, BrokerURL, message_frames
 from tests.cluster.ids import ID, to_ranges
+from warrenperf.client import BenchConnection, BrokerClosed, BrokerURL, message_frames
 
 RETRY_INTERVAL = 0.1  # seconds between connection attempts while no node takes one
 CONNECT_TIMEOUT = 2.0  # longest a connection attempt (handshake, declare, confirm.select) or a close may take

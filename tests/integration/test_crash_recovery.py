@@ -18,7 +18,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from tests.bench.client import BenchConnection, BrokerClosed, BrokerURL, ConfirmTracker, message_frames
+from warrenperf.client import BenchConnection, BrokerClosed, BrokerURL, ConfirmTracker, message_frames
 from tests.integration.helpers import (
     confirmed_barrier, connect, enqueue, message_count, segment_written_last, sync, wait_until,
 )

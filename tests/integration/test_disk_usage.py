@@ -15,9 +15,9 @@ import pika.exceptions
 import pytest
 
 from storage.store import SEGMENT_BYTES
-from tests.bench.client import BenchConnection, BrokerURL, ConfirmTracker, DeliveryCounter, message_frames
 from tests.integration.helpers import connect, get_all, message_count
 from tests.tmpfs import tmpfs
+from warrenperf.client import BenchConnection, BrokerURL, ConfirmTracker, DeliveryCounter, message_frames
 
 MIB = 1 << 20
 PERSISTENT = pika.BasicProperties(delivery_mode=2)

@@ -30,7 +30,7 @@ FENCE = re.compile(r"^```(\S*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 LANGUAGES = {"python", "toml", "sh", "text", "yaml"}
 DEFAULT_PORTS = {"5672": "port", "15672": "management_port", "15692": "prometheus_port",  # the docs show these
                  "1883": "mqtt_port"}
-TOOLS = {"curl", "rabbitmqadmin", "warrenctl"}  # shell commands run against the test's broker
+TOOLS = {"curl", "rabbitmqadmin", "warrenctl", "warren-perf"}  # shell commands run against the test's broker
 SNIPPET_TIMEOUT = 180  # seconds; a Spark snippet starts a JVM
 
 

@@ -15,12 +15,12 @@ import pika
 import pika.exceptions
 import pytest
 
-from tests.bench.client import BenchConnection, BrokerURL, ConfirmTracker, message_frames
 from tests.integration.helpers import Inbox, channel_error, consume, message_count, stay_quiet, wait_until
 from tests.integration.management import request
 from tests.integration.test_warrenctl import failed, ok
 from tests.integration.test_workers import ConfirmedPublisher, after_the_kill, worker_pids
 from tests.waiting import wait_for
+from warrenperf.client import BenchConnection, BrokerURL, ConfirmTracker, message_frames
 
 if os.environ.get("WARREN_TEST_URL"):
     pytest.skip("starts brokers of its own", allow_module_level=True)

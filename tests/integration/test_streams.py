@@ -491,7 +491,7 @@ def test_reading_a_large_stream_from_the_start_does_not_load_it_into_memory(own_
     """200,000 messages of 1 KiB (200 MB), the broker restarted so none is in memory, read from `first` with
     prefetch 1000: the broker's resident memory grows by less than 50 MB (it reads a chunk at a time and keeps at
     most 8 MiB of them decoded)."""
-    from tests.bench.process_memory import resident_kib
+    from warrenperf.process_memory import resident_kib
 
     broker = own_broker()
     count, body = 200_000, b"x" * 1024

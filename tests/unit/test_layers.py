@@ -33,6 +33,8 @@ NEVER = {
     # module's name: cluster.worker)
     "broker": ("cluster", "spark_connector"),
     "spark_connector": ("broker", "storage", "protocol", "cluster"),
+    # the load tool is a client of any broker, over the network
+    "warrenperf": ("broker", "storage", "protocol", "cluster", "spark_connector", "warrenctl"),
 }
 
 

@@ -1,22 +1,31 @@
-"""The two sides of a split scenario, each run as a load-generator process of its own (as RabbitMQ's PerfTest runs
-them): a consumer that declares the queues, consumes and counts, and a producer that publishes unthrottled (or at a
-given rate) for a given time.
+"""The two sides of a load run, each a process of its own (as RabbitMQ's PerfTest runs them): a consumer that
+declares the queues, consumes and counts, and a producer that publishes unthrottled (or at a given rate) for a given
+time. warrenperf.run starts them:
+
+    python -m warrenperf.roles consumer|producer --url URL --seconds N [the Split's options]
 
 Each side talks to the process that started it over stdio: it prints "ready" once connected (the consumer: once
 it consumes) and starts on the "go" line it reads on stdin; the producer publishes for the given time and prints its
-figures, the consumer counts until the "stop" line, then prints its figures and deletes what it declared."""
+figures, the consumer counts until the "stop" line, then prints its figures and deletes what it declared. Figures
+are one JSON object on the last line of stdout."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-import statistics
+import dataclasses
+import json
 import sys
 import time
 from dataclasses import dataclass
 
-from tests.bench.client import STAMP, BenchConnection, BrokerURL, ConfirmTracker, DeliveryCounter, message_frames
+import uvloop
+
+from warrenperf.client import STAMP, BenchConnection, BrokerURL, ConfirmTracker, DeliveryCounter, message_frames
 
 BATCH = 100  # messages written per transport.write by an unthrottled producer
+LATENCY_SAMPLES = 20_000  # the most latencies a consumer reports (evenly spaced over what it measured)
+ROLES = ("consumer", "producer")
 
 
 @dataclass(frozen=True)
@@ -71,15 +80,15 @@ async def consumer(url: BrokerURL, split: Split) -> dict[str, float]:
         counters.append(counter)
     await _ready_and_go()
     before = sum(counter.delivered for counter in counters)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     await _read_line()  # stop
     elapsed = time.perf_counter() - start
     delivered = sum(counter.delivered for counter in counters) - before
-    figures = {"msg/s": delivered / elapsed, "delivered": delivered}
+    figures = {"msg/s": delivered / elapsed, "delivered": delivered, "cpu seconds": time.process_time() - cpu}
     latencies = [latency for counter in counters for latency in counter.latencies or ()]
     if latencies:
-        cuts = statistics.quantiles(latencies, n=100)
-        figures.update({"p50 ms": cuts[49] * 1000, "p99 ms": cuts[98] * 1000})
+        step = max(1, len(latencies) // LATENCY_SAMPLES)
+        figures["latencies ms"] = [latency * 1000 for latency in latencies[::step]]
     for connection in connections:
         await connection.close()
     for queue in queue_names(split):
@@ -98,7 +107,7 @@ async def producer(url: BrokerURL, split: Split, seconds: float) -> dict[str, fl
         tracker = ConfirmTracker(window=split.window, record_latency=False)
         await connection.select_confirms(channel, tracker)
     await _ready_and_go()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     deadline = start + seconds
     if split.latency:
         sent = await _publish_stamped(connection, channel, split, deadline)
@@ -108,35 +117,82 @@ async def producer(url: BrokerURL, split: Split, seconds: float) -> dict[str, fl
     if tracker is not None:
         await tracker.wait_for_all()
     await connection.close()
-    return {"published/s": sent / elapsed, "published": sent}
+    return {"published/s": sent / elapsed, "published": sent, "cpu seconds": time.process_time() - cpu}
 
 
 async def _publish_unthrottled(connection: BenchConnection, channel: int, split: Split,
                                tracker: ConfirmTracker | None, deadline: float) -> int:
     message = message_frames(channel, split.exchange, routing_key(split), b"x" * split.size, split.persistent)
-    batch = message * BATCH
+    count = min(BATCH, split.window) if split.window else BATCH  # messages per write, never beyond the window
+    batch = message * count
     sent = 0
     while time.perf_counter() < deadline:
         if tracker is not None:
-            await tracker.wait_for_room(split.window - BATCH + 1)
-            tracker.published += BATCH
+            await tracker.wait_for_room(split.window - count + 1)
+            tracker.published += count
         await connection.send(batch)
-        sent += BATCH
+        sent += count
     return sent
 
 
 async def _publish_stamped(connection: BenchConnection, channel: int, split: Split, deadline: float) -> int:
-    """split.rate messages per second, each stamped with its publishing time."""
+    """split.rate messages per second (0: as fast as they are written), each stamped with its publishing time."""
     padding = b"x" * max(0, split.size - STAMP.size)
-    interval = 1 / split.rate
+    interval = 1 / split.rate if split.rate else 0.0
     sent = 0
     next_at = time.perf_counter()
     while next_at < deadline:
         delay = next_at - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
+        elif not interval:
+            next_at = time.perf_counter()
         body = STAMP.pack(time.monotonic_ns()) + padding
         await connection.send(message_frames(channel, split.exchange, routing_key(split), body, split.persistent))
         sent += 1
         next_at += interval
     return sent
+
+
+def time_limit(seconds: float) -> float:
+    """The longest a side (or a scenario) may take in all, pre-filling and cleaning up included."""
+    return 12 * seconds + 120
+
+
+def command(role: str, url: str, split: Split, seconds: float) -> list[str]:
+    """The command line that runs one side."""
+    options = []
+    for field in dataclasses.fields(Split):
+        value = getattr(split, field.name)
+        if value is True:
+            options.append(f"--{field.name}")
+        elif value is not False:
+            options += [f"--{field.name}", str(value)]
+    return [sys.executable, "-m", "warrenperf.roles", role, "--url", url, "--seconds", str(seconds), *options]
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[str, str, Split, float]:
+    parser = argparse.ArgumentParser(prog="python -m warrenperf.roles", description=__doc__.split("\n\n")[0])
+    parser.add_argument("role", choices=ROLES)
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--seconds", type=float, required=True, help="the producer's publishing time")
+    for field in dataclasses.fields(Split):
+        if field.type == "bool":
+            parser.add_argument(f"--{field.name}", action="store_true")
+        else:
+            parser.add_argument(f"--{field.name}", type=int if field.type == "int" else str, required=True)
+    args = parser.parse_args(argv)
+    split = Split(**{field.name: getattr(args, field.name) for field in dataclasses.fields(Split)})
+    return args.role, args.url, split, args.seconds
+
+
+def main(argv: list[str] | None = None) -> None:
+    role, url, split, seconds = parse_args(argv)
+    broker = BrokerURL.parse(url)
+    side = consumer(broker, split) if role == "consumer" else producer(broker, split, seconds)
+    # A stalled broker (e.g. blocking publishers) must not hang the run.
+    print(json.dumps(uvloop.run(asyncio.wait_for(side, timeout=time_limit(seconds)))))
+
+
+if __name__ == "__main__":
+    main()

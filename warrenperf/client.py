@@ -67,7 +67,7 @@ class DeliveryCounter:
 
     def __init__(self, channel: int, ack_every: int = 0, target: int | None = None, stamped: bool = False) -> None:
         self.delivered = 0  # deliveries received so far
-        # seconds from publishing to arrival, when bodies start with their publishing time (tests.bench.roles)
+        # seconds from publishing to arrival, when bodies start with their publishing time (warrenperf.roles)
         self.latencies: list[float] | None = [] if stamped else None
         self.reads_bodies = stamped  # the connection hands each body frame to on_body
         self._channel = channel
@@ -271,8 +271,9 @@ class BenchConnection(asyncio.Protocol):
         self.transport.write(frame.marshal(header.ProtocolHeader(), 0))
         await self._reply(0, commands.Connection.Start)
         self._send_method(0, commands.Connection.StartOk(
-            client_properties={"product": "warren-bench", "capabilities": {
-                "publisher_confirms": True, "basic.nack": True, "consumer_cancel_notify": True}},
+            client_properties={"product": "warren-perf", "capabilities": {
+                "publisher_confirms": True, "basic.nack": True, "consumer_cancel_notify": True,
+                "authentication_failure_close": True}},  # a refused login is told why (connection.close 403)
             mechanism="PLAIN", response=f"\0{url.user}\0{url.password}"))
         tune = await self._reply(0, commands.Connection.Tune)
         self.frame_max = min(tune.frame_max or 131072, 131072)
