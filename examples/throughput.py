@@ -10,12 +10,14 @@ durable queues, the connector's default options unless said.
 
 - stream source: `--stream-rows` messages of a stream read in 4 batches, each cut into 4 offset ranges (4
   connections, 2 at a time); pika: 2 processes, each reading 2 ranges one after the other.
-- queue source: `--rows` messages of a queue, read by the driver's one consuming connection; pika: 1 connection,
-  prefetch as the connector's, one multiple ack per half prefetch.
-- sink: `df.write` of `--rows` rows in 2 tasks, publisher confirms with a window of 1000; pika: 2 processes
+- queue source: `--queue-rows` messages of a queue, read by the driver's one consuming connection; pika: 1
+  connection with the connector's window (its consumers on one channel, as the connector's), one multiple ack per
+  batch's worth of deliveries.
+- sink: `df.write` of `--sink-rows` rows in 2 tasks, publisher confirms with a window of 1000; pika: 2 processes
   publishing with confirms, the same window.
 Spark figures count the batches after the first (the steady state), or for the sink a second write (the first one
-starts Spark's Python workers). The fixed cost of a micro-batch is the median trigger time of batches of 100 rows.
+starts Spark's Python workers). The fixed cost of a micro-batch is the median trigger time of batches of 100 rows,
+beside a no-op Python streaming source's (what Spark itself needs for a batch of a Python source).
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ import tempfile
 import time
 
 import pika
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.types import BinaryType, StructField, StructType
 
 BODY = b"x" * 100
 STREAM = "throughput.stream"
@@ -74,21 +80,26 @@ def read_stream_ranges(uri: str, ranges: list[tuple[int, int]], prefetch: int) -
         connection.close()
 
 
-def consume_queue(uri: str, count: int, prefetch: int) -> None:
-    """Consume count messages of the queue with one multiple ack per half prefetch."""
+def consume_queue(uri: str, count: int, prefetch: int, batch: int) -> None:
+    """Consume count messages of the queue with the connector's window (one consumer per 65535 of it on one channel,
+    as the connector does) and one multiple ack per batch of deliveries."""
+    from spark_connector.options import MAX_PREFETCH
+
     connection = pika.BlockingConnection(pika.URLParameters(uri))
     channel = connection.channel()
-    channel.basic_qos(prefetch_count=prefetch)
+    consumers = -(-prefetch // MAX_PREFETCH)
+    channel.basic_qos(prefetch_count=-(-prefetch // consumers))
     state = {"received": 0}
 
     def on_message(channel, method, properties, body):
         state["received"] += 1
-        if state["received"] % (prefetch // 2) == 0 or state["received"] == count:
+        if state["received"] % batch == 0 or state["received"] == count:
             channel.basic_ack(method.delivery_tag, multiple=True)
         if state["received"] == count:
             channel.stop_consuming()
 
-    channel.basic_consume(QUEUE, on_message)
+    for _ in range(consumers):
+        channel.basic_consume(QUEUE, on_message)
     channel.start_consuming()
     connection.close()
 
@@ -142,6 +153,52 @@ def in_processes(jobs: list[tuple]) -> float:
 
 
 # --- Spark ------------------------------------------------------------------------------------------------------
+class NoopPartition(InputPartition):
+    pass
+
+
+class NoopReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Offsets that count rows up to a total; each batch's rows are one Arrow batch of constant bodies."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+
+    def initialOffset(self) -> dict:
+        return {"row": 0}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(SMALL_BATCH)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        pass
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        return {"row": min(self.total, start["row"] + limit.max_rows)}
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        return [NoopPartition(end["row"] - start["row"])]
+
+    def read(self, partition: InputPartition):
+        yield pa.RecordBatch.from_arrays([pa.array([BODY] * partition.value, pa.binary())], names=["body"])
+
+    def commit(self, end: dict) -> None:
+        pass
+
+
+class NoopSource(DataSource):
+    """A Python streaming source that does nothing but count: what a micro-batch costs Spark itself."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "noop-source"
+
+    def schema(self) -> StructType:
+        return StructType([StructField("body", BinaryType())])
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return NoopReader(int(self.options["total"]))
+
+
 def steady_rate(query) -> float:
     """Rows/s over the batches after the first."""
     later = [progress for progress in query.recentProgress if progress["batchId"] > 0 and progress["numInputRows"]]
@@ -171,7 +228,8 @@ def declare(channel, queue: str, stream: bool = False) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--uri", default="amqp://guest:guest@127.0.0.1:5672/%2F", help="the broker to measure")
-    parser.add_argument("--rows", type=int, default=200_000, help="messages for the queue source and the sink")
+    parser.add_argument("--queue-rows", type=int, default=1_000_000, help="messages for the queue source")
+    parser.add_argument("--sink-rows", type=int, default=200_000, help="rows for the sink")
     parser.add_argument("--stream-rows", type=int, default=1_000_000, help="messages for the stream source")
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -181,13 +239,14 @@ def main() -> None:
     import spark_connector
     from spark_connector.options import DEFAULT_CONFIRM_WINDOW, DEFAULT_PREFETCH, DEFAULT_STREAM_PREFETCH
 
-    uri, rows, stream_rows = args.uri, args.rows, args.stream_rows
+    uri, queue_rows, rows, stream_rows = args.uri, args.queue_rows, args.sink_rows, args.stream_rows
     connection = pika.BlockingConnection(pika.URLParameters(uri))
     channel = connection.channel()
     spark = (SparkSession.builder.master("local[2]").appName("warren-throughput")
              .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "1").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     spark_connector.register(spark)
+    spark.dataSource.register(NoopSource)
     table: list[tuple[str, float, float]] = []  # (what, connector rows/s, pika msg/s)
 
     declare(channel, STREAM, stream=True)
@@ -202,11 +261,11 @@ def main() -> None:
     table.append((f"stream source, {RANGES} ranges per batch", steady_rate(query), stream_rows / pika_seconds))
 
     declare(channel, QUEUE)
-    fill(uri, QUEUE, rows)
-    pika_seconds = in_processes([(consume_queue, (uri, rows, DEFAULT_PREFETCH))])
-    fill(uri, QUEUE, rows)
+    fill(uri, QUEUE, queue_rows)
+    pika_seconds = in_processes([(consume_queue, (uri, queue_rows, DEFAULT_PREFETCH, DEFAULT_PREFETCH // 3))])
+    fill(uri, QUEUE, queue_rows)
     query = run_query(spark.readStream.format("amqp").option("uri", uri).option("queue", QUEUE))
-    table.append(("queue source, one consuming connection", steady_rate(query), rows / pika_seconds))
+    table.append(("queue source, one consuming connection", steady_rate(query), queue_rows / pika_seconds))
 
     declare(channel, TARGET)
     pika_seconds = in_processes([(publish_confirmed, (uri, rows // 2, DEFAULT_CONFIRM_WINDOW))] * 2)
@@ -227,17 +286,18 @@ def main() -> None:
     fill(uri, QUEUE, SMALL_BATCH * 20)
     queue_batch = median_batch_ms(run_query(spark.readStream.format("amqp").option("uri", uri)
                                             .option("queue", QUEUE).option("maxMessagesPerBatch", str(SMALL_BATCH))))
+    noop_batch = median_batch_ms(run_query(spark.readStream.format("noop-source").option("total", SMALL_BATCH * 20)))
     for queue in (STREAM, SMALL_STREAM, QUEUE, TARGET):
         channel.queue_delete(queue)
     connection.close()
     spark.stop()
 
-    print(f"\n{len(BODY)}-byte bodies against {uri}: stream {stream_rows} messages, queue and sink {rows}")
+    print(f"\n{len(BODY)}-byte bodies against {uri}: stream {stream_rows} messages, queue {queue_rows}, sink {rows}")
     print(f"  {'':<44} {'connector rows/s':>16} {'pika msg/s':>11} {'ratio':>6}")
     for what, connector, plain in table:
         print(f"  {what:<44} {connector:>16.0f} {plain:>11.0f} {connector / plain:>6.2f}")
     print(f"  fixed cost of a micro-batch of {SMALL_BATCH} rows (median): stream source {stream_batch:.0f} ms, "
-          f"queue source {queue_batch:.0f} ms")
+          f"queue source {queue_batch:.0f} ms, a no-op Python source {noop_batch:.0f} ms")
 
 
 if __name__ == "__main__":

@@ -1,12 +1,12 @@
 """The consuming connection of the source: one pika connection owned by a background thread.
 
-A blocking pika connection only services heartbeats while some thread is inside it, so a daemon
-thread stays in `start_consuming()` for the connection's whole life. Every other thread talks to it
-through `add_callback_threadsafe` and waits on one condition variable, which the consuming thread
-notifies when it has something to report (the consumer started, a call finished, awaited deliveries
-arrived, or the connection ended), so no wait outlives the connection. Deliveries are buffered in
-arrival order and numbered from 1 (their sequence number); delivery tags stay inside this module
-because they only mean something on this connection's channel.
+A daemon thread runs the connection's I/O loop (pika's SelectConnection, whose callbacks cost a delivery less than
+the blocking adapter's event queue) for the connection's whole life: it connects, declares, consumes and keeps
+heartbeats going. Every other thread hands it work through `add_callback_threadsafe` and waits on one condition
+variable, which the consuming thread notifies when it has something to report (the consumer started, a call
+finished, awaited deliveries arrived, or the connection ended), so no wait outlives the connection. Deliveries are
+buffered in arrival order and numbered from 1 (their sequence number); delivery tags stay inside this module because
+they only mean something on this connection's channel.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import pika
 import pika.exceptions
 
-from spark_connector.options import SourceOptions
+from spark_connector.options import MAX_PREFETCH, SourceOptions
 from spark_connector.schema import QueueRows
 
 T = TypeVar("T")
@@ -43,15 +43,18 @@ class BackgroundConsumer:
         self._first_buffered = 1  # sequence number of the first unacknowledged delivery
         self._received = 0  # deliveries received so far (= sequence number of the latest)
         self._wanted: int | None = None  # `_received` value a waiter is blocked for (deliveries notify only then)
-        self._consuming = False  # basic.consume succeeded
+        self._consuming = False  # every basic.consume succeeded
         self._closing = False  # the owner gave up on this consumer: the thread must leave
         self._ended = False  # the thread left the connection; `_failure` says why
-        self._failure: str | None = None  # why the connection ended, in words
+        self._failure: str | None = None  # why the connection ended, in words (the first reason wins)
         self._cause: BaseException | None = None  # the exception that ended it, if any
-        self._connection: pika.BlockingConnection | None = None
-        self._channel: Any = None  # the consuming BlockingChannel
+        self._connection: pika.SelectConnection | None = None
+        self._channel: Any = None  # the consuming channel
         self._queue: str | None = None  # name of the consumed queue (server-named for a private one)
         self._initial_ready = 0  # ready messages in the queue just before consuming began
+        # basic.qos counts per consumer, in 16 bits: a larger window is several consumers on the one channel, whose
+        # delivery tags (and so its multiple acks) are common to them
+        self._consumers = -(-options.prefetch // MAX_PREFETCH)
         self._thread = threading.Thread(target=self._run, name="amqp-source-consumer", daemon=True)
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -70,69 +73,104 @@ class BackgroundConsumer:
         """Close the connection (unacknowledged messages are requeued by the broker) and end the thread."""
         with self._changed:
             self._closing = True
-            consuming = self._consuming and not self._ended
-        if consuming:
+            running = self._connection is not None and not self._ended
+        if running:
             try:
-                self._connection.add_callback_threadsafe(self._channel.stop_consuming)
-            except pika.exceptions.ConnectionWrongStateError:  # the connection is already gone
+                self._connection.ioloop.add_callback_threadsafe(self._close_connection)
+            except Exception:  # the loop is already gone: the thread is leaving by itself
                 pass
         if self._thread.is_alive():
             self._thread.join(CLOSE_TIMEOUT_SECONDS)
 
     def _run(self) -> None:
-        failure, cause = None, None
         try:
-            self._connection = pika.BlockingConnection(pika.URLParameters(self._options.uri))
-            self._channel = self._connection.channel()
-            self._queue, self._initial_ready = self._declare()
-            self._channel.basic_qos(prefetch_count=self._options.prefetch)
-            self._channel.basic_consume(self._queue, self._on_message)
-            with self._changed:
-                if self._closing:
-                    return
-                self._consuming = True
-                self._changed.notify_all()
-            self._channel.start_consuming()
-            # start_consuming returns once no consumer is left: stopped by `close`, or cancelled by the broker.
-            if self._closing:
-                failure = "the consumer was closed"
-            else:
-                failure = f"the broker cancelled the consumer of {self._source_name()} (was it deleted?)"
+            self._connection = pika.SelectConnection(
+                pika.URLParameters(self._options.uri), on_open_callback=self._on_open,
+                on_open_error_callback=self._on_open_error, on_close_callback=self._on_connection_closed)
+            self._connection.ioloop.start()  # until _on_connection_closed stops it
         except BaseException as error:  # reported on the caller's thread
-            cause = error
-            if self._consuming:
-                failure = f"consuming from {self._source_name()} failed: {error!r}"
-            else:
-                failure = f"cannot consume from {self._source_name()}: {error!r}"
+            self._fail(error)
         finally:
-            if self._connection is not None and self._connection.is_open:
-                try:
-                    self._connection.close()
-                except Exception:  # closing a broken connection: nothing more to do
-                    pass
             with self._changed:
-                self._failure = failure or "the consumer was closed"
-                self._cause = cause
+                self._failure = self._failure or "the consumer was closed"
                 self._ended = True
                 self._changed.notify_all()
+
+    def _fail(self, error: BaseException | None, failure: str | None = None) -> None:
+        """Record why the connection ends (the first reason stands) and close it."""
+        with self._changed:
+            if self._failure is None:
+                if failure is None and self._closing:
+                    failure = "the consumer was closed"
+                elif failure is None:
+                    what = f"consuming from {self._source_name()} failed" if self._consuming else \
+                        f"cannot consume from {self._source_name()}"
+                    failure = f"{what}: {error!r}"
+                self._failure, self._cause = failure, error
+        self._close_connection()
+
+    def _close_connection(self) -> None:
+        connection = self._connection
+        if connection is not None and not (connection.is_closing or connection.is_closed):
+            connection.close()
+
+    # -- the consuming thread's callbacks, in the order they come --------------------------------
+
+    def _on_open(self, connection: pika.SelectConnection) -> None:
+        connection.channel(on_open_callback=self._on_channel_open)
+
+    def _on_open_error(self, connection: pika.SelectConnection, error: BaseException) -> None:
+        self._fail(error)
+        connection.ioloop.stop()
+
+    def _on_connection_closed(self, connection: pika.SelectConnection, reason: BaseException) -> None:
+        self._fail(reason)
+        connection.ioloop.stop()
+
+    def _on_channel_open(self, channel: Any) -> None:
+        self._channel = channel
+        channel.add_on_close_callback(lambda _, reason: self._fail(reason))
+        channel.add_on_cancel_callback(lambda _: self._fail(None, f"the broker cancelled the consumer of "
+                                                                  f"{self._source_name()} (was it deleted?)"))
+        options = self._options
+        if options.exchange is None:
+            channel.queue_declare(options.queue, passive=True,
+                                  callback=lambda ok: self._on_declared(options.queue, ok.method.message_count))
+        elif options.queue is None:
+            channel.queue_declare("", exclusive=True, auto_delete=True, callback=self._on_declared_to_bind)
+        else:
+            channel.queue_declare(options.queue, durable=True, callback=self._on_declared_to_bind)
+
+    def _on_declared_to_bind(self, ok: Any) -> None:
+        queue, ready = ok.method.queue, ok.method.message_count
+        self._channel.queue_bind(queue, self._options.exchange, routing_key=self._options.binding_key,
+                                 callback=lambda _: self._on_declared(queue, ready))
+
+    def _on_declared(self, queue: str, ready: int) -> None:
+        self._queue, self._initial_ready = queue, ready
+        per_consumer = -(-self._options.prefetch // self._consumers)
+        self._channel.basic_qos(prefetch_count=per_consumer, callback=lambda _: self._consume())
+
+    def _consume(self) -> None:
+        started = []
+
+        def on_consume_ok(_: Any) -> None:
+            started.append(True)
+            if len(started) < self._consumers:
+                return
+            with self._changed:
+                self._consuming = True
+                self._changed.notify_all()
+                closing = self._closing
+            if closing:
+                self._close_connection()
+
+        for _ in range(self._consumers):
+            self._channel.basic_consume(self._queue, self._on_message, callback=on_consume_ok)
 
     def _source_name(self) -> str:
         queue = self._queue or self._options.queue
         return f"queue {queue!r}" if queue else f"a private queue bound to exchange {self._options.exchange!r}"
-
-    def _declare(self) -> tuple[str, int]:
-        options = self._options
-        channel = self._channel
-        if options.exchange is None:
-            ok = channel.queue_declare(options.queue, passive=True)
-            return options.queue, ok.method.message_count
-        if options.queue is None:
-            ok = channel.queue_declare("", exclusive=True, auto_delete=True)
-        else:
-            ok = channel.queue_declare(options.queue, durable=True)
-        queue = ok.method.queue
-        channel.queue_bind(queue, options.exchange, routing_key=options.binding_key)
-        return queue, ok.method.message_count
 
     def _on_message(self, channel: Any, method: Any, properties: Any, body: bytes) -> None:
         with self._changed:
@@ -175,7 +213,8 @@ class BackgroundConsumer:
 
     def ready_count(self) -> int:
         """Messages ready in the consumed queue now (asked on the consuming channel)."""
-        return self._call(lambda: self._channel.queue_declare(self._queue, passive=True).method.message_count)
+        return self._call(lambda done: self._channel.queue_declare(
+            self._queue, passive=True, callback=lambda ok: done(ok.method.message_count)))
 
     def ack_through(self, sequence: int) -> None:
         """Acknowledge every delivery up to and including `sequence` with one multiple ack."""
@@ -184,29 +223,36 @@ class BackgroundConsumer:
             if count <= 0:
                 return
             tag = self._tags[count - 1]
-        self._call(lambda: self._channel.basic_ack(tag, multiple=True))
+        self._call(lambda done: done(self._channel.basic_ack(tag, multiple=True)))
         with self._changed:
             self._rows.drop(count)
             del self._tags[:count]
             self._first_buffered += count
 
-    def _call(self, function: Callable[[], T]) -> T:
-        """Run `function` on the consuming thread and return its result (or raise its error)."""
+    def _call(self, start: Callable[[Callable[[T], None]], None]) -> T:
+        """Run `start` on the consuming thread, which calls the `done` it is given with the result; return that
+        result (or raise the error `start` raised, or the connection's end)."""
         self._raise_if_failed()
         outcome: dict[str, Any] = {}  # "result" or "error", then "done"
 
-        def run() -> None:
-            try:
-                outcome["result"] = function()
-            except BaseException as error:  # handed back to the calling thread
-                outcome["error"] = error
+        def done(result: T) -> None:
             with self._changed:
+                outcome["result"] = result
                 outcome["done"] = True
                 self._changed.notify_all()
 
+        def run() -> None:
+            try:
+                start(done)
+            except BaseException as error:  # handed back to the calling thread
+                with self._changed:
+                    outcome["error"] = error
+                    outcome["done"] = True
+                    self._changed.notify_all()
+
         try:
-            self._connection.add_callback_threadsafe(run)
-        except pika.exceptions.ConnectionWrongStateError:
+            self._connection.ioloop.add_callback_threadsafe(run)
+        except Exception:  # the loop is gone: the connection ended
             self._raise_if_failed()
             raise
         with self._changed:

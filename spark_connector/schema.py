@@ -205,7 +205,9 @@ def stream_schema() -> StructType:
 
 class StreamRows:
     """Rows of the stream source gathered column by column, for Spark as Arrow record batches: Spark would convert
-    tuples one value at a time, which costs a task more than reading its messages."""
+    tuples one value at a time, which costs a task more than reading its messages. Messages of a stream mostly
+    carry the same properties and no header but their offset: a row whose properties are the previous row's shares
+    its map, and a row without other headers shares one empty map (Arrow copies them; nothing mutates them)."""
 
     def __init__(self, stream: str) -> None:
         self.stream = stream
@@ -216,6 +218,8 @@ class StreamRows:
         self.properties: list[list[tuple[str, str]]] = []  # each row's map, as (key, value) pairs
         self.headers: list[list[tuple[str, str | None]]] = []
         self.timestamps: list[int | None] = []  # microseconds since the epoch
+        self._last_values: tuple | None = None  # the latest row's property values, in STREAM_PROPERTIES order
+        self._last_pairs: list[tuple[str, str]] = []  # and its map
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -227,9 +231,15 @@ class StreamRows:
         self.bodies.append(body)
         self.routing_keys.append(method.routing_key)
         self.exchanges.append(method.exchange)
-        self.properties.append([(name, _header_text(value)) for name, value
-                                in zip(STREAM_PROPERTIES, _stream_property_values(properties)) if value is not None])
-        self.headers.append(_header_pairs(properties.headers or {}, without=OFFSET_HEADER))
+        values = _stream_property_values(properties)
+        if values != self._last_values:
+            self._last_values = values
+            self._last_pairs = [(name, _header_text(value)) for name, value in zip(STREAM_PROPERTIES, values)
+                                if value is not None]
+        self.properties.append(self._last_pairs)
+        headers = properties.headers
+        self.headers.append(_NO_PAIRS if headers is None or len(headers) == 1 and OFFSET_HEADER in headers
+                            else _header_pairs(headers, without=OFFSET_HEADER))
         timestamp = properties.timestamp
         self.timestamps.append(None if timestamp is None else timestamp * 1_000_000)
 
@@ -245,6 +255,9 @@ class StreamRows:
         for column in gathered:
             column.clear()
         return batch
+
+
+_NO_PAIRS: list = []  # the map of a row without headers (shared: never mutated)
 
 
 @functools.cache

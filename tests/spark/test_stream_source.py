@@ -63,11 +63,17 @@ def test_a_row_carries_the_message_s_properties_headers_and_timestamp(spark, bro
                  priority=7, correlation_id="c-1", message_id="m-1", app_id="shop", timestamp=1_700_000_000,
                  headers={"tenant": "acme", "attempt": 3, "raw": b"bytes", "ok": True})
     amqp.publish(unique, [b"bare"])
+    amqp.publish(unique, [b"bare again", b"with a header"], headers={"tenant": "acme"})
+    amqp.publish(unique, [b"with a type"], type="order")
     collector = Collector()
     query = collect(read_stream(spark, broker.url, unique, startingOffsets="earliest"), collector,
                     tmp_path / "checkpoint", availableNow=True)
     assert query.awaitTermination(BOUNDED_WAIT_SECONDS)
-    full, bare = sorted(collector.rows, key=lambda row: row.offset)
+    full, bare, *others = sorted(collector.rows, key=lambda row: row.offset)
+    # rows that follow one another with the same properties, or other ones, each have their own
+    assert [(row.body, row.properties, row.headers) for row in others] == [
+        (b"bare again", {}, {"tenant": "acme"}), (b"with a header", {}, {"tenant": "acme"}),
+        (b"with a type", {"type": "order"}, {})]
     assert (full.stream, full.offset, full.body, full.routing_key, full.exchange) == (unique, 0, b"with all", unique, "")
     assert full.properties == {"content_type": "text/plain", "content_encoding": "utf-8", "delivery_mode": "2",
                                "priority": "7", "correlation_id": "c-1", "message_id": "m-1", "app_id": "shop"}
