@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import uvloop
 
-from warrenperf.client import STAMP, BenchConnection, BrokerURL, ConfirmTracker, DeliveryCounter, message_frames
+from warrenperf.client import (STAMP, BenchConnection, BrokerClosed, BrokerURL, ConfirmTracker, DeliveryCounter,
+                               message_frames)
 
 BATCH = 100  # messages written per transport.write by an unthrottled producer
 LATENCY_SAMPLES = 20_000  # the most latencies a consumer reports (evenly spaced over what it measured)
@@ -190,8 +191,12 @@ def main(argv: list[str] | None = None) -> None:
     role, url, split, seconds = parse_args(argv)
     broker = BrokerURL.parse(url)
     side = consumer(broker, split) if role == "consumer" else producer(broker, split, seconds)
-    # A stalled broker (e.g. blocking publishers) must not hang the run.
-    print(json.dumps(uvloop.run(asyncio.wait_for(side, timeout=time_limit(seconds)))))
+    try:
+        # A stalled broker (e.g. blocking publishers) must not hang the run.
+        figures = uvloop.run(asyncio.wait_for(side, timeout=time_limit(seconds)))
+    except (BrokerClosed, OSError, asyncio.TimeoutError) as error:  # said in one line, which warrenperf.run shows
+        sys.exit(f"{role}: {error or type(error).__name__}")
+    print(json.dumps(figures))
 
 
 if __name__ == "__main__":

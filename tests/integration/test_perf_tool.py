@@ -57,8 +57,13 @@ def test_a_fanout_run_delivers_each_message_to_every_queue_and_prints_a_report(b
 def test_a_refused_login_fails_the_run_with_the_brokers_reason(broker):
     done = warren_perf("--uri", broker.url.replace("guest:guest", "guest:wrong"), "--seconds", "1")
     assert done.returncode == 1
-    assert done.stderr.startswith("warren-perf: the run failed: ")
-    assert "ACCESS_REFUSED" in done.stderr or "403" in done.stderr
+    assert done.stderr.startswith("warren-perf: the run failed: consumer: connection closed: 403 ACCESS_REFUSED - ")
+    assert len(done.stderr.splitlines()) == 1  # a line, no traceback
+
+
+def test_a_broker_that_is_not_there_fails_the_run_in_a_line():
+    done = warren_perf("--uri", "amqp://guest:guest@127.0.0.1:1/%2F", "--seconds", "1")
+    assert (done.returncode, done.stderr) == (1, "warren-perf: the run failed: consumer: [Errno 111] Connection refused\n")
 
 
 @pytest.mark.parametrize(("arguments", "message"), [
