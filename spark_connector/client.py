@@ -91,6 +91,8 @@ class BackgroundConsumer:
         except BaseException as error:  # reported on the caller's thread
             self._fail(error)
         finally:
+            if self._connection is not None:
+                self._connection.ioloop.close()  # (its poller's and wake-up's file descriptors)
             with self._changed:
                 self._failure = self._failure or "the consumer was closed"
                 self._ended = True

@@ -36,11 +36,11 @@ class StreamReadError(RuntimeError):
     """A stream cannot be read as asked: gone, unreachable, or its data lost to retention."""
 
 
-def _connect(uri: str, name: str) -> pika.BlockingConnection:
-    """A connection that names itself (the management API shows it as the client-provided name)."""
+def _parameters(uri: str, name: str) -> pika.URLParameters:
+    """A connection's parameters, naming it (the management API shows it as the client-provided name)."""
     parameters = pika.URLParameters(uri)
     parameters.client_properties = {"connection_name": name}
-    return pika.BlockingConnection(parameters)
+    return parameters
 
 
 def _close(connection: pika.BlockingConnection) -> None:
@@ -63,19 +63,21 @@ def _offset_of(properties: pika.BasicProperties) -> int:
 def probe_offset(uri: str, stream: str, spec: Any, timeout: float = FIRST_DELIVERY_SECONDS) -> int | None:
     """The offset of the first message a consumer starting at spec ('first', a timestamp...) receives, or None if
     none arrives within timeout."""
-    connection = _connect(uri, f"spark amqp source: probe of stream {stream} at {spec}")
+    first: list[int] = []
+
+    def on_message(channel: Any, method: Any, properties: Any, body: bytes) -> None:
+        if not first:
+            first.append(_offset_of(properties))
+
+    consumer = _StreamConsumer(uri, f"spark amqp source: probe of stream {stream} at {spec}", stream, spec, 1,
+                               on_message, lambda: bool(first))
     try:
-        channel = connection.channel()
-        channel.queue_declare(stream, passive=True)
-        channel.basic_qos(prefetch_count=1)
-        deliveries = channel.consume(stream, arguments={"x-stream-offset": spec}, inactivity_timeout=timeout)
-        method, properties, _ = next(deliveries)
-        _take_the_rest(channel, 1, _waiting_of(channel, deliveries))  # RabbitMQ sends a whole chunk, prefetch 1 or not
-        return None if method is None else _offset_of(properties)
-    except pika.exceptions.ChannelClosedByBroker as error:
-        raise StreamReadError(f"cannot read stream {stream!r}: {error.reply_text}") from error
+        consumer.open()
+        consumer.run(timeout)
+        consumer.settle()  # RabbitMQ sends a whole chunk, prefetch 1 or not
+        return first[0] if first else None
     finally:
-        _close(connection)
+        consumer.close()
 
 
 def timestamp_spec(milliseconds: int) -> datetime.datetime:
@@ -136,7 +138,7 @@ class TailFollower:
         connection = None
         failure = "the tail follower was closed"
         try:
-            connection = _connect(self._uri, f"spark amqp source: tail of stream {self.stream}")
+            connection = pika.BlockingConnection(_parameters(self._uri, f"spark amqp source: tail of stream {self.stream}"))
             channel = connection.channel()
             channel.queue_declare(self.stream, passive=True)
             channel.basic_qos(prefetch_count=self._prefetch)
@@ -186,40 +188,147 @@ def read_range(uri: str, stream: str, low: int, high: int, prefetch: int, fail_o
     chunks, and its offsets have gaps) is taken without an ack before the task leaves, so closing rejects nothing
     (RabbitMQ 3.10 answers a basic.reject on a stream with 540)."""
     window = max(1, min(prefetch, high - low))
-    connection = _connect(uri, f"spark amqp source: stream {stream} offsets [{low}, {high})")
     reading = _RangeReading(uri, stream, low, high, window, fail_on_data_loss)
-    channel = None
+    consumer = _StreamConsumer(uri, f"spark amqp source: stream {stream} offsets [{low}, {high})", stream, low,
+                               window, reading.on_message,
+                               lambda: reading.done or len(reading.rows) >= ARROW_BATCH_ROWS)
     try:
-        channel = connection.channel()
-        channel.basic_qos(prefetch_count=window)
-        channel.basic_consume(stream, reading.on_message, arguments={"x-stream-offset": low})
-        heard_at = time.monotonic()
-        while not reading.done:
-            received = reading.received
-            connection.process_data_events(time_limit=POLL_SECONDS)  # (returns once deliveries came)
+        consumer.open()  # (deliveries may come with the consumer's start)
+        heard_at, received = time.monotonic(), 0
+        while True:
             if reading.failure is not None:
                 raise reading.failure
+            if len(reading.rows) >= ARROW_BATCH_ROWS:
+                yield reading.rows.take()
+            if reading.done:
+                break
             if reading.received != received:
-                heard_at = time.monotonic()
+                heard_at, received = time.monotonic(), reading.received
             elif time.monotonic() - heard_at > deadline_seconds:
                 raise StreamReadError(f"stream {stream!r}: nothing received for {deadline_seconds:.0f}s while "
                                       f"reading offsets {low} to {high - 1}")
-            if len(reading.rows) >= ARROW_BATCH_ROWS:
-                yield reading.rows.take()
-        _take_the_rest(channel, window, lambda: reading.dispatched(connection))
+            consumer.run(POLL_SECONDS)  # (returns once a batch of rows is read, or the range)
+        consumer.settle()
         if reading.rows:
             yield reading.rows.take()
-    except pika.exceptions.ChannelClosedByBroker as error:
-        raise StreamReadError(f"cannot read stream {stream!r}: {error.reply_text}") from error
     except StreamReadError:
         try:  # leaving on data loss (or a stall): no reject either
-            if channel is not None:
-                _take_the_rest(channel, window, lambda: reading.dispatched(connection))
-        except pika.exceptions.AMQPError:  # the connection went meanwhile: nothing to reject
+            consumer.settle()
+        except (pika.exceptions.AMQPError, StreamReadError):  # the connection went meanwhile: nothing to reject
             pass
         raise
     finally:
-        _close(connection)
+        consumer.close()
+
+
+class _StreamConsumer:
+    """A consumer of a stream from an offset spec, on pika's SelectConnection (whose callbacks cost a delivery less
+    than the blocking adapter's event queue), its I/O loop run in turns by the caller: between turns a task hands
+    Spark its rows. The broker closing the channel (a stream that does not exist, say) is a StreamReadError."""
+
+    def __init__(self, uri: str, name: str, stream: str, spec: Any, window: int,
+                 on_message: Callable[[Any, Any, Any, bytes], None], enough: Callable[[], bool]) -> None:
+        self.stream = stream
+        self.spec = spec  # x-stream-offset: where consuming starts
+        self.window = window  # basic.qos prefetch count
+        self.on_message = on_message
+        self.enough = enough  # after a delivery: whether a turn of run() may end
+        self.delivered = 0  # deliveries so far
+        self.answered = False  # the latest basic.consume or basic.qos was answered
+        self.failure: BaseException | None = None  # what closed the channel or the connection, if not this end
+        self.until: Callable[[], bool] = lambda: False  # when the current turn of the loop ends
+        self.channel: Any = None
+        self.connection = pika.SelectConnection(_parameters(uri, name), on_open_callback=self._opened,
+                                                on_open_error_callback=self._ended, on_close_callback=self._ended)
+
+    def open(self) -> None:
+        """Connect and consume."""
+        self._turn(CONNECT_TIMEOUT_SECONDS, lambda: self.answered)
+        self._raise_if_failed()
+        if not self.answered:
+            raise StreamReadError(f"stream {self.stream!r}: not consuming after {CONNECT_TIMEOUT_SECONDS:.0f}s")
+
+    def run(self, seconds: float) -> None:
+        """Take deliveries for at most `seconds`, or until `enough` holds."""
+        self._turn(seconds, self.enough)
+        self._raise_if_failed()
+
+    def settle(self) -> None:
+        """Take the deliveries still on their way (their credit was given before the caller was done), so that none
+        is left for pika to reject when the channel closes. A basic.qos round trip is the barrier: the broker
+        answers it after every delivery it sent before (RabbitMQ sends a chunk whole, at once), and the credit
+        given ends with what was asked for, so nothing more is sent. Asking again for the same prefetch changes
+        nothing of the consumer's."""
+        while True:
+            delivered, self.answered = self.delivered, False
+            self.channel.basic_qos(prefetch_count=self.window, callback=self._answer)
+            self._turn(CONNECT_TIMEOUT_SECONDS, lambda: self.answered)
+            self._raise_if_failed()
+            if not self.answered:
+                raise StreamReadError(f"stream {self.stream!r}: basic.qos unanswered after "
+                                      f"{CONNECT_TIMEOUT_SECONDS:.0f}s")
+            if self.delivered == delivered:
+                return
+
+    def close(self) -> None:
+        """Close the connection and its I/O loop (pika rejects nothing: settle took what had come)."""
+        connection = self.connection
+        if not (connection.is_closing or connection.is_closed):
+            connection.close()
+        self._turn(CONNECT_TIMEOUT_SECONDS, lambda: connection.is_closed)
+        connection.ioloop.close()
+
+    def _turn(self, seconds: float, until: Callable[[], bool]) -> None:
+        """Run the I/O loop until `until` holds after a callback, the connection ended, or `seconds` passed."""
+        if until() or self.connection.is_closed:
+            return
+        self.until = until
+        loop = self.connection.ioloop
+        timer = loop.call_later(seconds, loop.stop)
+        try:
+            loop.start()
+        finally:
+            loop.remove_timeout(timer)
+
+    def _raise_if_failed(self) -> None:
+        if isinstance(self.failure, pika.exceptions.ChannelClosedByBroker):
+            raise StreamReadError(f"cannot read stream {self.stream!r}: {self.failure.reply_text}") from self.failure
+        if self.failure is not None:
+            raise self.failure
+
+    # -- callbacks, on the I/O loop ------------------------------------------------------------------
+
+    def _opened(self, connection: Any) -> None:
+        connection.channel(on_open_callback=self._channel_opened)
+
+    def _channel_opened(self, channel: Any) -> None:
+        self.channel = channel
+        channel.add_on_close_callback(self._ended)
+        channel.basic_qos(prefetch_count=self.window, callback=lambda _: channel.basic_consume(
+            self.stream, self._delivery, arguments={"x-stream-offset": self.spec}, callback=self._answer))
+
+    def _answer(self, _frame: Any) -> None:
+        self.answered = True
+        self._stop_if_done()
+
+    def _delivery(self, channel: Any, method: Any, properties: Any, body: bytes) -> None:
+        self.delivered += 1
+        self.on_message(channel, method, properties, body)
+        self._stop_if_done()
+
+    def _stop_if_done(self) -> None:
+        if self.until():
+            self.connection.ioloop.stop()
+
+    def _ended(self, _source: Any, reason: BaseException) -> None:
+        """The channel or the connection closed (or the connection could not open)."""
+        by_this_end = (pika.exceptions.ConnectionClosedByClient, pika.exceptions.ChannelClosedByClient)
+        if self.failure is None and not isinstance(reason, by_this_end):
+            self.failure = reason
+        if self.connection.is_open:
+            self.connection.close()
+        if self.connection.is_closed:
+            self.connection.ioloop.stop()
 
 
 class _RangeReading:
@@ -264,34 +373,6 @@ class _RangeReading:
         if offset + window < high and (self.unacked >= window // 2 or offset + window + window // 2 >= high):
             channel.basic_ack(method.delivery_tag, multiple=True)
             self.unacked = 0
-
-    def dispatched(self, connection: pika.BlockingConnection) -> int:
-        """Hand the deliveries pika holds to on_message; how many there were."""
-        received = self.received
-        connection.process_data_events(time_limit=0)
-        return self.received - received
-
-
-def _take_the_rest(channel: Any, prefetch: int, take_waiting: Callable[[], int]) -> None:
-    """Take the deliveries still on their way (their credit was given before the range ended), so that none is left
-    for pika to reject when the channel closes. A basic.qos round trip is the barrier: the broker answers it after
-    every delivery it sent before (RabbitMQ sends a chunk whole, at once), and the credit given ends with what was
-    asked for, so nothing more is sent. Asking again for the same prefetch changes nothing of the consumer's.
-    take_waiting takes the deliveries pika holds and says how many it took."""
-    while True:
-        channel.basic_qos(prefetch_count=prefetch)
-        if not take_waiting():
-            return
-
-
-def _waiting_of(channel: Any, deliveries: Iterator) -> Callable[[], int]:
-    """take_waiting for a consume() generator."""
-    def take() -> int:
-        waiting = channel.get_waiting_message_count()
-        for _ in range(waiting):
-            next(deliveries)
-        return waiting
-    return take
 
 
 def _check_loss(uri: str, stream: str, low: int, delivered: int, fail_on_data_loss: bool) -> None:
