@@ -31,17 +31,18 @@ ROLES = ("consumer", "producer")
 
 @dataclass(frozen=True)
 class Split:
-    """What both sides agree on."""
-    exchange: str  # "" for the default exchange
+    """What both sides agree on (the defaults: a 16-byte message published unthrottled, without confirms, to one
+    queue, consumed with auto-ack)."""
     queue: str  # the queue, or the prefix of the fanout queues
-    queues: int  # 1, or how many queues a fanout exchange feeds (one consumer each)
-    size: int  # body bytes
-    persistent: bool  # delivery_mode 2, durable queues
-    ack_every: int  # 0: auto-ack; 1: ack each; N > 1: one multiple ack every N deliveries
-    prefetch: int  # basic.qos of a manual-ack consumer
-    window: int  # producer: unconfirmed publishes allowed, 0 for no confirms
-    rate: int  # producer: messages per second, 0 for as fast as the broker takes them
-    latency: bool  # bodies carry their publishing time; the consumer reports p50/p99 end to end
+    exchange: str = ""  # "" for the default exchange
+    queues: int = 1  # 1, or how many queues a fanout exchange feeds (each consumer process consumes them all)
+    size: int = 16  # body bytes
+    persistent: bool = False  # delivery_mode 2, durable queues
+    ack_every: int = 0  # 0: auto-ack; 1: ack each; N > 1: one multiple ack every N deliveries
+    prefetch: int = 100  # basic.qos of a manual-ack consumer
+    window: int = 0  # producer: unconfirmed publishes allowed, 0 for no confirms
+    rate: int = 0  # producer: messages per second, 0 for as fast as the broker takes them
+    latency: bool = False  # bodies carry their publishing time; the consumer reports a sample of latencies
 
 
 def queue_names(split: Split) -> list[str]:

@@ -120,9 +120,7 @@ def run_split(broker: RunningBroker, bench: BenchRun, seconds: float) -> dict[st
     producer's run."""
     name = f"bench-{bench.name}-{os.getpid()}-{next(_names)}"
     fields = dict(bench.extra_args)
-    split = Split(**{"exchange": name if fields.get("queues", 1) > 1 else "", "queue": name, "queues": 1, "size": 16,
-                     "persistent": False, "ack_every": 0, "prefetch": 100, "window": 0, "rate": 0, "latency": False,
-                     **fields})
+    split = Split(queue=name, exchange=name if fields.get("queues", 1) > 1 else "", **fields)
     return perf_run(broker.url, split, seconds, broker_pid=broker.pid)
 
 

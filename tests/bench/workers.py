@@ -101,9 +101,8 @@ def percentile(values: list[float], share: float) -> float:
 
 
 def loadgen(target: str, role: str, seconds: float, queue: str, cpus: set[int] | None) -> subprocess.Popen:
-    split = Split(exchange="", queue=queue, queues=1, size=16, persistent=False, ack_every=0, prefetch=100, window=0,
-                  rate=0, latency=False)
-    return subprocess.Popen(command(role, target, split, seconds), cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    return subprocess.Popen(command(role, target, Split(queue=queue), seconds), cwd=REPO_ROOT, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus))
 
 
