@@ -21,10 +21,13 @@ import time
 from warrenperf.roles import Split
 from warrenperf.run import broker_process, run
 
+PREFETCH_MAX = 65535  # basic.qos's prefetch-count is an unsigned short
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="warren-perf", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--uri", default="amqp://guest:guest@127.0.0.1:5672/%2F", help="the broker (amqp:// or amqps://)")
+    parser.add_argument("--uri", default="amqp://guest:guest@127.0.0.1:5672/%2F",
+                        help="the broker (amqp:// or amqps://)")
     parser.add_argument("--producers", type=int, default=1, help="producer processes (default 1)")
     parser.add_argument("--consumers", type=int, default=1, help="consumer processes, each on every queue (default 1)")
     parser.add_argument("--seconds", type=float, default=10.0, help="how long the producers publish (default 10)")
@@ -44,9 +47,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--broker-pid", type=int, help="the broker's process, for its CPU time (default: found)")
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     args = parser.parse_args(argv)
-    for name in ("producers", "consumers", "queues", "prefetch", "size"):
-        if getattr(args, name) < 1 and not (name == "size" and getattr(args, name) == 0):
-            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    for name in ("producers", "consumers", "queues", "prefetch"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1")
+    for name in ("size", "confirm", "ack_every", "rate"):
+        if getattr(args, name) < 0:
+            parser.error(f"--{name.replace('_', '-')} must not be negative")
+    if args.prefetch > PREFETCH_MAX:
+        parser.error(f"--prefetch must be at most {PREFETCH_MAX} (basic.qos's prefetch count is 16 bits)")
     if args.latency and args.size < 8:
         parser.error("--latency needs --size 8 or more (the publishing time takes 8 bytes)")
     if args.ack_every > args.prefetch:

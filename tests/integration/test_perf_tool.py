@@ -63,13 +63,16 @@ def test_a_refused_login_fails_the_run_with_the_brokers_reason(broker):
 
 def test_a_broker_that_is_not_there_fails_the_run_in_a_line():
     done = warren_perf("--uri", "amqp://guest:guest@127.0.0.1:1/%2F", "--seconds", "1")
-    assert (done.returncode, done.stderr) == (1, "warren-perf: the run failed: consumer: [Errno 111] Connection refused\n")
+    assert (done.returncode, done.stderr) == (1, "warren-perf: the run failed: consumer: [Errno 111] Connection "
+                                                 "refused\n")
 
 
 @pytest.mark.parametrize(("arguments", "message"), [
     (("--ack-every", "200"), "--ack-every above --prefetch would stall"),
     (("--latency", "--size", "4"), "--latency needs --size 8 or more"),
     (("--producers", "0"), "--producers must be at least 1"),
+    (("--rate", "-5"), "--rate must not be negative"),
+    (("--prefetch", "70000"), "--prefetch must be at most 65535"),
 ])
 def test_options_that_cannot_work_are_refused_before_anything_runs(arguments, message):
     done = warren_perf("--uri", "amqp://guest:guest@127.0.0.1:1/%2F", *arguments)
