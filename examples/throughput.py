@@ -83,12 +83,12 @@ def read_stream_ranges(uri: str, ranges: list[tuple[int, int]], prefetch: int) -
 def consume_queue(uri: str, count: int, prefetch: int, batch: int) -> None:
     """Consume count messages of the queue with the connector's window (one consumer per 65535 of it on one channel,
     as the connector does) and one multiple ack per batch of deliveries."""
-    from spark_connector.options import MAX_PREFETCH
+    from spark_connector.options import consumer_windows
 
     connection = pika.BlockingConnection(pika.URLParameters(uri))
     channel = connection.channel()
-    consumers = -(-prefetch // MAX_PREFETCH)
-    channel.basic_qos(prefetch_count=-(-prefetch // consumers))
+    consumers, per_consumer = consumer_windows(prefetch)
+    channel.basic_qos(prefetch_count=per_consumer)
     state = {"received": 0}
 
     def on_message(channel, method, properties, body):

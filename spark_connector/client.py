@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import pika
 import pika.exceptions
 
-from spark_connector.options import MAX_PREFETCH, SourceOptions
+from spark_connector.options import SourceOptions, consumer_windows
 from spark_connector.schema import QueueRows
 
 T = TypeVar("T")
@@ -52,9 +52,7 @@ class BackgroundConsumer:
         self._channel: Any = None  # the consuming channel
         self._queue: str | None = None  # name of the consumed queue (server-named for a private one)
         self._initial_ready = 0  # ready messages in the queue just before consuming began
-        # basic.qos counts per consumer, in 16 bits: a larger window is several consumers on the one channel, whose
-        # delivery tags (and so its multiple acks) are common to them
-        self._consumers = -(-options.prefetch // MAX_PREFETCH)
+        self._consumers, self._per_consumer = consumer_windows(options.prefetch)  # consumers, the prefetch of each
         self._thread = threading.Thread(target=self._run, name="amqp-source-consumer", daemon=True)
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -150,8 +148,7 @@ class BackgroundConsumer:
 
     def _on_declared(self, queue: str, ready: int) -> None:
         self._queue, self._initial_ready = queue, ready
-        per_consumer = -(-self._options.prefetch // self._consumers)
-        self._channel.basic_qos(prefetch_count=per_consumer, callback=lambda _: self._consume())
+        self._channel.basic_qos(prefetch_count=self._per_consumer, callback=lambda _: self._consume())
 
     def _consume(self) -> None:
         started = []

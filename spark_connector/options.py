@@ -61,6 +61,14 @@ def _prefetch(options: Mapping[str, str], role: str, default: int) -> int:
     return prefetch
 
 
+def consumer_windows(prefetch: int) -> tuple[int, int]:
+    """A window of `prefetch` unacknowledged messages as (consumers, the prefetch count of each): basic.qos counts per
+    consumer in 16 bits, so a larger window is several consumers on one channel, whose delivery tags (and so its
+    multiple acks) are common to them."""
+    consumers = -(-prefetch // MAX_PREFETCH)
+    return consumers, -(-prefetch // consumers)
+
+
 def _bool(options: Mapping[str, str], name: str, role: str, default: bool) -> bool:
     raw = _get(options, name)
     if raw is None:

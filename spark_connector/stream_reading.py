@@ -138,7 +138,8 @@ class TailFollower:
         connection = None
         failure = "the tail follower was closed"
         try:
-            connection = pika.BlockingConnection(_parameters(self._uri, f"spark amqp source: tail of stream {self.stream}"))
+            connection = pika.BlockingConnection(
+                _parameters(self._uri, f"spark amqp source: tail of stream {self.stream}"))
             channel = connection.channel()
             channel.queue_declare(self.stream, passive=True)
             channel.basic_qos(prefetch_count=self._prefetch)
