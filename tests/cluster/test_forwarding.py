@@ -110,9 +110,10 @@ def test_any_nodes_api_lists_every_worker_of_every_node(shaped: Nodes):
 
     every = sorted(shaped.worker(node, group) for node in "abc" for group in range(shaped.workers))
     for node in "abc":
-        nodes = wait_for(lambda: (found := listed(cluster, node)) and list(found) == every and found, 30,
-                         f"every worker of every node listed by {node}, in order")
-        assert all(entry["running"] for entry in nodes.values())
+        # (a node that cannot answer yet, as before it knows the cluster's secret, is listed as not running)
+        nodes = wait_for(lambda: (found := listed(cluster, node)) and list(found) == every
+                         and all(entry["running"] for entry in found.values()) and found, 30,
+                         f"every worker of every node listed by {node}, in order, running")
         assert len({entry["os_pid"] for entry in nodes.values()}) == len(every)
         follower = nodes[shaped.worker(elsewhere, last)]  # a worker that leads nothing, asked for by name
         status, entry = api(cluster, node, "GET", f"/api/nodes/{follower['name']}")
