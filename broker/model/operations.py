@@ -78,9 +78,16 @@ def _check_alternate_exchange(access: "ChannelAccess", name: str, arguments: dic
 
 
 def delete_exchange(actor: Actor, name: str, if_unused: bool) -> None:
+    exchange = exchange_to_delete(actor, name, if_unused)
+    if exchange is not None:
+        actor.vhost.delete_exchange(name, if_unused=False)
+
+
+def exchange_to_delete(actor: Actor, name: str, if_unused: bool) -> "Exchange | None":
+    """The exchange exchange.delete names, once its checks pass; None where there is none."""
     if name and not name.startswith("amq."):  # those are refused first, whatever the rights
         actor.access.check(CONFIGURE, EXCHANGE, name)
-    actor.vhost.delete_exchange(name, if_unused)
+    return actor.vhost.exchange_to_delete(name, if_unused)
 
 
 # --- queues ----------------------------------------------------------------------------------------------------
@@ -113,17 +120,23 @@ def _check_queue_declare(access: "ChannelAccess", name: str, existed: bool, argu
 
 def delete_queue(actor: Actor, name: str, if_unused: bool, if_empty: bool) -> int:
     """queue.delete: the ready messages dropped (0 when there was no such queue)."""
+    queue = queue_to_delete(actor, name, if_unused, if_empty)
+    return 0 if queue is None else actor.vhost.delete_queue(queue)
+
+
+def queue_to_delete(actor: Actor, name: str, if_unused: bool, if_empty: bool) -> "Queue | None":
+    """The queue queue.delete names, once its checks pass; None where there is none."""
     vhost = actor.vhost
     actor.access.check(CONFIGURE, QUEUE, name)
     queue = vhost.queues.get(name)
     if queue is None:
-        return 0
+        return None
     vhost.check_exclusive_access(queue, actor.owner)
     if if_unused and queue.has_consumers():
         raise errors.precondition_failed(f"queue '{queue.name}' in vhost '{vhost.name}' in use")
     if if_empty and queue.has_ready():
         raise errors.precondition_failed(f"queue '{queue.name}' in vhost '{vhost.name}' not empty")
-    return vhost.delete_queue(queue)
+    return queue
 
 
 def readable_queue(actor: Actor, name: str) -> "Queue":

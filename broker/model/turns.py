@@ -13,6 +13,8 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Final, Generator, Iterable, NamedTuple, cast
 
 if TYPE_CHECKING:
+    from broker.model.exchange import Exchange
+    from broker.model.queue import Queue
     from broker.model.vhost import VirtualHost
 
 # Slices one loop turn runs, at least one, until this long has been spent (a slice itself stops after about as long:
@@ -83,6 +85,14 @@ async def reapply_policies(vhost: "VirtualHost") -> None:
     millisecond each, a vhost of 10,000 queues would hold the event loop 10 s), the choices applied in slices
     (100,000 queues held it about 1 s in one piece), those of an older change skipped."""
     await in_slices(vhost.applying_policy_choices(await asyncio.to_thread(vhost.policy_snapshot().choose)))
+
+
+async def unbound(vhost: "VirtualHost", subject: "Queue | Exchange") -> None:
+    """Once a queue's or exchange's bindings are few enough for its deletion to remove them with it, the others
+    removed a slice a loop turn (VirtualHost.unbind_all)."""
+    done = asyncio.get_running_loop().create_future()
+    vhost.unbind_all(subject, lambda: done.set_result(None))
+    await done
 
 
 _line: _Line | None = None  # the running event loop's line (a process runs one loop; a test may run several)

@@ -8,7 +8,7 @@ import json
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator, cast
+from typing import TYPE_CHECKING, Any, Callable, Final, Iterator, cast
 
 from broker.model import durability
 from broker.model.arguments.exchange import DELAYED_TYPE
@@ -23,7 +23,7 @@ from broker.model.features.length_limit import APPENDED, ENQUEUED, ENQUEUED_OVER
 from broker.model.join import Join
 from broker.model.keys import binding_key, delayed_key, exchange_key, parameter_key, policy_key
 from broker.model.policy import Policy, PolicyChoices, PolicySnapshot, choose_both, make_policy
-from broker.model.queue import SLICE_SECONDS, Queue
+from broker.model.queue import PIECE, SLICE_SECONDS, Queue
 from broker.model.remote import Counted, RemoteQueue, leader_locator
 from broker.model.stream import Stream
 from broker.model.turns import TURN_SECONDS, next_turn
@@ -46,6 +46,9 @@ PREDECLARED_EXCHANGES = {
     "amq.direct": "direct", "amq.fanout": "fanout", "amq.topic": "topic",
     "amq.headers": "headers", "amq.match": "headers",
 }
+# Bindings a queue's or exchange's deletion removes with it at once; more go first, a slice a loop turn (unbind_all:
+# 100,000 topic bindings of one queue took 0.24 s in one piece)
+BINDINGS_AT_ONCE: Final = 1024
 
 
 def generated_name(prefix: str) -> str:
@@ -442,16 +445,20 @@ class VirtualHost:
         self._drop_binding(binding, auto_delete_source=False)
 
     def delete_exchange(self, name: str, if_unused: bool) -> None:
+        exchange = self.exchange_to_delete(name, if_unused)
+        if exchange is not None:
+            self._remove_exchange(exchange)
+
+    def exchange_to_delete(self, name: str, if_unused: bool) -> Exchange | None:
+        """The exchange exchange.delete names, its checks passed; None where there is none."""
         if name == "" or name.startswith("amq."):
             raise errors.access_refused("operation not permitted on the default exchange" if name == ""
                                         else f"deletion of system exchange '{name}' in vhost '{self.name}' "
                                              "not allowed")
         exchange = self.exchanges.get(name)
-        if exchange is None:
-            return
-        if if_unused and exchange.bindings:
+        if exchange is not None and if_unused and exchange.bindings:
             raise errors.precondition_failed(f"exchange '{name}' in vhost '{self.name}' in use")
-        self._remove_exchange(exchange)
+        return exchange
 
     def _remove_exchange(self, exchange: Exchange) -> None:
         exchange.deleted = True
@@ -613,6 +620,33 @@ class VirtualHost:
         destination = binding.destination
         (destination.bindings if isinstance(destination, Queue) else destination.inbound).discard(binding)
 
+    def bindings_of(self, subject: Queue | Exchange) -> list[Binding]:
+        """The bindings a queue's or exchange's deletion removes with it."""
+        if isinstance(subject, Queue):
+            return list(subject.bindings)
+        return [*subject.bindings.values(), *subject.inbound]
+
+    def unbind_all(self, subject: Queue | Exchange, then: Callable[[], None], left: list[Binding] | None = None) -> None:
+        """Remove a queue's or exchange's bindings (those made meanwhile too), each as an unbind does, a slice a loop
+        turn, the subject otherwise as it was; then() in the turn where at most BINDINGS_AT_ONCE are left (at once
+        where there are no more to begin with), for its deletion to remove them with it. ``left``: those still to
+        remove, the last first."""
+        ends = time.perf_counter() + SLICE_SECONDS
+        while True:
+            if not left:
+                left = self.bindings_of(subject)
+                if len(left) <= BINDINGS_AT_ONCE or subject.deleted:
+                    then()
+                    return
+            binding = left.pop()
+            source = binding.source
+            if source.bindings.get(binding.key) is binding:  # (not unbound meanwhile)
+                self._drop_binding(binding, auto_delete_source=source is not subject)
+            if len(left) % PIECE == 0 and time.perf_counter() >= ends:
+                pending = left
+                next_turn(lambda: self.unbind_all(subject, then, pending))
+                return
+
     def changed(self, kind: str, name: str) -> None:
         """Tell the watcher that a queue or exchange may have changed (see TopologyWatcher)."""
         if self.watcher is not None:
@@ -761,17 +795,23 @@ class VirtualHost:
 
     # --- connections ----------------------------------------------------------------------------------------
     def connection_closed(self, connection: "QueueOwner", done: "Callable[[], None] | None" = None) -> None:
-        """The connection's exclusive queues go, each whole, a slice a loop turn; then done() (the close-ok waits
-        for it, as RabbitMQ's waits for the deletion). Until its turn comes, a queue stays as it was: another
-        connection is refused it, as the closing one's."""
-        self._delete_exclusive(list(connection.exclusive_queues), done)
+        """The connection's exclusive queues go (delete_queues); then done() (the close-ok waits for it, as
+        RabbitMQ's waits for the deletion). Until its turn comes, a queue stays as it was: another connection is
+        refused it, as the closing one's."""
+        self.delete_queues(list(connection.exclusive_queues), done)
 
-    def _delete_exclusive(self, queues: list[Queue], done: "Callable[[], None] | None") -> None:
+    def delete_queues(self, queues: list[Queue], done: "Callable[[], None] | None" = None) -> None:
+        """Delete queues (the last first) that nobody waits for, each whole once its bindings are few enough
+        (unbind_all), a slice a loop turn; then done()."""
         ends = time.perf_counter() + SLICE_SECONDS
         while queues:
+            queue = queues[-1]
+            if len(queue.bindings) > BINDINGS_AT_ONCE and not queue.deleted:
+                self.unbind_all(queue, lambda: self.delete_queues(queues, done))
+                return
             self.delete_queue(queues.pop())
             if queues and time.perf_counter() >= ends:
-                next_turn(lambda: self._delete_exclusive(queues, done))
+                next_turn(lambda: self.delete_queues(queues, done))
                 return
         if done is not None:
             done()

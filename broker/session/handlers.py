@@ -9,10 +9,10 @@ from pamqp import base, commands as spec
 from broker.model import operations
 from broker.model.access import EXCHANGE, QUEUE
 from broker.model.remote import RemoteQueue
-from broker.model.vhost import connection_token, generated_name
+from broker.model.vhost import BINDINGS_AT_ONCE, connection_token, generated_name
 from broker.session import direct_reply
 from broker.session.consumer import Consumer
-from broker.session.settlement import Forwarded, Subscribing
+from broker.session.settlement import Forwarded, Subscribing, Unbinding
 from protocol import errors
 
 if TYPE_CHECKING:
@@ -71,7 +71,12 @@ def _exchange_delete(channel: Channel, method: spec.Exchange.Delete) -> None:
                                    "if_unused": method.if_unused},
                  lambda answer: None if method.nowait else spec.Exchange.DeleteOk())
         return
-    operations.delete_exchange(_actor(channel), method.exchange, method.if_unused)
+    exchange = operations.exchange_to_delete(_actor(channel), method.exchange, method.if_unused)
+    if exchange is not None and len(exchange.bindings) + len(exchange.inbound) > BINDINGS_AT_ONCE:
+        channel.start(Unbinding(exchange, spec.Exchange.Delete(exchange=exchange.name, nowait=method.nowait)))
+        return
+    if exchange is not None:
+        channel.vhost.delete_exchange(exchange.name, if_unused=False)
     if not method.nowait:
         channel.send_method(spec.Exchange.DeleteOk())
 
@@ -188,9 +193,14 @@ def _queue_delete(channel: Channel, method: spec.Queue.Delete) -> None:
                                    "if_unused": method.if_unused, "if_empty": method.if_empty},
                  lambda answer: None if method.nowait else spec.Queue.DeleteOk(int(answer.get("messages", 0))))
         return
-    channel.vhost.counted_there = None
-    count = operations.delete_queue(_actor(channel), _queue_name(channel, method.queue), method.if_unused,
-                                    method.if_empty)
+    vhost = channel.vhost
+    vhost.counted_there = None
+    queue = operations.queue_to_delete(_actor(channel), _queue_name(channel, method.queue), method.if_unused,
+                                       method.if_empty)
+    if queue is not None and len(queue.bindings) > BINDINGS_AT_ONCE:
+        channel.start(Unbinding(queue, spec.Queue.Delete(queue=queue.name, nowait=method.nowait)))
+        return
+    count = 0 if queue is None else vhost.delete_queue(queue)
     if not method.nowait:
         _reply_with_count(channel, lambda counted: spec.Queue.DeleteOk(message_count=counted), count)
 

@@ -2,9 +2,10 @@
 order its client asked for it (Channel.settling): a multiple ack, nack or reject of millions and the requeue of a
 closing channel's deliveries (Settlement), and within a transaction a multiple ack, nack or reject taken into it
 (TakenIntoTransaction), its commit (Commit, or CommitAcross where queues of other processes may take part) and its
-rollback (Rollback); and a basic.get, which may wait for the expired messages at its queue's head to leave, or for
-the process that owns it (Get). The frames the client sent after it wait meanwhile, as they wait for a reply that
-waits for the disk, so that what follows sees it done."""
+rollback (Rollback); a basic.get, which may wait for the expired messages at its queue's head to leave, or for the
+process that owns it (Get); and the deletion of a queue or exchange with many bindings (Unbinding). The frames the
+client sent after it wait meanwhile, as they wait for a reply that waits for the disk, so that what follows sees it
+done."""
 
 from __future__ import annotations
 
@@ -13,16 +14,16 @@ from typing import TYPE_CHECKING, Callable, Final, Iterator
 
 from pamqp import commands as spec
 
-from broker.model.queue import PIECE, SLICE_SECONDS, in_pieces
+from broker.model.queue import PIECE, SLICE_SECONDS, Queue, in_pieces
 from broker.model.remote import RemoteQueue
 from protocol import errors
-from protocol.errors import made_elsewhere
+from protocol.errors import AMQPError, made_elsewhere
 
 if TYPE_CHECKING:
     from broker.model.interfaces import QueueCrossing
+    from broker.model.exchange import Exchange
     from broker.model.message import QueueEntry
     from broker.model.transactions import Share
-    from broker.model.queue import Queue
     from broker.session.channel import Channel
     from broker.session.consumer import Consumer
     from broker.session.transaction import Transaction
@@ -423,6 +424,53 @@ class Forwarded(Slices):
     def _answered(self, channel: Channel, answer: dict) -> None:
         self.answer = answer
         channel.unpark()
+
+
+class Unbinding(Slices):
+    """A queue.delete or exchange.delete of a subject with more bindings than its deletion removes at once
+    (broker.model.vhost.BINDINGS_AT_ONCE): they go first, a slice a loop turn (VirtualHost.unbind_all), the subject
+    otherwise as it was; then ``decided`` (the method without if-unused and if-empty, its checks passed) runs as any
+    method does, removing the subject with what bindings are left; or, where another client deleted it meanwhile,
+    is answered as for no such subject. A channel closed meanwhile has the deletion made all the same."""
+
+    __slots__ = ("subject", "decided", "waiting", "unbound")
+
+    def __init__(self, subject: Queue | Exchange, decided: spec.Queue.Delete | spec.Exchange.Delete) -> None:
+        self.subject = subject
+        self.decided = decided
+        self.waiting = False  # parked until the bindings are gone
+        self.unbound = False
+
+    def parked(self) -> bool:
+        return self.waiting and not self.unbound
+
+    def step(self, channel: Channel) -> bool:
+        subject, vhost = self.subject, channel.vhost
+        if not self.unbound:
+            vhost.unbind_all(subject, lambda: self._unbound(channel))
+            self.waiting = not self.unbound
+            if self.waiting:
+                return False
+        if not channel.open:
+            if not subject.deleted and isinstance(subject, Queue):
+                vhost.delete_queue(subject)
+            elif not subject.deleted:
+                vhost.delete_exchange(subject.name, if_unused=False)
+        elif subject.deleted:
+            if not self.decided.nowait:
+                channel.send_method(spec.Queue.DeleteOk(message_count=0) if isinstance(subject, Queue)
+                                    else spec.Exchange.DeleteOk())
+        else:
+            try:
+                channel.handle_method(self.decided)
+            except AMQPError as error:  # (refused now, say the user's rights were taken back meanwhile)
+                channel.connection.failed(error, channel)
+        return True
+
+    def _unbound(self, channel: Channel) -> None:
+        self.unbound = True
+        if self.waiting:
+            channel.unpark()
 
 
 def _settle_one(channel: Channel, settles: list[tuple[list[Unacked], bool | None, bool]], index: int) -> int:

@@ -8,6 +8,7 @@ from broker.management.resources import (
     parse_bool, readable_vhosts,
 )
 from broker.model import operations
+from broker.model.turns import unbound
 from protocol.errors import AMQPError
 
 routes = web.RouteTableDef()
@@ -57,7 +58,11 @@ async def delete(request: web.Request) -> web.Response:
     name = exchange_name(request)
     if name and name not in vhost.exchanges:
         raise http.not_found()
-    operations.delete_exchange(actor_of(request, vhost), name, flag(request, "if-unused"))
+    exchange = operations.exchange_to_delete(actor_of(request, vhost), name, flag(request, "if-unused"))
+    if exchange is not None:
+        await unbound(vhost, exchange)
+        if not exchange.deleted:  # (by another client meanwhile)
+            vhost.delete_exchange(exchange.name, if_unused=False)
     await http.on_disk(request)
     return http.no_content()
 

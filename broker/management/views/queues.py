@@ -9,6 +9,7 @@ from broker.management.resources import (
 )
 from broker.model import operations
 from broker.model.remote import RemoteQueue
+from broker.model.turns import unbound
 from broker.session.consumer import Consumer
 from protocol.errors import AMQPError
 
@@ -79,7 +80,11 @@ async def delete(request: web.Request) -> web.Response:
         queue.count_there()
         vhost.counted_there = None
         await http.on_disk(request)
-    operations.delete_queue(actor_of(request, vhost), queue.name, if_unused, if_empty)
+    queue = operations.queue_to_delete(actor_of(request, vhost), queue.name, if_unused, if_empty)
+    if queue is not None:
+        await unbound(vhost, queue)
+        if not queue.deleted:  # (by another client meanwhile)
+            vhost.delete_queue(queue)
     await http.on_disk(request)
     return http.no_content()
 

@@ -28,6 +28,15 @@ def declared(vhost: VirtualHost, owner: Owner, count: int) -> list:
     return queues
 
 
+async def turns_until(done: list) -> int:
+    """The loop turns taken until something is appended to done."""
+    turns = 0
+    while not done:
+        await asyncio.sleep(0)
+        turns += 1
+    return turns
+
+
 def test_a_few_exclusive_queues_go_at_once():
     vhost, owner, closed = VirtualHost("/"), Owner(), []
     queues = declared(vhost, owner, 3)
@@ -46,11 +55,7 @@ def test_many_go_over_several_loop_turns_and_the_close_is_answered_after_the_las
         with pytest.raises(AMQPError) as refused:  # another connection's declare of one still there
             vhost.declare_queue(left[0].name, Owner(), False, False, True, False, {})
         assert refused.value.reply_code == 405
-        turns = 0
-        while not closed:
-            await asyncio.sleep(0)
-            turns += 1
-        return turns
+        return await turns_until(closed)
 
     assert asyncio.run(scenario()) > 1
     assert all(queue.deleted for queue in queues) and not vhost.queues

@@ -1,0 +1,56 @@
+"""A queue's or exchange's many bindings removed a slice a loop turn before its deletion (VirtualHost.unbind_all,
+delete_queues): the subject stays as it was meanwhile, bindings made meanwhile go too, and a few go at once."""
+
+from __future__ import annotations
+
+import asyncio
+
+from broker.model.vhost import BINDINGS_AT_ONCE, VirtualHost
+from tests.unit.broker.model.test_exclusive_queues import Owner, turns_until
+
+MANY = 20_000  # topic bindings: about 2.4 µs each to remove, several loop turns
+
+
+def bound(count: int, auto_delete: bool = False):
+    vhost = VirtualHost("/")
+    exchange = vhost.declare_exchange("t", "topic", False, auto_delete, False, False, {})
+    queue = vhost.declare_queue("q", Owner(), False, False, False, False, {})
+    for number in range(count):
+        vhost.bind(exchange, queue, f"k.{number}.#", {})
+    return vhost, exchange, queue
+
+
+def test_a_queue_of_few_bindings_goes_at_once():
+    vhost, exchange, queue = bound(BINDINGS_AT_ONCE)
+    vhost.delete_queues([queue])
+    assert queue.deleted and not exchange.bindings and "q" not in vhost.queues
+
+
+def test_a_queue_of_many_bindings_goes_over_loop_turns_with_those_bound_meanwhile():
+    vhost, exchange, queue = bound(MANY)
+    done: list[bool] = []
+
+    async def scenario() -> int:
+        vhost.delete_queues([queue], lambda: done.append(True))
+        assert not done and vhost.queues["q"] is queue and not queue.deleted
+        assert BINDINGS_AT_ONCE < len(exchange.bindings) < MANY
+        vhost.bind(exchange, queue, "made.meanwhile", {})
+        return await turns_until(done)
+
+    assert asyncio.run(scenario()) > 1
+    assert queue.deleted and "q" not in vhost.queues and not exchange.bindings
+    assert not list(exchange.route("made.meanwhile", None)) and not list(exchange.route("k.1", None))
+
+
+def test_an_auto_delete_exchange_losing_its_bindings_stays_until_its_deletion():
+    vhost, exchange, queue = bound(MANY, auto_delete=True)
+    unbound: list[bool] = []
+
+    async def scenario() -> None:
+        vhost.unbind_all(exchange, lambda: unbound.append(True))
+        await turns_until(unbound)
+
+    asyncio.run(scenario())
+    assert vhost.exchanges["t"] is exchange and not exchange.deleted and len(exchange.bindings) <= BINDINGS_AT_ONCE
+    vhost.delete_exchange("t", if_unused=False)
+    assert exchange.deleted and not queue.bindings
