@@ -448,22 +448,34 @@ def reply(data: Any, status: int = 200) -> web.Response:
 
 async def reply_in_slices(data: list | dict) -> web.Response:
     """reply() of a list, or of an object of lists (a definitions export), each list encoded ENCODE_SLICE items at
-    a time, the event loop turning between them (a listing of 100,000 queues encoded in one call held it 0.48 s)."""
-    return web.json_response(text=await _encoded(data))
+    a time, the event loop turning between them (a listing of 100,000 queues encoded in one call held it 0.48 s),
+    to bytes as it goes, and its items let go as they are encoded (100,000 queues' entries freed at once, as the
+    listing returned, held the loop 0.3 s): the lists are the caller's no more."""
+    pieces: list[bytes] = []
+    await _encoded(data, pieces)
+    return web.Response(body=b"".join(pieces), content_type="application/json", charset="utf-8")
 
 
-async def _encoded(data: Any) -> str:
+async def _encoded(data: Any, pieces: list[bytes]) -> None:
+    """data's JSON appended to pieces, a list's ENCODE_SLICE items a loop turn."""
     if isinstance(data, dict):
-        members = [f"{_key(key)}:{await _encoded(value)}" for key, value in data.items()]
-        return f"{{{','.join(members)}}}"
-    if not isinstance(data, list):
-        return compact_json(data)
-    parts = []
-    for start in range(0, len(data), ENCODE_SLICE):
-        if start:
-            await asyncio.sleep(0)
-        parts.append(compact_json(data[start:start + ENCODE_SLICE])[1:-1])  # (its items, without the brackets)
-    return f"[{','.join(parts)}]"
+        pieces.append(b"{")
+        for number, (key, value) in enumerate(data.items()):
+            pieces.append(f"{',' if number else ''}{_key(key)}:".encode())
+            await _encoded(value, pieces)
+        pieces.append(b"}")
+    elif not isinstance(data, list):
+        pieces.append(compact_json(data).encode())
+    else:
+        pieces.append(b"[")
+        for start in range(0, len(data), ENCODE_SLICE):
+            if start:
+                pieces.append(b",")
+                await asyncio.sleep(0)
+            end = min(start + ENCODE_SLICE, len(data))
+            pieces.append(compact_json(data[start:end])[1:-1].encode())  # (without the brackets)
+            data[start:end] = [None] * (end - start)
+        pieces.append(b"]")
 
 
 def _key(key: Any) -> str:

@@ -160,9 +160,8 @@ async def vhost_connections(request: web.Request) -> web.Response:
 
 async def _connections_listed(request: web.Request, connections: list["Connection"]) -> web.Response:
     """Each connection's JSON made only where the listing needs it (a page made every one)."""
-    return await named_listing(request, [
-        (connection.name, lambda connection=connection: connection_json(request, connection))
-        for connection in connections])
+    return await named_listing(request, connections, lambda connection: connection.name,
+                               lambda connection: connection_json(request, connection))
 
 
 @routes.get("/api/connections/{name}")
@@ -198,8 +197,7 @@ async def vhost_channels(request: web.Request) -> web.Response:
 
 async def _channels_listed(request: web.Request, channels: list["Channel"]) -> web.Response:
     """Each channel's JSON made only where the listing needs it."""
-    return await named_listing(request, [
-        (http.channel_name(channel), lambda channel=channel: channel_json(request, channel)) for channel in channels])
+    return await named_listing(request, channels, http.channel_name, lambda channel: channel_json(request, channel))
 
 
 @routes.get("/api/channels/{name}")

@@ -26,9 +26,8 @@ async def list_vhost(request: web.Request) -> web.Response:
 
 async def _listed(request: web.Request, vhosts: list) -> web.Response:
     """The exchanges of vhosts, each one's JSON made only where the listing needs it (a page made every one)."""
-    return await named_listing(request, [
-        (exchange.name, lambda vhost=vhost, exchange=exchange: exchange_json(vhost, exchange))
-        for vhost in vhosts for exchange in _by_name(vhost)])
+    return await named_listing(request, [(vhost, exchange) for vhost in vhosts for exchange in _by_name(vhost)],
+                               lambda pair: pair[1].name, lambda pair: exchange_json(*pair))
 
 
 @routes.get("/api/exchanges/{vhost}/{name}")

@@ -1,5 +1,8 @@
 """The management API: queues (list, show, declare, delete, purge, get messages)."""
 
+import asyncio
+import operator
+
 from aiohttp import web
 
 from broker.management import http, messages
@@ -42,10 +45,11 @@ async def list_vhost(request: web.Request) -> web.Response:
 
 
 async def _listed(request: web.Request, vhosts: list) -> web.Response:
-    """The queues of vhosts, each one's JSON made only where the listing needs it."""
-    return await named_listing(request, [
-        (queue.name, lambda vhost=vhost, queue=queue: _with_rates(request, queue, queue_json(vhost, queue)))
-        for vhost in vhosts for queue in _by_name(vhost)])
+    """The queues of vhosts, each one's JSON made only where the listing needs it, sorted on a thread (which lets
+    the event loop have the interpreter back every few milliseconds: sorting 100,000 queues took 35 ms)."""
+    queues = await asyncio.to_thread(_each_by_name, [list(vhost.queues.values()) for vhost in vhosts])
+    return await named_listing(request, queues, _name_of,
+                               lambda queue: _with_rates(request, queue, queue_json(queue.vhost, queue)))
 
 
 @routes.get("/api/queues/{vhost}/{name}")
@@ -148,9 +152,12 @@ def _undecodable(error: AMQPError, position: int) -> http.ApiError:
                          "taken are back in the queue")
 
 
-def _by_name(vhost) -> list:
-    """A vhost's queues in RabbitMQ's listing order."""
-    return sorted(vhost.queues.values(), key=lambda queue: queue.name)
+_name_of = operator.attrgetter("name")
+
+
+def _each_by_name(queues_of_each: list[list]) -> list:
+    """The queues of each vhost in RabbitMQ's listing order, one vhost after the other."""
+    return [queue for queues in queues_of_each for queue in sorted(queues, key=_name_of)]
 
 
 def _settle(queue, taken: list, requeue: bool, reject: bool) -> None:

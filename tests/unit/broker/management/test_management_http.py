@@ -84,7 +84,9 @@ def test_a_reply_in_slices_is_compact_json_its_lists_encoded_a_slice_a_loop_turn
         beside.cancel()
         return response
 
+    expected = http.compact_json(items)
     response = asyncio.run(encoded())
     assert response.content_type == "application/json"
-    assert response.text == http.compact_json(items)
+    assert response.text == expected
     assert len(turns) == max(0, (count - 1) // http.ENCODE_SLICE)
+    assert queues == [None] * count  # (let go as they were encoded)

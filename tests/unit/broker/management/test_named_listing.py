@@ -1,6 +1,6 @@
-"""A listing whose items are made from names: a page makes its own items alone, a whole listing makes every one while
-letting the event loop turn (broker.management.resources.named_listing, which the queues', exchanges', connections'
-and channels' listings use)."""
+"""A listing whose items are made from the objects it shows: a page makes its own items alone, a whole listing makes
+every one while letting the event loop turn (broker.management.resources.named_listing, which the queues',
+exchanges', connections' and channels' listings use)."""
 
 from __future__ import annotations
 
@@ -15,14 +15,12 @@ def listed(query: dict, count: int) -> tuple[object, list[str]]:
     """The reply body of a listing of count items named n0, n1, ..., and the names of the items it made."""
     made: list[str] = []
 
-    def maker(name: str):
-        def make() -> dict:
-            made.append(name)
-            return {"name": name}
-        return make
+    def make(shown: SimpleNamespace) -> dict:
+        made.append(shown.name)
+        return {"name": shown.name}
 
-    named = [(f"n{number}", maker(f"n{number}")) for number in range(count)]
-    response = asyncio.run(named_listing(SimpleNamespace(query=query), named))
+    shown = [SimpleNamespace(name=f"n{number}") for number in range(count)]
+    response = asyncio.run(named_listing(SimpleNamespace(query=query), shown, lambda item: item.name, make))
     return json.loads(response.body), made
 
 
