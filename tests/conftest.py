@@ -71,9 +71,13 @@ def serial_group(path: Path) -> str | None:
 
 
 def pytest_collection_modifyitems(items) -> None:
-    def place(item) -> tuple[int, bool]:
+    """The serial groups first; then the other tests, those marked slow first: a process free takes the next test
+    in this order, so the long ones (Paho's cases, which mostly wait, and the wheel's build) run beside the groups
+    rather than last, when the other processes are done (a minute or two of a machine left idle)."""
+    def place(item) -> tuple[int, bool, bool]:
         group = serial_group(item.path)
-        return (SERIAL_GROUPS.index(group) if group else len(SERIAL_GROUPS), item.path.name not in FIRST_IN_GROUP)
+        return (SERIAL_GROUPS.index(group) if group else len(SERIAL_GROUPS), item.path.name not in FIRST_IN_GROUP,
+                group is None and item.get_closest_marker("slow") is None)
     items.sort(key=place)
 
 
