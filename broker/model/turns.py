@@ -91,7 +91,7 @@ async def unbound(vhost: "VirtualHost", subject: "Queue | Exchange") -> None:
     """Once a queue's or exchange's bindings are few enough for its deletion to remove them with it, the others
     removed a slice a loop turn (VirtualHost.unbind_all)."""
     done = asyncio.get_running_loop().create_future()
-    vhost.unbind_all(subject, lambda: done.set_result(None))
+    vhost.unbind_all(subject, lambda: None if done.done() else done.set_result(None))  # (done: the request went)
     await done
 
 

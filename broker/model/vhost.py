@@ -801,8 +801,8 @@ class VirtualHost:
         self.delete_queues(list(connection.exclusive_queues), done)
 
     def delete_queues(self, queues: list[Queue], done: "Callable[[], None] | None" = None) -> None:
-        """Delete queues (the last first) that nobody waits for, each whole once its bindings are few enough
-        (unbind_all), a slice a loop turn; then done()."""
+        """Delete queues (the last first) no other client may use (a closed connection's exclusive ones), each
+        whole once its bindings are few enough (unbind_all), a slice a loop turn; then done()."""
         ends = time.perf_counter() + SLICE_SECONDS
         while queues:
             queue = queues[-1]

@@ -14,6 +14,7 @@ from broker.session import direct_reply
 from broker.session.consumer import Consumer
 from broker.session.settlement import Forwarded, Subscribing, Unbinding
 from protocol import errors
+from protocol.codec import make_method
 
 if TYPE_CHECKING:
     from broker.session.channel import Channel
@@ -73,7 +74,8 @@ def _exchange_delete(channel: Channel, method: spec.Exchange.Delete) -> None:
         return
     exchange = operations.exchange_to_delete(_actor(channel), method.exchange, method.if_unused)
     if exchange is not None and len(exchange.bindings) + len(exchange.inbound) > BINDINGS_AT_ONCE:
-        channel.start(Unbinding(exchange, spec.Exchange.Delete(exchange=exchange.name, nowait=method.nowait)))
+        channel.start(Unbinding(exchange, make_method(spec.Exchange.Delete, exchange=exchange.name,
+                                                      nowait=method.nowait)))
         return
     if exchange is not None:
         channel.vhost.delete_exchange(exchange.name, if_unused=False)
@@ -198,7 +200,7 @@ def _queue_delete(channel: Channel, method: spec.Queue.Delete) -> None:
     queue = operations.queue_to_delete(_actor(channel), _queue_name(channel, method.queue), method.if_unused,
                                        method.if_empty)
     if queue is not None and len(queue.bindings) > BINDINGS_AT_ONCE:
-        channel.start(Unbinding(queue, spec.Queue.Delete(queue=queue.name, nowait=method.nowait)))
+        channel.start(Unbinding(queue, make_method(spec.Queue.Delete, queue=queue.name, nowait=method.nowait)))
         return
     count = 0 if queue is None else vhost.delete_queue(queue)
     if not method.nowait:

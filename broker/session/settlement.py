@@ -456,6 +456,8 @@ class Unbinding(Slices):
                 vhost.delete_queue(subject)
             elif not subject.deleted:
                 vhost.delete_exchange(subject.name, if_unused=False)
+        elif channel.replies is not None:  # (a reply still waits, within the handler that started this or for the
+            return False                   # disk: the method's own must follow it, and wait for the disk itself)
         elif subject.deleted:
             if not self.decided.nowait:
                 channel.send_method(spec.Queue.DeleteOk(message_count=0) if isinstance(subject, Queue)
