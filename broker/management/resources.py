@@ -363,23 +363,26 @@ async def named_listing(request: web.Request, items: list, name_of: Callable[[An
     JSON made by make() only where needed: a page makes its own items alone, once the names are filtered, and a
     whole listing makes them in slices of the event loop (100,000 queues took it 3 s in one piece)."""
     columns = request.query["columns"].split(",") if "columns" in request.query else None
+
+    def shown(item: Any) -> dict:
+        entry = make(item)
+        return entry if columns is None else columns_of(entry, columns)
+
     if "page" not in request.query:
         made: list[dict] = []
-        await in_slices(made.append(make(item) if columns is None else columns_of(make(item), columns))
-                        for item in items)
+        await in_slices(made.append(shown(item)) for item in items)
         return await http.reply_in_slices(made)
     page, page_size = _pagination(request.query)
     if columns is not None and "name" not in columns:  # (listing() filters the items cut to their columns)
         name_of = _no_name
     chosen = await _chosen(request, items, name_of)
-    return _page(chosen, page, page_size, len(items), lambda shown: [
-        item if columns is None else columns_of(item, columns) for item in map(make, shown)])
+    return _page(chosen, page, page_size, len(items), lambda page_items: list(map(shown, page_items)))
 
 
 async def _chosen(request: web.Request, items: list, name_of: Callable[[Any], str]) -> list:
     """The items whose name the name parameter matches, all of them without one. The filter runs on a thread,
     which lets the event loop have the interpreter back every few milliseconds: RE2 takes up to a millisecond a
-    name for the worst patterns, and even a plain filter of 100,000 names took 40 ms."""
+    name for the worst patterns (a plain filter of 100,000 names takes about 6 ms)."""
     if not request.query.get("name"):
         return items
     matches = _name_filter(request.query)

@@ -87,11 +87,17 @@ async def reapply_policies(vhost: "VirtualHost") -> None:
     await in_slices(vhost.applying_policy_choices(await asyncio.to_thread(vhost.policy_snapshot().choose)))
 
 
-async def unbound(vhost: "VirtualHost", subject: "Queue | Exchange") -> None:
-    """Once a queue's or exchange's bindings are few enough for its deletion to remove them with it, the others
-    removed a slice a loop turn (VirtualHost.unbind_all)."""
+async def deleted_in_slices(vhost: "VirtualHost", subject: "Queue | Exchange") -> None:
+    """A queue or exchange deleted once its bindings are few enough to go with it, the others removed first, a slice
+    a loop turn (VirtualHost.unbind_all); unless another client deleted it meanwhile."""
     done = asyncio.get_running_loop().create_future()
-    vhost.unbind_all(subject, lambda: None if done.done() else done.set_result(None))  # (done: the request went)
+
+    def delete() -> None:
+        vhost.delete(subject)
+        if not done.done():  # (the request gone meanwhile)
+            done.set_result(None)
+
+    vhost.unbind_all(subject, delete)
     await done
 
 

@@ -620,6 +620,20 @@ class VirtualHost:
         destination = binding.destination
         (destination.bindings if isinstance(destination, Queue) else destination.inbound).discard(binding)
 
+    def has_many_bindings(self, subject: Queue | Exchange) -> bool:
+        """Whether a queue's or exchange's deletion removes its bindings first, a slice a loop turn (unbind_all)."""
+        bound = len(subject.bindings) if isinstance(subject, Queue) else len(subject.bindings) + len(subject.inbound)
+        return bound > BINDINGS_AT_ONCE
+
+    def delete(self, subject: Queue | Exchange) -> None:
+        """A queue or exchange deleted with its bindings, unless another client deleted it already."""
+        if subject.deleted:
+            return
+        if isinstance(subject, Queue):
+            self.delete_queue(subject)
+        else:
+            self._remove_exchange(subject)
+
     def bindings_of(self, subject: Queue | Exchange) -> list[Binding]:
         """The bindings a queue's or exchange's deletion removes with it."""
         if isinstance(subject, Queue):
@@ -795,23 +809,23 @@ class VirtualHost:
 
     # --- connections ----------------------------------------------------------------------------------------
     def connection_closed(self, connection: "QueueOwner", done: "Callable[[], None] | None" = None) -> None:
-        """The connection's exclusive queues go (delete_queues); then done() (the close-ok waits for it, as
+        """The connection's exclusive queues go (_delete_exclusive); then done() (the close-ok waits for it, as
         RabbitMQ's waits for the deletion). Until its turn comes, a queue stays as it was: another connection is
         refused it, as the closing one's."""
-        self.delete_queues(list(connection.exclusive_queues), done)
+        self._delete_exclusive(list(connection.exclusive_queues), done)
 
-    def delete_queues(self, queues: list[Queue], done: "Callable[[], None] | None" = None) -> None:
-        """Delete queues (the last first) no other client may use (a closed connection's exclusive ones), each
-        whole once its bindings are few enough (unbind_all), a slice a loop turn; then done()."""
+    def _delete_exclusive(self, queues: list[Queue], done: "Callable[[], None] | None") -> None:
+        """The queues (the last first) each deleted whole once its bindings are few enough (unbind_all), a slice a
+        loop turn; then done()."""
         ends = time.perf_counter() + SLICE_SECONDS
         while queues:
             queue = queues[-1]
-            if len(queue.bindings) > BINDINGS_AT_ONCE and not queue.deleted:
-                self.unbind_all(queue, lambda: self.delete_queues(queues, done))
+            if self.has_many_bindings(queue) and not queue.deleted:
+                self.unbind_all(queue, lambda: self._delete_exclusive(queues, done))
                 return
             self.delete_queue(queues.pop())
             if queues and time.perf_counter() >= ends:
-                next_turn(lambda: self.delete_queues(queues, done))
+                next_turn(lambda: self._delete_exclusive(queues, done))
                 return
         if done is not None:
             done()

@@ -9,7 +9,7 @@ from pamqp import base, commands as spec
 from broker.model import operations
 from broker.model.access import EXCHANGE, QUEUE
 from broker.model.remote import RemoteQueue
-from broker.model.vhost import BINDINGS_AT_ONCE, connection_token, generated_name
+from broker.model.vhost import connection_token, generated_name
 from broker.session import direct_reply
 from broker.session.consumer import Consumer
 from broker.session.settlement import Forwarded, Subscribing, Unbinding
@@ -73,7 +73,7 @@ def _exchange_delete(channel: Channel, method: spec.Exchange.Delete) -> None:
                  lambda answer: None if method.nowait else spec.Exchange.DeleteOk())
         return
     exchange = operations.exchange_to_delete(_actor(channel), method.exchange, method.if_unused)
-    if exchange is not None and len(exchange.bindings) + len(exchange.inbound) > BINDINGS_AT_ONCE:
+    if exchange is not None and channel.vhost.has_many_bindings(exchange):
         channel.start(Unbinding(exchange, make_method(spec.Exchange.Delete, exchange=exchange.name,
                                                       nowait=method.nowait)))
         return
@@ -199,7 +199,7 @@ def _queue_delete(channel: Channel, method: spec.Queue.Delete) -> None:
     vhost.counted_there = None
     queue = operations.queue_to_delete(_actor(channel), _queue_name(channel, method.queue), method.if_unused,
                                        method.if_empty)
-    if queue is not None and len(queue.bindings) > BINDINGS_AT_ONCE:
+    if queue is not None and vhost.has_many_bindings(queue):
         channel.start(Unbinding(queue, make_method(spec.Queue.Delete, queue=queue.name, nowait=method.nowait)))
         return
     count = 0 if queue is None else vhost.delete_queue(queue)

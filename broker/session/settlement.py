@@ -452,10 +452,7 @@ class Unbinding(Slices):
             if self.waiting:
                 return False
         if not channel.open:
-            if not subject.deleted and isinstance(subject, Queue):
-                vhost.delete_queue(subject)
-            elif not subject.deleted:
-                vhost.delete_exchange(subject.name, if_unused=False)
+            vhost.delete(subject)
         elif channel.replies is not None:  # (a reply still waits, within the handler that started this or for the
             return False                   # disk: the method's own must follow it, and wait for the disk itself)
         elif subject.deleted:

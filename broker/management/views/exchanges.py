@@ -8,7 +8,7 @@ from broker.management.resources import (
     parse_bool, readable_vhosts,
 )
 from broker.model import operations
-from broker.model.turns import unbound
+from broker.model.turns import deleted_in_slices
 from protocol.errors import AMQPError
 
 routes = web.RouteTableDef()
@@ -59,9 +59,7 @@ async def delete(request: web.Request) -> web.Response:
         raise http.not_found()
     exchange = operations.exchange_to_delete(actor_of(request, vhost), name, flag(request, "if-unused"))
     if exchange is not None:
-        await unbound(vhost, exchange)
-        if not exchange.deleted:  # (by another client meanwhile)
-            vhost.delete_exchange(exchange.name, if_unused=False)
+        await deleted_in_slices(vhost, exchange)
     await http.on_disk(request)
     return http.no_content()
 

@@ -12,7 +12,7 @@ from broker.management.resources import (
 )
 from broker.model import operations
 from broker.model.remote import RemoteQueue
-from broker.model.turns import unbound
+from broker.model.turns import deleted_in_slices
 from broker.session.consumer import Consumer
 from protocol.errors import AMQPError
 
@@ -86,9 +86,7 @@ async def delete(request: web.Request) -> web.Response:
         await http.on_disk(request)
     queue = operations.queue_to_delete(actor_of(request, vhost), queue.name, if_unused, if_empty)
     if queue is not None:
-        await unbound(vhost, queue)
-        if not queue.deleted:  # (by another client meanwhile)
-            vhost.delete_queue(queue)
+        await deleted_in_slices(vhost, queue)
     await http.on_disk(request)
     return http.no_content()
 

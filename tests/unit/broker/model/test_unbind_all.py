@@ -1,5 +1,6 @@
-"""A queue's or exchange's many bindings removed a slice a loop turn before its deletion (VirtualHost.unbind_all,
-delete_queues): the subject stays as it was meanwhile, bindings made meanwhile go too, and a few go at once."""
+"""A queue's or exchange's many bindings removed a slice a loop turn before its deletion (VirtualHost.unbind_all; a
+closed connection's exclusive queue, VirtualHost.connection_closed): the subject stays as it was meanwhile, bindings
+made meanwhile go too, and a few go at once."""
 
 from __future__ import annotations
 
@@ -11,27 +12,30 @@ from tests.unit.broker.model.test_exclusive_queues import Owner, turns_until
 MANY = 20_000  # topic bindings: about 2.4 µs each to remove, several loop turns
 
 
-def bound(count: int, auto_delete: bool = False):
+def bound(count: int, auto_delete: bool = False, owner: Owner | None = None):
+    """A topic exchange and queue "q" (exclusive to owner, if one is given) bound by count patterns."""
     vhost = VirtualHost("/")
     exchange = vhost.declare_exchange("t", "topic", False, auto_delete, False, False, {})
-    queue = vhost.declare_queue("q", Owner(), False, False, False, False, {})
+    queue = vhost.declare_queue("q", owner or Owner(), False, False, owner is not None, False, {})
     for number in range(count):
         vhost.bind(exchange, queue, f"k.{number}.#", {})
     return vhost, exchange, queue
 
 
-def test_a_queue_of_few_bindings_goes_at_once():
-    vhost, exchange, queue = bound(BINDINGS_AT_ONCE)
-    vhost.delete_queues([queue])
+def test_an_exclusive_queue_of_few_bindings_goes_at_once_with_its_connection():
+    owner = Owner()
+    vhost, exchange, queue = bound(BINDINGS_AT_ONCE, owner=owner)
+    vhost.connection_closed(owner)
     assert queue.deleted and not exchange.bindings and "q" not in vhost.queues
 
 
-def test_a_queue_of_many_bindings_goes_over_loop_turns_with_those_bound_meanwhile():
-    vhost, exchange, queue = bound(MANY)
+def test_an_exclusive_queue_of_many_bindings_goes_over_loop_turns_with_those_bound_meanwhile():
+    owner = Owner()
+    vhost, exchange, queue = bound(MANY, owner=owner)
     done: list[bool] = []
 
     async def scenario() -> int:
-        vhost.delete_queues([queue], lambda: done.append(True))
+        vhost.connection_closed(owner, lambda: done.append(True))
         assert not done and vhost.queues["q"] is queue and not queue.deleted
         assert BINDINGS_AT_ONCE < len(exchange.bindings) < MANY
         vhost.bind(exchange, queue, "made.meanwhile", {})
