@@ -20,7 +20,9 @@ from tests.mqtt.clients import connected
 from tests.waiting import wait_for
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="the console tests need selenium (pip install selenium)")
-from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException  # noqa: E402
+from selenium.common.exceptions import (  # noqa: E402
+    NoSuchElementException, StaleElementReferenceException, TimeoutException,
+)
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
@@ -67,9 +69,15 @@ def log_in(driver, broker, username: str = "guest", password: str = "guest") -> 
 
 
 def wait(driver, condition, timeout: float = WAIT):
-    """Until condition(driver) is true, trying again when the page was redrawn under it meanwhile."""
-    return WebDriverWait(driver, timeout, ignored_exceptions=(StaleElementReferenceException,
-                                                              NoSuchElementException)).until(condition)
+    """Until condition(driver) is true, trying again when the page was redrawn under it meanwhile; past timeout,
+    a failure that shows what the page said then and what the browser logged."""
+    try:
+        return WebDriverWait(driver, timeout, ignored_exceptions=(StaleElementReferenceException,
+                                                                  NoSuchElementException)).until(condition)
+    except TimeoutException:
+        shown = driver.find_element(By.TAG_NAME, "body").text
+        raise AssertionError(f"not seen within {timeout} s; the page showed:\n{shown}\n"
+                             f"the browser logged: {browser_errors(driver)}") from None
 
 
 def submit(driver, form_id: str, **fields: str) -> None:
