@@ -45,7 +45,8 @@ def bound(broker, queue: str, exchange: str, count: int, durable: bool = True) -
 
 def bindings_of(broker, exchange: str) -> list:
     response = request(broker, "GET", f"/api/exchanges/%2F/{quote(exchange)}/bindings/source")
-    return response.body if response.status == 200 else None
+    assert response.status == 200, response  # (an exchange that is gone has none)
+    return response.body
 
 
 def exchange_gone(broker, exchange: str) -> bool:

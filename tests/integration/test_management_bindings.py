@@ -4,7 +4,7 @@ RabbitMQ's properties keys, checked against the routing AMQP clients see."""
 from __future__ import annotations
 
 from tests.integration.helpers import declare_queue, drain, open_channel, wait_for_message_count
-from tests.integration.management import quote, request
+from tests.integration.management import add_user, quote, request
 
 REFUSED = (401, {"error": "not_authorised", "reason": "Access refused."})
 
@@ -121,3 +121,29 @@ def test_refused_bindings(broker, unique):
         assert request(broker, "POST", bindings_path("amq.default", unique), {"routing_key": "k"}) == REFUSED
         assert request(broker, "GET", bindings_path("amq.direct", unique) + "/nothing").status == 404
         ch.queue_delete(unique)
+
+
+def test_the_bindings_of_what_does_not_exist_are_listed_as_rabbitmq_lists_them(broker, unique):
+    """No bindings for a missing exchange; a missing queue's implicit one to the default exchange alone; none at all
+    in a missing vhost, where the vhost's own listings answer 404; a user without permissions in an existing vhost
+    still refused there."""
+    missing = f"{unique}-missing"
+    implicit = ("", missing, "queue", missing, {})
+    for direction in ("source", "destination"):
+        assert request(broker, "GET", f"/api/exchanges/%2F/{quote(missing)}/bindings/{direction}") == (200, [])
+    assert summary(request(broker, "GET", f"/api/queues/%2F/{quote(missing)}/bindings").body) == [implicit]
+    assert summary(request(broker, "GET", bindings_path("amq.default", missing)).body) == [implicit]
+    assert request(broker, "GET", f"{bindings_path('amq.default', missing)}/{quote(missing)}").status == 404
+    assert request(broker, "GET", bindings_path("amq.direct", missing)) == (200, [])
+    add_user(broker, unique, "secret", "management")
+    try:
+        for path in (f"/api/queues/{quote(missing)}/q/bindings", f"/api/exchanges/{quote(missing)}/x/bindings/source",
+                     f"/api/exchanges/{quote(missing)}/x/bindings/destination", bindings_path("x", "q", vhost=missing)):
+            assert request(broker, "GET", path) == (200, [])
+            assert request(broker, "GET", path, user=unique, password="secret") == (200, [])
+        assert request(broker, "GET", f"/api/bindings/{quote(missing)}").status == 404
+        assert request(broker, "GET", f"/api/queues/%2F/{quote(missing)}/bindings", user=unique,
+                       password="secret") == (401, {"error": "not_authorised",
+                                                    "reason": "User not authorised to access virtual host"})
+    finally:
+        request(broker, "DELETE", f"/api/users/{quote(unique)}")

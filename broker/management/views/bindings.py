@@ -6,9 +6,8 @@ from aiohttp import web
 
 from broker.management import http
 from broker.management.resources import (
-    access_refused, actor_of, arguments_of, default_binding_json, exchange_name, explicit_binding_json,
-    find_exchange, find_queue, listing, on_disk_or_undo, properties_key, readable_vhosts, sorted_bindings,
-    vhost_bindings,
+    access_refused, actor_of, arguments_of, default_binding_json, exchange_name, explicit_binding_json, listing,
+    on_disk_or_undo, properties_key, readable_vhosts, sorted_bindings, vhost_bindings,
 )
 from broker.model import operations
 
@@ -30,9 +29,11 @@ async def list_vhost(request: web.Request) -> web.Response:
 
 @routes.get("/api/exchanges/{vhost}/{name}/bindings/{direction:source|destination}")
 async def of_exchange(request: web.Request) -> web.Response:
-    """The bindings an exchange is the source of, or the destination of."""
-    vhost = http.login_vhost_of(request)
-    exchange = find_exchange(vhost, exchange_name(request))
+    """The bindings an exchange is the source of, or the destination of (none for a missing one, as RabbitMQ)."""
+    vhost = _listed_vhost(request)
+    exchange = None if vhost is None else vhost.exchanges.get(exchange_name(request))
+    if exchange is None:
+        return await bindings_listing(request, [])
     if request.match_info["direction"] == "destination":
         return await bindings_listing(request, (explicit_binding_json(vhost, binding)
                                                 for binding in exchange.inbound))
@@ -44,18 +45,26 @@ async def of_exchange(request: web.Request) -> web.Response:
 
 @routes.get("/api/queues/{vhost}/{name}/bindings")
 async def of_queue(request: web.Request) -> web.Response:
-    """A queue's bindings, its implicit one to the default exchange first."""
-    vhost = http.login_vhost_of(request)
-    queue = find_queue(vhost, request.match_info["name"])
-    return await bindings_listing(request, [default_binding_json(vhost, queue.name),
-                                            *(explicit_binding_json(vhost, binding) for binding in queue.bindings)])
+    """A queue's bindings, its implicit one to the default exchange first (which RabbitMQ lists for any name)."""
+    vhost = _listed_vhost(request)
+    if vhost is None:
+        return await bindings_listing(request, [])
+    name = request.match_info["name"]
+    queue = vhost.queues.get(name)
+    return await bindings_listing(request, [default_binding_json(vhost, name),
+                                            *(explicit_binding_json(vhost, binding)
+                                              for binding in (queue.bindings if queue is not None else ()))])
 
 
 @routes.get("/api/bindings/{vhost}/e/{source}/{kind:q|e}/{destination}")
 async def between(request: web.Request) -> web.Response:
-    """The bindings from one exchange to one queue or exchange (none when either is missing)."""
-    vhost = http.login_vhost_of(request)
-    return await bindings_listing(request, [*_implicit(request, vhost),
+    """The bindings from one exchange to one queue or exchange: none when either is missing, but for the default
+    exchange's implicit one to a queue, which RabbitMQ lists for any name."""
+    vhost = _listed_vhost(request)
+    if vhost is None:
+        return await bindings_listing(request, [])
+    implicit = _implicitly_bound(request)
+    return await bindings_listing(request, [*([] if implicit is None else [default_binding_json(vhost, implicit)]),
                                             *(explicit_binding_json(vhost, binding)
                                               for binding in _between(request, vhost))])
 
@@ -104,10 +113,25 @@ async def bindings_listing(request: web.Request, bindings) -> web.Response:
     return await listing(request, sorted_bindings(bindings), pageable=False)
 
 
+def _listed_vhost(request: web.Request):
+    """The path's vhost for a listing of some exchange's or queue's bindings; None where there is no such vhost
+    (RabbitMQ lists no bindings there, to anyone, where the vhost's own listings answer 404)."""
+    if request.match_info["vhost"] not in http.node_of(request).vhosts:
+        return None
+    return http.login_vhost_of(request)
+
+
+def _implicitly_bound(request: web.Request) -> str | None:
+    """The queue the path names when its source is the default exchange (the queue's implicit binding), else None."""
+    if exchange_name(request, "source") or request.match_info["kind"] != "q":
+        return None
+    return request.match_info["destination"]
+
+
 def _implicit(request: web.Request, vhost) -> list[dict]:
-    """The default exchange's implicit binding to the path's queue, when the path names those two."""
-    name = request.match_info["destination"]
-    if exchange_name(request, "source") or request.match_info["kind"] != "q" or name not in vhost.queues:
+    """The default exchange's implicit binding to the path's queue, when the path names those two and it exists."""
+    name = _implicitly_bound(request)
+    if name is None or name not in vhost.queues:
         return []
     return [default_binding_json(vhost, name)]
 
