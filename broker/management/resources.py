@@ -336,7 +336,7 @@ async def listing(request: web.Request, items: list[dict], pageable: bool = True
     if "columns" in request.query:
         await in_slices(_cut(items, request.query["columns"].split(",")))  # (100,000 took 0.07 s at once)
     if not pageable or "page" not in request.query:
-        return await http.reply_in_slices(items)
+        return http.reply_in_slices(request, items)
     page, page_size = _pagination(request.query)
     chosen = await _chosen(request, items, _name_field)
     return _page(chosen, page, page_size, len(items), list)
@@ -371,7 +371,7 @@ async def named_listing(request: web.Request, items: list, name_of: Callable[[An
     if "page" not in request.query:
         made: list[dict] = []
         await in_slices(made.append(shown(item)) for item in items)
-        return await http.reply_in_slices(made)
+        return http.reply_in_slices(request, made)
     page, page_size = _pagination(request.query)
     if columns is not None and "name" not in columns:  # (listing() filters the items cut to their columns)
         name_of = _no_name

@@ -307,6 +307,15 @@ class Gateway:
         return {name for name in named if self.leader_of(name) == worker}
 
     async def gathered(self, request: web.Request, pattern: str) -> web.Response:
+        items = await self._gathered_items(request, pattern)
+        if isinstance(items, web.Response):
+            return items
+        order, pageable = GATHERED[pattern]
+        return await listing(request, order(items), pageable)
+
+    async def _gathered_items(self, request: web.Request, pattern: str) -> list[dict] | web.Response:
+        """The items of every worker's listing, each once (as its vhost's leader lists it), unordered; or the
+        first refusal among the answers."""
         query = {key: value for key, value in request.query.items() if key not in SHAPING}
         path_qs = str(request.rel_url.with_query(query))
         answers = await self._each(lambda worker: self.apis.ask(worker, request, path_qs=path_qs))
@@ -321,8 +330,7 @@ class Gateway:
                           else self.leader_of(item[key]) == worker)]
         if pattern in EXCHANGES and self.supervisor.config.spread_vhosts:
             _count_delayed_everywhere(items, answers)
-        order, pageable = GATHERED[pattern]
-        return await listing(request, order(items), pageable)
+        return items
 
     async def _asked_everywhere(self, request: web.Request, vhost: str) -> tuple[list[Answer], Answer]:
         """Every worker's answer to a request for one object of a vhost every worker serves, and among them the
@@ -501,9 +509,11 @@ class Gateway:
             other = answer.json()
             for section in ("queue_totals", "object_totals", "message_stats"):
                 data[section] = summed(data.get(section, {}), other.get(section, {}))
-        exchanges = await self.gathered(request.clone(rel_url=request.rel_url.with_path("/api/exchanges")
-                                                      .with_query({"columns": "vhost"})), "/api/exchanges")
-        data["object_totals"]["exchanges"] = len(json.loads(exchanges.body))  # each vhost's from its leader alone
+        exchanges = await self._gathered_items(request.clone(rel_url=request.rel_url.with_path("/api/exchanges")
+                                                             .with_query({"columns": "vhost"})), "/api/exchanges")
+        if isinstance(exchanges, web.Response):
+            return exchanges
+        data["object_totals"]["exchanges"] = len(exchanges)  # each vhost's from its leader alone
         # the node that answers, as RabbitMQ's overview names it (its first worker), not the leader that counted
         data["node"] = http.worker_name(0, self.supervisor.config.cluster_node_id, len(self.workers))
         return http.reply(data)

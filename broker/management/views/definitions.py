@@ -46,7 +46,7 @@ async def import_one(request: web.Request) -> web.Response:
 
 async def _exported(request: web.Request, definitions: dict) -> web.Response:
     """The export; with ?download=NAME, as a file of that name (what RabbitMQ's UI asks for)."""
-    response = await http.reply_in_slices(definitions)
+    response = http.reply_in_slices(request, definitions)
     download = request.query.get("download")
     if download:
         response.headers["Content-Disposition"] = content_disposition(download)

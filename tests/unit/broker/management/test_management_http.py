@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -80,13 +81,41 @@ def test_a_reply_in_slices_is_compact_json_its_lists_encoded_a_slice_a_loop_turn
         beside = asyncio.ensure_future(other())
         await asyncio.sleep(0)
         turns.clear()
-        response = await http.reply_in_slices(items)
+        response = http.reply_in_slices(SimpleNamespace(method="GET"), items)
+        written = await response.body.as_bytes()  # (as the response writes it: a chunk at a time)
         beside.cancel()
-        return response
+        return response, written
 
     expected = http.compact_json(items)
-    response = asyncio.run(encoded())
+    response, written = asyncio.run(encoded())
     assert response.content_type == "application/json"
-    assert response.text == expected
+    assert written.decode() == expected
     assert len(turns) == max(0, (count - 1) // http.ENCODE_SLICE)
     assert queues == [None] * count  # (let go as they were encoded)
+
+
+@pytest.mark.parametrize("how", ["HEAD", "client gone"])
+def test_a_reply_in_slices_not_written_lets_its_items_go_a_slice_a_loop_turn(how):
+    """A HEAD writes no body, and a client may leave before the end: the items are freed in slices all the same
+    (100,000 queues' entries at once held the event loop 0.18 s)."""
+    items = [{"name": f"q{number}"} for number in range(3 * http.ENCODE_SLICE)]
+    lengths = []  # the list's length at each loop turn, once the reply is dropped
+
+    class Gone:
+        async def write(self, chunk: bytes) -> None:
+            raise ConnectionResetError
+
+    async def dropped():
+        response = http.reply_in_slices(SimpleNamespace(method=how if how == "HEAD" else "GET"), items)
+        if how == "client gone":
+            with pytest.raises(ConnectionResetError):
+                await response.body.write(Gone())
+            assert items[:http.ENCODE_SLICE] == [None] * http.ENCODE_SLICE  # (its first slice encoded)
+        del response
+        for _ in range(6):
+            lengths.append(len(items))
+            await asyncio.sleep(0)
+
+    asyncio.run(dropped())
+    assert lengths[-1] == 0
+    assert 3 <= len(set(lengths)) <= 4  # (a slice a turn: not all at once)

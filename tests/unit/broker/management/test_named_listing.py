@@ -20,8 +20,10 @@ def listed(query: dict, count: int) -> tuple[object, list[str]]:
         return {"name": shown.name}
 
     shown = [SimpleNamespace(name=f"n{number}") for number in range(count)]
-    response = asyncio.run(named_listing(SimpleNamespace(query=query), shown, lambda item: item.name, make))
-    return json.loads(response.body), made
+    async def body() -> bytes:
+        response = await named_listing(SimpleNamespace(query=query, method="GET"), shown, lambda item: item.name, make)
+        return response.body if isinstance(response.body, bytes) else await response.body.as_bytes()  # (a page, or not)
+    return json.loads(asyncio.run(body())), made
 
 
 def test_a_page_makes_only_its_own_items():
