@@ -32,10 +32,26 @@ def _options(ignore_case: bool) -> re2.Options:
 _OPTIONS = {False: _options(False), True: _options(True)}
 
 
+class _EveryName:
+    """What a pattern every name matches compiles to: RE2's search through its Python wrapper takes about 3 µs (a
+    third of a queue.declare, where the usual permission is ".*")."""
+
+    __slots__ = ()
+
+    def search(self, name: str) -> bool:
+        return True
+
+
+EVERY_NAME = _EveryName()
+UNIVERSAL = frozenset(("", ".*", "^"))  # patterns that match at the start of any name, a newline's included
+
+
 def compile_pattern(pattern: str, ignore_case: bool = False):
     """pattern compiled by RE2, to be searched anywhere in a name (as RabbitMQ's re:run); PatternError when it is
     not one RE2 can run quickly; re.error (with the message and position PCRE-like texts need) when it is not a
     regular expression at all."""
+    if pattern in UNIVERSAL:
+        return EVERY_NAME
     if len(pattern) > MAX_PATTERN_LENGTH:
         raise PatternError(f"pattern is {len(pattern)} characters long; at most {MAX_PATTERN_LENGTH} are allowed")
     parsed = sre_parse.parse(pattern)  # re.error for a malformed pattern, in the words callers report

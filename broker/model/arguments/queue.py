@@ -259,6 +259,11 @@ _DECLARE_VALIDATORS = {
 }
 
 
+# each queue type's arguments among _DECLARE_VALIDATORS, in their order (a declare runs those its arguments name)
+_TYPE_VALIDATED = {queue_type: tuple(name for name in _DECLARE_VALIDATORS if name in allowed)
+                   for queue_type, allowed in QUEUE_TYPE_ARGUMENTS.items()}
+
+
 def check_queue_type_properties(queue: str, vhost: str, arguments: dict, durable: bool, exclusive: bool,
                                 auto_delete: bool) -> None:
     """A quorum queue or a stream is durable, neither exclusive nor auto-delete (rabbit_queue_type_util's checks,
@@ -294,12 +299,14 @@ def _run_validators(resource: str, arguments: dict, names, validators: dict = _D
 
 def validate_queue_arguments(queue: str, vhost: str, arguments: dict) -> None:
     """Check the arguments of a queue about to be created; raises ArgumentError with RabbitMQ's text."""
+    if not arguments:
+        return
     resource = queue_resource(queue, vhost)
     check_name_type(arguments, "x-dead-letter-exchange", resource)
     _run_validators(resource, arguments, ("x-queue-type",))
     queue_type = queue_type_of(arguments)
     allowed = QUEUE_TYPE_ARGUMENTS[queue_type]
-    _run_validators(resource, arguments, [name for name in _DECLARE_VALIDATORS if name in allowed])
+    _run_validators(resource, arguments, _TYPE_VALIDATED[queue_type])
     for name in arguments:
         if name in _ALL_QUEUE_ARGUMENTS and name not in allowed:
             raise precondition_failed(

@@ -7,6 +7,7 @@ import re
 import time
 
 import pytest
+import re2
 
 from broker.model.patterns import MAX_PROGRAM_SIZE, PatternError, compile_pattern
 
@@ -68,3 +69,12 @@ def test_a_malformed_pattern_raises_the_parsers_error_with_its_position():
 def test_a_list_of_names_as_long_as_operators_write_them_is_accepted():
     names = "|".join(f"orders-{index}" for index in range(100))
     assert compile_pattern(f"^({names})$").search("orders-42") is not None
+
+
+@pytest.mark.parametrize("text", ["", ".*", "^"])
+def test_a_pattern_every_name_matches_matches_as_re2_would_without_asking_it(text):
+    """The usual permission ".*" is answered without RE2's wrapper (3 µs a search, a third of a queue.declare), as
+    RE2 answers it."""
+    names = ["", "a", "a\nb", "\n", "amq.gen-x", "é" * 127, "x" * NAME_LENGTH]
+    assert [bool(compile_pattern(text).search(name)) for name in names] == [
+        re2.search(text, name) is not None for name in names] == [True] * len(names)
