@@ -1,6 +1,6 @@
 """A client that sends thousands of methods in one write (queue declares, binds and deletes without replies) holds
 the broker's other clients a few milliseconds at a time: the frames of one read are processed for at most
-broker.connection.connection.FRAMES_SECONDS before the rest wait for the next loop turn (128 KiB of declares, the
+broker.connection.connection.READ_SECONDS before the rest wait for the next loop turn (128 KiB of declares, the
 most one read takes, held every other client 160 ms; 20,000 declares and as many deletes, 300 ms and more)."""
 
 from __future__ import annotations

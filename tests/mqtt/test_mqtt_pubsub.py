@@ -8,6 +8,7 @@ import pytest
 
 from tests.integration.helpers import beyond_rabbitmq, rabbitmq4
 from tests.mqtt.clients import Client, RawClient, connect_packet, connected, wait_until_gone
+from tests.mqtt.test_mqtt_limits import subscribe_packet
 
 
 def test_a_qos1_message_reaches_a_qos1_subscriber_as_published(broker, unique):
@@ -151,6 +152,30 @@ def test_an_amqp_publish_to_amq_topic_reaches_mqtt_subscribers(broker, unique):
         first, second = subscriber.receive(), subscriber.receive()
         assert (first.topic, first.payload, first.qos) == (f"{unique}/orders/eu/1", b"persistent", 1)
         assert (second.topic, second.payload, second.qos) == (f"{unique}/orders/us", b"transient", 0)
+
+
+def test_packets_sent_together_are_handled_in_order_a_publish_after_a_subscribe_reaching_it(broker, unique):
+    """Several SUBSCRIBEs and a PUBLISH to the first filter in one write: each SUBACK in turn, then the message (the
+    first subscription's binding waited for its session queue while the publish went on, unrouted)."""
+    client = RawClient(broker)
+    try:
+        client.send(connect_packet(f"{unique}-c"))
+        assert client.read(4) == b"\x20\x02\x00\x00"
+        client.send(b"".join(subscribe_packet(packet_id, f"{unique}/{packet_id}", 0) for packet_id in range(1, 6))
+                    + publish_packet(f"{unique}/1", b"to myself"))
+        assert client.read(25) == b"".join(b"\x90\x03\x00" + bytes((packet_id,)) + b"\x00"
+                                           for packet_id in range(1, 6))
+        assert client.read(len(publish_packet(f"{unique}/1", b"to myself"))) == publish_packet(f"{unique}/1",
+                                                                                              b"to myself")
+    finally:
+        client.close()
+
+
+def publish_packet(topic: str, payload: bytes) -> bytes:
+    """A QoS 0 PUBLISH, written out by hand."""
+    raw = topic.encode()
+    body = len(raw).to_bytes(2, "big") + raw + payload
+    return bytes((0x30, len(body))) + body
 
 
 def test_unsubscribe_stops_deliveries(broker, unique):

@@ -24,6 +24,7 @@ from pamqp import commands as spec
 
 from broker.connection import handoff
 from broker.connection.auth import authenticate
+from broker.connection.connection import CLOCK_LOOK_MASK, READ_SECONDS
 from broker.connection.mqtt import topics
 from broker.connection.mqtt.expiry import MAX_SESSION_EXPIRY
 from broker.connection.mqtt.messages import amqp_header, encoded_properties, view_of
@@ -140,6 +141,9 @@ class MqttConnection(asyncio.Protocol):
         self.read_this_turn = 0
         self.turn_paused = False
         self.held_by_channel = False  # the channel holds many frames while a reply waits for the disk
+        # a SUBSCRIBE is being made: the packets after it wait for its SUBACK, as RabbitMQ handles a packet at a time
+        # (a PUBLISH right after it was routed before the first subscription's binding was made, and lost)
+        self.subscribing = False
         self.throttled_by: set = set()  # queues over their flow-control limit this client publishes to
         self.flow_timer: asyncio.TimerHandle | None = None
         self.blocked = False  # published during a resource alarm: not read until it clears
@@ -201,13 +205,19 @@ class MqttConnection(asyncio.Protocol):
             self.loop.call_soon(self._next_turn)
 
     def _handle(self, packets: list[tuple[int, bytes]]) -> None:
+        """Handle packets; those left when CONNECT is being answered, the channel waits, a SUBSCRIBE is being made,
+        or READ_SECONDS were spent wait (until the next loop turn for the last)."""
         channel = self.channel
+        ends = time.perf_counter() + READ_SECONDS
         for index, (first, body) in enumerate(packets):
             if self.state is CLOSED:
                 return
-            if self.state is CONNECTING or self.held_by_channel:
+            spent = index & CLOCK_LOOK_MASK == CLOCK_LOOK_MASK and time.perf_counter() > ends
+            if self.state is CONNECTING or self.held_by_channel or self.subscribing or spent:
                 self.early.extend(packets[index:])
                 self._update_reading()
+                if spent:
+                    self.loop.call_soon(self._go_on)
                 break
             try:
                 if self.state is AWAIT_CONNECT:
@@ -506,6 +516,7 @@ class MqttConnection(asyncio.Protocol):
         elif isinstance(packet, mqtt.Acknowledgement):
             self._acknowledged(packet)
         elif isinstance(packet, mqtt.Subscribe):
+            self.subscribing = True
             self.subscriptions.subscribe(packet)
         elif isinstance(packet, mqtt.Unsubscribe):
             self.subscriptions.unsubscribe(packet)
@@ -606,7 +617,10 @@ class MqttConnection(asyncio.Protocol):
                          topic_filter, why)
 
     def subscribed(self, packet_id: int, codes: list[int], granted: list[tuple[str, int]]) -> None:
-        """SUBACK, then the retained messages the new subscriptions (topic filter, QoS) match, a slice at a time."""
+        """SUBACK, then the retained messages the new subscriptions (topic filter, QoS) match, a slice at a time;
+        the packets that came after the SUBSCRIBE are handled at the next loop turn."""
+        self.subscribing = False
+        self.loop.call_soon(self._go_on)
         if self.state is not OPEN:
             return
         self.send(mqtt.suback(packet_id, codes, self.level))

@@ -64,6 +64,7 @@ class Subscriptions:
         self.no_local: set[str] = set()  # 5.0: the filters that take no message this client published
         # unshared filter -> (the QoS of the session queue it binds, that binding's arguments)
         self.bound: dict[str, tuple[int, dict]] = {}
+        self.bound_by_key: dict[str, str] = {}  # the binding key of each filter in bound -> that filter
         self.consuming = [False, False]  # whether the session queue of QoS 0 / 1 is consumed
 
     # --- subscribe -----------------------------------------------------------------------------------------------
@@ -159,6 +160,7 @@ class Subscriptions:
 
         def bound() -> None:
             self.bound[topic_filter] = (qos, arguments)
+            self.bound_by_key[key] = topic_filter
             made()
 
         self.ensure_queue(qos, lambda: connection.send_method(
@@ -171,6 +173,7 @@ class Subscriptions:
         if earlier is None:
             done()
             return
+        del self.bound_by_key[topics.binding_key(topic_filter)]
         qos, arguments = earlier
         self.connection.send_method(spec.Queue.Unbind(
             queue=self.queue_name(qos), exchange=self.connection.config.mqtt_exchange,
@@ -181,8 +184,7 @@ class Subscriptions:
         client wrote ".", which is the same separator."""
         if topic_filter in self.filters or topic_filter.startswith(SHARE):
             return topic_filter
-        key = topics.binding_key(topic_filter)
-        return next((known for known in self.bound if topics.binding_key(known) == key), topic_filter)
+        return self.bound_by_key.get(topics.binding_key(topic_filter), topic_filter)
 
     def resume(self, queue: "Queue") -> None:
         """A persistent session taken up: its subscriptions are its QoS 1 queue's bindings of the MQTT exchange,
@@ -196,6 +198,7 @@ class Subscriptions:
             options = options if isinstance(options, dict) else {}
             self.filters[topic_filter] = 1
             self.bound[topic_filter] = (1, binding.arguments)
+            self.bound_by_key[topics.binding_key(topic_filter)] = topic_filter
             if identifier := options.get("id"):
                 self.identifiers[topic_filter] = identifier
             if options.get("no-local"):
