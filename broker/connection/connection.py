@@ -105,9 +105,9 @@ DRAIN_TIMEOUT: Final = 30.0
 # Bytes one connection may hand us per event-loop turn before it waits for the next turn; without this limit the
 # loop reads a fast publisher's socket for megabytes on end while deliveries and other clients wait.
 READ_BUDGET: Final = 128 * 1024
-# Seconds the frames (an MQTT client's packets) of one read may take before the rest wait for a later loop turn:
-# READ_BUDGET bounds the bytes, not what they ask (its 128 KiB of queue.declare, 3,200 of them, held every other
-# client 160 ms; 20,000 MQTT subscribes and unsubscribes, 550 ms)
+# Seconds the frames (an MQTT client's packets) of one read may take, from its 128th on, before the rest wait for a
+# later loop turn: READ_BUDGET bounds the bytes, not what they ask (its 128 KiB of queue.declare, 3,200 of them,
+# held every other client 160 ms; 20,000 MQTT subscribes and unsubscribes, 550 ms)
 READ_SECONDS: Final = 0.005
 CLOCK_LOOK_MASK: Final = 127  # the clock is looked at every 128th frame or packet (where its index & this is this)
 # Unread bytes queued to one client (what its transport still holds plus this turn's frames) above which we stop
@@ -119,6 +119,15 @@ OUTPUT_LIMIT: Final = 4 * 1024 * 1024
 # Longest a queue's flow control holds a publisher back at a time. Consumers that wait for acks from a paused
 # connection (an RPC client, or two connections feeding each other) would otherwise wait for ever.
 FLOW_MAX_PAUSE: Final = 0.1
+
+
+def read_deadline(ends: float) -> float:
+    """At a look at the clock while a read's frames (an MQTT client's packets) are handled, given the last answer
+    (0.0 at the first): when they must be done by, READ_SECONDS from the first look; -1.0 once that has passed."""
+    now = time.perf_counter()
+    if not ends:
+        return now + READ_SECONDS
+    return -1.0 if now > ends else ends
 
 
 class Connection(asyncio.Protocol):
@@ -385,15 +394,18 @@ class Connection(asyncio.Protocol):
 
     def _process(self, frames: list) -> list | None:
         """Dispatch frames; return those left unprocessed because the output passed its room, or READ_SECONDS
-        were spent (to go on at the next loop turn), if any."""
+        were spent past the first look at the clock (to go on at the next loop turn), if any. (A read of fewer frames
+        than that first look, most of them, reads no clock.)"""
         channels = self.channels
-        ends = time.perf_counter() + READ_SECONDS
+        ends = 0.0  # (read_deadline)
         for index, (frame_type, number, payload) in enumerate(frames):
             if self.out_size > self.output_room:
                 return frames[index:]
-            if index & CLOCK_LOOK_MASK == CLOCK_LOOK_MASK and time.perf_counter() > ends:
-                self._resume_held_soon()
-                return frames[index:]
+            if index & CLOCK_LOOK_MASK == CLOCK_LOOK_MASK:
+                ends = read_deadline(ends)
+                if ends < 0:
+                    self._resume_held_soon()
+                    return frames[index:]
             if self.state is not OPEN and self._closing() and not (number == 0 and frame_type == FRAME_METHOD):
                 continue
             channel = channels.get(number)

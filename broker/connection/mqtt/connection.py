@@ -24,7 +24,7 @@ from pamqp import commands as spec
 
 from broker.connection import handoff
 from broker.connection.auth import authenticate
-from broker.connection.connection import CLOCK_LOOK_MASK, READ_SECONDS
+from broker.connection.connection import CLOCK_LOOK_MASK, read_deadline
 from broker.connection.mqtt import topics
 from broker.connection.mqtt.expiry import MAX_SESSION_EXPIRY
 from broker.connection.mqtt.messages import amqp_header, encoded_properties, view_of
@@ -206,13 +206,15 @@ class MqttConnection(asyncio.Protocol):
 
     def _handle(self, packets: list[tuple[int, bytes]]) -> None:
         """Handle packets; those left when CONNECT is being answered, the channel waits, a SUBSCRIBE is being made,
-        or READ_SECONDS were spent wait (until the next loop turn for the last)."""
+        or the read's time is spent (read_deadline) wait (until the next loop turn for the last)."""
         channel = self.channel
-        ends = time.perf_counter() + READ_SECONDS
+        ends = 0.0  # (read_deadline)
         for index, (first, body) in enumerate(packets):
             if self.state is CLOSED:
                 return
-            spent = index & CLOCK_LOOK_MASK == CLOCK_LOOK_MASK and time.perf_counter() > ends
+            if index & CLOCK_LOOK_MASK == CLOCK_LOOK_MASK:
+                ends = read_deadline(ends)
+            spent = ends < 0
             if self.state is CONNECTING or self.held_by_channel or self.subscribing or spent:
                 self.early.extend(packets[index:])
                 self._update_reading()
