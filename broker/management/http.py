@@ -7,6 +7,7 @@ import asyncio
 import base64
 import binascii
 import functools
+import itertools
 import json
 import math
 import re
@@ -449,22 +450,31 @@ def reply(data: Any, status: int = 200) -> web.Response:
 
 
 def reply_in_slices(request: web.Request, data: list | dict) -> web.Response:
-    """reply() of a list, or of an object of lists (a definitions export), written as it is encoded: a list's
-    ENCODE_SLICE items at a time, the event loop turning between them (a listing of 100,000 queues encoded in one
-    call held it 0.48 s; its 118 MB joined before they were written, 30 ms and more), and its items let go as they
-    are encoded (100,000 queues' entries freed at once, as the listing returned, held the loop 0.3 s), or in slices
-    all the same when they are not (a HEAD, a client gone): the lists are the caller's no more."""
+    """reply() of a list, or of an object of lists (a definitions export), encoded a list's ENCODE_SLICE items at a
+    time: one of no more is sent whole, as reply() sends it; a longer one is written as it is encoded (chunked), the
+    event loop turning between its slices (a listing of 100,000 queues encoded in one call held it 0.48 s; its
+    118 MB joined before they were written, 30 ms and more), its items let go as they are encoded (100,000 queues'
+    entries freed at once, as the listing returned, held the loop 0.3 s), or in slices all the same when they are
+    not (a HEAD, a client gone): the lists are the caller's no more."""
+    pieces: list[bytes] = []
+    steps = _encoded(data, pieces)
+    if next(steps, _ENCODED) is _ENCODED:
+        return web.Response(body=b"".join(pieces), content_type="application/json", charset="utf-8")
     if request.method == "HEAD":
         _let_go(data)
-    return web.Response(body=AsyncIterablePayload(_chunks(data)), content_type="application/json", charset="utf-8")
+    return web.Response(body=AsyncIterablePayload(_chunks(data, pieces, steps)), content_type="application/json",
+                        charset="utf-8")
 
 
-async def _chunks(data: Any) -> AsyncIterator[bytes]:
-    """data's JSON a chunk at a time, each up to a list's next slice, the loop turning after each."""
-    pieces: list[bytes] = []
+_ENCODED = object()  # (what next() of _encoded's steps answers once all is encoded)
+
+
+async def _chunks(data: Any, pieces: list[bytes], steps: Iterator[None]) -> AsyncIterator[bytes]:
+    """data's JSON a chunk at a time, from what pieces holds of it (its first slice) and what steps go on adding,
+    each chunk up to a list's next slice, the loop turning after each."""
     written = False
     try:
-        for _ in _encoded(data, pieces):
+        for _ in itertools.chain((None,), steps):
             yield b"".join(pieces)
             pieces.clear()
             await asyncio.sleep(0)

@@ -139,7 +139,7 @@ def test_create_a_queue_publish_see_the_count_purge_and_a_rate_chart(browser, co
         return int(line.get_attribute("data-count")) >= 2 and float(line.get_attribute("data-peak")) > 0
     wait(browser, publish_line_drawn, timeout=30)
     screenshot(browser, "queue")
-    rates, times = chart_scale(browser)
+    rates, times = wait(browser, chart_scale)  # (as drawn at one time: the page is redrawn every 5 s)
     assert len(rates) >= 3 and rates[0] == "0", rates
     assert len(times) >= 2 and all(re.fullmatch(r"\d\d:\d\d:\d\d", time) for time in times), times
 
@@ -165,7 +165,7 @@ def test_an_administrator_closes_a_connection_and_adds_a_user(browser, console_b
     with connected(console_broker, f"{unique}-device"):  # an MQTT client is listed beside the AMQP one
         click(browser, By.LINK_TEXT, "Connections")
         wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "button.close-connection")) == 2)
-        listed = text_of(browser, "main")
+        listed = wait(browser, lambda d: text_of(d, "main"))  # (as drawn at one time)
         assert "AMQP 0-9-1" in listed and "MQTT 3.1.1" in listed and f"MQTT client {unique}-device" in listed
         assert f"({unique}-orders)" in listed
     wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "button.close-connection")) == 1)
@@ -200,7 +200,7 @@ def test_an_administrator_adds_a_shovel_and_sees_it_run(browser, console_broker,
     click(browser, By.LINK_TEXT, "Overview")
     click(browser, By.LINK_TEXT, "Admin")  # (drawn again: the state as it is now)
     wait(browser, lambda d: "running" in text_of(d, "#shovels"))
-    assert "guest" not in text_of(browser, "#shovels")  # (no credentials shown)
+    assert "guest" not in wait(browser, lambda d: text_of(d, "#shovels"))  # (no credentials shown)
     screenshot(browser, "shovels")
 
 
@@ -219,7 +219,7 @@ def test_an_administrator_adds_a_federation_upstream_and_sees_the_link_its_polic
     click(browser, By.LINK_TEXT, "Overview")
     click(browser, By.LINK_TEXT, "Admin")  # (drawn again: the links as they are now)
     wait(browser, lambda d: "running" in text_of(d, "#federation-links"))
-    assert "guest" not in text_of(browser, "#federation-upstreams")  # (no credentials shown)
+    assert "guest" not in wait(browser, lambda d: text_of(d, "#federation-upstreams"))  # (no credentials shown)
     screenshot(browser, "federation")
     request(console_broker, "DELETE", f"/api/policies/%2F/{unique}")
     request(console_broker, "DELETE", f"/api/parameters/federation-upstream/%2F/{unique}")
