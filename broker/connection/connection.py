@@ -105,11 +105,11 @@ DRAIN_TIMEOUT: Final = 30.0
 # Bytes one connection may hand us per event-loop turn before it waits for the next turn; without this limit the
 # loop reads a fast publisher's socket for megabytes on end while deliveries and other clients wait.
 READ_BUDGET: Final = 128 * 1024
-# Seconds the frames (an MQTT client's packets) of one read may take, from its 128th on, before the rest wait for a
+# Seconds the frames (an MQTT client's packets) of one read may take, from its 32nd on, before the rest wait for a
 # later loop turn: READ_BUDGET bounds the bytes, not what they ask (its 128 KiB of queue.declare, 3,200 of them,
 # held every other client 160 ms; 20,000 MQTT subscribes and unsubscribes, 550 ms)
 READ_SECONDS: Final = 0.005
-CLOCK_LOOK_MASK: Final = 127  # the clock is looked at every 128th frame or packet (where its index & this is this)
+CLOCK_LOOK_MASK: Final = 31  # the clock is looked at every 32nd frame or packet (where its index & this is this)
 # Unread bytes queued to one client (what its transport still holds plus this turn's frames) above which we stop
 # reading it until it has read them. Deliveries already wait at the transport's 64 KiB high-water mark, so this
 # bounds replies (get-ok, confirms, returns): a client that publishes with confirms while deliveries flow to it has a

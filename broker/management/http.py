@@ -32,6 +32,7 @@ RATES = web.AppKey("rates", object)  # management.rates.Rates: the sampled messa
 STARTED = web.AppKey("started", float)  # time.monotonic() when the API started (the node's uptime counts from it)
 MAX_BODY_SIZE = web.AppKey("max_body_size", int)  # largest request body read, in bytes (config's)
 ENCODE_SLICE = 1_000  # items of a list reply encoded between two turns of the event loop (about 5 ms of queues)
+MAKE_SLICE = 250  # objects of a list reply made into JSON and encoded between two turns (about 5 ms of queues)
 # The address of the client a request came from, as the supervisor of several workers forwards it to a worker's
 # internal API (broker.workers.api); believed only there
 FORWARDED_CLIENT = "X-Warren-Client"
@@ -449,15 +450,18 @@ def reply(data: Any, status: int = 200) -> web.Response:
     return web.json_response(data, status=status, dumps=compact_json)
 
 
-def reply_in_slices(request: web.Request, data: list | dict) -> web.Response:
+def reply_in_slices(request: web.Request, data: list | dict, make: Callable[[Any], dict] | None = None
+                    ) -> web.Response:
     """reply() of a list, or of an object of lists (a definitions export), encoded a list's ENCODE_SLICE items at a
     time: one of no more is sent whole, as reply() sends it; a longer one is written as it is encoded (chunked), the
     event loop turning between its slices (a listing of 100,000 queues encoded in one call held it 0.48 s; its
     118 MB joined before they were written, 30 ms and more), its items let go as they are encoded (100,000 queues'
     entries freed at once, as the listing returned, held the loop 0.3 s), or in slices all the same when they are
-    not (a HEAD, a client gone): the lists are the caller's no more."""
+    not (a HEAD, a client gone): the lists are the caller's no more. With make, data is a list of objects whose
+    JSON objects make() makes as they are encoded (100,000 queues' entries made first were walked by the collector
+    before they went: 64 ms at once)."""
     pieces: list[bytes] = []
-    steps = _encoded(data, pieces)
+    steps = _encoded(data, pieces, make)
     if next(steps, _ENCODED) is _ENCODED:
         return web.Response(body=b"".join(pieces), content_type="application/json", charset="utf-8")
     if request.method == "HEAD":
@@ -500,8 +504,10 @@ def _let_go(data: Any) -> None:
         free_a_slice()
 
 
-def _encoded(data: Any, pieces: list[bytes]) -> Iterator[None]:
-    """data's JSON appended to pieces, a step before each of a list's slices of ENCODE_SLICE items but its first."""
+def _encoded(data: Any, pieces: list[bytes], make: Callable[[Any], dict] | None = None) -> Iterator[None]:
+    """data's JSON appended to pieces, a step before each of a list's slices but its first: of ENCODE_SLICE items,
+    or of MAKE_SLICE where make() makes the JSON object of each item of the list data is (as the slice is encoded,
+    so that no more than a slice of them is alive at a time)."""
     if isinstance(data, dict):
         pieces.append(b"{")
         for number, (key, value) in enumerate(data.items()):
@@ -512,12 +518,14 @@ def _encoded(data: Any, pieces: list[bytes]) -> Iterator[None]:
         pieces.append(compact_json(data).encode())
     else:
         pieces.append(b"[")
-        for start in range(0, len(data), ENCODE_SLICE):
+        size = ENCODE_SLICE if make is None else MAKE_SLICE
+        for start in range(0, len(data), size):
             if start:
                 yield None
                 pieces.append(b",")
-            end = min(start + ENCODE_SLICE, len(data))
-            pieces.append(compact_json(data[start:end])[1:-1].encode())  # (without the brackets)
+            end = min(start + size, len(data))
+            items = data[start:end] if make is None else list(map(make, data[start:end]))
+            pieces.append(compact_json(items)[1:-1].encode())  # (without the brackets)
             data[start:end] = [None] * (end - start)
         pieces.append(b"]")
 

@@ -15,9 +15,9 @@ from tests.integration.test_large_settlements import ROUND_TRIP_BOUND, RoundTrip
 from tests.mqtt.clients import RawClient, connect_packet
 from tests.mqtt.test_mqtt_limits import subscribe_packet
 
-COUNT = 20_000  # filters subscribed to, then unsubscribed from
+COUNT = 10_000  # filters subscribed to, then unsubscribed from
 WRITE = 10_000  # packets a write holds
-ANSWERED_WITHIN = 10.0  # seconds for all of them (under 1 s here; the quadratic search took 34 s)
+ANSWERED_WITHIN = 4.0  # seconds for all of them (under 1 s here; the quadratic search took 7 s, 34 s for 20,000)
 
 
 def unsubscribe_packet(packet_id: int, topic_filter: str) -> bytes:
