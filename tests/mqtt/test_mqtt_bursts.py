@@ -1,9 +1,6 @@
-"""An MQTT client that sends thousands of packets in one write (subscribes, then unsubscribes) is answered in time
-linear in them and holds the broker's other clients a few milliseconds at a time: a subscribe finds the earlier
-spelling of its filter by its binding key (it compared the filter with every one the session had bound: 20,000
-subscribes took 34 s), and the packets of one read are handled for at most
-broker.connection.connection.READ_SECONDS before the rest wait for the next loop turn (20,000 subscribes and
-unsubscribes held every other client 550 ms)."""
+"""An MQTT client that sends thousands of packets in one write (subscribes, then unsubscribes) is answered in order
+and in time linear in them: a subscribe finds the earlier spelling of its filter by its binding key (it compared
+the filter with every one the session had bound: 20,000 subscribes took 34 s)."""
 
 from __future__ import annotations
 
@@ -11,7 +8,6 @@ import time
 
 import pytest
 
-from tests.integration.test_large_settlements import ROUND_TRIP_BOUND, RoundTrips
 from tests.mqtt.clients import RawClient, connect_packet
 from tests.mqtt.test_mqtt_limits import subscribe_packet
 
@@ -27,7 +23,7 @@ def unsubscribe_packet(packet_id: int, topic_filter: str) -> bytes:
 
 
 @pytest.mark.alone
-def test_a_burst_of_subscribes_and_unsubscribes_is_answered_in_time_and_holds_no_other_client(broker, unique):
+def test_a_burst_of_subscribes_and_unsubscribes_is_answered_in_order_and_in_time(broker, unique):
     if broker.external:
         pytest.skip("a bound of Warren's own, not measured against RabbitMQ")
     ids = [number % 65_535 + 1 for number in range(COUNT)]
@@ -37,8 +33,6 @@ def test_a_burst_of_subscribes_and_unsubscribes_is_answered_in_time_and_holds_no
     client = RawClient(broker)
     client.send(connect_packet(unique))
     assert client.read(4) == b"\x20\x02\x00\x00"
-    round_trips = RoundTrips(broker)
-    round_trips.start()
     started = time.monotonic()
     try:
         for start in range(0, COUNT, WRITE):
@@ -49,9 +43,7 @@ def test_a_burst_of_subscribes_and_unsubscribes_is_answered_in_time_and_holds_no
         unsubacks = client.read(4 * COUNT)
         took = time.monotonic() - started
     finally:
-        slowest = round_trips.stop()
         client.close()
     assert subacks == b"".join(b"\x90\x03" + packet_id.to_bytes(2, "big") + b"\x00" for packet_id in ids)
     assert unsubacks == b"".join(b"\xb0\x02" + packet_id.to_bytes(2, "big") for packet_id in ids)
     assert took < ANSWERED_WITHIN, f"{COUNT} subscribes and unsubscribes took {took:.1f} s"
-    assert slowest < ROUND_TRIP_BOUND, f"another client's slowest round trip: {slowest * 1000:.0f} ms"
