@@ -19,7 +19,7 @@ from aiohttp.payload import AsyncIterablePayload
 
 from broker.connection.auth import may_log_in_from
 from broker.model.access import User
-from broker.model.turns import next_turn
+from broker.model.features.ready import let_go
 from protocol import node_proof
 
 if TYPE_CHECKING:
@@ -490,18 +490,10 @@ async def _chunks(data: Any, pieces: list[bytes], steps: Iterator[None]) -> Asyn
 
 
 def _let_go(data: Any) -> None:
-    """The items of data's lists freed ENCODE_SLICE a loop turn, from the last (100,000 queues' entries at once
-    held the loop 0.18 s)."""
-    lists = [data] if isinstance(data, list) else [value for value in data.values() if isinstance(value, list)]
-
-    def free_a_slice() -> None:
-        del lists[-1][-ENCODE_SLICE:]
-        if not lists[-1]:
-            lists.pop()
-        if lists:
-            next_turn(free_a_slice)
-    if lists:
-        free_a_slice()
+    """The items of data's lists freed ENCODE_SLICE a loop turn (100,000 queues' entries at once held the loop
+    0.18 s)."""
+    for items in [data] if isinstance(data, list) else [value for value in data.values() if isinstance(value, list)]:
+        let_go(items, ENCODE_SLICE)
 
 
 def _encoded(data: Any, pieces: list[bytes], make: Callable[[Any], dict] | None = None) -> Iterator[None]:

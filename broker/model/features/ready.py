@@ -139,10 +139,11 @@ def ready_entries(arguments: dict) -> FifoEntries | PriorityEntries:
     return PriorityEntries(max_priority) if isinstance(max_priority, int) and max_priority > 0 else FifoEntries()
 
 
-def let_go(dropped: ReadyList | list) -> None:
+def let_go(dropped: ReadyList | list, per_turn: int = DROP_SLICE) -> None:
     """Entries a purge or a deletion took (take_all; a ready list, or the list of a queue's expiry times) are freed
-    DROP_SLICE a loop turn: 4 million freed at once held the event loop 0.18 s."""
-    if len(dropped) <= DROP_SLICE:
+    per_turn a loop turn: 4 million freed at once held the event loop 0.18 s. (Any list of many objects may be let
+    go so, the slice sized to what its objects cost to free: a listing's entries, ENCODE_SLICE.)"""
+    if len(dropped) <= per_turn:
         return  # (freed with the caller's reference, a few milliseconds at most)
     try:
         asyncio.get_running_loop()
@@ -151,9 +152,9 @@ def let_go(dropped: ReadyList | list) -> None:
 
     def free_a_slice() -> None:
         if isinstance(dropped, list):
-            del dropped[-DROP_SLICE:]
+            del dropped[-per_turn:]
         else:
-            for _ in range(min(DROP_SLICE, len(dropped))):
+            for _ in range(min(per_turn, len(dropped))):
                 dropped.popleft()
         if len(dropped):
             next_turn(free_a_slice)
