@@ -189,6 +189,8 @@ class VirtualHost:
         # the connections of other processes that queues here are exclusive to, by (process, token)
         self.owners_elsewhere: dict[tuple[int, str], OwnerElsewhere] = {}
         self.queues: dict[str, Queue] = {}
+        # queues and exchanges losing their many bindings (unbind_all) -> what to call when few enough are left
+        self.unbinding: dict[Queue | Exchange, list[Callable[[], None]]] = {}
         self.queues_storing_all = 0  # queues that store transient messages too (quorum queues)
         self.default_exchange = DefaultExchange(self)
         self.exchanges: dict[str, Exchange] = {"": self.default_exchange}
@@ -634,23 +636,43 @@ class VirtualHost:
         else:
             self._remove_exchange(subject)
 
+    def delete_unwanted(self, queue: Queue) -> None:
+        """A queue the server deletes (auto-delete after its last consumer, x-expires unused): with many bindings,
+        they go first, a slice a loop turn (unbind_all), as for a client's queue.delete; the queue then goes, as
+        RabbitMQ's goes once it has decided to, a consumer that came meanwhile cancelled as by any deletion."""
+        self.unbind_all(queue, lambda: self.delete(queue))
+
     def bindings_of(self, subject: Queue | Exchange) -> list[Binding]:
         """The bindings a queue's or exchange's deletion removes with it."""
         if isinstance(subject, Queue):
             return list(subject.bindings)
         return [*subject.bindings.values(), *subject.inbound]
 
-    def unbind_all(self, subject: Queue | Exchange, then: Callable[[], None], left: list[Binding] | None = None) -> None:
+    def unbind_all(self, subject: Queue | Exchange, then: Callable[[], None]) -> None:
         """Remove a queue's or exchange's bindings (those made meanwhile too), each as an unbind does, a slice a loop
-        turn, the subject otherwise as it was; then() in the turn where at most BINDINGS_AT_ONCE are left (at once
-        where there are no more to begin with), for its deletion to remove them with it. ``left``: those still to
-        remove, the last first."""
+        turn from the next one, the subject otherwise as it was; then() in the turn where at most BINDINGS_AT_ONCE
+        are left (at once where there are no more to begin with), for its deletion to remove them with it. A second
+        call for the same subject meanwhile waits for the first one's slices (a client's frames each starting its
+        own would each take a slice of every loop turn)."""
+        if subject.deleted or not self.has_many_bindings(subject):
+            then()
+            return
+        waiting = self.unbinding.get(subject)
+        if waiting is not None:
+            waiting.append(then)
+            return
+        self.unbinding[subject] = [then]
+        next_turn(lambda: self._unbind_slice(subject, []))
+
+    def _unbind_slice(self, subject: Queue | Exchange, left: list[Binding]) -> None:
+        """A slice of unbind_all; ``left``: the bindings still to remove, the last first."""
         ends = time.perf_counter() + SLICE_SECONDS
         while True:
             if not left:
                 left = self.bindings_of(subject)
                 if len(left) <= BINDINGS_AT_ONCE or subject.deleted:
-                    then()
+                    for then in self.unbinding.pop(subject):
+                        then()
                     return
             binding = left.pop()
             source = binding.source
@@ -658,7 +680,7 @@ class VirtualHost:
                 self._drop_binding(binding, auto_delete_source=source is not subject)
             if len(left) % PIECE == 0 and time.perf_counter() >= ends:
                 pending = left
-                next_turn(lambda: self.unbind_all(subject, then, pending))
+                next_turn(lambda: self._unbind_slice(subject, pending))
                 return
 
     def changed(self, kind: str, name: str) -> None:

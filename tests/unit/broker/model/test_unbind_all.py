@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from broker.model import turns
 from broker.model.vhost import BINDINGS_AT_ONCE, VirtualHost
+from tests.unit.broker.model.test_dispatch import Subscriber, Target
 from tests.unit.broker.model.test_exclusive_queues import Owner, turns_until
 
 MANY = 20_000  # topic bindings: about 2.4 µs each to remove, several loop turns
@@ -37,7 +41,7 @@ def test_an_exclusive_queue_of_many_bindings_goes_over_loop_turns_with_those_bou
     async def scenario() -> int:
         vhost.connection_closed(owner, lambda: done.append(True))
         assert not done and vhost.queues["q"] is queue and not queue.deleted
-        assert BINDINGS_AT_ONCE < len(exchange.bindings) < MANY
+        assert len(exchange.bindings) == MANY  # (removed from the next loop turn on, none in the frame's)
         vhost.bind(exchange, queue, "made.meanwhile", {})
         return await turns_until(done)
 
@@ -58,3 +62,60 @@ def test_an_auto_delete_exchange_losing_its_bindings_stays_until_its_deletion():
     assert vhost.exchanges["t"] is exchange and not exchange.deleted and len(exchange.bindings) <= BINDINGS_AT_ONCE
     vhost.delete_exchange("t", if_unused=False)
     assert exchange.deleted and not queue.bindings
+
+
+def test_a_second_call_for_the_same_subject_waits_for_the_first_ones_slices():
+    vhost, exchange, queue = bound(MANY)
+    called: list[str] = []
+
+    async def scenario() -> int:
+        vhost.unbind_all(queue, lambda: called.append("first"))
+        vhost.unbind_all(queue, lambda: called.append("second"))
+        assert len(queue.bindings) == MANY  # (the first slice waits for the next loop turn)
+        assert len(turns._line.waiting) == 1
+        return await turns_until(called)
+
+    assert asyncio.run(scenario()) > 1
+    assert called == ["first", "second"] and len(queue.bindings) <= BINDINGS_AT_ONCE and not queue.deleted
+    assert not vhost.unbinding
+
+
+
+def queue_left_by_itself(count: int, arguments: dict, end) -> int:
+    """The loop turns a queue bound by count patterns (declared with arguments, auto-delete without them) takes to
+    go once end(queue) made it unwanted; meanwhile it stays as it was, but for the bindings it loses."""
+    async def scenario() -> int:
+        vhost = VirtualHost("/")
+        exchange = vhost.declare_exchange("t", "topic", False, False, False, False, {})
+        queue = vhost.declare_queue("q", Owner(), False, False, False, not arguments, arguments)
+        for number in range(count):
+            vhost.bind(exchange, queue, f"k.{number}.#", {})
+        await end(queue)
+        turns = 0
+        while not queue.deleted:
+            assert vhost.queues["q"] is queue and len(exchange.bindings) > BINDINGS_AT_ONCE
+            await asyncio.sleep(0)
+            turns += 1
+        assert "q" not in vhost.queues and not exchange.bindings
+        return turns
+
+    return asyncio.run(scenario())
+
+
+async def last_consumer_gone(queue) -> None:
+    consumer = Subscriber("c", Target(), 0)
+    queue.add_consumer(consumer)
+    queue.remove_consumers([consumer])
+
+
+async def expired(queue) -> None:
+    """Waits until the queue, unused for its x-expires, is about to go."""
+    while queue.unused_timer is not None:
+        await asyncio.sleep(0.001)
+
+
+@pytest.mark.parametrize("end, arguments", [(last_consumer_gone, {}), (expired, {"x-expires": 1})],
+                         ids=["auto-delete", "x-expires"])
+def test_a_queue_that_goes_by_itself_loses_its_many_bindings_first_over_loop_turns(end, arguments):
+    assert queue_left_by_itself(BINDINGS_AT_ONCE, arguments, end) == 0
+    assert queue_left_by_itself(MANY, arguments, end) > 1
