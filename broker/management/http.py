@@ -31,7 +31,7 @@ SERVER = web.AppKey("server", object)  # the AMQP Server (its node, connections 
 RATES = web.AppKey("rates", object)  # management.rates.Rates: the sampled message counters
 STARTED = web.AppKey("started", float)  # time.monotonic() when the API started (the node's uptime counts from it)
 MAX_BODY_SIZE = web.AppKey("max_body_size", int)  # largest request body read, in bytes (config's)
-ENCODE_SLICE = 1_000  # items of a list reply encoded between two turns of the event loop (about 5 ms of queues)
+ENCODE_SLICE = 500  # items of a list reply encoded between two turns of the event loop (about 5 ms of queues)
 MAKE_SLICE = 250  # objects of a list reply made into JSON and encoded between two turns (about 5 ms of queues)
 # The address of the client a request came from, as the supervisor of several workers forwards it to a worker's
 # internal API (broker.workers.api); believed only there
