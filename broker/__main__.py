@@ -73,6 +73,7 @@ def config_overrides(args: argparse.Namespace, environ: dict[str, str]) -> dict:
 
 
 async def serve(config, files: OpenFiles) -> None:
+    collector.install()  # (the supervisor's too: its API decodes and merges its workers' listings)
     if config.workers > 1 or config.cluster_etcd_endpoints:
         # Worker processes behind one AMQP port: several ([server] workers), or a cluster node's, one or more, each
         # leading or following a replication group of its own (cluster.worker)
@@ -86,7 +87,6 @@ async def serve(config, files: OpenFiles) -> None:
         raise StartupError(str(error)) from error
     except OSError:
         pass  # the server's own check of the data dir says what is wrong with it
-    collector.install()
     server = Server(config)
     await server.take_ports()  # every port, the HTTP ones too, before the data dir is touched
     management = await take_management(server) if config.management_port else None

@@ -1,4 +1,5 @@
-"""The cyclic garbage collector in a broker's process (one process, a worker, a node of a cluster).
+"""The cyclic garbage collector in a broker's process (one process, a worker, a node of a cluster, the supervisor of
+several workers).
 
 CPython's collector walks every object of a generation in one go, holding the event loop and every other thread
 meanwhile. A broker's oldest generation is mostly its queued messages and unacked deliveries, which form no cycles:
@@ -28,7 +29,8 @@ import gc
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +129,27 @@ def install() -> None:
         _installed = Collector(soon)
         gc.callbacks.append(_installed)
     _installed.soon = soon
+
+
+@contextmanager
+def out_of_sight() -> Iterator[None]:
+    """No collection runs meanwhile; what was made (on any thread) is frozen at its end, to come back as the policy
+    says. For a thread that makes many objects that form no cycles (a supervisor's decoding of its workers'
+    listings of 100,000 queues: the collections it made walked them again and again, 13 to 38 ms at a time, holding
+    the event loop's thread too)."""
+    global _unseen
+    _unseen += 1
+    gc.disable()
+    try:
+        yield
+    finally:
+        _unseen -= 1
+        if not _unseen:
+            freeze()
+            gc.enable()
+
+
+_unseen = 0  # the out_of_sight() sections under way, on any thread
 
 
 def freeze() -> None:

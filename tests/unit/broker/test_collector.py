@@ -13,7 +13,7 @@ import weakref
 
 import pytest
 
-from broker.collector import Collector, collect_unfrozen
+from broker.collector import Collector, collect_unfrozen, out_of_sight
 
 FREEZE_AFTER = 0.02
 PERIOD = 900.0
@@ -172,3 +172,14 @@ def test_a_slow_young_collection_alone_says_nothing_of_when_a_full_walk_is_cheap
     scene.now += PERIOD
     scene.young_collection()
     assert gc.get_freeze_count() == 0
+
+
+def test_what_is_made_out_of_sight_is_walked_by_no_collection_and_frozen_at_its_end(scene):
+    started: list[int] = []
+    gc.callbacks.append(lambda phase, info: started.append(info["generation"]) if phase == "start" else None)
+    with out_of_sight():
+        with out_of_sight():  # (another thread's, within the first)
+            made = [[] for _ in range(100_000)]  # (CPython's thresholds: young collections every 700 allocations)
+        assert not gc.isenabled() and gc.get_freeze_count() == 0
+    assert gc.isenabled() and not started
+    assert gc.get_freeze_count() >= len(made)
