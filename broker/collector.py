@@ -28,6 +28,7 @@ import asyncio
 import gc
 import logging
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -138,18 +139,21 @@ def out_of_sight() -> Iterator[None]:
     listings of 100,000 queues: the collections it made walked them again and again, 13 to 38 ms at a time, holding
     the event loop's thread too)."""
     global _unseen
-    _unseen += 1
-    gc.disable()
+    with _unseen_lock:
+        _unseen += 1
+        gc.disable()
     try:
         yield
     finally:
-        _unseen -= 1
-        if not _unseen:
-            freeze()
-            gc.enable()
+        with _unseen_lock:
+            _unseen -= 1
+            if not _unseen:
+                freeze()
+                gc.enable()
 
 
 _unseen = 0  # the out_of_sight() sections under way, on any thread
+_unseen_lock = threading.Lock()  # (taken to count them)
 
 
 def freeze() -> None:
