@@ -266,6 +266,13 @@ def import_definitions(node: "Node", document, vhost: str | None = None) -> None
                 return
 
 
+def vhosts_named(document) -> list[str]:
+    """The names a definitions document's vhosts section gives (whether or not its items are otherwise right)."""
+    items = document.get("vhosts") if isinstance(document, dict) else None
+    return [item["name"] for item in items if isinstance(item, dict) and isinstance(item.get("name"), str)
+            ] if isinstance(items, list) else []
+
+
 def importing(node: "Node", document, vhost: str | None = None, check_only: bool = False) -> Steps:
     """import_definitions an item at a time: it yields after each item it checks and each change it makes, so that
     a caller on the event loop can let other work run between them (a 10 MB document holds 290,000 queues).

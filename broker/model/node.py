@@ -7,10 +7,11 @@ a deleted vhost's) is the caller's part: the model knows no connections.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import reprlib
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from broker.model.access import (
     DEFAULT_HASHING, HASHING_ALGORITHMS, Permission, TopicPermission, User, hash_password, valid_password_hash,
@@ -43,6 +44,7 @@ class Node:
         self.store = store  # durable storage (storage.MessageStore) or None for a node kept in memory
         self.paging = paging  # where deep queues page their ready messages, None: they keep them all in memory
         self.vhosts: dict[str, VirtualHost] = {}
+        self.deleting: dict[str, list[asyncio.Future[None]]] = {}  # vhosts being deleted -> who waits for the end
         self.users: dict[str, User] = {}
         self.permissions: dict[tuple[str, str], Permission] = {}  # (vhost, user) -> what user may do there
         # (vhost, user) -> exchange -> the routing keys user may publish and bind with through it
@@ -95,7 +97,10 @@ class Node:
 
     def add_vhost(self, name: str, description: str = "", tags: list[str] | None = None,
                   default_queue_type: str | None = None) -> VirtualHost:
-        """Create a vhost (or update the description and tags of an existing one)."""
+        """Create a vhost (or update the description and tags of an existing one); not one being deleted
+        (ValueError: vhost_deleted says when it is gone)."""
+        if name in self.deleting:
+            raise ValueError(f"vhost '{name}' is being deleted")
         vhost = self.vhosts.get(name)
         log.info("vhost %.200r %s", name, "added" if vhost is None else "updated")
         if vhost is None:
@@ -107,22 +112,38 @@ class Node:
         self.record("vhost", name, vhost.definition())
         return vhost
 
-    def delete_vhost(self, name: str) -> VirtualHost:
-        """Remove a vhost with its queues (and their messages), exchanges, policies and permissions. The caller
-        closes its connections."""
+    def delete_vhost(self, name: str) -> Iterator[None]:
+        """Remove a vhost with its queues (and their messages), exchanges, policies and permissions, yielding after
+        each queue and exchange (the caller runs it in slices: broker.model.turns.in_slices). It leaves the node's
+        vhosts at the first step: no client or request finds it meanwhile, and its name is taken until the last
+        (``deleting``), so that no vhost of that name is made while the records of its deletion are written. The
+        caller closes its connections."""
         vhost = self.vhost(name)
         for component, parameter in list(vhost.parameters):  # (their components stop what runs them)
             self.clear_parameter(name, component, parameter)
-        vhost.delete_everything()
-        self.retained.drop_vhost(name)
         del self.vhosts[name]
-        for key in [key for key in self.permissions if key[0] == name]:
-            self._drop_permission(key)
-        for key in [key for key in self.topic_permissions if key[0] == name]:
-            self._drop_topic_permissions(key, None)
-        self.record("vhost", name, None)
-        log.info("vhost %.200r deleted", name)
-        return vhost
+        self.deleting[name] = []
+        try:
+            yield from vhost.delete_everything()
+            self.retained.drop_vhost(name)
+            for key in [key for key in self.permissions if key[0] == name]:
+                self._drop_permission(key)
+            for key in [key for key in self.topic_permissions if key[0] == name]:
+                self._drop_topic_permissions(key, None)
+            self.record("vhost", name, None)
+            log.info("vhost %.200r deleted", name)
+        finally:
+            for waiter in self.deleting.pop(name):
+                if not waiter.done():  # (its request gone)
+                    waiter.set_result(None)
+
+    async def vhost_deleted(self, name: str) -> None:
+        """Once a deletion of the vhost under way, if any, is done (a vhost of that name may then be made)."""
+        waiting = self.deleting.get(name)
+        if waiting is not None:
+            waiter = asyncio.get_running_loop().create_future()
+            waiting.append(waiter)
+            await waiter
 
     def cross(self, crossing: QueueCrossing) -> None:
         """Let queues of every vhost be owned by other processes of the node, reached through crossing (before the

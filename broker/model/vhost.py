@@ -205,14 +205,27 @@ class VirtualHost:
         return {"name": self.name, "description": self.description, "tags": list(self.tags),
                 "default_queue_type": self.default_queue_type, "metadata": metadata}
 
-    def delete_everything(self) -> None:
+    def delete_everything(self) -> Iterator[None]:
         """The vhost is being deleted: its queues go (with their messages and consumers), then its exchanges and
-        policies (its runtime parameters went before, through their components: Node.delete_vhost)."""
-        for queue in list(self.queues.values()):
-            self.delete_queue(queue)
-        for exchange in list(self.exchanges.values()):
-            if exchange is not self.default_exchange:
-                self._remove_exchange(exchange)
+        policies (its runtime parameters went before, through their components: Node.delete_vhost), yielding after
+        each (a caller lets the loop turn there: 100,000 queues held it 0.16 s in one piece), and after each of the
+        many bindings of one (BINDINGS_AT_ONCE) before it goes; what a client of the vhost made meanwhile (one still
+        closing) goes too."""
+        while self.queues:
+            queues = list(self.queues.values())
+            while queues:  # (each let go once deleted: 100,000 freed at the end took 20 to 40 ms)
+                queue = queues.pop()
+                yield from self._unbinding(queue)
+                self.delete_queue(queue)
+                yield None
+        while len(self.exchanges) > 1:
+            exchanges = [exchange for exchange in self.exchanges.values() if exchange is not self.default_exchange]
+            while exchanges:
+                exchange = exchanges.pop()
+                yield from self._unbinding(exchange)
+                if not exchange.deleted:  # (an auto-delete one goes with its last binding)
+                    self._remove_exchange(exchange)
+                yield None
         for operator in (False, True):
             for name in list(self.policy_table(operator)):
                 self._drop_policy(name, operator)
@@ -648,6 +661,21 @@ class VirtualHost:
             return list(subject.bindings)
         return [*subject.bindings.values(), *subject.inbound]
 
+    def _unbinding(self, subject: Queue | Exchange) -> Iterator[None]:
+        """A queue's or exchange's bindings removed one at a time, yielding after each, if there are more than its
+        deletion removes at once."""
+        if self.has_many_bindings(subject):
+            for binding in self.bindings_of(subject):
+                self._unbind_one(subject, binding)
+                yield None
+
+    def _unbind_one(self, subject: Queue | Exchange, binding: Binding) -> None:
+        """One of subject's bindings removed as an unbind removes it (but an auto-delete subject stays: its deletion
+        comes), unless it went meanwhile."""
+        source = binding.source
+        if source.bindings.get(binding.key) is binding:
+            self._drop_binding(binding, auto_delete_source=source is not subject)
+
     def unbind_all(self, subject: Queue | Exchange, then: Callable[[], None]) -> None:
         """Remove a queue's or exchange's bindings (those made meanwhile too), each as an unbind does, a slice a loop
         turn from the next one, the subject otherwise as it was; then() in the turn where at most BINDINGS_AT_ONCE
@@ -674,10 +702,7 @@ class VirtualHost:
                     for then in self.unbinding.pop(subject):
                         then()
                     return
-            binding = left.pop()
-            source = binding.source
-            if source.bindings.get(binding.key) is binding:  # (not unbound meanwhile)
-                self._drop_binding(binding, auto_delete_source=source is not subject)
+            self._unbind_one(subject, left.pop())
             if len(left) % PIECE == 0 and time.perf_counter() >= ends:
                 pending = left
                 next_turn(lambda: self._unbind_slice(subject, pending))

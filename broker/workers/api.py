@@ -38,7 +38,7 @@ from broker.management.forwarding import (
 )
 from broker.management.resources import listing, sorted_bindings
 from broker.management.views.nodes import NOT_CLUSTERED, down_node
-from broker.model.definitions import VHOST_SECTIONS, of_vhosts
+from broker.model.definitions import VHOST_SECTIONS, of_vhosts, vhosts_named
 from broker.workers.board import CLUSTER_SECRET, known_key, nodes_of
 from broker.workers.moving import MoveError
 from broker.workers.placement import PlacementError
@@ -283,9 +283,8 @@ class Gateway:
 
     async def _imported(self, request: web.Request, document: dict) -> web.Response:
         """The import worker 0 accepted, under the supervisor's lock of the vhosts."""
-        named = [item.get("name") for item in document.get("vhosts") or [] if isinstance(item, dict)]
         # Placed before the check: the check of an item of a new vhost is its leader's
-        placed = await self.supervisor.place([name for name in named if isinstance(name, str)])
+        placed = await self.supervisor.place(vhosts_named(document))
         bodies = {worker: json.dumps(of_vhosts(document, self.led_by(worker, document))).encode()
                   for worker in self.workers}
         for worker in self.workers:  # every share checked before any is applied: all or nothing, as one worker

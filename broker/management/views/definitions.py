@@ -8,7 +8,7 @@ from aiohttp import web
 
 from broker.management import http
 from broker.model.turns import in_slices
-from broker.model.definitions import DefinitionsError, export_node, export_vhost, importing
+from broker.model.definitions import DefinitionsError, export_node, export_vhost, importing, vhosts_named
 
 routes = web.RouteTableDef()
 
@@ -69,9 +69,12 @@ async def _imported(request: web.Request, vhost: str | None) -> web.Response:
     applied."""
     # the supervisor of several workers has each check its share of an import before any applies it
     check_only = http.check_only(request)
+    node, document = http.node_of(request), await _document(request)
+    for name in vhosts_named(document):  # (one of those being deleted is gone first)
+        await node.vhost_deleted(name)
     try:
         # (in slices: a 10 MB document, 290,000 queues, took 14 s of the event loop in one piece)
-        await in_slices(importing(http.node_of(request), await _document(request), vhost, check_only))
+        await in_slices(importing(node, document, vhost, check_only))
     except DefinitionsError as error:
         raise http.bad_request(str(error)) from None
     if not check_only:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -12,6 +13,7 @@ from broker.management.views.connections import close_connections
 from broker.management.views.permissions import topic_permissions_where
 from broker.model.node import FULL_ACCESS
 from broker.model.operations import shortstr_problem
+from broker.model.turns import in_slices
 
 if TYPE_CHECKING:
     from broker.connection.server import Server
@@ -69,6 +71,7 @@ async def put_vhost(request: web.Request) -> web.Response:
         raise http.bad_request(problem)
     if http.check_only(request):  # (the supervisor of several workers places the vhost once this is accepted)
         return http.no_content()
+    await node.vhost_deleted(name)  # (one of that name being deleted is gone first)
     existed = name in node.vhosts
     node.add_vhost(name, description, tags, default_queue_type)
     if not existed:
@@ -87,7 +90,8 @@ async def delete_vhost(request: web.Request) -> web.Response:
         return http.no_content()
     close_connections(http.server_of(request), f"vhost '{vhost.name}' is deleted",
                       lambda connection: connection.vhost is vhost)
-    http.node_of(request).delete_vhost(vhost.name)
+    # (a slice a loop turn; a client that leaves meanwhile does not stop it)
+    await asyncio.shield(asyncio.ensure_future(in_slices(http.node_of(request).delete_vhost(vhost.name))))
     await http.on_disk(request)
     return http.no_content()
 
