@@ -137,9 +137,12 @@ def out_of_sight() -> Iterator[None]:
     """No collection runs meanwhile; what was made (on any thread) is frozen at its end, to come back as the policy
     says. For a thread that makes many objects that form no cycles (a supervisor's decoding of its workers'
     listings of 100,000 queues: the collections it made walked them again and again, 13 to 38 ms at a time, holding
-    the event loop's thread too)."""
-    global _unseen
+    the event loop's thread too). A cycle another thread let go meanwhile is frozen too, and waits for the frozen
+    objects' return (up to FULL_WALK_PERIOD)."""
+    global _unseen, _was_enabled
     with _unseen_lock:
+        if not _unseen:
+            _was_enabled = gc.isenabled()
         _unseen += 1
         gc.disable()
     try:
@@ -149,10 +152,12 @@ def out_of_sight() -> Iterator[None]:
             _unseen -= 1
             if not _unseen:
                 freeze()
-                gc.enable()
+                if _was_enabled:
+                    gc.enable()
 
 
 _unseen = 0  # the out_of_sight() sections under way, on any thread
+_was_enabled = True  # whether the collector ran as the first of them began (it runs again after the last, if so)
 _unseen_lock = threading.Lock()  # (taken to count them)
 
 

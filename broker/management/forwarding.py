@@ -123,7 +123,7 @@ class Answer:
 
     def response(self) -> web.Response:
         """The answer as this API's reply: a chunked one written a chunk a loop turn, as it came."""
-        body = self.parts[0] if len(self.parts) == 1 else AsyncIterablePayload(_one_by_one(self.parts))
+        body = self.parts[0] if len(self.parts) == 1 else AsyncIterablePayload(_one_by_one(list(self.parts)))
         response = web.Response(status=self.status, body=body, headers=self.headers)
         if self.head_length is not None:
             response.headers["Content-Length"] = self.head_length

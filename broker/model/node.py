@@ -114,24 +114,28 @@ class Node:
 
     def delete_vhost(self, name: str) -> Iterator[None]:
         """Remove a vhost with its queues (and their messages), exchanges, policies and permissions, yielding after
-        each queue and exchange (the caller runs it in slices: broker.model.turns.in_slices). It leaves the node's
-        vhosts at the first step: no client or request finds it meanwhile, and its name is taken until the last
-        (``deleting``), so that no vhost of that name is made while the records of its deletion are written. The
-        caller closes its connections."""
+        each queue and exchange (the caller runs it in slices: broker.model.turns.in_slices). Its first step takes
+        it out of the node's vhosts with its permissions: no client or request finds it meanwhile, and its name is
+        taken until the last (``deleting``), so that no vhost of that name is made while the records of its
+        deletion are written. The caller closes its connections after that first step."""
         vhost = self.vhost(name)
         for component, parameter in list(vhost.parameters):  # (their components stop what runs them)
             self.clear_parameter(name, component, parameter)
         del self.vhosts[name]
         self.deleting[name] = []
         try:
-            yield from vhost.delete_everything()
             self.retained.drop_vhost(name)
-            for key in [key for key in self.permissions if key[0] == name]:
+            for key in [key for key in self.permissions if key[0] == name]:  # (an export meanwhile names none)
                 self._drop_permission(key)
             for key in [key for key in self.topic_permissions if key[0] == name]:
                 self._drop_topic_permissions(key, None)
+            yield None  # (the first step ends here: the caller closes the vhost's connections once it has left)
+            yield from vhost.delete_everything()
             self.record("vhost", name, None)
             log.info("vhost %.200r deleted", name)
+        except BaseException:  # (a step that failed: what is left of it stays, as its records say)
+            self.vhosts[name] = vhost
+            raise
         finally:
             for waiter in self.deleting.pop(name):
                 if not waiter.done():  # (its request gone)

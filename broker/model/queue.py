@@ -257,7 +257,7 @@ class Queue:
     def _expire_if_unused(self) -> None:
         self.unused_timer = None
         if not self.consumers and not self.deleted:
-            self.vhost.delete_unwanted(self)
+            self.vhost.delete_queue(self)
 
     def stop_timers(self) -> None:
         if self.unused_timer is not None:
@@ -632,7 +632,7 @@ class Queue:
             self.touch()
             self.release_publishers()
             if self.auto_delete and not self.deleted:
-                self.vhost.delete_unwanted(self)
+                self.vhost.delete_queue(self)
 
     def has_exclusive_consumer(self) -> bool:
         return any(consumer.exclusive for consumer in self.consumers)

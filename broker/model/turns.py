@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Final, Generator, Iterable, NamedTuple, cast
@@ -16,6 +17,8 @@ if TYPE_CHECKING:
     from broker.model.exchange import Exchange
     from broker.model.queue import Queue
     from broker.model.vhost import VirtualHost
+
+log = logging.getLogger(__name__)
 
 # Slices one loop turn runs, at least one, until this long has been spent (a slice itself stops after about as long:
 # broker.model.queue.SLICE_SECONDS)
@@ -41,7 +44,10 @@ class _Line:
         waiting = self.waiting
         ends = time.perf_counter() + TURN_SECONDS
         for _ in range(len(waiting)):  # (those waiting as the turn began: a slice's next one waits for another)
-            waiting.popleft()()
+            try:
+                waiting.popleft()()
+            except Exception:  # (a bug: the other slices go on)
+                log.exception("a slice of work done over loop turns failed")
             if time.perf_counter() >= ends:
                 break
         if waiting and not self.scheduled:

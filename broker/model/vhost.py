@@ -649,12 +649,6 @@ class VirtualHost:
         else:
             self._remove_exchange(subject)
 
-    def delete_unwanted(self, queue: Queue) -> None:
-        """A queue the server deletes (auto-delete after its last consumer, x-expires unused): with many bindings,
-        they go first, a slice a loop turn (unbind_all), as for a client's queue.delete; the queue then goes, as
-        RabbitMQ's goes once it has decided to, a consumer that came meanwhile cancelled as by any deletion."""
-        self.unbind_all(queue, lambda: self.delete(queue))
-
     def bindings_of(self, subject: Queue | Exchange) -> list[Binding]:
         """The bindings a queue's or exchange's deletion removes with it."""
         if isinstance(subject, Queue):
@@ -695,18 +689,29 @@ class VirtualHost:
     def _unbind_slice(self, subject: Queue | Exchange, left: list[Binding]) -> None:
         """A slice of unbind_all; ``left``: the bindings still to remove, the last first."""
         ends = time.perf_counter() + SLICE_SECONDS
-        while True:
-            if not left:
-                left = self.bindings_of(subject)
-                if len(left) <= BINDINGS_AT_ONCE or subject.deleted:
-                    for then in self.unbinding.pop(subject):
-                        then()
+        try:
+            while True:
+                if not left:
+                    left = self.bindings_of(subject)
+                    if len(left) <= BINDINGS_AT_ONCE or subject.deleted:
+                        break
+                self._unbind_one(subject, left.pop())
+                if len(left) % PIECE == 0 and time.perf_counter() >= ends:
+                    pending = left
+                    next_turn(lambda: self._unbind_slice(subject, pending))
                     return
-            self._unbind_one(subject, left.pop())
-            if len(left) % PIECE == 0 and time.perf_counter() >= ends:
-                pending = left
-                next_turn(lambda: self._unbind_slice(subject, pending))
-                return
+        except BaseException:  # (the deletions waiting take what bindings are left with them)
+            self._unbound(subject)
+            raise
+        self._unbound(subject)
+
+    def _unbound(self, subject: Queue | Exchange) -> None:
+        """Each caller of unbind_all for subject called back, one that fails logged (the others' still come)."""
+        for then in self.unbinding.pop(subject, []):
+            try:
+                then()
+            except Exception:
+                log.exception("a deletion after its bindings went failed in vhost %.200r", self.name)
 
     def changed(self, kind: str, name: str) -> None:
         """Tell the watcher that a queue or exchange may have changed (see TopologyWatcher)."""

@@ -88,10 +88,12 @@ async def delete_vhost(request: web.Request) -> web.Response:
     vhost = http.named_vhost(request)
     if http.check_only(request):
         return http.no_content()
+    steps = http.node_of(request).delete_vhost(vhost.name)
+    next(steps)  # (the vhost leaves the node before its connections are told: none can open meanwhile)
     close_connections(http.server_of(request), f"vhost '{vhost.name}' is deleted",
                       lambda connection: connection.vhost is vhost)
-    # (a slice a loop turn; a client that leaves meanwhile does not stop it)
-    await asyncio.shield(asyncio.ensure_future(in_slices(http.node_of(request).delete_vhost(vhost.name))))
+    # (the rest a slice a loop turn; a client that leaves meanwhile does not stop it)
+    await asyncio.shield(asyncio.ensure_future(in_slices(steps)))
     await http.on_disk(request)
     return http.no_content()
 

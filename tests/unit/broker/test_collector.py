@@ -183,3 +183,13 @@ def test_what_is_made_out_of_sight_is_walked_by_no_collection_and_frozen_at_its_
         assert not gc.isenabled() and gc.get_freeze_count() == 0
     assert gc.isenabled() and not started
     assert gc.get_freeze_count() >= len(made)
+
+
+def test_a_collector_turned_off_stays_off_after_a_section_out_of_sight(scene):
+    gc.disable()
+    try:
+        with out_of_sight():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -52,6 +52,25 @@ def test_a_slice_scheduled_by_a_slice_waits_for_a_later_turn():
     assert order == ["first", "second", "its next"]
 
 
+def test_a_slice_that_fails_is_logged_and_the_others_still_run(caplog):
+    order: list[str] = []
+
+    def failing() -> None:
+        raise RuntimeError("a bug")
+
+    async def scenario() -> None:
+        next_turn(failing)
+        next_turn(lambda: order.append("after it"))
+        await asyncio.sleep(0)
+        next_turn(lambda: order.append("later"))
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+    asyncio.run(scenario())
+    assert order == ["after it", "later"]
+    assert "a slice of work done over loop turns failed" in caplog.text and "a bug" in caplog.text
+
+
 def test_work_in_slices_has_the_calls_it_yields_off_the_loop_made_on_a_thread_and_gets_their_results():
     seen = []
 

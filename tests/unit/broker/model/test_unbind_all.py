@@ -6,11 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from broker.model import turns
 from broker.model.vhost import BINDINGS_AT_ONCE, VirtualHost
-from tests.unit.broker.model.test_dispatch import Subscriber, Target
 from tests.unit.broker.model.test_exclusive_queues import Owner, turns_until
 
 MANY = 20_000  # topic bindings: about 2.4 µs each to remove, several loop turns
@@ -80,42 +77,17 @@ def test_a_second_call_for_the_same_subject_waits_for_the_first_ones_slices():
     assert not vhost.unbinding
 
 
+def test_each_deletion_waiting_for_the_bindings_is_called_back_though_one_fails(caplog):
+    vhost, exchange, queue = bound(MANY)
+    called: list[str] = []
 
-def queue_left_by_itself(count: int, arguments: dict, end) -> int:
-    """The loop turns a queue bound by count patterns (declared with arguments, auto-delete without them) takes to
-    go once end(queue) made it unwanted; meanwhile it stays as it was, but for the bindings it loses."""
-    async def scenario() -> int:
-        vhost = VirtualHost("/")
-        exchange = vhost.declare_exchange("t", "topic", False, False, False, False, {})
-        queue = vhost.declare_queue("q", Owner(), False, False, False, not arguments, arguments)
-        for number in range(count):
-            vhost.bind(exchange, queue, f"k.{number}.#", {})
-        await end(queue)
-        turns = 0
-        while not queue.deleted:
-            assert vhost.queues["q"] is queue
-            await asyncio.sleep(0)
-            turns += 1
-        assert "q" not in vhost.queues and not exchange.bindings
-        return turns
+    def failing() -> None:
+        raise RuntimeError("a bug")
 
-    return asyncio.run(scenario())
+    async def scenario() -> None:
+        vhost.unbind_all(queue, failing)
+        vhost.unbind_all(queue, lambda: called.append("second"))
+        await turns_until(called)
 
-
-async def last_consumer_gone(queue) -> None:
-    consumer = Subscriber("c", Target(), 0)
-    queue.add_consumer(consumer)
-    queue.remove_consumers([consumer])
-
-
-async def expired(queue) -> None:
-    """Waits until the queue, unused for its x-expires, is about to go."""
-    while queue.unused_timer is not None:
-        await asyncio.sleep(0.001)
-
-
-@pytest.mark.parametrize("end, arguments", [(last_consumer_gone, {}), (expired, {"x-expires": 1})],
-                         ids=["auto-delete", "x-expires"])
-def test_a_queue_that_goes_by_itself_loses_its_many_bindings_first_over_loop_turns(end, arguments):
-    assert queue_left_by_itself(BINDINGS_AT_ONCE, arguments, end) == 0
-    assert queue_left_by_itself(MANY, arguments, end) > 1
+    asyncio.run(scenario())
+    assert called == ["second"] and not vhost.unbinding and "a bug" in caplog.text

@@ -67,3 +67,44 @@ def test_a_vhost_being_deleted_is_found_by_no_one():
         await node.vhost_deleted("v")  # (none under way: at once)
 
     asyncio.run(scenario())
+
+
+def test_the_first_step_takes_the_vhost_out_with_its_permissions():
+    async def scenario() -> None:
+        node = Node()
+        filled(node)
+        node.put_user("bob", "secret")
+        node.set_permissions("bob", "v", ".*", ".*", ".*")
+        steps = node.delete_vhost("v")
+        next(steps)
+        assert "v" not in node.vhosts and ("v", "bob") not in node.permissions
+        for _ in steps:
+            pass
+
+    asyncio.run(scenario())
+
+
+class Failing:
+    """A watcher of the topology that fails at the first change it is told of (a bug in a step of the deletion)."""
+
+    def topology_changed(self, vhost, kind: str, name: str) -> None:
+        raise RuntimeError("a bug")
+
+
+def test_a_deletion_that_fails_leaves_what_is_left_of_the_vhost_and_frees_its_name():
+    async def scenario() -> None:
+        node = Node()
+        filled(node)
+        vhost = node.vhosts["v"]
+        steps = node.delete_vhost("v")
+        next(steps)
+        waiting = asyncio.ensure_future(node.vhost_deleted("v"))
+        await asyncio.sleep(0)
+        vhost.watcher = Failing()  # (told of the first queue deleted)
+        with pytest.raises(RuntimeError):
+            for _ in steps:
+                pass
+        await asyncio.sleep(0)
+        assert node.vhosts["v"] is vhost and not node.deleting and waiting.done()
+
+    asyncio.run(scenario())
