@@ -52,6 +52,8 @@ def run(node: "Node", link: "HomeLink", operation: dict) -> None:
     client_id = operation.get("client_id")  # (an MQTT client's, for its topic permissions)
     access = ChannelAccess(node, str(operation["user"]), vhost.name, None if client_id is None else str(client_id))
     actor = operations.Actor(vhost, access, owner)
+    if _unbound_first(node, link, actor, operation):
+        return
     changes = vhost.durable_changes
     vhost.counted_there = None
     vhost.placing_for = group
@@ -99,6 +101,34 @@ def _counted_first(vhost: "VirtualHost", operation: dict) -> RemoteQueue | None:
             and (operation["if_unused"] or operation["if_empty"]) and isinstance(queue, RemoteQueue)):
         return queue
     return None
+
+
+def _unbound_first(node: "Node", link: "HomeLink", actor: operations.Actor, operation: dict) -> bool:
+    """Whether a queue.delete or exchange.delete, its checks passed, waits for the many bindings of what it deletes
+    to go first, a slice a loop turn (VirtualHost.unbind_all), as the home's own clients' deletes do; it then runs
+    again without if-unused and if-empty, or, where another client deleted the subject meanwhile, is answered as
+    for none."""
+    what = operation["what"]
+    if what not in ("queue.delete", "exchange.delete") or "unbound" in operation:
+        return False
+    vhost = actor.vhost
+    try:
+        subject = (operations.queue_to_delete(actor, str(operation["queue"]), bool(operation["if_unused"]),
+                                              bool(operation["if_empty"])) if what == "queue.delete"
+                   else operations.exchange_to_delete(actor, str(operation["exchange"]), bool(operation["if_unused"])))
+    except AMQPError:
+        return False  # (refused as it runs)
+    if subject is None or not vhost.has_many_bindings(subject):
+        return False
+
+    def unbound() -> None:
+        if subject.deleted:
+            _answer(link, int(operation["id"]), {"messages": 0} if what == "queue.delete" else {})
+        else:
+            run(node, link, {**operation, "unbound": True, "if_unused": False, "if_empty": False})
+
+    vhost.unbind_all(subject, unbound)
+    return True
 
 
 def _run(actor: operations.Actor, operation: dict, group: int) -> tuple[dict, Callable[[], object] | None]:

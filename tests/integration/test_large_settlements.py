@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 
+import pika
 import pytest
 from pamqp import body, commands, frame, header
 
@@ -23,9 +24,9 @@ ROUND_TRIP_BOUND = 0.05  # seconds another client's round trip may take meanwhil
 class RoundTrips(threading.Thread):
     """Another client's passive declares of its own queue, one after another, each timed."""
 
-    def __init__(self, broker) -> None:
+    def __init__(self, broker, connection: pika.BlockingConnection | None = None) -> None:
         super().__init__(daemon=True)
-        self.connection = connect(broker)
+        self.connection = connection or connect(broker)  # (one made in this thread, handed over: this one's alone)
         self.channel = self.connection.channel()
         self.queue = self.channel.queue_declare("", exclusive=True).method.queue
         self.slowest = 0.0

@@ -15,8 +15,13 @@ import pika
 import pika.exceptions
 import pytest
 
+from pamqp import commands
+
+from protocol.codec import encode_method, make_method
 from tests.integration.helpers import Inbox, channel_error
 from tests.integration.management import request
+from tests.integration.rawclient import RawClient
+from tests.integration.test_large_settlements import ROUND_TRIP_BOUND, RoundTrips
 from tests.integration.test_queues_across_workers import AckingInbox, fanout_to_six_balanced_queues, owners
 from tests.integration.test_workers import worker_pids
 from tests.waiting import wait_for
@@ -25,6 +30,7 @@ if os.environ.get("WARREN_TEST_URL"):
     pytest.skip("starts brokers of its own", allow_module_level=True)
 
 names = itertools.count()
+BINDINGS = 20_000  # of a queue a copy's client deletes (each bind copied to the other worker: 2 s a 10,000)
 
 
 @pytest.fixture
@@ -363,3 +369,46 @@ def test_the_api_counts_the_messages_a_delayed_exchange_holds_in_every_worker(sp
     for path in ("/api/exchanges/%2F", "/api/exchanges"):
         [later] = [item for item in request(broker, "GET", path).body if item["name"] == "later"]
         assert later["messages_delayed"] == 2, path
+
+
+def raw_client_on(broker, worker: str) -> RawClient:
+    """A raw client, its connection open to "/" with channel 1, that landed on that worker (as connect_on)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        name = f"client-{next(names)}"
+        client = RawClient.connect(broker, timeout=60)
+        client.handshake(client_properties={"connection_name": name})
+        if wait_for(lambda: worker_of(broker, name), what="the connection listed") == worker:
+            client.open_channel(1)
+            return client
+        client.close()
+    raise AssertionError(f"no connection landed on worker {worker}")
+
+
+@pytest.mark.alone
+def test_a_delete_a_copy_forwards_removes_the_many_bindings_first_holding_no_client_of_the_home(spread):
+    """A queue.delete sent on worker 1, which keeps a copy of "/", runs at worker 0, the vhost's home: the queue's
+    20,000 bindings go a slice a loop turn before it, as for the home's own clients (in one piece, 163 ms)."""
+    broker = spread()
+    with raw_client_on(broker, "0") as maker:
+        maker.send(1, commands.Exchange.Declare(exchange="x", exchange_type="topic"))
+        maker.expect(commands.Exchange.DeclareOk)
+        maker.send(1, commands.Queue.Declare(queue="q"))
+        maker.expect(commands.Queue.DeclareOk)
+        for start in range(0, BINDINGS, 10_000):
+            maker.send_raw(b"".join(encode_method(1, make_method(
+                commands.Queue.Bind, queue="q", exchange="x", routing_key=f"k.{number}.#", nowait=True))
+                for number in range(start, start + 10_000)))
+        maker.send(1, commands.Basic.Qos(prefetch_count=0))  # answered once every bind before it is made
+        maker.expect(commands.Basic.QosOk, timeout=60)
+    deleter = connect_on(broker, "1")
+    round_trips = RoundTrips(broker, connect_on(broker, "0"))
+    round_trips.start()
+    try:
+        assert deleter.channel().queue_delete("q").method.message_count == 0
+    finally:
+        slowest = round_trips.stop()
+        deleter.close()
+    assert slowest < ROUND_TRIP_BOUND, f"a client of the home's slowest round trip: {slowest * 1000:.0f} ms"
+    assert request(broker, "GET", "/api/queues/%2F/q").status == 404
+    assert request(broker, "GET", "/api/exchanges/%2F/x/bindings/source").body == []
