@@ -5,12 +5,16 @@ meanwhile and a queue's many bindings included."""
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING, Iterator
 
 import pytest
 
 from broker.model.node import Node
 from broker.model.vhost import BINDINGS_AT_ONCE
 from tests.unit.broker.model.test_exclusive_queues import Owner
+
+if TYPE_CHECKING:
+    from broker.model.vhost import VirtualHost
 
 QUEUES = 300
 
@@ -30,13 +34,19 @@ def filled(node: Node, name: str = "v") -> None:
         vhost.bind(topic, first, f"many.{number}.#", {})
 
 
+def deletion_begun() -> tuple[Node, "VirtualHost", Iterator[None]]:
+    """A node whose vhost "v" (filled) has taken its deletion's first step: the node, the vhost, the other steps."""
+    node = Node()
+    filled(node)
+    vhost = node.vhosts["v"]
+    steps = node.delete_vhost("v")
+    next(steps)
+    return node, vhost, steps
+
+
 def test_a_vhost_leaves_at_the_first_step_and_its_name_is_taken_until_the_last():
     async def scenario() -> None:
-        node = Node()
-        filled(node)
-        vhost = node.vhosts["v"]
-        steps = node.delete_vhost("v")
-        next(steps)
+        node, vhost, steps = deletion_begun()
         assert "v" not in node.vhosts and "v" in node.deleting
         with pytest.raises(ValueError, match="vhost 'v' is being deleted"):
             node.add_vhost("v")
@@ -93,11 +103,7 @@ class Failing:
 
 def test_a_deletion_that_fails_leaves_what_is_left_of_the_vhost_and_frees_its_name():
     async def scenario() -> None:
-        node = Node()
-        filled(node)
-        vhost = node.vhosts["v"]
-        steps = node.delete_vhost("v")
-        next(steps)
+        node, vhost, steps = deletion_begun()
         waiting = asyncio.ensure_future(node.vhost_deleted("v"))
         await asyncio.sleep(0)
         vhost.watcher = Failing()  # (told of the first queue deleted)
