@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections import deque
 from typing import Protocol
 
 from broker.crossing.frames import FrameError, Reader, frame
+from broker.model.turns import TURN_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +34,8 @@ class Link(asyncio.Protocol):
         self.peer = peer  # who is at the other end, for the log ("worker 2")
         self.transport: asyncio.Transport | None = None
         self.reader = Reader()
+        self.unhandled: deque[tuple[int, bytes]] = deque()  # frames read, not handled yet (TURN_SECONDS spent)
+        self.paused = False  # reading paused until those are handled
         self.frames: list[bytes] = []  # frames to write at the end of the turn
         self.batch_kind = 0  # the kind of the batch being gathered (0: none)
         self.batch: list[bytes] = []  # its records
@@ -45,16 +50,44 @@ class Link(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         try:
-            for kind, payload in self.reader.feed(data):
-                self.handler.received(kind, payload)
+            self.unhandled.extend(self.reader.feed(data))
         except FrameError as error:
             log.error("closing the link with %s: %s", self.peer, error)
             self.close()
+            return
+        if not self.paused:
+            self._handle()
+
+    def _handle(self) -> None:
+        """The frames read, in order, until TURN_SECONDS are spent; the others in a later loop turn, reading paused
+        meanwhile (a vhost's home deleting 100,000 queues sent its copies their deletions faster than one loop turn
+        applied them: 50 to 70 ms at once)."""
+        ends = time.perf_counter() + TURN_SECONDS
+        unhandled = self.unhandled
+        try:
+            while unhandled and self.open:
+                kind, payload = unhandled.popleft()
+                self.handler.received(kind, payload)
+                if unhandled and time.perf_counter() >= ends:
+                    if not self.paused and self.transport is not None:
+                        self.paused = True
+                        self.transport.pause_reading()
+                    asyncio.get_running_loop().call_soon(self._handle)
+                    return
+        except FrameError as error:
+            log.error("closing the link with %s: %s", self.peer, error)
+            self.close()
+            return
         except (KeyError, TypeError, ValueError) as error:  # (an operation without a key it needs, of a wrong type)
             log.error("closing the link with %s: a malformed operation (%r)", self.peer, error)
             self.close()
+            return
+        if self.paused and self.open and self.transport is not None:
+            self.paused = False
+            self.transport.resume_reading()
 
     def connection_lost(self, exc) -> None:
+        self.unhandled.clear()
         if self.open:
             self.open = False
             self.handler.lost()
