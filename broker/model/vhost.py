@@ -656,9 +656,9 @@ class VirtualHost:
         return [*subject.bindings.values(), *subject.inbound]
 
     def _unbinding(self, subject: Queue | Exchange) -> Iterator[None]:
-        """A queue's or exchange's bindings removed one at a time, yielding after each, if there are more than its
-        deletion removes at once."""
-        if self.has_many_bindings(subject):
+        """A queue's or exchange's bindings (those made meanwhile too) removed one at a time, yielding after each,
+        until at most BINDINGS_AT_ONCE are left for its deletion to remove with it, or it went."""
+        while self.has_many_bindings(subject) and not subject.deleted:
             for binding in self.bindings_of(subject):
                 self._unbind_one(subject, binding)
                 yield None
@@ -684,21 +684,16 @@ class VirtualHost:
             waiting.append(then)
             return
         self.unbinding[subject] = [then]
-        next_turn(lambda: self._unbind_slice(subject, []))
+        steps = self._unbinding(subject)
+        next_turn(lambda: self._unbind_slice(subject, steps))
 
-    def _unbind_slice(self, subject: Queue | Exchange, left: list[Binding]) -> None:
-        """A slice of unbind_all; ``left``: the bindings still to remove, the last first."""
+    def _unbind_slice(self, subject: Queue | Exchange, steps: Iterator[None]) -> None:
+        """A slice of unbind_all: SLICE_SECONDS of its steps (_unbinding), the clock looked at every PIECE."""
         ends = time.perf_counter() + SLICE_SECONDS
         try:
-            while True:
-                if not left:
-                    left = self.bindings_of(subject)
-                    if len(left) <= BINDINGS_AT_ONCE or subject.deleted:
-                        break
-                self._unbind_one(subject, left.pop())
-                if len(left) % PIECE == 0 and time.perf_counter() >= ends:
-                    pending = left
-                    next_turn(lambda: self._unbind_slice(subject, pending))
+            for taken, _ in enumerate(steps, 1):
+                if taken % PIECE == 0 and time.perf_counter() >= ends:
+                    next_turn(lambda: self._unbind_slice(subject, steps))
                     return
         except BaseException:  # (the deletions waiting take what bindings are left with them)
             self._unbound(subject)
