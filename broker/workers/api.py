@@ -332,13 +332,13 @@ class Gateway:
         items: list[dict] = []
         by_owner = pattern in QUEUES and self.supervisor.config.spread_vhosts
         key = "name" if pattern == "/api/vhosts" else "vhost"
-        for worker, answer in zip(self.workers, answers):
-            items += [item for item in answer.json_for_a_thread() if pattern in CLIENTS
-                      or not isinstance(item.get(key), str)
+        bodies = [answer.json_for_a_thread() for answer in answers]
+        for worker, body in zip(self.workers, bodies):
+            items += [item for item in body if pattern in CLIENTS or not isinstance(item.get(key), str)
                       or (http.worker_named(str(item.get("node")), len(self.workers)) == worker if by_owner
                           else self.leader_of(item[key]) == worker)]
         if pattern in EXCHANGES and self.supervisor.config.spread_vhosts:
-            _count_delayed_everywhere(items, answers)
+            _count_delayed_everywhere(items, bodies)
         return items if order is None else order(items)
 
     async def _asked_everywhere(self, request: web.Request, vhost: str) -> tuple[list[Answer], Answer]:
@@ -354,7 +354,7 @@ class Gateway:
         if home.status != 200:
             return home.response()
         exchange = home.json()
-        _count_delayed_everywhere([exchange], [answer for answer in answers if answer.status == 200])
+        _count_delayed_everywhere([exchange], [answer.json() for answer in answers if answer.status == 200])
         return http.reply(exchange)
 
     async def queue_everywhere(self, request: web.Request, vhost: str) -> web.Response:
@@ -582,11 +582,11 @@ def make_gateway_app(supervisor: "Supervisor") -> web.Application:
     return app
 
 
-def _count_delayed_everywhere(exchanges: list[dict], answers: list[Answer]) -> None:
-    """Each delayed exchange's waiting messages: those of every worker's answer (an exchange, or a list of them)."""
+def _count_delayed_everywhere(exchanges: list[dict], bodies: list) -> None:
+    """Each delayed exchange's waiting messages: those of every worker's answer, decoded (an exchange, or a list of
+    them)."""
     waiting: dict[tuple[str, str], int] = {}
-    for answer in answers:
-        body = answer.json_for_a_thread()
+    for body in bodies:
         for item in body if isinstance(body, list) else [body]:
             if isinstance(item, dict) and "messages_delayed" in item:
                 key = (str(item.get("vhost")), str(item.get("name")))
