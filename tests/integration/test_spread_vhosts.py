@@ -10,6 +10,7 @@ import itertools
 import os
 import signal
 import time
+from typing import Callable, TypeVar
 
 import pika
 import pika.exceptions
@@ -30,6 +31,7 @@ if os.environ.get("WARREN_TEST_URL"):
     pytest.skip("starts brokers of its own", allow_module_level=True)
 
 names = itertools.count()
+Client = TypeVar("Client", pika.BlockingConnection, RawClient)
 BINDINGS = 20_000  # of a queue a copy's client deletes (each bind copied to the other worker: 2 s a 10,000)
 
 
@@ -51,21 +53,29 @@ def worker_of(broker, name: str) -> str | None:
 
 
 def connect_on(broker, worker: str, user: str = "guest", vhost: str = "/") -> pika.BlockingConnection:
-    """A connection to vhost served by that worker: every worker listens on the port, and the kernel picks one, so
-    clients connect until one lands there (for a few seconds: a worker serves a vhost made since it started once
-    its copy of it comes, within a second)."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        name = f"client-{next(names)}"
+    """A connection to vhost served by that worker (landed_on)."""
+    def opened(name: str) -> pika.BlockingConnection:
         parameters = pika.URLParameters(broker.url.replace("guest:guest", f"{user}:{user}") if user != "guest"
                                         else broker.url)
         parameters.virtual_host = vhost
         parameters.client_properties = {"connection_name": name}
-        conn = pika.BlockingConnection(parameters)
-        landed = wait_for(lambda: worker_of(broker, name), what="the connection listed")
-        if landed == worker:
-            return conn
-        conn.close()
+        return pika.BlockingConnection(parameters)
+
+    return landed_on(broker, worker, opened)
+
+
+def landed_on(broker, worker: str, opened: Callable[[str], Client]) -> Client:
+    """The first client opened (given the connection name it is to send) that the API lists on that worker, the
+    others closed: every worker listens on the port, and the kernel picks one, so clients connect until one lands
+    there (for a few seconds: a worker serves a vhost made since it started once its copy of it comes, within a
+    second)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        name = f"client-{next(names)}"
+        client = opened(name)
+        if wait_for(lambda: worker_of(broker, name), what="the connection listed") == worker:
+            return client
+        client.close()
     raise AssertionError(f"no connection landed on worker {worker}")
 
 
@@ -372,17 +382,15 @@ def test_the_api_counts_the_messages_a_delayed_exchange_holds_in_every_worker(sp
 
 
 def raw_client_on(broker, worker: str) -> RawClient:
-    """A raw client, its connection open to "/" with channel 1, that landed on that worker (as connect_on)."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        name = f"client-{next(names)}"
+    """A raw client, its connection open to "/" with channel 1, that landed on that worker (landed_on)."""
+    def opened(name: str) -> RawClient:
         client = RawClient.connect(broker, timeout=60)
         client.handshake(client_properties={"connection_name": name})
-        if wait_for(lambda: worker_of(broker, name), what="the connection listed") == worker:
-            client.open_channel(1)
-            return client
-        client.close()
-    raise AssertionError(f"no connection landed on worker {worker}")
+        return client
+
+    client = landed_on(broker, worker, opened)
+    client.open_channel(1)
+    return client
 
 
 @pytest.mark.alone
