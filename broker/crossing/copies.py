@@ -69,7 +69,7 @@ def whole(vhost: "VirtualHost", group: int) -> dict:
             "exchanges": [definition_of(vhost, "exchange", exchange, group) for exchange in exchanges],
             "queues": [definition_of(vhost, "queue", queue, group) for queue in vhost.queues.values()],
             "bindings": [definition_of(vhost, "binding", binding, group)
-                         for exchange in exchanges for binding in exchange.bindings.values()]}
+                         for exchange in exchanges for binding in exchange.live_bindings()]}
 
 
 # --- what a copy does with it ------------------------------------------------------------------------------------

@@ -152,7 +152,7 @@ class ExchangeLink(FederationLink):
         self.bindings_changed.clear()
         exchange = self.vhost.exchanges.get(self.name)
         wanted: dict[tuple[str, str], tuple[str, dict]] = {}
-        for binding in (exchange.bindings.values() if exchange is not None else ()):
+        for binding in (exchange.live_bindings() if exchange is not None else ()):
             arguments = self._mirrored_arguments(binding.arguments)
             if arguments is not None:
                 wanted[(binding.routing_key, canonical_arguments(arguments))] = binding.routing_key, arguments

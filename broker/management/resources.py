@@ -319,7 +319,7 @@ def vhost_bindings(vhost: "VirtualHost") -> list[dict]:
     """Every binding of a vhost, the default exchange's implicit ones included."""
     bindings = [default_binding_json(vhost, name) for name in vhost.queues]
     for exchange in vhost.exchanges.values():
-        bindings.extend(explicit_binding_json(vhost, binding) for binding in exchange.bindings.values())
+        bindings.extend(explicit_binding_json(vhost, binding) for binding in exchange.live_bindings())
     return bindings
 
 

@@ -168,7 +168,7 @@ def _bindings(vhost: "VirtualHost", with_vhost: bool):
     for exchange in vhost.exchanges.values():
         if exchange is vhost.default_exchange:
             continue
-        for binding in exchange.bindings.values():
+        for binding in exchange.live_bindings():
             destination = binding.destination
             if not binding.destination_is_exchange and destination.exclusive_owner is not None:
                 continue

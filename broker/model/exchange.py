@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Iterable, Union
+from typing import TYPE_CHECKING, ClassVar, Iterable, Iterator, Union
 
 from broker.model.arguments.common import text_of
 from broker.model.policy import effective_settings, merged_definition
@@ -98,6 +98,10 @@ class Exchange:
         if binding.destination_is_exchange:
             self.exchange_bindings -= 1
         return True
+
+    def live_bindings(self) -> Iterator[Binding]:
+        """Its bindings but those of a deleted queue, still leaving its index (broker.model.vhost's _leaving)."""
+        return (binding for binding in self.bindings.values() if not binding.destination.deleted)
 
     def find_binding(self, destination: Destination, routing_key: str, arguments: dict | None) -> Binding | None:
         return self.bindings.get((destination, routing_key, canonical_arguments(arguments)))

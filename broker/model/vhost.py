@@ -8,7 +8,7 @@ import json
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any, Callable, Final, Iterator, cast
+from typing import TYPE_CHECKING, Any, Callable, Final, Iterable, Iterator, cast
 
 from broker.model import durability
 from broker.model.arguments.exchange import DELAYED_TYPE
@@ -191,6 +191,12 @@ class VirtualHost:
         self.queues: dict[str, Queue] = {}
         # queues and exchanges losing their many bindings (unbind_all) -> what to call when few enough are left
         self.unbinding: dict[Queue | Exchange, list[Callable[[], None]]] = {}
+        # deleted queues whose many bindings are still leaving the exchanges' indexes (_leaving): route passes over
+        # deleted queues while there are any
+        self.unindexing = 0
+        # store key -> a deleted queue of _leaving whose records of its end (its durable bindings', then its own)
+        # the store is yet to be given
+        self.unrecorded: dict[str, Queue] = {}
         self.queues_storing_all = 0  # queues that store transient messages too (quorum queues)
         self.default_exchange = DefaultExchange(self)
         self.exchanges: dict[str, Exchange] = {"": self.default_exchange}
@@ -229,6 +235,8 @@ class VirtualHost:
         for operator in (False, True):
             for name in list(self.policy_table(operator)):
                 self._drop_policy(name, operator)
+        while self.unrecorded:  # (a vhost of the same name may come next)
+            self._recorded_gone(next(iter(self.unrecorded.values())))
 
     # --- policies -------------------------------------------------------------------------------------------
     def policies_for(self, kind: str, name: str) -> tuple[Policy | None, Policy | None]:
@@ -471,7 +479,7 @@ class VirtualHost:
                                         else f"deletion of system exchange '{name}' in vhost '{self.name}' "
                                              "not allowed")
         exchange = self.exchanges.get(name)
-        if exchange is not None and if_unused and exchange.bindings:
+        if exchange is not None and if_unused and any(exchange.live_bindings()):
             raise errors.precondition_failed(f"exchange '{name}' in vhost '{self.name}' in use")
         return exchange
 
@@ -553,7 +561,10 @@ class VirtualHost:
         return kind(self, name, durable, connection if exclusive else None, auto_delete, arguments)
 
     def delete_queue(self, queue: Queue) -> int:
-        """Remove a queue with its bindings; its consumers are cancelled. Returns the ready messages dropped."""
+        """Remove a queue with its bindings; its consumers are cancelled. Returns the ready messages dropped. A queue
+        of many bindings (one that goes by itself: a client's deletion removes them first, unbind_all) goes at once,
+        its name free for a new one, and its bindings leave the exchanges' indexes after it, a slice a loop turn
+        (_leaving; 100,000 topic bindings took 0.24 s in one piece)."""
         if queue.deleted:
             return 0
         queue.deleted = True
@@ -573,16 +584,26 @@ class VirtualHost:
             consumer.channel.consumer_cancelled_by_server(consumer)
         queue.consumers.clear()
         queue.release_publishers()
-        for binding in list(queue.bindings):
-            self._drop_binding(binding)
+        leaving = self.has_many_bindings(queue)
+        if not leaving:
+            for binding in list(queue.bindings):
+                self._drop_binding(binding)
         holder = queue.exclusive_owner
         if holder is not None:
             holder.exclusive_queues.discard(queue)
             if isinstance(holder, OwnerElsewhere) and not holder.exclusive_queues:
                 self.owners_elsewhere.pop(holder.key, None)
         if queue.recorded:
-            self.store.delete_queue(queue.store_key)
+            if leaving:
+                self.store.drop_messages(queue.store_key)  # (its definition goes after its bindings': _leaving)
+                self.unrecorded[queue.store_key] = queue
+            else:
+                self.store.delete_queue(queue.store_key)
             self.durable_changes += 1
+        if leaving:
+            self.unindexing += 1
+            steps = self._leaving(queue)
+            next_turn(lambda: self._in_slices(steps))
         self.changed("queues", queue.name)
         self._copied("queue", queue, False)
         return count
@@ -618,10 +639,13 @@ class VirtualHost:
                 self.check_exclusive_access(destination, connection)
             self._drop_binding(binding)
 
-    def _drop_binding(self, binding: Binding, auto_delete_source: bool = True) -> None:
+    def _drop_binding(self, binding: Binding, auto_delete_source: bool = True, told: bool = False) -> None:
+        """told: a deleted queue's binding (_leaving), which the copies dropped with the queue and the store has
+        been given as need be: it leaves its source alone."""
         source = binding.source
         source.remove_binding(binding)
-        self._unlink(binding)
+        if not told:
+            self._unlink(binding)
         self.changed("exchanges", source.name)
         # (a copy's auto-delete exchange goes when its home says: broker.crossing.copies)
         if auto_delete_source and source.auto_delete and not source.bindings and not source.deleted and not self.copy:
@@ -641,8 +665,11 @@ class VirtualHost:
         return bound > BINDINGS_AT_ONCE
 
     def delete(self, subject: Queue | Exchange) -> None:
-        """A queue or exchange deleted with its bindings, unless another client deleted it already."""
+        """A queue or exchange deleted with its bindings, unless another client deleted it already (the records of
+        its end then written now, for the caller's reply to wait for: _recorded_gone)."""
         if subject.deleted:
+            if isinstance(subject, Queue) and self.unrecorded.get(subject.store_key) is subject:
+                self._recorded_gone(subject)
             return
         if isinstance(subject, Queue):
             self.delete_queue(subject)
@@ -662,6 +689,38 @@ class VirtualHost:
             for binding in self.bindings_of(subject):
                 self._unbind_one(subject, binding)
                 yield None
+
+    def _leaving(self, queue: Queue) -> Iterator[None]:
+        """A deleted queue's bindings (delete_queue) leave the exchanges' indexes one at a time, yielding after
+        each, those of its exchanges deleted meanwhile passed over; then its own record goes, unless the store was
+        given all of them already (_recorded_gone). The copies of the vhost dropped them with the queue. A durable
+        binding's record goes as it leaves, so that a restart on the way finds the queue (its messages gone) with
+        those that are left, as if it had not been deleted yet (no client was told it was)."""
+        try:
+            for binding in list(queue.bindings):
+                source = binding.source
+                if source.bindings.get(binding.key) is binding:
+                    if self.unrecorded.get(queue.store_key) is queue and durability.binding_is_durable(binding):
+                        self._record("binding", _binding_key(self.name, binding), None)
+                    self._drop_binding(binding, told=True)
+                yield None
+            if self.unrecorded.get(queue.store_key) is queue:
+                del self.unrecorded[queue.store_key]
+                self._record("queue", queue.store_key, None)
+        finally:
+            queue.bindings.clear()
+            self.unindexing -= 1
+
+    def _recorded_gone(self, queue: Queue) -> None:
+        """The store given at once what it is yet to be told of a deleted queue's end (_leaving): the records of
+        its durable bindings still in an index, then its own. A queue of its name is being recorded (its records
+        share the keys), a client's delete names it, or its vhost goes; its bindings still leave the indexes a
+        slice a loop turn."""
+        del self.unrecorded[queue.store_key]
+        for binding in queue.bindings:
+            if binding.source.bindings.get(binding.key) is binding and durability.binding_is_durable(binding):
+                self._record("binding", _binding_key(self.name, binding), None)
+        self._record("queue", queue.store_key, None)
 
     def _unbind_one(self, subject: Queue | Exchange, binding: Binding) -> None:
         """One of subject's bindings removed as an unbind removes it (but an auto-delete subject stays: its deletion
@@ -685,20 +744,24 @@ class VirtualHost:
             return
         self.unbinding[subject] = [then]
         steps = self._unbinding(subject)
-        next_turn(lambda: self._unbind_slice(subject, steps))
+        next_turn(lambda: self._in_slices(steps, lambda: self._unbound(subject)))
 
-    def _unbind_slice(self, subject: Queue | Exchange, steps: Iterator[None]) -> None:
-        """A slice of unbind_all: SLICE_SECONDS of its steps (_unbinding), the clock looked at every PIECE."""
+    def _in_slices(self, steps: Iterator[None], then: Callable[[], None] | None = None) -> None:
+        """A slice of work on bindings (unbind_all's, _leaving's): SLICE_SECONDS of its steps, the clock looked at
+        every PIECE, the next slice in a coming loop turn; then() after the last step, or one that failed (the
+        deletions waiting for unbind_all take what bindings are left with them)."""
         ends = time.perf_counter() + SLICE_SECONDS
         try:
             for taken, _ in enumerate(steps, 1):
                 if taken % PIECE == 0 and time.perf_counter() >= ends:
-                    next_turn(lambda: self._unbind_slice(subject, steps))
+                    next_turn(lambda: self._in_slices(steps, then))
                     return
-        except BaseException:  # (the deletions waiting take what bindings are left with them)
-            self._unbound(subject)
+        except BaseException:
+            if then is not None:
+                then()
             raise
-        self._unbound(subject)
+        if then is not None:
+            then()
 
     def _unbound(self, subject: Queue | Exchange) -> None:
         """Each caller of unbind_all for subject called back, one that fails logged (the others' still come)."""
@@ -760,6 +823,8 @@ class VirtualHost:
     def _record(self, kind: str, name: str, data: dict | None) -> None:
         """A durable definition changed (data None: it is gone). A copy's are its home's to keep, but for the
         queues it owns and its delayed exchanges (keep_delayed; an exchange's removal is written whatever it was)."""
+        if data is not None and kind == "queue" and name in self.unrecorded:
+            self._recorded_gone(self.unrecorded[name])  # (the same keys: the records of its end go first)
         delayed = kind == "exchange" and (data is None or data["type"] == DELAYED_TYPE)
         if self.copy and kind != "queue" and not delayed:
             return
@@ -831,7 +896,11 @@ class VirtualHost:
             # the usual case: one key, bindings to queues only; each queue appears once in what route() returns
             destinations = exchange.route(routing_keys[0], message)
             if destinations:
-                return cast("list[Queue]", list(destinations))
+                if not self.unindexing:
+                    return cast("list[Queue]", list(destinations))
+                live = [queue for queue in cast("Iterable[Queue]", destinations) if not queue.deleted]
+                if live:
+                    return live
         queues: dict[Queue, None] = {}
         seen: set[Exchange] = set()
         pending = [exchange]
@@ -843,11 +912,13 @@ class VirtualHost:
             routed = False
             for key in routing_keys:
                 for destination in current.route(key, message):
-                    routed = True
                     if isinstance(destination, Queue):
+                        if destination.deleted:  # (its bindings leaving the index: _leaving)
+                            continue
                         queues[destination] = None
                     else:
                         pending.append(destination)
+                    routed = True
             if not routed:
                 alternate = self.exchanges.get(current.alternate_exchange or "")
                 if alternate is not None and alternate is not self.default_exchange:

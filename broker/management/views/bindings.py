@@ -40,7 +40,7 @@ async def of_exchange(request: web.Request) -> web.Response:
     if exchange is vhost.default_exchange:
         return await bindings_listing(request, (default_binding_json(vhost, name) for name in vhost.queues))
     return await bindings_listing(request, (explicit_binding_json(vhost, binding)
-                                            for binding in exchange.bindings.values()))
+                                            for binding in exchange.live_bindings()))
 
 
 @routes.get("/api/queues/{vhost}/{name}/bindings")

@@ -5,19 +5,18 @@ under one old key go to nobody: they are set aside in quarantine/. A start cut s
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 from pathlib import Path
 from typing import Callable, TypeVar
 
 from broker.model.access import DEFAULT_HASHING, Permission, User, hash_password
-from broker.model.durability import restore
 from broker.model.keys import binding_key, exchange_key, permission_key, policy_key, queue_key
 from broker.model.node import Node
 from broker.model.vhost import VirtualHost
 from storage.store import MessageStore
-from tests.unit.storage.storage_support import durable, run
+from tests.unit.broker.model.node_support import on_node
+from tests.unit.storage.storage_support import run
 
 T = TypeVar("T")
 KINDS = ("queue", "exchange", "policy", "binding", "permission")  # the kinds of records keyed by several names
@@ -64,20 +63,10 @@ def earlier(data_dir: Path, definitions: list[tuple[str, str, dict]],
 
 
 def started(data_dir: Path, look: Callable[[Node], T]) -> T:
-    """Start on data_dir as the broker does (vhosts, users and permissions, then the rest), look at the node, then
-    stop once everything is durable."""
-    async def main() -> T:
-        store = MessageStore(data_dir)
-        recovered = store.recover()
-        node = Node(store)
-        node.restore_definitions(recovered.vhosts, recovered.users, recovered.permissions,
-                                 recovered.topic_permissions)
-        restore(node, recovered)
-        seen = look(node)
-        assert await durable(store)
-        store.close()
-        return seen
-    return asyncio.run(main())
+    """Start on data_dir as the broker does, look at the node, then stop once everything is durable."""
+    async def scenario(node: Node) -> T:
+        return look(node)
+    return on_node(data_dir, scenario)
 
 
 def queued(node: Node, vhost_name: str, name: str) -> list[tuple[bytes, bool]]:
