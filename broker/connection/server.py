@@ -400,6 +400,7 @@ class Server:
             await listener.wait_closed()
         self.memory_alarm.stop()
         self.disk_alarm.stop()
+        self.node.record_ends()  # (in the store's last batch)
         if self.store.begin_close():  # the writer's last fsync may hang on a failing disk: waited for off the loop
             await asyncio.get_running_loop().run_in_executor(None, self.store.finish_close)
         self.paging.store.close()

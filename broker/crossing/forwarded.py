@@ -123,6 +123,7 @@ def _unbound_first(node: "Node", link: "HomeLink", actor: operations.Actor, oper
 
     def unbound() -> None:
         if subject.deleted:
+            vhost.delete(subject)  # (the records of its end, where its own deletion has yet to write them)
             _answer(link, int(operation["id"]), {"messages": 0} if what == "queue.delete" else {})
         else:
             run(node, link, {**operation, "unbound": True, "if_unused": False, "if_empty": False})

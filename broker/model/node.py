@@ -141,6 +141,12 @@ class Node:
                 if not waiter.done():  # (its request gone)
                     waiter.set_result(None)
 
+    def record_ends(self) -> None:
+        """Each vhost's records of the end of its deleted queues whose bindings are still leaving, given to the
+        store now (VirtualHost.record_ends: the node stops, and a restart is to find those queues gone)."""
+        for vhost in self.vhosts.values():
+            vhost.record_ends()
+
     async def vhost_deleted(self, name: str) -> None:
         """Once a deletion of the vhost under way, if any, is done (a vhost of that name may then be made)."""
         waiting = self.deleting.get(name)

@@ -235,8 +235,7 @@ class VirtualHost:
         for operator in (False, True):
             for name in list(self.policy_table(operator)):
                 self._drop_policy(name, operator)
-        while self.unrecorded:  # (a vhost of the same name may come next)
-            self._recorded_gone(next(iter(self.unrecorded.values())))
+        self.record_ends()  # (a vhost of the same name may come next)
 
     # --- policies -------------------------------------------------------------------------------------------
     def policies_for(self, kind: str, name: str) -> tuple[Policy | None, Policy | None]:
@@ -634,7 +633,9 @@ class VirtualHost:
         if source is None or destination is None:
             return
         binding = source.find_binding(destination, routing_key, arguments)
-        if binding is not None:
+        if binding is not None and isinstance(destination, Queue) and destination.deleted:  # (an undo's: it leaves)
+            self._leave(binding)
+        elif binding is not None:
             if connection is not None and isinstance(destination, Queue):
                 self.check_exclusive_access(destination, connection)
             self._drop_binding(binding)
@@ -691,25 +692,36 @@ class VirtualHost:
                 yield None
 
     def _leaving(self, queue: Queue) -> Iterator[None]:
-        """A deleted queue's bindings (delete_queue) leave the exchanges' indexes one at a time, yielding after
-        each, those of its exchanges deleted meanwhile passed over; then its own record goes, unless the store was
-        given all of them already (_recorded_gone). The copies of the vhost dropped them with the queue. A durable
-        binding's record goes as it leaves, so that a restart on the way finds the queue (its messages gone) with
-        those that are left, as if it had not been deleted yet (no client was told it was)."""
-        try:
-            for binding in list(queue.bindings):
-                source = binding.source
-                if source.bindings.get(binding.key) is binding:
-                    if self.unrecorded.get(queue.store_key) is queue and durability.binding_is_durable(binding):
-                        self._record("binding", _binding_key(self.name, binding), None)
-                    self._drop_binding(binding, told=True)
-                yield None
-            if self.unrecorded.get(queue.store_key) is queue:
-                del self.unrecorded[queue.store_key]
-                self._record("queue", queue.store_key, None)
-        finally:
-            queue.bindings.clear()
-            self.unindexing -= 1
+        """A deleted queue's bindings (delete_queue) leave the exchanges' indexes one at a time (_leave), yielding
+        after each, those gone meanwhile (with their exchange, say) passed over; then its own record goes, unless
+        the store was given all of them already (_recorded_gone). A durable binding's record goes as it leaves, so
+        that a restart on the way finds the queue (its messages gone) with those that are left, as if it had not
+        been deleted yet (no client was told it was). A step that fails leaves route passing over deleted queues
+        for good rather than reaching this one."""
+        for binding in list(queue.bindings):
+            if binding.source.bindings.get(binding.key) is binding:
+                self._leave(binding)
+            yield None
+        if self.unrecorded.get(queue.store_key) is queue:
+            del self.unrecorded[queue.store_key]
+            self._record("queue", queue.store_key, None)
+        queue.bindings.clear()
+        self.unindexing -= 1
+
+    def _leave(self, binding: Binding, auto_delete_source: bool = True) -> None:
+        """A deleted queue's binding still in its source's index leaves it, its record going too where the store
+        is yet to be given it (_recorded_gone): the copies of the vhost dropped it with the queue, and a queue of
+        the same name may have a binding of the same names, whose record and copies it must not touch."""
+        queue = cast(Queue, binding.destination)
+        if self.unrecorded.get(queue.store_key) is queue and durability.binding_is_durable(binding):
+            self._record("binding", _binding_key(self.name, binding), None)
+        self._drop_binding(binding, auto_delete_source, told=True)
+
+    def record_ends(self) -> None:
+        """What the store is yet to be told of the end of deleted queues whose bindings are still leaving, given to
+        it now (_recorded_gone: the vhost goes, or the node stops)."""
+        while self.unrecorded:
+            self._recorded_gone(next(iter(self.unrecorded.values())))
 
     def _recorded_gone(self, queue: Queue) -> None:
         """The store given at once what it is yet to be told of a deleted queue's end (_leaving): the records of
@@ -724,9 +736,13 @@ class VirtualHost:
 
     def _unbind_one(self, subject: Queue | Exchange, binding: Binding) -> None:
         """One of subject's bindings removed as an unbind removes it (but an auto-delete subject stays: its deletion
-        comes), unless it went meanwhile."""
+        comes), unless it went meanwhile; one of a deleted queue as it leaves (_leave)."""
         source = binding.source
-        if source.bindings.get(binding.key) is binding:
+        if source.bindings.get(binding.key) is not binding:
+            return
+        if binding.destination.deleted:
+            self._leave(binding, auto_delete_source=source is not subject)
+        else:
             self._drop_binding(binding, auto_delete_source=source is not subject)
 
     def unbind_all(self, subject: Queue | Exchange, then: Callable[[], None]) -> None:

@@ -456,6 +456,7 @@ class Unbinding(Slices):
         elif channel.replies is not None:  # (a reply still waits, within the handler that started this or for the
             return False                   # disk: the method's own must follow it, and wait for the disk itself)
         elif subject.deleted:
+            vhost.delete(subject)  # (the records of its end, where its own deletion has yet to write them)
             if not self.decided.nowait:
                 channel.send_method(spec.Queue.DeleteOk(message_count=0) if isinstance(subject, Queue)
                                     else spec.Exchange.DeleteOk())

@@ -193,3 +193,38 @@ def test_a_vhost_deleted_meanwhile_leaves_nothing_of_the_queue_to_a_new_vhost_of
 
     on_node(tmp_path, scenario)
     assert found(tmp_path) == {"q": []}
+
+
+def test_a_client_deletion_under_way_leaves_the_bindings_of_a_new_queue_of_its_name_alone(tmp_path):
+    """A client deletes the queue (its bindings removed first, unbind_all), its last consumer goes meanwhile, and a
+    queue of its name is declared again at once and bound by some of the old keys: those stay, across a restart."""
+    async def scenario(node: Node) -> int:
+        vhost = vhost_v(node)
+        exchange, old = bound(vhost, durable_ends=True)
+        unbound = asyncio.get_running_loop().create_future()
+        vhost.unbind_all(old, lambda: unbound.set_result(None))
+        await asyncio.sleep(0)
+        vhost.delete_queue(old)
+        new = vhost.declare_queue("q", Owner(), False, True, False, False, {})
+        keys = [binding.routing_key for binding in old.bindings if exchange.bindings.get(binding.key) is binding]
+        for key in keys[::100]:
+            vhost.bind(exchange, new, key, {})
+        await unbound
+        vhost.delete(old)  # (the client's delete, once the bindings are few enough)
+        await left_indexes(vhost)
+        assert len(new.bindings) == len(keys[::100])
+        return len(new.bindings)
+
+    kept = on_node(tmp_path, scenario)
+    assert kept > 10 and len(found(tmp_path)["q"]) == kept
+
+
+def test_a_stop_on_the_way_records_the_queue_gone(tmp_path):
+    async def scenario(node: Node) -> None:
+        vhost = vhost_v(node)
+        _, queue = bound(vhost, durable_ends=True)
+        vhost.delete_queue(queue)
+        node.record_ends()  # (as the server's stop does, before its store's last batch)
+
+    on_node(tmp_path, scenario, cut_short=True)
+    assert found(tmp_path) == {}
