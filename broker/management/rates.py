@@ -13,6 +13,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from broker.model.counters import QUEUE_COUNTERS
+from broker.model.features.ready import let_go
 
 if TYPE_CHECKING:
     from broker.connection.connection import Connection
@@ -24,6 +25,9 @@ log = logging.getLogger(__name__)
 
 HISTORY = 120  # samples kept per node and per queue (ten minutes at RabbitMQ's default interval)
 SLICE = 0.005  # seconds of event-loop time a sampling takes at a stretch before letting other work run
+# histories a sample replaced that are freed a loop turn, those of the queues, channels or connections that went with
+# them (let_go: about 2.5 µs each with HISTORY samples; 100,000 queues' freed at once held the loop 0.38 s)
+HISTORIES_FREED = 1_000
 
 # RabbitMQ's message_stats keys of a queue -> the queue counters (model.counters.QUEUE_COUNTERS) they sum
 QUEUE_STATS = {
@@ -151,7 +155,8 @@ class Rates:
                     await asyncio.sleep(0)
                     slice_started = time.perf_counter()
                     now_ms = int(time.time() * 1000)
-        self.queues = live  # deleted queues' histories go
+        dropped, self.queues = self.queues, live  # (deleted queues' histories go, over loop turns)
+        let_go(dropped, HISTORIES_FREED)
         node = self.server.node  # (publishes of every protocol)
         node_values = _queue_stats(tuple(sums)) + tuple(node.total(field) for field in NODE_STATS.values())
         now_ms = int(time.time() * 1000)
@@ -169,6 +174,8 @@ class Rates:
                 history = self.channels.get(channel) or History(CHANNEL_STATS)
                 history.add(now_ms, (channel.publish_count, channel.next_tag - 1, channel.ack_count))
                 channels[channel] = history
+        let_go(self.connections, HISTORIES_FREED)
+        let_go(self.channels, HISTORIES_FREED)
         self.connections, self.channels = connections, channels
 
 

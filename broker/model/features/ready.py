@@ -139,10 +139,10 @@ def ready_entries(arguments: dict) -> FifoEntries | PriorityEntries:
     return PriorityEntries(max_priority) if isinstance(max_priority, int) and max_priority > 0 else FifoEntries()
 
 
-def let_go(dropped: ReadyList | list, per_turn: int = DROP_SLICE) -> None:
+def let_go(dropped: ReadyList | list | dict, per_turn: int = DROP_SLICE) -> None:
     """Entries a purge or a deletion took (take_all; a ready list, or the list of a queue's expiry times) are freed
-    per_turn a loop turn: 4 million freed at once held the event loop 0.18 s. (Any list of many objects may be let
-    go so, the slice sized to what its objects cost to free: a listing's entries, ENCODE_SLICE.)"""
+    per_turn a loop turn: 4 million freed at once held the event loop 0.18 s. (Any list or dict of many objects may
+    be let go so, the slice sized to what its objects cost to free: a listing's entries, ENCODE_SLICE.)"""
     if len(dropped) <= per_turn:
         return  # (freed with the caller's reference, a few milliseconds at most)
     try:
@@ -153,6 +153,9 @@ def let_go(dropped: ReadyList | list, per_turn: int = DROP_SLICE) -> None:
     def free_a_slice() -> None:
         if isinstance(dropped, list):
             del dropped[-per_turn:]
+        elif isinstance(dropped, dict):
+            for _ in range(min(per_turn, len(dropped))):
+                dropped.popitem()
         else:
             for _ in range(min(per_turn, len(dropped))):
                 dropped.popleft()

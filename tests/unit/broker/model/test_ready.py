@@ -103,6 +103,19 @@ def test_what_was_taken_is_let_go_a_slice_a_loop_turn():
     assert asyncio.run(left_after_each_turn()) == [2 * DROP_SLICE + 1, DROP_SLICE + 1, 1, 0]
 
 
+def test_a_dict_let_go_is_freed_a_slice_a_loop_turn():
+    dropped = {number: object() for number in range(2 * DROP_SLICE + 1)}
+
+    async def left_after_each_turn() -> list[int]:
+        let_go(dropped)
+        left = [len(dropped)]
+        while dropped:
+            await asyncio.sleep(0)
+            left.append(len(dropped))
+        return left
+    assert asyncio.run(left_after_each_turn()) == [2 * DROP_SLICE + 1, DROP_SLICE + 1, 1, 0]
+
+
 def test_a_queue_gets_priorities_only_with_a_positive_x_max_priority():
     assert isinstance(ready_entries({"x-max-priority": 10}), PriorityEntries)
     assert type(ready_entries({"x-max-priority": 0})) is FifoEntries
