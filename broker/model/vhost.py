@@ -687,8 +687,9 @@ class VirtualHost:
         """A queue's or exchange's bindings (those made meanwhile too) removed one at a time, yielding after each,
         until at most BINDINGS_AT_ONCE are left for its deletion to remove with it, or it went."""
         while self.has_many_bindings(subject) and not subject.deleted:
-            for binding in self.bindings_of(subject):
-                self._unbind_one(subject, binding)
+            bindings = self.bindings_of(subject)
+            while bindings:  # (each freed as it goes: 100,000 freed at the end took 24 ms)
+                self._unbind_one(subject, bindings.pop())
                 yield None
 
     def _leaving(self, queue: Queue) -> Iterator[None]:
@@ -698,14 +699,15 @@ class VirtualHost:
         that a restart on the way finds the queue (its messages gone) with those that are left, as if it had not
         been deleted yet (no client was told it was). A step that fails leaves route passing over deleted queues
         for good rather than reaching this one."""
-        for binding in list(queue.bindings):
+        bindings = queue.bindings
+        while bindings:  # (each freed as it goes: 100,000 freed at the end took 24 ms)
+            binding = bindings.pop()
             if binding.source.bindings.get(binding.key) is binding:
                 self._leave(binding)
             yield None
         if self.unrecorded.get(queue.store_key) is queue:
             del self.unrecorded[queue.store_key]
             self._record("queue", queue.store_key, None)
-        queue.bindings.clear()
         self.unindexing -= 1
 
     def _leave(self, binding: Binding, auto_delete_source: bool = True) -> None:
