@@ -161,12 +161,15 @@ class Rates:
         node_values = _queue_stats(tuple(sums)) + tuple(node.total(field) for field in NODE_STATS.values())
         now_ms = int(time.time() * 1000)
         self.node.add(now_ms, node_values)
-        self._sample_connections(now_ms)
+        await self._sample_connections()
 
-    def _sample_connections(self, now_ms: int) -> None:
-        """Each open connection's bytes in and out, and each of its channels' publishes, deliveries and acks."""
+    async def _sample_connections(self) -> None:
+        """Each open connection's bytes in and out, and each of its channels' publishes, deliveries and acks, in
+        slices as the queues' (10,000 connections of a channel each took 7 to 31 ms)."""
         connections, channels = {}, {}
-        for connection in self.server.connections:
+        slice_started = time.perf_counter()
+        now_ms = int(time.time() * 1000)
+        for connection in list(self.server.connections):
             history = self.connections.get(connection) or History(CONNECTION_STATS)
             history.add(now_ms, (connection.received_bytes, connection.sent_bytes))
             connections[connection] = history
@@ -174,6 +177,10 @@ class Rates:
                 history = self.channels.get(channel) or History(CHANNEL_STATS)
                 history.add(now_ms, (channel.publish_count, channel.next_tag - 1, channel.ack_count))
                 channels[channel] = history
+            if time.perf_counter() - slice_started > SLICE:
+                await asyncio.sleep(0)
+                slice_started = time.perf_counter()
+                now_ms = int(time.time() * 1000)
         let_go(self.connections, HISTORIES_FREED)
         let_go(self.channels, HISTORIES_FREED)
         self.connections, self.channels = connections, channels
