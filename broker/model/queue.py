@@ -396,8 +396,9 @@ class Queue:
         """The queue is deleted: its ready messages go, freed over the loop turns that follow. Returns how many
         (what delete-ok counts)."""
         count = len(self.entries)
-        self.entries, taken = self.entries.take_all()
-        let_go(taken)
+        if count:  # (an empty one makes nothing new: 100,000 deleted queues' new lists kept the collector busy)
+            self.entries, taken = self.entries.take_all()
+            let_go(taken)
         return count
 
     def throttle(self, publisher: "Publisher") -> None:
@@ -406,6 +407,8 @@ class Queue:
             publisher.throttle(self)
 
     def release_publishers(self) -> None:
+        if not self.throttled:
+            return
         throttled, self.throttled = self.throttled, set()
         for publisher in throttled:
             publisher.unthrottle(self)
