@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pamqp.commands import Basic
 
+from broker.model import durability
 from broker.model.message import Address, Header, Message
 from broker.model.node import Node
 from broker.model.vhost import VirtualHost
@@ -228,3 +229,26 @@ def test_a_stop_on_the_way_records_the_queue_gone(tmp_path):
 
     on_node(tmp_path, scenario, cut_short=True)
     assert found(tmp_path) == {}
+
+
+def test_a_binding_whose_leaving_failed_has_its_record_written_with_the_others(tmp_path, monkeypatch):
+    async def scenario(node: Node) -> None:
+        vhost = vhost_v(node)
+        _, queue = bound(vhost, durable_ends=True)
+        vhost.delete_queue(queue)
+        asked = []
+        is_durable = durability.binding_is_durable
+
+        def failing_once(binding) -> bool:
+            asked.append(binding)
+            if len(asked) == 5:
+                raise OSError("the fifth binding's record refused")
+            return is_durable(binding)
+        monkeypatch.setattr(durability, "binding_is_durable", failing_once)
+        await asyncio.sleep(0)  # (the slice that fails, logged: the rest of the bindings left in the index)
+        monkeypatch.undo()
+        node.record_ends()
+        vhost.declare_queue("q", Owner(), False, True, False, False, {})  # (which a record left would bind)
+
+    on_node(tmp_path, scenario, cut_short=True)
+    assert found(tmp_path) == {"q": []}
