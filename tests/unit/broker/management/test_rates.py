@@ -60,7 +60,7 @@ class Channel:
 
 
 def test_many_connections_are_sampled_a_slice_at_a_time():
-    connections = [Connection() for _ in range(50_000)]  # (about 30 ms to sample here)
+    connections = [Connection() for _ in range(20_000)]  # (15 to 60 ms to sample here)
 
     async def scenario() -> tuple[int, int, int]:
         rates = Rates(SimpleNamespace(node=Node(), connections=connections), 5_000)
@@ -72,4 +72,4 @@ def test_many_connections_are_sampled_a_slice_at_a_time():
         return turns, len(rates.connections), len(rates.channels)
 
     turns, connections_sampled, channels_sampled = asyncio.run(scenario())
-    assert turns > 2 and connections_sampled == channels_sampled == 50_000
+    assert turns > 2 and connections_sampled == channels_sampled == 20_000
