@@ -654,11 +654,15 @@ class VirtualHost:
 
     def _unlink(self, binding: Binding) -> None:
         """A binding leaves its destination and, if durable, the store (its source's index is the caller's)."""
-        if self.store is not None and durability.binding_is_durable(binding):
-            self._record("binding", _binding_key(self.name, binding), None)
+        self._record_unbound(binding)
         self._copied("binding", binding, False)
         destination = binding.destination
         (destination.bindings if isinstance(destination, Queue) else destination.inbound).discard(binding)
+
+    def _record_unbound(self, binding: Binding) -> None:
+        """A durable binding's record of its removal."""
+        if self.store is not None and durability.binding_is_durable(binding):
+            self._record("binding", _binding_key(self.name, binding), None)
 
     def has_many_bindings(self, subject: Queue | Exchange) -> bool:
         """Whether a queue's or exchange's deletion removes its bindings first, a slice a loop turn (unbind_all)."""
@@ -719,8 +723,8 @@ class VirtualHost:
         is yet to be given it (_recorded_gone): the copies of the vhost dropped it with the queue, and a queue of
         the same name may have a binding of the same names, whose record and copies it must not touch."""
         queue = cast(Queue, binding.destination)
-        if self.unrecorded.get(queue.store_key) is queue and durability.binding_is_durable(binding):
-            self._record("binding", _binding_key(self.name, binding), None)
+        if self.unrecorded.get(queue.store_key) is queue:
+            self._record_unbound(binding)
         self._drop_binding(binding, auto_delete_source, told=True)
 
     def record_ends(self) -> None:
@@ -736,8 +740,8 @@ class VirtualHost:
         slice a loop turn."""
         del self.unrecorded[queue.store_key]
         for binding in queue.bindings:
-            if binding.source.bindings.get(binding.key) is binding and durability.binding_is_durable(binding):
-                self._record("binding", _binding_key(self.name, binding), None)
+            if binding.source.bindings.get(binding.key) is binding:
+                self._record_unbound(binding)
         self._record("queue", queue.store_key, None)
 
     def _unbind_one(self, subject: Queue | Exchange, binding: Binding) -> None:
