@@ -162,7 +162,7 @@ def test_an_auto_delete_queue_declared_again_at_once_is_a_new_one_bound_by_its_o
     reconnects): it gets a new, empty queue, which the old bindings do not reach and which keeps its own binding,
     also across a restart."""
     exchange = f"{unique}-x"
-    with bound(broker, unique, exchange, SOME, durable=durable, auto_delete=True, consumer="c") as client:
+    with bound(broker, unique, exchange, FEW_MORE, durable=durable, auto_delete=True, consumer="c") as client:
         client.send(1, commands.Basic.Cancel(consumer_tag="c"))
         client.expect(commands.Basic.CancelOk)
         client.send(1, commands.Queue.Declare(queue=unique, durable=durable, auto_delete=True))
