@@ -8,7 +8,7 @@ delivery_mode, priority and expiration without building pamqp objects.
 from __future__ import annotations
 
 import struct
-from typing import Final, NamedTuple
+from typing import Final
 
 from protocol.constants import INTERNAL_ERROR
 from protocol.errors import AMQPError
@@ -37,11 +37,27 @@ _TABLE_SIZE: Final = struct.Struct(">I")
 _TIMESTAMP_SIZE: Final = 8
 
 
-class PropertyScan(NamedTuple):
-    delivery_mode: int | None
-    priority: int | None
-    expiration: str | None
-    has_headers: bool
+class PropertyScan:
+    """The properties the broker routes on, as scanned. (A class of its own, not a NamedTuple: CPython's collector
+    can be kept from walking its instances, broker/model/message.py, where a NamedTuple's are always tracked.)"""
+
+    __slots__ = ("delivery_mode", "priority", "expiration", "has_headers")
+
+    def __init__(self, delivery_mode: int | None, priority: int | None, expiration: str | None,
+                 has_headers: bool) -> None:
+        self.delivery_mode = delivery_mode
+        self.priority = priority
+        self.expiration = expiration  # as sent, not yet checked (the broker refuses one that is not a number)
+        self.has_headers = has_headers  # whether the properties hold a headers table (decoded on demand)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PropertyScan) and self._fields() == other._fields()
+
+    def __repr__(self) -> str:
+        return "PropertyScan(%r, %r, %r, %r)" % self._fields()
+
+    def _fields(self) -> tuple[int | None, int | None, str | None, bool]:
+        return self.delivery_mode, self.priority, self.expiration, self.has_headers
 
 
 def malformed_properties_error() -> AMQPError:

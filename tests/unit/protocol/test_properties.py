@@ -48,13 +48,13 @@ def test_scan_matches_pamqp(properties, body_size):
 
 
 def test_scan_of_no_properties():
-    assert scan_properties(encode_header_payload(5, commands.Basic.Properties())) == (None, None, None, False)
+    assert scan_properties(encode_header_payload(5, commands.Basic.Properties())) == PropertyScan(None, None, None, False)
 
 
 def test_scan_of_typical_persistent_message():
     properties = commands.Basic.Properties(content_type="text/plain", headers={"x": 1}, delivery_mode=2,
                                            priority=4, reply_to="r", expiration="1500", app_id="a")
-    assert scan_properties(encode_header_payload(5, properties)) == (2, 4, "1500", True)
+    assert scan_properties(encode_header_payload(5, properties)) == PropertyScan(2, 4, "1500", True)
 
 
 def scan_error(properties: bytes) -> AMQPError:
@@ -85,7 +85,7 @@ def test_malformed_properties_are_an_internal_error_like_rabbitmq(properties):
 
 def test_reserved_flag_bits_are_ignored():
     # Bit 0 (continuation) and bit 1 are not property flags in the basic class; RabbitMQ skips them.
-    assert scan_properties(b"\x00\x3c\x00\x00" + bytes(8) + b"\x10\x03\x02") == (2, None, None, False)
+    assert scan_properties(b"\x00\x3c\x00\x00" + bytes(8) + b"\x10\x03\x02") == PropertyScan(2, None, None, False)
 
 
 def test_expiration_that_is_not_utf8_is_passed_on_for_the_broker_to_refuse():
