@@ -41,7 +41,7 @@ spark: $(VENV)/.installed-run
 # compiler or Python headers), Warren runs as pure Python. mypy 1.17 is the first that builds mypyc's runtime library
 # inside the broker package, where the installed commands find it from any directory; mypyc builds with setuptools,
 # which a virtual environment of Python 3.12 or later does not have of itself.
-COMPILED_SOURCES := $(shell $(PYTHON) -c 'from broker.compiled import COMPILED; print(*COMPILED)') broker/compiled.py
+COMPILED_SOURCES := $(shell $(PYTHON) -c 'from broker.compiled import built_sources; print(*built_sources())') broker/compiled.py
 $(VENV)/.compiled: $(COMPILED_SOURCES) | $(VENV)/.installed-run
 	$(BIN)/pip install --quiet 'mypy>=1.17' setuptools || echo "mypy not installed: Warren runs as pure Python"
 	$(BIN)/python -m broker.compiled

@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     if pure := compiled.missing():
         log.warning("%d of the %d modules on the path of every message run as pure Python, which costs more CPU per "
                     "message (make, or a wheel built where a C compiler is, compiles them): %s", len(pure),
-                    len(compiled.COMPILED), ", ".join(pure))
+                    len(compiled.built_sources()), ", ".join(pure))
     files = raise_open_files_limit()
     try:
         uvloop.run(serve(config, files))

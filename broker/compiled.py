@@ -37,12 +37,19 @@ COMPILED = (
     "broker/crossing/frames.py", "broker/crossing/link.py", "broker/crossing/home.py", "broker/crossing/owner.py",
     "storage/records.py", "storage/index.py", "storage/store.py", "storage/recovery.py",
 )
+# Extension modules written in C, built with those (each source's module lies beside it, named as it is)
+C_SOURCES = ("broker/model/untracked.c",)
 
 # The runtime library's module: broker/_compiled_runtime__mypyc.<suffix> (mypyc adds "__mypyc" to the group name).
 RUNTIME_GROUP = "broker._compiled_runtime"
 MYPY_NEEDED = (1, 17)  # mypycify's group_name: the runtime library inside a package
 MANIFEST = "broker/_compiled_sources.json"  # source -> the SHA-256 of the text it was compiled from
 BUILD_DIR = "build/compiled"  # the objects of the last in-place build, which the next one reuses where it can
+
+
+def built_sources() -> tuple[str, ...]:
+    """Every source with a module built beside it."""
+    return COMPILED + C_SOURCES
 
 
 def _extensions(source: Path) -> list[Path]:
@@ -75,12 +82,12 @@ def stale() -> list[str]:
         built = json.loads((REPO_ROOT / MANIFEST).read_text())
     except (OSError, ValueError):
         built = {}
-    return [name for name in COMPILED if _extensions(REPO_ROOT / name) and built.get(name) != _hash(name)]
+    return [name for name in built_sources() if _extensions(REPO_ROOT / name) and built.get(name) != _hash(name)]
 
 
 def missing() -> list[str]:
-    """The modules of COMPILED that run as pure Python here (no compiled module beside them)."""
-    return [name for name in COMPILED if not _extensions(REPO_ROOT / name)]
+    """The sources with no module built beside them here (those of COMPILED run as pure Python)."""
+    return [name for name in built_sources() if not _extensions(REPO_ROOT / name)]
 
 
 def _hash(name: str) -> str:
@@ -88,7 +95,7 @@ def _hash(name: str) -> str:
 
 
 def clean() -> None:
-    for name in COMPILED:
+    for name in built_sources():
         for extension in _extensions(REPO_ROOT / name):
             extension.unlink()
     for library in _shared_libraries():
@@ -97,8 +104,8 @@ def clean() -> None:
 
 
 def extensions() -> list:
-    """mypyc's extension modules of COMPILED for setuptools to build (from REPO_ROOT as the current directory), their
-    sources' hashes recorded in MANIFEST; none where they cannot be built here (no C compiler or Python headers, no
+    """mypyc's extension modules of COMPILED and those of C_SOURCES for setuptools to build (from REPO_ROOT as the
+    current directory), their sources' hashes recorded in MANIFEST; none where they cannot be built here (no C compiler or Python headers, no
     mypy 1.17 or later), saying why on stderr: Warren then runs as pure Python."""
     try:
         from mypy.version import __version__ as mypy_version
@@ -108,15 +115,18 @@ def extensions() -> list:
             raise RuntimeError(f"mypy {mypy_version} is older than {'.'.join(map(str, MYPY_NEEDED))}, the first "
                                "whose mypyc can build its runtime library inside a package")
         _check_compiler()
+        from setuptools import Extension
+
         modules = mypycify(["--ignore-missing-imports", "--follow-imports=silent", "--disable-error-code",
                             "annotation-unchecked", *COMPILED], opt_level="3", group_name=RUNTIME_GROUP)
+        modules += [Extension(source.removesuffix(".c").replace("/", "."), [source]) for source in C_SOURCES]
     except (Exception, SystemExit) as error:  # mypyc reports its errors and then exits
         print(f"warren: modules not compiled, Warren runs as pure Python ({type(error).__name__}: {error})",
               file=sys.stderr)
         return []
     manifest = REPO_ROOT / MANIFEST
     manifest.parent.mkdir(parents=True, exist_ok=True)
-    manifest.write_text(json.dumps({name: _hash(name) for name in COMPILED}, indent=1) + "\n")
+    manifest.write_text(json.dumps({name: _hash(name) for name in built_sources()}, indent=1) + "\n")
     return modules
 
 
@@ -163,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.check:
         problem = refusal() or (f"not compiled, running as pure Python: {', '.join(missing())}" if missing() else None)
-        print(f"warren: {problem}" if problem else f"warren: the {len(COMPILED)} modules are compiled",
+        print(f"warren: {problem}" if problem else f"warren: the {len(built_sources())} modules are compiled",
               file=sys.stderr if problem else sys.stdout)
         return 1 if problem else 0
     os.chdir(REPO_ROOT)  # mypycify takes the sources' paths relative to the tree

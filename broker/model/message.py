@@ -1,7 +1,12 @@
 """A published message as the broker keeps it: the raw content header and body, properties decoded on demand.
 
 Messages published one after another with the same exchange, routing key and content header (the usual case)
-share one Address and one Header object, so each queued message costs little more than its body."""
+share one Address and one Header object, so each queued message costs little more than its body.
+
+None of the classes here can be part of a reference cycle: each refers only to strings, bytes, numbers, a
+PropertyScan (a tuple of those) and the classes before it here. Where the broker is compiled, the cyclic garbage
+collector never walks their instances (untracked.c): a queue's millions of messages and entries, and those a
+dead-lettering of millions makes, cost its collections nothing."""
 
 from __future__ import annotations
 
@@ -117,3 +122,13 @@ class QueueEntry:
         self.acquired_count = 0  # times the entry came back to the queue after a delivery (requeued)
         self.delivery_count = 0  # of those, the returns that failed (features.redelivery): what a delivery limit counts
         self.place = 0  # for an entry with a TTL: in the ready list, out of it, or expired there (features.expiry)
+
+
+try:
+    from broker.model.untracked import untracked
+except ImportError:  # (not built here: Warren runs as pure Python, and its collector walks these too)
+    pass
+else:
+    # (PropertyScan too: CPython's collector untracks a tuple of atoms by itself, but not a NamedTuple's)
+    for _cls in (Address, Header, Message, QueueEntry, PropertyScan):
+        untracked(_cls)

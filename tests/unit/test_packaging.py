@@ -58,6 +58,7 @@ def test_the_runtime_library_of_the_compiled_modules_is_built_inside_an_installe
     given = {}
     monkeypatch.setattr(compiled, "REPO_ROOT", tmp_path)  # build() cleans first: nothing of the real tree goes
     monkeypatch.setattr(compiled, "COMPILED", ())
+    monkeypatch.setattr(compiled, "C_SOURCES", ())
     monkeypatch.setattr(mypyc_build, "mypycify", lambda paths, **options: given.update(options) or [])
     monkeypatch.setattr(setuptools, "setup", lambda **arguments: None)
     monkeypatch.setattr("mypy.version.__version__", "1.17.0")
@@ -73,6 +74,7 @@ def test_the_runtime_library_inside_the_package_and_one_an_older_build_left_at_t
                                                                                                  monkeypatch):
     monkeypatch.setattr(compiled, "REPO_ROOT", tmp_path)
     monkeypatch.setattr(compiled, "COMPILED", ())
+    monkeypatch.setattr(compiled, "C_SOURCES", ())
     package, _, name = compiled.RUNTIME_GROUP.rpartition(".")
     (tmp_path / package).mkdir()
     (tmp_path / package / f"{name}__mypyc.cpython-311-x86_64-linux-gnu.so").write_bytes(b"")
@@ -87,6 +89,7 @@ def test_an_older_mypy_leaves_warren_pure_python_saying_why(tmp_path, monkeypatc
     pytest.importorskip("mypyc.build")
     monkeypatch.setattr(compiled, "REPO_ROOT", tmp_path)
     monkeypatch.setattr(compiled, "COMPILED", ())
+    monkeypatch.setattr(compiled, "C_SOURCES", ())
     monkeypatch.setattr("mypy.version.__version__", "1.15.0")
 
     compiled.build()
@@ -167,7 +170,7 @@ def test_a_wheel_built_from_the_sources_holds_the_compiled_modules_and_runs_them
     env = {**{key: value for key, value in os.environ.items() if key != "PYTHONPATH"}, "PYTHONPATH": str(installed)}
     check = subprocess.run([sys.executable, "-m", "broker.compiled", "--check"], cwd="/", env=env,
                            capture_output=True, text=True, timeout=60)
-    assert (check.returncode, check.stdout.strip()) == (0, f"warren: the {len(compiled.COMPILED)} modules are "
+    assert (check.returncode, check.stdout.strip()) == (0, f"warren: the {len(compiled.built_sources())} modules are "
                                                            "compiled"), check.stderr
     loaded = subprocess.run([sys.executable, "-c", "import broker.session.channel as m; print(m.__file__)"], cwd="/",
                             env=env, capture_output=True, text=True, timeout=60)

@@ -13,32 +13,38 @@ from broker import compiled
 def test_a_source_edited_after_its_compiled_module_was_built_is_stale(tmp_path, monkeypatch):
     monkeypatch.setattr(compiled, "REPO_ROOT", tmp_path)
     monkeypatch.setattr(compiled, "COMPILED", ("pkg/edited.py", "pkg/built.py", "pkg/pure.py"))
+    monkeypatch.setattr(compiled, "C_SOURCES", ("pkg/native.c",))
     (tmp_path / "pkg").mkdir()
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
-    for name in ("edited", "built", "pure"):
-        (tmp_path / "pkg" / f"{name}.py").write_text(f"{name} = 1\n")
-    for name in ("edited", "built"):
+    sources = {"pkg/edited.py": "edited = 1\n", "pkg/built.py": "built = 1\n", "pkg/pure.py": "pure = 1\n",
+               "pkg/native.c": "int native;\n"}
+    for name, text in sources.items():
+        (tmp_path / name).write_text(text)
+    for name in ("edited", "built", "native"):
         (tmp_path / "pkg" / f"{name}{suffix}").write_bytes(b"")
     (tmp_path / "broker").mkdir()
     (tmp_path / compiled.MANIFEST).write_text(json.dumps({
-        f"pkg/{name}.py": hashlib.sha256(f"{name} = 1\n".encode()).hexdigest() for name in ("edited", "built")}))
+        name: hashlib.sha256(text.encode()).hexdigest() for name, text in sources.items() if name != "pkg/pure.py"}))
     (tmp_path / f"0123__mypyc{suffix}").write_bytes(b"")
     assert compiled.stale() == [] and compiled.missing() == ["pkg/pure.py"]
 
     (tmp_path / "pkg" / "edited.py").write_text("edited = 2\n")  # (whatever the files' times say)
+    (tmp_path / "pkg" / "native.c").write_text("int native = 2;\n")
 
-    assert compiled.stale() == ["pkg/edited.py"]  # a source without a compiled module is simply pure Python
+    assert compiled.stale() == ["pkg/edited.py", "pkg/native.c"]  # a source without a module is simply pure Python
     assert "pkg/edited.py" in compiled.refusal() and "python -m broker.compiled" in compiled.refusal()
     assert compiled.main(["--check"]) == 1
     compiled.clean()
     assert compiled.stale() == [] and compiled.refusal() is None
-    assert compiled.missing() == ["pkg/edited.py", "pkg/built.py", "pkg/pure.py"]
-    assert sorted(path.name for path in tmp_path.rglob("*") if path.is_file()) == ["built.py", "edited.py", "pure.py"]
+    assert compiled.missing() == ["pkg/edited.py", "pkg/built.py", "pkg/pure.py", "pkg/native.c"]
+    assert sorted(path.name for path in tmp_path.rglob("*") if path.is_file()) == ["built.py", "edited.py",
+                                                                                   "native.c", "pure.py"]
 
 
 def test_compiled_modules_without_the_hashes_of_their_sources_are_stale(tmp_path, monkeypatch):
     monkeypatch.setattr(compiled, "REPO_ROOT", tmp_path)
     monkeypatch.setattr(compiled, "COMPILED", ("pkg/built.py",))
+    monkeypatch.setattr(compiled, "C_SOURCES", ())
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "built.py").write_text("")
     (tmp_path / "pkg" / f"built{importlib.machinery.EXTENSION_SUFFIXES[0]}").write_bytes(b"")

@@ -1,0 +1,59 @@
+"""Queued messages cost the cyclic garbage collector nothing where the broker is compiled: neither a message, its
+header and address, nor its entry in a queue is one of the objects the collector walks at each collection, however
+many a queue holds or a dead-lettering makes (broker/model/untracked.c)."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+from pamqp.commands import Basic
+
+from broker.model.message import Address, Header, Message, QueueEntry
+from broker.model.vhost import VirtualHost
+from protocol.codec import encode_header_payload
+from tests.unit.broker.model.test_exclusive_queues import Owner
+
+untracked_module = pytest.importorskip(
+    "broker.model.untracked", reason="not built here (no C compiler or Python headers): the collector walks messages")
+
+MANY = 20_000  # messages: each would add at least four objects to the collector's walk (message, header, entry, ...)
+
+
+def test_a_message_and_its_entry_are_out_of_the_collectors_sight():
+    address = Address("ex", "rk")
+    header = Header(encode_header_payload(4, Basic.Properties(headers={"a": [1, 2]})))
+    message = Message(address, header, b"body")
+    entry = QueueEntry(1, message)
+    copy = message.with_headers({"x-death": [{"count": 1}]})
+
+    assert [gc.is_tracked(kept) for kept in (address, header, message, entry, copy, copy.header)] == [False] * 6
+    assert copy.headers == {"a": [1, 2], "x-death": [{"count": 1}]}  # (what they hold reads back as before)
+
+
+def test_queued_and_dead_lettered_messages_add_nothing_to_what_the_collector_walks():
+    vhost = VirtualHost("/")
+    work = vhost.declare_queue("work", Owner(), False, False, False, False,
+                               {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dead"})
+    dead = vhost.declare_queue("dead", Owner(), False, False, False, False, {})
+    gc.collect()
+    walked_before = len(gc.get_objects())
+
+    for number in range(MANY):
+        body = b"%d" % number
+        work.enqueue(Message(Address("", "work"), Header(encode_header_payload(len(body), Basic.Properties())), body))
+    taken = [work.take(no_ack=False) for _ in range(MANY)]
+    work.settle(taken, requeue=False)
+    del taken
+    gc.collect()
+
+    assert (work.count_ready(), dead.count_ready()) == (0, MANY)
+    assert len(gc.get_objects()) - walked_before < MANY // 10
+
+
+def test_only_a_class_whose_instances_the_collector_would_walk_can_be_untracked():
+    with pytest.raises(TypeError, match="takes a class"):
+        untracked_module.untracked(Message(Address("", ""), Header(b""), b""))
+    with pytest.raises(TypeError, match="int does not allocate"):
+        untracked_module.untracked(int)
+    assert untracked_module.untracked(Message) is Message  # (again: nothing changes)
