@@ -1,7 +1,7 @@
 """The wheel's build (pyproject.toml holds the project's metadata): the modules broker/compiled.py names compiled by
 mypyc where this machine can (a C compiler and Python's headers), else pure Python, the build log saying why. Run by
 `pip install .`, `pip wheel .` and `python -m build`; WARREN_COMPILE=0 builds pure Python (make's editable install:
-make compiles in place itself)."""
+make compiles in place itself), WARREN_OPT_LEVEL=0 compiles without optimizing (broker.compiled)."""
 
 import os
 import sys

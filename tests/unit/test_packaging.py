@@ -26,6 +26,28 @@ def _pyproject_packages() -> set[str]:
     return {pattern.rstrip("*").rstrip(".") for pattern in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]}
 
 
+def test_the_optimization_level_is_warren_opt_levels_and_a_wrong_one_is_named(tmp_path, monkeypatch, capsys):
+    mypyc_build = pytest.importorskip("mypyc.build")
+    setuptools = pytest.importorskip("setuptools")
+    given = {}
+    monkeypatch.setattr(compiled, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(compiled, "COMPILED", ())
+    monkeypatch.setattr(compiled, "C_SOURCES", ())
+    monkeypatch.setattr(mypyc_build, "mypycify", lambda paths, **options: given.update(options) or [])
+    monkeypatch.setattr(setuptools, "setup", lambda **arguments: None)
+    monkeypatch.setattr("mypy.version.__version__", "1.17.0")
+
+    compiled.build()
+    assert given["opt_level"] == "3"
+    monkeypatch.setenv("WARREN_OPT_LEVEL", "0")
+    compiled.build()
+    assert given["opt_level"] == "0"
+    given.clear()
+    monkeypatch.setenv("WARREN_OPT_LEVEL", "fast")
+    compiled.build()
+    assert given == {} and "WARREN_OPT_LEVEL is 'fast', where 0, 1, 2 or 3 is meant" in capsys.readouterr().err
+
+
 # The installed commands, run from / (so the repo root is not on the path: an editable install puts the packages
 # there, nothing else), with the compiled modules built.
 @pytest.mark.parametrize("command", [
@@ -159,8 +181,10 @@ def test_a_wheel_built_from_the_sources_holds_the_compiled_modules_and_runs_them
     for package in _pyproject_packages():
         shutil.copytree(REPO_ROOT / package, source / package,
                         ignore=shutil.ignore_patterns("__pycache__", "*.so", "*__mypyc.*", "_compiled_sources.json"))
+    # (not optimized: the build takes a fifth of the time, and what is checked is what the wheel holds)
     result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir",
-                             str(tmp_path / "wheels"), str(source)], capture_output=True, text=True, timeout=840)
+                             str(tmp_path / "wheels"), str(source)], capture_output=True, text=True, timeout=840,
+                            env={**os.environ, "WARREN_OPT_LEVEL": "0"})
     assert result.returncode == 0, result.stderr[-3000:]
     [wheel] = (tmp_path / "wheels").glob("*.whl")
     assert not wheel.name.endswith("-py3-none-any.whl"), wheel.name  # (a platform's wheel: compiled modules in it)
