@@ -26,7 +26,10 @@ def _pyproject_packages() -> set[str]:
     return {pattern.rstrip("*").rstrip(".") for pattern in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]}
 
 
-def test_the_optimization_level_is_warren_opt_levels_and_a_wrong_one_is_named(tmp_path, monkeypatch, capsys):
+@pytest.fixture
+def given_to_mypyc(tmp_path, monkeypatch) -> dict:
+    """The options compiled.build() gives mypycify, once called: in an empty tree (build() cleans first: nothing of
+    the real tree goes), mypy taken for 1.17, nothing built."""
     mypyc_build = pytest.importorskip("mypyc.build")
     setuptools = pytest.importorskip("setuptools")
     given = {}
@@ -36,16 +39,20 @@ def test_the_optimization_level_is_warren_opt_levels_and_a_wrong_one_is_named(tm
     monkeypatch.setattr(mypyc_build, "mypycify", lambda paths, **options: given.update(options) or [])
     monkeypatch.setattr(setuptools, "setup", lambda **arguments: None)
     monkeypatch.setattr("mypy.version.__version__", "1.17.0")
+    return given
 
+
+def test_the_optimization_level_is_warren_opt_levels_and_a_wrong_one_is_named(given_to_mypyc, monkeypatch, capsys):
+    monkeypatch.delenv("WARREN_OPT_LEVEL", raising=False)
     compiled.build()
-    assert given["opt_level"] == "3"
+    assert given_to_mypyc["opt_level"] == "3"
     monkeypatch.setenv("WARREN_OPT_LEVEL", "0")
     compiled.build()
-    assert given["opt_level"] == "0"
-    given.clear()
+    assert given_to_mypyc["opt_level"] == "0"
+    given_to_mypyc.clear()
     monkeypatch.setenv("WARREN_OPT_LEVEL", "fast")
     compiled.build()
-    assert given == {} and "WARREN_OPT_LEVEL is 'fast', where 0, 1, 2 or 3 is meant" in capsys.readouterr().err
+    assert given_to_mypyc == {} and "WARREN_OPT_LEVEL is 'fast', where 0, 1, 2 or 3 is meant" in capsys.readouterr().err
 
 
 # The installed commands, run from / (so the repo root is not on the path: an editable install puts the packages
@@ -72,23 +79,13 @@ def test_the_installed_commands_run_from_any_directory_with_the_modules_compiled
     assert "Traceback" not in result.stderr, result.stderr
 
 
-def test_the_runtime_library_of_the_compiled_modules_is_built_inside_an_installed_package(tmp_path, monkeypatch):
+def test_the_runtime_library_of_the_compiled_modules_is_built_inside_an_installed_package(given_to_mypyc):
     """mypyc's runtime library is a module of its own, which every compiled module imports: one built at the repo
     root (mypyc's default) is found only when the current directory is the repo root."""
-    mypyc_build = pytest.importorskip("mypyc.build")
-    setuptools = pytest.importorskip("setuptools")
-    given = {}
-    monkeypatch.setattr(compiled, "REPO_ROOT", tmp_path)  # build() cleans first: nothing of the real tree goes
-    monkeypatch.setattr(compiled, "COMPILED", ())
-    monkeypatch.setattr(compiled, "C_SOURCES", ())
-    monkeypatch.setattr(mypyc_build, "mypycify", lambda paths, **options: given.update(options) or [])
-    monkeypatch.setattr(setuptools, "setup", lambda **arguments: None)
-    monkeypatch.setattr("mypy.version.__version__", "1.17.0")
-
     compiled.build()
 
-    package = given.get("group_name", "").rpartition(".")[0]
-    assert package.split(".")[0] in _pyproject_packages(), given
+    package = given_to_mypyc.get("group_name", "").rpartition(".")[0]
+    assert package.split(".")[0] in _pyproject_packages(), given_to_mypyc
     assert (REPO_ROOT / package.replace(".", "/") / "__init__.py").exists()
 
 
