@@ -3,9 +3,9 @@ several workers).
 
 CPython's collector walks every object of a generation in one go, holding the event loop and every other thread
 meanwhile. A broker's oldest generation is mostly its unacked deliveries, which form no cycles, and, where the broker
-runs as pure Python, its queued messages (compiled, a message and its entry are never walked: broker/model/message.py):
-full collections over 4 million unacked deliveries took 0.65 to 0.9 s each, several while they were delivered. So,
-in a broker's process:
+runs as pure Python, its queued messages (compiled, a message and its entry are never walked:
+broker/model/message.py): full collections over 4 million unacked deliveries took 0.65 to 0.9 s each, several while
+they were delivered. So, in a broker's process:
 
 - the youngest generation is collected more rarely than CPython's default, the older ones more often (the
   thresholds below);

@@ -105,8 +105,8 @@ def clean() -> None:
 
 def extensions() -> list:
     """mypyc's extension modules of COMPILED and those of C_SOURCES for setuptools to build (from REPO_ROOT as the
-    current directory), their sources' hashes recorded in MANIFEST; none where they cannot be built here (no C compiler or Python headers, no
-    mypy 1.17 or later), saying why on stderr: Warren then runs as pure Python."""
+    current directory), their sources' hashes recorded in MANIFEST; none where they cannot be built here (no C
+    compiler or Python headers, no mypy 1.17 or later), saying why on stderr: Warren then runs as pure Python."""
     try:
         from mypy.version import __version__ as mypy_version
         from mypyc.build import mypycify

@@ -4,7 +4,7 @@ Messages published one after another with the same exchange, routing key and con
 share one Address and one Header object, so each queued message costs little more than its body.
 
 None of the classes here can be part of a reference cycle: each refers only to strings, bytes, numbers, a
-PropertyScan (a tuple of those) and the classes before it here. Where the broker is compiled, the cyclic garbage
+PropertyScan (which holds only those) and the classes before it here. Where the broker is compiled, the cyclic garbage
 collector never walks their instances (untracked.c): a queue's millions of messages and entries, and those a
 dead-lettering of millions makes, cost its collections nothing."""
 
@@ -129,6 +129,5 @@ try:
 except ImportError:  # (not built here: Warren runs as pure Python, and its collector walks these too)
     pass
 else:
-    # (PropertyScan too: CPython's collector untracks a tuple of atoms by itself, but not a NamedTuple's)
     for _cls in (Address, Header, Message, QueueEntry, PropertyScan):
         untracked(_cls)

@@ -48,7 +48,8 @@ def test_scan_matches_pamqp(properties, body_size):
 
 
 def test_scan_of_no_properties():
-    assert scan_properties(encode_header_payload(5, commands.Basic.Properties())) == PropertyScan(None, None, None, False)
+    scan = scan_properties(encode_header_payload(5, commands.Basic.Properties()))
+    assert scan == PropertyScan(None, None, None, False)
 
 
 def test_scan_of_typical_persistent_message():
