@@ -25,7 +25,7 @@ import pytest
 from pamqp import commands
 
 from tests.cluster.nodes import Node
-from tests.cluster.test_failover import cluster, leaderships  # noqa: F401 (cluster: a fixture)
+from tests.cluster.test_failover import cluster, leaderships, leadership_story  # noqa: F401 (cluster: a fixture)
 from tests.cluster.test_failover_load import QUEUE, queue_depth
 from tests.integration.rawclient import RawClient, method_frame_payload, raw_frame
 from tests.integration.test_large_settlements import published
@@ -189,7 +189,7 @@ def judged(cluster, done: str, times: list[tuple[float, float]]) -> None:
     """What was done, with the other client's round trips meanwhile: the leader kept its leadership, and no round
     trip took longer than the bound."""
     print(f"{done}; {describe(times)}; leaderships {leaderships(cluster)}")
-    assert leaderships(cluster) == 1, "the leader lost its leadership"
+    assert leaderships(cluster) == 1, f"the leader lost its leadership:\n{leadership_story(cluster)}"
     assert max(took for _, took in times) <= ROUND_TRIP_BOUND, describe(times)
 
 

@@ -8,6 +8,7 @@ was not confirmed; at the end every queue is drained through any node and compar
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import statistics
@@ -132,12 +133,28 @@ def test_kill_9_of_the_leader_loses_no_confirmed_message(cluster, tmp_path, body
     print(f"failover after kill -9 ({body_size} B): p50 {statistics.median(failovers):.2f} s, "
           f"max {max(failovers):.2f} s, all {[round(f, 2) for f in failovers]}")
     assert max(failovers) <= FAILOVER_LIMIT  # the median bound is for a consumed queue (test_failover_load.py):
-    assert leaderships(cluster) == 1 + 5, "a failover took more than one new epoch"  # here the backlog grows
+    assert leaderships(cluster) == 1 + 5, f"a failover took more than one new epoch:\n{leadership_story(cluster)}"
+    # (here the backlog grows)
 
 
 def leaderships(cluster: Cluster) -> int:
     """How many times a node of the cluster began leading (each a new epoch), from the nodes' logs."""
     return sum(node.log().count("leading the cluster (epoch") for node in cluster.nodes.values())
+
+
+# a node's log line on its leader, its lease or the in-sync replicas: when it began or stopped leading and why, what
+# it heard from its leader, what its lease did
+LEADERSHIP_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \S+ \S+ (.*(?:lead|lease|election|in-sync).*)$",
+                             re.MULTILINE)
+STORY_LINES = 300  # the latest of those a failed assertion shows
+
+
+def leadership_story(cluster: Cluster) -> str:
+    """The nodes' latest log lines on their leaders, leases and in-sync replicas, in time order, each after its
+    node's name: what a failed count of leaderships shows to say why a leadership ended."""
+    lines = sorted((found[1], name, found[2]) for name, node in cluster.nodes.items()
+                   for found in LEADERSHIP_LINE.finditer(node.log()))
+    return "\n".join(f"{stamp} {name}: {line}" for stamp, name, line in lines[-STORY_LINES:])
 
 
 def test_a_leader_back_with_an_empty_data_dir_never_leads_and_nothing_is_lost(cluster, tmp_path):
@@ -171,7 +188,7 @@ def test_a_leader_back_with_an_empty_data_dir_never_leads_and_nothing_is_lost(cl
           f"max {max(failovers):.2f} s, all {[round(f, 2) for f in failovers]}; {result['confirmed_count']} "
           f"confirmed, {report.duplicates} duplicates")
     assert max(failovers) <= FAILOVER_LIMIT
-    assert leaderships(cluster) == 1 + 5, "a failover took more than one new epoch"
+    assert leaderships(cluster) == 1 + 5, f"a failover took more than one new epoch:\n{leadership_story(cluster)}"
 
 
 def test_with_every_data_dir_wiped_the_cluster_refuses_to_serve_until_an_unclean_election(cluster, tmp_path):

@@ -38,6 +38,7 @@ from tests.cluster.test_failover import (  # noqa: F401 (cluster, kill_publisher
     first_confirm_after,
     kill_publishers,
     leaderships,
+    leadership_story,
     publisher_on,
 )
 from tests.integration.management import request
@@ -194,7 +195,8 @@ def test_kill_9_of_the_leader_with_a_consumer_loses_nothing(cluster, tmp_path):
     assert consumed["reconnections"] >= ROUNDS
     assert max(failovers) <= FAILOVER_LIMIT
     assert statistics.median(failovers) <= FAILOVER_MEDIAN
-    assert leaderships(cluster) == 1 + ROUNDS, "a failover took more than one new epoch"
+    assert leaderships(cluster) == 1 + ROUNDS, (f"a failover took more than one new epoch:\n"
+                                                f"{leadership_story(cluster)}")
 
 
 @pytest.mark.timeout(300)
@@ -212,7 +214,8 @@ def test_kill_9_of_the_leader_behind_a_deep_queue_loses_nothing(cluster, tmp_pat
     print(f"queue depth at the last kill: {kills[-1].depth:,}")
     check_nothing_lost(cluster, result, rounds=ROUNDS)
     assert max(failovers) <= FAILOVER_LIMIT
-    assert leaderships(cluster) == 1 + ROUNDS, "a failover took more than one new epoch"
+    assert leaderships(cluster) == 1 + ROUNDS, (f"a failover took more than one new epoch:\n"
+                                                f"{leadership_story(cluster)}")
 
 
 @pytest.mark.timeout(300 + BACKLOG // 5_000 * BACKLOG_ROUNDS)
