@@ -54,7 +54,7 @@ run: $(VENV)/.installed-run $(VENV)/.compiled
 # The suite runs on TEST_PROCESSES processes at once (pytest-xdist; most tests wait on a broker far more than they
 # compute), then the tests marked `alone` by themselves: they time the broker, or what runs at the same time, which
 # other tests' load would blur. Exit status 5 is pytest's "no test selected", as when PYTEST_ARGS names tests of one part only.
-TEST_PROCESSES ?= 4
+TEST_PROCESSES ?= 3
 test: $(VENV)/.installed-test browser etcd $(VENV)/.compiled
 	$(BIN)/python -m pytest -n $(TEST_PROCESSES) --dist loadgroup -m "not alone" $(PYTEST_ARGS) || [ $$? = 5 ]
 	$(BIN)/python -m pytest -m alone $(PYTEST_ARGS) || [ $$? = 5 ]
