@@ -105,11 +105,14 @@ DRAIN_TIMEOUT: Final = 30.0
 # Bytes one connection may hand us per event-loop turn before it waits for the next turn; without this limit the
 # loop reads a fast publisher's socket for megabytes on end while deliveries and other clients wait.
 READ_BUDGET: Final = 128 * 1024
-# Seconds the frames (an MQTT client's packets) of one read may take, from its 32nd on, before the rest wait for a
-# later loop turn: READ_BUDGET bounds the bytes, not what they ask (its 128 KiB of queue.declare, 3,200 of them,
-# held every other client 160 ms; 20,000 MQTT subscribes and unsubscribes, 550 ms)
+# Seconds the frames (an MQTT client's packets) of one read of more than CLOCK_LOOK_EVERY may take before the rest
+# wait for a later loop turn: READ_BUDGET bounds the bytes, not what they ask (its 128 KiB of queue.declare, 3,200 of
+# them, held every other client 160 ms; 20,000 MQTT subscribes and unsubscribes, 550 ms)
 READ_SECONDS: Final = 0.005
-CLOCK_LOOK_MASK: Final = 31  # the clock is looked at every 32nd frame or packet (where its index & this is this)
+# Such a read looks at the clock as it begins and at every CLOCK_LOOK_EVERY-th frame or packet after (its READ_SECONDS
+# began at the first of those looks at its 32nd frame: a burst of costly frames, publishes to a fanout exchange of 300
+# queues, ran 6 ms before they counted). A read of fewer frames, most of them, reads no clock.
+CLOCK_LOOK_EVERY: Final = 32
 # Unread bytes queued to one client (what its transport still holds plus this turn's frames) above which we stop
 # reading it until it has read them. Deliveries already wait at the transport's 64 KiB high-water mark, so this
 # bounds replies (get-ok, confirms, returns): a client that publishes with confirms while deliveries flow to it has a
@@ -123,11 +126,20 @@ FLOW_MAX_PAUSE: Final = 0.1
 
 def read_deadline(ends: float) -> float:
     """At a look at the clock while a read's frames (an MQTT client's packets) are handled, given the last answer
-    (0.0 at the first): when they must be done by, READ_SECONDS from the first look; -1.0 once that has passed."""
+    (0.0 at the first, as the read begins): when they must be done by, READ_SECONDS from the first look; -1.0 once
+    that has passed."""
     now = time.perf_counter()
     if not ends:
         return now + READ_SECONDS
     return -1.0 if now > ends else ends
+
+
+def go_on_after_replies(loop: asyncio.AbstractEventLoop, go_on: Callable[[], object]) -> None:
+    """Call ``go_on`` (the rest of a read whose READ_SECONDS are spent) two loop turns from now rather than at the
+    next: the replies to other clients' frames read meanwhile, whose flushes are queued behind it, are written before
+    it takes READ_SECONDS more. (At the next turn, another client's round trip waited for the rest of a burst's slice
+    and then a whole one.)"""
+    loop.call_soon(loop.call_soon, go_on)
 
 
 class Connection(asyncio.Protocol):
@@ -377,10 +389,14 @@ class Connection(asyncio.Protocol):
                 self._handle(frames, None)
         self._update_reading()
 
-    def _resume_held_soon(self) -> None:
+    def _resume_held_soon(self, after_replies: bool = False) -> None:
+        """Process the held frames at the next loop turn (after_replies: go_on_after_replies)."""
         if not self.resume_scheduled:
             self.resume_scheduled = True
-            self.loop.call_soon(self._resume_held)
+            if after_replies:
+                go_on_after_replies(self.loop, self._resume_held)
+            else:
+                self.loop.call_soon(self._resume_held)
 
     def _resume_held(self) -> None:
         """The client has read enough of its output, or a loop turn has passed: process the held frames, then read
@@ -394,17 +410,18 @@ class Connection(asyncio.Protocol):
 
     def _process(self, frames: list) -> list | None:
         """Dispatch frames; return those left unprocessed because the output passed its room, or READ_SECONDS
-        were spent past the first look at the clock (to go on at the next loop turn), if any. (A read of fewer frames
-        than that first look, most of them, reads no clock.)"""
+        were spent (to go on once the next loop turn's replies are out), if any."""
         channels = self.channels
-        ends = 0.0  # (read_deadline)
+        ends = read_deadline(0.0) if len(frames) > CLOCK_LOOK_EVERY else 0.0
+        look_at = CLOCK_LOOK_EVERY  # the index of the frame before which the clock is looked at next
         for index, (frame_type, number, payload) in enumerate(frames):
             if self.out_size > self.output_room:
                 return frames[index:]
-            if index & CLOCK_LOOK_MASK == CLOCK_LOOK_MASK:
+            if index == look_at:
                 ends = read_deadline(ends)
+                look_at += CLOCK_LOOK_EVERY
                 if ends < 0:
-                    self._resume_held_soon()
+                    self._resume_held_soon(after_replies=True)
                     return frames[index:]
             if self.state is not OPEN and self._closing() and not (number == 0 and frame_type == FRAME_METHOD):
                 continue

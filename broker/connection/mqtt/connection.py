@@ -24,7 +24,7 @@ from pamqp import commands as spec
 
 from broker.connection import handoff
 from broker.connection.auth import authenticate
-from broker.connection.connection import CLOCK_LOOK_MASK, read_deadline
+from broker.connection.connection import CLOCK_LOOK_EVERY, go_on_after_replies, read_deadline
 from broker.connection.mqtt import topics
 from broker.connection.mqtt.expiry import MAX_SESSION_EXPIRY
 from broker.connection.mqtt.messages import amqp_header, encoded_properties, view_of
@@ -206,20 +206,23 @@ class MqttConnection(asyncio.Protocol):
 
     def _handle(self, packets: list[tuple[int, bytes]]) -> None:
         """Handle packets; those left when CONNECT is being answered, the channel waits, a SUBSCRIBE is being made,
-        or the read's time is spent (read_deadline) wait (until the next loop turn for the last)."""
+        or the read's time is spent (read_deadline) wait (the last until the next loop turn's replies are out:
+        go_on_after_replies)."""
         channel = self.channel
-        ends = 0.0  # (read_deadline)
+        ends = read_deadline(0.0) if len(packets) > CLOCK_LOOK_EVERY else 0.0
+        look_at = CLOCK_LOOK_EVERY  # the index of the packet before which the clock is looked at next
         for index, (first, body) in enumerate(packets):
             if self.state is CLOSED:
                 return
-            if index & CLOCK_LOOK_MASK == CLOCK_LOOK_MASK:
+            if index == look_at:
                 ends = read_deadline(ends)
+                look_at += CLOCK_LOOK_EVERY
             spent = ends < 0
             if self.state is CONNECTING or self.held_by_channel or self.subscribing or spent:
                 self.early.extend(packets[index:])
                 self._update_reading()
                 if spent:
-                    self.loop.call_soon(self._go_on)
+                    go_on_after_replies(self.loop, self._go_on)
                 break
             try:
                 if self.state is AWAIT_CONNECT:
