@@ -18,7 +18,10 @@ with a star: what a crossing costs, docs/workers.md#queues-of-one-vhost-over-wor
 The counts move by about 1.5 % from run to run whatever else the machine does, where a timed run on a 2-core
 machine swings by a third: the figure to compare two versions of the hot path with, or one process with a worker
 (docs/workers.md). They count user-space instructions only: not the kernel's work for system calls, not waits on
-memory a real cache would miss. Needs valgrind (apt-get install -y valgrind); about a minute per setup.
+memory a real cache would miss. Under callgrind the broker runs about 50 times slower, so a bound in time (a read's
+READ_SECONDS, broker/connection/connection.py) ends after a fiftieth of the messages and the loop turns it adds are
+counted as many times more: a change to such a bound moves the count far more than it moves a real run. Needs
+valgrind (apt-get install -y valgrind); about a minute per setup.
 """
 
 from __future__ import annotations
