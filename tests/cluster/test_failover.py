@@ -142,10 +142,10 @@ def leaderships(cluster: Cluster) -> int:
     return sum(node.log().count("leading the cluster (epoch") for node in cluster.nodes.values())
 
 
+LOG_TIME = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \S+ \S+ "  # a node's log line: time, level, logger
 # a node's log line on its leader, its lease or the in-sync replicas: when it began or stopped leading and why, what
 # it heard from its leader, what its lease did
-LEADERSHIP_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \S+ \S+ (.*(?:lead|lease|election|in-sync).*)$",
-                             re.MULTILINE)
+LEADERSHIP_LINE = re.compile(LOG_TIME + r"(.*(?:lead|lease|election|in-sync).*)$", re.MULTILINE)
 STORY_LINES = 300  # the latest of those a failed assertion shows
 
 

@@ -32,6 +32,7 @@ from tests.cluster.nodes import Cluster, Node
 from tests.cluster.test_failover import (  # noqa: F401 (cluster, kill_publishers: fixtures)
     FAILOVER_LIMIT,
     FAILOVER_MEDIAN,
+    LOG_TIME,
     WINDOW,
     check_nothing_lost,
     cluster,
@@ -54,7 +55,6 @@ BACKLOG_ROUNDS = int(os.environ.get("WARREN_FAILOVER_ROUNDS", 1))  # its kills
 BACKLOG_FAILOVER_LIMIT = 3.0  # seconds: what a failover behind any backlog may take
 QUEUE = "orders"  # publisher_on's queue
 
-LOG_TIME = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \S+ \S+ "  # a node's log line: time, level, logger
 LEADING = re.compile(LOG_TIME + r"leading the cluster \(epoch (\d+)\)", re.MULTILINE)
 RECOVERED = re.compile(LOG_TIME + r"recovered (\d+) messages, (\d+) records, (\d+) bytes in ([\d.]+) s( with the hot "
                        r"standby)?", re.MULTILINE)
