@@ -15,6 +15,7 @@ from pamqp import commands as spec
 from broker.connection import greeting, handoff
 from broker.connection.refused_login import Refusal, capabilities, check_login
 from broker.connection.peer_log import PeerLog
+from broker.model.turns import go_on_after_replies
 from broker.session.channel import Channel
 from broker.session.limits import ChannelLimits
 from protocol import errors
@@ -132,14 +133,6 @@ def read_deadline(ends: float) -> float:
     if not ends:
         return now + READ_SECONDS
     return -1.0 if now > ends else ends
-
-
-def go_on_after_replies(loop: asyncio.AbstractEventLoop, go_on: Callable[[], object]) -> None:
-    """Call ``go_on`` (the rest of a read whose READ_SECONDS are spent) two loop turns from now rather than at the
-    next: the replies to other clients' frames read meanwhile, whose flushes are queued behind it, are written before
-    it takes READ_SECONDS more. (At the next turn, another client's round trip waited for the rest of a burst's slice
-    and then a whole one.)"""
-    loop.call_soon(loop.call_soon, go_on)
 
 
 class Connection(asyncio.Protocol):

@@ -2,7 +2,8 @@
 freeing of what a purge or a deletion dropped) waits for its next slice in one line per event loop, and each loop
 turn runs the slices waiting in it until TURN_SECONDS are spent: when each scheduled its own next slice, 2,000
 channels closing with deliveries to requeue ran 2,000 slices of up to 5 ms in one loop turn, and no socket was
-read meanwhile."""
+read meanwhile. What a turn leaves goes on after the replies the next turn's reads make (go_on_after_replies),
+as the rest of a long read does."""
 
 from __future__ import annotations
 
@@ -25,13 +26,21 @@ log = logging.getLogger(__name__)
 TURN_SECONDS: Final = 0.005
 
 
+def go_on_after_replies(loop: asyncio.AbstractEventLoop, go_on: Callable[[], object]) -> None:
+    """Call ``go_on`` (the rest of a read whose READ_SECONDS are spent, the slices a turn left) two loop turns from
+    now rather than at the next: the replies to other clients' frames read meanwhile, whose flushes are queued behind
+    it, are written before it takes a slice more. (At the next turn, another client's round trip waited for the rest
+    of one slice and then a whole one.)"""
+    loop.call_soon(loop.call_soon, go_on)
+
+
 class _Line:
     """The slices waiting for a loop turn of one event loop, first come first served."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.waiting: deque[Callable[[], None]] = deque()
-        self.scheduled = False  # a turn's run is queued on the loop
+        self.scheduled = False  # a run of the line is queued on the loop, or running
 
     def add(self, slice_: Callable[[], None]) -> None:
         self.waiting.append(slice_)
@@ -40,19 +49,21 @@ class _Line:
             self.loop.call_soon(self._run)
 
     def _run(self) -> None:
-        self.scheduled = False
         waiting = self.waiting
         ends = time.perf_counter() + TURN_SECONDS
-        for _ in range(len(waiting)):  # (those waiting as the turn began: a slice's next one waits for another)
-            try:
-                waiting.popleft()()
-            except Exception:  # (a bug: the other slices go on)
-                log.exception("a slice of work done over loop turns failed")
-            if time.perf_counter() >= ends:
-                break
-        if waiting and not self.scheduled:
-            self.scheduled = True
-            self.loop.call_soon(self._run)
+        try:
+            for _ in range(len(waiting)):  # (those waiting as the turn began: a slice's next one waits for another)
+                try:
+                    waiting.popleft()()
+                except Exception:  # (a bug: the other slices go on)
+                    log.exception("a slice of work done over loop turns failed")
+                if time.perf_counter() >= ends:
+                    break
+        finally:
+            if waiting:
+                go_on_after_replies(self.loop, self._run)
+            else:
+                self.scheduled = False
 
 
 class OffLoop(NamedTuple):

@@ -24,7 +24,7 @@ from pamqp import commands as spec
 
 from broker.connection import handoff
 from broker.connection.auth import authenticate
-from broker.connection.connection import CLOCK_LOOK_EVERY, go_on_after_replies, read_deadline
+from broker.connection.connection import CLOCK_LOOK_EVERY, read_deadline
 from broker.connection.mqtt import topics
 from broker.connection.mqtt.expiry import MAX_SESSION_EXPIRY
 from broker.connection.mqtt.messages import amqp_header, encoded_properties, view_of
@@ -33,6 +33,7 @@ from broker.connection.mqtt.retained_out import RetainedSender
 from broker.connection.mqtt.subscriptions import SHARED_TAG_PREFIX, Subscriptions, qos_of_consumer, queue_name
 from broker.connection.peer_log import PeerLog
 from broker.model.operations import Actor, delete_queue
+from broker.model.turns import go_on_after_replies
 from broker.session.channel import Channel
 from protocol import mqtt
 from protocol.codec import encode_method

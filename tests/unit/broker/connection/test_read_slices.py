@@ -7,7 +7,7 @@ import asyncio
 
 import uvloop
 
-from broker.connection.connection import go_on_after_replies
+from broker.model.turns import go_on_after_replies
 
 
 def turns_order(loop: asyncio.AbstractEventLoop) -> list[str]:

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from broker.management.rates import HISTORIES_FREED, History, Rates
 from broker.model.node import Node
 from tests.unit.broker.model.test_exclusive_queues import Owner
+from tests.waiting import two_loop_turns
 
 QUEUES = 3 * HISTORIES_FREED
 
@@ -36,7 +37,7 @@ def test_the_histories_of_queues_gone_are_freed_over_the_loop_turns_after_a_samp
         await asyncio.sleep(0)
         after_a_turn = histories()
         for _ in range(QUEUES // HISTORIES_FREED):
-            await asyncio.sleep(0)
+            await two_loop_turns()
         return before, after_sample, after_a_turn, histories()
 
     before, after_sample, after_a_turn, at_last = asyncio.run(scenario())

@@ -9,6 +9,7 @@ from pamqp.commands import Basic
 from broker.model import message as messages
 from broker.model.features.ready import DROP_SLICE, FifoEntries, PriorityEntries, let_go, ready_entries
 from protocol.codec import encode_header_payload
+from tests.waiting import two_loop_turns
 
 
 def entry(seq: int, priority: int | None) -> messages.QueueEntry:
@@ -90,27 +91,27 @@ def test_take_all_leaves_an_empty_list_of_the_same_levels_and_hands_every_entry_
     assert [taken.popleft().seq for _ in range(3)] == [2, 1, 0]
 
 
-def test_what_was_taken_is_let_go_a_slice_a_loop_turn():
+def test_what_was_taken_is_let_go_a_slice_every_other_loop_turn():
     taken = FifoEntries(entry(seq, None) for seq in range(2 * DROP_SLICE + 1))
 
     async def left_after_each_turn() -> list[int]:
         let_go(taken)
         left = [len(taken)]  # (nothing freed before the loop turns)
         while len(taken):
-            await asyncio.sleep(0)
+            await two_loop_turns()
             left.append(len(taken))
         return left
     assert asyncio.run(left_after_each_turn()) == [2 * DROP_SLICE + 1, DROP_SLICE + 1, 1, 0]
 
 
-def test_a_dict_let_go_is_freed_a_slice_a_loop_turn():
+def test_a_dict_let_go_is_freed_a_slice_every_other_loop_turn():
     dropped = {number: object() for number in range(2 * DROP_SLICE + 1)}
 
     async def left_after_each_turn() -> list[int]:
         let_go(dropped)
         left = [len(dropped)]
         while dropped:
-            await asyncio.sleep(0)
+            await two_loop_turns()
             left.append(len(dropped))
         return left
     assert asyncio.run(left_after_each_turn()) == [2 * DROP_SLICE + 1, DROP_SLICE + 1, 1, 0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 
 from broker.model.turns import TURN_SECONDS, OffLoop, in_slices, next_turn
 
@@ -50,6 +51,32 @@ def test_a_slice_scheduled_by_a_slice_waits_for_a_later_turn():
 
     asyncio.run(scenario())
     assert order == ["first", "second", "its next"]
+
+
+def test_what_a_spent_turn_leaves_goes_on_after_the_replies_queued_in_the_next():
+    """A reply that a read queues (as its flush) in the loop turn after one the slices spent is written before the
+    next slice runs: when the line went on at the next turn, another client's round trip waited for a whole slice
+    more (11 ms at the median during a nack of 400,000 messages)."""
+    order: list[str] = []
+
+    def spending_a_turn(name: str) -> Callable[[], None]:
+        def slice_() -> None:
+            ends = time.perf_counter() + TURN_SECONDS
+            while time.perf_counter() < ends:
+                pass
+            order.append(name)
+        return slice_
+
+    async def scenario() -> None:
+        next_turn(spending_a_turn("first slice"))
+        next_turn(spending_a_turn("second slice"))
+        await asyncio.sleep(0)  # (the turn the first slice spends)
+        asyncio.get_running_loop().call_soon(order.append, "reply")
+        while len(order) < 3:
+            await asyncio.sleep(0)
+
+    asyncio.run(scenario())
+    assert order == ["first slice", "reply", "second slice"]
 
 
 def test_a_slice_that_fails_is_logged_and_the_others_still_run(caplog):
