@@ -507,8 +507,10 @@ class ClusterNode:
         watcher = asyncio.ensure_future(self._watch_leader(epoch, changed))
         teller = asyncio.ensure_future(self._tell_how_it_follows(client, epoch))
         announcer = asyncio.ensure_future(self._announce_while_heard(client, leader))
+        said = ""  # the failure last logged: the same one again, at each retry, is not (five lines a second)
         try:
             while not changed.is_set():
+                began = time.monotonic()
                 stream = asyncio.ensure_future(client.follow(leader.replication_host, leader.replication_port, epoch))
                 waiter = asyncio.ensure_future(changed.wait())
                 await asyncio.wait({stream, waiter}, return_when=asyncio.FIRST_COMPLETED)
@@ -517,8 +519,12 @@ class ClusterNode:
                     client.stop()
                     await stream
                 elif client.failure or stream.exception():  # (an error not foreseen is retried as a failure)
-                    log.log(logging.ERROR if client.disk_failed or not client.failure else logging.INFO,
-                            "follower of %s: %s", leader.node_id, client.failure or repr(stream.exception()))
+                    failure = client.failure or repr(stream.exception())
+                    if failure != said or client.heard_at >= began:  # (news, or the leader spoke in between)
+                        log.log(logging.ERROR if client.disk_failed or not client.failure else logging.INFO,
+                                "follower of %s: %s (trying again every %.1f s)", leader.node_id, failure,
+                                DISK_RETRY if client.disk_failed else RETRY)
+                        said = failure
                     try:  # a failing disk is not retried at once: each try may take a whole copy
                         await asyncio.wait_for(changed.wait(), DISK_RETRY if client.disk_failed else RETRY)
                     except asyncio.TimeoutError:
