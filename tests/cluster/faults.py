@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 from tests.cluster.drain import DRAIN_RATE, drain, verify
 from tests.cluster.nodes import ACK_TIMEOUT, LEASE_TTL, Cluster, Node
 from tests.cluster.publisher import GAP_RECORDED, PublisherHandle
-from tests.cluster.test_failover import WINDOW, publisher_on
+from tests.cluster.test_failover import WINDOW, leadership_story, publisher_on
 from tests.waiting import wait_for
 
 SERVICE_LIMIT = LEASE_TTL + 3.0  # seconds from a fault, or its end, to the first confirm of the nodes that may serve
@@ -162,7 +162,7 @@ class Fault:
                 self.problems.append(report.summary)  # duplicates: at most a window per connection lost
         print(f"{self.name} [{self.seconds:.0f} s]: " + "; ".join(f"{key} {value}" for key, value in figures.items()))
         if self.problems:
-            print(self.cluster.logs())
+            print(f"{self.cluster.logs()}\n--- the nodes' leaderships\n{leadership_story(self.cluster)}")
         assert not self.problems, "\n".join(self.problems)
 
 

@@ -142,10 +142,13 @@ def leaderships(cluster: Cluster) -> int:
     return sum(node.log().count("leading the cluster (epoch") for node in cluster.nodes.values())
 
 
-LOG_TIME = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \S+ \S+ "  # a node's log line: time, level, logger
-# a node's log line on its leader, its lease or the in-sync replicas: when it began or stopped leading and why, what
-# it heard from its leader, what its lease did
-LEADERSHIP_LINE = re.compile(LOG_TIME + r"(.*(?:lead|lease|election|in-sync).*)$", re.MULTILINE)
+LOG_STAMP = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) "  # a node's log line begins with its time,
+LOG_TIME = LOG_STAMP + r"\S+ \S+ "  # then its level and its logger
+# a line of the cluster's loggers on a node's leader, its lease, etcd or the in-sync replicas: when it began or
+# stopped leading and why, what it heard from its leader, what its lease and etcd did (not the clients' connections
+# that the front door closes while no node leads, which name the leader too)
+LEADERSHIP_LINE = re.compile(LOG_STAMP + r"\S+ cluster\S* (.*(?:lead|follow|lease|election|in-sync|etcd).*)$",
+                             re.MULTILINE)
 STORY_LINES = 300  # the latest of those a failed assertion shows
 
 
