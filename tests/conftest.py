@@ -59,15 +59,17 @@ def pytest_sessionstart(session) -> None:
 # on one etcd and its network namespaces. Within Spark's, the replay scenarios that start and kill drivers go first.
 # And the modules that start a reference RabbitMQ on a port of their own (tests/integration/reference.py): their
 # tests in one process, so that no two start a node on one port, nor three nodes run at once on a small machine.
-SERIAL_GROUPS = ["spark", "cluster", "rabbitmq"]
+# And Paho's interoperability cases, which the process that runs their module starts all at once.
+SERIAL_GROUPS = ["spark", "cluster", "rabbitmq", "paho"]
 FIRST_IN_GROUP = {"test_stream_exactly_once.py"}
-REFERENCE_MODULES = {"test_definitions.py", "test_shovel_migration.py", "test_federation_with_rabbitmq.py"}
+SERIAL_MODULES = {"test_definitions.py": "rabbitmq", "test_shovel_migration.py": "rabbitmq",
+                  "test_federation_with_rabbitmq.py": "rabbitmq", "test_paho_interop.py": "paho"}
 
 
 def serial_group(path: Path) -> str | None:
     if path.parent.name in SERIAL_GROUPS:
         return path.parent.name
-    return "rabbitmq" if path.name in REFERENCE_MODULES else None
+    return SERIAL_MODULES.get(path.name)
 
 
 def pytest_collection_modifyitems(items) -> None:
