@@ -22,7 +22,8 @@ ROUND_TRIP_BOUND = 0.05  # seconds another client's round trip may take meanwhil
 
 
 class RoundTrips(threading.Thread):
-    """Another client's passive declares of its own queue, one after another, each timed."""
+    """Another client's passive declares of its own queue, one after another, each timed (on a thread of the test's
+    process: what the test does meanwhile in Python, say decoding a big reply, delays them too)."""
 
     def __init__(self, broker, connection: pika.BlockingConnection | None = None) -> None:
         super().__init__(daemon=True)
