@@ -8,7 +8,7 @@ import asyncio
 import gc
 from types import SimpleNamespace
 
-from broker.management.rates import HISTORIES_FREED, History, Rates
+from broker.management.rates import HISTORIES_FREED, HISTORY, History, Rates
 from broker.model.node import Node
 from tests.unit.broker.model.test_exclusive_queues import Owner
 from tests.waiting import two_loop_turns
@@ -45,6 +45,26 @@ def test_the_histories_of_queues_gone_are_freed_over_the_loop_turns_after_a_samp
     assert after_sample == before  # (none freed with the sample)
     assert after_a_turn == before - HISTORIES_FREED
     assert at_last == before - QUEUES
+
+
+def test_a_history_keeps_its_latest_samples_as_numbers_and_no_sample_adds_an_object_for_the_collector():
+    """Samples a second apart, each total growing by its index plus one a sample: the HISTORY latest are kept,
+    newest first, with their rates; no sample adds an object the cyclic collector walks."""
+    history = History(("first", "second"))
+    tracked = len(gc.get_objects())
+    for number in range(2 * HISTORY):
+        history.add(1000 * number, (number, 2 * number))
+    assert len(gc.get_objects()) - tracked < 5
+    stats = history.message_stats(age=3600)
+    latest = 2 * HISTORY - 1
+    assert stats["first"] == latest and stats["second"] == 2 * latest
+    assert stats["first_details"]["rate"] == 1.0 and stats["second_details"]["rate"] == 2.0
+    assert [sample["sample"] for sample in stats["second_details"]["samples"]] == [
+        2 * number for number in range(latest, latest - HISTORY, -1)]
+    assert stats["first_details"]["samples"][0]["timestamp"] == 1000 * latest
+    assert stats["first_details"]["avg_rate"] == 1.0 and stats["first_details"]["avg"] == latest - (HISTORY - 1) / 2
+    assert history.message_stats(age=2, every=2)["first_details"]["samples"] == [
+        {"sample": latest, "timestamp": 1000 * latest}, {"sample": latest - 2, "timestamp": 1000 * (latest - 2)}]
 
 
 class Connection:
