@@ -520,13 +520,14 @@ class ClusterNode:
                     await stream
                 elif client.failure or stream.exception():  # (an error not foreseen is retried as a failure)
                     failure = client.failure or repr(stream.exception())
+                    # (a failing disk is not retried at once: each try may take a whole copy)
+                    pause = DISK_RETRY if client.disk_failed else RETRY
                     if failure != said or client.heard_at >= began:  # (news, or the leader spoke in between)
                         log.log(logging.ERROR if client.disk_failed or not client.failure else logging.INFO,
-                                "follower of %s: %s (trying again every %.1f s)", leader.node_id, failure,
-                                DISK_RETRY if client.disk_failed else RETRY)
+                                "follower of %s: %s (trying again every %.1f s)", leader.node_id, failure, pause)
                         said = failure
-                    try:  # a failing disk is not retried at once: each try may take a whole copy
-                        await asyncio.wait_for(changed.wait(), DISK_RETRY if client.disk_failed else RETRY)
+                    try:
+                        await asyncio.wait_for(changed.wait(), pause)
                     except asyncio.TimeoutError:
                         pass
         finally:

@@ -97,10 +97,8 @@ def case_runs(request, tmp_path_factory):
     selected = [(item.callspec.params["level"], item.callspec.params["name"])
                 for item in request.session.items if item.module is request.module]
     root = tmp_path_factory.mktemp("paho")
-    brokers = [anonymous_broker(root / f"broker-{number}") for number in range(AT_ONCE)]
+    brokers: list[Broker] = []
     free: queue.Queue[Broker] = queue.Queue()
-    for broker in brokers:
-        free.put(broker)
 
     def on_a_free_broker(level: int, name: str) -> subprocess.CompletedProcess:
         broker = free.get()
@@ -110,6 +108,9 @@ def case_runs(request, tmp_path_factory):
             free.put(broker)
 
     try:
+        for number in range(AT_ONCE):  # (those started stop at the end, should a later one fail to start)
+            brokers.append(anonymous_broker(root / f"broker-{number}"))
+            free.put(brokers[-1])
         with ThreadPoolExecutor(AT_ONCE) as pool:
             yield {case: pool.submit(on_a_free_broker, *case) for case in selected}
     finally:
