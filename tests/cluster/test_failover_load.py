@@ -141,7 +141,10 @@ def kill_the_leader(cluster: Cluster, publisher, consumer=None) -> Kill:
     killed_at = time.time()
     leader.kill()
     publisher.wait_for(lambda progress: progress["losses"] > losses, timeout=10)
-    publisher.wait_confirmed(publisher.confirmed + WINDOW + 1, timeout=FAILOVER_LIMIT + 5)
+    try:
+        publisher.wait_confirmed(publisher.confirmed + WINDOW + 1, timeout=FAILOVER_LIMIT + 5)
+    except TimeoutError as error:  # (why no node served: what their logs say of their leaderships)
+        raise TimeoutError(f"{error}\n--- the nodes' leaderships\n{leadership_story(cluster)}") from None
     if consumer:
         progress = consumer.wait_for(lambda progress: progress["reconnections"] > reconnections, timeout=10)
         consumer.wait_delivered(progress["delivered"] + 1, timeout=10)
