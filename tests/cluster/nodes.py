@@ -56,6 +56,7 @@ class Node:
         self.config_path = root / f"{name}.toml"
         self.log_path = root / f"{name}.log"
         self.process: subprocess.Popen | None = None
+        self.ended_by_test = False  # whether the test killed or stopped its process (an exit otherwise is its own)
         # what its next start runs with besides the test's own: the working directory, and environment variables
         # (a PYTHONPATH holding another version's package metadata, for a rolling upgrade)
         self.workdir = REPO_ROOT
@@ -84,6 +85,7 @@ class Node:
 
     def start(self) -> None:
         assert self.process is None or self.process.poll() is not None, f"{self.name} runs already"
+        self.ended_by_test = False
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [*self.prefix, sys.executable, "-m", "broker", "--config", str(self.config_path)],
@@ -106,6 +108,7 @@ class Node:
     def kill(self) -> None:
         """kill -9 of the whole node, as a crash of its machine: its supervisor and its workers at once (a worker
         whose supervisor alone died would still lead its group until it noticed), waiting until they are gone."""
+        self.ended_by_test = True
         if self.process is not None and self.process.poll() is None:
             workers = self.pids()[1:]
             for pid in workers:
@@ -119,6 +122,7 @@ class Node:
     def stop(self) -> int | None:
         if self.process is None:
             return None
+        self.ended_by_test = True
         if self.process.poll() is None:
             self.signal(signal.SIGCONT)
             self.process.terminate()
@@ -149,6 +153,13 @@ class Node:
     @property
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
+
+    def check_not_exited(self) -> None:
+        """Fail, with the end of its log, if the node's process ended though the test neither killed nor stopped it
+        (a restart refused: its port taken meanwhile, its data dir locked...)."""
+        if self.process is not None and not self.ended_by_test and self.process.poll() is not None:
+            raise AssertionError(f"{self.name} exited by itself with code {self.process.returncode}; the end of its "
+                                 f"log:\n{self.log()[-3000:]}")
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -230,8 +241,11 @@ class Cluster:
         return [node for node in self.nodes.values() if node is not leader]
 
     def ready(self, timeout: float = 30.0) -> Node:
-        """Wait until a leader serves and every running node is in the ISR; the leader."""
+        """Wait until a leader serves and every running node is in the ISR; the leader. Fails at once if a node
+        exited by itself."""
         def settled():
+            for node in self.nodes.values():
+                node.check_not_exited()
             leader = self.leader()
             isr = self.observer.isr() or []
             running = {name for name, node in self.nodes.items() if node.running}
