@@ -1,5 +1,5 @@
 """One etcd member for the cluster tests: on 127.0.0.1 (or at a Place of tests/cluster/netns.py) with ephemeral
-client and peer ports and a temp data dir, in memory where the machine has room (MEMORY_DIR).
+client and peer ports and a temp data dir, in memory where the machine has room (tests/cluster/scratch.py).
 
 The binary is the first of: $WARREN_ETCD, `etcd` on PATH, or the copy `make etcd` unpacks from Debian's
 etcd-server package into .cache/etcd. Without one, the tests that need etcd are skipped, saying so.
@@ -11,7 +11,6 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 import urllib.request
 import uuid
@@ -20,18 +19,14 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.netns import LOCAL, Place
+from tests.cluster.scratch import scratch_dir
 from tests.conftest import REPO_ROOT, free_port
 from tests.waiting import wait_for
 
 UNPACKED_ETCD = REPO_ROOT / ".cache" / "etcd" / "usr" / "bin" / "etcd"
 START_ATTEMPTS = 5  # fresh ports are tried this many times when another process takes the chosen ones first
 HEALTHY_TIMEOUT = 20.0  # seconds etcd may take to answer /health after its start
-# Where etcd's data dirs go when this tmpfs has MEMORY_ROOM bytes free: etcd syncs its log before it answers, and
-# with the suite's other tests writing to the same disk an fdatasync took up to 0.8 s, and etcd stopped answering
-# for seconds, so that a leader lost its 2 s lease for a fault of the test machine (production's etcd has a disk of
-# its own: docs/clustering.md). A process killed keeps its writes all the same; the tests kill no machine.
-MEMORY_DIR = Path("/dev/shm")
-MEMORY_ROOM = 512 * 1024 * 1024  # (each etcd preallocates a 64 MiB log file; a few run at once)
+ROOM = 512 * 1024 * 1024  # free memory etcd's data dir asks for (it preallocates a 64 MiB log file)
 
 
 def find_etcd() -> str | None:
@@ -142,8 +137,7 @@ def started_etcd(place: Place = LOCAL):
     binary = find_etcd()
     if binary is None:
         pytest.skip(NO_ETCD_REASON)
-    in_memory = MEMORY_DIR.is_dir() and shutil.disk_usage(MEMORY_DIR).free >= MEMORY_ROOM
-    workdir = Path(tempfile.mkdtemp(prefix="warren-etcd-", dir=MEMORY_DIR if in_memory else None))
+    workdir = scratch_dir("warren-etcd-", ROOM)
     server = EtcdServer(binary, workdir, place)
     try:
         server.start()

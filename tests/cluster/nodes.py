@@ -11,6 +11,7 @@ import base64
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from tests.cluster.netns import LOCAL, Place
+from tests.cluster.scratch import scratch_dir
 from tests.conftest import REPO_ROOT, free_port, free_ports_in_a_row
 from tests.waiting import wait_for  # also imported from here by tests of the cluster
 
@@ -34,6 +36,9 @@ def _zombie(pid: int) -> bool:
 
 LEASE_TTL = 2.0  # the acceptance tests' lease (seconds)
 ACK_TIMEOUT = 1.0  # and follower ack deadline
+# free memory a cluster's data dirs ask for (tests/cluster/scratch.py): three copies of the suite's deepest queue,
+# a million messages of test_failover_load.py, with room to spare
+DATA_ROOM = 2 * 1024 ** 3
 
 
 class Node:
@@ -41,8 +46,9 @@ class Node:
 
     def __init__(self, root: Path, name: str, cluster: str, etcd: str, *, ports: tuple[int, int, int] | None = None,
                  place: Place = LOCAL, workers: int = 1, tables: str = "", loopback_users: list[str] | None = None,
-                 **settings: object) -> None:
-        """``ports``: (AMQP, management, replication), free ones when None. ``place``: where it runs (its address
+                 data_root: Path | None = None, **settings: object) -> None:
+        """Its config and log in ``root``, its data dir in ``data_root`` (root when None).
+        ``ports``: (AMQP, management, replication), free ones when None. ``place``: where it runs (its address
         serves AMQP, replication and, off loopback, the management API; guest may log in from anywhere there,
         unless ``loopback_users`` names it).
         ``workers``: its worker processes, each in the replication group of its number (replication ports from
@@ -52,7 +58,7 @@ class Node:
         self.prefix = place.prefix  # the command prefix that runs it at its place (`ip netns exec NS`)
         self.port, self.management_port, self.replication_port = ports or (free_port(), free_port(),
                                                                            free_ports_in_a_row(workers))
-        self.data_dir = root / name
+        self.data_dir = (data_root or root) / name
         self.config_path = root / f"{name}.toml"
         self.log_path = root / f"{name}.log"
         self.process: subprocess.Popen | None = None
@@ -218,9 +224,12 @@ class Cluster:
 
     def __init__(self, root: Path, cluster: str, etcd: str, *, places: Mapping[str, Place] | None = None,
                  **settings: object) -> None:
-        """``places``: where each node runs, by name (127.0.0.1 for a name not given)."""
+        """``places``: where each node runs, by name (127.0.0.1 for a name not given). The nodes' configs and logs
+        in ``root``, their data dirs in memory where there is room (removed by ``stop()``)."""
         self.name = cluster
-        self.nodes = {name: Node(root, name, cluster, etcd, place=(places or {}).get(name, LOCAL), **settings)
+        self.data_root = scratch_dir("warren-cluster-", DATA_ROOM)
+        self.nodes = {name: Node(root, name, cluster, etcd, place=(places or {}).get(name, LOCAL),
+                                 data_root=self.data_root, **settings)
                       for name in ("a", "b", "c")}
         self.observer = Observer(etcd, cluster)
 
@@ -272,3 +281,4 @@ class Cluster:
         for node in self.nodes.values():
             node.stop()
         self.observer.close()
+        shutil.rmtree(self.data_root, ignore_errors=True)

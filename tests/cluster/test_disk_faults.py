@@ -31,25 +31,24 @@ TMPFS_SIZE = "size=512m"  # room for what a node writes in a test, and a filler'
 
 class Disks:
     """A file system of its own under each node's data dir. The data dir is a directory of the file system reached
-    through a link, so that a test can fill the rest of it (a RESET of a follower's copy empties its data dir) or
+    through a link (where the node's data dir would be), so that a test can fill the rest of it (a RESET of a follower's copy empties its data dir) or
     point the link at a new disk."""
 
     def __init__(self, root: Path, make: Callable[[Path], ContextManager[Path]], stack: contextlib.ExitStack) -> None:
-        self.root = root  # the cluster's root: a node's data dir is root/name
+        self.root = root  # where the disks are mounted
         self.make = make  # mounts a new file system at a path for as long as the stack lasts
         self.stack = stack
         self.mounts: dict[str, Path] = {}  # each node's current disk, by name
         self._made = 0  # disks made so far (each gets a mount point of its own)
 
-    def give(self, name: str) -> Path:
-        """A new disk for node ``name``: its data dir now lives there (empty); its mount point."""
+    def give(self, node: Node) -> Path:
+        """A new disk for ``node``: its data dir now lives there (empty); its mount point."""
         self._made += 1
-        mount = self.stack.enter_context(self.make(self.root / f"disk-{self._made}-{name}"))
+        mount = self.stack.enter_context(self.make(self.root / f"disk-{self._made}-{node.name}"))
         (mount / "data").mkdir()
-        link = self.root / name
-        link.unlink(missing_ok=True)
-        link.symlink_to(mount / "data")
-        self.mounts[name] = mount
+        node.data_dir.unlink(missing_ok=True)
+        node.data_dir.symlink_to(mount / "data")
+        self.mounts[node.name] = mount
         return mount
 
     def thaw_all(self) -> None:
@@ -65,8 +64,8 @@ def cluster_on(tmp_path: Path, etcd_endpoint: str, make: Callable[[Path], Contex
     with contextlib.ExitStack() as stack:
         cluster = Cluster(tmp_path, f"t{uuid.uuid4().hex[:10]}", etcd_endpoint)
         disks = Disks(tmp_path, make, stack)
-        for name in cluster.nodes:
-            disks.give(name)
+        for node in cluster.nodes.values():
+            disks.give(node)
         cluster.start()
         try:
             cluster.ready()
@@ -116,7 +115,7 @@ def test_a_follower_whose_disk_fails_leaves_the_isr_and_a_new_disk_rejoins(tmp_p
 
 def replace_disk(node: Node, disks: Disks) -> None:
     node.stop()
-    disks.give(node.name)
+    disks.give(node)
     node.start()
 
 
