@@ -173,7 +173,7 @@ def directory_bytes(path: Path) -> int:
 def join(workdir: Path, etcd: EtcdServer, messages: int, settings: dict[str, float]) -> Join:
     """A two-node cluster, a queue of `messages` on it, then a fresh third node until it is in the ISR."""
     (workdir / "join").mkdir()
-    cluster = Cluster(workdir / "join", f"join{uuid.uuid4().hex[:8]}", etcd.endpoint, **settings)
+    cluster = Cluster(workdir / "join", f"join{uuid.uuid4().hex[:8]}", etcd.endpoint, in_memory=False, **settings)
     try:
         first, second, joining = cluster.nodes.values()
         first.start()
@@ -299,7 +299,8 @@ def run_all(args: argparse.Namespace, workdir: Path, stack: contextlib.ExitStack
     single = start_warren(workdir / "single")
     stop_single = stack.callback(once(single.stop))
     (workdir / "cluster").mkdir()
-    cluster = Cluster(workdir / "cluster", f"bench{uuid.uuid4().hex[:8]}", etcd.endpoint, **settings)
+    cluster = Cluster(workdir / "cluster", f"bench{uuid.uuid4().hex[:8]}", etcd.endpoint, in_memory=False,
+                      **settings)
     stop_cluster = stack.callback(once(cluster.stop))
     cluster.start()
     for run, title, goal, latency in ((CONFIRMS, "persistent confirms, window 1000, 16 B", ">= 0.70", False),

@@ -35,7 +35,7 @@ GOAL = ">= 0.80"  # TLS / plain throughput asked for
 def tls_cluster(root: Path, etcd: str) -> Cluster:
     """Three nodes with TLS between them (and the management API over HTTPS, which it needs)."""
     certificates = make_certificates(root / "certs")
-    cluster = Cluster(root, f"tls{uuid.uuid4().hex[:8]}", etcd, tls=True)
+    cluster = Cluster(root, f"tls{uuid.uuid4().hex[:8]}", etcd, in_memory=False, tls=True)
     for node in cluster.nodes.values():
         node.config_path.write_text(
             node.config_path.read_text().replace("[management]\n", "[management]\ntls = true\n")
@@ -95,7 +95,7 @@ def run_all(seconds: float, workdir: Path, stack: contextlib.ExitStack) -> tuple
     """Both clusters started (stopped by ``stack``) and both runs alternated; (table rows, whether a run failed)."""
     etcd = started_etcd(workdir, stack)
     (workdir / "plain").mkdir()
-    plain = Cluster(workdir / "plain", f"plain{uuid.uuid4().hex[:8]}", etcd.endpoint)
+    plain = Cluster(workdir / "plain", f"plain{uuid.uuid4().hex[:8]}", etcd.endpoint, in_memory=False)
     tls = tls_cluster(workdir / "tls", etcd.endpoint)
     for cluster in (plain, tls):
         stack.callback(once(cluster.stop))

@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         etcd = stack.enter_context(contextlib.contextmanager(started_etcd)())
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="warren-bench-groups-")))
         name = f"bench{uuid.uuid4().hex[:8]}"
-        cluster = Cluster(workdir, name, etcd.endpoint, workers=GROUPS, tables=TABLES)
+        cluster = Cluster(workdir, name, etcd.endpoint, workers=GROUPS, tables=TABLES, in_memory=False)
         observers = [cluster.observer, *(Observer(etcd.endpoint, name, group) for group in range(1, GROUPS))]
         for observer in observers[1:]:
             stack.callback(observer.close)

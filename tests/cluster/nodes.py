@@ -223,15 +223,16 @@ class Cluster:
     """Three nodes a, b, c; ``ready()`` waits for a leader with every running node in the ISR."""
 
     def __init__(self, root: Path, cluster: str, etcd: str, *, places: Mapping[str, Place] | None = None,
-                 **settings: object) -> None:
+                 in_memory: bool = True, **settings: object) -> None:
         """``places``: where each node runs, by name (127.0.0.1 for a name not given). The nodes' configs and logs
-        in ``root``, their data dirs in memory where there is room (removed by ``stop()``)."""
+        in ``root``; their data dirs in memory where there is room (removed by ``stop()``), or with ``in_memory``
+        False in ``root`` too, on the disk a benchmark measures."""
         self.name = cluster
-        self.data_root = scratch_dir("warren-cluster-", DATA_ROOM)
+        self.observer = Observer(etcd, cluster)  # (first: should etcd not answer, no data dir is left in memory)
+        self.data_root = scratch_dir("warren-cluster-", DATA_ROOM) if in_memory else None
         self.nodes = {name: Node(root, name, cluster, etcd, place=(places or {}).get(name, LOCAL),
                                  data_root=self.data_root, **settings)
                       for name in ("a", "b", "c")}
-        self.observer = Observer(etcd, cluster)
 
     def start(self) -> None:
         for node in self.nodes.values():
@@ -281,4 +282,5 @@ class Cluster:
         for node in self.nodes.values():
             node.stop()
         self.observer.close()
-        shutil.rmtree(self.data_root, ignore_errors=True)
+        if self.data_root is not None:
+            shutil.rmtree(self.data_root, ignore_errors=True)
