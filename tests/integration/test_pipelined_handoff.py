@@ -9,8 +9,9 @@ from pamqp import commands, frame
 
 from tests.integration.rawclient import AMQP_0_9_1_HEADER, RawClient, plain_response
 from tests.integration.test_workers import (  # noqa: F401 (workers: the fixture)
-    LEADERS, holders, serving_worker, socket_inode, workers,
+    LEADERS, holders, serving_worker, workers,
 )
+from tests.procfs import socket_links
 from tests.waiting import wait_for
 
 FRAME_MAX = 131072
@@ -39,16 +40,8 @@ def accepting_worker(broker, client: RawClient) -> int:
     The accept sends the client nothing it could wait for: the socket is looked for in the workers' fds (until a
     worker accepts it, the kernel lists it with no inode)."""
     port = client.sock.getsockname()[1]
-    found: set[int] = set()
-
-    def accepted() -> bool:
-        inode = socket_inode(broker.port, port)
-        found.clear()
-        found.update(holders(broker, inode) if inode not in ("", "0") else ())
-        return len(found) == 1
-
-    wait_for(accepted, 5, "a worker accepting the connection")
-    (number,) = found
+    (number,) = wait_for(lambda: holders(broker, socket_links(broker.port, port)), 5,
+                         "a worker accepting the connection", until=lambda found: len(found) == 1)
     return number
 
 

@@ -30,6 +30,7 @@ from tests.integration.management import add_user, add_vhost, request, set_permi
 from tests.integration.rawclient import RawClient, plain_response
 from tests.integration.test_login_failures import refusal, start_ok
 from tests.integration.test_warrenctl import ok
+from tests.procfs import fd_links, socket_links
 from tests.tls_certs import make_certificates
 from tests.waiting import TIMER_GRAIN, wait_for
 
@@ -68,35 +69,17 @@ def worker_pids(broker) -> dict[int, int]:
     return {int(number): int(pid) for number, pid in re.findall(r"worker (\d+) serves \(pid (\d+)\)", broker.log())}
 
 
-def socket_inode(local_port: int, remote_port: int) -> str:
-    """The inode of the TCP socket from local_port to remote_port on 127.0.0.1 (/proc/net/tcp), '' if none."""
-    ends = f"0100007F:{local_port:04X} 0100007F:{remote_port:04X}"
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        if f"{fields[1]} {fields[2]}" == ends:
-            return fields[9]
-    return ""
-
-
-def holders(broker, inode: str) -> set[int]:
-    """The workers that hold the socket of that inode."""
-    found = set()
-    for number, pid in worker_pids(broker).items():
-        try:
-            links = [os.readlink(entry) for entry in Path(f"/proc/{pid}/fd").iterdir()]
-        except OSError:  # it has ended, or an fd closed while listed
-            continue
-        if f"socket:[{inode}]" in links:
-            found.add(number)
-    return found
+def holders(broker, links: set[str]) -> set[int]:
+    """The workers that hold a socket of those fd links (tests.procfs.socket_links)."""
+    return {number for number, pid in worker_pids(broker).items() if fd_links(pid) & links}
 
 
 def serving_worker(broker, client: RawClient) -> int:
     """The number of the worker process that holds the broker's end of the client's connection (once the worker
     that handed it over, if one did, has closed its copy)."""
-    inode = socket_inode(broker.port, client.sock.getsockname()[1])
-    wait_for(lambda: len(holders(broker, inode)) == 1, 5, "one worker holding the connection")
-    (number,) = holders(broker, inode)
+    links = socket_links(broker.port, client.sock.getsockname()[1])
+    (number,) = wait_for(lambda: holders(broker, links), 5, "one worker holding the connection",
+                         until=lambda found: len(found) == 1)
     return number
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration import management
+from tests.procfs import fd_links, socket_links
 from tests.spark.conftest import BOUNDED_WAIT_SECONDS, REPO_ROOT, replay_module
 
 pytestmark = pytest.mark.spark
@@ -111,20 +112,12 @@ def spark_worker_with_socket(local_port: int, remote_port: int) -> int | None:
     """The pid of the Spark Python worker holding the TCP socket from local_port to remote_port (from /proc), if
     any. (The management API's list of connections may be a moment old: the port of a connection that closed
     meanwhile may be another process's now, say the driver's, which is never the one killed.)"""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as lines:
-            for line in list(lines)[1:]:
-                fields = line.split()
-                ports = (int(fields[1].rsplit(":", 1)[1], 16), int(fields[2].rsplit(":", 1)[1], 16))
-                if ports == (local_port, remote_port):
-                    inodes.add(f"socket:[{fields[9]}]")
+    links = socket_links(local_port, remote_port)
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            if (any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in os.listdir(f"/proc/{pid}/fd"))
-                    and b"pyspark" in Path(f"/proc/{pid}/cmdline").read_bytes()):
+            if fd_links(int(pid)) & links and b"pyspark" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 return int(pid)
-        except OSError:  # gone meanwhile, or not ours to look at
+        except OSError:  # gone meanwhile
             continue
     return None
 
