@@ -33,6 +33,10 @@ class LeaseExpired(CoordinatorError):
     """This node's lease is gone, so nothing can be bound to it any more: the node has to start over."""
 
 
+class NodeStillNeeded(CoordinatorError):
+    """A node to be forgotten still runs, or is in the in-sync replica set: forgetting it would lose a copy."""
+
+
 @dataclass(frozen=True)
 class Member:
     """A node's addresses, as clients and the other nodes reach it, and whether it has lost its leader."""
@@ -238,6 +242,11 @@ class Coordinator(Protocol):
 
     async def drain(self, node: str, on: bool) -> None:
         """Put ``node`` in maintenance (on) or take it out (revive)."""
+
+    async def forget(self, node: str) -> None:
+        """Take ``node`` off the group's membership (known/) for good, as RabbitMQ's forget_cluster_node: only while
+        it is not registered (its lease gone: it is down) and not in the in-sync replica set, checked and done in
+        one step. CoordinatorError says why not (NodeStillNeeded when it runs or is in sync)."""
 
     async def agree(self, name: str, proposal: str) -> str:
         """A setting every node must share (the workers a node runs): the value stored under ``name``, which is

@@ -23,6 +23,7 @@ from cluster.coordinator import (
     LeaseExpired,
     LeaseHolder,
     Member,
+    NodeStillNeeded,
     Replica,
     group_of,
     isr_from_json,
@@ -169,6 +170,25 @@ class EtcdCoordinator(LeaseHolder):
 
     async def drain(self, node: str, on: bool) -> None:
         await self._set(self.keys.maintenance + node, "drained" if on else None)
+
+    async def forget(self, node: str) -> None:
+        if node in await self.members():
+            raise NodeStillNeeded(f"node {node} is running")
+        isr = self.keys.isr.encode()
+        found = await self._call(lambda client: client.get(isr))
+        if found and node in {replica.node for replica in isr_from_json(found.value)}:
+            raise NodeStillNeeded(f"node {node} is in the in-sync replica set")
+        member = self.keys.member(node).encode()
+        forgotten, _ = await self._call(lambda client: client.transaction(
+            compare=[client.transactions.create(member) == 0,  # not registered: its lease is gone
+                     client.transactions.mod(isr) == (found.mod_revision if found else 0)],  # the ISR read
+            success=[client.transactions.delete(self.keys.known_member(node).encode())],
+            failure=[],
+        ))
+        if not forgotten:
+            if node in await self.members():
+                raise NodeStillNeeded(f"node {node} is running")
+            raise CoordinatorError("the in-sync replica set changed meanwhile: try again")
 
     async def agree(self, name: str, proposal: str) -> str:
         return await self._put_once(self.keys.setting(name), proposal)

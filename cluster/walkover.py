@@ -82,6 +82,9 @@ class WalkoverCoordinator:
     async def drain(self, node: str, on: bool) -> None:
         raise CoordinatorError("maintenance mode is for a node of a cluster: this broker leads every group itself")
 
+    async def forget(self, node: str) -> None:
+        raise CoordinatorError("forgetting a node is for a cluster: this broker is a node of its own")
+
     async def agree(self, name: str, proposal: str) -> str:
         return proposal
 

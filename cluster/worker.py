@@ -57,7 +57,7 @@ from broker.workers.control import CONTROL_LINE_LIMIT, WorkerControl, receive, r
 from broker.workers.logins import NodeLoginThrottle
 from broker.workers.placement import RecordedPlacement, Recorder, pins_of, worker_data_dir
 from protocol.constants import INTERNAL_ERROR
-from cluster.coordinator import Coordinator, CoordinatorError, Member
+from cluster.coordinator import Coordinator, CoordinatorError, Member, NodeStillNeeded
 from cluster.groups import DEFAULT_GROUP, VhostRecord, led_by, members_posted, posted
 from cluster.node import ClusterNode, make_coordinator
 
@@ -441,6 +441,23 @@ def drain_by(coordinator: Coordinator, node: str) -> Callable[[bool], Awaitable[
     return drain
 
 
+def forget_by(coordinator: Coordinator, number: int) -> Callable[[str], Awaitable[dict]]:
+    """A node that left the cluster for good forgotten by this worker's group (in etcd), as its supervisor asks; by
+    the first worker also the node's maintenance, which is the whole cluster's."""
+    async def forget(node: str) -> dict:
+        try:
+            await coordinator.forget(node)
+            if number == 0:
+                await coordinator.drain(node, False)
+        except NodeStillNeeded as error:
+            return {"refused": f"group {number}: {error}: only a node that is down and out of the in-sync replica "
+                               "set can be forgotten", "still_needed": True}
+        except CoordinatorError as error:
+            return {"refused": f"group {number}: {error}"}
+        return {"done": True}
+    return forget
+
+
 def recorded_by(control: WorkerControl) -> Recorder:
     """The first worker's vhosts recorded by its supervisor (placement.json), outside a cluster."""
     async def record(vhosts: list[str], found: list[str]) -> dict[str, int]:
@@ -489,6 +506,8 @@ async def serve(control_socket: socket.socket) -> None:
         groups = RecordedPlacement(instructions["placement"] or {}, recorded_by(control) if number == 0 else None,
                                    workers, pins)
     control.placed = groups.told
+    if coordinator.followed:
+        control.forgetting = forget_by(coordinator, number)
     link = socket.socket(fileno=instructions["link"])
     crossing = None
     if not coordinator.followed and workers > 1:  # (queues are placed in other workers outside a cluster)

@@ -12,7 +12,7 @@ from typing import Awaitable, Callable, Protocol
 
 import pytest
 
-from cluster.coordinator import Coordinator, Leader, LeaseExpired, Member, Replica
+from cluster.coordinator import Coordinator, Leader, LeaseExpired, Member, NodeStillNeeded, Replica
 
 WAKE_BOUND = 1.0  # seconds within which a waiter must see a change of leader
 
@@ -156,6 +156,28 @@ async def members_vanish_with_their_lease(nodes: Nodes) -> None:
     await nodes.expire(a)
     assert await b.members() == {"b": member("b")}
     assert await b.known() == {"a": member("a"), "b": member("b")}  # (a node known, running or not)
+
+
+@check
+async def only_a_node_that_is_down_and_out_of_sync_is_forgotten(nodes: Nodes) -> None:
+    a, epoch = await leading(nodes, "a")
+    b = await nodes.start("b")
+    c = await nodes.start("c")
+    for node in (a, b, c):
+        await node.register(member(node.node_id))
+    with pytest.raises(NodeStillNeeded, match="node b is running"):
+        await a.forget("b")
+    assert await a.set_isr(copies("a", "b"), epoch)
+    await nodes.expire(b)
+    with pytest.raises(NodeStillNeeded, match="node b is in the in-sync replica set"):
+        await a.forget("b")
+    await nodes.expire(c)
+    await a.forget("c")
+    assert await a.known() == {"a": member("a"), "b": member("b")}
+    await a.forget("c")  # (forgotten already: nothing to do)
+    assert await a.set_isr(copies("a"), epoch)
+    await a.forget("b")
+    assert await a.known() == {"a": member("a")}
 
 
 @check

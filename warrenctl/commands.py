@@ -220,6 +220,16 @@ def revive(ctx: Context, args: Any) -> None:
     ctx.client.delete(f"/api/nodes/{quote(node)}/maintenance")
 
 
+@verb("forget_cluster_node", "Removes a node from the cluster, as rabbitmqctl forget_cluster_node: a node stopped for "
+      "good and out of every in-sync replica set, named as cluster_status lists any of its workers", "node")
+def forget_cluster_node(ctx: Context, args: Any) -> None:
+    ctx.say(f"Removing node {args.node} from the cluster")
+    try:
+        ctx.client.delete(f"/api/nodes/{quote(args.node)}")
+    except NotFound:
+        raise CommandError("The node selected is not in the cluster.", EX_DATAERR) from None  # (RabbitMQ's words)
+
+
 def node_alarms(client: Client, node: str) -> list[str]:
     """The node's resource alarms, as rabbitmqctl status names them."""
     alarms = []

@@ -87,6 +87,7 @@ GROUP = "/api/vhosts/{vhost}/group"  # a vhost's data moved to another worker's 
 QUEUE_GROUP = "/api/queues/{vhost}/{name}/group"  # one queue's, the same way
 MAINTENANCE = "/api/nodes/{name}/maintenance"  # PUT: the node drained; DELETE: revived (by the supervisor)
 NODES = "/api/nodes"  # a worker's answer: its own entry (a node per worker), following its group's leader or not
+NODE = "/api/nodes/{name}"  # GET: one of every node's workers; DELETE: a node that left the cluster, forgotten
 # Node-wide changes: made on every worker (PUT and DELETE; the import of a whole node's definitions is POSTed)
 EVERYWHERE = frozenset(("/api/users/{name}", "/api/permissions/{vhost}/{user}",
                         "/api/topic-permissions/{vhost}/{user}", "/api/vhosts/{vhost}"))
@@ -212,8 +213,10 @@ class Gateway:
         if vhost is not None:
             await self.supervisor.learn(vhost)
             return (await self.apis.ask(self.leader_of(vhost), request, body_of(request))).response()
-        if pattern in (NODES, "/api/nodes/{name}") and method == "GET":
+        if pattern in (NODES, NODE) and method == "GET":
             return await self.nodes(request, match.get("name"))
+        if pattern == NODE and method == "DELETE":
+            return await self.forget(request, match["name"])
         if pattern in FOUND_ON_ONE and method in ("GET", "DELETE"):  # (a connection is closed where it is)
             return await self.first_found(request)
         if method != "GET":
@@ -455,7 +458,7 @@ class Gateway:
         if verdict.status >= 300:
             return verdict.response()
         if not self.supervisor.clustered:
-            return http.error_response(400, "bad_request", NOT_CLUSTERED)
+            return http.error_response(400, "bad_request", NOT_CLUSTERED.format("maintenance mode"))
         here = self.supervisor.config.cluster_node_id
         names = {here, *(http.worker_name(worker, here, len(self.workers)) for worker in self.workers)}
         if name not in names:
@@ -465,6 +468,38 @@ class Gateway:
         if failure:
             return http.error_response(503, "service_unavailable", failure)
         return web.Response(status=204)
+
+    async def forget(self, request: web.Request, name: str) -> web.Response:
+        """A node that left the cluster for good forgotten (``warrenctl forget_cluster_node``), named as /api/nodes
+        names any of its workers, or by its node id: the request checked by a group's leader (an administrator's),
+        then done by the supervisor in every group."""
+        verdict = await self._checked_by_a_leader(request, path_qs=request.path_qs, check_only=True)
+        if verdict.status >= 300:
+            return verdict.response()
+        if not self.supervisor.clustered:
+            return http.error_response(400, "bad_request", NOT_CLUSTERED.format("forgetting a node"))
+        node = self.node_named(name)
+        if node is None:
+            raise http.not_found()
+        if node == self.supervisor.config.cluster_node_id:
+            return http.error_response(400, "bad_request", f"node {node} is this node: a node is forgotten through "
+                                       "another node's API, once it is stopped for good")
+        answer = await self.supervisor.forget(node)
+        if "refused" in answer:
+            status, error = (400, "bad_request") if answer.get("still_needed") else (503, "service_unavailable")
+            return http.error_response(status, error, str(answer["refused"]))
+        log.info("node %s forgotten: it left the cluster", node)
+        return web.Response(status=204)
+
+    def node_named(self, name: str) -> str | None:
+        """The id of the node of the cluster that ``name`` names (as /api/nodes names one of its workers, with its
+        host or without, or by the node's id), of those that ever registered; None if none."""
+        workers = len(self.workers)
+        for node in nodes_of(self.supervisor.board.entries, workers, known_key):
+            names = self.names.get(node) or [http.worker_name(worker, node, workers) for worker in range(workers)]
+            if name == node or name in names or name in (shown.partition("@")[0] for shown in names):
+                return node
+        return None
 
     async def _checked_by_a_leader(self, request: web.Request, path_qs: str = NODES, body: bytes | None = None,
                                    check_only: bool = False) -> Answer:

@@ -16,7 +16,10 @@
   and ``{"forget": [vhost, ...]}`` as the API makes and deletes vhosts, answered with the cluster's record
   ``{"placement": {...}}`` (``{"refused": "..."}`` when etcd does not answer); and to the first worker
   ``{"maintenance": true}`` (a drain) or ``{"maintenance": false}`` (a revive) of the node, answered ``{"done":
-  true}`` once etcd has it, or ``{"refused": "..."}``.
+  true}`` once etcd has it, or ``{"refused": "..."}``; and on a clustered node, to each worker ``{"forget_node":
+  node}`` (a node that left the cluster for good), answered ``{"done": true}`` once its group has forgotten it, or
+  ``{"refused": "...", "still_needed": true}`` while the node runs or is in the group's in-sync replica set, or
+  ``{"refused": "..."}``.
 
 A worker stops on SIGTERM or SIGINT, and when the supervisor goes: at once if it was killed, cleanly if its control
 socket just closed.
@@ -57,7 +60,7 @@ async def receive(reader: asyncio.StreamReader) -> dict:
 class WorkerControl:
     """A worker's end of the control socket once its instructions are read: the supervisor's requests answered
     (``placed`` takes a new placement, ``export`` gives the node-wide definitions, ``record`` and ``forget`` change
-    a cluster's record of its vhosts), and this worker's own request answered in turn (the supervisor asks nothing
+    a cluster's record of its vhosts, ``forgetting`` forgets a node of the cluster), and this worker's own request answered in turn (the supervisor asks nothing
     meanwhile: it waits for this worker to serve)."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -69,6 +72,8 @@ class WorkerControl:
         self.recording: Callable[[dict], Awaitable[dict]] | None = None
         # the node put in maintenance (True) or revived, by the first worker of a clustered node -> the answer
         self.maintenance: Callable[[bool], Awaitable[dict]] | None = None
+        # a node that left the cluster forgotten by this worker's group, on a clustered node -> the answer
+        self.forgetting: Callable[[str], Awaitable[dict]] | None = None
         self.answer: asyncio.Future[dict] | None = None  # the answer to this worker's request, while awaited
         self.opened = asyncio.Event()  # set once the supervisor has the worker open its front doors
 
@@ -92,6 +97,8 @@ class WorkerControl:
                 await send(self.writer, await self.recording(message))
             elif self.maintenance is not None and "maintenance" in message:
                 await send(self.writer, await self.maintenance(message["maintenance"] is True))
+            elif self.forgetting is not None and "forget_node" in message:
+                await send(self.writer, await self.forgetting(str(message["forget_node"])))
             elif "open" in message:
                 self.opened.set()
                 await send(self.writer, {"opened": True})

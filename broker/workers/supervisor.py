@@ -415,6 +415,17 @@ class Supervisor:
             await asyncio.sleep(DRAIN_POLL)
         return ""
 
+    async def forget(self, node: str) -> dict:
+        """Forget ``node``, a node that left the cluster for good, in every group (in etcd, through each worker, group
+        by group): ``{"done": True}``, or the first refusal (``still_needed``: the node runs or is in sync)."""
+        for worker in self.workers:
+            answer = await self._ask(worker, lambda: {"forget_node": node})
+            if answer is None:
+                return {"refused": f"worker {worker.number} of this node is not running: try again once it serves"}
+            if "refused" in answer:
+                return answer
+        return {"done": True}
+
     def groups_without_another_leader(self) -> list[int]:
         """The groups this node leads, or that have no leader now, as the board says."""
         return [worker.number for worker in self.workers

@@ -96,10 +96,11 @@ def test_any_nodes_management_api_shows_and_changes_every_group(shaped: Nodes):
             "127.0.0.1", cluster.nodes[led[last]].port, vhosts[last], pika.PlainCredentials("alice", "secret")))
 
 
-def test_any_nodes_api_lists_every_worker_of_every_node(shaped: Nodes):
+def test_any_nodes_api_lists_every_worker_of_every_node_until_one_that_left_is_forgotten(shaped: Nodes):
     """/api/nodes on any node, and warrenctl cluster_status, list each node's workers (a node of one worker as the
     node itself), leading their group or following (a node per worker, as RabbitMQ lists every node of its
-    cluster); a node killed stays in the list, as not running."""
+    cluster); a node killed stays in the list, as not running, until warrenctl forget_cluster_node forgets it (as
+    rabbitmqctl's does: only a node that is down, and here out of every group's in-sync replicas)."""
     cluster = shaped.cluster
     led = shaped.leaders()
     last = len(led) - 1
@@ -136,6 +137,30 @@ def test_any_nodes_api_lists_every_worker_of_every_node(shaped: Nodes):
     shown = json.loads(status.stdout)
     assert [name.split("@")[0] for name in shown["disk_nodes"]] == every
     assert [name.split("@")[0] for name in shown["running_nodes"]] == rest
+
+    running = next(node for node in "abc" if node not in (elsewhere, led[0]))
+    for node, reason in ((running, f"node {running} is running"), (led[0], f"node {led[0]} is this node")):
+        status, error = api(cluster, led[0], "DELETE", f"/api/nodes/{nodes[shaped.worker(node, 0)]['name']}")
+        assert (status, error["error"]) == (400, "bad_request"), error
+        assert reason in error["reason"]
+    assert api(cluster, led[0], "DELETE", f"/api/nodes/{elsewhere}", user="nobody:wrong")[0] == 401
+    assert list(listed(cluster, led[0])) == every  # (the refusals forgot nothing)
+    gone = nodes[shaped.worker(elsewhere, 0)]["name"]
+    # (refused while a group's leader keeps the killed node in sync: until it has missed ack_timeout's heartbeats)
+    forgot = wait_for(lambda: warrenctl(cluster, led[0], "forget_cluster_node", gone), 30, f"{gone} forgotten",
+                      step=0.2, until=lambda done: done.returncode == 0)
+    assert forgot.stdout == f"Removing node {gone} from the cluster\n"
+    for node in (led[0], running):  # every node's list, as each reads etcd
+        wait_for(lambda: listed(cluster, node) is not None and list(listed(cluster, node)) == rest, 30,
+                 f"{elsewhere}'s workers no longer listed by {node}")
+    shown = json.loads(warrenctl(cluster, running, "cluster_status", "--formatter", "json").stdout)
+    assert [name.split("@")[0] for name in shown["disk_nodes"]] == rest
+    refused = warrenctl(cluster, led[0], "forget_cluster_node", gone)
+    assert (refused.returncode, refused.stderr.splitlines()[0]) == (
+        65, "Error: The node selected is not in the cluster."), refused
+    cluster.nodes[elsewhere].start()  # started again, it joins again
+    wait_for(lambda: (found := listed(cluster, running)) and list(found) == every
+             and all(entry["running"] for entry in found.values()), 30, f"{elsewhere} listed again, running")
 
 
 def test_a_request_between_nodes_counts_only_when_proven(shaped: Nodes):

@@ -313,11 +313,14 @@ def test_a_vhosts_leader_is_chosen_only_among_workers(broker):
         "Error: Virtual host 'no-such-vhost' does not exist")
 
 
-def test_maintenance_is_for_a_node_of_a_cluster(broker):
+def test_maintenance_and_forgetting_a_node_are_for_a_node_of_a_cluster(broker):
     if broker.external:
-        pytest.skip("maintenance through the management API is Warren's own (RabbitMQ's is rabbitmq-upgrade drain)")
+        pytest.skip("maintenance and forgetting a node through the management API are Warren's own (RabbitMQ's are "
+                    "rabbitmq-upgrade drain and rabbitmqctl forget_cluster_node)")
     for verb in ("drain", "revive"):
         assert failed(broker, verb)[1] == "Error: maintenance mode is for a node of a cluster: this broker is not one"
+    assert failed(broker, "forget_cluster_node", "other@host")[1] == (
+        "Error: forgetting a node is for a node of a cluster: this broker is not one")
 
 
 def test_a_shovel_set_as_a_parameter_shown_restarted_and_deleted(broker, conn, unique):

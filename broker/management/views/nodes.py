@@ -31,7 +31,7 @@ EXCHANGE_TYPE_DESCRIPTIONS = {
     "topic": "AMQP topic exchange, as per the AMQP specification",
     "x-delayed-message": "Delayed Message Exchange.",  # the community plugin's description
 }
-NOT_CLUSTERED = "maintenance mode is for a node of a cluster: this broker is not one"
+NOT_CLUSTERED = "{} is for a node of a cluster: this broker is not one"  # (what is asked)
 AUTH_MECHANISMS = [
     {"name": "PLAIN", "description": "SASL PLAIN authentication mechanism", "enabled": True},
     {"name": "AMQPLAIN", "description": "QPid AMQPLAIN mechanism", "enabled": True},
@@ -106,7 +106,17 @@ async def maintenance(request: web.Request) -> web.Response:
     done by the node's supervisor (broker.workers.api) once a group's leader has checked the request here."""
     http.require(request, "administrator")
     if not http.check_only(request):
-        raise http.bad_request(NOT_CLUSTERED)
+        raise http.bad_request(NOT_CLUSTERED.format("maintenance mode"))
+    return web.Response(status=204)
+
+
+@routes.delete("/api/nodes/{name}")
+async def forget_node(request: web.Request) -> web.Response:
+    """A node that left the cluster for good forgotten (``warrenctl forget_cluster_node``): done by the supervisor
+    (broker.workers.api) once a group's leader has checked the request here."""
+    http.require(request, "administrator")
+    if not http.check_only(request):
+        raise http.bad_request(NOT_CLUSTERED.format("forgetting a node"))
     return web.Response(status=204)
 
 

@@ -14,6 +14,7 @@ from cluster.coordinator import (
     LeaseExpired,
     LeaseHolder,
     Member,
+    NodeStillNeeded,
     Replica,
     group_of,
     isr_from_json,
@@ -237,6 +238,14 @@ class MemoryCoordinator(LeaseHolder):
             self.etcd.put(self.keys.maintenance + node, "drained")
         else:
             self.etcd.delete(self.keys.maintenance + node)
+
+    async def forget(self, node: str) -> None:
+        self.etcd.check()
+        if node in await self.members():
+            raise NodeStillNeeded(f"node {node} is running")
+        if node in {replica.node for replica in await self.replicas() or []}:
+            raise NodeStillNeeded(f"node {node} is in the in-sync replica set")
+        self.etcd.delete(self.keys.known_member(node))
 
     async def agree(self, name: str, proposal: str) -> str:
         self.etcd.check()
