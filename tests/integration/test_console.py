@@ -156,7 +156,7 @@ def test_create_a_queue_publish_see_the_count_purge_and_a_rate_chart(browser, co
     assert not browser.find_elements(By.LINK_TEXT, unique)
 
 
-def test_an_administrator_closes_a_connection_and_adds_a_user(browser, console_broker, unique):
+def test_an_administrator_closes_a_connection_adds_a_user_and_sets_and_clears_its_topic_permission(browser, console_broker, unique):
     parameters = pika.URLParameters(console_broker.url)
     parameters.client_properties = {"connection_name": f"{unique}-orders"}  # (shown beside the connection's name)
     conn = pika.BlockingConnection(parameters)
@@ -178,7 +178,16 @@ def test_an_administrator_closes_a_connection_and_adds_a_user(browser, console_b
     click(browser, By.LINK_TEXT, "Admin")
     submit(browser, "add-user", name=unique, password="s3cret", tags="monitoring")
     wait(browser, lambda d: unique in text_of(d, "#users"))
+    submit(browser, "set-topic-permissions", user=unique, vhost="/", exchange="amq.topic", write="^sensors\\.",
+           read=".*")
+    wait(browser, lambda d: unique in text_of(d, "#topic-permissions"))
+    held = f"/api/topic-permissions/%2F/{unique}"
+    assert request(console_broker, "GET", held).body == [
+        {"user": unique, "vhost": "/", "exchange": "amq.topic", "write": "^sensors\\.", "read": ".*"}]
     screenshot(browser, "admin")
+    click(browser, By.XPATH, f"//*[@id='topic-permissions']//tr[contains(., '{unique}')]//button")
+    wait(browser, lambda d: unique not in text_of(d, "#topic-permissions"))
+    assert request(console_broker, "GET", held).status == 404
 
 
 def test_an_administrator_adds_a_shovel_and_sees_it_run(browser, console_broker, unique):

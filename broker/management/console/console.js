@@ -484,8 +484,8 @@ const remove = (label, path) => el("button", {onclick: () => act(() => api("DELE
 async function admin() {
   const content = el("div", {}, el("h1", {}, "Admin"));
   if (has("administrator")) {
-    const [users, vhosts, permissions] = await Promise.all([api("GET", "/users"), api("GET", "/vhosts"),
-                                                            api("GET", "/permissions")]);
+    const [users, vhosts, permissions, topicPermissions] = await Promise.all([
+      api("GET", "/users"), api("GET", "/vhosts"), api("GET", "/permissions"), api("GET", "/topic-permissions")]);
     content.append(el("h2", {}, "Users"), table([
       {title: "Name", value: (u) => u.name},
       {title: "Tags", value: (u) => [].concat(u.tags).join(", ")},
@@ -509,6 +509,16 @@ async function admin() {
       ["configure", "Configure regex"], ["write", "Write regex"], ["read", "Read regex"]], "Set permissions",
       (f) => api("PUT", `/permissions/${enc(f.vhost.value)}/${enc(f.user.value)}`,
                  {configure: f.configure.value, write: f.write.value, read: f.read.value})));
+    content.append(el("h2", {}, "Topic permissions"), table([
+      {title: "User", value: (p) => p.user}, {title: "Virtual host", value: (p) => p.vhost},
+      {title: "Exchange", value: (p) => p.exchange}, {title: "Write", value: (p) => p.write},
+      {title: "Read", value: (p) => p.read},
+      {title: "", value: () => "", render: (p) => remove("Clear",
+        `/topic-permissions/${enc(p.vhost)}/${enc(p.user)}?exchange=${enc(p.exchange)}`)},
+    ], topicPermissions, {id: "topic-permissions"}), form("set-topic-permissions", [["user", "User"],
+      ["vhost", "Virtual host"], ["exchange", "Exchange"], ["write", "Write regex"], ["read", "Read regex"]],
+      "Set topic permission", (f) => api("PUT", `/topic-permissions/${enc(f.vhost.value)}/${enc(f.user.value)}`,
+                                         {exchange: f.exchange.value, write: f.write.value, read: f.read.value})));
   }
   const policies = await api("GET", "/policies");
   content.append(el("h2", {}, "Policies"), table([
