@@ -1,7 +1,7 @@
 """The PROXY protocol's version 2 header (HAProxy's proxy-protocol.txt, section 2.2): what one node sends before
 the bytes of a client it forwards to another, to name that client, to say whether it spoke TLS to the forwarding
 node, and to carry the forwarding node's nonce (a TLV of the spec's custom range) for the proof that it knows the
-cluster's secret (protocol.node_proof, protocol.stream_start). Version 1, a line of text, cannot carry a proof and is
+cluster's secret, and whether the client spoke MQTT over a WebSocket to it (another such TLV) (protocol.node_proof, protocol.stream_start). Version 1, a line of text, cannot carry a proof and is
 not read. Bytes in, addresses out; no sockets."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ _TLV = struct.Struct(">BH")  # type, length of the value
 PP2_TYPE_SSL: Final = 0x20  # the TLV that says how the client spoke to the proxy: client flags, verify, sub-TLVs
 PP2_CLIENT_SSL: Final = 0x01  # in its client flags: over SSL/TLS
 PP2_TYPE_WARREN_NONCE: Final = 0xE0  # the forwarding node's nonce (0xE0-0xEF: the spec's range for applications)
+PP2_TYPE_WARREN_WEB: Final = 0xE1  # no value: the client spoke MQTT over a WebSocket to the forwarding node
 
 Address = tuple[str, int]  # host, port
 
@@ -39,6 +40,7 @@ class Proxied:
     ends: tuple[Address, Address] | None
     tls: bool = False  # the client spoke TLS to the proxy (the SSL TLV)
     nonce: bytes | None = None  # the forwarding node's nonce (None: no such TLV, so nothing can be proven)
+    web: bool = False  # the client spoke MQTT over a WebSocket to the proxy (Warren's TLV)
 
 
 def could_start(data: bytes) -> bool:
@@ -46,9 +48,11 @@ def could_start(data: bytes) -> bool:
     return data.startswith(SIGNATURE_V2) or SIGNATURE_V2.startswith(data)
 
 
-def encode(source: tuple, destination: tuple, tls: bool = False, nonce: bytes | None = None) -> bytes:
+def encode(source: tuple, destination: tuple, tls: bool = False, nonce: bytes | None = None,
+           web: bool = False) -> bytes:
     """The version 2 header of a TCP connection from source to destination, (host, port, ...) as sockets name them,
-    tls: the client speaks TLS to the proxy; nonce: the forwarding node's. An IPv4 client of an IPv6 socket
+    tls: the client speaks TLS to the proxy; nonce: the forwarding node's; web: the client speaks MQTT over a
+    WebSocket to the proxy. An IPv4 client of an IPv6 socket
     (::ffff:a.b.c.d) is named as the IPv4 client it is; ends of both families are both named in IPv6."""
     source_ip, destination_ip = _ip_of(source[0]), _ip_of(destination[0])
     if source_ip.version != destination_ip.version:
@@ -59,6 +63,8 @@ def encode(source: tuple, destination: tuple, tls: bool = False, nonce: bytes | 
         block += _TLV.pack(PP2_TYPE_SSL, 5) + bytes([PP2_CLIENT_SSL]) + bytes(4)
     if nonce is not None:
         block += _TLV.pack(PP2_TYPE_WARREN_NONCE, len(nonce)) + nonce
+    if web:
+        block += _TLV.pack(PP2_TYPE_WARREN_WEB, 0)
     return _V2_FIXED.pack(SIGNATURE_V2, 0x20 | _PROXY, family, len(block)) + block
 
 
@@ -114,10 +120,11 @@ def _host_of(packed: bytes) -> str:
     return str(_unmapped(ipaddress.ip_address(packed)))
 
 
-def _tlvs(tlvs: bytes) -> tuple[bool, bytes | None]:
-    """Whether the TLVs say the client spoke TLS to the proxy, and the forwarding node's nonce if one is there; the
-    other TLVs are skipped, as the spec wants of those a receiver does not know."""
-    offset, tls, nonce = 0, False, None
+def _tlvs(tlvs: bytes) -> tuple[bool, bytes | None, bool]:
+    """Whether the TLVs say the client spoke TLS to the proxy, the forwarding node's nonce if one is there, and
+    whether the client spoke MQTT over a WebSocket; the other TLVs are skipped, as the spec wants of those a receiver
+    does not know."""
+    offset, tls, nonce, web = 0, False, None, False
     while offset < len(tlvs):
         if len(tlvs) - offset < _TLV.size:
             raise ProxyHeaderError(f"a TLV cut short after {len(tlvs) - offset} bytes")
@@ -133,5 +140,7 @@ def _tlvs(tlvs: bytes) -> tuple[bool, bytes | None]:
             if length != NONCE_SIZE:
                 raise ProxyHeaderError(f"a nonce of {length} bytes, not {NONCE_SIZE}")
             nonce = value
+        elif kind == PP2_TYPE_WARREN_WEB:
+            web = True
         offset += _TLV.size + length
-    return tls, nonce
+    return tls, nonce, web

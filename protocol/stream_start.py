@@ -39,6 +39,7 @@ class StreamStart:
     forwarded: tuple[proxy_header.Address, proxy_header.Address] | None
     tls: bool  # the forwarded client spoke TLS to the node that forwarded it
     rest: bytes  # what followed the protocol header
+    web: bool = False  # the forwarded client spoke MQTT over a WebSocket to the node that forwarded it
 
 
 class StartReader:
@@ -108,7 +109,8 @@ class StartReader:
         if data[:len(header)] != header:
             raise WrongProtocolHeader()
         proxied = self.proxied
-        return StreamStart(proxied.ends if proxied else None, proxied is not None and proxied.tls, data[len(header):])
+        return StreamStart(proxied.ends if proxied else None, proxied is not None and proxied.tls, data[len(header):],
+                           proxied is not None and proxied.web)
 
 
 class Forwarding:
@@ -116,10 +118,11 @@ class Forwarding:
     carrying this node's nonce; then, once the other node's challenge proves it knows the cluster's secret, this
     node's proof, and the client's bytes behind it."""
 
-    def __init__(self, secret: str, client: tuple, local: tuple, tls: bool, link: str = LINK) -> None:
+    def __init__(self, secret: str, client: tuple, local: tuple, tls: bool, link: str = LINK,
+                 web: bool = False) -> None:
         self.key = node_proof.link_key(secret, link)
         self.asked = node_proof.nonce()
-        self.header = proxy_header.encode(client, local, tls, self.asked)  # written first
+        self.header = proxy_header.encode(client, local, tls, self.asked, web)  # written first
         self.received = b""  # the challenge as it arrives
 
     def feed(self, data: bytes) -> tuple[bytes | None, bytes]:

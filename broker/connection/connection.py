@@ -15,6 +15,7 @@ from pamqp import commands as spec
 from broker.connection import greeting, handoff
 from broker.connection.refused_login import Refusal, capabilities, check_login
 from broker.connection.peer_log import PeerLog
+from broker.model.counters import AMQP_LABEL
 from broker.model.turns import go_on_after_replies
 from broker.session.channel import Channel
 from broker.session.limits import ChannelLimits
@@ -137,6 +138,7 @@ def read_deadline(ends: float) -> float:
 
 class Connection(asyncio.Protocol):
     protocol: Final = "AMQP 0-9-1"  # as the management API names it
+    protocol_label: Final = AMQP_LABEL  # as RabbitMQ's metrics label it
     def __init__(self, server: "Server", handed: handoff.HandedOver | None = None):
         self.server = server
         # The handshake a front door answered for this connection, whose socket it handed to this process (which

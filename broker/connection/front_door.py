@@ -381,13 +381,14 @@ class FrontDoor(asyncio.Protocol):
 
 async def forward(doors: FrontDoors, transport: Any, address: tuple[str, int], vhost: str | None,
                   client: tuple[tuple, tuple, bool], after: bytes, answered: int, refuse: Callable[[], None],
-                  turned_away: bytes = close_frame(CONNECTION_FORCED, TURNED_AWAY), link: str = LINK) -> None:
+                  turned_away: bytes = close_frame(CONNECTION_FORCED, TURNED_AWAY), link: str = LINK,
+                  web: bool = False) -> None:
     """The client (its address, the one it connected to, whether it speaks TLS) goes on through the node at address,
     once each node has proven to the other that it knows the cluster's secret (ForwardEnd joins the two sockets
     then, and sends after: what the client sent here); answered: the handshake frames this door sent, which that
     node's answers first; refuse() tells the client it cannot go on, turned_away what it is told when that node does
     not take it. link: the kind of link the proofs are made for (MQTT_LINK: an MQTT client, to that node's MQTT
-    port)."""
+    port); web: the client speaks MQTT over a WebSocket to this node."""
     loop = asyncio.get_running_loop()
     client_end = _Joined(doors.joined, vhost, address, link == MQTT_LINK)
     client_end.transport = transport
@@ -396,7 +397,7 @@ async def forward(doors: FrontDoors, transport: Any, address: tuple[str, int], v
     try:
         if not secret:
             raise ConnectionRefusedError(0, "this node has not learnt the cluster's secret yet")
-        forwarding = Forwarding(secret, *client, link=link)
+        forwarding = Forwarding(secret, *client, link=link, web=web)
         async with asyncio.timeout(CONNECT_TIMEOUT):
             await loop.create_connection(lambda: ForwardEnd(answered, forwarding, after, client_end, turned_away),
                                          *address, ssl=doors.towards)

@@ -50,6 +50,9 @@ class HandedOver:
     answered: int = 1
     data: bytes = b""  # the client's bytes after its protocol header (MQTT: all of them)
     protocol: str = "amqp"  # or "mqtt" (broker.connection.mqtt.front_door)
+    # an MQTT client over a WebSocket: to the worker that handed it over (which keeps the WebSocket), or to the node
+    # that forwarded it (its PROXY header said so)
+    web: bool = False
 
 
 def encode(handed: HandedOver) -> bytes:

@@ -43,9 +43,6 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # the text format gen
 PROTOCOL = [AMQP_LABEL]  # the protocol label of RabbitMQ's global queue counters (messages of every protocol)
 
 
-def protocol_label(protocol: str) -> str:
-    """RabbitMQ's label of a connection's protocol ("MQTT 3.1.1" -> "mqtt311", "AMQP 0-9-1" -> "amqp091")."""
-    return protocol.lower().replace(" ", "").replace(".", "").replace("-", "").replace("amqp091", AMQP_LABEL)
 # Warren's queue types under RabbitMQ's names (the queue_type label); streams are listed with zeros, as RabbitMQ
 # lists every type it knows.
 QUEUE_TYPES = {"classic": "rabbit_classic_queue", "quorum": "rabbit_quorum_queue", "stream": "rabbit_stream_queue"}
@@ -103,7 +100,7 @@ async def take_snapshot(server: "Server", per_object: bool) -> Snapshot:
                           for label, of in server.node.by_protocol()}
     snapshot.counters = {name: sum(values[name] for values in snapshot.protocols.values()) for name in plain}
     for connection in connections:  # (publishers and consumers by protocol, as RabbitMQ's global gauges)
-        label = protocol_label(connection.protocol)
+        label = connection.protocol_label
         publishing, consuming = snapshot.clients.get(label, (0, 0))
         snapshot.clients[label] = (
             publishing + sum(channel.publish_count > 0 for channel in connection.channels.values()),

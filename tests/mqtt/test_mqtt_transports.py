@@ -8,8 +8,10 @@ import ssl
 import pytest
 
 from tests.conftest import free_port
+from tests.integration.management import request
 from tests.mqtt.clients import Client, connected
 from tests.tls_certs import make_certificates
+from tests.waiting import wait_for
 
 
 @pytest.fixture
@@ -51,10 +53,12 @@ def test_mqtt_over_websockets_meets_plain_mqtt(own_broker, tmp_path, unique):
         assert browser.receive().payload == b"to the browser"
         browser.publish(f"{unique}/a", b"from it", qos=1, retain=True)
         assert browser.receive().payload == b"from it"
+        assert protocols(broker, unique, 2) == {f"{unique}-s": "Web MQTT 3.1.1", f"{unique}-p": "MQTT 3.1.1"}
     with connected(broker, f"{unique}-s2", port=port, transport="websockets", version=5) as again:
         again.subscribe(f"{unique}/a", qos=1)
         message = again.receive()
         assert (message.payload, message.retain) == (b"from it", True)
+        assert protocols(broker, unique, 1) == {f"{unique}-s2": "Web MQTT 5.0"}
 
 
 def test_a_websocket_client_reaches_the_worker_that_serves_its_vhost(own_broker, tmp_path, unique):
@@ -76,6 +80,17 @@ def test_a_websocket_client_reaches_the_worker_that_serves_its_vhost(own_broker,
             browser.publish(f"{unique}/a", b"from it", qos=1)
             assert browser.receive().payload == b"from it"
             browser.nothing_more()  # (nothing of the other vhost's)
+            assert protocols(broker, unique, 2) == {f"{unique}-{vhost}-s": "Web MQTT 3.1.1",
+                                                    f"{unique}-{vhost}-p": "MQTT 3.1.1"}
+
+
+def protocols(broker, unique: str, count: int) -> dict[str, str]:
+    """The protocol the management API shows for each of the test's MQTT clients (by client id), once it lists
+    ``count`` of them: "Web MQTT 3.1.1" for one over a WebSocket, as RabbitMQ's web_mqtt names it."""
+    listed = wait_for(lambda: [connection for connection in request(broker, "GET", "/api/connections").body
+                               if connection["client_properties"].get("client_id", "").startswith(unique)],
+                      what=f"{count} MQTT connections listed", until=lambda found: len(found) == count)
+    return {connection["client_properties"]["client_id"]: connection["protocol"] for connection in listed}
 
 
 def _config(tmp_path, text: str):

@@ -31,6 +31,7 @@ from broker.connection.mqtt.messages import amqp_header, encoded_properties, vie
 from broker.connection.mqtt.replies import ChannelReplies
 from broker.connection.mqtt.retained_out import RetainedSender
 from broker.connection.mqtt.subscriptions import SHARED_TAG_PREFIX, Subscriptions, qos_of_consumer, queue_name
+from broker.connection.mqtt.websocket import OVER_A_WEBSOCKET
 from broker.connection.peer_log import PeerLog
 from broker.model.operations import Actor, delete_queue
 from broker.model.turns import go_on_after_replies
@@ -159,6 +160,7 @@ class MqttConnection(asyncio.Protocol):
         self.connected_at = 0  # wall-clock milliseconds, for the management API
         self.received_bytes = self.sent_bytes = 0
         self.tls = False
+        self.web = False  # it speaks MQTT over a WebSocket (RabbitMQ's Web MQTT), here or to its front door
         # What the management API shows of it, as it shows an AMQP connection (RabbitMQ's keys)
         self.channels: dict[int, Channel] = {}  # its one channel, once logged in
         self.channel_max = 1
@@ -173,6 +175,7 @@ class MqttConnection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         handed = self.handed  # (a handed connection's ends, and whether it speaks TLS, are what its front door saw)
         self.tls = handed.tls if handed is not None else transport.get_extra_info("sslcontext") is not None
+        self.web = handed.web if handed is not None else transport.get_extra_info(OVER_A_WEBSOCKET) is True
         peer = tuple(handed.peer) if handed is not None else transport.get_extra_info("peername")
         local = tuple(handed.local) if handed is not None else transport.get_extra_info("sockname")
         self.peer_address, self.peer_port = (peer[0], peer[1]) if peer else ("", 0)
@@ -966,8 +969,9 @@ class MqttConnection(asyncio.Protocol):
 
     @property
     def protocol(self) -> str:
-        """As the management API names it ("MQTT 3.1.1")."""
-        return f"MQTT {mqtt.VERSION_NAMES[self.level]}"
+        """As the management API names it: "MQTT 3.1.1", or "Web MQTT 3.1.1" over a WebSocket (RabbitMQ's
+        web_mqtt names its connections' protocol family so)."""
+        return f"{'Web MQTT' if self.web else 'MQTT'} {mqtt.VERSION_NAMES[self.level]}"
 
     @property
     def protocol_label(self) -> str:

@@ -19,6 +19,7 @@ from broker.connection import handoff
 from broker.connection.connection import HANDSHAKE_TIMEOUT
 from broker.connection.front_door import FrontDoors, forward
 from broker.connection.mqtt.connection import CONNECT_TIMEOUT, UNAUTHENTICATED_PACKET_SIZE, vhost_and_user
+from broker.connection.mqtt.websocket import OVER_A_WEBSOCKET
 from broker.connection.peer_log import PeerLog
 from protocol import mqtt, proxy_header, stream_start
 from protocol.stream_start import MQTT_LINK, StartReader
@@ -54,6 +55,7 @@ class MqttFrontDoor(asyncio.Protocol):
         self.start: StartReader | None = None  # reads another node's PROXY header and proofs, if one comes
         self.forwarded = False  # the client came through another node's front door (a proven PROXY header)
         self.tls = False  # it speaks TLS, here or to the node that forwarded it
+        self.web = False  # it speaks MQTT over a WebSocket, here or to the node that forwarded it
         self.kept = bytearray()  # everything the client sent (after another node's PROXY header and proofs)
         self.peer: tuple = ("", 0)
         self.local: tuple = ("", 0)
@@ -70,6 +72,7 @@ class MqttFrontDoor(asyncio.Protocol):
         self.local = tuple(transport.get_extra_info("sockname") or ("", 0))[:2]
         self.connected_at = int(time.time() * 1000)
         self.tls = transport.get_extra_info("sslcontext") is not None
+        self.web = transport.get_extra_info(OVER_A_WEBSOCKET) is True
         if self.forwards:
             self.start = StartReader(self.doors.secret(), MQTT_LINK, protocol_header=b"")
         elif self.doors.suspended:  # (the node is in maintenance: its own clients go, as at a closed port)
@@ -129,6 +132,7 @@ class MqttFrontDoor(asyncio.Protocol):
             self.peer, self.local = start.forwarded
             self.forwarded = True
             self.tls = start.tls  # (the client's, not the link's between the nodes)
+            self.web = start.web
         elif self.doors.suspended:  # (the node is in maintenance: its own clients go, as at a closed port)
             self.transport.abort()
             return b""
@@ -145,7 +149,7 @@ class MqttFrontDoor(asyncio.Protocol):
         if isinstance(route, tuple):
             task = asyncio.get_running_loop().create_task(forward(
                 self.doors, self.transport, route, vhost, (self.peer, self.local, self.tls), bytes(self.kept), 0,
-                self._refuse, mqtt_unavailable(self.level), MQTT_LINK))
+                self._refuse, mqtt_unavailable(self.level), MQTT_LINK, self.web))
             self.doors.splicing.add(task)
             task.add_done_callback(self.doors.splicing.discard)
             return
@@ -155,7 +159,8 @@ class MqttFrontDoor(asyncio.Protocol):
             return
         handed = handoff.HandedOver(user="", peer=list(self.peer), local=list(self.local),
                                     connected_at=self.connected_at, received_bytes=0, sent_bytes=0,
-                                    tls=self.tls, answered=0, data=bytes(self.kept), protocol=PROTOCOL)
+                                    tls=self.tls, answered=0, data=bytes(self.kept), protocol=PROTOCOL,
+                                    web=self.web)
         try:
             handoff.hand_over(self.transport, route, handed, self.doors.splicing)
         except OSError as error:

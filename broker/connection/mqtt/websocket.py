@@ -18,6 +18,7 @@ SUBPROTOCOLS: Final = ("mqtt",)
 # an MQTT packet over WebSockets is this large at most
 MESSAGE_LIMIT: Final = 1024 * 1024
 HIGH_WATER: Final = 64 * 1024  # bytes waiting to be sent above which the connection delivers nothing more
+OVER_A_WEBSOCKET: Final = "web_mqtt"  # the transport's extra info that is True: its client speaks MQTT over a WebSocket
 
 
 class WebSocketTransport:
@@ -99,6 +100,8 @@ class WebSocketTransport:
         if name in ("peername", "sockname", "sslcontext"):
             transport = self.request.transport
             return transport.get_extra_info(name, default) if transport is not None else default
+        if name == OVER_A_WEBSOCKET:
+            return True
         return default  # (no "socket": the WebSocket's framing stays in this process)
 
     def set_protocol(self, protocol: asyncio.Protocol) -> None:

@@ -1,6 +1,7 @@
 """The PROXY protocol's version 2 header: what the spec allows parses to the client's and the proxy's addresses,
-whether the client speaks TLS and the forwarding node's nonce, anything else is refused with the reason, and a header
-that arrives in pieces is waited for. What encode writes parses back. Version 1 is not read."""
+whether the client speaks TLS, the forwarding node's nonce and whether the client speaks MQTT over a WebSocket;
+anything else is refused with the reason, and a header that arrives in pieces is waited for. What encode writes
+parses back. Version 1 is not read."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ NOT_SSL_TLV = b"\x20\x00\x05\x00\x00\x00\x00\x00"  # the same TLV, the client's 
 OTHER_TLVS = b"\x01\x00\x02h2" + b"\x04\x00\x00"  # ALPN and NOOP, of no meaning here
 NONCE = bytes(range(16))
 NONCE_TLV = b"\xe0\x00\x10" + NONCE  # a forwarding node's nonce
+WEB_TLV = b"\xe1\x00\x00"  # the client spoke MQTT over a WebSocket to the forwarding node
 
 
 @pytest.mark.parametrize("header, proxied", [
@@ -48,13 +50,15 @@ NONCE_TLV = b"\xe0\x00\x10" + NONCE  # a forwarding node's nonce
     (v2(0x11, TCP4_BLOCK + NOT_SSL_TLV), Proxied((("192.0.2.7", 56324), ("10.0.0.1", 5672)))),
     (v2(0x11, TCP4_BLOCK + SSL_TLV + NONCE_TLV),
      Proxied((("192.0.2.7", 56324), ("10.0.0.1", 5672)), tls=True, nonce=NONCE)),
+    (v2(0x11, TCP4_BLOCK + NONCE_TLV + WEB_TLV),
+     Proxied((("192.0.2.7", 56324), ("10.0.0.1", 5672)), nonce=NONCE, web=True)),
     (v2(0x21, ipaddress.IPv6Address("::ffff:192.0.2.7").packed + ipaddress.IPv6Address("::1").packed +
         struct.pack(">HH", 1, 2)), Proxied((("192.0.2.7", 1), ("::1", 2)))),
     (v2(0x11, TCP4_BLOCK, version_command=0x20), Proxied(None)),  # LOCAL: the proxy's own health check
     (v2(0x00, b""), Proxied(None)),  # UNSPEC: a client the proxy cannot name
     (v2(0x00, b"anything"), Proxied(None)),
-], ids=["tcp4", "tcp6", "tls", "tls-among-other-tlvs", "ssl-tlv-without-tls", "nonce", "ipv4-in-ipv6", "local",
-        "unspec", "unspec-with-block"])
+], ids=["tcp4", "tcp6", "tls", "tls-among-other-tlvs", "ssl-tlv-without-tls", "nonce", "web", "ipv4-in-ipv6",
+        "local", "unspec", "unspec-with-block"])
 def test_a_valid_version_2_header_gives_both_ends_whether_tls_and_what_follows(header, proxied):
     assert parse(header + b"AMQP\x00\x00\x09\x01") == (proxied, b"AMQP\x00\x00\x09\x01")
 
@@ -124,8 +128,8 @@ ipv6 = st.builds(lambda n: str(ipaddress.IPv6Address(n)), st.integers(0, 2**128 
 
 
 @given(st.one_of(st.tuples(ipv4, ipv4), st.tuples(ipv6, ipv6), st.tuples(ipv4, ipv6)), ports, ports, st.booleans(),
-       st.one_of(st.none(), st.binary(min_size=16, max_size=16)))
-def test_what_encode_writes_parses_back(hosts, source_port, destination_port, tls, nonce):
+       st.one_of(st.none(), st.binary(min_size=16, max_size=16)), st.booleans())
+def test_what_encode_writes_parses_back(hosts, source_port, destination_port, tls, nonce, web):
     source, destination = (hosts[0], source_port), (hosts[1], destination_port)
-    assert parse(encode(source, destination, tls, nonce) + b"rest") == (
-        Proxied((source, destination), tls, nonce), b"rest")
+    assert parse(encode(source, destination, tls, nonce, web) + b"rest") == (
+        Proxied((source, destination), tls, nonce, web), b"rest")

@@ -35,11 +35,11 @@ def test_the_protocol_header_alone_starts_a_stream(secret):
     assert read(PROTOCOL_HEADER + FRAME, secret) == StreamStart(None, False, FRAME)
 
 
-@pytest.mark.parametrize("tls", [False, True])
-def test_a_node_that_proves_the_secret_names_the_client_it_forwards(tls):
-    forwarding = Forwarding(SECRET, *ENDS, tls=tls)
+@pytest.mark.parametrize("tls, web", [(False, False), (True, False), (False, True)])
+def test_a_node_that_proves_the_secret_names_the_client_it_forwards(tls, web):
+    forwarding = Forwarding(SECRET, *ENDS, tls=tls, web=web)
     start = forwarded(forwarding, StartReader(SECRET), PROTOCOL_HEADER + FRAME)
-    assert start == StreamStart(ENDS, tls, FRAME)
+    assert start == StreamStart(ENDS, tls, FRAME, web)
 
 
 def test_every_piece_of_the_exchange_may_come_a_byte_at_a_time():
