@@ -216,7 +216,7 @@ class Gateway:
         if pattern in (NODES, NODE) and method == "GET":
             return await self.nodes(request, match.get("name"))
         if pattern == NODE and method == "DELETE":
-            return await self.forget(request, match["name"])
+            return await self.forget_node(request, match["name"])
         if pattern in FOUND_ON_ONE and method in ("GET", "DELETE"):  # (a connection is closed where it is)
             return await self.first_found(request)
         if method != "GET":
@@ -469,7 +469,7 @@ class Gateway:
             return http.error_response(503, "service_unavailable", failure)
         return web.Response(status=204)
 
-    async def forget(self, request: web.Request, name: str) -> web.Response:
+    async def forget_node(self, request: web.Request, name: str) -> web.Response:
         """A node that left the cluster for good forgotten (``warrenctl forget_cluster_node``), named as /api/nodes
         names any of its workers, or by its node id: the request checked by a group's leader (an administrator's),
         then done by the supervisor in every group."""
@@ -484,7 +484,7 @@ class Gateway:
         if node == self.supervisor.config.cluster_node_id:
             return http.error_response(400, "bad_request", f"node {node} is this node: a node is forgotten through "
                                        "another node's API, once it is stopped for good")
-        answer = await self.supervisor.forget(node)
+        answer = await self.supervisor.forget_node(node)
         if "refused" in answer:
             status, error = (400, "bad_request") if answer.get("still_needed") else (503, "service_unavailable")
             return http.error_response(status, error, str(answer["refused"]))

@@ -415,7 +415,7 @@ class Supervisor:
             await asyncio.sleep(DRAIN_POLL)
         return ""
 
-    async def forget(self, node: str) -> dict:
+    async def forget_node(self, node: str) -> dict:
         """Forget ``node``, a node that left the cluster for good, in every group (in etcd, through each worker, group
         by group): ``{"done": True}``, or the first refusal (``still_needed``: the node runs or is in sync)."""
         for worker in self.workers:
