@@ -100,7 +100,8 @@ def test_any_nodes_api_lists_every_worker_of_every_node_until_one_that_left_is_f
     """/api/nodes on any node, and warrenctl cluster_status, list each node's workers (a node of one worker as the
     node itself), leading their group or following (a node per worker, as RabbitMQ lists every node of its
     cluster); a node killed stays in the list, as not running, until warrenctl forget_cluster_node forgets it (as
-    rabbitmqctl's does: only a node that is down, and here out of every group's in-sync replicas)."""
+    rabbitmqctl's does: only a node that is down, and here out of every group's in-sync replicas), and its
+    maintenance with it."""
     cluster = shaped.cluster
     led = shaped.leaders()
     last = len(led) - 1
@@ -128,6 +129,8 @@ def test_any_nodes_api_lists_every_worker_of_every_node_until_one_that_left_is_f
     status = warrenctl(cluster, elsewhere, "cluster_status", "--formatter", "json")
     assert status.returncode == 0, status.stderr
     assert [name.split("@")[0] for name in json.loads(status.stdout)["running_nodes"]] == every
+    drained = warrenctl(cluster, elsewhere, "drain")  # (it leads nothing: at once) and forgetting it revives it
+    assert drained.returncode == 0, drained.stderr
     cluster.nodes[elsewhere].kill()
     rest = [name for name in every if not name.startswith(elsewhere)]
     wait_for(lambda: (found := listed(cluster, led[0])) and [name for name in found if found[name]["running"]] == rest,
@@ -159,8 +162,11 @@ def test_any_nodes_api_lists_every_worker_of_every_node_until_one_that_left_is_f
     assert (refused.returncode, refused.stderr.splitlines()[0]) == (
         65, "Error: The node selected is not in the cluster."), refused
     cluster.nodes[elsewhere].start()  # started again, it joins again
-    wait_for(lambda: (found := listed(cluster, running)) and list(found) == every
-             and all(entry["running"] for entry in found.values()), 30, f"{elsewhere} listed again, running")
+    found = wait_for(lambda: (found := listed(cluster, running)) and list(found) == every
+                     and all(entry["running"] for entry in found.values()) and found, 30,
+                     f"{elsewhere} listed again, running")
+    assert not any(found[shaped.worker(elsewhere, group)]["being_drained"] for group in range(shaped.workers))
+    connect(cluster, elsewhere, shaped.vhosts[0]).close()  # (it takes clients: not in maintenance)
 
 
 def test_a_request_between_nodes_counts_only_when_proven(shaped: Nodes):
