@@ -1,8 +1,9 @@
 """The PROXY protocol's version 2 header (HAProxy's proxy-protocol.txt, section 2.2): what one node sends before
 the bytes of a client it forwards to another, to name that client, to say whether it spoke TLS to the forwarding
 node, and to carry the forwarding node's nonce (a TLV of the spec's custom range) for the proof that it knows the
-cluster's secret, and whether the client spoke MQTT over a WebSocket to it (another such TLV) (protocol.node_proof, protocol.stream_start). Version 1, a line of text, cannot carry a proof and is
-not read. Bytes in, addresses out; no sockets."""
+cluster's secret (protocol.node_proof, protocol.stream_start), and whether the client spoke MQTT over a WebSocket
+to it (another TLV of that range). Version 1, a line of text, cannot carry a proof and is not read. Bytes in,
+addresses out; no sockets."""
 
 from __future__ import annotations
 
@@ -52,8 +53,8 @@ def encode(source: tuple, destination: tuple, tls: bool = False, nonce: bytes | 
            web: bool = False) -> bytes:
     """The version 2 header of a TCP connection from source to destination, (host, port, ...) as sockets name them,
     tls: the client speaks TLS to the proxy; nonce: the forwarding node's; web: the client speaks MQTT over a
-    WebSocket to the proxy. An IPv4 client of an IPv6 socket
-    (::ffff:a.b.c.d) is named as the IPv4 client it is; ends of both families are both named in IPv6."""
+    WebSocket to the proxy. An IPv4 client of an IPv6 socket (::ffff:a.b.c.d) is named as the IPv4 client it is;
+    ends of both families are both named in IPv6."""
     source_ip, destination_ip = _ip_of(source[0]), _ip_of(destination[0])
     if source_ip.version != destination_ip.version:
         source_ip, destination_ip = _as_ipv6(source_ip), _as_ipv6(destination_ip)

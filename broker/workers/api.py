@@ -440,8 +440,7 @@ class Gateway:
                 answered.add(node)
                 self.names[node] = [entry.get("name", "") for entry in entries]
         for node in sorted(set(nodes_of(board, workers, known_key)) - answered - {here}):
-            items += [down_node(name) for name in self.names.get(node) or
-                      [http.worker_name(worker, node, workers) for worker in range(workers)]]
+            items += [down_node(name) for name in self.names_of(node)]
         items = http.sorted_by(items, "name")
         if name is None:
             return await listing(request, items, pageable=False)
@@ -450,15 +449,28 @@ class Gateway:
             raise http.not_found()
         return http.reply(found[0])
 
-    async def maintenance(self, request: web.Request, name: str) -> web.Response:
-        """This node put in maintenance (PUT) or revived (DELETE): the request checked by a group's leader (an
-        administrator's), then done by the supervisor; a drain answers once other nodes lead this node's groups."""
+    def names_of(self, node: str) -> list[str]:
+        """The names /api/nodes gives the workers of a node of the cluster: as it last answered for them, else as
+        this host would name them."""
+        workers = len(self.workers)
+        return self.names.get(node) or [http.worker_name(worker, node, workers) for worker in range(workers)]
+
+    async def _refused_outside_a_cluster(self, request: web.Request, what: str) -> web.Response | None:
+        """The refusal of an operator's request on a node of the cluster (``what`` it asks): as a group's leader
+        answers it (an administrator's), or 400 outside a cluster; None when the supervisor may do it."""
         body = await request.read() if request.body_exists else None  # (read once: it may be sent to several)
         verdict = await self._checked_by_a_leader(request, path_qs=request.path_qs, body=body, check_only=True)
         if verdict.status >= 300:
             return verdict.response()
         if not self.supervisor.clustered:
-            return http.error_response(400, "bad_request", NOT_CLUSTERED.format("maintenance mode"))
+            return http.error_response(400, "bad_request", NOT_CLUSTERED.format(what))
+        return None
+
+    async def maintenance(self, request: web.Request, name: str) -> web.Response:
+        """This node put in maintenance (PUT) or revived (DELETE): the request checked by a group's leader (an
+        administrator's), then done by the supervisor; a drain answers once other nodes lead this node's groups."""
+        if (refused := await self._refused_outside_a_cluster(request, "maintenance mode")) is not None:
+            return refused
         here = self.supervisor.config.cluster_node_id
         names = {here, *(http.worker_name(worker, here, len(self.workers)) for worker in self.workers)}
         if name not in names:
@@ -473,11 +485,8 @@ class Gateway:
         """A node that left the cluster for good forgotten (``warrenctl forget_cluster_node``), named as /api/nodes
         names any of its workers, or by its node id: the request checked by a group's leader (an administrator's),
         then done by the supervisor in every group."""
-        verdict = await self._checked_by_a_leader(request, path_qs=request.path_qs, check_only=True)
-        if verdict.status >= 300:
-            return verdict.response()
-        if not self.supervisor.clustered:
-            return http.error_response(400, "bad_request", NOT_CLUSTERED.format("forgetting a node"))
+        if (refused := await self._refused_outside_a_cluster(request, "forgetting a node")) is not None:
+            return refused
         node = self.node_named(name)
         if node is None:
             raise http.not_found()
@@ -494,9 +503,8 @@ class Gateway:
     def node_named(self, name: str) -> str | None:
         """The id of the node of the cluster that ``name`` names (as /api/nodes names one of its workers, with its
         host or without, or by the node's id), of those that ever registered; None if none."""
-        workers = len(self.workers)
-        for node in nodes_of(self.supervisor.board.entries, workers, known_key):
-            names = self.names.get(node) or [http.worker_name(worker, node, workers) for worker in range(workers)]
+        for node in nodes_of(self.supervisor.board.entries, len(self.workers), known_key):
+            names = self.names_of(node)
             if name == node or name in names or name in (shown.partition("@")[0] for shown in names):
                 return node
         return None
