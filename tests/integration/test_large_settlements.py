@@ -7,43 +7,16 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 
-import pika
 import pytest
 from pamqp import body, commands, frame, header
 
 from tests.integration.helpers import connect, message_count
 from tests.integration.rawclient import RawClient
+from tests.round_trips import ROUND_TRIP_BOUND, RoundTrips, describe, slowest
 from tests.waiting import wait_for
 
 COUNT = 400_000  # deliveries unacked on one channel; a multiple ack of half of them took about 0.15 s in one piece
-ROUND_TRIP_BOUND = 0.05  # seconds another client's round trip may take meanwhile
-
-
-class RoundTrips(threading.Thread):
-    """Another client's passive declares of its own queue, one after another, each timed (on a thread of the test's
-    process: what the test does meanwhile in Python, say decoding a big reply, delays them too)."""
-
-    def __init__(self, broker, connection: pika.BlockingConnection | None = None) -> None:
-        super().__init__(daemon=True)
-        self.connection = connection or connect(broker)  # (one made in this thread, handed over: this one's alone)
-        self.channel = self.connection.channel()
-        self.queue = self.channel.queue_declare("", exclusive=True).method.queue
-        self.slowest = 0.0
-        self.stopping = threading.Event()
-
-    def run(self) -> None:
-        while not self.stopping.is_set():
-            started = time.monotonic()
-            self.channel.queue_declare(self.queue, passive=True)
-            self.slowest = max(self.slowest, time.monotonic() - started)
-
-    def stop(self) -> float:
-        self.stopping.set()
-        self.join()
-        self.connection.close()
-        return self.slowest
 
 
 def published(client: RawClient, queue: str, count: int) -> None:
@@ -103,16 +76,15 @@ def test_a_multiple_ack_a_close_and_a_purge_of_hundreds_of_thousands_of_messages
         watch = watching.channel()
         client, reader = consumed_unacked(broker, watch, unique)
         round_trips = RoundTrips(broker)
-        round_trips.start()
         try:
             client.send(1, commands.Basic.Ack(delivery_tag=COUNT // 2, multiple=True))
             closed(client, reader)  # the other half, unacked, goes back to the queue
             wait_for(lambda: message_count(watch, unique) == COUNT // 2, 60, "the unacked half back in the queue")
             assert watch.queue_purge(unique).method.message_count == COUNT // 2
         finally:
-            slowest = round_trips.stop()
+            times = round_trips.stop()
         watch.queue_delete(unique)
-    assert slowest < ROUND_TRIP_BOUND, f"another client's slowest round trip: {slowest * 1000:.0f} ms"
+    assert slowest(times) < ROUND_TRIP_BOUND, describe(times)
 
 
 @pytest.mark.alone
@@ -128,7 +100,6 @@ def test_a_transactions_multiple_ack_rollback_and_commit_of_hundreds_of_thousand
         watch = watching.channel()
         client, reader = consumed_unacked(broker, watch, unique, tx=True)
         round_trips = RoundTrips(broker)
-        round_trips.start()
         try:
             client.send(1, commands.Basic.Ack(delivery_tag=COUNT // 2, multiple=True))
             client.send(1, commands.Tx.Rollback())
@@ -142,9 +113,9 @@ def test_a_transactions_multiple_ack_rollback_and_commit_of_hundreds_of_thousand
                      "all but the committed quarter back in the queue")
             assert watch.queue_purge(unique).method.message_count == COUNT - COUNT // 4
         finally:
-            slowest = round_trips.stop()
+            times = round_trips.stop()
         watch.queue_delete(unique)
-    assert slowest < ROUND_TRIP_BOUND, f"another client's slowest round trip: {slowest * 1000:.0f} ms"
+    assert slowest(times) < ROUND_TRIP_BOUND, describe(times)
 
 
 @pytest.mark.alone
@@ -159,13 +130,12 @@ def test_a_multiple_nack_of_hundreds_of_thousands_to_a_dead_letter_queue_holds_n
         client, reader = consumed_unacked(broker, watch, unique, arguments={
             "x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead})
         round_trips = RoundTrips(broker)
-        round_trips.start()
         try:
             client.send(1, commands.Basic.Nack(delivery_tag=0, multiple=True, requeue=False))
             wait_for(lambda: message_count(watch, dead) == COUNT, 60, "every message dead-lettered")
             closed(client, reader)
         finally:
-            slowest = round_trips.stop()
+            times = round_trips.stop()
         watch.queue_delete(unique)
         watch.queue_delete(dead)
-    assert slowest < ROUND_TRIP_BOUND, f"another client's slowest round trip: {slowest * 1000:.0f} ms"
+    assert slowest(times) < ROUND_TRIP_BOUND, describe(times)

@@ -22,9 +22,9 @@ from protocol.codec import encode_method, make_method
 from tests.integration.helpers import Inbox, channel_error
 from tests.integration.management import request
 from tests.integration.rawclient import RawClient
-from tests.integration.test_large_settlements import ROUND_TRIP_BOUND, RoundTrips
 from tests.integration.test_queues_across_workers import AckingInbox, fanout_to_six_balanced_queues, owners
 from tests.integration.test_workers import worker_pids
+from tests.round_trips import ROUND_TRIP_BOUND, RoundTrips, describe, slowest
 from tests.waiting import wait_for
 
 if os.environ.get("WARREN_TEST_URL"):
@@ -410,13 +410,12 @@ def test_a_delete_a_copy_forwards_removes_the_many_bindings_first_holding_no_cli
         maker.send(1, commands.Basic.Qos(prefetch_count=0))  # answered once every bind before it is made
         maker.expect(commands.Basic.QosOk, timeout=60)
     deleter = connect_on(broker, "1")
-    round_trips = RoundTrips(broker, connect_on(broker, "0"))
-    round_trips.start()
+    round_trips = RoundTrips(client=raw_client_on(broker, "0"))
     try:
         assert deleter.channel().queue_delete("q").method.message_count == 0
     finally:
-        slowest = round_trips.stop()
+        times = round_trips.stop()
         deleter.close()
-    assert slowest < ROUND_TRIP_BOUND, f"a client of the home's slowest round trip: {slowest * 1000:.0f} ms"
+    assert slowest(times) < ROUND_TRIP_BOUND, describe(times)
     assert request(broker, "GET", "/api/queues/%2F/q").status == 404
     assert request(broker, "GET", "/api/exchanges/%2F/x/bindings/source").body == []
