@@ -34,6 +34,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+try:
+    from broker.model.untracked import untrack as _untrack
+except ImportError:  # (not built here: Warren runs as pure Python)
+    _untrack = None
+
 log = logging.getLogger(__name__)
 
 # Allocations (less deallocations) between two collections of the youngest generation (CPython's default 700): each
@@ -160,6 +165,16 @@ def out_of_sight() -> Iterator[None]:
 _unseen = 0  # the out_of_sight() sections under way, on any thread
 _was_enabled = True  # whether the collector ran as the first of them began (it runs again after the last, if so)
 _unseen_lock = threading.Lock()  # (taken to count them)
+
+
+def unwalked(items: list) -> list:
+    """items out of the collector's sight (where Warren is built; walked as any list where it runs as pure Python):
+    a snapshot of many long-lived objects that can be part of no cycle, kept over loop turns (the queues a listing
+    or a sampling goes through). Its objects are still counted and freed as ever; the collector only stops walking
+    the list itself, which costs a collection of the youngest generation a memory read an item: 6 ms for 100,000
+    queues, each time one ran while it was young (a listing of 100,000 queues and a sampling of their rates together
+    made collections of 26 to 50 ms)."""
+    return items if _untrack is None else _untrack(items)
 
 
 def freeze() -> None:

@@ -12,6 +12,7 @@ import time
 from array import array
 from typing import TYPE_CHECKING
 
+from broker.collector import unwalked
 from broker.model.counters import QUEUE_COUNTERS
 from broker.model.features.ready import let_go
 
@@ -72,12 +73,13 @@ class History:
     once, every half second while those queues were listed.) Untracked by the collector as its Samples are: it holds
     them and its keys, a tuple of strings, and so can be part of no cycle."""
 
-    __slots__ = ("keys", "times", "totals")
+    __slots__ = ("keys", "times", "totals", "sampled")
 
     def __init__(self, keys: tuple[str, ...]) -> None:
         self.keys = keys
         self.times = Samples("q")
         self.totals = Samples("q")
+        self.sampled = 0  # the number of the sampling that last added to it (Rates.samplings)
 
     def add(self, now_ms: int, values: tuple[int, ...]) -> None:
         self.times.append(now_ms)
@@ -135,7 +137,10 @@ class Rates:
         self.server = server
         self.interval = interval_ms / 1000  # seconds between samples
         self.node = History((*QUEUE_STATS, *NODE_STATS))
+        # each live queue's history, updated in place: a dict made anew each sampling was young, and the
+        # collections of the youngest generation walked its 100,000 entries, 10 ms each time
         self.queues: dict["Queue", History] = {}
+        self.samplings = 0  # the samplings of the queues begun
         self.channels: dict["Channel", History] = {}
         self.connections: dict["Connection", History] = {}
         self._task: asyncio.Task | None = None
@@ -168,23 +173,28 @@ class Rates:
         for per_type in counters.deleted_queues.values():
             for index, name in enumerate(QUEUE_COUNTERS):
                 sums[index] += per_type[name]
-        live: dict["Queue", History] = {}
+        self.samplings += 1
+        histories, sampling, sampled = self.queues, self.samplings, 0
         slice_started = time.perf_counter()
         now_ms = int(time.time() * 1000)  # the time of the samples of this slice
         for vhost in list(self.server.node.vhosts.values()):
-            for queue in list(vhost.queues.values()):
+            for queue in unwalked(list(vhost.queues.values())):
                 values = tuple(getattr(queue, name) for name in QUEUE_COUNTERS)
                 for index, value in enumerate(values):
                     sums[index] += value
-                history = self.queues.get(queue) or History(QUEUE_KEYS)
+                history = histories.get(queue)
+                if history is None:
+                    history = histories[queue] = History(QUEUE_KEYS)
                 history.add(now_ms, _queue_stats(values))
-                live[queue] = history
+                history.sampled = sampling
+                sampled += 1
                 if time.perf_counter() - slice_started > SLICE:
                     await asyncio.sleep(0)
                     slice_started = time.perf_counter()
                     now_ms = int(time.time() * 1000)
-        dropped, self.queues = self.queues, live  # (deleted queues' histories go, over loop turns)
-        let_go(dropped, HISTORIES_FREED)
+        if len(histories) > sampled:  # (queues went since the last sampling: their histories go, over loop turns)
+            gone = [queue for queue, history in histories.items() if history.sampled != sampling]
+            let_go([histories.pop(queue) for queue in gone], HISTORIES_FREED)
         node = self.server.node  # (publishes of every protocol)
         node_values = _queue_stats(tuple(sums)) + tuple(node.total(field) for field in NODE_STATS.values())
         now_ms = int(time.time() * 1000)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple
 
 from aiohttp import web
 
+from broker.collector import unwalked
 from broker.management import http
 from broker.model.turns import in_slices
 from broker.management.messages import field_table, json_value
@@ -385,7 +386,7 @@ async def _chosen(request: web.Request, items: list, name_of: Callable[[Any], st
     if not request.query.get("name"):
         return items
     matches = _name_filter(request.query)
-    return await asyncio.to_thread(lambda: [item for item in items if matches(name_of(item))])
+    return await asyncio.to_thread(lambda: unwalked([item for item in items if matches(name_of(item))]))
 
 
 def _page(chosen: list, page: int, page_size: int, total: int, made: Callable[[list], list[dict]]) -> web.Response:

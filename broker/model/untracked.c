@@ -1,5 +1,6 @@
 /* Instances the cyclic garbage collector never walks: untracked(cls) makes every later instance of cls start out of
- * the collector's sight (broker/model/message.py says which classes and why none of them can be part of a cycle).
+ * the collector's sight (broker/model/message.py says which classes and why none of them can be part of a cycle);
+ * untrack(items) takes one list out of it (broker.collector.unwalked says which).
  *
  * Each instance is still freed the moment its last reference goes; the collector only stops walking it. A class
  * built by mypyc allocates through its type's tp_alloc, as a Python class does: this sets that slot to one that
@@ -36,9 +37,25 @@ untracked(PyObject *module, PyObject *cls)
     return cls;
 }
 
+static PyObject *
+untrack(PyObject *module, PyObject *items)
+{
+    /* (a list is never tracked again by CPython itself, as a dict is when an object goes in) */
+    if (!PyList_CheckExact(items)) {
+        PyErr_Format(PyExc_TypeError, "untrack() takes a list, not %.100s", Py_TYPE(items)->tp_name);
+        return NULL;
+    }
+    if (PyObject_GC_IsTracked(items))
+        PyObject_GC_UnTrack(items);
+    Py_INCREF(items);
+    return items;
+}
+
 static PyMethodDef methods[] = {
     {"untracked", untracked, METH_O,
      "untracked(cls) -> cls: cls's later instances start untracked by the cyclic garbage collector."},
+    {"untrack", untrack, METH_O,
+     "untrack(items) -> items: the list untracked by the cyclic garbage collector from now on."},
     {NULL, NULL, 0, NULL},
 };
 

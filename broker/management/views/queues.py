@@ -5,6 +5,7 @@ import operator
 
 from aiohttp import web
 
+from broker.collector import unwalked
 from broker.management import http, messages
 from broker.management.resources import (
     actor_of, arguments_of, channel_error, consumer_json, find_queue, flag, named_listing,
@@ -47,7 +48,7 @@ async def list_vhost(request: web.Request) -> web.Response:
 async def _listed(request: web.Request, vhosts: list) -> web.Response:
     """The queues of vhosts, each one's JSON made only where the listing needs it, sorted on a thread (which lets
     the event loop have the interpreter back every few milliseconds: sorting 100,000 queues took 35 ms)."""
-    queues = await asyncio.to_thread(_each_by_name, [list(vhost.queues.values()) for vhost in vhosts])
+    queues = await asyncio.to_thread(_each_by_name, [unwalked(list(vhost.queues.values())) for vhost in vhosts])
     return await named_listing(request, queues, _name_of,
                                lambda queue: _with_rates(request, queue, queue_json(queue.vhost, queue)))
 
@@ -154,8 +155,13 @@ _name_of = operator.attrgetter("name")
 
 
 def _each_by_name(queues_of_each: list[list]) -> list:
-    """The queues of each vhost in RabbitMQ's listing order, one vhost after the other."""
-    return [queue for queues in queues_of_each for queue in sorted(queues, key=_name_of)]
+    """The queues of each vhost (its list sorted in place) in RabbitMQ's listing order, one vhost after the other,
+    in a list out of the collector's sight as theirs are (collector.unwalked)."""
+    ordered = unwalked([])
+    for queues in queues_of_each:
+        queues.sort(key=_name_of)
+        ordered += queues
+    return ordered
 
 
 def _settle(queue, taken: list, requeue: bool, reject: bool) -> None:
