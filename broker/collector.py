@@ -85,7 +85,10 @@ class Collector:
         if took <= self.freeze_after:
             return
         blocks = self.heap()
-        if info["generation"] == 2:  # (a young one walks an unknown part of the heap: it says nothing of a full walk)
+        # (a young collection walks an unknown part of the heap, and a full one while objects are frozen the rest
+        # alone: neither says what a walk of the whole heap costs, and the rest's rate over the whole heap's blocks,
+        # once the frozen objects went back, made full walks of 44 to 103 ms)
+        if info["generation"] == 2 and not self.frozen_at:
             self.cheap_blocks = int(blocks * self.freeze_after / took)
         gc.freeze()
         self.froze()

@@ -135,6 +135,20 @@ def test_the_frozen_go_back_to_the_collector_once_a_full_walk_is_cheap_again(sce
     assert reference() is None
 
 
+def test_a_full_collection_while_objects_are_frozen_says_nothing_of_a_whole_walks_cost(scene):
+    """It walks what is not frozen alone: its rate over the whole heap's blocks would unfreeze them too early."""
+    scene.full_collection(takes=0.5)  # over 1,000,000 blocks, nothing frozen: 40,000 walked within FREEZE_AFTER
+    scene.full_collection(takes=2 * FREEZE_AFTER)  # (the rest only: "500,000 within FREEZE_AFTER")
+    scene.blocks = 400_000
+    scene.now += LOOK_EVERY
+    scene.young_collection()
+    assert gc.get_freeze_count() > 0, "unfrozen where a walk of the whole heap takes ten times the bound"
+    scene.blocks = 40_000
+    scene.now += LOOK_EVERY
+    scene.young_collection()
+    assert gc.get_freeze_count() == 0
+
+
 def test_no_garbage_waits_frozen_longer_than_the_period(scene):
     scene.full_collection(takes=0.5)
     reference = frozen_garbage_cycle()
