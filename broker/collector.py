@@ -86,8 +86,8 @@ class Collector:
             return
         blocks = self.heap()
         # (a young collection walks an unknown part of the heap, and a full one while objects are frozen the rest
-        # alone: neither says what a walk of the whole heap costs, and the rest's rate over the whole heap's blocks,
-        # once the frozen objects went back, made full walks of 44 to 103 ms)
+        # alone: neither says what a walk of the whole heap costs; the rest's rate taken over the whole heap's
+        # blocks brought the frozen objects back too early, and the next full walk took 44 ms where 10 were due)
         if info["generation"] == 2 and not self.frozen_at:
             self.cheap_blocks = int(blocks * self.freeze_after / took)
         gc.freeze()
