@@ -2,8 +2,8 @@
 same run (W R R W): a client holds COUNT persistent deliveries of a durable queue unacked (or the queue holds them
 ready), then acks them all with one multiple ack, nacks them all with requeue, closes its connection with them
 unacked, or purges the queue; meanwhile another client times passive declares on its own connection, one after
-another. Printed: how long each operation took to show in the queue's count, and the slowest round trip of the
-other client during it.
+another, in a process of its own. Printed: how long each operation took to show in the queue's count, and the
+slowest round trip of the other client during it.
 
     python -m tests.bench.stalls [--messages 200000] [--operation ack --operation purge]
 """
@@ -17,52 +17,36 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pika
 from pamqp import body, commands, frame, header
 
 from tests.bench.brokers import BrokerUnavailable, RunningBroker, start_rabbitmq, start_warren
 from tests.integration.rawclient import RawClient
+from tests.round_trips import RoundTrips, slowest
 from tests.waiting import wait_for
 
 OPERATIONS = ("ack", "nack", "close", "purge")
 SETTLE_SECONDS = 300  # the longest an operation (or the filling of a queue) may take to show
 
 
-class RoundTrips(threading.Thread):
-    """Another client's passive declares of its own queue, each timed; also the counts the run polls."""
+class Counts:
+    """The queues' ready messages, read with passive declares on a connection of its own (the round trips timed are
+    another client's, in a process of its own: tests/round_trips.py)."""
 
     def __init__(self, broker: RunningBroker) -> None:
-        super().__init__(daemon=True)
         self.connection = pika.BlockingConnection(pika.URLParameters(broker.url))
         self.channel = self.connection.channel()
-        self.queue = self.channel.queue_declare("", exclusive=True).method.queue
-        self.lock = threading.Lock()
-        self.timed: list[tuple[float, float]] = []  # (start, seconds) of each round trip
-        self.stopping = threading.Event()
-
-    def run(self) -> None:
-        while not self.stopping.is_set():
-            self.count(self.queue)
 
     def count(self, queue: str) -> int:
-        """The queue's ready messages (a timed round trip too)."""
-        with self.lock:
-            started = time.monotonic()
-            count = self.channel.queue_declare(queue, passive=True).method.message_count
-            self.timed.append((started, time.monotonic() - started))
-        return count
+        return self.channel.queue_declare(queue, passive=True).method.message_count
 
-    def slowest(self, start: float, end: float) -> float:
-        return max((seconds for at, seconds in self.timed if at + seconds >= start and at <= end), default=0.0)
-
-    def stop(self) -> None:
-        self.stopping.set()
-        self.join()
+    def close(self) -> None:
         self.connection.close()
 
 
-def filled(broker: RunningBroker, watch: RoundTrips, queue: str, count: int) -> RawClient:
+def filled(broker: RunningBroker, watch: Counts, queue: str, count: int) -> RawClient:
     """A client on channel 1 that declared queue (durable) and published count persistent messages of 16 bytes to it,
     all of them counted ready."""
     client = RawClient(socket.create_connection(("127.0.0.1", broker.port), timeout=60), timeout=60)
@@ -79,7 +63,7 @@ def filled(broker: RunningBroker, watch: RoundTrips, queue: str, count: int) -> 
     return client
 
 
-def consumed(client: RawClient, watch: RoundTrips, queue: str) -> threading.Thread:
+def consumed(client: RawClient, watch: Counts, queue: str) -> threading.Thread:
     """The client consumes every message of queue, unacked (prefetch unlimited), reading and dropping what comes."""
     client.send(1, commands.Basic.Consume(queue=queue, consumer_tag="c"))
 
@@ -97,12 +81,12 @@ def consumed(client: RawClient, watch: RoundTrips, queue: str) -> threading.Thre
 
 def measure(broker: RunningBroker, operation: str, count: int) -> tuple[float, float]:
     """Seconds the operation took to show in the queue's count, and the other client's slowest round trip."""
-    watch = RoundTrips(broker)
+    watch = Counts(broker)
     queue = f"stalls-{operation}-{time.monotonic_ns()}"
     client = filled(broker, watch, queue, count)
     reader = consumed(client, watch, queue) if operation != "purge" else None
     time.sleep(0.5)  # (what the consumer's deliveries left behind settles)
-    watch.start()
+    round_trips = RoundTrips(SimpleNamespace(host="127.0.0.1", port=broker.port))
     start = time.monotonic()
     if operation == "ack":
         client.send(1, commands.Basic.Ack(delivery_tag=count, multiple=True))
@@ -122,14 +106,14 @@ def measure(broker: RunningBroker, operation: str, count: int) -> tuple[float, f
     wait_for(shown, SETTLE_SECONDS, f"the {operation} shown", step=0.05)
     end = time.monotonic()
     time.sleep(0.5)  # (round trips that began during it end)
-    slowest = watch.slowest(start, end + 0.5)
-    watch.stop()
+    slowest_trip = slowest(round_trips.stop())
+    watch.close()
     client.close()
     if reader is not None:
         reader.join()
     with pika.BlockingConnection(pika.URLParameters(broker.url)) as cleanup:
         cleanup.channel().queue_delete(queue)
-    return end - start, slowest
+    return end - start, slowest_trip
 
 
 def main() -> None:
