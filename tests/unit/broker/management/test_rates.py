@@ -126,4 +126,5 @@ def test_a_sampling_of_many_queues_makes_no_container_of_them_for_the_collector_
 
     holding, kept = asyncio.run(scenario())
     assert len(holding) > 2 and kept
-    assert holding == [0] * len(holding) if UNTRACKED else True
+    if UNTRACKED:  # (where Warren runs as pure Python, the sampling's list of the queues is walked as any list)
+        assert holding == [0] * len(holding)

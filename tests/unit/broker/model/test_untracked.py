@@ -11,6 +11,7 @@ import weakref
 import pytest
 from pamqp.commands import Basic
 
+from broker.collector import unwalked
 from broker.model.message import Address, Header, Message, QueueEntry
 from broker.model.vhost import VirtualHost
 from protocol.codec import encode_header_payload
@@ -64,8 +65,6 @@ def test_only_a_class_whose_instances_the_collector_would_walk_can_be_untracked(
 def test_a_list_untracked_is_walked_by_no_collection_and_still_holds_and_frees_what_it_holds():
     """unwalked(): a snapshot of many queues costs the collector's youngest generation nothing (a young list of
     100,000 queues cost each of its collections 6 ms), and what it holds is freed with it as ever."""
-    from broker.collector import unwalked
-
     vhost = VirtualHost("/")
     queues = [vhost.declare_queue(f"q{number}", Owner(), False, False, False, False, {}) for number in range(3)]
     snapshot = unwalked(list(vhost.queues.values()))
