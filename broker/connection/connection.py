@@ -157,6 +157,9 @@ class Connection(asyncio.Protocol):
         self.heartbeat: int = 0  # negotiated seconds, 0 = off
         self.channels: dict[int, Channel] = {}  # open channels by number
         self.closing_channels: set[int] = set()  # channels we sent channel.close on, awaiting close-ok
+        # Channels the client closed whose close-ok waits for their deliveries to go back to their queues (their
+        # frames meanwhile are ignored)
+        self.settling_channels: dict[int, Channel] = {}
         self.out: list[bytes] = []  # frames to write at the end of this loop turn
         self.out_size = 0  # bytes in out
         self.output_room = OUTPUT_LIMIT  # bytes out may hold before we stop processing frames (see OUTPUT_LIMIT)
@@ -532,6 +535,8 @@ class Connection(asyncio.Protocol):
             return
         if self.state is not OPEN:
             raise errors.command_invalid("channel frame received before the connection was opened")
+        if number in self.settling_channels:
+            return
         if number in self.closing_channels:
             method_index = _METHOD_INDEX.unpack_from(payload)[0] if frame_type == FRAME_METHOD else 0
             if method_index == CHANNEL_CLOSE_OK or method_index == CHANNEL_CLOSE:
@@ -543,7 +548,7 @@ class Connection(asyncio.Protocol):
             raise errors.unexpected_frame("expected method frame, got non method frame instead")
         if _METHOD_INDEX.unpack_from(payload)[0] != CHANNEL_OPEN:
             raise errors.channel_error("expected 'channel.open'")
-        opened = len(self.channels) + len(self.closing_channels)
+        opened = len(self.channels) + len(self.closing_channels) + len(self.settling_channels)
         if opened >= self.channel_max:
             raise AMQPError(NOT_ALLOWED, f"number of channels opened ({opened}) has reached the negotiated "
                                          f"channel_max ({self.channel_max})", 0, 0)
@@ -691,6 +696,12 @@ class Connection(asyncio.Protocol):
             self.waiting_channels.discard(channel)
             self._update_reading()
         if send_close_ok:
+            self.settling_channels[number] = channel
+            channel.when_settled(lambda: self._channel_closed(number))
+
+    def _channel_closed(self, number: int) -> None:
+        """A channel's close-ok, its deliveries back in their queues, unless the connection closed meanwhile."""
+        if self.settling_channels.pop(number, None) is not None and self.state is OPEN:
             self.send_method(number, spec.Channel.CloseOk())
 
     def close(self, reply_code: int, reply_text: str, class_id: int = 0, method_id: int = 0) -> None:
@@ -733,15 +744,19 @@ class Connection(asyncio.Protocol):
     def _release(self, done: Callable[[], None] | None = None) -> None:
         """Channels and exclusive queues go as soon as the connection closes (before close-ok, as in RabbitMQ), not
         when the socket goes: a client may declare the same exclusive queue again right after its close-ok. The
-        queues go a slice a loop turn; done() is called once they are gone."""
-        for channel in list(self.channels.values()):
+        queues go a slice a loop turn; done() is called once they are gone and every channel's deliveries are back
+        in their queues (RabbitMQ's close-ok waits for its channels to end)."""
+        closed = [*self.channels.values(), *self.settling_channels.values()]
+        for channel in self.channels.values():
             channel.shutdown()
         self.channels.clear()
+        self.settling_channels.clear()
         self.waiting_channels.clear()
+        settled = None if done is None else lambda: _when_settled(closed, done)
         if self.vhost is not None:
-            self.vhost.connection_closed(self, done)
-        elif done is not None:
-            done()
+            self.vhost.connection_closed(self, settled)
+        elif settled is not None:
+            settled()
         self.exclusive_queues.clear()
 
     def _closed_by_client(self) -> None:
@@ -768,6 +783,16 @@ class Connection(asyncio.Protocol):
         self._enter(CLOSED)
         if self.transport is not None:
             self.transport.close()
+
+
+def _when_settled(channels: list[Channel], done: Callable[[], None]) -> None:
+    """done() once every one of the closed channels has its deliveries back in their queues."""
+    while channels:
+        channel = channels.pop()
+        if channel.settling:
+            channel.when_settled(lambda: _when_settled(channels, done))
+            return
+    done()
 
 
 def _decode_connection_method(payload: bytes):

@@ -107,6 +107,8 @@ class Channel:
         self.undo: Callable[[], None] | None = None  # takes back the change of a method whose records were not written
         self.settling: deque[Slices] = deque()  # work on deliveries under way a slice a turn, first first
         self.held_for_settling: bool = False  # the backlog holds the frames that follow that work
+        # What waits for that work to end once the channel is closed: its consumers' leaving, its close-ok
+        self.after_settling: list[Callable[[], None]] = []
 
     # --- frames in -----------------------------------------------------------------------------------------
     def handle_frame(self, frame_type: int, payload: bytes) -> None:
@@ -530,7 +532,14 @@ class Channel:
                 next_turn(self._settle_slice)
 
     def _settle_slice(self) -> None:
-        if self.settling[0].step(self):
+        try:
+            ended = self.settling[0].step(self)
+        except BaseException:  # (its error closes the channel or its connection: it is over, what follows goes on)
+            self.settling.popleft()
+            if self.settling:
+                next_turn(self._settle_slice)
+            raise
+        if ended:
             self.settling.popleft()
         if self.settling:
             if self.backlog is None and self.open:
@@ -538,13 +547,27 @@ class Channel:
                 self.held_for_settling = True
             if not self.settling[0].parked():
                 next_turn(self._settle_slice)
-        elif self.held_for_settling:
+            return
+        if self.after_settling:
+            after, self.after_settling = self.after_settling, []
+            for done in after:
+                done()
+        if self.held_for_settling:
             self.held_for_settling = False
             if not self.deliverable:  # (a reply waits for the disk too: once written, it hands the frames on)
                 return
             backlog, self.backlog = self.backlog or [], None
             if self.open:
                 self.connection.replay(self, backlog)
+
+    def when_settled(self, done: Callable[[], None]) -> None:
+        """done() once the work on deliveries under way ends, at once if none: a closed channel's consumers leave
+        their queues, and its close is answered, once its deliveries are back in them (as a RabbitMQ queue requeues
+        a channel's deliveries in the step that drops its consumers, and the channel's close-ok waits for that)."""
+        if self.settling:
+            self.after_settling.append(done)
+        else:
+            done()
 
     def unpark(self) -> None:
         """The work at the head of the line waited for something else, which came: it goes on in the next turn."""
@@ -686,7 +709,8 @@ class Channel:
 
     # --- closing -------------------------------------------------------------------------------------------
     def shutdown(self) -> None:
-        """The channel is gone (closed, or its connection): cancel consumers, requeue unacked deliveries."""
+        """The channel is gone (closed, or its connection): its unacked deliveries go back to their queues, then its
+        consumers leave them (when_settled)."""
         self.counters.channels_closed += 1
         self.open = False
         self.deliverable = False
@@ -698,13 +722,20 @@ class Channel:
         for consumer in self.consumers.values():
             by_queue.setdefault(consumer.queue, []).append(consumer)
         self.consumers.clear()
-        for queue, leaving in by_queue.items():
-            queue.remove_consumers(leaving)  # type: ignore[arg-type]
         direct_reply.stop(self)
         if self.tx is not None:  # its acks undone, so that their deliveries go back with the rest
             self.start(Rollback(self.tx, self.unacked))
             self.tx = None
         self.requeue_all(failed=True)
+        # (until then they stay, without credit: another client never sees them gone and their deliveries not back)
+        self.when_settled(lambda: _leave(by_queue))
+
+
+def _leave(by_queue: dict[Queue, list[Consumer]]) -> None:
+    """A closed channel's consumers leave their queues, those not deleted meanwhile."""
+    for queue, leaving in by_queue.items():
+        if not queue.deleted:
+            queue.remove_consumers(leaving)  # type: ignore[arg-type]
 
 
 def _sender_selected(message: Message, routing_key: str) -> tuple[Message, list[str]]:
