@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import uvloop
 
-from broker import collector, compiled, logs
+from broker import compiled, interpreter, logs
 from broker.config import LOG_FORMATS, LOG_LEVELS, ConfigError, load_config
 from broker.connection.mqtt.connection import MqttConnection
 from broker.connection.server import Server, StartupError, stop_on_signals, version
@@ -73,7 +73,7 @@ def config_overrides(args: argparse.Namespace, environ: dict[str, str]) -> dict:
 
 
 async def serve(config, files: OpenFiles) -> None:
-    collector.install()  # (the supervisor's too: its API decodes and merges its workers' listings)
+    interpreter.tune()  # (the supervisor's too: its API decodes and merges its workers' listings)
     if config.workers > 1 or config.cluster_etcd_endpoints:
         # Worker processes behind one AMQP port: several ([server] workers), or a cluster node's, one or more, each
         # leading or following a replication group of its own (cluster.worker)

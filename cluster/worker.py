@@ -29,7 +29,7 @@ from typing import Awaitable, Callable
 
 from aiohttp import web
 
-from broker import collector, logs
+from broker import interpreter, logs
 from broker.config import Config
 from broker.connection.alarms.memory import memory_limit
 from broker.connection.front_door import FrontDoors, Route, close_frame, open_doors, refused
@@ -476,7 +476,7 @@ def group_config(config: Config, number: int, workers: int) -> Config:
 
 
 async def serve(control_socket: socket.socket) -> None:
-    collector.install()
+    interpreter.tune()
     reader, writer = await asyncio.open_connection(sock=control_socket, limit=CONTROL_LINE_LIMIT)
     instructions = await receive(reader)
     number, workers = instructions["worker"], instructions["workers"]

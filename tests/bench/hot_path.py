@@ -21,7 +21,7 @@ import uvloop
 from pamqp import commands, frame, header
 from pamqp.body import ContentBody
 
-from broker import collector
+from broker import interpreter
 from broker.config import load_config
 from broker.connection.connection import Connection
 from broker.connection.server import Server
@@ -95,7 +95,7 @@ def _publishes(count: int, size: int) -> list[bytes]:
 
 async def one_round(messages: int, size: int, ack_every: int) -> float:
     """Broker CPU µs per message: publish -> route -> enqueue -> deliver (-> ack)."""
-    collector.install()  # as the daemon runs
+    interpreter.tune()  # as the daemon runs
     with tempfile.TemporaryDirectory() as data_dir:
         config = load_config(None, {"port": 0, "data_dir": data_dir, "management_port": 0, "mqtt_port": 0,
                                     "log_level": "warning"})
