@@ -73,7 +73,7 @@ class RemoteSubscriber:
     """A consumer of another process, as its queue here sees it (broker.model.interfaces.Subscriber)."""
 
     __slots__ = ("number", "home", "queue", "priority", "exclusive", "no_ack", "arguments", "unacked", "window",
-                 "on_settle", "in_flight", "delayed_retry")
+                 "on_settle", "in_flight", "delayed_retry", "leaving")
 
     def __init__(self, number: int, home: "HomeLink", queue: "Queue", operation: dict):
         self.number = number  # its id on the link
@@ -88,6 +88,9 @@ class RemoteSubscriber:
         self.on_settle = bool(operation.get("on_settle"))  # its credit comes back with settlements (else: grants)
         self.in_flight = 0  # deliveries sent whose credit has not come back (on_settle False)
         self.delayed_retry = consumer_delayed_retry(self.arguments)  # its own, over its queue's; None: the queue's
+        # (its process cancels it once its closed channel's deliveries are back: until then it holds its exclusive
+        # use, as a consumer of this process's would not)
+        self.leaving = False
 
     @property
     def channel(self) -> "HomeLink":
@@ -315,7 +318,7 @@ class HomeLink:
                     self._refuse(number, NOT_FOUND, f"NOT_FOUND - no queue '{name}' in vhost '{vhost_name}'")
                     return
                 subscriber = RemoteSubscriber(number, self, found, operation)
-                if found.has_exclusive_consumer() or (subscriber.exclusive and found.consumers):
+                if found.has_exclusive_consumer() or (subscriber.exclusive and found.has_consumers()):
                     # (exclusive among every process's consumers: its own process saw none of the others)
                     self._refuse(number, ACCESS_REFUSED, f"ACCESS_REFUSED - queue '{name}' in vhost '{vhost_name}' in "
                                                          "exclusive use")

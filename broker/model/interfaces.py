@@ -34,6 +34,10 @@ class Subscriber(Protocol):
     no_ack: bool  # its deliveries are settled as they are sent
     unacked: int  # deliveries sent to it and not yet settled
     arguments: dict  # those of its basic.consume
+    # Its channel closed: it stays, without credit, until the channel's deliveries are back in the queue (whoever
+    # sees it gone sees them back, as RabbitMQ's queue drops a channel's consumers and requeues its deliveries in
+    # one step), and holds no exclusive use meanwhile (RabbitMQ's queue answers a consume after that step)
+    leaving: bool
 
     @property
     def channel(self) -> DeliveryTarget:

@@ -189,8 +189,9 @@ class Queue:
         return bool(self.entries)
 
     def has_consumers(self) -> bool:
-        """Whether a consumer consumes from it (queue.delete's if-unused)."""
-        return bool(self.consumers)
+        """Whether a consumer consumes from it (queue.delete's if-unused, an exclusive consume), one whose channel
+        closed aside."""
+        return any(not consumer.leaving for consumer in self.consumers)
 
     def has_waiting_consumer(self) -> bool:
         """Whether a consumer of priority 0 or more has credit: one waits for a message (a federation link fetches
@@ -638,7 +639,7 @@ class Queue:
                 self.vhost.delete_queue(self)
 
     def has_exclusive_consumer(self) -> bool:
-        return any(consumer.exclusive for consumer in self.consumers)
+        return any(consumer.exclusive and not consumer.leaving for consumer in self.consumers)
 
     def dispatch(self) -> None:
         """Hand ready messages to consumers with credit, round-robin, at most DISPATCH_BATCH this round; messages

@@ -96,7 +96,7 @@ class RemoteQueue(Queue):
         return self.ready_at_owner
 
     def has_consumers(self) -> bool:
-        return bool(self.consumers) or self.consumers_at_owner > 0
+        return super().has_consumers() or self.consumers_at_owner > 0
 
     def has_waiting_consumer(self) -> bool:
         return self.waiting_at_owner or super().has_waiting_consumer()

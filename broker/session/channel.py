@@ -720,6 +720,7 @@ class Channel:
             self.pending = None
         by_queue: dict[Queue, list[Consumer]] = {}
         for consumer in self.consumers.values():
+            consumer.leaving = True
             by_queue.setdefault(consumer.queue, []).append(consumer)
         self.consumers.clear()
         direct_reply.stop(self)

@@ -16,7 +16,7 @@ UNLIMITED: Final = 1 << 30  # credit of a consumer that no prefetch limit holds 
 
 class Consumer:
     __slots__ = ("tag", "tag_bytes", "channel", "queue", "no_ack", "exclusive", "arguments", "priority", "prefetch",
-                 "unacked", "delayed_retry", "ack_timeout")
+                 "unacked", "delayed_retry", "ack_timeout", "leaving")
 
     def __init__(self, tag: str, channel: "Channel", queue: "Queue", no_ack: bool, exclusive: bool,
                  arguments: dict, prefetch: int):
@@ -33,6 +33,7 @@ class Consumer:
         self.delayed_retry = consumer_delayed_retry(arguments)  # its own, over its queue's; None: the queue's
         # ms a delivery to it may wait for its ack (ack_timeout.NONE: for ever)
         self.ack_timeout = timeout_of(arguments.get("x-consumer-timeout"), queue, channel.default_ack_timeout)
+        self.leaving = False  # its channel closed: it stays on its queue until its deliveries are back there
 
     def credit(self) -> int:
         """How many more messages this consumer may be sent right now."""

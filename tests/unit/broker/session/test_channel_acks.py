@@ -91,6 +91,41 @@ async def test_channels_closing_with_many_deliveries_requeue_them_in_the_line_of
     assert ready(host, "q") == [f"m{number}".encode() for number in range(2000)]
 
 
+def counts(host: Host, observer, queue: str) -> tuple[int, int]:
+    """The queue's ready messages and consumers, as a passive declare on observer reports them."""
+    [declare_ok] = methods(host.send(observer, spec.Queue.Declare(queue=queue, passive=True)), spec.Queue.DeclareOk)
+    return declare_ok.message_count, declare_ok.consumer_count
+
+
+async def test_a_closed_channels_consumer_leaves_its_queue_with_its_last_delivery_back():
+    # (as RabbitMQ's queue drops a channel's consumers and requeues its deliveries in one step)
+    host = Host()
+    channel = consuming_many(host, "q")
+    observer = host.open(2)
+    host.close_channel(channel.number, send_close_ok=True)
+    assert channel.settling and counts(host, observer, "q") == (0, 1)
+    await settled(host, channel)
+    assert counts(host, observer, "q") == (MANY, 0)
+
+
+async def test_a_closed_channels_exclusive_consumer_holds_no_exclusive_use_while_its_deliveries_go_back():
+    # (RabbitMQ's queue answers a consume once it has dropped the closed channel's consumer)
+    host = Host()
+    channel = host.open()
+    host.send(channel, spec.Queue.Declare(queue="q"))
+    host.publish(channel, "q", *[f"m{number}".encode() for number in range(MANY)])
+    host.send(channel, spec.Basic.Consume(queue="q", consumer_tag="c", exclusive=True))
+    assert len(channel.unacked) == MANY
+    host.close_channel(channel.number, send_close_ok=True)
+    other = host.open(2)
+    received = host.send(other, spec.Basic.Consume(queue="q", consumer_tag="d", exclusive=True, no_ack=True))
+    assert methods(received, spec.Basic.ConsumeOk) and not host.failures
+    received += await settled(host, channel)
+    delivered = methods(received, spec.Basic.Deliver)
+    assert len(delivered) == MANY and all(deliver.consumer_tag == "d" and deliver.redelivered for deliver in delivered)
+    assert sorted(bodies(received)) == sorted(f"m{number}".encode() for number in range(MANY))
+
+
 async def test_a_multiple_ack_of_many_deliveries_settles_them_all_before_the_channel_answers_what_follows():
     host = Host()
     channel = consuming_many(host, "q")
