@@ -12,7 +12,7 @@ from broker import collector
 # Seconds a thread keeps the interpreter lock while another waits for it (CPython's default: 0.005). The event loop's
 # thread waits that long each time it wakes while the store's writer works: a multiple nack of 400,000 persistent
 # messages to a dead-letter queue held another client's round trips p99 33 to 41 ms, up to 57, with 5 ms, and p99 6
-# to 13 ms, up to 30, with 1 ms; the throughput of the benchmarks did not move (docs/benchmarks.md).
+# to 16 ms, up to 48, with 1 ms (four runs each); the throughput of the benchmarks did not move.
 SWITCH_INTERVAL: Final = 0.001
 
 
