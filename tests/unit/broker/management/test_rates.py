@@ -34,7 +34,7 @@ def histories() -> int:
 def test_the_histories_of_queues_gone_go_a_few_at_a_time_and_their_queues_with_them(monkeypatch):
     """A sampling forgets the histories of the queues gone since the one before a slice of SLICE seconds at a time,
     and a deleted queue whose last reference its history held goes with it: the 100,000 of a deleted vhost forgotten
-    in one piece held the event loop 40 to 60 ms."""
+    in one piece held the event loop 37 to 59 ms."""
     monkeypatch.setattr(rates, "SLICE", 0.0)  # (every look at the clock ends a slice: one per FORGOTTEN_AT_ONCE)
 
     async def scenario() -> tuple[int, list[tuple[int, int]]]:
