@@ -10,13 +10,12 @@ import importlib.util
 from types import SimpleNamespace
 
 from broker.management import rates
-from broker.management.rates import HISTORIES_FREED, HISTORY, History, Rates
-from broker.model.queue import Queue
+from broker.management.rates import HISTORY, History, Rates
 from broker.model.node import Node
+from broker.model.queue import Queue
 from tests.unit.broker.model.test_exclusive_queues import Owner
-from tests.waiting import two_loop_turns
 
-QUEUES = 3 * HISTORIES_FREED
+QUEUES = 3_000  # deleted between two samplings: many slices of rates.FORGOTTEN_AT_ONCE
 UNTRACKED = importlib.util.find_spec("broker.model.untracked") is not None  # (built here: see broker/model/untracked.c)
 
 
