@@ -5,13 +5,15 @@ client's reply follows its copy's change.
 
 A queue a copy's client declares ``client-local`` is placed at the client's process; an exclusive or server-named
 one is made there first and registered here (``register``), as a stand-in exclusive to that client's connection
-(broker.crossing.copies.OwnerElsewhere)."""
+(broker.crossing.copies.OwnerElsewhere); when that connection closes, its stand-ins go (``release``) before its
+close-ok."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
 from broker.crossing.frames import NOTICE
+from broker.crossing.home import Crossing
 from broker.model import operations
 from broker.model.access import ChannelAccess
 from broker.model.remote import RemoteQueue
@@ -168,6 +170,13 @@ def _run(actor: operations.Actor, operation: dict, group: int) -> tuple[dict, Ca
     if what == "register":
         stand_in = _register(vhost, actor, operation, group)
         return {}, lambda: vhost.delete_queue(stand_in)
+    if what == "release":  # (the copy's connection closed: the queues exclusive to it are gone there)
+        crossing = vhost.crossing
+        assert isinstance(crossing, Crossing), "a copy's client reaches its home across"
+        for stand_in in list(actor.owner.exclusive_queues):
+            if isinstance(stand_in, RemoteQueue):
+                crossing.queue_gone(stand_in)
+        return {}, None
     raise errors.command_invalid(f"unknown change {what!r}")
 
 

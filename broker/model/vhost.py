@@ -955,8 +955,19 @@ class VirtualHost:
     def connection_closed(self, connection: "QueueOwner", done: "Callable[[], None] | None" = None) -> None:
         """The connection's exclusive queues go (_delete_exclusive); then done() (the close-ok waits for it, as
         RabbitMQ's waits for the deletion). Until its turn comes, a queue stays as it was: another connection is
-        refused it, as the closing one's."""
-        self._delete_exclusive(list(connection.exclusive_queues), done)
+        refused it, as the closing one's. A copy's (spread_vhosts) were registered at the vhost's home, and their
+        stand-ins lock their names on every process: done() waits until the home let them go and every copy
+        applied that (another connection may declare one of them again at once, on any process)."""
+        queues = list(connection.exclusive_queues)
+        crossing = self.crossing
+        if self.copy and queues and crossing is not None:
+            operation = {"what": "release", "user": "", "connection": connection_token(connection)}
+            finished = done
+
+            def released() -> None:
+                crossing.run_at_home(self, operation, lambda answer: None if finished is None else finished())
+            done = released
+        self._delete_exclusive(queues, done)
 
     def _delete_exclusive(self, queues: list[Queue], done: "Callable[[], None] | None") -> None:
         """The queues (the last first) each deleted whole once its bindings are few enough (unbind_all), a slice a

@@ -16,7 +16,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from pamqp import commands
+from pamqp import commands, frame
 
 from protocol.codec import encode_method, make_method
 from tests.integration.helpers import Inbox, channel_error
@@ -33,6 +33,7 @@ if os.environ.get("WARREN_TEST_URL"):
 names = itertools.count()
 Client = TypeVar("Client", pika.BlockingConnection, RawClient)
 BINDINGS = 20_000  # of a queue a copy's client deletes (each bind copied to the other worker: 2 s a 10,000)
+CLOSING_EXCLUSIVE = 2000  # exclusive queues, each with a binding, of a copy's connection that the server closes
 
 
 @pytest.fixture
@@ -158,11 +159,37 @@ def test_an_exclusive_queue_stays_with_its_connection_locked_to_the_others_and_g
     publisher.confirm_delivery()
     publisher.basic_publish("amq.fanout", "", b"to the exclusive one")
     assert holder.basic_get(exclusive, auto_ack=True)[2] == b"to the exclusive one"
-    here.close()
-    wait_for(lambda: not {exclusive, "mine"} & set(owners(broker)), what="the exclusive queues gone")
+    here.close()  # (its close-ok comes once the queues are gone on every worker)
     checker = there.channel()
-    checker.queue_declare("mine", exclusive=True)  # (free again)
+    checker.queue_declare("mine", exclusive=True)  # free again at once, on the other worker
+    placed = owners(broker)
+    assert exclusive not in placed and placed["mine"] == "0"
     there.close()
+
+
+def test_a_server_close_comes_once_a_copys_exclusive_queues_are_gone_on_every_worker(spread):
+    """A connection error closes a connection of worker 1 (which keeps a copy of "/") holding exclusive queues, each
+    bound to a topic exchange, as RabbitMQ sends its close once they are deleted: a connection of worker 0, the
+    vhost's home, declares all of them as its own right after."""
+    broker = spread()
+    client, other = raw_client_on(broker, "1"), raw_client_on(broker, "0")
+    names = [f"closing-{number}" for number in range(CLOSING_EXCLUSIVE)]
+    client.send(1, commands.Exchange.Declare(exchange="closing", exchange_type="topic"))
+    client.expect(commands.Exchange.DeclareOk, channel=1)
+    client.send_raw(b"".join(
+        frame.marshal(commands.Queue.Declare(queue=name, exclusive=True), 1)
+        + frame.marshal(commands.Queue.Bind(queue=name, exchange="closing", routing_key=f"{name}.#"), 1)
+        for name in names))
+    for _ in names:
+        client.expect(commands.Queue.DeclareOk, channel=1)
+        client.expect(commands.Queue.BindOk, channel=1)
+    client.send(0, commands.Basic.Qos(prefetch_count=1))  # a channel method on channel 0 is a connection error
+    assert client.expect_connection_close().reply_code == 504  # (answered with close-ok)
+    other.send_raw(b"".join(frame.marshal(commands.Queue.Declare(queue=name, exclusive=True), 1) for name in names))
+    for name in names:
+        assert other.expect(commands.Queue.DeclareOk, channel=1).queue == name
+    client.close()
+    other.close()
 
 
 def test_a_change_refused_at_the_vhosts_worker_closes_the_channel_with_rabbitmqs_error(spread):
