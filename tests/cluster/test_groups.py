@@ -94,6 +94,11 @@ def test_losing_the_node_that_leads_a_group_moves_that_groups_vhosts_alone(group
         publish_confirmed(connection, "orders", [b"before"])
     staying = connect(cluster, led[0], "one")  # connected where group 0 is led: the kill does not touch it
     publish_confirmed(staying, "orders", [b"one before"])
+    # (every node in sync in both groups first: the node that leads neither then takes group 1. Killed while the
+    # third node was not yet in sync in group 1, group 0's leader took group 1 too, then handed group 0 over to
+    # balance the leaders by count, closing the connection below.)
+    wait_for(lambda: all(sorted(observer.isr() or ()) == ["a", "b", "c"] for observer in observers), 30,
+             "every node in sync in each group")
     cluster.nodes[led[1]].kill()
     wait_for(lambda: (found := observers[1].leader()) and found[0] != led[1], 30, "a new leader of group 1")
     assert observers[0].leader()[0] == led[0], "group 0 kept its leader"
