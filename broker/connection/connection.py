@@ -697,7 +697,7 @@ class Connection(asyncio.Protocol):
             self._update_reading()
         if send_close_ok:
             self.settling_channels[number] = channel
-            channel.when_settled(lambda: self._channel_closed(number))
+            channel.when_back(lambda: self._channel_closed(number))
 
     def _channel_closed(self, number: int) -> None:
         """A channel's close-ok, its deliveries back in their queues, unless the connection closed meanwhile."""
@@ -752,7 +752,7 @@ class Connection(asyncio.Protocol):
         self.channels.clear()
         self.settling_channels.clear()
         self.waiting_channels.clear()
-        settled = None if done is None else lambda: _when_settled(closed, done)
+        settled = None if done is None else lambda: _when_back(closed, done)
         if self.vhost is not None:
             self.vhost.connection_closed(self, settled)
         elif settled is not None:
@@ -785,12 +785,12 @@ class Connection(asyncio.Protocol):
             self.transport.close()
 
 
-def _when_settled(channels: list[Channel], done: Callable[[], None]) -> None:
+def _when_back(channels: list[Channel], done: Callable[[], None]) -> None:
     """done() once every one of the closed channels has its deliveries back in their queues."""
     while channels:
         channel = channels.pop()
-        if channel.settling:
-            channel.when_settled(lambda: _when_settled(channels, done))
+        if not channel.back():
+            channel.when_back(lambda: _when_back(channels, done))
             return
     done()
 

@@ -194,6 +194,9 @@ class Crossing:
     def subscribe(self, queue: RemoteQueue, subscriber: "Subscriber", verdict: Verdict | None = None) -> None:
         self._owner_of(queue).subscribe(queue, subscriber, verdict)
 
+    def leave(self, queue: RemoteQueue, subscribers: "list[Subscriber]") -> None:
+        self._owner_of(queue).leave(subscribers)
+
     def unsubscribe(self, queue: RemoteQueue, subscribers: "list[Subscriber]") -> None:
         self._owner_of(queue).unsubscribe(subscribers)
 
@@ -431,6 +434,11 @@ class OwnerLink:
             self.grants.pop(number, None)
             self._judged(number, None)
 
+    def leave(self, subscribers: "list[Subscriber]") -> None:
+        numbers = [number for number in (self.ids.get(subscriber) for subscriber in subscribers) if number is not None]
+        if numbers:
+            self.control({"op": "leave", "ids": numbers})
+
     def unsubscribe(self, subscribers: "list[Subscriber]") -> None:
         numbers = []
         for subscriber in subscribers:
@@ -545,7 +553,8 @@ class OwnerLink:
 
     def _delivered(self, payload: bytes) -> None:
         subscribers, owed = self.subscribers, self.returns_on_write
-        returned: list[int] = []  # deliveries for subscribers cancelled meanwhile: they go back to the queue
+        # deliveries for subscribers cancelled meanwhile, or leaving: they go back to the queue
+        returned: list[int] = []
         written: dict[int, int] = {}  # subscriber whose credit comes back as it is written -> deliveries written
         last, found = -1, None  # (a batch mostly holds runs of deliveries to one subscriber)
         for number, delivery_id, redelivered, message in self.messages.delivered(payload):
@@ -556,6 +565,10 @@ class OwnerLink:
                     returned.append(delivery_id)
                 continue
             queue, subscriber = found
+            if subscriber.leaving:  # (its channel closed: the owner sent this before it heard so)
+                if delivery_id != NO_ACK_ID:
+                    returned.append(delivery_id)
+                continue
             subscriber.channel.deliver(subscriber, queue, QueueEntry(delivery_id, message, redelivered))
             written[number] = written.get(number, 0) + 1
         for number, count in written.items():

@@ -88,8 +88,8 @@ class RemoteSubscriber:
         self.on_settle = bool(operation.get("on_settle"))  # its credit comes back with settlements (else: grants)
         self.in_flight = 0  # deliveries sent whose credit has not come back (on_settle False)
         self.delayed_retry = consumer_delayed_retry(self.arguments)  # its own, over its queue's; None: the queue's
-        # (its process cancels it once its closed channel's deliveries are back: until then it holds its exclusive
-        # use, as a consumer of this process's would not)
+        # its channel closed: it takes nothing more, and holds no exclusive use, until its process cancels it once
+        # the channel's deliveries are back (as a consumer of this process's)
         self.leaving = False
 
     @property
@@ -97,7 +97,7 @@ class RemoteSubscriber:
         return self.home
 
     def credit(self) -> int:
-        if not self.home.link.open:
+        if self.leaving or not self.home.link.open:
             return 0
         return self.window - (self.unacked if self.on_settle else self.in_flight)
 
@@ -283,6 +283,12 @@ class HomeLink:
             return
         if kind == "settle":
             self._settle(operation["ids"], operation["requeue"], bool(operation.get("failed")))
+            return
+        if kind == "leave":
+            for number in operation["ids"]:
+                subscriber = self.subscribers.get(number)
+                if subscriber is not None:
+                    subscriber.leaving = True
             return
         if kind == "cancel":
             for number in operation["ids"]:

@@ -154,6 +154,9 @@ class QueueCrossing(Protocol):
     def subscribe(self, queue: "RemoteQueue", subscriber: "Subscriber", verdict: "Verdict | None" = None) -> None:
         """Start consuming from the queue, with the subscriber's credit (verdict: told the owner's answer)."""
 
+    def leave(self, queue: "RemoteQueue", subscribers: "list[Subscriber]") -> None:
+        """Those subscribers' channel closed: the owner sends them nothing more until they are unsubscribed."""
+
     def unsubscribe(self, queue: "RemoteQueue", subscribers: "list[Subscriber]") -> None:
         """Stop those subscribers (their deliveries not yet received go back to the queue at the owner)."""
 

@@ -233,6 +233,11 @@ class RemoteQueue(Queue):
         if self.consumers:
             self.crossing.offer_credit(self)
 
+    def consumers_leave(self, leaving: "list[Subscriber]") -> None:
+        """The owner sends them nothing more, ahead of their deliveries' requeue (which it would send them again)."""
+        if not self.deleted:
+            self.crossing.leave(self, leaving)
+
     def remove_consumers(self, leaving: "list[Subscriber]") -> None:
         gone = set(leaving)
         self.consumers[:] = [consumer for consumer in self.consumers if consumer not in gone]

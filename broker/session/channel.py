@@ -109,6 +109,9 @@ class Channel:
         self.held_for_settling: bool = False  # the backlog holds the frames that follow that work
         # What waits for that work to end once the channel is closed: its consumers' leaving, its close-ok
         self.after_settling: list[Callable[[], None]] = []
+        # The processes that own queues (broker.crossing) a closed channel's deliveries went back to, or that its
+        # consumers took from, each with the frame from which, until they ack them: its close-ok waits (when_back)
+        self.requeued_at: dict[int, int] = {}
 
     # --- frames in -----------------------------------------------------------------------------------------
     def handle_frame(self, frame_type: int, payload: bytes) -> None:
@@ -518,6 +521,8 @@ class Channel:
                 self.ack_count += len(entries)
             if not queue.deleted:
                 queue.settle(entries, requeue, failed, retry)
+                if requeue and not self.open and queue.owner is not None:
+                    self.vhost.note_owner(self.requeued_at, queue.owner)
         self.offer_credit({queue for queue, _ in by_queue})
 
     def start(self, work: Slices, now: bool = True) -> None:
@@ -568,6 +573,31 @@ class Channel:
             self.after_settling.append(done)
         else:
             done()
+
+    def when_back(self, done: Callable[[], None]) -> None:
+        """done() once a closed channel's deliveries are back in their queues: the work on them here ended
+        (when_settled), and the processes that own queues some went back to acked them, so that a client of another
+        process that asks after the close counts them (RabbitMQ's close-ok follows its queues' requeue)."""
+        self.when_settled(lambda: self._when_owners_acked(done))
+
+    def back(self) -> bool:
+        """Whether a closed channel's deliveries are all back in their queues (when_back would call at once)."""
+        return not self.settling and not self.requeued_at
+
+    def _when_owners_acked(self, done: Callable[[], None]) -> None:
+        owners = self.requeued_at
+        if not owners:
+            done()
+            return
+        vhost = self.vhost
+
+        def acked(ok: bool) -> None:  # (not ok: an owner's link went, and what it owned with it)
+            self.requeued_at = {}
+            done()
+
+        # (twice: what an owner sent the channel's consumers before it heard they were leaving came ahead of its
+        # first ack, and went back to it (broker.crossing.home): the second ack covers that too)
+        vhost.when_acked(owners, lambda ok: vhost.when_acked(owners, acked))
 
     def unpark(self) -> None:
         """The work at the head of the line waited for something else, which came: it goes on in the next turn."""
@@ -723,6 +753,10 @@ class Channel:
             consumer.leaving = True
             by_queue.setdefault(consumer.queue, []).append(consumer)
         self.consumers.clear()
+        for queue, leaving in by_queue.items():
+            queue.consumers_leave(leaving)  # type: ignore[arg-type]
+            if queue.owner is not None:  # (its owner may be sending them deliveries: they go back, see when_back)
+                self.vhost.note_owner(self.requeued_at, queue.owner)
         direct_reply.stop(self)
         if self.tx is not None:  # its acks undone, so that their deliveries go back with the rest
             self.start(Rollback(self.tx, self.unacked))

@@ -34,6 +34,7 @@ names = itertools.count()
 Client = TypeVar("Client", pika.BlockingConnection, RawClient)
 BINDINGS = 20_000  # of a queue a copy's client deletes (each bind copied to the other worker: 2 s a 10,000)
 CLOSING_EXCLUSIVE = 2000  # exclusive queues, each with a binding, of a copy's connection that the server closes
+REQUEUED = 10_000  # deliveries a consumer holds when its channel or connection closes (a requeue of several slices)
 
 
 @pytest.fixture
@@ -192,6 +193,35 @@ def test_a_server_close_comes_once_a_copys_exclusive_queues_are_gone_on_every_wo
         assert other.expect(commands.Queue.DeclareOk, channel=1).queue == name
     client.close()
     other.close()
+
+
+@pytest.mark.parametrize("closing", ["channel", "connection"])
+def test_a_close_ok_comes_once_the_deliveries_are_back_in_a_queue_the_other_worker_owns(spread, closing):
+    """A consumer on worker 1 holds every message of a queue worker 0 owns, unacked; as RabbitMQ's close-ok follows
+    its queues' requeue, a client of worker 0 that asks right after its close-ok counts them all back."""
+    broker = spread()
+    observer = connect_on(broker, "0").channel()
+    observer.queue_declare("held")
+    assert owners(broker)["held"] == "0"
+    observer.confirm_delivery()
+    for number in range(REQUEUED):
+        observer.basic_publish("", "held", str(number).encode())
+    consumer = raw_client_on(broker, "1")
+    consumer.send(1, commands.Basic.Consume(queue="held", consumer_tag="holding"))
+    consumer.expect(commands.Basic.ConsumeOk, channel=1)
+    for _ in range(REQUEUED):
+        consumer.expect(commands.Basic.Deliver, channel=1)
+        consumer.read_frame()  # (its content header)
+        consumer.read_frame()  # (its body)
+    assert observer.queue_declare("held", passive=True).method.message_count == 0
+    if closing == "channel":
+        consumer.send(1, commands.Channel.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
+        consumer.expect(commands.Channel.CloseOk, channel=1)
+    else:
+        consumer.close_connection()
+    declared = observer.queue_declare("held", passive=True).method
+    assert (declared.message_count, declared.consumer_count) == (REQUEUED, 0)
+    consumer.close()
 
 
 def test_a_change_refused_at_the_vhosts_worker_closes_the_channel_with_rabbitmqs_error(spread):
