@@ -92,7 +92,9 @@ class RawClient:
 
     # ---- sending
 
-    def send_raw(self, data: bytes) -> None:
+    def send_raw(self, data: bytes, timeout: float | None = None) -> None:
+        """Write all of `data`; raises TimeoutError if the peer has not taken it by the deadline."""
+        self.sock.settimeout(self.timeout if timeout is None else timeout)  # a read leaves its own remainder there
         self.sock.sendall(data)
 
     def send_protocol_header(self, data: bytes = AMQP_0_9_1_HEADER) -> None:
