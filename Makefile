@@ -12,6 +12,16 @@ LOG_LEVEL ?= info
 
 .PHONY: all run test bench clean browser etcd cluster-demo spark bytecode
 
+# `make test` runs its set-up two steps at a time: apt-get fetches Chromium and etcd beside pip's install and the
+# modules' compilation (100 s of one core), which share nothing with them. Two installs into .venv at once, or two
+# apt-gets (each would refuse the other apt's lock), must not run together: under `make test` the compilation and the
+# bytecode wait for the tests' install (which installs Warren too), and etcd's download for Chromium's install.
+TESTING := $(filter test,$(MAKECMDGOALS))
+ifneq ($(TESTING),)
+MAKEFLAGS += -j2
+endif
+INSTALLED := $(VENV)/.installed-$(if $(TESTING),test,run)
+
 # `make` alone installs Warren into .venv and compiles the modules again where one of their sources changed, as
 # `make run` and `make test` do before they start (the first rule would otherwise be the default: .venv/bin/python).
 .DEFAULT_GOAL := all
@@ -42,7 +52,7 @@ spark: $(VENV)/.installed-run
 # inside the broker package, where the installed commands find it from any directory; mypyc builds with setuptools,
 # which a virtual environment of Python 3.12 or later does not have of itself.
 COMPILED_SOURCES := $(shell $(PYTHON) -c 'from broker.compiled import built_sources; print(*built_sources())') broker/compiled.py
-$(VENV)/.compiled: $(COMPILED_SOURCES) | $(VENV)/.installed-run
+$(VENV)/.compiled: $(COMPILED_SOURCES) | $(INSTALLED)
 	$(BIN)/pip install --quiet 'mypy>=1.17' setuptools || echo "mypy not installed: Warren runs as pure Python"
 	$(BIN)/python -m broker.compiled
 	touch $@
@@ -51,7 +61,7 @@ $(VENV)/.compiled: $(COMPILED_SOURCES) | $(VENV)/.installed-run
 # then every process compiles them again as it imports them: 0.2 s of CPU a start, of the 0.6 s a broker takes to
 # import itself, and the suite starts about 1,400 Python processes, a thousand of them brokers and their workers.
 # compileall writes the bytecode beside the sources (ignored by git), again only for a source newer than its own.
-bytecode: $(VENV)/.installed-run
+bytecode: | $(INSTALLED)
 	@$(BIN)/python -m compileall -q -j 0 broker cluster protocol storage spark_connector warrenctl warrenperf examples tests >/dev/null
 
 # pytest rewrites the assert statements of each test module as it imports it, and caches what it made only where
@@ -79,7 +89,7 @@ test: $(VENV)/.installed-test browser etcd $(VENV)/.compiled bytecode $(VENV)/.t
 # .cache/etcd, not installed (no service, nothing outside the repo). An etcd named by WARREN_ETCD or found on PATH
 # is used instead. Where apt-get cannot download it, the cluster tests are skipped, saying so.
 ETCD := .cache/etcd/usr/bin/etcd
-etcd:
+etcd: | $(if $(TESTING),browser)
 	@[ -n "$$WARREN_ETCD" ] || command -v etcd >/dev/null || [ -x $(ETCD) ] || $(MAKE) --no-print-directory $(ETCD)
 
 $(ETCD):
