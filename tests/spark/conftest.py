@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -50,6 +51,17 @@ def spark(spark_installed):
     spark_connector.register(session)
     yield session
     session.stop()
+
+
+def start_driver(command: list[str], scratch: Path) -> subprocess.Popen:
+    """An example's Spark driver (`python *command`) in a process group of its own, to be killed whole, with its
+    temporary files (the JVM's block manager, artifacts and native libraries, PySpark's) in `scratch`: a driver killed
+    with SIGKILL cannot remove them, and they would stay in /tmp for good."""
+    scratch.mkdir(exist_ok=True)
+    java_options = f"{os.environ.get('JAVA_TOOL_OPTIONS', '')} -Djava.io.tmpdir={scratch}".strip()
+    return subprocess.Popen([sys.executable, *command], cwd=REPO_ROOT, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "TMPDIR": str(scratch), "JAVA_TOOL_OPTIONS": java_options})
 
 
 class Amqp:

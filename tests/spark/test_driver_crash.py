@@ -6,13 +6,11 @@ import importlib.util
 import json
 import os
 import signal
-import subprocess
-import sys
 from collections import Counter
 
 import pytest
 
-from tests.spark.conftest import BOUNDED_WAIT_SECONDS, REPO_ROOT
+from tests.spark.conftest import BOUNDED_WAIT_SECONDS, REPO_ROOT, start_driver
 
 pytestmark = pytest.mark.spark
 
@@ -36,10 +34,7 @@ def test_killed_driver_resumes_from_checkpoint_without_loss(spark, broker, amqp,
     pipeline.declare_and_seed(broker.url, source, target, orders)
     arguments = ["--uri", broker.url, "--source", source, "--target", target, "--checkpoint", str(tmp_path / "checkpoint")]
 
-    driver = subprocess.Popen(
-        [sys.executable, str(PIPELINE), *arguments, "--max-per-batch", "100", "--continuous"],
-        cwd=REPO_ROOT, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
+    driver = start_driver([str(PIPELINE), *arguments, "--max-per-batch", "100", "--continuous"], tmp_path / "driver")
     try:
         amqp.wait_until(lambda: amqp.counts(target)[0] >= 300 or driver.poll() is not None, timeout=120)
     finally:

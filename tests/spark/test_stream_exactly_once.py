@@ -9,7 +9,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -19,7 +18,7 @@ import pytest
 
 from tests.integration import management
 from tests.procfs import fd_links, socket_links
-from tests.spark.conftest import BOUNDED_WAIT_SECONDS, REPO_ROOT, replay_module
+from tests.spark.conftest import BOUNDED_WAIT_SECONDS, REPO_ROOT, replay_module, start_driver
 
 pytestmark = pytest.mark.spark
 
@@ -60,10 +59,8 @@ def seeded_replay(url: str, stream: str, tmp_path: Path, messages: int, per_trig
                     *extra]
 
 
-def run_replay(arguments: list[str], continuous: bool) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(REPLAY), *arguments, *(["--continuous"] if continuous else [])],
-                            cwd=REPO_ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+def run_replay(arguments: list[str], continuous: bool, tmp_path: Path) -> subprocess.Popen:
+    return start_driver([str(REPLAY), *arguments, *(["--continuous"] if continuous else [])], tmp_path / "driver")
 
 
 @LONG_SCENARIO
@@ -81,7 +78,7 @@ def test_every_message_reaches_the_output_once_though_the_driver_is_killed_three
     seed = random.randrange(1 << 30)
     chance = random.Random(seed)
     for kill in range(3):
-        driver = run_replay(arguments, continuous=True)
+        driver = run_replay(arguments, continuous=True, tmp_path=tmp_path)
         try:
             before = batches_written(output)
             deadline = time.monotonic() + BOUNDED_WAIT_SECONDS * 2
@@ -95,7 +92,7 @@ def test_every_message_reaches_the_output_once_though_the_driver_is_killed_three
     publisher.join(BOUNDED_WAIT_SECONDS * 2)
     assert confirmed == [MESSAGES]
 
-    final = run_replay(arguments, continuous=False)  # Trigger.AvailableNow: up to the tail, then stop
+    final = run_replay(arguments, continuous=False, tmp_path=tmp_path)  # Trigger.AvailableNow: up to the tail, then stop
     assert final.wait(BOUNDED_WAIT_SECONDS * 3) == 0
 
     check_output(output, MESSAGES, f"seed {seed}")
@@ -131,7 +128,7 @@ def test_a_task_killed_mid_read_is_retried_and_reads_its_range_again(spark_insta
     batch_size, batches = 40_000, 5
     output, arguments = seeded_replay(broker.url, unique, tmp_path, batch_size * batches, batch_size,
                                       "--master", "local[4,3]")
-    driver = run_replay(arguments, continuous=False)
+    driver = run_replay(arguments, continuous=False, tmp_path=tmp_path)
     killed: dict[int, str] = {}  # batch (first offset // batch size) -> the range whose task was killed
     try:
         deadline = time.monotonic() + BOUNDED_WAIT_SECONDS * 3
@@ -159,7 +156,7 @@ def test_a_broker_killed_mid_query_fails_it_and_a_restart_resumes_with_every_mes
     broker = own_broker()
     messages = 60_000
     output, arguments = seeded_replay(broker.url, unique, tmp_path, messages, 5000)
-    driver = run_replay(arguments, continuous=True)
+    driver = run_replay(arguments, continuous=True, tmp_path=tmp_path)
     try:
         deadline = time.monotonic() + BOUNDED_WAIT_SECONDS * 2
         while batches_written(output) < 2 and driver.poll() is None and time.monotonic() < deadline:
@@ -173,7 +170,7 @@ def test_a_broker_killed_mid_query_fails_it_and_a_restart_resumes_with_every_mes
             driver.wait()
     assert batches_written(output) < messages // 5000, "the broker was meant to die mid-query"
     broker.start()  # the same data dir and port
-    final = run_replay(arguments, continuous=False)
+    final = run_replay(arguments, continuous=False, tmp_path=tmp_path)
     assert final.wait(BOUNDED_WAIT_SECONDS * 3) == 0
     check_output(output, messages)
 
@@ -188,7 +185,7 @@ def test_a_batch_is_read_by_four_tasks_at_once(spark_installed, broker, unique, 
     is complete."""
     messages = 40_000
     output, arguments = seeded_replay(broker.url, unique, tmp_path, messages, messages)  # one batch, 4 tasks
-    driver = run_replay(arguments, continuous=False)
+    driver = run_replay(arguments, continuous=False, tmp_path=tmp_path)
     held: dict[str, int | None] = {}  # a range's connection name -> its task's stopped Python worker
     try:
         deadline = time.monotonic() + BOUNDED_WAIT_SECONDS * 3
