@@ -6,6 +6,7 @@ test-artifacts/console/."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 
@@ -37,14 +38,17 @@ WAIT = 15  # seconds for anything the page shows after a refresh (the console re
 
 
 @pytest.fixture
-def browser():
+def browser(tmp_path):
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                      "--window-size=1400,1000"):
         options.add_argument(argument)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # for browser_errors
-    driver = webdriver.Chrome(service=Service(DRIVER), options=options)
+    # Chromium leaves the directory of its singleton socket in its temporary directory when it quits: tmp_path, which
+    # pytest prunes, rather than /tmp for good
+    service = Service(DRIVER, env={**os.environ, "TMPDIR": str(tmp_path)})
+    driver = webdriver.Chrome(service=service, options=options)
     yield driver
     driver.quit()
 
