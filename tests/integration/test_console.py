@@ -9,7 +9,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 
 import pika
 import pika.exceptions
@@ -39,7 +38,7 @@ WAIT = 15  # seconds for anything the page shows after a refresh (the console re
 
 
 @pytest.fixture
-def browser():
+def browser(short_temporary):
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
@@ -47,15 +46,11 @@ def browser():
         options.add_argument(argument)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # for browser_errors
     # Chromium leaves the directory of its singleton socket in its temporary directory when it quits: one of its own,
-    # removed after it, rather than /tmp for good (a short path: the socket's holds 107 bytes at most, which a
-    # tmp_path under pytest-xdist can pass)
-    temporary = tempfile.mkdtemp(prefix="chromium-")
-    try:
-        driver = webdriver.Chrome(service=Service(DRIVER, env={**os.environ, "TMPDIR": temporary}), options=options)
-        yield driver
-        driver.quit()
-    finally:
-        shutil.rmtree(temporary, ignore_errors=True)
+    # removed after it, rather than /tmp for good
+    service = Service(DRIVER, env={**os.environ, "TMPDIR": str(short_temporary)})
+    driver = webdriver.Chrome(service=service, options=options)
+    yield driver
+    driver.quit()
 
 
 @pytest.fixture

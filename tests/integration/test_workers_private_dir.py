@@ -5,13 +5,9 @@ start removes it, never the directory of one that lives."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
-
-import pytest
 
 from tests.conftest import REPO_ROOT
 from tests.integration.management import request
@@ -31,14 +27,6 @@ def ended(pid: int) -> bool:
 
 def private_directories(temporary: Path) -> set[Path]:
     return set(temporary.glob(PRIVATE))
-
-
-@pytest.fixture
-def short_temporary():
-    """A temporary directory of a short path: a worker's socket path in it holds 107 bytes at most."""
-    temporary = Path(tempfile.mkdtemp(prefix="w"))
-    yield temporary
-    shutil.rmtree(temporary, ignore_errors=True)
 
 
 def test_a_killed_supervisors_private_directory_is_removed_by_the_next_start_not_a_live_ones(
