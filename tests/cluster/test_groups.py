@@ -18,7 +18,7 @@ import pika
 import pytest
 
 from broker.workers.placement import worker_data_dir
-from tests.cluster.nodes import Node, wait_for
+from tests.cluster.nodes import Node, Observer, wait_for
 from tests.cluster.shapes import api, api_ready, connect, drained, leaders, publish_confirmed, three_nodes
 from tests.conftest import REPO_ROOT
 
@@ -32,6 +32,15 @@ def grouped(tmp_path, etcd_endpoint, request):
         yield nodes.cluster, nodes.observers
         if request.session.testsfailed > failed:
             print(nodes.cluster.logs())
+
+
+def every_node_in_sync(observers: list[Observer]) -> None:
+    """Wait until every node is in sync in both groups, before group 1's leader (node or worker) is killed: then the
+    node that leads neither group takes group 1. Killed while the third node is not yet in sync in group 1 (and a
+    killed worker slow to start again), group 0's leader takes group 1 too, then hands group 0 over to balance the
+    leaders by count, closing the connections kept on group 0."""
+    wait_for(lambda: all(sorted(observer.isr() or ()) == ["a", "b", "c"] for observer in observers), 30,
+             "every node in sync in each group")
 
 
 def test_the_groups_are_led_by_different_nodes_and_every_node_reaches_both(grouped):
@@ -94,11 +103,7 @@ def test_losing_the_node_that_leads_a_group_moves_that_groups_vhosts_alone(group
         publish_confirmed(connection, "orders", [b"before"])
     staying = connect(cluster, led[0], "one")  # connected where group 0 is led: the kill does not touch it
     publish_confirmed(staying, "orders", [b"one before"])
-    # (every node in sync in both groups first: the node that leads neither then takes group 1. Killed while the
-    # third node was not yet in sync in group 1, group 0's leader took group 1 too, then handed group 0 over to
-    # balance the leaders by count, closing the connection below.)
-    wait_for(lambda: all(sorted(observer.isr() or ()) == ["a", "b", "c"] for observer in observers), 30,
-             "every node in sync in each group")
+    every_node_in_sync(observers)
     cluster.nodes[led[1]].kill()
     wait_for(lambda: (found := observers[1].leader()) and found[0] != led[1], 30, "a new leader of group 1")
     assert observers[0].leader()[0] == led[0], "group 0 kept its leader"
@@ -196,11 +201,7 @@ def test_a_killed_worker_moves_its_group_alone_and_loses_nothing_confirmed(group
     staying = connect(cluster, led[0], "one")
     publish_confirmed(staying, "orders", [b"one before"])
     pid = int(re.findall(r"worker 1 serves \(pid (\d+)\)", cluster.nodes[led[1]].log())[-1])
-    # (every node in sync in both groups first, as above: with the third node still catching up in group 1, and the
-    # killed worker slow to start again, group 0's leader could take group 1 too, then hand group 0 over to balance
-    # the leaders by count, closing the connection kept on it)
-    wait_for(lambda: all(sorted(observer.isr() or ()) == ["a", "b", "c"] for observer in observers), 30,
-             "every node in sync in each group")
+    every_node_in_sync(observers)
     os.kill(pid, signal.SIGKILL)
     wait_for(lambda: (found := observers[1].leader()) and found[1] != epoch, 30, "group 1 led again")
     publish_confirmed(staying, "orders", [b"one after"])  # group 0's clients never noticed
