@@ -1,13 +1,13 @@
 """A broker process's interpreter settings (one process, a worker, a node of a cluster, the supervisor of several
-workers): how long a thread keeps the interpreter while another waits for it, and the cyclic garbage collector's
-policy (broker.collector)."""
+workers): how long a thread keeps the interpreter while another waits for it, the cyclic garbage collector's policy
+(broker.collector), and the watch on the event loop's stalls (broker.stalls)."""
 
 from __future__ import annotations
 
 import sys
 from typing import Final
 
-from broker import collector
+from broker import collector, stalls
 
 # Seconds a thread keeps the interpreter lock while another waits for it (CPython's default: 0.005). The event loop's
 # thread waits that long each time it wakes while the store's writer works: a multiple nack of 400,000 persistent
@@ -17,6 +17,8 @@ SWITCH_INTERVAL: Final = 0.001
 
 
 def tune() -> None:
-    """Set the process's switch interval and its collector's policy, from its event loop (at its start)."""
+    """Set the process's switch interval, its collector's policy and its stall watch, from its event loop (at its
+    start)."""
     sys.setswitchinterval(SWITCH_INTERVAL)
     collector.install()
+    stalls.watch()

@@ -4,9 +4,11 @@ policies and definitions; the JSON format for log shippers; the version."""
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import sys
+import time
 from importlib import metadata
 
 import pika
@@ -118,3 +120,18 @@ def test_the_version_is_printed_and_a_bad_log_format_is_refused(tmp_path):
                              capture_output=True, text=True, timeout=30)
     assert refused.returncode == 2
     assert "log_format must be one of text, json, got 'xml'" in refused.stderr
+
+
+def test_a_broker_whose_event_loop_is_held_says_for_how_long(own_broker):
+    """Every client waits while a broker's event loop is held: a hold of more than a quarter of a second is logged
+    with how long it lasted (here the whole process is stopped for 0.6 s, its watching thread too, so the line
+    cannot say where the loop was)."""
+    broker = own_broker()
+    broker.process.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(0.6)  # (the hold itself)
+    finally:
+        broker.process.send_signal(signal.SIGCONT)
+    line = logged(broker, "the event loop was held for at least")
+    assert "WARNING broker.stalls:" in line, line
+    assert float(line.split("held for at least ")[1].split(" s")[0]) >= 0.5, line
