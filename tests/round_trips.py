@@ -5,6 +5,7 @@ of their own measured 4 ms, up to 39 ms)."""
 
 from __future__ import annotations
 
+import datetime
 import multiprocessing
 import socket
 import statistics
@@ -19,6 +20,7 @@ from tests.integration.rawclient import RawClient
 
 ROUND_TRIP_BOUND = 0.05  # seconds another client's round trip may take meanwhile
 PAUSE = 0.001  # seconds between two round trips (so that they time the broker, not load it)
+STALL = "the event loop was held for"  # what a broker logs of a stall of its event loop (broker.stalls)
 
 Times = list[tuple[float, float]]  # (time.time() at its end, seconds it took) of each round trip
 
@@ -76,12 +78,30 @@ def slowest(times: Times) -> float:
     return max((took for _, took in times), default=0.0)
 
 
-def describe(times: Times) -> str:
-    """The round trips' figures, and when each one over the bound ended (time.time(), to find in a broker's log)."""
+def describe(times: Times, log: str = "") -> str:
+    """The round trips' figures, and when each one over the bound ended (time.time(), to find in a broker's log);
+    with the broker's log (the text format), the stalls of its event loop that it logged meanwhile (broker.stalls)."""
     if not times:
         return "no round trip"
     ordered = sorted(took for _, took in times)
     over = [f"{took * 1000:.0f} ms at {ended:.3f}" for ended, took in times if took > ROUND_TRIP_BOUND]
+    stalls = stalls_logged(log, min(ended - took for ended, took in times), max(ended for ended, _ in times))
     return (f"{len(ordered):,} round trips: p50 {statistics.median(ordered) * 1000:.1f} ms, p99 "
             f"{ordered[len(ordered) * 99 // 100] * 1000:.1f} ms, max {ordered[-1] * 1000:.1f} ms, {len(over)} over "
-            f"{ROUND_TRIP_BOUND * 1000:.0f} ms{': ' if over else ''}{', '.join(over)}")
+            f"{ROUND_TRIP_BOUND * 1000:.0f} ms{': ' if over else ''}{', '.join(over)}"
+            f"{'; the broker logged: ' if stalls else ''}{' / '.join(stalls)}")
+
+
+def stalls_logged(log: str, since: float, until: float) -> list[str]:
+    """The lines of log (the text format) that say its event loop was held, logged from since to until (time.time(),
+    with a second's slack: the line comes once the loop turns again)."""
+    found = []
+    for line in log.splitlines():
+        if STALL in line:
+            try:
+                at = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            except ValueError:
+                continue
+            if since - 1 <= at <= until + 1:
+                found.append(line)
+    return found

@@ -134,7 +134,7 @@ def judged(cluster, done: str, times: list[tuple[float, float]]) -> None:
     trip took longer than the bound."""
     print(f"{done}; {describe(times)}; leaderships {leaderships(cluster)}")
     assert leaderships(cluster) == 1, f"the leader lost its leadership:\n{leadership_story(cluster)}"
-    assert slowest(times) <= ROUND_TRIP_BOUND, describe(times)
+    assert slowest(times) <= ROUND_TRIP_BOUND, describe(times, cluster.logs())
 
 
 def test_a_consumer_draining_millions_holds_no_other_client_and_costs_no_leadership(cluster):  # noqa: F811

@@ -119,7 +119,7 @@ def test_many_exclusive_queues_go_in_slices_and_every_one_is_gone_at_close_ok(br
         client.close_connection(SLOW_TIMEOUT)
     finally:
         times = probe.stop()
-    assert slowest(times) < ROUND_TRIP_BOUND, describe(times)
+    assert slowest(times) < ROUND_TRIP_BOUND, describe(times, broker.log())
     declared_again(broker, names[::400])
 
 

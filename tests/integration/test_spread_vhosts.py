@@ -475,6 +475,6 @@ def test_a_delete_a_copy_forwards_removes_the_many_bindings_first_holding_no_cli
     finally:
         times = round_trips.stop()
         deleter.close()
-    assert slowest(times) < ROUND_TRIP_BOUND, describe(times)
+    assert slowest(times) < ROUND_TRIP_BOUND, describe(times, broker.log())
     assert request(broker, "GET", "/api/queues/%2F/q").status == 404
     assert request(broker, "GET", "/api/exchanges/%2F/x/bindings/source").body == []

@@ -74,14 +74,16 @@ def anonymous_broker(root) -> Broker:
     return broker
 
 
-def run_case(broker: Broker, level: int, name: str) -> subprocess.CompletedProcess:
+def run_case(broker: Broker, level: int, name: str) -> tuple[subprocess.CompletedProcess, str]:
+    """The case's run, and what the broker logged meanwhile."""
     refusing = name == "test_subscribe_failure"
     if refusing:
         assert request(broker, "PUT", "/api/topic-permissions/%2F/guest", NOSUBSCRIBE).status == 201
+    logged_before = len(broker.log())
     try:
         return subprocess.run([sys.executable, "-m", "tests.mqtt.paho_runner", str(level), str(broker.mqtt_port),
                                name], cwd=REPO_ROOT, capture_output=True, text=True, timeout=CASE_TIMEOUT,
-                              env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+                              env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}), broker.log()[logged_before:]
     finally:
         if refusing:  # (the next cases on this broker subscribe as they like)
             assert request(broker, "DELETE", "/api/topic-permissions/%2F/guest").status == 204
@@ -90,8 +92,8 @@ def run_case(broker: Broker, level: int, name: str) -> subprocess.CompletedProce
 @pytest.fixture(scope="module")
 def case_runs(request, tmp_path_factory):
     """Every case selected, started at once on AT_ONCE brokers (a case takes a broker no other case is using, and
-    gives it back at its end): each case's run, by (level, name), to wait for. The module's tests run in one test
-    process (tests/conftest.py SERIAL_GROUPS), which starts them all."""
+    gives it back at its end): each case's run and its broker's log meanwhile, by (level, name), to wait for. The
+    module's tests run in one test process (tests/conftest.py SERIAL_GROUPS), which starts them all."""
     if EXTERNAL_URL:
         pytest.skip("needs broker processes of its own")
     selected = [(item.callspec.params["level"], item.callspec.params["name"])
@@ -100,7 +102,7 @@ def case_runs(request, tmp_path_factory):
     brokers: list[Broker] = []
     free: queue.Queue[Broker] = queue.Queue()
 
-    def on_a_free_broker(level: int, name: str) -> subprocess.CompletedProcess:
+    def on_a_free_broker(level: int, name: str) -> tuple[subprocess.CompletedProcess, str]:
         broker = free.get()
         try:
             return run_case(broker, level, name)
@@ -121,5 +123,5 @@ def case_runs(request, tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("level, name", cases())
 def test_paho_interoperability(case_runs: dict[tuple[int, str], Future], level, name):
-    result = case_runs[(level, name)].result(timeout=CASE_TIMEOUT * len(case_runs))
-    assert result.returncode == 0, result.stderr[-4000:]
+    result, logged = case_runs[(level, name)].result(timeout=CASE_TIMEOUT * len(case_runs))
+    assert result.returncode == 0, f"{result.stderr[-4000:]}\nthe broker logged meanwhile:\n{logged[-4000:]}"
