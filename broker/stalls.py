@@ -7,7 +7,8 @@ STALL_WARNING is a stall. A thread looks at the last beat as often, and when the
 innermost frames of the loop's thread (the Python ones: a compiled function shows as the Python code it called, or
 not at all; a C call that keeps the interpreter, as a collection of the garbage collector does, keeps the watching
 thread out too, which then finds the loop wherever it went on). At most one warning every WARN_EVERY: the next one
-counts the stalls between."""
+counts the stalls between. A hold that lasts STILL_HELD is also said by the watching thread while it lasts, once,
+with where the loop is then (a loop that never turns again would say nothing itself)."""
 
 from __future__ import annotations
 
@@ -27,21 +28,24 @@ STALL_WARNING: Final = 0.25  # seconds the event loop may be held before a warni
 CHECK_EVERY: Final = 0.1  # seconds between two beats of the loop, and between two looks of the watching thread
 WARN_EVERY: Final = 10.0  # seconds between two warnings at least
 FRAMES: Final = 6  # innermost frames of the loop's thread a warning names
+STILL_HELD: Final = 5.0  # seconds of one hold after which the watching thread says so itself
 
 
 class StallWatch:
     """The beats of one event loop, and the thread that watches them."""
 
     def __init__(self, threshold: float = STALL_WARNING, check_every: float = CHECK_EVERY,
-                 warn_every: float = WARN_EVERY) -> None:
+                 warn_every: float = WARN_EVERY, still_held: float = STILL_HELD) -> None:
         self.threshold = threshold
         self.check_every = check_every
         self.warn_every = warn_every
+        self.still_held = still_held
         self.loop: asyncio.AbstractEventLoop | None = None  # the loop watched (None: none yet)
         self.loop_thread = 0  # the thread id of the loop watched
         self.timer: asyncio.TimerHandle | None = None  # the next beat
         self.due = time.monotonic()  # when the next beat is due (time.monotonic())
         self.found: tuple[float, str] | None = None  # (due, where): the loop's thread as found past that beat's due
+        self.still_said = 0.0  # the due of the last beat whose hold the watching thread said while it lasted
         self.warned_at = -warn_every  # time.monotonic() of the last warning
         self.unsaid = 0  # stalls since the last warning, not warned of
         self.unsaid_longest = 0.0  # seconds the longest of them lasted
@@ -79,12 +83,20 @@ class StallWatch:
         self.warned_at, self.unsaid, self.unsaid_longest = now, 0, 0.0
 
     def look(self) -> None:
-        """From the watching thread: where the loop's thread is, if its beat is overdue and it was not found yet."""
+        """From the watching thread: where the loop's thread is, if its beat is overdue and it was not found yet; a
+        hold of still_held or more is said now, once."""
         due = self.due
-        if self.found is None and self.loop is not None and time.monotonic() - due > self.threshold:
-            frame = sys._current_frames().get(self.loop_thread)
-            if frame is not None:
-                self.found = (due, where(frame))
+        overdue = time.monotonic() - due
+        finding = self.found is None and overdue > self.threshold
+        saying = overdue >= self.still_held and self.still_said != due
+        frame = sys._current_frames().get(self.loop_thread) if (finding or saying) and self.loop is not None else None
+        if frame is None:
+            return
+        if finding:
+            self.found = (due, where(frame))
+        if saying:
+            self.still_said = due
+            log.warning("the event loop has been held for %.0f s so far, found at %s", overdue, where(frame))
 
     def watch(self) -> None:
         """The watching thread's life: a look every check_every, until the loop watched is closed."""

@@ -87,3 +87,25 @@ def test_a_hold_the_watching_thread_does_not_see_into_is_warned_of_without_where
         watched([0.5], thread=False)
     [warning] = warnings_of(caplog)
     assert held(warning) >= 0.5 - CHECK_EVERY and "found at" not in warning, warning
+
+
+def test_a_long_hold_is_said_by_the_watching_thread_while_it_lasts(caplog):
+    """(As a loop that never turns again would say nothing itself.)"""
+    async def main() -> None:
+        watch = StallWatch(THRESHOLD, CHECK_EVERY, 60.0, still_held=0.6)
+        watch.attach(asyncio.get_running_loop())
+        watching = threading.Thread(target=watch.watch, daemon=True)
+        watching.start()
+        await asyncio.sleep(0.05)
+        hold(1.0)
+        said_meanwhile.extend(warnings_of(caplog))
+        await asyncio.sleep(0.05)
+
+    said_meanwhile: list[str] = []
+    with caplog.at_level(logging.WARNING, "broker.stalls"):
+        asyncio.run(main())
+    [during] = said_meanwhile
+    said = re.match(r"the event loop has been held for \d s so far, found at broker/test_stalls.py:\d+ hold < ", during)
+    assert said, during
+    during_too, after = warnings_of(caplog)
+    assert during_too == during and held(after) >= 1.0 - CHECK_EVERY, after
