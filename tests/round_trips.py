@@ -20,7 +20,7 @@ from tests.integration.rawclient import RawClient
 
 ROUND_TRIP_BOUND = 0.05  # seconds another client's round trip may take meanwhile
 PAUSE = 0.001  # seconds between two round trips (so that they time the broker, not load it)
-STALL = "the event loop was held for"  # what a broker logs of a stall of its event loop (broker.stalls)
+STALL = "broker.stalls:"  # the logger of what a broker says of a stall of its event loop (broker.stalls)
 
 Times = list[tuple[float, float]]  # (time.time() at its end, seconds it took) of each round trip
 
