@@ -58,6 +58,13 @@ def pytest_sessionstart(session) -> None:
         pytest.exit(refused, returncode=2)
 
 
+def pytest_sessionfinish(session) -> None:
+    """The private directories of the `--workers` supervisors the tests killed (own_broker ends its brokers with
+    kill -9) go, as the next supervisor's start would remove them; one whose supervisor lives stays."""
+    from broker.workers.supervisor import remove_stale_private_directories
+    remove_stale_private_directories()
+
+
 # `make test` runs the suite on several processes at once (pytest-xdist), then the tests marked `alone` by
 # themselves: these time the broker, or what runs at the same time, which other tests' load would blur.
 # Folders whose tests run one after another in one process, ahead of the rest so that the longest stretches start
