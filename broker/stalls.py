@@ -44,7 +44,8 @@ class StallWatch:
         self.loop_thread = 0  # the thread id of the loop watched
         self.timer: asyncio.TimerHandle | None = None  # the next beat
         self.due = time.monotonic()  # when the next beat is due (time.monotonic())
-        self.found: tuple[float, str] | None = None  # (due, where): the loop's thread as found past that beat's due
+        # (due, where): the loop's thread as found past that beat's due (one of an earlier beat: stale, ignored)
+        self.found: tuple[float, str] | None = None
         self.still_said = 0.0  # the due of the last beat whose hold the watching thread said while it lasted
         self.warned_at = -warn_every  # time.monotonic() of the last warning
         self.unsaid = 0  # stalls since the last warning, not warned of
@@ -55,7 +56,6 @@ class StallWatch:
         if self.timer is not None:
             self.timer.cancel()
         self.loop, self.loop_thread = loop, threading.get_ident()
-        self.found = None
         self._next_beat()
 
     def _next_beat(self) -> None:
@@ -65,8 +65,8 @@ class StallWatch:
 
     def _beat(self) -> None:
         held = time.monotonic() - self.due
-        found, self.found = self.found, None
         if held > self.threshold:
+            found = self.found
             self._held(held, found[1] if found is not None and found[0] == self.due else None)
         self._next_beat()
 
@@ -83,11 +83,12 @@ class StallWatch:
         self.warned_at, self.unsaid, self.unsaid_longest = now, 0, 0.0
 
     def look(self) -> None:
-        """From the watching thread: where the loop's thread is, if its beat is overdue and it was not found yet; a
-        hold of still_held or more is said now, once."""
+        """From the watching thread: where the loop's thread is, if its beat is overdue and it was not found since;
+        a hold of still_held or more is said now, once."""
         due = self.due
         overdue = time.monotonic() - due
-        finding = self.found is None and overdue > self.threshold
+        found = self.found
+        finding = overdue > self.threshold and (found is None or found[0] != due)
         saying = overdue >= self.still_held and self.still_said != due
         frame = sys._current_frames().get(self.loop_thread) if (finding or saying) and self.loop is not None else None
         if frame is None:
