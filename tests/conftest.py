@@ -19,6 +19,7 @@ import tempfile
 import time
 import urllib.parse
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -289,6 +290,11 @@ class Broker:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
+
+
+def logged_at(stamp: str) -> float:
+    """time.time() of a log line's local time stamp (its first 23 characters in the text format)."""
+    return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
 def _external_broker() -> Broker:

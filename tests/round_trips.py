@@ -5,7 +5,6 @@ of their own measured 4 ms, up to 39 ms)."""
 
 from __future__ import annotations
 
-import datetime
 import multiprocessing
 import socket
 import statistics
@@ -16,6 +15,7 @@ from typing import Any
 
 from pamqp import commands
 
+from tests.conftest import logged_at
 from tests.integration.rawclient import RawClient
 
 ROUND_TRIP_BOUND = 0.05  # seconds another client's round trip may take meanwhile
@@ -99,7 +99,7 @@ def stalls_logged(log: str, since: float, until: float) -> list[str]:
     for line in log.splitlines():
         if STALL in line:
             try:
-                at = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                at = logged_at(line[:23])
             except ValueError:
                 continue
             if since - 1 <= at <= until + 1:

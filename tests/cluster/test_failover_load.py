@@ -21,7 +21,6 @@ import statistics
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
 from types import SimpleNamespace
 
 import pytest
@@ -42,6 +41,7 @@ from tests.cluster.test_failover import (  # noqa: F401 (cluster, kill_publisher
     leadership_story,
     publisher_on,
 )
+from tests.conftest import logged_at
 from tests.integration.management import request
 from tests.waiting import wait_for
 
@@ -59,11 +59,6 @@ LEADING = re.compile(LOG_TIME + r"leading the cluster \(epoch (\d+)\)", re.MULTI
 RECOVERED = re.compile(LOG_TIME + r"recovered (\d+) messages, (\d+) records, (\d+) bytes in ([\d.]+) s( with the hot "
                        r"standby)?", re.MULTILINE)
 STANDBY_READ = re.compile(r"the standby of .* has read its data dir")
-
-
-def logged_at(stamp: str) -> float:
-    """time.time() of a log line's local time stamp."""
-    return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
 @dataclass
