@@ -93,11 +93,12 @@ class StallWatch:
         frame = sys._current_frames().get(self.loop_thread) if (finding or saying) and self.loop is not None else None
         if frame is None:
             return
+        place = where(frame)
         if finding:
-            self.found = (due, where(frame))
+            self.found = (due, place)
         if saying:
             self.still_said = due
-            log.warning("the event loop has been held for %.0f s so far, found at %s", overdue, where(frame))
+            log.warning("the event loop has been held for %.0f s so far, found at %s", overdue, place)
 
     def watch(self) -> None:
         """The watching thread's life: a look every check_every, until the loop watched is closed."""
