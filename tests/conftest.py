@@ -61,9 +61,12 @@ def pytest_sessionstart(session) -> None:
 
 def pytest_sessionfinish(session) -> None:
     """The private directories of the `--workers` supervisors the tests killed (own_broker ends its brokers with
-    kill -9) go, as the next supervisor's start would remove them; one whose supervisor lives stays."""
+    kill -9) go, as the next supervisor's start would remove them; one whose supervisor lives stays. So does this
+    test process's config for WARREN_TEST_LEADER_LOCATOR or WARREN_TEST_SPREAD (its brokers are stopped by now)."""
     from broker.workers.supervisor import remove_stale_private_directories
     remove_stale_private_directories()
+    if LEADER_LOCATOR or SPREAD:
+        shutil.rmtree(_workers_config.parent, ignore_errors=True)
 
 
 # `make test` runs the suite on several processes at once (pytest-xdist), then the tests marked `alone` by
