@@ -18,7 +18,8 @@ import logging
 import os
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from itertools import compress
 from pathlib import Path
 from typing import TypeVar
 
@@ -52,43 +53,77 @@ class StoredMessage:
         self.redelivered = redelivered  # it had been delivered from this queue before the stop
 
 
-class RecoveredMessages:
-    """One queue's recovered messages in queue order (= id order, as are their places)."""
+REDELIVERED = 1  # a message's flag: delivered from its queue before the stop
+REMOVED = 2  # removed from its queue by a later record (dropped from the columns by drop_removed())
+TRANSIENT = 4  # not marked persistent (a quorum queue stores those too)
+_REDELIVERED_BIT = bytes(flags & REDELIVERED for flags in range(256))  # flags -> their REDELIVERED bit alone
 
-    __slots__ = ("queue", "ids", "places", "sizes", "redelivered", "transient", "transient_ids", "removed",
-                 "segments_dir", "index", "found")
+
+class RecoveredMessages:
+    """One queue's recovered messages in queue order (= id order, as are their places).
+
+    What later records say of a message is a flag beside it (``flags``), not a set of ids: a set of the ids of
+    millions of deliveries grew by rehashing itself whole, up to a second at a time on a busy follower, holding its
+    interpreter (and the replication stream's acks) meanwhile."""
+
+    __slots__ = ("queue", "ids", "places", "sizes", "flags", "removed", "transient_ids", "segments_dir", "index",
+                 "found")
 
     def __init__(self, queue: str, segments_dir: Path, index: MessageIndex) -> None:
         self.queue = queue  # the queue's name in the store
         self.ids = array("Q")  # message ids, ascending
         self.places = array("Q")  # where each record is (place()), ascending too
         self.sizes = array("I")  # body bytes of each
-        self.redelivered: set[int] = set()  # ids delivered from this queue before the stop
-        self.transient: set[int] = set()  # ids of messages not marked persistent (a quorum queue stores them too)
-        self.transient_ids = array("Q")  # the same, sorted, once finish() has moved them here
-        self.removed: set[int] = set()  # ids removed by a later record (dropped from the columns by finish())
+        self.flags = bytearray()  # REDELIVERED, REMOVED and TRANSIENT bits of each
+        self.removed = 0  # messages flagged REMOVED
+        self.transient_ids = array("Q")  # ids of the TRANSIENT ones, sorted, once finish() has gathered them
         self.segments_dir = segments_dir
         self.index = index  # the store's, where the segments holding these messages are pinned
-        self.found = -1  # position in ids of the id ``in`` found last
+        self.found = -1  # position in ids of the id positions() found last
 
     def add(self, msg_id: int, where: int, size: int, persistent: bool, delivered: bool) -> None:
         self.ids.append(msg_id)
         self.places.append(where)
         self.sizes.append(size)
-        if delivered:
-            self.redelivered.add(msg_id)
-        if not persistent:
-            self.transient.add(msg_id)
+        self.flags.append((REDELIVERED if delivered else 0) | (0 if persistent else TRANSIENT))
 
-    def __contains__(self, msg_id: int) -> bool:
+    def add_run(self, first_id: int, places: list[int], sizes: list[int], persistent: bool, delivered: bool) -> None:
+        """Messages with the ids from first_id on, at places, with those body sizes, all flagged alike."""
+        self.ids.extend(range(first_id, first_id + len(places)))
+        self.places.extend(places)
+        self.sizes.extend(sizes)
+        self.flags.extend(bytes(((REDELIVERED if delivered else 0) | (0 if persistent else TRANSIENT),)) * len(places))
+
+    def positions(self, msg_ids: Sequence[int]) -> list[int]:
+        """Where those of msg_ids that are among these messages are in the columns, in the order given."""
         ids = self.ids
-        position = self.found + 1  # acks mostly come in queue order: the id after the one found last comes first
-        if not (position < len(ids) and ids[position] == msg_id):
-            position = bisect_left(ids, msg_id)
-            if not (position < len(ids) and ids[position] == msg_id):
-                return False
-        self.found = position
-        return True
+        count = len(ids)
+        found = self.found
+        positions = []
+        for msg_id in msg_ids:
+            position = found + 1  # acks mostly come in queue order: the id after the one found last comes first
+            if not (position < count and ids[position] == msg_id):
+                position = bisect_left(ids, msg_id)
+                if not (position < count and ids[position] == msg_id):
+                    continue
+            found = position
+            positions.append(position)
+        self.found = found
+        return positions
+
+    def flag(self, positions: Sequence[int], msg_ids: Sequence[int], flag: int) -> None:
+        """Flag the messages msg_ids, found at positions: msg_ids are the ids of some of those positions, in their
+        order (what the index said of the ids there: live, or not yet delivered)."""
+        ids, flags = self.ids, self.flags
+        taken = 0
+        for position in positions:
+            if taken == len(msg_ids):
+                break
+            if ids[position] == msg_ids[taken]:
+                taken += 1
+                if flag == REMOVED and not flags[position] & REMOVED:
+                    self.removed += 1
+                flags[position] |= flag
 
     def moved(self, number: int, dropped: list[tuple[int, int]]) -> None:
         """Byte ranges (sorted, disjoint) were taken out of segment number: its records after them moved up."""
@@ -103,15 +138,14 @@ class RecoveredMessages:
 
     def drop_removed(self) -> None:
         """Drop the removed messages from the columns."""
-        removed = self.removed
-        if removed:
-            kept = [position for position, msg_id in enumerate(self.ids) if msg_id not in removed]
+        if self.removed:
+            flags = self.flags
+            kept = [position for position, flag in enumerate(flags) if not flag & REMOVED]
             self.ids = array("Q", [self.ids[position] for position in kept])
             self.places = array("Q", [self.places[position] for position in kept])
             self.sizes = array("I", [self.sizes[position] for position in kept])
-            self.redelivered -= removed
-            self.transient -= removed
-            self.removed = set()
+            self.flags = bytearray(flags[position] for position in kept)
+            self.removed = 0
             self.found = -1
 
     def absorb(self, other: "RecoveredMessages") -> None:
@@ -119,26 +153,27 @@ class RecoveredMessages:
         (before finish())."""
         self.drop_removed()
         other.drop_removed()
-        self.redelivered |= other.redelivered
-        self.transient |= other.transient
         if not self.ids or not other.ids or other.ids[0] > self.ids[-1]:
             self.ids.extend(other.ids)
             self.places.extend(other.places)
             self.sizes.extend(other.sizes)
+            self.flags.extend(other.flags)
             return
         ids, places, sizes = self.ids + other.ids, self.places + other.places, self.sizes + other.sizes
+        flags = self.flags + other.flags
         order = sorted(range(len(ids)), key=ids.__getitem__)
         self.ids = array("Q", [ids[position] for position in order])
         self.places = array("Q", [places[position] for position in order])
         self.sizes = array("I", [sizes[position] for position in order])
+        self.flags = bytearray(flags[position] for position in order)
         self.found = -1
 
     def finish(self) -> int:
         """Drop the removed messages from the columns and pin the segments of the rest; return how many are
         left."""
         self.drop_removed()
-        self.transient_ids = array("Q", sorted(self.transient))
-        self.transient = set()
+        ids = self.ids
+        self.transient_ids = array("Q", [ids[position] for position, flag in enumerate(self.flags) if flag & TRANSIENT])
         places, start = self.places, 0
         while start < len(places):
             number = places[start] >> PLACE_BITS
@@ -189,8 +224,9 @@ class RecoveredMessages:
         else:
             segment = self.index.segments.get(number)
             stop = segment.size if segment is not None else None  # the size a recovered segment keeps
+        redelivered = set(compress(ids, self.flags[start:end].translate(_REDELIVERED_BIT)))
         return StoredRun(ids, places[start:end], stop, segment_path(self.segments_dir, number), self.index,
-                         self.queue, self.redelivered, body_bytes, len(ids) - len(transient),
+                         self.queue, redelivered, body_bytes, len(ids) - len(transient),
                          body_bytes - transient_bytes)
 
 
@@ -217,7 +253,7 @@ class StoredRun:
         self.path = path
         self.index = index  # where the segment is pinned for queue until release(); None once released
         self.queue = queue
-        self.redelivered = redelivered  # the queue's set of ids delivered before the stop (read, never changed)
+        self.redelivered = redelivered  # the ids of the run delivered before the stop (read, never changed)
         self.body_bytes = body_bytes  # body bytes of the run's messages
         self.persistent = persistent  # of them, messages marked persistent
         self.persistent_bytes = persistent_bytes  # their body bytes

@@ -22,7 +22,7 @@ from pathlib import Path
 from storage import format, records, salvage
 from storage.definitions_log import DefinitionTable
 from storage.index import MessageIndex
-from storage.recovered_messages import RecoveredMessages, place
+from storage.recovered_messages import REDELIVERED, REMOVED, TRANSIENT, RecoveredMessages, place
 from storage.segments import (
     CLEAN_MARKER, DEFINITIONS_LOG, fsync_directories, fsync_directory, make_directories, segment_numbers, segment_path,
 )
@@ -232,18 +232,8 @@ class RecordReader:
         """The publishes at places, with those body sizes, were taken in segment_records's loop after the one that
         began follow's run: their messages, with the ids after the last one, join its queue; the lists are
         emptied."""
-        count = len(places)
-        first_id = self.index.last_id + 1
-        fresh = range(first_id, first_id + count)
-        messages = follow.messages
-        messages.ids.extend(fresh)
-        messages.places.extend(places)
-        messages.sizes.extend(sizes)
-        self.index.add_recovered_more(follow.queue, follow.state, count)
-        if follow.delivered:
-            messages.redelivered.update(fresh)
-        if not follow.persistent:
-            messages.transient.update(fresh)
+        follow.messages.add_run(self.index.last_id + 1, places, sizes, follow.persistent, follow.delivered)
+        self.index.add_recovered_more(follow.queue, follow.state, len(places))
         places.clear()
         sizes.clear()
 
@@ -324,21 +314,21 @@ class RecordReader:
                 (queue, delivered), = live
                 messages = self.queues[queue]
                 self.follow = _Follow(self.publishes.metadata_bytes, body_start - start, queue,
-                                      index.state_of(msg_id), messages, delivered, msg_id not in messages.transient)
+                                      index.state_of(msg_id), messages, delivered,
+                                      not messages.flags[-1] & TRANSIENT)
                 return
         elif kind in (records.REMOVED, records.DELIVERED):
             # a compacted publish lists only its live queues, so an older record may name a queue it has left
             queue, ids = records.decode_id_list(payload)
             listed = self.queues.get(queue)
             if listed is not None:
-                self._removed_or_delivered(kind, queue, listed, [msg_id for msg_id in ids if msg_id in listed])
+                self._removed_or_delivered(kind, queue, listed, listed.positions(ids))
             if self.adopted:  # (messages a queue adopted are still listed under the key they were held under)
                 adopted = self.adopted
                 for held in {held for msg_id in ids for held in adopted.get(msg_id, ())
                              if self.adoptions[held] == queue}:
                     held_listed = self.queues[held]
-                    self._removed_or_delivered(kind, queue, held_listed,
-                                               [msg_id for msg_id in ids if msg_id in held_listed])
+                    self._removed_or_delivered(kind, queue, held_listed, held_listed.positions(ids))
         elif kind == records.ADOPTED:
             held, ids = records.decode_id_list(payload)
             listed = self.queues.get(held)
@@ -346,19 +336,24 @@ class RecordReader:
             if listed is None or parts is None:
                 return
             queue = parts[1]
-            present = [msg_id for msg_id in ids if msg_id in listed]
+            listed_ids = listed.ids
+            positions = listed.positions(ids)
             below = index.deleted_below.get(queue, -1)  # (a queue deleted since: they went with it)
-            listed.removed.update(index.remove(held, [msg_id for msg_id in present if msg_id < below]))
-            for msg_id in index.adopt(held, queue, [msg_id for msg_id in present if msg_id >= below]):
+            gone = [position for position in positions if listed_ids[position] < below]
+            listed.flag(gone, index.remove(held, [listed_ids[position] for position in gone]), REMOVED)
+            for msg_id in index.adopt(held, queue, [listed_ids[position] for position in positions
+                                                    if listed_ids[position] >= below]):
                 self.adopted.setdefault(msg_id, []).append(held)
             self.adoptions[held] = queue
         else:
             raise ValueError(f"unknown segment record type {kind}")
 
-    def _removed_or_delivered(self, kind: int, queue: str, listed: RecoveredMessages, present: list[int]) -> None:
+    def _removed_or_delivered(self, kind: int, queue: str, listed: RecoveredMessages, positions: list[int]) -> None:
+        listed_ids = listed.ids
+        present = [listed_ids[position] for position in positions]
         if kind == records.REMOVED:
             removed = self.index.remove(queue, present)
-            listed.removed.update(removed)
+            listed.flag(positions, removed, REMOVED)
             adopted = self.adopted
             if adopted:
                 for msg_id in removed:
@@ -368,7 +363,7 @@ class RecordReader:
                         if not helds:
                             del adopted[msg_id]
         else:
-            listed.redelivered.update(self.index.deliver(queue, present))
+            listed.flag(positions, self.index.deliver(queue, present), REDELIVERED)
 
     def adopt_held(self) -> None:
         """Each held key's messages that a queue adopted join that queue's, in id order (once all is read)."""

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from storage import records
 from storage.definitions_log import DefinitionTable
-from storage.recovered_messages import place
+from storage.recovered_messages import REMOVED, place
 from storage.recovery import RecordReader
 from storage.replica import RESET, Frame
 from storage.segments import DEFINITIONS_LOG, messages_directory, segment_numbers, segment_path
@@ -152,7 +152,7 @@ class Standby:
         self.whole = True
         if fresh:
             log.info("the standby of %s has read its data dir: %d messages in %.2f s", self._data_dir,
-                     sum(len(messages.ids) - len(messages.removed) for messages in self._reader.queues.values()),
+                     sum(len(messages.ids) - messages.removed for messages in self._reader.queues.values()),
                      time.monotonic() - started)
 
     def _catch_up(self, reader: RecordReader) -> None:
@@ -168,7 +168,7 @@ class Standby:
         if self._since_sweep >= SWEEP_BYTES:
             self._since_sweep = 0
             for messages in reader.queues.values():
-                if len(messages.removed) > len(messages.ids) // 2:
+                if messages.removed > len(messages.ids) // 2:
                     messages.drop_removed()
 
     def _read_definitions(self, reader: RecordReader) -> None:
@@ -274,7 +274,7 @@ class Standby:
         for messages in reader.queues.values():
             places = messages.places
             for position in range(bisect_left(places, low), bisect_left(places, high)):
-                if messages.ids[position] not in messages.removed:
+                if not messages.flags[position] & REMOVED:
                     raise StartAgain(f"segment {number} was deleted with message {messages.ids[position]} live")
         reader.index.forget(segment)
         del self._segments[number]
@@ -294,8 +294,8 @@ class Standby:
             raise StartAgain(f"compacted segment {number}: a damaged record ({bad.args[1]})") from None
         low, high = place(number, 0), place(number + 1, 0)
         for queue, messages in reader.queues.items():
-            places, ids, removed = messages.places, messages.ids, messages.removed
-            gone = []
+            places, ids, flags = messages.places, messages.ids, messages.flags
+            gone = []  # positions
             last = low  # (a message left out keeps the place before it: the places stay in order)
             for position in range(bisect_left(places, low), bisect_left(places, high)):
                 msg_id = ids[position]
@@ -303,10 +303,10 @@ class Standby:
                 if at >= 0:
                     last = place(number, at)
                 places[position] = last
-                if queue not in listed and msg_id not in removed:
-                    gone.append(msg_id)
+                if queue not in listed and not flags[position] & REMOVED:
+                    gone.append(position)
             if gone:
-                removed.update(reader.index.remove(queue, gone))
+                messages.flag(gone, reader.index.remove(queue, [ids[position] for position in gone]), REMOVED)
         self._segments[number] = Tailed(inode, len(data), True)
         reader.index.segments[number].size = len(data)
 
@@ -315,10 +315,11 @@ class Standby:
         messages = reader.queues.get(queue)
         if messages is None:
             return
-        gone = [msg_id for msg_id in messages.ids[:bisect_left(messages.ids, below)] if msg_id not in messages.removed]
+        ids, flags = messages.ids, messages.flags
+        gone = [position for position in range(bisect_left(ids, below)) if not flags[position] & REMOVED]
         deleted_below = reader.index.deleted_below
         del deleted_below[queue]  # (remove() passes over the ids below a queue's deletion: gone already)
-        messages.removed.update(reader.index.remove(queue, gone))
+        messages.flag(gone, reader.index.remove(queue, [ids[position] for position in gone]), REMOVED)
         deleted_below[queue] = below
 
 
