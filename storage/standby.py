@@ -203,8 +203,11 @@ class Standby:
         tailed = self._segments.get(number)
         path = segment_path(self._segments_dir, number)
         if tailed is not None and tailed.complete:
-            if os.stat(path).st_ino == tailed.inode:
-                return  # (the usual case: one system call)
+            try:
+                if os.stat(path).st_ino == tailed.inode:
+                    return  # (the usual case: one system call)
+            except FileNotFoundError:
+                return  # deleted since the listing (a start again from the whole data dir, until this was caught)
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:

@@ -283,3 +283,41 @@ def test_a_join_copy_is_read_once_whole_and_a_standby_taken_during_one_hands_ove
     assert len(expected["messages"]["/|q"]) == 1500 + 100
     assert state(follower.promote()) == expected
     assert follower.standby.restarts == 0
+
+
+def test_a_spent_segment_deleted_as_the_standby_lists_the_segments_is_found_deleted_at_its_next_look(
+        tmp_path, monkeypatch):
+    """The stream deletes a spent segment between the standby's listing of the segments and its look at that one
+    (the leader's deletions during a deep queue's settlement): the standby goes on, and finds it deleted at its next
+    catch-up, rather than start again from the whole data dir."""
+    async def main() -> tuple[Follower, list]:
+        leader = Leader(tmp_path / "leader", **SMALL)
+        follower = Follower(tmp_path / "follower", leader, random.Random(6))
+        follower.join(await leader.cut())
+        for msg_id in range(3000):
+            leader.store.append_message(msg_id, ("/|q",), "", "q", PERSISTENT, b"m%d" % msg_id + b"." * 100)
+        await durable(leader.store)
+        follower.keep_up()
+        leader.store.append_removed("/|q", range(1500))
+        await settle(leader.store)
+        leader.store.close()
+        return follower, leader.frames[follower.applied:]
+
+    follower, missed = asyncio.run(main())
+    deletions = [frame for frame in missed if any(kind == DELETE for kind, _, _ in frame[1])]
+    assert deletions
+    listed = standby_module.segment_numbers
+
+    def listed_then_deleted(directory: Path) -> list[int]:
+        numbers = listed(directory)
+        follower.apply(missed)  # (as the stream's thread does meanwhile)
+        return numbers
+
+    monkeypatch.setattr(standby_module, "segment_numbers", listed_then_deleted)
+    follower.standby.catch_up()
+    monkeypatch.setattr(standby_module, "segment_numbers", listed)
+    follower.standby.catch_up()
+    assert follower.standby.restarts == 0 and follower.standby.whole
+    expected = cold(follower.directory, tmp_path / "copy")
+    assert len(expected["messages"]["/|q"]) == 1500
+    assert state(follower.promote()) == expected
