@@ -500,6 +500,7 @@ class ClusterNode:
         if self.standby is None:
             self.standby = Standby(self.data_dir)
             self.standby.start()
+        self.standby.follows(epoch)
         client = ReplicaClient(self.data_dir, self.node, self.secret, self.config.cluster_ack_timeout,
                                self.tls[1] if self.tls else None, self.replication_group, self.standby.applied,
                                self.digests)

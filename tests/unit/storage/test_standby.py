@@ -5,6 +5,8 @@ follow (damage), it hands over nothing and the start reads the files."""
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import random
 import shutil
 from pathlib import Path
@@ -12,7 +14,7 @@ from pathlib import Path
 import pytest
 from pamqp import commands, header
 
-from storage.replica import APPEND, DELETE, REPLACE, ReplicaWriter
+from storage.replica import APPEND, DELETE, REPLACE, ReplicaWriter, reset_op
 from storage.recovery import Recovered, recover
 from storage.segments import messages_directory, segment_numbers, segment_path
 from storage import standby as standby_module
@@ -39,6 +41,26 @@ class Follower:
     def join(self, cut) -> None:
         sequence, held = cut
         self.apply([(sequence, copy_ops(held))])
+        self.applied = sum(1 for number, _ in self.leader.frames if number <= sequence)
+        self.standby.catch_up()
+
+    def rejoin(self, cut) -> None:
+        """Joins again after it fell behind, as the leader's copy makes it: the files it holds that are a prefix of
+        the leader's at the cut are kept and get their tails, the others go and come whole."""
+        sequence, held = cut
+        kept, appends = [], []
+        for path, fd, size in held:
+            data = os.pread(fd, size, 0)
+            os.close(fd)
+            mine = self.directory / path
+            old = mine.read_bytes() if mine.exists() else b""
+            if old and data.startswith(old):
+                kept.append(path)
+                data = data[len(old):]
+            if data:
+                appends.append((APPEND, path, data))
+        self.apply([(-1, [reset_op(kept), *appends])])
+        self.apply([(sequence, [])])  # the copy's end
         self.applied = sum(1 for number, _ in self.leader.frames if number <= sequence)
         self.standby.catch_up()
 
@@ -84,16 +106,25 @@ def cold(directory: Path, scratch: Path) -> dict:
     return state(reopen(scratch))
 
 
-async def workload(leader: Leader, follower: Follower, rng: random.Random, rounds: int) -> None:
+class Behind:
+    """A follower that has fallen out of the stream: it takes none of the workload's frames."""
+
+    def keep_up(self) -> None:
+        pass
+
+
+async def workload(leader: Leader, follower: Follower | Behind, rng: random.Random, rounds: int,
+                   first_id: int = 0) -> int:
     """Publishes (persistent and not, to one queue or several), deliveries, acks in and out of order, queue
     deletions and declarations again, definitions churned until their log is rewritten, compactions and spent
-    segments deleted; the follower keeps up at every durable point."""
+    segments deleted; the follower keeps up at every durable point. Its messages' ids begin at first_id; returns
+    the id after the last."""
     store = leader.store
     queues = ["/|a", "/|b", "/|c"]
     live: dict[str, list[int]] = {queue: [] for queue in queues}
     for queue in queues:
         store.append_definition("queue", queue, {"name": queue})
-    msg_id = 0
+    msg_id = first_id
     for round_ in range(rounds):
         for _ in range(rng.randrange(50, 400)):
             targets = tuple(rng.sample(queues, rng.choice((1, 1, 1, 2))))
@@ -122,6 +153,7 @@ async def workload(leader: Leader, follower: Follower, rng: random.Random, round
         else:
             await durable(store)
         follower.keep_up()
+    return msg_id
 
 
 def followed_workload(tmp_path: Path, seed: int) -> Follower:
@@ -283,6 +315,83 @@ def test_a_join_copy_is_read_once_whole_and_a_standby_taken_during_one_hands_ove
     assert len(expected["messages"]["/|q"]) == 1500 + 100
     assert state(follower.promote()) == expected
     assert follower.standby.restarts == 0
+
+
+def test_a_follower_that_joins_the_same_leadership_again_reads_on_from_where_its_standby_was(tmp_path, caplog):
+    """A follower dropped from the stream joins the same leader again: the copy changed its files as the frames it
+    missed would have (the kept ones grew, the others were compacted or deleted meanwhile), so the standby reads on
+    from where it was rather than all of it again."""
+    caplog.set_level(logging.INFO, logger="storage.standby")
+
+    async def main() -> Follower:
+        leader = Leader(tmp_path / "leader", **SMALL)
+        follower = Follower(tmp_path / "follower", leader, random.Random(5))
+        follower.standby.follows(6)
+        follower.join(await leader.cut())
+        for msg_id in range(3000):
+            leader.store.append_message(msg_id, ("/|q",), "", "q", PERSISTENT, b"m%d" % msg_id + b"." * 100)
+            if msg_id % 500 == 499:
+                await durable(leader.store)
+                follower.keep_up()
+        missed_from = len(leader.frames)
+        leader.store.append_delivered("/|q", range(1500, 2000))
+        leader.store.append_removed("/|q", [*range(0, 1000), *range(1000, 2000, 3)])
+        await settle(leader.store)
+        for msg_id in range(3000, 3100):
+            leader.store.append_message(msg_id, ("/|q",), "", "q", PERSISTENT, b"m%d" % msg_id)
+        await durable(leader.store)
+        missed = {(kind, path.split("/")[0]) for _, frame in leader.frames[missed_from:] for kind, path, _ in frame}
+        assert {(REPLACE, "messages"), (DELETE, "messages")} <= missed
+        follower.rejoin(await leader.cut())
+        leader.store.append_removed("/|q", range(2000, 2500))
+        await durable(leader.store)
+        follower.keep_up()
+        leader.store.close()
+        return follower
+
+    follower = asyncio.run(main())
+    assert len([r for r in caplog.records if "has read its data dir" in r.getMessage()]) == 1  # (the first join's)
+    assert follower.standby.restarts == 0
+    expected = cold(follower.directory, tmp_path / "copy")
+    assert len(expected["messages"]["/|q"]) == 3100 - 1000 - 334 - 500
+    assert state(follower.promote()) == expected
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("leadership", ["the same", "another"])
+def test_a_follower_that_joins_again_after_the_workload_recovers_what_a_start_would(
+        tmp_path, caplog, seed, leadership):
+    """The same after a workload of every kind of change: the promoted follower recovers what a start would. The
+    standby reads its data dir again at once for a copy of another leadership, whose files may hold another history;
+    for the same leadership only where it cannot follow, saying why (here: the segment it was reading was compacted
+    by the leader meanwhile), at its retry or its promotion."""
+    caplog.set_level(logging.INFO, logger="storage.standby")
+    rng = random.Random(seed)
+
+    async def main() -> tuple[Follower, int]:
+        leader = Leader(tmp_path / "leader", **SMALL)
+        follower = Follower(tmp_path / "follower", leader, rng)
+        follower.standby.follows(6)
+        follower.join(await leader.cut())
+        next_id = await workload(leader, follower, rng, rounds=15)
+        next_id = await workload(leader, Behind(), rng, rounds=15, first_id=next_id)
+        read_whole = len([r for r in caplog.records if "has read its data dir" in r.getMessage()])
+        follower.standby.follows(6 if leadership == "the same" else 7)
+        follower.rejoin(await leader.cut())
+        await workload(leader, follower, rng, rounds=10, first_id=next_id)
+        leader.store.close()
+        follower.keep_up()
+        return follower, read_whole
+
+    follower, read_whole = asyncio.run(main())
+    read_again = len([r for r in caplog.records if "has read its data dir" in r.getMessage()]) - read_whole
+    if leadership == "the same":  # (a restart reads again later, at its retry or at the promotion)
+        assert read_again == 0
+    else:
+        assert read_again == 1 and follower.standby.restarts == 0
+    expected = cold(follower.directory, tmp_path / "copy")
+    assert sum(len(messages) for messages in expected["messages"].values()) > 100
+    assert state(follower.promote()) == expected
 
 
 def test_a_spent_segment_deleted_as_the_standby_lists_the_segments_is_found_deleted_at_its_next_look(
