@@ -44,8 +44,9 @@ RETRY_AFTER = 5.0  # seconds after a failed catch-up before the standby reads th
 GATHER = 0.05  # seconds the thread lets writes gather after a catch-up (take() reads what came meanwhile)
 # a segment's bytes read between two chances for the other threads to run: the reader is compiled and keeps the
 # interpreter throughout (1 MiB of the records of 16 B messages, 12,000 of them, held the follower's event loop 50
-# to 130 ms)
-PIECE_BYTES = 64 << 10
+# to 130 ms; 64 KiB of dead-lettered messages' records up to 90 ms of CPU on a busy follower, where the stream's
+# thread takes the interpreter again after each write and fdatasync of a group, and may wait a piece each time)
+PIECE_BYTES = 16 << 10
 SWEEP_BYTES = 64 << 20  # bytes read between sweeps that drop the removed messages from the queues' columns
 
 
