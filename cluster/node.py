@@ -45,7 +45,7 @@ REACH_POLL = 0.1  # seconds between looks at whether a follower hears its leader
 DISK_RETRY = 5.0  # seconds a follower whose data dir failed waits before it connects again
 STANDBY_HOLD = 1.0  # seconds a node whose hot standby is not whole lets one whose standby is campaign first
 MAINTENANCE_POLL = 0.25  # seconds between looks at which nodes are in maintenance
-PROGRESS_PROBE = "the store's writer has finished no batch for {:.1f} s: the lease is not renewed"
+PROGRESS_PROBE = "the store's writer has finished no batch nor compaction slice for {:.1f} s: the lease is not renewed"
 IN_MAINTENANCE = "this node is in maintenance: it leads nothing until revived (`warrenctl revive`)"
 UNHEALTHY = "the store's writes fail: the lease is not renewed, so that a node with a working disk takes over"
 

@@ -82,7 +82,8 @@ the callback owns the fds. On a follower ``replica.ReplicaWriter.apply(frames)``
 fdatasync per file per group, on the caller's thread) and returns the highest sequence durable; its data dir stays
 byte-identical to the leader's (all but ``.lock``, ``clean-shutdown``, ``cluster-state``, ``pages/`` and
 ``quarantine/``), so promotion is ``recover()``.
-``store.writer_progress()`` is ``time.monotonic()`` of the last batch the writer finished, to tell a stuck disk.
+``store.writer_progress()`` is ``time.monotonic()`` of the last batch or compaction slice the writer finished, to tell
+a stuck disk.
 
 Layout on disk (``data_dir``): ``messages/NNNNNNNNNN.seg`` segments of about 16 MiB, ``definitions.log``,
 ``streams/<hash of the key>/<first offset>.seg`` (stream logs, written and fsynced with each batch), ``.lock``

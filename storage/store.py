@@ -601,7 +601,7 @@ class MessageStore:
             self._schedule_kick()
 
     def writer_progress(self) -> float:
-        """time.monotonic() when the writer thread last finished a batch (written or failed)."""
+        """time.monotonic() when the writer thread last finished a batch (written or failed) or a compaction's slice."""
         return self._writer.progress
 
     # --- shutdown and figures -------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import pytest
 from storage import writer as writer_module
 from storage.replica import APPEND, DELETE, REPLACE, RESET, RMTREE, TRUNCATE, Op, ReplicaWriter, replicated_files
 from storage.store import MessageStore
-from tests.unit.storage.storage_support import durable, reopen
+from tests.unit.storage.storage_support import HANG_GUARD, durable, reopen
 
 SMALL = {"segment_bytes": 64 * 1024, "min_compact_bytes": 8 * 1024}
 STREAM_LIMITS = {"max_segment_bytes": 4096, "max_bytes": 16384, "max_age_ms": None}
@@ -312,6 +312,44 @@ def test_writer_progress_moves_with_every_batch_even_an_empty_one(tmp_path):
         await asyncio.sleep(0.01)
         await durable(store)
         assert store.writer_progress() > before
+        store.close()
+
+    asyncio.run(main())
+
+
+def test_writer_progress_moves_with_every_compaction_slice_between_batches(tmp_path, monkeypatch):
+    """A writer that compacts between two batches (what it owes for the bytes written, a deep settlement's megabytes)
+    is not stuck: a leader's lease is kept while it compacts (cluster.node)."""
+    reached, go_on = threading.Event(), threading.Event()
+    step = writer_module.Writer._step_compaction
+
+    def first_held(writer) -> int:  # (the first slice waits for the test to read the progress of the batch before)
+        if not reached.is_set():
+            reached.set()
+            go_on.wait(HANG_GUARD)
+        return step(writer)
+
+    monkeypatch.setattr(writer_module.Writer, "_step_compaction", first_held)
+
+    async def main() -> None:
+        store = MessageStore(tmp_path, **SMALL)
+        store.recover()
+        for msg_id in range(3000):
+            store.append_message(msg_id, ("q",), "", "q", b"h", b"m%d" % msg_id + b"." * 100)
+        await durable(store)
+        store.append_removed("q", [msg_id for msg_id in range(3000) if msg_id % 4])  # (most of each segment)
+        for _ in range(5):  # (a batch hands the writer the compactions an earlier one made due)
+            await durable(store)
+            if await asyncio.to_thread(reached.wait, 1):
+                break
+        assert reached.is_set()
+        before_the_slices = store.writer_progress()
+        go_on.set()
+        deadline = asyncio.get_running_loop().time() + HANG_GUARD
+        while store.stats()["compactions_running"]:  # (told on the loop as each ends: nothing to await)
+            assert asyncio.get_running_loop().time() < deadline, "the compactions never ended"
+            await asyncio.sleep(0.001)
+        assert store.writer_progress() > before_the_slices
         store.close()
 
     asyncio.run(main())
