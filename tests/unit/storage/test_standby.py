@@ -156,6 +156,15 @@ async def workload(leader: Leader, follower: Follower | Behind, rng: random.Rand
     return msg_id
 
 
+async def publish_followed(leader: Leader, follower: Follower, count: int) -> None:
+    """count persistent messages to the queue /|q (ids from 0), the follower keeping up every 500."""
+    for msg_id in range(count):
+        leader.store.append_message(msg_id, ("/|q",), "", "q", PERSISTENT, b"m%d" % msg_id + b"." * 100)
+        if msg_id % 500 == 499:
+            await durable(leader.store)
+            follower.keep_up()
+
+
 def followed_workload(tmp_path: Path, seed: int) -> Follower:
     """The workload on a leader, a follower joined before it keeping up to its end."""
     rng = random.Random(seed)
@@ -278,11 +287,7 @@ def test_a_join_copy_is_read_once_whole_and_a_standby_taken_during_one_hands_ove
         leader = Leader(tmp_path / "leader", **SMALL)
         follower = Follower(tmp_path / "follower", leader, random.Random(4))
         follower.join(await leader.cut())
-        for msg_id in range(3000):
-            leader.store.append_message(msg_id, ("/|q",), "", "q", PERSISTENT, b"m%d" % msg_id + b"." * 100)
-            if msg_id % 500 == 499:
-                await durable(leader.store)
-                follower.keep_up()
+        await publish_followed(leader, follower, 3000)
         leader.store.append_removed("/|q", range(0, 3000, 2))
         await durable(leader.store)
         follower.keep_up()
@@ -328,11 +333,7 @@ def test_a_follower_that_joins_the_same_leadership_again_reads_on_from_where_its
         follower = Follower(tmp_path / "follower", leader, random.Random(5))
         follower.standby.follows(6)
         follower.join(await leader.cut())
-        for msg_id in range(3000):
-            leader.store.append_message(msg_id, ("/|q",), "", "q", PERSISTENT, b"m%d" % msg_id + b"." * 100)
-            if msg_id % 500 == 499:
-                await durable(leader.store)
-                follower.keep_up()
+        await publish_followed(leader, follower, 3000)
         missed_from = len(leader.frames)
         leader.store.append_delivered("/|q", range(1500, 2000))
         leader.store.append_removed("/|q", [*range(0, 1000), *range(1000, 2000, 3)])
