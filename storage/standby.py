@@ -11,11 +11,11 @@ is read once it is whole (``applied()`` tells it of the copy's frames): from the
 the leadership followed (``follows()``), whose files may hold another history than those read; else on from where
 the standby was, as after any other frames. A copy of the same leadership (a follower that fell behind and joined
 again) changed the files as the leader's frames would have, skipping steps as a catch-up does: the files it kept
-grew, the others were compacted, rewritten or deleted by the leader meanwhile. Reading them again from the start
-cost a follower 12 to 17 s of CPU for 4 million messages, on a machine already too busy to ack in time. Anything else (damage, a
-file cut back, ids that do not increase, a segment compacted before it was read to its end) makes it start again
-from the files on disk, at most once every ``RETRY_AFTER`` seconds. ``take()`` hands the reader to the store's
-recovery, or None while the standby is not whole: then the store reads the data dir as at any start.
+grew, the others were compacted, rewritten or deleted by the leader meanwhile. (Reading them again from the start
+cost a follower 12 to 17 s of CPU for 4 million messages, on a machine already too busy to ack in time.) Anything
+else (damage, a file cut back, ids that do not increase, a segment compacted before it was read to its end) makes it
+start again from the files on disk, at most once every ``RETRY_AFTER`` seconds. ``take()`` hands the reader to the
+store's recovery, or None while the standby is not whole: then the store reads the data dir as at any start.
 
 The standby only reads: the follower's writer (``storage.replica.ReplicaWriter``) keeps the data dir byte-identical
 to the leader's, and a promoted follower's recovery repairs or marks what any start would.
@@ -77,7 +77,7 @@ class Standby:
         self._wake = threading.Event()  # more was written: catch up
         self._halt = threading.Event()  # take() or stop() was called: the thread ends
         self._copies = 0  # join copies begun (RESETs applied)
-        self._copies_read = 0  # of them, those before the current reader began
+        self._copies_read = 0  # of them, those the last catch-up took account of
         self._copying = False  # a join's copy is under way: nothing is read until it is whole
         self._leader = -1  # the epoch of the leadership followed (follows()); -1: none said
         self._files_of = -1  # the epoch of the leadership whose join copy the files hold (-1: none came yet)
@@ -101,8 +101,9 @@ class Standby:
 
     def applied(self, frames: list[Frame]) -> None:
         """The follower's writer has made these frames durable (on the stream's thread). A join's copy (a RESET,
-        then frames of sequence -1) is read once it is whole, from the start: its files arrive in no order the
-        standby could follow record by record; the frames after it (sequence 0 and up) come as the leader wrote."""
+        then frames of sequence -1) is read once it is whole (see the module's docstring): its files arrive in no
+        order the standby could follow record by record; the frames after it (sequence 0 and up) come as the leader
+        wrote."""
         for sequence, ops in frames:
             resets = [op for op in ops if op[0] == RESET]
             if resets:
