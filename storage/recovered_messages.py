@@ -57,6 +57,8 @@ REDELIVERED = 1  # a message's flag: delivered from its queue before the stop
 REMOVED = 2  # removed from its queue by a later record (dropped from the columns by drop_removed())
 TRANSIENT = 4  # not marked persistent (a quorum queue stores those too)
 _REDELIVERED_BIT = bytes(flags & REDELIVERED for flags in range(256))  # flags -> their REDELIVERED bit alone
+_TRANSIENT_BIT = bytes(flags & TRANSIENT for flags in range(256))  # flags -> their TRANSIENT bit alone
+_NOT_REMOVED = bytes(not flags & REMOVED for flags in range(256))  # flags -> 1 unless REMOVED
 
 
 class RecoveredMessages:
@@ -139,12 +141,11 @@ class RecoveredMessages:
     def drop_removed(self) -> None:
         """Drop the removed messages from the columns."""
         if self.removed:
-            flags = self.flags
-            kept = [position for position, flag in enumerate(flags) if not flag & REMOVED]
-            self.ids = array("Q", [self.ids[position] for position in kept])
-            self.places = array("Q", [self.places[position] for position in kept])
-            self.sizes = array("I", [self.sizes[position] for position in kept])
-            self.flags = bytearray(flags[position] for position in kept)
+            kept = self.flags.translate(_NOT_REMOVED)
+            self.ids = array("Q", compress(self.ids, kept))
+            self.places = array("Q", compress(self.places, kept))
+            self.sizes = array("I", compress(self.sizes, kept))
+            self.flags = bytearray(compress(self.flags, kept))
             self.removed = 0
             self.found = -1
 
@@ -172,8 +173,7 @@ class RecoveredMessages:
         """Drop the removed messages from the columns and pin the segments of the rest; return how many are
         left."""
         self.drop_removed()
-        ids = self.ids
-        self.transient_ids = array("Q", [ids[position] for position, flag in enumerate(self.flags) if flag & TRANSIENT])
+        self.transient_ids = array("Q", compress(self.ids, self.flags.translate(_TRANSIENT_BIT)))
         places, start = self.places, 0
         while start < len(places):
             number = places[start] >> PLACE_BITS
