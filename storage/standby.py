@@ -72,6 +72,9 @@ class Standby:
         self._reader: RecordReader | None = None  # None: not whole (the next catch-up reads from the start)
         self._definitions: Tailed | None = None  # the definitions log, once read
         self._segments: dict[int, Tailed] = {}  # segment number -> how far it is read
+        # segments found deleted with messages live in them: the records that removed those (a queue's purge in the
+        # definitions log, read before the segments were listed) may have come after this catch-up read that file
+        self._gone_unexplained: set[int] = set()
         self._failed_at = 0.0  # monotonic time of the last failed catch-up (0: none)
         self._since_sweep = 0  # bytes read since the removed messages were last dropped from the columns
         self._wake = threading.Event()  # more was written: catch up
@@ -163,6 +166,7 @@ class Standby:
             self._reader = RecordReader(self._data_dir, self._segments_dir)
             self._definitions = None
             self._segments = {}
+            self._gone_unexplained = set()
         started = time.monotonic()
         try:
             self._catch_up(self._reader)
@@ -308,7 +312,8 @@ class Standby:
         return taken
 
     def _deleted(self, reader: RecordReader, number: int) -> None:
-        """A spent segment was deleted: nothing live may be in it."""
+        """A spent segment was deleted: nothing live may be in it, once the next catch-up has read what came before
+        the deletion."""
         segment = reader.index.segments.get(number)
         if segment is None or not self._segments[number].complete:
             raise StartAgain(f"segment {number} was deleted before it was read to its end")
@@ -317,7 +322,11 @@ class Standby:
             places = messages.places
             for position in range(bisect_left(places, low), bisect_left(places, high)):
                 if not messages.flags[position] & REMOVED:
-                    raise StartAgain(f"segment {number} was deleted with message {messages.ids[position]} live")
+                    if number in self._gone_unexplained:
+                        raise StartAgain(f"segment {number} was deleted with message {messages.ids[position]} live")
+                    self._gone_unexplained.add(number)
+                    return
+        self._gone_unexplained.discard(number)
         reader.index.forget(segment)
         del self._segments[number]
 

@@ -431,3 +431,38 @@ def test_a_spent_segment_deleted_as_the_standby_lists_the_segments_is_found_dele
     expected = cold(follower.directory, tmp_path / "copy")
     assert len(expected["messages"]["/|q"]) == 1500
     assert state(follower.promote()) == expected
+
+
+def test_a_purge_that_comes_as_the_standby_lists_the_segments_is_read_at_its_next_look(tmp_path, monkeypatch):
+    """A queue's purge (a watermark in the definitions log) and the deletion of the segments it emptied arrive after
+    the standby read the definitions log and before it listed the segments: it finds them deleted with messages it
+    holds live, reads the purge at its next catch-up, and goes on, rather than start again from the whole data dir."""
+    async def main() -> tuple[Follower, list]:
+        leader = Leader(tmp_path / "leader", **SMALL)
+        follower = Follower(tmp_path / "follower", leader, random.Random(7))
+        follower.join(await leader.cut())
+        await publish_followed(leader, follower, 3000)
+        leader.store.drop_messages("/|q")
+        await settle(leader.store)
+        for msg_id in range(3000, 3010):
+            leader.store.append_message(msg_id, ("/|q",), "", "q", PERSISTENT, b"m%d" % msg_id)
+        await durable(leader.store)
+        leader.store.close()
+        return follower, leader.frames[follower.applied:]
+
+    follower, missed = asyncio.run(main())
+    assert any(kind == DELETE for _, frame in missed for kind, _, _ in frame)
+    listed = standby_module.segment_numbers
+
+    def listed_after_the_purge(directory: Path) -> list[int]:
+        follower.apply(missed)  # (as the stream's thread does, after the definitions log was read)
+        return listed(directory)
+
+    monkeypatch.setattr(standby_module, "segment_numbers", listed_after_the_purge)
+    follower.standby.catch_up()
+    monkeypatch.setattr(standby_module, "segment_numbers", listed)
+    follower.standby.catch_up()
+    assert follower.standby.restarts == 0 and follower.standby.whole
+    expected = cold(follower.directory, tmp_path / "copy")
+    assert [m[4] for m in expected["messages"]["/|q"]] == [b"m%d" % msg_id for msg_id in range(3000, 3010)]
+    assert state(follower.promote()) == expected
