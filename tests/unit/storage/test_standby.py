@@ -395,6 +395,26 @@ def test_a_follower_that_joins_again_after_the_workload_recovers_what_a_start_wo
     assert state(follower.promote()) == expected
 
 
+def caught_up_with_frames_applied_as_it_lists(follower: Follower, frames: list, monkeypatch,
+                                             after_the_listing: bool) -> None:
+    """The standby's catch-up with frames applied as the stream's thread would meanwhile, just after its listing of
+    the segments or just before it (after it read the definitions log); then its next catch-up."""
+    listed = standby_module.segment_numbers
+
+    def listing(directory: Path) -> list[int]:
+        if not after_the_listing:
+            follower.apply(frames)
+        numbers = listed(directory)
+        if after_the_listing:
+            follower.apply(frames)
+        return numbers
+
+    monkeypatch.setattr(standby_module, "segment_numbers", listing)
+    follower.standby.catch_up()
+    monkeypatch.setattr(standby_module, "segment_numbers", listed)
+    follower.standby.catch_up()
+
+
 def test_a_spent_segment_deleted_as_the_standby_lists_the_segments_is_found_deleted_at_its_next_look(
         tmp_path, monkeypatch):
     """The stream deletes a spent segment between the standby's listing of the segments and its look at that one
@@ -416,17 +436,7 @@ def test_a_spent_segment_deleted_as_the_standby_lists_the_segments_is_found_dele
     follower, missed = asyncio.run(main())
     deletions = [frame for frame in missed if any(kind == DELETE for kind, _, _ in frame[1])]
     assert deletions
-    listed = standby_module.segment_numbers
-
-    def listed_then_deleted(directory: Path) -> list[int]:
-        numbers = listed(directory)
-        follower.apply(missed)  # (as the stream's thread does meanwhile)
-        return numbers
-
-    monkeypatch.setattr(standby_module, "segment_numbers", listed_then_deleted)
-    follower.standby.catch_up()
-    monkeypatch.setattr(standby_module, "segment_numbers", listed)
-    follower.standby.catch_up()
+    caught_up_with_frames_applied_as_it_lists(follower, missed, monkeypatch, after_the_listing=True)
     assert follower.standby.restarts == 0 and follower.standby.whole
     expected = cold(follower.directory, tmp_path / "copy")
     assert len(expected["messages"]["/|q"]) == 1500
@@ -452,16 +462,7 @@ def test_a_purge_that_comes_as_the_standby_lists_the_segments_is_read_at_its_nex
 
     follower, missed = asyncio.run(main())
     assert any(kind == DELETE for _, frame in missed for kind, _, _ in frame)
-    listed = standby_module.segment_numbers
-
-    def listed_after_the_purge(directory: Path) -> list[int]:
-        follower.apply(missed)  # (as the stream's thread does, after the definitions log was read)
-        return listed(directory)
-
-    monkeypatch.setattr(standby_module, "segment_numbers", listed_after_the_purge)
-    follower.standby.catch_up()
-    monkeypatch.setattr(standby_module, "segment_numbers", listed)
-    follower.standby.catch_up()
+    caught_up_with_frames_applied_as_it_lists(follower, missed, monkeypatch, after_the_listing=False)
     assert follower.standby.restarts == 0 and follower.standby.whole
     expected = cold(follower.directory, tmp_path / "copy")
     assert [m[4] for m in expected["messages"]["/|q"]] == [b"m%d" % msg_id for msg_id in range(3000, 3010)]
