@@ -47,3 +47,17 @@ def test_flags_go_to_the_ids_the_index_named_and_removed_ones_leave_the_columns(
     messages.drop_removed()
     assert (list(messages.ids), list(messages.places), list(messages.flags), messages.removed) == (
         [20, 40, 50, 60], [1, 3, 4, 5], [0, 0, REDELIVERED, REDELIVERED | TRANSIENT], 0)
+
+
+def test_removed_messages_leave_the_columns_slice_by_slice_the_rest_in_order(monkeypatch):
+    monkeypatch.setattr("storage.recovered_messages.SWEEP_SLICE", 3)  # (65,536 a slice: many slices cheaply)
+    ids = list(range(100, 200))
+    messages = recovered_messages(ids)
+    removed = set(random.Random(9).sample(ids, 60)) | {100, 101, 102, 199}  # a whole slice, both ends
+    messages.flag(messages.positions(sorted(removed)), sorted(removed), REMOVED)
+    messages.drop_removed()
+    kept = [position for position, msg_id in enumerate(ids) if msg_id not in removed]
+    assert list(messages.ids) == [ids[position] for position in kept]
+    assert list(messages.places) == kept
+    assert list(messages.flags) == [0] * len(kept)
+    assert messages.removed == 0
