@@ -17,8 +17,9 @@ from __future__ import annotations
 import json
 import struct
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeAlias
 
 from protocol import node_proof
 from protocol.node_proof import NONCE_SIZE, from_hex
@@ -41,6 +42,7 @@ UNSAID_FORMAT: Final = 3  # the store format such a follower reads up to
 MAX_HELLO: Final = 4096  # bytes of a message a peer may send before it has proven it knows the cluster's secret
 MAX_MANIFEST: Final = 16 << 20  # bytes of a follower's manifest (some 100 bytes a file)
 MAX_PAYLOAD: Final = 1 << 30  # a batch holding the largest messages, or a compacted segment, fits well below
+Parts: TypeAlias = list[bytes | bytearray | memoryview]  # a message's bytes in parts, to be sent one after another
 
 
 class FrameError(ValueError):
@@ -48,11 +50,27 @@ class FrameError(ValueError):
 
 
 def encode(kind: int, payload: bytes | bytearray | memoryview) -> bytes:
-    return HEADER.pack(kind, len(payload), zlib.crc32(payload)) + payload
+    return b"".join(in_parts(kind, [payload]))
+
+
+def in_parts(kind: int, payload: Sequence[bytes | bytearray | memoryview]) -> Parts:
+    """The message whose payload is these parts joined, as its header and then the parts themselves, not copied: a
+    frame of the store's batch can be tens of MB, and each copy of it held the leader's interpreter (its event loop
+    with it) for tens of milliseconds, where zlib lets the interpreter go as it checks a part of more than 5 KiB."""
+    crc = size = 0
+    for part in payload:
+        crc = zlib.crc32(part, crc)
+        size += len(part)
+    return [HEADER.pack(kind, size, crc), *payload]
 
 
 def encode_frame(epoch: int, sequence: int, ops: bytes) -> bytes:
-    return encode(FRAME, FRAME_HEAD.pack(epoch, sequence) + ops)
+    return b"".join(frame_parts(epoch, sequence, [ops]))
+
+
+def frame_parts(epoch: int, sequence: int, ops: Sequence[bytes | bytearray | memoryview]) -> Parts:
+    """A FRAME of the ops in parts (storage.replica.ops_parts), in parts (in_parts())."""
+    return in_parts(FRAME, [FRAME_HEAD.pack(epoch, sequence), *ops])
 
 
 def link_key(secret: str, group: str) -> bytes:
@@ -123,12 +141,12 @@ def decode_hello(payload: bytes) -> Hello:
     return Hello(node, dir, epoch, nonce, version[:100], store_format)
 
 
-def decode_frame(payload: bytes) -> tuple[int, int, bytes]:
-    """(epoch, sequence, ops bytes) of a FRAME."""
+def decode_frame(payload: bytes) -> tuple[int, int, memoryview]:
+    """(epoch, sequence, ops bytes) of a FRAME: the ops in a view of the payload, not copied."""
     if len(payload) < FRAME_HEAD.size:
         raise FrameError(f"frame of {len(payload)} bytes is shorter than its head")
     epoch, sequence = FRAME_HEAD.unpack_from(payload)
-    return epoch, sequence, payload[FRAME_HEAD.size:]
+    return epoch, sequence, memoryview(payload)[FRAME_HEAD.size:]
 
 
 def decode_ack(payload: bytes) -> int:
@@ -160,7 +178,7 @@ class Reader:
             end = start + HEADER.size + length
             if len(buffer) < end:
                 break
-            payload = bytes(buffer[start + HEADER.size:end])
+            payload = bytes(memoryview(buffer)[start + HEADER.size:end])  # (one copy: a slice would be another)
             if zlib.crc32(payload) != crc:
                 raise FrameError(f"checksum mismatch in a message of {length} bytes")
             messages.append((kind, payload))

@@ -40,7 +40,7 @@ from cluster.isr import InSyncReplicas
 from protocol import node_proof
 from storage.format import CURRENT as STORE_FORMAT
 from storage.digests import RunningDigests, RunningFile, prefix_digest
-from storage.replica import APPEND, ReplicaError, encode_ops, reset_op
+from storage.replica import APPEND, ReplicaError, encode_ops, ops_parts, reset_op
 
 log = logging.getLogger("cluster.replication")
 peer_log = PeerLog(log)  # refused connections, a few lines a second per address at most
@@ -69,7 +69,8 @@ class Follower:
         self.writer = writer
         self.cut: int | None = None  # the sequence its copy stands at, once the writer took the cut
         self.followed: dict[str, RunningFile] = {}  # the cut's files whose digests were kept: path -> its digests
-        self.buffered: list[tuple[int, bytes]] = []  # (sequence, frame) after the cut, held while the copy is sent
+        # (sequence, frame) after the cut, held while the copy is sent
+        self.buffered: list[tuple[int, frames.Parts]] = []
         self.streaming = False  # the copy is sent: frames go straight to the socket
         self.target = -1  # the sequence to ack before it may enter the ISR
         self.in_sync = False  # caught up: the leader wants it in the ISR
@@ -80,19 +81,19 @@ class Follower:
         self.heard_at = time.monotonic()  # when anything last came from it
         self.closed = False
 
-    def send(self, sequence: int, frame: bytes) -> None:
+    def send(self, sequence: int, frame: frames.Parts) -> None:
         if sequence > self.acked:
             self.unacked.append((sequence, time.monotonic()))
         self.sent = max(self.sent, sequence)
         self.write(frame)
 
-    def write(self, data: bytes) -> None:
-        """Send data, unless its connection is closed already (the leader stepped down during a join, say): the next
-        drain then says the connection is lost, where a write would raise from the transport."""
+    def write(self, parts: frames.Parts) -> None:
+        """Send these bytes, unless its connection is closed already (the leader stepped down during a join, say):
+        the next drain then says the connection is lost, where a write would raise from the transport."""
         if self.writer.is_closing():
             return
         self.written_at = time.monotonic()
-        self.writer.write(data)
+        self.writer.writelines(parts)
 
     def acknowledged(self, sequence: int) -> None:
         self.acked = sequence
@@ -192,14 +193,14 @@ class ReplicationServer:
     # --- the writer thread's frames -------------------------------------------------------------------------
     def _tap(self, sequence: int, ops: list) -> None:
         """On the writer thread, before its fdatasync: one frame per call, sent on the loop."""
-        frame = frames.encode_frame(self._epoch, sequence, encode_ops(ops))
+        frame = frames.frame_parts(self._epoch, sequence, ops_parts(ops))
         try:
             self._loop.call_soon_threadsafe(self._broadcast, sequence, frame)
         except RuntimeError:  # the loop is closed: nobody is left to send to
             pass
         self._digests.follow(ops)
 
-    def _broadcast(self, sequence: int, frame: bytes) -> None:
+    def _broadcast(self, sequence: int, frame: frames.Parts) -> None:
         self._latest = sequence
         for follower in self._followers.values():
             if follower.streaming:
@@ -270,7 +271,7 @@ class ReplicationServer:
                 elif follower.streaming and now - follower.heard_at > self._ack_timeout:
                     self._drop(follower, f"no word from it for {now - follower.heard_at:.1f} s")
                 elif now - follower.written_at >= period:
-                    follower.write(frames.HEARTBEAT_MESSAGE)
+                    follower.write([frames.HEARTBEAT_MESSAGE])
 
     # --- one follower's connection --------------------------------------------------------------------------
     async def _serve_follower(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -434,7 +435,7 @@ class ReplicationServer:
         finally:
             for _, fd, _ in files:
                 os.close(fd)
-        follower.send(sequence, frames.encode_frame(self._epoch, sequence, END_OF_COPY))
+        follower.send(sequence, frames.frame_parts(self._epoch, sequence, [END_OF_COPY]))
         for later, frame in follower.buffered:
             follower.send(later, frame)
         follower.buffered = []
@@ -488,7 +489,7 @@ class ReplicationServer:
                                                                     held[0])
                                          for path, fd, held in candidates))  # on several threads: hashing frees the GIL
         kept = {path: held[0] for (path, _, held), digest in zip(candidates, digests) if digest == held[1]}
-        follower.write(frames.encode_frame(self._epoch, -1, encode_ops([reset_op(sorted(kept))])))
+        follower.write(frames.frame_parts(self._epoch, -1, ops_parts([reset_op(sorted(kept))])))
         sent = 0
         for path, fd, size in files:
             offset = kept.get(path, 0)
@@ -499,7 +500,7 @@ class ReplicationServer:
                 data = await self._loop.run_in_executor(None, os.pread, fd, count, offset) if count else b""
                 if len(data) != count:
                     raise ReplicaError(f"{path} shrank below its size at the cut")
-                follower.write(frames.encode_frame(self._epoch, -1, encode_ops([(APPEND, path, data)])))
+                follower.write(frames.frame_parts(self._epoch, -1, ops_parts([(APPEND, path, data)])))
                 await asyncio.wait_for(follower.writer.drain(), STALLED_COPY)
                 offset += count
                 sent += count

@@ -16,9 +16,10 @@ node's own ``.lock``, ``cluster-state`` or ``quarantine/``):
   files ``data`` names (``reset_op``: those the follower showed it holds as a prefix of the leader's, with the same
   SHA-256, ``storage.digests``), to which the copy appends only what they lack.
 
-``encode_ops``/``decode_ops`` turn a frame's ops into bytes and back: ``[op count u32]`` then per op
-``[kind u8][path length u16][data length u32][path UTF-8][data]``. Decoding checks every op and raises
-``ReplicaError`` for anything malformed, never returning part of a frame.
+``encode_ops``/``decode_ops`` turn a frame's ops into bytes and back: ``[op count u32]`` then per op ``[kind
+u8][path length u16][data length u32][path UTF-8][data]`` (``ops_parts``: the same bytes in parts, the data not
+copied). Decoding checks every op and raises ``ReplicaError`` for anything malformed, never returning part of a
+frame.
 """
 
 from __future__ import annotations
@@ -99,6 +100,12 @@ def truncated_size(op: Op) -> int:
 # --- the codec ------------------------------------------------------------------------------------------------
 def encode_ops(ops: list[Op]) -> bytes:
     """The ops as bytes (ReplicaError for an op that is not well formed)."""
+    return b"".join(ops_parts(ops))
+
+
+def ops_parts(ops: list[Op]) -> list[bytes]:
+    """What encode_ops joins: the ops' data among the parts as they are, not copied (ReplicaError for an op that is
+    not well formed)."""
     parts = [COUNT.pack(len(ops))]
     for kind, path, data in ops:
         check_op(kind, path, len(data))
@@ -106,10 +113,10 @@ def encode_ops(ops: list[Op]) -> bytes:
         if len(encoded) > MAX_PATH_BYTES or len(data) > MAX_DATA_BYTES:
             raise ReplicaError(f"{KIND_NAMES[kind]} of {path[:80]!r}: path or data too long to encode")
         parts += (HEAD.pack(kind, len(encoded), len(data)), encoded, data)
-    return b"".join(parts)
+    return parts
 
 
-def decode_ops(data: bytes) -> list[Op]:
+def decode_ops(data: bytes | memoryview) -> list[Op]:
     """The ops ``encode_ops`` made; ReplicaError (naming the op and what is wrong) for anything else."""
     view = memoryview(data)
     if len(view) < COUNT.size:

@@ -223,7 +223,8 @@ class Writer:
             self._write_all(fd, data)
             self._sizes[number] += len(data)
             if self._frame is not None:
-                self._frame.append((APPEND, self._relative(segment_path(self._segments_dir, number)), bytes(data)))
+                # (the chunk itself, not a copy: the store appends to a new one once it handed this batch over)
+                self._frame.append((APPEND, self._relative(segment_path(self._segments_dir, number)), data))
         self._remove_stream_directories(batch.resets)
         self._append_stream_chunks(batch.files, touched)
         if batch.definitions_snapshot is not None:

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cluster import frames
+from storage.replica import APPEND, DELETE, decode_ops, encode_ops, ops_parts
 
 
 def test_frames_round_trip_whatever_the_cuts_between_reads():
@@ -26,6 +27,18 @@ def test_frames_round_trip_whatever_the_cuts_between_reads():
         assert frames.decode_ack(messages[2][1]) == 12
         assert messages[3][1] == b"going away"
         assert messages[4][1] == b""
+
+
+def test_a_frame_in_parts_is_the_frame_and_holds_the_ops_data_uncopied():
+    data = bytearray(b"x" * 100_000)  # (a store's chunk)
+    ops = [(APPEND, "messages/00000001.seg", data), (DELETE, "messages/00000000.seg", b"")]
+    parts = frames.frame_parts(3, 4, ops_parts(ops))
+    assert b"".join(parts) == frames.encode_frame(3, 4, encode_ops(ops))
+    assert any(part is data for part in parts)
+    [(kind, payload)] = frames.Reader(limit=frames.MAX_PAYLOAD).feed(b"".join(parts))
+    assert kind == frames.FRAME
+    epoch, sequence, encoded = frames.decode_frame(payload)
+    assert (epoch, sequence, decode_ops(encoded)) == (3, 4, ops)
 
 
 def test_a_hello_of_a_release_that_did_not_say_its_version_reads_as_one_of_store_format_3():
