@@ -130,6 +130,20 @@ class RecoveredMessages:
                     self.removed += 1
                 flags[position] |= flag
 
+    def remove(self, queue: str, positions: list[int]) -> list[int]:
+        """Remove the messages at positions (in order) from queue in the index (this queue, or the one that adopted
+        them), flagging REMOVED those it held; the ids it removed."""
+        ids = self.ids
+        removed = self.index.remove(queue, [ids[position] for position in positions])
+        self.flag(positions, removed, REMOVED)
+        return removed
+
+    def deliver(self, queue: str, positions: list[int]) -> None:
+        """The messages at positions (in order) were delivered from queue: flagged REDELIVERED where the index
+        says they were not delivered before."""
+        ids = self.ids
+        self.flag(positions, self.index.deliver(queue, [ids[position] for position in positions]), REDELIVERED)
+
     def moved(self, number: int, dropped: list[tuple[int, int]]) -> None:
         """Byte ranges (sorted, disjoint) were taken out of segment number: its records after them moved up."""
         places = self.places

@@ -22,7 +22,7 @@ from pathlib import Path
 from storage import format, records, salvage
 from storage.definitions_log import DefinitionTable
 from storage.index import MessageIndex
-from storage.recovered_messages import REDELIVERED, REMOVED, TRANSIENT, RecoveredMessages, place
+from storage.recovered_messages import TRANSIENT, RecoveredMessages, place
 from storage.segments import (
     CLEAN_MARKER, DEFINITIONS_LOG, fsync_directories, fsync_directory, make_directories, segment_numbers, segment_path,
 )
@@ -340,7 +340,7 @@ class RecordReader:
             positions = listed.positions(ids)
             below = index.deleted_below.get(queue, -1)  # (a queue deleted since: they went with it)
             gone = [position for position in positions if listed_ids[position] < below]
-            listed.flag(gone, index.remove(held, [listed_ids[position] for position in gone]), REMOVED)
+            listed.remove(held, gone)
             for msg_id in index.adopt(held, queue, [listed_ids[position] for position in positions
                                                     if listed_ids[position] >= below]):
                 self.adopted.setdefault(msg_id, []).append(held)
@@ -349,11 +349,8 @@ class RecordReader:
             raise ValueError(f"unknown segment record type {kind}")
 
     def _removed_or_delivered(self, kind: int, queue: str, listed: RecoveredMessages, positions: list[int]) -> None:
-        listed_ids = listed.ids
-        present = [listed_ids[position] for position in positions]
         if kind == records.REMOVED:
-            removed = self.index.remove(queue, present)
-            listed.flag(positions, removed, REMOVED)
+            removed = listed.remove(queue, positions)
             adopted = self.adopted
             if adopted:
                 for msg_id in removed:
@@ -363,7 +360,7 @@ class RecordReader:
                         if not helds:
                             del adopted[msg_id]
         else:
-            listed.flag(positions, self.index.deliver(queue, present), REDELIVERED)
+            listed.deliver(queue, positions)
 
     def adopt_held(self) -> None:
         """Each held key's messages that a queue adopted join that queue's, in id order (once all is read)."""

@@ -357,7 +357,7 @@ class Standby:
                 if queue not in listed and not flags[position] & REMOVED:
                     gone.append(position)
             if gone:
-                messages.flag(gone, reader.index.remove(queue, [ids[position] for position in gone]), REMOVED)
+                messages.remove(queue, gone)
         self._segments[number] = Tailed(inode, len(data), True)
         reader.index.segments[number].size = len(data)
 
@@ -370,7 +370,7 @@ class Standby:
         gone = [position for position in range(bisect_left(ids, below)) if not flags[position] & REMOVED]
         deleted_below = reader.index.deleted_below
         del deleted_below[queue]  # (remove() passes over the ids below a queue's deletion: gone already)
-        messages.flag(gone, reader.index.remove(queue, [ids[position] for position in gone]), REMOVED)
+        messages.remove(queue, gone)
         deleted_below[queue] = below
 
 
