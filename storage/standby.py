@@ -313,10 +313,12 @@ class Standby:
 
     def _deleted(self, reader: RecordReader, number: int) -> None:
         """A spent segment was deleted: nothing live may be in it, once the next catch-up has read what came before
-        the deletion."""
+        the deletion. What it held past the end read (a segment deleted before it was read to its end, as a purge's
+        do at once) is gone from the files a start reads too: the leader deletes a segment only once nothing in any
+        other depends on its records."""
         segment = reader.index.segments.get(number)
-        if segment is None or not self._segments[number].complete:
-            raise StartAgain(f"segment {number} was deleted before it was read to its end")
+        if segment is None:
+            raise StartAgain(f"segment {number} was deleted, and the index has no such segment")
         low, high = place(number, 0), place(number + 1, 0)
         for messages in reader.queues.values():
             places = messages.places

@@ -467,3 +467,34 @@ def test_a_purge_that_comes_as_the_standby_lists_the_segments_is_read_at_its_nex
     expected = cold(follower.directory, tmp_path / "copy")
     assert [m[4] for m in expected["messages"]["/|q"]] == [b"m%d" % msg_id for msg_id in range(3000, 3010)]
     assert state(follower.promote()) == expected
+
+
+def test_a_segment_deleted_before_the_standby_read_it_to_its_end_is_forgotten_as_a_whole_one_is(tmp_path):
+    """The head segment, read in part, gets more messages and later ones are begun, then a purge empties the queue
+    and the leader deletes the segments, all before the standby's next catch-up (both followers of a deep purge read
+    their 4 million messages again so): what it did not read is gone from the files a start reads too, so the
+    standby goes on."""
+    async def main() -> tuple[Follower, list]:
+        leader = Leader(tmp_path / "leader", **SMALL)
+        follower = Follower(tmp_path / "follower", leader, random.Random(8))
+        follower.join(await leader.cut())
+        await publish_followed(leader, follower, 3000)
+        head = max(segment_numbers(messages_directory(follower.directory)))
+        for msg_id in range(3000, 3010):  # (into the head, unread, and on into later segments)
+            leader.store.append_message(msg_id, ("/|q",), "", "q", PERSISTENT, b"m%d." % msg_id + b"." * 20000)
+        await durable(leader.store)
+        leader.store.drop_messages("/|q")
+        await settle(leader.store)
+        leader.store.append_message(3010, ("/|q",), "", "q", PERSISTENT, b"m3010")
+        await settle(leader.store)
+        leader.store.close()
+        assert head not in segment_numbers(messages_directory(tmp_path / "leader")), "the head read in part is gone"
+        return follower, leader.frames[follower.applied:]
+
+    follower, missed = asyncio.run(main())
+    follower.apply(missed)
+    follower.standby.catch_up()
+    assert follower.standby.restarts == 0 and follower.standby.whole
+    expected = cold(follower.directory, tmp_path / "copy")
+    assert [m[4] for m in expected["messages"]["/|q"]] == [b"m3010"]
+    assert state(follower.promote()) == expected
