@@ -138,6 +138,16 @@ class RecoveredMessages:
         self.flag(positions, removed, REMOVED)
         return removed
 
+    def gone(self, queue: str, positions: list[int]) -> None:
+        """The messages at positions (in order) are gone with their segment: removed from queue in the index where
+        it holds them, and flagged REMOVED all."""
+        self.remove(queue, positions)
+        flags = self.flags
+        for position in positions:
+            if not flags[position] & REMOVED:
+                flags[position] |= REMOVED
+                self.removed += 1
+
     def deliver(self, queue: str, positions: list[int]) -> None:
         """The messages at positions (in order) were delivered from queue: flagged REDELIVERED where the index
         says they were not delivered before."""

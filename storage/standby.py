@@ -72,9 +72,6 @@ class Standby:
         self._reader: RecordReader | None = None  # None: not whole (the next catch-up reads from the start)
         self._definitions: Tailed | None = None  # the definitions log, once read
         self._segments: dict[int, Tailed] = {}  # segment number -> how far it is read
-        # segments found deleted with messages live in them: the records that removed those (a queue's purge in the
-        # definitions log, read before the segments were listed) may have come after this catch-up read that file
-        self._gone_unexplained: set[int] = set()
         self._failed_at = 0.0  # monotonic time of the last failed catch-up (0: none)
         self._since_sweep = 0  # bytes read since the removed messages were last dropped from the columns
         self._wake = threading.Event()  # more was written: catch up
@@ -166,7 +163,6 @@ class Standby:
             self._reader = RecordReader(self._data_dir, self._segments_dir)
             self._definitions = None
             self._segments = {}
-            self._gone_unexplained = set()
         started = time.monotonic()
         try:
             self._catch_up(self._reader)
@@ -312,23 +308,20 @@ class Standby:
         return taken
 
     def _deleted(self, reader: RecordReader, number: int) -> None:
-        """A spent segment was deleted: nothing live may be in it, once the next catch-up has read what came before
-        the deletion. What it held past the end read (a segment deleted before it was read to its end, as a purge's
-        do at once) is gone from the files a start reads too: the leader deletes a segment only once nothing in any
-        other depends on its records."""
+        """A spent segment was deleted: its messages are gone, as a start finds them, whether or not the standby read
+        the records that removed them (the leader deletes a segment only once nothing in it is live and no other
+        depends on its records): a purge's watermark may come in a part of the definitions log not read yet, or be
+        left out of a rewrite of it; a queue's removals may lie in the part of a deleted segment not read."""
         segment = reader.index.segments.get(number)
         if segment is None:
             raise StartAgain(f"segment {number} was deleted, and the index has no such segment")
         low, high = place(number, 0), place(number + 1, 0)
-        for messages in reader.queues.values():
-            places = messages.places
-            for position in range(bisect_left(places, low), bisect_left(places, high)):
-                if not messages.flags[position] & REMOVED:
-                    if number in self._gone_unexplained:
-                        raise StartAgain(f"segment {number} was deleted with message {messages.ids[position]} live")
-                    self._gone_unexplained.add(number)
-                    return
-        self._gone_unexplained.discard(number)
+        for queue, messages in reader.queues.items():
+            places, flags = messages.places, messages.flags
+            live = [position for position in range(bisect_left(places, low), bisect_left(places, high))
+                    if not flags[position] & REMOVED]
+            if live:
+                messages.gone(queue, live)
         reader.index.forget(segment)
         del self._segments[number]
 

@@ -446,7 +446,8 @@ def test_a_spent_segment_deleted_as_the_standby_lists_the_segments_is_found_dele
 def test_a_purge_that_comes_as_the_standby_lists_the_segments_is_read_at_its_next_look(tmp_path, monkeypatch):
     """A queue's purge (a watermark in the definitions log) and the deletion of the segments it emptied arrive after
     the standby read the definitions log and before it listed the segments: it finds them deleted with messages it
-    holds live, reads the purge at its next catch-up, and goes on, rather than start again from the whole data dir."""
+    holds live, takes those as gone with their segments, as a start does, and goes on, rather than start again from
+    the whole data dir."""
     async def main() -> tuple[Follower, list]:
         leader = Leader(tmp_path / "leader", **SMALL)
         follower = Follower(tmp_path / "follower", leader, random.Random(7))
@@ -469,21 +470,28 @@ def test_a_purge_that_comes_as_the_standby_lists_the_segments_is_read_at_its_nex
     assert state(follower.promote()) == expected
 
 
-def test_a_segment_deleted_before_the_standby_read_it_to_its_end_is_forgotten_as_a_whole_one_is(tmp_path):
-    """The head segment, read in part, gets more messages and later ones are begun, then a purge empties the queue
-    and the leader deletes the segments, all before the standby's next catch-up (both followers of a deep purge read
-    their 4 million messages again so): what it did not read is gone from the files a start reads too, so the
-    standby goes on."""
+@pytest.mark.parametrize("emptied_by", ["purge", "removals"])
+def test_a_segment_deleted_before_the_standby_read_it_to_its_end_is_forgotten_as_a_whole_one_is(tmp_path, emptied_by):
+    """The head segment, read in part, gets more messages and later ones are begun, then the queue is emptied (a
+    purge, or the removals of every message, which go in the part of the head not read) and the leader deletes the
+    segments, all before the standby's next catch-up (both followers of a deep purge read their 4 million messages
+    again so): what it did not read is gone from the files a start reads too, and so are the messages of the deleted
+    segments; the standby goes on."""
     async def main() -> tuple[Follower, list]:
         leader = Leader(tmp_path / "leader", **SMALL)
         follower = Follower(tmp_path / "follower", leader, random.Random(8))
         follower.join(await leader.cut())
         await publish_followed(leader, follower, 3000)
         head = max(segment_numbers(messages_directory(follower.directory)))
+        if emptied_by == "removals":  # (their records in the head, unread)
+            leader.store.append_removed("/|q", range(3000))
         for msg_id in range(3000, 3010):  # (into the head, unread, and on into later segments)
             leader.store.append_message(msg_id, ("/|q",), "", "q", PERSISTENT, b"m%d." % msg_id + b"." * 20000)
         await durable(leader.store)
-        leader.store.drop_messages("/|q")
+        if emptied_by == "purge":
+            leader.store.drop_messages("/|q")
+        else:
+            leader.store.append_removed("/|q", range(3000, 3010))
         await settle(leader.store)
         leader.store.append_message(3010, ("/|q",), "", "q", PERSISTENT, b"m3010")
         await settle(leader.store)
