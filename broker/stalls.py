@@ -6,13 +6,17 @@ The loop beats every CHECK_EVERY (a timer: nothing on the path of a message); a 
 STALL_WARNING is a stall. A thread looks at the last beat as often, and when the loop is overdue it takes the
 innermost frames of the loop's thread (the Python ones: a compiled function shows as the Python code it called, or
 not at all; a C call that keeps the interpreter, as a collection of the garbage collector does, keeps the watching
-thread out too, which then finds the loop wherever it went on). At most one warning every WARN_EVERY: the next one
-counts the stalls between. A hold that lasts STILL_HELD is also said by the watching thread while it lasts, once,
-with where the loop is then (a loop that never turns again would say nothing itself)."""
+thread out too, which then finds the loop wherever it went on). A loop found in no Python code of its own (its
+thread in the loop's C code: waiting for the interpreter another thread keeps in a C call, as a copy of tens of MB
+does) is found with where the process's other threads were, the one that let the interpreter go among them. At most
+one warning every WARN_EVERY: the next one counts the stalls between. A hold that lasts STILL_HELD is also said by
+the watching thread while it lasts, once, with where the loop is then (a loop that never turns again would say
+nothing itself)."""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 import sys
@@ -28,6 +32,7 @@ STALL_WARNING: Final = 0.25  # seconds the event loop may be held before a warni
 CHECK_EVERY: Final = 0.1  # seconds between two beats of the loop, and between two looks of the watching thread
 WARN_EVERY: Final = 10.0  # seconds between two warnings at least
 FRAMES: Final = 6  # innermost frames of the loop's thread a warning names
+OTHERS_FRAMES: Final = 3  # innermost frames of each other thread it names, where the loop's thread ran no Python
 STILL_HELD: Final = 5.0  # seconds of one hold after which the watching thread says so itself
 
 
@@ -42,6 +47,7 @@ class StallWatch:
         self.still_held = still_held
         self.loop: asyncio.AbstractEventLoop | None = None  # the loop watched (None: none yet)
         self.loop_thread = 0  # the thread id of the loop watched
+        self.outside: FrameType | None = None  # the loop's thread's innermost frame while the loop runs C code alone
         self.timer: asyncio.TimerHandle | None = None  # the next beat
         self.due = time.monotonic()  # when the next beat is due (time.monotonic())
         # (due, where): the loop's thread as found past that beat's due (one of an earlier beat: stale, ignored)
@@ -56,6 +62,7 @@ class StallWatch:
         if self.timer is not None:
             self.timer.cancel()
         self.loop, self.loop_thread = loop, threading.get_ident()
+        self.outside = _outside_coroutines(sys._getframe(1))
         self._next_beat()
 
     def _next_beat(self) -> None:
@@ -94,6 +101,8 @@ class StallWatch:
         if frame is None:
             return
         place = where(frame)
+        if frame is self.outside:
+            place += f"; the other threads: {others(self.loop_thread)}"
         if finding:
             self.found = (due, place)
         if saying:
@@ -107,11 +116,30 @@ class StallWatch:
             self.look()
 
 
-def where(frame: FrameType) -> str:
-    """The innermost FRAMES frames from frame out, innermost first: "directory/file.py:line function" each."""
-    stack = traceback.StackSummary.extract(traceback.walk_stack(frame), limit=FRAMES, lookup_lines=False)
+def where(frame: FrameType, frames: int = FRAMES) -> str:
+    """The innermost frames from frame out, innermost first: "directory/file.py:line function" each."""
+    stack = traceback.StackSummary.extract(traceback.walk_stack(frame), limit=frames, lookup_lines=False)
     return " < ".join(f"{os.path.basename(os.path.dirname(entry.filename))}/{os.path.basename(entry.filename)}:"
                       f"{entry.lineno} {entry.name}" for entry in stack)
+
+
+def others(loop_thread: int) -> str:
+    """Where each thread but this one and the loop's is (its innermost OTHERS_FRAMES frames), by name."""
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    return " / ".join(f"{names.get(ident, ident)} at {where(frame, OTHERS_FRAMES)}"
+                      for ident, frame in sys._current_frames().items()
+                      if ident not in (threading.get_ident(), loop_thread))
+
+
+def _outside_coroutines(frame: FrameType | None) -> FrameType | None:
+    """The frame that runs the event loop, seen from a frame of its thread within a coroutine the loop runs (None if
+    frame is in none): the outermost coroutine's caller."""
+    outermost = None
+    while frame is not None:
+        if frame.f_code.co_flags & inspect.CO_COROUTINE:
+            outermost = frame
+        frame = frame.f_back
+    return outermost.f_back if outermost is not None else None
 
 
 _watch: StallWatch | None = None  # the process's watch (and its thread's), once watch() has run

@@ -8,8 +8,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import sys
 import threading
 import time
+
+import uvloop
 
 from broker.stalls import StallWatch
 
@@ -62,6 +65,7 @@ def test_a_hold_longer_than_the_threshold_is_warned_of_with_where_the_loop_was(c
     [warning] = warnings_of(caplog)
     assert held(warning) >= 0.5 - CHECK_EVERY, warning
     assert ", found at broker/test_stalls.py:" in warning and " hold < broker/test_stalls.py:" in warning, warning
+    assert "the other threads" not in warning, warning  # (the loop's own code held it)
 
 
 def test_holds_shorter_than_the_threshold_are_not_warned_of(caplog):
@@ -109,3 +113,38 @@ def test_a_long_hold_is_said_by_the_watching_thread_while_it_lasts(caplog):
     assert said, during
     during_too, after = warnings_of(caplog)
     assert during_too == during and held(after) >= 1.0 - CHECK_EVERY, after
+
+
+def test_a_loop_found_in_no_code_of_its_own_is_found_with_where_the_other_threads_were():
+    """As when another thread keeps the interpreter in a C call (the copy of a batch of 20 MB): the loop's own thread
+    shows nothing but the loop's run, so the watching thread says where the others were."""
+    release = threading.Event()
+    holder = threading.Thread(target=lambda: holding(release), name="holder", daemon=True)
+    holder.start()
+
+    async def main() -> str | None:
+        watch = StallWatch(THRESHOLD, 60.0, 60.0)  # (no beat comes meanwhile)
+        watch.attach(asyncio.get_running_loop())
+
+        def looking() -> None:  # (on a thread of the loop's executor, once the loop waits in its C code)
+            deadline = time.monotonic() + 5
+            while sys._current_frames()[watch.loop_thread] is not watch.outside and time.monotonic() < deadline:
+                time.sleep(0.001)
+            watch.due = time.monotonic() - 1  # (overdue: a stall)
+            watch.look()
+
+        await asyncio.get_running_loop().run_in_executor(None, looking)
+        return watch.found[1] if watch.found else None
+
+    try:
+        found = uvloop.run(main())
+    finally:
+        release.set()
+    assert found is not None
+    assert found.startswith("asyncio/runners.py:") and "; the other threads: " in found, found
+    holder_found = r"; the other threads: .*holder at [^;]*threading.py:\d+ wait < broker/test_stalls.py:\d+ holding"
+    assert re.search(holder_found, found), found
+
+
+def holding(release: threading.Event) -> None:
+    release.wait()
