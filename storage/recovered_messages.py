@@ -134,7 +134,9 @@ class RecoveredMessages:
         """Remove the messages at positions (in order) from queue in the index (this queue, or the one that adopted
         them), flagging REMOVED those it held; the ids it removed."""
         ids = self.ids
-        removed = self.index.remove(queue, [ids[position] for position in positions])
+        # (the ids as a generator: the index is compiled and would keep the interpreter throughout a list, as it did
+        # 0.9 to 1.1 s for a deleted queue's 4 million messages, holding a follower's event loop and its stream)
+        removed = self.index.remove(queue, (ids[position] for position in positions))
         self.flag(positions, removed, REMOVED)
         return removed
 
@@ -152,7 +154,7 @@ class RecoveredMessages:
         """The messages at positions (in order) were delivered from queue: flagged REDELIVERED where the index
         says they were not delivered before."""
         ids = self.ids
-        self.flag(positions, self.index.deliver(queue, [ids[position] for position in positions]), REDELIVERED)
+        self.flag(positions, self.index.deliver(queue, (ids[position] for position in positions)), REDELIVERED)
 
     def moved(self, number: int, dropped: list[tuple[int, int]]) -> None:
         """Byte ranges (sorted, disjoint) were taken out of segment number: its records after them moved up."""
