@@ -143,12 +143,9 @@ class RecoveredMessages:
     def gone(self, queue: str, positions: list[int]) -> None:
         """The messages at positions (in order) are gone with their segment: removed from queue in the index where
         it holds them, and flagged REMOVED all."""
-        self.remove(queue, positions)
-        flags = self.flags
-        for position in positions:
-            if not flags[position] & REMOVED:
-                flags[position] |= REMOVED
-                self.removed += 1
+        ids = self.ids
+        self.index.remove(queue, (ids[position] for position in positions))  # (a generator: see remove())
+        self.flag(positions, [ids[position] for position in positions], REMOVED)
 
     def deliver(self, queue: str, positions: list[int]) -> None:
         """The messages at positions (in order) were delivered from queue: flagged REDELIVERED where the index
@@ -173,11 +170,12 @@ class RecoveredMessages:
             ids, places, sizes, flags = array("Q"), array("Q"), array("I"), bytearray()
             for start in range(0, len(self.ids), SWEEP_SLICE):
                 end = start + SWEEP_SLICE
-                kept = self.flags[start:end].translate(_NOT_REMOVED)
+                sliced = self.flags[start:end]
+                kept = sliced.translate(_NOT_REMOVED)
                 ids.extend(compress(self.ids[start:end], kept))
                 places.extend(compress(self.places[start:end], kept))
                 sizes.extend(compress(self.sizes[start:end], kept))
-                flags.extend(compress(self.flags[start:end], kept))
+                flags.extend(compress(sliced, kept))
             self.ids, self.places, self.sizes, self.flags = ids, places, sizes, flags
             self.removed = 0
             self.found = -1

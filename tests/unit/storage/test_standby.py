@@ -443,7 +443,7 @@ def test_a_spent_segment_deleted_as_the_standby_lists_the_segments_is_found_dele
     assert state(follower.promote()) == expected
 
 
-def test_a_purge_that_comes_as_the_standby_lists_the_segments_is_read_at_its_next_look(tmp_path, monkeypatch):
+def test_a_purge_that_comes_as_the_standby_lists_the_segments_leaves_their_messages_gone(tmp_path, monkeypatch):
     """A queue's purge (a watermark in the definitions log) and the deletion of the segments it emptied arrive after
     the standby read the definitions log and before it listed the segments: it finds them deleted with messages it
     holds live, takes those as gone with their segments, as a start does, and goes on, rather than start again from
