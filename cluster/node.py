@@ -446,20 +446,24 @@ class ClusterNode:
 
     # --- the lease ------------------------------------------------------------------------------------------
     async def _keep_lease(self) -> None:
-        """Renew every third of the TTL (a leader only while its disk makes progress); a leader that cannot prove
-        its lease alive stops leading."""
+        """Renew every third of the TTL, counted from when the last renewal was asked for (a leader only while its
+        disk makes progress); a leader that cannot prove its lease alive stops leading. A renewal that got no
+        answer within its third (etcd slow, or this loop held meanwhile) is followed by the next at once, so that
+        the lease outlives one lost renewal."""
+        due = time.monotonic() + self.ttl / 3  # when the next renewal is asked for
         while True:
-            await asyncio.sleep(self.ttl / 3)
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
             self._check_proof()  # first of all after a pause (SIGSTOP, a frozen VM): the lease may be gone
+            asked = time.monotonic()
+            due = asked + self.ttl / 3
             server = self.server
             if server is not None:
                 server.store.when_durable(lambda ok: None)  # an idle store still proves its writer turns over
-                stalled = time.monotonic() - max(server.store.writer_progress(), self._serving_since)
+                stalled = asked - max(server.store.writer_progress(), self._serving_since)
                 if stalled > self.ttl / 2 or not server.store.healthy:
                     log.error(PROGRESS_PROBE.format(stalled) if server.store.healthy else UNHEALTHY)
                     self._check_proof()
                     continue
-            asked = time.monotonic()
             try:
                 alive = await asyncio.wait_for(self.coordinator.refresh(), self.ttl / 3)
             except (CoordinatorUnavailable, asyncio.TimeoutError):

@@ -182,6 +182,32 @@ def test_a_leader_that_cannot_prove_its_lease_stops_serving_and_campaigns_again(
         disk.set()
 
 
+def test_a_leader_whose_lease_renewal_gets_no_answer_once_renews_at_once_and_goes_on_leading(tmp_path):
+    """One renewal lost (no answer within its third of the TTL: etcd slow, or the loop held meanwhile) is followed
+    by the next at once, not a third of the TTL later, when the lease could no longer be proven alive."""
+    async def main():
+        etcd = MemoryEtcd()
+        running = Running(make_node(tmp_path, etcd))
+        node = running.node
+        await until(lambda: node.server is not None, "leading")
+        server, epoch = node.server, await leader_epoch(etcd)
+        renew = node.coordinator.refresh
+        renewals: list[str] = []  # each renewal asked for since: "lost" for the one that gets no answer
+
+        async def lost_once() -> bool:
+            if not renewals:
+                renewals.append("lost")
+                await asyncio.sleep(TIMEOUT)  # (cancelled when the node gives up on it)
+            renewals.append("renewed")
+            return await renew()
+        node.coordinator.refresh = lost_once
+        await until(lambda: len(renewals) >= 5, "four renewals after the lost one")
+        assert node.server is server and server.serving
+        assert await leader_epoch(etcd) == epoch
+        await running.close()
+    asyncio.run(main())
+
+
 def test_a_node_in_maintenance_leads_nothing_until_revived(tmp_path, caplog):
     async def main():
         etcd = MemoryEtcd()
