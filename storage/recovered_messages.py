@@ -227,15 +227,17 @@ class RecoveredMessages:
         """Messages start..stop-1, read now."""
         return [message for run in self.runs(start, stop=stop) for message in run.read_and_release()]
 
-    def runs(self, start: int, max_bytes: int = 1 << 20, stop: int | None = None) -> Iterator["StoredRun"]:
+    def runs(self, start: int, max_bytes: int = 1 << 20, stop: int | None = None,
+             max_messages: int | None = None) -> Iterator["StoredRun"]:
         """Messages start..stop-1 (to the end by default) as runs of records that lie within max_bytes of each other
-        in one segment (a run holds at least one message). Each run must be released once read, or once its
-        messages are dropped unread."""
+        in one segment, max_messages at most (a run holds at least one message). Each run must be released once
+        read, or once its messages are dropped unread."""
         places = self.places
         stop = len(places) if stop is None else stop
         while start < stop:
             first = places[start]
-            end = min(stop, bisect_left(places, first + max_bytes, start),
+            end = min(stop if max_messages is None else min(stop, start + max_messages),
+                      bisect_left(places, first + max_bytes, start),
                       bisect_left(places, place((first >> PLACE_BITS) + 1, 0), start))
             end = max(end, start + 1)
             yield self._run(start, end)

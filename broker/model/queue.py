@@ -17,7 +17,7 @@ from broker.model.features.dead_letter import DELIVERY_LIMIT, EXPIRED, MAXLEN, R
 from broker.model.features.deadlines import Deadlines, now_ms
 from broker.model.features.expiry import READY, ExpiringEntries, message_ttl
 from broker.model.features.length_limit import DROPPED, ENQUEUED, ENQUEUED_OVER_FLOW_LIMIT, LengthLimit, body_bytes
-from broker.model.features.paging import PAGE_BYTES, PagedEntries, StoreBacking
+from broker.model.features.paging import PAGE_BYTES, PAGE_ENTRIES, PagedEntries, StoreBacking
 from broker.model.features.ready import FifoEntries, ReadyList, let_go, ready_entries
 from broker.model.features.redelivery import DelayedRetry, count_return, delayed_retry, delivery_limit
 from broker.model.keys import queue_key
@@ -352,7 +352,7 @@ class Queue:
         if in_memory < len(stored):
             paging = self.paging if self.paging is not None else self._start_paging()
             paged_bytes = paging.paged_bytes
-            for run in stored.runs(in_memory, PAGE_BYTES):
+            for run in stored.runs(in_memory, PAGE_BYTES, max_messages=PAGE_ENTRIES):
                 paging.add_stored(run, partial(self._restored_entries, self.next_seq, now, as_message))
                 self.next_seq += len(run)
             self.ready_bytes += paging.paged_bytes - paged_bytes

@@ -1,10 +1,10 @@
 """Backlogs bigger than memory: once a queue holds ``messages_in_memory`` ready messages, the ones that arrive after
-them wait on disk in the queue's page file (storage.pages), in pages of about PAGE_BYTES, and memory keeps only a
-few counters per page. The part in memory is topped up ahead of consumers: when it falls under half the threshold
-the next page is read back on the page thread, so deliveries rarely wait for the disk (when they must, the page is
-read at once). Pages go to disk in arrival order and come back in that order, behind everything in memory, so
-delivery order is the queue's order; requeued messages go back into the part in memory, to their original
-positions, which always lie before the paged part.
+them wait on disk in the queue's page file (storage.pages), in pages of about PAGE_BYTES or PAGE_ENTRIES messages,
+and memory keeps only a few counters per page. The part in memory is topped up ahead of consumers: when it falls
+under half the threshold the next page is read back on the page thread, so deliveries rarely wait for the disk (when
+they must, the page is read at once). Pages go to disk in arrival order and come back in that order, behind
+everything in memory, so delivery order is the queue's order; requeued messages go back into the part in memory, to
+their original positions, which always lie before the paged part.
 
 A paged message keeps what its queue entry knew (place in the queue, redelivered flag, return counts, expiry time);
 one with a TTL expires once it is back in memory (as a message in RabbitMQ's classic queues expires only at the
@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PAGE_BYTES = 256 << 10  # a page is sealed and written once its records reach this size
+# ... or once it holds this many: a page read back makes an entry a message on the event loop, all in one turn (a
+# page of 256 KiB held 3,496 messages of 16 bytes, and took 13 to 25 ms of the loop)
+PAGE_ENTRIES = 1024
 
 # A record: seq, msg_id, expires_at, acquired_count, delivery_count, redelivered, and the lengths of the exchange,
 # routing key, content header and body that follow it.
@@ -203,7 +206,7 @@ class PagedEntries:
                 places.append(where)
             else:
                 self._unpin(page)
-        if len(page.data) >= PAGE_BYTES:
+        if len(page.data) >= PAGE_BYTES or page.count >= PAGE_ENTRIES:
             self._seal()
         return True
 

@@ -114,6 +114,9 @@ def test_runs_count_bodies_and_persistent_messages(tmp_path):
     assert sum(run.persistent for run in runs) == 81  # 13, 23, ... 93 are transient
     assert sum(run.persistent_bytes for run in runs) == 8100
     assert [m.msg_id for run in runs for m in run.read()] == list(range(10, 100))
+    counted = list(stored.runs(10, max_bytes=1 << 20, max_messages=25))
+    assert max(len(run) for run in counted) == 25  # (the segments' ends cut the others shorter)
+    assert [m.msg_id for run in counted for m in run.read()] == list(range(10, 100))
 
 
 def test_a_record_that_is_not_the_expected_publish_when_read_back_is_left_out_and_named_in_an_error(tmp_path, caplog):

@@ -91,6 +91,19 @@ async def test_entries_past_the_threshold_are_paged_and_come_back_in_order(store
 
 
 @in_loop
+async def test_a_page_of_small_messages_is_sealed_at_page_entries_and_comes_back_whole(store, monkeypatch):
+    """However small the messages, a page holds PAGE_ENTRIES at most: each page read back makes its entries in one
+    turn of the event loop."""
+    monkeypatch.setattr(paging, "PAGE_ENTRIES", 5)
+    entries, back = paged_list(store, in_memory=1)
+    for seq in range(13):
+        entries.append(entry(seq, b"small"))
+    assert [page.count for page in entries.pages] == [5, 5] and entries.filling.count == 2
+    assert [entries.popleft().seq for _ in range(13)] == list(range(13))
+    assert back == [[1, 2, 3, 4, 5], [6, 7, 8, 9, 10], [11, 12]]
+
+
+@in_loop
 async def test_the_next_page_is_read_at_once_when_memory_runs_dry(store):
     entries, _ = paged_list(store, in_memory=1)
     for seq in range(9):
