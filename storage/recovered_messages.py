@@ -236,9 +236,10 @@ class RecoveredMessages:
         stop = len(places) if stop is None else stop
         while start < stop:
             first = places[start]
-            end = min(stop if max_messages is None else min(stop, start + max_messages),
-                      bisect_left(places, first + max_bytes, start),
+            end = min(stop, bisect_left(places, first + max_bytes, start),
                       bisect_left(places, place((first >> PLACE_BITS) + 1, 0), start))
+            if max_messages is not None:
+                end = min(end, start + max_messages)
             end = max(end, start + 1)
             yield self._run(start, end)
             start = end
