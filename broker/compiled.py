@@ -23,7 +23,9 @@ import os
 import sys
 import sysconfig
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,10 +47,15 @@ RUNTIME_GROUP = "broker._compiled_runtime"
 MYPY_NEEDED = (1, 17)  # mypycify's group_name: the runtime library inside a package
 MANIFEST = "broker/_compiled_sources.json"  # source -> the SHA-256 of the text it was compiled from
 BUILD_DIR = "build/compiled"  # the objects of the last in-place build, which the next one reuses where it can
-# The one check of -Wall (which Python's flags turn on) that costs a third of compiling mypyc's runtime library, a C
-# file of 19 MB no one indents by hand: gcc's look at its indentation (74 s of CPU at -O3 with it, 49 without; 40 and
+# The one check of -Wall (which Python's flags turn on) that costs a third of compiling mypyc's runtime library, C
+# of 19 MB no one indents by hand: gcc's look at its indentation (74 s of CPU at -O3 with it, 49 without; 40 and
 # 13 at -O0). The code built is the same byte for byte; clang takes the option too.
 QUIET_CHECK = "-Wno-misleading-indentation"
+# Where mypyc writes the runtime library's headers, which the C file of each module includes (multi_file: a C file a
+# module, compiled at once by parallel_build(), where one C file of 19 MB took a core for a minute). mypyc 2.4 writes
+# the modules' files to build/ and the headers to the group's package folder under it, which it leaves off the
+# include path
+GROUP_HEADERS = os.path.join("build", *RUNTIME_GROUP.split(".")[:-1])
 
 
 def built_sources() -> tuple[str, ...]:
@@ -122,9 +129,11 @@ def extensions() -> list:
         from setuptools import Extension
 
         modules = mypycify(["--ignore-missing-imports", "--follow-imports=silent", "--disable-error-code",
-                            "annotation-unchecked", *COMPILED], opt_level=_opt_level(), group_name=RUNTIME_GROUP)
+                            "annotation-unchecked", *COMPILED], opt_level=_opt_level(), group_name=RUNTIME_GROUP,
+                           multi_file=True)
         for module in modules:  # (mypyc gives them all one list)
             module.extra_compile_args = [*module.extra_compile_args, QUIET_CHECK]
+            module.include_dirs = [*module.include_dirs, GROUP_HEADERS]
         modules += [Extension(source.removesuffix(".c").replace("/", "."), [source]) for source in C_SOURCES]
     except (Exception, SystemExit) as error:  # mypyc reports its errors and then exits
         print(f"warren: modules not compiled, Warren runs as pure Python ({type(error).__name__}: {error})",
@@ -160,6 +169,32 @@ def _check_compiler() -> None:
         compiler.compile([str(probe)], output_dir=scratch, include_dirs=[sysconfig.get_paths()["include"]])
 
 
+def parallel_build() -> type:
+    """setuptools' build_ext, compiling the C files of an extension at once (the runtime library's are 46: one a
+    module, mypyc's own), where it compiles them one after another."""
+    from setuptools.command.build_ext import build_ext
+
+    class ParallelBuild(build_ext):
+        def build_extensions(self) -> None:
+            self.compiler.compile = compiling_at_once(self.compiler.compile)
+            super().build_extensions()
+
+    return ParallelBuild
+
+
+def compiling_at_once(compile_sources: Callable[..., list[str]]) -> Callable[..., list[str]]:
+    """compile_sources (a compiler's compile(): sources in, objects out) made to compile its sources at once, as many
+    as this process has cores, the objects in the sources' order."""
+    def compile_at_once(sources: list[str], *args: object, **kwargs: object) -> list[str]:
+        # (the cores this process may run on, where Linux says, not the machine's; a thread waits for its gcc)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        with ThreadPoolExecutor(cores) as pool:
+            compiled = pool.map(lambda source: compile_sources([source], *args, **kwargs), sources)
+            return [obj for objects in compiled for obj in objects]
+
+    return compile_at_once
+
+
 def build() -> None:
     """Compile COMPILED in place; where that cannot be done here, say so and leave every module pure Python. What an
     earlier build made is kept in BUILD_DIR: only the modules whose C code changed are compiled again."""
@@ -173,7 +208,7 @@ def build() -> None:
         scratch = str(REPO_ROOT / BUILD_DIR)
         setup(name="warren-compiled", packages=[], script_name="setup.py",
               script_args=["--quiet", "build_ext", "--inplace", "--build-temp", scratch, "--build-lib", scratch],
-              ext_modules=modules)
+              ext_modules=modules, cmdclass={"build_ext": parallel_build()})
     except (Exception, SystemExit) as error:
         clean()
         print(f"warren: modules not compiled, Warren runs as pure Python ({type(error).__name__}: {error})",

@@ -1,11 +1,15 @@
 """The check that keeps a compiled module from running in place of an edited source, and that says which modules
-run as pure Python."""
+run as pure Python; the build's compiling of an extension's C files at once."""
 
 from __future__ import annotations
 
 import hashlib
 import importlib.machinery
 import json
+import os
+import threading
+
+import pytest
 
 from broker import compiled
 
@@ -49,3 +53,16 @@ def test_compiled_modules_without_the_hashes_of_their_sources_are_stale(tmp_path
     (tmp_path / "pkg" / "built.py").write_text("")
     (tmp_path / "pkg" / f"built{importlib.machinery.EXTENSION_SUFFIXES[0]}").write_bytes(b"")
     assert compiled.stale() == ["pkg/built.py"]  # (built by an earlier version, which recorded none)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="compiling at once needs two cores at least")
+def test_an_extensions_c_files_are_compiled_at_once_and_their_objects_come_in_their_order():
+    both_compiling = threading.Barrier(2, timeout=10)  # passed only by two compiles under way together
+
+    def compile_one(sources: list[str], output_dir: str) -> list[str]:
+        assert len(sources) == 1
+        both_compiling.wait()
+        return [f"{output_dir}/{sources[0].removesuffix('.c')}.o"]
+
+    compile_all = compiled.compiling_at_once(compile_one)
+    assert compile_all(["vhost.c", "queue.c"], output_dir="build") == ["build/vhost.o", "build/queue.o"]
