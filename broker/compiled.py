@@ -56,6 +56,9 @@ QUIET_CHECK = "-Wno-misleading-indentation"
 # the modules' files to build/ and the headers to the group's package folder under it, which it leaves off the
 # include path
 GROUP_HEADERS = os.path.join("build", *RUNTIME_GROUP.split(".")[:-1])
+# C files compiled at once at most, where there are cores for more: gcc's memory for the four largest at -O3 (0.6 GB)
+# stays under what the one C file took (0.76 GB), for a build in a container of little memory on many cores
+COMPILES_AT_ONCE = 4
 
 
 def built_sources() -> tuple[str, ...]:
@@ -184,11 +187,11 @@ def parallel_build() -> type:
 
 def compiling_at_once(compile_sources: Callable[..., list[str]]) -> Callable[..., list[str]]:
     """compile_sources (a compiler's compile(): sources in, objects out) made to compile its sources at once, as many
-    as this process has cores, the objects in the sources' order."""
+    as this process has cores (COMPILES_AT_ONCE at most), the objects in the sources' order."""
     def compile_at_once(sources: list[str], *args: object, **kwargs: object) -> list[str]:
         # (the cores this process may run on, where Linux says, not the machine's; a thread waits for its gcc)
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        with ThreadPoolExecutor(cores) as pool:
+        with ThreadPoolExecutor(min(cores, COMPILES_AT_ONCE)) as pool:
             compiled = pool.map(lambda source: compile_sources([source], *args, **kwargs), sources)
             return [obj for objects in compiled for obj in objects]
 
