@@ -16,5 +16,4 @@ from broker import compiled  # noqa: E402  (the tree's own, which the build env 
 # check and translate every module for nothing before the build itself does it again)
 BUILDING = ("bdist_wheel", "build", "build_ext", "install", "develop", "editable_wheel")
 wanted = os.environ.get("WARREN_COMPILE") != "0" and any(command in sys.argv[1:] for command in BUILDING)
-setup(ext_modules=compiled.extensions() if wanted else [],
-      cmdclass={"build_ext": compiled.parallel_build()} if wanted else {})
+setup(ext_modules=compiled.extensions() if wanted else [], cmdclass={"build_ext": compiled.parallel_build()})

@@ -51,11 +51,12 @@ BUILD_DIR = "build/compiled"  # the objects of the last in-place build, which th
 # of 19 MB no one indents by hand: gcc's look at its indentation (74 s of CPU at -O3 with it, 49 without; 40 and
 # 13 at -O0). The code built is the same byte for byte; clang takes the option too.
 QUIET_CHECK = "-Wno-misleading-indentation"
+MYPYC_DIR = "build"  # where mypyc writes the C it makes of the modules
 # Where mypyc writes the runtime library's headers, which the C file of each module includes (multi_file: a C file a
 # module, compiled at once by parallel_build(), where one C file of 19 MB took a core for a minute). mypyc 2.4 writes
-# the modules' files to build/ and the headers to the group's package folder under it, which it leaves off the
+# the modules' files to MYPYC_DIR and the headers to the group's package folder under it, which it leaves off the
 # include path
-GROUP_HEADERS = os.path.join("build", *RUNTIME_GROUP.split(".")[:-1])
+GROUP_HEADERS = os.path.join(MYPYC_DIR, *RUNTIME_GROUP.split(".")[:-1])
 # C files compiled at once at most, where there are cores for more: gcc's memory for the four largest at -O3 (0.6 GB)
 # stays under what the one C file took (0.76 GB), for a build in a container of little memory on many cores
 COMPILES_AT_ONCE = 4
@@ -133,7 +134,7 @@ def extensions() -> list:
 
         modules = mypycify(["--ignore-missing-imports", "--follow-imports=silent", "--disable-error-code",
                             "annotation-unchecked", *COMPILED], opt_level=_opt_level(), group_name=RUNTIME_GROUP,
-                           multi_file=True)
+                           multi_file=True, target_dir=MYPYC_DIR)
         for module in modules:  # (mypyc gives them all one list)
             module.extra_compile_args = [*module.extra_compile_args, QUIET_CHECK]
             module.include_dirs = [*module.include_dirs, GROUP_HEADERS]
@@ -189,18 +190,21 @@ def compiling_at_once(compile_sources: Callable[..., list[str]]) -> Callable[...
     """compile_sources (a compiler's compile(): sources in, objects out) made to compile its sources at once, as many
     as this process has cores (COMPILES_AT_ONCE at most), the objects in the sources' order."""
     def compile_at_once(sources: list[str], *args: object, **kwargs: object) -> list[str]:
-        # (the cores this process may run on, where Linux says, not the machine's; a thread waits for its gcc)
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        with ThreadPoolExecutor(min(cores, COMPILES_AT_ONCE)) as pool:
+        with ThreadPoolExecutor(min(usable_cores(), COMPILES_AT_ONCE)) as pool:  # (a thread waits for its gcc)
             compiled = pool.map(lambda source: compile_sources([source], *args, **kwargs), sources)
             return [obj for objects in compiled for obj in objects]
 
     return compile_at_once
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (where Linux says; elsewhere the machine's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def build() -> None:
     """Compile COMPILED in place; where that cannot be done here, say so and leave every module pure Python. What an
-    earlier build made is kept in BUILD_DIR: only the modules whose C code changed are compiled again."""
+    earlier build made is kept in BUILD_DIR: an extension none of whose C files changed is not built again."""
     modules = extensions()
     if not modules:
         clean()
