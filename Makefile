@@ -13,9 +13,9 @@ LOG_LEVEL ?= info
 .PHONY: all run test bench clean browser etcd cluster-demo spark bytecode
 
 # `make test` runs its set-up two steps at a time: apt-get fetches Chromium and etcd beside pip's install and the
-# modules' compilation (35 to 40 s of both cores), which share nothing with them. Two installs into .venv at once, or two
-# apt-gets (each would refuse the other apt's lock), must not run together: under `make test` the compilation and the
-# bytecode wait for the tests' install (which installs Warren too), and etcd's download for Chromium's install.
+# modules' compilation (35 to 40 s of both cores), which share nothing with them. Two installs into .venv at once, or
+# two apt-gets (each would refuse the other apt's lock), must not run together: under `make test` the compilation and
+# the bytecode wait for the tests' install (which installs Warren too), and etcd's download for Chromium's install.
 TESTING := $(filter test,$(MAKECMDGOALS))
 ifneq ($(TESTING),)
 MAKEFLAGS += -j2
