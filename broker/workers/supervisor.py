@@ -247,11 +247,17 @@ class Supervisor:
         inherited = [child.fileno(), self.listening.fileno(), worker.receiving.fileno(), worker.api.fileno(),
                      worker.metrics.fileno(), worker.link.fileno(), logins_fd, board_fd, *senders.values(),
                      *([tls] if tls is not None else []), *mqtt.values()]
-        # A session of its own: a terminal's Ctrl-C reaches the supervisor alone, which stops the workers in turn.
+        # A process group of its own: a terminal's Ctrl-C reaches the supervisor alone, which stops the workers in
+        # turn. Not a session of its own: Linux gives each session a scheduling group (autogroup) with a session's
+        # share of the cores, so a node of W workers took W shares of a busy machine, and the other programs waited
+        # for a core behind it (beside three nodes on two cores, a client's round trips waited up to 340 ms for one;
+        # none took over 42 ms with the workers in their supervisor's session: the node is one program to the
+        # scheduler, as RabbitMQ's one process is). uvloop takes no process_group; its child resets every signal's
+        # disposition after this (the worker ignores the terminal's signals itself: broker.workers.control).
         try:
             worker.process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "cluster.worker", str(child.fileno()), str(os.getpid()), pass_fds=inherited,
-                start_new_session=True)
+                preexec_fn=os.setpgrp)
         except BaseException:
             for end in (parent, logins, board):
                 end.close()

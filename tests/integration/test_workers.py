@@ -10,21 +10,26 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import pty
 import re
 import signal
 import socket
 import ssl
 import statistics
+import subprocess
+import sys
+import termios
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pika
 import pytest
 from pamqp import commands, frame
 
 from tests.bench.workers import config_of
-from tests.conftest import free_port
+from tests.conftest import REPO_ROOT, free_port
 from tests.integration.helpers import declare_queue, enqueue, wait_until
 from tests.integration.management import add_user, add_vhost, request, set_permissions
 from tests.integration.rawclient import RawClient, plain_response
@@ -550,3 +555,69 @@ def test_a_shovel_and_a_federation_link_run_once_in_the_worker_of_their_vhost(wo
     shovels = request(broker, "GET", "/api/shovels").body
     assert [(shovel["name"], shovel["state"]) for shovel in shovels] == [("move", "running")]
     assert "shovel 'move' in vhost 'v1'" not in broker.log()  # (it never failed, on either worker)
+
+
+# Run as `python -c TAKE_TERMINAL -m broker ...` in a session of its own whose standard input is a terminal: makes
+# that terminal the session's (its process group in the foreground), then runs the rest of the command line.
+TAKE_TERMINAL = ("import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
+                 "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
+
+
+def test_workers_started_in_a_terminal_that_stops_background_writers_log_to_it_and_serve(tmp_path):
+    """A node started from a terminal set with `stty tostop`, where a process in the background that writes to it is
+    stopped: its workers, each in a process group of its own within the supervisor's session, behind the supervisor in
+    the foreground, log to it and serve."""
+    terminal, its_end = pty.openpty()
+    modes = termios.tcgetattr(its_end)
+    modes[3] |= termios.TOSTOP
+    termios.tcsetattr(its_end, termios.TCSANOW, modes)
+    port = free_port()
+    config = tmp_path / "warren.toml"
+    config.write_text(CONFIG)
+    command = [sys.executable, "-c", TAKE_TERMINAL, "-m", "broker", "--host", "127.0.0.1", "--port", str(port),
+               "--data-dir", str(tmp_path / "data"), "--log-level", "info", "--management-port", str(free_port()),
+               "--prometheus-port", str(free_port()), "--mqtt-port", str(free_port()), "--workers", "2",
+               "--config", str(config)]
+    process = subprocess.Popen(command, cwd=REPO_ROOT, stdin=its_end, stdout=its_end, stderr=its_end,
+                               start_new_session=True)
+    os.close(its_end)
+    shown: list[bytes] = []  # what the terminal showed (read on, so that no writer waits for room)
+
+    def show() -> None:
+        while True:
+            try:
+                data = os.read(terminal, 65536)
+            except OSError:  # (EIO: every process of the session has closed it)
+                return
+            if not data:
+                return
+            shown.append(data)
+
+    reader = threading.Thread(target=show, daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: b"with 2 worker processes" in b"".join(shown) or process.poll() is not None, 30,
+                 "the node listening with its two workers")
+        text = b"".join(shown).decode(errors="replace")
+        assert process.poll() is None, text
+        assert "INFO worker 0 " in text and "INFO worker 1 " in text, text
+        workers = [int(pid) for pid in re.findall(r"worker \d serves \(pid (\d+)\)", text)]
+        assert len(workers) == 2, text
+        # each in a process group of its own (Ctrl-C goes to the supervisor's), in the supervisor's session (the
+        # scheduler's group: docs/workers.md)
+        assert [(os.getpgid(pid), os.getsid(pid)) for pid in workers] == [(pid, process.pid) for pid in workers]
+        for vhost in ("/", "v1"):  # one on each worker (LEADERS)
+            connection = connect(SimpleNamespace(host="127.0.0.1", port=port), vhost)
+            try:
+                declare_queue(connection.channel())
+            finally:
+                connection.close()
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:  # (a stopped worker outlasts its stop: the node is killed, they with it)
+            process.kill()
+            process.wait()
+        reader.join(10)
+        os.close(terminal)
