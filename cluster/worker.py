@@ -17,6 +17,15 @@ SIGINT.
 
 from __future__ import annotations
 
+import signal
+
+# First, before an import could write to the terminal (a warning, a traceback): a worker, in a process group of its
+# own in its supervisor's session, is in the background of the supervisor's terminal if it has one, where it writes
+# its log and reads nothing, whatever the terminal's settings (with `stty tostop` its first line would stop it, and
+# the node's start with it: docs/workers.md). This module is the worker's program: nothing imports it.
+signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+signal.signal(signal.SIGTTIN, signal.SIG_IGN)
+
 import asyncio
 import dataclasses
 import logging

@@ -105,14 +105,6 @@ class WorkerControl:
                 await send(self.writer, {"opened": True})
 
 
-def in_the_terminals_background() -> None:
-    """A worker, in a process group of its own in its supervisor's session, is in the background of the
-    supervisor's terminal, if it has one: it writes its log there and reads nothing from it, whatever the terminal's
-    settings (with ``stty tostop`` the first line would stop it, and the node with it)."""
-    signal.signal(signal.SIGTTOU, signal.SIG_IGN)
-    signal.signal(signal.SIGTTIN, signal.SIG_IGN)
-
-
 def die_with_the_supervisor(supervisor: int) -> None:
     """A kill -9 of the supervisor ends its workers at once, as it would end a one-process broker: nothing is left
     holding the data dir when it is started again."""
@@ -125,7 +117,6 @@ def die_with_the_supervisor(supervisor: int) -> None:
 def run_worker(serve: Callable[[socket.socket], Awaitable[None]]) -> int:
     """A worker process's life: its arguments are the control socket's descriptor and the supervisor's pid."""
     die_with_the_supervisor(int(sys.argv[2]))
-    in_the_terminals_background()
     control = socket.socket(fileno=int(sys.argv[1]))
     try:
         uvloop.run(serve(control))

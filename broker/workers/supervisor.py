@@ -251,9 +251,9 @@ class Supervisor:
         # turn. Not a session of its own: Linux gives each session a scheduling group (autogroup) with a session's
         # share of the cores, so a node of W workers took W shares of a busy machine, and the other programs waited
         # for a core behind it (beside three nodes on two cores, a client's round trips waited up to 340 ms for one;
-        # none took over 42 ms with the workers in their supervisor's session: the node is one program to the
+        # none took over 46 ms with the workers in their supervisor's session: the node is one program to the
         # scheduler, as RabbitMQ's one process is). uvloop takes no process_group; its child resets every signal's
-        # disposition after this (the worker ignores the terminal's signals itself: broker.workers.control).
+        # disposition after this (the worker ignores the terminal's signals itself: cluster.worker).
         try:
             worker.process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "cluster.worker", str(child.fileno()), str(os.getpid()), pass_fds=inherited,

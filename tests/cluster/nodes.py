@@ -98,8 +98,8 @@ class Node:
                 cwd=self.workdir, env={**os.environ, **self.environment}, stdout=log, stderr=subprocess.STDOUT)
 
     def signal(self, sig: int) -> None:
-        """sig to every process of the node, its supervisor and its workers (each in a session of its own): a SIGSTOP
-        pauses the whole node."""
+        """sig to every process of the node, its supervisor and its workers (each in a process group of its own): a
+        SIGSTOP pauses the whole node."""
         assert self.process is not None
         for each in self.pids():
             os.kill(each, sig)
