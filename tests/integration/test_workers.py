@@ -593,21 +593,23 @@ def test_workers_started_in_a_terminal_that_stops_background_writers_log_to_it_a
                 return
             shown.append(data)
 
+    node = SimpleNamespace(host="127.0.0.1", port=port, log=lambda: b"".join(shown).decode(errors="replace"))
     reader = threading.Thread(target=show, daemon=True)
     reader.start()
     try:
-        wait_for(lambda: b"with 2 worker processes" in b"".join(shown) or process.poll() is not None, 30,
+        wait_for(lambda: "with 2 worker processes" in node.log() or process.poll() is not None, 30,
                  "the node listening with its two workers")
-        text = b"".join(shown).decode(errors="replace")
+        text = node.log()
         assert process.poll() is None, text
         assert "INFO worker 0 " in text and "INFO worker 1 " in text, text
-        workers = [int(pid) for pid in re.findall(r"worker \d serves \(pid (\d+)\)", text)]
-        assert len(workers) == 2, text
+        workers = worker_pids(node)
+        assert sorted(workers) == [0, 1], text
         # each in a process group of its own (Ctrl-C goes to the supervisor's), in the supervisor's session (the
         # scheduler's group: docs/workers.md)
-        assert [(os.getpgid(pid), os.getsid(pid)) for pid in workers] == [(pid, process.pid) for pid in workers]
+        assert ([(os.getpgid(pid), os.getsid(pid)) for pid in workers.values()]
+                == [(pid, process.pid) for pid in workers.values()])
         for vhost in ("/", "v1"):  # one on each worker (LEADERS)
-            connection = connect(SimpleNamespace(host="127.0.0.1", port=port), vhost)
+            connection = connect(node, vhost)
             try:
                 declare_queue(connection.channel())
             finally:
