@@ -1,19 +1,8 @@
 """The management API of several workers: one listener, the supervisor's, in front of the usual API
 (broker.management) that every worker runs on an internal socket.
 
-A request goes where what it names lives:
-- a vhost's resources (``/api/queues/{vhost}/...``, a vhost's definitions, its aliveness test) to the worker that
-  leads the vhost; a vhost moved to another worker's group (PUT its group) is checked there, then moved here;
-- a node-wide change (users, permissions, vhosts, an import of definitions) to every worker, the first one first:
-  its answer is the reply, and a refusal there changes nothing anywhere; a new vhost is placed once the first
-  worker has checked the request, before any makes it;
-- a listing over every vhost (queues, exchanges, connections...) to every worker, each item kept from the worker
-  that leads its vhost (a connection, a channel or a consumer from the worker that serves it), then filtered,
-  paged and cut to columns here as one worker would;
-- a connection or a channel by name to each worker until one has it;
-- the nodes (a node per worker) to every worker of this node, and on a clustered node to every other node too, a
-  worker that does not answer listed as not running;
-- anything else (users, permissions, the node) to the first worker, which holds the node-wide definitions.
+A request goes where what it names lives: docs/workers.md's table (The management API and the metrics) says
+where, and ``Gateway._handle`` does it.
 
 Every worker checks the request's credentials itself; the client's address travels in a header that only the
 internal socket's API believes (http.FORWARDED_CLIENT). Its answer says how they fared (http.LOGIN_OUTCOME): the
@@ -25,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import TYPE_CHECKING, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from aiohttp import web
 
@@ -110,19 +99,16 @@ class WorkerApis(ApiClient):
         super().__init__(lambda: supervisor.board.entries.get(CLUSTER_SECRET), other_nodes_context(supervisor.config))
         self.supervisor = supervisor
 
-    async def ask(self, worker: int, request: web.Request, body: Body = None, path_qs: str | None = None,
-                  check_only: bool = False, metrics: bool = False, client: str | None = None,
-                  body_key: bytes | None = None, method: str | None = None) -> Answer:
-        """The worker's answer to request (with body: bytes, or the request's own, streamed as the worker reads
-        it), from its management API or, with metrics, its Prometheus endpoint; on a clustered node, from the
-        worker that leads its group, here or on another node (whose API is asked, proven, for that worker's answer).
-        ``client``: the client's address, when not the request's (a request another node's API forwarded, whose
-        body ends with the HMAC ``body_key`` checks); ``method``: the one to ask with, if not the request's."""
+    async def ask(self, worker: int, request: web.Request, body: Body = None, metrics: bool = False,
+                  **options: Any) -> Answer:
+        """The worker's answer to request (ApiClient.ask_at's, with its options), from its management API or, with
+        metrics, its Prometheus endpoint; on a clustered node, from the worker that leads its group, here or on
+        another node (whose API is asked, proven, for that worker's answer)."""
         await self.supervisor.leader_named(worker)
         target = self.supervisor.api_target(worker, metrics)
         if target is None:
             return unavailable(f"worker {worker}", request, ConnectionError(f"no node leads group {worker} now"))
-        return await self.ask_at(target, worker, request, body, path_qs, check_only, client, method, body_key)
+        return await self.ask_at(target, worker, request, body, **options)
 
 class Gateway:
     """The public API's one handler: what goes where (see the module's text)."""
@@ -193,23 +179,17 @@ class Gateway:
         method = request.method
         if method in ("PUT", "DELETE") and pattern in EVERYWHERE:
             return await self.everywhere(request, pattern, vhost)
-        if method == "PUT" and pattern == GROUP and vhost is not None:
-            return await self.move(request, vhost)
-        if method == "PUT" and pattern == QUEUE_GROUP and vhost is not None:
-            return await self.move_queue(request, vhost, match["name"])
+        if method == "PUT" and pattern in (GROUP, QUEUE_GROUP) and vhost is not None:
+            return await self.move(request, vhost, match.get("name"))
         if method == "POST" and pattern == "/api/definitions":
             return await self.import_everywhere(request)
         if method in ("PUT", "DELETE") and pattern == MAINTENANCE:
             return await self.maintenance(request, match["name"])
-        if vhost is not None and method == "GET" and pattern in CLIENTS:
-            return await self.gathered(request, pattern)
         spread = self.supervisor.config.spread_vhosts
-        if vhost is not None and method == "GET" and pattern == QUEUE and spread:
-            return await self.queue_everywhere(request, vhost)
-        if vhost is not None and method == "GET" and pattern in QUEUES | EXCHANGES and spread:
+        if vhost is not None and method == "GET" and (pattern in CLIENTS or spread and pattern in QUEUES | EXCHANGES):
             return await self.gathered(request, pattern)
-        if vhost is not None and method == "GET" and pattern == EXCHANGE and spread:
-            return await self.exchange_everywhere(request, vhost)
+        if vhost is not None and method == "GET" and spread and pattern in (QUEUE, EXCHANGE):
+            return await self.one_everywhere(request, vhost, pattern)
         if vhost is not None:
             await self.supervisor.learn(vhost)
             return (await self.apis.ask(self.leader_of(vhost), request, body_of(request))).response()
@@ -248,7 +228,8 @@ class Gateway:
     async def everywhere(self, request: web.Request, pattern: str, vhost: str | None) -> web.Response:
         """A node-wide change, made on every worker, worker 0 first. A vhost made or deleted is first checked by
         worker 0 (the credentials, the administrator tag, the body): a refused request neither writes the placement
-        nor changes it."""
+        nor changes it. Then, under the supervisor's lock of the vhosts, a new one is placed before any worker makes
+        it, a deleted one forgotten once deleted."""
         kept = bytearray()
         if pattern != "/api/vhosts/{vhost}" or vhost is None:
             first = await self.apis.ask(0, request, body_of(request, kept))
@@ -257,20 +238,16 @@ class Gateway:
         if checked.status >= 300:
             return checked.response()
         async with self.supervisor.changing_vhosts:
-            return await self._vhost_changed(request, vhost, bytes(kept))
-
-    async def _vhost_changed(self, request: web.Request, vhost: str, body: bytes) -> web.Response:
-        """A vhost made (placed before any worker makes it) or deleted (forgotten once deleted), under the
-        supervisor's lock of the vhosts: a placement this request made is forgotten if worker 0 refuses to make the
-        vhost after all (its user deleted meanwhile), which no other request can have made in between."""
-        placed = await self.supervisor.place([vhost]) if request.method == "PUT" else []
-        first = await self.apis.ask(0, request, body)
-        response = await self._after_first(request, first, {worker: body for worker in self.workers})
-        if first.status >= 400:
-            await self.supervisor.forget(placed)
-        elif request.method == "DELETE" and response.status < 300:
-            await self.supervisor.forget([vhost])
-        return response
+            placed = await self.supervisor.place([vhost]) if request.method == "PUT" else []
+            first = await self.apis.ask(0, request, bytes(kept))
+            response = await self._after_first(request, first, {worker: bytes(kept) for worker in self.workers})
+            # (a placement made here goes if worker 0 refuses after all, its user deleted meanwhile: under the lock,
+            # no other request can have made the vhost in between)
+            if first.status >= 400:
+                await self.supervisor.forget(placed)
+            elif request.method == "DELETE" and response.status < 300:
+                await self.supervisor.forget([vhost])
+            return response
 
     async def import_everywhere(self, request: web.Request) -> web.Response:
         """A whole node's definitions: node-wide ones to every worker, each vhost's to its leader. Worker 0 first
@@ -282,31 +259,23 @@ class Gateway:
         if answer.status >= 400:
             return answer.response()
         async with self.supervisor.changing_vhosts:
-            return await self._imported(request, json.loads(kept))
-
-    async def _imported(self, request: web.Request, document: dict) -> web.Response:
-        """The import worker 0 accepted, under the supervisor's lock of the vhosts."""
-        # Placed before the check: the check of an item of a new vhost is its leader's
-        placed = await self.supervisor.place(vhosts_named(document))
-        bodies = {worker: json.dumps(of_vhosts(document, self.led_by(worker, document))).encode()
-                  for worker in self.workers}
-        for worker in self.workers:  # every share checked before any is applied: all or nothing, as one worker
-            answer = await self.apis.ask(worker, request, bodies[worker], check_only=True)
-            if answer.status >= 400:
+            document = json.loads(kept)
+            # Placed before the check: the check of an item of a new vhost is its leader's
+            placed = await self.supervisor.place(vhosts_named(document))
+            # each vhost's items go to its leader (those of a vhost no worker leads to worker 0, which refuses them)
+            named = {item["vhost"] for section in VHOST_SECTIONS if isinstance(document.get(section), list)
+                     for item in document[section] if isinstance(item, dict) and isinstance(item.get("vhost"), str)}
+            bodies = {worker: json.dumps(of_vhosts(document, {name for name in named if self.leader_of(name) == worker}
+                                                   )).encode() for worker in self.workers}
+            for worker in self.workers:  # every share checked before any is applied: all or nothing, as one worker
+                answer = await self.apis.ask(worker, request, bodies[worker], check_only=True)
+                if answer.status >= 400:
+                    await self.supervisor.forget(placed)
+                    return answer.response()
+            first = await self.apis.ask(0, request, bodies[0])
+            if first.status >= 400:
                 await self.supervisor.forget(placed)
-                return answer.response()
-        first = await self.apis.ask(0, request, bodies[0])
-        if first.status >= 400:
-            await self.supervisor.forget(placed)
-        return await self._after_first(request, first, bodies)
-
-    def led_by(self, worker: int, document: dict) -> set[str]:
-        """The vhosts whose items of document go to worker: those it leads, and for the first one those no worker
-        leads (it refuses them, naming the vhost)."""
-        items = [item for section in VHOST_SECTIONS if isinstance(document.get(section), list)
-                 for item in document[section] if isinstance(item, dict)]
-        named = {item["vhost"] for item in items if isinstance(item.get("vhost"), str)}
-        return {name for name in named if self.leader_of(name) == worker}
+            return await self._after_first(request, first, bodies)
 
     async def gathered(self, request: web.Request, pattern: str) -> web.Response:
         order, pageable = GATHERED[pattern]
@@ -344,75 +313,52 @@ class Gateway:
             _count_delayed_everywhere(items, bodies)
         return items if order is None else order(items)
 
-    async def _asked_everywhere(self, request: web.Request, vhost: str) -> tuple[list[Answer], Answer]:
-        """Every worker's answer to a request for one object of a vhost every worker serves, and among them the
-        answer of the vhost's worker."""
+    async def one_everywhere(self, request: web.Request, vhost: str, pattern: str) -> web.Response:
+        """One queue or exchange of a vhost every worker serves ([server] spread_vhosts), as the vhost's worker
+        shows it: a queue as its owner counts it, with the consumers of every worker (each lists its own clients'); an
+        exchange with the messages a delayed one holds in every worker."""
         answers = await self._each(lambda worker: self.apis.ask(worker, request))
-        return answers, answers[self.workers.index(self.leader_of(vhost))]
-
-    async def exchange_everywhere(self, request: web.Request, vhost: str) -> web.Response:
-        """One exchange of a vhost every worker serves ([server] spread_vhosts): as the vhost's worker shows it, with
-        the messages a delayed exchange holds in every worker."""
-        answers, home = await self._asked_everywhere(request, vhost)
+        home = answers[self.leader_of(vhost)]
         if home.status != 200:
             return home.response()
-        exchange = home.json()
-        _count_delayed_everywhere([exchange], [answer.json() for answer in answers if answer.status == 200])
-        return http.reply(exchange)
-
-    async def queue_everywhere(self, request: web.Request, vhost: str) -> web.Response:
-        """One queue of a vhost every worker serves ([server] spread_vhosts): as its owner shows it, with the consumers
-        of every worker (each lists those of its own clients)."""
-        answers, home = await self._asked_everywhere(request, vhost)
-        if home.status != 200:
-            return home.response()
+        found = [answer.json() for answer in answers if answer.status == 200]
+        if pattern == EXCHANGE:
+            exchange = home.json()
+            _count_delayed_everywhere([exchange], found)
+            return http.reply(exchange)
         owner = http.worker_named(str(home.json().get("node")), len(self.workers))
-        base = answers[self.workers.index(owner)] if owner in self.workers else home
-        if base.status != 200:
-            base = home
-        queue = base.json()
-        queue["consumer_details"] = [consumer for answer in answers if answer.status == 200
-                                     for consumer in answer.json().get("consumer_details", [])]
+        queue = (answers[owner] if owner is not None and answers[owner].status == 200 else home).json()
+        queue["consumer_details"] = [consumer for body in found for consumer in body.get("consumer_details", [])]
         queue["consumers"] = len(queue["consumer_details"])
         return http.reply(queue)
 
-    async def move(self, request: web.Request, vhost: str) -> web.Response:
-        """A vhost moved to another worker's group: the worker that leads it checks the request (credentials, the
-        vhost, the group named; a cluster's refuses), then the supervisor moves it."""
-        kept = bytearray()
-        answer = await self.apis.ask(self.leader_of(vhost), request, body_of(request, kept))
-        if answer.status >= 300:
-            return answer.response()
-        target = json.loads(kept)["group"]
-        try:
-            await self.supervisor.move(vhost, target)
-        except (MoveError, OSError) as error:
-            log.error("could not move vhost '%s' to worker %d: %s", vhost, target, error)
-            return http.error_response(500, "internal_server_error", f"the vhost could not be moved: {error}")
-        return web.Response(status=204)
-
-    async def move_queue(self, request: web.Request, vhost: str, name: str) -> web.Response:
-        """A durable queue moved to another worker's group: the worker that leads its vhost checks the request (as
-        a vhost's move, and the queue: cluster.worker's check_queue_move) and names its owner, then the supervisor
-        moves it."""
+    async def move(self, request: web.Request, vhost: str, queue: str | None) -> web.Response:
+        """A vhost, or a durable queue of it, moved to another worker's group: the worker that leads the vhost checks
+        the request (credentials, the vhost, the group named, a queue's move: cluster.worker's check_queue_move; a
+        cluster's refuses) and names a queue's owner, then the supervisor moves it."""
         kept = bytearray()
         home = self.leader_of(vhost)
         answer = await self.apis.ask(home, request, body_of(request, kept))
         if answer.status >= 300:
             return answer.response()
-        shown = await self.apis.ask(home, request, b"", path_qs=request.raw_path.partition("?")[0].removesuffix(
-            "/group"), method="GET")
-        if shown.status != 200:
-            return shown.response()
-        source = http.worker_named(str(shown.json().get("node")), len(self.workers))
         target = json.loads(kept)["group"]
+        what = "vhost" if queue is None else "queue"
         try:
-            if source is None:
-                raise MoveError(f"its owner, {shown.json().get('node')!r:.100}, is not a worker of this node")
-            await self.supervisor.move_queue(vhost, name, source, target)
+            if queue is None:
+                await self.supervisor.move(vhost, target)
+            else:
+                shown = await self.apis.ask(home, request, b"", method="GET",
+                                            path_qs=request.raw_path.partition("?")[0].removesuffix("/group"))
+                if shown.status != 200:
+                    return shown.response()
+                source = http.worker_named(str(shown.json().get("node")), len(self.workers))
+                if source is None:
+                    raise MoveError(f"its owner, {shown.json().get('node')!r:.100}, is not a worker of this node")
+                await self.supervisor.move(vhost, target, queue, source)
         except (MoveError, OSError) as error:
-            log.error("could not move queue '%s' of vhost '%s' to worker %d: %s", name, vhost, target, error)
-            return http.error_response(500, "internal_server_error", f"the queue could not be moved: {error}")
+            log.error("could not move %s to worker %d: %s", f"vhost '{vhost}'" if queue is None else
+                      f"queue '{queue}' of vhost '{vhost}'", target, error)
+            return http.error_response(500, "internal_server_error", f"the {what} could not be moved: {error}")
         return web.Response(status=204)
 
     async def nodes(self, request: web.Request, name: str | None) -> web.Response:

@@ -59,10 +59,8 @@ async def receive(reader: asyncio.StreamReader) -> dict:
 
 
 class WorkerControl:
-    """A worker's end of the control socket once its instructions are read: the supervisor's requests answered
-    (``placed`` takes a new placement, ``export`` gives the node-wide definitions, ``record`` and ``forget`` change
-    a cluster's record of its vhosts, ``forgetting`` forgets a node of the cluster), and this worker's own request
-    answered in turn (the supervisor asks nothing meanwhile: it waits for this worker to serve)."""
+    """A worker's end of the control socket once its instructions are read: the supervisor's requests answered, and
+    this worker's own request answered in turn (the supervisor asks nothing meanwhile: it waits for it to serve)."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader

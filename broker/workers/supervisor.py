@@ -248,12 +248,8 @@ class Supervisor:
                      worker.metrics.fileno(), worker.link.fileno(), logins_fd, board_fd, *senders.values(),
                      *([tls] if tls is not None else []), *mqtt.values()]
         # A process group of its own: a terminal's Ctrl-C reaches the supervisor alone, which stops the workers in
-        # turn. Not a session of its own: Linux gives each session a scheduling group (autogroup) with a session's
-        # share of the cores, so a node of W workers took W shares of a busy machine, and the other programs waited
-        # for a core behind it (beside three nodes on two cores, a client's round trips waited up to 340 ms for one;
-        # none took over 46 ms with the workers in their supervisor's session: the node is one program to the
-        # scheduler, as RabbitMQ's one process is). uvloop takes no process_group; its child resets every signal's
-        # disposition after this (the worker ignores the terminal's signals itself: cluster.worker).
+        # turn. Not a session of its own, which Linux would schedule as a program of its own (docs/workers.md).
+        # uvloop takes no process_group; its child resets every signal's disposition after this (cluster.worker).
         try:
             worker.process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "cluster.worker", str(child.fileno()), str(os.getpid()), pass_fds=inherited,
@@ -475,37 +471,27 @@ class Supervisor:
             log.error("worker %d could not start: %s", worker.number, refusal)
             code = worker.process.returncode or 0
 
-    async def move(self, vhost: str, target: int) -> None:
-        """Move a vhost to another worker (broker.workers.moving): its worker and the target stop cleanly, the
-        vhost's data moves from one store to the other, and both start again; returns once they serve.
-        moving.MoveError if a store could not be read or written. (The worker leading the vhost has checked the
-        move first: broker.workers.placement.RecordedPlacement.check_move, which refuses a vhost the config pins
-        elsewhere, and any move in a cluster.)"""
+    async def move(self, vhost: str, target: int, queue: str | None = None, source: int | None = None) -> None:
+        """Move a vhost, or a durable queue of it from worker source (its owner when the move was asked), to another
+        worker (broker.workers.moving): the workers involved (the vhost's, source and target) stop cleanly, the data
+        moves from one store to the other, and they start again; returns once they serve. moving.MoveError if a
+        store could not be read or written, or the queue changed meanwhile. (The worker leading the vhost has checked
+        the move first: RecordedPlacement.check_move, which refuses a vhost the config pins elsewhere, and any move
+        in a cluster; a queue's, cluster.worker's check_queue_move.)"""
         async with self.moving:
-            source = self.placement.leaders.get(vhost, 0)
-            if source == target:
-                return
-            loop = asyncio.get_running_loop()
-            log.info("stopping workers %d and %d to move vhost '%s' from one to the other", source, target, vhost)
-            await self._stopped_for([source, target], lambda: moving.move(
-                self.data_dir, vhost, source, target, lambda: self.placement.leaders.get(vhost, 0),
-                lambda: self._lead(vhost, target, loop)))
-
-    async def move_queue(self, vhost: str, queue: str, source: int, target: int) -> None:
-        """Move a durable queue of vhost from worker source (its owner when the move was asked) to target
-        (broker.workers.moving): the vhost's worker, source and target stop cleanly, the queue's data moves, and
-        they start again; returns once they serve. moving.MoveError if a store could not be read or written, or the
-        queue changed meanwhile. (The vhost's worker has checked the move first: cluster.worker's
-        check_queue_move.)"""
-        async with self.moving:
-            home = self.placement.leaders.get(vhost, 0)
+            home = self.placement.of(vhost)
+            source = home if source is None else source
             if source == target:
                 return
             stopped = sorted({home, source, target})
-            log.info("stopping workers %s to move queue '%s' of vhost '%s' from worker %d to worker %d",
-                     ", ".join(map(str, stopped)), queue, vhost, source, target)
-            await self._stopped_for(stopped, lambda: moving.move_queue(self.data_dir, vhost, queue, home, source,
-                                                                       target))
+            what = f"vhost '{vhost}'" if queue is None else f"queue '{queue}' of vhost '{vhost}'"
+            log.info("stopping workers %s to move %s from worker %d to worker %d", ", ".join(map(str, stopped)),
+                     what, source, target)
+            loop = asyncio.get_running_loop()
+            await self._stopped_for(stopped, lambda: moving.move(
+                self.data_dir, vhost, source, target, lambda: self.placement.of(vhost),
+                lambda: self._lead(vhost, target, loop)) if queue is None else moving.move_queue(
+                self.data_dir, vhost, queue, home, source, target))
 
     async def _stopped_for(self, numbers: list[int], work: Callable[[], None]) -> None:
         """work() run on a thread while these workers are stopped (cleanly); they start again after it, and this
@@ -546,7 +532,7 @@ class Supervisor:
             if move is not None:
                 loop = asyncio.get_running_loop()
                 await loop.run_in_executor(None, moving.finish, self.data_dir,
-                                           lambda: self.placement.leaders.get(move["vhost"], 0),
+                                           lambda: self.placement.of(move["vhost"]),
                                            lambda: self._lead(move["vhost"], move["to"], loop))
         except (moving.MoveError, OSError) as error:
             log.error("could not finish moving a vhost or queue between workers: %s", error)
