@@ -1,11 +1,5 @@
-"""The coordination interface: a lease, the election, membership and the in-sync replica set (SCALE-OUT.md §4.2).
-
-Every key lives under a cluster's prefix:
-  {prefix}/leader          the leader's Member as JSON, bound to its lease; its create_revision is the epoch
-  {prefix}/isr             the in-sync replica set: {"epoch": E, "replicas": [{"node", "dir", "acked", "epoch"}]} as
-                           JSON, written only by the leader of epoch E (fenced); a replica is a node's data dir
-  {prefix}/members/{id}    each node's Member as JSON, bound to that node's lease
-  {prefix}/secret          the replication secret, written once by whichever node comes first
+"""The coordination interface: a lease, the election, membership and the in-sync replica set, under a group's
+prefix in etcd (``Keys`` says where each lives).
 
 Coordinator is what the cluster code speaks; EtcdCoordinator (cluster/etcd.py) is the real one, WalkoverCoordinator
 (cluster/walkover.py) the one of a node outside a cluster, MemoryCoordinator (tests/unit/cluster/fake_etcd.py) an
@@ -171,15 +165,13 @@ def new_secret() -> str:
 class Coordinator(Protocol):
     """One node's view of the cluster's coordination state. Every call is bounded in time: when etcd cannot be
     reached it raises CoordinatorUnavailable promptly (refresh() returns False instead, wait_leader_change() keeps
-    trying until its timeout). Nothing runs in the background: the caller keeps the lease alive with refresh()."""
+    trying until its timeout). Nothing runs in the background: the caller keeps the lease alive with refresh(). A
+    group of one (cluster.walkover) has what it is asked: not the writes of the ISR, maintenance, forgetting a node,
+    nor the record of the vhosts, which only a group other nodes follow asks for."""
 
     node_id: str
     lease_ttl: float  # seconds the lease lives without a keepalive
     followed: bool  # other nodes follow the group's leader (False: a group of one, cluster.walkover)
-
-    @property
-    def lease_id(self) -> int:
-        """The lease start() granted (0 before)."""
 
     @property
     def lease_alive(self) -> bool:
@@ -218,9 +210,6 @@ class Coordinator(Protocol):
     async def replicas(self) -> list[Replica] | None:
         """The in-sync replica set; None when none was ever written (a fresh cluster)."""
 
-    async def isr(self) -> list[str] | None:
-        """The node ids of the in-sync replica set (for logs and observers); None as replicas()."""
-
     async def set_isr(self, replicas: list[Replica], epoch: int) -> bool:
         """Write the in-sync replica set, but only while this node holds the leader key of that epoch with its
         lease. False when it does not (stale: the caller stops leading)."""
@@ -253,8 +242,8 @@ class Coordinator(Protocol):
         ``proposal`` if nobody stored one before."""
 
     async def record_vhost(self, vhost: str, group: int) -> int:
-        """The group recorded for a vhost (for the whole cluster): ``group``, unless one was recorded before. (These
-        three, of a cluster's groups: a group of one has its vhosts recorded by its node, broker.workers.placement.)"""
+        """The group recorded for a vhost (for the whole cluster): ``group``, unless one was recorded before. (A group
+        of one has its vhosts recorded by its node: broker.workers.placement.)"""
 
     async def forget_vhosts(self, vhosts: list[str]) -> None:
         """Take the vhosts' records off (deleted vhosts)."""

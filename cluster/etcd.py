@@ -60,13 +60,12 @@ class EtcdCoordinator(LeaseHolder):
     """A Coordinator on etcd. endpoints are etcd's client addresses as "host:port"; when the one in use stops
     answering, the next request goes to the next one."""
 
-    def __init__(self, endpoints: list[str], prefix: str, node_id: str, lease_ttl: float,
-                 call_timeout: float | None = None, root: str | None = None):
+    def __init__(self, endpoints: list[str], prefix: str, node_id: str, lease_ttl: float, root: str | None = None):
         if not endpoints:
             raise ValueError("no etcd endpoint given")
         super().__init__(prefix, node_id, lease_ttl, root)
         self.endpoints = list(endpoints)
-        self.call_timeout = call_timeout or lease_ttl / 3  # the longest any one request to etcd may take
+        self.call_timeout = lease_ttl / 3  # the longest any one request to etcd may take
         self._endpoint = 0  # index in endpoints of the one the client talks to
         self._client = self._new_client()
         self._closed = False  # close() closed the client: start() makes a new one

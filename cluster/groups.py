@@ -68,18 +68,14 @@ class VhostRecord:
                           leaders[name])
         return leaders
 
-    async def forget(self, vhosts: list[str]) -> dict[str, int]:
-        """Deleted vhosts' records taken off; the whole record after."""
-        await self.coordinator.forget_vhosts(vhosts)
-        return (await self.coordinator.vhost_groups(None, 0))[0]
-
     async def asked(self, request: dict) -> dict:
         """The supervisor's request to record vhosts made through its node's API ({"record": [...]}) or to forget
         deleted ones ({"forget": [...]}), answered with the whole record, or why not (broker.workers.control)."""
         try:
             if "record" in request:
                 return {"placement": await self.record(request["record"], [])}
-            return {"placement": await self.forget(request["forget"])}
+            await self.coordinator.forget_vhosts(request["forget"])  # (deleted vhosts)
+            return {"placement": (await self.coordinator.vhost_groups(None, 0))[0]}
         except CoordinatorError as error:  # (etcd does not answer, or a record is damaged: the text says which)
             return {"refused": str(error)}
 

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 from broker.config import Config, ConfigError, read_secret
 from broker.connection.server import SHUTDOWN_GRACE, Server, StartupError
@@ -281,13 +282,11 @@ class ClusterNode:
     # --- leading --------------------------------------------------------------------------------------------
     async def _lead_or_resign(self, epoch: int) -> None:
         replicas = await self.coordinator.replicas()
-        if not self._electable(replicas):  # dropped from the ISR while campaigning
-            log.warning("won the election but its data dir is not in the ISR %s: resigning",
-                        [replica.node for replica in replicas or []])
-            await self.coordinator.resign()
-            return
-        if self.in_maintenance:  # put in maintenance while campaigning
-            log.warning("won the election but %s: resigning", IN_MAINTENANCE)
+        # dropped from the ISR, or put in maintenance, while campaigning
+        why = (f"its data dir is not in the ISR {[replica.node for replica in replicas or []]}"
+               if not self._electable(replicas) else IN_MAINTENANCE if self.in_maintenance else "")
+        if why:
+            log.warning("won the election but %s: resigning", why)
             await self.coordinator.resign()
             return
         self.waiting_for = ""
@@ -330,7 +329,8 @@ class ClusterNode:
             self.server = server
             replication.store_ready.set()
             self.group.announce(self.member)
-            watcher = asyncio.ensure_future(self._watch_leadership(epoch))
+            watcher = asyncio.ensure_future(self._watch_leader(
+                epoch, functools.partial(self._lose, "etcd shows another leader"), leading=True))
             return await self._lost, replication.stepped_aside
         except LeadershipLost as error:
             return str(error), False
@@ -376,25 +376,25 @@ class ClusterNode:
         if self._lost is not None and not self._lost.done():
             self._lost.set_result(reason)
 
-    async def _watch_leadership(self, epoch: int) -> None:
-        """Leadership ends when etcd shows another leader, or an operator or the balance names another node."""
+    async def _watch_leader(self, epoch: int, changed: Callable[[], None], leading: bool = False) -> None:
+        """changed() once etcd shows another leader than that of ``epoch``; leading, the leader steps aside as soon as
+        an operator or the balance names another node."""
         while True:
             try:
                 current = await self.coordinator.leader()
                 if current is None or current[1] != epoch:
-                    self._lose("etcd shows another leader")
+                    changed()
                     return
-                members = await self.coordinator.members()
-                preferred = await self.coordinator.preferred()
-                replicas = await self.coordinator.replicas()
-                if preferred is not None and preferred in self._others_that_can_lead(members, replicas):
-                    self._step_aside_for(preferred, "as an operator asked")
-                    return
-                if preferred is None and (
-                        lighter := self.group.lighter(self._others_that_can_lead(members, replicas))):
-                    self._step_aside_for(lighter, "which leads fewer groups (the leaders are balanced by count)")
-                    return
-                await self.coordinator.wait_leader_change(epoch, self.ttl / 2)
+                if leading:
+                    members, preferred = await self.coordinator.members(), await self.coordinator.preferred()
+                    others = self._others_that_can_lead(members, await self.coordinator.replicas())
+                    if preferred is not None and preferred in others:
+                        self._step_aside_for(preferred, "as an operator asked")
+                        return
+                    if preferred is None and (lighter := self.group.lighter(others)):
+                        self._step_aside_for(lighter, "which leads fewer groups (the leaders are balanced by count)")
+                        return
+                await self.coordinator.wait_leader_change(epoch, self.ttl / 2 if leading else self.ttl)
             except CoordinatorError:
                 await asyncio.sleep(RETRY)
 
@@ -509,7 +509,7 @@ class ClusterNode:
                                self.tls[1] if self.tls else None, self.replication_group, self.standby.applied,
                                self.digests)
         changed = asyncio.Event()
-        watcher = asyncio.ensure_future(self._watch_leader(epoch, changed))
+        watcher = asyncio.ensure_future(self._watch_leader(epoch, changed.set))
         teller = asyncio.ensure_future(self._tell_how_it_follows(client, epoch))
         announcer = asyncio.ensure_future(self._announce_while_heard(client, leader))
         said = ""  # the failure last logged: the same one again, at each retry, is not (five lines a second)
@@ -574,17 +574,6 @@ class ClusterNode:
                                     time.monotonic() - client.heard_at)
                 except CoordinatorError:
                     pass
-
-    async def _watch_leader(self, epoch: int, changed: asyncio.Event) -> None:
-        while True:
-            try:
-                current = await self.coordinator.leader()
-                if current is None or current[1] != epoch:
-                    changed.set()
-                    return
-                await self.coordinator.wait_leader_change(epoch, self.ttl)
-            except CoordinatorError:
-                await asyncio.sleep(RETRY)
 
 
 def can_lead(node: str, members: dict[str, Member], replicas: list[Replica] | None) -> bool:

@@ -210,14 +210,10 @@ class ReplicationServer:
 
     # --- confirms -------------------------------------------------------------------------------------------
     def _gate(self, sequence: int, release: Callable[[], None]) -> None:
-        """Called by the store on the loop once a batch is on the leader's disk."""
-        if self._stopped:
-            return
-        if not self._held and self._replicated(sequence):
-            self._released = sequence
-            release()
-        else:
+        """Called by the store on the loop once a batch is on the leader's disk: released in order, once replicated."""
+        if not self._stopped:
             self._held.append((sequence, release))
+            self._release_ready()
 
     def _replicated(self, sequence: int) -> bool:
         """Whether every copy that may lead has ``sequence``: each member of the committed ISR, and each follower
@@ -278,12 +274,7 @@ class ReplicationServer:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
-        try:
-            await self._serve(reader, writer)
-        finally:
-            self._connections.discard(task)
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task.add_done_callback(self._connections.discard)
         peer = writer.get_extra_info("peername")
         address = peer[0] if peer else ""
         if self._unproven[address] >= UNPROVEN_PER_ADDRESS or self._unproven.total() >= UNPROVEN_MAX:

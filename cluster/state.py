@@ -10,13 +10,12 @@ the ISR: it may not campaign and takes a full copy, whatever its node id. A foll
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from storage.replica import CLUSTER_STATE
-from storage.segments import fsync_directories, fsync_directory, make_directories, write_synced
+from storage.segments import fsync_directories, make_directories, write_durably
 
 
 @dataclass(frozen=True)
@@ -59,8 +58,4 @@ def write_state(data_dir: Path, state: ClusterState) -> None:
     made: set[Path] = set()  # directories whose entries changed: each made directory's parent
     make_directories(data_dir, made)
     fsync_directories(made)
-    path = data_dir / CLUSTER_STATE
-    temporary = path.with_suffix(".tmp")
-    write_synced(temporary, json.dumps(asdict(state)).encode())
-    os.replace(temporary, path)
-    fsync_directory(data_dir)
+    write_durably(data_dir / CLUSTER_STATE, json.dumps(asdict(state)))  # (its temporary file is never replicated)

@@ -11,15 +11,15 @@ from __future__ import annotations
 import asyncio
 import ssl
 
-from cluster.coordinator import CoordinatorError, Leader, Member, Replica
+from cluster.coordinator import Leader, Member, Replica
 
 
 class WalkoverCoordinator:
-    """cluster.coordinator.Coordinator for a group of one node, which no one else can lead."""
+    """cluster.coordinator.Coordinator for a group of one node, which no one else can lead: what such a group asks.
+    (The in-sync replicas, maintenance and forgetting a node are asked only where other nodes follow: ``followed``.)"""
 
     followed = False  # no node follows the group: its leader replicates nothing
     lease_ttl = 24 * 3600.0  # seconds a walkover lease lives: renewed every eight hours, and never refused
-    lease_id = 1  # (no lease is granted)
     lease_alive = True  # (it never lapses)
 
     def __init__(self, node_id: str) -> None:
@@ -58,15 +58,6 @@ class WalkoverCoordinator:
     async def replicas(self) -> list[Replica] | None:
         return None  # (as a fresh cluster's: any copy may lead, and this one is the only one)
 
-    async def isr(self) -> list[str] | None:
-        return None
-
-    async def set_isr(self, replicas: list[Replica], epoch: int) -> bool:
-        return True
-
-    async def force_isr(self, replicas: list[Replica]) -> bool:
-        return False
-
     async def secret(self) -> str:
         return ""  # (nothing travels between nodes)
 
@@ -78,12 +69,6 @@ class WalkoverCoordinator:
 
     async def drained(self) -> set[str]:
         return set()
-
-    async def drain(self, node: str, on: bool) -> None:
-        raise CoordinatorError("maintenance mode is for a node of a cluster: this broker leads every group itself")
-
-    async def forget(self, node: str) -> None:
-        raise CoordinatorError("forgetting a node is for a cluster: this broker is a node of its own")
 
     async def agree(self, name: str, proposal: str) -> str:
         return proposal
