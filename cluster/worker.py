@@ -46,7 +46,7 @@ from broker.connection.greeting import platform_name
 from broker.connection.connection import Connection
 from broker.connection.handoff import HandedOver, receive_all
 from broker.connection.mqtt.connection import MqttConnection
-from broker.connection.mqtt.front_door import PROTOCOL as MQTT, MqttFrontDoor, mqtt_unavailable, open_mqtt_doors
+from broker.connection.mqtt.front_door import PROTOCOL as MQTT, MqttFrontDoor, mqtt_unavailable
 from broker.connection.server import Server, StartupError, stop_on_signals, version
 from broker.connection.tls import server_context
 from broker.crossing.home import Crossing
@@ -179,10 +179,7 @@ class GroupWorker:
 
     def maintenance(self, on: bool) -> None:
         if self.doors is not None:
-            if on:
-                self.doors.suspend()
-            else:
-                self.doors.resume()
+            self.doors.suspend(on)
         self.board.post({maintenance_key(self.number): on})
 
     def learnt(self, secret: str) -> None:
@@ -581,7 +578,7 @@ async def serve(control_socket: socket.socket) -> None:
                     await web_mqtt.serve()
                     continue
                 tls = server_context(config) if name == "mqtt_tls" else None
-                listeners.append(await open_mqtt_doors(doors, tls, sock=socket.socket(fileno=fd)))
+                listeners.append(await open_doors(doors, tls, MqttFrontDoor, sock=socket.socket(fileno=fd)))
         await running
     finally:
         for task in (*background, following):

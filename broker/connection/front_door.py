@@ -44,7 +44,7 @@ from broker.connection.refused_login import Refusal, check_login
 from broker.connection.splice import SpliceEnd, join
 from broker.model.node import vhost_down
 from protocol import node_proof, proxy_header, stream_start
-from protocol.stream_start import LINK, MQTT_LINK, Forwarding, StartReader
+from protocol.stream_start import LINK, MQTT_LINK, Forwarding, StartReader, StreamStart
 from protocol.codec import decode_method, encode_method
 from protocol.constants import (
     ACCESS_REFUSED, CONNECTION_FORCED, FRAME_END, FRAME_HEARTBEAT, FRAME_METHOD, FRAME_MIN_SIZE, INTERNAL_ERROR, PROTOCOL_HEADER,
@@ -102,13 +102,17 @@ class FrontDoors:
     # (one another node's front door forwards still comes in: this node may lead its vhost yet)
     suspended: bool = False
 
-    def suspend(self) -> None:
-        """Drop every client here and take no new one (the node goes into maintenance), until ``resume``."""
-        self.suspended = True
-        self.close()
+    def suspend(self, on: bool = True) -> None:
+        """With on, drop every client here and take no new one (the node goes into maintenance); else take them."""
+        self.suspended = on
+        if on:
+            self.close()
 
-    def resume(self) -> None:
-        self.suspended = False
+    def keep(self, making: Any) -> None:
+        """Run making (a forward, or a TLS session's splice) as a task that close() cancels while it runs."""
+        task = asyncio.get_running_loop().create_task(making)
+        self.splicing.add(task)
+        task.add_done_callback(self.splicing.discard)
 
     def reroute(self) -> None:
         """Drop every client forwarded to a node that no longer leads its vhost (the leader changed, or none is
@@ -132,18 +136,22 @@ class FrontDoors:
             client.abort()
 
 
-async def open_doors(doors: FrontDoors, tls: ssl.SSLContext | None = None, **where: Any) -> asyncio.Server:
-    """A listener whose every client comes in through a front door; where: host and port, or sock. With tls, the
-    amqps port: the TLS session ends here, and a client that does not finish its TLS handshake within the
-    handshake timeout is dropped, as the broker's own amqps port drops it."""
+async def open_doors(doors: FrontDoors, tls: ssl.SSLContext | None = None, door: type[Door] | None = None,
+                     **where: Any) -> asyncio.Server:
+    """A listener whose every client comes in through a front door (door: MqttFrontDoor on an MQTT port); where: host
+    and port, or sock. With tls, the TLS session ends here, and a client that does not finish its TLS handshake
+    within the handshake timeout is dropped, as the broker's own amqps port drops it."""
     return await asyncio.get_running_loop().create_server(
-        lambda: FrontDoor(doors), backlog=1024, ssl=tls, ssl_handshake_timeout=HANDSHAKE_TIMEOUT if tls else None,
-        **where)
+        lambda: (door or FrontDoor)(doors), backlog=1024, ssl=tls,
+        ssl_handshake_timeout=HANDSHAKE_TIMEOUT if tls else None, **where)
 
 
 def close_frame(code: int, text: str, method: tuple[int, int] = (0, 0)) -> bytes:
     """connection.close with code and text (cut to a short string's 255 bytes); method: the one refused, if any."""
     return encode_method(0, spec.Connection.Close(code, text[:255], *method))
+
+
+TURNED_AWAY_FRAME = close_frame(CONNECTION_FORCED, TURNED_AWAY)
 
 
 def refused(vhost: str | None, why: str) -> str:
@@ -152,28 +160,24 @@ def refused(vhost: str | None, why: str) -> str:
     return f"{what} is unavailable: {why}; connect again"
 
 
-class FrontDoor(asyncio.Protocol):
-    """One client, from its protocol header to connection.open."""
+class Door(asyncio.Protocol):
+    """What an AMQP and an MQTT front door share: the client's ends, another node's PROXY header, the way on."""
+
+    what = "AMQP connection from %s:%s: handshake timeout"  # the timeout's log line
+    timeout = HANDSHAKE_TIMEOUT
 
     def __init__(self, doors: FrontDoors) -> None:
         self.doors = doors
         self.transport: Any = None
-        self.start: StartReader | None = None  # reads the protocol header, after another node's PROXY header
+        self.start: StartReader | None = None  # reads another node's PROXY header and proofs (AMQP: and the header)
         self.forwarded = False  # the client came through another node's front door (a proven PROXY header)
         self.peer: tuple = ("", 0)  # the client's address and port
         self.local: tuple = ("", 0)  # the address it connected to
         self.tls = False  # the client speaks TLS: to this node, or to the node that forwarded it (its PROXY header)
-        self.kept = bytearray()  # everything the client sent after its protocol header
-        self.reader = FrameReader(FRAME_MIN_SIZE)  # the handshake's frames (a larger one goes to a worker to judge)
-        self.answered = 0  # frames sent: 1 after connection.start, 2 after connection.tune
-        self.tuned = False  # tune-ok came
+        self.web = False  # it speaks MQTT over a WebSocket, here or to the node that forwarded it
+        self.kept = bytearray()  # what the client sent after its protocol header (MQTT: all of it)
         self.connected_at = 0  # wall-clock milliseconds when the socket was accepted
-        self.sent = 0  # bytes written to the client
-        self.timer: asyncio.TimerHandle | None = None
-        self.refusal: Refusal | None = None  # a refused login waiting to be answered (nothing more is read)
-        self.user = ""  # the user the start-ok names
-        self.owing: socket.socket | None = None  # where the socket goes once what is owed to the client is written
-        self.checked = False  # its login was checked here, and accepted
+        self.timer: asyncio.TimerHandle | None = None  # drops a client that does not finish in time
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
@@ -182,11 +186,74 @@ class FrontDoor(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.peer = tuple(transport.get_extra_info("peername") or ("", 0))[:2]
         self.local = tuple(transport.get_extra_info("sockname") or ("", 0))[:2]
-        self.start = StartReader(self.doors.secret())
         self.tls = transport.get_extra_info("sslcontext") is not None
         self.connected_at = int(time.time() * 1000)
+        self.timer = asyncio.get_running_loop().call_later(self.timeout, self._timed_out)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._done()
+
+    def _done(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _timed_out(self) -> None:
+        peer_log.warning(self.peer[0], "closing " + self.what, *self.peer)
+        self.transport.abort()
+
+    def _read_start(self, data: bytes) -> StreamStart | None:
+        """Another node's PROXY header and proofs, then the protocol header (MQTT: none); a wrong one is answered
+        with ours and the socket closed. The start once whole (the client's ends then those that header names)."""
+        assert self.start is not None
+        try:
+            challenge, start = self.start.feed(data)
+        except (proxy_header.ProxyHeaderError, stream_start.NotProven) as error:
+            peer_log.warning(self.peer[0], "closing connection from %s:%s: %s PROXY header: %s", *self.peer,
+                             "malformed" if isinstance(error, proxy_header.ProxyHeaderError) else "refused", error)
+            self.transport.abort()
+            return None
+        except stream_start.WrongProtocolHeader:
+            self.transport.write(PROTOCOL_HEADER)
+            self.transport.close()
+            return None
+        if challenge:
+            self.transport.write(challenge)
+        if start is None:
+            return None
+        self.start = None
+        if start.forwarded is not None:
+            self.peer, self.local = start.forwarded
+            self.forwarded = True
+            self.tls, self.web = start.tls, start.web  # (the client's, not the link's between the nodes)
+        elif self.doors.suspended:  # (the node is in maintenance: its own clients go, as at a closed port)
+            self.transport.abort()
+            return None
+        return start
+
+    def _handed(self, **fields: Any) -> handoff.HandedOver:
+        return handoff.HandedOver(peer=list(self.peer), local=list(self.local), connected_at=self.connected_at,
+                                  tls=self.tls, web=self.web, data=bytes(self.kept), **fields)
+
+
+class FrontDoor(Door):
+    """One AMQP client, from its protocol header to connection.open."""
+
+    def __init__(self, doors: FrontDoors) -> None:
+        super().__init__(doors)
+        self.reader = FrameReader(FRAME_MIN_SIZE)  # the handshake's frames (a larger one goes to a worker to judge)
+        self.answered = 0  # frames sent: 1 after connection.start, 2 after connection.tune
+        self.tuned = False  # tune-ok came
+        self.sent = 0  # bytes written to the client
+        self.refusal: Refusal | None = None  # a refused login waiting to be answered (nothing more is read)
+        self.user = ""  # the user the start-ok names
+        self.owing: socket.socket | None = None  # where the socket goes once what is owed to the client is written
+        self.checked = False  # its login was checked here, and accepted
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.start = StartReader(self.doors.secret())
         self.doors.open.add(self)
-        self.timer = asyncio.get_running_loop().call_later(HANDSHAKE_TIMEOUT, self._timed_out)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._done()
@@ -195,9 +262,7 @@ class FrontDoor(asyncio.Protocol):
 
     def _done(self) -> None:
         self.doors.open.discard(self)
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        super()._done()
 
     def resume_writing(self) -> None:
         sender, self.owing = self.owing, None
@@ -205,10 +270,6 @@ class FrontDoor(asyncio.Protocol):
             self._done()
             self.transport.set_write_buffer_limits()
             self._hand_over(sender)
-
-    def _timed_out(self) -> None:
-        peer_log.warning(self.peer[0], "closing AMQP connection from %s:%s: handshake timeout", *self.peer)
-        self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
         if self.refusal is not None:
@@ -276,31 +337,10 @@ class FrontDoor(asyncio.Protocol):
             self.refuse(ACCESS_REFUSED, text)
 
     def _protocol_header(self, data: bytes) -> bytes:
-        """As a worker's: another node's PROXY header and the proofs, then the 8-byte protocol header, answered with
-        connection.start; a wrong one is answered with ours and the socket closed. Returns what follows."""
-        assert self.start is not None
-        try:
-            challenge, start = self.start.feed(data)
-        except (proxy_header.ProxyHeaderError, stream_start.NotProven) as error:
-            peer_log.warning(self.peer[0], "closing connection from %s:%s: %s PROXY header: %s", *self.peer,
-                             "malformed" if isinstance(error, proxy_header.ProxyHeaderError) else "refused", error)
-            self.transport.abort()
-            return b""
-        except stream_start.WrongProtocolHeader:
-            self.transport.write(PROTOCOL_HEADER)
-            self.transport.close()
-            return b""
-        if challenge:
-            self.transport.write(challenge)
+        """As a worker's (after another node's PROXY header and proofs): answered with connection.start. Returns
+        what follows."""
+        start = self._read_start(data)
         if start is None:
-            return b""
-        self.start = None
-        if start.forwarded is not None:
-            self.peer, self.local = start.forwarded
-            self.forwarded = True
-            self.tls = start.tls  # (the client's, not the link's between the nodes)
-        elif self.doors.suspended:
-            self.transport.abort()
             return b""
         self._send(greeting.start(self.doors.config, self.doors.version, self.doors.platform))
         self.answered = 1
@@ -319,9 +359,10 @@ class FrontDoor(asyncio.Protocol):
         if isinstance(route, socket.socket):
             self._hand_over(route)
         elif isinstance(route, tuple):
-            task = asyncio.get_running_loop().create_task(self._forward(route, vhost))
-            self.doors.splicing.add(task)
-            task.add_done_callback(self.doors.splicing.discard)
+            unreachable = close_frame(CONNECTION_FORCED, "CONNECTION_FORCED - broker forced connection closure with "
+                                      f"reason 'vhost {vhost!r} unavailable'")
+            self.doors.keep(forward(self, route, vhost, PROTOCOL_HEADER + bytes(self.kept), self.answered,
+                                    unreachable, TURNED_AWAY_FRAME))
         else:
             self._unavailable(vhost, route)
 
@@ -354,23 +395,14 @@ class FrontDoor(asyncio.Protocol):
             self.timer = asyncio.get_running_loop().call_later(HANDSHAKE_TIMEOUT, self._timed_out)
             self.transport.set_write_buffer_limits(high=0, low=0)  # resume_writing once it is all written
             return
-        handed = handoff.HandedOver(
-            user=self.user if self.checked else "", peer=list(self.peer),
-            local=list(self.local), connected_at=self.connected_at, received_bytes=len(PROTOCOL_HEADER),
-            sent_bytes=self.sent, tls=self.tls,
-            answered=self.answered, data=bytes(self.kept))
+        handed = self._handed(user=self.user if self.checked else "", received_bytes=len(PROTOCOL_HEADER),
+                              sent_bytes=self.sent, answered=self.answered)
         try:
-            handoff.hand_over(self.transport, sender, handed, self.doors.splicing)
+            handoff.hand_over(self.transport, sender, handed, self.doors.keep)
         except OSError as error:
             peer_log.warning(self.peer[0], "closing AMQP connection from %s:%s: cannot hand it to the worker that "
                              "leads its vhost: %s", *self.peer, error)
             self.refuse(CONNECTION_FORCED, handoff.UNAVAILABLE)
-
-    async def _forward(self, address: tuple[str, int], vhost: str | None) -> None:
-        await forward(self.doors, self.transport, address, vhost, (self.peer, self.local, self.tls),
-                      PROTOCOL_HEADER + bytes(self.kept), self.answered,
-                      lambda: self.refuse(CONNECTION_FORCED, "CONNECTION_FORCED - broker forced connection closure "
-                                                             f"with reason 'vhost {vhost!r} unavailable'"))
 
     def refuse(self, code: int, text: str, method: tuple[int, int] = (0, 0)) -> None:
         """Tell the client why it cannot go on (it may connect again); method: the one refused, as (class, method)."""
@@ -379,33 +411,33 @@ class FrontDoor(asyncio.Protocol):
             self.transport.close()
 
 
-async def forward(doors: FrontDoors, transport: Any, address: tuple[str, int], vhost: str | None,
-                  client: tuple[tuple, tuple, bool], after: bytes, answered: int, refuse: Callable[[], None],
-                  turned_away: bytes = close_frame(CONNECTION_FORCED, TURNED_AWAY), link: str = LINK,
-                  web: bool = False) -> None:
-    """The client (its address, the one it connected to, whether it speaks TLS) goes on through the node at address,
-    once each node has proven to the other that it knows the cluster's secret (ForwardEnd joins the two sockets
-    then, and sends after: what the client sent here); answered: the handshake frames this door sent, which that
-    node's answers first; refuse() tells the client it cannot go on, turned_away what it is told when that node does
-    not take it. link: the kind of link the proofs are made for (MQTT_LINK: an MQTT client, to that node's MQTT
-    port); web: the client speaks MQTT over a WebSocket to this node."""
-    loop = asyncio.get_running_loop()
-    client_end = _Joined(doors.joined, vhost, address, link == MQTT_LINK)
+async def forward(door: Door, address: tuple[str, int], vhost: str | None, after: bytes, answered: int,
+                  refused: bytes, turned_away: bytes, link: str = LINK) -> None:
+    """The door's client goes on through the node at address, once each node has proven to the other that it knows
+    the cluster's secret (ForwardEnd); after: what the client sent here; answered: the handshake frames this door
+    sent, which that node answers first; refused: what the client is told when that node cannot be reached,
+    turned_away when it does not take it; link: the kind of link the proofs are made for (MQTT_LINK: to that node's
+    MQTT port)."""
+    transport = door.transport
+    client_end = _Joined(door.doors.joined, vhost, address, link == MQTT_LINK)
     client_end.transport = transport
     transport.set_protocol(client_end)
-    secret = doors.secret()
+    secret = door.doors.secret()
     try:
         if not secret:
             raise ConnectionRefusedError(0, "this node has not learnt the cluster's secret yet")
-        forwarding = Forwarding(secret, *client, link=link, web=web)
+        forwarding = Forwarding(secret, door.peer, door.local, door.tls, link=link, web=door.web)
         async with asyncio.timeout(CONNECT_TIMEOUT):
-            await loop.create_connection(lambda: ForwardEnd(answered, forwarding, after, client_end, turned_away),
-                                         *address, ssl=doors.towards)
+            await asyncio.get_running_loop().create_connection(
+                lambda: ForwardEnd(answered, forwarding, after, client_end, turned_away), *address,
+                ssl=door.doors.towards)
     except OSError as error:  # TimeoutError included
         reason = "no answer in time" if isinstance(error, TimeoutError) else error.strerror or str(error)
         peer_log.warning(address[0], "cannot forward a client to the node at %s:%d that leads its vhost: %s",
                          *address, reason)
-        refuse()
+        if not transport.is_closing():
+            transport.write(refused)
+            transport.close()
 
 
 class _Joined(SpliceEnd):

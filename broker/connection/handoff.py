@@ -11,13 +11,12 @@ A hand-off is one datagram: a 4-byte length of the JSON state, the JSON, then th
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import socket
 import struct
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Coroutine
 
 from broker.connection.splice import splice
 
@@ -87,29 +86,24 @@ def send(sending: socket.socket, client: int, handed: HandedOver) -> None:
     socket.send_fds(sending, [datagram], [client])
 
 
-def hand_over(transport: Any, sender: socket.socket, handed: HandedOver, splicing: set[asyncio.Task]) -> None:
+def hand_over(transport: Any, sender: socket.socket, handed: HandedOver, keep: Callable[[Coroutine], None]) -> None:
     """Send the client's socket with its state, then let it go here; over a TLS session or a WebSocket of this
     transport's, which stays here, one end of a socket pair goes instead, joined here to the client
-    (broker.connection.splice; the task in splicing until it is done). OSError when it cannot go, the transport left
-    as it was."""
-    session_here = transport.get_extra_info("sslcontext") is not None or transport.get_extra_info("socket") is None
-    inner, handed_end = socket.socketpair() if session_here else (None, None)
+    (broker.connection.splice, run by keep). OSError when it cannot go, the transport left as it was."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None and transport.get_extra_info("sslcontext") is None:
+        send(sender, sock.fileno(), handed)
+        transport.close()  # the receiving worker holds its own copy
+        return
+    inner, handed_end = socket.socketpair()
     try:
-        sent = handed_end if handed_end is not None else transport.get_extra_info("socket")
-        send(sender, sent.fileno(), handed)
+        send(sender, handed_end.fileno(), handed)
     except OSError:
-        if inner is not None:
-            inner.close()
+        inner.close()
         raise
     finally:
-        if handed_end is not None:
-            handed_end.close()  # the receiving worker holds its own copy
-    if inner is None:
-        transport.close()  # likewise
-        return
-    task = asyncio.get_running_loop().create_task(splice(transport, inner))
-    splicing.add(task)
-    task.add_done_callback(splicing.discard)
+        handed_end.close()  # likewise
+    keep(splice(transport, inner))
 
 
 def receive_all(receiving: socket.socket, take: Callable[[socket.socket, HandedOver], Any]) -> None:

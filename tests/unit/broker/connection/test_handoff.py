@@ -54,7 +54,7 @@ def test_a_client_that_spoke_tls_to_another_node_goes_across_itself_not_through_
     transport = PlainTransport(server_end)
     splicing = set()
     try:
-        hand_over(transport, sending, dataclasses.replace(HANDED, tls=True), splicing)
+        hand_over(transport, sending, dataclasses.replace(HANDED, tls=True), splicing.add)
         assert transport.closed and not splicing  # let go here, nothing spliced
         taken = []
         receive_all(receiving, lambda sock, handed: taken.append((sock, handed)))
