@@ -61,14 +61,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # Settings that may come from the environment (above the config file, below the command line), so that a password
 # need not appear in a config file or on a command line (the Docker image's WARREN_DEFAULT_USER/PASS).
 ENVIRONMENT = {"default_user": "WARREN_DEFAULT_USER", "default_pass": "WARREN_DEFAULT_PASS"}
-COMMAND_LINE = ("host", "port", "data_dir", "workers", "log_level", "log_format", "management_host", "management_port",
-                "prometheus_host", "prometheus_port", "tls_port", "mqtt_port")
 
 
 def config_overrides(args: argparse.Namespace, environ: dict[str, str]) -> dict:
-    """Values that override the config file: non-empty environment variables, then command-line options."""
+    """Values that override the config file: non-empty environment variables, then command-line options (each
+    named as the setting it overrides)."""
     overrides = {key: environ.get(variable) or None for key, variable in ENVIRONMENT.items()}
-    overrides.update({key: getattr(args, key) for key in COMMAND_LINE})
+    overrides.update({key: value for key, value in vars(args).items() if key != "config"})
     return overrides
 
 
@@ -92,17 +91,16 @@ async def serve(config, files: OpenFiles) -> None:
     management = await take_management(server) if config.management_port else None
     prometheus = await take_prometheus(server) if config.prometheus_port else None
     web_mqtt = await take_web_mqtt(config, lambda: MqttConnection(server)) if config.mqtt_web_port else None
+    listeners = [listener for listener in (management, prometheus, web_mqtt) if listener is not None]
     await server.start()
     say_open_files_limit(config, files)
-    for listener in (management, prometheus, web_mqtt):
-        if listener is not None:
-            await listener.serve()
+    for listener in listeners:
+        await listener.serve()
     stop = stop_on_signals()
     await stop.wait()
     log.info("shutting down")
-    for listener in (management, prometheus, web_mqtt):
-        if listener is not None:
-            await listener.stop()
+    for listener in listeners:
+        await listener.stop()
     await server.stop()
 
 

@@ -81,18 +81,16 @@ def body_key_of(key: bytes, proof: bytes) -> bytes:
     return node_proof.proof(key, "body", proof)
 
 
-async def streamed(request: web.Request, kept: bytearray | None = None) -> AsyncIterator[bytes]:
-    """The request's body as the API it is forwarded to reads it (which refuses a body too large, or a request it
-    does not authorise, before reading it, as the API of one process does); kept gets a copy when given."""
-    async for chunk in request.content.iter_any():
-        if kept is not None:
-            kept += chunk
-        yield chunk
-
-
 def body_of(request: web.Request, kept: bytearray | None = None) -> Body:
-    """The request's body to forward (None without one; an empty chunked one is one, as its receiver sees it)."""
-    return streamed(request, kept) if request.body_exists else None
+    """The request's body to forward (None without one; an empty chunked one is one, as its receiver sees it),
+    streamed as the API it is forwarded to reads it (which refuses a body too large, or a request it does not
+    authorise, before reading it, as the API of one process does); kept gets a copy when given."""
+    async def streamed() -> AsyncIterator[bytes]:
+        async for chunk in request.content.iter_any():
+            if kept is not None:
+                kept.extend(chunk)
+            yield chunk
+    return streamed() if request.body_exists else None
 
 
 class Answer:
@@ -360,13 +358,13 @@ def from_other_nodes(secret: Callable[[], str | None], answer: ForGroup):
     cluster's secret); any other request is a client's, answered as usual."""
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if NONCE in request.headers:
-            return challenged(request, secret())
-        if GROUP not in request.headers:
+        if NONCE not in request.headers and GROUP not in request.headers:
             return await handler(request)
         known = secret()
         if not known:
             return not_learnt()
+        if NONCE in request.headers:
+            return challenged(request, known)
         group = proven(request, known)
         if group is None:
             peer_log.warning(request.remote or "", "refused a request from %s for another node's client: no right "
@@ -376,11 +374,9 @@ def from_other_nodes(secret: Callable[[], str | None], answer: ForGroup):
     return middleware
 
 
-def challenged(request: web.Request, secret: str | None) -> web.Response:
+def challenged(request: web.Request, secret: str) -> web.Response:
     """This node's challenge to the node that asks for one, its nonce kept with the connection for the one request
     that may follow on it."""
-    if not secret:
-        return not_learnt()
     asked = node_proof.from_hex(request.headers[NONCE], node_proof.NONCE_SIZE)
     connection = request.protocol
     if asked is None:
