@@ -17,8 +17,12 @@ _BASIC_PUBLISH = divmod(BASIC_PUBLISH, 0x10000)  # the method content frames bel
 
 
 def reply_text(reply_code: int, explanation: str) -> str:
-    """"NAME - explanation", cut to 255 bytes as RabbitMQ does (252 bytes and "...")."""
-    text = f"{REPLY_NAMES[reply_code]} - {explanation}"
+    """"NAME - explanation", cut to 255 bytes as RabbitMQ does (short_text)."""
+    return short_text(f"{REPLY_NAMES[reply_code]} - {explanation}")
+
+
+def short_text(text: str) -> str:
+    """text cut to a short string's 255 bytes as RabbitMQ cuts a reply text (252 bytes and "...")."""
     encoded = text.encode()
     if len(encoded) <= 255:
         return text

@@ -49,7 +49,7 @@ from protocol.codec import decode_method, encode_method
 from protocol.constants import (
     ACCESS_REFUSED, CONNECTION_FORCED, FRAME_END, FRAME_HEARTBEAT, FRAME_METHOD, FRAME_MIN_SIZE, INTERNAL_ERROR, PROTOCOL_HEADER,
 )
-from protocol.errors import AMQPError
+from protocol.errors import AMQPError, short_text
 from protocol.framing import FrameReader
 
 if TYPE_CHECKING:
@@ -148,7 +148,7 @@ async def open_doors(doors: FrontDoors, tls: ssl.SSLContext | None = None, door:
 
 def close_frame(code: int, text: str, method: tuple[int, int] = (0, 0)) -> bytes:
     """connection.close with code and text (cut to a short string's 255 bytes); method: the one refused, if any."""
-    return encode_method(0, spec.Connection.Close(code, text[:255], *method))
+    return encode_method(0, spec.Connection.Close(code, short_text(text), *method))
 
 
 TURNED_AWAY_FRAME = close_frame(CONNECTION_FORCED, TURNED_AWAY)
@@ -164,7 +164,7 @@ class Door(asyncio.Protocol):
     """What an AMQP and an MQTT front door share: the client's ends, another node's PROXY header, the way on."""
 
     what = "AMQP connection from %s:%s: handshake timeout"  # the timeout's log line
-    timeout = HANDSHAKE_TIMEOUT
+    timeout = HANDSHAKE_TIMEOUT  # seconds a client has to reach the point where it is sent on
 
     def __init__(self, doors: FrontDoors) -> None:
         self.doors = doors
@@ -412,10 +412,10 @@ class FrontDoor(Door):
 
 
 async def forward(door: Door, address: tuple[str, int], vhost: str | None, after: bytes, answered: int,
-                  refused: bytes, turned_away: bytes, link: str = LINK) -> None:
+                  unreachable: bytes, turned_away: bytes, link: str = LINK) -> None:
     """The door's client goes on through the node at address, once each node has proven to the other that it knows
     the cluster's secret (ForwardEnd); after: what the client sent here; answered: the handshake frames this door
-    sent, which that node answers first; refused: what the client is told when that node cannot be reached,
+    sent, which that node answers first; unreachable: what the client is told when that node cannot be reached,
     turned_away when it does not take it; link: the kind of link the proofs are made for (MQTT_LINK: to that node's
     MQTT port)."""
     transport = door.transport
@@ -436,7 +436,7 @@ async def forward(door: Door, address: tuple[str, int], vhost: str | None, after
         peer_log.warning(address[0], "cannot forward a client to the node at %s:%d that leads its vhost: %s",
                          *address, reason)
         if not transport.is_closing():
-            transport.write(refused)
+            transport.write(unreachable)
             transport.close()
 
 

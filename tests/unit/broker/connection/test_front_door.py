@@ -24,6 +24,7 @@ from protocol.stream_start import Forwarding, NotProven, StartReader
 from protocol.codec import decode_method, encode_method
 from protocol.constants import PROTOCOL_HEADER
 
+from tests.conftest import free_port
 from tests.waiting import TIMER_GRAIN
 
 START_OK = encode_method(0, spec.Connection.StartOk(client_properties={"product": "test"}, mechanism="PLAIN",
@@ -219,6 +220,26 @@ def test_a_client_forwarded_to_a_node_that_no_longer_leads_its_vhost_is_dropped(
                 writer.close()
         finally:
             node.close()
+    run(test)
+
+
+def test_a_client_whose_vhosts_leader_cannot_be_reached_is_told_to_come_again_however_long_its_vhosts_name():
+    """The close names the vhost, its text cut to a short string's 255 bytes (a name of 85 two-byte characters, 170
+    bytes, makes the text longer than that)."""
+    async def test():
+        vhost = "é" * 85
+        async with Door(("127.0.0.1", free_port())) as door:  # (nothing listens there)
+            reader, writer = await door.client()
+            assert isinstance(await read_frame(reader), spec.Connection.Start)
+            writer.write(START_OK)
+            assert isinstance(await read_frame(reader), spec.Connection.Tune)
+            writer.write(TUNE_OK + encode_method(0, spec.Connection.Open(virtual_host=vhost)))
+            close = await read_frame(reader)
+            assert close.reply_code == 320 and close.reply_text.startswith(
+                f"CONNECTION_FORCED - broker forced connection closure with reason 'vhost '{vhost[:40]}")
+            assert close.reply_text.endswith("...") and len(close.reply_text.encode()) <= 255
+            assert await reader.read() == b""  # closed
+            writer.close()
     run(test)
 
 
