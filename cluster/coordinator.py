@@ -1,5 +1,7 @@
 """The coordination interface: a lease, the election, membership and the in-sync replica set, under a group's
-prefix in etcd (``Keys`` says where each lives).
+prefix in etcd (``Keys`` says where each lives). The leader key holds the leader's Member, bound to its lease; its
+create_revision is the epoch. The ISR ({"epoch": E, "replicas": [{"node", "dir", "acked", "epoch"}]}, a replica
+being a node's data dir) is written only by the leader of epoch E, fenced on its lease.
 
 Coordinator is what the cluster code speaks; EtcdCoordinator (cluster/etcd.py) is the real one, WalkoverCoordinator
 (cluster/walkover.py) the one of a node outside a cluster, MemoryCoordinator (tests/unit/cluster/fake_etcd.py) an
@@ -166,7 +168,7 @@ class Coordinator(Protocol):
     """One node's view of the cluster's coordination state. Every call is bounded in time: when etcd cannot be
     reached it raises CoordinatorUnavailable promptly (refresh() returns False instead, wait_leader_change() keeps
     trying until its timeout). Nothing runs in the background: the caller keeps the lease alive with refresh(). A
-    group of one (cluster.walkover) has what it is asked: not the writes of the ISR, maintenance, forgetting a node,
+    group of one (cluster.walkover) has what it is asked: not the writes of the ISR, draining or forgetting a node,
     nor the record of the vhosts, which only a group other nodes follow asks for."""
 
     node_id: str

@@ -210,7 +210,8 @@ class ReplicationServer:
 
     # --- confirms -------------------------------------------------------------------------------------------
     def _gate(self, sequence: int, release: Callable[[], None]) -> None:
-        """Called by the store on the loop once a batch is on the leader's disk: released in order, once replicated."""
+        """Called by the store on the loop once a batch is on the leader's disk: released in order, once
+        replicated."""
         if not self._stopped:
             self._held.append((sequence, release))
             self._release_ready()

@@ -16,7 +16,8 @@ from cluster.coordinator import Leader, Member, Replica
 
 class WalkoverCoordinator:
     """cluster.coordinator.Coordinator for a group of one node, which no one else can lead: what such a group asks.
-    (The in-sync replicas, maintenance and forgetting a node are asked only where other nodes follow: ``followed``.)"""
+    (Writing the in-sync replicas, putting a node in maintenance and forgetting one are asked only where other nodes
+    follow: ``followed``.)"""
 
     followed = False  # no node follows the group: its leader replicates nothing
     lease_ttl = 24 * 3600.0  # seconds a walkover lease lives: renewed every eight hours, and never refused

@@ -265,8 +265,8 @@ class Gateway:
             # each vhost's items go to its leader (those of a vhost no worker leads to worker 0, which refuses them)
             named = {item["vhost"] for section in VHOST_SECTIONS if isinstance(document.get(section), list)
                      for item in document[section] if isinstance(item, dict) and isinstance(item.get("vhost"), str)}
-            bodies = {worker: json.dumps(of_vhosts(document, {name for name in named if self.leader_of(name) == worker}
-                                                   )).encode() for worker in self.workers}
+            shares = {worker: {name for name in named if self.leader_of(name) == worker} for worker in self.workers}
+            bodies = {worker: json.dumps(of_vhosts(document, shares[worker])).encode() for worker in self.workers}
             for worker in self.workers:  # every share checked before any is applied: all or nothing, as one worker
                 answer = await self.apis.ask(worker, request, bodies[worker], check_only=True)
                 if answer.status >= 400:

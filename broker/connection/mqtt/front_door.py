@@ -8,6 +8,7 @@ with CONNACK 3 (server unavailable): the client connects again."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 
@@ -43,7 +44,7 @@ class MqttFrontDoor(Door):
         self.reader = mqtt.PacketReader(UNAUTHENTICATED_PACKET_SIZE)
         self.level = mqtt.MQTT_3_1_1  # the protocol level CONNECT asked for (a refusal's CONNACK is of that level)
 
-    def connection_made(self, transport) -> None:
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self.web = transport.get_extra_info(OVER_A_WEBSOCKET) is True
         if self.forwards:
