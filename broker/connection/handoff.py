@@ -98,7 +98,7 @@ def hand_over(transport: Any, sender: socket.socket, handed: HandedOver, keep: C
     inner, handed_end = socket.socketpair()
     try:
         send(sender, handed_end.fileno(), handed)
-    except OSError:
+    except BaseException:  # (the caller answers an OSError; whatever it is, the pair is not left open)
         inner.close()
         raise
     finally:
