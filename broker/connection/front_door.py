@@ -31,7 +31,7 @@ import ssl
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Union
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Protocol, Union
 
 from pamqp import commands as spec
 
@@ -108,7 +108,7 @@ class FrontDoors:
         if on:
             self.close()
 
-    def keep(self, making: Any) -> None:
+    def keep(self, making: Coroutine) -> None:
         """Run making (a forward, or a TLS session's splice) as a task that close() cancels while it runs."""
         task = asyncio.get_running_loop().create_task(making)
         self.splicing.add(task)
@@ -392,7 +392,7 @@ class FrontDoor(Door):
             # the socket goes once it is written, nothing being read meanwhile, the handshake timeout running
             self.owing = sender
             self.doors.open.add(self)
-            self.timer = asyncio.get_running_loop().call_later(HANDSHAKE_TIMEOUT, self._timed_out)
+            self.timer = asyncio.get_running_loop().call_later(self.timeout, self._timed_out)
             self.transport.set_write_buffer_limits(high=0, low=0)  # resume_writing once it is all written
             return
         handed = self._handed(user=self.user if self.checked else "", received_bytes=len(PROTOCOL_HEADER),

@@ -237,10 +237,11 @@ class Gateway:
         checked = await self.apis.ask(0, request, body_of(request, kept), check_only=True)
         if checked.status >= 300:
             return checked.response()
+        body = bytes(kept)
         async with self.supervisor.changing_vhosts:
             placed = await self.supervisor.place([vhost]) if request.method == "PUT" else []
-            first = await self.apis.ask(0, request, bytes(kept))
-            response = await self._after_first(request, first, {worker: bytes(kept) for worker in self.workers})
+            first = await self.apis.ask(0, request, body)
+            response = await self._after_first(request, first, {worker: body for worker in self.workers})
             # (a placement made here goes if worker 0 refuses after all, its user deleted meanwhile: under the lock,
             # no other request can have made the vhost in between)
             if first.status >= 400:
@@ -321,13 +322,14 @@ class Gateway:
         home = answers[self.leader_of(vhost)]
         if home.status != 200:
             return home.response()
-        found = [answer.json() for answer in answers if answer.status == 200]
+        bodies = [answer.json() if answer.status == 200 else None for answer in answers]  # (each decoded once)
+        shown = bodies[self.leader_of(vhost)]
+        found = [body for body in bodies if body is not None]
         if pattern == EXCHANGE:
-            exchange = home.json()
-            _count_delayed_everywhere([exchange], found)
-            return http.reply(exchange)
-        owner = http.worker_named(str(home.json().get("node")), len(self.workers))
-        queue = (answers[owner] if owner is not None and answers[owner].status == 200 else home).json()
+            _count_delayed_everywhere([shown], found)
+            return http.reply(shown)
+        owner = http.worker_named(str(shown.get("node")), len(self.workers))
+        queue = bodies[owner] if owner is not None and bodies[owner] is not None else shown
         queue["consumer_details"] = [consumer for body in found for consumer in body.get("consumer_details", [])]
         queue["consumers"] = len(queue["consumer_details"])
         return http.reply(queue)

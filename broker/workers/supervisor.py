@@ -488,10 +488,14 @@ class Supervisor:
             log.info("stopping workers %s to move %s from worker %d to worker %d", ", ".join(map(str, stopped)),
                      what, source, target)
             loop = asyncio.get_running_loop()
-            await self._stopped_for(stopped, lambda: moving.move(
-                self.data_dir, vhost, source, target, lambda: self.placement.of(vhost),
-                lambda: self._lead(vhost, target, loop)) if queue is None else moving.move_queue(
-                self.data_dir, vhost, queue, home, source, target))
+
+            def work() -> None:  # (on the mover's thread)
+                if queue is None:
+                    moving.move(self.data_dir, vhost, source, target, lambda: self.placement.of(vhost),
+                                lambda: self._lead(vhost, target, loop))
+                else:
+                    moving.move_queue(self.data_dir, vhost, queue, home, source, target)
+            await self._stopped_for(stopped, work)
 
     async def _stopped_for(self, numbers: list[int], work: Callable[[], None]) -> None:
         """work() run on a thread while these workers are stopped (cleanly); they start again after it, and this

@@ -84,8 +84,8 @@ class MqttFrontDoor(Door):
         # ids are kept there)
         route = self.doors.route(vhost, self.forwarded, copies=False, mqtt=True)
         if isinstance(route, tuple):
-            self.doors.keep(forward(self, route, vhost, bytes(self.kept), 0, mqtt_unavailable(self.level),
-                                    mqtt_unavailable(self.level), MQTT_LINK))
+            unavailable = mqtt_unavailable(self.level)  # (told whether that node cannot be reached or turns it away)
+            self.doors.keep(forward(self, route, vhost, bytes(self.kept), 0, unavailable, unavailable, MQTT_LINK))
             return
         if not isinstance(route, socket.socket):
             peer_log.warning(self.peer[0], "closing MQTT connection from %s:%s: %s", *self.peer, route)
